@@ -1,0 +1,78 @@
+"""Philox4x32-10 in plain torch integer ops: the spec of the random stream, on any device.
+
+All values are carried in int64 tensors holding unsigned 32-bit numbers, so nothing
+overflows: a 32x32-bit product is split into two 32x16-bit products (< 2**48 each).
+"""
+import torch
+
+from . import MAX_OFFSET, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, STREAM_SEED
+
+MASK32 = 0xFFFFFFFF
+
+
+def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit halves of a * m for a in [0, 2**32) (int64 tensor) and m < 2**32."""
+    upper = a * (m >> 16)  # a * m = upper * 2**16 + lower
+    lower = a * (m & 0xFFFF)
+    lo = (((upper & 0xFFFF) << 16) + lower) & MASK32
+    hi = (upper + (lower >> 16)) >> 16
+    return hi, lo
+
+
+def philox(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, ...]:
+    """Philox4x32 with 10 rounds (Random123 / Triton's tl.randint4x). All args int64 in [0, 2**32),
+    broadcastable. Returns the four 32-bit outputs as int64 tensors."""
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*(torch.as_tensor(v, dtype=torch.int64) for v in (c0, c1, c2, c3, k0, k1)))
+    for _ in range(PHILOX_ROUNDS):
+        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
+        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + PHILOX_W0) & MASK32
+        k1 = (k1 + PHILOX_W1) & MASK32
+    return c0, c1, c2, c3
+
+
+def random_bits(seed: torch.Tensor, offset: torch.Tensor, position, stream: int, vocab_index) -> torch.Tensor:
+    """The 32-bit draw for (seed, offset, position, stream, vocab_index), as int64 in [0, 2**32).
+
+    seed, offset: int64 tensors (typically [B, 1] or [B]); position, vocab_index: ints or
+    int64 tensors broadcastable against them.
+    """
+    seed = torch.as_tensor(seed, dtype=torch.int64)
+    offset = torch.as_tensor(offset, dtype=torch.int64)
+    c3 = ((offset >> 32) << 8) | stream
+    out, _, _, _ = philox(vocab_index, position, offset & MASK32, c3 & MASK32, seed & MASK32, (seed >> 32) & MASK32)
+    return out
+
+
+def uniform(bits: torch.Tensor) -> torch.Tensor:
+    """[0, 1) float32 with 24 random bits, exact."""
+    return (bits >> 8).to(torch.float32) * (2.0**-24)
+
+
+def uniform_open(bits: torch.Tensor) -> torch.Tensor:
+    """(0, 1) float32, exact: odd multiples of 2**-24."""
+    return ((bits >> 9) * 2 + 1).to(torch.float32) * (2.0**-24)
+
+
+def gumbel(bits: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise, float32: -log(-log(U)), U in (0, 1)."""
+    return -torch.log(-torch.log(uniform_open(bits)))
+
+
+def derive_row_seeds(seed: int, batch: int, device=None) -> torch.Tensor:
+    """Per-row int64 seeds from one integer seed: row b gets Philox((b, 0, 0, STREAM_SEED), seed).
+
+    Distinct rows of one call draw independent streams; the same (seed, b) always maps to the
+    same row seed, on every device.
+    """
+    seed_t = torch.tensor(int(seed), dtype=torch.int64, device=device)
+    rows = torch.arange(batch, dtype=torch.int64, device=device)
+    lo, hi, _, _ = philox(rows, 0, 0, STREAM_SEED, seed_t & MASK32, (seed_t >> 32) & MASK32)
+    return lo | (hi << 32)  # wraps into the int64 range: any 64-bit pattern is a valid seed
+
+
+def check_offset_range(offset: torch.Tensor, name: str = "offset") -> None:
+    """ValueError unless every offset lies in [0, 2**56) (reads the values: may sync)."""
+    if offset.numel() and (bool((offset < 0).any()) or bool((offset >= MAX_OFFSET).any())):
+        raise ValueError(f"{name} must lie in [0, 2**56), got min {int(offset.min())}, max {int(offset.max())}")

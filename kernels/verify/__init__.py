@@ -1,0 +1,166 @@
+"""chain_verify and sample: the public entry points, with validation and backend dispatch.
+
+Backends: "triton" (fused kernels, CUDA or TRITON_INTERPRET=1), "cpp" (csrc/verify.cpp, the
+CPU default when it builds), "torch" (reference.py: the spec). See reference.py for the exact
+semantics every backend implements.
+"""
+import torch
+
+from .._backend import resolve_backend
+from ..rng import STREAM_DRAFT
+from ..sampling_params import SamplingTensors, make_sampling_tensors
+from .reference import chain_verify_reference, sample_reference, standardise
+
+LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TOKEN_DTYPES = (torch.int32, torch.int64)
+
+__all__ = ["chain_verify", "sample", "standardise", "chain_verify_reference", "sample_reference"]
+
+
+def _check_logits(name: str, logits: torch.Tensor, ndim: int) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in LOGIT_DTYPES:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {logits.dtype}")
+    if logits.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(logits.shape)}")
+    if logits.shape[-1] < 1:
+        raise ValueError(f"{name} has an empty vocabulary dimension: shape {tuple(logits.shape)}")
+
+
+def _check_finite(name: str, logits: torch.Tensor) -> None:
+    """NaN or +inf anywhere, or a distribution with no finite logit -> ValueError (reads values)."""
+    if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
+        raise ValueError(f"{name} contains NaN or +inf")
+    if logits.numel() and bool(torch.isneginf(logits).all(-1).any()):
+        raise ValueError(f"{name} has a row where every logit is -inf")
+
+
+def chain_verify(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    *,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    seed=0,
+    offset=0,
+    backend: str | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative-sampling verify of a chain of K drafts per row, from logits.
+
+    target_logits [B, K+1, V] float32/bfloat16/float16; draft_logits [B, K, V] same dtype, or
+    None for deterministic drafts (p = one-hot); draft_tokens [B, K] int32/int64, -1 pads from
+    the first -1 on. Sampling params: scalars or per-row tensors [B]. seed: int (each row gets
+    its own stream) or int64 [B]; offset: int or int64 [B] (the row's position in its stream).
+    check=False skips the checks that read tensor values (no host sync).
+    Returns tokens int32 [B, K+1] (accepted drafts, the resampled or bonus token, then -1)
+    and num_accepted int32 [B].
+    """
+    _check_logits("target_logits", target_logits, 3)
+    batch, k_plus_1, vocab = target_logits.shape
+    if k_plus_1 < 1:
+        raise ValueError(f"target_logits must hold K+1 >= 1 positions, got shape {tuple(target_logits.shape)}")
+    if not isinstance(draft_tokens, torch.Tensor):
+        raise TypeError(f"draft_tokens must be a torch.Tensor, got {type(draft_tokens).__name__}")
+    if draft_tokens.dtype not in TOKEN_DTYPES:
+        raise TypeError(f"draft_tokens must be int32 or int64, got {draft_tokens.dtype}")
+    if draft_tokens.dim() != 2 or tuple(draft_tokens.shape) != (batch, k_plus_1 - 1):
+        raise ValueError(
+            f"draft_tokens must have shape [B, K] = [{batch}, {k_plus_1 - 1}] to match target_logits "
+            f"[B, K+1, V] = {list(target_logits.shape)}, got {list(draft_tokens.shape)}"
+        )
+    device = target_logits.device
+    if draft_tokens.device != device:
+        raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_logits is on {device}")
+    if draft_logits is not None:
+        _check_logits("draft_logits", draft_logits, 3)
+        if draft_logits.device != device:
+            raise ValueError(f"draft_logits is on {draft_logits.device} but target_logits is on {device}")
+        if draft_logits.dtype != target_logits.dtype:
+            raise TypeError(f"draft_logits dtype {draft_logits.dtype} differs from target_logits dtype {target_logits.dtype}")
+        if draft_logits.shape[-1] != vocab:
+            raise ValueError(f"vocab mismatch: draft_logits has V={draft_logits.shape[-1]}, target_logits has V={vocab}")
+        if tuple(draft_logits.shape) != (batch, k_plus_1 - 1, vocab):
+            raise ValueError(
+                f"draft_logits must have shape [B, K, V] = [{batch}, {k_plus_1 - 1}, {vocab}], got {list(draft_logits.shape)}"
+            )
+    params = make_sampling_tensors(
+        batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
+    )
+    if check:
+        if draft_tokens.numel() and (bool((draft_tokens < -1).any()) or bool((draft_tokens >= vocab).any())):
+            raise ValueError(f"draft_tokens must lie in [-1, V) = [-1, {vocab}), got min {int(draft_tokens.min())}, max {int(draft_tokens.max())}")
+        _check_finite("target_logits", target_logits)
+        if draft_logits is not None:
+            _check_finite("draft_logits", draft_logits)
+
+    chosen = resolve_backend(backend, device, "chain_verify")
+    if chosen == "triton":
+        from .triton import chain_verify_triton
+
+        return chain_verify_triton(target_logits, draft_logits, draft_tokens, params)
+    if chosen == "cpp":
+        from .cpp import chain_verify_cpp
+
+        return chain_verify_cpp(target_logits, draft_logits, draft_tokens, params)
+    return chain_verify_reference(target_logits, draft_logits, draft_tokens, params)
+
+
+def sample(
+    logits: torch.Tensor,
+    *,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    seed=0,
+    offset=0,
+    position=0,
+    stream: int = STREAM_DRAFT,
+    backend: str | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """One token per row from the standardised distribution of logits [B, V] -> int32 [B].
+
+    Same standardisation and random stream as chain_verify; the noise of row b is keyed by
+    (seed_b, offset_b, position, stream). A drafter samples its i-th draft with position=i
+    and the default stream, so its noise never coincides with the verify step's.
+    position: int or int tensor [B].
+    """
+    _check_logits("logits", logits, 2)
+    batch, _ = logits.shape
+    device = logits.device
+    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 256:
+        raise ValueError(f"stream must be an int in [0, 256), got {stream!r}")
+    if isinstance(position, torch.Tensor):
+        if position.dtype not in TOKEN_DTYPES or position.shape not in ((batch,), ()):
+            raise ValueError(f"position must be an int or an int tensor [{batch}], got {position.dtype} {tuple(position.shape)}")
+        if position.device != device:
+            raise ValueError(f"position is on {position.device} but logits is on {device}")
+        positions = position.to(torch.int64).expand(batch).contiguous()
+    elif isinstance(position, int) and not isinstance(position, bool) and 0 <= position < 2**32:
+        positions = torch.full((batch,), position, dtype=torch.int64, device=device)
+    else:
+        raise ValueError(f"position must be an int in [0, 2**32) or an int tensor [B], got {position!r}")
+    params = make_sampling_tensors(
+        batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
+    )
+    if check:
+        _check_finite("logits", logits)
+        if bool((positions < 0).any()) or bool((positions >= 2**32).any()):
+            raise ValueError("position must lie in [0, 2**32)")
+
+    chosen = resolve_backend(backend, device, "sample")
+    if chosen == "triton":
+        from .triton import sample_triton
+
+        return sample_triton(logits, params, positions, stream)
+    if chosen == "cpp":
+        from .cpp import sample_cpp
+
+        return sample_cpp(logits, params, positions, stream)
+    return sample_reference(logits, params, positions, stream)
