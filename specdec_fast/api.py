@@ -1,0 +1,159 @@
+"""generate(): a drop-in for model.generate with speculative decoding, and patch_generate().
+
+Defaults: K = num_assistant_tokens = 4 with a draft model (transformers' default of 20 is
+tuned for its heuristic schedule, which shrinks K after rejections; we use a constant K, and
+Leviathan's Theorem 3.8 puts the optimum at 3-6 for alpha 0.6-0.8 and c <= 0.1). With
+prompt_lookup_num_tokens the drafts come from the context (K = that number), with
+max_matching_ngram_size (default 2) as in transformers.
+"""
+import torch
+
+from .drafters import ModelDrafter, PromptLookupDrafter
+from .engine import SpeculativeDecoder
+from .generation_options import resolve_options
+from .kernels.sampling_params import make_sampling_tensors
+from .runners import HFRunner
+
+DEFAULT_NUM_ASSISTANT_TOKENS = 4
+PASSIVE_KWARGS = {"tokenizer", "assistant_tokenizer"}  # used only for the vocabulary check
+
+
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _vocab_size(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def _check_inputs(input_ids, attention_mask):
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"input_ids must be an int tensor [batch, prompt_len], got {getattr(input_ids, 'shape', type(input_ids))}")
+    if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
+    mask = attention_mask.long()
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("attention_mask must hold only 0 and 1")
+    if mask.shape[1] > 1 and bool(((mask[:, 1:] == 0) & (mask[:, :-1] == 1)).any()):
+        raise ValueError("attention_mask is right-padded (a 0 after a 1): decoder-only generation needs left padding "
+                         "(tokenizer.padding_side = 'left')")
+    if bool((mask.sum(1) == 0).any()):
+        raise ValueError("attention_mask has a row with no real token")
+    return mask
+
+
+def _check_pair(model, assistant_model, tokenizer, assistant_tokenizer):
+    target_vocab, draft_vocab = _vocab_size(model), _vocab_size(assistant_model)
+    cfg_t = getattr(model.config, "vocab_size", None)
+    cfg_d = getattr(assistant_model.config, "vocab_size", None)
+    if target_vocab != draft_vocab or cfg_t != cfg_d:
+        raise ValueError(
+            f"vocab mismatch: the target has vocab_size {cfg_t} ({target_vocab} output rows), the draft (assistant_model) "
+            f"has {cfg_d} ({draft_vocab}); speculative decoding needs one shared vocabulary"
+        )
+    if tokenizer is not None and assistant_tokenizer is not None and tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+        raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies")
+    if _device_of(model) != _device_of(assistant_model):
+        raise ValueError(f"model is on {_device_of(model)} but assistant_model is on {_device_of(assistant_model)}; "
+                         "put both on one device")
+
+
+def _max_positions(model):
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None, prompt_lookup_num_tokens=None,
+             max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
+             eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
+             return_stats=False, generation_config=None, backend=None, **unsupported):
+    """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
+    [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
+    return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
+    seed: int (per-row streams) or None (drawn from torch's global RNG). backend: kernel backend."""
+    if input_ids is None:
+        input_ids = unsupported.pop("inputs", None)
+    tokenizer, assistant_tokenizer = unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)
+    if unsupported:
+        names = ", ".join(sorted(unsupported))
+        raise ValueError(f"unsupported generate option(s): {names} (specdec_fast implements greedy and sampling with "
+                         "temperature/top_k/top_p/min_p, EOS/pad, max_new_tokens, assistant_model, prompt lookup)")
+    attention_mask = _check_inputs(input_ids, attention_mask)
+    device = _device_of(model)
+    if input_ids.device != device:
+        raise ValueError(f"input_ids is on {input_ids.device} but model is on {device}")
+    attention_mask = attention_mask.to(device)
+    if assistant_model is not None and prompt_lookup_num_tokens is not None:
+        raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
+    if assistant_model is not None:
+        _check_pair(model, assistant_model, tokenizer, assistant_tokenizer)
+    explicit = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                    min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                    num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+    opts = resolve_options(model, generation_config, explicit, input_ids.shape[1])
+    limit = _max_positions(model)
+    if limit is not None and input_ids.shape[1] + opts.max_new_tokens > limit:
+        raise ValueError(f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({opts.max_new_tokens}) exceeds the "
+                         f"model's max_position_embeddings ({limit})")
+
+    if assistant_model is not None:
+        k = opts.num_assistant_tokens if opts.num_assistant_tokens is not None else DEFAULT_NUM_ASSISTANT_TOKENS
+        drafter = ModelDrafter(HFRunner(assistant_model))
+        name = "num_assistant_tokens"
+    elif opts.prompt_lookup_num_tokens is not None:
+        k = opts.prompt_lookup_num_tokens
+        drafter = PromptLookupDrafter(opts.max_matching_ngram_size)
+        name = "prompt_lookup_num_tokens"
+    else:
+        k, drafter, name = 0, None, None
+    if drafter is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
+
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    params = make_sampling_tensors(input_ids.shape[0], device, seed=seed, **opts.kernel_params())
+    decoder = SpeculativeDecoder(
+        HFRunner(model), drafter, k=k, params=params, max_new_tokens=opts.max_new_tokens,
+        eos_token_ids=opts.eos_token_ids, pad_token_id=opts.pad_token_id, backend=backend, streamer=streamer,
+    )
+    tokens = decoder.generate(input_ids.long(), attention_mask)
+    return (tokens, decoder.stats.result) if return_stats else tokens
+
+
+class patch_generate:
+    """Route model.generate(..., assistant_model=... or prompt_lookup_num_tokens=...) through
+    specdec_fast.generate; other calls go to the original. Patches on construction; usable as a
+    context manager (restores on exit) or undone with .restore()."""
+
+    def __init__(self, model):
+        self.model = model
+        self.original = model.generate
+        self.had_attribute = "generate" in vars(model)
+
+        def patched(*args, **kwargs):
+            if kwargs.get("assistant_model") is not None or kwargs.get("prompt_lookup_num_tokens") is not None:
+                return generate(model, *args, **kwargs)
+            return self.original(*args, **kwargs)
+
+        model.generate = patched
+
+    def restore(self) -> None:
+        if self.had_attribute:
+            self.model.generate = self.original
+        else:
+            vars(self.model).pop("generate", None)
+
+    def __enter__(self):
+        return self.model
+
+    def __exit__(self, *exc):
+        self.restore()
+        return False

@@ -1,0 +1,110 @@
+"""Drafters: propose K draft tokens per row without a host sync.
+
+Protocol (the engine calls these in order):
+    start(state)                       after the target's prefill and first token
+    propose(k) -> (draft_tokens [B, k] int64, -1 pads; draft_logits [B, k, V] float32 or None)
+    commit(num_accepted [B], draft_tokens [B, k])   after verify; the emitted tokens are
+                                       already in state.seq (state.end advanced)
+``state`` is the engine's DecodeState: seq [B, T] (left-padded prompt then generated tokens),
+start [B] (first real token), end [B] (one past the last emitted token), sampling tensors,
+gen_len [B] (the random-stream offset), backend.
+"""
+import torch
+
+from .kernels import sample
+
+
+class ModelDrafter:
+    """A draft model through its own runner; each draft sampled with the fused ``sample`` kernel.
+
+    The draft cache lags the emitted context by one token (the last emitted y), or by two when
+    every draft was accepted (d_{K-1} was drafted but never fed): the first draft step feeds
+    those 1 or 2 tokens as one left-padded call, so the draft never misses context.
+    """
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.vocab_size = runner.vocab_size
+
+    def start(self, state) -> None:
+        self.state = state
+        self.runner.prefill(state.prompt_ids, state.prompt_mask)
+        batch = state.seq.shape[0]
+        self.pending = torch.zeros(batch, 2, dtype=torch.long, device=state.seq.device)
+        self.pending[:, 1] = state.last_token()
+        self.num_pending = torch.ones(batch, dtype=torch.long, device=state.seq.device)
+
+    def propose(self, k: int):
+        st = self.state
+        tokens, logits = [], []
+        step_input, num_valid = self.pending, self.num_pending
+        for i in range(k):
+            step_logits = self.runner.score(step_input, num_valid)[:, -1].float()
+            token = sample(
+                step_logits, temperature=st.params.temperature, top_k=st.params.top_k, top_p=st.params.top_p,
+                min_p=st.params.min_p, seed=st.params.seed, offset=st.gen_len, position=i, backend=st.backend, check=False,
+            ).long()
+            tokens.append(token)
+            logits.append(step_logits)
+            step_input, num_valid = token[:, None], None
+        return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+    def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
+        k = draft_tokens.shape[1]
+        acc = num_accepted.long()
+        # Fed since the last commit: the pending tokens, then d_0 .. d_{k-2}.
+        self.runner.commit(self.num_pending + acc.clamp(max=k - 1))
+        all_accepted = acc == k
+        self.pending = torch.stack([draft_tokens[:, k - 1], self.state.last_token()], 1)
+        self.num_pending = 1 + all_accepted.long()
+
+    def compact(self, max_len_bound: int) -> None:
+        self.runner.compact(max_len_bound)
+
+
+class PromptLookupDrafter:
+    """N-gram copy from the row's own context (prompt lookup decoding): no model.
+
+    For n = max_ngram .. 1, the last n tokens of the row are looked up in its earlier context;
+    the latest earlier occurrence with a continuation gives the drafts (the tokens after it,
+    up to k, -1 where the context ends). Rows with no match draft nothing (all -1). Drafts are
+    deterministic: draft_logits is None (p = one-hot in the verify).
+    """
+
+    def __init__(self, max_ngram: int = 2):
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
+            raise ValueError(f"max_ngram must be an int >= 1, got {max_ngram!r}")
+        self.max_ngram = max_ngram
+        self.vocab_size = None
+
+    def start(self, state) -> None:
+        self.state = state
+
+    def propose(self, k: int):
+        seq, start, end = self.state.seq, self.state.start, self.state.end
+        batch, width = seq.shape
+        device = seq.device
+        have = torch.zeros(batch, dtype=torch.bool, device=device)
+        cont = torch.zeros(batch, dtype=torch.long, device=device)
+        for n in range(self.max_ngram, 0, -1):
+            if n >= width:
+                continue
+            suffix = seq.gather(1, (end[:, None] - n + torch.arange(n, device=device)).clamp(min=0))
+            windows = seq.unfold(1, n, 1)  # [B, W, n]
+            w = torch.arange(windows.shape[1], device=device)
+            match = (windows == suffix[:, None, :]).all(-1)
+            match &= (w[None, :] >= start[:, None]) & (w[None, :] + n < end[:, None]) & (end - n >= start)[:, None]
+            latest = (match.long() * (w[None, :] + 1)).amax(1) - 1
+            found = latest >= 0
+            cont = torch.where(~have & found, latest + n, cont)
+            have |= found
+        pos = cont[:, None] + torch.arange(k, device=device)
+        drafts = seq.gather(1, pos.clamp(max=width - 1))
+        ok = have[:, None] & (pos < end[:, None])
+        return torch.where(ok, drafts, torch.full_like(drafts, -1)), None
+
+    def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
+        pass
+
+    def compact(self, max_len_bound: int) -> None:
+        pass

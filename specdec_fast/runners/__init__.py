@@ -1,0 +1,5 @@
+"""Runners: one model's forward + KV cache behind the small interface of runners/base.py."""
+from .base import Runner
+from .hf import HFRunner
+
+__all__ = ["Runner", "HFRunner"]

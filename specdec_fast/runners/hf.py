@@ -1,0 +1,134 @@
+"""HFRunner: any transformers causal LM through its own forward and DynamicCache.
+
+Layout: one cache length L shared by the batch. Slot j of row b holds a real token or a hole;
+``slot_valid`` [B, L] (device bool) says which. Rejected drafts and in-call padding become
+holes, masked out through the attention mask; every real token gets an explicit position_id
+(its row's true position), so the result equals decoding that row alone for any model that
+honours attention_mask and position_ids (checked for Llama, Qwen2 and GPT-2 in
+transformers 5.x: masks are built from the 2-D mask and cache slot order, RoPE / learned
+positions from position_ids).
+
+Growth: each score call appends N slots per row whether or not they are kept, so L grows by
+K+1 (target) per iteration while a row gains only accepted+1 tokens. ``compact`` (called by
+the engine at poll time with a host-side upper bound of the committed lengths) right-aligns
+each row's real slots into that bound with one gather per layer: the holes cost attention
+work in between, at most one poll interval's worth of (K+1) slots per iteration.
+
+Masks: with attn_implementation "sdpa" or "eager" the runner builds the 4-D mask itself
+(transformers' own mask builder reads the 2-D mask's values for one-token queries, a host
+sync); other implementations get the 2-D mask and transformers builds it.
+"""
+import torch
+
+try:
+    from transformers import DynamicCache
+except ImportError:  # pragma: no cover - transformers is an optional dependency
+    DynamicCache = None
+
+
+class HFRunner:
+    """Runner (see runners/base.py) around a transformers causal LM instance (weights shared)."""
+
+    def __init__(self, model, *, compact_slack: int = 64):
+        if DynamicCache is None:
+            raise ImportError("HFRunner needs transformers (pip install transformers)")
+        self.model = model
+        self.config = model.config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = next(model.parameters()).device
+        impl = getattr(self.config, "_attn_implementation", None)
+        self.mask_kind = {"sdpa": "bool", "eager": "additive"}.get(impl, "2d")
+        self.dtype = next(model.parameters()).dtype
+        self.compact_slack = compact_slack
+        limits = [getattr(self.config, n, None) for n in ("max_position_embeddings", "n_positions")]
+        # Draft slots past the model's last position are never emitted (max_new_tokens is checked
+        # against it): clamping keeps learned position tables in range.
+        self.max_position = next((v - 1 for v in limits if isinstance(v, int)), None)
+        self.cache = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _forward(self, input_ids, attention_mask, position_ids):
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            return_dict=True,
+        )
+        return out.logits
+
+    def _mask(self, new_valid: torch.Tensor) -> torch.Tensor:
+        """Attention mask for N new slots after the L cached ones: 2-D [B, L+N] or 4-D [B,1,N,L+N]."""
+        keys = torch.cat([self.slot_valid, new_valid], dim=1)
+        if self.mask_kind == "2d":
+            return keys.long()
+        n = new_valid.shape[1]
+        length = self.slot_valid.shape[1]
+        causal = torch.arange(length + n, device=self.device)[None, :] <= (length + torch.arange(n, device=self.device))[:, None]
+        allowed = keys[:, None, None, :] & causal[None, None]
+        # A query slot that is a hole still sees its own row's earlier real tokens (never empty).
+        if self.mask_kind == "bool":
+            return allowed
+        return torch.zeros((), dtype=self.dtype, device=self.device).masked_fill(~allowed, torch.finfo(self.dtype).min)
+
+    # -- the runner interface --------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """input_ids [B, P], attention_mask [B, P] (left padding) -> logits [B, V] of the last position."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        self.cache = DynamicCache(config=self.config)
+        mask = attention_mask.to(self.device).long()
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(input_ids, mask, position_ids)[:, -1]
+        self.slot_valid = mask.bool()
+        self.length = mask.sum(-1)  # real tokens per row: committed + tentative
+        self.committed = self.length.clone()
+        self.tentative_start = self.slot_valid.shape[1]
+        return logits
+
+    @torch.no_grad()
+    def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, N] (only the last num_valid[b] real) -> logits [B, N, V]."""
+        n = tokens.shape[1]
+        if num_valid is None:
+            real = torch.ones(tokens.shape, dtype=torch.bool, device=self.device)
+        else:
+            real = torch.arange(n, device=self.device)[None, :] >= (n - num_valid)[:, None]
+        rank = real.long().cumsum(1)
+        position_ids = (self.length[:, None] + rank - 1).clamp(0, self.max_position)
+        logits = self._forward(tokens.clamp(min=0).long(), self._mask(real), position_ids)
+        self.slot_valid = torch.cat([self.slot_valid, real], dim=1)
+        self.length = self.length + rank[:, -1]
+        return logits
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """Keep the first keep[b] real tentative tokens of each row; the rest become holes."""
+        tentative = self.slot_valid[:, self.tentative_start :]
+        kept = tentative & (tentative.long().cumsum(1) <= keep[:, None])
+        self.slot_valid = torch.cat([self.slot_valid[:, : self.tentative_start], kept], dim=1)
+        self.committed = self.committed + kept.long().sum(1)
+        self.length = self.committed.clone()
+        self.tentative_start = self.slot_valid.shape[1]
+
+    @torch.no_grad()
+    def compact(self, max_len_bound: int) -> None:
+        """Right-align each row's real slots into max_len_bound slots when holes exceed the slack."""
+        length = self.slot_valid.shape[1]
+        if self.tentative_start != length or length - max_len_bound < self.compact_slack:
+            return
+        keep = max(int(max_len_bound), 1)
+        # Stable sort puts holes first, real slots after them in their original order.
+        order = torch.argsort(self.slot_valid.to(torch.int8), dim=1, stable=True)[:, length - keep :]
+        for layer in self.cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, index)
+            index = order[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
+            layer.values = layer.values.gather(2, index)
+        self.slot_valid = self.slot_valid.gather(1, order)
+        self.tentative_start = keep
+
+    @property
+    def cache_len(self) -> int:
+        return self.slot_valid.shape[1]

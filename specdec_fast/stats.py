@@ -1,0 +1,170 @@
+"""Run statistics: acceptance, tokens/s, the measured cost ratio c and Leviathan's predicted speedup.
+
+Counters live on the device during the loop (no sync) and are read once at the end. Phase
+times: on CUDA with events recorded at phase boundaries (no sync until the end), on CPU with
+perf_counter (CPU work is synchronous).
+
+Definitions (Leviathan et al. 2022, section 3):
+    alpha  = accepted drafts / drafts examined, where an iteration with j accepted examines
+             min(j + 1, K) drafts (rows' missing prompt-lookup drafts count as rejections)
+    c      = (draft phase time / (iterations * K)) / (target phase time / iterations); the
+             target phase is score + verify + commit + append
+    E[tokens per iteration] = (1 - alpha^(K+1)) / (1 - alpha)          (Theorem 3.8)
+    predicted speedup       = E[tokens per iteration] / (K * c + 1)
+"""
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+class PhaseTimer:
+    """Accumulates wall time per named phase; ``mark(name)`` ends the current phase, starts name."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []  # (phase name or None, timestamp or event)
+        self.totals = {}
+
+    def mark(self, name) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((name, event))
+        else:
+            self.marks.append((name, time.perf_counter()))
+
+    def finish(self) -> None:
+        if self.cuda and self.marks:
+            self.marks[-1][1].synchronize()
+        for (name, t0), (_, t1) in zip(self.marks, self.marks[1:]):
+            if name is None:
+                continue
+            seconds = t0.elapsed_time(t1) / 1000.0 if self.cuda else t1 - t0
+            self.totals[name] = self.totals.get(name, 0.0) + seconds
+        self.marks = []
+
+
+class StatsRecorder:
+    """Device-side counters filled by the engine, one record per append."""
+
+    def __init__(self, k: int, device: torch.device):
+        self.k = k
+        self.hist = torch.zeros(k + 1, dtype=torch.long, device=device)  # row-iterations with j accepted
+        self.loop_tokens = torch.zeros((), dtype=torch.long, device=device)
+        self.first_tokens = None
+        self.result = None
+
+    def record(self, num_accepted: torch.Tensor, count: torch.Tensor, finished: torch.Tensor) -> None:
+        if self.first_tokens is None:  # the prefill's first token
+            self.first_tokens = count.sum()
+            return
+        active = (count > 0).long()
+        onehot = torch.nn.functional.one_hot(num_accepted.long().clamp(0, self.k), self.k + 1)
+        self.hist += (onehot * active[:, None]).sum(0)
+        self.loop_tokens += count.sum()
+
+    def finish(self, wall_s: float, iterations: int, timer: PhaseTimer, gen_len: torch.Tensor) -> None:
+        hist = self.hist.cpu().tolist()
+        self.result = GenerationStats(
+            k=self.k, batch=int(gen_len.shape[0]), new_tokens=int(gen_len.sum()), tokens_per_row=gen_len.tolist(),
+            first_tokens=int(self.first_tokens.cpu()) if self.first_tokens is not None else 0,
+            loop_tokens=int(self.loop_tokens.cpu()), iterations=iterations, wall_s=wall_s, accepted_hist=hist,
+            draft_s=timer.totals.get("draft", 0.0), target_s=timer.totals.get("target", 0.0),
+        )
+
+
+@dataclass
+class GenerationStats:
+    k: int
+    batch: int
+    new_tokens: int  # generated tokens, all rows
+    tokens_per_row: list
+    first_tokens: int  # tokens from the prefill (one per row)
+    loop_tokens: int  # tokens emitted by the iterations: first_tokens + loop_tokens == new_tokens
+    iterations: int
+    wall_s: float
+    accepted_hist: list  # [K+1]: row-iterations in which j drafts were accepted
+    draft_s: float
+    target_s: float
+    plain_tokens_per_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def row_iterations(self) -> int:
+        return sum(self.accepted_hist)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean tokens emitted per row per iteration (accepted drafts + 1), before EOS/length cuts."""
+        n = self.row_iterations
+        return sum((j + 1) * c for j, c in enumerate(self.accepted_hist)) / n if n else float("nan")
+
+    @property
+    def acceptance_per_position(self) -> list:
+        """P(draft i accepted | drafts 0..i-1 accepted), i = 0..K-1."""
+        rates = []
+        for i in range(self.k):
+            reached = sum(self.accepted_hist[i:])
+            accepted = sum(self.accepted_hist[i + 1 :])
+            rates.append(accepted / reached if reached else float("nan"))
+        return rates
+
+    @property
+    def alpha(self) -> float:
+        if self.k == 0:
+            return float("nan")
+        accepted = sum(j * c for j, c in enumerate(self.accepted_hist))
+        examined = sum(min(j + 1, self.k) * c for j, c in enumerate(self.accepted_hist))
+        return accepted / examined if examined else float("nan")
+
+    @property
+    def cost_ratio(self) -> float:
+        if self.k == 0 or self.iterations == 0 or self.target_s <= 0:
+            return float("nan")
+        return (self.draft_s / (self.iterations * self.k)) / (self.target_s / self.iterations)
+
+    @property
+    def predicted_speedup(self) -> float:
+        """Leviathan Theorem 3.8 from the measured alpha and c."""
+        a, c, k = self.alpha, self.cost_ratio, self.k
+        if k == 0 or a != a or c != c:
+            return float("nan")
+        expected = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+        return expected / (k * c + 1)
+
+    @property
+    def measured_speedup(self) -> float | None:
+        if not self.plain_tokens_per_s:
+            return None
+        return self.tokens_per_s / self.plain_tokens_per_s
+
+    def as_dict(self) -> dict:
+        keys = ("k", "batch", "new_tokens", "iterations", "wall_s", "accepted_hist", "draft_s", "target_s")
+        out = {key: getattr(self, key) for key in keys}
+        for key in ("tokens_per_s", "mean_accepted_length", "acceptance_per_position", "alpha", "cost_ratio",
+                    "predicted_speedup", "measured_speedup"):
+            out[key] = getattr(self, key)
+        return out
+
+    def format(self) -> str:
+        lines = [
+            f"generated tokens     {self.new_tokens} ({self.batch} row(s)) in {self.wall_s:.3f} s = {self.tokens_per_s:.1f} tokens/s",
+            f"iterations           {self.iterations} (K = {self.k})",
+        ]
+        if self.k:
+            per_pos = ", ".join(f"{r:.2f}" for r in self.acceptance_per_position)
+            lines += [
+                f"mean accepted length {self.mean_accepted_length:.2f} tokens per row-iteration",
+                f"acceptance by draft position  [{per_pos}]",
+                f"alpha                {self.alpha:.3f}",
+                f"cost ratio c         {self.cost_ratio:.3f} (draft step / target step; draft {self.draft_s:.3f} s, target {self.target_s:.3f} s)",
+                f"predicted speedup    {self.predicted_speedup:.2f}x (Leviathan Thm 3.8 from alpha and c)",
+            ]
+        if self.measured_speedup is not None:
+            lines.append(f"measured speedup     {self.measured_speedup:.2f}x (vs plain decoding at {self.plain_tokens_per_s:.1f} tokens/s)")
+        return "\n".join(lines)
