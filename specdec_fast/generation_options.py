@@ -116,7 +116,8 @@ def resolve_options(model, generation_config, explicit: dict, prompt_len: int) -
     return Options(
         max_new_tokens=int(max_new), do_sample=do_sample, temperature=float(temperature or 1.0), top_k=int(top_k),
         top_p=float(top_p if top_p is not None else 1.0), min_p=float(min_p), eos_token_ids=eos_list, pad_token_id=int(pad),
-        num_assistant_tokens=explicit.get("num_assistant_tokens") or _non_default_k(merged.get("num_assistant_tokens")),
+        num_assistant_tokens=(explicit["num_assistant_tokens"] if explicit.get("num_assistant_tokens") is not None
+                              else _non_default_k(merged.get("num_assistant_tokens"))),
         prompt_lookup_num_tokens=get("prompt_lookup_num_tokens"), max_matching_ngram_size=int(ngram),
     )
 

@@ -1,0 +1,167 @@
+"""generate(): bad input raises clearly; streamer protocol; patch_generate; stats consistency."""
+import pytest
+import torch
+from transformers import GenerationConfig
+
+import specdec_fast.api as api
+
+from .conftest import model_pair
+from .models import left_padded_prompts, make_model
+
+IDS, MASK = left_padded_prompts([4, 6], seed=11)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return model_pair("llama")
+
+
+def test_vocab_mismatch(pair):
+    target, _ = pair
+    other = make_model("llama", vocab=130)
+    with pytest.raises(ValueError, match="vocab mismatch"):
+        api.generate(target, IDS, MASK, assistant_model=other, max_new_tokens=4)
+
+
+def test_tokenizer_vocab_mismatch(pair):
+    target, draft = pair
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    with pytest.raises(ValueError, match="vocab mismatch"):
+        api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=4, tokenizer=Tok({"a": 0}),
+                     assistant_tokenizer=Tok({"b": 0}))
+
+
+def test_devices_differ(pair):
+    target, draft = pair
+    meta = make_model("llama").to("meta")
+    with pytest.raises(ValueError, match="assistant_model is on meta"):
+        api.generate(target, IDS, MASK, assistant_model=meta, max_new_tokens=4)
+
+
+def test_right_padding(pair):
+    target, draft = pair
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="right-padded"):
+        api.generate(target, IDS, mask, assistant_model=draft, max_new_tokens=4)
+
+
+def test_too_long(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=251)
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5])
+def test_bad_k(pair, k):
+    target, draft = pair
+    with pytest.raises(ValueError, match="num_assistant_tokens"):
+        api.generate(target, IDS, MASK, assistant_model=draft, num_assistant_tokens=k, max_new_tokens=4)
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        api.generate(target, IDS, MASK, prompt_lookup_num_tokens=k, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(temperature=0.0), "temperature"), (dict(temperature=-1.0), "temperature"), (dict(top_k=-2), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=2.0), "min_p"), (dict(max_new_tokens=0), "max_new_tokens"),
+])
+def test_bad_sampling_values(pair, kwargs, name):
+    target, draft = pair
+    kwargs = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        api.generate(target, IDS, MASK, assistant_model=draft, do_sample=True, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(num_beams=2), "num_beams"), (dict(num_return_sequences=2), "num_return_sequences"),
+    (dict(output_scores=True), "output_scores"), (dict(repetition_penalty=1.2), "repetition_penalty"),
+    (dict(no_such_option=3), "no_such_option"),
+])
+def test_unsupported_kwargs(pair, kwargs, name):
+    target, draft = pair
+    with pytest.raises(ValueError, match=f"unsupported generate option.*{name}"):
+        api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=4, **kwargs)
+
+
+def test_unsupported_in_generation_config(pair):
+    target, draft = pair
+    config = GenerationConfig(num_beams=3)
+    with pytest.raises(ValueError, match="num_beams=3"):
+        api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=4, generation_config=config)
+    neutral = GenerationConfig(num_beams=1, repetition_penalty=1.0, max_new_tokens=3, do_sample=False)
+    out = api.generate(target, IDS, MASK, assistant_model=draft, generation_config=neutral)
+    assert out.shape == (2, IDS.shape[1] + 3)
+
+
+def test_generation_config_defaults_honoured(pair):
+    """do_sample from the config with transformers' default top_k = 50; max_length when no max_new_tokens."""
+    target, draft = pair
+    config = GenerationConfig(max_length=IDS.shape[1] + 5)
+    out = api.generate(target, IDS, MASK, assistant_model=draft, generation_config=config)
+    assert out.shape == (2, IDS.shape[1] + 5)
+    from specdec_fast.generation_options import resolve_options
+
+    opts = resolve_options(target, GenerationConfig(do_sample=True, temperature=0.5), {}, 3)
+    assert (opts.do_sample, opts.temperature, opts.top_k, opts.top_p) == (True, 0.5, 50, 1.0)
+
+
+def test_streamer_protocol(pair):
+    target, draft = pair
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        def put(self, value):
+            self.calls.append(("put", value.clone()))
+
+        def end(self):
+            self.calls.append(("end", None))
+
+    rec = Recorder()
+    ids, mask = IDS[:1], MASK[:1]
+    out = api.generate(target, ids, mask, assistant_model=draft, max_new_tokens=12, streamer=rec, do_sample=False)
+    assert rec.calls[0][0] == "put" and torch.equal(rec.calls[0][1], ids)
+    assert rec.calls[-1] == ("end", None) and [c[0] for c in rec.calls[1:-1]] == ["put"] * (len(rec.calls) - 2)
+    streamed = torch.cat([c[1].reshape(-1) for c in rec.calls[1:-1]])
+    assert torch.equal(streamed, out[0, ids.shape[1]:])
+
+
+def test_patch_generate(pair):
+    target, draft = pair
+    expected = api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=6, do_sample=False)
+    with api.patch_generate(target):
+        out, stats = target.generate(IDS, attention_mask=MASK, assistant_model=draft, max_new_tokens=6, do_sample=False,
+                                     return_stats=True)  # return_stats exists only on the specdec_fast path
+        plain = target.generate(IDS, attention_mask=MASK, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, expected) and stats.k == 4
+    assert torch.equal(plain, expected)
+    assert "generate" not in vars(target), "restored"
+
+
+def test_stats_consistency(pair):
+    target, draft = pair
+    ids, mask = left_padded_prompts([3, 8, 5], seed=2)
+    out, st = api.generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=3, max_new_tokens=30,
+                           do_sample=True, temperature=0.9, seed=1, return_stats=True)
+    assert st.new_tokens == 3 * 30 == st.first_tokens + st.loop_tokens
+    assert st.tokens_per_row == [30, 30, 30]
+    emitted_before_cuts = sum((j + 1) * c for j, c in enumerate(st.accepted_hist))
+    assert st.loop_tokens <= emitted_before_cuts <= st.loop_tokens + 3 * 3  # only the last block may be cut
+    assert st.iterations >= max(st.accepted_hist[0] // 3, 1)
+    rates = st.acceptance_per_position
+    assert len(rates) == 3 and all(0 <= r <= 1 for r in rates if r == r)
+    a, c = st.alpha, st.cost_ratio
+    assert c > 0 and st.draft_s > 0 and st.target_s > 0
+    assert st.predicted_speedup == pytest.approx((1 - a**4) / (1 - a) / (3 * c + 1))
+    st.plain_tokens_per_s = st.tokens_per_s / 2
+    assert st.measured_speedup == pytest.approx(2.0)
+    text = st.format()
+    for word in ("tokens/s", "alpha", "cost ratio", "predicted speedup", "measured speedup"):
+        assert word in text
