@@ -87,6 +87,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
         raise ValueError(f"unsupported generate option(s): {names} (specdec_fast implements greedy and sampling with "
                          "temperature/top_k/top_p/min_p, EOS/pad, max_new_tokens, assistant_model, prompt lookup)")
     attention_mask = _check_inputs(input_ids, attention_mask)
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise ValueError(f"streamer supports batch size 1 only (like transformers' streamers), got batch {input_ids.shape[0]}")
     device = _device_of(model)
     if input_ids.device != device:
         raise ValueError(f"input_ids is on {input_ids.device} but model is on {device}")

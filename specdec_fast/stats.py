@@ -60,7 +60,8 @@ class StatsRecorder:
             self.first_tokens = count.sum()
             return
         active = (count > 0).long()
-        onehot = torch.nn.functional.one_hot(num_accepted.long().clamp(0, self.k), self.k + 1)
+        # A comparison, not F.one_hot: one_hot checks its input range on CUDA (a host sync).
+        onehot = (num_accepted.long()[:, None] == torch.arange(self.k + 1, device=self.hist.device)).long()
         self.hist += (onehot * active[:, None]).sum(0)
         self.loop_tokens += count.sum()
 

@@ -165,3 +165,9 @@ def test_stats_consistency(pair):
     text = st.format()
     for word in ("tokens/s", "alpha", "cost ratio", "predicted speedup", "measured speedup"):
         assert word in text
+
+
+def test_streamer_needs_batch_one(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="streamer supports batch size 1"):
+        api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=4, streamer=object())

@@ -1,0 +1,209 @@
+"""End-to-end decoding speed, side by side in one run, same models and prompts (greedy):
+
+    transformers generate (plain) | transformers assisted generation (batch 1 only)
+    specdec_fast K=0 (plain, same engine) | specdec_fast K=1..8 with the draft | prompt lookup
+
+    python bench/bench_e2e.py [--target DIR --draft DIR] [--batch-sizes 1,4] [--max-new-tokens 64]
+
+Models: --target/--draft, else the project's trained pair (specdec_fast.pair.demo_pair()) when
+present, else random-weight Llama configs (the draft = the target's first layer: some
+alignment, low acceptance; the numbers then measure the machinery, not a useful pair).
+Each configuration: one warm-up, then the median of --repeats timed runs. Tokens/s counts
+new tokens of all rows. Writes bench/results/e2e_<device>.json (device, versions, commit).
+Not a test: pytest collects nothing here.
+"""
+import argparse
+import copy
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def random_pair(vocab: int, hidden: int, layers: int, seed: int = 0, init_std: float = 0.02):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+                         num_attention_heads=max(hidden // 64, 1), num_key_value_heads=max(hidden // 64, 1),
+                         max_position_embeddings=2048, initializer_range=init_std, eos_token_id=None)
+    target = LlamaForCausalLM(config).float().eval()
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers = 1
+    desc = f"random-weight Llama (vocab {vocab}, hidden {hidden}, init std {init_std}): target {layers} layers, draft = its first layer"
+    return target, draft, None, desc
+
+
+def load_models(args):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = args.target, args.draft
+    if target_dir is None:
+        try:
+            from specdec_fast.pair import demo_pair, tokenizer_dir
+
+            target_dir, draft_dir = demo_pair()
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+        except (ImportError, FileNotFoundError):
+            return random_pair(args.vocab, args.hidden, args.layers)
+    else:
+        tokenizer = None
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
+    return target, draft, tokenizer, f"target {target_dir}, draft {draft_dir}"
+
+
+def make_prompts(tokenizer, batch: int, vocab: int, length: int, seed: int):
+    """Left-padded input_ids, attention_mask [batch, <= length]."""
+    if tokenizer is not None:
+        from specdec_fast.pair import held_out_prompts
+
+        texts = (held_out_prompts() * batch)[:batch]
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=length)
+        return enc.input_ids, enc.attention_mask
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [length - 7 * (i % 3) for i in range(batch)]
+    ids = torch.zeros(batch, length, dtype=torch.long)
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, length - n :] = torch.randint(3, vocab, (n,), generator=gen)
+        mask[row, length - n :] = 1
+    return ids, mask
+
+
+def timed(fn, device, repeats: int):
+    fn()  # warm-up
+    times, result = [], None
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def run(args):
+    from specdec_fast.api import generate
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    target, draft, tokenizer, models_desc = load_models(args)
+    target, draft = target.to(device), draft.to(device)
+    target.generation_config.eos_token_id = None  # full length: every configuration makes the same tokens
+    pad = 0
+    vocab = target.config.vocab_size
+    results = []
+    for batch in args.batch_sizes:
+        ids, mask = make_prompts(tokenizer, batch, vocab, args.prompt_len, seed=batch)
+        ids, mask = ids.to(device), mask.to(device)
+        new = args.max_new_tokens
+        common = dict(do_sample=False, max_new_tokens=new, pad_token_id=pad)
+
+        def record(name, seconds, out, stats=None, k=None):
+            row = dict(batch=batch, method=name, k=k, seconds=seconds, tokens_per_s=batch * new / seconds,
+                       exact_vs_hf_plain=bool(torch.equal(out, reference)) if reference is not None else None)
+            if stats is not None:
+                row.update(alpha=stats.alpha, mean_accepted_length=stats.mean_accepted_length, cost_ratio=stats.cost_ratio,
+                           predicted_speedup=stats.predicted_speedup, acceptance_per_position=stats.acceptance_per_position,
+                           iterations=stats.iterations)
+            results.append(row)
+            print(f"B={batch:2d} {name:22s} K={k!s:4s} {row['tokens_per_s']:9.1f} tok/s  exact={row['exact_vs_hf_plain']}"
+                  + (f"  alpha={stats.alpha:.3f} c={stats.cost_ratio:.3f} pred={stats.predicted_speedup:.2f}x" if stats and stats.k else ""),
+                  flush=True)
+            return row
+
+        reference = None
+        with torch.inference_mode():
+            seconds, reference = timed(lambda: target.generate(ids, attention_mask=mask, eos_token_id=None, **common), device, args.repeats)
+            hf_plain = record("hf_generate", seconds, reference)
+            if batch == 1:  # transformers' assisted generation supports batch size 1 only
+                seconds, out = timed(lambda: target.generate(ids, attention_mask=mask, assistant_model=draft, eos_token_id=None,
+                                                             **common), device, args.repeats)
+                record("hf_assisted", seconds, out)
+        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, return_stats=True, seed=0, **common), device, args.repeats)
+        ours_plain = record("specdec_plain", seconds, out, stats, k=0)
+        for k in args.ks:
+            seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=k,
+                                                           return_stats=True, seed=0, **common), device, args.repeats)
+            row = record("specdec_draft", seconds, out, stats, k=k)
+            row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
+            row["measured_speedup_vs_hf_generate"] = row["tokens_per_s"] / hf_plain["tokens_per_s"]
+        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, prompt_lookup_num_tokens=args.lookup_k,
+                                                       return_stats=True, seed=0, **common), device, args.repeats)
+        row = record("specdec_prompt_lookup", seconds, out, stats, k=args.lookup_k)
+        row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
+        # Draft = target: alpha = 1 and c ~ 1, so Theorem 3.8 predicts (K+1)/(K+1) = 1x: a check of the model.
+        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=target, num_assistant_tokens=4,
+                                                       return_stats=True, seed=0, **common), device, args.repeats)
+        row = record("specdec_self_draft", seconds, out, stats, k=4)
+        row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
+    return device, models_desc, results
+
+
+def environment(device: torch.device) -> dict:
+    import transformers
+
+    import specdec_fast
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return dict(device=str(device), device_name=name, cpu_threads=torch.get_num_threads(), torch=torch.__version__,
+                transformers=transformers.__version__, triton=triton_version, specdec_fast=specdec_fast.__version__,
+                python=platform.python_version(), commit=commit)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--device")
+    ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
+    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=list(range(1, 9)))
+    ap.add_argument("--lookup-k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1: stable on a shared box)")
+    ap.add_argument("--vocab", type=int, default=2048, help="random-weight fallback only")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--out", help="default bench/results/e2e_<device>.json")
+    args = ap.parse_args(argv)
+    if args.target is not None and args.draft is None:
+        ap.error("--target needs --draft")
+    device, models_desc, results = run(args)
+    env = environment(device)
+    tag = "cpu" if device.type == "cpu" else env["device_name"].lower().replace(" ", "_")
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"e2e_{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    out.write_text(json.dumps(dict(environment=env, models=models_desc, settings=settings, decoding="greedy",
+                                   results=results), indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
