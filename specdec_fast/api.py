@@ -5,6 +5,10 @@ tuned for its heuristic schedule, which shrinks K after rejections; we use a con
 Leviathan's Theorem 3.8 puts the optimum at 3-6 for alpha 0.6-0.8 and c <= 0.1). With
 prompt_lookup_num_tokens the drafts come from the context (K = that number), with
 max_matching_ngram_size (default 2) as in transformers.
+
+One difference from transformers: an argument left at None means "not given" (the value comes
+from generation_config / model.generation_config), whereas transformers treats an explicit
+eos_token_id=None as "no EOS". To decode without EOS here, clear generation_config.eos_token_id.
 """
 import torch
 
@@ -23,7 +27,8 @@ def _device_of(model) -> torch.device:
 
 
 def _vocab_size(model) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
 
 def _check_inputs(input_ids, attention_mask):

@@ -34,7 +34,8 @@ class HFRunner:
             raise ImportError("HFRunner needs transformers (pip install transformers)")
         self.model = model
         self.config = model.config
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        self.vocab_size = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
         self.device = next(model.parameters()).device
         impl = getattr(self.config, "_attn_implementation", None)
         self.mask_kind = {"sdpa": "bool", "eager": "additive"}.get(impl, "2d")
