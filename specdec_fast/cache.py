@@ -171,7 +171,7 @@ class PagedKVCache:
         table = self.block_table[slot].long()  # what the kernels follow
         slots = table[pos // self.block_size] * self.block_size + pos % self.block_size
         flat = self.kv[layer].reshape(2, self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
-        return flat[0, slots].clone(), flat[1, slots].clone()
+        return flat[0].index_select(0, slots), flat[1].index_select(0, slots)
 
     def _layer(self, layer: int) -> int:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:

@@ -65,9 +65,9 @@ def append_kv_reference(
             continue
         pos = int(seq_lens[b]) + torch.arange(end - start, device=k_new.device)
         slots = slot_of(block_table, b, pos, num_blocks, block_size)
-        keep = slots >= 0
-        k_flat[slots[keep]] = k_new[start:end][keep].to(k_cache.dtype)
-        v_flat[slots[keep]] = v_new[start:end][keep].to(v_cache.dtype)
+        keep = (slots >= 0).nonzero()[:, 0]  # unmapped positions are dropped
+        k_flat.index_copy_(0, slots[keep], k_new[start:end].index_select(0, keep))
+        v_flat.index_copy_(0, slots[keep], v_new[start:end].index_select(0, keep))
 
 
 def path_lengths(path_positions: torch.Tensor) -> torch.Tensor:
@@ -92,6 +92,6 @@ def compact_kv_reference(
         j = torch.arange(length, device=caches.device)
         src = slot_of(block_table, b, base + path_positions[b, :length].long(), num_blocks, block_size)
         dst = slot_of(block_table, b, base + j, num_blocks, block_size)
-        keep = (src >= 0) & (dst >= 0)
-        gathered = flat[:, :, src[keep]].clone()  # every read before any write
-        flat[:, :, dst[keep]] = gathered
+        keep = ((src >= 0) & (dst >= 0)).nonzero()[:, 0]
+        gathered = flat.index_select(2, src[keep])  # a copy: every read before any write
+        flat.index_copy_(2, dst[keep], gathered)
