@@ -13,6 +13,8 @@
 
 namespace {
 
+constexpr int64_t kParallelBytes = 1 << 20;  // copy volume below which one thread does it all
+
 // The flat slot of `pos` in `row`, or -1 when the position is unmapped.
 inline int64_t slot_of(const int32_t* table, int64_t stride_row, int64_t stride_col, int64_t row, int64_t pos,
                        int64_t max_blocks, int64_t num_blocks, int64_t block_size) {
@@ -62,9 +64,10 @@ void append_kv_cpu(const at::Tensor& k_new, const at::Tensor& v_new, const at::T
   const int64_t kst = k_new.stride(0) * elem, ksh = k_new.stride(1) * elem;
   const int64_t vst = v_new.stride(0) * elem, vsh = v_new.stride(1) * elem;
 
-  // Parallel over tokens (a prefill row can hold most of them); a grain of ~64 KB of copies,
-  // so the few tokens of a decode step stay on one thread.
-  const int64_t grain = std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(1, 2 * slot_bytes));
+  // Parallel over tokens (a prefill row can hold most of them), in chunks of >= 1 MB of copies:
+  // a decode step (8 rows x 5 tokens, 8 x 128 bf16: 160 KB) copies in ~8 us on one thread,
+  // while waking a second thread cost 10-20 ms on the loaded 2-core CI box (measured).
+  const int64_t grain = std::max<int64_t>(1, kParallelBytes / std::max<int64_t>(1, 2 * slot_bytes));
   at::parallel_for(0, num_tokens, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t row = std::upper_bound(cu + 1, cu + 1 + batch, static_cast<int32_t>(t)) - (cu + 1);
@@ -109,8 +112,9 @@ void compact_kv_cpu(const at::Tensor& caches, const at::Tensor& block_table, con
   char* base = static_cast<char*>(caches.data_ptr());
 
   // One work item per (row, layer x {K,V}): gather the path's slots into a buffer, then
-  // scatter them, so overlapping moves read the old values.
-  at::parallel_for(0, batch * planes, 1, [&](int64_t i0, int64_t i1) {
+  // scatter them, so overlapping moves read the old values. Chunks of >= 1 MB (see append_kv).
+  const int64_t grain = std::max<int64_t>(1, kParallelBytes / std::max<int64_t>(1, 2 * path_len * slot_bytes));
+  at::parallel_for(0, batch * planes, grain, [&](int64_t i0, int64_t i1) {
     std::vector<int64_t> src, dst;
     std::vector<char> buffer;
     for (int64_t item = i0; item < i1; ++item) {

@@ -175,6 +175,25 @@ def test_compact_long_path_crossing_blocks():
     assert torch.equal(expected[0, 0].reshape(-1, 2, 64)[slot(13 + 3)], flat[slot(13 + 7)])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wide_slots_split_into_column_chunks(backend):
+    """Hkv * D = 8192 > one Triton tile: several column programs per token / per path."""
+    gen = torch.Generator().manual_seed(5)
+    table = torch.tensor([[2, 0]], dtype=torch.int32)
+    seq, cu = torch.tensor([13], dtype=torch.int32), torch.tensor([0, 6], dtype=torch.int32)
+    caches = _dense(gen, (1, 2, 3, 16, 64, 128), torch.float16)
+    k_new, v_new = _dense(gen, (6, 64, 128), torch.float16), _dense(gen, (6, 64, 128), torch.float16)
+    paths = torch.tensor([[0, 2, 5, -1]], dtype=torch.int32)
+    expected = caches.clone()
+    append_kv_reference(k_new, v_new, expected[0, 0], expected[0, 1], table, seq, cu)
+    compact_kv_reference(expected, table, seq, paths)
+    got = caches.clone().to(DEVICE)
+    table, seq, cu = table.to(DEVICE), seq.to(DEVICE), cu.to(DEVICE)
+    append_kv(k_new.to(DEVICE), v_new.to(DEVICE), got[0, 0], got[0, 1], table, seq, cu, backend=backend)
+    compact_kv(got, table, seq, paths.to(DEVICE), backend=backend)
+    assert torch.equal(got.cpu(), expected)
+
+
 def _good_append_args():
     k = torch.zeros(3, 2, 8)
     cache = torch.zeros(4, 16, 2, 8)
