@@ -116,6 +116,7 @@ def append_kv(
         rows = torch.repeat_interleave(torch.arange(batch, device=device), counts)
         offsets = torch.arange(int(cu[-1]), device=device) - cu[:-1].repeat_interleave(counts)
         _check_mapped("append_kv", block_table, rows, seq_lens.long()[rows] + offsets, num_blocks, block_size)
+    seq_lens, cu_query_lens = seq_lens.contiguous(), cu_query_lens.contiguous()  # no-ops unless strided
     if k_new.stride(-1) != 1:
         k_new = k_new.contiguous()
     if v_new.stride(-1) != 1:
@@ -175,6 +176,7 @@ def compact_kv(
         base = seq_lens.long()[rows]
         _check_mapped("compact_kv (path source)", block_table, rows, base + path_positions.long()[on_path], num_blocks, block_size)
         _check_mapped("compact_kv (destination)", block_table, rows, base + j[None, :].expand_as(on_path)[on_path], num_blocks, block_size)
+    seq_lens = seq_lens.contiguous()  # a no-op unless strided
     if batch == 0 or path_positions.shape[1] == 0 or caches.numel() == 0:
         return
 

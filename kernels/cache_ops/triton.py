@@ -54,13 +54,15 @@ def append_kv_triton(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_q
     num_blocks, block_size = k_cache.shape[:2]
     batch = cu_query_lens.shape[0] - 1
     block_c = min(triton.next_power_of_2(num_kv_heads * head_dim), TILE_ELEMENTS)
-    block_t = min(triton.next_power_of_2(num_tokens), TILE_ELEMENTS // block_c)
+    block_b = triton.next_power_of_2(max(batch, 1))
+    # the row search compares a [BLOCK_T, BLOCK_B] tile: keep it within 2 * TILE_ELEMENTS too
+    block_t = max(1, min(triton.next_power_of_2(num_tokens), TILE_ELEMENTS // block_c, 2 * TILE_ELEMENTS // block_b))
     grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_kv_heads * head_dim, block_c))
     _append_kv_kernel[grid](
         k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
         num_tokens, batch, num_blocks, block_table.shape[1], num_kv_heads, head_dim,
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), block_table.stride(0), block_table.stride(1),
-        BLOCK_SIZE=block_size, BLOCK_B=triton.next_power_of_2(max(batch, 1)), BLOCK_T=block_t, BLOCK_C=block_c,
+        BLOCK_SIZE=block_size, BLOCK_B=block_b, BLOCK_T=block_t, BLOCK_C=block_c,
     )
 
 

@@ -194,6 +194,26 @@ def test_wide_slots_split_into_column_chunks(backend):
     assert torch.equal(got.cpu(), expected)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_append_many_rows_with_strided_index_tensors(backend):
+    """37 rows (several token programs search the row table), seq_lens a strided column and
+    block_table a column slice of a wider table."""
+    gen = torch.Generator().manual_seed(9)
+    counts = torch.randint(0, 4, (37,), generator=gen).tolist()
+    table, seq, cu, num_blocks = _case(gen, 16, 2, 32, counts, max_blocks=2)
+    wide = torch.full((37, 5), 7, dtype=torch.int32)
+    wide[:, 1:3] = table
+    pairs = torch.stack([seq, seq + 100], 1)
+    cache = _dense(gen, (2, num_blocks, 16, 2, 32), torch.bfloat16)
+    k_new, v_new = _dense(gen, (int(cu[-1]), 2, 32), torch.bfloat16), _dense(gen, (int(cu[-1]), 2, 32), torch.bfloat16)
+    expected = cache.clone()
+    append_kv_reference(k_new, v_new, expected[0], expected[1], table, seq, cu)
+    got = cache.clone().to(DEVICE)
+    wide, pairs = wide.to(DEVICE), pairs.to(DEVICE)
+    append_kv(k_new.to(DEVICE), v_new.to(DEVICE), got[0], got[1], wide[:, 1:3], pairs[:, 0], cu.to(DEVICE), backend=backend)
+    assert torch.equal(got.cpu(), expected)
+
+
 def _good_append_args():
     k = torch.zeros(3, 2, 8)
     cache = torch.zeros(4, 16, 2, 8)
