@@ -1,0 +1,97 @@
+"""The paged-KV cache ops in plain torch: the spec, the CPU fallback and the test oracle.
+
+Layout (DESIGN.md section 5):
+    k_cache, v_cache    [num_blocks, block_size, Hkv, D], one pair per layer
+    caches              [num_layers, 2, num_blocks, block_size, Hkv, D] (all layers; [:, 0] is K,
+                        [:, 1] is V; caches[l, 0] and caches[l, 1] are the per-layer k/v caches)
+    block_table [B, max_blocks] int32: row b's logical block i -> physical block; an entry < 0
+                or >= num_blocks means "no block" (PagedKVCache fills unreserved entries with -1)
+    seq_lens    [B] int32: tokens already in the cache for row b (committed)
+The token at position pos of row b lives in the slot
+    block_table[b, pos // block_size] * block_size + pos % block_size
+of the cache flattened to [num_blocks * block_size, Hkv, D]. A position is *mapped* when
+0 <= pos < max_blocks * block_size and its block entry lies in [0, num_blocks); writes to
+unmapped positions are dropped (every backend: memory safety without a host sync; the public
+entry points with check=True raise before that can happen).
+
+append_kv(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens):
+    new tokens are packed ragged, k_new/v_new [T, Hkv, D]; row b owns tokens
+    cu_query_lens[b] .. cu_query_lens[b+1]-1 (cu_query_lens [B+1] int32, non-decreasing,
+    cu_query_lens[0] == 0, cu_query_lens[B] <= T; tokens past cu_query_lens[B] are padding and
+    are ignored). The i-th new token of row b is written at position seq_lens[b] + i, K and V
+    alike, in place. seq_lens is NOT advanced (PagedKVCache.commit does that).
+
+compact_kv(caches, block_table, seq_lens, path_positions):
+    after scoring a token tree, row b's new tokens sit at positions seq_lens[b] + n for tree
+    node n = 0, 1, ... (node index within the row's new tokens). path_positions [B, P] int32
+    lists the accepted path's node indices in order; the first -1 ends the path (len_b entries
+    before it; everything after it is padding). For every layer, K and V:
+        new[seq_lens[b] + j] = old[seq_lens[b] + path_positions[b, j]]   for j < len_b
+    all reads happen before any write (a gather, then a scatter), so any mapping is exact,
+    overlapping or not. Slots not written keep their values; seq_lens is NOT advanced (the
+    engine then commits len_b). Rows are independent: they must not share physical blocks.
+"""
+import torch
+
+
+def slot_of(block_table: torch.Tensor, row: int, pos: torch.Tensor, num_blocks: int, block_size: int) -> torch.Tensor:
+    """Flat slots (int64) of positions ``pos`` [N] of ``row``; -1 where the position is unmapped."""
+    pos = pos.long()
+    max_blocks = block_table.shape[1]
+    logical = torch.div(pos, block_size, rounding_mode="floor")
+    in_table = (pos >= 0) & (logical < max_blocks)
+    block = block_table[row].long()[logical.clamp(0, max_blocks - 1)]
+    mapped = in_table & (block >= 0) & (block < num_blocks)
+    return torch.where(mapped, block * block_size + pos % block_size, torch.full_like(pos, -1))
+
+
+def append_kv_reference(
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+) -> None:
+    """Writes k_new/v_new [T, Hkv, D] into k_cache/v_cache [NB, BS, Hkv, D] in place (see module doc)."""
+    num_blocks, block_size = k_cache.shape[:2]
+    k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    cu = cu_query_lens.tolist()
+    for b in range(len(cu) - 1):
+        start, end = cu[b], min(cu[b + 1], k_new.shape[0])
+        if end <= start:
+            continue
+        pos = int(seq_lens[b]) + torch.arange(end - start, device=k_new.device)
+        slots = slot_of(block_table, b, pos, num_blocks, block_size)
+        keep = (slots >= 0).nonzero()[:, 0]  # unmapped positions are dropped
+        k_flat.index_copy_(0, slots[keep], k_new[start:end].index_select(0, keep))
+        v_flat.index_copy_(0, slots[keep], v_new[start:end].index_select(0, keep))
+
+
+def path_lengths(path_positions: torch.Tensor) -> torch.Tensor:
+    """len_b [B] int64: the number of entries of each row before its first negative entry."""
+    return (path_positions >= 0).long().cumprod(1).sum(1)
+
+
+def compact_kv_reference(
+    caches: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    path_positions: torch.Tensor,
+) -> None:
+    """Moves each row's accepted tree path to contiguous positions, all layers, K and V (module doc)."""
+    num_layers, two, num_blocks, block_size = caches.shape[:4]
+    flat = caches.view(num_layers, two, num_blocks * block_size, *caches.shape[4:])
+    lengths = path_lengths(path_positions).tolist()
+    for b, length in enumerate(lengths):
+        if length == 0:
+            continue
+        base = int(seq_lens[b])
+        j = torch.arange(length, device=caches.device)
+        src = slot_of(block_table, b, base + path_positions[b, :length].long(), num_blocks, block_size)
+        dst = slot_of(block_table, b, base + j, num_blocks, block_size)
+        keep = ((src >= 0) & (dst >= 0)).nonzero()[:, 0]
+        gathered = flat.index_select(2, src[keep])  # a copy: every read before any write
+        flat.index_copy_(2, dst[keep], gathered)
