@@ -1,6 +1,15 @@
 """specdec_fast: speculative decoding with fused verify and paged attention kernels."""
 from ._version import __version__
+from .api import generate, patch_generate
 from .cache import OutOfBlocksError, PagedKVCache
+from .drafters import ModelDrafter, PromptLookupDrafter
+from .engine import SpeculativeDecoder
 from .kernels import chain_verify, sample
+from .runners import HFRunner
+from .stats import GenerationStats
 
-__all__ = ["__version__", "chain_verify", "sample", "PagedKVCache", "OutOfBlocksError"]
+__all__ = [
+    "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner",
+    "ModelDrafter", "PromptLookupDrafter", "GenerationStats",
+    "chain_verify", "sample", "PagedKVCache", "OutOfBlocksError",
+]
