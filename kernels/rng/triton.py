@@ -19,28 +19,34 @@ _TWO_POW_M24: tl.constexpr = 5.9604644775390625e-08  # 2**-24
 
 @triton.jit
 def philox_bits(seed, offset, position, stream, vocab_index):
-    """uint32 draw(s) for (seed int64, offset int64, position int, stream int, vocab_index int
-    tensor). Scalars broadcast against vocab_index; the result has vocab_index's shape."""
-    zero = (vocab_index * 0).to(tl.uint32)
+    """uint32 draw(s) for (seed int64, offset int64, position int, stream int, vocab_index int).
+    seed, offset, position, vocab_index are tensors (scalar or block; wrap a Python int as
+    `i + tensor * 0`), stream a tensor or constexpr. Result: vocab_index's shape."""
     seed = seed.to(tl.int64)
     offset = offset.to(tl.int64)
+    position = position.to(tl.int64)
+    vocab_index = vocab_index.to(tl.int64)
+    # Broadcast everything to the common shape once, so the rounds below keep their types.
+    zero = (seed * 0 + offset * 0 + position * 0 + vocab_index * 0).to(tl.uint32)
     # int64 -> uint32 truncates: the low word of seed, then of seed >> 32 (arithmetic shift: the high word).
     k0 = seed.to(tl.uint32) + zero
     k1 = (seed >> 32).to(tl.uint32) + zero
-    c0 = vocab_index.to(tl.int64).to(tl.uint32) + zero
-    c1 = position.to(tl.int64).to(tl.uint32) + zero
+    c0 = vocab_index.to(tl.uint32) + zero
+    c1 = position.to(tl.uint32) + zero
     c2 = offset.to(tl.uint32) + zero
     c3 = (((offset >> 32) << 8) | stream).to(tl.uint32) + zero
+    m0 = zero + _M0
+    m1 = zero + _M1
+    w0 = zero + _W0
+    w1 = zero + _W1
     for _ in tl.static_range(10):
-        m0 = tl.full(c0.shape, _M0, tl.uint32)
-        m1 = tl.full(c2.shape, _M1, tl.uint32)
         hi0 = tl.umulhi(c0, m0)
         lo0 = c0 * m0
         hi1 = tl.umulhi(c2, m1)
         lo1 = c2 * m1
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-        k0 = k0 + tl.full(k0.shape, _W0, tl.uint32)
-        k1 = k1 + tl.full(k1.shape, _W1, tl.uint32)
+        k0 = k0 + w0
+        k1 = k1 + w1
     return c0
 
 

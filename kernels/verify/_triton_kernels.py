@@ -174,6 +174,9 @@ def thresholds_kernel(
     temp = tl.where(t > 0, t, 1.0)
     sampled = needed & (t > 0)
     tkey = tl.zeros([BLOCK_R], tl.int64) + KEY_NEG_INF
+    if V <= BLOCK_V:  # the whole row fits one tile: load it once for every bisection step
+        x_row = _load_x(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, tl.arange(0, BLOCK_V), temp)
+        key_row = _order_key(x_row)
 
     # top-k: the k-th largest x is the largest key t with count(key(x) >= t) >= k.
     # Invariant count(key >= lo) >= k > count(key >= hi); rows not bisecting have hi = lo + 1.
@@ -182,10 +185,13 @@ def thresholds_kernel(
     hi = tl.where(on, _order_key(m) + 1, lo + 1)
     while tl.max(hi - lo, axis=0) > 1:
         mid = lo + (hi - lo) // 2
-        count = tl.zeros([BLOCK_R], tl.int32)
-        for v0 in range(0, V, BLOCK_V):
-            x = _load_x(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, v0 + tl.arange(0, BLOCK_V), temp)
-            count += tl.sum((_order_key(x) >= mid[:, None]).to(tl.int32), axis=1)
+        if V <= BLOCK_V:
+            count = tl.sum((key_row >= mid[:, None]).to(tl.int32), axis=1)
+        else:
+            count = tl.zeros([BLOCK_R], tl.int32)
+            for v0 in range(0, V, BLOCK_V):
+                x = _load_x(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, v0 + tl.arange(0, BLOCK_V), temp)
+                count += tl.sum((_order_key(x) >= mid[:, None]).to(tl.int32), axis=1)
         go = hi - lo > 1
         enough = count >= top_k
         lo = tl.where(go & enough, mid, lo)
@@ -202,15 +208,20 @@ def thresholds_kernel(
     lo = tkey - 1
     hi = tl.where(on, _order_key(m), lo + 1)
     goal = top_p.to(tl.float64)
+    if V <= BLOCK_V:
+        prob_row = tl.where(key_row >= tkey[:, None], tl.div_rn(tl.exp(x_row - m[:, None]), s[:, None]), 0.0).to(tl.float64)
     while tl.max(hi - lo, axis=0) > 1:
         mid = lo + (hi - lo) // 2
-        mass = tl.zeros([BLOCK_R], tl.float64)
-        for v0 in range(0, V, BLOCK_V):
-            x = _load_x(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, v0 + tl.arange(0, BLOCK_V), temp)
-            key = _order_key(x)
-            above = (key > mid[:, None]) & (key >= tkey[:, None])
-            prob = tl.where(above, tl.div_rn(tl.exp(x - m[:, None]), s[:, None]), 0.0)
-            mass += tl.sum(prob.to(tl.float64), axis=1)
+        if V <= BLOCK_V:
+            mass = tl.sum(tl.where(key_row > mid[:, None], prob_row, 0.0), axis=1)
+        else:
+            mass = tl.zeros([BLOCK_R], tl.float64)
+            for v0 in range(0, V, BLOCK_V):
+                x = _load_x(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, v0 + tl.arange(0, BLOCK_V), temp)
+                key = _order_key(x)
+                above = (key > mid[:, None]) & (key >= tkey[:, None])
+                prob = tl.where(above, tl.div_rn(tl.exp(x - m[:, None]), s[:, None]), 0.0)
+                mass += tl.sum(prob.to(tl.float64), axis=1)
         go = hi - lo > 1
         hi = tl.where(go & (mass < goal), mid, hi)
         lo = tl.where(go & (mass >= goal), mid, lo)

@@ -32,7 +32,10 @@ from . import _triton_kernels as stats
 # element, so it gets big tiles.
 MAX_BLOCK_V = 1024
 TILE = 2048
-TILE_INTERPRETER = 16384
+# Interpreter: whole rows of a 32k vocabulary in one tile (the single-tile path hoists the
+# row out of the bisection loops); tests force the multi-block paths with block_v.
+MAX_BLOCK_V_INTERPRETER = 32768
+TILE_INTERPRETER = 131072
 NUM_WARPS = 4
 # Programs to aim for when splitting vocab rows into chunks: a few per SM on a GPU; under the
 # interpreter programs run one after another, so few (but still more than one chunk for
@@ -50,8 +53,9 @@ def _target_programs(device: torch.device) -> int:
 
 def _tile(vocab: int, rows: int, block_v: int | None) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_V) for rows of vocab entries."""
-    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V)
-    budget = TILE_INTERPRETER if triton_interpreting() else TILE
+    interpreting = triton_interpreting()
+    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
+    budget = TILE_INTERPRETER if interpreting else TILE
     return max(1, min(triton.next_power_of_2(rows), budget // block_v)), block_v
 
 
@@ -70,7 +74,18 @@ def _vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _run(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, block_v, num_chunks):
+def _run(*args):
+    if not triton_interpreting():
+        return _launch(*args)
+    import numpy as np
+
+    # The interpreter evaluates both sides of every select (e.g. exp overflow in lanes that
+    # are then discarded) and numpy warns about them; the GPU path has no such warnings.
+    with np.errstate(all="ignore"):
+        return _launch(*args)
+
+
+def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, block_v, num_chunks):
     """Launch the four kernels. target [B, K+1, V], draft [B, K, V] or None, draft_tokens [B, K],
     positions int64 [B] or None (None: noise at position j, the verify step)."""
     batch, k_plus_1, vocab = target.shape
@@ -127,7 +142,7 @@ def _run(target, draft, draft_tokens, params: SamplingTensors, positions, stream
         V=vocab, K=k, CHUNK=chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
         BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k, num_warps=NUM_WARPS,
     )
-    block_r = min(triton.next_power_of_2(batch), 64)
+    block_r = min(triton.next_power_of_2(batch), 4096 if triton_interpreting() else 64)
     emit.emit_final_kernel[(triton.cdiv(batch, block_r),)](
         draft_tokens, q_val, q_idx, r_val, r_idx, r_any, num_accepted, tokens,
         batch, nchunk, *token_strides, tokens.stride(0),
