@@ -9,12 +9,12 @@ tl.umulhi for the high half), the same rounds as Random123 and tl.randint4x.
 import triton
 import triton.language as tl
 
-# Philox4x32 constants (kernels/rng/__init__.py).
-_M0: tl.constexpr = 0xD2511F53
-_M1: tl.constexpr = 0xCD9E8D57
-_W0: tl.constexpr = 0x9E3779B9
-_W1: tl.constexpr = 0xBB67AE85
-_TWO_POW_M24: tl.constexpr = 5.9604644775390625e-08  # 2**-24
+# Philox4x32 constants (kernels/rng/__init__.py); globals read by @triton.jit code must be tl.constexpr objects.
+_M0 = tl.constexpr(0xD2511F53)
+_M1 = tl.constexpr(0xCD9E8D57)
+_W0 = tl.constexpr(0x9E3779B9)
+_W1 = tl.constexpr(0xBB67AE85)
+_TWO_POW_M24 = tl.constexpr(5.9604644775390625e-08)  # 2**-24
 
 
 @triton.jit

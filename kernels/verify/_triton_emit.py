@@ -10,7 +10,7 @@ from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
 from ._triton_kernels import BIG_INDEX, NEG_INF, _num_drafts, _tile_rows, standardised
 
-_STREAM_ACCEPT: tl.constexpr = STREAM_ACCEPT
+_STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 
 
 @triton.jit

@@ -18,9 +18,9 @@ bit patterns), so top-k and top-p thresholds are exact bisections over int32 key
 import triton
 import triton.language as tl
 
-KEY_NEG_INF: tl.constexpr = -2139095041  # order key of -inf: 0xFF800000 ^ 0x7FFFFFFF as int32
-BIG_INDEX: tl.constexpr = 2147483647
-NEG_INF: tl.constexpr = float("-inf")
+KEY_NEG_INF = tl.constexpr(-2139095041)  # order key of -inf: 0xFF800000 ^ 0x7FFFFFFF as int32
+BIG_INDEX = tl.constexpr(2147483647)
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
