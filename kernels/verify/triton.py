@@ -10,9 +10,13 @@ grid-wide dependency that one launch cannot express without inter-program atomic
                     a vocab chunk of the emitted position: Gumbel-max candidates.
   4. emit_final     grid (row tiles,): merge candidates, write tokens.
 NPOS = K+1 target positions (+ K draft positions when draft logits are given). Nothing of
-size [B, K+1, V] is written: partials are [B, NPOS, NCHUNK] and [B, NCHUNK]. Merges read
-partials in a fixed order (no atomics), so results are deterministic and do not depend on
-the chunking. Grids depend only on shapes, so the call is CUDA-graph capturable.
+size [B, K+1, V] is written: partials are [B*NPOS, NCHUNK] and [B, NCHUNK]. Merges read
+partials in a fixed order (no atomics), so results are deterministic; tiles and chunks are
+functions of the shapes only, so grids are too and the call is CUDA-graph capturable (no
+host sync, no value-dependent Python branch). V, K and the chunk size are constexpr: one
+compiled variant per (model vocabulary, K, batch bucket).
+Cost of top-k / top-p: one program per tile of rows bisects over the whole row (up to 32
+passes each over V, from L2); rows without them skip it. Everything else is 2 passes.
 """
 import functools
 
@@ -37,9 +41,9 @@ TILE = 2048
 MAX_BLOCK_V_INTERPRETER = 32768
 TILE_INTERPRETER = 131072
 NUM_WARPS = 4
-# Programs to aim for when splitting vocab rows into chunks: a few per SM on a GPU; under the
-# interpreter programs run one after another, so few (but still more than one chunk for
-# small batches, which keeps the chunk merge exercised by CI).
+# Programs to aim for when splitting vocab rows into chunks: a few per SM on a GPU, so that
+# B = 1 still spreads each row over many SMs. Under the interpreter programs run one after
+# another and whole rows fit one tile, so rows stay whole unless a test asks for chunks.
 PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 4
 
