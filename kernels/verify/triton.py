@@ -100,6 +100,8 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     if batch == 0:
         return tokens, num_accepted
     target = _vocab_contiguous(target)
+    if k == 0:  # never read, but a [B, 0] tensor may have a null data pointer, which launchers reject
+        draft_tokens = torch.empty((batch, 1), dtype=torch.int32, device=device)
     has_draft = draft is not None and k > 0
     draft = _vocab_contiguous(draft) if has_draft else target
     npos = 2 * k + 1 if has_draft else k + 1
@@ -183,6 +185,6 @@ def sample_triton(
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream)."""
     batch = logits.shape[0]
-    no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)
+    no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
     tokens, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, block_v, num_chunks)
     return tokens[:, 0]
