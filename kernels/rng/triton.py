@@ -1,0 +1,68 @@
+"""The Philox stream of kernels/rng/reference.py as Triton device functions (bit for bit).
+
+    key     = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+    counter = (vocab_index, position, offset & 0xFFFFFFFF, (offset >> 32) << 8 | stream)
+
+Philox4x32-10, first output word. Arithmetic is on uint32 (wrapping multiply and add,
+tl.umulhi for the high half), the same rounds as Random123 and tl.randint4x.
+"""
+import triton
+import triton.language as tl
+
+# Philox4x32 constants (kernels/rng/__init__.py); globals read by @triton.jit code must be tl.constexpr objects.
+_M0 = tl.constexpr(0xD2511F53)
+_M1 = tl.constexpr(0xCD9E8D57)
+_W0 = tl.constexpr(0x9E3779B9)
+_W1 = tl.constexpr(0xBB67AE85)
+_TWO_POW_M24 = tl.constexpr(5.9604644775390625e-08)  # 2**-24
+
+
+@triton.jit
+def philox_bits(seed, offset, position, stream, vocab_index):
+    """uint32 draw(s) for (seed int64, offset int64, position int, stream int, vocab_index int).
+    seed, offset, position, vocab_index are tensors (scalar or block; wrap a Python int as
+    `i + tensor * 0`), stream a tensor or constexpr. Result: vocab_index's shape."""
+    seed = seed.to(tl.int64)
+    offset = offset.to(tl.int64)
+    position = position.to(tl.int64)
+    vocab_index = vocab_index.to(tl.int64)
+    # Broadcast everything to the common shape once, so the rounds below keep their types.
+    zero = (seed * 0 + offset * 0 + position * 0 + vocab_index * 0).to(tl.uint32)
+    # int64 -> uint32 truncates: the low word of seed, then of seed >> 32 (arithmetic shift: the high word).
+    k0 = seed.to(tl.uint32) + zero
+    k1 = (seed >> 32).to(tl.uint32) + zero
+    c0 = vocab_index.to(tl.uint32) + zero
+    c1 = position.to(tl.uint32) + zero
+    c2 = offset.to(tl.uint32) + zero
+    c3 = (((offset >> 32) << 8) | stream).to(tl.uint32) + zero
+    m0 = zero + _M0
+    m1 = zero + _M1
+    w0 = zero + _W0
+    w1 = zero + _W1
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(c0, m0)
+        lo0 = c0 * m0
+        hi1 = tl.umulhi(c2, m1)
+        lo1 = c2 * m1
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + w0
+        k1 = k1 + w1
+    return c0
+
+
+@triton.jit
+def uniform_from_bits(bits):
+    """[0, 1) float32 from uint32 bits: (x >> 8) * 2**-24 (exact)."""
+    return (bits >> 8).to(tl.int32).to(tl.float32) * _TWO_POW_M24
+
+
+@triton.jit
+def uniform_open_from_bits(bits):
+    """(0, 1) float32 from uint32 bits: ((x >> 9) * 2 + 1) * 2**-24 (exact)."""
+    return ((bits >> 9) * 2 + 1).to(tl.int32).to(tl.float32) * _TWO_POW_M24
+
+
+@triton.jit
+def gumbel_from_bits(bits):
+    """Standard Gumbel float32: -log(-log(uniform_open(x)))."""
+    return -tl.log(-tl.log(uniform_open_from_bits(bits)))

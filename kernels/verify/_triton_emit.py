@@ -1,0 +1,150 @@
+"""Triton kernels of the verify step's second half: ratio test and token emission
+(launched by kernels/verify/triton.py after _triton_kernels' stats kernels).
+
+Each program handles BLOCK_R rows (a [BLOCK_R, BLOCK_V] tile per vocab step).
+"""
+import triton
+import triton.language as tl
+
+from ..rng import STREAM_ACCEPT
+from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
+from ._triton_kernels import BIG_INDEX, NEG_INF, _num_drafts, _tile_rows, standardised
+
+_STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+
+
+@triton.jit
+def _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, at):
+    return tl.load(m_ptr + at), tl.load(s2_ptr + at), tl.load(s3_ptr + at), tl.load(tkey_ptr + at), tl.load(amax_ptr + at)
+
+
+@triton.jit
+def _argmax_update(best, best_idx, values, idx):
+    """Per-row running argmax of values [BLOCK_R, BLOCK_V] at idx [1, BLOCK_V]; ties go to the
+    lowest index (blocks are visited in ascending order, so a later block wins only if larger)."""
+    bm = tl.max(values, axis=1)
+    barg = tl.min(tl.where(values == bm[:, None], idx, BIG_INDEX), axis=1)
+    return tl.maximum(best, bm), tl.where(bm > best, barg, best_idx)
+
+
+@triton.jit
+def emit_partial_kernel(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr,
+    m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
+    q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, num_accepted_ptr,
+    B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
+    USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows (K vector steps, repeated
+    by each chunk's program: cheaper than another launch), then one pass over a vocab chunk of
+    each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
+    argmax(log max(q - p, 0) + G), G keyed by (seed, offset, j or positions[b], stream)."""
+    b, live = _tile_rows(B, BLOCK_R)
+    c = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    kb = _num_drafts(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
+    t = tl.load(temperature_ptr + b)
+    temp = tl.where(t > 0, t, 1.0)
+    greedy = t == 0
+    min_p = tl.load(min_p_ptr + b)
+    seed = tl.load(seed_ptr + b)
+    offset = tl.load(offset_ptr + b)
+    zero = tl.zeros([BLOCK_R], tl.int32)
+
+    # Ratio test: accept x_i iff p(x_i) > 0 and u_i * p(x_i) < q(x_i), until the first rejection.
+    j = zero
+    alive = kb >= 0
+    for i in range(0, K):
+        x = tl.load(tokens_ptr + b64 * sx_b + i * sx_k)
+        x = tl.minimum(tl.maximum(x, 0), V - 1).to(tl.int32)
+        m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + i)
+        _, q_x = standardised(tl.load(target_ptr + b64 * st_b + i * st_k + x), x, temp, greedy, m, s2, s3, tkey, amax, min_p)
+        if HAS_DRAFT_LOGITS:
+            m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + K + 1 + i)
+            _, p_x = standardised(tl.load(draft_ptr + b64 * sd_b + i * sd_k + x), x, temp, greedy, m, s2, s3, tkey, amax, min_p)
+        else:
+            p_x = tl.full([BLOCK_R], 1.0, tl.float32)
+        u = uniform_from_bits(philox_bits(seed, offset, zero + i, _STREAM_ACCEPT, zero))
+        accept = alive & (i < kb) & (p_x > 0) & (u * p_x < q_x)
+        j += accept.to(tl.int32)
+        alive = accept
+    if c == 0:
+        tl.store(num_accepted_ptr + b, j, mask=live)
+
+    # Emission at position j: residual max(q_j - p_j, 0) where rejected, else (and as the
+    # fallback for an empty residual) q_j itself.
+    rejected = j < kb
+    if USE_POSITIONS:
+        noise_position = tl.load(positions_ptr + b)
+    else:
+        noise_position = j.to(tl.int64)
+    jd = tl.maximum(tl.minimum(j, K - 1), 0)
+    xj = tl.load(tokens_ptr + b64 * sx_b + jd * sx_k, mask=jd < K, other=0)
+    mq, s2q, s3q, tkq, amq = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + j)
+    if HAS_DRAFT_LOGITS:
+        mp, s2p, s3p, tkp, amp = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + K + 1 + jd)
+    q_row = b64 * st_b + j * st_k
+    p_row = b64 * sd_b + jd * sd_k
+    start = c * CHUNK
+    q_best = tl.full([BLOCK_R], NEG_INF, tl.float32)
+    q_arg = zero + start
+    r_best = q_best
+    r_arg = q_arg
+    r_any = zero
+    any_rejected = tl.max(rejected.to(tl.int32), axis=0) > 0
+    for v0 in range(0, CHUNK, BLOCK_V):
+        idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
+        inside = idx < V
+        zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
+        std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
+                                tkq[:, None], amq[:, None], min_p[:, None])
+        g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
+        q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside, std_q + g, NEG_INF), idx)
+        if any_rejected:
+            if HAS_DRAFT_LOGITS:
+                zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None], s3p[:, None],
+                                    tkp[:, None], amp[:, None], min_p[:, None])
+            else:
+                p = tl.where(idx == xj[:, None], 1.0, 0.0)
+            r = tl.maximum(q - p, 0.0)
+            positive = inside & rejected[:, None] & (r > 0)
+            r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
+            # log(0) = -inf, written as a select so that no log(0) is evaluated.
+            r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
+            r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
+    out = b * NCHUNK + c
+    tl.store(q_val_ptr + out, q_best, mask=live)
+    tl.store(q_idx_ptr + out, q_arg, mask=live)
+    tl.store(r_val_ptr + out, r_best, mask=live)
+    tl.store(r_idx_ptr + out, r_arg, mask=live)
+    tl.store(r_any_ptr + out, r_any, mask=live)
+
+
+@triton.jit
+def emit_final_kernel(
+    tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, num_accepted_ptr, out_ptr,
+    B, NCHUNK, sx_b, sx_k, so_b,
+    K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """grid (cdiv(B, BLOCK_R),): merge the chunk candidates in chunk order (ties to the lowest
+    index), choose residual or q, write tokens[b] = x_0..x_{j-1}, y, -1, ..."""
+    b, live = _tile_rows(B, BLOCK_R)
+    b64 = b.to(tl.int64)
+    cs = tl.arange(0, BLOCK_C)[None, :]
+    part = b[:, None] * NCHUNK + cs
+    qv = tl.load(q_val_ptr + part, mask=cs < NCHUNK, other=NEG_INF)
+    qi = tl.load(q_idx_ptr + part, mask=cs < NCHUNK, other=BIG_INDEX)
+    rv = tl.load(r_val_ptr + part, mask=cs < NCHUNK, other=NEG_INF)
+    ri = tl.load(r_idx_ptr + part, mask=cs < NCHUNK, other=BIG_INDEX)
+    r_any = tl.max(tl.load(r_any_ptr + part, mask=cs < NCHUNK, other=0), axis=1)
+    y_q = tl.min(tl.where(qv == tl.max(qv, axis=1)[:, None], qi, BIG_INDEX), axis=1)
+    y_r = tl.min(tl.where(rv == tl.max(rv, axis=1)[:, None], ri, BIG_INDEX), axis=1)
+    j = tl.load(num_accepted_ptr + b)
+    kb = _num_drafts(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
+    y = tl.where((j < kb) & (r_any > 0), y_r, y_q)
+    t = tl.arange(0, BLOCK_K1)[None, :]
+    x = tl.load(tokens_ptr + b64[:, None] * sx_b + t * sx_k, mask=t < K, other=-1).to(tl.int32)
+    out = tl.where(t < j[:, None], x, tl.where(t == j[:, None], y[:, None], -1))
+    tl.store(out_ptr + b64[:, None] * so_b + t, out, mask=(t < K + 1) & live[:, None])
