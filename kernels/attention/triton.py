@@ -99,7 +99,7 @@ def _paged_attn_split(
             slot = pos % PAGE_SIZE
             kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None])  # [D, N]
             if IEEE_DOT:
-                s = tl.dot(q, kt, input_precision="ieee")
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
             else:
                 s = tl.dot(q, kt)
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -120,7 +120,7 @@ def _paged_attn_split(
             slot = pos % PAGE_SIZE
             kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None], mask=in_seq[None, :], other=0.0)
             if IEEE_DOT:
-                s = tl.dot(q, kt, input_precision="ieee")
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
             else:
                 s = tl.dot(q, kt)
             j = pos - prefix  # index among the new tokens (< 0: prefix)
@@ -251,7 +251,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         QUERIES_PER_TILE=queries, BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_DIM=D, PAGE_SIZE=page_size, SPLIT_SIZE=split_size,
         HAS_TREE=tree_mask is not None, DIRECT_OUT=direct,
-        IEEE_DOT=q.dtype == torch.float32,
+        # fp32 inputs: exact (not tf32) dots. The interpreter's tl.dot on bf16 returns garbage
+        # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
+        IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
         num_warps=4, num_stages=2,
     )
     if not direct:
