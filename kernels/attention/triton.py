@@ -164,20 +164,24 @@ def _merge_splits(
     SPLITS_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
-    """out[t, h] = sum_s 2^(lse_s - lse) * o_s (lse in log2 units); splits with lse=-inf weigh 0."""
+    """out[t, h] = sum_s 2^(lse_s - lse) * o_s / sum_s 2^(lse_s - lse) (log2 units); splits
+    with lse = -inf (no key of theirs visible) weigh 0 and their partial output is not read.
+    The [D] accumulator is looped over splits: a [splits, D] tile spills at 64+ splits."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, SPLITS_P2)
-    sp_ok = sp < NUM_SPLITS
-    lse = tl.load(part_lse_ptr + sp * s_ls + t * s_lt + h, mask=sp_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
+    lse_all = tl.load(part_lse_ptr + sp * s_ls + t * s_lt + h, mask=sp < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse_all, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse - m_safe)
-    w = w / tl.maximum(tl.sum(w, 0), 1e-30)
     d = tl.arange(0, HEAD_DIM)
-    o = tl.load(part_o_ptr + sp[:, None] * s_ps + t * s_pt + h * s_ph + d[None, :],
-                mask=sp_ok[:, None] & (w[:, None] > 0.0), other=0.0)
-    res = tl.sum(o * w[:, None], 0)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    total = tl.sum(tl.math.exp2(lse_all - m_safe), 0)
+    for s in range(0, NUM_SPLITS):
+        lse = tl.load(part_lse_ptr + s * s_ls + t * s_lt + h)
+        if lse > float("-inf"):
+            w = tl.math.exp2(lse - m_safe)
+            acc += w * tl.load(part_o_ptr + s * s_ps + t * s_pt + h * s_ph + d)
+    res = acc / tl.maximum(total, 1e-30)
     tl.store(out_ptr + t * s_ot + h * s_oh + d, res.to(out_ptr.dtype.element_ty))
 
 
@@ -195,15 +199,21 @@ def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
     return queries, block_m, block_n
 
 
-def choose_split_size(device: torch.device, programs: int, capacity: int, block_n: int) -> int:
-    """KV tokens per split: enough splits for ~4 programs per SM (static shapes only)."""
-    if device.type != "cuda":
-        return max(block_n, -(-capacity // block_n) * block_n)  # interpreter: one split
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want_splits = max(1, -(-4 * sms // max(programs, 1)))
-    size = -(-capacity // want_splits)
-    size = max(256, size)  # below ~256 tokens a split costs more in merging than it saves
+def choose_split_size(num_sms: int | None, programs: int, capacity: int, block_n: int) -> int:
+    """KV tokens per split, from static shapes only: enough splits for ~4 programs per SM, each
+    split at least 256 tokens (below that the partial writes and the merge cost more than the
+    parallelism gains). num_sms None (interpreter / CPU): a single split."""
+    if num_sms is None:
+        return max(block_n, -(-capacity // block_n) * block_n)
+    want_splits = max(1, -(-4 * num_sms // max(programs, 1)))
+    size = max(256, -(-capacity // want_splits))
     return -(-size // block_n) * block_n
+
+
+def _num_sms(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
@@ -222,7 +232,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     num_tiles = -(-max_query_len // queries)
     capacity = block_table.shape[1] * page_size
     if split_size is None:
-        split_size = choose_split_size(q.device, B * Hkv * num_tiles, capacity, block_n)
+        split_size = choose_split_size(_num_sms(q.device), B * Hkv * num_tiles, capacity, block_n)
     elif split_size <= 0 or split_size % block_n:
         raise ValueError(f"split_size must be a positive multiple of {block_n}, got {split_size}")
     num_splits = max(1, -(-capacity // split_size))

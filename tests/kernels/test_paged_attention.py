@@ -190,3 +190,22 @@ def test_cuda_long_context_auto_split(n, tree):
     case = make_case([8000, 700, n], [n, n, n], 32, 8, 128, 16, torch.bfloat16, tree=tree, seed=n, device="cuda")
     out = paged_attention(*case.args(), max_query_len=n, tree_mask=case.tree_mask, backend="triton")
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=3e-2, rtol=3e-2)
+
+
+def test_split_and_tile_choice_from_static_shapes():
+    pytest.importorskip("triton")
+    from specdec_fast.kernels.attention.triton import choose_split_size, choose_tiling
+
+    # Llama-8B heads on a 132-SM GPU: B=1 with 32k tokens is split into many programs ...
+    queries, block_m, block_n = choose_tiling(max_query_len=5, group=4, head_dim=128)
+    assert (queries, block_m) == (8, 32) and block_m >= 16
+    size = choose_split_size(132, programs=1 * 8, capacity=32768, block_n=block_n)
+    assert size % block_n == 0 and size >= 256 and -(-32768 // size) >= 32
+    # ... B=32 needs few splits, short contexts one, the interpreter always one
+    assert -(-32768 // choose_split_size(132, 32 * 8, 32768, block_n)) <= 4
+    assert choose_split_size(132, 8, 200, block_n) >= 200
+    assert choose_split_size(None, 8, 1000, block_n) >= 1000
+    # decode (N=1) with a GQA group of 8 fills a 16-row tile; N=9 with G=8 and D=128 takes two tiles
+    assert choose_tiling(1, 8, 128)[:2] == (1, 16)
+    q9 = choose_tiling(9, 8, 128)[0]
+    assert -(-9 // q9) == 2
