@@ -11,6 +11,7 @@ Script modes:
         roofline (target >= 70% at B=8/32k), beside torch SDPA (flash) on the same K/V dense.
 """
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -90,14 +91,30 @@ def versions():
     return info
 
 
+def cpu_name():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def median_seconds(fn, reps):
+    """(median wall seconds, median process CPU seconds summed over threads) of `reps` calls.
+    On a shared, loaded machine the CPU time is the steadier of the two."""
     fn()  # warm-up (and C++ build)
-    times = []
+    wall, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+CPU_TABLE = [(1, 1024, 1), (1, 1024, 5), (1, 4096, 1), (1, 4096, 5), (4, 1024, 1), (4, 1024, 5), (8, 2048, 5)]
 
 
 def run_cpu(args):
@@ -106,24 +123,26 @@ def run_cpu(args):
     if not _cpp_ok():
         sys.exit("the C++ op did not build: nothing to compare")
     rows = []
-    shapes = [(1, 1024, 1), (1, 1024, 5), (1, 4096, 1), (1, 4096, 5), (4, 1024, 1), (4, 1024, 5), (8, 2048, 5)]
-    for dtype in (torch.float32, torch.bfloat16):
-        for B, ctx, n in shapes:
-            inputs = make_inputs(B, ctx, n, dtype=dtype)
-            res = {"B": B, "context": ctx, "N": n, "dtype": str(dtype).replace("torch.", "")}
-            for backend in ("cpp", "torch"):
-                fn = lambda: paged_attention(*inputs, max_query_len=n, backend=backend, check=False)  # noqa: E731
-                res[f"{backend}_ms"] = 1e3 * median_seconds(fn, args.reps)
-            res["speedup_cpp_vs_torch"] = res["torch_ms"] / res["cpp_ms"]
-            res["cpp_GBps"] = bytes_moved(B, ctx, n, elem=inputs[0].element_size()) / res["cpp_ms"] / 1e6
-            rows.append(res)
-            print(json.dumps(res))
-    for dtype in {r["dtype"] for r in rows}:  # N=5 vs N=1 at equal B, context
-        for r5 in (r for r in rows if r["dtype"] == dtype and r["N"] == 5):
-            r1 = [r for r in rows if r["dtype"] == dtype and r["N"] == 1 and r["B"] == r5["B"] and r["context"] == r5["context"]]
-            if r1:
-                r5["cpp_ratio_N5_vs_N1"] = r5["cpp_ms"] / r1[0]["cpp_ms"]
-    report = {"device": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    combos = itertools.product(args.threads or [torch.get_num_threads()], (torch.float32, torch.bfloat16), CPU_TABLE)
+    for threads, dtype, (B, ctx, n) in combos:
+        torch.set_num_threads(threads)  # also the OpenMP thread count of the C++ op
+        inputs = make_inputs(B, ctx, n, dtype=dtype)
+        res = {"threads": threads, "B": B, "context": ctx, "N": n, "dtype": str(dtype).replace("torch.", "")}
+        for backend in ("cpp", "torch"):
+            fn = lambda: paged_attention(*inputs, max_query_len=n, backend=backend, check=False)  # noqa: E731
+            wall, cpu = median_seconds(fn, args.reps)
+            res[f"{backend}_ms"], res[f"{backend}_cpu_ms"] = 1e3 * wall, 1e3 * cpu
+        res["speedup_cpp_vs_torch"] = res["torch_ms"] / res["cpp_ms"]
+        res["speedup_cpp_vs_torch_cpu_time"] = res["torch_cpu_ms"] / res["cpp_cpu_ms"]
+        res["cpp_GBps"] = bytes_moved(B, ctx, n, elem=inputs[0].element_size()) / res["cpp_ms"] / 1e6
+        rows.append(res)
+        print(json.dumps(res))
+    same = ("threads", "dtype", "B", "context")
+    for r5 in (r for r in rows if r["N"] == 5):  # N=5 vs N=1 at equal threads, dtype, B, context
+        for r1 in (r for r in rows if r["N"] == 1 and all(r[k] == r5[k] for k in same)):
+            r5["cpp_ratio_N5_vs_N1"] = r5["cpp_ms"] / r1["cpp_ms"]
+            r5["cpp_ratio_N5_vs_N1_cpu_time"] = r5["cpp_cpu_ms"] / r1["cpp_cpu_ms"]
+    report = {"device": cpu_name(), "cpus": os.cpu_count(), "loadavg_1_5_15": os.getloadavg(),
               "heads": "32 q / 8 kv, D=128, block_size 16", "reps": args.reps, **versions(), "results": rows}
     out = Path(args.out or ROOT / "bench/results/attention_cpu.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,6 +207,7 @@ def main(argv=None):
     mode.add_argument("--cpu", action="store_true", help="C++ op vs torch reference on CPU")
     parser.add_argument("--out", help="JSON path (default bench/results/attention_<device>.json)")
     parser.add_argument("--reps", type=int, default=7, help="CPU mode: timed runs per shape (median)")
+    parser.add_argument("--threads", type=int, nargs="*", help="CPU mode: thread counts to run (default: torch's)")
     parser.add_argument("--block-size", type=int, default=16, help="GPU mode: KV page size")
     args = parser.parse_args(argv)
     if args.gpu:

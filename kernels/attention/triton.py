@@ -31,7 +31,7 @@ LOG2E = 1.4426950408889634
 def _paged_attn_split(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
-    qk_scale,
+    qk_scale, split_size,
     s_qt, s_qh,
     s_kb, s_kt, s_kh,
     s_vb, s_vt, s_vh,
@@ -47,7 +47,6 @@ def _paged_attn_split(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    SPLIT_SIZE: tl.constexpr,
     HAS_TREE: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
     IEEE_DOT: tl.constexpr,
@@ -78,8 +77,8 @@ def _paged_attn_split(
         # keys this tile can see: up to its last query's position (causal)
         last_q = tl.minimum(first_q + QUERIES_PER_TILE, n_q) - 1
         kv_end = tl.minimum(seq_len, prefix + last_q + 1)
-        lo = split * SPLIT_SIZE
-        hi = tl.minimum(lo + SPLIT_SIZE, kv_end)
+        lo = split * split_size  # a runtime multiple of BLOCK_N: new batch shapes do not recompile
+        hi = tl.minimum(lo + split_size, kv_end)
         # chunks [lo, mid) lie wholly in the prefix: no mask
         mid = tl.maximum(tl.minimum(hi, (prefix // BLOCK_N) * BLOCK_N), lo)
 
@@ -156,11 +155,10 @@ def _paged_attn_split(
 
 @triton.jit
 def _merge_splits(
-    part_o_ptr, part_lse_ptr, out_ptr,
+    part_o_ptr, part_lse_ptr, out_ptr, num_splits,
     s_ps, s_pt, s_ph,
     s_ls, s_lt,
     s_ot, s_oh,
-    NUM_SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
@@ -170,13 +168,13 @@ def _merge_splits(
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     sp = tl.arange(0, SPLITS_P2)
-    lse_all = tl.load(part_lse_ptr + sp * s_ls + t * s_lt + h, mask=sp < NUM_SPLITS, other=float("-inf"))
+    lse_all = tl.load(part_lse_ptr + sp * s_ls + t * s_lt + h, mask=sp < num_splits, other=float("-inf"))
     m = tl.max(lse_all, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     d = tl.arange(0, HEAD_DIM)
     acc = tl.zeros([HEAD_DIM], tl.float32)
     total = tl.sum(tl.math.exp2(lse_all - m_safe), 0)
-    for s in range(0, NUM_SPLITS):
+    for s in range(0, num_splits):
         lse = tl.load(part_lse_ptr + s * s_ls + t * s_lt + h)
         if lse > float("-inf"):
             w = tl.math.exp2(lse - m_safe)
@@ -250,7 +248,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     _paged_attn_split[grid](
         q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree,
         out, part_o, part_lse,
-        float(scale) * LOG2E,
+        float(scale) * LOG2E, split_size,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -259,7 +257,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         *pstr, *lstr,
         NUM_KV_HEADS=Hkv, GROUP=group, GROUP_P2=_next_pow2(group),
         QUERIES_PER_TILE=queries, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=D, PAGE_SIZE=page_size, SPLIT_SIZE=split_size,
+        HEAD_DIM=D, PAGE_SIZE=page_size,
         HAS_TREE=tree_mask is not None, DIRECT_OUT=direct,
         # fp32 inputs: exact (not tf32) dots. The interpreter's tl.dot on bf16 returns garbage
         # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
@@ -268,10 +266,10 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     )
     if not direct:
         _merge_splits[(T, Hq)](
-            part_o, part_lse, out,
+            part_o, part_lse, out, num_splits,
             *pstr, *lstr,
             out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, SPLITS_P2=_next_pow2(num_splits), HEAD_DIM=D,
+            SPLITS_P2=_next_pow2(num_splits), HEAD_DIM=D,
             num_warps=4 if D >= 128 else 2,
         )
     return out
