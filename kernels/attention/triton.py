@@ -188,9 +188,11 @@ def _next_pow2(x: int) -> int:
 
 
 def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
-    """(queries per tile, tile rows BLOCK_M, KV chunk BLOCK_N) from static sizes."""
+    """(queries per tile, tile rows BLOCK_M, KV chunk BLOCK_N) from static sizes. Up to 128
+    rows (the flash-attention forward tile; 8 warps hold its fp32 [128, D<=128] accumulator),
+    so K+1 <= 16 queries x a GQA group of 8 still read each KV page once."""
     group_p2 = _next_pow2(group)
-    rows_cap = 64 if head_dim > 64 else 128  # register budget of the [BLOCK_M, D] accumulator
+    rows_cap = 128 if head_dim <= 128 else 64
     queries = max(1, min(_next_pow2(max_query_len), rows_cap // group_p2))
     block_m = max(16, queries * group_p2)  # tl.dot needs M >= 16
     block_n = 64 if head_dim <= 128 else 32
@@ -262,7 +264,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         # fp32 inputs: exact (not tf32) dots. The interpreter's tl.dot on bf16 returns garbage
         # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
         IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
-        num_warps=4, num_stages=2,
+        num_warps=8 if block_m >= 128 else 4, num_stages=2,
     )
     if not direct:
         _merge_splits[(T, Hq)](

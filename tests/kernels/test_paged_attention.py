@@ -14,12 +14,12 @@ TOL = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 CASES = {
     "decode_g1_ragged": ([1, 17, 33, 100], [1, 1, 1, 1], 4, 4, 64, 16, torch.float16, False, False),
     "chain5_g4_bf16": ([5, 21, 48], [5, 5, 5], 8, 2, 64, 16, torch.bfloat16, False, True),
-    "chain9_g8_two_tiles": ([9, 40], [9, 9], 8, 1, 128, 32, torch.float32, False, False),
+    "chain9_g8_d128": ([9, 40], [9, 9], 8, 1, 128, 32, torch.float32, False, False),
     "mixed_1_5_9_and_empty": ([30, 12, 9, 50], [1, 5, 9, 0], 4, 1, 128, 16, torch.float16, False, True),
     "tree5_g4": ([5, 37], [5, 5], 8, 2, 64, 32, torch.float16, True, False),
     "tree9_g8_bf16": ([20, 70, 9], [9, 9, 9], 8, 1, 64, 16, torch.bfloat16, True, True),
     "tree_mixed_g1_fp32": ([6, 50], [1, 9], 2, 2, 128, 32, torch.float32, True, False),
-    "tree64_sign_bit": ([94], [64], 2, 2, 64, 16, torch.float32, True, False),
+    "tree64_sign_bit_two_tiles": ([94, 10], [64, 3], 4, 1, 64, 16, torch.float32, True, False),
 }
 
 
@@ -205,7 +205,9 @@ def test_split_and_tile_choice_from_static_shapes():
     assert -(-32768 // choose_split_size(132, 32 * 8, 32768, block_n)) <= 4
     assert choose_split_size(132, 8, 200, block_n) >= 200
     assert choose_split_size(None, 8, 1000, block_n) >= 1000
-    # decode (N=1) with a GQA group of 8 fills a 16-row tile; N=9 with G=8 and D=128 takes two tiles
+    # decode (N=1) with a GQA group of 8 fills a 16-row tile; N=9 with G=8 fits one 128-row
+    # tile (each KV page read once); a 64-node tree with G=4 takes two
     assert choose_tiling(1, 8, 128)[:2] == (1, 16)
-    q9 = choose_tiling(9, 8, 128)[0]
-    assert -(-9 // q9) == 2
+    assert choose_tiling(9, 8, 128)[:2] == (16, 128)
+    q64 = choose_tiling(64, 4, 64)[0]
+    assert -(-64 // q64) == 2
