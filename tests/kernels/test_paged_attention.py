@@ -76,8 +76,8 @@ def test_default_backend_runs(device):
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=2e-4, rtol=2e-4)
 
 
-def _good():
-    case = make_case([10, 7], [3, 2], 4, 2, 64, 16, torch.float32, tree=True, seed=1)
+def _good(device="cpu"):
+    case = make_case([10, 7], [3, 2], 4, 2, 64, 16, torch.float32, tree=True, seed=1, device=device)
     kw = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, block_table=case.block_table,
               seq_lens=case.seq_lens, cu_query_lens=case.cu_query_lens, max_query_len=3, tree_mask=case.tree_mask)
     return kw
@@ -131,20 +131,20 @@ def test_bad_input(name):
         _call(kw)
 
 
-def test_triton_rejects_odd_head_dim():
+def test_triton_rejects_odd_head_dim(device):
     pytest.importorskip("triton")
-    case = make_case([8], [2], 2, 1, 48, 16, torch.float32)
+    case = make_case([8], [2], 2, 1, 48, 16, torch.float32, device=device)
     with pytest.raises(ValueError, match="head_dim"):
         paged_attention(*case.args(), max_query_len=2, backend="triton")
     # the C++ and torch backends take any head_dim
     ref = paged_attention(*case.args(), max_query_len=2, backend="torch")
-    torch.testing.assert_close(ref.double(), sdpa_oracle(case), atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(ref.cpu().double(), sdpa_oracle(case), atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize("backend", kernel_backends())
-def test_check_false_same_result(backend):
+def test_check_false_same_result(backend, device):
     """check=False only skips the value checks: same output as the checked call."""
-    kw = _good()
+    kw = _good(device)
     checked = _call(kw, backend=backend)
     unchecked = _call(kw, backend=backend, check=False)
     torch.testing.assert_close(unchecked, checked, atol=0, rtol=0)
