@@ -31,7 +31,7 @@ LOG2E = 1.4426950408889634
 def _paged_attn_split(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
-    qk_scale, split_size,
+    qk_scale, num_splits, min_split_chunks,
     s_qt, s_qh,
     s_kb, s_kt, s_kh,
     s_vb, s_vt, s_vh,
@@ -77,8 +77,12 @@ def _paged_attn_split(
         # keys this tile can see: up to its last query's position (causal)
         last_q = tl.minimum(first_q + QUERIES_PER_TILE, n_q) - 1
         kv_end = tl.minimum(seq_len, prefix + last_q + 1)
-        lo = split * split_size  # a runtime multiple of BLOCK_N: new batch shapes do not recompile
-        hi = tl.minimum(lo + split_size, kv_end)
+        # this row's own keys are divided over the splits (at least min_split_chunks chunks
+        # each, so short rows use fewer splits and the rest exit at once): a block table
+        # reserved far beyond the row's length does not thin out the work per program
+        chunks_per_split = tl.maximum(tl.cdiv(tl.cdiv(kv_end, BLOCK_N), num_splits), min_split_chunks)
+        lo = split * chunks_per_split * BLOCK_N
+        hi = tl.minimum(lo + chunks_per_split * BLOCK_N, kv_end)
         # chunks [lo, mid) lie wholly in the prefix: no mask
         mid = tl.maximum(tl.minimum(hi, (prefix // BLOCK_N) * BLOCK_N), lo)
 
@@ -199,15 +203,18 @@ def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
     return queries, block_m, block_n
 
 
-def choose_split_size(num_sms: int | None, programs: int, capacity: int, block_n: int) -> int:
-    """KV tokens per split, from static shapes only: enough splits for ~4 programs per SM, each
-    split at least 256 tokens (below that the partial writes and the merge cost more than the
-    parallelism gains). num_sms None (interpreter / CPU): a single split."""
+MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) than it gains
+
+
+def choose_splits(num_sms: int | None, programs: int, capacity: int, block_n: int) -> tuple[int, int]:
+    """(number of KV splits, minimum tokens per split) from static shapes only: enough splits
+    for ~4 programs per SM. The kernel divides each row's actual length over the splits.
+    num_sms None (interpreter / CPU): a single split."""
     if num_sms is None:
-        return max(block_n, -(-capacity // block_n) * block_n)
-    want_splits = max(1, -(-4 * num_sms // max(programs, 1)))
-    size = max(256, -(-capacity // want_splits))
-    return -(-size // block_n) * block_n
+        return 1, block_n
+    want = max(1, -(-4 * num_sms // max(programs, 1)))
+    min_tokens = -(-MIN_SPLIT_TOKENS // block_n) * block_n
+    return max(1, min(want, -(-capacity // min_tokens))), min_tokens
 
 
 def _num_sms(device: torch.device) -> int | None:
@@ -217,9 +224,11 @@ def _num_sms(device: torch.device) -> int | None:
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
-                           max_query_len: int, tree_mask=None, scale: float, split_size: int | None = None):
-    """Validated inputs (see kernels/attention/__init__.py). split_size (a multiple of the KV
-    chunk, tokens) overrides the automatic flash-decoding split, e.g. for tests."""
+                           max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
+                           min_split_tokens: int | None = None):
+    """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
+    a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
+    e.g. for tests."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -231,11 +240,13 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     queries, block_m, block_n = choose_tiling(max_query_len, group, D)
     num_tiles = -(-max_query_len // queries)
     capacity = block_table.shape[1] * page_size
-    if split_size is None:
-        split_size = choose_split_size(_num_sms(q.device), B * Hkv * num_tiles, capacity, block_n)
-    elif split_size <= 0 or split_size % block_n:
-        raise ValueError(f"split_size must be a positive multiple of {block_n}, got {split_size}")
-    num_splits = max(1, -(-capacity // split_size))
+    if num_splits is None:
+        num_splits, min_split = choose_splits(_num_sms(q.device), B * Hkv * num_tiles, capacity, block_n)
+    else:
+        min_split = block_n if min_split_tokens is None else min_split_tokens
+        if num_splits < 1 or min_split < block_n or min_split % block_n:
+            raise ValueError(f"num_splits >= 1 and min_split_tokens a positive multiple of {block_n}, "
+                             f"got {num_splits}, {min_split_tokens}")
     direct = num_splits == 1
     if direct:
         part_o = out
@@ -250,7 +261,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     _paged_attn_split[grid](
         q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree,
         out, part_o, part_lse,
-        float(scale) * LOG2E, split_size,
+        float(scale) * LOG2E, num_splits, min_split // block_n,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

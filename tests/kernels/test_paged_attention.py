@@ -42,11 +42,12 @@ def test_loose_max_query_len_and_scale(backend, device):
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case, scale=0.3), atol=4e-3, rtol=4e-3)
 
 
-# KV split (flash-decoding) with small splits: (seq_lens, query_lens, Hq, Hkv, D, bs, dtype, tree, split)
+# KV split (flash-decoding), forced: (seq_lens, query_lens, Hq, Hkv, D, bs, dtype, tree, (splits, min tokens))
 SPLIT_CASES = {
-    "split_decode_and_chain": ([700, 300], [5, 1], 8, 2, 64, 16, torch.float16, False, 128),
-    "split_tree_bf16": ([520], [9], 8, 1, 128, 32, torch.bfloat16, True, 64),
-    "split_boundary_fp32": ([256, 129], [9, 1], 4, 4, 64, 32, torch.float32, False, 64),
+    "split_decode_and_chain": ([700, 300], [5, 1], 8, 2, 64, 16, torch.float16, False, (4, 64)),
+    "split_tree_bf16_empty_splits": ([520], [9], 8, 1, 128, 32, torch.bfloat16, True, (16, 64)),
+    "split_boundary_fp32": ([256, 129], [9, 1], 4, 4, 64, 32, torch.float32, False, (3, 64)),
+    "split_min_tokens_short_rows": ([70, 9, 300], [5, 9, 1], 4, 1, 64, 16, torch.float16, True, (8, 128)),
 }
 
 
@@ -58,7 +59,7 @@ def test_triton_kv_split_merge(name, device):
     seq, ql, hq, hkv, d, bs, dtype, tree, split = SPLIT_CASES[name]
     case = make_case(seq, ql, hq, hkv, d, bs, dtype, tree=tree, seed=7, device=device)
     out = paged_attention_triton(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask,
-                                 scale=d ** -0.5, split_size=split)
+                                 scale=d ** -0.5, num_splits=split[0], min_split_tokens=split[1])
     tol = TOL[dtype]
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=tol, rtol=tol)
 
@@ -194,17 +195,17 @@ def test_cuda_long_context_auto_split(n, tree):
 
 def test_split_and_tile_choice_from_static_shapes():
     pytest.importorskip("triton")
-    from specdec_fast.kernels.attention.triton import choose_split_size, choose_tiling
+    from specdec_fast.kernels.attention.triton import MIN_SPLIT_TOKENS, choose_splits, choose_tiling
 
     # Llama-8B heads on a 132-SM GPU: B=1 with 32k tokens is split into many programs ...
     queries, block_m, block_n = choose_tiling(max_query_len=5, group=4, head_dim=128)
     assert (queries, block_m) == (8, 32) and block_m >= 16
-    size = choose_split_size(132, programs=1 * 8, capacity=32768, block_n=block_n)
-    assert size % block_n == 0 and size >= 256 and -(-32768 // size) >= 32
-    # ... B=32 needs few splits, short contexts one, the interpreter always one
-    assert -(-32768 // choose_split_size(132, 32 * 8, 32768, block_n)) <= 4
-    assert choose_split_size(132, 8, 200, block_n) >= 200
-    assert choose_split_size(None, 8, 1000, block_n) >= 1000
+    splits, min_tokens = choose_splits(132, programs=1 * 8, capacity=32768, block_n=block_n)
+    assert splits >= 32 and min_tokens % block_n == 0 and min_tokens >= MIN_SPLIT_TOKENS
+    # ... B=32 needs few splits, a short block table few, the interpreter one
+    assert choose_splits(132, 32 * 8, 32768, block_n)[0] <= 4
+    assert choose_splits(132, 8, 300, block_n)[0] <= 2
+    assert choose_splits(None, 8, 32768, block_n)[0] == 1
     # decode (N=1) with a GQA group of 8 fills a 16-row tile; N=9 with G=8 fits one 128-row
     # tile (each KV page read once); a 64-node tree with G=4 takes two
     assert choose_tiling(1, 8, 128)[:2] == (1, 16)
