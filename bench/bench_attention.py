@@ -1,0 +1,233 @@
+"""Paged attention benchmarks.
+
+CPU, under pytest-benchmark (one quick run with --benchmark-disable):
+    pytest bench/bench_attention.py --benchmark-only --benchmark-group-by=group
+Script modes:
+    python bench/bench_attention.py --cpu   [--out bench/results/attention_cpu.json]
+        C++ op vs the torch reference, median of --reps runs.
+    python bench/bench_attention.py --gpu   [--out bench/results/attention_<device>.json]
+        Llama-8B-like heads (32 q, 8 kv, D=128), bf16, B in {1,8,32} x context in {1k,8k,32k}:
+        Triton time for N=5 vs N=1 (target <= 1.25x at 32k), achieved GB/s against the HBM
+        roofline (target >= 70% at B=8/32k), beside torch SDPA (flash) on the same K/V dense.
+"""
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}  # SXM datasheet peaks
+
+
+def make_inputs(B, context, n, hq=32, hkv=8, d=128, block_size=16, dtype=torch.bfloat16, device="cpu", seed=0):
+    """Each of B rows holds `context` tokens (its n new ones included) in shuffled pages."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pages = -(-context // block_size)
+    num_blocks = B * pages
+    k_cache = torch.randn(num_blocks, block_size, hkv, d, device=device, dtype=dtype, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, hkv, d, device=device, dtype=dtype, generator=gen)
+    perm = torch.randperm(num_blocks, device=device, generator=gen)
+    block_table = perm.reshape(B, pages).to(torch.int32)
+    seq_lens = torch.full((B,), context, dtype=torch.int32, device=device)
+    cu = torch.arange(0, B + 1, dtype=torch.int32, device=device) * n
+    q = torch.randn(B * n, hq, d, device=device, dtype=dtype, generator=gen)
+    return q, k_cache, v_cache, block_table, seq_lens, cu
+
+
+def bytes_moved(B, context, n, hq=32, hkv=8, d=128, elem=2):
+    """K+V read once per KV head + q read + out written."""
+    return 2 * B * context * hkv * d * elem + 2 * B * n * hq * d * elem
+
+
+# ---------------------------------------------------------------- CPU, pytest-benchmark
+CPU_SHAPES = [(1, 1024, 1), (1, 1024, 5), (4, 512, 5)]
+
+
+def _cpp_ok():
+    from specdec_fast.kernels._backend import cpp_op_available
+
+    return cpp_op_available("paged_attention")
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=lambda s: f"B{s[0]}-ctx{s[1]}-N{s[2]}")
+def test_cpu_paged_attention(benchmark, shape, backend):
+    from specdec_fast.kernels.attention import paged_attention
+
+    if backend == "cpp" and not _cpp_ok():
+        pytest.skip("C++ op unavailable")
+    B, ctx, n = shape
+    benchmark.group = f"paged_attention fp32 B{B} ctx{ctx} N{n}"
+    args = make_inputs(B, ctx, n, dtype=torch.float32)
+    out = benchmark(lambda: paged_attention(*args, max_query_len=n, backend=backend, check=False))
+    assert torch.isfinite(out).all()
+
+
+# ---------------------------------------------------------------- script helpers
+def git_commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def versions():
+    info = {"torch": torch.__version__, "python": platform.python_version(), "commit": git_commit()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def cpu_name():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def median_seconds(fn, reps):
+    """(median wall seconds, median process CPU seconds summed over threads) of `reps` calls.
+    On a shared, loaded machine the CPU time is the steadier of the two."""
+    fn()  # warm-up (and C++ build)
+    wall, cpu = [], []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+CPU_TABLE = [(1, 1024, 1), (1, 1024, 5), (1, 4096, 1), (1, 4096, 5), (4, 1024, 1), (4, 1024, 5), (8, 2048, 5)]
+
+
+def run_cpu(args):
+    from specdec_fast.kernels.attention import paged_attention
+
+    if not _cpp_ok():
+        sys.exit("the C++ op did not build: nothing to compare")
+    rows = []
+    combos = itertools.product(args.threads or [torch.get_num_threads()], (torch.float32, torch.bfloat16), CPU_TABLE)
+    for threads, dtype, (B, ctx, n) in combos:
+        torch.set_num_threads(threads)  # also the OpenMP thread count of the C++ op
+        inputs = make_inputs(B, ctx, n, dtype=dtype)
+        res = {"threads": threads, "B": B, "context": ctx, "N": n, "dtype": str(dtype).replace("torch.", "")}
+        for backend in ("cpp", "torch"):
+            fn = lambda: paged_attention(*inputs, max_query_len=n, backend=backend, check=False)  # noqa: E731
+            wall, cpu = median_seconds(fn, args.reps)
+            res[f"{backend}_ms"], res[f"{backend}_cpu_ms"] = 1e3 * wall, 1e3 * cpu
+        res["speedup_cpp_vs_torch"] = res["torch_ms"] / res["cpp_ms"]
+        res["speedup_cpp_vs_torch_cpu_time"] = res["torch_cpu_ms"] / res["cpp_cpu_ms"]
+        res["cpp_GBps"] = bytes_moved(B, ctx, n, elem=inputs[0].element_size()) / res["cpp_ms"] / 1e6
+        rows.append(res)
+        print(json.dumps(res))
+    same = ("threads", "dtype", "B", "context")
+    for r5 in (r for r in rows if r["N"] == 5):  # N=5 vs N=1 at equal threads, dtype, B, context
+        for r1 in (r for r in rows if r["N"] == 1 and all(r[k] == r5[k] for k in same)):
+            r5["cpp_ratio_N5_vs_N1"] = r5["cpp_ms"] / r1["cpp_ms"]
+            r5["cpp_ratio_N5_vs_N1_cpu_time"] = r5["cpp_cpu_ms"] / r1["cpp_cpu_ms"]
+    report = {"device": cpu_name(), "cpus": os.cpu_count(), "loadavg_1_5_15": os.getloadavg(),
+              "heads": "32 q / 8 kv, D=128, block_size 16", "reps": args.reps, **versions(), "results": rows}
+    out = Path(args.out or ROOT / "bench/results/attention_cpu.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def run_gpu(args):
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from specdec_fast.kernels.attention import paged_attention
+
+    if not torch.cuda.is_available():
+        sys.exit("--gpu needs a CUDA device")
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), None)
+    rows = []
+    for B in (1, 8, 32):
+        for ctx in (1024, 8192, 32768):
+            res = {"B": B, "context": ctx}
+            for n in (1, 5):
+                inputs = make_inputs(B, ctx, n, block_size=args.block_size, device="cuda")
+                q, k_cache, v_cache, block_table = inputs[:4]
+                fn = lambda: paged_attention(*inputs, max_query_len=n, backend="triton", check=False)  # noqa: E731
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                gbps = bytes_moved(B, ctx, n) / ms / 1e6
+                res[f"triton_N{n}_ms"] = ms
+                res[f"triton_N{n}_GBps"] = gbps
+                if peak:
+                    res[f"triton_N{n}_roofline"] = gbps * 1e9 / peak
+                # the same K/V laid out densely [B, H, L, D] for SDPA (flash, no mask: a lower bound)
+                kd = k_cache[block_table.long()].reshape(B, -1, 8, 128)[:, :ctx].transpose(1, 2).contiguous()
+                vd = v_cache[block_table.long()].reshape(B, -1, 8, 128)[:, :ctx].transpose(1, 2).contiguous()
+                qd = q.reshape(B, n, 32, 128).transpose(1, 2).contiguous()
+                res[f"sdpa_flash_N{n}_ms"] = None
+                for gqa in (True, False):  # native GQA first, else K/V expanded to the q heads
+                    if not gqa:
+                        kd, vd = kd.repeat_interleave(4, 1), vd.repeat_interleave(4, 1)
+                    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, enable_gqa=gqa)  # noqa: E731
+                    try:
+                        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                            sdpa()
+                            ms_sdpa = triton.testing.do_bench(sdpa, warmup=25, rep=100, return_mode="median")
+                    except RuntimeError as exc:
+                        res["sdpa_error"] = str(exc)[:200]
+                        continue
+                    res[f"sdpa_flash_N{n}_ms"], res["sdpa_native_gqa"] = ms_sdpa, gqa
+                    break
+                del inputs, kd, vd, qd, k_cache, v_cache
+                torch.cuda.empty_cache()
+            res["ratio_N5_vs_N1"] = res["triton_N5_ms"] / res["triton_N1_ms"]
+            rows.append(res)
+            print(json.dumps(res))
+    at32k = [r for r in rows if r["context"] == 32768]
+    b8 = next(r for r in at32k if r["B"] == 8)
+    targets = {
+        "ratio_N5_vs_N1_at_32k_max": max(r["ratio_N5_vs_N1"] for r in at32k), "ratio_target": 1.25,
+        "roofline_N1_B8_32k": b8.get("triton_N1_roofline"), "roofline_N5_B8_32k": b8.get("triton_N5_roofline"),
+        "roofline_target": 0.70,
+    }
+    report = {"device": name, "hbm_peak_Bps": peak, "heads": "32 q / 8 kv, D=128, bf16",
+              "block_size": args.block_size, **versions(), "targets": targets, "results": rows}
+    tag = name.replace(" ", "_").replace("/", "_")
+    out = Path(args.out or ROOT / f"bench/results/attention_{tag}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--gpu", action="store_true", help="Triton vs SDPA on CUDA (do_bench)")
+    mode.add_argument("--cpu", action="store_true", help="C++ op vs torch reference on CPU")
+    parser.add_argument("--out", help="JSON path (default bench/results/attention_<device>.json)")
+    parser.add_argument("--reps", type=int, default=7, help="CPU mode: timed runs per shape (median)")
+    parser.add_argument("--threads", type=int, nargs="*", help="CPU mode: thread counts to run (default: torch's)")
+    parser.add_argument("--block-size", type=int, default=16, help="GPU mode: KV page size")
+    args = parser.parse_args(argv)
+    if args.gpu:
+        run_gpu(args)
+    else:
+        run_cpu(args)
+
+
+if __name__ == "__main__":
+    main()

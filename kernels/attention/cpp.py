@@ -1,0 +1,13 @@
+"""Wrapper of the C++ CPU op torch.ops.specdec_fast.paged_attention (csrc/paged_attention.cpp)."""
+import torch
+
+
+def paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale: float):
+    """Validated CPU inputs (see __init__.py) -> out [T, Hq, D] in q's dtype."""
+    from specdec_fast._csrc import load_cpu_ops
+
+    if not load_cpu_ops():
+        raise RuntimeError("the C++ CPU ops did not build")
+    return torch.ops.specdec_fast.paged_attention(
+        q.contiguous(), k_cache, v_cache, block_table.contiguous(), seq_lens.contiguous(),
+        cu_query_lens.contiguous(), None if tree_mask is None else tree_mask.contiguous(), float(scale))

@@ -1,0 +1,288 @@
+"""Triton paged attention for N new queries per row (decode, a chain of K+1, or a token tree).
+
+Kernel 1 (_paged_attn_split): one program per (row b, KV head, query tile, KV split). The rows
+of its tile are (new query x query head of the GQA group), so each K/V page of that KV head is
+loaded once per step for all N*G query rows: scoring K+1 positions reads what one decode step
+reads. Chunks wholly inside the prefix run with no mask; only chunks that overlap the new tokens
+apply the causal AND tree masks. The KV sequence is split over programs (flash-decoding); each
+split writes its normalised partial output and log-sum-exp, and kernel 2 (_merge_splits)
+combines them. With a single split kernel 1 writes the output directly.
+
+Grid sizes come only from static shapes (T, max_query_len, block_table width): seq_lens and
+cu_query_lens are read inside the kernels, so there is no host sync and the call can be
+captured in a CUDA graph.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import triton_interpreting
+
+if triton_interpreting():
+    from . import _interp_compat
+
+    _interp_compat.apply()
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_attn_split(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    qk_scale, num_splits, min_split_chunks,
+    s_qt, s_qh,
+    s_kb, s_kt, s_kh,
+    s_vb, s_vt, s_vh,
+    s_bt,
+    s_ot, s_oh,
+    s_ps, s_pt, s_ph,
+    s_ls, s_lt,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    QUERIES_PER_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_TREE: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    tile = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid_bh // NUM_KV_HEADS
+    kvh = pid_bh % NUM_KV_HEADS
+
+    q_start = tl.load(cu_ptr + b)
+    n_q = tl.load(cu_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
+    prefix = seq_len - n_q
+    first_q = tile * QUERIES_PER_TILE
+    if first_q < n_q:
+        # tile rows: r -> (query qi, head kvh*GROUP + hh)
+        r = tl.arange(0, BLOCK_M)
+        qi = first_q + r // GROUP_P2
+        hh = r % GROUP_P2
+        row_ok = (qi < n_q) & (hh < GROUP) & (r < QUERIES_PER_TILE * GROUP_P2)
+        t = (q_start + qi).to(tl.int64)
+        head = kvh * GROUP + hh
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + t[:, None] * s_qt + head[:, None] * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+        q = (q.to(tl.float32) * qk_scale).to(q_ptr.dtype.element_ty)
+
+        # keys this tile can see: up to its last query's position (causal)
+        last_q = tl.minimum(first_q + QUERIES_PER_TILE, n_q) - 1
+        kv_end = tl.minimum(seq_len, prefix + last_q + 1)
+        # this row's own keys are divided over the splits (at least min_split_chunks chunks
+        # each, so short rows use fewer splits and the rest exit at once): a block table
+        # reserved far beyond the row's length does not thin out the work per program
+        chunks_per_split = tl.maximum(tl.cdiv(tl.cdiv(kv_end, BLOCK_N), num_splits), min_split_chunks)
+        lo = split * chunks_per_split * BLOCK_N
+        hi = tl.minimum(lo + chunks_per_split * BLOCK_N, kv_end)
+        # chunks [lo, mid) lie wholly in the prefix: no mask
+        mid = tl.maximum(tl.minimum(hi, (prefix // BLOCK_N) * BLOCK_N), lo)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        n_off = tl.arange(0, BLOCK_N)
+        bt_row = bt_ptr + b.to(tl.int64) * s_bt
+        k_head = k_ptr + kvh.to(tl.int64) * s_kh
+        v_head = v_ptr + kvh.to(tl.int64) * s_vh
+        if HAS_TREE:
+            tree_bits = tl.load(tree_ptr + t, mask=row_ok, other=0)
+
+        for start in range(lo, mid, BLOCK_N):
+            pos = start + n_off
+            page = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
+            slot = pos % PAGE_SIZE
+            kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None])  # [D, N]
+            if IEEE_DOT:
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+            else:
+                s = tl.dot(q, kt)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.math.exp2(m_i - m_new)
+            p = tl.math.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_head + page[:, None] * s_vb + slot[:, None] * s_vt + d[None, :])  # [N, D]
+            if IEEE_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+
+        for start in range(mid, hi, BLOCK_N):
+            pos = start + n_off
+            in_seq = pos < hi
+            page = tl.load(bt_row + pos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
+            slot = pos % PAGE_SIZE
+            kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None], mask=in_seq[None, :], other=0.0)
+            if IEEE_DOT:
+                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+            else:
+                s = tl.dot(q, kt)
+            j = pos - prefix  # index among the new tokens (< 0: prefix)
+            visible = in_seq[None, :] & (j[None, :] <= qi[:, None])
+            if HAS_TREE:
+                jc = tl.minimum(tl.maximum(j, 0), 63).to(tl.int64)
+                bit = (tree_bits[:, None] >> jc[None, :]) & 1
+                visible = visible & ((j[None, :] < 0) | (bit != 0))
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_head + page[:, None] * s_vb + slot[:, None] * s_vt + d[None, :], mask=in_seq[:, None], other=0.0)
+            if IEEE_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+
+        has_mass = l_i > 0.0
+        o = acc / tl.where(has_mass, l_i, 1.0)[:, None]
+        if DIRECT_OUT:
+            tl.store(out_ptr + t[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            lse = tl.where(has_mass, m_i + tl.math.log2(tl.where(has_mass, l_i, 1.0)), float("-inf"))
+            tl.store(part_o_ptr + split * s_ps + t[:, None] * s_pt + head[:, None] * s_ph + d[None, :], o,
+                     mask=row_ok[:, None])
+            tl.store(part_lse_ptr + split * s_ls + t * s_lt + head, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits(
+    part_o_ptr, part_lse_ptr, out_ptr, num_splits,
+    s_ps, s_pt, s_ph,
+    s_ls, s_lt,
+    s_ot, s_oh,
+    SPLITS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """out[t, h] = sum_s 2^(lse_s - lse) * o_s / sum_s 2^(lse_s - lse) (log2 units); splits
+    with lse = -inf (no key of theirs visible) weigh 0 and their partial output is not read.
+    The [D] accumulator is looped over splits: a [splits, D] tile spills at 64+ splits."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_P2)
+    lse_all = tl.load(part_lse_ptr + sp * s_ls + t * s_lt + h, mask=sp < num_splits, other=float("-inf"))
+    m = tl.max(lse_all, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    total = tl.sum(tl.math.exp2(lse_all - m_safe), 0)
+    for s in range(0, num_splits):
+        lse = tl.load(part_lse_ptr + s * s_ls + t * s_lt + h)
+        if lse > float("-inf"):
+            w = tl.math.exp2(lse - m_safe)
+            acc += w * tl.load(part_o_ptr + s * s_ps + t * s_pt + h * s_ph + d)
+    res = acc / tl.maximum(total, 1e-30)
+    tl.store(out_ptr + t * s_ot + h * s_oh + d, res.to(out_ptr.dtype.element_ty))
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
+    """(queries per tile, tile rows BLOCK_M, KV chunk BLOCK_N) from static sizes. Up to 128
+    rows (the flash-attention forward tile; 8 warps hold its fp32 [128, D<=128] accumulator),
+    so K+1 <= 16 queries x a GQA group of 8 still read each KV page once."""
+    group_p2 = _next_pow2(group)
+    rows_cap = 128 if head_dim <= 128 else 64
+    queries = max(1, min(_next_pow2(max_query_len), rows_cap // group_p2))
+    block_m = max(16, queries * group_p2)  # tl.dot needs M >= 16
+    block_n = 64 if head_dim <= 128 else 32
+    return queries, block_m, block_n
+
+
+MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) than it gains
+
+
+def choose_splits(num_sms: int | None, programs: int, capacity: int, block_n: int) -> tuple[int, int]:
+    """(number of KV splits, minimum tokens per split) from static shapes only: enough splits
+    for ~4 programs per SM. The kernel divides each row's actual length over the splits.
+    num_sms None (interpreter / CPU): a single split."""
+    if num_sms is None:
+        return 1, block_n
+    want = max(1, -(-4 * num_sms // max(programs, 1)))
+    min_tokens = -(-MIN_SPLIT_TOKENS // block_n) * block_n
+    return max(1, min(want, -(-capacity // min_tokens))), min_tokens
+
+
+def _num_sms(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
+                           max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
+                           min_split_tokens: int | None = None):
+    """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
+    a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
+    e.g. for tests."""
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    group = Hq // Hkv
+    B = block_table.shape[0]
+    page_size = k_cache.shape[1]
+    out = torch.empty_like(q)
+    if T == 0 or B == 0:
+        return out
+    queries, block_m, block_n = choose_tiling(max_query_len, group, D)
+    num_tiles = -(-max_query_len // queries)
+    capacity = block_table.shape[1] * page_size
+    if num_splits is None:
+        num_splits, min_split = choose_splits(_num_sms(q.device), B * Hkv * num_tiles, capacity, block_n)
+    else:
+        min_split = block_n if min_split_tokens is None else min_split_tokens
+        if num_splits < 1 or min_split < block_n or min_split % block_n:
+            raise ValueError(f"num_splits >= 1 and min_split_tokens a positive multiple of {block_n}, "
+                             f"got {num_splits}, {min_split_tokens}")
+    direct = num_splits == 1
+    if direct:
+        part_o = out
+        part_lse = out
+        pstr, lstr = (0, 0, 0), (0, 0)
+    else:
+        part_o = torch.empty(num_splits, T, Hq, D, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(num_splits, T, Hq, dtype=torch.float32, device=q.device)
+        pstr, lstr = part_o.stride()[:3], part_lse.stride()[:2]
+    tree = tree_mask if tree_mask is not None else seq_lens
+    grid = (B * Hkv, num_tiles, num_splits)
+    _paged_attn_split[grid](
+        q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree,
+        out, part_o, part_lse,
+        float(scale) * LOG2E, num_splits, min_split // block_n,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0),
+        out.stride(0), out.stride(1),
+        *pstr, *lstr,
+        NUM_KV_HEADS=Hkv, GROUP=group, GROUP_P2=_next_pow2(group),
+        QUERIES_PER_TILE=queries, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=D, PAGE_SIZE=page_size,
+        HAS_TREE=tree_mask is not None, DIRECT_OUT=direct,
+        # fp32 inputs: exact (not tf32) dots. The interpreter's tl.dot on bf16 returns garbage
+        # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
+        IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
+        num_warps=8 if block_m >= 128 else 4, num_stages=2,
+    )
+    if not direct:
+        _merge_splits[(T, Hq)](
+            part_o, part_lse, out, num_splits,
+            *pstr, *lstr,
+            out.stride(0), out.stride(1),
+            SPLITS_P2=_next_pow2(num_splits), HEAD_DIM=D,
+            num_warps=4 if D >= 128 else 2,
+        )
+    return out
