@@ -18,12 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .._backend import triton_interpreting
-
-if triton_interpreting():
-    from . import _interp_compat
-
-    _interp_compat.apply()
 LOG2E = 1.4426950408889634
 
 
