@@ -2,7 +2,7 @@
 transformers-style materialising baseline) and on GPU (Triton vs reference vs FlashInfer).
 
     pytest bench/bench_verify.py --benchmark-only --benchmark-group-by=group -p no:xdist
-    python bench/bench_verify.py --cpu [--out bench/results/verify_cpu.json]
+    python bench/bench_verify.py --cpu [--threads N] [--out bench/results/verify_cpu.json]
     python bench/bench_verify.py --gpu [--out bench/results/verify_<device>.json]
 
 Inputs: target logits [B, K+1, V], draft logits [B, K, V] correlated with them (like a real
@@ -112,6 +112,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _load_average():
+    try:
+        return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
 def median_ms(fn, args, min_runs: int = 5, budget_s: float = 2.0) -> dict:
     """Median (and min/max) wall time of fn(*args) in ms: one warm-up, then at least min_runs
     runs and up to budget_s seconds."""
@@ -146,6 +153,7 @@ def run_cpu(out_path: str | None) -> dict:
     report = {
         "device": f"cpu: {cpu_model()}",
         "threads": torch.get_num_threads(),
+        "load_average_at_start": _load_average(),
         "torch": torch.__version__,
         "commit": git_commit(),
         "timer": "median wall time of >= 5 calls (time.perf_counter), after one warm-up",
@@ -233,7 +241,10 @@ def main(argv=None) -> None:
     mode.add_argument("--cpu", action="store_true", help="time cpp / reference / transformers-style on CPU")
     mode.add_argument("--gpu", action="store_true", help="time triton / reference / flashinfer on CUDA (do_bench)")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU: also the C++ OpenMP threads)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     run_cpu(args.out) if args.cpu else run_gpu(args.out)
 
 

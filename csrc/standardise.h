@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "vec_math.h"
@@ -179,17 +180,43 @@ inline float top_p_threshold(const float* e, int64_t n, float inv, double top_p,
   }
 }
 
-// Fills scratch.y with logit / T for the row and returns its RowStats (scratch.e, cand used).
+// y = logit / T for the row, and its max. float32 logits at T = 1 are used in place (x / 1 is
+// x exactly), other rows are converted into `scratch`; conversion and max share one pass.
 template <class L>
-RowStats row_stats(const typename L::raw* row, int64_t vocab, const SamplingRow& sp, Scratch& s) {
+const float* scaled_row(const typename L::raw* row, int64_t vocab, float divisor, float* scratch, float& max) {
+  if constexpr (std::is_same<L, LoadF32>::value) {
+    if (divisor == 1.0f) {
+      max = row_max(row, vocab);
+      return row;
+    }
+  }
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = kNegInf;
+  int64_t i = 0;
+  for (; i + kLanes <= vocab; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = L::load(row[i + l]) / divisor;  // exact division, as torch
+      scratch[i + l] = v;
+      acc[l] = v > acc[l] ? v : acc[l];
+    }
+  for (int64_t l = 0; l < vocab - i; ++l) {
+    const float v = L::load(row[i + l]) / divisor;
+    scratch[i + l] = v;
+    acc[l] = v > acc[l] ? v : acc[l];
+  }
+  max = lanes_max(acc);
+  return scratch;
+}
+
+// RowStats of one row; y_out points at its y = logit / T (the row itself or s.y).
+template <class L>
+RowStats row_stats(const typename L::raw* row, int64_t vocab, const SamplingRow& sp, Scratch& s, const float*& y_out) {
   RowStats st;
-  float* y = s.y.data();
   float* e = s.e.data();
   const bool greedy = !(sp.temperature > 0.0f);
   st.divisor = greedy ? 1.0f : sp.temperature;
-  const float divisor = st.divisor;
-  for (int64_t v = 0; v < vocab; ++v) y[v] = L::load(row[v]) / divisor;  // exact division, as torch
-  st.max = row_max(y, vocab);
+  const float* y = scaled_row<L>(row, vocab, st.divisor, s.y.data(), st.max);
+  y_out = y;
   if (greedy) {
     int64_t g = 0;
     while (g < vocab && !(y[g] == st.max)) ++g;  // lowest index among ties
