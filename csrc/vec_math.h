@@ -2,10 +2,10 @@
 //
 // Why not at::vec::Vectorized<float>: in an extension built outside ATen's dispatch, the
 // CPU_CAPABILITY_AVX2/AVX512 macros are not defined, so Vectorized<float> is the generic
-// array fallback whose exp()/log() call std::exp/std::log one lane at a time. Measured on the
-// 2-core AMD EPYC (AVX-512) dev box, exp + lane-sum over a 32000-float row: 108 us with
-// Vectorized<float>::exp, 11 us with fast_exp below in a plain loop (auto-vectorised to
-// 16 lanes); fast_log: 9 us vs 98 us for std::log. (Scratch benchmark, not shipped.)
+// 8-lane array fallback whose exp()/log() call std::exp/std::log lane by lane. Measured on the
+// 2-core AMD EPYC (AVX-512) dev box, one thread, over a 32000-float row (scratch benchmark,
+// not shipped): exp + sum 106 us with Vectorized<float>, 18 us with fast_exp in a plain loop
+// (auto-vectorised to 16 lanes); log 115 us vs 22 us with fast_log.
 //
 // Both functions are Cephes-style (range reduction + polynomial, <= ~1 ulp off the correctly
 // rounded value, like torch's own vectorised exp/log), handle -inf/0/subnormals, and use
@@ -17,7 +17,8 @@
 #include <limits>
 
 // Force inlining: in a -fPIC shared library GCC may otherwise keep fast_exp as a call through
-// the PLT inside large functions, which stops the loop from vectorising (measured 2x slower).
+// the PLT inside large functions, which stops the loops from vectorising (measured: the whole
+// chain_verify op 4x slower).
 #define SPECDEC_INLINE inline __attribute__((always_inline))
 
 namespace specdec {
