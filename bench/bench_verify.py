@@ -11,6 +11,7 @@ Under --benchmark-disable (CI) each benchmark runs once and checks the output sh
 """
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -154,6 +155,7 @@ def run_cpu(out_path: str | None) -> dict:
         "device": f"cpu: {cpu_model()}",
         "threads": torch.get_num_threads(),
         "load_average_at_start": _load_average(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "torch": torch.__version__,
         "commit": git_commit(),
         "timer": "median wall time of >= 5 calls (time.perf_counter), after one warm-up",
