@@ -45,24 +45,6 @@ inline PhiloxKey philox_key(int64_t seed, int64_t offset, int64_t position, int 
   return key;
 }
 
-// Philox4x32-10 on counter (c0, c1, c2, c3) and key (k0, k1): all four outputs.
-inline void philox4x32_10(uint32_t c[4], uint32_t k0, uint32_t k1) {
-  uint32_t c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
-  for (int r = 0; r < kPhiloxRounds; ++r) {
-    const uint64_t p0 = static_cast<uint64_t>(c0) * kPhiloxM0;
-    const uint64_t p1 = static_cast<uint64_t>(c2) * kPhiloxM1;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += kPhiloxW0;
-    k1 += kPhiloxW1;
-  }
-  c[0] = c0; c[1] = c1; c[2] = c2; c[3] = c3;
-}
-
 // Output 0 of Philox for vocab index v under key: the 32-bit draw of the spec.
 SPECDEC_INLINE uint32_t philox_bits(const PhiloxKey& key, uint32_t v) {
   uint32_t c0 = v, c1 = key.c1, c2 = key.c2, c3 = key.c3;
