@@ -1,0 +1,254 @@
+"""Verify-step microbenchmarks: chain_verify on CPU (C++ backend vs the torch reference vs a
+transformers-style materialising baseline) and on GPU (Triton vs reference vs FlashInfer).
+
+    pytest bench/bench_verify.py --benchmark-only --benchmark-group-by=group -p no:xdist
+    python bench/bench_verify.py --cpu [--threads N] [--out bench/results/verify_cpu.json]
+    python bench/bench_verify.py --gpu [--out bench/results/verify_<device>.json]
+
+Inputs: target logits [B, K+1, V], draft logits [B, K, V] correlated with them (like a real
+draft), drafts sampled from the draft, plain sampling (temperature 1) unless a case says so.
+Under --benchmark-disable (CI) each benchmark runs once and checks the output shapes.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verify_baseline import chain_verify_materialising  # noqa: E402
+
+from specdec_fast.kernels import chain_verify, make_sampling_tensors  # noqa: E402
+from specdec_fast.kernels.verify.reference import chain_verify_reference  # noqa: E402
+
+CPU_SHAPES = [(8, 4, 32000), (1, 4, 32000), (32, 4, 32000), (8, 4, 128256)]
+GPU_BATCHES, GPU_KS, GPU_VOCABS = (1, 8, 64), (4, 8), (32000, 128256)
+PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12}  # bytes/s: HBM3e H200, HBM3 H100 SXM
+
+
+def make_case(batch: int, k: int, vocab: int, dtype=torch.float32, device="cpu", seed=0):
+    """(target [B,K+1,V], draft [B,K,V], draft_tokens int64 [B,K]) on device."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 3
+    draft = target[:, :k] + torch.randn(batch, k, vocab, generator=g)
+    tokens = torch.multinomial(torch.softmax(draft.reshape(-1, vocab), -1), 1, generator=g).reshape(batch, k)
+    return target.to(device, dtype), draft.to(device, dtype), tokens.to(device)
+
+
+def implementations(device: str, sampling: dict) -> dict:
+    """name -> fn(target, draft, tokens) returning (tokens [B,K+1], num_accepted [B])."""
+    backend = "cpp" if device == "cpu" else "triton"
+
+    def ours(t, d, x):
+        return chain_verify(t, d, x, seed=1, backend=backend, check=False, **sampling)
+
+    def reference(t, d, x):
+        params = make_sampling_tensors(t.shape[0], t.device, seed=1, **sampling)
+        return chain_verify_reference(t, d, x, params)
+
+    def baseline(t, d, x):
+        return chain_verify_materialising(t, d, x, temperature=sampling.get("temperature", 1.0))
+
+    impls = {backend: ours, "reference": reference}
+    if not set(sampling) - {"temperature"}:  # the baseline knows temperature only
+        impls["transformers-style"] = baseline
+    return impls
+
+
+def _check_shapes(out, batch: int, k: int) -> None:
+    tokens, accepted = out
+    assert tokens.shape == (batch, k + 1) and accepted.shape == (batch,)
+    assert int(accepted.min()) >= 0 and int(accepted.max()) <= k
+
+
+# ---------------------------------------------------------------- CPU: pytest-benchmark
+CPU_CASES = [(shape, "plain", {}) for shape in CPU_SHAPES] + [
+    ((8, 4, 32000), "top_p=0.9", dict(top_p=0.9)),
+    ((8, 4, 32000), "temperature+top_k+top_p+min_p", dict(temperature=0.8, top_k=50, top_p=0.9, min_p=0.02)),
+]
+
+
+@pytest.mark.parametrize("impl", ["cpp", "reference", "transformers-style"])
+@pytest.mark.parametrize("shape,mode,sampling", CPU_CASES, ids=[f"B{b}-K{k}-V{v}-{m}" for (b, k, v), m, _ in CPU_CASES])
+def test_bench_chain_verify_cpu(benchmark, impl, shape, mode, sampling):
+    from tests.kernels.backends import kernel_backends
+
+    impls = implementations("cpu", sampling)
+    if impl not in impls:
+        pytest.skip(f"{impl} has no {mode} sampling")
+    if impl == "cpp" and "cpp" not in kernel_backends():
+        pytest.skip("C++ backend unavailable")
+    batch, k, vocab = shape
+    benchmark.group = f"chain_verify CPU B={batch} K={k} V={vocab} {mode}"
+    target, draft, tokens = make_case(batch, k, vocab)
+    fn = impls[impl]
+    slow = impl != "cpp" and batch * vocab > 8 * 32000
+    out = benchmark.pedantic(fn, (target, draft, tokens), rounds=3 if slow else 10, iterations=1, warmup_rounds=1)
+    _check_shapes(out, batch, k)
+
+
+# ---------------------------------------------------------------- script modes
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load_average():
+    try:
+        return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
+def median_ms(fn, args, min_runs: int = 5, budget_s: float = 2.0) -> dict:
+    """Median (and min/max) wall time of fn(*args) in ms: one warm-up, then at least min_runs
+    runs and up to budget_s seconds."""
+    fn(*args)
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_runs or (time.perf_counter() - start < budget_s and len(times) < 200):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": len(times)}
+
+
+def run_cpu(out_path: str | None) -> dict:
+    from specdec_fast._csrc import load_cpu_ops
+
+    if not load_cpu_ops():
+        raise SystemExit("the C++ CPU ops did not build: nothing to compare")
+    results = []
+    for (batch, k, vocab), mode, sampling in CPU_CASES:
+        target, draft, tokens = make_case(batch, k, vocab)
+        row = {"B": batch, "K": k, "V": vocab, "mode": mode}
+        for name, fn in implementations("cpu", sampling).items():
+            row[name] = median_ms(fn, (target, draft, tokens))
+        row["reference_over_cpp"] = row["reference"]["median_ms"] / row["cpp"]["median_ms"]
+        if "transformers-style" in row:
+            row["transformers_style_over_cpp"] = row["transformers-style"]["median_ms"] / row["cpp"]["median_ms"]
+        results.append(row)
+        ratios = {n: round(v, 1) for n, v in row.items() if n.endswith("_over_cpp")}
+        times = {n: round(row[n]["median_ms"], 3) for n in row if isinstance(row[n], dict)}
+        print(f"B={batch} K={k} V={vocab} {mode}: ms {times} ratios {ratios}", flush=True)
+    report = {
+        "device": f"cpu: {cpu_model()}",
+        "threads": torch.get_num_threads(),
+        "load_average_at_start": _load_average(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "timer": "median wall time of >= 5 calls (time.perf_counter), after one warm-up",
+        "results": results,
+    }
+    _write(report, out_path)
+    return report
+
+
+def run_gpu(out_path: str | None) -> dict:
+    import triton
+    from triton.testing import do_bench
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu needs a CUDA device")
+    name = torch.cuda.get_device_name()
+    peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
+    try:
+        import flashinfer
+    except ImportError:
+        flashinfer = None
+        print("flashinfer not importable: its column is skipped", flush=True)
+    results = []
+    for vocab in GPU_VOCABS:
+        for k in GPU_KS:
+            for batch in GPU_BATCHES:
+                target, draft, tokens = make_case(batch, k, vocab, torch.bfloat16, "cuda")
+                impls = implementations("cuda", {})
+                impls.pop("transformers-style")
+                if flashinfer is not None:
+                    impls["flashinfer"] = _flashinfer_fn(flashinfer)
+                bytes_read = (target.numel() + draft.numel()) * target.element_size()
+                row = {"B": batch, "K": k, "V": vocab, "dtype": "bfloat16", "bytes_read": bytes_read}
+                for impl, fn in impls.items():
+                    median, q20, q80 = do_bench(lambda: fn(target, draft, tokens), quantiles=[0.5, 0.2, 0.8])
+                    gbps = bytes_read / (median * 1e-3) / 1e9
+                    row[impl] = {"median_ms": median, "q20_ms": q20, "q80_ms": q80, "GB_per_s": gbps,
+                                 "fraction_of_peak": gbps * 1e9 / peak if peak else None}
+                results.append(row)
+                print(f"B={batch} K={k} V={vocab}: " + ", ".join(
+                    f"{n} {row[n]['median_ms']:.3f} ms ({row[n]['GB_per_s']:.0f} GB/s)" for n in impls), flush=True)
+    report = {
+        "device": name,
+        "peak_bandwidth_bytes_per_s": peak,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "flashinfer": getattr(flashinfer, "__version__", None) if flashinfer is not None else None,
+        "commit": git_commit(),
+        "timer": "triton.testing.do_bench, median and 20/80% quantiles; bytes = target + draft logits read once",
+        "results": results,
+    }
+    _write(report, out_path)
+    return report
+
+
+def _flashinfer_fn(flashinfer):
+    """FlashInfer's chain_speculative_sampling, fed the softmax it needs (timed with it)."""
+    import inspect
+
+    sampling_fn = flashinfer.sampling.chain_speculative_sampling
+    takes_uniforms = "uniform_samples" in inspect.signature(sampling_fn).parameters  # older releases
+
+    def run(target, draft, tokens):
+        q = torch.softmax(target.float(), -1)
+        p = torch.softmax(draft.float(), -1)
+        x = tokens.int()
+        if takes_uniforms:
+            u = torch.rand(tokens.shape[0], tokens.shape[1] + 1, device=target.device)
+            return sampling_fn(p, x, u, q)
+        return sampling_fn(p, x, q)
+
+    return run
+
+
+def _write(report: dict, out_path: str | None) -> None:
+    if out_path:
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_path).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out_path}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--cpu", action="store_true", help="time cpp / reference / transformers-style on CPU")
+    mode.add_argument("--gpu", action="store_true", help="time triton / reference / flashinfer on CUDA (do_bench)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU: also the C++ OpenMP threads)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_cpu(args.out) if args.cpu else run_gpu(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+// Philox4x32-10 and the float maps of kernels/rng (the spec), for the C++ CPU backend.
+//
+// Every random number is a pure function of (seed, offset, position, stream, vocab index):
+//   key     = (seed lo32, seed hi32)
+//   counter = (vocab_index, position, offset lo32, (offset >> 32) << 8 | stream)
+// and the first of the four 32-bit outputs is used. Bit-exact with kernels/rng/reference.py
+// (checked by tests/kernels/test_rng_cpp.py).
+//
+// Everything here is plain integer/float code with no branches, so loops that call these
+// inline functions over the vocab are auto-vectorised by GCC (-O3 -march=native).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "vec_math.h"
+
+namespace specdec {
+
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
+constexpr int kPhiloxRounds = 10;
+
+constexpr int kStreamAccept = 0;  // accept coins u_i, vocab index 0
+constexpr int kStreamToken = 1;   // Gumbel noise of the emitted token
+constexpr int kStreamDraft = 2;   // Gumbel noise of the drafter's own sampling
+
+// The fixed part of a Philox counter/key for one (seed, offset, position, stream).
+struct PhiloxKey {
+  uint32_t k0, k1;  // key
+  uint32_t c1, c2, c3;  // counter words 1..3 (word 0 is the vocab index)
+};
+
+inline PhiloxKey philox_key(int64_t seed, int64_t offset, int64_t position, int stream) {
+  const uint64_t s = static_cast<uint64_t>(seed);
+  const uint64_t o = static_cast<uint64_t>(offset);
+  PhiloxKey key;
+  key.k0 = static_cast<uint32_t>(s);
+  key.k1 = static_cast<uint32_t>(s >> 32);
+  key.c1 = static_cast<uint32_t>(static_cast<uint64_t>(position));
+  key.c2 = static_cast<uint32_t>(o);
+  key.c3 = static_cast<uint32_t>(((o >> 32) << 8) | static_cast<uint32_t>(stream));
+  return key;
+}
+
+// Output 0 of Philox for vocab index v under key: the 32-bit draw of the spec.
+SPECDEC_INLINE uint32_t philox_bits(const PhiloxKey& key, uint32_t v) {
+  uint32_t c0 = v, c1 = key.c1, c2 = key.c2, c3 = key.c3;
+  uint32_t k0 = key.k0, k1 = key.k1;
+  for (int r = 0; r < kPhiloxRounds; ++r) {
+    const uint64_t p0 = static_cast<uint64_t>(c0) * kPhiloxM0;
+    const uint64_t p1 = static_cast<uint64_t>(c2) * kPhiloxM1;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  return c0;
+}
+
+// [0, 1) with 24 random bits, exact.
+SPECDEC_INLINE float uniform_from_bits(uint32_t x) {
+  return static_cast<float>(static_cast<int32_t>(x >> 8)) * 0x1p-24f;
+}
+
+// (0, 1), exact: odd multiples of 2^-24.
+SPECDEC_INLINE float uniform_open_from_bits(uint32_t x) {
+  return static_cast<float>(static_cast<int32_t>((x >> 9) * 2u + 1u)) * 0x1p-24f;
+}
+
+// Standard Gumbel noise -log(-log(U)), U = uniform_open(x).
+SPECDEC_INLINE float gumbel_from_bits(uint32_t x) { return -fast_log(-fast_log(uniform_open_from_bits(x))); }
+
+}  // namespace specdec

@@ -1,0 +1,46 @@
+"""The C++ CPU backend of chain_verify and sample (csrc/verify.cpp), called through torch.ops.
+
+Inputs are validated by the public entry points in __init__.py; these wrappers only make the
+tensors contiguous and of the dtypes the ops take, and load the library on first use.
+"""
+import torch
+
+from ..sampling_params import SamplingTensors
+
+
+def _ops():
+    from specdec_fast._csrc import load_cpu_ops
+
+    if not load_cpu_ops():
+        raise RuntimeError("the specdec_fast C++ CPU ops did not build (see the RuntimeWarning); use backend='torch'")
+    return torch.ops.specdec_fast
+
+
+def _param_args(params: SamplingTensors) -> tuple[torch.Tensor, ...]:
+    return (
+        params.temperature.to(torch.float32).contiguous(),
+        params.top_k.to(torch.int32).contiguous(),
+        params.top_p.to(torch.float32).contiguous(),
+        params.min_p.to(torch.float32).contiguous(),
+        params.seed.to(torch.int64).contiguous(),
+        params.offset.to(torch.int64).contiguous(),
+    )
+
+
+def chain_verify_cpp(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    params: SamplingTensors,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] (-1 pads)
+    -> tokens int32 [B, K+1] (-1 padded), num_accepted int32 [B]. CPU tensors."""
+    draft = None if draft_logits is None else draft_logits.contiguous()
+    return _ops().chain_verify(
+        target_logits.contiguous(), draft, draft_tokens.to(torch.int64).contiguous(), *_param_args(params)
+    )
+
+
+def sample_cpp(logits: torch.Tensor, params: SamplingTensors, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """logits [B, V], positions int64 [B] -> int32 [B]: Gumbel-max over standardise(logits)."""
+    return _ops().sample(logits.contiguous(), *_param_args(params), positions.to(torch.int64).contiguous(), int(stream))
