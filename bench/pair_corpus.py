@@ -66,17 +66,37 @@ def split_files(root: Path | None = None) -> tuple[list[str], list[str]]:
     return [f for f in files if f not in held], list(HELD_OUT)
 
 
-_DEF = re.compile(r"^(    )?(def|class) \w+")
+_DEF = re.compile(r"^(    )?def \w+.*:\s*$")
 
 
-def prompt_from_module(source: str, skip: int = 1, lines: int = 6) -> str:
-    """A completion prompt: the (skip+1)-th def/class of the module with its next few lines.
+def _docstring_end(lines: list[str], first: int) -> int | None:
+    """Index of the line closing the docstring that opens at lines[first], else None."""
+    text = lines[first].strip()
+    quote = text[:3] if text[:3] in ('"""', "'''") else None
+    if quote is None:
+        return None
+    if text.count(quote) >= 2:
+        return first
+    for i in range(first + 1, len(lines)):
+        if quote in lines[i]:
+            return i
+    return None
 
-    Deterministic; the prompt ends after a newline so the model continues a fresh line.
+
+def prompt_from_module(source: str, max_lines: int = 14) -> str:
+    """A completion prompt: the module's first one-line-signature function with a short docstring,
+    cut after the docstring and the body's first line (the model continues the body).
+    Fallback: the first def and its next two lines. Deterministic.
+
+    The final newline is left off: byte-level BPE merges a newline with the next line's
+    indentation ("\\n        "), so a prompt ending in a bare "\\n" ends on a token split the
+    models never saw in training (measured: they then start a new top-level def).
     """
-    text_lines = source.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(text_lines) if _DEF.match(line)]
-    if not starts:
-        return "".join(text_lines[:lines])
-    start = starts[min(skip, len(starts) - 1)]
-    return "".join(text_lines[start : start + lines])
+    lines = source.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if _DEF.match(line)]
+    for start in starts:
+        end = _docstring_end(lines, start + 1) if start + 1 < len(lines) else None
+        if end is not None and end + 2 - start <= max_lines and lines[end + 1].strip():
+            return "".join(lines[start : end + 2]).rstrip("\n")
+    start = starts[0] if starts else 0
+    return "".join(lines[start : start + 3]).rstrip("\n")

@@ -84,6 +84,14 @@ def encode_stream(tokenizer, texts: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64)
 
 
+def write_held_out(out: Path, tokenizer, held_texts: list[str], held_stream: torch.Tensor) -> None:
+    """held_out.json: module names, one prompt per module, the first 512 held-out tokens as text."""
+    data = {"modules": list(HELD_OUT), "prompts": [prompt_from_module(text) for text in held_texts],
+            "eval_snippet": tokenizer.decode(held_stream[:512])}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "held_out.json").write_text(json.dumps(data, indent=1))
+
+
 def build_model(shape: dict, tokenizer, max_len: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -183,6 +191,8 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-windows", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts-only", action="store_true",
+                    help="only rewrite held_out.json (prompts, eval snippet) with the tokenizer already in --out")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -196,24 +206,20 @@ def main(argv=None) -> None:
 
     tok_dir, target_dir, draft_dir = args.out / "tokenizer", args.out / "target", args.out / "draft"
     t0 = time.perf_counter()
-    tokenizer = train_tokenizer(train_texts, tok_dir)
-    log(f"tokenizer trained in {time.perf_counter() - t0:.0f}s")
+    if args.prompts_only:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    else:
+        tokenizer = train_tokenizer(train_texts, tok_dir)
+        log(f"tokenizer trained in {time.perf_counter() - t0:.0f}s")
     train_stream = encode_stream(tokenizer, train_texts)
     held_stream = encode_stream(tokenizer, held_texts)
     log(f"tokens: train {train_stream.numel()}, held out {held_stream.numel()}")
 
-    prompts = [prompt_from_module(text) for text in held_texts]
-    snippet_ids = held_stream[:512]
-    (args.out / "held_out.json").write_text(
-        json.dumps(
-            {
-                "modules": list(HELD_OUT),
-                "prompts": prompts,
-                "eval_snippet": tokenizer.decode(snippet_ids),
-            },
-            indent=1,
-        )
-    )
+    write_held_out(args.out, tokenizer, held_texts, held_stream)
+    if args.prompts_only:
+        return
 
     results = {"corpus": {"stdlib": str(root), "python": platform.python_version(), "train_files": len(train_files),
                           "train_tokens": train_stream.numel(), "held_out_modules": list(HELD_OUT),
