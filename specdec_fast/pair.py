@@ -1,0 +1,81 @@
+"""The demo pair shipped with the package: a Llama target and a ~10x smaller Llama draft
+sharing one byte-level BPE tokenizer, trained on CPython's standard library sources by
+bench/train_pair.py (held-out modules never trained on; see bench/results/pair_training.json).
+
+Layout (inside the installed package):
+    specdec_fast/assets/pair/tokenizer/   tokenizer.json, tokenizer_config.json, special_tokens_map.json
+    specdec_fast/assets/pair/target/      config.json, model.safetensors (float32)
+    specdec_fast/assets/pair/draft/       config.json, model.safetensors (float32)
+    specdec_fast/assets/pair/held_out.json  held-out module names, prompts and an eval snippet
+"""
+import json
+from functools import lru_cache
+from pathlib import Path
+
+PAIR_DIR = Path(__file__).resolve().parent / "assets" / "pair"
+_REQUIRED = ("tokenizer/tokenizer.json", "target/config.json", "target/model.safetensors",
+             "draft/config.json", "draft/model.safetensors", "held_out.json")
+
+
+def _check_pair() -> Path:
+    missing = [name for name in _REQUIRED if not (PAIR_DIR / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"the demo pair is incomplete under {PAIR_DIR} (missing: {', '.join(missing)}); "
+            "reinstall specdec-fast or rebuild it with `python bench/train_pair.py`"
+        )
+    return PAIR_DIR
+
+
+def demo_pair() -> tuple[str, str]:
+    """(target_dir, draft_dir) as str, each loadable with AutoModelForCausalLM.from_pretrained.
+
+    The shared tokenizer is in tokenizer_dir() (AutoTokenizer.from_pretrained).
+    """
+    root = _check_pair()
+    return str(root / "target"), str(root / "draft")
+
+
+def tokenizer_dir() -> str:
+    """Directory of the pair's tokenizer (AutoTokenizer.from_pretrained)."""
+    return str(_check_pair() / "tokenizer")
+
+
+@lru_cache(maxsize=1)
+def _held_out() -> dict:
+    return json.loads((_check_pair() / "held_out.json").read_text(encoding="utf-8"))
+
+
+def held_out_prompts(n: int | None = None) -> list[str]:
+    """The first n (all if None) fixed code prompts from modules the pair never saw."""
+    prompts = _held_out()["prompts"]
+    if n is None:
+        return list(prompts)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int or None, got {n!r}")
+    return list(prompts[:n])
+
+
+def held_out_modules() -> list[str]:
+    """The stdlib modules held out of training (relative paths)."""
+    return list(_held_out()["modules"])
+
+
+def held_out_snippet() -> str:
+    """About 512 tokens of held-out source text, for quick loss / agreement checks."""
+    return _held_out()["eval_snippet"]
+
+
+def load_demo_pair(device="cpu", dtype=None):
+    """(tokenizer, target, draft): the pair loaded with transformers' Auto classes, in eval mode.
+
+    dtype: None keeps the stored float32; e.g. torch.bfloat16 on a GPU.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = demo_pair()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    target = AutoModelForCausalLM.from_pretrained(target_dir, **kwargs).to(device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir, **kwargs).to(device).eval()
+    return tokenizer, target, draft
