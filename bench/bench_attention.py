@@ -14,15 +14,16 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model, versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}  # SXM datasheet peaks
@@ -73,34 +74,6 @@ def test_cpu_paged_attention(benchmark, shape, backend):
 
 
 # ---------------------------------------------------------------- script helpers
-def git_commit():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return "unknown"
-
-
-def versions():
-    info = {"torch": torch.__version__, "python": platform.python_version(), "commit": git_commit()}
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
-    return info
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def median_seconds(fn, reps):
     """(median wall seconds, median process CPU seconds summed over threads) of `reps` calls.
     On a shared, loaded machine the CPU time is the steadier of the two."""
@@ -142,7 +115,7 @@ def run_cpu(args):
         for r1 in (r for r in rows if r["N"] == 1 and all(r[k] == r5[k] for k in same)):
             r5["cpp_ratio_N5_vs_N1"] = r5["cpp_ms"] / r1["cpp_ms"]
             r5["cpp_ratio_N5_vs_N1_cpu_time"] = r5["cpp_cpu_ms"] / r1["cpp_cpu_ms"]
-    report = {"device": cpu_name(), "cpus": os.cpu_count(), "loadavg_1_5_15": os.getloadavg(),
+    report = {"device": f"cpu: {cpu_model()}", "cpus": os.cpu_count(), "loadavg_1_5_15": os.getloadavg(),
               "heads": "32 q / 8 kv, D=128, block_size 16", "reps": args.reps, **versions(), "results": rows}
     out = Path(args.out or ROOT / "bench/results/attention_cpu.json")
     out.parent.mkdir(parents=True, exist_ok=True)

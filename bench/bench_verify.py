@@ -12,9 +12,7 @@ Under --benchmark-disable (CI) each benchmark runs once and checks the output sh
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model, git_commit  # noqa: E402
 from verify_baseline import chain_verify_materialising  # noqa: E402
 
 from specdec_fast.kernels import chain_verify, make_sampling_tensors  # noqa: E402
@@ -95,24 +94,6 @@ def test_bench_chain_verify_cpu(benchmark, impl, shape, mode, sampling):
 
 
 # ---------------------------------------------------------------- script modes
-def git_commit() -> str:
-    try:
-        root = Path(__file__).resolve().parent.parent
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _load_average():
     try:
         return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
 from pair_corpus import HELD_OUT, prompt_from_module, read_source, split_files, stdlib_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -252,7 +253,7 @@ def main(argv=None) -> None:
     }
     results["log_vocab"] = round(math.log(VOCAB), 4)
     results["seconds_total"] = round(time.perf_counter() - wall_start, 1)
-    results["device"] = f"cpu: {_cpu_model()}"
+    results["device"] = f"cpu: {cpu_model()}"
     results["torch"] = torch.__version__
     results["threads"] = torch.get_num_threads()
     results["command"] = "nice -n 10 python bench/train_pair.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -260,15 +261,6 @@ def main(argv=None) -> None:
     args.results.write_text(json.dumps(results, indent=1) + "\n")
     log(json.dumps(results, indent=1))
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
