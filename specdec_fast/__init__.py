@@ -5,11 +5,12 @@ from .cache import OutOfBlocksError, PagedKVCache
 from .drafters import ModelDrafter, PromptLookupDrafter
 from .engine import SpeculativeDecoder
 from .kernels import chain_verify, sample
+from .pair import demo_pair
 from .runners import HFRunner
 from .stats import GenerationStats
 
 __all__ = [
     "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner",
     "ModelDrafter", "PromptLookupDrafter", "GenerationStats",
-    "chain_verify", "sample", "PagedKVCache", "OutOfBlocksError",
+    "chain_verify", "sample", "demo_pair", "PagedKVCache", "OutOfBlocksError",
 ]

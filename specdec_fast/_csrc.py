@@ -3,7 +3,7 @@
 All sources compile into one shared library that registers its ops with
 TORCH_LIBRARY_FRAGMENT(specdec_fast, m), so each op lives in its own .cpp file and is
 called as torch.ops.specdec_fast.<name>. The build is cached under
-~/.cache/specdec_fast/<version>/<hash of sources, flags, torch version, CPU>/ (override the
+~/.cache/specdec_fast/<version>/<hash of sources, flags, torch install, CPU>/ (override the
 root with SPECDEC_FAST_CACHE) and guarded by a file lock, so parallel processes build once.
 Without a compiler (or with SPECDEC_FAST_NO_CPP=1) load_cpu_ops() returns False and
 the torch reference serves.
@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import os
 import platform
+import sysconfig
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -44,7 +45,25 @@ def _build_key(sources: list[Path]) -> str:
     for src in sources + sorted(Path(sources[0]).parent.glob("*.h")):
         h.update(src.name.encode() + src.read_bytes())
     h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + _cpu_tag().encode())
+    # The torch install (its headers and libraries) is part of the build command that ninja
+    # records: two environments sharing one build folder rebuilt it for each other.
+    h.update(str(Path(torch.__file__).resolve().parent).encode() + sysconfig.get_paths()["include"].encode())
     return h.hexdigest()[:16]
+
+
+def _copy_sources(sources: list[Path], dest: Path) -> list[Path]:
+    """Copy the .cpp files and the headers beside them into dest (rewriting only what differs,
+    so ninja's timestamps stay put); returns the copied .cpp paths."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for src in sources + sorted(sources[0].parent.glob("*.h")):
+        target = dest / src.name
+        data = src.read_bytes()
+        if not target.exists() or target.read_bytes() != data:
+            target.write_bytes(data)
+        if src.suffix == ".cpp":
+            copied.append(target)
+    return copied
 
 
 def cache_root() -> Path:
@@ -80,9 +99,13 @@ def load_cpu_ops() -> bool:
         with open(build_dir / "build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
+                # Build from a copy inside the (content-addressed) build folder: ninja records
+                # absolute source paths, so building from each checkout's own csrc/ made two
+                # checkouts with identical sources rebuild each other's library (~60 s a time).
+                local_sources = _copy_sources(sources, build_dir / "src")
                 cpp_extension.load(
                     name=f"specdec_fast_cpu_{key}",
-                    sources=[str(s) for s in sources],
+                    sources=[str(s) for s in local_sources],
                     extra_cflags=CFLAGS,
                     extra_ldflags=LDFLAGS,
                     build_directory=str(build_dir),
