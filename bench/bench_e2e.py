@@ -4,6 +4,7 @@
     specdec_fast K=0 (plain, same engine) | specdec_fast K=1..8 with the draft | prompt lookup
 
     python bench/bench_e2e.py [--target DIR --draft DIR] [--batch-sizes 1,4] [--max-new-tokens 64]
+                              [--runners auto,paged,hf] [--no-extras]
 
 Models: --target/--draft, else the project's trained pair (specdec_fast.pair.demo_pair()) when
 present, else random-weight Llama configs (the draft = the target's first layer: some
@@ -121,7 +122,7 @@ def run(args):
                            predicted_speedup=stats.predicted_speedup, acceptance_per_position=stats.acceptance_per_position,
                            iterations=stats.iterations)
             results.append(row)
-            print(f"B={batch:2d} {name:22s} K={k!s:4s} {row['tokens_per_s']:9.1f} tok/s  exact={row['exact_vs_hf_plain']}"
+            print(f"B={batch:2d} {name:29s} K={k!s:4s} {row['tokens_per_s']:9.1f} tok/s  exact={row['exact_vs_hf_plain']}"
                   + (f"  alpha={stats.alpha:.3f} c={stats.cost_ratio:.3f} pred={stats.predicted_speedup:.2f}x" if stats and stats.k else ""),
                   flush=True)
             return row
@@ -134,23 +135,32 @@ def run(args):
                 seconds, out = timed(lambda: target.generate(ids, attention_mask=mask, assistant_model=draft, eos_token_id=None,
                                                              **common), device, args.repeats)
                 record("hf_assisted", seconds, out)
-        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, return_stats=True, seed=0, **common), device, args.repeats)
-        ours_plain = record("specdec_plain", seconds, out, stats, k=0)
-        for k in args.ks:
-            seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=k,
-                                                           return_stats=True, seed=0, **common), device, args.repeats)
-            row = record("specdec_draft", seconds, out, stats, k=k)
+        for runner in args.runners:
+            mode = dict(common, runner=None if runner == "auto" else runner)
+            tag = "" if runner == "auto" else f"[{runner}]"
+            seconds, (out, stats) = timed(lambda: generate(target, ids, mask, return_stats=True, seed=0, **mode), device, args.repeats)
+            ours_plain = record("specdec_plain" + tag, seconds, out, stats, k=0)
+            ours_plain["runner"] = runner
+            for k in args.ks:
+                seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=k,
+                                                               return_stats=True, seed=0, **mode), device, args.repeats)
+                row = record("specdec_draft" + tag, seconds, out, stats, k=k)
+                row["runner"] = runner
+                row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
+                row["measured_speedup_vs_hf_generate"] = row["tokens_per_s"] / hf_plain["tokens_per_s"]
+            if args.no_extras:
+                continue
+            seconds, (out, stats) = timed(lambda: generate(target, ids, mask, prompt_lookup_num_tokens=args.lookup_k,
+                                                           return_stats=True, seed=0, **mode), device, args.repeats)
+            row = record("specdec_prompt_lookup" + tag, seconds, out, stats, k=args.lookup_k)
+            row["runner"] = runner
             row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
-            row["measured_speedup_vs_hf_generate"] = row["tokens_per_s"] / hf_plain["tokens_per_s"]
-        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, prompt_lookup_num_tokens=args.lookup_k,
-                                                       return_stats=True, seed=0, **common), device, args.repeats)
-        row = record("specdec_prompt_lookup", seconds, out, stats, k=args.lookup_k)
-        row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
-        # Draft = target: alpha = 1 and c ~ 1, so Theorem 3.8 predicts (K+1)/(K+1) = 1x: a check of the model.
-        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=target, num_assistant_tokens=4,
-                                                       return_stats=True, seed=0, **common), device, args.repeats)
-        row = record("specdec_self_draft", seconds, out, stats, k=4)
-        row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
+            # Draft = target: alpha = 1 and c ~ 1, so Theorem 3.8 predicts (K+1)/(K+1) = 1x: a check of the model.
+            seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=target, num_assistant_tokens=4,
+                                                           return_stats=True, seed=0, **mode), device, args.repeats)
+            row = record("specdec_self_draft" + tag, seconds, out, stats, k=4)
+            row["runner"] = runner
+            row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
     return device, models_desc, results
 
 
@@ -183,6 +193,9 @@ def main(argv=None):
     ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=list(range(1, 9)))
     ap.add_argument("--lookup-k", type=int, default=4)
+    ap.add_argument("--runners", type=lambda s: s.split(","), default=["auto"],
+                    help="comma list of auto (paged where supported, else hf), paged, hf: every specdec row per runner")
+    ap.add_argument("--no-extras", action="store_true", help="skip the prompt-lookup and self-draft rows")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
@@ -194,6 +207,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.target is not None and args.draft is None:
         ap.error("--target needs --draft")
+    if not set(args.runners) <= {"auto", "paged", "hf"}:
+        ap.error(f"--runners takes auto, paged, hf; got {args.runners}")
     device, models_desc, results = run(args)
     env = environment(device)
     tag = "cpu" if device.type == "cpu" else env["device_name"].lower().replace(" ", "_")
