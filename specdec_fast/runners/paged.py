@@ -83,10 +83,11 @@ def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm / Qwen3RMSNorm, same op order (float32 statistics)."""
-    dtype = x.dtype
+    if x.dtype == torch.float32:  # the casts would be no-ops: skip their calls (per-op overhead on CPU)
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return weight * h.to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
