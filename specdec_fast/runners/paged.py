@@ -37,6 +37,7 @@ from specdec_fast.kernels.cache_ops import append_kv
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _DYNAMIC_ROPE = ("dynamic", "longrope")
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _sliding_window_in_use(config, max_tokens_per_row):
@@ -64,6 +65,15 @@ def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
         return "the model has no .model.layers / lm_head (expected a *ForCausalLM)"
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1:
+        return f"the parameters are spread over {len(devices)} devices"
+    for i, layer in enumerate(inner.layers):
+        mods = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
+        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in _FLOAT_DTYPES for m in mods):
+            return f"layer {i} has a projection that is not a plain float nn.Linear"
     window = _sliding_window_in_use(config, max_tokens_per_row)
     if window is not None:
         return f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"

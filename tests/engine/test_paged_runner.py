@@ -182,6 +182,18 @@ def test_sliding_window_only_matters_when_reached():
     assert paged_unsupported_reason(qwen, 10**6) is None
 
 
+def test_wrapped_projection_falls_back_to_hf():
+    class Wrapped(torch.nn.Linear):  # like an adapter / quantized linear: its own forward
+        def forward(self, x):
+            return super().forward(x) * 1.0
+
+    model = tiny("llama")
+    old = model.model.layers[1].mlp.up_proj
+    model.model.layers[1].mlp.up_proj = Wrapped(old.in_features, old.out_features, bias=False)
+    assert "layer 1" in paged_unsupported_reason(model)
+    assert api.choose_runner(model, None, 50) == "hf"
+
+
 def test_bfloat16_logits_close_to_hf_forward():
     """bf16 weights and cache: the cast path of the norms; HF's own bf16 forward as the reference."""
     model = tiny("qwen3").to(torch.bfloat16)
