@@ -6,6 +6,10 @@ Leviathan's Theorem 3.8 puts the optimum at 3-6 for alpha 0.6-0.8 and c <= 0.1).
 prompt_lookup_num_tokens the drafts come from the context (K = that number), with
 max_matching_ngram_size (default 2) as in transformers.
 
+Runners (runner=): "paged" (runners/paged.py: the model's own weights run layer by layer over a
+paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3) is the default where the
+model supports it, "hf" (runners/hf.py: the model's own forward and DynamicCache) elsewhere.
+
 One difference from transformers: an argument left at None means "not given" (the value comes
 from generation_config / model.generation_config), whereas transformers treats an explicit
 eos_token_id=None as "no EOS". To decode without EOS here, clear generation_config.eos_token_id.
