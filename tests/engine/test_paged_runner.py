@@ -207,3 +207,54 @@ def test_bfloat16_logits_close_to_hf_forward():
         scale = ref.abs().max()
         torch.testing.assert_close(logits[b].float(), ref[len(context) - 1], atol=0.03 * scale, rtol=0)
         torch.testing.assert_close(step[b, 2 - len(new) :].float(), ref[-len(new) :], atol=0.03 * scale, rtol=0)
+
+
+def test_finished_rows_stay_inside_their_reservation():
+    """Row 1 hits EOS at its 2nd token while row 0 decodes 30 tokens with a weak draft: the engine
+    keeps scoring row 1, and commit caps its length at reservation - (K+1) (no write past its blocks)."""
+    from specdec_fast.drafters import ModelDrafter
+    from specdec_fast.engine import SpeculativeDecoder
+    from specdec_fast.kernels.sampling_params import make_sampling_tensors
+
+    target = tiny("llama", seed=5)
+    draft = make_draft(target, noise=0.6, seed=3)
+    ids, mask = left_padded_prompts([6, 4], vocab=VOCAB, seed=8)
+    width, k, new = ids.shape[1], 3, 30
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0)
+    eos = int(plain[1, width + 1])
+    if eos in plain[0, width:].tolist():
+        pytest.skip("the chosen EOS also occurs in row 0")
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0, eos_token_id=eos)
+    runners = [PagedRunner(target, max_new_tokens=new, num_draft_tokens=k, block_size=4),
+               PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k, block_size=4)]
+    params = make_sampling_tensors(2, "cpu", temperature=0.0, seed=0)
+    decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=k, params=params, max_new_tokens=new,
+                                 eos_token_ids=[eos], pad_token_id=0)
+    out = decoder.generate(ids, mask)
+    assert torch.equal(out, expected)
+    assert decoder.stats.result.iterations > 12, "row 1 must stay finished for many iterations"
+    for runner in runners:
+        reserved = len(runner.cache.blocks_of(1)) * runner.block_size
+        assert runner.cap == reserved - (k + 1)
+        assert int(runner.cache.seq_lens[1]) <= runner.cap
+
+
+def test_commit_caps_a_runaway_row_and_the_other_row_stays_exact():
+    """A row that commits K+1 tokens per call (a finished row with every draft accepted) stops at
+    reservation - (K+1); the row next to it, committing one token per call, keeps exact logits."""
+    model = tiny("qwen2")
+    k, new = 3, 12
+    ids, mask = left_padded_prompts([5, 5], vocab=VOCAB, seed=9)
+    runner = PagedRunner(model, max_new_tokens=new, num_draft_tokens=k, block_size=4)
+    runner.prefill(ids, mask)
+    context = ids[0].tolist()
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(new - 1):
+        tokens = torch.randint(3, VOCAB, (2, k + 1), generator=gen)
+        logits = runner.score(tokens)
+        expected = hf_logits(model, context + tokens[0].tolist())[-(k + 1) :]
+        torch.testing.assert_close(logits[0], expected, atol=1e-4, rtol=1e-4)
+        runner.commit(torch.tensor([1, k + 1]))
+        context.append(int(tokens[0, 0]))
+    assert int(runner.cache.seq_lens[1]) == runner.cap == len(runner.cache.blocks_of(1)) * 4 - (k + 1)
+    assert int(runner.cache.seq_lens[0]) == len(context)
