@@ -4,11 +4,13 @@
     specdec_fast K=0 (plain, same engine) | specdec_fast K=1..8 with the draft | prompt lookup
 
     python bench/bench_e2e.py [--target DIR --draft DIR] [--batch-sizes 1,4] [--max-new-tokens 64]
+                              [--runners auto,paged,hf] [--no-extras]
 
 Models: --target/--draft, else the project's trained pair (specdec_fast.pair.demo_pair()) when
 present, else random-weight Llama configs (the draft = the target's first layer: some
 alignment, low acceptance; the numbers then measure the machinery, not a useful pair).
-Each configuration: one warm-up, then the median of --repeats timed runs. Tokens/s counts
+Each configuration: one warm-up, then the median of --repeats timed runs, taken in rounds over
+all configurations. Tokens/s counts
 new tokens of all rows. Writes bench/results/e2e_<device>.json (device, versions, commit).
 Not a test: pytest collects nothing here.
 """
@@ -81,23 +83,47 @@ def make_prompts(tokenizer, batch: int, vocab: int, length: int, seed: int):
     return ids, mask
 
 
-def timed(fn, device, repeats: int):
-    fn()  # warm-up
-    times, result = [], None
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        result = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+def timed_once(fn, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, result
+
+
+def configurations(args, target, draft, ids, mask, common):
+    """[(method, k, runner, fn)] in the order they are reported."""
+    from specdec_fast.api import generate
+
+    def hf(**kw):
+        def fn():
+            with torch.inference_mode():
+                return target.generate(ids, attention_mask=mask, eos_token_id=None, **common, **kw)
+        return fn
+
+    def ours(runner, **kw):
+        mode = dict(common, runner=None if runner == "auto" else runner)
+        return lambda: generate(target, ids, mask, return_stats=True, seed=0, **mode, **kw)
+
+    configs = [("hf_generate", None, None, hf())]
+    if ids.shape[0] == 1:  # transformers' assisted generation supports batch size 1 only
+        configs.append(("hf_assisted", None, None, hf(assistant_model=draft)))
+    for runner in args.runners:
+        tag = "" if runner == "auto" else f"[{runner}]"
+        configs.append(("specdec_plain" + tag, 0, runner, ours(runner)))
+        for k in args.ks:
+            configs.append(("specdec_draft" + tag, k, runner, ours(runner, assistant_model=draft, num_assistant_tokens=k)))
+        if not args.no_extras:
+            configs.append(("specdec_prompt_lookup" + tag, args.lookup_k, runner,
+                            ours(runner, prompt_lookup_num_tokens=args.lookup_k)))
+            # Draft = target: alpha = 1 and c ~ 1, so Theorem 3.8 predicts (K+1)/(K+1) = 1x: a check of the model.
+            configs.append(("specdec_self_draft" + tag, 4, runner, ours(runner, assistant_model=target, num_assistant_tokens=4)))
+    return configs
 
 
 def run(args):
-    from specdec_fast.api import generate
-
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -112,45 +138,38 @@ def run(args):
         ids, mask = ids.to(device), mask.to(device)
         new = args.max_new_tokens
         common = dict(do_sample=False, max_new_tokens=new, pad_token_id=pad)
-
-        def record(name, seconds, out, stats=None, k=None):
-            row = dict(batch=batch, method=name, k=k, seconds=seconds, tokens_per_s=batch * new / seconds,
-                       exact_vs_hf_plain=bool(torch.equal(out, reference)) if reference is not None else None)
+        configs = configurations(args, target, draft, ids, mask, common)
+        for *_, fn in configs:
+            fn()  # warm-up
+        # Rounds over all configurations (not repeats of one, then the next): load drift on a
+        # shared box then hits every configuration alike.
+        times, outputs = [[] for _ in configs], [None] * len(configs)
+        for _ in range(args.repeats):
+            for i, (*_, fn) in enumerate(configs):
+                seconds, outputs[i] = timed_once(fn, device)
+                times[i].append(seconds)
+        reference = outputs[0]
+        plain = {}
+        for (name, k, runner, _), seconds, out in zip(configs, times, outputs):
+            out, stats = out if isinstance(out, tuple) else (out, None)
+            median = statistics.median(seconds)
+            row = dict(batch=batch, method=name, k=k, runner=runner, seconds=median, seconds_all=seconds,
+                       tokens_per_s=batch * new / median, exact_vs_hf_plain=bool(torch.equal(out, reference)))
             if stats is not None:
                 row.update(alpha=stats.alpha, mean_accepted_length=stats.mean_accepted_length, cost_ratio=stats.cost_ratio,
                            predicted_speedup=stats.predicted_speedup, acceptance_per_position=stats.acceptance_per_position,
                            iterations=stats.iterations)
+            if k == 0:
+                plain[runner] = row
+            elif k is not None:
+                row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / plain[runner]["tokens_per_s"]
+                row["measured_speedup_vs_hf_generate"] = row["tokens_per_s"] / hf_rate
+            if name == "hf_generate":
+                hf_rate = row["tokens_per_s"]
             results.append(row)
-            print(f"B={batch:2d} {name:22s} K={k!s:4s} {row['tokens_per_s']:9.1f} tok/s  exact={row['exact_vs_hf_plain']}"
+            print(f"B={batch:2d} {name:29s} K={k!s:4s} {row['tokens_per_s']:9.1f} tok/s  exact={row['exact_vs_hf_plain']}"
                   + (f"  alpha={stats.alpha:.3f} c={stats.cost_ratio:.3f} pred={stats.predicted_speedup:.2f}x" if stats and stats.k else ""),
                   flush=True)
-            return row
-
-        reference = None
-        with torch.inference_mode():
-            seconds, reference = timed(lambda: target.generate(ids, attention_mask=mask, eos_token_id=None, **common), device, args.repeats)
-            hf_plain = record("hf_generate", seconds, reference)
-            if batch == 1:  # transformers' assisted generation supports batch size 1 only
-                seconds, out = timed(lambda: target.generate(ids, attention_mask=mask, assistant_model=draft, eos_token_id=None,
-                                                             **common), device, args.repeats)
-                record("hf_assisted", seconds, out)
-        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, return_stats=True, seed=0, **common), device, args.repeats)
-        ours_plain = record("specdec_plain", seconds, out, stats, k=0)
-        for k in args.ks:
-            seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=k,
-                                                           return_stats=True, seed=0, **common), device, args.repeats)
-            row = record("specdec_draft", seconds, out, stats, k=k)
-            row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
-            row["measured_speedup_vs_hf_generate"] = row["tokens_per_s"] / hf_plain["tokens_per_s"]
-        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, prompt_lookup_num_tokens=args.lookup_k,
-                                                       return_stats=True, seed=0, **common), device, args.repeats)
-        row = record("specdec_prompt_lookup", seconds, out, stats, k=args.lookup_k)
-        row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
-        # Draft = target: alpha = 1 and c ~ 1, so Theorem 3.8 predicts (K+1)/(K+1) = 1x: a check of the model.
-        seconds, (out, stats) = timed(lambda: generate(target, ids, mask, assistant_model=target, num_assistant_tokens=4,
-                                                       return_stats=True, seed=0, **common), device, args.repeats)
-        row = record("specdec_self_draft", seconds, out, stats, k=4)
-        row["measured_speedup_vs_specdec_plain"] = row["tokens_per_s"] / ours_plain["tokens_per_s"]
     return device, models_desc, results
 
 
@@ -183,6 +202,9 @@ def main(argv=None):
     ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=list(range(1, 9)))
     ap.add_argument("--lookup-k", type=int, default=4)
+    ap.add_argument("--runners", type=lambda s: s.split(","), default=["auto"],
+                    help="comma list of auto (paged where supported, else hf), paged, hf: every specdec row per runner")
+    ap.add_argument("--no-extras", action="store_true", help="skip the prompt-lookup and self-draft rows")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
@@ -194,6 +216,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.target is not None and args.draft is None:
         ap.error("--target needs --draft")
+    if not set(args.runners) <= {"auto", "paged", "hf"}:
+        ap.error(f"--runners takes auto, paged, hf; got {args.runners}")
     device, models_desc, results = run(args)
     env = environment(device)
     tag = "cpu" if device.type == "cpu" else env["device_name"].lower().replace(" ", "_")

@@ -6,6 +6,10 @@ Leviathan's Theorem 3.8 puts the optimum at 3-6 for alpha 0.6-0.8 and c <= 0.1).
 prompt_lookup_num_tokens the drafts come from the context (K = that number), with
 max_matching_ngram_size (default 2) as in transformers.
 
+Runners (runner=): "paged" (runners/paged.py: the model's own weights run layer by layer over a
+paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3) is the default where the
+model supports it, "hf" (runners/hf.py: the model's own forward and DynamicCache) elsewhere.
+
 One difference from transformers: an argument left at None means "not given" (the value comes
 from generation_config / model.generation_config), whereas transformers treats an explicit
 eos_token_id=None as "no EOS". To decode without EOS here, clear generation_config.eos_token_id.
@@ -17,6 +21,7 @@ from .engine import SpeculativeDecoder
 from .generation_options import resolve_options
 from .kernels.sampling_params import make_sampling_tensors
 from .runners import HFRunner
+from .runners.paged import PagedRunner, paged_unsupported_reason
 
 DEFAULT_NUM_ASSISTANT_TOKENS = 4
 PASSIVE_KWARGS = {"tokenizer", "assistant_tokenizer"}  # used only for the vocabulary check
@@ -76,14 +81,41 @@ def _max_positions(model):
     return None
 
 
+RUNNERS = ("paged", "hf")
+
+
+def choose_runner(model, runner, max_tokens_per_row: int, backend=None) -> str:
+    """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
+    (runners/paged.py: Llama/Mistral/Qwen2/Qwen3, no sliding window reached within
+    max_tokens_per_row, static RoPE, a head_dim the kernel ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
+    if runner is not None and runner not in RUNNERS:
+        raise ValueError(f"runner must be None, 'paged' or 'hf', got {runner!r}")
+    if runner == "hf":
+        return "hf"
+    reason = paged_unsupported_reason(model, max_tokens_per_row, backend)
+    if reason is None:
+        return "paged"
+    if runner == "paged":
+        raise ValueError(f"runner='paged' cannot run {type(model).__name__}: {reason}; use runner='hf' or None")
+    return "hf"
+
+
+def _make_runner(model, name: str, *, max_new_tokens: int, k: int, backend):
+    if name == "paged":
+        return PagedRunner(model, max_new_tokens=max_new_tokens, num_draft_tokens=k, backend=backend)
+    return HFRunner(model)
+
+
 def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None, prompt_lookup_num_tokens=None,
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
              eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
-             return_stats=False, generation_config=None, backend=None, **unsupported):
+             return_stats=False, generation_config=None, backend=None, runner=None, **unsupported):
     """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
     [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
     return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
-    seed: int (per-row streams) or None (drawn from torch's global RNG). backend: kernel backend."""
+    seed: int (per-row streams) or None (drawn from torch's global RNG). backend: kernel backend.
+    runner: None (paged where supported, else hf; chosen for target and draft separately),
+    "paged" (error if unsupported) or "hf" (the model's own forward and DynamicCache)."""
     if input_ids is None:
         input_ids = unsupported.pop("inputs", None)
     tokenizer, assistant_tokenizer = unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)
@@ -113,7 +145,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
 
     if assistant_model is not None:
         k = opts.num_assistant_tokens if opts.num_assistant_tokens is not None else DEFAULT_NUM_ASSISTANT_TOKENS
-        drafter = ModelDrafter(HFRunner(assistant_model))
+        drafter = None  # built below, once K is validated
         name = "num_assistant_tokens"
     elif opts.prompt_lookup_num_tokens is not None:
         k = opts.prompt_lookup_num_tokens
@@ -121,14 +153,20 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
         name = "prompt_lookup_num_tokens"
     else:
         k, drafter, name = 0, None, None
-    if drafter is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    if name is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
+    # Each row's reservation in a paged runner: prompt + max_new_tokens + K + 1 tokens.
+    row_tokens = input_ids.shape[1] + opts.max_new_tokens + k + 1
+    sizes = dict(max_new_tokens=opts.max_new_tokens, k=k, backend=backend)
+    target_runner = _make_runner(model, choose_runner(model, runner, row_tokens, backend), **sizes)
+    if assistant_model is not None:
+        drafter = ModelDrafter(_make_runner(assistant_model, choose_runner(assistant_model, runner, row_tokens, backend), **sizes))
 
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     params = make_sampling_tensors(input_ids.shape[0], device, seed=seed, **opts.kernel_params())
     decoder = SpeculativeDecoder(
-        HFRunner(model), drafter, k=k, params=params, max_new_tokens=opts.max_new_tokens,
+        target_runner, drafter, k=k, params=params, max_new_tokens=opts.max_new_tokens,
         eos_token_ids=opts.eos_token_ids, pad_token_id=opts.pad_token_id, backend=backend, streamer=streamer,
     )
     tokens = decoder.generate(input_ids.long(), attention_mask)

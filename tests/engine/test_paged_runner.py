@@ -1,0 +1,260 @@
+"""PagedRunner: logits equal the transformers model's own forward; greedy generate(runner="paged")
+equals model.generate token for token; runner selection and errors."""
+import pytest
+import torch
+
+import specdec_fast.api as api
+from specdec_fast.runners.paged import PagedRunner, paged_unsupported_reason
+
+from .models import left_padded_prompts, make_draft, make_model
+
+VOCAB = 96
+
+
+def tiny(kind: str, *, seed: int = 0, layers: int = 2):
+    """Random fp32 model; head_dim 16 (the triton attention kernel needs a power of 2)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                  max_position_embeddings=256, initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "llama":
+        config = tf.LlamaConfig(num_key_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **common)
+    elif kind == "qwen2":  # q/k/v bias, GQA 4:2
+        config = tf.Qwen2Config(num_key_value_heads=2, **common)
+    elif kind == "qwen3":  # q/k norm, GQA 4:1, head_dim set explicitly
+        config = tf.Qwen3Config(num_key_value_heads=1, head_dim=16, **common)
+    else:
+        raise ValueError(kind)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    if kind == "qwen2":  # random (non-zero) biases, so they are really tested
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.3)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_logits(model, tokens) -> torch.Tensor:
+    """The model's own forward on one unpadded row -> logits [len, V]."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_logits_equal_hf_forward(kind):
+    model = tiny(kind)
+    ids, mask = left_padded_prompts([5, 9, 1], vocab=VOCAB, seed=1)
+    runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    contexts = [ids[b, mask[b].bool()].tolist() for b in range(3)]
+    logits = runner.prefill(ids, mask)
+    for b in range(3):
+        torch.testing.assert_close(logits[b], hf_logits(model, contexts[b])[-1], atol=1e-4, rtol=1e-4)
+
+    gen = torch.Generator().manual_seed(2)
+    # Left-padded score calls (the drafter's pattern), then a commit with rollback, then full calls.
+    calls = [(3, [1, 3, 2], [1, 2, 0]), (4, None, [4, 1, 3]), (2, [2, 1, 2], None), (1, None, [2, 0, 1])]
+    pending = [[] for _ in range(3)]
+    for width, num_valid, keep in calls:
+        tokens = torch.randint(3, VOCAB, (3, width), generator=gen)
+        valid = [width] * 3 if num_valid is None else num_valid
+        out = runner.score(tokens, None if num_valid is None else torch.tensor(valid))
+        assert out.shape == (3, width, VOCAB)
+        for b in range(3):
+            new = tokens[b, width - valid[b] :].tolist()
+            pending[b] += new
+            expected = hf_logits(model, contexts[b] + pending[b])[-len(new) :]
+            torch.testing.assert_close(out[b, width - valid[b] :], expected, atol=1e-4, rtol=1e-4)
+        if keep is not None:
+            runner.commit(torch.tensor(keep))
+            for b in range(3):
+                contexts[b] += pending[b][: keep[b]]
+                pending[b] = []
+    lengths = runner.cache.seq_lens.tolist()
+    assert lengths == [len(c) for c in contexts]
+    k_cache, _ = runner.cache.gather(0, 1)
+    assert k_cache.shape[0] == len(contexts[1])
+
+
+def test_weights_are_shared_not_copied():
+    model = tiny("qwen2")
+    runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=0)
+    assert runner.layers[0].q[0].data_ptr() == model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    assert runner.lm_head.data_ptr() == model.lm_head.weight.data_ptr()
+
+
+def test_too_many_tentative_tokens_raise():
+    runner = PagedRunner(tiny("llama"), max_new_tokens=4, num_draft_tokens=2)
+    runner.prefill(torch.tensor([[5, 6, 7]]), None)
+    runner.score(torch.tensor([[3, 4]]))
+    with pytest.raises(RuntimeError, match="tentative"):
+        runner.score(torch.tensor([[3, 4]]))
+
+
+_PAIRS = {}
+
+
+def pair(kind):
+    if kind not in _PAIRS:
+        target = tiny(kind, seed=5)
+        _PAIRS[kind] = (target, make_draft(target, noise=0.03))
+    return _PAIRS[kind]
+
+
+MAX_NEW = 20
+PROMPTS = {1: [6], 3: [4, 10, 7]}
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_paged_equals_generate(kind, batch):
+    target, draft = pair(kind)
+    ids, mask = left_padded_prompts(PROMPTS[batch], vocab=VOCAB, seed=batch)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+    for k in (1, 3, 6):
+        out, stats = api.generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=k, do_sample=False,
+                                  max_new_tokens=MAX_NEW, pad_token_id=0, return_stats=True, runner="paged")
+        assert torch.equal(out, expected), k
+        assert stats.alpha > 0.2, "the aligned draft should be accepted often (else the test proves little)"
+    for k in (2, 5):
+        out = api.generate(target, ids, mask, prompt_lookup_num_tokens=k, do_sample=False, max_new_tokens=MAX_NEW,
+                           pad_token_id=0, runner="paged")
+        assert torch.equal(out, expected), k
+    out = api.generate(target, ids, mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0, runner="paged")
+    assert torch.equal(out, expected)
+
+
+def test_eos_inside_an_accepted_block_paged():
+    """Draft = target: every draft is accepted, so EOS lands inside a K=6 block; rows end exactly there."""
+    target, _ = pair("llama")
+    ids, mask = left_padded_prompts(PROMPTS[3], vocab=VOCAB, seed=3)
+    width = ids.shape[1]
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+    eos = int(plain[1, width + 4])  # row 1's 5th new token
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0,
+                               eos_token_id=eos)
+    out, stats = api.generate(target, ids, mask, assistant_model=target, num_assistant_tokens=6, do_sample=False,
+                              max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos, return_stats=True, runner="paged")
+    assert torch.equal(out, expected)
+    assert stats.alpha == 1.0
+    assert (out[1, width + 5 :] == 0).all()
+
+
+def test_triton_kernels_under_the_interpreter():
+    target, draft = pair("llama")
+    ids, mask = left_padded_prompts([3, 5], vocab=VOCAB, seed=4)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0)
+    out = api.generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=2, do_sample=False,
+                       max_new_tokens=5, pad_token_id=0, backend="triton", runner="paged")
+    assert torch.equal(out, expected)
+
+
+def test_runner_choice_and_errors():
+    llama, gpt2 = tiny("llama"), make_model("gpt2", vocab=VOCAB)
+    assert api.choose_runner(llama, None, 100) == "paged"
+    assert api.choose_runner(llama, "hf", 100) == "hf"
+    assert api.choose_runner(gpt2, None, 100) == "hf"
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ValueError, match="runner='paged' cannot run GPT2LMHeadModel: model_type 'gpt2'"):
+        api.generate(gpt2, ids, max_new_tokens=3, do_sample=False, runner="paged")
+    with pytest.raises(ValueError, match="runner must be"):
+        api.generate(llama, ids, max_new_tokens=3, do_sample=False, runner="vllm")
+    with pytest.raises(ValueError, match="PagedRunner cannot run"):
+        PagedRunner(gpt2, max_new_tokens=3, num_draft_tokens=0)
+    # head_dim 12: fine for the C++ / torch kernels, not for triton's attention -> hf by default.
+    odd = make_model("llama", vocab=VOCAB)
+    assert paged_unsupported_reason(odd) is None
+    assert "head_dim" in paged_unsupported_reason(odd, backend="triton")
+    assert api.choose_runner(odd, None, 100, backend="triton") == "hf"
+
+
+def test_sliding_window_only_matters_when_reached():
+    import transformers as tf
+
+    config = tf.MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=2, sliding_window=32)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    assert paged_unsupported_reason(model, 32) is None
+    assert "sliding_window 32" in paged_unsupported_reason(model, 33)
+    assert api.choose_runner(model, None, 40) == "hf"
+    qwen = tiny("qwen2")  # use_sliding_window defaults to False
+    assert paged_unsupported_reason(qwen, 10**6) is None
+
+
+def test_wrapped_projection_falls_back_to_hf():
+    class Wrapped(torch.nn.Linear):  # like an adapter / quantized linear: its own forward
+        def forward(self, x):
+            return super().forward(x) * 1.0
+
+    model = tiny("llama")
+    old = model.model.layers[1].mlp.up_proj
+    model.model.layers[1].mlp.up_proj = Wrapped(old.in_features, old.out_features, bias=False)
+    assert "layer 1" in paged_unsupported_reason(model)
+    assert api.choose_runner(model, None, 50) == "hf"
+
+
+def test_bfloat16_logits_close_to_hf_forward():
+    """bf16 weights and cache: the cast path of the norms; HF's own bf16 forward as the reference."""
+    model = tiny("qwen3").to(torch.bfloat16)
+    ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=6)
+    runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=1)
+    logits = runner.prefill(ids, mask)
+    step = runner.score(torch.tensor([[5, 9], [3, 4]]), torch.tensor([2, 1]))
+    for b, new in enumerate(([5, 9], [4])):
+        context = ids[b, mask[b].bool()].tolist()
+        ref = hf_logits(model, context + new).float()
+        scale = ref.abs().max()
+        torch.testing.assert_close(logits[b].float(), ref[len(context) - 1], atol=0.03 * scale, rtol=0)
+        torch.testing.assert_close(step[b, 2 - len(new) :].float(), ref[-len(new) :], atol=0.03 * scale, rtol=0)
+
+
+def test_finished_rows_stay_inside_their_reservation():
+    """Row 1 hits EOS at its 2nd token while row 0 decodes 30 tokens with a weak draft: the engine
+    keeps scoring row 1, and commit caps its length at reservation - (K+1) (no write past its blocks)."""
+    from specdec_fast.drafters import ModelDrafter
+    from specdec_fast.engine import SpeculativeDecoder
+    from specdec_fast.kernels.sampling_params import make_sampling_tensors
+
+    target = tiny("llama", seed=5)
+    draft = make_draft(target, noise=0.6, seed=3)
+    ids, mask = left_padded_prompts([6, 4], vocab=VOCAB, seed=8)
+    width, k, new = ids.shape[1], 3, 30
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0)
+    eos = int(plain[1, width + 1])
+    if eos in plain[0, width:].tolist():
+        pytest.skip("the chosen EOS also occurs in row 0")
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0, eos_token_id=eos)
+    runners = [PagedRunner(target, max_new_tokens=new, num_draft_tokens=k, block_size=4),
+               PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k, block_size=4)]
+    params = make_sampling_tensors(2, "cpu", temperature=0.0, seed=0)
+    decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=k, params=params, max_new_tokens=new,
+                                 eos_token_ids=[eos], pad_token_id=0)
+    out = decoder.generate(ids, mask)
+    assert torch.equal(out, expected)
+    assert decoder.stats.result.iterations > 12, "row 1 must stay finished for many iterations"
+    for runner in runners:
+        reserved = len(runner.cache.blocks_of(1)) * runner.block_size
+        assert runner.cap == reserved - (k + 1)
+        assert int(runner.cache.seq_lens[1]) <= runner.cap
+
+
+def test_commit_caps_a_runaway_row_and_the_other_row_stays_exact():
+    """A row that commits K+1 tokens per call (a finished row with every draft accepted) stops at
+    reservation - (K+1); the row next to it, committing one token per call, keeps exact logits."""
+    model = tiny("qwen2")
+    k, new = 3, 12
+    ids, mask = left_padded_prompts([5, 5], vocab=VOCAB, seed=9)
+    runner = PagedRunner(model, max_new_tokens=new, num_draft_tokens=k, block_size=4)
+    runner.prefill(ids, mask)
+    context = ids[0].tolist()
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(new - 1):
+        tokens = torch.randint(3, VOCAB, (2, k + 1), generator=gen)
+        logits = runner.score(tokens)
+        expected = hf_logits(model, context + tokens[0].tolist())[-(k + 1) :]
+        torch.testing.assert_close(logits[0], expected, atol=1e-4, rtol=1e-4)
+        runner.commit(torch.tensor([1, k + 1]))
+        context.append(int(tokens[0, 0]))
+    assert int(runner.cache.seq_lens[1]) == runner.cap == len(runner.cache.blocks_of(1)) * 4 - (k + 1)
+    assert int(runner.cache.seq_lens[0]) == len(context)
