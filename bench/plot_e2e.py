@@ -40,7 +40,7 @@ def _mode_label(data, mode):
 def _suptitle(fig, data, what):
     env, s = data["environment"], data["settings"]
     fig.suptitle(f"{what}\n{env['device']}, {env['cpu_threads']} thread(s); {data['models']}\n"
-                 f"{s['max_new_tokens']} new tokens per row, median of {s['repeats']}; runner: {data['runner'].split(' (')[0]}",
+                 f"{s['max_new_tokens']} new tokens per row, best of {s['repeats']} (round robin); runner: {data['runner'].split(' (')[0]}",
                  fontsize=9)
 
 
