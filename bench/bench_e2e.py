@@ -138,7 +138,7 @@ def runner_option(generate, runner):
             raise SystemExit("--runner given, but this specdec_fast.generate has no runner= option")
         return {}, "HFRunner (generate() has no runner option; the engine's only runner)"
     if runner is None:
-        return {}, f"generate() default (runner={params['runner'].default!r})"
+        return {}, f"{params['runner'].default!r} (generate()'s default runner)"
     return {"runner": runner}, runner
 
 

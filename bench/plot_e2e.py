@@ -2,7 +2,7 @@
 
     <stem>_speedup_vs_k.png   batch 1: measured speedup over plain decoding vs K, beside
                               Leviathan Theorem 3.8's prediction from the measured alpha and c
-    <stem>_acceptance.png     acceptance rate per draft position (the K = max run)
+    <stem>_acceptance.png     acceptance rate per draft position (pooled over the K runs)
     <stem>_batch.png          tokens/s vs batch size
 
     python bench/plot_e2e.py bench/results/e2e_pair_cpu.json
@@ -55,9 +55,10 @@ def plot_speedup_vs_k(data, path):
             ax.plot(ks, [r["measured_speedup"] for r in rows], marker=marker, color=colour, label=f"{label}: measured")
             ax.plot(ks, [r["predicted_speedup"] for r in rows], marker=marker, color=colour, linestyle="--", alpha=0.6,
                     markerfacecolor="none", label=f"{label}: Thm 3.8 from measured alpha, c")
+            offset = (3, -17) if method == "specdec_draft" else (3, 5)
             for r in rows[:: max(len(rows) // 3, 1)]:
                 ax.annotate(f"a={r['alpha']:.2f}\nc={r['cost_ratio']:.2f}", (r["k"], r["measured_speedup"]), fontsize=6,
-                            color=colour, textcoords="offset points", xytext=(3, -16))
+                            color=colour, textcoords="offset points", xytext=offset)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
         for method in ("hf_generate", "hf_assisted"):  # references without a fixed K
             for r in _rows(data, mode=mode, batch=1, method=method):
@@ -77,28 +78,48 @@ def plot_speedup_vs_k(data, path):
     plt.close(fig)
 
 
+def pooled_acceptance(rows):
+    """P(draft i accepted | drafts before it accepted) for i = 1..max K, pooled over runs with
+    different K (each run's accepted_hist[j] = row-iterations with j drafts accepted), and the
+    number of row-iterations that reached each position."""
+    kmax = max(r["k"] for r in rows)
+    reached, accepted = [0] * kmax, [0] * kmax
+    for r in rows:
+        hist = r["accepted_hist"]
+        for i in range(r["k"]):
+            reached[i] += sum(hist[i:])
+            accepted[i] += sum(hist[i + 1 :])
+    return [a / n if n else float("nan") for a, n in zip(accepted, reached)], reached
+
+
 def plot_acceptance(data, path):
     modes = list(data["modes"])
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 5.2), sharey=True, squeeze=False)
     for ax, mode in zip(axes[0], modes):
         for method in ("specdec_draft", "specdec_prompt_lookup"):
             rows = _rows(data, mode=mode, batch=1, method=method)
             if not rows:
                 continue
-            r = max(rows, key=lambda r: r["k"])
+            rates, reached = pooled_acceptance(rows)
             label, colour, marker = STYLE[method]
-            positions = range(1, len(r["acceptance_per_position"]) + 1)
-            ax.plot(positions, r["acceptance_per_position"], marker=marker, color=colour,
-                    label=f"{label} (K={r['k']}, alpha={r['alpha']:.2f})")
-            ax.axhline(r["alpha"], color=colour, linewidth=0.8, linestyle=":")
+            positions = range(1, len(rates) + 1)
+            ks = sorted(r["k"] for r in rows)
+            k4 = min(rows, key=lambda r: abs(r["k"] - 4))
+            ax.plot(positions, rates, marker=marker, color=colour,
+                    label=f"{label} (pooled over K={ks[0]}..{ks[-1]}; alpha at K={k4['k']}: {k4['alpha']:.2f})")
+            ax.axhline(k4["alpha"], color=colour, linewidth=0.8, linestyle=":")
+            for i, (rate, n) in enumerate(zip(rates, reached), 1):
+                if rate == rate:
+                    ax.annotate(f"n={n}", (i, rate), fontsize=6, color=colour, textcoords="offset points",
+                                xytext=(-8, 6 if method == "specdec_draft" else -12))
         ax.set_ylim(0, 1.05)
         ax.set_xticks(list(positions))
         ax.set_title(_mode_label(data, mode), fontsize=10)
         ax.set_xlabel("draft position i")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     axes[0][0].set_ylabel("P(draft i accepted | drafts before it accepted)")
-    _suptitle(fig, data, "Acceptance per draft position at batch 1 (dotted: alpha over all positions)")
+    _suptitle(fig, data, "Acceptance per draft position at batch 1 (n: row-iterations reaching the position; dotted: alpha)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -120,11 +141,11 @@ def plot_batch(data, path):
                 label += f" (K={batch_k})"
             ax.plot(*zip(*points), marker=marker, color=colour, label=label)
         ax.set_xscale("log", base=2)
-        ax.set_ylim(bottom=0)
         ax.set_xticks(batches, [str(b) for b in batches])
         ax.set_title(_mode_label(data, mode), fontsize=10)
         ax.set_xlabel("batch size (held-out prompts, left padded)")
         ax.grid(alpha=0.3)
+    axes[0][0].set_ylim(0, 1.08 * max(r["tokens_per_s"] for r in data["results"] if r["method"] in STYLE))
     axes[0][0].set_ylabel("new tokens/s (all rows)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     _suptitle(fig, data, "Throughput vs batch size")
