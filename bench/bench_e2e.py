@@ -22,7 +22,6 @@ exactly max_new_tokens per row). Writes bench/results/e2e[_pair]_<device>.json a
 """
 import argparse
 import copy
-import inspect
 import json
 import statistics
 import subprocess
@@ -133,16 +132,12 @@ def merge_stats(all_stats):
     )
 
 
-def runner_option(generate, runner):
-    """(extra kwargs for generate, runner description): --runner goes to generate only if it takes `runner`."""
-    params = inspect.signature(generate).parameters
-    if "runner" not in params:
-        if runner is not None:
-            raise SystemExit("--runner given, but this specdec_fast.generate has no runner= option")
-        return {}, "HFRunner (generate() has no runner option; the engine's only runner)"
-    if runner is None:
-        return {}, f"{params['runner'].default!r} (generate()'s default runner)"
-    return {"runner": runner}, runner
+def runner_description(target, draft, runner, max_tokens: int) -> str:
+    """Which runner generate() gives the target and the draft under --runner (None = its default)."""
+    from specdec_fast.api import choose_runner
+
+    chosen = {name: choose_runner(model, runner, max_tokens) for name, model in (("target", target), ("draft", draft))}
+    return f"target {chosen['target']}, draft {chosen['draft']} (--runner {runner})"
 
 
 def run(args):
@@ -155,7 +150,7 @@ def run(args):
     target, draft = target.to(device), draft.to(device)
     target.generation_config.eos_token_id = None  # full length: every configuration makes the same number of tokens
     vocab, new = target.config.vocab_size, args.max_new_tokens
-    runner_kwargs, runner_desc = runner_option(generate, args.runner)
+    runner_desc = runner_description(target, draft, args.runner, args.prompt_len + new + max(args.ks) + 1)
 
     def inputs(batch):
         """Batch 1: a list of --prompts-b1 single-prompt inputs, run in turn; batch > 1: one batched input."""
@@ -173,7 +168,7 @@ def run(args):
 
     def ours(ids, mask, opts, n, **extra):
         return generate(target, ids, mask, max_new_tokens=n, pad_token_id=0, return_stats=True, seed=0,
-                        **runner_kwargs, **opts, **extra)
+                        runner=args.runner, **opts, **extra)
 
     def methods(opts, batch, k, n=new):
         """name -> (call(ids, mask) -> tokens or (tokens, stats), k)."""
@@ -273,7 +268,7 @@ def main(argv=None):
     ap.add_argument("--target")
     ap.add_argument("--draft")
     ap.add_argument("--device")
-    ap.add_argument("--runner", help="passed to specdec_fast.generate(runner=...) when it has that option")
+    ap.add_argument("--runner", choices=["paged", "hf"], help="specdec_fast.generate(runner=...); default: its own choice")
     ap.add_argument("--batch-sizes", type=ints, default=[1, 4, 16])
     ap.add_argument("--ks", type=ints, default=list(range(1, 9)), help="K sweep at batch 1 (default 1..8)")
     ap.add_argument("--batch-k", type=int, default=4, help="K of the draft and prompt lookup at batch > 1")
