@@ -85,13 +85,13 @@ def make_sampling_tensors(
     m, m_tensor = _per_row(min_p, "min_p", batch, device, torch.float32, integral=False)
     o, o_tensor = _per_row(offset, "offset", batch, device, torch.int64, integral=True)
     if isinstance(seed, torch.Tensor):
-        s, s_tensor = _per_row(seed, "seed", batch, device, torch.int64, integral=True)
+        s = _per_row(seed, "seed", batch, device, torch.int64, integral=True)[0]  # any int64 is a valid seed
     else:
         if isinstance(seed, bool) or not isinstance(seed, Integral):
             raise TypeError(f"seed must be an int or an int64 tensor [B], got {type(seed).__name__}")
         if not -(1 << 63) <= seed < (1 << 63):
             raise ValueError(f"seed must fit in int64, got {seed}")
-        s, s_tensor = derive_row_seeds(seed, batch, device), False
+        s = derive_row_seeds(seed, batch, device)
     # Scalars are always checked (host values, free); tensors only when asked (reads values).
     for tensor, from_tensor, name, ok_fn, rule in (
         (t, t_tensor, "temperature", lambda v: torch.isfinite(v) & (v >= 0), "0 <= temperature < inf"),

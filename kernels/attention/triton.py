@@ -12,8 +12,6 @@ Grid sizes come only from static shapes (T, max_query_len, block_table width): s
 cu_query_lens are read inside the kernels, so there is no host sync and the call can be
 captured in a CUDA graph.
 """
-import math
-
 import torch
 import triton
 import triton.language as tl

@@ -8,7 +8,7 @@ import torch
 
 from .._backend import resolve_backend
 from ..rng import STREAM_DRAFT
-from ..sampling_params import SamplingTensors, make_sampling_tensors
+from ..sampling_params import make_sampling_tensors
 from .reference import chain_verify_reference, sample_reference, standardise
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
