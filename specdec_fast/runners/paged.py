@@ -34,6 +34,7 @@ from specdec_fast.cache import PagedKVCache
 from specdec_fast.kernels._backend import resolve_backend
 from specdec_fast.kernels.attention import paged_attention
 from specdec_fast.kernels.cache_ops import append_kv
+from specdec_fast.runners._linear import linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -188,7 +189,7 @@ class PagedRunner:
                                for op in ("append_kv", "paged_attention"))
         self.cache.seq_lens.copy_(self.length)
         self._tentative = 0
-        return F.linear(hidden[:, -1], self.lm_head)
+        return linear(hidden[:, -1], self.lm_head)
 
     @torch.no_grad()
     def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,7 +198,7 @@ class PagedRunner:
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
                                f"K + 1 = {self.max_tentative} (num_draft_tokens given to PagedRunner)")
-        return F.linear(self._forward(tokens, num_valid), self.lm_head)
+        return linear(self._forward(tokens, num_valid), self.lm_head)
 
     def commit(self, keep: torch.Tensor) -> None:
         """The first keep[b] real tentative tokens become committed; the others are dropped."""
@@ -251,9 +252,9 @@ class PagedRunner:
         direct, ops = self._direct_cpp, torch.ops.specdec_fast
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.ln_in, layer.eps_in)
-            q = F.linear(h, *layer.q).view(total, heads, dim)
-            k = F.linear(h, *layer.k).view(total, kv_heads, dim)
-            v = F.linear(h, *layer.v).view(total, kv_heads, dim)
+            q = linear(h, *layer.q).view(total, heads, dim)
+            k = linear(h, *layer.k).view(total, kv_heads, dim)
+            v = linear(h, *layer.v).view(total, kv_heads, dim)
             if layer.qk_norm is not None:
                 q = _rms_norm(q, layer.qk_norm[0], layer.qk_norm[1])
                 k = _rms_norm(k, layer.qk_norm[2], layer.qk_norm[3])
@@ -265,11 +266,11 @@ class PagedRunner:
                 append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu, backend=self.backend, check=False)
                 o = paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, max_query_len=n,
                                     scale=self.scale, backend=self.backend, check=False)
-            x = x + F.linear(o.reshape(total, heads * dim), *layer.o)
+            x = x + linear(o.reshape(total, heads * dim), *layer.o)
             h = _rms_norm(x, layer.ln_post, layer.eps_post)
-            gate = F.linear(h, *layer.gate)
+            gate = linear(h, *layer.gate)
             gate = F.silu(gate) if self.silu else layer.act(gate)
-            x = x + F.linear(gate * F.linear(h, *layer.up), *layer.down)
+            x = x + linear(gate * linear(h, *layer.up), *layer.down)
         self.length.copy_(attn_lens)
         x = _rms_norm(x, self.final_norm, self.final_eps)
         if unpack is not None:
