@@ -116,8 +116,13 @@ def param_counts(model) -> dict:
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
 
 
-def train(model, stream, *, steps, minutes, batch, seq_len, lr, seed, name):
-    """AdamW, linear warmup then cosine decay to lr/10 over max(step/steps, time/minutes)."""
+def train(model, stream, *, steps, minutes, batch, seq_len, lr, seed, name, teacher=None):
+    """AdamW, linear warmup then cosine decay to lr/10 over max(step/steps, time/minutes).
+
+    teacher: None -> next-token cross-entropy on the corpus; a model -> distillation, the loss
+    is KL(teacher || model) per position (forward KL at temperature 1 on the teacher's full
+    distribution). Acceptance is alpha = 1 - TV(p, q), so matching the target's distribution,
+    not the corpus, is what raises it."""
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, min(100, steps // 20))
@@ -135,7 +140,14 @@ def train(model, stream, *, steps, minutes, batch, seq_len, lr, seed, name):
             group["lr"] = lr * scale
         starts = torch.randint(0, stream.numel() - seq_len, (batch,), generator=gen)
         window = torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
-        loss = model(input_ids=window, labels=window).loss  # the model shifts labels itself
+        if teacher is None:
+            loss = model(input_ids=window, labels=window).loss  # the model shifts labels itself
+        else:
+            with torch.no_grad():
+                target_logp = torch.log_softmax(teacher(input_ids=window).logits.float(), -1)
+            draft_logp = torch.log_softmax(model(input_ids=window).logits.float(), -1)
+            loss = torch.nn.functional.kl_div(draft_logp.flatten(0, 1), target_logp.flatten(0, 1), log_target=True,
+                                              reduction="batchmean")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -192,6 +204,10 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-windows", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-distill", dest="distill", action="store_false",
+                    help="train the draft on the corpus (cross-entropy) instead of distilling it from the target")
+    ap.add_argument("--reuse-target", action="store_true",
+                    help="keep the tokenizer and target already in --out (and their record in --results); train the draft only")
     ap.add_argument("--prompts-only", action="store_true",
                     help="only rewrite held_out.json (prompts, eval snippet) with the tokenizer already in --out")
     args = ap.parse_args(argv)
@@ -207,7 +223,7 @@ def main(argv=None) -> None:
 
     tok_dir, target_dir, draft_dir = args.out / "tokenizer", args.out / "target", args.out / "draft"
     t0 = time.perf_counter()
-    if args.prompts_only:
+    if args.prompts_only or args.reuse_target:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -226,18 +242,31 @@ def main(argv=None) -> None:
                           "train_tokens": train_stream.numel(), "held_out_modules": list(HELD_OUT),
                           "held_out_tokens": held_stream.numel()}}
     models = {}
+    if args.reuse_target:
+        from transformers import AutoModelForCausalLM
+
+        models["target"] = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        results["target"] = json.loads(args.results.read_text())["target"]
+        log(f"target reused from {target_dir}")
+    # The target first: the draft is distilled from it (default).
     for name, shape, steps, minutes, lr, out_dir in (
-        ("draft", DRAFT, args.draft_steps, args.draft_minutes, args.draft_lr, draft_dir),
         ("target", TARGET, args.target_steps, args.target_minutes, args.target_lr, target_dir),
+        ("draft", DRAFT, args.draft_steps, args.draft_minutes, args.draft_lr, draft_dir),
     ):
+        if name in models:
+            continue
         torch.manual_seed(args.seed)
         model = build_model(shape, tokenizer, max_len=2048)
         log(f"{name}: {param_counts(model)}")
+        teacher = models["target"] if name == "draft" and args.distill else None
+        for p in () if teacher is None else teacher.parameters():
+            p.requires_grad_(False)
         info = train(model, train_stream, steps=steps, minutes=minutes, batch=args.batch, seq_len=args.seq_len,
-                     lr=lr, seed=args.seed + 1, name=name)
+                     lr=lr, seed=args.seed + 1, name=name, teacher=teacher)
         model.save_pretrained(out_dir, safe_serialization=True)
         size = sum(f.stat().st_size for f in out_dir.iterdir())
-        results[name] = {"shape": shape, "params": param_counts(model), "dtype": "float32", "bytes_on_disk": size, **info}
+        results[name] = {"shape": shape, "params": param_counts(model), "dtype": "float32", "bytes_on_disk": size,
+                         "loss": "cross-entropy" if teacher is None else "KL(target || draft), distilled", **info}
         models[name] = model
         log(f"{name} done: {info}")
 
