@@ -9,9 +9,12 @@ Protocol (the engine calls these in order):
 start [B] (first real token), end [B] (one past the last emitted token), sampling tensors,
 gen_len [B] (the random-stream offset), backend.
 """
+import dataclasses
+
 import torch
 
-from .kernels import sample
+from .kernels.rng import STREAM_DRAFT
+from .kernels.verify import prepared_impls
 
 
 class ModelDrafter:
@@ -33,17 +36,23 @@ class ModelDrafter:
         self.pending = torch.zeros(batch, 2, dtype=torch.long, device=state.seq.device)
         self.pending[:, 1] = state.last_token()
         self.num_pending = torch.ones(batch, dtype=torch.long, device=state.seq.device)
+        self._sample = prepared_impls(state.backend, state.seq.device)[1]
+        self._positions = []  # int64 [B] tensors of i: the i-th draft's noise position
+
+    def _position(self, i: int) -> torch.Tensor:
+        while len(self._positions) <= i:
+            batch = self.state.seq.shape[0]
+            self._positions.append(torch.full((batch,), len(self._positions), dtype=torch.long, device=self.state.seq.device))
+        return self._positions[i]
 
     def propose(self, k: int):
         st = self.state
         tokens, logits = [], []
         step_input, num_valid = self.pending, self.num_pending
+        params = dataclasses.replace(st.params, offset=st.gen_len)
         for i in range(k):
             step_logits = self.runner.score(step_input, num_valid)[:, -1].float()
-            token = sample(
-                step_logits, temperature=st.params.temperature, top_k=st.params.top_k, top_p=st.params.top_p,
-                min_p=st.params.min_p, seed=st.params.seed, offset=st.gen_len, position=i, backend=st.backend, check=False,
-            ).long()
+            token = self._sample(step_logits, params, self._position(i), STREAM_DRAFT).long()
             tokens.append(token)
             logits.append(step_logits)
             step_input, num_valid = token[:, None], None

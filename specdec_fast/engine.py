@@ -6,12 +6,13 @@ update the device-side lengths and finished flags. The host learns about them on
 poll: a non-blocking copy into pinned memory (CUDA) every ``poll_every`` iterations, read one
 poll later, so the GPU always has queued work. K = 0 is plain decoding through the same code.
 """
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
 
-from .kernels import chain_verify
+from .kernels.verify import prepared_impls
 from .kernels.sampling_params import SamplingTensors
 from .stats import PhaseTimer, StatsRecorder
 
@@ -56,6 +57,7 @@ class SpeculativeDecoder:
         self.eos = None if eos_token_ids is None else torch.as_tensor(eos_token_ids, dtype=torch.long, device=self.device).reshape(-1)
         cuda = self.device.type == "cuda"
         self.poll_every = poll_every or (4 if cuda and streamer is None else 1)
+        self._chain_verify = prepared_impls(backend, self.device)[0]  # resolves (and checks) the backend once
         self.stats = StatsRecorder(self.k, self.device)
         self.timer = PhaseTimer(self.device)
 
@@ -81,11 +83,8 @@ class SpeculativeDecoder:
             self.drafter.start(self.state)
 
     def _verify(self, target_logits, draft_logits, drafts):
-        p = self.params
-        return chain_verify(
-            target_logits, draft_logits, drafts, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-            min_p=p.min_p, seed=p.seed, offset=self.state.gen_len, backend=self.backend, check=False,
-        )
+        params = dataclasses.replace(self.params, offset=self.state.gen_len)
+        return self._chain_verify(target_logits, draft_logits, drafts, params)
 
     def _append(self, tokens: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
         """Write the emitted tokens [B, K+1] (-1 padded) into seq; EOS and max_new_tokens cut

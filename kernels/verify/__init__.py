@@ -14,7 +14,7 @@ from .reference import chain_verify_reference, sample_reference, standardise
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOKEN_DTYPES = (torch.int32, torch.int64)
 
-__all__ = ["chain_verify", "sample", "standardise", "chain_verify_reference", "sample_reference"]
+__all__ = ["chain_verify", "sample", "standardise", "chain_verify_reference", "sample_reference", "prepared_impls"]
 
 
 def _check_logits(name: str, logits: torch.Tensor, ndim: int) -> None:
@@ -164,3 +164,35 @@ def sample(
 
         return sample_cpp(logits, params, positions, stream)
     return sample_reference(logits, params, positions, stream)
+
+
+def prepared_impls(backend, device):
+    """(chain_verify_impl, sample_impl) of the backend resolve_backend picks for ``device``:
+        chain_verify_impl(target_logits [B, K+1, V], draft_logits [B, K, V] or None,
+                          draft_tokens [B, K], params: SamplingTensors) -> (tokens, num_accepted)
+        sample_impl(logits [B, V], params: SamplingTensors, positions int64 [B], stream) -> int32 [B]
+    For a caller that validated its arguments once and calls every decoding step (the engine,
+    the drafters): no checks, no per-call dispatch. params come from make_sampling_tensors
+    (offset set per call with dataclasses.replace). The public entry points cost ~0.3 ms of
+    Python per call on CPU (cProfile, demo pair: 156 draft samples 48 ms, of which the op 11 ms)."""
+    chosen = resolve_backend(backend, torch.device(device), "chain_verify")
+    if chosen == "triton":
+        from .triton import chain_verify_triton, sample_triton
+
+        return chain_verify_triton, sample_triton
+    if chosen == "cpp":
+        from .cpp import _ops
+
+        ops = _ops()
+
+        def chain_verify_impl(target_logits, draft_logits, draft_tokens, params):
+            draft = None if draft_logits is None else draft_logits.contiguous()
+            return ops.chain_verify(target_logits.contiguous(), draft, draft_tokens.contiguous(), params.temperature,
+                                    params.top_k, params.top_p, params.min_p, params.seed, params.offset)
+
+        def sample_impl(logits, params, positions, stream):
+            return ops.sample(logits.contiguous(), params.temperature, params.top_k, params.top_p, params.min_p,
+                              params.seed, params.offset, positions, int(stream))
+
+        return chain_verify_impl, sample_impl
+    return chain_verify_reference, sample_reference
