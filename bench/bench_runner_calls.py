@@ -1,5 +1,6 @@
 """Per-call cost of the runners: one score(N tokens) + commit on a 100-token context, HFRunner vs
-PagedRunner, for the demo pair's target and draft (or --target/--draft dirs).
+the paged runner of the model's family (PagedRunner, or PagedGPT2Runner for GPT-2), for the demo
+pair's target and draft (or --target/--draft dirs).
 
     python bench/bench_runner_calls.py [--ns 1,2,5] [--calls 60] [--out FILE]
 
@@ -54,7 +55,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from transformers import AutoModelForCausalLM
 
-    from specdec_fast.runners import HFRunner, PagedRunner
+    from specdec_fast.runners import HFRunner
+    from specdec_fast.runners.paged import paged_runner_class
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
@@ -72,7 +74,7 @@ def main(argv=None):
         for n in args.ns:
             budget = args.calls + 2  # max_new_tokens: one committed token per call
             make = {"hf": lambda: HFRunner(model),
-                    "paged": lambda: PagedRunner(model, max_new_tokens=budget, num_draft_tokens=max(args.ns) - 1)}
+                    "paged": lambda: paged_runner_class(model)(model, max_new_tokens=budget, num_draft_tokens=max(args.ns) - 1)}
             ms = {name: 1e3 * time_calls(factory(), n, args.calls, args.context, vocab, device) for name, factory in make.items()}
             rows.append(dict(model=role, n=n, hf_ms=ms["hf"], paged_ms=ms["paged"], paged_over_hf=ms["paged"] / ms["hf"]))
             print(f"{role:6s} N={n}: hf {ms['hf']:.2f} ms  paged {ms['paged']:.2f} ms  ({ms['paged'] / ms['hf']:.2f}x)", flush=True)

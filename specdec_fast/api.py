@@ -6,9 +6,10 @@ Leviathan's Theorem 3.8 puts the optimum at 3-6 for alpha 0.6-0.8 and c <= 0.1).
 prompt_lookup_num_tokens the drafts come from the context (K = that number), with
 max_matching_ngram_size (default 2) as in transformers.
 
-Runners (runner=): "paged" (runners/paged.py: the model's own weights run layer by layer over a
-paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3) is the default where the
-model supports it, "hf" (runners/hf.py: the model's own forward and DynamicCache) elsewhere.
+Runners (runner=): "paged" (runners/paged.py and paged_gpt2.py: the model's own weights run layer
+by layer over a paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3 and GPT-2)
+is the default where the model supports it, "hf" (runners/hf.py: the model's own forward and
+DynamicCache) elsewhere.
 
 One difference from transformers: an argument left at None means "not given" (the value comes
 from generation_config / model.generation_config), whereas transformers treats an explicit
@@ -21,7 +22,7 @@ from .engine import SpeculativeDecoder
 from .generation_options import resolve_options
 from .kernels.sampling_params import make_sampling_tensors
 from .runners import HFRunner
-from .runners.paged import PagedRunner, paged_unsupported_reason
+from .runners.paged import paged_runner_class, paged_unsupported_reason
 
 DEFAULT_NUM_ASSISTANT_TOKENS = 4
 PASSIVE_KWARGS = {"tokenizer", "assistant_tokenizer"}  # used only for the vocabulary check
@@ -86,8 +87,9 @@ RUNNERS = ("paged", "hf")
 
 def choose_runner(model, runner, max_tokens_per_row: int, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (runners/paged.py: Llama/Mistral/Qwen2/Qwen3, no sliding window reached within
-    max_tokens_per_row, static RoPE, a head_dim the kernel ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
+    (runners/paged.py: Llama/Mistral/Qwen2/Qwen3 with no sliding window reached within
+    max_tokens_per_row and static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim
+    the kernel ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:
         raise ValueError(f"runner must be None, 'paged' or 'hf', got {runner!r}")
     if runner == "hf":
@@ -102,7 +104,7 @@ def choose_runner(model, runner, max_tokens_per_row: int, backend=None) -> str:
 
 def _make_runner(model, name: str, *, max_new_tokens: int, k: int, backend):
     if name == "paged":
-        return PagedRunner(model, max_new_tokens=max_new_tokens, num_draft_tokens=k, backend=backend)
+        return paged_runner_class(model)(model, max_new_tokens=max_new_tokens, num_draft_tokens=k, backend=backend)
     return HFRunner(model)
 
 

@@ -2,5 +2,6 @@
 from .base import Runner
 from .hf import HFRunner
 from .paged import PagedRunner
+from .paged_gpt2 import PagedGPT2Runner
 
-__all__ = ["Runner", "HFRunner", "PagedRunner"]
+__all__ = ["Runner", "HFRunner", "PagedRunner", "PagedGPT2Runner"]

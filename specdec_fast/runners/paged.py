@@ -9,36 +9,22 @@ transformers 5.x (``position * inv_freq``, cat(freqs, freqs), cos/sin * scaling,
 the model dtype), so any rope_type with static frequencies (default, linear, llama3, yarn)
 matches; dynamic and longrope (frequencies that change with the length) are refused.
 
-Packing (static sizes, no host sync): a call with tokens [B, N] runs T = B*N token rows. Real
-tokens are packed first, row by row (row b's at cu[b] .. cu[b+1], cu from num_valid), and the
-in-call left padding goes to the tail T - cu[B] .. T-1. The kernels only touch rows < cu[B]:
-append_kv writes nothing for the padding, paged_attention gives it no output rows (their
-values are unspecified, so their logits are garbage, as the runner interface allows). Without
-num_valid the packing is the identity (no gather).
-
-Lengths: ``cache.seq_lens`` [B] = committed tokens; ``self.length`` [B] = committed + tentative
-(score appends at self.length). Each row reserves its whole budget at prefill:
-prompt width + max_new_tokens + K + 1 tokens. Between two commits at most K + 1 tentative
-tokens are appended (target: one call of K+1; draft: 1 or 2 pending + K-1 single tokens); this
-is checked on the host from the static call widths. A row the engine has finished keeps being
-scored (its tokens are discarded); commit caps its committed length at reservation - (K+1) so
-its writes stay inside its blocks. A live row never reaches the cap (its committed length is
-<= prompt + max_new_tokens - 2).
+The cache, packing, prefill / score / commit / compact and the kernel dispatch are shared with
+the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math.
+``paged_unsupported_reason`` / ``paged_runner_class`` pick the paged runner of a model's family
+(runners/paged_gpt2.py for GPT-2).
 """
-import math
-
 import torch
 import torch.nn.functional as F
 
-from specdec_fast.cache import PagedKVCache
-from specdec_fast.kernels._backend import resolve_backend
-from specdec_fast.kernels.attention import paged_attention
-from specdec_fast.kernels.cache_ops import append_kv
 from specdec_fast.runners._linear import linear
+from specdec_fast.runners.paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
+from specdec_fast.runners.paged_base import PagedRunnerBase, device_reason, head_dim_reason
+from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+PAGED_MODEL_TYPES = SUPPORTED_MODEL_TYPES + ("gpt2",)
 _DYNAMIC_ROPE = ("dynamic", "longrope")
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _sliding_window_in_use(config, max_tokens_per_row):
@@ -58,7 +44,24 @@ def _sliding_window_in_use(config, max_tokens_per_row):
 
 
 def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why PagedRunner cannot run ``model`` with kernel ``backend`` (a string), or None when it can."""
+    """Why no paged runner can run ``model`` with rows of up to max_tokens_per_row tokens (None:
+    unknown) and kernel ``backend`` (a string), or None when the one of paged_runner_class can."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type == "gpt2":
+        return gpt2_unsupported_reason(model, max_tokens_per_row, backend)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {PAGED_MODEL_TYPES}"
+    return llama_unsupported_reason(model, max_tokens_per_row, backend)
+
+
+def paged_runner_class(model):
+    """The paged runner class for ``model``'s family (PagedGPT2Runner or PagedRunner)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return PagedGPT2Runner if model_type == "gpt2" else PagedRunner
+
+
+def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedRunner (Llama family) cannot run ``model`` with kernel ``backend``, or None when it can."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -66,9 +69,9 @@ def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
         return "the model has no .model.layers / lm_head (expected a *ForCausalLM)"
-    devices = {p.device for p in model.parameters()}
-    if len(devices) != 1:
-        return f"the parameters are spread over {len(devices)} devices"
+    reason = device_reason(model)
+    if reason is not None:
+        return reason
     for i, layer in enumerate(inner.layers):
         mods = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
                 layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
@@ -87,9 +90,7 @@ def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if backend == "triton" and (head_dim & (head_dim - 1) or not 16 <= head_dim <= 256):
-        return f"backend='triton' paged attention needs a power-of-2 head_dim in [16, 256], got {head_dim}"
-    return None
+    return head_dim_reason(head_dim, backend)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -128,32 +129,22 @@ class _Layer:
         self.act = mlp.act_fn
 
 
-class PagedRunner:
+class PagedRunner(PagedRunnerBase):
     """Runner (see runners/base.py) for a Llama-family *ForCausalLM instance (weights shared).
 
     max_new_tokens and num_draft_tokens (K; 0 for plain decoding) size each row's reservation:
     prompt width + max_new_tokens + K + 1. backend: kernel backend (None = automatic).
     """
 
-    def __init__(self, model, *, max_new_tokens: int, num_draft_tokens: int, block_size: int = 16, backend=None):
-        reason = paged_unsupported_reason(model, backend=backend)
-        if reason is not None:
-            raise ValueError(f"PagedRunner cannot run this model: {reason}; use runner='hf'")
-        for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_draft_tokens", num_draft_tokens, 0),
-                                 ("block_size", block_size, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    unsupported_reason = staticmethod(llama_unsupported_reason)
+
+    def _bind(self, model) -> None:
         config = model.config
-        self.model, self.config = model, config
-        self.max_new_tokens, self.max_tentative = max_new_tokens, num_draft_tokens + 1
-        self.block_size, self.backend = block_size, backend
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.layers = [_Layer(layer) for layer in inner.layers]
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = model.get_output_embeddings().weight
-        self.vocab_size = int(self.lm_head.shape[0])
-        self.device, self.dtype = self.embed.device, self.embed.dtype
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -161,95 +152,16 @@ class PagedRunner:
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.silu = config.hidden_act == "silu"  # F.silu directly: skips a module call per layer
-        self.cache = None
 
-    # -- the runner interface --------------------------------------------------------------
-    @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """input_ids [B, P], attention_mask [B, P] (left padding) -> logits [B, V] of the last position."""
-        batch, width = input_ids.shape
-        budget = width + self.max_new_tokens + self.max_tentative
-        per_row = math.ceil(budget / self.block_size)
-        self.cache = PagedKVCache(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks=batch * per_row,
-                                  block_size=self.block_size, max_batch=batch, max_blocks_per_row=per_row,
-                                  dtype=self.dtype, device=self.device)
-        self.cache.admit_batch(range(batch), [budget] * batch)
-        self.k_caches = [self.cache.kv[i, 0] for i in range(len(self.layers))]
-        self.v_caches = [self.cache.kv[i, 1] for i in range(len(self.layers))]
-        self.cap = per_row * self.block_size - self.max_tentative
-        self.length = torch.zeros(batch, dtype=torch.int32, device=self.device)
-        self._full_cu = {}
-        num_valid = None if attention_mask is None else attention_mask.to(self.device).sum(1)
-        # The prefill goes through the kernels' public entry points (static checks of every shape);
-        # score calls the C++ ops directly when both resolve to "cpp": the entry points' Python
-        # checks and dispatch were ~10% of a decoding step of the demo pair on CPU (cProfile).
-        self._direct_cpp = False
-        hidden = self._forward(input_ids, num_valid)
-        self._direct_cpp = all(resolve_backend(self.backend, self.device, op) == "cpp"
-                               for op in ("append_kv", "paged_attention"))
-        self.cache.seq_lens.copy_(self.length)
-        self._tentative = 0
-        return linear(hidden[:, -1], self.lm_head)
-
-    @torch.no_grad()
-    def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, N] (only the last num_valid[b] real) -> logits [B, N, V]."""
-        self._tentative += tokens.shape[1]
-        if self._tentative > self.max_tentative:
-            raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
-                               f"K + 1 = {self.max_tentative} (num_draft_tokens given to PagedRunner)")
-        return linear(self._forward(tokens, num_valid), self.lm_head)
-
-    def commit(self, keep: torch.Tensor) -> None:
-        """The first keep[b] real tentative tokens become committed; the others are dropped."""
-        new = torch.clamp(self.cache.seq_lens + keep.to(torch.int32), max=self.cap)
-        self.cache.seq_lens.copy_(new)
-        self.length.copy_(new)
-        self._tentative = 0
-
-    def compact(self, max_len_bound: int) -> None:
-        """No-op: rejected tokens leave no holes (they are overwritten by the next score)."""
-
-    # -- the forward -------------------------------------------------------------------------
-    def _pack(self, tokens: torch.Tensor, num_valid):
-        """Packed tokens [T], positions [T], cu [B+1] int32, per-row real counts [B] int32 and
-        the unpack index [B*N] (None for the identity)."""
-        batch, n = tokens.shape
-        dev = self.device
-        steps = torch.arange(n, device=dev, dtype=torch.int32)
-        if num_valid is None:
-            cu = self._full_cu.get((batch, n))
-            if cu is None:
-                cu = self._full_cu[(batch, n)] = torch.arange(batch + 1, device=dev, dtype=torch.int32) * n
-            positions = (self.length[:, None] + steps).reshape(-1)
-            return tokens.reshape(-1), positions, cu, n, None
-        count = num_valid.to(torch.int32)
-        pad = n - count
-        cu = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
-        cu[1:] = count.cumsum(0)
-        offset = steps[None, :] - pad[:, None]  # index among the row's real tokens; < 0 = padding
-        real = offset >= 0
-        pad_rank = (~real).reshape(-1).long().cumsum(0).view(batch, n) - 1
-        dest = torch.where(real, cu[:-1, None].long() + offset, cu[-1].long() + pad_rank).reshape(-1)
-        packed = torch.empty(batch * n, dtype=torch.long, device=dev).scatter_(0, dest, tokens.reshape(-1).long())
-        row_pos = (self.length[:, None] + offset.clamp(min=0)).reshape(-1)
-        positions = torch.empty_like(row_pos).scatter_(0, dest, row_pos)
-        return packed, positions, cu, count, dest
-
-    def _forward(self, tokens: torch.Tensor, num_valid) -> torch.Tensor:
-        """tokens [B, N] -> final-norm hidden states [B, N, H]; appends the real tokens' K/V at
-        self.length and advances it."""
-        batch, n = tokens.shape
-        flat, positions, cu, count, unpack = self._pack(tokens, num_valid)
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total = flat.shape[0]
-        attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scaling).to(self.dtype)[:, None, :]
         sin = (emb.sin() * self.rope_scaling).to(self.dtype)[:, None, :]
         x = F.embedding(flat.clamp(min=0), self.embed)
-        table, heads, kv_heads, dim = self.cache.block_table, self.num_heads, self.num_kv_heads, self.head_dim
-        direct, ops = self._direct_cpp, torch.ops.specdec_fast
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.ln_in, layer.eps_in)
             q = linear(h, *layer.q).view(total, heads, dim)
@@ -259,20 +171,10 @@ class PagedRunner:
                 q = _rms_norm(q, layer.qk_norm[0], layer.qk_norm[1])
                 k = _rms_norm(k, layer.qk_norm[2], layer.qk_norm[3])
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            if direct:
-                ops.append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu)
-                o = ops.paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, None, self.scale)
-            else:
-                append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu, backend=self.backend, check=False)
-                o = paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, max_query_len=n,
-                                    scale=self.scale, backend=self.backend, check=False)
+            o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
             x = x + linear(o.reshape(total, heads * dim), *layer.o)
             h = _rms_norm(x, layer.ln_post, layer.eps_post)
             gate = linear(h, *layer.gate)
             gate = F.silu(gate) if self.silu else layer.act(gate)
             x = x + linear(gate * linear(h, *layer.up), *layer.down)
-        self.length.copy_(attn_lens)
-        x = _rms_norm(x, self.final_norm, self.final_eps)
-        if unpack is not None:
-            x = x.index_select(0, unpack)
-        return x.view(batch, n, -1)
+        return _rms_norm(x, self.final_norm, self.final_eps)

@@ -154,10 +154,11 @@ def test_runner_choice_and_errors():
     llama, gpt2 = tiny("llama"), make_model("gpt2", vocab=VOCAB)
     assert api.choose_runner(llama, None, 100) == "paged"
     assert api.choose_runner(llama, "hf", 100) == "hf"
-    assert api.choose_runner(gpt2, None, 100) == "hf"
+    assert api.choose_runner(gpt2, None, 100) == "paged"  # the GPT-2 runner (tests/engine/test_paged_gpt2.py)
+    assert api.choose_runner(gpt2, None, 257) == "hf"  # past its n_positions 256
     ids = torch.tensor([[5, 6, 7]])
-    with pytest.raises(ValueError, match="runner='paged' cannot run GPT2LMHeadModel: model_type 'gpt2'"):
-        api.generate(gpt2, ids, max_new_tokens=3, do_sample=False, runner="paged")
+    with pytest.raises(ValueError, match="runner='paged' cannot run GPT2LMHeadModel: a row needs up to 257 positions"):
+        api.generate(gpt2, ids, max_new_tokens=253, do_sample=False, runner="paged")
     with pytest.raises(ValueError, match="runner must be"):
         api.generate(llama, ids, max_new_tokens=3, do_sample=False, runner="vllm")
     with pytest.raises(ValueError, match="PagedRunner cannot run"):

@@ -1,0 +1,197 @@
+"""PagedRunnerBase: the architecture-independent half of the paged runners.
+
+A subclass (runners/paged.py: Llama family; runners/paged_gpt2.py: GPT-2) supplies only the
+model's math: ``unsupported_reason`` (a static method), ``_bind(model)`` (keeps references to
+the model's tensors and sets layers / lm_head / num_heads / num_kv_heads / head_dim) and
+``_decode(flat, positions, cu, attn_lens, max_query_len)`` (embedding, the layer loop calling
+``self._attend`` per layer, the final norm). Everything else lives here once: the cache
+allocation, the packing, prefill / score / commit / compact, the tentative-token accounting and
+the direct C++ dispatch of append_kv + paged_attention.
+
+Packing (static sizes, no host sync): a call with tokens [B, N] runs T = B*N token rows. Real
+tokens are packed first, row by row (row b's at cu[b] .. cu[b+1], cu from num_valid), and the
+in-call left padding goes to the tail T - cu[B] .. T-1. The kernels only touch rows < cu[B]:
+append_kv writes nothing for the padding, paged_attention gives it no output rows (their
+values are unspecified, so their logits are garbage, as the runner interface allows). Without
+num_valid the packing is the identity (no gather). ``positions`` [T] is each real token's index
+in its row's unpadded context (RoPE angle or learned-position index).
+
+Lengths: ``cache.seq_lens`` [B] = committed tokens; ``self.length`` [B] = committed + tentative
+(score appends at self.length). Each row reserves its whole budget at prefill:
+prompt width + max_new_tokens + K + 1 tokens. Between two commits at most K + 1 tentative
+tokens are appended (target: one call of K+1; draft: 1 or 2 pending + K-1 single tokens); this
+is checked on the host from the static call widths. A row the engine has finished keeps being
+scored (its tokens are discarded); commit caps its committed length at reservation - (K+1) so
+its writes stay inside its blocks. A live row never reaches the cap (its committed length is
+<= prompt + max_new_tokens - 2).
+"""
+import math
+
+import torch
+
+from specdec_fast.cache import PagedKVCache
+from specdec_fast.kernels._backend import resolve_backend
+from specdec_fast.kernels.attention import paged_attention
+from specdec_fast.kernels.cache_ops import append_kv
+from specdec_fast.runners._linear import linear
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def device_reason(model) -> str | None:
+    """Why the model's parameters cannot feed one paged cache (spread over devices), or None."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1:
+        return f"the parameters are spread over {len(devices)} devices"
+    return None
+
+
+def head_dim_reason(head_dim: int, backend) -> str | None:
+    """The triton attention kernel's head_dim rule (the C++ and torch kernels take any head_dim)."""
+    if backend == "triton" and (head_dim & (head_dim - 1) or not 16 <= head_dim <= 256):
+        return f"backend='triton' paged attention needs a power-of-2 head_dim in [16, 256], got {head_dim}"
+    return None
+
+
+class PagedRunnerBase:
+    """Runner (see runners/base.py) over a PagedKVCache; weights shared with the model.
+
+    max_new_tokens and num_draft_tokens (K; 0 for plain decoding) size each row's reservation:
+    prompt width + max_new_tokens + K + 1. backend: kernel backend (None = automatic).
+    Subclasses set ``max_positions`` (int) when the model has a position limit (learned
+    positions): prefill then refuses a reservation longer than it.
+    """
+
+    max_positions: int | None = None
+
+    @staticmethod
+    def unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+        raise NotImplementedError
+
+    def __init__(self, model, *, max_new_tokens: int, num_draft_tokens: int, block_size: int = 16, backend=None):
+        reason = self.unsupported_reason(model, backend=backend)
+        if reason is not None:
+            raise ValueError(f"{type(self).__name__} cannot run this model: {reason}; use runner='hf'")
+        for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_draft_tokens", num_draft_tokens, 0),
+                                 ("block_size", block_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.model, self.config = model, model.config
+        self.max_new_tokens, self.max_tentative = max_new_tokens, num_draft_tokens + 1
+        self.block_size, self.backend = block_size, backend
+        embed = model.get_input_embeddings().weight
+        self.device, self.dtype = embed.device, embed.dtype
+        self._bind(model)
+        self.vocab_size = int(self.lm_head.shape[0])
+        self.cache = None
+
+    def _bind(self, model) -> None:
+        """Sets layers, lm_head [V, H], num_heads, num_kv_heads, head_dim (and the model's own tensors)."""
+        raise NotImplementedError
+
+    def _decode(self, flat, positions, cu, attn_lens, max_query_len: int) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]; layer i calls
+        self._attend(i, ...) once (which writes the real tokens' K/V at self.length)."""
+        raise NotImplementedError
+
+    # -- the runner interface --------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """input_ids [B, P], attention_mask [B, P] (left padding) -> logits [B, V] of the last position."""
+        batch, width = input_ids.shape
+        budget = width + self.max_new_tokens + self.max_tentative
+        if self.max_positions is not None and budget > self.max_positions:
+            raise ValueError(f"prompt width {width} + max_new_tokens {self.max_new_tokens} + K + 1 = {budget} positions "
+                             f"exceed the model's {self.max_positions} position embeddings")
+        per_row = math.ceil(budget / self.block_size)
+        self.cache = PagedKVCache(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks=batch * per_row,
+                                  block_size=self.block_size, max_batch=batch, max_blocks_per_row=per_row,
+                                  dtype=self.dtype, device=self.device)
+        self.cache.admit_batch(range(batch), [budget] * batch)
+        self.k_caches = [self.cache.kv[i, 0] for i in range(len(self.layers))]
+        self.v_caches = [self.cache.kv[i, 1] for i in range(len(self.layers))]
+        self.cap = per_row * self.block_size - self.max_tentative
+        self.length = torch.zeros(batch, dtype=torch.int32, device=self.device)
+        self._full_cu = {}
+        num_valid = None if attention_mask is None else attention_mask.to(self.device).sum(1)
+        # The prefill goes through the kernels' public entry points (static checks of every shape);
+        # score calls the C++ ops directly when both resolve to "cpp": the entry points' Python
+        # checks and dispatch were ~10% of a decoding step of the demo pair on CPU (cProfile).
+        self._direct_cpp = False
+        hidden = self._forward(input_ids, num_valid)
+        self._direct_cpp = all(resolve_backend(self.backend, self.device, op) == "cpp"
+                               for op in ("append_kv", "paged_attention"))
+        self.cache.seq_lens.copy_(self.length)
+        self._tentative = 0
+        return linear(hidden[:, -1], self.lm_head)
+
+    @torch.no_grad()
+    def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, N] (only the last num_valid[b] real) -> logits [B, N, V]."""
+        self._tentative += tokens.shape[1]
+        if self._tentative > self.max_tentative:
+            raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
+                               f"K + 1 = {self.max_tentative} (num_draft_tokens given to {type(self).__name__})")
+        return linear(self._forward(tokens, num_valid), self.lm_head)
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """The first keep[b] real tentative tokens become committed; the others are dropped."""
+        new = torch.clamp(self.cache.seq_lens + keep.to(torch.int32), max=self.cap)
+        self.cache.seq_lens.copy_(new)
+        self.length.copy_(new)
+        self._tentative = 0
+
+    def compact(self, max_len_bound: int) -> None:
+        """No-op: rejected tokens leave no holes (they are overwritten by the next score)."""
+
+    # -- the forward -------------------------------------------------------------------------
+    def _pack(self, tokens: torch.Tensor, num_valid):
+        """Packed tokens [T], positions [T], cu [B+1] int32, per-row real counts [B] int32 and
+        the unpack index [B*N] (None for the identity)."""
+        batch, n = tokens.shape
+        dev = self.device
+        steps = torch.arange(n, device=dev, dtype=torch.int32)
+        if num_valid is None:
+            cu = self._full_cu.get((batch, n))
+            if cu is None:
+                cu = self._full_cu[(batch, n)] = torch.arange(batch + 1, device=dev, dtype=torch.int32) * n
+            positions = (self.length[:, None] + steps).reshape(-1)
+            return tokens.reshape(-1), positions, cu, n, None
+        count = num_valid.to(torch.int32)
+        pad = n - count
+        cu = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
+        cu[1:] = count.cumsum(0)
+        offset = steps[None, :] - pad[:, None]  # index among the row's real tokens; < 0 = padding
+        real = offset >= 0
+        pad_rank = (~real).reshape(-1).long().cumsum(0).view(batch, n) - 1
+        dest = torch.where(real, cu[:-1, None].long() + offset, cu[-1].long() + pad_rank).reshape(-1)
+        packed = torch.empty(batch * n, dtype=torch.long, device=dev).scatter_(0, dest, tokens.reshape(-1).long())
+        row_pos = (self.length[:, None] + offset.clamp(min=0)).reshape(-1)
+        positions = torch.empty_like(row_pos).scatter_(0, dest, row_pos)
+        return packed, positions, cu, count, dest
+
+    def _forward(self, tokens: torch.Tensor, num_valid) -> torch.Tensor:
+        """tokens [B, N] -> final-norm hidden states [B, N, H]; appends the real tokens' K/V at
+        self.length and advances it."""
+        batch, n = tokens.shape
+        flat, positions, cu, count, unpack = self._pack(tokens, num_valid)
+        attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
+        x = self._decode(flat, positions, cu, attn_lens, n)
+        self.length.copy_(attn_lens)
+        if unpack is not None:
+            x = x.index_select(0, unpack)
+        return x.view(batch, n, -1)
+
+    def _attend(self, i: int, q, k, v, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:
+        """Layer i: writes k, v [T, Hkv, D] at self.length, then attention of q [T, Hq, D] over
+        the row's cache (new tokens included) -> [T, Hq, D]. q, k, v may be strided views
+        (stride(-1) == 1), e.g. slices of a fused QKV product."""
+        table = self.cache.block_table
+        if self._direct_cpp:
+            ops = torch.ops.specdec_fast
+            ops.append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu)
+            # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
+            return ops.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i], table, attn_lens, cu, None, scale)
+        append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu, backend=self.backend, check=False)
+        return paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, max_query_len=max_query_len,
+                               scale=scale, backend=self.backend, check=False)
