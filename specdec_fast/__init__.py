@@ -6,11 +6,11 @@ from .drafters import ModelDrafter, PromptLookupDrafter
 from .engine import SpeculativeDecoder
 from .kernels import chain_verify, sample
 from .pair import demo_pair
-from .runners import HFRunner, PagedRunner
+from .runners import HFRunner, PagedGPT2Runner, PagedRunner
 from .stats import GenerationStats
 
 __all__ = [
-    "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner", "PagedRunner",
+    "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner", "PagedRunner", "PagedGPT2Runner",
     "ModelDrafter", "PromptLookupDrafter", "GenerationStats",
     "chain_verify", "sample", "demo_pair", "PagedKVCache", "OutOfBlocksError",
 ]
