@@ -68,6 +68,23 @@ class PagedRunnerBase:
     def unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
         raise NotImplementedError
 
+    @classmethod
+    def from_pretrained(cls, path, *, max_new_tokens: int, num_draft_tokens: int, dtype=None, device=None,
+                        block_size: int = 16, backend=None):
+        """A runner for the checkpoint directory ``path`` (config.json + safetensors): the model is
+        loaded by transformers (AutoModelForCausalLM, ``dtype``: None = the checkpoint's), moved
+        to ``device`` and kept as ``runner.model``; the runner uses its tensors, no copy."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype is None else dtype)
+        model = model.to(device if device is not None else "cpu").eval()
+        if cls.unsupported_reason is PagedRunnerBase.unsupported_reason:  # the base: the model's own family
+            from specdec_fast.runners.paged import paged_runner_class
+
+            cls = paged_runner_class(model)
+        return cls(model, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, block_size=block_size,
+                   backend=backend)
+
     def __init__(self, model, *, max_new_tokens: int, num_draft_tokens: int, block_size: int = 16, backend=None):
         reason = self.unsupported_reason(model, backend=backend)
         if reason is not None:
