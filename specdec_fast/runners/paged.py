@@ -20,7 +20,8 @@ Lengths: ``cache.seq_lens`` [B] = committed tokens; ``self.length`` [B] = commit
 (score appends at self.length). Each row reserves its whole budget at prefill:
 prompt width + max_new_tokens + K + 1 tokens. Between two commits at most K + 1 tentative
 tokens are appended (target: one call of K+1; draft: 1 or 2 pending + K-1 single tokens); this
-is checked on the host from the static call widths. A row the engine has finished keeps being
+is checked on the host from the static call widths (a Python counter: under a CUDA graph it runs at
+capture only, and every replay repeats the captured calls, so it holds for the replays too). A row the engine has finished keeps being
 scored (its tokens are discarded); commit caps its committed length at reservation - (K+1) so
 its writes stay inside its blocks. A live row never reaches the cap (its committed length is
 <= prompt + max_new_tokens - 2).
@@ -134,6 +135,10 @@ class PagedRunner:
     max_new_tokens and num_draft_tokens (K; 0 for plain decoding) size each row's reservation:
     prompt width + max_new_tokens + K + 1. backend: kernel backend (None = automatic).
     """
+
+    # score / commit update length, cache.seq_lens and the KV cache in place with static shapes per
+    # (B, N); the _full_cu index tensors are built on first use (a warm-up call) and then reused.
+    graph_safe = True
 
     def __init__(self, model, *, max_new_tokens: int, num_draft_tokens: int, block_size: int = 16, backend=None):
         reason = paged_unsupported_reason(model, backend=backend)
