@@ -117,10 +117,17 @@ class SpeculativeDecoder:
             raise ValueError(f"cuda_graphs=True cannot run: {reason}")
         return "eager", reason or "off by default"
 
+    def graph_state(self) -> dict:
+        """name -> tensor: everything the draft and verify steps may read or write that outlives a
+        step (graphs.state_tensors from the decoder, the runners and the drafter, whatever their class)."""
+        drafter = self.drafter
+        return state_tensors({"decoder": self, "target": self.target, "drafter": drafter,
+                              "drafter.runner": getattr(drafter, "runner", None)})
+
     def _build_graphs(self) -> None:
         """The draft and verify StepGraphs (after the prefill: their state exists)."""
         capture = self.graph_mode == "cuda_graphs"
-        common = dict(capture=capture, warmup=self.graph_warmup, state=lambda: state_tensors({"decoder": self}),
+        common = dict(capture=capture, warmup=self.graph_warmup, state=self.graph_state,
                       pool=torch.cuda.graph_pool_handle() if capture else None,
                       stream=torch.cuda.Stream() if capture else None)
         self._draft = StepGraph(self._draft_step, name="draft", **common) if self.k else None

@@ -36,31 +36,29 @@ class GraphSafetyError(RuntimeError):
 
 def state_tensors(roots: dict, packages=("specdec_fast",)) -> dict:
     """name -> tensor for every tensor reachable from ``roots`` (name -> object) through lists,
-    tuples, dicts and the attributes of objects whose class is defined in ``packages``. StepGraph
-    objects and foreign objects (transformers modules, streamers) are not entered."""
+    tuples, dicts and the attributes of the roots and of objects whose class is defined in
+    ``packages``. StepGraph objects and other foreign objects (transformers modules, streamers)
+    are not entered."""
     found, seen = {}, set()
-
-    def visit(obj, name):
+    queue = list(roots.items())  # breadth first: each tensor is named by its shortest path
+    root_ids = {id(obj) for obj in roots.values()}
+    while queue:
+        name, obj = queue.pop(0)
         if isinstance(obj, torch.Tensor):
             found.setdefault(name, obj)
-            return
+            continue
         if id(obj) in seen or isinstance(obj, StepGraph):
-            return
+            continue
         if isinstance(obj, (list, tuple)):
-            seen.add(id(obj))
-            for i, item in enumerate(obj):
-                visit(item, f"{name}[{i}]")
+            children = [(f"{name}[{i}]", item) for i, item in enumerate(obj)]
         elif isinstance(obj, dict):
-            seen.add(id(obj))
-            for key, item in obj.items():
-                visit(item, f"{name}[{key!r}]")
-        elif type(obj).__module__.startswith(packages) and hasattr(obj, "__dict__"):
-            seen.add(id(obj))
-            for key, item in vars(obj).items():
-                visit(item, f"{name}.{key}")
-
-    for name, obj in roots.items():
-        visit(obj, name)
+            children = [(f"{name}[{key!r}]", item) for key, item in obj.items()]
+        elif hasattr(obj, "__dict__") and (id(obj) in root_ids or type(obj).__module__.startswith(packages)):
+            children = [(f"{name}.{key}", item) for key, item in vars(obj).items()]
+        else:
+            continue
+        seen.add(id(obj))
+        queue.extend(children)
     return found
 
 
@@ -92,7 +90,12 @@ def _describe(value):
         return tuple(_describe(v) for v in value)
     if isinstance(value, dict):
         return tuple((k, _describe(v)) for k, v in value.items())
-    return value
+    if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):  # the Triton interpreter's host copies
+        return ("storage", value.nbytes())
+    if value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout,
+                                           torch.memory_format)):
+        return value
+    return type(value).__name__
 
 
 class OpTrace(TorchDispatchMode):
