@@ -5,16 +5,31 @@ chain_verify -> commit both caches -> append the emitted tokens to the device ou
 update the device-side lengths and finished flags. The host learns about them only through a
 poll: a non-blocking copy into pinned memory (CUDA) every ``poll_every`` iterations, read one
 poll later, so the GPU always has queued work. K = 0 is plain decoding through the same code.
+
+CUDA graphs (cuda_graphs=None|True|False|"static"): the draft step (drafter.propose: K draft
+forwards + sampling) and the verify step (target.score(K+1) + chain_verify + both commits +
+the append) are two StepGraphs (graphs.py), captured after ``graph_warmup`` eager iterations
+and replayed from then on; the poll, the streamer and compact() stay outside. Two graphs rather
+than one per iteration so that the phase timer's events sit between the replays and still time
+the draft and the target separately (the cost ratio c); the extra launch is one per iteration.
+Both share one memory pool and one capture stream: they are captured and replayed in the same
+order (draft, verify) on one stream, so the verify graph may reuse the draft graph's freed
+temporaries, while the draft graph's outputs (the verify graph's inputs) stay referenced by the
+draft StepGraph. Supported: CUDA, graph-safe runners (PagedRunner: in-place state, static
+shapes) and drafters, Triton kernels (the torch references read lengths on the host). "static"
+runs the same graph code path eagerly on any device, checking every graph-safety rule
+(graphs.py): the CPU-checkable twin. Graphs belong to one decoder (one generate call): each
+call captures its own (the runners' buffers are sized per call).
 """
 import time
 from dataclasses import dataclass
 
 import torch
 
-from .kernels import chain_verify
-from .kernels.sampling_params import SamplingTensors
 from .graphs import StepGraph, state_tensors
+from .kernels import chain_verify
 from .kernels._backend import resolve_backend
+from .kernels.sampling_params import SamplingTensors
 from .stats import PhaseTimer, StatsRecorder
 
 GRAPHS_BY_DEFAULT = True  # cuda_graphs=None: graphs wherever supported (flip here to make them opt-in)
@@ -73,6 +88,10 @@ class SpeculativeDecoder:
 
     target: a runner (runners/base.py); drafter: ModelDrafter / PromptLookupDrafter, or None
     for K = 0. params: SamplingTensors [B] (seed per row). eos: int tensor [E] or None.
+    cuda_graphs: None (CUDA graphs where supported, see graph_unsupported_reason; else eager,
+    graph_note says why), True (ValueError if unsupported), False (eager), "static" (the graph
+    code path run eagerly with its checks; any device, graph-safe runners). graph_warmup: eager
+    iterations before the capture (>= 1 for PagedRunner: its index cache is built on first use).
     """
 
     def __init__(self, target, drafter, *, k: int, params: SamplingTensors, max_new_tokens: int,
