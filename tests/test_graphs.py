@@ -5,6 +5,8 @@ import torch
 
 from specdec_fast.graphs import GraphSafetyError, StepGraph, address_changes, addresses, state_tensors
 
+from .fake_cuda import fake_cuda  # noqa: F401 (fixture)
+
 
 PACKAGES = ("specdec_fast", __name__)
 
@@ -153,3 +155,45 @@ def test_cuda_graph_replays_the_step():
     torch.cuda.synchronize()
     assert graph.replays == 4 and graph.graph is not None
     assert torch.equal(out.cpu(), torch.full((2,), 12.0)) and int(counter.step) == 6
+
+
+def test_capture_mode_control_flow(fake_cuda):
+    counter = Counter()
+    graph = StepGraph(counter, name="counter", capture=True, warmup=1, pool="pool",
+                      state=lambda: state_tensors({"obj": counter}, PACKAGES))
+    x = torch.ones(2)
+    graph(x)  # warm-up: eager, on the side stream, ordered after and before the main stream
+    assert fake_cuda.log == [("wait", False, True), ("enter stream", False), ("exit stream",), ("wait", True, False)]
+    fake_cuda.log.clear()
+    out, _ = graph(x)  # capture (here: the step runs once, eagerly) then one replay
+    assert fake_cuda.log == [("capture", "CUDAGraph", "pool", True), ("end capture", True), ("replay",)]
+    assert out is graph.outputs[0] and graph.replays == 1
+    fake_cuda.log.clear()
+    for _ in range(3):
+        assert graph(x)[0] is out
+    assert fake_cuda.log == [("replay",)] * 3 and graph.replays == 4 and int(counter.step) == 2  # replays run no Python
+    with pytest.raises(GraphSafetyError, match="not the captured static tensors"):
+        graph(torch.ones(2))
+
+
+def test_capture_mode_catches_rebinding_during_capture(fake_cuda):
+    class Rebinds(Counter):
+        def __call__(self, x):
+            self.total = self.total + x
+            return self.total
+
+    obj = Rebinds()
+    graph = StepGraph(obj, name="bad", capture=True, warmup=0, state=lambda: state_tensors({"obj": obj}, PACKAGES))
+    with pytest.raises(GraphSafetyError, match=r"obj\.total rebound"):
+        graph(torch.ones(2))
+
+
+def test_a_failed_capture_names_the_step_and_the_way_out(fake_cuda):
+    class Syncs(Counter):
+        def __call__(self, x):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    obj = Syncs()
+    graph = StepGraph(obj, name="draft", capture=True, warmup=0, state=lambda: state_tensors({"obj": obj}, PACKAGES))
+    with pytest.raises(GraphSafetyError, match="capture of the draft step failed .* cuda_graphs=False"):
+        graph(torch.ones(2))

@@ -14,6 +14,7 @@ from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import HFRunner, PagedRunner
 
 from .conftest import model_pair
+from ..fake_cuda import fake_cuda  # noqa: F401 (fixture)
 from .models import left_padded_prompts, make_draft
 
 MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, temperature=0.9, top_k=20, seed=7)}
@@ -151,3 +152,26 @@ def test_switch_and_fallbacks():
     assert "HFRunner" in graph_unsupported_reason(hf, None, None, torch.device("cuda"))
     assert "ModelDrafter" in graph_unsupported_reason(paged, ModelDrafter(HFRunner(draft)), None, torch.device("cuda"))
     assert "torch" in graph_unsupported_reason(paged, None, "torch", torch.device("cuda"))
+
+
+@pytest.mark.parametrize("drafter", ["model", "plain"])
+def test_engine_capture_flow_with_fake_cuda(fake_cuda, drafter):
+    """The graph mode's engine-side control flow on CPU (torch.cuda's graph API faked: the capture
+    block runs the step once eagerly, replays only count): one warm-up iteration on the side
+    stream, then both steps captured into ONE shared pool on ONE stream, draft first, and only
+    replays after that; the capture iteration is timed apart."""
+    decoder = _decoder(drafter, batch=2, cuda_graphs=False)
+    decoder.graph_mode = "cuda_graphs"  # as on CUDA (the device check is the only difference)
+    decoder._build_graphs()
+    for _ in range(4):
+        decoder.step()
+    names = [entry[0] for entry in fake_cuda.log]
+    steps = 2 if drafter == "model" else 1
+    assert names[: 4 * steps] == ["wait", "enter stream", "exit stream", "wait"] * steps  # warm-up, side stream
+    assert names[4 * steps :] == ["capture", "end capture", "replay"] * steps + ["replay"] * (2 * steps)
+    pools, streams = {id(p) for p, _ in fake_cuda.captures}, {id(s) for _, s in fake_cuda.captures}
+    assert len(fake_cuda.captures) == steps and len(pools) == 1 and len(streams) == 1
+    report = decoder.graph_report()
+    assert report["mode"] == "cuda_graphs" and set(report["replays"].values()) == {3}
+    decoder.timer.finish()
+    assert {"draft", "target", "capture"} <= set(decoder.timer.totals)
