@@ -14,6 +14,12 @@
                   greedy, batch 1: alpha = 1 and c ~ 1, so Theorem 3.8 predicts ~1x)
 
     python bench/bench_e2e.py [--target DIR --draft DIR] [--max-new-tokens 48] [--runner NAME]
+                              [--cuda-graphs auto|on|off|both]
+
+--cuda-graphs (GPU only; CPU runs stay eager whatever it says, and on/both are refused there):
+auto = generate()'s default (graphs where supported), on / off = cuda_graphs=True / False,
+both = every specdec_fast method twice, eager under its own name and with CUDA graphs as
+"<name>+graphs" (its measured speedup is over "specdec_plain+graphs"), round robin in one run.
 
 Models: --target/--draft, else the project's trained pair (specdec_fast.pair.demo_pair()) with
 its tokenizer and held-out prompts (batch > 1: prompts cycled, left padded), else random-weight
@@ -39,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# --cuda-graphs -> [(method-name suffix, generate(cuda_graphs=...))] on CUDA
+GRAPH_VARIANTS = {"auto": [("", None)], "on": [("", True)], "off": [("", False)], "both": [("", False), ("+graphs", True)]}
 MODES = {  # name -> generate options
     "greedy": dict(do_sample=False),
     "sampling": dict(do_sample=True, temperature=0.8, top_p=0.95),
@@ -133,6 +141,8 @@ def merge_stats(all_stats):
         loop_tokens=sum(s.loop_tokens for s in all_stats), iterations=sum(s.iterations for s in all_stats),
         wall_s=sum(s.wall_s for s in all_stats), accepted_hist=[sum(h) for h in zip(*(s.accepted_hist for s in all_stats))],
         draft_s=sum(s.draft_s for s in all_stats), target_s=sum(s.target_s for s in all_stats),
+        capture_s=sum(s.capture_s for s in all_stats), graph_mode=first.graph_mode, graph_note=first.graph_note,
+        graph_replays={name: sum(s.graph_replays.get(name, 0) for s in all_stats) for name in first.graph_replays},
     )
 
 
@@ -183,21 +193,27 @@ def run(args):
             return target.generate(ids, attention_mask=mask, max_new_tokens=n, pad_token_id=0, eos_token_id=None,
                                    **opts, **extra)
 
-    def ours(ids, mask, opts, n, **extra):
+    def ours(ids, mask, opts, n, graphs=None, **extra):
         return generate(target, ids, mask, max_new_tokens=n, pad_token_id=0, return_stats=True, seed=0,
-                        runner=args.runner, **opts, **extra)
+                        runner=args.runner, cuda_graphs=graphs, **opts, **extra)
+
+    variants = GRAPH_VARIANTS[args.cuda_graphs] if device.type == "cuda" else [("", None)]
 
     def methods(opts, batch, k, n=new):
         """name -> (call(ids, mask) -> tokens or (tokens, stats), k)."""
-        table = {
-            "hf_generate": (lambda i, m: hf(i, m, opts, n), None),
-            "specdec_plain": (lambda i, m: ours(i, m, opts, n), 0),
-            "specdec_draft": (lambda i, m: ours(i, m, opts, n, assistant_model=draft, num_assistant_tokens=k), k),
-            "specdec_prompt_lookup": (lambda i, m: ours(i, m, opts, n, prompt_lookup_num_tokens=k), k),
-        }
+        table = {"hf_generate": (lambda i, m: hf(i, m, opts, n), None)}
+        for suffix, g in variants:
+            table.update({
+                "specdec_plain" + suffix: (lambda i, m, g=g: ours(i, m, opts, n, g), 0),
+                "specdec_draft" + suffix: (lambda i, m, g=g: ours(i, m, opts, n, g, assistant_model=draft,
+                                                                  num_assistant_tokens=k), k),
+                "specdec_prompt_lookup" + suffix: (lambda i, m, g=g: ours(i, m, opts, n, g, prompt_lookup_num_tokens=k), k),
+            })
+            if batch == 1:
+                table["specdec_self_draft" + suffix] = (lambda i, m, g=g: ours(i, m, opts, n, g, assistant_model=target,
+                                                                                  num_assistant_tokens=4), 4)
         if batch == 1:  # transformers' assisted generation supports batch size 1 only
             table["hf_assisted"] = (lambda i, m: hf(i, m, opts, n, assistant_model=draft), None)
-            table["specdec_self_draft"] = (lambda i, m: ours(i, m, opts, n, assistant_model=target, num_assistant_tokens=4), 4)
         return table
 
     print(f"models: {models_desc}; runner: {runner_desc}; {new} new tokens, {args.repeats} repeats", flush=True)
@@ -220,6 +236,8 @@ def run(args):
                 configs += [("specdec_self_draft", None)] if mode == "greedy" else []
             else:
                 configs += [("specdec_draft", args.batch_k), ("specdec_prompt_lookup", args.batch_k)]
+            configs = [(name + suffix, k) for name, k in configs
+                       for suffix in ([s for s, _ in variants] if name.startswith("specdec") else [""])]
             reference, baseline, plain_step = None, {}, float("nan")
             table = [(name, *methods(opts, batch, k)[name]) for name, k in configs]
             measured = timed_round_robin([lambda call=call: [call(i, m) for i, m in data] for _, call, _ in table],
@@ -243,7 +261,8 @@ def run(args):
                     row.update(iterations=stats.iterations, accepted_hist=stats.accepted_hist, draft_s=stats.draft_s,
                                target_s=stats.target_s, wall_s=stats.wall_s,
                                other_s=stats.wall_s - stats.draft_s - stats.target_s,
-                               target_step_s=stats.target_s / max(stats.iterations, 1))
+                               target_step_s=stats.target_s / max(stats.iterations, 1), capture_s=stats.capture_s,
+                               graph_mode=stats.graph_mode, graph_replays=stats.graph_replays)
                     if stats.k:
                         row.update(alpha=stats.alpha, cost_ratio=stats.cost_ratio, mean_accepted_length=stats.mean_accepted_length,
                                    acceptance_per_position=stats.acceptance_per_position,
@@ -251,11 +270,12 @@ def run(args):
                 if name == "specdec_plain":
                     plain_step = row["target_step_s"]
                 baseline.setdefault(name, row["tokens_per_s"])
-                if "specdec_plain" in baseline:
-                    row["measured_speedup"] = row["tokens_per_s"] / baseline["specdec_plain"]
+                plain = "specdec_plain" + ("+graphs" if name.endswith("+graphs") else "")
+                if plain in baseline:
+                    row["measured_speedup"] = row["tokens_per_s"] / baseline[plain]
                 row["speedup_vs_hf_generate"] = row["tokens_per_s"] / baseline["hf_generate"]
                 results.append(row)
-                line = f"{mode:8s} B={batch:2d} {name:22s} K={k!s:4s} {row['tokens_per_s']:8.1f} tok/s"
+                line = f"{mode:8s} B={batch:2d} {name:29s} K={k!s:4s} {row['tokens_per_s']:8.1f} tok/s"
                 if "measured_speedup" in row:
                     line += f"  x{row['measured_speedup']:.2f}"
                 if stats is not None and stats.k:
@@ -264,7 +284,7 @@ def run(args):
                 print(line + ("" if row["exact_vs_hf_generate"] in (None, True) else "  NOT EXACT"), flush=True)
             plain = next(r for r in results if r["mode"] == mode and r["batch"] == batch and r["method"] == "specdec_plain")
             for row in results:  # hf_generate ran before specdec_plain
-                if row["mode"] == mode and row["batch"] == batch:
+                if row["mode"] == mode and row["batch"] == batch and not row["method"].endswith("+graphs"):
                     row["measured_speedup"] = row["tokens_per_s"] / baseline["specdec_plain"]
                     if row.get("k"):
                         row.update(cost_model(row, plain))
@@ -303,6 +323,8 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=2048, help="random-weight fallback only")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--cuda-graphs", choices=list(GRAPH_VARIANTS), default="auto",
+                    help="GPU only: generate(cuda_graphs=...) auto (default), on, off, or both side by side")
     ap.add_argument("--out", help="default bench/results/e2e[_pair]_<device>.json")
     ap.add_argument("--no-plots", action="store_true", help="skip bench/plot_e2e.py")
     args = ap.parse_args(argv)
@@ -310,6 +332,9 @@ def main(argv=None):
         ap.error("--target needs --draft")
     if min(args.ks) < 1 or args.batch_k < 1 or args.prompts_b1 < 1 or args.repeats < 1 or min(args.batch_sizes) < 1:
         ap.error("--ks, --batch-k, --prompts-b1, --repeats and --batch-sizes must be >= 1")
+    on_cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    if args.cuda_graphs in ("on", "both") and not on_cuda:
+        ap.error("--cuda-graphs on/both needs a CUDA device")
     device, models_desc, is_pair, runner_desc, results, total = run(args)
     env = environment(device)
     tag = "cpu" if device.type == "cpu" else env["device_name"].lower().replace(" ", "_")

@@ -111,13 +111,18 @@ def _make_runner(model, name: str, *, max_new_tokens: int, k: int, backend):
 def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None, prompt_lookup_num_tokens=None,
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
              eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
-             return_stats=False, generation_config=None, backend=None, runner=None, **unsupported):
+             return_stats=False, generation_config=None, backend=None, runner=None, cuda_graphs=None, **unsupported):
     """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
     [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
     return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
     seed: int (per-row streams) or None (drawn from torch's global RNG). backend: kernel backend.
     runner: None (paged where supported, else hf; chosen for target and draft separately),
-    "paged" (error if unsupported) or "hf" (the model's own forward and DynamicCache)."""
+    "paged" (error if unsupported) or "hf" (the model's own forward and DynamicCache).
+    cuda_graphs: None (engine.GRAPHS_BY_DEFAULT: eager until the capture has been verified on a
+    GPU), True (the draft and verify steps as CUDA graphs: CUDA, paged runners, Triton kernels;
+    error if unsupported), False (eager), "static"
+    (the graph code path run eagerly with its safety checks, any device: for tests). The stats
+    report which ran (graph_mode, graph_note, graph_replays)."""
     if input_ids is None:
         input_ids = unsupported.pop("inputs", None)
     tokenizer, assistant_tokenizer = unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)
@@ -170,6 +175,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     decoder = SpeculativeDecoder(
         target_runner, drafter, k=k, params=params, max_new_tokens=opts.max_new_tokens,
         eos_token_ids=opts.eos_token_ids, pad_token_id=opts.pad_token_id, backend=backend, streamer=streamer,
+        cuda_graphs=cuda_graphs,
     )
     tokens = decoder.generate(input_ids.long(), attention_mask)
     return (tokens, decoder.stats.result) if return_stats else tokens

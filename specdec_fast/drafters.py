@@ -8,6 +8,10 @@ Protocol (the engine calls these in order):
 ``state`` is the engine's DecodeState: seq [B, T] (left-padded prompt then generated tokens),
 start [B] (first real token), end [B] (one past the last emitted token), sampling tensors,
 gen_len [B] (the random-stream offset), backend.
+
+Graph safety (engine.py, graphs.py): ``graph_safe`` says that propose / commit keep every tensor
+that outlives a call in place (copy_, never rebinding) with static shapes, so both can be
+replayed from a CUDA graph.
 """
 import dataclasses
 
@@ -28,6 +32,10 @@ class ModelDrafter:
     def __init__(self, runner):
         self.runner = runner
         self.vocab_size = runner.vocab_size
+
+    @property
+    def graph_safe(self) -> bool:
+        return bool(getattr(self.runner, "graph_safe", False))
 
     def start(self, state) -> None:
         self.state = state
@@ -64,8 +72,9 @@ class ModelDrafter:
         # Fed since the last commit: the pending tokens, then d_0 .. d_{k-2}.
         self.runner.commit(self.num_pending + acc.clamp(max=k - 1))
         all_accepted = acc == k
-        self.pending = torch.stack([draft_tokens[:, k - 1], self.state.last_token()], 1)
-        self.num_pending = 1 + all_accepted.long()
+        # In place: the draft step (a CUDA graph) reads these buffers at fixed addresses.
+        self.pending.copy_(torch.stack([draft_tokens[:, k - 1], self.state.last_token()], 1))
+        self.num_pending.copy_(1 + all_accepted.long())
 
     def compact(self, max_len_bound: int) -> None:
         self.runner.compact(max_len_bound)
@@ -79,6 +88,8 @@ class PromptLookupDrafter:
     up to k, -1 where the context ends). Rows with no match draft nothing (all -1). Drafts are
     deterministic: draft_logits is None (p = one-hot in the verify).
     """
+
+    graph_safe = True  # no state: propose is a pure function of state.seq / start / end
 
     def __init__(self, max_ngram: int = 2):
         if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:

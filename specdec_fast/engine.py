@@ -5,6 +5,21 @@ chain_verify -> commit both caches -> append the emitted tokens to the device ou
 update the device-side lengths and finished flags. The host learns about them only through a
 poll: a non-blocking copy into pinned memory (CUDA) every ``poll_every`` iterations, read one
 poll later, so the GPU always has queued work. K = 0 is plain decoding through the same code.
+
+CUDA graphs (cuda_graphs=None|True|False|"static"): the draft step (drafter.propose: K draft
+forwards + sampling) and the verify step (target.score(K+1) + chain_verify + both commits +
+the append) are two StepGraphs (graphs.py), captured after ``graph_warmup`` eager iterations
+and replayed from then on; the poll, the streamer and compact() stay outside. Two graphs rather
+than one per iteration so that the phase timer's events sit between the replays and still time
+the draft and the target separately (the cost ratio c); the extra launch is one per iteration.
+Both share one memory pool and one capture stream: they are captured and replayed in the same
+order (draft, verify) on one stream, so the verify graph may reuse the draft graph's freed
+temporaries, while the draft graph's outputs (the verify graph's inputs) stay referenced by the
+draft StepGraph. Supported: CUDA, graph-safe runners (PagedRunner: in-place state, static
+shapes) and drafters, Triton kernels (the torch references read lengths on the host). "static"
+runs the same graph code path eagerly on any device, checking every graph-safety rule
+(graphs.py): the CPU-checkable twin. Graphs belong to one decoder (one generate call): each
+call captures its own (the runners' buffers are sized per call).
 """
 import dataclasses
 import time
@@ -12,9 +27,44 @@ from dataclasses import dataclass
 
 import torch
 
+from .graphs import StepGraph, state_tensors
+from .kernels._backend import resolve_backend
 from .kernels.verify import prepared_impls
 from .kernels.sampling_params import SamplingTensors
 from .stats import PhaseTimer, StatsRecorder
+
+# cuda_graphs=None: opt-in for now. The capture path has only run on CPU (fake torch.cuda graph API +
+# the "static" twin); flip to True once tests/engine/test_cuda_graphs_gpu.py has passed on a GPU.
+GRAPHS_BY_DEFAULT = False
+GRAPH_MODES = ("eager", "static", "cuda_graphs")
+
+
+def static_unsupported_reason(target, drafter) -> str | None:
+    """Why the graph code path cannot run these runners / drafter at all (any device), or None."""
+    if not getattr(target, "graph_safe", False):
+        return f"the target runner {type(target).__name__} keeps state that is not static (runner='paged' is)"
+    if drafter is not None and not getattr(drafter, "graph_safe", False):
+        return f"the drafter {type(drafter).__name__} (or its runner) keeps state that is not static"
+    return None
+
+
+def graph_unsupported_reason(target, drafter, backend, device: torch.device) -> str | None:
+    """Why the draft and verify steps cannot be captured as CUDA graphs here, or None."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, the model is on {device.type}"
+    reason = static_unsupported_reason(target, drafter)
+    if reason is not None:
+        return reason
+    try:
+        chosen = {op: resolve_backend(backend, device, op) for op in ("chain_verify", "sample")}
+        for runner in (target, getattr(drafter, "runner", None)):
+            if runner is not None:
+                chosen[f"{type(runner).__name__} attention"] = resolve_backend(getattr(runner, "backend", None), device,
+                                                                               "paged_attention")
+    except ValueError as exc:
+        return str(exc)
+    slow = [f"{op}: {b}" for op, b in chosen.items() if b != "triton"]
+    return f"the kernels must be the Triton ones ({', '.join(slow)})" if slow else None
 
 
 @dataclass
@@ -41,11 +91,15 @@ class SpeculativeDecoder:
 
     target: a runner (runners/base.py); drafter: ModelDrafter / PromptLookupDrafter, or None
     for K = 0. params: SamplingTensors [B] (seed per row). eos: int tensor [E] or None.
+    cuda_graphs: None (CUDA graphs where supported, see graph_unsupported_reason; else eager,
+    graph_note says why), True (ValueError if unsupported), False (eager), "static" (the graph
+    code path run eagerly with its checks; any device, graph-safe runners). graph_warmup: eager
+    iterations before the capture (>= 1 for PagedRunner: its index cache is built on first use).
     """
 
     def __init__(self, target, drafter, *, k: int, params: SamplingTensors, max_new_tokens: int,
                  eos_token_ids=None, pad_token_id: int = 0, backend=None, poll_every: int | None = None,
-                 streamer=None):
+                 streamer=None, cuda_graphs=None, graph_warmup: int = 1):
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"k (num_assistant_tokens) must be an int >= 0, got {k!r}")
         if k > 0 and drafter is None:
@@ -57,9 +111,50 @@ class SpeculativeDecoder:
         self.eos = None if eos_token_ids is None else torch.as_tensor(eos_token_ids, dtype=torch.long, device=self.device).reshape(-1)
         cuda = self.device.type == "cuda"
         self.poll_every = poll_every or (4 if cuda and streamer is None else 1)
-        self._chain_verify = prepared_impls(backend, self.device)[0]  # resolves (and checks) the backend once
+        self._verify_impl = prepared_impls(backend, self.device)[0]  # resolves (and checks) the backend once
         self.stats = StatsRecorder(self.k, self.device)
         self.timer = PhaseTimer(self.device)
+        self.graph_mode, self.graph_note = self._resolve_graphs(cuda_graphs)
+        if isinstance(graph_warmup, bool) or not isinstance(graph_warmup, int) or graph_warmup < 0:
+            raise ValueError(f"graph_warmup must be an int >= 0, got {graph_warmup!r}")
+        self.graph_warmup = graph_warmup
+        self._draft, self._verify = self._draft_step, self._verify_step
+
+    def _resolve_graphs(self, cuda_graphs):
+        """(mode in GRAPH_MODES, why eager where cuda_graphs=None found graphs unsupported)."""
+        if isinstance(cuda_graphs, str):
+            if cuda_graphs != "static":
+                raise ValueError(f"cuda_graphs must be None, True, False or 'static', got {cuda_graphs!r}")
+            reason = static_unsupported_reason(self.target, self.drafter)
+            if reason is not None:
+                raise ValueError(f"cuda_graphs='static' cannot run: {reason}")
+            return "static", None
+        if cuda_graphs is not None and cuda_graphs is not True and cuda_graphs is not False:
+            raise ValueError(f"cuda_graphs must be None, True, False or 'static', got {cuda_graphs!r}")
+        if cuda_graphs is False:
+            return "eager", "cuda_graphs=False"
+        reason = graph_unsupported_reason(self.target, self.drafter, self.backend, self.device)
+        if reason is None and (cuda_graphs or GRAPHS_BY_DEFAULT):
+            return "cuda_graphs", None
+        if cuda_graphs is True:
+            raise ValueError(f"cuda_graphs=True cannot run: {reason}")
+        return "eager", reason or "off by default"
+
+    def graph_state(self) -> dict:
+        """name -> tensor: everything the draft and verify steps may read or write that outlives a
+        step (graphs.state_tensors from the decoder, the runners and the drafter, whatever their class)."""
+        drafter = self.drafter
+        return state_tensors({"decoder": self, "target": self.target, "drafter": drafter,
+                              "drafter.runner": getattr(drafter, "runner", None)})
+
+    def _build_graphs(self) -> None:
+        """The draft and verify StepGraphs (after the prefill: their state exists)."""
+        capture = self.graph_mode == "cuda_graphs"
+        common = dict(capture=capture, warmup=self.graph_warmup, state=self.graph_state,
+                      pool=torch.cuda.graph_pool_handle() if capture else None,
+                      stream=torch.cuda.Stream() if capture else None)
+        self._draft = StepGraph(self._draft_step, name="draft", **common) if self.k else None
+        self._verify = StepGraph(self._verify_step, name="verify", **common)
 
     # -- setup --------------------------------------------------------------------------
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
@@ -77,14 +172,17 @@ class SpeculativeDecoder:
         self.prompt_width = width
         logits = self.target.prefill(input_ids, mask).float()
         # The first token: a K = 0 verify at offset 0 (y ~ q), like every later bonus token.
-        tokens, accepted = self._verify(logits[:, None, :], None, torch.zeros(batch, 0, dtype=torch.long, device=dev))
+        tokens, accepted = self._chain_verify(logits[:, None, :], None, torch.zeros(batch, 0, dtype=torch.long, device=dev))
         self._append(tokens, accepted)
         if self.drafter is not None:
             self.drafter.start(self.state)
+        self._no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=dev)
+        if self.graph_mode != "eager":
+            self._build_graphs()
 
-    def _verify(self, target_logits, draft_logits, drafts):
+    def _chain_verify(self, target_logits, draft_logits, drafts):
         params = dataclasses.replace(self.params, offset=self.state.gen_len)
-        return self._chain_verify(target_logits, draft_logits, drafts, params)
+        return self._verify_impl(target_logits, draft_logits, drafts, params)
 
     def _append(self, tokens: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
         """Write the emitted tokens [B, K+1] (-1 padded) into seq; EOS and max_new_tokens cut
@@ -113,24 +211,38 @@ class SpeculativeDecoder:
         return count
 
     # -- the loop ------------------------------------------------------------------------
-    def step(self) -> None:
-        """One iteration; no host sync."""
+    def _draft_step(self):
+        """drafter.propose(K) -> (drafts [B, K], draft_logits [B, K, V] or None)."""
+        drafts, draft_logits = self.drafter.propose(self.k)
+        return drafts, draft_logits
+
+    def _verify_step(self, drafts: torch.Tensor, draft_logits) -> None:
+        """target.score(K+1) -> chain_verify -> commit both caches -> append. Every effect is an
+        in-place update of the state (graph safe); returns nothing."""
         st = self.state
-        k = self.k
-        self.timer.mark("draft")
-        if k:
-            drafts, draft_logits = self.drafter.propose(k)
-        else:
-            drafts, draft_logits = torch.zeros(st.seq.shape[0], 0, dtype=torch.long, device=self.device), None
-        self.timer.mark("target")
         target_in = torch.cat([st.last_token()[:, None], drafts.clamp(min=0)], 1)
         target_logits = self.target.score(target_in).float()
-        tokens, accepted = self._verify(target_logits, draft_logits, drafts)
+        tokens, accepted = self._chain_verify(target_logits, draft_logits, drafts)
         self.target.commit(accepted.long() + 1)
         self._append(tokens, accepted)
-        if k:
+        if self.k:
             self.drafter.commit(accepted, drafts)
+
+    def step(self) -> None:
+        """One iteration; no host sync (after the capture, two graph replays)."""
+        capturing = self.graph_mode != "eager" and self._verify.next_call_captures
+        self.timer.mark("capture" if capturing else "draft")
+        drafts, draft_logits = self._draft() if self.k else (self._no_drafts, None)
+        self.timer.mark("capture" if capturing else "target")
+        self._verify(drafts, draft_logits)
         self.timer.mark(None)
+
+    def graph_report(self) -> dict:
+        """What ran: mode, why eager (if so), calls served by each graph (or its static twin)."""
+        replays = {}
+        if self.graph_mode != "eager":
+            replays = {g.name: g.replays for g in (self._draft, self._verify) if g is not None}
+        return dict(mode=self.graph_mode, note=self.graph_note, replays=replays)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """input_ids [B, P] (left padded), attention_mask [B, P] -> tokens [B, P + new] (pad after EOS)."""
@@ -165,7 +277,7 @@ class SpeculativeDecoder:
             self.streamer.end()
         self.timer.finish()
         new = int(gen_len.max()) if gen_len.numel() else 0
-        self.stats.finish(time.perf_counter() - t0, iteration, self.timer, gen_len)
+        self.stats.finish(time.perf_counter() - t0, iteration, self.timer, gen_len, graphs=self.graph_report())
         return self.state.seq[:, : self.prompt_width + new].clone()
 
     def _stream(self, lengths: torch.Tensor) -> None:

@@ -11,6 +11,12 @@ Definitions (Leviathan et al. 2022, section 3):
              target phase is score + verify + commit + append
     E[tokens per iteration] = (1 - alpha^(K+1)) / (1 - alpha)          (Theorem 3.8)
     predicted speedup       = E[tokens per iteration] / (K * c + 1)
+
+Under CUDA graphs (engine.py) the draft and the verify step are two graph replays: the phase
+events are recorded between the replays (never inside a capture: mark() refuses), so draft_s
+and target_s are the GPU times of the draft graph and of the verify graph, and c is their ratio
+as in eager mode. The capture iteration (warm-up sync + capture + first replay) is timed as
+phase "capture" (capture_s), outside draft_s / target_s; wall_s includes it.
 """
 import time
 from dataclasses import dataclass, field
@@ -28,6 +34,8 @@ class PhaseTimer:
 
     def mark(self, name) -> None:
         if self.cuda:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("PhaseTimer.mark inside a CUDA graph capture: time the replays from outside")
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.marks.append((name, event))
@@ -65,13 +73,15 @@ class StatsRecorder:
         self.hist += (onehot * active[:, None]).sum(0)
         self.loop_tokens += count.sum()
 
-    def finish(self, wall_s: float, iterations: int, timer: PhaseTimer, gen_len: torch.Tensor) -> None:
+    def finish(self, wall_s: float, iterations: int, timer: PhaseTimer, gen_len: torch.Tensor, graphs=None) -> None:
         hist = self.hist.cpu().tolist()
         self.result = GenerationStats(
             k=self.k, batch=int(gen_len.shape[0]), new_tokens=int(gen_len.sum()), tokens_per_row=gen_len.tolist(),
             first_tokens=int(self.first_tokens.cpu()) if self.first_tokens is not None else 0,
             loop_tokens=int(self.loop_tokens.cpu()), iterations=iterations, wall_s=wall_s, accepted_hist=hist,
             draft_s=timer.totals.get("draft", 0.0), target_s=timer.totals.get("target", 0.0),
+            capture_s=timer.totals.get("capture", 0.0), graph_mode=(graphs or {}).get("mode", "eager"),
+            graph_note=(graphs or {}).get("note"), graph_replays=dict((graphs or {}).get("replays", {})),
         )
 
 
@@ -90,6 +100,10 @@ class GenerationStats:
     target_s: float
     plain_tokens_per_s: float | None = None
     extra: dict = field(default_factory=dict)
+    capture_s: float = 0.0  # the CUDA graph capture iteration (not in draft_s / target_s)
+    graph_mode: str = "eager"  # "eager", "static" (graph code path run eagerly) or "cuda_graphs"
+    graph_note: str | None = None  # why eager, when graphs were not requested explicitly
+    graph_replays: dict = field(default_factory=dict)  # step name -> calls served by its graph
 
     @property
     def tokens_per_s(self) -> float:
@@ -145,7 +159,8 @@ class GenerationStats:
         return self.tokens_per_s / self.plain_tokens_per_s
 
     def as_dict(self) -> dict:
-        keys = ("k", "batch", "new_tokens", "iterations", "wall_s", "accepted_hist", "draft_s", "target_s")
+        keys = ("k", "batch", "new_tokens", "iterations", "wall_s", "accepted_hist", "draft_s", "target_s", "capture_s",
+                "graph_mode", "graph_note", "graph_replays")
         out = {key: getattr(self, key) for key in keys}
         for key in ("tokens_per_s", "mean_accepted_length", "acceptance_per_position", "alpha", "cost_ratio",
                     "predicted_speedup", "measured_speedup"):
@@ -166,6 +181,11 @@ class GenerationStats:
                 f"cost ratio c         {self.cost_ratio:.3f} (draft step / target step; draft {self.draft_s:.3f} s, target {self.target_s:.3f} s)",
                 f"predicted speedup    {self.predicted_speedup:.2f}x (Leviathan Thm 3.8 from alpha and c)",
             ]
+        if self.graph_mode == "eager":
+            lines.append(f"execution            eager ({self.graph_note})" if self.graph_note else "execution            eager")
+        else:
+            replays = ", ".join(f"{name} {n}" for name, n in self.graph_replays.items())
+            lines.append(f"execution            {self.graph_mode} (graph calls: {replays}; capture iteration {self.capture_s:.3f} s)")
         if self.measured_speedup is not None:
             lines.append(f"measured speedup     {self.measured_speedup:.2f}x (vs plain decoding at {self.plain_tokens_per_s:.1f} tokens/s)")
         return "\n".join(lines)

@@ -17,6 +17,11 @@ the host.
     compact(max_len_bound: int) -> None. Optional hint from the engine, at poll time: every
         row's committed length is <= max_len_bound. A runner that leaves holes may reclaim them.
 
+Optional attribute graph_safe (default False): score / commit keep every tensor that outlives a
+call in place (copy_, never rebinding) with static shapes per (B, N), and read no device value
+on the host, so the engine may capture them in CUDA graphs (engine.py, graphs.py). compact runs
+between graph replays: a graph-safe runner's compact must be a no-op or purely in place.
+
 A paged runner (PagedKVCache + paged_attention) implements the same four methods: score writes
 K/V at seq_lens + (i - (N - num_valid)), commit advances seq_lens by keep, compact is a no-op.
 """

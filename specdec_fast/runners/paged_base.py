@@ -63,6 +63,11 @@ class PagedRunnerBase:
     """
 
     max_positions: int | None = None
+    # score / commit update length, cache.seq_lens and the KV cache in place with static shapes per
+    # (B, N); the _full_cu index tensors are built on first use (a warm-up call) and then reused.
+    # The host-side tentative-token check runs at capture only; every replay repeats the captured
+    # calls, so it holds for the replays too.
+    graph_safe = True
 
     @staticmethod
     def unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:

@@ -1,0 +1,242 @@
+"""StepGraph: one decoding step captured as a CUDA graph and replayed, or its CPU-checkable twin
+(capture=False: the same step run eagerly, its outputs copied into the same static buffers,
+with every check that makes a capture valid).
+
+A CUDA graph replays the kernels recorded at capture, on the tensor addresses and with the
+Python scalars of that moment; Python does not run at replay. A step function is graph safe when
+  (1) its tensor arguments are the same tensors at every call (static buffers: e.g. the draft
+      graph's outputs fed to the verify graph);
+  (2) every tensor it reads that outlives the call (state: lengths, KV cache, pending tokens,
+      counters, weights) is updated in place, never rebound, and no state tensor appears
+      after warm-up (a lazily built tensor would be filled only by the graph that built it);
+  (3) its Python control flow, shapes and Python-scalar kernel arguments are the same at every
+      call, and it never reads a device value on the host (.item(), nonzero: a sync, illegal
+      in a capture).
+StepGraph checks (1) and (2) in both modes (graph mode: at capture, the only time its Python
+runs; argument addresses also at every replay) and, with capture=False, (3) by tracing the
+torch ops of every call (TorchDispatchMode: op, shapes, dtypes, scalar arguments) against the
+first post-warm-up call. Triton launches are not torch ops: their scalar arguments are not traced.
+
+Warm-up: the first ``warmup`` calls run eagerly (real steps; on a side stream in graph mode, the
+stream the capture then uses, as torch's CUDA graph notes advise) so that Triton compiles,
+cuBLAS workspaces and lazily built tensors exist before the capture. The capture call records
+the step, then replays it once (capture itself runs nothing on the GPU).
+"""
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Ops that read device values on the host or have data-dependent output shapes.
+SYNC_OPS = ("aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.unique",
+            "aten._unique", "aten.repeat_interleave.Tensor", "aten.equal", "aten.is_nonzero")
+
+
+class GraphSafetyError(RuntimeError):
+    """A step broke a graph-safety rule (rebinding, non-static argument, iteration-dependent ops, a sync)."""
+
+
+def state_tensors(roots: dict, packages=("specdec_fast",)) -> dict:
+    """name -> tensor for every tensor reachable from ``roots`` (name -> object) through lists,
+    tuples, dicts and the attributes of the roots and of objects whose class is defined in
+    ``packages``. StepGraph objects and other foreign objects (transformers modules, streamers)
+    are not entered."""
+    found, seen = {}, set()
+    queue = list(roots.items())  # breadth first: each tensor is named by its shortest path
+    root_ids = {id(obj) for obj in roots.values()}
+    while queue:
+        name, obj = queue.pop(0)
+        if isinstance(obj, torch.Tensor):
+            found.setdefault(name, obj)
+            continue
+        if id(obj) in seen or isinstance(obj, StepGraph):
+            continue
+        if isinstance(obj, (list, tuple)):
+            children = [(f"{name}[{i}]", item) for i, item in enumerate(obj)]
+        elif isinstance(obj, dict):
+            children = [(f"{name}[{key!r}]", item) for key, item in obj.items()]
+        elif hasattr(obj, "__dict__") and (id(obj) in root_ids or type(obj).__module__.startswith(packages)):
+            children = [(f"{name}.{key}", item) for key, item in vars(obj).items()]
+        else:
+            continue
+        seen.add(id(obj))
+        queue.extend(children)
+    return found
+
+
+def addresses(tensors: dict) -> dict:
+    """name -> (data_ptr, shape, dtype): what a captured kernel depends on."""
+    return {name: (t.data_ptr(), tuple(t.shape), t.dtype) for name, t in tensors.items()}
+
+
+def address_changes(before: dict, after: dict) -> list:
+    """Human-readable differences between two ``addresses`` snapshots (empty when equal)."""
+    changes = [f"{n} rebound" for n in before if n in after and after[n] != before[n]]
+    changes += [f"{n} appeared" for n in after if n not in before]
+    changes += [f"{n} disappeared" for n in before if n not in after]
+    return changes
+
+
+def _flatten(out) -> list:
+    if out is None or isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [x for item in out for x in _flatten(item)]
+    raise TypeError(f"a graphed step must return tensors, None or tuples of them, got {type(out).__name__}")
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device.type)
+    if isinstance(value, (list, tuple)):
+        return tuple(_describe(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _describe(v)) for k, v in value.items())
+    if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):  # the Triton interpreter's host copies
+        return ("storage", value.nbytes())
+    if value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout,
+                                           torch.memory_format)):
+        return value
+    return type(value).__name__
+
+
+class OpTrace(TorchDispatchMode):
+    """Records (op, described args, described kwargs) for every torch op run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops.append((str(func), _describe(args), _describe(kwargs)))
+        return func(*args, **kwargs)
+
+    def sync_ops(self) -> list:
+        return sorted({op for op, _, _ in self.ops if op.startswith(SYNC_OPS)})
+
+
+class StepGraph:
+    """fn(*args) -> tensors / None / tuples of them, run as a CUDA graph (capture=True) or as its
+    static twin (capture=False). state() -> name -> tensor: the tensors that outlive a call.
+    pool / stream: shared by the graphs of one decoder (captured and replayed in a fixed order)."""
+
+    def __init__(self, fn, *, name: str, capture: bool, state, warmup: int = 1, pool=None, stream=None):
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+        self.fn, self.name, self.capture, self.state, self.warmup = fn, name, capture, state, warmup
+        self.pool, self.stream = pool, stream
+        if capture and stream is None:
+            self.stream = torch.cuda.Stream()
+        self.calls = self.replays = 0
+        self.graph = None
+        self._ready = False
+        self._outputs = None
+        self._arg_addresses = None
+        self._trace = None
+
+    @property
+    def next_call_captures(self) -> bool:
+        return not self._ready and self.calls >= self.warmup
+
+    @property
+    def outputs(self):
+        """The static outputs (after the capture call), else None."""
+        return self._outputs
+
+    def __call__(self, *args):
+        if self.calls < self.warmup:
+            out = self._warm(args)
+        elif not self._ready:
+            out = self._first(args)
+        else:
+            out = self._again(args)
+        self.calls += 1
+        return out
+
+    # -- the three kinds of call ---------------------------------------------------------------
+    def _warm(self, args):
+        if not self.capture:
+            return self.fn(*args)
+        main = torch.cuda.current_stream()
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            out = self.fn(*args)
+        main.wait_stream(self.stream)
+        return out
+
+    def _first(self, args):
+        self._arg_addresses = addresses(self._named_args(args))
+        before = addresses(self.state())
+        if self.capture:
+            self.graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
+                    out = self.fn(*args)
+            except Exception as exc:
+                raise GraphSafetyError(f"CUDA graph capture of the {self.name} step failed ({exc}); "
+                                       "decode with cuda_graphs=False") from exc
+        else:
+            with OpTrace() as trace:
+                out = self.fn(*args)
+            self._trace = trace.ops
+            self._check_syncs(trace)
+        self._check_state(before, "capture")
+        _flatten(out)  # type check
+        self._outputs, self._ready = out, True
+        if self.capture:
+            self.graph.replay()
+        self.replays += 1
+        return out
+
+    def _again(self, args):
+        now = addresses(self._named_args(args))
+        if now != self._arg_addresses:
+            raise GraphSafetyError(f"{self.name} step: arguments are not the captured static tensors: "
+                                   f"{address_changes(self._arg_addresses, now)}")
+        if self.capture:
+            self.graph.replay()
+            self.replays += 1
+            return self._outputs
+        before = addresses(self.state())
+        with OpTrace() as trace:
+            out = self.fn(*args)
+        self._check_syncs(trace)
+        self._check_state(before, f"call {self.calls}")
+        if trace.ops != self._trace:
+            diff = next(i for i, (a, b) in enumerate(zip(trace.ops + [None], self._trace + [None])) if a != b)
+            raise GraphSafetyError(f"{self.name} step, call {self.calls}: the op sequence differs from the captured one "
+                                   f"at op {diff}: {(trace.ops + [None])[diff]} vs {(self._trace + [None])[diff]}")
+        self._copy_into_outputs(out)
+        self.replays += 1
+        return self._outputs
+
+    # -- checks --------------------------------------------------------------------------------
+    @staticmethod
+    def _named_args(args) -> dict:
+        return {f"arg{i}[{j}]": t for i, a in enumerate(args) for j, t in enumerate(_flatten(a)) if t is not None}
+
+    def _check_state(self, before: dict, when: str) -> None:
+        changes = address_changes(before, addresses(self.state()))
+        if changes:
+            raise GraphSafetyError(f"{self.name} step ({when}) changed state tensors that a graph replay would not "
+                                   f"see: {', '.join(changes[:8])}")
+
+    def _check_syncs(self, trace: OpTrace) -> None:
+        syncs = trace.sync_ops()
+        if syncs:
+            raise GraphSafetyError(f"{self.name} step reads device values on the host ({', '.join(syncs)}): "
+                                   "a sync, not capturable")
+
+    def _copy_into_outputs(self, out) -> None:
+        """The static twin of a replay: this call's outputs written into the captured buffers."""
+        fresh, static = _flatten(out), _flatten(self._outputs)
+        if len(fresh) != len(static):
+            raise GraphSafetyError(f"{self.name} step returned {len(fresh)} outputs, {len(static)} at capture")
+        for i, (new, old) in enumerate(zip(fresh, static)):
+            if (new is None) != (old is None):
+                raise GraphSafetyError(f"{self.name} step output {i} is None in one call only")
+            if new is None:
+                continue
+            if new.shape != old.shape or new.dtype != old.dtype:
+                raise GraphSafetyError(f"{self.name} step output {i} is {new.dtype} {tuple(new.shape)}, "
+                                       f"{old.dtype} {tuple(old.shape)} at capture")
+            old.copy_(new)

@@ -1,0 +1,199 @@
+"""StepGraph (specdec_fast/graphs.py): the static twin (capture=False) runs the step eagerly on the
+captured buffers and catches every graph-safety violation on CPU; on CUDA the capture replays."""
+import pytest
+import torch
+
+from specdec_fast.graphs import GraphSafetyError, StepGraph, address_changes, addresses, state_tensors
+
+from .fake_cuda import fake_cuda  # noqa: F401 (fixture)
+
+
+PACKAGES = ("specdec_fast", __name__)
+
+
+class Counter:
+    """A graph-safe step: state updated in place, one output [2]."""
+
+    def __init__(self, device="cpu"):
+        self.total = torch.zeros(2, device=device)
+        self.step = torch.zeros((), dtype=torch.long, device=device)
+
+    def __call__(self, x):
+        self.total += x
+        self.step += 1
+        return self.total * 2, None
+
+
+def make_graph(obj, *, capture=False, warmup=1):
+    return StepGraph(obj, name="counter", capture=capture, warmup=warmup, state=lambda: state_tensors({"obj": obj}, PACKAGES))
+
+
+def test_static_twin_reuses_the_captured_outputs():
+    counter = Counter()
+    graph = make_graph(counter, warmup=2)
+    x = torch.ones(2)
+    outputs = []
+    for i in range(6):
+        assert graph.next_call_captures == (i == 2)
+        out, none = graph(x)
+        assert none is None
+        outputs.append(out)
+        assert torch.equal(out, torch.full((2,), 2.0 * (i + 1)))
+    # Warm-up calls return fresh tensors; from the capture call on, always the same buffer.
+    assert len({id(o) for o in outputs[2:]}) == 1 and outputs[2] is graph.outputs[0]
+    assert graph.replays == 4 and graph.calls == 6
+    assert int(counter.step) == 6
+
+
+def test_rebinding_a_state_tensor_is_caught():
+    class Rebinds(Counter):
+        def __call__(self, x):
+            self.total = self.total + x  # a new tensor: a replay would keep writing the old one
+            return self.total
+
+    graph = make_graph(Rebinds())
+    graph(torch.ones(2))  # warm-up: not checked
+    with pytest.raises(GraphSafetyError, match=r"obj\.total rebound"):
+        graph(torch.ones(2))
+
+
+def test_state_appearing_after_warmup_is_caught():
+    class Lazy(Counter):
+        def __call__(self, x):
+            self.cache = getattr(self, "cache", {})
+            self.cache.setdefault("index", torch.arange(2))  # built inside a capture: filled by this graph only
+            self.step += 1
+            return self.total
+
+    graph = make_graph(Lazy(), warmup=0)
+    with pytest.raises(GraphSafetyError, match="appeared"):
+        graph(torch.ones(2))
+
+
+def test_a_new_argument_tensor_is_caught():
+    graph = make_graph(Counter())
+    x = torch.ones(2)
+    graph(x)
+    graph(x)
+    with pytest.raises(GraphSafetyError, match="not the captured static tensors"):
+        graph(torch.ones(2))
+
+
+def test_host_reads_are_caught():
+    class Syncs(Counter):
+        def __call__(self, x):
+            self.total += float(x.sum())  # .item(): a sync, illegal in a capture
+            return self.total
+
+    graph = make_graph(Syncs())
+    graph(torch.ones(2))
+    with pytest.raises(GraphSafetyError, match="_local_scalar_dense"):
+        graph(torch.ones(2))
+
+
+def test_iteration_dependent_python_scalars_are_caught():
+    class Drifts(Counter):
+        calls = 0
+
+        def __call__(self, x):
+            Drifts.calls += 1
+            self.total.add_(x, alpha=Drifts.calls)  # baked into a graph at capture, changes eagerly
+            return self.total
+
+    graph = make_graph(Drifts())
+    x = torch.ones(2)
+    graph(x)
+    graph(x)
+    with pytest.raises(GraphSafetyError, match="op sequence differs"):
+        graph(x)
+
+
+def test_output_shape_change_is_caught():
+    class Grows(Counter):
+        def __call__(self, x):
+            self.step += 1
+            return torch.zeros(3) if getattr(self, "grown", False) else torch.zeros(2)
+
+    obj = Grows()
+    graph = make_graph(obj, warmup=0)
+    x = torch.ones(2)
+    graph(x)
+    obj.grown = True
+    with pytest.raises(GraphSafetyError):
+        graph(x)
+
+
+def test_state_tensors_walks_our_objects_only():
+    import torch.nn as nn
+
+    counter = Counter()
+    counter.pair = (torch.zeros(1), {"a": torch.ones(1)})
+    counter.module = nn.Linear(2, 2)  # foreign: not entered
+    counter.graph = make_graph(counter)  # graph machinery: not entered
+    counter.me = counter  # cycles are fine
+    names = set(state_tensors({"c": counter}, PACKAGES))
+    assert names == {"c.total", "c.step", "c.pair[0]", "c.pair[1]['a']"}
+    before = addresses(state_tensors({"c": counter}, PACKAGES))
+    counter.total = torch.zeros(2)
+    assert address_changes(before, addresses(state_tensors({"c": counter}, PACKAGES))) == ["c.total rebound"]
+    # Roots are always entered; below them only classes of the given packages (default specdec_fast).
+    assert set(state_tensors({"h": [counter]})) == set()
+
+
+def test_bad_warmup():
+    with pytest.raises(ValueError, match="warmup"):
+        StepGraph(Counter(), name="x", capture=False, state=dict, warmup=-1)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_the_step():
+    counter = Counter("cuda")
+    graph = make_graph(counter, capture=True, warmup=2)
+    x = torch.ones(2, device="cuda")
+    for i in range(6):
+        out, _ = graph(x)
+    torch.cuda.synchronize()
+    assert graph.replays == 4 and graph.graph is not None
+    assert torch.equal(out.cpu(), torch.full((2,), 12.0)) and int(counter.step) == 6
+
+
+def test_capture_mode_control_flow(fake_cuda):
+    counter = Counter()
+    graph = StepGraph(counter, name="counter", capture=True, warmup=1, pool="pool",
+                      state=lambda: state_tensors({"obj": counter}, PACKAGES))
+    x = torch.ones(2)
+    graph(x)  # warm-up: eager, on the side stream, ordered after and before the main stream
+    assert fake_cuda.log == [("wait", False, True), ("enter stream", False), ("exit stream",), ("wait", True, False)]
+    fake_cuda.log.clear()
+    out, _ = graph(x)  # capture (here: the step runs once, eagerly) then one replay
+    assert fake_cuda.log == [("capture", "CUDAGraph", "pool", True), ("end capture", True), ("replay",)]
+    assert out is graph.outputs[0] and graph.replays == 1
+    fake_cuda.log.clear()
+    for _ in range(3):
+        assert graph(x)[0] is out
+    assert fake_cuda.log == [("replay",)] * 3 and graph.replays == 4 and int(counter.step) == 2  # replays run no Python
+    with pytest.raises(GraphSafetyError, match="not the captured static tensors"):
+        graph(torch.ones(2))
+
+
+def test_capture_mode_catches_rebinding_during_capture(fake_cuda):
+    class Rebinds(Counter):
+        def __call__(self, x):
+            self.total = self.total + x
+            return self.total
+
+    obj = Rebinds()
+    graph = StepGraph(obj, name="bad", capture=True, warmup=0, state=lambda: state_tensors({"obj": obj}, PACKAGES))
+    with pytest.raises(GraphSafetyError, match=r"obj\.total rebound"):
+        graph(torch.ones(2))
+
+
+def test_a_failed_capture_names_the_step_and_the_way_out(fake_cuda):
+    class Syncs(Counter):
+        def __call__(self, x):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    obj = Syncs()
+    graph = StepGraph(obj, name="draft", capture=True, warmup=0, state=lambda: state_tensors({"obj": obj}, PACKAGES))
+    with pytest.raises(GraphSafetyError, match="capture of the draft step failed .* cuda_graphs=False"):
+        graph(torch.ones(2))
