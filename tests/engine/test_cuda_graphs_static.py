@@ -175,3 +175,18 @@ def test_engine_capture_flow_with_fake_cuda(fake_cuda, drafter):
     assert report["mode"] == "cuda_graphs" and set(report["replays"].values()) == {3}
     decoder.timer.finish()
     assert {"draft", "target", "capture"} <= set(decoder.timer.totals)
+
+
+def test_static_graph_path_gpt2_paged_runner():
+    """The GPT-2 paged runner shares the base's in-place state: the graph code path holds for it too."""
+    from .test_paged_gpt2 import tiny_gpt2
+
+    target = tiny_gpt2()
+    draft = tiny_gpt2(seed=1, layers=1)
+    ids, mask = left_padded_prompts([5, 9, 3], vocab=96, seed=2)
+    for mode in MODES.values():
+        (eager, e_stats), (static, s_stats) = both(target, ids, mask, max_new_tokens=10, assistant_model=draft,
+                                                   num_assistant_tokens=3, **mode)
+        assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
+        assert s_stats.graph_mode == "static" and s_stats.graph_replays == {"draft": s_stats.iterations - 1,
+                                                                             "verify": s_stats.iterations - 1}
