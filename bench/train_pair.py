@@ -1,7 +1,14 @@
 """Train the demo pair shipped in specdec_fast/assets/pair/: a byte-level BPE tokenizer and two
 Llama models (target and a ~10x smaller draft) on CPython's standard library sources.
 
-    nice -n 10 .venv/bin/python bench/train_pair.py            # defaults = the shipped pair
+    .venv/bin/python bench/train_pair.py                    # defaults = the shipped pair
+    .venv/bin/python bench/train_pair.py --reuse-target     # the draft only (how the shipped one was made)
+
+The target trains first on the corpus (cross-entropy); the draft is then distilled from it
+(KL(target || draft) on the target's full distribution at each position; --no-distill: plain
+cross-entropy). Distillation raised the shipped draft's alpha from 0.40 to 0.72 greedy and
+from 0.49 to 0.79 at T 0.8 / top-p 0.95 (3262 steps in 45 min against 448 steps in 6 min of
+cross-entropy before; held-out loss 4.24 vs 4.93), with the same 0.82M-parameter shape.
 
 Fixed seeds; deterministic corpus order (bench/pair_corpus.py). Each model trains for
 --draft-steps / --target-steps steps or --draft-minutes / --target-minutes wall clock,
@@ -194,7 +201,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=REPO / "specdec_fast" / "assets" / "pair")
     ap.add_argument("--results", type=Path, default=REPO / "bench" / "results" / "pair_training.json")
     ap.add_argument("--draft-steps", type=int, default=20000)
-    ap.add_argument("--draft-minutes", type=float, default=6.0)
+    ap.add_argument("--draft-minutes", type=float, default=45.0)
     ap.add_argument("--target-steps", type=int, default=20000)
     ap.add_argument("--target-minutes", type=float, default=32.0)
     ap.add_argument("--batch", type=int, default=8)
@@ -285,7 +292,7 @@ def main(argv=None) -> None:
     results["device"] = f"cpu: {cpu_model()}"
     results["torch"] = torch.__version__
     results["threads"] = torch.get_num_threads()
-    results["command"] = "nice -n 10 python bench/train_pair.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results["command"] = "python bench/train_pair.py " + " ".join(argv if argv is not None else sys.argv[1:])
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(results, indent=1) + "\n")
     log(json.dumps(results, indent=1))
