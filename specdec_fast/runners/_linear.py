@@ -1,9 +1,52 @@
-"""The matrix products of the paged runners, in one place: linear(x [T, in], weight [out, in]
+"""The matrix products of the paged runners, in one place: linear(x [..., in], weight [out, in]
 (a view; may be the transpose of a [in, out] tensor, as GPT-2's Conv1D stores it), bias [out]
-or None) -> [T, out]. Today torch's F.linear."""
+or None, residual [..., out] or None) -> residual + (x @ weight.T + bias) [..., out].
+
+On CPU, float32, at most CPP_MAX_ROWS rows, the C++ skinny_linear (csrc/skinny_linear.cpp)
+streams the weight once per call whatever the row count; torch's sgemm packs the whole weight
+once M > 1 (the demo target scored 5 tokens in 1.6x the time of 1). Everywhere else (CUDA,
+other dtypes, more rows, autograd) torch's F.linear.
+"""
 import torch
 import torch.nn.functional as F
 
+# Rows of x up to which the C++ op beats F.linear on the demo pair's shapes (bench/bench_linear.py,
+# 1 thread, AMD EPYC Zen 4, CPU time medians; e.g. lm_head 256 -> 4096: M=1 71 vs 109 us, M=5
+# 189 vs 335 us, M=8 about even, M=16 720 vs 503 us).
+CPP_MAX_ROWS = 8
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
+_cpp_ready = None  # lazily: whether torch.ops.specdec_fast.skinny_linear is there
+
+
+def _cpp_available() -> bool:
+    global _cpp_ready
+    if _cpp_ready is None:
+        from specdec_fast.kernels._backend import cpp_op_available
+
+        _cpp_ready = cpp_op_available("skinny_linear")
+    return _cpp_ready
+
+
+def _cpp_takes(x: torch.Tensor, weight: torch.Tensor, bias, residual) -> bool:
+    k = x.shape[-1]
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and 0 < k and x.numel() <= CPP_MAX_ROWS * k and (k == 1 or x.stride(-1) == 1)
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and (residual is None or residual.dtype == torch.float32)
+            and (weight.stride(1) == 1 or weight.stride(0) == 1 or k <= 1 or weight.shape[0] <= 1)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) and _cpp_available())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    if x.dim() >= 1 and _cpp_takes(x, weight, bias, residual):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        if residual is not None:
+            residual = residual.reshape(-1, residual.shape[-1]) if residual.dim() != 2 else residual
+            if residual.shape[-1] > 1 and residual.stride(-1) != 1:
+                residual = residual.contiguous()
+        y = torch.ops.specdec_fast.skinny_linear(x2, weight, bias, residual)
+        return y if x.dim() == 2 else y.view(*lead, weight.shape[0])
+    y = F.linear(x, weight, bias)
+    return y if residual is None else residual + y

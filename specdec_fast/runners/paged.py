@@ -34,6 +34,7 @@ from specdec_fast.cache import PagedKVCache
 from specdec_fast.kernels._backend import resolve_backend
 from specdec_fast.kernels.attention import paged_attention
 from specdec_fast.kernels.cache_ops import append_kv
+from specdec_fast.runners._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
 from specdec_fast.runners._linear import linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -90,21 +91,6 @@ def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     if backend == "triton" and (head_dim & (head_dim - 1) or not 16 <= head_dim <= 256):
         return f"backend='triton' paged attention needs a power-of-2 head_dim in [16, 256], got {head_dim}"
     return None
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm / Qwen3RMSNorm, same op order (float32 statistics)."""
-    if x.dtype == torch.float32:  # the casts would be no-ops: skip their calls (per-op overhead on CPU)
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos, sin [T, 1, D]: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class _Layer:
@@ -243,22 +229,20 @@ class PagedRunner:
         flat, positions, cu, count, unpack = self._pack(tokens, num_valid)
         total = flat.shape[0]
         attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scaling).to(self.dtype)[:, None, :]
-        sin = (emb.sin() * self.rope_scaling).to(self.dtype)[:, None, :]
+        fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
         x = F.embedding(flat.clamp(min=0), self.embed)
         table, heads, kv_heads, dim = self.cache.block_table, self.num_heads, self.num_kv_heads, self.head_dim
         direct, ops = self._direct_cpp, torch.ops.specdec_fast
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.ln_in, layer.eps_in)
+            h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
             q = linear(h, *layer.q).view(total, heads, dim)
             k = linear(h, *layer.k).view(total, kv_heads, dim)
             v = linear(h, *layer.v).view(total, kv_heads, dim)
             if layer.qk_norm is not None:
-                q = _rms_norm(q, layer.qk_norm[0], layer.qk_norm[1])
-                k = _rms_norm(k, layer.qk_norm[2], layer.qk_norm[3])
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+                q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
+                k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
+            q, k = rotate_qk(q, k, cos, sin, fused)
             if direct:
                 ops.append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu)
                 o = ops.paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, None, self.scale)
@@ -266,13 +250,12 @@ class PagedRunner:
                 append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu, backend=self.backend, check=False)
                 o = paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, max_query_len=n,
                                     scale=self.scale, backend=self.backend, check=False)
-            x = x + linear(o.reshape(total, heads * dim), *layer.o)
-            h = _rms_norm(x, layer.ln_post, layer.eps_post)
-            gate = linear(h, *layer.gate)
-            gate = F.silu(gate) if self.silu else layer.act(gate)
-            x = x + linear(gate * linear(h, *layer.up), *layer.down)
+            x = linear(o.reshape(total, heads * dim), *layer.o, residual=x)
+            h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
+            act = gated_act(linear(h, *layer.gate), linear(h, *layer.up), layer.act, self.silu, fused)
+            x = linear(act, *layer.down, residual=x)
         self.length.copy_(attn_lens)
-        x = _rms_norm(x, self.final_norm, self.final_eps)
+        x = rms_norm(x, self.final_norm, self.final_eps, fused)
         if unpack is not None:
             x = x.index_select(0, unpack)
         return x.view(batch, n, -1)

@@ -1,0 +1,251 @@
+// y[M, N] = x[M, K] @ W^T (+ bias[N]) (+ residual[M, N]) for few rows M on CPU, float32:
+// torch.ops.specdec_fast.skinny_linear (spec: kernels/linear/reference.py).
+//
+// Why: torch's sgemm packs the whole weight on every call once M > 1, while M = 1 takes a
+// GEMV path, so scoring 5 tokens of the demo target cost 1.6x one token (measured, 1 thread).
+// Here the weight is streamed once per call whatever M is: a tile of NB weight rows (or NV x 16
+// columns) is loaded into registers once and multiplied with MB rows of x, so up to MB x NB
+// independent SIMD accumulator chains share each load (no packing, no copy).
+//
+// Weight layouts (no copy either way):
+//  - "rows": W [N, K] with a unit stride along K (nn.Linear). Dot products along K in 16-lane
+//    vectors, reduced at the end of the row (fixed lane order).
+//  - "cols": W is the transposed view of a contiguous [K, N] tensor (GPT-2's Conv1D weight
+//    .t()), unit stride along N. Each k step broadcasts x[m, k] over 16 output columns.
+// Summation order is fixed by the code (no FMA contraction, -ffp-contract=off), so results do
+// not depend on the thread count or the vector width of the machine.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "vec_math.h"
+
+namespace specdec {
+namespace linear {
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+constexpr int kMaxMB = 8;  // rows of x per tile; more rows go in chunks of 8
+// Work (multiply-adds) below which the op stays on the calling thread. Waking a second thread
+// cost 10-20 ms on the loaded shared 2-core box (csrc/cache_ops.cpp); 1<<21 MACs take ~0.1 ms.
+constexpr int64_t kParallelMacs = int64_t(1) << 21;
+
+SPECDEC_INLINE v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+SPECDEC_INLINE void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
+
+SPECDEC_INLINE v16f splat16(float s) { return v16f{} + s; }
+
+// Sum of the 16 lanes as a tree (halves, quarters, ...): 4 dependent adds, fixed order.
+SPECDEC_INLINE float hsum16(v16f v) {
+  v8f lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  const v8f s8 = lo + hi;
+  v4f a, b;
+  std::memcpy(&a, &s8, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&s8) + sizeof a, sizeof b);
+  const v4f s4 = a + b;
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// Weight rows (or 16-column vectors) per tile for MB rows of x: MB*NB accumulators + NB weight
+// vectors + 1 x vector fit the 32 vector registers of AVX-512 (no spills), and NB divides the
+// 64-column blocks (a remainder tile of 1 row is load-bound: measured 8% on the lm_head).
+constexpr int tile_width(int mb) { return mb <= 2 ? 8 : mb <= 6 ? 4 : 2; }
+
+struct Args {
+  const float* x;
+  int64_t ldx;  // x row stride
+  const float* w;
+  int64_t ldw;  // rows layout: W row stride; cols layout: stride between k rows of W^T
+  const float* bias;      // [N] or nullptr
+  const float* residual;  // [M, N] (row stride ldr) or nullptr
+  int64_t ldr;
+  float* y;  // [M, N] contiguous
+  int64_t M, N, K;
+};
+
+SPECDEC_INLINE float finish(const Args& a, int64_t m, int64_t n, float dot) {
+  float out = a.bias ? dot + a.bias[n] : dot;
+  return a.residual ? a.residual[m * a.ldr + n] + out : out;
+}
+
+// "rows" layout, MB rows of x (from m0) times NB weight rows (from n0).
+template <int MB, int NB>
+void tile_rows(const Args& a, int64_t m0, int64_t n0) {
+  v16f acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = v16f{};
+  const float* x = a.x + m0 * a.ldx;
+  const float* w = a.w + n0 * a.ldw;
+  const int64_t K = a.K, k16 = K - K % 16;
+  for (int64_t k = 0; k < k16; k += 16) {
+    v16f wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = load16(w + j * a.ldw + k);
+    for (int m = 0; m < MB; ++m) {
+      const v16f xv = load16(x + m * a.ldx + k);
+      for (int j = 0; j < NB; ++j) acc[m][j] += xv * wv[j];
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    for (int j = 0; j < NB; ++j) {
+      float s = hsum16(acc[m][j]);
+      for (int64_t k = k16; k < K; ++k) s += x[m * a.ldx + k] * w[j * a.ldw + k];
+      a.y[(m0 + m) * a.N + n0 + j] = finish(a, m0 + m, n0 + j, s);
+    }
+  }
+}
+
+// "cols" layout, MB rows of x (from m0) times NV 16-column vectors (from column n0).
+template <int MB, int NV>
+void tile_cols(const Args& a, int64_t m0, int64_t n0) {
+  v16f acc[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < NV; ++j) acc[m][j] = v16f{};
+  const float* x = a.x + m0 * a.ldx;
+  for (int64_t k = 0; k < a.K; ++k) {
+    const float* wk = a.w + k * a.ldw + n0;
+    v16f wv[NV];
+    for (int j = 0; j < NV; ++j) wv[j] = load16(wk + 16 * j);
+    for (int m = 0; m < MB; ++m) {
+      const v16f xb = splat16(x[m * a.ldx + k]);
+      for (int j = 0; j < NV; ++j) acc[m][j] += xb * wv[j];
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    float* y = a.y + (m0 + m) * a.N + n0;
+    for (int j = 0; j < NV; ++j) {
+      v16f out = acc[m][j];
+      if (a.bias) out += load16(a.bias + n0 + 16 * j);
+      if (a.residual) out = load16(a.residual + (m0 + m) * a.ldr + n0 + 16 * j) + out;
+      store16(y + 16 * j, out);
+    }
+  }
+}
+
+// "cols" layout, single columns [n0, n1) (the N % 16 tail): scalar, strided reads.
+void cols_scalar(const Args& a, int64_t m0, int mb, int64_t n0, int64_t n1) {
+  for (int m = 0; m < mb; ++m) {
+    const float* x = a.x + (m0 + m) * a.ldx;
+    for (int64_t n = n0; n < n1; ++n) {
+      float s = 0.f;
+      for (int64_t k = 0; k < a.K; ++k) s += x[k] * a.w[k * a.ldw + n];
+      a.y[(m0 + m) * a.N + n] = finish(a, m0 + m, n, s);
+    }
+  }
+}
+
+// Output columns [n0, n1) for x rows [m0, m0 + MB), weight rows layout.
+template <int MB>
+void block_rows(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
+  constexpr int NB = tile_width(MB);
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) tile_rows<MB, NB>(a, m0, n);
+  for (; n < n1; ++n) tile_rows<MB, 1>(a, m0, n);
+}
+
+// Output columns [n0, n1) (n0 a multiple of 16) for x rows [m0, m0 + MB), columns layout.
+template <int MB>
+void block_cols(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
+  constexpr int NV = tile_width(MB);
+  int64_t n = n0;
+  for (; n + 16 * NV <= n1; n += 16 * NV) tile_cols<MB, NV>(a, m0, n);
+  for (; n + 16 <= n1; n += 16) tile_cols<MB, 1>(a, m0, n);
+  if (n < n1) cols_scalar(a, m0, MB, n, n1);
+}
+
+template <bool kRows>
+void run_block(const Args& a, int64_t m0, int mb, int64_t n0, int64_t n1) {
+  switch (mb) {
+#define SPECDEC_CASE(MB)                                                 \
+  case MB:                                                               \
+    return kRows ? block_rows<MB>(a, m0, n0, n1) : block_cols<MB>(a, m0, n0, n1);
+    SPECDEC_CASE(1)
+    SPECDEC_CASE(2)
+    SPECDEC_CASE(3)
+    SPECDEC_CASE(4)
+    SPECDEC_CASE(5)
+    SPECDEC_CASE(6)
+    SPECDEC_CASE(7)
+    SPECDEC_CASE(8)
+#undef SPECDEC_CASE
+  }
+}
+
+// Output columns [n0, n1) for every row of x: the weight slice is streamed from memory once per
+// block of 64 columns and re-read from L1/L2 for the further chunks of 8 rows.
+template <bool kRows>
+void run_columns(const Args& a, int64_t n0, int64_t n1) {
+  constexpr int64_t kBlockN = 64;
+  for (int64_t nb = n0; nb < n1; nb += kBlockN) {
+    const int64_t ne = std::min(n1, nb + kBlockN);
+    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxMB) run_block<kRows>(a, m0, static_cast<int>(std::min<int64_t>(kMaxMB, a.M - m0)), nb, ne);
+  }
+}
+
+at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                             const c10::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "skinny_linear (C++) runs on CPU tensors");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "x and weight must be float32, got ",
+              x.scalar_type(), " and ", weight.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "x must be [M, K] and weight [N, K], got ", x.sizes(), " and ", weight.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  TORCH_CHECK(weight.size(1) == K, "weight [N, K] must have K = ", K, " (x's last dim), got ", weight.sizes());
+  TORCH_CHECK(K <= 1 || x.stride(1) == 1, "x needs a unit stride in its last dim, got strides ", x.strides());
+  const bool rows = K <= 1 || weight.stride(1) == 1;
+  TORCH_CHECK(rows || N <= 1 || weight.stride(0) == 1,
+              "weight must be [N, K] with a unit stride along K, or the transpose of a [K, N] tensor with a unit stride "
+              "along N; got strides ", weight.strides());
+  Args a{x.data_ptr<float>(), M > 1 ? x.stride(0) : K, weight.data_ptr<float>(), rows ? weight.stride(0) : weight.stride(1),
+         nullptr, nullptr, 0, nullptr, M, N, K};
+  if (bias.has_value()) {
+    const at::Tensor& b = *bias;
+    TORCH_CHECK(b.device().is_cpu() && b.scalar_type() == at::kFloat && b.dim() == 1 && b.size(0) == N && b.is_contiguous(),
+                "bias must be a contiguous float32 CPU tensor [", N, "], got ", b.scalar_type(), " ", b.sizes());
+    a.bias = b.data_ptr<float>();
+  }
+  if (residual.has_value()) {
+    const at::Tensor& r = *residual;
+    TORCH_CHECK(r.device().is_cpu() && r.scalar_type() == at::kFloat && r.dim() == 2 && r.size(0) == M && r.size(1) == N &&
+                    (N <= 1 || r.stride(1) == 1),
+                "residual must be a float32 CPU tensor [", M, ", ", N, "] with a unit stride in its last dim, got ",
+                r.scalar_type(), " ", r.sizes());
+    a.residual = r.data_ptr<float>();
+    a.ldr = M > 1 ? r.stride(0) : N;
+  }
+  at::Tensor y = at::empty({M, N}, x.options());
+  a.y = y.data_ptr<float>();
+  if (M == 0 || N == 0) return y;
+  // Parallel over 64-column blocks, only for work that pays for waking threads.
+  const int64_t blocks = (N + 63) / 64;
+  const int64_t grain = std::max<int64_t>(1, kParallelMacs / std::max<int64_t>(1, 64 * M * K));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t n0 = b0 * 64, n1 = std::min(N, b1 * 64);
+    if (rows)
+      run_columns<true>(a, n0, n1);
+    else
+      run_columns<false>(a, n0, n1);
+  });
+  return y;
+}
+
+}  // namespace
+}  // namespace linear
+}  // namespace specdec
+
+TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
+  m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) { m.impl("skinny_linear", &specdec::linear::skinny_linear_cpu); }

@@ -1,0 +1,22 @@
+"""Wrappers of the C++ CPU ops rms_norm, rope_qk_, silu_mul (csrc/llama_fused.cpp)."""
+import torch
+
+
+def _ops():
+    from specdec_fast._csrc import load_cpu_ops
+
+    if not load_cpu_ops():
+        raise RuntimeError("the C++ CPU ops did not build")
+    return torch.ops.specdec_fast
+
+
+def rms_norm_cpp(x, weight, eps: float) -> torch.Tensor:
+    return _ops().rms_norm(x, weight, float(eps))
+
+
+def rope_qk_cpp(q, k, cos, sin) -> None:
+    _ops().rope_qk_(q, k, cos, sin)
+
+
+def silu_mul_cpp(gate, up) -> torch.Tensor:
+    return _ops().silu_mul(gate, up)
