@@ -4,6 +4,7 @@
 //   rope_qk_(q [T, Hq, D], k [T, Hk, D], cos [T, D], sin [T, D]) -> ()   in place:
 //       x = x * cos + rotate_half(x) * sin,  rotate_half(x) = cat(-x[D/2:], x[:D/2])
 //   silu_mul(gate [T, F], up [T, F]) -> gate / (1 + exp(-gate)) * up                   [T, F]
+//   rope_cos_sin(positions [T], inv_freq [D/2], scaling) -> (cos, sin) [T, D]
 //
 // Why: a draft step of the demo pair (2 layers, hidden 128) spent most of its time in the
 // dispatch of ~120 small torch ops (1-5 us each, torch.profiler); each op here replaces 3 to 7.
@@ -14,6 +15,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <vector>
 
 #include "vec_math.h"
 
@@ -86,6 +88,35 @@ void rope_qk_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos
   rope_rows(k, cos.data_ptr<float>(), sin.data_ptr<float>(), D);
 }
 
+// cos, sin [T, D] of positions [T] (int32/int64) and inv_freq [D/2]: angle = float(pos) * inv_freq[i]
+// in float32 (transformers' math), duplicated to both halves, cos/sin evaluated in double and
+// rounded once (torch's float cos/sin may differ in the last bit), times scaling.
+std::vector<at::Tensor> rope_cos_sin_cpu(const at::Tensor& positions, const at::Tensor& inv_freq, double scaling) {
+  TORCH_CHECK(positions.device().is_cpu() && positions.dim() == 1 &&
+                  (positions.scalar_type() == at::kInt || positions.scalar_type() == at::kLong),
+              "positions must be a 1-D int32/int64 CPU tensor, got ", positions.scalar_type(), " ", positions.sizes());
+  check_f32_cpu(inv_freq, "inv_freq", 1);
+  const int64_t T = positions.size(0), half = inv_freq.size(0), D = 2 * half;
+  const at::Tensor pos = positions.to(at::kLong).contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const float* f = inv_freq.data_ptr<float>();
+  at::Tensor cos = at::empty({T, D}, inv_freq.options()), sin = at::empty({T, D}, inv_freq.options());
+  float* c = cos.data_ptr<float>();
+  float* s = sin.data_ptr<float>();
+  const float sc = static_cast<float>(scaling);
+  for (int64_t t = 0; t < T; ++t) {
+    const float p = static_cast<float>(pp[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = p * f[i * inv_freq.stride(0)];
+      const float cv = static_cast<float>(std::cos(static_cast<double>(angle))) * sc;
+      const float sv = static_cast<float>(std::sin(static_cast<double>(angle))) * sc;
+      c[t * D + i] = c[t * D + half + i] = cv;
+      s[t * D + i] = s[t * D + half + i] = sv;
+    }
+  }
+  return {cos, sin};
+}
+
 at::Tensor silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up) {
   check_f32_cpu(gate, "gate", 2);
   check_f32_cpu(up, "up", 2);
@@ -110,10 +141,12 @@ TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope_qk_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("rope_cos_sin(Tensor positions, Tensor inv_freq, float scaling) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("rms_norm", &specdec::fused::rms_norm_cpu);
   m.impl("rope_qk_", &specdec::fused::rope_qk_cpu);
   m.impl("silu_mul", &specdec::fused::silu_mul_cpu);
+  m.impl("rope_cos_sin", &specdec::fused::rope_cos_sin_cpu);
 }

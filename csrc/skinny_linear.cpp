@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "vec_math.h"
 
@@ -46,6 +47,14 @@ SPECDEC_INLINE void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
 
 SPECDEC_INLINE v16f splat16(float s) { return v16f{} + s; }
 
+SPECDEC_INLINE v4f load4(const float* p) {
+  v4f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+SPECDEC_INLINE void store4(float* p, v4f v) { std::memcpy(p, &v, sizeof v); }
+
 // Sum of the 16 lanes as a tree (halves, quarters, ...): 4 dependent adds, fixed order.
 SPECDEC_INLINE float hsum16(v16f v) {
   v8f lo, hi;
@@ -57,6 +66,21 @@ SPECDEC_INLINE float hsum16(v16f v) {
   std::memcpy(&b, reinterpret_cast<const char*>(&s8) + sizeof a, sizeof b);
   const v4f s4 = a + b;
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// The sums of four accumulators as lanes 0, 4, 8, 12: one shuffle-and-add tree serves all four
+// (hsum16 per accumulator made the lane reduction ~1/3 of a K = 256 tile at M = 5, measured).
+// Each sum is added in the same order as hsum16 does (lane i + lane i+8, then +4, +2, +1).
+SPECDEC_INLINE v16f reduce4(v16f a, v16f b, v16f c, v16f d) {
+  const v16f ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  // lanes: a0..a7 | b0..b7 (ab), c | d (cd) -> a0..a3 | b0..b3 | c0..c3 | d0..d3
+  const v16f q = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                 __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const v16f p = q + __builtin_shufflevector(q, q, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  return p + __builtin_shufflevector(p, p, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
 }
 
 // Weight rows (or 16-column vectors) per tile for MB rows of x: MB*NB accumulators + NB weight
@@ -98,11 +122,28 @@ void tile_rows(const Args& a, int64_t m0, int64_t n0) {
       for (int j = 0; j < NB; ++j) acc[m][j] += xv * wv[j];
     }
   }
+  // Epilogue: with K = 128 it cost as much as the k loop when done one output at a time
+  // (measured: M = 5 2x slower than the cols layout); four outputs of a row go together.
   for (int m = 0; m < MB; ++m) {
-    for (int j = 0; j < NB; ++j) {
-      float s = hsum16(acc[m][j]);
-      for (int64_t k = k16; k < K; ++k) s += x[m * a.ldx + k] * w[j * a.ldw + k];
-      a.y[(m0 + m) * a.N + n0 + j] = finish(a, m0 + m, n0 + j, s);
+    const float* xm = x + m * a.ldx;
+    float* ym = a.y + (m0 + m) * a.N + n0;
+    if constexpr (NB % 4 == 0) {
+      for (int j = 0; j < NB; j += 4) {
+        const v16f r = reduce4(acc[m][j], acc[m][j + 1], acc[m][j + 2], acc[m][j + 3]);
+        v4f s = __builtin_shufflevector(r, r, 0, 4, 8, 12);
+        for (int64_t k = k16; k < K; ++k) {
+          for (int i = 0; i < 4; ++i) s[i] += xm[k] * w[(j + i) * a.ldw + k];
+        }
+        if (a.bias) s += load4(a.bias + n0 + j);
+        if (a.residual) s = load4(a.residual + (m0 + m) * a.ldr + n0 + j) + s;
+        store4(ym + j, s);
+      }
+    } else {
+      for (int j = 0; j < NB; ++j) {
+        float s = hsum16(acc[m][j]);
+        for (int64_t k = k16; k < K; ++k) s += xm[k] * w[j * a.ldw + k];
+        ym[j] = finish(a, m0 + m, n0 + j, s);
+      }
     }
   }
 }
@@ -240,12 +281,27 @@ at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight, cons
   return y;
 }
 
+// Several products of one x (q/k/v, gate/up): one dispatch from Python instead of one per weight.
+std::vector<at::Tensor> skinny_linear_n_cpu(const at::Tensor& x, at::TensorList weights,
+                                            const c10::List<c10::optional<at::Tensor>>& biases) {
+  TORCH_CHECK(biases.size() == weights.size(), "biases must have one entry (a tensor or None) per weight, got ",
+              biases.size(), " for ", weights.size(), " weights");
+  std::vector<at::Tensor> out;
+  out.reserve(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) out.push_back(skinny_linear_cpu(x, weights[i], biases.get(i), c10::nullopt));
+  return out;
+}
+
 }  // namespace
 }  // namespace linear
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
   m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor");
+  m.def("skinny_linear_n(Tensor x, Tensor[] weights, Tensor?[] biases) -> Tensor[]");
 }
 
-TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) { m.impl("skinny_linear", &specdec::linear::skinny_linear_cpu); }
+TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
+  m.impl("skinny_linear", &specdec::linear::skinny_linear_cpu);
+  m.impl("skinny_linear_n", &specdec::linear::skinny_linear_n_cpu);
+}

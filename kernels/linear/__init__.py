@@ -1,4 +1,5 @@
-"""skinny_linear: y [M, N] = x [M, K] @ weight.T (+ bias) (+ residual) for few rows M.
+"""skinny_linear: y [M, N] = x [M, K] @ weight.T (+ bias) (+ residual) for few rows M;
+skinny_linear_n: several weights applied to one x in one call (q/k/v, gate/up).
 
 Backends: "cpp" (csrc/skinny_linear.cpp: streams the weight once whatever M is; float32 CPU
 tensors, weight [N, K] with a unit stride along K or the transpose of a contiguous [K, N]
@@ -9,9 +10,10 @@ torch's cuBLAS GEMV/GEMM is the right tool).
 import torch
 
 from .._backend import cpp_op_available
-from .reference import skinny_linear_reference
+from .reference import skinny_linear_n_reference, skinny_linear_reference
 
-__all__ = ["skinny_linear", "skinny_linear_reference", "cpp_applies", "MAX_ROWS"]
+__all__ = ["skinny_linear", "skinny_linear_n", "skinny_linear_reference", "skinny_linear_n_reference", "cpp_applies",
+           "MAX_ROWS"]
 
 MAX_ROWS = 16  # the C++ op handles any M; above 16 rows torch's packed sgemm wins (bench/bench_linear.py)
 
@@ -59,17 +61,23 @@ def cpp_applies(x, weight) -> bool:
             and x.shape[0] <= MAX_ROWS and _weight_layout_ok(weight) and cpp_op_available("skinny_linear"))
 
 
+def _pick(backend, x, weights) -> bool:
+    """True for the C++ op (raises for an impossible explicit choice)."""
+    if backend not in (None, "cpp", "torch"):
+        raise ValueError(f"backend must be None, 'cpp' or 'torch' (skinny_linear has no triton kernel), got {backend!r}")
+    applies = all(cpp_applies(x, w) for w in weights)
+    if backend == "cpp" and not applies:
+        raise ValueError("backend='cpp' needs float32 CPU tensors, at most MAX_ROWS rows of x, a weight with a unit "
+                         "stride along K or N, and the C++ ops built")
+    return backend != "torch" and applies
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   residual: torch.Tensor | None = None, *, backend: str | None = None) -> torch.Tensor:
     """x [M, K], weight [N, K] (a view: may be the transpose of [K, N]), bias [N] or None,
     residual [M, N] or None -> y [M, N] = residual + (x @ weight.T + bias), in x's dtype."""
     _check(x, weight, bias, residual)
-    if backend not in (None, "cpp", "torch"):
-        raise ValueError(f"backend must be None, 'cpp' or 'torch' (skinny_linear has no triton kernel), got {backend!r}")
-    if backend == "cpp" and not cpp_applies(x, weight):
-        raise ValueError("backend='cpp' needs float32 CPU tensors, at most MAX_ROWS rows of x, a weight with a unit "
-                         "stride along K or N, and the C++ ops built")
-    if backend == "torch" or (backend is None and not cpp_applies(x, weight)):
+    if not _pick(backend, x, [weight]):
         return skinny_linear_reference(x, weight, bias, residual)
     from .cpp import skinny_linear_cpp
 
@@ -80,3 +88,22 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if residual is not None and residual.shape[1] > 1 and residual.stride(1) != 1:
         residual = residual.contiguous()
     return skinny_linear_cpp(x, weight, bias, residual)
+
+
+def skinny_linear_n(x: torch.Tensor, weights, biases=None, *, backend: str | None = None) -> list:
+    """x [M, K], weights: a sequence of [N_i, K], biases: a matching sequence of [N_i] or None
+    (None: no biases) -> [x @ weights[i].T + biases[i]] as a list of [M, N_i] tensors."""
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, (list, tuple)) or not weights:
+        raise TypeError("weights must be a non-empty list or tuple of tensors")
+    biases = [None] * len(weights) if biases is None else list(biases)
+    if len(biases) != len(weights):
+        raise ValueError(f"biases must have one entry per weight ({len(weights)}), got {len(biases)}")
+    for w, b in zip(weights, biases):
+        _check(x, w, b, None)
+    if not _pick(backend, x, weights):
+        return skinny_linear_n_reference(x, weights, biases)
+    from .cpp import skinny_linear_n_cpp
+
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    return skinny_linear_n_cpp(x, weights, [None if b is None else b.contiguous() for b in biases])

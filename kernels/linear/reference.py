@@ -16,3 +16,8 @@ def skinny_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     """x [M, K], weight [N, K], bias [N] or None, residual [M, N] or None -> y [M, N] in x's dtype."""
     y = F.linear(x, weight, bias)
     return y if residual is None else residual + y
+
+
+def skinny_linear_n_reference(x: torch.Tensor, weights, biases) -> list:
+    """x [M, K], weights [N_i, K], biases [N_i] or None each -> [x @ W_i.T + b_i] (a list)."""
+    return [F.linear(x, w, b) for w, b in zip(weights, biases)]

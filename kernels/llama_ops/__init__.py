@@ -1,4 +1,5 @@
-"""Fused elementwise ops of a Llama decoder layer: rms_norm, rope_qk_ (in place), silu_mul.
+"""Fused elementwise ops of a Llama decoder layer: rms_norm, rope_qk_ (in place), silu_mul,
+rope_cos_sin.
 
 Backends: "cpp" (csrc/llama_fused.cpp: float32 CPU tensors, one call instead of 3-7 torch
 ops each), "torch" (reference.py: the spec; every other dtype and device). backend=None picks
@@ -7,12 +8,12 @@ ops each), "torch" (reference.py: the spec; every other dtype and device). backe
 import torch
 
 from .._backend import cpp_op_available
-from .reference import rms_norm_reference, rope_qk_reference, silu_mul_reference
+from .reference import rms_norm_reference, rope_cos_sin_reference, rope_qk_reference, silu_mul_reference
 
-__all__ = ["rms_norm", "rope_qk_", "silu_mul", "rms_norm_reference", "rope_qk_reference", "silu_mul_reference",
-           "fused_cpp_applies"]
+__all__ = ["rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin", "rms_norm_reference", "rope_qk_reference",
+           "silu_mul_reference", "rope_cos_sin_reference", "fused_cpp_applies"]
 
-_OPS = ("rms_norm", "rope_qk_", "silu_mul")
+_OPS = ("rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin")
 
 
 def _tensor(name, t, ndim):
@@ -102,3 +103,21 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None
     from .cpp import silu_mul_cpp
 
     return silu_mul_cpp(_unit_last(gate), _unit_last(up))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0, *, backend: str | None = None):
+    """positions [T] int32/int64, inv_freq [D/2] float32 -> cos, sin [T, D] float32 (see reference.py)."""
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"positions must be a 1-D int32/int64 tensor, got {getattr(positions, 'dtype', type(positions))}")
+    _tensor("inv_freq", inv_freq, 1)
+    if inv_freq.dtype != torch.float32:
+        raise TypeError(f"inv_freq must be float32, got {inv_freq.dtype}")
+    if positions.device != inv_freq.device:
+        raise ValueError(f"positions is on {positions.device} but inv_freq is on {inv_freq.device}")
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)):
+        raise TypeError(f"scaling must be a float, got {scaling!r}")
+    if not _use_cpp(backend, inv_freq):
+        return rope_cos_sin_reference(positions, inv_freq, scaling)
+    from .cpp import rope_cos_sin_cpp
+
+    return rope_cos_sin_cpp(positions, inv_freq, scaling)

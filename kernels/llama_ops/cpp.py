@@ -1,4 +1,4 @@
-"""Wrappers of the C++ CPU ops rms_norm, rope_qk_, silu_mul (csrc/llama_fused.cpp)."""
+"""Wrappers of the C++ CPU ops rms_norm, rope_qk_, silu_mul, rope_cos_sin (csrc/llama_fused.cpp)."""
 import torch
 
 
@@ -20,3 +20,8 @@ def rope_qk_cpp(q, k, cos, sin) -> None:
 
 def silu_mul_cpp(gate, up) -> torch.Tensor:
     return _ops().silu_mul(gate, up)
+
+
+def rope_cos_sin_cpp(positions, inv_freq, scaling: float):
+    cos, sin = _ops().rope_cos_sin(positions, inv_freq, float(scaling))
+    return cos, sin

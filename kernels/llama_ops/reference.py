@@ -6,6 +6,9 @@
         x <- x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])
         (cos/sin row t applies to every head of token t)
     silu_mul(gate [T, F], up [T, F])     -> silu(gate) * up = gate / (1 + exp(-gate)) * up  [T, F]
+    rope_cos_sin(positions [T], inv_freq [D/2], scaling) -> cos, sin [T, D] float32:
+        angle = float32(position) * inv_freq (float32), cat(angle, angle), cos/sin * scaling
+        (transformers' rotary embedding; the C++ op rounds cos/sin from double once)
 """
 import torch
 import torch.nn.functional as F
@@ -32,3 +35,10 @@ def rope_qk_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
 def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate, up [T, F] -> silu(gate) * up [T, F]."""
     return F.silu(gate) * up
+
+
+def rope_cos_sin_reference(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float):
+    """positions [T] int, inv_freq [D/2] float32 -> cos, sin [T, D] float32."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scaling, emb.sin() * scaling

@@ -18,12 +18,14 @@ def fused_layer_math(dtype: torch.dtype, device_type: str) -> bool:
         return False
     from specdec_fast.kernels._backend import cpp_op_available
 
-    return all(cpp_op_available(op) for op in ("rms_norm", "rope_qk_", "silu_mul"))
+    return all(cpp_op_available(op) for op in ("rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin"))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
     """transformers' LlamaRMSNorm / Qwen3RMSNorm over the last dim of x [..., H] (float32 statistics)."""
     if fused and x.stride(-1) == 1:
+        if x.dim() == 2:  # the reshape/view calls would be no-ops: skip them (~1 us each)
+            return torch.ops.specdec_fast.rms_norm(x, weight, eps)
         return torch.ops.specdec_fast.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
     if x.dtype == torch.float32:  # the casts would be no-ops: skip their calls (per-op overhead on CPU)
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
@@ -32,9 +34,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> 
     return weight * h.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype,
+                 fused: bool = False):
     """positions [T] -> cos, sin [T, D] in dtype, with transformers' float32 math
-    (position * inv_freq, cat(freqs, freqs), cos/sin * attention_scaling, cast)."""
+    (position * inv_freq, cat(freqs, freqs), cos/sin * attention_scaling, cast). fused: one C++
+    call instead of 6 ops (its cos/sin are rounded from double: the last bit may differ)."""
+    if fused and dtype == torch.float32:
+        cos, sin = torch.ops.specdec_fast.rope_cos_sin(positions, inv_freq, scaling)
+        return cos, sin
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()

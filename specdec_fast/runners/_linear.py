@@ -1,6 +1,7 @@
 """The matrix products of the paged runners, in one place: linear(x [..., in], weight [out, in]
 (a view; may be the transpose of a [in, out] tensor, as GPT-2's Conv1D stores it), bias [out]
-or None, residual [..., out] or None) -> residual + (x @ weight.T + bias) [..., out].
+or None, residual [..., out] or None) -> residual + (x @ weight.T + bias) [..., out]; and
+linears(x, ((weight, bias), ...)) -> [linear(x, weight, bias), ...] (q/k/v, gate/up: one C++ call).
 
 On CPU, float32, at most CPP_MAX_ROWS rows, the C++ skinny_linear (csrc/skinny_linear.cpp)
 streams the weight once per call whatever the row count; torch's sgemm packs the whole weight
@@ -50,3 +51,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return y if x.dim() == 2 else y.view(*lead, weight.shape[0])
     y = F.linear(x, weight, bias)
     return y if residual is None else residual + y
+
+
+def linears(x: torch.Tensor, pairs) -> list:
+    """[linear(x, weight, bias) for weight, bias in pairs]; x [T, in] (2-D). On the C++ path one
+    dispatch for all of them (each dispatch from Python costs microseconds: the draft step is
+    dominated by them)."""
+    if x.dim() == 2 and all(_cpp_takes(x, w, b, None) for w, b in pairs):
+        return torch.ops.specdec_fast.skinny_linear_n(x, [w for w, _ in pairs], [b for _, b in pairs])
+    return [linear(x, w, b) for w, b in pairs]

@@ -35,7 +35,7 @@ from specdec_fast.kernels._backend import resolve_backend
 from specdec_fast.kernels.attention import paged_attention
 from specdec_fast.kernels.cache_ops import append_kv
 from specdec_fast.runners._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
-from specdec_fast.runners._linear import linear
+from specdec_fast.runners._linear import linear, linears
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -230,15 +230,14 @@ class PagedRunner:
         total = flat.shape[0]
         attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)  # [T, D], once per call
         x = F.embedding(flat.clamp(min=0), self.embed)
         table, heads, kv_heads, dim = self.cache.block_table, self.num_heads, self.num_kv_heads, self.head_dim
         direct, ops = self._direct_cpp, torch.ops.specdec_fast
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
-            q = linear(h, *layer.q).view(total, heads, dim)
-            k = linear(h, *layer.k).view(total, kv_heads, dim)
-            v = linear(h, *layer.v).view(total, kv_heads, dim)
+            q, k, v = linears(h, (layer.q, layer.k, layer.v))
+            q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
             if layer.qk_norm is not None:
                 q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
                 k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
@@ -252,7 +251,7 @@ class PagedRunner:
                                     scale=self.scale, backend=self.backend, check=False)
             x = linear(o.reshape(total, heads * dim), *layer.o, residual=x)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
-            act = gated_act(linear(h, *layer.gate), linear(h, *layer.up), layer.act, self.silu, fused)
+            act = gated_act(*linears(h, (layer.gate, layer.up)), layer.act, self.silu, fused)
             x = linear(act, *layer.down, residual=x)
         self.length.copy_(attn_lens)
         x = rms_norm(x, self.final_norm, self.final_eps, fused)

@@ -134,3 +134,36 @@ def test_cpp_op_checks():
         ops.rope_qk_(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.randn(2, 7), torch.randn(2, 7))
     with pytest.raises(RuntimeError, match="one shape"):
         ops.silu_mul(torch.randn(2, 4), torch.randn(2, 5))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_rope_cos_sin(backend, dtype):
+    """Against a float64 evaluation of the float32 angles: within one float32 ulp (the C++ op
+    rounds once from double; torch's float cos/sin are within ~1 ulp too)."""
+    from specdec_fast.kernels.llama_ops import rope_cos_sin, rope_cos_sin_reference
+
+    positions = torch.tensor([0, 1, 7, 100, 4095, 70000], dtype=dtype)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
+    for scaling in (1.0, 0.75):
+        cos, sin = rope_cos_sin(positions, inv_freq, scaling, backend=backend)
+        assert cos.shape == sin.shape == (6, 32) and cos.dtype == torch.float32
+        angle = (positions.to(torch.float32)[:, None] * inv_freq[None, :]).double()
+        angle = torch.cat((angle, angle), -1)
+        torch.testing.assert_close(cos.double(), angle.cos() * scaling, rtol=0, atol=2.4e-7)
+        torch.testing.assert_close(sin.double(), angle.sin() * scaling, rtol=0, atol=2.4e-7)
+        ref_cos, ref_sin = rope_cos_sin_reference(positions, inv_freq, scaling)
+        torch.testing.assert_close(cos, ref_cos, rtol=0, atol=2.4e-7)
+        torch.testing.assert_close(sin, ref_sin, rtol=0, atol=2.4e-7)
+
+
+def test_rope_cos_sin_bad_input():
+    from specdec_fast.kernels.llama_ops import rope_cos_sin
+
+    inv = torch.ones(4)
+    with pytest.raises(TypeError, match="positions must be"):
+        rope_cos_sin(torch.ones(3), inv)
+    with pytest.raises(TypeError, match="inv_freq must be float32"):
+        rope_cos_sin(torch.arange(3), inv.double())
+    with pytest.raises(TypeError, match="scaling must be"):
+        rope_cos_sin(torch.arange(3), inv, "1")

@@ -146,3 +146,39 @@ def test_cuda_goes_to_torch():
     x, w = torch.randn(3, 8, device="cuda"), torch.randn(5, 8, device="cuda")
     assert not cpp_applies(x, w)
     torch.testing.assert_close(skinny_linear(x, w), skinny_linear_reference(x, w))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_skinny_linear_n_equals_one_call_per_weight(backend, m):
+    """q/k/v-like weights (different N, one with a bias, one in the transposed layout): each
+    output equals skinny_linear of that weight alone, bit for bit on the same backend."""
+    from specdec_fast.kernels.linear import skinny_linear_n
+
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 48, generator=gen)
+    weights = [torch.randn(64, 48, generator=gen), torch.randn(48, 16, generator=gen).t(), torch.randn(17, 48, generator=gen)]
+    biases = [None, torch.randn(16, generator=gen), None]
+    outs = skinny_linear_n(x, weights, biases, backend=backend)
+    assert len(outs) == 3
+    for out, w, b in zip(outs, weights, biases):
+        assert torch.equal(out, skinny_linear(x, w, b, backend=backend))
+        torch.testing.assert_close(out.double(), _oracle(x, w, b, None), rtol=0, atol=_tolerance(48))
+    assert all(torch.equal(a, b) for a, b in zip(skinny_linear_n(x, weights[:1], backend=backend), outs[:1]))
+
+
+def test_skinny_linear_n_bad_input():
+    from specdec_fast.kernels.linear import skinny_linear_n
+
+    x = torch.randn(2, 8)
+    with pytest.raises(TypeError, match="non-empty list"):
+        skinny_linear_n(x, torch.randn(4, 8))
+    with pytest.raises(TypeError, match="non-empty list"):
+        skinny_linear_n(x, [])
+    with pytest.raises(ValueError, match="one entry per weight"):
+        skinny_linear_n(x, [torch.randn(4, 8)], [None, None])
+    with pytest.raises(ValueError, match="K = 8"):
+        skinny_linear_n(x, [torch.randn(4, 8), torch.randn(4, 9)])
+    if "cpp" in BACKENDS:
+        with pytest.raises(RuntimeError, match="one entry"):
+            torch.ops.specdec_fast.skinny_linear_n(x, [torch.randn(4, 8)], [])
