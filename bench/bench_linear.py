@@ -1,6 +1,6 @@
 """CPU microbenchmark of the runners' matrix products: the C++ skinny_linear against torch's
 F.linear, for the demo pair's shapes (target hidden 256 / intermediate 688 / vocab 4096, draft
-hidden 128 / intermediate 256) at M = 1, 2, 5, 8, 16 rows, weight as nn.Linear stores it
+hidden 128 / intermediate 256) at M = 1, 2, 5, 6, 8, 16 rows, weight as nn.Linear stores it
 ("rows": [N, K]) and as GPT-2's Conv1D does ("cols": the transpose of a contiguous [K, N]).
 
     python bench/bench_linear.py [--threads 1] [--repeats 9] [--out FILE]
@@ -51,7 +51,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--ms", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 5, 8, 16])
+    ap.add_argument("--ms", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 5, 6, 8, 16])
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

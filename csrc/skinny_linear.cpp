@@ -32,7 +32,10 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
-constexpr int kMaxMB = 8;  // rows of x per tile; more rows go in chunks of 8
+// Rows of x per tile. More rows go in balanced chunks (8 = 4 + 4, 16 = 6 + 5 + 5): a tile of
+// 7 or 8 rows leaves room for only 2 weight rows (measured: M = 8 1.1-1.7x slower than F.linear,
+// M = 6 0.6-1.0x).
+constexpr int kMaxMB = 6;
 // Work (multiply-adds) below which the op stays on the calling thread. Waking a second thread
 // cost 10-20 ms on the loaded shared 2-core box (csrc/cache_ops.cpp); 1<<21 MACs take ~0.1 ms.
 constexpr int64_t kParallelMacs = int64_t(1) << 21;
@@ -86,7 +89,7 @@ SPECDEC_INLINE v16f reduce4(v16f a, v16f b, v16f c, v16f d) {
 // Weight rows (or 16-column vectors) per tile for MB rows of x: MB*NB accumulators + NB weight
 // vectors + 1 x vector fit the 32 vector registers of AVX-512 (no spills), and NB divides the
 // 64-column blocks (a remainder tile of 1 row is load-bound: measured 8% on the lm_head).
-constexpr int tile_width(int mb) { return mb <= 2 ? 8 : mb <= 6 ? 4 : 2; }
+constexpr int tile_width(int mb) { return mb <= 2 ? 8 : 4; }
 
 struct Args {
   const float* x;
@@ -218,8 +221,6 @@ void run_block(const Args& a, int64_t m0, int mb, int64_t n0, int64_t n1) {
     SPECDEC_CASE(4)
     SPECDEC_CASE(5)
     SPECDEC_CASE(6)
-    SPECDEC_CASE(7)
-    SPECDEC_CASE(8)
 #undef SPECDEC_CASE
   }
 }
@@ -231,7 +232,12 @@ void run_columns(const Args& a, int64_t n0, int64_t n1) {
   constexpr int64_t kBlockN = 64;
   for (int64_t nb = n0; nb < n1; nb += kBlockN) {
     const int64_t ne = std::min(n1, nb + kBlockN);
-    for (int64_t m0 = 0; m0 < a.M; m0 += kMaxMB) run_block<kRows>(a, m0, static_cast<int>(std::min<int64_t>(kMaxMB, a.M - m0)), nb, ne);
+    const int64_t chunks = (a.M + kMaxMB - 1) / kMaxMB;
+    for (int64_t c = 0, m0 = 0; c < chunks; ++c) {
+      const int64_t mb = (a.M - m0) / (chunks - c);  // remaining rows over remaining chunks: <= kMaxMB
+      run_block<kRows>(a, m0, static_cast<int>(mb), nb, ne);
+      m0 += mb;
+    }
   }
 }
 

@@ -3,8 +3,8 @@ skinny_linear_n: several weights applied to one x in one call (q/k/v, gate/up).
 
 Backends: "cpp" (csrc/skinny_linear.cpp: streams the weight once whatever M is; float32 CPU
 tensors, weight [N, K] with a unit stride along K or the transpose of a contiguous [K, N]
-tensor), "torch" (reference.py: F.linear; every other dtype and device, and M > MAX_ROWS).
-backend=None picks "cpp" where it applies, else "torch"; "triton" is not offered (on CUDA,
+tensor, M <= MAX_ROWS), "torch" (reference.py: F.linear; every other dtype and device).
+backend=None picks "cpp" where it applies and M <= AUTO_ROWS (measured crossover), else "torch"; "triton" is not offered (on CUDA,
 torch's cuBLAS GEMV/GEMM is the right tool).
 """
 import torch
@@ -13,9 +13,13 @@ from .._backend import cpp_op_available
 from .reference import skinny_linear_n_reference, skinny_linear_reference
 
 __all__ = ["skinny_linear", "skinny_linear_n", "skinny_linear_reference", "skinny_linear_n_reference", "cpp_applies",
-           "MAX_ROWS"]
+           "MAX_ROWS", "AUTO_ROWS"]
 
-MAX_ROWS = 16  # the C++ op handles any M; above 16 rows torch's packed sgemm wins (bench/bench_linear.py)
+MAX_ROWS = 16  # the rows the C++ op is offered for (backend="cpp"); it computes any M correctly
+# backend=None takes the C++ op up to AUTO_ROWS rows: bench/bench_linear.py, 1 thread, Zen 4, CPU
+# time, C++ / F.linear over the demo pair's shapes: M=5 0.55-0.84, M=6 0.64-0.98, M=7 0.88-1.10,
+# M=8 1.25-1.47 (torch's packed sgemm wins from there).
+AUTO_ROWS = 6
 
 
 def _tensor(name, t, ndim):
@@ -69,7 +73,7 @@ def _pick(backend, x, weights) -> bool:
     if backend == "cpp" and not applies:
         raise ValueError("backend='cpp' needs float32 CPU tensors, at most MAX_ROWS rows of x, a weight with a unit "
                          "stride along K or N, and the C++ ops built")
-    return backend != "torch" and applies
+    return backend == "cpp" or (backend is None and applies and x.shape[0] <= AUTO_ROWS)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

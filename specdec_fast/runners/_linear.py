@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 # Rows of x up to which the C++ op beats F.linear on the demo pair's shapes (bench/bench_linear.py,
-# 1 thread, AMD EPYC Zen 4, CPU time medians; e.g. lm_head 256 -> 4096: M=1 71 vs 109 us, M=5
-# 189 vs 335 us, M=8 about even, M=16 720 vs 503 us).
-CPP_MAX_ROWS = 8
+# 1 thread, AMD EPYC Zen 4, CPU-time medians, load ~2-3 on the shared 2-core box): lm_head
+# 256 -> 4096 M=1 62 vs 112 us, M=5 162 vs 296 us, M=6 189 vs 294 us; every shape: M=6
+# 0.64-0.98x, M=7 0.88-1.10x, M=8 1.25-1.47x of F.linear's time.
+from specdec_fast.kernels.linear import AUTO_ROWS as CPP_MAX_ROWS  # noqa: E402
 
 _cpp_ready = None  # lazily: whether torch.ops.specdec_fast.skinny_linear is there
 

@@ -4,7 +4,7 @@ bias / residual / neither, strided x rows; routing; bad input."""
 import pytest
 import torch
 
-from specdec_fast.kernels.linear import MAX_ROWS, cpp_applies, skinny_linear, skinny_linear_reference
+from specdec_fast.kernels.linear import AUTO_ROWS, MAX_ROWS, cpp_applies, skinny_linear, skinny_linear_reference
 from tests.kernels.backends import ON_CUDA, kernel_backends
 
 BACKENDS = [b for b in kernel_backends() if b in ("cpp", "torch")]
@@ -94,6 +94,10 @@ def test_routing():
     assert not cpp_applies(torch.randn(MAX_ROWS + 1, 8), w)
     assert not cpp_applies(x.double(), w.double())
     assert not cpp_applies(x, torch.randn(6, 8, 2)[..., 0])  # no unit stride in either dim
+    # the automatic choice: C++ up to AUTO_ROWS rows (measured crossover), torch above
+    xm = torch.randn(AUTO_ROWS + 1, 8)
+    assert cpp_applies(xm, w) == cpp_built
+    assert torch.equal(skinny_linear(xm, w), skinny_linear_reference(xm, w))
     # the automatic choice falls back to torch where the C++ op does not apply
     xd, wd = torch.randn(20, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
     torch.testing.assert_close(skinny_linear(xd, wd), skinny_linear_reference(xd, wd))
