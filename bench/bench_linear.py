@@ -3,13 +3,17 @@ F.linear, for the demo pair's shapes (target hidden 256 / intermediate 688 / voc
 hidden 128 / intermediate 256) at M = 1, 2, 5, 6, 8, 16 rows, weight as nn.Linear stores it
 ("rows": [N, K]) and as GPT-2's Conv1D does ("cols": the transpose of a contiguous [K, N]).
 
-    python bench/bench_linear.py [--threads 1] [--repeats 9] [--out FILE]
+    python bench/bench_linear.py [--threads 1] [--repeats 9] [--cold] [--out FILE]
+
+--cold: each call uses the next of several copies of the weight (> 64 MB in all), so weights
+come from DRAM as in a whole model that does not fit the cache (hot: the same weight every call).
 
 Each (shape, M, layout) times both ops round robin, --repeats rounds of a batch of calls; prints
 the median per-call time (wall clock and the process's CPU time, which is steadier on a shared
 machine) and writes JSON to --out when given. The results are checked against each other first.
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -52,6 +56,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--ms", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 5, 6, 8, 16])
+    ap.add_argument("--cold", action="store_true", help="rotate through > 64 MB of weight copies")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -66,12 +71,17 @@ def main(argv=None):
     print(f"{'shape':16s} {'K':>4s} {'N':>5s} {'M':>3s} {'layout':6s} {'torch us':>9s} {'cpp us':>8s} {'cpp/torch':>9s}"
           f"   (CPU time; wall in brackets)")
     for name, k, n in SHAPES:
-        weights = {"rows": torch.randn(n, k, generator=gen), "cols": torch.randn(k, n, generator=gen).t()}
+        copies = max(2, (64 << 20) // (n * k * 4)) if args.cold else 1
+        weights = {"rows": [torch.randn(n, k, generator=gen) for _ in range(copies)],
+                   "cols": [torch.randn(k, n, generator=gen).t() for _ in range(copies)]}
         for m in args.ms:
             x = torch.randn(m, k, generator=gen)
-            for layout, w in weights.items():
+            for layout, ws in weights.items():
+                w = ws[0]
                 torch.testing.assert_close(op(x, w, None, None), F.linear(x, w), rtol=1e-4, atol=1e-4)
-                t = time_pair({"torch": lambda: F.linear(x, w), "cpp": lambda: op(x, w, None, None)}, args.repeats)
+                cycle = itertools.cycle(ws)
+                t = time_pair({"torch": lambda: F.linear(x, next(cycle)), "cpp": lambda: op(x, next(cycle), None, None)},
+                              args.repeats)
                 (tw, tc), (cw, cc) = t["torch"], t["cpp"]
                 rows.append(dict(shape=name, K=k, N=n, M=m, layout=layout, torch_us=tc * 1e6, cpp_us=cc * 1e6,
                                  torch_wall_us=tw * 1e6, cpp_wall_us=cw * 1e6))
