@@ -15,6 +15,9 @@ import torch.nn.functional as F
 # 1 thread, AMD EPYC Zen 4, CPU-time medians, load ~2-3 on the shared 2-core box): lm_head
 # 256 -> 4096 M=1 62 vs 112 us, M=5 162 vs 296 us, M=6 189 vs 294 us; every shape: M=6
 # 0.64-0.98x, M=7 0.88-1.10x, M=8 1.25-1.47x of F.linear's time.
+# A transposed ("cols", GPT-2 Conv1D) weight goes to C++ from 2 rows on: one row took 0.9-1.9x
+# F.linear's time (its GEMV streams W^T better), 2 and 5 rows 0.4-1.0x (GPT-2 small shapes,
+# 768 -> 2304 / 3072, 3072 -> 768, 768 -> 768).
 from specdec_fast.kernels.linear import AUTO_ROWS as CPP_MAX_ROWS  # noqa: E402
 
 _cpp_ready = None  # lazily: whether torch.ops.specdec_fast.skinny_linear is there
@@ -35,7 +38,7 @@ def _cpp_takes(x: torch.Tensor, weight: torch.Tensor, bias, residual) -> bool:
             and 0 < k and x.numel() <= CPP_MAX_ROWS * k and (k == 1 or x.stride(-1) == 1)
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
             and (residual is None or residual.dtype == torch.float32)
-            and (weight.stride(1) == 1 or weight.stride(0) == 1 or k <= 1 or weight.shape[0] <= 1)
+            and (weight.stride(1) == 1 or k == 1 or (x.numel() > k and (weight.stride(0) == 1 or weight.shape[0] <= 1)))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) and _cpp_available())
 
 

@@ -60,3 +60,22 @@ def test_layer_math_matches_torch(fused):
     g, u = torch.randn(5, 12, generator=gen), torch.randn(5, 12, generator=gen)
     torch.testing.assert_close(gated_act(g, u, F.silu, True, fused), F.silu(g) * u)
     torch.testing.assert_close(gated_act(g, u, F.gelu, False, fused), F.gelu(g) * u)
+
+
+def test_routing_rules():
+    """C++ for CPU float32 with 1..CPP_MAX_ROWS rows; a transposed (Conv1D) weight from 2 rows on;
+    torch for more rows, other dtypes and autograd."""
+    from specdec_fast.runners._layer_math import fused_layer_math
+
+    built = fused_layer_math(torch.float32, "cpu")  # the C++ ops built here (same library)
+    takes = runner_linear._cpp_takes
+    w, wt = torch.randn(6, 4), torch.randn(4, 6).t()
+    with torch.no_grad():
+        assert takes(torch.randn(1, 4), w, None, None) == built
+        assert not takes(torch.randn(1, 4), wt, None, None)
+        assert takes(torch.randn(2, 4), wt, None, None) == built
+        assert takes(torch.randn(2, 3, 4), w, torch.randn(6), None) == built  # 6 rows
+        assert not takes(torch.randn(runner_linear.CPP_MAX_ROWS + 1, 4), w, None, None)
+        assert not takes(torch.randn(2, 4).double(), w.double(), None, None)
+        assert not takes(torch.randn(2, 4), w, torch.randn(12)[::2], None)  # strided bias
+    assert not takes(torch.randn(2, 4), w.requires_grad_(), None, None)
