@@ -35,7 +35,7 @@ from specdec_fast.kernels._backend import resolve_backend
 from specdec_fast.kernels.attention import paged_attention
 from specdec_fast.kernels.cache_ops import append_kv
 from specdec_fast.runners._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
-from specdec_fast.runners._linear import linear, linears
+from specdec_fast.runners._linear import layer_linears, linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -111,6 +111,8 @@ class _Layer:
         self.gate = (mlp.gate_proj.weight, mlp.gate_proj.bias)
         self.up = (mlp.up_proj.weight, mlp.up_proj.bias)
         self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
+        self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
+        self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
         self.act = mlp.act_fn
 
 
@@ -222,6 +224,15 @@ class PagedRunner:
         positions = torch.empty_like(row_pos).scatter_(0, dest, row_pos)
         return packed, positions, cu, count, dest
 
+    def _linears(self, rows: int, x: torch.Tensor):
+        """(linear, linears) for a forward over ``rows`` token rows like x: decided once per row
+        count (runners/_linear.layer_linears: the raw C++ ops when they take every weight)."""
+        cache = self.__dict__.setdefault("_linear_fns", {})
+        if rows not in cache:
+            weights = [p for layer in self.layers for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
+            cache[rows] = layer_linears(rows, x, [w for w, _ in weights], [b for _, b in weights])
+        return cache[rows]
+
     def _forward(self, tokens: torch.Tensor, num_valid) -> torch.Tensor:
         """tokens [B, N] -> final-norm hidden states [B, N, H]; appends the real tokens' K/V at
         self.length and advances it."""
@@ -234,9 +245,10 @@ class PagedRunner:
         x = F.embedding(flat.clamp(min=0), self.embed)
         table, heads, kv_heads, dim = self.cache.block_table, self.num_heads, self.num_kv_heads, self.head_dim
         direct, ops = self._direct_cpp, torch.ops.specdec_fast
+        lin, lins = self._linears(total, x)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
-            q, k, v = linears(h, (layer.q, layer.k, layer.v))
+            q, k, v = lins(h, *layer.qkv)
             q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
             if layer.qk_norm is not None:
                 q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
@@ -249,10 +261,10 @@ class PagedRunner:
                 append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu, backend=self.backend, check=False)
                 o = paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, max_query_len=n,
                                     scale=self.scale, backend=self.backend, check=False)
-            x = linear(o.reshape(total, heads * dim), *layer.o, residual=x)
+            x = lin(o.reshape(total, heads * dim), *layer.o, x)  # x + o-projection
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
-            act = gated_act(*linears(h, (layer.gate, layer.up)), layer.act, self.silu, fused)
-            x = linear(act, *layer.down, residual=x)
+            act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
+            x = lin(act, *layer.down, x)
         self.length.copy_(attn_lens)
         x = rms_norm(x, self.final_norm, self.final_eps, fused)
         if unpack is not None:

@@ -79,3 +79,23 @@ def test_routing_rules():
         assert not takes(torch.randn(2, 4).double(), w.double(), None, None)
         assert not takes(torch.randn(2, 4), w, torch.randn(12)[::2], None)  # strided bias
     assert not takes(torch.randn(2, 4), w.requires_grad_(), None, None)
+
+
+def test_layer_linears_picks_once_and_matches():
+    """layer_linears: the raw C++ ops when they take every weight (float32 CPU, few rows), else
+    the checked functions; both compute the same (linear with residual, linears with biases)."""
+    from specdec_fast.runners._layer_math import fused_layer_math
+    from specdec_fast.runners._linear import layer_linears
+
+    gen = torch.Generator().manual_seed(2)
+    ws, bs = [torch.randn(12, 16, generator=gen), torch.randn(4, 16, generator=gen)], [torch.randn(12, generator=gen), None]
+    x, r = torch.randn(3, 16, generator=gen), torch.randn(3, 12, generator=gen)
+    with torch.no_grad():
+        lin, lins = layer_linears(3, x, ws, bs)
+        assert (lin is torch.ops.specdec_fast.skinny_linear) == fused_layer_math(torch.float32, "cpu")
+        torch.testing.assert_close(lin(x, ws[0], bs[0], r), r + F.linear(x, ws[0], bs[0]))
+        for got, w, b in zip(lins(x, ws, bs), ws, bs):
+            torch.testing.assert_close(got, F.linear(x, w, b))
+        many = torch.randn(runner_linear.CPP_MAX_ROWS + 1, 16)
+        assert layer_linears(many.shape[0], many, ws, bs)[0] is linear
+        assert layer_linears(3, x.double(), [w.double() for w in ws], [None, None])[0] is linear
