@@ -17,7 +17,8 @@ the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math.
 import torch
 import torch.nn.functional as F
 
-from specdec_fast.runners._linear import linear
+from specdec_fast.runners._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
+from specdec_fast.runners._linear import layer_linears
 from specdec_fast.runners.paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from specdec_fast.runners.paged_base import PagedRunnerBase, device_reason, head_dim_reason
 from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
@@ -93,21 +94,6 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     return head_dim_reason(head_dim, backend)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm / Qwen3RMSNorm, same op order (float32 statistics)."""
-    if x.dtype == torch.float32:  # the casts would be no-ops: skip their calls (per-op overhead on CPU)
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos, sin [T, 1, D]: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 class _Layer:
     """One decoder layer's parameters (references to the model's tensors, not copies)."""
 
@@ -126,6 +112,8 @@ class _Layer:
         self.gate = (mlp.gate_proj.weight, mlp.gate_proj.bias)
         self.up = (mlp.up_proj.weight, mlp.up_proj.bias)
         self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
+        self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
+        self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
         self.act = mlp.act_fn
 
 
@@ -153,28 +141,34 @@ class PagedRunner(PagedRunnerBase):
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.silu = config.hidden_act == "silu"  # F.silu directly: skips a module call per layer
 
+    def _linears(self, rows: int, x: torch.Tensor):
+        """(linear, linears) for a forward over ``rows`` token rows like x: decided once per row
+        count (runners/_linear.layer_linears: the raw C++ ops when they take every weight)."""
+        cache = self.__dict__.setdefault("_linear_fns", {})
+        if rows not in cache:
+            weights = [p for layer in self.layers for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
+            cache[rows] = layer_linears(rows, x, [w for w, _ in weights], [b for _, b in weights])
+        return cache[rows]
+
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total = flat.shape[0]
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scaling).to(self.dtype)[:, None, :]
-        sin = (emb.sin() * self.rope_scaling).to(self.dtype)[:, None, :]
+        fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)  # [T, D], once per call
         x = F.embedding(flat.clamp(min=0), self.embed)
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        lin, lins = self._linears(total, x)
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.ln_in, layer.eps_in)
-            q = linear(h, *layer.q).view(total, heads, dim)
-            k = linear(h, *layer.k).view(total, kv_heads, dim)
-            v = linear(h, *layer.v).view(total, kv_heads, dim)
+            h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
+            q, k, v = lins(h, *layer.qkv)
+            q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
             if layer.qk_norm is not None:
-                q = _rms_norm(q, layer.qk_norm[0], layer.qk_norm[1])
-                k = _rms_norm(k, layer.qk_norm[2], layer.qk_norm[3])
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+                q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
+                k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
+            q, k = rotate_qk(q, k, cos, sin, fused)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + linear(o.reshape(total, heads * dim), *layer.o)
-            h = _rms_norm(x, layer.ln_post, layer.eps_post)
-            gate = linear(h, *layer.gate)
-            gate = F.silu(gate) if self.silu else layer.act(gate)
-            x = x + linear(gate * linear(h, *layer.up), *layer.down)
-        return _rms_norm(x, self.final_norm, self.final_eps)
+            x = lin(o.reshape(total, heads * dim), *layer.o, x)  # x + o-projection
+            h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
+            act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
+            x = lin(act, *layer.down, x)
+        return rms_norm(x, self.final_norm, self.final_eps, fused)

@@ -1,0 +1,121 @@
+"""skinny_linear: y [M, N] = x [M, K] @ weight.T (+ bias) (+ residual) for few rows M;
+skinny_linear_n: several weights applied to one x in one call (q/k/v, gate/up).
+
+Backends: "cpp" (csrc/skinny_linear.cpp: streams the weight once whatever M is; float32 CPU
+tensors, weight [N, K] with a unit stride along K or the transpose of a contiguous [K, N]
+tensor, M <= MAX_ROWS), "torch" (reference.py: F.linear; every other dtype and device).
+backend=None picks "cpp" where it applies and M <= AUTO_ROWS (measured crossover), else "torch"; "triton" is not offered (on CUDA,
+torch's cuBLAS GEMV/GEMM is the right tool).
+"""
+import torch
+
+from .._backend import cpp_op_available
+from .reference import skinny_linear_n_reference, skinny_linear_reference
+
+__all__ = ["skinny_linear", "skinny_linear_n", "skinny_linear_reference", "skinny_linear_n_reference", "cpp_applies",
+           "MAX_ROWS", "AUTO_ROWS"]
+
+MAX_ROWS = 16  # the rows the C++ op is offered for (backend="cpp"); it computes any M correctly
+# backend=None takes the C++ op up to AUTO_ROWS rows: bench/bench_linear.py, 1 thread, Zen 4, CPU
+# time, C++ / F.linear over the demo pair's shapes: M=5 0.55-0.84, M=6 0.64-0.98, M=7 0.88-1.10,
+# M=8 1.25-1.47 (torch's packed sgemm wins from there).
+AUTO_ROWS = 6
+
+
+def _tensor(name, t, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+
+
+def _check(x, weight, bias, residual):
+    _tensor("x", x, 2)
+    _tensor("weight", weight, 2)
+    if not (x.is_floating_point() and weight.is_floating_point()):
+        raise TypeError(f"x and weight must be floating point, got {x.dtype} and {weight.dtype}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} differs from x dtype {x.dtype}")
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"weight must be [N, K] with K = {k} (x's last dim), got shape {tuple(weight.shape)}")
+    for name, t, shape in (("bias", bias, (n,)), ("residual", residual, (m, n))):
+        if t is None:
+            continue
+        _tensor(name, t, len(shape))
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {tuple(t.shape)}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} differs from x dtype {x.dtype}")
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def _weight_layout_ok(weight) -> bool:
+    n, k = weight.shape
+    return k <= 1 or n <= 1 or weight.stride(1) == 1 or weight.stride(0) == 1
+
+
+def cpp_applies(x, weight) -> bool:
+    """Whether the C++ op takes these (static properties only): CPU float32, M <= MAX_ROWS,
+    a weight layout it streams (unit stride along K or along N) and the op built."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.shape[0] <= MAX_ROWS and _weight_layout_ok(weight) and cpp_op_available("skinny_linear"))
+
+
+def _pick(backend, x, weights) -> bool:
+    """True for the C++ op (raises for an impossible explicit choice)."""
+    if backend not in (None, "cpp", "torch"):
+        raise ValueError(f"backend must be None, 'cpp' or 'torch' (skinny_linear has no triton kernel), got {backend!r}")
+    applies = all(cpp_applies(x, w) for w in weights)
+    if backend == "cpp" and not applies:
+        raise ValueError("backend='cpp' needs float32 CPU tensors, at most MAX_ROWS rows of x, a weight with a unit "
+                         "stride along K or N, and the C++ ops built")
+    return backend == "cpp" or (backend is None and applies and x.shape[0] <= AUTO_ROWS
+                                and (x.shape[0] > 1 or all(_rows_layout(w) for w in weights)))
+
+
+def _rows_layout(weight) -> bool:
+    """[N, K] with a unit stride along K (nn.Linear). The other layout (W^T contiguous, GPT-2's
+    Conv1D) goes to C++ automatically from 2 rows on: for 1 row torch's GEMV was faster on
+    some shapes (0.9-1.9x the time of F.linear, GPT-2 small shapes; 2 and 5 rows 0.4-1.0x)."""
+    return weight.shape[1] <= 1 or weight.stride(1) == 1
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  residual: torch.Tensor | None = None, *, backend: str | None = None) -> torch.Tensor:
+    """x [M, K], weight [N, K] (a view: may be the transpose of [K, N]), bias [N] or None,
+    residual [M, N] or None -> y [M, N] = residual + (x @ weight.T + bias), in x's dtype."""
+    _check(x, weight, bias, residual)
+    if not _pick(backend, x, [weight]):
+        return skinny_linear_reference(x, weight, bias, residual)
+    from .cpp import skinny_linear_cpp
+
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
+    if residual is not None and residual.shape[1] > 1 and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    return skinny_linear_cpp(x, weight, bias, residual)
+
+
+def skinny_linear_n(x: torch.Tensor, weights, biases=None, *, backend: str | None = None) -> list:
+    """x [M, K], weights: a sequence of [N_i, K], biases: a matching sequence of [N_i] or None
+    (None: no biases) -> [x @ weights[i].T + biases[i]] as a list of [M, N_i] tensors."""
+    if isinstance(weights, torch.Tensor) or not isinstance(weights, (list, tuple)) or not weights:
+        raise TypeError("weights must be a non-empty list or tuple of tensors")
+    biases = [None] * len(weights) if biases is None else list(biases)
+    if len(biases) != len(weights):
+        raise ValueError(f"biases must have one entry per weight ({len(weights)}), got {len(biases)}")
+    for w, b in zip(weights, biases):
+        _check(x, w, b, None)
+    if not _pick(backend, x, weights):
+        return skinny_linear_n_reference(x, weights, biases)
+    from .cpp import skinny_linear_n_cpp
+
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    return skinny_linear_n_cpp(x, weights, [None if b is None else b.contiguous() for b in biases])

@@ -1,0 +1,123 @@
+"""Fused elementwise ops of a Llama decoder layer: rms_norm, rope_qk_ (in place), silu_mul,
+rope_cos_sin.
+
+Backends: "cpp" (csrc/llama_fused.cpp: float32 CPU tensors, one call instead of 3-7 torch
+ops each), "torch" (reference.py: the spec; every other dtype and device). backend=None picks
+"cpp" where it applies. Semantics: see reference.py.
+"""
+import torch
+
+from .._backend import cpp_op_available
+from .reference import rms_norm_reference, rope_cos_sin_reference, rope_qk_reference, silu_mul_reference
+
+__all__ = ["rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin", "rms_norm_reference", "rope_qk_reference",
+           "silu_mul_reference", "rope_cos_sin_reference", "fused_cpp_applies"]
+
+_OPS = ("rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin")
+
+
+def _tensor(name, t, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {t.dtype}")
+
+
+def _same(ref_name, ref, **others):
+    for name, t in others.items():
+        if t.dtype != ref.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} differs from {ref_name} dtype {ref.dtype}")
+        if t.device != ref.device:
+            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def fused_cpp_applies(*tensors) -> bool:
+    """True when the C++ ops take these tensors: float32 on CPU, and the ops built."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and all(cpp_op_available(op) for op in _OPS))
+
+
+def _use_cpp(backend, *tensors) -> bool:
+    if backend not in (None, "cpp", "torch"):
+        raise ValueError(f"backend must be None, 'cpp' or 'torch', got {backend!r}")
+    applies = fused_cpp_applies(*tensors)
+    if backend == "cpp" and not applies:
+        raise ValueError("backend='cpp' needs float32 CPU tensors and the C++ ops built")
+    return backend != "torch" and applies
+
+
+def _unit_last(t):
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, backend: str | None = None) -> torch.Tensor:
+    """x [T, H], weight [H], eps > 0 -> weight * (x * rsqrt(mean(x^2) + eps)) [T, H]."""
+    _tensor("x", x, 2)
+    _tensor("weight", weight, 1)
+    _same("x", x, weight=weight)
+    if weight.shape[0] != x.shape[1]:
+        raise ValueError(f"weight must have shape [{x.shape[1]}] (x's last dim), got {tuple(weight.shape)}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+    if not _use_cpp(backend, x, weight):
+        return rms_norm_reference(x, weight, eps)
+    from .cpp import rms_norm_cpp
+
+    return rms_norm_cpp(_unit_last(x), weight.contiguous(), eps)
+
+
+def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backend: str | None = None) -> None:
+    """Rotates q [T, Hq, D] and k [T, Hk, D] in place: x * cos + rotate_half(x) * sin, cos/sin [T, D]."""
+    _tensor("q", q, 3)
+    _tensor("k", k, 3)
+    _tensor("cos", cos, 2)
+    _tensor("sin", sin, 2)
+    _same("q", q, k=k, cos=cos, sin=sin)
+    t, _, d = q.shape
+    if k.shape[0] != t or k.shape[2] != d:
+        raise ValueError(f"k must be [{t}, Hk, {d}] like q, got {tuple(k.shape)}")
+    if d % 2:
+        raise ValueError(f"head_dim must be even, got {d}")
+    for name, c in (("cos", cos), ("sin", sin)):
+        if tuple(c.shape) != (t, d):
+            raise ValueError(f"{name} must have shape [{t}, {d}], got {tuple(c.shape)}")
+    if not _use_cpp(backend, q, k, cos, sin) or d > 512 or q.stride(-1) != 1 or k.stride(-1) != 1:
+        rope_qk_reference(q, k, cos, sin)
+        return
+    from .cpp import rope_qk_cpp
+
+    rope_qk_cpp(q, k, cos.contiguous(), sin.contiguous())
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """gate, up [T, F] -> silu(gate) * up [T, F]."""
+    _tensor("gate", gate, 2)
+    _tensor("up", up, 2)
+    _same("gate", gate, up=up)
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have one shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    if not _use_cpp(backend, gate, up):
+        return silu_mul_reference(gate, up)
+    from .cpp import silu_mul_cpp
+
+    return silu_mul_cpp(_unit_last(gate), _unit_last(up))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0, *, backend: str | None = None):
+    """positions [T] int32/int64, inv_freq [D/2] float32 -> cos, sin [T, D] float32 (see reference.py)."""
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"positions must be a 1-D int32/int64 tensor, got {getattr(positions, 'dtype', type(positions))}")
+    _tensor("inv_freq", inv_freq, 1)
+    if inv_freq.dtype != torch.float32:
+        raise TypeError(f"inv_freq must be float32, got {inv_freq.dtype}")
+    if positions.device != inv_freq.device:
+        raise ValueError(f"positions is on {positions.device} but inv_freq is on {inv_freq.device}")
+    if isinstance(scaling, bool) or not isinstance(scaling, (int, float)):
+        raise TypeError(f"scaling must be a float, got {scaling!r}")
+    if not _use_cpp(backend, inv_freq):
+        return rope_cos_sin_reference(positions, inv_freq, scaling)
+    from .cpp import rope_cos_sin_cpp
+
+    return rope_cos_sin_cpp(positions, inv_freq, scaling)

@@ -1,0 +1,44 @@
+"""The spec of the fused Llama-layer elementwise ops in plain torch (also the test oracle).
+
+    rms_norm(x [T, H], weight [H], eps)  -> weight * (x * rsqrt(mean(x^2, -1) + eps))   [T, H]
+        (transformers' LlamaRMSNorm for float32 inputs: statistics in float32)
+    rope_qk_(q [T, Hq, D], k [T, Hk, D], cos [T, D], sin [T, D]) -> None, in place:
+        x <- x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])
+        (cos/sin row t applies to every head of token t)
+    silu_mul(gate [T, F], up [T, F])     -> silu(gate) * up = gate / (1 + exp(-gate)) * up  [T, F]
+    rope_cos_sin(positions [T], inv_freq [D/2], scaling) -> cos, sin [T, D] float32:
+        angle = float32(position) * inv_freq (float32), cat(angle, angle), cos/sin * scaling
+        (transformers' rotary embedding; the C++ op rounds cos/sin from double once)
+"""
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H], weight [H] -> [T, H] (same op order as transformers' RMSNorm in float32)."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D], cos/sin [T, D] -> x * cos + rotate_half(x) * sin (a new tensor)."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+
+
+def rope_qk_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotates q [T, Hq, D] and k [T, Hk, D] in place with cos/sin [T, D]."""
+    q.copy_(rotate_half_apply(q, cos, sin))
+    k.copy_(rotate_half_apply(k, cos, sin))
+
+
+def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [T, F] -> silu(gate) * up [T, F]."""
+    return F.silu(gate) * up
+
+
+def rope_cos_sin_reference(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float):
+    """positions [T] int, inv_freq [D/2] float32 -> cos, sin [T, D] float32."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scaling, emb.sin() * scaling
