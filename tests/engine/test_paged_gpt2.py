@@ -9,6 +9,7 @@ from specdec_fast.runners import HFRunner
 from specdec_fast.runners.paged import PagedRunner, paged_runner_class, paged_unsupported_reason
 from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
 
+from .runner_checks import assert_runner_matches_forward, hf_logits
 from .models import left_padded_prompts, make_draft
 
 VOCAB = 96
@@ -33,11 +34,6 @@ def tiny_gpt2(*, seed: int = 0, layers: int = 2, n_positions: int = 128, attn: s
     return model
 
 
-def hf_logits(model, tokens) -> torch.Tensor:
-    """The model's own forward on one unpadded row -> logits [len, V]."""
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([tokens])).logits[0]
-
 
 VARIANTS = {
     "default": {},
@@ -52,33 +48,8 @@ VARIANTS = {
 def test_logits_equal_hf_forward(variant):
     model = tiny_gpt2(layers=3, **VARIANTS[variant])
     assert gpt2_unsupported_reason(model) is None
-    ids, mask = left_padded_prompts([5, 9, 1], vocab=VOCAB, seed=1)
     runner = PagedGPT2Runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
-    contexts = [ids[b, mask[b].bool()].tolist() for b in range(3)]
-    logits = runner.prefill(ids, mask)
-    for b in range(3):
-        torch.testing.assert_close(logits[b], hf_logits(model, contexts[b])[-1], atol=1e-4, rtol=1e-4)
-
-    gen = torch.Generator().manual_seed(2)
-    # Left-padded score calls (the drafter's pattern), commits with rollback, then full calls.
-    calls = [(3, [1, 3, 2], [1, 2, 0]), (4, None, [4, 1, 3]), (2, [2, 1, 2], None), (1, None, [2, 0, 1])]
-    pending = [[] for _ in range(3)]
-    for width, num_valid, keep in calls:
-        tokens = torch.randint(3, VOCAB, (3, width), generator=gen)
-        valid = [width] * 3 if num_valid is None else num_valid
-        out = runner.score(tokens, None if num_valid is None else torch.tensor(valid))
-        assert out.shape == (3, width, VOCAB)
-        for b in range(3):
-            new = tokens[b, width - valid[b] :].tolist()
-            pending[b] += new
-            expected = hf_logits(model, contexts[b] + pending[b])[-len(new) :]
-            torch.testing.assert_close(out[b, width - valid[b] :], expected, atol=1e-4, rtol=1e-4)
-        if keep is not None:
-            runner.commit(torch.tensor(keep))
-            for b in range(3):
-                contexts[b] += pending[b][: keep[b]]
-                pending[b] = []
-    assert runner.cache.seq_lens.tolist() == [len(c) for c in contexts]
+    assert_runner_matches_forward(model, runner, VOCAB)
 
 
 def test_weights_are_shared_not_copied():

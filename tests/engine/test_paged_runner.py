@@ -6,6 +6,7 @@ import torch
 import specdec_fast.api as api
 from specdec_fast.runners.paged import PagedRunner, paged_unsupported_reason
 
+from .runner_checks import assert_runner_matches_forward, hf_logits
 from .models import left_padded_prompts, make_draft, make_model
 
 VOCAB = 96
@@ -36,43 +37,12 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
     return model
 
 
-def hf_logits(model, tokens) -> torch.Tensor:
-    """The model's own forward on one unpadded row -> logits [len, V]."""
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([tokens])).logits[0]
-
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
-    ids, mask = left_padded_prompts([5, 9, 1], vocab=VOCAB, seed=1)
     runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
-    contexts = [ids[b, mask[b].bool()].tolist() for b in range(3)]
-    logits = runner.prefill(ids, mask)
-    for b in range(3):
-        torch.testing.assert_close(logits[b], hf_logits(model, contexts[b])[-1], atol=1e-4, rtol=1e-4)
-
-    gen = torch.Generator().manual_seed(2)
-    # Left-padded score calls (the drafter's pattern), then a commit with rollback, then full calls.
-    calls = [(3, [1, 3, 2], [1, 2, 0]), (4, None, [4, 1, 3]), (2, [2, 1, 2], None), (1, None, [2, 0, 1])]
-    pending = [[] for _ in range(3)]
-    for width, num_valid, keep in calls:
-        tokens = torch.randint(3, VOCAB, (3, width), generator=gen)
-        valid = [width] * 3 if num_valid is None else num_valid
-        out = runner.score(tokens, None if num_valid is None else torch.tensor(valid))
-        assert out.shape == (3, width, VOCAB)
-        for b in range(3):
-            new = tokens[b, width - valid[b] :].tolist()
-            pending[b] += new
-            expected = hf_logits(model, contexts[b] + pending[b])[-len(new) :]
-            torch.testing.assert_close(out[b, width - valid[b] :], expected, atol=1e-4, rtol=1e-4)
-        if keep is not None:
-            runner.commit(torch.tensor(keep))
-            for b in range(3):
-                contexts[b] += pending[b][: keep[b]]
-                pending[b] = []
-    lengths = runner.cache.seq_lens.tolist()
-    assert lengths == [len(c) for c in contexts]
+    contexts = assert_runner_matches_forward(model, runner, VOCAB)
     k_cache, _ = runner.cache.gather(0, 1)
     assert k_cache.shape[0] == len(contexts[1])
 

@@ -1,0 +1,41 @@
+"""Shared checks of a paged runner against its model's own forward (Llama family and GPT-2)."""
+import torch
+
+
+def hf_logits(model, tokens) -> torch.Tensor:
+    """The model's own forward on one unpadded row -> logits [len, V]."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0]
+
+
+def assert_runner_matches_forward(model, runner, vocab: int) -> list:
+    """Prefill a left-padded batch of 3 (lengths 5/9/1), then left-padded score calls (the
+    drafter's pattern), commits with rollback and full calls: every real token's logits equal
+    the model's forward on the row's context so far; committed lengths follow. -> contexts."""
+    from .models import left_padded_prompts
+
+    ids, mask = left_padded_prompts([5, 9, 1], vocab=vocab, seed=1)
+    contexts = [ids[b, mask[b].bool()].tolist() for b in range(3)]
+    logits = runner.prefill(ids, mask)
+    for b in range(3):
+        torch.testing.assert_close(logits[b], hf_logits(model, contexts[b])[-1], atol=1e-4, rtol=1e-4)
+    gen = torch.Generator().manual_seed(2)
+    calls = [(3, [1, 3, 2], [1, 2, 0]), (4, None, [4, 1, 3]), (2, [2, 1, 2], None), (1, None, [2, 0, 1])]
+    pending = [[] for _ in range(3)]
+    for width, num_valid, keep in calls:
+        tokens = torch.randint(3, vocab, (3, width), generator=gen)
+        valid = [width] * 3 if num_valid is None else num_valid
+        out = runner.score(tokens, None if num_valid is None else torch.tensor(valid))
+        assert out.shape == (3, width, vocab)
+        for b in range(3):
+            new = tokens[b, width - valid[b] :].tolist()
+            pending[b] += new
+            expected = hf_logits(model, contexts[b] + pending[b])[-len(new) :]
+            torch.testing.assert_close(out[b, width - valid[b] :], expected, atol=1e-4, rtol=1e-4)
+        if keep is not None:
+            runner.commit(torch.tensor(keep))
+            for b in range(3):
+                contexts[b] += pending[b][: keep[b]]
+                pending[b] = []
+    assert runner.cache.seq_lens.tolist() == [len(c) for c in contexts]
+    return contexts
