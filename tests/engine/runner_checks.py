@@ -39,3 +39,19 @@ def assert_runner_matches_forward(model, runner, vocab: int) -> list:
                 pending[b] = []
     assert runner.cache.seq_lens.tolist() == [len(c) for c in contexts]
     return contexts
+
+
+def assert_bf16_close_to_forward(model, runner, vocab: int) -> None:
+    """bf16 weights and cache (the cast paths): prefill of a left-padded batch of 2 and one
+    left-padded score call are within 3% of the logits' scale of the model's own bf16 forward."""
+    from .models import left_padded_prompts
+
+    ids, mask = left_padded_prompts([4, 7], vocab=vocab, seed=6)
+    logits = runner.prefill(ids, mask)
+    step = runner.score(torch.tensor([[5, 9], [3, 4]]), torch.tensor([2, 1]))
+    for b, new in enumerate(([5, 9], [4])):
+        context = ids[b, mask[b].bool()].tolist()
+        ref = hf_logits(model, context + new).float()
+        scale = ref.abs().max()
+        torch.testing.assert_close(logits[b].float(), ref[len(context) - 1], atol=0.03 * scale, rtol=0)
+        torch.testing.assert_close(step[b, 2 - len(new) :].float(), ref[-len(new) :], atol=0.03 * scale, rtol=0)

@@ -6,7 +6,7 @@ import torch
 import specdec_fast.api as api
 from specdec_fast.runners.paged import PagedRunner, paged_unsupported_reason
 
-from .runner_checks import assert_runner_matches_forward, hf_logits
+from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 from .models import left_padded_prompts, make_draft, make_model
 
 VOCAB = 96
@@ -168,16 +168,8 @@ def test_wrapped_projection_falls_back_to_hf():
 def test_bfloat16_logits_close_to_hf_forward():
     """bf16 weights and cache: the cast path of the norms; HF's own bf16 forward as the reference."""
     model = tiny("qwen3").to(torch.bfloat16)
-    ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=6)
     runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=1)
-    logits = runner.prefill(ids, mask)
-    step = runner.score(torch.tensor([[5, 9], [3, 4]]), torch.tensor([2, 1]))
-    for b, new in enumerate(([5, 9], [4])):
-        context = ids[b, mask[b].bool()].tolist()
-        ref = hf_logits(model, context + new).float()
-        scale = ref.abs().max()
-        torch.testing.assert_close(logits[b].float(), ref[len(context) - 1], atol=0.03 * scale, rtol=0)
-        torch.testing.assert_close(step[b, 2 - len(new) :].float(), ref[-len(new) :], atol=0.03 * scale, rtol=0)
+    assert_bf16_close_to_forward(model, runner, VOCAB)
 
 
 def test_finished_rows_stay_inside_their_reservation():
