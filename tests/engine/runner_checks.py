@@ -55,3 +55,16 @@ def assert_bf16_close_to_forward(model, runner, vocab: int) -> None:
         scale = ref.abs().max()
         torch.testing.assert_close(logits[b].float(), ref[len(context) - 1], atol=0.03 * scale, rtol=0)
         torch.testing.assert_close(step[b, 2 - len(new) :].float(), ref[-len(new) :], atol=0.03 * scale, rtol=0)
+
+
+def steps_without_sync(decoder, steps: int) -> None:
+    """Run ``steps`` engine iterations on CUDA with torch.cuda.set_sync_debug_mode("error"):
+    any host sync inside an iteration raises. The caller warms up first (allocator, lazy inits)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            decoder.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()

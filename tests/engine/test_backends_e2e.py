@@ -7,6 +7,7 @@ import torch
 
 import specdec_fast.api as api
 
+from .runner_checks import steps_without_sync
 from .models import left_padded_prompts, make_draft, make_model
 
 HAS_TRITON_VERIFY = importlib.util.find_spec("specdec_fast.kernels.verify.triton") is not None
@@ -46,11 +47,4 @@ def test_steady_state_loop_has_no_host_sync(drafter):
     decoder._prefill(ids, mask)
     for _ in range(2):  # warm-up (allocator, lazy inits)
         decoder.step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(5):
-            decoder.step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
+    steps_without_sync(decoder, 5)

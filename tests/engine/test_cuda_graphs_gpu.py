@@ -10,6 +10,7 @@ from specdec_fast.engine import GRAPHS_BY_DEFAULT, SpeculativeDecoder
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import PagedRunner
 
+from .runner_checks import steps_without_sync
 from .models import left_padded_prompts, make_draft
 from .test_paged_runner import VOCAB, tiny
 
@@ -59,14 +60,7 @@ def test_replayed_loop_has_no_host_sync(drafter):
     decoder._prefill(ids.cuda(), mask.cuda())
     decoder.step()  # warm-up (eager, side stream)
     decoder.step()  # capture + first replay (synchronises)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(5):
-            decoder.step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize()
+    steps_without_sync(decoder, 5)
     assert decoder._verify.replays == 6 and decoder._verify.graph is not None
     if k:
         assert decoder._draft.replays == 6
