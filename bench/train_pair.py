@@ -266,8 +266,6 @@ def main(argv=None) -> None:
         model = build_model(shape, tokenizer, max_len=2048)
         log(f"{name}: {param_counts(model)}")
         teacher = models["target"] if name == "draft" and args.distill else None
-        for p in () if teacher is None else teacher.parameters():
-            p.requires_grad_(False)
         info = train(model, train_stream, steps=steps, minutes=minutes, batch=args.batch, seq_len=args.seq_len,
                      lr=lr, seed=args.seed + 1, name=name, teacher=teacher)
         model.save_pretrained(out_dir, safe_serialization=True)

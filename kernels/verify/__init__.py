@@ -181,18 +181,7 @@ def prepared_impls(backend, device):
 
         return chain_verify_triton, sample_triton
     if chosen == "cpp":
-        from .cpp import _ops
+        from .cpp import chain_verify_cpp, sample_cpp
 
-        ops = _ops()
-
-        def chain_verify_impl(target_logits, draft_logits, draft_tokens, params):
-            draft = None if draft_logits is None else draft_logits.contiguous()
-            return ops.chain_verify(target_logits.contiguous(), draft, draft_tokens.contiguous(), params.temperature,
-                                    params.top_k, params.top_p, params.min_p, params.seed, params.offset)
-
-        def sample_impl(logits, params, positions, stream):
-            return ops.sample(logits.contiguous(), params.temperature, params.top_k, params.top_p, params.min_p,
-                              params.seed, params.offset, positions, int(stream))
-
-        return chain_verify_impl, sample_impl
+        return chain_verify_cpp, sample_cpp
     return chain_verify_reference, sample_reference
