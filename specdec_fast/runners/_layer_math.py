@@ -10,6 +10,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from specdec_fast.kernels.llama_ops.reference import rms_norm_reference, rotate_half_apply
+
 
 @lru_cache(maxsize=None)
 def fused_layer_math(dtype: torch.dtype, device_type: str) -> bool:
@@ -28,7 +30,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> 
             return torch.ops.specdec_fast.rms_norm(x, weight, eps)
         return torch.ops.specdec_fast.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
     if x.dtype == torch.float32:  # the casts would be no-ops: skip their calls (per-op overhead on CPU)
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        return rms_norm_reference(x, weight, eps)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -52,19 +54,12 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float
     return cos, sin
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos, sin [T, 1, D]: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fused: bool):
     """q [T, Hq, D], k [T, Hk, D], cos/sin [T, D] -> rotated (q, k); in place when fused."""
     if fused and q.stride(-1) == 1 and k.stride(-1) == 1 and q.shape[-1] <= 512:
         torch.ops.specdec_fast.rope_qk_(q, k, cos, sin)
         return q, k
-    c, s = cos[:, None, :], sin[:, None, :]
-    return _rotate(q, c, s), _rotate(k, c, s)
+    return rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
 
 
 def gated_act(gate: torch.Tensor, up: torch.Tensor, act, silu: bool, fused: bool) -> torch.Tensor:
