@@ -2,7 +2,7 @@
 
     specdec-fast generate --target DIR [--draft DIR | --prompt-lookup N] --prompt TEXT
         [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
-        [--seed S] [--device DEV] [--tokenizer DIR] [--backend B] [--plain]
+        [--seed S] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
     specdec-fast demo [demo options]   (specdec_fast.demo.run_demo)
 
 A wrong path or value ends with one line on stderr, `specdec-fast: error: ...`, and exit status
@@ -33,6 +33,9 @@ def _generate_parser(sub):
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--backend", choices=["triton", "cpp", "torch"], default=None, help="verify kernel backend")
     ap.add_argument("--plain", action="store_true", help="also time plain decoding (K=0) for the measured speedup")
+    # Small models on a busy CPU: OpenMP threads that wait on each other cost more than they
+    # give (the demo pair, 2 threads on a loaded 2-core box: 8 tok/s against 94 with 1 thread).
+    ap.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (default 0 = torch's default)")
     return ap
 
 
@@ -56,6 +59,8 @@ def check_args(args) -> None:
             raise CliError(f"no such directory: {path} ({flag})")
     if args.draft and args.prompt_lookup is not None:
         raise CliError("give --draft or --prompt-lookup, not both")
+    if args.threads < 0:
+        raise CliError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", args.k), ("--prompt-lookup", args.prompt_lookup)):
         if value is not None and value < 1:
             raise CliError(f"{flag} must be >= 1, got {value}")
@@ -111,6 +116,8 @@ def run_generate(args) -> int:
     from .api import generate
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with quiet_transformers():
         tokenizer = _load_tokenizer(args)
         target = _load_model(args.target, "--target", device)

@@ -51,10 +51,11 @@ def test_python_dash_m_prompt_lookup(pair_dirs):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "specdec_fast", "generate", "--target", str(pair_dirs / "target"),
                           "--prompt-lookup", "3", "--prompt", "w5 w9 w5 w9", "--max-new-tokens", "8",
-                          "--temperature", "0.8", "--top-k", "20", "--device", "cpu"],
+                          "--temperature", "0.8", "--top-k", "20", "--device", "cpu", "--threads", "1"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "generated tokens     8" in run.stdout
+    assert "Loading weights" not in run.stderr and "\r" not in run.stderr  # transformers' loading bars stay quiet
 
 
 def test_demo_missing_gives_clear_message(monkeypatch, capsys):
@@ -87,6 +88,7 @@ BAD_INPUTS = [  # (extra argv, the one line expected on stderr; {root} = the pai
     (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
     (["--min-p", "-0.1"], "--min-p must be in [0, 1], got -0.1"),
     (["--top-k", "-3"], "--top-k must be >= 0 (0 = off), got -3"),
+    (["--threads", "-1"], "--threads must be >= 0 (0 = torch's default), got -1"),
     (["--prompt-lookup", "3"], "give --draft or --prompt-lookup, not both"),
     (["--draft", "{root}/draft_other_vocab"],
      "vocab mismatch: the target has vocab_size 128 (128 output rows), the draft (assistant_model) has 130 (130); "
