@@ -117,6 +117,7 @@ def test_a_wrong_input_ends_in_one_line_and_exit_status_2(pair_dirs, capsys, ext
         assert lines[0] == expected
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers: 3-8 s
 def test_the_process_exit_status_and_stderr_of_a_wrong_path(tmp_path):
     run = subprocess.run([sys.executable, "-m", "specdec_fast", "generate", "--target", str(tmp_path / "missing"),
                           "--prompt", "x"], capture_output=True, text=True, timeout=300)
