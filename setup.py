@@ -52,7 +52,7 @@ setup(
     #   machine keeps the CUDA build it has) and numpy;
     # - ninja: the C++ CPU backend compiles on first use through torch.utils.cpp_extension,
     #   which needs it; without it every CPU kernel falls back to the torch reference (5-230x
-    #   slower per kernel, 6-8x end to end on the demo pair). A C++ compiler cannot be declared
+    #   slower per kernel, 5-8x end to end on the demo pair). A C++ compiler cannot be declared
     #   here: the fallback warning names it;
     # - transformers, tokenizers, safetensors: generate() takes a transformers model, the CLI
     #   and the demo load checkpoints and tokenizers with them. Core, not an extra: every

@@ -42,11 +42,14 @@ from pathlib import Path
 
 CFLAGS = ["-O3", "-fopenmp", "-march=native", "-ffp-contract=off", "-std=c++17"]
 LDFLAGS = ["-fopenmp"]
-BUILD_TIMEOUT_S = 1800  # a cold build takes ~1 min on a 2-core box; never wait forever under the lock
-# Measured on the demo pair (greedy, batch 1, 96 new tokens, 2 threads): 109 tok/s on the
-# reference vs 696-925 with the C++ ops; per kernel the reference is 5-230x slower (README).
+# A cold build: 115 s of compiler CPU time, 169-292 s wall on a 2-core box shared with other
+# work (load 7-9). Never wait forever under the lock.
+BUILD_TIMEOUT_S = 1800
+# Measured on the demo pair, greedy, 96 new tokens: 109 tok/s on the reference vs 696-925 with
+# the C++ ops (2 threads, issue 15); 26.5 vs 144 tok/s plain decoding (1 thread, loaded box);
+# per kernel the reference is 5-230x slower (README's tables).
 COST = ("CPU tensors will use the torch reference kernels instead: 5-230x slower per kernel, "
-        "6-8x slower end to end on the demo pair")
+        "5-8x slower end to end on the demo pair")
 SILENCE = "set SPECDEC_FAST_NO_CPP=1 to use the torch reference without this warning"
 
 
@@ -159,7 +162,7 @@ def _build_in_child(key: str, env: dict) -> None:
             "m = u.module_from_spec(s); s.loader.exec_module(m); sys.exit(m.main(sys.argv[2]))")
     argv = [sys.executable, "-c", code, str(Path(__file__).resolve()), json.dumps(spec)]
     capture = not spec["verbose"]
-    print("specdec_fast: compiling the C++ CPU kernels (once per machine and torch install, about a minute) ...",
+    print("specdec_fast: compiling the C++ CPU kernels (once per machine and torch install: a minute or two) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:

@@ -44,7 +44,7 @@ def _requires_dist(wheel: Path) -> list[str]:
 
 
 def test_wheel_requires_what_the_default_path_needs(wheel):
-    """ninja builds the C++ CPU backend on first use (without it: the torch reference, 6-8x slower
+    """ninja builds the C++ CPU backend on first use (without it: the torch reference, 5-8x slower
     end to end); transformers/tokenizers/safetensors serve generate(), the CLI and the demo."""
     requires = _requires_dist(wheel)
     core = {r.split(";")[0].replace(" ", "") for r in requires if "extra ==" not in r}
