@@ -133,9 +133,15 @@ def _check_tools() -> dict:
     cxx = compiler()
     words = shlex.split(cxx) or ["c++"]
     if shutil.which(words[0]) is None:
-        raise CppBuildError(f"no C++ compiler: {words[0]!r} (from CXX, default c++) is not on PATH",
+        raise CppBuildError(f"no C++ compiler: {words[0]!r} (CXX, default c++) was not found",
                             "install one (Debian/Ubuntu: apt install g++; Fedora: dnf install gcc-c++), or set CXX")
-    return {**os.environ, "PATH": ninja_dir + os.pathsep + os.environ.get("PATH", "")}
+    import torch
+
+    # The child must build against this process's torch (the cache key names its install):
+    # put the folder holding it first on the child's path, whatever this process's sys.path did.
+    torch_home = str(Path(torch.__file__).resolve().parent.parent)
+    python_path = os.pathsep.join(p for p in (torch_home, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PATH": ninja_dir + os.pathsep + os.environ.get("PATH", ""), "PYTHONPATH": python_path}
 
 
 def _failure_excerpt(output: str, max_lines: int = 4, max_chars: int = 300) -> str:

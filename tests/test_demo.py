@@ -125,3 +125,23 @@ def test_transformers_generate_greedy_extends_the_prompt_deterministically():
     with torch.no_grad():
         logits = target(input_ids=out).logits
     assert torch.equal(logits[0, ids.shape[1] - 1 : -1].argmax(-1), out[0, ids.shape[1] :])
+
+
+def test_quiet_transformers_restores_the_users_settings():
+    from transformers.utils import logging as hf_logging
+
+    from specdec_fast._hf_output import quiet_transformers
+
+    before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    try:
+        for bars in (True, False):
+            hf_logging.set_verbosity_info()
+            hf_logging.enable_progress_bar() if bars else hf_logging.disable_progress_bar()
+            with quiet_transformers():
+                assert not hf_logging.is_progress_bar_enabled()
+                assert hf_logging.get_verbosity() == hf_logging.ERROR
+            assert hf_logging.is_progress_bar_enabled() == bars
+            assert hf_logging.get_verbosity() == hf_logging.INFO
+    finally:
+        hf_logging.set_verbosity(before[0])
+        hf_logging.enable_progress_bar() if before[1] else hf_logging.disable_progress_bar()
