@@ -46,12 +46,21 @@ setup(
         "specdec_fast": ["assets/**/*"],
     },
     include_package_data=False,
-    # torch is not pinned here: a CPU machine installs the CPU build first (see README),
-    # a GPU machine keeps the CUDA build it has.
-    install_requires=["torch>=2.4", "numpy"],
+    # What the default path needs, so that `pip install specdec-fast` then `specdec-fast demo`,
+    # the CLI and generate() work:
+    # - torch (not pinned: a CPU machine installs the CPU build first, see README; a GPU
+    #   machine keeps the CUDA build it has) and numpy;
+    # - ninja: the C++ CPU backend compiles on first use through torch.utils.cpp_extension,
+    #   which needs it; without it every CPU kernel falls back to the torch reference (5-230x
+    #   slower per kernel, 5-8x end to end on the demo pair). A C++ compiler cannot be declared
+    #   here: the fallback warning names it;
+    # - transformers, tokenizers, safetensors: generate() takes a transformers model, the CLI
+    #   and the demo load checkpoints and tokenizers with them. Core, not an extra: every
+    #   entry point but the bare kernels needs them, and the console script is installed
+    #   either way. `import specdec_fast` and specdec_fast.kernels still work without them.
+    install_requires=["torch>=2.4", "numpy", "ninja", "transformers>=4.45", "tokenizers", "safetensors"],
     extras_require={
-        "triton": ["triton>=3.0"],
-        "hf": ["transformers>=4.45", "safetensors", "tokenizers"],
+        "triton": ["triton>=3.0"],  # Triton kernels on a GPU (CUDA builds of torch usually bring it)
     },
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],

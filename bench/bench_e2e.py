@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from specdec_fast.phase_costs import merge_stats  # pooled stats, shared with the demo
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, versions  # noqa: E402
 
@@ -132,23 +134,6 @@ def timed_round_robin(fns, device, repeats: int):
                 results[i] = result
             times[i].append(seconds)
     return list(zip(times, results))
-
-
-def merge_stats(all_stats):
-    """One GenerationStats pooling several runs (the batch-1 prompts run one after another):
-    summed counters and phase times, so alpha and c are pooled estimates."""
-    from specdec_fast.stats import GenerationStats
-
-    first = all_stats[0]
-    return GenerationStats(
-        k=first.k, batch=sum(s.batch for s in all_stats), new_tokens=sum(s.new_tokens for s in all_stats),
-        tokens_per_row=[n for s in all_stats for n in s.tokens_per_row], first_tokens=sum(s.first_tokens for s in all_stats),
-        loop_tokens=sum(s.loop_tokens for s in all_stats), iterations=sum(s.iterations for s in all_stats),
-        wall_s=sum(s.wall_s for s in all_stats), accepted_hist=[sum(h) for h in zip(*(s.accepted_hist for s in all_stats))],
-        draft_s=sum(s.draft_s for s in all_stats), target_s=sum(s.target_s for s in all_stats),
-        capture_s=sum(s.capture_s for s in all_stats), graph_mode=first.graph_mode, graph_note=first.graph_note,
-        graph_replays={name: sum(s.graph_replays.get(name, 0) for s in all_stats) for name in first.graph_replays},
-    )
 
 
 def cost_model(row: dict, plain: dict) -> dict:

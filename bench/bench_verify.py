@@ -115,7 +115,7 @@ def median_ms(fn, args, min_runs: int = 5, budget_s: float = 2.0) -> dict:
 
 
 def run_cpu(out_path: str | None) -> dict:
-    from specdec_fast._csrc import load_cpu_ops
+    from specdec_fast.kernels._cpp_build import load_cpu_ops
 
     if not load_cpu_ops():
         raise SystemExit("the C++ CPU ops did not build: nothing to compare")

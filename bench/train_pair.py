@@ -228,14 +228,16 @@ def main(argv=None) -> None:
     held_texts = [read_source(root, f) for f in held_files]
     log(f"corpus {root}: {len(train_files)} training files ({sum(map(len, train_texts)) / 1e6:.1f} MB), {len(held_files)} held out")
 
-    tok_dir, target_dir, draft_dir = args.out / "tokenizer", args.out / "target", args.out / "draft"
+    # Each model directory holds the tokenizer (Hugging Face's convention): trained into the
+    # target's, copied into the draft's when the draft is saved.
+    target_dir, draft_dir = args.out / "target", args.out / "draft"
     t0 = time.perf_counter()
     if args.prompts_only or args.reuse_target:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
     else:
-        tokenizer = train_tokenizer(train_texts, tok_dir)
+        tokenizer = train_tokenizer(train_texts, target_dir)
         log(f"tokenizer trained in {time.perf_counter() - t0:.0f}s")
     train_stream = encode_stream(tokenizer, train_texts)
     held_stream = encode_stream(tokenizer, held_texts)
@@ -269,7 +271,9 @@ def main(argv=None) -> None:
         info = train(model, train_stream, steps=steps, minutes=minutes, batch=args.batch, seq_len=args.seq_len,
                      lr=lr, seed=args.seed + 1, name=name, teacher=teacher)
         model.save_pretrained(out_dir, safe_serialization=True)
-        size = sum(f.stat().st_size for f in out_dir.iterdir())
+        size = sum(f.stat().st_size for f in out_dir.iterdir() if not f.name.startswith(("tokenizer", "special_tokens")))
+        tokenizer.save_pretrained(out_dir)
+        finalise_tokenizer_files(out_dir)
         results[name] = {"shape": shape, "params": param_counts(model), "dtype": "float32", "bytes_on_disk": size,
                          "loss": "cross-entropy" if teacher is None else "KL(target || draft), distilled", **info}
         models[name] = model

@@ -3,6 +3,8 @@ import os
 
 import torch
 
+from ._cpp_build import load_cpu_ops
+
 BACKENDS = ("triton", "cpp", "torch")
 
 
@@ -41,6 +43,4 @@ def resolve_backend(backend, device: torch.device, cpp_op: str) -> str:
 
 
 def cpp_op_available(name: str) -> bool:
-    from specdec_fast._csrc import load_cpu_ops
-
     return load_cpu_ops() and hasattr(torch.ops.specdec_fast, name)

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from specdec_fast.kernels.cache_ops import CACHE_DTYPES, append_kv, compact_kv
+from .kernels.cache_ops import CACHE_DTYPES, append_kv, compact_kv
 
 
 class OutOfBlocksError(RuntimeError):

@@ -1,13 +1,15 @@
-"""The demo: complete held-out code prompts with the shipped pair, plain vs speculative.
+"""The demo: complete held-out code prompts with the shipped pair, four ways side by side.
 
     python -m specdec_fast demo [--prompts 3] [--max-new-tokens 96] [-k 4] [--temperature 0] [--threads 1]
 
 For each prompt: speculative decoding with specdec_fast.generate (streamed with
-transformers.TextStreamer), then the target alone through the same engine and through
-transformers' generate (on stderr: a live token counter on a terminal, else one line at the
-start and one at the end of each phase), the wall times, and the run's stats
-(acceptance per position, mean accepted length, Leviathan Theorem 3.8's predicted speedup
-beside the measured one).
+transformers.TextStreamer), then what a user would have run otherwise: specdec_fast without
+the draft, transformers' generate, and transformers' assisted generation with the same draft
+(on stderr: a live token counter on a terminal, else one line at the start and one at the end
+of each). A table gives each one's tokens/s and how much faster the speculative run was. At
+the end: the four pooled over all prompts, the stats (acceptance per position, mean accepted
+length, Leviathan Theorem 3.8's predicted speedup beside the measured one) and, where the
+prediction overshoots, one line saying which phase cost what (specdec_fast/phase_costs.py).
 """
 import argparse
 import sys
@@ -15,6 +17,7 @@ import time
 
 import torch
 
+from ._hf_output import quiet_transformers
 from .pair import held_out_prompts, load_demo_pair
 
 
@@ -91,11 +94,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def transformers_generate(target, input_ids, args, tokenizer, streamer=None) -> tuple[torch.Tensor, float]:
-    """Target-only decoding with transformers' own generate: (ids [1, prompt+new], seconds)."""
+def transformers_generate(target, input_ids, args, tokenizer, streamer=None, assistant=None) -> tuple[torch.Tensor, float]:
+    """Target decoding with transformers' own generate: plain, or its assisted generation with
+    ``assistant`` (its own defaults, as a user would call it). Returns (ids [1, prompt+new], seconds)."""
     sampling = args.temperature > 0
     kwargs = dict(do_sample=sampling, max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=tokenizer.eos_token_id, streamer=streamer)
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
     if sampling:
         kwargs.update(temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p)
         torch.manual_seed(args.seed)
@@ -103,7 +109,7 @@ def transformers_generate(target, input_ids, args, tokenizer, streamer=None) -> 
         kwargs.update(temperature=None, top_k=None, top_p=None)
     _sync(input_ids.device)
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), quiet_transformers():
         out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
     _sync(input_ids.device)
     return out, time.perf_counter() - start
@@ -126,14 +132,35 @@ def engine_generate(target, input_ids, args, tokenizer, draft=None, streamer=Non
     return out, time.perf_counter() - start, stats
 
 
-def _rate(ids: torch.Tensor, prompt_len: int, seconds: float) -> str:
-    new = ids.shape[1] - prompt_len
-    return f"{new:4d} tokens in {seconds:6.2f}s ({new / seconds:7.1f} tok/s)"
+# The four ways to decode, in the order of the table: what a user would have run otherwise first.
+METHODS = ("transformers generate", "transformers assisted", "specdec_fast plain", "specdec_fast speculative")
+
+
+def method_labels(k: int) -> dict:
+    return {"transformers generate": "transformers generate (target only)",
+            "transformers assisted": "transformers assisted generation (same draft)",
+            "specdec_fast plain": "specdec_fast plain (target only)",
+            "specdec_fast speculative": f"specdec_fast speculative (K = {k})"}
+
+
+def comparison_table(tokens: dict, seconds: dict, k: int) -> str:
+    """Tokens/s of each method and how much faster specdec_fast speculative is than each."""
+    labels = method_labels(k)
+    width = max(map(len, labels.values()))
+    spec_s = seconds["specdec_fast speculative"]
+    lines = [f"{'':{width}}  tokens  seconds    tok/s  speculative is"]
+    for name in METHODS:
+        rate = tokens[name] / seconds[name]
+        vs = "" if name == "specdec_fast speculative" else f"{seconds[name] / spec_s:.2f}x as fast"
+        lines.append(f"{labels[name]:{width}}  {tokens[name]:6d}  {seconds[name]:7.2f}  {rate:7.1f}  {vs}")
+    return "\n".join(lines)
 
 
 def run_demo(argv=None) -> int:
     """Entry point of `python -m specdec_fast demo`; returns the process exit code."""
     from transformers import TextStreamer
+
+    from .phase_costs import merge_stats, phase_costs
 
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -142,52 +169,72 @@ def run_demo(argv=None) -> int:
     t0 = time.perf_counter()
     threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
     print(f"loading the demo pair on {device}{threads} ...", flush=True)
-    if not _is_terminal(sys.stderr):  # transformers' loading bars would also pile "\r" updates on one line
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    tokenizer, target, draft = load_demo_pair(device)
+    with quiet_transformers():  # no "Loading weights" bars
+        tokenizer, target, draft = load_demo_pair(device)
     sizes = {name: sum(p.numel() for p in m.parameters()) for name, m in (("target", target), ("draft", draft))}
     print(f"  target {sizes['target'] / 1e6:.2f}M params, draft {sizes['draft'] / 1e6:.2f}M params, "
           f"loaded in {time.perf_counter() - t0:.1f}s")
+    k = args.num_assistant_tokens
     mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}"
-    print(f"  decoding: {mode}, K = {args.num_assistant_tokens}, up to {args.max_new_tokens} new tokens\n")
+    print(f"  decoding: {mode}, K = {k}, up to {args.max_new_tokens} new tokens; each prompt decoded four ways:\n"
+          f"  transformers' generate and its assisted generation (what you would run without this package),\n"
+          f"  then specdec_fast without and with the draft\n")
 
-    # The first engine call builds the C++ CPU kernels (or compiles the Triton ones): keep
-    # that out of the timings.
+    # The first engine call builds the C++ CPU kernels (or compiles the Triton ones), the first
+    # transformers calls warm their own paths: keep all of that out of the timings.
     print("warming up (the first call compiles the kernels; can take a minute) ...", flush=True)
     t0 = time.perf_counter()
     warm_args = argparse.Namespace(**{**vars(args), "max_new_tokens": 2})
     warm_ids = tokenizer("import os\n", return_tensors="pt").input_ids.to(device)
     engine_generate(target, warm_ids, warm_args, tokenizer, draft)
     engine_generate(target, warm_ids, warm_args, tokenizer, None)
+    transformers_generate(target, warm_ids, warm_args, tokenizer, assistant=draft)
     print(f"  ready in {time.perf_counter() - t0:.1f}s\n", flush=True)
 
-    totals = {"transformers": 0.0, "plain": 0.0, "speculative": 0.0}
+    tokens, seconds = dict.fromkeys(METHODS, 0), dict.fromkeys(METHODS, 0.0)
+    spec_stats, plain_stats = [], []
+    labels = method_labels(k)
     for i, prompt in enumerate(held_out_prompts(args.prompts), 1):
         input_ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
         n = input_ids.shape[1]
         print(f"=== prompt {i}/{args.prompts} (held-out stdlib code) ===")
         print(prompt, end="", flush=True)
         print("\n--- speculative completion (streamed) ---", flush=True)
-        spec_ids, spec_s, stats = engine_generate(target, input_ids, args, tokenizer, draft, TextStreamer(tokenizer, skip_prompt=True))
-        plain_ids, plain_s, _ = engine_generate(target, input_ids, args, tokenizer, None,
-                                                ProgressCounter("plain decoding (target only)", args.max_new_tokens))
-        hf_ids, hf_s = transformers_generate(target, input_ids, args, tokenizer,
-                                             ProgressCounter("transformers generate (target only)", args.max_new_tokens))
-        for name, seconds in (("transformers", hf_s), ("plain", plain_s), ("speculative", spec_s)):
-            totals[name] += seconds
-        print(f"\ntransformers generate, target only: {_rate(hf_ids, n, hf_s)}")
-        print(f"specdec_fast plain, target only:    {_rate(plain_ids, n, plain_s)}")
-        print(f"specdec_fast speculative, K = {args.num_assistant_tokens}:   {_rate(spec_ids, n, spec_s)}")
+        outs, secs = {}, {}
+        outs["specdec_fast speculative"], secs["specdec_fast speculative"], stats = engine_generate(
+            target, input_ids, args, tokenizer, draft, TextStreamer(tokenizer, skip_prompt=True))
+        print(flush=True)
+        progress = lambda name: ProgressCounter(labels[name], args.max_new_tokens)  # noqa: E731
+        outs["specdec_fast plain"], secs["specdec_fast plain"], plain = engine_generate(
+            target, input_ids, args, tokenizer, None, progress("specdec_fast plain"))
+        outs["transformers generate"], secs["transformers generate"] = transformers_generate(
+            target, input_ids, args, tokenizer, progress("transformers generate"))
+        outs["transformers assisted"], secs["transformers assisted"] = transformers_generate(
+            target, input_ids, args, tokenizer, progress("transformers assisted"), assistant=draft)
+        new = {name: out.shape[1] - n for name, out in outs.items()}
+        for name in METHODS:
+            tokens[name] += new[name]
+            seconds[name] += secs[name]
+        spec_stats.append(stats)
+        plain_stats.append(plain)
+        print("\n" + comparison_table(new, secs, k))
         if args.temperature == 0:
-            same = all(o.shape == spec_ids.shape and bool((o == spec_ids).all()) for o in (plain_ids, hf_ids))
-            print(f"greedy output identical to plain decoding: {'yes' if same else 'NO'}")
-        stats.plain_tokens_per_s = (plain_ids.shape[1] - n) / plain_s
-        print(stats.format())
-        print()
-    print("all prompts: " + ", ".join(f"{name} {s:.2f}s" for name, s in totals.items())
-          + f"; speculative vs plain {totals['plain'] / totals['speculative']:.2f}x on {device}")
+            reference = outs["transformers generate"]
+            same = [name for name in METHODS[1:] if outs[name].shape == reference.shape and bool((outs[name] == reference).all())]
+            verdict = "yes, all four" if len(same) == 3 else "NO: only " + (", ".join(same) or "none")
+            print(f"greedy output identical to transformers generate: {verdict}")
+        print(f"alpha {stats.alpha:.2f}, mean accepted length {stats.mean_accepted_length:.2f}, "
+              f"predicted speedup {stats.predicted_speedup:.2f}x over plain (Leviathan Thm 3.8)\n")
+
+    print(f"=== all {args.prompts} prompt(s), {device}{threads} ===")
+    print(comparison_table(tokens, seconds, k))
+    merged, merged_plain = merge_stats(spec_stats), merge_stats(plain_stats)
+    merged.plain_tokens_per_s = merged_plain.tokens_per_s
+    print("\nspeculative decoding stats, all prompts pooled:")
+    print(merged.format())
+    costs = phase_costs(merged, merged_plain)
+    if costs is not None and costs.gap_is_large():
+        print(costs.explain())
     return 0
 
 

@@ -98,8 +98,12 @@ def resolve_options(model, generation_config, explicit: dict, prompt_len: int) -
     temperature, top_k, top_p = get("temperature"), get("top_k"), get("top_p")
     min_p = get("min_p") or 0.0
     top_k = 0 if top_k is None else top_k
+    # A negative temperature is an error even where greedy decoding ignores it (transformers would
+    # decode greedily and say nothing): the caller meant something we do not do.
+    if isinstance(temperature, bool) or not isinstance(temperature, Real) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     if do_sample:
-        if isinstance(temperature, bool) or not isinstance(temperature, Real) or not temperature > 0:
+        if not temperature > 0:
             raise ValueError(f"temperature must be a number > 0 when do_sample=True, got {temperature!r}")
         if isinstance(top_k, bool) or not isinstance(top_k, Integral) or top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {top_k!r}")

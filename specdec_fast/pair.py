@@ -2,10 +2,11 @@
 sharing one byte-level BPE tokenizer, trained on CPython's standard library sources by
 bench/train_pair.py (held-out modules never trained on; see bench/results/pair_training.json).
 
-Layout (inside the installed package):
-    specdec_fast/assets/pair/tokenizer/   tokenizer.json, tokenizer_config.json, special_tokens_map.json
-    specdec_fast/assets/pair/target/      config.json, model.safetensors (float32)
-    specdec_fast/assets/pair/draft/       config.json, model.safetensors (float32)
+Layout (inside the installed package). Each model directory holds its tokenizer, as Hugging
+Face's convention has it (AutoTokenizer.from_pretrained(target_dir) works; 0.26 MB a copy):
+    specdec_fast/assets/pair/target/      config.json, generation_config.json, model.safetensors (float32),
+                                          tokenizer.json, tokenizer_config.json, special_tokens_map.json
+    specdec_fast/assets/pair/draft/       the same files for the draft (the same tokenizer)
     specdec_fast/assets/pair/held_out.json  held-out module names, prompts and an eval snippet
 """
 import json
@@ -13,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 
 PAIR_DIR = Path(__file__).resolve().parent / "assets" / "pair"
-_REQUIRED = ("tokenizer/tokenizer.json", "target/config.json", "target/model.safetensors",
-             "draft/config.json", "draft/model.safetensors", "held_out.json")
+_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+_REQUIRED = tuple(f"{model}/{name}" for model in ("target", "draft") for name in _MODEL_FILES) + ("held_out.json",)
 
 
 def _check_pair() -> Path:
@@ -28,17 +29,16 @@ def _check_pair() -> Path:
 
 
 def demo_pair() -> tuple[str, str]:
-    """(target_dir, draft_dir) as str, each loadable with AutoModelForCausalLM.from_pretrained.
-
-    The shared tokenizer is in tokenizer_dir() (AutoTokenizer.from_pretrained).
-    """
+    """(target_dir, draft_dir) as str, each loadable with AutoModelForCausalLM.from_pretrained
+    and AutoTokenizer.from_pretrained (both hold the one shared tokenizer)."""
     root = _check_pair()
     return str(root / "target"), str(root / "draft")
 
 
 def tokenizer_dir() -> str:
-    """Directory of the pair's tokenizer (AutoTokenizer.from_pretrained)."""
-    return str(_check_pair() / "tokenizer")
+    """A directory holding the pair's tokenizer (AutoTokenizer.from_pretrained): the target's,
+    which holds it like the draft's does."""
+    return str(_check_pair() / "target")
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from specdec_fast.demo import ProgressCounter, parse_args, run_demo, transformers_generate  # noqa: E402
+from specdec_fast.demo import (  # noqa: E402
+    METHODS, ProgressCounter, comparison_table, method_labels, parse_args, run_demo, transformers_generate,
+)
 from specdec_fast.pair import held_out_prompts, load_demo_pair  # noqa: E402
 
 
@@ -72,10 +74,11 @@ def test_progress_counter_live_can_be_forced():
     assert "\r" in out.getvalue()
 
 
-@pytest.mark.slow  # 2 s with the C++ backend built; its first build in a process: 25-40 s on a 2-core box
-def test_demo_output_has_no_carriage_returns_off_a_terminal(capsys):
+@pytest.mark.slow  # 4 s with the C++ backend built; its first build on a 2-core box: 1-3 min
+def test_demo_runs_four_ways_side_by_side_with_whole_lines_only(capsys):
     """The whole demo with stdout/stderr captured (not terminals): whole lines only, every timed
-    phase announced at its start and end."""
+    phase announced at its start and end, the four methods in each table, greedy outputs equal,
+    no transformers loading bars."""
     threads = torch.get_num_threads()
     try:
         assert run_demo(["--prompts", "1", "--max-new-tokens", "6"]) == 0
@@ -83,10 +86,29 @@ def test_demo_output_has_no_carriage_returns_off_a_terminal(capsys):
         torch.set_num_threads(threads)  # the demo sets 1 for this process
     captured = capsys.readouterr()
     assert "\r" not in captured.out and "\r" not in captured.err
-    for label in ("plain decoding (target only)", "transformers generate (target only)"):
-        assert f"  {label}: started\n" in captured.err
-        assert f"/6 tokens, done\n" in captured.err.split(f"  {label}: started\n", 1)[1]
-    assert "speculative vs plain" in captured.out
+    assert "Loading weights" not in captured.err
+    labels = method_labels(4)
+    for name in ("specdec_fast plain", "transformers generate", "transformers assisted"):
+        assert f"  {labels[name]}: started\n" in captured.err
+        assert "/6 tokens, done\n" in captured.err.split(f"  {labels[name]}: started\n", 1)[1]
+    summary = captured.out.split("=== all 1 prompt(s)", 1)[1]
+    for name in METHODS:
+        assert labels[name] in summary
+    assert "greedy output identical to transformers generate: yes, all four" in captured.out
+    assert "predicted speedup" in summary and "measured speedup" in summary
+
+
+def test_comparison_table_gives_each_rate_and_the_speculative_speedup_over_it():
+    tokens = dict.fromkeys(METHODS, 96)
+    seconds = {"transformers generate": 0.5, "transformers assisted": 0.6, "specdec_fast plain": 0.2,
+               "specdec_fast speculative": 0.25}
+    lines = comparison_table(tokens, seconds, 4).splitlines()
+    assert len(lines) == 5 and "tok/s" in lines[0]
+    rows = dict(zip(METHODS, lines[1:]))
+    assert "192.0" in rows["transformers generate"] and "2.00x as fast" in rows["transformers generate"]
+    assert "2.40x as fast" in rows["transformers assisted"]
+    assert "0.80x as fast" in rows["specdec_fast plain"]
+    assert "384.0" in rows["specdec_fast speculative"] and "x as fast" not in rows["specdec_fast speculative"]
 
 
 def test_transformers_generate_greedy_extends_the_prompt_deterministically():
@@ -103,3 +125,23 @@ def test_transformers_generate_greedy_extends_the_prompt_deterministically():
     with torch.no_grad():
         logits = target(input_ids=out).logits
     assert torch.equal(logits[0, ids.shape[1] - 1 : -1].argmax(-1), out[0, ids.shape[1] :])
+
+
+def test_quiet_transformers_restores_the_users_settings():
+    from transformers.utils import logging as hf_logging
+
+    from specdec_fast._hf_output import quiet_transformers
+
+    before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    try:
+        for bars in (True, False):
+            hf_logging.set_verbosity_info()
+            hf_logging.enable_progress_bar() if bars else hf_logging.disable_progress_bar()
+            with quiet_transformers():
+                assert not hf_logging.is_progress_bar_enabled()
+                assert hf_logging.get_verbosity() == hf_logging.ERROR
+            assert hf_logging.is_progress_bar_enabled() == bars
+            assert hf_logging.get_verbosity() == hf_logging.INFO
+    finally:
+        hf_logging.set_verbosity(before[0])
+        hf_logging.enable_progress_bar() if before[1] else hf_logging.disable_progress_bar()

@@ -1,4 +1,7 @@
-"""The wheel: pure Python (py3-none-any), one import package, installs into a clean venv and imports."""
+"""The wheel: pure Python (py3-none-any), one import package, declares what the default path needs
+(Requires-Dist), ships the demo pair with a tokenizer in each model directory, installs into a
+clean venv and imports, and its C++ loader finds the sources it ships."""
+import re
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +36,33 @@ def test_wheel_is_pure_python_with_one_import_package(wheel):
     assert not any(n.endswith((".so", ".pyd", ".o")) for n in names)  # nothing compiled at build time
 
 
+def _requires_dist(wheel: Path) -> list[str]:
+    archive = zipfile.ZipFile(wheel)
+    (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    lines = archive.read(metadata).decode().splitlines()
+    return [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
+
+
+def test_wheel_requires_what_the_default_path_needs(wheel):
+    """ninja builds the C++ CPU backend on first use (without it: the torch reference, 5-8x slower
+    end to end); transformers/tokenizers/safetensors serve generate(), the CLI and the demo."""
+    requires = _requires_dist(wheel)
+    core = {r.split(";")[0].replace(" ", "") for r in requires if "extra ==" not in r}
+    names = {re.split(r"[<>=!~\[]", r)[0].lower() for r in core}
+    assert names == {"torch", "numpy", "ninja", "transformers", "tokenizers", "safetensors"}, requires
+    assert "torch>=2.4" in core and "transformers>=4.45" in core
+    extras = {r.split(";")[0].strip(): r.split("extra ==")[1].strip().strip("'\"") for r in requires if "extra ==" in r}
+    assert extras == {"triton>=3.0": "triton"}, requires
+
+
+def test_wheel_ships_the_pair_with_a_tokenizer_in_each_model_directory(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for model in ("target", "draft"):
+        for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            assert f"specdec_fast/assets/pair/{model}/{file}" in names
+    assert "specdec_fast/kernels/_cpp_build.py" in names
+
+
 def test_wheel_installs_into_a_clean_venv_and_imports(wheel, tmp_path):
     env_dir = tmp_path / "fresh"
     venv.create(env_dir, with_pip=True)
@@ -47,7 +77,9 @@ def test_wheel_installs_into_a_clean_venv_and_imports(wheel, tmp_path):
     code = (
         "import specdec_fast, torch; from specdec_fast.kernels import chain_verify; "
         "import specdec_fast.csrc as c, pathlib; "
+        "from specdec_fast.kernels import _cpp_build; "
         "print(specdec_fast.__file__); print(pathlib.Path(c.__file__).parent); "
+        "assert _cpp_build.csrc_dir() == pathlib.Path(c.__file__).parent and _cpp_build.sources(); "
         "t = torch.randn(2, 3, 11); out = chain_verify(t, None, torch.zeros(2, 2, dtype=torch.long), backend='torch'); "
         "print(out[0].shape)"
     )

@@ -54,6 +54,17 @@ def test_demo_pair_paths_are_directories_in_the_package():
     assert package.exists()
 
 
+def test_each_model_directory_holds_the_shared_tokenizer(tokenizer):
+    """Hugging Face's convention: AutoTokenizer.from_pretrained(model_dir) works on both (it
+    failed with a misleading "You need to have sentencepiece or tiktoken installed")."""
+    code = "def f(x):\n    return x\n"
+    for folder in demo_pair():
+        own = transformers.AutoTokenizer.from_pretrained(folder)
+        assert own.get_vocab() == tokenizer.get_vocab()
+        assert own.eos_token_id == own.pad_token_id == tokenizer.eos_token_id
+        assert own(code).input_ids == tokenizer(code).input_ids
+
+
 def test_tokenizer_loads_and_round_trips_code(tokenizer):
     assert len(tokenizer) == VOCAB
     assert tokenizer.eos_token == "<|endoftext|>"

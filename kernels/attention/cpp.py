@@ -1,11 +1,11 @@
 """Wrapper of the C++ CPU op torch.ops.specdec_fast.paged_attention (csrc/paged_attention.cpp)."""
 import torch
 
+from .._cpp_build import load_cpu_ops
+
 
 def paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale: float):
     """Validated CPU inputs (see __init__.py) -> out [T, Hq, D] in q's dtype."""
-    from specdec_fast._csrc import load_cpu_ops
-
     if not load_cpu_ops():
         raise RuntimeError("the C++ CPU ops did not build")
     return torch.ops.specdec_fast.paged_attention(

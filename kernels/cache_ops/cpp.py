@@ -1,7 +1,7 @@
 """The C++ CPU backend of append_kv and compact_kv (csrc/cache_ops.cpp), called through torch.ops."""
 import torch
 
-from specdec_fast._csrc import load_cpu_ops
+from .._cpp_build import load_cpu_ops
 
 
 def append_kv_cpp(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens) -> None:

@@ -1,10 +1,10 @@
 """Wrappers of the C++ CPU ops rms_norm, rope_qk_, silu_mul, rope_cos_sin (csrc/llama_fused.cpp)."""
 import torch
 
+from .._cpp_build import load_cpu_ops
+
 
 def _ops():
-    from specdec_fast._csrc import load_cpu_ops
-
     if not load_cpu_ops():
         raise RuntimeError("the C++ CPU ops did not build")
     return torch.ops.specdec_fast

@@ -5,12 +5,11 @@ tensors contiguous and of the dtypes the ops take, and load the library on first
 """
 import torch
 
+from .._cpp_build import load_cpu_ops
 from ..sampling_params import SamplingTensors
 
 
 def _ops():
-    from specdec_fast._csrc import load_cpu_ops
-
     if not load_cpu_ops():
         raise RuntimeError("the specdec_fast C++ CPU ops did not build (see the RuntimeWarning); use backend='torch'")
     return torch.ops.specdec_fast

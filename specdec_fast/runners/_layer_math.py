@@ -10,7 +10,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from specdec_fast.kernels.llama_ops.reference import rms_norm_reference, rotate_half_apply
+from ..kernels.llama_ops.reference import rms_norm_reference, rotate_half_apply
 
 
 @lru_cache(maxsize=None)
@@ -18,7 +18,7 @@ def fused_layer_math(dtype: torch.dtype, device_type: str) -> bool:
     """Whether the fused C++ ops serve tensors of this dtype on this device type."""
     if dtype != torch.float32 or device_type != "cpu":
         return False
-    from specdec_fast.kernels._backend import cpp_op_available
+    from ..kernels._backend import cpp_op_available
 
     return all(cpp_op_available(op) for op in ("rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin"))
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 # A transposed ("cols", GPT-2 Conv1D) weight goes to C++ from 2 rows on: one row took 0.9-1.9x
 # F.linear's time (its GEMV streams W^T better), 2 and 5 rows 0.4-1.0x (GPT-2 small shapes,
 # 768 -> 2304 / 3072, 3072 -> 768, 768 -> 768).
-from specdec_fast.kernels.linear import AUTO_ROWS as CPP_MAX_ROWS  # noqa: E402
+from ..kernels.linear import AUTO_ROWS as CPP_MAX_ROWS  # noqa: E402
 
 _cpp_ready = None  # lazily: whether torch.ops.specdec_fast.skinny_linear is there
 
@@ -26,7 +26,7 @@ _cpp_ready = None  # lazily: whether torch.ops.specdec_fast.skinny_linear is the
 def _cpp_available() -> bool:
     global _cpp_ready
     if _cpp_ready is None:
-        from specdec_fast.kernels._backend import cpp_op_available
+        from ..kernels._backend import cpp_op_available
 
         _cpp_ready = cpp_op_available("skinny_linear")
     return _cpp_ready

@@ -17,11 +17,11 @@ the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math.
 import torch
 import torch.nn.functional as F
 
-from specdec_fast.runners._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
-from specdec_fast.runners._linear import layer_linears
-from specdec_fast.runners.paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
-from specdec_fast.runners.paged_base import PagedRunnerBase, device_reason, head_dim_reason
-from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
+from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
+from ._linear import layer_linears
+from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
+from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
+from .paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 PAGED_MODEL_TYPES = SUPPORTED_MODEL_TYPES + ("gpt2",)

@@ -29,11 +29,11 @@ import math
 
 import torch
 
-from specdec_fast.cache import PagedKVCache
-from specdec_fast.kernels._backend import resolve_backend
-from specdec_fast.kernels.attention import paged_attention
-from specdec_fast.kernels.cache_ops import append_kv
-from specdec_fast.runners._linear import linear
+from ..cache import PagedKVCache
+from ..kernels._backend import resolve_backend
+from ..kernels.attention import paged_attention
+from ..kernels.cache_ops import append_kv
+from ._linear import linear
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -84,7 +84,7 @@ class PagedRunnerBase:
         model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype is None else dtype)
         model = model.to(device if device is not None else "cpu").eval()
         if cls.unsupported_reason is PagedRunnerBase.unsupported_reason:  # the base: the model's own family
-            from specdec_fast.runners.paged import paged_runner_class
+            from .paged import paged_runner_class
 
             cls = paged_runner_class(model)
         return cls(model, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, block_size=block_size,

@@ -25,8 +25,8 @@ clamped to the table (as HFRunner does).
 import torch
 import torch.nn.functional as F
 
-from specdec_fast.runners._linear import linear
-from specdec_fast.runners.paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason, head_dim_reason
+from ._linear import linear
+from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason, head_dim_reason
 
 
 def _conv1d_type():

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif("cpp" not in kernel_backends(), reason="C++ back
 
 @pytest.fixture(scope="module")
 def ops():
-    from specdec_fast._csrc import load_cpu_ops
+    from specdec_fast.kernels._cpp_build import load_cpu_ops
 
     assert load_cpu_ops(), "the C++ CPU ops must build on the test machine"
     return torch.ops.specdec_fast

@@ -1,0 +1,49 @@
+"""The README's examples stay true: each python block is run, and the kernels snippet's printed
+output is compared with the output the README shows under it."""
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+def _section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end != -1 else None]
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def _run(code: str) -> str:
+    """exec ``code`` in a fresh namespace with this process's RNG state restored afterwards; its stdout."""
+    out = io.StringIO()
+    with torch.random.fork_rng(), contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
+    return out.getvalue()
+
+
+def test_the_kernels_snippet_prints_what_the_readme_shows():
+    section = _section("The kernels")
+    (code,), (shown,) = _blocks(section, "python"), _blocks(section, "text")
+    assert "print(" in code
+    assert _run(code) == shown
+
+
+@pytest.mark.slow  # 3-10 s (idle or busy 2-core box): loads the demo pair, samples 64 tokens for 2 prompts
+def test_the_generating_example_runs():
+    (code,) = _blocks(_section("Generating"), "python")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        printed = _run(code)
+    finally:
+        torch.set_num_threads(threads)
+    assert printed.startswith("['def binary_search(a, x):")
+    assert "predicted speedup" in printed and "alpha" in printed
