@@ -164,6 +164,8 @@ class SpeculativeDecoder:
             self.drafter.start(self.state)
         self.steps = step_callables(self.graph_mode, self.draft_step if self.k else None, self.verify_step,
                                     self._state_roots(), self.graph_warmup)
+        # Steps before the one that captures the graphs (timed as "capture"); -1: never.
+        self._steps_to_capture = self.graph_warmup if self.steps.graphs else -1
         self.timer.mark(None)
 
     # -- the pieces of one iteration (each a device-side, in-place update; no host sync) --
@@ -228,7 +230,8 @@ class SpeculativeDecoder:
 
     def step(self) -> None:
         """One iteration: the draft and verify steps (after the capture, two graph replays)."""
-        phase = "capture" if self.steps.capture_is_next() else None
+        phase = "capture" if self._steps_to_capture == 0 else None
+        self._steps_to_capture -= 1
         if self.k:
             self.timer.mark(phase or "draft")
             drafts, draft_logits = self.steps.draft()

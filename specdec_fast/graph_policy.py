@@ -89,11 +89,6 @@ class StepCallables:
     verify: Callable
     graphs: dict
 
-    def capture_is_next(self) -> bool:
-        """The next verify call captures (or, static mode, traces): the iteration timed as "capture"."""
-        graph = self.graphs.get("verify")
-        return graph is not None and graph.next_call_captures
-
     def replays(self) -> dict:
         return {name: graph.replays for name, graph in self.graphs.items()}
 

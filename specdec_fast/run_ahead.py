@@ -54,14 +54,14 @@ class RunAheadPoller:
         if isinstance(run_ahead, bool) or not isinstance(run_ahead, int) or run_ahead < 1:
             raise ValueError(f"run_ahead must be an int >= 1, got {run_ahead!r}")
         self.run_ahead, self.status, self.seq_row0 = run_ahead, status, seq_row0
-        slots = run_ahead
+        self._slots = slots = run_ahead
         pin = status.device.type == "cuda"
-        self._ring = torch.empty((slots, *status.shape), dtype=status.dtype, pin_memory=pin)
-        self._ring_np = self._ring.numpy()
+        ring = torch.empty((slots, *status.shape), dtype=status.dtype, pin_memory=pin)
+        self._ring, self._ring_np = list(ring), ring.numpy()  # per-slot views, made once
         self._seq_ring = self._seq_ring_np = None
         if seq_row0 is not None:
-            self._seq_ring = torch.empty((slots, seq_row0.shape[0]), dtype=seq_row0.dtype, pin_memory=pin)
-            self._seq_ring_np = self._seq_ring.numpy()
+            seq_ring = torch.empty((slots, seq_row0.shape[0]), dtype=seq_row0.dtype, pin_memory=pin)
+            self._seq_ring, self._seq_ring_np = list(seq_ring), seq_ring.numpy()
         self._events = None if events is None else [events() for _ in range(slots)]
         self.issued = -1  # newest poll issued
         self.read = -1  # newest poll read
@@ -73,9 +73,9 @@ class RunAheadPoller:
         """Poll ``iteration`` (= iterations issued so far): copy the status into its slot."""
         if iteration != self.issued + 1:
             raise RuntimeError(f"poll {iteration} issued after poll {self.issued}: polls are issued once per iteration")
-        slot = iteration % len(self._ring)
-        if iteration - self.read > len(self._ring):  # the bound keeps this from happening
-            raise RuntimeError(f"poll {iteration} would overwrite unread poll {iteration - len(self._ring)}")
+        slot = iteration % self._slots
+        if iteration - self.read > self._slots:  # the bound keeps this from happening
+            raise RuntimeError(f"poll {iteration} would overwrite unread poll {iteration - self._slots}")
         self._ring[slot].copy_(self.status, non_blocking=True)
         if self._seq_ring is not None:
             self._seq_ring[slot].copy_(self.seq_row0, non_blocking=True)
@@ -91,7 +91,7 @@ class RunAheadPoller:
         must_read = issued + 1 - self.run_ahead  # the newest read poll must be at least this one
         if self.read < must_read <= self.issued:
             if not self._complete(must_read):
-                self._events[must_read % len(self._ring)].synchronize()
+                self._events[must_read % self._slots].synchronize()
                 self.waits += 1
             while self.read < must_read:  # stream order: every poll up to must_read is complete
                 newest = self._read_next()
@@ -101,7 +101,8 @@ class RunAheadPoller:
             newest = self._read_next()
             if newest.done:
                 return newest
-        self.max_ahead = max(self.max_ahead, issued + 1 - self.read)
+        if issued + 1 - self.read > self.max_ahead:
+            self.max_ahead = issued + 1 - self.read
         return newest
 
     def finish(self) -> None:
@@ -118,13 +119,13 @@ class RunAheadPoller:
         if self._events is None:
             return True
         self.queries += 1
-        return self._events[poll % len(self._ring)].query()
+        return self._events[poll % self._slots].query()
 
     def _read_next(self) -> Snapshot:
         poll = self.read + 1
-        slot = poll % len(self._ring)
+        slot = poll % self._slots
         values = self._ring_np[slot]
-        done = not values[1].any()
+        done = 1 not in values[1]  # no live row (one C call; ndarray.any() costs three)
         if done and self.first_done is None:
             self.first_done = poll
         self.read = poll

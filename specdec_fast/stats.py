@@ -39,6 +39,7 @@ class PhaseTimer:
     def __init__(self, events=None):
         self.events = events
         self.pool = []  # event objects, reused across generate() calls of one decoder
+        self._next, self._capacity = 0, 0  # the next event to record, len(pool)
         self.names = []  # phase started at mark i
         self.stamps = []  # perf_counter values (CPU)
         self.totals = {}
@@ -48,10 +49,12 @@ class PhaseTimer:
         if self.events is None:
             self.stamps.append(time.perf_counter())
             return
-        n = len(self.names)
-        if n > len(self.pool):
-            self.pool.extend(self.events(enable_timing=True) for _ in range(EVENTS_PER_CHUNK))
-        self.pool[n - 1].record()
+        i = self._next
+        if i == self._capacity:
+            self.pool.extend([self.events(enable_timing=True) for _ in range(EVENTS_PER_CHUNK)])
+            self._capacity += EVENTS_PER_CHUNK
+        self.pool[i].record()
+        self._next = i + 1
 
     def finish(self) -> None:
         n = len(self.names)
@@ -66,7 +69,7 @@ class PhaseTimer:
             else:
                 seconds = self.pool[i].elapsed_time(self.pool[i + 1]) / 1000.0
             self.totals[name] = self.totals.get(name, 0.0) + seconds
-        self.names, self.stamps = [], []
+        self.names, self.stamps, self._next = [], [], 0
 
 
 class StatsRecorder:
