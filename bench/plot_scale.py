@@ -24,14 +24,16 @@ def plot(path) -> Path:
     data = json.loads(path.read_text())
     groups = {}
     for row in data["rows"]:
-        key = (row["goal_agreement"], row["batch"], row["mode"], row.get("graph_mode", "-"))
-        groups.setdefault(key[:3], []).append(row)
+        if "error" in row:
+            continue
+        key = (row["goal_agreement"], row["batch"], row["mode"], bool(row.get("cuda_graphs")))
+        groups.setdefault(key, []).append(row)
     if not groups:
         raise ValueError(f"{path} has no rows")
     cols = min(3, len(groups))
     nrows = (len(groups) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
-    for ax, ((goal, batch, mode), rows) in zip(axes.flat, sorted(groups.items())):
+    for ax, ((goal, batch, mode, graphs), rows) in zip(axes.flat, sorted(groups.items())):
         spec = sorted((r for r in rows if r["method"].startswith("ours_K")), key=lambda r: r["k"])
         by_name = {r["method"]: r for r in rows}
         if spec:
@@ -49,7 +51,7 @@ def plot(path) -> Path:
         if ceiling < 3 * top:  # on a CPU smoke run the GPU-style ceiling is far off scale
             ax.axhline(ceiling, color="tab:red", linestyle=":", label="HBM ceiling, plain")
         agreement = rows[0]["agreement"]
-        ax.set_title(f"agreement {agreement:.2f} (set), batch {batch}, {mode}\n"
+        ax.set_title(f"agreement {agreement:.2f} (set), batch {batch}, {mode}{', CUDA graphs' if graphs else ''}\n"
                      f"plain-decoding HBM ceiling {ceiling:.0f} tok/s", fontsize=9)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("K (draft tokens per iteration)")

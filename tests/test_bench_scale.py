@@ -40,9 +40,18 @@ def test_draft_shares_the_targets_modules():
     assert bool(torch.isfinite(target.model.rotary_emb.inv_freq).all())
 
 
-def test_tiny_run_end_to_end(tmp_path):
+def test_tiny_run_end_to_end(tmp_path, monkeypatch):
     import bench_scale
 
+    methods_for = bench_scale.methods_for
+
+    def with_a_failing_method(*args, **kwargs):  # e.g. a CUDA graph capture failing for one K on the GPU
+        def fails(ids, mask, new):
+            raise RuntimeError("capture failed")
+
+        return methods_for(*args, **kwargs) + [("ours_K9", 9, fails)]
+
+    monkeypatch.setattr(bench_scale, "methods_for", with_a_failing_method)
     out = tmp_path / "scale.json"
     result = bench_scale.main(["--tiny", "--modes", "greedy", "--batches", "1", "--ks", "2", "--out", str(out)])
     data = json.loads(out.read_text())
@@ -50,7 +59,8 @@ def test_tiny_run_end_to_end(tmp_path):
     assert "acceptance is SET by scaling" in data["acceptance_note"]
     assert abs(data["calibrations"][0]["agreement"] - 0.8) < 0.1
     rows = {row["method"]: row for row in data["rows"]}
-    assert set(rows) == {"hf_generate", "hf_assisted", "ours_plain", "ours_K2"}
+    assert set(rows) == {"hf_generate", "hf_assisted", "ours_plain", "ours_K2", "ours_K9"}
+    assert rows["ours_K9"]["error"] == "RuntimeError: capture failed"  # reported; the others still ran
     spec = rows["ours_K2"]
     for key in ("tokens_per_s", "x_own_plain", "x_hf_generate", "x_hf_assisted", "alpha", "cost_ratio",
                 "predicted_speedup", "of_theorem_3_8", "iterations", "iterations_needed", "host_ms_per_iter",

@@ -182,3 +182,54 @@ def test_poller_protocol_without_a_model():
         other.issue(2)
     with pytest.raises(ValueError, match="run_ahead must be an int >= 1"):
         RunAheadPoller(status, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drafter", ["model", "plain"])
+def test_run_ahead_on_cuda_with_graphs(drafter):
+    """On a GPU, under CUDA graphs: the whole loop (wait -> step -> poll) runs with
+    torch.cuda.set_sync_debug_mode("error") (the polls' pinned copies and events do not sync;
+    event.synchronize is the one wait and is not an op); a full run stops within R - 1 iterations
+    of the one that finished the batch, and reports the host time per iteration."""
+    from .test_paged_runner import tiny
+    from .models import make_draft
+
+    target = tiny("llama").cuda()
+    draft = make_draft(tiny("llama"), noise=0.1).cuda() if drafter == "model" else None
+    ids, mask = (t.cuda() for t in left_padded_prompts([5, 9, 3], vocab=96, seed=3))
+    k, new = (4 if draft is not None else 0), 40
+
+    def make():
+        return SpeculativeDecoder(
+            PagedRunner(target, max_new_tokens=new, num_draft_tokens=k, backend="triton"),
+            ModelDrafter(PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k, backend="triton")) if k else None,
+            k=k, params=make_sampling_tensors(3, "cuda", temperature=0.0, seed=0), max_new_tokens=new,
+            backend="triton", cuda_graphs=True)
+
+    decoder = make()
+    decoder._prefill(ids, mask)
+    poller = decoder._start_polls(ids)
+    for n in range(2):  # warm-up + capture
+        decoder.step()
+        poller.issue(n + 1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for n in range(2, 8):
+            snapshot = poller.wait(n)
+            if snapshot is not None:
+                decoder._take_snapshot(snapshot, n)
+            decoder.step()
+            poller.issue(n + 1)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert poller.read >= 8 + 1 - decoder.run_ahead - 1
+
+    decoder = make()
+    decoder.generate(ids, mask)
+    stats = decoder.stats.result
+    assert stats.graph_mode == "cuda_graphs"
+    assert 0 <= stats.iterations - stats.loop["iterations_needed"] <= decoder.run_ahead - 1
+    print(f"host ms per iteration (wall - prefill - capture - phases): {stats.host_ms_per_iter:.3f}; "
+          f"{stats.loop}")
