@@ -147,3 +147,22 @@ def test_finished_rows_with_triton_kernels():
                                eos_token_id=eos)
     assert torch.equal(ours, expected)
     assert stats.tokens_per_row[1] <= 3 and stats.iterations > 2, "row 1 finished while row 0 ran on"
+
+
+def test_skip_finished_off_gives_the_same_tokens():
+    """skip_finished=False (finished rows keep being scored, their tokens discarded): same output."""
+    target = tiny("llama")
+    draft = make_draft(target, noise=0.05)
+    ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=4)
+    eos = _early_eos(target, ids, mask)
+    outs = []
+    for skip in (True, False):
+        runners = [PagedRunner(model, max_new_tokens=NEW, num_draft_tokens=K) for model in (target, draft)]
+        decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=K, pad_token_id=0, eos_token_ids=[eos],
+                                     params=make_sampling_tensors(3, "cpu", temperature=0.0, seed=0), max_new_tokens=NEW,
+                                     skip_finished=skip)
+        log = FeedLog(runners[0], decoder)
+        outs.append(decoder.generate(ids, mask))
+        fed_nothing = any(int(fed.min()) == 0 for _, fed, _ in log.calls)
+        assert fed_nothing == skip
+    assert torch.equal(outs[0], outs[1])
