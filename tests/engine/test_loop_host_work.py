@@ -15,7 +15,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from specdec_fast.drafters import ModelDrafter
 from specdec_fast.engine import SpeculativeDecoder
