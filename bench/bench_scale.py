@@ -12,7 +12,8 @@ Per (agreement, batch, mode), round robin, best of --repeats after one warm-up c
     ours_plain      specdec_fast.generate, no draft (K = 0)
     ours_K<k>       specdec_fast.generate with the draft, K = k
 Modes: greedy, sample_topk50 (T=1, transformers' default top_k=50), sample_topk0 (T=1, no top-k).
-Per run: tokens/s (all new tokens / wall time, prefill and graph capture included), alpha, c,
+Per run: tokens/s (all new tokens / wall time, prefill and graph capture included; the JSON also
+has loop_tokens_per_s without them), alpha, c,
 Leviathan Theorem 3.8's predicted speedup from that run's alpha and c beside the measured one
 (over ours_plain), iterations run vs needed (the run-ahead bound, run_ahead.py), host ms per
 iteration (wall - prefill - capture - draft - target phases), and tokens/s against the HBM
@@ -133,6 +134,8 @@ def run_group(target, draft, *, agreement: dict, batch: int, mode: str, graphs, 
                        polls=stats.loop.get("polls"), waits=stats.loop.get("waits"), host_ms_per_iter=stats.host_ms_per_iter,
                        wall_s=stats.wall_s, prefill_s=stats.prefill_s, capture_s=stats.capture_s, draft_s=stats.draft_s,
                        target_s=stats.target_s, graph_mode=stats.graph_mode, accepted_hist=stats.accepted_hist)
+            # Without the prefill and the per-call graph capture (each generate() call captures its own).
+            row["loop_tokens_per_s"] = batch * args.new_tokens / max(stats.wall_s - stats.prefill_s - stats.capture_s, 1e-9)
             if stats.k:
                 row.update(alpha=stats.alpha, cost_ratio=stats.cost_ratio, mean_accepted_length=stats.mean_accepted_length,
                            predicted_speedup=stats.predicted_speedup)
