@@ -13,9 +13,8 @@ Per (agreement, batch, mode), round robin, best of --repeats after one warm-up c
     ours_K<k>       specdec_fast.generate with the draft, K = k
 Modes: greedy, sample_topk50 (T=1, transformers' default top_k=50), sample_topk0 (T=1, no top-k).
 Per run: tokens/s (all new tokens / wall time, prefill and graph capture included; the JSON also
-has loop_tokens_per_s without them), alpha, c,
-Leviathan Theorem 3.8's predicted speedup from that run's alpha and c beside the measured one
-(over ours_plain), iterations run vs needed (the run-ahead bound, run_ahead.py), host ms per
+has loop_tokens_per_s without them), alpha, c, Leviathan Theorem 3.8's predicted speedup from
+that run's alpha and c beside the measured one (over ours_plain), iterations run vs needed (the run-ahead bound, run_ahead.py), host ms per
 iteration (wall - prefill - capture - draft - target phases), and tokens/s against the HBM
 ceiling of plain decoding: batch * measured copy bandwidth / weight bytes read per step.
 
