@@ -16,5 +16,12 @@ python3 -m pytest -q -p no:cacheprovider --benchmark-disable tests 2>&1 | tee "$
 run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
 run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
 run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
+run python3 bench/bench_logits_copy.py --device cuda --out "$results/logits_copy_$dev.json"
+# The 8B-shaped scale benchmark (issue 11): one preset per call, each within a 10-minute device call
+# (--budget-s: no new group after 500 s; JSON rewritten after every group). Writes
+# bench/results/scale_${dev}_<preset>.json + .png.
+for preset in headline batch sampling agreement; do
+  run python3 bench/bench_scale.py --preset "$preset" --budget-s 500
+done
 if [ -n "${OUT:-}" ]; then cp "$results"/*"$dev"* "$OUT"/ 2>/dev/null; fi
 exit $status

@@ -2,12 +2,15 @@
 
 Protocol (the engine calls these in order):
     start(state)                       after the target's prefill and first token
-    propose(k) -> (draft_tokens [B, k] int64, -1 pads; draft_logits [B, k, V] float32 or None)
+    propose(k) -> (draft_tokens [B, k] int64, -1 pads; draft_logits [B, k, V] in the draft
+                   runner's logits dtype (bf16 on GPU: no float32 copy), or None)
     commit(num_accepted [B], draft_tokens [B, k])   after verify; the emitted tokens are
                                        already in state.seq (state.end advanced)
+    compact(max_len_bound)             at poll time, for drafters with needs_compact
 ``state`` is the engine's DecodeState: seq [B, T] (left-padded prompt then generated tokens),
 start [B] (first real token), end [B] (one past the last emitted token), sampling tensors,
-gen_len [B] (the random-stream offset), backend.
+gen_len [B] (the random-stream offset), backend, live [B] (1 while the row is unfinished; it
+does not change between propose and commit) and skip_finished (feed finished rows nothing).
 
 Graph safety (engine.py, graphs.py): ``graph_safe`` says that propose / commit keep every tensor
 that outlives a call in place (copy_, never rebinding) with static shapes, so both can be
@@ -37,6 +40,10 @@ class ModelDrafter:
     def graph_safe(self) -> bool:
         return bool(getattr(self.runner, "graph_safe", False))
 
+    @property
+    def needs_compact(self) -> bool:
+        return bool(getattr(self.runner, "needs_compact", False))
+
     def start(self, state) -> None:
         self.state = state
         self.runner.prefill(state.prompt_ids, state.prompt_mask)
@@ -45,6 +52,7 @@ class ModelDrafter:
         self.pending[:, 1] = state.last_token()
         self.num_pending = torch.ones(batch, dtype=torch.long, device=state.seq.device)
         self._sample = prepared_impls(state.backend, state.seq.device)[1]
+        self._params = dataclasses.replace(state.params, offset=state.gen_len)  # offset: the live counter
         self._positions = []  # int64 [B] tensors of i: the i-th draft's noise position
 
     def _position(self, i: int) -> torch.Tensor:
@@ -54,23 +62,26 @@ class ModelDrafter:
         return self._positions[i]
 
     def propose(self, k: int):
-        st = self.state
+        """K one-token draft steps (the first feeds the 1 or 2 pending tokens); finished rows are
+        fed nothing when state.skip_finished. -> drafts [B, k] int64, logits [B, k, V]."""
+        live = self.state.live if self.state.skip_finished else None
         tokens, logits = [], []
-        step_input, num_valid = self.pending, self.num_pending
-        params = dataclasses.replace(st.params, offset=st.gen_len)
+        step_input = self.pending
+        num_valid = self.num_pending if live is None else self.num_pending * live
         for i in range(k):
-            step_logits = self.runner.score(step_input, num_valid)[:, -1].float()
-            token = self._sample(step_logits, params, self._position(i), STREAM_DRAFT).long()
+            step_logits = self.runner.score(step_input, num_valid)[:, -1]  # [B, V], the runner's dtype
+            token = self._sample(step_logits, self._params, self._position(i), STREAM_DRAFT).long()
             tokens.append(token)
             logits.append(step_logits)
-            step_input, num_valid = token[:, None], None
+            step_input, num_valid = token[:, None], live
         return torch.stack(tokens, 1), torch.stack(logits, 1)
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
         k = draft_tokens.shape[1]
         acc = num_accepted.long()
-        # Fed since the last commit: the pending tokens, then d_0 .. d_{k-2}.
-        self.runner.commit(self.num_pending + acc.clamp(max=k - 1))
+        # Fed since the last commit: the pending tokens, then d_0 .. d_{k-2} (nothing for a finished row).
+        fed = self.num_pending + acc.clamp(max=k - 1)
+        self.runner.commit(fed * self.state.live if self.state.skip_finished else fed)
         all_accepted = acc == k
         # In place: the draft step (a CUDA graph) reads these buffers at fixed addresses.
         self.pending.copy_(torch.stack([draft_tokens[:, k - 1], self.state.last_token()], 1))

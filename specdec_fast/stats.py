@@ -1,8 +1,8 @@
 """Run statistics: acceptance, tokens/s, the measured cost ratio c and Leviathan's predicted speedup.
 
 Counters live on the device during the loop (no sync) and are read once at the end. Phase
-times: on CUDA with events recorded at phase boundaries (no sync until the end), on CPU with
-perf_counter (CPU work is synchronous).
+times: on CUDA with events recorded at phase boundaries (preallocated, no sync until the end),
+on CPU with perf_counter (CPU work is synchronous).
 
 Definitions (Leviathan et al. 2022, section 3):
     alpha  = accepted drafts / drafts examined, where an iteration with j accepted examines
@@ -13,75 +13,96 @@ Definitions (Leviathan et al. 2022, section 3):
     predicted speedup       = E[tokens per iteration] / (K * c + 1)
 
 Under CUDA graphs (engine.py) the draft and the verify step are two graph replays: the phase
-events are recorded between the replays (never inside a capture: mark() refuses), so draft_s
-and target_s are the GPU times of the draft graph and of the verify graph, and c is their ratio
-as in eager mode. The capture iteration (warm-up sync + capture + first replay) is timed as
-phase "capture" (capture_s), outside draft_s / target_s; wall_s includes it.
+events are recorded between the replays (never inside a capture), so draft_s and target_s are
+the GPU times of the draft graph and of the verify graph, and c is their ratio as in eager
+mode. The capture iteration (warm-up sync + capture + first replay) is timed as phase
+"capture" (capture_s), the prefill as "prefill" (prefill_s); both are outside draft_s /
+target_s, and wall_s includes them. What remains,
+    host_s = wall_s - prefill_s - capture_s - draft_s - target_s,
+is the time outside the two phases: the poll copies, and (under graphs) whatever the GPU spent
+waiting for the host; host_ms_per_iter = host_s / iterations (the issue-11 target: <= 0.3 ms).
 """
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+EVENTS_PER_CHUNK = 64  # timing events are created in chunks, never one per mark
+
 
 class PhaseTimer:
-    """Accumulates wall time per named phase; ``mark(name)`` ends the current phase, starts name."""
+    """Accumulates wall time per named phase; ``mark(name)`` ends the current phase, starts name
+    (None: an untimed stretch). ``events``: None (perf_counter, CPU) or an event class like
+    torch.cuda.Event; its events are created EVENTS_PER_CHUNK at a time and recorded in turn
+    (the engine never marks inside a graph capture: marks sit between the steps)."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks = []  # (phase name or None, timestamp or event)
+    def __init__(self, events=None):
+        self.events = events
+        self.pool = []  # event objects, reused across generate() calls of one decoder
+        self._next, self._capacity = 0, 0  # the next event to record, len(pool)
+        self.names = []  # phase started at mark i
+        self.stamps = []  # perf_counter values (CPU)
         self.totals = {}
 
     def mark(self, name) -> None:
-        if self.cuda:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("PhaseTimer.mark inside a CUDA graph capture: time the replays from outside")
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append((name, event))
-        else:
-            self.marks.append((name, time.perf_counter()))
+        self.names.append(name)
+        if self.events is None:
+            self.stamps.append(time.perf_counter())
+            return
+        i = self._next
+        if i == self._capacity:
+            self.pool.extend([self.events(enable_timing=True) for _ in range(EVENTS_PER_CHUNK)])
+            self._capacity += EVENTS_PER_CHUNK
+        self.pool[i].record()
+        self._next = i + 1
 
     def finish(self) -> None:
-        if self.cuda and self.marks:
-            self.marks[-1][1].synchronize()
-        for (name, t0), (_, t1) in zip(self.marks, self.marks[1:]):
+        n = len(self.names)
+        if self.events is not None and n:
+            self.pool[n - 1].synchronize()
+        for i in range(n - 1):
+            name = self.names[i]
             if name is None:
                 continue
-            seconds = t0.elapsed_time(t1) / 1000.0 if self.cuda else t1 - t0
+            if self.events is None:
+                seconds = self.stamps[i + 1] - self.stamps[i]
+            else:
+                seconds = self.pool[i].elapsed_time(self.pool[i + 1]) / 1000.0
             self.totals[name] = self.totals.get(name, 0.0) + seconds
-        self.marks = []
+        self.names, self.stamps, self._next = [], [], 0
 
 
 class StatsRecorder:
-    """Device-side counters filled by the engine, one record per append."""
+    """Device-side counters filled by the engine, one record per append (three small ops)."""
 
     def __init__(self, k: int, device: torch.device):
         self.k = k
         self.hist = torch.zeros(k + 1, dtype=torch.long, device=device)  # row-iterations with j accepted
-        self.loop_tokens = torch.zeros((), dtype=torch.long, device=device)
         self.first_tokens = None
         self.result = None
 
-    def record(self, num_accepted: torch.Tensor, count: torch.Tensor, finished: torch.Tensor) -> None:
-        if self.first_tokens is None:  # the prefill's first token
-            self.first_tokens = count.sum()
-            return
-        active = (count > 0).long()
-        # A comparison, not F.one_hot: one_hot checks its input range on CUDA (a host sync).
-        onehot = (num_accepted.long()[:, None] == torch.arange(self.k + 1, device=self.hist.device)).long()
-        self.hist += (onehot * active[:, None]).sum(0)
-        self.loop_tokens += count.sum()
+    def record_first(self, count: torch.Tensor) -> None:
+        """The prefill's first token per row (count [B])."""
+        self.first_tokens = count.sum()
 
-    def finish(self, wall_s: float, iterations: int, timer: PhaseTimer, gen_len: torch.Tensor, graphs=None) -> None:
+    def record(self, num_accepted: torch.Tensor, count: torch.Tensor) -> None:
+        """num_accepted [B] int, count [B] tokens appended: rows that appended nothing (finished)
+        are not counted. scatter_add_ on integers: deterministic, no host sync (F.one_hot would
+        check its input range on the host)."""
+        self.hist.scatter_add_(0, num_accepted.long(), (count > 0).long())
+
+    def finish(self, wall_s: float, iterations: int, timer: PhaseTimer, gen_len: torch.Tensor, graphs=None,
+               loop=None) -> None:
         hist = self.hist.cpu().tolist()
+        first = int(self.first_tokens.cpu()) if self.first_tokens is not None else 0
+        new_tokens = int(gen_len.sum())
         self.result = GenerationStats(
-            k=self.k, batch=int(gen_len.shape[0]), new_tokens=int(gen_len.sum()), tokens_per_row=gen_len.tolist(),
-            first_tokens=int(self.first_tokens.cpu()) if self.first_tokens is not None else 0,
-            loop_tokens=int(self.loop_tokens.cpu()), iterations=iterations, wall_s=wall_s, accepted_hist=hist,
-            draft_s=timer.totals.get("draft", 0.0), target_s=timer.totals.get("target", 0.0),
-            capture_s=timer.totals.get("capture", 0.0), graph_mode=(graphs or {}).get("mode", "eager"),
-            graph_note=(graphs or {}).get("note"), graph_replays=dict((graphs or {}).get("replays", {})),
+            k=self.k, batch=int(gen_len.shape[0]), new_tokens=new_tokens, tokens_per_row=gen_len.tolist(),
+            first_tokens=first, loop_tokens=new_tokens - first, iterations=iterations, wall_s=wall_s,
+            accepted_hist=hist, draft_s=timer.totals.get("draft", 0.0), target_s=timer.totals.get("target", 0.0),
+            capture_s=timer.totals.get("capture", 0.0), prefill_s=timer.totals.get("prefill", 0.0),
+            graph_mode=(graphs or {}).get("mode", "eager"), graph_note=(graphs or {}).get("note"),
+            graph_replays=dict((graphs or {}).get("replays", {})), loop=dict(loop or {}),
         )
 
 
@@ -104,10 +125,24 @@ class GenerationStats:
     graph_mode: str = "eager"  # "eager", "static" (graph code path run eagerly) or "cuda_graphs"
     graph_note: str | None = None  # why eager, when graphs were not requested explicitly
     graph_replays: dict = field(default_factory=dict)  # step name -> calls served by its graph
+    prefill_s: float = 0.0  # the prefill and the first token (not in draft_s / target_s)
+    # The loop's run-ahead (engine.py, run_ahead.py): run_ahead R, iterations_needed (the first
+    # iteration after which every row had finished, as seen by the polls), polls, waits
+    # (event.synchronize calls), max_ahead (most iterations issued beyond the last read poll).
+    loop: dict = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def host_s(self) -> float:
+        """Wall time outside prefill, capture and the draft / target phases (see the module doc)."""
+        return self.wall_s - self.prefill_s - self.capture_s - self.draft_s - self.target_s
+
+    @property
+    def host_ms_per_iter(self) -> float:
+        return 1000.0 * self.host_s / self.iterations if self.iterations else float("nan")
 
     @property
     def row_iterations(self) -> int:
@@ -160,17 +195,25 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         keys = ("k", "batch", "new_tokens", "iterations", "wall_s", "accepted_hist", "draft_s", "target_s", "capture_s",
-                "graph_mode", "graph_note", "graph_replays")
+                "prefill_s", "graph_mode", "graph_note", "graph_replays", "loop")
         out = {key: getattr(self, key) for key in keys}
-        for key in ("tokens_per_s", "mean_accepted_length", "acceptance_per_position", "alpha", "cost_ratio",
+        for key in ("tokens_per_s", "host_ms_per_iter", "mean_accepted_length", "acceptance_per_position", "alpha", "cost_ratio",
                     "predicted_speedup", "measured_speedup"):
             out[key] = getattr(self, key)
         return out
 
+    def _loop_line(self) -> str:
+        loop = self.loop
+        if "iterations_needed" not in loop:
+            return ""
+        return (f"; needed {loop['iterations_needed']}, run-ahead bound R = {loop['run_ahead']}, "
+                f"{loop['waits']} waits on {loop['polls']} polls")
+
     def format(self) -> str:
         lines = [
             f"generated tokens     {self.new_tokens} ({self.batch} row(s)) in {self.wall_s:.3f} s = {self.tokens_per_s:.1f} tokens/s",
-            f"iterations           {self.iterations} (K = {self.k})",
+            f"iterations           {self.iterations} (K = {self.k})" + self._loop_line(),
+            f"outside the phases   {self.host_ms_per_iter:.3f} ms per iteration (wall - prefill - capture - draft - target)",
         ]
         if self.k:
             per_pos = ", ".join(f"{r:.2f}" for r in self.acceptance_per_position)

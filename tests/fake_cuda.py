@@ -56,3 +56,49 @@ def fake_cuda(monkeypatch):
     for name in ("Stream", "CUDAGraph", "graph", "current_stream", "stream", "graph_pool_handle"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
     return fake
+
+
+class LateDevice:
+    """A fake device whose work completes late, for the loop's run-ahead (specdec_fast/run_ahead.py).
+
+    Its clock is the host's iteration count (``tick()``, called once per issued iteration: the
+    tests wrap the decoder's step). An event recorded at tick t completes (query() turns true)
+    ``lag`` ticks later, like a GPU that runs ``lag`` iterations behind its host; synchronize()
+    completes it and every event recorded before it (stream order) at once, and is logged.
+    lag = 0: a device that keeps up (every event complete when the host next looks).
+    The values a poll copies are those at issue (CPU copies are synchronous): only their
+    visibility is delayed, which is what the host's protocol depends on."""
+
+    def __init__(self, lag: int):
+        self.lag, self.now, self.done_upto = lag, 0, -1
+        self.log = []  # ("record" | "query" | "sync", tick of the event, timing event?, result)
+        device = self
+
+        class Event:
+            def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+                self.timing, self.tick = enable_timing, None
+
+            def record(self, stream=None):
+                self.tick = device.now
+                device.log.append(("record", self.tick, self.timing, None))
+
+            def query(self):
+                done = self.tick <= max(device.done_upto, device.now - device.lag)
+                device.log.append(("query", self.tick, self.timing, done))
+                return done
+
+            def synchronize(self):
+                device.done_upto = max(device.done_upto, self.tick)
+                device.log.append(("sync", self.tick, self.timing, None))
+
+            def elapsed_time(self, other):
+                return 0.0
+
+        self.Event = Event
+
+    def tick(self) -> None:
+        self.now += 1
+
+    def poll_syncs(self) -> list:
+        """Ticks of the poll events (no timing) the host blocked on."""
+        return [tick for kind, tick, timing, _ in self.log if kind == "sync" and not timing]

@@ -12,10 +12,13 @@ the host.
         slots per row; when num_valid is given only the last num_valid[b] tokens of row b are
         real (left padding inside the call; their logits are garbage). Real tokens take the
         positions that follow the row's context, committed and tentative, in order.
+        num_valid[b] may be 0: row b appends nothing (the engine feeds finished rows nothing,
+        then commits 0 for them).
     commit(keep [B] int) -> None. Of the real tentative tokens appended since the last commit
         (in order), the first keep[b] become committed; the others are discarded (rollback).
-    compact(max_len_bound: int) -> None. Optional hint from the engine, at poll time: every
-        row's committed length is <= max_len_bound. A runner that leaves holes may reclaim them.
+    compact(max_len_bound: int) -> None. Hint from the engine, at poll time, to runners whose
+        attribute needs_compact is True (default False: never called): every row's committed
+        length is <= max_len_bound. A runner that leaves holes may reclaim them.
 
 Optional attribute graph_safe (default False): score / commit keep every tensor that outlives a
 call in place (copy_, never rebinding) with static shapes per (B, N), and read no device value

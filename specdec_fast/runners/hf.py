@@ -29,6 +29,8 @@ except ImportError:  # pragma: no cover - transformers is an optional dependency
 class HFRunner:
     """Runner (see runners/base.py) around a transformers causal LM instance (weights shared)."""
 
+    needs_compact = True  # rejected drafts leave holes that compact() reclaims
+
     def __init__(self, model, *, compact_slack: int = 64):
         if DynamicCache is None:
             raise ImportError("HFRunner needs transformers (pip install transformers)")

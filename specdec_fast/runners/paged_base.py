@@ -20,9 +20,10 @@ Lengths: ``cache.seq_lens`` [B] = committed tokens; ``self.length`` [B] = commit
 (score appends at self.length). Each row reserves its whole budget at prefill:
 prompt width + max_new_tokens + K + 1 tokens. Between two commits at most K + 1 tentative
 tokens are appended (target: one call of K+1; draft: 1 or 2 pending + K-1 single tokens); this
-is checked on the host from the static call widths. A row the engine has finished keeps being
-scored (its tokens are discarded); commit caps its committed length at reservation - (K+1) so
-its writes stay inside its blocks. A live row never reaches the cap (its committed length is
+is checked on the host from the static call widths. The engine feeds a finished row 0 real
+tokens (batch > 1) and commits 0; a row that keeps being scored after it finished (batch 1, or
+another caller) has commit cap its committed length at reservation - (K+1) so its writes stay
+inside its blocks. A live row never reaches the cap (its committed length is
 <= prompt + max_new_tokens - 2).
 """
 import math

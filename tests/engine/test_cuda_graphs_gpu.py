@@ -6,7 +6,8 @@ import torch
 
 import specdec_fast.api as api
 from specdec_fast.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_fast.engine import GRAPHS_BY_DEFAULT, SpeculativeDecoder
+from specdec_fast.engine import SpeculativeDecoder
+from specdec_fast.graph_policy import GRAPHS_BY_DEFAULT
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import PagedRunner
 
@@ -61,7 +62,7 @@ def test_replayed_loop_has_no_host_sync(drafter):
     decoder.step()  # warm-up (eager, side stream)
     decoder.step()  # capture + first replay (synchronises)
     steps_without_sync(decoder, 5)
-    assert decoder._verify.replays == 6 and decoder._verify.graph is not None
+    assert decoder.steps.verify.replays == 6 and decoder.steps.verify.graph is not None
     if k:
-        assert decoder._draft.replays == 6
+        assert decoder.steps.draft.replays == 6
     assert int(decoder.state.gen_len.min()) >= 8  # the replays really decoded (1 + >= 1 per iteration)

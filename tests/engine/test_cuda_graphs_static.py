@@ -8,7 +8,8 @@ import torch
 
 import specdec_fast.api as api
 from specdec_fast.drafters import ModelDrafter, PromptLookupDrafter
-from specdec_fast.engine import SpeculativeDecoder, graph_unsupported_reason
+from specdec_fast.engine import SpeculativeDecoder
+from specdec_fast.graph_policy import graph_unsupported_reason
 from specdec_fast.graphs import GraphSafetyError, addresses
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import HFRunner, PagedRunner
@@ -63,7 +64,9 @@ def test_eos_inside_a_block(drafter):
     assert e_stats.tokens_per_row[1] <= 7 and int(eager[1, ids.shape[1] + e_stats.tokens_per_row[1] - 1]) == eos
 
 
-def _decoder(drafter_kind: str, batch: int, k: int = 3, new: int = 12, cuda_graphs="static"):
+def _decoder(drafter_kind: str, batch: int, k: int = 3, new: int = 12, cuda_graphs="static", mode=None):
+    """A decoder after its prefill; mode: force the graph mode (e.g. "cuda_graphs" under fake_cuda:
+    on CUDA the device check is the only difference)."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([5, 9, 3][:batch], seed=2)
     runner = PagedRunner(target, max_new_tokens=new, num_draft_tokens=k)
@@ -72,6 +75,8 @@ def _decoder(drafter_kind: str, batch: int, k: int = 3, new: int = 12, cuda_grap
     params = make_sampling_tensors(batch, "cpu", temperature=0.8, top_k=20, seed=3)
     decoder = SpeculativeDecoder(runner, drafter, k=k if drafter else 0, params=params, max_new_tokens=new,
                                  pad_token_id=0, cuda_graphs=cuda_graphs)
+    if mode is not None:
+        decoder.graph_mode = mode
     decoder._prefill(ids, mask)
     return decoder
 
@@ -81,7 +86,7 @@ def test_state_addresses_are_fixed_and_handoffs_are_static(drafter):
     decoder = _decoder(drafter, batch=3)
     decoder.step()  # warm-up: may build lazily cached tensors
     first = addresses(decoder.graph_state())
-    assert {"target.cache.kv", "target.length", "target.cache.seq_lens", "decoder.state.seq", "decoder.state.gen_len",
+    assert {"target.cache.kv", "target.length", "target.cache.seq_lens", "decoder.state.seq", "decoder.state.status",
             "decoder.stats.hist", "decoder.params.seed"} <= set(first)
     if drafter == "model":
         assert {"drafter.pending", "drafter.num_pending", "drafter.runner.length", "drafter.runner.cache.kv"} <= set(first)
@@ -92,11 +97,11 @@ def test_state_addresses_are_fixed_and_handoffs_are_static(drafter):
         assert addresses(decoder.graph_state()) == first
         if decoder.k:
             # (iii) the draft step's outputs, read by the verify step, are the static buffers.
-            drafts = decoder._draft.outputs[0]
-            assert decoder._verify._arg_addresses["arg0[0]"][0] == drafts.data_ptr()
+            drafts = decoder.steps.draft.outputs[0]
+            assert decoder.steps.verify._arg_addresses["arg0[0]"][0] == drafts.data_ptr()
             handoff = handoff or drafts.data_ptr()
             assert drafts.data_ptr() == handoff
-    assert decoder._verify.replays == 6
+    assert decoder.steps.verify.replays == 6
 
 
 def test_rebinding_drafter_is_caught():
@@ -160,9 +165,7 @@ def test_engine_capture_flow_with_fake_cuda(fake_cuda, drafter):
     block runs the step once eagerly, replays only count): one warm-up iteration on the side
     stream, then both steps captured into ONE shared pool on ONE stream, draft first, and only
     replays after that; the capture iteration is timed apart."""
-    decoder = _decoder(drafter, batch=2, cuda_graphs=False)
-    decoder.graph_mode = "cuda_graphs"  # as on CUDA (the device check is the only difference)
-    decoder._build_graphs()
+    decoder = _decoder(drafter, batch=2, cuda_graphs=False, mode="cuda_graphs")
     for _ in range(4):
         decoder.step()
     names = [entry[0] for entry in fake_cuda.log]
@@ -174,7 +177,7 @@ def test_engine_capture_flow_with_fake_cuda(fake_cuda, drafter):
     report = decoder.graph_report()
     assert report["mode"] == "cuda_graphs" and set(report["replays"].values()) == {3}
     decoder.timer.finish()
-    assert {"draft", "target", "capture"} <= set(decoder.timer.totals)
+    assert set(decoder.timer.totals) == {"prefill", "target", "capture"} | ({"draft"} if drafter == "model" else set())
 
 
 def test_static_graph_path_gpt2_paged_runner():

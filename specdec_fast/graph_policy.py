@@ -1,0 +1,113 @@
+"""When the decoding loop runs its draft and verify steps as CUDA graphs, and the callables it
+calls for them (the step functions themselves, or StepGraphs around them: graphs.py).
+
+Modes (GRAPH_MODES):
+    "eager"        the step functions are called directly.
+    "cuda_graphs"  each step is a StepGraph(capture=True): ``warmup`` eager calls on a side
+                   stream, then one capture, then replays. CUDA, graph-safe runners and drafter
+                   (runners/base.py ``graph_safe``), Triton kernels (the torch references read
+                   lengths on the host).
+    "static"       StepGraph(capture=False): the same graph code path run eagerly on any device,
+                   checking every graph-safety rule (the CPU-checkable twin, for tests).
+
+generate(cuda_graphs=None) follows GRAPHS_BY_DEFAULT. It stays False until the GPU suite
+(tests/engine/test_cuda_graphs_gpu.py and the rest of `pytest tests` on CUDA) has passed on a GPU
+machine: the capture path has run only on CPU (fake torch.cuda graph API + the "static" twin)
+since the H100 run found capture failures at K=5 and K=7 (../shared/gpu/README.md). Flipping it
+is this one line.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .graphs import StepGraph, state_tensors
+from .kernels._backend import resolve_backend
+
+GRAPHS_BY_DEFAULT = False
+GRAPH_MODES = ("eager", "static", "cuda_graphs")
+
+
+def static_unsupported_reason(target, drafter) -> str | None:
+    """Why the graph code path cannot run these runners / drafter at all (any device), or None."""
+    if not getattr(target, "graph_safe", False):
+        return f"the target runner {type(target).__name__} keeps state that is not static (runner='paged' is)"
+    if drafter is not None and not getattr(drafter, "graph_safe", False):
+        return f"the drafter {type(drafter).__name__} (or its runner) keeps state that is not static"
+    return None
+
+
+def graph_unsupported_reason(target, drafter, backend, device: torch.device) -> str | None:
+    """Why the draft and verify steps cannot be captured as CUDA graphs here, or None."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, the model is on {device.type}"
+    reason = static_unsupported_reason(target, drafter)
+    if reason is not None:
+        return reason
+    try:
+        chosen = {op: resolve_backend(backend, device, op) for op in ("chain_verify", "sample")}
+        for runner in (target, getattr(drafter, "runner", None)):
+            if runner is not None:
+                chosen[f"{type(runner).__name__} attention"] = resolve_backend(getattr(runner, "backend", None), device,
+                                                                               "paged_attention")
+    except ValueError as exc:
+        return str(exc)
+    slow = [f"{op}: {b}" for op, b in chosen.items() if b != "triton"]
+    return f"the kernels must be the Triton ones ({', '.join(slow)})" if slow else None
+
+
+def resolve_graph_mode(cuda_graphs, target, drafter, backend, device: torch.device) -> tuple[str, str | None]:
+    """cuda_graphs (None | True | False | "static") -> (mode in GRAPH_MODES, why eager or None).
+    None: CUDA graphs where supported and GRAPHS_BY_DEFAULT, else eager with the reason;
+    True / "static": ValueError when unsupported."""
+    if isinstance(cuda_graphs, str):
+        if cuda_graphs != "static":
+            raise ValueError(f"cuda_graphs must be None, True, False or 'static', got {cuda_graphs!r}")
+        reason = static_unsupported_reason(target, drafter)
+        if reason is not None:
+            raise ValueError(f"cuda_graphs='static' cannot run: {reason}")
+        return "static", None
+    if cuda_graphs is not None and cuda_graphs is not True and cuda_graphs is not False:
+        raise ValueError(f"cuda_graphs must be None, True, False or 'static', got {cuda_graphs!r}")
+    if cuda_graphs is False:
+        return "eager", "cuda_graphs=False"
+    reason = graph_unsupported_reason(target, drafter, backend, device)
+    if reason is None and (cuda_graphs or GRAPHS_BY_DEFAULT):
+        return "cuda_graphs", None
+    if cuda_graphs is True:
+        raise ValueError(f"cuda_graphs=True cannot run: {reason}")
+    return "eager", reason or "off by default (graph_policy.GRAPHS_BY_DEFAULT)"
+
+
+@dataclass
+class StepCallables:
+    """What the loop calls for one iteration: ``draft() -> (drafts [B, K], draft_logits [B, K, V]
+    or None)`` (None when K = 0) and ``verify(drafts, draft_logits) -> None``; ``graphs``: the
+    StepGraphs behind them by name (empty in eager mode)."""
+
+    draft: Callable | None
+    verify: Callable
+    graphs: dict
+
+    def replays(self) -> dict:
+        return {name: graph.replays for name, graph in self.graphs.items()}
+
+
+def step_callables(mode: str, draft_step, verify_step, state_roots: dict, warmup: int) -> StepCallables:
+    """The draft / verify callables for ``mode``: the step functions themselves (eager) or
+    StepGraphs around them sharing one memory pool and one capture stream (captured and replayed
+    in the same order, draft then verify, so the verify graph may reuse the draft graph's freed
+    temporaries while the draft graph's outputs, the verify graph's inputs, stay referenced by
+    the draft StepGraph). state_roots: name -> object whose tensors outlive a step (the decoder,
+    runners, drafter), searched by graphs.state_tensors at capture time."""
+    if mode == "eager":
+        return StepCallables(draft_step, verify_step, {})
+    capture = mode == "cuda_graphs"
+    common = dict(capture=capture, warmup=warmup, state=lambda: state_tensors(state_roots),
+                  pool=torch.cuda.graph_pool_handle() if capture else None,
+                  stream=torch.cuda.Stream() if capture else None)
+    graphs = {}
+    if draft_step is not None:
+        graphs["draft"] = StepGraph(draft_step, name="draft", **common)
+    graphs["verify"] = StepGraph(verify_step, name="verify", **common)
+    return StepCallables(graphs.get("draft"), graphs["verify"], graphs)
