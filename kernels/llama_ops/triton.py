@@ -23,16 +23,18 @@ import triton.language as tl
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, delta_ptr, w_ptr, res_ptr, out_ptr,
-    n_cols, eps,
+    n_rows, n_cols, eps,
     s_x, s_d, s_r, s_o,  # row strides (elements) of x, delta, residual out, normed out; unit column stride
     HAS_DELTA: tl.constexpr,
     WRITE_RES: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # one program per row: the whole row in one tile (BLOCK = next power of 2 >= n_cols)
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, BLOCK)
-    m = c < n_cols
+    # ROWS whole rows per program (BLOCK = next power of 2 >= n_cols): one row at H = 4096;
+    # small H packs rows (under the interpreter each program costs milliseconds)
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    c = tl.arange(0, BLOCK)[None, :]
+    m = (row < n_rows) & (c < n_cols)
     x = tl.load(x_ptr + row * s_x + c, mask=m, other=0.0)
     dtype = x.dtype
     if HAS_DELTA:
@@ -41,21 +43,22 @@ def _add_rms_norm_kernel(
         if WRITE_RES:
             tl.store(res_ptr + row * s_r + c, x, mask=m)
     xf = x.to(tl.float32)
-    inv = tl.math.rsqrt(tl.sum(xf * xf, 0) / n_cols + eps)
-    w = tl.load(w_ptr + c, mask=m, other=0.0)
+    inv = tl.math.rsqrt(tl.sum(xf * xf, 1) / n_cols + eps)[:, None]
+    w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0)
     y = (w.to(tl.float32) * (xf * inv).to(dtype).to(tl.float32)).to(dtype)
     tl.store(out_ptr + row * s_o + c, y, mask=m)
 
 
 @triton.jit
 def _silu_mul_kernel(
-    gate_ptr, up_ptr, out_ptr, n_cols,
+    gate_ptr, up_ptr, out_ptr, n_rows, n_cols,
     s_g, s_u, s_o,  # row strides (elements); unit column stride
+    ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = c < n_cols
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    c = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]
+    m = (row < n_rows) & (c < n_cols)
     g = tl.load(gate_ptr + row * s_g + c, mask=m, other=0.0)
     u = tl.load(up_ptr + row * s_u + c, mask=m, other=0.0)
     gf = g.to(tl.float32)
@@ -63,8 +66,13 @@ def _silu_mul_kernel(
     tl.store(out_ptr + row * s_o + c, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=m)
 
 
-def _row_major(t: torch.Tensor) -> bool:
-    return t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] <= 1)
+TILE_ELEMENTS = 1024  # rows are packed into one program up to this many elements (never split)
+
+
+def _rows_per_program(rows: int, block: int) -> int:
+    """Whole rows per program: 1 for rows of >= TILE_ELEMENTS (the 8B model's 4096), more for
+    small rows (the tests' H = 64 under the interpreter: one program instead of T)."""
+    return max(1, min(triton.next_power_of_2(rows), TILE_ELEMENTS // block))
 
 
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
@@ -77,13 +85,14 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: tor
     if rows == 0:
         return res, out
     block = triton.next_power_of_2(cols)
-    _add_rms_norm_kernel[(rows,)](
+    per = _rows_per_program(rows, block)
+    _add_rms_norm_kernel[(triton.cdiv(rows, per),)](
         x, x if delta is None else delta, weight, out if res is None else res, out,
-        cols, float(eps),
+        rows, cols, float(eps),
         x.stride(0), 0 if delta is None else delta.stride(0), 0 if res is None else res.stride(0), out.stride(0),
-        HAS_DELTA=delta is not None, WRITE_RES=res is not None, BLOCK=block,
+        HAS_DELTA=delta is not None, WRITE_RES=res is not None, ROWS=per, BLOCK=block,
         # 4096 bf16 columns: 16 warps keep 8 values per thread (no spills; H <= 16384 fits)
-        num_warps=max(1, min(16, block // 256)),
+        num_warps=max(1, min(16, per * block // 256)),
     )
     return res, out
 
@@ -98,8 +107,9 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if rows == 0 or cols == 0:
         return out
     block = min(SILU_BLOCK, triton.next_power_of_2(cols))
-    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](
-        gate, up, out, cols, gate.stride(0), up.stride(0), out.stride(0), BLOCK=block, num_warps=4,
+    per = _rows_per_program(rows, block)
+    _silu_mul_kernel[(triton.cdiv(rows, per), triton.cdiv(cols, block))](
+        gate, up, out, rows, cols, gate.stride(0), up.stride(0), out.stride(0), ROWS=per, BLOCK=block, num_warps=4,
     )
     return out
 

@@ -28,17 +28,17 @@ def main() -> None:
     for dt in ("bf16", "fp16", "fp32"):
         ptrs = {n: f"*{dt}" for n in ("x_ptr", "delta_ptr", "w_ptr", "res_ptr", "out_ptr")}
         for has_delta, write in ((True, True), (True, False), (False, False)):
-            info = compile_kernel(ops._add_rms_norm_kernel, ptrs, dict(HAS_DELTA=has_delta, WRITE_RES=write, BLOCK=4096),
+            info = compile_kernel(ops._add_rms_norm_kernel, ptrs, dict(HAS_DELTA=has_delta, WRITE_RES=write, ROWS=1, BLOCK=4096),
                                   floats=("eps",), num_warps=16)
             print("add_rms_norm", dt, has_delta, write, info)
         ptrs = {n: f"*{dt}" for n in ("gate_ptr", "up_ptr", "out_ptr")}
-        print("silu_mul", dt, compile_kernel(ops._silu_mul_kernel, ptrs, dict(BLOCK=1024)))
+        print("silu_mul", dt, compile_kernel(ops._silu_mul_kernel, ptrs, dict(ROWS=1, BLOCK=1024)))
         ptrs = {n: f"*{dt}" for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "qw_ptr", "kw_ptr",
                                       "k_cache_ptr", "v_cache_ptr")}
         ptrs.update(bt_ptr="*i32", lens_ptr="*i32", cu_ptr="*i32")
         for hq, hkv, d, norm in ((32, 8, 128, False), (16, 8, 128, True), (12, 2, 80, False)):
             consts = dict(HQ=hq, HKV=hkv, HQ_P2=triton.next_power_of_2(hq), HKV_P2=hkv, HEAD_DIM=d,
-                          HALF_P2=triton.next_power_of_2(d // 2), PAGE_SIZE=16, BLOCK_B=8, QK_NORM=norm)
+                          HALF_P2=triton.next_power_of_2(d // 2), PAGE_SIZE=16, BLOCK_B=8, TOKENS=1, QK_NORM=norm)
             info = compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts, floats=("q_eps", "k_eps"))
             print("rope_append_kv", dt, hq, hkv, d, norm, info)
     print("layer ops ok")
