@@ -13,9 +13,13 @@ are reproduced: bf16/fp16 outputs equal the torch path's bit for bit.
 The grid is (T / tokens per program,): no host sync, CUDA-graph capturable. Padding tokens (t >= cu[B]) have their
 q rotated (harmless: their outputs are unspecified) and write no K/V.
 """
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import cdiv, next_pow2
 
 
 @triton.jit
@@ -101,8 +105,14 @@ def _rope_append_kv_kernel(
 TILE_ELEMENTS = 2048  # q elements (per half) of one program: one token of the 8B model (32 heads x 64)
 
 
-def _p2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
+@lru_cache(maxsize=1024)
+def _launch(num_tokens: int, hq: int, hkv: int, dim: int, batch: int):
+    """(grid, constexprs) per shape, computed once (eager mode pays host work per launch)."""
+    half_p2, hq_p2 = next_pow2(dim // 2), next_pow2(hq)
+    tokens = max(1, min(next_pow2(num_tokens), TILE_ELEMENTS // (hq_p2 * half_p2)))
+    consts = dict(HQ=hq, HKV=hkv, HQ_P2=hq_p2, HKV_P2=next_pow2(hkv), HEAD_DIM=dim, HALF_P2=half_p2,
+                  BLOCK_B=next_pow2(batch), TOKENS=tokens)
+    return (cdiv(num_tokens, tokens),), consts
 
 
 def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
@@ -118,17 +128,14 @@ def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_
     num_blocks, page = k_cache.shape[:2]
     batch = cu_query_lens.shape[0] - 1
     qw, q_eps, kw, k_eps = qk_norm if qk_norm is not None else (cos, 0.0, cos, 0.0)
-    half_p2, hq_p2 = _p2(dim // 2), _p2(hq)
-    tokens = max(1, min(_p2(num_tokens), TILE_ELEMENTS // (hq_p2 * half_p2)))
-    _rope_append_kv_kernel[(triton.cdiv(num_tokens, tokens),)](
+    grid, consts = _launch(num_tokens, hq, hkv, dim, batch)
+    _rope_append_kv_kernel[grid](
         q, k, v, cos, sin, qw, kw,
         k_cache, v_cache, block_table, seq_lens, cu_query_lens,
         float(q_eps), float(k_eps), num_tokens, batch, num_blocks, block_table.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), block_table.stride(0),
-        HQ=hq, HKV=hkv, HQ_P2=hq_p2, HKV_P2=_p2(hkv), HEAD_DIM=dim, HALF_P2=half_p2, PAGE_SIZE=page,
-        BLOCK_B=_p2(batch), TOKENS=tokens, QK_NORM=qk_norm is not None,
-        num_warps=4,
+        PAGE_SIZE=page, QK_NORM=qk_norm is not None, num_warps=4, **consts,
     )
 
 

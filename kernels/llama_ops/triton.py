@@ -15,9 +15,13 @@ to the last bit except for rsqrt/exp implementations and summation order.
 
 Grids depend on shapes only; no host sync (CUDA-graph capturable).
 """
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
+
+from .._launch import cdiv, next_pow2
 
 
 @triton.jit
@@ -66,13 +70,31 @@ def _silu_mul_kernel(
     tl.store(out_ptr + row * s_o + c, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=m)
 
 
+SILU_BLOCK = 1024  # columns per program: F = 14336 (8B) -> 14 programs per row
 TILE_ELEMENTS = 1024  # rows are packed into one program up to this many elements (never split)
 
 
 def _rows_per_program(rows: int, block: int) -> int:
     """Whole rows per program: 1 for rows of >= TILE_ELEMENTS (the 8B model's 4096), more for
     small rows (the tests' H = 64 under the interpreter: one program instead of T)."""
-    return max(1, min(triton.next_power_of_2(rows), TILE_ELEMENTS // block))
+    return max(1, min(next_pow2(rows), TILE_ELEMENTS // block))
+
+
+# Launch shapes per (rows, cols), computed once: a step calls each wrapper 32-64 times with the
+# same shapes, and eager mode pays every microsecond of host work per launch.
+@lru_cache(maxsize=1024)
+def _norm_launch(rows: int, cols: int):
+    block = next_pow2(cols)
+    per = _rows_per_program(rows, block)
+    # 4096 bf16 columns: 16 warps keep 8 values per thread (no spills; H <= 16384 fits)
+    return (cdiv(rows, per),), per, block, max(1, min(16, per * block // 256))
+
+
+@lru_cache(maxsize=1024)
+def _silu_launch(rows: int, cols: int):
+    block = min(SILU_BLOCK, next_pow2(cols))
+    per = _rows_per_program(rows, block)
+    return (cdiv(rows, per), cdiv(cols, block)), per, block
 
 
 def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
@@ -84,20 +106,16 @@ def add_rms_norm_triton(x: torch.Tensor, delta: torch.Tensor | None, weight: tor
     res = torch.empty_like(out) if delta is not None and write_residual else None
     if rows == 0:
         return res, out
-    block = triton.next_power_of_2(cols)
-    per = _rows_per_program(rows, block)
-    _add_rms_norm_kernel[(triton.cdiv(rows, per),)](
+    grid, per, block, warps = _norm_launch(rows, cols)
+    _add_rms_norm_kernel[grid](
         x, x if delta is None else delta, weight, out if res is None else res, out,
         rows, cols, float(eps),
-        x.stride(0), 0 if delta is None else delta.stride(0), 0 if res is None else res.stride(0), out.stride(0),
-        HAS_DELTA=delta is not None, WRITE_RES=res is not None, ROWS=per, BLOCK=block,
-        # 4096 bf16 columns: 16 warps keep 8 values per thread (no spills; H <= 16384 fits)
-        num_warps=max(1, min(16, per * block // 256)),
+        x.stride(0), 0 if delta is None else delta.stride(0), cols, cols,
+        HAS_DELTA=delta is not None, WRITE_RES=res is not None, ROWS=per, BLOCK=block, num_warps=warps,
     )
     return res, out
 
 
-SILU_BLOCK = 1024  # columns per program: F = 14336 (8B) -> 14 programs per row
 
 
 def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -106,11 +124,9 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, cols), dtype=gate.dtype, device=gate.device)
     if rows == 0 or cols == 0:
         return out
-    block = min(SILU_BLOCK, triton.next_power_of_2(cols))
-    per = _rows_per_program(rows, block)
-    _silu_mul_kernel[(triton.cdiv(rows, per), triton.cdiv(cols, block))](
-        gate, up, out, rows, cols, gate.stride(0), up.stride(0), out.stride(0), ROWS=per, BLOCK=block, num_warps=4,
-    )
+    grid, per, block = _silu_launch(rows, cols)
+    _silu_mul_kernel[grid](gate, up, out, rows, cols, gate.stride(0), up.stride(0), cols, ROWS=per, BLOCK=block,
+                           num_warps=4)
     return out
 
 
