@@ -1,0 +1,347 @@
+"""One plain decoding step of the paged runner, profiled: where the time of a step goes.
+
+    python bench/profile_step.py            # GPU: 8B-shaped Llama, random bf16 weights built on the GPU
+    python bench/profile_step.py --tiny     # CPU: a small Llama, no profiler / GPU parts (the test runs it)
+
+GPU mode writes bench/results/profile_step_<device>.json with, per step width N (1 and 5 tokens
+per row; B rows at a --context-token context, the context kept fixed by committing 0 tokens):
+  - eager wall ms (median) and CUDA-graph replay ms (StepGraph); tok/s under graphs against the
+    HBM ceiling = copy bandwidth (bytes read + written, measured here) / weight bytes per step;
+  - torch.profiler kernels of one eager step and one graph replay, grouped by family (gemm/gemv,
+    cuBLAS split-K reduce, each Triton kernel, torch elementwise / reduce / cat / copy) with
+    counts and GPU us per step, GPU-busy ms vs wall;
+  - launches per step counted by bench/launch_count.py (torch ops + Triton launches) / layers;
+  - every projection GEMM (F.linear, as the runner calls it) timed alone as graph replays for
+    1..16 rows: us, bytes (weight + activations), GB/s, and time relative to 1 row (is anything
+    worse picked for 2..16 rows?);
+  - transformers' own eager decoding step on the same model (DynamicCache) beside ours.
+--tiny writes the same layout with the GPU-only fields left out: eager ms on CPU, the launches
+per layer of the Triton path (counted under the interpreter without running it) and the CPU
+GEMM sweep, so the script itself is tested in CI.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+GEMM_ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+
+
+def build_model(config: dict, device: str, dtype: torch.dtype):
+    """A random-weight LlamaForCausalLM built directly on ``device`` in ``dtype`` (no CPU copy)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = tf.AutoModelForCausalLM.from_config(tf.LlamaConfig(**config), dtype=dtype)
+    return model.eval()
+
+
+def make_step(runner, batch: int, n: int, device):
+    """(step(), tokens): one score(N) + commit(0) call; committing nothing keeps the context fixed."""
+    tokens = torch.randint(3, runner.vocab_size, (batch, n), device=device)
+    keep = torch.zeros(batch, dtype=torch.int32, device=device)
+
+    def step(tokens=tokens):
+        logits = runner.score(tokens)
+        runner.commit(keep)
+        return logits
+
+    return step, tokens
+
+
+def median_ms(fn, iters: int, sync) -> float:
+    fn()
+    times = []
+    for _ in range(iters):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of weights a decoding step reads: every parameter except the input embedding
+    table, of which it reads one row per token (negligible)."""
+    embed = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
+
+
+def launch_counts(runner, step) -> dict:
+    from launch_count import LaunchCounter
+
+    step()
+    with LaunchCounter(run_triton=runner.device.type == "cuda") as counter:
+        step()
+    layers = len(runner.layers)
+    return {"launches_per_step": counter.total, "torch_ops": counter.torch_ops, "triton": counter.triton_launches,
+            "per_layer_average": counter.total / layers, "by_name": dict(sorted(counter.by_name.items()))}
+
+
+def tiny_launches_per_layer() -> dict:
+    """Launches per layer of the Triton path (counted without running the kernels) on TINY."""
+    from launch_count import launches_per_layer
+
+    from specdec_fast.runners.paged import PagedRunner
+
+    def make(layers):
+        model = build_model({**TINY, "num_hidden_layers": layers}, "cpu", torch.bfloat16)
+        runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=4, backend="triton")
+        runner.prefill(torch.randint(3, TINY["vocab_size"], (1, 6)), None)
+        return runner
+
+    return {f"N={n}": launches_per_layer(make, torch.randint(3, 100, (1, n)), layer_counts=(1, 2)) for n in (1, 5)}
+
+
+# ---------------------------------------------------------------------------------- GEMM sweep
+def projection_shapes(config: dict) -> dict:
+    """name -> (out, in) of the runner's matrix products (fused q/k/v and gate/up)."""
+    h, f = config["hidden_size"], config["intermediate_size"]
+    d = h // config["num_attention_heads"]
+    qkv = (config["num_attention_heads"] + 2 * config["num_key_value_heads"]) * d
+    return {"qkv": (qkv, h), "o": (h, h), "gate_up": (2 * f, h), "down": (h, f), "lm_head": (config["vocab_size"], h)}
+
+
+def gemm_sweep(config: dict, device: str, dtype, rows=GEMM_ROWS, timer=None) -> list:
+    """F.linear(x [M, in], W [out, in]) per shape and row count M: us, bytes, GB/s, us / us(M=1)."""
+    import torch.nn.functional as F
+
+    out = []
+    for name, (n_out, n_in) in projection_shapes(config).items():
+        weight = torch.randn(n_out, n_in, device=device, dtype=dtype)
+        one = None
+        for m in rows:
+            x = torch.randn(m, n_in, device=device, dtype=dtype)
+            us = timer(lambda: F.linear(x, weight)) if timer else 1e3 * median_ms(lambda: F.linear(x, weight), 5, lambda: None)
+            one = us if m == 1 else one
+            nbytes = (n_out * n_in + m * n_in + m * n_out) * weight.element_size()
+            out.append({"gemm": name, "out": n_out, "in": n_in, "rows": m, "us": us, "bytes": nbytes,
+                        "GBps": nbytes / us / 1e3, "vs_1_row": us / one})
+        del weight
+    return out
+
+
+# ---------------------------------------------------------------------------------- GPU parts
+def graph_timer(fn, reps: int = 200) -> float:
+    """us per call of fn replayed in a CUDA graph (median of 5 rounds of reps replays)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rounds = []
+    for _ in range(5):
+        graph.replay()
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        rounds.append(1e3 * start.elapsed_time(end) / reps)
+    return statistics.median(rounds)
+
+
+def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
+    """Bytes read + written per second by a device-to-device copy of nbytes."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    us = graph_timer(lambda: dst.copy_(src), reps=20)
+    return 2 * nbytes / (us * 1e-6)
+
+
+TRITON_KERNELS = ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_append_kv_kernel", "_paged_attn_split",
+                  "_merge_splits", "_append_kv_kernel")
+
+
+def kernel_family(name: str) -> str:
+    if name in TRITON_KERNELS:
+        return f"triton:{name}"
+    if "splitKreduce" in name:
+        return "cublas split-K reduce"
+    if any(key in name.lower() for key in ("gemm", "gemv", "nvjet", "xmma", "cutlass", "sm90_", "sm80_")):
+        return "gemm/gemv"
+    for key, family in (("elementwise", "torch elementwise"), ("reduce_kernel", "torch reduce"),
+                        ("CatArrayBatchedCopy", "torch cat"), ("index", "torch index"), ("Memcpy", "memcpy"),
+                        ("Memset", "memset"), ("embedding", "torch embedding")):
+        if key in name:
+            return family
+    return f"other: {name[:60]}"
+
+
+def profile_kernels(fn, iters: int = 5) -> dict:
+    """torch.profiler over ``iters`` calls of fn: kernels per call by family, GPU busy vs wall."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / iters
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    families = {}
+    for e in kernels:
+        count, us = families.get(kernel_family(e.name), (0, 0.0))
+        families[kernel_family(e.name)] = (count + 1, us + e.time_range.elapsed_us())
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, last = 0.0, float("-inf")
+    for lo, hi in spans:  # union of the kernels' intervals
+        if hi > last:
+            busy += hi - max(lo, last)
+            last = hi
+    rows = sorted(([name, c / iters, us / iters] for name, (c, us) in families.items()), key=lambda r: -r[2])
+    return {"kernels_per_call": len(kernels) / iters, "gpu_busy_ms": busy / iters / 1e3, "wall_ms": 1e3 * wall,
+            "families_count_us": rows}
+
+
+def hf_eager_ms(model, context: int, batch: int, iters: int) -> float:
+    """transformers' own eager decoding step (one token per row, DynamicCache at ``context``)."""
+    device = model.device
+    ids = torch.randint(3, model.config.vocab_size, (batch, context), device=device)
+    tok = ids[:, -1:]
+    with torch.no_grad():
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+        times = []
+        for _ in range(iters + 1):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(input_ids=tok, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            cache.crop(context)
+    return 1e3 * statistics.median(times[1:])
+
+
+def run_gpu(args) -> dict:
+    from machine import versions
+
+    from specdec_fast.graphs import StepGraph, state_tensors
+    from specdec_fast.runners.paged import PagedRunner
+
+    device = "cuda"
+    config = LLAMA_8B
+    model = build_model(config, device, torch.bfloat16)
+    weights = weight_bytes_per_step(model)
+    bandwidth = copy_bandwidth(device)
+    ceiling = bandwidth / weights  # steps (tokens per row) per second
+    report = {"device": torch.cuda.get_device_name(), **versions(), "model": "Llama-3-8B-shaped, random bf16",
+              "config": {k: v for k, v in config.items() if k != "rope_parameters"}, "batch": args.batch,
+              "context": args.context, "copy_bandwidth_Bps": bandwidth, "weight_bytes_per_step": weights,
+              "hbm_ceiling_steps_per_s": ceiling, "steps": {}}
+    runner = PagedRunner(model, max_new_tokens=64, num_draft_tokens=max(args.ns) - 1)
+    runner.prefill(torch.randint(3, config["vocab_size"], (args.batch, args.context), device=device), None)
+    report["runner"] = {"kernels": runner.kernels, "fuse_projections": runner.fuse_projections}
+    sync = torch.cuda.synchronize
+    for n in args.ns:
+        step, tokens = make_step(runner, args.batch, n, device)
+        row = {"eager_ms": median_ms(step, args.iters, sync)}
+        graph = StepGraph(lambda t: step(t), name=f"plain N={n}", capture=True, state=lambda: state_tensors({"runner": runner}),
+                          warmup=2)
+        for _ in range(3):
+            graph(tokens)
+        row["graph_ms"] = median_ms(lambda: graph(tokens), args.iters, sync)
+        row["tok_per_s_graph"] = args.batch * n / (row["graph_ms"] / 1e3) if n == 1 else None
+        row["fraction_of_hbm_ceiling"] = (1e3 / row["graph_ms"]) / ceiling
+        row["launches"] = launch_counts(runner, step)
+        row["profile_eager"] = profile_kernels(step)
+        row["profile_graph"] = profile_kernels(lambda: graph(tokens))
+        report["steps"][f"N={n}"] = row
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith(("profile", "launches"))}), flush=True)
+    del runner
+    torch.cuda.empty_cache()
+    report["hf_eager_ms"] = hf_eager_ms(model, args.context, args.batch, args.iters)
+    one = report["steps"].get("N=1")
+    if one:
+        report["eager_speed_vs_transformers"] = report["hf_eager_ms"] / one["eager_ms"]
+        if "N=5" in report["steps"]:
+            report["ratio_N5_vs_N1_graph"] = report["steps"]["N=5"]["graph_ms"] / one["graph_ms"]
+    del model
+    torch.cuda.empty_cache()
+    report["gemm"] = gemm_sweep(config, device, torch.bfloat16, timer=graph_timer)
+    report["targets"] = {"graph_fraction_of_ceiling": 0.80, "eager_vs_transformers": 1.0, "N5_vs_N1": 1.08}
+    return report
+
+
+def run_tiny(args) -> dict:
+    from machine import cpu_model, versions
+
+    from specdec_fast.graphs import StepGraph, state_tensors
+    from specdec_fast.runners.paged import PagedRunner
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # steadier on a shared box; the CPU numbers only exercise the code
+    model = build_model(TINY, "cpu", torch.float32)
+    runner = PagedRunner(model, max_new_tokens=16, num_draft_tokens=max(args.ns) - 1)
+    runner.prefill(torch.randint(3, TINY["vocab_size"], (args.batch, args.context)), None)
+    report = {"device": f"cpu: {cpu_model()}", **versions(), "model": "tiny Llama, random float32",
+              "config": {k: v for k, v in TINY.items() if k != "rope_parameters"}, "batch": args.batch,
+              "context": args.context, "weight_bytes_per_step": weight_bytes_per_step(model),
+              "runner": {"kernels": runner.kernels, "fuse_projections": runner.fuse_projections}, "steps": {}}
+    for n in args.ns:
+        step, tokens = make_step(runner, args.batch, n, "cpu")
+        twin = StepGraph(lambda t: step(t), name=f"plain N={n}", capture=False, state=lambda: state_tensors({"runner": runner}),
+                         warmup=1)
+        for _ in range(3):  # the CPU twin of a capture: graph-safety checks of the step
+            twin(tokens)
+        report["steps"][f"N={n}"] = {"eager_ms": median_ms(step, args.iters, lambda: None),
+                                     "launches": launch_counts(runner, step)}
+    report["triton_path_launches_per_layer"] = tiny_launches_per_layer()
+    report["gemm"] = gemm_sweep(TINY, "cpu", torch.float32, rows=(1, 2, 5))
+    torch.set_num_threads(threads)
+    return report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="a small model on CPU (no GPU parts)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[1, 5])
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per measurement (median)")
+    parser.add_argument("--out", help="JSON path (default bench/results/profile_step_<device>.json)")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton path's launches, counted on CPU
+        args.iters = args.iters or 5
+        args.context = min(args.context, 64)
+        report = run_tiny(args)
+        tag = "tiny_cpu"
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("the GPU mode needs a CUDA device (--tiny runs on CPU)")
+        args.iters = args.iters or 30
+        report = run_gpu(args)
+        tag = torch.cuda.get_device_name().lower().replace(" ", "_").replace("/", "_")
+    out = Path(args.out or ROOT / f"bench/results/profile_step_{tag}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
