@@ -96,6 +96,25 @@ class LaunchCounter(TorchDispatchMode):
             self._patched.append((owner, "run", original))
 
 
+class NoTritonRun:
+    """Inside its ``with`` block Triton launches return at once without running (nor counting):
+    what remains of a step is its Python and torch work (cProfile of the host cost per layer)."""
+
+    def __enter__(self):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        self._saved = [(owner, owner.run) for owner in (JITFunction, InterpretedFunction)]
+        for owner, _ in self._saved:
+            owner.run = lambda self, *args, **kwargs: None
+        return self
+
+    def __exit__(self, *exc):
+        for owner, run in self._saved:
+            owner.run = run
+        return False
+
+
 def launches_per_layer(make_runner, tokens: torch.Tensor, layer_counts=(1, 3), run_triton: bool = False) -> dict:
     """Launches of one warm score(tokens) call for runners with different layer counts:
     {"per_layer": .., "per_step_outside_layers": .., "per_layer_by_name": {...}, "total": {layers: n}}.

@@ -109,6 +109,68 @@ def tiny_launches_per_layer() -> dict:
     return {f"N={n}": launches_per_layer(make, torch.randint(3, 100, (1, n)), layer_counts=(1, 2)) for n in (1, 5)}
 
 
+def python_us_per_layer(make_step_fn, layer_counts=(1, 5), calls: int = 20, rounds: int = 5) -> float:
+    """Host Python cost per decoder layer of one step: cProfile self time of every Python-level
+    function (C builtins, i.e. the torch ops' own work, excluded), difference between layer
+    counts, per call (the fastest of ``rounds`` rounds: a shared machine only adds time).
+    make_step_fn(layers) -> a zero-argument step."""
+    import cProfile
+    import pstats
+
+    per_call = {}
+    for layers in layer_counts:
+        fn = make_step_fn(layers)
+        fn()
+        best = float("inf")
+        for _ in range(rounds):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                fn()
+            prof.disable()
+            stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+            best = min(best, sum(v[2] for (file, _, _), v in stats.items() if file.endswith(".py")) / calls)
+        per_call[layers] = best
+    low, high = layer_counts
+    return 1e6 * (per_call[high] - per_call[low]) / (high - low)
+
+
+def host_cost_per_layer(calls: int = 20, rounds: int = 5) -> dict:
+    """Python us per layer (python_us_per_layer) of a one-token step on TINY in float32 CPU:
+    our runner's Triton path (launches not run: NoTritonRun), its CPU default path (C++ ops),
+    and transformers' own forward with its DynamicCache (the eager baseline of issue 13).
+    cProfile's own per-call overhead weighs more on code with more Python calls."""
+    from launch_count import NoTritonRun
+
+    from specdec_fast.runners.paged import PagedRunner
+
+    def ours(backend):
+        def make(layers):
+            model = build_model({**TINY, "num_hidden_layers": layers}, "cpu", torch.float32)
+            runner = PagedRunner(model, max_new_tokens=200, num_draft_tokens=0, backend=backend)
+            runner.prefill(torch.randint(3, 100, (1, 6)), None)
+            step, _ = make_step(runner, 1, 1, "cpu")
+            return step
+        return make
+
+    def transformers_step(layers):
+        model = build_model({**TINY, "num_hidden_layers": layers}, "cpu", torch.float32)
+        ids = torch.randint(3, 100, (1, 6))
+        with torch.no_grad():
+            cache = model(input_ids=ids, use_cache=True).past_key_values
+
+        def step():
+            with torch.no_grad():
+                model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+            cache.crop(-1)  # drop the step's token (negative: works in transformers 4.x and 5.x)
+        return step
+
+    with NoTritonRun():
+        triton_path = python_us_per_layer(ours("triton"), calls=calls, rounds=rounds)
+    return {"ours_triton_path": triton_path, "ours_cpu_path": python_us_per_layer(ours(None), calls=calls, rounds=rounds),
+            "transformers": python_us_per_layer(transformers_step, calls=calls, rounds=rounds)}
+
+
 # ---------------------------------------------------------------------------------- GEMM sweep
 def projection_shapes(config: dict) -> dict:
     """name -> (out, in) of the runner's matrix products (fused q/k/v and gate/up)."""
@@ -231,7 +293,7 @@ def hf_eager_ms(model, context: int, batch: int, iters: int) -> float:
             model(input_ids=tok, past_key_values=cache, use_cache=True)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-            cache.crop(context)
+            cache.crop(-1)  # back to the context (negative: works in transformers 4.x and 5.x)
     return 1e3 * statistics.median(times[1:])
 
 
@@ -309,6 +371,7 @@ def run_tiny(args) -> dict:
         report["steps"][f"N={n}"] = {"eager_ms": median_ms(step, args.iters, lambda: None),
                                      "launches": launch_counts(runner, step)}
     report["triton_path_launches_per_layer"] = tiny_launches_per_layer()
+    report["host_python_us_per_layer"] = host_cost_per_layer(calls=4 * args.iters, rounds=max(2, args.iters))
     report["gemm"] = gemm_sweep(TINY, "cpu", torch.float32, rows=(1, 2, 5))
     torch.set_num_threads(threads)
     return report
@@ -326,7 +389,7 @@ def main(argv=None):
     if args.tiny:
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton path's launches, counted on CPU
-        args.iters = args.iters or 5
+        args.iters = args.iters or 5  # --iters 5: host cost over 5 rounds of 20 calls
         args.context = min(args.context, 64)
         report = run_tiny(args)
         tag = "tiny_cpu"

@@ -23,6 +23,7 @@ def test_tiny_mode_writes_the_report(tmp_path):
         assert step["eager_ms"] > 0 and step["launches"]["launches_per_step"] > 0
         triton_path = report["triton_path_launches_per_layer"][n]
         assert triton_path["per_layer"] == 9, triton_path["per_layer_by_name"]
+    assert set(report["host_python_us_per_layer"]) == {"ours_triton_path", "ours_cpu_path", "transformers"}
     gemms = {(g["gemm"], g["rows"]) for g in report["gemm"]}
     assert ("qkv", 1) in gemms and ("lm_head", 5) in gemms
     assert all(g["GBps"] > 0 and g["bytes"] > 0 for g in report["gemm"])

@@ -15,10 +15,10 @@ captured in a CUDA graph.
 Any head_dim up to 256: the head dimension is padded to HEAD_DIM_P2 = max(16, next power of 2)
 with masked loads and stores (Llama-family models use 64/128, others 80/96/112; tests use 12).
 
-Launch shape (choose_splits): a block table of at most SINGLE_LAUNCH_MAX_TOKENS tokens runs one
-split, the output written directly: ONE launch, no merge (the H100 run measured 93 us at B=1,
-context 1024 against 16 us for SDPA flash, timed eagerly: the Python launch cost of split +
-merge, not GPU time). Longer tables split the KV as before (>= 8k kept as measured: 57-88% of
+Launch shape (choose_splits): a block table of at most SINGLE_LAUNCH_MAX_TOKENS (1024) tokens
+runs one split, the output written directly: ONE launch, no merge (the H100 run measured 93 us
+at B=1, context 1024 against 16 us for SDPA flash, timed eagerly: the Python launch cost of
+split + merge, not GPU time). Longer tables split the KV as before (>= 8k unchanged: 57-88% of
 roofline at 32k).
 
 Stride arguments of _paged_attn_split (element strides; every last-dim stride is 1):
@@ -231,11 +231,15 @@ def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
 
 MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) than it gains
 # A block table of at most this many tokens runs ONE split: one launch, the output written
-# directly. Why 2048: the issue-13 target is SDPA-flash parity at contexts <= 2048, and the
-# H100 run showed short contexts bound by the launches (93 us at 1k for split + merge, eager),
-# not by the KV read (B=1, 1k: 8 programs of 512 KB). bench/bench_attention.py --gpu times
-# forced split counts beside the automatic one (graph replays) to move this bound if needed.
-SINGLE_LAUNCH_MAX_TOKENS = 2048
+# directly, no partials and no merge. Why 1024: the H100 run timed B=1 at context 1024 at 93 us
+# (split + merge, eager: the Python launch cost) against 16 us for SDPA flash, while the GPU
+# work is one 512 KB KV read per KV head; one program per KV head streams that in ~16 chunk
+# steps. Past ~1k tokens a single program per KV head is expected to take longer than the
+# merge launch costs under a CUDA graph (a few us), so longer tables keep splitting. An
+# estimate, not a measurement: bench/bench_attention.py --gpu times forced split counts
+# (1..32) beside the automatic choice at 1k/2k/8k as graph replays; move this bound to what
+# that sweep shows.
+SINGLE_LAUNCH_MAX_TOKENS = 1024
 MAX_HEAD_DIM = 256
 
 

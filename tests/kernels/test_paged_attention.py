@@ -231,10 +231,11 @@ def test_split_and_tile_choice_from_static_shapes():
     # ... B=32 needs few splits, a short block table few, the interpreter one
     assert choose_splits(132, 32 * 8, 32768, block_n)[0] <= 4
     assert choose_splits(None, 8, 32768, block_n)[0] == 1
-    # short block tables take one launch (no partials, no merge) at any batch; 8k as before
+    # short block tables take one launch (no partials, no merge) at any batch; longer split, 8k as before
     for capacity in (300, 1024, SINGLE_LAUNCH_MAX_TOKENS):
         for batch in (1, 8, 32):
             assert choose_splits(132, batch * 8, capacity, block_n) == (1, block_n)
+    assert choose_splits(132, 8, 2048, block_n)[0] == 8
     assert choose_splits(132, 8, 8192, block_n)[0] == 32  # B=1 at 8k: 32 splits of 256 tokens (as measured)
     assert choose_splits(132, 8 * 8, 8192, block_n)[0] == 9
     assert [head_dim_padded(d) for d in (12, 16, 80, 96, 112, 128, 256)] == [16, 16, 128, 128, 128, 128, 256]
