@@ -100,13 +100,16 @@ def tiny_launches_per_layer() -> dict:
 
     from specdec_fast.runners.paged import PagedRunner
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: under the interpreter
+
     def make(layers):
-        model = build_model({**TINY, "num_hidden_layers": layers}, "cpu", torch.bfloat16)
+        model = build_model({**TINY, "num_hidden_layers": layers}, device, torch.bfloat16)
         runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=4, backend="triton")
-        runner.prefill(torch.randint(3, TINY["vocab_size"], (1, 6)), None)
+        runner.prefill(torch.randint(3, TINY["vocab_size"], (1, 6), device=device), None)
         return runner
 
-    return {f"N={n}": launches_per_layer(make, torch.randint(3, 100, (1, n)), layer_counts=(1, 2)) for n in (1, 5)}
+    return {f"N={n}": launches_per_layer(make, torch.randint(3, 100, (1, n), device=device), layer_counts=(1, 2))
+            for n in (1, 5)}
 
 
 def python_us_per_layer(make_step_fn, layer_counts=(1, 5), calls: int = 20, rounds: int = 5) -> float:
@@ -165,10 +168,37 @@ def host_cost_per_layer(calls: int = 20, rounds: int = 5) -> dict:
             cache.crop(-1)  # drop the step's token (negative: works in transformers 4.x and 5.x)
         return step
 
-    with NoTritonRun():
-        triton_path = python_us_per_layer(ours("triton"), calls=calls, rounds=rounds)
+    if torch.cuda.is_available():  # the Triton path on CPU tensors needs the interpreter
+        triton_path = None
+    else:
+        with NoTritonRun():
+            triton_path = python_us_per_layer(ours("triton"), calls=calls, rounds=rounds)
     return {"ours_triton_path": triton_path, "ours_cpu_path": python_us_per_layer(ours(None), calls=calls, rounds=rounds),
             "transformers": python_us_per_layer(transformers_step, calls=calls, rounds=rounds)}
+
+
+def llama_8b_launches_on_meta(ns=(1, 5)) -> dict:
+    """Launches per step of the 8B-shaped model's Triton path, counted on the meta device (no
+    memory, no compute; the Triton launches counted, not run): the GPU step's launch count
+    without a GPU (cuBLAS split-K reduce kernels aside)."""
+    from launch_count import LaunchCounter
+
+    from specdec_fast.runners.paged import PagedRunner
+
+    model = build_model(LLAMA_8B, "meta", torch.bfloat16)
+    out = {}
+    with LaunchCounter(run_triton=False):
+        runner = PagedRunner(model, max_new_tokens=64, num_draft_tokens=max(ns) - 1, backend="triton")
+        runner.prefill(torch.randint(3, 1000, (1, 128), device="meta"), None)
+    for n in ns:
+        step, _ = make_step(runner, 1, n, "meta")
+        with LaunchCounter(run_triton=False):
+            step()
+        with LaunchCounter(run_triton=False) as counter:
+            step()
+        out[f"N={n}"] = {"launches_per_step": counter.total, "layers": LLAMA_8B["num_hidden_layers"],
+                         "by_name": dict(sorted(counter.by_name.items()))}
+    return out
 
 
 # ---------------------------------------------------------------------------------- GEMM sweep
@@ -371,6 +401,8 @@ def run_tiny(args) -> dict:
         report["steps"][f"N={n}"] = {"eager_ms": median_ms(step, args.iters, lambda: None),
                                      "launches": launch_counts(runner, step)}
     report["triton_path_launches_per_layer"] = tiny_launches_per_layer()
+    if not torch.cuda.is_available():  # the interpreter lets backend='triton' take meta tensors
+        report["llama_8b_triton_path_launches"] = llama_8b_launches_on_meta(tuple(args.ns))
     report["host_python_us_per_layer"] = host_cost_per_layer(calls=4 * args.iters, rounds=max(2, args.iters))
     report["gemm"] = gemm_sweep(TINY, "cpu", torch.float32, rows=(1, 2, 5))
     torch.set_num_threads(threads)

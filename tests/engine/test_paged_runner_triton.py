@@ -57,28 +57,29 @@ def test_head_dim_12_greedy_equals_generate(device):
     assert torch.equal(out, expected)
 
 
-def _runner_with_layers(layers: int, fuse: bool = True):
+def _runner_with_layers(layers: int, fuse: bool = True, device: str = "cpu"):
     import transformers as tf
 
     torch.manual_seed(0)
     config = tf.Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
-    model = tf.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    model = tf.AutoModelForCausalLM.from_config(config).to(device=device, dtype=torch.bfloat16).eval()
     runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=2, block_size=8, backend="triton",
                          fuse_projections=fuse)
-    runner.prefill(torch.tensor([[5, 6, 7]]), None)
+    runner.prefill(torch.tensor([[5, 6, 7]], device=device), None)
     return runner
 
 
-def test_launches_per_layer():
+def test_launches_per_layer(device):
     """Torch ops + Triton launches of one warm score(N=3) call, 1 vs 2 layers (Qwen3, bf16: the
-    CUDA path's Python code, counted under the interpreter)."""
-    tokens = torch.tensor([[8, 9, 10]])
-    fused = launches_per_layer(_runner_with_layers, tokens, layer_counts=(1, 2))
+    CUDA path's Python code; on CPU counted under the interpreter, the kernels not run)."""
+    tokens = torch.tensor([[8, 9, 10]], device=device)
+    fused = launches_per_layer(lambda n: _runner_with_layers(n, device=device), tokens, layer_counts=(1, 2))
     assert fused["per_layer"] == LAUNCHES_PER_LAYER, fused["per_layer_by_name"]
     assert fused["per_step_outside_layers"] <= LAUNCHES_OUTSIDE_LAYERS_MAX, fused
     assert fused["per_layer_by_name"]["triton:_rope_append_kv_kernel"] == 1
-    unfused = launches_per_layer(lambda n: _runner_with_layers(n, fuse=False), tokens, layer_counts=(1, 2))
+    unfused = launches_per_layer(lambda n: _runner_with_layers(n, fuse=False, device=device), tokens,
+                                 layer_counts=(1, 2))
     assert unfused["per_layer"] == LAUNCHES_PER_LAYER_UNFUSED, unfused["per_layer_by_name"]
 
 
