@@ -127,28 +127,12 @@ def run_cpu(args):
 
 
 def graph_us(fn, reps: int = 100) -> float:
-    """us per call of fn replayed in a CUDA graph (median of 5 rounds): launch cost out of the
+    """us per call of fn replayed in a CUDA graph (bench/gpu_timing.py): launch cost out of the
     picture, as in the decoding loop (the H100 run's eager do_bench timed Python launches:
     93 us at B=1/1k for what the GPU does in a fraction of that)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    rounds = []
-    for _ in range(5):
-        graph.replay()
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        rounds.append(1e3 * start.elapsed_time(end) / reps)
-    return statistics.median(rounds)
+    from gpu_timing import graph_timer
+
+    return graph_timer(fn, reps)
 
 
 GPU_BATCHES, GPU_CONTEXTS = (1, 8, 32), (1024, 2048, 8192, 32768)

@@ -33,7 +33,7 @@ def test_tiny_mode_writes_the_report(tmp_path):
 
 def test_kernel_families():
     sys.path.insert(0, str(ROOT / "bench"))
-    from profile_step import kernel_family
+    from gpu_timing import kernel_family
 
     assert kernel_family("_rope_append_kv_kernel") == "triton:_rope_append_kv_kernel"
     assert kernel_family("void cublasLt::splitKreduce_kernel<32, 16, int, float>") == "cublas split-K reduce"
