@@ -15,6 +15,7 @@ run() { echo "+ $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
 python3 -m pytest -q -p no:cacheprovider --benchmark-disable tests 2>&1 | tee "$results/gpu_tests_$dev.log" || status=1
 run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
 run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
+run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
 run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
 run python3 bench/bench_logits_copy.py --device cuda --out "$results/logits_copy_$dev.json"
 # The 8B-shaped scale benchmark (issue 11): one preset per call, each within a 10-minute device call

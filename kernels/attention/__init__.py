@@ -127,10 +127,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
         from .cpp import paged_attention_cpp
 
         return paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale)
-    D = q.shape[-1]
-    if D & (D - 1) or not 16 <= D <= 256:
-        raise ValueError(f"backend='triton' needs a power-of-2 head_dim in [16, 256], got {D}")
-    from .triton import paged_attention_triton
+    from .triton import MAX_HEAD_DIM, paged_attention_triton
+
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"backend='triton' takes head_dim <= {MAX_HEAD_DIM}, got {q.shape[-1]}")
 
     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
                                   max_query_len=max_query_len, tree_mask=tree_mask, scale=scale)

@@ -11,7 +11,30 @@ combines them. With a single split kernel 1 writes the output directly.
 Grid sizes come only from static shapes (T, max_query_len, block_table width): seq_lens and
 cu_query_lens are read inside the kernels, so there is no host sync and the call can be
 captured in a CUDA graph.
+
+Any head_dim up to 256: the head dimension is padded to HEAD_DIM_P2 = max(16, next power of 2)
+with masked loads and stores (Llama-family models use 64/128, others 80/96/112; tests use 12).
+
+Launch shape (choose_splits): a block table of at most SINGLE_LAUNCH_MAX_TOKENS (1024) tokens
+runs one split, the output written directly: ONE launch, no merge (the H100 run measured 93 us
+at B=1, context 1024 against 16 us for SDPA flash, timed eagerly: the Python launch cost of
+split + merge, not GPU time). Longer tables split the KV as before (>= 8k unchanged: 57-88% of
+roofline at 32k).
+
+Stride arguments of _paged_attn_split (element strides; every last-dim stride is 1):
+    s_qt, s_qh     q [T, Hq, D]: token and head strides (q may be a view into a fused qkv
+                   product, whose token stride is (Hq + 2 Hkv) * D, not Hq * D)
+    s_kb, s_kt, s_kh  k_cache AND v_cache [num_blocks, page, Hkv, D]: block, slot and head strides
+                   (the two caches share one layout; the wrapper makes them agree)
+    s_bt           block_table [B, max_blocks]: row stride (unit column stride)
+The output [T, Hq, D] and the split partials (o [splits, T, Hq, D] float32, lse [splits, T, Hq]
+float32) are allocated here, contiguous: their strides follow from T, Hq and HEAD_DIM_P2 and
+are computed in the kernels (earlier versions passed 19 strides; each argument costs Python
+launch time).
 """
+from functools import lru_cache
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -23,14 +46,10 @@ LOG2E = 1.4426950408889634
 def _paged_attn_split(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
-    qk_scale, num_splits, min_split_chunks,
+    qk_scale, num_splits, min_split_chunks, num_tokens,
     s_qt, s_qh,
     s_kb, s_kt, s_kh,
-    s_vb, s_vt, s_vh,
     s_bt,
-    s_ot, s_oh,
-    s_ps, s_pt, s_ph,
-    s_ls, s_lt,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
@@ -38,6 +57,7 @@ def _paged_attn_split(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     HAS_TREE: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
@@ -62,8 +82,12 @@ def _paged_attn_split(
         row_ok = (qi < n_q) & (hh < GROUP) & (r < QUERIES_PER_TILE * GROUP_P2)
         t = (q_start + qi).to(tl.int64)
         head = kvh * GROUP + hh
-        d = tl.arange(0, HEAD_DIM)
-        q = tl.load(q_ptr + t[:, None] * s_qt + head[:, None] * s_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+        d = tl.arange(0, HEAD_DIM_P2)
+        d_ok = d < HEAD_DIM  # all true unless the head dim is padded
+        PAD_D: tl.constexpr = HEAD_DIM_P2 != HEAD_DIM
+        HQ: tl.constexpr = NUM_KV_HEADS * GROUP
+        q = tl.load(q_ptr + t[:, None] * s_qt + head[:, None] * s_qh + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0)
         q = (q.to(tl.float32) * qk_scale).to(q_ptr.dtype.element_ty)
 
         # keys this tile can see: up to its last query's position (causal)
@@ -80,11 +104,11 @@ def _paged_attn_split(
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
         n_off = tl.arange(0, BLOCK_N)
         bt_row = bt_ptr + b.to(tl.int64) * s_bt
         k_head = k_ptr + kvh.to(tl.int64) * s_kh
-        v_head = v_ptr + kvh.to(tl.int64) * s_vh
+        v_head = v_ptr + kvh.to(tl.int64) * s_kh
         if HAS_TREE:
             tree_bits = tl.load(tree_ptr + t, mask=row_ok, other=0)
 
@@ -92,7 +116,10 @@ def _paged_attn_split(
             pos = start + n_off
             page = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
             slot = pos % PAGE_SIZE
-            kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None])  # [D, N]
+            if PAD_D:
+                kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None], mask=d_ok[:, None], other=0.0)
+            else:
+                kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None])  # [D, N]
             if IEEE_DOT:
                 s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
             else:
@@ -101,7 +128,10 @@ def _paged_attn_split(
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_head + page[:, None] * s_vb + slot[:, None] * s_vt + d[None, :])  # [N, D]
+            if PAD_D:
+                v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :], mask=d_ok[None, :], other=0.0)
+            else:
+                v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :])  # [N, D]
             if IEEE_DOT:
                 acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
@@ -113,7 +143,8 @@ def _paged_attn_split(
             in_seq = pos < hi
             page = tl.load(bt_row + pos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
             slot = pos % PAGE_SIZE
-            kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None], mask=in_seq[None, :], other=0.0)
+            kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None],
+                         mask=in_seq[None, :] & d_ok[:, None], other=0.0)
             if IEEE_DOT:
                 s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
             else:
@@ -130,7 +161,8 @@ def _paged_attn_split(
             alpha = tl.math.exp2(m_i - m_safe)
             p = tl.math.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_head + page[:, None] * s_vb + slot[:, None] * s_vt + d[None, :], mask=in_seq[:, None], other=0.0)
+            v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :],
+                        mask=in_seq[:, None] & d_ok[None, :], other=0.0)
             if IEEE_DOT:
                 acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
@@ -139,44 +171,46 @@ def _paged_attn_split(
 
         has_mass = l_i > 0.0
         o = acc / tl.where(has_mass, l_i, 1.0)[:, None]
+        # out [T, HQ, HEAD_DIM] and part_o [splits, T, HQ, HEAD_DIM_P2], part_lse [splits, T, HQ]: contiguous
         if DIRECT_OUT:
-            tl.store(out_ptr + t[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(out_ptr + (t[:, None] * HQ + head[:, None]) * HEAD_DIM + d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         else:
             lse = tl.where(has_mass, m_i + tl.math.log2(tl.where(has_mass, l_i, 1.0)), float("-inf"))
-            tl.store(part_o_ptr + split * s_ps + t[:, None] * s_pt + head[:, None] * s_ph + d[None, :], o,
-                     mask=row_ok[:, None])
-            tl.store(part_lse_ptr + split * s_ls + t * s_lt + head, lse, mask=row_ok)
+            row = (split * num_tokens + t) * HQ + head  # int64 (t is)
+            tl.store(part_o_ptr + row[:, None] * HEAD_DIM_P2 + d[None, :], o, mask=row_ok[:, None])
+            tl.store(part_lse_ptr + row, lse, mask=row_ok)
 
 
 @triton.jit
 def _merge_splits(
-    part_o_ptr, part_lse_ptr, out_ptr, num_splits,
-    s_ps, s_pt, s_ph,
-    s_ls, s_lt,
-    s_ot, s_oh,
+    part_o_ptr, part_lse_ptr, out_ptr, num_splits, num_tokens,
+    NUM_HEADS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
 ):
     """out[t, h] = sum_s 2^(lse_s - lse) * o_s / sum_s 2^(lse_s - lse) (log2 units); splits
     with lse = -inf (no key of theirs visible) weigh 0 and their partial output is not read.
     The [D] accumulator is looped over splits: a [splits, D] tile spills at 64+ splits."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    split_rows = num_tokens * NUM_HEADS  # partial rows per split: lse [splits, T, H], o [splits, T, H, D_P2]
     sp = tl.arange(0, SPLITS_P2)
-    lse_all = tl.load(part_lse_ptr + sp * s_ls + t * s_lt + h, mask=sp < num_splits, other=float("-inf"))
+    lse_all = tl.load(part_lse_ptr + sp * split_rows + t * NUM_HEADS + h, mask=sp < num_splits, other=float("-inf"))
     m = tl.max(lse_all, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+    d = tl.arange(0, HEAD_DIM_P2)
+    acc = tl.zeros([HEAD_DIM_P2], tl.float32)
     total = tl.sum(tl.math.exp2(lse_all - m_safe), 0)
     for s in range(0, num_splits):
-        lse = tl.load(part_lse_ptr + s * s_ls + t * s_lt + h)
+        row = s * split_rows + t * NUM_HEADS + h
+        lse = tl.load(part_lse_ptr + row)
         if lse > float("-inf"):
             w = tl.math.exp2(lse - m_safe)
-            acc += w * tl.load(part_o_ptr + s * s_ps + t * s_pt + h * s_ph + d)
+            acc += w * tl.load(part_o_ptr + row * HEAD_DIM_P2 + d)
     res = acc / tl.maximum(total, 1e-30)
-    tl.store(out_ptr + t * s_ot + h * s_oh + d, res.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + (t * NUM_HEADS + h) * HEAD_DIM + d, res.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def _next_pow2(x: int) -> int:
@@ -196,85 +230,125 @@ def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
 
 
 MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) than it gains
+# A block table of at most this many tokens runs ONE split: one launch, the output written
+# directly, no partials and no merge. Why 1024: the H100 run timed B=1 at context 1024 at 93 us
+# (split + merge, eager: the Python launch cost) against 16 us for SDPA flash, while the GPU
+# work is one 512 KB KV read per KV head; one program per KV head streams that in ~16 chunk
+# steps. Past ~1k tokens a single program per KV head is expected to take longer than the
+# merge launch costs under a CUDA graph (a few us), so longer tables keep splitting. An
+# estimate, not a measurement: bench/bench_attention.py --gpu times forced split counts
+# (1..32) beside the automatic choice at 1k/2k/8k as graph replays; move this bound to what
+# that sweep shows.
+SINGLE_LAUNCH_MAX_TOKENS = 1024
+MAX_HEAD_DIM = 256
+
+
+def head_dim_padded(head_dim: int) -> int:
+    """The kernel's head dimension: the next power of 2, at least 16 (tl.dot's minimum)."""
+    return max(16, _next_pow2(head_dim))
 
 
 def choose_splits(num_sms: int | None, programs: int, capacity: int, block_n: int) -> tuple[int, int]:
-    """(number of KV splits, minimum tokens per split) from static shapes only: enough splits
-    for ~4 programs per SM. The kernel divides each row's actual length over the splits.
-    num_sms None (interpreter / CPU): a single split."""
-    if num_sms is None:
+    """(number of KV splits, minimum tokens per split) from static shapes only. capacity (the
+    block table's tokens) <= SINGLE_LAUNCH_MAX_TOKENS, or no SM count (interpreter / CPU): one
+    split. Longer: enough splits for ~4 programs per SM, each of >= MIN_SPLIT_TOKENS tokens; the
+    kernel divides each row's actual length over the splits."""
+    if num_sms is None or capacity <= SINGLE_LAUNCH_MAX_TOKENS:
         return 1, block_n
     want = max(1, -(-4 * num_sms // max(programs, 1)))
     min_tokens = -(-MIN_SPLIT_TOKENS // block_n) * block_n
     return max(1, min(want, -(-capacity // min_tokens))), min_tokens
 
 
+@lru_cache(maxsize=None)
+def _num_sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _num_sms(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _num_sms_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
-                           max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
-                           min_split_tokens: int | None = None):
-    """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
-    a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
-    e.g. for tests."""
-    T, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    group = Hq // Hkv
-    B = block_table.shape[0]
-    page_size = k_cache.shape[1]
-    out = torch.empty_like(q)
-    if T == 0 or B == 0:
-        return out
-    queries, block_m, block_n = choose_tiling(max_query_len, group, D)
+class LaunchPlan(NamedTuple):
+    """The static launch shape of one paged_attention_triton call (see plan_launch)."""
+
+    queries: int  # query positions per tile
+    block_m: int  # tile rows (queries x padded GQA group)
+    block_n: int  # KV tokens per inner step
+    num_tiles: int
+    num_splits: int
+    min_split_chunks: int
+    head_dim_p2: int
+    num_warps: int
+
+
+def plan_launch(device: torch.device, batch: int, num_kv_heads: int, group: int, head_dim: int, max_query_len: int,
+                capacity: int, num_splits: int | None = None, min_split_tokens: int | None = None) -> LaunchPlan:
+    """Tiling and split count from static shapes (the runner caches it per call shape)."""
+    head_dim_p2 = head_dim_padded(head_dim)
+    queries, block_m, block_n = choose_tiling(max_query_len, group, head_dim_p2)
     num_tiles = -(-max_query_len // queries)
-    capacity = block_table.shape[1] * page_size
     if num_splits is None:
-        num_splits, min_split = choose_splits(_num_sms(q.device), B * Hkv * num_tiles, capacity, block_n)
+        num_splits, min_split = choose_splits(_num_sms(device), batch * num_kv_heads * num_tiles, capacity, block_n)
     else:
         min_split = block_n if min_split_tokens is None else min_split_tokens
         if num_splits < 1 or min_split < block_n or min_split % block_n:
             raise ValueError(f"num_splits >= 1 and min_split_tokens a positive multiple of {block_n}, "
                              f"got {num_splits}, {min_split_tokens}")
-    direct = num_splits == 1
+    return LaunchPlan(queries, block_m, block_n, num_tiles, num_splits, min_split // block_n, head_dim_p2,
+                      8 if block_m >= 128 else 4)
+
+
+def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
+                           max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
+                           min_split_tokens: int | None = None, plan: LaunchPlan | None = None):
+    """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
+    a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
+    e.g. for tests and the benchmark's sweep; plan (from plan_launch) skips choosing again."""
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    group = Hq // Hkv
+    B = block_table.shape[0]
+    page_size = k_cache.shape[1]
+    out = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    if T == 0 or B == 0:
+        return out
+    if plan is None:
+        plan = plan_launch(q.device, B, Hkv, group, D, max_query_len, block_table.shape[1] * page_size, num_splits,
+                           min_split_tokens)
+    if v_cache.stride() != k_cache.stride():  # the kernel takes one set of cache strides
+        k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    if block_table.stride(1) != 1 and block_table.shape[1] > 1:  # the kernel takes a unit column stride
+        block_table = block_table.contiguous()
+    splits = plan.num_splits
+    direct = splits == 1
     if direct:
-        part_o = out
-        part_lse = out
-        pstr, lstr = (0, 0, 0), (0, 0)
+        part_o = part_lse = out
     else:
-        part_o = torch.empty(num_splits, T, Hq, D, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_splits, T, Hq, dtype=torch.float32, device=q.device)
-        pstr, lstr = part_o.stride()[:3], part_lse.stride()[:2]
-    tree = tree_mask if tree_mask is not None else seq_lens
-    grid = (B * Hkv, num_tiles, num_splits)
-    _paged_attn_split[grid](
-        q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree,
+        part_o = torch.empty(splits, T, Hq, plan.head_dim_p2, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits, T, Hq, dtype=torch.float32, device=q.device)
+    _paged_attn_split[(B * Hkv, plan.num_tiles, splits)](
+        q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, seq_lens if tree_mask is None else tree_mask,
         out, part_o, part_lse,
-        float(scale) * LOG2E, num_splits, min_split // block_n,
+        float(scale) * LOG2E, splits, plan.min_split_chunks, T,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.stride(0),
-        out.stride(0), out.stride(1),
-        *pstr, *lstr,
         NUM_KV_HEADS=Hkv, GROUP=group, GROUP_P2=_next_pow2(group),
-        QUERIES_PER_TILE=queries, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=D, PAGE_SIZE=page_size,
+        QUERIES_PER_TILE=plan.queries, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        HEAD_DIM=D, HEAD_DIM_P2=plan.head_dim_p2, PAGE_SIZE=page_size,
         HAS_TREE=tree_mask is not None, DIRECT_OUT=direct,
         # fp32 inputs: exact (not tf32) dots. The interpreter's tl.dot on bf16 returns garbage
         # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
         IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
-        num_warps=8 if block_m >= 128 else 4, num_stages=2,
+        num_warps=plan.num_warps, num_stages=2,
     )
     if not direct:
         _merge_splits[(T, Hq)](
-            part_o, part_lse, out, num_splits,
-            *pstr, *lstr,
-            out.stride(0), out.stride(1),
-            SPLITS_P2=_next_pow2(num_splits), HEAD_DIM=D,
-            num_warps=4 if D >= 128 else 2,
+            part_o, part_lse, out, splits, T,
+            NUM_HEADS=Hq, SPLITS_P2=_next_pow2(splits), HEAD_DIM=D, HEAD_DIM_P2=plan.head_dim_p2,
+            num_warps=4 if plan.head_dim_p2 >= 128 else 2,
         )
     return out

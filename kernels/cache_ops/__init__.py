@@ -1,4 +1,5 @@
-"""append_kv and compact_kv: the paged-KV cache's two small kernels, with validation and dispatch.
+"""append_kv, rope_append_kv and compact_kv: the paged-KV cache's small kernels, with validation
+and dispatch. rope_append_kv is a Llama layer's RoPE (+ Qwen3 q/k norm) fused with append_kv.
 
 Backends: "triton" (CUDA, or TRITON_INTERPRET=1), "cpp" (csrc/cache_ops.cpp, the CPU default
 when it builds), "torch" (reference.py: the spec; see it for the exact semantics). Triton and
@@ -8,11 +9,12 @@ that read tensors (a sync), check=False (the engine's choice) skips them.
 import torch
 
 from .._backend import resolve_backend
-from .reference import append_kv_reference, compact_kv_reference, path_lengths
+from .reference import append_kv_reference, compact_kv_reference, path_lengths, rope_append_kv_reference
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-__all__ = ["append_kv", "compact_kv", "append_kv_reference", "compact_kv_reference"]
+__all__ = ["append_kv", "rope_append_kv", "compact_kv", "append_kv_reference", "rope_append_kv_reference",
+           "compact_kv_reference"]
 
 
 def _tensor(name: str, t, dtype=None, ndim: int | None = None) -> None:
@@ -61,25 +63,9 @@ def _check_mapped(name: str, block_table, rows, pos, num_blocks: int, block_size
         )
 
 
-def append_kv(
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_query_lens: torch.Tensor,
-    *,
-    backend: str | None = None,
-    check: bool = True,
-) -> None:
-    """Writes new tokens' K/V into their paged slots, in place; seq_lens is not advanced.
-
-    k_new, v_new [T, Hkv, D] (packed ragged); k_cache, v_cache [num_blocks, block_size, Hkv, D]
-    contiguous, same dtype as k_new (float32/float16/bfloat16); block_table [B, max_blocks],
-    seq_lens [B], cu_query_lens [B+1], all int32 on the cache's device. Row b's i-th new token
-    goes to position seq_lens[b] + i. check=False skips the checks that read values (no sync).
-    """
+def _check_append(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens, check: bool):
+    """append_kv's checks (values only when check); -> k_new, v_new, seq_lens, cu_query_lens with
+    unit last stride / contiguous."""
     for name, t in (("k_new", k_new), ("v_new", v_new)):
         _tensor(name, t, None, 3)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -121,9 +107,33 @@ def append_kv(
         k_new = k_new.contiguous()
     if v_new.stride(-1) != 1:
         v_new = v_new.contiguous()
-    if k_new.shape[0] == 0 or batch == 0:
-        return
+    return k_new, v_new, seq_lens, cu_query_lens
 
+
+def append_kv(
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+    *,
+    backend: str | None = None,
+    check: bool = True,
+) -> None:
+    """Writes new tokens' K/V into their paged slots, in place; seq_lens is not advanced.
+
+    k_new, v_new [T, Hkv, D] (packed ragged); k_cache, v_cache [num_blocks, block_size, Hkv, D]
+    contiguous, same dtype as k_new (float32/float16/bfloat16); block_table [B, max_blocks],
+    seq_lens [B], cu_query_lens [B+1], all int32 on the cache's device. Row b's i-th new token
+    goes to position seq_lens[b] + i. check=False skips the checks that read values (no sync).
+    """
+    k_new, v_new, seq_lens, cu_query_lens = _check_append(k_new, v_new, k_cache, v_cache, block_table, seq_lens,
+                                                          cu_query_lens, check)
+    if k_new.shape[0] == 0 or cu_query_lens.shape[0] == 1:
+        return
+    device = k_cache.device
     chosen = resolve_backend(backend, device, "append_kv")
     if chosen == "triton":
         from .triton import append_kv_triton
@@ -135,6 +145,46 @@ def append_kv(
         append_kv_cpp(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens)
     else:
         append_kv_reference(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens)
+
+
+def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *, qk_norm=None,
+                   backend: str | None = None, check: bool = True) -> None:
+    """RoPE of q (in place) and k, then k, v appended to the paged cache (reference.py has the
+    semantics). q [T, Hq, D], k, v [T, Hkv, D] (strided views allowed, unit last stride), cos, sin
+    [T, D] in q's dtype, D even; the cache arguments as append_kv's; qk_norm None or
+    (q_weight [D], q_eps, k_weight [D], k_eps). Backends: "triton" (one launch; the CUDA
+    default) or "torch" (the reference; None picks it for CPU tensors)."""
+    _tensor("q", q, None, 3)
+    if q.dtype != k_cache.dtype:
+        raise TypeError(f"q dtype {q.dtype} differs from k_cache dtype {k_cache.dtype}")
+    t, _, dim = q.shape
+    if dim % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {dim}")
+    for name, c in (("cos", cos), ("sin", sin)):
+        _tensor(name, c, q.dtype, 2)
+        if tuple(c.shape) != (t, dim):
+            raise ValueError(f"{name} must have shape [{t}, {dim}], got {tuple(c.shape)}")
+    if k.shape[0] != t:
+        raise ValueError(f"k must have q's {t} tokens, got shape {tuple(k.shape)}")
+    if qk_norm is not None:
+        if len(qk_norm) != 4 or any(tuple(qk_norm[i].shape) != (dim,) or qk_norm[i].dtype != q.dtype for i in (0, 2)):
+            raise ValueError(f"qk_norm must be (q_weight [{dim}], q_eps, k_weight [{dim}], k_eps) in q's dtype")
+        _same_device(k_cache.device, q_weight=qk_norm[0], k_weight=qk_norm[2])
+    _same_device(k_cache.device, q=q, cos=cos, sin=sin)
+    if backend == "cpp":
+        raise ValueError("rope_append_kv has no C++ backend ('triton' or 'torch')")
+    chosen = resolve_backend(backend, k_cache.device, "append_kv") if backend is not None or q.is_cuda else "torch"
+    if chosen != "triton":
+        _check_append(k, v, k_cache, v_cache, block_table, seq_lens, cu_query_lens, check)
+        rope_append_kv_reference(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens, qk_norm)
+        return
+    if q.stride(-1) != 1:
+        raise ValueError("q must have unit last stride (it is rotated in place)")
+    k, v, seq_lens, cu_query_lens = _check_append(k, v, k_cache, v_cache, block_table, seq_lens, cu_query_lens, check)
+    from .triton_rope import rope_append_kv_triton
+
+    rope_append_kv_triton(q, k, v, cos.contiguous(), sin.contiguous(), k_cache, v_cache, block_table.contiguous(),
+                          seq_lens, cu_query_lens, qk_norm)
 
 
 def compact_kv(

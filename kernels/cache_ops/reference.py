@@ -21,6 +21,13 @@ append_kv(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens):
     are ignored). The i-th new token of row b is written at position seq_lens[b] + i, K and V
     alike, in place. seq_lens is NOT advanced (PagedKVCache.commit does that).
 
+rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens, qk_norm=None):
+    a Llama layer's RoPE and KV append: with qk_norm = (q_weight [D], q_eps, k_weight [D], k_eps)
+    (Qwen3) each head of q and k is first RMS-normalised over its D values (llama_ops
+    rms_norm semantics); then q [T, Hq, D] is overwritten with rope(q) and rope(k), v are
+    appended as append_kv does (k and v themselves are only read). rope(x) = x * cos +
+    rotate_half(x) * sin with cos/sin [T, D] in x's dtype (llama_ops reference).
+
 compact_kv(caches, block_table, seq_lens, path_positions):
     after scoring a token tree, row b's new tokens sit at positions seq_lens[b] + n for tree
     node n = 0, 1, ... (node index within the row's new tokens). path_positions [B, P] int32
@@ -68,6 +75,19 @@ def append_kv_reference(
         keep = (slots >= 0).nonzero()[:, 0]  # unmapped positions are dropped
         k_flat.index_copy_(0, slots[keep], k_new[start:end].index_select(0, keep))
         v_flat.index_copy_(0, slots[keep], v_new[start:end].index_select(0, keep))
+
+
+def rope_append_kv_reference(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
+                             qk_norm=None) -> None:
+    """q [T, Hq, D] rotated in place; rope(k) and v [T, Hkv, D] appended (see the module doc)."""
+    from ..llama_ops.reference import rms_norm_reference, rotate_half_apply
+
+    if qk_norm is not None:
+        q_weight, q_eps, k_weight, k_eps = qk_norm
+        q.copy_(rms_norm_reference(q, q_weight, q_eps))
+        k = rms_norm_reference(k, k_weight, k_eps)
+    q.copy_(rotate_half_apply(q, cos, sin))
+    append_kv_reference(rotate_half_apply(k, cos, sin), v, k_cache, v_cache, block_table, seq_lens, cu_query_lens)
 
 
 def path_lengths(path_positions: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ are masked off, as the reference drops them.
 import triton
 import triton.language as tl
 
+from .._launch import cdiv, next_pow2
+
 
 # Elements per program: 4096 (16 KB of fp32) keeps registers low on a GPU and, under the
 # interpreter, few programs (each interpreted program costs ~10 ms on the CI box, measured).
@@ -53,11 +55,11 @@ def append_kv_triton(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_q
     num_tokens, num_kv_heads, head_dim = k_new.shape
     num_blocks, block_size = k_cache.shape[:2]
     batch = cu_query_lens.shape[0] - 1
-    block_c = min(triton.next_power_of_2(num_kv_heads * head_dim), TILE_ELEMENTS)
-    block_b = triton.next_power_of_2(max(batch, 1))
+    block_c = min(next_pow2(num_kv_heads * head_dim), TILE_ELEMENTS)
+    block_b = next_pow2(max(batch, 1))
     # the row search compares a [BLOCK_T, BLOCK_B] tile: keep it within 2 * TILE_ELEMENTS too
-    block_t = max(1, min(triton.next_power_of_2(num_tokens), TILE_ELEMENTS // block_c, 2 * TILE_ELEMENTS // block_b))
-    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_kv_heads * head_dim, block_c))
+    block_t = max(1, min(next_pow2(num_tokens), TILE_ELEMENTS // block_c, 2 * TILE_ELEMENTS // block_b))
+    grid = (cdiv(num_tokens, block_t), cdiv(num_kv_heads * head_dim, block_c))
     _append_kv_kernel[grid](
         k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
         num_tokens, batch, num_blocks, block_table.shape[1], num_kv_heads, head_dim,
@@ -106,9 +108,9 @@ def compact_kv_triton(caches, block_table, seq_lens, path_positions) -> None:
     num_layers, _, num_blocks, block_size, num_kv_heads, head_dim = caches.shape
     batch, path_len = path_positions.shape
     slot_elements = num_kv_heads * head_dim
-    block_p = triton.next_power_of_2(path_len)
-    block_c = min(triton.next_power_of_2(slot_elements), max(16, TILE_ELEMENTS // block_p))
-    grid = (batch, num_layers * 2, triton.cdiv(slot_elements, block_c))
+    block_p = next_pow2(path_len)
+    block_c = min(next_pow2(slot_elements), max(16, TILE_ELEMENTS // block_p))
+    grid = (batch, num_layers * 2, cdiv(slot_elements, block_c))
     _compact_kv_kernel[grid](
         caches, block_table, seq_lens, path_positions,
         num_blocks, block_table.shape[1], path_len, slot_elements, caches.stride(1),

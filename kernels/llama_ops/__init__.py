@@ -1,17 +1,21 @@
-"""Fused elementwise ops of a Llama decoder layer: rms_norm, rope_qk_ (in place), silu_mul,
-rope_cos_sin.
+"""Fused elementwise ops of a Llama decoder layer: rms_norm, add_rms_norm, rope_qk_ (in place),
+silu_mul, rope_cos_sin.
 
 Backends: "cpp" (csrc/llama_fused.cpp: float32 CPU tensors, one call instead of 3-7 torch
-ops each), "torch" (reference.py: the spec; every other dtype and device). backend=None picks
-"cpp" where it applies. Semantics: see reference.py.
+ops each), "triton" (triton.py: rms_norm, add_rms_norm, silu_mul in one launch each; CUDA, or
+CPU under TRITON_INTERPRET=1), "torch" (reference.py: the spec; everything else).
+backend=None picks "cpp" for float32 CPU tensors when it builds, "triton" for CUDA tensors
+(rms_norm / add_rms_norm / silu_mul), else "torch". Semantics: see reference.py.
 """
 import torch
 
-from .._backend import cpp_op_available
-from .reference import rms_norm_reference, rope_cos_sin_reference, rope_qk_reference, silu_mul_reference
+from .._backend import cpp_op_available, triton_available, triton_interpreting
+from .reference import (add_rms_norm_reference, rms_norm_reference, rope_cos_sin_reference, rope_qk_reference,
+                        silu_mul_reference)
 
-__all__ = ["rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin", "rms_norm_reference", "rope_qk_reference",
-           "silu_mul_reference", "rope_cos_sin_reference", "fused_cpp_applies"]
+__all__ = ["rms_norm", "add_rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin", "rms_norm_reference",
+           "add_rms_norm_reference", "rope_qk_reference", "silu_mul_reference", "rope_cos_sin_reference",
+           "fused_cpp_applies"]
 
 _OPS = ("rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin")
 
@@ -48,6 +52,22 @@ def _use_cpp(backend, *tensors) -> bool:
     return backend != "torch" and applies
 
 
+def _choose(backend, *tensors) -> str:
+    """"triton", "cpp" or "torch" for an op that has all three (rms_norm, add_rms_norm, silu_mul)."""
+    if backend not in (None, "triton", "cpp", "torch"):
+        raise ValueError(f"backend must be None, 'triton', 'cpp' or 'torch', got {backend!r}")
+    on_cuda = tensors[0].device.type == "cuda"
+    if backend == "triton" or (backend is None and on_cuda):
+        if not triton_available():
+            if backend == "triton":
+                raise ValueError("backend='triton' needs the triton package")
+            return "torch"
+        if not on_cuda and not triton_interpreting():
+            raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
+        return "triton"
+    return "cpp" if _use_cpp(backend, *tensors) else "torch"
+
+
 def _unit_last(t):
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
@@ -59,13 +79,49 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, backend: str 
     _same("x", x, weight=weight)
     if weight.shape[0] != x.shape[1]:
         raise ValueError(f"weight must have shape [{x.shape[1]}] (x's last dim), got {tuple(weight.shape)}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
-    if not _use_cpp(backend, x, weight):
+    _check_eps(eps)
+    chosen = _choose(backend, x, weight)
+    if chosen == "triton":
+        from .triton import add_rms_norm_triton
+
+        return add_rms_norm_triton(_unit_last(x), None, weight.contiguous(), eps)[1]
+    if chosen == "torch":
         return rms_norm_reference(x, weight, eps)
     from .cpp import rms_norm_cpp
 
     return rms_norm_cpp(_unit_last(x), weight.contiguous(), eps)
+
+
+def _check_eps(eps) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
+                 write_residual: bool = True, backend: str | None = None):
+    """x, delta [T, H] (delta None: no add), weight [H] -> (residual = x + delta, rms_norm(residual)).
+    write_residual=False returns (None, out) (Triton then skips the residual's store). Backends:
+    "triton" (one launch) or "torch"; None picks triton for CUDA tensors."""
+    _tensor("x", x, 2)
+    _tensor("weight", weight, 1)
+    if delta is not None:
+        _tensor("delta", delta, 2)
+        _same("x", x, delta=delta)
+        if delta.shape != x.shape:
+            raise ValueError(f"delta must have x's shape {tuple(x.shape)}, got {tuple(delta.shape)}")
+    _same("x", x, weight=weight)
+    if weight.shape[0] != x.shape[1]:
+        raise ValueError(f"weight must have shape [{x.shape[1]}] (x's last dim), got {tuple(weight.shape)}")
+    _check_eps(eps)
+    if backend == "cpp":
+        raise ValueError("add_rms_norm has no C++ backend ('triton' or 'torch')")
+    if _choose(backend, x, weight) == "triton":
+        from .triton import add_rms_norm_triton
+
+        return add_rms_norm_triton(_unit_last(x), None if delta is None else _unit_last(delta), weight.contiguous(),
+                                   eps, write_residual=write_residual)
+    residual, out = add_rms_norm_reference(x, delta, weight, eps)
+    return (residual if write_residual else None), out
 
 
 def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backend: str | None = None) -> None:
@@ -98,7 +154,12 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None
     _same("gate", gate, up=up)
     if gate.shape != up.shape:
         raise ValueError(f"gate and up must have one shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
-    if not _use_cpp(backend, gate, up):
+    chosen = _choose(backend, gate, up)
+    if chosen == "triton":
+        from .triton import silu_mul_triton
+
+        return silu_mul_triton(_unit_last(gate), _unit_last(up))
+    if chosen == "torch":
         return silu_mul_reference(gate, up)
     from .cpp import silu_mul_cpp
 

@@ -1,7 +1,11 @@
 """The spec of the fused Llama-layer elementwise ops in plain torch (also the test oracle).
 
     rms_norm(x [T, H], weight [H], eps)  -> weight * (x * rsqrt(mean(x^2, -1) + eps))   [T, H]
-        (transformers' LlamaRMSNorm for float32 inputs: statistics in float32)
+        (transformers' LlamaRMSNorm: statistics in float32; in float16/bfloat16 the normalised
+        value is rounded to x's dtype before the weight multiplies it)
+    add_rms_norm(x [T, H], delta [T, H] or None, weight [H], eps) -> (residual, out):
+        residual = x + delta (in x's dtype), out = rms_norm(residual, weight, eps)
+        (a decoder layer's residual add followed by the next RMSNorm)
     rope_qk_(q [T, Hq, D], k [T, Hk, D], cos [T, D], sin [T, D]) -> None, in place:
         x <- x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])
         (cos/sin row t applies to every head of token t)
@@ -15,8 +19,18 @@ import torch.nn.functional as F
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, H], weight [H] -> [T, H] (same op order as transformers' RMSNorm in float32)."""
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """x [..., H], weight [H] -> [..., H] (transformers' RMSNorm op order; float32 statistics)."""
+    if x.dtype == torch.float32:  # the casts would be no-ops: skip their calls (per-op cost on CPU)
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """x, delta [T, H] (delta None: no add), weight [H] -> (residual x + delta, its RMSNorm)."""
+    residual = x if delta is None else x + delta
+    return residual, rms_norm_reference(residual, weight, eps)
 
 
 def rotate_half_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

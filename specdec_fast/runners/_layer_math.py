@@ -1,9 +1,11 @@
-"""The elementwise math of a Llama decoder layer for the paged runner: RMSNorm, RoPE, SwiGLU.
+"""The elementwise math of a Llama decoder layer for the paged runner's CPU / torch path:
+RMSNorm, RoPE, SwiGLU.
 
 With float32 CPU tensors and the C++ ops built, each is one call of a fused op
 (kernels/llama_ops, csrc/llama_fused.cpp) instead of 3 to 7 torch ops: a draft step of the demo
 pair spent most of its time dispatching small ops. Elsewhere, plain torch with transformers'
-op order.
+op order. (The Triton path -- CUDA -- uses kernels/llama_ops/triton.py and
+kernels/cache_ops/triton_rope.py instead: runners/paged.py _decode_triton.)
 """
 from functools import lru_cache
 
@@ -29,11 +31,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> 
         if x.dim() == 2:  # the reshape/view calls would be no-ops: skip them (~1 us each)
             return torch.ops.specdec_fast.rms_norm(x, weight, eps)
         return torch.ops.specdec_fast.rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
-    if x.dtype == torch.float32:  # the casts would be no-ops: skip their calls (per-op overhead on CPU)
-        return rms_norm_reference(x, weight, eps)
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    return rms_norm_reference(x, weight, eps)  # skips the no-op casts in float32
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype,

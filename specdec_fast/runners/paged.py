@@ -17,6 +17,7 @@ the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math.
 import torch
 import torch.nn.functional as F
 
+from ._fused_weights import concat_parameters
 from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
 from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
@@ -95,14 +96,21 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
 
 
 class _Layer:
-    """One decoder layer's parameters (references to the model's tensors, not copies)."""
+    """One decoder layer's parameters (references to the model's tensors, not copies). With
+    fuse=True, q/k/v and gate/up are also held as one concatenated weight each (w_qkv, w_gate_up;
+    biases likewise), the model's parameters re-pointed into it (runners/_fused_weights.py)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, fuse: bool):
         attn, mlp = layer.self_attn, layer.mlp
         self.ln_in = layer.input_layernorm.weight
         self.eps_in = layer.input_layernorm.variance_epsilon
         self.ln_post = layer.post_attention_layernorm.weight
         self.eps_post = layer.post_attention_layernorm.variance_epsilon
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
+        if fuse:  # before the references below are taken: they then point into the fused tensors
+            self.w_qkv, self.b_qkv = _fuse(projections)
+            self.w_gate_up, self.b_gate_up = _fuse((mlp.gate_proj, mlp.up_proj))
         self.q = (attn.q_proj.weight, attn.q_proj.bias)
         self.k = (attn.k_proj.weight, attn.k_proj.bias)
         self.v = (attn.v_proj.weight, attn.v_proj.bias)
@@ -114,7 +122,19 @@ class _Layer:
         self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
         self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
         self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
+        self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
+        self.inter = self.gate[0].shape[0]
         self.act = mlp.act_fn
+
+
+def _fuse(linears):
+    """(weight, bias) concatenated over nn.Linear modules (bias None when none has one; when only
+    some have one, nothing is fused: (None, None))."""
+    biases = [m.bias for m in linears]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None, None
+    weight = concat_parameters([m.weight for m in linears])
+    return weight, None if biases[0] is None else concat_parameters(biases)
 
 
 class PagedRunner(PagedRunnerBase):
@@ -122,6 +142,13 @@ class PagedRunner(PagedRunnerBase):
 
     max_new_tokens and num_draft_tokens (K; 0 for plain decoding) size each row's reservation:
     prompt width + max_new_tokens + K + 1. backend: kernel backend (None = automatic).
+    fuse_projections: see PagedRunnerBase (None = on with the Triton kernels, i.e. on CUDA).
+
+    Layer math per backend: Triton (CUDA; backend='triton' under the interpreter) runs each
+    layer in 9 launches -- qkv GEMM, rope_append_kv (RoPE + q/k norm + KV append), attention,
+    o GEMM, add_rms_norm, gate_up GEMM, silu_mul, down GEMM, add_rms_norm (the next layer's or the
+    final norm) -- instead of 39 (bf16, measured by bench/launch_count.py). CPU float32: the
+    C++ fused ops (measured fast there); other CPU dtypes: torch with transformers' op order.
     """
 
     unsupported_reason = staticmethod(llama_unsupported_reason)
@@ -130,7 +157,7 @@ class PagedRunner(PagedRunnerBase):
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.layers = [_Layer(layer, self.fuse_projections) for layer in inner.layers]
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = model.get_output_embeddings().weight
         self.num_heads = config.num_attention_heads
@@ -140,6 +167,13 @@ class PagedRunner(PagedRunnerBase):
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.silu = config.hidden_act == "silu"  # F.silu directly: skips a module call per layer
+        if self.kernels == "triton":  # imported here: triton is optional on CPU machines
+            from ..kernels.cache_ops.triton_rope import rope_append_kv_triton
+            from ..kernels.llama_ops.triton import add_rms_norm_triton, silu_mul_triton
+
+            self._ops = (add_rms_norm_triton, rope_append_kv_triton, silu_mul_triton)
+            # (weight, eps) of the norm that follows each layer: the next layer's input norm, then the final norm
+            self._next_norm = [(nxt.ln_in, nxt.eps_in) for nxt in self.layers[1:]] + [(self.final_norm, self.final_eps)]
 
     def _linears(self, rows: int, x: torch.Tensor):
         """(linear, linears) for a forward over ``rows`` token rows like x: decided once per row
@@ -152,6 +186,8 @@ class PagedRunner(PagedRunnerBase):
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
+        if self.kernels == "triton":
+            return self._decode_triton(flat, positions, cu, attn_lens, n)
         total = flat.shape[0]
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)  # [T, D], once per call
@@ -172,3 +208,35 @@ class PagedRunner(PagedRunnerBase):
             act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
             x = lin(act, *layer.down, x)
         return rms_norm(x, self.final_norm, self.final_eps, fused)
+
+    def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """The Triton path (see the class doc): 9 launches per layer. The residual stream x stays
+        in the model dtype (transformers' order); each add_rms_norm returns (x + delta, its norm)."""
+        add_rms_norm, rope_append_kv, silu_mul = self._ops
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
+        x = F.embedding(flat.clamp(min=0), self.embed)
+        first = self.layers[0]
+        h = add_rms_norm(x, None, first.ln_in, first.eps_in)[1]
+        table, length = self.cache.block_table, self.length
+        for i, layer in enumerate(self.layers):
+            if layer.w_qkv is not None:
+                qkv = F.linear(h, layer.w_qkv, layer.b_qkv)
+                q, kv = qkv[:, :layer.q_cols], qkv[:, layer.q_cols:]
+                k, v = kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
+            else:
+                q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
+            q = q.view(total, heads, dim)
+            rope_append_kv(q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
+                           self.v_caches[i], table, length, cu, layer.qk_norm)
+            o = self._attention(i, q, attn_lens, cu, n, self.scale)
+            x, h = add_rms_norm(x, F.linear(o.view(total, heads * dim), *layer.o), layer.ln_post, layer.eps_post)
+            if layer.w_gate_up is not None:
+                gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
+                gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
+            else:
+                gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
+            act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
+            weight, eps = self._next_norm[i]
+            x, h = add_rms_norm(x, F.linear(act, *layer.down), weight, eps, write_residual=i + 1 < len(self.layers))
+        return h

@@ -4,9 +4,10 @@ A subclass (runners/paged.py: Llama family; runners/paged_gpt2.py: GPT-2) suppli
 model's math: ``unsupported_reason`` (a static method), ``_bind(model)`` (keeps references to
 the model's tensors and sets layers / lm_head / num_heads / num_kv_heads / head_dim) and
 ``_decode(flat, positions, cu, attn_lens, max_query_len)`` (embedding, the layer loop calling
-``self._attend`` per layer, the final norm). Everything else lives here once: the cache
-allocation, the packing, prefill / score / commit / compact, the tentative-token accounting and
-the direct C++ dispatch of append_kv + paged_attention.
+``self._attend`` per layer -- or, when it wrote the layer's K/V itself (the Llama runner's fused
+RoPE + append on the Triton path), ``self._attention`` -- and the final norm). Everything else
+lives here once: the cache allocation, the packing, prefill / score / commit / compact, the
+tentative-token accounting and the direct C++ / Triton dispatch of append_kv + paged_attention.
 
 Packing (static sizes, no host sync): a call with tokens [B, N] runs T = B*N token rows. Real
 tokens are packed first, row by row (row b's at cu[b] .. cu[b+1], cu from num_valid), and the
@@ -48,9 +49,10 @@ def device_reason(model) -> str | None:
 
 
 def head_dim_reason(head_dim: int, backend) -> str | None:
-    """The triton attention kernel's head_dim rule (the C++ and torch kernels take any head_dim)."""
-    if backend == "triton" and (head_dim & (head_dim - 1) or not 16 <= head_dim <= 256):
-        return f"backend='triton' paged attention needs a power-of-2 head_dim in [16, 256], got {head_dim}"
+    """The triton attention kernel's head_dim rule: any head_dim up to 256 (padded to a power of 2
+    inside the kernel); the C++ and torch kernels take any head_dim."""
+    if backend == "triton" and head_dim > 256:
+        return f"backend='triton' paged attention takes head_dim <= 256, got {head_dim}"
     return None
 
 
@@ -59,6 +61,10 @@ class PagedRunnerBase:
 
     max_new_tokens and num_draft_tokens (K; 0 for plain decoding) size each row's reservation:
     prompt width + max_new_tokens + K + 1. backend: kernel backend (None = automatic).
+    fuse_projections (Llama family; GPT-2's c_attn already is one product): run q/k/v and
+    gate/up as one matrix product each over a concatenated weight that the model's own
+    parameters are re-pointed into (runners/_fused_weights.py: no second copy; the model's
+    forward is unchanged). None = on where the Triton kernels run (CUDA), off elsewhere.
     Subclasses set ``max_positions`` (int) when the model has a position limit (learned
     positions): prefill then refuses a reservation longer than it.
     """
@@ -76,7 +82,7 @@ class PagedRunnerBase:
 
     @classmethod
     def from_pretrained(cls, path, *, max_new_tokens: int, num_draft_tokens: int, dtype=None, device=None,
-                        block_size: int = 16, backend=None):
+                        block_size: int = 16, backend=None, fuse_projections: bool | None = None):
         """A runner for the checkpoint directory ``path`` (config.json + safetensors): the model is
         loaded by transformers (AutoModelForCausalLM, ``dtype``: None = the checkpoint's), moved
         to ``device`` and kept as ``runner.model``; the runner uses its tensors, no copy."""
@@ -89,9 +95,10 @@ class PagedRunnerBase:
 
             cls = paged_runner_class(model)
         return cls(model, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, block_size=block_size,
-                   backend=backend)
+                   backend=backend, fuse_projections=fuse_projections)
 
-    def __init__(self, model, *, max_new_tokens: int, num_draft_tokens: int, block_size: int = 16, backend=None):
+    def __init__(self, model, *, max_new_tokens: int, num_draft_tokens: int, block_size: int = 16, backend=None,
+                 fuse_projections: bool | None = None):
         reason = self.unsupported_reason(model, backend=backend)
         if reason is not None:
             raise ValueError(f"{type(self).__name__} cannot run this model: {reason}; use runner='hf'")
@@ -104,6 +111,10 @@ class PagedRunnerBase:
         self.block_size, self.backend = block_size, backend
         embed = model.get_input_embeddings().weight
         self.device, self.dtype = embed.device, embed.dtype
+        # The kernels of the decoding loop: "triton" (CUDA, or backend='triton' under the
+        # interpreter) takes the fused Triton layer math; elsewhere C++ (CPU) or torch.
+        self.kernels = resolve_backend(backend, self.device, "paged_attention")
+        self.fuse_projections = self.kernels == "triton" if fuse_projections is None else bool(fuse_projections)
         self._bind(model)
         self.vocab_size = int(self.lm_head.shape[0])
         self.cache = None
@@ -135,15 +146,21 @@ class PagedRunnerBase:
         self.v_caches = [self.cache.kv[i, 1] for i in range(len(self.layers))]
         self.cap = per_row * self.block_size - self.max_tentative
         self.length = torch.zeros(batch, dtype=torch.int32, device=self.device)
-        self._full_cu = {}
+        self._full_cu, self._plans = {}, {}
         num_valid = None if attention_mask is None else attention_mask.to(self.device).sum(1)
         # The prefill goes through the kernels' public entry points (static checks of every shape);
-        # score calls the C++ ops directly when both resolve to "cpp": the entry points' Python
-        # checks and dispatch were ~10% of a decoding step of the demo pair on CPU (cProfile).
-        self._direct_cpp = False
+        # score calls the C++ ops / Triton launchers directly when both resolve to one backend: the
+        # entry points' Python checks and dispatch were ~10% of a decoding step of the demo pair on
+        # CPU (cProfile).
+        self._direct = None
         hidden = self._forward(input_ids, num_valid)
-        self._direct_cpp = all(resolve_backend(self.backend, self.device, op) == "cpp"
-                               for op in ("append_kv", "paged_attention"))
+        chosen = {resolve_backend(self.backend, self.device, op) for op in ("append_kv", "paged_attention")}
+        self._direct = chosen.pop() if len(chosen) == 1 and self.kernels in ("cpp", "triton") else None
+        if self._direct == "triton":  # imported here: triton is optional on CPU machines
+            from ..kernels.attention.triton import paged_attention_triton, plan_launch
+            from ..kernels.cache_ops.triton import append_kv_triton
+
+            self._triton = (append_kv_triton, paged_attention_triton, plan_launch)
         self.cache.seq_lens.copy_(self.length)
         self._tentative = 0
         return linear(hidden[:, -1], self.lm_head)
@@ -209,12 +226,39 @@ class PagedRunnerBase:
         """Layer i: writes k, v [T, Hkv, D] at self.length, then attention of q [T, Hq, D] over
         the row's cache (new tokens included) -> [T, Hq, D]. q, k, v may be strided views
         (stride(-1) == 1), e.g. slices of a fused QKV product."""
-        table = self.cache.block_table
-        if self._direct_cpp:
-            ops = torch.ops.specdec_fast
-            ops.append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu)
+        self._append(i, k, v, cu)
+        return self._attention(i, q, attn_lens, cu, max_query_len, scale)
+
+    def _append(self, i: int, k, v, cu) -> None:
+        """Writes layer i's new k, v [T, Hkv, D] at self.length (rows packed by cu)."""
+        if self._direct == "cpp":
+            torch.ops.specdec_fast.append_kv(k, v, self.k_caches[i], self.v_caches[i], self.cache.block_table,
+                                             self.length, cu)
+        elif self._direct == "triton":
+            self._triton[0](k, v, self.k_caches[i], self.v_caches[i], self.cache.block_table, self.length, cu)
+        else:
+            append_kv(k, v, self.k_caches[i], self.v_caches[i], self.cache.block_table, self.length, cu,
+                      backend=self.backend, check=False)
+
+    def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:
+        """Attention of q [T, Hq, D] over layer i's cache, whose new tokens' K/V are already
+        written (attn_lens [B] counts them) -> [T, Hq, D]."""
+        if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
-            return ops.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i], table, attn_lens, cu, None, scale)
-        append_kv(k, v, self.k_caches[i], self.v_caches[i], table, self.length, cu, backend=self.backend, check=False)
-        return paged_attention(q, self.k_caches[i], self.v_caches[i], table, attn_lens, cu, max_query_len=max_query_len,
-                               scale=scale, backend=self.backend, check=False)
+            return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
+                                                          self.cache.block_table, attn_lens, cu, None, scale)
+        if self._direct == "triton":
+            return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.cache.block_table, attn_lens, cu,
+                                   max_query_len=max_query_len, scale=scale, plan=self._plan(max_query_len))
+        return paged_attention(q, self.k_caches[i], self.v_caches[i], self.cache.block_table, attn_lens, cu,
+                               max_query_len=max_query_len, scale=scale, backend=self.backend, check=False)
+
+    def _plan(self, max_query_len: int):
+        """The Triton attention launch shape of a call (static per call width): chosen once."""
+        plan = self._plans.get(max_query_len)
+        if plan is None:
+            table = self.cache.block_table
+            plan = self._plans[max_query_len] = self._triton[2](
+                self.device, table.shape[0], self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim,
+                max_query_len, table.shape[1] * self.block_size)
+        return plan

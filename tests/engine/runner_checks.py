@@ -3,9 +3,9 @@ import torch
 
 
 def hf_logits(model, tokens) -> torch.Tensor:
-    """The model's own forward on one unpadded row -> logits [len, V]."""
+    """The model's own forward on one unpadded row -> logits [len, V] (on the CPU)."""
     with torch.no_grad():
-        return model(input_ids=torch.tensor([tokens])).logits[0]
+        return model(input_ids=torch.tensor([tokens], device=model.device)).logits[0].cpu()
 
 
 def assert_runner_matches_forward(model, runner, vocab: int) -> list:
@@ -16,7 +16,8 @@ def assert_runner_matches_forward(model, runner, vocab: int) -> list:
 
     ids, mask = left_padded_prompts([5, 9, 1], vocab=vocab, seed=1)
     contexts = [ids[b, mask[b].bool()].tolist() for b in range(3)]
-    logits = runner.prefill(ids, mask)
+    dev = runner.device
+    logits = runner.prefill(ids.to(dev), mask.to(dev)).cpu()
     for b in range(3):
         torch.testing.assert_close(logits[b], hf_logits(model, contexts[b])[-1], atol=1e-4, rtol=1e-4)
     gen = torch.Generator().manual_seed(2)
@@ -25,7 +26,7 @@ def assert_runner_matches_forward(model, runner, vocab: int) -> list:
     for width, num_valid, keep in calls:
         tokens = torch.randint(3, vocab, (3, width), generator=gen)
         valid = [width] * 3 if num_valid is None else num_valid
-        out = runner.score(tokens, None if num_valid is None else torch.tensor(valid))
+        out = runner.score(tokens.to(dev), None if num_valid is None else torch.tensor(valid, device=dev)).cpu()
         assert out.shape == (3, width, vocab)
         for b in range(3):
             new = tokens[b, width - valid[b] :].tolist()
@@ -33,7 +34,7 @@ def assert_runner_matches_forward(model, runner, vocab: int) -> list:
             expected = hf_logits(model, contexts[b] + pending[b])[-len(new) :]
             torch.testing.assert_close(out[b, width - valid[b] :], expected, atol=1e-4, rtol=1e-4)
         if keep is not None:
-            runner.commit(torch.tensor(keep))
+            runner.commit(torch.tensor(keep, device=dev))
             for b in range(3):
                 contexts[b] += pending[b][: keep[b]]
                 pending[b] = []
@@ -47,8 +48,9 @@ def assert_bf16_close_to_forward(model, runner, vocab: int) -> None:
     from .models import left_padded_prompts
 
     ids, mask = left_padded_prompts([4, 7], vocab=vocab, seed=6)
-    logits = runner.prefill(ids, mask)
-    step = runner.score(torch.tensor([[5, 9], [3, 4]]), torch.tensor([2, 1]))
+    dev = runner.device
+    logits = runner.prefill(ids.to(dev), mask.to(dev)).cpu()
+    step = runner.score(torch.tensor([[5, 9], [3, 4]], device=dev), torch.tensor([2, 1], device=dev)).cpu()
     for b, new in enumerate(([5, 9], [4])):
         context = ids[b, mask[b].bool()].tolist()
         ref = hf_logits(model, context + new).float()

@@ -210,11 +210,13 @@ def test_unsupported_variants_have_reasons():
     from specdec_fast.runners.paged_base import PagedRunnerBase
 
     assert issubclass(PagedGPT2Runner, PagedRunnerBase) and issubclass(PagedRunner, PagedRunnerBase)
-    # head_dim 12: the C++ / torch kernels take it, triton's attention does not.
+    # head_dim 12: every kernel takes it (triton's attention pads it to 16); > 256 triton refuses.
     odd = tf.AutoModelForCausalLM.from_config(tf.GPT2Config(vocab_size=VOCAB, n_embd=48, n_head=4, n_layer=1)).eval()
-    assert paged_unsupported_reason(odd) is None
-    assert "power-of-2 head_dim" in paged_unsupported_reason(odd, 10, backend="triton")
-    assert api.choose_runner(odd, None, 10, backend="triton") == "hf"
+    assert paged_unsupported_reason(odd) is None and paged_unsupported_reason(odd, 10, backend="triton") is None
+    assert api.choose_runner(odd, None, 10, backend="triton") == "paged"
+    wide = tf.AutoModelForCausalLM.from_config(tf.GPT2Config(vocab_size=VOCAB, n_embd=264, n_head=1, n_layer=1)).eval()
+    assert "head_dim <= 256" in paged_unsupported_reason(wide, 10, backend="triton")
+    assert api.choose_runner(wide, None, 10, backend="triton") == "hf"
 
     half = tiny_gpt2(reorder_and_upcast_attn=True, attn="eager").to(torch.bfloat16)
     assert "reorder_and_upcast_attn with eager attention in torch.bfloat16" in paged_unsupported_reason(half)

@@ -18,16 +18,16 @@ PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i3
 
 def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
-                  BLOCK_N=64, HEAD_DIM=head_dim, PAGE_SIZE=16, HAS_TREE=tree, DIRECT_OUT=direct,
-                  IEEE_DOT=dtype == "fp32")
+                  BLOCK_N=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
+                  HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32")
     sig = {n: PTRS.get(n, "i32").replace("Q", f"*{dtype}") for n in attn._paged_attn_split.arg_names}
     sig.update({k: "constexpr" for k in consts})
     src = ASTSource(fn=attn._paged_attn_split, signature=sig, constexprs=consts)
     return triton.compile(src, target=target, options={"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2})
 
 
-def compile_merge(target):
-    consts = dict(SPLITS_P2=64, HEAD_DIM=128)
+def compile_merge(target, head_dim=128):
+    consts = dict(NUM_HEADS=32, SPLITS_P2=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim))
     sig = {n: "i32" for n in attn._merge_splits.arg_names}
     sig.update(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr="*bf16", **{k: "constexpr" for k in consts})
     return triton.compile(ASTSource(fn=attn._merge_splits, signature=sig, constexprs=consts), target=target,
@@ -36,7 +36,8 @@ def compile_merge(target):
 
 def main(full: bool) -> None:
     target = GPUTarget("cuda", 90, 32)
-    configs = [("bf16", 32, 8, 4, 128, True, False), ("bf16", 16, 1, 8, 128, False, True)]
+    configs = [("bf16", 32, 8, 4, 128, True, False), ("bf16", 16, 1, 8, 128, False, True),
+               ("bf16", 16, 4, 4, 80, False, True), ("fp16", 32, 8, 4, 96, True, False)]  # padded head dims
     if full:
         configs += [(dt, bm, q, g, d, tree, direct) for dt in ("bf16", "fp16", "fp32") for tree in (True, False)
                     for direct in (True, False) for bm, q, g, d in ((128, 16, 8, 128), (64, 16, 4, 64))]
@@ -44,6 +45,7 @@ def main(full: bool) -> None:
         kernel = compile_split(*cfg, target)
         print("split", cfg, "shared bytes", kernel.metadata.shared)
     compile_merge(target)
+    compile_merge(target, head_dim=112)
     print("merge ok")
 
 

@@ -105,7 +105,7 @@ def test_bad_input():
     with pytest.raises(TypeError, match="weight dtype"):
         rms_norm(x, w.double(), 1e-6)
     with pytest.raises(ValueError, match="backend must be"):
-        rms_norm(x, w, 1e-6, backend="triton")
+        rms_norm(x, w, 1e-6, backend="vllm")
     q, k, c = torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.randn(2, 8)
     with pytest.raises(ValueError, match="k must be"):
         rope_qk_(q, torch.randn(3, 1, 8), c, c)

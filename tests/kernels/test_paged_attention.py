@@ -132,14 +132,39 @@ def test_bad_input(name):
         _call(kw)
 
 
-def test_triton_rejects_odd_head_dim(device):
+# head dims that are not powers of 2 (padded to one inside the kernel), direct and split paths:
+# (seq_lens, query_lens, Hq, Hkv, D, block_size, dtype, tree, forced splits or None)
+ODD_HEAD_DIMS = {
+    "d12_decode_fp32": ([9, 30], [1, 1], 4, 2, 12, 4, torch.float32, False, None),
+    "d48_chain_fp16": ([8, 21], [2, 5], 2, 1, 48, 16, torch.float16, False, None),
+    "d80_tree_bf16_split": ([150, 9], [5, 9], 4, 2, 80, 16, torch.bfloat16, True, 3),
+    "d96_split_fp32": ([200], [3], 2, 2, 96, 32, torch.float32, False, 4),
+    "d112_decode_bf16": ([40, 1], [1, 1], 8, 8, 112, 16, torch.bfloat16, False, None),
+}
+
+
+@pytest.mark.parametrize("name", list(ODD_HEAD_DIMS))
+def test_triton_any_head_dim(name, device):
     pytest.importorskip("triton")
-    case = make_case([8], [2], 2, 1, 48, 16, torch.float32, device=device)
-    with pytest.raises(ValueError, match="head_dim"):
+    from specdec_fast.kernels.attention.triton import paged_attention_triton
+
+    seq, ql, hq, hkv, d, bs, dtype, tree, splits = ODD_HEAD_DIMS[name]
+    case = make_case(seq, ql, hq, hkv, d, bs, dtype, tree=tree, strided=True, seed=d, device=device)
+    if splits is None:
+        out = paged_attention(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask, backend="triton")
+    else:
+        out = paged_attention_triton(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask,
+                                     scale=d ** -0.5, num_splits=splits, min_split_tokens=64)
+    assert out.shape == case.q.shape and out.is_contiguous()
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=tol, rtol=tol)
+
+
+def test_triton_rejects_head_dim_over_256():
+    pytest.importorskip("triton")
+    case = make_case([8], [2], 2, 1, 264, 16, torch.float32)
+    with pytest.raises(ValueError, match="head_dim <= 256"):
         paged_attention(*case.args(), max_query_len=2, backend="triton")
-    # the C++ and torch backends take any head_dim
-    ref = paged_attention(*case.args(), max_query_len=2, backend="torch")
-    torch.testing.assert_close(ref.cpu().double(), sdpa_oracle(case), atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize("backend", kernel_backends())
@@ -195,7 +220,8 @@ def test_cuda_long_context_auto_split(n, tree):
 
 def test_split_and_tile_choice_from_static_shapes():
     pytest.importorskip("triton")
-    from specdec_fast.kernels.attention.triton import MIN_SPLIT_TOKENS, choose_splits, choose_tiling
+    from specdec_fast.kernels.attention.triton import (MIN_SPLIT_TOKENS, SINGLE_LAUNCH_MAX_TOKENS, choose_splits,
+                                                       choose_tiling, head_dim_padded, plan_launch)
 
     # Llama-8B heads on a 132-SM GPU: B=1 with 32k tokens is split into many programs ...
     queries, block_m, block_n = choose_tiling(max_query_len=5, group=4, head_dim=128)
@@ -204,8 +230,17 @@ def test_split_and_tile_choice_from_static_shapes():
     assert splits >= 32 and min_tokens % block_n == 0 and min_tokens >= MIN_SPLIT_TOKENS
     # ... B=32 needs few splits, a short block table few, the interpreter one
     assert choose_splits(132, 32 * 8, 32768, block_n)[0] <= 4
-    assert choose_splits(132, 8, 300, block_n)[0] <= 2
     assert choose_splits(None, 8, 32768, block_n)[0] == 1
+    # short block tables take one launch (no partials, no merge) at any batch; longer split, 8k as before
+    for capacity in (300, 1024, SINGLE_LAUNCH_MAX_TOKENS):
+        for batch in (1, 8, 32):
+            assert choose_splits(132, batch * 8, capacity, block_n) == (1, block_n)
+    assert choose_splits(132, 8, 2048, block_n)[0] == 8
+    assert choose_splits(132, 8, 8192, block_n)[0] == 32  # B=1 at 8k: 32 splits of 256 tokens (as measured)
+    assert choose_splits(132, 8 * 8, 8192, block_n)[0] == 9
+    assert [head_dim_padded(d) for d in (12, 16, 80, 96, 112, 128, 256)] == [16, 16, 128, 128, 128, 128, 256]
+    plan = plan_launch(torch.device("cpu"), 1, 8, 4, 80, 1, 1024)
+    assert (plan.num_splits, plan.head_dim_p2, plan.num_tiles) == (1, 128, 1)
     # decode (N=1) with a GQA group of 8 fills a 16-row tile; N=9 with G=8 fits one 128-row
     # tile (each KV page read once); a 64-node tree with G=4 takes two
     assert choose_tiling(1, 8, 128)[:2] == (1, 16)

@@ -1,0 +1,48 @@
+"""Compiles the Llama-layer Triton kernels (kernels/llama_ops/triton.py, cache_ops/triton_rope.py)
+ahead of time for an H100 (sm_90) on a machine with no GPU: typing, layouts, register use and
+ptxas, which the interpreter does not check. Run WITHOUT TRITON_INTERPRET:
+    python tests/kernels/aot_compile_layer_ops.py"""
+import os
+
+assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from specdec_fast.kernels.cache_ops import triton_rope  # noqa: E402
+from specdec_fast.kernels.llama_ops import triton as ops  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4):
+    sig = {n: pointers.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
+    sig.update({k: "constexpr" for k in consts})
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
+                            options={"num_warps": num_warps})
+    return kernel.metadata.shared, kernel.n_regs if hasattr(kernel, "n_regs") else None
+
+
+def main() -> None:
+    for dt in ("bf16", "fp16", "fp32"):
+        ptrs = {n: f"*{dt}" for n in ("x_ptr", "delta_ptr", "w_ptr", "res_ptr", "out_ptr")}
+        for has_delta, write in ((True, True), (True, False), (False, False)):
+            info = compile_kernel(ops._add_rms_norm_kernel, ptrs, dict(HAS_DELTA=has_delta, WRITE_RES=write, ROWS=1, BLOCK=4096),
+                                  floats=("eps",), num_warps=16)
+            print("add_rms_norm", dt, has_delta, write, info)
+        ptrs = {n: f"*{dt}" for n in ("gate_ptr", "up_ptr", "out_ptr")}
+        print("silu_mul", dt, compile_kernel(ops._silu_mul_kernel, ptrs, dict(ROWS=1, BLOCK=1024)))
+        ptrs = {n: f"*{dt}" for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "qw_ptr", "kw_ptr",
+                                      "k_cache_ptr", "v_cache_ptr")}
+        ptrs.update(bt_ptr="*i32", lens_ptr="*i32", cu_ptr="*i32")
+        for hq, hkv, d, norm in ((32, 8, 128, False), (16, 8, 128, True), (12, 2, 80, False)):
+            consts = dict(HQ=hq, HKV=hkv, HQ_P2=triton.next_power_of_2(hq), HKV_P2=hkv, HEAD_DIM=d,
+                          HALF_P2=triton.next_power_of_2(d // 2), PAGE_SIZE=16, BLOCK_B=8, TOKENS=1, QK_NORM=norm)
+            info = compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts, floats=("q_eps", "k_eps"))
+            print("rope_append_kv", dt, hq, hkv, d, norm, info)
+    print("layer ops ok")
+
+
+if __name__ == "__main__":
+    main()
