@@ -128,7 +128,7 @@ def _per_row(value, name: str, batch: int, device: torch.device, check: bool) ->
         if not integral and not (value.is_floating_point() or value.dtype in (torch.int32, torch.int64)):
             raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
         if check and batch:
-            ok = rule(value)
+            ok = rule(value.long() if integral else value)  # int64: the bounds (2**31, 2**56) fit
             if not bool(ok.all()):
                 raise ValueError(f"{name} must satisfy {text}, got {value[~ok][0].item()}")
         return value.to(dtype).contiguous()
