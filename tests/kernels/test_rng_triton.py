@@ -100,3 +100,15 @@ def test_scalar_arguments_match_the_reference(seed, offset, position, stream, de
     assert torch.equal(out.cpu(), expected)
     lo, _, _, _ = philox(v, position, offset & 0xFFFFFFFF, ((offset >> 32) << 8) | stream, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
     assert torch.equal(out.cpu(), lo)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16, 1500])
+def test_derive_row_seeds_in_one_launch_matches_the_reference(batch, device):
+    """The CUDA path of an int seed (kernels/sampling_params.row_seeds): bit for bit the spec, for
+    seeds at the int32 / int64 edges (one compiled variant: the seed is not specialised)."""
+    from specdec_fast.kernels.rng import derive_row_seeds
+    from specdec_fast.kernels.rng.triton import derive_row_seeds_triton
+
+    for seed in (0, 1, 16, -1, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63), 0x1234567890ABCDEF):
+        got = derive_row_seeds_triton(seed, batch, device)
+        assert got.dtype == torch.int64 and torch.equal(got.cpu(), derive_row_seeds(seed, batch, "cpu")), seed
