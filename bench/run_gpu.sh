@@ -16,5 +16,8 @@ python3 -m pytest -q -p no:cacheprovider --benchmark-disable tests 2>&1 | tee "$
 run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
 run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
 run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
+# The engine's two CUDA graphs over K 1..8 x batch {1,3,8,32,64}, both drafters: tokens vs eager, per cell
+# (the same table is a gpu test, tests/engine/test_graph_capture_table.py; this keeps a JSON record).
+run python3 bench/graph_capture_table.py --device cuda --mode graphs --batches 1,3,8,32,64 --out "$results/graph_capture_table_$dev.json"
 if [ -n "${OUT:-}" ]; then cp "$results"/*"$dev"* "$OUT"/ 2>/dev/null; fi
 exit $status

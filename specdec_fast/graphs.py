@@ -25,8 +25,10 @@ Garbage collection is off during a capture: the cyclic GC can free an earlier de
 graph (or a Triton module) at any allocation, and destroying a graph inside another capture is
 illegal (CUDAGraph::reset warns "operation not permitted when stream is capturing" and the capture
 is invalidated). That is what the H100 run showed: those warnings, then "operation failed due to a
-previous error during capture" at the next launch (bench_e2e capturing the draft step of its
-n-th decoder). torch >= 2.9 no longer collects before a capture (pytorch PR 161037).
+previous error during capture" at the next launch (bench_e2e capturing the draft step of a later
+decoder; each decoder and its StepGraphs form a reference cycle, freed only by the cyclic GC).
+torch.cuda.graph stopped collecting before a capture (pytorch PRs 158193 / 158649; PR 161037
+describes this failure) and torch 2.11 / 2.13 do not pause the collector during one.
 
 Warm-up: the first ``warmup`` calls run eagerly (real steps; on a side stream in graph mode, the
 stream the capture then uses, as torch's CUDA graph notes advise) so that Triton compiles,

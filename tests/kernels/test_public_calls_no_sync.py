@@ -81,7 +81,11 @@ def test_unchecked_calls_never_sync_and_an_int_seed_costs_nothing_on_a_hit(backe
     # A repeated int seed and scalar parameters: no op of ours beyond what per-row tensors cost
     # (those are used as given), and far fewer than deriving the row seeds again (~150 ops).
     assert len(hit.ours) <= len(tensors.ours) and len(sample_hit.ours) <= len(sample_tensors.ours)
-    assert len(miss.ours) - len(hit.ours) > 100
+    built_once = len(miss.ours) - len(hit.ours)  # what the cache saves every later call
+    if torch.device(device).type == "cuda":
+        assert 0 < built_once <= 8  # 5 fills + the row seeds' buffer (derived in one Triton launch)
+    else:
+        assert built_once > 100  # 5 fills + derive_row_seeds in torch ops (~270)
     if backend == "cpp":  # the one C++ op (sample also slices the logits: one view)
         assert hit.ours == ["specdec_fast.chain_verify.default"] and len(sample_hit.ours) == 2
     if backend == "triton":  # output and partial-statistics buffers of the four launches
