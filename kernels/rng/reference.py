@@ -74,8 +74,8 @@ def derive_row_seeds(seed: int, batch: int, device="cpu") -> torch.Tensor:
     Philox((b, 0, 0, STREAM_SEED), key = the seed's two 32-bit words) -> lo | hi << 32.
 
     Distinct rows of one call draw independent streams; the same (seed, b) always maps to the
-    same row seed, on every device. ~150 small torch ops: kernels/sampling_params.py caches the
-    result per (seed, batch, device), and rng/triton.py derives it in one launch on CUDA.
+    same row seed, on every device. 273 small torch ops (counted on CPU): sampling_params.py
+    caches the result per (seed, batch, device), and rng/triton.py derives it in one launch on CUDA.
     """
     seed = int(seed)
     rows = torch.arange(batch, dtype=torch.int64, device=device)
