@@ -176,3 +176,18 @@ def test_the_detector_flags_a_device_less_factory_in_package_code(device):
         torch.full((2,), 1)  # outside the package (this test file): not ours
     assert [name for name, _ in recorder.calls] == ["as_tensor"]
     assert recorder.calls[0][1].startswith(ref.__file__)
+
+
+def test_stored_devices_carry_their_index(device):
+    """'cuda' and cuda:0 compare unequal as torch.device values: a stored device is normalised once
+    (the H100 run: "n_emitted is on cuda:0 but the cache is on cuda")."""
+    index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    assert canonical_device("cuda") == torch.device("cuda", index)
+    assert canonical_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert canonical_device("cpu") == torch.device("cpu")
+    generic = torch.device(device).type  # "cuda" without an index on a GPU machine
+    cache = PagedKVCache(1, 1, 16, num_blocks=2, block_size=4, max_batch=2, max_blocks_per_row=1, device=generic)
+    assert cache.device == torch.zeros(1, device=generic).device
+    cache.commit(torch.ones(2, dtype=torch.int32, device=generic))
+    params = make_sampling_tensors(2, generic, seed=torch.tensor([1, 2], device=generic))
+    assert params.seed.device == cache.device
