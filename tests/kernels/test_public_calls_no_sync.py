@@ -14,9 +14,11 @@ from specdec_fast.kernels import sampling_params
 from specdec_fast.kernels.verify import chain_verify, sample
 
 from ..implicit_device import package_roots
-from .backends import kernel_backends
+from .backends import TEST_DEVICE, kernel_backends
 
-BACKENDS = kernel_backends()
+# The interpreted Triton column takes 7-11 s here (every launch interpreted, every op traced).
+BACKENDS = [pytest.param(b, marks=pytest.mark.slow) if b == "triton" and TEST_DEVICE == "cpu" else b
+            for b in kernel_backends()]
 
 
 class PackageOps(TorchDispatchMode):

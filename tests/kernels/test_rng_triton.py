@@ -112,3 +112,23 @@ def test_derive_row_seeds_in_one_launch_matches_the_reference(batch, device):
     for seed in (0, 1, 16, -1, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63), 0x1234567890ABCDEF):
         got = derive_row_seeds_triton(seed, batch, device)
         assert got.dtype == torch.int64 and torch.equal(got.cpu(), derive_row_seeds(seed, batch, "cpu")), seed
+
+
+@pytest.mark.slow
+def test_row_seed_kernel_compiles_for_sm90_with_one_key_for_every_seed():
+    """The real compiler (the interpreter never compiles) and Triton's real binder: the seed argument
+    is int64 and not specialised, so no seed value can compile a new variant inside a capture."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton without its nvidia backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("_compile_rng_kernels.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "one key for every seed" in done.stdout and "compiled _derive_row_seeds_kernel" in done.stdout
