@@ -24,5 +24,8 @@ run python3 bench/bench_logits_copy.py --device cuda --out "$results/logits_copy
 for preset in headline batch sampling agreement; do
   run python3 bench/bench_scale.py --preset "$preset" --budget-s 500
 done
+# The engine's two CUDA graphs over K 1..8 x batch {1,3,8,32,64}, both drafters: tokens vs eager, per cell
+# (the same table is a gpu test, tests/engine/test_graph_capture_table.py; this keeps a JSON record).
+run python3 bench/graph_capture_table.py --device cuda --mode graphs --batches 1,3,8,32,64 --out "$results/graph_capture_table_$dev.json"
 if [ -n "${OUT:-}" ]; then cp "$results"/*"$dev"* "$OUT"/ 2>/dev/null; fi
 exit $status

@@ -1,4 +1,5 @@
-"""Choosing a kernel backend: "triton" on CUDA, "cpp" on CPU when it builds, else "torch"."""
+"""Choosing a kernel backend: "triton" on CUDA, "cpp" on CPU when it builds, else "torch";
+and the one normal form of a device that every stored or compared device goes through."""
 import os
 
 import torch
@@ -6,6 +7,17 @@ import torch
 from ._cpp_build import load_cpu_ops
 
 BACKENDS = ("triton", "cpp", "torch")
+
+
+def canonical_device(device) -> torch.device:
+    """``device`` (str, int or torch.device) as the torch.device a tensor created there reports:
+    a CUDA device without an index gets the current one ("cuda" -> cuda:0), so a stored device
+    compares equal to ``tensor.device`` (which always carries the index). Other types unchanged."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return torch.device("cuda", index)
+    return device
 
 
 def triton_interpreting() -> bool:

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from .kernels._backend import canonical_device
 from .kernels.cache_ops import CACHE_DTYPES, append_kv, compact_kv
 
 
@@ -53,7 +54,9 @@ class PagedKVCache:
         if dtype not in CACHE_DTYPES:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
         self.dtype = dtype
-        self.device = torch.device(device)
+        # Normalised once ("cuda" -> cuda:0): tensors report their device with its index, and
+        # commit() compares them with this one (the H100 run: "n_emitted is on cuda:0 but the cache is on cuda").
+        self.device = canonical_device(device)
         self.kv = torch.zeros(
             num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=self.device
         )
@@ -121,8 +124,8 @@ class PagedKVCache:
         for slot, need in zip(slots, needs):
             blocks = [self._free.pop() for _ in range(need)]
             self._blocks[slot] = blocks
-            row = torch.full((self.max_blocks_per_row,), -1, dtype=torch.int32)
-            row[:need] = torch.tensor(blocks, dtype=torch.int32)
+            row = torch.full((self.max_blocks_per_row,), -1, dtype=torch.int32, device="cpu")  # host row, one copy
+            row[:need] = torch.tensor(blocks, dtype=torch.int32, device="cpu")
             self.block_table[slot].copy_(row)
             self.seq_lens[slot] = 0
 

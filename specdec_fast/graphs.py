@@ -12,18 +12,36 @@ Python scalars of that moment; Python does not run at replay. A step function is
   (3) its Python control flow, shapes and Python-scalar kernel arguments are the same at every
       call, and it never reads a device value on the host (.item(), nonzero: a sync, illegal
       in a capture).
-StepGraph checks (1) and (2) in both modes (graph mode: at capture, the only time its Python
+  (4) the capture call launches no Triton kernel under a specialisation key that the warm-up did
+      not launch: that launch would compile and load a module inside the capture, which
+      invalidates it (triton specialises ints on == 1 / % 16 == 0 / i32-i64 range and pointers on
+      16-byte alignment: triton_launches.py).
+StepGraph checks (1), (2) and (4) in both modes (graph mode: at capture, the only time its Python
 runs; argument addresses also at every replay) and, with capture=False, (3) by tracing the
-torch ops of every call (TorchDispatchMode: op, shapes, dtypes, scalar arguments) against the
-first post-warm-up call. Triton launches are not torch ops: their scalar arguments are not traced.
+torch ops of every call (TorchDispatchMode: op, shapes, dtypes, scalar arguments) and its Triton
+launches (kernel, specialisation key, scalar arguments, grid) against the capture call's.
+
+Garbage collection is off during a capture: the cyclic GC can free an earlier decoder's CUDA
+graph (or a Triton module) at any allocation, and destroying a graph inside another capture is
+illegal (CUDAGraph::reset warns "operation not permitted when stream is capturing" and the capture
+is invalidated). That is what the H100 run showed: those warnings, then "operation failed due to a
+previous error during capture" at the next launch (bench_e2e capturing the draft step of a later
+decoder; each decoder and its StepGraphs form a reference cycle, freed only by the cyclic GC).
+torch.cuda.graph stopped collecting before a capture (pytorch PRs 158193 / 158649; PR 161037
+describes this failure) and torch 2.11 / 2.13 do not pause the collector during one.
 
 Warm-up: the first ``warmup`` calls run eagerly (real steps; on a side stream in graph mode, the
 stream the capture then uses, as torch's CUDA graph notes advise) so that Triton compiles,
 cuBLAS workspaces and lazily built tensors exist before the capture. The capture call records
 the step, then replays it once (capture itself runs nothing on the GPU).
 """
+import contextlib
+import gc
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .triton_launches import TritonLaunches, UncompiledLaunchError
 
 # Ops that read device values on the host or have data-dependent output shapes.
 SYNC_OPS = ("aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.unique",
@@ -114,6 +132,24 @@ class OpTrace(TorchDispatchMode):
         return sorted({op for op, _, _ in self.ops if op.startswith(SYNC_OPS)})
 
 
+@contextlib.contextmanager
+def garbage_collection_paused():
+    """Python's cyclic GC off inside (restored after): no finaliser of a dead graph or Triton
+    module runs in the middle of a capture."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _launch_signature(launches) -> list:
+    """What a replay repeats of each Triton launch: kernel, specialisation, scalar args, grid."""
+    return [(launch.kernel, launch.key, launch.scalars(), launch.grid) for launch in launches]
+
+
 class StepGraph:
     """fn(*args) -> tensors / None / tuples of them, run as a CUDA graph (capture=True) or as its
     static twin (capture=False). state() -> name -> tensor: the tensors that outlive a call.
@@ -132,6 +168,8 @@ class StepGraph:
         self._outputs = None
         self._arg_addresses = None
         self._trace = None
+        self._warm_launches = []  # Triton launches of the warm-up calls
+        self._launches = None  # those of the capture call
 
     @property
     def next_call_captures(self) -> bool:
@@ -154,31 +192,45 @@ class StepGraph:
 
     # -- the three kinds of call ---------------------------------------------------------------
     def _warm(self, args):
-        if not self.capture:
-            return self.fn(*args)
-        main = torch.cuda.current_stream()
-        self.stream.wait_stream(main)
-        with torch.cuda.stream(self.stream):
-            out = self.fn(*args)
-        main.wait_stream(self.stream)
+        with TritonLaunches() as launches:
+            if not self.capture:
+                out = self.fn(*args)
+            else:
+                main = torch.cuda.current_stream()
+                self.stream.wait_stream(main)
+                with torch.cuda.stream(self.stream):
+                    out = self.fn(*args)
+                main.wait_stream(self.stream)
+        self._warm_launches.extend(launches.launches)
         return out
+
+    def _launch_guard(self) -> TritonLaunches:
+        """Records the capture call's Triton launches; with a warm-up, refuses one it did not launch."""
+        expected = {(launch.kernel, launch.key) for launch in self._warm_launches} if self.warmup else None
+        return TritonLaunches(expected=expected, known=self._warm_launches)
 
     def _first(self, args):
         self._arg_addresses = addresses(self._named_args(args))
         before = addresses(self.state())
+        guard = self._launch_guard()
         if self.capture:
             self.graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
-                    out = self.fn(*args)
+                with garbage_collection_paused(), guard:
+                    with torch.cuda.graph(self.graph, pool=self.pool, stream=self.stream):
+                        out = self.fn(*args)
             except Exception as exc:
                 raise GraphSafetyError(f"CUDA graph capture of the {self.name} step failed ({exc}); "
                                        "decode with cuda_graphs=False") from exc
         else:
-            with OpTrace() as trace:
-                out = self.fn(*args)
+            try:
+                with OpTrace() as trace, guard:
+                    out = self.fn(*args)
+            except UncompiledLaunchError as exc:
+                raise GraphSafetyError(f"{self.name} step (capture call): {exc}") from exc
             self._trace = trace.ops
             self._check_syncs(trace)
+        self._launches = guard.launches
         self._check_state(before, "capture")
         _flatten(out)  # type check
         self._outputs, self._ready = out, True
@@ -197,10 +249,11 @@ class StepGraph:
             self.replays += 1
             return self._outputs
         before = addresses(self.state())
-        with OpTrace() as trace:
+        with OpTrace() as trace, TritonLaunches() as launches:
             out = self.fn(*args)
         self._check_syncs(trace)
         self._check_state(before, f"call {self.calls}")
+        self._check_launches(launches.launches)
         if trace.ops != self._trace:
             diff = next(i for i, (a, b) in enumerate(zip(trace.ops + [None], self._trace + [None])) if a != b)
             raise GraphSafetyError(f"{self.name} step, call {self.calls}: the op sequence differs from the captured one "
@@ -225,6 +278,26 @@ class StepGraph:
         if syncs:
             raise GraphSafetyError(f"{self.name} step reads device values on the host ({', '.join(syncs)}): "
                                    "a sync, not capturable")
+
+    def _check_launches(self, launches) -> None:
+        """The static twin of rule (3) for Triton: a replay launches the captured kernels with the
+        captured scalar arguments and grids; a call that passes others would be replayed wrong."""
+        now, captured = _launch_signature(launches), _launch_signature(self._launches)
+        if now == captured:
+            return
+        i = next(i for i, (a, b) in enumerate(zip(now + [None], captured + [None])) if a != b)
+        if i >= min(len(now), len(captured)):
+            raise GraphSafetyError(f"{self.name} step, call {self.calls}: {len(now)} Triton launches, "
+                                   f"{len(captured)} in the captured call")
+        (kernel, key, scalars, grid), (_, old_key, old_scalars, old_grid) = now[i], captured[i]
+        changed = [f"{name} = {value!r} (captured: {old!r})" for (name, value), (_, old) in zip(scalars, old_scalars)
+                   if value != old]
+        if grid != old_grid:
+            changed.append(f"grid {grid} (captured: {old_grid})")
+        if key != old_key and not changed:
+            changed.append("the specialisation key (tensor dtypes or alignment)")
+        raise GraphSafetyError(f"{self.name} step, call {self.calls}: Triton launch {i} ({kernel}) differs from the "
+                               f"captured one, a replay would repeat the captured values: {'; '.join(changed)}")
 
     def _copy_into_outputs(self, out) -> None:
         """The static twin of a replay: this call's outputs written into the captured buffers."""

@@ -1,8 +1,15 @@
-"""Shared test set-up.
+"""Shared test set-up: the one device every test builds its inputs on.
 
-Without a GPU, the Triton kernels run through the interpreter: TRITON_INTERPRET=1 must be
-set before triton is first imported, so it is set here, at collection start.
+``device`` is "cuda" on a machine with a GPU, else "cpu". Without a GPU the Triton kernels run
+through the interpreter: TRITON_INTERPRET=1 must be set before triton is first imported, so it
+is set here, at collection start. The backends a kernel table runs are decided in one place,
+tests/kernels/backends.py (triton on CUDA tensors on a GPU machine, interpreted on CPU
+elsewhere; cpp only where the tensors are on the CPU).
+
+Markers: ``gpu`` (needs CUDA: skipped elsewhere), ``cpu_only`` (only meaningful where the test
+device is the CPU: skipped on a GPU machine; say why in the test).
 """
+import copy
 import os
 
 import torch
@@ -13,16 +20,33 @@ if not HAS_CUDA:
 
 import pytest  # noqa: E402
 
-DEVICE = "cuda" if HAS_CUDA else "cpu"
+from tests.kernels.backends import TEST_DEVICE as DEVICE  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_cpu_only = pytest.mark.skip(reason="only meaningful where the test device is the CPU")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if "cpu_only" in item.keywords and HAS_CUDA:
+            item.add_marker(skip_cpu_only)
 
 
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+def on_device(device, *objects):
+    """Each tensor moved to ``device``; each module a copy on ``device`` (the module itself on the
+    CPU, so session-cached CPU models stay where other tests expect them). One object: returned
+    alone, else a tuple."""
+    moved = []
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            obj = obj if torch.device(device).type == "cpu" else copy.deepcopy(obj).to(device)
+        elif isinstance(obj, torch.Tensor):
+            obj = obj.to(device)
+        moved.append(obj)
+    return moved[0] if len(moved) == 1 else tuple(moved)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from specdec_fast.cache import OutOfBlocksError, PagedKVCache
-from tests.kernels.backends import ON_CUDA, kernel_backends
+from tests.kernels.backends import TEST_DEVICE, kernel_backends
 
-DEVICE = "cuda" if ON_CUDA else "cpu"
+DEVICE = TEST_DEVICE  # the device fixture's value (tests/kernels/backends.py)
 
 
 def _snapshot(cache: PagedKVCache):

@@ -19,10 +19,20 @@ def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, lo
 
 
+def _int64_on_common_device(*values) -> list[torch.Tensor]:
+    """values (ints or tensors) as int64 tensors on the device of the tensors among them: a
+    Python int becomes a tensor THERE, not on the CPU (the H100 run: CUDA seeds met CPU ints)."""
+    device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    # torch.full, not torch.tensor: on CUDA a fill kernel (capturable), not a pageable host-to-device copy.
+    return [v.to(torch.int64) if isinstance(v, torch.Tensor) else torch.full((), v, dtype=torch.int64, device=device)
+            for v in values]
+
+
 def philox(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, ...]:
-    """Philox4x32 with 10 rounds (Random123 / Triton's tl.randint4x). All args int64 in [0, 2**32),
-    broadcastable. Returns the four 32-bit outputs as int64 tensors."""
-    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*(torch.as_tensor(v, dtype=torch.int64) for v in (c0, c1, c2, c3, k0, k1)))
+    """Philox4x32 with 10 rounds (Random123 / Triton's tl.randint4x). All args int64 in [0, 2**32)
+    (ints or tensors, on one device), broadcastable. Returns the four 32-bit outputs as int64
+    tensors on the tensors' device (CPU when every argument is an int)."""
+    c0, c1, c2, c3, k0, k1 = torch.broadcast_tensors(*_int64_on_common_device(c0, c1, c2, c3, k0, k1))
     for _ in range(PHILOX_ROUNDS):
         hi0, lo0 = _mulhilo(c0, PHILOX_M0)
         hi1, lo1 = _mulhilo(c2, PHILOX_M1)
@@ -38,8 +48,7 @@ def random_bits(seed: torch.Tensor, offset: torch.Tensor, position, stream: int,
     seed, offset: int64 tensors (typically [B, 1] or [B]); position, vocab_index: ints or
     int64 tensors broadcastable against them.
     """
-    seed = torch.as_tensor(seed, dtype=torch.int64)
-    offset = torch.as_tensor(offset, dtype=torch.int64)
+    seed, offset, position, vocab_index = _int64_on_common_device(seed, offset, position, vocab_index)
     c3 = ((offset >> 32) << 8) | stream
     out, _, _, _ = philox(vocab_index, position, offset & MASK32, c3 & MASK32, seed & MASK32, (seed >> 32) & MASK32)
     return out
@@ -60,15 +69,17 @@ def gumbel(bits: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(uniform_open(bits)))
 
 
-def derive_row_seeds(seed: int, batch: int, device=None) -> torch.Tensor:
-    """Per-row int64 seeds from one integer seed: row b gets Philox((b, 0, 0, STREAM_SEED), seed).
+def derive_row_seeds(seed: int, batch: int, device="cpu") -> torch.Tensor:
+    """Per-row int64 seeds [batch] on ``device`` from one integer seed (int64 range): row b gets
+    Philox((b, 0, 0, STREAM_SEED), key = the seed's two 32-bit words) -> lo | hi << 32.
 
     Distinct rows of one call draw independent streams; the same (seed, b) always maps to the
-    same row seed, on every device.
+    same row seed, on every device. 273 small torch ops (counted on CPU): sampling_params.py
+    caches the result per (seed, batch, device), and rng/triton.py derives it in one launch on CUDA.
     """
-    seed_t = torch.tensor(int(seed), dtype=torch.int64, device=device)
+    seed = int(seed)
     rows = torch.arange(batch, dtype=torch.int64, device=device)
-    lo, hi, _, _ = philox(rows, 0, 0, STREAM_SEED, seed_t & MASK32, (seed_t >> 32) & MASK32)
+    lo, hi, _, _ = philox(rows, 0, 0, STREAM_SEED, seed & MASK32, (seed >> 32) & MASK32)
     return lo | (hi << 32)  # wraps into the int64 range: any 64-bit pattern is a valid seed
 
 

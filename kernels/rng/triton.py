@@ -6,8 +6,11 @@
 Philox4x32-10, first output word. Arithmetic is on uint32 (wrapping multiply and add,
 tl.umulhi for the high half), the same rounds as Random123 and tl.randint4x.
 """
+import torch
 import triton
 import triton.language as tl
+
+from . import STREAM_SEED
 
 # Philox4x32 constants (kernels/rng/__init__.py); globals read by @triton.jit code must be tl.constexpr objects.
 _M0 = tl.constexpr(0xD2511F53)
@@ -15,13 +18,15 @@ _M1 = tl.constexpr(0xCD9E8D57)
 _W0 = tl.constexpr(0x9E3779B9)
 _W1 = tl.constexpr(0xBB67AE85)
 _TWO_POW_M24 = tl.constexpr(5.9604644775390625e-08)  # 2**-24
+_STREAM_SEED = tl.constexpr(STREAM_SEED)
 
 
 @triton.jit
-def philox_bits(seed, offset, position, stream, vocab_index):
-    """uint32 draw(s) for (seed int64, offset int64, position int, stream int, vocab_index int).
-    seed, offset, position, vocab_index are tensors (scalar or block; wrap a Python int as
-    `i + tensor * 0`), stream a tensor or constexpr. Result: vocab_index's shape."""
+def philox_words(seed, offset, position, stream, vocab_index):
+    """The four uint32 Philox words for (seed int64, offset int64, position int, stream int,
+    vocab_index int): counter (vocab_index, position, offset lo, offset hi << 8 | stream), key
+    (seed lo, seed hi). seed, offset, position, vocab_index are tensors (scalar or block; wrap a
+    Python int as `i + tensor * 0`), stream a tensor or constexpr. Words: vocab_index's shape."""
     seed = seed.to(tl.int64)
     offset = offset.to(tl.int64)
     position = position.to(tl.int64)
@@ -47,7 +52,36 @@ def philox_bits(seed, offset, position, stream, vocab_index):
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         k0 = k0 + w0
         k1 = k1 + w1
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def philox_bits(seed, offset, position, stream, vocab_index):
+    """uint32 draw(s) for (seed, offset, position, stream, vocab_index): the first Philox word
+    (arguments as in philox_words). Result: vocab_index's shape."""
+    c0, _, _, _ = philox_words(seed, offset, position, stream, vocab_index)
     return c0
+
+
+# seed: any int64 and different at every call of a caller that varies it; as a specialised int
+# argument each value that is 1 or a multiple of 16 (or outside int32) would compile a new
+# variant, which inside a CUDA-graph capture invalidates the capture. Annotated int64 + not
+# specialised: one compiled variant for every seed.
+@triton.jit(do_not_specialize=["seed"])
+def _derive_row_seeds_kernel(out_ptr, seed: tl.int64, batch, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lo, hi, _, _ = philox_words(seed + rows * 0, rows * 0, rows * 0, _STREAM_SEED, rows)
+    tl.store(out_ptr + rows, lo.to(tl.int64) | (hi.to(tl.int64) << 32), mask=rows < batch)
+
+
+def derive_row_seeds_triton(seed: int, batch: int, device) -> torch.Tensor:
+    """kernels/rng/reference.derive_row_seeds in one launch (bit for bit): int64 [batch] on device.
+    No host-to-device copy (the seed is a kernel argument): capturable once compiled."""
+    out = torch.empty((batch,), dtype=torch.int64, device=device)
+    if batch:
+        block = min(triton.next_power_of_2(batch), 1024)
+        _derive_row_seeds_kernel[(triton.cdiv(batch, block),)](out, seed, batch, BLOCK=block)
+    return out
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import torch
 
 from .._backend import resolve_backend
 from ..rng import STREAM_DRAFT
-from ..sampling_params import make_sampling_tensors
+from ..sampling_params import constant_rows, make_sampling_tensors
 from .reference import chain_verify_reference, sample_reference, standardise
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -56,7 +56,9 @@ def chain_verify(
     None for deterministic drafts (p = one-hot); draft_tokens [B, K] int32/int64, -1 pads from
     the first -1 on. Sampling params: scalars or per-row tensors [B]. seed: int (each row gets
     its own stream) or int64 [B]; offset: int or int64 [B] (the row's position in its stream).
-    check=False skips the checks that read tensor values (no host sync).
+    check=False skips the checks that read tensor values: then nothing is read back from the
+    device and the call is capturable in a CUDA graph (scalar parameters are checked on their
+    Python values and, repeated, cost no device op: sampling_params.constant_rows).
     Returns tokens int32 [B, K+1] (accepted drafts, the resampled or bonus token, then -1)
     and num_accepted int32 [B].
     """
@@ -143,7 +145,8 @@ def sample(
             raise ValueError(f"position is on {position.device} but logits is on {device}")
         positions = position.to(torch.int64).expand(batch).contiguous()
     elif isinstance(position, int) and not isinstance(position, bool) and 0 <= position < 2**32:
-        positions = torch.full((batch,), position, dtype=torch.int64, device=device)
+        positions = constant_rows("position", position, batch, device,
+                                  lambda: torch.full((batch,), position, dtype=torch.int64, device=device))
     else:
         raise ValueError(f"position must be an int in [0, 2**32) or an int tensor [B], got {position!r}")
     params = make_sampling_tensors(

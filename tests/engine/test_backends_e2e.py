@@ -7,6 +7,8 @@ import torch
 
 import specdec_fast.api as api
 
+from ..conftest import on_device
+from ..implicit_device import ImplicitDeviceFactories
 from .runner_checks import steps_without_sync
 from .models import left_padded_prompts, make_draft, make_model
 
@@ -14,11 +16,14 @@ HAS_TRITON_VERIFY = importlib.util.find_spec("specdec_fast.kernels.verify.triton
 
 
 @pytest.mark.skipif(not HAS_TRITON_VERIFY, reason="triton verify kernel not present")
-def test_triton_backend_end_to_end():
+def test_triton_backend_end_to_end(device):
+    """backend='triton' on the test device (compiled on a GPU, interpreted here); head_dim 12: the
+    runner is the HF one wherever the Triton attention kernel cannot take it."""
     target = make_model("llama", vocab=64, seed=3)
     target.generation_config.eos_token_id = None
     draft = make_draft(target, noise=0.1)
     ids, mask = left_padded_prompts([3, 5], vocab=64, seed=4)
+    target, draft, ids, mask = on_device(device, target, draft, ids, mask)
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
     out = api.generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=3, do_sample=False,
                        max_new_tokens=6, pad_token_id=0, backend="triton")
@@ -26,6 +31,27 @@ def test_triton_backend_end_to_end():
     sampled = {b: api.generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=3, do_sample=True,
                                top_k=10, max_new_tokens=6, seed=9, backend=b) for b in ("triton", "torch")}
     assert torch.equal(sampled["triton"], sampled["torch"]), "same counter-based randomness, same tokens"
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, "static"])
+@pytest.mark.parametrize("runner", ["paged", "hf"])
+def test_generate_creates_its_tensors_with_explicit_devices(runner, cuda_graphs, device):
+    """The whole decoding path (api, engine, runners, drafters, cache, kernels) under the detector of
+    device-less tensor factories (tests/implicit_device.py), with both drafters."""
+    if runner == "hf" and cuda_graphs:
+        pytest.skip("the static graph path needs the paged runner")
+    from .test_paged_runner import tiny
+
+    target = tiny("llama", layers=1)
+    draft = make_draft(target, noise=0.1)
+    ids, mask = left_padded_prompts([4, 7], vocab=96, seed=5)
+    target, draft, ids, mask = on_device(device, target, draft, ids, mask)
+    for extra in (dict(assistant_model=draft, num_assistant_tokens=2), dict(prompt_lookup_num_tokens=2)):
+        with ImplicitDeviceFactories() as recorder:
+            out = api.generate(target, ids, mask, max_new_tokens=4, pad_token_id=0, do_sample=True, seed=3, runner=runner,
+                               cuda_graphs=cuda_graphs, **extra)
+        assert out.device == ids.device
+        assert recorder.calls == [], recorder.calls
 
 
 @pytest.mark.gpu

@@ -14,6 +14,7 @@ from specdec_fast.graphs import GraphSafetyError, addresses
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import HFRunner, PagedRunner
 
+from ..conftest import on_device
 from .conftest import model_pair
 from ..fake_cuda import fake_cuda  # noqa: F401 (fixture)
 from .models import left_padded_prompts, make_draft
@@ -124,14 +125,16 @@ def test_rebinding_drafter_is_caught():
 
 
 @pytest.mark.parametrize("drafter", [pytest.param("model", marks=pytest.mark.slow), "lookup"])  # model: ~14 s interpreted
-def test_triton_kernels_through_the_static_path(drafter):
-    """backend='triton' (TRITON_INTERPRET=1 here): the kernels a CUDA graph would capture."""
+def test_triton_kernels_through_the_static_path(drafter, device):
+    """backend='triton' on the test device (compiled on a GPU, TRITON_INTERPRET=1 here): the
+    kernels a CUDA graph would capture, through the graph code path run eagerly."""
     from .test_paged_runner import tiny
 
     target = tiny("llama", layers=1)
-    extra = (dict(assistant_model=make_draft(target, noise=0.1), num_assistant_tokens=2) if drafter == "model"
-             else dict(prompt_lookup_num_tokens=2))
+    extra = (dict(assistant_model=on_device(device, make_draft(target, noise=0.1)), num_assistant_tokens=2)
+             if drafter == "model" else dict(prompt_lookup_num_tokens=2))
     ids, mask = left_padded_prompts([4, 7], vocab=96, seed=5)
+    target, ids, mask = on_device(device, target, ids, mask)
     (eager, _), (static, stats) = both(target, ids, mask, max_new_tokens=5, **extra,
                                       do_sample=True, seed=1, backend="triton")
     assert torch.equal(static, eager) and stats.graph_replays == {"draft": stats.iterations - 1,

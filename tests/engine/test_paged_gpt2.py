@@ -11,6 +11,7 @@ from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_re
 
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 from .models import left_padded_prompts, make_draft
+from ..conftest import on_device
 
 VOCAB = 96
 
@@ -178,9 +179,11 @@ def test_eos_inside_an_accepted_block(built):
     assert [type(r) for r in built] == [PagedGPT2Runner, PagedGPT2Runner]
 
 
-def test_triton_kernels_under_the_interpreter(built):
+def test_triton_kernels_on_the_test_device(built, device):
+    """backend='triton' end to end: compiled on CUDA on a GPU machine, interpreted elsewhere."""
     target, draft = pair()
     ids, mask = left_padded_prompts([3, 5], vocab=VOCAB, seed=4)
+    target, draft, ids, mask = on_device(device, target, draft, ids, mask)
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0)
     out = api.generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=2, do_sample=False,
                        max_new_tokens=5, pad_token_id=0, backend="triton", runner="paged")

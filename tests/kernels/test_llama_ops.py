@@ -5,7 +5,7 @@ import torch
 
 from specdec_fast.kernels.llama_ops import (fused_cpp_applies, rms_norm, rms_norm_reference, rope_qk_, rope_qk_reference,
                                             silu_mul, silu_mul_reference)
-from tests.kernels.backends import kernel_backends
+from tests.kernels.backends import cpp_tested, kernel_backends
 
 BACKENDS = [b for b in kernel_backends() if b in ("cpp", "torch")]
 
@@ -84,11 +84,13 @@ def test_silu_mul(backend, t, f):
     torch.testing.assert_close(y, silu_mul_reference(gate, up), rtol=2e-6, atol=1e-6)
 
 
-def test_routing():
-    x = torch.randn(2, 4)
-    assert fused_cpp_applies(x) == ("cpp" in BACKENDS)
+def test_routing(device):
+    """The automatic choice on this machine's test device: C++ for float32 CPU tensors where the
+    cpp column runs, torch elsewhere (CUDA tensors, other dtypes)."""
+    x = torch.randn(2, 4, device=device)
+    assert fused_cpp_applies(x) == (x.device.type == "cpu" and cpp_tested())
     assert not fused_cpp_applies(x.double())
-    xd, wd = x.double(), torch.randn(4, dtype=torch.float64)
+    xd, wd = x.double(), torch.randn(4, dtype=torch.float64, device=device)
     torch.testing.assert_close(rms_norm(xd, wd, 1e-6), rms_norm_reference(xd, wd, 1e-6))  # falls back to torch
     xb = x.bfloat16()
     torch.testing.assert_close(silu_mul(xb, xb), silu_mul_reference(xb, xb))

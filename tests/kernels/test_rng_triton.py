@@ -100,3 +100,35 @@ def test_scalar_arguments_match_the_reference(seed, offset, position, stream, de
     assert torch.equal(out.cpu(), expected)
     lo, _, _, _ = philox(v, position, offset & 0xFFFFFFFF, ((offset >> 32) << 8) | stream, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
     assert torch.equal(out.cpu(), lo)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16, 1500])
+def test_derive_row_seeds_in_one_launch_matches_the_reference(batch, device):
+    """The CUDA path of an int seed (kernels/sampling_params.row_seeds): bit for bit the spec, for
+    seeds at the int32 / int64 edges (one compiled variant: the seed is not specialised)."""
+    from specdec_fast.kernels.rng import derive_row_seeds
+    from specdec_fast.kernels.rng.triton import derive_row_seeds_triton
+
+    for seed in (0, 1, 16, -1, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63), 0x1234567890ABCDEF):
+        got = derive_row_seeds_triton(seed, batch, device)
+        assert got.dtype == torch.int64 and torch.equal(got.cpu(), derive_row_seeds(seed, batch, "cpu")), seed
+
+
+@pytest.mark.slow
+def test_row_seed_kernel_compiles_for_sm90_with_one_key_for_every_seed():
+    """The real compiler (the interpreter never compiles) and Triton's real binder: the seed argument
+    is int64 and not specialised, so no seed value can compile a new variant inside a capture."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        pytest.skip("triton without its nvidia backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("_compile_rng_kernels.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "one key for every seed" in done.stdout and "compiled _derive_row_seeds_kernel" in done.stdout

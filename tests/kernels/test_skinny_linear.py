@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec_fast.kernels.linear import AUTO_ROWS, MAX_ROWS, cpp_applies, skinny_linear, skinny_linear_reference
-from tests.kernels.backends import ON_CUDA, kernel_backends
+from tests.kernels.backends import ON_CUDA, cpp_tested, kernel_backends
 
 BACKENDS = [b for b in kernel_backends() if b in ("cpp", "torch")]
 needs_cpp = pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend is off here")
@@ -86,20 +86,22 @@ def test_empty_and_degenerate_sizes():
     assert skinny_linear(torch.randn(2, 5), torch.randn(0, 5), backend="cpp").shape == (2, 0)
 
 
-def test_routing():
-    x, w = torch.randn(4, 8), torch.randn(6, 8)
-    cpp_built = "cpp" in BACKENDS
-    assert cpp_applies(x, w) == cpp_built
-    assert cpp_applies(x, torch.randn(8, 6).t()) == cpp_built
-    assert not cpp_applies(torch.randn(MAX_ROWS + 1, 8), w)
+def test_routing(device):
+    """The automatic choice on this machine's test device: C++ for float32 CPU tensors where the
+    cpp column runs (within its shape rules), torch elsewhere (CUDA tensors, other dtypes)."""
+    x, w = torch.randn(4, 8, device=device), torch.randn(6, 8, device=device)
+    cpp_here = x.device.type == "cpu" and cpp_tested()
+    assert cpp_applies(x, w) == cpp_here
+    assert cpp_applies(x, torch.randn(8, 6, device=device).t()) == cpp_here
+    assert not cpp_applies(torch.randn(MAX_ROWS + 1, 8, device=device), w)
     assert not cpp_applies(x.double(), w.double())
-    assert not cpp_applies(x, torch.randn(6, 8, 2)[..., 0])  # no unit stride in either dim
+    assert not cpp_applies(x, torch.randn(6, 8, 2, device=device)[..., 0])  # no unit stride in either dim
     # the automatic choice: C++ up to AUTO_ROWS rows (measured crossover), torch above
-    xm = torch.randn(AUTO_ROWS + 1, 8)
-    assert cpp_applies(xm, w) == cpp_built
+    xm = torch.randn(AUTO_ROWS + 1, 8, device=device)
+    assert cpp_applies(xm, w) == cpp_here
     assert torch.equal(skinny_linear(xm, w), skinny_linear_reference(xm, w))
     # the automatic choice falls back to torch where the C++ op does not apply
-    xd, wd = torch.randn(20, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+    xd, wd = torch.randn(20, 8, dtype=torch.float64, device=device), torch.randn(6, 8, dtype=torch.float64, device=device)
     torch.testing.assert_close(skinny_linear(xd, wd), skinny_linear_reference(xd, wd))
     xb, wb = x.bfloat16(), w.bfloat16()
     torch.testing.assert_close(skinny_linear(xb, wb), skinny_linear_reference(xb, wb))

@@ -24,9 +24,9 @@ BACKENDS = [b for b in kernel_backends() if b != "torch"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _modes(batch: int) -> dict:
-    """Sampling modes; "mixed" gives every row its own parameters (tensors [B])."""
-    cycle = lambda values, dtype: torch.tensor([values[r % len(values)] for r in range(batch)], dtype=dtype)  # noqa: E731
+def _modes(batch: int, device="cpu") -> dict:
+    """Sampling modes; "mixed" gives every row its own parameters (tensors [B] on device)."""
+    cycle = lambda values, dtype: torch.tensor([values[r % len(values)] for r in range(batch)], dtype=dtype, device=device)  # noqa: E731
     return {
         "plain": {},
         "temperature": dict(temperature=0.7),
@@ -87,9 +87,11 @@ def _case_id(c: dict) -> str:
     return f"B{c['batch']}-K{c['k']}-V{c['vocab']}-{c['dtype']}-{c['mode']}-{'draft' if c['draft_logits'] else 'nodraft'}{'-ragged' if c['ragged'] else ''}"
 
 
-def _problem(batch, k, vocab, dtype, with_draft, ragged, seed, kw):
+def _problem(batch, k, vocab, dtype, with_draft, ragged, seed, mode, device):
     """Random logits (target with a few -inf), drafts sampled from the draft distribution
-    (or from the target's for draft_logits=None), -1 padding on ragged rows."""
+    (or from the target's for draft_logits=None), -1 padding on ragged rows. Built on the CPU
+    (one generator, the same problem on every machine), returned on ``device``."""
+    kw = _modes(batch)[mode]
     g = torch.Generator().manual_seed(seed)
     target = torch.randn(batch, k + 1, vocab, generator=g) * 2.5
     target[:, :, 1::37] = float("-inf")  # tokens the target never emits
@@ -107,16 +109,17 @@ def _problem(batch, k, vocab, dtype, with_draft, ragged, seed, kw):
         for row in range(batch):
             drafts[row, row % (k + 1):] = -1
     offsets = torch.randint(0, 2**40, (batch,), generator=g)
-    return target, (draft if with_draft else None), drafts, offsets
+    return (target.to(device), draft.to(device) if with_draft else None, drafts.to(device), offsets.to(device))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_chain_verify_matches_the_reference(case, backend):
+def test_chain_verify_matches_the_reference(case, backend, device):
     batch, k, vocab = case["batch"], case["k"], case["vocab"]
-    kw = _modes(batch)[case["mode"]]
+    kw = _modes(batch, device)[case["mode"]]
     seed = 1000 + CASES.index(case)
-    target, draft, drafts, offsets = _problem(batch, k, vocab, DTYPES[case["dtype"]], case["draft_logits"], case["ragged"], seed, kw)
+    target, draft, drafts, offsets = _problem(batch, k, vocab, DTYPES[case["dtype"]], case["draft_logits"], case["ragged"],
+                                              seed, case["mode"], device)
     common = dict(seed=seed, offset=offsets, **kw)
     expected = chain_verify(target, draft, drafts, backend="torch", **common)
     got = chain_verify(target, draft, drafts, backend=backend, **common)
@@ -148,12 +151,13 @@ SAMPLE_CASES = [
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("batch,vocab,dtype,mode,position,stream", SAMPLE_CASES)
-def test_sample_matches_the_reference(batch, vocab, dtype, mode, position, stream, backend):
+def test_sample_matches_the_reference(batch, vocab, dtype, mode, position, stream, backend, device):
     g = torch.Generator().manual_seed(batch * vocab)
-    logits = (torch.randn(batch, vocab, generator=g) * 3).to(DTYPES[dtype])
+    logits = (torch.randn(batch, vocab, generator=g) * 3).to(DTYPES[dtype]).to(device)
     if position == "rows":
-        position = torch.randint(0, 2**32, (batch,), generator=g)
-    kw = dict(seed=vocab, offset=torch.randint(0, 2**56, (batch,), generator=g), position=position, stream=stream, **_modes(batch)[mode])
+        position = torch.randint(0, 2**32, (batch,), generator=g).to(device)
+    offset = torch.randint(0, 2**56, (batch,), generator=g).to(device)
+    kw = dict(seed=vocab, offset=offset, position=position, stream=stream, **_modes(batch, device)[mode])
     expected = sample(logits, backend="torch", **kw)
     got = sample(logits, backend=backend, **kw)
     assert got.dtype == torch.int32 and torch.equal(got, expected), (got, expected)
@@ -165,38 +169,39 @@ def test_sample_matches_the_reference(batch, vocab, dtype, mode, position, strea
 @pytest.mark.parametrize("vocab,block_v,num_chunks,mode", [
     (200, 64, 3, "combined"), (111, 32, 2, "mixed"), (150, 64, 1, "top_k"), (300, 128, 3, "plain"),
 ])
-def test_triton_vocab_splits_match_the_reference(vocab, block_v, num_chunks, mode):
+def test_triton_vocab_splits_match_the_reference(vocab, block_v, num_chunks, mode, device):
     from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
 
     batch, k = 5, 2
-    kw = _modes(batch)[mode]
-    target, draft, drafts, offsets = _problem(batch, k, vocab, torch.float32, True, True, seed=vocab + block_v, kw=kw)
-    params = make_sampling_tensors(batch, "cpu", seed=5, offset=offsets, **kw)
+    kw = _modes(batch, device)[mode]
+    target, draft, drafts, offsets = _problem(batch, k, vocab, torch.float32, True, True, vocab + block_v, mode, device)
+    params = make_sampling_tensors(batch, device, seed=5, offset=offsets, **kw)
     expected = chain_verify_reference(target, draft, drafts, params)
     got = chain_verify_triton(target, draft, drafts, params, block_v=block_v, num_chunks=num_chunks)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    positions = torch.arange(batch, dtype=torch.int64) * 3
+    positions = torch.arange(batch, dtype=torch.int64, device=device) * 3
     assert torch.equal(sample_triton(target[:, 0], params, positions, 2, block_v=block_v, num_chunks=num_chunks),
                        sample_reference(target[:, 0], params, positions, 2))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_strided_and_expanded_inputs(backend):
+def test_strided_and_expanded_inputs(backend, device):
     """A batch expanded with stride 0, a vocab-strided view and int32 drafts."""
     g = torch.Generator().manual_seed(3)
     batch, k, vocab = 6, 2, 50
-    base = torch.randn(1, k + 1, vocab, generator=g)
+    base = torch.randn(1, k + 1, vocab, generator=g).to(device)
     target = base.expand(batch, -1, -1)
-    draft = torch.randn(batch, vocab, k, generator=g).transpose(1, 2)  # vocab stride k
-    drafts = torch.randint(0, vocab, (batch, k), generator=g, dtype=torch.int32)
+    draft = torch.randn(batch, vocab, k, generator=g).to(device).transpose(1, 2)  # vocab stride k
+    drafts = torch.randint(0, vocab, (batch, k), generator=g, dtype=torch.int32).to(device)
     expected = chain_verify(target, draft, drafts, seed=2, top_p=0.9, backend="torch")
     got = chain_verify(target, draft, drafts, seed=2, top_p=0.9, backend=backend)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_empty_batch(backend):
-    tokens, accepted = chain_verify(torch.randn(0, 3, 10), None, torch.zeros(0, 2, dtype=torch.int64), backend=backend)
+def test_empty_batch(backend, device):
+    tokens, accepted = chain_verify(torch.randn(0, 3, 10, device=device), None, torch.zeros(0, 2, dtype=torch.int64, device=device),
+                                    backend=backend)
     assert tokens.shape == (0, 3) and accepted.shape == (0,)
 
 
@@ -228,12 +233,17 @@ def _verify_problems(draw):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=_verify_problems())
 def test_property_chain_verify_and_sample_match_the_reference(backend, problem):
+    from tests.conftest import on_device
+    from tests.kernels.backends import TEST_DEVICE as device  # hypothesis' @given does not mix with fixtures
+
     target, draft, drafts, kw, block = problem
+    target, draft, drafts = (None if t is None else on_device(device, t) for t in (target, draft, drafts))
+    kw = {name: on_device(device, v) for name, v in kw.items()}
     expected = chain_verify(target, draft, drafts, backend="torch", **kw)
     if backend == "triton" and block is not None:
         from specdec_fast.kernels.verify.triton import chain_verify_triton
 
-        params = make_sampling_tensors(target.shape[0], "cpu", **kw)
+        params = make_sampling_tensors(target.shape[0], device, **kw)
         got = chain_verify_triton(target, draft, drafts, params, block_v=block, num_chunks=3)
     else:
         got = chain_verify(target, draft, drafts, backend=backend, **kw)

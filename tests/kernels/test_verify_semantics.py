@@ -251,12 +251,22 @@ def test_bad_tensors_raise_naming_the_argument(mutate, error, match, device):
         (dict(seed=torch.tensor([1.0, 2.0])), TypeError, "seed"),
         (dict(offset=-1), ValueError, "offset"),
         (dict(offset=1 << 60), ValueError, "offset"),
+        (dict(top_k=torch.tensor([1, 2**40])), ValueError, "top_k"),  # would wrap in int32
         (dict(backend="cuda"), ValueError, "backend"),
     ],
 )
 def test_bad_parameters_raise_naming_the_argument(kw, error, match, device):
+    kw = {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in kw.items()}
     with pytest.raises(error, match=match):
         chain_verify(*_valid(device), **kw)
+
+
+def test_int32_parameter_tensors_are_checked_in_int64(device):
+    """An int32 offset tensor is valid (its bounds are checked in int64, not wrapped to int32)."""
+    t, d, x = _valid(device)
+    tokens, _ = chain_verify(t, d, x, offset=torch.tensor([0, 7], dtype=torch.int32, device=device),
+                             top_k=torch.tensor([3, 0], dtype=torch.int64, device=device), backend="torch")
+    assert tokens.shape == (2, 4)
 
 
 def test_mixed_devices_raise(device):
