@@ -38,8 +38,8 @@ def pair_dirs(tmp_path_factory):
 
 
 def test_generate_command(pair_dirs, capsys, device):
-    """On the test device (on a GPU machine: CUDA, where this head_dim-12 model needs the Triton
-    attention to take a non-power-of-2 head_dim, or the runner choice to avoid it)."""
+    """On the test device (on a GPU machine: CUDA, where this head_dim-12 model runs the Triton
+    attention with its head dimension padded to 16)."""
     code = cli.main(["generate", "--target", str(pair_dirs / "target"), "--draft", str(pair_dirs / "draft"),
                      "--prompt", "w5 w9 w17 w5", "--max-new-tokens", "12", "--k", "3", "--plain", "--device", device])
     out = capsys.readouterr().out
