@@ -56,11 +56,11 @@ class RunAheadPoller:
         self.run_ahead, self.status, self.seq_row0 = run_ahead, status, seq_row0
         self._slots = slots = run_ahead
         pin = status.device.type == "cuda"
-        ring = torch.empty((slots, *status.shape), dtype=status.dtype, pin_memory=pin)
+        ring = torch.empty((slots, *status.shape), dtype=status.dtype, device="cpu", pin_memory=pin)
         self._ring, self._ring_np = list(ring), ring.numpy()  # per-slot views, made once
         self._seq_ring = self._seq_ring_np = None
         if seq_row0 is not None:
-            seq_ring = torch.empty((slots, seq_row0.shape[0]), dtype=seq_row0.dtype, pin_memory=pin)
+            seq_ring = torch.empty((slots, seq_row0.shape[0]), dtype=seq_row0.dtype, device="cpu", pin_memory=pin)
             self._seq_ring, self._seq_ring_np = list(seq_ring), seq_ring.numpy()
         self._events = None if events is None else [events() for _ in range(slots)]
         self.issued = -1  # newest poll issued
