@@ -1,31 +1,66 @@
 #!/usr/bin/env bash
-# GPU truth in one call (issue: GPU validation): the whole test suite on CUDA (tests marked
-# gpu included), then every GPU benchmark, each writing JSON to bench/results/ with the device
-# name in the file name. For the GPU machine, whose python3 has CUDA torch + triton and which
-# reaches no registry:  bash bench/run_gpu.sh   (copies results to $OUT when that is set)
+# GPU truth in stages, each sized for one device call of at most 10 minutes (a developer
+# session has 30 minutes of device time; a machine takes 1-2 minutes to start). For the GPU
+# machine, whose python3 has CUDA torch + triton and which reaches no registry:
+#
+#     bash bench/run_gpu.sh tests      # the whole suite on CUDA (gpu tests included)   ~4-6 min
+#     bash bench/run_gpu.sh kernels    # verify, attention, one-step profile, logits copy ~5 min
+#     bash bench/run_gpu.sh scale      # 8B-shaped end to end, headline preset         <= 9 min
+#     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
+#     bash bench/run_gpu.sh more       # scale sampling + agreement presets, e2e pair, trees
+#     bash bench/run_gpu.sh all        # every stage in order (a machine without a time limit)
+#
+# In that order of priority: the first three fit one session. Every benchmark writes JSON (and
+# PNG) with the device name into bench/results/; the suite's log goes to
+# bench/results/gpu_tests_<device>.log. When $OUT is set (the device tool), the stage's results
+# are packed into ONE archive $OUT/gpu_<stage>_<device>.tgz (the tool brings back at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+stage=${1:-all}
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
 dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '_'))") || exit 1
 results=bench/results
 status=0
 run() { echo "+ $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv 2>/dev/null
 
-python3 -m pytest -q -p no:cacheprovider --benchmark-disable tests 2>&1 | tee "$results/gpu_tests_$dev.log" || status=1
-run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
-run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
-run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
-run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
-run python3 bench/bench_logits_copy.py --device cuda --out "$results/logits_copy_$dev.json"
-# The 8B-shaped scale benchmark (issue 11): one preset per call, each within a 10-minute device call
-# (--budget-s: no new group after 500 s; JSON rewritten after every group). Writes
-# bench/results/scale_${dev}_<preset>.json + .png.
-for preset in headline batch sampling agreement; do
-  run python3 bench/bench_scale.py --preset "$preset" --budget-s 500
-done
-# The engine's two CUDA graphs over K 1..8 x batch {1,3,8,32,64}, both drafters: tokens vs eager, per cell
-# (the same table is a gpu test, tests/engine/test_graph_capture_table.py; this keeps a JSON record).
-run python3 bench/graph_capture_table.py --device cuda --mode graphs --batches 1,3,8,32,64 --out "$results/graph_capture_table_$dev.json"
-if [ -n "${OUT:-}" ]; then cp "$results"/*"$dev"* "$OUT"/ 2>/dev/null; fi
+stage_tests() {
+  # 16 cores on the GPU machine: 8 workers share the one GPU well (3 min for ~540 tests at 3dca4fa).
+  python3 -m pytest -q -n 8 -p no:cacheprovider --benchmark-disable tests 2>&1 | tee "$results/gpu_tests_$dev.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+stage_kernels() {
+  run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
+  run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
+  run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
+  run python3 bench/bench_logits_copy.py --device cuda --out "$results/logits_copy_$dev.json"
+}
+stage_scale() {
+  # The 8B-shaped scale benchmark (issue 11). --budget-s: no new group after that many seconds;
+  # the JSON is rewritten after every group. Writes bench/results/scale_${dev}_<preset>.json + .png.
+  run python3 bench/bench_scale.py --preset headline --budget-s 480
+}
+stage_loop() {
+  # The engine's two CUDA graphs over K 1..8 x batch {1,3,8,32,64}, both drafters: tokens vs eager
+  # (also a gpu test, tests/engine/test_graph_capture_table.py; this keeps a JSON record).
+  run python3 bench/graph_capture_table.py --device cuda --mode graphs --batches 1,3,8,32,64 --out "$results/graph_capture_table_$dev.json"
+  run python3 bench/bench_scale.py --preset batch --budget-s 420
+}
+stage_more() {
+  for preset in sampling agreement; do
+    run python3 bench/bench_scale.py --preset "$preset" --budget-s 420
+  done
+  run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
+  run python3 bench/bench_tree.py --gpu
+}
+
+case "$stage" in
+  tests|kernels|scale|loop|more) "stage_$stage" ;;
+  all) for s in tests kernels scale loop more; do "stage_$s"; done ;;
+  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|all"; exit 2 ;;
+esac
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null
+fi
 exit $status
