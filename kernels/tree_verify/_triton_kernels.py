@@ -117,13 +117,13 @@ def walk_kernel(
         _, p_all = standardised(zp, tok, temp, greedy[:, None], pm, ps2, ps3, ptk, pam, min_p)
         tl.store(node_f_ptr + plane + at, p_all, mask=in_row)
     else:
-        repeat = tl.zeros([BLOCK_R, BLOCK_N], tl.int32)
+        twin = tl.zeros([BLOCK_R, BLOCK_N], tl.int32)
         for s in range(1, N):  # an earlier sibling s with the same token
             par_s = tl.load(parents_ptr + b64 * sp_b + s).to(tl.int32)
             tok_s = tl.minimum(tl.maximum(tl.load(tokens_ptr + b64 * sx_b + s), 0), V - 1).to(tl.int32)
             same = (nid > s) & (par == par_s[:, None]) & (tok == tok_s[:, None]) & ((par_s >= 0) & (par_s < s))[:, None]
-            repeat = tl.maximum(repeat, same.to(tl.int32))
-        tl.store(node_i_ptr + plane + at, repeat, mask=in_row)
+            twin = tl.maximum(twin, same.to(tl.int32))
+        tl.store(node_i_ptr + plane + at, twin, mask=in_row)
     tl.store(node_i_ptr + at, (present & (tok == qam)).to(tl.int32), mask=in_row)  # qam: the argmax at the parent
     tl.store(node_i_ptr + 2 * plane + at, tl.zeros([BLOCK_R, BLOCK_N], tl.int32), mask=in_row)
     tl.store(node_i_ptr + 3 * plane + at, tl.full([BLOCK_R, BLOCK_N], -1, tl.int32), mask=in_row)
@@ -162,10 +162,10 @@ def walk_kernel(
             lam_rej = lam + mass
             mass_rej = tl.load(mass_ptr + (row + cur) * N + tl.minimum(k + 1, N - 1))
         else:
-            repeat = tl.load(node_i_ptr + plane + row + c) > 0
-            ok = (repeat == 0) & (u * mass < q_x)
+            repeated = tl.load(node_i_ptr + plane + row + c) > 0
+            ok = (repeated == 0) & (u * mass < q_x)
             lam_rej = tl.full([BLOCK_R], 1.0, tl.float32)
-            mass_rej = tl.where(repeat, mass, mass - q_x)
+            mass_rej = tl.where(repeated, mass, mass - q_x)
         ok = tl.where(greedy, tl.load(node_i_ptr + 3 * plane + row + cur) == c, ok)
         accept = child & ok
         reject = child & (ok == 0) & (greedy == 0)
