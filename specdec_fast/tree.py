@@ -1,0 +1,187 @@
+"""TokenTree: the static shape of a draft token tree, and the tensors the tree iteration needs.
+
+A tree of N nodes (2 <= N <= 64) in BFS order: node 0 is the root (the last emitted token),
+parents[i] < i is node i's parent, siblings are ordered by rank (rank 0 = the draft's most
+probable child, or its first sample). ``children`` says how the drafter picks them: "top" (the
+draft's top-b tokens, deterministic: p = one-hot per child in the verify) or "sample" (b i.i.d.
+samples from the draft's standardised distribution). Greedy rows always take the top-b.
+
+Shapes:
+    TokenTree.chain(k)                     a chain of k drafts (k + 1 nodes)
+    TokenTree.from_branching([4, 2, 1])    every node at depth d has branching[d] children
+    TokenTree.best_first(n, acceptance)    the n-node tree with the largest expected accepted
+        length when the child of rank r is the accepted one with probability acceptance[r]
+        (independently of depth): a node's value is the product of acceptance[rank] along its
+        path, the expected tokens per step is the sum of the values (root included), and the n
+        largest values form a tree (a parent or elder sibling is never worth less), so picking
+        them best first is optimal (the argument of Sequoia / EAGLE-2's expansion).
+    TokenTree.default(n)                   best_first with the rank acceptance measured on the
+        demo pair (bench/bench_tree.py, bench/results/tree_cpu.json)
+"""
+import heapq
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+MAX_NODES = 64  # the attention kernel's tree mask: one int64 bitmask per query
+CHILDREN = ("top", "sample")
+
+# P(the accepted child has rank r), top-b children, measured on the demo pair with a full
+# 8-ary tree of depth 2 (bench/bench_tree.py --measure-ranks; greedy and sampling averaged).
+DEFAULT_RANK_ACCEPTANCE = (0.72, 0.10, 0.04, 0.02, 0.012, 0.008, 0.005, 0.004)
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    parents: tuple
+    children: str = "top"
+
+    def __post_init__(self):
+        parents = tuple(int(p) for p in self.parents)
+        object.__setattr__(self, "parents", parents)
+        n = len(parents)
+        if not 2 <= n <= MAX_NODES:
+            raise ValueError(f"a token tree has 2 to {MAX_NODES} nodes (root included), got {n}")
+        if parents[0] != -1:
+            raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {parents[0]}")
+        for i, p in enumerate(parents[1:], 1):
+            if not 0 <= p < i:
+                raise ValueError(f"parents[{i}] = {p}: a parent must be a node before its child (BFS order)")
+        depths = self.depths
+        for i in range(2, n):
+            if depths[i] < depths[i - 1]:
+                raise ValueError(f"parents: node {i} (depth {depths[i]}) comes after a deeper node: not BFS order")
+        if self.children not in CHILDREN:
+            raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
+
+    # -- shapes -----------------------------------------------------------------------------
+    @classmethod
+    def chain(cls, k: int, children: str = "top") -> "TokenTree":
+        return cls(tuple(range(-1, k)), children)
+
+    @classmethod
+    def from_branching(cls, branching, children: str = "top") -> "TokenTree":
+        parents, level = [-1], [0]
+        for b in branching:
+            nxt = []
+            for node in level:
+                for _ in range(int(b)):
+                    parents.append(node)
+                    nxt.append(len(parents) - 1)
+            level = nxt
+        return cls(tuple(parents), children)
+
+    @classmethod
+    def best_first(cls, n: int, acceptance, children: str = "top", max_depth: int | None = None) -> "TokenTree":
+        """The n-node tree maximising sum over nodes of prod(acceptance[rank]) along the path."""
+        acc = [float(a) for a in acceptance]
+        if not acc or any(not 0 < a <= 1 for a in acc):
+            raise ValueError(f"acceptance must hold probabilities in (0, 1], got {acceptance!r}")
+        # Nodes as (rank path); the heap holds candidates (-value, tiebreak, rank path).
+        chosen = [()]
+        heap = [(-acc[0], 0, (0,))]
+        counter = 1
+        while len(chosen) < n and heap:
+            neg, _, path = heapq.heappop(heap)
+            chosen.append(path)
+            if path[-1] + 1 < len(acc):  # its next younger sibling
+                sib = path[:-1] + (path[-1] + 1,)
+                heapq.heappush(heap, (neg / acc[path[-1]] * acc[path[-1] + 1], counter, sib))
+                counter += 1
+            if max_depth is None or len(path) < max_depth:  # its first child
+                heapq.heappush(heap, (neg * acc[0], counter, path + (0,)))
+                counter += 1
+        order = sorted(chosen, key=lambda p: (len(p), p))  # BFS: by depth, then parent, then rank
+        index = {p: i for i, p in enumerate(order)}
+        return cls(tuple(-1 if not p else index[p[:-1]] for p in order), children)
+
+    @classmethod
+    def default(cls, n: int = 16, children: str = "top") -> "TokenTree":
+        return cls.best_first(n, DEFAULT_RANK_ACCEPTANCE, children)
+
+    # -- derived structure (host) -------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @cached_property
+    def depths(self) -> tuple:
+        d = [0]
+        for p in self.parents[1:]:
+            d.append(d[p] + 1)
+        return tuple(d)
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    @cached_property
+    def ranks(self) -> tuple:
+        """Each node's rank among its siblings (root: 0)."""
+        seen, out = {}, [0]
+        for p in self.parents[1:]:
+            out.append(seen.get(p, 0))
+            seen[p] = out[-1] + 1
+        return tuple(out)
+
+    @cached_property
+    def num_children(self) -> tuple:
+        out = [0] * self.size
+        for p in self.parents[1:]:
+            out[p] += 1
+        return tuple(out)
+
+    def level(self, d: int) -> list:
+        """Node indices at depth d (contiguous in BFS order)."""
+        return [i for i, di in enumerate(self.depths) if di == d]
+
+    def ancestor_masks(self, nodes) -> list:
+        """For each node of ``nodes`` (a BFS-ordered list containing every ancestor of each of its
+        nodes, except possibly the root), the bitmask over positions in ``nodes`` of its
+        ancestors in ``nodes`` and itself: the attention mask of a call feeding ``nodes``."""
+        where = {node: i for i, node in enumerate(nodes)}
+        masks = []
+        for node in nodes:
+            bits, a = 0, node
+            while a >= 0:
+                if a in where:
+                    bits |= 1 << where[a]
+                a = self.parents[a]
+            masks.append(bits - (1 << 64) if bits >= 1 << 63 else bits)  # int64 two's complement
+        return masks
+
+    def expected_length(self, acceptance) -> float:
+        """Expected tokens per step (accepted nodes + 1) when rank r is accepted w.p. acceptance[r]."""
+        value = [1.0]
+        for i in range(1, self.size):
+            r = self.ranks[i]
+            value.append(value[self.parents[i]] * (acceptance[r] if r < len(acceptance) else 0.0))
+        return sum(value)
+
+    def describe(self) -> str:
+        widths = [len(self.level(d)) for d in range(self.depth + 1)]
+        return f"{self.size} nodes, depth {self.depth}, nodes per depth {widths[1:]}, children {self.children}"
+
+    # -- device tensors -----------------------------------------------------------------------
+    def tensors(self, device) -> dict:
+        """parents int64 [N], depths int32 [N], mask int64 [N] (each node's ancestors and itself:
+        the target's one-pass scoring), ranks int64 [N], on ``device``."""
+        dev = torch.device(device)
+        return dict(
+            parents=torch.tensor(self.parents, dtype=torch.int64, device=dev),
+            depths=torch.tensor(self.depths, dtype=torch.int32, device=dev),
+            mask=torch.tensor(self.ancestor_masks(list(range(self.size))), dtype=torch.int64, device=dev),
+            ranks=torch.tensor(self.ranks, dtype=torch.int64, device=dev),
+        )
+
+
+def as_token_tree(tree) -> TokenTree:
+    """generate(tree=...): a TokenTree, True (the default tree), or an int N (the default N-node tree)."""
+    if isinstance(tree, TokenTree):
+        return tree
+    if tree is True:
+        return TokenTree.default()
+    if isinstance(tree, int) and not isinstance(tree, bool):
+        return TokenTree.default(tree)
+    raise ValueError(f"tree must be a TokenTree, True or an int number of nodes in [2, {MAX_NODES}], got {tree!r}")
