@@ -5,7 +5,8 @@ CPU (default; the demo pair, specdec_fast.pair.demo_pair(), batch 1, held-out pr
      way of choosing children, P(the accepted child has rank r) at depths 1 and 2
   2. for each budget N (target tokens per step): the chain with K = N - 1 (the chain engine)
      against the best-first N-node tree built from the measured rank acceptance (TokenTree.
-     best_first), with top-b and with sampled children: mean accepted length (tokens per
+     best_first; depth 1's and depth 2's rows, deeper depths as depth 2), with top-b and with
+     sampled children: mean accepted length (tokens per
      row-iteration), tokens/s (best of --repeats, configurations round robin), the phase times
      and the draft rows fed per step; plain decoding beside them
   Writes bench/results/tree_cpu.json (+ tree_cpu.png).
@@ -142,8 +143,8 @@ def run_cpu(args) -> dict:
         for n in args.budgets:
             configs[f"chain{n}"] = dict(num_assistant_tokens=n - 1)
             for children in ("top", "sample"):
-                acc = [a for a in ranks[mode][children][1] if a > 0]
-                tree = TokenTree.best_first(n, acc, children)
+                rows = [ranks[mode][children][d] for d in (1, 2)]  # per depth; deeper depths use depth 2's
+                tree = TokenTree.best_first(n, rows, children)
                 trees[f"tree{n}-{children}"] = tree
                 configs[f"tree{n}-{children}"] = dict(tree=tree)
         for name, (seconds, stats, all_seconds) in best_of(runner, configs, args.repeats).items():
@@ -313,7 +314,8 @@ def run_gpu(args) -> dict:
             runner = Runner(target, draft, prompts, args.max_new_tokens, opts, device)
             runner(num_assistant_tokens=4, **graphs, **backend)  # warm-up / compile
             _, stats = runner(tree=TokenTree.from_branching(RANK_TREE), **graphs, **backend)
-            acc = [a for a in rank_acceptance(stats.extra["tree"])[1] if a > 0]
+            measured = rank_acceptance(stats.extra["tree"])
+            acc = [measured[1], measured[2]]
             ranks[f"{goal}-{mode}"] = acc
             configs = {"plain": dict(**graphs, **backend)}
             trees = {}

@@ -74,23 +74,29 @@ class TokenTree:
 
     @classmethod
     def best_first(cls, n: int, acceptance, children: str = "top", max_depth: int | None = None) -> "TokenTree":
-        """The n-node tree maximising sum over nodes of prod(acceptance[rank]) along the path."""
-        acc = [float(a) for a in acceptance]
-        if not acc or any(not 0 < a <= 1 for a in acc):
-            raise ValueError(f"acceptance must hold probabilities in (0, 1], got {acceptance!r}")
-        # Nodes as (rank path); the heap holds candidates (-value, tiebreak, rank path).
+        """The n-node tree maximising the sum over nodes of the product of acceptance along the path.
+        acceptance: P(the accepted child has rank r), a sequence over r (every depth), or a
+        sequence of such rows, row d - 1 for depth d (the last row for deeper depths)."""
+        rows = _acceptance_rows(acceptance)
+
+        def acc(depth: int, rank: int) -> float:
+            row = rows[min(depth, len(rows)) - 1]
+            return row[rank] if rank < len(row) else 0.0
+
+        # Candidates: (-value, tiebreak, rank path); a node's younger sibling and first child
+        # become candidates once it is chosen, so every chosen set is a tree.
         chosen = [()]
-        heap = [(-acc[0], 0, (0,))]
+        heap = [(-acc(1, 0), 0, (0,))]
         counter = 1
         while len(chosen) < n and heap:
             neg, _, path = heapq.heappop(heap)
             chosen.append(path)
-            if path[-1] + 1 < len(acc):  # its next younger sibling
-                sib = path[:-1] + (path[-1] + 1,)
-                heapq.heappush(heap, (neg / acc[path[-1]] * acc[path[-1] + 1], counter, sib))
+            depth, rank = len(path), path[-1]
+            if acc(depth, rank + 1) > 0:  # its next younger sibling
+                heapq.heappush(heap, (neg / acc(depth, rank) * acc(depth, rank + 1), counter, path[:-1] + (rank + 1,)))
                 counter += 1
-            if max_depth is None or len(path) < max_depth:  # its first child
-                heapq.heappush(heap, (neg * acc[0], counter, path + (0,)))
+            if (max_depth is None or depth < max_depth) and acc(depth + 1, 0) > 0:  # its first child
+                heapq.heappush(heap, (neg * acc(depth + 1, 0), counter, path + (0,)))
                 counter += 1
         order = sorted(chosen, key=lambda p: (len(p), p))  # BFS: by depth, then parent, then rank
         index = {p: i for i, p in enumerate(order)}
@@ -152,11 +158,12 @@ class TokenTree:
         return masks
 
     def expected_length(self, acceptance) -> float:
-        """Expected tokens per step (accepted nodes + 1) when rank r is accepted w.p. acceptance[r]."""
+        """Expected tokens per step (accepted nodes + 1) under ``acceptance`` (as in best_first)."""
+        rows = _acceptance_rows(acceptance)
         value = [1.0]
         for i in range(1, self.size):
-            r = self.ranks[i]
-            value.append(value[self.parents[i]] * (acceptance[r] if r < len(acceptance) else 0.0))
+            row, r = rows[min(self.depths[i], len(rows)) - 1], self.ranks[i]
+            value.append(value[self.parents[i]] * (row[r] if r < len(row) else 0.0))
         return sum(value)
 
     def describe(self) -> str:
@@ -174,6 +181,15 @@ class TokenTree:
             mask=torch.tensor(self.ancestor_masks(list(range(self.size))), dtype=torch.int64, device=dev),
             ranks=torch.tensor(self.ranks, dtype=torch.int64, device=dev),
         )
+
+
+def _acceptance_rows(acceptance) -> list:
+    """acceptance as a list of per-depth rows of probabilities (validated)."""
+    rows = [list(acceptance)] if not hasattr(acceptance[0], "__len__") else [list(r) for r in acceptance]
+    if not rows or any(not row or any(not 0 <= float(a) <= 1 for a in row) or not 0 < row[0] for row in rows):
+        raise ValueError(f"acceptance must hold probabilities in [0, 1] (rank 0 > 0), per rank or per depth and rank, "
+                         f"got {acceptance!r}")
+    return [[float(a) for a in row] for row in rows]
 
 
 def as_token_tree(tree) -> TokenTree:

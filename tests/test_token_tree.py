@@ -56,7 +56,8 @@ def _all_trees(n):
                 pass
 
 
-@pytest.mark.parametrize("acceptance", [(0.7, 0.15, 0.05), (0.5, 0.3), (0.9, 0.05, 0.03, 0.01)])
+@pytest.mark.parametrize("acceptance", [(0.7, 0.15, 0.05), (0.5, 0.3), (0.9, 0.05, 0.03, 0.01),
+                                        [(0.6, 0.3, 0.05), (0.9, 0.05)]])  # per depth: depth 1, then deeper
 @pytest.mark.parametrize("n", [4, 6, 7])
 def test_best_first_is_optimal_under_its_model(acceptance, n):
     best = TokenTree.best_first(n, acceptance)
@@ -71,6 +72,9 @@ def test_best_first_limits_depth_and_default_sizes():
     assert TokenTree.best_first(10, (0.9, 0.05), max_depth=2).depth == 2
     with pytest.raises(ValueError, match="probabilities"):
         TokenTree.best_first(5, (1.5,))
+    with pytest.raises(ValueError, match="probabilities"):
+        TokenTree.best_first(5, [(0.5,), (0.0, 0.3)])
+    assert TokenTree.best_first(6, (0.8, 0.0, 0.5)).num_children[0] == 1  # ranks stop at the first zero
     for n in (5, 16, 32, 64):
         tree = TokenTree.default(n)
         assert tree.size == n and tree.children == "top"
