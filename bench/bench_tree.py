@@ -1,14 +1,16 @@
 """Token trees vs chains at the same number of target tokens scored per step.
 
 CPU (default; the demo pair, specdec_fast.pair.demo_pair(), batch 1, held-out prompts in turn):
-  1. rank acceptance: a full tree of branching (8, 6) (57 nodes) gives, per decoding mode and
-     way of choosing children, P(the accepted child has rank r) at depths 1 and 2
+  1. rank acceptance on calibration prompts (held-out prompts after the evaluation ones): a full
+     tree of branching (8, 6) (57 nodes) gives, per decoding mode and way of choosing children,
+     P(the accepted child has rank r) at depths 1 and 2
   2. for each budget N (target tokens per step): the chain with K = N - 1 (the chain engine)
      against the best-first N-node tree built from the measured rank acceptance (TokenTree.
      best_first; depth 1's and depth 2's rows, deeper depths as depth 2), with top-b and with
      sampled children: mean accepted length (tokens per
      row-iteration), tokens/s (best of --repeats, configurations round robin), the phase times
-     and the draft rows fed per step; plain decoding beside them
+     and the draft rows fed per step; plain decoding beside them. Sampling runs each prompt with
+     --seeds seeds. Both for the shipped draft and for a lower-agreement one (--draft-noises).
   Writes bench/results/tree_cpu.json (+ tree_cpu.png).
 
 GPU (--gpu; for the next GPU session, bench/run_gpu.sh): the scale benchmark's pair, a Llama-3-8B
@@ -39,6 +41,9 @@ from bench_e2e import environment, load_models, make_prompts, merge_stats  # noq
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, temperature=0.8, top_p=0.95)}
 RANK_TREE = (8, 6)  # branching of the tree that measures rank acceptance (57 nodes)
+# Children per mode: greedy rows take the top-b either way (tree_drafter.py), so greedy runs one;
+# sampling compares i.i.d. samples with the draft's top-b.
+CHILDREN = {"greedy": ("sample",), "sampling": ("sample", "top")}
 
 
 def pooled_tree_stats(stats_list) -> dict:
@@ -65,10 +70,12 @@ def draft_rows_per_step(tree) -> int:
 
 
 class Runner:
-    """Runs generate() over the batch-1 prompts in turn; returns (seconds, pooled stats)."""
+    """Runs generate() over the batch-1 prompts in turn (sampling: once per seed); returns
+    (seconds, pooled stats)."""
 
-    def __init__(self, target, draft, prompts, new_tokens, mode_opts, device):
+    def __init__(self, target, draft, prompts, new_tokens, mode_opts, device, seeds=1):
         self.target, self.draft, self.prompts, self.new, self.opts, self.device = target, draft, prompts, new_tokens, mode_opts, device
+        self.seeds = range(seeds if mode_opts.get("do_sample") else 1)
 
     def __call__(self, **method):
         from specdec_fast.api import generate
@@ -80,10 +87,11 @@ class Runner:
             torch.cuda.synchronize()
         start = time.perf_counter()
         for i, (ids, mask) in enumerate(self.prompts):
-            seed = dict(seed=1000 + i) if self.opts.get("do_sample") else {}
-            _, s = generate(self.target, ids, mask, max_new_tokens=self.new, pad_token_id=0, return_stats=True,
-                            **self.opts, **seed, **method)
-            stats.append(s)
+            for s in self.seeds:
+                seed = dict(seed=1000 * s + i) if self.opts.get("do_sample") else {}
+                _, st = generate(self.target, ids, mask, max_new_tokens=self.new, pad_token_id=0, return_stats=True,
+                                 **self.opts, **seed, **method)
+                stats.append(st)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -119,91 +127,113 @@ def row_of(name, kind, budget, mode, seconds, stats, all_seconds, tree=None) -> 
 
 
 def run_cpu(args) -> dict:
+    """Per draft (the shipped one; --draft-noises: copies with relative Gaussian weight noise, a
+    lower-agreement pair) and mode: rank acceptance on the calibration prompts, then chains vs
+    best-first trees built from it on the evaluation prompts (disjoint held-out prompts)."""
     from specdec_fast.tree import TokenTree
+
+    sys.path.insert(0, str(ROOT))
+    from tests.engine.models import make_draft
 
     device = torch.device("cpu")
     torch.set_num_threads(args.threads)
-    target, draft, tokenizer, models_desc, _ = load_models(argparse.Namespace(target=None, draft=None, vocab=2048, hidden=256,
-                                                                              layers=6))
+    target, shipped, tokenizer, models_desc, _ = load_models(argparse.Namespace(target=None, draft=None, vocab=2048,
+                                                                                hidden=256, layers=6))
     target.generation_config.eos_token_id = None
     vocab = target.config.vocab_size
-    prompts = [make_prompts(tokenizer, 1, vocab, args.prompt_len, 1, first=i) for i in range(args.prompts)]
+    evaluation = [make_prompts(tokenizer, 1, vocab, args.prompt_len, 1, first=i) for i in range(args.prompts)]
+    calibration = [make_prompts(tokenizer, 1, vocab, args.prompt_len, 1, first=i)
+                   for i in range(args.prompts, args.prompts + args.calibration_prompts)]
     results, ranks = [], {}
     start = time.perf_counter()
-    for mode, opts in MODES.items():
-        runner = Runner(target, draft, prompts, args.max_new_tokens, opts, device)
-        runner(num_assistant_tokens=4)  # warm-up (C++ build, allocator)
-        ranks[mode] = {}
-        for children in ("top", "sample"):
-            _, stats = runner(tree=TokenTree.from_branching(RANK_TREE, children))
-            ranks[mode][children] = rank_acceptance(stats.extra["tree"])
-            print(f"{mode} {children}: rank acceptance at depth 1 {[round(a, 3) for a in ranks[mode][children][1]]}", flush=True)
-        configs = {"plain": {}}
-        trees = {}
-        for n in args.budgets:
-            configs[f"chain{n}"] = dict(num_assistant_tokens=n - 1)
-            for children in ("top", "sample"):
-                rows = [ranks[mode][children][d] for d in (1, 2)]  # per depth; deeper depths use depth 2's
-                tree = TokenTree.best_first(n, rows, children)
-                trees[f"tree{n}-{children}"] = tree
-                configs[f"tree{n}-{children}"] = dict(tree=tree)
-        for name, (seconds, stats, all_seconds) in best_of(runner, configs, args.repeats).items():
-            kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
-            budget = 1 if name == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
-            results.append(row_of(name, kind, budget, mode, seconds, stats, all_seconds, trees.get(name)))
-            r = results[-1]
-            print(f"{mode:8s} {name:14s} accepted {r['mean_accepted_length']:.3f} tokens/s {r['tokens_per_s']:.1f} "
-                  f"draft {r['draft_ms_per_step']:.2f} ms target {r['target_ms_per_step']:.2f} ms", flush=True)
+    for noise in args.draft_noises:
+        draft = shipped if noise == 0 else make_draft(shipped, noise=noise, seed=5)
+        for mode, opts in MODES.items():
+            calib = Runner(target, draft, calibration, args.max_new_tokens, opts, device, args.seeds)
+            runner = Runner(target, draft, evaluation, args.max_new_tokens, opts, device, args.seeds)
+            runner(num_assistant_tokens=4)  # warm-up (C++ build, allocator)
+            key = f"noise{noise}-{mode}"
+            ranks[key] = {}
+            for children in CHILDREN[mode]:
+                _, stats = calib(tree=TokenTree.from_branching(RANK_TREE, children))
+                ranks[key][children] = rank_acceptance(stats.extra["tree"])
+                print(f"draft noise {noise} {mode} {children}: rank acceptance at depth 1 "
+                      f"{[round(a, 3) for a in ranks[key][children][1]]}", flush=True)
+            configs, trees = {"plain": {}}, {}
+            for n in args.budgets:
+                configs[f"chain{n}"] = dict(num_assistant_tokens=n - 1)
+                for children in CHILDREN[mode]:
+                    rows = [ranks[key][children][d] for d in (1, 2)]  # per depth; deeper depths use depth 2's
+                    trees[f"tree{n}-{children}"] = TokenTree.best_first(n, rows, children)
+                    configs[f"tree{n}-{children}"] = dict(tree=trees[f"tree{n}-{children}"])
+            for name, (seconds, stats, all_seconds) in best_of(runner, configs, args.repeats).items():
+                kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
+                budget = 1 if name == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
+                row = row_of(name, kind, budget, mode, seconds, stats, all_seconds, trees.get(name))
+                row.update(draft_noise=noise, alpha=stats.alpha if kind == "chain" else None)
+                results.append(row)
+                print(f"noise {noise} {mode:8s} {name:14s} accepted {row['mean_accepted_length']:.3f} tokens/s "
+                      f"{row['tokens_per_s']:.1f} draft {row['draft_ms_per_step']:.2f} ms target "
+                      f"{row['target_ms_per_step']:.2f} ms", flush=True)
     return dict(models=models_desc, settings=vars(args), rank_acceptance=ranks, results=results,
-                total_seconds=time.perf_counter() - start, comparison=compare(results))
+                total_seconds=time.perf_counter() - start, comparison=compare(results, args.draft_noises))
 
 
-def compare(results) -> list:
-    """Per mode and budget: the tree's accepted length over the chain's, for each children mode."""
+def compare(results, noises) -> list:
+    """Per draft, mode and budget: the tree's accepted length and tokens/s over the chain's."""
     out = []
-    for mode in MODES:
-        chains = {r["budget"]: r for r in results if r["mode"] == mode and r["kind"] == "chain"}
-        for r in results:
-            if r["mode"] == mode and r["kind"] == "tree" and r["budget"] in chains:
-                c = chains[r["budget"]]
-                out.append(dict(mode=mode, budget=r["budget"], children=r["children"],
-                                chain_accepted=c["mean_accepted_length"], tree_accepted=r["mean_accepted_length"],
-                                accepted_ratio=r["mean_accepted_length"] / c["mean_accepted_length"],
-                                tokens_per_s_ratio=r["tokens_per_s"] / c["tokens_per_s"]))
+    for noise in noises:
+        for mode in MODES:
+            rows = [r for r in results if r["mode"] == mode and r["draft_noise"] == noise]
+            chains = {r["budget"]: r for r in rows if r["kind"] == "chain"}
+            for r in rows:
+                if r["kind"] == "tree" and r["budget"] in chains:
+                    c = chains[r["budget"]]
+                    out.append(dict(draft_noise=noise, mode=mode, budget=r["budget"], children=r["children"],
+                                    chain_alpha=c["alpha"], chain_accepted=c["mean_accepted_length"],
+                                    tree_accepted=r["mean_accepted_length"],
+                                    accepted_ratio=r["mean_accepted_length"] / c["mean_accepted_length"],
+                                    tokens_per_s_ratio=r["tokens_per_s"] / c["tokens_per_s"]))
     return out
 
 
 def plot(data, path: Path) -> None:
+    """Columns: (draft, mode); rows: tokens per step, tokens/s; lines: chain, tree per children mode."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(MODES), figsize=(6 * len(MODES), 8), squeeze=False)
+    panels = [(noise, mode) for noise in data["settings"]["draft_noises"] for mode in MODES]
+    fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 8), squeeze=False)
     style = {"chain": ("chain (K = N - 1)", "black", "o"), "top": ("tree, top-b children", "tab:blue", "s"),
              "sample": ("tree, sampled children", "tab:orange", "^")}
-    for col, mode in enumerate(MODES):
-        rows = [r for r in data["results"] if r["mode"] == mode]
+    for col, (noise, mode) in enumerate(panels):
+        rows = [r for r in data["results"] if r["mode"] == mode and r["draft_noise"] == noise]
         for key, (label, colour, marker) in style.items():
-            sel = sorted((r for r in rows if (r["kind"] == "chain" if key == "chain" else r.get("children") == key and r["kind"] == "tree")),
+            sel = sorted((r for r in rows if (r["kind"] == "chain" if key == "chain" else r["kind"] == "tree" and r["children"] == key)),
                          key=lambda r: r["budget"])
+            if not sel:
+                continue
             xs = [r["budget"] for r in sel]
             axes[0][col].plot(xs, [r["mean_accepted_length"] for r in sel], marker=marker, color=colour, label=label)
             axes[1][col].plot(xs, [r["tokens_per_s"] for r in sel], marker=marker, color=colour, label=label)
         plain = [r for r in rows if r["kind"] == "plain"]
         if plain:
             axes[1][col].axhline(plain[0]["tokens_per_s"], color="gray", ls="--", label="plain decoding")
-        axes[0][col].set_title(f"{mode}: tokens per step (mean accepted length)")
-        axes[1][col].set_title(f"{mode}: tokens/s end to end (CPU, 1 thread)")
+        alpha = next((r["alpha"] for r in rows if r["kind"] == "chain" and r["budget"] == 5), float("nan"))
+        draft = "shipped draft" if noise == 0 else f"draft + {noise} weight noise"
+        axes[0][col].set_title(f"{draft}, {mode} (chain alpha {alpha:.2f})\ntokens per step", fontsize=10)
+        axes[1][col].set_title("tokens/s end to end (CPU, 1 thread)", fontsize=10)
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("target tokens scored per step (N)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     env = data["environment"]
-    fig.suptitle(f"Token trees vs chains, demo pair, {env['device']}, commit {env['commit'][:7]}")
+    fig.suptitle(f"Token trees vs chains at equal target tokens, demo pair, {env['device']}, commit {env['commit'][:7]}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -360,10 +390,14 @@ def main(argv=None):
     ap.add_argument("--agreements", type=floats, default=[0.6, 0.8])
     ap.add_argument("--chain-ks", type=ints, default=list(range(1, 9)))
     ap.add_argument("--tree-sizes", type=ints, default=[8, 16, 32, 64])
-    ap.add_argument("--prompts", type=int, default=8, help="CPU: held-out prompts run in turn")
+    ap.add_argument("--prompts", type=int, default=8, help="CPU: held-out prompts run in turn (evaluation)")
+    ap.add_argument("--calibration-prompts", type=int, default=7, help="CPU: the next held-out prompts (rank acceptance)")
+    ap.add_argument("--seeds", type=int, default=2, help="CPU sampling: seeds per prompt")
+    ap.add_argument("--draft-noises", type=floats, default=[0.0, 0.3],
+                    help="CPU: relative weight noise on the draft (0: the shipped draft; 0.3: agreement ~0.6)")
     ap.add_argument("--prompt-len", type=int, default=None, help="default 96 (CPU) / 128 (GPU)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (CPU) / 128 (GPU)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out")
     ap.add_argument("--no-plot", action="store_true")

@@ -62,8 +62,9 @@ TRITON_CASES = [c for c in CASES if c["n"] < 64] + _TRITON_N64
 
 
 def _backend_cases():
-    return [pytest.param(case, backend, id=f"{_case_id(case)}-{backend}") for backend in BACKENDS
-            for case in (TRITON_CASES if backend == "triton" else CASES)]
+    slow = dict(marks=pytest.mark.slow)  # N = 64 through the interpreter: ~10 s each
+    return [pytest.param(case, backend, id=f"{_case_id(case)}-{backend}", **(slow if backend == "triton" and case["n"] == 64 else {}))
+            for backend in BACKENDS for case in (TRITON_CASES if backend == "triton" else CASES)]
 
 
 def _case_id(c: dict) -> str:
@@ -118,6 +119,7 @@ def test_the_covering_table_is_pairwise_and_small():
     assert len(CASES) <= 40
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("triton" not in BACKENDS, reason="no triton")
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_triton_vocab_chunks_and_blocks_match_the_reference(with_draft, device):

@@ -24,7 +24,7 @@ SAMPLING_MODES = {
 
 
 def _rows(backend: str) -> int:
-    return 4000 if backend == "triton" else 20000
+    return 4000 if backend == "triton" else 12000
 
 
 def _run(pair, tokens, parents, children, backend, device, **kw):
