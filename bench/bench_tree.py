@@ -41,9 +41,12 @@ from bench_e2e import environment, load_models, make_prompts, merge_stats  # noq
 ROOT = Path(__file__).resolve().parent.parent
 MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, temperature=0.8, top_p=0.95)}
 RANK_TREE = (8, 6)  # branching of the tree that measures rank acceptance (57 nodes)
-# Children per mode: greedy rows take the top-b either way (tree_drafter.py), so greedy runs one;
-# sampling compares i.i.d. samples with the draft's top-b.
-CHILDREN = {"greedy": ("sample",), "sampling": ("sample", "top")}
+# Children per mode: greedy rows take the top-b either way (tree_drafter.py). Sampling: i.i.d.
+# samples; the draft's top-b (--children sample,top) accepted 0.36-0.85x the chain's tokens per
+# step at T 0.8 / top-p 0.95 (bench/results/tree_cpu_052efcb.json): the target's probability of
+# the draft's top token (~0.48) is far below the ~0.81 a sample from the draft is accepted with.
+CHILDREN = {"greedy": ("sample",), "sampling": ("sample",)}
+MAX_DEPTH = 8  # the depth-capped variant of each tree (the draft runs one forward per level)
 
 
 def pooled_tree_stats(stats_list) -> dict:
@@ -154,7 +157,7 @@ def run_cpu(args) -> dict:
             runner(num_assistant_tokens=4)  # warm-up (C++ build, allocator)
             key = f"noise{noise}-{mode}"
             ranks[key] = {}
-            for children in CHILDREN[mode]:
+            for children in args.children or CHILDREN[mode]:
                 _, stats = calib(tree=TokenTree.from_branching(RANK_TREE, children))
                 ranks[key][children] = rank_acceptance(stats.extra["tree"])
                 print(f"draft noise {noise} {mode} {children}: rank acceptance at depth 1 "
@@ -162,15 +165,19 @@ def run_cpu(args) -> dict:
             configs, trees = {"plain": {}}, {}
             for n in args.budgets:
                 configs[f"chain{n}"] = dict(num_assistant_tokens=n - 1)
-                for children in CHILDREN[mode]:
+                for children in args.children or CHILDREN[mode]:
                     rows = [ranks[key][children][d] for d in (1, 2)]  # per depth; deeper depths use depth 2's
-                    trees[f"tree{n}-{children}"] = TokenTree.best_first(n, rows, children)
-                    configs[f"tree{n}-{children}"] = dict(tree=trees[f"tree{n}-{children}"])
+                    variants = {"": None, f"-d{MAX_DEPTH}": MAX_DEPTH} if n > MAX_DEPTH + 1 else {"": None}
+                    for suffix, depth in variants.items():
+                        name = f"tree{n}-{children}{suffix}"
+                        trees[name] = TokenTree.best_first(n, rows, children, max_depth=depth)
+                        configs[name] = dict(tree=trees[name])
             for name, (seconds, stats, all_seconds) in best_of(runner, configs, args.repeats).items():
                 kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
                 budget = 1 if name == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
                 row = row_of(name, kind, budget, mode, seconds, stats, all_seconds, trees.get(name))
-                row.update(draft_noise=noise, alpha=stats.alpha if kind == "chain" else None)
+                row.update(draft_noise=noise, alpha=stats.alpha if kind == "chain" else None,
+                           max_depth=MAX_DEPTH if name.endswith(f"-d{MAX_DEPTH}") else None)
                 results.append(row)
                 print(f"noise {noise} {mode:8s} {name:14s} accepted {row['mean_accepted_length']:.3f} tokens/s "
                       f"{row['tokens_per_s']:.1f} draft {row['draft_ms_per_step']:.2f} ms target "
@@ -189,7 +196,7 @@ def compare(results, noises) -> list:
             for r in rows:
                 if r["kind"] == "tree" and r["budget"] in chains:
                     c = chains[r["budget"]]
-                    out.append(dict(draft_noise=noise, mode=mode, budget=r["budget"], children=r["children"],
+                    out.append(dict(draft_noise=noise, mode=mode, budget=r["budget"], tree=r["name"], children=r["children"],
                                     chain_alpha=c["alpha"], chain_accepted=c["mean_accepted_length"],
                                     tree_accepted=r["mean_accepted_length"],
                                     accepted_ratio=r["mean_accepted_length"] / c["mean_accepted_length"],
@@ -206,12 +213,15 @@ def plot(data, path: Path) -> None:
 
     panels = [(noise, mode) for noise in data["settings"]["draft_noises"] for mode in MODES]
     fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 8), squeeze=False)
-    style = {"chain": ("chain (K = N - 1)", "black", "o"), "top": ("tree, top-b children", "tab:blue", "s"),
-             "sample": ("tree, sampled children", "tab:orange", "^")}
+    style = {("chain", None): ("chain (K = N - 1)", "black", "o"),
+             ("top", None): ("tree, top-b children", "tab:blue", "s"),
+             ("sample", None): ("tree (greedy rows: top-b; sampling: i.i.d. children)", "tab:orange", "^"),
+             ("sample", MAX_DEPTH): (f"the same, depth <= {MAX_DEPTH}", "tab:red", "v")}
     for col, (noise, mode) in enumerate(panels):
         rows = [r for r in data["results"] if r["mode"] == mode and r["draft_noise"] == noise]
-        for key, (label, colour, marker) in style.items():
-            sel = sorted((r for r in rows if (r["kind"] == "chain" if key == "chain" else r["kind"] == "tree" and r["children"] == key)),
+        for (key, depth), (label, colour, marker) in style.items():
+            sel = sorted((r for r in rows if (r["kind"] == "chain" if key == "chain" else
+                                              r["kind"] == "tree" and r["children"] == key and r.get("max_depth") == depth)),
                          key=lambda r: r["budget"])
             if not sel:
                 continue
@@ -392,7 +402,8 @@ def main(argv=None):
     ap.add_argument("--tree-sizes", type=ints, default=[8, 16, 32, 64])
     ap.add_argument("--prompts", type=int, default=8, help="CPU: held-out prompts run in turn (evaluation)")
     ap.add_argument("--calibration-prompts", type=int, default=7, help="CPU: the next held-out prompts (rank acceptance)")
-    ap.add_argument("--seeds", type=int, default=2, help="CPU sampling: seeds per prompt")
+    ap.add_argument("--seeds", type=int, default=4, help="CPU sampling: seeds per prompt")
+    ap.add_argument("--children", type=lambda s: tuple(s.split(",")), help="CPU: ways of choosing children (default per mode)")
     ap.add_argument("--draft-noises", type=floats, default=[0.0, 0.3],
                     help="CPU: relative weight noise on the draft (0: the shipped draft; 0.3: agreement ~0.6)")
     ap.add_argument("--prompt-len", type=int, default=None, help="default 96 (CPU) / 128 (GPU)")
@@ -404,16 +415,16 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.prompt_len = args.prompt_len or (128 if args.gpu else 96)
     args.max_new_tokens = args.max_new_tokens or (128 if args.gpu else 64)
+    device = torch.device((args.device or "cuda") if args.gpu else "cpu")
+    env = environment(device)  # at the start: the commit the run used
     if args.gpu:
         data = run_gpu(args)
-        device = torch.device(args.device or "cuda")
         name = torch.cuda.get_device_name(device).lower().replace(" ", "_") if device.type == "cuda" else "cpu_smoke"
         out = Path(args.out or ROOT / "bench" / "results" / f"tree_{name}.json")
     else:
         data = run_cpu(args)
-        device = torch.device("cpu")
         out = Path(args.out or ROOT / "bench" / "results" / "tree_cpu.json")
-    data["environment"] = environment(device)
+    data["environment"] = env
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1))
     print(f"wrote {out}")

@@ -120,3 +120,16 @@ def test_bad_tree_arguments():
         api.generate(target, ids, mask, assistant_model=draft, tree="wide", max_new_tokens=4)
     with pytest.raises(ValueError, match="2 to 64 nodes"):
         api.generate(target, ids, mask, assistant_model=draft, tree=65, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_chain_shaped_tree_decodes_like_the_chain_engine(mode):
+    """TokenTree.chain(K) with sampled children draws ModelDrafter's samples (noise position
+    c - 1) and tree_verify on a chain is chain_verify: the same tokens as num_assistant_tokens=K."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=3)
+    common = dict(assistant_model=draft, max_new_tokens=MAX_NEW, pad_token_id=0, return_stats=True, **MODES[mode])
+    chain, c_stats = api.generate(target, ids, mask, num_assistant_tokens=4, **common)
+    tree, t_stats = api.generate(target, ids, mask, tree=TokenTree.chain(4, children="sample"), **common)
+    assert torch.equal(tree, chain)
+    assert t_stats.accepted_hist == c_stats.accepted_hist
