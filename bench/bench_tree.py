@@ -416,7 +416,9 @@ def main(argv=None):
     args.prompt_len = args.prompt_len or (128 if args.gpu else 96)
     args.max_new_tokens = args.max_new_tokens or (128 if args.gpu else 64)
     device = torch.device((args.device or "cuda") if args.gpu else "cpu")
-    env = environment(device)  # at the start: the commit the run used
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    env = environment(device)  # at the start: the commit the run used (and its thread count)
     if args.gpu:
         data = run_gpu(args)
         name = torch.cuda.get_device_name(device).lower().replace(" ", "_") if device.type == "cuda" else "cpu_smoke"

@@ -2,9 +2,11 @@
 
 A tree of N nodes (2 <= N <= 64) in BFS order: node 0 is the root (the last emitted token),
 parents[i] < i is node i's parent, siblings are ordered by rank (rank 0 = the draft's most
-probable child, or its first sample). ``children`` says how the drafter picks them: "top" (the
-draft's top-b tokens, deterministic: p = one-hot per child in the verify) or "sample" (b i.i.d.
-samples from the draft's standardised distribution). Greedy rows always take the top-b.
+probable child, or its first sample). ``children`` says how the drafter picks them: "sample"
+(the default: b i.i.d. samples from the draft's standardised distribution) or "top" (the draft's
+top-b tokens, deterministic: p = one-hot per child in the verify). Greedy rows always take the
+top-b. Sampling rows accept a sample far more often than the draft's top token (demo pair at
+T 0.8: 0.81 vs 0.48 for the first child, bench/results/tree_cpu_052efcb.json).
 
 Shapes:
     TokenTree.chain(k)                     a chain of k drafts (k + 1 nodes)
@@ -15,8 +17,8 @@ Shapes:
         path, the expected tokens per step is the sum of the values (root included), and the n
         largest values form a tree (a parent or elder sibling is never worth less), so picking
         them best first is optimal (the argument of Sequoia / EAGLE-2's expansion).
-    TokenTree.default(n)                   best_first with the rank acceptance measured on the
-        demo pair (bench/bench_tree.py, bench/results/tree_cpu.json)
+    TokenTree.default(n, greedy=...)       best_first (depth <= 8) with the rank acceptance
+        measured on the demo pair (bench/bench_tree.py, bench/results/tree_cpu.json)
 """
 import heapq
 from dataclasses import dataclass
@@ -27,15 +29,26 @@ import torch
 MAX_NODES = 64  # the attention kernel's tree mask: one int64 bitmask per query
 CHILDREN = ("top", "sample")
 
-# P(the accepted child has rank r), top-b children, measured on the demo pair with a full
-# 8-ary tree of depth 2 (bench/bench_tree.py --measure-ranks; greedy and sampling averaged).
-DEFAULT_RANK_ACCEPTANCE = (0.72, 0.10, 0.04, 0.02, 0.012, 0.008, 0.005, 0.004)
+# P(the accepted child has rank r) at depth 1 and at depth 2 (deeper depths: depth 2's), measured
+# on the demo pair's calibration prompts by bench/bench_tree.py (bench/results/tree_cpu.json,
+# "rank_acceptance", shipped draft; counts of row-iterations / those that reached the depth):
+# greedy (top-b children) and sampling at T 0.8 / top-p 0.95 (i.i.d. children).
+def _ratios(counts, total):
+    return tuple(c / total for c in counts)
+
+
+DEMO_RANK_ACCEPTANCE = {
+    "greedy": (_ratios((116, 19, 9, 2, 0, 2, 0, 0), 149), _ratios((115, 15, 10, 4, 0, 2, 0, 0), 148)),
+    "sampling": (_ratios((258, 22, 7, 4, 4, 2, 2, 2), 315), _ratios((477, 40, 14, 9, 7, 7, 0, 0), 602)),
+}
+DEFAULT_NODES = 32  # see default()
+DEFAULT_MAX_DEPTH = 8
 
 
 @dataclass(frozen=True)
 class TokenTree:
     parents: tuple
-    children: str = "top"
+    children: str = "sample"
 
     def __post_init__(self):
         parents = tuple(int(p) for p in self.parents)
@@ -57,11 +70,11 @@ class TokenTree:
 
     # -- shapes -----------------------------------------------------------------------------
     @classmethod
-    def chain(cls, k: int, children: str = "top") -> "TokenTree":
+    def chain(cls, k: int, children: str = "sample") -> "TokenTree":
         return cls(tuple(range(-1, k)), children)
 
     @classmethod
-    def from_branching(cls, branching, children: str = "top") -> "TokenTree":
+    def from_branching(cls, branching, children: str = "sample") -> "TokenTree":
         parents, level = [-1], [0]
         for b in branching:
             nxt = []
@@ -73,7 +86,7 @@ class TokenTree:
         return cls(tuple(parents), children)
 
     @classmethod
-    def best_first(cls, n: int, acceptance, children: str = "top", max_depth: int | None = None) -> "TokenTree":
+    def best_first(cls, n: int, acceptance, children: str = "sample", max_depth: int | None = None) -> "TokenTree":
         """The n-node tree maximising the sum over nodes of the product of acceptance along the path.
         acceptance: P(the accepted child has rank r), a sequence over r (every depth), or a
         sequence of such rows, row d - 1 for depth d (the last row for deeper depths)."""
@@ -103,8 +116,17 @@ class TokenTree:
         return cls(tuple(-1 if not p else index[p[:-1]] for p in order), children)
 
     @classmethod
-    def default(cls, n: int = 16, children: str = "top") -> "TokenTree":
-        return cls.best_first(n, DEFAULT_RANK_ACCEPTANCE, children)
+    def default(cls, n: int = DEFAULT_NODES, *, greedy: bool = False, max_depth: int | None = DEFAULT_MAX_DEPTH,
+                children: str = "sample") -> "TokenTree":
+        """The best-first n-node tree (depth <= max_depth) for the demo pair's measured rank
+        acceptance, greedy or sampling profile. Why 32 nodes, depth <= 8 (bench/results/tree_cpu.json,
+        demo pair on CPU): at equal target tokens the trees' gain over chains grows with N (64
+        nodes: 1.09x greedy, 1.15x sampling; draft + 0.3 noise: 1.46x / 1.21x), but a CPU target
+        step costs ~60% more at 64 rows than at 32; and the draft runs one forward per level, so
+        capping the depth at 8 keeps its cost near a K = 8 chain's (on a GPU, where 32 rows cost
+        about what 9 do, the fair chain is K = 8: tree 5.84 vs chain 4.51 tokens per step, greedy)."""
+        profile = DEMO_RANK_ACCEPTANCE["greedy" if greedy else "sampling"]
+        return cls.best_first(n, profile, children, max_depth=max_depth if max_depth is not None and n > max_depth + 1 else None)
 
     # -- derived structure (host) -------------------------------------------------------------
     @property
@@ -192,12 +214,15 @@ def _acceptance_rows(acceptance) -> list:
     return [[float(a) for a in row] for row in rows]
 
 
-def as_token_tree(tree) -> TokenTree:
-    """generate(tree=...): a TokenTree, True (the default tree), or an int N (the default N-node tree)."""
+def as_token_tree(tree, greedy: bool = False) -> TokenTree:
+    """generate(tree=...): a TokenTree, True (the default tree), or an int N (the default N-node
+    tree); the defaults for a greedy or a sampling request."""
     if isinstance(tree, TokenTree):
         return tree
     if tree is True:
-        return TokenTree.default()
+        return TokenTree.default(greedy=greedy)
     if isinstance(tree, int) and not isinstance(tree, bool):
-        return TokenTree.default(tree)
+        if not 2 <= tree <= MAX_NODES:
+            raise ValueError(f"a token tree has 2 to {MAX_NODES} nodes (root included), got {tree}")
+        return TokenTree.default(tree, greedy=greedy)
     raise ValueError(f"tree must be a TokenTree, True or an int number of nodes in [2, {MAX_NODES}], got {tree!r}")

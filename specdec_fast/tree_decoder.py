@@ -95,7 +95,7 @@ def generate_tree(model, assistant_model, input_ids, attention_mask, opts, tree,
 
     if assistant_model is None or opts.num_assistant_tokens is not None:
         raise ValueError("tree=... needs an assistant_model (the draft that expands the tree) and no num_assistant_tokens")
-    token_tree = as_token_tree(tree)
+    token_tree = as_token_tree(tree, greedy=not opts.do_sample)
     sizes = dict(max_new_tokens=opts.max_new_tokens, k=token_tree.size - 1, backend=backend)
     row_tokens = input_ids.shape[1] + opts.max_new_tokens + token_tree.size
     runners = [choose_runner(m, runner, row_tokens, backend) for m in (model, assistant_model)]

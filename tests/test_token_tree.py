@@ -40,9 +40,10 @@ def test_bad_children_and_as_token_tree():
     with pytest.raises(ValueError, match="children must be one of"):
         TokenTree((-1, 0), children="beam")
     assert as_token_tree(True) == TokenTree.default()
+    assert as_token_tree(True, greedy=True) == TokenTree.default(greedy=True)
     assert as_token_tree(12).size == 12
-    for bad in ("x", 1.5, False):
-        with pytest.raises(ValueError, match="tree must be"):
+    for bad in ("x", 1.5, False, 1, 65):
+        with pytest.raises(ValueError, match="tree must be|2 to 64 nodes"):
             as_token_tree(bad)
 
 
@@ -76,5 +77,7 @@ def test_best_first_limits_depth_and_default_sizes():
         TokenTree.best_first(5, [(0.5,), (0.0, 0.3)])
     assert TokenTree.best_first(6, (0.8, 0.0, 0.5)).num_children[0] == 1  # ranks stop at the first zero
     for n in (5, 16, 32, 64):
-        tree = TokenTree.default(n)
-        assert tree.size == n and tree.children == "top"
+        for greedy in (True, False):
+            tree = TokenTree.default(n, greedy=greedy)
+            assert tree.size == n and tree.children == "sample" and tree.depth <= 8
+    assert TokenTree.default(64, max_depth=None).depth > 8
