@@ -18,8 +18,9 @@ GPU (--gpu; for the next GPU session, bench/run_gpu.sh): the scale benchmark's p
   and head, the target's later o_proj / down_proj scaled so that greedy agreement is
   --agreements (0.6 and 0.8; the scale is found by bisection on teacher-forced prompts). Batch 1,
   prompt 128 random tokens, 128 new, CUDA graphs: plain decoding, chains K = 1..8, trees of 8 to
-  64 nodes (best-first from the rank acceptance measured on that pair): the best tree's tokens/s
-  against the best chain's, plus tree_verify vs chain_verify kernel times (do_bench).
+  64 nodes with depth <= 4 / 8 / any (best-first from the rank acceptance measured on that
+  pair): the best tree's tokens/s against the best chain's, plus tree_verify vs chain_verify
+  kernel times (do_bench).
   Writes bench/results/tree_<device>.json.
 
     python bench/bench_tree.py [--budgets 5,16,32,64] [--max-new-tokens 64] [--prompts 8]
@@ -361,9 +362,13 @@ def run_gpu(args) -> dict:
             trees = {}
             for k in args.chain_ks:
                 configs[f"chain{k + 1}"] = dict(num_assistant_tokens=k, **graphs, **backend)
-            for n in args.tree_sizes:
-                trees[f"tree{n}-top"] = TokenTree.best_first(n, acc)
-                configs[f"tree{n}-top"] = dict(tree=trees[f"tree{n}-top"], **graphs, **backend)
+            for n in args.tree_sizes:  # the draft runs one forward per level: depth caps trade tokens for draft time
+                for depth in args.tree_depths:
+                    if depth is not None and n <= depth + 1:
+                        continue
+                    name = f"tree{n}-d{depth or 'any'}"
+                    trees[name] = TokenTree.best_first(n, acc, "sample", max_depth=depth)
+                    configs[name] = dict(tree=trees[name], **graphs, **backend)
             for name, (seconds, st, all_seconds) in best_of(runner, configs, args.repeats).items():
                 kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
                 budget = 1 if kind == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
@@ -400,6 +405,8 @@ def main(argv=None):
     ap.add_argument("--agreements", type=floats, default=[0.6, 0.8])
     ap.add_argument("--chain-ks", type=ints, default=list(range(1, 9)))
     ap.add_argument("--tree-sizes", type=ints, default=[8, 16, 32, 64])
+    ap.add_argument("--tree-depths", type=lambda s: [None if x == "any" else int(x) for x in s.split(",")],
+                    default=[4, 8, None], help="GPU: depth caps of the trees (any = none)")
     ap.add_argument("--prompts", type=int, default=8, help="CPU: held-out prompts run in turn (evaluation)")
     ap.add_argument("--calibration-prompts", type=int, default=7, help="CPU: the next held-out prompts (rank acceptance)")
     ap.add_argument("--seeds", type=int, default=4, help="CPU sampling: seeds per prompt")
