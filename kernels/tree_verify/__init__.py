@@ -104,7 +104,9 @@ def tree_verify(
     or None (deterministic children, e.g. the draft's top-b: p = one-hot per child); tokens
     [B, N] and parents [B, N] int32/int64 (BFS order, -1 = root / absent node). Sampling params
     as chain_verify: scalars or per-row tensors [B]; seed int or int64 [B]; offset int or [B].
-    check=False skips the checks that read tensor values (no host sync).
+    check=False skips the checks that read tensor values (no host sync): the trees must then be
+    valid already (check_tree); a malformed row gives unspecified tokens (memory-safe).
+    Returns TreeVerifyResult(tokens, path, num_accepted, final_token).
     """
     _check_logits("target_logits", target_logits, 3)
     batch, n, vocab = target_logits.shape
