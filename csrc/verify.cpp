@@ -20,51 +20,12 @@
 #include "philox.h"
 #include "standardise.h"
 #include "token_pass.h"
+#include "verify_args.h"
 
 namespace specdec {
 namespace {
 
 constexpr int64_t kChunk = 16 * kBlock;  // vocab tokens per phase-3 work item (a multiple of kBlock)
-
-struct Params {
-  const float* temperature;
-  const int32_t* top_k;
-  const float* top_p;
-  const float* min_p;
-  const int64_t* seed;
-  const int64_t* offset;
-  SamplingRow row(int64_t b) const { return {temperature[b], top_k[b], top_p[b], min_p[b]}; }
-};
-
-Params check_params(int64_t batch, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-                    const at::Tensor& min_p, const at::Tensor& seed, const at::Tensor& offset) {
-  auto check = [batch](const at::Tensor& t, at::ScalarType dtype, const char* name) {
-    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == batch && t.is_contiguous(),
-                name, " must be a contiguous CPU ", c10::toString(dtype), " tensor [", batch, "], got ", t.scalar_type(), " ",
-                t.sizes());
-  };
-  check(temperature, at::kFloat, "temperature");
-  check(top_k, at::kInt, "top_k");
-  check(top_p, at::kFloat, "top_p");
-  check(min_p, at::kFloat, "min_p");
-  check(seed, at::kLong, "seed");
-  check(offset, at::kLong, "offset");
-  return {temperature.data_ptr<float>(), top_k.data_ptr<int32_t>(), top_p.data_ptr<float>(), min_p.data_ptr<float>(),
-          seed.data_ptr<int64_t>(), offset.data_ptr<int64_t>()};
-}
-
-void check_logits(const at::Tensor& t, int64_t dim, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == dim && t.is_contiguous(), name, " must be a contiguous CPU tensor with ", dim,
-              " dims, got ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf, name,
-              " must be float32, bfloat16 or float16, got ", t.scalar_type());
-}
-
-// The OpenMP team follows torch.set_num_threads. On an oversubscribed machine (the shared
-// 2-core dev box) libgomp's default spin-then-sleep wait made every parallel region cost a
-// scheduler tick: B=8, K=4, V=32000 took 16 ms with 2 threads vs 4.3 ms with 1; with
-// OMP_WAIT_POLICY=PASSIVE, 4.4 ms. Torch's own OpenMP ops show the same effect.
-int num_threads() { return at::get_num_threads(); }
 
 // Phase 3 for rows whose target at position j[b] is not greedy: best per (row, chunk), merged.
 template <class L>
@@ -171,13 +132,6 @@ void chain_verify_impl(const at::Tensor& target_t, const c10::optional<at::Tenso
     out_tokens[b * positions + j[b]] = static_cast<int32_t>(y[b]);
     out_accepted[b] = static_cast<int32_t>(j[b]);
   }
-}
-
-template <class F>
-void dispatch_dtype(at::ScalarType dtype, F&& f) {
-  if (dtype == at::kFloat) f(LoadF32{});
-  else if (dtype == at::kBFloat16) f(LoadBF16{});
-  else f(LoadF16{});
 }
 
 std::tuple<at::Tensor, at::Tensor> chain_verify(const at::Tensor& target_logits, const c10::optional<at::Tensor>& draft_logits,

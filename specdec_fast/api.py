@@ -111,7 +111,8 @@ def _make_runner(model, name: str, *, max_new_tokens: int, k: int, backend):
 def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None, prompt_lookup_num_tokens=None,
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
              eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
-             return_stats=False, generation_config=None, backend=None, runner=None, cuda_graphs=None, **unsupported):
+             return_stats=False, generation_config=None, backend=None, runner=None, cuda_graphs=None, tree=None,
+             **unsupported):
     """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
     [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
     return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
@@ -122,7 +123,10 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     GPU), True (the draft and verify steps as CUDA graphs: CUDA, paged runners, Triton kernels;
     error if unsupported), False (eager), "static"
     (the graph code path run eagerly with its safety checks, any device: for tests). The stats
-    report which ran (graph_mode, graph_note, graph_replays)."""
+    report which ran (graph_mode, graph_note, graph_replays).
+    tree: draft a token tree per step instead of a chain (specdec_fast.tree): a TokenTree, True
+    (TokenTree.default()) or an int N (the default N-node tree); needs assistant_model and paged
+    runners; num_assistant_tokens does not apply."""
     if input_ids is None:
         input_ids = unsupported.pop("inputs", None)
     tokenizer, assistant_tokenizer = unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)
@@ -162,6 +166,11 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
         k, drafter, name = 0, None, None
     if name is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
+    if tree is not None:  # token trees (specdec_fast/tree_decoder.py)
+        from .tree_decoder import generate_tree
+
+        return generate_tree(model, assistant_model, input_ids, attention_mask, opts, tree, runner=runner, backend=backend,
+                             seed=seed, streamer=streamer, cuda_graphs=cuda_graphs, return_stats=return_stats)
     # Each row's reservation in a paged runner: prompt + max_new_tokens + K + 1 tokens.
     row_tokens = input_ids.shape[1] + opts.max_new_tokens + k + 1
     sizes = dict(max_new_tokens=opts.max_new_tokens, k=k, backend=backend)

@@ -27,6 +27,8 @@ between graph replays: a graph-safe runner's compact must be a no-op or purely i
 
 A paged runner (PagedKVCache + paged_attention) implements the same four methods: score writes
 K/V at seq_lens + (i - (N - num_valid)), commit advances seq_lens by keep, compact is a no-op.
+Paged runners also score token trees (tree_decoder.py): score(tokens, tree=(mask, depths)) scores
+N nodes in one tree-masked pass, commit_path(path, keep) keeps the accepted path (compact_kv).
 """
 from typing import Protocol
 

@@ -34,7 +34,7 @@ import torch
 from ..cache import PagedKVCache
 from ..kernels._backend import resolve_backend
 from ..kernels.attention import paged_attention
-from ..kernels.cache_ops import append_kv
+from ..kernels.cache_ops import append_kv, compact_kv
 from ._linear import linear
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -70,6 +70,7 @@ class PagedRunnerBase:
     """
 
     max_positions: int | None = None
+    _tree_mask = None  # int64 [B*N] during a tree-scoring forward (score(tree=...)), else None
     # score / commit update length, cache.seq_lens and the KV cache in place with static shapes per
     # (B, N); the _full_cu index tensors are built on first use (a warm-up call) and then reused.
     # The host-side tentative-token check runs at capture only; every replay repeats the captured
@@ -166,13 +167,18 @@ class PagedRunnerBase:
         return linear(hidden[:, -1], self.lm_head)
 
     @torch.no_grad()
-    def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, N] (only the last num_valid[b] real) -> logits [B, N, V]."""
+    def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None, *, tree=None) -> torch.Tensor:
+        """tokens [B, N] (only the last num_valid[b] real) -> logits [B, N, V].
+        tree: (mask int64 [N], depths int [N]) scores the N tokens as a token tree in one pass:
+        token i sits at position length + depths[i] and sees the context and the call's tokens
+        whose bit is set in mask[i] (its ancestors and itself; N <= 64, no num_valid)."""
         self._tentative += tokens.shape[1]
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
                                f"K + 1 = {self.max_tentative} (num_draft_tokens given to {type(self).__name__})")
-        return linear(self._forward(tokens, num_valid), self.lm_head)
+        if tree is not None and (num_valid is not None or tokens.shape[1] > 64):
+            raise ValueError("tree scoring takes at most 64 tokens per row and no num_valid")
+        return linear(self._forward(tokens, num_valid, tree), self.lm_head)
 
     def commit(self, keep: torch.Tensor) -> None:
         """The first keep[b] real tentative tokens become committed; the others are dropped."""
@@ -181,16 +187,23 @@ class PagedRunnerBase:
         self.length.copy_(new)
         self._tentative = 0
 
+    def commit_path(self, path: torch.Tensor, keep: torch.Tensor) -> None:
+        """After tree scoring: the tentative tokens at call positions path[b, :keep[b]] (int32 [B, P],
+        -1 padded) move to the first keep[b] tentative slots (compact_kv, every layer) and are
+        committed, in that order; the others are dropped."""
+        compact_kv(self.cache.kv, self.cache.block_table, self.cache.seq_lens, path, backend=self.backend, check=False)
+        self.commit(keep)
+
     def compact(self, max_len_bound: int) -> None:
         """No-op: rejected tokens leave no holes (they are overwritten by the next score)."""
 
     # -- the forward -------------------------------------------------------------------------
-    def _pack(self, tokens: torch.Tensor, num_valid):
+    def _pack(self, tokens: torch.Tensor, num_valid, depths=None):
         """Packed tokens [T], positions [T], cu [B+1] int32, per-row real counts [B] int32 and
-        the unpack index [B*N] (None for the identity)."""
+        the unpack index [B*N] (None for the identity). depths [N]: tree positions (no num_valid)."""
         batch, n = tokens.shape
         dev = self.device
-        steps = torch.arange(n, device=dev, dtype=torch.int32)
+        steps = torch.arange(n, device=dev, dtype=torch.int32) if depths is None else depths.to(torch.int32)
         if num_valid is None:
             cu = self._full_cu.get((batch, n))
             if cu is None:
@@ -210,13 +223,18 @@ class PagedRunnerBase:
         positions = torch.empty_like(row_pos).scatter_(0, dest, row_pos)
         return packed, positions, cu, count, dest
 
-    def _forward(self, tokens: torch.Tensor, num_valid) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, num_valid, tree=None) -> torch.Tensor:
         """tokens [B, N] -> final-norm hidden states [B, N, H]; appends the real tokens' K/V at
-        self.length and advances it."""
+        self.length and advances it. tree: (mask [N], depths [N]) as in score."""
         batch, n = tokens.shape
-        flat, positions, cu, count, unpack = self._pack(tokens, num_valid)
+        flat, positions, cu, count, unpack = self._pack(tokens, num_valid, None if tree is None else tree[1])
         attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
-        x = self._decode(flat, positions, cu, attn_lens, n)
+        # _attend reads the tree mask from here (the subclasses' _decode passes no mask).
+        self._tree_mask = None if tree is None else tree[0].repeat(batch)
+        try:
+            x = self._decode(flat, positions, cu, attn_lens, n)
+        finally:
+            self._tree_mask = None
         self.length.copy_(attn_lens)
         if unpack is not None:
             x = x.index_select(0, unpack)
@@ -246,12 +264,14 @@ class PagedRunnerBase:
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
-                                                          self.cache.block_table, attn_lens, cu, None, scale)
+                                                          self.cache.block_table, attn_lens, cu, self._tree_mask, scale)
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.cache.block_table, attn_lens, cu,
-                                   max_query_len=max_query_len, scale=scale, plan=self._plan(max_query_len))
+                                   max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
+                                   plan=self._plan(max_query_len))
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self.cache.block_table, attn_lens, cu,
-                               max_query_len=max_query_len, scale=scale, backend=self.backend, check=False)
+                               max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, backend=self.backend,
+                               check=False)
 
     def _plan(self, max_query_len: int):
         """The Triton attention launch shape of a call (static per call width): chosen once."""

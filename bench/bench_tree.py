@@ -1,0 +1,446 @@
+"""Token trees vs chains at the same number of target tokens scored per step.
+
+CPU (default; the demo pair, specdec_fast.pair.demo_pair(), batch 1, held-out prompts in turn):
+  1. rank acceptance on calibration prompts (held-out prompts after the evaluation ones): a full
+     tree of branching (8, 6) (57 nodes) gives, per decoding mode and way of choosing children,
+     P(the accepted child has rank r) at depths 1 and 2
+  2. for each budget N (target tokens per step): the chain with K = N - 1 (the chain engine)
+     against the best-first N-node tree built from the measured rank acceptance (TokenTree.
+     best_first; depth 1's and depth 2's rows, deeper depths as depth 2), with top-b and with
+     sampled children: mean accepted length (tokens per
+     row-iteration), tokens/s (best of --repeats, configurations round robin), the phase times
+     and the draft rows fed per step; plain decoding beside them. Sampling runs each prompt with
+     --seeds seeds. Both for the shipped draft and for a lower-agreement one (--draft-noises).
+  Writes bench/results/tree_cpu.json (+ tree_cpu.png).
+
+GPU (--gpu; for the next GPU session, bench/run_gpu.sh): the scale benchmark's pair, a Llama-3-8B
+  shaped target with random bf16 weights and a draft made of its embedding, first 2 layers, norm
+  and head, the target's later o_proj / down_proj scaled so that greedy agreement is
+  --agreements (0.6 and 0.8; the scale is found by bisection on teacher-forced prompts). Batch 1,
+  prompt 128 random tokens, 128 new, CUDA graphs: plain decoding, chains K = 1..8, trees of 8 to
+  64 nodes with depth <= 4 / 8 / any (best-first from the rank acceptance measured on that
+  pair): the best tree's tokens/s against the best chain's, plus tree_verify vs chain_verify
+  kernel times (do_bench).
+  Writes bench/results/tree_<device>.json.
+
+    python bench/bench_tree.py [--budgets 5,16,32,64] [--max-new-tokens 64] [--prompts 8]
+    python bench/bench_tree.py --gpu [--agreements 0.6,0.8]
+    python bench/bench_tree.py --gpu --device cpu --tiny    (the GPU code path on a tiny model: a smoke run)
+Not a test: pytest collects nothing here.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_e2e import environment, load_models, make_prompts, merge_stats  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, temperature=0.8, top_p=0.95)}
+RANK_TREE = (8, 6)  # branching of the tree that measures rank acceptance (57 nodes)
+# Children per mode: greedy rows take the top-b either way (tree_drafter.py). Sampling: i.i.d.
+# samples; the draft's top-b (--children sample,top) accepted 0.36-0.85x the chain's tokens per
+# step at T 0.8 / top-p 0.95 (bench/results/tree_cpu_052efcb.json): the target's probability of
+# the draft's top token (~0.48) is far below the ~0.81 a sample from the draft is accepted with.
+CHILDREN = {"greedy": ("sample",), "sampling": ("sample",)}
+MAX_DEPTH = 8  # the depth-capped variant of each tree (the draft runs one forward per level)
+
+
+def pooled_tree_stats(stats_list) -> dict:
+    """Sum of the runs' stats.extra['tree'] counters."""
+    first = stats_list[0].extra["tree"]
+    counts = [[sum(s.extra["tree"]["accepted_rank_by_depth"][d][r] for s in stats_list) for r in range(len(row))]
+              for d, row in enumerate(first["accepted_rank_by_depth"])]
+    reached = [sum(s.extra["tree"]["reached_by_depth"][d] for s in stats_list) for d in range(len(first["reached_by_depth"]))]
+    return dict(first, accepted_rank_by_depth=counts, reached_by_depth=reached)
+
+
+def rank_acceptance(tree_stats: dict) -> dict:
+    """P(accepted child has rank r | depth d - 1 reached) at each depth, from pooled counters."""
+    out = {}
+    for d, (row, reached) in enumerate(zip(tree_stats["accepted_rank_by_depth"], tree_stats["reached_by_depth"]), 1):
+        out[d] = [c / reached if reached else 0.0 for c in row]
+    return out
+
+
+def draft_rows_per_step(tree) -> int:
+    """Draft tokens fed per step by TreeDrafter: 1-2 pending + nodes 1..end_d re-fed at each level d < D."""
+    ends = [max(tree.level(d)) + 1 for d in range(1, tree.depth)]
+    return 2 + sum(end - 1 for end in ends)
+
+
+class Runner:
+    """Runs generate() over the batch-1 prompts in turn (sampling: once per seed); returns
+    (seconds, pooled stats)."""
+
+    def __init__(self, target, draft, prompts, new_tokens, mode_opts, device, seeds=1):
+        self.target, self.draft, self.prompts, self.new, self.opts, self.device = target, draft, prompts, new_tokens, mode_opts, device
+        self.seeds = range(seeds if mode_opts.get("do_sample") else 1)
+
+    def __call__(self, **method):
+        from specdec_fast.api import generate
+
+        stats = []
+        if "tree" in method or "num_assistant_tokens" in method:
+            method = dict(method, assistant_model=self.draft)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i, (ids, mask) in enumerate(self.prompts):
+            for s in self.seeds:
+                seed = dict(seed=1000 * s + i) if self.opts.get("do_sample") else {}
+                _, st = generate(self.target, ids, mask, max_new_tokens=self.new, pad_token_id=0, return_stats=True,
+                                 **self.opts, **seed, **method)
+                stats.append(st)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        merged = merge_stats(stats)
+        if "tree" in method:
+            merged.extra["tree"] = pooled_tree_stats(stats)
+        return seconds, merged
+
+
+def best_of(runner, configs: dict, repeats: int) -> dict:
+    """name -> (best seconds, its stats, all seconds), configurations round robin."""
+    times = {name: [] for name in configs}
+    best = {}
+    for _ in range(repeats):
+        for name, method in configs.items():
+            seconds, stats = runner(**method)
+            if not times[name] or seconds < min(times[name]):
+                best[name] = stats
+            times[name].append(seconds)
+    return {name: (min(times[name]), best[name], times[name]) for name in configs}
+
+
+def row_of(name, kind, budget, mode, seconds, stats, all_seconds, tree=None) -> dict:
+    iters = max(stats.iterations, 1)
+    row = dict(name=name, kind=kind, budget=budget, mode=mode, seconds=seconds, seconds_all=all_seconds,
+               tokens_per_s=stats.new_tokens / seconds, new_tokens=stats.new_tokens, iterations=stats.iterations,
+               mean_accepted_length=stats.mean_accepted_length, accepted_hist=stats.accepted_hist,
+               draft_ms_per_step=1e3 * stats.draft_s / iters, target_ms_per_step=1e3 * stats.target_s / iters)
+    if tree is not None:
+        row.update(tree=tree.describe(), parents=list(tree.parents), children=tree.children,
+                   draft_rows_per_step=draft_rows_per_step(tree), tree_stats=stats.extra.get("tree"))
+    return row
+
+
+def run_cpu(args) -> dict:
+    """Per draft (the shipped one; --draft-noises: copies with relative Gaussian weight noise, a
+    lower-agreement pair) and mode: rank acceptance on the calibration prompts, then chains vs
+    best-first trees built from it on the evaluation prompts (disjoint held-out prompts)."""
+    from specdec_fast.tree import TokenTree
+
+    sys.path.insert(0, str(ROOT))
+    from tests.engine.models import make_draft
+
+    device = torch.device("cpu")
+    torch.set_num_threads(args.threads)
+    target, shipped, tokenizer, models_desc, _ = load_models(argparse.Namespace(target=None, draft=None, vocab=2048,
+                                                                                hidden=256, layers=6))
+    target.generation_config.eos_token_id = None
+    vocab = target.config.vocab_size
+    evaluation = [make_prompts(tokenizer, 1, vocab, args.prompt_len, 1, first=i) for i in range(args.prompts)]
+    calibration = [make_prompts(tokenizer, 1, vocab, args.prompt_len, 1, first=i)
+                   for i in range(args.prompts, args.prompts + args.calibration_prompts)]
+    results, ranks = [], {}
+    start = time.perf_counter()
+    for noise in args.draft_noises:
+        draft = shipped if noise == 0 else make_draft(shipped, noise=noise, seed=5)
+        for mode, opts in MODES.items():
+            calib = Runner(target, draft, calibration, args.max_new_tokens, opts, device, args.seeds)
+            runner = Runner(target, draft, evaluation, args.max_new_tokens, opts, device, args.seeds)
+            runner(num_assistant_tokens=4)  # warm-up (C++ build, allocator)
+            key = f"noise{noise}-{mode}"
+            ranks[key] = {}
+            for children in args.children or CHILDREN[mode]:
+                _, stats = calib(tree=TokenTree.from_branching(RANK_TREE, children))
+                ranks[key][children] = rank_acceptance(stats.extra["tree"])
+                print(f"draft noise {noise} {mode} {children}: rank acceptance at depth 1 "
+                      f"{[round(a, 3) for a in ranks[key][children][1]]}", flush=True)
+            configs, trees = {"plain": {}}, {}
+            for n in args.budgets:
+                configs[f"chain{n}"] = dict(num_assistant_tokens=n - 1)
+                for children in args.children or CHILDREN[mode]:
+                    rows = [ranks[key][children][d] for d in (1, 2)]  # per depth; deeper depths use depth 2's
+                    variants = {"": None, f"-d{MAX_DEPTH}": MAX_DEPTH} if n > MAX_DEPTH + 1 else {"": None}
+                    for suffix, depth in variants.items():
+                        name = f"tree{n}-{children}{suffix}"
+                        trees[name] = TokenTree.best_first(n, rows, children, max_depth=depth)
+                        configs[name] = dict(tree=trees[name])
+            for name, (seconds, stats, all_seconds) in best_of(runner, configs, args.repeats).items():
+                kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
+                budget = 1 if name == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
+                row = row_of(name, kind, budget, mode, seconds, stats, all_seconds, trees.get(name))
+                row.update(draft_noise=noise, alpha=stats.alpha if kind == "chain" else None,
+                           max_depth=MAX_DEPTH if name.endswith(f"-d{MAX_DEPTH}") else None)
+                results.append(row)
+                print(f"noise {noise} {mode:8s} {name:14s} accepted {row['mean_accepted_length']:.3f} tokens/s "
+                      f"{row['tokens_per_s']:.1f} draft {row['draft_ms_per_step']:.2f} ms target "
+                      f"{row['target_ms_per_step']:.2f} ms", flush=True)
+    return dict(models=models_desc, settings=vars(args), rank_acceptance=ranks, results=results,
+                total_seconds=time.perf_counter() - start, comparison=compare(results, args.draft_noises))
+
+
+def compare(results, noises) -> list:
+    """Per draft, mode and budget: the tree's accepted length and tokens/s over the chain's."""
+    out = []
+    for noise in noises:
+        for mode in MODES:
+            rows = [r for r in results if r["mode"] == mode and r["draft_noise"] == noise]
+            chains = {r["budget"]: r for r in rows if r["kind"] == "chain"}
+            for r in rows:
+                if r["kind"] == "tree" and r["budget"] in chains:
+                    c = chains[r["budget"]]
+                    out.append(dict(draft_noise=noise, mode=mode, budget=r["budget"], tree=r["name"], children=r["children"],
+                                    chain_alpha=c["alpha"], chain_accepted=c["mean_accepted_length"],
+                                    tree_accepted=r["mean_accepted_length"],
+                                    accepted_ratio=r["mean_accepted_length"] / c["mean_accepted_length"],
+                                    tokens_per_s_ratio=r["tokens_per_s"] / c["tokens_per_s"]))
+    return out
+
+
+def plot(data, path: Path) -> None:
+    """Columns: (draft, mode); rows: tokens per step, tokens/s; lines: chain, tree per children mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(noise, mode) for noise in data["settings"]["draft_noises"] for mode in MODES]
+    fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 8), squeeze=False)
+    style = {("chain", None): ("chain (K = N - 1)", "black", "o"),
+             ("top", None): ("tree, top-b children", "tab:blue", "s"),
+             ("sample", None): ("tree (greedy rows: top-b; sampling: i.i.d. children)", "tab:orange", "^"),
+             ("sample", MAX_DEPTH): (f"the same, depth <= {MAX_DEPTH}", "tab:red", "v")}
+    for col, (noise, mode) in enumerate(panels):
+        rows = [r for r in data["results"] if r["mode"] == mode and r["draft_noise"] == noise]
+        for (key, depth), (label, colour, marker) in style.items():
+            sel = sorted((r for r in rows if (r["kind"] == "chain" if key == "chain" else
+                                              r["kind"] == "tree" and r["children"] == key and r.get("max_depth") == depth)),
+                         key=lambda r: r["budget"])
+            if not sel:
+                continue
+            xs = [r["budget"] for r in sel]
+            axes[0][col].plot(xs, [r["mean_accepted_length"] for r in sel], marker=marker, color=colour, label=label)
+            axes[1][col].plot(xs, [r["tokens_per_s"] for r in sel], marker=marker, color=colour, label=label)
+        plain = [r for r in rows if r["kind"] == "plain"]
+        if plain:
+            axes[1][col].axhline(plain[0]["tokens_per_s"], color="gray", ls="--", label="plain decoding")
+        alpha = next((r["alpha"] for r in rows if r["kind"] == "chain" and r["budget"] == 5), float("nan"))
+        draft = "shipped draft" if noise == 0 else f"draft + {noise} weight noise"
+        axes[0][col].set_title(f"{draft}, {mode} (chain alpha {alpha:.2f})\ntokens per step", fontsize=10)
+        axes[1][col].set_title("tokens/s end to end (CPU, 1 thread)", fontsize=10)
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("target tokens scored per step (N)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    env = data["environment"]
+    fig.suptitle(f"Token trees vs chains at equal target tokens, demo pair, {env['device']}, commit {env['commit'][:7]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- GPU: the scale benchmark ------------------------------------------------------------------
+def scale_pair(device, dtype, tiny: bool):
+    """(target, draft) sharing weights: an 8B-shaped Llama (random weights) and its first 2 layers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dims = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8)
+    if tiny:
+        dims = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2)
+    config = LlamaConfig(**dims, max_position_embeddings=4096, eos_token_id=None, bos_token_id=1, pad_token_id=0,
+                         initializer_range=0.02)
+    torch.manual_seed(0)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialise in bf16 directly: an fp32 8B model would take 32 GB first
+    try:
+        with torch.device(device):
+            target = LlamaForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
+    draft_config = LlamaConfig(**{**dims, "num_hidden_layers": 2}, max_position_embeddings=4096, eos_token_id=None,
+                               bos_token_id=1, pad_token_id=0)
+    with torch.device("meta"):
+        draft = LlamaForCausalLM(draft_config).eval()
+    draft.model.embed_tokens = target.model.embed_tokens
+    draft.model.layers = torch.nn.ModuleList(target.model.layers[:2])
+    draft.model.norm, draft.lm_head = target.model.norm, target.lm_head
+    draft.model.rotary_emb = target.model.rotary_emb
+    originals = [(layer.self_attn.o_proj.weight.detach().clone(), layer.mlp.down_proj.weight.detach().clone())
+                 for layer in target.model.layers[2:]]
+    return target, draft, originals
+
+
+@torch.no_grad()
+def set_agreement(target, draft, originals, goal: float, device, steps: int = 12) -> tuple[float, float]:
+    """Scale the target's layers >= 2 (o_proj, down_proj) by s, bisected on log s, until greedy
+    draft/target agreement (teacher-forced on random tokens) is about ``goal``. Returns (s, agreement)."""
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    tokens = torch.randint(3, target.config.vocab_size, (4, 256), generator=gen).to(device)
+
+    def agreement(scale):
+        for layer, (o, d) in zip(target.model.layers[2:], originals):
+            layer.self_attn.o_proj.weight.copy_(o * scale)
+            layer.mlp.down_proj.weight.copy_(d * scale)
+        t = target(tokens).logits.argmax(-1)
+        return float((draft(tokens).logits.argmax(-1) == t).float().mean())
+
+    lo, hi = -12.0, 1.0  # log10 s: agreement falls as s grows
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if agreement(10**mid) > goal:
+            lo = mid
+        else:
+            hi = mid
+    scale = 10 ** ((lo + hi) / 2)
+    return scale, agreement(scale)
+
+
+def kernel_times(device, vocab: int) -> list:
+    """tree_verify vs chain_verify (Triton, do_bench median us) at equal target tokens."""
+    import triton
+
+    from specdec_fast.kernels import make_sampling_tensors
+    from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+    from specdec_fast.kernels.verify.triton import chain_verify_triton
+    from specdec_fast.tree import TokenTree
+
+    out = []
+    for batch in (1, 8):
+        for n in (5, 16, 64):
+            for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
+                g = torch.Generator(device="cpu").manual_seed(0)
+                target = (torch.randn(batch, n, vocab, generator=g) * 3).to(device, torch.bfloat16)
+                draft = (target.float() + torch.randn(batch, n, vocab, generator=g).to(device)).to(torch.bfloat16)
+                tree = TokenTree.default(n)
+                parents = torch.tensor(tree.parents, device=device).expand(batch, -1)
+                tokens = torch.randint(0, vocab, (batch, n), generator=g).to(device)
+                params = make_sampling_tensors(batch, device, seed=0, **kw)
+                tree_us = triton.testing.do_bench(lambda: tree_verify_triton(target, draft, tokens, parents, params)) * 1e3
+                chain_us = triton.testing.do_bench(lambda: chain_verify_triton(target, draft[:, :-1], tokens[:, 1:], params)) * 1e3
+                out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, tree_verify_us=tree_us, chain_verify_us=chain_us))
+                print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us, chain {chain_us:.1f} us", flush=True)
+    return out
+
+
+def run_gpu(args) -> dict:
+    from specdec_fast.tree import TokenTree
+
+    device = torch.device(args.device or "cuda")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target, draft, originals = scale_pair(device, dtype, args.tiny)
+    vocab = target.config.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    ids = torch.randint(3, vocab, (1, args.prompt_len), generator=gen).to(device)
+    prompts = [(ids, torch.ones_like(ids))]
+    graphs = dict(cuda_graphs=True) if device.type == "cuda" else {}
+    backend = dict(backend="triton") if device.type == "cuda" else {}
+    results, ranks, agreements = [], {}, {}
+    start = time.perf_counter()
+    for goal in args.agreements:
+        scale, got = set_agreement(target, draft, originals, goal, device)
+        agreements[goal] = dict(scale=scale, measured=got)
+        print(f"agreement goal {goal}: scale {scale:.3g}, measured {got:.3f}", flush=True)
+        for mode, opts in (("greedy", MODES["greedy"]), ("sampling", dict(do_sample=True, temperature=1.0, top_k=0))):
+            runner = Runner(target, draft, prompts, args.max_new_tokens, opts, device)
+            runner(num_assistant_tokens=4, **graphs, **backend)  # warm-up / compile
+            _, stats = runner(tree=TokenTree.from_branching(RANK_TREE), **graphs, **backend)
+            measured = rank_acceptance(stats.extra["tree"])
+            acc = [measured[1], measured[2]]
+            ranks[f"{goal}-{mode}"] = acc
+            configs = {"plain": dict(**graphs, **backend)}
+            trees = {}
+            for k in args.chain_ks:
+                configs[f"chain{k + 1}"] = dict(num_assistant_tokens=k, **graphs, **backend)
+            for n in args.tree_sizes:  # the draft runs one forward per level: depth caps trade tokens for draft time
+                for depth in args.tree_depths:
+                    if depth is not None and n <= depth + 1:
+                        continue
+                    name = f"tree{n}-d{depth or 'any'}"
+                    trees[name] = TokenTree.best_first(n, acc, "sample", max_depth=depth)
+                    configs[name] = dict(tree=trees[name], **graphs, **backend)
+            for name, (seconds, st, all_seconds) in best_of(runner, configs, args.repeats).items():
+                kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
+                budget = 1 if kind == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
+                row = row_of(name, kind, budget, mode, seconds, st, all_seconds, trees.get(name))
+                row.update(agreement=goal)
+                results.append(row)
+                print(f"agreement {goal} {mode:8s} {name:12s} {row['tokens_per_s']:.1f} tokens/s, accepted "
+                      f"{row['mean_accepted_length']:.2f}", flush=True)
+    best = []
+    for goal in args.agreements:
+        for mode in ("greedy", "sampling"):
+            rows = [r for r in results if r["agreement"] == goal and r["mode"] == mode]
+            chain = max((r for r in rows if r["kind"] == "chain"), key=lambda r: r["tokens_per_s"])
+            tree = max((r for r in rows if r["kind"] == "tree"), key=lambda r: r["tokens_per_s"])
+            plain = next(r for r in rows if r["kind"] == "plain")
+            best.append(dict(agreement=goal, mode=mode, best_chain=chain["name"], chain_tokens_per_s=chain["tokens_per_s"],
+                             best_tree=tree["name"], tree_tokens_per_s=tree["tokens_per_s"],
+                             plain_tokens_per_s=plain["tokens_per_s"], tree_over_chain=tree["tokens_per_s"] / chain["tokens_per_s"]))
+            print(best[-1], flush=True)
+    kernels = kernel_times(device, vocab) if device.type == "cuda" else []
+    return dict(models=f"8B-shaped random Llama{' (tiny smoke config)' if args.tiny else ''}, draft = its first 2 layers",
+                settings=vars(args), agreements=agreements, rank_acceptance=ranks, results=results, best=best,
+                kernels=kernels, total_seconds=time.perf_counter() - start)
+
+
+def main(argv=None):
+    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true", help="the scale benchmark (GPU), instead of the demo pair on CPU")
+    ap.add_argument("--device")
+    ap.add_argument("--tiny", action="store_true", help="--gpu code path on a tiny model (smoke run)")
+    ap.add_argument("--budgets", type=ints, default=[5, 16, 32, 64], help="CPU: target tokens per step")
+    ap.add_argument("--agreements", type=floats, default=[0.6, 0.8])
+    ap.add_argument("--chain-ks", type=ints, default=list(range(1, 9)))
+    ap.add_argument("--tree-sizes", type=ints, default=[8, 16, 32, 64])
+    ap.add_argument("--tree-depths", type=lambda s: [None if x == "any" else int(x) for x in s.split(",")],
+                    default=[4, 8, None], help="GPU: depth caps of the trees (any = none)")
+    ap.add_argument("--prompts", type=int, default=8, help="CPU: held-out prompts run in turn (evaluation)")
+    ap.add_argument("--calibration-prompts", type=int, default=7, help="CPU: the next held-out prompts (rank acceptance)")
+    ap.add_argument("--seeds", type=int, default=4, help="CPU sampling: seeds per prompt")
+    ap.add_argument("--children", type=lambda s: tuple(s.split(",")), help="CPU: ways of choosing children (default per mode)")
+    ap.add_argument("--draft-noises", type=floats, default=[0.0, 0.3],
+                    help="CPU: relative weight noise on the draft (0: the shipped draft; 0.3: agreement ~0.6)")
+    ap.add_argument("--prompt-len", type=int, default=None, help="default 96 (CPU) / 128 (GPU)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (CPU) / 128 (GPU)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    args.prompt_len = args.prompt_len or (128 if args.gpu else 96)
+    args.max_new_tokens = args.max_new_tokens or (128 if args.gpu else 64)
+    device = torch.device((args.device or "cuda") if args.gpu else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    env = environment(device)  # at the start: the commit the run used (and its thread count)
+    if args.gpu:
+        data = run_gpu(args)
+        name = torch.cuda.get_device_name(device).lower().replace(" ", "_") if device.type == "cuda" else "cpu_smoke"
+        out = Path(args.out or ROOT / "bench" / "results" / f"tree_{name}.json")
+    else:
+        data = run_cpu(args)
+        out = Path(args.out or ROOT / "bench" / "results" / "tree_cpu.json")
+    data["environment"] = env
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    print(f"wrote {out}")
+    if not args.gpu and not args.no_plot:
+        plot(data, out.with_suffix(".png"))
+        print(f"wrote {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

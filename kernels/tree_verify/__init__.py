@@ -1,0 +1,156 @@
+"""tree_verify: speculative-sampling verify of a token tree per row (validation + dispatch).
+
+Backends: "triton" (triton.py; CUDA, or CPU under TRITON_INTERPRET=1), "cpp" (csrc/tree_verify.cpp,
+the CPU default when it builds), "torch" (reference.py: the spec; read it for the semantics).
+"""
+from typing import NamedTuple
+
+import torch
+
+from .._backend import resolve_backend
+from ..sampling_params import make_sampling_tensors
+from ..verify import TOKEN_DTYPES, _check_finite, _check_logits
+from .reference import present_nodes, tree_verify_reference
+
+MAX_TREE_NODES = 64  # the attention kernel's tree mask: one int64 bitmask per query
+
+__all__ = ["tree_verify", "tree_verify_reference", "TreeVerifyResult", "prepared_tree_verify", "check_tree",
+           "MAX_TREE_NODES"]
+
+
+class TreeVerifyResult(NamedTuple):
+    """tokens int32 [B, N]: accepted nodes' tokens in path order, then the final token, then -1;
+    path int32 [B, N]: [0, a_1, ..., a_j] (node indices, root first) then -1;
+    num_accepted int32 [B]: j; final_token int32 [B]: tokens[b, j]."""
+
+    tokens: torch.Tensor
+    path: torch.Tensor
+    num_accepted: torch.Tensor
+    final_token: torch.Tensor
+
+
+def _check_index_tensor(name: str, t, batch: int, n: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in TOKEN_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    if tuple(t.shape) != (batch, n):
+        raise ValueError(f"{name} must have shape [B, N] = [{batch}, {n}] to match target_logits, got {list(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but target_logits is on {device}")
+
+
+def check_tree(parents: torch.Tensor, tokens: torch.Tensor | None = None, vocab: int | None = None) -> None:
+    """ValueError naming the argument unless every row of parents [B, N] is a tree in topological
+    order (parents[b, 0] = -1; for i >= 1 a parent in [0, i) that is present, or -1 = absent) and
+    present nodes' tokens lie in [0, vocab). Reads values (a host sync)."""
+    batch, n = parents.shape
+    if n > MAX_TREE_NODES:
+        raise ValueError(f"parents: a tree has at most {MAX_TREE_NODES} nodes (one int64 attention mask per node), got N = {n}")
+    if batch == 0 or n == 0:
+        return
+    par = parents.long().cpu()
+    if bool((par[:, 0] != -1).any()):
+        b = int((par[:, 0] != -1).nonzero()[0, 0])
+        raise ValueError(f"parents[{b}, 0] must be -1 (node 0 is the root), got {int(par[b, 0])}")
+    bad = (par < -1) | (par >= n)
+    if bool(bad.any()):
+        b, i = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"parents[{b}, {i}] = {int(par[b, i])} is out of range: a parent is a node index in [0, {n}) or -1")
+    # Follow parent pointers N times: a node still inside the tree then lies on a cycle.
+    walk = par.clone()
+    for _ in range(n):
+        walk = torch.where(walk >= 0, par.gather(1, walk.clamp(min=0)), walk)
+    if bool((walk >= 0).any()):
+        b, i = (int(v) for v in (walk >= 0).nonzero()[0])
+        raise ValueError(f"parents: row {b} has a cycle through node {i}")
+    index = torch.arange(n)[None, :]
+    late = par >= index
+    if bool(late.any()):
+        b, i = (int(v) for v in late.nonzero()[0])
+        raise ValueError(f"parents[{b}, {i}] = {int(par[b, i])}: a parent must come before its child (BFS order)")
+    present = present_nodes(par)
+    orphan = (par >= 0) & ~present
+    if bool(orphan.any()):
+        b, i = (int(v) for v in orphan.nonzero()[0])
+        raise ValueError(f"parents[{b}, {i}] = {int(par[b, i])} is an absent node (parent -1): node {i} has no path to the root")
+    if tokens is not None:
+        tok = tokens.long().cpu()
+        bad = present & (index > 0) & ((tok < 0) | (tok >= vocab))
+        if bool(bad.any()):
+            b, i = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"tokens[{b}, {i}] = {int(tok[b, i])}: a present node's token must lie in [0, V) = [0, {vocab})")
+
+
+def tree_verify(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    seed=0,
+    offset=0,
+    backend: str | None = None,
+    check: bool = True,
+) -> TreeVerifyResult:
+    """Speculative-sampling verify of a token tree per row, from logits (semantics: reference.py).
+
+    target_logits [B, N, V] float32/bfloat16/float16, N <= 64 (node 0 = the root, the last
+    emitted token); draft_logits [B, N, V] same dtype (children sampled i.i.d. from the draft)
+    or None (deterministic children, e.g. the draft's top-b: p = one-hot per child); tokens
+    [B, N] and parents [B, N] int32/int64 (BFS order, -1 = root / absent node). Sampling params
+    as chain_verify: scalars or per-row tensors [B]; seed int or int64 [B]; offset int or [B].
+    check=False skips the checks that read tensor values (no host sync): the trees must then be
+    valid already (check_tree); a malformed row gives unspecified tokens (memory-safe).
+    Returns TreeVerifyResult(tokens, path, num_accepted, final_token).
+    """
+    _check_logits("target_logits", target_logits, 3)
+    batch, n, vocab = target_logits.shape
+    if n < 1:
+        raise ValueError(f"target_logits must hold N >= 1 nodes, got shape {tuple(target_logits.shape)}")
+    if n > MAX_TREE_NODES:
+        raise ValueError(f"target_logits has N = {n} nodes: a tree has at most {MAX_TREE_NODES}")
+    device = target_logits.device
+    _check_index_tensor("tokens", tokens, batch, n, device)
+    _check_index_tensor("parents", parents, batch, n, device)
+    if draft_logits is not None:
+        _check_logits("draft_logits", draft_logits, 3)
+        if draft_logits.device != device:
+            raise ValueError(f"draft_logits is on {draft_logits.device} but target_logits is on {device}")
+        if draft_logits.dtype != target_logits.dtype:
+            raise TypeError(f"draft_logits dtype {draft_logits.dtype} differs from target_logits dtype {target_logits.dtype}")
+        if draft_logits.shape[-1] != vocab:
+            raise ValueError(f"vocab mismatch: draft_logits has V={draft_logits.shape[-1]}, target_logits has V={vocab}")
+        if tuple(draft_logits.shape) != (batch, n, vocab):
+            raise ValueError(f"draft_logits must have shape [B, N, V] = [{batch}, {n}, {vocab}], got {list(draft_logits.shape)}")
+    params = make_sampling_tensors(
+        batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
+    )
+    if check:
+        check_tree(parents, tokens, vocab)
+        _check_finite("target_logits", target_logits)
+        if draft_logits is not None:
+            _check_finite("draft_logits", draft_logits)
+    impl = prepared_tree_verify(backend, device)
+    out_tokens, path, num_accepted = impl(target_logits, draft_logits, tokens, parents, params)
+    final = out_tokens.gather(1, num_accepted.long()[:, None])[:, 0]
+    return TreeVerifyResult(out_tokens, path, num_accepted, final)
+
+
+def prepared_tree_verify(backend, device):
+    """tree_verify_impl(target_logits, draft_logits, tokens, parents, params) -> (tokens, path,
+    num_accepted) of the backend resolve_backend picks for ``device``; no checks (for the engine)."""
+    chosen = resolve_backend(backend, torch.device(device), "tree_verify")
+    if chosen == "triton":
+        from .triton import tree_verify_triton
+
+        return tree_verify_triton
+    if chosen == "cpp":
+        from .cpp import tree_verify_cpp
+
+        return tree_verify_cpp
+    return tree_verify_reference

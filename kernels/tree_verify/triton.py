@@ -1,0 +1,147 @@
+"""Triton backend of tree_verify: no host sync, grids from static shapes (CUDA-graph capturable).
+
+Launches (each boundary a grid-wide dependency):
+  1-2. the standardisation statistics of every node's target and draft row: kernels/verify's
+       partial_stats / thresholds kernels, with K = N - 1 and no -1 among the (dummy) drafts, so
+       every position is computed (_node_stats below is the only code that knows their interface)
+  3.   residual_mass (sampled children only): the residual masses W_k each sibling test needs
+  4.   walk: one row tile per program, an ascending scan over the N nodes
+  5-6. emit_partial / emit_final: Gumbel-max of the emitted token at the final node, vocab
+       chunks merged in order (as in kernels/verify/triton.py)
+N and V are constexpr: one compiled variant per (tree size, model vocabulary).
+"""
+import torch
+import triton
+
+from .._backend import triton_interpreting
+from ..rng import STREAM_TOKEN
+from ..sampling_params import SamplingTensors
+from ..verify import _triton_kernels as verify_stats
+from ..verify.triton import NUM_WARPS, _split_vocab, _tile, _vocab_contiguous
+from . import _triton_kernels as kernels
+
+# Row tiles of the walk: [BLOCK_R, BLOCK_N] int32 tiles in registers (64 x 64 fp32/int32 = 16
+# per thread at 8 warps); the interpreter pays per operation, so it takes whole batches.
+WALK_ROWS = 16
+WALK_ROWS_INTERPRETER = 4096
+
+
+def _node_stats(target, draft, params: SamplingTensors, block_v, num_chunks):
+    """(m, s2, s3, tkey, amax) [B * NPOS] and NPOS: kernels/verify's stats of target position
+    n (stats index b * NPOS + n) and draft position n (b * NPOS + N + n, n <= N - 2; the last node
+    has no children, so its draft row is never needed)."""
+    batch, n, vocab = target.shape
+    k = n - 1
+    device = target.device
+    has_draft = draft is not None and k > 0
+    dummy_drafts = torch.zeros((batch, max(k, 1)), dtype=torch.int32, device=device)  # no -1: every position needed
+    draft = draft if has_draft else target
+    npos = 2 * k + 1 if has_draft else k + 1
+    rows = batch * npos
+    strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
+    token_strides = (dummy_drafts.stride(0), dummy_drafts.stride(1)) if k else (0, 0)
+    block_k = triton.next_power_of_2(max(k, 1))
+    f32 = dict(dtype=torch.float32, device=device)
+    block_r, bv = _tile(vocab, rows, block_v)
+    chunk, nchunk = _split_vocab(vocab, triton.cdiv(rows, block_r), device, bv, num_chunks)
+    part_m, part_s = torch.empty((rows, nchunk), **f32), torch.empty((rows, nchunk), **f32)
+    part_arg = torch.empty((rows, nchunk), dtype=torch.int32, device=device)
+    p = params
+    verify_stats.partial_stats_kernel[(triton.cdiv(rows, block_r), nchunk)](
+        target, draft, dummy_drafts, p.temperature, part_m, part_s, part_arg,
+        rows, npos, nchunk, *strides, *token_strides,
+        V=vocab, K=k, CHUNK=chunk, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k, num_warps=NUM_WARPS,
+    )
+    m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
+    tkey = torch.empty((rows,), dtype=torch.int64, device=device)
+    amax = torch.empty((rows,), dtype=torch.int32, device=device)
+    verify_stats.thresholds_kernel[(triton.cdiv(rows, block_r),)](
+        target, draft, dummy_drafts, p.temperature, p.top_k, p.top_p, p.min_p,
+        part_m, part_s, part_arg, m, s2, s3, tkey, amax,
+        rows, npos, nchunk, *strides, *token_strides,
+        V=vocab, K=k, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k,
+        BLOCK_C=triton.next_power_of_2(nchunk), num_warps=NUM_WARPS,
+    )
+    return (m, s2, s3, tkey, amax), npos
+
+
+def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks):
+    batch, n, vocab = target.shape
+    device = target.device
+    i32 = dict(dtype=torch.int32, device=device)
+    out = torch.empty((batch, n), **i32)
+    path = torch.empty((batch, n), **i32)
+    num_accepted = torch.empty((batch,), **i32)
+    if batch == 0:
+        return out, path, num_accepted
+    target = _vocab_contiguous(target)
+    has_draft = draft is not None and n > 1
+    draft = _vocab_contiguous(draft) if has_draft else target
+    tokens, parents = tokens.contiguous(), parents.contiguous()
+    stats, npos = _node_stats(target, draft if has_draft else None, params, block_v, num_chunks)
+    p = params
+    strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
+    block_n = triton.next_power_of_2(n)
+
+    mass = torch.empty((batch * n, n), dtype=torch.float32, device=device)
+    if has_draft:
+        block_r, bv = _tile(vocab, batch * n, block_v)
+        kernels.residual_mass_kernel[(triton.cdiv(batch * n, block_r),)](
+            target, draft, parents, p.temperature, p.min_p, *stats, mass,
+            batch * n, npos, *strides, parents.stride(0),
+            N=n, V=vocab, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_N=block_n, num_warps=NUM_WARPS,
+        )
+
+    final = torch.empty((batch,), **i32)
+    lam = torch.empty((batch,), dtype=torch.float32, device=device)
+    removed = torch.empty((batch, n), **i32)
+    num_removed = torch.empty((batch,), **i32)
+    node_f = torch.empty((3, batch, n), dtype=torch.float32, device=device)  # walk scratch (see walk_kernel)
+    node_i = torch.empty((4, batch, n), **i32)
+    block_r = min(triton.next_power_of_2(batch), WALK_ROWS_INTERPRETER if triton_interpreting() else WALK_ROWS)
+    kernels.walk_kernel[(triton.cdiv(batch, block_r),)](
+        target, draft, tokens, parents, p.temperature, p.min_p, p.seed, p.offset, *stats, mass, node_f, node_i,
+        path, out, num_accepted, final, lam, removed, num_removed,
+        batch, npos, *strides, tokens.stride(0), parents.stride(0),
+        N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=block_r, BLOCK_N=block_n,
+        num_warps=8 if block_r * block_n >= 1024 else NUM_WARPS,
+    )
+
+    block_r, bv = _tile(vocab, batch, block_v)
+    chunk, nchunk = _split_vocab(vocab, triton.cdiv(batch, block_r), device, bv, num_chunks)
+    f32 = dict(dtype=torch.float32, device=device)
+    q_val, r_val = torch.empty((batch, nchunk), **f32), torch.empty((batch, nchunk), **f32)
+    q_idx, r_idx, r_any = (torch.empty((batch, nchunk), **i32) for _ in range(3))
+    kernels.emit_partial_kernel[(triton.cdiv(batch, block_r), nchunk)](
+        target, draft, p.temperature, p.min_p, p.seed, p.offset, *stats,
+        num_accepted, final, lam, removed, num_removed, q_val, q_idx, r_val, r_idx, r_any,
+        batch, npos, nchunk, STREAM_TOKEN, *strides,
+        N=n, V=vocab, CHUNK=chunk, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=block_r, BLOCK_V=bv, num_warps=NUM_WARPS,
+    )
+    block_r = min(triton.next_power_of_2(batch), 4096 if triton_interpreting() else 64)
+    kernels.emit_final_kernel[(triton.cdiv(batch, block_r),)](
+        p.temperature, num_accepted, lam, q_val, q_idx, r_val, r_idx, r_any, out,
+        batch, nchunk, N=n, BLOCK_R=block_r, BLOCK_C=triton.next_power_of_2(nchunk), num_warps=NUM_WARPS,
+    )
+    return out, path, num_accepted
+
+
+def tree_verify_triton(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    params: SamplingTensors,
+    *,
+    block_v: int | None = None,
+    num_chunks: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
+    -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
+    kernels.tree_verify.tree_verify; block_v / num_chunks override the vocab split (tests)."""
+    if not triton_interpreting():
+        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks)
+    import numpy as np
+
+    with np.errstate(all="ignore"):  # the interpreter evaluates both sides of every select
+        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks)

@@ -1,0 +1,112 @@
+"""TreeDecoder: speculative decoding with a token tree per iteration (SpeculativeDecoder's loop).
+
+One iteration, no host sync:
+    drafter.propose()            -> tokens [B, N] (node 0 = the last emitted token), draft logits or None
+    target.score(N, tree mask)   -> target logits [B, N, V] in one pass (node i at position
+                                    context + depth(i), seeing its ancestors and itself)
+    tree_verify                  -> emitted tokens [B, N], path [B, N], num_accepted [B]
+    target.commit_path(path, j + 1)   the root and the accepted nodes move into place (compact_kv)
+    append, drafter.commit(path, j)   the draft cache likewise (TreeDrafter.commit)
+Everything else (the loop, polling, EOS, CUDA graphs / the "static" twin, stats) is
+SpeculativeDecoder's: the draft step is drafter.propose(), the verify step the rest. The depth
+D of the tree plays K's part there (at most D + 1 tokens per iteration): the stats'
+accepted_hist and acceptance_per_position are per depth; stats.extra["tree"] adds which sibling
+rank was accepted at each depth.
+"""
+import dataclasses
+
+import torch
+
+from .engine import SpeculativeDecoder
+from .kernels.sampling_params import make_sampling_tensors
+from .kernels.tree_verify import prepared_tree_verify
+from .tree import as_token_tree
+from .tree_drafter import TreeDrafter
+
+
+class TreeStats:
+    """Device counters: accepted[d - 1, r] = row-iterations whose accepted node at depth d had rank r."""
+
+    def __init__(self, tree, device):
+        self.tree = tree
+        self.width = max(tree.ranks) + 1
+        tensors = tree.tensors(device)
+        self.ranks = tensors["ranks"]
+        self.accepted = torch.zeros(tree.depth * self.width, dtype=torch.long, device=device)
+        self.base = torch.arange(tree.depth, device=device)[None, :] * self.width
+
+    def record(self, path: torch.Tensor, active: torch.Tensor) -> None:
+        nodes = path[:, 1 : self.tree.depth + 1].long()  # the node at each depth, -1 past the path
+        on = (nodes >= 0) & active[:, None]
+        index = self.base + self.ranks[nodes.clamp(min=0)]
+        self.accepted.scatter_add_(0, index.reshape(-1), on.long().reshape(-1))
+
+    def summary(self, accepted_hist: list) -> dict:
+        counts = self.accepted.view(self.tree.depth, self.width).cpu().tolist()
+        reached = [sum(accepted_hist[d:]) for d in range(self.tree.depth)]  # row-iterations reaching depth d
+        return dict(tree=self.tree.describe(), parents=list(self.tree.parents), children=self.tree.children,
+                    accepted_rank_by_depth=counts, reached_by_depth=reached)
+
+
+class TreeDecoder(SpeculativeDecoder):
+    """Speculative decoding of one batch with a TreeDrafter; the target must be a paged runner
+    (tree-masked one-pass scoring and commit_path). Other arguments as SpeculativeDecoder (k is the
+    tree's depth)."""
+
+    def __init__(self, target, drafter: TreeDrafter, **kwargs):
+        if not isinstance(drafter, TreeDrafter):
+            raise TypeError(f"drafter must be a TreeDrafter, got {type(drafter).__name__}")
+        if not hasattr(target, "commit_path"):
+            raise ValueError(f"tree decoding needs a paged target runner (tree-masked scoring), got {type(target).__name__}")
+        self.tree = drafter.tree
+        super().__init__(target, drafter, k=self.tree.depth, **kwargs)
+        tensors = self.tree.tensors(self.device)
+        self._score_tree = (tensors["mask"], tensors["depths"])
+        self._parents = tensors["parents"]
+        self._tree_verify_impl = prepared_tree_verify(self.backend, self.device)
+        self.tree_stats = TreeStats(self.tree, self.device)
+
+    def _draft_step(self):
+        return self.drafter.propose()
+
+    def _verify_step(self, tokens: torch.Tensor, draft_logits) -> None:
+        st = self.state
+        target_logits = self.target.score(tokens, tree=self._score_tree).float()
+        params = dataclasses.replace(self.params, offset=st.gen_len)
+        parents = self._parents.expand(tokens.shape[0], -1)
+        emitted, path, accepted = self._tree_verify_impl(target_logits, draft_logits, tokens, parents, params)
+        self.target.commit_path(path, accepted.long() + 1)
+        active = ~st.finished
+        self._append(emitted[:, : self.k + 1], accepted)
+        self.tree_stats.record(path, active)
+        self.drafter.commit(path, accepted)
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = super().generate(input_ids, attention_mask)
+        self.stats.result.extra["tree"] = self.tree_stats.summary(self.stats.result.accepted_hist)
+        return out
+
+
+def generate_tree(model, assistant_model, input_ids, attention_mask, opts, tree, *, runner, backend, seed, streamer,
+                  cuda_graphs, return_stats):
+    """api.generate(..., tree=...) after its argument checks: opts are the resolved generation
+    options; both runners paged, sized for N - 1 drafted nodes per step."""
+    from .api import _device_of, _make_runner, choose_runner
+
+    if assistant_model is None or opts.num_assistant_tokens is not None:
+        raise ValueError("tree=... needs an assistant_model (the draft that expands the tree) and no num_assistant_tokens")
+    token_tree = as_token_tree(tree, greedy=not opts.do_sample)
+    sizes = dict(max_new_tokens=opts.max_new_tokens, k=token_tree.size - 1, backend=backend)
+    row_tokens = input_ids.shape[1] + opts.max_new_tokens + token_tree.size
+    runners = [choose_runner(m, runner, row_tokens, backend) for m in (model, assistant_model)]
+    if runners != ["paged", "paged"]:
+        raise ValueError(f"tree=... needs paged runners for the target and the draft (tree-masked scoring), got {runners}")
+    drafter = TreeDrafter(_make_runner(assistant_model, "paged", **sizes), token_tree)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    params = make_sampling_tensors(input_ids.shape[0], _device_of(model), seed=seed, **opts.kernel_params())
+    decoder = TreeDecoder(_make_runner(model, "paged", **sizes), drafter, params=params, max_new_tokens=opts.max_new_tokens,
+                          eos_token_ids=opts.eos_token_ids, pad_token_id=opts.pad_token_id, backend=backend,
+                          streamer=streamer, cuda_graphs=cuda_graphs)
+    tokens = decoder.generate(input_ids.long(), attention_mask)
+    return (tokens, decoder.stats.result) if return_stats else tokens

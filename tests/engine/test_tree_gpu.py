@@ -1,0 +1,61 @@
+"""Token trees on a GPU (skipped without CUDA): the captured draft and verify steps give the
+eager path's tokens with the Triton kernels, greedy equals generate, and the steady-state tree
+iteration never syncs (torch.cuda.set_sync_debug_mode("error"))."""
+import pytest
+import torch
+
+import specdec_fast.api as api
+from specdec_fast.kernels.sampling_params import make_sampling_tensors
+from specdec_fast.runners import PagedRunner
+from specdec_fast.tree import TokenTree
+from specdec_fast.tree_decoder import TreeDecoder
+from specdec_fast.tree_drafter import TreeDrafter
+
+from .models import left_padded_prompts, make_draft
+from .runner_checks import steps_without_sync
+from .test_paged_runner import VOCAB, tiny
+
+pytestmark = pytest.mark.gpu
+
+MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, temperature=0.9, top_k=20, seed=7)}
+TREES = {"top": TokenTree.default(16), "sample": TokenTree.from_branching([3, 2, 1], children="sample")}
+
+
+def _pair():
+    target = tiny("llama").cuda()  # head_dim 16: the Triton attention kernel's shapes
+    target.generation_config.eos_token_id = None
+    return target, make_draft(tiny("llama"), noise=0.1).cuda()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("tree", list(TREES))
+def test_tree_graphs_equal_eager_on_cuda(mode, tree):
+    target, draft = _pair()
+    ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=3)
+    ids, mask = ids.cuda(), mask.cuda()
+    runs = {flag: api.generate(target, ids, mask, assistant_model=draft, tree=TREES[tree], max_new_tokens=24,
+                               pad_token_id=0, return_stats=True, backend="triton", cuda_graphs=flag, **MODES[mode])
+            for flag in (False, True)}
+    (eager, _), (graphed, g_stats) = runs[False], runs[True]
+    assert torch.equal(graphed, eager)
+    assert g_stats.graph_mode == "cuda_graphs"
+    assert g_stats.graph_replays == {"draft": g_stats.iterations - 1, "verify": g_stats.iterations - 1}
+    if mode == "greedy":
+        expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
+        assert torch.equal(eager, expected)
+
+
+@pytest.mark.parametrize("children", ["top", "sample"])
+def test_steady_state_tree_iteration_has_no_host_sync(children):
+    target, draft = _pair()
+    ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=3)
+    ids, mask = ids.cuda(), mask.cuda()
+    tree = TokenTree.default(16, children=children)
+    runner = lambda m: PagedRunner(m, max_new_tokens=64, num_draft_tokens=tree.size - 1, backend="triton")  # noqa: E731
+    params = make_sampling_tensors(3, "cuda", temperature=0.8, top_k=20, seed=0)
+    decoder = TreeDecoder(runner(target), TreeDrafter(runner(draft), tree), params=params, max_new_tokens=64,
+                          backend="triton", cuda_graphs=False)
+    decoder._prefill(ids, mask)
+    for _ in range(2):  # warm-up (allocator, Triton compiles, lazy inits)
+        decoder.step()
+    steps_without_sync(decoder, 5)

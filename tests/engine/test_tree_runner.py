@@ -1,0 +1,74 @@
+"""Paged runners score a token tree in one pass: score(tokens, tree=(mask, depths)) gives each
+node the logits of its own root-to-node path (scored as a plain chain), and commit_path keeps
+exactly the accepted path's K/V (the next call continues as if only that path had been fed).
+Llama and GPT-2 runners, batch 1 and 3, ragged prompts."""
+import pytest
+import torch
+
+from specdec_fast.runners.paged import paged_runner_class
+from specdec_fast.tree import TokenTree
+
+from .conftest import model_pair
+from .models import VOCAB, left_padded_prompts
+
+TREE = TokenTree.from_branching([3, 2, 1])  # 1 + 3 + 6 + 6 = 16 nodes
+
+
+def _runner(model, k):
+    return paged_runner_class(model)(model, max_new_tokens=16, num_draft_tokens=k)
+
+
+def _path(tree, node):
+    out = []
+    while node > 0:
+        out.append(node)
+        node = tree.parents[node]
+    return out[::-1]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("lengths", [[6], [5, 9, 3]])
+def test_tree_scoring_equals_scoring_each_path(kind, lengths):
+    target, _ = model_pair(kind)
+    ids, mask = left_padded_prompts(lengths, seed=len(lengths))
+    batch, n = len(lengths), TREE.size
+    tokens = torch.randint(3, VOCAB, (batch, n), generator=torch.Generator().manual_seed(1))
+    tensors = TREE.tensors("cpu")
+    runner = _runner(target, n - 1)
+    runner.prefill(ids, mask)
+    tree_logits = runner.score(tokens, tree=(tensors["mask"], tensors["depths"]))
+    for node in range(n):
+        path = [0] + _path(TREE, node)  # node 0 is fed too: the root token
+        chain = _runner(target, n - 1)
+        chain.prefill(ids, mask)
+        chain_logits = chain.score(tokens[:, path])
+        torch.testing.assert_close(tree_logits[:, node], chain_logits[:, -1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_commit_path_keeps_exactly_the_accepted_path(kind):
+    """After a tree call and commit_path of a different path per row, one more token scores like
+    a runner that was fed prompt + that path as a chain."""
+    target, _ = model_pair(kind)
+    ids, mask = left_padded_prompts([5, 9, 3], seed=7)
+    batch, n = 3, TREE.size
+    tokens = torch.randint(3, VOCAB, (batch, n), generator=torch.Generator().manual_seed(2))
+    tensors = TREE.tensors("cpu")
+    runner = _runner(target, n - 1)
+    runner.prefill(ids, mask)
+    runner.score(tokens, tree=(tensors["mask"], tensors["depths"]))
+    leaves = [n - 1, 5, 0]  # a depth-3 path, a depth-2 path, the root alone
+    paths = [[0] + _path(TREE, leaf) for leaf in leaves]
+    path = torch.full((batch, n), -1, dtype=torch.int32)
+    for b, p in enumerate(paths):
+        path[b, : len(p)] = torch.tensor(p)
+    keep = torch.tensor([len(p) for p in paths])
+    runner.commit_path(path, keep)
+    nxt = torch.randint(3, VOCAB, (batch, 1), generator=torch.Generator().manual_seed(3))
+    after = runner.score(nxt)[:, -1]
+    for b, p in enumerate(paths):
+        chain = _runner(target, n - 1)
+        chain.prefill(ids[b : b + 1], mask[b : b + 1])
+        expected = chain.score(torch.cat([tokens[b : b + 1, p], nxt[b : b + 1]], 1))[:, -1]
+        torch.testing.assert_close(after[b : b + 1], expected, rtol=1e-4, atol=1e-4)
+    assert runner.cache.seq_lens.tolist() == (mask.sum(1) + keep).tolist()

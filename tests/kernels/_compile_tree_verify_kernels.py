@@ -1,0 +1,36 @@
+"""Compile the Triton tree_verify kernels for an sm_90 (H100) target without a GPU (the CPU
+interpreter never runs Triton's compiler). Run as a script (TRITON_INTERPRET unset before triton
+is imported); prints one line per kernel and exits non-zero on the first failure."""
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import _compile_verify_kernels as compiler  # noqa: E402  (beside this script: sys.path[0])
+
+from specdec_fast.kernels.tree_verify import _triton_kernels as tree  # noqa: E402
+
+INT_POINTERS = ("parents_ptr", "tokens_ptr", "seed_ptr", "offset_ptr", "tkey_ptr")  # int64
+INT32_POINTERS = ("amax_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
+                  "num_removed_ptr", "q_idx_ptr", "r_idx_ptr", "r_any_ptr")
+
+
+def main() -> int:
+    compiler.POINTER_TYPES.update({name: "*i64" for name in INT_POINTERS})
+    compiler.POINTER_TYPES.update({name: "*i32" for name in INT32_POINTERS})
+    for logits_type, n, vocab, has_draft in (("*bf16", 16, 1000, True), ("*fp32", 64, 32000, False)):
+        block_n = 1 << (n - 1).bit_length()
+        jobs = [
+            (tree.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_R=2, BLOCK_V=1024, BLOCK_N=block_n)),
+            (tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n)),
+            (tree.emit_partial_kernel, dict(N=n, V=vocab, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=2, BLOCK_V=1024)),
+            (tree.emit_final_kernel, dict(N=n, BLOCK_R=64, BLOCK_C=8)),
+        ]
+        for fn, constexprs in jobs:
+            compiler.compile_kernel(fn, logits_type, constexprs)
+            print(f"compiled {fn.__name__} {logits_type} N={n} V={vocab}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""tree_verify semantics on every backend: exactness (chi-square of the first, second and third
+emitted tokens against the target, for both ways of choosing children and every sampling mode),
+greedy = the longest path of target argmaxes, a chain = chain_verify, and bad input."""
+import pytest
+import torch
+
+from specdec_fast.kernels import make_sampling_tensors, standardise
+from specdec_fast.kernels.tree_verify import MAX_TREE_NODES, tree_verify
+from specdec_fast.kernels.verify import chain_verify
+
+from .backends import kernel_backends
+from .stats import P_VALUE_THRESHOLD, chi_square_pvalue
+from .tree_cases import IRREGULAR, MarkovPair, conditional_chi_square_pvalue, random_parents
+
+BACKENDS = kernel_backends()
+SAMPLING_MODES = {
+    "plain": dict(),
+    "temperature": dict(temperature=0.7),
+    "top_k": dict(top_k=5),
+    "top_p": dict(top_p=0.8),
+    "min_p": dict(min_p=0.08),
+    "all": dict(temperature=1.3, top_k=7, top_p=0.9, min_p=0.02),
+}
+
+
+def _rows(backend: str) -> int:
+    return 4000 if backend == "triton" else 12000
+
+
+def _run(pair, tokens, parents, children, backend, device, **kw):
+    target, draft = pair.expand(tokens, with_draft=children == "sample")
+    parents = torch.tensor(parents).expand(tokens.shape[0], -1)
+    res = tree_verify(target.to(device), None if draft is None else draft.to(device), tokens.to(device),
+                      parents.to(device), backend=backend, **kw)
+    return type(res)(*(t.cpu() for t in res))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("children", ["sample", "top"])
+@pytest.mark.parametrize("mode", list(SAMPLING_MODES))
+def test_emitted_tokens_follow_the_target(backend, children, mode, device):
+    """Token 1 ~ q(. | root); given d accepted nodes, token d+1 ~ q(. | token d), d = 1, 2 (the
+    continuation at an accepted node is a fresh step over its own i.i.d. / top-b children)."""
+    kw = SAMPLING_MODES[mode]
+    pair = MarkovPair(vocab=10, seed=len(mode))
+    rows = _rows(backend)
+    tokens = pair.grow(torch.Generator().manual_seed(7), IRREGULAR, rows, root=0, children=children, **kw)
+    res = _run(pair, tokens, IRREGULAR, children, backend, device, seed=31, **kw)
+    q = pair.probs(pair.target, **kw)
+    assert chi_square_pvalue(res.tokens[:, 0], q[0]) > P_VALUE_THRESHOLD
+    for depth in (1, 2):
+        reached = res.num_accepted >= depth
+        assert reached.sum() > rows // 50, "too few accepted paths for the test to mean much"
+        pvalue = conditional_chi_square_pvalue(res.tokens[reached, depth - 1], res.tokens[reached, depth], q)
+        assert pvalue > P_VALUE_THRESHOLD, (depth, pvalue)
+    assert bool((res.num_accepted <= 3).all())  # IRREGULAR is 3 deep
+
+
+def _longest_good_path(parents, tokens_row, argmax_table, root):
+    """Brute force: the longest path of target-argmax nodes (ties: lowest index first)."""
+    children = {i: [c for c in range(1, len(parents)) if parents[c] == i] for i in range(len(parents))}
+
+    def best(node, token):
+        options = [[c] + best(c, int(tokens_row[c])) for c in children[node] if int(tokens_row[c]) == argmax_table[token]]
+        return max(options, key=len, default=[])  # max keeps the first of equal lengths
+
+    return best(0, root)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("children", ["sample", "top"])
+def test_greedy_is_the_longest_path_of_target_argmaxes(backend, children, device):
+    pair = MarkovPair(vocab=6, seed=3, noise=0.6)
+    rows = 300
+    parents = [-1, 0, 0, 1, 1, 2, 2, 3, 4, 4, 5]
+    gen = torch.Generator().manual_seed(1)
+    tokens = pair.grow(gen, parents, rows, root=0, children=children, temperature=0.8)  # varied trees
+    tokens[rows // 2:, 1:] = torch.randint(0, 6, (rows - rows // 2, len(parents) - 1), generator=gen)  # duplicates too
+    res = _run(pair, tokens, parents, children, backend, device, temperature=0.0, seed=2)
+    argmax = pair.target.argmax(-1).tolist()
+    for b in range(rows):
+        path = _longest_good_path(parents, tokens[b], argmax, root=0)
+        assert res.num_accepted[b] == len(path)
+        assert res.path[b].tolist() == [0] + path + [-1] * (len(parents) - 1 - len(path))
+        chain = [0]
+        for _ in range(len(path) + 1):
+            chain.append(argmax[chain[-1]])
+        assert res.tokens[b, : len(path) + 1].tolist() == chain[1:]
+        assert res.final_token[b] == chain[-1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_draft", [True, False])
+@pytest.mark.parametrize("mode", ["plain", "top_p", "all", "greedy"])
+def test_a_chain_shaped_tree_is_chain_verify(backend, with_draft, mode, device):
+    """parents[i] = i - 1 (absent past each row's drafts) gives chain_verify's tokens exactly."""
+    kw = dict(SAMPLING_MODES.get(mode, {}), **({"temperature": 0.0} if mode == "greedy" else {}))
+    batch, k, vocab = 40, 5, 60
+    g = torch.Generator().manual_seed(4)
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    draft = target[:, :k] + torch.randn(batch, k, vocab, generator=g)
+    params = make_sampling_tensors(batch, "cpu", seed=5, **kw)
+    source = draft if with_draft else target[:, :k]
+    drafts = torch.multinomial(torch.softmax(standardise(source, params), -1).reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    if mode != "greedy":  # greedy rows differ only on drafts the draft's own argmax did not pick (reference.py)
+        wrong = torch.randint(0, vocab, (batch, k), generator=g)
+        drafts = torch.where(torch.rand(batch, k, generator=g) < 0.2, wrong, drafts)
+    for row in range(batch):
+        drafts[row, row % (k + 1):] = -1
+    offsets = torch.randint(0, 2**40, (batch,), generator=g)
+    common = dict(seed=5, offset=offsets.to(device), backend=backend, **kw)
+    dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+    chain_tokens, chain_accepted = chain_verify(dev(target), dev(draft if with_draft else None), dev(drafts), **common)
+    kb = (drafts >= 0).long().cumprod(1).sum(1)
+    parents = torch.arange(-1, k).expand(batch, -1).clone()
+    parents[torch.arange(k + 1)[None, :] > kb[:, None]] = -1
+    tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), drafts.clamp(min=0)], 1)
+    tree_draft = torch.cat([draft, torch.full((batch, 1, vocab), float("nan"))], 1) if with_draft else None  # leaf: never read
+    res = tree_verify(dev(target), dev(tree_draft), dev(tokens), dev(parents), check=False, **common)
+    assert torch.equal(res.tokens.cpu(), chain_tokens.cpu())
+    assert torch.equal(res.num_accepted.cpu(), chain_accepted.cpu())
+    expected_path = torch.where(torch.arange(k + 1)[None, :] <= chain_accepted.cpu()[:, None].long(), torch.arange(k + 1), -1)
+    assert torch.equal(res.path.cpu().long(), expected_path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_root_alone_and_all_absent_rows_emit_the_bonus(backend, device):
+    """N = 1, and rows whose nodes are all absent: the final token ~ q at the root, path [0]."""
+    rows, vocab = 6000 if backend == "triton" else 20000, 9
+    logits = torch.randn(1, 1, vocab, generator=torch.Generator().manual_seed(8)) * 2
+    q = torch.softmax(logits[0, 0], -1)
+    for n in (1, 4):
+        target = logits.expand(rows, n, vocab).contiguous()
+        parents = torch.full((rows, n), -1, dtype=torch.long)
+        res = tree_verify(target.to(device), None, torch.zeros(rows, n, dtype=torch.long, device=device), parents.to(device),
+                          seed=n, backend=backend)
+        assert not bool(res.num_accepted.any())
+        assert bool((res.path.cpu()[:, 0] == 0).all()) and bool((res.path.cpu()[:, 1:] == -1).all())
+        assert chi_square_pvalue(res.final_token.cpu(), q) > P_VALUE_THRESHOLD
+
+
+def _bad_call(target=None, draft=None, tokens=None, parents=None, **kw):
+    n = 5 if target is None else target.shape[1]
+    target = torch.randn(2, n, 11) if target is None else target
+    tokens = torch.ones(2, n, dtype=torch.long) if tokens is None else tokens
+    parents = torch.tensor([[-1, 0, 0, 1, 1]] * 2) if parents is None else parents
+    return tree_verify(target, draft, tokens, parents, **kw)
+
+
+@pytest.mark.parametrize("parents,message", [
+    ([-1, 0, 3, 1, 2], r"parents\[0, 2\] = 3: a parent must come before its child"),
+    ([-1, 2, 1, 0, 0], r"parents: row 0 has a cycle through node 1"),
+    ([-1, 0, 0, 3, 1], r"parents: row 0 has a cycle through node 3"),
+    ([-1, 0, 5, 1, 1], r"parents\[0, 2\] = 5 is out of range"),
+    ([-1, 0, -2, 1, 1], r"parents\[0, 2\] = -2 is out of range"),
+    ([0, 0, 0, 1, 1], r"parents\[0, 0\] must be -1"),
+    ([-1, -1, 0, 1, 1], r"parents\[0, 3\] = 1 is an absent node"),
+])
+def test_malformed_parents_are_refused(parents, message):
+    with pytest.raises(ValueError, match=message):
+        _bad_call(parents=torch.tensor([parents, [-1, 0, 0, 1, 1]]))
+
+
+def test_other_bad_input_is_refused():
+    with pytest.raises(ValueError, match="target_logits has N = 65 nodes: a tree has at most 64"):
+        _bad_call(target=torch.randn(2, MAX_TREE_NODES + 1, 11), parents=random_parents(torch.Generator(), 2, 65))
+    with pytest.raises(ValueError, match=r"tokens\[1, 3\] = 11: a present node's token must lie in \[0, V\)"):
+        _bad_call(tokens=torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 11, 1]]))
+    _bad_call(tokens=torch.tensor([[-5, 1, 1, 1, 1], [0, 1, 1, 1, 1]]))  # the root's token is not read
+    with pytest.raises(ValueError, match="parents must have shape"):
+        _bad_call(parents=torch.tensor([[-1, 0, 0, 1]] * 2))
+    with pytest.raises(TypeError, match="tokens must be int32 or int64"):
+        _bad_call(tokens=torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"draft_logits must have shape \[B, N, V\]"):
+        _bad_call(draft=torch.randn(2, 4, 11))
+    with pytest.raises(ValueError, match="vocab mismatch"):
+        _bad_call(draft=torch.randn(2, 5, 12))
+    with pytest.raises(ValueError, match="target_logits contains NaN"):
+        _bad_call(target=torch.full((2, 5, 11), float("nan")))
+    with pytest.raises(ValueError, match="top_p"):
+        _bad_call(top_p=0.0)
