@@ -13,8 +13,6 @@ D of the tree plays K's part there (at most D + 1 tokens per iteration): the sta
 accepted_hist and acceptance_per_position are per depth; stats.extra["tree"] adds which sibling
 rank was accepted at each depth.
 """
-import dataclasses
-
 import torch
 
 from .engine import SpeculativeDecoder
@@ -58,28 +56,35 @@ class TreeDecoder(SpeculativeDecoder):
             raise TypeError(f"drafter must be a TreeDrafter, got {type(drafter).__name__}")
         if not hasattr(target, "commit_path"):
             raise ValueError(f"tree decoding needs a paged target runner (tree-masked scoring), got {type(target).__name__}")
+        if kwargs.get("skip_finished"):
+            raise ValueError("skip_finished: tree scoring feeds every row its whole tree (no num_valid)")
         self.tree = drafter.tree
-        super().__init__(target, drafter, k=self.tree.depth, **kwargs)
+        super().__init__(target, drafter, k=self.tree.depth, **{**kwargs, "skip_finished": False})
         tensors = self.tree.tensors(self.device)
         self._score_tree = (tensors["mask"], tensors["depths"])
         self._parents = tensors["parents"]
         self._tree_verify_impl = prepared_tree_verify(self.backend, self.device)
         self.tree_stats = TreeStats(self.tree, self.device)
 
-    def _draft_step(self):
+    def draft_step(self):
+        """drafter.propose() -> (tokens [B, N] int64, node 0 the last emitted token; draft logits [B, N, V] or None)."""
         return self.drafter.propose()
 
-    def _verify_step(self, tokens: torch.Tensor, draft_logits) -> None:
+    def verify_step(self, tokens: torch.Tensor, draft_logits) -> None:
+        """tokens [B, N], draft_logits [B, N, V] or None: target.score(N nodes, tree mask) ->
+        tree_verify -> commit the accepted path in both caches -> append (in place, graph safe)."""
         st = self.state
-        target_logits = self.target.score(tokens, tree=self._score_tree).float()
-        params = dataclasses.replace(self.params, offset=st.gen_len)
+        target_logits = self.target.score(tokens, tree=self._score_tree)  # [B, N, V], the runner's dtype
+        if draft_logits is not None and draft_logits.dtype != target_logits.dtype:
+            target_logits, draft_logits = target_logits.float(), draft_logits.float()
         parents = self._parents.expand(tokens.shape[0], -1)
-        emitted, path, accepted = self._tree_verify_impl(target_logits, draft_logits, tokens, parents, params)
+        emitted, path, accepted = self._tree_verify_impl(target_logits, draft_logits, tokens, parents, self._verify_params)
         self.target.commit_path(path, accepted.long() + 1)
-        active = ~st.finished
-        self._append(emitted[:, : self.k + 1], accepted)
+        active = ~st.finished  # rows still generating in this iteration (before the append)
+        self.stats.record(accepted, self._append(emitted[:, : self.k + 1], accepted))
         self.tree_stats.record(path, active)
         self.drafter.commit(path, accepted)
+        self._update_live()
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = super().generate(input_ids, attention_mask)
