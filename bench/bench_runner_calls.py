@@ -1,5 +1,5 @@
 """Per-call cost of the runners: one score(N tokens) + commit on a 100-token context, HFRunner vs
-the paged runner of the model's family (PagedRunner, or PagedGPT2Runner for GPT-2), for the demo
+the paged runner of the model's family (PagedLlamaRunner, or PagedGPT2Runner for GPT-2), for the demo
 pair's target and draft (or --target/--draft dirs).
 
     python bench/bench_runner_calls.py [--ns 1,2,5] [--calls 60] [--out FILE]
@@ -56,7 +56,7 @@ def main(argv=None):
     from transformers import AutoModelForCausalLM
 
     from specdec_fast.runners import HFRunner
-    from specdec_fast.runners.paged import paged_runner_class
+    from specdec_fast.runners.registry import paged_runner_class
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":

@@ -100,13 +100,13 @@ def tiny_launches_per_layer() -> dict:
     """Launches per layer of the Triton path (counted without running the kernels) on TINY."""
     from launch_count import launches_per_layer
 
-    from specdec_fast.runners.paged import PagedRunner
+    from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: under the interpreter
 
     def make(layers):
         model = build_model({**TINY, "num_hidden_layers": layers}, device, torch.bfloat16)
-        runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=4, backend="triton")
+        runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=4, backend="triton")
         runner.prefill(torch.randint(3, TINY["vocab_size"], (1, 6), device=device), None)
         return runner
 
@@ -147,12 +147,12 @@ def host_cost_per_layer(calls: int = 20, rounds: int = 5) -> dict:
     cProfile's own per-call overhead weighs more on code with more Python calls."""
     from launch_count import NoTritonRun
 
-    from specdec_fast.runners.paged import PagedRunner
+    from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     def ours(backend):
         def make(layers):
             model = build_model({**TINY, "num_hidden_layers": layers}, "cpu", torch.float32)
-            runner = PagedRunner(model, max_new_tokens=200, num_draft_tokens=0, backend=backend)
+            runner = PagedLlamaRunner(model, max_new_tokens=200, num_draft_tokens=0, backend=backend)
             runner.prefill(torch.randint(3, 100, (1, 6)), None)
             step, _ = make_step(runner, 1, 1, "cpu")
             return step
@@ -185,12 +185,12 @@ def llama_8b_launches_on_meta(ns=(1, 5)) -> dict:
     without a GPU (cuBLAS split-K reduce kernels aside)."""
     from launch_count import LaunchCounter
 
-    from specdec_fast.runners.paged import PagedRunner
+    from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     model = build_model(LLAMA_8B, "meta", torch.bfloat16)
     out = {}
     with LaunchCounter(run_triton=False):
-        runner = PagedRunner(model, max_new_tokens=64, num_draft_tokens=max(ns) - 1, backend="triton")
+        runner = PagedLlamaRunner(model, max_new_tokens=64, num_draft_tokens=max(ns) - 1, backend="triton")
         runner.prefill(torch.randint(3, 1000, (1, 128), device="meta"), None)
     for n in ns:
         step, _ = make_step(runner, 1, n, "meta")
@@ -254,7 +254,7 @@ def run_gpu(args) -> dict:
     from machine import versions
 
     from specdec_fast.graphs import StepGraph, state_tensors
-    from specdec_fast.runners.paged import PagedRunner
+    from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     device = "cuda"
     config = LLAMA_8B
@@ -266,7 +266,7 @@ def run_gpu(args) -> dict:
               "config": {k: v for k, v in config.items() if k != "rope_parameters"}, "batch": args.batch,
               "context": args.context, "copy_bandwidth_Bps": bandwidth, "weight_bytes_per_step": weights,
               "hbm_ceiling_steps_per_s": ceiling, "steps": {}}
-    runner = PagedRunner(model, max_new_tokens=64, num_draft_tokens=max(args.ns) - 1)
+    runner = PagedLlamaRunner(model, max_new_tokens=64, num_draft_tokens=max(args.ns) - 1)
     runner.prefill(torch.randint(3, config["vocab_size"], (args.batch, args.context), device=device), None)
     report["runner"] = {"kernels": runner.kernels, "fuse_projections": runner.fuse_projections}
     sync = torch.cuda.synchronize
@@ -304,12 +304,12 @@ def run_tiny(args) -> dict:
     from machine import cpu_model, versions
 
     from specdec_fast.graphs import StepGraph, state_tensors
-    from specdec_fast.runners.paged import PagedRunner
+    from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steadier on a shared box; the CPU numbers only exercise the code
     model = build_model(TINY, "cpu", torch.float32)
-    runner = PagedRunner(model, max_new_tokens=16, num_draft_tokens=max(args.ns) - 1)
+    runner = PagedLlamaRunner(model, max_new_tokens=16, num_draft_tokens=max(args.ns) - 1)
     runner.prefill(torch.randint(3, TINY["vocab_size"], (args.batch, args.context)), None)
     report = {"device": f"cpu: {cpu_model()}", **versions(), "model": "tiny Llama, random float32",
               "config": {k: v for k, v in TINY.items() if k != "rope_parameters"}, "batch": args.batch,

@@ -6,11 +6,12 @@ from .drafters import ModelDrafter, PromptLookupDrafter
 from .engine import SpeculativeDecoder
 from .kernels import chain_verify, sample
 from .pair import demo_pair
-from .runners import HFRunner, PagedGPT2Runner, PagedRunner
+from .runners import HFRunner, PagedGPT2Runner, PagedLlamaRunner, paged_runner, paged_runner_from_pretrained
 from .stats import GenerationStats
 
 __all__ = [
-    "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner", "PagedRunner", "PagedGPT2Runner",
+    "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner", "PagedLlamaRunner", "PagedGPT2Runner",
+    "paged_runner", "paged_runner_from_pretrained",
     "ModelDrafter", "PromptLookupDrafter", "GenerationStats",
     "chain_verify", "sample", "demo_pair", "PagedKVCache", "OutOfBlocksError",
 ]

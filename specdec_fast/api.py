@@ -22,7 +22,7 @@ from .engine import SpeculativeDecoder
 from .generation_options import resolve_options
 from .kernels.sampling_params import make_sampling_tensors
 from .runners import HFRunner
-from .runners.paged import paged_runner_class, paged_unsupported_reason
+from .runners.registry import paged_runner_class, paged_unsupported_reason
 
 DEFAULT_NUM_ASSISTANT_TOKENS = 4
 PASSIVE_KWARGS = {"tokenizer", "assistant_tokenizer"}  # used only for the vocabulary check
@@ -87,7 +87,7 @@ RUNNERS = ("paged", "hf")
 
 def choose_runner(model, runner, max_tokens_per_row: int, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (runners/paged.py: Llama/Mistral/Qwen2/Qwen3 with no sliding window reached within
+    (runners/registry.py: Llama/Mistral/Qwen2/Qwen3 with no sliding window reached within
     max_tokens_per_row and static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim
     the kernel ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:

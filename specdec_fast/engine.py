@@ -98,7 +98,7 @@ class SpeculativeDecoder:
     cuda_graphs: None (graph_policy.GRAPHS_BY_DEFAULT where supported; else eager, graph_note
     says why), True (ValueError if unsupported), False (eager), "static" (the graph code path
     run eagerly with its checks; any device, graph-safe runners). graph_warmup: eager
-    iterations before the capture (>= 1 for PagedRunner: its index cache is built on first use).
+    iterations before the capture (>= 1 for the paged runners: their index cache is built on first use).
     skip_finished: feed finished rows nothing (module docstring); None: when batch > 1.
     """
 

@@ -14,7 +14,7 @@ re-feeds every node of depths 1..d in one tree-masked call (each node sees the c
 ancestors and itself) after rolling back the previous level's tentative tokens: the attention
 kernel masks only the call's own tokens, so earlier levels left in the cache would be visible
 to every node. The last call (depth D - 1) stays in the cache: node i sits at tentative slot
-i - 1, and commit moves the accepted path's fed nodes into place (PagedRunner.commit_path).
+i - 1, and commit moves the accepted path's fed nodes into place (PagedRunnerBase.commit_path).
 Cost: the level-d call scores nodes 1..(last of depth d) instead of depth d alone (measured
 in bench/bench_tree.py: the draft phase per step).
 

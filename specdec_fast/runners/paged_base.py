@@ -86,15 +86,15 @@ class PagedRunnerBase:
                         block_size: int = 16, backend=None, fuse_projections: bool | None = None):
         """A runner for the checkpoint directory ``path`` (config.json + safetensors): the model is
         loaded by transformers (AutoModelForCausalLM, ``dtype``: None = the checkpoint's), moved
-        to ``device`` and kept as ``runner.model``; the runner uses its tensors, no copy."""
+        to ``device`` and kept as ``runner.model``; the runner uses its tensors, no copy. On a
+        family's class (runners/registry.py: paged_runner_from_pretrained picks the family)."""
+        if cls.unsupported_reason is PagedRunnerBase.unsupported_reason:
+            raise TypeError("PagedRunnerBase.from_pretrained needs a family's class; "
+                            "specdec_fast.runners.paged_runner_from_pretrained(path) picks it from the checkpoint")
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype is None else dtype)
         model = model.to(device if device is not None else "cpu").eval()
-        if cls.unsupported_reason is PagedRunnerBase.unsupported_reason:  # the base: the model's own family
-            from .paged import paged_runner_class
-
-            cls = paged_runner_class(model)
         return cls(model, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, block_size=block_size,
                    backend=backend, fuse_projections=fuse_projections)
 

@@ -9,7 +9,7 @@ from specdec_fast.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.graph_policy import GRAPHS_BY_DEFAULT
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
-from specdec_fast.runners import PagedRunner
+from specdec_fast.runners import PagedLlamaRunner
 
 from .runner_checks import steps_without_sync
 from .models import left_padded_prompts, make_draft
@@ -53,8 +53,8 @@ def test_replayed_loop_has_no_host_sync(drafter):
     ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=4)
     k = 0 if drafter == "plain" else 4
     new = 48
-    runner = PagedRunner(target, max_new_tokens=new, num_draft_tokens=k, backend="triton")
-    chosen = {"model": lambda: ModelDrafter(PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k, backend="triton")),
+    runner = PagedLlamaRunner(target, max_new_tokens=new, num_draft_tokens=k, backend="triton")
+    chosen = {"model": lambda: ModelDrafter(PagedLlamaRunner(draft, max_new_tokens=new, num_draft_tokens=k, backend="triton")),
               "lookup": lambda: PromptLookupDrafter(2), "plain": lambda: None}[drafter]()
     params = make_sampling_tensors(3, "cuda", temperature=0.8, top_k=20, seed=0)
     decoder = SpeculativeDecoder(runner, chosen, k=k, params=params, max_new_tokens=new, backend="triton", cuda_graphs=True)

@@ -12,7 +12,7 @@ from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.graph_policy import graph_unsupported_reason
 from specdec_fast.graphs import GraphSafetyError, addresses
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
-from specdec_fast.runners import HFRunner, PagedRunner
+from specdec_fast.runners import HFRunner, PagedLlamaRunner
 
 from ..conftest import on_device
 from .conftest import model_pair
@@ -70,8 +70,8 @@ def _decoder(drafter_kind: str, batch: int, k: int = 3, new: int = 12, cuda_grap
     on CUDA the device check is the only difference)."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([5, 9, 3][:batch], seed=2)
-    runner = PagedRunner(target, max_new_tokens=new, num_draft_tokens=k)
-    drafter = {"model": lambda: ModelDrafter(PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k)),
+    runner = PagedLlamaRunner(target, max_new_tokens=new, num_draft_tokens=k)
+    drafter = {"model": lambda: ModelDrafter(PagedLlamaRunner(draft, max_new_tokens=new, num_draft_tokens=k)),
                "lookup": lambda: PromptLookupDrafter(2), "plain": lambda: None}[drafter_kind]()
     params = make_sampling_tensors(batch, "cpu", temperature=0.8, top_k=20, seed=3)
     decoder = SpeculativeDecoder(runner, drafter, k=k if drafter else 0, params=params, max_new_tokens=new,
@@ -116,8 +116,8 @@ def test_rebinding_drafter_is_caught():
 
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([5, 9], seed=2)
-    runner = PagedRunner(target, max_new_tokens=8, num_draft_tokens=2)
-    drafter = RebindingDrafter(PagedRunner(draft, max_new_tokens=8, num_draft_tokens=2))
+    runner = PagedLlamaRunner(target, max_new_tokens=8, num_draft_tokens=2)
+    drafter = RebindingDrafter(PagedLlamaRunner(draft, max_new_tokens=8, num_draft_tokens=2))
     decoder = SpeculativeDecoder(runner, drafter, k=2, params=make_sampling_tensors(2, "cpu", temperature=0.0),
                                  max_new_tokens=8, cuda_graphs="static")
     with pytest.raises(GraphSafetyError, match=r"drafter\.pending rebound"):
@@ -156,7 +156,7 @@ def test_switch_and_fallbacks():
             api.generate(target, ids, mask, max_new_tokens=3, cuda_graphs=bad)
     # The reasons, device by device.
     hf = HFRunner(target)
-    paged = PagedRunner(target, max_new_tokens=3, num_draft_tokens=0)
+    paged = PagedLlamaRunner(target, max_new_tokens=3, num_draft_tokens=0)
     assert "HFRunner" in graph_unsupported_reason(hf, None, None, torch.device("cuda"))
     assert "ModelDrafter" in graph_unsupported_reason(paged, ModelDrafter(HFRunner(draft)), None, torch.device("cuda"))
     assert "torch" in graph_unsupported_reason(paged, None, "torch", torch.device("cuda"))

@@ -10,7 +10,7 @@ import specdec_fast.api as api
 from specdec_fast.drafters import ModelDrafter
 from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
-from specdec_fast.runners import PagedRunner
+from specdec_fast.runners import PagedLlamaRunner
 
 from .models import left_padded_prompts, make_draft
 from .test_paged_runner import VOCAB, tiny
@@ -59,7 +59,7 @@ def test_finished_rows_are_fed_nothing(backend, cuda_graphs):
     eos = _early_eos(target, ids, mask)
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
                                eos_token_id=eos)
-    runners = [PagedRunner(model, max_new_tokens=NEW, num_draft_tokens=K, block_size=4, backend=backend)
+    runners = [PagedLlamaRunner(model, max_new_tokens=NEW, num_draft_tokens=K, block_size=4, backend=backend)
                for model in (target, draft)]
     decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=K, pad_token_id=0, eos_token_ids=[eos],
                                  params=make_sampling_tensors(3, "cpu", temperature=0.0, seed=0), max_new_tokens=NEW,
@@ -100,7 +100,7 @@ def test_finished_row_drafts_reach_verify_as_minus_one():
     draft = make_draft(target, noise=0.05)
     ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=4)
     eos = _early_eos(target, ids, mask)
-    runners = [PagedRunner(model, max_new_tokens=NEW, num_draft_tokens=K) for model in (target, draft)]
+    runners = [PagedLlamaRunner(model, max_new_tokens=NEW, num_draft_tokens=K) for model in (target, draft)]
     decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=K, pad_token_id=0, eos_token_ids=[eos],
                                  params=make_sampling_tensors(3, "cpu", temperature=0.0, seed=0), max_new_tokens=NEW)
     seen = []
@@ -121,7 +121,7 @@ def test_batch_one_keeps_the_identity_packing():
     """At batch 1 a finished row is a finished batch: no num_valid (the packing's ~15 index ops)."""
     target = tiny("llama")
     ids, mask = left_padded_prompts([5], vocab=VOCAB, seed=4)
-    runner = PagedRunner(target, max_new_tokens=8, num_draft_tokens=0)
+    runner = PagedLlamaRunner(target, max_new_tokens=8, num_draft_tokens=0)
     decoder = SpeculativeDecoder(runner, None, k=0, params=make_sampling_tensors(1, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=8)
     log = FeedLog(runner, decoder)
@@ -157,7 +157,7 @@ def test_skip_finished_off_gives_the_same_tokens():
     eos = _early_eos(target, ids, mask)
     outs = []
     for skip in (True, False):
-        runners = [PagedRunner(model, max_new_tokens=NEW, num_draft_tokens=K) for model in (target, draft)]
+        runners = [PagedLlamaRunner(model, max_new_tokens=NEW, num_draft_tokens=K) for model in (target, draft)]
         decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=K, pad_token_id=0, eos_token_ids=[eos],
                                      params=make_sampling_tensors(3, "cpu", temperature=0.0, seed=0), max_new_tokens=NEW,
                                      skip_finished=skip)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_fast.runners._fused_weights import concat_parameters, unique_storage_bytes
-from specdec_fast.runners.paged import PagedRunner
+from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
 from .runner_checks import assert_runner_matches_forward
 from .test_paged_runner import VOCAB, tiny
@@ -39,7 +39,7 @@ def test_model_forward_unchanged_and_no_second_copy(kind):
     old_storage = old_q.untyped_storage().data_ptr()
     del old_q
 
-    runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, fuse_projections=True)
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, fuse_projections=True)
     layer, attn = runner.layers[0], model.model.layers[0].self_attn
     # the model's parameters are views of the runner's concatenations (same storage, in order)
     assert attn.q_proj.weight.untyped_storage().data_ptr() == layer.w_qkv.untyped_storage().data_ptr()
@@ -63,8 +63,8 @@ def test_model_forward_unchanged_and_no_second_copy(kind):
 
 def test_second_runner_reuses_the_concatenation():
     model = tiny("llama")
-    first = PagedRunner(model, max_new_tokens=4, num_draft_tokens=1, fuse_projections=True)
-    second = PagedRunner(model, max_new_tokens=4, num_draft_tokens=1, fuse_projections=True)
+    first = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, fuse_projections=True)
+    second = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, fuse_projections=True)
     assert second.layers[1].w_qkv.data_ptr() == first.layers[1].w_qkv.data_ptr()
     assert second.layers[1].w_gate_up.data_ptr() == first.layers[1].w_gate_up.data_ptr()
     held = list(model.parameters()) + list(_runner_tensors(first)) + list(_runner_tensors(second))
@@ -75,7 +75,7 @@ def test_save_and_reload_round_trip(tmp_path):
     import transformers as tf
 
     model = tiny("qwen2")
-    PagedRunner(model, max_new_tokens=4, num_draft_tokens=1, fuse_projections=True)
+    PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, fuse_projections=True)
     model.save_pretrained(tmp_path)
     loaded = tf.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     for (name, p), (name2, p2) in zip(model.named_parameters(), loaded.named_parameters()):
@@ -84,8 +84,8 @@ def test_save_and_reload_round_trip(tmp_path):
 
 def test_default_is_on_with_triton_only():
     model = tiny("llama")
-    assert PagedRunner(model, max_new_tokens=4, num_draft_tokens=1).layers[0].w_qkv is None  # CPU kernels
-    assert PagedRunner(model, max_new_tokens=4, num_draft_tokens=1, backend="triton").layers[0].w_qkv is not None
+    assert PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1).layers[0].w_qkv is None  # CPU kernels
+    assert PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, backend="triton").layers[0].w_qkv is not None
 
 
 def test_concat_parameters_rules():
@@ -105,7 +105,7 @@ def test_cuda_memory_allocated_unchanged():
     model = tiny("llama").to("cuda", torch.bfloat16)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=1)  # CUDA: fused by default
+    runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1)  # CUDA: fused by default
     assert runner.layers[0].w_qkv is not None
     gc.collect()
     torch.cuda.synchronize()

@@ -20,7 +20,7 @@ from specdec_fast.drafters import ModelDrafter
 from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.graphs import OpTrace
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
-from specdec_fast.runners import PagedRunner
+from specdec_fast.runners import PagedLlamaRunner
 
 from ..fake_cuda import fake_cuda  # noqa: F401 (fixture)
 from .conftest import model_pair
@@ -52,8 +52,8 @@ class KeepUpEvent:
 def graphed_decoder(new: int, k: int = 3, streamer=None):
     """A decoder in cuda_graphs mode on CPU (fake graph API) whose events come from a device that keeps up."""
     target, draft = model_pair("llama")
-    runner = PagedRunner(target, max_new_tokens=new, num_draft_tokens=k)
-    drafter = ModelDrafter(PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k)) if k else None
+    runner = PagedLlamaRunner(target, max_new_tokens=new, num_draft_tokens=k)
+    drafter = ModelDrafter(PagedLlamaRunner(draft, max_new_tokens=new, num_draft_tokens=k)) if k else None
     decoder = SpeculativeDecoder(runner, drafter, k=k, params=make_sampling_tensors(1, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=new, streamer=streamer)
     decoder.graph_mode = "cuda_graphs"  # on CUDA the device check is the only difference

@@ -6,7 +6,8 @@ import torch
 
 import specdec_fast.api as api
 from specdec_fast.runners import HFRunner
-from specdec_fast.runners.paged import PagedRunner, paged_runner_class, paged_unsupported_reason
+from specdec_fast.runners.paged_llama import PagedLlamaRunner
+from specdec_fast.runners.registry import paged_runner_class, paged_unsupported_reason
 from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
 
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
@@ -212,7 +213,7 @@ def test_unsupported_variants_have_reasons():
 
     from specdec_fast.runners.paged_base import PagedRunnerBase
 
-    assert issubclass(PagedGPT2Runner, PagedRunnerBase) and issubclass(PagedRunner, PagedRunnerBase)
+    assert issubclass(PagedGPT2Runner, PagedRunnerBase) and issubclass(PagedLlamaRunner, PagedRunnerBase)
     # head_dim 12: every kernel takes it (triton's attention pads it to 16); > 256 triton refuses.
     odd = tf.AutoModelForCausalLM.from_config(tf.GPT2Config(vocab_size=VOCAB, n_embd=48, n_head=4, n_layer=1)).eval()
     assert paged_unsupported_reason(odd) is None and paged_unsupported_reason(odd, 10, backend="triton") is None
@@ -239,11 +240,11 @@ def test_unsupported_variants_have_reasons():
 
     llama = tf.AutoModelForCausalLM.from_config(tf.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                                num_hidden_layers=1, num_attention_heads=2)).eval()
-    assert paged_runner_class(llama) is PagedRunner
+    assert paged_runner_class(llama) is PagedLlamaRunner
     with pytest.raises(ValueError, match="PagedGPT2Runner cannot run this model: model_type 'llama' is not 'gpt2'"):
         PagedGPT2Runner(llama, max_new_tokens=3, num_draft_tokens=0)
-    with pytest.raises(ValueError, match="PagedRunner cannot run this model: model_type 'gpt2'"):
-        PagedRunner(tiny_gpt2(), max_new_tokens=3, num_draft_tokens=0)
+    with pytest.raises(ValueError, match="PagedLlamaRunner cannot run this model: model_type 'gpt2'"):
+        PagedLlamaRunner(tiny_gpt2(), max_new_tokens=3, num_draft_tokens=0)
     neo = tf.AutoModelForCausalLM.from_config(tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                                                                num_hidden_layers=1, num_attention_heads=2)).eval()
     reason = paged_unsupported_reason(neo)

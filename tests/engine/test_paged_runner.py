@@ -1,10 +1,11 @@
-"""PagedRunner: logits equal the transformers model's own forward; greedy generate(runner="paged")
+"""PagedLlamaRunner: logits equal the transformers model's own forward; greedy generate(runner="paged")
 equals model.generate token for token; runner selection and errors."""
 import pytest
 import torch
 
 import specdec_fast.api as api
-from specdec_fast.runners.paged import PagedRunner, paged_unsupported_reason
+from specdec_fast.runners.paged_llama import PagedLlamaRunner
+from specdec_fast.runners.registry import paged_unsupported_reason
 
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 from .models import left_padded_prompts, make_draft, make_model
@@ -42,7 +43,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
-    runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     contexts = assert_runner_matches_forward(model, runner, VOCAB)
     k_cache, _ = runner.cache.gather(0, 1)
     assert k_cache.shape[0] == len(contexts[1])
@@ -50,13 +51,13 @@ def test_logits_equal_hf_forward(kind):
 
 def test_weights_are_shared_not_copied():
     model = tiny("qwen2")
-    runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=0)
+    runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=0)
     assert runner.layers[0].q[0].data_ptr() == model.model.layers[0].self_attn.q_proj.weight.data_ptr()
     assert runner.lm_head.data_ptr() == model.lm_head.weight.data_ptr()
 
 
 def test_too_many_tentative_tokens_raise():
-    runner = PagedRunner(tiny("llama"), max_new_tokens=4, num_draft_tokens=2)
+    runner = PagedLlamaRunner(tiny("llama"), max_new_tokens=4, num_draft_tokens=2)
     runner.prefill(torch.tensor([[5, 6, 7]]), None)
     runner.score(torch.tensor([[3, 4]]))
     with pytest.raises(RuntimeError, match="tentative"):
@@ -134,8 +135,8 @@ def test_runner_choice_and_errors():
         api.generate(gpt2, ids, max_new_tokens=253, do_sample=False, runner="paged")
     with pytest.raises(ValueError, match="runner must be"):
         api.generate(llama, ids, max_new_tokens=3, do_sample=False, runner="vllm")
-    with pytest.raises(ValueError, match="PagedRunner cannot run"):
-        PagedRunner(gpt2, max_new_tokens=3, num_draft_tokens=0)
+    with pytest.raises(ValueError, match="PagedLlamaRunner cannot run"):
+        PagedLlamaRunner(gpt2, max_new_tokens=3, num_draft_tokens=0)
     # head_dim 12: every kernel takes it (triton pads it to 16 inside; tests/engine/test_paged_runner_triton.py)
     odd = make_model("llama", vocab=VOCAB)
     assert paged_unsupported_reason(odd) is None and paged_unsupported_reason(odd, backend="triton") is None
@@ -170,7 +171,7 @@ def test_wrapped_projection_falls_back_to_hf():
 def test_bfloat16_logits_close_to_hf_forward():
     """bf16 weights and cache: the cast path of the norms; HF's own bf16 forward as the reference."""
     model = tiny("qwen3").to(torch.bfloat16)
-    runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=1)
+    runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1)
     assert_bf16_close_to_forward(model, runner, VOCAB)
 
 
@@ -190,8 +191,8 @@ def test_finished_rows_stay_inside_their_reservation():
     if eos in plain[0, width:].tolist():
         pytest.skip("the chosen EOS also occurs in row 0")
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0, eos_token_id=eos)
-    runners = [PagedRunner(target, max_new_tokens=new, num_draft_tokens=k, block_size=4),
-               PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k, block_size=4)]
+    runners = [PagedLlamaRunner(target, max_new_tokens=new, num_draft_tokens=k, block_size=4),
+               PagedLlamaRunner(draft, max_new_tokens=new, num_draft_tokens=k, block_size=4)]
     params = make_sampling_tensors(2, "cpu", temperature=0.0, seed=0)
     decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=k, params=params, max_new_tokens=new,
                                  eos_token_ids=[eos], pad_token_id=0)
@@ -210,7 +211,7 @@ def test_commit_caps_a_runaway_row_and_the_other_row_stays_exact():
     model = tiny("qwen2")
     k, new = 3, 12
     ids, mask = left_padded_prompts([5, 5], vocab=VOCAB, seed=9)
-    runner = PagedRunner(model, max_new_tokens=new, num_draft_tokens=k, block_size=4)
+    runner = PagedLlamaRunner(model, max_new_tokens=new, num_draft_tokens=k, block_size=4)
     runner.prefill(ids, mask)
     context = ids[0].tolist()
     gen = torch.Generator().manual_seed(4)

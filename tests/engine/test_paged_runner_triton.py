@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec_fast.api as api
-from specdec_fast.runners.paged import PagedRunner
+from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
 from .models import left_padded_prompts, make_model
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
@@ -32,7 +32,7 @@ def test_logits_equal_hf_forward(kind, fuse, device):
     """fp32: the fused kernels (q/k norm, RoPE + append, add + norm, SwiGLU) and the fused or
     separate projections reproduce the model's own forward within today's 1e-4."""
     model = tiny(kind).to(device)
-    runner = PagedRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend="triton",
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend="triton",
                          fuse_projections=fuse)
     assert runner.kernels == "triton" and (runner.layers[0].w_qkv is not None) == fuse
     assert_runner_matches_forward(model, runner, VOCAB)
@@ -40,7 +40,7 @@ def test_logits_equal_hf_forward(kind, fuse, device):
 
 def test_bfloat16_close_to_hf_forward(device):
     model = tiny("qwen3").to(device=device, dtype=torch.bfloat16)
-    runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=1, backend="triton")
+    runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, backend="triton")
     assert_bf16_close_to_forward(model, runner, VOCAB)
 
 
@@ -64,7 +64,7 @@ def _runner_with_layers(layers: int, fuse: bool = True, device: str = "cpu"):
     config = tf.Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
     model = tf.AutoModelForCausalLM.from_config(config).to(device=device, dtype=torch.bfloat16).eval()
-    runner = PagedRunner(model, max_new_tokens=4, num_draft_tokens=2, block_size=8, backend="triton",
+    runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=2, block_size=8, backend="triton",
                          fuse_projections=fuse)
     runner.prefill(torch.tensor([[5, 6, 7]], device=device), None)
     return runner

@@ -17,7 +17,7 @@ from specdec_fast.drafters import ModelDrafter
 from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.run_ahead import RunAheadPoller
-from specdec_fast.runners import PagedRunner
+from specdec_fast.runners import PagedLlamaRunner
 
 from ..fake_cuda import LateDevice
 from .conftest import model_pair
@@ -55,8 +55,8 @@ def decode(monkeypatch, *, lag, run_ahead, lengths=(5,), new=24, k=3, eos=None, 
     ids, mask = left_padded_prompts(list(lengths), seed=2)
     batch = len(lengths)
     decoder = SpeculativeDecoder(
-        PagedRunner(target, max_new_tokens=new, num_draft_tokens=k),
-        ModelDrafter(PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k)), k=k,
+        PagedLlamaRunner(target, max_new_tokens=new, num_draft_tokens=k),
+        ModelDrafter(PagedLlamaRunner(draft, max_new_tokens=new, num_draft_tokens=k)), k=k,
         params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0), max_new_tokens=new, pad_token_id=0,
         eos_token_ids=eos, run_ahead=run_ahead, streamer=streamer)
     device = LateDevice(lag)
@@ -201,8 +201,8 @@ def test_run_ahead_on_cuda_with_graphs(drafter):
 
     def make():
         return SpeculativeDecoder(
-            PagedRunner(target, max_new_tokens=new, num_draft_tokens=k, backend="triton"),
-            ModelDrafter(PagedRunner(draft, max_new_tokens=new, num_draft_tokens=k, backend="triton")) if k else None,
+            PagedLlamaRunner(target, max_new_tokens=new, num_draft_tokens=k, backend="triton"),
+            ModelDrafter(PagedLlamaRunner(draft, max_new_tokens=new, num_draft_tokens=k, backend="triton")) if k else None,
             k=k, params=make_sampling_tensors(3, "cuda", temperature=0.0, seed=0), max_new_tokens=new,
             backend="triton", cuda_graphs=True)
 

@@ -6,7 +6,7 @@ import torch
 
 import specdec_fast.api as api
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
-from specdec_fast.runners import PagedRunner
+from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.tree import TokenTree
 from specdec_fast.tree_decoder import TreeDecoder
 from specdec_fast.tree_drafter import TreeDrafter
@@ -51,7 +51,7 @@ def test_steady_state_tree_iteration_has_no_host_sync(children):
     ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=3)
     ids, mask = ids.cuda(), mask.cuda()
     tree = TokenTree.default(16, children=children)
-    runner = lambda m: PagedRunner(m, max_new_tokens=64, num_draft_tokens=tree.size - 1, backend="triton")  # noqa: E731
+    runner = lambda m: PagedLlamaRunner(m, max_new_tokens=64, num_draft_tokens=tree.size - 1, backend="triton")  # noqa: E731
     params = make_sampling_tensors(3, "cuda", temperature=0.8, top_k=20, seed=0)
     decoder = TreeDecoder(runner(target), TreeDrafter(runner(draft), tree), params=params, max_new_tokens=64,
                           backend="triton", cuda_graphs=False)

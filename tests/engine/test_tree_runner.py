@@ -5,7 +5,7 @@ Llama and GPT-2 runners, batch 1 and 3, ragged prompts."""
 import pytest
 import torch
 
-from specdec_fast.runners.paged import paged_runner_class
+from specdec_fast.runners.registry import paged_runner_class
 from specdec_fast.tree import TokenTree
 
 from .conftest import model_pair

@@ -1,4 +1,4 @@
-"""PagedRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) run layer by layer over a
+"""PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) run layer by layer over a
 PagedKVCache with the project's append_kv / paged_attention kernels.
 
 Weights are the transformers model's own parameters (no copy): embed_tokens, each layer's
@@ -10,9 +10,8 @@ the model dtype), so any rope_type with static frequencies (default, linear, lla
 matches; dynamic and longrope (frequencies that change with the length) are refused.
 
 The cache, packing, prefill / score / commit / compact and the kernel dispatch are shared with
-the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math.
-``paged_unsupported_reason`` / ``paged_runner_class`` pick the paged runner of a model's family
-(runners/paged_gpt2.py for GPT-2).
+the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math. Which
+model_types it serves: runners/registry.py.
 """
 import torch
 import torch.nn.functional as F
@@ -22,10 +21,8 @@ from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, ro
 from ._linear import layer_linears
 from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
-from .paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-PAGED_MODEL_TYPES = SUPPORTED_MODEL_TYPES + ("gpt2",)
+LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
@@ -45,29 +42,12 @@ def _sliding_window_in_use(config, max_tokens_per_row):
     return window
 
 
-def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why no paged runner can run ``model`` with rows of up to max_tokens_per_row tokens (None:
-    unknown) and kernel ``backend`` (a string), or None when the one of paged_runner_class can."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type == "gpt2":
-        return gpt2_unsupported_reason(model, max_tokens_per_row, backend)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {PAGED_MODEL_TYPES}"
-    return llama_unsupported_reason(model, max_tokens_per_row, backend)
-
-
-def paged_runner_class(model):
-    """The paged runner class for ``model``'s family (PagedGPT2Runner or PagedRunner)."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return PagedGPT2Runner if model_type == "gpt2" else PagedRunner
-
-
 def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why PagedRunner (Llama family) cannot run ``model`` with kernel ``backend``, or None when it can."""
+    """Why PagedLlamaRunner cannot run ``model`` with kernel ``backend``, or None when it can."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if model_type not in LLAMA_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {LLAMA_MODEL_TYPES}"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
         return "the model has no .model.layers / lm_head (expected a *ForCausalLM)"
@@ -137,7 +117,7 @@ def _fuse(linears):
     return weight, None if biases[0] is None else concat_parameters(biases)
 
 
-class PagedRunner(PagedRunnerBase):
+class PagedLlamaRunner(PagedRunnerBase):
     """Runner (see runners/base.py) for a Llama-family *ForCausalLM instance (weights shared).
 
     max_new_tokens and num_draft_tokens (K; 0 for plain decoding) size each row's reservation:
