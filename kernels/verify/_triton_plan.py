@@ -129,36 +129,52 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
 MODES = ("greedy", "T=1", "top_k", "top_p", "min_p")
 
 
+def kernel_sequence(plan: LaunchPlan) -> list[str]:
+    """The graph nodes of one call, in order (what triton._launch launches for this plan)."""
+    select = ["select_stream", "select_finish"] if plan.large_vocab else ["select_small_vocab"]
+    return ["zero fill: counters"] + select + ["emit"]
+
+
 def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("T=1",), num_sms: int = 132) -> dict:
     """The GPU plan of chain_verify_triton (k >= 1) or sample_triton (k = 0) for this shape and
     these sampling modes (a subset of MODES; top_k / top_p / min_p may be combined), from the
-    same code that sizes the grids. passes_over_logits counts HBM-sized reads of all logits:
-    the selection pass reads every distribution once, the emission reads the emitted
-    position's target (and draft) row, the sample reads of selection rows are listed apart
-    (they come from L2: every chunk of a row reads the same SAMPLE values). The fallback
-    sweeps (one program per row, only when the sampled bounds miss) are listed as a worst
-    case per missed threshold, not counted."""
+    same code that sizes the grids (plan_launches, kernel_sequence).
+
+    passes_over_logits counts reads of all the logits (HBM-sized at large batch): the streaming
+    pass reads every distribution once; the emission reads the emitted position's target (and
+    draft) row. Reads that stay small are listed apart: the row sample of selecting rows (every
+    chunk of a row reads the same SAMPLE values twice: L2), the finishing reads (at most 3 CAP
+    gathered values per distribution), the K + 1 ratio-test gathers. The exact fallback (one
+    program sweeping its row when the sampled bounds miss) is a worst case per missed threshold,
+    not counted: 1 + ~log2(values in the interval / CAP) passes over that row."""
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES}")
     plan = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=False)
     selects = bool({"top_k", "top_p", "min_p"} & set(modes))
     emitted_rows = 2 if plan.has_draft else 1  # target (and draft) row of the emitted position
-    select_programs = plan.select_chunks if plan.large_vocab else 1 / plan.select_block_r
-    sample_reads = plan.sample * plan.select_chunks / vocab if (selects and plan.large_vocab) else 0.0
+    kernels = kernel_sequence(plan)
+    programs = {"emit": plan.emit_chunks / plan.emit_block_r}
+    if plan.large_vocab:
+        programs.update(select_stream=plan.select_chunks, select_finish=1)
+    else:
+        programs.update(select_small_vocab=1 / plan.select_block_r)
+    sample_reads = 2 * plan.sample * plan.select_chunks / vocab if (selects and plan.large_vocab) else 0.0
     return {
-        "launches": 3,  # the counters' zero fill, selection, emission (ratio test + merge)
-        "kernels": ["zero counters (fill)", "select_large_vocab" if plan.large_vocab else "select_small_vocab", "emit"],
+        "launches": len(kernels),
+        "kernels": kernels,
         "passes_over_logits": 1.0 + emitted_rows / plan.npos,
         "selection_passes": 1.0,
         "emission_passes": emitted_rows / plan.npos,
         "sample_reads_per_row_from_l2": sample_reads,
-        "programs_per_row": {"select": select_programs, "emit": plan.emit_chunks},
-        "select_grid": plan.select_grid,
-        "emit_grid": plan.emit_grid,
+        "finish_reads_per_row": 3 * plan.cap if (selects and plan.large_vocab) else 0,
+        "programs_per_row": programs,
+        "max_programs_per_row": max(programs.values()),
+        "grids": {"select": plan.select_grid, "finish": (plan.rows,) if plan.large_vocab else None,
+                  "emit": plan.emit_grid},
         "large_vocab_path": plan.large_vocab,
         "candidate_cap": plan.cap if plan.large_vocab else None,
-        "fallback_sweeps_per_missed_threshold": (
-            f"<= {1 + 32} passes over the row by one program" if (selects and plan.large_vocab) else 0),
         "distributions": plan.rows,
+        "fallback_passes_per_missed_threshold": "1 + ~log2(values in the interval / CAP), one program"
+        if (selects and plan.large_vocab) else None,
     }
