@@ -14,6 +14,7 @@ run() { echo "+ $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
 
 python3 -m pytest -q -p no:cacheprovider --benchmark-disable tests 2>&1 | tee "$results/gpu_tests_$dev.log" || status=1
 run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
+run python3 bench/bench_verify.py --gpu --data peaked --out "$results/verify_peaked_$dev.json"
 run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
 run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
 if [ -n "${OUT:-}" ]; then cp "$results"/*"$dev"* "$OUT"/ 2>/dev/null; fi
