@@ -15,6 +15,9 @@ from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
 from ._triton_common import BIG_INDEX, NEG_INF, last_program_of, num_drafts, standardised
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+# An upper bound of gumbel_from_bits: -log(-log(1 - 2**-24)) = 16.64 (the largest open uniform),
+# with room for approximate GPU logarithms.
+GUMBEL_MAX = tl.constexpr(17.0)
 
 
 @triton.jit
@@ -138,21 +141,39 @@ def emit_kernel(
         zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
         std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
                                 tkq[:, None], amq[:, None], min_p[:, None])
-        g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
-        q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside, std_q + g, NEG_INF), idx)
-        if any_rejected:
+        std_q = tl.where(inside, std_q, NEG_INF)
+        # The noise (Philox, the bulk of this kernel's work) only where a value could still win:
+        # g <= GUMBEL_MAX, and the residual's log(max(q - p, 0)) <= log(q). Skipped tiles
+        # change nothing (a later index replaces the best only when strictly larger). Greedy
+        # and truncated (top-k / top-p / min-p) rows skip most of the vocab this way.
+        could_q = tl.max(std_q, axis=1) + GUMBEL_MAX >= q_best
+        could_r = rejected & (tl.log(tl.max(q, axis=1)) + GUMBEL_MAX >= r_best)
+        if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:
+            g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
+            q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
+            if any_rejected:
+                if HAS_DRAFT_LOGITS:
+                    zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+                    _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
+                                        s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
+                else:
+                    p = tl.where(idx == xj[:, None], 1.0, 0.0)
+                r = tl.maximum(q - p, 0.0)
+                positive = inside & rejected[:, None] & (r > 0)
+                r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
+                # log(0) = -inf, written as a select so that no log(0) is evaluated.
+                r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
+                r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
+        elif any_rejected:
+            # r_any must still see every positive residual entry of the row.
             if HAS_DRAFT_LOGITS:
                 zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
-                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None], s3p[:, None],
-                                    tkp[:, None], amp[:, None], min_p[:, None])
+                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
+                                    s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
             else:
                 p = tl.where(idx == xj[:, None], 1.0, 0.0)
-            r = tl.maximum(q - p, 0.0)
-            positive = inside & rejected[:, None] & (r > 0)
+            positive = inside & rejected[:, None] & (tl.maximum(q - p, 0.0) > 0)
             r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
-            # log(0) = -inf, written as a select so that no log(0) is evaluated.
-            r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
-            r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
     out = b * NCHUNK + c
     tl.store(q_val_ptr + out, q_best, mask=live)
     tl.store(q_idx_ptr + out, q_arg, mask=live)

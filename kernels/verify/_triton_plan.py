@@ -16,20 +16,22 @@ CAP = 4096
 SAMPLE = 1024
 SAMPLE_RUN = 32
 SAMPLE_GROUP = 16  # 64 candidate thresholds
-SAMPLE_SUB = 32  # [64, 32] compares per step: 16 per thread at 4 warps
+SAMPLE_SUB = 32  # [64, 32] compares per step: 8 per thread at 8 warps
 # Selection, large vocabularies: the streaming launch takes one row chunk per program,
-# BLOCK_V values per step (4 KiB of bf16) at 4 warps (lean: it must keep occupancy); the
-# finishing launch one row per program at 8 warps (its [CAP] tiles need the registers).
+# BLOCK_V values per step (4 KiB of bf16) at 8 warps (lean: 77-109 registers at sm_90, two or
+# three programs per SM: it must keep occupancy); the finishing launch one row per program at
+# 8 warps (its [CAP] tiles take 201-228 registers).
 LARGE_BLOCK_V = 2048
-STREAM_NUM_WARPS = 4
+STREAM_NUM_WARPS = 8
 FINISH_NUM_WARPS = 8
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
 SMALL_TILE = 4096
 SMALL_NUM_WARPS = 8
-# Emission: a [BLOCK_R, BLOCK_V] tile of at most TILE values per step.
+# Emission: a [BLOCK_R, BLOCK_V] tile of at most TILE values per step (1024: 168 registers at
+# B = 64 instead of 227 for 2048, three programs per SM; the Philox noise makes it compute-bound).
 EMIT_MAX_BLOCK_V = 1024
-EMIT_TILE = 2048
+EMIT_TILE = 1024
 EMIT_NUM_WARPS = 4
 # Programs to aim for per launch: a few per SM, so that B = 1 spreads each row over tens of
 # SMs (132 SMs on an H100: 63 programs per row for the 9 distributions of K = 4 with drafts).

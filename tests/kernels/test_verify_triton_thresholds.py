@@ -194,3 +194,20 @@ def test_batch_65_small_vocab_whole_rows():
     got = chain_verify_triton(target, draft, drafts, params)
     expected = chain_verify_reference(target, draft, drafts, params)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_emission_skips_tiles_that_cannot_win():
+    """The emission draws noise only in tiles whose values could still beat the best so far
+    (greedy and truncated rows skip most tiles): many small tiles per chunk, every kind of row."""
+    chain_verify_triton, _ = _triton()
+    g = torch.Generator().manual_seed(21)
+    batch, vocab = 5, 300
+    target = torch.randn(batch, 3, vocab, generator=g) * 3
+    draft = torch.randn(batch, 2, vocab, generator=g) * 3
+    drafts = torch.randint(0, vocab, (batch, 2), generator=g)
+    params = make_sampling_tensors(batch, "cpu", seed=2, temperature=torch.tensor([0.0, 1.0, 1.0, 0.8, 1.0]),
+                                   top_k=torch.tensor([0, 0, 3, 0, 40], dtype=torch.int32),
+                                   top_p=torch.tensor([1.0, 1.0, 1.0, 0.5, 0.9]), min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2]))
+    got = chain_verify_triton(target, draft, drafts, params, block_v=16, num_chunks=2)
+    expected = chain_verify_reference(target, draft, drafts, params)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
