@@ -134,14 +134,27 @@ def standardised(z, idx, temp, greedy, m, s2, s3, tkey, amax, min_p):
 
 
 @triton.jit
-def last_program_of(ticket_ptr, count):
+def _fence_gpu():
+    """fence.acq_rel.gpu in every thread (inline PTX: GPU only)."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def last_program_of(ticket_ptr, count, FENCE: tl.constexpr):
     """Ticket for the "last program finishes" pattern: every program of a group calls this once
-    after its stores; True in the one that arrives last (then every other program's stores are
-    visible to it). The barrier makes all of this program's stores happen before the release
-    of the ticket; acq_rel orders the winner's later loads after every other release."""
+    after its stores; True in the one that arrives last, which may then read every other
+    program's stores (through L2: load them with cache_modifier=".cg"). The classic sequence:
+    each thread fences its stores (FENCE: on a GPU; the interpreter runs programs one after
+    another), a barrier, one thread takes an acq_rel ticket (integer: order-free), and the
+    winner's threads fence again before reading."""
+    if FENCE:
+        _fence_gpu()
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-    return ticket == count - 1
+    last = ticket == count - 1
+    if FENCE:
+        _fence_gpu()
+    return last
 
 
 @triton.jit

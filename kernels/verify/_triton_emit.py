@@ -78,7 +78,7 @@ def emit_kernel(
     B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
 ):
     """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows, then one pass over a
     vocab chunk of each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
@@ -180,7 +180,7 @@ def emit_kernel(
     tl.store(r_val_ptr + out, r_best, mask=live)
     tl.store(r_idx_ptr + out, r_arg, mask=live)
     tl.store(r_any_ptr + out, r_any, mask=live)
-    if last_program_of(ticket_ptr + tl.program_id(0), NCHUNK):
+    if last_program_of(ticket_ptr + tl.program_id(0), NCHUNK, FENCE):
         tl.debug_barrier()
         _write_tokens(tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, out_ptr, num_accepted_ptr,
                       b, live, j, kb, NCHUNK, sx_b, sx_k, so_b, K, BLOCK_K1, BLOCK_C)

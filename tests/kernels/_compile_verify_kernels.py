@@ -57,7 +57,7 @@ def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool):
     yield emit_kernel, plans.EMIT_NUM_WARPS, dict(
         V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft and k > 0, USE_POSITIONS=k == 0,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
-        BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks))
+        BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True)
 
 
 SHAPES = (  # (logits dtype, B, K, V, draft logits): verify at B = 1 and 64, the draft sampler, a small vocabulary
