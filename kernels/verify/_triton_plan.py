@@ -37,10 +37,13 @@ EMIT_NUM_WARPS = 4
 # SMs (132 SMs on an H100: 63 programs per row for the 9 distributions of K = 4 with drafts).
 SELECT_PROGRAMS_PER_SM = 8
 EMIT_PROGRAMS_PER_SM = 4
+# The finishing launch holds one program per SM (its registers); it splits rows only as far as
+# that fills the device (B = 1: 13-15 chunks gather a row's interval; B = 64: one program a row).
+FINISH_PROGRAMS_PER_SM = 1
 # The CPU interpreter pays per operation, not per element, and runs programs one after
 # another: big tiles, few programs (tests force small ones through the overrides).
 INTERPRETER = dict(large_block_v=32768, sweep_block=32768, small_tile=131072, emit_max_block_v=32768,
-                   emit_tile=131072, programs=4, sample=SAMPLE)
+                   emit_tile=131072, programs=4, sample=SAMPLE, sample_sub=SAMPLE)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class LaunchPlan:
     select_chunk: int
     select_chunks: int
     sweep_block: int
+    finish_chunk: int
+    finish_chunks: int
     # emission launch: grid (cdiv(batch, emit_block_r), emit_chunks)
     emit_block_r: int
     emit_block_v: int
@@ -79,6 +84,10 @@ class LaunchPlan:
         if self.large_vocab:
             return (self.rows, self.select_chunks)
         return (triton.cdiv(self.rows, self.select_block_r),)
+
+    @property
+    def finish_grid(self) -> tuple:
+        return (self.rows, self.finish_chunks)
 
     @property
     def emit_grid(self) -> tuple:
@@ -103,29 +112,33 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     region (tests force the multi-chunk and candidate paths on small inputs with them)."""
     cfg = INTERPRETER if interpreting else dict(large_block_v=LARGE_BLOCK_V, sweep_block=SWEEP_BLOCK,
                                                 small_tile=SMALL_TILE, emit_max_block_v=EMIT_MAX_BLOCK_V,
-                                                emit_tile=EMIT_TILE, programs=None, sample=SAMPLE)
+                                                emit_tile=EMIT_TILE, programs=None, sample=SAMPLE,
+                                                sample_sub=SAMPLE_SUB)
     npos = 2 * k + 1 if has_draft and k > 0 else k + 1
     rows = batch * npos
     cap = cap or CAP
     large = vocab > cap
     sample = min(cfg["sample"], triton.next_power_of_2(vocab))
     select_programs = cfg["programs"] or SELECT_PROGRAMS_PER_SM * num_sms
+    finish_programs = cfg["programs"] or FINISH_PROGRAMS_PER_SM * num_sms
     emit_programs = cfg["programs"] or EMIT_PROGRAMS_PER_SM * num_sms
     if large:
         s_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["large_block_v"])
         s_block_r = 1
         s_chunk, s_chunks = _split(vocab, rows, select_programs, s_block_v, num_chunks)
+        f_chunk, f_chunks = _split(vocab, rows, finish_programs, s_block_v, num_chunks)
     else:
         s_block_v = triton.next_power_of_2(vocab)
         s_block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), cfg["small_tile"] // s_block_v))
         s_chunk, s_chunks = vocab, 1
+        f_chunk, f_chunks = vocab, 1
     e_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["emit_max_block_v"])
     e_block_r = max(1, min(triton.next_power_of_2(max(batch, 1)), cfg["emit_tile"] // e_block_v))
     e_chunk, e_chunks = _split(vocab, triton.cdiv(max(batch, 1), e_block_r), emit_programs, e_block_v, num_chunks)
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
-                      min(SAMPLE_GROUP, sample), min(SAMPLE_SUB, sample),
+                      min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
-                      e_block_r, e_block_v, e_chunk, e_chunks)
+                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks)
 
 
 MODES = ("greedy", "T=1", "top_k", "top_p", "min_p")
@@ -158,7 +171,7 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
     kernels = kernel_sequence(plan)
     programs = {"emit": plan.emit_chunks / plan.emit_block_r}
     if plan.large_vocab:
-        programs.update(select_stream=plan.select_chunks, select_finish=1)
+        programs.update(select_stream=plan.select_chunks, select_finish=plan.finish_chunks)
     else:
         programs.update(select_small_vocab=1 / plan.select_block_r)
     sample_reads = 2 * plan.sample * plan.select_chunks / vocab if (selects and plan.large_vocab) else 0.0
@@ -172,7 +185,7 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         "finish_reads_per_row": 3 * plan.cap if (selects and plan.large_vocab) else 0,
         "programs_per_row": programs,
         "max_programs_per_row": max(programs.values()),
-        "grids": {"select": plan.select_grid, "finish": (plan.rows,) if plan.large_vocab else None,
+        "grids": {"select": plan.select_grid, "finish": plan.finish_grid if plan.large_vocab else None,
                   "emit": plan.emit_grid},
         "large_vocab_path": plan.large_vocab,
         "candidate_cap": plan.cap if plan.large_vocab else None,

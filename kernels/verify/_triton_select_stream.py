@@ -3,13 +3,12 @@ distribution, spread over NCHUNK programs per row, that also gathers the values 
 thresholds depend on (finished by _triton_select_finish.py). Glossary: _triton_common.py.
 
 grid (R, NCHUNK), R = B * NPOS distributions, one row and one vocab chunk per program:
-  1. rows with top-k / top-p / min-p read a small sample of their row and place four rungs
-     tau0 >= th_hi >= th_lo >= th_floor (_triton_sample.py), identically in every chunk;
+  1. rows with top-k / top-p / min-p read a small sample of their row and place six rungs
+     tau0 >= rung1 >= ... >= rung5 (_triton_sample.py), identically in every chunk;
   2. each program streams its chunk once: online max / sum-exp / lowest argmax (all rows);
      gathers the top set x >= tau0 into the row's candidate region 0 (rows with any of the
      three modes), and for rows whose thresholds may lie below the top set (top-p without a
-     small top-k, top-k > CAP / 4, min-p) counts the exact count and mass at or above every
-     rung and gathers the bracket th_lo <= x < th_hi into region 1.
+     small top-k, top-k > CAP / 16) counts the exact count and mass at or above every rung.
 Candidate slots come from one integer atomic per gathered value (their order is scheduling
 order; everything summed over them later is summed in fixed point, so the order never shows).
 Kept lean on purpose: the finishing work, which needs many registers, is its own launch, so
@@ -21,20 +20,23 @@ import triton.language as tl
 from ._triton_common import BIG_INDEX, NEG_INF, POS_INF, load_x_row, num_drafts_of_row, row_source, sampling_modes
 from ._triton_sample import sample_rungs
 
-# Candidate regions per row (cand_ptr [R, 3, CAP]) and their fill counters (fill_ptr [R, 2]).
+# Candidate regions per row (cand_ptr [R, 3, CAP]) and their fill counters (fill_ptr [R, 2]):
+# the top set (gathered here), the interval the finishing kernel gathers, the fallback's sweeps.
 TOP_SET = tl.constexpr(0)
-BRACKET = tl.constexpr(1)
+GATHERED = tl.constexpr(1)
 SWEPT = tl.constexpr(2)
 
 
 @triton.jit
 def candidate_plan(topk_on, topp_on, minp_on, top_k, CAP: tl.constexpr):
-    """(gather: the row gathers its top set, rungs: it also counts rungs and gathers a bracket).
-    A top-k of at most CAP / 4 settles in the top set, and top-p / min-p with it (they only
-    ever remove more)."""
-    small_topk = topk_on & (top_k * 4 <= CAP)
+    """(gather: the row gathers its top set, rungs: it also counts and weighs its rungs).
+    A top-k of at most CAP / 16 settles in the top set (aimed at 8 k values: a miss is
+    vanishingly rare), and top-p / min-p with it (they only ever remove more); top-p without
+    it and larger top-k locate their thresholds with the rungs; min-p alone needs only tau0
+    (the finishing kernel sums it by chunks when it reaches below the top set)."""
+    small_topk = topk_on & (top_k * 16 <= CAP)
     gather = topk_on | topp_on | minp_on
-    return gather, gather & ~small_topk
+    return gather, (topk_on | topp_on) & ~small_topk
 
 
 @triton.jit
@@ -47,20 +49,19 @@ def _gather(sel, x, fill_ptr, dst_ptr, CAP: tl.constexpr):
 
 
 @triton.jit
-def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0, th_hi, th_lo, th_floor,
-                  cand_row_ptr, fill_row_ptr,
+def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr, fill_row_ptr,
                   V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, CAP: tl.constexpr,
                   GATHER: tl.constexpr, RUNGS: tl.constexpr):
     """One pass over vocab [start, start + CHUNK) of one row: (max, sum exp(x - max), lowest
-    argmax, counts and masses (relative to the max) at or above the four rungs). GATHER: gather
-    the top set; RUNGS: count the rungs and gather the bracket too."""
+    argmax, counts [8] and masses [8] (relative to the max) at or above the rungs [8]).
+    GATHER: gather the top set x >= rungs[0]; RUNGS: count and weigh the rungs too."""
     zero_f = tl.sum(tl.zeros([2], tl.float32), axis=0)
-    zero_i = tl.sum(tl.zeros([2], tl.int32), axis=0)
     m = zero_f + NEG_INF
     s = zero_f
-    arg = zero_i + start
-    c0, c1, c2, c3 = zero_i, zero_i, zero_i, zero_i
-    w0, w1, w2, w3 = zero_f, zero_f, zero_f, zero_f
+    arg = tl.sum(tl.zeros([2], tl.int32), axis=0) + start
+    counts = tl.zeros([8], tl.int32)
+    masses = tl.zeros([8], tl.float32)
+    tau0 = tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)
     for v0 in range(0, CHUNK, BLOCK_V):
         idx = start + v0 + tl.arange(0, BLOCK_V)
         x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)
@@ -73,31 +74,21 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start
         s = s * alpha + tl.sum(e, axis=0)
         inside = idx < V
         if RUNGS:
-            a0 = inside & (x >= tau0)
-            a1 = inside & (x >= th_hi)
-            a2 = inside & (x >= th_lo)
-            a3 = inside & (x >= th_floor)
-            c0 += tl.sum(a0.to(tl.int32), axis=0)
-            c1 += tl.sum(a1.to(tl.int32), axis=0)
-            c2 += tl.sum(a2.to(tl.int32), axis=0)
-            c3 += tl.sum(a3.to(tl.int32), axis=0)
-            w0 = w0 * alpha + tl.sum(tl.where(a0, e, 0.0), axis=0)
-            w1 = w1 * alpha + tl.sum(tl.where(a1, e, 0.0), axis=0)
-            w2 = w2 * alpha + tl.sum(tl.where(a2, e, 0.0), axis=0)
-            w3 = w3 * alpha + tl.sum(tl.where(a3, e, 0.0), axis=0)
-            _gather(a2 & ~a1, x, fill_row_ptr + BRACKET, cand_row_ptr + BRACKET * CAP, CAP)
+            at_or_above = (x[None, :] >= rungs[:, None]) & inside[None, :]  # [8, BLOCK_V]
+            counts += tl.sum(at_or_above.to(tl.int32), axis=1)
+            masses = masses * alpha + tl.sum(tl.where(at_or_above, e[None, :], 0.0), axis=1)
         if GATHER:
             _gather(inside & (x >= tau0), x, fill_row_ptr + TOP_SET, cand_row_ptr + TOP_SET * CAP, CAP)
         m = new_m
-    return m, s, arg, c0, c1, c2, c3, w0, w1, w2, w3
+    return m, s, arg, counts, masses
 
 
 @triton.jit
 def select_stream_kernel(
     target_ptr, draft_ptr, tokens_ptr,  # logits [B, K+1, V], [B, K, V] (target again when absent); drafts int [B, K]
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B]: fp32, int32, fp32, fp32
-    part_f_ptr, part_i_ptr,  # [R, NCHUNK, 8] chunk partials: fp32 (m, s, mass x4, -, -), int32 (argmax, count x4, ...)
-    cand_ptr, fill_ptr, rungs_ptr,  # fp32 [R, 3, CAP] candidates; int32 [R, 2] fills (zeroed); fp32 [R, 4] rungs
+    part_f_ptr, part_i_ptr,  # [R, NCHUNK, 8] chunk partials: fp32 (m, s, mass x6), int32 (argmax, count x6, -)
+    cand_ptr, fill_ptr, rungs_ptr,  # fp32 [R, 3, CAP] candidates; int32 [R, 2] fills (zeroed); fp32 [R, 8] rungs
     NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr, SAMPLE_GROUP: tl.constexpr,
@@ -113,42 +104,38 @@ def select_stream_kernel(
     top_k = tl.load(top_k_ptr + b)
     needed = t_lim + d_lim > 0
     topk_on, topp_on, minp_on = sampling_modes(t, top_k, tl.load(top_p_ptr + b), tl.load(min_p_ptr + b), needed, V)
-    gather, rungs = candidate_plan(topk_on, topp_on, minp_on, top_k, CAP)
+    gather, rungs_on = candidate_plan(topk_on, topp_on, minp_on, top_k, CAP)
     temp = tl.where(t > 0, t, 1.0)
     cand_row_ptr = cand_ptr + r.to(tl.int64) * (3 * CAP)
     fill_row_ptr = fill_ptr + r * 2
 
-    tau0 = tl.sum(tl.zeros([2], tl.float32), axis=0) + POS_INF
-    th_hi, th_lo, th_floor = tau0, tau0, tau0
+    rungs = tl.full([8], POS_INF, tl.float32)
     if gather:
-        tau0, th_hi, th_lo, th_floor = sample_rungs(
-            target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, tl.load(top_p_ptr + b),
-            tl.load(min_p_ptr + b), topk_on, topp_on, minp_on, topk_on & ~rungs, V, CAP, SAMPLE, SAMPLE_RUN,
-            SAMPLE_GROUP, SAMPLE_SUB)
+        rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, tl.load(min_p_ptr + b),
+                             minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
+                             SAMPLE_SUB)
         if c == 0:
-            j = tl.arange(0, 4)
-            tl.store(rungs_ptr + r * 4 + j, tl.where(j == 0, tau0, tl.where(j == 1, th_hi, tl.where(j == 2, th_lo, th_floor))))
+            tl.store(rungs_ptr + r * 8 + tl.arange(0, 8), rungs)
     start = c * CHUNK
-    zero_f = tl.sum(tl.zeros([2], tl.float32), axis=0)
-    zero_i = tl.sum(tl.zeros([2], tl.int32), axis=0)
-    m, s, arg = zero_f + NEG_INF, zero_f, zero_i + start
-    c0, c1, c2, c3 = zero_i, zero_i, zero_i, zero_i
-    w0, w1, w2, w3 = zero_f, zero_f, zero_f, zero_f
-    if rungs:
-        m, s, arg, c0, c1, c2, c3, w0, w1, w2, w3 = _stream_chunk(
-            target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0, th_hi, th_lo, th_floor, cand_row_ptr,
-            fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, True)
+    m = tl.sum(tl.zeros([2], tl.float32), axis=0) + NEG_INF
+    s = tl.sum(tl.zeros([2], tl.float32), axis=0)
+    arg = tl.sum(tl.zeros([2], tl.int32), axis=0) + start
+    counts = tl.zeros([8], tl.int32)
+    masses = tl.zeros([8], tl.float32)
+    if rungs_on:
+        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
+                                                  cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, True)
     elif gather:
-        m, s, arg, c0, c1, c2, c3, w0, w1, w2, w3 = _stream_chunk(
-            target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0, th_hi, th_lo, th_floor, cand_row_ptr,
-            fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, False)
+        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
+                                                  cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, False)
     elif needed:
-        m, s, arg, c0, c1, c2, c3, w0, w1, w2, w3 = _stream_chunk(
-            target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0, th_hi, th_lo, th_floor, cand_row_ptr,
-            fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False, False)
+        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
+                                                  cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False, False)
+    # partials: fp32 (m, s, mass of rungs 0-5), int32 (argmax, count of rungs 0-5, -)
     f = tl.arange(0, 8)
     out = (r * NCHUNK + c) * 8 + f
-    tl.store(part_f_ptr + out, tl.where(f == 0, m, tl.where(f == 1, s, tl.where(f == 2, w0, tl.where(
-        f == 3, w1, tl.where(f == 4, w2, tl.where(f == 5, w3, 0.0)))))))
-    tl.store(part_i_ptr + out, tl.where(f == 0, arg, tl.where(f == 1, c0, tl.where(f == 2, c1, tl.where(
-        f == 3, c2, tl.where(f == 4, c3, 0))))))
+    shift = f[:, None] == tl.arange(0, 8)[None, :] + 2
+    tl.store(part_f_ptr + out, tl.where(f == 0, m, tl.where(f == 1, s, tl.sum(tl.where(shift, masses[None, :], 0.0),
+                                                                              axis=1))))
+    shift = f[:, None] == tl.arange(0, 8)[None, :] + 1
+    tl.store(part_i_ptr + out, tl.where(f == 0, arg, tl.sum(tl.where(shift, counts[None, :], 0), axis=1)))

@@ -93,33 +93,37 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
 
-    # Integer counters that must start at zero, in one fill: candidate fills [R, 2] (large
-    # vocabularies), the paths diagnostics [R], emission tickets per row tile.
+    # Integer counters that must start at zero, in one fill: candidate fills [R, 2] and finishing
+    # tickets [R] (large vocabularies), the paths diagnostics [R], emission tickets per row tile.
     emit_tiles = plan.emit_grid[0]
-    fills = 2 * rows if plan.large_vocab else 0
-    counters = torch.zeros(fills + rows + emit_tiles, **i32)
-    paths = counters[fills:fills + rows]
-    emit_tickets = counters[fills + rows:]
+    selection = 3 * rows if plan.large_vocab else 0
+    counters = torch.zeros(selection + rows + emit_tiles, **i32)
+    paths = counters[selection:selection + rows]
+    emit_tickets = counters[selection + rows:]
     m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
     tkey = torch.empty((rows,), dtype=torch.int64, device=device)
     amax = torch.empty((rows,), **i32)
     common = (target, draft, draft_tokens, p.temperature, p.top_k, p.top_p, p.min_p)
+    fence = not triton_interpreting()
     if plan.large_vocab:
         part_f = torch.empty((rows, plan.select_chunks, 8), **f32)
         part_i = torch.empty((rows, plan.select_chunks, 8), **i32)
         candidates = torch.empty((rows, 3, plan.cap), **f32)
-        rungs = torch.empty((rows, 4), **f32)
+        rungs = torch.empty((rows, 8), **f32)
+        minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
+        fills, tickets = counters[:2 * rows], counters[2 * rows:3 * rows]
         select_stream_kernel[plan.select_grid](
-            *common, part_f, part_i, candidates, counters[:fills], rungs, npos, plan.select_chunks, *strides,
-            *token_strides, V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
-            CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
+            *common, part_f, part_i, candidates, fills, rungs, npos, plan.select_chunks, *strides, *token_strides,
+            V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k, CAP=plan.cap,
+            SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
             SAMPLE_SUB=plan.sample_sub, num_warps=STREAM_NUM_WARPS,
         )
-        select_finish_kernel[(rows,)](
-            *common, part_f, part_i, candidates, counters[:fills], rungs, m, s2, s3, tkey, amax, paths,
-            npos, plan.select_chunks, *strides, *token_strides, V=vocab, K=k, BLOCK_K=block_k,
-            BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, BLOCK_S=plan.sweep_block,
-            num_warps=FINISH_NUM_WARPS,
+        select_finish_kernel[plan.finish_grid](
+            *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
+            npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, V=vocab, K=k,
+            CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+            BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
+            BLOCK_S=plan.sweep_block, FENCE=fence, num_warps=FINISH_NUM_WARPS,
         )
     else:
         select_small_vocab_kernel[plan.select_grid](
@@ -140,7 +144,7 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
-        FENCE=not triton_interpreting(), num_warps=EMIT_NUM_WARPS,
+        FENCE=fence, num_warps=EMIT_NUM_WARPS,
     )
     return tokens, num_accepted, paths
 

@@ -72,3 +72,5 @@ def test_the_launcher_launches_what_the_plan_says(monkeypatch):
         plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=1, interpreting=launcher.triton_interpreting())
         assert [name for name, _ in launched] == plans.kernel_sequence(plan)[1:]
         assert launched[0][1] == plan.select_grid and launched[-1][1] == plan.emit_grid
+        if plan.large_vocab:
+            assert launched[1][1] == plan.finish_grid
