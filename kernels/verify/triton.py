@@ -1,32 +1,43 @@
 """Triton backend of chain_verify and sample: fused kernels, no host sync, CUDA-graph safe.
 
-Two kernels and one zero fill per call, for every sampling mode:
-  1. selection (_triton_select_large.py for V > CAP, _triton_select_small.py otherwise): ONE
-     pass over every distribution's logits, spread over up to 63 programs per row at B = 1;
-     statistics (max, sum-exp, argmax) and exact top-k / top-p / min-p thresholds. A row sample
-     places bounds before the pass so that the pass itself gathers the few values the
-     thresholds depend on (the top set, a bracket); the row's last program (integer ticket)
-     merges and searches them in registers. Rows without top-k / top-p / min-p only stream.
-  2. emission (_triton_emit.py): the ratio test, then one pass over the emitted position only
-     (Gumbel-max over vocab chunks); the last program of each row tile merges and writes tokens.
-Passes over the logits: 1 + the emitted position's rows (2 of 2K+1 distributions with draft
-logits): at B = 64, V = 128256, K = 4, ~1.2 x 148 MB. The previous design bisected top-k and
-top-p with ONE program per row tile and up to 64 passes over the vocabulary (5-9 ms at B = 1).
+The same launches for every sampling mode (verify_plan() in _triton_plan.py states them for
+any shape without a GPU; R = B x (2K+1) distributions with draft logits, B x (K+1) without):
+  0. one zero fill: integer tickets and candidate counters.
+  1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
+     ONE pass over all logits: max / sum-exp / argmax partials per chunk. Rows with top-k,
+     top-p or min-p first read a 1024-value sample of their row and place rungs
+     (_triton_sample.py), then, in the same pass, gather their top set (~8 k values for
+     k <= CAP / 16, else ~CAP / 4; integer atomics pick the slots) and count the exact count
+     and mass at or above six rungs.
+  2. select_finish (_triton_select_finish.py), grid (R, chunks; one program per SM in all):
+     every program merges its row's partials and locates, from the exact counts and masses at
+     the rungs, the interval holding each threshold; if it is not the top set, the chunks
+     gather it (a second pass over that row only) or sum min-p by chunks; the last program
+     (integer ticket) searches the gathered values in registers (_triton_search.py).
+  3. emit (_triton_emit.py), grid (B tiles, chunks): the ratio test, then one pass over the
+     emitted position only (Gumbel-max, noise drawn only in tiles that can still win); the
+     last program of each row tile merges the chunks and writes the tokens.
+Vocabularies of at most CAP values take one selection kernel instead (_triton_select_small.py:
+whole rows in registers). Passes over the logits: 1 (+ the emitted position's target and
+draft rows: 2 of 2K+1 distributions), + 1 over the rows whose top-p / larger top-k / deep
+min-p lies below the top set. The previous design bisected top-k and top-p with ONE program
+per row tile and up to 64 passes over the vocabulary (5-9 ms at B = 1 on an H100).
 
 Why this shape (H100: 132 SMs, ~3 TB/s HBM, ~2-4 us per kernel node in a graph):
-- at B = 1 the 2.3 MB of logits sit in L2 and latency rules: two kernels in sequence, each
-  spread over all SMs, and a last-program finish instead of a third launch;
-- at B = 64 bandwidth rules (148 MB, 49 us per pass): one pass for the statistics and the
-  candidates together, instead of a pass per radix digit or bisection step;
-- determinism: merges read partials in chunk order; candidates are gathered with integer
-  atomics in any order, and everything summed over them is summed in fixed point (int64), so
-  every order gives the same bits; no float atomics.
+- B = 1: the 2.3 MB of logits sit in L2 and latency rules: four graph nodes, each row spread
+  over tens of programs, last-program merges instead of extra launches, and the expensive
+  finish (CAP-value searches, ~230 registers) in its own launch so the streaming pass keeps
+  its occupancy (80-116 registers);
+- B = 64: bandwidth rules (148 MB, ~49 us per pass): statistics and the candidates of small
+  top-k / peaked top-p in one pass instead of a pass per radix digit or bisection step;
+- determinism: merges read partials in a fixed order; gathered candidates arrive in
+  scheduling order, and everything summed over them is summed in fixed point (int64), so any
+  order gives the same bits; tickets and slots are integer atomics; no float atomics;
 - graph capture: grids depend on shapes only; no host sync; every value-dependent choice
-  (which rows select, whether the sampled bounds hit, the fallback sweeps) is made on the device.
-The exact fallback (a sampled bound missing the threshold, or more than CAP values in the
-interval that holds it) is a few passes over that row by its last program (_triton_sweeps.py):
-slower, rare on real and random logits, and tested by forcing a tiny CAP.
-Sizes: _triton_plan.py (verify_plan() states the plan for any shape without a GPU).
+  (which rows select, where a threshold lies, the fallback) is made on the device.
+The exact fallback (an interval holding a threshold with more than CAP values; top-p below
+a top-k of more than CAP / 16) is a few passes over that row by its last program
+(_triton_sweeps.py): slower, rare on random and peaked logits, tested by forcing a tiny CAP.
 """
 import functools
 
