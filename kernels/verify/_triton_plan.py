@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import triton
 
-# Candidate region per row and per kind (top set, bracket, swept): values beyond it are
-# counted but not kept. 4096 holds top-k up to 1024 with room for the sample's error (the top
-# set aims at ~8k values) and a top-p bracket of ~3k values; the finishing search over a
-# [1, CAP] tile costs ~17 reduction steps per threshold.
+# Candidate region per row and per kind (top set, gathered interval, swept): values beyond it
+# are counted but not kept. 4096: the top set of a top-k <= 256 (~8 k values, room for the
+# sample's error), and the intervals between rungs (~0.4 of the values above them) down to
+# ~8k values; the finishing search over a [1, CAP] tile is ~17 reduction steps per threshold
+# (8 warps: 16 values per thread, ~230 registers).
 CAP = 4096
 # Row sample that places the rungs: SAMPLE values in runs of SAMPLE_RUN neighbours; the
 # maxima of groups of SAMPLE_GROUP are its candidate thresholds (_triton_sample.py).

@@ -152,19 +152,16 @@ def _threshold_stage(goal, s2k, floor_key, p_key, p_count, p_mass, ok0, n0, g_lo
 
 
 @triton.jit
-def _min_p_stage(tkey, s2, min_p, p_key, p_mass, ok0, n0, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim,
+def _min_p_stage(tkey, s2, min_p, covered, ok0, n0, tau0_key, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim,
                  d_lim, temp, m, V: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr):
     """(mass (E units) of the kept values (key >= tkey) that min-p keeps too, or -1 when all of
-    them do; path). min-p's test is monotone in x: its threshold lies between the last known
-    point that passes and the next; from the top set, else one sweep."""
-    passes = (passes_min_p(tl.exp(key_value(p_key) - m), s2, min_p) & (p_key > KEY_NEG_INF)) | (p_key == KEY_POS_INF)
-    j = tl.maximum(tl.sum(passes.to(tl.int32), axis=0) - 1, 0)
-    in_top = (j == 0) & ok0
-    x, key = load_candidates(cand_row_ptr + TOP_SET * CAP, tl.where(in_top, n0, 0),
-                             tl.maximum(_pick8(p_key, j + 1), tkey), _pick8(p_key, j), CAP)
+    them do; path). min-p's test is monotone in x: when the largest value below the top set
+    fails it (covered), whatever passes is in the gathered top set; otherwise one sweep."""
+    in_top = covered & ok0
+    x, key = load_candidates(cand_row_ptr + TOP_SET * CAP, tl.where(in_top, n0, 0), tl.maximum(tau0_key, tkey),
+                             KEY_POS_INF, CAP)
     e = tl.where(key != KEY_NONE, tl.exp(x - m), 0.0)
-    mass = _pick8(p_mass, j) + tl.sum(tl.sum(tl.where((key != KEY_NONE) & passes_min_p(e, s2, min_p), fixed_mass(e), 0),
-                                             axis=1), axis=0)
+    mass = tl.sum(tl.sum(tl.where((key != KEY_NONE) & passes_min_p(e, s2, min_p), fixed_mass(e), 0), axis=1), axis=0)
     path = tl.where(in_top, PATH_TOP_SET, PATH_SWEPT)
     if ~in_top:
         mass = sweep_min_p_mass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, tkey, s2, min_p, V, BLOCK_S)
@@ -249,9 +246,11 @@ def select_finish_kernel(
     g_count = _pick8(p_count, j_g + 1) - _pick8(p_count, j_g)
     gather_on = use_rungs & (topk_on | topp_on) & tl.where(for_k, reach_k, reach_p) & ((j_g > 0) | ~ok0) \
         & (g_count <= CAP)
-    # min-p alone reaching below the top set (its largest non-gathered value still passes): sum by chunks
-    below_top = key_value(order_key(tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)) - 1)
-    minp_chunks = minp_on & ~topk_on & ~topp_on & (~ok0 | passes_min_p(tl.exp(below_top - m), s, min_p))
+    # min-p: covered when the largest value below the top set fails it (then whatever passes
+    # was gathered). min-p alone and not covered: summed by chunks.
+    tau0_key = order_key(tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0))
+    covered = ~passes_min_p(tl.exp(key_value(tau0_key - 1) - m), s, min_p)
+    minp_chunks = minp_on & ~topk_on & ~topp_on & (~ok0 | ~covered)
     if gather_on | minp_chunks:
         chunk_mass = _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, s, min_p, c * CHUNK, g_lo,
                                  g_hi, gather_on, minp_chunks, fill_row_ptr + GATHERED, cand_row_ptr + GATHERED * CAP,
@@ -300,7 +299,8 @@ def select_finish_kernel(
                 s3 = (tl.sum(chunk_masses, axis=0).to(tl.float64) / E_ONE).to(tl.float32)
                 paths = paths | MIN_P_BY_CHUNKS
             elif minp_on:
-                mass3, path_m = _min_p_stage(tkey, s2, min_p, p_key, p_mass, ok0, n0, cand_row_ptr, target_ptr,
+                covered2 = ~passes_min_p(tl.exp(key_value(tau0_key - 1) - m), s2, min_p)  # judged with s2 now
+                mass3, path_m = _min_p_stage(tkey, s2, min_p, covered2, ok0, n0, tau0_key, cand_row_ptr, target_ptr,
                                              draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, V, CAP, BLOCK_S)
                 s3 = tl.where(mass3 >= 0, (mass3.to(tl.float64) / E_ONE).to(tl.float32), s2)
                 paths = paths | (path_m << 8)
