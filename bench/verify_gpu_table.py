@@ -4,7 +4,9 @@ For B in {1, 8, 64}, V in {32000, 128256}, K = 4, bf16 logits and the sampling m
 the engine's prepared path (chain_verify_triton / sample_triton with SamplingTensors made
 once) beside the torch reference (the spec), plain PyTorch (verify_anchors.py) and FlashInfer
 (when importable), each captured in a CUDA graph and replayed under triton.testing.do_bench
-(median and 20/80% quantiles; eager do_bench, flagged, when a capture fails). Bandwidth is the
+(median and 20/80% quantiles; eager do_bench, flagged, when a capture fails; do_bench flushes
+L2 before every replay, so even B = 1 reads its logits from HBM, where the engine would find
+them L2-hot just after the LM head). Bandwidth is the
 logits read once (target + draft for verify, one row per batch row for sample) over the time;
 the roofline divides those bytes by this device's measured copy bandwidth. Each row also says
 whether our tokens equal the reference's and how the Triton kernels settled the thresholds
@@ -98,7 +100,7 @@ def copy_bandwidth(device) -> float | None:
 
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), quantiles=[0.5])[0]
+    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
     del src, dst
     return 2 * (1 << 30) / (ms * 1e-3)
 

@@ -191,6 +191,9 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         "large_vocab_path": plan.large_vocab,
         "candidate_cap": plan.cap if plan.large_vocab else None,
         "distributions": plan.rows,
+        "second_pass": ("over the rows whose top-p (without a top-k <= CAP / 16), top-k > CAP / 16 or "
+                        "min-p (alone) threshold lies below the gathered top set: +1 pass over those rows, "
+                        f"{plan.finish_chunks} programs per row") if (selects and plan.large_vocab) else None,
         "fallback_passes_per_missed_threshold": "1 + ~log2(values in the interval / CAP), one program"
         if (selects and plan.large_vocab) else None,
     }
