@@ -111,11 +111,14 @@ def load_x_rows(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp):
 
 @triton.jit
 def load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp):
-    """load_x_rows for one row (scalar offsets / limits): x at indices idx (any shape)."""
-    in_t = idx < t_lim
-    zt = tl.load(target_ptr + t_off + idx, mask=in_t, other=NEG_INF)
-    zd = tl.load(draft_ptr + d_off + idx, mask=idx < d_lim, other=NEG_INF)
-    return tl.div_rn(tl.where(in_t, zt, zd).to(tl.float32), temp)
+    """load_x_rows for one row (scalar offsets / limits): x at indices idx (any shape). One load
+    (the row's own pointer), and no division at T = 1 (x = z exactly: ~10 fewer instructions
+    per value in the bandwidth-bound streaming pass)."""
+    row_ptr = tl.where(t_lim > 0, target_ptr + t_off, draft_ptr + d_off)
+    x = tl.load(row_ptr + idx, mask=idx < t_lim + d_lim, other=NEG_INF).to(tl.float32)
+    if temp != 1.0:
+        x = tl.div_rn(x, temp)
+    return x
 
 
 @triton.jit

@@ -25,7 +25,7 @@ from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, KEY_POS_IN
                              key_value, last_program_of, load_x_row, num_drafts_of_row, order_key, passes_min_p,
                              row_source, sampling_modes)
 from ._triton_search import largest_key_reaching, load_candidates
-from ._triton_select_stream import GATHERED, SWEPT, TOP_SET, candidate_plan
+from ._triton_select_stream import GATHERED, SWEPT, TOP_SET, candidate_plan, merge_partials
 from ._triton_sweeps import refine_and_collect, sweep_min_p_mass
 
 NUM_POINTS = tl.constexpr(8)  # known points: +inf, the six rungs (tau0 first), -inf
@@ -36,31 +36,6 @@ SINGLE_KEY = tl.constexpr(8)
 MIN_P_BY_CHUNKS = tl.constexpr(2 << 8)  # (1 << GATHERED) << 8
 PATH_TOP_SET = tl.constexpr(1)  # 1 << TOP_SET
 PATH_SWEPT = tl.constexpr(4)  # 1 << SWEPT
-
-
-@triton.jit
-def _merge_partials(part_f_ptr, part_i_ptr, r, NCHUNK, BLOCK_C: tl.constexpr):
-    """Merge the chunk partials of row r (a fixed reduction order: deterministic): (m, s, amax,
-    rung counts int64 [8], rung masses fp32 [8] relative to m; slots 6, 7 zero). part_f: fp32
-    [R, NCHUNK, 8] = (m, s, mass of rungs 0-5); part_i: int32 [R, NCHUNK, 8] = (argmax, count
-    of rungs 0-5, -)."""
-    c = tl.arange(0, BLOCK_C)[:, None]
-    f = tl.arange(0, 8)[None, :]
-    at = (r * NCHUNK + c) * 8 + f
-    live = c < NCHUNK
-    pf = tl.load(part_f_ptr + at, mask=live, other=0.0)
-    pi = tl.load(part_i_ptr + at, mask=live, other=0)
-    cm = tl.where(live, tl.sum(tl.where(f == 0, pf, 0.0), axis=1)[:, None], NEG_INF)  # [BLOCK_C, 1]
-    m = tl.max(tl.max(cm, axis=1), axis=0)
-    scale = tl.where(cm > NEG_INF, tl.exp(cm - m), 0.0)  # [BLOCK_C, 1]
-    s = tl.sum(tl.sum(tl.where(f == 1, pf * scale, 0.0), axis=1), axis=0)
-    args = tl.sum(tl.where(f == 0, pi, 0), axis=1)[:, None]
-    amax = tl.min(tl.min(tl.where(live & (cm == m), args, BIG_INDEX), axis=1), axis=0)
-    masses = tl.sum(tl.where(f >= 2, pf * scale, 0.0), axis=0)  # [8], rung j at column j + 2
-    counts = tl.sum(tl.where((f >= 1) & (f < 7), pi, 0), axis=0).to(tl.int64)  # [8], rung j at column j + 1
-    j = tl.arange(0, 8)[:, None]
-    return m, s, amax, tl.sum(tl.where(f == j + 1, counts[None, :], 0), axis=1), \
-        tl.sum(tl.where(f == j + 2, masses[None, :], 0.0), axis=1)
 
 
 @triton.jit
@@ -194,44 +169,21 @@ def _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, s, m
 
 
 @triton.jit
-def select_finish_kernel(
-    target_ptr, draft_ptr, tokens_ptr,  # logits [B, K+1, V], [B, K, V] (target again when absent); drafts int [B, K]
-    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B]: fp32, int32, fp32, fp32
-    part_f_ptr, part_i_ptr,  # [R, NCHUNK, 8] chunk partials (_triton_select_stream.py)
-    cand_ptr, fill_ptr, rungs_ptr,  # fp32 [R, 3, CAP] candidates; int32 [R, 2] fills; fp32 [R, 8] rungs
-    minp_part_ptr, ticket_ptr,  # int64 [R, NFCHUNK] min-p chunk masses; int32 [R] tickets (zeroed)
-    m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr,  # [R] outputs: fp32 x3, int64, int32, int32 (diagnostics)
-    NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
-    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
-):
-    """grid (R, NFCHUNK): see the module docstring. NCHUNK: the streaming launch's chunks (its
-    partials); CHUNK / NFCHUNK: this launch's."""
-    r = tl.program_id(0)
-    c = tl.program_id(1)
-    b = r // NPOS
-    kb = num_drafts_of_row(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
-    t_off, d_off, t_lim, d_lim = row_source(r, NPOS, kb, st_b, st_k, sd_b, sd_k, V, K)
-    t = tl.load(temperature_ptr + b)
-    top_k = tl.load(top_k_ptr + b)
-    top_p = tl.load(top_p_ptr + b)
-    min_p = tl.load(min_p_ptr + b)
-    temp = tl.where(t > 0, t, 1.0)
-    needed = t_lim + d_lim > 0
-    topk_on, topp_on, minp_on = sampling_modes(t, top_k, top_p, min_p, needed, V)
-    selecting, use_rungs = candidate_plan(topk_on, topp_on, minp_on, top_k, CAP)
+def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, top_p, min_p, topk_on,
+                          topp_on, minp_on, use_rungs, needed, part_f_ptr, part_i_ptr, cand_ptr, fill_ptr, rungs_ptr,
+                          minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr, NCHUNK, NFCHUNK,
+                          V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
+                          CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr):
+    """Program (r, c) of a row with top-k, top-p or min-p: see the module docstring."""
     cand_row_ptr = cand_ptr + r.to(tl.int64) * (3 * CAP)
     fill_row_ptr = fill_ptr + r * 2
-    m, s, amax, counts8, masses8 = _merge_partials(part_f_ptr, part_i_ptr, r, NCHUNK, BLOCK_C)
+    m, s, amax, counts8, masses8 = merge_partials(part_f_ptr, part_i_ptr, r, NCHUNK, BLOCK_C, False)
     m = tl.where(needed, m, 0.0)  # positions never read: harmless numbers instead of -inf / 0
     s = tl.where(needed, s, 1.0)
 
     # Every program: where do the thresholds lie, and what must the chunks read again?
-    rungs = tl.full([8], float("inf"), tl.float32)
-    n0 = tl.sum(tl.zeros([1], tl.int32), axis=0)
-    if selecting:
-        rungs = tl.load(rungs_ptr + r * 8 + tl.arange(0, 8))
-        n0 = tl.load(fill_row_ptr + TOP_SET, cache_modifier=".cg")
+    rungs = tl.load(rungs_ptr + r * 8 + tl.arange(0, 8))
+    n0 = tl.load(fill_row_ptr + TOP_SET)
     ok0 = n0 <= CAP
     # (rows with rungs know every point; the others need only tau0's mass, in the last program)
     p_key, p_count, p_mass = _known_points(rungs, counts8, masses8, m, s, n0, ok0, use_rungs, False, cand_row_ptr, V,
@@ -262,51 +214,85 @@ def select_finish_kernel(
         s2 = s
         s3 = s
         paths = tl.sum(tl.zeros([1], tl.int32), axis=0)
-        if selecting:
-            p_key, p_count, p_mass = _known_points(rungs, counts8, masses8, m, s, n0, ok0, use_rungs, True,
-                                                   cand_row_ptr, V, CAP)
-            n_g = tl.load(fill_row_ptr + GATHERED, cache_modifier=".cg")
-            ok_g = gather_on & (n_g <= CAP)
-            # top-k: counts.
-            t_k = tkey
-            c_k = tl.sum(tl.zeros([1], tl.int64), axis=0) + V
-            m_k = fixed_mass(s)
-            if topk_on:
-                t_k, c_k, m_k, path_k = _threshold_stage(
-                    top_k.to(tl.int64), s, KEY_NEG_INF, p_key, p_count, p_mass, ok0, n0, g_lo, g_hi, ok_g & for_k,
-                    n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, V, CAP, BLOCK_S,
-                    False)
-                paths = paths | path_k
-            s2k = tl.where(topk_on, (m_k.to(tl.float64) / E_ONE).to(tl.float32), s)
-            # top-p: fixed-point probabilities within the top-k set (known points below t_k become t_k).
-            t_p = t_k
-            m_p = m_k
-            if topp_on:
-                below = p_key <= t_k
-                t_p, c_p, m_p, path_p = _threshold_stage(
-                    fixed_prob(top_p.to(tl.float64)), s2k, t_k, tl.where(below, t_k, p_key),
-                    tl.where(below, c_k, p_count), tl.where(below, m_k, p_mass), ok0, n0, g_lo, g_hi,
-                    ok_g & ~for_k & ~topk_on, n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim,
-                    temp, m, V, CAP, BLOCK_S, True)
-                paths = paths | (path_p << 4)
-            tkey = t_p
-            s2 = tl.where(topk_on | topp_on, (m_p.to(tl.float64) / E_ONE).to(tl.float32), s)
-            s3 = s2
-            if minp_chunks:
-                cs = tl.arange(0, BLOCK_C)
-                chunk_masses = tl.load(minp_part_ptr + r * NFCHUNK + cs, mask=cs < NFCHUNK, other=0,
-                                       cache_modifier=".cg")
-                s3 = (tl.sum(chunk_masses, axis=0).to(tl.float64) / E_ONE).to(tl.float32)
-                paths = paths | MIN_P_BY_CHUNKS
-            elif minp_on:
-                covered2 = ~passes_min_p(tl.exp(key_value(tau0_key - 1) - m), s2, min_p)  # judged with s2 now
-                mass3, path_m = _min_p_stage(tkey, s2, min_p, covered2, ok0, n0, tau0_key, cand_row_ptr, target_ptr,
-                                             draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, V, CAP, BLOCK_S)
-                s3 = tl.where(mass3 >= 0, (mass3.to(tl.float64) / E_ONE).to(tl.float32), s2)
-                paths = paths | (path_m << 8)
+        p_key, p_count, p_mass = _known_points(rungs, counts8, masses8, m, s, n0, ok0, use_rungs, True,
+                                               cand_row_ptr, V, CAP)
+        n_g = tl.load(fill_row_ptr + GATHERED, cache_modifier=".cg")
+        ok_g = gather_on & (n_g <= CAP)
+        # top-k: counts.
+        t_k = tkey
+        c_k = tl.sum(tl.zeros([1], tl.int64), axis=0) + V
+        m_k = fixed_mass(s)
+        if topk_on:
+            t_k, c_k, m_k, path_k = _threshold_stage(
+                top_k.to(tl.int64), s, KEY_NEG_INF, p_key, p_count, p_mass, ok0, n0, g_lo, g_hi, ok_g & for_k,
+                n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, V, CAP, BLOCK_S,
+                False)
+            paths = paths | path_k
+        s2k = tl.where(topk_on, (m_k.to(tl.float64) / E_ONE).to(tl.float32), s)
+        # top-p: fixed-point probabilities within the top-k set (known points below t_k become t_k).
+        t_p = t_k
+        m_p = m_k
+        if topp_on:
+            below = p_key <= t_k
+            t_p, c_p, m_p, path_p = _threshold_stage(
+                fixed_prob(top_p.to(tl.float64)), s2k, t_k, tl.where(below, t_k, p_key),
+                tl.where(below, c_k, p_count), tl.where(below, m_k, p_mass), ok0, n0, g_lo, g_hi,
+                ok_g & ~for_k & ~topk_on, n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim,
+                temp, m, V, CAP, BLOCK_S, True)
+            paths = paths | (path_p << 4)
+        tkey = t_p
+        s2 = tl.where(topk_on | topp_on, (m_p.to(tl.float64) / E_ONE).to(tl.float32), s)
+        s3 = s2
+        if minp_chunks:
+            cs = tl.arange(0, BLOCK_C)
+            chunk_masses = tl.load(minp_part_ptr + r * NFCHUNK + cs, mask=cs < NFCHUNK, other=0,
+                                   cache_modifier=".cg")
+            s3 = (tl.sum(chunk_masses, axis=0).to(tl.float64) / E_ONE).to(tl.float32)
+            paths = paths | MIN_P_BY_CHUNKS
+        elif minp_on:
+            covered2 = ~passes_min_p(tl.exp(key_value(tau0_key - 1) - m), s2, min_p)  # judged with s2 now
+            mass3, path_m = _min_p_stage(tkey, s2, min_p, covered2, ok0, n0, tau0_key, cand_row_ptr, target_ptr,
+                                         draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, V, CAP, BLOCK_S)
+            s3 = tl.where(mass3 >= 0, (mass3.to(tl.float64) / E_ONE).to(tl.float32), s2)
+            paths = paths | (path_m << 8)
         tl.store(m_ptr + r, m)
         tl.store(s2_ptr + r, s2)
         tl.store(s3_ptr + r, s3)
         tl.store(tkey_ptr + r, tkey)
         tl.store(amax_ptr + r, amax)
         tl.store(paths_ptr + r, paths)
+
+
+@triton.jit
+def select_finish_kernel(
+    target_ptr, draft_ptr, tokens_ptr,  # logits [B, K+1, V], [B, K, V] (target again when absent); drafts int [B, K]
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B]: fp32, int32, fp32, fp32
+    part_f_ptr, part_i_ptr,  # [R, NCHUNK, 8] chunk partials (_triton_select_stream.py)
+    cand_ptr, fill_ptr, rungs_ptr,  # fp32 [R, 3, CAP] candidates; int32 [R, 2] fills; fp32 [R, 8] rungs
+    minp_part_ptr, ticket_ptr,  # int64 [R, NFCHUNK] min-p chunk masses; int32 [R] tickets (zeroed)
+    m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr,  # [R] outputs: fp32 x3, int64, int32, int32 (diagnostics)
+    NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
+):
+    """grid (R, NFCHUNK): see the module docstring. NCHUNK: the streaming launch's chunks (its
+    partials); CHUNK / NFCHUNK: this launch's."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    b = r // NPOS
+    kb = num_drafts_of_row(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
+    t_off, d_off, t_lim, d_lim = row_source(r, NPOS, kb, st_b, st_k, sd_b, sd_k, V, K)
+    t = tl.load(temperature_ptr + b)
+    top_k = tl.load(top_k_ptr + b)
+    top_p = tl.load(top_p_ptr + b)
+    min_p = tl.load(min_p_ptr + b)
+    temp = tl.where(t > 0, t, 1.0)
+    needed = t_lim + d_lim > 0
+    topk_on, topp_on, minp_on = sampling_modes(t, top_k, top_p, min_p, needed, V)
+    selecting, use_rungs = candidate_plan(topk_on, topp_on, minp_on, top_k, CAP)
+    if selecting:  # rows without top-k / top-p / min-p were finished by the streaming launch
+        _finish_selecting_row(
+            r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, top_p, min_p, topk_on, topp_on, minp_on,
+            use_rungs, needed, part_f_ptr, part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr,
+            s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr, NCHUNK, NFCHUNK, V, CHUNK, BLOCK_V, BLOCK_C, CAP, BLOCK_S,
+            FENCE)

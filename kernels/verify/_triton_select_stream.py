@@ -17,7 +17,8 @@ that this bandwidth-bound pass keeps its occupancy.
 import triton
 import triton.language as tl
 
-from ._triton_common import BIG_INDEX, NEG_INF, POS_INF, load_x_row, num_drafts_of_row, row_source, sampling_modes
+from ._triton_common import (BIG_INDEX, KEY_NEG_INF, NEG_INF, POS_INF, last_program_of, load_x_row,
+                             num_drafts_of_row, row_source, sampling_modes)
 from ._triton_sample import sample_rungs
 
 # Candidate regions per row (cand_ptr [R, 3, CAP]) and their fill counters (fill_ptr [R, 2]):
@@ -66,9 +67,9 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start
         idx = start + v0 + tl.arange(0, BLOCK_V)
         x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)
         block_max = tl.max(x, axis=0)
-        block_arg = tl.min(tl.where(x == block_max, idx, BIG_INDEX), axis=0)
+        if block_max > m:  # the lowest index of a new maximum (a later tile only wins when larger)
+            arg = tl.min(tl.where(x == block_max, idx, BIG_INDEX), axis=0)
         new_m = tl.maximum(m, block_max)
-        arg = tl.where(block_max > m, block_arg, arg)
         alpha = tl.where(new_m == m, 1.0, tl.exp(m - new_m))
         e = tl.where(x > NEG_INF, tl.exp(x - new_m), 0.0)
         s = s * alpha + tl.sum(e, axis=0)
@@ -84,15 +85,45 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start
 
 
 @triton.jit
+def merge_partials(part_f_ptr, part_i_ptr, r, NCHUNK, BLOCK_C: tl.constexpr, FROM_L2: tl.constexpr):
+    """Merge the chunk partials of row r (a fixed reduction order: deterministic): (m, s, amax,
+    rung counts int64 [8], rung masses fp32 [8] relative to m; slots 6, 7 zero). part_f: fp32
+    [R, NCHUNK, 8] = (m, s, mass of rungs 0-5); part_i: int32 [R, NCHUNK, 8] = (argmax, count
+    of rungs 0-5, -). FROM_L2: written by other programs of this launch (.cg loads)."""
+    c = tl.arange(0, BLOCK_C)[:, None]
+    f = tl.arange(0, 8)[None, :]
+    at = (r * NCHUNK + c) * 8 + f
+    live = c < NCHUNK
+    if FROM_L2:
+        pf = tl.load(part_f_ptr + at, mask=live, other=0.0, cache_modifier=".cg")
+        pi = tl.load(part_i_ptr + at, mask=live, other=0, cache_modifier=".cg")
+    else:
+        pf = tl.load(part_f_ptr + at, mask=live, other=0.0)
+        pi = tl.load(part_i_ptr + at, mask=live, other=0)
+    cm = tl.where(live, tl.sum(tl.where(f == 0, pf, 0.0), axis=1)[:, None], NEG_INF)  # [BLOCK_C, 1]
+    m = tl.max(tl.max(cm, axis=1), axis=0)
+    scale = tl.where(cm > NEG_INF, tl.exp(cm - m), 0.0)  # [BLOCK_C, 1]
+    s = tl.sum(tl.sum(tl.where(f == 1, pf * scale, 0.0), axis=1), axis=0)
+    args = tl.sum(tl.where(f == 0, pi, 0), axis=1)[:, None]
+    amax = tl.min(tl.min(tl.where(live & (cm == m), args, BIG_INDEX), axis=1), axis=0)
+    masses = tl.sum(tl.where(f >= 2, pf * scale, 0.0), axis=0)  # [8], rung j at column j + 2
+    counts = tl.sum(tl.where((f >= 1) & (f < 7), pi, 0), axis=0).to(tl.int64)  # [8], rung j at column j + 1
+    j = tl.arange(0, 8)[:, None]
+    return m, s, amax, tl.sum(tl.where(f == j + 1, counts[None, :], 0), axis=1), \
+        tl.sum(tl.where(f == j + 2, masses[None, :], 0.0), axis=1)
+
+
+@triton.jit
 def select_stream_kernel(
     target_ptr, draft_ptr, tokens_ptr,  # logits [B, K+1, V], [B, K, V] (target again when absent); drafts int [B, K]
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B]: fp32, int32, fp32, fp32
     part_f_ptr, part_i_ptr,  # [R, NCHUNK, 8] chunk partials: fp32 (m, s, mass x6), int32 (argmax, count x6, -)
     cand_ptr, fill_ptr, rungs_ptr,  # fp32 [R, 3, CAP] candidates; int32 [R, 2] fills (zeroed); fp32 [R, 8] rungs
+    ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,  # int32 [R] tickets (zeroed); [R] outputs of plain rows
     NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr, SAMPLE_GROUP: tl.constexpr,
-    SAMPLE_SUB: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
+    SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
 ):
     """grid (R, NCHUNK): see the module docstring."""
     r = tl.program_id(0)
@@ -139,3 +170,16 @@ def select_stream_kernel(
                                                                               axis=1))))
     shift = f[:, None] == tl.arange(0, 8)[None, :] + 1
     tl.store(part_i_ptr + out, tl.where(f == 0, arg, tl.sum(tl.where(shift, counts[None, :], 0), axis=1)))
+    # Rows without top-k / top-p / min-p (greedy, plain sampling, positions never read) are done
+    # once merged: their row's last program does it here, where registers are plenty, instead
+    # of a finishing program (one per SM) per row.
+    if ~gather:
+        if last_program_of(ticket_ptr + r, NCHUNK, FENCE):
+            m, s, amax, _, _ = merge_partials(part_f_ptr, part_i_ptr, r, NCHUNK, BLOCK_C, True)
+            m = tl.where(needed, m, 0.0)  # positions never read: harmless numbers instead of -inf / 0
+            s = tl.where(needed, s, 1.0)
+            tl.store(m_ptr + r, m)
+            tl.store(s2_ptr + r, s)
+            tl.store(s3_ptr + r, s)
+            tl.store(tkey_ptr + r, tl.sum(tl.zeros([1], tl.int64), axis=0) + KEY_NEG_INF)
+            tl.store(amax_ptr + r, amax)

@@ -104,10 +104,11 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
 
-    # Integer counters that must start at zero, in one fill: candidate fills [R, 2] and finishing
-    # tickets [R] (large vocabularies), the paths diagnostics [R], emission tickets per row tile.
+    # Integer counters that must start at zero, in one fill: candidate fills [R, 2], streaming and
+    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R], emission tickets
+    # per row tile.
     emit_tiles = plan.emit_grid[0]
-    selection = 3 * rows if plan.large_vocab else 0
+    selection = 4 * rows if plan.large_vocab else 0
     counters = torch.zeros(selection + rows + emit_tiles, **i32)
     paths = counters[selection:selection + rows]
     emit_tickets = counters[selection + rows:]
@@ -122,12 +123,13 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         candidates = torch.empty((rows, 3, plan.cap), **f32)
         rungs = torch.empty((rows, 8), **f32)
         minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
-        fills, tickets = counters[:2 * rows], counters[2 * rows:3 * rows]
+        fills, tickets, stream_tickets = counters[:2 * rows], counters[2 * rows:3 * rows], counters[3 * rows:4 * rows]
         select_stream_kernel[plan.select_grid](
-            *common, part_f, part_i, candidates, fills, rungs, npos, plan.select_chunks, *strides, *token_strides,
-            V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k, CAP=plan.cap,
-            SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
-            SAMPLE_SUB=plan.sample_sub, num_warps=STREAM_NUM_WARPS,
+            *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, npos,
+            plan.select_chunks, *strides, *token_strides, V=vocab, K=k, CHUNK=plan.select_chunk,
+            BLOCK_V=plan.select_block_v, BLOCK_K=block_k, BLOCK_C=triton.next_power_of_2(plan.select_chunks),
+            CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
+            SAMPLE_SUB=plan.sample_sub, FENCE=fence, num_warps=STREAM_NUM_WARPS,
         )
         select_finish_kernel[plan.finish_grid](
             *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
