@@ -9,7 +9,9 @@ grid (R, NCHUNK), R = B * NPOS distributions, one row and one vocab chunk per pr
      gathers the top set x >= tau0 into the row's candidate region 0 (rows with any of the
      three modes), and for rows whose thresholds may lie below the top set (top-p without a
      small top-k, top-k > CAP / 16) counts the exact count and mass at or above every rung.
-Candidate slots come from one integer atomic per gathered value (their order is scheduling
+Rows without any of the three (greedy, plain sampling, positions past a row's first -1) are
+then done: their last program (an integer ticket) merges the chunk partials and writes m, s,
+amax. Candidate slots come from one integer atomic per gathered value (their order is scheduling
 order; everything summed over them later is summed in fixed point, so the order never shows).
 Kept lean on purpose: the finishing work, which needs many registers, is its own launch, so
 that this bandwidth-bound pass keeps its occupancy.

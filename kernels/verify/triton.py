@@ -8,9 +8,11 @@ any shape without a GPU; R = B x (2K+1) distributions with draft logits, B x (K+
      top-p or min-p first read a 1024-value sample of their row and place rungs
      (_triton_sample.py), then, in the same pass, gather their top set (~8 k values for
      k <= CAP / 16, else ~CAP / 4; integer atomics pick the slots) and count the exact count
-     and mass at or above six rungs.
-  2. select_finish (_triton_select_finish.py), grid (R, chunks; one program per SM in all):
-     every program merges its row's partials and locates, from the exact counts and masses at
+     and mass at or above six rungs. Rows without those modes are merged and finished by
+     their last program (integer ticket).
+  2. select_finish (_triton_select_finish.py), grid (R, chunks; one program per SM in all),
+     selecting rows only: every program merges its row's partials and locates, from the exact
+     counts and masses at
      the rungs, the interval holding each threshold; if it is not the top set, the chunks
      gather it (a second pass over that row only) or sum min-p by chunks; the last program
      (integer ticket) searches the gathered values in registers (_triton_search.py).
