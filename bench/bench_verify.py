@@ -1,9 +1,11 @@
 """Verify-step microbenchmarks: chain_verify on CPU (C++ backend vs the torch reference vs a
-transformers-style materialising baseline) and on GPU (Triton vs reference vs FlashInfer).
+transformers-style materialising baseline) and on GPU (verify_gpu_table.py: Triton vs the
+torch reference vs plain PyTorch vs FlashInfer, every sampling mode, CUDA-graph replays).
 
     pytest bench/bench_verify.py --benchmark-only --benchmark-group-by=group -p no:xdist
     python bench/bench_verify.py --cpu [--threads N] [--out bench/results/verify_cpu.json]
-    python bench/bench_verify.py --gpu [--out bench/results/verify_<device>.json]
+    python bench/bench_verify.py --gpu [--data random|peaked] [--out bench/results/verify_<device>.json]
+    python bench/bench_verify.py --smoke [--out ...]   # the GPU table's code on tiny shapes, CPU interpreter
 
 Inputs: target logits [B, K+1, V], draft logits [B, K, V] correlated with them (like a real
 draft), drafts sampled from the draft, plain sampling (temperature 1) unless a case says so.
@@ -17,8 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-import torch
+if "--smoke" in sys.argv:  # the Triton interpreter must be chosen before triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, git_commit  # noqa: E402
@@ -28,8 +33,6 @@ from specdec_fast.kernels import chain_verify, make_sampling_tensors  # noqa: E4
 from specdec_fast.kernels.verify.reference import chain_verify_reference  # noqa: E402
 
 CPU_SHAPES = [(8, 4, 32000), (1, 4, 32000), (32, 4, 32000), (8, 4, 128256)]
-GPU_BATCHES, GPU_KS, GPU_VOCABS = (1, 8, 64), (4, 8), (32000, 128256)
-PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12}  # bytes/s: HBM3e H200, HBM3 H100 SXM
 
 
 def make_case(batch: int, k: int, vocab: int, dtype=torch.float32, device="cpu", seed=0):
@@ -146,71 +149,6 @@ def run_cpu(out_path: str | None) -> dict:
     return report
 
 
-def run_gpu(out_path: str | None) -> dict:
-    import triton
-    from triton.testing import do_bench
-
-    if not torch.cuda.is_available():
-        raise SystemExit("--gpu needs a CUDA device")
-    name = torch.cuda.get_device_name()
-    peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
-    try:
-        import flashinfer
-    except ImportError:
-        flashinfer = None
-        print("flashinfer not importable: its column is skipped", flush=True)
-    results = []
-    for vocab in GPU_VOCABS:
-        for k in GPU_KS:
-            for batch in GPU_BATCHES:
-                target, draft, tokens = make_case(batch, k, vocab, torch.bfloat16, "cuda")
-                impls = implementations("cuda", {})
-                impls.pop("transformers-style")
-                if flashinfer is not None:
-                    impls["flashinfer"] = _flashinfer_fn(flashinfer)
-                bytes_read = (target.numel() + draft.numel()) * target.element_size()
-                row = {"B": batch, "K": k, "V": vocab, "dtype": "bfloat16", "bytes_read": bytes_read}
-                for impl, fn in impls.items():
-                    median, q20, q80 = do_bench(lambda: fn(target, draft, tokens), quantiles=[0.5, 0.2, 0.8])
-                    gbps = bytes_read / (median * 1e-3) / 1e9
-                    row[impl] = {"median_ms": median, "q20_ms": q20, "q80_ms": q80, "GB_per_s": gbps,
-                                 "fraction_of_peak": gbps * 1e9 / peak if peak else None}
-                results.append(row)
-                print(f"B={batch} K={k} V={vocab}: " + ", ".join(
-                    f"{n} {row[n]['median_ms']:.3f} ms ({row[n]['GB_per_s']:.0f} GB/s)" for n in impls), flush=True)
-    report = {
-        "device": name,
-        "peak_bandwidth_bytes_per_s": peak,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "flashinfer": getattr(flashinfer, "__version__", None) if flashinfer is not None else None,
-        "commit": git_commit(),
-        "timer": "triton.testing.do_bench, median and 20/80% quantiles; bytes = target + draft logits read once",
-        "results": results,
-    }
-    _write(report, out_path)
-    return report
-
-
-def _flashinfer_fn(flashinfer):
-    """FlashInfer's chain_speculative_sampling, fed the softmax it needs (timed with it)."""
-    import inspect
-
-    sampling_fn = flashinfer.sampling.chain_speculative_sampling
-    takes_uniforms = "uniform_samples" in inspect.signature(sampling_fn).parameters  # older releases
-
-    def run(target, draft, tokens):
-        q = torch.softmax(target.float(), -1)
-        p = torch.softmax(draft.float(), -1)
-        x = tokens.int()
-        if takes_uniforms:
-            u = torch.rand(tokens.shape[0], tokens.shape[1] + 1, device=target.device)
-            return sampling_fn(p, x, u, q)
-        return sampling_fn(p, x, q)
-
-    return run
-
-
 def _write(report: dict, out_path: str | None) -> None:
     if out_path:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
@@ -222,13 +160,20 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--cpu", action="store_true", help="time cpp / reference / transformers-style on CPU")
-    mode.add_argument("--gpu", action="store_true", help="time triton / reference / flashinfer on CUDA (do_bench)")
+    mode.add_argument("--gpu", action="store_true", help="the GPU table (verify_gpu_table.py): graph replays, do_bench")
+    mode.add_argument("--smoke", action="store_true", help="the GPU table's code on tiny shapes under the interpreter")
+    parser.add_argument("--data", choices=("random", "peaked"), default="random", help="logits for --gpu (verify_gpu_table.py)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU: also the C++ OpenMP threads)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_cpu(args.out) if args.cpu else run_gpu(args.out)
+    if args.cpu:
+        run_cpu(args.out)
+    else:
+        from verify_gpu_table import run_table
+
+        _write(run_table(smoke=args.smoke, data=args.data), args.out)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ stage_tests() {
 }
 stage_kernels() {
   run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
+  run python3 bench/bench_verify.py --gpu --data peaked --out "$results/verify_peaked_$dev.json"
   run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
   run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
   run python3 bench/bench_logits_copy.py --device cuda --out "$results/logits_copy_$dev.json"

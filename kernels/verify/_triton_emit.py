@@ -1,16 +1,31 @@
-"""Triton kernels of the verify step's second half: ratio test and token emission
-(launched by kernels/verify/triton.py after _triton_kernels' stats kernels).
+"""Launch 2 of the verify step: ratio test and token emission (after a selection kernel,
+_triton_select_small.py / _triton_select_large.py, wrote each distribution's m, s2, s3, tkey,
+amax). Glossary: _triton_common.py.
 
-Each program handles BLOCK_R rows (a [BLOCK_R, BLOCK_V] tile per vocab step).
+grid (cdiv(B, BLOCK_R), NCHUNK): each program runs the ratio test of BLOCK_R rows (K vector
+steps, repeated by every chunk: cheaper than a launch), then one pass over a vocab chunk of
+each row's emitted position (Gumbel-max candidates, written per chunk); the program that takes
+the row tile's last ticket merges the chunks in chunk order and writes the tokens.
 """
 import triton
 import triton.language as tl
 
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
-from ._triton_kernels import BIG_INDEX, NEG_INF, _num_drafts, _tile_rows, standardised
+from ._triton_common import BIG_INDEX, NEG_INF, last_program_of, num_drafts, standardised
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+# An upper bound of gumbel_from_bits: -log(-log(1 - 2**-24)) = 16.64 (the largest open uniform),
+# with room for approximate GPU logarithms.
+GUMBEL_MAX = tl.constexpr(17.0)
+
+
+@triton.jit
+def _tile_rows(count, BLOCK_R: tl.constexpr):
+    """This program's row indices [BLOCK_R] (clamped into range, so loads need no row mask)
+    and which of them are real (for stores)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return tl.minimum(r, count - 1), r < count
 
 
 @triton.jit
@@ -28,22 +43,51 @@ def _argmax_update(best, best_idx, values, idx):
 
 
 @triton.jit
-def emit_partial_kernel(
-    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr,
-    m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
-    q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, num_accepted_ptr,
-    B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+def _write_tokens(tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, out_ptr, num_accepted_ptr,
+                  b, live, j, kb, NCHUNK, sx_b, sx_k, so_b,
+                  K: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Merge the chunk candidates of rows b [BLOCK_R] in chunk order (ties to the lowest index:
+    other programs wrote them, so read through L2, .cg), choose residual or q, write
+    tokens[b] = x_0..x_{j-1}, y, -1, ... and num_accepted[b] = j."""
+    b64 = b.to(tl.int64)
+    cs = tl.arange(0, BLOCK_C)[None, :]
+    part = b[:, None] * NCHUNK + cs
+    in_c = cs < NCHUNK
+    qv = tl.load(q_val_ptr + part, mask=in_c, other=NEG_INF, cache_modifier=".cg")
+    qi = tl.load(q_idx_ptr + part, mask=in_c, other=BIG_INDEX, cache_modifier=".cg")
+    rv = tl.load(r_val_ptr + part, mask=in_c, other=NEG_INF, cache_modifier=".cg")
+    ri = tl.load(r_idx_ptr + part, mask=in_c, other=BIG_INDEX, cache_modifier=".cg")
+    r_any = tl.max(tl.load(r_any_ptr + part, mask=in_c, other=0, cache_modifier=".cg"), axis=1)
+    y_q = tl.min(tl.where(qv == tl.max(qv, axis=1)[:, None], qi, BIG_INDEX), axis=1)
+    y_r = tl.min(tl.where(rv == tl.max(rv, axis=1)[:, None], ri, BIG_INDEX), axis=1)
+    y = tl.where((j < kb) & (r_any > 0), y_r, y_q)
+    t = tl.arange(0, BLOCK_K1)[None, :]
+    x = tl.load(tokens_ptr + b64[:, None] * sx_b + t * sx_k, mask=t < K, other=-1).to(tl.int32)
+    out = tl.where(t < j[:, None], x, tl.where(t == j[:, None], y[:, None], -1))
+    tl.store(out_ptr + b64[:, None] * so_b + t, out, mask=(t < K + 1) & live[:, None])
+    tl.store(num_accepted_ptr + b, j, mask=live)
+
+
+@triton.jit
+def emit_kernel(
+    target_ptr, draft_ptr, tokens_ptr,  # logits [B, K+1, V], [B, K, V] (target again when absent); drafts int [B, K]
+    temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr,  # [B]: fp32, fp32, int64, int64, int64
+    m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,  # [B * NPOS] stats of every distribution
+    q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr,  # [B, NCHUNK] chunk candidates: fp32, i32, fp32, i32, i32
+    ticket_ptr, out_ptr, num_accepted_ptr,  # int32 [cdiv(B, BLOCK_R)] (zeroed); int32 [B, K+1], int32 [B]
+    B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
 ):
-    """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows (K vector steps, repeated
-    by each chunk's program: cheaper than another launch), then one pass over a vocab chunk of
-    each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
-    argmax(log max(q - p, 0) + G), G keyed by (seed, offset, j or positions[b], stream)."""
+    """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows, then one pass over a
+    vocab chunk of each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
+    argmax(log max(q - p, 0) + G), G keyed by (seed, offset, j or positions[b], stream); the
+    last program of the row tile merges them (_write_tokens)."""
     b, live = _tile_rows(B, BLOCK_R)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
-    kb = _num_drafts(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
+    kb = num_drafts(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
     t = tl.load(temperature_ptr + b)
     temp = tl.where(t > 0, t, 1.0)
     greedy = t == 0
@@ -69,8 +113,6 @@ def emit_partial_kernel(
         accept = alive & (i < kb) & (p_x > 0) & (u * p_x < q_x)
         j += accept.to(tl.int32)
         alive = accept
-    if c == 0:
-        tl.store(num_accepted_ptr + b, j, mask=live)
 
     # Emission at position j: residual max(q_j - p_j, 0) where rejected, else (and as the
     # fallback for an empty residual) q_j itself.
@@ -99,52 +141,48 @@ def emit_partial_kernel(
         zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
         std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
                                 tkq[:, None], amq[:, None], min_p[:, None])
-        g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
-        q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside, std_q + g, NEG_INF), idx)
-        if any_rejected:
+        std_q = tl.where(inside, std_q, NEG_INF)
+        # The noise (Philox, the bulk of this kernel's work) only where a value could still win:
+        # g <= GUMBEL_MAX, and the residual's log(max(q - p, 0)) <= log(q). Skipped tiles
+        # change nothing (a later index replaces the best only when strictly larger). Greedy
+        # and truncated (top-k / top-p / min-p) rows skip most of the vocab this way.
+        could_q = tl.max(std_q, axis=1) + GUMBEL_MAX >= q_best
+        could_r = rejected & (tl.log(tl.max(q, axis=1)) + GUMBEL_MAX >= r_best)
+        if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:
+            g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
+            q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
+            if any_rejected:
+                if HAS_DRAFT_LOGITS:
+                    zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+                    _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
+                                        s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
+                else:
+                    p = tl.where(idx == xj[:, None], 1.0, 0.0)
+                r = tl.maximum(q - p, 0.0)
+                positive = inside & rejected[:, None] & (r > 0)
+                r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
+                # log(0) = -inf, written as a select so that no log(0) is evaluated.
+                r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
+                r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
+        elif any_rejected:
+            # r_any must still see every positive residual entry of the row.
             if HAS_DRAFT_LOGITS:
                 zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
-                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None], s3p[:, None],
-                                    tkp[:, None], amp[:, None], min_p[:, None])
+                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
+                                    s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
             else:
                 p = tl.where(idx == xj[:, None], 1.0, 0.0)
-            r = tl.maximum(q - p, 0.0)
-            positive = inside & rejected[:, None] & (r > 0)
+            positive = inside & rejected[:, None] & (tl.maximum(q - p, 0.0) > 0)
             r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
-            # log(0) = -inf, written as a select so that no log(0) is evaluated.
-            r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
-            r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
     out = b * NCHUNK + c
     tl.store(q_val_ptr + out, q_best, mask=live)
     tl.store(q_idx_ptr + out, q_arg, mask=live)
     tl.store(r_val_ptr + out, r_best, mask=live)
     tl.store(r_idx_ptr + out, r_arg, mask=live)
     tl.store(r_any_ptr + out, r_any, mask=live)
+    if last_program_of(ticket_ptr + tl.program_id(0), NCHUNK, FENCE):
+        tl.debug_barrier()
+        _write_tokens(tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, out_ptr, num_accepted_ptr,
+                      b, live, j, kb, NCHUNK, sx_b, sx_k, so_b, K, BLOCK_K1, BLOCK_C)
 
 
-@triton.jit
-def emit_final_kernel(
-    tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, num_accepted_ptr, out_ptr,
-    B, NCHUNK, sx_b, sx_k, so_b,
-    K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """grid (cdiv(B, BLOCK_R),): merge the chunk candidates in chunk order (ties to the lowest
-    index), choose residual or q, write tokens[b] = x_0..x_{j-1}, y, -1, ..."""
-    b, live = _tile_rows(B, BLOCK_R)
-    b64 = b.to(tl.int64)
-    cs = tl.arange(0, BLOCK_C)[None, :]
-    part = b[:, None] * NCHUNK + cs
-    qv = tl.load(q_val_ptr + part, mask=cs < NCHUNK, other=NEG_INF)
-    qi = tl.load(q_idx_ptr + part, mask=cs < NCHUNK, other=BIG_INDEX)
-    rv = tl.load(r_val_ptr + part, mask=cs < NCHUNK, other=NEG_INF)
-    ri = tl.load(r_idx_ptr + part, mask=cs < NCHUNK, other=BIG_INDEX)
-    r_any = tl.max(tl.load(r_any_ptr + part, mask=cs < NCHUNK, other=0), axis=1)
-    y_q = tl.min(tl.where(qv == tl.max(qv, axis=1)[:, None], qi, BIG_INDEX), axis=1)
-    y_r = tl.min(tl.where(rv == tl.max(rv, axis=1)[:, None], ri, BIG_INDEX), axis=1)
-    j = tl.load(num_accepted_ptr + b)
-    kb = _num_drafts(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
-    y = tl.where((j < kb) & (r_any > 0), y_r, y_q)
-    t = tl.arange(0, BLOCK_K1)[None, :]
-    x = tl.load(tokens_ptr + b64[:, None] * sx_b + t * sx_k, mask=t < K, other=-1).to(tl.int32)
-    out = tl.where(t < j[:, None], x, tl.where(t == j[:, None], y[:, None], -1))
-    tl.store(out_ptr + b64[:, None] * so_b + t, out, mask=(t < K + 1) & live[:, None])

@@ -1,22 +1,45 @@
 """Triton backend of chain_verify and sample: fused kernels, no host sync, CUDA-graph safe.
 
-Four launches per call (_triton_kernels.py: 1-2, _triton_emit.py: 3-4), each boundary a
-grid-wide dependency that one launch cannot express without inter-program atomics:
-  1. partial_stats  grid (row tiles, NCHUNK): one pass over each vocab chunk of each (row,
-                    distribution): online max / sum-exp / argmax partials.
-  2. thresholds     grid (row tiles,): merge partials; top-k / top-p bisections and the
-                    min-p normaliser, only in tiles where they are active.
-  3. emit_partial   grid (row tiles, NCHUNK): ratio test (K vector steps), then one pass over
-                    a vocab chunk of the emitted position: Gumbel-max candidates.
-  4. emit_final     grid (row tiles,): merge candidates, write tokens.
-NPOS = K+1 target positions (+ K draft positions when draft logits are given). Nothing of
-size [B, K+1, V] is written: partials are [B*NPOS, NCHUNK] and [B, NCHUNK]. Merges read
-partials in a fixed order (no atomics), so results are deterministic; tiles and chunks are
-functions of the shapes only, so grids are too and the call is CUDA-graph capturable (no
-host sync, no value-dependent Python branch). V, K and the chunk size are constexpr: one
-compiled variant per (model vocabulary, K, batch bucket).
-Cost of top-k / top-p: one program per tile of rows bisects over the whole row (up to 32
-passes each over V, from L2); rows without them skip it. Everything else is 2 passes.
+The same launches for every sampling mode (verify_plan() in _triton_plan.py states them for
+any shape without a GPU; R = B x (2K+1) distributions with draft logits, B x (K+1) without):
+  0. one zero fill: integer tickets and candidate counters.
+  1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
+     ONE pass over all logits: max / sum-exp / argmax partials per chunk. Rows with top-k,
+     top-p or min-p first read a 1024-value sample of their row and place rungs
+     (_triton_sample.py), then, in the same pass, gather their top set (~8 k values for
+     k <= CAP / 16, else ~CAP / 4; integer atomics pick the slots) and count the exact count
+     and mass at or above six rungs. Rows without those modes are merged and finished by
+     their last program (integer ticket).
+  2. select_finish (_triton_select_finish.py), grid (R, chunks; one program per SM in all),
+     selecting rows only: every program merges its row's partials and locates, from the exact
+     counts and masses at
+     the rungs, the interval holding each threshold; if it is not the top set, the chunks
+     gather it (a second pass over that row only) or sum min-p by chunks; the last program
+     (integer ticket) searches the gathered values in registers (_triton_search.py).
+  3. emit (_triton_emit.py), grid (B tiles, chunks): the ratio test, then one pass over the
+     emitted position only (Gumbel-max, noise drawn only in tiles that can still win); the
+     last program of each row tile merges the chunks and writes the tokens.
+Vocabularies of at most CAP values take one selection kernel instead (_triton_select_small.py:
+whole rows in registers). Passes over the logits: 1 (+ the emitted position's target and
+draft rows: 2 of 2K+1 distributions), + 1 over the rows whose top-p / larger top-k / deep
+min-p lies below the top set. The previous design bisected top-k and top-p with ONE program
+per row tile and up to 64 passes over the vocabulary (5-9 ms at B = 1 on an H100).
+
+Why this shape (H100: 132 SMs, ~3 TB/s HBM, ~2-4 us per kernel node in a graph):
+- B = 1: the 2.3 MB of logits sit in L2 and latency rules: four graph nodes, each row spread
+  over tens of programs, last-program merges instead of extra launches, and the expensive
+  finish (CAP-value searches, ~230 registers) in its own launch so the streaming pass keeps
+  its occupancy (80-116 registers);
+- B = 64: bandwidth rules (148 MB, ~49 us per pass): statistics and the candidates of small
+  top-k / peaked top-p in one pass instead of a pass per radix digit or bisection step;
+- determinism: merges read partials in a fixed order; gathered candidates arrive in
+  scheduling order, and everything summed over them is summed in fixed point (int64), so any
+  order gives the same bits; tickets and slots are integer atomics; no float atomics;
+- graph capture: grids depend on shapes only; no host sync; every value-dependent choice
+  (which rows select, where a threshold lies, the fallback) is made on the device.
+The exact fallback (an interval holding a threshold with more than CAP values; top-p below
+a top-k of more than CAP / 16) is a few passes over that row by its last program
+(_triton_sweeps.py): slower, rare on random and peaked logits, tested by forcing a tiny CAP.
 """
 import functools
 
@@ -26,52 +49,19 @@ import triton
 from .._backend import triton_interpreting
 from ..rng import STREAM_TOKEN
 from ..sampling_params import SamplingTensors
-from . import _triton_emit as emit
-from . import _triton_kernels as stats
+from ._triton_emit import emit_kernel
+from ._triton_plan import (EMIT_NUM_WARPS, FINISH_NUM_WARPS, SMALL_NUM_WARPS, STREAM_NUM_WARPS, plan_launches,
+                           verify_plan)
+from ._triton_select_finish import select_finish_kernel
+from ._triton_select_small import select_small_vocab_kernel
+from ._triton_select_stream import select_stream_kernel
 
-# Tile shapes (constexpr). Untuned placeholders until measured on a GPU: a [BLOCK_R, BLOCK_V]
-# tile of at most TILE elements per vector step (2048 fp32 = 16 per thread at 4 warps), with
-# BLOCK_V up to MAX_BLOCK_V so one row of a large vocabulary streams 4 KiB per step and small
-# vocabularies pack several rows per tile. The CPU interpreter pays per operation, not per
-# element, so it gets big tiles.
-MAX_BLOCK_V = 1024
-TILE = 2048
-# Interpreter: whole rows of a 32k vocabulary in one tile (the single-tile path hoists the
-# row out of the bisection loops); tests force the multi-block paths with block_v.
-MAX_BLOCK_V_INTERPRETER = 32768
-TILE_INTERPRETER = 131072
-NUM_WARPS = 4
-# Programs to aim for when splitting vocab rows into chunks: a few per SM on a GPU, so that
-# B = 1 still spreads each row over many SMs. Under the interpreter programs run one after
-# another and whole rows fit one tile, so rows stay whole unless a test asks for chunks.
-PROGRAMS_PER_SM = 4
-INTERPRETER_PROGRAMS = 4
+__all__ = ["chain_verify_triton", "sample_triton", "verify_plan"]
 
 
 @functools.lru_cache(maxsize=None)
-def _target_programs(device: torch.device) -> int:
-    if device.type == "cuda":
-        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_PROGRAMS
-
-
-def _tile(vocab: int, rows: int, block_v: int | None) -> tuple[int, int]:
-    """(BLOCK_R, BLOCK_V) for rows of vocab entries."""
-    interpreting = triton_interpreting()
-    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
-    budget = TILE_INTERPRETER if interpreting else TILE
-    return max(1, min(triton.next_power_of_2(rows), budget // block_v)), block_v
-
-
-def _split_vocab(vocab: int, row_tiles: int, device, block_v: int, num_chunks: int | None) -> tuple[int, int]:
-    """(chunk size, number of chunks) covering the vocab, enough programs in all to fill the
-    device when rows are few; the chunk size is a multiple of block_v."""
-    max_chunks = triton.cdiv(vocab, block_v)
-    if num_chunks is None:
-        num_chunks = triton.cdiv(_target_programs(device), row_tiles)
-    num_chunks = max(1, min(num_chunks, max_chunks))
-    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block_v) * block_v
-    return chunk, triton.cdiv(vocab, chunk)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def _vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -89,23 +79,26 @@ def _run(*args):
         return _launch(*args)
 
 
-def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, block_v, num_chunks):
-    """Launch the four kernels. target [B, K+1, V], draft [B, K, V] or None, draft_tokens [B, K],
-    positions int64 [B] or None (None: noise at position j, the verify step)."""
+def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, overrides: dict):
+    """target [B, K+1, V], draft [B, K, V] or None, draft_tokens [B, K], positions int64 [B] or
+    None (None: noise at position j, the verify step) -> (tokens int32 [B, K+1], num_accepted int32 [B],
+    paths int32 [B * NPOS]: how each distribution's thresholds were settled, _triton_select_large.py)."""
     batch, k_plus_1, vocab = target.shape
     k = k_plus_1 - 1
     device = target.device
     tokens = torch.empty((batch, k_plus_1), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch,), dtype=torch.int32, device=device)
+    paths = torch.zeros((0,), dtype=torch.int32, device=device)
     if batch == 0:
-        return tokens, num_accepted
+        return tokens, num_accepted, paths
     target = _vocab_contiguous(target)
     if k == 0:  # never read, but a [B, 0] tensor may have a null data pointer, which launchers reject
         draft_tokens = torch.empty((batch, 1), dtype=torch.int32, device=device)
     has_draft = draft is not None and k > 0
     draft = _vocab_contiguous(draft) if has_draft else target
-    npos = 2 * k + 1 if has_draft else k + 1
-    rows = batch * npos
+    plan = plan_launches(batch, k, vocab, has_draft, num_sms=_num_sms(device), interpreting=triton_interpreting(),
+                         **overrides)
+    rows, npos = plan.rows, plan.npos
     strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
     token_strides = (draft_tokens.stride(0), draft_tokens.stride(1)) if k else (0, 0)
     block_k = triton.next_power_of_2(max(k, 1))
@@ -113,49 +106,62 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
 
-    # 1-2: statistics of every (row, position) distribution.
-    block_r, bv = _tile(vocab, rows, block_v)
-    chunk, nchunk = _split_vocab(vocab, triton.cdiv(rows, block_r), device, bv, num_chunks)
-    part_m, part_s = torch.empty((rows, nchunk), **f32), torch.empty((rows, nchunk), **f32)
-    part_arg = torch.empty((rows, nchunk), **i32)
-    stats.partial_stats_kernel[(triton.cdiv(rows, block_r), nchunk)](
-        target, draft, draft_tokens, p.temperature, part_m, part_s, part_arg,
-        rows, npos, nchunk, *strides, *token_strides,
-        V=vocab, K=k, CHUNK=chunk, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k, num_warps=NUM_WARPS,
-    )
+    # Integer counters that must start at zero, in one fill: candidate fills [R, 2], streaming and
+    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R], emission tickets
+    # per row tile.
+    emit_tiles = plan.emit_grid[0]
+    selection = 4 * rows if plan.large_vocab else 0
+    counters = torch.zeros(selection + rows + emit_tiles, **i32)
+    paths = counters[selection:selection + rows]
+    emit_tickets = counters[selection + rows:]
     m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
     tkey = torch.empty((rows,), dtype=torch.int64, device=device)
     amax = torch.empty((rows,), **i32)
-    stats.thresholds_kernel[(triton.cdiv(rows, block_r),)](
-        target, draft, draft_tokens, p.temperature, p.top_k, p.top_p, p.min_p,
-        part_m, part_s, part_arg, m, s2, s3, tkey, amax,
-        rows, npos, nchunk, *strides, *token_strides,
-        V=vocab, K=k, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k,
-        BLOCK_C=triton.next_power_of_2(nchunk), num_warps=NUM_WARPS,
-    )
+    common = (target, draft, draft_tokens, p.temperature, p.top_k, p.top_p, p.min_p)
+    fence = not triton_interpreting()
+    if plan.large_vocab:
+        part_f = torch.empty((rows, plan.select_chunks, 8), **f32)
+        part_i = torch.empty((rows, plan.select_chunks, 8), **i32)
+        candidates = torch.empty((rows, 3, plan.cap), **f32)
+        rungs = torch.empty((rows, 8), **f32)
+        minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
+        fills, tickets, stream_tickets = counters[:2 * rows], counters[2 * rows:3 * rows], counters[3 * rows:4 * rows]
+        select_stream_kernel[plan.select_grid](
+            *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, npos,
+            plan.select_chunks, *strides, *token_strides, V=vocab, K=k, CHUNK=plan.select_chunk,
+            BLOCK_V=plan.select_block_v, BLOCK_K=block_k, BLOCK_C=triton.next_power_of_2(plan.select_chunks),
+            CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
+            SAMPLE_SUB=plan.sample_sub, FENCE=fence, num_warps=STREAM_NUM_WARPS,
+        )
+        select_finish_kernel[plan.finish_grid](
+            *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
+            npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, V=vocab, K=k,
+            CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+            BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
+            BLOCK_S=plan.sweep_block, FENCE=fence, num_warps=FINISH_NUM_WARPS,
+        )
+    else:
+        select_small_vocab_kernel[plan.select_grid](
+            *common, m, s2, s3, tkey, amax, rows, npos, *strides, *token_strides,
+            V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k,
+            num_warps=SMALL_NUM_WARPS,
+        )
 
-    # 3-4: ratio test and the emitted token of every row.
-    block_r, bv = _tile(vocab, batch, block_v)
-    chunk, nchunk = _split_vocab(vocab, triton.cdiv(batch, block_r), device, bv, num_chunks)
+    nchunk = plan.emit_chunks
     q_val, r_val = torch.empty((batch, nchunk), **f32), torch.empty((batch, nchunk), **f32)
     q_idx, r_idx, r_any = (torch.empty((batch, nchunk), **i32) for _ in range(3))
     use_positions = positions is not None
-    emit.emit_partial_kernel[(triton.cdiv(batch, block_r), nchunk)](
+    emit_kernel[plan.emit_grid](
         target, draft, draft_tokens, p.temperature, p.min_p, p.seed, p.offset,
         positions if use_positions else p.offset,
-        m, s2, s3, tkey, amax, q_val, q_idx, r_val, r_idx, r_any, num_accepted,
-        batch, npos, nchunk, stream, *strides, *token_strides,
-        V=vocab, K=k, CHUNK=chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
-        BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k, num_warps=NUM_WARPS,
+        m, s2, s3, tkey, amax, q_val, q_idx, r_val, r_idx, r_any, emit_tickets,
+        tokens, num_accepted, batch, npos, nchunk, stream, *strides, *token_strides, tokens.stride(0),
+        V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
+        BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
+        BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
+        FENCE=fence, num_warps=EMIT_NUM_WARPS,
     )
-    block_r = min(triton.next_power_of_2(batch), 4096 if triton_interpreting() else 64)
-    emit.emit_final_kernel[(triton.cdiv(batch, block_r),)](
-        draft_tokens, q_val, q_idx, r_val, r_idx, r_any, num_accepted, tokens,
-        batch, nchunk, *token_strides, tokens.stride(0),
-        K=k, BLOCK_R=block_r, BLOCK_K=block_k, BLOCK_K1=triton.next_power_of_2(k_plus_1),
-        BLOCK_C=triton.next_power_of_2(nchunk), num_warps=NUM_WARPS,
-    )
-    return tokens, num_accepted
+    return tokens, num_accepted, paths
 
 
 def chain_verify_triton(
@@ -166,11 +172,17 @@ def chain_verify_triton(
     *,
     block_v: int | None = None,
     num_chunks: int | None = None,
+    cap: int | None = None,
+    return_paths: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
     (-1 pads) -> tokens int32 [B, K+1], num_accepted int32 [B]. Inputs are validated by
-    kernels.verify.chain_verify; block_v / num_chunks override the vocab split (tests, tuning)."""
-    return _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, block_v, num_chunks)
+    kernels.verify.chain_verify; block_v / num_chunks / cap override the vocab split and the
+    candidate region (tests, tuning). return_paths: also return int32 [B * NPOS], how each
+    distribution's thresholds were settled (_triton_select_large.py; 0 for small vocabularies)."""
+    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap)
+    tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides)
+    return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
 
 
 def sample_triton(
@@ -181,10 +193,12 @@ def sample_triton(
     *,
     block_v: int | None = None,
     num_chunks: int | None = None,
+    cap: int | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream)."""
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
-    tokens, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, block_v, num_chunks)
+    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap)
+    tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides)
     return tokens[:, 0]

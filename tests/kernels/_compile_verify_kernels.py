@@ -1,7 +1,8 @@
 """Compile the Triton verify kernels for an sm_90 (H100) target without a GPU: the CPU
 interpreter never runs Triton's compiler, so this is what catches code that only the real
 compiler rejects. Run as a script (TRITON_INTERPRET must be unset before triton is imported);
-prints one line per kernel and exits non-zero on the first failure."""
+prints one line per kernel (with its registers and spills where Triton reports them) and exits
+non-zero on the first failure. The constexprs come from the launch plan of real shapes."""
 import os
 import sys
 
@@ -11,17 +12,21 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from specdec_fast.kernels.verify import _triton_emit as emit  # noqa: E402
-from specdec_fast.kernels.verify import _triton_kernels as stats  # noqa: E402
+from specdec_fast.kernels.verify import _triton_plan as plans  # noqa: E402
+from specdec_fast.kernels.verify._triton_emit import emit_kernel  # noqa: E402
+from specdec_fast.kernels.verify._triton_select_finish import select_finish_kernel  # noqa: E402
+from specdec_fast.kernels.verify._triton_select_small import select_small_vocab_kernel  # noqa: E402
+from specdec_fast.kernels.verify._triton_select_stream import select_stream_kernel  # noqa: E402
 
 POINTER_TYPES = {
-    "tokens_ptr": "*i64", "part_arg_ptr": "*i32", "amax_ptr": "*i32", "tkey_ptr": "*i64", "top_k_ptr": "*i32",
-    "seed_ptr": "*i64", "offset_ptr": "*i64", "positions_ptr": "*i64", "q_idx_ptr": "*i32", "r_idx_ptr": "*i32",
-    "r_any_ptr": "*i32", "num_accepted_ptr": "*i32", "out_ptr": "*i32",
+    "tokens_ptr": "*i64", "amax_ptr": "*i32", "tkey_ptr": "*i64", "top_k_ptr": "*i32", "seed_ptr": "*i64",
+    "offset_ptr": "*i64", "positions_ptr": "*i64", "q_idx_ptr": "*i32", "r_idx_ptr": "*i32", "r_any_ptr": "*i32",
+    "num_accepted_ptr": "*i32", "out_ptr": "*i32", "part_i_ptr": "*i32", "fill_ptr": "*i32", "ticket_ptr": "*i32",
+    "paths_ptr": "*i32", "rungs_ptr": "*fp32",
 }
 
 
-def compile_kernel(fn, logits_type: str, constexprs: dict) -> None:
+def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int):
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -33,21 +38,42 @@ def compile_kernel(fn, logits_type: str, constexprs: dict) -> None:
         else:
             signature[name] = "i32"
     source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool):
+    plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=132, interpreting=False)
+    block_k = triton.next_power_of_2(max(k, 1))
+    if plan.large_vocab:
+        yield select_stream_kernel, plans.STREAM_NUM_WARPS, dict(
+            V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+            BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, SAMPLE=plan.sample,
+            SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group, SAMPLE_SUB=plan.sample_sub, FENCE=True)
+        yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
+            V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+            BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, BLOCK_S=plan.sweep_block, FENCE=True)
+    else:
+        yield select_small_vocab_kernel, plans.SMALL_NUM_WARPS, dict(
+            V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k)
+    yield emit_kernel, plans.EMIT_NUM_WARPS, dict(
+        V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft and k > 0, USE_POSITIONS=k == 0,
+        BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
+        BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True)
+
+
+SHAPES = (  # (logits dtype, B, K, V, draft logits): verify at B = 1 and 64, the draft sampler, a small vocabulary
+    ("*bf16", 1, 4, 128256, True), ("*bf16", 64, 4, 128256, True), ("*fp32", 1, 0, 128256, False),
+    ("*fp16", 8, 3, 1000, False),
+)
 
 
 def main() -> int:
-    for logits_type, k, vocab, has_draft in (("*bf16", 3, 1000, True), ("*fp32", 0, 3000, False)):
-        jobs = [
-            (stats.partial_stats_kernel, dict(V=vocab, K=k, CHUNK=2048, BLOCK_R=2, BLOCK_V=1024, BLOCK_K=4)),
-            (stats.thresholds_kernel, dict(V=vocab, K=k, BLOCK_R=2, BLOCK_V=1024, BLOCK_K=4, BLOCK_C=8)),
-            (emit.emit_partial_kernel, dict(V=vocab, K=k, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft,
-                                            USE_POSITIONS=not has_draft, BLOCK_R=2, BLOCK_V=1024, BLOCK_K=4)),
-            (emit.emit_final_kernel, dict(K=k, BLOCK_R=64, BLOCK_K=4, BLOCK_K1=8, BLOCK_C=8)),
-        ]
-        for fn, constexprs in jobs:
-            compile_kernel(fn, logits_type, constexprs)
-            print(f"compiled {fn.__name__} {logits_type} K={k} V={vocab}", flush=True)
+    for logits_type, batch, k, vocab, has_draft in SHAPES:
+        for fn, num_warps, constexprs in jobs(logits_type, batch, k, vocab, has_draft):
+            kernel = compile_kernel(fn, logits_type, constexprs, num_warps)
+            meta = getattr(kernel, "metadata", None)
+            extra = f" shared={getattr(meta, 'shared', '?')}" if meta is not None else ""
+            print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{extra}", flush=True)
     return 0
 
 

@@ -1,0 +1,199 @@
+"""Grid and tile sizes of the Triton verify step, as a plain-Python plan: the launcher in
+triton.py sizes every launch from plan_launches(), and verify_plan() reports the same plan
+(launches, passes over the logits, programs per row) for any shape without a GPU.
+"""
+from dataclasses import dataclass
+
+import triton
+
+# Candidate region per row and per kind (top set, gathered interval, swept): values beyond it
+# are counted but not kept. 4096: the top set of a top-k <= 256 (~8 k values, room for the
+# sample's error), and the intervals between rungs (~0.4 of the values above them) down to
+# ~8k values; the finishing search over a [1, CAP] tile is ~17 reduction steps per threshold
+# (8 warps: 16 values per thread, ~230 registers).
+CAP = 4096
+# Row sample that places the rungs: SAMPLE values in runs of SAMPLE_RUN neighbours; the
+# maxima of groups of SAMPLE_GROUP are its candidate thresholds (_triton_sample.py).
+SAMPLE = 1024
+SAMPLE_RUN = 32
+SAMPLE_GROUP = 16  # 64 candidate thresholds
+SAMPLE_SUB = 32  # [64, 32] compares per step: 8 per thread at 8 warps
+# Selection, large vocabularies: the streaming launch takes one row chunk per program,
+# BLOCK_V values per step (4 KiB of bf16) at 8 warps (lean: 77-109 registers at sm_90, two or
+# three programs per SM: it must keep occupancy); the finishing launch one row per program at
+# 8 warps (its [CAP] tiles take 201-228 registers).
+LARGE_BLOCK_V = 2048
+STREAM_NUM_WARPS = 8
+FINISH_NUM_WARPS = 8
+SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
+# Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
+SMALL_TILE = 4096
+SMALL_NUM_WARPS = 8
+# Emission: a [BLOCK_R, BLOCK_V] tile of at most TILE values per step (1024: 168 registers at
+# B = 64 instead of 227 for 2048, three programs per SM; the Philox noise makes it compute-bound).
+EMIT_MAX_BLOCK_V = 1024
+EMIT_TILE = 1024
+EMIT_NUM_WARPS = 4
+# Programs to aim for per launch: a few per SM, so that B = 1 spreads each row over tens of
+# SMs (132 SMs on an H100: 63 programs per row for the 9 distributions of K = 4 with drafts).
+SELECT_PROGRAMS_PER_SM = 8
+EMIT_PROGRAMS_PER_SM = 4
+# The finishing launch holds one program per SM (its registers); it splits rows only as far as
+# that fills the device (B = 1: 13-15 chunks gather a row's interval; B = 64: one program a row).
+FINISH_PROGRAMS_PER_SM = 1
+# The CPU interpreter pays per operation, not per element, and runs programs one after
+# another: big tiles, few programs (tests force small ones through the overrides).
+INTERPRETER = dict(large_block_v=32768, sweep_block=32768, small_tile=131072, emit_max_block_v=32768,
+                   emit_tile=131072, programs=4, sample=SAMPLE, sample_sub=SAMPLE)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything the launcher needs; rows = B * NPOS distributions."""
+
+    batch: int
+    k: int
+    vocab: int
+    has_draft: bool
+    npos: int
+    rows: int
+    large_vocab: bool
+    cap: int
+    sample: int
+    sample_run: int
+    sample_group: int
+    sample_sub: int
+    # selection (large: streaming grid (rows, select_chunks), then finishing grid (rows,);
+    # small: grid (cdiv(rows, select_block_r),))
+    select_block_r: int
+    select_block_v: int
+    select_chunk: int
+    select_chunks: int
+    sweep_block: int
+    finish_chunk: int
+    finish_chunks: int
+    # emission launch: grid (cdiv(batch, emit_block_r), emit_chunks)
+    emit_block_r: int
+    emit_block_v: int
+    emit_chunk: int
+    emit_chunks: int
+
+    @property
+    def select_grid(self) -> tuple:
+        """Streaming launch (large vocabularies; the finishing launch is (rows,)), or the whole
+        selection (small vocabularies)."""
+        if self.large_vocab:
+            return (self.rows, self.select_chunks)
+        return (triton.cdiv(self.rows, self.select_block_r),)
+
+    @property
+    def finish_grid(self) -> tuple:
+        return (self.rows, self.finish_chunks)
+
+    @property
+    def emit_grid(self) -> tuple:
+        return (triton.cdiv(self.batch, self.emit_block_r), self.emit_chunks)
+
+
+def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, num_chunks: int | None) -> tuple[int, int]:
+    """(chunk, number of chunks): chunks are multiples of block_v, enough of them that
+    row_programs * chunks reaches target_programs when rows are few."""
+    max_chunks = triton.cdiv(vocab, block_v)
+    if num_chunks is None:
+        num_chunks = triton.cdiv(target_programs, row_programs)
+    num_chunks = max(1, min(num_chunks, max_chunks))
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block_v) * block_v
+    return chunk, triton.cdiv(vocab, chunk)
+
+
+def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
+                  block_v: int | None = None, num_chunks: int | None = None, cap: int | None = None) -> LaunchPlan:
+    """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
+    when has_draft). block_v / num_chunks / cap override the vocab split and the candidate
+    region (tests force the multi-chunk and candidate paths on small inputs with them)."""
+    cfg = INTERPRETER if interpreting else dict(large_block_v=LARGE_BLOCK_V, sweep_block=SWEEP_BLOCK,
+                                                small_tile=SMALL_TILE, emit_max_block_v=EMIT_MAX_BLOCK_V,
+                                                emit_tile=EMIT_TILE, programs=None, sample=SAMPLE,
+                                                sample_sub=SAMPLE_SUB)
+    npos = 2 * k + 1 if has_draft and k > 0 else k + 1
+    rows = batch * npos
+    cap = cap or CAP
+    large = vocab > cap
+    sample = min(cfg["sample"], triton.next_power_of_2(vocab))
+    select_programs = cfg["programs"] or SELECT_PROGRAMS_PER_SM * num_sms
+    finish_programs = cfg["programs"] or FINISH_PROGRAMS_PER_SM * num_sms
+    emit_programs = cfg["programs"] or EMIT_PROGRAMS_PER_SM * num_sms
+    if large:
+        s_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["large_block_v"])
+        s_block_r = 1
+        s_chunk, s_chunks = _split(vocab, rows, select_programs, s_block_v, num_chunks)
+        f_chunk, f_chunks = _split(vocab, rows, finish_programs, s_block_v, num_chunks)
+    else:
+        s_block_v = triton.next_power_of_2(vocab)
+        s_block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), cfg["small_tile"] // s_block_v))
+        s_chunk, s_chunks = vocab, 1
+        f_chunk, f_chunks = vocab, 1
+    e_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["emit_max_block_v"])
+    e_block_r = max(1, min(triton.next_power_of_2(max(batch, 1)), cfg["emit_tile"] // e_block_v))
+    e_chunk, e_chunks = _split(vocab, triton.cdiv(max(batch, 1), e_block_r), emit_programs, e_block_v, num_chunks)
+    return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
+                      min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
+                      s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
+                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks)
+
+
+MODES = ("greedy", "T=1", "top_k", "top_p", "min_p")
+
+
+def kernel_sequence(plan: LaunchPlan) -> list[str]:
+    """The graph nodes of one call, in order (what triton._launch launches for this plan)."""
+    select = ["select_stream", "select_finish"] if plan.large_vocab else ["select_small_vocab"]
+    return ["zero fill: counters"] + select + ["emit"]
+
+
+def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("T=1",), num_sms: int = 132) -> dict:
+    """The GPU plan of chain_verify_triton (k >= 1) or sample_triton (k = 0) for this shape and
+    these sampling modes (a subset of MODES; top_k / top_p / min_p may be combined), from the
+    same code that sizes the grids (plan_launches, kernel_sequence).
+
+    passes_over_logits counts reads of all the logits (HBM-sized at large batch): the streaming
+    pass reads every distribution once; the emission reads the emitted position's target (and
+    draft) row. Reads that stay small are listed apart: the row sample of selecting rows (every
+    chunk of a row reads the same SAMPLE values twice: L2), the finishing reads (at most 3 CAP
+    gathered values per distribution), the K + 1 ratio-test gathers. The exact fallback (one
+    program sweeping its row when the sampled bounds miss) is a worst case per missed threshold,
+    not counted: 1 + ~log2(values in the interval / CAP) passes over that row."""
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES}")
+    plan = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=False)
+    selects = bool({"top_k", "top_p", "min_p"} & set(modes))
+    emitted_rows = 2 if plan.has_draft else 1  # target (and draft) row of the emitted position
+    kernels = kernel_sequence(plan)
+    programs = {"emit": plan.emit_chunks / plan.emit_block_r}
+    if plan.large_vocab:
+        programs.update(select_stream=plan.select_chunks, select_finish=plan.finish_chunks)
+    else:
+        programs.update(select_small_vocab=1 / plan.select_block_r)
+    sample_reads = 2 * plan.sample * plan.select_chunks / vocab if (selects and plan.large_vocab) else 0.0
+    return {
+        "launches": len(kernels),
+        "kernels": kernels,
+        "passes_over_logits": 1.0 + emitted_rows / plan.npos,
+        "selection_passes": 1.0,
+        "emission_passes": emitted_rows / plan.npos,
+        "sample_reads_per_row_from_l2": sample_reads,
+        "finish_reads_per_row": 3 * plan.cap if (selects and plan.large_vocab) else 0,
+        "programs_per_row": programs,
+        "max_programs_per_row": max(programs.values()),
+        "grids": {"select": plan.select_grid, "finish": plan.finish_grid if plan.large_vocab else None,
+                  "emit": plan.emit_grid},
+        "large_vocab_path": plan.large_vocab,
+        "candidate_cap": plan.cap if plan.large_vocab else None,
+        "distributions": plan.rows,
+        "second_pass": ("over the rows whose top-p (without a top-k <= CAP / 16), top-k > CAP / 16 or "
+                        "min-p (alone) threshold lies below the gathered top set: +1 pass over those rows, "
+                        f"{plan.finish_chunks} programs per row") if (selects and plan.large_vocab) else None,
+        "fallback_passes_per_missed_threshold": "1 + ~log2(values in the interval / CAP), one program"
+        if (selects and plan.large_vocab) else None,
+    }

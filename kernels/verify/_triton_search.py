@@ -1,0 +1,54 @@
+"""Exact threshold search on a tile of candidate values held in registers (the finishing step
+of the selection kernels in _triton_select_small.py / _triton_select_large.py).
+
+top-k and top-p are the same question asked with different weights:
+    top-k: the k-th largest key       = the largest t with count(key >= t) >= k
+    top-p: the smallest kept key      = the largest t with mass(key >= t) >= top_p
+           (kept iff the mass strictly above is < top_p, transformers' tie rule: a whole tie
+           group is kept or removed together, because keys compare equal)
+so one search serves both: weights 1 (counts) or fixed-point probabilities (P_ONE units).
+"""
+import triton
+import triton.language as tl
+
+from ._triton_common import KEY_NONE, NEG_INF, order_key
+
+
+@triton.jit
+def largest_key_reaching(keys, weights, goal, lo, hi):
+    """Per row of keys / weights [R, C] (int64; weight 0 in empty slots) and goal / lo / hi [R]
+    (int64): the largest integer t in [lo, hi) with sum(weights[keys >= t]) >= goal, given that
+    the sum at lo reaches goal (otherwise the answer is lo) and the sum at hi does not.
+    A 4-way search: 3 probes per step, about 17 steps over the 33-bit key range (each step one
+    fused reduction over the tile; fewer steps than bisection, same result). The range is first
+    cut to the keys present (the sums are constant outside them)."""
+    present = keys > KEY_NONE
+    lo = tl.maximum(lo, tl.min(tl.where(present, keys, lo[:, None]), axis=1))
+    hi = tl.minimum(hi, tl.maximum(tl.max(tl.where(present, keys, lo[:, None]), axis=1), lo) + 1)
+    while tl.max(hi - lo, axis=0) > 1:
+        width = hi - lo
+        q1 = lo + width // 4
+        q2 = lo + width // 2
+        q3 = lo + (3 * width) // 4
+        ok1 = tl.sum(tl.where(keys >= q1[:, None], weights, 0), axis=1) >= goal
+        ok2 = tl.sum(tl.where(keys >= q2[:, None], weights, 0), axis=1) >= goal
+        ok3 = tl.sum(tl.where(keys >= q3[:, None], weights, 0), axis=1) >= goal
+        # The sums fall as t grows, so the probes that reach goal are a prefix of q1 <= q2 <= q3.
+        new_lo = tl.where(ok3, q3, tl.where(ok2, q2, tl.where(ok1, q1, lo)))
+        new_hi = tl.where(~ok1, q1, tl.where(~ok2, q2, tl.where(~ok3, q3, hi)))
+        busy = width > 1
+        lo = tl.where(busy, new_lo, lo)
+        hi = tl.where(busy, new_hi, hi)
+    return lo
+
+
+@triton.jit
+def load_candidates(cand_ptr, count, lo_key, hi_key, CAP: tl.constexpr):
+    """The first `count` values of a candidate region (cand_ptr: fp32 [CAP], filled by other
+    programs of this kernel: read through L2, .cg) restricted to keys in [lo_key, hi_key):
+    (x [1, CAP], key [1, CAP] with KEY_NONE outside)."""
+    i = tl.arange(0, CAP)[None, :]
+    x = tl.load(cand_ptr + i, mask=i < count, other=NEG_INF, cache_modifier=".cg")
+    key = order_key(x)
+    inside = (i < count) & (key >= lo_key) & (key < hi_key)
+    return x, tl.where(inside, key, KEY_NONE)

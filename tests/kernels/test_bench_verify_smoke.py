@@ -1,0 +1,33 @@
+"""bench/bench_verify.py --smoke: the GPU table's code (every sampling mode, every column we can
+run without a GPU) on tiny shapes under the Triton interpreter, so that the script the next GPU
+session runs unattended (bench/run_gpu.sh) is not broken on arrival."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_bench_verify_smoke_writes_the_table(tmp_path):
+    out = tmp_path / "verify_smoke.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_verify.py"), "--smoke", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["device"].startswith("cpu")
+    rows = report["results"]
+    assert {row["mode"] for row in rows} == {"greedy", "T=1", "top_k=50", "top_k=1000", "top_p=0.9", "min_p=0.1",
+                                             "top_k=50+top_p=0.9"}
+    assert any(row["plan"]["large_vocab_path"] for row in rows) or any(row["V"] == 600 for row in rows)
+    for row in rows:
+        assert row["tokens_equal_reference"] and row["sample_equal_reference"], row
+        for table in ("verify", "sample"):
+            assert set(row[table]) == {"triton", "reference", "torch"}
+            assert all(entry["median_us"] > 0 for entry in row[table].values()), row[table]
+    assert any(row["threshold_routes"] for row in rows if row["V"] == 600)

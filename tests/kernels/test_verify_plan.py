@@ -1,0 +1,76 @@
+"""The Triton verify step's launch plan, checked on CPU against the issue-12 budget: launches
+in sequence, programs per row, passes over the logits (kernels/verify/_triton_plan.py; the
+same code sizes the grids the launcher uses, which the last test checks)."""
+import pytest
+import torch
+
+from specdec_fast.kernels import make_sampling_tensors
+from specdec_fast.kernels.verify import _triton_plan as plans
+from specdec_fast.kernels.verify._triton_plan import verify_plan
+
+V_LLAMA3 = 128256
+
+
+@pytest.mark.parametrize("modes", [("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("T=1",), ("greedy",)])
+def test_batch_one_spreads_each_row_over_many_programs_in_few_launches(modes):
+    """B = 1, V = 128256, K = 4 with draft logits: <= 6 dependent launches in every mode, the
+    streaming pass over >= 32 programs per distribution, and one pass over the logits plus the
+    emitted position."""
+    plan = verify_plan(1, 4, V_LLAMA3, True, modes)
+    assert plan["launches"] <= 6
+    assert plan["large_vocab_path"] and plan["programs_per_row"]["select_stream"] >= 32
+    assert plan["programs_per_row"]["emit"] >= 32
+    assert plan["passes_over_logits"] == pytest.approx(1 + 2 / 9)
+
+
+def test_batch_64_reads_the_logits_once_plus_the_emitted_position():
+    """B = 64, T = 1: one pass over all 9 x 128256 logits per row, plus the emitted position's
+    target and draft rows (2 of 9); nothing else that scales with V."""
+    plan = verify_plan(64, 4, V_LLAMA3, True, ("T=1",))
+    assert plan["passes_over_logits"] == pytest.approx(1 + 2 / 9)
+    assert plan["sample_reads_per_row_from_l2"] == 0 and plan["finish_reads_per_row"] == 0
+    selecting = verify_plan(64, 4, V_LLAMA3, True, ("top_k", "top_p"))
+    assert selecting["passes_over_logits"] == plan["passes_over_logits"]
+    assert selecting["sample_reads_per_row_from_l2"] < 0.05  # 2 chunks per row read the sample
+
+
+def test_draft_sampler_and_small_vocabularies():
+    sample = verify_plan(1, 0, V_LLAMA3, False, ("top_k", "top_p"))
+    assert sample["launches"] <= 6 and sample["programs_per_row"]["select_stream"] >= 32
+    small = verify_plan(8, 4, 1000, True, ("top_k",))
+    assert not small["large_vocab_path"] and small["launches"] == 3
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(ValueError, match="unknown modes"):
+        verify_plan(1, 4, 1000, True, ("top_q",))
+
+
+def test_the_launcher_launches_what_the_plan_says(monkeypatch):
+    """Record the kernels and grids triton._launch launches (without running them) and compare
+    them with plan_launches / kernel_sequence for the same shape."""
+    from specdec_fast.kernels.verify import triton as launcher
+
+    launched = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((self.name, tuple(grid)))
+
+    for name in ("select_stream_kernel", "select_finish_kernel", "select_small_vocab_kernel", "emit_kernel"):
+        monkeypatch.setattr(launcher, name, Recorder(name.removesuffix("_kernel")))
+    for batch, k, vocab, has_draft in ((3, 2, 5000, True), (2, 0, 300, False), (65, 1, 48, False)):
+        launched.clear()
+        target = torch.zeros(batch, k + 1, vocab)
+        draft = torch.zeros(batch, k, vocab) if has_draft else None
+        params = make_sampling_tensors(batch, "cpu", top_k=5)
+        positions = torch.zeros(batch, dtype=torch.int64) if k == 0 else None
+        launcher._launch(target, draft, torch.zeros(batch, k, dtype=torch.int64), params, positions, 0, {})
+        plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=1, interpreting=launcher.triton_interpreting())
+        assert [name for name, _ in launched] == plans.kernel_sequence(plan)[1:]
+        assert launched[0][1] == plan.select_grid and launched[-1][1] == plan.emit_grid
+        if plan.large_vocab:
+            assert launched[1][1] == plan.finish_grid
