@@ -2,7 +2,7 @@
 
 The statistics of every node's target row (stats position b * NPOS + n) and draft row
 (b * NPOS + N + n) come from kernels/verify's stats kernels; ``standardised`` rebuilds any
-standardised value from them on the fly (kernels/verify/_triton_kernels.py).
+standardised value from them on the fly (kernels/verify/_triton_common.py).
   residual_mass_kernel  (row, node) tiles: W_k = sum_v max(q - lam_k p, 0) for k = 1 .. children - 1
   walk_kernel           row tiles: presence, the greedy longest path, the rejection walk
   emit_partial_kernel   (row tile, vocab chunk): Gumbel-max candidates at each final node
@@ -14,8 +14,8 @@ import triton.language as tl
 
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
-from ..verify._triton_emit import _argmax_update, _stats
-from ..verify._triton_kernels import BIG_INDEX, NEG_INF, _tile_rows, standardised
+from ..verify._triton_common import BIG_INDEX, NEG_INF, standardised
+from ..verify._triton_emit import _argmax_update, _stats, _tile_rows
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 

@@ -1,9 +1,10 @@
 """Triton backend of tree_verify: no host sync, grids from static shapes (CUDA-graph capturable).
 
 Launches (each boundary a grid-wide dependency):
-  1-2. the standardisation statistics of every node's target and draft row: kernels/verify's
-       partial_stats / thresholds kernels, with K = N - 1 and no -1 among the (dummy) drafts, so
-       every position is computed (_node_stats below is the only code that knows their interface)
+  0-2. the standardisation statistics of every node's target and draft row: kernels/verify's
+       selection launches (select_stats: a zero fill, the streaming pass, the finish), with
+       K = N - 1 and no -1 among the (dummy) drafts, so every position is computed (_node_stats
+       below is the only code that knows their interface)
   3.   residual_mass (sampled children only): the residual masses W_k each sibling test needs
   4.   walk: one row tile per program, an ascending scan over the N nodes
   5-6. emit_partial / emit_final: Gumbel-max of the emitted token at the final node, vocab
@@ -16,53 +17,50 @@ import triton
 from .._backend import triton_interpreting
 from ..rng import STREAM_TOKEN
 from ..sampling_params import SamplingTensors
-from ..verify import _triton_kernels as verify_stats
-from ..verify.triton import NUM_WARPS, _split_vocab, _tile, _vocab_contiguous
+from ..verify.triton import _num_sms, _vocab_contiguous, plan_for, select_stats
 from . import _triton_kernels as kernels
 
 # Row tiles of the walk: [BLOCK_R, BLOCK_N] int32 tiles in registers (64 x 64 fp32/int32 = 16
 # per thread at 8 warps); the interpreter pays per operation, so it takes whole batches.
 WALK_ROWS = 16
 WALK_ROWS_INTERPRETER = 4096
+# The residual-mass and emission kernels: [BLOCK_R, BLOCK_V] tiles of at most TILE values, rows
+# split into vocab chunks so that a few programs per SM work at B = 1 (the interpreter: whole
+# rows, few programs).
+MAX_BLOCK_V, TILE, PROGRAMS_PER_SM = 1024, 2048, 4
+MAX_BLOCK_V_INTERPRETER, TILE_INTERPRETER, INTERPRETER_PROGRAMS = 32768, 131072, 4
+NUM_WARPS = 4
+
+
+def _tile(vocab: int, rows: int, block_v: int | None) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_V) for rows of vocab entries."""
+    interpreting = triton_interpreting()
+    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
+    budget = TILE_INTERPRETER if interpreting else TILE
+    return max(1, min(triton.next_power_of_2(rows), budget // block_v)), block_v
+
+
+def _split_vocab(vocab: int, row_tiles: int, device, block_v: int, num_chunks: int | None) -> tuple[int, int]:
+    """(chunk size, number of chunks) covering the vocab; the chunk size is a multiple of block_v."""
+    if num_chunks is None:
+        programs = INTERPRETER_PROGRAMS if triton_interpreting() else PROGRAMS_PER_SM * _num_sms(device)
+        num_chunks = triton.cdiv(programs, row_tiles)
+    num_chunks = max(1, min(num_chunks, triton.cdiv(vocab, block_v)))
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block_v) * block_v
+    return chunk, triton.cdiv(vocab, chunk)
 
 
 def _node_stats(target, draft, params: SamplingTensors, block_v, num_chunks):
-    """(m, s2, s3, tkey, amax) [B * NPOS] and NPOS: kernels/verify's stats of target position
-    n (stats index b * NPOS + n) and draft position n (b * NPOS + N + n, n <= N - 2; the last node
-    has no children, so its draft row is never needed)."""
+    """(m, s2, s3, tkey, amax) [B * NPOS] and NPOS: kernels/verify's statistics of target position
+    n (index b * NPOS + n) and draft position n (b * NPOS + N + n, n <= N - 2; the last node has
+    no children, so its draft row is never needed). draft None: target positions only."""
     batch, n, vocab = target.shape
     k = n - 1
-    device = target.device
     has_draft = draft is not None and k > 0
-    dummy_drafts = torch.zeros((batch, max(k, 1)), dtype=torch.int32, device=device)  # no -1: every position needed
-    draft = draft if has_draft else target
-    npos = 2 * k + 1 if has_draft else k + 1
-    rows = batch * npos
-    strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
-    token_strides = (dummy_drafts.stride(0), dummy_drafts.stride(1)) if k else (0, 0)
-    block_k = triton.next_power_of_2(max(k, 1))
-    f32 = dict(dtype=torch.float32, device=device)
-    block_r, bv = _tile(vocab, rows, block_v)
-    chunk, nchunk = _split_vocab(vocab, triton.cdiv(rows, block_r), device, bv, num_chunks)
-    part_m, part_s = torch.empty((rows, nchunk), **f32), torch.empty((rows, nchunk), **f32)
-    part_arg = torch.empty((rows, nchunk), dtype=torch.int32, device=device)
-    p = params
-    verify_stats.partial_stats_kernel[(triton.cdiv(rows, block_r), nchunk)](
-        target, draft, dummy_drafts, p.temperature, part_m, part_s, part_arg,
-        rows, npos, nchunk, *strides, *token_strides,
-        V=vocab, K=k, CHUNK=chunk, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k, num_warps=NUM_WARPS,
-    )
-    m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
-    tkey = torch.empty((rows,), dtype=torch.int64, device=device)
-    amax = torch.empty((rows,), dtype=torch.int32, device=device)
-    verify_stats.thresholds_kernel[(triton.cdiv(rows, block_r),)](
-        target, draft, dummy_drafts, p.temperature, p.top_k, p.top_p, p.min_p,
-        part_m, part_s, part_arg, m, s2, s3, tkey, amax,
-        rows, npos, nchunk, *strides, *token_strides,
-        V=vocab, K=k, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_K=block_k,
-        BLOCK_C=triton.next_power_of_2(nchunk), num_warps=NUM_WARPS,
-    )
-    return (m, s2, s3, tkey, amax), npos
+    dummy_drafts = torch.zeros((batch, max(k, 1)), dtype=torch.int32, device=target.device)  # no -1: every position
+    plan = plan_for(batch, k, vocab, has_draft, target.device, dict(block_v=block_v, num_chunks=num_chunks))
+    stats, _, _ = select_stats(target, draft if has_draft else target, dummy_drafts, params, plan)
+    return stats, plan.npos
 
 
 def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks):

@@ -56,7 +56,7 @@ from ._triton_select_finish import select_finish_kernel
 from ._triton_select_small import select_small_vocab_kernel
 from ._triton_select_stream import select_stream_kernel
 
-__all__ = ["chain_verify_triton", "sample_triton", "verify_plan"]
+__all__ = ["chain_verify_triton", "sample_triton", "verify_plan", "select_stats", "plan_for"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,41 +79,30 @@ def _run(*args):
         return _launch(*args)
 
 
-def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, overrides: dict):
-    """target [B, K+1, V], draft [B, K, V] or None, draft_tokens [B, K], positions int64 [B] or
-    None (None: noise at position j, the verify step) -> (tokens int32 [B, K+1], num_accepted int32 [B],
-    paths int32 [B * NPOS]: how each distribution's thresholds were settled, _triton_select_large.py)."""
-    batch, k_plus_1, vocab = target.shape
-    k = k_plus_1 - 1
+def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, extra_counters: int = 0):
+    """Launches 0-2 (the zero fill and the selection kernels) for plan = plan_launches(...):
+    the standardisation statistics of every distribution. target [B, K+1, V] and draft
+    [B, K, V] (the target itself when there are no draft logits) with unit vocab stride,
+    draft_tokens [B, K] (-1 pads: positions past a row's first -1 are not computed).
+    Returns (stats, paths, extra): stats = (m, s2, s3 fp32, tkey int64, amax int32), each
+    [B * NPOS] (the glossary in _triton_common.py; distribution b * NPOS + pos: target position
+    pos <= K, draft position pos - K - 1 above), paths int32 [B * NPOS] (how each distribution's
+    thresholds were settled) and ``extra`` int32 zeros [extra_counters] from the same fill (the
+    caller's own tickets: one fill launch in all)."""
+    rows, npos, vocab, k = plan.rows, plan.npos, plan.vocab, plan.k
     device = target.device
-    tokens = torch.empty((batch, k_plus_1), dtype=torch.int32, device=device)
-    num_accepted = torch.empty((batch,), dtype=torch.int32, device=device)
-    paths = torch.zeros((0,), dtype=torch.int32, device=device)
-    if batch == 0:
-        return tokens, num_accepted, paths
-    target = _vocab_contiguous(target)
-    if k == 0:  # never read, but a [B, 0] tensor may have a null data pointer, which launchers reject
-        draft_tokens = torch.empty((batch, 1), dtype=torch.int32, device=device)
-    has_draft = draft is not None and k > 0
-    draft = _vocab_contiguous(draft) if has_draft else target
-    plan = plan_launches(batch, k, vocab, has_draft, num_sms=_num_sms(device), interpreting=triton_interpreting(),
-                         **overrides)
-    rows, npos = plan.rows, plan.npos
     strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
     token_strides = (draft_tokens.stride(0), draft_tokens.stride(1)) if k else (0, 0)
     block_k = triton.next_power_of_2(max(k, 1))
     p = params
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
-
     # Integer counters that must start at zero, in one fill: candidate fills [R, 2], streaming and
-    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R], emission tickets
-    # per row tile.
-    emit_tiles = plan.emit_grid[0]
+    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R], the caller's extra.
     selection = 4 * rows if plan.large_vocab else 0
-    counters = torch.zeros(selection + rows + emit_tiles, **i32)
+    counters = torch.zeros(selection + rows + extra_counters, **i32)
     paths = counters[selection:selection + rows]
-    emit_tickets = counters[selection + rows:]
+    extra = counters[selection + rows:]
     m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
     tkey = torch.empty((rows,), dtype=torch.int64, device=device)
     amax = torch.empty((rows,), **i32)
@@ -146,6 +135,44 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
             V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k,
             num_warps=SMALL_NUM_WARPS,
         )
+    return (m, s2, s3, tkey, amax), paths, extra
+
+
+def plan_for(batch: int, k: int, vocab: int, has_draft: bool, device: torch.device, overrides: dict):
+    """plan_launches for this device (SM count; the interpreter's tiles)."""
+    return plan_launches(batch, k, vocab, has_draft, num_sms=_num_sms(device), interpreting=triton_interpreting(),
+                         **overrides)
+
+
+def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, overrides: dict):
+    """target [B, K+1, V], draft [B, K, V] or None, draft_tokens [B, K], positions int64 [B] or
+    None (None: noise at position j, the verify step) -> (tokens int32 [B, K+1], num_accepted int32 [B],
+    paths int32 [B * NPOS]: how each distribution's thresholds were settled)."""
+    batch, k_plus_1, vocab = target.shape
+    k = k_plus_1 - 1
+    device = target.device
+    tokens = torch.empty((batch, k_plus_1), dtype=torch.int32, device=device)
+    num_accepted = torch.empty((batch,), dtype=torch.int32, device=device)
+    paths = torch.zeros((0,), dtype=torch.int32, device=device)
+    if batch == 0:
+        return tokens, num_accepted, paths
+    target = _vocab_contiguous(target)
+    if k == 0:  # never read, but a [B, 0] tensor may have a null data pointer, which launchers reject
+        draft_tokens = torch.empty((batch, 1), dtype=torch.int32, device=device)
+    has_draft = draft is not None and k > 0
+    draft = _vocab_contiguous(draft) if has_draft else target
+    plan = plan_for(batch, k, vocab, has_draft, device, overrides)
+    stats, paths, emit_tickets = select_stats(target, draft, draft_tokens, params, plan,
+                                              extra_counters=plan.emit_grid[0])  # one ticket per emission row tile
+    m, s2, s3, tkey, amax = stats
+    npos = plan.npos
+    strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
+    token_strides = (draft_tokens.stride(0), draft_tokens.stride(1)) if k else (0, 0)
+    block_k = triton.next_power_of_2(max(k, 1))
+    p = params
+    f32 = dict(dtype=torch.float32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    fence = not triton_interpreting()
 
     nchunk = plan.emit_chunks
     q_val, r_val = torch.empty((batch, nchunk), **f32), torch.empty((batch, nchunk), **f32)
