@@ -20,14 +20,15 @@ def main() -> int:
     compiler.POINTER_TYPES.update({name: "*i32" for name in INT32_POINTERS})
     for logits_type, n, vocab, has_draft in (("*bf16", 16, 1000, True), ("*fp32", 64, 32000, False)):
         block_n = 1 << (n - 1).bit_length()
+        walk_warps = 8 if 16 * block_n >= 1024 else 4  # as kernels/tree_verify/triton.py launches it
         jobs = [
-            (tree.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_R=2, BLOCK_V=1024, BLOCK_N=block_n)),
-            (tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n)),
-            (tree.emit_partial_kernel, dict(N=n, V=vocab, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=2, BLOCK_V=1024)),
-            (tree.emit_final_kernel, dict(N=n, BLOCK_R=64, BLOCK_C=8)),
+            (tree.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_R=2, BLOCK_V=1024, BLOCK_N=block_n), 4),
+            (tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n), walk_warps),
+            (tree.emit_partial_kernel, dict(N=n, V=vocab, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=2, BLOCK_V=1024), 4),
+            (tree.emit_final_kernel, dict(N=n, BLOCK_R=64, BLOCK_C=8), 4),
         ]
-        for fn, constexprs in jobs:
-            compiler.compile_kernel(fn, logits_type, constexprs)
+        for fn, constexprs, num_warps in jobs:
+            compiler.compile_kernel(fn, logits_type, constexprs, num_warps)
             print(f"compiled {fn.__name__} {logits_type} N={n} V={vocab}", flush=True)
     return 0
 
