@@ -153,9 +153,8 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     device = target.device
     tokens = torch.empty((batch, k_plus_1), dtype=torch.int32, device=device)
     num_accepted = torch.empty((batch,), dtype=torch.int32, device=device)
-    paths = torch.zeros((0,), dtype=torch.int32, device=device)
     if batch == 0:
-        return tokens, num_accepted, paths
+        return tokens, num_accepted, torch.empty((0,), dtype=torch.int32, device=device)
     target = _vocab_contiguous(target)
     if k == 0:  # never read, but a [B, 0] tensor may have a null data pointer, which launchers reject
         draft_tokens = torch.empty((batch, 1), dtype=torch.int32, device=device)

@@ -90,9 +90,11 @@ def test_unchecked_calls_never_sync_and_an_int_seed_costs_nothing_on_a_hit(backe
         assert built_once > 100  # 5 fills + derive_row_seeds in torch ops (~270)
     if backend == "cpp":  # the one C++ op (sample also slices the logits: one view)
         assert hit.ours == ["specdec_fast.chain_verify.default"] and len(sample_hit.ours) == 2
-    if backend == "triton":  # output and partial-statistics buffers of the four launches
+    if backend == "triton":  # output and partial-statistics buffers, and the one zero fill of the launches' counters
         assert len(hit.ours) <= 24 and all(op.startswith(("aten.empty", "aten.expand", "aten.unsqueeze", "aten.view",
-                                                          "aten.slice", "aten.select")) for op in hit.ours), hit.ours
+                                                          "aten.slice", "aten.select")) for op in hit.ours
+                                           if op != "aten.zeros.default"), hit.ours
+        assert hit.ours.count("aten.zeros.default") == 1, hit.ours
     assert torch.equal(verify(**SCALARS)[0], expected[0]) and torch.equal(draw(**SCALARS), drawn)
 
 
