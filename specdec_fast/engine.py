@@ -1,4 +1,4 @@
-"""SpeculativeDecoder: the decoding loop (DESIGN.md section 1), free of host syncs.
+"""SpeculativeDecoder: the decoding loop (docs/architecture.md §1, §3), free of host syncs.
 
 generate() is prefill, then per iteration  wait -> step -> poll:
     wait   read the device's progress (run_ahead.py): the newest completed polls, blocking only

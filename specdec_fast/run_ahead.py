@@ -1,5 +1,5 @@
 """RunAheadPoller: how the host learns the device's progress without waiting, within a run-ahead
-bound (DESIGN.md section 1).
+bound (docs/architecture.md §3).
 
 Polls. After prefill (poll 0) and after every iteration n (poll n) the loop issues one poll: an
 asynchronous copy of the persistent device status buffer, status [2, B] int64 (row 0: gen_len,

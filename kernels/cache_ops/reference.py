@@ -1,6 +1,6 @@
 """The paged-KV cache ops in plain torch: the spec, the CPU fallback and the test oracle.
 
-Layout (DESIGN.md section 5):
+Layout (docs/architecture.md §5):
     k_cache, v_cache    [num_blocks, block_size, Hkv, D], one pair per layer
     caches              [num_layers, 2, num_blocks, block_size, Hkv, D] (all layers; [:, 0] is K,
                         [:, 1] is V; caches[l, 0] and caches[l, 1] are the per-layer k/v caches)

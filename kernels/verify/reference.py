@@ -1,6 +1,6 @@
 """The verify step in plain torch: the spec, the CPU fallback and the test oracle.
 
-Written for clarity, not speed. Semantics (DESIGN.md section 4; Chen et al. Algorithm 2):
+Written for clarity, not speed. Semantics (docs/architecture.md §6; Chen et al. Algorithm 2):
 
 standardise(logits): float32, in this order, per row (transformers' logits warpers):
     temperature == 0  -> greedy: 0 at argmax of the raw logits (ties: lowest index), -inf elsewhere
