@@ -21,11 +21,12 @@ def _blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
-def _run(code: str) -> str:
-    """exec ``code`` in a fresh namespace with this process's RNG state restored afterwards; its stdout."""
+def _run(code: str, namespace: dict | None = None) -> str:
+    """exec ``code`` in ``namespace`` (default: a fresh one) with this process's RNG state restored
+    afterwards; its stdout."""
     out = io.StringIO()
     with torch.random.fork_rng(), contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})
+        exec(compile(code, "README.md", "exec"), namespace if namespace is not None else {"__name__": "__readme__"})
     return out.getvalue()
 
 
@@ -36,14 +37,19 @@ def test_the_kernels_snippet_prints_what_the_readme_shows():
     assert _run(code) == shown
 
 
-@pytest.mark.slow  # 3-10 s (idle or busy 2-core box): loads the demo pair, samples 64 tokens for 2 prompts
-def test_the_generating_example_runs():
-    (code,) = _blocks(_section("Generating"), "python")
+@pytest.mark.slow  # 5-15 s (idle or busy 2-core box): loads the demo pair, 64 tokens for 2 prompts, chain then tree
+def test_the_generating_examples_run():
+    """The section's first block (chain), then the Token trees block in the same namespace, as a
+    reader would paste them one after the other."""
+    chain, tree = _blocks(_section("Generating"), "python")
+    namespace = {"__name__": "__readme__"}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        printed = _run(code)
+        printed = _run(chain, namespace)
+        printed_tree = _run(tree, namespace)
     finally:
         torch.set_num_threads(threads)
     assert printed.startswith("['def binary_search(a, x):")
     assert "predicted speedup" in printed and "alpha" in printed
+    assert printed_tree.startswith("['def binary_search(a, x):")
