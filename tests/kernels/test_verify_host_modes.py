@@ -181,3 +181,67 @@ def test_tree_verify_leaves_out_the_finish_for_its_modes(mode, finishes, monkeyp
 
     reference = tree_verify(target, draft, tokens, parents, backend="torch", seed=5, offset=offsets, **kw)
     assert torch.equal(got[0].cpu(), reference.tokens) and torch.equal(got[1].cpu(), reference.path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("mode", ["greedy", "plain", "greedy+plain"])
+def test_gpu_llama3_vocab_host_modes_launch_less_and_replay_in_a_graph(batch, mode):
+    """V = 128256, K = 4, bf16 on a GPU: with the host modes the verify and the draft sample
+    launch what verify_plan says (fewer Triton kernels than with modes unknown), give the
+    reference's tokens and the full sequence's, and a CUDA graph of both calls replays on new
+    inputs like eager calls (the greedy row tickets are zeroed inside the graph)."""
+    from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton, verify_plan
+    from specdec_fast.triton_launches import TritonLaunches
+
+    k, vocab = 4, 128256
+    temperature = {"greedy": 0.0, "plain": 0.8, "greedy+plain": torch.tensor([0.0, 0.8] * (batch // 2) + [0.0] * (batch % 2),
+                                                                           device="cuda")}[mode]
+    params = make_sampling_tensors(batch, "cuda", temperature=temperature, seed=3)
+    unknown = dataclasses.replace(params, modes=None)
+    positions = torch.arange(batch, device="cuda", dtype=torch.int64)
+
+    def inputs(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        target = (torch.randn(batch, k + 1, vocab, device="cuda", generator=g) * 3).to(torch.bfloat16)
+        draft = (target[:, :k].float() + torch.randn(batch, k, vocab, device="cuda", generator=g)).to(torch.bfloat16)
+        drafts = draft.float().argmax(-1)  # the greedy drafter's tokens: some accepted, some not
+        return target, draft, drafts
+
+    target, draft, drafts = inputs(0)
+    calls = lambda p: (chain_verify_triton(target, draft, drafts, p), sample_triton(target[:, 0], p, positions, 2))  # noqa: E731
+    calls(params), calls(unknown)  # compile
+    launched = {}
+    for name, p in (("known", params), ("unknown", unknown)):
+        with TritonLaunches() as rec:
+            out = calls(p)
+        launched[name] = len(rec.launches)
+        if name == "known":
+            eager = out
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(eager[0], out[0])) and torch.equal(eager[1], out[1])
+    modes = tuple(params.modes)
+    plan_launches = verify_plan(batch, k, vocab, True, modes)["launches"] + verify_plan(batch, 0, vocab, False, modes)["launches"]
+    assert launched["known"] == plan_launches - 2  # the zero fills are torch ops, not Triton launches
+    assert launched["unknown"] == verify_plan(batch, k, vocab, True, None)["launches"] + \
+        verify_plan(batch, 0, vocab, False, None)["launches"] - 2 > launched["known"]
+    expected = chain_verify_reference(target, draft, drafts, params)
+    assert torch.equal(eager[0][0], expected[0]) and torch.equal(eager[0][1], expected[1])
+    assert torch.equal(eager[1], sample_reference(target[:, 0], params, positions, 2))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        calls(params)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = calls(params)
+    for replay_seed in (1, 2):  # twice: the tickets start from zero at every replay
+        for static, new in zip((target, draft, drafts), inputs(replay_seed)):
+            static.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        again = calls(params)
+        assert torch.equal(captured[0][0], again[0][0]) and torch.equal(captured[0][1], again[0][1])
+        assert torch.equal(captured[1], again[1])
