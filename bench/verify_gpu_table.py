@@ -12,6 +12,9 @@ the roofline divides those bytes by this device's measured copy bandwidth. Each 
 whether our tokens equal the reference's and how the Triton kernels settled the thresholds
 (kernels/verify/_triton_select_finish.py paths: top set / gathered by chunks / fallback sweeps), and the
 plan (verify_plan: launches, passes over the logits) the timing should be read against.
+Greedy and plain (T > 0 without top-k / top-p / min-p) rows also time the Triton column with
+the host modes withheld ("triton_modes_unknown": SamplingTensors.modes = None, every launch):
+what leaving out the finishing launch (and, greedy, the emission launch) saves.
 
 --smoke runs the same code on tiny shapes on CPU under the Triton interpreter, timing single
 calls with a wall clock: it proves the script runs, not how fast anything is.
@@ -19,6 +22,7 @@ calls with a wall clock: it proves the script runs, not how fast anything is.
 --data random: target logits N(0, 3^2), draft = target + N(0, 1) (the issue's measurements);
 --data peaked: an LLM-like profile (8 tokens 10-16 above a N(0, 1.5^2) bulk: ~90% of the mass).
 """
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -153,6 +157,7 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
             params = make_sampling_tensors(batch, device, seed=1, **kw)
             full = dict(temperature=kw.get("temperature", 1.0), top_k=kw.get("top_k", 0), top_p=kw.get("top_p", 1.0),
                         min_p=kw.get("min_p", 0.0))
+            unknown = dataclasses.replace(params, modes=None)  # every launch, as before the host modes
             verify = {
                 "triton": lambda: chain_verify_triton(target, draft, drafts, params, **ov),
                 "reference": lambda: chain_verify_reference(target, draft, drafts, params),
@@ -163,6 +168,9 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
                 "reference": lambda: sample_reference(logits, params, positions, 2),
                 "torch": lambda: torch_sample(logits, **full),
             }
+            if params.modes <= {"greedy", "plain"}:  # launches left out: time the full sequence beside
+                verify["triton_modes_unknown"] = lambda: chain_verify_triton(target, draft, drafts, unknown, **ov)
+                sample["triton_modes_unknown"] = lambda: sample_triton(logits, unknown, positions, 2, **ov)
             notes = {}
             if flashinfer is not None:
                 fi_verify, fi_sample = flashinfer_fns(flashinfer, full)
@@ -180,6 +188,10 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
                 "sample_equal_reference": bool(torch.equal(sample["triton"](), sample["reference"]())),
                 "threshold_routes": _summarise_paths(paths),
                 "plan": verify_plan(batch, k, vocab, True, _plan_modes(kw)),
+                "launches": {"verify": verify_plan(batch, k, vocab, True, _plan_modes(kw))["launches"],
+                             "sample": verify_plan(batch, 0, vocab, False, _plan_modes(kw))["launches"],
+                             "verify_modes_unknown": verify_plan(batch, k, vocab, True, None)["launches"],
+                             "sample_modes_unknown": verify_plan(batch, 0, vocab, False, None)["launches"]},
                 "verify": {}, "sample": {}, "notes": notes,
             }
             for table, key, nbytes in ((verify, "verify", verify_bytes), (sample, "sample", sample_bytes)):
@@ -207,7 +219,7 @@ def _plan_modes(kw: dict) -> tuple:
     if kw.get("temperature") == 0.0:
         return ("greedy",)
     modes = tuple(m for m in ("top_k", "top_p", "min_p") if m in kw)
-    return modes or ("T=1",)
+    return modes or ("plain",)
 
 
 def _line(row: dict) -> str:

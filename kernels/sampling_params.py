@@ -21,6 +21,21 @@ from .rng import MAX_OFFSET
 from .rng.reference import derive_row_seeds
 
 
+# The sampling modes a row can use (host names; kernels/verify/_triton_plan.py sizes its launches
+# from them): greedy (temperature 0), plain (T > 0, no top-k / top-p / min-p), and the truncations
+# a sampled row applies (top_k > 0, top_p < 1, min_p > 0; a sampled row may use several).
+MODES = ("greedy", "plain", "top_k", "top_p", "min_p")
+TRUNCATIONS = frozenset(("top_k", "top_p", "min_p"))
+_MODE_SET = frozenset(MODES)
+
+
+class HostModes(frozenset):
+    """SamplingTensors.modes: a frozenset of MODES that remembers the four standardisation
+    tensors (temperature, top_k, top_p, min_p) it describes."""
+
+    __slots__ = ("of",)
+
+
 @dataclass(frozen=True)
 class SamplingTensors:
     """Standardisation and randomness parameters, one entry per row (all on one device).
@@ -28,7 +43,13 @@ class SamplingTensors:
     temperature: float32 [B]  (0 = greedy)       top_k: int32 [B]  (0 = off)
     top_p:       float32 [B]  (1 = off)          min_p: float32 [B] (0 = off)
     seed:        int64 [B]                       offset: int64 [B] in [0, 2**56)
+    modes:       the MODES some row may use, known on the host (a superset is allowed, never a
+                 subset), or None: unknown (launchers then assume every mode).
 
+    modes given as a set describe the tensors given with them (stored as a HostModes, which
+    remembers those tensors). dataclasses.replace() of other fields (offset, seed) keeps them;
+    a replace() that swaps temperature, top_k, top_p or min_p without a new set of modes drops
+    them to None (never a stale claim).
     The tensors may be shared with later calls (constant_rows): never modify them in place.
     """
 
@@ -38,6 +59,22 @@ class SamplingTensors:
     min_p: torch.Tensor
     seed: torch.Tensor
     offset: torch.Tensor
+    modes: frozenset | None = None
+
+    def __post_init__(self):
+        modes = self.modes
+        if modes is None:
+            return
+        if isinstance(modes, HostModes):  # carried over by replace(): still about these tensors?
+            of = modes.of
+            if not (of[0] is self.temperature and of[1] is self.top_k and of[2] is self.top_p and of[3] is self.min_p):
+                object.__setattr__(self, "modes", None)
+            return
+        described = HostModes(modes)
+        if not described <= _MODE_SET:
+            raise ValueError(f"unknown sampling modes {sorted(described - _MODE_SET)}; choose from {MODES}")
+        described.of = (self.temperature, self.top_k, self.top_p, self.min_p)
+        object.__setattr__(self, "modes", described)
 
     @property
     def batch(self) -> int:
@@ -138,6 +175,34 @@ def _per_row(value, name: str, batch: int, device: torch.device, check: bool) ->
     return constant_rows(name, value, batch, device, lambda: torch.full((batch,), value, dtype=dtype, device=device))
 
 
+def _possible_modes(given: dict) -> frozenset:
+    """The modes rows may use, from the arguments as given (name -> Python number or tensor):
+    exact for Python scalars; a tensor not read may hold anything, so every state of its
+    parameter stays possible (a superset)."""
+    def states(name, on) -> set:
+        value = given[name]
+        return {True, False} if isinstance(value, torch.Tensor) else {on(value)}
+
+    greedy = states("temperature", lambda t: t == 0)
+    modes = {"greedy"} if True in greedy else set()
+    if False in greedy:  # some row may sample
+        truncating = {name: states(name, on) for name, on in
+                      (("top_k", lambda k: k > 0), ("top_p", lambda p: p < 1), ("min_p", lambda p: p > 0))}
+        modes |= {name for name, st in truncating.items() if True in st}
+        if all(False in st for st in truncating.values()):
+            modes.add("plain")
+    return frozenset(modes)
+
+
+def _rows_modes(params: dict) -> frozenset:
+    """Exact modes of per-row tensors [B] (reads their values: one device-to-host copy)."""
+    t, k, p, mp = params["temperature"], params["top_k"], params["top_p"], params["min_p"]
+    sampled = t > 0
+    topk, topp, minp = sampled & (k > 0), sampled & (p < 1), sampled & (mp > 0)
+    rows = torch.stack([~sampled, sampled & ~(topk | topp | minp), topk, topp, minp])
+    return frozenset(mode for mode, used in zip(MODES, rows.any(1).tolist()) if used)
+
+
 def make_sampling_tensors(
     batch: int,
     device,
@@ -155,7 +220,11 @@ def make_sampling_tensors(
     An int seed gives each row its own stream (derive_row_seeds); a tensor seed [B] is used
     as given. Raises ValueError/TypeError naming the argument on bad input. With check=False
     nothing is read from the device (scalars are checked on their Python values), and for
-    repeated scalar values no device op runs at all (constant_rows)."""
+    repeated scalar values no device op runs at all (constant_rows).
+
+    modes (SamplingTensors.modes) come free from scalars; check=True with tensor parameters
+    reads the modes of their rows too (exact); unread tensors leave every state of their
+    parameter possible (a superset: launchers then keep the launches those states need)."""
     device = canonical_device(device)
     params = {name: _per_row(value, name, batch, device, check)
               for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
@@ -177,4 +246,10 @@ def make_sampling_tensors(
         if not -(1 << 63) <= seed < (1 << 63):
             raise ValueError(f"seed must fit in int64, got {seed}")
         s = row_seeds(seed, batch, device)
-    return SamplingTensors(params["temperature"], params["top_k"], params["top_p"], params["min_p"], s, params["offset"])
+    given = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if check and batch and any(isinstance(v, torch.Tensor) for v in given.values()):
+        modes = _rows_modes(params)  # the values were read anyway: the exact modes of the rows
+    else:
+        modes = _possible_modes(given)
+    return SamplingTensors(params["temperature"], params["top_k"], params["top_p"], params["min_p"], s, params["offset"],
+                           modes=modes)

@@ -101,7 +101,8 @@ class TreeDrafter:
                 p = state.params
                 level.params = SamplingTensors(p.temperature[level.row_index], p.top_k[level.row_index],
                                                p.top_p[level.row_index], p.min_p[level.row_index],
-                                               p.seed[level.row_index], p.offset[level.row_index])
+                                               p.seed[level.row_index], p.offset[level.row_index],
+                                               modes=None if p.modes is None else set(p.modes))  # rows' subset
             self.levels.append(level)
         # The level-d calls feed nodes 1 .. end_d - 1: their masks and positions (depth - 1: the
         # root is the last committed token).

@@ -79,6 +79,63 @@ def test_a_new_argument_tensor_is_caught():
         graph(torch.ones(2))
 
 
+class TwoArgs(Counter):
+    """A graph-safe step of two arguments, the second optional (the verify step's drafts, draft logits)."""
+
+    def __call__(self, x, y=None):
+        self.total += x if y is None else x + y
+        return self.total
+
+
+REBINDS = {
+    # the same tensor object, its storage swapped in place: a replay would read the old address
+    "storage swapped (set_)": lambda x, y: (x.set_(torch.zeros(2)), y),
+    "storage reallocated (resize_ then back)": lambda x, y: (x.resize_(4096).resize_(2), y),
+    "shape changed in place (resize_)": lambda x, y: (x.resize_(1), y),
+    "dtype changed (.data)": lambda x, y: (setattr(x, "data", torch.zeros(2, dtype=torch.float64)) or x, y),
+    "another tensor": lambda x, y: (torch.ones(2), y),
+    "a view at the same address, other shape": lambda x, y: (x[:1], y),
+    "a tensor where None was captured": lambda x, y: (x, torch.ones(2)),
+    "an argument more": lambda x, y: (x, y, torch.ones(2)),
+    "None where a tensor was captured": lambda x, y: (x, None),
+    "an argument fewer": lambda x, y: (x,),
+}
+CAPTURED_Y = ("None where a tensor was captured", "an argument fewer")  # these capture (x, a tensor)
+
+
+@pytest.mark.parametrize("capture", [False, True])
+@pytest.mark.parametrize("change", list(REBINDS))
+def test_a_rebound_argument_is_caught_at_replay(change, capture, request):
+    """The replay check (identity and address of each argument, graphs.StepGraph._again) misses
+    nothing the full comparison by name catches: a swapped storage, a new shape or dtype, another
+    tensor, another argument structure."""
+    if capture:
+        request.getfixturevalue("fake_cuda")
+    obj = TwoArgs()
+    graph = StepGraph(obj, name="verify", capture=capture, warmup=1,
+                      state=lambda: state_tensors({"obj": obj}, PACKAGES))
+    x = torch.ones(2)
+    y = torch.ones(2) if change in CAPTURED_Y else None
+    graph(x, y)
+    graph(x, y)  # captured
+    graph(x, y)  # a replay: the captured objects, unmoved
+    args = REBINDS[change](x, y)
+    with pytest.raises(GraphSafetyError, match="not the captured static tensors"):
+        graph(*args)
+
+
+def test_another_tensor_object_at_the_captured_address_is_accepted():
+    """As before the fast path: what a replay depends on is the address, shape and dtype, so a
+    different tensor object viewing the captured memory the same way is a valid argument."""
+    obj = TwoArgs()
+    graph = make_graph(obj)
+    x = torch.ones(2)
+    graph(x, None)
+    graph(x, None)
+    out = graph(x.view(2), None)  # a new object, same address, shape and dtype
+    assert out is graph.outputs and torch.equal(out, torch.full((2,), 3.0))
+
+
 def test_host_reads_are_caught():
     class Syncs(Counter):
         def __call__(self, x):

@@ -2,7 +2,8 @@
 
 Launches (each boundary a grid-wide dependency):
   0-2. the standardisation statistics of every node's target and draft row: kernels/verify's
-       selection launches (select_stats: a zero fill, the streaming pass, the finish), with
+       selection launches (select_stats: a zero fill, the streaming pass, the finish when some
+       row may use top-k / top-p / min-p: SamplingTensors.modes, known on the host), with
        K = N - 1 and no -1 among the (dummy) drafts, so every position is computed (_node_stats
        below is the only code that knows their interface)
   3.   residual_mass (sampled children only): the residual masses W_k each sibling test needs
@@ -58,7 +59,8 @@ def _node_stats(target, draft, params: SamplingTensors, block_v, num_chunks):
     k = n - 1
     has_draft = draft is not None and k > 0
     dummy_drafts = torch.zeros((batch, max(k, 1)), dtype=torch.int32, device=target.device)  # no -1: every position
-    plan = plan_for(batch, k, vocab, has_draft, target.device, dict(block_v=block_v, num_chunks=num_chunks))
+    plan = plan_for(batch, k, vocab, has_draft, target.device, dict(block_v=block_v, num_chunks=num_chunks),
+                    params.modes, emits=False)  # no finishing launch when no row truncates
     stats, _, _ = select_stats(target, draft if has_draft else target, dummy_drafts, params, plan)
     return stats, plan.npos
 

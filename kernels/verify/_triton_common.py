@@ -161,6 +161,20 @@ def last_program_of(ticket_ptr, count, FENCE: tl.constexpr):
 
 
 @triton.jit
+def last_rows_of(ticket_ptr, live, count, FENCE: tl.constexpr):
+    """last_program_of for the rows of a tile: each live lane takes a ticket at ticket_ptr (a
+    pointer per lane; lanes may share one); True in the lane that takes the count-th."""
+    if FENCE:
+        _fence_gpu()
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr, 1, mask=live, sem="acq_rel", scope="gpu")
+    last = live & (ticket == count - 1)
+    if FENCE:
+        _fence_gpu()
+    return last
+
+
+@triton.jit
 def sampling_modes(t, top_k, top_p, min_p, needed, V: tl.constexpr):
     """(top-k on, top-p on, min-p on) per distribution (any shape): only for needed, sampled
     (T > 0) rows, and top-k only when it removes something (0 < k < V)."""

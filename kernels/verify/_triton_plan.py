@@ -1,10 +1,16 @@
 """Grid and tile sizes of the Triton verify step, as a plain-Python plan: the launcher in
 triton.py sizes every launch from plan_launches(), and verify_plan() reports the same plan
 (launches, passes over the logits, programs per row) for any shape without a GPU.
+
+The plan depends on static shapes and on the sampling modes known on the host
+(SamplingTensors.modes: fixed for a generate() call, so a CUDA graph captured for the call
+stays valid): launches that cannot do work for those modes are left out (kernel_sequence).
 """
 from dataclasses import dataclass
 
 import triton
+
+from ..sampling_params import MODES, TRUNCATIONS
 
 # Candidate region per row and per kind (top set, gathered interval, swept): values beyond it
 # are counted but not kept. 4096: the top set of a top-k <= 256 (~8 k values, room for the
@@ -77,6 +83,11 @@ class LaunchPlan:
     emit_block_v: int
     emit_chunk: int
     emit_chunks: int
+    # from the host-known modes: the finishing launch runs (large vocabularies; some row may use
+    # top-k / top-p / min-p), and the selection launch writes the tokens (every row greedy, and
+    # the caller emits: chain_verify / sample; no emission launch then)
+    finish: bool = True
+    greedy_tokens: bool = False
 
     @property
     def select_grid(self) -> tuple:
@@ -107,10 +118,14 @@ def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, nu
 
 
 def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
-                  block_v: int | None = None, num_chunks: int | None = None, cap: int | None = None) -> LaunchPlan:
+                  modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
+                  num_chunks: int | None = None, cap: int | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
-    when has_draft). block_v / num_chunks / cap override the vocab split and the candidate
-    region (tests force the multi-chunk and candidate paths on small inputs with them)."""
+    when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
+    known on the host), None when unknown (every launch). emits: the caller emits tokens
+    (chain_verify / sample); False for statistics only (tree_verify emits on its own).
+    block_v / num_chunks / cap override the vocab split and the candidate region (tests force
+    the multi-chunk and candidate paths on small inputs with them)."""
     cfg = INTERPRETER if interpreting else dict(large_block_v=LARGE_BLOCK_V, sweep_block=SWEEP_BLOCK,
                                                 small_tile=SMALL_TILE, emit_max_block_v=EMIT_MAX_BLOCK_V,
                                                 emit_tile=EMIT_TILE, programs=None, sample=SAMPLE,
@@ -136,25 +151,46 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     e_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["emit_max_block_v"])
     e_block_r = max(1, min(triton.next_power_of_2(max(batch, 1)), cfg["emit_tile"] // e_block_v))
     e_chunk, e_chunks = _split(vocab, triton.cdiv(max(batch, 1), e_block_r), emit_programs, e_block_v, num_chunks)
+    # Without top-k / top-p / min-p the streaming launch finishes every row (their last programs).
+    finish = large and (modes is None or bool(modes & TRUNCATIONS))
+    # Greedy rows emit their argmax (_triton_greedy.py): the selection launch writes the tokens.
+    greedy_tokens = emits and modes == {"greedy"}
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
-                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks)
+                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens)
 
 
-MODES = ("greedy", "T=1", "top_k", "top_p", "min_p")
+# verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0
+# without top-k / top-p / min-p, the name of earlier reports).
+MODE_ALIASES = {"T=1": "plain"}
+
+
+def host_modes(modes) -> frozenset | None:
+    """modes as plan_launches takes them: None (unknown) or a frozenset of MODES (aliases resolved)."""
+    if modes is None:
+        return None
+    named = frozenset(MODE_ALIASES.get(m, m) for m in ((modes,) if isinstance(modes, str) else modes))
+    unknown = named - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES} (or None: unknown)")
+    return named
 
 
 def kernel_sequence(plan: LaunchPlan) -> list[str]:
     """The graph nodes of one call, in order (what triton._launch launches for this plan)."""
-    select = ["select_stream", "select_finish"] if plan.large_vocab else ["select_small_vocab"]
-    return ["zero fill: counters"] + select + ["emit"]
+    if plan.large_vocab:
+        select = ["select_stream", "select_finish"] if plan.finish else ["select_stream"]
+    else:
+        select = ["select_small_vocab"]
+    return ["zero fill: counters"] + select + ([] if plan.greedy_tokens else ["emit"])
 
 
-def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("T=1",), num_sms: int = 132) -> dict:
+def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("plain",), num_sms: int = 132) -> dict:
     """The GPU plan of chain_verify_triton (k >= 1) or sample_triton (k = 0) for this shape and
-    these sampling modes (a subset of MODES; top_k / top_p / min_p may be combined), from the
-    same code that sizes the grids (plan_launches, kernel_sequence).
+    these sampling modes (the modes some row uses, as SamplingTensors.modes: a subset of
+    sampling_params.MODES; None = unknown, every launch), from the same code that sizes the
+    grids and picks the launches (plan_launches, kernel_sequence).
 
     passes_over_logits counts reads of all the logits (HBM-sized at large batch): the streaming
     pass reads every distribution once; the emission reads the emitted position's target (and
@@ -163,16 +199,17 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
     gathered values per distribution), the K + 1 ratio-test gathers. The exact fallback (one
     program sweeping its row when the sampled bounds miss) is a worst case per missed threshold,
     not counted: 1 + ~log2(values in the interval / CAP) passes over that row."""
-    unknown = set(modes) - set(MODES)
-    if unknown:
-        raise ValueError(f"unknown modes {sorted(unknown)}; choose from {MODES}")
-    plan = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=False)
-    selects = bool({"top_k", "top_p", "min_p"} & set(modes))
-    emitted_rows = 2 if plan.has_draft else 1  # target (and draft) row of the emitted position
+    modes = host_modes(modes)
+    plan = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=False, modes=modes)
+    selects = modes is None or bool(TRUNCATIONS & modes)
+    # target (and draft) row of the emitted position; none when the selection writes the tokens
+    emitted_rows = 0 if plan.greedy_tokens else 2 if plan.has_draft else 1
     kernels = kernel_sequence(plan)
-    programs = {"emit": plan.emit_chunks / plan.emit_block_r}
+    programs = {} if plan.greedy_tokens else {"emit": plan.emit_chunks / plan.emit_block_r}
     if plan.large_vocab:
-        programs.update(select_stream=plan.select_chunks, select_finish=plan.finish_chunks)
+        programs.update(select_stream=plan.select_chunks)
+        if plan.finish:
+            programs.update(select_finish=plan.finish_chunks)
     else:
         programs.update(select_small_vocab=1 / plan.select_block_r)
     sample_reads = 2 * plan.sample * plan.select_chunks / vocab if (selects and plan.large_vocab) else 0.0
@@ -186,8 +223,8 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         "finish_reads_per_row": 3 * plan.cap if (selects and plan.large_vocab) else 0,
         "programs_per_row": programs,
         "max_programs_per_row": max(programs.values()),
-        "grids": {"select": plan.select_grid, "finish": plan.finish_grid if plan.large_vocab else None,
-                  "emit": plan.emit_grid},
+        "grids": {"select": plan.select_grid, "finish": plan.finish_grid if plan.large_vocab and plan.finish else None,
+                  "emit": None if plan.greedy_tokens else plan.emit_grid},
         "large_vocab_path": plan.large_vocab,
         "candidate_cap": plan.cap if plan.large_vocab else None,
         "distributions": plan.rows,

@@ -2,13 +2,16 @@
 top-p / min-p thresholds of BLOCK_R whole rows per program, held in registers (glossary:
 _triton_common.py). One pass over the logits, no candidates, no second launch: a row of at
 most CAP values is its own candidate set, searched like the large-vocab kernel's gathered
-regions (_triton_search.py).
+regions (_triton_search.py). GREEDY_TOKENS (every row greedy, known on the host): each row also
+takes a ticket of its batch row, and the one completing it writes the row's tokens
+(_triton_greedy.py): the verify step is then this launch and the zero fill.
 """
 import triton
 import triton.language as tl
 
-from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, NEG_INF, fixed_mass, fixed_prob, load_x_rows,
-                             num_drafts, order_key, passes_min_p, row_source)
+from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, NEG_INF, fixed_mass, fixed_prob, last_rows_of,
+                             load_x_rows, num_drafts, order_key, passes_min_p, row_source)
+from ._triton_greedy import write_greedy_tokens
 from ._triton_search import largest_key_reaching
 
 
@@ -24,8 +27,10 @@ def select_small_vocab_kernel(
     target_ptr, draft_ptr, tokens_ptr,  # logits [B, K+1, V], [B, K, V] (target again when absent); drafts int [B, K]
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [B]: fp32, int32, fp32, fp32
     m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,  # [R] outputs: fp32 x3, int64, int32
-    R, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+    row_ticket_ptr, out_ptr, num_accepted_ptr,  # GREEDY_TOKENS: int32 [B] tickets (zeroed); int32 [B, K+1], [B]
+    R, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
     V: tl.constexpr, K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_VF: tl.constexpr, BLOCK_K: tl.constexpr,
+    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, FENCE: tl.constexpr,
 ):
     """grid (cdiv(R, BLOCK_R),): rows r = program * BLOCK_R + [0, BLOCK_R) of R = B * NPOS
     distributions, each row whole in a [BLOCK_R, BLOCK_VF >= V] tile."""
@@ -74,3 +79,7 @@ def select_small_vocab_kernel(
     tl.store(s3_ptr + r, s3, mask=live)
     tl.store(tkey_ptr + r, tkey, mask=live)
     tl.store(amax_ptr + r, amax, mask=live)
+    if GREEDY_TOKENS:  # every row greedy: the lane completing a batch row writes its tokens
+        last = last_rows_of(row_ticket_ptr + b, live, NPOS, FENCE)
+        write_greedy_tokens(tokens_ptr, amax_ptr, out_ptr, num_accepted_ptr, b, last, NPOS, sx_b, sx_k, so_b, V, K,
+                            HAS_DRAFT_LOGITS, BLOCK_K, BLOCK_K1)

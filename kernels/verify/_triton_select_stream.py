@@ -11,7 +11,9 @@ grid (R, NCHUNK), R = B * NPOS distributions, one row and one vocab chunk per pr
      small top-k, top-k > CAP / 16) counts the exact count and mass at or above every rung.
 Rows without any of the three (greedy, plain sampling, positions past a row's first -1) are
 then done: their last program (an integer ticket) merges the chunk partials and writes m, s,
-amax. Candidate slots come from one integer atomic per gathered value (their order is scheduling
+amax. GREEDY_TOKENS (every row greedy, known on the host): that program also takes a ticket of
+its batch row, and the one completing the row writes its tokens (_triton_greedy.py): the verify
+step is then this launch and the zero fill. Candidate slots come from one integer atomic per gathered value (their order is scheduling
 order; everything summed over them later is summed in fixed point, so the order never shows).
 Kept lean on purpose: the finishing work, which needs many registers, is its own launch, so
 that this bandwidth-bound pass keeps its occupancy.
@@ -21,6 +23,7 @@ import triton.language as tl
 
 from ._triton_common import (BIG_INDEX, KEY_NEG_INF, NEG_INF, POS_INF, last_program_of, load_x_row,
                              num_drafts_of_row, row_source, sampling_modes)
+from ._triton_greedy import write_greedy_tokens
 from ._triton_sample import sample_rungs
 
 # Candidate regions per row (cand_ptr [R, 3, CAP]) and their fill counters (fill_ptr [R, 2]):
@@ -122,10 +125,12 @@ def select_stream_kernel(
     part_f_ptr, part_i_ptr,  # [R, NCHUNK, 8] chunk partials: fp32 (m, s, mass x6), int32 (argmax, count x6, -)
     cand_ptr, fill_ptr, rungs_ptr,  # fp32 [R, 3, CAP] candidates; int32 [R, 2] fills (zeroed); fp32 [R, 8] rungs
     ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,  # int32 [R] tickets (zeroed); [R] outputs of plain rows
-    NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+    row_ticket_ptr, out_ptr, num_accepted_ptr,  # GREEDY_TOKENS: int32 [B] tickets (zeroed); int32 [B, K+1], [B]
+    NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
+    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr,
 ):
     """grid (R, NCHUNK): see the module docstring."""
     r = tl.program_id(0)
@@ -185,3 +190,12 @@ def select_stream_kernel(
             tl.store(s3_ptr + r, s)
             tl.store(tkey_ptr + r, tl.sum(tl.zeros([1], tl.int64), axis=0) + KEY_NEG_INF)
             tl.store(amax_ptr + r, amax)
+            if GREEDY_TOKENS:  # every row greedy: the row's last distribution writes its tokens
+                rows = tl.zeros([1], tl.int32) + b
+                if K == 0:  # one distribution per row: this program completes it
+                    tl.debug_barrier()  # its amax store, read back by every thread
+                    write_greedy_tokens(tokens_ptr, amax_ptr, out_ptr, num_accepted_ptr, rows, rows >= 0, NPOS, sx_b,
+                                        sx_k, so_b, V, K, HAS_DRAFT_LOGITS, BLOCK_K, BLOCK_K1)
+                elif last_program_of(row_ticket_ptr + b, NPOS, FENCE):
+                    write_greedy_tokens(tokens_ptr, amax_ptr, out_ptr, num_accepted_ptr, rows, rows >= 0, NPOS, sx_b,
+                                        sx_k, so_b, V, K, HAS_DRAFT_LOGITS, BLOCK_K, BLOCK_K1)

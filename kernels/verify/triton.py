@@ -1,7 +1,10 @@
 """Triton backend of chain_verify and sample: fused kernels, no host sync, CUDA-graph safe.
 
-The same launches for every sampling mode (verify_plan() in _triton_plan.py states them for
-any shape without a GPU; R = B x (2K+1) distributions with draft logits, B x (K+1) without):
+The launches (verify_plan() in _triton_plan.py states them for any shape and modes without a
+GPU; R = B x (2K+1) distributions with draft logits, B x (K+1) without); launches that cannot
+do work for the sampling modes known on the host (SamplingTensors.modes) are left out:
+launch 2 when no row uses top-k / top-p / min-p, launch 3 when every row is greedy (launch 1
+then writes the argmax chain's tokens, _triton_greedy.py); unknown modes: all four.
   0. one zero fill: integer tickets and candidate counters.
   1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
      ONE pass over all logits: max / sum-exp / argmax partials per chunk. Rows with top-k,
@@ -26,7 +29,7 @@ min-p lies below the top set. The previous design bisected top-k and top-p with 
 per row tile and up to 64 passes over the vocabulary (5-9 ms at B = 1 on an H100).
 
 Why this shape (H100: 132 SMs, ~3 TB/s HBM, ~2-4 us per kernel node in a graph):
-- B = 1: the 2.3 MB of logits sit in L2 and latency rules: four graph nodes, each row spread
+- B = 1: the 2.3 MB of logits sit in L2 and latency rules: at most four graph nodes, each row spread
   over tens of programs, last-program merges instead of extra launches, and the expensive
   finish (CAP-value searches, ~230 registers) in its own launch so the streaming pass keeps
   its occupancy (80-116 registers);
@@ -35,8 +38,9 @@ Why this shape (H100: 132 SMs, ~3 TB/s HBM, ~2-4 us per kernel node in a graph):
 - determinism: merges read partials in a fixed order; gathered candidates arrive in
   scheduling order, and everything summed over them is summed in fixed point (int64), so any
   order gives the same bits; tickets and slots are integer atomics; no float atomics;
-- graph capture: grids depend on shapes only; no host sync; every value-dependent choice
-  (which rows select, where a threshold lies, the fallback) is made on the device.
+- graph capture: grids depend on shapes and the host-known modes only (both fixed for a
+  generate() call, whose graphs are captured per call); no host sync; every value-dependent
+  choice (which rows select, where a threshold lies, the fallback) is made on the device.
 The exact fallback (an interval holding a threshold with more than CAP values; top-p below
 a top-k of more than CAP / 16) is a few passes over that row by its last program
 (_triton_sweeps.py): slower, rare on random and peaked logits, tested by forcing a tiny CAP.
@@ -79,7 +83,8 @@ def _run(*args):
         return _launch(*args)
 
 
-def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, extra_counters: int = 0):
+def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, extra_counters: int = 0,
+                 greedy_out: tuple | None = None):
     """Launches 0-2 (the zero fill and the selection kernels) for plan = plan_launches(...):
     the standardisation statistics of every distribution. target [B, K+1, V] and draft
     [B, K, V] (the target itself when there are no draft logits) with unit vocab stride,
@@ -88,7 +93,9 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
     [B * NPOS] (the glossary in _triton_common.py; distribution b * NPOS + pos: target position
     pos <= K, draft position pos - K - 1 above), paths int32 [B * NPOS] (how each distribution's
     thresholds were settled) and ``extra`` int32 zeros [extra_counters] from the same fill (the
-    caller's own tickets: one fill launch in all)."""
+    caller's own tickets: one fill launch in all). plan.greedy_tokens (every row greedy): the
+    selection launch also writes the tokens into greedy_out = (tokens int32 [B, K+1],
+    num_accepted int32 [B]) (_triton_greedy.py). The finishing launch runs only when plan.finish."""
     rows, npos, vocab, k = plan.rows, plan.npos, plan.vocab, plan.k
     device = target.device
     strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
@@ -98,50 +105,64 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
     # Integer counters that must start at zero, in one fill: candidate fills [R, 2], streaming and
-    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R], the caller's extra.
+    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R], the caller's extra,
+    # the batch rows' tickets [B] of the greedy tokens.
     selection = 4 * rows if plan.large_vocab else 0
-    counters = torch.zeros(selection + rows + extra_counters, **i32)
+    greedy_rows = plan.batch if plan.greedy_tokens else 0
+    counters = torch.zeros(selection + rows + extra_counters + greedy_rows, **i32)
     paths = counters[selection:selection + rows]
-    extra = counters[selection + rows:]
+    extra = counters[selection + rows:selection + rows + extra_counters]
     m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
     tkey = torch.empty((rows,), dtype=torch.int64, device=device)
     amax = torch.empty((rows,), **i32)
     common = (target, draft, draft_tokens, p.temperature, p.top_k, p.top_p, p.min_p)
     fence = not triton_interpreting()
+    if plan.greedy_tokens:
+        if greedy_out is None:
+            raise ValueError("a plan with greedy_tokens writes the tokens: pass greedy_out=(tokens, num_accepted)")
+        tokens, num_accepted = greedy_out
+        greedy = (counters[selection + rows + extra_counters:], tokens, num_accepted, tokens.stride(0))
+    else:
+        greedy = (paths, paths, paths, 0)  # never read
+    greedy_flags = dict(GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=plan.has_draft,
+                        BLOCK_K1=triton.next_power_of_2(k + 1), FENCE=fence)
     if plan.large_vocab:
         part_f = torch.empty((rows, plan.select_chunks, 8), **f32)
         part_i = torch.empty((rows, plan.select_chunks, 8), **i32)
         candidates = torch.empty((rows, 3, plan.cap), **f32)
         rungs = torch.empty((rows, 8), **f32)
-        minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
         fills, tickets, stream_tickets = counters[:2 * rows], counters[2 * rows:3 * rows], counters[3 * rows:4 * rows]
         select_stream_kernel[plan.select_grid](
-            *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, npos,
-            plan.select_chunks, *strides, *token_strides, V=vocab, K=k, CHUNK=plan.select_chunk,
+            *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, *greedy[:3], npos,
+            plan.select_chunks, *strides, *token_strides, greedy[3], V=vocab, K=k, CHUNK=plan.select_chunk,
             BLOCK_V=plan.select_block_v, BLOCK_K=block_k, BLOCK_C=triton.next_power_of_2(plan.select_chunks),
             CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
-            SAMPLE_SUB=plan.sample_sub, FENCE=fence, num_warps=STREAM_NUM_WARPS,
+            SAMPLE_SUB=plan.sample_sub, **greedy_flags, num_warps=STREAM_NUM_WARPS,
         )
-        select_finish_kernel[plan.finish_grid](
-            *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
-            npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, V=vocab, K=k,
-            CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
-            BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
-            BLOCK_S=plan.sweep_block, FENCE=fence, num_warps=FINISH_NUM_WARPS,
-        )
+        if plan.finish:  # some row may use top-k / top-p / min-p (the others are done already)
+            minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
+            select_finish_kernel[plan.finish_grid](
+                *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
+                npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, V=vocab, K=k,
+                CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+                BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
+                BLOCK_S=plan.sweep_block, FENCE=fence, num_warps=FINISH_NUM_WARPS,
+            )
     else:
         select_small_vocab_kernel[plan.select_grid](
-            *common, m, s2, s3, tkey, amax, rows, npos, *strides, *token_strides,
+            *common, m, s2, s3, tkey, amax, *greedy[:3], rows, npos, *strides, *token_strides, greedy[3],
             V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k,
-            num_warps=SMALL_NUM_WARPS,
+            **greedy_flags, num_warps=SMALL_NUM_WARPS,
         )
     return (m, s2, s3, tkey, amax), paths, extra
 
 
-def plan_for(batch: int, k: int, vocab: int, has_draft: bool, device: torch.device, overrides: dict):
-    """plan_launches for this device (SM count; the interpreter's tiles)."""
+def plan_for(batch: int, k: int, vocab: int, has_draft: bool, device: torch.device, overrides: dict,
+             modes: frozenset | None = None, emits: bool = True):
+    """plan_launches for this device (SM count; the interpreter's tiles) and the modes known on
+    the host (SamplingTensors.modes)."""
     return plan_launches(batch, k, vocab, has_draft, num_sms=_num_sms(device), interpreting=triton_interpreting(),
-                         **overrides)
+                         modes=modes, emits=emits, **overrides)
 
 
 def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, overrides: dict):
@@ -160,7 +181,10 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         draft_tokens = torch.empty((batch, 1), dtype=torch.int32, device=device)
     has_draft = draft is not None and k > 0
     draft = _vocab_contiguous(draft) if has_draft else target
-    plan = plan_for(batch, k, vocab, has_draft, device, overrides)
+    plan = plan_for(batch, k, vocab, has_draft, device, overrides, params.modes)
+    if plan.greedy_tokens:  # every row greedy: the selection launch writes the tokens
+        _, paths, _ = select_stats(target, draft, draft_tokens, params, plan, greedy_out=(tokens, num_accepted))
+        return tokens, num_accepted, paths
     stats, paths, emit_tickets = select_stats(target, draft, draft_tokens, params, plan,
                                               extra_counters=plan.emit_grid[0])  # one ticket per emission row tile
     m, s2, s3, tkey, amax = stats

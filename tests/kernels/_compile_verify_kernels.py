@@ -22,7 +22,7 @@ POINTER_TYPES = {
     "tokens_ptr": "*i64", "amax_ptr": "*i32", "tkey_ptr": "*i64", "top_k_ptr": "*i32", "seed_ptr": "*i64",
     "offset_ptr": "*i64", "positions_ptr": "*i64", "q_idx_ptr": "*i32", "r_idx_ptr": "*i32", "r_any_ptr": "*i32",
     "num_accepted_ptr": "*i32", "out_ptr": "*i32", "part_i_ptr": "*i32", "fill_ptr": "*i32", "ticket_ptr": "*i32",
-    "paths_ptr": "*i32", "rungs_ptr": "*fp32",
+    "paths_ptr": "*i32", "rungs_ptr": "*fp32", "row_ticket_ptr": "*i32",
 }
 
 
@@ -41,39 +41,51 @@ def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool):
-    plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=132, interpreting=False)
+def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, modes):
+    """The kernels the launcher runs for this shape and these host modes (kernel_sequence)."""
+    plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=132, interpreting=False, modes=modes)
     block_k = triton.next_power_of_2(max(k, 1))
+    greedy = dict(GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=plan.has_draft,
+                  BLOCK_K1=triton.next_power_of_2(k + 1), FENCE=True)
     if plan.large_vocab:
         yield select_stream_kernel, plans.STREAM_NUM_WARPS, dict(
             V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
             BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, SAMPLE=plan.sample,
-            SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group, SAMPLE_SUB=plan.sample_sub, FENCE=True)
-        yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
-            V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
-            BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, BLOCK_S=plan.sweep_block, FENCE=True)
+            SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group, SAMPLE_SUB=plan.sample_sub, **greedy)
+        if plan.finish:
+            yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
+                V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+                BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, BLOCK_S=plan.sweep_block,
+                FENCE=True)
     else:
         yield select_small_vocab_kernel, plans.SMALL_NUM_WARPS, dict(
-            V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k)
+            V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k, **greedy)
+    if plan.greedy_tokens:
+        return
     yield emit_kernel, plans.EMIT_NUM_WARPS, dict(
         V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft and k > 0, USE_POSITIONS=k == 0,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True)
 
 
-SHAPES = (  # (logits dtype, B, K, V, draft logits): verify at B = 1 and 64, the draft sampler, a small vocabulary
-    ("*bf16", 1, 4, 128256, True), ("*bf16", 64, 4, 128256, True), ("*fp32", 1, 0, 128256, False),
-    ("*fp16", 8, 3, 1000, False),
+# (logits dtype, B, K, V, draft logits, host modes): verify at B = 1 and 64, the draft sampler, a small
+# vocabulary (modes unknown: every launch); and the greedy variants (the selection writes the tokens).
+SHAPES = (
+    ("*bf16", 1, 4, 128256, True, None), ("*bf16", 64, 4, 128256, True, None), ("*fp32", 1, 0, 128256, False, None),
+    ("*fp16", 8, 3, 1000, False, None),
+    ("*bf16", 1, 4, 128256, True, frozenset({"greedy"})), ("*fp32", 1, 0, 128256, False, frozenset({"greedy"})),
+    ("*fp16", 8, 3, 1000, True, frozenset({"greedy"})),
 )
 
 
 def main() -> int:
-    for logits_type, batch, k, vocab, has_draft in SHAPES:
-        for fn, num_warps, constexprs in jobs(logits_type, batch, k, vocab, has_draft):
+    for logits_type, batch, k, vocab, has_draft, modes in SHAPES:
+        for fn, num_warps, constexprs in jobs(logits_type, batch, k, vocab, has_draft, modes):
             kernel = compile_kernel(fn, logits_type, constexprs, num_warps)
             meta = getattr(kernel, "metadata", None)
             extra = f" shared={getattr(meta, 'shared', '?')}" if meta is not None else ""
-            print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{extra}", flush=True)
+            tag = "" if modes is None else f" modes={'+'.join(sorted(modes))}"
+            print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra}", flush=True)
     return 0
 
 

@@ -11,16 +11,20 @@ from specdec_fast.kernels.verify._triton_plan import verify_plan
 V_LLAMA3 = 128256
 
 
-@pytest.mark.parametrize("modes", [("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("T=1",), ("greedy",)])
+@pytest.mark.parametrize("modes", [("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p"), ("T=1",), ("plain",),
+                                   ("greedy",), None])
 def test_batch_one_spreads_each_row_over_many_programs_in_few_launches(modes):
     """B = 1, V = 128256, K = 4 with draft logits: <= 6 dependent launches in every mode, the
     streaming pass over >= 32 programs per distribution, and one pass over the logits plus the
-    emitted position."""
+    emitted position (greedy: the argmaxes alone decide the tokens, no emission pass)."""
     plan = verify_plan(1, 4, V_LLAMA3, True, modes)
     assert plan["launches"] <= 6
     assert plan["large_vocab_path"] and plan["programs_per_row"]["select_stream"] >= 32
-    assert plan["programs_per_row"]["emit"] >= 32
-    assert plan["passes_over_logits"] == pytest.approx(1 + 2 / 9)
+    if modes == ("greedy",):
+        assert "emit" not in plan["programs_per_row"] and plan["passes_over_logits"] == 1.0
+    else:
+        assert plan["programs_per_row"]["emit"] >= 32
+        assert plan["passes_over_logits"] == pytest.approx(1 + 2 / 9)
 
 
 def test_batch_64_reads_the_logits_once_plus_the_emitted_position():
@@ -39,16 +43,54 @@ def test_draft_sampler_and_small_vocabularies():
     assert sample["launches"] <= 6 and sample["programs_per_row"]["select_stream"] >= 32
     small = verify_plan(8, 4, 1000, True, ("top_k",))
     assert not small["large_vocab_path"] and small["launches"] == 3
+    assert verify_plan(8, 4, 1000, True, ("greedy",))["launches"] == 2
+
+
+# Graph nodes per call by the modes known on the host (SamplingTensors.modes; None: unknown).
+# Verify: B = 1, K = 4 with draft logits; draft sample: K = 0 (the draft step samples K times).
+LAUNCHES = [  # (modes, large-vocab verify, large-vocab draft sample, small-vocab verify)
+    (None, 4, 4, 3),
+    (("greedy",), 2, 2, 2),
+    (("plain",), 3, 3, 3),
+    (("greedy", "plain"), 3, 3, 3),
+    (("top_k",), 4, 4, 3),
+    (("top_p",), 4, 4, 3),
+    (("min_p",), 4, 4, 3),
+    (("greedy", "top_k"), 4, 4, 3),
+    (("plain", "top_k", "top_p", "min_p"), 4, 4, 3),
+]
+
+
+@pytest.mark.parametrize("modes,verify,draft_sample,small", LAUNCHES)
+def test_launches_left_out_for_the_host_modes(modes, verify, draft_sample, small):
+    """The finishing launch only when some row may use top-k / top-p / min-p; no emission launch
+    when every row is greedy (the selection launch writes the argmax chain); unknown modes and
+    mixes with a truncating mode: every launch."""
+    for batch in (1, 64):
+        assert verify_plan(batch, 4, V_LLAMA3, True, modes)["launches"] == verify
+        assert verify_plan(batch, 0, V_LLAMA3, False, modes)["launches"] == draft_sample
+        assert verify_plan(batch, 4, 1000, True, modes)["launches"] == small
+    plan = verify_plan(1, 4, V_LLAMA3, True, modes)
+    assert ("select_finish" in plan["kernels"]) == (plan["grids"]["finish"] is not None)
+    assert ("emit" in plan["kernels"]) == (plan["grids"]["emit"] is not None)
 
 
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="unknown modes"):
         verify_plan(1, 4, 1000, True, ("top_q",))
+    assert verify_plan(1, 4, 1000, True, "T=1") == verify_plan(1, 4, 1000, True, ("plain",))  # the earlier name
 
 
-def test_the_launcher_launches_what_the_plan_says(monkeypatch):
+MODE_PARAMS = {"unknown": dict(top_k=5), "greedy": dict(temperature=0.0), "plain": dict(temperature=0.7),
+               "top_k": dict(top_k=5), "greedy+plain": dict(temperature=torch.tensor([0.0, 1.0]).repeat(33))}
+
+
+@pytest.mark.parametrize("mode", list(MODE_PARAMS))
+def test_the_launcher_launches_what_the_plan_says(mode, monkeypatch):
     """Record the kernels and grids triton._launch launches (without running them) and compare
-    them with plan_launches / kernel_sequence for the same shape."""
+    them with plan_launches / kernel_sequence for the same shape and the params' host modes."""
+    import dataclasses
+
     from specdec_fast.kernels.verify import triton as launcher
 
     launched = []
@@ -62,15 +104,25 @@ def test_the_launcher_launches_what_the_plan_says(monkeypatch):
 
     for name in ("select_stream_kernel", "select_finish_kernel", "select_small_vocab_kernel", "emit_kernel"):
         monkeypatch.setattr(launcher, name, Recorder(name.removesuffix("_kernel")))
-    for batch, k, vocab, has_draft in ((3, 2, 5000, True), (2, 0, 300, False), (65, 1, 48, False)):
+    for batch, k, vocab, has_draft in ((3, 2, 5000, True), (2, 0, 300, False), (65, 1, 48, False), (2, 0, 5000, False)):
         launched.clear()
         target = torch.zeros(batch, k + 1, vocab)
         draft = torch.zeros(batch, k, vocab) if has_draft else None
-        params = make_sampling_tensors(batch, "cpu", top_k=5)
+        kw = {name: v[:batch] if isinstance(v, torch.Tensor) else v for name, v in MODE_PARAMS[mode].items()}
+        params = make_sampling_tensors(batch, "cpu", **kw)
+        if mode == "unknown":
+            params = dataclasses.replace(params, modes=None)
         positions = torch.zeros(batch, dtype=torch.int64) if k == 0 else None
         launcher._launch(target, draft, torch.zeros(batch, k, dtype=torch.int64), params, positions, 0, {})
-        plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=1, interpreting=launcher.triton_interpreting())
+        plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=1, interpreting=launcher.triton_interpreting(),
+                                   modes=params.modes)
         assert [name for name, _ in launched] == plans.kernel_sequence(plan)[1:]
-        assert launched[0][1] == plan.select_grid and launched[-1][1] == plan.emit_grid
-        if plan.large_vocab:
+        assert launched[0][1] == plan.select_grid
+        assert plan.greedy_tokens == (mode == "greedy")
+        if not plan.greedy_tokens:
+            assert launched[-1][1] == plan.emit_grid
+        if plan.large_vocab and plan.finish:
             assert launched[1][1] == plan.finish_grid
+        # the plan verify_plan reports for these modes lists the same kernels
+        named = None if params.modes is None else tuple(params.modes)
+        assert plans.verify_plan(batch, k, vocab, has_draft, named)["kernels"] == plans.kernel_sequence(plan)
