@@ -46,7 +46,17 @@ SPECDEC_INLINE v8f load8(const float* p) {
 
 SPECDEC_INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 
-SPECDEC_INLINE v8f splat8(float s) { return v8f{} + s; }
+// A broadcast (v8f{} + s costs an add before each broadcast; the bits are the same: an
+// accumulator that starts at +0 never becomes -0, so the sign of a zero product cannot show).
+SPECDEC_INLINE v8f splat8(float s) { return v8f{s, s, s, s, s, s, s, s}; }
+
+// Keeps a loaded vector in a register: without it GCC re-reads x and the weights from memory for
+// every product (vmulps with a memory operand: 2 loads per multiply-add, load-bound).
+#if defined(__AVX__)
+#define SPECDEC_IN_REGISTER(v) asm("" : "+x"(v))
+#else
+#define SPECDEC_IN_REGISTER(v) (void)0
+#endif
 
 SPECDEC_INLINE void store4(float* p, v4f v) { std::memcpy(p, &v, sizeof v); }
 
@@ -69,8 +79,10 @@ SPECDEC_INLINE v4f reduce4(v8f a, v8f b, v8f c, v8f d) {
   return __builtin_shufflevector(p, p, 0, 4, 2, 6) + __builtin_shufflevector(p, p, 1, 5, 3, 7);
 }
 
-// Weight rows per "rows" tile for MB rows of x: 2 * MB * NB accumulators + NB weight vectors + x
-// + a product fit the 16 ymm registers, and NB divides the 64-column blocks.
+// Weight rows per "rows" tile for MB rows of x: 2 * MB * NB accumulators (two halves of 16
+// lanes) + NB weight vectors + x + a product fit the 16 ymm registers, and NB divides the
+// 64-column blocks. Tried and not faster (noisy 2-core box, 1 thread): one pass per half of the
+// lanes with twice the weight rows per tile (M = 1: NB = 8, M >= 3: NB = 2): M = 6 1.2x slower.
 constexpr int rows_tile_width(int mb) { return mb == 1 ? 4 : mb <= 3 ? 2 : 1; }
 // 8-column vectors per "cols" tile: MB * NV accumulators + NV weight vectors + a broadcast + a
 // product fit 16 registers (MB = 6: 12 + 2 + 2).
@@ -79,6 +91,21 @@ constexpr int cols_tile_width(int mb) { return mb == 1 ? 8 : mb == 2 ? 4 : 2; }
 // Software prefetch this many weight rows ahead of the tile (one line per row per 16-float k
 // step), as the AVX-512 path's 6 tiles of 4 rows.
 constexpr int kPrefetchRows = 24;
+
+// acc[m][j] += x[m, k:k+8] * w[j, k:k+8] for a tile of MB rows of x and NB weight rows.
+template <int MB, int NB>
+SPECDEC_INLINE void step(v8f (&acc)[MB][NB], const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t k) {
+  v8f wv[NB];
+  for (int j = 0; j < NB; ++j) {
+    wv[j] = load8(w + j * ldw + k);
+    if (MB > 1) SPECDEC_IN_REGISTER(wv[j]);
+  }
+  for (int m = 0; m < MB; ++m) {
+    v8f xv = load8(x + m * ldx + k);
+    if (NB > 1) SPECDEC_IN_REGISTER(xv);
+    for (int j = 0; j < NB; ++j) acc[m][j] += xv * wv[j];
+  }
+}
 
 // "rows" layout, MB rows of x (from m0) times NB weight rows (from n0).
 template <int MB, int NB>
@@ -91,22 +118,8 @@ void tile_rows(const Args& a, int64_t m0, int64_t n0) {
   const int64_t K = a.K, k16 = K - K % 16;
   for (int64_t k = 0; k < k16; k += 16) {
     for (int j = 0; j < NB; ++j) __builtin_prefetch(w + (kPrefetchRows + j) * a.ldw + k);
-    {
-      v8f wv[NB];
-      for (int j = 0; j < NB; ++j) wv[j] = load8(w + j * a.ldw + k);
-      for (int m = 0; m < MB; ++m) {
-        const v8f xv = load8(x + m * a.ldx + k);
-        for (int j = 0; j < NB; ++j) lo[m][j] += xv * wv[j];
-      }
-    }
-    {
-      v8f wv[NB];
-      for (int j = 0; j < NB; ++j) wv[j] = load8(w + j * a.ldw + k + 8);
-      for (int m = 0; m < MB; ++m) {
-        const v8f xv = load8(x + m * a.ldx + k + 8);
-        for (int j = 0; j < NB; ++j) hi[m][j] += xv * wv[j];
-      }
-    }
+    step<MB, NB>(lo, x, a.ldx, w, a.ldw, k);      // lanes 0-7
+    step<MB, NB>(hi, x, a.ldx, w, a.ldw, k + 8);  // lanes 8-15
   }
   // Epilogue: the lane sums four at a time (as the AVX-512 path: one at a time cost as much as
   // the k loop at K = 128), then the K % 16 tail, bias and residual per output.
@@ -139,7 +152,10 @@ void tile_cols(const Args& a, int64_t m0, int64_t n0) {
   for (int64_t k = 0; k < a.K; ++k) {
     const float* wk = a.w + k * a.ldw + n0;
     v8f wv[NV];
-    for (int j = 0; j < NV; ++j) wv[j] = load8(wk + 8 * j);
+    for (int j = 0; j < NV; ++j) {
+      wv[j] = load8(wk + 8 * j);
+      if (MB > 1) SPECDEC_IN_REGISTER(wv[j]);
+    }
     for (int m = 0; m < MB; ++m) {
       const v8f xb = splat8(x[m * a.ldx + k]);
       for (int j = 0; j < NV; ++j) acc[m][j] += xb * wv[j];
