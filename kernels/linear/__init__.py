@@ -23,10 +23,11 @@ MAX_ROWS = 16  # the rows the C++ op is offered for (backend="cpp"); it computes
 #    pair's shapes: M=5 0.55-0.84, M=6 0.64-0.98, M=7 0.88-1.10, M=8 1.25-1.47 (torch's packed
 #    sgemm wins from there). bench/results/linear_cpu.json.
 #  - "avx2": bench/results/linear_cpu_avx2.json (AMD EPYC Zen 4 with AVX-512 hidden by the VM,
-#    1 thread, CPU time), nn.Linear ("rows") weights: target shapes (K 256/688) M=5 0.64-0.89,
-#    M=6 0.77-0.96, M=7 0.71-0.91, M=8 0.95-1.22; the draft's K=128 shapes lose a few us from
-#    M=4 (1.08-1.24x at M=4..6; the draft runs 1-2 rows per step); transposed ("cols") weights
-#    0.53-0.77 at M=2..7, torch's GEMV better at M=1 on the lm_heads (1.05-1.12, see _rows_layout).
+#    1 thread, CPU time), nn.Linear ("rows") weights: target shapes (K 256/688) M=5 0.62-0.89,
+#    M=6 0.78-1.00, M=7 0.71-0.91, M=8 0.94-1.23; the draft's K=128 shapes lose a few us from
+#    M=4 (M=5 1.02-1.11, M=6 1.16-1.24; the draft scores 1-2 rows per step, the target 5);
+#    transposed ("cols") weights 0.51-0.77 at M=2..7, torch's GEMV better at M=1 on the lm_heads
+#    (1.03-1.15, see _rows_layout).
 #  - "generic" (neither): the tiles are not tuned there and nothing was measured: torch.
 AUTO_ROWS_BY_ISA = {"avx512": 6, "avx2": 6, "generic": 0}
 AUTO_ROWS = AUTO_ROWS_BY_ISA[cpu_isa()]
