@@ -44,7 +44,7 @@ import torch
 from specdec_fast.phase_costs import merge_stats  # pooled stats, shared with the demo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_model, versions  # noqa: E402
+from machine import cpu_model, cpu_simd, versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # --cuda-graphs -> [(method-name suffix, generate(cuda_graphs=...))] on CUDA
@@ -292,7 +292,8 @@ def environment(device: torch.device) -> dict:
         dirty = None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     return dict(device=f"{device.type}: {name}", device_name=name, cpu_threads=torch.get_num_threads(),
-                specdec_fast=specdec_fast.__version__, **versions(), uncommitted_changes=dirty)
+                specdec_fast=specdec_fast.__version__, **versions(), uncommitted_changes=dirty,
+                **(cpu_simd() if device.type == "cpu" else {}))
 
 
 def main(argv=None):

@@ -17,6 +17,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_simd() -> dict:
+    """The SIMD instruction sets of this CPU (from /proc/cpuinfo) and the one the C++ ops compile
+    for (-march=native): skinny_linear has tiles per ISA, so CPU results are named by it."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        flags = flags.split(":", 1)[1].split()
+    except (OSError, StopIteration, IndexError):
+        flags = []
+    simd = sorted(f for f in flags if f.startswith(("avx", "fma", "sse", "amx")))
+    isa = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= set(flags) else "generic"
+    return {"cpu_isa": isa, "cpu_simd_flags": simd}
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()

@@ -81,12 +81,26 @@ def compiler() -> str:
 
 
 def _cpu_tag() -> str:
-    """What -march=native depends on: the machine and its CPU flags."""
+    """What -march=native depends on: the machine and its CPU flags (part of the cache key, so a
+    home folder shared by an AVX-512 and an AVX2 machine keeps one library for each)."""
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = ""
     return platform.machine() + flags
+
+
+def cpu_isa() -> str:
+    """The vector instruction set -march=native compiles the C++ ops for on this machine:
+    "avx512" (AVX-512F), "avx2" (AVX2 + FMA) or "generic". The library reports the one it was
+    built for (torch.ops.specdec_fast.skinny_linear_isa()); this is readable without building it,
+    so routing constants (kernels/linear AUTO_ROWS) can be chosen at import time."""
+    flags = set(_cpu_tag().split())
+    if "avx512f" in flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "generic"
 
 
 def build_key() -> str:

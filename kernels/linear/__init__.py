@@ -10,16 +10,27 @@ torch's cuBLAS GEMV/GEMM is the right tool).
 import torch
 
 from .._backend import cpp_op_available
+from .._cpp_build import cpu_isa
 from .reference import skinny_linear_n_reference, skinny_linear_reference
 
 __all__ = ["skinny_linear", "skinny_linear_n", "skinny_linear_reference", "skinny_linear_n_reference", "cpp_applies",
-           "MAX_ROWS", "AUTO_ROWS"]
+           "MAX_ROWS", "AUTO_ROWS", "AUTO_ROWS_BY_ISA"]
 
 MAX_ROWS = 16  # the rows the C++ op is offered for (backend="cpp"); it computes any M correctly
-# backend=None takes the C++ op up to AUTO_ROWS rows: bench/bench_linear.py, 1 thread, Zen 4, CPU
-# time, C++ / F.linear over the demo pair's shapes: M=5 0.55-0.84, M=6 0.64-0.98, M=7 0.88-1.10,
-# M=8 1.25-1.47 (torch's packed sgemm wins from there).
-AUTO_ROWS = 6
+# backend=None takes the C++ op up to AUTO_ROWS rows, measured per ISA the op's tiles are
+# compiled for (-march=native; torch.ops.specdec_fast.skinny_linear_isa() names it):
+#  - "avx512": bench/bench_linear.py, 1 thread, Zen 4, CPU time, C++ / F.linear over the demo
+#    pair's shapes: M=5 0.55-0.84, M=6 0.64-0.98, M=7 0.88-1.10, M=8 1.25-1.47 (torch's packed
+#    sgemm wins from there). bench/results/linear_cpu.json.
+#  - "avx2": bench/results/linear_cpu_avx2.json (AMD EPYC Zen 4 with AVX-512 hidden by the VM,
+#    1 thread, CPU time), nn.Linear ("rows") weights: target shapes (K 256/688) M=5 0.62-0.89,
+#    M=6 0.78-1.00, M=7 0.71-0.91, M=8 0.94-1.23; the draft's K=128 shapes lose a few us from
+#    M=4 (M=5 1.02-1.11, M=6 1.16-1.24; the draft scores 1-2 rows per step, the target 5);
+#    transposed ("cols") weights 0.51-0.77 at M=2..7, torch's GEMV better at M=1 on the lm_heads
+#    (1.03-1.15, see _rows_layout).
+#  - "generic" (neither): the tiles are not tuned there and nothing was measured: torch.
+AUTO_ROWS_BY_ISA = {"avx512": 6, "avx2": 6, "generic": 0}
+AUTO_ROWS = AUTO_ROWS_BY_ISA[cpu_isa()]
 
 
 def _tensor(name, t, ndim):

@@ -11,8 +11,9 @@ other dtypes, more rows, autograd) torch's F.linear.
 import torch
 import torch.nn.functional as F
 
-# Rows of x up to which the C++ op beats F.linear on the demo pair's shapes (bench/bench_linear.py,
-# 1 thread, AMD EPYC Zen 4, CPU-time medians, load ~2-3 on the shared 2-core box): lm_head
+# Rows of x up to which the C++ op beats F.linear on the demo pair's shapes, chosen per ISA of its
+# tiles (kernels/linear AUTO_ROWS_BY_ISA: the AVX2 measurements are there). AVX-512
+# (bench/bench_linear.py, 1 thread, AMD EPYC Zen 4, CPU-time medians, load ~2-3 on the shared 2-core box): lm_head
 # 256 -> 4096 M=1 62 vs 112 us, M=5 162 vs 296 us, M=6 189 vs 294 us; every shape: M=6
 # 0.64-0.98x, M=7 0.88-1.10x, M=8 1.25-1.47x of F.linear's time.
 # A transposed ("cols", GPT-2 Conv1D) weight goes to C++ from 2 rows on: one row took 0.9-1.9x
