@@ -19,6 +19,15 @@ Shapes:
         them best first is optimal (the argument of Sequoia / EAGLE-2's expansion).
     TokenTree.default(n, greedy=...)       best_first (depth <= 8) with the rank acceptance
         measured on the demo pair (bench/bench_tree.py, bench/results/tree_cpu.json)
+    TokenTree.dynamic_tree(n, greedy=...)  the same nodes per depth, but each row picks at run
+        time which node of depth d - 1 each depth-d node hangs on, and its rank (EAGLE-2 style,
+        static shapes: tree_dynamic.py)
+
+dynamic=True: ``parents`` then fixes only the number of nodes at each depth (n_d, hence N, the
+depths and every call shape); the drafter chooses per row, level by level on the device, the
+n_d best (parent, rank) pairs of depth d - 1's nodes (tree_dynamic.py says how they are scored).
+``acceptance`` (per depth rows of P(the accepted child has rank r), as in best_first) scores the
+ranks of sampled children there; None = the demo pair's sampling profile.
 """
 import heapq
 from dataclasses import dataclass
@@ -49,10 +58,14 @@ DEFAULT_MAX_DEPTH = 8
 class TokenTree:
     parents: tuple
     children: str = "sample"
+    dynamic: bool = False
+    acceptance: tuple | None = None
 
     def __post_init__(self):
         parents = tuple(int(p) for p in self.parents)
         object.__setattr__(self, "parents", parents)
+        if self.acceptance is not None:
+            object.__setattr__(self, "acceptance", tuple(tuple(row) for row in _acceptance_rows(self.acceptance)))
         n = len(parents)
         if not 2 <= n <= MAX_NODES:
             raise ValueError(f"a token tree has 2 to {MAX_NODES} nodes (root included), got {n}")
@@ -67,6 +80,8 @@ class TokenTree:
                 raise ValueError(f"parents: node {i} (depth {depths[i]}) comes after a deeper node: not BFS order")
         if self.children not in CHILDREN:
             raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
+        if not isinstance(self.dynamic, bool):
+            raise ValueError(f"dynamic must be a bool, got {self.dynamic!r}")
 
     # -- shapes -----------------------------------------------------------------------------
     @classmethod
@@ -127,6 +142,17 @@ class TokenTree:
         about what 9 do, the fair chain is K = 8: tree 5.84 vs chain 4.51 tokens per step, greedy)."""
         profile = DEMO_RANK_ACCEPTANCE["greedy" if greedy else "sampling"]
         return cls.best_first(n, profile, children, max_depth=max_depth if max_depth is not None and n > max_depth + 1 else None)
+
+    @classmethod
+    def dynamic_tree(cls, n: int = DEFAULT_NODES, *, greedy: bool = False, max_depth: int | None = DEFAULT_MAX_DEPTH,
+                     children: str = "sample", acceptance=None) -> "TokenTree":
+        """A dynamic tree (tree_dynamic.py) with the nodes per depth of TokenTree.default(n, ...)."""
+        static = cls.default(n, greedy=greedy, max_depth=max_depth, children=children)
+        return cls(static.parents, children, dynamic=True, acceptance=acceptance)
+
+    def as_dynamic(self, acceptance=None) -> "TokenTree":
+        """This tree's nodes per depth, chosen per row at run time."""
+        return TokenTree(self.parents, self.children, dynamic=True, acceptance=acceptance)
 
     # -- derived structure (host) -------------------------------------------------------------
     @property
@@ -190,7 +216,8 @@ class TokenTree:
 
     def describe(self) -> str:
         widths = [len(self.level(d)) for d in range(self.depth + 1)]
-        return f"{self.size} nodes, depth {self.depth}, nodes per depth {widths[1:]}, children {self.children}"
+        kind = "dynamic, " if self.dynamic else ""
+        return f"{self.size} nodes, {kind}depth {self.depth}, nodes per depth {widths[1:]}, children {self.children}"
 
     # -- device tensors -----------------------------------------------------------------------
     def tensors(self, device) -> dict:
