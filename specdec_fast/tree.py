@@ -51,6 +51,7 @@ DEMO_RANK_ACCEPTANCE = {
     "sampling": (_ratios((258, 22, 7, 4, 4, 2, 2, 2), 315), _ratios((477, 40, 14, 9, 7, 7, 0, 0), 602)),
 }
 DEFAULT_NODES = 32  # see default()
+DYNAMIC_BY_DEFAULT = {"greedy": True, "sampling": False}  # see recommended() (provisional: bench pending)
 DEFAULT_MAX_DEPTH = 8
 
 
@@ -60,6 +61,7 @@ class TokenTree:
     children: str = "sample"
     dynamic: bool = False
     acceptance: tuple | None = None
+    score_temperature: float = 1.0
 
     def __post_init__(self):
         parents = tuple(int(p) for p in self.parents)
@@ -82,6 +84,8 @@ class TokenTree:
             raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
         if not isinstance(self.dynamic, bool):
             raise ValueError(f"dynamic must be a bool, got {self.dynamic!r}")
+        if not (isinstance(self.score_temperature, (int, float)) and 0 < self.score_temperature < float("inf")):
+            raise ValueError(f"score_temperature must be a positive float, got {self.score_temperature!r}")
 
     # -- shapes -----------------------------------------------------------------------------
     @classmethod
@@ -150,9 +154,18 @@ class TokenTree:
         static = cls.default(n, greedy=greedy, max_depth=max_depth, children=children)
         return cls(static.parents, children, dynamic=True, acceptance=acceptance)
 
-    def as_dynamic(self, acceptance=None) -> "TokenTree":
+    @classmethod
+    def recommended(cls, n: int = DEFAULT_NODES, *, greedy: bool = False) -> "TokenTree":
+        """generate(tree=True / N): the better of default() and dynamic_tree() as measured on the
+        demo pair (bench/bench_tree.py): DYNAMIC_BY_DEFAULT per mode."""
+        if DYNAMIC_BY_DEFAULT["greedy" if greedy else "sampling"]:
+            return cls.dynamic_tree(n, greedy=greedy)
+        return cls.default(n, greedy=greedy)
+
+    def as_dynamic(self, acceptance=None, score_temperature: float = 1.0) -> "TokenTree":
         """This tree's nodes per depth, chosen per row at run time."""
-        return TokenTree(self.parents, self.children, dynamic=True, acceptance=acceptance)
+        return TokenTree(self.parents, self.children, dynamic=True, acceptance=acceptance,
+                         score_temperature=score_temperature)
 
     # -- derived structure (host) -------------------------------------------------------------
     @property
@@ -242,14 +255,20 @@ def _acceptance_rows(acceptance) -> list:
 
 
 def as_token_tree(tree, greedy: bool = False) -> TokenTree:
-    """generate(tree=...): a TokenTree, True (the default tree), or an int N (the default N-node
-    tree); the defaults for a greedy or a sampling request."""
+    """generate(tree=...): a TokenTree, True (the default tree), an int N (the default N-node
+    tree), "static" or "dynamic" (the default static / dynamic tree); the defaults for a greedy or
+    a sampling request (TokenTree.recommended)."""
     if isinstance(tree, TokenTree):
         return tree
     if tree is True:
+        return TokenTree.recommended(greedy=greedy)
+    if tree == "static":
         return TokenTree.default(greedy=greedy)
+    if tree == "dynamic":
+        return TokenTree.dynamic_tree(greedy=greedy)
     if isinstance(tree, int) and not isinstance(tree, bool):
         if not 2 <= tree <= MAX_NODES:
             raise ValueError(f"a token tree has 2 to {MAX_NODES} nodes (root included), got {tree}")
-        return TokenTree.default(tree, greedy=greedy)
-    raise ValueError(f"tree must be a TokenTree, True or an int number of nodes in [2, {MAX_NODES}], got {tree!r}")
+        return TokenTree.recommended(tree, greedy=greedy)
+    raise ValueError(f"tree must be a TokenTree, True, 'static', 'dynamic' or an int number of nodes in [2, {MAX_NODES}], "
+                     f"got {tree!r}")

@@ -107,8 +107,8 @@ class DynamicExpansion:
         # Rows whose children are the top-b: greedy rows always; every row with children "top".
         greedy = state.params.temperature == 0
         self.top_rows = greedy if self.sampled else torch.ones_like(greedy)
-        self.inv_temperature = torch.where(greedy, torch.ones_like(state.params.temperature),
-                                           state.params.temperature).reciprocal()[:, None, None]
+        self.inv_temperature = (torch.where(greedy, torch.ones_like(state.params.temperature),
+                                            state.params.temperature) * tree.score_temperature).reciprocal()[:, None, None]
         self.levels = []
         for d, width in enumerate(rank_widths(tree), 1):
             nodes, above = tree.level(d), tree.level(d - 1)
@@ -154,6 +154,14 @@ class DynamicExpansion:
             child_params = dataclasses.replace(level.params, offset=params.offset[level.row_index])
             sampled = self.sample(rows, child_params, level.positions, STREAM_DRAFT).long().view(batch, n_d)
             sampled_score = parent_score.gather(1, slot) + logp.reshape(batch, -1).gather(1, slot * vocab + sampled)
+            import os
+            if os.environ.get("DYN_RANKSCORE"):
+                beta = float(os.environ["DYN_RANKSCORE"])
+                sampled_score = parent_score.gather(1, slot) + level.log_acceptance[rank] + beta * logp.reshape(batch, -1).gather(1, slot * vocab + sampled)
+            if os.environ.get("DYN_CONF"):
+                beta = float(os.environ["DYN_CONF"])
+                conf = logp.max(-1).values  # [B, E]
+                sampled_score = parent_score.gather(1, slot) + level.log_acceptance[rank] + beta * conf.gather(1, slot)
             top = self.top_rows[:, None]
             tokens = torch.where(top, tokens, sampled)
             score = torch.where(top, score, sampled_score)

@@ -173,14 +173,14 @@ class PagedRunnerBase:
         a token tree in one pass: token i sits at position length + depths[i] and sees the context
         and the call's tokens whose bit is set in mask[i] (its ancestors and itself; N <= 64, no
         num_valid)."""
-        self._tentative += tokens.shape[1]
-        if self._tentative > self.max_tentative:
-            raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
-                               f"K + 1 = {self.max_tentative} (num_draft_tokens given to {type(self).__name__})")
         if tree is not None and (num_valid is not None or tokens.shape[1] > 64):
             raise ValueError("tree scoring takes at most 64 tokens per row and no num_valid")
         if tree is not None and tuple(tree[0].shape) not in ((tokens.shape[1],), tuple(tokens.shape)):
             raise ValueError(f"tree: the mask must have shape [N] or [B, N] = {list(tokens.shape)}, got {list(tree[0].shape)}")
+        self._tentative += tokens.shape[1]
+        if self._tentative > self.max_tentative:
+            raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
+                               f"K + 1 = {self.max_tentative} (num_draft_tokens given to {type(self).__name__})")
         return linear(self._forward(tokens, num_valid, tree), self.lm_head)
 
     def commit(self, keep: torch.Tensor) -> None:
