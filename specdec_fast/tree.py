@@ -50,6 +50,10 @@ DEMO_RANK_ACCEPTANCE = {
     "greedy": (_ratios((116, 19, 9, 2, 0, 2, 0, 0), 149), _ratios((115, 15, 10, 4, 0, 2, 0, 0), 148)),
     "sampling": (_ratios((258, 22, 7, 4, 4, 2, 2, 2), 315), _ratios((477, 40, 14, 9, 7, 7, 0, 0), 602)),
 }
+# Dynamic trees: the draft's probabilities are divided by this temperature before they score a
+# node (tree_dynamic.py: fitted on the demo pair's calibration prompts for greedy rows; sampling
+# rows score ranks, and the draft's confidence as it is).
+DEMO_SCORE_TEMPERATURE = {"greedy": 0.3, "sampling": 1.0}
 DEFAULT_NODES = 32  # see default()
 DYNAMIC_BY_DEFAULT = {"greedy": True, "sampling": False}  # see recommended() (provisional: bench pending)
 DEFAULT_MAX_DEPTH = 8
@@ -148,11 +152,15 @@ class TokenTree:
         return cls.best_first(n, profile, children, max_depth=max_depth if max_depth is not None and n > max_depth + 1 else None)
 
     @classmethod
-    def dynamic_tree(cls, n: int = DEFAULT_NODES, *, greedy: bool = False, max_depth: int | None = DEFAULT_MAX_DEPTH,
-                     children: str = "sample", acceptance=None) -> "TokenTree":
-        """A dynamic tree (tree_dynamic.py) with the nodes per depth of TokenTree.default(n, ...)."""
+    def dynamic_tree(cls, n: int = DEFAULT_NODES, *, greedy: bool = False, max_depth: int | None = None,
+                     children: str = "sample", acceptance=None, score_temperature: float | None = None) -> "TokenTree":
+        """A dynamic tree (tree_dynamic.py) with the nodes per depth of TokenTree.default(n, ...)
+        (no depth cap by default: capping the demo pair's dynamic trees at depth 8 cost 2-12% of
+        the tokens per step at 16-64 nodes, greedy) and the demo pair's score temperature."""
         static = cls.default(n, greedy=greedy, max_depth=max_depth, children=children)
-        return cls(static.parents, children, dynamic=True, acceptance=acceptance)
+        if score_temperature is None:
+            score_temperature = DEMO_SCORE_TEMPERATURE["greedy" if greedy else "sampling"]
+        return cls(static.parents, children, dynamic=True, acceptance=acceptance, score_temperature=score_temperature)
 
     @classmethod
     def recommended(cls, n: int = DEFAULT_NODES, *, greedy: bool = False) -> "TokenTree":

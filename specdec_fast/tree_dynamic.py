@@ -8,18 +8,21 @@ call shape are static: CUDA-graph safe). Which node of depth d - 1 each depth-d 
                 (R_1 = n_1: the root alone; deeper R_d = min(n_d, RANK_CAP))
     score       log path score of e + log of the child's estimated acceptance:
                   top-b children (greedy rows; children "top"): the draft's log-probability of
-                    its r-th most probable token (EAGLE-2: path probability x draft probability);
+                    its r-th most probable token (EAGLE-2: path probability x draft probability)
+                    under softmax(logits / (T * score_temperature)): the demo draft is flat and
+                    under-confident (mean top-1 probability 0.29, accepted 0.76 of the time); the
+                    greedy target token's NLL under it is lowest at score_temperature 0.3 (0.4
+                    for the noisier draft), calibration prompts of bench/bench_tree.py;
                   sampled children (children "sample", sampling rows): log acceptance[d][r], the
-                    measured P(the accepted child has rank r) (non-increasing: a running minimum).
+                    measured P(the accepted child has rank r) (non-increasing: a running minimum),
+                    + SAMPLED_CONFIDENCE_WEIGHT x log max p at e (the draft's confidence there).
                     The number of children of a parent is fixed from the parents' scores before
                     any child is sampled and never depends on the children's values, so the
                     children stay i.i.d. samples from p (Chen et al. Alg. 2 / SpecInfer need it).
     keep        the n_d best candidates per row (a stable sort: ties go to the lower (e, r), so a
                 parent's kept ranks are 0..k-1), in (e, r) order: BFS order, siblings by rank.
-    path score  a node's log path score = its parent's + the draft's log-probability of its token
-                under softmax(logits / T) (T = 1 on greedy rows; top-k / top-p are not applied:
-                a sort over V per node per level for an estimate). For sampled children that is
-                the product of the draft's probabilities of the sampled tokens along the path.
+    path score  a node's log path score = its candidate score (T = 1 on greedy rows; top-k / top-p
+                are not applied: a sort over V per node per level for an estimate).
 
 Outputs, updated in place each step (the verify and the stats read them; graph safe):
     parents [B, N] int64, ranks [B, N] int64, mask [B, N] int64 (bit j of mask[b, i]: node j is
@@ -37,6 +40,13 @@ from .kernels.sampling_params import SamplingTensors
 from .tree import DEMO_RANK_ACCEPTANCE, TokenTree, _acceptance_rows
 
 RANK_CAP = 8  # ranks tried per parent below depth 1 (the measured acceptance profiles hold 8 ranks)
+# Sampled children: a node's score adds log acceptance[d][rank] + this x log max_v p(v) at its
+# parent (the draft's confidence there). Demo pair, sampling T 0.8 / top-p 0.95, 6 prompts x 2
+# seeds, 32 / 64 nodes, tokens per step (static tree 5.28 / 6.06): weight 0.5: 5.48 / 6.33;
+# 1.0: 5.17 / 5.98; 0 reproduces the static best-first tree. Scoring by the sampled token's own
+# probability (EAGLE-2's path probability) instead: 3.84 / 3.79 (the demo draft is flat: its
+# top-1 probability averages 0.29 where the target accepts it 0.76 of the time).
+SAMPLED_CONFIDENCE_WEIGHT = 0.5
 LOW_63_BITS = (1 << 63) - 1
 
 
@@ -153,15 +163,8 @@ class DynamicExpansion:
             rows = parent_logits.gather(1, slot[:, :, None].expand(-1, -1, vocab)).reshape(-1, vocab)  # [B * n_d, V]
             child_params = dataclasses.replace(level.params, offset=params.offset[level.row_index])
             sampled = self.sample(rows, child_params, level.positions, STREAM_DRAFT).long().view(batch, n_d)
-            sampled_score = parent_score.gather(1, slot) + logp.reshape(batch, -1).gather(1, slot * vocab + sampled)
-            import os
-            if os.environ.get("DYN_RANKSCORE"):
-                beta = float(os.environ["DYN_RANKSCORE"])
-                sampled_score = parent_score.gather(1, slot) + level.log_acceptance[rank] + beta * logp.reshape(batch, -1).gather(1, slot * vocab + sampled)
-            if os.environ.get("DYN_CONF"):
-                beta = float(os.environ["DYN_CONF"])
-                conf = logp.max(-1).values  # [B, E]
-                sampled_score = parent_score.gather(1, slot) + level.log_acceptance[rank] + beta * conf.gather(1, slot)
+            confidence = logp.max(dim=-1).values.gather(1, slot)  # log max_v p(v) at each child's parent
+            sampled_score = parent_score.gather(1, slot) + level.log_acceptance[rank] + SAMPLED_CONFIDENCE_WEIGHT * confidence
             top = self.top_rows[:, None]
             tokens = torch.where(top, tokens, sampled)
             score = torch.where(top, score, sampled_score)
