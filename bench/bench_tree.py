@@ -20,7 +20,7 @@ GPU (--gpu; for the next GPU session, bench/run_gpu.sh): the scale benchmark's p
   --agreements (0.6 and 0.8; the scale is found by bisection on teacher-forced prompts). Batch 1,
   prompt 128 random tokens, 128 new, CUDA graphs: plain decoding, chains K = 1..8, trees of 8 to
   64 nodes with depth <= 4 / 8 / any (best-first from the rank acceptance measured on that
-  pair): the best tree's tokens/s against the best chain's, plus tree_verify vs chain_verify
+  pair), each static and dynamic (-dyn): the best tree's tokens/s against the best chain's, plus tree_verify vs chain_verify
   kernel times (do_bench).
   Writes bench/results/tree_<device>.json.
 
@@ -344,7 +344,7 @@ def kernel_times(device, vocab: int) -> list:
 
 
 def run_gpu(args) -> dict:
-    from specdec_fast.tree import TokenTree
+    from specdec_fast.tree import DEMO_SCORE_TEMPERATURE, TokenTree
 
     device = torch.device(args.device or "cuda")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -379,6 +379,10 @@ def run_gpu(args) -> dict:
                     name = f"tree{n}-d{depth or 'any'}"
                     trees[name] = TokenTree.best_first(n, acc, "sample", max_depth=depth)
                     configs[name] = dict(tree=trees[name], **graphs, **backend)
+                    # the dynamic tree with these nodes per depth (score temperature: the demo pair's, untuned here)
+                    trees[name + "-dyn"] = TokenTree(trees[name].parents, "sample", dynamic=True, acceptance=acc,
+                                                     score_temperature=DEMO_SCORE_TEMPERATURE[mode])
+                    configs[name + "-dyn"] = dict(tree=trees[name + "-dyn"], **graphs, **backend)
             for name, (seconds, st, all_seconds) in best_of(runner, configs, args.repeats).items():
                 kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
                 budget = 1 if kind == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
