@@ -3,8 +3,10 @@
 One iteration, no host sync:
     drafter.propose()            -> tokens [B, N] (node 0 = the last emitted token), draft logits or None
     target.score(N, tree mask)   -> target logits [B, N, V] in one pass (node i at position
-                                    context + depth(i), seeing its ancestors and itself)
-    tree_verify                  -> emitted tokens [B, N], path [B, N], num_accepted [B]
+                                    context + depth(i), seeing its ancestors and itself; the
+                                    drafter's node_mask: [N], or [B, N] for a dynamic tree)
+    tree_verify                  -> emitted tokens [B, N], path [B, N], num_accepted [B] (parents:
+                                    the drafter's node_parents [B, N], per row when dynamic)
     target.commit_path(path, j + 1)   the root and the accepted nodes move into place (compact_kv)
     append, drafter.commit(path, j)   the draft cache likewise (TreeDrafter.commit)
 Everything else (the loop, polling, EOS, CUDA graphs / the "static" twin, stats) is
