@@ -55,7 +55,7 @@ DEMO_RANK_ACCEPTANCE = {
 # rows score ranks, and the draft's confidence as it is).
 DEMO_SCORE_TEMPERATURE = {"greedy": 0.3, "sampling": 1.0}
 DEFAULT_NODES = 32  # see default()
-DYNAMIC_BY_DEFAULT = {"greedy": True, "sampling": False}  # see recommended() (provisional: bench pending)
+DYNAMIC_BY_DEFAULT = {"greedy": True, "sampling": False}  # see recommended()
 DEFAULT_MAX_DEPTH = 8
 
 
@@ -152,11 +152,12 @@ class TokenTree:
         return cls.best_first(n, profile, children, max_depth=max_depth if max_depth is not None and n > max_depth + 1 else None)
 
     @classmethod
-    def dynamic_tree(cls, n: int = DEFAULT_NODES, *, greedy: bool = False, max_depth: int | None = None,
+    def dynamic_tree(cls, n: int = DEFAULT_NODES, *, greedy: bool = False, max_depth: int | None = DEFAULT_MAX_DEPTH,
                      children: str = "sample", acceptance=None, score_temperature: float | None = None) -> "TokenTree":
         """A dynamic tree (tree_dynamic.py) with the nodes per depth of TokenTree.default(n, ...)
-        (no depth cap by default: capping the demo pair's dynamic trees at depth 8 cost 2-12% of
-        the tokens per step at 16-64 nodes, greedy) and the demo pair's score temperature."""
+        and the demo pair's score temperature. Depth <= 8 as default(): uncapped, the greedy demo
+        pair's 32-node dynamic tree gives 6.87 tokens per step against 6.21, but its draft runs 13
+        levels: 151 against 202 tokens/s on CPU (bench/results/tree_defaults_cpu.json)."""
         static = cls.default(n, greedy=greedy, max_depth=max_depth, children=children)
         if score_temperature is None:
             score_temperature = DEMO_SCORE_TEMPERATURE["greedy" if greedy else "sampling"]
@@ -165,7 +166,12 @@ class TokenTree:
     @classmethod
     def recommended(cls, n: int = DEFAULT_NODES, *, greedy: bool = False) -> "TokenTree":
         """generate(tree=True / N): the better of default() and dynamic_tree() as measured on the
-        demo pair (bench/bench_tree.py): DYNAMIC_BY_DEFAULT per mode."""
+        demo pair: DYNAMIC_BY_DEFAULT per mode. Greedy (bench/bench_tree_defaults.py, CPU, 32
+        nodes, depth <= 8): dynamic 6.21 / static 5.84 tokens per step, 202 / 202 tokens/s
+        (draft + 0.3 noise: 3.73 / 3.39, 130 / 135 tokens/s; 16 nodes: 5.31 / 5.26, 228 / 239 and
+        3.10 / 3.07, 141 / 129). Sampling (bench/bench_tree.py, shipped / noisy draft, 32 nodes):
+        dynamic 5.54 / 3.69 against static 5.50 / 3.78 tokens per step, at a dearer draft step:
+        static stays."""
         if DYNAMIC_BY_DEFAULT["greedy" if greedy else "sampling"]:
             return cls.dynamic_tree(n, greedy=greedy)
         return cls.default(n, greedy=greedy)

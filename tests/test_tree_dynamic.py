@@ -109,7 +109,7 @@ def test_rank_acceptance_is_made_non_increasing():
 
 def test_dynamic_tree_arguments():
     tree = TokenTree.dynamic_tree(16, greedy=True)
-    assert tree.dynamic and tree.parents == TokenTree.default(16, greedy=True, max_depth=None).parents
+    assert tree.dynamic and tree.parents == TokenTree.default(16, greedy=True).parents
     assert tree.score_temperature == 0.3 and TokenTree.dynamic_tree(16).score_temperature == 1.0
     assert "dynamic" in tree.describe()
     assert as_token_tree("dynamic", greedy=True) == TokenTree.dynamic_tree(greedy=True)
