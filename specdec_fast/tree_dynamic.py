@@ -113,7 +113,10 @@ class DynamicExpansion:
         self.mask = static["mask"].repeat(batch, 1)
         self.log_score = torch.zeros(batch, n, dtype=torch.float32, device=dev)
         self.bits = node_bits(n, dev)
-        self.sampled = tree.children == "sample"
+        # Sampled children where some row may sample (params.modes, known on the host): an all-greedy
+        # batch takes the top-b on every row and skips the sampler.
+        modes = state.params.modes
+        self.sampled = tree.children == "sample" and (modes is None or set(modes) != {"greedy"})
         # Rows whose children are the top-b: greedy rows always; every row with children "top".
         greedy = state.params.temperature == 0
         self.top_rows = greedy if self.sampled else torch.ones_like(greedy)
