@@ -7,7 +7,8 @@ CPU (default; the demo pair, specdec_fast.pair.demo_pair(), batch 1, held-out pr
   2. for each budget N (target tokens per step): the chain with K = N - 1 (the chain engine)
      against the best-first N-node tree built from the measured rank acceptance (TokenTree.
      best_first; depth 1's and depth 2's rows, deeper depths as depth 2), with top-b and with
-     sampled children: mean accepted length (tokens per
+     sampled children, and the dynamic tree with its nodes per depth (tree_dynamic.py: the
+     shape chosen per row; the same rank acceptance allocates sampled children): mean accepted length (tokens per
      row-iteration), tokens/s (best of --repeats, configurations round robin), the phase times
      and the draft rows fed per step; plain decoding beside them. Sampling runs each prompt with
      --seeds seeds. Both for the shipped draft and for a lower-agreement one (--draft-noises).
@@ -19,7 +20,7 @@ GPU (--gpu; for the next GPU session, bench/run_gpu.sh): the scale benchmark's p
   --agreements (0.6 and 0.8; the scale is found by bisection on teacher-forced prompts). Batch 1,
   prompt 128 random tokens, 128 new, CUDA graphs: plain decoding, chains K = 1..8, trees of 8 to
   64 nodes with depth <= 4 / 8 / any (best-first from the rank acceptance measured on that
-  pair): the best tree's tokens/s against the best chain's, plus tree_verify vs chain_verify
+  pair), each static and dynamic (-dyn): the best tree's tokens/s against the best chain's, plus tree_verify vs chain_verify
   kernel times (do_bench).
   Writes bench/results/tree_<device>.json.
 
@@ -134,7 +135,7 @@ def run_cpu(args) -> dict:
     """Per draft (the shipped one; --draft-noises: copies with relative Gaussian weight noise, a
     lower-agreement pair) and mode: rank acceptance on the calibration prompts, then chains vs
     best-first trees built from it on the evaluation prompts (disjoint held-out prompts)."""
-    from specdec_fast.tree import TokenTree
+    from specdec_fast.tree import DEMO_SCORE_TEMPERATURE, TokenTree
 
     sys.path.insert(0, str(ROOT))
     from tests.engine.models import make_draft
@@ -173,12 +174,18 @@ def run_cpu(args) -> dict:
                         name = f"tree{n}-{children}{suffix}"
                         trees[name] = TokenTree.best_first(n, rows, children, max_depth=depth)
                         configs[name] = dict(tree=trees[name])
+                    # Dynamic (tree_dynamic.py): the uncapped tree's nodes per depth, chosen per row.
+                    name = f"tree{n}-{children}-dyn"
+                    trees[name] = TokenTree(trees[f"tree{n}-{children}"].parents, children, dynamic=True, acceptance=rows,
+                                            score_temperature=DEMO_SCORE_TEMPERATURE[mode])
+                    configs[name] = dict(tree=trees[name])
             for name, (seconds, stats, all_seconds) in best_of(runner, configs, args.repeats).items():
                 kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
                 budget = 1 if name == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
                 row = row_of(name, kind, budget, mode, seconds, stats, all_seconds, trees.get(name))
                 row.update(draft_noise=noise, alpha=stats.alpha if kind == "chain" else None,
-                           max_depth=MAX_DEPTH if name.endswith(f"-d{MAX_DEPTH}") else None)
+                           max_depth=MAX_DEPTH if name.endswith(f"-d{MAX_DEPTH}") else None,
+                           dynamic=name.endswith("-dyn"))
                 results.append(row)
                 print(f"noise {noise} {mode:8s} {name:14s} accepted {row['mean_accepted_length']:.3f} tokens/s "
                       f"{row['tokens_per_s']:.1f} draft {row['draft_ms_per_step']:.2f} ms target "
@@ -198,6 +205,7 @@ def compare(results, noises) -> list:
                 if r["kind"] == "tree" and r["budget"] in chains:
                     c = chains[r["budget"]]
                     out.append(dict(draft_noise=noise, mode=mode, budget=r["budget"], tree=r["name"], children=r["children"],
+                                    dynamic=r.get("dynamic", False),
                                     chain_alpha=c["alpha"], chain_accepted=c["mean_accepted_length"],
                                     tree_accepted=r["mean_accepted_length"],
                                     accepted_ratio=r["mean_accepted_length"] / c["mean_accepted_length"],
@@ -214,15 +222,17 @@ def plot(data, path: Path) -> None:
 
     panels = [(noise, mode) for noise in data["settings"]["draft_noises"] for mode in MODES]
     fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 8), squeeze=False)
-    style = {("chain", None): ("chain (K = N - 1)", "black", "o"),
-             ("top", None): ("tree, top-b children", "tab:blue", "s"),
-             ("sample", None): ("tree (greedy rows: top-b; sampling: i.i.d. children)", "tab:orange", "^"),
-             ("sample", MAX_DEPTH): (f"the same, depth <= {MAX_DEPTH}", "tab:red", "v")}
+    style = {("chain", None, False): ("chain (K = N - 1)", "black", "o"),
+             ("top", None, False): ("tree, top-b children", "tab:blue", "s"),
+             ("sample", None, False): ("static tree (greedy rows: top-b; sampling: i.i.d. children)", "tab:orange", "^"),
+             ("sample", MAX_DEPTH, False): (f"the same, depth <= {MAX_DEPTH}", "tab:red", "v"),
+             ("sample", None, True): ("dynamic tree (per-row shape, same nodes per depth)", "tab:green", "D")}
     for col, (noise, mode) in enumerate(panels):
         rows = [r for r in data["results"] if r["mode"] == mode and r["draft_noise"] == noise]
-        for (key, depth), (label, colour, marker) in style.items():
+        for (key, depth, dynamic), (label, colour, marker) in style.items():
             sel = sorted((r for r in rows if (r["kind"] == "chain" if key == "chain" else
-                                              r["kind"] == "tree" and r["children"] == key and r.get("max_depth") == depth)),
+                                              r["kind"] == "tree" and r["children"] == key and r.get("max_depth") == depth
+                                              and r.get("dynamic", False) == dynamic)),
                          key=lambda r: r["budget"])
             if not sel:
                 continue
@@ -334,7 +344,7 @@ def kernel_times(device, vocab: int) -> list:
 
 
 def run_gpu(args) -> dict:
-    from specdec_fast.tree import TokenTree
+    from specdec_fast.tree import DEMO_SCORE_TEMPERATURE, TokenTree
 
     device = torch.device(args.device or "cuda")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -369,6 +379,10 @@ def run_gpu(args) -> dict:
                     name = f"tree{n}-d{depth or 'any'}"
                     trees[name] = TokenTree.best_first(n, acc, "sample", max_depth=depth)
                     configs[name] = dict(tree=trees[name], **graphs, **backend)
+                    # the dynamic tree with these nodes per depth (score temperature: the demo pair's, untuned here)
+                    trees[name + "-dyn"] = TokenTree(trees[name].parents, "sample", dynamic=True, acceptance=acc,
+                                                     score_temperature=DEMO_SCORE_TEMPERATURE[mode])
+                    configs[name + "-dyn"] = dict(tree=trees[name + "-dyn"], **graphs, **backend)
             for name, (seconds, st, all_seconds) in best_of(runner, configs, args.repeats).items():
                 kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
                 budget = 1 if kind == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])

@@ -125,8 +125,10 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     (the graph code path run eagerly with its safety checks, any device: for tests). The stats
     report which ran (graph_mode, graph_note, graph_replays).
     tree: draft a token tree per step instead of a chain (specdec_fast.tree): a TokenTree, True
-    (TokenTree.default()) or an int N (the default N-node tree); needs assistant_model and paged
-    runners; num_assistant_tokens does not apply."""
+    (TokenTree.recommended(): the static or dynamic default, whichever measured better for the
+    request's mode), an int N (the same with N nodes), "static" or "dynamic" (the default static /
+    dynamic tree: a dynamic tree chooses its shape per row and step, tree_dynamic.py); needs
+    assistant_model and paged runners; num_assistant_tokens does not apply."""
     if input_ids is None:
         input_ids = unsupported.pop("inputs", None)
     tokenizer, assistant_tokenizer = unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)

@@ -19,6 +19,15 @@ Shapes:
         them best first is optimal (the argument of Sequoia / EAGLE-2's expansion).
     TokenTree.default(n, greedy=...)       best_first (depth <= 8) with the rank acceptance
         measured on the demo pair (bench/bench_tree.py, bench/results/tree_cpu.json)
+    TokenTree.dynamic_tree(n, greedy=...)  the same nodes per depth, but each row picks at run
+        time which node of depth d - 1 each depth-d node hangs on, and its rank (EAGLE-2 style,
+        static shapes: tree_dynamic.py)
+
+dynamic=True: ``parents`` then fixes only the number of nodes at each depth (n_d, hence N, the
+depths and every call shape); the drafter chooses per row, level by level on the device, the
+n_d best (parent, rank) pairs of depth d - 1's nodes (tree_dynamic.py says how they are scored).
+``acceptance`` (per depth rows of P(the accepted child has rank r), as in best_first) scores the
+ranks of sampled children there; None = the demo pair's sampling profile.
 """
 import heapq
 from dataclasses import dataclass
@@ -41,7 +50,12 @@ DEMO_RANK_ACCEPTANCE = {
     "greedy": (_ratios((116, 19, 9, 2, 0, 2, 0, 0), 149), _ratios((115, 15, 10, 4, 0, 2, 0, 0), 148)),
     "sampling": (_ratios((258, 22, 7, 4, 4, 2, 2, 2), 315), _ratios((477, 40, 14, 9, 7, 7, 0, 0), 602)),
 }
+# Dynamic trees: the draft's probabilities are divided by this temperature before they score a
+# node (tree_dynamic.py: fitted on the demo pair's calibration prompts for greedy rows; sampling
+# rows score ranks, and the draft's confidence as it is).
+DEMO_SCORE_TEMPERATURE = {"greedy": 0.3, "sampling": 1.0}
 DEFAULT_NODES = 32  # see default()
+DYNAMIC_BY_DEFAULT = {"greedy": True, "sampling": False}  # see recommended()
 DEFAULT_MAX_DEPTH = 8
 
 
@@ -49,10 +63,15 @@ DEFAULT_MAX_DEPTH = 8
 class TokenTree:
     parents: tuple
     children: str = "sample"
+    dynamic: bool = False
+    acceptance: tuple | None = None
+    score_temperature: float = 1.0
 
     def __post_init__(self):
         parents = tuple(int(p) for p in self.parents)
         object.__setattr__(self, "parents", parents)
+        if self.acceptance is not None:
+            object.__setattr__(self, "acceptance", tuple(tuple(row) for row in _acceptance_rows(self.acceptance)))
         n = len(parents)
         if not 2 <= n <= MAX_NODES:
             raise ValueError(f"a token tree has 2 to {MAX_NODES} nodes (root included), got {n}")
@@ -67,6 +86,10 @@ class TokenTree:
                 raise ValueError(f"parents: node {i} (depth {depths[i]}) comes after a deeper node: not BFS order")
         if self.children not in CHILDREN:
             raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
+        if not isinstance(self.dynamic, bool):
+            raise ValueError(f"dynamic must be a bool, got {self.dynamic!r}")
+        if not (isinstance(self.score_temperature, (int, float)) and 0 < self.score_temperature < float("inf")):
+            raise ValueError(f"score_temperature must be a positive float, got {self.score_temperature!r}")
 
     # -- shapes -----------------------------------------------------------------------------
     @classmethod
@@ -127,6 +150,37 @@ class TokenTree:
         about what 9 do, the fair chain is K = 8: tree 5.84 vs chain 4.51 tokens per step, greedy)."""
         profile = DEMO_RANK_ACCEPTANCE["greedy" if greedy else "sampling"]
         return cls.best_first(n, profile, children, max_depth=max_depth if max_depth is not None and n > max_depth + 1 else None)
+
+    @classmethod
+    def dynamic_tree(cls, n: int = DEFAULT_NODES, *, greedy: bool = False, max_depth: int | None = DEFAULT_MAX_DEPTH,
+                     children: str = "sample", acceptance=None, score_temperature: float | None = None) -> "TokenTree":
+        """A dynamic tree (tree_dynamic.py) with the nodes per depth of TokenTree.default(n, ...)
+        and the demo pair's score temperature. Depth <= 8 as default(): uncapped, the greedy demo
+        pair's 32-node dynamic tree gives 6.87 tokens per step against 6.21, but its draft runs 13
+        levels: 151 against 202 tokens/s on CPU (bench/results/tree_defaults_cpu.json)."""
+        static = cls.default(n, greedy=greedy, max_depth=max_depth, children=children)
+        if score_temperature is None:
+            score_temperature = DEMO_SCORE_TEMPERATURE["greedy" if greedy else "sampling"]
+        return cls(static.parents, children, dynamic=True, acceptance=acceptance, score_temperature=score_temperature)
+
+    @classmethod
+    def recommended(cls, n: int = DEFAULT_NODES, *, greedy: bool = False) -> "TokenTree":
+        """generate(tree=True / N): the better of default() and dynamic_tree() as measured on the
+        demo pair: DYNAMIC_BY_DEFAULT per mode. Greedy (bench/bench_tree_defaults.py, CPU, 32
+        nodes, depth <= 8): dynamic 6.21 / static 5.84 tokens per step, 202 / 202 tokens/s
+        (draft + 0.3 noise: 3.73 / 3.39, 130 / 135 tokens/s; 16 nodes: 5.31 / 5.26, 228 / 239 and
+        3.10 / 3.07, 141 / 129). Sampling (bench/bench_tree.py, shipped / noisy draft, 32 nodes):
+        dynamic 5.54 / 3.69 against static 5.50 / 3.78 tokens per step, at a dearer draft step:
+        static stays. (Since an all-greedy batch skips the sampler in tree_dynamic.py, 32 nodes:
+        dynamic 217 / static 220 tokens/s, noisy draft 143 / 135; draft step 16.2 / 14.4 ms.)"""
+        if DYNAMIC_BY_DEFAULT["greedy" if greedy else "sampling"]:
+            return cls.dynamic_tree(n, greedy=greedy)
+        return cls.default(n, greedy=greedy)
+
+    def as_dynamic(self, acceptance=None, score_temperature: float = 1.0) -> "TokenTree":
+        """This tree's nodes per depth, chosen per row at run time."""
+        return TokenTree(self.parents, self.children, dynamic=True, acceptance=acceptance,
+                         score_temperature=score_temperature)
 
     # -- derived structure (host) -------------------------------------------------------------
     @property
@@ -190,7 +244,8 @@ class TokenTree:
 
     def describe(self) -> str:
         widths = [len(self.level(d)) for d in range(self.depth + 1)]
-        return f"{self.size} nodes, depth {self.depth}, nodes per depth {widths[1:]}, children {self.children}"
+        kind = "dynamic, " if self.dynamic else ""
+        return f"{self.size} nodes, {kind}depth {self.depth}, nodes per depth {widths[1:]}, children {self.children}"
 
     # -- device tensors -----------------------------------------------------------------------
     def tensors(self, device) -> dict:
@@ -215,14 +270,20 @@ def _acceptance_rows(acceptance) -> list:
 
 
 def as_token_tree(tree, greedy: bool = False) -> TokenTree:
-    """generate(tree=...): a TokenTree, True (the default tree), or an int N (the default N-node
-    tree); the defaults for a greedy or a sampling request."""
+    """generate(tree=...): a TokenTree, True (the default tree), an int N (the default N-node
+    tree), "static" or "dynamic" (the default static / dynamic tree); the defaults for a greedy or
+    a sampling request (TokenTree.recommended)."""
     if isinstance(tree, TokenTree):
         return tree
     if tree is True:
+        return TokenTree.recommended(greedy=greedy)
+    if tree == "static":
         return TokenTree.default(greedy=greedy)
+    if tree == "dynamic":
+        return TokenTree.dynamic_tree(greedy=greedy)
     if isinstance(tree, int) and not isinstance(tree, bool):
         if not 2 <= tree <= MAX_NODES:
             raise ValueError(f"a token tree has 2 to {MAX_NODES} nodes (root included), got {tree}")
-        return TokenTree.default(tree, greedy=greedy)
-    raise ValueError(f"tree must be a TokenTree, True or an int number of nodes in [2, {MAX_NODES}], got {tree!r}")
+        return TokenTree.recommended(tree, greedy=greedy)
+    raise ValueError(f"tree must be a TokenTree, True, 'static', 'dynamic' or an int number of nodes in [2, {MAX_NODES}], "
+                     f"got {tree!r}")

@@ -3,8 +3,10 @@
 One iteration, no host sync:
     drafter.propose()            -> tokens [B, N] (node 0 = the last emitted token), draft logits or None
     target.score(N, tree mask)   -> target logits [B, N, V] in one pass (node i at position
-                                    context + depth(i), seeing its ancestors and itself)
-    tree_verify                  -> emitted tokens [B, N], path [B, N], num_accepted [B]
+                                    context + depth(i), seeing its ancestors and itself; the
+                                    drafter's node_mask: [N], or [B, N] for a dynamic tree)
+    tree_verify                  -> emitted tokens [B, N], path [B, N], num_accepted [B] (parents:
+                                    the drafter's node_parents [B, N], per row when dynamic)
     target.commit_path(path, j + 1)   the root and the accepted nodes move into place (compact_kv)
     append, drafter.commit(path, j)   the draft cache likewise (TreeDrafter.commit)
 Everything else (the loop, polling, EOS, CUDA graphs / the "static" twin, stats) is
@@ -20,6 +22,7 @@ from .kernels.sampling_params import make_sampling_tensors
 from .kernels.tree_verify import prepared_tree_verify
 from .tree import as_token_tree
 from .tree_drafter import TreeDrafter
+from .tree_dynamic import rank_widths
 
 
 class TreeStats:
@@ -27,23 +30,22 @@ class TreeStats:
 
     def __init__(self, tree, device):
         self.tree = tree
-        self.width = max(tree.ranks) + 1
-        tensors = tree.tensors(device)
-        self.ranks = tensors["ranks"]
+        self.width = max(rank_widths(tree))
         self.accepted = torch.zeros(tree.depth * self.width, dtype=torch.long, device=device)
         self.base = torch.arange(tree.depth, device=device)[None, :] * self.width
 
-    def record(self, path: torch.Tensor, active: torch.Tensor) -> None:
+    def record(self, path: torch.Tensor, active: torch.Tensor, ranks: torch.Tensor) -> None:
+        """path [B, N], active [B] bool, ranks: each node's rank, [N] (static tree) or [B, N] (dynamic)."""
         nodes = path[:, 1 : self.tree.depth + 1].long()  # the node at each depth, -1 past the path
         on = (nodes >= 0) & active[:, None]
-        index = self.base + self.ranks[nodes.clamp(min=0)]
+        index = self.base + ranks.expand(nodes.shape[0], -1).gather(1, nodes.clamp(min=0))
         self.accepted.scatter_add_(0, index.reshape(-1), on.long().reshape(-1))
 
     def summary(self, accepted_hist: list) -> dict:
         counts = self.accepted.view(self.tree.depth, self.width).cpu().tolist()
         reached = [sum(accepted_hist[d:]) for d in range(self.tree.depth)]  # row-iterations reaching depth d
         return dict(tree=self.tree.describe(), parents=list(self.tree.parents), children=self.tree.children,
-                    accepted_rank_by_depth=counts, reached_by_depth=reached)
+                    dynamic=self.tree.dynamic, accepted_rank_by_depth=counts, reached_by_depth=reached)
 
 
 class TreeDecoder(SpeculativeDecoder):
@@ -60,9 +62,7 @@ class TreeDecoder(SpeculativeDecoder):
             raise ValueError("skip_finished: tree scoring feeds every row its whole tree (no num_valid)")
         self.tree = drafter.tree
         super().__init__(target, drafter, k=self.tree.depth, **{**kwargs, "skip_finished": False})
-        tensors = self.tree.tensors(self.device)
-        self._score_tree = (tensors["mask"], tensors["depths"])
-        self._parents = tensors["parents"]
+        self._depths = self.tree.tensors(self.device)["depths"]
         self._tree_verify_impl = prepared_tree_verify(self.backend, self.device)
         self.tree_stats = TreeStats(self.tree, self.device)
 
@@ -74,15 +74,16 @@ class TreeDecoder(SpeculativeDecoder):
         """tokens [B, N], draft_logits [B, N, V] or None: target.score(N nodes, tree mask) ->
         tree_verify -> commit the accepted path in both caches -> append (in place, graph safe)."""
         st = self.state
-        target_logits = self.target.score(tokens, tree=self._score_tree)  # [B, N, V], the runner's dtype
+        drafter = self.drafter  # the tree's shape this step: per row for a dynamic tree (tree_dynamic.py)
+        target_logits = self.target.score(tokens, tree=(drafter.node_mask, self._depths))  # [B, N, V], the runner's dtype
         if draft_logits is not None and draft_logits.dtype != target_logits.dtype:
             target_logits, draft_logits = target_logits.float(), draft_logits.float()
-        parents = self._parents.expand(tokens.shape[0], -1)
-        emitted, path, accepted = self._tree_verify_impl(target_logits, draft_logits, tokens, parents, self._verify_params)
+        emitted, path, accepted = self._tree_verify_impl(target_logits, draft_logits, tokens, drafter.node_parents,
+                                                         self._verify_params)
         self.target.commit_path(path, accepted.long() + 1)
         active = ~st.finished  # rows still generating in this iteration (before the append)
         self.stats.record(accepted, self._append(emitted[:, : self.k + 1], accepted))
-        self.tree_stats.record(path, active)
+        self.tree_stats.record(path, active, drafter.node_ranks)
         self.drafter.commit(path, accepted)
         self._update_live()
 

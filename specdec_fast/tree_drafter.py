@@ -24,6 +24,10 @@ distribution, node c's noise at (seed, offset = gen_len, position c - 1, STREAM_
 chain-shaped tree draws ModelDrafter's samples). Greedy rows take the top-b in either mode
 (b samples of a one-hot distribution would all be equal).
 
+Dynamic trees (tree.dynamic, tree_dynamic.py): each level's nodes are chosen per row (parents,
+ranks); the per-row masks [B, N] go to the re-feed calls and, with the per-row parents, to the
+target (node_parents / node_mask / node_ranks, updated in place).
+
 Graph safety (engine.py, graphs.py): every tensor that outlives a call is updated in place
 (pending, num_pending) or built in start(); shapes are static per (B, tree).
 """
@@ -35,6 +39,7 @@ from .kernels.rng import STREAM_DRAFT
 from .kernels.sampling_params import SamplingTensors
 from .kernels.verify import prepared_impls
 from .tree import TokenTree
+from .tree_dynamic import DynamicExpansion
 
 
 @dataclasses.dataclass
@@ -81,7 +86,19 @@ class TreeDrafter:
         self._sample = prepared_impls(state.backend, dev)[1]
         self._greedy = (state.params.temperature == 0)[:, None]
         self._no_keep = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.fed_depth = tree.depth - 1  # accepted nodes at depth <= this are in the draft cache after propose
+        self._slots = torch.arange(tree.size - 1, device=dev)
         long = dict(dtype=torch.long, device=dev)
+        if tree.dynamic:
+            self.dynamic = DynamicExpansion(tree, state, self._sample)
+            self.levels, self.feeds = self.dynamic.levels, None
+            self.node_parents, self.node_mask, self.node_ranks = self.dynamic.parents, self.dynamic.mask, self.dynamic.ranks
+            self._feed_depths = torch.tensor([d - 1 for d in tree.depths[1:]], dtype=torch.int32, device=dev)
+            return
+        self.dynamic = None
+        static = tree.tensors(dev)
+        # What the target's scoring, the verify and the stats read: parents [B, N], mask [N], ranks [N].
+        self.node_parents, self.node_mask, self.node_ranks = static["parents"].expand(batch, -1), static["mask"], static["ranks"]
         self.levels = []
         for d in range(1, tree.depth + 1):
             nodes = tree.level(d)
@@ -111,8 +128,6 @@ class TreeDrafter:
             fed = list(range(1, level.end))
             self.feeds.append((torch.tensor(tree.ancestor_masks(fed), dtype=torch.int64, device=dev),
                                torch.tensor([tree.depths[i] - 1 for i in fed], dtype=torch.int32, device=dev)))
-        self.fed_depth = tree.depth - 1  # accepted nodes at depth <= this are in the draft cache after propose
-        self._slots = torch.arange(tree.size - 1, device=dev)
 
     def _children(self, level: _Level, parent_logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
         """Tokens [B, n_d] of depth d's nodes from their parents' logits [B, E, V]."""
@@ -140,12 +155,17 @@ class TreeDrafter:
             parent_logits = logits.index_select(1, level.parent_rows)
             if draft_logits is not None:
                 draft_logits.index_copy_(1, level.expanding, parent_logits)
-            tokens[:, level.start:level.end] = self._children(level, parent_logits, params)
+            if self.dynamic is not None:
+                tokens[:, level.start:level.end] = self.dynamic.expand(d, parent_logits, params)
+            else:
+                tokens[:, level.start:level.end] = self._children(level, parent_logits, params)
             if d == len(self.levels):
                 break
             if d > 1:
                 self.runner.commit(self._no_keep)  # roll back the previous level: this call re-feeds it
-            logits = self.runner.score(tokens[:, 1:level.end], tree=self.feeds[d - 1]).float()
+            feed = self.feeds[d - 1] if self.dynamic is None else (self.dynamic.feed_mask(level.end),
+                                                                   self._feed_depths[: level.end - 1])
+            logits = self.runner.score(tokens[:, 1:level.end], tree=feed).float()
         return tokens, draft_logits
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:

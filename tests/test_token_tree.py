@@ -40,7 +40,7 @@ def test_bad_children_and_as_token_tree():
     with pytest.raises(ValueError, match="children must be one of"):
         TokenTree((-1, 0), children="beam")
     assert as_token_tree(True) == TokenTree.default()
-    assert as_token_tree(True, greedy=True) == TokenTree.default(greedy=True)
+    assert as_token_tree(True, greedy=True) == TokenTree.recommended(greedy=True)
     assert as_token_tree(12).size == 12
     for bad in ("x", 1.5, False, 1, 65):
         with pytest.raises(ValueError, match="tree must be|2 to 64 nodes"):

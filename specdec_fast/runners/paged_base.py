@@ -169,15 +169,18 @@ class PagedRunnerBase:
     @torch.no_grad()
     def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None, *, tree=None) -> torch.Tensor:
         """tokens [B, N] (only the last num_valid[b] real) -> logits [B, N, V].
-        tree: (mask int64 [N], depths int [N]) scores the N tokens as a token tree in one pass:
-        token i sits at position length + depths[i] and sees the context and the call's tokens
-        whose bit is set in mask[i] (its ancestors and itself; N <= 64, no num_valid)."""
+        tree: (mask int64 [N] or [B, N] (one tree per row), depths int [N]) scores the N tokens as
+        a token tree in one pass: token i sits at position length + depths[i] and sees the context
+        and the call's tokens whose bit is set in mask[i] (its ancestors and itself; N <= 64, no
+        num_valid)."""
+        if tree is not None and (num_valid is not None or tokens.shape[1] > 64):
+            raise ValueError("tree scoring takes at most 64 tokens per row and no num_valid")
+        if tree is not None and tuple(tree[0].shape) not in ((tokens.shape[1],), tuple(tokens.shape)):
+            raise ValueError(f"tree: the mask must have shape [N] or [B, N] = {list(tokens.shape)}, got {list(tree[0].shape)}")
         self._tentative += tokens.shape[1]
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
                                f"K + 1 = {self.max_tentative} (num_draft_tokens given to {type(self).__name__})")
-        if tree is not None and (num_valid is not None or tokens.shape[1] > 64):
-            raise ValueError("tree scoring takes at most 64 tokens per row and no num_valid")
         return linear(self._forward(tokens, num_valid, tree), self.lm_head)
 
     def commit(self, keep: torch.Tensor) -> None:
@@ -230,7 +233,7 @@ class PagedRunnerBase:
         flat, positions, cu, count, unpack = self._pack(tokens, num_valid, None if tree is None else tree[1])
         attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
         # _attend reads the tree mask from here (the subclasses' _decode passes no mask).
-        self._tree_mask = None if tree is None else tree[0].repeat(batch)
+        self._tree_mask = None if tree is None else (tree[0].repeat(batch) if tree[0].dim() == 1 else tree[0].reshape(-1))
         try:
             x = self._decode(flat, positions, cu, attn_lens, n)
         finally:

@@ -1,7 +1,8 @@
 """Token-tree decoding end to end (tree_decoder.py, tree_drafter.py): greedy equals target-only
 greedy token for token (Llama, Qwen2, GPT-2 paged runners; batch 1 and 3; several tree shapes
-and both ways of choosing children), the graph code path's static twin equals eager, EOS inside
-an accepted path, the tree stats, and bad arguments."""
+and both ways of choosing children; static and dynamic trees), the graph code path's static twin
+equals eager (no host sync: the twin traces every op), EOS inside an accepted path, the tree
+stats, and bad arguments."""
 import pytest
 import torch
 
@@ -19,6 +20,8 @@ TREES = {
     "star": TokenTree.from_branching([4]),
     "chain": TokenTree.chain(3),
     "sampled": TokenTree.default(12, children="sample"),
+    "dynamic16": TokenTree.dynamic_tree(16, greedy=True),
+    "dynamic_top": TokenTree.from_branching([3, 2, 1], children="top").as_dynamic(),
 }
 
 
@@ -59,12 +62,15 @@ MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, tempe
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("children", ["top", "sample"])
-def test_static_graph_path_equals_eager(mode, children):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_static_graph_path_equals_eager(mode, children, dynamic):
     """cuda_graphs="static": the graph code path (static buffers, no rebinding, same ops every
-    call, no host reads) gives the eager tokens; every iteration after the warm-up went through it."""
+    call, no host reads) gives the eager tokens; every iteration after the warm-up went through it.
+    Dynamic trees: the per-row parents, ranks and masks are state updated in place."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([5, 9, 3], seed=3)
     tree = TokenTree.best_first(10, (0.7, 0.2, 0.1), children=children)
+    tree = tree.as_dynamic() if dynamic else tree
     runs = [api.generate(target, ids, mask, assistant_model=draft, tree=tree, max_new_tokens=13, pad_token_id=0,
                          return_stats=True, cuda_graphs=graphs, **MODES[mode]) for graphs in (False, "static")]
     (eager, e_stats), (static, s_stats) = runs
@@ -91,15 +97,18 @@ def test_eos_inside_an_accepted_path():
     assert all(row[1] == 0 for row in tree_stats["accepted_rank_by_depth"])  # rank 0 (the argmax) every time
 
 
-def test_tree_stats_count_accepted_ranks_per_depth():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_tree_stats_count_accepted_ranks_per_depth(dynamic):
     target, draft = model_pair("llama")
     ids, mask, _ = reference("llama", 3)
     tree = TokenTree.from_branching([3, 2])
+    tree = tree.as_dynamic() if dynamic else tree
     _, stats = api.generate(target, ids, mask, assistant_model=draft, tree=tree, do_sample=False, max_new_tokens=MAX_NEW,
                             pad_token_id=0, return_stats=True)
     extra = stats.extra["tree"]
     counts = extra["accepted_rank_by_depth"]
-    assert len(counts) == 2 and len(counts[0]) == 3
+    assert len(counts) == 2 and len(counts[0]) == 3 + 3 * dynamic  # dynamic: ranks < min(n_d, RANK_CAP) at depth 2
+    assert extra["dynamic"] is dynamic
     # row-iterations that accepted a node at depth d = those that reached depth d (accepted_hist)
     for d in range(1, 3):
         assert sum(counts[d - 1]) == sum(stats.accepted_hist[d:])
@@ -116,7 +125,7 @@ def test_bad_tree_arguments():
         api.generate(target, ids, mask, assistant_model=draft, tree=True, num_assistant_tokens=3, max_new_tokens=4)
     with pytest.raises(ValueError, match="needs paged runners"):
         api.generate(target, ids, mask, assistant_model=draft, tree=True, runner="hf", max_new_tokens=4)
-    with pytest.raises(ValueError, match="tree must be a TokenTree, True or an int"):
+    with pytest.raises(ValueError, match="tree must be a TokenTree, True, .static., .dynamic. or an int"):
         api.generate(target, ids, mask, assistant_model=draft, tree="wide", max_new_tokens=4)
     with pytest.raises(ValueError, match="2 to 64 nodes"):
         api.generate(target, ids, mask, assistant_model=draft, tree=65, max_new_tokens=4)

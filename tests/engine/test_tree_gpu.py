@@ -18,7 +18,9 @@ from .test_paged_runner import VOCAB, tiny
 pytestmark = pytest.mark.gpu
 
 MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, temperature=0.9, top_k=20, seed=7)}
-TREES = {"top": TokenTree.default(16), "sample": TokenTree.from_branching([3, 2, 1], children="sample")}
+TREES = {"top": TokenTree.default(16), "sample": TokenTree.from_branching([3, 2, 1], children="sample"),
+         "dynamic_top": TokenTree.dynamic_tree(16, greedy=True, children="top"),
+         "dynamic_sample": TokenTree.from_branching([3, 2, 1], children="sample").as_dynamic()}
 
 
 def _pair():
@@ -46,11 +48,13 @@ def test_tree_graphs_equal_eager_on_cuda(mode, tree):
 
 
 @pytest.mark.parametrize("children", ["top", "sample"])
-def test_steady_state_tree_iteration_has_no_host_sync(children):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_steady_state_tree_iteration_has_no_host_sync(children, dynamic):
     target, draft = _pair()
     ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=3)
     ids, mask = ids.cuda(), mask.cuda()
     tree = TokenTree.default(16, children=children)
+    tree = tree.as_dynamic() if dynamic else tree
     runner = lambda m: PagedLlamaRunner(m, max_new_tokens=64, num_draft_tokens=tree.size - 1, backend="triton")  # noqa: E731
     params = make_sampling_tensors(3, "cuda", temperature=0.8, top_k=20, seed=0)
     decoder = TreeDecoder(runner(target), TreeDrafter(runner(draft), tree), params=params, max_new_tokens=64,

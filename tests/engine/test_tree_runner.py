@@ -72,3 +72,37 @@ def test_commit_path_keeps_exactly_the_accepted_path(kind):
         expected = chain.score(torch.cat([tokens[b : b + 1, p], nxt[b : b + 1]], 1))[:, -1]
         torch.testing.assert_close(after[b : b + 1], expected, rtol=1e-4, atol=1e-4)
     assert runner.cache.seq_lens.tolist() == (mask.sum(1) + keep).tolist()
+
+
+def _random_tree_like(tree, gen) -> TokenTree:
+    """A tree with ``tree``'s nodes per depth, each node hung on a random node of the depth above (BFS order)."""
+    parents = [-1]
+    for d in range(1, tree.depth + 1):
+        above = tree.level(d - 1)
+        picks = sorted(above[int(i)] for i in torch.randint(0, len(above), (len(tree.level(d)),), generator=gen))
+        parents += picks
+    return TokenTree(tuple(parents))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_per_row_tree_masks(kind):
+    """score(tree=(mask [B, N], depths [N])): each row its own tree (a dynamic tree's shapes)."""
+    target, _ = model_pair(kind)
+    ids, mask = left_padded_prompts([5, 9, 3], seed=4)
+    gen = torch.Generator().manual_seed(5)
+    trees = [_random_tree_like(TREE, gen) for _ in range(3)]
+    assert len({t.parents for t in trees}) == 3
+    n = TREE.size
+    tokens = torch.randint(3, VOCAB, (3, n), generator=gen)
+    masks = torch.stack([t.tensors("cpu")["mask"] for t in trees])
+    runner = _runner(target, n - 1)
+    runner.prefill(ids, mask)
+    tree_logits = runner.score(tokens, tree=(masks, TREE.tensors("cpu")["depths"]))
+    for b, tree in enumerate(trees):
+        for node in range(n):
+            path = [0] + _path(tree, node)
+            chain = _runner(target, n - 1)
+            chain.prefill(ids[b : b + 1], mask[b : b + 1])
+            torch.testing.assert_close(tree_logits[b, node], chain.score(tokens[b : b + 1, path])[0, -1], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"the mask must have shape \[N\] or \[B, N\]"):
+        runner.score(tokens, tree=(masks[:2], TREE.tensors("cpu")["depths"]))

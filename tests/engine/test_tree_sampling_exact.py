@@ -1,5 +1,5 @@
 """Sampling with token trees through the engine follows the target's standardised distribution
-(chi-square), for top-b and sampled children: tokens 1-2 jointly and token 3, like
+(chi-square), for top-b and sampled children, static and dynamic shapes: tokens 1-2 jointly and token 3, like
 test_sampling_exact.py for chains (one batch of identical prompts, each row its own streams)."""
 import pytest
 import torch
@@ -15,7 +15,10 @@ from .test_sampling_exact import PROMPT, ROWS, VOCAB, pair, target_probs  # noqa
 # distribution is peaked: at T 0.7, or with top-p 0.9, the top-b tree accepts rank 0 only).
 SETTINGS = {"plain": dict(temperature=1.0), "top_k": dict(temperature=1.5, top_k=6)}
 
-TREES = {"top": TokenTree.from_branching([3, 2], children="top"), "sample": TokenTree.from_branching([3, 2], children="sample")}
+TREES = {"top": TokenTree.from_branching([3, 2], children="top"), "sample": TokenTree.from_branching([3, 2], children="sample"),
+         # dynamic shapes (tree_dynamic.py): 3 nodes at depth 1, 4 at depth 2 hung per row on the best parents
+         "dynamic_top": TokenTree((-1, 0, 0, 0, 1, 1, 2, 3), children="top", dynamic=True),
+         "dynamic_sample": TokenTree((-1, 0, 0, 0, 1, 1, 2, 3), children="sample", dynamic=True)}
 
 
 @pytest.mark.parametrize("children", list(TREES))

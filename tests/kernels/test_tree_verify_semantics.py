@@ -1,5 +1,6 @@
 """tree_verify semantics on every backend: exactness (chi-square of the first, second and third
-emitted tokens against the target, for both ways of choosing children and every sampling mode),
+emitted tokens against the target, for both ways of choosing children and every sampling mode;
+dynamic trees: a per-row shape chosen from the draft's side),
 greedy = the longest path of target argmaxes, a chain = chain_verify, and bad input."""
 import pytest
 import torch
@@ -10,7 +11,7 @@ from specdec_fast.kernels.verify import chain_verify
 
 from .backends import kernel_backends
 from .stats import P_VALUE_THRESHOLD, chi_square_pvalue
-from .tree_cases import IRREGULAR, MarkovPair, conditional_chi_square_pvalue, random_parents
+from .tree_cases import IRREGULAR, MarkovPair, conditional_chi_square_pvalue, grow_dynamic, random_parents
 
 BACKENDS = kernel_backends()
 SAMPLING_MODES = {
@@ -54,6 +55,50 @@ def test_emitted_tokens_follow_the_target(backend, children, mode, device):
         pvalue = conditional_chi_square_pvalue(res.tokens[reached, depth - 1], res.tokens[reached, depth], q)
         assert pvalue > P_VALUE_THRESHOLD, (depth, pvalue)
     assert bool((res.num_accepted <= 3).all())  # IRREGULAR is 3 deep
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("children", ["sample", "top"])
+@pytest.mark.parametrize("mode", ["plain", "all"])
+def test_dynamic_trees_emit_the_target(backend, children, mode, device):
+    """Per-row shapes (tree_cases.grow_dynamic: which parent each node hangs on depends on the
+    draft's side only; sampled children's counts are fixed before they are drawn; random roots):
+    token 1 ~ q(. | root) and token d + 1 ~ q(. | token d), d = 1, 2."""
+    kw = SAMPLING_MODES[mode]
+    pair = MarkovPair(vocab=10, seed=11 + len(mode))
+    rows = _rows(backend)
+    gen = torch.Generator().manual_seed(9)
+    roots = torch.randint(0, 10, (rows,), generator=gen)
+    tokens, parents = grow_dynamic(pair, gen, [3, 4, 3], rows, roots, children=children, **kw)
+    assert len({tuple(r) for r in parents.tolist()}) > 3, "the shapes should vary per row"
+    target, draft = pair.expand(tokens, with_draft=children == "sample")
+    res = tree_verify(target.to(device), None if draft is None else draft.to(device), tokens.to(device), parents.to(device),
+                      backend=backend, seed=41, **kw)
+    res = type(res)(*(t.cpu() for t in res))
+    q = pair.probs(pair.target, **kw)
+    assert conditional_chi_square_pvalue(roots, res.tokens[:, 0], q) > P_VALUE_THRESHOLD
+    for depth in (1, 2):
+        reached = res.num_accepted >= depth
+        assert reached.sum() > rows // 50, "too few accepted paths for the test to mean much"
+        pvalue = conditional_chi_square_pvalue(res.tokens[reached, depth - 1], res.tokens[reached, depth], q)
+        assert pvalue > P_VALUE_THRESHOLD, (depth, pvalue)
+
+
+def test_keeping_the_best_of_several_samples_is_caught():
+    """The constraint the dynamic drafter keeps (tree_dynamic.py): a parent's sampled children
+    must be i.i.d. draws. Drawing 3 and keeping the draft's favourite breaks exactness, and the
+    chi-square above sees it (the power of test_dynamic_trees_emit_the_target)."""
+    pair = MarkovPair(vocab=10, seed=16)
+    rows, gen = 3000, torch.Generator().manual_seed(9)
+    roots = torch.randint(0, 10, (rows,), generator=gen)
+    tokens, parents = grow_dynamic(pair, gen, [3, 4, 3], rows, roots, children="sample")
+    p = pair.probs(pair.draft)
+    for i in (1, 2, 3):  # depth 1: the best of 3 samples per child
+        draws = torch.stack([torch.multinomial(p[roots], 1, generator=gen)[:, 0] for _ in range(3)], 1)
+        tokens[:, i] = draws.gather(1, p[roots[:, None], draws].argmax(1, keepdim=True))[:, 0]
+    target, draft = pair.expand(tokens, with_draft=True)
+    res = tree_verify(target, draft, tokens, parents, seed=41)  # the CPU default backend (the reference: ~5 s)
+    assert conditional_chi_square_pvalue(roots, res.tokens[:, 0], pair.probs(pair.target)) < 1e-6
 
 
 def _longest_good_path(parents, tokens_row, argmax_table, root):

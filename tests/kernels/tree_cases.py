@@ -109,3 +109,43 @@ def conditional_chi_square_pvalue(prev: torch.Tensor, nxt: torch.Tensor, cond_pr
         stat += float(((obs - exp) ** 2 / exp).sum())
         dof += len(obs) - 1
     return 1.0 if dof == 0 else float(chi2.sf(stat, dof))
+
+
+def grow_dynamic(pair: "MarkovPair", gen, counts: list[int], rows: int, roots: torch.Tensor, children: str,
+                 acceptance=(0.6, 0.25, 0.1, 0.05), **mode):
+    """(tokens int64 [rows, N], parents int64 [rows, N]) of dynamic trees (specdec_fast/tree_dynamic.py's
+    rule, written independently) under the root tokens roots [rows]: counts[d - 1] nodes at depth d; per row, depth d's nodes are the
+    counts[d - 1] best (parent, rank) pairs of depth d - 1's nodes, ties to the lower pair, in pair
+    order. children "top": score = the parent's path log-probability + log p(the parent's r-th most
+    likely token) (EAGLE-2). children "sample": score = the parent's path score + log acceptance[r],
+    chosen before the children are drawn i.i.d. from p at the parent; a node's path score adds log p
+    of its token. p: the draft's standardised distribution."""
+    p = pair.probs(pair.draft, **mode)
+    logp = p.log()
+    ranked = pair.draft.argsort(-1, descending=True)
+    log_acc = torch.tensor(acceptance).log()
+    n = 1 + sum(counts)
+    tokens = roots[:, None].repeat(1, n)
+    parents = torch.full((rows, n), -1, dtype=torch.int64)
+    score = torch.zeros(rows, n)
+    above, start = torch.tensor([0]), 1
+    for count in counts:
+        width = count if start == 1 else min(count, len(acceptance))
+        prev = tokens[:, above]  # [rows, E]
+        if children == "top":
+            cand = score[:, above, None] + logp[prev[:, :, None], ranked[prev][:, :, :width]]
+        else:
+            cand = (score[:, above, None] + log_acc[:width]).expand(rows, -1, -1)
+        keep = cand.reshape(rows, -1).sort(dim=-1, descending=True, stable=True).indices[:, :count].sort(dim=-1).values
+        slot, rank = keep // width, keep % width
+        parent = above[slot]
+        ptok = tokens.gather(1, parent)
+        if children == "top":
+            tok = ranked[ptok, rank]
+        else:
+            tok = torch.multinomial(p[ptok.reshape(-1)], 1, generator=gen).view(rows, count)
+        end = start + count
+        tokens[:, start:end], parents[:, start:end] = tok, parent
+        score[:, start:end] = score.gather(1, parent) + logp[ptok, tok]
+        above, start = torch.arange(start, end), end
+    return tokens, parents
