@@ -13,7 +13,10 @@
 #include <cstdint>
 #include <cstring>
 
+// AVX2 without AVX-512: Philox through intrinsics (philox_bits8_avx2, gumbel_block). The AVX-512
+// build keeps its plain, auto-vectorised loops (and so its machine code) unchanged.
 #if defined(__AVX2__) && !defined(__AVX512F__)
+#define SPECDEC_PHILOX_AVX2 1
 #include <immintrin.h>
 #endif
 
@@ -81,7 +84,7 @@ SPECDEC_INLINE float uniform_open_from_bits(uint32_t x) {
 // Standard Gumbel noise -log(-log(U)), U = uniform_open(x).
 SPECDEC_INLINE float gumbel_from_bits(uint32_t x) { return -fast_log(-fast_log(uniform_open_from_bits(x))); }
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(SPECDEC_PHILOX_AVX2)
 // hi and lo 32 bits of the eight products a[l] * m (m the same in every lane), in lanes. The
 // odd lanes are shifted down and multiplied apart (vpmuludq multiplies the even ones); halves
 // are put back with in-lane blends. GCC's own vectorisation of philox_bits on AVX2 shuffled
@@ -113,12 +116,10 @@ SPECDEC_INLINE __m256i philox_bits8_avx2(const PhiloxKey& key, uint32_t v0) {
   }
   return c0;
 }
-#endif
 
-// g[i] = gumbel_from_bits(philox_bits(key, v0 + i)) for i < n (n a multiple of 8).
-// AVX2: the draws by philox_bits8_avx2 (Philox 205 -> 91 us per 32000 draws, one thread).
+// g[i] = gumbel_from_bits(philox_bits(key, v0 + i)) for i < n (n a multiple of 8): the draws
+// by philox_bits8_avx2 (Philox 205 -> 91 us per 32000 draws, one thread), then the floats.
 SPECDEC_INLINE void gumbel_block(const PhiloxKey& key, int64_t v0, int64_t n, float* g) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
   alignas(32) uint32_t bits[256];
   for (int64_t c0 = 0; c0 < n; c0 += 256) {
     const int64_t m = n - c0 < 256 ? n - c0 : 256;
@@ -126,9 +127,7 @@ SPECDEC_INLINE void gumbel_block(const PhiloxKey& key, int64_t v0, int64_t n, fl
       _mm256_store_si256(reinterpret_cast<__m256i*>(bits + i), philox_bits8_avx2(key, static_cast<uint32_t>(v0 + c0 + i)));
     for (int64_t i = 0; i < m; ++i) g[c0 + i] = gumbel_from_bits(bits[i]);
   }
-#else
-  for (int64_t i = 0; i < n; ++i) g[i] = gumbel_from_bits(philox_bits(key, static_cast<uint32_t>(v0 + i)));
-#endif
 }
+#endif  // SPECDEC_PHILOX_AVX2
 
 }  // namespace specdec

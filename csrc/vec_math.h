@@ -183,7 +183,13 @@ SPECDEC_INLINE float fp16_to_float(uint16_t h) {
   const uint32_t two_w = w + w;
   const float normalized = bits_to_float((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float denormalized = bits_to_float((two_w >> 17) | (126u << 23)) - 0.5f;
+#if defined(__AVX512F__)
   const uint32_t magnitude = two_w < (1u << 27) ? float_to_bits(denormalized) : float_to_bits(normalized);
+#else
+  // AVX2: the ternary of two computed floats became a branch, and every loop reading float16
+  // logits stayed scalar ("control flow in loop"); an integer-mask select keeps it vectorised.
+  const uint32_t magnitude = float_to_bits(select(two_w < (1u << 27), denormalized, normalized));
+#endif
   return bits_to_float(sign | magnitude);
 }
 
