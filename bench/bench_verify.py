@@ -3,7 +3,7 @@ transformers-style materialising baseline) and on GPU (verify_gpu_table.py: Trit
 torch reference vs plain PyTorch vs FlashInfer, every sampling mode, CUDA-graph replays).
 
     pytest bench/bench_verify.py --benchmark-only --benchmark-group-by=group -p no:xdist
-    python bench/bench_verify.py --cpu [--threads N] [--out bench/results/verify_cpu.json]
+    python bench/bench_verify.py --cpu [--threads N] [--repeats R] [--out bench/results/verify_cpu.json]
     python bench/bench_verify.py --gpu [--data random|peaked] [--out bench/results/verify_<device>.json]
     python bench/bench_verify.py --smoke [--out ...]   # the GPU table's code on tiny shapes, CPU interpreter
 
@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_model, git_commit  # noqa: E402
+from machine import cpu_model, cpu_simd, git_commit  # noqa: E402
 from verify_baseline import chain_verify_materialising  # noqa: E402
 
 from specdec_fast.kernels import chain_verify, make_sampling_tensors  # noqa: E402
@@ -117,32 +117,46 @@ def median_ms(fn, args, min_runs: int = 5, budget_s: float = 2.0) -> dict:
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "runs": len(times)}
 
 
-def run_cpu(out_path: str | None) -> dict:
+def _combine(repeats: list[dict]) -> dict:
+    """One timing from R repeats of median_ms(): the median of their medians (the shared box's
+    noise moves whole repeats), with the extremes and every repeat's median."""
+    medians = [r["median_ms"] for r in repeats]
+    return {"median_ms": statistics.median(medians), "min_ms": min(r["min_ms"] for r in repeats),
+            "max_ms": max(r["max_ms"] for r in repeats), "runs": sum(r["runs"] for r in repeats),
+            "repeat_medians_ms": medians}
+
+
+def run_cpu(out_path: str | None, repeats: int = 1) -> dict:
     from specdec_fast.kernels._cpp_build import load_cpu_ops
 
     if not load_cpu_ops():
         raise SystemExit("the C++ CPU ops did not build: nothing to compare")
+    cases = [(shape, mode, sampling, make_case(*shape)) for shape, mode, sampling in CPU_CASES]
+    timings = [{} for _ in cases]  # per case: implementation -> [median_ms() of each repeat]
+    for rep in range(repeats):  # repeats outermost, so a noisy spell of the box spreads over cases
+        for (shape, mode, sampling, inputs), times in zip(cases, timings):
+            for name, fn in implementations("cpu", sampling).items():
+                times.setdefault(name, []).append(median_ms(fn, inputs))
+            ms = {n: round(t[-1]["median_ms"], 3) for n, t in times.items()}
+            print(f"repeat {rep + 1}/{repeats} B={shape[0]} K={shape[1]} V={shape[2]} {mode}: ms {ms}", flush=True)
     results = []
-    for (batch, k, vocab), mode, sampling in CPU_CASES:
-        target, draft, tokens = make_case(batch, k, vocab)
-        row = {"B": batch, "K": k, "V": vocab, "mode": mode}
-        for name, fn in implementations("cpu", sampling).items():
-            row[name] = median_ms(fn, (target, draft, tokens))
+    for (shape, mode, _, _), times in zip(cases, timings):
+        row = {"B": shape[0], "K": shape[1], "V": shape[2], "mode": mode}
+        row.update({name: _combine(t) for name, t in times.items()})
         row["reference_over_cpp"] = row["reference"]["median_ms"] / row["cpp"]["median_ms"]
         if "transformers-style" in row:
             row["transformers_style_over_cpp"] = row["transformers-style"]["median_ms"] / row["cpp"]["median_ms"]
         results.append(row)
-        ratios = {n: round(v, 1) for n, v in row.items() if n.endswith("_over_cpp")}
-        times = {n: round(row[n]["median_ms"], 3) for n in row if isinstance(row[n], dict)}
-        print(f"B={batch} K={k} V={vocab} {mode}: ms {times} ratios {ratios}", flush=True)
     report = {
         "device": f"cpu: {cpu_model()}",
+        **cpu_simd(),
         "threads": torch.get_num_threads(),
         "load_average_at_start": _load_average(),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
         "torch": torch.__version__,
         "commit": git_commit(),
-        "timer": "median wall time of >= 5 calls (time.perf_counter), after one warm-up",
+        "timer": f"median over {repeats} repeat(s) of the median wall time of >= 5 calls (time.perf_counter), "
+                 "each after one warm-up",
         "results": results,
     }
     _write(report, out_path)
@@ -165,11 +179,12 @@ def main(argv=None) -> None:
     parser.add_argument("--data", choices=("random", "peaked"), default="random", help="logits for --gpu (verify_gpu_table.py)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU: also the C++ OpenMP threads)")
+    parser.add_argument("--repeats", type=int, default=1, help="CPU: time every case this many times, report the median")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.cpu:
-        run_cpu(args.out)
+        run_cpu(args.out, args.repeats)
     else:
         from verify_gpu_table import run_table
 

@@ -13,6 +13,13 @@
 #include <cstdint>
 #include <cstring>
 
+// AVX2 without AVX-512: Philox through intrinsics (philox_bits8_avx2, gumbel_block). The AVX-512
+// build keeps its plain, auto-vectorised loops (and so its machine code) unchanged.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define SPECDEC_PHILOX_AVX2 1
+#include <immintrin.h>
+#endif
+
 #include "vec_math.h"
 
 namespace specdec {
@@ -76,5 +83,51 @@ SPECDEC_INLINE float uniform_open_from_bits(uint32_t x) {
 
 // Standard Gumbel noise -log(-log(U)), U = uniform_open(x).
 SPECDEC_INLINE float gumbel_from_bits(uint32_t x) { return -fast_log(-fast_log(uniform_open_from_bits(x))); }
+
+#if defined(SPECDEC_PHILOX_AVX2)
+// hi and lo 32 bits of the eight products a[l] * m (m the same in every lane), in lanes. The
+// odd lanes are shifted down and multiplied apart (vpmuludq multiplies the even ones); halves
+// are put back with in-lane blends. GCC's own vectorisation of philox_bits on AVX2 shuffled
+// across 128-bit halves (vperm2i128, vpermq: ~350 instructions per 8 draws).
+SPECDEC_INLINE void mul_hi_lo_avx2(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// philox_bits(key, v0 + l) for l = 0..7, the same integer arithmetic lane by lane.
+SPECDEC_INLINE __m256i philox_bits8_avx2(const PhiloxKey& key, uint32_t v0) {
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kPhiloxM0)), m1 = _mm256_set1_epi32(static_cast<int>(kPhiloxM1));
+  __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(v0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i c1 = _mm256_set1_epi32(static_cast<int>(key.c1)), c2 = _mm256_set1_epi32(static_cast<int>(key.c2));
+  __m256i c3 = _mm256_set1_epi32(static_cast<int>(key.c3));
+  uint32_t k0 = key.k0, k1 = key.k1;
+  for (int r = 0; r < kPhiloxRounds; ++r) {
+    __m256i hi0, lo0, hi1, lo1;
+    mul_hi_lo_avx2(c0, m0, hi0, lo0);
+    mul_hi_lo_avx2(c2, m1, hi1, lo1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+    c3 = lo0;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  return c0;
+}
+
+// g[i] = gumbel_from_bits(philox_bits(key, v0 + i)) for i < n (n a multiple of 8): the draws
+// by philox_bits8_avx2 (Philox 205 -> 91 us per 32000 draws, one thread), then the floats.
+SPECDEC_INLINE void gumbel_block(const PhiloxKey& key, int64_t v0, int64_t n, float* g) {
+  alignas(32) uint32_t bits[256];
+  for (int64_t c0 = 0; c0 < n; c0 += 256) {
+    const int64_t m = n - c0 < 256 ? n - c0 : 256;
+    for (int64_t i = 0; i < m; i += 8)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bits + i), philox_bits8_avx2(key, static_cast<uint32_t>(v0 + c0 + i)));
+    for (int64_t i = 0; i < m; ++i) g[c0 + i] = gumbel_from_bits(bits[i]);
+  }
+}
+#endif  // SPECDEC_PHILOX_AVX2
 
 }  // namespace specdec

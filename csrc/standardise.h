@@ -15,6 +15,10 @@
 #include <vector>
 
 #include "vec_math.h"
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#include "left_pack_avx2.h"
+#define SPECDEC_LEFT_PACK_AVX2 1
+#endif
 
 namespace specdec {
 
@@ -150,9 +154,13 @@ inline float kth_largest(const float* y, int64_t n, int64_t k, float max, float*
   for (int it = 0; it < 24; ++it, d *= 2.0f) {
     if (count_ge(y, n, max - d) >= k) { t = max - d; break; }
   }
+#if defined(SPECDEC_LEFT_PACK_AVX2)
+  const int64_t m = left_pack_ge<false, false>(y, n, 1.0f, t, cand);
+#else
   int64_t m = 0;
   for (int64_t v = 0; v < n; ++v)
     if (y[v] >= t) cand[m++] = y[v];
+#endif
   std::nth_element(cand, cand + (k - 1), cand + m, std::greater<float>());
   return cand[k - 1];
 }
@@ -168,11 +176,15 @@ inline float top_p_threshold(const float* e, int64_t n, float inv, double top_p,
     if (static_cast<double>(mass_ge(e, n, inv, guess)) >= top_p) { t = guess; break; }
   }
   for (;;) {
+#if defined(SPECDEC_LEFT_PACK_AVX2)
+    const int64_t m = left_pack_ge<true, true>(e, n, inv, t, cand);
+#else
     int64_t m = 0;
     for (int64_t v = 0; v < n; ++v) {
       const float p = e[v] * inv;
       if (p >= t && p > 0.0f) cand[m++] = p;
     }
+#endif
     const float cut = top_p_cut(cand, m, top_p);
     if (cut >= 0.0f) return cut;
     if (t == 0.0f) return 0.0f;

@@ -45,6 +45,9 @@ SPECDEC_INLINE float select(bool c, float a, float b) {
   return bits_to_float((float_to_bits(a) & mask) | (float_to_bits(b) & ~mask));
 }
 
+#if defined(__AVX512F__)
+// The AVX-512 build keeps these exact sources (and so its machine code): GCC if-converts the
+// ternaries below with mask registers and vectorises the loops at 16 lanes.
 // exp(x) for any float x: -inf -> 0, x > 88.72 -> +inf, subnormal results rounded once.
 SPECDEC_INLINE float fast_exp(float x) {
   const float hi = 88.72283935546875f, lo = -104.0f;
@@ -105,6 +108,71 @@ SPECDEC_INLINE float fast_log(float x) {
   out = select(x == std::numeric_limits<float>::infinity(), x, out);
   return select((x < 0.0f) | (x != x), std::numeric_limits<float>::quiet_NaN(), out);  // '|': no branch
 }
+#else
+// AVX2 (and generic) build: the same float operations in the same order, so the results are
+// bit-identical to the AVX-512 versions above, but every choice is an integer-mask select().
+// Why: without mask registers GCC 12 (-march=native on Zen 4 with AVX-512 hidden, avx2 + fma)
+// turned `x > hi ? hi : x` next to `select(x > hi, ...)`, and `x * (c ? k1 : k2)`, into
+// branches and then refused to vectorise any loop calling these ("control flow in loop"):
+// exp over a 32000-float row took 189 us (scalar), 23 us once vectorised (8 lanes).
+
+// exp(x) for any float x: -inf -> 0, x > 88.72 -> +inf, subnormal results rounded once.
+SPECDEC_INLINE float fast_exp(float x) {
+  const float hi = 88.72283935546875f, lo = -104.0f;
+  float xc = select(x > hi, hi, x);  // NaN stays NaN, as with the ternaries above
+  xc = select(xc < lo, lo, xc);
+  const float shifter = 12582912.0f;
+  float n = (xc * 1.44269504088896341f + shifter) - shifter;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  const float z = r * r;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const int32_t ni = static_cast<int32_t>(n);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
+  float out = (y * s1) * s2;
+  out = select(x > hi, std::numeric_limits<float>::infinity(), out);
+  return select(x < lo, 0.0f, out);
+}
+
+// log(x): 0 -> -inf, x < 0 or NaN -> NaN, +inf -> +inf, subnormal inputs handled.
+SPECDEC_INLINE float fast_log(float x) {
+  const bool subnormal = x < 1.17549435e-38f;
+  const float xs = x * select(subnormal, 8388608.0f, 1.0f);  // * 2^23
+  const uint32_t b = float_to_bits(xs);
+  int32_t e = static_cast<int32_t>((b >> 23) & 0xFFu) - 126;  // xs = m 2^e, m in [0.5, 1)
+  e = subnormal ? e - 23 : e;
+  const float m = bits_to_float((b & 0x007FFFFFu) | 0x3F000000u);
+  const bool small = m < 0.707106781186547524f;
+  e = small ? e - 1 : e;
+  const float f = m * select(small, 2.0f, 1.0f) - 1.0f;  // exact (Sterbenz)
+  const float z = f * f;
+  float y = 7.0376836292e-2f;
+  y = y * f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z;
+  const float ef = static_cast<float>(e);
+  y = y + ef * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  float out = (f + y) + ef * 0.693359375f;
+  out = select(x == 0.0f, kNegInf, out);
+  out = select(x == std::numeric_limits<float>::infinity(), x, out);
+  return select((x < 0.0f) | (x != x), std::numeric_limits<float>::quiet_NaN(), out);
+}
+#endif  // __AVX512F__
 
 SPECDEC_INLINE float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 
@@ -115,7 +183,13 @@ SPECDEC_INLINE float fp16_to_float(uint16_t h) {
   const uint32_t two_w = w + w;
   const float normalized = bits_to_float((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float denormalized = bits_to_float((two_w >> 17) | (126u << 23)) - 0.5f;
+#if defined(__AVX512F__)
   const uint32_t magnitude = two_w < (1u << 27) ? float_to_bits(denormalized) : float_to_bits(normalized);
+#else
+  // AVX2: the ternary of two computed floats became a branch, and every loop reading float16
+  // logits stayed scalar ("control flow in loop"); an integer-mask select keeps it vectorised.
+  const uint32_t magnitude = float_to_bits(select(two_w < (1u << 27), denormalized, normalized));
+#endif
   return bits_to_float(sign | magnitude);
 }
 
