@@ -80,6 +80,12 @@ class SamplingTensors:
     def batch(self) -> int:
         return self.temperature.shape[0]
 
+    def select_rows(self, index: torch.Tensor) -> "SamplingTensors":
+        """The parameters of rows ``index`` (int64 [M], values in [0, B)), e.g. one row per drafted
+        child. The host modes carry over (the selected rows use a subset of them)."""
+        return SamplingTensors(self.temperature[index], self.top_k[index], self.top_p[index], self.min_p[index],
+                               self.seed[index], self.offset[index], modes=None if self.modes is None else set(self.modes))
+
 
 # name -> (dtype, integral, rule on a value (Python scalar or tensor), rule text)
 RULES = {

@@ -115,11 +115,7 @@ class TreeDrafter:
                 n_d = len(nodes)
                 level.row_index = torch.arange(batch, **long).repeat_interleave(n_d)
                 level.positions = torch.tensor([i - 1 for i in nodes], **long).repeat(batch)
-                p = state.params
-                level.params = SamplingTensors(p.temperature[level.row_index], p.top_k[level.row_index],
-                                               p.top_p[level.row_index], p.min_p[level.row_index],
-                                               p.seed[level.row_index], p.offset[level.row_index],
-                                               modes=None if p.modes is None else set(p.modes))  # rows' subset
+                level.params = state.params.select_rows(level.row_index)
             self.levels.append(level)
         # The level-d calls feed nodes 1 .. end_d - 1: their masks and positions (depth - 1: the
         # root is the last committed token).

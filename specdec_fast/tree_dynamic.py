@@ -136,11 +136,7 @@ class DynamicExpansion:
                 n_d = len(nodes)
                 level.row_index = torch.arange(batch, **long).repeat_interleave(n_d)
                 level.positions = torch.tensor([i - 1 for i in nodes], **long).repeat(batch)
-                p = state.params
-                level.params = SamplingTensors(p.temperature[level.row_index], p.top_k[level.row_index],
-                                               p.top_p[level.row_index], p.min_p[level.row_index],
-                                               p.seed[level.row_index], p.offset[level.row_index],
-                                               modes=None if p.modes is None else set(p.modes))
+                level.params = state.params.select_rows(level.row_index)
             self.levels.append(level)
 
     def expand(self, d: int, parent_logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:

@@ -68,6 +68,19 @@ def test_modes_survive_replace_of_other_fields_and_never_go_stale():
     assert set(MODES) == {"greedy", "plain", "top_k", "top_p", "min_p"}
 
 
+def test_select_rows_gathers_every_field_and_keeps_the_modes():
+    params = make_sampling_tensors(3, "cpu", temperature=torch.tensor([0.0, 0.7, 1.0]), top_k=torch.tensor([0, 5, 0]),
+                                   top_p=0.9, seed=11, offset=torch.tensor([4, 5, 6]), check=True)
+    rows = torch.tensor([2, 2, 0, 1])
+    picked = params.select_rows(rows)
+    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset"):
+        assert torch.equal(getattr(picked, name), getattr(params, name)[rows]), name
+    assert picked.modes == params.modes == {"greedy", "top_k", "top_p"}
+    assert dataclasses.replace(picked, offset=picked.offset + 1).modes == params.modes
+    unknown = dataclasses.replace(params, modes=None)
+    assert unknown.select_rows(rows).modes is None
+
+
 # ---- the same tokens with and without the flags -----------------------------------------------
 # (batch, K, vocab, cap, num_chunks): the one-kernel small-vocab path, and the streaming launch
 # (+ finish) forced on 600 values by a candidate region of 128, one or three chunks per row.
