@@ -85,6 +85,8 @@ class TreeDrafter:
         self.num_pending = torch.ones(batch, dtype=torch.long, device=dev)
         self._sample = prepared_impls(state.backend, dev)[1]
         self._greedy = (state.params.temperature == 0)[:, None]
+        # An all-greedy batch (host modes) takes the top-b on every row: the sampler's launches are skipped.
+        self._all_greedy = state.params.modes is not None and set(state.params.modes) == {"greedy"}
         self._no_keep = torch.zeros(batch, dtype=torch.long, device=dev)
         self.fed_depth = tree.depth - 1  # accepted nodes at depth <= this are in the draft cache after propose
         self._slots = torch.arange(tree.size - 1, device=dev)
@@ -111,7 +113,7 @@ class TreeDrafter:
                 rank=torch.tensor([tree.ranks[i] for i in nodes], **long),
                 width=max(tree.ranks[i] for i in nodes) + 1,
             )
-            if tree.children == "sample":
+            if tree.children == "sample" and not self._all_greedy:
                 n_d = len(nodes)
                 level.row_index = torch.arange(batch, **long).repeat_interleave(n_d)
                 level.positions = torch.tensor([i - 1 for i in nodes], **long).repeat(batch)
@@ -129,7 +131,7 @@ class TreeDrafter:
         """Tokens [B, n_d] of depth d's nodes from their parents' logits [B, E, V]."""
         top = torch.topk(parent_logits, level.width, dim=-1).indices  # [B, E, width]
         chosen = top[:, level.slot, level.rank]
-        if self.tree.children == "top":
+        if self.tree.children == "top" or self._all_greedy:
             return chosen
         rows = parent_logits[:, level.slot].reshape(-1, parent_logits.shape[-1])  # [B * n_d, V]
         child_params = dataclasses.replace(level.params, offset=params.offset[level.row_index])
