@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, NEG_INF, fixed_mass, fixed_prob, last_rows_of,
-                             load_x_rows, num_drafts, order_key, passes_min_p, row_source)
+                             load_x_rows, num_drafts, order_key, passes_min_p, row_source, sampling_modes)
 from ._triton_greedy import write_greedy_tokens
 from ._triton_search import largest_key_reaching
 
@@ -46,10 +46,7 @@ def select_small_vocab_kernel(
     min_p = tl.load(min_p_ptr + b)
     temp = tl.where(t > 0, t, 1.0)
     needed = t_lim + d_lim > 0
-    sampled = needed & (t > 0)
-    topk_on = sampled & (top_k > 0) & (top_k < V)
-    topp_on = sampled & (top_p < 1)
-    minp_on = sampled & (min_p > 0)
+    topk_on, topp_on, minp_on = sampling_modes(t, top_k, top_p, min_p, needed, V)
 
     idx = tl.arange(0, BLOCK_VF)
     x = load_x_rows(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)  # [BLOCK_R, BLOCK_VF]
