@@ -152,18 +152,6 @@ void tile_cols(const Args& a, int64_t m0, int64_t n0) {
   }
 }
 
-// "cols" layout, single columns [n0, n1) (the N % 16 tail): scalar, strided reads.
-void cols_scalar(const Args& a, int64_t m0, int mb, int64_t n0, int64_t n1) {
-  for (int m = 0; m < mb; ++m) {
-    const float* x = a.x + (m0 + m) * a.ldx;
-    for (int64_t n = n0; n < n1; ++n) {
-      float s = 0.f;
-      for (int64_t k = 0; k < a.K; ++k) s += x[k] * a.w[k * a.ldw + n];
-      a.y[(m0 + m) * a.N + n] = finish(a, m0 + m, n, s);
-    }
-  }
-}
-
 // Output columns [n0, n1) for x rows [m0, m0 + MB), weight rows layout.
 template <int MB>
 void block_rows(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
