@@ -9,7 +9,7 @@ import torch
 
 from .._backend import resolve_backend
 from ..sampling_params import make_sampling_tensors
-from ..verify import TOKEN_DTYPES, _check_finite, _check_logits
+from ..verify import TOKEN_DTYPES, _check_draft_logits, _check_finite, _check_logits
 from .reference import present_nodes, tree_verify_reference
 
 MAX_TREE_NODES = 64  # the attention kernel's tree mask: one int64 bitmask per query
@@ -118,15 +118,7 @@ def tree_verify(
     _check_index_tensor("tokens", tokens, batch, n, device)
     _check_index_tensor("parents", parents, batch, n, device)
     if draft_logits is not None:
-        _check_logits("draft_logits", draft_logits, 3)
-        if draft_logits.device != device:
-            raise ValueError(f"draft_logits is on {draft_logits.device} but target_logits is on {device}")
-        if draft_logits.dtype != target_logits.dtype:
-            raise TypeError(f"draft_logits dtype {draft_logits.dtype} differs from target_logits dtype {target_logits.dtype}")
-        if draft_logits.shape[-1] != vocab:
-            raise ValueError(f"vocab mismatch: draft_logits has V={draft_logits.shape[-1]}, target_logits has V={vocab}")
-        if tuple(draft_logits.shape) != (batch, n, vocab):
-            raise ValueError(f"draft_logits must have shape [B, N, V] = [{batch}, {n}, {vocab}], got {list(draft_logits.shape)}")
+        _check_draft_logits(draft_logits, target_logits, n, "N")
     params = make_sampling_tensors(
         batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
     )

@@ -28,6 +28,22 @@ def _check_logits(name: str, logits: torch.Tensor, ndim: int) -> None:
         raise ValueError(f"{name} has an empty vocabulary dimension: shape {tuple(logits.shape)}")
 
 
+def _check_draft_logits(draft_logits: torch.Tensor, target_logits: torch.Tensor, positions: int, letter: str) -> None:
+    """draft_logits must be logits [B, positions, V] on target_logits' device, in its dtype, over
+    its vocabulary (``letter`` names the middle dimension in the message: K drafts, N nodes)."""
+    _check_logits("draft_logits", draft_logits, 3)
+    batch, vocab, device = target_logits.shape[0], target_logits.shape[-1], target_logits.device
+    if draft_logits.device != device:
+        raise ValueError(f"draft_logits is on {draft_logits.device} but target_logits is on {device}")
+    if draft_logits.dtype != target_logits.dtype:
+        raise TypeError(f"draft_logits dtype {draft_logits.dtype} differs from target_logits dtype {target_logits.dtype}")
+    if draft_logits.shape[-1] != vocab:
+        raise ValueError(f"vocab mismatch: draft_logits has V={draft_logits.shape[-1]}, target_logits has V={vocab}")
+    if tuple(draft_logits.shape) != (batch, positions, vocab):
+        raise ValueError(f"draft_logits must have shape [B, {letter}, V] = [{batch}, {positions}, {vocab}], "
+                         f"got {list(draft_logits.shape)}")
+
+
 def _check_finite(name: str, logits: torch.Tensor) -> None:
     """NaN or +inf anywhere, or a distribution with no finite logit -> ValueError (reads values)."""
     if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
@@ -79,17 +95,7 @@ def chain_verify(
     if draft_tokens.device != device:
         raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_logits is on {device}")
     if draft_logits is not None:
-        _check_logits("draft_logits", draft_logits, 3)
-        if draft_logits.device != device:
-            raise ValueError(f"draft_logits is on {draft_logits.device} but target_logits is on {device}")
-        if draft_logits.dtype != target_logits.dtype:
-            raise TypeError(f"draft_logits dtype {draft_logits.dtype} differs from target_logits dtype {target_logits.dtype}")
-        if draft_logits.shape[-1] != vocab:
-            raise ValueError(f"vocab mismatch: draft_logits has V={draft_logits.shape[-1]}, target_logits has V={vocab}")
-        if tuple(draft_logits.shape) != (batch, k_plus_1 - 1, vocab):
-            raise ValueError(
-                f"draft_logits must have shape [B, K, V] = [{batch}, {k_plus_1 - 1}, {vocab}], got {list(draft_logits.shape)}"
-            )
+        _check_draft_logits(draft_logits, target_logits, k_plus_1 - 1, "K")
     params = make_sampling_tensors(
         batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
     )
