@@ -343,7 +343,9 @@ def kernel_times(device, vocab: int) -> list:
     return out
 
 
-def run_gpu(args) -> dict:
+def run_gpu(args, save=None) -> dict:
+    """save(partial dict): called after every (agreement, mode) group, so a run cut short at its
+    device-call limit keeps what it measured; no new group starts after args.budget_s seconds."""
     from specdec_fast.tree import DEMO_SCORE_TEMPERATURE, TokenTree
 
     device = torch.device(args.device or "cuda")
@@ -362,6 +364,9 @@ def run_gpu(args) -> dict:
         agreements[goal] = dict(scale=scale, measured=got)
         print(f"agreement goal {goal}: scale {scale:.3g}, measured {got:.3f}", flush=True)
         for mode, opts in (("greedy", MODES["greedy"]), ("sampling", dict(do_sample=True, temperature=1.0, top_k=0))):
+            if time.perf_counter() - start > args.budget_s:
+                print(f"budget {args.budget_s} s reached: agreement {goal} {mode} not run", flush=True)
+                continue
             runner = Runner(target, draft, prompts, args.max_new_tokens, opts, device)
             runner(num_assistant_tokens=4, **graphs, **backend)  # warm-up / compile
             _, stats = runner(tree=TokenTree.from_branching(RANK_TREE), **graphs, **backend)
@@ -391,10 +396,14 @@ def run_gpu(args) -> dict:
                 results.append(row)
                 print(f"agreement {goal} {mode:8s} {name:12s} {row['tokens_per_s']:.1f} tokens/s, accepted "
                       f"{row['mean_accepted_length']:.2f}", flush=True)
+            if save is not None:
+                save(dict(partial=True, settings=vars(args), agreements=agreements, rank_acceptance=ranks, results=results))
     best = []
     for goal in args.agreements:
         for mode in ("greedy", "sampling"):
             rows = [r for r in results if r["agreement"] == goal and r["mode"] == mode]
+            if not rows:  # the group was not run (budget)
+                continue
             chain = max((r for r in rows if r["kind"] == "chain"), key=lambda r: r["tokens_per_s"])
             tree = max((r for r in rows if r["kind"] == "tree"), key=lambda r: r["tokens_per_s"])
             plain = next(r for r in rows if r["kind"] == "plain")
@@ -430,6 +439,7 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=None, help="default 96 (CPU) / 128 (GPU)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (CPU) / 128 (GPU)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="GPU: no new group after this many seconds")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out")
     ap.add_argument("--no-plot", action="store_true")
@@ -441,9 +451,10 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     env = environment(device)  # at the start: the commit the run used (and its thread count)
     if args.gpu:
-        data = run_gpu(args)
         name = torch.cuda.get_device_name(device).lower().replace(" ", "_") if device.type == "cuda" else "cpu_smoke"
         out = Path(args.out or ROOT / "bench" / "results" / f"tree_{name}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = run_gpu(args, save=lambda partial: out.write_text(json.dumps(dict(partial, environment=env), indent=1)))
     else:
         data = run_cpu(args)
         out = Path(args.out or ROOT / "bench" / "results" / "tree_cpu.json")
