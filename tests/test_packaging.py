@@ -1,10 +1,12 @@
 """The wheel: pure Python (py3-none-any), one import package, declares what the default path needs
 (Requires-Dist), ships the demo pair with a tokenizer in each model directory, installs into a
 clean venv and imports, and its C++ loader finds the sources it ships."""
+import fcntl
 import re
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import venv
 import zipfile
 from pathlib import Path
@@ -16,11 +18,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """Built once per worker. setuptools builds in the source tree (build/bdist.*): two pytest-xdist
+    workers building at once collide there ('File exists: ...dist-info', seen on the 16-core GPU
+    machine), so builds take turns under a file lock."""
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
-        check=True,
-    )
+    with open(Path(tempfile.gettempdir()) / "specdec_fast_wheel_build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(REPO)],
+            check=True,
+        )
     (whl,) = out.glob("*.whl")
     return whl
 

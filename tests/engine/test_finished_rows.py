@@ -133,11 +133,12 @@ def test_batch_one_keeps_the_identity_packing():
 
 
 @pytest.mark.slow  # ~10 s: the Triton kernels through the interpreter
-def test_finished_rows_with_triton_kernels():
-    """backend='triton' (interpreted on CPU): zero-query rows in append_kv / paged_attention."""
+def test_finished_rows_with_triton_kernels(device):
+    """backend='triton' (on a GPU, or interpreted on CPU): zero-query rows in append_kv / paged_attention."""
     target = tiny("llama", layers=1)
-    draft = make_draft(target, noise=0.05)
-    ids, mask = left_padded_prompts([4, 6], vocab=VOCAB, seed=4)
+    draft = make_draft(target, noise=0.05).to(device)
+    target = target.to(device)
+    ids, mask = (t.to(device) for t in left_padded_prompts([4, 6], vocab=VOCAB, seed=4))
     new = 8
     eos = _early_eos(target, ids, mask, new)
     ours, stats = api.generate(target, ids, mask, assistant_model=draft, num_assistant_tokens=2, max_new_tokens=new,

@@ -82,9 +82,12 @@ def test_save_and_reload_round_trip(tmp_path):
         assert name == name2 and torch.equal(p, p2), name
 
 
-def test_default_is_on_with_triton_only():
-    model = tiny("llama")
-    assert PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1).layers[0].w_qkv is None  # CPU kernels
+def test_default_is_on_with_triton_only(device):
+    """Fused projections by default where the kernels are Triton's: on CUDA (the automatic choice)
+    or asked for; not on CPU kernels."""
+    model = tiny("llama").to(device)
+    default = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1).layers[0].w_qkv
+    assert (default is not None) == (device == "cuda")
     assert PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, backend="triton").layers[0].w_qkv is not None
 
 

@@ -209,7 +209,10 @@ def test_run_ahead_on_cuda_with_graphs(drafter):
     decoder = make()
     decoder._prefill(ids, mask)
     poller = decoder._start_polls(ids)
-    for n in range(2):  # warm-up + capture
+    for n in range(2):  # warm-up + capture, with the loop's reads (every poll is read in order)
+        snapshot = poller.wait(n)
+        if snapshot is not None:
+            decoder._take_snapshot(snapshot, n)
         decoder.step()
         poller.issue(n + 1)
     torch.cuda.synchronize()

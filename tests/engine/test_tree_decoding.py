@@ -39,14 +39,14 @@ def test_greedy_tree_decoding_equals_generate(kind, batch, tree):
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
-def test_tree_decoding_on_the_other_backends(backend):
-    """Every kernel through the torch reference, or through Triton (the interpreter: a short run;
-    head_dim 16 for the Triton attention kernel): greedy equals generate, and sampling gives the
-    C++ backend's tokens (same counter-based randomness)."""
-    target, draft = tiny("llama"), make_draft(tiny("llama"), noise=0.1)
+def test_tree_decoding_on_the_other_backends(backend, device):
+    """Every kernel through the torch reference, or through Triton (on a GPU, or the interpreter:
+    a short run; head_dim 16 for the Triton attention kernel): greedy equals generate, and sampling
+    gives the automatic backend's tokens (same counter-based randomness; on CPU the C++ backend)."""
+    target, draft = tiny("llama").to(device), make_draft(tiny("llama"), noise=0.1).to(device)
     target.generation_config.eos_token_id = None
-    ids, mask = left_padded_prompts([5, 11, 2], vocab=VOCAB, seed=3)
-    new = 4 if backend == "triton" else MAX_NEW  # the interpreter: ~15 s
+    ids, mask = (t.to(device) for t in left_padded_prompts([5, 11, 2], vocab=VOCAB, seed=3))
+    new = 4 if backend == "triton" and device == "cpu" else MAX_NEW  # the interpreter: ~15 s
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0)
     tree = TokenTree.from_branching([2, 2])
     out = api.generate(target, ids, mask, assistant_model=draft, tree=tree, do_sample=False, max_new_tokens=new,

@@ -91,8 +91,8 @@ def test_silu_mul_reads_gate_up_in_place(dtype, t, f, device):
     torch.testing.assert_close(y.cpu(), expected, rtol=limit, atol=limit)
 
 
-def test_backend_choice():
-    x = torch.randn(2, 4)
+def test_backend_choice(device):
+    x = torch.randn(2, 4, device=device)
     with pytest.raises(ValueError, match="backend must be"):
         silu_mul(x, x, backend="vllm")
     torch.testing.assert_close(silu_mul(x, x, backend="triton"), silu_mul_reference(x, x))  # interpreter / CUDA

@@ -160,9 +160,9 @@ def test_triton_any_head_dim(name, device):
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=tol, rtol=tol)
 
 
-def test_triton_rejects_head_dim_over_256():
+def test_triton_rejects_head_dim_over_256(device):
     pytest.importorskip("triton")
-    case = make_case([8], [2], 2, 1, 264, 16, torch.float32)
+    case = make_case([8], [2], 2, 1, 264, 16, torch.float32, device=device)
     with pytest.raises(ValueError, match="head_dim <= 256"):
         paged_attention(*case.args(), max_query_len=2, backend="triton")
 

@@ -86,7 +86,7 @@ def test_exact_in_float16_and_float32(device):
         assert torch.equal(q_d.cpu(), q_ref) and torch.equal(caches_d.cpu(), caches_ref), dtype
 
 
-def test_bad_input():
+def test_bad_input(device):
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
     cos = torch.randn(2, 8)
     caches = torch.zeros(2, 3, 4, 2, 8)
@@ -99,6 +99,6 @@ def test_bad_input():
     with pytest.raises(ValueError, match="qk_norm must be"):
         rope_append_kv(q, kv, kv, cos, cos, *args, qk_norm=(torch.ones(7), 1e-6, torch.ones(8), 1e-6))
     with pytest.raises(ValueError, match="k_new and v_new must both be"):
-        rope_append_kv(q, kv[:, :1], kv, cos, cos, *args, backend="triton")
+        rope_append_kv(*(t.to(device) for t in (q, kv[:, :1], kv, cos, cos, *args)), backend="triton")
     with pytest.raises(ValueError, match="no C\\+\\+ backend"):
         rope_append_kv(q, kv, kv, cos, cos, *args, backend="cpp")

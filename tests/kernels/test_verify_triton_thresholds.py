@@ -28,16 +28,23 @@ def _triton():
     return chain_verify_triton, sample_triton
 
 
-def _verify(target, draft, drafts, kw, *, cap, num_chunks=2, block_v=64, seed=0):
-    """Run both backends on one problem; assert equal tokens; return the Triton paths."""
+def _on(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
+def _verify(target, draft, drafts, kw, *, device, cap, num_chunks=2, block_v=64, seed=0):
+    """Run both backends on one problem (built on the CPU, run on ``device``); assert equal
+    tokens; return the Triton paths."""
     chain_verify_triton, _ = _triton()
-    params = make_sampling_tensors(target.shape[0], "cpu", seed=seed, **kw)
+    target, draft, drafts = _on(device, target, draft, drafts)
+    kw = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in kw.items()}
+    params = make_sampling_tensors(target.shape[0], device, seed=seed, **kw)
     tokens, accepted, paths = chain_verify_triton(target, draft, drafts, params, cap=cap, num_chunks=num_chunks,
                                                   block_v=block_v, return_paths=True)
     expected = chain_verify_reference(target, draft, drafts, params)
     assert torch.equal(accepted, expected[1]), (accepted, expected[1])
     assert torch.equal(tokens, expected[0]), (tokens, expected[0])
-    return paths
+    return paths.cpu()
 
 
 def _rows(*rows):
@@ -62,27 +69,27 @@ def _tie_rows(vocab, batch, seed):
 
 
 @pytest.mark.slow
-def test_top_k_ties_at_the_kth_value_and_k_around_the_cap():
+def test_top_k_ties_at_the_kth_value_and_k_around_the_cap(device):
     """V = 200, cap 64, one k per row: k <= 4 settles in the top set (k <= cap / 16), 5 and
     beyond between rungs or by the sweeps; k >= V turns top-k off. Ties everywhere."""
     top_k = torch.tensor([1, 4, 5, 17, 60, 199, 200, 260], dtype=torch.int32)
     target, draft, drafts = _rows(*_tie_rows(200, len(top_k), 3))
-    paths = _verify(target, draft, drafts, dict(top_k=top_k), cap=64)
+    paths = _verify(target, draft, drafts, dict(top_k=top_k), device=device, cap=64)
     selecting = (top_k < 200).repeat_interleave(3)  # 3 distributions per row (K = 1, draft logits)
     assert bool((paths[selecting] & 0xF).ne(0).all()) and not bool(paths[~selecting].any())
 
 
 @pytest.mark.slow
-def test_top_k_fallback_sweeps_and_single_key():
+def test_top_k_fallback_sweeps_and_single_key(device):
     """cap 16: a small top-k overflows its gathered top set (sweeps), and with 6 distinct values
     the refinement ends on one key holding the k-th value (ties beyond the region)."""
     target, draft, drafts = _rows(*_tie_rows(300, 2, 1))
-    paths = _verify(target, draft, drafts, dict(top_k=4), cap=16)
+    paths = _verify(target, draft, drafts, dict(top_k=4), device=device, cap=16)
     assert _has(paths, SWEPT, TOP_K) and _has(paths, SINGLE_KEY, TOP_K)
 
 
 @pytest.mark.slow
-def test_top_p_exact_boundaries_tiny_and_almost_one():
+def test_top_p_exact_boundaries_tiny_and_almost_one(device):
     """Rows whose masses are exact binary fractions (0.5, 0.25, 0.25): top_p lands exactly on a
     tie group's boundary (mass above = top_p: removed) and just above it (kept); tiny top_p
     (only the max group), 1 - 1e-7 (everything); and tie-heavy integer rows. One row each."""
@@ -91,21 +98,21 @@ def test_top_p_exact_boundaries_tiny_and_almost_one():
     ties = _tie_rows(200, 2, 7)
     target, draft, drafts = _rows(exact, exact, exact, exact, exact, ties[0], ties[1])
     top_p = torch.tensor([0.5, 0.5000001, 0.75, 1e-6, 1 - 1e-7, 0.3, 1 - 1e-7])
-    _verify(target, draft, drafts, dict(top_p=top_p), cap=32)
+    _verify(target, draft, drafts, dict(top_p=top_p), device=device, cap=32)
 
 
 @pytest.mark.slow
-def test_top_k_between_rungs():
+def test_top_k_between_rungs(device):
     """A top-k above cap / 16 on random rows settles between rungs: gathered by the chunks."""
     g = torch.Generator().manual_seed(3)
     target = torch.randn(2, 2, 400, generator=g) * 3
     draft = (target[:, :1] + 0.1 * torch.randn(2, 1, 400, generator=g)).contiguous()
-    paths = _verify(target, draft, target[:, 0].argmax(-1, keepdim=True), dict(top_k=40), cap=64)
+    paths = _verify(target, draft, target[:, 0].argmax(-1, keepdim=True), dict(top_k=40), device=device, cap=64)
     assert _has(paths, GATHERED, TOP_K)
 
 
 @pytest.mark.slow
-def test_top_p_between_rungs_and_swept_on_flat_rows():
+def test_top_p_between_rungs_and_swept_on_flat_rows(device):
     """Flat-ish random rows (scale 0.5): the kept set of top_p = 0.9 is most of the row, far
     beyond the top set; the chunks gather the interval between rungs that holds it, or (tiny
     cap) the sweeps find it."""
@@ -113,15 +120,15 @@ def test_top_p_between_rungs_and_swept_on_flat_rows():
     target = torch.randn(2, 2, 400, generator=g) * 0.5
     draft = target[:, :1] + 0.1 * torch.randn(2, 1, 400, generator=g)
     drafts = target[:, 0].argmax(-1, keepdim=True)
-    paths = _verify(target, draft.contiguous(), drafts, dict(top_p=0.9), cap=128, num_chunks=3)
+    paths = _verify(target, draft.contiguous(), drafts, dict(top_p=0.9), device=device, cap=128, num_chunks=3)
     assert _has(paths, GATHERED, TOP_P) or _has(paths, SWEPT, TOP_P)
-    paths = _verify(target, draft.contiguous(), drafts, dict(top_p=0.9), cap=16)
+    paths = _verify(target, draft.contiguous(), drafts, dict(top_p=0.9), device=device, cap=16)
     assert _has(paths, SWEPT, TOP_P)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["flat", "near_flat", "one_finite", "mostly_inf"])
-def test_degenerate_rows_every_mode(kind):
+def test_degenerate_rows_every_mode(kind, device):
     """All logits equal, all within 1e-6 of each other (distinct keys, no room between them),
     a single finite logit, 90% -inf: top-k, top-p, min-p and all three, per row."""
     vocab = 160
@@ -140,23 +147,23 @@ def test_degenerate_rows_every_mode(kind):
     target, draft, drafts = _rows(row, row, row, row)
     kw = dict(top_k=torch.tensor([5, 0, 0, 40], dtype=torch.int32), top_p=torch.tensor([1.0, 0.6, 1.0, 0.9]),
               min_p=torch.tensor([0.0, 0.0, 0.3, 0.05]))
-    _verify(target, draft, drafts, kw, cap=32)
+    _verify(target, draft, drafts, kw, device=device, cap=32)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1e-3, 100.0])
-def test_extreme_temperatures(temperature):
+def test_extreme_temperatures(temperature, device):
     g = torch.Generator().manual_seed(5)
     target = torch.randn(2, 2, 300, generator=g) * 3
     draft = (target[:, :1] + torch.randn(2, 1, 300, generator=g)).contiguous()
     drafts = torch.randint(0, 300, (2, 1), generator=g)
     kw = dict(temperature=temperature, top_k=torch.tensor([20, 0], dtype=torch.int32),
               top_p=torch.tensor([0.9, 0.95]), min_p=torch.tensor([0.0, 0.05]))
-    _verify(target, draft, drafts, kw, cap=64)
+    _verify(target, draft, drafts, kw, device=device, cap=64)
 
 
 @pytest.mark.slow
-def test_mixed_rows_in_one_batch_and_min_p_routes():
+def test_mixed_rows_in_one_batch_and_min_p_routes(device):
     """Every mode and combination in one batch (greedy and T = 1 rows beside selecting rows),
     min-p settled from the top set and, alone with a min_p so small that its kept set exceeds
     the region, summed by the chunks."""
@@ -173,23 +180,23 @@ def test_mixed_rows_in_one_batch_and_min_p_routes():
         top_p=torch.tensor([1.0, 1.0, 0.8, 0.9, 0.95, 1.0]),
         min_p=torch.tensor([0.0, 0.0, 0.05, 0.0, 0.1, 1e-4]),
     )
-    paths = _verify(target, draft, drafts, kw, cap=64, seed=4)
+    paths = _verify(target, draft, drafts, kw, device=device, cap=64, seed=4)
     assert _has(paths, TOP_SET, MIN_P) and _has(paths, GATHERED, MIN_P)
 
 
-def test_sample_shares_the_machinery():
+def test_sample_shares_the_machinery(device):
     """sample_triton (K = 0): the same selection kernels on [B, V] rows."""
     _, sample_triton = _triton()
     rows = _tie_rows(240, 3, 2) + [torch.randn(240, generator=torch.Generator().manual_seed(1)) * 4]
-    logits = torch.stack(rows)
-    params = make_sampling_tensors(4, "cpu", seed=8, top_k=torch.tensor([5, 0, 70, 3], dtype=torch.int32),
-                                   top_p=torch.tensor([1.0, 0.7, 0.9, 0.5]), min_p=torch.tensor([0.1, 0.0, 0.0, 0.02]))
-    positions = torch.tensor([0, 3, 9, 2**31], dtype=torch.int64)
+    logits, top_k, top_p, min_p, positions = _on(
+        device, torch.stack(rows), torch.tensor([5, 0, 70, 3], dtype=torch.int32), torch.tensor([1.0, 0.7, 0.9, 0.5]),
+        torch.tensor([0.1, 0.0, 0.0, 0.02]), torch.tensor([0, 3, 9, 2**31], dtype=torch.int64))
+    params = make_sampling_tensors(4, device, seed=8, top_k=top_k, top_p=top_p, min_p=min_p)
     got = sample_triton(logits, params, positions, 1, cap=32, num_chunks=3, block_v=64)
     assert torch.equal(got, sample_reference(logits, params, positions, 1))
 
 
-def test_batch_65_small_vocab_whole_rows():
+def test_batch_65_small_vocab_whole_rows(device):
     """B = 65 with a small vocabulary: the one-kernel path (whole rows in registers), mixed rows."""
     chain_verify_triton, _ = _triton()
     g = torch.Generator().manual_seed(65)
@@ -200,13 +207,15 @@ def test_batch_65_small_vocab_whole_rows():
     rows = torch.arange(batch)
     kw = dict(temperature=(rows % 4).float() * 0.5, top_k=(rows % 7).to(torch.int32) * 3,
               top_p=1.0 - (rows % 5).float() * 0.2, min_p=(rows % 3).float() * 0.1, seed=3)
-    params = make_sampling_tensors(batch, "cpu", **kw)
+    target, draft, drafts = _on(device, target, draft, drafts)
+    params = make_sampling_tensors(batch, device, **{key: _on(device, v)[0] if isinstance(v, torch.Tensor) else v
+                                                     for key, v in kw.items()})
     got = chain_verify_triton(target, draft, drafts, params)
     expected = chain_verify_reference(target, draft, drafts, params)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
-def test_emission_skips_tiles_that_cannot_win():
+def test_emission_skips_tiles_that_cannot_win(device):
     """The emission draws noise only in tiles whose values could still beat the best so far
     (greedy and truncated rows skip most tiles): many small tiles per chunk, every kind of row."""
     chain_verify_triton, _ = _triton()
@@ -215,9 +224,11 @@ def test_emission_skips_tiles_that_cannot_win():
     target = torch.randn(batch, 3, vocab, generator=g) * 3
     draft = torch.randn(batch, 2, vocab, generator=g) * 3
     drafts = torch.randint(0, vocab, (batch, 2), generator=g)
-    params = make_sampling_tensors(batch, "cpu", seed=2, temperature=torch.tensor([0.0, 1.0, 1.0, 0.8, 1.0]),
-                                   top_k=torch.tensor([0, 0, 3, 0, 40], dtype=torch.int32),
-                                   top_p=torch.tensor([1.0, 1.0, 1.0, 0.5, 0.9]), min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2]))
+    target, draft, drafts, temperature, top_k, top_p, min_p = _on(
+        device, target, draft, drafts, torch.tensor([0.0, 1.0, 1.0, 0.8, 1.0]),
+        torch.tensor([0, 0, 3, 0, 40], dtype=torch.int32), torch.tensor([1.0, 1.0, 1.0, 0.5, 0.9]),
+        torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2]))
+    params = make_sampling_tensors(batch, device, seed=2, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     got = chain_verify_triton(target, draft, drafts, params, block_v=16, num_chunks=2)
     expected = chain_verify_reference(target, draft, drafts, params)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
