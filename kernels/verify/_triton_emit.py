@@ -1,5 +1,5 @@
 """Launch 2 of the verify step: ratio test and token emission (after a selection kernel,
-_triton_select_small.py / _triton_select_large.py, wrote each distribution's m, s2, s3, tkey,
+_triton_select_small.py / _triton_select_stream.py, wrote each distribution's m, s2, s3, tkey,
 amax). Glossary: _triton_common.py.
 
 grid (cdiv(B, BLOCK_R), NCHUNK): each program runs the ratio test of BLOCK_R rows (K vector

@@ -88,6 +88,8 @@ class LaunchPlan:
     # the caller emits: chain_verify / sample; no emission launch then)
     finish: bool = True
     greedy_tokens: bool = False
+    # the streaming launch keeps per-lane statistics for rows without rungs (_stream_chunk_lanes)
+    stream_lanes: bool = True
 
     @property
     def select_grid(self) -> tuple:
@@ -119,13 +121,14 @@ def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, nu
 
 def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
                   modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
-                  num_chunks: int | None = None, cap: int | None = None) -> LaunchPlan:
+                  num_chunks: int | None = None, cap: int | None = None, stream_lanes: bool = True) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
     (chain_verify / sample); False for statistics only (tree_verify emits on its own).
     block_v / num_chunks / cap override the vocab split and the candidate region (tests force
-    the multi-chunk and candidate paths on small inputs with them)."""
+    the multi-chunk and candidate paths on small inputs with them); stream_lanes=False streams
+    every row with the block-reduction loop (a benchmark's comparison)."""
     cfg = INTERPRETER if interpreting else dict(large_block_v=LARGE_BLOCK_V, sweep_block=SWEEP_BLOCK,
                                                 small_tile=SMALL_TILE, emit_max_block_v=EMIT_MAX_BLOCK_V,
                                                 emit_tile=EMIT_TILE, programs=None, sample=SAMPLE,
@@ -158,7 +161,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
-                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens)
+                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes)
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

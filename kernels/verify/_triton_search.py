@@ -1,5 +1,5 @@
 """Exact threshold search on a tile of candidate values held in registers (the finishing step
-of the selection kernels in _triton_select_small.py / _triton_select_large.py).
+of the selection kernels in _triton_select_small.py / _triton_select_stream.py).
 
 top-k and top-p are the same question asked with different weights:
     top-k: the k-th largest key       = the largest t with count(key >= t) >= k

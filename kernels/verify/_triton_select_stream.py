@@ -90,6 +90,36 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start
 
 
 @triton.jit
+def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0, cand_row_ptr,
+                        fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, CAP: tl.constexpr,
+                        GATHER: tl.constexpr):
+    """_stream_chunk without rungs, keeping (max, sum exp, argmax) per lane [BLOCK_V] and reducing
+    across lanes once, after the loop: no block-wide reduction (shared memory and a barrier) per
+    step, so a warp's next loads need not wait for the other warps. One exp per value: a lane
+    whose max rises rescales its sum by exp(old - new) and adds 1, else adds exp(x - max).
+    Same (max, argmax) as _stream_chunk; the sum differs only in rounding order. (H100 at 58dbb54,
+    B=64 V=128256 K=4: the block-reduction loop read the logits at 0.28-0.42 TB/s.)
+    GATHER: the top set x >= tau0 as in _stream_chunk."""
+    m_l = tl.full([BLOCK_V], NEG_INF, tl.float32)
+    s_l = tl.zeros([BLOCK_V], tl.float32)
+    a_l = tl.zeros([BLOCK_V], tl.int32) + start
+    for v0 in range(0, CHUNK, BLOCK_V):
+        idx = start + v0 + tl.arange(0, BLOCK_V)
+        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)
+        up = x > m_l  # a lane's first maximum keeps its lowest index
+        e = tl.exp(tl.where(up, m_l - x, x - m_l))  # NaN only where x = m_l = -inf: masked below
+        s_l = tl.where(up, s_l * e + 1.0, s_l + tl.where(x > NEG_INF, e, 0.0))
+        a_l = tl.where(up, idx, a_l)
+        m_l = tl.maximum(m_l, x)
+        if GATHER:
+            _gather((idx < V) & (x >= tau0), x, fill_row_ptr + TOP_SET, cand_row_ptr + TOP_SET * CAP, CAP)
+    m = tl.max(m_l, axis=0)
+    arg = tl.min(tl.where(m_l == m, a_l, BIG_INDEX), axis=0)
+    s = tl.sum(tl.where(m_l > NEG_INF, s_l * tl.exp(m_l - m), 0.0), axis=0)
+    return m, s, arg
+
+
+@triton.jit
 def merge_partials(part_f_ptr, part_i_ptr, r, NCHUNK, BLOCK_C: tl.constexpr, FROM_L2: tl.constexpr):
     """Merge the chunk partials of row r (a fixed reduction order: deterministic): (m, s, amax,
     rung counts int64 [8], rung masses fp32 [8] relative to m; slots 6, 7 zero). part_f: fp32
@@ -130,9 +160,10 @@ def select_stream_kernel(
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
-    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr,
+    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
 ):
-    """grid (R, NCHUNK): see the module docstring."""
+    """grid (R, NCHUNK): see the module docstring. LANES: rows without rungs stream with
+    _stream_chunk_lanes (the default), else with _stream_chunk (kept for the comparison)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     b = r // NPOS
@@ -164,11 +195,22 @@ def select_stream_kernel(
         m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
                                                   cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, True)
     elif gather:
-        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
-                                                  cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, False)
+        if LANES:
+            tau0 = tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)
+            m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0,
+                                            cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True)
+        else:
+            m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start,
+                                                      rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True,
+                                                      False)
     elif needed:
-        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
-                                                  cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False, False)
+        if LANES:
+            m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, POS_INF,
+                                            cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False)
+        else:
+            m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start,
+                                                      rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False,
+                                                      False)
     # partials: fp32 (m, s, mass of rungs 0-5), int32 (argmax, count of rungs 0-5, -)
     f = tl.arange(0, 8)
     out = (r * NCHUNK + c) * 8 + f

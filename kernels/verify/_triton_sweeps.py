@@ -1,5 +1,5 @@
 """Exact fallbacks of the large-vocab selection: passes over one whole row by one program
-(the row's last program in _triton_select_large.py), used only when the values gathered
+(the row's last program in _triton_select_finish.py), used only when the values gathered
 during the streaming pass do not decide a threshold (a mis-predicted sample, an overflowing
 candidate region, min-p reaching below the top set). Each is one pass over the row (from L2
 at small batch); the refinement takes one per bisection step until the interval holding the

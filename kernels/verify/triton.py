@@ -137,7 +137,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
             plan.select_chunks, *strides, *token_strides, greedy[3], V=vocab, K=k, CHUNK=plan.select_chunk,
             BLOCK_V=plan.select_block_v, BLOCK_K=block_k, BLOCK_C=triton.next_power_of_2(plan.select_chunks),
             CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
-            SAMPLE_SUB=plan.sample_sub, **greedy_flags, num_warps=STREAM_NUM_WARPS,
+            SAMPLE_SUB=plan.sample_sub, **greedy_flags, LANES=plan.stream_lanes, num_warps=STREAM_NUM_WARPS,
         )
         if plan.finish:  # some row may use top-k / top-p / min-p (the others are done already)
             minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
@@ -223,14 +223,16 @@ def chain_verify_triton(
     block_v: int | None = None,
     num_chunks: int | None = None,
     cap: int | None = None,
+    stream_lanes: bool = True,
     return_paths: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
     (-1 pads) -> tokens int32 [B, K+1], num_accepted int32 [B]. Inputs are validated by
     kernels.verify.chain_verify; block_v / num_chunks / cap override the vocab split and the
-    candidate region (tests, tuning). return_paths: also return int32 [B * NPOS], how each
-    distribution's thresholds were settled (_triton_select_large.py; 0 for small vocabularies)."""
-    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap)
+    candidate region (tests, tuning); stream_lanes=False: the block-reduction streaming loop for
+    every row (benchmarks). return_paths: also return int32 [B * NPOS], how each distribution's
+    thresholds were settled (_triton_select_stream.py; 0 for small vocabularies)."""
+    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
 
@@ -244,11 +246,12 @@ def sample_triton(
     block_v: int | None = None,
     num_chunks: int | None = None,
     cap: int | None = None,
+    stream_lanes: bool = True,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream)."""
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
-    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap)
+    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides)
     return tokens[:, 0]

@@ -232,3 +232,38 @@ def test_emission_skips_tiles_that_cannot_win(device):
     got = chain_verify_triton(target, draft, drafts, params, block_v=16, num_chunks=2)
     expected = chain_verify_reference(target, draft, drafts, params)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_lane_and_block_streaming_agree(device, k):
+    """The streaming pass's two loops (per-lane statistics, the default; block reductions per
+    step): same tokens as each other and as the reference, on rows that stream without rungs
+    (greedy, plain, a top-k <= CAP / 16 gathered while streaming) with -inf runs, ties at the maximum
+    across chunks, an all -inf chunk, and a -1 draft pad."""
+    chain_verify_triton, sample_triton = _triton()
+    g = torch.Generator().manual_seed(31)
+    batch, vocab = 4, 300
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    target[:, :, 100:200] = NEG_INF  # one chunk of three is all -inf (block_v 16, 3 chunks)
+    target[0, :, [7, 250]] = 9.0  # the maximum tied across chunks: the lowest index wins
+    draft = torch.randn(batch, k, vocab, generator=g) * 2
+    drafts = torch.randint(0, vocab, (batch, k), generator=g)
+    if k:
+        drafts[2, 1] = -1
+    target, draft, drafts, temperature, top_k = _on(device, target, draft, drafts, torch.tensor([0.0, 1.0, 0.7, 1.0]),
+                                                    torch.tensor([0, 0, 0, 4], dtype=torch.int32))
+    params = make_sampling_tensors(batch, device, seed=6, temperature=temperature, top_k=top_k)
+    ov = dict(block_v=16, num_chunks=3, cap=64)
+    if k:
+        lanes = chain_verify_triton(target, draft, drafts, params, **ov)
+        block = chain_verify_triton(target, draft, drafts, params, stream_lanes=False, **ov)
+        expected = chain_verify_reference(target, draft, drafts, params)
+        for got in (lanes, block):
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    else:
+        logits = target[:, 0].contiguous()
+        positions = torch.arange(batch, dtype=torch.int64, device=device)
+        expected = sample_reference(logits, params, positions, 1)
+        for lanes_on in (True, False):
+            got = sample_triton(logits, params, positions, 1, stream_lanes=lanes_on, **ov)
+            assert torch.equal(got, expected)
