@@ -106,10 +106,15 @@ class Runner:
         return seconds, merged
 
 
-def best_of(runner, configs: dict, repeats: int) -> dict:
-    """name -> (best seconds, its stats, all seconds), configurations round robin."""
+def best_of(runner, configs: dict, repeats: int, warmup: bool = False) -> dict:
+    """name -> (best seconds, its stats, all seconds), configurations round robin. warmup: one
+    untimed run of each configuration first (GPU: Triton compiles each new specialisation on
+    first use, seconds each: the H100 run at 58dbb54 with --repeats 1 timed those compiles)."""
     times = {name: [] for name in configs}
     best = {}
+    if warmup:
+        for method in configs.values():
+            runner(**method)
     for _ in range(repeats):
         for name, method in configs.items():
             seconds, stats = runner(**method)
@@ -317,8 +322,9 @@ def set_agreement(target, draft, originals, goal: float, device, steps: int = 12
 
 
 def kernel_times(device, vocab: int) -> list:
-    """tree_verify vs chain_verify (Triton, do_bench median us) at equal target tokens."""
-    import triton
+    """tree_verify vs chain_verify (Triton) at equal target tokens: CUDA graph replays under
+    do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers)."""
+    from verify_gpu_table import _time
 
     from specdec_fast.kernels import make_sampling_tensors
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
@@ -336,8 +342,8 @@ def kernel_times(device, vocab: int) -> list:
                 parents = torch.tensor(tree.parents, device=device).expand(batch, -1)
                 tokens = torch.randint(0, vocab, (batch, n), generator=g).to(device)
                 params = make_sampling_tensors(batch, device, seed=0, **kw)
-                tree_us = triton.testing.do_bench(lambda: tree_verify_triton(target, draft, tokens, parents, params)) * 1e3
-                chain_us = triton.testing.do_bench(lambda: chain_verify_triton(target, draft[:, :-1], tokens[:, 1:], params)) * 1e3
+                tree_us = _time(lambda: tree_verify_triton(target, draft, tokens, parents, params), False)["median_us"]
+                chain_us = _time(lambda: chain_verify_triton(target, draft[:, :-1], tokens[:, 1:], params), False)["median_us"]
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, tree_verify_us=tree_us, chain_verify_us=chain_us))
                 print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us, chain {chain_us:.1f} us", flush=True)
     return out
@@ -388,7 +394,7 @@ def run_gpu(args, save=None) -> dict:
                     trees[name + "-dyn"] = TokenTree(trees[name].parents, "sample", dynamic=True, acceptance=acc,
                                                      score_temperature=DEMO_SCORE_TEMPERATURE[mode])
                     configs[name + "-dyn"] = dict(tree=trees[name + "-dyn"], **graphs, **backend)
-            for name, (seconds, st, all_seconds) in best_of(runner, configs, args.repeats).items():
+            for name, (seconds, st, all_seconds) in best_of(runner, configs, args.repeats, warmup=True).items():
                 kind = "plain" if name == "plain" else ("chain" if name.startswith("chain") else "tree")
                 budget = 1 if kind == "plain" else int(name[5:] if kind == "chain" else name[4:].split("-")[0])
                 row = row_of(name, kind, budget, mode, seconds, st, all_seconds, trees.get(name))
