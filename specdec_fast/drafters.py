@@ -54,6 +54,10 @@ class ModelDrafter:
         self._sample = prepared_impls(state.backend, state.seq.device)[1]
         self._params = dataclasses.replace(state.params, offset=state.gen_len)  # offset: the live counter
         self._positions = []  # int64 [B] tensors of i: the i-th draft's noise position
+        # Every row greedy (known on the host): each draft is its logits' argmax (lowest index),
+        # so the verify's p = one-hot(argmax) is one-hot(draft) exactly: propose returns no
+        # logits, and the verify reads K + 1 distributions instead of 2K + 1 (no [B, K, V] stack).
+        self._logits_needed = state.params.modes != {"greedy"}
 
     def _position(self, i: int) -> torch.Tensor:
         while len(self._positions) <= i:
@@ -63,7 +67,8 @@ class ModelDrafter:
 
     def propose(self, k: int):
         """K one-token draft steps (the first feeds the 1 or 2 pending tokens); finished rows are
-        fed nothing when state.skip_finished. -> drafts [B, k] int64, logits [B, k, V]."""
+        fed nothing when state.skip_finished. -> drafts [B, k] int64, logits [B, k, V] (None
+        when every row is greedy: the verify's p is then one-hot(draft), as the logits would give)."""
         live = self.state.live if self.state.skip_finished else None
         tokens, logits = [], []
         step_input = self.pending
@@ -74,7 +79,7 @@ class ModelDrafter:
             tokens.append(token)
             logits.append(step_logits)
             step_input, num_valid = token[:, None], live
-        return torch.stack(tokens, 1), torch.stack(logits, 1)
+        return torch.stack(tokens, 1), torch.stack(logits, 1) if self._logits_needed else None
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
         k = draft_tokens.shape[1]

@@ -106,6 +106,25 @@ def test_greedy_is_exact_argmax(backend, with_draft_logits, device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_drafts_need_no_draft_logits(backend, device):
+    """Every row greedy, each draft = sample() of its draft logits at temperature 0 (what
+    ModelDrafter proposes): the verify gives the same tokens without the draft logits (p =
+    one-hot(draft)) as with them (p = one-hot(argmax)), ties in both logits included; this is
+    why ModelDrafter.propose returns no logits for an all-greedy batch."""
+    g = torch.Generator().manual_seed(5)
+    batch, k, vocab = 6, 3, 97
+    target = torch.randint(0, 4, (batch, k + 1, vocab), generator=g).float().to(device)  # ties everywhere
+    draft = torch.randint(0, 4, (batch, k, vocab), generator=g).float().to(device)
+    draft[:3] = target[:3, :k]  # rows 0-2 agree with the target (long accepted runs)
+    drafts = torch.stack([sample(draft[:, i], temperature=0.0, seed=2, backend=backend) for i in range(k)], 1).long()
+    drafts[4, 1:] = -1
+    with_logits = chain_verify(target, draft, drafts, temperature=0.0, seed=1, backend=backend)
+    without = chain_verify(target, None, drafts, temperature=0.0, seed=1, backend=backend)
+    assert torch.equal(with_logits[0], without[0]) and torch.equal(with_logits[1], without[1])
+    assert with_logits[1][:3].tolist() == [k] * 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_greedy_tie_takes_the_lowest_index(backend, device):
     target = torch.zeros(2, 1, 9)
     target[:, 0, 4] = target[:, 0, 7] = 1.0
