@@ -121,14 +121,20 @@ def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, nu
 
 def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
                   modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
-                  num_chunks: int | None = None, cap: int | None = None, stream_lanes: bool = True) -> LaunchPlan:
+                  num_chunks: int | None = None, cap: int | None = None,
+                  stream_lanes: bool | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
     (chain_verify / sample); False for statistics only (tree_verify emits on its own).
     block_v / num_chunks / cap override the vocab split and the candidate region (tests force
-    the multi-chunk and candidate paths on small inputs with them); stream_lanes=False streams
-    every row with the block-reduction loop (a benchmark's comparison)."""
+    the multi-chunk and candidate paths on small inputs with them). stream_lanes: the streaming
+    loop of rows without rungs, per-lane statistics (True) or block reductions per step (False);
+    None: per-lane where a program streams more than one block. Measured on an H100 (112bf69,
+    bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
+    at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
+    one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
+    B = 1 equal."""
     cfg = INTERPRETER if interpreting else dict(large_block_v=LARGE_BLOCK_V, sweep_block=SWEEP_BLOCK,
                                                 small_tile=SMALL_TILE, emit_max_block_v=EMIT_MAX_BLOCK_V,
                                                 emit_tile=EMIT_TILE, programs=None, sample=SAMPLE,
@@ -158,6 +164,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     finish = large and (modes is None or bool(modes & TRUNCATIONS))
     # Greedy rows emit their argmax (_triton_greedy.py): the selection launch writes the tokens.
     greedy_tokens = emits and modes == {"greedy"}
+    if stream_lanes is None:
+        stream_lanes = large and s_chunk > s_block_v
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),

@@ -223,14 +223,14 @@ def chain_verify_triton(
     block_v: int | None = None,
     num_chunks: int | None = None,
     cap: int | None = None,
-    stream_lanes: bool = True,
+    stream_lanes: bool | None = None,
     return_paths: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
     (-1 pads) -> tokens int32 [B, K+1], num_accepted int32 [B]. Inputs are validated by
     kernels.verify.chain_verify; block_v / num_chunks / cap override the vocab split and the
-    candidate region (tests, tuning); stream_lanes=False: the block-reduction streaming loop for
-    every row (benchmarks). return_paths: also return int32 [B * NPOS], how each distribution's
+    candidate region (tests, tuning); stream_lanes: force the streaming loop (True: per-lane
+    statistics, False: block reductions; None: the plan's choice, _triton_plan.plan_launches). return_paths: also return int32 [B * NPOS], how each distribution's
     thresholds were settled (_triton_select_stream.py; 0 for small vocabularies)."""
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides)
@@ -246,7 +246,7 @@ def sample_triton(
     block_v: int | None = None,
     num_chunks: int | None = None,
     cap: int | None = None,
-    stream_lanes: bool = True,
+    stream_lanes: bool | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream)."""
