@@ -119,8 +119,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     seed: int (per-row streams) or None (drawn from torch's global RNG). backend: kernel backend.
     runner: None (paged where supported, else hf; chosen for target and draft separately),
     "paged" (error if unsupported) or "hf" (the model's own forward and DynamicCache).
-    cuda_graphs: None (engine.GRAPHS_BY_DEFAULT: eager until the capture has been verified on a
-    GPU), True (the draft and verify steps as CUDA graphs: CUDA, paged runners, Triton kernels;
+    cuda_graphs: None (graph_policy.GRAPHS_BY_DEFAULT: CUDA graphs wherever they can run, else
+    eager with the reason in the stats' graph_note), True (the draft and verify steps as CUDA graphs: CUDA, paged runners, Triton kernels;
     error if unsupported), False (eager), "static"
     (the graph code path run eagerly with its safety checks, any device: for tests). The stats
     report which ran (graph_mode, graph_note, graph_replays).
