@@ -342,9 +342,11 @@ def kernel_times(device, vocab: int) -> list:
                 parents = torch.tensor(tree.parents, device=device).expand(batch, -1)
                 tokens = torch.randint(0, vocab, (batch, n), generator=g).to(device)
                 params = make_sampling_tensors(batch, device, seed=0, **kw)
-                tree_us = _time(lambda: tree_verify_triton(target, draft, tokens, parents, params), False)["median_us"]
+                tree_us = _time(lambda: tree_verify_triton(target, draft, tokens, parents, params,
+                                                           max_children=tree.max_children), False)["median_us"]
                 chain_us = _time(lambda: chain_verify_triton(target, draft[:, :-1], tokens[:, 1:], params), False)["median_us"]
-                out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, tree_verify_us=tree_us, chain_verify_us=chain_us))
+                out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
+                                tree_verify_us=tree_us, chain_verify_us=chain_us))
                 print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us, chain {chain_us:.1f} us", flush=True)
     return out
 

@@ -214,6 +214,15 @@ class TokenTree:
             out[p] += 1
         return tuple(out)
 
+    @cached_property
+    def max_children(self) -> int:
+        """A bound on any node's children in any row: a static tree's own count; a dynamic tree
+        (each row picks its nodes' parents among the previous depth's: tree_dynamic.py) the most
+        nodes at one depth."""
+        if self.dynamic:
+            return max(self.depths.count(d) for d in range(1, self.depth + 1))
+        return max(self.num_children)
+
     def level(self, d: int) -> list:
         """Node indices at depth d (contiguous in BFS order)."""
         return [i for i, di in enumerate(self.depths) if di == d]

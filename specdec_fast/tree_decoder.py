@@ -63,7 +63,7 @@ class TreeDecoder(SpeculativeDecoder):
         self.tree = drafter.tree
         super().__init__(target, drafter, k=self.tree.depth, **{**kwargs, "skip_finished": False})
         self._depths = self.tree.tensors(self.device)["depths"]
-        self._tree_verify_impl = prepared_tree_verify(self.backend, self.device)
+        self._tree_verify_impl = prepared_tree_verify(self.backend, self.device, self.tree.max_children)
         self.tree_stats = TreeStats(self.tree, self.device)
 
     def draft_step(self):

@@ -16,6 +16,12 @@ def test_shapes():
     assert tree.level(1) == [1, 2]
 
 
+def test_max_children_bounds_every_row():
+    tree = TokenTree.from_branching([3, 2])  # 3 children at the root, 2 under each: 6 nodes at depth 2
+    assert tree.max_children == 3 and tree.as_dynamic().max_children == 6
+    assert TokenTree.chain(4).max_children == 1
+
+
 def test_ancestor_masks():
     tree = TokenTree.from_branching([2, 2])  # nodes 3, 4 under 1; 5, 6 under 2
     assert tree.ancestor_masks(list(range(7))) == [1, 3, 5, 11, 19, 37, 69]

@@ -47,6 +47,7 @@ def test_per_row_trees_are_valid_with_the_skeleton_depths(children, n):
         assert row.depths == tree.depths
         assert dyn.ranks[b].tolist() == list(row.ranks)  # siblings by rank 0, 1, ... (a prefix of the ranks)
         assert dyn.mask[b].tolist() == row.tensors("cpu")["mask"].tolist()
+        assert max(row.num_children) <= tree.max_children  # the bound tree_verify's launches rely on
         for level in dyn.levels[:-1]:  # the draft's re-feed masks: nodes 1..end - 1 at positions node - 1
             assert dyn.feed_mask(level.end)[b].tolist() == row.ancestor_masks(list(range(1, level.end)))
         shapes.add(row.parents)

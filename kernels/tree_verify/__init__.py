@@ -3,6 +3,7 @@
 Backends: "triton" (triton.py; CUDA, or CPU under TRITON_INTERPRET=1), "cpp" (csrc/tree_verify.cpp,
 the CPU default when it builds), "torch" (reference.py: the spec; read it for the semantics).
 """
+import functools
 from typing import NamedTuple
 
 import torch
@@ -15,7 +16,7 @@ from .reference import present_nodes, tree_verify_reference
 MAX_TREE_NODES = 64  # the attention kernel's tree mask: one int64 bitmask per query
 
 __all__ = ["tree_verify", "tree_verify_reference", "TreeVerifyResult", "prepared_tree_verify", "check_tree",
-           "MAX_TREE_NODES"]
+           "most_children", "MAX_TREE_NODES"]
 
 
 class TreeVerifyResult(NamedTuple):
@@ -96,6 +97,7 @@ def tree_verify(
     offset=0,
     backend: str | None = None,
     check: bool = True,
+    max_children: int | None = None,
 ) -> TreeVerifyResult:
     """Speculative-sampling verify of a token tree per row, from logits (semantics: reference.py).
 
@@ -106,6 +108,10 @@ def tree_verify(
     as chain_verify: scalars or per-row tensors [B]; seed int or int64 [B]; offset int or [B].
     check=False skips the checks that read tensor values (no host sync): the trees must then be
     valid already (check_tree); a malformed row gives unspecified tokens (memory-safe).
+    max_children: an int >= 1 bounding the children of any node in any row (the Triton backend
+    runs one residual-mass launch per sibling after the first, up to it); None: read from
+    parents with the checks (check=True), else N - 1. A bound below a row's count is an error
+    (check=True) or unspecified tokens (check=False).
     Returns TreeVerifyResult(tokens, path, num_accepted, final_token).
     """
     _check_logits("target_logits", target_logits, 3)
@@ -122,25 +128,44 @@ def tree_verify(
     params = make_sampling_tensors(
         batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
     )
+    if max_children is not None and (isinstance(max_children, bool) or not isinstance(max_children, int)
+                                     or max_children < 1):
+        raise ValueError(f"max_children must be an int >= 1 or None, got {max_children!r}")
     if check:
         check_tree(parents, tokens, vocab)
         _check_finite("target_logits", target_logits)
         if draft_logits is not None:
             _check_finite("draft_logits", draft_logits)
-    impl = prepared_tree_verify(backend, device)
+        most = most_children(parents)
+        if max_children is not None and most > max_children:
+            raise ValueError(f"max_children = {max_children} but a node of parents has {most} children")
+        max_children = max_children or max(most, 1)
+    impl = prepared_tree_verify(backend, device, max_children)
     out_tokens, path, num_accepted = impl(target_logits, draft_logits, tokens, parents, params)
     final = out_tokens.gather(1, num_accepted.long()[:, None])[:, 0]
     return TreeVerifyResult(out_tokens, path, num_accepted, final)
 
 
-def prepared_tree_verify(backend, device):
+def most_children(parents: torch.Tensor) -> int:
+    """The most children of one node in any row of parents [B, N] (reads values: a host sync)."""
+    par = parents.long().cpu()
+    if par.numel() == 0:
+        return 0
+    n = par.shape[1]
+    counts = torch.zeros(par.shape[0], n + 1, dtype=torch.long).scatter_add_(1, par.clamp(min=-1) + 1, torch.ones_like(par))
+    return int(counts[:, 1:].max())
+
+
+def prepared_tree_verify(backend, device, max_children: int | None = None):
     """tree_verify_impl(target_logits, draft_logits, tokens, parents, params) -> (tokens, path,
-    num_accepted) of the backend resolve_backend picks for ``device``; no checks (for the engine)."""
+    num_accepted) of the backend resolve_backend picks for ``device``; no checks (for the engine).
+    max_children: as tree_verify's (a bound the caller guarantees; None: N - 1)."""
     chosen = resolve_backend(backend, torch.device(device), "tree_verify")
     if chosen == "triton":
         from .triton import tree_verify_triton
 
-        return tree_verify_triton
+        return tree_verify_triton if max_children is None else functools.partial(tree_verify_triton,
+                                                                                  max_children=max_children)
     if chosen == "cpp":
         from .cpp import tree_verify_cpp
 

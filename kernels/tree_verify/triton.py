@@ -6,7 +6,8 @@ Launches (each boundary a grid-wide dependency):
        row may use top-k / top-p / min-p: SamplingTensors.modes, known on the host), with
        K = N - 1 and no -1 among the (dummy) drafts, so every position is computed (_node_stats
        below is the only code that knows their interface)
-  3.   residual_mass (sampled children only): the residual masses W_k each sibling test needs
+  3.   residual_mass (sampled children only): the residual masses W_k each sibling test needs,
+       one launch per k = 1 .. max_children - 1 (W_k depends on W_{k-1}), each over vocab chunks
   4.   walk: one row tile per program, an ascending scan over the N nodes
   5-6. emit_partial / emit_final: Gumbel-max of the emitted token at the final node, vocab
        chunks merged in order (as in kernels/verify/triton.py)
@@ -65,7 +66,7 @@ def _node_stats(target, draft, params: SamplingTensors, block_v, num_chunks):
     return stats, plan.npos
 
 
-def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks):
+def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children):
     batch, n, vocab = target.shape
     device = target.device
     i32 = dict(dtype=torch.int32, device=device)
@@ -84,13 +85,21 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     block_n = triton.next_power_of_2(n)
 
     mass = torch.empty((batch * n, n), dtype=torch.float32, device=device)
-    if has_draft:
+    kmax = n - 1 if max_children is None else min(max_children, n - 1)
+    if has_draft and kmax > 1:  # W_k for k = 1 .. kmax - 1: one launch each, vocab split over programs
         block_r, bv = _tile(vocab, batch * n, block_v)
-        kernels.residual_mass_kernel[(triton.cdiv(batch * n, block_r),)](
-            target, draft, parents, p.temperature, p.min_p, *stats, mass,
-            batch * n, npos, *strides, parents.stride(0),
-            N=n, V=vocab, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_N=block_n, num_warps=NUM_WARPS,
-        )
+        tiles = triton.cdiv(batch * n, block_r)
+        chunk, nchunk = _split_vocab(vocab, tiles, device, bv, num_chunks)
+        lam_next = torch.empty((batch * n,), dtype=torch.float32, device=device)
+        part = torch.empty((batch * n, nchunk), dtype=torch.float32, device=device)
+        tickets = torch.zeros((tiles, kmax), **i32)
+        for k in range(1, kmax):
+            kernels.residual_mass_kernel[(tiles, nchunk)](
+                target, draft, parents, p.temperature, p.min_p, *stats, mass, lam_next, part, tickets,
+                k, batch * n, npos, nchunk, kmax, *strides, parents.stride(0),
+                N=n, V=vocab, CHUNK=chunk, BLOCK_R=block_r, BLOCK_V=bv, BLOCK_N=block_n,
+                BLOCK_C=triton.next_power_of_2(nchunk), FENCE=not triton_interpreting(), num_warps=NUM_WARPS,
+            )
 
     final = torch.empty((batch,), **i32)
     lam = torch.empty((batch,), dtype=torch.float32, device=device)
@@ -135,13 +144,16 @@ def tree_verify_triton(
     *,
     block_v: int | None = None,
     num_chunks: int | None = None,
+    max_children: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
     -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
-    kernels.tree_verify.tree_verify; block_v / num_chunks override the vocab split (tests)."""
+    kernels.tree_verify.tree_verify; block_v / num_chunks override the vocab split (tests).
+    max_children: a bound on any node's children in any row (None: N - 1); sampled children cost
+    one residual-mass launch per sibling after the first, up to the bound."""
     if not triton_interpreting():
-        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks)
+        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks, max_children)
     import numpy as np
 
     with np.errstate(all="ignore"):  # the interpreter evaluates both sides of every select
-        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks)
+        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks, max_children)

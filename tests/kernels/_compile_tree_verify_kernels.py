@@ -11,7 +11,7 @@ import _compile_verify_kernels as compiler  # noqa: E402  (beside this script: s
 from specdec_fast.kernels.tree_verify import _triton_kernels as tree  # noqa: E402
 
 INT_POINTERS = ("parents_ptr", "tokens_ptr", "seed_ptr", "offset_ptr", "tkey_ptr")  # int64
-INT32_POINTERS = ("amax_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
+INT32_POINTERS = ("amax_ptr", "ticket_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
                   "num_removed_ptr", "q_idx_ptr", "r_idx_ptr", "r_any_ptr")
 
 
@@ -22,7 +22,8 @@ def main() -> int:
         block_n = 1 << (n - 1).bit_length()
         walk_warps = 8 if 16 * block_n >= 1024 else 4  # as kernels/tree_verify/triton.py launches it
         jobs = [
-            (tree.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_R=2, BLOCK_V=1024, BLOCK_N=block_n), 4),
+            (tree.residual_mass_kernel, dict(N=n, V=vocab, CHUNK=8192, BLOCK_R=2, BLOCK_V=1024, BLOCK_N=block_n,
+                                             BLOCK_C=16, FENCE=True), 4),
             (tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n), walk_warps),
             (tree.emit_partial_kernel, dict(N=n, V=vocab, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=2, BLOCK_V=1024), 4),
             (tree.emit_final_kernel, dict(N=n, BLOCK_R=64, BLOCK_C=8), 4),

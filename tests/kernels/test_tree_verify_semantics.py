@@ -224,3 +224,57 @@ def test_other_bad_input_is_refused():
         _bad_call(target=torch.full((2, 5, 11), float("nan")))
     with pytest.raises(ValueError, match="top_p"):
         _bad_call(top_p=0.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_children_bound_gives_the_same_tokens(backend, device):
+    """Sampled children with up to 4 siblings: the bound read with the checks, an exact bound
+    given, a loose one, and no bound without the checks (N - 1 residual-mass launches on Triton)
+    give the same tokens; several vocab chunks per row (V = 3000)."""
+    gen = torch.Generator().manual_seed(12)
+    batch, n, vocab = 6, 10, 3000
+    parents = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 1, 2, 5]).expand(batch, -1)
+    target = torch.randn(batch, n, vocab, generator=gen) * 2
+    draft = target + torch.randn(batch, n, vocab, generator=gen)
+    tokens = torch.randint(0, vocab, (batch, n), generator=gen)
+    tokens[:, 1:5] = target[:, 0].topk(4, -1).indices  # likely accepted first children ...
+    tokens[:3, 1:5] = torch.randint(0, vocab, (3, 4), generator=gen)  # ... and rows that reject siblings
+    args = [t.to(device) for t in (target, draft, tokens, parents)]
+    runs = [tree_verify(*args, seed=3, backend=backend),
+            tree_verify(*args, seed=3, backend=backend, max_children=4),
+            tree_verify(*args, seed=3, backend=backend, max_children=9),
+            tree_verify(*args, seed=3, backend=backend, check=False)]
+    for res in runs[1:]:
+        assert torch.equal(res.tokens, runs[0].tokens) and torch.equal(res.path, runs[0].path)
+    expected = tree_verify(target, draft, tokens, parents, seed=3, backend="torch")
+    assert torch.equal(runs[0].tokens.cpu(), expected.tokens)
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="no triton")
+def test_triton_residual_masses_over_vocab_chunks(device):
+    """The residual masses W_k summed over 6 vocab chunks per node (one launch per sibling, the
+    chunks merged by the tile's last program): 48 rows whose first children are mostly rejected,
+    so later siblings' tests read W_1 .. W_3; the reference's tokens and paths."""
+    from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+
+    gen = torch.Generator().manual_seed(21)
+    batch, n, vocab = 48, 8, 700
+    parents = torch.tensor([-1, 0, 0, 0, 0, 1, 2, 3]).expand(batch, -1)
+    target = torch.randn(batch, n, vocab, generator=gen) * 1.5
+    draft = target * 0.5 + torch.randn(batch, n, vocab, generator=gen)
+    tokens = torch.multinomial(torch.softmax(draft[:, 0], -1), 4, replacement=True, generator=gen)
+    tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), tokens, torch.randint(0, vocab, (batch, 3), generator=gen)], 1)
+    params = make_sampling_tensors(batch, device, seed=5)
+    got = tree_verify_triton(target.to(device), draft.to(device), tokens.to(device), parents.to(device), params,
+                             block_v=32, num_chunks=6, max_children=4)
+    expected = tree_verify(target, draft, tokens, parents, seed=5, backend="torch")
+    assert torch.equal(got[0].cpu(), expected.tokens) and torch.equal(got[1].cpu(), expected.path)
+    assert int((expected.path[:, 1] > 1).sum()) >= 8, "later siblings should be reached (else the test proves little)"
+
+
+def test_max_children_is_checked():
+    with pytest.raises(ValueError, match="max_children = 1 but a node of parents has 2 children"):
+        _bad_call(max_children=1)
+    for bad in (0, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="max_children must be an int >= 1 or None"):
+            _bad_call(max_children=bad)
