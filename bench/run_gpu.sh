@@ -4,10 +4,11 @@
 # machine, whose python3 has CUDA torch + triton and which reaches no registry:
 #
 #     bash bench/run_gpu.sh tests      # the whole suite on CUDA (gpu tests included)   ~4-6 min
-#     bash bench/run_gpu.sh kernels    # verify, attention, one-step profile, logits copy ~5 min
+#     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
 #     bash bench/run_gpu.sh scale      # 8B-shaped end to end, headline preset         <= 9 min
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
-#     bash bench/run_gpu.sh more       # scale sampling + agreement presets, e2e pair, trees
+#     bash bench/run_gpu.sh more       # scale sampling + agreement presets                <= 9 min
+#     bash bench/run_gpu.sh trees      # trees vs chains end to end, e2e on the demo pair
 #     bash bench/run_gpu.sh all        # every stage in order (a machine without a time limit)
 #
 # In that order of priority: the first three fit one session. Every benchmark writes JSON (and
@@ -33,6 +34,7 @@ stage_tests() {
 stage_kernels() {
   run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
   run python3 bench/bench_verify.py --gpu --data peaked --out "$results/verify_peaked_$dev.json"
+  run python3 bench/bench_stream_lanes.py --out "$results/stream_lanes_$dev.json"
   run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
   run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
   run python3 bench/bench_logits_copy.py --device cuda --out "$results/logits_copy_$dev.json"
@@ -50,16 +52,19 @@ stage_loop() {
 }
 stage_more() {
   for preset in sampling agreement; do
-    run python3 bench/bench_scale.py --preset "$preset" --budget-s 420
+    run python3 bench/bench_scale.py --preset "$preset" --budget-s 240
   done
+}
+stage_trees() {
+  # ~5 min at these sizes on an H100 (2026-11-23: the full default grid does not fit one call)
+  run python3 bench/bench_tree.py --gpu --chain-ks 2,3,4,5,6,7 --tree-sizes 16,32,64 --tree-depths 4,8 --budget-s 300
   run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
-  run python3 bench/bench_tree.py --gpu
 }
 
 case "$stage" in
-  tests|kernels|scale|loop|more) "stage_$stage" ;;
-  all) for s in tests kernels scale loop more; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|all"; exit 2 ;;
+  tests|kernels|scale|loop|more|trees) "stage_$stage" ;;
+  all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
+  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|all"; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null
