@@ -1,6 +1,7 @@
 """The Triton verify's streaming pass, its two loops side by side in one run (GPU): per-lane
-statistics reduced once after the loop (stream_lanes=True, the default) against a block-wide
-reduction every step (stream_lanes=False, the loop measured on the H100 at 58dbb54).
+statistics reduced once after the loop (stream_lanes=True) against a block-wide reduction every
+step (stream_lanes=False). The launcher picks per plan (_triton_plan.plan_launches) from what
+this measured on an H100 (bench/results/h100_2026-11-23/stream_lanes_112bf69.json).
 
 For V in {32000, 128256}, B in {1, 8, 64}, K = 4 with draft logits, modes greedy / T=1 /
 top_k=50 (the rows that stream without rungs): chain_verify_triton and sample_triton as CUDA

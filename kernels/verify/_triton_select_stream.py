@@ -97,9 +97,10 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
     across lanes once, after the loop: no block-wide reduction (shared memory and a barrier) per
     step, so a warp's next loads need not wait for the other warps. One exp per value: a lane
     whose max rises rescales its sum by exp(old - new) and adds 1, else adds exp(x - max).
-    Same (max, argmax) as _stream_chunk; the sum differs only in rounding order. (H100 at 58dbb54,
-    B=64 V=128256 K=4: the block-reduction loop read the logits at 0.28-0.42 TB/s.)
-    GATHER: the top set x >= tau0 as in _stream_chunk."""
+    Same (max, argmax) as _stream_chunk; the sum differs only in rounding order. H100, B=64
+    V=128256 K=4 (bench/bench_stream_lanes.py): greedy / T=1 verify 353 / 527 us with the block
+    loop, 246 / 419 us with this one; slower where a program streams a single block (the plan
+    picks: _triton_plan.plan_launches). GATHER: the top set x >= tau0 as in _stream_chunk."""
     m_l = tl.full([BLOCK_V], NEG_INF, tl.float32)
     s_l = tl.zeros([BLOCK_V], tl.float32)
     a_l = tl.zeros([BLOCK_V], tl.int32) + start
@@ -162,8 +163,8 @@ def select_stream_kernel(
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
 ):
-    """grid (R, NCHUNK): see the module docstring. LANES: rows without rungs stream with
-    _stream_chunk_lanes (the default), else with _stream_chunk (kept for the comparison)."""
+    """grid (R, NCHUNK): see the module docstring. LANES (the plan's stream_lanes): rows without
+    rungs stream with _stream_chunk_lanes, else with _stream_chunk."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     b = r // NPOS
