@@ -230,7 +230,7 @@ def test_other_bad_input_is_refused():
 def test_max_children_bound_gives_the_same_tokens(backend, device):
     """Sampled children with up to 4 siblings: the bound read with the checks, an exact bound
     given, a loose one, and no bound without the checks (N - 1 residual-mass launches on Triton)
-    give the same tokens; several vocab chunks per row (V = 3000)."""
+    give the same tokens (V = 3000: several vocab chunks per row on a GPU)."""
     gen = torch.Generator().manual_seed(12)
     batch, n, vocab = 6, 10, 3000
     parents = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 1, 2, 5]).expand(batch, -1)
