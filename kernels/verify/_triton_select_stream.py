@@ -90,7 +90,7 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start
 
 
 @triton.jit
-def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0, cand_row_ptr,
+def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr,
                         fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, CAP: tl.constexpr,
                         GATHER: tl.constexpr):
     """_stream_chunk without rungs, keeping (max, sum exp, argmax) per lane [BLOCK_V] and reducing
@@ -100,7 +100,9 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
     Same (max, argmax) as _stream_chunk; the sum differs only in rounding order. H100, B=64
     V=128256 K=4 (bench/bench_stream_lanes.py): greedy / T=1 verify 353 / 527 us with the block
     loop, 246 / 419 us with this one; slower where a program streams a single block (the plan
-    picks: _triton_plan.plan_launches). GATHER: the top set x >= tau0 as in _stream_chunk."""
+    picks: _triton_plan.plan_launches). GATHER: the top set x >= tau0 = rungs[0] as in
+    _stream_chunk."""
+    tau0 = tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)
     m_l = tl.full([BLOCK_V], NEG_INF, tl.float32)
     s_l = tl.zeros([BLOCK_V], tl.float32)
     a_l = tl.zeros([BLOCK_V], tl.int32) + start
@@ -118,6 +120,20 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
     arg = tl.min(tl.where(m_l == m, a_l, BIG_INDEX), axis=0)
     s = tl.sum(tl.where(m_l > NEG_INF, s_l * tl.exp(m_l - m), 0.0), axis=0)
     return m, s, arg
+
+
+@triton.jit
+def _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr,
+                                fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+                                CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr):
+    """_stream_chunk's outputs for a row without rungs (counts and masses zero), streamed per lane
+    (LANES: _stream_chunk_lanes) or with the block-reduction loop."""
+    if LANES:
+        m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
+                                        cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER)
+        return m, s, arg, tl.zeros([8], tl.int32), tl.zeros([8], tl.float32)
+    return _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr,
+                         fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False)
 
 
 @triton.jit
@@ -196,22 +212,13 @@ def select_stream_kernel(
         m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
                                                   cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, True)
     elif gather:
-        if LANES:
-            tau0 = tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)
-            m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, tau0,
-                                            cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True)
-        else:
-            m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start,
-                                                      rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True,
-                                                      False)
+        m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
+                                                                start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK,
+                                                                BLOCK_V, CAP, True, LANES)
     elif needed:
-        if LANES:
-            m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, POS_INF,
-                                            cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False)
-        else:
-            m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start,
-                                                      rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False,
-                                                      False)
+        m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
+                                                                start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK,
+                                                                BLOCK_V, CAP, False, LANES)
     # partials: fp32 (m, s, mass of rungs 0-5), int32 (argmax, count of rungs 0-5, -)
     f = tl.arange(0, 8)
     out = (r * NCHUNK + c) * 8 + f
