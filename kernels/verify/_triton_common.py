@@ -143,6 +143,15 @@ def _fence_gpu():
 
 
 @triton.jit
+def vocab_index(amax, V: tl.constexpr):
+    """amax where it is an index of the vocabulary, else 0. The lowest index of a row's maximum
+    matches no value when the row holds NaN (possible only with check=False; on the interpreter
+    a NaN max, on a GPU an all-NaN row): the tokens are then unspecified, but must stay indices
+    a caller can embed (an out-of-range draft token crashed the next draft step's embedding)."""
+    return tl.where((amax >= 0) & (amax < V), amax, 0)
+
+
+@triton.jit
 def last_program_of(ticket_ptr, count, FENCE: tl.constexpr):
     """Ticket for the "last program finishes" pattern: every program of a group calls this once
     after its stores; True in the one that arrives last, which may then read every other

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, KEY_POS_INF, NEG_INF, fixed_mass, fixed_prob,
                              key_value, last_program_of, load_x_row, num_drafts_of_row, order_key, passes_min_p,
-                             row_source, sampling_modes)
+                             row_source, sampling_modes, vocab_index)
 from ._triton_search import largest_key_reaching, load_candidates
 from ._triton_select_stream import GATHERED, SWEPT, TOP_SET, candidate_plan, merge_partials
 from ._triton_sweeps import refine_and_collect, sweep_min_p_mass
@@ -259,7 +259,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
         tl.store(s2_ptr + r, s2)
         tl.store(s3_ptr + r, s3)
         tl.store(tkey_ptr + r, tkey)
-        tl.store(amax_ptr + r, amax)
+        tl.store(amax_ptr + r, vocab_index(amax, V))
         tl.store(paths_ptr + r, paths)
 
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, NEG_INF, fixed_mass, fixed_prob, last_rows_of,
-                             load_x_rows, num_drafts, order_key, passes_min_p, row_source, sampling_modes)
+                             load_x_rows, num_drafts, order_key, passes_min_p, row_source, sampling_modes, vocab_index)
 from ._triton_greedy import write_greedy_tokens
 from ._triton_search import largest_key_reaching
 
@@ -75,7 +75,7 @@ def select_small_vocab_kernel(
     tl.store(s2_ptr + r, s2, mask=live)
     tl.store(s3_ptr + r, s3, mask=live)
     tl.store(tkey_ptr + r, tkey, mask=live)
-    tl.store(amax_ptr + r, amax, mask=live)
+    tl.store(amax_ptr + r, vocab_index(amax, V), mask=live)
     if GREEDY_TOKENS:  # every row greedy: the lane completing a batch row writes its tokens
         last = last_rows_of(row_ticket_ptr + b, live, NPOS, FENCE)
         write_greedy_tokens(tokens_ptr, amax_ptr, out_ptr, num_accepted_ptr, b, last, NPOS, sx_b, sx_k, so_b, V, K,

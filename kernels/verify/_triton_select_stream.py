@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._triton_common import (BIG_INDEX, KEY_NEG_INF, NEG_INF, POS_INF, last_program_of, load_x_row,
-                             num_drafts_of_row, row_source, sampling_modes)
+                             num_drafts_of_row, row_source, sampling_modes, vocab_index)
 from ._triton_greedy import write_greedy_tokens
 from ._triton_sample import sample_rungs
 
@@ -239,7 +239,7 @@ def select_stream_kernel(
             tl.store(s2_ptr + r, s)
             tl.store(s3_ptr + r, s)
             tl.store(tkey_ptr + r, tl.sum(tl.zeros([1], tl.int64), axis=0) + KEY_NEG_INF)
-            tl.store(amax_ptr + r, amax)
+            tl.store(amax_ptr + r, vocab_index(amax, V))
             if GREEDY_TOKENS:  # every row greedy: the row's last distribution writes its tokens
                 rows = tl.zeros([1], tl.int32) + b
                 if K == 0:  # one distribution per row: this program completes it

@@ -307,3 +307,23 @@ def test_sample_rejects_bad_position_and_stream(device):
         sample(logits, stream=300)
     with pytest.raises(ValueError, match="logits"):
         sample(logits[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", [dict(temperature=0.0), dict(), dict(top_k=5)])
+def test_nan_rows_without_checks_give_vocabulary_indices(backend, mode, device):
+    """check=False on rows holding NaN (an all-NaN row, a NaN run, one NaN): the tokens are
+    unspecified, but each is -1 (a pad) or an index of the vocabulary, on every backend, for the
+    small-vocabulary kernel and the streaming path (the engine feeds them to an embedding: a
+    finished row's logits come from unwritten memory)."""
+    g = torch.Generator().manual_seed(8)
+    for vocab in (40, 5000):  # one tile; the streaming + merging kernels (V > CAP on Triton)
+        logits = torch.randn(3, 3, vocab, generator=g)
+        logits[0] = float("nan")
+        logits[1, :, :10] = float("nan")
+        logits[2, :, 7] = float("nan")
+        drafts = torch.randint(0, vocab, (3, 2), generator=g)
+        sampled = sample(logits[:, 0].to(device), backend=backend, check=False, seed=1, **mode)
+        tokens, _ = chain_verify(logits.to(device), None, drafts.to(device), backend=backend, check=False, seed=1, **mode)
+        assert bool(((sampled >= 0) & (sampled < vocab)).all()), sampled
+        assert bool(((tokens >= -1) & (tokens < vocab)).all()), tokens
