@@ -132,11 +132,12 @@ def tree_verify(
                                      or max_children < 1):
         raise ValueError(f"max_children must be an int >= 1 or None, got {max_children!r}")
     if check:
-        check_tree(parents, tokens, vocab)
+        host_parents = parents.cpu()  # read once for both checks
+        check_tree(host_parents, tokens, vocab)
         _check_finite("target_logits", target_logits)
         if draft_logits is not None:
             _check_finite("draft_logits", draft_logits)
-        most = most_children(parents)
+        most = most_children(host_parents)
         if max_children is not None and most > max_children:
             raise ValueError(f"max_children = {max_children} but a node of parents has {most} children")
         max_children = max_children or max(most, 1)
