@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_fast.phase_costs import merge_stats  # pooled stats, shared with the demo
+from specdec_fast.engine.phase_costs import merge_stats  # pooled stats, shared with the demo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, cpu_simd, versions  # noqa: E402

@@ -140,7 +140,7 @@ def run_cpu(args) -> dict:
     """Per draft (the shipped one; --draft-noises: copies with relative Gaussian weight noise, a
     lower-agreement pair) and mode: rank acceptance on the calibration prompts, then chains vs
     best-first trees built from it on the evaluation prompts (disjoint held-out prompts)."""
-    from specdec_fast.tree import DEMO_SCORE_TEMPERATURE, TokenTree
+    from specdec_fast.drafters.token_tree import DEMO_SCORE_TEMPERATURE, TokenTree
 
     sys.path.insert(0, str(ROOT))
     from tests.engine.models import make_draft
@@ -329,7 +329,7 @@ def kernel_times(device, vocab: int) -> list:
     from specdec_fast.kernels import make_sampling_tensors
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
     from specdec_fast.kernels.verify.triton import chain_verify_triton
-    from specdec_fast.tree import TokenTree
+    from specdec_fast.drafters.token_tree import TokenTree
 
     out = []
     for batch in (1, 8):
@@ -354,7 +354,7 @@ def kernel_times(device, vocab: int) -> list:
 def run_gpu(args, save=None) -> dict:
     """save(partial dict): called after every (agreement, mode) group, so a run cut short at its
     device-call limit keeps what it measured; no new group starts after args.budget_s seconds."""
-    from specdec_fast.tree import DEMO_SCORE_TEMPERATURE, TokenTree
+    from specdec_fast.drafters.token_tree import DEMO_SCORE_TEMPERATURE, TokenTree
 
     device = torch.device(args.device or "cuda")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

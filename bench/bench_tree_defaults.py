@@ -1,7 +1,7 @@
 """Greedy tree=True candidates on the demo pair (CPU, 1 thread): the default static tree (depth <= 8)
 against the dynamic tree with the same nodes per depth (depth <= 8) and without the depth cap,
 at 16 and 32 nodes, beside chains K = 4 / 8; shipped draft and draft + 0.3 weight noise; 8
-prompts, best of 3 rounds. Decides TokenTree.recommended (specdec_fast/tree.py).
+prompts, best of 3 rounds. Decides TokenTree.recommended (specdec_fast/drafters/token_tree.py).
 Writes bench/results/tree_defaults_cpu.json.   python bench/bench_tree_defaults.py
 """
 import argparse
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_e2e import environment  # noqa: E402
 from bench_tree import MODES, Runner, best_of, load_models, make_prompts  # noqa: E402
-from specdec_fast.tree import TokenTree  # noqa: E402
+from specdec_fast.drafters.token_tree import TokenTree  # noqa: E402
 from tests.engine.models import make_draft  # noqa: E402
 
 

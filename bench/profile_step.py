@@ -253,7 +253,7 @@ def hf_eager_ms(model, context: int, batch: int, iters: int) -> float:
 def run_gpu(args) -> dict:
     from machine import versions
 
-    from specdec_fast.graphs import StepGraph, state_tensors
+    from specdec_fast.engine.graphs import StepGraph, state_tensors
     from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     device = "cuda"
@@ -303,7 +303,7 @@ def run_gpu(args) -> dict:
 def run_tiny(args) -> dict:
     from machine import cpu_model, versions
 
-    from specdec_fast.graphs import StepGraph, state_tensors
+    from specdec_fast.engine.graphs import StepGraph, state_tensors
     from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     threads = torch.get_num_threads()

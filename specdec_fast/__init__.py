@@ -1,13 +1,13 @@
 """specdec_fast: speculative decoding with fused verify and paged attention kernels."""
 from ._version import __version__
-from .api import generate, patch_generate
-from .cache import OutOfBlocksError, PagedKVCache
+from .api import generate
 from .drafters import ModelDrafter, PromptLookupDrafter
-from .engine import SpeculativeDecoder
+from .engine import GenerationStats, SpeculativeDecoder
 from .kernels import chain_verify, sample
 from .pair import demo_pair
+from .patch import patch_generate
 from .runners import HFRunner, PagedGPT2Runner, PagedLlamaRunner, paged_runner, paged_runner_from_pretrained
-from .stats import GenerationStats
+from .runners.paged_cache import OutOfBlocksError, PagedKVCache
 
 __all__ = [
     "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner", "PagedLlamaRunner", "PagedGPT2Runner",

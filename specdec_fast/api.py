@@ -6,7 +6,7 @@ Leviathan's Theorem 3.8 puts the optimum at 3-6 for alpha 0.6-0.8 and c <= 0.1).
 prompt_lookup_num_tokens the drafts come from the context (K = that number), with
 max_matching_ngram_size (default 2) as in transformers.
 
-Runners (runner=): "paged" (runners/paged.py and paged_gpt2.py: the model's own weights run layer
+Runners (runner=): "paged" (runners/paged_llama.py and paged_gpt2.py: the model's own weights run layer
 by layer over a paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3 and GPT-2)
 is the default where the model supports it, "hf" (runners/hf.py: the model's own forward and
 DynamicCache) elsewhere.
@@ -17,8 +17,8 @@ eos_token_id=None as "no EOS". To decode without EOS here, clear generation_conf
 """
 import torch
 
-from .drafters import ModelDrafter, PromptLookupDrafter
-from .engine import SpeculativeDecoder
+from .drafters import ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from .engine import SpeculativeDecoder, TreeDecoder
 from .generation_options import resolve_options
 from .kernels.sampling_params import make_sampling_tensors
 from .runners import HFRunner
@@ -124,7 +124,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     error if unsupported), False (eager), "static"
     (the graph code path run eagerly with its safety checks, any device: for tests). The stats
     report which ran (graph_mode, graph_note, graph_replays).
-    tree: draft a token tree per step instead of a chain (specdec_fast.tree): a TokenTree, True
+    tree: draft a token tree per step instead of a chain (specdec_fast.drafters.token_tree): a TokenTree, True
     (TokenTree.recommended(): the static or dynamic default, whichever measured better for the
     request's mode), an int N (the same with N nodes), "static" or "dynamic" (the default static /
     dynamic tree: a dynamic tree chooses its shape per row and step, tree_dynamic.py); needs
@@ -168,10 +168,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
         k, drafter, name = 0, None, None
     if name is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
-    if tree is not None:  # token trees (specdec_fast/tree_decoder.py)
-        from .tree_decoder import generate_tree
-
-        return generate_tree(model, assistant_model, input_ids, attention_mask, opts, tree, runner=runner, backend=backend,
+    if tree is not None:  # token trees (engine/tree_loop.py)
+        return _generate_tree(model, assistant_model, input_ids, attention_mask, opts, tree, runner=runner, backend=backend,
                              seed=seed, streamer=streamer, cuda_graphs=cuda_graphs, return_stats=return_stats)
     # Each row's reservation in a paged runner: prompt + max_new_tokens + K + 1 tokens.
     row_tokens = input_ids.shape[1] + opts.max_new_tokens + k + 1
@@ -192,32 +190,24 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     return (tokens, decoder.stats.result) if return_stats else tokens
 
 
-class patch_generate:
-    """Route model.generate(..., assistant_model=... or prompt_lookup_num_tokens=...) through
-    specdec_fast.generate; other calls go to the original. Patches on construction; usable as a
-    context manager (restores on exit) or undone with .restore()."""
-
-    def __init__(self, model):
-        self.model = model
-        self.original = model.generate
-        self.had_attribute = "generate" in vars(model)
-
-        def patched(*args, **kwargs):
-            if kwargs.get("assistant_model") is not None or kwargs.get("prompt_lookup_num_tokens") is not None:
-                return generate(model, *args, **kwargs)
-            return self.original(*args, **kwargs)
-
-        model.generate = patched
-
-    def restore(self) -> None:
-        if self.had_attribute:
-            self.model.generate = self.original
-        else:
-            vars(self.model).pop("generate", None)
-
-    def __enter__(self):
-        return self.model
-
-    def __exit__(self, *exc):
-        self.restore()
-        return False
+def _generate_tree(model, assistant_model, input_ids, attention_mask, opts, tree, *, runner, backend, seed, streamer,
+                  cuda_graphs, return_stats):
+    """api.generate(..., tree=...) after its argument checks: opts are the resolved generation
+    options; both runners paged, sized for N - 1 drafted nodes per step."""
+    if assistant_model is None or opts.num_assistant_tokens is not None:
+        raise ValueError("tree=... needs an assistant_model (the draft that expands the tree) and no num_assistant_tokens")
+    token_tree = as_token_tree(tree, greedy=not opts.do_sample)
+    sizes = dict(max_new_tokens=opts.max_new_tokens, k=token_tree.size - 1, backend=backend)
+    row_tokens = input_ids.shape[1] + opts.max_new_tokens + token_tree.size
+    runners = [choose_runner(m, runner, row_tokens, backend) for m in (model, assistant_model)]
+    if runners != ["paged", "paged"]:
+        raise ValueError(f"tree=... needs paged runners for the target and the draft (tree-masked scoring), got {runners}")
+    drafter = TreeDrafter(_make_runner(assistant_model, "paged", **sizes), token_tree)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    params = make_sampling_tensors(input_ids.shape[0], _device_of(model), seed=seed, **opts.kernel_params())
+    decoder = TreeDecoder(_make_runner(model, "paged", **sizes), drafter, params=params, max_new_tokens=opts.max_new_tokens,
+                          eos_token_ids=opts.eos_token_ids, pad_token_id=opts.pad_token_id, backend=backend,
+                          streamer=streamer, cuda_graphs=cuda_graphs)
+    tokens = decoder.generate(input_ids.long(), attention_mask)
+    return (tokens, decoder.stats.result) if return_stats else tokens

@@ -9,7 +9,7 @@ the draft, transformers' generate, and transformers' assisted generation with th
 of each). A table gives each one's tokens/s and how much faster the speculative run was. At
 the end: the four pooled over all prompts, the stats (acceptance per position, mean accepted
 length, Leviathan Theorem 3.8's predicted speedup beside the measured one) and, where the
-prediction overshoots, one line saying which phase cost what (specdec_fast/phase_costs.py).
+prediction overshoots, one line saying which phase cost what (specdec_fast/engine/phase_costs.py).
 """
 import argparse
 import sys
@@ -160,7 +160,7 @@ def run_demo(argv=None) -> int:
     """Entry point of `python -m specdec_fast demo`; returns the process exit code."""
     from transformers import TextStreamer
 
-    from .phase_costs import merge_stats, phase_costs
+    from .engine.phase_costs import merge_stats, phase_costs
 
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

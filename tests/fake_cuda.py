@@ -59,7 +59,7 @@ def fake_cuda(monkeypatch):
 
 
 class LateDevice:
-    """A fake device whose work completes late, for the loop's run-ahead (specdec_fast/run_ahead.py).
+    """A fake device whose work completes late, for the loop's run-ahead (specdec_fast/engine/run_ahead.py).
 
     Its clock is the host's iteration count (``tick()``, called once per issued iteration: the
     tests wrap the decoder's step). An event recorded at tick t completes (query() turns true)

@@ -1,4 +1,4 @@
-"""StepGraph's Triton and garbage-collection rules (specdec_fast/graphs.py, triton_launches.py):
+"""StepGraph's Triton and garbage-collection rules (specdec_fast/engine/graphs.py, triton_launches.py):
   - the capture call must not launch a Triton kernel under a specialisation key the warm-up did
     not launch (it would compile inside the capture: cudaErrorStreamCaptureInvalidated);
   - later calls of the static twin must launch what was captured with the same scalar arguments
@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec_fast.graphs import GraphSafetyError, StepGraph, state_tensors
-from specdec_fast.triton_launches import TritonLaunches, launch_of
+from specdec_fast.engine.graphs import GraphSafetyError, StepGraph, state_tensors
+from specdec_fast.engine.triton_launches import TritonLaunches, launch_of
 
 from .fake_cuda import fake_cuda  # noqa: F401 (fixture)
 

@@ -1,9 +1,9 @@
-"""StepGraph (specdec_fast/graphs.py): the static twin (capture=False) runs the step eagerly on the
+"""StepGraph (specdec_fast/engine/graphs.py): the static twin (capture=False) runs the step eagerly on the
 captured buffers and catches every graph-safety violation on CPU; on CUDA the capture replays."""
 import pytest
 import torch
 
-from specdec_fast.graphs import GraphSafetyError, StepGraph, address_changes, addresses, state_tensors
+from specdec_fast.engine.graphs import GraphSafetyError, StepGraph, address_changes, addresses, state_tensors
 
 from .fake_cuda import fake_cuda  # noqa: F401 (fixture)
 

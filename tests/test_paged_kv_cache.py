@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from specdec_fast.cache import OutOfBlocksError, PagedKVCache
+from specdec_fast.runners.paged_cache import OutOfBlocksError, PagedKVCache
 from tests.kernels.backends import TEST_DEVICE, kernel_backends
 
 DEVICE = TEST_DEVICE  # the device fixture's value (tests/kernels/backends.py)

@@ -1,8 +1,8 @@
-"""The cost model behind the demo's "why not the predicted speedup" line (specdec_fast/phase_costs.py)."""
+"""The cost model behind the demo's "why not the predicted speedup" line (specdec_fast/engine/phase_costs.py)."""
 import pytest
 
-from specdec_fast.phase_costs import merge_stats, phase_costs
-from specdec_fast.stats import GenerationStats
+from specdec_fast.engine.phase_costs import merge_stats, phase_costs
+from specdec_fast.engine.stats import GenerationStats
 
 
 def _stats(k, iterations, draft_s, target_s, wall_s, hist, new_tokens):

@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from specdec_fast.tree import MAX_NODES, TokenTree, as_token_tree
+from specdec_fast.drafters.token_tree import MAX_NODES, TokenTree, as_token_tree
 
 
 def test_shapes():

@@ -1,4 +1,4 @@
-"""Dynamic token trees (specdec_fast/tree_dynamic.py): per-row parents, ranks and masks are a
+"""Dynamic token trees (specdec_fast/drafters/tree_dynamic.py): per-row parents, ranks and masks are a
 valid BFS tree with the skeleton's nodes per depth (64 nodes: the int64 sign bit), the top-b
 choice is the EAGLE-2 best (parent, rank) set, and the number of sampled children of each parent
 is fixed before (and whatever) they are sampled."""
@@ -11,8 +11,8 @@ import torch
 
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.kernels.verify import prepared_impls
-from specdec_fast.tree import TokenTree, as_token_tree
-from specdec_fast.tree_dynamic import DynamicExpansion, log_rank_acceptance, rank_widths
+from specdec_fast.drafters.token_tree import TokenTree, as_token_tree
+from specdec_fast.drafters.tree_dynamic import DynamicExpansion, log_rank_acceptance, rank_widths
 
 VOCAB = 37
 

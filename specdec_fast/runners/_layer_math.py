@@ -5,7 +5,7 @@ With float32 CPU tensors and the C++ ops built, each is one call of a fused op
 (kernels/llama_ops, csrc/llama_fused.cpp) instead of 3 to 7 torch ops: a draft step of the demo
 pair spent most of its time dispatching small ops. Elsewhere, plain torch with transformers'
 op order. (The Triton path -- CUDA -- uses kernels/llama_ops/triton.py and
-kernels/cache_ops/triton_rope.py instead: runners/paged.py _decode_triton.)
+kernels/cache_ops/triton_rope.py instead: runners/paged_llama.py _decode_triton.)
 """
 from functools import lru_cache
 

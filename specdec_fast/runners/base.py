@@ -22,12 +22,12 @@ the host.
 
 Optional attribute graph_safe (default False): score / commit keep every tensor that outlives a
 call in place (copy_, never rebinding) with static shapes per (B, N), and read no device value
-on the host, so the engine may capture them in CUDA graphs (engine.py, graphs.py). compact runs
+on the host, so the engine may capture them in CUDA graphs (engine/loop.py, engine/graphs.py). compact runs
 between graph replays: a graph-safe runner's compact must be a no-op or purely in place.
 
 A paged runner (PagedKVCache + paged_attention) implements the same four methods: score writes
 K/V at seq_lens + (i - (N - num_valid)), commit advances seq_lens by keep, compact is a no-op.
-Paged runners also score token trees (tree_decoder.py): score(tokens, tree=(mask, depths)) scores
+Paged runners also score token trees (engine/tree_loop.py): score(tokens, tree=(mask, depths)) scores
 N nodes in one tree-masked pass, commit_path(path, keep) keeps the accepted path (compact_kv).
 """
 from typing import Protocol

@@ -1,6 +1,6 @@
 """PagedRunnerBase: the architecture-independent half of the paged runners.
 
-A subclass (runners/paged.py: Llama family; runners/paged_gpt2.py: GPT-2) supplies only the
+A subclass (runners/paged_llama.py: Llama family; runners/paged_gpt2.py: GPT-2) supplies only the
 model's math: ``unsupported_reason`` (a static method), ``_bind(model)`` (keeps references to
 the model's tensors and sets layers / lm_head / num_heads / num_kv_heads / head_dim) and
 ``_decode(flat, positions, cu, attn_lens, max_query_len)`` (embedding, the layer loop calling
@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from ..cache import PagedKVCache
+from .paged_cache import PagedKVCache
 from ..kernels._backend import resolve_backend
 from ..kernels.attention import paged_attention
 from ..kernels.cache_ops import append_kv, compact_kv

@@ -3,6 +3,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+import specdec_fast
 import specdec_fast.api as api
 
 from .conftest import model_pair
@@ -136,7 +137,7 @@ def test_streamer_protocol(pair):
 def test_patch_generate(pair):
     target, draft = pair
     expected = api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=6, do_sample=False)
-    with api.patch_generate(target):
+    with specdec_fast.patch_generate(target):
         out, stats = target.generate(IDS, attention_mask=MASK, assistant_model=draft, max_new_tokens=6, do_sample=False,
                                      return_stats=True)  # return_stats exists only on the specdec_fast path
         plain = target.generate(IDS, attention_mask=MASK, max_new_tokens=6, do_sample=False)

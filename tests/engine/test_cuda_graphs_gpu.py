@@ -7,7 +7,7 @@ import torch
 import specdec_fast.api as api
 from specdec_fast.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_fast.engine import SpeculativeDecoder
-from specdec_fast.graph_policy import GRAPHS_BY_DEFAULT
+from specdec_fast.engine.graph_policy import GRAPHS_BY_DEFAULT
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 

@@ -9,8 +9,8 @@ import torch
 import specdec_fast.api as api
 from specdec_fast.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_fast.engine import SpeculativeDecoder
-from specdec_fast.graph_policy import graph_unsupported_reason
-from specdec_fast.graphs import GraphSafetyError, addresses
+from specdec_fast.engine.graph_policy import graph_unsupported_reason
+from specdec_fast.engine.graphs import GraphSafetyError, addresses
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import HFRunner, PagedLlamaRunner
 

@@ -21,7 +21,7 @@ import pytest
 
 from specdec_fast.drafters import ModelDrafter
 from specdec_fast.engine import SpeculativeDecoder
-from specdec_fast.graphs import OpTrace
+from specdec_fast.engine.graphs import OpTrace
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 

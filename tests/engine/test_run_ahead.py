@@ -1,4 +1,4 @@
-"""The loop's run-ahead bound (specdec_fast/run_ahead.py) proven on CPU against a fake device whose
+"""The loop's run-ahead bound (specdec_fast/engine/run_ahead.py) proven on CPU against a fake device whose
 work completes late (tests/fake_cuda.LateDevice: events complete ``lag`` host iterations after they
 were recorded, synchronize() completes them at once and is logged):
   - iterations run vs needed: at most R - 1 beyond the iteration after which every row finished,
@@ -12,11 +12,11 @@ poll never read one under CUDA graphs and ran max_new_tokens - 1 iterations (127
 import pytest
 import torch
 
-import specdec_fast.engine as engine
+import specdec_fast.engine.loop as engine
 from specdec_fast.drafters import ModelDrafter
 from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
-from specdec_fast.run_ahead import RunAheadPoller
+from specdec_fast.engine.run_ahead import RunAheadPoller
 from specdec_fast.runners import PagedLlamaRunner
 
 from ..fake_cuda import LateDevice

@@ -6,6 +6,7 @@ import math
 import pytest
 from transformers import GenerationConfig
 
+import specdec_fast
 import specdec_fast.api as api
 
 from .conftest import model_pair
@@ -39,7 +40,7 @@ def test_a_negative_temperature_in_a_generation_config_is_rejected(pair):
 
 def test_patch_generate_rejects_a_negative_temperature(pair):
     target, draft = pair
-    with api.patch_generate(target) as model:
+    with specdec_fast.patch_generate(target) as model:
         with pytest.raises(ValueError, match="temperature"):
             model.generate(IDS, attention_mask=MASK, assistant_model=draft, max_new_tokens=2, temperature=-1.0)
 

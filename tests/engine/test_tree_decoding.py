@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specdec_fast.api as api
-from specdec_fast.tree import TokenTree
+from specdec_fast.drafters.token_tree import TokenTree
 
 from .conftest import model_pair
 from .models import left_padded_prompts, make_draft

@@ -7,9 +7,9 @@ import torch
 import specdec_fast.api as api
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
-from specdec_fast.tree import TokenTree
-from specdec_fast.tree_decoder import TreeDecoder
-from specdec_fast.tree_drafter import TreeDrafter
+from specdec_fast.drafters.token_tree import TokenTree
+from specdec_fast.engine.tree_loop import TreeDecoder
+from specdec_fast.drafters.tree import TreeDrafter
 
 from .models import left_padded_prompts, make_draft
 from .runner_checks import steps_without_sync

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec_fast.runners.registry import paged_runner_class
-from specdec_fast.tree import TokenTree
+from specdec_fast.drafters.token_tree import TokenTree
 
 from .conftest import model_pair
 from .models import VOCAB, left_padded_prompts

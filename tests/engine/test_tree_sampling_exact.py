@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import specdec_fast.api as api
-from specdec_fast.tree import TokenTree
+from specdec_fast.drafters.token_tree import TokenTree
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 

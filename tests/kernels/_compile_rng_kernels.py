@@ -12,7 +12,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from specdec_fast.kernels.rng.triton import _derive_row_seeds_kernel as kernel  # noqa: E402
-from specdec_fast.triton_launches import launch_of  # noqa: E402
+from specdec_fast.engine.triton_launches import launch_of  # noqa: E402
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ to CUDA seeds, which no CPU-only run can see as a failure. Inputs live on the ``
 import pytest
 import torch
 
-from specdec_fast.cache import PagedKVCache
+from specdec_fast.runners.paged_cache import PagedKVCache
 from specdec_fast.kernels import sampling_params
 from specdec_fast.kernels._backend import canonical_device
 from specdec_fast.kernels.attention import paged_attention

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specdec_fast.graphs import SYNC_OPS
+from specdec_fast.engine.graphs import SYNC_OPS
 from specdec_fast.kernels import sampling_params
 from specdec_fast.kernels.verify import chain_verify, sample
 

@@ -205,7 +205,7 @@ def test_gpu_llama3_vocab_host_modes_launch_less_and_replay_in_a_graph(batch, mo
     reference's tokens and the full sequence's, and a CUDA graph of both calls replays on new
     inputs like eager calls (the greedy row tickets are zeroed inside the graph)."""
     from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton, verify_plan
-    from specdec_fast.triton_launches import TritonLaunches
+    from specdec_fast.engine.triton_launches import TritonLaunches
 
     k, vocab = 4, 128256
     temperature = {"greedy": 0.0, "plain": 0.8, "greedy+plain": torch.tensor([0.0, 0.8] * (batch // 2) + [0.0] * (batch % 2),

@@ -113,7 +113,7 @@ def conditional_chi_square_pvalue(prev: torch.Tensor, nxt: torch.Tensor, cond_pr
 
 def grow_dynamic(pair: "MarkovPair", gen, counts: list[int], rows: int, roots: torch.Tensor, children: str,
                  acceptance=(0.6, 0.25, 0.1, 0.05), **mode):
-    """(tokens int64 [rows, N], parents int64 [rows, N]) of dynamic trees (specdec_fast/tree_dynamic.py's
+    """(tokens int64 [rows, N], parents int64 [rows, N]) of dynamic trees (specdec_fast/drafters/tree_dynamic.py's
     rule, written independently) under the root tokens roots [rows]: counts[d - 1] nodes at depth d; per row, depth d's nodes are the
     counts[d - 1] best (parent, rank) pairs of depth d - 1's nodes, ties to the lower pair, in pair
     order. children "top": score = the parent's path log-probability + log p(the parent's r-th most

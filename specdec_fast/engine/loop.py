@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.sampling_params import SamplingTensors
+from ..kernels.verify import prepared_impls
 from .graph_policy import GRAPHS_BY_DEFAULT, graph_unsupported_reason, resolve_graph_mode, step_callables  # noqa: F401
 from .graphs import state_tensors
-from .kernels.sampling_params import SamplingTensors
-from .kernels.verify import prepared_impls
 from .run_ahead import RunAheadPoller, Snapshot
 from .stats import PhaseTimer, StatsRecorder
 

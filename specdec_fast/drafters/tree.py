@@ -28,17 +28,17 @@ Dynamic trees (tree.dynamic, tree_dynamic.py): each level's nodes are chosen per
 ranks); the per-row masks [B, N] go to the re-feed calls and, with the per-row parents, to the
 target (node_parents / node_mask / node_ranks, updated in place).
 
-Graph safety (engine.py, graphs.py): every tensor that outlives a call is updated in place
+Graph safety (engine/loop.py, engine/graphs.py): every tensor that outlives a call is updated in place
 (pending, num_pending) or built in start(); shapes are static per (B, tree).
 """
 import dataclasses
 
 import torch
 
-from .kernels.rng import STREAM_DRAFT
-from .kernels.sampling_params import SamplingTensors
-from .kernels.verify import prepared_impls
-from .tree import TokenTree
+from ..kernels.rng import STREAM_DRAFT
+from ..kernels.sampling_params import SamplingTensors
+from ..kernels.verify import prepared_impls
+from .token_tree import TokenTree
 from .tree_dynamic import DynamicExpansion
 
 
@@ -61,7 +61,7 @@ class _Level:
 
 
 class TreeDrafter:
-    """Expands ``tree`` (a TokenTree) with a draft model's paged runner (runners/paged.py)."""
+    """Expands ``tree`` (a TokenTree) with a draft model's paged runner (runners/paged_llama.py)."""
 
     def __init__(self, runner, tree: TokenTree):
         if not isinstance(tree, TokenTree):

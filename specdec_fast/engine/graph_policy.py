@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
+from ..kernels._backend import resolve_backend
 from .graphs import StepGraph, state_tensors
-from .kernels._backend import resolve_backend
 
 GRAPHS_BY_DEFAULT = True
 GRAPH_MODES = ("eager", "static", "cuda_graphs")

@@ -35,9 +35,9 @@ import math
 
 import torch
 
-from .kernels.rng import STREAM_DRAFT
-from .kernels.sampling_params import SamplingTensors
-from .tree import DEMO_RANK_ACCEPTANCE, TokenTree, _acceptance_rows
+from ..kernels.rng import STREAM_DRAFT
+from ..kernels.sampling_params import SamplingTensors
+from .token_tree import DEMO_RANK_ACCEPTANCE, TokenTree, _acceptance_rows
 
 RANK_CAP = 8  # ranks tried per parent below depth 1 (the measured acceptance profiles hold 8 ranks)
 # Sampled children: a node's score adds log acceptance[d][rank] + this x log max_v p(v) at its

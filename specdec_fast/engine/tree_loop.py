@@ -17,12 +17,10 @@ rank was accepted at each depth.
 """
 import torch
 
-from .engine import SpeculativeDecoder
-from .kernels.sampling_params import make_sampling_tensors
-from .kernels.tree_verify import prepared_tree_verify
-from .tree import as_token_tree
-from .tree_drafter import TreeDrafter
-from .tree_dynamic import rank_widths
+from ..drafters.tree import TreeDrafter
+from ..drafters.tree_dynamic import rank_widths
+from ..kernels.tree_verify import prepared_tree_verify
+from .loop import SpeculativeDecoder
 
 
 class TreeStats:
@@ -91,28 +89,3 @@ class TreeDecoder(SpeculativeDecoder):
         out = super().generate(input_ids, attention_mask)
         self.stats.result.extra["tree"] = self.tree_stats.summary(self.stats.result.accepted_hist)
         return out
-
-
-def generate_tree(model, assistant_model, input_ids, attention_mask, opts, tree, *, runner, backend, seed, streamer,
-                  cuda_graphs, return_stats):
-    """api.generate(..., tree=...) after its argument checks: opts are the resolved generation
-    options; both runners paged, sized for N - 1 drafted nodes per step."""
-    from .api import _device_of, _make_runner, choose_runner
-
-    if assistant_model is None or opts.num_assistant_tokens is not None:
-        raise ValueError("tree=... needs an assistant_model (the draft that expands the tree) and no num_assistant_tokens")
-    token_tree = as_token_tree(tree, greedy=not opts.do_sample)
-    sizes = dict(max_new_tokens=opts.max_new_tokens, k=token_tree.size - 1, backend=backend)
-    row_tokens = input_ids.shape[1] + opts.max_new_tokens + token_tree.size
-    runners = [choose_runner(m, runner, row_tokens, backend) for m in (model, assistant_model)]
-    if runners != ["paged", "paged"]:
-        raise ValueError(f"tree=... needs paged runners for the target and the draft (tree-masked scoring), got {runners}")
-    drafter = TreeDrafter(_make_runner(assistant_model, "paged", **sizes), token_tree)
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
-    params = make_sampling_tensors(input_ids.shape[0], _device_of(model), seed=seed, **opts.kernel_params())
-    decoder = TreeDecoder(_make_runner(model, "paged", **sizes), drafter, params=params, max_new_tokens=opts.max_new_tokens,
-                          eos_token_ids=opts.eos_token_ids, pad_token_id=opts.pad_token_id, backend=backend,
-                          streamer=streamer, cuda_graphs=cuda_graphs)
-    tokens = decoder.generate(input_ids.long(), attention_mask)
-    return (tokens, decoder.stats.result) if return_stats else tokens

@@ -12,7 +12,7 @@ Definitions (Leviathan et al. 2022, section 3):
     E[tokens per iteration] = (1 - alpha^(K+1)) / (1 - alpha)          (Theorem 3.8)
     predicted speedup       = E[tokens per iteration] / (K * c + 1)
 
-Under CUDA graphs (engine.py) the draft and the verify step are two graph replays: the phase
+Under CUDA graphs (loop.py) the draft and the verify step are two graph replays: the phase
 events are recorded between the replays (never inside a capture), so draft_s and target_s are
 the GPU times of the draft graph and of the verify graph, and c is their ratio as in eager
 mode. The capture iteration (warm-up sync + capture + first replay) is timed as phase
@@ -126,7 +126,7 @@ class GenerationStats:
     graph_note: str | None = None  # why eager, when graphs were not requested explicitly
     graph_replays: dict = field(default_factory=dict)  # step name -> calls served by its graph
     prefill_s: float = 0.0  # the prefill and the first token (not in draft_s / target_s)
-    # The loop's run-ahead (engine.py, run_ahead.py): run_ahead R, iterations_needed (the first
+    # The loop's run-ahead (loop.py, run_ahead.py): run_ahead R, iterations_needed (the first
     # iteration after which every row had finished, as seen by the polls), polls, waits
     # (event.synchronize calls), max_ahead (most iterations issued beyond the last read poll).
     loop: dict = field(default_factory=dict)

@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from .kernels._backend import canonical_device
-from .kernels.cache_ops import CACHE_DTYPES, append_kv, compact_kv
+from ..kernels._backend import canonical_device
+from ..kernels.cache_ops import CACHE_DTYPES, append_kv, compact_kv
 
 
 class OutOfBlocksError(RuntimeError):
