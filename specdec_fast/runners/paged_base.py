@@ -28,6 +28,7 @@ inside its blocks. A live row never reaches the cap (its committed length is
 <= prompt + max_new_tokens - 2).
 """
 import math
+import weakref
 
 import torch
 
@@ -38,6 +39,19 @@ from ..kernels.cache_ops import append_kv, compact_kv
 from ._linear import linear
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_sizes(*, max_new_tokens, num_draft_tokens) -> None:
+    """max_new_tokens (None: given later) >= 1 and num_draft_tokens (K, None: unchanged) >= 0."""
+    if max_new_tokens is not None:
+        _check_int("max_new_tokens", max_new_tokens, 1)
+    if num_draft_tokens is not None:
+        _check_int("num_draft_tokens", num_draft_tokens, 0)
 
 
 def device_reason(model) -> str | None:
@@ -95,19 +109,21 @@ class PagedRunnerBase:
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype="auto" if dtype is None else dtype)
         model = model.to(device if device is not None else "cpu").eval()
-        return cls(model, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, block_size=block_size,
-                   backend=backend, fuse_projections=fuse_projections)
+        runner = cls(model, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, block_size=block_size,
+                     backend=backend, fuse_projections=fuse_projections)
+        runner.owned_model = model  # the runner loaded it: nothing else holds it (runner.model is weak)
+        return runner
 
-    def __init__(self, model, *, max_new_tokens: int, num_draft_tokens: int, block_size: int = 16, backend=None,
-                 fuse_projections: bool | None = None):
+    def __init__(self, model, *, max_new_tokens: int | None = None, num_draft_tokens: int = 0, block_size: int = 16,
+                 backend=None, fuse_projections: bool | None = None):
         reason = self.unsupported_reason(model, backend=backend)
         if reason is not None:
             raise ValueError(f"{type(self).__name__} cannot run this model: {reason}; use runner='hf'")
-        for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_draft_tokens", num_draft_tokens, 0),
-                                 ("block_size", block_size, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        self.model, self.config = model, model.config
+        _check_sizes(max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens)
+        _check_int("block_size", block_size, 1)
+        # The model itself is held weakly (runner.model): an engine cached per model must not keep
+        # it alive (api.py's cache is keyed weakly by the model); its tensors are held here.
+        self._model_ref, self.config = weakref.ref(model), model.config
         self.max_new_tokens, self.max_tentative = max_new_tokens, num_draft_tokens + 1
         self.block_size, self.backend = block_size, backend
         embed = model.get_input_embeddings().weight
@@ -119,6 +135,12 @@ class PagedRunnerBase:
         self._bind(model)
         self.vocab_size = int(self.lm_head.shape[0])
         self.cache = None
+        self.pooled = False  # True after allocate(): the pool outlives prefill / release (an engine's)
+
+    @property
+    def model(self):
+        """The model this runner runs (held weakly; None once it is gone)."""
+        return self._model_ref()
 
     def _bind(self, model) -> None:
         """Sets layers, lm_head [V, H], num_heads, num_kv_heads, head_dim (and the model's own tensors)."""
@@ -129,25 +151,90 @@ class PagedRunnerBase:
         self._attend(i, ...) once (which writes the real tokens' K/V at self.length)."""
         raise NotImplementedError
 
-    # -- the runner interface --------------------------------------------------------------
-    @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """input_ids [B, P], attention_mask [B, P] (left padding) -> logits [B, V] of the last position."""
-        batch, width = input_ids.shape
-        budget = width + self.max_new_tokens + self.max_tentative
-        if self.max_positions is not None and budget > self.max_positions:
-            raise ValueError(f"prompt width {width} + max_new_tokens {self.max_new_tokens} + K + 1 = {budget} positions "
-                             f"exceed the model's {self.max_positions} position embeddings")
-        per_row = math.ceil(budget / self.block_size)
-        self.cache = PagedKVCache(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks=batch * per_row,
-                                  block_size=self.block_size, max_batch=batch, max_blocks_per_row=per_row,
+    # -- the KV pool: per call, or once for an engine -------------------------------------
+    def allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None = None) -> None:
+        """The KV pool, allocated once (an engine's runner): max_batch slots, each able to hold
+        max_tokens_per_row tokens (prompt + max_new_tokens + K + 1), num_blocks blocks in all
+        (default: every slot full). Later calls admit their rows into it (prefill) and return the
+        blocks at release(); the pool's tensors never move, so CUDA graphs captured over them stay
+        valid from call to call. Without allocate(), prefill sizes a pool for its own call."""
+        _check_int("max_batch", max_batch, 1)
+        _check_int("max_tokens_per_row", max_tokens_per_row, 1)
+        self._allocate(max_batch, max_tokens_per_row, num_blocks)
+        self.pooled = True
+
+    def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
+        if self.max_positions is not None and max_tokens_per_row > self.max_positions:
+            raise ValueError(f"a row of {max_tokens_per_row} tokens (prompt + max_new_tokens + K + 1) would exceed the "
+                             f"model's {self.max_positions} position embeddings")
+        per_row = math.ceil(max_tokens_per_row / self.block_size)
+        blocks = max_batch * per_row if num_blocks is None else num_blocks
+        self.cache = PagedKVCache(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks=blocks,
+                                  block_size=self.block_size, max_batch=max_batch, max_blocks_per_row=per_row,
                                   dtype=self.dtype, device=self.device)
-        self.cache.admit_batch(range(batch), [budget] * batch)
         self.k_caches = [self.cache.kv[i, 0] for i in range(len(self.layers))]
         self.v_caches = [self.cache.kv[i, 1] for i in range(len(self.layers))]
-        self.cap = per_row * self.block_size - self.max_tentative
-        self.length = torch.zeros(batch, dtype=torch.int32, device=self.device)
+        # Per-slot lengths and commit caps; a call of B rows works on the views [:B] (the same
+        # addresses every call of B rows: graph safe).
+        self._length_all = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
+        self._cap_all = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
         self._full_cu, self._plans = {}, {}
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the KV pool (0 before one exists)."""
+        return 0 if self.cache is None else self.cache.kv.numel() * self.cache.kv.element_size()
+
+    def bytes_per_token(self) -> int:
+        """KV bytes one token takes in every layer (K and V)."""
+        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    def release(self) -> None:
+        """Returns every admitted slot's blocks to the pool (after a call; prefill does it too)."""
+        if self.cache is None:
+            return
+        for slot in range(self.cache.max_batch):
+            if self.cache.is_admitted(slot):
+                self.cache.free(slot)
+
+    # -- the runner interface --------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, budgets=None,
+                max_new_tokens: int | None = None, num_draft_tokens: int | None = None) -> torch.Tensor:
+        """input_ids [B, P], attention_mask [B, P] (left padding) -> logits [B, V] of the last position.
+
+        Row b takes slot b of the pool and reserves budgets[b] tokens (default: P + max_new_tokens
+        + K + 1; 0: an unused row, e.g. a bucket's padding, with no blocks and no real token).
+        max_new_tokens / num_draft_tokens override the constructor's for this call."""
+        batch, width = input_ids.shape
+        if max_new_tokens is not None or num_draft_tokens is not None:
+            _check_sizes(max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens)
+            self.max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+            self.max_tentative = self.max_tentative if num_draft_tokens is None else num_draft_tokens + 1
+        if budgets is None:
+            if self.max_new_tokens is None:
+                raise ValueError("prefill needs max_new_tokens (here or at construction) or explicit budgets")
+            budgets = [width + self.max_new_tokens + self.max_tentative] * batch
+        budgets = [int(b) for b in budgets]
+        if len(budgets) != batch:
+            raise ValueError(f"budgets must hold one entry per row ({batch}), got {len(budgets)}")
+        if not self.pooled:  # a pool for this call alone
+            self._allocate(batch, max(max(budgets), 1), None)
+        elif batch > self.cache.max_batch:
+            raise ValueError(f"{batch} rows exceed the pool's {self.cache.max_batch} slots (max_batch_size)")
+        self.release()
+        if self.max_positions is not None and max(budgets) > self.max_positions:
+            raise ValueError(f"a row of {max(budgets)} tokens (prompt + max_new_tokens + K + 1) would exceed the "
+                             f"model's {self.max_positions} position embeddings")
+        used = [b for b in range(batch) if budgets[b] > 0]
+        self.cache.admit_batch(used, [budgets[b] for b in used])  # OutOfBlocksError / ValueError: nothing admitted
+        self.block_table, self.seq_lens = self.cache.block_table[:batch], self.cache.seq_lens[:batch]
+        self.length = self._length_all[:batch]
+        self.length.zero_()
+        # A row's commit cap: its reserved slots less the K + 1 tentative ones (0 for an unused row).
+        caps = [max(len(self.cache.blocks_of(b)) * self.block_size - self.max_tentative, 0) for b in range(batch)]
+        self.caps = self._cap_all[:batch]
+        self.caps.copy_(torch.tensor(caps, dtype=torch.int32, device="cpu"))  # host values, one copy
         num_valid = None if attention_mask is None else attention_mask.to(self.device).sum(1)
         # The prefill goes through the kernels' public entry points (static checks of every shape);
         # score calls the C++ ops / Triton launchers directly when both resolve to one backend: the
@@ -162,7 +249,7 @@ class PagedRunnerBase:
             from ..kernels.cache_ops.triton import append_kv_triton
 
             self._triton = (append_kv_triton, paged_attention_triton, plan_launch)
-        self.cache.seq_lens.copy_(self.length)
+        self.seq_lens.copy_(self.length)
         self._tentative = 0
         return linear(hidden[:, -1], self.lm_head)
 
@@ -185,8 +272,8 @@ class PagedRunnerBase:
 
     def commit(self, keep: torch.Tensor) -> None:
         """The first keep[b] real tentative tokens become committed; the others are dropped."""
-        new = torch.clamp(self.cache.seq_lens + keep.to(torch.int32), max=self.cap)
-        self.cache.seq_lens.copy_(new)
+        new = torch.minimum(self.seq_lens + keep.to(torch.int32), self.caps)
+        self.seq_lens.copy_(new)
         self.length.copy_(new)
         self._tentative = 0
 
@@ -194,7 +281,7 @@ class PagedRunnerBase:
         """After tree scoring: the tentative tokens at call positions path[b, :keep[b]] (int32 [B, P],
         -1 padded) move to the first keep[b] tentative slots (compact_kv, every layer) and are
         committed, in that order; the others are dropped."""
-        compact_kv(self.cache.kv, self.cache.block_table, self.cache.seq_lens, path, backend=self.backend, check=False)
+        compact_kv(self.cache.kv, self.block_table, self.seq_lens, path, backend=self.backend, check=False)
         self.commit(keep)
 
     def compact(self, max_len_bound: int) -> None:
@@ -253,12 +340,11 @@ class PagedRunnerBase:
     def _append(self, i: int, k, v, cu) -> None:
         """Writes layer i's new k, v [T, Hkv, D] at self.length (rows packed by cu)."""
         if self._direct == "cpp":
-            torch.ops.specdec_fast.append_kv(k, v, self.k_caches[i], self.v_caches[i], self.cache.block_table,
-                                             self.length, cu)
+            torch.ops.specdec_fast.append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, self.length, cu)
         elif self._direct == "triton":
-            self._triton[0](k, v, self.k_caches[i], self.v_caches[i], self.cache.block_table, self.length, cu)
+            self._triton[0](k, v, self.k_caches[i], self.v_caches[i], self.block_table, self.length, cu)
         else:
-            append_kv(k, v, self.k_caches[i], self.v_caches[i], self.cache.block_table, self.length, cu,
+            append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, self.length, cu,
                       backend=self.backend, check=False)
 
     def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:
@@ -267,21 +353,22 @@ class PagedRunnerBase:
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
-                                                          self.cache.block_table, attn_lens, cu, self._tree_mask, scale)
+                                                          self.block_table, attn_lens, cu, self._tree_mask, scale)
         if self._direct == "triton":
-            return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.cache.block_table, attn_lens, cu,
+            return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
                                    plan=self._plan(max_query_len))
-        return paged_attention(q, self.k_caches[i], self.v_caches[i], self.cache.block_table, attn_lens, cu,
+        return paged_attention(q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, backend=self.backend,
                                check=False)
 
     def _plan(self, max_query_len: int):
         """The Triton attention launch shape of a call (static per call width): chosen once."""
-        plan = self._plans.get(max_query_len)
+        table = self.block_table
+        key = (table.shape[0], max_query_len)
+        plan = self._plans.get(key)
         if plan is None:
-            table = self.cache.block_table
-            plan = self._plans[max_query_len] = self._triton[2](
+            plan = self._plans[key] = self._triton[2](
                 self.device, table.shape[0], self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim,
                 max_query_len, table.shape[1] * self.block_size)
         return plan

@@ -198,7 +198,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         x = F.embedding(flat.clamp(min=0), self.embed)
         first = self.layers[0]
         h = add_rms_norm(x, None, first.ln_in, first.eps_in)[1]
-        table, length = self.cache.block_table, self.length
+        table, length = self.block_table, self.length
         for i, layer in enumerate(self.layers):
             if layer.w_qkv is not None:
                 qkv = F.linear(h, layer.w_qkv, layer.b_qkv)

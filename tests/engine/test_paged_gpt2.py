@@ -106,8 +106,8 @@ def test_runaway_row_past_n_positions_is_clamped_and_the_other_row_stays_exact()
         torch.testing.assert_close(logits[0], expected, atol=1e-4, rtol=1e-4)
         runner.commit(torch.tensor([1, k + 1]))
         context.append(int(tokens[0, 0]))
-    assert int(runner.cache.seq_lens[1]) == runner.cap == 24 - (k + 1)
-    assert runner.cap + k + 1 > budget, "the runaway row did run past n_positions"
+    assert int(runner.cache.seq_lens[1]) == int(runner.caps[1]) == 24 - (k + 1)
+    assert int(runner.caps[1]) + k + 1 > budget, "the runaway row did run past n_positions"
     too_long = PagedGPT2Runner(model, max_new_tokens=new + 1, num_draft_tokens=k)
     with pytest.raises(ValueError, match="exceed the model's 21 position embeddings"):
         too_long.prefill(ids, mask)

@@ -201,8 +201,8 @@ def test_finished_rows_stay_inside_their_reservation():
     assert decoder.stats.result.iterations > 12, "row 1 must stay finished for many iterations"
     for runner in runners:
         reserved = len(runner.cache.blocks_of(1)) * runner.block_size
-        assert runner.cap == reserved - (k + 1)
-        assert int(runner.cache.seq_lens[1]) <= runner.cap
+        assert int(runner.caps[1]) == reserved - (k + 1)
+        assert int(runner.cache.seq_lens[1]) <= int(runner.caps[1])
 
 
 def test_commit_caps_a_runaway_row_and_the_other_row_stays_exact():
@@ -222,5 +222,5 @@ def test_commit_caps_a_runaway_row_and_the_other_row_stays_exact():
         torch.testing.assert_close(logits[0], expected, atol=1e-4, rtol=1e-4)
         runner.commit(torch.tensor([1, k + 1]))
         context.append(int(tokens[0, 0]))
-    assert int(runner.cache.seq_lens[1]) == runner.cap == len(runner.cache.blocks_of(1)) * 4 - (k + 1)
+    assert int(runner.cache.seq_lens[1]) == int(runner.caps[1]) == len(runner.cache.blocks_of(1)) * 4 - (k + 1)
     assert int(runner.cache.seq_lens[0]) == len(context)
