@@ -87,6 +87,17 @@ class SamplingTensors:
                                self.seed[index], self.offset[index], modes=None if self.modes is None else set(self.modes))
 
 
+FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "offset")
+
+
+def refill_params(dst: SamplingTensors, src: SamplingTensors) -> None:
+    """Copies every per-row tensor of ``src`` into ``dst``'s (same shapes), in place: buffers that
+    a captured CUDA graph reads take a later call's values. ``dst`` must own its tensors (not
+    constant_rows' shared ones); its modes stay (the caller keeps them consistent)."""
+    for name in FIELDS:
+        getattr(dst, name).copy_(getattr(src, name))
+
+
 # name -> (dtype, integral, rule on a value (Python scalar or tensor), rule text)
 RULES = {
     "temperature": (torch.float32, False, lambda v: (v >= 0) & (v < math.inf), "0 <= temperature < inf"),

@@ -22,7 +22,7 @@ class PromptLookupDrafter:
         self.max_ngram = max_ngram
         self.vocab_size = None
 
-    def start(self, state) -> None:
+    def start(self, state, prompt=None) -> None:
         self.state = state
 
     def propose(self, k: int):

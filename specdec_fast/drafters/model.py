@@ -1,7 +1,8 @@
 """Drafters: propose K draft tokens per row without a host sync.
 
 Protocol (the engine calls these in order):
-    start(state)                       after the target's prefill and first token
+    start(state, prompt)               after the target's prefill and first token; prompt: the
+                                       call's engine.loop.PromptBatch (ids, mask, KV budgets, K)
     propose(k) -> (draft_tokens [B, k] int64, -1 pads; draft_logits [B, k, V] in the draft
                    runner's logits dtype (bf16 on GPU: no float32 copy), or None)
     commit(num_accepted [B], draft_tokens [B, k])   after verify; the emitted tokens are
@@ -14,7 +15,9 @@ does not change between propose and commit) and skip_finished (feed finished row
 
 Graph safety (engine/loop.py, engine/graphs.py): ``graph_safe`` says that propose / commit keep every tensor
 that outlives a call in place (copy_, never rebinding) with static shapes, so both can be
-replayed from a CUDA graph.
+replayed from a CUDA graph. A drafter serves call after call (an engine's): start() re-fills the
+buffers of the call's batch size in place (allocated at the first call of that size), so graphs
+captured at an earlier call of that size read them at the same addresses.
 """
 import dataclasses
 
@@ -44,16 +47,20 @@ class ModelDrafter:
     def needs_compact(self) -> bool:
         return bool(getattr(self.runner, "needs_compact", False))
 
-    def start(self, state) -> None:
+    def start(self, state, prompt) -> None:
         self.state = state
-        self.runner.prefill(state.prompt_ids, state.prompt_mask)
-        batch = state.seq.shape[0]
-        self.pending = torch.zeros(batch, 2, dtype=torch.long, device=state.seq.device)
+        self.runner.prefill(prompt.ids, prompt.mask, budgets=prompt.budgets, num_draft_tokens=prompt.k)
+        batch, dev = state.seq.shape[0], state.seq.device
+        buffers = self.__dict__.setdefault("_buffers", {})
+        if batch not in buffers:  # per batch size, once: [B, 2] pending tokens, [B] their count, noise positions
+            buffers[batch] = (torch.zeros(batch, 2, dtype=torch.long, device=dev),
+                              torch.ones(batch, dtype=torch.long, device=dev), [])
+        self.pending, self.num_pending, self._positions = buffers[batch]  # _positions: int64 [B] tensors of i
+        self.pending.zero_()
         self.pending[:, 1] = state.last_token()
-        self.num_pending = torch.ones(batch, dtype=torch.long, device=state.seq.device)
-        self._sample = prepared_impls(state.backend, state.seq.device)[1]
+        self.num_pending.fill_(1)
+        self._sample = prepared_impls(state.backend, dev)[1]
         self._params = dataclasses.replace(state.params, offset=state.gen_len)  # offset: the live counter
-        self._positions = []  # int64 [B] tensors of i: the i-th draft's noise position
         # Every row greedy (known on the host): each draft is its logits' argmax (lowest index),
         # so the verify's p = one-hot(argmax) is one-hot(draft) exactly: propose returns no
         # logits, and the verify reads K + 1 distributions instead of 2K + 1 (no [B, K, V] stack).

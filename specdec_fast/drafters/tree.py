@@ -1,7 +1,7 @@
 """TreeDrafter: a draft model expands a token tree level by level, one forward per level.
 
 Protocol (TreeDecoder calls these in order):
-    start(state)                     after the target's prefill and first token
+    start(state, prompt)             after the target's prefill and first token (prompt: PromptBatch)
     propose() -> (tokens [B, N] int64: node 0 = the last emitted token, then the drafted nodes
                   in BFS order; draft_logits [B, N, V] float32: the draft's logits at each node,
                   for children "sample", or None for "top")
@@ -36,7 +36,7 @@ import dataclasses
 import torch
 
 from ..kernels.rng import STREAM_DRAFT
-from ..kernels.sampling_params import SamplingTensors
+from ..kernels.sampling_params import SamplingTensors, refill_params
 from ..kernels.verify import prepared_impls
 from .token_tree import TokenTree
 from .tree_dynamic import DynamicExpansion
@@ -75,9 +75,35 @@ class TreeDrafter:
     def graph_safe(self) -> bool:
         return bool(getattr(self.runner, "graph_safe", False))
 
-    def start(self, state) -> None:
+    # What start() builds per (batch size, sampling modes): kept, and re-filled in place by later calls.
+    _BUILT = ("pending", "num_pending", "_sample", "_greedy", "_all_greedy", "_no_keep", "fed_depth", "_slots", "dynamic",
+              "levels", "feeds", "node_parents", "node_mask", "node_ranks", "_feed_depths")
+
+    def start(self, state, prompt) -> None:
+        """After the target's prefill: the draft's prefill, then this batch size's buffers (built at
+        its first call, re-filled in place at later ones: captured graphs read them)."""
         self.state = state
-        self.runner.prefill(state.prompt_ids, state.prompt_mask)
+        self.runner.prefill(prompt.ids, prompt.mask, budgets=prompt.budgets, num_draft_tokens=prompt.k)
+        built = self.__dict__.setdefault("_built", {})
+        key = (state.seq.shape[0], None if state.params.modes is None else frozenset(state.params.modes))
+        if key not in built:
+            self._build(state)
+            built[key] = {name: getattr(self, name, None) for name in self._BUILT}
+            return
+        for name, value in built[key].items():
+            setattr(self, name, value)
+        self.pending.zero_()
+        self.pending[:, 1] = state.last_token()
+        self.num_pending.fill_(1)
+        self._greedy.copy_((state.params.temperature == 0)[:, None])
+        if self.dynamic is not None:
+            self.dynamic.refresh(state)
+            return
+        for level in self.levels:
+            if level.params is not None:
+                refill_params(level.params, state.params.select_rows(level.row_index))
+
+    def _build(self, state) -> None:
         tree = self.tree
         batch, dev = state.seq.shape[0], state.seq.device
         self.pending = torch.zeros(batch, 2, dtype=torch.long, device=dev)
@@ -97,7 +123,7 @@ class TreeDrafter:
             self.node_parents, self.node_mask, self.node_ranks = self.dynamic.parents, self.dynamic.mask, self.dynamic.ranks
             self._feed_depths = torch.tensor([d - 1 for d in tree.depths[1:]], dtype=torch.int32, device=dev)
             return
-        self.dynamic = None
+        self.dynamic = self._feed_depths = None
         static = tree.tensors(dev)
         # What the target's scoring, the verify and the stats read: parents [B, N], mask [N], ranks [N].
         self.node_parents, self.node_mask, self.node_ranks = static["parents"].expand(batch, -1), static["mask"], static["ranks"]

@@ -36,7 +36,7 @@ import math
 import torch
 
 from ..kernels.rng import STREAM_DRAFT
-from ..kernels.sampling_params import SamplingTensors
+from ..kernels.sampling_params import SamplingTensors, refill_params
 from .token_tree import DEMO_RANK_ACCEPTANCE, TokenTree, _acceptance_rows
 
 RANK_CAP = 8  # ranks tried per parent below depth 1 (the measured acceptance profiles hold 8 ranks)
@@ -120,8 +120,7 @@ class DynamicExpansion:
         # Rows whose children are the top-b: greedy rows always; every row with children "top".
         greedy = state.params.temperature == 0
         self.top_rows = greedy if self.sampled else torch.ones_like(greedy)
-        self.inv_temperature = (torch.where(greedy, torch.ones_like(state.params.temperature),
-                                            state.params.temperature) * tree.score_temperature).reciprocal()[:, None, None]
+        self.inv_temperature = self._inv_temperature(state.params.temperature, greedy)
         self.levels = []
         for d, width in enumerate(rank_widths(tree), 1):
             nodes, above = tree.level(d), tree.level(d - 1)
@@ -138,6 +137,25 @@ class DynamicExpansion:
                 level.positions = torch.tensor([i - 1 for i in nodes], **long).repeat(batch)
                 level.params = state.params.select_rows(level.row_index)
             self.levels.append(level)
+
+    def refresh(self, state) -> None:
+        """A later call of the same batch size and modes: every tensor built from the parameters
+        re-filled in place (captured graphs read them), the tree back to its skeleton."""
+        static = self.tree.tensors(state.seq.device)
+        self.parents.copy_(static["parents"].expand_as(self.parents))
+        self.ranks.copy_(static["ranks"].expand_as(self.ranks))
+        self.mask.copy_(static["mask"].expand_as(self.mask))
+        self.log_score.zero_()
+        greedy = state.params.temperature == 0
+        self.top_rows.copy_(greedy if self.sampled else torch.ones_like(greedy))
+        self.inv_temperature.copy_(self._inv_temperature(state.params.temperature, greedy))
+        for level in self.levels:
+            if level.params is not None:
+                refill_params(level.params, state.params.select_rows(level.row_index))
+
+    def _inv_temperature(self, temperature: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+        """[B, 1, 1]: 1 / (T * score temperature), T = 1 for greedy rows."""
+        return (torch.where(greedy, torch.ones_like(temperature), temperature) * self.tree.score_temperature).reciprocal()[:, None, None]
 
     def expand(self, d: int, parent_logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
         """Depth d's tokens [B, n_d] from depth d - 1's logits [B, E, V]; writes the nodes'

@@ -92,6 +92,24 @@ class StepCallables:
     def replays(self) -> dict:
         return {name: graph.replays for name, graph in self.graphs.items()}
 
+    def calls(self) -> int:
+        """Calls made so far (the verify step's: every iteration calls it)."""
+        return self.graphs["verify"].calls if self.graphs else 0
+
+    def ready(self) -> bool:
+        """Every graph captured (or its static twin's capture call made)."""
+        return bool(self.graphs) and all(graph.ready for graph in self.graphs.values())
+
+    def captured(self) -> list:
+        """Names of the graphs captured so far."""
+        return [name for name, graph in self.graphs.items() if graph.ready]
+
+    def check_reuse(self) -> None:
+        """Before a later call replays these graphs: every state tensor they captured is still
+        where it was (StepGraph.check_reuse)."""
+        for graph in self.graphs.values():
+            graph.check_reuse()
+
 
 def step_callables(mode: str, draft_step, verify_step, state_roots: dict, warmup: int) -> StepCallables:
     """The draft / verify callables for ``mode``: the step functions themselves (eager) or

@@ -177,6 +177,23 @@ class StepGraph:
         self._launches = None  # those of the capture call
 
     @property
+    def ready(self) -> bool:
+        """The capture call has been made (later calls replay)."""
+        return self._ready
+
+    def check_reuse(self) -> None:
+        """A decoder reused by a later generate() call re-initialises its state in place; this
+        checks, before the first replay of that call, that every state tensor is still the one
+        captured (address, shape, dtype): a tensor rebound or allocated anew between calls
+        would leave the graph reading the old memory. The whole state is walked once per call."""
+        if not self._ready:
+            return
+        changes = address_changes(self._captured_state, addresses(self.state()))
+        if changes:
+            raise GraphSafetyError(f"{self.name} step: between calls, state tensors that the captured graph reads moved: "
+                                   f"{', '.join(changes[:8])}")
+
+    @property
     def next_call_captures(self) -> bool:
         return not self._ready and self.calls >= self.warmup
 
@@ -240,6 +257,7 @@ class StepGraph:
             self._check_syncs(trace)
         self._launches = guard.launches
         self._check_state(before, "capture")
+        self._captured_state = before
         _flatten(out)  # type check
         self._outputs, self._ready = out, True
         if self.capture:

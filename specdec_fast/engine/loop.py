@@ -28,9 +28,16 @@ fp16 / fp32 and standardise in float32 internally, so the float32 copy of the [B
 target logits that the loop used to make is gone; only when target and draft logits differ in
 dtype are both cast to float32 (chain_verify needs one dtype).
 
-Graphs belong to one decoder (one generate call): each call captures its own (the runners'
-buffers are sized per call). Under graphs the phase timer's events sit between the two
-replays (draft, verify), so c is still measured; stats.py defines host_ms_per_iter.
+Reuse across calls (engine/engine.py keeps one decoder per batch bucket, K and sampling
+modes): a decoder allocates its state for ``rows`` rows and ``seq_capacity`` tokens at its first
+call and re-initialises it IN PLACE at every later call (prompt, lengths, sampling parameters,
+seeds, max_new_tokens and EOS are device tensors; the runners' KV pool never moves), so the
+graphs captured at the first call are replayed by every later one: 0 captures after the first
+call. A call of B < rows rows fills the others with unused rows (no prompt, finished from the
+start: fed nothing, no KV blocks). Every state tensor a graph reads must keep its address from
+call to call: StepGraph.check_reuse() checks that at each later call (GraphSafetyError naming
+what moved). Under graphs the phase timer's events sit between the two replays (draft,
+verify), so c is still measured; stats.py defines host_ms_per_iter.
 """
 import dataclasses
 import time
@@ -46,6 +53,10 @@ from .run_ahead import RunAheadPoller, Snapshot
 from .stats import PhaseTimer, StatsRecorder
 
 DEFAULT_RUN_AHEAD = 2  # run_ahead.py: the smallest bound that keeps one iteration queued on the GPU
+_DEFAULT = object()  # generate()'s per-call arguments: "the constructor's value"
+
+
+EOS_SLOTS = 8  # EOS ids a decoder holds (a device buffer, -1 = unused): a call with more takes a new decoder
 
 
 @dataclass
@@ -55,7 +66,8 @@ class DecodeState:
     int64, the buffer the host polls: gen_len = status[0] (tokens generated per row), live =
     status[1] (1 while the row is unfinished, as of the start of the coming iteration).
     finished [B] bool is updated by the append; live follows it at the end of the verify step.
-    skip_finished: feed finished rows 0 real tokens (batch > 1)."""
+    skip_finished: feed finished rows 0 real tokens (batch > 1). Every tensor keeps its address
+    for the decoder's life (re-initialised in place at each call)."""
 
     seq: torch.Tensor
     start: torch.Tensor
@@ -63,8 +75,6 @@ class DecodeState:
     status: torch.Tensor
     finished: torch.Tensor
     params: SamplingTensors
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
     backend: str | None
     skip_finished: bool = False
 
@@ -88,23 +98,57 @@ class DecodeState:
         return self.seq.gather(1, (self.end - 1)[:, None])[:, 0]
 
 
+@dataclass
+class PromptBatch:
+    """One call's prompt as the runners' prefill takes it: ids [R, P] int64 and mask [R, P]
+    (left padding; rows past the call's batch are unused: mask 0), each row's KV reservation
+    budgets (R ints: real prompt tokens + max_new_tokens + K + 1; 0 for an unused row) and K."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    budgets: list
+    k: int  # tokens drafted per iteration (K; a tree's N - 1 nodes): the runners hold K + 1 tentative tokens
+
+
+def _static_params(rows: int, device, modes) -> SamplingTensors:
+    """SamplingTensors of [rows] buffers that calls copy their parameters into (graph safe)."""
+    def zeros(dtype):
+        return torch.zeros(rows, dtype=dtype, device=device)
+
+    return SamplingTensors(zeros(torch.float32), zeros(torch.int32), torch.ones(rows, device=device), zeros(torch.float32),
+                           zeros(torch.int64), zeros(torch.int64), modes=None if modes is None else set(modes))
+
+
+def _fill_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst [R] <- src [B] (B <= R); rows B.. repeat row 0 (unused rows: any valid value)."""
+    batch = src.shape[0]
+    dst[:batch].copy_(src)
+    if batch < dst.shape[0]:
+        dst[batch:].copy_(src[:1].expand(dst.shape[0] - batch))
+
+
 class SpeculativeDecoder:
-    """Speculative (K >= 1) or plain (K = 0) decoding of one batch.
+    """Speculative (K >= 1) or plain (K = 0) decoding of batches of up to ``rows`` rows, call after call.
 
     target: a runner (runners/base.py); drafter: ModelDrafter / PromptLookupDrafter, or None
-    for K = 0. params: SamplingTensors [B] (seed per row). eos_token_ids: int tensor [E] or None.
+    for K = 0. Per call (the constructor's values are the defaults of generate()): params:
+    SamplingTensors [B] (seed per row); max_new_tokens; eos_token_ids: ints or None; pad_token_id;
+    streamer. Fixed for the decoder's life: rows (None: the first call's batch), seq_capacity
+    (tokens per row of the state, prompt width + max_new_tokens + K + 1 at most; None: the first
+    call's), the sampling modes (the first call's params.modes: they choose the kernels' launches).
     run_ahead: R >= 1, how many iterations the host may issue beyond the newest poll it has
     read (run_ahead.py; 2 keeps the GPU fed, 1 is synchronous).
     cuda_graphs: None (graph_policy.GRAPHS_BY_DEFAULT where supported; else eager, graph_note
     says why), True (ValueError if unsupported), False (eager), "static" (the graph code path
     run eagerly with its checks; any device, graph-safe runners). graph_warmup: eager
     iterations before the capture (>= 1 for the paged runners: their index cache is built on first use).
-    skip_finished: feed finished rows nothing (module docstring); None: when batch > 1.
+    skip_finished: feed finished rows nothing (module docstring); None: when rows > 1.
     """
 
-    def __init__(self, target, drafter, *, k: int, params: SamplingTensors, max_new_tokens: int,
+    def __init__(self, target, drafter, *, k: int, params: SamplingTensors | None = None, max_new_tokens: int | None = None,
                  eos_token_ids=None, pad_token_id: int = 0, backend=None, run_ahead: int = DEFAULT_RUN_AHEAD,
-                 streamer=None, cuda_graphs=None, graph_warmup: int = 1, skip_finished: bool | None = None):
+                 streamer=None, cuda_graphs=None, graph_warmup: int = 1, skip_finished: bool | None = None,
+                 rows: int | None = None, seq_capacity: int | None = None):
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"k (num_assistant_tokens) must be an int >= 0, got {k!r}")
         if k > 0 and drafter is None:
@@ -113,19 +157,26 @@ class SpeculativeDecoder:
             raise ValueError(f"run_ahead must be an int >= 1, got {run_ahead!r}")
         if isinstance(graph_warmup, bool) or not isinstance(graph_warmup, int) or graph_warmup < 0:
             raise ValueError(f"graph_warmup must be an int >= 0, got {graph_warmup!r}")
+        for name, value in (("rows", rows), ("seq_capacity", seq_capacity)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
         self.target, self.drafter, self.k = target, drafter, k if drafter is not None else 0
-        self.params, self.max_new_tokens = params, max_new_tokens
-        self.pad_token_id, self.backend, self.streamer = pad_token_id, backend, streamer
+        self.drafted_per_step = self.k  # tokens the target scores beyond the last one (a tree's: N - 1)
+        self.defaults = dict(params=params, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                             pad_token_id=pad_token_id, streamer=streamer)
+        self.backend = backend
         self.run_ahead, self.graph_warmup, self.skip_finished = run_ahead, graph_warmup, skip_finished
+        self.rows, self.seq_capacity = rows, seq_capacity
         self.device = target.device
-        self.eos = None if eos_token_ids is None else torch.as_tensor(eos_token_ids, dtype=torch.long, device=self.device).reshape(-1)
         self._verify_impl = prepared_impls(backend, self.device)[0]  # resolves (and checks) the backend once
-        self.stats = StatsRecorder(self.k, self.device)
         self.use_events(torch.cuda.Event if self.device.type == "cuda" else None)
         self.graph_mode, self.graph_note = resolve_graph_mode(cuda_graphs, target, drafter, backend, self.device)
         # Runners that leave holes in their cache (HFRunner) and reclaim them at poll time.
         self._compacting = [obj for obj in (target, drafter) if getattr(obj, "needs_compact", False)]
-        self.steps = None  # graph_policy.StepCallables, built after the prefill
+        self.state = None  # allocated by the first call (_allocate), then re-initialised in place
+        self.steps = None  # graph_policy.StepCallables, built at the first call's prefill
+        self.calls = 0
+        self.stats = None
 
     def use_events(self, events) -> None:
         """The event class of the polls and the phase timer (torch.cuda.Event on CUDA, None on
@@ -143,36 +194,113 @@ class SpeculativeDecoder:
                 "drafter.runner": getattr(self.drafter, "runner", None)}
 
     # -- setup --------------------------------------------------------------------------
-    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        """Prompt into both caches, the first token (a K = 0 verify at offset 0, y ~ q, like
-        every later bonus token), then the step callables of the graph mode."""
-        self.timer.mark("prefill")
-        batch, width = input_ids.shape
+    def _call_options(self, overrides: dict) -> dict:
+        call = dict(self.defaults)
+        call.update({name: value for name, value in overrides.items() if value is not _DEFAULT})
+        if call["params"] is None:
+            raise ValueError("SpeculativeDecoder needs params (SamplingTensors), at construction or per call")
+        if call["max_new_tokens"] is None:
+            raise ValueError("SpeculativeDecoder needs max_new_tokens, at construction or per call")
+        return call
+
+    def _allocate(self, rows: int, width: int, params: SamplingTensors) -> None:
+        """The decoder's state for ``rows`` rows of ``width`` tokens, once; every later call fills
+        these tensors in place (their addresses are what captured graphs read)."""
         dev = self.device
-        seq = torch.full((batch, width + self.max_new_tokens + self.k + 1), self.pad_token_id, dtype=torch.long, device=dev)
-        seq[:, :width] = input_ids
-        mask = attention_mask.long()
+        self.rows, self.seq_capacity, self.modes = rows, width, params.modes
+        long = dict(dtype=torch.long, device=dev)
         self.state = DecodeState.create(
-            seq, width - mask.sum(1), torch.full((batch,), width, dtype=torch.long, device=dev), params=self.params,
-            prompt_ids=input_ids, prompt_mask=mask, backend=self.backend,
-            skip_finished=batch > 1 if self.skip_finished is None else bool(self.skip_finished),
-        )
-        self.prompt_width = width
+            torch.zeros(rows, width, **long), torch.zeros(rows, **long), torch.zeros(rows, **long),
+            params=_static_params(rows, dev, params.modes), backend=self.backend,
+            skip_finished=rows > 1 if self.skip_finished is None else bool(self.skip_finished))
         # offset = gen_len, the live counter of generated tokens: one params object for every call.
-        self._verify_params = dataclasses.replace(self.params, offset=self.state.gen_len)
-        self._no_drafts = torch.zeros(batch, 0, dtype=torch.long, device=dev)
+        self._verify_params = dataclasses.replace(self.state.params, offset=self.state.gen_len)
+        self._max_new = torch.zeros(rows, **long)  # max_new_tokens per row (a device value: graphs replay it)
+        self._eos = torch.full((EOS_SLOTS,), -1, **long)  # EOS ids, -1 = unused (no token is -1)
+        self._no_drafts = torch.zeros(rows, 0, **long)
         self._slots = torch.arange(self.k + 1, device=dev)[None, :]  # [1, K+1], the append's slot index
-        logits = self.target.prefill(input_ids, mask)  # [B, V]
+        self.stats = StatsRecorder(self.k, dev)
+
+    def _begin_call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, call: dict) -> PromptBatch:
+        """Checks the call against the decoder's fixed shapes, allocates at the first call, and
+        re-initialises every state tensor in place: the prompt rows (then unused rows), lengths,
+        finished, sampling parameters and seeds, max_new_tokens, EOS."""
+        batch, width = input_ids.shape
+        params, new = call["params"], call["max_new_tokens"]
+        if isinstance(new, bool) or not isinstance(new, int) or new < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {new!r}")
+        if params.batch != batch:
+            raise ValueError(f"params are for {params.batch} rows, input_ids has {batch}")
+        eos = [] if call["eos_token_ids"] is None else [int(e) for e in torch.as_tensor(call["eos_token_ids"]).reshape(-1).tolist()]
+        if len(eos) > EOS_SLOTS:
+            raise ValueError(f"at most {EOS_SLOTS} eos_token_ids per decoder, got {len(eos)}")
+        need = width + new + self.k + 1
+        if self.state is None:
+            self._allocate(self.rows or batch, self.seq_capacity or need, params)
+        if batch > self.rows:
+            raise ValueError(f"a batch of {batch} rows exceeds this decoder's {self.rows} rows")
+        if need > self.seq_capacity:
+            raise ValueError(f"prompt width {width} + max_new_tokens {new} + K + 1 = {need} tokens exceed this decoder's "
+                             f"{self.seq_capacity} (seq_capacity)")
+        if params.modes != self.modes:
+            raise ValueError(f"this decoder was built for sampling modes {sorted(self.modes or ['unknown'])}, "
+                             f"the call's are {sorted(params.modes or ['unknown'])}")
+        self.max_new_tokens, self.pad_token_id, self.streamer = new, int(call["pad_token_id"]), call["streamer"]
+        st, dev, rows = self.state, self.device, self.rows
+        mask = attention_mask.to(dev).long()
+        ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=dev)
+        full_mask = torch.zeros((rows, width), dtype=torch.long, device=dev)
+        ids[:batch], full_mask[:batch] = input_ids, mask
+        st.seq.fill_(self.pad_token_id)
+        st.seq[:, :width] = ids
+        st.start.copy_(width - full_mask.sum(1))
+        st.end.fill_(width)
+        st.status.zero_()
+        st.finished.zero_()
+        st.finished[batch:] = True  # unused rows: finished from the start (fed nothing, emit nothing)
+        for field in ("temperature", "top_k", "top_p", "min_p", "seed"):
+            _fill_rows(getattr(st.params, field), getattr(params, field))
+        self._max_new.fill_(new)
+        self._eos.fill_(-1)
+        if eos:
+            self._eos[: len(eos)] = torch.tensor(eos, dtype=torch.long, device="cpu")
+        self.stats.reset()
+        self.prompt_width, self.batch = width, batch
+        real = full_mask.sum(1).tolist()  # one host read at the start of a call: the rows' KV budgets
+        extra = self.drafted_per_step + 1
+        # An unused row is fed nothing when finished rows are skipped (no KV blocks at all); a tree
+        # scores every row, so it keeps room for one step's tentative tokens there.
+        unused = 0 if st.skip_finished else extra
+        return PromptBatch(ids, full_mask, [n + new + extra if n else unused for n in real], self.drafted_per_step)
+
+    def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **overrides) -> None:
+        """Prompt into both caches, the first token (a K = 0 verify at offset 0, y ~ q, like
+        every later bonus token), then (first call) the step callables of the graph mode."""
+        self.timer.mark("prefill")
+        prompt = self._begin_call(input_ids, attention_mask, self._call_options(overrides))
+        logits = self.target.prefill(prompt.ids, prompt.mask, budgets=prompt.budgets, max_new_tokens=self.max_new_tokens,
+                                     num_draft_tokens=prompt.k)  # [R, V]
         tokens, accepted = self._chain_verify(logits[:, None, :], None, self._no_drafts)
         self.stats.record_first(self._append(tokens, accepted))
         self._update_live()
         if self.drafter is not None:
-            self.drafter.start(self.state)
-        self.steps = step_callables(self.graph_mode, self.draft_step if self.k else None, self.verify_step,
-                                    self._state_roots(), self.graph_warmup)
+            self.drafter.start(self.state, prompt)
+        self._captured_before = 0
+        if self.steps is None:
+            self.steps = step_callables(self.graph_mode, self.draft_step if self.k else None, self.verify_step,
+                                        self._state_roots(), self.graph_warmup)
+        else:
+            self._captured_before = len(self.steps.captured())
+            self.steps.check_reuse()
         # Steps before the one that captures the graphs (timed as "capture"); -1: never.
-        self._steps_to_capture = self.graph_warmup if self.steps.graphs else -1
+        self._steps_to_capture = self.graph_warmup - self.steps.calls() if self.steps.graphs and not self.steps.ready() else -1
         self.timer.mark(None)
+
+    def release(self) -> None:
+        """Returns the runners' KV blocks to their pools (after a call)."""
+        for runner in (self.target, getattr(self.drafter, "runner", None)):
+            if runner is not None and hasattr(runner, "release"):
+                runner.release()
 
     # -- the pieces of one iteration (each a device-side, in-place update; no host sync) --
     def draft_step(self):
@@ -213,18 +341,17 @@ class SpeculativeDecoder:
         slot = self._slots[:, :width]
         emitted = num_accepted.long()[:, None] >= slot  # accepted drafts + the final token
         toks = tokens.long()
-        if self.eos is not None:
-            is_eos = (toks[..., None] == self.eos).any(-1) & emitted
-            first_eos = torch.where(is_eos, slot, width).amin(1)
-            emitted &= slot <= first_eos[:, None]
-        room = (self.max_new_tokens - st.gen_len)[:, None]
+        # EOS ids live in a device buffer (-1 = unused): the same ops every call, EOS or not.
+        is_eos = (toks[..., None] == self._eos).any(-1) & emitted
+        first_eos = torch.where(is_eos, slot, width).amin(1)
+        emitted &= slot <= first_eos[:, None]
+        room = (self._max_new - st.gen_len)[:, None]
         emitted &= (slot < room) & ~st.finished[:, None]
         count = emitted.long().sum(1)
         index = st.end[:, None] + slot
         st.seq.scatter_(1, index, torch.where(emitted, toks, st.seq.gather(1, index)))
-        done = st.gen_len + count >= self.max_new_tokens
-        if self.eos is not None:
-            done |= (first_eos < width) & (count > 0)
+        done = st.gen_len + count >= self._max_new
+        done |= (first_eos < width) & (count > 0)
         st.finished |= done
         st.gen_len.add_(count)
         st.end += count
@@ -248,28 +375,41 @@ class SpeculativeDecoder:
         self.timer.mark(None)
 
     # -- the loop ------------------------------------------------------------------------
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids [B, P] (left padded), attention_mask [B, P] -> tokens [B, P + new] (pad after EOS)."""
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, params=_DEFAULT, max_new_tokens=_DEFAULT,
+                 eos_token_ids=_DEFAULT, pad_token_id=_DEFAULT, streamer=_DEFAULT) -> torch.Tensor:
+        """input_ids [B, P] (left padded, B <= rows), attention_mask [B, P] -> tokens [B, P + new]
+        (pad after EOS). The keyword arguments override the constructor's for this call."""
         t0 = time.perf_counter()
-        self._prefill(input_ids, attention_mask)
-        poller = self._start_polls(input_ids)
-        iterations = 0
-        # Every unfinished row gains >= 1 token per iteration: max_new_tokens - 1 iterations suffice.
-        while iterations < self.max_new_tokens - 1:
-            snapshot = poller.wait(iterations)
-            if snapshot is not None and self._take_snapshot(snapshot, iterations):
-                break
-            self.step()
-            iterations += 1
-            poller.issue(iterations)
-        return self._finish(poller, iterations, t0)
+        try:
+            self._prefill(input_ids, attention_mask, params=params, max_new_tokens=max_new_tokens,
+                          eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, streamer=streamer)
+            poller = self._start_polls(input_ids)
+            iterations = 0
+            # Every unfinished row gains >= 1 token per iteration: max_new_tokens - 1 iterations suffice.
+            while iterations < self.max_new_tokens - 1:
+                snapshot = poller.wait(iterations)
+                if snapshot is not None and self._take_snapshot(snapshot, iterations):
+                    break
+                self.step()
+                iterations += 1
+                poller.issue(iterations)
+            return self._finish(poller, iterations, t0)
+        finally:
+            self.calls += 1
 
     def _start_polls(self, input_ids: torch.Tensor) -> RunAheadPoller:
-        if self.streamer is not None:
+        """The decoder's poller (one with a copy of row 0 when streaming), reset for this call:
+        its pinned ring and events are made once per decoder."""
+        streaming = self.streamer is not None
+        if streaming:
             self.streamer.put(input_ids.cpu())
             self._streamed = 0
-        row0 = self.state.seq[0] if self.streamer is not None else None
-        poller = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq_row0=row0)
+        pollers = self.__dict__.setdefault("_pollers", {})
+        poller = pollers.get(streaming)
+        if poller is None:
+            row0 = self.state.seq[0] if streaming else None
+            poller = pollers[streaming] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq_row0=row0)
+        poller.reset()
         poller.issue(0)
         return poller
 
@@ -296,11 +436,12 @@ class SpeculativeDecoder:
             self._stream(int(gen_len[0]), None)
             self.streamer.end()
         self.timer.finish()
+        gen_len = gen_len[: self.batch]  # the call's rows (the others are a bucket's unused rows)
         new = int(gen_len.max()) if gen_len.numel() else 0
         needed = poller.first_done if poller.first_done is not None else iterations
         loop = dict(poller.report(), iterations_needed=needed)
         self.stats.finish(time.perf_counter() - t0, iterations, self.timer, gen_len, graphs=self.graph_report(), loop=loop)
-        return self.state.seq[:, : self.prompt_width + new].clone()
+        return self.state.seq[: self.batch, : self.prompt_width + new].clone()
 
     def _stream(self, upto: int, seq_row0) -> None:
         """Row 0's tokens up to gen_len ``upto`` to the streamer: from the poll's host copy of the
@@ -312,6 +453,13 @@ class SpeculativeDecoder:
             self._streamed = upto
 
     def graph_report(self) -> dict:
-        """What ran: mode, why eager (if so), calls served by each graph (or its static twin)."""
-        replays = self.steps.replays() if self.steps is not None else {}
-        return dict(mode=self.graph_mode, note=self.graph_note, replays=replays)
+        """What ran: mode, why eager (if so), calls served by each graph (or its static twin)
+        in this call, graphs captured in this call."""
+        if self.steps is None:
+            return dict(mode=self.graph_mode, note=self.graph_note, replays={}, captured=0)
+        replays = self.steps.replays()
+        before = self.__dict__.setdefault("_replays_before", {})
+        this_call = {name: count - before.get(name, 0) for name, count in replays.items()}
+        self._replays_before = dict(replays)
+        captured = len(self.steps.captured()) - self._captured_before
+        return dict(mode=self.graph_mode, note=self.graph_note, replays=this_call, captured=captured)

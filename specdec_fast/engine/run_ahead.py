@@ -17,7 +17,7 @@ Reading. Before the host issues iteration n + 1 it calls ``wait(n)``:
   - Polls are never dropped: they are read in order, each one (a queue, not a single pending
     poll that a newer poll replaces: that one was never read under CUDA graphs, whose host
     runs ahead of the GPU, so the H100 loop ran max_new_tokens - 1 iterations; see
-    ../shared/gpu/README.md). A slot is reused R polls later, by which time its poll has been
+    bench/results/h100_3dca4fa/). A slot is reused R polls later, by which time its poll has been
     read (the bound guarantees it; issue() checks).
   - A finished batch stops within R iterations: if every row has finished after iteration m,
     poll m is read before iteration m + R is issued, so at most R - 1 iterations run after the
@@ -63,6 +63,10 @@ class RunAheadPoller:
             seq_ring = torch.empty((slots, seq_row0.shape[0]), dtype=seq_row0.dtype, device="cpu", pin_memory=pin)
             self._seq_ring, self._seq_ring_np = list(seq_ring), seq_ring.numpy()
         self._events = None if events is None else [events() for _ in range(slots)]
+        self.reset()
+
+    def reset(self) -> None:
+        """Ready for a new loop (the ring and events are reused: a decoder keeps its poller)."""
         self.issued = -1  # newest poll issued
         self.read = -1  # newest poll read
         self.first_done = None  # first poll read that saw every row finished

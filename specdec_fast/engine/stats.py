@@ -57,6 +57,8 @@ class PhaseTimer:
         self._next = i + 1
 
     def finish(self) -> None:
+        """Totals of this call's marks (a timer serves one call at a time)."""
+        self.totals = {}
         n = len(self.names)
         if self.events is not None and n:
             self.pool[n - 1].synchronize()
@@ -81,6 +83,11 @@ class StatsRecorder:
         self.first_tokens = None
         self.result = None
 
+    def reset(self) -> None:
+        """Zero the counters for a new call (in place: the verify graph writes them)."""
+        self.hist.zero_()
+        self.first_tokens, self.result = None, None
+
     def record_first(self, count: torch.Tensor) -> None:
         """The prefill's first token per row (count [B])."""
         self.first_tokens = count.sum()
@@ -102,7 +109,8 @@ class StatsRecorder:
             accepted_hist=hist, draft_s=timer.totals.get("draft", 0.0), target_s=timer.totals.get("target", 0.0),
             capture_s=timer.totals.get("capture", 0.0), prefill_s=timer.totals.get("prefill", 0.0),
             graph_mode=(graphs or {}).get("mode", "eager"), graph_note=(graphs or {}).get("note"),
-            graph_replays=dict((graphs or {}).get("replays", {})), loop=dict(loop or {}),
+            graph_replays=dict((graphs or {}).get("replays", {})), graphs_captured=(graphs or {}).get("captured", 0),
+            loop=dict(loop or {}),
         )
 
 
@@ -130,6 +138,15 @@ class GenerationStats:
     # iteration after which every row had finished, as seen by the polls), polls, waits
     # (event.synchronize calls), max_ahead (most iterations issued beyond the last read poll).
     loop: dict = field(default_factory=dict)
+    graphs_captured: int = 0  # CUDA graphs (or static twins) captured in this call: 0 when an engine reuses them
+
+    @property
+    def capture_ms(self) -> float:
+        return 1000.0 * self.capture_s
+
+    @property
+    def prefill_ms(self) -> float:
+        return 1000.0 * self.prefill_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -195,7 +212,7 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         keys = ("k", "batch", "new_tokens", "iterations", "wall_s", "accepted_hist", "draft_s", "target_s", "capture_s",
-                "prefill_s", "graph_mode", "graph_note", "graph_replays", "loop")
+                "prefill_s", "graph_mode", "graph_note", "graph_replays", "graphs_captured", "loop")
         out = {key: getattr(self, key) for key in keys}
         for key in ("tokens_per_s", "host_ms_per_iter", "mean_accepted_length", "acceptance_per_position", "alpha", "cost_ratio",
                     "predicted_speedup", "measured_speedup"):
@@ -228,7 +245,8 @@ class GenerationStats:
             lines.append(f"execution            eager ({self.graph_note})" if self.graph_note else "execution            eager")
         else:
             replays = ", ".join(f"{name} {n}" for name, n in self.graph_replays.items())
-            lines.append(f"execution            {self.graph_mode} (graph calls: {replays}; capture iteration {self.capture_s:.3f} s)")
+            lines.append(f"execution            {self.graph_mode} (graph calls: {replays}; {self.graphs_captured} graph(s) "
+                         f"captured in this call, {self.capture_s * 1000:.1f} ms)")
         if self.measured_speedup is not None:
             lines.append(f"measured speedup     {self.measured_speedup:.2f}x (vs plain decoding at {self.plain_tokens_per_s:.1f} tokens/s)")
         return "\n".join(lines)

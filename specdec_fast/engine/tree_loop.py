@@ -60,6 +60,7 @@ class TreeDecoder(SpeculativeDecoder):
             raise ValueError("skip_finished: tree scoring feeds every row its whole tree (no num_valid)")
         self.tree = drafter.tree
         super().__init__(target, drafter, k=self.tree.depth, **{**kwargs, "skip_finished": False})
+        self.drafted_per_step = self.tree.size - 1  # the target scores every node: N tentative tokens
         self._depths = self.tree.tensors(self.device)["depths"]
         self._tree_verify_impl = prepared_tree_verify(self.backend, self.device, self.tree.max_children)
         self.tree_stats = TreeStats(self.tree, self.device)
@@ -85,7 +86,12 @@ class TreeDecoder(SpeculativeDecoder):
         self.drafter.commit(path, accepted)
         self._update_live()
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = super().generate(input_ids, attention_mask)
+    def _begin_call(self, input_ids, attention_mask, call):
+        prompt = super()._begin_call(input_ids, attention_mask, call)
+        self.tree_stats.accepted.zero_()  # in place: the verify graph writes it
+        return prompt
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **call) -> torch.Tensor:
+        out = super().generate(input_ids, attention_mask, **call)
         self.stats.result.extra["tree"] = self.tree_stats.summary(self.stats.result.accepted_hist)
         return out

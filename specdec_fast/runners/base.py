@@ -5,9 +5,13 @@ A runner owns one model's KV cache for a batch of B rows. Each row has a committ
 appended by ``score``. Every method runs without a host sync: nothing reads tensor values on
 the host.
 
-    prefill(input_ids [B, P], attention_mask [B, P] or None) -> logits [B, V] of the last
-        position. attention_mask is left padding (0s then 1s). After prefill every row's
-        committed context is its unpadded prompt.
+    prefill(input_ids [B, P], attention_mask [B, P] or None, *, budgets=None, max_new_tokens=None,
+        num_draft_tokens=None) -> logits [B, V] of the last position. attention_mask is left
+        padding (0s then 1s). After prefill every row's committed context is its unpadded
+        prompt. budgets: each row's KV reservation in tokens (0: an unused row, all-zero mask);
+        max_new_tokens / num_draft_tokens (K) size the reservation for this call.
+    release() -> None. After a call: the KV memory the call held goes back (a paged runner's
+        blocks to its pool, which outlives calls when allocate() made it: an engine's).
     score(tokens [B, N], num_valid [B] int or None) -> logits [B, N, V]. Appends N tentative
         slots per row; when num_valid is given only the last num_valid[b] tokens of row b are
         real (left padding inside the call; their logits are garbage). Real tokens take the

@@ -81,8 +81,11 @@ class HFRunner:
 
     # -- the runner interface --------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """input_ids [B, P], attention_mask [B, P] (left padding) -> logits [B, V] of the last position."""
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, budgets=None,
+                max_new_tokens=None, num_draft_tokens=None) -> torch.Tensor:
+        """input_ids [B, P], attention_mask [B, P] (left padding) -> logits [B, V] of the last position.
+        The sizes a paged runner reserves by (budgets, max_new_tokens, num_draft_tokens) do not
+        apply: the DynamicCache grows as it goes (a new one per call)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         self.cache = self._cache_class(config=self.config)
@@ -94,6 +97,10 @@ class HFRunner:
         self.committed = self.length.clone()
         self.tentative_start = self.slot_valid.shape[1]
         return logits
+
+    def release(self) -> None:
+        """After a call: drop the DynamicCache (the next prefill makes a new one)."""
+        self.cache = None
 
     @torch.no_grad()
     def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None) -> torch.Tensor:

@@ -88,7 +88,7 @@ def test_state_addresses_are_fixed_and_handoffs_are_static(drafter):
     decoder.step()  # warm-up: may build lazily cached tensors
     first = addresses(decoder.graph_state())
     assert {"target.cache.kv", "target.length", "target.cache.seq_lens", "decoder.state.seq", "decoder.state.status",
-            "decoder.stats.hist", "decoder.params.seed"} <= set(first)
+            "decoder.stats.hist", "decoder.state.params.seed"} <= set(first)
     if drafter == "model":
         assert {"drafter.pending", "drafter.num_pending", "drafter.runner.length", "drafter.runner.cache.kv"} <= set(first)
     handoff = None

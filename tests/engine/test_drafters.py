@@ -13,7 +13,7 @@ def state_for(rows, width=12):
     for b, r in enumerate(rows):
         seq[b, width - len(r) : width] = torch.tensor(r)
     end = torch.full((batch,), width)
-    return DecodeState.create(seq, start, end, params=None, prompt_ids=None, prompt_mask=None, backend=None)
+    return DecodeState.create(seq, start, end, params=None, backend=None)
 
 
 def test_prompt_lookup_drafts():
