@@ -2,7 +2,7 @@
 from ._version import __version__
 from .api import generate
 from .drafters import ModelDrafter, PromptLookupDrafter
-from .engine import GenerationStats, SpeculativeDecoder
+from .engine import GenerationStats, SpeculativeDecoder, SpeculativeEngine, release_engines
 from .kernels import chain_verify, sample
 from .pair import demo_pair
 from .patch import patch_generate
@@ -10,7 +10,7 @@ from .runners import HFRunner, PagedGPT2Runner, PagedLlamaRunner, paged_runner, 
 from .runners.paged_cache import OutOfBlocksError, PagedKVCache
 
 __all__ = [
-    "__version__", "generate", "patch_generate", "SpeculativeDecoder", "HFRunner", "PagedLlamaRunner", "PagedGPT2Runner",
+    "__version__", "generate", "patch_generate", "SpeculativeEngine", "release_engines", "SpeculativeDecoder", "HFRunner", "PagedLlamaRunner", "PagedGPT2Runner",
     "paged_runner", "paged_runner_from_pretrained",
     "ModelDrafter", "PromptLookupDrafter", "GenerationStats",
     "chain_verify", "sample", "demo_pair", "PagedKVCache", "OutOfBlocksError",

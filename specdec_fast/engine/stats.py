@@ -80,17 +80,18 @@ class StatsRecorder:
     def __init__(self, k: int, device: torch.device):
         self.k = k
         self.hist = torch.zeros(k + 1, dtype=torch.long, device=device)  # row-iterations with j accepted
-        self.first_tokens = None
+        self.first_tokens = torch.zeros((), dtype=torch.long, device=device)  # tokens of the prefill's first step
         self.result = None
 
     def reset(self) -> None:
         """Zero the counters for a new call (in place: the verify graph writes them)."""
         self.hist.zero_()
-        self.first_tokens, self.result = None, None
+        self.first_tokens.zero_()
+        self.result = None
 
     def record_first(self, count: torch.Tensor) -> None:
         """The prefill's first token per row (count [B])."""
-        self.first_tokens = count.sum()
+        self.first_tokens.copy_(count.sum())
 
     def record(self, num_accepted: torch.Tensor, count: torch.Tensor) -> None:
         """num_accepted [B] int, count [B] tokens appended: rows that appended nothing (finished)
@@ -101,7 +102,7 @@ class StatsRecorder:
     def finish(self, wall_s: float, iterations: int, timer: PhaseTimer, gen_len: torch.Tensor, graphs=None,
                loop=None) -> None:
         hist = self.hist.cpu().tolist()
-        first = int(self.first_tokens.cpu()) if self.first_tokens is not None else 0
+        first = int(self.first_tokens.cpu())
         new_tokens = int(gen_len.sum())
         self.result = GenerationStats(
             k=self.k, batch=int(gen_len.shape[0]), new_tokens=new_tokens, tokens_per_row=gen_len.tolist(),

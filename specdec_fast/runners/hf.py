@@ -18,6 +18,8 @@ Masks: with attn_implementation "sdpa" or "eager" the runner builds the 4-D mask
 (transformers' own mask builder reads the 2-D mask's values for one-token queries, a host
 sync); other implementations get the 2-D mask and transformers builds it.
 """
+import weakref
+
 import torch
 
 
@@ -38,7 +40,7 @@ class HFRunner:
 
     def __init__(self, model, *, compact_slack: int = 64):
         self._cache_class = _dynamic_cache_class()
-        self.model = model
+        self._model_ref = weakref.ref(model)  # weak: an engine cached per model must not keep it alive
         self.config = model.config
         head = model.get_output_embeddings()
         self.vocab_size = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
@@ -52,6 +54,13 @@ class HFRunner:
         # against it): clamping keeps learned position tables in range.
         self.max_position = next((v - 1 for v in limits if isinstance(v, int)), None)
         self.cache = None
+
+    @property
+    def model(self):
+        model = self._model_ref()
+        if model is None:
+            raise RuntimeError("the model of this HFRunner was deleted")
+        return model
 
     # -- helpers ---------------------------------------------------------------------------
     def _forward(self, input_ids, attention_mask, position_ids):

@@ -187,7 +187,7 @@ class PagedRunnerBase:
 
     def bytes_per_token(self) -> int:
         """KV bytes one token takes in every layer (K and V)."""
-        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
 
     def release(self) -> None:
         """Returns every admitted slot's blocks to the pool (after a call; prefill does it too)."""

@@ -4,6 +4,7 @@ Adding a family = one file (a PagedRunnerBase subclass with ``_bind``, ``_decode
 ``unsupported_reason`` static method) + one row per model_type here. Nothing below this module
 imports it: paged_base.py knows no family, and the api, the tree decoder and the tests ask here.
 """
+from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_llama import PagedLlamaRunner
@@ -54,3 +55,31 @@ def paged_runner_from_pretrained(path, **kwargs) -> PagedRunnerBase:
     if cls is None:
         raise ValueError(f"no paged runner for {path}: model_type {model_type!r} is not one of {tuple(PAGED_RUNNERS)}")
     return cls.from_pretrained(path, **kwargs)
+
+
+RUNNERS = ("paged", "hf")
+
+
+def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
+    """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
+    (Llama/Mistral/Qwen2/Qwen3 with no sliding window reached within max_tokens_per_row and
+    static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim the kernel
+    ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
+    if runner is not None and runner not in RUNNERS:
+        raise ValueError(f"runner must be None, 'paged' or 'hf', got {runner!r}")
+    if runner == "hf":
+        return "hf"
+    reason = paged_unsupported_reason(model, max_tokens_per_row, backend)
+    if reason is None:
+        return "paged"
+    if runner == "paged":
+        raise ValueError(f"runner='paged' cannot run {type(model).__name__}: {reason}; use runner='hf' or None")
+    return "hf"
+
+
+def make_runner(model, name: str, *, backend=None, **sizes):
+    """The runner ``name`` ("paged": the family's paged runner, sizes: PagedRunnerBase's; "hf":
+    HFRunner) for ``model``."""
+    if name == "paged":
+        return paged_runner_class(model)(model, backend=backend, **sizes)
+    return HFRunner(model)

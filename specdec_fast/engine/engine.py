@@ -1,0 +1,360 @@
+"""SpeculativeEngine: the runners, the KV pools and the CUDA graphs built once and reused by
+every generate() call (docs/architecture.md §1, §4).
+
+What one call used to build and a later call now reuses (H100, 8B-shaped pair, B=1, K=4, 128
+new tokens, bench/results/h100_2026-11-23/: graph capture 44-103 ms and prefill 14-31 ms per
+call, 15-25% of the call):
+  - the two runners, each with ONE KV block pool sized at construction (runners/paged_base.py
+    allocate): a call admits its rows into the pool and returns the blocks when it ends;
+  - the decoders (loop.py), one per (batch bucket, K, sampling modes, token tree): a decoder
+    owns the state buffers and the StepGraphs captured at its first call; every later call
+    re-fills the buffers in place and replays.
+Batch buckets as vLLM's capture sizes (1, 2, 4, 8, 16, 32, 64, then max_batch_size): a batch of
+5 runs in the bucket of 8, its 3 extra rows unused (no prompt, no KV blocks, fed no tokens, as
+finished rows are). Buckets apply where graphs do (cuda_graphs / the "static" twin); eager
+decoding runs each batch size as it is (padding would only cost).
+
+Memory: each runner's pool holds kv_cache_tokens tokens (default: max_batch_size rows of
+max_seq_len + K + 1 tokens; on CUDA at most kv_memory_fraction of the free memory, and the one
+line at construction says which); a request that does not fit raises OutOfBlocksError naming the
+sizes; blocks freed by a finished call are reused by the next.
+
+Threads: one call at a time per engine (a lock); a call from another thread waits its turn,
+so calls never share a KV block, a graph's buffers or a random stream mid-call.
+"""
+import dataclasses
+import logging
+import math
+import threading
+import time
+import weakref
+
+import torch
+
+from ..drafters import ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..generation_options import resolve_options
+from ..kernels.sampling_params import make_sampling_tensors
+from ..runners.paged_cache import OutOfBlocksError
+from ..runners.registry import choose_runner, make_runner
+from .graph_policy import resolve_graph_mode
+from .inputs import check_inputs, check_pair, device_of, max_positions
+from .loop import EOS_SLOTS, SpeculativeDecoder
+from .tree_loop import TreeDecoder
+
+log = logging.getLogger("specdec_fast")
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_NUM_ASSISTANT_TOKENS = 4
+DEFAULT_MAX_SEQ_LEN = 4096  # with no max_seq_len: min(this, the model's position limit)
+DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of the free memory
+MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
+
+
+def bucket_for(batch: int, max_batch_size: int) -> int:
+    """The smallest capture size >= batch (BUCKETS, then max_batch_size itself)."""
+    for size in BUCKETS:
+        if batch <= size <= max_batch_size:
+            return size
+    return max_batch_size
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class SpeculativeEngine:
+    """Speculative decoding of ``target`` with ``assistant_model`` (a draft model) or prompt
+    lookup (prompt_lookup_num_tokens = K), or plain decoding (neither), for many calls.
+
+    max_batch_size: the most rows of one call. max_seq_len: the most tokens of one row (prompt
+    + max_new_tokens; default min(4096, the model's limit)). kv_cache_tokens: the tokens each
+    runner's KV pool holds (default max_batch_size rows of max_seq_len + K + 1; on CUDA capped at
+    kv_memory_fraction of free memory). num_assistant_tokens: K (default 4; a call may ask for
+    another up to max_draft_tokens, default K). tree: a token tree for every call (as generate's
+    tree=; a call may give another of at most max_draft_tokens + 1 nodes). backend, runner,
+    cuda_graphs, block_size: as generate's. run_ahead: the loop's run-ahead bound R.
+
+    generate(input_ids, attention_mask=None, **options) takes what specdec_fast.generate takes
+    (transformers' argument names) and returns what it returns; warmup() captures every bucket's
+    graphs up front."""
+
+    def __init__(self, target, assistant_model=None, *, prompt_lookup_num_tokens=None, max_matching_ngram_size=None,
+                 max_batch_size: int = 8, max_seq_len: int | None = None, kv_cache_tokens: int | None = None,
+                 kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION, num_assistant_tokens: int | None = None,
+                 max_draft_tokens: int | None = None, tree=None, backend=None, runner=None, cuda_graphs=None,
+                 block_size: int = 16, run_ahead: int = 2, tokenizer=None, assistant_tokenizer=None):
+        if assistant_model is not None and prompt_lookup_num_tokens is not None:
+            raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
+        if tree is not None and assistant_model is None:
+            raise ValueError("tree=... needs an assistant_model (the draft that expands the tree)")
+        self.max_batch_size = _positive("max_batch_size", max_batch_size)
+        limit = max_positions(target)
+        self.max_seq_len = _positive("max_seq_len", max_seq_len) if max_seq_len is not None else \
+            min(DEFAULT_MAX_SEQ_LEN, limit) if limit else DEFAULT_MAX_SEQ_LEN
+        if not 0 < kv_memory_fraction <= 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {kv_memory_fraction!r}")
+        self.device = device_of(target)
+        if assistant_model is not None:
+            check_pair(target, assistant_model, tokenizer, assistant_tokenizer)
+        # The models are held weakly (runners hold their tensors): a cache keyed by the model
+        # (engine/cached.py) must not keep it alive. Keep the models while you use the engine.
+        self._target_ref = weakref.ref(target)
+        self._draft_ref = None if assistant_model is None else weakref.ref(assistant_model)
+        self.backend, self.run_ahead, self.block_size, self.cuda_graphs = backend, run_ahead, block_size, cuda_graphs
+        self.tree = tree
+        if prompt_lookup_num_tokens is not None:
+            self.default_k = _positive("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
+            self.mode = "lookup"
+        elif assistant_model is not None:
+            self.default_k = DEFAULT_NUM_ASSISTANT_TOKENS if num_assistant_tokens is None else \
+                _positive("num_assistant_tokens", num_assistant_tokens)
+            self.mode = "draft"
+        else:
+            self.default_k, self.mode = 0, "plain"
+        self.prompt_lookup_num_tokens, self.max_matching_ngram_size = prompt_lookup_num_tokens, max_matching_ngram_size
+        self._drafters, self._decoders = {}, {}  # drafting config -> drafter; (bucket, K, modes, tree) -> decoder
+        drafted = (as_token_tree(tree).size - 1) if tree is not None else self.default_k
+        if max_draft_tokens is not None and _positive("max_draft_tokens", max_draft_tokens) > MAX_DRAFTED:
+            raise ValueError(f"max_draft_tokens must be <= {MAX_DRAFTED}, got {max_draft_tokens}")
+        # The most tokens one iteration scores beyond the last one (K, a tree's N - 1) for any call.
+        self.max_draft_tokens = max(drafted, max_draft_tokens or 0)
+        row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
+        self.target_runner = self._runner(target, runner, row_tokens)
+        self.draft_runner = None if assistant_model is None else self._runner(assistant_model, runner, row_tokens)
+        if tree is not None:
+            self._tree_drafter(as_token_tree(tree))  # checks the runners now
+        self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
+        log.info("specdec_fast engine: %s", self.memory_note)
+        self._lock = threading.Lock()
+        self.graph_mode, self.graph_note = resolve_graph_mode(cuda_graphs, self.target_runner, self._chain_drafter(),
+                                                              backend, self.device)
+        self.calls = 0
+
+    @property
+    def target(self):
+        model = self._target_ref()
+        if model is None:
+            raise RuntimeError("this engine's target model was deleted; keep the model while you use its engine")
+        return model
+
+    @property
+    def assistant_model(self):
+        return None if self._draft_ref is None else self._draft_ref()
+
+    # -- construction ------------------------------------------------------------------------
+    def _runner(self, model, runner, row_tokens: int):
+        name = choose_runner(model, runner, row_tokens, self.backend)
+        return make_runner(model, name, backend=self.backend, **({"block_size": self.block_size} if name == "paged" else {}))
+
+    def _allocate_pools(self, row_tokens: int, default_row: int, kv_cache_tokens, fraction: float) -> str:
+        """Each paged runner's KV pool (once); the line that says how big and why."""
+        runners = [(name, r) for name, r in (("target", self.target_runner), ("draft", self.draft_runner))
+                   if r is not None and hasattr(r, "allocate")]
+        if not runners:
+            return "no KV pool (the runners keep their own caches per call)"
+        per_token = sum(r.bytes_per_token() for _, r in runners)
+        if kv_cache_tokens is not None:
+            tokens, why = _positive("kv_cache_tokens", kv_cache_tokens), "kv_cache_tokens"
+        else:
+            tokens, why = self.max_batch_size * default_row, f"max_batch_size {self.max_batch_size} x (max_seq_len + K + 1)"
+            if self.device.type == "cuda":
+                free = torch.cuda.mem_get_info(self.device)[0]
+                cap = int(free * fraction) // per_token
+                if cap < tokens:
+                    tokens, why = cap, f"{fraction:.0%} of the {free / 2**30:.1f} GiB free"
+        blocks = max(1, math.ceil(tokens / self.block_size))
+        for _, r in runners:
+            r.allocate(self.max_batch_size, row_tokens, blocks)
+        total = sum(r.kv_bytes for _, r in runners)
+        return (f"KV pool {blocks * self.block_size} tokens per model ({why}), {total / 2**20:.1f} MiB for "
+                f"{' + '.join(name for name, _ in runners)}; up to {self.max_batch_size} rows of {self.max_seq_len} tokens")
+
+    def _chain_drafter(self):
+        """The chain drafter (one per engine: it keeps per-batch-size buffers), None for plain decoding."""
+        if self.mode == "plain":
+            return None
+        drafter = self._drafters.get("chain")
+        if drafter is None:
+            drafter = self._drafters["chain"] = (PromptLookupDrafter(self.max_matching_ngram_size or 2)
+                                                 if self.mode == "lookup" else ModelDrafter(self.draft_runner))
+        return drafter
+
+    def _tree_drafter(self, token_tree):
+        kinds = [type(r).__name__ for r in (self.target_runner, self.draft_runner)]
+        if not all(hasattr(r, "commit_path") for r in (self.target_runner, self.draft_runner)):
+            raise ValueError(f"tree=... needs paged runners for the target and the draft (tree-masked scoring), got {kinds}")
+        drafter = self._drafters.get(token_tree)
+        if drafter is None:
+            drafter = self._drafters[token_tree] = TreeDrafter(self.draft_runner, token_tree)
+        return drafter
+
+    # -- calls ---------------------------------------------------------------------------------
+    def generate(self, input_ids=None, attention_mask=None, **options):
+        """Like specdec_fast.generate(target, input_ids, attention_mask, ...) with this engine's
+        drafting: returns tokens [B, prompt_len + new] (or (tokens, stats) with return_stats=True).
+        Calls from several threads take turns (one call at a time per engine)."""
+        with self._lock:
+            return self._generate(input_ids, attention_mask, **options)
+
+    def _generate(self, input_ids, attention_mask, *, assistant_model=None, prompt_lookup_num_tokens=None,
+                  max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
+                  eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
+                  return_stats=False, generation_config=None, tree=None, **unsupported):
+        if input_ids is None:
+            input_ids = unsupported.pop("inputs", None)
+        unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)
+        if unsupported:
+            names = ", ".join(sorted(unsupported))
+            raise ValueError(f"unsupported generate option(s): {names} (specdec_fast implements greedy and sampling with "
+                             "temperature/top_k/top_p/min_p, EOS/pad, max_new_tokens, assistant_model, prompt lookup)")
+        self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree)
+        mask = check_inputs(input_ids, attention_mask)
+        if streamer is not None and input_ids.shape[0] != 1:
+            raise ValueError(f"streamer supports batch size 1 only (like transformers' streamers), got batch {input_ids.shape[0]}")
+        if input_ids.device != self.device:
+            raise ValueError(f"input_ids is on {input_ids.device} but model is on {self.device}")
+        target = self.target
+        explicit = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                        top_p=top_p, min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                        num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+        opts = resolve_options(target, generation_config, explicit, input_ids.shape[1])
+        tree = self.tree if tree is None else tree
+        token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
+        k = self._k_for(opts, token_tree, num_assistant_tokens)
+        self._check_sizes(input_ids, opts.max_new_tokens, k if token_tree is None else token_tree.size - 1)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        params = make_sampling_tensors(input_ids.shape[0], self.device, seed=seed, **opts.kernel_params())
+        decoder = self._decoder(input_ids.shape[0], k, params.modes, token_tree, len(opts.eos_token_ids or ()))
+        try:
+            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=params,
+                                      max_new_tokens=opts.max_new_tokens, eos_token_ids=opts.eos_token_ids,
+                                      pad_token_id=opts.pad_token_id, streamer=streamer)
+        finally:
+            decoder.release()
+            self.calls += 1
+        stats = decoder.stats.result
+        stats.extra["engine"] = dict(bucket=decoder.rows, decoders=len(self._decoders),
+                                     graphs_captured_total=self.graphs_captured)
+        return (tokens, stats) if return_stats else tokens
+
+    def _check_drafting(self, assistant_model, prompt_lookup_num_tokens, tree) -> None:
+        """A call may name the engine's own drafting (as model.generate calls do), not another."""
+        if assistant_model is not None and assistant_model is not self.assistant_model:
+            raise ValueError("this engine drafts with another assistant_model (or none); build a SpeculativeEngine "
+                             "for this one, or call specdec_fast.generate")
+        if prompt_lookup_num_tokens is not None and self.mode != "lookup":
+            raise ValueError("this engine does not draft by prompt lookup; build a SpeculativeEngine with "
+                             "prompt_lookup_num_tokens")
+        if tree is not None and self.mode != "draft":
+            raise ValueError("tree=... needs an assistant_model (the draft that expands the tree)")
+        if prompt_lookup_num_tokens is not None and assistant_model is not None:
+            raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
+
+    def _k_for(self, opts, token_tree, num_assistant_tokens) -> int:
+        if token_tree is not None:
+            if num_assistant_tokens is not None:
+                raise ValueError("tree=... needs an assistant_model (the draft that expands the tree) and no "
+                                 "num_assistant_tokens (the tree's shape sets the drafts)")
+            return token_tree.depth
+        if self.mode == "lookup":
+            k = opts.prompt_lookup_num_tokens if opts.prompt_lookup_num_tokens is not None else self.default_k
+            return _positive("prompt_lookup_num_tokens", k)
+        if self.mode == "draft":
+            k = opts.num_assistant_tokens if opts.num_assistant_tokens is not None else self.default_k
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"num_assistant_tokens (K) must be an int >= 1, got {k!r}")
+            return k
+        return 0
+
+    def _check_sizes(self, input_ids, max_new_tokens: int, drafted: int) -> None:
+        batch, width = input_ids.shape
+        if drafted > self.max_draft_tokens:
+            raise ValueError(f"this call drafts {drafted} tokens per iteration, more than this engine's max_draft_tokens="
+                             f"{self.max_draft_tokens}; build the engine with max_draft_tokens={drafted}")
+        if batch > self.max_batch_size:
+            raise ValueError(f"a batch of {batch} rows exceeds this engine's max_batch_size={self.max_batch_size}")
+        limit = max_positions(self.target)
+        if limit is not None and width + max_new_tokens > limit:
+            raise ValueError(f"prompt ({width} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                             f"model's max_position_embeddings ({limit})")
+        if width + max_new_tokens > self.max_seq_len:
+            raise ValueError(f"prompt ({width} tokens) + max_new_tokens ({max_new_tokens}) exceeds this engine's "
+                             f"max_seq_len={self.max_seq_len}")
+        pool = getattr(self.target_runner, "cache", None)
+        if pool is not None and getattr(self.target_runner, "pooled", False):
+            need = batch * math.ceil((width + max_new_tokens + drafted + 1) / self.block_size)
+            if need > pool.num_blocks:
+                raise OutOfBlocksError(
+                    f"{batch} rows of {width} + {max_new_tokens} + {drafted + 1} tokens need up to {need} KV blocks of "
+                    f"{self.block_size} tokens; the pool holds {pool.num_blocks} (kv_cache_tokens = "
+                    f"{pool.num_blocks * self.block_size}): raise kv_cache_tokens, or lower max_batch_size / max_seq_len "
+                    f"of the requests")
+
+    def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int) -> SpeculativeDecoder:
+        """The decoder of this call's bucket, K, sampling modes and tree (built at its first call)."""
+        if num_eos > EOS_SLOTS:
+            raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {num_eos}")
+        bucketed = self.graph_mode != "eager"
+        rows = bucket_for(batch, self.max_batch_size) if bucketed else batch
+        key = (rows, k, None if modes is None else frozenset(modes), token_tree)
+        decoder = self._decoders.get(key)
+        if decoder is None:
+            common = dict(backend=self.backend, run_ahead=self.run_ahead, cuda_graphs=self.cuda_graphs, rows=rows,
+                          seq_capacity=self.max_seq_len + k + 1)
+            if token_tree is not None:  # k = the tree's depth (TreeDecoder sets it)
+                decoder = TreeDecoder(self.target_runner, self._tree_drafter(token_tree), **common)
+            else:
+                drafter = self._chain_drafter() if k else None
+                decoder = SpeculativeDecoder(self.target_runner, drafter, k=k, **common)
+            self._decoders[key] = decoder
+        return decoder
+
+    @property
+    def graphs_captured(self) -> int:
+        """CUDA graphs (or static twins) captured so far, over every decoder."""
+        return sum(len(d.steps.captured()) for d in self._decoders.values() if d.steps is not None)
+
+    def warmup(self, batch_sizes=None, *, max_new_tokens: int | None = None, **options) -> dict:
+        """Captures every bucket's graphs now (as a server does at start-up) by running a short
+        generate() per batch size (default: every bucket up to max_batch_size) with ``options``
+        (sampling options choose the kernels: warm up each mode you will serve). Returns
+        {batch size: ms}. Without graphs (eager) it builds the decoders and runs them once."""
+        sizes = sorted({bucket_for(b, self.max_batch_size) for b in (batch_sizes or BUCKETS) if b <= self.max_batch_size})
+        steps = max_new_tokens or (3 + 2 * self.run_ahead)  # warm-up + capture iterations, with room
+        pad = 0 if self.target.config.pad_token_id is None else int(self.target.config.pad_token_id)
+        out = {}
+        for size in sizes:
+            ids = torch.full((size, 1), pad, dtype=torch.long, device=self.device)
+            t0 = time.perf_counter()
+            self._warm(ids, steps, dict(options))
+            out[size] = 1000 * (time.perf_counter() - t0)
+        return out
+
+    def _warm(self, ids, steps: int, options: dict) -> None:
+        with self._lock:
+            opts = resolve_options(self.target, options.pop("generation_config", None),
+                                   {**{k: options.get(k) for k in ("do_sample", "temperature", "top_k", "top_p", "min_p")},
+                                    "max_new_tokens": steps}, ids.shape[1])
+            tree = options.get("tree", self.tree)
+            token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
+            k = self._k_for(opts, token_tree, options.get("num_assistant_tokens"))
+            params = make_sampling_tensors(ids.shape[0], self.device, seed=0, **opts.kernel_params())
+            decoder = self._decoder(ids.shape[0], k, params.modes, token_tree, 0)
+            try:  # no EOS: every step runs, so the capture happens
+                decoder.generate(ids, torch.ones_like(ids), params=params, max_new_tokens=steps, eos_token_ids=None,
+                                 pad_token_id=opts.pad_token_id, streamer=None)
+            finally:
+                decoder.release()
+
+    def describe(self) -> str:
+        """One line: the drafting, the sizes, the pool, the graph mode."""
+        drafting = {"draft": f"draft model, K={self.default_k}", "lookup": f"prompt lookup, K={self.default_k}",
+                    "plain": "plain decoding"}[self.mode]
+        if self.tree is not None:
+            drafting = f"draft model, tree {as_token_tree(self.tree).describe()}"
+        return f"SpeculativeEngine({drafting}; {self.memory_note}; graphs: {self.graph_mode})"
+
+    __repr__ = describe

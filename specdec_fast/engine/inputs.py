@@ -1,0 +1,61 @@
+"""Checks of a generate() request before anything runs: input_ids / attention_mask, the
+target / draft pair, the model's position limit. One clear ValueError per bad input."""
+import torch
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def vocab_size(model) -> int:
+    """Rows of the output embedding (what the logits hold), else config.vocab_size."""
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
+def max_positions(model) -> int | None:
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def check_inputs(input_ids, attention_mask) -> torch.Tensor:
+    """input_ids [B, P] int, attention_mask [B, P] of 0/1 with left padding (or None: all 1)
+    -> the mask as int64 (reads the mask's values: before the loop)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"input_ids must be an int tensor [batch, prompt_len], got {getattr(input_ids, 'shape', type(input_ids))}")
+    if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        return torch.ones_like(input_ids, dtype=torch.long)
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
+    mask = attention_mask.long()
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("attention_mask must hold only 0 and 1")
+    if mask.shape[1] > 1 and bool(((mask[:, 1:] == 0) & (mask[:, :-1] == 1)).any()):
+        raise ValueError("attention_mask is right-padded (a 0 after a 1): decoder-only generation needs left padding "
+                         "(tokenizer.padding_side = 'left')")
+    if bool((mask.sum(1) == 0).any()):
+        raise ValueError("attention_mask has a row with no real token")
+    return mask
+
+
+def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None) -> None:
+    """One shared vocabulary and one device for the target and the draft."""
+    target_vocab, draft_vocab = vocab_size(model), vocab_size(assistant_model)
+    cfg_t = getattr(model.config, "vocab_size", None)
+    cfg_d = getattr(assistant_model.config, "vocab_size", None)
+    if target_vocab != draft_vocab or cfg_t != cfg_d:
+        raise ValueError(
+            f"vocab mismatch: the target has vocab_size {cfg_t} ({target_vocab} output rows), the draft (assistant_model) "
+            f"has {cfg_d} ({draft_vocab}); speculative decoding needs one shared vocabulary"
+        )
+    if tokenizer is not None and assistant_tokenizer is not None and tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+        raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies")
+    if device_of(model) != device_of(assistant_model):
+        raise ValueError(f"model is on {device_of(model)} but assistant_model is on {device_of(assistant_model)}; "
+                         "put both on one device")
