@@ -20,12 +20,12 @@ import torch
 from .drafters import ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
 from .engine import SpeculativeDecoder, TreeDecoder
 from .generation_options import resolve_options
+from .input_ids_check import check_in_vocabulary
 from .kernels.sampling_params import make_sampling_tensors
 from .runners import HFRunner
 from .runners.registry import paged_runner_class, paged_unsupported_reason
 
 DEFAULT_NUM_ASSISTANT_TOKENS = 4
-PASSIVE_KWARGS = {"tokenizer", "assistant_tokenizer"}  # used only for the vocabulary check
 
 
 def _device_of(model) -> torch.device:
@@ -112,7 +112,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
              eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
              return_stats=False, generation_config=None, backend=None, runner=None, cuda_graphs=None, tree=None,
-             **unsupported):
+             **kwargs):
     """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
     [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
     return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
@@ -128,15 +128,15 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     (TokenTree.recommended(): the static or dynamic default, whichever measured better for the
     request's mode), an int N (the same with N nodes), "static" or "dynamic" (the default static /
     dynamic tree: a dynamic tree chooses its shape per row and step, tree_dynamic.py); needs
-    assistant_model and paged runners; num_assistant_tokens does not apply."""
+    assistant_model and paged runners; num_assistant_tokens does not apply.
+    Any other option of transformers' generate (**kwargs, generation_config, model.generation_config):
+    accepted where it changes nothing (neutral or no effect), else one ValueError naming it
+    (specdec_fast/option_rules.py)."""
     if input_ids is None:
-        input_ids = unsupported.pop("inputs", None)
-    tokenizer, assistant_tokenizer = unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)
-    if unsupported:
-        names = ", ".join(sorted(unsupported))
-        raise ValueError(f"unsupported generate option(s): {names} (specdec_fast implements greedy and sampling with "
-                         "temperature/top_k/top_p/min_p, EOS/pad, max_new_tokens, assistant_model, prompt lookup)")
+        input_ids = kwargs.pop("inputs", None)
+    tokenizer, assistant_tokenizer = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
     attention_mask = _check_inputs(input_ids, attention_mask)
+    check_in_vocabulary(input_ids, _vocab_size(model))
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError(f"streamer supports batch size 1 only (like transformers' streamers), got batch {input_ids.shape[0]}")
     device = _device_of(model)
@@ -149,7 +149,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
         _check_pair(model, assistant_model, tokenizer, assistant_tokenizer)
     explicit = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                     min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                    num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+                    num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **kwargs)
     opts = resolve_options(model, generation_config, explicit, input_ids.shape[1])
     limit = _max_positions(model)
     if limit is not None and input_ids.shape[1] + opts.max_new_tokens > limit:
