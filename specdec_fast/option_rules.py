@@ -147,7 +147,7 @@ def is_neutral(name: str, value) -> bool:
 def neutral_text(name: str) -> str:
     """The neutral values of ``name`` in words, for an error message."""
     if name in GENERATE_ARGUMENTS:
-        return GENERATE_ARGUMENTS[name][1]
+        return f"{name}={GENERATE_ARGUMENTS[name][1]}"
     return " or ".join(f"{name}={value!r}" for value in neutral_values(name)[::-1])
 
 
@@ -164,9 +164,13 @@ def option_class(name: str, implemented=frozenset()) -> str:
 
 
 def short_repr(value, limit: int = 60) -> str:
-    """repr on one line, at most ``limit`` characters (a tensor by its shape)."""
+    """repr on one line, at most ``limit`` characters (a tensor by its shape, a StoppingCriteriaList or
+    LogitsProcessorList by its items' types)."""
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
+    if isinstance(value, (list, tuple)) and type(value) not in (list, tuple):
+        value = f"{type(value).__name__}([{', '.join(type(item).__name__ for item in value)}])"
+        return value if len(value) <= limit else value[: limit - 3] + "..."
     text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -182,8 +186,8 @@ def check_option(name: str, value, where: str, implemented=frozenset()) -> bool:
         return name in HANDLED_FIELDS or not is_neutral(name, value)
     origin = "" if where == "keyword argument" else f" (from {where})"
     if kind == "unknown":
-        raise ValueError(f"unsupported generate option {name!r}{origin}: neither transformers' generate nor "
-                         "specdec_fast knows it")
+        raise ValueError(f"unsupported generate option {name!r}{origin}: not a GenerationConfig field nor a generate() "
+                         "argument specdec_fast knows")
     if is_neutral(name, value):
         return False
     raise ValueError(f"unsupported generate option {name}={short_repr(value)}{origin}: specdec_fast supports only "
