@@ -4,7 +4,8 @@ In: one JSON object per line with a "prompt" string (other fields are copied to 
 blank lines are ignored). A bad line (not JSON, not an object, no "prompt" string, an empty one,
 or one the tokenizer turns into no tokens) is reported by its line number and skipped
 (--on-error skip: `specdec-fast: warning: FILE:LINE: ...; skipped` on stderr) or fatal (--on-error
-fail: the run ends with `specdec-fast: error: FILE:LINE: ...` before any model work).
+fail: the run ends with `specdec-fast: error: FILE:LINE: ...`; lines that are not rows are found
+before any model loads).
 
 Out: one JSON object per finished row, in the input's order: the input's fields, "line" (its line
 number), "prompt", "completion" (the new tokens decoded, special tokens skipped), "prompt_tokens",
@@ -12,8 +13,10 @@ number), "prompt", "completion" (the new tokens decoded, special tokens skipped)
 "acceptance" (alpha), "time_s", "tokens_per_s", "batch_rows" (the engine counts acceptance per
 batch: with --batch-size 1 they are the row's own; null without a drafter).
 
-Rows run in batches of --batch-size, left padded. Each batch's rows are written and flushed when
-it finishes, so a later failure loses no finished row. A batch that generate() refuses
+Rows run in batches of --batch-size, left padded, after a one-token call that checks the set-up
+(a draft with another vocabulary ends the run whatever --on-error says). Each batch's rows are
+written and flushed when it finishes, so a later failure loses no finished row (an exception other
+than generate()'s ValueError propagates, the file holding every finished batch). A batch that generate() refuses
 (ValueError: a prompt too long for the model, ...) ends the run naming its lines under --on-error
 fail; under skip its rows are retried one at a time and the ones that still fail are reported and
 skipped. Progress: a tqdm bar with tokens/s and acceptance on a terminal, else one line per batch
@@ -107,9 +110,9 @@ def left_pad(sequences, pad: int, device):
     return ids.to(device), mask.to(device)
 
 
-def _number(value):
-    """A float for JSON: None for NaN / inf (JSON has neither)."""
-    return float(value) if value is not None and math.isfinite(value) else None
+def _number(value, digits: int = 4):
+    """A rounded float for JSON: None for NaN / inf (JSON has neither)."""
+    return round(float(value), digits) if value is not None and math.isfinite(value) else None
 
 
 class Totals:
@@ -168,7 +171,7 @@ def _output_rows(batch, out, width: int, stats, seconds: float, tokenizer) -> li
     k = stats.k
     shared = dict(mean_accepted_length=_number(stats.mean_accepted_length) if k else None,
                   acceptance=_number(stats.alpha) if k else None, time_s=round(seconds, 6),
-                  tokens_per_s=_number(stats.tokens_per_s), batch_rows=len(batch))
+                  tokens_per_s=_number(stats.tokens_per_s, 2), batch_rows=len(batch))
     rows = []
     for i, row in enumerate(batch):
         new = int(stats.tokens_per_row[i])

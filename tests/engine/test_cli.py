@@ -287,3 +287,19 @@ def test_data_set_flags(pair_dirs, tmp_path, capsys, extra, line):
     extra = [arg.replace("{tmp}", str(tmp_path)) for arg in extra]
     assert cli.main(["generate", "--target", str(pair_dirs / "target"), *extra]) == 2
     assert capsys.readouterr().err.splitlines() == ["specdec-fast: error: " + line.replace("{tmp}", str(tmp_path))]
+
+
+def test_the_progress_bar_on_a_terminal(capsys):
+    """On a terminal: a tqdm bar whose postfix gives tokens/s and the acceptance so far (alpha: 23
+    accepted of 27 examined)."""
+    from types import SimpleNamespace
+
+    from specdec_fast.cli_dataset import Progress, Totals
+
+    totals = Totals()
+    totals.add(SimpleNamespace(new_tokens=40, k=3, accepted_hist=[1, 1, 2, 6]), 0.5)
+    bar = Progress(5, live=True)
+    bar.update(2, totals)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "2/5" in err and "80.0 tokens/s, acceptance 0.85" in err
