@@ -174,3 +174,18 @@ def test_implemented_options_reach_the_caller(pair):
     with pytest.raises(ValueError, match="stopping_criteria=StoppingCriteriaList"):
         resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1])
     assert generation_options.ENGINE_IMPLEMENTS == frozenset()  # today: nothing beyond HANDLED_FIELDS
+
+
+def test_the_readme_table_is_the_classification():
+    """README's Options table names each class's options as option_rules.classification() does (every
+    handled and accepted name; unsupported ones by example)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("\n### Options\n"):readme.index("\n### Token trees\n")]
+    rows = {line.split("|")[1].strip().split(" ")[0]: set(re.findall(r"`(\w+)`", line.split("|")[2]))
+            for line in section.splitlines() if line.startswith("| ") and not line.startswith("| class")}
+    table = option_rules.classification()
+    assert rows["handled"] == set(table["handled"]) and rows["accepted"] == set(table["accepted"])
+    assert rows["unsupported:"] - {"GenerationConfig"} <= set(table["unsupported"]) and len(rows["unsupported:"]) > 20
