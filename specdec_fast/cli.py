@@ -33,7 +33,7 @@ def _generate_parser(sub):
                     help="with --prompts: a bad line or a refused row is skipped (reported by line number) or ends "
                          "the run (default)")
     ap.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt")
-    ap.add_argument("--dtype", choices=list(DTYPES), default=None,
+    ap.add_argument("--dtype", choices=DTYPES, default=None,
                     help="load the models in this dtype (default: transformers' default; auto: the checkpoint's)")
     ap.add_argument("--tokenizer", help="tokenizer directory (default: the target's)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -52,7 +52,7 @@ def _generate_parser(sub):
     return ap
 
 
-DTYPES = {"auto": "auto", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+DTYPES = ("auto", "float32", "float16", "bfloat16")  # from_pretrained(dtype=...): "auto" = the checkpoint's
 # Any one of these marks a folder that holds a tokenizer (fast, sentencepiece, BPE or WordPiece files).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
@@ -133,7 +133,7 @@ def _load_model(path: str, flag: str, device, dtype=None):
     from transformers import AutoModelForCausalLM
 
     try:
-        kwargs = {} if dtype is None else {"dtype": DTYPES[dtype]}
+        kwargs = {} if dtype is None else {"dtype": dtype}
         return AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
     except Exception as exc:  # noqa: BLE001 - a folder that is not a model: say which and why, in one line
         raise CliError(f"could not load a model from {path} ({flag}): {_first_line(exc)}") from None
