@@ -24,7 +24,7 @@ from .drafters import as_token_tree
 from .engine.cached import engine_for
 from .engine.engine import DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F401 (the documented default K)
 from .engine.inputs import check_inputs
-from .generation_options import resolve_options
+from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
 
 
@@ -53,13 +53,17 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
 
     The call runs on the engine cached for (model, assistant_model or prompt lookup, backend,
     runner, cuda_graphs): built at the first call, grown when a call needs more rows or tokens,
-    freed with the models (engine/cached.py; specdec_fast.release_engines() frees it sooner)."""
+    freed with the models (engine/cached.py; specdec_fast.release_engines() frees it sooner).
+    Any other option of transformers' generate (**options, generation_config, model.generation_config):
+    accepted where it changes nothing (neutral or no effect), else one ValueError naming it
+    (specdec_fast/options/rules.py)."""
     if input_ids is None:
         input_ids = options.pop("inputs", None)
     check_inputs(input_ids, None)  # type and shape (the mask's values: the engine checks them)
     explicit = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                     min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                    num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+                    num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                    **{name: value for name, value in options.items() if name not in ("tokenizer", "assistant_tokenizer")})
     opts = resolve_options(model, generation_config, explicit, input_ids.shape[1])
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None
     engine = engine_for(model, assistant_model, prompt_lookup=lookup,
@@ -67,7 +71,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                         runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0],
                         row_tokens=input_ids.shape[1] + opts.max_new_tokens, drafted=_drafted(opts, tree, lookup),
                         tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))
-    return engine.generate(input_ids, attention_mask, assistant_model=assistant_model,
+    return engine.generate_resolved(opts, input_ids, attention_mask, assistant_model=assistant_model,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_new_tokens=max_new_tokens,
                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                            eos_token_id=eos_token_id, pad_token_id=pad_token_id, num_assistant_tokens=num_assistant_tokens,

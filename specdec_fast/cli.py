@@ -1,9 +1,12 @@
 """Command line: `specdec-fast generate ...` / `python -m specdec_fast generate ...`, and `demo`.
 
-    specdec-fast generate --target DIR [--draft DIR | --prompt-lookup N] --prompt TEXT
-        [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
-        [--seed S] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
+    specdec-fast generate --target DIR [--draft DIR | --prompt-lookup N]
+        (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl [--batch-size N] [--on-error skip|fail])
+        [--chat] [--dtype D] [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P]
+        [--min-p P] [--seed S] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
     specdec-fast demo [demo options]   (specdec_fast.demo.run_demo)
+
+--prompts runs a data set (specdec_fast/cli_dataset.py: the file formats, bad lines, batches).
 
 A wrong path or value ends with one line on stderr, `specdec-fast: error: ...`, and exit status
 2 (argparse's own usage errors too); the tokenizer comes from --tokenizer, else the target's
@@ -21,7 +24,17 @@ def _generate_parser(sub):
     ap.add_argument("--target", required=True, help="target model directory (transformers from_pretrained)")
     ap.add_argument("--draft", help="draft model directory (same vocabulary as the target)")
     ap.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt-lookup drafting with N tokens (no draft model)")
-    ap.add_argument("--prompt", required=True)
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="one prompt: print its completion and the stats")
+    source.add_argument("--prompts", metavar="FILE", help='a JSONL data set, one {"prompt": ...} object per line')
+    ap.add_argument("--output", metavar="FILE", help="with --prompts: the JSONL results, written as each batch finishes")
+    ap.add_argument("--batch-size", type=int, default=8, help="with --prompts: rows per generate() call (default 8)")
+    ap.add_argument("--on-error", choices=["skip", "fail"], default="fail",
+                    help="with --prompts: a bad line or a refused row is skipped (reported by line number) or ends "
+                         "the run (default)")
+    ap.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template to each prompt")
+    ap.add_argument("--dtype", choices=DTYPES, default=None,
+                    help="load the models in this dtype (default: transformers' default; auto: the checkpoint's)")
     ap.add_argument("--tokenizer", help="tokenizer directory (default: the target's)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=None, help="draft tokens per iteration (default 4)")
@@ -39,6 +52,7 @@ def _generate_parser(sub):
     return ap
 
 
+DTYPES = ("auto", "float32", "float16", "bfloat16")  # from_pretrained(dtype=...): "auto" = the checkpoint's
 # Any one of these marks a folder that holds a tokenizer (fast, sentencepiece, BPE or WordPiece files).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
@@ -59,6 +73,22 @@ def check_args(args) -> None:
             raise CliError(f"no such directory: {path} ({flag})")
     if args.draft and args.prompt_lookup is not None:
         raise CliError("give --draft or --prompt-lookup, not both")
+    if args.prompts is not None:
+        if not os.path.isfile(args.prompts):
+            raise CliError(f"no such file: {args.prompts} (--prompts)")
+        if args.output is None:
+            raise CliError("--prompts needs --output FILE (the JSONL results)")
+        out_dir = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(out_dir):
+            raise CliError(f"no such directory: {out_dir} (--output)")
+        if os.path.abspath(args.output) == os.path.abspath(args.prompts):
+            raise CliError("--output must differ from --prompts")
+        if args.plain:
+            raise CliError("--plain times a single --prompt; not with --prompts")
+    elif args.output is not None:
+        raise CliError("--output goes with --prompts FILE")
+    if args.batch_size < 1:
+        raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads < 0:
         raise CliError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", args.k), ("--prompt-lookup", args.prompt_lookup)):
@@ -99,47 +129,69 @@ def _load_tokenizer(args):
     raise CliError(errors[0] + hint)
 
 
-def _load_model(path: str, flag: str, device):
+def _load_model(path: str, flag: str, device, dtype=None):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        kwargs = {} if dtype is None else {"dtype": dtype}
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device).eval()
     except Exception as exc:  # noqa: BLE001 - a folder that is not a model: say which and why, in one line
         raise CliError(f"could not load a model from {path} ({flag}): {_first_line(exc)}") from None
+
+
+def _generate_kwargs(args, tokenizer, draft) -> dict:
+    """generate()'s keyword arguments from the flags (the sampling mode, the drafter)."""
+    kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, seed=args.seed, backend=args.backend,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if args.temperature > 0:
+        kwargs.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    if draft is not None:
+        kwargs.update(assistant_model=draft, num_assistant_tokens=args.k)
+    elif args.prompt_lookup:
+        kwargs.update(prompt_lookup_num_tokens=args.prompt_lookup)
+    return kwargs
 
 
 def run_generate(args) -> int:
     check_args(args)
     import torch
 
+    from . import cli_dataset
     from ._hf_output import quiet_transformers
     from .api import generate
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with quiet_transformers():
-        tokenizer = _load_tokenizer(args)
-        target = _load_model(args.target, "--target", device)
-        draft = _load_model(args.draft, "--draft", device) if args.draft else None
-    ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(device)
-    kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, seed=args.seed, backend=args.backend,
-                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    if args.temperature > 0:
-        kwargs.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
-    if draft is not None:
-        spec_kwargs = dict(assistant_model=draft, num_assistant_tokens=args.k)
-    elif args.prompt_lookup:
-        spec_kwargs = dict(prompt_lookup_num_tokens=args.prompt_lookup)
-    else:
-        spec_kwargs = {}
+    try:  # a data set's bad lines are found (and under --on-error fail reported) before any model loads
+        rows = cli_dataset.read_rows(args.prompts, args.on_error) if args.prompts is not None else None
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        with quiet_transformers():
+            tokenizer = _load_tokenizer(args)
+            if args.chat and not getattr(tokenizer, "chat_template", None):
+                raise CliError(f"--chat: the tokenizer ({args.tokenizer or args.target}) has no chat template")
+            if rows is not None:
+                rows = cli_dataset.encode_rows(rows, tokenizer, args)
+            target = _load_model(args.target, "--target", device, args.dtype)
+            draft = _load_model(args.draft, "--draft", device, args.dtype) if args.draft else None
+        kwargs = _generate_kwargs(args, tokenizer, draft)
+        if rows is not None:
+            def generate_batch(ids, mask, seed, max_new_tokens=args.max_new_tokens):
+                return generate(target, ids, mask, return_stats=True, **{**kwargs, "seed": seed,
+                                                                          "max_new_tokens": max_new_tokens})
+
+            return cli_dataset.run_rows(args, rows, tokenizer, generate_batch, device)
+    except cli_dataset.DatasetError as exc:
+        raise CliError(str(exc)) from None
+    ids = torch.tensor([cli_dataset.encode(tokenizer, args.prompt, args.chat)], dtype=torch.long, device=device)
+    spec = {name: kwargs.pop(name) for name in ("assistant_model", "num_assistant_tokens", "prompt_lookup_num_tokens")
+            if name in kwargs}
     try:
         plain_tps = None
         if args.plain:
             _, plain_stats = generate(target, ids, return_stats=True, **kwargs)
             plain_tps = plain_stats.tokens_per_s
         start = time.perf_counter()
-        out, stats = generate(target, ids, return_stats=True, **kwargs, **spec_kwargs)
+        out, stats = generate(target, ids, return_stats=True, **kwargs, **spec)
         seconds = time.perf_counter() - start
     except ValueError as exc:  # generate's argument checks (vocab mismatch, too long a prompt, ...) name the cause
         raise CliError(_first_line(exc)) from None

@@ -32,12 +32,12 @@ import weakref
 import torch
 
 from ..drafters import ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
-from ..generation_options import resolve_options
+from ..options import resolve_options
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
-from .inputs import check_inputs, check_pair, device_of, max_positions
+from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .tree_loop import TreeDecoder
 
@@ -195,31 +195,36 @@ class SpeculativeEngine:
         """Like specdec_fast.generate(target, input_ids, attention_mask, ...) with this engine's
         drafting: returns tokens [B, prompt_len + new] (or (tokens, stats) with return_stats=True).
         Calls from several threads take turns (one call at a time per engine)."""
+        return self.generate_resolved(None, input_ids, attention_mask, **options)
+
+    def generate_resolved(self, opts, input_ids=None, attention_mask=None, **options):
+        """generate() with the options already resolved (``opts``: options.Options from the same
+        arguments, e.g. by specdec_fast.generate, which sized the engine by them; None: resolve
+        here): transformers' length warnings are given once per call."""
         with self._lock:
-            return self._generate(input_ids, attention_mask, **options)
+            return self._generate(input_ids, attention_mask, resolved=opts, **options)
 
     def _generate(self, input_ids, attention_mask, *, assistant_model=None, prompt_lookup_num_tokens=None,
                   max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
                   eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
-                  return_stats=False, generation_config=None, tree=None, **unsupported):
+                  return_stats=False, generation_config=None, tree=None, resolved=None, **kwargs):
         if input_ids is None:
-            input_ids = unsupported.pop("inputs", None)
-        unsupported.pop("tokenizer", None), unsupported.pop("assistant_tokenizer", None)
-        if unsupported:
-            names = ", ".join(sorted(unsupported))
-            raise ValueError(f"unsupported generate option(s): {names} (specdec_fast implements greedy and sampling with "
-                             "temperature/top_k/top_p/min_p, EOS/pad, max_new_tokens, assistant_model, prompt lookup)")
+            input_ids = kwargs.pop("inputs", None)
+        kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
         self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree)
         mask = check_inputs(input_ids, attention_mask)
+        target = self.target
+        check_in_vocabulary(input_ids, self.target_runner.vocab_size)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer supports batch size 1 only (like transformers' streamers), got batch {input_ids.shape[0]}")
         if input_ids.device != self.device:
             raise ValueError(f"input_ids is on {input_ids.device} but model is on {self.device}")
-        target = self.target
+        # Every other option of transformers' generate: accepted where it changes nothing, else one
+        # ValueError naming it (options/rules.py).
         explicit = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                         top_p=top_p, min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                        num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
-        opts = resolve_options(target, generation_config, explicit, input_ids.shape[1])
+                        num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **kwargs)
+        opts = resolved or resolve_options(target, generation_config, explicit, input_ids.shape[1])
         tree = self.tree if tree is None else tree
         token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
         k = self._k_for(opts, token_tree, num_assistant_tokens)

@@ -59,3 +59,15 @@ def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None)
     if device_of(model) != device_of(assistant_model):
         raise ValueError(f"model is on {device_of(model)} but assistant_model is on {device_of(assistant_model)}; "
                          "put both on one device")
+
+
+def check_in_vocabulary(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Every id of ``input_ids`` (left padding included: the model embeds it too) in [0, vocab_size),
+    else ValueError naming input_ids, the offending id and the vocabulary size (instead of an
+    IndexError, or a device-side assert on CUDA, from inside torch's embedding). One host read
+    (min and max together), before the loop."""
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist()
+    bad = low if low < 0 else high if high >= vocab_size else None
+    if bad is not None:
+        raise ValueError(f"input_ids holds token id {bad}, outside the target's vocabulary of size {vocab_size} "
+                         f"(ids must be in [0, {vocab_size}))")

@@ -106,9 +106,9 @@ def test_generation_config_defaults_honoured(pair):
     config = GenerationConfig(max_length=IDS.shape[1] + 5)
     out = api.generate(target, IDS, MASK, assistant_model=draft, generation_config=config)
     assert out.shape == (2, IDS.shape[1] + 5)
-    from specdec_fast.generation_options import resolve_options
+    from specdec_fast.options.resolve import resolve_options
 
-    opts = resolve_options(target, GenerationConfig(do_sample=True, temperature=0.5), {}, 3)
+    opts = resolve_options(target, GenerationConfig(do_sample=True, temperature=0.5), {"max_new_tokens": 5}, 3)
     assert (opts.do_sample, opts.temperature, opts.top_k, opts.top_p) == (True, 0.5, 50, 1.0)
 
 
@@ -172,3 +172,25 @@ def test_streamer_needs_batch_one(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="streamer supports batch size 1"):
         api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=4, streamer=object())
+
+
+@pytest.mark.parametrize("row, col, value", [(0, 5, 128), (1, 0, 1000), (0, 3, -1), (0, 0, -7)],
+                         ids=["vocab", "far", "negative", "in-the-padding"])
+def test_input_ids_outside_the_vocabulary(pair, row, col, value):
+    """An id >= the vocabulary size (128) or < 0 anywhere in input_ids (padding too): one ValueError
+    naming input_ids, the id and the size, on every path (draft, prompt lookup, plain), never an
+    IndexError from the embedding."""
+    target, draft = pair
+    ids = IDS.clone()
+    ids[row, col] = value
+    message = f"input_ids holds token id {value}, outside the target's vocabulary of size 128"
+    for extra in (dict(assistant_model=draft), dict(prompt_lookup_num_tokens=3), dict()):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            api.generate(target, ids, MASK, max_new_tokens=4, **extra)
+
+
+def test_input_ids_at_the_vocabulary_edges(pair):
+    target, draft = pair
+    ids = IDS.clone()
+    ids[0, 0], ids[1, -1] = 0, 127
+    assert api.generate(target, ids, MASK, assistant_model=draft, max_new_tokens=2).shape == (2, IDS.shape[1] + 2)

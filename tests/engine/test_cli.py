@@ -126,3 +126,180 @@ def test_the_process_exit_status_and_stderr_of_a_wrong_path(tmp_path):
     assert run.returncode == 2
     assert run.stdout == ""
     assert run.stderr.splitlines() == [f"specdec-fast: error: no such directory: {tmp_path / 'missing'} (--target)"]
+
+
+# --- data sets: --prompts FILE.jsonl --output OUT.jsonl (specdec_fast/cli_dataset.py) ---
+
+import json  # noqa: E402
+
+
+def _jsonl(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _dataset(pair_dirs, prompts, output, *extra):
+    return ["generate", "--target", str(pair_dirs / "target"), "--draft", str(pair_dirs / "draft"), "--prompts",
+            str(prompts), "--output", str(output), "--max-new-tokens", "6", "--k", "3", "--device", "cpu", *extra]
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+GOOD = [json.dumps({"id": i, "prompt": p}) for i, p in enumerate(["w5 w9 w17 w5", "w3 w4", "w8 w8 w8 w8 w8", "w60", "w7 w9"])]
+
+
+def test_a_data_set_in_batches(pair_dirs, tmp_path, capsys):
+    prompts = _jsonl(tmp_path / "in.jsonl", GOOD[:2] + [""] + GOOD[2:])  # a blank line is no row
+    out = tmp_path / "out.jsonl"
+    assert cli.main(_dataset(pair_dirs, prompts, out, "--batch-size", "2", "--dtype", "float32")) == 0
+    rows = _rows(out)
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4] and [r["line"] for r in rows] == [1, 2, 4, 5, 6]
+    for row in rows:
+        assert row["prompt"] == json.loads(GOOD[row["id"]])["prompt"]
+        assert 1 <= row["new_tokens"] <= 6 and row["prompt_tokens"] == len(row["prompt"].split())
+        assert row["completion"].split() and all(w.startswith("w") for w in row["completion"].split())
+        assert 1 <= row["mean_accepted_length"] <= 4 and 0 <= row["acceptance"] <= 1
+        assert row["time_s"] > 0 and row["tokens_per_s"] > 0 and row["batch_rows"] == (1 if row["id"] == 4 else 2)
+    captured = capsys.readouterr()
+    progress = [line for line in captured.err.splitlines() if line.startswith("specdec-fast: rows")]
+    assert [line.split(",")[0] for line in progress] == ["specdec-fast: rows 2/5", "specdec-fast: rows 4/5",
+                                                          "specdec-fast: rows 5/5"]
+    assert "tokens/s, acceptance 0." in progress[-1]
+    assert captured.out.startswith(f"wrote 5 row(s) to {out}; ")
+
+
+def test_a_data_set_row_completes_as_the_single_prompt_does(pair_dirs, tmp_path, capsys):
+    prompts = _jsonl(tmp_path / "in.jsonl", GOOD[:1])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(_dataset(pair_dirs, prompts, out, "--batch-size", "1")) == 0
+    capsys.readouterr()
+    single = ["generate", "--target", str(pair_dirs / "target"), "--draft", str(pair_dirs / "draft"), "--prompt",
+              "w5 w9 w17 w5", "--max-new-tokens", "6", "--k", "3", "--device", "cpu"]
+    assert cli.main(single) == 0
+    text = capsys.readouterr().out.splitlines()[0]
+    assert text == "w5 w9 w17 w5 " + _rows(out)[0]["completion"]
+
+
+BAD_LINES = ["not json", json.dumps(["w5"]), json.dumps({"text": "w5"}), json.dumps({"prompt": 5}),
+             json.dumps({"prompt": ""})]
+BAD_REASONS = ["not JSON (Expecting value: line 1 column 1 (char 0))", "not a JSON object (a list)", 'no "prompt" field',
+               '"prompt" is not a string (a int)', '"prompt" is empty']
+
+
+def test_bad_lines_fail_by_line_number_before_any_model_work(pair_dirs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    for bad, reason in zip(BAD_LINES, BAD_REASONS):
+        prompts = _jsonl(tmp_path / "in.jsonl", GOOD[:2] + [bad] + GOOD[2:])
+        out = tmp_path / "out.jsonl"
+        assert cli.main(_dataset(pair_dirs, prompts, out)) == 2
+        captured = capsys.readouterr()
+        assert captured.err.splitlines() == [f"specdec-fast: error: {prompts}:3: {reason}"]
+        assert not out.exists()
+
+
+def test_bad_lines_skipped_by_line_number(pair_dirs, tmp_path, capsys):
+    prompts = _jsonl(tmp_path / "in.jsonl", [GOOD[0]] + BAD_LINES + [GOOD[1], "  "])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(_dataset(pair_dirs, prompts, out, "--on-error", "skip", "--batch-size", "4")) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"specdec-fast: warning: {prompts}:{n}: {reason}; skipped"
+                        for n, reason in zip(range(2, 7), BAD_REASONS)]
+    assert [r["line"] for r in _rows(out)] == [1, 7]
+
+
+def test_a_row_generate_refuses(pair_dirs, tmp_path, capsys):
+    """A prompt too long for the model (256 positions): under skip the batch's rows run alone and only
+    that one is dropped; under fail the run ends naming the batch's lines, the finished batch kept."""
+    long = json.dumps({"prompt": " ".join(["w5"] * 260)})
+    prompts = _jsonl(tmp_path / "in.jsonl", GOOD[:2] + [GOOD[2], long])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(_dataset(pair_dirs, prompts, out, "--on-error", "skip", "--batch-size", "2")) == 0
+    captured = capsys.readouterr()
+    assert [r["line"] for r in _rows(out)] == [1, 2, 3]
+    assert f"specdec-fast: warning: {prompts}:4: prompt (260 tokens) + max_new_tokens (6) exceeds" in captured.err
+    assert "(1 refused by generate, skipped)" in captured.out
+    assert cli.main(_dataset(pair_dirs, prompts, out, "--batch-size", "2")) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("specdec-fast: rows")]
+    assert len(err) == 1 and err[0].startswith(f"specdec-fast: error: {prompts}:3,4: prompt (260 tokens)")
+    assert [r["line"] for r in _rows(out)] == [1, 2]
+
+
+def test_finished_rows_survive_a_later_batch_that_raises(pair_dirs, tmp_path, monkeypatch):
+    import specdec_fast.api as api
+
+    real, calls = api.generate, []
+
+    def failing(*args, **kwargs):  # call 1: the set-up check, 2: batch 1, 3: batch 2
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the device fell over")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "generate", failing)
+    prompts = _jsonl(tmp_path / "in.jsonl", GOOD)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError, match="fell over"):
+        cli.main(_dataset(pair_dirs, prompts, out, "--batch-size", "2"))
+    assert [r["id"] for r in _rows(out)] == [0, 1]
+
+
+def test_chat_template(pair_dirs, tmp_path, capsys):
+    prompts = _jsonl(tmp_path / "in.jsonl", GOOD[:1])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(_dataset(pair_dirs, prompts, out, "--chat")) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"specdec-fast: error: --chat: the tokenizer ({pair_dirs / 'target'}) has no chat template"]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(pair_dirs / "target")
+    tok.chat_template = "{% for m in messages %}w3 {{ m['content'] }} w4{% endfor %}{% if add_generation_prompt %} w6{% endif %}"
+    tok.save_pretrained(tmp_path / "chat_tok")
+    assert cli.main(_dataset(pair_dirs, prompts, out, "--chat", "--tokenizer", str(tmp_path / "chat_tok"))) == 0
+    assert _rows(out)[0]["prompt_tokens"] == 4 + 3  # w3, the prompt's four words, w4, w6
+
+
+def test_set_up_errors_end_a_data_set_run_whatever_on_error_says(pair_dirs, tmp_path, capsys):
+    prompts = _jsonl(tmp_path / "in.jsonl", GOOD)
+    out = tmp_path / "out.jsonl"
+    argv = _dataset(pair_dirs, prompts, out, "--on-error", "skip", "--draft", str(pair_dirs / "draft_other_vocab"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("specdec-fast: error: vocab mismatch")
+
+
+DATASET_FLAG_ERRORS = [
+    (["--output", "{tmp}/o.jsonl", "--prompt", "w5"], "--output goes with --prompts FILE"),
+    (["--prompts", "{tmp}/missing.jsonl", "--output", "{tmp}/o.jsonl"], "no such file: {tmp}/missing.jsonl (--prompts)"),
+    (["--prompts", "{tmp}/in.jsonl"], "--prompts needs --output FILE (the JSONL results)"),
+    (["--prompts", "{tmp}/in.jsonl", "--output", "{tmp}/nodir/o.jsonl"], "no such directory: {tmp}/nodir (--output)"),
+    (["--prompts", "{tmp}/in.jsonl", "--output", "{tmp}/in.jsonl"], "--output must differ from --prompts"),
+    (["--prompts", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--prompts", "{tmp}/in.jsonl", "--output", "{tmp}/o.jsonl", "--plain"],
+     "--plain times a single --prompt; not with --prompts"),
+]
+
+
+@pytest.mark.parametrize("extra, line", DATASET_FLAG_ERRORS, ids=[e for _, e in DATASET_FLAG_ERRORS])
+def test_data_set_flags(pair_dirs, tmp_path, capsys, extra, line):
+    _jsonl(tmp_path / "in.jsonl", GOOD)
+    extra = [arg.replace("{tmp}", str(tmp_path)) for arg in extra]
+    assert cli.main(["generate", "--target", str(pair_dirs / "target"), *extra]) == 2
+    assert capsys.readouterr().err.splitlines() == ["specdec-fast: error: " + line.replace("{tmp}", str(tmp_path))]
+
+
+def test_the_progress_bar_on_a_terminal(capsys):
+    """On a terminal: a tqdm bar whose postfix gives tokens/s and the acceptance so far (alpha: 23
+    accepted of 27 examined)."""
+    from types import SimpleNamespace
+
+    from specdec_fast.cli_dataset import Progress, Totals
+
+    totals = Totals()
+    totals.add(SimpleNamespace(new_tokens=40, k=3, accepted_hist=[1, 1, 2, 6]), 0.5)
+    bar = Progress(5, live=True)
+    bar.update(2, totals)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "2/5" in err and "80.0 tokens/s, acceptance 0.85" in err

@@ -1,0 +1,204 @@
+"""Which generate() options specdec_fast takes, by one rule derived from transformers' GenerationConfig.
+
+Every option name falls in one class (``option_class``):
+
+- handled: implemented. GenerationConfig fields that resolve.resolve_options types
+  into Options (HANDLED_FIELDS), arguments api.generate takes itself (API_ARGUMENTS), and the
+  names in the caller's ``implemented`` set (see below).
+- accepted: never changes our output, whatever its value (ACCEPTED: how transformers caches,
+  compiles or schedules its own drafts, ids that only an encoder-decoder or an empty prompt
+  reads, metadata).
+- unsupported: accepted at a neutral value, any other value raises one line naming the option
+  and the value. Neutral, for a GenerationConfig field: None, or transformers' default (the value
+  ``GenerationConfig()`` holds, or where that is None the value generate() fills in,
+  ``GenerationConfig._get_default_generation_params()``), or False for a field documented as
+  `bool` (transformers reads None as False there). For generate()'s other keyword arguments
+  (GENERATE_ARGUMENTS): None, or what the table says (an empty StoppingCriteriaList, ...).
+  Names neither transformers nor we know raise too.
+
+An option turns from unsupported into handled in one place: the ``implemented`` set of names
+the caller passes (resolve.ENGINE_IMPLEMENTS by default). Its non-neutral value then
+reaches the caller (Options.extra) instead of raising; its neutral values stay ignored.
+
+Nothing here imports transformers until a rule is first asked for (``import specdec_fast`` does
+not import it).
+"""
+import re
+from functools import lru_cache
+from numbers import Real
+
+# GenerationConfig fields resolve_options implements (typed into Options).
+HANDLED_FIELDS = frozenset({
+    "max_length", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "eos_token_id",
+    "pad_token_id", "num_assistant_tokens", "prompt_lookup_num_tokens", "max_matching_ngram_size",
+})
+# Arguments api.generate takes itself (its signature, or popped from its **kwargs: inputs, tokenizer,
+# assistant_tokenizer), transformers' names first, then ours.
+API_ARGUMENTS = frozenset({
+    "inputs", "input_ids", "attention_mask", "generation_config", "assistant_model", "streamer", "tokenizer",
+    "assistant_tokenizer", "seed", "return_stats", "backend", "runner", "cuda_graphs", "tree",
+})
+# Options that change nothing we output, whatever their value, and why.
+ACCEPTED = {
+    "use_cache": "we always decode with a KV cache; the tokens do not depend on it",
+    "cache_implementation": "which cache transformers builds (we use our own)",
+    "cache_config": "how transformers builds its cache",
+    "max_cache_len": "the size of transformers' static cache",
+    "prefill_chunk_size": "how transformers chunks its prefill",
+    "compile_config": "how transformers compiles its forward",
+    "disable_compile": "whether transformers compiles its forward",
+    "continuous_batching_config": "transformers' continuous batching",
+    "low_memory": "how transformers batches contrastive search",
+    "num_assistant_tokens_schedule": "how transformers varies its draft length (speed only; we draft a constant K)",
+    "assistant_confidence_threshold": "when transformers' draft stops early (speed only)",
+    "assistant_lookbehind": "re-encoding across two tokenizers (we need one shared vocabulary)",
+    "target_lookbehind": "re-encoding across two tokenizers (we need one shared vocabulary)",
+    "bos_token_id": "read only when there is no prompt (input_ids is required here)",
+    "decoder_start_token_id": "read only by encoder-decoder models",
+    "is_assistant": "marks a draft model's own config",
+    "trust_remote_code": "read only with custom_generate",
+    "transformers_version": "metadata", "_from_model_config": "metadata", "_commit_hash": "metadata",
+    "_original_object_hash": "metadata",
+}
+
+
+def _is_none(value) -> bool:
+    return value is None
+
+
+def _none_or_empty(value) -> bool:
+    return value is None or (hasattr(value, "__len__") and not isinstance(value, (str, bytes)) and len(value) == 0)
+
+
+def _none_or_false(value) -> bool:
+    return value is None or value is False
+
+
+# transformers' generate() keyword arguments that are not GenerationConfig fields and that we do
+# not implement: name -> (is it neutral?, the neutral values in words).
+GENERATE_ARGUMENTS = {
+    "logits_processor": (_none_or_empty, "None or an empty LogitsProcessorList"),
+    "stopping_criteria": (_none_or_empty, "None or an empty StoppingCriteriaList"),
+    "prefix_allowed_tokens_fn": (_is_none, "None"),
+    "synced_gpus": (_none_or_false, "None or False (we keep no other process in step)"),
+    "negative_prompt_ids": (_is_none, "None"),
+    "negative_prompt_attention_mask": (_is_none, "None"),
+    "custom_generate": (_is_none, "None"),
+    "past_key_values": (_is_none, "None (every call starts from its prompt)"),
+    "cache": (_is_none, "None (every call starts from its prompt)"),
+    "inputs_embeds": (_is_none, "None (give input_ids)"),
+    "position_ids": (_is_none, "None (positions follow the attention mask)"),
+    "decoder_input_ids": (_is_none, "None (decoder-only models)"),
+    "encoder_outputs": (_is_none, "None (decoder-only models)"),
+}
+_METADATA = {"transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash"}
+
+
+@lru_cache(maxsize=1)
+def field_defaults() -> dict:
+    """name -> transformers' default, for every GenerationConfig field: the value GenerationConfig()
+    holds, or where that is None the value generate() fills in (GenerationConfig.
+    _get_default_generation_params in transformers 5.x; absent in 4.x, whose __init__ held the numbers)."""
+    from transformers import GenerationConfig
+
+    fill = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    return {name: fill.get(name) if value is None else value
+            for name, value in GenerationConfig().to_dict().items() if name not in _METADATA}
+
+
+@lru_cache(maxsize=1)
+def boolean_fields() -> frozenset:
+    """Fields GenerationConfig's docstring types as `bool` (output_attentions, renormalize_logits, ...):
+    for these transformers reads None as False (GenerationConfig.validate), so False is neutral too."""
+    from transformers import GenerationConfig
+
+    return frozenset(re.findall(r"^\s+(\w+) \(`bool`[,)]", GenerationConfig.__doc__ or "", re.M)) & set(field_defaults())
+
+
+def neutral_values(name: str) -> list:
+    """The values of GenerationConfig field ``name`` that leave the output as transformers' default does."""
+    default = field_defaults()[name]
+    values = [None] if default is None else [None, default]
+    if name in boolean_fields() and False not in values:
+        values.append(False)
+    return values
+
+
+def _equal(value, neutral) -> bool:
+    """value == neutral without Python's bool/int/None mixing (True is not 1, 0 is not False)."""
+    if neutral is None or isinstance(neutral, bool) or isinstance(value, bool):
+        return value is neutral
+    if isinstance(neutral, Real):
+        return isinstance(value, Real) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
+def is_neutral(name: str, value) -> bool:
+    """True when option ``name`` at ``value`` leaves transformers' default output unchanged (None always)."""
+    if value is None:
+        return True
+    if name in GENERATE_ARGUMENTS:
+        return GENERATE_ARGUMENTS[name][0](value)
+    if name in field_defaults():
+        return any(_equal(value, neutral) for neutral in neutral_values(name))
+    return False
+
+
+def neutral_text(name: str) -> str:
+    """The neutral values of ``name`` in words, for an error message."""
+    if name in GENERATE_ARGUMENTS:
+        return f"{name}={GENERATE_ARGUMENTS[name][1]}"
+    return " or ".join(f"{name}={value!r}" for value in neutral_values(name)[::-1])
+
+
+def option_class(name: str, implemented=frozenset()) -> str:
+    """"handled", "accepted" or "unsupported" (see the module docstring); "unknown" for a name that is
+    neither a GenerationConfig field nor a keyword argument of transformers' generate() or ours."""
+    if name in HANDLED_FIELDS or name in API_ARGUMENTS or name in implemented:
+        return "handled"
+    if name in ACCEPTED:
+        return "accepted"
+    if name in GENERATE_ARGUMENTS or name in field_defaults():
+        return "unsupported"
+    return "unknown"
+
+
+def short_repr(value, limit: int = 60) -> str:
+    """repr on one line, at most ``limit`` characters (a tensor by its shape, a StoppingCriteriaList or
+    LogitsProcessorList by its items' types)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
+    if isinstance(value, (list, tuple)) and type(value) not in (list, tuple):
+        value = f"{type(value).__name__}([{', '.join(type(item).__name__ for item in value)}])"
+        return value if len(value) <= limit else value[: limit - 3] + "..."
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_option(name: str, value, where: str, implemented=frozenset()) -> bool:
+    """Apply the rule to one option from ``where`` ("keyword argument", "generation_config", ...):
+    True when its value must reach the caller (a handled option that is not neutral), False when it
+    changes nothing (accepted, or neutral), ValueError naming the option and value otherwise."""
+    kind = option_class(name, implemented)
+    if kind == "accepted" or name in API_ARGUMENTS:
+        return False
+    if kind == "handled":
+        return name in HANDLED_FIELDS or not is_neutral(name, value)
+    origin = "" if where == "keyword argument" else f" (from {where})"
+    if kind == "unknown":
+        raise ValueError(f"unsupported generate option {name!r}{origin}: not a GenerationConfig field nor a generate() "
+                         "argument specdec_fast knows")
+    if is_neutral(name, value):
+        return False
+    raise ValueError(f"unsupported generate option {name}={short_repr(value)}{origin}: specdec_fast supports only "
+                     f"{neutral_text(name)}")
+
+
+def classification(implemented=frozenset()) -> dict:
+    """{"handled": [...], "accepted": [...], "unsupported": [...]}: every GenerationConfig field and
+    every keyword argument of transformers' generate() we know, by class (the README's table)."""
+    names = set(field_defaults()) | set(GENERATE_ARGUMENTS) | set(ACCEPTED) | API_ARGUMENTS | set(implemented)
+    table = {"handled": [], "accepted": [], "unsupported": []}
+    for name in sorted(names - _METADATA):
+        table[option_class(name, implemented)].append(name)
+    return table
