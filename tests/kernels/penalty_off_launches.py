@@ -38,8 +38,9 @@ def _inputs(batch, k, vocab, with_draft, seed):
     return target, draft, drafts
 
 
-def record() -> list[dict]:
-    """[{call, kernel, key, grid}] of every Triton launch of the table, in order (CPU tensors)."""
+def record(penalties=None) -> list[dict]:
+    """[{call, kernel, key, grid}] of every Triton launch of the table, in order (CPU tensors).
+    penalties: None, or a function (batch, vocab) -> PenaltyTensors passed to every call."""
     import torch
 
     from specdec_fast.engine.triton_launches import TritonLaunches
@@ -51,8 +52,9 @@ def record() -> list[dict]:
         target, draft, drafts = _inputs(batch, k, vocab, with_draft, seed=vocab + k)
         params = make_sampling_tensors(batch, "cpu", seed=3, **kw)
         positions = torch.arange(batch, dtype=torch.int64)
-        for call, run in (("chain_verify", lambda: chain_verify_triton(target, draft, drafts, params, **overrides)),
-                          ("sample", lambda: sample_triton(target[:, 0].contiguous(), params, positions, 2,
+        pen = () if penalties is None else (penalties(batch, vocab),)
+        for call, run in (("chain_verify", lambda: chain_verify_triton(target, draft, drafts, params, *pen, **overrides)),
+                          ("sample", lambda: sample_triton(target[:, 0].contiguous(), params, positions, 2, *pen,
                                                            **overrides))):
             with TritonLaunches() as rec:
                 run()
