@@ -13,7 +13,9 @@ draft), drafts sampled from the draft, plain sampling (temperature 1) unless a c
 Under --benchmark-disable (CI) each benchmark runs once and checks the output shapes.
 
 --penalties (run_penalties): the C++ verify and draft sampler with and without repetition /
-frequency / presence penalties (kernels/penalties), B = 1 and 8, K = 4, V = 32000, CPU only.
+frequency / presence penalties (kernels/penalties), B = 1 and 8, K = 4, V = 32000, CPU only
+(bench/results/verify_penalties_cpu_avx512.json, 1 thread: verify x1.08-1.14 sampled, x1.30 /
+x1.59 greedy at B = 1 / 8; the sampler x1.05-1.08 sampled, x1.29 / x1.51 greedy).
 The GPU figure waits for a GPU (no GPU number is written here). Prediction for the Triton
 kernels: a penalised distribution reads an int32 count per logit beside its 2-byte bf16 logit
 (verify_plan(penalties=True)["count_reads_per_row"] = 2K + 1 + 2 reads of a row's 4 V bytes);
