@@ -11,5 +11,5 @@ where they load the logits, on every backend, when given ``penalties=PenaltyTens
 from .reference import COUNT_MASK, PROMPT_BIT, penalise, penalised_logits
 from .state import PENALTIES, PenaltyTensors, add_tokens, check_penalty_tensors, make_penalty_tensors
 
-__all__ = ["PenaltyTensors", "make_penalty_tensors", "add_tokens", "check_penalty_tensors", "penalised_logits", "penalise",
-           "PENALTIES", "COUNT_MASK", "PROMPT_BIT"]
+__all__ = ["PenaltyTensors", "make_penalty_tensors", "add_tokens", "check_penalty_tensors", "penalised_logits",
+           "penalise", "PENALTIES", "COUNT_MASK", "PROMPT_BIT"]

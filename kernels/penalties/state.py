@@ -113,7 +113,8 @@ def make_penalty_tensors(
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
     if input_ids.dtype not in (torch.int32, torch.int64) or input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be an int32 / int64 tensor [B, P], got {input_ids.dtype} {tuple(input_ids.shape)}")
+        raise ValueError(f"input_ids must be an int32 / int64 tensor [B, P], got {input_ids.dtype} "
+                         f"{tuple(input_ids.shape)}")
     if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab < 2**31:
         raise ValueError(f"vocab must be an int in [1, 2**31), got {vocab!r}")
     batch = input_ids.shape[0]
@@ -168,7 +169,8 @@ def check_penalty_tensors(penalties, batch: int, vocab: int, device: torch.devic
     ``device``: counts int32 [B, V] with unit vocabulary stride, parameters float32 [B]. Reads
     no values (no sync). Raises TypeError / ValueError naming the field."""
     if not isinstance(penalties, PenaltyTensors):
-        raise TypeError(f"penalties must be a PenaltyTensors (make_penalty_tensors) or None, got {type(penalties).__name__}")
+        raise TypeError(f"penalties must be a PenaltyTensors (make_penalty_tensors) or None, got "
+                        f"{type(penalties).__name__}")
     counts = penalties.counts
     if counts.dtype != torch.int32 or counts.dim() != 2:
         raise TypeError(f"penalties.counts must be an int32 tensor [B, V], got {counts.dtype} {tuple(counts.shape)}")

@@ -86,9 +86,9 @@ def emit_kernel(
     argmax(log max(q - p, 0) + G), G keyed by (seed, offset, j or positions[b], stream); the
     last program of the row tile merges them (_write_tokens). No penalties."""
     _emit(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr,
-          s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
-          num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,), False,
-          V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
+          s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
+          out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,),
+          False, V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
 
 
 @triton.jit
@@ -105,18 +105,18 @@ def emit_penalised_kernel(
     _triton_select_stream.select_stream_penalised_kernel): the ratio test's q_i(x_i), p_i(x_i)
     and the emitted position's rows read penalised logits, as the selection's statistics did."""
     _emit(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr,
-          s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
-          num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
-          (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk), True,
-          V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
+          s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
+          out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+          (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk), True, V,
+          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
 
 
 @triton.jit
 def _emit(
     target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr, s2_ptr,
     s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
-    num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, pen_args, PENALTY: tl.constexpr,
-    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
+    num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, pen_args,
+    PENALTY: tl.constexpr, V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
 ):

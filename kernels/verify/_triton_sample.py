@@ -39,9 +39,9 @@ def _sample_count_for(row_count, V: tl.constexpr, SAMPLE: tl.constexpr):
 
 
 @triton.jit
-def sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, top_k, min_p, minp_on, small_topk,
-                 V: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
-                 GROUP: tl.constexpr, SUB: tl.constexpr):
+def sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, top_k, min_p,
+                 minp_on, small_topk, V: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr,
+                 SAMPLE_RUN: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr):
     """Rungs [8] fp32 of one row, decreasing (see the module docstring; slots 6, 7: +inf).
 
     The sample: SAMPLE values read as SAMPLE // SAMPLE_RUN runs of SAMPLE_RUN neighbours spread

@@ -38,8 +38,8 @@ def select_small_vocab_kernel(
     distributions, each row whole in a [BLOCK_R, BLOCK_VF >= V] tile. No penalties."""
     _select_small_vocab(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, m_ptr,
                         s2_ptr, s3_ptr, tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr, num_accepted_ptr, R, NPOS, st_b,
-                        st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,), False, V, K, BLOCK_R, BLOCK_VF, BLOCK_K, GREEDY_TOKENS,
-                        HAS_DRAFT_LOGITS, BLOCK_K1, FENCE)
+                        st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,), False, V, K, BLOCK_R, BLOCK_VF, BLOCK_K,
+                        GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, FENCE)
 
 
 @triton.jit
@@ -56,9 +56,9 @@ def select_small_vocab_penalised_kernel(
     _select_small_vocab(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, m_ptr,
                         s2_ptr, s3_ptr, tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr, num_accepted_ptr, R, NPOS, st_b,
                         st_k, sd_b, sd_k, sx_b, sx_k, so_b,
-                        (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
-                         True,
-                        V, K, BLOCK_R, BLOCK_VF, BLOCK_K, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, FENCE)
+                        (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb,
+                         s_pk), True, V, K, BLOCK_R, BLOCK_VF, BLOCK_K, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1,
+                        FENCE)
 
 
 @triton.jit

@@ -56,9 +56,9 @@ def _gather(sel, x, fill_ptr, dst_ptr, CAP: tl.constexpr):
 
 
 @triton.jit
-def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start, rungs, cand_row_ptr,
-                  fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, CAP: tl.constexpr,
-                  GATHER: tl.constexpr, RUNGS: tl.constexpr):
+def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start, rungs,
+                  cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+                  CAP: tl.constexpr, GATHER: tl.constexpr, RUNGS: tl.constexpr):
     """One pass over vocab [start, start + CHUNK) of one row: (max, sum exp(x - max), lowest
     argmax, counts [8] and masses [8] (relative to the max) at or above the rungs [8]).
     GATHER: gather the top set x >= rungs[0]; RUNGS: count and weigh the rungs too."""
@@ -91,9 +91,9 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, 
 
 
 @triton.jit
-def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start, rungs, cand_row_ptr,
-                        fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, CAP: tl.constexpr,
-                        GATHER: tl.constexpr):
+def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start,
+                        rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+                        CAP: tl.constexpr, GATHER: tl.constexpr):
     """_stream_chunk without rungs, keeping (max, sum exp, argmax) per lane [BLOCK_V] and reducing
     across lanes once, after the loop: no block-wide reduction (shared memory and a barrier) per
     step, so a warp's next loads need not wait for the other warps. One exp per value: a lane
@@ -124,17 +124,17 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
 
 
 @triton.jit
-def _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start, rungs,
-                                cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                                CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr):
+def _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr,
+                                start, rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr,
+                                BLOCK_V: tl.constexpr, CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr):
     """_stream_chunk's outputs for a row without rungs (counts and masses zero), streamed per lane
     (LANES: _stream_chunk_lanes) or with the block-reduction loop."""
     if LANES:
-        m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs,
-                                        cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER)
+        m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start,
+                                        rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER)
         return m, s, arg, tl.zeros([8], tl.int32), tl.zeros([8], tl.float32)
-    return _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs, cand_row_ptr,
-                         fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False)
+    return _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs,
+                         cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False)
 
 
 @triton.jit
@@ -185,8 +185,8 @@ def select_stream_kernel(
     _select_stream(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
-                   (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB,
-                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES)
+                   (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
+                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES)
 
 
 @triton.jit
@@ -208,8 +208,7 @@ def select_stream_penalised_kernel(
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
                    (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
-                    True,
-                   V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB,
+                   True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB,
                    FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES)
 
 
@@ -244,9 +243,9 @@ def _select_stream(
 
     rungs = tl.full([8], POS_INF, tl.float32)
     if gather:
-        rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k, tl.load(min_p_ptr + b),
-                             minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
-                             SAMPLE_SUB)
+        rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k,
+                             tl.load(min_p_ptr + b), minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN,
+                             SAMPLE_GROUP, SAMPLE_SUB)
         if c == 0:
             tl.store(rungs_ptr + r * 8 + tl.arange(0, 8), rungs)
     start = c * CHUNK
@@ -256,16 +255,17 @@ def _select_stream(
     counts = tl.zeros([8], tl.int32)
     masses = tl.zeros([8], tl.float32)
     if rungs_on:
-        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start,
-                                                  rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, True)
+        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY,
+                                                  start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP,
+                                                  True, True)
     elif gather:
         m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
-                                                                pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK,
-                                                                BLOCK_V, CAP, True, LANES)
+                                                                pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr,
+                                                                V, CHUNK, BLOCK_V, CAP, True, LANES)
     elif needed:
         m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
-                                                                pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK,
-                                                                BLOCK_V, CAP, False, LANES)
+                                                                pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr,
+                                                                V, CHUNK, BLOCK_V, CAP, False, LANES)
     # partials: fp32 (m, s, mass of rungs 0-5), int32 (argmax, count of rungs 0-5, -)
     f = tl.arange(0, 8)
     out = (r * NCHUNK + c) * 8 + f

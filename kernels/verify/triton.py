@@ -155,7 +155,8 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
         (select_stream_penalised_kernel if pen else select_stream_kernel)[plan.select_grid](
             *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, *greedy[:3], npos,
             plan.select_chunks, *strides, *token_strides, greedy[3], *pen_args, **pen_kw, V=vocab, K=k,
-            CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k, BLOCK_C=triton.next_power_of_2(plan.select_chunks),
+            CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+            BLOCK_C=triton.next_power_of_2(plan.select_chunks),
             CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
             SAMPLE_SUB=plan.sample_sub, **greedy_flags, LANES=plan.stream_lanes, num_warps=STREAM_NUM_WARPS,
         )
@@ -163,7 +164,8 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
             minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
             (select_finish_penalised_kernel if pen else select_finish_kernel)[plan.finish_grid](
                 *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
-                npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, *pen_args, **pen_kw, V=vocab, K=k,
+                npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, *pen_args, **pen_kw, V=vocab,
+                K=k,
                 CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
                 BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
                 BLOCK_S=plan.sweep_block, FENCE=fence, num_warps=FINISH_NUM_WARPS,

@@ -80,7 +80,8 @@ CASES = [
 
 def _case_id(case) -> str:
     batch, k, vocab, dtype, mode, draft, ragged, penalty = case
-    return f"B{batch}-K{k}-V{vocab}-{dtype}-{mode}-{'draft' if draft else 'nodraft'}{'-ragged' if ragged else ''}-{penalty}"
+    return (f"B{batch}-K{k}-V{vocab}-{dtype}-{mode}-{'draft' if draft else 'nodraft'}{'-ragged' if ragged else ''}"
+            f"-{penalty}")
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -227,7 +228,8 @@ def test_the_chi_square_test_catches_a_penalty_that_ignores_the_drafts(penalty):
     kw = CHI_PENALTIES[penalty]
     target, draft, prompt, generated, p, q, p1_wrong, q1_wrong = _chi_problem(kw)
     g = torch.Generator().manual_seed(7)
-    drafts = torch.stack([torch.full((rows,), STAR), torch.multinomial(p1_wrong, rows, replacement=True, generator=g)], 1)
+    drafts = torch.stack([torch.full((rows,), STAR), torch.multinomial(p1_wrong, rows, replacement=True, generator=g)],
+                         1)
     one = make_penalty_tensors(prompt, CHI_VOCAB, **kw)
     add_tokens(one.counts, generated)
     state_only = lambda logits: penalised_logits(logits[None], one, None)[0]  # noqa: E731 - the mistake
@@ -252,7 +254,7 @@ def _valid(device, batch=2, k=3, vocab=10):
 
 @pytest.mark.parametrize("mutate,error,match", [
     (lambda p: "penalties", TypeError, "PenaltyTensors"),
-    (lambda p: p.__class__(p.counts[:1], p.repetition, p.frequency, p.presence), ValueError, r"penalties.counts must have"),
+    (lambda p: p.__class__(p.counts[:1], p.repetition, p.frequency, p.presence), ValueError, "penalties.counts must"),
     (lambda p: p.__class__(p.counts[:, :9], p.repetition, p.frequency, p.presence), ValueError, "penalties.counts"),
     (lambda p: p.__class__(p.counts.long(), p.repetition, p.frequency, p.presence), TypeError, "penalties.counts"),
     (lambda p: p.__class__(p.counts.t().contiguous().t(), p.repetition, p.frequency, p.presence), ValueError, "stride"),
@@ -270,8 +272,9 @@ def test_bad_penalties_raise_naming_the_field(mutate, error, match, device):
 
 def test_bad_prefix_tokens_raise(device):
     target, drafts, pen = _valid(device)
-    for prefix, error, match in ((drafts.float(), TypeError, "prefix_tokens"), (drafts[:1], ValueError, "prefix_tokens"),
-                                 (drafts[0], ValueError, "prefix_tokens"), (drafts + 20, ValueError, "prefix_tokens")):
+    for prefix, error, match in ((drafts.float(), TypeError, "prefix_tokens"),
+                                 (drafts[:1], ValueError, "prefix_tokens"), (drafts[0], ValueError, "prefix_tokens"),
+                                 (drafts + 20, ValueError, "prefix_tokens")):
         with pytest.raises(error, match=match):
             sample(target[:, 0], penalties=pen, prefix_tokens=prefix, backend="torch")
 

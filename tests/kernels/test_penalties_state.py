@@ -87,7 +87,8 @@ def test_bad_prompt_and_vocab_raise():
         make_penalty_tensors(torch.zeros(2, 3, dtype=torch.int64), 0)
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="repetition_penalty is on"):
-            make_penalty_tensors(torch.zeros(2, 3, dtype=torch.int64), 8, repetition_penalty=torch.ones(2, device="cuda"))
+            make_penalty_tensors(torch.zeros(2, 3, dtype=torch.int64), 8,
+                                 repetition_penalty=torch.ones(2, device="cuda"))
 
 
 # ---- add_tokens -----------------------------------------------------------------------------------
