@@ -6,10 +6,23 @@ torch reference vs plain PyTorch vs FlashInfer, every sampling mode, CUDA-graph 
     python bench/bench_verify.py --cpu [--threads N] [--repeats R] [--out bench/results/verify_cpu.json]
     python bench/bench_verify.py --gpu [--data random|peaked] [--out bench/results/verify_<device>.json]
     python bench/bench_verify.py --smoke [--out ...]   # the GPU table's code on tiny shapes, CPU interpreter
+    python bench/bench_verify.py --penalties [--out bench/results/verify_penalties_cpu_<isa>.json]
 
 Inputs: target logits [B, K+1, V], draft logits [B, K, V] correlated with them (like a real
 draft), drafts sampled from the draft, plain sampling (temperature 1) unless a case says so.
 Under --benchmark-disable (CI) each benchmark runs once and checks the output shapes.
+
+--penalties (run_penalties): the C++ verify and draft sampler with and without repetition /
+frequency / presence penalties (kernels/penalties), B = 1 and 8, K = 4, V = 32000, CPU only
+(bench/results/verify_penalties_cpu_avx512.json, 1 thread: verify x1.08-1.14 sampled, x1.30 /
+x1.59 greedy at B = 1 / 8; the sampler x1.05-1.08 sampled, x1.29 / x1.51 greedy).
+The GPU figure waits for a GPU (no GPU number is written here). Prediction for the Triton
+kernels: a penalised distribution reads an int32 count per logit beside its 2-byte bf16 logit
+(verify_plan(penalties=True)["count_reads_per_row"] = 2K + 1 + 2 reads of a row's 4 V bytes);
+at B = 1 (V = 128256: a 0.5 MB count row, which L2 keeps for the row's 9 distributions) the
+HBM bytes grow by ~20% and the latency-bound step by ~10-20%; at B = 64 the 33 MB of counts
+are read once per call if L2 serves a row's 9 distributions (programs of one row run together),
+up to 9 times if not: a 1.2x to 3x longer streaming pass (148 MB of logits per pass).
 """
 import argparse
 import json
@@ -29,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, cpu_simd, git_commit  # noqa: E402
 from verify_baseline import chain_verify_materialising  # noqa: E402
 
-from specdec_fast.kernels import chain_verify, make_sampling_tensors  # noqa: E402
+from specdec_fast.kernels import chain_verify, make_sampling_tensors, sample  # noqa: E402
+from specdec_fast.kernels.penalties import add_tokens, make_penalty_tensors  # noqa: E402
 from specdec_fast.kernels.verify.reference import chain_verify_reference  # noqa: E402
 
 CPU_SHAPES = [(8, 4, 32000), (1, 4, 32000), (32, 4, 32000), (8, 4, 128256)]
@@ -163,6 +177,65 @@ def run_cpu(out_path: str | None, repeats: int = 1) -> dict:
     return report
 
 
+PENALTY_SHAPES = [(1, 4, 32000), (8, 4, 32000)]
+PENALTY_MODES = [("T=1", {}), ("greedy", dict(temperature=0.0)), ("top_k=50+top_p=0.9", dict(top_k=50, top_p=0.9))]
+PENALTIES = dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2)
+
+
+def penalty_case(batch: int, k: int, vocab: int, prompt: int = 512, generated: int = 256, seed: int = 0):
+    """make_case's inputs and PenaltyTensors of a prompt of `prompt` tokens and `generated` output tokens."""
+    target, draft, tokens = make_case(batch, k, vocab, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    pen = make_penalty_tensors(torch.randint(0, vocab, (batch, prompt), generator=g), vocab, **PENALTIES)
+    add_tokens(pen.counts, torch.randint(0, vocab, (batch, generated), generator=g))
+    return target, draft, tokens, pen
+
+
+def run_penalties(out_path: str | None, repeats: int = 1, shapes=PENALTY_SHAPES, budget_s: float = 2.0) -> dict:
+    """C++ chain_verify and the draft sampler (K = 0, the drafts so far as prefix) with and
+    without penalties: median ms and the ratio, per shape and sampling mode."""
+    from specdec_fast.kernels._cpp_build import load_cpu_ops
+
+    if not load_cpu_ops():
+        raise SystemExit("the C++ CPU ops did not build: nothing to time")
+    results = []
+    for batch, k, vocab in shapes:
+        target, draft, tokens, pen = penalty_case(batch, k, vocab)
+        logits, prefix = draft[:, -1].contiguous(), tokens[:, :-1]
+        for mode, sampling in PENALTY_MODES:
+            kw = dict(seed=1, backend="cpp", check=False, **sampling)
+            calls = {
+                "verify": lambda: chain_verify(target, draft, tokens, **kw),
+                "verify+penalties": lambda: chain_verify(target, draft, tokens, penalties=pen, **kw),
+                "sample": lambda: sample(logits, position=k - 1, **kw),
+                "sample+penalties": lambda: sample(logits, position=k - 1, penalties=pen, prefix_tokens=prefix, **kw),
+            }
+            row = {"B": batch, "K": k, "V": vocab, "mode": mode}
+            row.update({name: _combine([median_ms(fn, (), budget_s=budget_s) for _ in range(repeats)])
+                        for name, fn in calls.items()})
+            row["verify_penalties_over_plain"] = row["verify+penalties"]["median_ms"] / row["verify"]["median_ms"]
+            row["sample_penalties_over_plain"] = row["sample+penalties"]["median_ms"] / row["sample"]["median_ms"]
+            print(f"B={batch} K={k} V={vocab} {mode}: " + ", ".join(
+                f"{n} {row[n]['median_ms']:.3f} ms" for n in calls), flush=True)
+            results.append(row)
+    report = {
+        "device": f"cpu: {cpu_model()}",
+        **cpu_simd(),
+        "threads": torch.get_num_threads(),
+        "load_average_at_start": _load_average(),
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "penalties": PENALTIES,
+        "state": "prompt of 512 random tokens, 256 generated ones; the sampler's prefix: the first K - 1 drafts",
+        "timer": f"median over {repeats} repeat(s) of the median wall time of >= 5 calls (time.perf_counter), "
+                 "each after one warm-up",
+        "gpu": "not measured here (no GPU); prediction in bench/bench_verify.py's docstring",
+        "results": results,
+    }
+    _write(report, out_path)
+    return report
+
+
 def _write(report: dict, out_path: str | None) -> None:
     if out_path:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
@@ -176,6 +249,7 @@ def main(argv=None) -> None:
     mode.add_argument("--cpu", action="store_true", help="time cpp / reference / transformers-style on CPU")
     mode.add_argument("--gpu", action="store_true", help="the GPU table (verify_gpu_table.py): graph replays, do_bench")
     mode.add_argument("--smoke", action="store_true", help="the GPU table's code on tiny shapes under the interpreter")
+    mode.add_argument("--penalties", action="store_true", help="C++ verify / sample with and without penalties (CPU)")
     parser.add_argument("--data", choices=("random", "peaked"), default="random", help="logits for --gpu (verify_gpu_table.py)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU: also the C++ OpenMP threads)")
@@ -185,6 +259,8 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     if args.cpu:
         run_cpu(args.out, args.repeats)
+    elif args.penalties:
+        run_penalties(args.out, args.repeats)
     else:
         from verify_gpu_table import run_table
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "penalties.h"
 #include "vec_math.h"
 #if defined(__AVX2__) && !defined(__AVX512F__)
 #include "left_pack_avx2.h"
@@ -194,8 +195,15 @@ inline float top_p_threshold(const float* e, int64_t n, float inv, double top_p,
 
 // y = logit / T for the row, and its max. float32 logits at T = 1 are used in place (x / 1 is
 // x exactly), other rows are converted into `scratch`; conversion and max share one pass.
+// pen (penalties.h): y = penalise(logit) / T instead, always into `scratch`.
 template <class L>
-const float* scaled_row(const typename L::raw* row, int64_t vocab, float divisor, float* scratch, float& max) {
+const float* scaled_row(const typename L::raw* row, int64_t vocab, float divisor, float* scratch, float& max,
+                        const RowPenalty* pen = nullptr) {
+  if (pen != nullptr) {
+    penalised_block<L>(row, 0, vocab, divisor, *pen, scratch);
+    max = row_max(scratch, vocab);
+    return scratch;
+  }
   if constexpr (std::is_same<L, LoadF32>::value) {
     if (divisor == 1.0f) {
       max = row_max(row, vocab);
@@ -220,14 +228,16 @@ const float* scaled_row(const typename L::raw* row, int64_t vocab, float divisor
   return scratch;
 }
 
-// RowStats of one row; y_out points at its y = logit / T (the row itself or s.y).
+// RowStats of one row; y_out points at its y = logit / T (the row itself or s.y). pen: the
+// row's penalties (penalties.h), or nullptr.
 template <class L>
-RowStats row_stats(const typename L::raw* row, int64_t vocab, const SamplingRow& sp, Scratch& s, const float*& y_out) {
+RowStats row_stats(const typename L::raw* row, int64_t vocab, const SamplingRow& sp, Scratch& s, const float*& y_out,
+                   const RowPenalty* pen = nullptr) {
   RowStats st;
   float* e = s.e.data();
   const bool greedy = !(sp.temperature > 0.0f);
   st.divisor = greedy ? 1.0f : sp.temperature;
-  const float* y = scaled_row<L>(row, vocab, st.divisor, s.y.data(), st.max);
+  const float* y = scaled_row<L>(row, vocab, st.divisor, s.y.data(), st.max, pen);
   y_out = y;
   if (greedy) {
     int64_t g = 0;

@@ -36,6 +36,7 @@ struct DraftSide {
   const typename L::raw* row = nullptr;  // nullptr: p = one-hot(token)
   const RowStats* stats = nullptr;
   int64_t token = -1;
+  const RowPenalty* pen = nullptr;  // the draft row's penalties (penalties.h), or nullptr
 };
 
 // First index of the block maximum of s[0..kBlock) (s padded with -inf), or -1 if all -inf/NaN.
@@ -51,10 +52,10 @@ inline int64_t block_argmax(const float* s, float& best) {
 }
 
 // Scans tokens [v0, v1) of target row `trow` (stats qs, non-greedy). residual: also score the
-// residual against `draft` (only then is `draft` read).
+// residual against `draft` (only then is `draft` read). qpen: the target row's penalties, or nullptr.
 template <class L>
 ChunkBest token_chunk(const typename L::raw* trow, const RowStats& qs, bool residual, const DraftSide<L>& draft,
-                      const PhiloxKey& key, int64_t v0, int64_t v1) {
+                      const PhiloxKey& key, int64_t v0, int64_t v1, const RowPenalty* qpen = nullptr) {
   ChunkBest best;
   alignas(64) float g[kBlock], sq[kBlock], sr[kBlock], yq[kBlock], yp[kBlock];
   for (int64_t b0 = v0; b0 < v1; b0 += kBlock) {
@@ -64,7 +65,8 @@ ChunkBest token_chunk(const typename L::raw* trow, const RowStats& qs, bool resi
 #else
     for (int64_t i = 0; i < kBlock; ++i) g[i] = gumbel_from_bits(philox_bits(key, static_cast<uint32_t>(b0 + i)));
 #endif
-    for (int64_t i = 0; i < n; ++i) yq[i] = L::load(trow[b0 + i]) / qs.divisor;
+    if (qpen != nullptr) penalised_block<L>(trow + b0, b0, n, qs.divisor, *qpen, yq);
+    else for (int64_t i = 0; i < n; ++i) yq[i] = L::load(trow[b0 + i]) / qs.divisor;
     for (int64_t i = n; i < kBlock; ++i) yq[i] = kNegInf;
     const float qmax = qs.max, kth = qs.kth, iz1 = qs.inv_z1, pc = qs.p_cut, iz2 = qs.inv_z2, mc = qs.min_cut, iz = qs.inv_z;
     if (!residual) {
@@ -77,7 +79,8 @@ ChunkBest token_chunk(const typename L::raw* trow, const RowStats& qs, bool resi
       // p for this block: from the draft row's stats, or one-hot at the draft token.
       if (draft.row != nullptr) {
         const RowStats& ps = *draft.stats;
-        for (int64_t i = 0; i < n; ++i) yp[i] = L::load(draft.row[b0 + i]) / ps.divisor;
+        if (draft.pen != nullptr) penalised_block<L>(draft.row + b0, b0, n, ps.divisor, *draft.pen, yp);
+        else for (int64_t i = 0; i < n; ++i) yp[i] = L::load(draft.row[b0 + i]) / ps.divisor;
         for (int64_t i = n; i < kBlock; ++i) yp[i] = kNegInf;
         const float pmax = ps.max, pk = ps.kth, pz1 = ps.inv_z1, ppc = ps.p_cut, pz2 = ps.inv_z2, pmc = ps.min_cut, pz = ps.inv_z;
         for (int64_t i = 0; i < kBlock; ++i) {

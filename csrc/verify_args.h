@@ -36,6 +36,41 @@ inline Params check_params(int64_t batch, const at::Tensor& temperature, const a
           seed.data_ptr<int64_t>(), offset.data_ptr<int64_t>()};
 }
 
+// The penalty tensors of a call (penalties.h): all four given, or none (counts == nullptr: off).
+struct Penalties {
+  const int32_t* counts = nullptr;  // [B, V] state words
+  const float* repetition = nullptr;
+  const float* frequency = nullptr;
+  const float* presence = nullptr;
+  int64_t vocab = 0;
+  bool on() const { return counts != nullptr; }
+  // Row b's penalties at a position with `ntok` generated tokens in front of it that the state lacks.
+  RowPenalty row(int64_t b, const int64_t* tokens, int64_t ntok) const {
+    return {counts + b * vocab, repetition[b], frequency[b], presence[b], tokens, ntok};
+  }
+};
+
+inline Penalties check_penalties(int64_t batch, int64_t vocab, const c10::optional<at::Tensor>& counts,
+                                 const c10::optional<at::Tensor>& repetition, const c10::optional<at::Tensor>& frequency,
+                                 const c10::optional<at::Tensor>& presence) {
+  const int given = counts.has_value() + repetition.has_value() + frequency.has_value() + presence.has_value();
+  TORCH_CHECK(given == 0 || given == 4, "penalties: give penalty_counts, repetition, frequency and presence together");
+  if (given == 0) return {};
+  TORCH_CHECK(counts->device().is_cpu() && counts->scalar_type() == at::kInt && counts->is_contiguous() && counts->dim() == 2 &&
+                  counts->size(0) == batch && counts->size(1) == vocab,
+              "penalty_counts must be a contiguous CPU int32 tensor [B, V] = [", batch, ", ", vocab, "], got ",
+              counts->scalar_type(), " ", counts->sizes());
+  auto check = [batch](const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 1 && t.size(0) == batch && t.is_contiguous(),
+                name, " must be a contiguous CPU float32 tensor [", batch, "], got ", t.scalar_type(), " ", t.sizes());
+  };
+  check(*repetition, "repetition");
+  check(*frequency, "frequency");
+  check(*presence, "presence");
+  return {counts->data_ptr<int32_t>(), repetition->data_ptr<float>(), frequency->data_ptr<float>(),
+          presence->data_ptr<float>(), vocab};
+}
+
 inline void check_logits(const at::Tensor& t, int64_t dim, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == dim && t.is_contiguous(), name, " must be a contiguous CPU tensor with ", dim,
               " dims, got ", t.sizes());

@@ -13,11 +13,13 @@ from .attention import paged_attention
 from .cache_ops import append_kv, compact_kv
 from .linear import skinny_linear, skinny_linear_n
 from .llama_ops import rms_norm, rope_cos_sin, rope_qk_, silu_mul
+from .penalties import PenaltyTensors, add_tokens, make_penalty_tensors
 from .sampling_params import SamplingTensors, make_sampling_tensors
 from .verify import chain_verify, sample, standardise
 
 __all__ = [
     "chain_verify", "sample", "standardise", "SamplingTensors", "make_sampling_tensors",
+    "PenaltyTensors", "make_penalty_tensors", "add_tokens",
     "append_kv", "compact_kv", "paged_attention", "skinny_linear", "skinny_linear_n",
     "rms_norm", "rope_cos_sin", "rope_qk_", "silu_mul",
 ]

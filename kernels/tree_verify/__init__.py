@@ -113,6 +113,9 @@ def tree_verify(
     parents with the checks (check=True), else N - 1. A bound below a row's count is an error
     (check=True) or unspecified tokens (check=False).
     Returns TreeVerifyResult(tokens, path, num_accepted, final_token).
+    No repetition / frequency / presence penalties (chain_verify's penalties=): a node's penalty
+    would depend on its own path of ancestors, which no tree backend applies; the engine refuses
+    trees with penalties.
     """
     _check_logits("target_logits", target_logits, 3)
     batch, n, vocab = target_logits.shape

@@ -2,11 +2,13 @@
 
 Backends: "triton" (fused kernels, CUDA or TRITON_INTERPRET=1), "cpp" (csrc/verify.cpp, the
 CPU default when it builds), "torch" (reference.py: the spec). See reference.py for the exact
-semantics every backend implements.
+semantics every backend implements; penalties (repetition / frequency / presence):
+kernels/penalties/reference.py, applied by every backend where it loads the logits.
 """
 import torch
 
 from .._backend import resolve_backend
+from ..penalties.state import check_penalty_tensors
 from ..rng import STREAM_DRAFT
 from ..sampling_params import constant_rows, make_sampling_tensors
 from .reference import chain_verify_reference, sample_reference, standardise
@@ -15,6 +17,18 @@ LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOKEN_DTYPES = (torch.int32, torch.int64)
 
 __all__ = ["chain_verify", "sample", "standardise", "chain_verify_reference", "sample_reference", "prepared_impls"]
+
+
+def _check_tokens(name: str, tokens: torch.Tensor, batch: int, device: torch.device) -> None:
+    """tokens must be an int32 / int64 tensor [B, W] on device (values are not read)."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tokens).__name__}")
+    if tokens.dtype not in TOKEN_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {tokens.dtype}")
+    if tokens.dim() != 2 or tokens.shape[0] != batch:
+        raise ValueError(f"{name} must have shape [B, W] with B = {batch}, got {list(tokens.shape)}")
+    if tokens.device != device:
+        raise ValueError(f"{name} is on {tokens.device} but the logits are on {device}")
 
 
 def _check_logits(name: str, logits: torch.Tensor, ndim: int) -> None:
@@ -65,6 +79,7 @@ def chain_verify(
     offset=0,
     backend: str | None = None,
     check: bool = True,
+    penalties=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative-sampling verify of a chain of K drafts per row, from logits.
 
@@ -77,6 +92,12 @@ def chain_verify(
     Python values and, repeated, cost no device op: sampling_params.constant_rows).
     Returns tokens int32 [B, K+1] (accepted drafts, the resampled or bonus token, then -1)
     and num_accepted int32 [B].
+
+    penalties: PenaltyTensors (kernels/penalties: counts int32 [B, V], per-row parameters) or
+    None. Every distribution's raw logits are penalised before standardisation; target and draft
+    position i see the counts plus the drafts x_0..x_{i-1} (the drafter sampled x_i after them).
+    penalties.active empty (every penalty off): exactly the penalty-free path. The counts are
+    not updated here: after appending the emitted tokens, call add_tokens(penalties.counts, ...).
     """
     _check_logits("target_logits", target_logits, 3)
     batch, k_plus_1, vocab = target_logits.shape
@@ -96,6 +117,8 @@ def chain_verify(
         raise ValueError(f"draft_tokens is on {draft_tokens.device} but target_logits is on {device}")
     if draft_logits is not None:
         _check_draft_logits(draft_logits, target_logits, k_plus_1 - 1, "K")
+    if penalties is not None:
+        check_penalty_tensors(penalties, batch, vocab, device)
     params = make_sampling_tensors(
         batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
     )
@@ -110,12 +133,12 @@ def chain_verify(
     if chosen == "triton":
         from .triton import chain_verify_triton
 
-        return chain_verify_triton(target_logits, draft_logits, draft_tokens, params)
+        return chain_verify_triton(target_logits, draft_logits, draft_tokens, params, penalties)
     if chosen == "cpp":
         from .cpp import chain_verify_cpp
 
-        return chain_verify_cpp(target_logits, draft_logits, draft_tokens, params)
-    return chain_verify_reference(target_logits, draft_logits, draft_tokens, params)
+        return chain_verify_cpp(target_logits, draft_logits, draft_tokens, params, penalties)
+    return chain_verify_reference(target_logits, draft_logits, draft_tokens, params, penalties)
 
 
 def sample(
@@ -131,6 +154,8 @@ def sample(
     stream: int = STREAM_DRAFT,
     backend: str | None = None,
     check: bool = True,
+    penalties=None,
+    prefix_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row from the standardised distribution of logits [B, V] -> int32 [B].
 
@@ -138,6 +163,10 @@ def sample(
     (seed_b, offset_b, position, stream). A drafter samples its i-th draft with position=i
     and the default stream, so its noise never coincides with the verify step's.
     position: int or int tensor [B].
+    penalties: PenaltyTensors or None (as chain_verify's); prefix_tokens: int32 / int64 [B, W] or
+    None, the row's generated tokens that penalties.counts does not hold yet (a drafter's drafts
+    x_0..x_{i-1} of this iteration when it samples x_i; -1 entries are not tokens). Without
+    penalties the prefix changes nothing.
     """
     _check_logits("logits", logits, 2)
     batch, _ = logits.shape
@@ -155,11 +184,18 @@ def sample(
                                   lambda: torch.full((batch,), position, dtype=torch.int64, device=device))
     else:
         raise ValueError(f"position must be an int in [0, 2**32) or an int tensor [B], got {position!r}")
+    if penalties is not None:
+        check_penalty_tensors(penalties, batch, logits.shape[1], device)
+    if prefix_tokens is not None:
+        _check_tokens("prefix_tokens", prefix_tokens, batch, device)
     params = make_sampling_tensors(
         batch, device, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, offset=offset, check=check
     )
     if check:
         _check_finite("logits", logits)
+        if prefix_tokens is not None and prefix_tokens.numel() and (
+                bool((prefix_tokens < -1).any()) or bool((prefix_tokens >= logits.shape[1]).any())):
+            raise ValueError(f"prefix_tokens must lie in [-1, V) = [-1, {logits.shape[1]})")
         if bool((positions < 0).any()) or bool((positions >= 2**32).any()):
             raise ValueError("position must lie in [0, 2**32)")
 
@@ -167,19 +203,23 @@ def sample(
     if chosen == "triton":
         from .triton import sample_triton
 
-        return sample_triton(logits, params, positions, stream)
+        return sample_triton(logits, params, positions, stream, penalties, prefix_tokens)
     if chosen == "cpp":
         from .cpp import sample_cpp
 
-        return sample_cpp(logits, params, positions, stream)
-    return sample_reference(logits, params, positions, stream)
+        return sample_cpp(logits, params, positions, stream, penalties, prefix_tokens)
+    return sample_reference(logits, params, positions, stream, penalties, prefix_tokens)
 
 
 def prepared_impls(backend, device):
     """(chain_verify_impl, sample_impl) of the backend resolve_backend picks for ``device``:
         chain_verify_impl(target_logits [B, K+1, V], draft_logits [B, K, V] or None,
-                          draft_tokens [B, K], params: SamplingTensors) -> (tokens, num_accepted)
-        sample_impl(logits [B, V], params: SamplingTensors, positions int64 [B], stream) -> int32 [B]
+                          draft_tokens [B, K], params: SamplingTensors,
+                          penalties: PenaltyTensors | None = None) -> (tokens, num_accepted)
+        sample_impl(logits [B, V], params: SamplingTensors, positions int64 [B], stream,
+                    penalties: PenaltyTensors | None = None,
+                    prefix_tokens: int [B, W] | None = None) -> int32 [B]
+    penalties None (or with no active penalty): exactly the penalty-free kernels and launches.
     For a caller that validated its arguments once and calls every decoding step (the engine,
     the drafters): no checks, no per-call dispatch. params come from make_sampling_tensors
     (offset set per call with dataclasses.replace). The public entry points cost ~0.3 ms of

@@ -20,6 +20,8 @@ Glossary (used in every kernel of this folder):
 import triton
 import triton.language as tl
 
+from ..penalties.triton import penalise
+
 KEY_NEG_INF = tl.constexpr(-2139095041)  # order key of -inf: 0xFF800000 ^ 0x7FFFFFFF as int32
 KEY_POS_INF = tl.constexpr(2139095040)  # order key of +inf: 0x7F800000
 KEY_NONE = tl.constexpr(-2139095042)  # below every key: empty candidate slots
@@ -98,27 +100,42 @@ def row_source(r, NPOS, kb, st_b, st_k, sd_b, sd_k, V: tl.constexpr, K: tl.const
 
 
 @triton.jit
-def load_x_rows(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp):
+def load_x_rows(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY: tl.constexpr):
     """Tempered logits x [BLOCK_R, BLOCK_V] of rows with offsets / limits [BLOCK_R] at vocab
     indices idx [BLOCK_V] (target_ptr / draft_ptr: [B, K+1, V] / [B, K, V], any float dtype);
-    -inf outside each row's limit."""
+    -inf outside each row's limit. pen: the rows' penalties (kernels/penalties/triton.py, values
+    [BLOCK_R, 1]) or (False,)."""
     i2 = idx[None, :]
     in_t = i2 < t_lim[:, None]
     zt = tl.load(target_ptr + t_off[:, None] + i2, mask=in_t, other=NEG_INF)
     zd = tl.load(draft_ptr + d_off[:, None] + i2, mask=i2 < d_lim[:, None], other=NEG_INF)
-    return tl.div_rn(tl.where(in_t, zt, zd).to(tl.float32), temp[:, None])
+    z = tl.where(in_t, zt, zd).to(tl.float32)
+    if PENALTY:
+        z = penalise(z, i2, in_t | (i2 < d_lim[:, None]), pen)
+    return tl.div_rn(z, temp[:, None])
 
 
 @triton.jit
-def load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp):
+def load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY: tl.constexpr):
     """load_x_rows for one row (scalar offsets / limits): x at indices idx (any shape). One load
     (the row's own pointer), and no division at T = 1 (x = z exactly: ~10 fewer instructions
-    per value in the bandwidth-bound streaming pass)."""
+    per value in the bandwidth-bound streaming pass). pen: the row's penalties or (False,)."""
     row_ptr = tl.where(t_lim > 0, target_ptr + t_off, draft_ptr + d_off)
-    x = tl.load(row_ptr + idx, mask=idx < t_lim + d_lim, other=NEG_INF).to(tl.float32)
+    inside = idx < t_lim + d_lim
+    x = tl.load(row_ptr + idx, mask=inside, other=NEG_INF).to(tl.float32)
+    if PENALTY:
+        x = penalise(x, idx, inside, pen)
     if temp != 1.0:
         x = tl.div_rn(x, temp)
     return x
+
+
+@triton.jit
+def position_of(r, NPOS, K: tl.constexpr):
+    """The position (target i or draft i) of distribution r (glossary: target 0..K, then draft
+    0..K-1 per batch row): the number of drafts in front of it."""
+    pos = r % NPOS
+    return tl.where(pos <= K, pos, pos - K - 1)
 
 
 @triton.jit

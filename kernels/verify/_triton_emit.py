@@ -10,6 +10,7 @@ the row tile's last ticket merges the chunks in chunk order and writes the token
 import triton
 import triton.language as tl
 
+from ..penalties.triton import penalise, row_penalty
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
 from ._triton_common import BIG_INDEX, NEG_INF, last_program_of, num_drafts, standardised
@@ -83,7 +84,43 @@ def emit_kernel(
     """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows, then one pass over a
     vocab chunk of each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
     argmax(log max(q - p, 0) + G), G keyed by (seed, offset, j or positions[b], stream); the
-    last program of the row tile merges them (_write_tokens)."""
+    last program of the row tile merges them (_write_tokens). No penalties."""
+    _emit(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr,
+          s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
+          out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,),
+          False, V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
+
+
+@triton.jit
+def emit_penalised_kernel(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr, s2_ptr,
+    s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
+    num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+    counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk,  # penalties
+    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
+    USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, W: tl.constexpr, P0: tl.constexpr,
+):
+    """emit_kernel with penalties (the arguments of
+    _triton_select_stream.select_stream_penalised_kernel): the ratio test's q_i(x_i), p_i(x_i)
+    and the emitted position's rows read penalised logits, as the selection's statistics did."""
+    _emit(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr,
+          s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
+          out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+          (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk), True, V,
+          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
+
+
+@triton.jit
+def _emit(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr, s2_ptr,
+    s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
+    num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, pen_args,
+    PENALTY: tl.constexpr, V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
+    USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
+):
+    """The emission's program; pen_args: the penalties (kernels/penalties/triton.py) or (False,)."""
     b, live = _tile_rows(B, BLOCK_R)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -103,10 +140,16 @@ def emit_kernel(
         x = tl.load(tokens_ptr + b64 * sx_b + i * sx_k)
         x = tl.minimum(tl.maximum(x, 0), V - 1).to(tl.int32)
         m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + i)
-        _, q_x = standardised(tl.load(target_ptr + b64 * st_b + i * st_k + x), x, temp, greedy, m, s2, s3, tkey, amax, min_p)
+        z = tl.load(target_ptr + b64 * st_b + i * st_k + x)
+        if PENALTY:  # position i: the drafts x_0..x_{i-1} in front of it
+            z = penalise(z.to(tl.float32), x, x >= 0, row_penalty(pen_args, b, i))
+        _, q_x = standardised(z, x, temp, greedy, m, s2, s3, tkey, amax, min_p)
         if HAS_DRAFT_LOGITS:
             m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + K + 1 + i)
-            _, p_x = standardised(tl.load(draft_ptr + b64 * sd_b + i * sd_k + x), x, temp, greedy, m, s2, s3, tkey, amax, min_p)
+            z = tl.load(draft_ptr + b64 * sd_b + i * sd_k + x)
+            if PENALTY:
+                z = penalise(z.to(tl.float32), x, x >= 0, row_penalty(pen_args, b, i))
+            _, p_x = standardised(z, x, temp, greedy, m, s2, s3, tkey, amax, min_p)
         else:
             p_x = tl.full([BLOCK_R], 1.0, tl.float32)
         u = uniform_from_bits(philox_bits(seed, offset, zero + i, _STREAM_ACCEPT, zero))
@@ -128,6 +171,11 @@ def emit_kernel(
         mp, s2p, s3p, tkp, amp = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + K + 1 + jd)
     q_row = b64 * st_b + j * st_k
     p_row = b64 * sd_b + jd * sd_k
+    pen_q = pen_args
+    pen_p = pen_args
+    if PENALTY:  # positions j and jd = j (when read) of the rows, as [BLOCK_R, 1] columns
+        pen_q = row_penalty(pen_args, b[:, None], j[:, None])
+        pen_p = row_penalty(pen_args, b[:, None], jd[:, None])
     start = c * CHUNK
     q_best = tl.full([BLOCK_R], NEG_INF, tl.float32)
     q_arg = zero + start
@@ -139,6 +187,8 @@ def emit_kernel(
         idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
         inside = idx < V
         zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
+        if PENALTY:
+            zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
         std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
                                 tkq[:, None], amq[:, None], min_p[:, None])
         std_q = tl.where(inside, std_q, NEG_INF)
@@ -154,6 +204,8 @@ def emit_kernel(
             if any_rejected:
                 if HAS_DRAFT_LOGITS:
                     zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+                    if PENALTY:
+                        zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
                     _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
                                         s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
                 else:
@@ -168,6 +220,8 @@ def emit_kernel(
             # r_any must still see every positive residual entry of the row.
             if HAS_DRAFT_LOGITS:
                 zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+                if PENALTY:
+                    zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
                 _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
                                     s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
             else:

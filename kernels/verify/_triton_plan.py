@@ -90,6 +90,9 @@ class LaunchPlan:
     greedy_tokens: bool = False
     # the streaming launch keeps per-lane statistics for rows without rungs (_stream_chunk_lanes)
     stream_lanes: bool = True
+    # the penalised variants of the same kernels (kernels/penalties/triton.py: same grids, plus
+    # one int32 count read per logit)
+    penalties: bool = False
 
     @property
     def select_grid(self) -> tuple:
@@ -122,7 +125,7 @@ def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, nu
 def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
                   modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
                   num_chunks: int | None = None, cap: int | None = None,
-                  stream_lanes: bool | None = None) -> LaunchPlan:
+                  stream_lanes: bool | None = None, penalties: bool = False) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -130,7 +133,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     block_v / num_chunks / cap override the vocab split and the candidate region (tests force
     the multi-chunk and candidate paths on small inputs with them). stream_lanes: the streaming
     loop of rows without rungs, per-lane statistics (True) or block reductions per step (False);
-    None: per-lane where a program streams more than one block. Measured on an H100 (112bf69,
+    None: per-lane where a program streams more than one block. penalties: the penalised kernels
+    (same grids and launches). Measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -169,7 +173,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
-                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes)
+                      f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
+                      penalties)
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0
@@ -189,15 +194,18 @@ def host_modes(modes) -> frozenset | None:
 
 
 def kernel_sequence(plan: LaunchPlan) -> list[str]:
-    """The graph nodes of one call, in order (what triton._launch launches for this plan)."""
+    """The graph nodes of one call, in order (what triton._launch launches for this plan; with
+    penalties, each kernel's penalised variant: "<name>_penalised")."""
     if plan.large_vocab:
         select = ["select_stream", "select_finish"] if plan.finish else ["select_stream"]
     else:
         select = ["select_small_vocab"]
-    return ["zero fill: counters"] + select + ([] if plan.greedy_tokens else ["emit"])
+    kernels = select + ([] if plan.greedy_tokens else ["emit"])
+    return ["zero fill: counters"] + [name + "_penalised" if plan.penalties else name for name in kernels]
 
 
-def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("plain",), num_sms: int = 132) -> dict:
+def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("plain",), num_sms: int = 132,
+                penalties: bool = False) -> dict:
     """The GPU plan of chain_verify_triton (k >= 1) or sample_triton (k = 0) for this shape and
     these sampling modes (the modes some row uses, as SamplingTensors.modes: a subset of
     sampling_params.MODES; None = unknown, every launch), from the same code that sizes the
@@ -209,9 +217,17 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
     chunk of a row reads the same SAMPLE values twice: L2), the finishing reads (at most 3 CAP
     gathered values per distribution), the K + 1 ratio-test gathers. The exact fallback (one
     program sweeping its row when the sampled bounds miss) is a worst case per missed threshold,
-    not counted: 1 + ~log2(values in the interval / CAP) passes over that row."""
+    not counted: 1 + ~log2(values in the interval / CAP) passes over that row.
+
+    penalties (some row uses one): the same launches and grids, each kernel's penalised variant,
+    which reads the int32 count of every logit it reads (kernels/penalties/triton.py).
+    count_reads_per_row: reads of a batch row's [V] count row per call (one per distribution
+    streamed, one per emitted row): 4 V bytes each, from HBM at most once per call when L2 keeps
+    the row for its 2K + 1 distributions (B = 1), up to count_reads_per_row x 4 V bytes when it
+    does not (B = 64 at V = 128256: 33 MB of counts beside 148 MB of bf16 logits per pass)."""
     modes = host_modes(modes)
-    plan = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=False, modes=modes)
+    plan = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=False, modes=modes,
+                         penalties=penalties)
     selects = modes is None or bool(TRUNCATIONS & modes)
     # target (and draft) row of the emitted position; none when the selection writes the tokens
     emitted_rows = 0 if plan.greedy_tokens else 2 if plan.has_draft else 1
@@ -228,6 +244,7 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         "launches": len(kernels),
         "kernels": kernels,
         "passes_over_logits": 1.0 + emitted_rows / plan.npos,
+        "count_reads_per_row": plan.npos + emitted_rows if penalties else 0,
         "selection_passes": 1.0,
         "emission_passes": emitted_rows / plan.npos,
         "sample_reads_per_row_from_l2": sample_reads,

@@ -39,9 +39,9 @@ def _sample_count_for(row_count, V: tl.constexpr, SAMPLE: tl.constexpr):
 
 
 @triton.jit
-def sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, min_p, minp_on, small_topk,
-                 V: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
-                 GROUP: tl.constexpr, SUB: tl.constexpr):
+def sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, top_k, min_p,
+                 minp_on, small_topk, V: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr,
+                 SAMPLE_RUN: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr):
     """Rungs [8] fp32 of one row, decreasing (see the module docstring; slots 6, 7: +inf).
 
     The sample: SAMPLE values read as SAMPLE // SAMPLE_RUN runs of SAMPLE_RUN neighbours spread
@@ -56,13 +56,13 @@ def sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k,
     G: tl.constexpr = SAMPLE // GROUP
     i = tl.arange(0, SAMPLE)
     pos = tl.minimum((i // SAMPLE_RUN) * (V // NUM_RUNS) + i % SAMPLE_RUN, V - 1)
-    ys = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, pos, temp)
+    ys = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, pos, temp, pen, PENALTY)
     g = tl.max(tl.reshape(ys, [GROUP, G]), axis=0)  # group j: sample values j, j + G, ...
     counts = tl.zeros([G], tl.int32)
     for s0 in range(0, SAMPLE, SUB):
         j = s0 + tl.arange(0, SUB)
         y = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim,
-                       tl.minimum((j // SAMPLE_RUN) * (V // NUM_RUNS) + j % SAMPLE_RUN, V - 1), temp)
+                       tl.minimum((j // SAMPLE_RUN) * (V // NUM_RUNS) + j % SAMPLE_RUN, V - 1), temp, pen, PENALTY)
         counts += tl.sum((y[None, :] >= g[:, None]).to(tl.int32), axis=1)
 
     # The top set: ~8 k values for a small top-k (a miss needs ~8x fewer row values above the

@@ -21,9 +21,10 @@ an overflowing region) falls back to exact sweeps over the row by that one progr
 import triton
 import triton.language as tl
 
+from ..penalties.triton import row_penalty
 from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, KEY_POS_INF, NEG_INF, fixed_mass, fixed_prob,
                              key_value, last_program_of, load_x_row, num_drafts_of_row, order_key, passes_min_p,
-                             row_source, sampling_modes, vocab_index)
+                             position_of, row_source, sampling_modes, vocab_index)
 from ._triton_search import largest_key_reaching, load_candidates
 from ._triton_select_stream import GATHERED, SWEPT, TOP_SET, candidate_plan, merge_partials
 from ._triton_sweeps import refine_and_collect, sweep_min_p_mass
@@ -84,8 +85,8 @@ def _interval(p_count, p_mass, goal, s2k, USE_PROB: tl.constexpr):
 
 
 @triton.jit
-def _threshold_stage(goal, s2k, floor_key, p_key, p_count, p_mass, ok0, n0, g_lo, g_hi, ok_g, n_g,
-                     cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m,
+def _threshold_stage(goal, s2k, floor_key, p_key, p_count, p_mass, ok0, n0, g_lo, g_hi, ok_g, n_g, cand_row_ptr,
+                     target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, m,
                      V: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, USE_PROB: tl.constexpr):
     """The largest key t with weight(key >= max(t, floor_key)) >= goal, weight = counts (top-k)
     or fixed-point probabilities e / s2k (USE_PROB: top-p); returns (t, count and mass (E units)
@@ -103,8 +104,8 @@ def _threshold_stage(goal, s2k, floor_key, p_key, p_count, p_mass, ok0, n0, g_lo
     count = tl.where(region == TOP_SET, n0, n_g)
     if region == SWEPT:
         lo_key, c_lo, m_lo, hi_key, c_hi, w_hi, m_hi, count = refine_and_collect(
-            target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, goal, lo_key, c_lo, m_lo, hi_key, c_hi, w_hi,
-            m_hi, floor_key, s2k, cand_row_ptr + SWEPT * CAP, V, CAP, BLOCK_S, USE_PROB)
+            target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, m, goal, lo_key, c_lo, m_lo, hi_key,
+            c_hi, w_hi, m_hi, floor_key, s2k, cand_row_ptr + SWEPT * CAP, V, CAP, BLOCK_S, USE_PROB)
     gathered = count <= CAP  # else the refinement ended on a single key: it is the threshold
     x, key = load_candidates(cand_row_ptr + region * CAP, tl.where(gathered, count, 0),
                              tl.maximum(lo_key, floor_key), hi_key, CAP)
@@ -128,7 +129,7 @@ def _threshold_stage(goal, s2k, floor_key, p_key, p_count, p_mass, ok0, n0, g_lo
 
 @triton.jit
 def _min_p_stage(tkey, s2, min_p, covered, ok0, n0, tau0_key, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim,
-                 d_lim, temp, m, V: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr):
+                 d_lim, temp, pen, PENALTY: tl.constexpr, m, V: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr):
     """(mass (E units) of the kept values (key >= tkey) that min-p keeps too, or -1 when all of
     them do; path). min-p's test is monotone in x: when the largest value below the top set
     fails it (covered), whatever passes is in the gathered top set; otherwise one sweep."""
@@ -139,7 +140,8 @@ def _min_p_stage(tkey, s2, min_p, covered, ok0, n0, tau0_key, cand_row_ptr, targ
     mass = tl.sum(tl.sum(tl.where((key != KEY_NONE) & passes_min_p(e, s2, min_p), fixed_mass(e), 0), axis=1), axis=0)
     path = tl.where(in_top, PATH_TOP_SET, PATH_SWEPT)
     if ~in_top:
-        mass = sweep_min_p_mass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, tkey, s2, min_p, V, BLOCK_S)
+        mass = sweep_min_p_mass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, m, tkey, s2,
+                                min_p, V, BLOCK_S)
     if passes_min_p(tl.exp(key_value(tkey) - m), s2, min_p) & (tkey > KEY_NEG_INF):
         mass = mass * 0 - 1
         path = 0
@@ -147,16 +149,16 @@ def _min_p_stage(tkey, s2, min_p, covered, ok0, n0, tau0_key, cand_row_ptr, targ
 
 
 @triton.jit
-def _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, s, min_p, start, g_lo, g_hi, gather_on,
-                minp_on, fill_ptr, dst_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                CAP: tl.constexpr):
+def _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, m, s, min_p, start,
+                g_lo, g_hi, gather_on, minp_on, fill_ptr, dst_ptr, V: tl.constexpr, CHUNK: tl.constexpr,
+                BLOCK_V: tl.constexpr, CAP: tl.constexpr):
     """This program's share of the row's second pass: gather x with g_lo <= key < g_hi into
     dst_ptr (fp32 [CAP], fill counter fill_ptr: integer atomics) when gather_on; return the
     fixed-point mass of the chunk's values that min-p alone keeps (minp_on)."""
     mass = tl.zeros([BLOCK_V], tl.int64)
     for v0 in range(0, CHUNK, BLOCK_V):
         idx = start + v0 + tl.arange(0, BLOCK_V)
-        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)
+        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)
         key = order_key(x)
         sel = gather_on & (key >= g_lo) & (key < g_hi) & (idx < V)
         if tl.sum(sel.to(tl.int32), axis=0) > 0:
@@ -169,11 +171,12 @@ def _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, s, m
 
 
 @triton.jit
-def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, top_p, min_p, topk_on,
-                          topp_on, minp_on, use_rungs, needed, part_f_ptr, part_i_ptr, cand_ptr, fill_ptr, rungs_ptr,
-                          minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr, NCHUNK, NFCHUNK,
-                          V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
-                          CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr):
+def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr,
+                          top_k, top_p, min_p, topk_on, topp_on, minp_on, use_rungs, needed, part_f_ptr, part_i_ptr,
+                          cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr,
+                          amax_ptr, paths_ptr, NCHUNK, NFCHUNK, V: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr,
+                          FENCE: tl.constexpr):
     """Program (r, c) of a row with top-k, top-p or min-p: see the module docstring."""
     cand_row_ptr = cand_ptr + r.to(tl.int64) * (3 * CAP)
     fill_row_ptr = fill_ptr + r * 2
@@ -204,9 +207,9 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
     covered = ~passes_min_p(tl.exp(key_value(tau0_key - 1) - m), s, min_p)
     minp_chunks = minp_on & ~topk_on & ~topp_on & (~ok0 | ~covered)
     if gather_on | minp_chunks:
-        chunk_mass = _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, s, min_p, c * CHUNK, g_lo,
-                                 g_hi, gather_on, minp_chunks, fill_row_ptr + GATHERED, cand_row_ptr + GATHERED * CAP,
-                                 V, CHUNK, BLOCK_V, CAP)
+        chunk_mass = _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, m, s, min_p,
+                                 c * CHUNK, g_lo, g_hi, gather_on, minp_chunks, fill_row_ptr + GATHERED,
+                                 cand_row_ptr + GATHERED * CAP, V, CHUNK, BLOCK_V, CAP)
         tl.store(minp_part_ptr + r * NFCHUNK + c, chunk_mass)
 
     if last_program_of(ticket_ptr + r, NFCHUNK, FENCE):
@@ -225,8 +228,8 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
         if topk_on:
             t_k, c_k, m_k, path_k = _threshold_stage(
                 top_k.to(tl.int64), s, KEY_NEG_INF, p_key, p_count, p_mass, ok0, n0, g_lo, g_hi, ok_g & for_k,
-                n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, V, CAP, BLOCK_S,
-                False)
+                n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, m, V, CAP,
+                BLOCK_S, False)
             paths = paths | path_k
         s2k = tl.where(topk_on, (m_k.to(tl.float64) / E_ONE).to(tl.float32), s)
         # top-p: fixed-point probabilities within the top-k set (known points below t_k become t_k).
@@ -238,7 +241,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
                 fixed_prob(top_p.to(tl.float64)), s2k, t_k, tl.where(below, t_k, p_key),
                 tl.where(below, c_k, p_count), tl.where(below, m_k, p_mass), ok0, n0, g_lo, g_hi,
                 ok_g & ~for_k & ~topk_on, n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim,
-                temp, m, V, CAP, BLOCK_S, True)
+                temp, pen, PENALTY, m, V, CAP, BLOCK_S, True)
             paths = paths | (path_p << 4)
         tkey = t_p
         s2 = tl.where(topk_on | topp_on, (m_p.to(tl.float64) / E_ONE).to(tl.float32), s)
@@ -252,7 +255,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
         elif minp_on:
             covered2 = ~passes_min_p(tl.exp(key_value(tau0_key - 1) - m), s2, min_p)  # judged with s2 now
             mass3, path_m = _min_p_stage(tkey, s2, min_p, covered2, ok0, n0, tau0_key, cand_row_ptr, target_ptr,
-                                         draft_ptr, t_off, d_off, t_lim, d_lim, temp, m, V, CAP, BLOCK_S)
+                                         draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, m, V, CAP, BLOCK_S)
             s3 = tl.where(mass3 >= 0, (mass3.to(tl.float64) / E_ONE).to(tl.float32), s2)
             paths = paths | (path_m << 8)
         tl.store(m_ptr + r, m)
@@ -276,7 +279,40 @@ def select_finish_kernel(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
 ):
     """grid (R, NFCHUNK): see the module docstring. NCHUNK: the streaming launch's chunks (its
-    partials); CHUNK / NFCHUNK: this launch's."""
+    partials); CHUNK / NFCHUNK: this launch's. No penalties."""
+    _select_finish(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
+                   part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr,
+                   tkey_ptr, amax_ptr, paths_ptr, NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+                   (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, BLOCK_S, FENCE)
+
+
+@triton.jit
+def select_finish_penalised_kernel(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr, part_i_ptr,
+    cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr,
+    NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+    counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk,  # penalties
+    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
+    W: tl.constexpr, P0: tl.constexpr,
+):
+    """select_finish_kernel with penalties (the arguments of select_stream_penalised_kernel)."""
+    _select_finish(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
+                   part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr,
+                   tkey_ptr, amax_ptr, paths_ptr, NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
+                   (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
+                   True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, BLOCK_S, FENCE)
+
+
+@triton.jit
+def _select_finish(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr, part_i_ptr,
+    cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr,
+    NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, pen_args, PENALTY: tl.constexpr,
+    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
+):
+    """The finishing launch's program (r, c); pen_args: the penalties or (False,)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     b = r // NPOS
@@ -290,9 +326,12 @@ def select_finish_kernel(
     needed = t_lim + d_lim > 0
     topk_on, topp_on, minp_on = sampling_modes(t, top_k, top_p, min_p, needed, V)
     selecting, use_rungs = candidate_plan(topk_on, topp_on, minp_on, top_k, CAP)
+    pen = pen_args
+    if PENALTY:
+        pen = row_penalty(pen_args, b, position_of(r, NPOS, K))
     if selecting:  # rows without top-k / top-p / min-p were finished by the streaming launch
         _finish_selecting_row(
-            r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, top_p, min_p, topk_on, topp_on, minp_on,
-            use_rungs, needed, part_f_ptr, part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr,
-            s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr, NCHUNK, NFCHUNK, V, CHUNK, BLOCK_V, BLOCK_C, CAP, BLOCK_S,
-            FENCE)
+            r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k, top_p, min_p, topk_on,
+            topp_on, minp_on, use_rungs, needed, part_f_ptr, part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr,
+            ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr, NCHUNK, NFCHUNK, V, CHUNK, BLOCK_V,
+            BLOCK_C, CAP, BLOCK_S, FENCE)

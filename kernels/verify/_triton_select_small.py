@@ -9,8 +9,10 @@ takes a ticket of its batch row, and the one completing it writes the row's toke
 import triton
 import triton.language as tl
 
+from ..penalties.triton import row_penalty
 from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, NEG_INF, fixed_mass, fixed_prob, last_rows_of,
-                             load_x_rows, num_drafts, order_key, passes_min_p, row_source, sampling_modes, vocab_index)
+                             load_x_rows, num_drafts, order_key, passes_min_p, position_of, row_source, sampling_modes,
+                             vocab_index)
 from ._triton_greedy import write_greedy_tokens
 from ._triton_search import largest_key_reaching
 
@@ -33,7 +35,41 @@ def select_small_vocab_kernel(
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, FENCE: tl.constexpr,
 ):
     """grid (cdiv(R, BLOCK_R),): rows r = program * BLOCK_R + [0, BLOCK_R) of R = B * NPOS
-    distributions, each row whole in a [BLOCK_R, BLOCK_VF >= V] tile."""
+    distributions, each row whole in a [BLOCK_R, BLOCK_VF >= V] tile. No penalties."""
+    _select_small_vocab(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, m_ptr,
+                        s2_ptr, s3_ptr, tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr, num_accepted_ptr, R, NPOS, st_b,
+                        st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,), False, V, K, BLOCK_R, BLOCK_VF, BLOCK_K,
+                        GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, FENCE)
+
+
+@triton.jit
+def select_small_vocab_penalised_kernel(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, m_ptr, s2_ptr, s3_ptr,
+    tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr, num_accepted_ptr, R, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+    counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk,  # penalties
+    V: tl.constexpr, K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_VF: tl.constexpr, BLOCK_K: tl.constexpr,
+    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, FENCE: tl.constexpr,
+    W: tl.constexpr, P0: tl.constexpr,
+):
+    """select_small_vocab_kernel with penalties (the arguments of
+    _triton_select_stream.select_stream_penalised_kernel)."""
+    _select_small_vocab(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, m_ptr,
+                        s2_ptr, s3_ptr, tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr, num_accepted_ptr, R, NPOS, st_b,
+                        st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+                        (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb,
+                         s_pk), True, V, K, BLOCK_R, BLOCK_VF, BLOCK_K, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1,
+                        FENCE)
+
+
+@triton.jit
+def _select_small_vocab(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, m_ptr, s2_ptr, s3_ptr,
+    tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr, num_accepted_ptr, R, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+    pen_args, PENALTY: tl.constexpr,
+    V: tl.constexpr, K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_VF: tl.constexpr, BLOCK_K: tl.constexpr,
+    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, FENCE: tl.constexpr,
+):
+    """The selection of one row tile; pen_args: the penalties or (False,)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = r < R
     r = tl.minimum(r, R - 1)
@@ -48,8 +84,12 @@ def select_small_vocab_kernel(
     needed = t_lim + d_lim > 0
     topk_on, topp_on, minp_on = sampling_modes(t, top_k, top_p, min_p, needed, V)
 
+    pen = pen_args
+    if PENALTY:  # per row, as [BLOCK_R, 1] columns
+        pen = row_penalty(pen_args, b[:, None], position_of(r, NPOS, K)[:, None])
+
     idx = tl.arange(0, BLOCK_VF)
-    x = load_x_rows(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)  # [BLOCK_R, BLOCK_VF]
+    x = load_x_rows(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)  # [BLOCK_R, BLOCK_VF]
     m = tl.max(x, axis=1)
     amax = tl.min(tl.where(x == m[:, None], idx[None, :], BIG_INDEX), axis=1)
     m = tl.where(needed, m, 0.0)  # positions never read: harmless numbers instead of -inf / 0

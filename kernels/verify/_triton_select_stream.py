@@ -21,8 +21,9 @@ that this bandwidth-bound pass keeps its occupancy.
 import triton
 import triton.language as tl
 
+from ..penalties.triton import row_penalty
 from ._triton_common import (BIG_INDEX, KEY_NEG_INF, NEG_INF, POS_INF, last_program_of, load_x_row,
-                             num_drafts_of_row, row_source, sampling_modes, vocab_index)
+                             num_drafts_of_row, position_of, row_source, sampling_modes, vocab_index)
 from ._triton_greedy import write_greedy_tokens
 from ._triton_sample import sample_rungs
 
@@ -55,9 +56,9 @@ def _gather(sel, x, fill_ptr, dst_ptr, CAP: tl.constexpr):
 
 
 @triton.jit
-def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr, fill_row_ptr,
-                  V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, CAP: tl.constexpr,
-                  GATHER: tl.constexpr, RUNGS: tl.constexpr):
+def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start, rungs,
+                  cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+                  CAP: tl.constexpr, GATHER: tl.constexpr, RUNGS: tl.constexpr):
     """One pass over vocab [start, start + CHUNK) of one row: (max, sum exp(x - max), lowest
     argmax, counts [8] and masses [8] (relative to the max) at or above the rungs [8]).
     GATHER: gather the top set x >= rungs[0]; RUNGS: count and weigh the rungs too."""
@@ -70,7 +71,7 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start
     tau0 = tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)
     for v0 in range(0, CHUNK, BLOCK_V):
         idx = start + v0 + tl.arange(0, BLOCK_V)
-        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)
+        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)
         block_max = tl.max(x, axis=0)
         if block_max > m:  # the lowest index of a new maximum (a later tile only wins when larger)
             arg = tl.min(tl.where(x == block_max, idx, BIG_INDEX), axis=0)
@@ -90,9 +91,9 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start
 
 
 @triton.jit
-def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr,
-                        fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, CAP: tl.constexpr,
-                        GATHER: tl.constexpr):
+def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start,
+                        rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
+                        CAP: tl.constexpr, GATHER: tl.constexpr):
     """_stream_chunk without rungs, keeping (max, sum exp, argmax) per lane [BLOCK_V] and reducing
     across lanes once, after the loop: no block-wide reduction (shared memory and a barrier) per
     step, so a warp's next loads need not wait for the other warps. One exp per value: a lane
@@ -108,7 +109,7 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
     a_l = tl.zeros([BLOCK_V], tl.int32) + start
     for v0 in range(0, CHUNK, BLOCK_V):
         idx = start + v0 + tl.arange(0, BLOCK_V)
-        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp)
+        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)
         up = x > m_l  # a lane's first maximum keeps its lowest index
         e = tl.exp(tl.where(up, m_l - x, x - m_l))  # NaN only where x = m_l = -inf: masked below
         s_l = tl.where(up, s_l * e + 1.0, s_l + tl.where(x > NEG_INF, e, 0.0))
@@ -123,17 +124,17 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
 
 
 @triton.jit
-def _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr,
-                                fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                                CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr):
+def _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr,
+                                start, rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr,
+                                BLOCK_V: tl.constexpr, CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr):
     """_stream_chunk's outputs for a row without rungs (counts and masses zero), streamed per lane
     (LANES: _stream_chunk_lanes) or with the block-reduction loop."""
     if LANES:
-        m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
-                                        cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER)
+        m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start,
+                                        rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER)
         return m, s, arg, tl.zeros([8], tl.int32), tl.zeros([8], tl.float32)
-    return _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs, cand_row_ptr,
-                         fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False)
+    return _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs,
+                         cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False)
 
 
 @triton.jit
@@ -180,7 +181,49 @@ def select_stream_kernel(
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
 ):
     """grid (R, NCHUNK): see the module docstring. LANES (the plan's stream_lanes): rows without
-    rungs stream with _stream_chunk_lanes, else with _stream_chunk."""
+    rungs stream with _stream_chunk_lanes, else with _stream_chunk. No penalties."""
+    _select_stream(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
+                   part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
+                   row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+                   (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
+                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES)
+
+
+@triton.jit
+def select_stream_penalised_kernel(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr, part_i_ptr,
+    cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr,
+    num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+    counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk,  # penalties
+    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
+    SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
+    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
+    W: tl.constexpr, P0: tl.constexpr,
+):
+    """select_stream_kernel with penalties (kernels/penalties/triton.py: counts int32 [B, V] row
+    stride s_cb, per-row repetition / frequency / presence fp32 [B], the W generated tokens
+    pen_tokens int [B, W] (strides s_pb, s_pk) of which position i sees the first P0 + i)."""
+    _select_stream(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
+                   part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
+                   row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
+                   (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
+                   True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB,
+                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES)
+
+
+@triton.jit
+def _select_stream(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr, part_i_ptr,
+    cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, row_ticket_ptr, out_ptr,
+    num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, pen_args, PENALTY: tl.constexpr,
+    V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
+    SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
+    GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
+):
+    """The streaming launch's program (r, c); pen_args: the penalties (kernels/penalties/triton.py)
+    or (False,)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     b = r // NPOS
@@ -194,12 +237,15 @@ def select_stream_kernel(
     temp = tl.where(t > 0, t, 1.0)
     cand_row_ptr = cand_ptr + r.to(tl.int64) * (3 * CAP)
     fill_row_ptr = fill_ptr + r * 2
+    pen = pen_args
+    if PENALTY:
+        pen = row_penalty(pen_args, b, position_of(r, NPOS, K))
 
     rungs = tl.full([8], POS_INF, tl.float32)
     if gather:
-        rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, top_k, tl.load(min_p_ptr + b),
-                             minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
-                             SAMPLE_SUB)
+        rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k,
+                             tl.load(min_p_ptr + b), minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN,
+                             SAMPLE_GROUP, SAMPLE_SUB)
         if c == 0:
             tl.store(rungs_ptr + r * 8 + tl.arange(0, 8), rungs)
     start = c * CHUNK
@@ -209,16 +255,17 @@ def select_stream_kernel(
     counts = tl.zeros([8], tl.int32)
     masses = tl.zeros([8], tl.float32)
     if rungs_on:
-        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, start, rungs,
-                                                  cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, True)
+        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY,
+                                                  start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP,
+                                                  True, True)
     elif gather:
         m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
-                                                                start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK,
-                                                                BLOCK_V, CAP, True, LANES)
+                                                                pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr,
+                                                                V, CHUNK, BLOCK_V, CAP, True, LANES)
     elif needed:
         m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
-                                                                start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK,
-                                                                BLOCK_V, CAP, False, LANES)
+                                                                pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr,
+                                                                V, CHUNK, BLOCK_V, CAP, False, LANES)
     # partials: fp32 (m, s, mass of rungs 0-5), int32 (argmax, count of rungs 0-5, -)
     f = tl.arange(0, 8)
     out = (r * NCHUNK + c) * 8 + f

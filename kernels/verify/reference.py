@@ -20,9 +20,15 @@ chain_verify, row b with K_b real drafts x_0..x_{K_b-1} (the first -1 starts pad
     j = K_b:  y = argmax_v std_j(v) + G_j(v)  (bonus, y ~ q_j)
     with std_j = standardise(target_logits_j) and G_j(v) = gumbel(STREAM_TOKEN, position j, vocab v).
     tokens[b] = x_0..x_{j-1}, y, then -1;  num_accepted[b] = j.
+
+Penalties (penalties=PenaltyTensors; kernels/penalties/reference.py): every distribution's raw
+logits are penalised before standardise, target position i (0..K) and draft position i (0..K-1)
+alike with the row's state plus the drafts x_0..x_{i-1} (the drafter sampled x_i from its
+penalised logits after the same prefix); sample(): the state plus prefix_tokens.
 """
 import torch
 
+from ..penalties.reference import penalised_logits
 from ..rng import STREAM_ACCEPT, STREAM_DRAFT, STREAM_TOKEN
 from ..rng.reference import gumbel, random_bits, uniform
 from ..sampling_params import SamplingTensors
@@ -70,9 +76,20 @@ def _token_noise(params: SamplingTensors, position: torch.Tensor, stream: int, v
     return gumbel(bits)
 
 
-def sample_reference(logits: torch.Tensor, params: SamplingTensors, position=0, stream: int = STREAM_DRAFT) -> torch.Tensor:
-    """One token per row from standardise(logits): logits [B, V] -> int32 [B] (Gumbel-max)."""
-    std = standardise(logits[:, None, :], params)[:, 0]
+def _penalties_on(penalties) -> bool:
+    return penalties is not None and bool(penalties.active)
+
+
+def sample_reference(logits: torch.Tensor, params: SamplingTensors, position=0, stream: int = STREAM_DRAFT,
+                     penalties=None, prefix_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row from standardise(logits): logits [B, V] -> int32 [B] (Gumbel-max).
+    penalties: PenaltyTensors or None; prefix_tokens [B, W] int (-1 = not a token) or None: the
+    row's generated tokens the state does not hold yet (the drafts of this iteration)."""
+    logits = logits[:, None, :]
+    if _penalties_on(penalties):
+        first = 0 if prefix_tokens is None else prefix_tokens.shape[1]
+        logits = penalised_logits(logits, penalties, prefix_tokens, first)
+    std = standardise(logits, params)[:, 0]
     pos = torch.as_tensor(position, device=logits.device, dtype=torch.int64).expand(logits.shape[0])
     return (std + _token_noise(params, pos, stream, logits.shape[-1])).argmax(-1).to(torch.int32)
 
@@ -82,9 +99,15 @@ def chain_verify_reference(
     draft_logits: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     params: SamplingTensors,
+    penalties=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] (-1 pads)
-    -> tokens int32 [B, K+1] (-1 padded), num_accepted int32 [B]."""
+    -> tokens int32 [B, K+1] (-1 padded), num_accepted int32 [B]. penalties: PenaltyTensors or
+    None (position i sees the state plus draft_tokens[:, :i])."""
+    if _penalties_on(penalties):
+        target_logits = penalised_logits(target_logits, penalties, draft_tokens)
+        if draft_logits is not None:
+            draft_logits = penalised_logits(draft_logits, penalties, draft_tokens)
     batch, k_plus_1, vocab = target_logits.shape
     k = k_plus_1 - 1
     device = target_logits.device

@@ -53,12 +53,12 @@ import triton
 from .._backend import triton_interpreting
 from ..rng import STREAM_TOKEN
 from ..sampling_params import SamplingTensors
-from ._triton_emit import emit_kernel
+from ._triton_emit import emit_kernel, emit_penalised_kernel
 from ._triton_plan import (EMIT_NUM_WARPS, FINISH_NUM_WARPS, SMALL_NUM_WARPS, STREAM_NUM_WARPS, plan_launches,
                            verify_plan)
-from ._triton_select_finish import select_finish_kernel
-from ._triton_select_small import select_small_vocab_kernel
-from ._triton_select_stream import select_stream_kernel
+from ._triton_select_finish import select_finish_kernel, select_finish_penalised_kernel
+from ._triton_select_small import select_small_vocab_kernel, select_small_vocab_penalised_kernel
+from ._triton_select_stream import select_stream_kernel, select_stream_penalised_kernel
 
 __all__ = ["chain_verify_triton", "sample_triton", "verify_plan", "select_stats", "plan_for"]
 
@@ -83,8 +83,24 @@ def _run(*args):
         return _launch(*args)
 
 
+def penalty_args(penalties, tokens: torch.Tensor, width: int, first: int) -> tuple | None:
+    """What a penalised kernel takes after its penalty-free arguments (kernels/penalties/triton.py):
+    (positional args, keyword args), or None when no row may use a penalty (penalties None or
+    penalties.active empty: the penalty-free kernels, today's launches). tokens int [B, >= 1]:
+    the generated tokens the state lacks, of which the first ``width`` are real columns and
+    position i sees the first first + i (chain: the drafts, first 0; sample: the prefix, first =
+    width). The penalised launches compile without fused multiply-adds (enable_fp_fusion=False)
+    so that z - f * count rounds twice, as the reference and the C++ op do."""
+    if penalties is None or not penalties.active:
+        return None
+    counts = penalties.counts
+    return ((counts, penalties.repetition, penalties.frequency, penalties.presence, tokens, counts.stride(0),
+             tokens.stride(0), tokens.stride(1)),
+            dict(W=width, P0=first, enable_fp_fusion=False))
+
+
 def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, extra_counters: int = 0,
-                 greedy_out: tuple | None = None):
+                 greedy_out: tuple | None = None, pen: tuple | None = None):
     """Launches 0-2 (the zero fill and the selection kernels) for plan = plan_launches(...):
     the standardisation statistics of every distribution. target [B, K+1, V] and draft
     [B, K, V] (the target itself when there are no draft logits) with unit vocab stride,
@@ -95,8 +111,12 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
     thresholds were settled) and ``extra`` int32 zeros [extra_counters] from the same fill (the
     caller's own tickets: one fill launch in all). plan.greedy_tokens (every row greedy): the
     selection launch also writes the tokens into greedy_out = (tokens int32 [B, K+1],
-    num_accepted int32 [B]) (_triton_greedy.py). The finishing launch runs only when plan.finish."""
+    num_accepted int32 [B]) (_triton_greedy.py). The finishing launch runs only when plan.finish.
+    pen: penalty_args(...) (plan.penalties): the penalised variants of the same kernels."""
+    if bool(pen) != plan.penalties:
+        raise ValueError("pass pen = penalty_args(...) exactly when the plan has penalties")
     rows, npos, vocab, k = plan.rows, plan.npos, plan.vocab, plan.k
+    pen_args, pen_kw = pen or ((), {})
     device = target.device
     strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
     token_strides = (draft_tokens.stride(0), draft_tokens.stride(1)) if k else (0, 0)
@@ -132,43 +152,48 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
         candidates = torch.empty((rows, 3, plan.cap), **f32)
         rungs = torch.empty((rows, 8), **f32)
         fills, tickets, stream_tickets = counters[:2 * rows], counters[2 * rows:3 * rows], counters[3 * rows:4 * rows]
-        select_stream_kernel[plan.select_grid](
+        (select_stream_penalised_kernel if pen else select_stream_kernel)[plan.select_grid](
             *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, *greedy[:3], npos,
-            plan.select_chunks, *strides, *token_strides, greedy[3], V=vocab, K=k, CHUNK=plan.select_chunk,
-            BLOCK_V=plan.select_block_v, BLOCK_K=block_k, BLOCK_C=triton.next_power_of_2(plan.select_chunks),
+            plan.select_chunks, *strides, *token_strides, greedy[3], *pen_args, **pen_kw, V=vocab, K=k,
+            CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+            BLOCK_C=triton.next_power_of_2(plan.select_chunks),
             CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
             SAMPLE_SUB=plan.sample_sub, **greedy_flags, LANES=plan.stream_lanes, num_warps=STREAM_NUM_WARPS,
         )
         if plan.finish:  # some row may use top-k / top-p / min-p (the others are done already)
             minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
-            select_finish_kernel[plan.finish_grid](
+            (select_finish_penalised_kernel if pen else select_finish_kernel)[plan.finish_grid](
                 *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
-                npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, V=vocab, K=k,
+                npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, *pen_args, **pen_kw, V=vocab,
+                K=k,
                 CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
                 BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
                 BLOCK_S=plan.sweep_block, FENCE=fence, num_warps=FINISH_NUM_WARPS,
             )
     else:
-        select_small_vocab_kernel[plan.select_grid](
-            *common, m, s2, s3, tkey, amax, *greedy[:3], rows, npos, *strides, *token_strides, greedy[3],
-            V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k,
+        (select_small_vocab_penalised_kernel if pen else select_small_vocab_kernel)[plan.select_grid](
+            *common, m, s2, s3, tkey, amax, *greedy[:3], rows, npos, *strides, *token_strides, greedy[3], *pen_args,
+            **pen_kw, V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k,
             **greedy_flags, num_warps=SMALL_NUM_WARPS,
         )
     return (m, s2, s3, tkey, amax), paths, extra
 
 
 def plan_for(batch: int, k: int, vocab: int, has_draft: bool, device: torch.device, overrides: dict,
-             modes: frozenset | None = None, emits: bool = True):
+             modes: frozenset | None = None, emits: bool = True, penalties: bool = False):
     """plan_launches for this device (SM count; the interpreter's tiles) and the modes known on
-    the host (SamplingTensors.modes)."""
+    the host (SamplingTensors.modes); penalties: the penalised kernels."""
     return plan_launches(batch, k, vocab, has_draft, num_sms=_num_sms(device), interpreting=triton_interpreting(),
-                         modes=modes, emits=emits, **overrides)
+                         modes=modes, emits=emits, penalties=penalties, **overrides)
 
 
-def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, overrides: dict):
+def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, overrides: dict,
+            penalties=None, prefix_tokens=None):
     """target [B, K+1, V], draft [B, K, V] or None, draft_tokens [B, K], positions int64 [B] or
     None (None: noise at position j, the verify step) -> (tokens int32 [B, K+1], num_accepted int32 [B],
-    paths int32 [B * NPOS]: how each distribution's thresholds were settled)."""
+    paths int32 [B * NPOS]: how each distribution's thresholds were settled). penalties:
+    PenaltyTensors or None; prefix_tokens int [B, W] or None (sample only, K = 0): the generated
+    tokens in front of position 0 (the verify's position i sees the drafts before it instead)."""
     batch, k_plus_1, vocab = target.shape
     k = k_plus_1 - 1
     device = target.device
@@ -181,12 +206,18 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         draft_tokens = torch.empty((batch, 1), dtype=torch.int32, device=device)
     has_draft = draft is not None and k > 0
     draft = _vocab_contiguous(draft) if has_draft else target
-    plan = plan_for(batch, k, vocab, has_draft, device, overrides, params.modes)
+    if prefix_tokens is not None and prefix_tokens.shape[1] > 0:  # sample(): the drafts so far
+        pen = penalty_args(penalties, prefix_tokens, prefix_tokens.shape[1], prefix_tokens.shape[1])
+    else:  # chain_verify: position i sees the drafts x_0..x_{i-1} (K = 0: none, never read)
+        pen = penalty_args(penalties, draft_tokens, k, 0)
+    plan = plan_for(batch, k, vocab, has_draft, device, overrides, params.modes, penalties=pen is not None)
     if plan.greedy_tokens:  # every row greedy: the selection launch writes the tokens
-        _, paths, _ = select_stats(target, draft, draft_tokens, params, plan, greedy_out=(tokens, num_accepted))
+        _, paths, _ = select_stats(target, draft, draft_tokens, params, plan, greedy_out=(tokens, num_accepted),
+                                   pen=pen)
         return tokens, num_accepted, paths
     stats, paths, emit_tickets = select_stats(target, draft, draft_tokens, params, plan,
-                                              extra_counters=plan.emit_grid[0])  # one ticket per emission row tile
+                                              extra_counters=plan.emit_grid[0], pen=pen)  # a ticket per row tile
+    pen_args, pen_kw = pen or ((), {})
     m, s2, s3, tkey, amax = stats
     npos = plan.npos
     strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
@@ -201,12 +232,12 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     q_val, r_val = torch.empty((batch, nchunk), **f32), torch.empty((batch, nchunk), **f32)
     q_idx, r_idx, r_any = (torch.empty((batch, nchunk), **i32) for _ in range(3))
     use_positions = positions is not None
-    emit_kernel[plan.emit_grid](
+    (emit_penalised_kernel if pen else emit_kernel)[plan.emit_grid](
         target, draft, draft_tokens, p.temperature, p.min_p, p.seed, p.offset,
         positions if use_positions else p.offset,
         m, s2, s3, tkey, amax, q_val, q_idx, r_val, r_idx, r_any, emit_tickets,
-        tokens, num_accepted, batch, npos, nchunk, stream, *strides, *token_strides, tokens.stride(0),
-        V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
+        tokens, num_accepted, batch, npos, nchunk, stream, *strides, *token_strides, tokens.stride(0), *pen_args,
+        **pen_kw, V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
         FENCE=fence, num_warps=EMIT_NUM_WARPS,
@@ -219,6 +250,7 @@ def chain_verify_triton(
     draft_logits: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     params: SamplingTensors,
+    penalties=None,
     *,
     block_v: int | None = None,
     num_chunks: int | None = None,
@@ -227,13 +259,15 @@ def chain_verify_triton(
     return_paths: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
-    (-1 pads) -> tokens int32 [B, K+1], num_accepted int32 [B]. Inputs are validated by
-    kernels.verify.chain_verify; block_v / num_chunks / cap override the vocab split and the
-    candidate region (tests, tuning); stream_lanes: force the streaming loop (True: per-lane
-    statistics, False: block reductions; None: the plan's choice, _triton_plan.plan_launches). return_paths: also return int32 [B * NPOS], how each distribution's
-    thresholds were settled (_triton_select_stream.py; 0 for small vocabularies)."""
+    (-1 pads), penalties: PenaltyTensors or None -> tokens int32 [B, K+1], num_accepted int32 [B].
+    Inputs are validated by kernels.verify.chain_verify; block_v / num_chunks / cap override the
+    vocab split and the candidate region (tests, tuning); stream_lanes: force the streaming loop
+    (True: per-lane statistics, False: block reductions; None: the plan's choice,
+    _triton_plan.plan_launches). return_paths: also return int32 [B * NPOS], how each
+    distribution's thresholds were settled (_triton_select_stream.py; 0 for small vocabularies)."""
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes)
-    tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides)
+    tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
+                                       penalties)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
 
 
@@ -242,6 +276,8 @@ def sample_triton(
     params: SamplingTensors,
     positions: torch.Tensor,
     stream: int,
+    penalties=None,
+    prefix_tokens: torch.Tensor | None = None,
     *,
     block_v: int | None = None,
     num_chunks: int | None = None,
@@ -249,9 +285,12 @@ def sample_triton(
     stream_lanes: bool | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
-    standardise(logits) with noise keyed by (seed, offset, position, stream)."""
+    standardise(logits) with noise keyed by (seed, offset, position, stream). penalties:
+    PenaltyTensors or None; prefix_tokens int [B, W] (-1 = not a token) or None: the row's
+    generated tokens the counts do not hold yet (the drafts of this iteration so far)."""
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes)
-    tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides)
+    tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
+                        prefix_tokens)
     return tokens[:, 0]

@@ -1,9 +1,12 @@
 """Compile the Triton verify kernels for an sm_90 (H100) target without a GPU: the CPU
 interpreter never runs Triton's compiler, so this is what catches code that only the real
 compiler rejects. Run as a script (TRITON_INTERPRET must be unset before triton is imported);
-prints one line per kernel (with its registers and spills where Triton reports them) and exits
-non-zero on the first failure. The constexprs come from the launch plan of real shapes."""
+prints one line per kernel (with its registers and spills where Triton reports them, and a hash
+of its PTX instructions) and exits non-zero on the first failure. The constexprs come from the
+launch plan of real shapes; with penalties, the penalised variants (kernels/penalties/triton.py)."""
+import hashlib
 import os
+import re
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -13,20 +16,33 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from specdec_fast.kernels.verify import _triton_plan as plans  # noqa: E402
-from specdec_fast.kernels.verify._triton_emit import emit_kernel  # noqa: E402
-from specdec_fast.kernels.verify._triton_select_finish import select_finish_kernel  # noqa: E402
-from specdec_fast.kernels.verify._triton_select_small import select_small_vocab_kernel  # noqa: E402
-from specdec_fast.kernels.verify._triton_select_stream import select_stream_kernel  # noqa: E402
+from specdec_fast.kernels.verify._triton_emit import emit_kernel, emit_penalised_kernel  # noqa: E402
+from specdec_fast.kernels.verify._triton_select_finish import (select_finish_kernel,  # noqa: E402
+                                                               select_finish_penalised_kernel)
+from specdec_fast.kernels.verify._triton_select_small import (select_small_vocab_kernel,  # noqa: E402
+                                                              select_small_vocab_penalised_kernel)
+from specdec_fast.kernels.verify._triton_select_stream import (select_stream_kernel,  # noqa: E402
+                                                               select_stream_penalised_kernel)
 
 POINTER_TYPES = {
     "tokens_ptr": "*i64", "amax_ptr": "*i32", "tkey_ptr": "*i64", "top_k_ptr": "*i32", "seed_ptr": "*i64",
     "offset_ptr": "*i64", "positions_ptr": "*i64", "q_idx_ptr": "*i32", "r_idx_ptr": "*i32", "r_any_ptr": "*i32",
     "num_accepted_ptr": "*i32", "out_ptr": "*i32", "part_i_ptr": "*i32", "fill_ptr": "*i32", "ticket_ptr": "*i32",
-    "paths_ptr": "*i32", "rungs_ptr": "*fp32", "row_ticket_ptr": "*i32",
+    "paths_ptr": "*i32", "rungs_ptr": "*fp32", "row_ticket_ptr": "*i32", "counts_ptr": "*i32", "pen_tokens_ptr": "*i64",
 }
+PENALISED = {select_stream_kernel: select_stream_penalised_kernel, select_finish_kernel: select_finish_penalised_kernel,
+             select_small_vocab_kernel: select_small_vocab_penalised_kernel, emit_kernel: emit_penalised_kernel}
 
 
-def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int):
+def ptx_hash(ptx: str) -> str:
+    """Hash of the PTX instructions: without debug lines (.loc / .file, the debug sections), which
+    name source files and lines and so move when code moves without changing what runs."""
+    body = ptx.split(".section")[0]
+    lines = [line for line in body.splitlines() if line.strip() and not re.match(r"\s*(\.loc|\.file|//|\$L__)", line)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int, options: dict | None = None):
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -38,11 +54,20 @@ def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int):
         else:
             signature[name] = "i32"
     source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **(options or {})})
 
 
-def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, modes):
-    """The kernels the launcher runs for this shape and these host modes (kernel_sequence)."""
+def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, modes, penalties: bool = False):
+    """The kernels the launcher runs for this shape and these host modes (kernel_sequence):
+    (kernel, num_warps, constexprs, compile options)."""
+    for fn, num_warps, constexprs in _jobs(logits_type, batch, k, vocab, has_draft, modes):
+        if penalties:  # the drafts (W = K, P0 = 0), or sample's prefix of 3 (W = P0 = 3, K = 0)
+            yield PENALISED[fn], num_warps, dict(constexprs, W=k or 3, P0=0 if k else 3), dict(enable_fp_fusion=False)
+        else:
+            yield fn, num_warps, constexprs, {}
+
+
+def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, modes):
     plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=132, interpreting=False, modes=modes)
     block_k = triton.next_power_of_2(max(k, 1))
     greedy = dict(GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=plan.has_draft,
@@ -69,24 +94,28 @@ def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mode
         BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True)
 
 
-# (logits dtype, B, K, V, draft logits, host modes): verify at B = 1 and 64, the draft sampler, a small
-# vocabulary (modes unknown: every launch); and the greedy variants (the selection writes the tokens).
+# (logits dtype, B, K, V, draft logits, host modes, penalties): verify at B = 1 and 64, the draft
+# sampler, a small vocabulary (modes unknown: every launch); the greedy variants (the selection
+# writes the tokens); the penalised kernels of the verify and the sampler.
 SHAPES = (
-    ("*bf16", 1, 4, 128256, True, None), ("*bf16", 64, 4, 128256, True, None), ("*fp32", 1, 0, 128256, False, None),
-    ("*fp16", 8, 3, 1000, False, None),
-    ("*bf16", 1, 4, 128256, True, frozenset({"greedy"})), ("*fp32", 1, 0, 128256, False, frozenset({"greedy"})),
-    ("*fp16", 8, 3, 1000, True, frozenset({"greedy"})),
+    ("*bf16", 1, 4, 128256, True, None, False), ("*bf16", 64, 4, 128256, True, None, False),
+    ("*fp32", 1, 0, 128256, False, None, False), ("*fp16", 8, 3, 1000, False, None, False),
+    ("*bf16", 1, 4, 128256, True, frozenset({"greedy"}), False), ("*fp32", 1, 0, 128256, False, frozenset({"greedy"}), False),
+    ("*fp16", 8, 3, 1000, True, frozenset({"greedy"}), False),
+    ("*bf16", 1, 4, 128256, True, None, True), ("*fp32", 1, 0, 128256, False, None, True),
+    ("*fp16", 8, 3, 1000, True, None, True), ("*bf16", 1, 4, 128256, True, frozenset({"greedy"}), True),
 )
 
 
 def main() -> int:
-    for logits_type, batch, k, vocab, has_draft, modes in SHAPES:
-        for fn, num_warps, constexprs in jobs(logits_type, batch, k, vocab, has_draft, modes):
-            kernel = compile_kernel(fn, logits_type, constexprs, num_warps)
+    for logits_type, batch, k, vocab, has_draft, modes, penalties in SHAPES:
+        for fn, num_warps, constexprs, options in jobs(logits_type, batch, k, vocab, has_draft, modes, penalties):
+            kernel = compile_kernel(fn, logits_type, constexprs, num_warps, options)
             meta = getattr(kernel, "metadata", None)
             extra = f" shared={getattr(meta, 'shared', '?')}" if meta is not None else ""
             tag = "" if modes is None else f" modes={'+'.join(sorted(modes))}"
-            print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra}", flush=True)
+            print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra} "
+                  f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
     return 0
 
 

@@ -32,3 +32,17 @@ def test_bench_verify_smoke_writes_the_table(tmp_path):
             assert set(row[table]) == {"triton", "reference", "torch"} | unknown
             assert all(entry["median_us"] > 0 for entry in row[table].values()), row[table]
     assert any(row["threshold_routes"] for row in rows if row["V"] == 600)
+
+
+def test_bench_verify_penalties_runs_on_tiny_shapes():
+    """bench_verify.py --penalties' code (C++ with and without penalties) on one tiny shape."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_verify import run_penalties
+    from tests.kernels.backends import cpp_tested
+
+    if not cpp_tested():
+        pytest.skip("the C++ backend is not tested here")
+    report = run_penalties(None, shapes=[(2, 2, 300)], budget_s=0.01)
+    assert len(report["results"]) == 3 and report["gpu"].startswith("not measured")
+    for row in report["results"]:
+        assert row["verify+penalties"]["median_ms"] > 0 and row["sample_penalties_over_plain"] > 0

@@ -143,6 +143,20 @@ def test_the_key_follows_the_compiler(monkeypatch):
     assert _cpp_build.library_path(key).parent.parent.name == key
 
 
+def test_the_key_follows_every_header(monkeypatch, tmp_path):
+    """A change to any csrc header (penalties.h, included by standardise.h) is a new build key,
+    so the next load_cpu_ops() compiles instead of loading a library built without it."""
+    import shutil
+
+    copy = tmp_path / "csrc"
+    shutil.copytree(_cpp_build.csrc_dir(), copy)
+    monkeypatch.setattr(_cpp_build, "csrc_dir", lambda: copy)
+    key = _cpp_build.build_key()
+    assert {"penalties.h", "standardise.h", "token_pass.h"} <= {p.name for p in _cpp_build._headers()}
+    (copy / "penalties.h").write_text((copy / "penalties.h").read_text() + "\n// changed\n")
+    assert _cpp_build.build_key() != key
+
+
 def test_sources_are_found_beside_the_kernels_folder():
     names = {p.name for p in _cpp_build.sources()}
     assert {"verify.cpp", "paged_attention.cpp", "skinny_linear.cpp"} <= names

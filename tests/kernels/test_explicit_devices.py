@@ -11,6 +11,7 @@ from specdec_fast.kernels._backend import canonical_device
 from specdec_fast.kernels.attention import paged_attention
 from specdec_fast.kernels.cache_ops import append_kv, compact_kv
 from specdec_fast.kernels.linear import skinny_linear, skinny_linear_n
+from specdec_fast.kernels.penalties import add_tokens, make_penalty_tensors
 from specdec_fast.kernels.llama_ops import rms_norm, rope_cos_sin, rope_qk_, silu_mul
 from specdec_fast.kernels.rng import derive_row_seeds, philox, random_bits
 from specdec_fast.kernels.rng.reference import check_offset_range
@@ -44,6 +45,8 @@ def _verify_calls(backend, device):
     per_row = dict(temperature=torch.tensor([0.0, 0.8], device=device), top_k=torch.tensor([0, 5], device=device),
                    seed=torch.tensor([3, 4], device=device), offset=torch.tensor([0, 9], device=device))
     params = make_sampling_tensors(2, device, temperature=0.7, top_p=0.9, seed=11)
+    pen = make_penalty_tensors(torch.tensor([[0, 3], [7, 7]], device=device), 40, repetition_penalty=1.2,
+                               frequency_penalty=0.5, presence_penalty=torch.tensor([0.0, 0.4], device=device))
     verify_impl, sample_impl = prepared_impls(backend, device)
     return {
         "chain_verify int seed": lambda: chain_verify(target, draft, drafts, seed=12345, top_k=9, backend=backend),
@@ -56,6 +59,11 @@ def _verify_calls(backend, device):
                                                  backend=backend, check=False),
         "prepared chain_verify": lambda: verify_impl(target, draft, drafts, params),
         "prepared sample": lambda: sample_impl(target[:, 0], params, torch.zeros(2, dtype=torch.long, device=device), 2),
+        "chain_verify penalties": lambda: chain_verify(target, draft, drafts, seed=5, top_k=9, penalties=pen,
+                                                       backend=backend, check=False),
+        "sample penalties prefix": lambda: sample(target[:, 0], seed=5, penalties=pen, prefix_tokens=drafts,
+                                                  backend=backend, check=False),
+        "prepared penalties": lambda: verify_impl(target, draft, drafts, params, pen),
     }
 
 
@@ -71,6 +79,10 @@ def _sampling_and_rng_calls(device):
         "philox ints and tensors": lambda: philox(torch.arange(4, device=device), 0, 7, 3, 11, 12),
         "random_bits int offset": lambda: random_bits(seeds, 5, 3, 1, torch.arange(6, device=device)[:, None]),
         "check_offset_range": lambda: check_offset_range(torch.tensor([0, 5], device=device)),
+        "make_penalty_tensors": lambda: make_penalty_tensors(torch.tensor([[1, 2]], device=device), 9,
+                                                             repetition_penalty=1.3, frequency_penalty=0.1),
+        "add_tokens": lambda: add_tokens(torch.zeros(1, 9, dtype=torch.int32, device=device),
+                                         torch.tensor([[3, -1, 8]], device=device)),
     }
 
 

@@ -1,6 +1,9 @@
 """The Triton verify kernels compile for an H100 (sm_90) with Triton's real compiler and
-ptxas, on a machine without a GPU (the interpreter used elsewhere in CI never compiles)."""
+ptxas, on a machine without a GPU (the interpreter used elsewhere in CI never compiles); the
+penalty-free kernels compile to the PTX they had before the penalties existed."""
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,5 +26,11 @@ def test_verify_kernels_compile_for_sm90():
     script = Path(__file__).with_name("_compile_verify_kernels.py")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    # 3 shapes x (stream, finish, emit) + the small-vocab pair; greedy: the selection kernel alone (3 shapes)
-    assert done.stdout.count("compiled") == 14
+    # 3 shapes x (stream, finish, emit) + the small-vocab pair; greedy: the selection kernel alone (3 shapes);
+    # penalised: 2 shapes x 3 + the small-vocab pair + greedy's selection
+    assert done.stdout.count("compiled") == 23
+    # The penalty-free kernels' PTX instructions (debug lines aside) equal those recorded at 5fab9c4, before
+    # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
+    hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
+    before = json.loads(Path(__file__).with_name("data").joinpath("verify_ptx_sm90.json").read_text())
+    assert {name: hashes.get(name) for name in before} == before
