@@ -5,16 +5,18 @@ EpsilonLogitsWarper, EtaLogitsWarper, line for line, batched over [B, N, V] rows
 
 The engine uses it only when typical_p, epsilon_cutoff or eta_cutoff is on: it hands the verify
 kernel these float32 logits (-inf = removed) with temperature 1 and truncation off, so the
-kernel samples exactly this distribution. The price is a float32 [B, N, V] pass with two full
-vocabulary sorts (standardise's top-p sorts unconditionally; typical sorts again) instead of the
-fused kernel's streaming pass. Why not fused: typical needs the entropy of the distribution
+kernel samples exactly this distribution. The price is float32 [B, N, V] passes with full vocabulary
+sorts (standardise sorts for top-k and top-p whatever the parameters; typical sorts once more)
+instead of the fused kernel's streaming pass. Why not fused: typical needs the entropy of the distribution
 after top-p and a sort by |-log p - H|, eta needs that entropy, epsilon the maximum after top-p:
 each is another reduction over the vocabulary after the truncation the kernel settles in its
 finishing launch, i.e. at least one more pass per warper inside the kernel, for options that are
-rarely used. Measured on the CPU (2 cores, torch 2.13, V = 32000, N = 5), standardise_all with
-top_p 0.9 + typical_p 0.9 + epsilon + eta vs standardise alone (top_p 0.9):
-    B = 1:  10.7 ms vs  7.3 ms        B = 8:  87 ms vs 60 ms
-(bench/bench_processing.py; dominated by the float32 sorts, ~1.4 ms per [5, 32000] sort).
+rarely used. Measured on the CPU (shared 2-core VM, 1 thread, torch 2.13, float32, V = 32000,
+N = 5; min of 15 calls, bench/bench_processing.py -> bench/results/processing_cpu.json):
+    standardise (top_k 50, top_p 0.9)                      B = 1:  18 ms     B = 8: 158 ms
+    standardise_all (same + typical 0.9, epsilon, eta)     B = 1:  22 ms     B = 8: 219 ms
+i.e. about one more sort (typical's): a [5, 32000] float32 sort alone is 11.8 ms there, a
+softmax 0.06 ms; the sorts are the cost.
 
 Host-sync free and static-shaped (Categorical's argument validation, which reads the logits on
 the host, is replaced by its formula).
