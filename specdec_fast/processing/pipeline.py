@@ -31,7 +31,8 @@ from numbers import Integral
 
 import torch
 
-from .masks import SuppressTokens, begin_suppress_mask, min_length_mask, min_new_tokens_mask, nonnegative_int, token_list
+from .masks import (SuppressTokens, begin_suppress_mask, min_length_mask, min_new_tokens_mask, nonnegative_int,
+                    token_list)
 from .ngram import NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes
@@ -82,8 +83,10 @@ class LogitsProcessing:
         penalties_here  the penalties run in apply_; kernel_penalties: what the kernel applies
         warpers_here    sampling with typical_p / epsilon_cutoff / eta_cutoff: call standardise()
                         and give the kernel temperature 1, no truncation
-        wants_float32   an additive step runs (sequence_bias, penalties, user code): transformers
-                        processes a float32 copy, so pass float32 logits for its exact values
+        wants_float32   a step computes new values (sequence_bias, penalties here, user code):
+                        transformers processes a float32 copy, so pass float32 logits for its
+                        exact values (other dtypes round at each such step; the -inf masks are
+                        exact in any dtype)
     """
 
     def __init__(self, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
@@ -97,68 +100,71 @@ class LogitsProcessing:
         self.vocab_size, self.prompt_width, self.device = int(vocab_size), int(prompt_width), torch.device(device)
         self._init_args = dict(prompt_width=prompt_width, device=device, logits_processor=logits_processor,
                                kernel_penalties=kernel_penalties, **options)
-        opt = {name: options.get(name) if options.get(name) is not None else default for name, default in OPTIONS.items()}
+        opt = {name: default if options.get(name) is None else options[name] for name, default in OPTIONS.items()}
+        penalties = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"], opt["presence_penalty"])
+        self.typical_p, self.epsilon_cutoff, self.eta_cutoff = check_warpers(
+            opt["typical_p"], opt["epsilon_cutoff"], opt["eta_cutoff"])
+        self.do_sample = bool(opt["do_sample"])
+        self.warpers_here = self.do_sample and (self.typical_p < 1 or self.epsilon_cutoff > 0 or self.eta_cutoff > 0)
+
+        stages = self._merge_users(self._builtins(opt, penalties), list(logits_processor or []))
+        self.graph_safe = not any(isinstance(s, UserProcessors) for s in stages)
+        self.graph_note = None if self.graph_safe else UserProcessors.graph_note
+        penalty_stage = next((s for s in stages if isinstance(s, _Penalties)), None)
+        self.penalties_here = penalty_stage is not None and (not kernel_penalties or not self.graph_safe
+                                                             or self.warpers_here)
+        self.kernel_penalties = dict(NEUTRAL_PENALTIES)
+        if penalty_stage is not None and not self.penalties_here:  # the kernel applies them, after all of these
+            stages.remove(penalty_stage)
+            self.kernel_penalties = dict(zip(NEUTRAL_PENALTIES, penalties))
+        self.stages = self._group_users(stages)
+        self.active = bool(self.stages)
+        self.wants_float32 = any(isinstance(s, (_Penalties, UserProcessors))
+                                 or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
+
+    def _builtins(self, opt: dict, penalties: tuple) -> list:
+        """[(transformers class name, stage)] for the options that are on, in transformers' order."""
         V, P, dev = self.vocab_size, self.prompt_width, self.device
         eos = _eos_list(opt["eos_token_id"])
-        repetition, frequency, presence = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"],
-                                                          opt["presence_penalty"])
-        self.typical_p, self.epsilon_cutoff, self.eta_cutoff = check_warpers(opt["typical_p"], opt["epsilon_cutoff"],
-                                                                             opt["eta_cutoff"])
-        self.do_sample = bool(opt["do_sample"])
         ngram = check_ngram_size(opt["no_repeat_ngram_size"])
         min_length = nonnegative_int(opt["min_length"], "min_length")
-        min_new = opt["min_new_tokens"]
-        min_new = 0 if min_new is None else nonnegative_int(min_new, "min_new_tokens")
-
-        # (transformers class name, stage) in transformers' order; stage None = not built
+        min_new = 0 if opt["min_new_tokens"] is None else nonnegative_int(opt["min_new_tokens"], "min_new_tokens")
         slots = []
         if opt["sequence_bias"] is not None:
-            slots.append(("SequenceBiasLogitsProcessor", SequenceBias(parse_sequence_bias(opt["sequence_bias"], V), V, dev)))
-        penalties = (repetition, frequency, presence) != (1.0, 0.0, 0.0)
-        if penalties:
-            slots.append(("RepetitionPenaltyLogitsProcessor", _Penalties(P, repetition, frequency, presence)))
+            slots.append(("SequenceBiasLogitsProcessor",
+                          SequenceBias(parse_sequence_bias(opt["sequence_bias"], V), V, dev)))
+        if penalties != tuple(NEUTRAL_PENALTIES.values()):
+            slots.append(("RepetitionPenaltyLogitsProcessor", _Penalties(P, *penalties)))
         if ngram > 0:
             slots.append(("NoRepeatNGramLogitsProcessor", NoRepeatNGram(ngram)))
         if opt["bad_words_ids"] is not None:
-            slots.append(("NoBadWordsLogitsProcessor", SequenceBias(parse_bad_words(opt["bad_words_ids"], V, eos), V, dev)))
-        if eos and min_length > 0:
+            slots.append(("NoBadWordsLogitsProcessor",
+                          SequenceBias(parse_bad_words(opt["bad_words_ids"], V, eos), V, dev)))
+        if eos and min_length > 0:  # transformers builds the two EOS masks only with an EOS id
             slots.append(("MinLengthLogitsProcessor", min_length_mask(eos, min_length, V, dev)))
         if eos and min_new > 0:
             slots.append(("MinNewTokensLengthLogitsProcessor", min_new_tokens_mask(eos, P, min_new, V, dev)))
         if opt["suppress_tokens"] is not None:
-            slots.append(("SuppressTokensLogitsProcessor", SuppressTokens(token_list(opt["suppress_tokens"],
-                                                                                     "suppress_tokens"), V, dev)))
+            ids = token_list(opt["suppress_tokens"], "suppress_tokens")
+            slots.append(("SuppressTokensLogitsProcessor", SuppressTokens(ids, V, dev)))
         if opt["begin_suppress_tokens"] is not None:
             ids = token_list(opt["begin_suppress_tokens"], "begin_suppress_tokens")
             slots.append(("SuppressTokensAtBeginLogitsProcessor",
                           begin_suppress_mask(ids, P, V, dev, opt["forced_bos_token_id"])))
+        return slots
 
-        # transformers' merge: a user processor of a built-in's exact class replaces it in place
-        users = list(logits_processor or [])
-        merged, used = [], set()
+    @staticmethod
+    def _merge_users(slots: list, users: list) -> list:
+        """transformers' _merge_criteria_processor_list: a user processor of a built-in's exact
+        class takes that built-in's slot; the other user processors follow the built-ins."""
+        stages, used = [], set()
         for name, stage in slots:
             custom = next((u for u in users if type(u).__name__ == name
                            and type(u).__module__.startswith("transformers.")), None)
-            merged.append(UserProcessors([custom]) if custom is not None else stage)
             if custom is not None:
                 used.add(id(custom))
-        merged += [UserProcessors([u]) for u in users if id(u) not in used]
-
-        self.warpers_here = self.do_sample and (self.typical_p < 1 or self.epsilon_cutoff > 0 or self.eta_cutoff > 0)
-        self.graph_safe = not any(isinstance(s, UserProcessors) for s in merged)
-        penalty_stage = next((s for s in merged if isinstance(s, _Penalties)), None)
-        self.penalties_here = penalty_stage is not None and (not kernel_penalties or not self.graph_safe
-                                                             or self.warpers_here)
-        if penalty_stage is not None and not self.penalties_here:
-            merged.remove(penalty_stage)
-            self.kernel_penalties = dict(repetition_penalty=repetition, frequency_penalty=frequency,
-                                         presence_penalty=presence)
-        else:
-            self.kernel_penalties = dict(NEUTRAL_PENALTIES)
-        self.stages = self._group_users(merged)
-        self.active = bool(self.stages)
-        self.graph_note = None if self.graph_safe else UserProcessors.graph_note
-        self.wants_float32 = any(isinstance(s, (SequenceBias, _Penalties, UserProcessors)) for s in self.stages)
+            stages.append(stage if custom is None else UserProcessors([custom]))
+        return stages + [UserProcessors([u]) for u in users if id(u) not in used]
 
     @staticmethod
     def _group_users(stages: list) -> list:

@@ -73,6 +73,8 @@ class SequenceBias:
         single = {ids[0]: b for ids, b in biases.items() if len(ids) == 1}
         multi = [(ids, b) for ids, b in biases.items() if len(ids) > 1]
         self.vocab_size = vocab_size
+        # any bias but -inf rounds differently in another dtype than transformers' float32 copy
+        self.rounds = any(b != float("-inf") for b in biases.values())
         self.single_ids = torch.tensor(sorted(single), dtype=torch.long, device=device) if single else None
         self.single_bias = (torch.tensor([single[t] for t in sorted(single)], dtype=torch.float32, device=device)
                             if single else None)
