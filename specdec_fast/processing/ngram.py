@@ -6,16 +6,20 @@ prefix's last n - 1 tokens bans its last token (-inf). n = 1 bans every token of
 On the device: the n-grams are the windows of Prefixes.ext (the row's tokens with this
 iteration's drafts in place, [B, T + D]); position i of a row keeps the windows that end inside
 its prefix (start + n <= length[b, i]) and match its last n - 1 tokens: a [B, N, T + D, n - 1]
-comparison, then one scatter_reduce_(amin) of -inf (matches) / +inf (the rest: no change) into
-the logits, so only the B * N * (T + D) candidate entries are touched and equal bans collide
-harmlessly (amin is order-free). The whole buffer width T is scanned every call (static shape):
-O(B * N * T * n) integer compares.
+comparison, then a scatter_ of True into a ban mask [B, N, V + SPARE] (matches at their token,
+the rest spread over SPARE columns past the vocabulary) and one masked_fill_ of the logits, as
+transformers does it. Plain stores, no atomics: a scatter_reduce_(amin) straight into the logits
+would skip the mask, but on CUDA it is a compare-and-swap loop per entry, and the non-matching
+windows (almost all of B * N * T) would pile onto a few addresses. The whole buffer width T is
+scanned every call (static shape): O(B * N * T * n) integer compares.
 """
 from numbers import Integral
 
 import torch
 
 from .prefix import Prefixes
+
+SPARE = 64  # columns past the vocabulary that absorb the non-matching windows' stores
 
 
 def check_ngram_size(value) -> int:
@@ -40,7 +44,8 @@ class NoRepeatNGram:
         query = prefixes.last(n - 1)  # [B, N, n - 1]
         match = (windows[:, None, :, : n - 1] == query[:, :, None, :]).all(-1) & inside  # [B, N, S]
         banned = windows[:, None, :, n - 1].expand_as(match)  # [B, N, S]
-        in_vocab = (banned >= 0) & (banned < vocab)
-        index = torch.where(in_vocab, banned, 0)
-        value = torch.where(match & in_vocab, float("-inf"), float("inf")).to(logits.dtype)
-        logits.scatter_reduce_(2, index, value, "amin")
+        ban = match & (banned >= 0) & (banned < vocab)
+        index = torch.where(ban, banned, vocab + starts % SPARE)
+        mask = torch.zeros(*logits.shape[:2], vocab + SPARE, dtype=torch.bool, device=logits.device)
+        mask.scatter_(2, index, True)
+        logits.masked_fill_(mask[..., :vocab], float("-inf"))

@@ -14,14 +14,15 @@ oracle of the fused one.
     presence_penalty    vLLM's: logit -= p * (count > 0)        (after frequency, as vLLM)
                         where the generated tokens are prefix[P:] (this iteration's drafts included)
 
-Device-side and sync-free, but not cheap: counts [B, N, V + 1] int32 by scatter_add_ and one
-float32 [B, N, V] pass; logits of another dtype are processed in float32 and rounded once.
+Device-side and sync-free, but not cheap: counts [B, N, V + SPARE] int32 by scatter_add_ and
+float32 [B, N, V] passes; logits of another dtype are processed in float32 and rounded once.
 """
 import math
 from numbers import Real
 
 import torch
 
+from .ngram import SPARE
 from .prefix import Prefixes
 
 
@@ -47,15 +48,17 @@ def token_counts(prefixes: Prefixes, begin: torch.Tensor, vocab_size: int) -> to
     n, dev = prefixes.n, ext.device
     j = torch.arange(width, device=dev)[None, :]
     in_seq = (j >= begin[:, None]) & (j < end[:, None]) & (ext >= 0) & (ext < vocab_size)  # [B, T + D]
-    base = torch.zeros(batch, vocab_size + 1, dtype=torch.int32, device=dev)
-    base.scatter_add_(1, torch.where(in_seq, ext, vocab_size), torch.ones_like(ext, dtype=torch.int32))
-    counts = base[:, None, :].repeat(1, n, 1)  # [B, N, V + 1]
+    # slots outside the range count into SPARE columns past the vocabulary, spread (on CUDA each
+    # is an atomic add: most of a long buffer would otherwise hit one address)
+    base = torch.zeros(batch, vocab_size + SPARE, dtype=torch.int32, device=dev)
+    base.scatter_add_(1, torch.where(in_seq, ext, vocab_size + j % SPARE), torch.ones_like(ext, dtype=torch.int32))
+    counts = base[:, None, :].repeat(1, n, 1)  # [B, N, V + SPARE]
     num_drafts = drafts.shape[1]
     if num_drafts:
         d = torch.arange(num_drafts, device=dev)
         seen = d[None, None, :] < (prefixes.first + prefixes.positions)[None, :, None]  # [1, N, D]
         real = (drafts >= 0) & (drafts < vocab_size) & (end[:, None] + d[None, :] >= begin[:, None])  # [B, D]
-        index = torch.where(seen & real[:, None, :], drafts[:, None, :], vocab_size)  # [B, N, D]
+        index = torch.where(seen & real[:, None, :], drafts[:, None, :], vocab_size + d % SPARE)  # [B, N, D]
         counts.scatter_add_(2, index, torch.ones_like(index, dtype=torch.int32))
     return counts[..., :vocab_size]
 
