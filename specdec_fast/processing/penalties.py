@@ -14,15 +14,14 @@ oracle of the fused one.
     presence_penalty    vLLM's: logit -= p * (count > 0)        (after frequency, as vLLM)
                         where the generated tokens are prefix[P:] (this iteration's drafts included)
 
-Device-side and sync-free, but not cheap: counts [B, N, V + SPARE] int32 by scatter_add_ and
-float32 [B, N, V] passes; logits of another dtype are processed in float32 and rounded once.
+Device-side and sync-free, but not cheap: counts [B, N, V] int32 by scatter_add_ and float32
+[B, N, V] passes; logits of another dtype are processed in float32 and rounded once.
 """
 import math
 from numbers import Real
 
 import torch
 
-from .ngram import SPARE
 from .prefix import Prefixes
 
 
@@ -48,19 +47,20 @@ def token_counts(prefixes: Prefixes, begin: torch.Tensor, vocab_size: int) -> to
     n, dev = prefixes.n, ext.device
     j = torch.arange(width, device=dev)[None, :]
     in_seq = (j >= begin[:, None]) & (j < end[:, None]) & (ext >= 0) & (ext < vocab_size)  # [B, T + D]
-    # slots outside the range count into SPARE columns past the vocabulary, spread (on CUDA each
-    # is an atomic add: most of a long buffer would otherwise hit one address)
-    base = torch.zeros(batch, vocab_size + SPARE, dtype=torch.int32, device=dev)
-    base.scatter_add_(1, torch.where(in_seq, ext, vocab_size + j % SPARE), torch.ones_like(ext, dtype=torch.int32))
-    counts = base[:, None, :].repeat(1, n, 1)  # [B, N, V + SPARE]
+    # Slots outside the range add 0 to some column, spread by their index (j % V): no spare
+    # column, and on CUDA (an atomic add each) no pile-up of most of a long buffer on one address.
+    base = torch.zeros(batch, vocab_size, dtype=torch.int32, device=dev)
+    base.scatter_add_(1, torch.where(in_seq, ext, j % vocab_size), in_seq.to(torch.int32))
+    counts = base[:, None, :].repeat(1, n, 1)  # [B, N, V]
     num_drafts = drafts.shape[1]
     if num_drafts:
         d = torch.arange(num_drafts, device=dev)
         seen = d[None, None, :] < (prefixes.first + prefixes.positions)[None, :, None]  # [1, N, D]
         real = (drafts >= 0) & (drafts < vocab_size) & (end[:, None] + d[None, :] >= begin[:, None])  # [B, D]
-        index = torch.where(seen & real[:, None, :], drafts[:, None, :], vocab_size + d % SPARE)  # [B, N, D]
-        counts.scatter_add_(2, index, torch.ones_like(index, dtype=torch.int32))
-    return counts[..., :vocab_size]
+        counted = seen & real[:, None, :]  # [B, N, D]
+        index = torch.where(counted, drafts[:, None, :], d % vocab_size)
+        counts.scatter_add_(2, index, counted.to(torch.int32))
+    return counts
 
 
 def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width: int, repetition_penalty: float = 1.0,
@@ -72,10 +72,17 @@ def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width: 
     x = logits.float()
     if repetition_penalty != 1.0:
         begin = torch.zeros(batch, dtype=torch.long, device=dev) if start is None else start.long()
-        seen = token_counts(prefixes, begin, vocab) > 0
-        x = torch.where(seen, torch.where(x < 0, x * repetition_penalty, x / repetition_penalty), x)
+        seen = (token_counts(prefixes, begin, vocab) > 0).float()
+        # x * p where seen and x < 0, x / p where seen and x >= 0, else x: as x * f1 / f2 with
+        # f = m * p + (1 - m), m in {0, 1}: exactly p or 1, so the result is bit-for-bit
+        # transformers' where(x < 0, x * p, x / p). Not torch.where: a bool-masked select runs
+        # ~45x slower than a float multiply on the CPU here (4.6 ms vs 0.1 ms on [8, 5, 32000]).
+        below = seen * (x < 0).float()
+        above = seen - below
+        x = x * (below * repetition_penalty + (1 - below)) / (above * repetition_penalty + (1 - above))
     if frequency_penalty != 0.0 or presence_penalty != 0.0:
-        counts = token_counts(prefixes, torch.full((batch,), prompt_width, dtype=torch.long, device=dev), vocab)
+        begin = torch.full((batch,), prompt_width, dtype=torch.long, device=dev)
+        counts = token_counts(prefixes, begin, vocab).float()  # float once: int32 * float ran ~10x slower
         if frequency_penalty != 0.0:
             x = x - frequency_penalty * counts
         if presence_penalty != 0.0:
