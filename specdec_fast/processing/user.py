@@ -19,17 +19,15 @@ GRAPH_NOTE = ("a user logits_processor runs eagerly on the host per row and posi
               "which a CUDA graph cannot replay")
 
 
-def _call_list(processors, input_ids, scores):
-    """LogitsProcessorList.__call__ without kwargs, as transformers' _sample calls it."""
+def _check_arity(processor) -> None:
+    """transformers' LogitsProcessorList passes extra kwargs only to processors that take more
+    than (input_ids, scores), and generate() passes none: such a processor raises there."""
     import inspect
 
-    for processor in processors:
-        args = inspect.signature(processor.__call__).parameters
-        if len(args) > 2:
-            raise ValueError(f"logits_processor {type(processor).__name__} needs arguments {list(args)[2:]} "
-                             "that generate() does not pass")
-        scores = processor(input_ids, scores)
-    return scores
+    args = inspect.signature(processor.__call__).parameters
+    if len(args) > 2:
+        raise ValueError(f"logits_processor {type(processor).__name__} takes arguments {list(args)[2:]} beyond "
+                         "(input_ids, scores), which generate() does not pass")
 
 
 class UserProcessors:
@@ -43,6 +41,7 @@ class UserProcessors:
         for p in self.processors:
             if not callable(p):
                 raise ValueError(f"logits_processor entries must be callable LogitsProcessors, got {p!r}")
+            _check_arity(p)
 
     def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
         """logits [B, N, V]: every real position processed in place (host loop)."""
@@ -54,5 +53,7 @@ class UserProcessors:
                 if any(t < 0 for t in drafts[b][:seen]):
                     break  # padded draft: this and later positions are never emitted
                 input_ids = torch.cat([seq[b, :end], drafts_dev[b, :seen]])[None, :]
-                scores = _call_list(self.processors, input_ids, logits[b, i][None, :].float())
+                scores = logits[b, i][None, :].float()
+                for processor in self.processors:  # LogitsProcessorList.__call__, as _sample calls it
+                    scores = processor(input_ids, scores)
                 logits[b, i] = scores[0]

@@ -81,3 +81,15 @@ def test_nothing_active():
     assert not processing.active and processing.graph_safe
     logits = case.logits.clone()
     assert processing.apply_(logits, case.seq, case.end, case.drafts) is logits and torch.equal(logits, case.logits)
+
+
+def test_a_processor_that_needs_more_arguments_raises_like_transformers():
+    class NeedsBeams(lp.LogitsProcessor):
+        def __call__(self, input_ids, scores, beam_scores):
+            return scores
+
+    case = random_case(0)
+    with pytest.raises(ValueError, match="beam_scores"):
+        build(case, [NeedsBeams()])
+    with pytest.raises(ValueError):  # transformers' own list raises on the call generate makes
+        lp.LogitsProcessorList([NeedsBeams()])(case.seq[:1], case.logits[0, :1])
