@@ -46,8 +46,7 @@ def test_no_repeat_ngram(seed, size):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_bad_words(seed):
     case = random_case(seed)
-    bad = [[5], [EOS], [2, 4], [1, 1, 6], [7, EOS], [PAD_AND_ONE := 0, 1]]  # [EOS] alone is dropped; pads match
-    assert PAD_AND_ONE == 0
+    bad = [[5], [EOS], [2, 4], [1, 1, 6], [7, EOS], [0, 1]]  # [EOS] alone is dropped; 0 is the pad id: pads match
     check(case, lambda b: hf(lp.NoBadWordsLogitsProcessor(bad, eos_token_id=EOS)), bad_words_ids=bad, eos_token_id=EOS)
 
 
