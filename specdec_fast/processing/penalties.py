@@ -1,9 +1,9 @@
 """Repetition, frequency and presence penalties per speculative position, in plain torch.
 
-The verify kernels apply repetition_penalty fused (another path); this is the in-order version
-that the eager pipeline needs when something must run after the penalty and before the kernel
-(a user's logits processor, typical_p / epsilon / eta: LogitsProcessing decides), and the
-oracle of the fused one.
+A verify kernel may apply the penalties fused (LogitsProcessing's fused_penalties); this is the
+in-order version, which LogitsProcessing runs by default and whenever something must run after
+the penalty and before the kernel (a user's logits processor, typical_p / epsilon / eta), and
+the oracle of a fused one.
 
     repetition_penalty  transformers' RepetitionPenaltyLogitsProcessor as generate() builds it:
                         every token of the prefix from ``start`` (generate passes the left-pad

@@ -16,7 +16,8 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
     then, when sampling, the warpers: temperature -> top_k -> top_p -> min_p in the verify kernel,
     or all of them and typical_p -> epsilon_cutoff -> eta_cutoff in standardise_all (warpers.py)
 
-Where the penalties run: the verify kernels apply them fused, after everything here; that equals
+Where the penalties run: a verify kernel that applies them fused (fused_penalties=True) does so
+after everything here; that equals
 transformers' order because every step after the penalty slot only sets logits to -inf, which
 the penalties keep at -inf. It stops being equal when something after that slot is not a mask
 (a user processor) or when the warpers run here (standardise_all: the kernel's penalty would
@@ -75,7 +76,8 @@ class LogitsProcessing:
     vocab_size: V of the logits it will process (the draft may need its own: with_vocab);
     prompt_width: P, the padded prompt width (transformers' input_ids_seq_length);
     options: transformers' names (OPTIONS; None = off); logits_processor: the user's list;
-    kernel_penalties: the verify kernel can apply the penalties fused (module docstring).
+    fused_penalties: the caller's verify kernel can apply the penalties fused (module docstring);
+    False (the default): they always run here, in their slot.
 
     Attributes for the caller:
         active          apply_ has something to do
@@ -90,7 +92,7 @@ class LogitsProcessing:
     """
 
     def __init__(self, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
-                 kernel_penalties: bool = True, **options):
+                 fused_penalties: bool = False, **options):
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise ValueError(f"unknown logits processing option(s) {unknown}; known: {sorted(OPTIONS)}")
@@ -99,7 +101,7 @@ class LogitsProcessing:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.vocab_size, self.prompt_width, self.device = int(vocab_size), int(prompt_width), torch.device(device)
         self._init_args = dict(prompt_width=prompt_width, device=device, logits_processor=logits_processor,
-                               kernel_penalties=kernel_penalties, **options)
+                               fused_penalties=fused_penalties, **options)
         opt = {name: default if options.get(name) is None else options[name] for name, default in OPTIONS.items()}
         penalties = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"], opt["presence_penalty"])
         self.typical_p, self.epsilon_cutoff, self.eta_cutoff = check_warpers(
@@ -111,7 +113,7 @@ class LogitsProcessing:
         self.graph_safe = not any(isinstance(s, UserProcessors) for s in stages)
         self.graph_note = None if self.graph_safe else UserProcessors.graph_note
         penalty_stage = next((s for s in stages if isinstance(s, _Penalties)), None)
-        self.penalties_here = penalty_stage is not None and (not kernel_penalties or not self.graph_safe
+        self.penalties_here = penalty_stage is not None and (not fused_penalties or not self.graph_safe
                                                              or self.warpers_here)
         self.kernel_penalties = dict(NEUTRAL_PENALTIES)
         if penalty_stage is not None and not self.penalties_here:  # the kernel applies them, after all of these
@@ -179,7 +181,7 @@ class LogitsProcessing:
 
     @classmethod
     def from_options(cls, config, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
-                     kernel_penalties: bool = True) -> "LogitsProcessing":
+                     fused_penalties: bool = False) -> "LogitsProcessing":
         """From a GenerationConfig or a dict of resolved options (transformers' names). Like
         generate(): min_new_tokens, when given, sets min_length = min_new_tokens + P
         (_prepare_generated_length)."""
@@ -188,7 +190,7 @@ class LogitsProcessing:
         if options.get("min_new_tokens") is not None:
             options["min_length"] = nonnegative_int(options["min_new_tokens"], "min_new_tokens") + prompt_width
         return cls(vocab_size=vocab_size, prompt_width=prompt_width, device=device, logits_processor=logits_processor,
-                   kernel_penalties=kernel_penalties, **options)
+                   fused_penalties=fused_penalties, **options)
 
     def with_vocab(self, vocab_size: int) -> "LogitsProcessing":
         """The same options for logits of another vocabulary size (e.g. the draft model's)."""

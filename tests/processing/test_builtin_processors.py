@@ -14,7 +14,7 @@ SEEDS = range(4)
 
 def run(case, **options):
     processing = LogitsProcessing(vocab_size=case.logits.shape[-1], prompt_width=case.prompt_width, device="cpu",
-                                  kernel_penalties=False, **options)
+                                  fused_penalties=False, **options)
     assert processing.active and processing.graph_safe
     return processing.apply_(case.logits.clone(), case.seq, case.end, case.drafts, start=case.start)
 
@@ -134,7 +134,7 @@ def test_get_logits_processor_of_a_generation_config():
 
     assert len(make(0)) == 8
     processing = LogitsProcessing.from_options(dict(options, eos_token_id=EOS), vocab_size=64, prompt_width=P,
-                                               device="cpu", kernel_penalties=False)
+                                               device="cpu", fused_penalties=False)
     expected, valid = oracle(make, case)
     assert_same(processing.apply_(case.logits.clone(), case.seq, case.end, case.drafts, start=case.start),
                 expected, valid)

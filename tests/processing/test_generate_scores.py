@@ -49,7 +49,7 @@ def test_processed_logits_equal_generate_scores(model, name, sampling):
     steps = raw.shape[1]
     processing = LogitsProcessing.from_options(dict(options, eos_token_id=EOS, **(SAMPLING if sampling else {})),
                                                vocab_size=VOCAB, prompt_width=width, device="cpu",
-                                               kernel_penalties=False)
+                                               fused_penalties=False)
     start = width - mask.sum(1)
     params = make_sampling_tensors(batch, "cpu", temperature=0.8, top_k=40, top_p=0.95, min_p=0.02)
     seq = torch.cat([sequences, torch.zeros(batch, N, dtype=torch.long)], 1)  # slack past the last step

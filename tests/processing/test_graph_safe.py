@@ -68,7 +68,7 @@ def cases(n=4, count=4):
 
 def processing_for(case, **extra):
     return LogitsProcessing(vocab_size=case.logits.shape[-1], prompt_width=case.prompt_width, device="cpu",
-                            kernel_penalties=False, **EVERYTHING, **extra)
+                            fused_penalties=False, **EVERYTHING, **extra)
 
 
 @pytest.mark.parametrize("n", [1, 4])

@@ -26,7 +26,7 @@ class LastTokenBoost(lp.LogitsProcessor):
 
 def build(case, users, **options):
     return LogitsProcessing(vocab_size=case.logits.shape[-1], prompt_width=case.prompt_width, device="cpu",
-                            logits_processor=users, **options)
+                            logits_processor=users, fused_penalties=True, **options)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -70,6 +70,8 @@ def test_without_user_processors_the_kernel_takes_the_penalties():
     processing = build(case, None, repetition_penalty=1.2, suppress_tokens=[3])
     assert processing.graph_safe and processing.graph_note is None and not processing.penalties_here
     assert processing.kernel_penalties == dict(repetition_penalty=1.2, frequency_penalty=0.0, presence_penalty=0.0)
+    unfused = LogitsProcessing(vocab_size=50, prompt_width=case.prompt_width, device="cpu", repetition_penalty=1.2)
+    assert unfused.penalties_here and unfused.kernel_penalties["repetition_penalty"] == 1.0  # the default
     sampled = build(case, None, repetition_penalty=1.2, do_sample=True, typical_p=0.9)
     assert sampled.warpers_here and sampled.penalties_here  # the kernel's penalty would follow the warpers
     assert not build(case, None, repetition_penalty=1.2, typical_p=0.9).warpers_here  # greedy: no warpers
