@@ -1,7 +1,7 @@
 """What the logits processors (specdec_fast/processing/) cost per call, per step.
 
 Per call on logits [B, N, V] (N = 5 positions: K = 4 drafts), V = 32000, a 1024-token prefix
-(seq buffer 1024 + N + 1 wide), batch 1 and 8, float32, median and min of --calls after one warm-up:
+(seq buffer 1024 + N + 1 wide), batch 1 and 8, float32, median and min of --calls after one warm-up (the two standardise rows alternated):
     standardise        kernels/verify/reference.py's standardise (temperature, top_k 50, top_p 0.9)
     standardise_all    the same + typical_p 0.9 + epsilon_cutoff 3e-4 + eta_cutoff 1e-3
     one built-in processor at a time (LogitsProcessing.apply_), the chat-template combination
@@ -54,6 +54,23 @@ def timed(fn, device, calls: int) -> tuple:
     return statistics.median(times), min(times)
 
 
+def timed_pair(fa, fb, device, calls: int) -> tuple:
+    """((median, min) of fa, (median, min) of fb), the two calls alternated so that the machine's
+    load drifts hit both alike."""
+    times = ([], [])
+    for i in range(calls + 1):
+        for k, fn in enumerate((fa, fb)):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:
+                times[k].append(time.perf_counter() - start)
+    return tuple((statistics.median(t), min(t)) for t in times)
+
+
 def run(args) -> dict:
     from specdec_fast.kernels.sampling_params import make_sampling_tensors
     from specdec_fast.kernels.verify.reference import standardise
@@ -73,18 +90,21 @@ def run(args) -> dict:
         params = make_sampling_tensors(batch, device, temperature=0.8, top_k=50, top_p=0.9)
         work = logits.clone()
 
-        def row(name, fn):
-            median, best = (t * 1e3 for t in timed(fn, device, args.calls))
+        def row(name, fn, measured=None):
+            median, best = (t * 1e3 for t in (measured or timed(fn, device, args.calls)))
             rows.append(dict(batch=batch, name=name, median_ms=round(median, 3), min_ms=round(best, 3)))
             print(f"B={batch:2d}  {name:44s} median {median:8.2f} ms   min {best:8.2f} ms", flush=True)
 
-        row("standardise (top_k + top_p)", lambda: standardise(logits, params))
-        row("standardise_all (+ typical + epsilon + eta)",
-            lambda: standardise_all(logits, params, typical_p=0.9, epsilon_cutoff=3e-4, eta_cutoff=1e-3))
+        plain, every = timed_pair(
+            lambda: standardise(logits, params),
+            lambda: standardise_all(logits, params, typical_p=0.9, epsilon_cutoff=3e-4, eta_cutoff=1e-3),
+            device, args.calls)
+        row("standardise (top_k + top_p)", None, plain)
+        row("standardise_all (+ typical + epsilon + eta)", None, every)
         row("logits.clone() (one [B, N, V] copy)", lambda: logits.clone())
         for name, options in PROCESSORS.items():
             processing = LogitsProcessing(vocab_size=VOCAB, prompt_width=PROMPT, device=device, eos_token_id=2,
-                                          kernel_penalties=False, **options)
+                                          **options)
             row(name, lambda p=processing: p.apply_(work.copy_(logits), seq, end, drafts, start=start))
         user = LogitsProcessing(vocab_size=VOCAB, prompt_width=PROMPT, device=device,
                                 logits_processor=[lambda ids, scores: scores])

@@ -11,12 +11,13 @@ instead of the fused kernel's streaming pass. Why not fused: typical needs the e
 after top-p and a sort by |-log p - H|, eta needs that entropy, epsilon the maximum after top-p:
 each is another reduction over the vocabulary after the truncation the kernel settles in its
 finishing launch, i.e. at least one more pass per warper inside the kernel, for options that are
-rarely used. Measured on the CPU (shared 2-core VM, 1 thread, torch 2.13, float32, V = 32000,
-N = 5; min of 15 calls, bench/bench_processing.py -> bench/results/processing_cpu.json):
-    standardise (top_k 50, top_p 0.9)                      B = 1:  18 ms     B = 8: 158 ms
-    standardise_all (same + typical 0.9, epsilon, eta)     B = 1:  22 ms     B = 8: 219 ms
-i.e. about one more sort (typical's): a [5, 32000] float32 sort alone is 11.8 ms there, a
-softmax 0.06 ms; the sorts are the cost.
+rarely used. Measured on the CPU (shared 2-core VM under load, 1 thread, torch 2.13, float32,
+V = 32000, N = 5; median of 15 calls, the two alternated; bench/bench_processing.py ->
+bench/results/processing_cpu.json; single runs vary by ~1.3x on this machine):
+    standardise (top_k 50, top_p 0.9)                      B = 1:  26 ms     B = 8: 179 ms
+    standardise_all (same + typical 0.9, epsilon, eta)     B = 1:  34 ms     B = 8: 223 ms
+i.e. about one more sort (typical's): a [5, 32000] float32 sort alone took 11.8 ms there, a
+softmax 0.06 ms; the sorts are the cost (on a GPU the same pass is a few sorts of B * N rows).
 
 Host-sync free and static-shaped (Categorical's argument validation, which reads the logits on
 the host, is replaced by its formula).
