@@ -1,0 +1,220 @@
+"""LogitsProcessing: transformers' logits processors for one generate call, per speculative
+position, in transformers' order (generation/utils.py _get_logits_processor):
+
+    1 sequence_bias            SequenceBiasLogitsProcessor          sequence_bias.py
+    2 repetition_penalty (+ frequency / presence, vLLM's)           penalties.py
+                               RepetitionPenaltyLogitsProcessor     (here or fused in the kernel)
+    3 no_repeat_ngram_size     NoRepeatNGramLogitsProcessor         ngram.py
+    4 bad_words_ids            NoBadWordsLogitsProcessor            sequence_bias.py
+    5 min_length               MinLengthLogitsProcessor             masks.py
+    6 min_new_tokens           MinNewTokensLengthLogitsProcessor    masks.py
+    7 suppress_tokens          SuppressTokensLogitsProcessor        masks.py
+    8 begin_suppress_tokens    SuppressTokensAtBeginLogitsProcessor masks.py
+    9 the user's logits_processor list (eager, user.py); a user processor of the same
+      transformers class as a built-in one takes that one's slot (transformers'
+      _merge_criteria_processor_list)
+    then, when sampling, the warpers: temperature -> top_k -> top_p -> min_p in the verify kernel,
+    or all of them and typical_p -> epsilon_cutoff -> eta_cutoff in standardise_all (warpers.py)
+
+Where the penalties run: a verify kernel that applies them fused (fused_penalties=True) does so
+after everything here; that equals
+transformers' order because every step after the penalty slot only sets logits to -inf, which
+the penalties keep at -inf. It stops being equal when something after that slot is not a mask
+(a user processor) or when the warpers run here (standardise_all: the kernel's penalty would
+come after them): then the penalties run here, in their slot (``penalties_here``), and
+``kernel_penalties`` hands the kernel neutral values.
+
+Every built-in step is device-side, batched over [B, N, V], free of host syncs and graph safe
+(static tensors built here once, per-call temporaries only). User processors are not
+(``graph_safe`` False, ``graph_note`` says why).
+"""
+from numbers import Integral
+
+import torch
+
+from .masks import (SuppressTokens, begin_suppress_mask, min_length_mask, min_new_tokens_mask, nonnegative_int,
+                    token_list)
+from .ngram import NoRepeatNGram, check_ngram_size
+from .penalties import apply_penalties_, check_penalties
+from .prefix import Prefixes
+from .sequence_bias import SequenceBias, parse_bad_words, parse_sequence_bias
+from .user import UserProcessors
+from .warpers import check_warpers, standardise_all
+
+# The options LogitsProcessing reads, with the value that means "off" (None is off too).
+OPTIONS = {
+    "sequence_bias": None, "no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0, "min_new_tokens": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, "typical_p": 1.0, "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0, "eos_token_id": None,
+}
+NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
+class _Penalties:
+    def __init__(self, prompt_width: int, repetition: float, frequency: float, presence: float):
+        self.kwargs = dict(prompt_width=prompt_width, repetition_penalty=repetition, frequency_penalty=frequency,
+                           presence_penalty=presence)
+
+    def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
+        apply_penalties_(logits, prefixes, start=prefixes.start, **self.kwargs)
+
+
+def _eos_list(eos) -> list:
+    if eos is None:
+        return []
+    if isinstance(eos, torch.Tensor):
+        eos = eos.reshape(-1).tolist()
+    if isinstance(eos, Integral) and not isinstance(eos, bool):
+        return [int(eos)]
+    return token_list(eos, "eos_token_id")
+
+
+class LogitsProcessing:
+    """The processors of one generate call (module docstring), built once on the host.
+
+    vocab_size: V of the logits it will process (the draft may need its own: with_vocab);
+    prompt_width: P, the padded prompt width (transformers' input_ids_seq_length);
+    options: transformers' names (OPTIONS; None = off); logits_processor: the user's list;
+    fused_penalties: the caller's verify kernel can apply the penalties fused (module docstring);
+    False (the default): they always run here, in their slot.
+
+    Attributes for the caller:
+        active          apply_ has something to do
+        graph_safe      apply_ can be captured (no user processor); graph_note: why not
+        penalties_here  the penalties run in apply_; kernel_penalties: what the kernel applies
+        warpers_here    sampling with typical_p / epsilon_cutoff / eta_cutoff: call standardise()
+                        and give the kernel temperature 1, no truncation
+        wants_float32   a step computes new values (sequence_bias, penalties here, user code):
+                        transformers processes a float32 copy, so pass float32 logits for its
+                        exact values (other dtypes round at each such step; the -inf masks are
+                        exact in any dtype)
+    """
+
+    def __init__(self, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
+                 fused_penalties: bool = False, **options):
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown logits processing option(s) {unknown}; known: {sorted(OPTIONS)}")
+        for name, value in (("vocab_size", vocab_size), ("prompt_width", prompt_width)):
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.vocab_size, self.prompt_width, self.device = int(vocab_size), int(prompt_width), torch.device(device)
+        self._init_args = dict(prompt_width=prompt_width, device=device, logits_processor=logits_processor,
+                               fused_penalties=fused_penalties, **options)
+        opt = {name: default if options.get(name) is None else options[name] for name, default in OPTIONS.items()}
+        penalties = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"], opt["presence_penalty"])
+        self.typical_p, self.epsilon_cutoff, self.eta_cutoff = check_warpers(
+            opt["typical_p"], opt["epsilon_cutoff"], opt["eta_cutoff"])
+        self.do_sample = bool(opt["do_sample"])
+        self.warpers_here = self.do_sample and (self.typical_p < 1 or self.epsilon_cutoff > 0 or self.eta_cutoff > 0)
+
+        stages = self._merge_users(self._builtins(opt, penalties), list(logits_processor or []))
+        self.graph_safe = not any(isinstance(s, UserProcessors) for s in stages)
+        self.graph_note = None if self.graph_safe else UserProcessors.graph_note
+        penalty_stage = next((s for s in stages if isinstance(s, _Penalties)), None)
+        self.penalties_here = penalty_stage is not None and (not fused_penalties or not self.graph_safe
+                                                             or self.warpers_here)
+        self.kernel_penalties = dict(NEUTRAL_PENALTIES)
+        if penalty_stage is not None and not self.penalties_here:  # the kernel applies them, after all of these
+            stages.remove(penalty_stage)
+            self.kernel_penalties = dict(zip(NEUTRAL_PENALTIES, penalties))
+        self.stages = self._group_users(stages)
+        self.active = bool(self.stages)
+        self.wants_float32 = any(isinstance(s, (_Penalties, UserProcessors))
+                                 or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
+
+    def _builtins(self, opt: dict, penalties: tuple) -> list:
+        """[(transformers class name, stage)] for the options that are on, in transformers' order."""
+        V, P, dev = self.vocab_size, self.prompt_width, self.device
+        eos = _eos_list(opt["eos_token_id"])
+        ngram = check_ngram_size(opt["no_repeat_ngram_size"])
+        min_length = nonnegative_int(opt["min_length"], "min_length")
+        min_new = 0 if opt["min_new_tokens"] is None else nonnegative_int(opt["min_new_tokens"], "min_new_tokens")
+        slots = []
+        if opt["sequence_bias"] is not None:
+            slots.append(("SequenceBiasLogitsProcessor",
+                          SequenceBias(parse_sequence_bias(opt["sequence_bias"], V), V, dev)))
+        if penalties != tuple(NEUTRAL_PENALTIES.values()):
+            slots.append(("RepetitionPenaltyLogitsProcessor", _Penalties(P, *penalties)))
+        if ngram > 0:
+            slots.append(("NoRepeatNGramLogitsProcessor", NoRepeatNGram(ngram)))
+        if opt["bad_words_ids"] is not None:
+            slots.append(("NoBadWordsLogitsProcessor",
+                          SequenceBias(parse_bad_words(opt["bad_words_ids"], V, eos), V, dev)))
+        if eos and min_length > 0:  # transformers builds the two EOS masks only with an EOS id
+            slots.append(("MinLengthLogitsProcessor", min_length_mask(eos, min_length, V, dev)))
+        if eos and min_new > 0:
+            slots.append(("MinNewTokensLengthLogitsProcessor", min_new_tokens_mask(eos, P, min_new, V, dev)))
+        if opt["suppress_tokens"] is not None:
+            ids = token_list(opt["suppress_tokens"], "suppress_tokens")
+            slots.append(("SuppressTokensLogitsProcessor", SuppressTokens(ids, V, dev)))
+        if opt["begin_suppress_tokens"] is not None:
+            ids = token_list(opt["begin_suppress_tokens"], "begin_suppress_tokens")
+            slots.append(("SuppressTokensAtBeginLogitsProcessor",
+                          begin_suppress_mask(ids, P, V, dev, opt["forced_bos_token_id"])))
+        return slots
+
+    @staticmethod
+    def _merge_users(slots: list, users: list) -> list:
+        """transformers' _merge_criteria_processor_list: a user processor of a built-in's exact
+        class takes that built-in's slot; the other user processors follow the built-ins."""
+        stages, used = [], set()
+        for name, stage in slots:
+            custom = next((u for u in users if type(u).__name__ == name
+                           and type(u).__module__.startswith("transformers.")), None)
+            if custom is not None:
+                used.add(id(custom))
+            stages.append(stage if custom is None else UserProcessors([custom]))
+        return stages + [UserProcessors([u]) for u in users if id(u) not in used]
+
+    @staticmethod
+    def _group_users(stages: list) -> list:
+        """Adjacent user processors as one eager stage (one host read for all of them)."""
+        grouped = []
+        for stage in stages:
+            if isinstance(stage, UserProcessors) and grouped and isinstance(grouped[-1], UserProcessors):
+                grouped[-1] = UserProcessors(grouped[-1].processors + stage.processors)
+            else:
+                grouped.append(stage)
+        return grouped
+
+    @classmethod
+    def from_options(cls, config, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
+                     fused_penalties: bool = False) -> "LogitsProcessing":
+        """From a GenerationConfig or a dict of resolved options (transformers' names). Like
+        generate(): min_new_tokens, when given, sets min_length = min_new_tokens + P
+        (_prepare_generated_length)."""
+        values = config if isinstance(config, dict) else config.to_dict()
+        options = {name: values.get(name) for name in OPTIONS if values.get(name) is not None}
+        if options.get("min_new_tokens") is not None:
+            options["min_length"] = nonnegative_int(options["min_new_tokens"], "min_new_tokens") + prompt_width
+        return cls(vocab_size=vocab_size, prompt_width=prompt_width, device=device, logits_processor=logits_processor,
+                   fused_penalties=fused_penalties, **options)
+
+    def with_vocab(self, vocab_size: int) -> "LogitsProcessing":
+        """The same options for logits of another vocabulary size (e.g. the draft model's)."""
+        return LogitsProcessing(vocab_size=vocab_size, **self._init_args)
+
+    def apply_(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, drafts: torch.Tensor,
+               start=None) -> torch.Tensor:
+        """logits [B, N, V] processed in place and returned. seq int64 [B, T] (padded prompt of
+        width P, then the generated tokens), end int64 [B] (P + gen_len), drafts int64 [B, D]
+        with D >= N - 1 (-1 pads): position i sees seq[b, :end[b]] ++ drafts[b, :D - N + 1 + i]
+        (target: D = N - 1; draft model before draft k: N = 1, D = k). start int64 [B]: the
+        first real prompt slot (DecodeState.start), used by repetition_penalty as generate()
+        does (pads ignored); None counts the pads."""
+        if logits.dim() != 3 or logits.shape[-1] != self.vocab_size:
+            raise ValueError(f"logits must be [B, N, V={self.vocab_size}], got {tuple(logits.shape)}")
+        if not self.stages:
+            return logits
+        prefixes = Prefixes(seq, end, drafts, logits.shape[1], start=start)
+        for stage in self.stages:
+            stage.apply_(logits, prefixes)
+        return logits
+
+    def standardise(self, logits: torch.Tensor, params) -> torch.Tensor:
+        """float32 [B, N, V]: every warper (standardise_all with this call's typical_p,
+        epsilon_cutoff, eta_cutoff); params: SamplingTensors [B]."""
+        return standardise_all(logits, params, typical_p=self.typical_p, epsilon_cutoff=self.epsilon_cutoff,
+                               eta_cutoff=self.eta_cutoff)

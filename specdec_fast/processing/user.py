@@ -1,0 +1,59 @@
+"""A user's own logits processors (generate(logits_processor=LogitsProcessorList([...]))), run
+eagerly: per row and per position, with the exact input_ids [1, length] transformers would pass
+at that step (the row's prefix, pads included, ++ the drafts the position sees) and a float32
+copy of that position's logits [1, V] (transformers processes a float32 copy), the result
+written back.
+
+Slow and not graph safe by nature: one host read of the lengths and drafts per call, then
+B * N Python calls of user code. Positions whose prefix holds a padded draft (-1) are skipped
+(never emitted). Two differences from transformers that no per-position scheme avoids: a
+processor is called with batch 1 (rows differ in length, so they cannot be stacked as
+transformers' left-aligned batch is), and it is also called for drafts that will be rejected
+(a stateful processor counts more calls than transformers makes).
+"""
+import torch
+
+from .prefix import Prefixes
+
+GRAPH_NOTE = ("a user logits_processor runs eagerly on the host per row and position (exact input_ids), "
+              "which a CUDA graph cannot replay")
+
+
+def _check_arity(processor) -> None:
+    """transformers' LogitsProcessorList passes extra kwargs only to processors that take more
+    than (input_ids, scores), and generate() passes none: such a processor raises there."""
+    import inspect
+
+    args = inspect.signature(processor.__call__).parameters
+    if len(args) > 2:
+        raise ValueError(f"logits_processor {type(processor).__name__} takes arguments {list(args)[2:]} beyond "
+                         "(input_ids, scores), which generate() does not pass")
+
+
+class UserProcessors:
+    """processors: callables (input_ids [1, L] int64, scores [1, V] float32) -> scores [1, V]."""
+
+    graph_safe = False
+    graph_note = GRAPH_NOTE
+
+    def __init__(self, processors):
+        self.processors = list(processors)
+        for p in self.processors:
+            if not callable(p):
+                raise ValueError(f"logits_processor entries must be callable LogitsProcessors, got {p!r}")
+            _check_arity(p)
+
+    def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
+        """logits [B, N, V]: every real position processed in place (host loop)."""
+        ends, drafts = prefixes.end.tolist(), prefixes.drafts.tolist()  # the one host read
+        seq, drafts_dev = prefixes.seq.long(), prefixes.drafts
+        for b, end in enumerate(ends):
+            for i in range(prefixes.n):
+                seen = prefixes.first + i
+                if any(t < 0 for t in drafts[b][:seen]):
+                    break  # padded draft: this and later positions are never emitted
+                input_ids = torch.cat([seq[b, :end], drafts_dev[b, :seen]])[None, :]
+                scores = logits[b, i][None, :].float()
+                for processor in self.processors:  # LogitsProcessorList.__call__, as _sample calls it
+                    scores = processor(input_ids, scores)
+                logits[b, i] = scores[0]

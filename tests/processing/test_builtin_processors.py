@@ -1,0 +1,140 @@
+"""Each built-in processor, batched per position on the device, equals transformers' own class
+called per row and per position on that position's exact input_ids (cases.py)."""
+import pytest
+import torch
+from transformers.generation import logits_process as lp
+
+from specdec_fast.processing import LogitsProcessing
+
+from .cases import assert_same, oracle, random_case
+
+EOS = 3
+SEEDS = range(4)
+
+
+def run(case, **options):
+    processing = LogitsProcessing(vocab_size=case.logits.shape[-1], prompt_width=case.prompt_width, device="cpu",
+                                  fused_penalties=False, **options)
+    assert processing.active and processing.graph_safe
+    return processing.apply_(case.logits.clone(), case.seq, case.end, case.drafts, start=case.start)
+
+
+def check(case, make, **options):
+    expected, valid = oracle(make, case)
+    assert_same(run(case, **options), expected, valid)
+
+
+def hf(*processors):
+    return lp.LogitsProcessorList(processors)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sequence_bias(seed):
+    case = random_case(seed)
+    bias = [[[1], 2.5], [[4], -1.0], [[2, 5], 3.0], [[1, 2], -0.5], [[1, 2, 3], 1.25], [[6, 6, 6, 5], 4.0],
+            [[3, 5], 0.75], [[7, 7, 1], -2.0]]  # two sequences end in 5, one prefix longer than short prompts
+    check(case, lambda b: hf(lp.SequenceBiasLogitsProcessor(sequence_bias=bias)), sequence_bias=bias)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_no_repeat_ngram(seed, size):
+    case = random_case(seed, alphabet=5 if size > 2 else 8)
+    check(case, lambda b: hf(lp.NoRepeatNGramLogitsProcessor(size)), no_repeat_ngram_size=size)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bad_words(seed):
+    case = random_case(seed)
+    bad = [[5], [EOS], [2, 4], [1, 1, 6], [7, EOS], [0, 1]]  # [EOS] alone is dropped; 0 is the pad id: pads match
+    check(case, lambda b: hf(lp.NoBadWordsLogitsProcessor(bad, eos_token_id=EOS)), bad_words_ids=bad, eos_token_id=EOS)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_min_length_and_min_new_tokens(seed):
+    case = random_case(seed)
+    P = case.prompt_width
+    make = lambda b: hf(lp.MinLengthLogitsProcessor(P + 5, [EOS, 9]),  # noqa: E731
+                        lp.MinNewTokensLengthLogitsProcessor(P, 4, [EOS, 9]))
+    check(case, make, min_length=P + 5, min_new_tokens=4, eos_token_id=[EOS, 9])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_min_length_counts_the_prompt(seed):
+    case = random_case(seed)
+    check(case, lambda b: hf(lp.MinLengthLogitsProcessor(case.prompt_width + 3, EOS)),
+          min_length=case.prompt_width + 3, eos_token_id=EOS)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_suppress_and_begin_suppress(seed):
+    case = random_case(seed, n=3, gen_lens=[0, 0, 2])  # the first generated position at i = 0 (rows 0, 1)
+    P = case.prompt_width
+    make = lambda b: hf(lp.SuppressTokensLogitsProcessor([4, 7, 70]),  # noqa: E731
+                        lp.SuppressTokensAtBeginLogitsProcessor([2, 5, -1], P))
+    check(case, make, suppress_tokens=[4, 7, 70], begin_suppress_tokens=[2, 5, -1])
+
+
+def test_begin_suppress_hits_only_the_first_generated_position():
+    case = random_case(0, n=4, gen_lens=[0, 1, 3])
+    out = run(case, begin_suppress_tokens=[5])
+    assert torch.isneginf(out[..., 5]).tolist() == [[True, False, False, False]] * 1 + [[False] * 4] * 2
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("vocab", [50, 300])
+def test_all_builtins_in_order(seed, vocab):
+    """Every built-in together (sequence_bias before the penalty: the order matters there)."""
+    case = random_case(seed, vocab=vocab)
+    P = case.prompt_width
+    bias = [[[2], 1.5], [[1, 2], -0.5], [[4, 4, 1], 2.0]]
+    bad = [[6], [5, 1]]
+
+    def make(b):
+        return hf(lp.SequenceBiasLogitsProcessor(bias),
+                  lp.RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=int(case.start[b])),
+                  lp.NoRepeatNGramLogitsProcessor(3), lp.NoBadWordsLogitsProcessor(bad, EOS),
+                  lp.MinLengthLogitsProcessor(P + 6, EOS), lp.MinNewTokensLengthLogitsProcessor(P, 6, EOS),
+                  lp.SuppressTokensLogitsProcessor([7]), lp.SuppressTokensAtBeginLogitsProcessor([1], P))
+
+    check(case, make, sequence_bias=bias, repetition_penalty=1.3, no_repeat_ngram_size=3, bad_words_ids=bad,
+          min_length=P + 6, min_new_tokens=6, eos_token_id=EOS, suppress_tokens=[7], begin_suppress_tokens=[1])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_draft_call_sees_every_draft_so_far(seed):
+    """The draft model's call: N = 1 position after D drafts (prefix = seq ++ drafts[:, :D])."""
+    case = random_case(seed, n=1, extra_drafts=3)
+    assert case.drafts.shape[1] == 3
+    bias = [[[1, 2], 2.0], [[3], 1.0]]
+    make = lambda b: hf(lp.SequenceBiasLogitsProcessor(bias), lp.NoRepeatNGramLogitsProcessor(2))  # noqa: E731
+    check(case, make, sequence_bias=bias, no_repeat_ngram_size=2)
+
+
+def test_get_logits_processor_of_a_generation_config():
+    """transformers' own list (model._get_logits_processor, as generate builds it: one list per
+    row here, its attention mask giving the repetition penalty's ignored pads)."""
+    from transformers import GenerationConfig
+
+    from ..engine.models import make_model
+
+    model = make_model("llama", vocab=64)
+    case = random_case(5, vocab=64)
+    P = case.prompt_width
+    options = dict(repetition_penalty=1.2, no_repeat_ngram_size=2, min_new_tokens=3, suppress_tokens=[4, 9],
+                   sequence_bias=[[[2, 5], 1.0]], bad_words_ids=[[6, 2]], begin_suppress_tokens=[5])
+    config = GenerationConfig(eos_token_id=EOS, **options)
+    config._eos_token_tensor = torch.tensor([EOS])
+    config.min_length = P + 3  # what _prepare_generated_length makes of min_new_tokens
+    mask = (torch.arange(P)[None, :] >= case.start[:, None]).long()
+
+    def make(b):
+        return model._get_logits_processor(generation_config=config, input_ids_seq_length=P, device="cpu",
+                                           model_kwargs={"attention_mask": mask[b : b + 1]})
+
+    assert len(make(0)) == 8
+    processing = LogitsProcessing.from_options(dict(options, eos_token_id=EOS), vocab_size=64, prompt_width=P,
+                                               device="cpu", fused_penalties=False)
+    expected, valid = oracle(make, case)
+    assert_same(processing.apply_(case.logits.clone(), case.seq, case.end, case.drafts, start=case.start),
+                expected, valid)

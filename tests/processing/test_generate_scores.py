@@ -1,0 +1,73 @@
+"""End to end against model.generate itself: its raw logits per step (output_logits), cut into
+speculative iterations (row b at gen_len g_b scores N positions whose drafts are the tokens that
+generate produced next), processed by LogitsProcessing (+ standardise when sampling), equal its
+``scores`` (output_scores) at every position: the options exactly as generate resolves them
+(min_new_tokens -> min_length, the pads that repetition_penalty skips, begin_index), with the
+combinations a chat template uses."""
+import pytest
+import torch
+
+from specdec_fast.kernels.sampling_params import make_sampling_tensors
+from specdec_fast.processing import LogitsProcessing
+
+from ..engine.models import left_padded_prompts, make_model
+from .cases import assert_same
+
+VOCAB, EOS, N, NEW = 96, 2, 4, 14
+
+CHAT = dict(repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=6, suppress_tokens=[5, 7])
+OPTIONS = {
+    "chat": CHAT,
+    "chat+bias+bad": dict(CHAT, sequence_bias=[[[11], 1.5], [[12, 13], 2.0]], bad_words_ids=[[20], [21, 22]],
+                          begin_suppress_tokens=[30, 31], min_length=4),
+    "ngram1+min_length": dict(no_repeat_ngram_size=1, min_length=9),
+}
+SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.9,
+                epsilon_cutoff=3e-4, eta_cutoff=1e-3)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model("llama", vocab=VOCAB, layers=1, seed=3, init_std=0.3)
+
+
+def generate(model, ids, mask, options, sampling):
+    torch.manual_seed(0)
+    kw = dict(SAMPLING) if sampling else dict(do_sample=False)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=EOS, pad_token_id=0,
+                         output_scores=True, output_logits=True, return_dict_in_generate=True, **options, **kw)
+    return out.sequences, torch.stack(out.logits, 1), torch.stack(out.scores, 1)  # [B, P + S], [B, S, V] x2
+
+
+@pytest.mark.parametrize("name,sampling", [("chat", False), ("chat", True), ("chat+bias+bad", False),
+                                           ("chat+bias+bad", True), ("ngram1+min_length", False)])
+def test_processed_logits_equal_generate_scores(model, name, sampling):
+    ids, mask = left_padded_prompts([7, 4, 2], vocab=VOCAB, seed=len(name))
+    options = OPTIONS[name]
+    sequences, raw, scores = generate(model, ids, mask, options, sampling)
+    batch, width = ids.shape
+    steps = raw.shape[1]
+    processing = LogitsProcessing.from_options(dict(options, eos_token_id=EOS, **(SAMPLING if sampling else {})),
+                                               vocab_size=VOCAB, prompt_width=width, device="cpu",
+                                               fused_penalties=False)
+    start = width - mask.sum(1)
+    params = make_sampling_tensors(batch, "cpu", temperature=0.8, top_k=40, top_p=0.95, min_p=0.02)
+    seq = torch.cat([sequences, torch.zeros(batch, N, dtype=torch.long)], 1)  # slack past the last step
+    checked = 0
+    for first in range(0, steps, N - 1):
+        gen_len = (first + torch.arange(batch)).clamp(max=steps - 1)  # rows at different lengths
+        pos = (gen_len[:, None] + torch.arange(N)).clamp(max=steps - 1)  # [B, N] step of each position
+        logits = raw[torch.arange(batch)[:, None], pos].clone()
+        end = width + gen_len
+        drafts = seq[torch.arange(batch)[:, None], end[:, None] + torch.arange(N - 1)]
+        ours = processing.apply_(logits, seq, end, drafts, start=start)
+        if sampling:
+            ours = processing.standardise(ours, params)
+        valid = gen_len[:, None] + torch.arange(N) < steps
+        assert_same(ours, scores[torch.arange(batch)[:, None], pos], valid)
+        checked += int(valid.sum())
+    assert checked >= batch * steps
+    if not sampling:  # the greedy tokens are the argmax of these scores (until EOS: pads after it)
+        generated = sequences[:, width:]
+        live = torch.cat([torch.ones(batch, 1, dtype=torch.bool), (generated != EOS).cumprod(1)[:, :-1].bool()], 1)
+        assert torch.equal(scores.argmax(-1)[live], generated[live])
