@@ -32,6 +32,7 @@ import weakref
 
 import torch
 
+from .hidden_capture import HiddenCapture
 from .paged_cache import PagedKVCache
 from ..kernels._backend import resolve_backend
 from ..kernels.attention import paged_attention
@@ -85,6 +86,7 @@ class PagedRunnerBase:
 
     max_positions: int | None = None
     _tree_mask = None  # int64 [B*N] during a tree-scoring forward (score(tree=...)), else None
+    hidden_capture = None  # a HiddenCapture when a drafter reads the hidden states (capture_hidden_states)
     # score / commit update length, cache.seq_lens and the KV cache in place with static shapes per
     # (B, N); the _full_cu index tensors are built on first use (a warm-up call) and then reused.
     # The host-side tentative-token check runs at capture only; every replay repeats the captured
@@ -205,7 +207,21 @@ class PagedRunnerBase:
 
         Row b takes slot b of the pool and reserves budgets[b] tokens (default: P + max_new_tokens
         + K + 1; 0: an unused row, e.g. a bucket's padding, with no blocks and no real token).
-        max_new_tokens / num_draft_tokens override the constructor's for this call."""
+        max_new_tokens / num_draft_tokens override the constructor's for this call. With
+        capture_hidden_states on, the prompt's hidden states are kept for take_prefill_hidden()."""
+        num_valid = self._admit(input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens)
+        # The prefill goes through the kernels' public entry points (static checks of every shape);
+        # score calls the C++ ops / Triton launchers directly when both resolve to one backend: the
+        # entry points' Python checks and dispatch were ~10% of a decoding step of the demo pair on
+        # CPU (cProfile).
+        self._direct = None
+        hidden = self._forward(input_ids, num_valid, prefill=True)
+        self._end_prefill()
+        return linear(hidden[:, -1], self.lm_head)
+
+    def _admit(self, input_ids: torch.Tensor, attention_mask, budgets, max_new_tokens, num_draft_tokens):
+        """prefill's first half: sizes, the pool, each row's slot and reservation, lengths 0 and
+        the commit caps. Returns num_valid [B] (None without a mask)."""
         batch, width = input_ids.shape
         if max_new_tokens is not None or num_draft_tokens is not None:
             _check_sizes(max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens)
@@ -235,13 +251,10 @@ class PagedRunnerBase:
         caps = [max(len(self.cache.blocks_of(b)) * self.block_size - self.max_tentative, 0) for b in range(batch)]
         self.caps = self._cap_all[:batch]
         self.caps.copy_(torch.tensor(caps, dtype=torch.int32, device="cpu"))  # host values, one copy
-        num_valid = None if attention_mask is None else attention_mask.to(self.device).sum(1)
-        # The prefill goes through the kernels' public entry points (static checks of every shape);
-        # score calls the C++ ops / Triton launchers directly when both resolve to one backend: the
-        # entry points' Python checks and dispatch were ~10% of a decoding step of the demo pair on
-        # CPU (cProfile).
-        self._direct = None
-        hidden = self._forward(input_ids, num_valid)
+        return None if attention_mask is None else attention_mask.to(self.device).sum(1)
+
+    def _end_prefill(self) -> None:
+        """prefill's second half: the direct kernel dispatch of score, the prompt committed."""
         chosen = {resolve_backend(self.backend, self.device, op) for op in ("append_kv", "paged_attention")}
         self._direct = chosen.pop() if len(chosen) == 1 and self.kernels in ("cpp", "triton") else None
         if self._direct == "triton":  # imported here: triton is optional on CPU machines
@@ -251,7 +264,6 @@ class PagedRunnerBase:
             self._triton = (append_kv_triton, paged_attention_triton, plan_launch)
         self.seq_lens.copy_(self.length)
         self._tentative = 0
-        return linear(hidden[:, -1], self.lm_head)
 
     @torch.no_grad()
     def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None, *, tree=None) -> torch.Tensor:
@@ -313,22 +325,60 @@ class PagedRunnerBase:
         positions = torch.empty_like(row_pos).scatter_(0, dest, row_pos)
         return packed, positions, cu, count, dest
 
-    def _forward(self, tokens: torch.Tensor, num_valid, tree=None) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, num_valid, tree=None, prefill: bool = False) -> torch.Tensor:
         """tokens [B, N] -> final-norm hidden states [B, N, H]; appends the real tokens' K/V at
-        self.length and advances it. tree: (mask [N], depths [N]) as in score."""
+        self.length and advances it. tree: (mask [N], depths [N]) as in score. With a
+        hidden_capture, the chosen hidden states land in its buffers (hidden_capture.py)."""
         batch, n = tokens.shape
         flat, positions, cu, count, unpack = self._pack(tokens, num_valid, None if tree is None else tree[1])
         attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
         # _attend reads the tree mask from here (the subclasses' _decode passes no mask).
         self._tree_mask = None if tree is None else (tree[0].repeat(batch) if tree[0].dim() == 1 else tree[0].reshape(-1))
+        capture = self.hidden_capture
+        if capture is not None:
+            capture.begin(batch, n, unpack is not None, prefill)
         try:
             x = self._decode(flat, positions, cu, attn_lens, n)
+        except BaseException:
+            if capture is not None:
+                capture.abort()
+            raise
         finally:
             self._tree_mask = None
+        if capture is not None:
+            capture.end(unpack, prefill)
         self.length.copy_(attn_lens)
         if unpack is not None:
             x = x.index_select(0, unpack)
         return x.view(batch, n, -1)
+
+    # -- hidden states for the drafters that read them (runners/hidden_capture.py) --------------
+    def capture_hidden_states(self, indices) -> None:
+        """Keep hidden states ``indices`` (transformers' output_hidden_states numbering: 0 the
+        embeddings, i + 1 layer i's output, L the final norm's) at every position prefill and
+        score run; None turns it off (the default). Set it before the engine's first call: the
+        buffers are allocated at the first call of each shape."""
+        self.hidden_capture = None if indices is None else HiddenCapture(
+            indices, num_layers=len(self.layers), hidden_size=int(self.lm_head.shape[1]), dtype=self.dtype,
+            device=self.device)
+
+    def hidden_states(self, batch: int, n: int) -> torch.Tensor:
+        """[B, N, W] (W = len(indices) * H): the hidden states of the last score call of shape
+        [B, N], in place in a buffer of fixed address (graph safe)."""
+        if self.hidden_capture is None:
+            raise RuntimeError("hidden states are not captured: call capture_hidden_states(indices) first")
+        return self.hidden_capture.buffer(batch, n)
+
+    def take_prefill_hidden(self) -> torch.Tensor:
+        """[B, P, W]: the last prefill's hidden states (handed over once)."""
+        if self.hidden_capture is None:
+            raise RuntimeError("hidden states are not captured: call capture_hidden_states(indices) first")
+        return self.hidden_capture.take_prefill()
+
+    def _keep(self, j: int, x: torch.Tensor) -> None:
+        """The family's _decode: x [T, H] is hidden state j of this forward (a no-op when off)."""
+        if self.hidden_capture is not None:
+            self.hidden_capture.keep(j, x)
 
     def _attend(self, i: int, q, k, v, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:
         """Layer i: writes k, v [T, Hkv, D] at self.length, then attention of q [T, Hq, D] over

@@ -133,6 +133,7 @@ class PagedGPT2Runner(PagedRunnerBase):
         """Packed tokens [T] at positions [T] -> ln_f hidden states [T, H]."""
         total, width, heads, dim = flat.shape[0], (self.hidden,), self.num_heads, self.head_dim
         x = F.embedding(flat.clamp(min=0), self.wte) + F.embedding(positions.clamp(max=self.max_positions - 1), self.wpe)
+        self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = F.layer_norm(x, width, *layer.ln_1)
             q, k, v = linear(h, *layer.qkv).split(self.hidden, dim=-1)  # strided views of one product
@@ -141,4 +142,8 @@ class PagedGPT2Runner(PagedRunnerBase):
             x = x + linear(o.reshape(total, self.hidden), *layer.proj)
             h = F.layer_norm(x, width, *layer.ln_2)
             x = x + linear(layer.act(linear(h, *layer.fc)), *layer.out)
-        return F.layer_norm(x, width, *self.ln_f)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = F.layer_norm(x, width, *self.ln_f)
+        self._keep(len(self.layers), out)
+        return out

@@ -172,6 +172,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)  # [T, D], once per call
         x = F.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         lin, lins = self._linears(total, x)
         for i, layer in enumerate(self.layers):
@@ -187,7 +188,11 @@ class PagedLlamaRunner(PagedRunnerBase):
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
             act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
             x = lin(act, *layer.down, x)
-        return rms_norm(x, self.final_norm, self.final_eps, fused)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = rms_norm(x, self.final_norm, self.final_eps, fused)
+        self._keep(len(self.layers), out)
+        return out
 
     def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """The Triton path (see the class doc): 9 launches per layer. The residual stream x stays
@@ -196,6 +201,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
         x = F.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
         first = self.layers[0]
         h = add_rms_norm(x, None, first.ln_in, first.eps_in)[1]
         table, length = self.block_table, self.length
@@ -219,4 +225,5 @@ class PagedLlamaRunner(PagedRunnerBase):
             act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
             weight, eps = self._next_norm[i]
             x, h = add_rms_norm(x, F.linear(act, *layer.down), weight, eps, write_residual=i + 1 < len(self.layers))
+            self._keep(i + 1, x if i + 1 < len(self.layers) else h)  # j = L: the final norm's output
         return h
