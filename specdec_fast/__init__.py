@@ -2,6 +2,7 @@
 from ._version import __version__
 from .api import generate
 from .drafters import ModelDrafter, PromptLookupDrafter
+from .heads import load_draft_head, save_draft_head
 from .engine import GenerationStats, SpeculativeDecoder, SpeculativeEngine, release_engines
 from .kernels import chain_verify, sample
 from .pair import demo_pair
@@ -13,5 +14,5 @@ __all__ = [
     "__version__", "generate", "patch_generate", "SpeculativeEngine", "release_engines", "SpeculativeDecoder", "HFRunner", "PagedLlamaRunner", "PagedGPT2Runner",
     "paged_runner", "paged_runner_from_pretrained",
     "ModelDrafter", "PromptLookupDrafter", "GenerationStats",
-    "chain_verify", "sample", "demo_pair", "PagedKVCache", "OutOfBlocksError",
+    "chain_verify", "sample", "demo_pair", "load_draft_head", "save_draft_head", "PagedKVCache", "OutOfBlocksError",
 ]

@@ -32,7 +32,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
              eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
              return_stats=False, generation_config=None, backend=None, runner=None, cuda_graphs=None, tree=None,
-             **options):
+             draft_head=None, **options):
     """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
     [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
     return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
@@ -51,7 +51,11 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     dynamic tree: a dynamic tree chooses its shape per row and step, drafters/tree_dynamic.py); needs
     assistant_model and paged runners; num_assistant_tokens does not apply.
 
-    The call runs on the engine cached for (model, assistant_model or prompt lookup, backend,
+    draft_head: draft with a head that reads the target's hidden states instead of a draft model:
+    a directory in the published EAGLE-3 layout or a loaded head (specdec_fast.load_draft_head);
+    K = num_assistant_tokens as with a draft model; needs the paged target runner.
+
+    The call runs on the engine cached for (model, assistant_model / draft_head or prompt lookup, backend,
     runner, cuda_graphs): built at the first call, grown when a call needs more rows or tokens,
     freed with the models (engine/cached.py; specdec_fast.release_engines() frees it sooner).
     Any other option of transformers' generate (**options, generation_config, model.generation_config):
@@ -66,17 +70,19 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                     **{name: value for name, value in options.items() if name not in ("tokenizer", "assistant_tokenizer")})
     opts = resolve_options(model, generation_config, explicit, input_ids.shape[1])
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None
-    engine = engine_for(model, assistant_model, prompt_lookup=lookup,
+    lookup = lookup and draft_head is None
+    engine = engine_for(model, assistant_model, draft_head=draft_head, prompt_lookup=lookup,
                         max_matching_ngram_size=opts.max_matching_ngram_size if lookup else None, backend=backend,
                         runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0],
-                        row_tokens=input_ids.shape[1] + opts.max_new_tokens, drafted=_drafted(opts, tree, lookup),
+                        row_tokens=input_ids.shape[1] + opts.max_new_tokens,
+                        drafted=_drafted(opts, tree, lookup),
                         tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))
     return engine.generate_resolved(opts, input_ids, attention_mask, assistant_model=assistant_model,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_new_tokens=max_new_tokens,
                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                            eos_token_id=eos_token_id, pad_token_id=pad_token_id, num_assistant_tokens=num_assistant_tokens,
                            streamer=streamer, seed=seed, return_stats=return_stats, generation_config=generation_config,
-                           tree=tree, **options)
+                           tree=tree, draft_head=draft_head, **options)
 
 
 def _drafted(opts, tree, lookup: bool) -> int:
@@ -87,7 +93,7 @@ def _drafted(opts, tree, lookup: bool) -> int:
     name, k = ("prompt_lookup_num_tokens", opts.prompt_lookup_num_tokens) if lookup else \
         ("num_assistant_tokens", opts.num_assistant_tokens)
     if k is None and not lookup:
-        return 0
+        return 0  # a draft model's or a head's default K: engine_for's
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
     return k

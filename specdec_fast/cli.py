@@ -1,6 +1,6 @@
 """Command line: `specdec-fast generate ...` / `python -m specdec_fast generate ...`, and `demo`.
 
-    specdec-fast generate --target DIR [--draft DIR | --prompt-lookup N]
+    specdec-fast generate --target DIR [--draft DIR | --draft-head DIR | --prompt-lookup N]
         (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl [--batch-size N] [--on-error skip|fail])
         [--chat] [--dtype D] [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P]
         [--min-p P] [--seed S] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
@@ -23,6 +23,8 @@ def _generate_parser(sub):
     ap = sub.add_parser("generate", help="complete a prompt with speculative decoding and print the stats")
     ap.add_argument("--target", required=True, help="target model directory (transformers from_pretrained)")
     ap.add_argument("--draft", help="draft model directory (same vocabulary as the target)")
+    ap.add_argument("--draft-head", metavar="DIR", help="a draft head that reads the target's hidden states (an EAGLE-3 "
+                    "head in its published layout: config.json + model.safetensors / pytorch_model.bin)")
     ap.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt-lookup drafting with N tokens (no draft model)")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt: print its completion and the stats")
@@ -68,11 +70,12 @@ def _first_line(exc: BaseException) -> str:
 
 def check_args(args) -> None:
     """Everything that can be checked before loading a model; raises CliError naming the flag."""
-    for flag, path in (("--target", args.target), ("--draft", args.draft), ("--tokenizer", args.tokenizer)):
+    for flag, path in (("--target", args.target), ("--draft", args.draft), ("--draft-head", args.draft_head),
+                       ("--tokenizer", args.tokenizer)):
         if path is not None and not os.path.isdir(path):
             raise CliError(f"no such directory: {path} ({flag})")
-    if args.draft and args.prompt_lookup is not None:
-        raise CliError("give --draft or --prompt-lookup, not both")
+    if sum(x is not None for x in (args.draft, args.draft_head, args.prompt_lookup)) > 1:
+        raise CliError("give one of --draft, --draft-head and --prompt-lookup")
     if args.prompts is not None:
         if not os.path.isfile(args.prompts):
             raise CliError(f"no such file: {args.prompts} (--prompts)")
@@ -139,7 +142,16 @@ def _load_model(path: str, flag: str, device, dtype=None):
         raise CliError(f"could not load a model from {path} ({flag}): {_first_line(exc)}") from None
 
 
-def _generate_kwargs(args, tokenizer, draft) -> dict:
+def _load_head(path: str, device, dtype=None):
+    from .heads import load_draft_head
+
+    try:
+        return load_draft_head(path, device=device, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 - a folder that is not a head: say which and why, in one line
+        raise CliError(f"could not load a draft head from {path} (--draft-head): {_first_line(exc)}") from None
+
+
+def _generate_kwargs(args, tokenizer, draft, head=None) -> dict:
     """generate()'s keyword arguments from the flags (the sampling mode, the drafter)."""
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, seed=args.seed, backend=args.backend,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
@@ -147,6 +159,8 @@ def _generate_kwargs(args, tokenizer, draft) -> dict:
         kwargs.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     if draft is not None:
         kwargs.update(assistant_model=draft, num_assistant_tokens=args.k)
+    elif head is not None:
+        kwargs.update(draft_head=head, num_assistant_tokens=args.k)
     elif args.prompt_lookup:
         kwargs.update(prompt_lookup_num_tokens=args.prompt_lookup)
     return kwargs
@@ -173,7 +187,10 @@ def run_generate(args) -> int:
                 rows = cli_dataset.encode_rows(rows, tokenizer, args)
             target = _load_model(args.target, "--target", device, args.dtype)
             draft = _load_model(args.draft, "--draft", device, args.dtype) if args.draft else None
-        kwargs = _generate_kwargs(args, tokenizer, draft)
+            head = None
+            if args.draft_head:  # in the target's dtype (the head's checkpoint may be stored in another)
+                head = _load_head(args.draft_head, device, next(target.parameters()).dtype)
+        kwargs = _generate_kwargs(args, tokenizer, draft, head)
         if rows is not None:
             def generate_batch(ids, mask, seed, max_new_tokens=args.max_new_tokens):
                 return generate(target, ids, mask, return_stats=True, **{**kwargs, "seed": seed,
@@ -183,7 +200,8 @@ def run_generate(args) -> int:
     except cli_dataset.DatasetError as exc:
         raise CliError(str(exc)) from None
     ids = torch.tensor([cli_dataset.encode(tokenizer, args.prompt, args.chat)], dtype=torch.long, device=device)
-    spec = {name: kwargs.pop(name) for name in ("assistant_model", "num_assistant_tokens", "prompt_lookup_num_tokens")
+    spec = {name: kwargs.pop(name) for name in ("assistant_model", "draft_head", "num_assistant_tokens",
+                                                 "prompt_lookup_num_tokens")
             if name in kwargs}
     try:
         plain_tps = None

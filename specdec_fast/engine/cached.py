@@ -15,7 +15,9 @@ every parameter's data pointer).
 import threading
 import weakref
 
-from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for
+import torch
+
+from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for, head_source
 
 MIN_SEQ_LEN = 256
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {key: _Entry}
@@ -40,21 +42,26 @@ def _grow(current: int, need: int) -> int:
 
 def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matching_ngram_size=None, backend=None,
                runner=None, cuda_graphs=None, batch: int, row_tokens: int, drafted: int,
-               tokenizer=None, assistant_tokenizer=None) -> SpeculativeEngine:
+               tokenizer=None, assistant_tokenizer=None, draft_head=None) -> SpeculativeEngine:
     """The cached engine for this target and drafting that fits ``batch`` rows of ``row_tokens``
     tokens (prompt + max_new_tokens) and ``drafted`` tokens scored per iteration beyond the last
-    one (K, or a tree's N - 1), built or grown as needed."""
-    mode = "draft" if assistant_model is not None else "lookup" if prompt_lookup else "plain"
-    # The engine serves any K up to its max_draft_tokens; a draft model's calls default to K = 4.
-    drafted = max(drafted, DEFAULT_NUM_ASSISTANT_TOKENS if mode == "draft" else 1 if mode == "lookup" else 0)
-    key = (mode, None if assistant_model is None else id(assistant_model), max_matching_ngram_size, backend, runner,
-           repr(cuda_graphs))
-    fingerprint = _fingerprint(target, assistant_model)
+    one (K, or a tree's N - 1), built or grown as needed. draft_head: a head directory (the engine
+    loads it once: keyed by its resolved path) or a head object (held weakly, as a draft model)."""
+    head_object = draft_head if isinstance(draft_head, torch.nn.Module) else None
+    mode = "draft" if assistant_model is not None else "head" if draft_head is not None else \
+        "lookup" if prompt_lookup else "plain"
+    # The engine serves any K up to its max_draft_tokens; a draft model's (a head's) calls default to K = 4.
+    drafted = max(drafted, DEFAULT_NUM_ASSISTANT_TOKENS if mode in ("draft", "head") else 1 if mode == "lookup" else 0)
+    drafter_id = id(assistant_model) if assistant_model is not None else id(head_object) if head_object is not None \
+        else None if draft_head is None else head_source(draft_head)
+    key = (mode, drafter_id, max_matching_ngram_size, backend, runner, repr(cuda_graphs))
+    weak = assistant_model if assistant_model is not None else head_object  # dropped with the entry when deleted
+    fingerprint = _fingerprint(target, weak)
     with _LOCK:
         entries = _ENGINES.setdefault(target, {})
         entry = entries.get(key)
         if entry is not None and (entry.fingerprint != fingerprint or
-                                  (entry.draft_ref is not None and entry.draft_ref() is not assistant_model)):
+                                  (entry.draft_ref is not None and entry.draft_ref() is not weak)):
             entry = None
         rows = bucket_for(batch, BUCKETS[-1]) if batch <= BUCKETS[-1] else batch
         if entry is not None:
@@ -74,12 +81,12 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
             room = limit - drafted - 1
             seq_len = min(seq_len, room) if row_tokens <= room else row_tokens
         engine = SpeculativeEngine(
-            target, assistant_model, prompt_lookup_num_tokens=1 if prompt_lookup else None,
+            target, assistant_model, draft_head=draft_head, prompt_lookup_num_tokens=1 if prompt_lookup else None,
             max_matching_ngram_size=max_matching_ngram_size, max_draft_tokens=drafted or None,
             backend=backend, runner=runner, cuda_graphs=cuda_graphs, tokenizer=tokenizer,
             assistant_tokenizer=assistant_tokenizer, max_batch_size=rows, max_seq_len=seq_len)
         draft_ref = None
-        if assistant_model is not None:
+        if weak is not None:
             target_ref = weakref.ref(target)
 
             def forget(_, target_ref=target_ref, key=key):
@@ -87,7 +94,7 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
                 if owner is not None:
                     _ENGINES.get(owner, {}).pop(key, None)
 
-            draft_ref = weakref.ref(assistant_model, forget)
+            draft_ref = weakref.ref(weak, forget)
         entries[key] = _Entry(engine, draft_ref, fingerprint)
         return engine
 

@@ -28,16 +28,19 @@ import math
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import torch
 
-from ..drafters import ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..drafters import Eagle3Drafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..heads import load_draft_head
 from ..options import resolve_options
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
+from ..runners.paged_eagle3 import PagedEagle3Runner
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
-from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions
+from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions, vocab_size
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .tree_loop import TreeDecoder
 
@@ -48,6 +51,11 @@ DEFAULT_NUM_ASSISTANT_TOKENS = 4
 DEFAULT_MAX_SEQ_LEN = 4096  # with no max_seq_len: min(this, the model's position limit)
 DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of the free memory
 MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
+
+
+def head_source(path) -> str:
+    """A head directory's identity (its resolved path)."""
+    return str(Path(path).resolve())
 
 
 def bucket_for(batch: int, max_batch_size: int) -> int:
@@ -65,8 +73,10 @@ def _positive(name: str, value) -> int:
 
 
 class SpeculativeEngine:
-    """Speculative decoding of ``target`` with ``assistant_model`` (a draft model) or prompt
-    lookup (prompt_lookup_num_tokens = K), or plain decoding (neither), for many calls.
+    """Speculative decoding of ``target`` with ``assistant_model`` (a draft model), a draft head
+    that reads the target's hidden states (``draft_head``: an EAGLE-3 head directory in its
+    published layout or a loaded head, specdec_fast.load_draft_head; drafters/eagle3.py), or
+    prompt lookup (prompt_lookup_num_tokens = K), or plain decoding (none), for many calls.
 
     max_batch_size: the most rows of one call. max_seq_len: the most tokens of one row (prompt
     + max_new_tokens; default min(4096, the model's limit)). kv_cache_tokens: the tokens each
@@ -80,13 +90,14 @@ class SpeculativeEngine:
     (transformers' argument names) and returns what it returns; warmup() captures every bucket's
     graphs up front."""
 
-    def __init__(self, target, assistant_model=None, *, prompt_lookup_num_tokens=None, max_matching_ngram_size=None,
+    def __init__(self, target, assistant_model=None, *, draft_head=None, prompt_lookup_num_tokens=None,
+                 max_matching_ngram_size=None,
                  max_batch_size: int = 8, max_seq_len: int | None = None, kv_cache_tokens: int | None = None,
                  kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION, num_assistant_tokens: int | None = None,
                  max_draft_tokens: int | None = None, tree=None, backend=None, runner=None, cuda_graphs=None,
                  block_size: int = 16, run_ahead: int = 2, tokenizer=None, assistant_tokenizer=None):
-        if assistant_model is not None and prompt_lookup_num_tokens is not None:
-            raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
+        if sum(x is not None for x in (assistant_model, prompt_lookup_num_tokens, draft_head)) > 1:
+            raise ValueError("give one of assistant_model, draft_head and prompt_lookup_num_tokens")
         if tree is not None and assistant_model is None:
             raise ValueError("tree=... needs an assistant_model (the draft that expands the tree)")
         self.max_batch_size = _positive("max_batch_size", max_batch_size)
@@ -102,15 +113,24 @@ class SpeculativeEngine:
         # (engine/cached.py) must not keep it alive. Keep the models while you use the engine.
         self._target_ref = weakref.ref(target)
         self._draft_ref = None if assistant_model is None else weakref.ref(assistant_model)
+        # A head object is held weakly, as the models are; a head this engine loaded from a
+        # directory is its own (the runner holds the head's tensors either way).
+        self.head_source = self._own_head = self._head_ref = None
+        if draft_head is not None:
+            head = self._load_head(draft_head, target)
+            if isinstance(draft_head, torch.nn.Module):
+                self._head_ref = weakref.ref(head)
+            else:
+                self.head_source, self._own_head = head_source(draft_head), head
         self.backend, self.run_ahead, self.block_size, self.cuda_graphs = backend, run_ahead, block_size, cuda_graphs
         self.tree = tree
         if prompt_lookup_num_tokens is not None:
             self.default_k = _positive("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
             self.mode = "lookup"
-        elif assistant_model is not None:
+        elif assistant_model is not None or draft_head is not None:
             self.default_k = DEFAULT_NUM_ASSISTANT_TOKENS if num_assistant_tokens is None else \
                 _positive("num_assistant_tokens", num_assistant_tokens)
-            self.mode = "draft"
+            self.mode = "draft" if draft_head is None else "head"
         else:
             self.default_k, self.mode = 0, "plain"
         self.prompt_lookup_num_tokens, self.max_matching_ngram_size = prompt_lookup_num_tokens, max_matching_ngram_size
@@ -123,6 +143,8 @@ class SpeculativeEngine:
         row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
         self.target_runner = self._runner(target, runner, row_tokens)
         self.draft_runner = None if assistant_model is None else self._runner(assistant_model, runner, row_tokens)
+        if draft_head is not None:
+            self.draft_runner = self._head_runner(self.draft_head, target)
         if tree is not None:
             self._tree_drafter(as_token_tree(tree))  # checks the runners now
         self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
@@ -140,6 +162,11 @@ class SpeculativeEngine:
         return model
 
     @property
+    def draft_head(self):
+        """The draft head (None without one, or once a head object given by the caller is gone)."""
+        return self._own_head if self._own_head is not None else None if self._head_ref is None else self._head_ref()
+
+    @property
     def assistant_model(self):
         return None if self._draft_ref is None else self._draft_ref()
 
@@ -148,9 +175,39 @@ class SpeculativeEngine:
         name = choose_runner(model, runner, row_tokens, self.backend)
         return make_runner(model, name, backend=self.backend, **({"block_size": self.block_size} if name == "paged" else {}))
 
+    def _load_head(self, draft_head, target):
+        """The head (a directory: loaded on the target's device in its dtype; a head object: as it
+        is, on the target's device), checked against the target's vocabulary and width."""
+        if isinstance(draft_head, torch.nn.Module):
+            head = load_draft_head(draft_head)
+            if next(head.parameters()).device != self.device:
+                raise ValueError(f"draft_head is on {next(head.parameters()).device} but model is on {self.device}")
+        else:
+            head = load_draft_head(draft_head, device=self.device, dtype=next(target.parameters()).dtype)
+        vocab = vocab_size(target)
+        if head.vocab_size != vocab:
+            raise ValueError(f"vocab mismatch: the draft head is for a vocabulary of {head.vocab_size} tokens, the "
+                             f"target has {vocab}")
+        return head
+
+    def _head_runner(self, head, target):
+        """The head's paged runner; the target runner captures the hidden states it reads."""
+        if not hasattr(self.target_runner, "capture_hidden_states"):
+            raise ValueError(f"draft_head needs a paged target runner (it reads the target's hidden states), got "
+                             f"{type(self.target_runner).__name__}")
+        layers = len(self.target_runner.layers)
+        self.target_runner.capture_hidden_states(head.hidden_indices(layers))
+        if self.target_runner.hidden_capture.width != head.fc.weight.shape[1]:
+            raise ValueError(f"the draft head's fc reads {head.fc.weight.shape[1]} features; the target's "
+                             f"{len(head.hidden_indices(layers))} hidden states are "
+                             f"{self.target_runner.hidden_capture.width} wide (a head for another target?)")
+        return PagedEagle3Runner(head, target.get_input_embeddings().weight, num_draft_tokens=self.max_draft_tokens,
+                                 block_size=self.block_size, backend=self.backend)
+
     def _allocate_pools(self, row_tokens: int, default_row: int, kv_cache_tokens, fraction: float) -> str:
         """Each paged runner's KV pool (once); the line that says how big and why."""
-        runners = [(name, r) for name, r in (("target", self.target_runner), ("draft", self.draft_runner))
+        runners = [(name, r) for name, r in (("target", self.target_runner), ("draft" if self.mode != "head" else "head",
+                                                                             self.draft_runner))
                    if r is not None and hasattr(r, "allocate")]
         if not runners:
             return "no KV pool (the runners keep their own caches per call)"
@@ -177,8 +234,15 @@ class SpeculativeEngine:
             return None
         drafter = self._drafters.get("chain")
         if drafter is None:
-            drafter = self._drafters["chain"] = (PromptLookupDrafter(self.max_matching_ngram_size or 2)
-                                                 if self.mode == "lookup" else ModelDrafter(self.draft_runner))
+            if self.mode == "lookup":
+                drafter = PromptLookupDrafter(self.max_matching_ngram_size or 2)
+            elif self.mode == "head":
+                head = self.draft_head
+                mapped = head.draft_to_target if head.draft_vocab_size != head.vocab_size else None
+                drafter = Eagle3Drafter(self.draft_runner, self.target_runner, mapped)
+            else:
+                drafter = ModelDrafter(self.draft_runner)
+            self._drafters["chain"] = drafter
         return drafter
 
     def _tree_drafter(self, token_tree):
@@ -207,11 +271,11 @@ class SpeculativeEngine:
     def _generate(self, input_ids, attention_mask, *, assistant_model=None, prompt_lookup_num_tokens=None,
                   max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
                   eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
-                  return_stats=False, generation_config=None, tree=None, resolved=None, **kwargs):
+                  return_stats=False, generation_config=None, tree=None, resolved=None, draft_head=None, **kwargs):
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
         kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
-        self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree)
+        self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree, draft_head)
         mask = check_inputs(input_ids, attention_mask)
         target = self.target
         check_in_vocabulary(input_ids, self.target_runner.vocab_size)
@@ -245,7 +309,12 @@ class SpeculativeEngine:
                                      graphs_captured_total=self.graphs_captured)
         return (tokens, stats) if return_stats else tokens
 
-    def _check_drafting(self, assistant_model, prompt_lookup_num_tokens, tree) -> None:
+    def _is_own_head(self, draft_head) -> bool:
+        if isinstance(draft_head, torch.nn.Module):
+            return draft_head is self.draft_head
+        return self.head_source is not None and head_source(draft_head) == self.head_source
+
+    def _check_drafting(self, assistant_model, prompt_lookup_num_tokens, tree, draft_head=None) -> None:
         """A call may name the engine's own drafting (as model.generate calls do), not another."""
         if assistant_model is not None and assistant_model is not self.assistant_model:
             raise ValueError("this engine drafts with another assistant_model (or none); build a SpeculativeEngine "
@@ -255,6 +324,9 @@ class SpeculativeEngine:
                              "prompt_lookup_num_tokens")
         if tree is not None and self.mode != "draft":
             raise ValueError("tree=... needs an assistant_model (the draft that expands the tree)")
+        if draft_head is not None and not self._is_own_head(draft_head):
+            raise ValueError("this engine drafts with another draft_head (or none); build a SpeculativeEngine for this one, "
+                             "or call specdec_fast.generate")
         if prompt_lookup_num_tokens is not None and assistant_model is not None:
             raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
 
@@ -267,7 +339,7 @@ class SpeculativeEngine:
         if self.mode == "lookup":
             k = opts.prompt_lookup_num_tokens if opts.prompt_lookup_num_tokens is not None else self.default_k
             return _positive("prompt_lookup_num_tokens", k)
-        if self.mode == "draft":
+        if self.mode in ("draft", "head"):
             k = opts.num_assistant_tokens if opts.num_assistant_tokens is not None else self.default_k
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ValueError(f"num_assistant_tokens (K) must be an int >= 1, got {k!r}")
@@ -356,7 +428,8 @@ class SpeculativeEngine:
 
     def describe(self) -> str:
         """One line: the drafting, the sizes, the pool, the graph mode."""
-        drafting = {"draft": f"draft model, K={self.default_k}", "lookup": f"prompt lookup, K={self.default_k}",
+        drafting = {"draft": f"draft model, K={self.default_k}", "head": f"draft head, K={self.default_k}",
+                    "lookup": f"prompt lookup, K={self.default_k}",
                     "plain": "plain decoding"}[self.mode]
         if self.tree is not None:
             drafting = f"draft model, tree {as_token_tree(self.tree).describe()}"

@@ -91,7 +91,7 @@ BAD_INPUTS = [  # (extra argv, the one line expected on stderr; {root} = the pai
     (["--min-p", "-0.1"], "--min-p must be in [0, 1], got -0.1"),
     (["--top-k", "-3"], "--top-k must be >= 0 (0 = off), got -3"),
     (["--threads", "-1"], "--threads must be >= 0 (0 = torch's default), got -1"),
-    (["--prompt-lookup", "3"], "give --draft or --prompt-lookup, not both"),
+    (["--prompt-lookup", "3"], "give one of --draft, --draft-head and --prompt-lookup"),
     (["--draft", "{root}/draft_other_vocab"],
      "vocab mismatch: the target has vocab_size 128 (128 output rows), the draft (assistant_model) has 130 (130); "
      "speculative decoding needs one shared vocabulary"),

@@ -1,0 +1,132 @@
+"""load_draft_head / save_draft_head: draft heads in their published checkpoint layouts.
+
+A head directory holds config.json and its weights as model.safetensors (or sharded with
+model.safetensors.index.json) or pytorch_model.bin (a torch state dict). config.json's
+``architectures`` picks the kind:
+    LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM   EAGLE-3 (heads/eagle3.py: SafeAILab/EAGLE's
+                                                      names, as SGLang and vLLM load them)
+    DFlashDraftModel                                  DFlash block drafter (heads/dflash.py)
+Weight names are taken as the EAGLE repo writes them (fc.weight, midlayer.*, norm.weight,
+lm_head.weight, d2t, t2d); the variants SGLang / vLLM also accept are mapped to them: a leading
+"model." and "layers.0." for "midlayer.". embed_tokens.weight is optional (the target's
+embedding otherwise); lm_head.weight may be absent when tie_word_embeddings is set (then the
+draft vocabulary is the target's and lm_head is the embedding).
+"""
+import json
+from pathlib import Path
+
+import torch
+
+from .eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
+
+DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def is_draft_head(obj) -> bool:
+    """A head object this package drafts with (what load_draft_head returns)."""
+    return isinstance(obj, torch.nn.Module) and getattr(obj, "kind", None) in ("eagle3", "dflash")
+
+
+def load_draft_head(source, *, device=None, dtype=None):
+    """A draft head from ``source``: a directory in a published layout (module docstring) or a
+    head object (returned as it is). device / dtype: where and in which dtype the weights go
+    (default: the CPU, the checkpoint's dtype)."""
+    if is_draft_head(source):
+        return source if device is None and dtype is None else source.to(device=device, dtype=dtype)
+    path = Path(source)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no draft head at {path}: a head directory holds config.json and its weights")
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    architectures = raw.get("architectures") or []
+    weights = _read_weights(path)
+    if any(a in EAGLE3_ARCHITECTURES for a in architectures):
+        head = _eagle3(raw, weights)
+    elif any(a in DFLASH_ARCHITECTURES for a in architectures):
+        from .dflash import dflash_from_layout
+
+        head = dflash_from_layout(raw, weights)
+    else:
+        raise ValueError(f"{path}/config.json: architectures {architectures} name no draft head this package loads "
+                         f"({', '.join(EAGLE3_ARCHITECTURES + DFLASH_ARCHITECTURES)})")
+    head.eval().requires_grad_(False)
+    stored = raw.get("torch_dtype") or raw.get("dtype")
+    if dtype is None and isinstance(stored, str) and stored in ("float16", "bfloat16", "float32"):
+        dtype = getattr(torch, stored)
+    return head.to(device=device or "cpu", dtype=dtype)
+
+
+def save_draft_head(head, directory, *, safetensors: bool = True) -> None:
+    """Writes ``head`` in its published layout: config.json + model.safetensors (or
+    pytorch_model.bin). The target's embedding is not written (embed_tokens only when the head
+    has its own)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    config["architectures"] = [head.architecture]
+    dtype = next(head.parameters()).dtype
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    state = {name: t.detach().contiguous().cpu() for name, t in head.state_dict().items()}
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(state, out / "pytorch_model.bin")
+
+
+def _read_weights(path: Path) -> dict:
+    if (path / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(path / "model.safetensors"))
+    if (path / "model.safetensors.index.json").is_file():
+        from safetensors.torch import load_file
+
+        index = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        weights = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            weights.update(load_file(str(path / shard)))
+        return weights
+    if (path / "pytorch_model.bin").is_file():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no weights under {path} (one of {', '.join(WEIGHT_FILES)})")
+
+
+def _canonical(name: str) -> str:
+    if name.startswith("model."):
+        name = name[len("model."):]
+    if name.startswith("layers.0."):
+        name = "midlayer." + name[len("layers.0."):]
+    return name
+
+
+def _eagle3(raw: dict, weights: dict) -> Eagle3Head:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**{k: v for k, v in raw.items() if k != "architectures"})
+    config.architectures = list(raw.get("architectures") or [EAGLE3_ARCHITECTURES[0]])
+    weights = {_canonical(name): tensor for name, tensor in weights.items()}
+    embed = weights.pop("embed_tokens.weight", None)
+    if "lm_head.weight" not in weights and getattr(config, "tie_word_embeddings", False):
+        if getattr(config, "draft_vocab_size", None) not in (None, config.vocab_size):
+            raise ValueError("a tied lm_head needs draft_vocab_size == vocab_size")
+        if embed is None:
+            raise ValueError("tie_word_embeddings without embed_tokens.weight: the head's lm_head is not in the checkpoint")
+        weights["lm_head.weight"] = embed
+    head = Eagle3Head(config, embed_tokens=None if embed is None else torch.nn.Embedding.from_pretrained(embed))
+    if "t2d" not in weights and "d2t" in weights:  # t2d follows from d2t
+        t2d = torch.zeros(head.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(weights["d2t"].numel()) + weights["d2t"].long()] = True
+        weights["t2d"] = t2d
+    state = head.state_dict()
+    missing = sorted(set(state) - set(weights) - {"d2t", "t2d"} - {n for n in state if n.startswith("embed_tokens.")})
+    unexpected = sorted(set(weights) - set(state))
+    if missing or unexpected:
+        raise ValueError(f"EAGLE-3 weights do not fit the layout: missing {missing}, unexpected {unexpected}")
+    for name, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise ValueError(f"EAGLE-3 weight {name}: shape {tuple(tensor.shape)}, the config says {tuple(state[name].shape)}")
+    head.load_state_dict({**state, **{n: t.to(state[n].dtype) for n, t in weights.items()}})
+    return head

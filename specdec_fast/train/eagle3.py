@@ -1,0 +1,131 @@
+"""Training an EAGLE-3 head for a target (CPU-feasible for small targets; bench/train_eagle3.py
+trains the demo pair's).
+
+Data: token sequences [N, T] (a corpus). For each batch the frozen target runs once with
+output_hidden_states: the head's features are its hidden states at the head's indices
+(heads/eagle3.py aux_layer_ids), its labels the target's next-token distributions restricted to
+the draft vocabulary (EAGLE-3: softmax over the mapped target logits).
+
+Training-time test (EAGLE-3 §3.2): S unrolled steps. Step 0 feeds every entry t (target
+features at t, token t + 1) and predicts the target's distribution at t + 1 (for token t + 2).
+Step j >= 1 feeds, at every entry t, the head's own output g of step j - 1 with token t + 1 + j
+at position t + j, and predicts the target's distribution at t + 1 + j: what the head sees at
+draft step j of decoding. Its attention: the step-0 entries s <= t (the context, causal) and the
+earlier steps' entries at the same t (the drafts before it), as EAGLE's training code builds it.
+Loss: sum_j 0.8^j * CE(target distribution, head), over positions whose target argmax is in the
+draft vocabulary (EAGLE's position mask).
+"""
+import math
+import time
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+STEP_WEIGHT = 0.8  # EAGLE-3's weight of unrolled step j: 0.8 ** j
+
+
+def choose_draft_vocabulary(sequences, size: int, vocab_size: int) -> torch.Tensor:
+    """The ``size`` most frequent target tokens of ``sequences`` (ties: lower id), sorted: the
+    draft vocabulary (EAGLE-3 scans its training data the same way)."""
+    counts = Counter(torch.as_tensor(sequences).reshape(-1).tolist())
+    ranked = sorted(range(vocab_size), key=lambda t: (-counts.get(t, 0), t))
+    return torch.tensor(sorted(ranked[:size]), dtype=torch.long)
+
+
+def target_features(target, ids: torch.Tensor, indices) -> tuple:
+    """ids [B, T] -> (features [B, T, len(indices) * H] from hidden_states[j], logits [B, T, V])."""
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[j] for j in indices], -1), out.logits
+
+
+def ttt_attention_mask(length: int, step: int, device) -> torch.Tensor:
+    """bool [T, (step + 1) T]: step ``step``'s query t sees step-0 keys s <= t and steps 1..step at t."""
+    t = torch.arange(length, device=device)
+    causal = t[None, :] <= t[:, None]
+    diag = t[None, :] == t[:, None]
+    return torch.cat([causal] + [diag] * step, 1)
+
+
+def ttt_loss(head, embed: torch.Tensor, features: torch.Tensor, ids: torch.Tensor, target_logits: torch.Tensor,
+             steps: int, t2d: torch.Tensor, d2t_ids: torch.Tensor):
+    """The training-time-test loss of one batch -> (loss, per-step top-1 agreement with the target)."""
+    batch, length = ids.shape
+    span = length - 1 - steps  # entries t with labels for every step (t + 1 + step < length)
+    if span < 1:
+        raise ValueError(f"sequences of {length} tokens are too short for {steps} unrolled steps")
+    config = head.config
+    scale = config.head_dim ** -0.5
+    feature = head.project(features[:, :span].to(head.fc.weight.dtype))
+    keys, values = [], []
+    loss, agree = 0.0, []
+    positions0 = torch.arange(span, device=ids.device)[None].expand(batch, -1)
+    for j in range(steps):
+        tokens = ids[:, 1 + j: 1 + j + span]
+        with torch.no_grad():
+            labels = target_logits[:, 1 + j: 1 + j + span].float()  # the target's distribution for token t + 2 + j
+            in_vocab = t2d[labels.argmax(-1)]
+            probs = torch.softmax(labels.index_select(-1, d2t_ids), -1)
+        mask = ttt_attention_mask(span, j, ids.device)
+
+        def attend(q, k, v, mask=mask):
+            keys.append(k)
+            values.append(v)
+            group = q.shape[1] // k.shape[1]
+            k_all = torch.cat(keys, 2).repeat_interleave(group, 1)
+            v_all = torch.cat(values, 2).repeat_interleave(group, 1)
+            return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=scale)
+
+        g = head.layer(F.embedding(tokens, embed), feature, positions0 + j, attend)
+        logp = torch.log_softmax(head.logits(g).float(), -1)
+        weight = in_vocab.float()
+        step_loss = -((probs * logp).sum(-1) * weight).sum() / weight.sum().clamp(min=1)
+        loss = loss + STEP_WEIGHT ** j * step_loss
+        with torch.no_grad():
+            agree.append(float(((logp.argmax(-1) == probs.argmax(-1)) & in_vocab).float().mean()))
+        feature = g
+    return loss, agree
+
+
+def train_eagle3(head, target, sequences: torch.Tensor, *, steps: int = 1000, minutes: float | None = None,
+                 batch_size: int = 16, unroll: int = 4, lr: float = 3e-3, seed: int = 0, log=None) -> dict:
+    """Trains ``head`` (in place; its vocabulary already chosen) on ``target``'s hidden states and
+    outputs over ``sequences`` [N, T] (random batches, fixed seed): AdamW, linear warm-up over 5%
+    then cosine decay, whichever of ``steps`` / ``minutes`` ends first. -> a summary dict."""
+    indices = head.hidden_indices(target.config.num_hidden_layers)
+    embed = target.get_input_embeddings().weight.detach()
+    params = [p for name, p in head.named_parameters() if not name.startswith("embed_tokens")]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed)
+    d2t_ids, t2d = head.draft_to_target, head.t2d
+    head.train()
+    start, history = time.perf_counter(), []
+    step = 0
+    for step in range(steps):
+        elapsed = (time.perf_counter() - start) / 60
+        if minutes is not None and elapsed >= minutes:
+            break
+        fraction = max(step / steps, elapsed / minutes if minutes else 0.0)
+        scale = min(1.0, fraction / 0.05) * 0.5 * (1 + math.cos(math.pi * min(fraction, 1.0)))
+        for group in opt.param_groups:
+            group["lr"] = lr * max(scale, 0.02)
+        rows = torch.randint(0, sequences.shape[0], (batch_size,), generator=gen)
+        ids = sequences[rows]
+        features, logits = target_features(target, ids, indices)
+        loss, agree = ttt_loss(head, embed, features, ids, logits, unroll, t2d, d2t_ids)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        history.append((float(loss.detach()), agree))
+        if log is not None and (step % 50 == 0 or step == steps - 1):
+            log(f"step {step}: loss {float(loss):.3f}, top-1 agreement per step {[round(a, 3) for a in agree]}")
+    head.eval()
+    for p in params:
+        p.requires_grad_(False)
+    last = history[-20:]
+    return dict(steps=step + 1, seconds=time.perf_counter() - start, final_loss=sum(h[0] for h in last) / max(len(last), 1),
+                final_agreement=[sum(h[1][j] for h in last) / max(len(last), 1) for j in range(unroll)])

@@ -1,0 +1,47 @@
+"""Tiny EAGLE-3 heads for the tests: random, or trained for a second on a tiny target's own text
+(specdec_fast.train) so that drafts are accepted often enough to exercise every commit path."""
+import torch
+import transformers as tf
+
+from specdec_fast.heads import Eagle3Head
+from specdec_fast.train import choose_draft_vocabulary, train_eagle3
+
+_CACHE = {}
+
+
+def head_config(target, draft_vocab: int, ids=(1, 2, 3), **extra):
+    config = target.config
+    return tf.LlamaConfig(hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=config.vocab_size,
+                          draft_vocab_size=draft_vocab, rope_theta=500.0, eagle_aux_hidden_state_layer_ids=list(ids),
+                          **extra)
+
+
+def random_head(target, draft_vocab: int, *, seed: int = 0, std: float = 0.15, **extra) -> Eagle3Head:
+    """A head with random weights and a random draft vocabulary of draft_vocab target tokens."""
+    torch.manual_seed(seed)
+    head = Eagle3Head(head_config(target, draft_vocab, **extra)).eval()
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0, std)
+    head.set_vocabulary(torch.randperm(target.config.vocab_size)[:draft_vocab])
+    return head.requires_grad_(False)
+
+
+def trained_head(target, draft_vocab: int, *, key: str, steps: int = 200, rows: int = 512, temperature: float = 0.7):
+    """A head trained on ``rows`` sampled continuations of the target (cached per session under key)."""
+    if key not in _CACHE:
+        vocab = target.config.vocab_size
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(3, vocab, (rows, 2), generator=gen)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            text = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
+                                   temperature=temperature, max_new_tokens=22, pad_token_id=0)
+        torch.manual_seed(1)
+        head = Eagle3Head(head_config(target, draft_vocab))
+        head.set_vocabulary(choose_draft_vocabulary(text, draft_vocab, vocab))
+        train_eagle3(head, target, text, steps=steps, batch_size=16, unroll=3, lr=3e-3)
+        _CACHE[key] = head
+    return _CACHE[key]
