@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import Eagle3Drafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..drafters import Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
 from ..heads import load_draft_head
 from ..options import resolve_options
 from ..kernels.sampling_params import make_sampling_tensors
@@ -98,8 +98,8 @@ class SpeculativeEngine:
                  block_size: int = 16, run_ahead: int = 2, tokenizer=None, assistant_tokenizer=None):
         if sum(x is not None for x in (assistant_model, prompt_lookup_num_tokens, draft_head)) > 1:
             raise ValueError("give one of assistant_model, draft_head and prompt_lookup_num_tokens")
-        if tree is not None and assistant_model is None:
-            raise ValueError("tree=... needs an assistant_model (the draft that expands the tree)")
+        if tree is not None and assistant_model is None and draft_head is None:
+            raise ValueError("tree=... needs an assistant_model or a draft_head (the drafter that expands the tree)")
         self.max_batch_size = _positive("max_batch_size", max_batch_size)
         limit = max_positions(target)
         self.max_seq_len = _positive("max_seq_len", max_seq_len) if max_seq_len is not None else \
@@ -237,9 +237,7 @@ class SpeculativeEngine:
             if self.mode == "lookup":
                 drafter = PromptLookupDrafter(self.max_matching_ngram_size or 2)
             elif self.mode == "head":
-                head = self.draft_head
-                mapped = head.draft_to_target if head.draft_vocab_size != head.vocab_size else None
-                drafter = Eagle3Drafter(self.draft_runner, self.target_runner, mapped)
+                drafter = Eagle3Drafter(self.draft_runner, self.target_runner, self._draft_to_target())
             else:
                 drafter = ModelDrafter(self.draft_runner)
             self._drafters["chain"] = drafter
@@ -251,8 +249,17 @@ class SpeculativeEngine:
             raise ValueError(f"tree=... needs paged runners for the target and the draft (tree-masked scoring), got {kinds}")
         drafter = self._drafters.get(token_tree)
         if drafter is None:
-            drafter = self._drafters[token_tree] = TreeDrafter(self.draft_runner, token_tree)
+            if self.mode == "head":
+                drafter = Eagle3TreeDrafter(self.draft_runner, self.target_runner, self._draft_to_target(), token_tree)
+            else:
+                drafter = TreeDrafter(self.draft_runner, token_tree)
+            self._drafters[token_tree] = drafter
         return drafter
+
+    def _draft_to_target(self):
+        """The head's draft-to-target id map (None when its vocabulary is the target's)."""
+        head = self.draft_head
+        return head.draft_to_target if head.draft_vocab_size != head.vocab_size else None
 
     # -- calls ---------------------------------------------------------------------------------
     def generate(self, input_ids=None, attention_mask=None, **options):
@@ -322,8 +329,8 @@ class SpeculativeEngine:
         if prompt_lookup_num_tokens is not None and self.mode != "lookup":
             raise ValueError("this engine does not draft by prompt lookup; build a SpeculativeEngine with "
                              "prompt_lookup_num_tokens")
-        if tree is not None and self.mode != "draft":
-            raise ValueError("tree=... needs an assistant_model (the draft that expands the tree)")
+        if tree is not None and self.mode not in ("draft", "head"):
+            raise ValueError("tree=... needs an assistant_model or a draft_head (the drafter that expands the tree)")
         if draft_head is not None and not self._is_own_head(draft_head):
             raise ValueError("this engine drafts with another draft_head (or none); build a SpeculativeEngine for this one, "
                              "or call specdec_fast.generate")
