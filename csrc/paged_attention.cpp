@@ -68,7 +68,7 @@ inline void accumulate_rows(float* acc, int64_t D, const float* p, const float* 
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
          const at::Tensor& seq_lens, const at::Tensor& cu_query_lens, const c10::optional<at::Tensor>& tree_mask,
-         double scale, at::Tensor& out) {
+         double scale, bool causal, at::Tensor& out) {
   const int64_t B = block_table.size(0);
   const int64_t Hq = q.size(1), D = q.size(2);
   const int64_t page = k_cache.size(1), Hkv = k_cache.size(2), G = Hq / Hkv;
@@ -115,8 +115,8 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
             to_float(&kbuf[j * D], kp + phys * ks0 + slot * ks1 + h * ks2, D);
             to_float(&vbuf[j * D], vp + phys * vs0 + slot * vs1 + h * vs2, D);
           }
-          // rows whose causal window reaches this chunk: i >= j0 - prefix
-          const int64_t first_row = std::max<int64_t>(0, j0 - prefix) * G;
+          // rows whose causal window reaches this chunk: i >= j0 - prefix (every row: the block mask)
+          const int64_t first_row = causal ? std::max<int64_t>(0, j0 - prefix) * G : 0;
           const int64_t first_quad = first_row / ROWS * ROWS;
           for (int64_t r = first_quad; r < R; r += ROWS)
             score_rows(&qbuf[r * D], D, kbuf.data(), cnt, &scores[r * CHUNK]);
@@ -124,7 +124,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
           for (int64_t r = first_quad; r < Rp; ++r) {
             float* s = &scores[r * CHUNK];
             const int64_t i = r / G;
-            const int64_t end = r < first_row || r >= R ? 0 : std::min<int64_t>(cnt, prefix + i + 1 - j0);  // causal
+            const int64_t end = r < first_row || r >= R ? 0 : causal ? std::min<int64_t>(cnt, prefix + i + 1 - j0) : cnt;
             const int64_t bits = tree && r < R ? tree[q0 + i] : 0;
             float cmax = neg_inf;
             for (int64_t j = 0; j < cnt; ++j) {
@@ -167,7 +167,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& cu_query_lens,
-                           const c10::optional<at::Tensor>& tree_mask, double scale) {
+                           const c10::optional<at::Tensor>& tree_mask, double scale, bool causal) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "paged_attention: q must be a contiguous [T, Hq, D] tensor");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_attention: k_cache/v_cache shape");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "paged_attention: caches need stride(-1) == 1");
@@ -186,7 +186,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                 "paged_attention: tree_mask must be contiguous int64 [T]");
   at::Tensor out = at::zeros_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
-    run<scalar_t>(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, out);
+    run<scalar_t>(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal, out);
   });
   return out;
 }
@@ -198,7 +198,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-      "Tensor cu_query_lens, Tensor? tree_mask, float scale) -> Tensor");
+      "Tensor cu_query_lens, Tensor? tree_mask, float scale, bool causal=True) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) { m.impl("paged_attention", &specdec::attention::paged_attention); }

@@ -102,18 +102,27 @@ def _check_values(q, k_cache, block_table, seq_lens, cu_query_lens, max_query_le
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *, max_query_len: int,
-                    tree_mask=None, scale=None, backend=None, check=True) -> torch.Tensor:
-    """Attention of T packed new queries over a paged KV cache; causal or token-tree mask.
+                    tree_mask=None, scale=None, causal: bool = True, backend=None, check=True) -> torch.Tensor:
+    """Attention of T packed new queries over a paged KV cache; causal, token-tree or block mask.
 
     q [T, Hq, D] fp16/bf16/fp32; k_cache, v_cache [num_blocks, block_size, Hkv, D] same dtype;
     block_table [B, max_blocks] int32; seq_lens [B] int32 (tokens in the cache, new ones
     included); cu_query_lens [B+1] int32 (row b's queries are q[cu[b]:cu[b+1]]);
     max_query_len: static upper bound on any row's query count (sizes the grid);
     tree_mask [T] int64 or None: bit j of query t = it may see new token j of its row.
+    causal=False: the block mask (DFlash's draft block: every new token of a row is seen by every
+    query of the row, both ways; no tree). Cost against causal: the same KV pages are read (the
+    kernels read a row's new tokens once per tile either way); every query scores all n new
+    tokens instead of i + 1 (n (n - 1) / 2 more dot products per head and row: 120 at n = 16,
+    nothing beside a prefix of hundreds of tokens) and no mask is computed in the last chunks.
     scale defaults to 1/sqrt(D). check=False skips the value checks (no host sync).
     Returns out [T, Hq, D] in q's dtype. See reference.py for the exact semantics.
     """
     _check_static(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, max_query_len, tree_mask, scale)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if not causal and tree_mask is not None:
+        raise ValueError("the block mask (causal=False) takes no tree_mask")
     if check:
         _check_values(q, k_cache, block_table, seq_lens, cu_query_lens, max_query_len, tree_mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -122,15 +131,16 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     block_table, seq_lens, cu_query_lens = block_table.contiguous(), seq_lens.contiguous(), cu_query_lens.contiguous()
     tree_mask = tree_mask.contiguous() if tree_mask is not None else None
     if name == "torch":
-        return paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale)
+        return paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale,
+                                         causal)
     if name == "cpp":
         from .cpp import paged_attention_cpp
 
-        return paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale)
+        return paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal)
     from .triton import MAX_HEAD_DIM, paged_attention_triton
 
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"backend='triton' takes head_dim <= {MAX_HEAD_DIM}, got {q.shape[-1]}")
 
     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
-                                  max_query_len=max_query_len, tree_mask=tree_mask, scale=scale)
+                                  max_query_len=max_query_len, tree_mask=tree_mask, scale=scale, causal=causal)

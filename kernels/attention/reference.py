@@ -8,7 +8,8 @@ new query i sits at position P_b + i.
 
 Mask: every query sees the whole prefix. Among the new tokens, query i sees token j iff j <= i
 (causal) and, with a tree, bit j of tree_mask[t] is set (t = cu[b] + i: its ancestors and
-itself, nodes in BFS order). Softmax in fp32; output [T, Hq, D] in q's dtype.
+itself, nodes in BFS order). causal=False is the block mask (DFlash's draft block): every query
+sees every new token of its row, both ways. Softmax in fp32; output [T, Hq, D] in q's dtype.
 """
 import math
 
@@ -23,10 +24,12 @@ def gather_row_kv(cache: torch.Tensor, block_table_row: torch.Tensor, length: in
     return pages.reshape(-1, *cache.shape[2:])[:length]
 
 
-def new_token_mask(query_len: int, tree_bits: torch.Tensor | None) -> torch.Tensor:
-    """[n, n] bool: query i may see new token j (causal, AND the tree bits when given)."""
+def new_token_mask(query_len: int, tree_bits: torch.Tensor | None, causal: bool = True) -> torch.Tensor:
+    """[n, n] bool: query i may see new token j (causal, AND the tree bits when given; every j with
+    causal=False: the block mask)."""
     idx = torch.arange(query_len, device="cpu" if tree_bits is None else tree_bits.device)
-    allowed = idx[None, :] <= idx[:, None]
+    allowed = idx[None, :] <= idx[:, None] if causal else torch.ones(query_len, query_len, dtype=torch.bool,
+                                                                     device=idx.device)
     if tree_bits is not None:
         bits = (tree_bits.to(torch.int64)[:, None] >> idx[None, :]) & 1
         allowed = allowed & bits.bool()
@@ -42,6 +45,7 @@ def paged_attention_reference(
     cu_query_lens: torch.Tensor,
     tree_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
     """out [T, Hq, D] (q's dtype). Reads tensor values on the host: a spec, not a fast path."""
     T, Hq, D = q.shape
@@ -63,7 +67,7 @@ def paged_attention_reference(
         scores = torch.einsum("ihd,jhd->hij", qb, k) * scale  # [Hq, n, L]
         visible = torch.ones(n, length, dtype=torch.bool, device=q.device)
         tree_bits = None if tree_mask is None else tree_mask[lo:hi]
-        visible[:, prefix:] = new_token_mask(n, tree_bits).to(q.device)
+        visible[:, prefix:] = new_token_mask(n, tree_bits, causal).to(q.device)
         scores = scores.masked_fill(~visible[None], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[lo:hi] = torch.einsum("hij,jhd->ihd", probs, v).to(q.dtype)

@@ -4,7 +4,8 @@ Kernel 1 (_paged_attn_split): one program per (row b, KV head, query tile, KV sp
 of its tile are (new query x query head of the GQA group), so each K/V page of that KV head is
 loaded once per step for all N*G query rows: scoring K+1 positions reads what one decode step
 reads. Chunks wholly inside the prefix run with no mask; only chunks that overlap the new tokens
-apply the causal AND tree masks. The KV sequence is split over programs (flash-decoding); each
+apply the causal AND tree masks (BLOCK_MASK: no causal limit among a row's new tokens, DFlash's
+draft block; causal launches keep their key: the constexpr is passed only when set). The KV sequence is split over programs (flash-decoding); each
 split writes its normalised partial output and log-sum-exp, and kernel 2 (_merge_splits)
 combines them. With a single split kernel 1 writes the output directly.
 
@@ -62,6 +63,7 @@ def _paged_attn_split(
     HAS_TREE: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
     IEEE_DOT: tl.constexpr,
+    BLOCK_MASK: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     tile = tl.program_id(1)
@@ -90,9 +92,12 @@ def _paged_attn_split(
                     other=0.0)
         q = (q.to(tl.float32) * qk_scale).to(q_ptr.dtype.element_ty)
 
-        # keys this tile can see: up to its last query's position (causal)
+        # keys this tile can see: up to its last query's position (causal); all (the block mask)
         last_q = tl.minimum(first_q + QUERIES_PER_TILE, n_q) - 1
-        kv_end = tl.minimum(seq_len, prefix + last_q + 1)
+        if BLOCK_MASK:
+            kv_end = seq_len
+        else:
+            kv_end = tl.minimum(seq_len, prefix + last_q + 1)
         # this row's own keys are divided over the splits (at least min_split_chunks chunks
         # each, so short rows use fewer splits and the rest exit at once): a block table
         # reserved far beyond the row's length does not thin out the work per program
@@ -150,7 +155,10 @@ def _paged_attn_split(
             else:
                 s = tl.dot(q, kt)
             j = pos - prefix  # index among the new tokens (< 0: prefix)
-            visible = in_seq[None, :] & (j[None, :] <= qi[:, None])
+            if BLOCK_MASK:
+                visible = in_seq[None, :] & (qi[:, None] >= 0)
+            else:
+                visible = in_seq[None, :] & (j[None, :] <= qi[:, None])
             if HAS_TREE:
                 jc = tl.minimum(tl.maximum(j, 0), 63).to(tl.int64)
                 bit = (tree_bits[:, None] >> jc[None, :]) & 1
@@ -303,7 +311,7 @@ def plan_launch(device: torch.device, batch: int, num_kv_heads: int, group: int,
 
 def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
                            max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
-                           min_split_tokens: int | None = None, plan: LaunchPlan | None = None):
+                           min_split_tokens: int | None = None, plan: LaunchPlan | None = None, causal: bool = True):
     """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
     a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
     e.g. for tests and the benchmark's sweep; plan (from plan_launch) skips choosing again."""
@@ -343,7 +351,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         # fp32 inputs: exact (not tf32) dots. The interpreter's tl.dot on bf16 returns garbage
         # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
         IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
-        num_warps=plan.num_warps, num_stages=2,
+        num_warps=plan.num_warps, num_stages=2, **({} if causal else {"BLOCK_MASK": True}),
     )
     if not direct:
         _merge_splits[(T, Hq)](

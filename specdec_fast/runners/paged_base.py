@@ -387,30 +387,32 @@ class PagedRunnerBase:
         self._append(i, k, v, cu)
         return self._attention(i, q, attn_lens, cu, max_query_len, scale)
 
-    def _append(self, i: int, k, v, cu) -> None:
-        """Writes layer i's new k, v [T, Hkv, D] at self.length (rows packed by cu)."""
+    def _append(self, i: int, k, v, cu, start=None) -> None:
+        """Writes layer i's new k, v [T, Hkv, D] at self.length (or at ``start`` [B] int32), rows packed by cu."""
+        start = self.length if start is None else start
         if self._direct == "cpp":
-            torch.ops.specdec_fast.append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, self.length, cu)
+            torch.ops.specdec_fast.append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, start, cu)
         elif self._direct == "triton":
-            self._triton[0](k, v, self.k_caches[i], self.v_caches[i], self.block_table, self.length, cu)
+            self._triton[0](k, v, self.k_caches[i], self.v_caches[i], self.block_table, start, cu)
         else:
-            append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, self.length, cu,
+            append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, start, cu,
                       backend=self.backend, check=False)
 
-    def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:
+    def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float, causal: bool = True) -> torch.Tensor:
         """Attention of q [T, Hq, D] over layer i's cache, whose new tokens' K/V are already
-        written (attn_lens [B] counts them) -> [T, Hq, D]."""
+        written (attn_lens [B] counts them) -> [T, Hq, D]. causal=False: the block mask (the
+        row's new tokens see each other both ways: kernels/attention)."""
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
-                                                          self.block_table, attn_lens, cu, self._tree_mask, scale)
+                                                          self.block_table, attn_lens, cu, self._tree_mask, scale, causal)
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
-                                   plan=self._plan(max_query_len))
+                                   plan=self._plan(max_query_len), causal=causal)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
-                               max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, backend=self.backend,
-                               check=False)
+                               max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
+                               backend=self.backend, check=False)
 
     def _plan(self, max_query_len: int):
         """The Triton attention launch shape of a call (static per call width): chosen once."""

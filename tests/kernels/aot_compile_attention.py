@@ -16,10 +16,10 @@ PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i3
         "cu_ptr": "*i32", "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
 
 
-def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target):
+def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target, block_mask=False):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
                   BLOCK_N=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
-                  HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32")
+                  HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask)
     sig = {n: PTRS.get(n, "i32").replace("Q", f"*{dtype}") for n in attn._paged_attn_split.arg_names}
     sig.update({k: "constexpr" for k in consts})
     src = ASTSource(fn=attn._paged_attn_split, signature=sig, constexprs=consts)
@@ -44,6 +44,9 @@ def main(full: bool) -> None:
     for cfg in configs:
         kernel = compile_split(*cfg, target)
         print("split", cfg, "shared bytes", kernel.metadata.shared)
+    for cfg in (("bf16", 64, 16, 4, 128, False, True), ("bf16", 128, 16, 8, 128, False, False)):  # the block mask
+        kernel = compile_split(*cfg, target, block_mask=True)
+        print("split block mask", cfg, "shared bytes", kernel.metadata.shared)
     compile_merge(target)
     compile_merge(target, head_dim=112)
     print("merge ok")

@@ -77,8 +77,9 @@ def make_case(seq_lens, query_lens, hq, hkv, head_dim, block_size, dtype, *, tre
                      to(cu), None if tree_mask is None else to(tree_mask), dense_k, dense_v, mql)
 
 
-def sdpa_oracle(case: PagedCase, scale=None) -> torch.Tensor:
-    """float64 SDPA per row on the dense K/V with an explicit boolean mask: [T, Hq, D]."""
+def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True) -> torch.Tensor:
+    """float64 SDPA per row on the dense K/V with an explicit boolean mask: [T, Hq, D]
+    (causal=False: the block mask, every new token visible to every query of its row)."""
     q = case.q.cpu().double()
     T, Hq, D = q.shape
     out = torch.zeros(T, Hq, D, dtype=torch.float64)
@@ -100,7 +101,7 @@ def sdpa_oracle(case: PagedCase, scale=None) -> torch.Tensor:
                     bit = (int(case.tree_mask[lo + i]) >> j) & 1
                     mask[i, prefix + j] = bool(bit)
                 else:
-                    mask[i, prefix + j] = j <= i
+                    mask[i, prefix + j] = j <= i or not causal
         o = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1), k, v, attn_mask=mask,
                                            scale=scale if scale is not None else 1 / math.sqrt(D))
         out[lo:hi] = o.transpose(0, 1)

@@ -34,6 +34,44 @@ def test_matches_sdpa(name, backend, device):
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=tol, rtol=tol)
 
 
+# The block mask (causal=False: DFlash's draft block, every new token seen both ways):
+# (seq_lens, query_lens, Hq, Hkv, head_dim, block_size, dtype, strided). Awkward sizes: a block of
+# 16 over page boundaries, a row whose whole context is its block, an empty row, head_dim 12, GQA 8.
+BLOCK_CASES = {
+    "block16_g4_fp32": ([16, 40, 23], [16, 16, 16], 8, 2, 64, 16, torch.float32, False),
+    "block5_mixed_empty_bf16": ([9, 5, 70, 3], [5, 5, 0, 3], 4, 1, 128, 16, torch.bfloat16, True),
+    "block8_d12_g8_fp16": ([30, 8], [8, 8], 8, 1, 12, 4, torch.float16, False),
+}
+
+
+@pytest.mark.parametrize("backend", kernel_backends())
+@pytest.mark.parametrize("name", list(BLOCK_CASES))
+def test_block_mask_matches_sdpa(name, backend, device):
+    seq, ql, hq, hkv, d, bs, dtype, strided = BLOCK_CASES[name]
+    case = make_case(seq, ql, hq, hkv, d, bs, dtype, strided=strided, seed=len(name), device=device)
+    out = paged_attention(*case.args(), max_query_len=case.max_query_len, causal=False, backend=backend)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case, causal=False), atol=tol, rtol=tol)
+    causal = paged_attention(*case.args(), max_query_len=case.max_query_len, backend=backend)
+    assert not torch.allclose(out.cpu().double(), causal.cpu().double(), atol=tol), "the block mask must differ"
+
+
+def test_block_mask_with_a_kv_split(device):
+    pytest.importorskip("triton")
+    from specdec_fast.kernels.attention.triton import paged_attention_triton
+
+    case = make_case([600, 40], [16, 9], 8, 2, 64, 16, torch.float16, seed=9, device=device)
+    out = paged_attention_triton(*case.args(), max_query_len=16, scale=64 ** -0.5, num_splits=4, min_split_tokens=64,
+                                 causal=False)
+    torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case, causal=False), atol=4e-3, rtol=4e-3)
+
+
+def test_block_mask_takes_no_tree():
+    case = make_case([5], [5], 2, 2, 16, 4, torch.float32, tree=True)
+    with pytest.raises(ValueError, match="block mask"):
+        paged_attention(*case.args(), max_query_len=5, tree_mask=case.tree_mask, causal=False)
+
+
 @pytest.mark.parametrize("backend", kernel_backends())
 def test_loose_max_query_len_and_scale(backend, device):
     """max_query_len above the real maximum only adds idle programs; a custom scale is honoured."""
