@@ -32,11 +32,12 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..drafters import BlockDrafter, Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
 from ..heads import load_draft_head
 from ..options import resolve_options
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
+from ..runners.paged_dflash import PagedDFlashRunner
 from ..runners.paged_eagle3 import PagedEagle3Runner
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
@@ -128,7 +129,10 @@ class SpeculativeEngine:
             self.default_k = _positive("prompt_lookup_num_tokens", prompt_lookup_num_tokens)
             self.mode = "lookup"
         elif assistant_model is not None or draft_head is not None:
-            self.default_k = DEFAULT_NUM_ASSISTANT_TOKENS if num_assistant_tokens is None else \
+            # A block drafter's default K: the whole block (its K drafts cost one forward whatever K).
+            default = self.draft_head.block_size - 1 if getattr(self.draft_head, "kind", None) == "dflash" \
+                else DEFAULT_NUM_ASSISTANT_TOKENS
+            self.default_k = default if num_assistant_tokens is None else \
                 _positive("num_assistant_tokens", num_assistant_tokens)
             self.mode = "draft" if draft_head is None else "head"
         else:
@@ -191,7 +195,8 @@ class SpeculativeEngine:
         return head
 
     def _head_runner(self, head, target):
-        """The head's paged runner; the target runner captures the hidden states it reads."""
+        """The head's paged runner (EAGLE-3: PagedEagle3Runner; DFlash: PagedDFlashRunner); the
+        target runner captures the hidden states it reads."""
         if not hasattr(self.target_runner, "capture_hidden_states"):
             raise ValueError(f"draft_head needs a paged target runner (it reads the target's hidden states), got "
                              f"{type(self.target_runner).__name__}")
@@ -201,6 +206,15 @@ class SpeculativeEngine:
             raise ValueError(f"the draft head's fc reads {head.fc.weight.shape[1]} features; the target's "
                              f"{len(head.hidden_indices(layers))} hidden states are "
                              f"{self.target_runner.hidden_capture.width} wide (a head for another target?)")
+        if head.kind == "dflash":
+            if self.tree is not None:
+                raise ValueError("tree=... with a DFlash drafter: its block drafts a chain (trees: EAGLE-3 heads or a "
+                                 "draft model)")
+            if not 0 <= head.mask_token_id < vocab_size(target):
+                raise ValueError(f"the DFlash mask_token_id {head.mask_token_id} is outside the target's vocabulary")
+            return PagedDFlashRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+                                     num_draft_tokens=min(self.max_draft_tokens, head.block_size - 1),
+                                     block_size=self.block_size, backend=self.backend)
         return PagedEagle3Runner(head, target.get_input_embeddings().weight, num_draft_tokens=self.max_draft_tokens,
                                  block_size=self.block_size, backend=self.backend)
 
@@ -223,7 +237,8 @@ class SpeculativeEngine:
                     tokens, why = cap, f"{fraction:.0%} of the {free / 2**30:.1f} GiB free"
         blocks = max(1, math.ceil(tokens / self.block_size))
         for _, r in runners:
-            r.allocate(self.max_batch_size, row_tokens, blocks)
+            extra = getattr(r, "extra_row_tokens", 0)  # a block drafter's block sits after its context
+            r.allocate(self.max_batch_size, row_tokens + extra, blocks + self.max_batch_size * math.ceil(extra / self.block_size))
         total = sum(r.kv_bytes for _, r in runners)
         return (f"KV pool {blocks * self.block_size} tokens per model ({why}), {total / 2**20:.1f} MiB for "
                 f"{' + '.join(name for name, _ in runners)}; up to {self.max_batch_size} rows of {self.max_seq_len} tokens")
@@ -236,6 +251,8 @@ class SpeculativeEngine:
         if drafter is None:
             if self.mode == "lookup":
                 drafter = PromptLookupDrafter(self.max_matching_ngram_size or 2)
+            elif self.mode == "head" and self.draft_head.kind == "dflash":
+                drafter = BlockDrafter(self.draft_runner, self.target_runner)
             elif self.mode == "head":
                 drafter = Eagle3Drafter(self.draft_runner, self.target_runner, self._draft_to_target())
             else:
@@ -249,6 +266,9 @@ class SpeculativeEngine:
             raise ValueError(f"tree=... needs paged runners for the target and the draft (tree-masked scoring), got {kinds}")
         drafter = self._drafters.get(token_tree)
         if drafter is None:
+            if self.mode == "head" and self.draft_head.kind == "dflash":
+                raise ValueError("tree=... with a DFlash drafter: its block drafts a chain (trees: EAGLE-3 heads or a "
+                                 "draft model)")
             if self.mode == "head":
                 drafter = Eagle3TreeDrafter(self.draft_runner, self.target_runner, self._draft_to_target(), token_tree)
             else:
@@ -350,6 +370,10 @@ class SpeculativeEngine:
             k = opts.num_assistant_tokens if opts.num_assistant_tokens is not None else self.default_k
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ValueError(f"num_assistant_tokens (K) must be an int >= 1, got {k!r}")
+            block = getattr(self.draft_head, "block_size", None)
+            if self.mode == "head" and block is not None and k > block - 1:
+                raise ValueError(f"a DFlash block of {block} drafts at most {block - 1} tokens per iteration, got "
+                                 f"num_assistant_tokens={k}")
             return k
         return 0
 

@@ -1,8 +1,10 @@
 """Draft heads that read the target's hidden states: eagle3.py (EAGLE-3: one layer over
-(embedding ; projected hidden states), a reduced draft vocabulary), layout.py (their published
+(embedding ; projected hidden states), a reduced draft vocabulary), dflash.py (DFlash: a block of
+drafts from one non-causal forward over the projected hidden states), layout.py (their published
 checkpoint layouts: load_draft_head / save_draft_head). The runners that decode them are under
 runners/, the drafters under drafters/."""
+from .dflash import DFlashHead
 from .eagle3 import Eagle3Head
 from .layout import is_draft_head, load_draft_head, save_draft_head
 
-__all__ = ["Eagle3Head", "is_draft_head", "load_draft_head", "save_draft_head"]
+__all__ = ["DFlashHead", "Eagle3Head", "is_draft_head", "load_draft_head", "save_draft_head"]

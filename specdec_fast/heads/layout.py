@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .dflash import DFLASH_ARCHITECTURES, dflash_from_layout
 from .eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
-
-DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
@@ -43,8 +42,6 @@ def load_draft_head(source, *, device=None, dtype=None):
     if any(a in EAGLE3_ARCHITECTURES for a in architectures):
         head = _eagle3(raw, weights)
     elif any(a in DFLASH_ARCHITECTURES for a in architectures):
-        from .dflash import dflash_from_layout
-
         head = dflash_from_layout(raw, weights)
     else:
         raise ValueError(f"{path}/config.json: architectures {architectures} name no draft head this package loads "

@@ -45,3 +45,46 @@ def trained_head(target, draft_vocab: int, *, key: str, steps: int = 200, rows: 
         train_eagle3(head, target, text, steps=steps, batch_size=16, unroll=3, lr=3e-3)
         _CACHE[key] = head
     return _CACHE[key]
+
+
+def dflash_config(target, *, block_size: int = 8, ids=(0, 1, 2), layers: int = 2, mask_token_id: int = 3, **extra):
+    config = target.config
+    return tf.Qwen3Config(hidden_size=config.hidden_size, intermediate_size=2 * config.hidden_size,
+                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                          vocab_size=config.vocab_size, rope_theta=500.0, num_target_layers=config.num_hidden_layers,
+                          block_size=block_size, dflash_config=dict(mask_token_id=mask_token_id, target_layer_ids=list(ids)),
+                          **extra)
+
+
+def random_dflash(target, *, seed: int = 0, std: float = 0.15, **kw):
+    """A DFlash drafter with random weights for ``target``."""
+    from specdec_fast.heads import DFlashHead
+
+    torch.manual_seed(seed)
+    head = DFlashHead(dflash_config(target, **kw)).eval()
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0, std)
+    return head.requires_grad_(False)
+
+
+def trained_dflash(target, *, key: str, block_size: int = 16, steps: int = 120, rows: int = 512,
+                   temperature: float = 0.7, **kw):
+    """A DFlash drafter trained on ``rows`` sampled continuations of the target (cached per session)."""
+    from specdec_fast.heads import DFlashHead
+    from specdec_fast.train import train_dflash
+
+    if key not in _CACHE:
+        vocab = target.config.vocab_size
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(3, vocab, (rows, 2), generator=gen)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            text = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
+                                   temperature=temperature, max_new_tokens=2 * block_size, pad_token_id=0)
+        torch.manual_seed(1)
+        head = DFlashHead(dflash_config(target, block_size=block_size, **kw))
+        train_dflash(head, target, text, steps=steps, batch_size=16, anchors_per_row=4, lr=3e-3)
+        _CACHE[key] = head
+    return _CACHE[key]

@@ -1,0 +1,104 @@
+"""BlockDrafter: all K drafts of an iteration from ONE forward of a block-parallel drafter (DFlash:
+heads/dflash.py, runners/paged_dflash.py) that reads the target's hidden states.
+
+Protocol: drafters/model.py (start / propose / commit).
+    start    the target's prefill hidden states of every prompt position become the drafter's
+             context (prefill_context); nothing pending
+    propose  the pending context entries (the target's hidden states at the positions accepted
+             last iteration, 1 .. K+1 per row, left padded) are committed and the block
+             [last token, mask_token_id x (block_size - 1)] at positions c .. c + block_size - 1
+             runs once; block position i = 1 .. K proposes the token at c + i through the
+             target's lm_head (K <= block_size - 1: the first K of the whole block)
+    commit   with j drafts accepted, the pending entries become the target's hidden states of
+             this verify at indices 0 .. j (positions c .. c + j: the last token and the accepted
+             drafts, whose tokens are now committed in the target)
+
+Exact sampling: draft i is drawn from the block's distribution at position i alone (the
+positions are independent given the context: the block holds masks, not the earlier drafts),
+and that same distribution is the verify's p_i, so chain_verify's rule keeps the target's law
+(Chen et al. Theorem 1 asks only that x_i ~ p_i given what precedes it; p_i may ignore x_<i).
+Greedy rows: the argmax of each position (p = one-hot: no logits handed over when every row is).
+
+Graph safety: per (batch size, K) buffers re-filled in place by start(); static shapes; no host
+reads. Finished rows feed nothing (num_valid 0 for their context and block) when state.skip_finished.
+"""
+import dataclasses
+
+import torch
+
+from ..kernels.rng import STREAM_DRAFT
+from ..kernels.verify import prepared_impls
+from ..runners._linear import linear
+
+
+class BlockDrafter:
+    """runner: the drafter's PagedDFlashRunner; target: the target's paged runner, capturing the
+    hidden states the drafter reads."""
+
+    needs_compact = False
+
+    def __init__(self, runner, target):
+        if getattr(target, "hidden_capture", None) is None:
+            raise ValueError("the target runner must capture the drafter's hidden states (capture_hidden_states)")
+        if target.hidden_capture.width != runner.feature_width:
+            raise ValueError(f"the drafter's fc reads {runner.feature_width} features, the target captures "
+                             f"{target.hidden_capture.width}")
+        self.runner, self.target = runner, target
+        self.vocab_size = target.vocab_size
+        self.block_size = runner.block
+
+    @property
+    def graph_safe(self) -> bool:
+        return bool(getattr(self.runner, "graph_safe", False) and getattr(self.target, "graph_safe", False))
+
+    def start(self, state, prompt) -> None:
+        k = prompt.k
+        if k > self.block_size - 1:
+            raise ValueError(f"a block of {self.block_size} drafts at most {self.block_size - 1} tokens per iteration, "
+                             f"got K = {k}")
+        self.state = state
+        hidden = self.target.take_prefill_hidden()  # [B, P, W]: every prompt position is context
+        self.runner.prefill_context(hidden, prompt.mask, budgets=prompt.budgets, num_draft_tokens=k)
+        batch, dev = state.seq.shape[0], state.seq.device
+        buffers = self.__dict__.setdefault("_buffers", {})
+        key = (batch, k)
+        if key not in buffers:
+            long = dict(dtype=torch.long, device=dev)
+            buffers[key] = (torch.zeros(batch, k + 1, hidden.shape[-1], dtype=self.target.dtype, device=dev),
+                            torch.zeros(batch, **long), torch.full((batch, self.block_size), self.runner.mask_token_id,
+                                                                   **long),
+                            torch.full((batch,), self.block_size, **long), torch.arange(k + 1, **long)[None, :],
+                            [torch.full((batch,), i, **long) for i in range(k)])
+        (self.pend_features, self.num_pending, self.block, self._full_block, self._slots,
+         self._positions) = buffers[key]
+        self.pend_features.zero_()
+        self.num_pending.zero_()
+        self._sample = prepared_impls(state.backend, dev)[1]
+        self._params = dataclasses.replace(state.params, offset=state.gen_len)
+        self._logits_needed = state.params.modes != {"greedy"}
+
+    def propose(self, k: int):
+        """-> drafts [B, k] int64, draft logits [B, k, V] (None when every row is greedy)."""
+        st = self.state
+        live = st.live if st.skip_finished else None
+        fed = self.num_pending if live is None else self.num_pending * live
+        self.block[:, 0] = st.last_token()
+        h = self.runner.draft(self.pend_features, fed, self.block, None if live is None else self._full_block * live)
+        logits = linear(h[:, 1:k + 1], self.runner.lm_head)  # [B, k, V]: position i proposes the token at c + i
+        if not self._logits_needed:
+            return logits.argmax(-1), None
+        drafts = torch.stack([self._sample(logits[:, i], self._params, self._positions[i], STREAM_DRAFT).long()
+                              for i in range(k)], 1)
+        return drafts, logits
+
+    def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
+        """The accepted positions' target hidden states become the pending context entries."""
+        k = draft_tokens.shape[1]
+        j = num_accepted.long()
+        hidden = self.target.hidden_states(draft_tokens.shape[0], k + 1)  # [B, K+1, W]: positions c .. c+K
+        entry = (self._slots - k + j[:, None]).clamp(min=0)  # left padded: slot s holds entry s - (K - j)
+        self.pend_features.copy_(hidden.gather(1, entry[:, :, None].expand(-1, -1, hidden.shape[-1])))
+        self.num_pending.copy_(j + 1)
+
+    def compact(self, max_len_bound: int) -> None:
+        pass

@@ -1,0 +1,105 @@
+"""Training a DFlash block drafter for a target (CPU-feasible for small targets;
+bench/train_dflash.py trains the demo pair's).
+
+Per batch of sequences [B, T] the frozen target runs once with output_hidden_states: the context
+is its hidden states at the drafter's target_layer_ids (every position), the labels its
+next-token distributions. M anchors a per sequence (random, distinct, in [1, T - block_size + 1])
+each open a block [x_a, mask x (block_size - 1)] at positions a .. a + block_size - 1 that sees
+the context at positions < a (what decoding sees: the accepted positions before the block) and
+its own block both ways (DFlash's block mask); all M blocks of a sequence run as one forward.
+Block position i = 1 .. block_size - 1 learns the target's distribution at a + i - 1 (for the
+token at a + i): CE against it through the target's (frozen) lm_head, weighted 0.8^(i - 1)
+(later positions count only if the earlier ones are accepted).
+"""
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .eagle3 import target_features
+
+POSITION_WEIGHT = 0.8
+
+
+def block_batch(head, ids: torch.Tensor, anchors: torch.Tensor):
+    """ids [B, T], anchors [B, M] -> (block tokens [B, M*bs], block positions [B, M*bs], the
+    label position of each block token [B, M*bs] (a + i - 1; -1 for i = 0), ctx_visible [B, M*bs, T])."""
+    bs = head.block_size
+    batch, length = ids.shape
+    offsets = torch.arange(bs, device=ids.device)
+    positions = (anchors[:, :, None] + offsets).reshape(batch, -1)  # [B, M*bs]
+    tokens = torch.full_like(positions, head.mask_token_id)
+    tokens[:, ::bs] = ids.gather(1, anchors)
+    labels = torch.where(offsets.repeat(anchors.shape[1])[None] > 0, positions - 1, -1)
+    starts = anchors.repeat_interleave(bs, 1)  # [B, M*bs]: each query's block start
+    visible = torch.arange(length, device=ids.device)[None, None, :] < starts[:, :, None]
+    return tokens, positions, labels, visible
+
+
+def dflash_loss(head, target, ids: torch.Tensor, anchors_per_row: int, generator: torch.Generator):
+    """-> (loss, per-position top-1 agreement with the target, position 1 .. bs - 1)."""
+    bs = head.block_size
+    batch, length = ids.shape
+    features, target_logits = target_features(target, ids, head.hidden_indices())
+    ctx = head.context(features.to(head.fc.weight.dtype))
+    anchors = torch.stack([torch.randperm(length - bs, generator=generator)[:anchors_per_row] + 1 for _ in range(batch)])
+    anchors = anchors.sort(1).values.to(ids.device)
+    tokens, positions, labels, visible = block_batch(head, ids, anchors)
+    embed = target.get_input_embeddings().weight
+    hidden = head(F.embedding(tokens, embed), ctx, positions, torch.arange(length, device=ids.device)[None].expand(batch, -1),
+                  visible)
+    logits = F.linear(hidden, target.get_output_embeddings().weight).float()  # [B, M*bs, V]
+    with torch.no_grad():
+        probs = torch.softmax(target_logits.float().gather(1, labels.clamp(min=0)[:, :, None].expand(-1, -1, logits.shape[-1])),
+                              -1)
+    logp = torch.log_softmax(logits, -1)
+    index = torch.arange(labels.shape[1], device=ids.device) % bs  # block position i
+    weight = torch.where(index > 0, POSITION_WEIGHT ** (index - 1).clamp(min=0).float(), 0.0)
+    per_token = -(probs * logp).sum(-1)  # [B, M*bs]
+    loss = (per_token * weight).sum() / (weight.sum() * batch)
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == probs.argmax(-1)).view(batch, -1, bs)[:, :, 1:].float()  # [B, M, bs-1]
+        chain = hit.cumprod(-1)  # accepted iff every earlier position was
+        reached = torch.cat([torch.ones_like(chain[..., :1]), chain[..., :-1]], -1)
+        agree = (chain.sum((0, 1)) / reached.sum((0, 1)).clamp(min=1)).tolist()
+    return loss, agree
+
+
+def train_dflash(head, target, sequences: torch.Tensor, *, steps: int = 1000, minutes: float | None = None,
+                 batch_size: int = 8, anchors_per_row: int = 8, lr: float = 2e-3, seed: int = 0, log=None) -> dict:
+    """Trains ``head`` (in place) on ``target``'s hidden states and outputs over ``sequences``
+    [N, T]: AdamW, warm-up over 5% then cosine decay, whichever of steps / minutes ends first."""
+    params = list(head.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(seed)
+    head.train()
+    start, history, step = time.perf_counter(), [], 0
+    for step in range(steps):
+        elapsed = (time.perf_counter() - start) / 60
+        if minutes is not None and elapsed >= minutes:
+            break
+        fraction = max(step / steps, elapsed / minutes if minutes else 0.0)
+        scale = min(1.0, fraction / 0.05) * 0.5 * (1 + math.cos(math.pi * min(fraction, 1.0)))
+        for group in opt.param_groups:
+            group["lr"] = lr * max(scale, 0.02)
+        rows = torch.randint(0, sequences.shape[0], (batch_size,), generator=gen)
+        loss, agree = dflash_loss(head, target, sequences[rows], anchors_per_row, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        history.append((float(loss.detach()), agree))
+        if log is not None and (step % 50 == 0 or step == steps - 1):
+            log(f"step {step}: loss {float(loss):.3f}, chained top-1 agreement per position "
+                f"{[round(a, 3) for a in agree]}")
+    head.eval()
+    for p in params:
+        p.requires_grad_(False)
+    last = history[-20:]
+    width = len(last[0][1]) if last else 0
+    return dict(steps=step + 1, seconds=time.perf_counter() - start,
+                final_loss=sum(h[0] for h in last) / max(len(last), 1),
+                final_agreement=[sum(h[1][j] for h in last) / max(len(last), 1) for j in range(width)])

@@ -1,0 +1,169 @@
+"""DFlash block drafters (heads/dflash.py, runners/paged_dflash.py, drafters/block.py): the paged
+drafter equals the module's reference forward on every backend; every iteration's drafts are the
+reference drafter's over the target's hidden states (context bookkeeping, not only exactness);
+greedy decoding equals the target's greedy decoding at K = 4, 8, 15 on every backend (left
+padding, EOS, the static graph twin); one engine serves mixed calls like fresh engines; the
+published layout round-trips and generate(draft_head=DIR) takes it."""
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specdec_fast
+from specdec_fast import SpeculativeEngine, load_draft_head, save_draft_head
+from specdec_fast.drafters import BlockDrafter
+from specdec_fast.engine import SpeculativeDecoder
+from specdec_fast.kernels import make_sampling_tensors
+from specdec_fast.runners import PagedLlamaRunner
+from specdec_fast.runners.paged_dflash import PagedDFlashRunner
+
+from .heads import random_dflash, trained_dflash
+from .models import left_padded_prompts
+from .test_paged_runner import VOCAB, tiny
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny("llama", layers=4, seed=2)
+
+
+@pytest.fixture(scope="module")
+def drafter(target):
+    return trained_dflash(target, key="llama4-b16", block_size=16)
+
+
+def _weights(target):
+    return target.get_input_embeddings().weight, target.get_output_embeddings().weight
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+def test_paged_drafter_equals_reference_forward(target, backend):
+    """prefill_context (left padding) + a draft call with pending entries (num_valid) and a block
+    (one row fed nothing): the block's outputs equal DFlashHead.forward over each row's context."""
+    head = random_dflash(target, block_size=8, seed=4)
+    gen = torch.Generator().manual_seed(3)
+    feats = torch.randn(3, 6, 192, generator=gen)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 0, 1]])
+    runner = PagedDFlashRunner(head, *_weights(target), num_draft_tokens=4, block_size=4, backend=backend)
+    runner.prefill_context(feats, mask, budgets=[20, 20, 20], num_draft_tokens=4)
+    pending = torch.randn(3, 5, 192, generator=gen)
+    count = torch.tensor([1, 5, 2])
+    block = torch.full((3, 8), head.mask_token_id)
+    block[:, 0] = torch.tensor([7, 9, 11])
+    out = runner.draft(pending, count, block, torch.tensor([8, 8, 0]))
+    assert runner.seq_lens.tolist() == [5, 11, 3]  # the context grew by the pending entries only
+    for b in range(2):  # row 2 was fed no block: its outputs are unspecified
+        context = torch.cat([feats[b, mask[b].bool()], pending[b, 5 - int(count[b]):]])
+        length = context.shape[0]
+        with torch.no_grad():
+            ref = head(F.embedding(block[b:b + 1], _weights(target)[0]), head.context(context[None]),
+                       torch.arange(length, length + 8)[None], torch.arange(length)[None])
+        torch.testing.assert_close(out[b], ref[0], atol=1e-4, rtol=1e-4)
+
+
+def _reference_drafts(head, target, context: list, k: int) -> list:
+    """Greedy drafts after context x_0 .. x_c: the block [x_c, mask...] at positions c .. over the
+    target's hidden states at positions 0 .. c-1, through the target's lm_head."""
+    with torch.no_grad():
+        states = target(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states
+        feats = torch.cat([states[j][0, :-1] for j in head.hidden_indices()], -1)
+        c = len(context) - 1
+        block = torch.full((1, head.block_size), head.mask_token_id)
+        block[0, 0] = context[-1]
+        h = head(F.embedding(block, _weights(target)[0]), head.context(feats[None]),
+                 torch.arange(c, c + head.block_size)[None], torch.arange(c)[None])
+        return F.linear(h[0, 1:k + 1], _weights(target)[1]).argmax(-1).tolist()
+
+
+def test_drafts_equal_the_reference_drafter(target, drafter):
+    k, batch = 6, 2
+    ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=8)
+    runner = PagedLlamaRunner(target, max_new_tokens=20, num_draft_tokens=k)
+    runner.capture_hidden_states(drafter.hidden_indices())
+    block = BlockDrafter(PagedDFlashRunner(drafter, *_weights(target), num_draft_tokens=k), runner)
+    decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
+                                 max_new_tokens=20)
+    seen, propose = [], block.propose
+
+    def recording(k):
+        drafts, logits = propose(k)
+        st = block.state
+        seen.append([(st.seq[b, st.start[b]:st.end[b]].tolist(), drafts[b].tolist()) for b in range(batch)
+                     if not bool(st.finished[b])])
+        return drafts, logits
+
+    block.propose = recording
+    decoder.generate(ids, mask)
+    assert len(seen) >= 3 and sum(decoder.stats.result.accepted_hist[1:]) > 0
+    for iteration in seen:
+        for context, drafts in iteration:
+            assert drafts == _reference_drafts(drafter, target, context, k)
+
+
+@pytest.mark.parametrize("backend, k", [("torch", 4), ("torch", 15), ("cpp", 4), ("cpp", 8), ("cpp", 15),
+                                        ("triton", 8)])
+def test_greedy_equals_target_greedy(target, drafter, backend, k):
+    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    out, stats = specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=k, do_sample=False,
+                                       max_new_tokens=20, pad_token_id=0, backend=backend, return_stats=True)
+    assert torch.equal(out, expected)
+    assert stats.k == k and stats.alpha > 0
+
+
+@pytest.mark.parametrize("graphs", [False, "static"])
+def test_greedy_with_eos_and_graphs(target, drafter, graphs):
+    ids, mask = left_padded_prompts([3, 7, 2, 5], vocab=VOCAB, seed=11)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=18, pad_token_id=0)
+    eos = int(plain[1, ids.shape[1] + 4])
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=18, pad_token_id=0,
+                               eos_token_id=eos)
+    out = specdec_fast.generate(target, ids, mask, draft_head=drafter, do_sample=False, max_new_tokens=18,
+                                pad_token_id=0, eos_token_id=eos, cuda_graphs=graphs)  # default K: the whole block
+    assert torch.equal(out, expected)
+
+
+def test_one_engine_serves_mixed_calls_like_fresh_engines(target, drafter):
+    def engine():
+        return SpeculativeEngine(target, draft_head=drafter, max_batch_size=4, max_seq_len=32, cuda_graphs="static")
+
+    shared, rng = engine(), random.Random(5)
+    assert shared.default_k == 15
+    for i in range(8):
+        batch = rng.randint(1, 4)
+        ids, mask = left_padded_prompts([rng.randint(1, 9) for _ in range(batch)], vocab=VOCAB, seed=rng.randrange(99))
+        options = dict(max_new_tokens=rng.randint(2, 9), pad_token_id=0, seed=rng.randrange(99),
+                       num_assistant_tokens=rng.choice([4, 15]), do_sample=rng.random() < 0.5, top_k=0)
+        out = shared.generate(ids, mask, **options)
+        if i % 3 == 0:
+            assert torch.equal(out, engine().generate(ids, mask, **options)), (i, options)
+        for runner in (shared.target_runner, shared.draft_runner):
+            assert runner.cache.num_free_blocks == runner.cache.num_blocks
+
+
+def test_layout_round_trip_and_errors(target, drafter, tmp_path):
+    from safetensors.torch import load_file
+
+    save_draft_head(drafter, tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 16
+    assert config["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [0, 1, 2]}
+    names = set(load_file(str(tmp_path / "d" / "model.safetensors")))
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.1.self_attn.q_norm.weight",
+            "layers.0.self_attn.k_proj.weight", "layers.0.mlp.down_proj.weight"} <= names
+    assert not any(n.startswith(("embed_tokens", "lm_head")) for n in names)  # the target's
+    loaded = load_draft_head(tmp_path / "d")
+    ids, mask = left_padded_prompts([4, 6], vocab=VOCAB, seed=1)
+    common = dict(num_assistant_tokens=8, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    assert torch.equal(specdec_fast.generate(target, ids, mask, draft_head=str(tmp_path / "d"), **common),
+                       specdec_fast.generate(target, ids, mask, draft_head=drafter, **common))
+    assert loaded.block_size == 16 and loaded.mask_token_id == 3
+    with pytest.raises(ValueError, match="at most 15 tokens per iteration, got num_assistant_tokens=16"):
+        specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=16, max_new_tokens=4)
+    with pytest.raises(ValueError, match="block drafts a chain"):
+        specdec_fast.generate(target, ids, mask, draft_head=drafter, tree="static", max_new_tokens=4)
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**config, "layer_types": ["sliding_attention"] * 2}))
+    with pytest.raises(ValueError, match="sliding-window"):
+        load_draft_head(tmp_path / "d")
