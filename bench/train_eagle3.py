@@ -12,6 +12,9 @@ the --draft-vocab most frequent training tokens (d2t / t2d), lm_head initialised
 target's (tied) embedding rows of those tokens. Windows of --seq-len tokens from the training
 stream, --unroll TTT steps, AdamW with warm-up and cosine decay, --minutes or --steps.
 
+--init DIR continues training a head this script saved (its record DIR.json, if there, is kept
+in the new record as continued_from): the shipped head is two such runs (bench/results/eagle3_training.json).
+
 Writes the head in the published layout (config.json + model.safetensors) and a JSON record:
 sizes, held-out per-step top-1 agreement with the target (greedy acceptance at each draft
 position given the previous ones accepted, on windows of the held-out modules), the draft
@@ -98,6 +101,9 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", type=int, nargs=3, default=[1, 2, 3])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", type=Path, default=None,
+                    help="continue from a head saved by this script (its vocabulary and layers; --draft-vocab, "
+                         "--layers, --intermediate are then ignored)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -116,7 +122,17 @@ def main(argv=None) -> None:
     log(f"tokens: train {train_stream.numel()}, held out {held_stream.numel()}")
     count = train_stream.numel() // args.seq_len
     sequences = train_stream[: count * args.seq_len].view(count, args.seq_len)
-    head, coverage = build_head(target, args, train_stream)
+    if args.init is not None:
+        from specdec_fast import load_draft_head
+
+        head = load_draft_head(args.init, dtype=torch.float32)
+        coverage = float(torch.isin(train_stream, head.draft_to_target).float().mean())
+        args.draft_vocab, args.intermediate = head.draft_vocab_size, head.config.intermediate_size
+        args.layers = list(head.hidden_indices(target.config.num_hidden_layers))
+        previous = json.loads(args.init.with_suffix(".json").read_text()) if args.init.with_suffix(".json").is_file() else None
+    else:
+        head, coverage = build_head(target, args, train_stream)
+        previous = None
     params = sum(p.numel() for p in head.parameters())
     log(f"head: {params} parameters, draft vocabulary {args.draft_vocab} covering {coverage:.3f} of training tokens")
     held = held_stream[: (held_stream.numel() // args.seq_len) * args.seq_len].view(-1, args.seq_len)[:32]
@@ -132,7 +148,8 @@ def main(argv=None) -> None:
                    draft_vocab_coverage=round(coverage, 4), training=dict(info, batch=args.batch, seq_len=args.seq_len,
                                                                            unroll=args.unroll, lr=args.lr),
                    held_out_agreement_per_position=after, held_out_agreement_untrained=before,
-                   held_out_windows=int(held.shape[0]), device=f"cpu: {cpu_model()}", threads=torch.get_num_threads(),
+                   continued_from=previous, held_out_windows=int(held.shape[0]), device=f"cpu: {cpu_model()}",
+                   threads=torch.get_num_threads(),
                    versions=versions(), command="python bench/train_eagle3.py " + " ".join(argv or sys.argv[1:]))
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(results, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""The demo: complete held-out code prompts with the shipped pair, four ways side by side.
+"""The demo: complete held-out code prompts with the shipped pair, four (five) ways side by side.
 
     python -m specdec_fast demo [--prompts 3] [--max-new-tokens 96] [-k 4] [--temperature 0] [--threads 1]
 
@@ -6,7 +6,9 @@ For each prompt: speculative decoding with specdec_fast.generate (streamed with
 transformers.TextStreamer), then what a user would have run otherwise: specdec_fast without
 the draft, transformers' generate, and transformers' assisted generation with the same draft
 (on stderr: a live token counter on a terminal, else one line at the start and one at the end
-of each). A table gives each one's tokens/s and how much faster the speculative run was. At
+of each). Where the pair ships its EAGLE-3 head (specdec_fast/assets/pair/eagle3: a one-layer head
+that reads the target's hidden states, drafters/eagle3.py), a fifth line: specdec_fast with the
+head at the same K. A table gives each one's tokens/s and how much faster the speculative run was. At
 the end: the four pooled over all prompts, the stats (acceptance per position, mean accepted
 length, Leviathan Theorem 3.8's predicted speedup beside the measured one) and, where the
 prediction overshoots, one line saying which phase cost what (specdec_fast/engine/phase_costs.py).
@@ -18,7 +20,7 @@ import time
 import torch
 
 from ._hf_output import quiet_transformers
-from .pair import held_out_prompts, load_demo_pair
+from .pair import eagle3_head_dir, held_out_prompts, load_demo_pair
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -115,17 +117,18 @@ def transformers_generate(target, input_ids, args, tokenizer, streamer=None, ass
     return out, time.perf_counter() - start
 
 
-def engine_generate(target, input_ids, args, tokenizer, draft=None, streamer=None):
-    """specdec_fast.generate, speculative with the draft or plain without it: (ids, seconds, stats)."""
+def engine_generate(target, input_ids, args, tokenizer, draft=None, streamer=None, head=None):
+    """specdec_fast.generate, speculative with the draft (or the EAGLE-3 head) or plain without
+    either: (ids, seconds, stats)."""
     from .api import generate  # the engine; imported here so the rest of the demo loads without it
 
     _sync(input_ids.device)
     start = time.perf_counter()
     out, stats = generate(
-        target, input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
+        target, input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft, draft_head=head,
         max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        num_assistant_tokens=args.num_assistant_tokens if draft is not None else None,
+        num_assistant_tokens=args.num_assistant_tokens if draft is not None or head is not None else None,
         streamer=streamer, seed=args.seed, return_stats=True,
     )
     _sync(input_ids.device)
@@ -134,22 +137,27 @@ def engine_generate(target, input_ids, args, tokenizer, draft=None, streamer=Non
 
 # The four ways to decode, in the order of the table: what a user would have run otherwise first.
 METHODS = ("transformers generate", "transformers assisted", "specdec_fast plain", "specdec_fast speculative")
+HEAD_METHOD = "specdec_fast EAGLE-3 head"  # the fifth line, where the pair ships its head
+COUNT_WORDS = {4: "four", 5: "five"}
 
 
 def method_labels(k: int) -> dict:
     return {"transformers generate": "transformers generate (target only)",
             "transformers assisted": "transformers assisted generation (same draft)",
             "specdec_fast plain": "specdec_fast plain (target only)",
-            "specdec_fast speculative": f"specdec_fast speculative (K = {k})"}
+            "specdec_fast speculative": f"specdec_fast speculative (K = {k})",
+            HEAD_METHOD: f"specdec_fast EAGLE-3 head (K = {k})"}
 
 
 def comparison_table(tokens: dict, seconds: dict, k: int) -> str:
-    """Tokens/s of each method and how much faster specdec_fast speculative is than each."""
+    """Tokens/s of each method (those in ``tokens``, in METHODS order, the head last) and how much
+    faster specdec_fast speculative is than each."""
     labels = method_labels(k)
-    width = max(map(len, labels.values()))
+    names = [name for name in METHODS + (HEAD_METHOD,) if name in tokens]
+    width = max(len(labels[name]) for name in names)
     spec_s = seconds["specdec_fast speculative"]
     lines = [f"{'':{width}}  tokens  seconds    tok/s  speculative is"]
-    for name in METHODS:
+    for name in names:
         rate = tokens[name] / seconds[name]
         vs = "" if name == "specdec_fast speculative" else f"{seconds[name] / spec_s:.2f}x as fast"
         lines.append(f"{labels[name]:{width}}  {tokens[name]:6d}  {seconds[name]:7.2f}  {rate:7.1f}  {vs}")
@@ -171,14 +179,23 @@ def run_demo(argv=None) -> int:
     print(f"loading the demo pair on {device}{threads} ...", flush=True)
     with quiet_transformers():  # no "Loading weights" bars
         tokenizer, target, draft = load_demo_pair(device)
+    head = None
+    if eagle3_head_dir() is not None:
+        from .heads import load_draft_head
+
+        head = load_draft_head(eagle3_head_dir(), device=device, dtype=next(target.parameters()).dtype)
+    methods = METHODS + ((HEAD_METHOD,) if head is not None else ())
     sizes = {name: sum(p.numel() for p in m.parameters()) for name, m in (("target", target), ("draft", draft))}
-    print(f"  target {sizes['target'] / 1e6:.2f}M params, draft {sizes['draft'] / 1e6:.2f}M params, "
+    head_size = "" if head is None else f", EAGLE-3 head {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M params"
+    print(f"  target {sizes['target'] / 1e6:.2f}M params, draft {sizes['draft'] / 1e6:.2f}M params{head_size}, "
           f"loaded in {time.perf_counter() - t0:.1f}s")
     k = args.num_assistant_tokens
     mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}"
-    print(f"  decoding: {mode}, K = {k}, up to {args.max_new_tokens} new tokens; each prompt decoded four ways:\n"
+    print(f"  decoding: {mode}, K = {k}, up to {args.max_new_tokens} new tokens; each prompt decoded "
+          f"{COUNT_WORDS[len(methods)]} ways:\n"
           f"  transformers' generate and its assisted generation (what you would run without this package),\n"
-          f"  then specdec_fast without and with the draft\n")
+          f"  then specdec_fast without and with the draft" + (" and with the EAGLE-3 head" if head is not None else "")
+          + "\n")
 
     # The first engine call builds the C++ CPU kernels (or compiles the Triton ones), the first
     # transformers calls warm their own paths: keep all of that out of the timings.
@@ -188,11 +205,13 @@ def run_demo(argv=None) -> int:
     warm_ids = tokenizer("import os\n", return_tensors="pt").input_ids.to(device)
     engine_generate(target, warm_ids, warm_args, tokenizer, draft)
     engine_generate(target, warm_ids, warm_args, tokenizer, None)
+    if head is not None:
+        engine_generate(target, warm_ids, warm_args, tokenizer, head=head)
     transformers_generate(target, warm_ids, warm_args, tokenizer, assistant=draft)
     print(f"  ready in {time.perf_counter() - t0:.1f}s\n", flush=True)
 
-    tokens, seconds = dict.fromkeys(METHODS, 0), dict.fromkeys(METHODS, 0.0)
-    spec_stats, plain_stats = [], []
+    tokens, seconds = dict.fromkeys(methods, 0), dict.fromkeys(methods, 0.0)
+    spec_stats, plain_stats, head_stats = [], [], []
     labels = method_labels(k)
     for i, prompt in enumerate(held_out_prompts(args.prompts), 1):
         input_ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
@@ -211,8 +230,12 @@ def run_demo(argv=None) -> int:
             target, input_ids, args, tokenizer, progress("transformers generate"))
         outs["transformers assisted"], secs["transformers assisted"] = transformers_generate(
             target, input_ids, args, tokenizer, progress("transformers assisted"), assistant=draft)
+        if head is not None:
+            outs[HEAD_METHOD], secs[HEAD_METHOD], with_head = engine_generate(
+                target, input_ids, args, tokenizer, None, progress(HEAD_METHOD), head=head)
+            head_stats.append(with_head)
         new = {name: out.shape[1] - n for name, out in outs.items()}
-        for name in METHODS:
+        for name in methods:
             tokens[name] += new[name]
             seconds[name] += secs[name]
         spec_stats.append(stats)
@@ -220,11 +243,14 @@ def run_demo(argv=None) -> int:
         print("\n" + comparison_table(new, secs, k))
         if args.temperature == 0:
             reference = outs["transformers generate"]
-            same = [name for name in METHODS[1:] if outs[name].shape == reference.shape and bool((outs[name] == reference).all())]
-            verdict = "yes, all four" if len(same) == 3 else "NO: only " + (", ".join(same) or "none")
+            same = [name for name in methods[1:] if outs[name].shape == reference.shape and bool((outs[name] == reference).all())]
+            verdict = f"yes, all {COUNT_WORDS[len(methods)]}" if len(same) == len(methods) - 1 else \
+                "NO: only " + (", ".join(same) or "none")
             print(f"greedy output identical to transformers generate: {verdict}")
         print(f"alpha {stats.alpha:.2f}, mean accepted length {stats.mean_accepted_length:.2f}, "
-              f"predicted speedup {stats.predicted_speedup:.2f}x over plain (Leviathan Thm 3.8)\n")
+              f"predicted speedup {stats.predicted_speedup:.2f}x over plain (Leviathan Thm 3.8)"
+              + ("" if head is None else f"; EAGLE-3 head: alpha {with_head.alpha:.2f}, mean accepted length "
+                 f"{with_head.mean_accepted_length:.2f}") + "\n")
 
     print(f"=== all {args.prompts} prompt(s), {device}{threads} ===")
     print(comparison_table(tokens, seconds, k))
@@ -232,6 +258,11 @@ def run_demo(argv=None) -> int:
     merged.plain_tokens_per_s = merged_plain.tokens_per_s
     print("\nspeculative decoding stats, all prompts pooled:")
     print(merged.format())
+    if head_stats:
+        with_head = merge_stats(head_stats)
+        print(f"EAGLE-3 head, all prompts pooled: alpha {with_head.alpha:.2f}, mean accepted length "
+              f"{with_head.mean_accepted_length:.2f}, acceptance per position "
+              f"{', '.join(f'{a:.2f}' for a in with_head.acceptance_per_position)}")
     costs = phase_costs(merged, merged_plain)
     if costs is not None and costs.gap_is_large():
         print(costs.explain())

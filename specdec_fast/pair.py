@@ -8,6 +8,8 @@ Face's convention has it (AutoTokenizer.from_pretrained(target_dir) works; 0.26 
                                           tokenizer.json, tokenizer_config.json, special_tokens_map.json
     specdec_fast/assets/pair/draft/       the same files for the draft (the same tokenizer)
     specdec_fast/assets/pair/held_out.json  held-out module names, prompts and an eval snippet
+    specdec_fast/assets/pair/eagle3/      an EAGLE-3 head for the target (bench/train_eagle3.py), in the
+                                          published layout: config.json, model.safetensors
 """
 import json
 from functools import lru_cache
@@ -33,6 +35,12 @@ def demo_pair() -> tuple[str, str]:
     and AutoTokenizer.from_pretrained (both hold the one shared tokenizer)."""
     root = _check_pair()
     return str(root / "target"), str(root / "draft")
+
+
+def eagle3_head_dir() -> str | None:
+    """The shipped EAGLE-3 head's directory (specdec_fast.load_draft_head), or None when absent."""
+    path = PAIR_DIR / "eagle3"
+    return str(path) if (path / "config.json").is_file() and (path / "model.safetensors").is_file() else None
 
 
 def tokenizer_dir() -> str:

@@ -8,9 +8,10 @@ import torch
 pytest.importorskip("transformers")
 
 from specdec_fast.demo import (  # noqa: E402
-    METHODS, ProgressCounter, comparison_table, method_labels, parse_args, run_demo, transformers_generate,
+    COUNT_WORDS, HEAD_METHOD, METHODS, ProgressCounter, comparison_table, method_labels, parse_args, run_demo,
+    transformers_generate,
 )
-from specdec_fast.pair import held_out_prompts, load_demo_pair  # noqa: E402
+from specdec_fast.pair import eagle3_head_dir, held_out_prompts, load_demo_pair  # noqa: E402
 
 
 def test_parse_args_defaults_and_overrides():
@@ -92,9 +93,10 @@ def test_demo_runs_four_ways_side_by_side_with_whole_lines_only(capsys):
         assert f"  {labels[name]}: started\n" in captured.err
         assert "/6 tokens, done\n" in captured.err.split(f"  {labels[name]}: started\n", 1)[1]
     summary = captured.out.split("=== all 1 prompt(s)", 1)[1]
-    for name in METHODS:
+    methods = METHODS + ((HEAD_METHOD,) if eagle3_head_dir() else ())  # the fifth line: the shipped EAGLE-3 head
+    for name in methods:
         assert labels[name] in summary
-    assert "greedy output identical to transformers generate: yes, all four" in captured.out
+    assert f"greedy output identical to transformers generate: yes, all {COUNT_WORDS[len(methods)]}" in captured.out
     assert "predicted speedup" in summary and "measured speedup" in summary
 
 
@@ -109,6 +111,8 @@ def test_comparison_table_gives_each_rate_and_the_speculative_speedup_over_it():
     assert "2.40x as fast" in rows["transformers assisted"]
     assert "0.80x as fast" in rows["specdec_fast plain"]
     assert "384.0" in rows["specdec_fast speculative"] and "x as fast" not in rows["specdec_fast speculative"]
+    with_head = comparison_table({**tokens, HEAD_METHOD: 96}, {**seconds, HEAD_METHOD: 0.125}, 4).splitlines()
+    assert len(with_head) == 6 and "EAGLE-3 head (K = 4)" in with_head[5] and "0.50x as fast" in with_head[5]
 
 
 def test_transformers_generate_greedy_extends_the_prompt_deterministically():

@@ -36,7 +36,7 @@ HANDLED_FIELDS = frozenset({
 # assistant_tokenizer), transformers' names first, then ours.
 API_ARGUMENTS = frozenset({
     "inputs", "input_ids", "attention_mask", "generation_config", "assistant_model", "streamer", "tokenizer",
-    "assistant_tokenizer", "seed", "return_stats", "backend", "runner", "cuda_graphs", "tree",
+    "assistant_tokenizer", "seed", "return_stats", "backend", "runner", "cuda_graphs", "tree", "draft_head",
 })
 # Options that change nothing we output, whatever their value, and why.
 ACCEPTED = {

@@ -1,0 +1,116 @@
+"""Train a DFlash block drafter for the demo target (specdec_fast/assets/pair/dflash/ when it pays)
+from the target's own hidden states and outputs on the demo corpus (CPython's stdlib, held-out
+modules excluded: bench/pair_corpus.py), with specdec_fast/train/dflash.py.
+
+    .venv/bin/python bench/train_dflash.py                 # defaults = the shipped drafter
+    .venv/bin/python bench/train_dflash.py --minutes 5 --out /tmp/dflash --results /tmp/dflash.json
+
+The drafter: --layers Qwen3-style layers of the target's width (256; 8 heads / 2 KV heads of 32),
+intermediate --intermediate, a block of --block-size (K <= block_size - 1), reading the outputs of
+target layers --target-layers (DFlash numbering: layer i = transformers' hidden_states[i + 1]);
+mask token: the least frequent token of the training stream (the demo tokenizer has no spare
+special token; DFlash adds one to its targets' vocabularies). Windows of --seq-len tokens,
+--anchors blocks per window, AdamW with warm-up and cosine decay, --minutes or --steps.
+
+Writes the drafter in the published layout (config.json + model.safetensors) and a JSON record:
+sizes, held-out chained top-1 agreement per block position (greedy acceptance of draft i given
+drafts < i accepted, teacher-forced on the target's own greedy text), wall time, machine.
+"""
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model, versions  # noqa: E402
+from pair_corpus import read_source, split_files, stdlib_dir  # noqa: E402
+from train_eagle3 import encode_stream, log  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@torch.no_grad()
+def held_out_agreement(head, target, windows: torch.Tensor) -> list:
+    from specdec_fast.train.dflash import dflash_loss
+
+    logits = target(input_ids=windows).logits
+    greedy = torch.cat([windows[:, :1], logits.argmax(-1)[:, :-1]], 1)  # the target's greedy next tokens as the text
+    _, agree = dflash_loss(head, target, greedy, 8, torch.Generator().manual_seed(0))
+    return [round(a, 4) for a in agree]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "specdec_fast" / "assets" / "pair" / "dflash")
+    ap.add_argument("--results", type=Path, default=REPO / "bench" / "results" / "dflash_training.json")
+    ap.add_argument("--minutes", type=float, default=25.0)
+    ap.add_argument("--steps", type=int, default=100000)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--anchors", type=int, default=16)
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=688)
+    ap.add_argument("--target-layers", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    from specdec_fast import demo_pair, save_draft_head
+    from specdec_fast.heads import DFlashHead
+    from specdec_fast.train import train_dflash
+
+    target_dir, _ = demo_pair()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
+    root = stdlib_dir()
+    train_files, held_files = split_files(root)
+    train_stream = encode_stream(tokenizer, [read_source(root, f) for f in train_files])
+    held_stream = encode_stream(tokenizer, [read_source(root, f) for f in held_files])
+    counts = Counter(train_stream.tolist())
+    mask_token = min(range(target.config.vocab_size), key=lambda t: (counts.get(t, 0), t))
+    log(f"tokens: train {train_stream.numel()}, held out {held_stream.numel()}; mask token {mask_token} "
+        f"({counts.get(mask_token, 0)} occurrences)")
+    tc = target.config
+    config = Qwen3Config(hidden_size=tc.hidden_size, intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+                         num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+                         head_dim=tc.head_dim, vocab_size=tc.vocab_size, max_position_embeddings=tc.max_position_embeddings,
+                         rms_norm_eps=tc.rms_norm_eps, rope_parameters=dict(tc.rope_parameters),
+                         num_target_layers=tc.num_hidden_layers, block_size=args.block_size, tie_word_embeddings=True,
+                         dflash_config=dict(mask_token_id=mask_token, target_layer_ids=list(args.target_layers)))
+    torch.manual_seed(args.seed)
+    head = DFlashHead(config)
+    params = sum(p.numel() for p in head.parameters())
+    log(f"DFlash drafter: {params} parameters, block {args.block_size}, layers {args.layers}")
+    count = train_stream.numel() // args.seq_len
+    sequences = train_stream[: count * args.seq_len].view(count, args.seq_len)
+    held = held_stream[: (held_stream.numel() // args.seq_len) * args.seq_len].view(-1, args.seq_len)[:16]
+    before = held_out_agreement(head, target, held)
+    info = train_dflash(head, target, sequences, steps=args.steps, minutes=args.minutes, batch_size=args.batch,
+                        anchors_per_row=args.anchors, lr=args.lr, seed=args.seed, log=log)
+    after = held_out_agreement(head, target, held)
+    log(f"held-out chained greedy agreement per block position: before {before}, after {after}")
+    save_draft_head(head, args.out)
+    size = sum(f.stat().st_size for f in args.out.iterdir())
+    results = dict(drafter=dict(params=params, layers=args.layers, intermediate=args.intermediate,
+                                block_size=args.block_size, target_layer_ids=list(args.target_layers),
+                                mask_token_id=mask_token, bytes_on_disk=size),
+                   training=dict(info, batch=args.batch, seq_len=args.seq_len, anchors=args.anchors, lr=args.lr),
+                   held_out_agreement_per_position=after, held_out_agreement_untrained=before,
+                   held_out_windows=int(held.shape[0]), device=f"cpu: {cpu_model()}", threads=torch.get_num_threads(),
+                   versions=versions(), command="python bench/train_dflash.py " + " ".join(argv or sys.argv[1:]))
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(results, indent=1) + "\n")
+    log(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
