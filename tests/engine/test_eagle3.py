@@ -187,3 +187,22 @@ def test_a_call_must_name_the_engines_own_head(target, head):
     narrow = make_model("llama", vocab=VOCAB, layers=4)  # hidden 48, the head reads 3 x 64
     with pytest.raises(ValueError, match="features"):
         SpeculativeEngine(narrow, draft_head=random_head(target, 8))
+
+
+@pytest.mark.parametrize("drafting", ["eagle3", "eagle3_tree", "dflash"])
+def test_heads_create_their_tensors_with_explicit_devices(target, head, drafting, device):
+    """The decoding path with a draft head under the detector of device-less tensor factories
+    (tests/implicit_device.py), as tests/engine/test_backends_e2e.py runs it for the other drafters."""
+    from ..conftest import on_device
+    from ..implicit_device import ImplicitDeviceFactories
+    from .heads import random_dflash
+
+    drafter = random_dflash(target, block_size=8) if drafting == "dflash" else head
+    shape = dict(tree="dynamic") if drafting == "eagle3_tree" else dict(num_assistant_tokens=3)
+    ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=5)
+    model, drafter, ids, mask = on_device(device, target, drafter, ids, mask)
+    with ImplicitDeviceFactories() as recorder:
+        out = specdec_fast.generate(model, ids, mask, draft_head=drafter, max_new_tokens=4, pad_token_id=0,
+                                    do_sample=True, seed=3, cuda_graphs="static", **shape)
+    assert out.device == ids.device
+    assert recorder.calls == [], recorder.calls

@@ -69,3 +69,18 @@ def test_sampled_trees_follow_the_target(pair, tree):  # noqa: F811
     joint12, p3 = _expected(target)
     assert chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], joint12) > P_VALUE_THRESHOLD
     assert chi_square_pvalue(new[:, 2], p3) > P_VALUE_THRESHOLD
+
+
+@pytest.mark.parametrize("drafting", ["chain", "dynamic_sample"])
+def test_static_graph_twin_equals_eager_when_sampling(tiny_pair, drafting):
+    """The graph code path (every graph-safety check, the ops of every call traced) draws the same
+    tokens as eager decoding, with the same acceptance."""
+    target, head = tiny_pair
+    ids, mask = left_padded_prompts([5, 2, 7], vocab=TINY_VOCAB, seed=6)
+    shape = dict(num_assistant_tokens=3) if drafting == "chain" else dict(tree=TREES[drafting])
+    runs = [specdec_fast.generate(target, ids, mask, draft_head=head, do_sample=True, temperature=0.9, top_k=20, seed=3,
+                                  max_new_tokens=12, pad_token_id=0, cuda_graphs=graphs, return_stats=True, **shape)
+            for graphs in (False, "static")]
+    (eager, e_stats), (static, s_stats) = runs
+    assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
+    assert s_stats.graph_mode == "static" and s_stats.graph_replays["verify"] == s_stats.iterations - 1
