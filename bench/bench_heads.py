@@ -1,9 +1,10 @@
 """Drafters that read the target's hidden states against the shipped draft model, on the demo pair:
 
     plain          specdec_fast without a drafter
-    draft K        the shipped draft model (0.82M parameters), K drafts per iteration
+    draft K        the shipped draft model (0.82M parameters), K drafts per iteration (each --k)
     eagle3 K       the shipped EAGLE-3 head (specdec_fast/assets/pair/eagle3), K drafts per iteration
-    dflash K       a DFlash block drafter (--dflash DIR; all K drafts from one forward), when given
+    dflash K       a DFlash block drafter (--dflash DIR; all K drafts from one forward), when given, at
+                   each --k up to block_size - 1 and at block_size - 1
     draft tree /   both drafters expanding the same token tree (--tree N: TokenTree.recommended(N)
     eagle3 tree    for the mode), when --tree is given
 
@@ -13,12 +14,13 @@ method: one warm-up pass, then --repeats timed passes round robin over the metho
 tokens/s of the best pass (median kept too). Mean accepted length = tokens emitted per
 iteration (accepted drafts + 1), pooled over the prompts; acceptance per draft position.
 
-    .venv/bin/python bench/bench_heads.py [--k 4] [--tree 16] [--prompts 8] [--dflash DIR]
+    .venv/bin/python bench/bench_heads.py [--k 2 4 6] [--tree 16] [--prompts 8] [--dflash DIR]
 
 Writes bench/results/heads_pair_cpu_<isa>.json and .png (or --out). CPU only here: no GPU number.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,10 +39,14 @@ def methods(args, draft, head, dflash) -> dict:
     """name -> generate() keyword arguments (besides the mode's)."""
     from specdec_fast.drafters import TokenTree
 
-    out = {"plain": {}, f"draft K={args.k}": dict(assistant_model=draft, num_assistant_tokens=args.k),
-           f"eagle3 K={args.k}": dict(draft_head=head, num_assistant_tokens=args.k)}
-    if dflash is not None:
-        out[f"dflash K={args.k}"] = dict(draft_head=dflash, num_assistant_tokens=args.k)
+    out = {"plain": {}}
+    for k in args.k:
+        out[f"draft K={k}"] = dict(assistant_model=draft, num_assistant_tokens=k)
+    for k in args.k:
+        out[f"eagle3 K={k}"] = dict(draft_head=head, num_assistant_tokens=k)
+    if dflash is not None:  # at the chains' Ks and with the whole block (its K drafts cost one forward)
+        for k in sorted({k for k in args.k if k < dflash.block_size} | {dflash.block_size - 1}):
+            out[f"dflash K={k}"] = dict(draft_head=dflash, num_assistant_tokens=k)
     if args.tree:
         for mode in MODES:
             tree = TokenTree.recommended(args.tree, greedy=mode == "greedy")
@@ -62,7 +68,7 @@ def run_pass(target, prompts, kwargs, mode, args):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, nargs="+", default=[4], help="the chains' Ks (default 4)")
     ap.add_argument("--tree", type=int, default=0, help="also both drafters on TokenTree.recommended(N) (0: no trees)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -73,6 +79,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()  # the machine may be shared: its load beside the timings
 
     from specdec_fast import load_draft_head
     from specdec_fast.engine.phase_costs import merge_stats
@@ -114,13 +121,16 @@ def main(argv=None) -> None:
             print(f"{mode:8s} {name:28s} {json.dumps(entry)}", flush=True)
     simd = cpu_simd()
     record = dict(results=results, k=args.k, tree=args.tree, prompts=len(prompts), max_new_tokens=args.max_new_tokens,
-                  repeats=args.repeats, threads=torch.get_num_threads(), device=f"cpu: {cpu_model()}", **simd,
+                  repeats=args.repeats, threads=torch.get_num_threads(),
+                  load_average_1_5_15_min=dict(before=[round(x, 2) for x in load_before],
+                                               after=[round(x, 2) for x in os.getloadavg()]), device=f"cpu: {cpu_model()}", **simd,
                   head=str(args.head.relative_to(ROOT) if args.head.is_relative_to(ROOT) else args.head),
                   head_params=sum(p.numel() for p in head.parameters()),
                   draft_params=sum(p.numel() for p in draft.parameters()),
                   target_params=sum(p.numel() for p in target.parameters()), versions=versions(),
                   command="python bench/bench_heads.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     if dflash is not None:
+        record["dflash"] = str(args.dflash.relative_to(ROOT) if args.dflash.is_relative_to(ROOT) else args.dflash)
         record["dflash_params"] = sum(p.numel() for p in dflash.parameters())
     out = args.out or ROOT / "bench" / "results" / f"heads_pair_cpu_{simd['cpu_isa']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,8 @@ target's (tied) embedding rows of those tokens. Windows of --seq-len tokens from
 stream, --unroll TTT steps, AdamW with warm-up and cosine decay, --minutes or --steps.
 
 --init DIR continues training a head this script saved (its record DIR.json, if there, is kept
-in the new record as continued_from): the shipped head is two such runs (bench/results/eagle3_training.json).
+in the new record as continued_from). The shipped head is one 28-minute run from scratch
+(--minutes 28 --unroll 4, at commit 68ee430; bench/results/eagle3_training.json).
 
 Writes the head in the published layout (config.json + model.safetensors) and a JSON record:
 sizes, held-out per-step top-1 agreement with the target (greedy acceptance at each draft
