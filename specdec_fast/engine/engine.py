@@ -38,6 +38,7 @@ from ..runners.paged_cache import OutOfBlocksError
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
 from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions
+from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .tree_loop import TreeDecoder
 
@@ -48,6 +49,8 @@ DEFAULT_NUM_ASSISTANT_TOKENS = 4
 DEFAULT_MAX_SEQ_LEN = 4096  # with no max_seq_len: min(this, the model's position limit)
 DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of the free memory
 MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
+USER_PROCESSORS_NOTE = ("a user logits_processor runs eagerly on the host per row and position (exact input_ids), "
+                        "which a CUDA graph cannot replay")
 
 
 def bucket_for(batch: int, max_batch_size: int) -> int:
@@ -232,11 +235,14 @@ class SpeculativeEngine:
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
         params = make_sampling_tensors(input_ids.shape[0], self.device, seed=seed, **opts.kernel_params())
-        decoder = self._decoder(input_ids.shape[0], k, params.modes, token_tree, len(opts.eos_token_ids or ()))
+        stage = self._stage_request(opts, params, token_tree)
+        kernel = kernel_params(stage, params, seed)  # the warpers in the stage: the kernels sample plainly
+        decoder = self._decoder(input_ids.shape[0], k, kernel.modes, token_tree, len(opts.eos_token_ids or ()),
+                                None if stage is None else stage.spec)
         try:
-            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=params,
+            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel,
                                       max_new_tokens=opts.max_new_tokens, eos_token_ids=opts.eos_token_ids,
-                                      pad_token_id=opts.pad_token_id, streamer=streamer)
+                                      pad_token_id=opts.pad_token_id, streamer=streamer, stage=stage)
         finally:
             decoder.release()
             self.calls += 1
@@ -244,6 +250,18 @@ class SpeculativeEngine:
         stats.extra["engine"] = dict(bucket=decoder.rows, decoders=len(self._decoders),
                                      graphs_captured_total=self.graphs_captured)
         return (tokens, stats) if return_stats else tokens
+
+    @staticmethod
+    def _stage_request(opts, params, token_tree):
+        """The call's logits stage (logits processors, penalties), or None when it needs none."""
+        options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+        request = StageRequest(options, opts.eos_token_ids, opts.do_sample, params) if options else None
+        if request is None or request.spec is None:
+            return None
+        if token_tree is not None:
+            raise ValueError(f"{', '.join(sorted(options))} with tree=...: logits processors and penalties run on "
+                             "chains only (a tree node's prefix is its ancestor path); drop tree=")
+        return request
 
     def _check_drafting(self, assistant_model, prompt_lookup_num_tokens, tree) -> None:
         """A call may name the engine's own drafting (as model.generate calls do), not another."""
@@ -298,22 +316,26 @@ class SpeculativeEngine:
                     f"{pool.num_blocks * self.block_size}): raise kv_cache_tokens, or lower max_batch_size / max_seq_len "
                     f"of the requests")
 
-    def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int) -> SpeculativeDecoder:
-        """The decoder of this call's bucket, K, sampling modes and tree (built at its first call)."""
+    def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int, stage_spec=None) -> SpeculativeDecoder:
+        """The decoder of this call's bucket, K, sampling modes, tree and logits stage (built at its
+        first call). A user's logits_processor runs eagerly: its decoders take no graphs."""
         if num_eos > EOS_SLOTS:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {num_eos}")
-        bucketed = self.graph_mode != "eager"
+        eager = stage_spec == "user"
+        bucketed = self.graph_mode != "eager" and not eager
         rows = bucket_for(batch, self.max_batch_size) if bucketed else batch
-        key = (rows, k, None if modes is None else frozenset(modes), token_tree)
+        key = (rows, k, None if modes is None else frozenset(modes), token_tree, stage_spec)
         decoder = self._decoders.get(key)
         if decoder is None:
-            common = dict(backend=self.backend, run_ahead=self.run_ahead, cuda_graphs=self.cuda_graphs, rows=rows,
-                          seq_capacity=self.max_seq_len + k + 1)
+            common = dict(backend=self.backend, run_ahead=self.run_ahead, rows=rows, seq_capacity=self.max_seq_len + k + 1,
+                          cuda_graphs=False if eager else self.cuda_graphs)
             if token_tree is not None:  # k = the tree's depth (TreeDecoder sets it)
                 decoder = TreeDecoder(self.target_runner, self._tree_drafter(token_tree), **common)
             else:
                 drafter = self._chain_drafter() if k else None
                 decoder = SpeculativeDecoder(self.target_runner, drafter, k=k, **common)
+            if eager and self.graph_mode != "eager":
+                decoder.graph_note = USER_PROCESSORS_NOTE
             self._decoders[key] = decoder
         return decoder
 

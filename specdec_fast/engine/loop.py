@@ -45,10 +45,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.sampling_params import SamplingTensors
+from ..kernels.sampling_params import SamplingTensors, fill_rows, static_sampling_tensors
 from ..kernels.verify import prepared_impls
 from .graph_policy import GRAPHS_BY_DEFAULT, graph_unsupported_reason, resolve_graph_mode, step_callables  # noqa: F401
 from .graphs import state_tensors
+from .logits_stage import LogitsStage
 from .run_ahead import RunAheadPoller, Snapshot
 from .stats import PhaseTimer, StatsRecorder
 
@@ -77,6 +78,7 @@ class DecodeState:
     params: SamplingTensors
     backend: str | None
     skip_finished: bool = False
+    stage: object = None  # the decoder's LogitsStage (logits_stage.py) for this call, or None
 
     @classmethod
     def create(cls, seq: torch.Tensor, start: torch.Tensor, end: torch.Tensor, **fields) -> "DecodeState":
@@ -108,23 +110,6 @@ class PromptBatch:
     mask: torch.Tensor
     budgets: list
     k: int  # tokens drafted per iteration (K; a tree's N - 1 nodes): the runners hold K + 1 tentative tokens
-
-
-def _static_params(rows: int, device, modes) -> SamplingTensors:
-    """SamplingTensors of [rows] buffers that calls copy their parameters into (graph safe)."""
-    def zeros(dtype):
-        return torch.zeros(rows, dtype=dtype, device=device)
-
-    return SamplingTensors(zeros(torch.float32), zeros(torch.int32), torch.ones(rows, device=device), zeros(torch.float32),
-                           zeros(torch.int64), zeros(torch.int64), modes=None if modes is None else set(modes))
-
-
-def _fill_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst [R] <- src [B] (B <= R); rows B.. repeat row 0 (unused rows: any valid value)."""
-    batch = src.shape[0]
-    dst[:batch].copy_(src)
-    if batch < dst.shape[0]:
-        dst[batch:].copy_(src[:1].expand(dst.shape[0] - batch))
 
 
 class SpeculativeDecoder:
@@ -163,7 +148,8 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.k = target, drafter, k if drafter is not None else 0
         self.drafted_per_step = self.k  # tokens the target scores beyond the last one (a tree's: N - 1)
         self.defaults = dict(params=params, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                             pad_token_id=pad_token_id, streamer=streamer)
+                             pad_token_id=pad_token_id, streamer=streamer, stage=None)
+        self.stage = None  # the LogitsStage (logits_stage.py) of calls with processors / penalties
         self.backend = backend
         self.run_ahead, self.graph_warmup, self.skip_finished = run_ahead, graph_warmup, skip_finished
         self.rows, self.seq_capacity = rows, seq_capacity
@@ -211,7 +197,7 @@ class SpeculativeDecoder:
         long = dict(dtype=torch.long, device=dev)
         self.state = DecodeState.create(
             torch.zeros(rows, width, **long), torch.zeros(rows, **long), torch.zeros(rows, **long),
-            params=_static_params(rows, dev, params.modes), backend=self.backend,
+            params=static_sampling_tensors(rows, dev, params.modes), backend=self.backend,
             skip_finished=rows > 1 if self.skip_finished is None else bool(self.skip_finished))
         # offset = gen_len, the live counter of generated tokens: one params object for every call.
         self._verify_params = dataclasses.replace(self.state.params, offset=self.state.gen_len)
@@ -258,8 +244,7 @@ class SpeculativeDecoder:
         st.status.zero_()
         st.finished.zero_()
         st.finished[batch:] = True  # unused rows: finished from the start (fed nothing, emit nothing)
-        for field in ("temperature", "top_k", "top_p", "min_p", "seed"):
-            _fill_rows(getattr(st.params, field), getattr(params, field))
+        fill_rows(st.params, params)
         self._max_new.fill_(new)
         self._eos.fill_(-1)
         if eos:
@@ -271,7 +256,25 @@ class SpeculativeDecoder:
         # An unused row is fed nothing when finished rows are skipped (no KV blocks at all); a tree
         # scores every row, so it keeps room for one step's tentative tokens there.
         unused = 0 if st.skip_finished else extra
-        return PromptBatch(ids, full_mask, [n + new + extra if n else unused for n in real], self.drafted_per_step)
+        prompt = PromptBatch(ids, full_mask, [n + new + extra if n else unused for n in real], self.drafted_per_step)
+        self._begin_stage(prompt, call["stage"])
+        return prompt
+
+    def _begin_stage(self, prompt: PromptBatch, request) -> None:
+        """The call's logits stage (logits_stage.py): built at the first call that asks for one (a
+        user's logits_processor: every call, eagerly), re-filled in place by later calls."""
+        if request is None:
+            if self.stage is not None and self.steps is not None and self.steps.graphs:
+                raise ValueError("this decoder's graphs were captured with a logits stage; a call without one needs another decoder")
+            self.stage = self.state.stage = None
+            return
+        if self.stage is None or request.spec == "user":
+            self.stage = LogitsStage(request, rows=self.rows, vocab=self.target.vocab_size, device=self.device,
+                                     prompt_width=prompt.ids.shape[1])
+            if not self.stage.graph_safe and self.graph_mode != "eager":
+                raise ValueError(f"{self.stage.graph_note}: decode such calls with cuda_graphs=False")
+        self.stage.begin_call(prompt, request)
+        self.state.stage = self.stage
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **overrides) -> None:
         """Prompt into both caches, the first token (a K = 0 verify at offset 0, y ~ q, like
@@ -279,8 +282,10 @@ class SpeculativeDecoder:
         self.timer.mark("prefill")
         prompt = self._begin_call(input_ids, attention_mask, self._call_options(overrides))
         logits = self.target.prefill(prompt.ids, prompt.mask, budgets=prompt.budgets, max_new_tokens=self.max_new_tokens,
-                                     num_draft_tokens=prompt.k)  # [R, V]
-        tokens, accepted = self._chain_verify(logits[:, None, :], None, self._no_drafts)
+                                     num_draft_tokens=prompt.k)[:, None, :]  # [R, 1, V]
+        if self.stage is not None:
+            logits = self.stage.target(logits, self.state, self._no_drafts)
+        tokens, accepted = self._chain_verify(logits, None, self._no_drafts)
         self.stats.record_first(self._append(tokens, accepted))
         self._update_live()
         if self.drafter is not None:
@@ -317,6 +322,8 @@ class SpeculativeDecoder:
         target_in = torch.cat([st.last_token()[:, None], drafts.clamp(min=0)], 1)  # [B, K+1]
         num_valid = st.live * (self.k + 1) if st.skip_finished else None
         target_logits = self.target.score(target_in, num_valid)  # [B, K+1, V], the runner's dtype
+        if self.stage is not None:  # logits processors per position (each sees the drafts before it)
+            target_logits = self.stage.target(target_logits, st, drafts)
         if draft_logits is not None and draft_logits.dtype != target_logits.dtype:
             target_logits, draft_logits = target_logits.float(), draft_logits.float()
         tokens, accepted = self._chain_verify(target_logits, draft_logits, drafts)  # [B, K+1] int32, [B] int32
@@ -327,6 +334,8 @@ class SpeculativeDecoder:
         self._update_live()
 
     def _chain_verify(self, target_logits, draft_logits, drafts):
+        if self.stage is not None and self.stage.penalties is not None:  # fused into the kernels
+            return self._verify_impl(target_logits, draft_logits, drafts, self._verify_params, self.stage.penalties)
         return self._verify_impl(target_logits, draft_logits, drafts, self._verify_params)
 
     def _kept(self, keep: torch.Tensor) -> torch.Tensor:
@@ -350,6 +359,8 @@ class SpeculativeDecoder:
         count = emitted.long().sum(1)
         index = st.end[:, None] + slot
         st.seq.scatter_(1, index, torch.where(emitted, toks, st.seq.gather(1, index)))
+        if self.stage is not None:  # the penalties' token counts
+            self.stage.appended(toks, emitted)
         done = st.gen_len + count >= self._max_new
         done |= (first_eos < width) & (count > 0)
         st.finished |= done
@@ -376,13 +387,14 @@ class SpeculativeDecoder:
 
     # -- the loop ------------------------------------------------------------------------
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, params=_DEFAULT, max_new_tokens=_DEFAULT,
-                 eos_token_ids=_DEFAULT, pad_token_id=_DEFAULT, streamer=_DEFAULT) -> torch.Tensor:
+                 eos_token_ids=_DEFAULT, pad_token_id=_DEFAULT, streamer=_DEFAULT, stage=_DEFAULT) -> torch.Tensor:
         """input_ids [B, P] (left padded, B <= rows), attention_mask [B, P] -> tokens [B, P + new]
-        (pad after EOS). The keyword arguments override the constructor's for this call."""
+        (pad after EOS). The keyword arguments override the constructor's for this call; stage: a
+        logits_stage.StageRequest (logits processors / penalties) or None."""
         t0 = time.perf_counter()
         try:
             self._prefill(input_ids, attention_mask, params=params, max_new_tokens=max_new_tokens,
-                          eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, streamer=streamer)
+                          eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, streamer=streamer, stage=stage)
             poller = self._start_polls(input_ids)
             iterations = 0
             # Every unfinished row gains >= 1 token per iteration: max_new_tokens - 1 iterations suffice.
