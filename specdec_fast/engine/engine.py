@@ -40,6 +40,7 @@ from .graph_policy import resolve_graph_mode
 from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions
 from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
+from .stopping import call_limits
 from .tree_loop import TreeDecoder
 
 log = logging.getLogger("specdec_fast")
@@ -213,7 +214,8 @@ class SpeculativeEngine:
                   return_stats=False, generation_config=None, tree=None, resolved=None, **kwargs):
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
-        kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
+        tokenizer = kwargs.pop("tokenizer", None)
+        kwargs.pop("assistant_tokenizer", None)
         self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree)
         mask = check_inputs(input_ids, attention_mask)
         target = self.target
@@ -231,18 +233,19 @@ class SpeculativeEngine:
         tree = self.tree if tree is None else tree
         token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
         k = self._k_for(opts, token_tree, num_assistant_tokens)
-        self._check_sizes(input_ids, opts.max_new_tokens, k if token_tree is None else token_tree.size - 1)
+        max_new, eos, stops = call_limits(opts, input_ids.shape[1], tokenizer)  # stopping criteria (stopping.py)
+        self._check_sizes(input_ids, max_new, k if token_tree is None else token_tree.size - 1)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
         params = make_sampling_tensors(input_ids.shape[0], self.device, seed=seed, **opts.kernel_params())
         stage = self._stage_request(opts, params, token_tree)
         kernel = kernel_params(stage, params, seed)  # the warpers in the stage: the kernels sample plainly
-        decoder = self._decoder(input_ids.shape[0], k, kernel.modes, token_tree, len(opts.eos_token_ids or ()),
+        decoder = self._decoder(input_ids.shape[0], k, kernel.modes, token_tree, len(eos or ()),
                                 None if stage is None else stage.spec)
         try:
-            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel,
-                                      max_new_tokens=opts.max_new_tokens, eos_token_ids=opts.eos_token_ids,
-                                      pad_token_id=opts.pad_token_id, streamer=streamer, stage=stage)
+            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel, max_new_tokens=max_new,
+                                      eos_token_ids=eos, pad_token_id=opts.pad_token_id, streamer=streamer, stage=stage,
+                                      stopping_criteria=stops)
         finally:
             decoder.release()
             self.calls += 1

@@ -51,6 +51,7 @@ from .graph_policy import GRAPHS_BY_DEFAULT, graph_unsupported_reason, resolve_g
 from .graphs import state_tensors
 from .logits_stage import LogitsStage
 from .run_ahead import RunAheadPoller, Snapshot
+from .stopping import HostStops
 from .stats import PhaseTimer, StatsRecorder
 
 DEFAULT_RUN_AHEAD = 2  # run_ahead.py: the smallest bound that keeps one iteration queued on the GPU
@@ -148,7 +149,8 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.k = target, drafter, k if drafter is not None else 0
         self.drafted_per_step = self.k  # tokens the target scores beyond the last one (a tree's: N - 1)
         self.defaults = dict(params=params, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                             pad_token_id=pad_token_id, streamer=streamer, stage=None)
+                             pad_token_id=pad_token_id, streamer=streamer, stage=None, stopping_criteria=None)
+        self._stops = None  # stopping.HostStops of a call with host-side stopping criteria
         self.stage = None  # the LogitsStage (logits_stage.py) of calls with processors / penalties
         self.backend = backend
         self.run_ahead, self.graph_warmup, self.skip_finished = run_ahead, graph_warmup, skip_finished
@@ -232,6 +234,8 @@ class SpeculativeDecoder:
             raise ValueError(f"this decoder was built for sampling modes {sorted(self.modes or ['unknown'])}, "
                              f"the call's are {sorted(params.modes or ['unknown'])}")
         self.max_new_tokens, self.pad_token_id, self.streamer = new, int(call["pad_token_id"]), call["streamer"]
+        criteria = call["stopping_criteria"]
+        self._stops = HostStops(criteria, width, batch) if criteria else None
         st, dev, rows = self.state, self.device, self.rows
         mask = attention_mask.to(dev).long()
         ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=dev)
@@ -387,14 +391,17 @@ class SpeculativeDecoder:
 
     # -- the loop ------------------------------------------------------------------------
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, params=_DEFAULT, max_new_tokens=_DEFAULT,
-                 eos_token_ids=_DEFAULT, pad_token_id=_DEFAULT, streamer=_DEFAULT, stage=_DEFAULT) -> torch.Tensor:
+                 eos_token_ids=_DEFAULT, pad_token_id=_DEFAULT, streamer=_DEFAULT, stage=_DEFAULT,
+                 stopping_criteria=_DEFAULT) -> torch.Tensor:
         """input_ids [B, P] (left padded, B <= rows), attention_mask [B, P] -> tokens [B, P + new]
         (pad after EOS). The keyword arguments override the constructor's for this call; stage: a
-        logits_stage.StageRequest (logits processors / penalties) or None."""
+        logits_stage.StageRequest (logits processors / penalties) or None; stopping_criteria: the
+        host-side ones (stopping.py: transformers' criteria other than max length and EOS)."""
         t0 = time.perf_counter()
         try:
             self._prefill(input_ids, attention_mask, params=params, max_new_tokens=max_new_tokens,
-                          eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, streamer=streamer, stage=stage)
+                          eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, streamer=streamer, stage=stage,
+                          stopping_criteria=stopping_criteria)
             poller = self._start_polls(input_ids)
             iterations = 0
             # Every unfinished row gains >= 1 token per iteration: max_new_tokens - 1 iterations suffice.
@@ -410,30 +417,40 @@ class SpeculativeDecoder:
             self.calls += 1
 
     def _start_polls(self, input_ids: torch.Tensor) -> RunAheadPoller:
-        """The decoder's poller (one with a copy of row 0 when streaming), reset for this call:
-        its pinned ring and events are made once per decoder."""
+        """The decoder's poller (one that copies row 0 of the tokens when streaming, every row when
+        host-side stopping criteria run), reset for this call: its pinned ring and events are made
+        once per decoder."""
         streaming = self.streamer is not None
         if streaming:
             self.streamer.put(input_ids.cpu())
             self._streamed = 0
+        copies = "all" if self._stops is not None else "row0" if streaming else None
         pollers = self.__dict__.setdefault("_pollers", {})
-        poller = pollers.get(streaming)
+        poller = pollers.get(copies)
         if poller is None:
-            row0 = self.state.seq[0] if streaming else None
-            poller = pollers[streaming] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq_row0=row0)
+            seq = {"all": self.state.seq, "row0": self.state.seq[:1], None: None}[copies]
+            poller = pollers[copies] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq=seq)
         poller.reset()
         poller.issue(0)
         return poller
 
     def _take_snapshot(self, snapshot: Snapshot, issued: int) -> bool:
-        """A read poll (taken after snapshot.iteration iterations; ``issued`` issued so far):
-        stream row 0's new tokens; True when every row has finished; else give the compacting
-        runners a bound on every row's committed length: the poll's longest row plus K+1 tokens
-        (the most one iteration can add to a row) per iteration issued since the poll. The bound
-        holds when compact() runs: it is queued on the stream after those iterations."""
+        """A read poll (taken after snapshot.iteration iterations; ``issued`` issued so far): the
+        host-side stopping criteria over the rows' new tokens (stopping.py: rows they end are cut
+        and marked finished on the device); stream row 0's new tokens; True when every row has
+        finished; else give the compacting runners a bound on every row's committed length: the
+        poll's longest row plus K+1 tokens (the most one iteration can add to a row) per iteration
+        issued since the poll. The bound holds when compact() runs: it is queued on the stream
+        after those iterations."""
+        if self._stops is not None:
+            ended = self._stops.check(snapshot.seq, snapshot.gen_len)
+            if ended:  # fed nothing from the next iteration on (an in-place write between iterations)
+                rows = torch.tensor(ended, dtype=torch.long, device="cpu").to(self.device, non_blocking=True)
+                self.state.finished.index_fill_(0, rows, True)
+                self.state.status[1].index_fill_(0, rows, 0)
         if self.streamer is not None:
-            self._stream(int(snapshot.gen_len[0]), snapshot.seq_row0)
-        if snapshot.done:
+            self._stream(self._visible(0, int(snapshot.gen_len[0])), snapshot.seq[0])
+        if snapshot.done or (self._stops is not None and None not in self._stops.cut):
             return True
         if self._compacting:
             bound = self.prompt_width + int(snapshot.gen_len.max()) + (self.k + 1) * (issued - snapshot.iteration)
@@ -441,9 +458,18 @@ class SpeculativeDecoder:
                 runner.compact(bound)
         return False
 
+    def _visible(self, row: int, gen_len: int) -> int:
+        """Row ``row``'s length as the caller sees it: cut where a stopping criterion ended it."""
+        cut = None if self._stops is None else self._stops.cut[row]
+        return gen_len if cut is None else min(gen_len, cut)
+
     def _finish(self, poller: RunAheadPoller, iterations: int, t0: float) -> torch.Tensor:
         gen_len = self.state.gen_len.cpu()  # the one sync at the end
         poller.finish()
+        if self._stops is not None:  # the tokens made since the last poll read, from the device
+            seq = self.state.seq[: self.batch].cpu().numpy()
+            self._stops.check(seq, gen_len.numpy())
+            gen_len = torch.tensor([self._visible(b, int(n)) for b, n in enumerate(gen_len[: self.batch].tolist())])
         if self.streamer is not None:
             self._stream(int(gen_len[0]), None)
             self.streamer.end()
@@ -453,14 +479,18 @@ class SpeculativeDecoder:
         needed = poller.first_done if poller.first_done is not None else iterations
         loop = dict(poller.report(), iterations_needed=needed)
         self.stats.finish(time.perf_counter() - t0, iterations, self.timer, gen_len, graphs=self.graph_report(), loop=loop)
-        return self.state.seq[: self.batch, : self.prompt_width + new].clone()
+        out = self.state.seq[: self.batch, : self.prompt_width + new].clone()
+        if self._stops is not None:  # pad after the token where a criterion ended the row
+            after = torch.arange(new, device=self.device)[None, :] >= gen_len.to(self.device)[:, None]
+            out[:, self.prompt_width:].masked_fill_(after, self.pad_token_id)
+        return out
 
-    def _stream(self, upto: int, seq_row0) -> None:
+    def _stream(self, upto: int, row0) -> None:
         """Row 0's tokens up to gen_len ``upto`` to the streamer: from the poll's host copy of the
-        row (seq_row0, numpy) or, after the final sync, from the device."""
+        row (row0, numpy) or, after the final sync, from the device."""
         if upto > self._streamed:
             start, stop = self.prompt_width + self._streamed, self.prompt_width + upto
-            chunk = torch.from_numpy(seq_row0[start:stop].copy()) if seq_row0 is not None else self.state.seq[0, start:stop].cpu()
+            chunk = torch.from_numpy(row0[start:stop].copy()) if row0 is not None else self.state.seq[0, start:stop].cpu()
             self.streamer.put(chunk)
             self._streamed = upto
 

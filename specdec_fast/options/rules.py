@@ -34,7 +34,9 @@ from numbers import Real
 LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalty", "presence_penalty",
                         "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens",
                         "begin_suppress_tokens", "typical_p", "epsilon_cutoff", "eta_cutoff", "logits_processor")
-ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS)
+# Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
+STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
+ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
 HANDLED_FIELDS = frozenset({
