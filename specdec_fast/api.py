@@ -70,7 +70,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     engine = engine_for(model, assistant_model, prompt_lookup=lookup,
                         max_matching_ngram_size=opts.max_matching_ngram_size if lookup else None, backend=backend,
                         runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0],
-                        row_tokens=input_ids.shape[1] + call_limits(opts, input_ids.shape[1], options.get("tokenizer"))[0],
+                        row_tokens=input_ids.shape[1] + call_limits(opts, input_ids.shape[1], options.get("tokenizer")).max_new_tokens,
                         drafted=_drafted(opts, tree, lookup),
                         tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))
     return engine.generate_resolved(opts, input_ids, attention_mask, assistant_model=assistant_model,

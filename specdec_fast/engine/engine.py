@@ -233,19 +233,20 @@ class SpeculativeEngine:
         tree = self.tree if tree is None else tree
         token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
         k = self._k_for(opts, token_tree, num_assistant_tokens)
-        max_new, eos, stops = call_limits(opts, input_ids.shape[1], tokenizer)  # stopping criteria (stopping.py)
-        self._check_sizes(input_ids, max_new, k if token_tree is None else token_tree.size - 1)
+        limits = call_limits(opts, input_ids.shape[1], tokenizer)  # stopping criteria (stopping.py)
+        self._check_sizes(input_ids, limits.max_new_tokens, k if token_tree is None else token_tree.size - 1)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
         params = make_sampling_tensors(input_ids.shape[0], self.device, seed=seed, **opts.kernel_params())
         stage = self._stage_request(opts, params, token_tree)
         kernel = kernel_params(stage, params, seed)  # the warpers in the stage: the kernels sample plainly
-        decoder = self._decoder(input_ids.shape[0], k, kernel.modes, token_tree, len(eos or ()),
+        decoder = self._decoder(input_ids.shape[0], k, kernel.modes, token_tree, len(limits.eos_token_ids or ()),
                                 None if stage is None else stage.spec)
         try:
-            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel, max_new_tokens=max_new,
-                                      eos_token_ids=eos, pad_token_id=opts.pad_token_id, streamer=streamer, stage=stage,
-                                      stopping_criteria=stops)
+            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel,
+                                      max_new_tokens=limits.max_new_tokens, eos_token_ids=limits.eos_token_ids,
+                                      pad_token_id=opts.pad_token_id, streamer=streamer, stage=stage,
+                                      stopping_criteria=limits if limits.host else None)
         finally:
             decoder.release()
             self.calls += 1

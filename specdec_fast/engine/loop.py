@@ -51,7 +51,6 @@ from .graph_policy import GRAPHS_BY_DEFAULT, graph_unsupported_reason, resolve_g
 from .graphs import state_tensors
 from .logits_stage import LogitsStage
 from .run_ahead import RunAheadPoller, Snapshot
-from .stopping import HostStops
 from .stats import PhaseTimer, StatsRecorder
 
 DEFAULT_RUN_AHEAD = 2  # run_ahead.py: the smallest bound that keeps one iteration queued on the GPU
@@ -234,8 +233,8 @@ class SpeculativeDecoder:
             raise ValueError(f"this decoder was built for sampling modes {sorted(self.modes or ['unknown'])}, "
                              f"the call's are {sorted(params.modes or ['unknown'])}")
         self.max_new_tokens, self.pad_token_id, self.streamer = new, int(call["pad_token_id"]), call["streamer"]
-        criteria = call["stopping_criteria"]
-        self._stops = HostStops(criteria, width, batch) if criteria else None
+        limits = call["stopping_criteria"]  # stopping.CallLimits or None
+        self._stops = None if limits is None else limits.stops(width, batch)
         st, dev, rows = self.state, self.device, self.rows
         mask = attention_mask.to(dev).long()
         ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=dev)
@@ -395,8 +394,8 @@ class SpeculativeDecoder:
                  stopping_criteria=_DEFAULT) -> torch.Tensor:
         """input_ids [B, P] (left padded, B <= rows), attention_mask [B, P] -> tokens [B, P + new]
         (pad after EOS). The keyword arguments override the constructor's for this call; stage: a
-        logits_stage.StageRequest (logits processors / penalties) or None; stopping_criteria: the
-        host-side ones (stopping.py: transformers' criteria other than max length and EOS)."""
+        logits_stage.StageRequest (logits processors / penalties) or None; stopping_criteria: a
+        stopping.CallLimits with host-side criteria (transformers' other than max length and EOS)."""
         t0 = time.perf_counter()
         try:
             self._prefill(input_ids, attention_mask, params=params, max_new_tokens=max_new_tokens,
@@ -450,7 +449,7 @@ class SpeculativeDecoder:
                 self.state.status[1].index_fill_(0, rows, 0)
         if self.streamer is not None:
             self._stream(self._visible(0, int(snapshot.gen_len[0])), snapshot.seq[0])
-        if snapshot.done or (self._stops is not None and None not in self._stops.cut):
+        if snapshot.done or (self._stops is not None and self._stops.all_done):
             return True
         if self._compacting:
             bound = self.prompt_width + int(snapshot.gen_len.max()) + (self.k + 1) * (issued - snapshot.iteration)
@@ -459,9 +458,8 @@ class SpeculativeDecoder:
         return False
 
     def _visible(self, row: int, gen_len: int) -> int:
-        """Row ``row``'s length as the caller sees it: cut where a stopping criterion ended it."""
-        cut = None if self._stops is None else self._stops.cut[row]
-        return gen_len if cut is None else min(gen_len, cut)
+        """Row ``row``'s length as the caller sees it: cut where the stopping criteria end it."""
+        return gen_len if self._stops is None else self._stops.length(row, gen_len)
 
     def _finish(self, poller: RunAheadPoller, iterations: int, t0: float) -> torch.Tensor:
         gen_len = self.state.gen_len.cpu()  # the one sync at the end

@@ -19,15 +19,20 @@ turn. Here:
     run, instead of row 0 for a streamer), so no sync is added: a row found finished at token s
     is cut there (the tokens the device made after it are dropped, pad after) and marked finished
     on the device, so it is fed nothing from the next iteration on (at most R - 1 iterations run
-    past it). A criterion that reads scores gets None (it cannot run here: ValueError from it).
+    past it). Without an EOS criterion transformers pads nothing and runs every row until all are
+    done: then so does this (HostStops). A criterion that reads scores gets None (it cannot run
+    here: the error is its own).
 """
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 
 def split_criteria(criteria):
-    """(max_length or None, EOS ids from EosTokenCriteria or None, host criteria list) of a merged
-    StoppingCriteriaList-like sequence."""
+    """(max_length or None, EOS ids from EosTokenCriteria or None, host criteria list, pad_after)
+    of a merged StoppingCriteriaList-like sequence; pad_after: transformers' has_eos_stopping_criteria
+    (some criterion has an eos_token_id attribute: rows are padded after they end)."""
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
     max_length, eos, host = None, None, []
@@ -39,7 +44,8 @@ def split_criteria(criteria):
             eos = ids if eos is None else eos + ids
         else:
             host.append(criterion)
-    return max_length, eos, host
+    pad_after = any(hasattr(criterion, "eos_token_id") for criterion in criteria or ())
+    return max_length, eos, host, pad_after
 
 
 def merge_criteria(defaults: list, custom) -> list:
@@ -58,22 +64,33 @@ class HostStops:
     """The host-side criteria of one call over its R rows (B real ones).
 
     check(seq [R, T] numpy int64, gen_len [R] numpy) reads each real row's tokens from its last
-    checked position up to gen_len (prompt width P at the front) and returns the rows newly
-    found finished; ``cut`` [B] holds each row's final length (None: not cut)."""
+    checked position up to gen_len (prompt width P at the front), in transformers' batches (one
+    call per step position), and returns the rows to mark finished on the device.
 
-    def __init__(self, criteria, prompt_width: int, batch: int):
+    What a row that a criterion ends looks like follows transformers' _sample: with an EOS
+    criterion in the list (pad_after: one with an eos_token_id attribute) the row is padded after
+    that token; without one, transformers keeps generating every row until all are done, so the
+    row goes on (not finished) and every row ends at the step where the last one was done.
+    ``lengths(gen_len)`` gives the rows' final lengths."""
+
+    def __init__(self, criteria, prompt_width: int, batch: int, pad_after: bool = True):
         self.criteria, self.prompt_width, self.batch = list(criteria), prompt_width, batch
+        self.pad_after = pad_after
         self.checked = np.zeros(batch, dtype=np.int64)  # tokens per row already checked
-        self.cut = [None] * batch
+        self.done = [None] * batch  # the step (generated length) at which each row was done
+
+    @property
+    def all_done(self) -> bool:
+        return None not in self.done
 
     def check(self, seq: np.ndarray, gen_len: np.ndarray) -> list:
-        """Rows (indices) found finished in this check (each at its first firing token)."""
+        """Rows (indices) to mark finished now (pad_after: each at its first firing token)."""
         newly = []
         lengths = np.asarray(gen_len[: self.batch])
         while True:
-            todo = [b for b in range(self.batch) if self.cut[b] is None and self.checked[b] < lengths[b]]
+            todo = [b for b in range(self.batch) if self.done[b] is None and self.checked[b] < lengths[b]]
             if not todo:
-                return newly
+                return newly if self.pad_after else []
             step = int(min(self.checked[b] for b in todo)) + 1  # the earliest unchecked position s
             rows = [b for b in todo if self.checked[b] + 1 == step]
             input_ids = torch.from_numpy(np.ascontiguousarray(seq[rows, : self.prompt_width + step]))
@@ -83,8 +100,14 @@ class HostStops:
             for row, stop in zip(rows, done.tolist()):
                 self.checked[row] = step
                 if stop:
-                    self.cut[row] = step
+                    self.done[row] = step
                     newly.append(row)
+
+    def length(self, row: int, gen_len: int) -> int:
+        """Row ``row``'s final length given its generated length on the device."""
+        if self.pad_after:
+            return gen_len if self.done[row] is None else min(gen_len, self.done[row])
+        return min(gen_len, max(self.done)) if self.all_done else gen_len
 
 
 STOP_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
@@ -93,14 +116,28 @@ TOKENIZER_NEEDED = ("There are one or more stop strings, either in the arguments
                     "model's tokenizer to the `tokenizer` argument of `generate`.")
 
 
-def call_limits(opts, prompt_width: int, tokenizer=None):
-    """(max_new_tokens, EOS ids, host criteria) of a call: transformers' default criteria for its
-    options (max length, max_time, stop_strings, EOS) merged with its stopping_criteria, the max
-    length and EOS ones turned into the loop's device limits. Without criteria options: the
-    options' own max_new_tokens and EOS, no host criteria (nothing built)."""
+@dataclass
+class CallLimits:
+    """A call's stopping, as the loop takes it: max_new_tokens, EOS ids (device limits), the
+    host-side criteria and whether rows they end are padded after (HostStops)."""
+
+    max_new_tokens: int
+    eos_token_ids: list | None
+    host: list
+    pad_after: bool = True
+
+    def stops(self, prompt_width: int, batch: int):
+        return HostStops(self.host, prompt_width, batch, self.pad_after) if self.host else None
+
+
+def call_limits(opts, prompt_width: int, tokenizer=None) -> CallLimits:
+    """A call's CallLimits: transformers' default criteria for its options (max length, max_time,
+    stop_strings, EOS) merged with its stopping_criteria, the max length and EOS ones turned into
+    the loop's device limits. Without criteria options: the options' own max_new_tokens and EOS,
+    no host criteria (nothing built)."""
     extra = opts.extra
     if not any(extra.get(name) for name in STOP_OPTIONS):
-        return opts.max_new_tokens, opts.eos_token_ids, []
+        return CallLimits(opts.max_new_tokens, opts.eos_token_ids, [])
     from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
                                                            StopStringCriteria)
 
@@ -113,5 +150,5 @@ def call_limits(opts, prompt_width: int, tokenizer=None):
         defaults.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=extra["stop_strings"]))
     if opts.eos_token_ids:
         defaults.append(EosTokenCriteria(eos_token_id=torch.tensor(opts.eos_token_ids)))
-    max_length, eos, host = split_criteria(merge_criteria(defaults, extra.get("stopping_criteria")))
-    return max(max_length - prompt_width, 1), eos, host
+    max_length, eos, host, pad_after = split_criteria(merge_criteria(defaults, extra.get("stopping_criteria")))
+    return CallLimits(max(max_length - prompt_width, 1), eos, host, pad_after)

@@ -73,6 +73,11 @@ ACCEPTED = {
 }
 
 
+class UnsupportedOptionError(ValueError):
+    """An option at a value specdec_fast does not implement (or a name it does not know): what
+    patch_generate's fallback hands to transformers' own generate."""
+
+
 def _is_none(value) -> bool:
     return value is None
 
@@ -197,12 +202,12 @@ def check_option(name: str, value, where: str, implemented=ENGINE_IMPLEMENTS) ->
         return name in HANDLED_FIELDS or not is_neutral(name, value)
     origin = "" if where == "keyword argument" else f" (from {where})"
     if kind == "unknown":
-        raise ValueError(f"unsupported generate option {name!r}{origin}: not a GenerationConfig field nor a generate() "
-                         "argument specdec_fast knows")
+        raise UnsupportedOptionError(f"unsupported generate option {name!r}{origin}: not a GenerationConfig field nor a "
+                                     "generate() argument specdec_fast knows")
     if is_neutral(name, value):
         return False
-    raise ValueError(f"unsupported generate option {name}={short_repr(value)}{origin}: specdec_fast supports only "
-                     f"{neutral_text(name)}")
+    raise UnsupportedOptionError(f"unsupported generate option {name}={short_repr(value)}{origin}: specdec_fast "
+                                 f"supports only {neutral_text(name)}")
 
 
 def classification(implemented=ENGINE_IMPLEMENTS) -> dict:

@@ -81,7 +81,7 @@ def test_generate_keywords_that_change_nothing_are_accepted(pair, baseline, kwar
 NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere it is given
     ("num_beams", 2), ("num_beams", True), ("num_return_sequences", 2),
     ("encoder_repetition_penalty", 1.1), ("length_penalty", 0.5), ("top_h", 0.5),
-    ("max_time", 1.0), ("stop_strings", ["w5"]), ("forced_bos_token_id", 3),
+    ("forced_bos_token_id", 3),
     ("forced_eos_token_id", 3), ("exponential_decay_length_penalty", (2, 1.1)), ("guidance_scale", 1.5),
     ("renormalize_logits", True), ("remove_invalid_values", True), ("token_healing", True), ("early_stopping", True),
     ("output_attentions", True), ("output_hidden_states", True), ("output_scores", True), ("output_logits", True),
@@ -90,7 +90,6 @@ NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),
 ]
 NOT_NEUTRAL_KWARGS = [  # generate()'s own keyword arguments (not GenerationConfig fields)
-    ("stopping_criteria", StoppingCriteriaList([MaxLengthCriteria(8)])),
     ("prefix_allowed_tokens_fn", lambda batch_id, ids: [5]), ("synced_gpus", True),
     ("negative_prompt_ids", torch.zeros(2, 3, dtype=torch.long)), ("custom_generate", lambda *a, **k: None),
     ("past_key_values", object()), ("inputs_embeds", torch.zeros(2, 6, 48)), ("position_ids", torch.zeros(2, 6)),
@@ -111,7 +110,7 @@ def test_a_value_that_changes_the_output_raises_naming_the_option(pair, name, va
 
 
 @pytest.mark.parametrize("name, value", [("num_beams", 2), ("diversity_penalty", 1.2), ("output_scores", True),
-                                         ("max_time", 1.0), ("stop_strings", ["w5"])])
+                                         ("length_penalty", 0.5), ("num_beam_groups", 2)])
 def test_a_non_neutral_field_in_a_config_names_where_it_came_from(pair, name, value):
     target, draft = pair
     with pytest.raises(ValueError, match=f"unsupported generate option {name}=.* \\(from generation_config\\)"):
@@ -174,9 +173,11 @@ def test_implemented_options_reach_the_caller(pair):
     assert resolve_options(target, config, dict(max_new_tokens=NEW), 6, implemented=implemented).extra == {
         "repetition_penalty": 1.5}
     with pytest.raises(ValueError, match="stopping_criteria=StoppingCriteriaList"):
-        resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1])
-    # The engine implements the logits stage's options (engine/logits_stage.py).
-    assert generation_options.ENGINE_IMPLEMENTS == frozenset(option_rules.LOGITS_STAGE_OPTIONS)
+        resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1],
+                        implemented={"repetition_penalty"})
+    # The engine implements the logits stage's options (engine/logits_stage.py) and the stopping ones.
+    assert generation_options.ENGINE_IMPLEMENTS == frozenset(option_rules.LOGITS_STAGE_OPTIONS
+                                                              + option_rules.STOPPING_OPTIONS)
 
 
 def test_the_readme_table_is_the_classification():
