@@ -24,6 +24,7 @@ from .drafters import as_token_tree
 from .engine.cached import engine_for
 from .engine.engine import DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F401 (the documented default K)
 from .engine.inputs import check_inputs
+from .engine.outputs import return_sequences
 from .engine.stopping import call_limits
 from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
@@ -69,7 +70,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None
     engine = engine_for(model, assistant_model, prompt_lookup=lookup,
                         max_matching_ngram_size=opts.max_matching_ngram_size if lookup else None, backend=backend,
-                        runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0],
+                        runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0] * return_sequences(opts),
                         row_tokens=input_ids.shape[1] + call_limits(opts, input_ids.shape[1], options.get("tokenizer")).max_new_tokens,
                         drafted=_drafted(opts, tree, lookup),
                         tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))

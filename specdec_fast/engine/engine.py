@@ -40,6 +40,7 @@ from .graph_policy import resolve_graph_mode
 from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions
 from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
+from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
 from .stopping import call_limits
 from .tree_loop import TreeDecoder
 
@@ -214,12 +215,12 @@ class SpeculativeEngine:
                   return_stats=False, generation_config=None, tree=None, resolved=None, **kwargs):
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
-        tokenizer = kwargs.pop("tokenizer", None)
-        kwargs.pop("assistant_tokenizer", None)
+        tokenizer, assistant_tokenizer = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
+        if tokenizer is not None and assistant_tokenizer is not None:
+            self._check_tokenizers(tokenizer, assistant_tokenizer)
         self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree)
-        mask = check_inputs(input_ids, attention_mask)
+        check_inputs(input_ids, None)  # type and shape, before the options read the width
         target = self.target
-        check_in_vocabulary(input_ids, self.target_runner.vocab_size)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer supports batch size 1 only (like transformers' streamers), got batch {input_ids.shape[0]}")
         if input_ids.device != self.device:
@@ -230,6 +231,9 @@ class SpeculativeEngine:
                         top_p=top_p, min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                         num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **kwargs)
         opts = resolved or resolve_options(target, generation_config, explicit, input_ids.shape[1])
+        input_ids, attention_mask = expand_rows(input_ids, attention_mask, return_sequences(opts))
+        mask = check_inputs(input_ids, attention_mask)
+        check_in_vocabulary(input_ids, self.target_runner.vocab_size)
         tree = self.tree if tree is None else tree
         token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
         k = self._k_for(opts, token_tree, num_assistant_tokens)
@@ -253,7 +257,36 @@ class SpeculativeEngine:
         stats = decoder.stats.result
         stats.extra["engine"] = dict(bucket=decoder.rows, decoders=len(self._decoders),
                                      graphs_captured_total=self.graphs_captured)
+        if opts.extra.get("return_dict_in_generate"):
+            tokens = self._output_dict(target, tokens, mask, opts, params)
         return (tokens, stats) if return_stats else tokens
+
+    @staticmethod
+    def _output_dict(target, tokens, mask, opts, params):
+        """transformers' GenerateDecoderOnlyOutput, with scores / logits when asked (outputs.py)."""
+        want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
+        scores = logits = None
+        if want_scores or want_logits:
+            width = mask.shape[1]
+            raw = step_logits(target, tokens, mask, tokens.shape[1] - width)
+            if want_logits:
+                logits = tuple(raw.unbind(1))
+            if want_scores:
+                stage_options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+                start = (width - mask.sum(1)).long()
+                scores = tuple(step_scores(raw, tokens, width, start, stage_options, opts.eos_token_ids, params,
+                                           opts.do_sample).unbind(1))
+        return decoder_only_output(tokens, scores, logits)
+
+    def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
+        """One shared vocabulary (each pair compared once per engine: get_vocab of a 128k vocabulary
+        costs tens of ms)."""
+        checked = self.__dict__.setdefault("_tokenizers_checked", set())
+        key = (id(tokenizer), id(assistant_tokenizer))
+        if key not in checked:
+            if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+                raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies")
+            checked.add(key)
 
     @staticmethod
     def _stage_request(opts, params, token_tree):

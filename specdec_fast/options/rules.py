@@ -36,7 +36,9 @@ LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalt
                         "begin_suppress_tokens", "typical_p", "epsilon_cutoff", "eta_cutoff", "logits_processor")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
-ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS)
+# Outputs: more rows (num_return_sequences) and transformers' output dict (engine/outputs.py).
+OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits")
+ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + OUTPUT_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
 HANDLED_FIELDS = frozenset({

@@ -79,13 +79,12 @@ def test_generate_keywords_that_change_nothing_are_accepted(pair, baseline, kwar
 
 
 NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere it is given
-    ("num_beams", 2), ("num_beams", True), ("num_return_sequences", 2),
+    ("num_beams", 2), ("num_beams", True),
     ("encoder_repetition_penalty", 1.1), ("length_penalty", 0.5), ("top_h", 0.5),
     ("forced_bos_token_id", 3),
     ("forced_eos_token_id", 3), ("exponential_decay_length_penalty", (2, 1.1)), ("guidance_scale", 1.5),
     ("renormalize_logits", True), ("remove_invalid_values", True), ("token_healing", True), ("early_stopping", True),
-    ("output_attentions", True), ("output_hidden_states", True), ("output_scores", True), ("output_logits", True),
-    ("return_dict_in_generate", True), ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
+    ("output_attentions", True), ("output_hidden_states", True), ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
     ("assistant_early_exit", 1), ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),
 ]
@@ -109,7 +108,7 @@ def test_a_value_that_changes_the_output_raises_naming_the_option(pair, name, va
         assert option_rules.short_repr(value) in message and "supports only" in message
 
 
-@pytest.mark.parametrize("name, value", [("num_beams", 2), ("diversity_penalty", 1.2), ("output_scores", True),
+@pytest.mark.parametrize("name, value", [("num_beams", 2), ("diversity_penalty", 1.2), ("output_hidden_states", True),
                                          ("length_penalty", 0.5), ("num_beam_groups", 2)])
 def test_a_non_neutral_field_in_a_config_names_where_it_came_from(pair, name, value):
     target, draft = pair
@@ -177,7 +176,7 @@ def test_implemented_options_reach_the_caller(pair):
                         implemented={"repetition_penalty"})
     # The engine implements the logits stage's options (engine/logits_stage.py) and the stopping ones.
     assert generation_options.ENGINE_IMPLEMENTS == frozenset(option_rules.LOGITS_STAGE_OPTIONS
-                                                              + option_rules.STOPPING_OPTIONS)
+                                                              + option_rules.STOPPING_OPTIONS + option_rules.OUTPUT_OPTIONS)
 
 
 def test_the_readme_table_is_the_classification():
