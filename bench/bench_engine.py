@@ -74,7 +74,8 @@ def call(target, ids, new: int, extra: dict, graphs) -> dict:
     return dict(wall_s=wall, prefill_s=stats.prefill_s, capture_s=stats.capture_s, decode_s=decode,
                 overhead_s=wall - stats.prefill_s - decode, tokens_per_s=stats.new_tokens / wall,
                 graphs_captured=stats.graphs_captured, alpha=stats.alpha, predicted_speedup=stats.predicted_speedup,
-                host_ms_per_iter=stats.host_ms_per_iter, iterations=stats.iterations)
+                host_ms_per_iter=stats.host_ms_per_iter, iterations=stats.iterations,
+                mean_k=getattr(stats, "mean_k", None))
 
 
 def median_row(rows: list) -> dict:
@@ -98,7 +99,9 @@ def main(argv=None) -> dict:
     target, draft, ids, models = gpu_models(args.agreement, args.prompt_len) if args.gpu else cpu_models()
     graphs = None  # generate()'s default: CUDA graphs where they can run (eager on CPU)
     device = torch.cuda.get_device_name() if args.gpu else cpu_model()
-    methods = {"draft": dict(assistant_model=draft, num_assistant_tokens=args.k), "plain": {}}
+    # "adaptive": no K given, the engine's adaptive schedule picks K per step (engine/schedule.py)
+    methods = {"draft": dict(assistant_model=draft, num_assistant_tokens=args.k),
+               "adaptive": dict(assistant_model=draft), "plain": {}}
     result = dict(device=device, versions=versions(), models=models, prompt_tokens=ids.shape[1], k=args.k,
                   calls=args.calls, threads=None if args.gpu else args.threads, rows=[])
     for new in [int(n) for n in args.new_tokens.split(",")]:
@@ -113,10 +116,11 @@ def main(argv=None) -> dict:
                   f"{later['overhead_s'] * 1e3:6.2f} ms, graphs captured {later['graphs_captured']})", flush=True)
         rows = {r["method"]: r for r in result["rows"] if r["new_tokens"] == new}
         for when in ("first", "later"):
-            speedup = rows["draft"][when]["tokens_per_s"] / rows["plain"][when]["tokens_per_s"]
-            rows["draft"][when]["speedup_over_plain"] = speedup
-            print(f"      N={new:4d} {when}: draft K={args.k} / plain = {speedup:.2f}x (Theorem 3.8 from alpha "
-                  f"{rows['draft'][when]['alpha']:.2f} and c: {rows['draft'][when]['predicted_speedup']:.2f}x)")
+            for name, label in (("draft", f"draft K={args.k}"), ("adaptive", "adaptive K")):
+                speedup = rows[name][when]["tokens_per_s"] / rows["plain"][when]["tokens_per_s"]
+                rows[name][when]["speedup_over_plain"] = speedup
+                print(f"      N={new:4d} {when}: {label} / plain = {speedup:.2f}x (Theorem 3.8 from alpha "
+                      f"{rows[name][when]['alpha']:.2f} and c: {rows[name][when]['predicted_speedup']:.2f}x)")
     stem = "engine_" + ("".join(c if c.isalnum() else "_" for c in device.lower()) if args.gpu else "cpu")
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{stem}.json"
     out.write_text(json.dumps(result, indent=1))
