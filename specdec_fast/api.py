@@ -22,8 +22,10 @@ eos_token_id=None as "no EOS". To decode without EOS here, clear generation_conf
 """
 from .drafters import as_token_tree
 from .engine.cached import engine_for
-from .engine.engine import DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F401 (the documented default K)
+from .engine.engine import ADAPTIVE_KS, DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F401 (the documented default K)
 from .engine.inputs import check_inputs
+from .engine.outputs import return_sequences
+from .engine.stopping import call_limits
 from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
 
@@ -52,8 +54,10 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     assistant_model and paged runners; num_assistant_tokens does not apply.
 
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
-    a directory in the published EAGLE-3 layout or a loaded head (specdec_fast.load_draft_head);
-    K = num_assistant_tokens as with a draft model; needs the paged target runner.
+    a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
+    K = num_assistant_tokens, constant (no adaptive schedule); without it 4 for an EAGLE-3 head and
+    block_size - 1 for a DFlash drafter (its K drafts cost one forward whatever K); needs the paged
+    target runner.
 
     The call runs on the engine cached for (model, assistant_model / draft_head or prompt lookup, backend,
     runner, cuda_graphs): built at the first call, grown when a call needs more rows or tokens,
@@ -73,9 +77,9 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     lookup = lookup and draft_head is None
     engine = engine_for(model, assistant_model, draft_head=draft_head, prompt_lookup=lookup,
                         max_matching_ngram_size=opts.max_matching_ngram_size if lookup else None, backend=backend,
-                        runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0],
-                        row_tokens=input_ids.shape[1] + opts.max_new_tokens,
-                        drafted=_drafted(opts, tree, lookup),
+                        runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0] * return_sequences(opts),
+                        row_tokens=input_ids.shape[1] + call_limits(opts, input_ids.shape[1], options.get("tokenizer")).max_new_tokens,
+                        drafted=_drafted(opts, tree, lookup, assistant_model is not None, draft_head is not None),
                         tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))
     return engine.generate_resolved(opts, input_ids, attention_mask, assistant_model=assistant_model,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_new_tokens=max_new_tokens,
@@ -85,15 +89,18 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                            tree=tree, draft_head=draft_head, **options)
 
 
-def _drafted(opts, tree, lookup: bool) -> int:
+def _drafted(opts, tree, lookup: bool, draft: bool, head: bool = False) -> int:
     """Tokens one iteration of this call scores beyond the last one: K, or a tree's N - 1 (K checked here,
-    before an engine is sized by it)."""
+    before an engine is sized by it). A draft head without K: 0 (its engine's own default K: 4 for an
+    EAGLE-3 head, the whole block for a DFlash drafter; heads keep a constant K)."""
     if tree is not None:
         return as_token_tree(tree, greedy=not opts.do_sample).size - 1
+    if not lookup and not draft and not head:
+        return 0
     name, k = ("prompt_lookup_num_tokens", opts.prompt_lookup_num_tokens) if lookup else \
         ("num_assistant_tokens", opts.num_assistant_tokens)
-    if k is None and not lookup:
-        return 0  # a draft model's or a head's default K: engine_for's
+    if k is None and not lookup:  # a draft model: the adaptive schedule's Ks (engine/schedule.py); a head: its default
+        return max(ADAPTIVE_KS) if draft else 0
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
     return k

@@ -68,9 +68,9 @@ class BlockDrafter:
                             torch.zeros(batch, **long), torch.full((batch, self.block_size), self.runner.mask_token_id,
                                                                    **long),
                             torch.full((batch,), self.block_size, **long), torch.arange(k + 1, **long)[None, :],
-                            [torch.full((batch,), i, **long) for i in range(k)])
+                            [torch.full((batch,), i, **long) for i in range(k)], torch.zeros(batch, 0, **long))
         (self.pend_features, self.num_pending, self.block, self._full_block, self._slots,
-         self._positions) = buffers[key]
+         self._positions, self._no_drafts) = buffers[key]
         self.pend_features.zero_()
         self.num_pending.zero_()
         self._sample = prepared_impls(state.backend, dev)[1]
@@ -87,9 +87,21 @@ class BlockDrafter:
         logits = linear(h[:, 1:k + 1], self.runner.lm_head)  # [B, k, V]: position i proposes the token at c + i
         if not self._logits_needed:
             return logits.argmax(-1), None
-        drafts = torch.stack([self._sample(logits[:, i], self._params, self._positions[i], STREAM_DRAFT).long()
-                              for i in range(k)], 1)
-        return drafts, logits
+        stage = getattr(st, "stage", None)  # logits processors / penalties of the call (engine/logits_stage.py)
+        if stage is None:
+            drafts = torch.stack([self._sample(logits[:, i], self._params, self._positions[i], STREAM_DRAFT).long()
+                                  for i in range(k)], 1)
+            return drafts, logits
+        # Position i processed as the target's at c + i: the drafts before it in its prefix (the verify
+        # penalises q with the counts plus those drafts, as it does p: the draft samples from the same).
+        tokens, rows = [], []
+        for i in range(k):
+            drafted = torch.stack(tokens, 1) if tokens else self._no_drafts
+            rows.append(stage.draft(logits[:, i], st, drafted))
+            penalties = stage.penalties
+            tokens.append(self._sample(rows[-1], self._params, self._positions[i], STREAM_DRAFT, penalties,
+                                       drafted if penalties is not None else None).long())
+        return torch.stack(tokens, 1), torch.stack(rows, 1)
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
         """The accepted positions' target hidden states become the pending context entries."""

@@ -79,7 +79,7 @@ class Eagle3Drafter:
         if key not in buffers:
             buffers[key] = self._allocate(batch, k, hidden.shape[-1], state.seq.device)
         (self.pend_tokens, self.pend_features, self.num_pending, self._slots, self._draft_logits,
-         self._positions) = buffers[key]
+         self._positions, self._no_drafts) = buffers[key]
         self.pend_tokens.zero_()
         self.pend_tokens[:, k] = state.last_token()
         self.pend_features.zero_()
@@ -92,14 +92,15 @@ class Eagle3Drafter:
     def _allocate(self, batch: int, k: int, width: int, device):
         """This (batch size, K)'s buffers: pending entries [B, K+1] / [B, K+1, W], their count [B],
         slot index [1, K+1], the target-vocabulary draft logits [B, K, V] (-inf outside the mapped
-        columns, forever), noise positions [B] per draft position."""
+        columns, forever), noise positions [B] per draft position, no drafts [B, 0]."""
         long = dict(dtype=torch.long, device=device)
         logits = None
         if self.d2t_ids is not None:
             logits = torch.full((batch, k, self.vocab_size), float("-inf"), dtype=self.runner.dtype, device=device)
         positions = [torch.full((batch,), i, **long) for i in range(k)]
         return (torch.zeros(batch, k + 1, **long), torch.zeros(batch, k + 1, width, dtype=self.target.dtype, device=device),
-                torch.ones(batch, **long), torch.arange(k + 1, **long)[None, :], logits, positions)
+                torch.ones(batch, **long), torch.arange(k + 1, **long)[None, :], logits, positions,
+                torch.zeros(batch, 0, **long))
 
     def _target_row(self, i: int, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [B, Vd] of draft position i -> its target-vocabulary row [B, V]."""
@@ -118,9 +119,16 @@ class Eagle3Drafter:
         logits, g = self.runner.score_pairs(self.pend_tokens, self.pend_features, fed, project=True)
         self.runner.commit(fed)  # context entries: final
         logits, g = logits[:, -1], g[:, -1:]
+        stage = getattr(st, "stage", None)  # logits processors / penalties of the call (engine/logits_stage.py)
         tokens, rows = [], []
         for i in range(k):
-            if self._logits_needed:
+            if self._logits_needed and stage is not None:  # processed as the target's row at this position
+                drafted = torch.stack(tokens, 1) if tokens else self._no_drafts
+                rows.append(stage.draft(self._target_row(i, logits), st, drafted))
+                penalties = stage.penalties  # the verify penalises q as it penalises p: sample from the same
+                token = self._sample(rows[-1], self._params, self._positions[i], STREAM_DRAFT, penalties,
+                                     drafted if penalties is not None else None).long()
+            elif self._logits_needed:
                 rows.append(self._target_row(i, logits))
                 token = self._sample(rows[-1], self._params, self._positions[i], STREAM_DRAFT).long()
             else:  # greedy: the argmax (lowest draft id; d2t is increasing: the lowest target id too)
@@ -133,7 +141,9 @@ class Eagle3Drafter:
         drafts = torch.stack(tokens, 1)
         if not self._logits_needed:
             return drafts, None
-        return drafts, self._draft_logits if self._draft_logits is not None else torch.stack(rows, 1)
+        if self._draft_logits is not None and stage is None:  # the rows are its columns
+            return drafts, self._draft_logits
+        return drafts, torch.stack(rows, 1)
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
         """After the verify: the draft entries go; the accepted positions' entries become pending."""

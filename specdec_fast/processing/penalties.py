@@ -9,7 +9,9 @@ the oracle of a fused one.
                         every token of the prefix from ``start`` (generate passes the left-pad
                         count of the attention mask as prompt_ignore_length, so pads do not count;
                         start=None counts from 0, pads included, the processor's own default),
-                        each at most once: logit < 0 -> logit * p, else logit / p
+                        each at most once: logit < 0 -> logit * p, else logit / p. Which of the two
+                        generate() does depends on the installed transformers (5.24 skips the pads,
+                        5.17 counts them): generate_skips_prompt_pads() says, and the engine follows it.
     frequency_penalty   vLLM's: logit -= f * count, count = occurrences among the generated tokens
     presence_penalty    vLLM's: logit -= p * (count > 0)        (after frequency, as vLLM)
                         where the generated tokens are prefix[P:] (this iteration's drafts included)
@@ -26,12 +28,28 @@ form (counts [B, N, V], factor tensors) took 30 ms, mostly allocating and faulti
 token_counts (dense) stays as the test oracle. Logits of another dtype are processed in float32
 and rounded once.
 """
+import functools
+import inspect
 import math
 from numbers import Real
 
 import torch
 
 from .prefix import Prefixes
+
+
+@functools.lru_cache(maxsize=None)
+def generate_skips_prompt_pads() -> bool:
+    """Whether the installed transformers' generate() keeps a prompt's left pads out of the repetition
+    penalty (it passes the attention mask's pad count as prompt_ignore_length: transformers 5.24
+    does, 5.17 does not and penalises the pad token like any other). Read from the source of the
+    method that builds the processors, so the engine's tokens equal that version's generate()."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+
+        return "prompt_ignore_length" in inspect.getsource(GenerationMixin._get_logits_processor)
+    except (ImportError, AttributeError, OSError, TypeError):  # no source to read: the newer rule
+        return True
 
 
 def check_penalties(repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0) -> tuple:
@@ -92,9 +110,10 @@ def column_counts(prefixes: Prefixes, begin: torch.Tensor, columns: torch.Tensor
     return counts + hits.sum(-1, dtype=torch.int32)
 
 
-def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width: int, repetition_penalty: float = 1.0,
+def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width, repetition_penalty: float = 1.0,
                      frequency_penalty: float = 0.0, presence_penalty: float = 0.0, start=None) -> None:
-    """logits [B, N, V] penalised in place (module docstring); start int64 [B] or None (0)."""
+    """logits [B, N, V] penalised in place (module docstring); prompt_width: P, an int or an int64
+    device tensor (0-dim: one value for a call that graphs replay); start int64 [B] or None (0)."""
     repetition_penalty, frequency_penalty, presence_penalty = check_penalties(
         repetition_penalty, frequency_penalty, presence_penalty)
     batch, n, vocab = logits.shape
@@ -107,7 +126,8 @@ def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width: 
         seen = column_counts(prefixes, begin, columns, vocab) > 0
         x = torch.where(seen, torch.where(x < 0, x * repetition_penalty, x / repetition_penalty), x)
     if frequency_penalty != 0.0 or presence_penalty != 0.0:
-        begin = torch.full((batch,), prompt_width, dtype=torch.long, device=dev)
+        begin = prompt_width.long().expand(batch) if isinstance(prompt_width, torch.Tensor) else \
+            torch.full((batch,), prompt_width, dtype=torch.long, device=dev)
         counts = column_counts(prefixes, begin, columns, vocab).float()
         if frequency_penalty != 0.0:
             x = x - frequency_penalty * counts

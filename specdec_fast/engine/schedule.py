@@ -1,0 +1,174 @@
+"""AdaptiveK: the number of drafts per iteration chosen by the host before each iteration, from
+what the loop has already measured (generate(num_assistant_tokens_schedule="adaptive"), the
+default when a call gives no K).
+
+The choice maximises the expected tokens per unit of time (Leviathan et al. §3.5):
+
+    value(K) = E[tokens | K] / (K * t_draft + t_verify(K)),   E[tokens | K] = sum_{n=0..K} prod_{i<n} a_i
+
+  a_i        the acceptance of draft position i given the drafts before it were accepted: the
+             device's per-position counters (StatsRecorder.positions: reached, accepted), read
+             from the polls the loop already makes (RunAheadPoller counters=): no new sync. A
+             position with few observations leans on the call's pooled alpha (pseudo-counts).
+  t_draft    one draft step's time, t_verify(K) the verify step's at K: the phase timer's own
+             measurements (CUDA events between the graph replays, read with event.query() when
+             the device has passed them: no wait; perf_counter on CPU), kept per engine decoder
+             across calls (they are properties of the models, the device and the batch size).
+             A K not measured yet takes a line fitted through the measured ones (one point: the
+             same verify time, the draft time per step): trying it corrects it.
+
+The choice is among the Ks the decoder can run (its graphs, one pair per K, captured the first time
+a K is chosen). Under CUDA graphs a K not captured yet costs its set-up (an eager warm-up
+iteration and the capture: 45-100 ms on the H100 for the 8B-shaped pair, more than a 128-token
+call's whole gain from a slightly better K), so it is bought as in ski rental: each iteration that
+runs a ready K while an unready one looks better adds the time the better one would have saved
+(regret, kept across calls); once that reaches the measured set-up cost, the better K is
+captured. A call starts at the K the previous call ran most. Near the end of a call K shrinks to
+the tokens left (the longest row's as of the newest poll, less what the iterations issued since
+may have added), among the ready Ks only. Exactness does not
+depend on K: a choice made from the past only changes how many drafts are proposed, never how
+they are verified (tests/engine/test_adaptive_k.py). Hysteresis: K changes only for a value 3%
+better than the current K's, so noise in the measured times does not make it flicker.
+"""
+from collections import Counter, deque
+
+import numpy as np
+
+PRIOR_ALPHA = 0.7  # the acceptance assumed before a call has measured any (the demo pair measures 0.72-0.83)
+PRIOR_WEIGHT = 4.0  # pseudo row-iterations of that prior per position
+HYSTERESIS = 1.03
+WINDOW = 32  # cost observations kept per kind and K (running means over the newest)
+
+
+class AdaptiveK:
+    """ks: the Ks available (sorted ints >= 1); start: the K of a call's first iteration."""
+
+    def __init__(self, ks, start: int):
+        self.ks = sorted(int(k) for k in ks)
+        if not self.ks or self.ks[0] < 1:
+            raise ValueError(f"ks must hold ints >= 1, got {ks!r}")
+        self.start = start if start in self.ks else self.ks[min(len(self.ks) - 1, len(self.ks) // 2)]
+        self.k_max = self.ks[-1]
+        self.draft_step = deque(maxlen=WINDOW)  # seconds per draft step (any K)
+        self.verify = {k: deque(maxlen=WINDOW) for k in self.ks}  # seconds per verify step at K
+        self.pinned = None  # a K every choice returns (the engine's warm-up captures each K's graphs)
+        # Ks that run without a set-up (graphs captured; every K when eager: all_ready), the set-up
+        # time measured (untagged phases: warm-up and capture iterations) and the Ks set up.
+        self.ready, self.all_ready = set(), False
+        self.setup_seconds, self.setups = 0.0, 0
+        self.regret = {k: 0.0 for k in self.ks}
+        self.chosen = Counter()
+        self.begin_call()
+
+    def begin_call(self) -> None:
+        """A new call: its acceptance counts start at zero (the costs carry over)."""
+        self.reached = np.zeros(self.k_max)
+        self.accepted = np.zeros(self.k_max)
+        # the K the previous call ran most (its measured choice), else the start K
+        self.k = self.chosen.most_common(1)[0][0] if self.chosen else self.start
+        self.chosen = Counter()
+        self.drafted_steps = 0
+
+    def mark_ready(self, k: int, *, graphs: bool) -> None:
+        """K's steps run as they will from now on (graphs=False: eager, so every K is ready)."""
+        self.ready.add(k)
+        if graphs:
+            self.setups += 1
+        else:
+            self.all_ready = True
+
+    # -- observations -----------------------------------------------------------------------
+    def observe_counters(self, counters) -> None:
+        """counters [2, K_max]: the cumulative (reached, accepted) per position of this call."""
+        self.reached = np.asarray(counters[0], dtype=np.float64)
+        self.accepted = np.asarray(counters[1], dtype=np.float64)
+
+    def observe_phases(self, phases) -> None:
+        """(name, k, seconds) of finished phases: "draft" (k steps) and "target" (the verify step
+        at k); untagged phases (warm-up, capture) are not the steps' running cost."""
+        for name, k, seconds in phases:
+            if k is None and seconds > 0 and name in ("draft", "target", "capture"):
+                self.setup_seconds += seconds  # a K's warm-up / capture iterations
+                continue
+            if k is None or seconds <= 0:
+                continue
+            if name == "draft":
+                self.draft_step.append(seconds / k)
+            elif name == "target" and k in self.verify:
+                self.verify[k].append(seconds)
+
+    # -- the estimates ----------------------------------------------------------------------
+    def acceptance(self) -> np.ndarray:
+        """a_i, i < K_max: the counts with PRIOR_WEIGHT pseudo-counts at the call's pooled alpha."""
+        total_reached, total_accepted = self.reached.sum(), self.accepted.sum()
+        pooled = (total_accepted + PRIOR_WEIGHT * PRIOR_ALPHA) / (total_reached + PRIOR_WEIGHT)
+        return (self.accepted + PRIOR_WEIGHT * pooled) / (self.reached + PRIOR_WEIGHT)
+
+    def expected_tokens(self, k: int, a=None) -> float:
+        a = self.acceptance() if a is None else a
+        return float(1.0 + np.cumprod(a[:k]).sum())
+
+    def costs(self) -> dict | None:
+        """{K: seconds of one iteration at K}, or None before any step was measured."""
+        # Medians: a CPU shared with other work (and a GPU's first replays) give outliers that a
+        # mean would follow.
+        measured = {k: float(np.median(v)) for k, v in self.verify.items() if v}
+        if not measured or not self.draft_step:
+            return None
+        draft = float(np.median(self.draft_step))
+        xs = sorted(measured)
+        if len(xs) >= 2:  # a line through the measured Ks, weighted by how often each was measured
+            weights = [len(self.verify[k]) ** 0.5 for k in xs]
+            slope, intercept = np.polyfit(xs, [measured[k] for k in xs], 1, w=weights)
+            slope, intercept = max(float(slope), 0.0), float(intercept)  # a verify never gets cheaper with more drafts
+        else:
+            slope, intercept = 0.0, measured[xs[0]]
+        verify = {k: measured.get(k, intercept + slope * k) for k in self.ks}
+        return {k: k * draft + max(verify[k], 1e-9) for k in self.ks}
+
+    # -- the choice -------------------------------------------------------------------------
+    def choose(self, remaining: int | None = None) -> int:
+        """The K of the next iteration (``remaining``: at most this many tokens are still wanted
+        from the longest row, None: unknown)."""
+        if self.pinned is not None:
+            return self.pinned
+        costs = self.costs()
+        if costs is not None:
+            a = self.acceptance()
+            value = {k: self.expected_tokens(k, a) / costs[k] for k in self.ks}
+            best = max(self.ks, key=lambda k: (value[k], -k))
+            if not self._is_ready(best) and value[best] > value[self.k]:
+                # rent or buy: the time this iteration loses to the better K, until it pays the set-up
+                self.regret[best] += costs[self.k] * (1.0 - value[self.k] / value[best])
+                if self.regret[best] < self.setup_cost():
+                    best = max((k for k in self.ks if self._is_ready(k)), key=lambda k: (value[k], -k),
+                               default=self.k)
+            if value[best] > HYSTERESIS * value.get(self.k, 0.0):
+                self.k = best
+        k = self.k
+        if remaining is not None and remaining - 1 < k:  # no more drafts than tokens left to make
+            ready = [q for q in self.ks if self._is_ready(q)] or [k]
+            fits = [q for q in ready if q <= max(remaining - 1, 1)]
+            k = max(fits) if fits else min(ready)  # none fits: drafts past the end cost less than a set-up
+        self.chosen[k] += 1
+        self.drafted_steps += k
+        return k
+
+    def _is_ready(self, k: int) -> bool:
+        return self.all_ready or k in self.ready
+
+    def setup_cost(self) -> float:
+        """Seconds one K's set-up took (mean of those measured; none yet: as long as 8 iterations
+        of the most expensive K measured, a guess that only delays the first purchase)."""
+        if self.setups:
+            return self.setup_seconds / self.setups
+        costs = self.costs() or {}
+        return 8 * max(costs.values(), default=0.0)
+
+    def report(self) -> dict:
+        """What the stats show: the Ks, how often each was chosen, the estimates at the end."""
+        costs = self.costs() or {}
+        return dict(ks=list(self.ks), chosen=dict(sorted(self.chosen.items())), drafted_steps=self.drafted_steps,
+                    ready=sorted(self.ks if self.all_ready else self.ready),
+                    acceptance=[round(float(a), 3) for a in self.acceptance()],
+                    step_ms={k: round(1000 * float(v), 3) for k, v in costs.items()})
