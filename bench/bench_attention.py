@@ -5,6 +5,9 @@ CPU, under pytest-benchmark (one quick run with --benchmark-disable):
 Script modes:
     python bench/bench_attention.py --cpu   [--out bench/results/attention_cpu.json]
         C++ op vs the torch reference, median of --reps runs.
+    python bench/bench_attention.py --cpu-block-mask [--out bench/results/attention_block_mask_cpu.json]
+        The block mask (causal=False: DFlash's draft block) against the causal pass at the same
+        shapes, N = 8 / 16 new tokens per row, C++ op and torch reference, fp32.
     python bench/bench_attention.py --gpu   [--out bench/results/attention_<device>.json]
         Llama-8B-like heads (32 q, 8 kv, D=128), bf16, B in {1,8,32} x context in {1k,2k,8k,32k},
         N=1 and N=5 queries per row, every call timed as CUDA-graph replays (ours and SDPA):
@@ -126,6 +129,40 @@ def run_cpu(args):
     print(f"wrote {out}")
 
 
+BLOCK_MASK_TABLE = [(1, 256, 8), (1, 256, 16), (1, 1024, 16), (1, 4096, 16), (8, 1024, 16)]
+
+
+def run_cpu_block_mask(args):
+    """Block mask vs causal: the same KV pages, n (n - 1) / 2 more scores per head and row."""
+    from specdec_fast.kernels.attention import paged_attention
+
+    if not _cpp_ok():
+        sys.exit("the C++ op did not build: nothing to compare")
+    load_before = os.getloadavg()
+    rows = []
+    for threads, (B, ctx, n) in itertools.product(args.threads or [1], BLOCK_MASK_TABLE):
+        torch.set_num_threads(threads)
+        inputs = make_inputs(B, ctx, n, dtype=torch.float32)
+        res = {"threads": threads, "B": B, "context": ctx, "N": n}
+        for backend in ("cpp", "torch"):
+            for causal in (True, False):
+                fn = lambda: paged_attention(*inputs, max_query_len=n, causal=causal, backend=backend, check=False)  # noqa: E731
+                wall, cpu = median_seconds(fn, args.reps)
+                name = f"{backend}_{'causal' if causal else 'block'}"
+                res[f"{name}_ms"], res[f"{name}_cpu_ms"] = round(1e3 * wall, 4), round(1e3 * cpu, 4)
+            res[f"{backend}_block_vs_causal_cpu_time"] = round(res[f"{backend}_block_cpu_ms"] / res[f"{backend}_causal_cpu_ms"], 3)
+        rows.append(res)
+        print(json.dumps(res), flush=True)
+    report = {"device": f"cpu: {cpu_model()}", "cpus": os.cpu_count(),
+              "loadavg_1_5_15": dict(before=load_before, after=os.getloadavg()),
+              "heads": "32 q / 8 kv, D=128, block_size 16, fp32", "reps": args.reps, **versions(),
+              "command": "python bench/bench_attention.py " + " ".join(sys.argv[1:]), "results": rows}
+    out = Path(args.out or ROOT / "bench/results/attention_block_mask_cpu.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def graph_us(fn, reps: int = 100) -> float:
     """us per call of fn replayed in a CUDA graph (bench/gpu_timing.py): launch cost out of the
     picture, as in the decoding loop (the H100 run's eager do_bench timed Python launches:
@@ -226,6 +263,7 @@ def main(argv=None):
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--gpu", action="store_true", help="Triton vs SDPA on CUDA (CUDA-graph replays)")
     mode.add_argument("--cpu", action="store_true", help="C++ op vs torch reference on CPU")
+    mode.add_argument("--cpu-block-mask", action="store_true", help="block mask vs causal on CPU (C++ op, torch)")
     parser.add_argument("--out", help="JSON path (default bench/results/attention_<device>.json)")
     parser.add_argument("--reps", type=int, default=7, help="CPU mode: timed runs per shape (median)")
     parser.add_argument("--threads", type=int, nargs="*", help="CPU mode: thread counts to run (default: torch's)")
@@ -233,6 +271,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.gpu:
         run_gpu(args)
+    elif args.cpu_block_mask:
+        run_cpu_block_mask(args)
     else:
         run_cpu(args)
 
