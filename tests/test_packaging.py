@@ -2,6 +2,7 @@
 (Requires-Dist), ships the demo pair with a tokenizer in each model directory, installs into a
 clean venv and imports, and its C++ loader finds the sources it ships."""
 import fcntl
+import os
 import re
 import subprocess
 import sys
@@ -74,12 +75,15 @@ def test_wheel_installs_into_a_clean_venv_and_imports(wheel, tmp_path):
     env_dir = tmp_path / "fresh"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
+    # Without PYTHONPATH: a checkout tested with PYTHONPATH=<its root> (a worktree beside an editable
+    # install) would have pip find the package there and the import take the source tree.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, env=env)
     # torch/numpy come from this environment's site-packages, appended after the fresh venv's own:
     # the package itself must resolve to the fresh install.
     fresh_site = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True,
+        env=env).stdout.strip()
     Path(fresh_site, "deps_from_dev_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     code = (
         "import specdec_fast, torch; from specdec_fast.kernels import chain_verify; "
@@ -90,7 +94,7 @@ def test_wheel_installs_into_a_clean_venv_and_imports(wheel, tmp_path):
         "t = torch.randn(2, 3, 11); out = chain_verify(t, None, torch.zeros(2, 2, dtype=torch.long), backend='torch'); "
         "print(out[0].shape)"
     )
-    result = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run([str(py), "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path, env=env)
     module_file, csrc_dir, shape = result.stdout.strip().splitlines()
     assert module_file.startswith(str(env_dir)), module_file
     assert Path(csrc_dir).is_dir()
