@@ -408,7 +408,8 @@ class SpeculativeDecoder:
         poller = pollers.get(streaming)
         if poller is None:
             row0 = self.state.seq[0] if streaming else None
-            poller = pollers[streaming] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq_row0=row0)
+            poller = pollers[streaming] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq_row0=row0,
+                                                         lockstep=getattr(self.target, "lockstep_polls", False))
         poller.reset()
         poller.issue(0)
         return poller
