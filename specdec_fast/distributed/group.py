@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from .failures import AGREED, HANDLED, FailureChannel, TensorParallelError, describe, mark
 
-FAILURE_WAIT_S = 3.0
+FAILURE_WAIT_S = 1.0
 # torch 2.13 renamed all_gather_into_tensor (deprecated, with a warning per call) to all_gather_single.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # after a collective failed: how long to wait for the failing rank's line
 
