@@ -11,9 +11,9 @@ static: capture-safe (torch captures NCCL collectives made with async_op=False; 
 multi-GPU machine here -- none was available; the CPU static twin, cuda_graphs="static", runs
 them with gloo in the tests).
 
-The group is a subgroup of the caller's process group made for this package
-(``dist.new_group(ranks, use_local_synchronization=True)``, with the caller's backend and the
-given timeout), and this object holds its only reference: closing it after a failure closes
+The group is a subgroup of the caller's process group made for this package (its members
+alone make it, under a name its rank 0 draws: _subgroup), with the caller's backend and the
+given timeout, and this object holds its only reference: closing it after a failure closes
 its sockets, which is what unblocks the other ranks (failures.py). Calls that start work on
 every rank run inside ``guard()`` and begin with ``agree()``.
 
@@ -55,8 +55,7 @@ class TensorParallelGroup:
         self.size, self.rank = len(self.ranks), dist.get_rank(base)
         self.backend = str(dist.get_backend(base))
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
-        kwargs = {} if timeout is None else {"timeout": timeout}
-        self._pg = dist.new_group(self.ranks, backend=self.backend, use_local_synchronization=True, **kwargs)
+        self._pg = _subgroup(base, self.ranks, self.backend, timeout)
         store = self._pg.get_group_store() if hasattr(self._pg, "get_group_store") else None
         self.failures = FailureChannel(store, f"specdec_fast/tp/{self._pg.group_name}", self.rank, self.size)
         self.closed = None  # why the group was closed (a failure line), else None
@@ -185,6 +184,31 @@ class TensorParallelGroup:
         if self._pg is None:
             raise TensorParallelError(f"this tensor-parallel group was closed after a failure ({self.closed}); "
                                       "build a new engine (and group)")
+
+
+def _subgroup(base, ranks: list, backend: str, timeout):
+    """A new group over ``ranks`` (base's, in its rank order) made by its members alone, named by
+    a name that base's rank 0 draws and broadcasts. Why not new_group(ranks,
+    use_local_synchronization=True): torch names that group by a hash of the ranks and of how many
+    groups this process has made so far, which differs between ranks that made other groups (two
+    engines on disjoint pairs of ranks, then one on all four): the members then wait for each
+    other's keys in the store forever (seen in tests/distributed). torch's own helper takes the
+    name; where it is missing (another torch), new_group(use_local_synchronization=True) serves."""
+    import uuid
+
+    c10d = dist.distributed_c10d
+    names = [f"specdec_fast_tp_{uuid.uuid4().hex}" if dist.get_rank(base) == 0 else None]
+    dist.broadcast_object_list(names, group=base, group_src=0)
+    helper = getattr(c10d, "_new_process_group_helper", None)
+    kind = dist.Backend(backend)
+    if helper is None:  # pragma: no cover - torch versions without the helper
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        return dist.new_group(ranks, backend=kind, use_local_synchronization=True, **kwargs)
+    timeout = timeout if timeout is not None else c10d._get_default_timeout(kind)
+    pg, _ = helper(len(ranks), ranks.index(dist.get_rank()), ranks, kind, c10d._get_default_store(), names[0],
+                   timeout=timeout)
+    c10d._world.pg_group_ranks[pg] = {rank: i for i, rank in enumerate(ranks)}
+    return pg
 
 
 def as_tp_group(process_group, *, timeout=None) -> TensorParallelGroup | None:

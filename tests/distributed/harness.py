@@ -10,15 +10,21 @@ import time
 
 import torch.multiprocessing as mp
 
-TP_TIMEOUT = datetime.timedelta(seconds=30)  # every group's backstop: no test waits on gloo's 30 minutes
+TP_TIMEOUT = datetime.timedelta(seconds=30)  # the tensor-parallel groups' backstop (not gloo's 30 minutes)
+WORLD_TIMEOUT = datetime.timedelta(seconds=120)  # the default group's: ranks wait at a barrier for phases of others
 
 
-def _entry(rank: int, world: int, tmp: str, fn, args) -> None:
+def _entry(rank: int, world: int, tmp: str, timeout: float, fn, args) -> None:
+    import faulthandler
+
     import torch
     import torch.distributed as dist
 
+    stacks = open(os.path.join(tmp, f"rank{rank}.stack"), "w")  # noqa: SIM115 - open until the process ends
+    faulthandler.dump_traceback_later(max(1.0, timeout - 20.0), file=stacks)  # where a hung rank was
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world, timeout=TP_TIMEOUT)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world, timeout=WORLD_TIMEOUT)
     try:
         result = fn(rank, world, *args)
     except BaseException as exc:  # noqa: BLE001 - reported to the test
@@ -36,7 +42,7 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
     is initialised (gloo). fn and args must be picklable (module-level function)."""
     tmp = tempfile.mkdtemp(prefix="specdec_tp_")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_entry, args=(rank, world, tmp, fn, args), daemon=True) for rank in range(world)]
+    procs = [ctx.Process(target=_entry, args=(rank, world, tmp, timeout, fn, args), daemon=True) for rank in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -52,5 +58,8 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
             with open(path, "rb") as f:
                 results.append(pickle.load(f))
         else:
-            results.append({"error": f"hung or died (exit code {p.exitcode}) after {timeout:.0f} s"})
+            with open(os.path.join(tmp, f"rank{rank}.stack")) as f:
+                stack = [line.strip() for line in f.read().splitlines() if line.strip().startswith("File")][:6]
+            results.append({"error": f"hung or died (exit code {p.exitcode}) after {timeout:.0f} s; "
+                                     f"innermost frames: {stack}"})
     return results

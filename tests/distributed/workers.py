@@ -1,7 +1,9 @@
 """What each rank runs in the tensor-parallel tests (spawned by harness.run_ranks; module-level
-functions so that spawn can import them). Each battery returns a dict: scenario -> what this
-rank saw (token lists, error lines, timings); the tests compare ranks and the single process."""
-import os
+functions so that spawn can import them). One spawn of 4 processes serves both world sizes (a
+spawned rank costs ~5 s of imports on the 2-core CI box): the 4-rank phases run on the default
+group, the 2-rank phases on ranks 0 and 1 (a subgroup) while ranks 2 and 3 wait, and the
+failures come last. ``battery`` returns a dict per rank: scenario -> what this rank saw (token
+lists, error lines, times); the test compares the ranks and the single process."""
 import time
 
 import torch
@@ -11,86 +13,14 @@ from tests.engine.models import left_padded_prompts, make_draft, make_model
 
 from .harness import TP_TIMEOUT
 
-MAX_NEW = 12
+MAX_NEW = 10
+CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
-def _tiny(kind: str, **kw):
-    target = make_model(kind, **kw)
+def tiny(kind: str):
+    target = make_model(kind)
     target.generation_config.eos_token_id = None
     return target, make_draft(target, noise=0.1)
-
-
-def _tokens(out) -> list:
-    return out.tolist()
-
-
-def _pair_cases(specdec_fast, target, draft, ids, mask, cases: dict, group) -> dict:
-    """For each case (name -> generate kwargs): (single-process tokens, tensor-parallel tokens)."""
-    out = {}
-    for name, kw in cases.items():
-        kw = dict(dict(assistant_model=draft, max_new_tokens=MAX_NEW, pad_token_id=0), **kw)
-        single = specdec_fast.generate(target, ids, mask, **{k: v for k, v in kw.items() if k != "shard_draft"})
-        parallel = specdec_fast.generate(target, ids, mask, process_group=group, **kw)
-        out[name] = (_tokens(single), _tokens(parallel))
-    return out
-
-
-def _failure(fn) -> dict:
-    """Runs fn(); the error line it raised (or None) and when."""
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0], "at": time.time()}
-    return {"error": None, "at": time.time()}
-
-
-# -- two ranks ----------------------------------------------------------------------------------------
-def battery_two(rank: int, world: int, checkpoint: str) -> dict:
-    import specdec_fast
-    from specdec_fast.drafters.token_tree import TokenTree
-    from specdec_fast.pair import load_demo_pair
-    from specdec_fast.runners import ShardedCausalLM
-
-    group, res = dist.group.WORLD, {}
-    tokenizer, target, draft = load_demo_pair()
-    target.generation_config.eos_token_id = None
-    ids = torch.tensor([tokenizer.encode("def binary_search(a, x):\n")])
-    mask = torch.ones_like(ids)
-    res["demo"] = _pair_cases(specdec_fast, target, draft, ids, mask, {
-        "greedy": dict(do_sample=False),
-        "sampled": dict(do_sample=True, temperature=0.8, top_k=50, seed=11),
-        "static greedy": dict(do_sample=False, cuda_graphs="static"),
-        "static sampled": dict(do_sample=True, temperature=1.0, top_p=0.9, seed=5, cuda_graphs="static"),
-        "sharded draft": dict(do_sample=True, seed=2, shard_draft=True),
-        "prompt lookup": dict(assistant_model=None, prompt_lookup_num_tokens=3, do_sample=False),
-        "plain": dict(assistant_model=None, do_sample=True, seed=4),
-        "tree": dict(do_sample=False, tree=TokenTree.from_branching([2, 2])),
-    }, group)
-    for kind in ("llama", "qwen2"):  # MHA; GQA (4 heads, 2 KV heads) with q/k/v biases
-        tgt, drf = _tiny(kind)
-        pids, pmask = left_padded_prompts([5, 9], seed=1)
-        res[kind] = _pair_cases(specdec_fast, tgt, drf, pids, pmask, {
-            "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group)
-        engine = specdec_fast.SpeculativeEngine(tgt, drf, process_group=group, max_batch_size=2, max_seq_len=64,
-                                                tp_timeout=TP_TIMEOUT)
-        res[kind]["engine"] = (res[kind]["sampled"][0], _tokens(engine.generate(pids, pmask, do_sample=True,
-                                                                                temperature=0.9, seed=8,
-                                                                                max_new_tokens=MAX_NEW, pad_token_id=0)))
-        res[kind]["engine note"] = engine.describe()
-    # The checkpoint path: each rank reads its slices; the ShardedCausalLM is the model.
-    sharded = ShardedCausalLM.from_pretrained(checkpoint, group, timeout=TP_TIMEOUT)
-    full, drf = _tiny("qwen2")
-    pids, pmask = left_padded_prompts([4, 7], seed=2)
-    kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)
-    res["checkpoint"] = (_tokens(specdec_fast.generate(full, pids, pmask, **kw)),
-                         _tokens(specdec_fast.generate(sharded, pids, pmask, **kw)))
-    res["shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
-    res["chi-square tokens"] = _chi_square_run(specdec_fast, group)
-    res["dead rank"] = _dead_rank(specdec_fast, rank, target, draft, ids, group)
-    return res
-
-
-CHI_VOCAB, CHI_ROWS, CHI_PROMPT = 12, 3000, [[3, 7, 5, 9]]
 
 
 def chi_square_pair():
@@ -99,92 +29,153 @@ def chi_square_pair():
     return target, make_draft(target, noise=0.4, seed=6)
 
 
-def _chi_square_run(specdec_fast, group) -> list:
-    """CHI_ROWS independent rows (one seed, per-row streams) through the K = 2 speculative block."""
-    target, draft = chi_square_pair()
-    ids = torch.tensor(CHI_PROMPT).expand(CHI_ROWS, -1)
-    out = specdec_fast.generate(target, ids, assistant_model=draft, num_assistant_tokens=2, do_sample=True,
-                                temperature=0.7, max_new_tokens=3, seed=123, process_group=group)
-    return _tokens(out[:, ids.shape[1]:])
+def _cases(specdec_fast, target, draft, ids, mask, cases: dict, group) -> dict:
+    """For each case (name -> generate kwargs): (single-process tokens, tensor-parallel tokens)."""
+    out = {}
+    for name, kw in cases.items():
+        kw = dict(dict(assistant_model=draft, max_new_tokens=MAX_NEW, pad_token_id=0), **kw)
+        single = specdec_fast.generate(target, ids, mask, **{k: v for k, v in kw.items() if k != "shard_draft"})
+        parallel = specdec_fast.generate(target, ids, mask, process_group=group, **kw)
+        out[name] = (single.tolist(), parallel.tolist())
+    return out
 
 
-def _dead_rank(specdec_fast, rank, target, draft, ids, group) -> dict:
-    """Rank 1's process dies (as a crashed or killed rank does) while rank 0 builds an engine and
-    starts a call."""
-    start = time.time()
-
-    def build_and_call():
-        engine = specdec_fast.SpeculativeEngine(target, draft, process_group=group, max_batch_size=1, max_seq_len=64,
-                                                tp_timeout=TP_TIMEOUT)
-        if rank == 1:
-            os._exit(1)  # no result file: the test reads rank 0's
-        engine.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
-
-    seen = _failure(build_and_call)
-    return dict(seen, seconds=seen["at"] - start)
+def _failure(fn) -> dict:
+    """Runs fn(): the line of the error it raised (None if none) and when it ended."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0], "at": time.time()}
+    return {"error": None, "at": time.time()}
 
 
-# -- four ranks ---------------------------------------------------------------------------------------
-def battery_four(rank: int, world: int) -> dict:
+def battery(rank: int, world: int, checkpoint: str) -> dict:
     import specdec_fast
     from specdec_fast.pair import load_demo_pair
-    from specdec_fast.runners import ShardedCausalLM
 
-    group, res = dist.group.WORLD, {}
+    assert world == 4
     tokenizer, target, draft = load_demo_pair()
     target.generation_config.eos_token_id = None
-    ids = torch.tensor([tokenizer.encode("import os\n")])
-    mask = torch.ones_like(ids)
-    # 2 KV heads over 4 ranks: replicated.
-    res["demo"] = _pair_cases(specdec_fast, target, draft, ids, mask, {
-        "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.8, seed=12)}, group)
-    tgt, drf = _tiny("qwen2")
+    ids = torch.tensor([tokenizer.encode("def binary_search(a, x):\n")])
+    res, times, start = {}, {}, time.time()
+    pair = dist.new_group([0, 1])  # every rank makes both, in order: a non-local new_group
+    other_pair = dist.new_group([2, 3])
+    # 4 ranks: the demo pair's 2 KV heads are replicated; Qwen2: 2 KV heads, q/k/v biases, 2 padded rows.
+    res["4 ranks"] = _cases(specdec_fast, target, draft, ids, None, {
+        "demo greedy": dict(do_sample=False), "demo sampled": dict(do_sample=True, temperature=0.8, seed=12)},
+        dist.group.WORLD)
+    qwen, qwen_draft = tiny("qwen2")
     pids, pmask = left_padded_prompts([6, 3], seed=4)
-    res["qwen2"] = _pair_cases(specdec_fast, tgt, drf, pids, pmask, {"greedy": dict(do_sample=False)}, group)
-    tgt, drf = _tiny("llama")
-    res["llama"] = _pair_cases(specdec_fast, tgt, drf, pids, pmask, {"sampled": dict(do_sample=True, seed=6)}, group)
+    res["4 ranks"].update(_cases(specdec_fast, qwen, qwen_draft, pids, pmask, {
+        "qwen2 sampled": dict(do_sample=True, seed=6)}, dist.group.WORLD))
+    times["4 ranks"] = time.time() - start
+    if rank < 2:
+        res["2 ranks"] = _two_ranks(specdec_fast, target, draft, ids, pair, checkpoint)
+    times["2 ranks"] = time.time() - start - times["4 ranks"]
+    dist.barrier()
+    res.update(_errors(specdec_fast, rank, target, draft, ids, pair if rank < 2 else other_pair))
+    res["mid-call"] = _mid_call_failure(specdec_fast, rank, target, draft, ids)
+    if rank >= 2:
+        res["dead rank"] = _dead_rank(specdec_fast, rank, target, draft, ids, other_pair)
+    res["times"] = dict(times, total=time.time() - start)
+    return res
 
+
+def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
+    from specdec_fast.drafters.token_tree import TokenTree
+    from specdec_fast.runners import ShardedCausalLM
+
+    out = _cases(specdec_fast, target, draft, ids, None, {
+        "demo greedy": dict(do_sample=False),
+        "demo sampled": dict(do_sample=True, temperature=0.8, top_k=50, seed=11),
+        "static greedy": dict(do_sample=False, cuda_graphs="static"),
+        "static sampled": dict(do_sample=True, temperature=1.0, top_p=0.9, seed=5, cuda_graphs="static"),
+        "sharded draft": dict(do_sample=True, seed=2, shard_draft=True),
+        "prompt lookup": dict(assistant_model=None, prompt_lookup_num_tokens=3, do_sample=False),
+        "plain": dict(assistant_model=None, do_sample=True, seed=4),
+        "tree": dict(do_sample=False, tree=TokenTree.from_branching([2, 2])),
+    }, group)
+    pids, pmask = left_padded_prompts([5, 9], seed=1)
+    for kind in ("llama", "qwen2"):  # MHA (heads split); GQA (KV heads split) with q/k/v biases
+        tgt, drf = tiny(kind)
+        out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
+            "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
+        engine = specdec_fast.SpeculativeEngine(tgt, drf, process_group=group, max_batch_size=2, max_seq_len=64,
+                                                tp_timeout=TP_TIMEOUT)
+        tokens = engine.generate(pids, pmask, do_sample=True, temperature=0.9, seed=8, max_new_tokens=MAX_NEW,
+                                 pad_token_id=0)
+        out[f"{kind} engine"] = (out[f"{kind} sampled"][0], tokens.tolist())
+        out[f"{kind} engine note"] = engine.describe()
+    # The checkpoint: each rank reads its slices, the ShardedCausalLM is the model.
+    sharded = ShardedCausalLM.from_pretrained(checkpoint, group, timeout=TP_TIMEOUT)
+    full, drf = tiny("qwen2")
+    pids, pmask = left_padded_prompts([4, 7], seed=2)
+    kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)
+    out["checkpoint"] = (specdec_fast.generate(full, pids, pmask, **kw).tolist(),
+                         specdec_fast.generate(sharded, pids, pmask, **kw).tolist())
+    out["shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
+    # CHI_ROWS independent rows (one seed, per-row streams): token 1 is the prefill's (y ~ q),
+    # token 2 the first speculative block's (K = 2: an accepted draft, a residual or a bonus).
+    chi, chi_draft = chi_square_pair()
+    rows = torch.tensor(CHI_PROMPT).expand(CHI_ROWS, -1)
+    tokens, stats = specdec_fast.generate(chi, rows, assistant_model=chi_draft, num_assistant_tokens=2, do_sample=True,
+                                          temperature=CHI_TEMPERATURE, max_new_tokens=2, seed=123, process_group=group,
+                                          return_stats=True)
+    out["chi-square"] = (tokens[:, rows.shape[1]:].tolist(), stats.alpha)
+    return out
+
+
+def _errors(specdec_fast, rank, target, draft, ids, pair) -> dict:
+    from specdec_fast.runners import ShardedCausalLM
+
+    res, group = {}, dist.group.WORLD
     # Errors every rank raises alike, before any collective.
     six_heads = make_model("llama")
     six_heads.config.num_attention_heads = 6  # hidden 48 = 6 x 8: 6 heads over 4 ranks
     res["indivisible"] = _failure(lambda: specdec_fast.generate(six_heads, ids % 128, process_group=group,
                                                                 max_new_tokens=2))
-    pairs = [dist.new_group([0, 1], use_local_synchronization=True) if rank < 2 else None,
-             dist.new_group([2, 3], use_local_synchronization=True) if rank >= 2 else None]
-    pair_group = pairs[0] if rank < 2 else pairs[1]
-    half = ShardedCausalLM.from_model(target, pair_group, timeout=TP_TIMEOUT)
+    half = ShardedCausalLM.from_model(target, pair, timeout=TP_TIMEOUT)  # sharded over 2 ranks
     res["world sizes"] = _failure(lambda: specdec_fast.SpeculativeEngine(half, draft, process_group=group))
-
-    # Errors of one rank, caught by the call's agreement: every rank raises, the group stays usable.
+    # Errors of one rank, which the call's agreement turns into one line on every rank.
     engine = specdec_fast.SpeculativeEngine(target, draft, process_group=group, max_batch_size=1, max_seq_len=64,
                                             tp_timeout=TP_TIMEOUT)
     other = ids.clone()
     other[0, -1] += rank == 2
     res["disagree"] = _failure(lambda: engine.generate(other, max_new_tokens=4, do_sample=False))
-    bad = torch.zeros_like(mask) if rank == 3 else mask
+    bad = torch.zeros_like(ids) if rank == 3 else torch.ones_like(ids)
     res["one rank refuses"] = _failure(lambda: engine.generate(ids, bad, max_new_tokens=4, do_sample=False))
-    res["after"] = _tokens(engine.generate(ids, max_new_tokens=4, do_sample=False))
-
-    # A failure mid-call on rank 1, whose process stays alive: every rank ends with its line.
-    res["mid-call"] = _mid_call_failure(rank, world, engine, ids)
+    res["after"] = engine.generate(ids, max_new_tokens=4, do_sample=False).tolist()
     return res
 
 
-def _mid_call_failure(rank, world, engine, ids) -> dict:
+def _mid_call_failure(specdec_fast, rank, target, draft, ids) -> dict:
+    """Rank 1's second verify step raises; its process stays alive (the others must not need it
+    to exit)."""
+    engine = specdec_fast.SpeculativeEngine(target, draft, process_group=dist.group.WORLD, max_batch_size=1,
+                                            max_seq_len=64, tp_timeout=TP_TIMEOUT)
     runner = engine.target_runner
     if rank == 1:
-        calls = [0]
-        score = runner.score
+        calls, score = [0], runner.score
 
         def failing(*args, **kwargs):
             calls[0] += 1
-            if calls[0] == 3:
-                raise RuntimeError("injected failure in the third verify step")
+            if calls[0] == 2:
+                raise RuntimeError("injected failure in the second verify step")
             return score(*args, **kwargs)
 
         runner.score = failing
-    seen = _failure(lambda: engine.generate(ids, max_new_tokens=MAX_NEW, do_sample=False))
+    seen = _failure(lambda: engine.generate(ids, max_new_tokens=40, do_sample=False))
     seen["later call"] = _failure(lambda: engine.generate(ids, max_new_tokens=2, do_sample=False))["error"]
-    if rank == 1:
-        time.sleep(3.0)  # alive while the others unblock (they must not need this process to exit)
     return seen
+
+
+def _dead_rank(specdec_fast, rank, target, draft, ids, pair) -> dict:
+    """Ranks 2 and 3 build an engine; rank 3 then returns (the harness ends its process at once,
+    as a crashed rank's ends) while rank 2 starts a call."""
+    start = time.time()
+    engine = specdec_fast.SpeculativeEngine(target, draft, process_group=pair, max_batch_size=1, max_seq_len=64,
+                                            tp_timeout=TP_TIMEOUT)
+    if rank == 3:
+        return {"error": None, "seconds": 0.0}
+    seen = _failure(lambda: engine.generate(ids, max_new_tokens=MAX_NEW, do_sample=False))
+    return dict(seen, seconds=seen["at"] - start)
