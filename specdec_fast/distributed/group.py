@@ -81,6 +81,13 @@ class TensorParallelGroup:
         self._run("all_gather", flat.numel() * flat.element_size(), _ALL_GATHER, out, flat, group=self._pg)
         return out.view(self.size, flat.shape[0], part).permute(1, 0, 2).reshape(*lead, self.size * part)
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """tensor [...] of every rank -> [N, ...] in rank order (e.g. per-row statistics)."""
+        flat = tensor.reshape(1, -1).contiguous()
+        out = torch.empty((self.size, flat.shape[1]), dtype=flat.dtype, device=flat.device)
+        self._run("all_gather", flat.numel() * flat.element_size(), _ALL_GATHER, out, flat, group=self._pg)
+        return out.view(self.size, *tensor.shape)
+
     def _run(self, name: str, nbytes: int, op, *args, **kwargs) -> None:
         self._check_open()
         start = time.perf_counter() if self.trace is not None else 0.0
