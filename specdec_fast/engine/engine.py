@@ -271,8 +271,9 @@ class SpeculativeEngine:
                 call = self._prepare(input_ids, attention_mask, **args)
             except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
                 error = exc
+            drawn = int(torch.randint(0, 2**62, (1,)).item()) if seed is None and error is None else None
             facts = {} if error else dict(request_facts(call.input_ids, call.mask, call.opts, call.k, call.token_tree, seed),
-                                          drawn=int(torch.randint(0, 2**62, (1,)).item()))
+                                          drawn=drawn)
             agreed = self.tp.agree("generate", facts, error, uncompared=("drawn",))
             out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats)
             check_output(self.tp, out[0] if return_stats else out)

@@ -70,13 +70,13 @@ class _TPLayer:
         gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
         bgate, bup = get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
-        if fuse:
-            (q, k, v), self.w_qkv = _fused((q, k, v))
-            (gate, up), self.w_gate_up = _fused((gate, up))
+        if fuse:  # the shards dict then holds the views: the separate tensors are freed
+            (q, k, v), self.w_qkv = _fused(shards, prefix, "self_attn.{}_proj.weight", "qkv")
+            (gate, up), self.w_gate_up = _fused(shards, prefix, "mlp.{}_proj.weight", ("gate", "up"))
             if bq is not None and bk is not None and bv is not None:
-                (bq, bk, bv), self.b_qkv = _fused((bq, bk, bv))
+                (bq, bk, bv), self.b_qkv = _fused(shards, prefix, "self_attn.{}_proj.bias", "qkv")
             if bgate is not None and bup is not None:
-                (bgate, bup), self.b_gate_up = _fused((bgate, bup))
+                (bgate, bup), self.b_gate_up = _fused(shards, prefix, "mlp.{}_proj.bias", ("gate", "up"))
         self.q, self.k, self.v = (q, bq), (k, bk), (v, bv)
         self.o = (get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias") if first_rank else None)
         q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")
@@ -89,13 +89,17 @@ class _TPLayer:
         self.act = ACT2FN[config.hidden_act]
 
 
-def _fused(tensors):
-    """(views of one concatenated tensor, the concatenation)."""
-    fused = torch.cat(tensors)
+def _fused(shards: dict, prefix: str, pattern: str, parts):
+    """The shards prefix + pattern.format(part) concatenated (dim 0) -> (their views of the
+    concatenation, the concatenation); the shards dict is re-pointed at the views."""
+    names = [prefix + pattern.format(part) for part in parts]
+    fused = torch.cat([shards[name] for name in names])
     views, start = [], 0
-    for t in tensors:
-        views.append(fused[start:start + t.shape[0]])
-        start += t.shape[0]
+    for name in names:
+        rows = shards[name].shape[0]
+        shards[name] = fused[start:start + rows]
+        views.append(shards[name])
+        start += rows
     return views, fused
 
 

@@ -5,8 +5,8 @@ wherever the engine takes one (docs/architecture.md §10).
                                                            the checkpoint (runners/sharding.py)
     ShardedCausalLM.from_model(model, process_group)       each rank copies its slices of a model
                                                            it has loaded whole
-It holds the shards (``shards``: checkpoint name -> tensor, registered as frozen parameters so
-that device / dtype / fingerprints read as for a model), ``config``, ``generation_config``,
+It holds the shards (``shards``: checkpoint name -> tensor; the embedding slice is also its one
+parameter, so that device / dtype / fingerprints read as for a model), ``config``, ``generation_config``,
 the rank's ``plan`` (sharding.LlamaShardPlan), the group (``tp``: a TensorParallelGroup) and the
 model's RoPE frequencies (``inv_freq`` float32, ``rope_scaling``). It has no forward: the
 tensor-parallel paged runner (runners/paged_llama_tp.py) runs it. The vocabulary is the
@@ -44,13 +44,10 @@ class ShardedCausalLM(torch.nn.Module):
         super().__init__()
         self.config, self.plan, self.tp = config, plan, group
         self.generation_config = generation_config
-        self.shards = shards
-        seen = set()
-        for i, tensor in enumerate(shards.values()):
-            if id(tensor) not in seen:  # parameters() lists each tensor once
-                seen.add(id(tensor))
-                self.register_parameter(f"shard{i}", torch.nn.Parameter(tensor, requires_grad=False))
+        self.shards = shards  # the runner may replace entries by views of its fused weights (one copy)
         embed = shards["model.embed_tokens.weight"]
+        # The one registered parameter (never fused): device, dtype and the engine cache's fingerprint.
+        self.embed_shard = torch.nn.Parameter(embed, requires_grad=False)
         self.inv_freq = rotary.inv_freq.detach().to(device=embed.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
         self.rope_type = getattr(rotary, "rope_type", None)
@@ -66,13 +63,19 @@ class ShardedCausalLM(torch.nn.Module):
         group = as_tp_group(process_group if process_group is not None else _default_group(), timeout=timeout)
         plan = _plan(config, group)
         device = device if device is not None else group.device
-        shards = shards_from_safetensors(path, plan, dtype=dtype, device=device)
-        _tie(shards, config)
-        try:
-            generation_config = GenerationConfig.from_pretrained(path)
-        except OSError:
-            generation_config = GenerationConfig.from_model_config(config)
-        return cls(config, shards, plan, group, rotary_of(config), generation_config)
+        error = None
+        try:  # a rank that cannot read its slices tells the others (failures.py), instead of leaving them waiting
+            shards = shards_from_safetensors(path, plan, dtype=dtype, device=device)
+            _tie(shards, config)
+            try:
+                generation_config = GenerationConfig.from_pretrained(path)
+            except OSError:
+                generation_config = GenerationConfig.from_model_config(config)
+            rotary = rotary_of(config)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
+            error = exc
+        group.agree(f"loading {path}", {}, error)
+        return cls(config, shards, plan, group, rotary, generation_config)
 
     @classmethod
     def from_model(cls, model, process_group=None, *, timeout=None) -> "ShardedCausalLM":
@@ -80,8 +83,13 @@ class ShardedCausalLM(torch.nn.Module):
         contiguous copies, so the shard does not keep the whole model alive."""
         group = as_tp_group(process_group if process_group is not None else _default_group(), timeout=timeout)
         plan = _plan(model.config, group)
-        shards = shards_from_state(model.state_dict(), plan)
-        _tie(shards, model.config)
+        error = shards = None
+        try:
+            shards = shards_from_state(model.state_dict(), plan)
+            _tie(shards, model.config)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
+            error = exc
+        group.agree("sharding the model", {}, error)
         return cls(model.config, shards, plan, group, model.model.rotary_emb, getattr(model, "generation_config", None))
 
     def get_input_embeddings(self):

@@ -15,6 +15,7 @@ slice by slice (ShardedCausalLM.from_pretrained): every rank's tokens equal the 
 and every other rank's; a chi-square of 2000 sampled rows against the target's distribution.
 Ranks 2 and 3: one's process ends (as a crashed rank's does): the other raises within seconds.
 """
+import pytest
 import torch
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
@@ -109,3 +110,16 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     _check(problems, str(dead["error"]).startswith("TensorParallelError"), f"rank 2 after rank 3 ended: {dead}")
     _check(problems, dead["seconds"] < SECONDS, f"rank 2 took {dead['seconds']:.1f} s to notice that rank 3 ended")
     assert not problems, "\n".join(problems) + f"\ntimes (s): {[r['times'] for r in results]}"
+
+
+@pytest.mark.slow  # ~35 s on the 2-core box: the Triton interpreter on two ranks
+def test_the_triton_path_on_two_ranks():
+    results = run_ranks(workers.battery_triton, 2)
+    errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
+    assert not errors, f"ranks failed: {errors}"
+    for r in results:
+        assert r["path"] == ("triton", True, "static")
+    for rank, r in enumerate(results):
+        single, parallel = r["triton"]
+        assert parallel == single, f"rank {rank}: the Triton path's tensor-parallel tokens differ from a single process's"
+        assert parallel == results[0]["triton"][1]

@@ -179,3 +179,19 @@ def _dead_rank(specdec_fast, rank, target, draft, ids, pair) -> dict:
         return {"error": None, "seconds": 0.0}
     seen = _failure(lambda: engine.generate(ids, max_new_tokens=MAX_NEW, do_sample=False))
     return dict(seen, seconds=seen["at"] - start)
+
+
+def battery_triton(rank: int, world: int) -> dict:
+    """The runner's Triton path (the GPU's: fused q/k/v and gate/up, RoPE + KV append, add +
+    RMSNorm kernels) under the interpreter, 2 ranks, Qwen2 (biases, GQA), sampled, the static twin."""
+    import specdec_fast
+
+    target, draft = tiny("qwen2")
+    ids, mask = left_padded_prompts([5, 3], seed=1)
+    kw = dict(assistant_model=draft, max_new_tokens=5, do_sample=True, seed=2, backend="triton", pad_token_id=0,
+              cuda_graphs="static")
+    single = specdec_fast.generate(target, ids, mask, **kw)
+    parallel = specdec_fast.generate(target, ids, mask, process_group=dist.group.WORLD, **kw)
+    engine = next(e for e in specdec_fast.engine.cached_engines(target) if e.tp is not None)
+    return {"triton": (single.tolist(), parallel.tolist()),
+            "path": (engine.target_runner.kernels, engine.target_runner.fuse_projections, engine.graph_mode)}
