@@ -447,7 +447,8 @@ class SpeculativeEngine:
         if self.tree is not None:
             drafting = f"draft model, tree {as_token_tree(self.tree).describe()}"
         parallel = "" if self.tp is None else \
-            f"; tensor parallel over {self.tp.size} ranks ({self.tp.backend}, draft {'sharded' if self.shard_draft else 'replicated'})"
+            (f"; tensor parallel over {self.tp.size} ranks ({self.tp.backend}, draft "
+             f"{'sharded' if self.shard_draft else 'replicated'}; {self.target_runner.plan.describe()})")
         return f"SpeculativeEngine({drafting}; {self.memory_note}; graphs: {self.graph_mode}{parallel})"
 
     __repr__ = describe

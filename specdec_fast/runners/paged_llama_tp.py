@@ -13,14 +13,18 @@ So 2L + 1 all-reduces of T x H values and one all-gather of T x V / N values per
 rank then holds the same full logits and runs the same verify (engine/loop.py unchanged), so
 every rank emits the same tokens whatever the reduction order of its all-reduces.
 
-Why gather the logits rather than verify on the shards (all-reducing each row's max, sum of
-exp, argmax and residual masses): one collective round per forward against two (temperature
-only) to four or more (top-k / top-p / min-p thresholds need a distributed selection; the
-logits processors and penalties of processing/ read whole rows), and no second implementation
-of every verify backend. Measured on CPU / gloo (bench/bench_tp.py, bench/results/tp_cpu_*.json)
-and priced for NVLink there: at B = 1-8 (K = 4, V = 128256) the gather is one round of 1.3-10
-MB, about as fast as the two latency-bound rounds of the sharded verify; at B = 32 it sends 41
-MB, ~0.1 ms more per step -- about 1% of a 70B step on 8 GPUs.
+Why gather the logits rather than verify on the shards (all-gathers of each row's max, sum of
+exp, logit of the draft, argmax, then residual candidates: bench/tp_sharded_verify.py, which
+gives chain_verify's tokens): the gather is one collective round and keeps ONE verify exact in
+every sampling mode, with the logits processors and penalties (processing/, which read whole
+rows); the sharded verify needs two rounds for temperature-only rows and more for top-k / top-p
+/ min-p, and a second implementation per backend. Priced for NVLink (bench/tp_model.py, a
+prediction; K = 4, V = 128256, 70B on 8 GPUs): B = 1, gather + verify ~49 us against ~58 us
+sharded (the gather is faster where speculative decoding pays most); B = 8 / 32, the sharded
+verify would save ~40 / ~200 us per scoring step, 0.4% / 1.8% of it. Measured on CPU ranks
+(gloo over loopback TCP, bench/results/tp_cpu_avx512.json) the sharded statistics are far
+cheaper (B = 8: two rounds 0.75 ms against a 29 ms gather) -- CPU ranks exist for CI, not speed.
+So the gather stays; the sharded verify is the candidate for large batches on GPUs.
 
 The math is PagedLlamaRunner's (same helpers, same op order per shard); only the embedding, the
 two row-parallel products per layer and the head differ. The single-process runner is not
@@ -113,6 +117,11 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
 
     unsupported_reason = staticmethod(tp_llama_unsupported_reason)
     lockstep_polls = True  # engine/run_ahead.py: every rank reads the same polls (same iterations)
+    # NCCL collectives inside CUDA graphs: capture-safe by construction, NOT run on a multi-GPU
+    # machine (none was available), so cuda_graphs=None decodes eagerly; cuda_graphs=True captures.
+    graphs_by_default = False
+    graphs_note = ("tensor parallelism: CUDA graphs with NCCL inside were not run on a multi-GPU machine yet; "
+                   "pass cuda_graphs=True to capture them")
 
     def __init__(self, model, **kwargs):
         if not isinstance(model, ShardedCausalLM):

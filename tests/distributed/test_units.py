@@ -184,3 +184,20 @@ def test_errors_before_any_group():
             specdec_fast.SpeculativeEngine(target, draft, process_group=object(), tp_timeout=datetime.timedelta(seconds=5))
     with pytest.raises(ValueError, match="runner='hf' cannot be sharded|needs torch.distributed"):
         specdec_fast.generate(target, torch.tensor([[3, 4]]), process_group=object(), runner="hf", max_new_tokens=2)
+
+
+def test_tensor_parallel_graphs_are_opt_in():
+    """NCCL inside CUDA graphs was not run on a multi-GPU machine: the TP runner decodes eagerly
+    unless cuda_graphs=True (checked on the policy alone: no GPU here)."""
+    from specdec_fast.engine.graph_policy import resolve_graph_mode
+    from specdec_fast.runners import TPPagedLlamaRunner
+
+    class Runner:
+        graph_safe, backend = True, None
+        graphs_by_default, graphs_note = TPPagedLlamaRunner.graphs_by_default, TPPagedLlamaRunner.graphs_note
+
+    cuda = torch.device("cuda")
+    mode, note = resolve_graph_mode(None, Runner(), None, None, cuda)
+    assert mode == "eager" and "pass cuda_graphs=True" in note
+    assert resolve_graph_mode(True, Runner(), None, None, cuda) == ("cuda_graphs", None)
+    assert resolve_graph_mode("static", Runner(), None, None, torch.device("cpu"))[0] == "static"
