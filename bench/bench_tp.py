@@ -170,6 +170,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     tmp = tempfile.mkdtemp(prefix="bench_tp_")
+    load_before = os.getloadavg()  # the CI box is shared: gloo's latencies move with its load
     import torch.multiprocessing as mp
 
     mp.start_processes(_worker, args=(args.ranks, tmp, batches, args.repeats), nprocs=args.ranks, start_method="spawn")
@@ -177,6 +178,7 @@ def main(argv=None) -> int:
         measured = json.load(f)
     info = {"machine": machine.cpu_model(), **machine.cpu_simd(), **machine.versions(),
             "ranks": args.ranks, "backend": "gloo (TCP, one machine)", "threads_per_rank": 1,
+            "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()}, "cpus": os.cpu_count(),
             "measured_on_cpu": measured, "nvlink_model": tp_model.predictions(batches=tuple(batches))}
     out = Path(args.out) if args.out else HERE / "results" / f"tp_cpu_{info['cpu_isa']}.json"
     out.write_text(json.dumps(info, indent=1))
