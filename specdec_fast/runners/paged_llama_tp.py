@@ -23,7 +23,8 @@ prediction; K = 4, V = 128256, 70B on 8 GPUs): B = 1, gather + verify ~49 us aga
 sharded (the gather is faster where speculative decoding pays most); B = 8 / 32, the sharded
 verify would save ~40 / ~200 us per scoring step, 0.4% / 1.8% of it. Measured on CPU ranks
 (gloo over loopback TCP, bench/results/tp_cpu_avx512.json) the sharded statistics are far
-cheaper (B = 8: two rounds 0.75 ms against a 29 ms gather) -- CPU ranks exist for CI, not speed.
+cheaper (B = 32: two rounds ~0.5 ms against a 0.2-0.4 s gather of 78 MiB) -- CPU ranks exist
+for CI, not for speed.
 So the gather stays; the sharded verify is the candidate for large batches on GPUs.
 
 The math is PagedLlamaRunner's (same helpers, same op order per shard); only the embedding, the
