@@ -23,21 +23,15 @@ collective is synchronous (gloo on CPU).
 """
 import contextlib
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
 
 from .failures import AGREED, HANDLED, FailureChannel, TensorParallelError, describe, mark
 
-FAILURE_WAIT_S = 1.0
+FAILURE_WAIT_S = 1.0  # after a collective failed: how long to wait for the failing rank's line
 # torch 2.13 renamed all_gather_into_tensor (deprecated, with a warning per call) to all_gather_single.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # after a collective failed: how long to wait for the failing rank's line
-
-
-def stable_hash(value) -> int:
-    """A hash equal on every rank (Python's hash() of a str is salted per process)."""
-    return zlib.crc32(repr(value).encode())
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class TensorParallelGroup:
