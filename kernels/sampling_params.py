@@ -90,6 +90,29 @@ class SamplingTensors:
 FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed", "offset")
 
 
+def static_sampling_tensors(rows: int, device, modes=None) -> SamplingTensors:
+    """SamplingTensors of [rows] buffers of its own (greedy, seed 0) that later calls copy their
+    parameters into (fill_rows): the same tensors every call, as captured CUDA graphs need."""
+    device = canonical_device(device)
+
+    def zeros(dtype):
+        return torch.zeros(rows, dtype=dtype, device=device)
+
+    return SamplingTensors(zeros(torch.float32), zeros(torch.int32), torch.ones(rows, device=device), zeros(torch.float32),
+                           zeros(torch.int64), zeros(torch.int64), modes=None if modes is None else set(modes))
+
+
+def fill_rows(dst: SamplingTensors, src: SamplingTensors, fields=("temperature", "top_k", "top_p", "min_p", "seed")) -> None:
+    """dst's [R] buffers <- src's [B] rows (B <= R), in place; rows B.. repeat row 0 (a bucket's
+    unused rows: any valid value). The offsets are the caller's (the loop's live counter)."""
+    batch, rows = src.batch, dst.batch
+    for name in fields:
+        into, values = getattr(dst, name), getattr(src, name)
+        into[:batch].copy_(values)
+        if batch < rows:
+            into[batch:].copy_(values[:1].expand(rows - batch))
+
+
 def refill_params(dst: SamplingTensors, src: SamplingTensors) -> None:
     """Copies every per-row tensor of ``src`` into ``dst``'s (same shapes), in place: buffers that
     a captured CUDA graph reads take a later call's values. ``dst`` must own its tensors (not

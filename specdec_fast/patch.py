@@ -1,29 +1,108 @@
-"""patch_generate(): route an existing model.generate(...) call through specdec_fast.generate."""
+"""patch_generate(): make an existing model.generate(...) speculate, from any caller.
+
+Code that already calls ``model.generate`` (an evaluation harness, transformers' pipeline, a chat
+loop) knows nothing of speculation. Changed by one line:
+
+    specdec_fast.patch_generate(model, assistant_model=draft)      # or prompt_lookup_num_tokens=N
+    ... model.generate(input_ids=..., max_length=..., stopping_criteria=..., use_cache=True, ...)
+
+every later call runs on specdec_fast's engine (cached per model: a harness's thousand calls
+capture their CUDA graphs once) with the bound drafting and ``defaults`` (any generate option,
+e.g. num_assistant_tokens=3); the call's own options win. A call that asks for something
+specdec_fast does not implement (beam search, say: options/rules.py's UnsupportedOptionError) goes
+to the original generate, with one warning naming the option (fallback="warn", the default) or
+raises (fallback="raise"). The patch keeps the last call's stats (``patch.last_stats``, also
+``model.specdec_last_stats``).
+
+Without bound drafting (``patch_generate(model)``), only the calls that carry assistant_model or
+prompt_lookup_num_tokens are routed (they raise on an unsupported option); the others go to the
+original generate unchanged.
+"""
+import inspect
+import warnings
+import weakref
+
 from .api import generate
+from .options.rules import UnsupportedOptionError
+
+FALLBACKS = ("warn", "raise")
 
 
 class patch_generate:
-    """Route model.generate(..., assistant_model=... or prompt_lookup_num_tokens=...) through
-    specdec_fast.generate; other calls go to the original. Patches on construction; usable as a
-    context manager (restores on exit) or undone with .restore()."""
+    """Patches ``model.generate`` on construction; a context manager (restores on exit) or undone
+    with .restore(). See the module docstring for assistant_model / prompt_lookup_num_tokens,
+    fallback and defaults."""
 
-    def __init__(self, model):
-        self.model = model
-        self.original = model.generate
+    def __init__(self, model, assistant_model=None, *, prompt_lookup_num_tokens=None, fallback: str = "warn",
+                 **defaults):
+        if fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
+        if assistant_model is not None and prompt_lookup_num_tokens is not None:
+            raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
+        self.model_ref = weakref.ref(model)  # the patched function must not keep the model alive
         self.had_attribute = "generate" in vars(model)
+        # The original as a plain function (no bound method: it would hold the model from its own
+        # __dict__ and keep it, and the engines cached for it, alive).
+        self._function = vars(model)["generate"] if self.had_attribute else type(model).generate
+        self.fallback = fallback
+        self.bound = {}
+        if assistant_model is not None:
+            self.bound["assistant_model"] = assistant_model
+        if prompt_lookup_num_tokens is not None:
+            self.bound["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+        self.defaults = dict(defaults)
+        self.last_stats = None
+        self._signature = inspect.signature(self.original)
 
         def patched(*args, **kwargs):
-            if kwargs.get("assistant_model") is not None or kwargs.get("prompt_lookup_num_tokens") is not None:
-                return generate(model, *args, **kwargs)
-            return self.original(*args, **kwargs)
+            return self(*args, **kwargs)
 
+        patched.__doc__ = self._function.__doc__
         model.generate = patched
 
+    @property
+    def original(self):
+        """The generate the patch replaced (bound to the model)."""
+        model = self.model
+        return self._function if self.had_attribute else self._function.__get__(model, type(model))
+
+    @property
+    def model(self):
+        return self.model_ref()
+
+    def __call__(self, *args, **kwargs):
+        """What the patched model.generate does with a call (module docstring)."""
+        call = self._keywords(args, kwargs)
+        drafting = call.get("assistant_model") is not None or call.get("prompt_lookup_num_tokens") is not None
+        if not self.bound and not drafting:
+            return self.original(*args, **kwargs)
+        options = {**self.bound, **self.defaults, **call} if not drafting else {**self.defaults, **call}
+        return_stats = options.pop("return_stats", False)
+        try:
+            out, stats = generate(self.model, return_stats=True, **options)
+        except UnsupportedOptionError as exc:
+            if not self.bound or self.fallback == "raise":
+                raise
+            warnings.warn(f"specdec_fast: {exc}; this call runs on transformers' generate", stacklevel=3)
+            return self.original(*args, **kwargs)
+        self.last_stats = stats
+        self.model.specdec_last_stats = stats
+        return (out, stats) if return_stats else out
+
+    def _keywords(self, args, kwargs) -> dict:
+        """The call's arguments by name, as transformers' generate binds them (inputs first)."""
+        bound = self._signature.bind_partial(*args, **kwargs).arguments
+        extra = bound.pop("kwargs", {})
+        return {**{name: value for name, value in bound.items()}, **extra}
+
     def restore(self) -> None:
+        model = self.model
+        if model is None:
+            return
         if self.had_attribute:
-            self.model.generate = self.original
+            model.generate = self._function
         else:
-            vars(self.model).pop("generate", None)
+            vars(model).pop("generate", None)
 
     def __enter__(self):
         return self.model

@@ -52,10 +52,11 @@ class ModelDrafter:
         self.runner.prefill(prompt.ids, prompt.mask, budgets=prompt.budgets, num_draft_tokens=prompt.k)
         batch, dev = state.seq.shape[0], state.seq.device
         buffers = self.__dict__.setdefault("_buffers", {})
-        if batch not in buffers:  # per batch size, once: [B, 2] pending tokens, [B] their count, noise positions
+        if batch not in buffers:  # per batch size, once: [B, 2] pending tokens, [B] their count, noise positions, [B, 0]
             buffers[batch] = (torch.zeros(batch, 2, dtype=torch.long, device=dev),
-                              torch.ones(batch, dtype=torch.long, device=dev), [])
-        self.pending, self.num_pending, self._positions = buffers[batch]  # _positions: int64 [B] tensors of i
+                              torch.ones(batch, dtype=torch.long, device=dev), [],
+                              torch.zeros(batch, 0, dtype=torch.long, device=dev))
+        self.pending, self.num_pending, self._positions, self._no_drafts = buffers[batch]  # _positions: int64 [B] of i
         self.pending.zero_()
         self.pending[:, 1] = state.last_token()
         self.num_pending.fill_(1)
@@ -77,12 +78,20 @@ class ModelDrafter:
         fed nothing when state.skip_finished. -> drafts [B, k] int64, logits [B, k, V] (None
         when every row is greedy: the verify's p is then one-hot(draft), as the logits would give)."""
         live = self.state.live if self.state.skip_finished else None
+        stage = self.state.stage  # logits processors / penalties of the call (engine/logits_stage.py), or None
+        penalties = None if stage is None else stage.penalties
         tokens, logits = [], []
         step_input = self.pending
         num_valid = self.num_pending if live is None else self.num_pending * live
         for i in range(k):
             step_logits = self.runner.score(step_input, num_valid)[:, -1]  # [B, V], the runner's dtype
-            token = self._sample(step_logits, self._params, self._position(i), STREAM_DRAFT).long()
+            if stage is not None:  # processed as the target's logits at this position: the drafts so far in the prefix
+                drafted = torch.stack(tokens, 1) if tokens else self._no_drafts
+                step_logits = stage.draft(step_logits, self.state, drafted)
+                token = self._sample(step_logits, self._params, self._position(i), STREAM_DRAFT, penalties,
+                                     drafted if penalties is not None else None).long()
+            else:
+                token = self._sample(step_logits, self._params, self._position(i), STREAM_DRAFT).long()
             tokens.append(token)
             logits.append(step_logits)
             step_input, num_valid = token[:, None], live

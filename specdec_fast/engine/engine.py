@@ -39,8 +39,11 @@ from ..runners.paged_cache import OutOfBlocksError
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
 from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions
+from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
-from .tensor_parallel import check_output, group_for, request_facts, tp_runner
+from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
+from .stopping import call_limits
+from .tensor_parallel import check_output, check_tp_call, group_for, request_facts, tp_runner
 from .tree_loop import TreeDecoder
 
 log = logging.getLogger("specdec_fast")
@@ -50,6 +53,13 @@ DEFAULT_NUM_ASSISTANT_TOKENS = 4
 DEFAULT_MAX_SEQ_LEN = 4096  # with no max_seq_len: min(this, the model's position limit)
 DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of the free memory
 MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
+# The Ks the adaptive schedule (schedule.py) chooses among with a draft model, and its first K.
+# The best fixed K measured on the H100 was 4 at batch 1 and 3 at batch 8 / 32
+# (bench/results/h100_2026-11-23/); each K's graphs are captured the first time it is chosen.
+ADAPTIVE_KS = (1, 2, 3, 4, 5, 6, 8)
+SCHEDULES = ("adaptive", "constant", "heuristic", "heuristic_transient")
+USER_PROCESSORS_NOTE = ("a user logits_processor runs eagerly on the host per row and position (exact input_ids), "
+                        "which a CUDA graph cannot replay")
 
 
 def bucket_for(batch: int, max_batch_size: int) -> int:
@@ -62,14 +72,19 @@ def bucket_for(batch: int, max_batch_size: int) -> int:
 
 @dataclasses.dataclass
 class _Call:
-    """A checked generate() call: input_ids [B, P], mask [B, P] int64, the resolved options, the
-    token tree (or None), K (a tree's depth) and the streamer."""
+    """A checked generate() call: input_ids [B, P], mask [B, P] int64 (rows expanded for
+    num_return_sequences), the resolved options, the token tree (or None), K (a tree's depth), the
+    adaptive schedule's Ks (None: constant K), the stopping limits (stopping.py), the logits stage
+    request without its sampling parameters (or None) and the streamer."""
 
     input_ids: torch.Tensor
     mask: torch.Tensor
     opts: object
     token_tree: object
     k: int
+    ks: tuple | None
+    limits: object
+    stage: object
     streamer: object
 
 
@@ -141,11 +156,17 @@ class SpeculativeEngine:
         drafted = (as_token_tree(tree).size - 1) if tree is not None else self.default_k
         if max_draft_tokens is not None and _positive("max_draft_tokens", max_draft_tokens) > MAX_DRAFTED:
             raise ValueError(f"max_draft_tokens must be <= {MAX_DRAFTED}, got {max_draft_tokens}")
-        # The most tokens one iteration scores beyond the last one (K, a tree's N - 1) for any call.
-        self.max_draft_tokens = max(drafted, max_draft_tokens or 0)
-        row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
+        # The most tokens one iteration scores beyond the last one (K, a tree's N - 1, the adaptive
+        # schedule's largest K) for any call.
+        self.fixed_k = num_assistant_tokens is not None  # an engine built with a K: its calls default to it
         self.tp = group_for(target, assistant_model, process_group, shard_draft, tp_timeout)
         self.shard_draft = bool(shard_draft)
+        if max_draft_tokens is not None:  # the adaptive schedule then chooses among the Ks up to it
+            self.max_draft_tokens = max(drafted, max_draft_tokens)
+        else:  # tensor parallel: a constant K (_ks_for), no room for the adaptive Ks
+            adaptive = self.mode == "draft" and not self.fixed_k and self.tp is None
+            self.max_draft_tokens = max(drafted, max(ADAPTIVE_KS) if adaptive else 0)
+        row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
         if self.tp is None:
             self._build_runners(target, assistant_model, runner, row_tokens, tree)
             self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
@@ -272,11 +293,12 @@ class SpeculativeEngine:
             except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
                 error = exc
             drawn = int(torch.randint(0, 2**62, (1,)).item()) if seed is None and error is None else None
-            facts = {} if error else dict(request_facts(call.input_ids, call.mask, call.opts, call.k, call.token_tree, seed),
-                                          drawn=drawn)
+            facts = {} if error else dict(request_facts(call.input_ids, call.mask, call.opts, call.k, call.token_tree, seed,
+                                                        call.ks), drawn=drawn)
             agreed = self.tp.agree("generate", facts, error, uncompared=("drawn",))
             out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats)
-            check_output(self.tp, out[0] if return_stats else out)
+            tokens = out[0] if return_stats else out
+            check_output(self.tp, getattr(tokens, "sequences", tokens))  # return_dict_in_generate: its sequences
             return out
 
     def _prepare(self, input_ids, attention_mask, *, assistant_model=None, prompt_lookup_num_tokens=None,
@@ -286,11 +308,12 @@ class SpeculativeEngine:
         """Every check of a call, before anything runs (ValueError naming the problem)."""
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
-        kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
+        tokenizer, assistant_tokenizer = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
+        if tokenizer is not None and assistant_tokenizer is not None:
+            self._check_tokenizers(tokenizer, assistant_tokenizer)
         self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree)
-        mask = check_inputs(input_ids, attention_mask)
+        check_inputs(input_ids, None)  # type and shape, before the options read the width
         target = self.target
-        check_in_vocabulary(input_ids, self.target_runner.vocab_size)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer supports batch size 1 only (like transformers' streamers), got batch {input_ids.shape[0]}")
         if input_ids.device != self.device:
@@ -301,25 +324,37 @@ class SpeculativeEngine:
                         top_p=top_p, min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                         num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **kwargs)
         opts = resolved or resolve_options(target, generation_config, explicit, input_ids.shape[1])
+        input_ids, attention_mask = expand_rows(input_ids, attention_mask, return_sequences(opts))
+        mask = check_inputs(input_ids, attention_mask)
+        check_in_vocabulary(input_ids, self.target_runner.vocab_size)
         tree = self.tree if tree is None else tree
         token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
         k = self._k_for(opts, token_tree, num_assistant_tokens)
-        self._check_sizes(input_ids, opts.max_new_tokens, k if token_tree is None else token_tree.size - 1)
-        if len(opts.eos_token_ids or ()) > EOS_SLOTS:
-            raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {len(opts.eos_token_ids)}")
-        return _Call(input_ids, mask, opts, token_tree, k, streamer)
+        ks = self._ks_for(opts, token_tree, num_assistant_tokens)
+        limits = call_limits(opts, input_ids.shape[1], tokenizer)  # stopping criteria (stopping.py)
+        self._check_sizes(input_ids, limits.max_new_tokens, max(ks or (k,)) if token_tree is None else token_tree.size - 1)
+        if len(limits.eos_token_ids or ()) > EOS_SLOTS:
+            raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {len(limits.eos_token_ids)}")
+        stage = self._stage_request(opts, None, token_tree)  # its checks now; the call's params in _run
+        if self.tp is not None:
+            check_tp_call(target, opts, limits)
+        return _Call(input_ids, mask, opts, token_tree, k, ks, limits, stage, streamer)
 
     def _run(self, call: "_Call", seed, return_stats: bool):
         """The checked call's decoding (seed None: drawn from torch's global RNG)."""
-        input_ids, opts = call.input_ids, call.opts
+        input_ids, mask, opts, limits = call.input_ids, call.mask, call.opts, call.limits
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
         params = make_sampling_tensors(input_ids.shape[0], self.device, seed=seed, **opts.kernel_params())
-        decoder = self._decoder(input_ids.shape[0], call.k, params.modes, call.token_tree, len(opts.eos_token_ids or ()))
+        stage = None if call.stage is None else dataclasses.replace(call.stage, params=params)
+        kernel = kernel_params(stage, params, seed)  # the warpers in the stage: the kernels sample plainly
+        decoder = self._decoder(input_ids.shape[0], call.k, kernel.modes, call.token_tree, len(limits.eos_token_ids or ()),
+                                None if stage is None else stage.spec, call.ks)
         try:
-            tokens = decoder.generate(input_ids.long(), call.mask.to(self.device), params=params,
-                                      max_new_tokens=opts.max_new_tokens, eos_token_ids=opts.eos_token_ids,
-                                      pad_token_id=opts.pad_token_id, streamer=call.streamer)
+            tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel,
+                                      max_new_tokens=limits.max_new_tokens, eos_token_ids=limits.eos_token_ids,
+                                      pad_token_id=opts.pad_token_id, streamer=call.streamer, stage=stage,
+                                      stopping_criteria=limits if limits.host else None)
         finally:
             decoder.release()
             self.calls += 1
@@ -328,8 +363,49 @@ class SpeculativeEngine:
                                      graphs_captured_total=self.graphs_captured)
         if self.tp is not None:
             stats.extra["tensor_parallel"] = dict(ranks=self.tp.size, rank=self.tp.rank, backend=self.tp.backend,
-                                                  shard_draft=self.shard_draft)
+                                                  shard_draft=self.shard_draft, k_schedule="constant")
+        if opts.extra.get("return_dict_in_generate"):
+            tokens = self._output_dict(self.target, tokens, mask, opts, params)
         return (tokens, stats) if return_stats else tokens
+
+    @staticmethod
+    def _output_dict(target, tokens, mask, opts, params):
+        """transformers' GenerateDecoderOnlyOutput, with scores / logits when asked (outputs.py)."""
+        want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
+        scores = logits = None
+        if want_scores or want_logits:
+            width = mask.shape[1]
+            raw = step_logits(target, tokens, mask, tokens.shape[1] - width)
+            if want_logits:
+                logits = tuple(raw.unbind(1))
+            if want_scores:
+                stage_options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+                start = (width - mask.sum(1)).long()
+                scores = tuple(step_scores(raw, tokens, width, start, stage_options, opts.eos_token_ids, params,
+                                           opts.do_sample).unbind(1))
+        return decoder_only_output(tokens, scores, logits)
+
+    def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
+        """One shared vocabulary (each pair compared once per engine: get_vocab of a 128k vocabulary
+        costs tens of ms)."""
+        checked = self.__dict__.setdefault("_tokenizers_checked", set())
+        key = (id(tokenizer), id(assistant_tokenizer))
+        if key not in checked:
+            if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+                raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies")
+            checked.add(key)
+
+    @staticmethod
+    def _stage_request(opts, params, token_tree):
+        """The call's logits stage (logits processors, penalties), or None when it needs none."""
+        options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+        request = StageRequest(options, opts.eos_token_ids, opts.do_sample, params) if options else None
+        if request is None or request.spec is None:
+            return None
+        if token_tree is not None:
+            raise ValueError(f"{', '.join(sorted(options))} with tree=...: logits processors and penalties run on "
+                             "chains only (a tree node's prefix is its ancestor path); drop tree=")
+        return request
 
     def _check_drafting(self, assistant_model, prompt_lookup_num_tokens, tree) -> None:
         """A call may name the engine's own drafting (as model.generate calls do), not another."""
@@ -360,6 +436,28 @@ class SpeculativeEngine:
             return k
         return 0
 
+    def _ks_for(self, opts, token_tree, num_assistant_tokens):
+        """The Ks an adaptive schedule chooses among (draft model, chains), or None for a constant K:
+        adaptive when the call names that schedule (or transformers' heuristic ones, which it serves)
+        or is greedy and gives no K."""
+        schedule = opts.extra.get("num_assistant_tokens_schedule")
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if self.mode != "draft" or token_tree is not None or schedule == "constant":
+            return None
+        if self.tp is not None:
+            # Tensor parallel: a constant K. The adaptive choice reads this process's own step times,
+            # which differ between ranks: ranks choosing different Ks would issue different
+            # collectives (a hang, or gloo's size-mismatch abort; docs/architecture.md §10).
+            return None
+        given = num_assistant_tokens is not None or opts.num_assistant_tokens is not None or self.fixed_k
+        # Sampling with no schedule named keeps the constant K: the adaptive choice follows measured
+        # times, so a seeded sampled call would not give the same tokens twice (nor on a cached engine
+        # and a fresh one). Greedy tokens do not depend on K.
+        if schedule is None and (given or opts.do_sample):
+            return None
+        return tuple(q for q in ADAPTIVE_KS if q <= self.max_draft_tokens)
+
     def _check_sizes(self, input_ids, max_new_tokens: int, drafted: int) -> None:
         batch, width = input_ids.shape
         if drafted > self.max_draft_tokens:
@@ -384,22 +482,27 @@ class SpeculativeEngine:
                     f"{pool.num_blocks * self.block_size}): raise kv_cache_tokens, or lower max_batch_size / max_seq_len "
                     f"of the requests")
 
-    def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int) -> SpeculativeDecoder:
-        """The decoder of this call's bucket, K, sampling modes and tree (built at its first call)."""
+    def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int, stage_spec=None, ks=None) -> SpeculativeDecoder:
+        """The decoder of this call's bucket, K, sampling modes, tree and logits stage (built at its
+        first call). A user's logits_processor runs eagerly: its decoders take no graphs."""
         if num_eos > EOS_SLOTS:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {num_eos}")
-        bucketed = self.graph_mode != "eager"
+        eager = stage_spec == "user"
+        bucketed = self.graph_mode != "eager" and not eager
         rows = bucket_for(batch, self.max_batch_size) if bucketed else batch
-        key = (rows, k, None if modes is None else frozenset(modes), token_tree)
+        key = (rows, ks or k, None if modes is None else frozenset(modes), token_tree, stage_spec)
         decoder = self._decoders.get(key)
         if decoder is None:
-            common = dict(backend=self.backend, run_ahead=self.run_ahead, cuda_graphs=self.cuda_graphs, rows=rows,
-                          seq_capacity=self.max_seq_len + k + 1)
+            k_max = max(ks or (k,))
+            common = dict(backend=self.backend, run_ahead=self.run_ahead, rows=rows,
+                          seq_capacity=self.max_seq_len + k_max + 1, cuda_graphs=False if eager else self.cuda_graphs)
             if token_tree is not None:  # k = the tree's depth (TreeDecoder sets it)
                 decoder = TreeDecoder(self.target_runner, self._tree_drafter(token_tree), **common)
             else:
                 drafter = self._chain_drafter() if k else None
-                decoder = SpeculativeDecoder(self.target_runner, drafter, k=k, **common)
+                decoder = SpeculativeDecoder(self.target_runner, drafter, k=k, ks=ks, **common)
+            if eager and self.graph_mode != "eager":
+                decoder.graph_note = USER_PROCESSORS_NOTE
             self._decoders[key] = decoder
         return decoder
 
@@ -432,13 +535,21 @@ class SpeculativeEngine:
             tree = options.get("tree", self.tree)
             token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
             k = self._k_for(opts, token_tree, options.get("num_assistant_tokens"))
+            ks = self._ks_for(opts, token_tree, options.get("num_assistant_tokens"))
             params = make_sampling_tensors(ids.shape[0], self.device, seed=0, **opts.kernel_params())
-            decoder = self._decoder(ids.shape[0], k, params.modes, token_tree, 0)
-            try:  # no EOS: every step runs, so the capture happens
-                decoder.generate(ids, torch.ones_like(ids), params=params, max_new_tokens=steps, eos_token_ids=None,
-                                 pad_token_id=opts.pad_token_id, streamer=None)
-            finally:
-                decoder.release()
+            decoder = self._decoder(ids.shape[0], k, params.modes, token_tree, 0, ks=ks)
+            # An adaptive schedule: one short run pinned at each K captures every K's graphs (and
+            # gives the schedule each K's first step times).
+            for pinned in ks or (None,):
+                if decoder.schedule is not None:
+                    decoder.schedule.pinned = pinned
+                try:  # no EOS: every step runs, so the capture happens
+                    decoder.generate(ids, torch.ones_like(ids), params=params, max_new_tokens=steps, eos_token_ids=None,
+                                     pad_token_id=opts.pad_token_id, streamer=None)
+                finally:
+                    decoder.release()
+                    if decoder.schedule is not None:
+                        decoder.schedule.pinned = None
 
     def describe(self) -> str:
         """One line: the drafting, the sizes, the pool, the graph mode."""

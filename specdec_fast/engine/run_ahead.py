@@ -5,7 +5,8 @@ Polls. After prefill (poll 0) and after every iteration n (poll n) the loop issu
 asynchronous copy of the persistent device status buffer, status [2, B] int64 (row 0: gen_len,
 row 1: 1 while the row is unfinished; the verify step keeps it current in place), into slot
 n % R of a preallocated pinned host ring of R slots, then the slot's preallocated event is recorded.
-With a streamer, row 0 of the token buffer is copied beside it. No tensor, event or pinned buffer
+With a streamer, row 0 of the token buffer is copied beside it; with host-side stopping
+criteria (stopping.py), every row of it. No tensor, event or pinned buffer
 is allocated per poll: two host calls (copy_, record) per poll, three with a streamer.
 
 Reading. Before the host issues iteration n + 1 it calls ``wait(n)``:
@@ -45,33 +46,39 @@ import torch
 
 @dataclass
 class Snapshot:
-    """A read poll: taken after ``iteration`` iterations; gen_len [B] and seq_row0 [T] (or None)
-    are numpy views of the ring slot, valid until the host issues its next poll."""
+    """A read poll: taken after ``iteration`` iterations; gen_len [B] and seq [B', T] (the copied
+    rows of the token buffer, or None) are numpy views of the ring slot, valid until the host
+    issues its next poll."""
 
     iteration: int
     done: bool
     gen_len: np.ndarray
-    seq_row0: np.ndarray | None
+    seq: np.ndarray | None
+    counters: np.ndarray | None = None  # the polled counters (RunAheadPoller's counters=), or None
 
 
 class RunAheadPoller:
-    """Polls of ``status`` [2, B] int64 (and ``seq_row0`` [T] when given) through a ring of R
+    """Polls of ``status`` [2, B] int64 (and ``seq`` [B', T], rows of the token buffer, when given) through a ring of R
     pinned host slots; see the module docstring for the protocol. run_ahead: R >= 1. lockstep: read
     only the polls the bound requires (module docstring)."""
 
-    def __init__(self, status: torch.Tensor, run_ahead: int, *, events=None, seq_row0: torch.Tensor | None = None,
-                 lockstep: bool = False):
+    def __init__(self, status: torch.Tensor, run_ahead: int, *, events=None, seq: torch.Tensor | None = None,
+                 counters: torch.Tensor | None = None, lockstep: bool = False):
         if isinstance(run_ahead, bool) or not isinstance(run_ahead, int) or run_ahead < 1:
             raise ValueError(f"run_ahead must be an int >= 1, got {run_ahead!r}")
-        self.run_ahead, self.status, self.seq_row0 = run_ahead, status, seq_row0
+        self.run_ahead, self.status, self.seq, self.counters = run_ahead, status, seq, counters
         self._slots = slots = run_ahead
         pin = status.device.type == "cuda"
         ring = torch.empty((slots, *status.shape), dtype=status.dtype, device="cpu", pin_memory=pin)
         self._ring, self._ring_np = list(ring), ring.numpy()  # per-slot views, made once
         self._seq_ring = self._seq_ring_np = None
-        if seq_row0 is not None:
-            seq_ring = torch.empty((slots, seq_row0.shape[0]), dtype=seq_row0.dtype, device="cpu", pin_memory=pin)
+        if seq is not None:
+            seq_ring = torch.empty((slots, *seq.shape), dtype=seq.dtype, device="cpu", pin_memory=pin)
             self._seq_ring, self._seq_ring_np = list(seq_ring), seq_ring.numpy()
+        self._counter_ring = self._counter_ring_np = None
+        if counters is not None:  # e.g. the acceptance per draft position (the adaptive K schedule reads it)
+            counter_ring = torch.empty((slots, *counters.shape), dtype=counters.dtype, device="cpu", pin_memory=pin)
+            self._counter_ring, self._counter_ring_np = list(counter_ring), counter_ring.numpy()
         self._events = None if events is None else [events() for _ in range(slots)]
         self._opportunistic = not lockstep or events is None  # read newer completed polls too
         self.reset()
@@ -93,7 +100,9 @@ class RunAheadPoller:
             raise RuntimeError(f"poll {iteration} would overwrite unread poll {iteration - self._slots}")
         self._ring[slot].copy_(self.status, non_blocking=True)
         if self._seq_ring is not None:
-            self._seq_ring[slot].copy_(self.seq_row0, non_blocking=True)
+            self._seq_ring[slot].copy_(self.seq, non_blocking=True)
+        if self._counter_ring is not None:
+            self._counter_ring[slot].copy_(self.counters, non_blocking=True)
         if self._events is not None:
             self._events[slot].record()
         self.issued = iteration
@@ -145,4 +154,5 @@ class RunAheadPoller:
             self.first_done = poll
         self.read = poll
         seq = None if self._seq_ring_np is None else self._seq_ring_np[slot]
-        return Snapshot(poll, done, values[0], seq)
+        counters = None if self._counter_ring_np is None else self._counter_ring_np[slot]
+        return Snapshot(poll, done, values[0], seq, counters)

@@ -13,7 +13,9 @@ tokens' checksum).
 A call: ``guard()`` around everything; the checks run on every rank; ``agree()`` exchanges the
 request's fingerprint (shape and checksum of input_ids / attention_mask, the resolved options,
 K, tree, seed) or the error; a call without a seed takes rank 0's draw; then the decoding loop;
-then one more agreement on the output. The KV pools: every rank sizes its own (local KV heads
+then one more agreement on the output. K is constant under tensor parallelism (no adaptive
+schedule: it chooses from this process's own step times, and ranks must run the same iterations;
+check_tp_call). The KV pools: every rank sizes its own (local KV heads
 only) and they agree on the smallest, so that every rank refuses the same requests.
 """
 import zlib
@@ -70,11 +72,28 @@ def checksum(tensor: torch.Tensor) -> int:
     return zlib.crc32(tensor.detach().cpu().contiguous().numpy().tobytes())
 
 
-def request_facts(input_ids, mask, opts, k: int, token_tree, seed) -> dict:
-    """What every rank must agree on before a call's loop (equal inputs -> equal tokens)."""
+def request_facts(input_ids, mask, opts, k: int, token_tree, seed, ks=None) -> dict:
+    """What every rank must agree on before a call's loop (equal inputs -> equal tokens). ks: the
+    adaptive schedule's Ks, None under tensor parallelism (check_tp_call's note)."""
     return {"input_ids": (tuple(input_ids.shape), checksum(input_ids.long())),
-            "attention_mask": checksum(mask.long()), "options": repr(opts), "K": k,
+            "attention_mask": checksum(mask.long()), "options": repr(opts), "K": k, "Ks": ks,
             "tree": None if token_tree is None else token_tree.describe(), "seed": seed}
+
+
+def check_tp_call(target, opts, limits) -> None:
+    """What a tensor-parallel call cannot do (ValueError on every rank, before the loop). Every rank
+    must run the same iterations, so nothing a rank decides from its own clock may steer the loop:
+    K is constant (the engine's _ks_for: the adaptive schedule chooses from measured step times),
+    and max_time / MaxTimeCriteria would end rows at different tokens on different ranks. A
+    ShardedCausalLM has no forward of its own for output_scores / output_logits."""
+    from transformers.generation.stopping_criteria import MaxTimeCriteria
+
+    if opts.extra.get("max_time") is not None or any(isinstance(c, MaxTimeCriteria) for c in limits.host or ()):
+        raise ValueError("max_time (MaxTimeCriteria) with tensor parallelism: each rank's clock would stop rows at "
+                         "different tokens; use max_new_tokens / stop_strings")
+    if isinstance(target, ShardedCausalLM) and (opts.extra.get("output_scores") or opts.extra.get("output_logits")):
+        raise ValueError("output_scores / output_logits need the target's own forward, which a ShardedCausalLM does "
+                         "not have: load the target whole on each rank (process_group=), or drop them")
 
 
 def check_output(group, tokens: torch.Tensor) -> None:

@@ -6,12 +6,7 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 from .max_length import resolve_max_new_tokens
-from .rules import HANDLED_FIELDS, check_option, field_defaults
-
-# Options beyond HANDLED_FIELDS that the engine implements: their non-neutral values reach it in
-# Options.extra instead of raising (an option landing in the engine is one name added here, or
-# passed as resolve_options(..., implemented=)). E.g. "stopping_criteria", "repetition_penalty".
-ENGINE_IMPLEMENTS = frozenset()
+from .rules import ENGINE_IMPLEMENTS, HANDLED_FIELDS, check_option, field_defaults
 
 
 @dataclass

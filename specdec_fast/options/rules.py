@@ -17,7 +17,7 @@ Every option name falls in one class (``option_class``):
   Names neither transformers nor we know raise too.
 
 An option turns from unsupported into handled in one place: the ``implemented`` set of names
-the caller passes (resolve.ENGINE_IMPLEMENTS by default). Its non-neutral value then
+the caller passes (ENGINE_IMPLEMENTS below by default). Its non-neutral value then
 reaches the caller (Options.extra) instead of raising; its neutral values stay ignored.
 
 Nothing here imports transformers until a rule is first asked for (``import specdec_fast`` does
@@ -26,6 +26,23 @@ not import it).
 import re
 from functools import lru_cache
 from numbers import Real
+
+# Options the engine implements beyond HANDLED_FIELDS (their non-neutral values reach it in
+# Options.extra): the logits stage's (engine/logits_stage.py: transformers' processors, the
+# penalties, the warpers the kernels lack, a user's logits_processor). frequency_penalty and
+# presence_penalty are vLLM's / OpenAI's, not transformers' (extra keyword arguments).
+LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                        "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens",
+                        "begin_suppress_tokens", "typical_p", "epsilon_cutoff", "eta_cutoff", "logits_processor")
+# Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
+STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
+# The draft length's schedule (engine/schedule.py): "adaptive" (ours; the default when a call gives
+# no K), transformers' "heuristic" / "heuristic_transient" (served by the adaptive schedule: speed
+# only, never the output), "constant".
+SCHEDULE_OPTIONS = ("num_assistant_tokens_schedule",)
+# Outputs: more rows (num_return_sequences) and transformers' output dict (engine/outputs.py).
+OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits")
+ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
 HANDLED_FIELDS = frozenset({
@@ -49,7 +66,6 @@ ACCEPTED = {
     "disable_compile": "whether transformers compiles its forward",
     "continuous_batching_config": "transformers' continuous batching",
     "low_memory": "how transformers batches contrastive search",
-    "num_assistant_tokens_schedule": "how transformers varies its draft length (speed only; we draft a constant K)",
     "assistant_confidence_threshold": "when transformers' draft stops early (speed only)",
     "assistant_lookbehind": "re-encoding across two tokenizers (we need one shared vocabulary)",
     "target_lookbehind": "re-encoding across two tokenizers (we need one shared vocabulary)",
@@ -60,6 +76,11 @@ ACCEPTED = {
     "transformers_version": "metadata", "_from_model_config": "metadata", "_commit_hash": "metadata",
     "_original_object_hash": "metadata",
 }
+
+
+class UnsupportedOptionError(ValueError):
+    """An option at a value specdec_fast does not implement (or a name it does not know): what
+    patch_generate's fallback hands to transformers' own generate."""
 
 
 def _is_none(value) -> bool:
@@ -151,7 +172,7 @@ def neutral_text(name: str) -> str:
     return " or ".join(f"{name}={value!r}" for value in neutral_values(name)[::-1])
 
 
-def option_class(name: str, implemented=frozenset()) -> str:
+def option_class(name: str, implemented=ENGINE_IMPLEMENTS) -> str:
     """"handled", "accepted" or "unsupported" (see the module docstring); "unknown" for a name that is
     neither a GenerationConfig field nor a keyword argument of transformers' generate() or ours."""
     if name in HANDLED_FIELDS or name in API_ARGUMENTS or name in implemented:
@@ -175,7 +196,7 @@ def short_repr(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_option(name: str, value, where: str, implemented=frozenset()) -> bool:
+def check_option(name: str, value, where: str, implemented=ENGINE_IMPLEMENTS) -> bool:
     """Apply the rule to one option from ``where`` ("keyword argument", "generation_config", ...):
     True when its value must reach the caller (a handled option that is not neutral), False when it
     changes nothing (accepted, or neutral), ValueError naming the option and value otherwise."""
@@ -186,15 +207,15 @@ def check_option(name: str, value, where: str, implemented=frozenset()) -> bool:
         return name in HANDLED_FIELDS or not is_neutral(name, value)
     origin = "" if where == "keyword argument" else f" (from {where})"
     if kind == "unknown":
-        raise ValueError(f"unsupported generate option {name!r}{origin}: not a GenerationConfig field nor a generate() "
-                         "argument specdec_fast knows")
+        raise UnsupportedOptionError(f"unsupported generate option {name!r}{origin}: not a GenerationConfig field nor a "
+                                     "generate() argument specdec_fast knows")
     if is_neutral(name, value):
         return False
-    raise ValueError(f"unsupported generate option {name}={short_repr(value)}{origin}: specdec_fast supports only "
-                     f"{neutral_text(name)}")
+    raise UnsupportedOptionError(f"unsupported generate option {name}={short_repr(value)}{origin}: specdec_fast "
+                                 f"supports only {neutral_text(name)}")
 
 
-def classification(implemented=frozenset()) -> dict:
+def classification(implemented=ENGINE_IMPLEMENTS) -> dict:
     """{"handled": [...], "accepted": [...], "unsupported": [...]}: every GenerationConfig field and
     every keyword argument of transformers' generate() we know, by class (the README's table)."""
     names = set(field_defaults()) | set(GENERATE_ARGUMENTS) | set(ACCEPTED) | API_ARGUMENTS | set(implemented)

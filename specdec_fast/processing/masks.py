@@ -55,12 +55,19 @@ class SuppressTokens:
 
 class LengthMask:
     """ids -inf at the positions whose prefix length L satisfies ``L < threshold`` (kind "below")
-    or ``L == threshold`` (kind "equal")."""
+    or ``L == threshold`` (kind "equal"). threshold_of(P) -> int gives the threshold for a prompt
+    width P; it is kept in a device tensor that set_prompt_width re-fills in place, so one mask
+    (and a CUDA graph that captured it) serves calls of any prompt width."""
 
-    def __init__(self, ids, threshold: int, kind: str, vocab_size: int, device):
+    def __init__(self, ids, threshold_of, kind: str, vocab_size: int, device, prompt_width: int):
         if kind not in ("below", "equal"):
             raise ValueError(f"kind must be 'below' or 'equal', got {kind!r}")
-        self.ids, self.threshold, self.kind = _columns(ids, vocab_size, device), int(threshold), kind
+        self.ids, self.kind, self.threshold_of = _columns(ids, vocab_size, device), kind, threshold_of
+        self.threshold = torch.zeros((), dtype=torch.long, device=device)
+        self.set_prompt_width(prompt_width)
+
+    def set_prompt_width(self, prompt_width: int) -> None:
+        self.threshold.fill_(int(self.threshold_of(prompt_width)))
 
     def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
         lengths = prefixes.lengths  # [B, N]
@@ -69,14 +76,14 @@ class LengthMask:
         logits.index_copy_(2, self.ids, torch.where(hit[:, :, None], float("-inf"), columns))
 
 
-def min_length_mask(eos_ids, min_length: int, vocab_size: int, device) -> LengthMask:
-    """MinLengthLogitsProcessor(min_length, eos)."""
-    return LengthMask(eos_ids, min_length, "below", vocab_size, device)
+def min_length_mask(eos_ids, min_length: int, vocab_size: int, device, prompt_width: int = 0) -> LengthMask:
+    """MinLengthLogitsProcessor(min_length, eos): an absolute length (the prompt counts)."""
+    return LengthMask(eos_ids, lambda _: min_length, "below", vocab_size, device, prompt_width)
 
 
 def min_new_tokens_mask(eos_ids, prompt_width: int, min_new_tokens: int, vocab_size: int, device) -> LengthMask:
     """MinNewTokensLengthLogitsProcessor(P, min_new_tokens, eos): L - P < min_new <=> L < P + min_new."""
-    return LengthMask(eos_ids, prompt_width + min_new_tokens, "below", vocab_size, device)
+    return LengthMask(eos_ids, lambda width: width + min_new_tokens, "below", vocab_size, device, prompt_width)
 
 
 def begin_index(prompt_width: int, forced_bos_token_id=None) -> int:
@@ -85,4 +92,5 @@ def begin_index(prompt_width: int, forced_bos_token_id=None) -> int:
 
 
 def begin_suppress_mask(ids, prompt_width: int, vocab_size: int, device, forced_bos_token_id=None) -> LengthMask:
-    return LengthMask(ids, begin_index(prompt_width, forced_bos_token_id), "equal", vocab_size, device)
+    return LengthMask(ids, lambda width: begin_index(width, forced_bos_token_id), "equal", vocab_size, device,
+                      prompt_width)

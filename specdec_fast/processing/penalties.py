@@ -92,9 +92,10 @@ def column_counts(prefixes: Prefixes, begin: torch.Tensor, columns: torch.Tensor
     return counts + hits.sum(-1, dtype=torch.int32)
 
 
-def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width: int, repetition_penalty: float = 1.0,
+def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width, repetition_penalty: float = 1.0,
                      frequency_penalty: float = 0.0, presence_penalty: float = 0.0, start=None) -> None:
-    """logits [B, N, V] penalised in place (module docstring); start int64 [B] or None (0)."""
+    """logits [B, N, V] penalised in place (module docstring); prompt_width: P, an int or an int64
+    device tensor (0-dim: one value for a call that graphs replay); start int64 [B] or None (0)."""
     repetition_penalty, frequency_penalty, presence_penalty = check_penalties(
         repetition_penalty, frequency_penalty, presence_penalty)
     batch, n, vocab = logits.shape
@@ -107,7 +108,8 @@ def apply_penalties_(logits: torch.Tensor, prefixes: Prefixes, *, prompt_width: 
         seen = column_counts(prefixes, begin, columns, vocab) > 0
         x = torch.where(seen, torch.where(x < 0, x * repetition_penalty, x / repetition_penalty), x)
     if frequency_penalty != 0.0 or presence_penalty != 0.0:
-        begin = torch.full((batch,), prompt_width, dtype=torch.long, device=dev)
+        begin = prompt_width.long().expand(batch) if isinstance(prompt_width, torch.Tensor) else \
+            torch.full((batch,), prompt_width, dtype=torch.long, device=dev)
         counts = column_counts(prefixes, begin, columns, vocab).float()
         if frequency_penalty != 0.0:
             x = x - frequency_penalty * counts

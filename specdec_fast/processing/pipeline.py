@@ -32,8 +32,7 @@ from numbers import Integral
 
 import torch
 
-from .masks import (SuppressTokens, begin_suppress_mask, min_length_mask, min_new_tokens_mask, nonnegative_int,
-                    token_list)
+from .masks import LengthMask, SuppressTokens, begin_suppress_mask, min_new_tokens_mask, nonnegative_int, token_list
 from .ngram import NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes
@@ -52,12 +51,15 @@ NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "prese
 
 
 class _Penalties:
-    def __init__(self, prompt_width: int, repetition: float, frequency: float, presence: float):
-        self.kwargs = dict(prompt_width=prompt_width, repetition_penalty=repetition, frequency_penalty=frequency,
-                           presence_penalty=presence)
+    def __init__(self, prompt_width: int, repetition: float, frequency: float, presence: float, device):
+        self.prompt_width = torch.full((), prompt_width, dtype=torch.long, device=device)  # re-filled per call
+        self.kwargs = dict(repetition_penalty=repetition, frequency_penalty=frequency, presence_penalty=presence)
+
+    def set_prompt_width(self, prompt_width: int) -> None:
+        self.prompt_width.fill_(prompt_width)
 
     def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
-        apply_penalties_(logits, prefixes, start=prefixes.start, **self.kwargs)
+        apply_penalties_(logits, prefixes, prompt_width=self.prompt_width, start=prefixes.start, **self.kwargs)
 
 
 def _eos_list(eos) -> list:
@@ -92,7 +94,7 @@ class LogitsProcessing:
     """
 
     def __init__(self, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
-                 fused_penalties: bool = False, **options):
+                 fused_penalties: bool = False, min_length_follows_min_new: bool = False, **options):
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise ValueError(f"unknown logits processing option(s) {unknown}; known: {sorted(OPTIONS)}")
@@ -100,8 +102,11 @@ class LogitsProcessing:
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.vocab_size, self.prompt_width, self.device = int(vocab_size), int(prompt_width), torch.device(device)
+        # from_options: min_length is generate()'s min_new_tokens + P (it follows P call by call).
+        self.min_length_follows_min_new = bool(min_length_follows_min_new)
         self._init_args = dict(prompt_width=prompt_width, device=device, logits_processor=logits_processor,
-                               fused_penalties=fused_penalties, **options)
+                               fused_penalties=fused_penalties, min_length_follows_min_new=min_length_follows_min_new,
+                               **options)
         opt = {name: default if options.get(name) is None else options[name] for name, default in OPTIONS.items()}
         penalties = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"], opt["presence_penalty"])
         self.typical_p, self.epsilon_cutoff, self.eta_cutoff = check_warpers(
@@ -136,14 +141,15 @@ class LogitsProcessing:
             slots.append(("SequenceBiasLogitsProcessor",
                           SequenceBias(parse_sequence_bias(opt["sequence_bias"], V), V, dev)))
         if penalties != tuple(NEUTRAL_PENALTIES.values()):
-            slots.append(("RepetitionPenaltyLogitsProcessor", _Penalties(P, *penalties)))
+            slots.append(("RepetitionPenaltyLogitsProcessor", _Penalties(P, *penalties, dev)))
         if ngram > 0:
             slots.append(("NoRepeatNGramLogitsProcessor", NoRepeatNGram(ngram)))
         if opt["bad_words_ids"] is not None:
             slots.append(("NoBadWordsLogitsProcessor",
                           SequenceBias(parse_bad_words(opt["bad_words_ids"], V, eos), V, dev)))
         if eos and min_length > 0:  # transformers builds the two EOS masks only with an EOS id
-            slots.append(("MinLengthLogitsProcessor", min_length_mask(eos, min_length, V, dev)))
+            min_length_of = (lambda width: width + min_new) if self.min_length_follows_min_new else (lambda _: min_length)
+            slots.append(("MinLengthLogitsProcessor", LengthMask(eos, min_length_of, "below", V, dev, P)))
         if eos and min_new > 0:
             slots.append(("MinNewTokensLengthLogitsProcessor", min_new_tokens_mask(eos, P, min_new, V, dev)))
         if opt["suppress_tokens"] is not None:
@@ -187,10 +193,22 @@ class LogitsProcessing:
         (_prepare_generated_length)."""
         values = config if isinstance(config, dict) else config.to_dict()
         options = {name: values.get(name) for name in OPTIONS if values.get(name) is not None}
-        if options.get("min_new_tokens") is not None:
+        follows = options.get("min_new_tokens") is not None
+        if follows:
             options["min_length"] = nonnegative_int(options["min_new_tokens"], "min_new_tokens") + prompt_width
         return cls(vocab_size=vocab_size, prompt_width=prompt_width, device=device, logits_processor=logits_processor,
-                   fused_penalties=fused_penalties, **options)
+                   fused_penalties=fused_penalties, min_length_follows_min_new=follows, **options)
+
+    def set_prompt_width(self, prompt_width: int) -> None:
+        """Another call's prompt width P: every value that depends on it (length thresholds, where
+        the generated tokens begin) re-filled in place, so the stages, and a CUDA graph that
+        captured them, serve calls of any prompt width."""
+        if isinstance(prompt_width, bool) or not isinstance(prompt_width, Integral) or prompt_width < 1:
+            raise ValueError(f"prompt_width must be an int >= 1, got {prompt_width!r}")
+        self.prompt_width = int(prompt_width)
+        for stage in self.stages:
+            if hasattr(stage, "set_prompt_width"):
+                stage.set_prompt_width(self.prompt_width)
 
     def with_vocab(self, vocab_size: int) -> "LogitsProcessing":
         """The same options for logits of another vocabulary size (e.g. the draft model's)."""

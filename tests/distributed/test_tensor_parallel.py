@@ -9,7 +9,8 @@ that the call's agreement turns into one line on every rank (another prompt, a b
 group usable after; a rank failing mid-call (its process alive) ends every rank with its line
 within seconds, and the group refuses later calls.
 2 ranks (ranks 0 and 1): the demo pair (greedy, seeded sampling with top-k / top-p, the static
-graph twin, a sharded draft, prompt lookup, plain decoding, a token tree), tiny Llama (MHA) and
+graph twin, a sharded draft, prompt lookup, plain decoding, a token tree; calls that would take
+the adaptive K schedule alone run at a constant K, with rank 1's schedule rigged), tiny Llama (MHA) and
 Qwen2 through generate(process_group=) and SpeculativeEngine(process_group=), a checkpoint read
 slice by slice (ShardedCausalLM.from_pretrained): every rank's tokens equal the single process's
 and every other rank's; a chi-square of 2000 sampled rows against the target's distribution.
@@ -80,6 +81,9 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
                 "self_attn.o_proj.weight": (48, 24), "mlp.up_proj.weight": (48, 48), "mlp.down_proj.weight": (48, 48)}
     for name, shape in expected.items():
         _check(problems, shapes[f"model.layers.0.{name}"] == shape, f"{name}: shard {shapes[f'model.layers.0.{name}']}")
+    for rank in (0, 1):  # a constant K under tensor parallelism (the adaptive schedule's choice is per rank)
+        seen = results[rank]["2 ranks"]["adaptive K under TP"]
+        _check(problems, seen == [(None, 4.0, "constant")] * 2, f"rank {rank} adaptive K under TP: {seen}")
     tokens, alpha = results[0]["2 ranks"]["chi-square"]
     _check(problems, tokens == two["chi-square"][0], "chi-square rows: the ranks' tokens differ")
     _check(problems, 0.2 < alpha < 0.95, f"chi-square alpha {alpha}: the test needs accepted and rejected drafts")

@@ -201,3 +201,21 @@ def test_tensor_parallel_graphs_are_opt_in():
     assert mode == "eager" and "pass cuda_graphs=True" in note
     assert resolve_graph_mode(True, Runner(), None, None, cuda) == ("cuda_graphs", None)
     assert resolve_graph_mode("static", Runner(), None, None, torch.device("cpu"))[0] == "static"
+
+
+def test_what_a_tensor_parallel_call_refuses():
+    """Nothing a rank decides from its own clock may steer the loop: max_time (or a MaxTimeCriteria)
+    is refused before any collective; the same options pass without tensor parallelism's check."""
+    from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
+
+    from specdec_fast.engine.stopping import call_limits
+    from specdec_fast.engine.tensor_parallel import check_tp_call
+    from specdec_fast.options import resolve_options
+
+    target = make_model("llama")
+    for extra in (dict(max_time=5.0), dict(stopping_criteria=StoppingCriteriaList([MaxTimeCriteria(5.0)]))):
+        opts = resolve_options(target, None, dict(max_new_tokens=4, **extra), 3)
+        with pytest.raises(ValueError, match="max_time .* with tensor parallelism"):
+            check_tp_call(target, opts, call_limits(opts, 3, None))
+    opts = resolve_options(target, None, dict(max_new_tokens=4, repetition_penalty=1.1), 3)
+    check_tp_call(target, opts, call_limits(opts, 3, None))  # a token-only option: fine

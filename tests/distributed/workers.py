@@ -95,6 +95,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         "plain": dict(assistant_model=None, do_sample=True, seed=4),
         "tree": dict(do_sample=False, tree=TokenTree.from_branching([2, 2])),
     }, group)
+    out.update(_adaptive_k(specdec_fast, target, draft, ids, group))
     pids, pmask = left_padded_prompts([5, 9], seed=1)
     for kind in ("llama", "qwen2"):  # MHA (heads split); GQA (KV heads split) with q/k/v biases
         tgt, drf = tiny(kind)
@@ -122,6 +123,34 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
                                           temperature=CHI_TEMPERATURE, max_new_tokens=2, seed=123, process_group=group,
                                           return_stats=True)
     out["chi-square"] = (tokens[:, rows.shape[1]:].tolist(), stats.alpha)
+    return out
+
+
+def _adaptive_k(specdec_fast, target, draft, ids, group) -> dict:
+    """Calls that would take the adaptive K schedule in one process (greedy without K; a sampled
+    call naming the schedule) run at a constant K under tensor parallelism: the schedule chooses
+    from this rank's own step times, and ranks choosing different Ks would issue different
+    collectives. Rank 1's schedule is rigged to choose K = 1 whenever asked (as a rank with other
+    timings might) while rank 0's starts at 4: if either were consulted the ranks would part."""
+    from specdec_fast.engine.schedule import AdaptiveK
+
+    rank, out, choose = dist.get_rank(), {}, AdaptiveK.choose
+    kw = dict(assistant_model=draft, max_new_tokens=MAX_NEW, pad_token_id=0)
+    single_greedy = specdec_fast.generate(target, ids, do_sample=False, **kw)
+    single_sampled = specdec_fast.generate(target, ids, do_sample=True, seed=9, num_assistant_tokens=4, **kw)
+    if rank == 1:
+        AdaptiveK.choose = lambda self, remaining=None: self.ks[0]
+    try:
+        greedy, greedy_stats = specdec_fast.generate(target, ids, do_sample=False, process_group=group,
+                                                     return_stats=True, **kw)
+        sampled, sampled_stats = specdec_fast.generate(target, ids, do_sample=True, seed=9, process_group=group,
+                                                       num_assistant_tokens_schedule="adaptive", return_stats=True, **kw)
+    finally:
+        AdaptiveK.choose = choose
+    out["adaptive greedy"] = (single_greedy.tolist(), greedy.tolist())
+    out["adaptive sampled"] = (single_sampled.tolist(), sampled.tolist())
+    out["adaptive K under TP"] = [(s.schedule, s.mean_k, s.extra["tensor_parallel"]["k_schedule"])
+                                  for s in (greedy_stats, sampled_stats)]
     return out
 
 

@@ -79,21 +79,16 @@ def test_generate_keywords_that_change_nothing_are_accepted(pair, baseline, kwar
 
 
 NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere it is given
-    ("num_beams", 2), ("num_beams", True), ("num_return_sequences", 2), ("repetition_penalty", 1.2),
-    ("encoder_repetition_penalty", 1.1), ("length_penalty", 0.5), ("no_repeat_ngram_size", 2), ("typical_p", 0.5),
-    ("epsilon_cutoff", 0.01), ("eta_cutoff", 0.01), ("top_h", 0.5), ("min_length", 8), ("min_new_tokens", 2),
-    ("max_time", 1.0), ("stop_strings", ["w5"]), ("bad_words_ids", [[5]]), ("suppress_tokens", [5]),
-    ("begin_suppress_tokens", [5]), ("sequence_bias", {(5,): 1.0}), ("forced_bos_token_id", 3),
+    ("num_beams", 2), ("num_beams", True),
+    ("encoder_repetition_penalty", 1.1), ("length_penalty", 0.5), ("top_h", 0.5),
+    ("forced_bos_token_id", 3),
     ("forced_eos_token_id", 3), ("exponential_decay_length_penalty", (2, 1.1)), ("guidance_scale", 1.5),
     ("renormalize_logits", True), ("remove_invalid_values", True), ("token_healing", True), ("early_stopping", True),
-    ("output_attentions", True), ("output_hidden_states", True), ("output_scores", True), ("output_logits", True),
-    ("return_dict_in_generate", True), ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
+    ("output_attentions", True), ("output_hidden_states", True), ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
     ("assistant_early_exit", 1), ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),
 ]
 NOT_NEUTRAL_KWARGS = [  # generate()'s own keyword arguments (not GenerationConfig fields)
-    ("stopping_criteria", StoppingCriteriaList([MaxLengthCriteria(8)])),
-    ("logits_processor", LogitsProcessorList([TemperatureLogitsWarper(0.5)])),
     ("prefix_allowed_tokens_fn", lambda batch_id, ids: [5]), ("synced_gpus", True),
     ("negative_prompt_ids", torch.zeros(2, 3, dtype=torch.long)), ("custom_generate", lambda *a, **k: None),
     ("past_key_values", object()), ("inputs_embeds", torch.zeros(2, 6, 48)), ("position_ids", torch.zeros(2, 6)),
@@ -113,8 +108,8 @@ def test_a_value_that_changes_the_output_raises_naming_the_option(pair, name, va
         assert option_rules.short_repr(value) in message and "supports only" in message
 
 
-@pytest.mark.parametrize("name, value", [("num_beams", 2), ("repetition_penalty", 1.2), ("output_scores", True),
-                                         ("max_time", 1.0), ("stop_strings", ["w5"])])
+@pytest.mark.parametrize("name, value", [("num_beams", 2), ("diversity_penalty", 1.2), ("output_hidden_states", True),
+                                         ("length_penalty", 0.5), ("num_beam_groups", 2)])
 def test_a_non_neutral_field_in_a_config_names_where_it_came_from(pair, name, value):
     target, draft = pair
     with pytest.raises(ValueError, match=f"unsupported generate option {name}=.* \\(from generation_config\\)"):
@@ -129,19 +124,24 @@ def test_a_non_neutral_field_in_a_config_names_where_it_came_from(pair, name, va
 
 
 def test_a_neutral_value_overrides_a_non_neutral_model_default(pair, baseline):
-    """Checked after merging, as transformers merges: the value that counts is the one that decodes."""
+    """Checked after merging, as transformers merges: the value that counts is the one that decodes.
+    A checkpoint's repetition_penalty (Qwen2.5 Instruct ships 1.05) applies as model.generate
+    applies it; a neutral keyword or config value overrides it."""
     target, draft = pair
-    target.generation_config.repetition_penalty = 1.3
+    target.generation_config.repetition_penalty = 20.0  # large: the few tokens of this test change
     try:
         as_keyword = api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=NEW, do_sample=False,
                                   repetition_penalty=1.0)
         in_config = api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=NEW, do_sample=False,
                                  generation_config=GenerationConfig(repetition_penalty=1.0))
-        with pytest.raises(ValueError, match="repetition_penalty=1.3 .from model.generation_config"):
-            api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=NEW)
+        longer = dict(max_new_tokens=24, do_sample=False)  # long enough for the penalty to change a token
+        from_model = api.generate(target, IDS, MASK, assistant_model=draft, **longer)
+        expected = target.generate(IDS, attention_mask=MASK, **longer)
+        neutral = api.generate(target, IDS, MASK, assistant_model=draft, repetition_penalty=1.0, **longer)
     finally:
         target.generation_config.repetition_penalty = None
     assert torch.equal(as_keyword, baseline) and torch.equal(in_config, baseline)
+    assert torch.equal(from_model, expected) and not torch.equal(from_model, neutral)
 
 
 def test_every_argument_of_transformers_generate_is_classified():
@@ -172,8 +172,13 @@ def test_implemented_options_reach_the_caller(pair):
     assert resolve_options(target, config, dict(max_new_tokens=NEW), 6, implemented=implemented).extra == {
         "repetition_penalty": 1.5}
     with pytest.raises(ValueError, match="stopping_criteria=StoppingCriteriaList"):
-        resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1])
-    assert generation_options.ENGINE_IMPLEMENTS == frozenset()  # today: nothing beyond HANDLED_FIELDS
+        resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1],
+                        implemented={"repetition_penalty"})
+    # The engine implements the logits stage's options (engine/logits_stage.py), the stopping ones,
+    # the outputs and the draft length's schedule (engine/schedule.py).
+    assert generation_options.ENGINE_IMPLEMENTS == frozenset(
+        option_rules.LOGITS_STAGE_OPTIONS + option_rules.STOPPING_OPTIONS + option_rules.SCHEDULE_OPTIONS
+        + option_rules.OUTPUT_OPTIONS)
 
 
 def test_the_readme_table_is_the_classification():

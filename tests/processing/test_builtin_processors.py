@@ -138,3 +138,21 @@ def test_get_logits_processor_of_a_generation_config():
     expected, valid = oracle(make, case)
     assert_same(processing.apply_(case.logits.clone(), case.seq, case.end, case.drafts, start=case.start),
                 expected, valid)
+
+
+def test_one_processing_serves_calls_of_any_prompt_width():
+    """An engine keeps one LogitsProcessing across calls (its stages are what a CUDA graph
+    captured): set_prompt_width(P) makes it give what one built at P gives, for every stage that
+    depends on P (min_new_tokens, min_length from min_new_tokens, begin_suppress, the penalties'
+    generated-token start)."""
+    options = dict(min_new_tokens=4, eos_token_id=[EOS, 9], begin_suppress_tokens=[1, 2], frequency_penalty=0.5,
+                   presence_penalty=0.25, repetition_penalty=1.2, suppress_tokens=[7])
+    reused = LogitsProcessing.from_options(options, vocab_size=50, prompt_width=11, device="cpu")
+    for prompt_lengths in [(6, 3, 1), (2, 2, 2), (9, 1, 4)]:
+        case = random_case(5, prompt_lengths=prompt_lengths)
+        fresh = LogitsProcessing.from_options(options, vocab_size=50, prompt_width=case.prompt_width, device="cpu")
+        reused.set_prompt_width(case.prompt_width)
+        args = (case.seq, case.end, case.drafts)
+        assert torch.equal(reused.apply_(case.logits.clone(), *args, start=case.start),
+                           fresh.apply_(case.logits.clone(), *args, start=case.start))
+        assert not torch.equal(fresh.apply_(case.logits.clone(), *args, start=case.start), case.logits)

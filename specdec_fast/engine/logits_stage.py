@@ -1,0 +1,155 @@
+"""LogitsStage: what a decoder does to the logits between a forward and the kernels that sample
+from them, for calls with transformers' logits processors or penalties (docs/architecture.md §9).
+
+Three parts, each present only when the call asks for it:
+  - processing (specdec_fast/processing/, LogitsProcessing): the device-side processors per
+    speculative position (sequence_bias, no_repeat_ngram_size, bad_words_ids, min_length,
+    min_new_tokens, suppress_tokens, begin_suppress_tokens), the user's logits_processor list
+    (eager), and the warpers the kernels lack (typical_p, epsilon_cutoff, eta_cutoff:
+    standardise_all, after which the kernels sample with temperature 1 and no truncation);
+  - penalties (kernels/penalties): repetition_penalty (transformers' semantics, the prompt's
+    left pads skipped as generate() does), frequency_penalty and presence_penalty (vLLM's), fused
+    into chain_verify and the draft's sample kernel from a per-row token-count state [R, V] kept
+    on the device and updated in place after every append (no [R, K+1, V] copy of the logits);
+    where processing must run them itself (a user processor or the warpers come after them in
+    transformers' order) they run there instead;
+  - the draft side: each draft is proposed from its logits processed the same way, with the
+    drafts before it in its prefix, so that the draft samples from what the verify calls p (the
+    exact rule holds for any draft; processing it only raises the acceptance).
+
+A stage belongs to one decoder and serves call after call: the tensors its steps read (counts,
+penalty parameters, length thresholds, the real sampling parameters of the warpers) are
+re-filled in place by begin_call, so graphs captured at an earlier call stay valid. The options
+that shape it (which processors, their static values) are part of the decoder's key (spec()).
+"""
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.penalties import PENALTIES, PenaltyTensors, add_tokens, make_penalty_tensors
+from ..kernels.sampling_params import SamplingTensors, fill_rows, make_sampling_tensors, static_sampling_tensors
+from ..options.rules import LOGITS_STAGE_OPTIONS
+from ..processing import LogitsProcessing
+
+# The options a stage implements (options/rules.py owns the list: the engine implements them).
+STAGE_OPTIONS = LOGITS_STAGE_OPTIONS
+_PENALTY_NAMES = {"repetition": "repetition_penalty", "frequency": "frequency_penalty", "presence": "presence_penalty"}
+
+
+def _freeze(value):
+    """A hashable form of an option value (lists and dicts of token ids, floats)."""
+    if isinstance(value, dict):
+        return tuple(sorted((_freeze(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.tolist()))
+    return value
+
+
+def spec(extra: dict, do_sample: bool):
+    """The hashable shape of a call's stage (a decoder key part), or None when the call needs none.
+    A user's logits_processor makes the stage eager (spec "user": a new stage every call)."""
+    values = {name: extra[name] for name in STAGE_OPTIONS if name in extra}
+    if not values:
+        return None
+    if values.get("logits_processor"):
+        return "user"
+    return (bool(do_sample), tuple(sorted((name, _freeze(v)) for name, v in values.items())))
+
+
+@dataclass
+class StageRequest:
+    """A call's logits-stage arguments: options (its STAGE_OPTIONS at non-neutral values),
+    eos_token_ids, do_sample, and params: its sampling parameters [B] (the warpers read them)."""
+
+    options: dict
+    eos_token_ids: list | None
+    do_sample: bool
+    params: SamplingTensors
+
+    @property
+    def spec(self):
+        return spec(self.options, self.do_sample)
+
+
+def kernel_params(request: "StageRequest | None", params: SamplingTensors, seed) -> SamplingTensors:
+    """The sampling parameters the kernels get: ``params``, or, when the call's warpers run in the
+    stage (typical_p / epsilon_cutoff / eta_cutoff), temperature 1 with no truncation and the same
+    seeds: the stage hands the kernels standardised logits."""
+    if request is None or not _warpers_on(request):
+        return params
+    return make_sampling_tensors(params.batch, params.temperature.device, temperature=1.0, seed=seed)
+
+
+def _warpers_on(request: StageRequest) -> bool:
+    options = request.options
+    return request.do_sample and ((options.get("typical_p") or 1.0) < 1.0 or (options.get("epsilon_cutoff") or 0.0) > 0
+                                  or (options.get("eta_cutoff") or 0.0) > 0)
+
+
+class LogitsStage:
+    """One decoder's logits stage (module docstring), built at the decoder's first call with a
+    request: rows: the decoder's rows; vocab: V; prompt_width: that call's P (later calls:
+    begin_call)."""
+
+    def __init__(self, request: StageRequest, *, rows: int, vocab: int, device, prompt_width: int):
+        self.rows, self.vocab, self.device = rows, vocab, device
+        values = {name: request.options[name] for name in STAGE_OPTIONS if name in request.options}
+        user = values.pop("logits_processor", None)
+        self.processing = LogitsProcessing.from_options(
+            dict(values, eos_token_id=request.eos_token_ids, do_sample=request.do_sample), vocab_size=vocab,
+            prompt_width=prompt_width, device=device, logits_processor=user, fused_penalties=True)
+        self.graph_safe, self.graph_note = self.processing.graph_safe, self.processing.graph_note
+        self.warpers = self.processing.warpers_here
+        kernel = self.processing.kernel_penalties  # neutral where processing runs them itself
+        active = frozenset(name for name, option in _PENALTY_NAMES.items()
+                           if kernel[option] != (1.0 if name == "repetition" else 0.0))
+        self.penalties = None
+        if active:
+            self.penalties = PenaltyTensors(
+                torch.zeros(rows, vocab, dtype=torch.int32, device=device),
+                *(torch.full((rows,), float(kernel[_PENALTY_NAMES[name]]), dtype=torch.float32, device=device)
+                  for name in PENALTIES), active=active)
+        self.float32 = self.processing.wants_float32
+        # The call's real sampling parameters [rows], re-filled per call (standardise_all reads them).
+        self.real_params = static_sampling_tensors(rows, device) if self.warpers else None
+
+    # -- per call -------------------------------------------------------------------------------
+    def begin_call(self, prompt, request: StageRequest) -> None:
+        """prompt: the call's PromptBatch (ids [R, P], mask [R, P]). Re-fills every tensor the
+        steps read, in place (graphs captured at an earlier call read them)."""
+        self.processing.set_prompt_width(prompt.ids.shape[1])
+        if self.penalties is not None:
+            # generate() skips the prompt's left pads (prompt_ignore_length): they are not tokens here.
+            fresh = make_penalty_tensors(prompt.ids.masked_fill(prompt.mask == 0, -1), self.vocab, check=False)
+            self.penalties.counts.copy_(fresh.counts)
+        if self.real_params is not None:
+            fill_rows(self.real_params, request.params)
+
+    # -- the steps (in place, no host sync unless a user processor runs) -------------------------
+    def target(self, logits: torch.Tensor, state, drafts: torch.Tensor) -> torch.Tensor:
+        """logits [R, K+1, V] of the target at the iteration's positions (drafts [R, K], -1
+        pads) -> the logits the verify kernel samples from (processed; standardised when the
+        warpers run here)."""
+        if self.float32 and logits.dtype != torch.float32:
+            logits = logits.float()
+        self.processing.apply_(logits, state.seq, state.end, drafts, start=state.start)
+        if self.warpers:
+            logits = self.processing.standardise(logits, self.real_params)
+        return logits
+
+    def draft(self, logits: torch.Tensor, state, drafted: torch.Tensor) -> torch.Tensor:
+        """logits [R, V] of the draft before its next draft (drafted [R, i]: the drafts so far)
+        -> the logits it samples from (processed like the target's at that position)."""
+        if self.float32 and logits.dtype != torch.float32:
+            logits = logits.float()
+        out = self.processing.apply_(logits[:, None, :], state.seq, state.end, drafted, start=state.start)
+        if self.warpers:
+            out = self.processing.standardise(out, self.real_params)
+        return out[:, 0]
+
+    def appended(self, tokens: torch.Tensor, emitted: torch.Tensor) -> None:
+        """After the append: tokens [R, W] of which emitted [R, W] (bool) went into the rows."""
+        if self.penalties is not None:
+            add_tokens(self.penalties.counts, tokens, emitted)

@@ -1,0 +1,77 @@
+"""generate()'s outputs beyond the tokens (specdec_fast/engine/outputs.py): return_dict_in_generate
+with output_scores / output_logits equal model.generate's at every step (fp32 tolerance), and
+num_return_sequences (rows expanded as transformers expands them, each its own random stream)."""
+import pytest
+import torch
+
+import specdec_fast.api as api
+
+from .conftest import model_pair
+from .models import left_padded_prompts
+
+NEW = 10
+
+
+def _both(target, draft, ids, mask, **options):
+    kw = dict(max_new_tokens=NEW, pad_token_id=0, output_scores=True, output_logits=True, return_dict_in_generate=True,
+              **options)
+    ours = api.generate(target, ids, mask, assistant_model=draft, **kw)
+    theirs = target.generate(ids, attention_mask=mask, **{k: v for k, v in kw.items() if k != "seed"})
+    return ours, theirs
+
+
+def _assert_steps_equal(ours, theirs):
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert len(ours.scores) == len(theirs.scores) == len(ours.logits) == len(theirs.logits)
+    for mine, hf in zip(ours.logits, theirs.logits):
+        torch.testing.assert_close(mine, hf, atol=1e-4, rtol=1e-4)
+    for mine, hf in zip(ours.scores, theirs.scores):
+        assert mine.dtype == hf.dtype == torch.float32 and mine.shape == hf.shape
+        assert torch.equal(torch.isinf(mine), torch.isinf(hf))
+        finite = torch.isfinite(hf)
+        torch.testing.assert_close(mine[finite], hf[finite], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("lengths", [[6], [5, 9, 3]])
+@pytest.mark.parametrize("options", [{}, dict(repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=4),
+                                     dict(eos_token_id=5)], ids=["plain", "processors", "eos"])
+def test_greedy_scores_and_logits_equal_generate(lengths, options):
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts(lengths, seed=len(lengths))
+    if options.get("min_new_tokens"):
+        options = dict(options, eos_token_id=5)
+    ours, theirs = _both(target, draft, ids, mask, do_sample=False, **options)
+    _assert_steps_equal(ours, theirs)
+
+
+def test_sampled_scores_are_after_the_warpers():
+    """top_k = 1 sampling is deterministic, so model.generate's steps are ours: its scores hold the
+    warpers' -inf and the temperature (0.7) as ours do."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=3)
+    ours, theirs = _both(target, draft, ids, mask, do_sample=True, top_k=1, temperature=0.7, repetition_penalty=1.2,
+                         seed=4)
+    _assert_steps_equal(ours, theirs)
+    assert all(int(torch.isfinite(s).sum()) == 3 for s in ours.scores)  # one token per row survives top_k = 1
+
+
+def test_a_dict_without_scores_and_plain_tokens_without_the_dict():
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([4, 6], seed=5)
+    kw = dict(assistant_model=draft, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    out = api.generate(target, ids, mask, return_dict_in_generate=True, **kw)
+    assert out.scores is None and out.logits is None
+    assert torch.equal(out.sequences, api.generate(target, ids, mask, output_scores=True, **kw))
+
+
+def test_num_return_sequences_expands_rows_with_their_own_streams():
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([4, 7], seed=6)
+    kw = dict(assistant_model=draft, max_new_tokens=8, do_sample=True, temperature=1.0, top_k=0, pad_token_id=0, seed=9)
+    out = api.generate(target, ids, mask, num_return_sequences=3, **kw)
+    assert out.shape[0] == 6
+    # What transformers' expansion gives: each row three times in a row, decoded as rows of their own.
+    assert torch.equal(out, api.generate(target, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), **kw))
+    assert len({tuple(r) for r in out[:3].tolist()}) > 1, "copies of one prompt draw their own streams"
+    with pytest.raises(ValueError, match="Greedy methods without beam search do not support `num_return_sequences`"):
+        api.generate(target, ids, mask, num_return_sequences=2, assistant_model=draft, do_sample=False, max_new_tokens=4)

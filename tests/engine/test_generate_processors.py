@@ -1,0 +1,234 @@
+"""generate() with transformers' logits processors and the penalties (engine/logits_stage.py):
+greedy output equals model.generate(do_sample=False, <option>) token for token (CPU fp32, paged
+and hf runners, batch 1 and 3 with left padding, a draft model and prompt lookup); sampled
+tokens follow the target's processed distribution (chi-square, every backend), with controls
+that show the test catches a processor applied with the wrong prefix."""
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation import logits_process as lp
+
+import specdec_fast
+import specdec_fast.api as api
+from specdec_fast.engine import logits_stage
+from specdec_fast.kernels import standardise
+from specdec_fast.kernels.sampling_params import make_sampling_tensors
+
+from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
+
+from .conftest import model_pair
+from .models import left_padded_prompts, make_draft, make_model
+
+NEW = 14
+
+
+class VllmPenalties(LogitsProcessor):
+    """frequency / presence penalties as vLLM applies them (generated tokens only), the oracle."""
+
+    def __init__(self, prompt_width: int, frequency: float, presence: float):
+        self.prompt_width, self.frequency, self.presence = prompt_width, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        generated = input_ids[:, self.prompt_width:]
+        counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+class BanEvenAfterOdd(LogitsProcessor):
+    """A user's processor whose output depends on the last token of its input_ids."""
+
+    def __call__(self, input_ids, scores):
+        odd = (input_ids[:, -1] % 2 == 1)[:, None]
+        even = (torch.arange(scores.shape[-1]) % 2 == 0)[None, :]
+        return scores.masked_fill(odd & even, float("-inf"))
+
+
+OPTIONS = {
+    "repetition_penalty": dict(repetition_penalty=1.6),
+    "no_repeat_ngram_size": dict(no_repeat_ngram_size=2),
+    "min_new_tokens": dict(min_new_tokens=9, eos_token_id=[5, 9]),
+    "min_length": dict(min_length=12, eos_token_id=5),
+    "suppress_tokens": dict(suppress_tokens=[3, 4, 11]),
+    "begin_suppress_tokens": dict(begin_suppress_tokens=[7, 8, 40]),
+    "bad_words_ids": dict(bad_words_ids=[[6], [20, 21], [3, 3, 3]]),
+    "sequence_bias": dict(sequence_bias={(9,): 4.0, (12, 13): 3.0, (5,): -5.0}),
+    "chat": dict(repetition_penalty=1.3, min_new_tokens=6, no_repeat_ngram_size=3, suppress_tokens=[1],
+                 eos_token_id=2),
+    "logits_processor": dict(logits_processor=LogitsProcessorList([BanEvenAfterOdd()])),
+}
+
+
+def _drafting(kind, draft):
+    return {"draft": dict(assistant_model=draft, num_assistant_tokens=3), "lookup": dict(prompt_lookup_num_tokens=3),
+            "plain": {}}[kind]
+
+
+@pytest.mark.parametrize("lengths", [[6], [5, 9, 3]])
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_greedy_equals_generate(name, lengths):
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts(lengths, seed=len(lengths) + 7)
+    options = OPTIONS[name]
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0, **options)
+    for drafting in ("draft", "lookup", "plain"):
+        for graphs in ("static", False):
+            out, stats = api.generate(target, ids, mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                                      cuda_graphs=graphs, return_stats=True, **_drafting(drafting, draft), **options)
+            assert torch.equal(out, expected), (drafting, graphs)
+            if name == "logits_processor" and graphs == "static":
+                assert stats.graph_mode == "eager" and "logits_processor" in (stats.graph_note or "")
+
+
+@pytest.mark.parametrize("name", ["repetition_penalty", "chat", "logits_processor"])
+def test_greedy_equals_generate_on_the_hf_runner(name):
+    target, draft = model_pair("qwen2")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=3)
+    options = OPTIONS[name]
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0, **options)
+    out = api.generate(target, ids, mask, assistant_model=draft, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                       runner="hf", **options)
+    assert torch.equal(out, expected)
+
+
+def test_frequency_and_presence_penalties_equal_vllms_rule():
+    """Not transformers options: the oracle is model.generate with a processor written as vLLM
+    applies them (generated tokens only), combined with transformers' repetition_penalty."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=4)
+    oracle = LogitsProcessorList([VllmPenalties(ids.shape[1], 0.8, 0.6)])
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                               repetition_penalty=1.2, logits_processor=oracle)
+    for drafting in ("draft", "plain"):
+        out = api.generate(target, ids, mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0, repetition_penalty=1.2,
+                           frequency_penalty=0.8, presence_penalty=0.6, cuda_graphs="static", **_drafting(drafting, draft))
+        assert torch.equal(out, expected), drafting
+
+
+def test_one_engine_serves_calls_with_processors_call_after_call():
+    """Calls of other prompt widths and lengths on one engine reuse the decoder's graphs (the
+    stage is re-filled in place) and still equal model.generate."""
+    target, draft = model_pair("llama")
+    engine = specdec_fast.SpeculativeEngine(target, draft, max_batch_size=4, max_seq_len=64, cuda_graphs="static")
+    options = OPTIONS["chat"]
+    for i, lengths in enumerate([[5, 9, 3], [2, 4], [11, 1, 6, 7], [3]]):
+        ids, mask = left_padded_prompts(lengths, seed=20 + i)
+        expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                                   **options)
+        out, stats = engine.generate(ids, mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0, return_stats=True,
+                                     **options)
+        assert torch.equal(out, expected), lengths
+        if i == 2:  # the bucket of 4 again (the first call's): its graphs are replayed
+            assert stats.graphs_captured == 0
+
+
+def test_processors_with_a_tree_raise_one_clear_line():
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([4], seed=1)
+    with pytest.raises(ValueError, match="repetition_penalty with tree=...: logits processors and penalties run on chains"):
+        api.generate(target, ids, mask, assistant_model=draft, tree=True, repetition_penalty=1.1, max_new_tokens=4)
+
+
+# -- sampling: chi-square against the target's processed distribution ------------------------------
+VOCAB, ROWS = 12, 2400
+PROMPT = torch.tensor([[3, 7, 3, 9]])
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    target = make_model("llama", vocab=VOCAB, init_std=0.5, seed=5)
+    target.generation_config.eos_token_id = None
+    return target, make_draft(target, noise=0.4, seed=6)
+
+
+SAMPLED = {
+    "repetition_penalty": dict(repetition_penalty=2.0),
+    "frequency_penalty": dict(frequency_penalty=1.5),
+    "presence_penalty": dict(presence_penalty=1.5),
+    "no_repeat_ngram_size": dict(no_repeat_ngram_size=1),
+}
+
+
+def _processors(options: dict, prompt_width: int) -> LogitsProcessorList:
+    out = LogitsProcessorList()
+    if "repetition_penalty" in options:
+        out.append(lp.RepetitionPenaltyLogitsProcessor(options["repetition_penalty"]))
+    if "no_repeat_ngram_size" in options:
+        out.append(lp.NoRepeatNGramLogitsProcessor(options["no_repeat_ngram_size"]))
+    if "frequency_penalty" in options or "presence_penalty" in options:
+        out.append(VllmPenalties(prompt_width, options.get("frequency_penalty", 0.0), options.get("presence_penalty", 0.0)))
+    return out
+
+
+def _probs(model, prefixes: torch.Tensor, options: dict, temperature: float) -> torch.Tensor:
+    """The processed, standardised next-token distribution [N, V] after each prefix [N, T]."""
+    with torch.no_grad():
+        logits = model(prefixes).logits[:, -1, :].float()
+    logits = _processors(options, PROMPT.shape[1])(prefixes, logits)
+    params = make_sampling_tensors(prefixes.shape[0], "cpu", temperature=temperature)
+    return torch.softmax(standardise(logits[:, None, :], params)[:, 0], -1).double()
+
+
+def _check_three_tokens(model, new: torch.Tensor, options: dict, temperature: float) -> list:
+    """p-values of (t1, t2) against the joint and of t3 against its marginal."""
+    vocab = torch.arange(VOCAB)
+    p1 = _probs(model, PROMPT, options, temperature)[0]
+    p2 = _probs(model, torch.cat([PROMPT.expand(VOCAB, -1), vocab[:, None]], 1), options, temperature)
+    joint12 = (p1[:, None] * p2).reshape(-1)
+    grid = torch.cartesian_prod(vocab, vocab)
+    p3 = (joint12[:, None] * _probs(model, torch.cat([PROMPT.expand(grid.shape[0], -1), grid], 1), options,
+                                    temperature)).sum(0)
+    return [chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], joint12), chi_square_pvalue(new[:, 2], p3)]
+
+
+def _sample(pair, options, backend, rows=ROWS):
+    target, draft = pair
+    out, stats = api.generate(target, PROMPT.expand(rows, -1), assistant_model=draft, num_assistant_tokens=2,
+                              do_sample=True, temperature=1.0, top_k=0, max_new_tokens=3, seed=11, backend=backend,
+                              return_stats=True, **options)
+    assert 0.1 < stats.alpha < 0.95, f"alpha {stats.alpha}: the test needs both accepts and rejects"
+    return out[:, PROMPT.shape[1]:]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+@pytest.mark.parametrize("name", list(SAMPLED))
+def test_sampled_tokens_follow_the_processed_distribution(sampling_pair, name, backend):
+    options = SAMPLED[name]
+    new = _sample(sampling_pair, options, backend)
+    assert min(_check_three_tokens(sampling_pair[0], new, options, 1.0)) > P_VALUE_THRESHOLD
+
+
+def test_the_interpreted_triton_kernels_sample_the_reference_tokens(sampling_pair):
+    """The Triton path (TRITON_INTERPRET=1; compiled on a GPU): the same seeded rows give the
+    torch reference's tokens, every penalty and the n-gram ban at once; the backends draw the
+    same Philox numbers, so equal tokens mean the distribution the chi-square above checks. 12
+    rows: the interpreter took 529 s for 900 rows of this call on the 2-core CI machine."""
+    options = dict(repetition_penalty=1.5, frequency_penalty=0.7, presence_penalty=0.5, no_repeat_ngram_size=2)
+    target, draft = sampling_pair
+    runs = [api.generate(target, PROMPT.expand(12, -1), assistant_model=draft, num_assistant_tokens=2, do_sample=True,
+                         temperature=1.0, top_k=0, max_new_tokens=5, seed=11, backend=backend, **options)
+            for backend in ("torch", "triton")]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_control_a_processor_that_ignores_the_drafts_before_its_position_fails(sampling_pair, monkeypatch):
+    """The mistake the per-position rule prevents: processing every position with the prefix
+    before the iteration's drafts. The same chi-square then rejects (so it would catch it)."""
+    target = logits_stage.LogitsStage.target
+
+    def without_drafts(self, logits, state, drafts):
+        return target(self, logits, state, torch.full_like(drafts, -1))
+
+    monkeypatch.setattr(logits_stage.LogitsStage, "target", without_drafts)
+    options = SAMPLED["no_repeat_ngram_size"]
+    new = _sample(sampling_pair, options, "torch")
+    assert min(_check_three_tokens(sampling_pair[0], new, options, 1.0)) < 1e-6
+
+
+def test_control_penalties_that_miss_the_generated_tokens_fail(sampling_pair, monkeypatch):
+    """The fused penalty's state must grow with every appended token: without the update the
+    chi-square rejects."""
+    monkeypatch.setattr(logits_stage.LogitsStage, "appended", lambda self, tokens, emitted: None)
+    options = SAMPLED["repetition_penalty"]
+    new = _sample(sampling_pair, options, "torch")
+    assert min(_check_three_tokens(sampling_pair[0], new, options, 1.0)) < 1e-6
