@@ -2,7 +2,8 @@
 side by side in one run, per (draft agreement, batch size).
 
 For each configuration: plain decoding, a draft model at each fixed K (num_assistant_tokens=K,
-schedule "constant"), and the adaptive schedule (no K given: generate()'s default). Each method
+schedule "constant"), and the adaptive schedule (num_assistant_tokens_schedule="adaptive"; the
+H100 runs of 2026-11-24 were made while it was the default of greedy calls without K). Each method
 makes one warm-up call (graph capture, Triton compiles, and for the adaptive schedule its first
 cost measurements, which the engine keeps across calls) and then --calls timed calls on the same
 cached engine; the row is their median. Greedy by default (--sample: T=1), EOS off: every call
@@ -144,13 +145,13 @@ def main(argv=None) -> dict:
             ids = prompts(b)
             methods = {"plain": {}}
             methods.update({f"K={k}": dict(assistant_model=draft, num_assistant_tokens=k) for k in ks})
-            methods["adaptive"] = dict(assistant_model=draft)
+            methods["adaptive"] = dict(assistant_model=draft, num_assistant_tokens_schedule="adaptive")
             rows = {name: timed(target, ids, new, extra, args.calls, args.sample) for name, extra in methods.items()}
             # A server's engine: warmup() captures (and times) every K up front, so the schedule
             # chooses among all of them from the first call (engine/schedule.py).
             for engine in cached_engines(target):
                 if engine.assistant_model is draft:
-                    engine.warmup([b], do_sample=args.sample)
+                    engine.warmup([b], do_sample=args.sample, num_assistant_tokens_schedule="adaptive")
             rows["adaptive after warmup"] = timed(target, ids, new, methods["adaptive"], args.calls, args.sample)
             best = max((n for n in rows if n.startswith("K=")), key=lambda n: rows[n]["tokens_per_s"])
             ada, warm, plain = rows["adaptive"], rows["adaptive after warmup"], rows["plain"]["tokens_per_s"]

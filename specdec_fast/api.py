@@ -34,7 +34,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
              eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
              return_stats=False, generation_config=None, backend=None, runner=None, cuda_graphs=None, tree=None,
-             draft_head=None, **options):
+             draft_head=None, process_group=None, shard_draft=False, **options):
     """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
     [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
     return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
@@ -59,8 +59,13 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     block_size - 1 for a DFlash drafter (its K drafts cost one forward whatever K); needs the paged
     target runner.
 
+    process_group: tensor parallelism (docs/architecture.md §10): the target (a model loaded whole
+    on every rank, or a ShardedCausalLM) runs sharded over this torch.distributed group; call
+    generate on every rank with the same arguments (a call without seed takes rank 0's draw);
+    every rank returns the tokens. shard_draft: shard the draft too (default: replicated).
+
     The call runs on the engine cached for (model, assistant_model / draft_head or prompt lookup, backend,
-    runner, cuda_graphs): built at the first call, grown when a call needs more rows or tokens,
+    runner, cuda_graphs, process_group): built at the first call, grown when a call needs more rows or tokens,
     freed with the models (engine/cached.py; specdec_fast.release_engines() frees it sooner).
     Any other option of transformers' generate (**options, generation_config, model.generation_config):
     accepted where it changes nothing (neutral or no effect), else one ValueError naming it
@@ -80,7 +85,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                         runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0] * return_sequences(opts),
                         row_tokens=input_ids.shape[1] + call_limits(opts, input_ids.shape[1], options.get("tokenizer")).max_new_tokens,
                         drafted=_drafted(opts, tree, lookup, assistant_model is not None, draft_head is not None),
-                        tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))
+                        tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"),
+                        process_group=process_group, shard_draft=shard_draft)
     return engine.generate_resolved(opts, input_ids, attention_mask, assistant_model=assistant_model,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_new_tokens=max_new_tokens,
                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,

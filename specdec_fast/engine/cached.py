@@ -42,11 +42,14 @@ def _grow(current: int, need: int) -> int:
 
 def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matching_ngram_size=None, backend=None,
                runner=None, cuda_graphs=None, batch: int, row_tokens: int, drafted: int,
-               tokenizer=None, assistant_tokenizer=None, draft_head=None) -> SpeculativeEngine:
+               tokenizer=None, assistant_tokenizer=None, draft_head=None, process_group=None,
+               shard_draft: bool = False) -> SpeculativeEngine:
     """The cached engine for this target and drafting that fits ``batch`` rows of ``row_tokens``
     tokens (prompt + max_new_tokens) and ``drafted`` tokens scored per iteration beyond the last
     one (K, or a tree's N - 1), built or grown as needed. draft_head: a head directory (the engine
-    loads it once: keyed by its resolved path) or a head object (held weakly, as a draft model)."""
+    loads it once: keyed by its resolved path) or a head object (held weakly, as a draft model).
+    process_group / shard_draft: tensor parallelism (every rank makes the same calls, so every rank
+    builds and grows the same engines)."""
     head_object = draft_head if isinstance(draft_head, torch.nn.Module) else None
     mode = "draft" if assistant_model is not None else "head" if draft_head is not None else \
         "lookup" if prompt_lookup else "plain"
@@ -54,7 +57,8 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
     drafted = max(drafted, DEFAULT_NUM_ASSISTANT_TOKENS if mode in ("draft", "head") else 1 if mode == "lookup" else 0)
     drafter_id = id(assistant_model) if assistant_model is not None else id(head_object) if head_object is not None \
         else None if draft_head is None else head_source(draft_head)
-    key = (mode, drafter_id, max_matching_ngram_size, backend, runner, repr(cuda_graphs))
+    key = (mode, drafter_id, max_matching_ngram_size, backend, runner, repr(cuda_graphs),
+           None if process_group is None else id(process_group), bool(shard_draft))
     weak = assistant_model if assistant_model is not None else head_object  # dropped with the entry when deleted
     fingerprint = _fingerprint(target, weak)
     with _LOCK:
@@ -84,7 +88,8 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
             target, assistant_model, draft_head=draft_head, prompt_lookup_num_tokens=1 if prompt_lookup else None,
             max_matching_ngram_size=max_matching_ngram_size, max_draft_tokens=drafted or None,
             backend=backend, runner=runner, cuda_graphs=cuda_graphs, tokenizer=tokenizer,
-            assistant_tokenizer=assistant_tokenizer, max_batch_size=rows, max_seq_len=seq_len)
+            assistant_tokenizer=assistant_tokenizer, max_batch_size=rows, max_seq_len=seq_len,
+            process_group=process_group, shard_draft=shard_draft)
         draft_ref = None
         if weak is not None:
             target_ref = weakref.ref(target)
