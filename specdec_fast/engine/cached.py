@@ -1,5 +1,6 @@
 """The engines behind specdec_fast.generate(model, ...): one SpeculativeEngine per (target, draft,
-drafting mode, backend, runner, cuda_graphs), reused by every call that fits it.
+drafting mode, backend, runner, cuda_graphs, the tokenizers of a draft with another vocabulary),
+reused by every call that fits it.
 
 Held weakly: the table is keyed by the target model (a WeakKeyDictionary) and an entry that
 drafts with a model holds it through a weak reference whose callback drops the entry, and
@@ -16,6 +17,7 @@ import threading
 import weakref
 
 from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for
+from .inputs import check_pair, tokenizer_key
 
 MIN_SEQ_LEN = 256
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {key: _Entry}
@@ -47,8 +49,12 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
     mode = "draft" if assistant_model is not None else "lookup" if prompt_lookup else "plain"
     # The engine serves any K up to its max_draft_tokens; a draft model's calls default to K = 4.
     drafted = max(drafted, DEFAULT_NUM_ASSISTANT_TOKENS if mode == "draft" else 1 if mode == "lookup" else 0)
+    # A draft with another vocabulary drafts through the two tokenizers: its engine is keyed by them
+    # (their tokenizer.json, so a reloaded tokenizer finds the engine); the same draft with one
+    # shared vocabulary keeps today's key (tokenizers given or not).
+    cross = assistant_model is not None and check_pair(target, assistant_model, tokenizer, assistant_tokenizer)
     key = (mode, None if assistant_model is None else id(assistant_model), max_matching_ngram_size, backend, runner,
-           repr(cuda_graphs))
+           repr(cuda_graphs), (tokenizer_key(tokenizer), tokenizer_key(assistant_tokenizer)) if cross else None)
     fingerprint = _fingerprint(target, assistant_model)
     with _LOCK:
         entries = _ENGINES.setdefault(target, {})

@@ -32,12 +32,13 @@ import weakref
 import torch
 
 from ..drafters import ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..options import resolve_options
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
-from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions
+from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions, tokenizer_key
 from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
@@ -51,6 +52,8 @@ DEFAULT_NUM_ASSISTANT_TOKENS = 4
 DEFAULT_MAX_SEQ_LEN = 4096  # with no max_seq_len: min(this, the model's position limit)
 DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of the free memory
 MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
+CROSS_TREE_ERROR = ("tree=... with a draft of another tokenizer: a token tree's nodes are draft tokens the target "
+                    "scores, which needs one shared vocabulary; drop tree=")
 USER_PROCESSORS_NOTE = ("a user logits_processor runs eagerly on the host per row and position (exact input_ids), "
                         "which a CUDA graph cannot replay")
 
@@ -80,6 +83,9 @@ class SpeculativeEngine:
     another up to max_draft_tokens, default K). tree: a token tree for every call (as generate's
     tree=; a call may give another of at most max_draft_tokens + 1 nodes). backend, runner,
     cuda_graphs, block_size: as generate's. run_ahead: the loop's run-ahead bound R.
+    tokenizer, assistant_tokenizer: the target's and the draft's; when their vocabularies differ
+    (or the models' do), the draft drafts in its own tokens and its text is re-encoded into the
+    target's (drafters/cross_tokenizer.py: eager, no trees).
 
     generate(input_ids, attention_mask=None, **options) takes what specdec_fast.generate takes
     (transformers' argument names) and returns what it returns; warmup() captures every bucket's
@@ -101,8 +107,12 @@ class SpeculativeEngine:
         if not 0 < kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {kv_memory_fraction!r}")
         self.device = device_of(target)
-        if assistant_model is not None:
-            check_pair(target, assistant_model, tokenizer, assistant_tokenizer)
+        # (tokenizer, assistant_tokenizer) of a draft with another vocabulary, else None
+        self.cross_tokenizers = None
+        if assistant_model is not None and check_pair(target, assistant_model, tokenizer, assistant_tokenizer):
+            if tree is not None:
+                raise ValueError(CROSS_TREE_ERROR)
+            self.cross_tokenizers = (tokenizer, assistant_tokenizer)
         # The models are held weakly (runners hold their tensors): a cache keyed by the model
         # (engine/cached.py) must not keep it alive. Keep the models while you use the engine.
         self._target_ref = weakref.ref(target)
@@ -155,7 +165,9 @@ class SpeculativeEngine:
 
     def _allocate_pools(self, row_tokens: int, default_row: int, kv_cache_tokens, fraction: float) -> str:
         """Each paged runner's KV pool (once); the line that says how big and why."""
-        runners = [(name, r) for name, r in (("target", self.target_runner), ("draft", self.draft_runner))
+        # A draft with another tokenizer counts other tokens: its drafter sizes its KV per call.
+        draft = None if self.cross_tokenizers is not None else self.draft_runner
+        runners = [(name, r) for name, r in (("target", self.target_runner), ("draft", draft))
                    if r is not None and hasattr(r, "allocate")]
         if not runners:
             return "no KV pool (the runners keep their own caches per call)"
@@ -182,8 +194,13 @@ class SpeculativeEngine:
             return None
         drafter = self._drafters.get("chain")
         if drafter is None:
-            drafter = self._drafters["chain"] = (PromptLookupDrafter(self.max_matching_ngram_size or 2)
-                                                 if self.mode == "lookup" else ModelDrafter(self.draft_runner))
+            if self.mode == "lookup":
+                drafter = PromptLookupDrafter(self.max_matching_ngram_size or 2)
+            elif self.cross_tokenizers is not None:
+                drafter = CrossTokenizerDrafter(self.draft_runner, *self.cross_tokenizers)
+            else:
+                drafter = ModelDrafter(self.draft_runner)
+            self._drafters["chain"] = drafter
         return drafter
 
     def _tree_drafter(self, token_tree):
@@ -216,7 +233,10 @@ class SpeculativeEngine:
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
         tokenizer, assistant_tokenizer = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
-        if tokenizer is not None and assistant_tokenizer is not None:
+        if self.cross_tokenizers is not None:
+            self._check_cross_tokenizers(tokenizer, assistant_tokenizer)
+            tokenizer = self.cross_tokenizers[0] if tokenizer is None else tokenizer  # stop_strings read it
+        elif tokenizer is not None and assistant_tokenizer is not None:
             self._check_tokenizers(tokenizer, assistant_tokenizer)
         self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree)
         check_inputs(input_ids, None)  # type and shape, before the options read the width
@@ -279,14 +299,20 @@ class SpeculativeEngine:
         return decoder_only_output(tokens, scores, logits)
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
-        """One shared vocabulary (each pair compared once per engine: get_vocab of a 128k vocabulary
-        costs tens of ms)."""
-        checked = self.__dict__.setdefault("_tokenizers_checked", set())
-        key = (id(tokenizer), id(assistant_tokenizer))
-        if key not in checked:
-            if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
-                raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies")
-            checked.add(key)
+        """One shared vocabulary (tokenizer_key: each tokenizer hashed once)."""
+        if tokenizer_key(tokenizer)[0] != tokenizer_key(assistant_tokenizer)[0]:
+            raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies, and this "
+                             "engine drafts in one shared vocabulary; build SpeculativeEngine(target, draft, tokenizer=..., "
+                             "assistant_tokenizer=...) or call specdec_fast.generate to draft across tokenizers")
+
+    def _check_cross_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
+        """A call to an engine that drafts across tokenizers may name its tokenizers (or ones of the
+        same tokenizer.json), not others."""
+        for name, given, own in (("tokenizer", tokenizer, self.cross_tokenizers[0]),
+                                 ("assistant_tokenizer", assistant_tokenizer, self.cross_tokenizers[1])):
+            if given is not None and given is not own and tokenizer_key(given) != tokenizer_key(own):
+                raise ValueError(f"this engine drafts across tokenizers with another {name}; build a SpeculativeEngine "
+                                 "for this pair, or call specdec_fast.generate")
 
     @staticmethod
     def _stage_request(opts, params, token_tree):
@@ -310,6 +336,8 @@ class SpeculativeEngine:
                              "prompt_lookup_num_tokens")
         if tree is not None and self.mode != "draft":
             raise ValueError("tree=... needs an assistant_model (the draft that expands the tree)")
+        if tree is not None and self.cross_tokenizers is not None:
+            raise ValueError(CROSS_TREE_ERROR)
         if prompt_lookup_num_tokens is not None and assistant_model is not None:
             raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
 
@@ -419,6 +447,8 @@ class SpeculativeEngine:
                     "plain": "plain decoding"}[self.mode]
         if self.tree is not None:
             drafting = f"draft model, tree {as_token_tree(self.tree).describe()}"
+        elif self.cross_tokenizers is not None:
+            drafting = f"draft model with its own tokenizer, K={self.default_k}"
         return f"SpeculativeEngine({drafting}; {self.memory_note}; graphs: {self.graph_mode})"
 
     __repr__ = describe
