@@ -275,19 +275,12 @@ class CrossTokenizerDrafter:
         pending = bytes(row.text[len(row.text) - incomplete_tail(row.text):])
         if not text.startswith(pending):
             return []
-        text = text[len(pending):]
-        head = []  # the rest of a character the target's text ends inside: one-byte tokens
-        while text and not is_char_start(text, 0):
-            token = tcodec.single_byte.get(text[0])
-            if token is None:
-                return []
-            head.append(token)
-            text = text[1:]
-        whole = text[: len(text) - incomplete_tail(text)]
-        body = tcodec.encode(whole)
-        if ended and whole == text and tcodec.bytes_of(body) == whole:  # the draft ended its text: so may the target
-            return head + body + ([tcodec.eos_id] if tcodec.eos_id is not None else [])
-        return (head + body)[:-1]
+        text = text[len(pending):]  # where the target's text ends inside a character, the rest of it
+        whole = text[: len(text) - incomplete_tail(text)]  # leads with bytes that are no character: one-byte tokens
+        ids = tcodec.encode(whole)
+        if ended and whole == text and tcodec.bytes_of(ids) == whole:  # the draft ended its text: so may the target
+            return ids + ([tcodec.eos_id] if tcodec.eos_id is not None else [])
+        return ids[:-1]
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
         """Nothing: the next propose reads the emitted tokens from state.seq."""

@@ -16,10 +16,11 @@ The table, by the tokenizer's decoder (its tokenizer.json):
     character cannot be written).
 Added tokens that are not special are their own text.
 
-encode(data) gives ids whose bytes are ``data`` (whole characters), or the longest prefix of an
-encoding that stays inside ``data``: drafts only ever need to be plausible, never exact (the
-verify is), so a tokenizer whose mid-text encoding adds text (SentencePiece's dummy-prefix space)
-is first retried behind an anchor ("\\n", its tokens dropped), then cut.
+encode(data) gives ids whose bytes are ``data``, or the longest prefix of an encoding that stays
+inside ``data``: drafts only ever need to be plausible, never exact (the verify is), so a
+tokenizer whose mid-text encoding adds text (SentencePiece's dummy-prefix space) is first retried
+behind an anchor ("\\n", its tokens dropped), then cut. Bytes that are no character (a model may
+emit a lone byte token) go as the tokenizer's one-byte tokens, the text around them through it.
 """
 import json
 from functools import lru_cache
@@ -40,20 +41,51 @@ def byte_decoder() -> dict:
     return {chr(c): b for b, c in zip(keep, chars)}
 
 
+def _char_len(lead: int) -> int:
+    """Bytes of the UTF-8 character a lead byte opens (1 for ASCII and for a byte no character opens)."""
+    return 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 1
+
+
 def incomplete_tail(data) -> int:
     """Bytes at the end of ``data`` that start a UTF-8 character not finished yet (0 to 3)."""
     n = len(data)
     for back in range(1, min(4, n) + 1):
         byte = data[n - back]
         if byte & 0xC0 != 0x80:  # a lead byte (or ASCII): how long is its character?
-            need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
-            return back if need > back else 0
+            return back if _char_len(byte) > back else 0
     return 0
 
 
 def is_char_start(data, i: int) -> bool:
-    """Whether byte offset i of ``data`` starts a character (or is its end)."""
-    return i >= len(data) or data[i] & 0xC0 != 0x80
+    """Whether byte offset i of ``data`` is not inside a well-formed multi-byte character (a lone
+    continuation byte, which a model may emit, is its own boundary)."""
+    for back in range(1, 4):
+        j = i - back
+        if j < 0:
+            return True
+        byte = data[j]
+        if byte & 0xC0 != 0x80:
+            need = _char_len(byte)
+            return need <= back or not all(b & 0xC0 == 0x80 for b in data[j + 1: j + need])
+    return True
+
+
+def utf8_runs(data: bytes) -> list:
+    """``data`` as (start, end, valid) runs: valid UTF-8 text, or bytes that are no character (a lone
+    continuation byte, a lead byte without its continuation: a model may emit those)."""
+    out, at = [], 0
+    while at < len(data):
+        try:
+            data[at:].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.start:
+                out.append((at, at + exc.start, True))
+            out.append((at + exc.start, at + exc.end, False))
+            at += exc.end
+        else:
+            out.append((at, len(data), True))
+            break
+    return out
 
 
 def _decoder_kinds(tokenizer) -> set:
@@ -129,9 +161,10 @@ class TokenBytes:
         pre = None if self.backend is None or self.backend.normalizer is not None else self.backend.pre_tokenizer
         if pre is None:
             return None
-        text = data.decode("utf-8", errors="replace")
+        start = max([end for _, end, valid in utf8_runs(data) if not valid] or [0])  # encode() cuts there
+        text = data[start:].decode("utf-8")
         pieces = pre.pre_tokenize_str(text)
-        return 0 if len(pieces) < 2 else len(text[: pieces[-2][1][0]].encode("utf-8"))
+        return start + (0 if len(pieces) < 2 else len(text[: pieces[-2][1][0]].encode("utf-8")))
 
     def bytes_of(self, ids) -> bytes:
         table = self.table
@@ -143,14 +176,25 @@ class TokenBytes:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode(self, data: bytes) -> list:
-        """Token ids of the text ``data`` (UTF-8, whole characters), encoded from a token boundary:
-        their bytes are ``data`` (or a prefix of it, see the module docstring)."""
-        if not data:
-            return []
-        ids = self._encode_text(data.decode("utf-8", errors="replace"))
+        """Token ids of the text ``data`` (UTF-8 bytes), encoded from a token boundary: their bytes
+        are ``data`` (or a prefix of it, see the module docstring)."""
+        ids = []
+        for start, end, valid in utf8_runs(data):
+            piece = data[start:end]
+            got = self._encode_run(piece) if valid else [self.single_byte.get(b) for b in piece]
+            if None in got:
+                return ids + got[: got.index(None)]
+            ids += got
+            if valid and self.bytes_of(got) != piece:
+                return ids
+        return ids
+
+    def _encode_run(self, data: bytes) -> list:
+        """encode() of valid UTF-8 text."""
+        ids = self._encode_text(data.decode("utf-8"))
         if self.bytes_of(ids) == data:
             return ids
-        anchored = self._encode_text(ANCHOR + data.decode("utf-8", errors="replace"))
+        anchored = self._encode_text(ANCHOR + data.decode("utf-8"))
         done, anchor = 0, ANCHOR.encode()
         for i, token in enumerate(anchored):
             done += len(self.table[token]) if 0 <= token < len(self.table) else 0
