@@ -53,8 +53,12 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     dynamic tree: a dynamic tree chooses its shape per row and step, drafters/tree_dynamic.py); needs
     assistant_model and paged runners; num_assistant_tokens does not apply.
 
+    tokenizer, assistant_tokenizer (keywords, as transformers'): with both given and vocabularies
+    that differ, the draft drafts in its own tokens and its text is re-encoded into the target's
+    (drafters/cross_tokenizer.py: exact, eager, no tree=); a different vocabulary without both raises.
+
     The call runs on the engine cached for (model, assistant_model or prompt lookup, backend,
-    runner, cuda_graphs): built at the first call, grown when a call needs more rows or tokens,
+    runner, cuda_graphs, the tokenizers of a draft with another vocabulary): built at the first call, grown when a call needs more rows or tokens,
     freed with the models (engine/cached.py; specdec_fast.release_engines() frees it sooner).
     Any other option of transformers' generate (**options, generation_config, model.generation_config):
     accepted where it changes nothing (neutral or no effect), else one ValueError naming it

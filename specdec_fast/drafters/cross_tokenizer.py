@@ -130,8 +130,12 @@ class CrossTokenizerDrafter:
         tentative = self.max_feed + self.steps
         # The call's max_new_tokens, from a used row's KV budget (real prompt + max_new_tokens + K + 1).
         max_new = max([budget - int(m.sum()) - self.k - 1 for budget, m in zip(prompt.budgets, mask) if m.any()] or [0])
-        for row, p in zip(self.rows, draft_prompts):
+        limit = getattr(self.runner, "max_positions", None)  # learned positions (GPT-2): a hard limit
+        for b, (row, p) in enumerate(zip(self.rows, draft_prompts)):
             row.budget = len(p) + math.ceil(max_new * 2 * self.ratio) + 16 + tentative if row.active else 0
+            row.budget = min(row.budget, limit or row.budget)
+            if row.active and len(p) + tentative > row.budget:  # no room to draft at all
+                row.active, row.budget, draft_prompts[b] = False, 0, []
         self._prefill(draft_prompts, tentative)
         dev = state.seq.device
         self._sample = prepared_impls(state.backend, dev)[1] if self.sample_drafts else None

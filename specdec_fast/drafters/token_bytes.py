@@ -120,6 +120,10 @@ class TokenBytes:
         self.special = frozenset(int(i) for i in tokenizer.all_special_ids)
         added = {int(i): t for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         kinds = _decoder_kinds(tokenizer)
+        if hasattr(tokenizer, "byte_decoder"):  # a slow (Python) byte-level BPE tokenizer
+            kinds.add("ByteLevel")
+        if hasattr(tokenizer, "sp_model"):  # a slow SentencePiece tokenizer
+            kinds.add("Metaspace")
         self.kind = "byte_level" if "ByteLevel" in kinds else "sentencepiece" if kinds & {"Metaspace", "ByteFallback"} else "text"
         self.exact = self.kind != "text"
         table = [b""] * size
