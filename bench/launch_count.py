@@ -10,7 +10,7 @@ launch nothing on a GPU and are not counted. Triton launches are counted by wrap
 launch entry (JITFunction.run, or the interpreter's InterpretedFunction.run); the torch ops the
 interpreter itself runs inside a launch are not counted. Under the interpreter (CPU) this counts
 the launches the same Python code makes on CUDA: the number that set the pace of an eager step
-on the H100 (../shared/gpu/step_profile.json: 1435 launches, 25 ms eager vs 8 ms of GPU work).
+on the H100 (bench/results/h100_3dca4fa/step_profile.json: 1435 launches, 25 ms eager vs 8 ms of GPU work).
 cuBLAS may add a split-K reduce kernel per GEMM on a GPU (160 of them in that profile): a CPU
 count cannot see those (bench/profile_step.py measures them on the GPU).
 """

@@ -1,7 +1,7 @@
 """What a user would write instead of our verify / sample kernels, for bench_verify.py's GPU
 table. Not part of the package.
 
-plain PyTorch (the anchor of ../shared/gpu/torch_sampling_anchor.json): transformers-style
+plain PyTorch (the anchor of bench/results/h100_3dca4fa/torch_sampling_anchor.json): transformers-style
 logits warpers (temperature; top-k by torch.topk; top-p by sort + softmax + cumsum; min-p
 against the max probability), softmax, the ratio test with torch.rand coins, the residual
 max(q - p, 0) at the first rejection, and the token by an exponential race

@@ -22,7 +22,7 @@ eos_token_id=None as "no EOS". To decode without EOS here, clear generation_conf
 """
 from .drafters import as_token_tree
 from .engine.cached import engine_for
-from .engine.engine import DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F401 (the documented default K)
+from .engine.engine import ADAPTIVE_KS, DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F401 (the documented default K)
 from .engine.inputs import check_inputs
 from .engine.outputs import return_sequences
 from .engine.stopping import call_limits
@@ -76,7 +76,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                         max_matching_ngram_size=opts.max_matching_ngram_size if lookup else None, backend=backend,
                         runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0] * return_sequences(opts),
                         row_tokens=input_ids.shape[1] + call_limits(opts, input_ids.shape[1], options.get("tokenizer")).max_new_tokens,
-                        drafted=_drafted(opts, tree, lookup),
+                        drafted=_drafted(opts, tree, lookup, assistant_model is not None),
                         tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))
     return engine.generate_resolved(opts, input_ids, attention_mask, assistant_model=assistant_model,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_new_tokens=max_new_tokens,
@@ -86,15 +86,17 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                            tree=tree, **options)
 
 
-def _drafted(opts, tree, lookup: bool) -> int:
+def _drafted(opts, tree, lookup: bool, draft: bool) -> int:
     """Tokens one iteration of this call scores beyond the last one: K, or a tree's N - 1 (K checked here,
     before an engine is sized by it)."""
     if tree is not None:
         return as_token_tree(tree, greedy=not opts.do_sample).size - 1
+    if not lookup and not draft:
+        return 0
     name, k = ("prompt_lookup_num_tokens", opts.prompt_lookup_num_tokens) if lookup else \
         ("num_assistant_tokens", opts.num_assistant_tokens)
-    if k is None and not lookup:
-        return 0
+    if k is None and not lookup:  # the adaptive schedule's Ks (engine/schedule.py)
+        return max(ADAPTIVE_KS)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
     return k

@@ -3,7 +3,8 @@
     specdec-fast generate --target DIR [--draft DIR | --prompt-lookup N]
         (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl [--batch-size N] [--on-error skip|fail])
         [--chat] [--dtype D] [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P]
-        [--min-p P] [--seed S] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
+        [--min-p P] [--seed S] [--repetition-penalty R] [--min-new-tokens N] [--stop TEXT ...]
+        [--num-return-sequences N] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
     specdec-fast demo [demo options]   (specdec_fast.demo.run_demo)
 
 --prompts runs a data set (specdec_fast/cli_dataset.py: the file formats, bad lines, batches).
@@ -43,6 +44,12 @@ def _generate_parser(sub):
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repetition-penalty", type=float, default=None, help="transformers' repetition_penalty (1 = off)")
+    ap.add_argument("--min-new-tokens", type=int, default=None, help="no EOS before this many new tokens")
+    ap.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                    help="a stop string (repeatable): a row ends at the token that completes it")
+    ap.add_argument("--num-return-sequences", type=int, default=1,
+                    help="completions per prompt (sampling: --temperature > 0)")
     ap.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     ap.add_argument("--backend", choices=["triton", "cpp", "torch"], default=None, help="verify kernel backend")
     ap.add_argument("--plain", action="store_true", help="also time plain decoding (K=0) for the measured speedup")
@@ -102,6 +109,18 @@ def check_args(args) -> None:
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0 <= args.min_p <= 1:
         raise CliError(f"--min-p must be in [0, 1], got {args.min_p}")
+    if args.repetition_penalty is not None and not (math.isfinite(args.repetition_penalty) and args.repetition_penalty > 0):
+        raise CliError(f"--repetition-penalty must be > 0 (1 = off), got {args.repetition_penalty}")
+    if args.min_new_tokens is not None and args.min_new_tokens < 0:
+        raise CliError(f"--min-new-tokens must be >= 0, got {args.min_new_tokens}")
+    if args.num_return_sequences < 1:
+        raise CliError(f"--num-return-sequences must be >= 1, got {args.num_return_sequences}")
+    if args.num_return_sequences > 1 and args.temperature == 0:
+        raise CliError("--num-return-sequences > 1 needs sampling (--temperature > 0): greedy gives one completion")
+    if args.num_return_sequences > 1 and args.prompts is not None:
+        raise CliError("--num-return-sequences goes with a single --prompt")
+    if args.stop is not None and any(not text for text in args.stop):
+        raise CliError("--stop needs a non-empty string")
 
 
 def _load_tokenizer(args):
@@ -145,6 +164,14 @@ def _generate_kwargs(args, tokenizer, draft) -> dict:
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     if args.temperature > 0:
         kwargs.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    if args.repetition_penalty is not None:
+        kwargs.update(repetition_penalty=args.repetition_penalty)
+    if args.min_new_tokens is not None:
+        kwargs.update(min_new_tokens=args.min_new_tokens)
+    if args.stop:
+        kwargs.update(stop_strings=list(args.stop), tokenizer=tokenizer)
+    if args.num_return_sequences > 1:
+        kwargs.update(num_return_sequences=args.num_return_sequences)
     if draft is not None:
         kwargs.update(assistant_model=draft, num_assistant_tokens=args.k)
     elif args.prompt_lookup:
@@ -196,7 +223,10 @@ def run_generate(args) -> int:
     except ValueError as exc:  # generate's argument checks (vocab mismatch, too long a prompt, ...) name the cause
         raise CliError(_first_line(exc)) from None
     stats.plain_tokens_per_s = plain_tps
-    print(tokenizer.decode(out[0], skip_special_tokens=True))
+    for i, row in enumerate(out):
+        if len(out) > 1:
+            print(f"--- completion {i + 1} of {len(out)} ---")
+        print(tokenizer.decode(row, skip_special_tokens=True))
     print(f"\n--- stats ({device}, {seconds:.2f} s) ---")
     print(stats.format())
     return 0

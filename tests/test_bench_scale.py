@@ -17,7 +17,7 @@ import scale_models as sm  # noqa: E402
 
 def test_8b_shape_weight_bytes():
     """Built on the meta device (no memory): 8.03B parameters, 15.01 GB of weights read per step:
-    /work/shared/gpu/scale_*.json recorded 15009849344 for the first run's model, which left out
+    bench/results/h100_3dca4fa/scale_*.json recorded 15009849344 for the first run's model, which left out
     the embedding table entirely; here the one row a batch-1 step reads (8192 bytes) counts."""
     model = sm._on_meta(sm._config(sm.LLAMA3_8B), torch.bfloat16)
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248

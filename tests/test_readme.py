@@ -37,19 +37,26 @@ def test_the_kernels_snippet_prints_what_the_readme_shows():
     assert _run(code) == shown
 
 
-@pytest.mark.slow  # 5-15 s (idle or busy 2-core box): loads the demo pair, 64 tokens for 2 prompts, chain then tree
+@pytest.mark.slow  # 5-15 s (idle or busy 2-core box): loads the demo pair, chain, engine, tree, patched generate
 def test_the_generating_examples_run():
-    """The section's first block (chain), then the Token trees block in the same namespace, as a
-    reader would paste them one after the other."""
-    chain, tree = _blocks(_section("Generating"), "python")
+    """The Generating section's blocks (chain, engine, tree), then the existing-code block, in one
+    namespace, as a reader would paste them one after the other."""
+    chain, engine, tree = _blocks(_section("Generating"), "python")
+    (patched,) = _blocks(_section("Using it from existing code"), "python")
     namespace = {"__name__": "__readme__"}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         printed = _run(chain, namespace)
+        printed_engine = _run(engine, namespace)
         printed_tree = _run(tree, namespace)
+        printed_patched = _run(patched, namespace)
     finally:
+        namespace["target"].__dict__.pop("generate", None)  # the patch, undone for later tests
         torch.set_num_threads(threads)
     assert printed.startswith("['def binary_search(a, x):")
     assert "predicted speedup" in printed and "alpha" in printed
+    lines = printed_engine.splitlines()
+    assert lines[0].startswith("0 ['def fib(n):") and lines[1].startswith("0 ['class Stack:")  # warmup captured them
     assert printed_tree.startswith("['def binary_search(a, x):")
+    assert "alpha" in printed_patched

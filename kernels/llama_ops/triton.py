@@ -8,7 +8,7 @@
 
 Each replaces 8-10 torch launches per use in bf16 (to(float32), pow, mean, add, rsqrt, mul,
 to(dtype), mul, and the residual add; silu, mul): one plain step of the 8B-shaped model spent
-~1.7 ms in ~1000 such launches on an H100 (../shared/gpu/step_profile.json). The roundings of
+~1.7 ms in ~1000 such launches on an H100 (bench/results/h100_3dca4fa/step_profile.json). The roundings of
 transformers' op sequence are reproduced (each op computes in float32 and rounds to the model
 dtype, as PyTorch's reduced-precision elementwise kernels do), so outputs match the torch path
 to the last bit except for rsqrt/exp implementations and summation order.

@@ -124,7 +124,7 @@ class CrossTokenizerDrafter:
             self.rows.append(row)
             draft_prompts.append(context[:n] if row.active else [])
         self.ratio = min(max(draft_tokens / max(target_tokens, 1), 1.0), MAX_RATIO)
-        self.steps = math.ceil((self.k + 1) * self.ratio) + 1
+        self.steps = self._steps_for(self.k)  # prompt.k: the most drafts an iteration of this call asks for
         # The most one iteration feeds: the held tokens and K + 1 target tokens' text, re-encoded
         # (a draft token holds >= 1 byte), then steps - 1 drafts.
         self.max_feed = self.hold * dcodec.max_token_bytes + (self.k + 1) * tcodec.max_token_bytes
@@ -143,6 +143,10 @@ class CrossTokenizerDrafter:
         self._params = dataclasses.replace(state.params, offset=state.gen_len)
         self._greedy = not self.sample_drafts or state.params.modes == {"greedy"}
         self._positions = [torch.full((len(self.rows),), i, dtype=torch.long, device=dev) for i in range(self.steps)]
+
+    def _steps_for(self, k: int) -> int:
+        """Draft steps at most in an iteration that asks for k target drafts."""
+        return math.ceil((k + 1) * self.ratio) + 1
 
     def _prefill(self, prompts: list, tentative: int) -> None:
         width = max(1, max(len(p) for p in prompts))
@@ -167,7 +171,7 @@ class CrossTokenizerDrafter:
         self.runner.commit(torch.tensor(keep, device=self.state.seq.device))
         if getattr(self.runner, "needs_compact", False):
             self.runner.compact(max(row.committed for row in rows))
-        drafted = self._draft(feeds)
+        drafted = self._draft(feeds, k)
         drafts = torch.full((len(rows), k), -1, dtype=torch.long)
         for b, row in enumerate(rows):
             if drafted[b] is not None:
@@ -236,12 +240,14 @@ class CrossTokenizerDrafter:
             n -= 1  # its text is re-encoded from there: whole characters only
         return n
 
-    def _draft(self, feeds: list) -> list:
-        """One left-padded call feeding each row its tokens, then ``steps`` one-token steps.
+    def _draft(self, feeds: list, k: int) -> list:
+        """One left-padded call feeding each row its tokens, then up to _steps_for(k) one-token
+        steps (k: this iteration's K, at most the call's: an adaptive schedule varies it).
         -> per row: (drafted draft ids, ended by the draft's EOS) or None (no drafts)."""
         rows, dev = self.rows, self.state.seq.device
         if not any(feeds):
             return [None] * len(rows)
+        steps = min(self._steps_for(k), self.steps)
         width = max(len(f) for f in feeds)
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
         for b, f in enumerate(feeds):
@@ -251,7 +257,7 @@ class CrossTokenizerDrafter:
         logits = self.runner.score(tokens.to(dev), valid.to(dev))[:, -1]
         going = [bool(f) for f in feeds]
         out = [([], False) if g else None for g in going]
-        for i in range(self.steps):
+        for i in range(steps):
             if self._greedy:
                 picked = logits.argmax(-1)
             else:
@@ -265,8 +271,8 @@ class CrossTokenizerDrafter:
                     else:
                         ids.append(token)
                         # Enough text for K target tokens (and the one _to_target drops): this row stops.
-                        going[b] = len(self._to_target(rows[b], ids, False)) < self.k
-            if i + 1 == self.steps or not any(going):
+                        going[b] = len(self._to_target(rows[b], ids, False)) < k
+            if i + 1 == steps or not any(going):
                 break
             step = torch.tensor([t if g else 0 for t, g in zip(picked, going)], dtype=torch.long)
             for b, g in enumerate(going):

@@ -54,6 +54,11 @@ DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of t
 MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
 CROSS_TREE_ERROR = ("tree=... with a draft of another tokenizer: a token tree's nodes are draft tokens the target "
                     "scores, which needs one shared vocabulary; drop tree=")
+# The Ks the adaptive schedule (schedule.py) chooses among with a draft model, and its first K.
+# The best fixed K measured on the H100 was 4 at batch 1 and 3 at batch 8 / 32
+# (bench/results/h100_2026-11-23/); each K's graphs are captured the first time it is chosen.
+ADAPTIVE_KS = (1, 2, 3, 4, 5, 6, 8)
+SCHEDULES = ("adaptive", "constant", "heuristic", "heuristic_transient")
 USER_PROCESSORS_NOTE = ("a user logits_processor runs eagerly on the host per row and position (exact input_ids), "
                         "which a CUDA graph cannot replay")
 
@@ -133,8 +138,13 @@ class SpeculativeEngine:
         drafted = (as_token_tree(tree).size - 1) if tree is not None else self.default_k
         if max_draft_tokens is not None and _positive("max_draft_tokens", max_draft_tokens) > MAX_DRAFTED:
             raise ValueError(f"max_draft_tokens must be <= {MAX_DRAFTED}, got {max_draft_tokens}")
-        # The most tokens one iteration scores beyond the last one (K, a tree's N - 1) for any call.
-        self.max_draft_tokens = max(drafted, max_draft_tokens or 0)
+        # The most tokens one iteration scores beyond the last one (K, a tree's N - 1, the adaptive
+        # schedule's largest K) for any call.
+        self.fixed_k = num_assistant_tokens is not None  # an engine built with a K: its calls default to it
+        if max_draft_tokens is not None:  # the adaptive schedule then chooses among the Ks up to it
+            self.max_draft_tokens = max(drafted, max_draft_tokens)
+        else:
+            self.max_draft_tokens = max(drafted, max(ADAPTIVE_KS) if self.mode == "draft" and not self.fixed_k else 0)
         row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
         self.target_runner = self._runner(target, runner, row_tokens)
         self.draft_runner = None if assistant_model is None else self._runner(assistant_model, runner, row_tokens)
@@ -257,15 +267,16 @@ class SpeculativeEngine:
         tree = self.tree if tree is None else tree
         token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
         k = self._k_for(opts, token_tree, num_assistant_tokens)
+        ks = self._ks_for(opts, token_tree, num_assistant_tokens)
         limits = call_limits(opts, input_ids.shape[1], tokenizer)  # stopping criteria (stopping.py)
-        self._check_sizes(input_ids, limits.max_new_tokens, k if token_tree is None else token_tree.size - 1)
+        self._check_sizes(input_ids, limits.max_new_tokens, max(ks or (k,)) if token_tree is None else token_tree.size - 1)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
         params = make_sampling_tensors(input_ids.shape[0], self.device, seed=seed, **opts.kernel_params())
         stage = self._stage_request(opts, params, token_tree)
         kernel = kernel_params(stage, params, seed)  # the warpers in the stage: the kernels sample plainly
         decoder = self._decoder(input_ids.shape[0], k, kernel.modes, token_tree, len(limits.eos_token_ids or ()),
-                                None if stage is None else stage.spec)
+                                None if stage is None else stage.spec, ks)
         try:
             tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel,
                                       max_new_tokens=limits.max_new_tokens, eos_token_ids=limits.eos_token_ids,
@@ -357,6 +368,23 @@ class SpeculativeEngine:
             return k
         return 0
 
+    def _ks_for(self, opts, token_tree, num_assistant_tokens):
+        """The Ks an adaptive schedule chooses among (draft model, chains), or None for a constant K:
+        adaptive when the call names that schedule (or transformers' heuristic ones, which it serves)
+        or is greedy and gives no K."""
+        schedule = opts.extra.get("num_assistant_tokens_schedule")
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if self.mode != "draft" or token_tree is not None or schedule == "constant":
+            return None
+        given = num_assistant_tokens is not None or opts.num_assistant_tokens is not None or self.fixed_k
+        # Sampling with no schedule named keeps the constant K: the adaptive choice follows measured
+        # times, so a seeded sampled call would not give the same tokens twice (nor on a cached engine
+        # and a fresh one). Greedy tokens do not depend on K.
+        if schedule is None and (given or opts.do_sample):
+            return None
+        return tuple(q for q in ADAPTIVE_KS if q <= self.max_draft_tokens)
+
     def _check_sizes(self, input_ids, max_new_tokens: int, drafted: int) -> None:
         batch, width = input_ids.shape
         if drafted > self.max_draft_tokens:
@@ -381,7 +409,7 @@ class SpeculativeEngine:
                     f"{pool.num_blocks * self.block_size}): raise kv_cache_tokens, or lower max_batch_size / max_seq_len "
                     f"of the requests")
 
-    def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int, stage_spec=None) -> SpeculativeDecoder:
+    def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int, stage_spec=None, ks=None) -> SpeculativeDecoder:
         """The decoder of this call's bucket, K, sampling modes, tree and logits stage (built at its
         first call). A user's logits_processor runs eagerly: its decoders take no graphs."""
         if num_eos > EOS_SLOTS:
@@ -389,16 +417,17 @@ class SpeculativeEngine:
         eager = stage_spec == "user"
         bucketed = self.graph_mode != "eager" and not eager
         rows = bucket_for(batch, self.max_batch_size) if bucketed else batch
-        key = (rows, k, None if modes is None else frozenset(modes), token_tree, stage_spec)
+        key = (rows, ks or k, None if modes is None else frozenset(modes), token_tree, stage_spec)
         decoder = self._decoders.get(key)
         if decoder is None:
-            common = dict(backend=self.backend, run_ahead=self.run_ahead, rows=rows, seq_capacity=self.max_seq_len + k + 1,
-                          cuda_graphs=False if eager else self.cuda_graphs)
+            k_max = max(ks or (k,))
+            common = dict(backend=self.backend, run_ahead=self.run_ahead, rows=rows,
+                          seq_capacity=self.max_seq_len + k_max + 1, cuda_graphs=False if eager else self.cuda_graphs)
             if token_tree is not None:  # k = the tree's depth (TreeDecoder sets it)
                 decoder = TreeDecoder(self.target_runner, self._tree_drafter(token_tree), **common)
             else:
                 drafter = self._chain_drafter() if k else None
-                decoder = SpeculativeDecoder(self.target_runner, drafter, k=k, **common)
+                decoder = SpeculativeDecoder(self.target_runner, drafter, k=k, ks=ks, **common)
             if eager and self.graph_mode != "eager":
                 decoder.graph_note = USER_PROCESSORS_NOTE
             self._decoders[key] = decoder
@@ -433,13 +462,21 @@ class SpeculativeEngine:
             tree = options.get("tree", self.tree)
             token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
             k = self._k_for(opts, token_tree, options.get("num_assistant_tokens"))
+            ks = self._ks_for(opts, token_tree, options.get("num_assistant_tokens"))
             params = make_sampling_tensors(ids.shape[0], self.device, seed=0, **opts.kernel_params())
-            decoder = self._decoder(ids.shape[0], k, params.modes, token_tree, 0)
-            try:  # no EOS: every step runs, so the capture happens
-                decoder.generate(ids, torch.ones_like(ids), params=params, max_new_tokens=steps, eos_token_ids=None,
-                                 pad_token_id=opts.pad_token_id, streamer=None)
-            finally:
-                decoder.release()
+            decoder = self._decoder(ids.shape[0], k, params.modes, token_tree, 0, ks=ks)
+            # An adaptive schedule: one short run pinned at each K captures every K's graphs (and
+            # gives the schedule each K's first step times).
+            for pinned in ks or (None,):
+                if decoder.schedule is not None:
+                    decoder.schedule.pinned = pinned
+                try:  # no EOS: every step runs, so the capture happens
+                    decoder.generate(ids, torch.ones_like(ids), params=params, max_new_tokens=steps, eos_token_ids=None,
+                                     pad_token_id=opts.pad_token_id, streamer=None)
+                finally:
+                    decoder.release()
+                    if decoder.schedule is not None:
+                        decoder.schedule.pinned = None
 
     def describe(self) -> str:
         """One line: the drafting, the sizes, the pool, the graph mode."""

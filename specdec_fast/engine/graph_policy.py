@@ -112,7 +112,16 @@ class StepCallables:
             graph.check_reuse()
 
 
-def step_callables(mode: str, draft_step, verify_step, state_roots: dict, warmup: int) -> StepCallables:
+def graph_memory(mode: str):
+    """(pool, stream) for the StepGraphs of one decoder (every K's): a private memory pool and a
+    capture stream under CUDA graphs, (None, None) otherwise."""
+    if mode != "cuda_graphs":
+        return None, None
+    return torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+
+
+def step_callables(mode: str, draft_step, verify_step, state_roots: dict, warmup: int, pool=None,
+                   stream=None) -> StepCallables:
     """The draft / verify callables for ``mode``: the step functions themselves (eager) or
     StepGraphs around them sharing one memory pool and one capture stream (captured and replayed
     in the same order, draft then verify, so the verify graph may reuse the draft graph's freed
@@ -122,9 +131,9 @@ def step_callables(mode: str, draft_step, verify_step, state_roots: dict, warmup
     if mode == "eager":
         return StepCallables(draft_step, verify_step, {})
     capture = mode == "cuda_graphs"
-    common = dict(capture=capture, warmup=warmup, state=lambda: state_tensors(state_roots),
-                  pool=torch.cuda.graph_pool_handle() if capture else None,
-                  stream=torch.cuda.Stream() if capture else None)
+    if capture and pool is None:
+        pool, stream = graph_memory(mode)
+    common = dict(capture=capture, warmup=warmup, state=lambda: state_tensors(state_roots), pool=pool, stream=stream)
     graphs = {}
     if draft_step is not None:
         graphs["draft"] = StepGraph(draft_step, name="draft", **common)

@@ -47,10 +47,11 @@ import torch
 
 from ..kernels.sampling_params import SamplingTensors, fill_rows, static_sampling_tensors
 from ..kernels.verify import prepared_impls
-from .graph_policy import GRAPHS_BY_DEFAULT, graph_unsupported_reason, resolve_graph_mode, step_callables  # noqa: F401
+from .graph_policy import GRAPHS_BY_DEFAULT, graph_memory, graph_unsupported_reason, resolve_graph_mode, step_callables  # noqa: F401
 from .graphs import state_tensors
 from .logits_stage import LogitsStage
 from .run_ahead import RunAheadPoller, Snapshot
+from .schedule import AdaptiveK
 from .stats import PhaseTimer, StatsRecorder
 
 DEFAULT_RUN_AHEAD = 2  # run_ahead.py: the smallest bound that keeps one iteration queued on the GPU
@@ -133,7 +134,7 @@ class SpeculativeDecoder:
     def __init__(self, target, drafter, *, k: int, params: SamplingTensors | None = None, max_new_tokens: int | None = None,
                  eos_token_ids=None, pad_token_id: int = 0, backend=None, run_ahead: int = DEFAULT_RUN_AHEAD,
                  streamer=None, cuda_graphs=None, graph_warmup: int = 1, skip_finished: bool | None = None,
-                 rows: int | None = None, seq_capacity: int | None = None):
+                 rows: int | None = None, seq_capacity: int | None = None, ks=None):
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"k (num_assistant_tokens) must be an int >= 0, got {k!r}")
         if k > 0 and drafter is None:
@@ -146,7 +147,14 @@ class SpeculativeDecoder:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
         self.target, self.drafter, self.k = target, drafter, k if drafter is not None else 0
-        self.drafted_per_step = self.k  # tokens the target scores beyond the last one (a tree's: N - 1)
+        # ks: the Ks an adaptive schedule chooses among before each iteration (schedule.py); k: the
+        # first iteration's. None: K = k throughout.
+        if ks is not None and (drafter is None or any(isinstance(q, bool) or not isinstance(q, int) or q < 1 for q in ks)):
+            raise ValueError(f"ks must be ints >= 1 with a drafter, got {ks!r}")
+        self.ks = (self.k,) if ks is None or len(set(ks)) < 2 else tuple(sorted(set(ks)))
+        self.schedule = AdaptiveK(self.ks, start=self.k) if len(self.ks) > 1 else None
+        self.k_max = max(self.ks)
+        self.drafted_per_step = self.k_max  # tokens the target scores beyond the last one (a tree's: N - 1)
         self.defaults = dict(params=params, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                              pad_token_id=pad_token_id, streamer=streamer, stage=None, stopping_criteria=None)
         self._stops = None  # stopping.HostStops of a call with host-side stopping criteria
@@ -161,7 +169,9 @@ class SpeculativeDecoder:
         # Runners that leave holes in their cache (HFRunner) and reclaim them at poll time.
         self._compacting = [obj for obj in (target, drafter) if getattr(obj, "needs_compact", False)]
         self.state = None  # allocated by the first call (_allocate), then re-initialised in place
-        self.steps = None  # graph_policy.StepCallables, built at the first call's prefill
+        self._steps_by_k = {}  # K -> graph_policy.StepCallables, built the first time K runs
+        self._settled = set()  # Ks whose steps run as they will from now on (graphs captured, or eager)
+        self._graph_memory = None  # (pool, stream) shared by the graphs of every K
         self.calls = 0
         self.stats = None
 
@@ -205,8 +215,8 @@ class SpeculativeDecoder:
         self._max_new = torch.zeros(rows, **long)  # max_new_tokens per row (a device value: graphs replay it)
         self._eos = torch.full((EOS_SLOTS,), -1, **long)  # EOS ids, -1 = unused (no token is -1)
         self._no_drafts = torch.zeros(rows, 0, **long)
-        self._slots = torch.arange(self.k + 1, device=dev)[None, :]  # [1, K+1], the append's slot index
-        self.stats = StatsRecorder(self.k, dev)
+        self._slots = torch.arange(self.k_max + 1, device=dev)[None, :]  # [1, K+1], the append's slot index
+        self.stats = StatsRecorder(self.k_max, dev)
 
     def _begin_call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, call: dict) -> PromptBatch:
         """Checks the call against the decoder's fixed shapes, allocates at the first call, and
@@ -221,7 +231,7 @@ class SpeculativeDecoder:
         eos = [] if call["eos_token_ids"] is None else [int(e) for e in torch.as_tensor(call["eos_token_ids"]).reshape(-1).tolist()]
         if len(eos) > EOS_SLOTS:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_ids per decoder, got {len(eos)}")
-        need = width + new + self.k + 1
+        need = width + new + self.k_max + 1
         if self.state is None:
             self._allocate(self.rows or batch, self.seq_capacity or need, params)
         if batch > self.rows:
@@ -267,7 +277,7 @@ class SpeculativeDecoder:
         """The call's logits stage (logits_stage.py): built at the first call that asks for one (a
         user's logits_processor: every call, eagerly), re-filled in place by later calls."""
         if request is None:
-            if self.stage is not None and self.steps is not None and self.steps.graphs:
+            if self.stage is not None and any(steps.graphs for steps in self._steps_by_k.values()):
                 raise ValueError("this decoder's graphs were captured with a logits stage; a call without one needs another decoder")
             self.stage = self.state.stage = None
             return
@@ -293,16 +303,29 @@ class SpeculativeDecoder:
         self._update_live()
         if self.drafter is not None:
             self.drafter.start(self.state, prompt)
-        self._captured_before = 0
-        if self.steps is None:
-            self.steps = step_callables(self.graph_mode, self.draft_step if self.k else None, self.verify_step,
-                                        self._state_roots(), self.graph_warmup)
-        else:
-            self._captured_before = len(self.steps.captured())
-            self.steps.check_reuse()
-        # Steps before the one that captures the graphs (timed as "capture"); -1: never.
-        self._steps_to_capture = self.graph_warmup - self.steps.calls() if self.steps.graphs and not self.steps.ready() else -1
+        self._captured_before = self._captured()
+        for steps in self._steps_by_k.values():
+            steps.check_reuse()
+        if self.schedule is not None:
+            self.schedule.begin_call()
+            self.k = self.schedule.start
+        self.steps  # the current K's step callables exist before the first step  # noqa: B018
         self.timer.mark(None)
+
+    @property
+    def steps(self):
+        """The step callables of the current K (graph_policy.StepCallables), built at its first use."""
+        steps = self._steps_by_k.get(self.k)
+        if steps is None:
+            if self._graph_memory is None:
+                self._graph_memory = graph_memory(self.graph_mode)
+            steps = self._steps_by_k[self.k] = step_callables(
+                self.graph_mode, self.draft_step if self.k else None, self.verify_step, self._state_roots(),
+                self.graph_warmup, *self._graph_memory)
+        return steps
+
+    def _captured(self) -> int:
+        return sum(len(steps.captured()) for steps in self._steps_by_k.values())
 
     def release(self) -> None:
         """Returns the runners' KV blocks to their pools (after a call)."""
@@ -323,7 +346,7 @@ class SpeculativeDecoder:
         if st.skip_finished:  # a finished row: no draft to examine, no token to score
             drafts = torch.where(st.live[:, None] > 0, drafts, -1)
         target_in = torch.cat([st.last_token()[:, None], drafts.clamp(min=0)], 1)  # [B, K+1]
-        num_valid = st.live * (self.k + 1) if st.skip_finished else None
+        num_valid = st.live * (self.k + 1) if st.skip_finished else None  # self.k: this iteration's K
         target_logits = self.target.score(target_in, num_valid)  # [B, K+1, V], the runner's dtype
         if self.stage is not None:  # logits processors per position (each sees the drafts before it)
             target_logits = self.stage.target(target_logits, st, drafts)
@@ -331,7 +354,10 @@ class SpeculativeDecoder:
             target_logits, draft_logits = target_logits.float(), draft_logits.float()
         tokens, accepted = self._chain_verify(target_logits, draft_logits, drafts)  # [B, K+1] int32, [B] int32
         self.target.commit(self._kept(accepted.long() + 1))
-        self.stats.record(accepted, self._append(tokens, accepted))
+        count = self._append(tokens, accepted)
+        self.stats.record(accepted, count)
+        if self.schedule is not None:  # acceptance per position, whatever K this iteration ran
+            self.stats.record_positions(accepted, count, self.k)
         if self.k:
             self.drafter.commit(accepted, drafts)
         self._update_live()
@@ -376,17 +402,45 @@ class SpeculativeDecoder:
         torch.logical_not(self.state.finished, out=self.state.live)
 
     def step(self) -> None:
-        """One iteration: the draft and verify steps (after the capture, two graph replays)."""
-        phase = "capture" if self._steps_to_capture == 0 else None
-        self._steps_to_capture -= 1
-        if self.k:
-            self.timer.mark(phase or "draft")
-            drafts, draft_logits = self.steps.draft()
+        """One iteration at the current K: the draft and verify steps (after K's capture, two
+        graph replays). Phases are tagged with K when they are the steps' running cost (eager,
+        or replays): the warm-up and the capture are timed apart ("capture"). The common case
+        (K settled: graphs captured, or eager) costs two dict / set lookups of host work
+        (tests/engine/test_loop_host_work.py bounds it)."""
+        k = self.k
+        steps = self._steps_by_k[k]  # built when K was chosen (_prefill, _choose_k)
+        phase, tag = None, k
+        if k not in self._settled:
+            if steps.graphs and not steps.ready():  # warm-up or capture of this K's graphs
+                phase = "capture" if steps.graphs["verify"].next_call_captures else None
+                tag = None
+            else:
+                self._settled.add(k)
+        if k:
+            self.timer.mark(phase or "draft", tag)
+            drafts, draft_logits = steps.draft()
         else:
             drafts, draft_logits = self._no_drafts, None
-        self.timer.mark(phase or "target")
-        self.steps.verify(drafts, draft_logits)
+        self.timer.mark(phase or "target", tag)
+        steps.verify(drafts, draft_logits)
         self.timer.mark(None)
+
+    def _choose_k(self, snapshot, issued: int) -> None:
+        """The adaptive schedule's K for the next iteration, from the polled counters and the
+        phases the device has finished (schedule.py); K shrinks to the tokens left."""
+        schedule = self.schedule
+        if snapshot is not None and snapshot.counters is not None:
+            schedule.observe_counters(snapshot.counters)
+            self._last_snapshot = snapshot
+        schedule.observe_phases(self.timer.drain())
+        remaining = None
+        last = self.__dict__.get("_last_snapshot")
+        if last is not None:  # the longest live row as of that poll, less what the iterations since may have made
+            live = last.gen_len[: self.batch]
+            remaining = self.max_new_tokens - int(live.min()) if live.size else None
+        self.k = schedule.choose(remaining)
+        if self.k not in self._steps_by_k:
+            self.steps  # built at the first use of this K  # noqa: B018
 
     # -- the loop ------------------------------------------------------------------------
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, params=_DEFAULT, max_new_tokens=_DEFAULT,
@@ -408,6 +462,8 @@ class SpeculativeDecoder:
                 snapshot = poller.wait(iterations)
                 if snapshot is not None and self._take_snapshot(snapshot, iterations):
                     break
+                if self.schedule is not None:
+                    self._choose_k(snapshot, iterations)
                 self.step()
                 iterations += 1
                 poller.issue(iterations)
@@ -428,7 +484,9 @@ class SpeculativeDecoder:
         poller = pollers.get(copies)
         if poller is None:
             seq = {"all": self.state.seq, "row0": self.state.seq[:1], None: None}[copies]
-            poller = pollers[copies] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq=seq)
+            counters = self.stats.positions if self.schedule is not None else None  # the schedule's acceptance
+            poller = pollers[copies] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq=seq,
+                                                      counters=counters)
         poller.reset()
         poller.issue(0)
         return poller
@@ -452,7 +510,7 @@ class SpeculativeDecoder:
         if snapshot.done or (self._stops is not None and self._stops.all_done):
             return True
         if self._compacting:
-            bound = self.prompt_width + int(snapshot.gen_len.max()) + (self.k + 1) * (issued - snapshot.iteration)
+            bound = self.prompt_width + int(snapshot.gen_len.max()) + (self.k_max + 1) * (issued - snapshot.iteration)
             for runner in self._compacting:
                 runner.compact(bound)
         return False
@@ -476,7 +534,9 @@ class SpeculativeDecoder:
         new = int(gen_len.max()) if gen_len.numel() else 0
         needed = poller.first_done if poller.first_done is not None else iterations
         loop = dict(poller.report(), iterations_needed=needed)
-        self.stats.finish(time.perf_counter() - t0, iterations, self.timer, gen_len, graphs=self.graph_report(), loop=loop)
+        schedule = None if self.schedule is None else self.schedule.report()
+        self.stats.finish(time.perf_counter() - t0, iterations, self.timer, gen_len, graphs=self.graph_report(), loop=loop,
+                          schedule=schedule)
         out = self.state.seq[: self.batch, : self.prompt_width + new].clone()
         if self._stops is not None:  # pad after the token where a criterion ended the row
             after = torch.arange(new, device=self.device)[None, :] >= gen_len.to(self.device)[:, None]
@@ -494,12 +554,15 @@ class SpeculativeDecoder:
 
     def graph_report(self) -> dict:
         """What ran: mode, why eager (if so), calls served by each graph (or its static twin)
-        in this call, graphs captured in this call."""
-        if self.steps is None:
+        in this call (over every K), graphs captured in this call."""
+        if not self._steps_by_k:
             return dict(mode=self.graph_mode, note=self.graph_note, replays={}, captured=0)
-        replays = self.steps.replays()
+        replays = {}
+        for steps in self._steps_by_k.values():
+            for name, count in steps.replays().items():
+                replays[name] = replays.get(name, 0) + count
         before = self.__dict__.setdefault("_replays_before", {})
         this_call = {name: count - before.get(name, 0) for name, count in replays.items()}
         self._replays_before = dict(replays)
-        captured = len(self.steps.captured()) - self._captured_before
-        return dict(mode=self.graph_mode, note=self.graph_note, replays=this_call, captured=captured)
+        return dict(mode=self.graph_mode, note=self.graph_note, replays=this_call,
+                    captured=self._captured() - self._captured_before)

@@ -46,16 +46,18 @@ class Snapshot:
     done: bool
     gen_len: np.ndarray
     seq: np.ndarray | None
+    counters: np.ndarray | None = None  # the polled counters (RunAheadPoller's counters=), or None
 
 
 class RunAheadPoller:
     """Polls of ``status`` [2, B] int64 (and ``seq`` [B', T], rows of the token buffer, when given) through a ring of R
     pinned host slots; see the module docstring for the protocol. run_ahead: R >= 1."""
 
-    def __init__(self, status: torch.Tensor, run_ahead: int, *, events=None, seq: torch.Tensor | None = None):
+    def __init__(self, status: torch.Tensor, run_ahead: int, *, events=None, seq: torch.Tensor | None = None,
+                 counters: torch.Tensor | None = None):
         if isinstance(run_ahead, bool) or not isinstance(run_ahead, int) or run_ahead < 1:
             raise ValueError(f"run_ahead must be an int >= 1, got {run_ahead!r}")
-        self.run_ahead, self.status, self.seq = run_ahead, status, seq
+        self.run_ahead, self.status, self.seq, self.counters = run_ahead, status, seq, counters
         self._slots = slots = run_ahead
         pin = status.device.type == "cuda"
         ring = torch.empty((slots, *status.shape), dtype=status.dtype, device="cpu", pin_memory=pin)
@@ -64,6 +66,10 @@ class RunAheadPoller:
         if seq is not None:
             seq_ring = torch.empty((slots, *seq.shape), dtype=seq.dtype, device="cpu", pin_memory=pin)
             self._seq_ring, self._seq_ring_np = list(seq_ring), seq_ring.numpy()
+        self._counter_ring = self._counter_ring_np = None
+        if counters is not None:  # e.g. the acceptance per draft position (the adaptive K schedule reads it)
+            counter_ring = torch.empty((slots, *counters.shape), dtype=counters.dtype, device="cpu", pin_memory=pin)
+            self._counter_ring, self._counter_ring_np = list(counter_ring), counter_ring.numpy()
         self._events = None if events is None else [events() for _ in range(slots)]
         self.reset()
 
@@ -85,6 +91,8 @@ class RunAheadPoller:
         self._ring[slot].copy_(self.status, non_blocking=True)
         if self._seq_ring is not None:
             self._seq_ring[slot].copy_(self.seq, non_blocking=True)
+        if self._counter_ring is not None:
+            self._counter_ring[slot].copy_(self.counters, non_blocking=True)
         if self._events is not None:
             self._events[slot].record()
         self.issued = iteration
@@ -136,4 +144,5 @@ class RunAheadPoller:
             self.first_done = poll
         self.read = poll
         seq = None if self._seq_ring_np is None else self._seq_ring_np[slot]
-        return Snapshot(poll, done, values[0], seq)
+        counters = None if self._counter_ring_np is None else self._counter_ring_np[slot]
+        return Snapshot(poll, done, values[0], seq, counters)

@@ -40,12 +40,15 @@ class PhaseTimer:
         self.events = events
         self.pool = []  # event objects, reused across generate() calls of one decoder
         self._next, self._capacity = 0, 0  # the next event to record, len(pool)
-        self.names = []  # phase started at mark i
+        self.names = []  # (name, tag) of the phase started at mark i (tag: the K of a step, or None)
         self.stamps = []  # perf_counter values (CPU)
         self.totals = {}
+        self._drained = 0  # marks whose phase drain() has handed out
 
-    def mark(self, name) -> None:
-        self.names.append(name)
+    def mark(self, name, tag=None) -> None:
+        """End the current phase and start ``name`` (None: untimed), tagged with ``tag`` (the K of
+        a step; kept as one (name, tag) pair: one append per mark, the loop's host work is counted)."""
+        self.names.append((name, tag))
         if self.events is None:
             self.stamps.append(time.perf_counter())
             return
@@ -56,6 +59,25 @@ class PhaseTimer:
         self.pool[i].record()
         self._next = i + 1
 
+    def drain(self) -> list:
+        """(name, tag, seconds) of the phases that ended since the last drain and whose end the
+        device has reached (event.query(): no wait). The adaptive K schedule reads its step
+        costs this way, at poll time."""
+        out = []
+        while self._drained + 1 < len(self.names):
+            i = self._drained
+            if self.events is None:
+                seconds = self.stamps[i + 1] - self.stamps[i]
+            else:
+                if not self.pool[i + 1].query():
+                    break
+                seconds = self.pool[i].elapsed_time(self.pool[i + 1]) / 1000.0
+            name, tag = self.names[i]
+            if name is not None:
+                out.append((name, tag, seconds))
+            self._drained = i + 1
+        return out
+
     def finish(self) -> None:
         """Totals of this call's marks (a timer serves one call at a time)."""
         self.totals = {}
@@ -63,7 +85,7 @@ class PhaseTimer:
         if self.events is not None and n:
             self.pool[n - 1].synchronize()
         for i in range(n - 1):
-            name = self.names[i]
+            name = self.names[i][0]
             if name is None:
                 continue
             if self.events is None:
@@ -71,7 +93,7 @@ class PhaseTimer:
             else:
                 seconds = self.pool[i].elapsed_time(self.pool[i + 1]) / 1000.0
             self.totals[name] = self.totals.get(name, 0.0) + seconds
-        self.names, self.stamps, self._next = [], [], 0
+        self.names, self.stamps, self._next, self._drained = [], [], 0, 0
 
 
 class StatsRecorder:
@@ -81,12 +103,17 @@ class StatsRecorder:
         self.k = k
         self.hist = torch.zeros(k + 1, dtype=torch.long, device=device)  # row-iterations with j accepted
         self.first_tokens = torch.zeros((), dtype=torch.long, device=device)  # tokens of the prefill's first step
+        # [2, K]: row-iterations that reached draft position i (row 0) and accepted it (row 1): the
+        # acceptance per position whatever K each iteration ran (the adaptive schedule polls it).
+        self.positions = torch.zeros(2, max(k, 1), dtype=torch.long, device=device)
+        self._position_index = torch.arange(max(k, 1), device=device)[None, :]
         self.result = None
 
     def reset(self) -> None:
         """Zero the counters for a new call (in place: the verify graph writes them)."""
         self.hist.zero_()
         self.first_tokens.zero_()
+        self.positions.zero_()
         self.result = None
 
     def record_first(self, count: torch.Tensor) -> None:
@@ -99,8 +126,17 @@ class StatsRecorder:
         check its input range on the host)."""
         self.hist.scatter_add_(0, num_accepted.long(), (count > 0).long())
 
+    def record_positions(self, num_accepted: torch.Tensor, count: torch.Tensor, k: int) -> None:
+        """After an iteration of K = k drafts: position i < k was reached by a counted row when
+        i <= j (j accepted), accepted when i < j. Two adds of [k] sums, no sync."""
+        index = self._position_index[:, :k]
+        j = num_accepted.long()[:, None]
+        counted = (count > 0)[:, None]
+        self.positions[0, :k] += ((index <= j) & counted).sum(0)
+        self.positions[1, :k] += ((index < j) & counted).sum(0)
+
     def finish(self, wall_s: float, iterations: int, timer: PhaseTimer, gen_len: torch.Tensor, graphs=None,
-               loop=None) -> None:
+               loop=None, schedule=None) -> None:
         hist = self.hist.cpu().tolist()
         first = int(self.first_tokens.cpu())
         new_tokens = int(gen_len.sum())
@@ -113,6 +149,9 @@ class StatsRecorder:
             graph_replays=dict((graphs or {}).get("replays", {})), graphs_captured=(graphs or {}).get("captured", 0),
             loop=dict(loop or {}),
         )
+        if schedule is not None:  # an adaptive K: acceptance per position from the position counters
+            self.result.position_counts = self.positions.cpu().tolist()
+            self.result.schedule = schedule
 
 
 @dataclass
@@ -140,6 +179,10 @@ class GenerationStats:
     # (event.synchronize calls), max_ahead (most iterations issued beyond the last read poll).
     loop: dict = field(default_factory=dict)
     graphs_captured: int = 0  # CUDA graphs (or static twins) captured in this call: 0 when an engine reuses them
+    # An adaptive K (engine/schedule.py): [reached, accepted] per draft position, and the
+    # schedule's report (K chosen per iteration, the estimates it used, drafted steps).
+    position_counts: list | None = None
+    schedule: dict | None = None
 
     @property
     def capture_ms(self) -> float:
@@ -173,8 +216,18 @@ class GenerationStats:
         return sum((j + 1) * c for j, c in enumerate(self.accepted_hist)) / n if n else float("nan")
 
     @property
+    def mean_k(self) -> float:
+        """Drafts per iteration: K, or the mean K an adaptive schedule chose."""
+        if self.schedule is not None and self.iterations:
+            return self.schedule["drafted_steps"] / self.iterations
+        return float(self.k)
+
+    @property
     def acceptance_per_position(self) -> list:
         """P(draft i accepted | drafts 0..i-1 accepted), i = 0..K-1."""
+        if self.position_counts is not None:
+            reached, accepted = self.position_counts
+            return [a / r if r else float("nan") for r, a in zip(reached, accepted)]
         rates = []
         for i in range(self.k):
             reached = sum(self.accepted_hist[i:])
@@ -186,6 +239,9 @@ class GenerationStats:
     def alpha(self) -> float:
         if self.k == 0:
             return float("nan")
+        if self.position_counts is not None:
+            reached, accepted = (sum(row) for row in self.position_counts)
+            return accepted / reached if reached else float("nan")
         accepted = sum(j * c for j, c in enumerate(self.accepted_hist))
         examined = sum(min(j + 1, self.k) * c for j, c in enumerate(self.accepted_hist))
         return accepted / examined if examined else float("nan")
@@ -194,12 +250,12 @@ class GenerationStats:
     def cost_ratio(self) -> float:
         if self.k == 0 or self.iterations == 0 or self.target_s <= 0:
             return float("nan")
-        return (self.draft_s / (self.iterations * self.k)) / (self.target_s / self.iterations)
+        return (self.draft_s / (self.iterations * self.mean_k)) / (self.target_s / self.iterations)
 
     @property
     def predicted_speedup(self) -> float:
         """Leviathan Theorem 3.8 from the measured alpha and c."""
-        a, c, k = self.alpha, self.cost_ratio, self.k
+        a, c, k = self.alpha, self.cost_ratio, self.mean_k
         if k == 0 or a != a or c != c:
             return float("nan")
         expected = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
@@ -230,7 +286,7 @@ class GenerationStats:
     def format(self) -> str:
         lines = [
             f"generated tokens     {self.new_tokens} ({self.batch} row(s)) in {self.wall_s:.3f} s = {self.tokens_per_s:.1f} tokens/s",
-            f"iterations           {self.iterations} (K = {self.k})" + self._loop_line(),
+            f"iterations           {self.iterations} ({self._k_text()})" + self._loop_line(),
             f"outside the phases   {self.host_ms_per_iter:.3f} ms per iteration (wall - prefill - capture - draft - target)",
         ]
         if self.k:
@@ -248,6 +304,15 @@ class GenerationStats:
             replays = ", ".join(f"{name} {n}" for name, n in self.graph_replays.items())
             lines.append(f"execution            {self.graph_mode} (graph calls: {replays}; {self.graphs_captured} graph(s) "
                          f"captured in this call, {self.capture_s * 1000:.1f} ms)")
+        if self.schedule is not None:
+            s = self.schedule
+            lines.append(f"K schedule           adaptive: chosen {s['chosen']} (iterations per K); estimates at the end: "
+                         f"acceptance {s['acceptance']}, step ms {s['step_ms']}")
         if self.measured_speedup is not None:
             lines.append(f"measured speedup     {self.measured_speedup:.2f}x (vs plain decoding at {self.plain_tokens_per_s:.1f} tokens/s)")
         return "\n".join(lines)
+
+    def _k_text(self) -> str:
+        if self.schedule is None:
+            return f"K = {self.k}"
+        return f"K adaptive in {self.schedule['ks']}, mean {self.mean_k:.2f}"

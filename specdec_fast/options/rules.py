@@ -36,9 +36,13 @@ LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalt
                         "begin_suppress_tokens", "typical_p", "epsilon_cutoff", "eta_cutoff", "logits_processor")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
+# The draft length's schedule (engine/schedule.py): "adaptive" (ours; the default when a call gives
+# no K), transformers' "heuristic" / "heuristic_transient" (served by the adaptive schedule: speed
+# only, never the output), "constant".
+SCHEDULE_OPTIONS = ("num_assistant_tokens_schedule",)
 # Outputs: more rows (num_return_sequences) and transformers' output dict (engine/outputs.py).
 OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits")
-ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + OUTPUT_OPTIONS)
+ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
 HANDLED_FIELDS = frozenset({
@@ -62,7 +66,6 @@ ACCEPTED = {
     "disable_compile": "whether transformers compiles its forward",
     "continuous_batching_config": "transformers' continuous batching",
     "low_memory": "how transformers batches contrastive search",
-    "num_assistant_tokens_schedule": "how transformers varies its draft length (speed only; we draft a constant K)",
     "assistant_confidence_threshold": "when transformers' draft stops early (speed only)",
     "assistant_lookbehind": "transformers' re-encoding window across two tokenizers (ours re-encodes from exact "
                             "byte offsets: drafters/cross_tokenizer.py)",

@@ -135,7 +135,8 @@ def test_patch_generate(pair):
         out, stats = target.generate(IDS, attention_mask=MASK, assistant_model=draft, max_new_tokens=6, do_sample=False,
                                      return_stats=True)  # return_stats exists only on the specdec_fast path
         plain = target.generate(IDS, attention_mask=MASK, max_new_tokens=6, do_sample=False)
-    assert torch.equal(out, expected) and stats.k == 4
+    assert torch.equal(out, expected)
+    assert stats.schedule is not None and stats.k == 8, "greedy with no K: the adaptive schedule, Ks up to 8"
     assert torch.equal(plain, expected)
     assert "generate" not in vars(target), "restored"
 

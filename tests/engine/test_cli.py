@@ -304,3 +304,45 @@ def test_the_progress_bar_on_a_terminal(capsys):
     bar.close()
     err = capsys.readouterr().err
     assert "2/5" in err and "80.0 tokens/s, acceptance 0.85" in err
+
+
+def test_generation_option_flags(pair_dirs, capsys):
+    """--repetition-penalty, --min-new-tokens and --stop decode as model.generate with those options
+    (the demo pair: transformers' StopStringCriteria needs a byte-level tokenizer, not the word-level
+    one of the tiny pair); --num-return-sequences prints one completion each."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import specdec_fast
+
+    target_dir, draft_dir = specdec_fast.demo_pair()
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    prompt = "def binary_search(a, x):"
+    ids = torch.tensor([tok(prompt).input_ids])
+    options = dict(max_new_tokens=24, do_sample=False, repetition_penalty=1.3, min_new_tokens=2)
+    free = tok.decode(model.generate(ids, **options)[0, ids.shape[1]:])
+    stop = free.split()[3]  # the 4th word of the free completion: the row ends where it is complete
+    expected = model.generate(ids, **options, stop_strings=[stop], tokenizer=tok)
+    code = cli.main(["generate", "--target", str(target_dir), "--draft", str(draft_dir), "--prompt", prompt,
+                     "--max-new-tokens", "24", "--repetition-penalty", "1.3", "--min-new-tokens", "2", "--stop", stop,
+                     "--device", "cpu", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    completion = out[: out.index("\n--- stats")].removesuffix("\n")  # print() ends the text with a newline
+    assert completion == tok.decode(expected[0], skip_special_tokens=True) and completion.endswith(stop)
+    code = cli.main(["generate", "--target", str(pair_dirs / "target"), "--prompt-lookup", "2", "--prompt", "w5 w9 w17 w5",
+                     "--max-new-tokens", "6", "--temperature", "0.9", "--num-return-sequences", "3", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("--- completion ") == 3
+
+
+@pytest.mark.parametrize("extra, line", [
+    (["--num-return-sequences", "2"], "--num-return-sequences > 1 needs sampling (--temperature > 0): greedy gives one "
+                                      "completion"),
+    (["--repetition-penalty", "0"], "--repetition-penalty must be > 0 (1 = off), got 0.0"),
+    (["--min-new-tokens", "-1"], "--min-new-tokens must be >= 0, got -1"),
+])
+def test_generation_option_flag_errors(pair_dirs, capsys, extra, line):
+    code = cli.main(["generate", "--target", str(pair_dirs / "target"), "--prompt", "w5", *extra])
+    assert code == 2 and capsys.readouterr().err.strip() == f"specdec-fast: error: {line}"

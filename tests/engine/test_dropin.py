@@ -179,3 +179,24 @@ def test_three_threads_calling_one_model_get_what_they_would_alone():
         thread.join()
     assert not errors, errors
     assert all(torch.equal(together[t][i], alone[t][i]) for t in range(3) for i in range(4))
+
+
+@pytest.mark.parametrize("runner", ["paged", "hf"])
+def test_stop_strings_with_a_chat_combination_equal_generate(runner):
+    """repetition_penalty + stop_strings + min_new_tokens, as a chat template's generation_config
+    would set them, batch 3 with left padding (the demo pair: its byte-level tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = specdec_fast.demo_pair()
+    tok = AutoTokenizer.from_pretrained(target_dir, padding_side="left")
+    target = AutoModelForCausalLM.from_pretrained(target_dir)
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+    batch = tok(["def binary_search(a, x):", "class Queue:", "import os\n\ndef main("], return_tensors="pt", padding=True)
+    options = dict(max_new_tokens=40, do_sample=False, repetition_penalty=1.05, min_new_tokens=3,
+                   stop_strings=["return", ":\n"], tokenizer=tok, eos_token_id=tok.eos_token_id,
+                   pad_token_id=tok.pad_token_id)
+    expected = target.generate(batch.input_ids, attention_mask=batch.attention_mask, **options)
+    out, stats = specdec_fast.generate(target, batch.input_ids, batch.attention_mask, assistant_model=draft,
+                                       runner=runner, return_stats=True, **options)
+    assert torch.equal(out, expected)
+    assert min(stats.tokens_per_row) < 40, "a stop string ended a row"

@@ -45,7 +45,7 @@ def test_buckets():
 
 
 def test_a_second_call_in_a_bucket_captures_nothing_and_allocates_no_blocks():
-    engine = _engine()
+    engine = _engine(num_assistant_tokens=4)  # a constant K: one pair of graphs (the adaptive schedule's: test_adaptive_k.py)
     pool = engine.target_runner.cache
     kv, free = pool.kv.data_ptr(), pool.num_free_blocks
     ids, mask = left_padded_prompts([5, 9, 3], seed=1)
@@ -56,7 +56,7 @@ def test_a_second_call_in_a_bucket_captures_nothing_and_allocates_no_blocks():
     assert s2.graphs_captured == 0 and s2.capture_s == 0.0
     assert s2.graph_replays == {"draft": s2.iterations, "verify": s2.iterations}  # every iteration replayed
     assert pool.kv.data_ptr() == kv and pool.num_free_blocks == free  # the same pool, every block returned
-    fresh = _engine().generate(ids2, mask2, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    fresh = _engine(num_assistant_tokens=4).generate(ids2, mask2, max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert torch.equal(second, fresh)
 
 
@@ -183,8 +183,8 @@ def test_generate_reuses_a_cached_engine_and_frees_it_with_the_models():
     target.generation_config.eos_token_id = None
     draft = make_draft(target, noise=0.1)
     ids, mask = left_padded_prompts([4, 7], seed=3)
-    kw = dict(assistant_model=draft, max_new_tokens=6, do_sample=False, pad_token_id=0, cuda_graphs="static",
-              return_stats=True)
+    kw = dict(assistant_model=draft, num_assistant_tokens=4, max_new_tokens=6, do_sample=False, pad_token_id=0,
+              cuda_graphs="static", return_stats=True)
     out1, s1 = specdec_fast.generate(target, ids, mask, **kw)
     out2, s2 = specdec_fast.generate(target, ids, mask, **kw)
     assert torch.equal(out1, out2) and s1.graphs_captured == 2 and s2.graphs_captured == 0

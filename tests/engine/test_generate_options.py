@@ -174,9 +174,11 @@ def test_implemented_options_reach_the_caller(pair):
     with pytest.raises(ValueError, match="stopping_criteria=StoppingCriteriaList"):
         resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1],
                         implemented={"repetition_penalty"})
-    # The engine implements the logits stage's options (engine/logits_stage.py) and the stopping ones.
-    assert generation_options.ENGINE_IMPLEMENTS == frozenset(option_rules.LOGITS_STAGE_OPTIONS
-                                                              + option_rules.STOPPING_OPTIONS + option_rules.OUTPUT_OPTIONS)
+    # The engine implements the logits stage's options (engine/logits_stage.py), the stopping ones,
+    # the outputs and the draft length's schedule (engine/schedule.py).
+    assert generation_options.ENGINE_IMPLEMENTS == frozenset(
+        option_rules.LOGITS_STAGE_OPTIONS + option_rules.STOPPING_OPTIONS + option_rules.SCHEDULE_OPTIONS
+        + option_rules.OUTPUT_OPTIONS)
 
 
 def test_the_readme_table_is_the_classification():

@@ -2,7 +2,7 @@
 runners, the Triton kernels and both drafters: the tokens equal the eager path's and every
 iteration after the warm-up is served by the graphs.
 
-The H100 run (../shared/gpu/README.md) failed to capture at B=1 K=5 (verify step) and B=1 K=7
+The H100 run (bench/results/h100_3dca4fa/README.md) failed to capture at B=1 K=5 (verify step) and B=1 K=7
 (draft step). Cause found: the cyclic garbage collector finalising an earlier decoder's CUDA
 graph in the middle of a capture (graphs.py pauses it now); the Triton specialisation detector
 (triton_launches.py) found no kernel compiling a new variant at the capture call anywhere in

@@ -7,7 +7,7 @@ were recorded, synchronize() completes them at once and is logged):
   - the blocking rule: the host blocks (synchronize) only on the oldest unread poll, and only when
     it is R iterations old; it is never more than R iterations ahead of the newest read poll;
   - the tokens do not depend on R or on the lag; streaming still works.
-The H100 failure this guards against (../shared/gpu/README.md): a poller that kept only the newest
+The H100 failure this guards against (bench/results/h100_3dca4fa/README.md): a poller that kept only the newest
 poll never read one under CUDA graphs and ran max_new_tokens - 1 iterations (127 where 42 sufficed)."""
 import pytest
 import torch

@@ -2,7 +2,7 @@
 repeated scalar parameters (an int seed included), cost no device op beyond the kernel's own;
 on a GPU they capture into a CUDA graph whose replays equal eager calls.
 
-The H100 probe (../shared/gpu/verify_public_api_probe.json): 35 kernels per call, 5 of them
+The H100 probe (bench/results/h100_3dca4fa/verify_public_api_probe.json): 35 kernels per call, 5 of them
 device-to-host copies (the scalar checks), 3.2 ms with an int seed (273 tiny Philox ops to
 derive the row seeds) against 0.6 ms with seed tensors, and the capture failed."""
 import pytest

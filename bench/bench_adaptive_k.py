@@ -1,0 +1,162 @@
+"""The adaptive K schedule (specdec_fast/engine/schedule.py) against every fixed K and plain decoding,
+side by side in one run, per (draft agreement, batch size).
+
+For each configuration: plain decoding, a draft model at each fixed K (num_assistant_tokens=K,
+schedule "constant"), and the adaptive schedule (no K given: generate()'s default). Each method
+makes one warm-up call (graph capture, Triton compiles, and for the adaptive schedule its first
+cost measurements, which the engine keeps across calls) and then --calls timed calls on the same
+cached engine; the row is their median. Greedy by default (--sample: T=1), EOS off: every call
+makes exactly N tokens per row. What the table shows: tokens/s of the whole call, the best fixed
+K, the adaptive schedule's tokens/s as a fraction of the best fixed K's, the mean K it ran and the
+Ks it chose.
+
+    python bench/bench_adaptive_k.py            # CPU: the demo pair and a noisier copy of its draft
+    python bench/bench_adaptive_k.py --gpu      # CUDA: the 8B-shaped pair (bench/scale_models.py),
+                                                # greedy agreement 0.6 / 0.8 / 0.9 x batch 1 / 8 / 32
+
+Writes bench/results/adaptive_k_<device>.json (rewritten after every configuration; --budget-s
+stops starting new configurations after that many seconds).
+"""
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import specdec_fast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model, versions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_setup(batches):
+    """The demo pair and, per 'agreement' label, a draft: the demo draft and a copy with noise on
+    its decoder layers (seeded), which lowers its agreement with the target."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec_fast.pair import held_out_prompts
+
+    target_dir, draft_dir = specdec_fast.demo_pair()
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
+    target.generation_config.eos_token_id = None
+    noisy = copy.deepcopy(draft)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in noisy.named_parameters():
+            if ".layers." in name and p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.6 * p.std())
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    rows = [tok(p, return_tensors="pt").input_ids[0] for p in held_out_prompts(max(batches))]
+    width = min(len(r) for r in rows)
+    prompts = torch.stack([r[:width] for r in rows])  # the same length: no padding
+    drafts = {"demo draft": draft, "noisy draft": noisy}
+    return target, drafts, lambda b: prompts[:b], "demo pair (3.8M Llama code model + 0.8M draft), float32"
+
+
+def gpu_setup(agreements, prompt_len):
+    import scale_models as sm
+
+    device = torch.device("cuda")
+    target = sm.build_target(sm.LLAMA3_8B, device)
+    draft = sm.draft_of(target, 2)
+    gen = torch.Generator().manual_seed(7)
+    calib = torch.randint(3, sm.LLAMA3_8B["vocab_size"], (4, 64), generator=gen).to(device)
+    ids = torch.randint(3, sm.LLAMA3_8B["vocab_size"], (64, prompt_len), generator=gen).to(device)
+
+    def drafts():  # the draft shares the target's layers: calibrating moves both, one agreement at a time
+        for goal in agreements:
+            got = sm.calibrate(target, draft, goal, calib)
+            yield f"greedy agreement {got['agreement']:.3f}", draft
+    return target, drafts, lambda b: ids[:b], "Llama-3-8B-shaped random bf16 target, 2-layer draft"
+
+
+def timed(target, ids, new: int, extra: dict, calls: int, sample: bool) -> dict:
+    def one():
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        _, stats = specdec_fast.generate(target, ids, max_new_tokens=new, do_sample=sample, temperature=1.0,
+                                         seed=0 if sample else None, return_stats=True, pad_token_id=0, **extra)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, stats
+
+    one()  # warm-up: capture, compiles, the schedule's first measurements
+    runs = [one() for _ in range(calls)]
+    wall = statistics.median(w for w, _ in runs)
+    stats = runs[-1][1]
+    row = dict(wall_s=wall, tokens_per_s=ids.shape[0] * new / wall)
+    if extra:
+        row.update(alpha=stats.alpha, mean_k=stats.mean_k, iterations=stats.iterations)
+        if stats.schedule is not None:
+            row.update(chosen=stats.schedule["chosen"], acceptance=stats.schedule["acceptance"],
+                       step_ms=stats.schedule["step_ms"])
+    return row
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--agreements", default="0.6,0.8,0.9", help="GPU: greedy agreements of the 8B-shaped pair")
+    ap.add_argument("--batches", default=None, help="default 1,8,32 on GPU, 1,4 on CPU")
+    ap.add_argument("--ks", default="1,2,3,4,5,6,8")
+    ap.add_argument("--new-tokens", type=int, default=None, help="default 128 on GPU, 64 on CPU")
+    ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--budget-s", type=float, default=None)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    batches = [int(b) for b in (args.batches or ("1,8,32" if args.gpu else "1,4")).split(",")]
+    ks = [int(k) for k in args.ks.split(",")]
+    new = args.new_tokens or (128 if args.gpu else 64)
+    if args.gpu:
+        target, drafts, prompts, models = gpu_setup([float(a) for a in args.agreements.split(",")], args.prompt_len)
+        configs = drafts()
+        device = torch.cuda.get_device_name()
+    else:
+        torch.set_num_threads(args.threads)
+        target, by_name, prompts, models = cpu_setup(batches)
+        configs = iter(by_name.items())
+        device = cpu_model()
+    stem = "adaptive_k_" + ("".join(c if c.isalnum() else "_" for c in device.lower()) if args.gpu else "cpu")
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{stem}.json"
+    result = dict(device=device, versions=versions(), models=models, new_tokens=new, ks=ks, calls=args.calls,
+                  sample=args.sample, threads=None if args.gpu else args.threads, configs=[])
+    for label, draft in configs:
+        for b in batches:
+            if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: skipping the rest")
+                break
+            ids = prompts(b)
+            methods = {"plain": {}}
+            methods.update({f"K={k}": dict(assistant_model=draft, num_assistant_tokens=k) for k in ks})
+            methods["adaptive"] = dict(assistant_model=draft)
+            rows = {name: timed(target, ids, new, extra, args.calls, args.sample) for name, extra in methods.items()}
+            best = max((n for n in rows if n.startswith("K=")), key=lambda n: rows[n]["tokens_per_s"])
+            ada, plain = rows["adaptive"], rows["plain"]["tokens_per_s"]
+            summary = dict(draft=label, batch=b, best_fixed=best, adaptive_over_best=ada["tokens_per_s"] / rows[best]["tokens_per_s"],
+                           adaptive_over_plain=ada["tokens_per_s"] / plain,
+                           best_over_plain=rows[best]["tokens_per_s"] / plain, rows=rows)
+            result["configs"].append(summary)
+            fixed = "  ".join(f"{n[2:]}:{rows[n]['tokens_per_s']:.0f}" for n in rows if n.startswith("K="))
+            print(f"{label:28s} B={b:2d}: plain {plain:8.1f} tok/s | fixed K {fixed} | best {best} "
+                  f"({summary['best_over_plain']:.2f}x plain) | adaptive {ada['tokens_per_s']:.1f} tok/s = "
+                  f"{summary['adaptive_over_best']:.3f} of best, {summary['adaptive_over_plain']:.2f}x plain, "
+                  f"mean K {ada['mean_k']:.2f}, chose {ada.get('chosen')}", flush=True)
+            out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
