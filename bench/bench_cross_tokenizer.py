@@ -2,7 +2,8 @@
 
     ours        specdec_fast.generate(target, ids, assistant_model=cross_draft, tokenizer=tok,
                 assistant_tokenizer=atok, num_assistant_tokens=K) for each K of --ks
-                (drafters/cross_tokenizer.py)
+                (drafters/cross_tokenizer.py), and without K (the adaptive schedule,
+                engine/schedule.py, the default for greedy calls)
     hf_uag      transformers' universal assisted generation: target.generate(assistant_model=
                 cross_draft, tokenizer=tok, assistant_tokenizer=atok), its defaults (20 drafts,
                 heuristic schedule, lookbehinds 10)
@@ -119,6 +120,7 @@ def main(argv=None):
                                                                        num_assistant_tokens=args.same_k)}
     for k in args.ks:
         methods[f"specdec_cross_k{k}"] = lambda k=k: ours(num_assistant_tokens=k, **cross)
+    methods["specdec_cross_adaptive"] = lambda: ours(**cross)  # no K: the adaptive schedule (engine/schedule.py)
 
     names = list(methods)
     best = {name: None for name in names}
@@ -154,12 +156,19 @@ def main(argv=None):
             st = run["stats"]
             iterations = sum(s.iterations for s in st)
             hist = [sum(col) for col in zip(*[s.accepted_hist for s in st])]
-            row.update(k=st[0].k, iterations=iterations,
+            row.update(k=st[0].k if st[0].schedule is None else "adaptive", iterations=iterations,
                        tokens_per_target_forward=round(total_new / (iterations + len(st)), 3),
                        mean_accepted_length=round(sum((j + 1) * c for j, c in enumerate(hist)) / max(sum(hist), 1), 3),
                        accepted_hist=hist, draft_s=round(sum(s.draft_s for s in st), 4),
                        target_s=round(sum(s.target_s for s in st), 4), wall_s=round(sum(s.wall_s for s in st), 4),
                        graph_mode=st[0].graph_mode, graph_note=st[0].graph_note)
+            if st[0].schedule is not None:  # the Ks chosen, over the prompts
+                chosen = {}
+                for s in st:
+                    for q, n in s.schedule["chosen"].items():
+                        chosen[q] = chosen.get(q, 0) + n
+                row.update(mean_k=round(sum(s.schedule["drafted_steps"] for s in st) / max(iterations, 1), 3),
+                           k_chosen=dict(sorted(chosen.items())))
             if name.startswith("specdec_cross"):
                 row["draft_model_s"] = round(run["draft_model_s"], 4)
                 row["draft_host_s"] = round(row["draft_s"] - run["draft_model_s"], 4)

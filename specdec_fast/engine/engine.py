@@ -38,7 +38,8 @@ from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
-from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions, tokenizer_key
+from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, max_positions,
+                     tokenizer_key)
 from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
@@ -243,6 +244,9 @@ class SpeculativeEngine:
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
         tokenizer, assistant_tokenizer = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
+        if tokenizer is not None and assistant_tokenizer is not None:
+            check_tokenizer("tokenizer", tokenizer)
+            check_tokenizer("assistant_tokenizer", assistant_tokenizer)
         if self.cross_tokenizers is not None:
             self._check_cross_tokenizers(tokenizer, assistant_tokenizer)
             tokenizer = self.cross_tokenizers[0] if tokenizer is None else tokenizer  # stop_strings read it

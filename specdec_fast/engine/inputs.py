@@ -54,6 +54,9 @@ def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None)
     cfg_t = getattr(model.config, "vocab_size", None)
     cfg_d = getattr(assistant_model.config, "vocab_size", None)
     both = tokenizer is not None and assistant_tokenizer is not None
+    if both:  # (one alone is only read for stop_strings)
+        check_tokenizer("tokenizer", tokenizer)
+        check_tokenizer("assistant_tokenizer", assistant_tokenizer)
     cross = both and tokenizer_key(tokenizer)[0] != tokenizer_key(assistant_tokenizer)[0]
     if not cross and (target_vocab != draft_vocab or cfg_t != cfg_d):
         if not both:
@@ -63,10 +66,29 @@ def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None)
                 "(the target's) and assistant_tokenizer= (the draft's) to draft across tokenizers"
             )
         cross = True  # one tokenizer, models of other sizes (padded embeddings): through the text, exact
+    if cross:  # each tokenizer's ids must be rows of its model's logits (the drafts are the target's ids)
+        for name, tok, owner, rows, cfg in (("tokenizer", tokenizer, "the target (model)", target_vocab, cfg_t),
+                                            ("assistant_tokenizer", assistant_tokenizer, "the draft (assistant_model)",
+                                             draft_vocab, cfg_d)):
+            ids = _tokenizer_info(tok)[2]
+            if ids > rows:
+                raise ValueError(f"{name} has token ids up to {ids - 1} but {owner} has {rows} output rows (vocab_size "
+                                 f"{cfg}): tokenizer= is the target's tokenizer and assistant_tokenizer= the draft's "
+                                 "(swapped?)")
     if device_of(model) != device_of(assistant_model):
         raise ValueError(f"model is on {device_of(model)} but assistant_model is on {device_of(assistant_model)}; "
                          "put both on one device")
     return cross
+
+
+def check_tokenizer(name: str, tokenizer) -> None:
+    """A transformers tokenizer (what AutoTokenizer.from_pretrained returns): the vocabulary, the
+    special ids and encoding the cross-tokenizer drafter reads (drafters/token_bytes.py)."""
+    missing = [a for a in ("get_vocab", "all_special_ids", "convert_tokens_to_string", "__call__", "__len__")
+               if not hasattr(tokenizer, a)]
+    if missing:
+        raise ValueError(f"{name} must be a transformers tokenizer (AutoTokenizer.from_pretrained(...)), got "
+                         f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__} (no {', '.join(missing)})")
 
 
 _TOKENIZER_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -76,19 +98,26 @@ def tokenizer_key(tokenizer) -> tuple:
     """(vocabulary, whole tokenizer) hashes of ``tokenizer``, once per tokenizer object (get_vocab of
     a 128k vocabulary costs tens of ms): equal vocabularies mean equal token ids; the second part
     (its tokenizer.json: pre-tokenizer, normaliser, decoder too) keys a cross-tokenizer engine."""
+    return _tokenizer_info(tokenizer)[:2]
+
+
+def _tokenizer_info(tokenizer) -> tuple:
+    """tokenizer_key's two hashes and the tokenizer's id count (its largest id + 1), cached per object."""
     try:
-        key = _TOKENIZER_KEYS.get(tokenizer)
+        info = _TOKENIZER_KEYS.get(tokenizer)
     except TypeError:  # not weakly referenceable: computed each call
-        key = None
-    if key is None:
-        vocab = hash(frozenset(tokenizer.get_vocab().items()))
+        info = None
+    if info is None:
+        vocab = tokenizer.get_vocab()
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        key = (vocab, hash(backend.to_str()) if backend is not None else (type(tokenizer).__name__, id(tokenizer)))
+        info = (hash(frozenset(vocab.items())),
+                hash(backend.to_str()) if backend is not None else (type(tokenizer).__name__, id(tokenizer)),
+                max(vocab.values(), default=-1) + 1)
         try:
-            _TOKENIZER_KEYS[tokenizer] = key
+            _TOKENIZER_KEYS[tokenizer] = info
         except TypeError:
             pass
-    return key
+    return info
 
 
 def check_in_vocabulary(input_ids: torch.Tensor, vocab_size: int) -> None:
