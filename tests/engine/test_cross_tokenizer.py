@@ -50,9 +50,10 @@ def test_greedy_equals_the_target_alone(tiny, lengths, runner):
 
 
 def test_greedy_adaptive_k_changing_every_iteration(tiny, monkeypatch):
-    """Greedy calls without K take the adaptive schedule (engine/schedule.py) on a cross draft too;
-    with K cycling 1, 5, 2, 8, 3 per iteration the drafter drafts for each iteration's K and the
-    output stays the target's alone (batch 3, left padded)."""
+    """A cross draft takes the adaptive schedule (engine/schedule.py) when the call names it (a
+    greedy call without K keeps the constant default K: engine._ks_for says why); with K cycling
+    1, 5, 2, 8, 3 per iteration the drafter drafts for each iteration's K and the output stays the
+    target's alone (batch 3, left padded)."""
     target, draft, tok, atok = tiny
     cycle, chosen = itertools.cycle([1, 5, 2, 8, 3]), []
     asked = []
@@ -74,8 +75,11 @@ def test_greedy_adaptive_k_changing_every_iteration(tiny, monkeypatch):
     monkeypatch.setattr(CrossTokenizerDrafter, "propose", propose)
     ids, mask = left_padded_prompts([3, 7, 5], vocab=V, seed=4)
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
-    out, stats = api.generate(target, ids, mask, assistant_model=draft, tokenizer=tok, assistant_tokenizer=atok,
-                              max_new_tokens=24, return_stats=True)
+    plain_call = dict(assistant_model=draft, tokenizer=tok, assistant_tokenizer=atok, max_new_tokens=24, return_stats=True)
+    out, stats = api.generate(target, ids, mask, **plain_call)
+    assert torch.equal(out, ref)
+    assert stats.schedule is None and stats.k == 4 and not chosen  # no K, no schedule named: constant K = 4
+    out, stats = api.generate(target, ids, mask, num_assistant_tokens_schedule="adaptive", **plain_call)
     assert torch.equal(out, ref)
     assert stats.schedule is not None and {1, 5, 2, 8} <= set(chosen), chosen
     assert all(k == width and n <= k for k, width, n in asked), asked
