@@ -92,7 +92,10 @@ def timed(target, ids, new: int, extra: dict, calls: int, sample: bool) -> dict:
     runs = [one() for _ in range(calls)]
     wall = statistics.median(w for w, _ in runs)
     stats = runs[-1][1]
-    row = dict(wall_s=wall, tokens_per_s=ids.shape[0] * new / wall)
+    # graphs captured inside the timed calls (an adaptive schedule buys a K's capture when its
+    # regret pays for it, engine/schedule.py): their cost is part of the timed wall
+    row = dict(wall_s=wall, tokens_per_s=ids.shape[0] * new / wall, walls_s=[w for w, _ in runs],
+               graphs_captured=[s.graphs_captured for _, s in runs], capture_s=[s.capture_s for _, s in runs])
     if extra:
         row.update(alpha=stats.alpha, mean_k=stats.mean_k, iterations=stats.iterations)
         if stats.schedule is not None:
@@ -108,7 +111,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batches", default=None, help="default 1,8,32 on GPU, 1,4 on CPU")
     ap.add_argument("--ks", default="1,2,3,4,5,6,8")
     ap.add_argument("--new-tokens", type=int, default=None, help="default 128 on GPU, 64 on CPU")
-    ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     ap.add_argument("--threads", type=int, default=1)
@@ -152,7 +155,8 @@ def main(argv=None) -> dict:
             print(f"{label:28s} B={b:2d}: plain {plain:8.1f} tok/s | fixed K {fixed} | best {best} "
                   f"({summary['best_over_plain']:.2f}x plain) | adaptive {ada['tokens_per_s']:.1f} tok/s = "
                   f"{summary['adaptive_over_best']:.3f} of best, {summary['adaptive_over_plain']:.2f}x plain, "
-                  f"mean K {ada['mean_k']:.2f}, chose {ada.get('chosen')}", flush=True)
+                  f"mean K {ada['mean_k']:.2f}, chose {ada.get('chosen')}, graphs captured in the timed calls "
+                  f"{ada['graphs_captured']}", flush=True)
             out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return result

@@ -30,6 +30,7 @@ from ..kernels.penalties import PENALTIES, PenaltyTensors, add_tokens, make_pena
 from ..kernels.sampling_params import SamplingTensors, fill_rows, make_sampling_tensors, static_sampling_tensors
 from ..options.rules import LOGITS_STAGE_OPTIONS
 from ..processing import LogitsProcessing
+from ..processing.penalties import generate_skips_prompt_pads
 
 # The options a stage implements (options/rules.py owns the list: the engine implements them).
 STAGE_OPTIONS = LOGITS_STAGE_OPTIONS
@@ -121,8 +122,10 @@ class LogitsStage:
         steps read, in place (graphs captured at an earlier call read them)."""
         self.processing.set_prompt_width(prompt.ids.shape[1])
         if self.penalties is not None:
-            # generate() skips the prompt's left pads (prompt_ignore_length): they are not tokens here.
-            fresh = make_penalty_tensors(prompt.ids.masked_fill(prompt.mask == 0, -1), self.vocab, check=False)
+            # generate() skips the prompt's left pads (prompt_ignore_length) in transformers 5.24 (they
+            # are no tokens here) and counts them as the pad token in 5.17: the installed one's rule.
+            ids = prompt.ids.masked_fill(prompt.mask == 0, -1) if generate_skips_prompt_pads() else prompt.ids
+            fresh = make_penalty_tensors(ids, self.vocab, check=False)
             self.penalties.counts.copy_(fresh.counts)
         if self.real_params is not None:
             fill_rows(self.real_params, request.params)

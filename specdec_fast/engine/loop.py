@@ -416,6 +416,8 @@ class SpeculativeDecoder:
                 tag = None
             else:
                 self._settled.add(k)
+                if self.schedule is not None:
+                    self.schedule.mark_ready(k, graphs=bool(steps.graphs))
         if k:
             self.timer.mark(phase or "draft", tag)
             drafts, draft_logits = steps.draft()

@@ -17,9 +17,15 @@ The choice maximises the expected tokens per unit of time (Leviathan et al. §3.
              A K not measured yet takes a line fitted through the measured ones (one point: the
              same verify time, the draft time per step): trying it corrects it.
 
-The choice is among the Ks the decoder can run (its captured graphs, one pair per K, captured the
-first time a K is chosen). Near the end of a call K shrinks to the tokens left (the longest row's
-as of the newest poll, less what the iterations issued since may have added). Exactness does not
+The choice is among the Ks the decoder can run (its graphs, one pair per K, captured the first time
+a K is chosen). Under CUDA graphs a K not captured yet costs its set-up (an eager warm-up
+iteration and the capture: 45-100 ms on the H100 for the 8B-shaped pair, more than a 128-token
+call's whole gain from a slightly better K), so it is bought as in ski rental: each iteration that
+runs a ready K while an unready one looks better adds the time the better one would have saved
+(regret, kept across calls); once that reaches the measured set-up cost, the better K is
+captured. A call starts at the K the previous call ran most. Near the end of a call K shrinks to
+the tokens left (the longest row's as of the newest poll, less what the iterations issued since
+may have added), among the ready Ks only. Exactness does not
 depend on K: a choice made from the past only changes how many drafts are proposed, never how
 they are verified (tests/engine/test_adaptive_k.py). Hysteresis: K changes only for a value 3%
 better than the current K's, so noise in the measured times does not make it flicker.
@@ -46,15 +52,30 @@ class AdaptiveK:
         self.draft_step = deque(maxlen=WINDOW)  # seconds per draft step (any K)
         self.verify = {k: deque(maxlen=WINDOW) for k in self.ks}  # seconds per verify step at K
         self.pinned = None  # a K every choice returns (the engine's warm-up captures each K's graphs)
+        # Ks that run without a set-up (graphs captured; every K when eager: all_ready), the set-up
+        # time measured (untagged phases: warm-up and capture iterations) and the Ks set up.
+        self.ready, self.all_ready = set(), False
+        self.setup_seconds, self.setups = 0.0, 0
+        self.regret = {k: 0.0 for k in self.ks}
+        self.chosen = Counter()
         self.begin_call()
 
     def begin_call(self) -> None:
         """A new call: its acceptance counts start at zero (the costs carry over)."""
         self.reached = np.zeros(self.k_max)
         self.accepted = np.zeros(self.k_max)
-        self.k = self.start
+        # the K the previous call ran most (its measured choice), else the start K
+        self.k = self.chosen.most_common(1)[0][0] if self.chosen else self.start
         self.chosen = Counter()
         self.drafted_steps = 0
+
+    def mark_ready(self, k: int, *, graphs: bool) -> None:
+        """K's steps run as they will from now on (graphs=False: eager, so every K is ready)."""
+        self.ready.add(k)
+        if graphs:
+            self.setups += 1
+        else:
+            self.all_ready = True
 
     # -- observations -----------------------------------------------------------------------
     def observe_counters(self, counters) -> None:
@@ -66,6 +87,9 @@ class AdaptiveK:
         """(name, k, seconds) of finished phases: "draft" (k steps) and "target" (the verify step
         at k); untagged phases (warm-up, capture) are not the steps' running cost."""
         for name, k, seconds in phases:
+            if k is None and seconds > 0 and name in ("draft", "target", "capture"):
+                self.setup_seconds += seconds  # a K's warm-up / capture iterations
+                continue
             if k is None or seconds <= 0:
                 continue
             if name == "draft":
@@ -113,18 +137,38 @@ class AdaptiveK:
             a = self.acceptance()
             value = {k: self.expected_tokens(k, a) / costs[k] for k in self.ks}
             best = max(self.ks, key=lambda k: (value[k], -k))
+            if not self._is_ready(best) and value[best] > value[self.k]:
+                # rent or buy: the time this iteration loses to the better K, until it pays the set-up
+                self.regret[best] += costs[self.k] * (1.0 - value[self.k] / value[best])
+                if self.regret[best] < self.setup_cost():
+                    best = max((k for k in self.ks if self._is_ready(k)), key=lambda k: (value[k], -k),
+                               default=self.k)
             if value[best] > HYSTERESIS * value.get(self.k, 0.0):
                 self.k = best
         k = self.k
         if remaining is not None and remaining - 1 < k:  # no more drafts than tokens left to make
-            k = max([q for q in self.ks if q <= max(remaining - 1, 1)] or [self.ks[0]])
+            ready = [q for q in self.ks if self._is_ready(q)] or [k]
+            fits = [q for q in ready if q <= max(remaining - 1, 1)]
+            k = max(fits) if fits else min(ready)  # none fits: drafts past the end cost less than a set-up
         self.chosen[k] += 1
         self.drafted_steps += k
         return k
+
+    def _is_ready(self, k: int) -> bool:
+        return self.all_ready or k in self.ready
+
+    def setup_cost(self) -> float:
+        """Seconds one K's set-up took (mean of those measured; none yet: as long as 8 iterations
+        of the most expensive K measured, a guess that only delays the first purchase)."""
+        if self.setups:
+            return self.setup_seconds / self.setups
+        costs = self.costs() or {}
+        return 8 * max(costs.values(), default=0.0)
 
     def report(self) -> dict:
         """What the stats show: the Ks, how often each was chosen, the estimates at the end."""
         costs = self.costs() or {}
         return dict(ks=list(self.ks), chosen=dict(sorted(self.chosen.items())), drafted_steps=self.drafted_steps,
+                    ready=sorted(self.ks if self.all_ready else self.ready),
                     acceptance=[round(float(a), 3) for a in self.acceptance()],
                     step_ms={k: round(1000 * float(v), 3) for k, v in costs.items()})

@@ -9,7 +9,9 @@ the oracle of a fused one.
                         every token of the prefix from ``start`` (generate passes the left-pad
                         count of the attention mask as prompt_ignore_length, so pads do not count;
                         start=None counts from 0, pads included, the processor's own default),
-                        each at most once: logit < 0 -> logit * p, else logit / p
+                        each at most once: logit < 0 -> logit * p, else logit / p. Which of the two
+                        generate() does depends on the installed transformers (5.24 skips the pads,
+                        5.17 counts them): generate_skips_prompt_pads() says, and the engine follows it.
     frequency_penalty   vLLM's: logit -= f * count, count = occurrences among the generated tokens
     presence_penalty    vLLM's: logit -= p * (count > 0)        (after frequency, as vLLM)
                         where the generated tokens are prefix[P:] (this iteration's drafts included)
@@ -26,12 +28,28 @@ form (counts [B, N, V], factor tensors) took 30 ms, mostly allocating and faulti
 token_counts (dense) stays as the test oracle. Logits of another dtype are processed in float32
 and rounded once.
 """
+import functools
+import inspect
 import math
 from numbers import Real
 
 import torch
 
 from .prefix import Prefixes
+
+
+@functools.lru_cache(maxsize=None)
+def generate_skips_prompt_pads() -> bool:
+    """Whether the installed transformers' generate() keeps a prompt's left pads out of the repetition
+    penalty (it passes the attention mask's pad count as prompt_ignore_length: transformers 5.24
+    does, 5.17 does not and penalises the pad token like any other). Read from the source of the
+    method that builds the processors, so the engine's tokens equal that version's generate()."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+
+        return "prompt_ignore_length" in inspect.getsource(GenerationMixin._get_logits_processor)
+    except (ImportError, AttributeError, OSError, TypeError):  # no source to read: the newer rule
+        return True
 
 
 def check_penalties(repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0) -> tuple:

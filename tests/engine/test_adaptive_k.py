@@ -27,9 +27,12 @@ from .test_sampling_exact import PROMPT, ROWS, VOCAB, target_probs
 KS = (1, 2, 3, 4, 5, 6, 8)
 
 
-def observed(schedule: AdaptiveK, *, alpha: float, draft_s: float, verify_s, rows: int = 400) -> AdaptiveK:
+def observed(schedule: AdaptiveK, *, alpha: float, draft_s: float, verify_s, rows: int = 400,
+             eager: bool = True) -> AdaptiveK:
     """Feeds the schedule counters of `rows` row-iterations at K_max with acceptance alpha per
-    position, and 8 timed iterations per K (verify_s: seconds, or K -> seconds)."""
+    position, and 8 timed iterations per K (verify_s: seconds, or K -> seconds); eager: every K
+    runs without a set-up (no graphs to capture)."""
+    schedule.all_ready = eager
     reached = rows * alpha ** np.arange(schedule.k_max)
     schedule.observe_counters(np.stack([reached, reached * alpha]))
     for k in schedule.ks:
@@ -85,6 +88,25 @@ def test_k_shrinks_to_the_tokens_left_and_the_report_counts_choices():
     assert report["chosen"] == {1: 2, 3: 1, 5: 1, 8: 1} and report["drafted_steps"] == 8 + 5 + 3 + 1 + 1
     schedule.begin_call()
     assert schedule.report()["chosen"] == {} and schedule.costs() is not None  # costs outlive a call
+
+
+def test_an_uncaptured_k_is_bought_once_its_regret_pays_the_capture():
+    """Under graphs, K=4 ready and K=8 better but not captured: the schedule stays at 4 while the
+    time it loses adds up, and captures 8 once that reaches the measured set-up (ski rental)."""
+    schedule = observed(AdaptiveK(KS, start=4), alpha=0.95, draft_s=0.02, verify_s=1.0, eager=False)
+    schedule.mark_ready(4, graphs=True)
+    schedule.observe_phases([("draft", None, 0.5), ("capture", None, 2.5)])  # 3 s to set up K = 4
+    assert schedule.setup_cost() == pytest.approx(3.0)
+    a = schedule.acceptance()
+    value = {k: schedule.expected_tokens(k, a) / schedule.costs()[k] for k in (4, 8)}
+    loss = schedule.costs()[4] * (1 - value[4] / value[8])  # seconds lost per iteration at 4
+    runs = [schedule.choose() for _ in range(int(3.0 / loss) + 2)]
+    assert runs[0] == 4 and runs[-1] == 8 and runs.index(8) == int(np.ceil(3.0 / loss)) - 1
+    schedule.begin_call()
+    assert schedule.k == 4, "a call starts at the K the previous call ran most"
+    schedule.mark_ready(8, graphs=True)
+    assert schedule.choose(remaining=3) == 4, "shrinking stays among the ready Ks"
+    assert schedule.report()["ready"] == [4, 8]
 
 
 def test_the_prior_rules_until_counts_arrive():

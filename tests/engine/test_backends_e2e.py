@@ -66,7 +66,8 @@ def test_steady_state_loop_has_no_host_sync(drafter):
     ids, mask = left_padded_prompts([5, 9, 3])
     ids, mask = ids.cuda(), mask.cuda()
     params = make_sampling_tensors(3, "cuda", temperature=0.8, top_k=20, seed=0)
-    chosen = {"model": ModelDrafter(HFRunner(make_draft(target.cpu(), noise=0.1).cuda())),
+    draft = make_draft(target.cpu(), noise=0.1).cuda()  # held here: an HFRunner holds its model weakly
+    chosen = {"model": ModelDrafter(HFRunner(draft)),
               "lookup": PromptLookupDrafter(2), "plain": None}[drafter]
     target.cuda()
     decoder = SpeculativeDecoder(HFRunner(target), chosen, k=0 if chosen is None else 4, params=params, max_new_tokens=64)

@@ -53,7 +53,14 @@ def test_model_forward_unchanged_and_no_second_copy(kind):
     gc.collect()
     held = list(model.parameters()) + list(_runner_tensors(runner))
     assert unique_storage_bytes(held) == weight_bytes
-    assert all(p.untyped_storage().data_ptr() != old_storage or p is layer.w_qkv for p in model.parameters())
+    # every fused projection now lives in one of the runner's concatenations (an address compare with
+    # the old storage cannot say this: a caching allocator, CUDA's, may hand that address to a new tensor)
+    fused = {t.untyped_storage().data_ptr() for t in (*(lay.w_qkv for lay in runner.layers),
+                                                      *(lay.w_gate_up for lay in runner.layers))}
+    projections = [getattr(block, name).weight for block_layer in model.model.layers
+                   for block, names in ((block_layer.self_attn, ("q_proj", "k_proj", "v_proj")),
+                                        (block_layer.mlp, ("gate_proj", "up_proj"))) for name in names]
+    assert {w.untyped_storage().data_ptr() for w in projections} <= fused
     with torch.no_grad():
         after = model(input_ids=ids).logits
     assert torch.equal(before, after)

@@ -3,6 +3,8 @@ greedy output equals model.generate(do_sample=False, <option>) token for token (
 and hf runners, batch 1 and 3 with left padding, a draft model and prompt lookup); sampled
 tokens follow the target's processed distribution (chi-square, every backend), with controls
 that show the test catches a processor applied with the wrong prefix."""
+import copy
+
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -205,7 +207,10 @@ def test_the_interpreted_triton_kernels_sample_the_reference_tokens(sampling_pai
     rows: the interpreter took 529 s for 900 rows of this call on the 2-core CI machine."""
     options = dict(repetition_penalty=1.5, frequency_penalty=0.7, presence_penalty=0.5, no_repeat_ngram_size=2)
     target, draft = sampling_pair
-    runs = [api.generate(target, PROMPT.expand(12, -1), assistant_model=draft, num_assistant_tokens=2, do_sample=True,
+    if torch.cuda.is_available():  # compiled: both backends on the GPU (the same logits for both)
+        target, draft = (copy.deepcopy(m).cuda() for m in sampling_pair)
+    prompt = PROMPT.to(target.device)
+    runs = [api.generate(target, prompt.expand(12, -1), assistant_model=draft, num_assistant_tokens=2, do_sample=True,
                          temperature=1.0, top_k=0, max_new_tokens=5, seed=11, backend=backend, **options)
             for backend in ("torch", "triton")]
     assert torch.equal(runs[0], runs[1])
@@ -232,3 +237,34 @@ def test_control_penalties_that_miss_the_generated_tokens_fail(sampling_pair, mo
     options = SAMPLED["repetition_penalty"]
     new = _sample(sampling_pair, options, "torch")
     assert min(_check_three_tokens(sampling_pair[0], new, options, 1.0)) < 1e-6
+
+
+class Identity(LogitsProcessor):
+    """A user processor that changes nothing: it moves the penalties off the fused kernel path."""
+
+    def __call__(self, input_ids, scores):
+        return scores
+
+
+@pytest.mark.parametrize("path", ["fused", "processing"])
+def test_repetition_penalty_counts_pads_where_the_installed_generate_does(monkeypatch, path):
+    """transformers 5.24's generate() keeps left pads out of the repetition penalty, 5.17's counts
+    them as the pad token (processing/penalties.py generate_skips_prompt_pads). With the older rule
+    forced, our tokens equal the older generate's, here the processor built without
+    prompt_ignore_length; the same call under the newer rule differs (the test can tell)."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([3, 12, 6], seed=8)
+    with torch.no_grad():  # pad with the token the target would say next for row 0: penalising it shows
+        favourite = int(target(ids[:1, -3:]).logits[0, -1].argmax())
+    ids = ids.masked_fill(mask == 0, favourite)
+    user = LogitsProcessorList([Identity()] if path == "processing" else [])
+    older = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                            logits_processor=LogitsProcessorList([lp.RepetitionPenaltyLogitsProcessor(3.0), *user]))
+    kw = dict(assistant_model=draft, num_assistant_tokens=3, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+              repetition_penalty=3.0, **({"logits_processor": user} if user else {}))
+    newer = api.generate(target, ids, mask, **kw)
+    assert not torch.equal(newer, older), "pads counted or not must show in these tokens"
+    for module in (logits_stage, __import__("specdec_fast.processing.pipeline", fromlist=["_"])):
+        monkeypatch.setattr(module, "generate_skips_prompt_pads", lambda: False)
+    specdec_fast.release_engines(target)
+    assert torch.equal(api.generate(target, ids, mask, **kw), older)
