@@ -99,9 +99,9 @@ def main(argv=None) -> dict:
     target, draft, ids, models = gpu_models(args.agreement, args.prompt_len) if args.gpu else cpu_models()
     graphs = None  # generate()'s default: CUDA graphs where they can run (eager on CPU)
     device = torch.cuda.get_device_name() if args.gpu else cpu_model()
-    # "adaptive": no K given, the engine's adaptive schedule picks K per step (engine/schedule.py)
+    # "adaptive": the engine's adaptive schedule picks K per step (engine/schedule.py)
     methods = {"draft": dict(assistant_model=draft, num_assistant_tokens=args.k),
-               "adaptive": dict(assistant_model=draft), "plain": {}}
+               "adaptive": dict(assistant_model=draft, num_assistant_tokens_schedule="adaptive"), "plain": {}}
     result = dict(device=device, versions=versions(), models=models, prompt_tokens=ids.shape[1], k=args.k,
                   calls=args.calls, threads=None if args.gpu else args.threads, rows=[])
     for new in [int(n) for n in args.new_tokens.split(",")]:

@@ -374,18 +374,18 @@ class SpeculativeEngine:
 
     def _ks_for(self, opts, token_tree, num_assistant_tokens):
         """The Ks an adaptive schedule chooses among (draft model, chains), or None for a constant K:
-        adaptive when the call names that schedule (or transformers' heuristic ones, which it serves)
-        or is greedy and gives no K."""
+        adaptive when the call names that schedule (or transformers' heuristic ones, which it
+        serves); a K given with it is the first iteration's.
+
+        Not the default: on the H100 (bench/results/h100_2026-11-24/adaptive_k_*.json) it reached
+        0.75-0.98 of the best fixed K's tokens/s without warmup() and 0.83-0.91 after it, and ran up
+        to 10% slower than a constant K at the same K in some configurations (not explained yet);
+        a sampled call under it is exact in distribution but not reproducible under a seed (its
+        choices follow measured times)."""
         schedule = opts.extra.get("num_assistant_tokens_schedule")
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}")
-        if self.mode != "draft" or token_tree is not None or schedule == "constant":
-            return None
-        given = num_assistant_tokens is not None or opts.num_assistant_tokens is not None or self.fixed_k
-        # Sampling with no schedule named keeps the constant K: the adaptive choice follows measured
-        # times, so a seeded sampled call would not give the same tokens twice (nor on a cached engine
-        # and a fresh one). Greedy tokens do not depend on K.
-        if schedule is None and (given or opts.do_sample):
+        if self.mode != "draft" or token_tree is not None or schedule in (None, "constant"):
             return None
         # A draft with another tokenizer keeps a constant K unless the call names a schedule: its draft
         # phase is mostly a fixed cost per iteration (the feed call, the host re-tokenisation), which
@@ -472,6 +472,8 @@ class SpeculativeEngine:
                                     "max_new_tokens": steps}, ids.shape[1])
             tree = options.get("tree", self.tree)
             token_tree = None if tree is None else as_token_tree(tree, greedy=not opts.do_sample)
+            if options.get("num_assistant_tokens_schedule") is not None:  # warm the adaptive schedule's Ks
+                opts.extra["num_assistant_tokens_schedule"] = options["num_assistant_tokens_schedule"]
             k = self._k_for(opts, token_tree, options.get("num_assistant_tokens"))
             ks = self._ks_for(opts, token_tree, options.get("num_assistant_tokens"))
             params = make_sampling_tensors(ids.shape[0], self.device, seed=0, **opts.kernel_params())

@@ -130,6 +130,12 @@ class LogitsStage:
         if self.real_params is not None:
             fill_rows(self.real_params, request.params)
 
+    @staticmethod
+    def _pads_start(state):
+        """The first slot the repetition penalty counts: the first real prompt token where the
+        installed transformers' generate() skips left pads, else slot 0 (pads count, 5.17)."""
+        return state.start if generate_skips_prompt_pads() else None
+
     # -- the steps (in place, no host sync unless a user processor runs) -------------------------
     def target(self, logits: torch.Tensor, state, drafts: torch.Tensor) -> torch.Tensor:
         """logits [R, K+1, V] of the target at the iteration's positions (drafts [R, K], -1
@@ -137,7 +143,7 @@ class LogitsStage:
         warpers run here)."""
         if self.float32 and logits.dtype != torch.float32:
             logits = logits.float()
-        self.processing.apply_(logits, state.seq, state.end, drafts, start=state.start)
+        self.processing.apply_(logits, state.seq, state.end, drafts, start=self._pads_start(state))
         if self.warpers:
             logits = self.processing.standardise(logits, self.real_params)
         return logits
@@ -147,7 +153,7 @@ class LogitsStage:
         -> the logits it samples from (processed like the target's at that position)."""
         if self.float32 and logits.dtype != torch.float32:
             logits = logits.float()
-        out = self.processing.apply_(logits[:, None, :], state.seq, state.end, drafted, start=state.start)
+        out = self.processing.apply_(logits[:, None, :], state.seq, state.end, drafted, start=self._pads_start(state))
         if self.warpers:
             out = self.processing.standardise(out, self.real_params)
         return out[:, 0]

@@ -1,6 +1,6 @@
 """AdaptiveK: the number of drafts per iteration chosen by the host before each iteration, from
-what the loop has already measured (generate(num_assistant_tokens_schedule="adaptive"), the
-default when a call gives no K).
+what the loop has already measured (generate(num_assistant_tokens_schedule="adaptive"); opt-in,
+see engine.SpeculativeEngine._ks_for for what the H100 measured).
 
 The choice maximises the expected tokens per unit of time (Leviathan et al. §3.5):
 

@@ -36,8 +36,8 @@ LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalt
                         "begin_suppress_tokens", "typical_p", "epsilon_cutoff", "eta_cutoff", "logits_processor")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
-# The draft length's schedule (engine/schedule.py): "adaptive" (ours; the default when a call gives
-# no K), transformers' "heuristic" / "heuristic_transient" (served by the adaptive schedule: speed
+# The draft length's schedule (engine/schedule.py): "adaptive" (ours; opt-in: a constant K is
+# the default), transformers' "heuristic" / "heuristic_transient" (served by the adaptive schedule: speed
 # only, never the output), "constant".
 SCHEDULE_OPTIONS = ("num_assistant_tokens_schedule",)
 # Outputs: more rows (num_return_sequences) and transformers' output dict (engine/outputs.py).

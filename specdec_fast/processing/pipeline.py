@@ -34,7 +34,7 @@ import torch
 
 from .masks import LengthMask, SuppressTokens, begin_suppress_mask, min_new_tokens_mask, nonnegative_int, token_list
 from .ngram import NoRepeatNGram, check_ngram_size
-from .penalties import apply_penalties_, check_penalties, generate_skips_prompt_pads
+from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes
 from .sequence_bias import SequenceBias, parse_bad_words, parse_sequence_bias
 from .user import UserProcessors
@@ -59,8 +59,7 @@ class _Penalties:
         self.prompt_width.fill_(prompt_width)
 
     def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
-        start = prefixes.start if generate_skips_prompt_pads() else None  # None: pads count (older transformers)
-        apply_penalties_(logits, prefixes, prompt_width=self.prompt_width, start=start, **self.kwargs)
+        apply_penalties_(logits, prefixes, prompt_width=self.prompt_width, start=prefixes.start, **self.kwargs)
 
 
 def _eos_list(eos) -> list:

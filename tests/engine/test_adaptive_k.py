@@ -146,12 +146,12 @@ def test_greedy_adaptive_equals_generate(kind, chaos):
     target, draft = model_pair(kind)
     ids, mask = left_padded_prompts([5, 11, 2], seed=3)
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
-    out, stats = api.generate(target, ids, mask, assistant_model=draft, do_sample=False, max_new_tokens=24,
-                              pad_token_id=0, return_stats=True)
-    assert torch.equal(out, expected) and stats.schedule is not None  # the default: adaptive
+    kw = dict(assistant_model=draft, num_assistant_tokens_schedule="adaptive", do_sample=False, max_new_tokens=24,
+              pad_token_id=0, return_stats=True)
+    out, stats = api.generate(target, ids, mask, **kw)
+    assert torch.equal(out, expected) and stats.schedule is not None
     chosen = chaos([1, 8, 3, 5, 2, 6, 4])
-    out, stats = api.generate(target, ids, mask, assistant_model=draft, do_sample=False, max_new_tokens=24,
-                              pad_token_id=0, return_stats=True)
+    out, stats = api.generate(target, ids, mask, **kw)
     assert torch.equal(out, expected)
     assert len(set(chosen)) >= 4 and stats.schedule["chosen"] == dict(sorted(
         {k: chosen.count(k) for k in set(chosen)}.items()))
@@ -189,12 +189,13 @@ def test_sampling_with_k_changing_every_iteration_follows_the_target(chaos):
     assert chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], draft_joint12) < P_VALUE_THRESHOLD
 
 
-def test_sampling_without_a_schedule_keeps_k_and_its_seed():
-    """Sampling with no K and no schedule named runs the constant K: the same seed, the same tokens
-    (an adaptive choice follows measured times, so it could not promise that)."""
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_without_a_schedule_named_k_is_constant_and_seeds_reproduce(do_sample):
+    """No K and no schedule named: the constant default K (the same seed, the same tokens; an
+    adaptive choice follows measured times, so it could not promise that)."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([4, 9], seed=5)
-    kw = dict(assistant_model=draft, do_sample=True, max_new_tokens=10, pad_token_id=0, seed=3, return_stats=True)
+    kw = dict(assistant_model=draft, do_sample=do_sample, max_new_tokens=10, pad_token_id=0, seed=3, return_stats=True)
     (a, sa), (b, _) = api.generate(target, ids, mask, **kw), api.generate(target, ids, mask, **kw)
     assert torch.equal(a, b) and sa.schedule is None and sa.k == 4
     with pytest.raises(ValueError, match="num_assistant_tokens_schedule must be one of"):
@@ -205,9 +206,10 @@ def test_sampling_without_a_schedule_keeps_k_and_its_seed():
 def test_warmup_captures_every_k_and_measures_each():
     target, draft = model_pair("llama")
     engine = SpeculativeEngine(target, assistant_model=draft, max_batch_size=2, max_seq_len=64, cuda_graphs="static")
-    engine.warmup([2], do_sample=False)
+    engine.warmup([2], do_sample=False, num_assistant_tokens_schedule="adaptive")
     ids, mask = left_padded_prompts([6, 3], seed=7)
-    out, stats = engine.generate(ids, mask, do_sample=False, max_new_tokens=20, pad_token_id=0, return_stats=True)
+    out, stats = engine.generate(ids, mask, do_sample=False, max_new_tokens=20, pad_token_id=0, return_stats=True,
+                                 num_assistant_tokens_schedule="adaptive")
     assert stats.schedule is not None and stats.graphs_captured == 0  # every K's graphs exist already
     assert sorted(int(k) for k in stats.schedule["step_ms"]) == list(KS)
     (decoder,) = [d for d in engine._decoders.values() if d.schedule is not None]

@@ -136,7 +136,7 @@ def test_patch_generate(pair):
                                      return_stats=True)  # return_stats exists only on the specdec_fast path
         plain = target.generate(IDS, attention_mask=MASK, max_new_tokens=6, do_sample=False)
     assert torch.equal(out, expected)
-    assert stats.schedule is not None and stats.k == 8, "greedy with no K: the adaptive schedule, Ks up to 8"
+    assert stats.schedule is None and stats.k == 4, "no K: the constant default K"
     assert torch.equal(plain, expected)
     assert "generate" not in vars(target), "restored"
 

@@ -249,22 +249,27 @@ class Identity(LogitsProcessor):
 @pytest.mark.parametrize("path", ["fused", "processing"])
 def test_repetition_penalty_counts_pads_where_the_installed_generate_does(monkeypatch, path):
     """transformers 5.24's generate() keeps left pads out of the repetition penalty, 5.17's counts
-    them as the pad token (processing/penalties.py generate_skips_prompt_pads). With the older rule
-    forced, our tokens equal the older generate's, here the processor built without
-    prompt_ignore_length; the same call under the newer rule differs (the test can tell)."""
+    them as the pad token (processing/penalties.py generate_skips_prompt_pads). Unpatched, our
+    tokens equal the installed generate's; with the older rule forced, those of generate with the
+    processor built without prompt_ignore_length (what 5.17 builds); the two rules give other
+    tokens here (so the test can tell them apart)."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([3, 12, 6], seed=8)
     with torch.no_grad():  # pad with the token the target would say next for row 0: penalising it shows
         favourite = int(target(ids[:1, -3:]).logits[0, -1].argmax())
     ids = ids.masked_fill(mask == 0, favourite)
     user = LogitsProcessorList([Identity()] if path == "processing" else [])
-    older = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
-                            logits_processor=LogitsProcessorList([lp.RepetitionPenaltyLogitsProcessor(3.0), *user]))
+    installed = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                                repetition_penalty=3.0, logits_processor=user)
+    counting = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                               logits_processor=LogitsProcessorList([lp.RepetitionPenaltyLogitsProcessor(3.0), *user]))
     kw = dict(assistant_model=draft, num_assistant_tokens=3, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
               repetition_penalty=3.0, **({"logits_processor": user} if user else {}))
-    newer = api.generate(target, ids, mask, **kw)
-    assert not torch.equal(newer, older), "pads counted or not must show in these tokens"
-    for module in (logits_stage, __import__("specdec_fast.processing.pipeline", fromlist=["_"])):
-        monkeypatch.setattr(module, "generate_skips_prompt_pads", lambda: False)
-    specdec_fast.release_engines(target)
-    assert torch.equal(api.generate(target, ids, mask, **kw), older)
+    assert torch.equal(api.generate(target, ids, mask, **kw), installed)
+    runs = {}
+    for rule in (True, False):
+        monkeypatch.setattr(logits_stage, "generate_skips_prompt_pads", lambda rule=rule: rule)
+        specdec_fast.release_engines(target)
+        runs[rule] = api.generate(target, ids, mask, **kw)
+    assert torch.equal(runs[False], counting)
+    assert not torch.equal(runs[True], runs[False]), "pads counted or not must show in these tokens"

@@ -9,6 +9,7 @@ import torch
 
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.processing import LogitsProcessing
+from specdec_fast.processing.penalties import generate_skips_prompt_pads
 
 from ..engine.models import left_padded_prompts, make_model
 from .cases import assert_same
@@ -60,7 +61,8 @@ def test_processed_logits_equal_generate_scores(model, name, sampling):
         logits = raw[torch.arange(batch)[:, None], pos].clone()
         end = width + gen_len
         drafts = seq[torch.arange(batch)[:, None], end[:, None] + torch.arange(N - 1)]
-        ours = processing.apply_(logits, seq, end, drafts, start=start)
+        # pads: skipped or counted as the installed generate() does (engine/logits_stage.py follows it)
+        ours = processing.apply_(logits, seq, end, drafts, start=start if generate_skips_prompt_pads() else None)
         if sampling:
             ours = processing.standardise(ours, params)
         valid = gen_len[:, None] + torch.arange(N) < steps
