@@ -120,7 +120,7 @@ def main(argv=None):
                                                                        num_assistant_tokens=args.same_k)}
     for k in args.ks:
         methods[f"specdec_cross_k{k}"] = lambda k=k: ours(num_assistant_tokens=k, **cross)
-    methods["specdec_cross_default"] = lambda: ours(**cross)  # no K: the cross engine's constant default K
+    methods["specdec_cross_default"] = lambda: ours(**cross)  # no K: the constant default K (4)
     methods["specdec_cross_adaptive"] = lambda: ours(num_assistant_tokens_schedule="adaptive", **cross)
 
     names = list(methods)

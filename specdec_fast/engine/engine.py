@@ -387,13 +387,11 @@ class SpeculativeEngine:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}")
         if self.mode != "draft" or token_tree is not None or schedule in (None, "constant"):
             return None
-        # A draft with another tokenizer keeps a constant K unless the call names a schedule: its draft
-        # phase is mostly a fixed cost per iteration (the feed call, the host re-tokenisation), which
-        # the schedule's per-step draft cost (draft phase / K) spreads over K, so it settles on K = 1
-        # (CPU, shipped cross draft: K = 1 in 274 of 276 iterations, 1.80 tokens per target pass
-        # against 3.41 at K = 4; bench/results/cross_tokenizer_cpu_avx512.json).
-        if schedule is None and self.cross_tokenizers is not None:
-            return None
+        # Named with a draft of another tokenizer it runs (exact), but its choice is poor there: that
+        # draft phase is mostly a fixed cost per iteration (the feed call, the host re-tokenisation),
+        # which the schedule's per-step draft cost (draft phase / K) spreads over K, so it settles on
+        # K = 1 (CPU, shipped cross draft: K = 1 in 274 of 276 iterations, 1.80 tokens per target
+        # pass against 3.41 at K = 4; bench/results/cross_tokenizer_cpu_avx512.json).
         return tuple(q for q in ADAPTIVE_KS if q <= self.max_draft_tokens)
 
     def _check_sizes(self, input_ids, max_new_tokens: int, drafted: int) -> None:

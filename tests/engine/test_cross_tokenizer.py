@@ -51,7 +51,7 @@ def test_greedy_equals_the_target_alone(tiny, lengths, runner):
 
 def test_greedy_adaptive_k_changing_every_iteration(tiny, monkeypatch):
     """A cross draft takes the adaptive schedule (engine/schedule.py) when the call names it (a
-    greedy call without K keeps the constant default K: engine._ks_for says why); with K cycling
+    call without K keeps the constant default K); with K cycling
     1, 5, 2, 8, 3 per iteration the drafter drafts for each iteration's K and the output stays the
     target's alone (batch 3, left padded)."""
     target, draft, tok, atok = tiny
