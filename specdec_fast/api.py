@@ -34,7 +34,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
              eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
              return_stats=False, generation_config=None, backend=None, runner=None, cuda_graphs=None, tree=None,
-             **options):
+             process_group=None, shard_draft=False, **options):
     """Like model.generate(input_ids, attention_mask, assistant_model=..., ...): returns the LongTensor
     [B, prompt_len + new] that model.generate returns (left padding kept, pad after EOS). With
     return_stats=True returns (tokens, GenerationStats). Without a drafter: plain decoding (K=0).
@@ -55,10 +55,17 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
 
     tokenizer, assistant_tokenizer (keywords, as transformers'): with both given and vocabularies
     that differ, the draft drafts in its own tokens and its text is re-encoded into the target's
-    (drafters/cross_tokenizer.py: exact, eager, no tree=); a different vocabulary without both raises.
+    (drafters/cross_tokenizer.py: exact, eager, no tree=, no process_group); a different vocabulary
+    without both raises.
+
+    process_group: tensor parallelism (docs/architecture.md §10): the target (a model loaded whole
+    on every rank, or a ShardedCausalLM) runs sharded over this torch.distributed group; call
+    generate on every rank with the same arguments (a call without seed takes rank 0's draw);
+    every rank returns the tokens. shard_draft: shard the draft too (default: replicated).
 
     The call runs on the engine cached for (model, assistant_model or prompt lookup, backend,
-    runner, cuda_graphs, the tokenizers of a draft with another vocabulary): built at the first call, grown when a call needs more rows or tokens,
+    runner, cuda_graphs, process_group, the tokenizers of a draft with another vocabulary): built
+    at the first call, grown when a call needs more rows or tokens,
     freed with the models (engine/cached.py; specdec_fast.release_engines() frees it sooner).
     Any other option of transformers' generate (**options, generation_config, model.generation_config):
     accepted where it changes nothing (neutral or no effect), else one ValueError naming it
@@ -77,7 +84,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                         runner=runner, cuda_graphs=cuda_graphs, batch=input_ids.shape[0] * return_sequences(opts),
                         row_tokens=input_ids.shape[1] + call_limits(opts, input_ids.shape[1], options.get("tokenizer")).max_new_tokens,
                         drafted=_drafted(opts, tree, lookup, assistant_model is not None),
-                        tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"))
+                        tokenizer=options.get("tokenizer"), assistant_tokenizer=options.get("assistant_tokenizer"),
+                        process_group=process_group, shard_draft=shard_draft)
     return engine.generate_resolved(opts, input_ids, attention_mask, assistant_model=assistant_model,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens, max_new_tokens=max_new_tokens,
                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,

@@ -5,7 +5,9 @@
         [--chat] [--dtype D] [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P]
         [--min-p P] [--seed S] [--repetition-penalty R] [--min-new-tokens N] [--stop TEXT ...]
         [--num-return-sequences N] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
+        [--tp N [--tp-draft replicated|sharded] [--tp-timeout S]]
     specdec-fast demo [demo options]   (specdec_fast.demo.run_demo)
+    torchrun --nproc-per-node N -m specdec_fast generate ... --tp N   tensor parallelism (cli_tp.py)
 
 --prompts runs a data set (specdec_fast/cli_dataset.py: the file formats, bad lines, batches).
 
@@ -18,6 +20,9 @@ import math
 import os
 import sys
 import time
+
+from .cli_errors import CliError, first_line
+from .cli_tp import TensorParallelRun, add_tp_flags, check_tp_args
 
 
 def _generate_parser(sub):
@@ -56,6 +61,7 @@ def _generate_parser(sub):
     # Small models on a busy CPU: OpenMP threads that wait on each other cost more than they
     # give (the demo pair, 2 threads on a loaded 2-core box: 8 tok/s against 94 with 1 thread).
     ap.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (default 0 = torch's default)")
+    add_tp_flags(ap)
     return ap
 
 
@@ -64,13 +70,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")  # from_pretrained(dtype=...
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-class CliError(Exception):
-    """A user error: printed as the one line `specdec-fast: error: ...`, exit status 2."""
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+_first_line = first_line
 
 
 def check_args(args) -> None:
@@ -121,6 +121,7 @@ def check_args(args) -> None:
         raise CliError("--num-return-sequences goes with a single --prompt")
     if args.stop is not None and any(not text for text in args.stop):
         raise CliError("--stop needs a non-empty string")
+    check_tp_args(args)
 
 
 def _load_tokenizer(args):
@@ -162,6 +163,8 @@ def _generate_kwargs(args, tokenizer, draft) -> dict:
     """generate()'s keyword arguments from the flags (the sampling mode, the drafter)."""
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0, seed=args.seed, backend=args.backend,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if args.tp is not None and args.tp_draft == "sharded":
+        kwargs["shard_draft"] = True
     if args.temperature > 0:
         kwargs.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     if args.repetition_penalty is not None:
@@ -181,6 +184,17 @@ def _generate_kwargs(args, tokenizer, draft) -> dict:
 
 def run_generate(args) -> int:
     check_args(args)
+    if args.tp is None:
+        return _run_generate(args, None)
+    run = TensorParallelRun(args)
+    try:
+        return _run_generate(args, run)
+    finally:
+        run.close()
+
+
+def _run_generate(args, tp) -> int:
+    """One process's run; tp: this rank's TensorParallelRun under --tp (else None)."""
     import torch
 
     from . import cli_dataset
@@ -189,7 +203,7 @@ def run_generate(args) -> int:
 
     try:  # a data set's bad lines are found (and under --on-error fail reported) before any model loads
         rows = cli_dataset.read_rows(args.prompts, args.on_error) if args.prompts is not None else None
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = tp.device if tp is not None else torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if args.threads:
             torch.set_num_threads(args.threads)
         with quiet_transformers():
@@ -198,14 +212,21 @@ def run_generate(args) -> int:
                 raise CliError(f"--chat: the tokenizer ({args.tokenizer or args.target}) has no chat template")
             if rows is not None:
                 rows = cli_dataset.encode_rows(rows, tokenizer, args)
-            target = _load_model(args.target, "--target", device, args.dtype)
-            draft = _load_model(args.draft, "--draft", device, args.dtype) if args.draft else None
+            if tp is None:
+                target = _load_model(args.target, "--target", device, args.dtype)
+                draft = _load_model(args.draft, "--draft", device, args.dtype) if args.draft else None
+            else:  # this rank's slices of the target (and of the draft with --tp-draft sharded)
+                target = tp.load(args.target, "--target", args.dtype)
+                draft = tp.load(args.draft, "--draft", args.dtype, args.tp_draft == "sharded") if args.draft else None
         kwargs = _generate_kwargs(args, tokenizer, draft)
         if rows is not None:
             def generate_batch(ids, mask, seed, max_new_tokens=args.max_new_tokens):
                 return generate(target, ids, mask, return_stats=True, **{**kwargs, "seed": seed,
                                                                           "max_new_tokens": max_new_tokens})
 
+            if tp is not None and not tp.main:
+                args.output = tp.output_path(args.output)
+                return cli_dataset.run_rows(args, rows, tokenizer, generate_batch, device, quiet=True)
             return cli_dataset.run_rows(args, rows, tokenizer, generate_batch, device)
     except cli_dataset.DatasetError as exc:
         raise CliError(str(exc)) from None
@@ -227,7 +248,8 @@ def run_generate(args) -> int:
         if len(out) > 1:
             print(f"--- completion {i + 1} of {len(out)} ---")
         print(tokenizer.decode(row, skip_special_tokens=True))
-    print(f"\n--- stats ({device}, {seconds:.2f} s) ---")
+    where = device if tp is None else f"{device}, tensor parallel over {tp.size} ranks, draft {args.tp_draft}"
+    print(f"\n--- stats ({where}, {seconds:.2f} s) ---")
     print(stats.format())
     return 0
 
@@ -246,11 +268,16 @@ def main(argv=None) -> int:
             return 2
         return run_demo(argv[1:])
     args = ap.parse_args(argv)
+    from .distributed import TensorParallelError
+
     try:
         return run_generate(args)
     except CliError as exc:
         print(f"specdec-fast: error: {exc}", file=sys.stderr)
         return 2
+    except TensorParallelError as exc:  # another rank failed (its line), or the ranks disagreed
+        print(f"specdec-fast: error: {first_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

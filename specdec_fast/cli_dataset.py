@@ -145,8 +145,8 @@ class Totals:
 class Progress:
     """A tqdm bar on a terminal; elsewhere (logs, pipes, tests) one plain line per batch on stderr."""
 
-    def __init__(self, total: int, live: bool):
-        self.total, self.done, self.bar = total, 0, None
+    def __init__(self, total: int, live: bool, quiet: bool = False):
+        self.total, self.done, self.bar, self.quiet = total, 0, None, quiet
         if live:
             from tqdm.auto import tqdm
 
@@ -157,7 +157,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(totals.text(), refresh=False)
             self.bar.update(rows)
-        else:
+        elif not self.quiet:
             print(f"specdec-fast: rows {self.done}/{self.total}, {totals.tokens} tokens, {totals.text()}",
                   file=sys.stderr, flush=True)
 
@@ -207,19 +207,20 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def run_rows(args, rows: list, tokenizer, generate_batch, device, live_progress=None) -> int:
+def run_rows(args, rows: list, tokenizer, generate_batch, device, live_progress=None, quiet: bool = False) -> int:
     """Generate ``rows`` (encoded) in batches of args.batch_size with ``generate_batch(input_ids,
     attention_mask, seed, max_new_tokens=...)`` (returns (tokens, GenerationStats)) and write
     args.output as each batch finishes. First a one-token call checks the set-up (a vocabulary
     mismatch, ...: DatasetError whatever --on-error says, and the first batch's speed is not the
-    warm-up's). Returns the exit status (0); raises DatasetError under --on-error fail."""
+    warm-up's). Returns the exit status (0); raises DatasetError under --on-error fail. quiet: no
+    progress lines (a tensor-parallel rank other than 0)."""
     pad = pad_id(tokenizer)
     try:
         generate_batch(*left_pad([rows[0].ids[:1]], pad, device), args.seed, max_new_tokens=1)
     except ValueError as exc:
         raise DatasetError(_one_line(exc)) from None
     live = sys.stderr.isatty() if live_progress is None else live_progress
-    totals, progress, written, skipped = Totals(), Progress(len(rows), live), 0, 0
+    totals, progress, written, skipped = Totals(), Progress(len(rows), live and not quiet, quiet), 0, 0
 
     def run(batch):
         ids, mask = left_pad([row.ids for row in batch], pad, device)

@@ -42,10 +42,11 @@ def _grow(current: int, need: int) -> int:
 
 def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matching_ngram_size=None, backend=None,
                runner=None, cuda_graphs=None, batch: int, row_tokens: int, drafted: int,
-               tokenizer=None, assistant_tokenizer=None) -> SpeculativeEngine:
+               tokenizer=None, assistant_tokenizer=None, process_group=None, shard_draft: bool = False) -> SpeculativeEngine:
     """The cached engine for this target and drafting that fits ``batch`` rows of ``row_tokens``
     tokens (prompt + max_new_tokens) and ``drafted`` tokens scored per iteration beyond the last
-    one (K, or a tree's N - 1), built or grown as needed."""
+    one (K, or a tree's N - 1), built or grown as needed. process_group / shard_draft: tensor
+    parallelism (every rank makes the same calls, so every rank builds and grows the same engines)."""
     mode = "draft" if assistant_model is not None else "lookup" if prompt_lookup else "plain"
     # The engine serves any K up to its max_draft_tokens; a draft model's calls default to K = 4.
     drafted = max(drafted, DEFAULT_NUM_ASSISTANT_TOKENS if mode == "draft" else 1 if mode == "lookup" else 0)
@@ -54,7 +55,8 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
     # shared vocabulary keeps today's key (tokenizers given or not).
     cross = assistant_model is not None and check_pair(target, assistant_model, tokenizer, assistant_tokenizer)
     key = (mode, None if assistant_model is None else id(assistant_model), max_matching_ngram_size, backend, runner,
-           repr(cuda_graphs), (tokenizer_key(tokenizer), tokenizer_key(assistant_tokenizer)) if cross else None)
+           repr(cuda_graphs), None if process_group is None else id(process_group), bool(shard_draft),
+           (tokenizer_key(tokenizer), tokenizer_key(assistant_tokenizer)) if cross else None)
     fingerprint = _fingerprint(target, assistant_model)
     with _LOCK:
         entries = _ENGINES.setdefault(target, {})
@@ -83,7 +85,8 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
             target, assistant_model, prompt_lookup_num_tokens=1 if prompt_lookup else None,
             max_matching_ngram_size=max_matching_ngram_size, max_draft_tokens=drafted or None,
             backend=backend, runner=runner, cuda_graphs=cuda_graphs, tokenizer=tokenizer,
-            assistant_tokenizer=assistant_tokenizer, max_batch_size=rows, max_seq_len=seq_len)
+            assistant_tokenizer=assistant_tokenizer, max_batch_size=rows, max_seq_len=seq_len,
+            process_group=process_group, shard_draft=shard_draft)
         draft_ref = None
         if assistant_model is not None:
             target_ref = weakref.ref(target)

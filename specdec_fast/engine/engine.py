@@ -22,6 +22,7 @@ sizes; blocks freed by a finished call are reused by the next.
 Threads: one call at a time per engine (a lock); a call from another thread waits its turn,
 so calls never share a KV block, a graph's buffers or a random stream mid-call.
 """
+import contextlib
 import dataclasses
 import logging
 import math
@@ -44,6 +45,7 @@ from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
 from .stopping import call_limits
+from .tensor_parallel import check_output, check_tp_call, group_for, request_facts, tp_runner
 from .tree_loop import TreeDecoder
 
 log = logging.getLogger("specdec_fast")
@@ -55,6 +57,8 @@ DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of t
 MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
 CROSS_TREE_ERROR = ("tree=... with a draft of another tokenizer: a token tree's nodes are draft tokens the target "
                     "scores, which needs one shared vocabulary; drop tree=")
+CROSS_TP_ERROR = ("a draft with another tokenizer under tensor parallelism (process_group= or a ShardedCausalLM) is "
+                  "not implemented; run it unsharded, or draft with a model of the target's vocabulary")
 # The Ks the adaptive schedule (schedule.py) chooses among with a draft model, and its first K.
 # The best fixed K measured on the H100 was 4 at batch 1 and 3 at batch 8 / 32
 # (bench/results/h100_2026-11-23/); each K's graphs are captured the first time it is chosen.
@@ -70,6 +74,24 @@ def bucket_for(batch: int, max_batch_size: int) -> int:
         if batch <= size <= max_batch_size:
             return size
     return max_batch_size
+
+
+@dataclasses.dataclass
+class _Call:
+    """A checked generate() call: input_ids [B, P], mask [B, P] int64 (rows expanded for
+    num_return_sequences), the resolved options, the token tree (or None), K (a tree's depth), the
+    adaptive schedule's Ks (None: constant K), the stopping limits (stopping.py), the logits stage
+    request without its sampling parameters (or None) and the streamer."""
+
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    opts: object
+    token_tree: object
+    k: int
+    ks: tuple | None
+    limits: object
+    stage: object
+    streamer: object
 
 
 def _positive(name: str, value) -> int:
@@ -93,6 +115,13 @@ class SpeculativeEngine:
     (or the models' do), the draft drafts in its own tokens and its text is re-encoded into the
     target's (drafters/cross_tokenizer.py: eager, no trees).
 
+    Tensor parallelism (docs/architecture.md §10; engine/tensor_parallel.py): process_group (a
+    torch.distributed ProcessGroup, or a TensorParallelGroup) shards the target over its ranks
+    (each rank builds the same engine and makes the same calls; a target loaded whole is sharded
+    here, a ShardedCausalLM needs no process_group); the KV pool is sized per rank (its local KV
+    heads) and agreed. shard_draft: shard the draft too (default: replicated on every rank).
+    tp_timeout: the group's collective timeout (datetime.timedelta). Every rank returns the tokens.
+
     generate(input_ids, attention_mask=None, **options) takes what specdec_fast.generate takes
     (transformers' argument names) and returns what it returns; warmup() captures every bucket's
     graphs up front."""
@@ -101,7 +130,8 @@ class SpeculativeEngine:
                  max_batch_size: int = 8, max_seq_len: int | None = None, kv_cache_tokens: int | None = None,
                  kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION, num_assistant_tokens: int | None = None,
                  max_draft_tokens: int | None = None, tree=None, backend=None, runner=None, cuda_graphs=None,
-                 block_size: int = 16, run_ahead: int = 2, tokenizer=None, assistant_tokenizer=None):
+                 block_size: int = 16, run_ahead: int = 2, tokenizer=None, assistant_tokenizer=None,
+                 process_group=None, shard_draft: bool = False, tp_timeout=None):
         if assistant_model is not None and prompt_lookup_num_tokens is not None:
             raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
         if tree is not None and assistant_model is None:
@@ -142,16 +172,33 @@ class SpeculativeEngine:
         # The most tokens one iteration scores beyond the last one (K, a tree's N - 1, the adaptive
         # schedule's largest K) for any call.
         self.fixed_k = num_assistant_tokens is not None  # an engine built with a K: its calls default to it
+        if self.cross_tokenizers is not None and process_group is not None:
+            raise ValueError(CROSS_TP_ERROR)
+        self.tp = group_for(target, assistant_model, process_group, shard_draft, tp_timeout)
+        if self.cross_tokenizers is not None and self.tp is not None:
+            raise ValueError(CROSS_TP_ERROR)
+        self.shard_draft = bool(shard_draft)
         if max_draft_tokens is not None:  # the adaptive schedule then chooses among the Ks up to it
             self.max_draft_tokens = max(drafted, max_draft_tokens)
-        else:
-            self.max_draft_tokens = max(drafted, max(ADAPTIVE_KS) if self.mode == "draft" and not self.fixed_k else 0)
+        else:  # tensor parallel: a constant K (_ks_for), no room for the adaptive Ks
+            adaptive = self.mode == "draft" and not self.fixed_k and self.tp is None
+            self.max_draft_tokens = max(drafted, max(ADAPTIVE_KS) if adaptive else 0)
         row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
-        self.target_runner = self._runner(target, runner, row_tokens)
-        self.draft_runner = None if assistant_model is None else self._runner(assistant_model, runner, row_tokens)
-        if tree is not None:
-            self._tree_drafter(as_token_tree(tree))  # checks the runners now
-        self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
+        if self.tp is None:
+            self._build_runners(target, assistant_model, runner, row_tokens, tree)
+            self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
+        else:  # every rank builds, then all agree (one clear error on every rank: distributed/failures.py)
+            with self.tp.guard():
+                error = None
+                try:
+                    self._build_runners(target, assistant_model, runner, row_tokens, tree)
+                except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
+                    error = exc
+                facts = dict(sizes=(self.max_batch_size, self.max_seq_len, self.max_draft_tokens, block_size, kv_cache_tokens),
+                             drafting=(self.mode, self.default_k, repr(tree), self.shard_draft),
+                             kernels=(backend, runner, repr(cuda_graphs), run_ahead))
+                self.tp.agree("building the engine", facts, error)
+                self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
         log.info("specdec_fast engine: %s", self.memory_note)
         self._lock = threading.Lock()
         self.graph_mode, self.graph_note = resolve_graph_mode(cuda_graphs, self.target_runner, self._chain_drafter(),
@@ -170,7 +217,16 @@ class SpeculativeEngine:
         return None if self._draft_ref is None else self._draft_ref()
 
     # -- construction ------------------------------------------------------------------------
-    def _runner(self, model, runner, row_tokens: int):
+    def _build_runners(self, target, assistant_model, runner, row_tokens: int, tree) -> None:
+        self.target_runner = self._runner(target, runner, row_tokens, sharded=self.tp is not None)
+        self.draft_runner = None if assistant_model is None else \
+            self._runner(assistant_model, runner, row_tokens, sharded=self.shard_draft)
+        if tree is not None:
+            self._tree_drafter(as_token_tree(tree))  # checks the runners now
+
+    def _runner(self, model, runner, row_tokens: int, sharded: bool = False):
+        if sharded:
+            return tp_runner(model, self.tp, runner, row_tokens, self.backend, self.block_size)
         name = choose_runner(model, runner, row_tokens, self.backend)
         return make_runner(model, name, backend=self.backend, **({"block_size": self.block_size} if name == "paged" else {}))
 
@@ -192,12 +248,18 @@ class SpeculativeEngine:
                 cap = int(free * fraction) // per_token
                 if cap < tokens:
                     tokens, why = cap, f"{fraction:.0%} of the {free / 2**30:.1f} GiB free"
+        if self.tp is not None:  # every rank's pool the same size: every rank refuses the same requests
+            agreed = self.tp.all_min("sizing the KV pools", tokens)
+            why = why if agreed == tokens else f"{why}; the smallest of the {self.tp.size} ranks'"
+            tokens = agreed
         blocks = max(1, math.ceil(tokens / self.block_size))
         for _, r in runners:
             r.allocate(self.max_batch_size, row_tokens, blocks)
         total = sum(r.kv_bytes for _, r in runners)
+        per_rank = "" if self.tp is None else f" on each of {self.tp.size} ranks (local KV heads)"
         return (f"KV pool {blocks * self.block_size} tokens per model ({why}), {total / 2**20:.1f} MiB for "
-                f"{' + '.join(name for name, _ in runners)}; up to {self.max_batch_size} rows of {self.max_seq_len} tokens")
+                f"{' + '.join(name for name, _ in runners)}{per_rank}; up to {self.max_batch_size} rows of "
+                f"{self.max_seq_len} tokens")
 
     def _chain_drafter(self):
         """The chain drafter (one per engine: it keeps per-batch-size buffers), None for plain decoding."""
@@ -241,6 +303,33 @@ class SpeculativeEngine:
                   max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
                   eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None, seed=None,
                   return_stats=False, generation_config=None, tree=None, resolved=None, **kwargs):
+        args = dict(assistant_model=assistant_model, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                    max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                    top_p=top_p, min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                    num_assistant_tokens=num_assistant_tokens, streamer=streamer, generation_config=generation_config,
+                    tree=tree, resolved=resolved, **kwargs)
+        if self.tp is None:
+            return self._run(self._prepare(input_ids, attention_mask, **args), seed, return_stats)
+        with self.tp.guard():  # engine/tensor_parallel.py: agree on the request, decode, agree on the output
+            call, error = None, None
+            try:
+                call = self._prepare(input_ids, attention_mask, **args)
+            except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
+                error = exc
+            drawn = int(torch.randint(0, 2**62, (1,)).item()) if seed is None and error is None else None
+            facts = {} if error else dict(request_facts(call.input_ids, call.mask, call.opts, call.k, call.token_tree, seed,
+                                                        call.ks), drawn=drawn)
+            agreed = self.tp.agree("generate", facts, error, uncompared=("drawn",))
+            out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats)
+            tokens = out[0] if return_stats else out
+            check_output(self.tp, getattr(tokens, "sequences", tokens))  # return_dict_in_generate: its sequences
+            return out
+
+    def _prepare(self, input_ids, attention_mask, *, assistant_model=None, prompt_lookup_num_tokens=None,
+                 max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
+                 eos_token_id=None, pad_token_id=None, num_assistant_tokens=None, streamer=None,
+                 generation_config=None, tree=None, resolved=None, **kwargs) -> "_Call":
+        """Every check of a call, before anything runs (ValueError naming the problem)."""
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
         tokenizer, assistant_tokenizer = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
@@ -274,17 +363,27 @@ class SpeculativeEngine:
         ks = self._ks_for(opts, token_tree, num_assistant_tokens)
         limits = call_limits(opts, input_ids.shape[1], tokenizer)  # stopping criteria (stopping.py)
         self._check_sizes(input_ids, limits.max_new_tokens, max(ks or (k,)) if token_tree is None else token_tree.size - 1)
+        if len(limits.eos_token_ids or ()) > EOS_SLOTS:
+            raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {len(limits.eos_token_ids)}")
+        stage = self._stage_request(opts, None, token_tree)  # its checks now; the call's params in _run
+        if self.tp is not None:
+            check_tp_call(target, opts, limits)
+        return _Call(input_ids, mask, opts, token_tree, k, ks, limits, stage, streamer)
+
+    def _run(self, call: "_Call", seed, return_stats: bool):
+        """The checked call's decoding (seed None: drawn from torch's global RNG)."""
+        input_ids, mask, opts, limits = call.input_ids, call.mask, call.opts, call.limits
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
         params = make_sampling_tensors(input_ids.shape[0], self.device, seed=seed, **opts.kernel_params())
-        stage = self._stage_request(opts, params, token_tree)
+        stage = None if call.stage is None else dataclasses.replace(call.stage, params=params)
         kernel = kernel_params(stage, params, seed)  # the warpers in the stage: the kernels sample plainly
-        decoder = self._decoder(input_ids.shape[0], k, kernel.modes, token_tree, len(limits.eos_token_ids or ()),
-                                None if stage is None else stage.spec, ks)
+        decoder = self._decoder(input_ids.shape[0], call.k, kernel.modes, call.token_tree, len(limits.eos_token_ids or ()),
+                                None if stage is None else stage.spec, call.ks)
         try:
             tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel,
                                       max_new_tokens=limits.max_new_tokens, eos_token_ids=limits.eos_token_ids,
-                                      pad_token_id=opts.pad_token_id, streamer=streamer, stage=stage,
+                                      pad_token_id=opts.pad_token_id, streamer=call.streamer, stage=stage,
                                       stopping_criteria=limits if limits.host else None)
         finally:
             decoder.release()
@@ -292,8 +391,11 @@ class SpeculativeEngine:
         stats = decoder.stats.result
         stats.extra["engine"] = dict(bucket=decoder.rows, decoders=len(self._decoders),
                                      graphs_captured_total=self.graphs_captured)
+        if self.tp is not None:
+            stats.extra["tensor_parallel"] = dict(ranks=self.tp.size, rank=self.tp.rank, backend=self.tp.backend,
+                                                  shard_draft=self.shard_draft, k_schedule="constant")
         if opts.extra.get("return_dict_in_generate"):
-            tokens = self._output_dict(target, tokens, mask, opts, params)
+            tokens = self._output_dict(self.target, tokens, mask, opts, params)
         return (tokens, stats) if return_stats else tokens
 
     @staticmethod
@@ -387,6 +489,11 @@ class SpeculativeEngine:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}")
         if self.mode != "draft" or token_tree is not None or schedule in (None, "constant"):
             return None
+        if self.tp is not None:
+            # Tensor parallel: a constant K. The adaptive choice reads this process's own step times,
+            # which differ between ranks: ranks choosing different Ks would issue different
+            # collectives (a hang, or gloo's size-mismatch abort; docs/architecture.md §10).
+            return None
         # Named with a draft of another tokenizer it runs (exact), but its choice is poor there: that
         # draft phase is mostly a fixed cost per iteration (the feed call, the host re-tokenisation),
         # which the schedule's per-step draft cost (draft phase / K) spreads over K, so it settles on
@@ -464,7 +571,7 @@ class SpeculativeEngine:
         return out
 
     def _warm(self, ids, steps: int, options: dict) -> None:
-        with self._lock:
+        with self._lock, (self.tp.guard() if self.tp is not None else contextlib.nullcontext()):
             opts = resolve_options(self.target, options.pop("generation_config", None),
                                    {**{k: options.get(k) for k in ("do_sample", "temperature", "top_k", "top_p", "min_p")},
                                     "max_new_tokens": steps}, ids.shape[1])
@@ -497,6 +604,9 @@ class SpeculativeEngine:
             drafting = f"draft model, tree {as_token_tree(self.tree).describe()}"
         elif self.cross_tokenizers is not None:
             drafting = f"draft model with its own tokenizer, K={self.default_k}"
-        return f"SpeculativeEngine({drafting}; {self.memory_note}; graphs: {self.graph_mode})"
+        parallel = "" if self.tp is None else \
+            (f"; tensor parallel over {self.tp.size} ranks ({self.tp.backend}, draft "
+             f"{'sharded' if self.shard_draft else 'replicated'}; {self.target_runner.plan.describe()})")
+        return f"SpeculativeEngine({drafting}; {self.memory_note}; graphs: {self.graph_mode}{parallel})"
 
     __repr__ = describe

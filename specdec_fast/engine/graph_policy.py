@@ -15,6 +15,8 @@ H100 (bench/results/h100_2026-11-23/gpu_tests_112bf69.log: 1312 passed, 0 failed
 tests/engine/test_cuda_graphs_gpu.py and the capture table over K 1-8 x batch {1,3,8,32,64}, which
 had failed at K=5 / K=7 on the first H100 run). Where graphs cannot run (CPU, a runner or drafter
 that is not graph safe, non-Triton kernels) None means eager, with the reason in stats.graph_note.
+A runner whose ``graphs_by_default`` is False (the tensor-parallel one: NCCL inside the graphs,
+not run on a multi-GPU machine yet) captures only with cuda_graphs=True.
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -73,6 +75,8 @@ def resolve_graph_mode(cuda_graphs, target, drafter, backend, device: torch.devi
     if cuda_graphs is False:
         return "eager", "cuda_graphs=False"
     reason = graph_unsupported_reason(target, drafter, backend, device)
+    if reason is None and cuda_graphs is None and not getattr(target, "graphs_by_default", True):
+        return "eager", getattr(target, "graphs_note", "the target runner asks for cuda_graphs=True to capture")
     if reason is None and (cuda_graphs or GRAPHS_BY_DEFAULT):
         return "cuda_graphs", None
     if cuda_graphs is True:

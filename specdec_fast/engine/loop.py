@@ -488,7 +488,7 @@ class SpeculativeDecoder:
             seq = {"all": self.state.seq, "row0": self.state.seq[:1], None: None}[copies]
             counters = self.stats.positions if self.schedule is not None else None  # the schedule's acceptance
             poller = pollers[copies] = RunAheadPoller(self.state.status, self.run_ahead, events=self.events, seq=seq,
-                                                      counters=counters)
+                                                      counters=counters, lockstep=getattr(self.target, "lockstep_polls", False))
         poller.reset()
         poller.issue(0)
         return poller

@@ -27,6 +27,14 @@ R = 2 is the default: the smallest bound that leaves the GPU one iteration queue
 waits for the one before it. R = 1 is synchronous: the host waits for iteration n before it
 issues n + 1, so the GPU idles for the host's issue time every iteration.
 
+Lockstep (``lockstep=True``: tensor parallelism, docs/architecture.md §10). Reading the newer
+polls that happen to have completed makes the iteration at which the loop stops depend on
+timing; ranks of a tensor-parallel group must stop at the same one (an extra iteration on one
+rank is a collective the others never join). In lockstep, wait(n) reads exactly the polls up to
+n + 1 - R (the bound's), so the stop is a function of the iterations alone: a finished batch
+always runs R - 1 more iterations. Without events (CPU: every poll is complete when issued)
+both modes read every poll: lockstep changes nothing there.
+
 ``events``: None (CPU: device work is synchronous, every poll is complete when issued) or an
 event class like torch.cuda.Event (tests/fake_cuda.py has one whose work completes late).
 """
@@ -51,10 +59,11 @@ class Snapshot:
 
 class RunAheadPoller:
     """Polls of ``status`` [2, B] int64 (and ``seq`` [B', T], rows of the token buffer, when given) through a ring of R
-    pinned host slots; see the module docstring for the protocol. run_ahead: R >= 1."""
+    pinned host slots; see the module docstring for the protocol. run_ahead: R >= 1. lockstep: read
+    only the polls the bound requires (module docstring)."""
 
     def __init__(self, status: torch.Tensor, run_ahead: int, *, events=None, seq: torch.Tensor | None = None,
-                 counters: torch.Tensor | None = None):
+                 counters: torch.Tensor | None = None, lockstep: bool = False):
         if isinstance(run_ahead, bool) or not isinstance(run_ahead, int) or run_ahead < 1:
             raise ValueError(f"run_ahead must be an int >= 1, got {run_ahead!r}")
         self.run_ahead, self.status, self.seq, self.counters = run_ahead, status, seq, counters
@@ -71,6 +80,7 @@ class RunAheadPoller:
             counter_ring = torch.empty((slots, *counters.shape), dtype=counters.dtype, device="cpu", pin_memory=pin)
             self._counter_ring, self._counter_ring_np = list(counter_ring), counter_ring.numpy()
         self._events = None if events is None else [events() for _ in range(slots)]
+        self._opportunistic = not lockstep or events is None  # read newer completed polls too
         self.reset()
 
     def reset(self) -> None:
@@ -111,7 +121,7 @@ class RunAheadPoller:
                 newest = self._read_next()
                 if newest.done:
                     return newest
-        while self.read < self.issued and self._complete(self.read + 1):
+        while self._opportunistic and self.read < self.issued and self._complete(self.read + 1):
             newest = self._read_next()
             if newest.done:
                 return newest

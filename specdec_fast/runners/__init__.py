@@ -4,7 +4,9 @@ from .base import Runner
 from .hf import HFRunner
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_llama import PagedLlamaRunner
-from .registry import PAGED_RUNNERS, paged_runner, paged_runner_from_pretrained
+from .paged_llama_tp import TPPagedLlamaRunner
+from .registry import PAGED_RUNNERS, TP_RUNNERS, paged_runner, paged_runner_from_pretrained, shard_model
+from .sharded_model import ShardedCausalLM
 
 __all__ = ["Runner", "HFRunner", "PagedLlamaRunner", "PagedGPT2Runner", "PAGED_RUNNERS", "paged_runner",
-           "paged_runner_from_pretrained"]
+           "paged_runner_from_pretrained", "TPPagedLlamaRunner", "ShardedCausalLM", "TP_RUNNERS", "shard_model"]

@@ -60,13 +60,18 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
         # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
         if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in _FLOAT_DTYPES for m in mods):
             return f"layer {i} has a projection that is not a plain float nn.Linear"
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        return "the model has no rotary_emb with inv_freq"
+    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend)
+
+
+def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """The checks of llama_unsupported_reason that read only the config and the RoPE type (shared
+    with the tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py)."""
     window = _sliding_window_in_use(config, max_tokens_per_row)
     if window is not None:
         return f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
-    rotary = getattr(inner, "rotary_emb", None)
-    rope_type = getattr(rotary, "rope_type", None)
-    if rotary is None or not hasattr(rotary, "inv_freq"):
-        return "the model has no rotary_emb with inv_freq"
     if not isinstance(rope_type, str) or any(name in rope_type for name in _DYNAMIC_ROPE):
         return f"rope_type {rope_type!r} changes its frequencies with the length"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):

@@ -1,4 +1,5 @@
-"""The paged runner of each model family, in one table (model_type -> runner class).
+"""The paged runner of each model family, in one table (model_type -> runner class), and its
+tensor-parallel runner where one exists (TP_RUNNERS: a ShardedCausalLM's model_type -> class).
 
 Adding a family = one file (a PagedRunnerBase subclass with ``_bind``, ``_decode`` and an
 ``unsupported_reason`` static method) + one row per model_type here. Nothing below this module
@@ -8,6 +9,8 @@ from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_llama import PagedLlamaRunner
+from .paged_llama_tp import TPPagedLlamaRunner
+from .sharded_model import ShardedCausalLM
 
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "llama": PagedLlamaRunner,
@@ -17,14 +20,24 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gpt2": PagedGPT2Runner,
 }
 
+# Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.
+TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {
+    "llama": TPPagedLlamaRunner,
+    "mistral": TPPagedLlamaRunner,
+    "qwen2": TPPagedLlamaRunner,
+    "qwen3": TPPagedLlamaRunner,
+}
+
 
 def _model_type(model) -> str | None:
     return getattr(getattr(model, "config", None), "model_type", None)
 
 
 def paged_runner_class(model) -> type[PagedRunnerBase] | None:
-    """The paged runner class of ``model``'s family (by config.model_type), or None."""
-    return PAGED_RUNNERS.get(_model_type(model))
+    """The paged runner class of ``model``'s family (by config.model_type; a ShardedCausalLM's
+    tensor-parallel runner), or None."""
+    table = TP_RUNNERS if isinstance(model, ShardedCausalLM) else PAGED_RUNNERS
+    return table.get(_model_type(model))
 
 
 def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -32,28 +45,54 @@ def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     unknown) and kernel ``backend``, or None when paged_runner_class(model) can."""
     cls = paged_runner_class(model)
     if cls is None:
-        return f"model_type {_model_type(model)!r} is not one of {tuple(PAGED_RUNNERS)}"
+        table = TP_RUNNERS if isinstance(model, ShardedCausalLM) else PAGED_RUNNERS
+        return f"model_type {_model_type(model)!r} is not one of {tuple(table)}"
     return cls.unsupported_reason(model, max_tokens_per_row, backend)
 
 
-def paged_runner(model, **kwargs) -> PagedRunnerBase:
+def paged_runner(model, *, process_group=None, **kwargs) -> PagedRunnerBase:
     """The paged runner of ``model``'s family (kwargs: PagedRunnerBase's); ValueError naming why
-    when no paged runner can run it."""
+    when no paged runner can run it. process_group (a ProcessGroup or TensorParallelGroup): this
+    rank's tensor-parallel runner over its shard of ``model`` (loaded whole on every rank; the
+    runner keeps the ShardedCausalLM as ``owned_model``); a ShardedCausalLM needs none."""
+    if process_group is not None and not isinstance(model, ShardedCausalLM):
+        model = shard_model(model, process_group)
+        runner = paged_runner(model, **kwargs)
+        runner.owned_model = model
+        return runner
     reason = paged_unsupported_reason(model, backend=kwargs.get("backend"))
     if reason is not None:
-        raise ValueError(f"no paged runner can run this model: {reason}; use runner='hf'")
+        raise ValueError(f"no paged runner can run this model: {reason}" +
+                         ("" if isinstance(model, ShardedCausalLM) else "; use runner='hf'"))
     return paged_runner_class(model)(model, **kwargs)
 
 
-def paged_runner_from_pretrained(path, **kwargs) -> PagedRunnerBase:
+def shard_model(model, process_group, *, timeout=None) -> ShardedCausalLM:
+    """This rank's ShardedCausalLM of ``model`` (loaded whole here) over ``process_group``;
+    ValueError naming why when its family has no tensor-parallel runner or no paged runner can run it."""
+    if _model_type(model) not in TP_RUNNERS:
+        raise ValueError(f"tensor parallelism supports model_type {tuple(TP_RUNNERS)}, got {_model_type(model)!r}")
+    reason = paged_unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(f"tensor parallelism needs the paged runner, which cannot run this model: {reason}")
+    return ShardedCausalLM.from_model(model, process_group, timeout=timeout)
+
+
+def paged_runner_from_pretrained(path, *, process_group=None, **kwargs) -> PagedRunnerBase:
     """A paged runner for the checkpoint directory ``path`` (config.json + safetensors), of the
-    checkpoint's family; kwargs: PagedRunnerBase.from_pretrained's."""
+    checkpoint's family; kwargs: PagedRunnerBase.from_pretrained's. process_group (a ProcessGroup
+    or TensorParallelGroup; kwargs may add timeout=): this rank's tensor-parallel runner, which
+    reads only its slices of the checkpoint (safetensors slicing, runners/sharding.py)."""
     from transformers import AutoConfig
 
     model_type = AutoConfig.from_pretrained(path).model_type
-    cls = PAGED_RUNNERS.get(model_type)
+    table = PAGED_RUNNERS if process_group is None else TP_RUNNERS
+    cls = table.get(model_type)
     if cls is None:
-        raise ValueError(f"no paged runner for {path}: model_type {model_type!r} is not one of {tuple(PAGED_RUNNERS)}")
+        raise ValueError(f"no {'tensor-parallel ' if process_group is not None else ''}paged runner for {path}: "
+                         f"model_type {model_type!r} is not one of {tuple(table)}")
+    if process_group is not None:
+        return cls.from_pretrained(path, process_group=process_group, **kwargs)
     return cls.from_pretrained(path, **kwargs)
 
 
@@ -68,6 +107,8 @@ def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -
     if runner is not None and runner not in RUNNERS:
         raise ValueError(f"runner must be None, 'paged' or 'hf', got {runner!r}")
     if runner == "hf":
+        if isinstance(model, ShardedCausalLM):
+            raise ValueError("runner='hf' cannot run a ShardedCausalLM: tensor parallelism runs on the paged runner")
         return "hf"
     reason = paged_unsupported_reason(model, max_tokens_per_row, backend)
     if reason is None:

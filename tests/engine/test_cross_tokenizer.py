@@ -198,6 +198,8 @@ def test_errors(tiny):
                      max_new_tokens=4)
     with pytest.raises(ValueError, match="tree=... with a draft of another tokenizer"):
         specdec_fast.SpeculativeEngine(target, draft, tokenizer=tok, assistant_tokenizer=atok, tree=4)
+    with pytest.raises(ValueError, match="a draft with another tokenizer under tensor parallelism"):
+        specdec_fast.SpeculativeEngine(target, draft, tokenizer=tok, assistant_tokenizer=atok, process_group=object())
     with pytest.raises(ValueError, match="re-tokenises on the host"):
         specdec_fast.SpeculativeEngine(target, draft, tokenizer=tok, assistant_tokenizer=atok, cuda_graphs="static")
     same_vocab = make_model("llama", vocab=V, seed=9)

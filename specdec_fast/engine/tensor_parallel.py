@@ -1,0 +1,105 @@
+"""What SpeculativeEngine does differently when its target is sharded over a process group
+(docs/architecture.md §10): which group, which runners, and the agreement around each call.
+
+Every rank builds the same engine and makes the same calls with the same arguments. The
+target's runner is the tensor-parallel one (runners/paged_llama_tp.py); the draft is
+replicated (the default: a small model, each rank runs all of it, no collective) or sharded
+like the target (shard_draft=True: one all-reduce per layer half and one logits all-gather per
+draft token, for drafts too big to replicate; bench/bench_tp.py prices both). A replicated
+draft must compute the same on every rank -- it does: same kernels, same inputs, deterministic
+kernels (docs/architecture.md §6) -- and the call's closing agreement checks it (the emitted
+tokens' checksum).
+
+A call: ``guard()`` around everything; the checks run on every rank; ``agree()`` exchanges the
+request's fingerprint (shape and checksum of input_ids / attention_mask, the resolved options,
+K, tree, seed) or the error; a call without a seed takes rank 0's draw; then the decoding loop;
+then one more agreement on the output. K is constant under tensor parallelism (no adaptive
+schedule: it chooses from this process's own step times, and ranks must run the same iterations;
+check_tp_call). The KV pools: every rank sizes its own (local KV heads
+only) and they agree on the smallest, so that every rank refuses the same requests.
+"""
+import zlib
+
+import torch
+
+from ..distributed import TensorParallelError, as_tp_group
+from ..distributed.failures import AGREED, mark
+from ..runners.registry import choose_runner, make_runner, shard_model
+from ..runners.sharded_model import ShardedCausalLM
+
+
+def _size(process_group) -> int:
+    return process_group.size if hasattr(process_group, "failures") else process_group.size()
+
+
+def group_for(target, assistant_model, process_group, shard_draft: bool, timeout):
+    """The engine's TensorParallelGroup, or None (a single process). ValueError for a sharded
+    target whose world size differs from process_group's, or shard_draft without a group."""
+    if isinstance(target, ShardedCausalLM):
+        if process_group is not None and _size(process_group) != target.tp.size:
+            raise ValueError(f"mismatched world sizes: the target was sharded over {target.tp.size} ranks, process_group "
+                             f"has {_size(process_group)}")
+        return target.tp
+    if isinstance(assistant_model, ShardedCausalLM):
+        raise ValueError("the draft is a ShardedCausalLM but the target is not sharded: pass process_group= (or a "
+                         "ShardedCausalLM target)")
+    if process_group is None:
+        if shard_draft:
+            raise ValueError("shard_draft=True needs process_group= (tensor parallelism)")
+        return None
+    return as_tp_group(process_group, timeout=timeout)
+
+
+def tp_runner(model, group, runner, row_tokens: int, backend, block_size: int):
+    """The tensor-parallel paged runner of ``model`` (a ShardedCausalLM, or a model loaded whole
+    on this rank: sharded here, the runner keeping the shard as ``owned_model``)."""
+    if runner == "hf":
+        raise ValueError("tensor parallelism runs on the paged runner; runner='hf' cannot be sharded")
+    sharded = model
+    if not isinstance(model, ShardedCausalLM):
+        choose_runner(model, "paged", row_tokens, backend)  # ValueError naming why the paged runner cannot
+        sharded = shard_model(model, group)
+    elif model.tp is not group and model.tp.size != group.size:
+        raise ValueError(f"mismatched world sizes: a model sharded over {model.tp.size} ranks, the group has {group.size}")
+    made = make_runner(sharded, "paged", backend=backend, block_size=block_size)
+    if sharded is not model:
+        made.owned_model = sharded
+    return made
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """A checksum of a tensor's values (a host read: call boundaries only)."""
+    return zlib.crc32(tensor.detach().cpu().contiguous().numpy().tobytes())
+
+
+def request_facts(input_ids, mask, opts, k: int, token_tree, seed, ks=None) -> dict:
+    """What every rank must agree on before a call's loop (equal inputs -> equal tokens). ks: the
+    adaptive schedule's Ks, None under tensor parallelism (check_tp_call's note)."""
+    return {"input_ids": (tuple(input_ids.shape), checksum(input_ids.long())),
+            "attention_mask": checksum(mask.long()), "options": repr(opts), "K": k, "Ks": ks,
+            "tree": None if token_tree is None else token_tree.describe(), "seed": seed}
+
+
+def check_tp_call(target, opts, limits) -> None:
+    """What a tensor-parallel call cannot do (ValueError on every rank, before the loop). Every rank
+    must run the same iterations, so nothing a rank decides from its own clock may steer the loop:
+    K is constant (the engine's _ks_for: the adaptive schedule chooses from measured step times),
+    and max_time / MaxTimeCriteria would end rows at different tokens on different ranks. A
+    ShardedCausalLM has no forward of its own for output_scores / output_logits."""
+    from transformers.generation.stopping_criteria import MaxTimeCriteria
+
+    if opts.extra.get("max_time") is not None or any(isinstance(c, MaxTimeCriteria) for c in limits.host or ()):
+        raise ValueError("max_time (MaxTimeCriteria) with tensor parallelism: each rank's clock would stop rows at "
+                         "different tokens; use max_new_tokens / stop_strings")
+    if isinstance(target, ShardedCausalLM) and (opts.extra.get("output_scores") or opts.extra.get("output_logits")):
+        raise ValueError("output_scores / output_logits need the target's own forward, which a ShardedCausalLM does "
+                         "not have: load the target whole on each rank (process_group=), or drop them")
+
+
+def check_output(group, tokens: torch.Tensor) -> None:
+    """After a call: every rank emitted the same tokens (else TensorParallelError on every rank)."""
+    try:
+        group.agree("generate (the emitted tokens)", {"tokens": (tuple(tokens.shape), checksum(tokens))})
+    except TensorParallelError as exc:  # every rank raises it together: the group stays in step
+        raise mark(TensorParallelError(f"{exc}: a replicated computation (the draft?) differed between ranks"),
+                   AGREED) from None

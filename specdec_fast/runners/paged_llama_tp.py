@@ -1,0 +1,253 @@
+"""TPPagedLlamaRunner: a Llama-family model (Llama / Mistral / Qwen2 / Qwen3) sharded over the
+ranks of a process group, Megatron layout, on the paged KV cache (docs/architecture.md §10).
+
+Each rank runs this runner over its ShardedCausalLM (runners/sharded_model.py; the layout:
+runners/sharding.py). Per forward over T packed token rows (TensorParallelGroup's collectives):
+    x = all_reduce(embedding of the ids in this rank's vocabulary slice, 0 elsewhere)   [T, H]
+    per layer:  q, k, v of this rank's heads -> RoPE -> KV append + paged attention on this
+                rank's KV heads (its own cache: the pool holds local KV heads only)
+                x = all_reduce(o_proj partial (+ residual and bias on rank 0))          [T, H]
+                x = all_reduce(down_proj(act(gate) * up) partial (+ residual, bias on rank 0))
+    logits = gather_vocab(final norm -> this rank's lm_head rows)            [T, V/N] -> [T, V]
+So 2L + 1 all-reduces of T x H values and one all-gather of T x V / N values per forward; every
+rank then holds the same full logits and runs the same verify (engine/loop.py unchanged), so
+every rank emits the same tokens whatever the reduction order of its all-reduces.
+
+Why gather the logits rather than verify on the shards (all-gathers of each row's max, sum of
+exp, logit of the draft, argmax, then residual candidates: bench/tp_sharded_verify.py, which
+gives chain_verify's tokens): the gather is one collective round and keeps ONE verify exact in
+every sampling mode, with the logits processors and penalties (processing/, which read whole
+rows); the sharded verify needs two rounds for temperature-only rows and more for top-k / top-p
+/ min-p, and a second implementation per backend. Priced for NVLink (bench/tp_model.py, a
+prediction; K = 4, V = 128256, 70B on 8 GPUs): B = 1, gather + verify ~49 us against ~58 us
+sharded (the gather is faster where speculative decoding pays most); B = 8 / 32, the sharded
+verify would save ~40 / ~200 us per scoring step, 0.4% / 1.8% of it. Measured on CPU ranks
+(gloo over loopback TCP, bench/results/tp_cpu_avx512.json) the sharded statistics are far
+cheaper (B = 32: two rounds ~0.5 ms against a 0.2-0.4 s gather of 78 MiB) -- CPU ranks exist
+for CI, not for speed.
+So the gather stays; the sharded verify is the candidate for large batches on GPUs.
+
+The math is PagedLlamaRunner's (same helpers, same op order per shard); only the embedding, the
+two row-parallel products per layer and the head differ. The single-process runner is not
+touched by any of this: it is another class.
+
+CUDA graphs: the collectives are capture-safe (static shapes, no host read, NCCL with
+async_op=False); the decoding loop's polls run in lockstep on every rank (run_ahead.py,
+``lockstep_polls``) so every rank runs the same iterations. Not run on a multi-GPU machine
+(none available); the CPU static twin (cuda_graphs="static") passes with gloo.
+"""
+import torch
+import torch.nn.functional as F
+
+from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
+from .paged_base import FLOAT_DTYPES
+from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner, llama_config_reason
+from .sharded_model import ShardedCausalLM
+
+
+def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why TPPagedLlamaRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
+    if not isinstance(model, ShardedCausalLM):
+        return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
+    if model.config.model_type not in LLAMA_MODEL_TYPES:
+        return f"model_type {model.config.model_type!r} is not one of {LLAMA_MODEL_TYPES}"
+    if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
+        return "a shard is not a float tensor (quantized checkpoints are not supported)"
+    return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend)
+
+
+class _TPLayer:
+    """One decoder layer's shards (the attribute names of paged_llama._Layer). o and down carry
+    their bias on rank 0 only (added once to the sum). fuse: q/k/v and gate/up also as one
+    concatenated weight each, the separate weights being views of it (one copy in memory)."""
+
+    def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool):
+        def get(name):
+            return shards.get(prefix + name)
+
+        from transformers.activations import ACT2FN
+
+        eps = config.rms_norm_eps
+        self.ln_in, self.eps_in = get("input_layernorm.weight"), eps
+        self.ln_post, self.eps_post = get("post_attention_layernorm.weight"), eps
+        q, k, v = (get(f"self_attn.{p}_proj.weight") for p in "qkv")
+        bq, bk, bv = (get(f"self_attn.{p}_proj.bias") for p in "qkv")
+        gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
+        bgate, bup = get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")
+        self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
+        if fuse:  # the shards dict then holds the views: the separate tensors are freed
+            (q, k, v), self.w_qkv = _fused(shards, prefix, "self_attn.{}_proj.weight", "qkv")
+            (gate, up), self.w_gate_up = _fused(shards, prefix, "mlp.{}_proj.weight", ("gate", "up"))
+            if bq is not None and bk is not None and bv is not None:
+                (bq, bk, bv), self.b_qkv = _fused(shards, prefix, "self_attn.{}_proj.bias", "qkv")
+            if bgate is not None and bup is not None:
+                (bgate, bup), self.b_gate_up = _fused(shards, prefix, "mlp.{}_proj.bias", ("gate", "up"))
+        self.q, self.k, self.v = (q, bq), (k, bk), (v, bv)
+        self.o = (get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias") if first_rank else None)
+        q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")
+        self.qk_norm = None if q_norm is None else (q_norm, eps, k_norm, eps)
+        self.gate, self.up = (gate, bgate), (up, bup)
+        self.down = (get("mlp.down_proj.weight"), get("mlp.down_proj.bias") if first_rank else None)
+        self.qkv = ([q, k, v], [bq, bk, bv])
+        self.gate_up = ([gate, up], [bgate, bup])
+        self.q_cols, self.kv_cols, self.inter = q.shape[0], k.shape[0], gate.shape[0]
+        self.act = ACT2FN[config.hidden_act]
+
+
+def _fused(shards: dict, prefix: str, pattern: str, parts):
+    """The shards prefix + pattern.format(part) concatenated (dim 0) -> (their views of the
+    concatenation, the concatenation); the shards dict is re-pointed at the views."""
+    names = [prefix + pattern.format(part) for part in parts]
+    fused = torch.cat([shards[name] for name in names])
+    views, start = [], 0
+    for name in names:
+        rows = shards[name].shape[0]
+        shards[name] = fused[start:start + rows]
+        views.append(shards[name])
+        start += rows
+    return views, fused
+
+
+class TPPagedLlamaRunner(PagedLlamaRunner):
+    """Runner (runners/base.py) for one rank's ShardedCausalLM: the same interface and sizes as
+    PagedLlamaRunner (max_new_tokens, num_draft_tokens, block_size, backend, fuse_projections);
+    logits come back over the whole vocabulary [.., V], equal on every rank. ``tp``: the
+    TensorParallelGroup; ``plan``: this rank's LlamaShardPlan. Construction ends with an
+    agreement of every rank (same world size, config, dtype and kernels, or one clear error on
+    every rank: distributed/failures.py)."""
+
+    unsupported_reason = staticmethod(tp_llama_unsupported_reason)
+    lockstep_polls = True  # engine/run_ahead.py: every rank reads the same polls (same iterations)
+    # NCCL collectives inside CUDA graphs: capture-safe by construction, NOT run on a multi-GPU
+    # machine (none was available), so cuda_graphs=None decodes eagerly; cuda_graphs=True captures.
+    graphs_by_default = False
+    graphs_note = ("tensor parallelism: CUDA graphs with NCCL inside were not run on a multi-GPU machine yet; "
+                   "pass cuda_graphs=True to capture them")
+
+    def __init__(self, model, **kwargs):
+        if not isinstance(model, ShardedCausalLM):
+            raise ValueError(tp_llama_unsupported_reason(model))
+        error = None
+        try:
+            super().__init__(model, **kwargs)
+            self.vocab_size = self.plan.vocab
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it in the agreement below
+            error = exc
+        config = model.config
+        facts = None if error else {
+            "world size": model.tp.size, "model": (config.model_type, config.num_hidden_layers, config.hidden_size,
+                                                    config.num_attention_heads, self.plan.kv_heads,
+                                                    config.intermediate_size, config.vocab_size),
+            "dtype": str(self.dtype), "kernels": self.kernels, "block_size": self.block_size}
+        model.tp.agree("building the tensor-parallel runner", facts or {}, error)
+
+    @classmethod
+    def from_pretrained(cls, path, *, process_group=None, max_new_tokens: int | None = None, num_draft_tokens: int = 0,
+                        dtype=None, device=None, block_size: int = 16, backend=None, fuse_projections=None, timeout=None):
+        """Each rank reads only its slices of the checkpoint in ``path`` (ShardedCausalLM.from_pretrained);
+        the runner keeps the ShardedCausalLM as ``owned_model``."""
+        sharded = ShardedCausalLM.from_pretrained(path, process_group, dtype=dtype, device=device, timeout=timeout)
+        runner = cls(sharded, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens, block_size=block_size,
+                     backend=backend, fuse_projections=fuse_projections)
+        runner.owned_model = sharded
+        return runner
+
+    def _bind(self, model) -> None:
+        config, shards, plan = model.config, model.shards, model.plan
+        self.tp, self.plan, self.first_rank = model.tp, plan, plan.rank == 0
+        self.embed = shards["model.embed_tokens.weight"]
+        self.vocab_start, self.vocab_part = plan.vocab_start, plan.vocab_part
+        self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank)
+                       for i in range(config.num_hidden_layers)]
+        self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
+        self.lm_head = shards["lm_head.weight"]
+        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
+        self.scale = self.head_dim**-0.5
+        self.inv_freq = model.inv_freq.to(device=self.device)
+        self.rope_scaling = model.rope_scaling
+        self.silu = config.hidden_act == "silu"
+        if self.kernels == "triton":  # imported here: triton is optional on CPU machines
+            from ..kernels.cache_ops.triton_rope import rope_append_kv_triton
+            from ..kernels.llama_ops.triton import add_rms_norm_triton, silu_mul_triton
+
+            self._ops = (add_rms_norm_triton, rope_append_kv_triton, silu_mul_triton)
+            self._next_norm = [(nxt.ln_in, nxt.eps_in) for nxt in self.layers[1:]] + [(self.final_norm, self.final_eps)]
+
+    # -- logits over the whole vocabulary ---------------------------------------------------------
+    def prefill(self, input_ids, attention_mask, **kwargs) -> torch.Tensor:
+        """As PagedRunnerBase.prefill: logits [B, V] (gathered from every rank's slice)."""
+        return self.tp.gather_vocab(super().prefill(input_ids, attention_mask, **kwargs))
+
+    def score(self, tokens, num_valid=None, *, tree=None) -> torch.Tensor:
+        """As PagedRunnerBase.score: logits [B, N, V] (gathered from every rank's slice)."""
+        return self.tp.gather_vocab(super().score(tokens, num_valid, tree=tree))
+
+    # -- the forward ------------------------------------------------------------------------------
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel embedding: ids [T] -> [T, H], each rank looking up the ids of its slice
+        (zeros elsewhere), summed by one all-reduce (exact: one nonzero term per row)."""
+        local = flat.clamp(min=0) - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_part)
+        x = F.embedding(local.clamp(0, self.vocab_part - 1), self.embed).masked_fill_(outside[:, None], 0)
+        return self.tp.all_reduce_(x)
+
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H] (equal on every
+        rank up to the all-reduces' rounding)."""
+        if self.kernels == "triton":
+            return self._decode_triton(flat, positions, cu, attn_lens, n)
+        total = flat.shape[0]
+        fused = fused_layer_math(self.dtype, self.device.type)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)
+        x = self._embed(flat)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        lin, lins = self._linears(total, x)
+        reduce_, first = self.tp.all_reduce_, self.first_rank
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
+            q, k, v = lins(h, *layer.qkv)
+            q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
+            if layer.qk_norm is not None:
+                q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
+                k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
+            q, k = rotate_qk(q, k, cos, sin, fused)
+            o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
+            # Row-parallel: rank 0's partial carries the residual (and the bias); the sum is x + o_proj(o).
+            x = reduce_(lin(o.reshape(total, heads * dim), *layer.o, x if first else None))
+            h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
+            act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
+            x = reduce_(lin(act, *layer.down, x if first else None))
+        return rms_norm(x, self.final_norm, self.final_eps, fused)
+
+    def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """PagedLlamaRunner._decode_triton with the two row-parallel deltas all-reduced before the
+        fused add + RMSNorm (the residual stream is added once, by that kernel)."""
+        add_rms_norm, rope_append_kv, silu_mul = self._ops
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)
+        x = self._embed(flat)
+        first = self.layers[0]
+        h = add_rms_norm(x, None, first.ln_in, first.eps_in)[1]
+        table, length, reduce_ = self.block_table, self.length, self.tp.all_reduce_
+        for i, layer in enumerate(self.layers):
+            if layer.w_qkv is not None:
+                qkv = F.linear(h, layer.w_qkv, layer.b_qkv)
+                q, kv = qkv[:, :layer.q_cols], qkv[:, layer.q_cols:]
+                k, v = kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
+            else:
+                q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
+            q = q.view(total, heads, dim)
+            rope_append_kv(q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
+                           self.v_caches[i], table, length, cu, layer.qk_norm)
+            o = self._attention(i, q, attn_lens, cu, n, self.scale)
+            x, h = add_rms_norm(x, reduce_(F.linear(o.view(total, heads * dim), *layer.o)), layer.ln_post, layer.eps_post)
+            if layer.w_gate_up is not None:
+                gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
+                gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
+            else:
+                gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
+            act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
+            weight, eps = self._next_norm[i]
+            x, h = add_rms_norm(x, reduce_(F.linear(act, *layer.down)), weight, eps,
+                                write_residual=i + 1 < len(self.layers))
+        return h

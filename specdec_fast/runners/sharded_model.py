@@ -1,0 +1,124 @@
+"""ShardedCausalLM: one rank's shard of a Llama-family causal LM, standing in for the model
+wherever the engine takes one (docs/architecture.md §10).
+
+    ShardedCausalLM.from_pretrained(path, process_group)   each rank reads only its slices of
+                                                           the checkpoint (runners/sharding.py)
+    ShardedCausalLM.from_model(model, process_group)       each rank copies its slices of a model
+                                                           it has loaded whole
+It holds the shards (``shards``: checkpoint name -> tensor; the embedding slice is also its one
+parameter, so that device / dtype / fingerprints read as for a model), ``config``, ``generation_config``,
+the rank's ``plan`` (sharding.LlamaShardPlan), the group (``tp``: a TensorParallelGroup) and the
+model's RoPE frequencies (``inv_freq`` float32, ``rope_scaling``). It has no forward: the
+tensor-parallel paged runner (runners/paged_llama_tp.py) runs it. The vocabulary is the
+config's (``get_output_embeddings()`` is None: no rank holds the whole head).
+"""
+import importlib
+
+import torch
+
+from ..distributed import as_tp_group
+from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
+
+TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class _Embedding:
+    def __init__(self, weight):
+        self.weight = weight
+
+
+def rotary_of(config):
+    """The model family's own rotary module for ``config`` (transformers' *RotaryEmbedding: its
+    inv_freq and attention_scaling are what the model itself would use)."""
+    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    classes = [getattr(module, name) for name in dir(module) if name.endswith("RotaryEmbedding")]
+    if not classes:
+        raise ValueError(f"transformers has no rotary embedding for model_type {config.model_type!r}")
+    return classes[0](config=config)
+
+
+class ShardedCausalLM(torch.nn.Module):
+    """See the module docstring. Build it with from_pretrained / from_model."""
+
+    def __init__(self, config, shards: dict, plan, group, rotary, generation_config=None):
+        super().__init__()
+        self.config, self.plan, self.tp = config, plan, group
+        self.generation_config = generation_config
+        self.shards = shards  # the runner may replace entries by views of its fused weights (one copy)
+        embed = shards["model.embed_tokens.weight"]
+        # The one registered parameter (never fused): device, dtype and the engine cache's fingerprint.
+        self.embed_shard = torch.nn.Parameter(embed, requires_grad=False)
+        self.inv_freq = rotary.inv_freq.detach().to(device=embed.device, dtype=torch.float32)
+        self.rope_scaling = float(rotary.attention_scaling)
+        self.rope_type = getattr(rotary, "rope_type", None)
+
+    @classmethod
+    def from_pretrained(cls, path, process_group=None, *, dtype=None, device=None, timeout=None) -> "ShardedCausalLM":
+        """Each rank reads its slices of the checkpoint in ``path`` (config.json + safetensors),
+        cast to ``dtype`` (None: as stored) on ``device`` (None: the CPU, or the current CUDA device
+        under NCCL). process_group: a ProcessGroup (None: the default group) or a TensorParallelGroup."""
+        from transformers import AutoConfig, GenerationConfig
+
+        config = AutoConfig.from_pretrained(path)
+        group = as_tp_group(process_group if process_group is not None else _default_group(), timeout=timeout)
+        plan = _plan(config, group)
+        device = device if device is not None else group.device
+        error = None
+        try:  # a rank that cannot read its slices tells the others (failures.py), instead of leaving them waiting
+            shards = shards_from_safetensors(path, plan, dtype=dtype, device=device)
+            _tie(shards, config)
+            try:
+                generation_config = GenerationConfig.from_pretrained(path)
+            except OSError:
+                generation_config = GenerationConfig.from_model_config(config)
+            rotary = rotary_of(config)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
+            error = exc
+        group.agree(f"loading {path}", {}, error)
+        return cls(config, shards, plan, group, rotary, generation_config)
+
+    @classmethod
+    def from_model(cls, model, process_group=None, *, timeout=None) -> "ShardedCausalLM":
+        """This rank's shard of ``model`` (a Llama-family *ForCausalLM loaded whole on this rank):
+        contiguous copies, so the shard does not keep the whole model alive."""
+        group = as_tp_group(process_group if process_group is not None else _default_group(), timeout=timeout)
+        plan = _plan(model.config, group)
+        error = shards = None
+        try:
+            shards = shards_from_state(model.state_dict(), plan)
+            _tie(shards, model.config)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
+            error = exc
+        group.agree("sharding the model", {}, error)
+        return cls(model.config, shards, plan, group, model.model.rotary_emb, getattr(model, "generation_config", None))
+
+    def get_input_embeddings(self):
+        return _Embedding(self.shards["model.embed_tokens.weight"])
+
+    def get_output_embeddings(self):
+        return None
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("a ShardedCausalLM runs through specdec_fast (generate / SpeculativeEngine / its "
+                                  "paged runner), not by calling it")
+
+
+def _default_group():
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("tensor parallelism needs torch.distributed initialised (torch.distributed.init_process_group, "
+                         "or run under torchrun)")
+    return dist.group.WORLD
+
+
+def _plan(config, group) -> LlamaShardPlan:
+    if config.model_type not in TP_MODEL_TYPES:
+        raise ValueError(f"tensor parallelism supports model_type {TP_MODEL_TYPES}, got {config.model_type!r}")
+    return LlamaShardPlan.for_config(config, group.size, group.rank)
+
+
+def _tie(shards: dict, config) -> None:
+    """Tied embeddings: the vocab-parallel head IS this rank's embedding slice (one tensor)."""
+    if "lm_head.weight" not in shards or getattr(config, "tie_word_embeddings", False):
+        shards["lm_head.weight"] = shards["model.embed_tokens.weight"]

@@ -1,0 +1,179 @@
+"""Which slice of each checkpoint tensor a rank holds (the Megatron layout), and reading those
+slices: from a model already loaded, or from the checkpoint's safetensors without reading
+anything else (docs/architecture.md §10).
+
+Llama family (Llama / Mistral / Qwen2 / Qwen3), N ranks, rank r:
+    q_proj, k_proj, v_proj (+ biases)   column-parallel: the rows of this rank's heads
+    gate_proj, up_proj                  column-parallel: rows [r I/N, (r+1) I/N)
+    o_proj, down_proj                   row-parallel: the matching columns; the partial products
+                                        are summed by one all-reduce each; a bias is added once
+                                        (rank 0's product carries it, with the residual)
+    embed_tokens, lm_head               vocab-parallel: rows [r V/N, (r+1) V/N) (tied: one tensor)
+    norms (input, post-attention, final, Qwen3's q_norm / k_norm)   replicated
+Heads: rank r runs query heads [r Hq/N, (r+1) Hq/N). KV heads: Hkv >= N splits them, Hkv/N per
+rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICATES them: rank r
+holds the one KV head its query heads read (head r Hkv / N), so N / Hkv ranks hold the same
+KV head's projections and cache (more KV memory in all, none more per rank).
+
+Every size must divide: heads, KV heads (or N by them), intermediate size and vocabulary by N,
+else ValueError naming which (raised on every rank alike, before any collective).
+"""
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
+VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A rank's part of a tensor: rows (dim 0) or columns (dim 1) [start, stop)."""
+
+    dim: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class LlamaShardPlan:
+    """The layout above for one rank; sizes as the config gives them."""
+
+    world: int
+    rank: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
+        """The plan of ``rank`` of ``world`` for a Llama-family config; ValueError naming what does
+        not divide."""
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not 0 <= rank < world:
+            raise ValueError(f"tensor parallelism needs 0 <= rank < world size >= 1, got rank {rank} of {world}")
+        heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size)
+        plan.check()
+        return plan
+
+    def check(self) -> None:
+        n = self.world
+        for name, size in (("num_attention_heads", self.heads), ("intermediate_size", self.intermediate),
+                           ("vocab_size", self.vocab)):
+            if size % n:
+                raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
+        if self.kv_heads % n and n % self.kv_heads:
+            raise ValueError(f"tensor parallelism over {n} ranks: num_key_value_heads {self.kv_heads} neither divides "
+                             f"nor is divisible by {n} (each rank's query heads must read whole KV heads)")
+
+    # -- sizes on this rank ---------------------------------------------------------------------
+    @property
+    def kv_replicated(self) -> bool:
+        """Fewer KV heads than ranks: each KV head is held by world / kv_heads ranks."""
+        return self.kv_heads < self.world
+
+    @property
+    def local_heads(self) -> int:
+        return self.heads // self.world
+
+    @property
+    def local_kv_heads(self) -> int:
+        return 1 if self.kv_replicated else self.kv_heads // self.world
+
+    @property
+    def kv_start(self) -> int:
+        """The first KV head this rank holds."""
+        return self.rank * self.kv_heads // self.world if self.kv_replicated else self.rank * self.local_kv_heads
+
+    @property
+    def vocab_part(self) -> int:
+        return self.vocab // self.world
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_part
+
+    def describe(self) -> str:
+        kv = (f"KV heads replicated ({self.kv_heads} over {self.world} ranks: head {self.kv_start} here)"
+              if self.kv_replicated else f"{self.local_kv_heads} of {self.kv_heads} KV heads")
+        return (f"rank {self.rank} of {self.world}: {self.local_heads} of {self.heads} query heads, {kv}, "
+                f"{self.intermediate // self.world} of {self.intermediate} MLP columns, vocabulary "
+                f"[{self.vocab_start}, {self.vocab_start + self.vocab_part})")
+
+    # -- the slice of each checkpoint tensor ----------------------------------------------------
+    def slice_of(self, name: str) -> Slice | None:
+        """This rank's slice of the checkpoint tensor ``name``, or None (replicated: whole)."""
+        d, i = self.head_dim, self.intermediate // self.world
+        q = Slice(0, self.rank * self.local_heads * d, (self.rank + 1) * self.local_heads * d)
+        kv = Slice(0, self.kv_start * d, (self.kv_start + self.local_kv_heads) * d)
+        mlp = Slice(0, self.rank * i, (self.rank + 1) * i)
+        if name in VOCAB:
+            return Slice(0, self.vocab_start, self.vocab_start + self.vocab_part)
+        for suffix, part in (("self_attn.q_proj.", q), ("self_attn.k_proj.", kv), ("self_attn.v_proj.", kv),
+                             ("mlp.gate_proj.", mlp), ("mlp.up_proj.", mlp)):
+            if suffix in name:
+                return part
+        if name.endswith("self_attn.o_proj.weight"):
+            return Slice(1, q.start, q.stop)
+        if name.endswith("mlp.down_proj.weight"):
+            return Slice(1, mlp.start, mlp.stop)
+        return None
+
+
+def take(tensor: torch.Tensor, part: Slice | None) -> torch.Tensor:
+    """tensor's slice (a contiguous copy: the shard must not keep the whole tensor alive)."""
+    if part is None:
+        return tensor.detach().clone()
+    view = tensor.narrow(part.dim, part.start, part.stop - part.start)
+    return view.detach().clone(memory_format=torch.contiguous_format)
+
+
+def shards_from_state(state: dict, plan) -> dict:
+    """name -> this rank's shard of every tensor of ``state`` (a model's state_dict)."""
+    return {name: take(tensor, plan.slice_of(name)) for name, tensor in state.items()}
+
+
+def checkpoint_files(path) -> dict:
+    """name -> safetensors file of a checkpoint directory (model.safetensors or an index)."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, "model.safetensors")
+    if not os.path.isfile(single):
+        raise ValueError(f"no safetensors checkpoint in {path} (model.safetensors or model.safetensors.index.json)")
+    from safetensors import safe_open
+
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
+    """name -> this rank's shard of every tensor of the checkpoint in ``path``, each read as a
+    slice (safe_open(...).get_slice(name)[rows] or [:, cols]: only those bytes are read), cast
+    to ``dtype`` (None: as stored) and moved to ``device``."""
+    from safetensors import safe_open
+
+    by_file = {}
+    for name, file in checkpoint_files(path).items():
+        by_file.setdefault(file, []).append(name)
+    shards = {}
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt") as f:
+            for name in names:
+                lazy, part = f.get_slice(name), plan.slice_of(name)
+                if part is None:
+                    tensor = lazy[:]
+                elif part.dim == 0:
+                    tensor = lazy[part.start:part.stop]
+                else:
+                    tensor = lazy[:, part.start:part.stop]
+                shards[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
+    return shards

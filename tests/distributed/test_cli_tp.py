@@ -1,0 +1,62 @@
+"""`generate --tp N` (specdec_fast/cli_tp.py): a wrong --tp is one line before anything loads; under
+torchrun (slow: two ranks' imports), rank 0 prints the completion a single process prints and
+the other rank prints nothing."""
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdec_fast import cli
+from specdec_fast.cli_errors import CliError
+from specdec_fast.cli_tp import add_tp_flags, check_tp_args
+from specdec_fast.pair import demo_pair
+
+
+def _args(*flags):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--draft")
+    ap.add_argument("--prompt-lookup", type=int)
+    add_tp_flags(ap)
+    return ap.parse_args(list(flags))
+
+
+@pytest.mark.parametrize("flags, environ, line", [
+    (["--tp", "2"], {}, "--tp 2 runs one process per rank under torchrun: torchrun --nproc-per-node 2"),
+    (["--tp", "4"], {"WORLD_SIZE": "2"}, "mismatched world sizes: --tp 4 but torchrun started 2 processes"),
+    (["--tp", "0"], {"WORLD_SIZE": "1"}, "--tp must be >= 1, got 0"),
+    (["--tp-draft", "sharded"], {}, "--tp-draft goes with --tp N"),
+    (["--tp", "2", "--tp-draft", "sharded"], {"WORLD_SIZE": "2"}, "--tp-draft sharded needs --draft"),
+    (["--tp", "2", "--tp-timeout", "0"], {"WORLD_SIZE": "2"}, "--tp-timeout must be > 0 seconds"),
+])
+def test_a_wrong_tp_is_one_line(flags, environ, line):
+    with pytest.raises(CliError, match=line.replace("+", r"\+")):
+        check_tp_args(_args(*flags), environ)
+    check_tp_args(_args("--tp", "2", "--draft", "d"), {"WORLD_SIZE": "2"})  # the right one passes
+
+
+def test_the_cli_refuses_tp_without_torchrun(capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    target, draft = demo_pair()
+    code = cli.main(["generate", "--target", target, "--draft", draft, "--tp", "2", "--prompt", "x"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().startswith("specdec-fast: error: --tp 2 runs one process per rank under torchrun")
+
+
+@pytest.mark.slow  # ~15 s on the 2-core box: torchrun and two ranks' imports, then a single process's
+def test_torchrun_two_ranks_print_what_one_process_prints():
+    target, draft = demo_pair()
+    common = ["generate", "--target", target, "--draft", draft, "--prompt", "def binary_search(a, x):",
+              "--max-new-tokens", "24", "--temperature", "0.8", "--seed", "3", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "-m", "specdec_fast"]
+    run = subprocess.run(torchrun + common + ["--tp", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    single = subprocess.run([sys.executable, "-m", "specdec_fast"] + common, capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert single.returncode == 0, single.stderr[-2000:]
+    completion = single.stdout.split("\n--- stats")[0]
+    assert run.stdout.count(completion) == 1, "rank 0 prints the single process's completion, rank 1 nothing"
+    assert "tensor parallel over 2 ranks, draft replicated" in run.stdout

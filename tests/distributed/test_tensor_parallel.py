@@ -1,0 +1,129 @@
+"""Tensor parallelism on CPU ranks (gloo), each rank a spawned process (harness.py; what each rank
+runs: workers.py). One spawn of 4 ranks serves every check (a spawned rank costs ~5 s of imports
+on the 2-core CI box); the failures are checked one by one and reported together.
+
+4 ranks: the demo pair (its 2 KV heads replicated over 4 ranks) and Qwen2 (GQA, q/k/v biases, a
+batch of two left-padded rows) equal the single process (greedy and seeded sampling, fp32);
+errors every rank raises alike (heads not divisible, mismatched world sizes); errors of one rank
+that the call's agreement turns into one line on every rank (another prompt, a bad mask), the
+group usable after; a rank failing mid-call (its process alive) ends every rank with its line
+within seconds, and the group refuses later calls.
+2 ranks (ranks 0 and 1): the demo pair (greedy, seeded sampling with top-k / top-p, the static
+graph twin, a sharded draft, prompt lookup, plain decoding, a token tree; calls that would take
+the adaptive K schedule alone run at a constant K, with rank 1's schedule rigged), tiny Llama (MHA) and
+Qwen2 through generate(process_group=) and SpeculativeEngine(process_group=), a checkpoint read
+slice by slice (ShardedCausalLM.from_pretrained): every rank's tokens equal the single process's
+and every other rank's; a chi-square of 2000 sampled rows against the target's distribution.
+Ranks 2 and 3: one's process ends (as a crashed rank's does): the other raises within seconds.
+"""
+import pytest
+import torch
+
+from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
+
+from . import workers
+from .harness import run_ranks
+
+SECONDS = 10.0  # "within seconds": measured ~0.03 s (failing rank alive), ~1 s (rank's process gone)
+
+
+def _same_tokens(results, phase: str, ranks) -> list:
+    """Each case: every rank's tensor-parallel tokens == its single-process tokens == rank 0's."""
+    problems = []
+    for name, case in results[ranks[0]][phase].items():
+        if not (isinstance(case, tuple) and isinstance(case[0], list) and isinstance(case[1], list)):
+            continue  # a note or another kind of result
+        for rank in ranks:
+            single, parallel = results[rank][phase][name]
+            if parallel != single:
+                problems.append(f"{phase} / {name}: rank {rank}'s tensor-parallel tokens differ from the single process's")
+            if parallel != results[ranks[0]][phase][name][1]:
+                problems.append(f"{phase} / {name}: rank {rank}'s tokens differ from rank {ranks[0]}'s")
+    return problems
+
+
+def _chi_square(new: torch.Tensor) -> float:
+    """p-value of tokens 1 and 2 of CHI_ROWS rows against the target's joint distribution."""
+    from specdec_fast.kernels import standardise
+    from specdec_fast.kernels.sampling_params import make_sampling_tensors
+
+    target, _ = workers.chi_square_pair()
+    vocab, prompt = workers.CHI_VOCAB, torch.tensor(workers.CHI_PROMPT)
+
+    def probs(prefixes):
+        with torch.no_grad():
+            logits = target(prefixes).logits[:, -1:, :].float()
+        params = make_sampling_tensors(prefixes.shape[0], "cpu", temperature=workers.CHI_TEMPERATURE)
+        return torch.softmax(standardise(logits, params)[:, 0], -1).double()
+
+    p1 = probs(prompt)[0]
+    p2 = probs(torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], 1))
+    return chi_square_pvalue(new[:, 0] * vocab + new[:, 1], (p1[:, None] * p2).reshape(-1))
+
+
+def _check(problems: list, condition: bool, message: str) -> None:
+    if not condition:
+        problems.append(message)
+
+
+def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
+    target, _ = workers.tiny("qwen2")
+    target.save_pretrained(tmp_path)  # safetensors: every rank reads its slices
+    results = run_ranks(workers.battery, 4, str(tmp_path))
+    errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
+    assert not errors, f"ranks failed: {errors}"
+    problems = _same_tokens(results, "4 ranks", [0, 1, 2, 3]) + _same_tokens(results, "2 ranks", [0, 1])
+    two = results[1]["2 ranks"]
+    for kind in ("llama", "qwen2"):
+        _check(problems, "tensor parallel over 2 ranks" in two[f"{kind} engine note"], two[f"{kind} engine note"])
+    shapes = two["shard shapes"]  # qwen2: 4 heads of 12, 2 KV heads, intermediate 96; rank 1's slices
+    expected = {"self_attn.q_proj.weight": (24, 48), "self_attn.q_proj.bias": (24,), "self_attn.k_proj.weight": (12, 48),
+                "self_attn.o_proj.weight": (48, 24), "mlp.up_proj.weight": (48, 48), "mlp.down_proj.weight": (48, 48)}
+    for name, shape in expected.items():
+        _check(problems, shapes[f"model.layers.0.{name}"] == shape, f"{name}: shard {shapes[f'model.layers.0.{name}']}")
+    for rank in (0, 1):  # a constant K under tensor parallelism (the adaptive schedule's choice is per rank)
+        seen = results[rank]["2 ranks"]["adaptive K under TP"]
+        _check(problems, seen == [(None, 4.0, "constant")] * 2, f"rank {rank} adaptive K under TP: {seen}")
+    tokens, alpha = results[0]["2 ranks"]["chi-square"]
+    _check(problems, tokens == two["chi-square"][0], "chi-square rows: the ranks' tokens differ")
+    _check(problems, 0.2 < alpha < 0.95, f"chi-square alpha {alpha}: the test needs accepted and rejected drafts")
+    p_value = _chi_square(torch.tensor(tokens))
+    _check(problems, p_value > P_VALUE_THRESHOLD, f"chi-square p = {p_value:.2e}: sampled tokens do not follow the target")
+
+    for rank, r in enumerate(results):
+        _check(problems, r["indivisible"]["error"] == "ValueError: tensor parallelism over 4 ranks: num_attention_heads 6 "
+               "is not divisible by 4", f"rank {rank} indivisible: {r['indivisible']['error']}")
+        _check(problems, str(r["world sizes"]["error"]).startswith(
+            "ValueError: mismatched world sizes: the target was sharded over 2 ranks, process_group has 4"),
+            f"rank {rank} world sizes: {r['world sizes']['error']}")
+        _check(problems, str(r["disagree"]["error"]).startswith(
+            "TensorParallelError: generate: the ranks disagree on input_ids: rank 0 has"), f"rank {rank}: {r['disagree']}")
+        refused = "ValueError: attention_mask has a row with no real token"
+        want = refused if rank == 3 else f"TensorParallelError: generate: tensor-parallel rank 3 of 4 failed: {refused}"
+        _check(problems, r["one rank refuses"]["error"] == want, f"rank {rank}: {r['one rank refuses']}")
+        _check(problems, r["after"] == results[0]["after"], f"rank {rank}: the group must stay usable after an agreed error")
+        seen = r["mid-call"]
+        injected = "RuntimeError: injected failure in the second verify step"
+        want = injected if rank == 1 else f"TensorParallelError: tensor-parallel rank 1 of 4 failed: {injected}"
+        _check(problems, str(seen["error"]).startswith(want), f"rank {rank} mid-call: {seen['error']}")
+        late = seen["at"] - results[1]["mid-call"]["at"]
+        _check(problems, late < SECONDS, f"rank {rank} ended {late:.1f} s after rank 1 failed")
+        _check(problems, str(seen["later call"]).startswith("TensorParallelError: this tensor-parallel group was closed"),
+               f"rank {rank} later call: {seen['later call']}")
+    dead = results[2]["dead rank"]
+    _check(problems, str(dead["error"]).startswith("TensorParallelError"), f"rank 2 after rank 3 ended: {dead}")
+    _check(problems, dead["seconds"] < SECONDS, f"rank 2 took {dead['seconds']:.1f} s to notice that rank 3 ended")
+    assert not problems, "\n".join(problems) + f"\ntimes (s): {[r['times'] for r in results]}"
+
+
+@pytest.mark.slow  # ~35 s on the 2-core box: the Triton interpreter on two ranks
+def test_the_triton_path_on_two_ranks():
+    results = run_ranks(workers.battery_triton, 2)
+    errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
+    assert not errors, f"ranks failed: {errors}"
+    for r in results:
+        assert r["path"] == ("triton", True, "static")
+    for rank, r in enumerate(results):
+        single, parallel = r["triton"]
+        assert parallel == single, f"rank {rank}: the Triton path's tensor-parallel tokens differ from a single process's"
+        assert parallel == results[0]["triton"][1]

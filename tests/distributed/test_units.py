@@ -1,0 +1,221 @@
+"""The pieces of tensor parallelism that need no second process: the shard plan (divisibility
+errors, KV-head replication, slices that tile every tensor), reading a checkpoint slice by slice
+(no whole tensor read), the lockstep polls (the stop iteration independent of the device's
+timing), the failure channel, and the errors raised before any group exists."""
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import specdec_fast
+from specdec_fast.distributed.failures import FailureChannel, describe
+from specdec_fast.drafters import ModelDrafter
+from specdec_fast.engine import SpeculativeDecoder
+from specdec_fast.engine.run_ahead import RunAheadPoller
+from specdec_fast.kernels.sampling_params import make_sampling_tensors
+from specdec_fast.runners import PagedLlamaRunner
+from specdec_fast.runners.sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
+
+from ..engine.conftest import model_pair
+from ..engine.models import left_padded_prompts, make_model
+from ..fake_cuda import LateDevice
+
+
+class _Config:
+    def __init__(self, heads=8, kv_heads=2, hidden=64, intermediate=96, vocab=128):
+        self.num_attention_heads, self.num_key_value_heads, self.hidden_size = heads, kv_heads, hidden
+        self.intermediate_size, self.vocab_size, self.head_dim = intermediate, vocab, hidden // heads
+
+
+@pytest.mark.parametrize("sizes, world, message", [
+    (dict(heads=6), 4, "num_attention_heads 6 is not divisible by 4"),
+    (dict(kv_heads=3, heads=12), 2, "num_key_value_heads 3 neither divides nor is divisible by 2"),
+    (dict(intermediate=90), 4, "intermediate_size 90 is not divisible by 4"),
+    (dict(vocab=130), 4, "vocab_size 130 is not divisible by 4"),
+])
+def test_plan_refuses_what_does_not_divide(sizes, world, message):
+    with pytest.raises(ValueError, match=f"tensor parallelism over {world} ranks: {message}"):
+        LlamaShardPlan.for_config(_Config(**sizes), world, 0)
+
+
+def test_plan_kv_heads_split_or_replicated():
+    # 2 KV heads over 4 ranks: replicated, rank r holds head r * 2 // 4 (its query heads' group).
+    plans = [LlamaShardPlan.for_config(_Config(heads=8, kv_heads=2), 4, r) for r in range(4)]
+    assert [p.kv_start for p in plans] == [0, 0, 1, 1] and all(p.local_kv_heads == 1 for p in plans)
+    assert all(p.kv_replicated and p.local_heads == 2 for p in plans)
+    assert "KV heads replicated (2 over 4 ranks: head 1 here)" in plans[3].describe()
+    # 8 KV heads over 2 ranks: split, 4 each.
+    plans = [LlamaShardPlan.for_config(_Config(heads=8, kv_heads=8), 2, r) for r in range(2)]
+    assert [p.kv_start for p in plans] == [0, 4] and not plans[0].kv_replicated and plans[1].local_kv_heads == 4
+    # Every query head of a rank reads the rank's KV head: global kv of local q i = kv_start + i // group.
+    for world, kv in ((4, 2), (2, 2), (4, 4), (8, 2)):
+        for rank in range(world):
+            p = LlamaShardPlan.for_config(_Config(heads=8, kv_heads=kv), world, rank)
+            local_group = p.local_heads // p.local_kv_heads
+            for i in range(p.local_heads):
+                assert (rank * p.local_heads + i) // (8 // kv) == p.kv_start + i // local_group
+
+
+@pytest.mark.parametrize("kind, world", [("llama", 2), ("qwen2", 2), ("qwen2", 4)])
+def test_shards_tile_every_tensor(kind, world):
+    """Column / vocab slices concatenated over the ranks (dim 0), row-parallel ones (dim 1), give the
+    whole tensor back; replicated ones are whole on every rank (KV heads replicated at 4 ranks)."""
+    model = make_model(kind)
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, world, r) for r in range(world)]
+    shards = [shards_from_state(state, p) for p in plans]
+    for name, full in state.items():
+        part = plans[0].slice_of(name)
+        parts = [s[name] for s in shards]
+        if part is None:
+            assert all(torch.equal(p, full) for p in parts), name
+        elif "k_proj" in name or "v_proj" in name and plans[0].kv_replicated:
+            heads = [p.kv_start for p in plans]
+            assert all(torch.equal(parts[r], full.narrow(0, heads[r] * plans[0].head_dim, parts[r].shape[0]))
+                       for r in range(world)), name
+        else:
+            assert torch.equal(torch.cat(parts, part.dim), full), name
+        assert all(p.is_contiguous() for p in parts)
+
+
+class _Recording:
+    """safetensors.safe_open stand-in that records which read each tensor took."""
+
+    calls = []
+
+    def __init__(self, real):
+        self.real = real
+
+    def __enter__(self):
+        self.handle = self.real.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.real.__exit__(*exc)
+
+    def keys(self):
+        return self.handle.keys()
+
+    def get_slice(self, name):
+        _Recording.calls.append(("get_slice", name))
+        return self.handle.get_slice(name)
+
+    def get_tensor(self, name):
+        _Recording.calls.append(("get_tensor", name))
+        return self.handle.get_tensor(name)
+
+
+def test_checkpoint_read_slice_by_slice(tmp_path, monkeypatch):
+    import safetensors
+
+    model = make_model("qwen2")
+    model.save_pretrained(tmp_path)
+    real = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
+    _Recording.calls = []
+    for rank in range(2):
+        plan = LlamaShardPlan.for_config(model.config, 2, rank)
+        read = shards_from_safetensors(str(tmp_path), plan)
+        expected = shards_from_state(model.state_dict(), plan)
+        for name, tensor in read.items():
+            assert torch.equal(tensor, expected[name]), name
+        assert read["model.layers.1.self_attn.o_proj.weight"].shape == (48, 24)
+    assert _Recording.calls and all(kind == "get_slice" for kind, _ in _Recording.calls)
+
+
+def _lockstep_decode(lag: int, lockstep: bool):
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 8], seed=2)
+    runner = PagedLlamaRunner(target, max_new_tokens=20, num_draft_tokens=3)
+    runner.lockstep_polls = lockstep  # what the tensor-parallel runner declares
+    decoder = SpeculativeDecoder(runner, ModelDrafter(PagedLlamaRunner(draft, max_new_tokens=20, num_draft_tokens=3)), k=3,
+                                 params=make_sampling_tensors(2, "cpu", temperature=0.0, seed=0), max_new_tokens=20,
+                                 pad_token_id=0, run_ahead=2)
+    device = LateDevice(lag)
+    decoder.use_events(device.Event)
+    step = decoder.step
+
+    def late_step():
+        device.tick()
+        step()
+
+    decoder.step = late_step
+    out = decoder.generate(ids, mask)
+    return out, decoder.stats.result.iterations
+
+
+def test_lockstep_polls_stop_at_the_same_iteration_whatever_the_timing():
+    """Ranks of a group must run the same iterations; without lockstep the stop depends on which
+    polls happen to have completed (the lag), with it only on the iterations."""
+    runs = {lag: _lockstep_decode(lag, True) for lag in (0, 1, 3, 1000)}
+    assert len({iterations for _, iterations in runs.values()}) == 1
+    assert all(torch.equal(out, runs[0][0]) for out, _ in runs.values())
+    free = {lag: _lockstep_decode(lag, False)[1] for lag in (0, 1000)}
+    assert free[0] < free[1000], "the test needs a case where timing changes the opportunistic stop"
+    assert runs[0][1] == free[1000], "lockstep stops where the slowest device would (R - 1 extra iterations)"
+
+
+def test_lockstep_changes_nothing_without_events():
+    status = torch.tensor([[1], [0]])
+    for lockstep in (False, True):
+        poller = RunAheadPoller(status, 2, events=None, lockstep=lockstep)
+        poller.issue(0)
+        poller.issue(1)
+        assert poller.wait(1).done and poller.read == 0  # CPU: every poll complete, read at once
+
+
+def test_failure_channel_keeps_the_first_line():
+    store = dist.HashStore()
+    channel = FailureChannel(store, "x", rank=1, size=4)
+    assert channel.first(0.0) is None
+    channel.publish(ValueError("bad input\nmore detail"))
+    FailureChannel(store, "x", rank=2, size=4).publish(RuntimeError("a consequence"))
+    assert channel.first(0.0) == "rank 1 of 4 failed: ValueError: bad input"
+    assert describe(KeyError()) == "KeyError"
+
+
+def test_errors_before_any_group():
+    target, draft = model_pair("llama")
+    with pytest.raises(ValueError, match="shard_draft=True needs process_group"):
+        specdec_fast.SpeculativeEngine(target, draft, shard_draft=True)
+    if not dist.is_initialized():
+        with pytest.raises(ValueError, match="needs torch.distributed initialised"):
+            specdec_fast.SpeculativeEngine(target, draft, process_group=object(), tp_timeout=datetime.timedelta(seconds=5))
+    with pytest.raises(ValueError, match="runner='hf' cannot be sharded|needs torch.distributed"):
+        specdec_fast.generate(target, torch.tensor([[3, 4]]), process_group=object(), runner="hf", max_new_tokens=2)
+
+
+def test_tensor_parallel_graphs_are_opt_in():
+    """NCCL inside CUDA graphs was not run on a multi-GPU machine: the TP runner decodes eagerly
+    unless cuda_graphs=True (checked on the policy alone: no GPU here)."""
+    from specdec_fast.engine.graph_policy import resolve_graph_mode
+    from specdec_fast.runners import TPPagedLlamaRunner
+
+    class Runner:
+        graph_safe, backend = True, None
+        graphs_by_default, graphs_note = TPPagedLlamaRunner.graphs_by_default, TPPagedLlamaRunner.graphs_note
+
+    cuda = torch.device("cuda")
+    mode, note = resolve_graph_mode(None, Runner(), None, None, cuda)
+    assert mode == "eager" and "pass cuda_graphs=True" in note
+    assert resolve_graph_mode(True, Runner(), None, None, cuda) == ("cuda_graphs", None)
+    assert resolve_graph_mode("static", Runner(), None, None, torch.device("cpu"))[0] == "static"
+
+
+def test_what_a_tensor_parallel_call_refuses():
+    """Nothing a rank decides from its own clock may steer the loop: max_time (or a MaxTimeCriteria)
+    is refused before any collective; the same options pass without tensor parallelism's check."""
+    from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
+
+    from specdec_fast.engine.stopping import call_limits
+    from specdec_fast.engine.tensor_parallel import check_tp_call
+    from specdec_fast.options import resolve_options
+
+    target = make_model("llama")
+    for extra in (dict(max_time=5.0), dict(stopping_criteria=StoppingCriteriaList([MaxTimeCriteria(5.0)]))):
+        opts = resolve_options(target, None, dict(max_new_tokens=4, **extra), 3)
+        with pytest.raises(ValueError, match="max_time .* with tensor parallelism"):
+            check_tp_call(target, opts, call_limits(opts, 3, None))
+    opts = resolve_options(target, None, dict(max_new_tokens=4, repetition_penalty=1.1), 3)
+    check_tp_call(target, opts, call_limits(opts, 3, None))  # a token-only option: fine

@@ -1,0 +1,226 @@
+"""What each rank runs in the tensor-parallel tests (spawned by harness.run_ranks; module-level
+functions so that spawn can import them). One spawn of 4 processes serves both world sizes (a
+spawned rank costs ~5 s of imports on the 2-core CI box): the 4-rank phases run on the default
+group, the 2-rank phases on ranks 0 and 1 (a subgroup) while ranks 2 and 3 wait, and the
+failures come last. ``battery`` returns a dict per rank: scenario -> what this rank saw (token
+lists, error lines, times); the test compares the ranks and the single process."""
+import time
+
+import torch
+import torch.distributed as dist
+
+from tests.engine.models import left_padded_prompts, make_draft, make_model
+
+from .harness import TP_TIMEOUT
+
+MAX_NEW = 10
+CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
+
+
+def tiny(kind: str):
+    target = make_model(kind)
+    target.generation_config.eos_token_id = None
+    return target, make_draft(target, noise=0.1)
+
+
+def chi_square_pair():
+    target = make_model("llama", vocab=CHI_VOCAB, init_std=0.5, seed=5)
+    target.generation_config.eos_token_id = None
+    return target, make_draft(target, noise=0.4, seed=6)
+
+
+def _cases(specdec_fast, target, draft, ids, mask, cases: dict, group) -> dict:
+    """For each case (name -> generate kwargs): (single-process tokens, tensor-parallel tokens)."""
+    out = {}
+    for name, kw in cases.items():
+        kw = dict(dict(assistant_model=draft, max_new_tokens=MAX_NEW, pad_token_id=0), **kw)
+        single = specdec_fast.generate(target, ids, mask, **{k: v for k, v in kw.items() if k != "shard_draft"})
+        parallel = specdec_fast.generate(target, ids, mask, process_group=group, **kw)
+        out[name] = (single.tolist(), parallel.tolist())
+    return out
+
+
+def _failure(fn) -> dict:
+    """Runs fn(): the line of the error it raised (None if none) and when it ended."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0], "at": time.time()}
+    return {"error": None, "at": time.time()}
+
+
+def battery(rank: int, world: int, checkpoint: str) -> dict:
+    import specdec_fast
+    from specdec_fast.pair import load_demo_pair
+
+    assert world == 4
+    tokenizer, target, draft = load_demo_pair()
+    target.generation_config.eos_token_id = None
+    ids = torch.tensor([tokenizer.encode("def binary_search(a, x):\n")])
+    res, times, start = {}, {}, time.time()
+    pair = dist.new_group([0, 1])  # every rank makes both, in order: a non-local new_group
+    other_pair = dist.new_group([2, 3])
+    # 4 ranks: the demo pair's 2 KV heads are replicated; Qwen2: 2 KV heads, q/k/v biases, 2 padded rows.
+    res["4 ranks"] = _cases(specdec_fast, target, draft, ids, None, {
+        "demo greedy": dict(do_sample=False), "demo sampled": dict(do_sample=True, temperature=0.8, seed=12)},
+        dist.group.WORLD)
+    qwen, qwen_draft = tiny("qwen2")
+    pids, pmask = left_padded_prompts([6, 3], seed=4)
+    res["4 ranks"].update(_cases(specdec_fast, qwen, qwen_draft, pids, pmask, {
+        "qwen2 sampled": dict(do_sample=True, seed=6)}, dist.group.WORLD))
+    times["4 ranks"] = time.time() - start
+    if rank < 2:
+        res["2 ranks"] = _two_ranks(specdec_fast, target, draft, ids, pair, checkpoint)
+    times["2 ranks"] = time.time() - start - times["4 ranks"]
+    dist.barrier()
+    res.update(_errors(specdec_fast, rank, target, draft, ids, pair if rank < 2 else other_pair))
+    res["mid-call"] = _mid_call_failure(specdec_fast, rank, target, draft, ids)
+    if rank >= 2:
+        res["dead rank"] = _dead_rank(specdec_fast, rank, target, draft, ids, other_pair)
+    res["times"] = dict(times, total=time.time() - start)
+    return res
+
+
+def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
+    from specdec_fast.drafters.token_tree import TokenTree
+    from specdec_fast.runners import ShardedCausalLM
+
+    out = _cases(specdec_fast, target, draft, ids, None, {
+        "demo greedy": dict(do_sample=False),
+        "demo sampled": dict(do_sample=True, temperature=0.8, top_k=50, seed=11),
+        "static greedy": dict(do_sample=False, cuda_graphs="static"),
+        "static sampled": dict(do_sample=True, temperature=1.0, top_p=0.9, seed=5, cuda_graphs="static"),
+        "sharded draft": dict(do_sample=True, seed=2, shard_draft=True),
+        "prompt lookup": dict(assistant_model=None, prompt_lookup_num_tokens=3, do_sample=False),
+        "plain": dict(assistant_model=None, do_sample=True, seed=4),
+        "tree": dict(do_sample=False, tree=TokenTree.from_branching([2, 2])),
+    }, group)
+    out.update(_adaptive_k(specdec_fast, target, draft, ids, group))
+    pids, pmask = left_padded_prompts([5, 9], seed=1)
+    for kind in ("llama", "qwen2"):  # MHA (heads split); GQA (KV heads split) with q/k/v biases
+        tgt, drf = tiny(kind)
+        out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
+            "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
+        engine = specdec_fast.SpeculativeEngine(tgt, drf, process_group=group, max_batch_size=2, max_seq_len=64,
+                                                tp_timeout=TP_TIMEOUT)
+        tokens = engine.generate(pids, pmask, do_sample=True, temperature=0.9, seed=8, max_new_tokens=MAX_NEW,
+                                 pad_token_id=0)
+        out[f"{kind} engine"] = (out[f"{kind} sampled"][0], tokens.tolist())
+        out[f"{kind} engine note"] = engine.describe()
+    # The checkpoint: each rank reads its slices, the ShardedCausalLM is the model.
+    sharded = ShardedCausalLM.from_pretrained(checkpoint, group, timeout=TP_TIMEOUT)
+    full, drf = tiny("qwen2")
+    pids, pmask = left_padded_prompts([4, 7], seed=2)
+    kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)
+    out["checkpoint"] = (specdec_fast.generate(full, pids, pmask, **kw).tolist(),
+                         specdec_fast.generate(sharded, pids, pmask, **kw).tolist())
+    out["shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
+    # CHI_ROWS independent rows (one seed, per-row streams): token 1 is the prefill's (y ~ q),
+    # token 2 the first speculative block's (K = 2: an accepted draft, a residual or a bonus).
+    chi, chi_draft = chi_square_pair()
+    rows = torch.tensor(CHI_PROMPT).expand(CHI_ROWS, -1)
+    tokens, stats = specdec_fast.generate(chi, rows, assistant_model=chi_draft, num_assistant_tokens=2, do_sample=True,
+                                          temperature=CHI_TEMPERATURE, max_new_tokens=2, seed=123, process_group=group,
+                                          return_stats=True)
+    out["chi-square"] = (tokens[:, rows.shape[1]:].tolist(), stats.alpha)
+    return out
+
+
+def _adaptive_k(specdec_fast, target, draft, ids, group) -> dict:
+    """Calls that would take the adaptive K schedule in one process (greedy without K; a sampled
+    call naming the schedule) run at a constant K under tensor parallelism: the schedule chooses
+    from this rank's own step times, and ranks choosing different Ks would issue different
+    collectives. Rank 1's schedule is rigged to choose K = 1 whenever asked (as a rank with other
+    timings might) while rank 0's starts at 4: if either were consulted the ranks would part."""
+    from specdec_fast.engine.schedule import AdaptiveK
+
+    rank, out, choose = dist.get_rank(), {}, AdaptiveK.choose
+    kw = dict(assistant_model=draft, max_new_tokens=MAX_NEW, pad_token_id=0)
+    single_greedy = specdec_fast.generate(target, ids, do_sample=False, **kw)
+    single_sampled = specdec_fast.generate(target, ids, do_sample=True, seed=9, num_assistant_tokens=4, **kw)
+    if rank == 1:
+        AdaptiveK.choose = lambda self, remaining=None: self.ks[0]
+    try:
+        greedy, greedy_stats = specdec_fast.generate(target, ids, do_sample=False, process_group=group,
+                                                     return_stats=True, **kw)
+        sampled, sampled_stats = specdec_fast.generate(target, ids, do_sample=True, seed=9, process_group=group,
+                                                       num_assistant_tokens_schedule="adaptive", return_stats=True, **kw)
+    finally:
+        AdaptiveK.choose = choose
+    out["adaptive greedy"] = (single_greedy.tolist(), greedy.tolist())
+    out["adaptive sampled"] = (single_sampled.tolist(), sampled.tolist())
+    out["adaptive K under TP"] = [(s.schedule, s.mean_k, s.extra["tensor_parallel"]["k_schedule"])
+                                  for s in (greedy_stats, sampled_stats)]
+    return out
+
+
+def _errors(specdec_fast, rank, target, draft, ids, pair) -> dict:
+    from specdec_fast.runners import ShardedCausalLM
+
+    res, group = {}, dist.group.WORLD
+    # Errors every rank raises alike, before any collective.
+    six_heads = make_model("llama")
+    six_heads.config.num_attention_heads = 6  # hidden 48 = 6 x 8: 6 heads over 4 ranks
+    res["indivisible"] = _failure(lambda: specdec_fast.generate(six_heads, ids % 128, process_group=group,
+                                                                max_new_tokens=2))
+    half = ShardedCausalLM.from_model(target, pair, timeout=TP_TIMEOUT)  # sharded over 2 ranks
+    res["world sizes"] = _failure(lambda: specdec_fast.SpeculativeEngine(half, draft, process_group=group))
+    # Errors of one rank, which the call's agreement turns into one line on every rank.
+    engine = specdec_fast.SpeculativeEngine(target, draft, process_group=group, max_batch_size=1, max_seq_len=64,
+                                            tp_timeout=TP_TIMEOUT)
+    other = ids.clone()
+    other[0, -1] += rank == 2
+    res["disagree"] = _failure(lambda: engine.generate(other, max_new_tokens=4, do_sample=False))
+    bad = torch.zeros_like(ids) if rank == 3 else torch.ones_like(ids)
+    res["one rank refuses"] = _failure(lambda: engine.generate(ids, bad, max_new_tokens=4, do_sample=False))
+    res["after"] = engine.generate(ids, max_new_tokens=4, do_sample=False).tolist()
+    return res
+
+
+def _mid_call_failure(specdec_fast, rank, target, draft, ids) -> dict:
+    """Rank 1's second verify step raises; its process stays alive (the others must not need it
+    to exit)."""
+    engine = specdec_fast.SpeculativeEngine(target, draft, process_group=dist.group.WORLD, max_batch_size=1,
+                                            max_seq_len=64, tp_timeout=TP_TIMEOUT)
+    runner = engine.target_runner
+    if rank == 1:
+        calls, score = [0], runner.score
+
+        def failing(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 2:
+                raise RuntimeError("injected failure in the second verify step")
+            return score(*args, **kwargs)
+
+        runner.score = failing
+    seen = _failure(lambda: engine.generate(ids, max_new_tokens=40, do_sample=False))
+    seen["later call"] = _failure(lambda: engine.generate(ids, max_new_tokens=2, do_sample=False))["error"]
+    return seen
+
+
+def _dead_rank(specdec_fast, rank, target, draft, ids, pair) -> dict:
+    """Ranks 2 and 3 build an engine; rank 3 then returns (the harness ends its process at once,
+    as a crashed rank's ends) while rank 2 starts a call."""
+    start = time.time()
+    engine = specdec_fast.SpeculativeEngine(target, draft, process_group=pair, max_batch_size=1, max_seq_len=64,
+                                            tp_timeout=TP_TIMEOUT)
+    if rank == 3:
+        return {"error": None, "seconds": 0.0}
+    seen = _failure(lambda: engine.generate(ids, max_new_tokens=MAX_NEW, do_sample=False))
+    return dict(seen, seconds=seen["at"] - start)
+
+
+def battery_triton(rank: int, world: int) -> dict:
+    """The runner's Triton path (the GPU's: fused q/k/v and gate/up, RoPE + KV append, add +
+    RMSNorm kernels) under the interpreter, 2 ranks, Qwen2 (biases, GQA), sampled, the static twin."""
+    import specdec_fast
+
+    target, draft = tiny("qwen2")
+    ids, mask = left_padded_prompts([5, 3], seed=1)
+    kw = dict(assistant_model=draft, max_new_tokens=5, do_sample=True, seed=2, backend="triton", pad_token_id=0,
+              cuda_graphs="static")
+    single = specdec_fast.generate(target, ids, mask, **kw)
+    parallel = specdec_fast.generate(target, ids, mask, process_group=dist.group.WORLD, **kw)
+    engine = next(e for e in specdec_fast.engine.cached_engines(target) if e.tp is not None)
+    return {"triton": (single.tolist(), parallel.tolist()),
+            "path": (engine.target_runner.kernels, engine.target_runner.fuse_projections, engine.graph_mode)}
