@@ -59,13 +59,19 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     block_size - 1 for a DFlash drafter (its K drafts cost one forward whatever K); needs the paged
     target runner.
 
+    tokenizer, assistant_tokenizer (keywords, as transformers'): with both given and vocabularies
+    that differ, the draft drafts in its own tokens and its text is re-encoded into the target's
+    (drafters/cross_tokenizer.py: exact, eager, no tree=, no process_group); a different vocabulary
+    without both raises.
+
     process_group: tensor parallelism (docs/architecture.md §10): the target (a model loaded whole
     on every rank, or a ShardedCausalLM) runs sharded over this torch.distributed group; call
     generate on every rank with the same arguments (a call without seed takes rank 0's draw);
     every rank returns the tokens. shard_draft: shard the draft too (default: replicated).
 
     The call runs on the engine cached for (model, assistant_model / draft_head or prompt lookup, backend,
-    runner, cuda_graphs, process_group): built at the first call, grown when a call needs more rows or tokens,
+    runner, cuda_graphs, process_group, the tokenizers of a draft with another vocabulary): built
+    at the first call, grown when a call needs more rows or tokens,
     freed with the models (engine/cached.py; specdec_fast.release_engines() frees it sooner).
     Any other option of transformers' generate (**options, generation_config, model.generation_config):
     accepted where it changes nothing (neutral or no effect), else one ValueError naming it

@@ -10,12 +10,17 @@ Face's convention has it (AutoTokenizer.from_pretrained(target_dir) works; 0.26 
     specdec_fast/assets/pair/held_out.json  held-out module names, prompts and an eval snippet
     specdec_fast/assets/pair/eagle3/      an EAGLE-3 head for the target (bench/train_eagle3.py), in the
                                           published layout: config.json, model.safetensors
+    specdec_fast/assets/cross_draft/        a draft for the same target with ANOTHER tokenizer (its own
+                                          byte-level BPE of 2048 tokens; bench/train_cross_draft.py),
+                                          float16 on disk: drafts through generate(tokenizer=,
+                                          assistant_tokenizer=) (drafters/cross_tokenizer.py)
 """
 import json
 from functools import lru_cache
 from pathlib import Path
 
 PAIR_DIR = Path(__file__).resolve().parent / "assets" / "pair"
+CROSS_DRAFT_DIR = Path(__file__).resolve().parent / "assets" / "cross_draft"
 _MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 _REQUIRED = tuple(f"{model}/{name}" for model in ("target", "draft") for name in _MODEL_FILES) + ("held_out.json",)
 
@@ -87,3 +92,24 @@ def load_demo_pair(device="cpu", dtype=None):
     target = AutoModelForCausalLM.from_pretrained(target_dir, **kwargs).to(device).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, **kwargs).to(device).eval()
     return tokenizer, target, draft
+
+
+def cross_draft() -> str:
+    """The directory of the draft with another tokenizer (AutoModelForCausalLM with
+    dtype=torch.float32, and AutoTokenizer: its own tokenizer)."""
+    missing = [n for n in _MODEL_FILES if not (CROSS_DRAFT_DIR / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the cross-tokenizer draft is incomplete under {CROSS_DRAFT_DIR} (missing: "
+                                f"{', '.join(missing)}); rebuild it with `python bench/train_cross_draft.py`")
+    return str(CROSS_DRAFT_DIR)
+
+
+def load_cross_draft(device="cpu", dtype=None):
+    """(assistant_tokenizer, draft): the draft with another tokenizer, in eval mode, float32 unless
+    ``dtype`` says otherwise (it is stored as float16 to keep the package small)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = cross_draft()
+    draft = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).to(device).eval()
+    return AutoTokenizer.from_pretrained(path), draft

@@ -103,7 +103,9 @@ def emit_penalised_kernel(
 ):
     """emit_kernel with penalties (the arguments of
     _triton_select_stream.select_stream_penalised_kernel): the ratio test's q_i(x_i), p_i(x_i)
-    and the emitted position's rows read penalised logits, as the selection's statistics did."""
+    and the emitted position's rows read penalised logits, as the selection's statistics did.
+    At K = 1 its ratio test loops over a runtime trip count: Triton 3.6 failed to compile the
+    folded 1-step loop for sm_90 at some shapes (the comment in _emit)."""
     _emit(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr,
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
@@ -136,7 +138,22 @@ def _emit(
     # Ratio test: accept x_i iff p(x_i) > 0 and u_i * p(x_i) < q(x_i), until the first rejection.
     j = zero
     alive = kb >= 0
-    for i in range(0, K):
+    # With penalties and K = 1, a runtime trip count (= K: NPOS > K) instead of the constexpr K.
+    # Measured (triton 3.6, sm_90, e.g. fp16 / fp32, B = 3, V = 33: BLOCK_R = 4, BLOCK_V = 64): a
+    # 1-step constexpr loop is folded away, and TritonGPURemoveLayoutConversions, rematerialising
+    # the chain accept -> j -> jd in the [BLOCK_R, 1] layout of the penalty columns (pen_q, pen_p),
+    # rewired b * NPOS + j (the _stats offsets) to the new j only, then failed: "'arith.addi' op
+    # requires the same encoding for all operands and results". Kept as an scf.for (as for
+    # K >= 2, which compiles), j is a loop result, and every K = 1 shape of the grid compiles (an
+    # observation, not a guarantee: the pass is erratic). Neither W = 2 in penalise nor a K = 1
+    # case of num_drafts fixed every shape; tests/kernels/_compile_verify_kernels.py --grid is the
+    # check. Penalty-free kernels keep
+    # the constexpr loop (their PTX is unchanged: tests/kernels/test_verify_triton_compiles.py).
+    if PENALTY and K == 1:
+        steps = tl.minimum(NPOS, K)
+    else:
+        steps = K
+    for i in range(0, steps):
         x = tl.load(tokens_ptr + b64 * sx_b + i * sx_k)
         x = tl.minimum(tl.maximum(x, 0), V - 1).to(tl.int32)
         m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + i)

@@ -1,5 +1,6 @@
 """The engines behind specdec_fast.generate(model, ...): one SpeculativeEngine per (target, draft,
-drafting mode, backend, runner, cuda_graphs), reused by every call that fits it.
+drafting mode, backend, runner, cuda_graphs, the tokenizers of a draft with another vocabulary),
+reused by every call that fits it.
 
 Held weakly: the table is keyed by the target model (a WeakKeyDictionary) and an entry that
 drafts with a model holds it through a weak reference whose callback drops the entry, and
@@ -18,6 +19,7 @@ import weakref
 import torch
 
 from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for, head_source
+from .inputs import check_pair, tokenizer_key
 
 MIN_SEQ_LEN = 256
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {key: _Entry}
@@ -57,8 +59,13 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
     drafted = max(drafted, DEFAULT_NUM_ASSISTANT_TOKENS if mode in ("draft", "head") else 1 if mode == "lookup" else 0)
     drafter_id = id(assistant_model) if assistant_model is not None else id(head_object) if head_object is not None \
         else None if draft_head is None else head_source(draft_head)
+    # A draft with another vocabulary drafts through the two tokenizers: its engine is keyed by them
+    # (their tokenizer.json, so a reloaded tokenizer finds the engine); the same draft with one
+    # shared vocabulary keeps today's key (tokenizers given or not).
+    cross = assistant_model is not None and check_pair(target, assistant_model, tokenizer, assistant_tokenizer)
     key = (mode, drafter_id, max_matching_ngram_size, backend, runner, repr(cuda_graphs),
-           None if process_group is None else id(process_group), bool(shard_draft))
+           None if process_group is None else id(process_group), bool(shard_draft),
+           (tokenizer_key(tokenizer), tokenizer_key(assistant_tokenizer)) if cross else None)
     weak = assistant_model if assistant_model is not None else head_object  # dropped with the entry when deleted
     fingerprint = _fingerprint(target, weak)
     with _LOCK:

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from ..drafters import BlockDrafter, Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..heads import load_draft_head
 from ..options import resolve_options
 from ..kernels.sampling_params import make_sampling_tensors
@@ -42,7 +43,8 @@ from ..runners.paged_dflash import PagedDFlashRunner
 from ..runners.paged_eagle3 import PagedEagle3Runner
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
-from .inputs import check_in_vocabulary, check_inputs, check_pair, device_of, max_positions, vocab_size
+from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, max_positions,
+                     tokenizer_key, vocab_size)
 from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
@@ -57,6 +59,10 @@ DEFAULT_NUM_ASSISTANT_TOKENS = 4
 DEFAULT_MAX_SEQ_LEN = 4096  # with no max_seq_len: min(this, the model's position limit)
 DEFAULT_KV_MEMORY_FRACTION = 0.9  # CUDA: the pools take at most this share of the free memory
 MAX_DRAFTED = 64  # the most tokens a call may score beyond the last one (a token tree's 64 nodes)
+CROSS_TREE_ERROR = ("tree=... with a draft of another tokenizer: a token tree's nodes are draft tokens the target "
+                    "scores, which needs one shared vocabulary; drop tree=")
+CROSS_TP_ERROR = ("a draft with another tokenizer under tensor parallelism (process_group= or a ShardedCausalLM) is "
+                  "not implemented; run it unsharded, or draft with a model of the target's vocabulary")
 # The Ks the adaptive schedule (schedule.py) chooses among with a draft model, and its first K.
 # The best fixed K measured on the H100 was 4 at batch 1 and 3 at batch 8 / 32
 # (bench/results/h100_2026-11-23/); each K's graphs are captured the first time it is chosen.
@@ -116,6 +122,9 @@ class SpeculativeEngine:
     another up to max_draft_tokens, default K). tree: a token tree for every call (as generate's
     tree=; a call may give another of at most max_draft_tokens + 1 nodes). backend, runner,
     cuda_graphs, block_size: as generate's. run_ahead: the loop's run-ahead bound R.
+    tokenizer, assistant_tokenizer: the target's and the draft's; when their vocabularies differ
+    (or the models' do), the draft drafts in its own tokens and its text is re-encoded into the
+    target's (drafters/cross_tokenizer.py: eager, no trees).
 
     Tensor parallelism (docs/architecture.md §10; engine/tensor_parallel.py): process_group (a
     torch.distributed ProcessGroup, or a TensorParallelGroup) shards the target over its ranks
@@ -146,8 +155,12 @@ class SpeculativeEngine:
         if not 0 < kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {kv_memory_fraction!r}")
         self.device = device_of(target)
-        if assistant_model is not None:
-            check_pair(target, assistant_model, tokenizer, assistant_tokenizer)
+        # (tokenizer, assistant_tokenizer) of a draft with another vocabulary, else None
+        self.cross_tokenizers = None
+        if assistant_model is not None and check_pair(target, assistant_model, tokenizer, assistant_tokenizer):
+            if tree is not None:
+                raise ValueError(CROSS_TREE_ERROR)
+            self.cross_tokenizers = (tokenizer, assistant_tokenizer)
         # The models are held weakly (runners hold their tensors): a cache keyed by the model
         # (engine/cached.py) must not keep it alive. Keep the models while you use the engine.
         self._target_ref = weakref.ref(target)
@@ -183,10 +196,14 @@ class SpeculativeEngine:
         # The most tokens one iteration scores beyond the last one (K, a tree's N - 1, the adaptive
         # schedule's largest K) for any call.
         self.fixed_k = num_assistant_tokens is not None  # an engine built with a K: its calls default to it
+        if self.cross_tokenizers is not None and process_group is not None:
+            raise ValueError(CROSS_TP_ERROR)
         self.tp = group_for(target, assistant_model, process_group, shard_draft, tp_timeout)
         if self.tp is not None and self.mode == "head":
             raise ValueError("draft_head with tensor parallelism is not supported (the head reads the target's hidden "
                              "states, which the sharded runner does not capture); use a draft model or prompt lookup")
+        if self.cross_tokenizers is not None and self.tp is not None:
+            raise ValueError(CROSS_TP_ERROR)
         self.shard_draft = bool(shard_draft)
         if max_draft_tokens is not None:  # the adaptive schedule then chooses among the Ks up to it
             self.max_draft_tokens = max(drafted, max_draft_tokens)
@@ -288,8 +305,10 @@ class SpeculativeEngine:
 
     def _allocate_pools(self, row_tokens: int, default_row: int, kv_cache_tokens, fraction: float) -> str:
         """Each paged runner's KV pool (once); the line that says how big and why."""
+        # A draft with another tokenizer counts other tokens: its drafter sizes its KV per call.
+        draft = None if self.cross_tokenizers is not None else self.draft_runner
         runners = [(name, r) for name, r in (("target", self.target_runner), ("draft" if self.mode != "head" else "head",
-                                                                             self.draft_runner))
+                                                                             draft))
                    if r is not None and hasattr(r, "allocate")]
         if not runners:
             return "no KV pool (the runners keep their own caches per call)"
@@ -325,6 +344,8 @@ class SpeculativeEngine:
         if drafter is None:
             if self.mode == "lookup":
                 drafter = PromptLookupDrafter(self.max_matching_ngram_size or 2)
+            elif self.cross_tokenizers is not None:
+                drafter = CrossTokenizerDrafter(self.draft_runner, *self.cross_tokenizers)
             elif self.mode == "head" and self.draft_head.kind == "dflash":
                 drafter = BlockDrafter(self.draft_runner, self.target_runner)
             elif self.mode == "head":
@@ -404,6 +425,12 @@ class SpeculativeEngine:
             input_ids = kwargs.pop("inputs", None)
         tokenizer, assistant_tokenizer = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
         if tokenizer is not None and assistant_tokenizer is not None:
+            check_tokenizer("tokenizer", tokenizer)
+            check_tokenizer("assistant_tokenizer", assistant_tokenizer)
+        if self.cross_tokenizers is not None:
+            self._check_cross_tokenizers(tokenizer, assistant_tokenizer)
+            tokenizer = self.cross_tokenizers[0] if tokenizer is None else tokenizer  # stop_strings read it
+        elif tokenizer is not None and assistant_tokenizer is not None:
             self._check_tokenizers(tokenizer, assistant_tokenizer)
         self._check_drafting(assistant_model, prompt_lookup_num_tokens, tree, draft_head)
         check_inputs(input_ids, None)  # type and shape, before the options read the width
@@ -480,14 +507,20 @@ class SpeculativeEngine:
         return decoder_only_output(tokens, scores, logits)
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
-        """One shared vocabulary (each pair compared once per engine: get_vocab of a 128k vocabulary
-        costs tens of ms)."""
-        checked = self.__dict__.setdefault("_tokenizers_checked", set())
-        key = (id(tokenizer), id(assistant_tokenizer))
-        if key not in checked:
-            if tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
-                raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies")
-            checked.add(key)
+        """One shared vocabulary (tokenizer_key: each tokenizer hashed once)."""
+        if tokenizer_key(tokenizer)[0] != tokenizer_key(assistant_tokenizer)[0]:
+            raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies, and this "
+                             "engine drafts in one shared vocabulary; build SpeculativeEngine(target, draft, tokenizer=..., "
+                             "assistant_tokenizer=...) or call specdec_fast.generate to draft across tokenizers")
+
+    def _check_cross_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
+        """A call to an engine that drafts across tokenizers may name its tokenizers (or ones of the
+        same tokenizer.json), not others."""
+        for name, given, own in (("tokenizer", tokenizer, self.cross_tokenizers[0]),
+                                 ("assistant_tokenizer", assistant_tokenizer, self.cross_tokenizers[1])):
+            if given is not None and given is not own and tokenizer_key(given) != tokenizer_key(own):
+                raise ValueError(f"this engine drafts across tokenizers with another {name}; build a SpeculativeEngine "
+                                 "for this pair, or call specdec_fast.generate")
 
     @staticmethod
     def _stage_request(opts, params, token_tree):
@@ -519,6 +552,8 @@ class SpeculativeEngine:
         if draft_head is not None and not self._is_own_head(draft_head):
             raise ValueError("this engine drafts with another draft_head (or none); build a SpeculativeEngine for this one, "
                              "or call specdec_fast.generate")
+        if tree is not None and self.cross_tokenizers is not None:
+            raise ValueError(CROSS_TREE_ERROR)
         if prompt_lookup_num_tokens is not None and assistant_model is not None:
             raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
 
@@ -565,6 +600,11 @@ class SpeculativeEngine:
             # which differ between ranks: ranks choosing different Ks would issue different
             # collectives (a hang, or gloo's size-mismatch abort; docs/architecture.md §10).
             return None
+        # Named with a draft of another tokenizer it runs (exact), but its choice is poor there: that
+        # draft phase is mostly a fixed cost per iteration (the feed call, the host re-tokenisation),
+        # which the schedule's per-step draft cost (draft phase / K) spreads over K, so it settles on
+        # K = 1 (CPU, shipped cross draft: K = 1 in 274 of 276 iterations, 1.80 tokens per target
+        # pass against 3.41 at K = 4; bench/results/cross_tokenizer_cpu_avx512.json).
         return tuple(q for q in ADAPTIVE_KS if q <= self.max_draft_tokens)
 
     def _check_sizes(self, input_ids, max_new_tokens: int, drafted: int) -> None:
@@ -669,6 +709,8 @@ class SpeculativeEngine:
                     "plain": "plain decoding"}[self.mode]
         if self.tree is not None:
             drafting = f"draft model, tree {as_token_tree(self.tree).describe()}"
+        elif self.cross_tokenizers is not None:
+            drafting = f"draft model with its own tokenizer, K={self.default_k}"
         parallel = "" if self.tp is None else \
             (f"; tensor parallel over {self.tp.size} ranks ({self.tp.backend}, draft "
              f"{'sharded' if self.shard_draft else 'replicated'}; {self.target_runner.plan.describe()})")

@@ -35,7 +35,8 @@ def static_unsupported_reason(target, drafter) -> str | None:
     if not getattr(target, "graph_safe", False):
         return f"the target runner {type(target).__name__} keeps state that is not static (runner='paged' is)"
     if drafter is not None and not getattr(drafter, "graph_safe", False):
-        return f"the drafter {type(drafter).__name__} (or its runner) keeps state that is not static"
+        # A drafter that is never graph safe says why (drafters/cross_tokenizer.py: host work).
+        return getattr(drafter, "graph_note", None) or f"the drafter {type(drafter).__name__} (or its runner) keeps state that is not static"
     return None
 
 

@@ -1,5 +1,7 @@
 """Checks of a generate() request before anything runs: input_ids / attention_mask, the
 target / draft pair, the model's position limit. One clear ValueError per bad input."""
+import weakref
+
 import torch
 
 
@@ -44,21 +46,78 @@ def check_inputs(input_ids, attention_mask) -> torch.Tensor:
     return mask
 
 
-def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None) -> None:
-    """One shared vocabulary and one device for the target and the draft."""
+def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None) -> bool:
+    """One device for the target and the draft, and one shared vocabulary (-> False) or, with both
+    tokenizers given, a draft of another vocabulary (-> True: it drafts through its own tokenizer,
+    drafters/cross_tokenizer.py). Vocabularies differ when the models' sizes or the tokenizers' do."""
     target_vocab, draft_vocab = vocab_size(model), vocab_size(assistant_model)
     cfg_t = getattr(model.config, "vocab_size", None)
     cfg_d = getattr(assistant_model.config, "vocab_size", None)
-    if target_vocab != draft_vocab or cfg_t != cfg_d:
-        raise ValueError(
-            f"vocab mismatch: the target has vocab_size {cfg_t} ({target_vocab} output rows), the draft (assistant_model) "
-            f"has {cfg_d} ({draft_vocab}); speculative decoding needs one shared vocabulary"
-        )
-    if tokenizer is not None and assistant_tokenizer is not None and tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
-        raise ValueError("vocab mismatch: tokenizer and assistant_tokenizer have different vocabularies")
+    both = tokenizer is not None and assistant_tokenizer is not None
+    if both:  # (one alone is only read for stop_strings)
+        check_tokenizer("tokenizer", tokenizer)
+        check_tokenizer("assistant_tokenizer", assistant_tokenizer)
+    cross = both and tokenizer_key(tokenizer)[0] != tokenizer_key(assistant_tokenizer)[0]
+    if not cross and (target_vocab != draft_vocab or cfg_t != cfg_d):
+        if not both:
+            raise ValueError(
+                f"vocab mismatch: the target has vocab_size {cfg_t} ({target_vocab} output rows), the draft (assistant_model) "
+                f"has {cfg_d} ({draft_vocab}); speculative decoding needs one shared vocabulary, or pass both tokenizer= "
+                "(the target's) and assistant_tokenizer= (the draft's) to draft across tokenizers"
+            )
+        cross = True  # one tokenizer, models of other sizes (padded embeddings): through the text, exact
+    if cross:  # each tokenizer's ids must be rows of its model's logits (the drafts are the target's ids)
+        for name, tok, owner, rows, cfg in (("tokenizer", tokenizer, "the target (model)", target_vocab, cfg_t),
+                                            ("assistant_tokenizer", assistant_tokenizer, "the draft (assistant_model)",
+                                             draft_vocab, cfg_d)):
+            ids = _tokenizer_info(tok)[2]
+            if ids > rows:
+                raise ValueError(f"{name} has token ids up to {ids - 1} but {owner} has {rows} output rows (vocab_size "
+                                 f"{cfg}): tokenizer= is the target's tokenizer and assistant_tokenizer= the draft's "
+                                 "(swapped?)")
     if device_of(model) != device_of(assistant_model):
         raise ValueError(f"model is on {device_of(model)} but assistant_model is on {device_of(assistant_model)}; "
                          "put both on one device")
+    return cross
+
+
+def check_tokenizer(name: str, tokenizer) -> None:
+    """A transformers tokenizer (what AutoTokenizer.from_pretrained returns): the vocabulary, the
+    special ids and encoding the cross-tokenizer drafter reads (drafters/token_bytes.py)."""
+    missing = [a for a in ("get_vocab", "all_special_ids", "convert_tokens_to_string", "__call__", "__len__")
+               if not hasattr(tokenizer, a)]
+    if missing:
+        raise ValueError(f"{name} must be a transformers tokenizer (AutoTokenizer.from_pretrained(...)), got "
+                         f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__} (no {', '.join(missing)})")
+
+
+_TOKENIZER_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tokenizer_key(tokenizer) -> tuple:
+    """(vocabulary, whole tokenizer) hashes of ``tokenizer``, once per tokenizer object (get_vocab of
+    a 128k vocabulary costs tens of ms): equal vocabularies mean equal token ids; the second part
+    (its tokenizer.json: pre-tokenizer, normaliser, decoder too) keys a cross-tokenizer engine."""
+    return _tokenizer_info(tokenizer)[:2]
+
+
+def _tokenizer_info(tokenizer) -> tuple:
+    """tokenizer_key's two hashes and the tokenizer's id count (its largest id + 1), cached per object."""
+    try:
+        info = _TOKENIZER_KEYS.get(tokenizer)
+    except TypeError:  # not weakly referenceable: computed each call
+        info = None
+    if info is None:
+        vocab = tokenizer.get_vocab()
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        info = (hash(frozenset(vocab.items())),
+                hash(backend.to_str()) if backend is not None else (type(tokenizer).__name__, id(tokenizer)),
+                max(vocab.values(), default=-1) + 1)
+        try:
+            _TOKENIZER_KEYS[tokenizer] = info
+        except TypeError:
+            pass
+    return info
 
 
 def check_in_vocabulary(input_ids: torch.Tensor, vocab_size: int) -> None:

@@ -67,8 +67,10 @@ ACCEPTED = {
     "continuous_batching_config": "transformers' continuous batching",
     "low_memory": "how transformers batches contrastive search",
     "assistant_confidence_threshold": "when transformers' draft stops early (speed only)",
-    "assistant_lookbehind": "re-encoding across two tokenizers (we need one shared vocabulary)",
-    "target_lookbehind": "re-encoding across two tokenizers (we need one shared vocabulary)",
+    "assistant_lookbehind": "transformers' re-encoding window across two tokenizers (ours re-encodes from exact "
+                            "byte offsets: drafters/cross_tokenizer.py)",
+    "target_lookbehind": "transformers' re-encoding window across two tokenizers (ours re-encodes from exact "
+                         "byte offsets: drafters/cross_tokenizer.py)",
     "bos_token_id": "read only when there is no prompt (input_ids is required here)",
     "decoder_start_token_id": "read only by encoder-decoder models",
     "is_assistant": "marks a draft model's own config",

@@ -94,7 +94,8 @@ BAD_INPUTS = [  # (extra argv, the one line expected on stderr; {root} = the pai
     (["--prompt-lookup", "3"], "give one of --draft, --draft-head and --prompt-lookup"),
     (["--draft", "{root}/draft_other_vocab"],
      "vocab mismatch: the target has vocab_size 128 (128 output rows), the draft (assistant_model) has 130 (130); "
-     "speculative decoding needs one shared vocabulary"),
+     "speculative decoding needs one shared vocabulary, or pass both tokenizer= (the target's) and assistant_tokenizer= "
+     "(the draft's) to draft across tokenizers"),
     (["--draft", "{root}/empty"], "could not load a model from {root}/empty (--draft): "),
     (["--target", "{root}/empty"], "no tokenizer in {root}/empty (the --target directory holds none of tokenizer.json, "
      "tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt); pass --tokenizer DIR"),

@@ -3,11 +3,22 @@ interpreter never runs Triton's compiler, so this is what catches code that only
 compiler rejects. Run as a script (TRITON_INTERPRET must be unset before triton is imported);
 prints one line per kernel (with its registers and spills where Triton reports them, and a hash
 of its PTX instructions) and exits non-zero on the first failure. The constexprs come from the
-launch plan of real shapes; with penalties, the penalised variants (kernels/penalties/triton.py)."""
+launch plan of real shapes; with penalties, the penalised variants (kernels/penalties/triton.py).
+
+--grid: every kernel the launcher would run over a grid of shapes (K 1..8 x logits dtype x B x V x
+draft logits x penalties x host modes, GRID_* below; each distinct compilation once), reporting
+every failure instead of stopping at the first; --quick: a deterministic slice of that grid that
+still has every K, dtype, B, V, draft / penalty / mode setting and the shapes that once failed
+(tests/kernels/test_verify_triton_compiles.py); --jobs N: compile in N processes. Triton's
+compiler has failed on some of these shapes and not on their neighbours
+(kernels/verify/_triton_emit.py: the K = 1 ratio test), hence a grid rather than a few shapes."""
+import argparse
 import hashlib
+import itertools
 import os
 import re
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -107,7 +118,74 @@ SHAPES = (
 )
 
 
+GRID_TYPES = ("*fp16", "*bf16", "*fp32")
+GRID_BATCHES = (1, 3, 8, 64)
+GRID_VOCABS = (33, 1000, 32000, 128256)
+GRID_KS = tuple(range(1, 9))
+GRID_MODES = (None, frozenset({"greedy"}))
+# Shapes whose emit_penalised_kernel Triton 3.6 once failed to compile for sm_90 (K = 1: "'arith.addi' op
+# requires the same encoding for all operands and results" in TritonGPURemoveLayoutConversions), and one that
+# an attempted workaround broke: always in the quick slice.
+KNOWN_HARD = (("*fp16", 3, 1, 33, True, None, True), ("*fp32", 3, 1, 33, True, None, True),
+              ("*fp16", 3, 1, 33, False, None, True), ("*bf16", 8, 1, 32000, True, None, True),
+              ("*fp32", 1, 1, 128256, True, None, True))
+
+
+def grid_shapes(quick=False):
+    """(logits dtype, B, K, V, draft logits, host modes, penalties) of the grid; quick: one (dtype, B, V)
+    per (K, draft, penalties, modes) cell, rotating so that each dtype, B and V still appears, plus
+    KNOWN_HARD."""
+    if quick == "known-hard":  # the reported shapes alone (CI's regression check)
+        yield from KNOWN_HARD
+        return
+    if not quick:
+        yield from ((t, b, k, v, d, m, p) for t, b, v, k, d, p, m in itertools.product(
+            GRID_TYPES, GRID_BATCHES, GRID_VOCABS, GRID_KS, (True, False), (False, True), GRID_MODES))
+        return
+    yield from KNOWN_HARD
+    for n, (k, d, p, m) in enumerate(itertools.product(GRID_KS, (True, False), (False, True), GRID_MODES)):
+        yield (GRID_TYPES[n % 3], GRID_BATCHES[(n // 3) % 4], k, GRID_VOCABS[(n // 2 + k) % 4], d, m, p)
+
+
+def _compile_job(job):
+    name, logits_type, constexprs, num_warps, options = job
+    fn = {kernel.__name__: kernel for kernel in (*PENALISED, *PENALISED.values())}[name]
+    try:
+        compile_kernel(fn, logits_type, constexprs, num_warps, options)
+        return None
+    except Exception as error:  # noqa: BLE001 - reported with its shape, the grid goes on
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+
+def grid(quick: bool, workers: int) -> int:
+    """Compile each distinct kernel of the grid once; print one line per failure and a summary."""
+    todo = {}
+    for shape in grid_shapes(quick):
+        for fn, num_warps, constexprs, options in jobs(*shape):
+            key = (fn.__name__, shape[0], num_warps, tuple(sorted(constexprs.items())))
+            todo.setdefault(key, ((fn.__name__, shape[0], constexprs, num_warps, options), shape))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(_compile_job, [job for job, _ in todo.values()]))
+    failures = 0
+    for (key, (_, shape)), error in zip(todo.items(), results):
+        if error is not None:
+            failures += 1
+            print(f"FAILED {key[0]} shape={shape}: {error}", flush=True)
+    names = sorted({key[0] for key in todo})
+    counts = ", ".join(f"{name} {sum(key[0] == name for key in todo)}" for name in names)
+    print(f"grid: {len(todo)} kernels compiled, {failures} failed ({counts})", flush=True)
+    return 1 if failures else 0
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", action="store_true", help="compile the grid of shapes (GRID_*)")
+    parser.add_argument("--quick", action="store_true", help="with --grid: the deterministic slice")
+    parser.add_argument("--known-hard", action="store_true", help="with --grid: only KNOWN_HARD")
+    parser.add_argument("--jobs", type=int, default=1, help="with --grid: compiling processes")
+    args = parser.parse_args()
+    if args.grid:
+        return grid("known-hard" if args.known_hard else args.quick, args.jobs)
     for logits_type, batch, k, vocab, has_draft, modes, penalties in SHAPES:
         for fn, num_warps, constexprs, options in jobs(logits_type, batch, k, vocab, has_draft, modes, penalties):
             kernel = compile_kernel(fn, logits_type, constexprs, num_warps, options)
