@@ -169,6 +169,17 @@ class PagedLlamaRunner(PagedRunnerBase):
             cache[rows] = layer_linears(rows, x, [w for w, _ in weights], [b for _, b in weights])
         return cache[rows]
 
+    # The three places a tensor-parallel runner (paged_llama_tp.py) differs; one rank: no-ops.
+    _carries_residual = True  # whether this rank's o / down partials add the residual stream
+
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H]."""
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output: the sum of every rank's partial (here the one)."""
+        return partial
+
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         if self.kernels == "triton":
@@ -176,10 +187,11 @@ class PagedLlamaRunner(PagedRunnerBase):
         total = flat.shape[0]
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)  # [T, D], once per call
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         lin, lins = self._linears(total, x)
+        owns, sum_ = self._carries_residual, self._sum_partials
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
             q, k, v = lins(h, *layer.qkv)
@@ -189,10 +201,10 @@ class PagedLlamaRunner(PagedRunnerBase):
                 k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
             q, k = rotate_qk(q, k, cos, sin, fused)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = lin(o.reshape(total, heads * dim), *layer.o, x)  # x + o-projection
+            x = sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None))  # x + o-projection
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
             act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
-            x = lin(act, *layer.down, x)
+            x = sum_(lin(act, *layer.down, x if owns else None))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, self.final_norm, self.final_eps, fused)
@@ -205,11 +217,11 @@ class PagedLlamaRunner(PagedRunnerBase):
         add_rms_norm, rope_append_kv, silu_mul = self._ops
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         first = self.layers[0]
         h = add_rms_norm(x, None, first.ln_in, first.eps_in)[1]
-        table, length = self.block_table, self.length
+        table, length, sum_ = self.block_table, self.length, self._sum_partials
         for i, layer in enumerate(self.layers):
             if layer.w_qkv is not None:
                 qkv = F.linear(h, layer.w_qkv, layer.b_qkv)
@@ -221,7 +233,7 @@ class PagedLlamaRunner(PagedRunnerBase):
             rope_append_kv(q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
                            self.v_caches[i], table, length, cu, layer.qk_norm)
             o = self._attention(i, q, attn_lens, cu, n, self.scale)
-            x, h = add_rms_norm(x, F.linear(o.view(total, heads * dim), *layer.o), layer.ln_post, layer.eps_post)
+            x, h = add_rms_norm(x, sum_(F.linear(o.view(total, heads * dim), *layer.o)), layer.ln_post, layer.eps_post)
             if layer.w_gate_up is not None:
                 gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
                 gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
@@ -229,6 +241,6 @@ class PagedLlamaRunner(PagedRunnerBase):
                 gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
             act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
             weight, eps = self._next_norm[i]
-            x, h = add_rms_norm(x, F.linear(act, *layer.down), weight, eps, write_residual=i + 1 < len(self.layers))
+            x, h = add_rms_norm(x, sum_(F.linear(act, *layer.down)), weight, eps, write_residual=i + 1 < len(self.layers))
             self._keep(i + 1, x if i + 1 < len(self.layers) else h)  # j = L: the final norm's output
         return h

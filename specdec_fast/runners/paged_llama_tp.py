@@ -39,7 +39,6 @@ async_op=False); the decoding loop's polls run in lockstep on every rank (run_ah
 import torch
 import torch.nn.functional as F
 
-from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
 from .paged_base import FLOAT_DTYPES
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner, llama_config_reason
 from .sharded_model import ShardedCausalLM
@@ -155,6 +154,7 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
     def _bind(self, model) -> None:
         config, shards, plan = model.config, model.shards, model.plan
         self.tp, self.plan, self.first_rank = model.tp, plan, plan.rank == 0
+        self._carries_residual = self.first_rank  # PagedLlamaRunner's layer loop: rank 0 adds x once
         self.embed = shards["model.embed_tokens.weight"]
         self.vocab_start, self.vocab_part = plan.vocab_start, plan.vocab_part
         self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank)
@@ -191,63 +191,9 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         x = F.embedding(local.clamp(0, self.vocab_part - 1), self.embed).masked_fill_(outside[:, None], 0)
         return self.tp.all_reduce_(x)
 
-    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
-        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H] (equal on every
-        rank up to the all-reduces' rounding)."""
-        if self.kernels == "triton":
-            return self._decode_triton(flat, positions, cu, attn_lens, n)
-        total = flat.shape[0]
-        fused = fused_layer_math(self.dtype, self.device.type)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)
-        x = self._embed(flat)
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        lin, lins = self._linears(total, x)
-        reduce_, first = self.tp.all_reduce_, self.first_rank
-        for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
-            q, k, v = lins(h, *layer.qkv)
-            q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
-            if layer.qk_norm is not None:
-                q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
-                k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
-            q, k = rotate_qk(q, k, cos, sin, fused)
-            o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            # Row-parallel: rank 0's partial carries the residual (and the bias); the sum is x + o_proj(o).
-            x = reduce_(lin(o.reshape(total, heads * dim), *layer.o, x if first else None))
-            h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
-            act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
-            x = reduce_(lin(act, *layer.down, x if first else None))
-        return rms_norm(x, self.final_norm, self.final_eps, fused)
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """The row-parallel o_proj / down_proj: every rank's partial summed by one all-reduce (the
+        layer loop is PagedLlamaRunner's, on both paths: rank 0's partial alone carries the residual
+        and the bias, _carries_residual; the Triton path adds the residual once, in add_rms_norm)."""
+        return self.tp.all_reduce_(partial)
 
-    def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
-        """PagedLlamaRunner._decode_triton with the two row-parallel deltas all-reduced before the
-        fused add + RMSNorm (the residual stream is added once, by that kernel)."""
-        add_rms_norm, rope_append_kv, silu_mul = self._ops
-        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)
-        x = self._embed(flat)
-        first = self.layers[0]
-        h = add_rms_norm(x, None, first.ln_in, first.eps_in)[1]
-        table, length, reduce_ = self.block_table, self.length, self.tp.all_reduce_
-        for i, layer in enumerate(self.layers):
-            if layer.w_qkv is not None:
-                qkv = F.linear(h, layer.w_qkv, layer.b_qkv)
-                q, kv = qkv[:, :layer.q_cols], qkv[:, layer.q_cols:]
-                k, v = kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
-            else:
-                q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
-            q = q.view(total, heads, dim)
-            rope_append_kv(q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
-                           self.v_caches[i], table, length, cu, layer.qk_norm)
-            o = self._attention(i, q, attn_lens, cu, n, self.scale)
-            x, h = add_rms_norm(x, reduce_(F.linear(o.view(total, heads * dim), *layer.o)), layer.ln_post, layer.eps_post)
-            if layer.w_gate_up is not None:
-                gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
-                gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
-            else:
-                gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
-            act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
-            weight, eps = self._next_norm[i]
-            x, h = add_rms_norm(x, reduce_(F.linear(act, *layer.down)), weight, eps,
-                                write_residual=i + 1 < len(self.layers))
-        return h
