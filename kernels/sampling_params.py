@@ -189,17 +189,24 @@ def _scalar(value, name: str, integral: bool):
     return int(value) if integral else float(value)
 
 
+def row_tensor(value: torch.Tensor, name: str, batch: int, device: torch.device, beside: str) -> torch.Tensor:
+    """A per-row parameter given as a tensor: a 0-dim one expanded to [batch]; else it must be
+    [batch] on ``device`` (where ``beside`` are, e.g. "the logits are": the error's words)."""
+    if value.dim() == 0:
+        value = value.reshape(1).expand(batch)
+    if value.dim() != 1 or value.shape[0] != batch:
+        raise ValueError(f"{name} must be a scalar or a tensor of shape [{batch}], got shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device} but {beside} on {device}")
+    return value
+
+
 def _per_row(value, name: str, batch: int, device: torch.device, check: bool) -> torch.Tensor:
     """Parameter ``name`` as a tensor [batch] of its dtype on device, validated (scalars always,
     on the host; tensors only when check, which reads their values)."""
     dtype, integral, rule, text = RULES[name]
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0:
-            value = value.reshape(1).expand(batch)
-        if value.dim() != 1 or value.shape[0] != batch:
-            raise ValueError(f"{name} must be a scalar or a tensor of shape [{batch}], got shape {tuple(value.shape)}")
-        if value.device != device:
-            raise ValueError(f"{name} is on {value.device} but the logits are on {device}")
+        value = row_tensor(value, name, batch, device, "the logits are")
         if integral and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
             raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
         if not integral and not (value.is_floating_point() or value.dtype in (torch.int32, torch.int64)):

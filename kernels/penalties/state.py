@@ -13,6 +13,7 @@ from numbers import Real
 import torch
 
 from .._backend import canonical_device
+from ..sampling_params import row_tensor
 from .reference import PROMPT_BIT
 
 # The three penalties, by the names PenaltyTensors.active uses.
@@ -66,12 +67,7 @@ def _per_row(value, name: str, batch: int, device: torch.device, check: bool) ->
     """(parameter ``name`` as float32 [batch] on device, the states {on, off} its rows may have)."""
     off, rule, text = RULES[name]
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0:
-            value = value.reshape(1).expand(batch)
-        if value.dim() != 1 or value.shape[0] != batch:
-            raise ValueError(f"{name} must be a scalar or a tensor of shape [{batch}], got shape {tuple(value.shape)}")
-        if value.device != device:
-            raise ValueError(f"{name} is on {value.device} but the prompt is on {device}")
+        value = row_tensor(value, name, batch, device, "the prompt is")
         if not (value.is_floating_point() or value.dtype in (torch.int32, torch.int64)):
             raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
         value = value.to(torch.float32).contiguous()
