@@ -22,6 +22,11 @@ at B=1, context 1024 against 16 us for SDPA flash, timed eagerly: the Python lau
 split + merge, not GPU time). Longer tables split the KV as before (>= 8k unchanged: 57-88% of
 roofline at 32k).
 
+Compiled variants: a prompt of any length past 16 tokens takes the largest query tile, the ints
+that follow lengths and capacity are not specialised, and the merge's split tile is at least 64
+wide, so a new prompt length or an engine grown to longer rows compiles nothing new beyond the
+first split variant (tests/kernels/test_compile_variants.py).
+
 Stride arguments of _paged_attn_split (element strides; every last-dim stride is 1):
     s_qt, s_qh     q [T, Hq, D]: token and head strides (q may be a view into a fused qkv
                    product, whose token stride is (Hq + 2 Hkv) * D, not Hq * D)
@@ -40,10 +45,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import tile_of
+
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# Ints that follow lengths and the engine's row capacity are not specialised (1 / multiple of 16):
+# each new class would compile a variant inside a user's call (tests/kernels/test_compile_variants.py).
+@triton.jit(do_not_specialize=["num_splits", "min_split_chunks", "num_tokens"])
 def _paged_attn_split(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
@@ -190,7 +199,7 @@ def _paged_attn_split(
             tl.store(part_lse_ptr + row, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "num_tokens"])
 def _merge_splits(
     part_o_ptr, part_lse_ptr, out_ptr, num_splits, num_tokens,
     NUM_HEADS: tl.constexpr,
@@ -228,15 +237,19 @@ def _next_pow2(x: int) -> int:
 def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
     """(queries per tile, tile rows BLOCK_M, KV chunk BLOCK_N) from static sizes. Up to 128
     rows (the flash-attention forward tile; 8 warps hold its fp32 [128, D<=128] accumulator),
-    so K+1 <= 16 queries x a GQA group of 8 still read each KV page once."""
+    so K+1 <= 16 queries x a GQA group of 8 still read each KV page once. Calls of more than 16
+    tokens (prefill) all take the largest tile: one compiled variant for every prompt length."""
     group_p2 = _next_pow2(group)
     rows_cap = 128 if head_dim <= 128 else 64
-    queries = max(1, min(_next_pow2(max_query_len), rows_cap // group_p2))
+    queries = tile_of(max_query_len, max(1, rows_cap // group_p2))  # prefill: the largest (one variant)
     block_m = max(16, queries * group_p2)  # tl.dot needs M >= 16
     block_n = 64 if head_dim <= 128 else 32
     return queries, block_m, block_n
 
 
+# The merge's split tile: at least this wide, so engines of 2k-16k tokens per row (4-64 splits)
+# share one compiled merge.
+MERGE_SPLITS_P2 = 64
 MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) than it gains
 # A block table of at most this many tokens runs ONE split: one launch, the output written
 # directly, no partials and no merge. Why 1024: the H100 run timed B=1 at context 1024 at 93 us
@@ -356,7 +369,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     if not direct:
         _merge_splits[(T, Hq)](
             part_o, part_lse, out, splits, T,
-            NUM_HEADS=Hq, SPLITS_P2=_next_pow2(splits), HEAD_DIM=D, HEAD_DIM_P2=plan.head_dim_p2,
+            NUM_HEADS=Hq, SPLITS_P2=max(MERGE_SPLITS_P2, _next_pow2(splits)), HEAD_DIM=D, HEAD_DIM_P2=plan.head_dim_p2,
             num_warps=4 if plan.head_dim_p2 >= 128 else 2,
         )
     return out

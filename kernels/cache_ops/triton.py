@@ -8,7 +8,7 @@ are masked off, as the reference drops them.
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, next_pow2
+from .._launch import cdiv, next_pow2, tile_of
 
 
 # Elements per program: 4096 (16 KB of fp32) keeps registers low on a GPU and, under the
@@ -16,7 +16,9 @@ from .._launch import cdiv, next_pow2
 TILE_ELEMENTS = 4096
 
 
-@triton.jit
+# Ints that follow the call's tokens and the pool's size: not specialised (one compiled variant
+# for every length: tests/kernels/test_compile_variants.py).
+@triton.jit(do_not_specialize=["num_tokens", "batch", "num_blocks", "max_blocks"])
 def _append_kv_kernel(
     k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, cu_ptr,
     num_tokens, batch, num_blocks, max_blocks, num_kv_heads, head_dim,
@@ -58,7 +60,7 @@ def append_kv_triton(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_q
     block_c = min(next_pow2(num_kv_heads * head_dim), TILE_ELEMENTS)
     block_b = next_pow2(max(batch, 1))
     # the row search compares a [BLOCK_T, BLOCK_B] tile: keep it within 2 * TILE_ELEMENTS too
-    block_t = max(1, min(next_pow2(num_tokens), TILE_ELEMENTS // block_c, 2 * TILE_ELEMENTS // block_b))
+    block_t = tile_of(num_tokens, max(1, min(TILE_ELEMENTS // block_c, 2 * TILE_ELEMENTS // block_b)))
     grid = (cdiv(num_tokens, block_t), cdiv(num_kv_heads * head_dim, block_c))
     _append_kv_kernel[grid](
         k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
@@ -68,7 +70,7 @@ def append_kv_triton(k_new, v_new, k_cache, v_cache, block_table, seq_lens, cu_q
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_blocks", "max_blocks"])
 def _compact_kv_kernel(
     caches_ptr, block_table_ptr, seq_lens_ptr, path_ptr,
     num_blocks, max_blocks, path_len, slot_elements, stride_layer_kv,

@@ -19,10 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, next_pow2
+from .._launch import cdiv, next_pow2, tile_of
 
 
-@triton.jit
+# Ints that follow the call's tokens and the pool's size: not specialised (one compiled variant).
+@triton.jit(do_not_specialize=["num_tokens", "batch", "num_blocks", "max_blocks"])
 def _rope_append_kv_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
     k_cache_ptr, v_cache_ptr, bt_ptr, lens_ptr, cu_ptr,
@@ -109,7 +110,7 @@ TILE_ELEMENTS = 2048  # q elements (per half) of one program: one token of the 8
 def _launch(num_tokens: int, hq: int, hkv: int, dim: int, batch: int):
     """(grid, constexprs) per shape, computed once (eager mode pays host work per launch)."""
     half_p2, hq_p2 = next_pow2(dim // 2), next_pow2(hq)
-    tokens = max(1, min(next_pow2(num_tokens), TILE_ELEMENTS // (hq_p2 * half_p2)))
+    tokens = tile_of(num_tokens, max(1, TILE_ELEMENTS // (hq_p2 * half_p2)))  # prefill: the largest
     consts = dict(HQ=hq, HKV=hkv, HQ_P2=hq_p2, HKV_P2=next_pow2(hkv), HEAD_DIM=dim, HALF_P2=half_p2,
                   BLOCK_B=next_pow2(batch), TOKENS=tokens)
     return (cdiv(num_tokens, tokens),), consts

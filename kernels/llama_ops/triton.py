@@ -21,10 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, next_pow2
+from .._launch import cdiv, next_pow2, tile_of
 
 
-@triton.jit
+# n_rows follows the call's token count: not specialised (one compiled variant for every length).
+@triton.jit(do_not_specialize=["n_rows"])
 def _add_rms_norm_kernel(
     x_ptr, delta_ptr, w_ptr, res_ptr, out_ptr,
     n_rows, n_cols, eps,
@@ -53,7 +54,7 @@ def _add_rms_norm_kernel(
     tl.store(out_ptr + row * s_o + c, y, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def _silu_mul_kernel(
     gate_ptr, up_ptr, out_ptr, n_rows, n_cols,
     s_g, s_u, s_o,  # row strides (elements); unit column stride
@@ -76,8 +77,9 @@ TILE_ELEMENTS = 1024  # rows are packed into one program up to this many element
 
 def _rows_per_program(rows: int, block: int) -> int:
     """Whole rows per program: 1 for rows of >= TILE_ELEMENTS (the 8B model's 4096), more for
-    small rows (the tests' H = 64 under the interpreter: one program instead of T)."""
-    return max(1, min(next_pow2(rows), TILE_ELEMENTS // block))
+    small rows (the tests' H = 64 under the interpreter: one program instead of T); calls of
+    more than 16 rows all take the largest count (one compiled variant: _launch.tile_of)."""
+    return tile_of(rows, max(1, TILE_ELEMENTS // block))
 
 
 # Launch shapes per (rows, cols), computed once: a step calls each wrapper 32-64 times with the
