@@ -1,7 +1,11 @@
-"""The Triton verify's streaming pass, its two loops side by side in one run (GPU): per-lane
+"""The Triton verify's streaming pass, its variants side by side in one run (GPU): per-lane
 statistics reduced once after the loop (stream_lanes=True) against a block-wide reduction every
-step (stream_lanes=False). The launcher picks per plan (_triton_plan.plan_launches) from what
-this measured on an H100 (bench/results/h100_2026-11-23/stream_lanes_112bf69.json).
+step (stream_lanes=False); the per-lane loop taking 1, 2 or 4 blocks per step (stream_unroll);
+and the kernel compiled with its top-k / top-p / min-p code where no row uses it (selects=True,
+the kernel before 2026-11-25: 170-179 registers at B = 64 against 57-62,
+bench/results/verify_stream_ptx_sm90.json). The launcher picks per plan
+(_triton_plan.plan_launches) from what this measured on an H100
+(bench/results/h100_2026-11-23/stream_lanes_112bf69.json for the two loops).
 
 For V in {32000, 128256}, B in {1, 8, 64}, K = 4 with draft logits, modes greedy / T=1 /
 top_k=50 (the rows that stream without rungs): chain_verify_triton and sample_triton as CUDA
@@ -27,6 +31,11 @@ from specdec_fast.kernels import make_sampling_tensors  # noqa: E402
 from specdec_fast.kernels.verify import chain_verify_reference, sample_reference  # noqa: E402
 
 MODES = {"greedy": dict(temperature=0.0), "T=1": {}, "top_k=50": dict(top_k=50)}
+# name -> overrides of chain_verify_triton / sample_triton; "lanes" is the plan's default loop
+VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=False),
+            "lanes_with_select_code": dict(stream_lanes=True, selects=True),
+            "lanes_unroll2": dict(stream_lanes=True, stream_unroll=2),
+            "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4)}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
 
 
@@ -55,27 +64,23 @@ def main(argv=None) -> dict:
             expected = chain_verify_reference(target, draft, drafts, params)
             expected_sample = sample_reference(logits, params, positions, 2)
             row = dict(B=batch, K=k, V=vocab, mode=mode, verify_bytes=verify_bytes, sample_bytes=sample_bytes)
-            for lanes in (True, False):
-                name = "lanes" if lanes else "block_loop"
-                got = chain_verify_triton(target, draft, drafts, params, stream_lanes=lanes, **ov)
-                got_sample = sample_triton(logits, params, positions, 2, stream_lanes=lanes, **ov)
+            for name, variant in VARIANTS.items():
+                kw = dict(ov, **variant)
+                got = chain_verify_triton(target, draft, drafts, params, **kw)
+                got_sample = sample_triton(logits, params, positions, 2, **kw)
                 row[f"tokens_equal_reference_{name}"] = bool(torch.equal(got[0], expected[0])
                                                              and torch.equal(got[1], expected[1])
                                                              and torch.equal(got_sample, expected_sample))
-                row[f"verify_{name}"] = _entry(_time(lambda: chain_verify_triton(target, draft, drafts, params,
-                                                                                 stream_lanes=lanes, **ov), args.smoke),
-                                               verify_bytes, bandwidth)
-                row[f"sample_{name}"] = _entry(_time(lambda: sample_triton(logits, params, positions, 2,
-                                                                           stream_lanes=lanes, **ov), args.smoke),
-                                               sample_bytes, bandwidth)
+                row[f"verify_{name}"] = _entry(_time(lambda: chain_verify_triton(target, draft, drafts, params, **kw),
+                                                     args.smoke), verify_bytes, bandwidth)
+                row[f"sample_{name}"] = _entry(_time(lambda: sample_triton(logits, params, positions, 2, **kw),
+                                                     args.smoke), sample_bytes, bandwidth)
             rows.append(row)
-            v_new, v_old = row["verify_lanes"], row["verify_block_loop"]
-            s_new, s_old = row["sample_lanes"], row["sample_block_loop"]
-            print(f"B={batch} V={vocab} {mode}: verify lanes {v_new['median_us']:.1f} us "
-                  f"({100 * (v_new['fraction_of_roofline'] or 0):.0f}%) vs block loop {v_old['median_us']:.1f} us "
-                  f"({100 * (v_old['fraction_of_roofline'] or 0):.0f}%) | sample {s_new['median_us']:.1f} vs "
-                  f"{s_old['median_us']:.1f} us | reference tokens: {row['tokens_equal_reference_lanes']} / "
-                  f"{row['tokens_equal_reference_block_loop']}", flush=True)
+            parts = " | ".join(f"{name} {row[f'verify_{name}']['median_us']:.1f} us "
+                               f"({100 * (row[f'verify_{name}']['fraction_of_roofline'] or 0):.0f}%)"
+                               f"{'' if row[f'tokens_equal_reference_{name}'] else ' WRONG TOKENS'}"
+                               for name in VARIANTS)
+            print(f"B={batch} V={vocab} {mode} verify: {parts}", flush=True)
     if args.smoke:
         print("smoke run: not a measurement; nothing written")
         return dict(rows=rows)

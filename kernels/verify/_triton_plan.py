@@ -30,6 +30,16 @@ SAMPLE_SUB = 32  # [64, 32] compares per step: 8 per thread at 8 warps
 # 8 warps (its [CAP] tiles take 201-228 registers).
 LARGE_BLOCK_V = 2048
 STREAM_NUM_WARPS = 8
+# Blocks per step of the per-lane streaming loop (_stream_chunk_lanes): UNROLL 16-byte loads per
+# thread in flight. From sm_90a code compiled on the CPU (Triton 3.6's ptxas; python
+# bench/verify_stream_ptx.py -> bench/results/verify_stream_ptx_sm90.json): the loop issues one
+# ld.global.v4 per thread per step. With the top-k / top-p / min-p code compiled in, the kernel held
+# 170-179 registers at B = 64: one program (8 warps) per SM, 4 KB in flight per SM, 22% of the
+# roofline by Little's law at 0.8 us (the H100 measured 20%, greedy 246 us). Compiled out where no
+# row uses them (LaunchPlan.selects): 57-62 registers, four programs, 16 KB, 90% by the same model;
+# UNROLL 2: 64-78 registers, 24-32 KB. A model, not a measurement: 1 until a GPU run of
+# bench/bench_stream_lanes.py (which times every variant side by side) shows 2 or 4 faster.
+STREAM_UNROLL = 1
 FINISH_NUM_WARPS = 8
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
@@ -93,6 +103,12 @@ class LaunchPlan:
     # the penalised variants of the same kernels (kernels/penalties/triton.py: same grids, plus
     # one int32 count read per logit)
     penalties: bool = False
+    # blocks per step of the per-lane streaming loop (STREAM_UNROLL; select_chunk is a multiple)
+    stream_unroll: int = 1
+    # the streaming kernel is compiled with the top-k / top-p / min-p code (SELECTS): where some
+    # row may use them (= finish), unless forced on for a comparison (the code it compiles out
+    # held 170-179 registers at B = 64 against 57-62 without: verify_stream_ptx_sm90.json)
+    selects: bool = True
 
     @property
     def select_grid(self) -> tuple:
@@ -125,7 +141,8 @@ def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, nu
 def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
                   modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
                   num_chunks: int | None = None, cap: int | None = None,
-                  stream_lanes: bool | None = None, penalties: bool = False) -> LaunchPlan:
+                  stream_lanes: bool | None = None, penalties: bool = False,
+                  stream_unroll: int | None = None, selects: bool | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -134,7 +151,10 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     the multi-chunk and candidate paths on small inputs with them). stream_lanes: the streaming
     loop of rows without rungs, per-lane statistics (True) or block reductions per step (False);
     None: per-lane where a program streams more than one block. penalties: the penalised kernels
-    (same grids and launches). Measured on an H100 (112bf69,
+    (same grids and launches). stream_unroll: blocks per step of the per-lane loop (None:
+    STREAM_UNROLL), lowered to the largest power of 2 that divides a chunk's blocks. selects:
+    True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
+    them (the earlier kernel, for side-by-side timing); None: exactly where some row may. Measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -170,11 +190,14 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     greedy_tokens = emits and modes == {"greedy"}
     if stream_lanes is None:
         stream_lanes = large and s_chunk > s_block_v
+    unroll = triton.next_power_of_2(max(1, stream_unroll or STREAM_UNROLL)) if stream_lanes else 1
+    while unroll > 1 and s_chunk % (s_block_v * unroll):
+        unroll //= 2
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
-                      penalties)
+                      penalties, unroll, finish or bool(selects))
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

@@ -50,7 +50,7 @@ def candidate_plan(topk_on, topp_on, minp_on, top_k, CAP: tl.constexpr):
 def _gather(sel, x, fill_ptr, dst_ptr, CAP: tl.constexpr):
     """Append the x where sel to a candidate region (dst_ptr fp32 [CAP]) whose fill counter is
     fill_ptr: one integer atomic per value; the count stays exact past CAP."""
-    if tl.sum(sel.to(tl.int32), axis=0) > 0:
+    if tl.sum(tl.reshape(sel.to(tl.int32), [sel.numel], can_reorder=True), axis=0) > 0:  # any shape
         slot = tl.atomic_add(fill_ptr + tl.zeros_like(sel.to(tl.int32)), 1, mask=sel, sem="relaxed")
         tl.store(dst_ptr + slot, x, mask=sel & (slot < CAP))
 
@@ -93,7 +93,7 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, 
 @triton.jit
 def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start,
                         rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                        CAP: tl.constexpr, GATHER: tl.constexpr):
+                        CAP: tl.constexpr, GATHER: tl.constexpr, UNROLL: tl.constexpr):
     """_stream_chunk without rungs, keeping (max, sum exp, argmax) per lane [BLOCK_V] and reducing
     across lanes once, after the loop: no block-wide reduction (shared memory and a barrier) per
     step, so a warp's next loads need not wait for the other warps. One exp per value: a lane
@@ -107,16 +107,37 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
     m_l = tl.full([BLOCK_V], NEG_INF, tl.float32)
     s_l = tl.zeros([BLOCK_V], tl.float32)
     a_l = tl.zeros([BLOCK_V], tl.int32) + start
-    for v0 in range(0, CHUNK, BLOCK_V):
-        idx = start + v0 + tl.arange(0, BLOCK_V)
-        x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)
-        up = x > m_l  # a lane's first maximum keeps its lowest index
-        e = tl.exp(tl.where(up, m_l - x, x - m_l))  # NaN only where x = m_l = -inf: masked below
-        s_l = tl.where(up, s_l * e + 1.0, s_l + tl.where(x > NEG_INF, e, 0.0))
-        a_l = tl.where(up, idx, a_l)
-        m_l = tl.maximum(m_l, x)
-        if GATHER:
-            _gather((idx < V) & (x >= tau0), x, fill_row_ptr + TOP_SET, cand_row_ptr + TOP_SET * CAP, CAP)
+    if UNROLL == 1:
+        for v0 in range(0, CHUNK, BLOCK_V):
+            idx = start + v0 + tl.arange(0, BLOCK_V)
+            x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)
+            up = x > m_l  # a lane's first maximum keeps its lowest index
+            e = tl.exp(tl.where(up, m_l - x, x - m_l))  # NaN only where x = m_l = -inf: masked below
+            s_l = tl.where(up, s_l * e + 1.0, s_l + tl.where(x > NEG_INF, e, 0.0))
+            a_l = tl.where(up, idx, a_l)
+            m_l = tl.maximum(m_l, x)
+            if GATHER:
+                _gather((idx < V) & (x >= tau0), x, fill_row_ptr + TOP_SET, cand_row_ptr + TOP_SET * CAP, CAP)
+    else:
+        # UNROLL blocks per step, loaded as one [UNROLL, BLOCK_V] tile: UNROLL independent 16-byte
+        # loads per thread in flight before any use (the plan makes CHUNK a multiple of the step).
+        # Lane j folds its UNROLL values (max, sum exp, lowest argmax: rows in increasing index)
+        # into its state with one more exp: (UNROLL + 1) / UNROLL exps per value.
+        for v0 in range(0, CHUNK, BLOCK_V * UNROLL):
+            idx2 = start + v0 + tl.arange(0, UNROLL)[:, None] * BLOCK_V + tl.arange(0, BLOCK_V)[None, :]
+            x2 = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx2, temp, pen, PENALTY)
+            bm = tl.max(x2, axis=0)
+            live = bm > NEG_INF
+            e2 = tl.where(x2 > NEG_INF, tl.exp(x2 - tl.where(live, bm, 0.0)[None, :]), 0.0)
+            bs = tl.sum(e2, axis=0)
+            ba = tl.min(tl.where(x2 == bm[None, :], idx2, BIG_INDEX), axis=0)
+            up = bm > m_l
+            e = tl.exp(tl.where(up, m_l - bm, bm - m_l))  # NaN only where bm = m_l = -inf: masked below
+            s_l = tl.where(up, s_l * e + bs, tl.where(live, s_l + bs * e, s_l))
+            a_l = tl.where(up, ba, a_l)
+            m_l = tl.maximum(m_l, bm)
+            if GATHER:
+                _gather((idx2 < V) & (x2 >= tau0), x2, fill_row_ptr + TOP_SET, cand_row_ptr + TOP_SET * CAP, CAP)
     m = tl.max(m_l, axis=0)
     arg = tl.min(tl.where(m_l == m, a_l, BIG_INDEX), axis=0)
     s = tl.sum(tl.where(m_l > NEG_INF, s_l * tl.exp(m_l - m), 0.0), axis=0)
@@ -126,12 +147,13 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
 @triton.jit
 def _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr,
                                 start, rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr,
-                                BLOCK_V: tl.constexpr, CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr):
+                                BLOCK_V: tl.constexpr, CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr,
+                                UNROLL: tl.constexpr):
     """_stream_chunk's outputs for a row without rungs (counts and masses zero), streamed per lane
-    (LANES: _stream_chunk_lanes) or with the block-reduction loop."""
+    (LANES: _stream_chunk_lanes, UNROLL blocks per step) or with the block-reduction loop."""
     if LANES:
         m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start,
-                                        rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER)
+                                        rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, UNROLL)
         return m, s, arg, tl.zeros([8], tl.int32), tl.zeros([8], tl.float32)
     return _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs,
                          cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False)
@@ -179,6 +201,7 @@ def select_stream_kernel(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
+    SELECTS: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """grid (R, NCHUNK): see the module docstring. LANES (the plan's stream_lanes): rows without
     rungs stream with _stream_chunk_lanes, else with _stream_chunk. No penalties."""
@@ -186,7 +209,7 @@ def select_stream_kernel(
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
                    (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
-                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES)
+                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL)
 
 
 @triton.jit
@@ -199,6 +222,7 @@ def select_stream_penalised_kernel(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
+    SELECTS: tl.constexpr, UNROLL: tl.constexpr,
     W: tl.constexpr, P0: tl.constexpr,
 ):
     """select_stream_kernel with penalties (kernels/penalties/triton.py: counts int32 [B, V] row
@@ -209,7 +233,7 @@ def select_stream_penalised_kernel(
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
                    (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
                    True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB,
-                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES)
+                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL)
 
 
 @triton.jit
@@ -221,6 +245,7 @@ def _select_stream(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
+    SELECTS: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """The streaming launch's program (r, c); pen_args: the penalties (kernels/penalties/triton.py)
     or (False,)."""
@@ -232,8 +257,14 @@ def _select_stream(
     t = tl.load(temperature_ptr + b)
     top_k = tl.load(top_k_ptr + b)
     needed = t_lim + d_lim > 0
-    topk_on, topp_on, minp_on = sampling_modes(t, top_k, tl.load(top_p_ptr + b), tl.load(min_p_ptr + b), needed, V)
-    gather, rungs_on = candidate_plan(topk_on, topp_on, minp_on, top_k, CAP)
+    if SELECTS:
+        topk_on, topp_on, minp_on = sampling_modes(t, top_k, tl.load(top_p_ptr + b), tl.load(min_p_ptr + b), needed, V)
+        gather, rungs_on = candidate_plan(topk_on, topp_on, minp_on, top_k, CAP)
+    else:  # no row uses top-k / top-p / min-p (host-known modes): none of their code is compiled
+        topk_on = False
+        minp_on = False
+        gather = False
+        rungs_on = False
     temp = tl.where(t > 0, t, 1.0)
     cand_row_ptr = cand_ptr + r.to(tl.int64) * (3 * CAP)
     fill_row_ptr = fill_ptr + r * 2
@@ -242,7 +273,7 @@ def _select_stream(
         pen = row_penalty(pen_args, b, position_of(r, NPOS, K))
 
     rungs = tl.full([8], POS_INF, tl.float32)
-    if gather:
+    if SELECTS and gather:
         rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k,
                              tl.load(min_p_ptr + b), minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN,
                              SAMPLE_GROUP, SAMPLE_SUB)
@@ -254,18 +285,23 @@ def _select_stream(
     arg = tl.sum(tl.zeros([2], tl.int32), axis=0) + start
     counts = tl.zeros([8], tl.int32)
     masses = tl.zeros([8], tl.float32)
-    if rungs_on:
-        m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY,
-                                                  start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP,
-                                                  True, True)
-    elif gather:
-        m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
-                                                                pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr,
-                                                                V, CHUNK, BLOCK_V, CAP, True, LANES)
+    if SELECTS:
+        if rungs_on:
+            m, s, arg, counts, masses = _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen,
+                                                      PENALTY, start, rungs, cand_row_ptr, fill_row_ptr, V, CHUNK,
+                                                      BLOCK_V, CAP, True, True)
+        elif gather:
+            m, s, arg, counts, masses = _stream_chunk_without_rungs(
+                target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs, cand_row_ptr,
+                fill_row_ptr, V, CHUNK, BLOCK_V, CAP, True, LANES, UNROLL)
+        elif needed:
+            m, s, arg, counts, masses = _stream_chunk_without_rungs(
+                target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs, cand_row_ptr,
+                fill_row_ptr, V, CHUNK, BLOCK_V, CAP, False, LANES, UNROLL)
     elif needed:
         m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
                                                                 pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr,
-                                                                V, CHUNK, BLOCK_V, CAP, False, LANES)
+                                                                V, CHUNK, BLOCK_V, CAP, False, LANES, UNROLL)
     # partials: fp32 (m, s, mass of rungs 0-5), int32 (argmax, count of rungs 0-5, -)
     f = tl.arange(0, 8)
     out = (r * NCHUNK + c) * 8 + f

@@ -158,7 +158,8 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
             CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
             BLOCK_C=triton.next_power_of_2(plan.select_chunks),
             CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
-            SAMPLE_SUB=plan.sample_sub, **greedy_flags, LANES=plan.stream_lanes, num_warps=STREAM_NUM_WARPS,
+            SAMPLE_SUB=plan.sample_sub, **greedy_flags, LANES=plan.stream_lanes, SELECTS=plan.selects,
+            UNROLL=plan.stream_unroll, num_warps=STREAM_NUM_WARPS,
         )
         if plan.finish:  # some row may use top-k / top-p / min-p (the others are done already)
             minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
@@ -256,6 +257,8 @@ def chain_verify_triton(
     num_chunks: int | None = None,
     cap: int | None = None,
     stream_lanes: bool | None = None,
+    stream_unroll: int | None = None,
+    selects: bool | None = None,
     return_paths: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
@@ -263,9 +266,12 @@ def chain_verify_triton(
     Inputs are validated by kernels.verify.chain_verify; block_v / num_chunks / cap override the
     vocab split and the candidate region (tests, tuning); stream_lanes: force the streaming loop
     (True: per-lane statistics, False: block reductions; None: the plan's choice,
-    _triton_plan.plan_launches). return_paths: also return int32 [B * NPOS], how each
+    _triton_plan.plan_launches); stream_unroll: blocks per step of the per-lane loop (None: the
+    plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
+    kernel where no row uses it (timing comparisons). return_paths: also return int32 [B * NPOS], how each
     distribution's thresholds were settled (_triton_select_stream.py; 0 for small vocabularies)."""
-    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes)
+    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
+                     stream_unroll=stream_unroll, selects=selects)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -283,6 +289,8 @@ def sample_triton(
     num_chunks: int | None = None,
     cap: int | None = None,
     stream_lanes: bool | None = None,
+    stream_unroll: int | None = None,
+    selects: bool | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream). penalties:
@@ -290,7 +298,8 @@ def sample_triton(
     generated tokens the counts do not hold yet (the drafts of this iteration so far)."""
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
-    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes)
+    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
+                     stream_unroll=stream_unroll, selects=selects)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens)
     return tokens[:, 0]

@@ -88,7 +88,7 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
             V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
             BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, SAMPLE=plan.sample,
             SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group, SAMPLE_SUB=plan.sample_sub,
-            LANES=plan.stream_lanes, **greedy)
+            LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll, **greedy)
         if plan.finish:
             yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
                 V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,

@@ -267,3 +267,55 @@ def test_lane_and_block_streaming_agree(device, k):
         for lanes_on in (True, False):
             got = sample_triton(logits, params, positions, 1, stream_lanes=lanes_on, **ov)
             assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("unroll", [2, 4])
+@pytest.mark.parametrize("k", [0, 2])
+def test_unrolled_lane_streaming_agrees(device, k, unroll):
+    """The per-lane loop taking UNROLL blocks per step (one [UNROLL, BLOCK_V] tile): the
+    reference's tokens on greedy, plain, tempered and gathered (top-k <= CAP / 16) rows, with a
+    maximum tied inside one lane across the blocks of a step (indices 7 and 23: the lower wins),
+    tied across chunks, an all -inf chunk, a -inf run inside a step, and a -1 draft pad."""
+    from specdec_fast.kernels.verify._triton_plan import plan_launches
+
+    chain_verify_triton, sample_triton = _triton()
+    g = torch.Generator().manual_seed(37)
+    batch, vocab = 4, 384  # 3 chunks of 128 = 8 blocks of 16
+    ov = dict(block_v=16, num_chunks=3, cap=64, stream_unroll=unroll)
+    plan = plan_launches(batch, k, vocab, k > 0, num_sms=4, interpreting=True, block_v=16, num_chunks=3, cap=64,
+                         stream_unroll=unroll)
+    assert plan.stream_lanes and plan.stream_unroll == unroll
+    target = torch.randn(batch, k + 1, vocab, generator=g) * 2
+    target[:, :, 128:256] = NEG_INF  # the middle chunk all -inf
+    target[:, :, 40:60] = NEG_INF  # a run inside a step
+    target[0, :, [7, 23, 300]] = 9.0  # tied in lane 7 across a step's blocks, and across chunks
+    target[1, :, [23, 7]] = torch.tensor([9.0, 8.5])  # a lane's later block holds its maximum
+    draft = torch.randn(batch, k, vocab, generator=g) * 2
+    drafts = torch.randint(0, vocab, (batch, k), generator=g)
+    if k:
+        drafts[2, 1] = -1
+    target, draft, drafts, temperature, top_k = _on(device, target, draft, drafts, torch.tensor([0.0, 1.0, 0.7, 1.0]),
+                                                    torch.tensor([0, 0, 0, 4], dtype=torch.int32))
+    params = make_sampling_tensors(batch, device, seed=9, temperature=temperature, top_k=top_k)
+    if k:
+        expected = chain_verify_reference(target, draft, drafts, params)
+        for selects in (None, True):  # True: the top-k / top-p / min-p code compiled in (a comparison variant)
+            got = chain_verify_triton(target, draft, drafts, params, selects=selects, **ov)
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    else:
+        logits = target[:, 0].contiguous()
+        positions = torch.arange(batch, dtype=torch.int64, device=device)
+        assert torch.equal(sample_triton(logits, params, positions, 1, **ov), sample_reference(logits, params, positions, 1))
+        greedy = make_sampling_tensors(batch, device, seed=9, temperature=torch.zeros(batch, device=device))
+        assert torch.equal(sample_triton(logits, greedy, positions, 1, **ov).long().cpu(), logits.argmax(-1).cpu())
+        # the statistics themselves (the sampled tokens above do not read the sum): max and sum
+        # exp of the tempered logits of the rows streamed without a top set
+        from specdec_fast.kernels.verify.triton import select_stats
+
+        stats_plan = plan_launches(batch, 0, vocab, False, num_sms=4, interpreting=True, block_v=16, num_chunks=3,
+                                   cap=64, stream_unroll=unroll, emits=False)
+        no_drafts = torch.empty((batch, 1), dtype=torch.int32, device=device)
+        (m, s2, _, _, _), _, _ = select_stats(logits[:, None], logits[:, None], no_drafts, params, stats_plan)
+        x = logits[:3].float() / torch.tensor([[1.0], [1.0], [0.7]], device=device)
+        assert torch.allclose(m[:3].cpu(), x.max(-1).values.cpu())
+        assert torch.allclose(s2[:3].cpu(), torch.exp(x - x.max(-1, keepdim=True).values).sum(-1).cpu(), rtol=1e-5)

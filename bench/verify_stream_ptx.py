@@ -1,0 +1,166 @@
+"""The verify's streaming kernel as an H100 would run it, read on a machine without a GPU: compiled
+for sm_90a by Triton's own compiler with the specialisation the JIT gives at run time (pointers
+16-byte aligned, the 8B shape's strides multiples of 16), then Triton's bundled ptxas -v for
+registers and spills, and the PTX of the streaming loop for its loads per step.
+
+Per (B, host modes, variant) it records: registers, spills, the streaming loop's global loads per
+step (and their width), ex2 per step, programs per SM that the registers allow (8 warps each),
+and the bytes in flight per SM that follows (programs x 256 threads x loads x 16 B). The last
+column is a MODEL, not a measurement: Little's law, bandwidth = bytes in flight x SMs / latency,
+at an assumed 0.8 us DRAM latency and the H100's 132 SMs, capped by its 3.0 TB/s copy roofline;
+it predicts, and a GPU run of bench/bench_stream_lanes.py decides.
+
+    python bench/verify_stream_ptx.py [--out bench/results/verify_stream_ptx_sm90.json]
+Run without TRITON_INTERPRET (it compiles; nothing runs on a device). Not a test.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from machine import versions  # noqa: E402
+from specdec_fast.kernels.verify import _triton_plan as plans  # noqa: E402
+from specdec_fast.kernels.verify._triton_select_stream import select_stream_kernel  # noqa: E402
+from tests.kernels._compile_verify_kernels import POINTER_TYPES  # noqa: E402
+
+K, V = 4, 128256
+SMS, REGISTERS_PER_SM, MAX_WARPS_PER_SM = 132, 65536, 64
+LATENCY_S, ROOFLINE_BYTES_PER_S = 0.8e-6, 3.0e12  # the model's assumptions (H100: measured copy 3.0 TB/s)
+VARIANTS = {"default": {}, "with_select_code": dict(selects=True), "unroll2": dict(stream_unroll=2),
+            "unroll4": dict(stream_unroll=4)}
+
+
+def ptxas_path() -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+
+
+def compile_stream(batch: int, modes, overrides: dict):
+    """(plan, compiled kernel) of the streaming launch, specialised as the JIT would at run time."""
+    plan = plans.plan_launches(batch, K, V, True, num_sms=SMS, interpreting=False, modes=modes, **overrides)
+    constexprs = dict(V=V, K=K, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=4,
+                      BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, SAMPLE=plan.sample,
+                      SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group, SAMPLE_SUB=plan.sample_sub,
+                      FENCE=True, GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=True, BLOCK_K1=8,
+                      LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll)
+    ints = dict(NPOS=2 * K + 1, st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1, so_b=K + 1,
+                NCHUNK=plan.select_chunks)
+    fn = select_stream_kernel
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name in ("target_ptr", "draft_ptr"):
+            signature[name] = "*bf16"
+        elif name.endswith("_ptr"):
+            signature[name] = POINTER_TYPES.get(name, "*fp32")
+        else:
+            signature[name] = "i32"
+        if name.endswith("_ptr") or ints.get(name, 1) % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                       attrs=attrs)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": plans.STREAM_NUM_WARPS})
+    return plan, kernel
+
+
+def registers(ptx: str) -> tuple[int, int]:
+    """(registers, spill store bytes) from Triton's ptxas -v for sm_90a."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        done = subprocess.run([ptxas_path(), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True, check=True)
+    text = done.stdout + done.stderr
+    return int(re.search(r"Used (\d+) registers", text).group(1)), int(re.search(r"(\d+) bytes spill stores", text).group(1))
+
+
+def loops(ptx: str) -> list[dict]:
+    """Every loop of the PTX (a label and a later branch back to it): global loads, their kinds,
+    ex2, barriers and atomics in its body."""
+    lines, labels, found = ptx.splitlines(), {}, []
+    for i, line in enumerate(lines):
+        label = re.match(r"^\$(L__BB\d+_\d+):", line.strip())
+        if label:
+            labels[label.group(1)] = i
+        back = re.search(r"bra(?:\.uni)?\s+\$(L__BB\d+_\d+);", line)
+        if back and back.group(1) in labels and labels[back.group(1)] < i:
+            body = lines[labels[back.group(1)]:i + 1]
+            loads = [b for b in body if "ld.global" in b]
+            found.append(dict(ld_global=len(loads), ld_kinds=sorted({re.search(r"ld\.global[\w.]*", b).group(0)
+                                                                      for b in loads}),
+                              ex2=sum("ex2" in b for b in body), bar_sync=sum("bar.sync" in b for b in body),
+                              atomics=sum("atom." in b for b in body), lines=len(body)))
+    return found
+
+
+def streaming_loop(found: list[dict]) -> dict | None:
+    """The per-lane or block streaming loop: vector loads of the logits and exps, the largest such."""
+    candidates = [loop for loop in found if loop["ex2"] and any(".v4" in kind for kind in loop["ld_kinds"])]
+    return max(candidates, key=lambda loop: loop["ld_global"], default=None)
+
+
+def row(batch: int, mode: str, variant: str) -> dict:
+    modes = frozenset({mode})
+    plan, kernel = compile_stream(batch, modes, VARIANTS[variant])
+    regs, spills = registers(kernel.asm["ptx"])
+    loop = streaming_loop(loops(kernel.asm["ptx"]))
+    allocated = -(-regs // 8) * 8  # registers are allocated per thread in units of 8
+    programs = min(REGISTERS_PER_SM // (allocated * 32 * plans.STREAM_NUM_WARPS), MAX_WARPS_PER_SM // plans.STREAM_NUM_WARPS)
+    loads = loop["ld_global"] if loop else None
+    in_flight = programs * 32 * plans.STREAM_NUM_WARPS * 16 * loads if loads else None
+    model = min(in_flight * SMS / LATENCY_S, ROOFLINE_BYTES_PER_S) if in_flight else None
+    values_per_step = plan.select_block_v * plan.stream_unroll // (32 * plans.STREAM_NUM_WARPS)
+    return dict(B=batch, mode=mode, variant=variant, stream_lanes=plan.stream_lanes, unroll=plan.stream_unroll,
+                selects=plan.selects, chunk=plan.select_chunk, block_v=plan.select_block_v, registers=regs,
+                spill_store_bytes=spills, programs_per_sm_by_registers=programs, loop=loop,
+                ex2_per_value=round(loop["ex2"] / values_per_step, 3) if loop else None,
+                bytes_in_flight_per_sm=in_flight,
+                model_bandwidth_fraction_of_roofline=round(model / ROOFLINE_BYTES_PER_S, 3) if model else None)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "verify_stream_ptx_sm90.json"))
+    args = ap.parse_args(argv)
+    rows = []
+    for batch in (1, 8, 64):
+        for mode in ("greedy", "plain", "top_k"):
+            for variant in VARIANTS:
+                if mode == "top_k" and variant == "with_select_code":
+                    continue  # top-k rows need the select code: the default already has it
+                r = row(batch, mode, variant)
+                rows.append(r)
+                loop = r["loop"] or {}
+                print(f"B={batch:2d} {mode:6s} {variant:16s} lanes={r['stream_lanes']!s:5s} unroll={r['unroll']} "
+                      f"regs={r['registers']:3d} spills={r['spill_store_bytes']} programs/SM={r['programs_per_sm_by_registers']} "
+                      f"loads/step={loop.get('ld_global')} {','.join(loop.get('ld_kinds', []))} "
+                      f"in flight/SM={r['bytes_in_flight_per_sm']} model={r['model_bandwidth_fraction_of_roofline']}",
+                      flush=True)
+    result = dict(what="select_stream_kernel compiled for sm_90a on a CPU machine (no GPU): registers, streaming "
+                       "loop loads, a Little's-law model of the bandwidth (not a measurement)",
+                  shape=dict(K=K, V=V, logits="bf16", num_warps=plans.STREAM_NUM_WARPS),
+                  model=dict(sms=SMS, latency_s=LATENCY_S, roofline_bytes_per_s=ROOFLINE_BYTES_PER_S,
+                             registers_per_sm=REGISTERS_PER_SM),
+                  ptxas=ptxas_path().split("site-packages/")[-1], versions=versions(),
+                  command="python bench/verify_stream_ptx.py", rows=rows)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
