@@ -333,6 +333,16 @@ def kernel_times(device, vocab: int) -> list:
 
     out = []
     for batch in (1, 8):
+        for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
+            # the chain at K = 8 (issue 25's yardstick: tree_verify at N = 64 within 2x of it)
+            g = torch.Generator(device="cpu").manual_seed(1)
+            target = (torch.randn(batch, 9, vocab, generator=g) * 3).to(device, torch.bfloat16)
+            draft = (target[:, :8].float() + torch.randn(batch, 8, vocab, generator=g).to(device)).to(torch.bfloat16)
+            tokens = torch.randint(0, vocab, (batch, 8), generator=g).to(device)
+            params = make_sampling_tensors(batch, device, seed=0, **kw)
+            chain8_us = _time(lambda: chain_verify_triton(target, draft, tokens, params), False)["median_us"]
+            out.append(dict(batch=batch, nodes=None, vocab=vocab, mode=mode, chain_k=8, chain_verify_us=chain8_us))
+            print(f"verify B={batch} chain K=8 {mode}: {chain8_us:.1f} us", flush=True)
         for n in (5, 16, 64):
             for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
                 g = torch.Generator(device="cpu").manual_seed(0)
@@ -451,7 +461,18 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="GPU: only tree_verify vs chain_verify kernel times (V = 128256), to --out")
     args = ap.parse_args(argv)
+    if args.kernels_only:
+        device = torch.device(args.device or "cuda")
+        name = torch.cuda.get_device_name(device).lower().replace(" ", "_")
+        out = Path(args.out or ROOT / "bench" / "results" / f"tree_kernels_{name}.json")
+        out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(device), environment=environment(device),
+                                       timer="CUDA graph replay under do_bench, median us",
+                                       rows=kernel_times(device, 128256)), indent=1))
+        print(f"wrote {out}")
+        return
     args.prompt_len = args.prompt_len or (128 if args.gpu else 96)
     args.max_new_tokens = args.max_new_tokens or (128 if args.gpu else 64)
     device = torch.device((args.device or "cuda") if args.gpu else "cpu")

@@ -9,6 +9,7 @@
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
 #     bash bench/run_gpu.sh more       # scale sampling + agreement presets                <= 9 min
 #     bash bench/run_gpu.sh trees      # trees vs chains end to end, e2e on the demo pair
+#     bash bench/run_gpu.sh limits     # issue 25's rows: verify B 1/64, streaming variants, tree N=64 vs chain K=8, plain decoding ~8 min
 #     bash bench/run_gpu.sh all        # every stage in order (a machine without a time limit)
 #
 # In that order of priority: the first three fit one session. Every benchmark writes JSON (and
@@ -61,10 +62,20 @@ stage_trees() {
   run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
 }
 
+stage_limits() {
+  # Issue 25 (the GPU at its limits), in one call: the verify table (B 1/8/64, every mode, graph
+  # replays), the streaming kernel's variants side by side (per-lane 1/2/4 blocks per step, the
+  # select code compiled in or out), tree_verify N=64 vs chain_verify K=8, plain decoding's step.
+  run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
+  run python3 bench/bench_stream_lanes.py --out "$results/stream_lanes_$dev.json"
+  run python3 bench/bench_tree.py --gpu --kernels-only --out "$results/tree_kernels_$dev.json"
+  run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
+}
+
 case "$stage" in
-  tests|kernels|scale|loop|more|trees) "stage_$stage" ;;
+  tests|kernels|scale|loop|more|trees|limits) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|all"; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null
