@@ -9,6 +9,7 @@
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
 #     bash bench/run_gpu.sh more       # scale sampling + agreement presets                <= 9 min
 #     bash bench/run_gpu.sh trees      # trees vs chains end to end, e2e on the demo pair
+#     bash bench/run_gpu.sh heads      # issues 23 / 28: EAGLE-3 and DFlash shapes at the 8B target, costs ~6 min
 #     bash bench/run_gpu.sh limits     # issue 25's rows: verify B 1/64, streaming variants, tree N=64 vs chain K=8, plain decoding ~8 min
 #     bash bench/run_gpu.sh all        # every stage in order (a machine without a time limit)
 #
@@ -72,10 +73,16 @@ stage_limits() {
   run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
 }
 
+stage_heads() {
+  # Issues 23 / 28: the 8B-shaped target with an EAGLE-3 head and a DFlash drafter of the published
+  # shapes (random weights): draft and target ms per iteration, c, tok/s at equal acceptance (Thm 3.8).
+  run python3 bench/bench_heads_gpu.py --out "$results/heads_gpu_$dev.json"
+}
+
 case "$stage" in
-  tests|kernels|scale|loop|more|trees|limits) "stage_$stage" ;;
+  tests|kernels|scale|loop|more|trees|limits|heads) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|heads|all"; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null
