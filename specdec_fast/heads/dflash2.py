@@ -6,9 +6,13 @@ Sources followed (read 2026-11; the model's own reference code was not available
 model_executor/models/qwen3_dflash2.py and v1/worker/gpu/spec_decode/dflash2/speculator.py (PR
 vllm-project/vllm#52816), SGLang PR sgl-project/sglang#35371 (its description), the NeMo
 AutoModel docs of draft_qwen3_dflash2 / dflash2_core, and the DFlash2 blog widget's source
-(inco.ai/blog/dflash2). llama.cpp PR ggml-org/llama.cpp#27342 and the incoai/Qwen3.8-27B-DFlash2
-config were not readable here (no hub); field names below are the ones vLLM reads and the
-published fixtures of other ports spell the same way. Where the sources differ it is said below.
+(inco.ai/blog/dflash2). Not read: llama.cpp PR ggml-org/llama.cpp#27342's code (only part of its
+discussion: its drafts are greedy) and any published checkpoint's config.json (no hub here); the
+field names below are the ones vLLM reads, and other ports' test fixtures of the published
+Qwen3.8-27B drafter spell them the same way (5 layers, selector_rank 256, selector_top_k 16,
+conv_kernel_size 2, conv_group_size 16, and every layer "sliding_attention" with a window of 2048,
+which DFlash here refuses: such a checkpoint does not load yet). Where the sources differ it is
+said below.
 
 1. In-block convolution (dflash_config.conv_kernel_size = taps, conv_group_size; absent or 0: none,
    SGLang's rule; vLLM requires it). Each layer's attention and MLP sublayer is wrapped by a

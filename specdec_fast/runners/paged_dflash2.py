@@ -24,6 +24,9 @@ class PagedDFlash2Runner(PagedDFlashRunner):
         self.convs = [tuple((c.base_kernel, c.kernel_projection.weight) for c in (layer.attention_conv, layer.mlp_conv))
                       for layer in head.layers] if head.conv_taps else None
         sel = head.candidate_selector
+        if self.vocab_size > sel.predecessor_codebook.shape[0]:
+            raise ValueError(f"the DFlash2 selector's codebooks cover {sel.predecessor_codebook.shape[0]} tokens, the "
+                             f"target's lm_head {self.vocab_size}")
         self.selector_top_k = sel.top_k
         self.predecessor_codebook, self.successor_codebook = sel.predecessor_codebook, sel.successor_codebook
         self.selector_projection = sel.hidden_projection.weight

@@ -321,3 +321,24 @@ def test_control_block_logits_as_q_fails(pair, setting, monkeypatch):
     _, p12, p23 = _pvalues(target, drafter, CPU_BACKEND, 4, SAMPLING[setting])
     specdec_fast.release_engines()
     assert min(p12, p23) < P_VALUE_THRESHOLD, (p12, p23)
+
+
+def test_training_updates_the_selector_and_the_convolutions(pair):
+    """train_dflash on a DFlash2 head: the backbone loss plus the selector's CE (train/dflash.py)
+    move the codebooks, the selector projection and the convolutions (a smoke test: 8 steps)."""
+    from specdec_fast.train import train_dflash
+    from specdec_fast.train.dflash import dflash_loss, selector_loss  # noqa: F401 (the public pieces)
+
+    from .heads import dflash2_config
+
+    target = pair[0]
+    torch.manual_seed(0)
+    head = DFlash2Head(dflash2_config(target, block_size=4))
+    before = {n: p.detach().clone() for n, p in head.named_parameters()}
+    text = torch.randint(3, SMALL_VOCAB, (16, 12), generator=torch.Generator().manual_seed(0))
+    report = train_dflash(head, target, text, steps=8, batch_size=4, anchors_per_row=2, lr=1e-2)
+    assert torch.isfinite(torch.tensor(report["final_loss"]))
+    for name in ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
+                 "candidate_selector.hidden_projection.weight", "layers.0.attention_conv.kernel_projection.weight",
+                 "layers.1.mlp_conv.base_kernel"):
+        assert not torch.equal(before[name], dict(head.named_parameters())[name]), name
