@@ -159,6 +159,16 @@ def test_greedy_with_eos_and_graphs(target, drafter, graphs):
     assert torch.equal(out, expected)
 
 
+def test_static_graph_twin_equals_eager_when_sampling(target, drafter):
+    ids, mask = left_padded_prompts([5, 2, 7], vocab=VOCAB, seed=6)
+    runs = [specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=8, do_sample=True,
+                                  temperature=0.9, top_k=20, seed=3, max_new_tokens=14, pad_token_id=0, cuda_graphs=graphs,
+                                  return_stats=True) for graphs in (False, "static")]
+    (eager, e_stats), (static, s_stats) = runs
+    assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
+    assert s_stats.graph_mode == "static" and s_stats.graph_replays["verify"] == s_stats.iterations - 1
+
+
 def test_layout_round_trip_and_errors(target, drafter, tmp_path):
     from safetensors.torch import load_file, save_file
 
