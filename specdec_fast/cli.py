@@ -29,8 +29,9 @@ def _generate_parser(sub):
     ap = sub.add_parser("generate", help="complete a prompt with speculative decoding and print the stats")
     ap.add_argument("--target", required=True, help="target model directory (transformers from_pretrained)")
     ap.add_argument("--draft", help="draft model directory (same vocabulary as the target)")
-    ap.add_argument("--draft-head", metavar="DIR", help="a draft head that reads the target's hidden states (an EAGLE-3 "
-                    "head in its published layout: config.json + model.safetensors / pytorch_model.bin)")
+    ap.add_argument("--draft-head", metavar="DIR", help="a draft head that reads the target's hidden states (an EAGLE-3, "
+                    "DFlash or DFlash2 head in its published layout: config.json + model.safetensors / "
+                    "pytorch_model.bin)")
     ap.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt-lookup drafting with N tokens (no draft model)")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt: print its completion and the stats")

@@ -79,29 +79,43 @@ class BlockDrafter:
 
     def propose(self, k: int):
         """-> drafts [B, k] int64, draft logits [B, k, V] (None when every row is greedy)."""
+        h = self._run_block()
+        logits = linear(h[:, 1:k + 1], self.runner.lm_head)  # [B, k, V]: position i proposes the token at c + i
+        if not self._logits_needed:
+            return logits.argmax(-1), None
+        tokens, rows = [], []
+        for i in range(k):
+            rows.append(self._process(logits[:, i], tokens))
+            tokens.append(self._draw(rows[-1], i, tokens))
+        return torch.stack(tokens, 1), (logits if getattr(self.state, "stage", None) is None else torch.stack(rows, 1))
+
+    # The pieces of propose (drafters/block_selector.py composes them too).
+    def _run_block(self) -> torch.Tensor:
+        """The block [last token, mask ...] after this iteration's pending context -> norm(h) [B, block_size, H]."""
         st = self.state
         live = st.live if st.skip_finished else None
         fed = self.num_pending if live is None else self.num_pending * live
         self.block[:, 0] = st.last_token()
-        h = self.runner.draft(self.pend_features, fed, self.block, None if live is None else self._full_block * live)
-        logits = linear(h[:, 1:k + 1], self.runner.lm_head)  # [B, k, V]: position i proposes the token at c + i
-        if not self._logits_needed:
-            return logits.argmax(-1), None
-        stage = getattr(st, "stage", None)  # logits processors / penalties of the call (engine/logits_stage.py)
+        return self.runner.draft(self.pend_features, fed, self.block, None if live is None else self._full_block * live)
+
+    def _process(self, row: torch.Tensor, tokens: list) -> torch.Tensor:
+        """Position i's draft logits [B, V] (tokens: the drafts before it) -> what it samples from:
+        as they are, or processed as the target's at c + i by the call's logits stage
+        (engine/logits_stage.py; the verify penalises q with the counts plus those drafts, as it
+        does p: the draft samples from the same)."""
+        stage = getattr(self.state, "stage", None)
         if stage is None:
-            drafts = torch.stack([self._sample(logits[:, i], self._params, self._positions[i], STREAM_DRAFT).long()
-                                  for i in range(k)], 1)
-            return drafts, logits
-        # Position i processed as the target's at c + i: the drafts before it in its prefix (the verify
-        # penalises q with the counts plus those drafts, as it does p: the draft samples from the same).
-        tokens, rows = [], []
-        for i in range(k):
-            drafted = torch.stack(tokens, 1) if tokens else self._no_drafts
-            rows.append(stage.draft(logits[:, i], st, drafted))
-            penalties = stage.penalties
-            tokens.append(self._sample(rows[-1], self._params, self._positions[i], STREAM_DRAFT, penalties,
-                                       drafted if penalties is not None else None).long())
-        return torch.stack(tokens, 1), torch.stack(rows, 1)
+            return row
+        return stage.draft(row, self.state, torch.stack(tokens, 1) if tokens else self._no_drafts)
+
+    def _draw(self, row: torch.Tensor, i: int, tokens: list):
+        """Position i's draft [B] int64 sampled from row [B, V] (processed; tokens: the drafts before it)."""
+        stage = getattr(self.state, "stage", None)
+        penalties = None if stage is None else stage.penalties
+        if penalties is None:
+            return self._sample(row, self._params, self._positions[i], STREAM_DRAFT).long()
+        drafted = torch.stack(tokens, 1) if tokens else self._no_drafts
+        return self._sample(row, self._params, self._positions[i], STREAM_DRAFT, penalties, drafted).long()
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
         """The accepted positions' target hidden states become the pending context entries."""

@@ -33,13 +33,14 @@ from pathlib import Path
 
 import torch
 
-from ..drafters import BlockDrafter, Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..drafters import BlockDrafter, SelectorBlockDrafter, Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..heads import load_draft_head
 from ..options import resolve_options
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
 from ..runners.paged_dflash import PagedDFlashRunner
+from ..runners.paged_dflash2 import PagedDFlash2Runner
 from ..runners.paged_eagle3 import PagedEagle3Runner
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
@@ -297,9 +298,10 @@ class SpeculativeEngine:
                                  "draft model)")
             if not 0 <= head.mask_token_id < vocab_size(target):
                 raise ValueError(f"the DFlash mask_token_id {head.mask_token_id} is outside the target's vocabulary")
-            return PagedDFlashRunner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
-                                     num_draft_tokens=min(self.max_draft_tokens, head.block_size - 1),
-                                     block_size=self.block_size, backend=self.backend)
+            runner = PagedDFlash2Runner if getattr(head, "variant", "dflash") == "dflash2" else PagedDFlashRunner
+            return runner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+                          num_draft_tokens=min(self.max_draft_tokens, head.block_size - 1),
+                          block_size=self.block_size, backend=self.backend)
         return PagedEagle3Runner(head, target.get_input_embeddings().weight, num_draft_tokens=self.max_draft_tokens,
                                  block_size=self.block_size, backend=self.backend)
 
@@ -346,8 +348,9 @@ class SpeculativeEngine:
                 drafter = PromptLookupDrafter(self.max_matching_ngram_size or 2)
             elif self.cross_tokenizers is not None:
                 drafter = CrossTokenizerDrafter(self.draft_runner, *self.cross_tokenizers)
-            elif self.mode == "head" and self.draft_head.kind == "dflash":
-                drafter = BlockDrafter(self.draft_runner, self.target_runner)
+            elif self.mode == "head" and self.draft_head.kind == "dflash":  # DFlash2: its candidate selector
+                block = SelectorBlockDrafter if getattr(self.draft_head, "variant", "dflash") == "dflash2" else BlockDrafter
+                drafter = block(self.draft_runner, self.target_runner)
             elif self.mode == "head":
                 drafter = Eagle3Drafter(self.draft_runner, self.target_runner, self._draft_to_target())
             else:

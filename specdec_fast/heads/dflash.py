@@ -86,7 +86,9 @@ def _dflash_field(config, name, default=None):
 class DFlashHead(nn.Module):
     """DFlash drafter (module docstring). config: a transformers Qwen3Config with the DFlash fields."""
 
-    kind = "dflash"
+    kind = "dflash"  # the engine's block-drafter path (variants too: variant says which)
+    variant = "dflash"
+    label = "DFlash"
     architecture = DFLASH_ARCHITECTURES[0]
 
     def __init__(self, config):
@@ -143,10 +145,10 @@ class DFlashHead(nn.Module):
         ctx_mask = torch.ones(batch, m, ctx.shape[1], dtype=torch.bool, device=ctx.device) if ctx_visible is None \
             else ctx_visible
         mask = torch.cat([ctx_mask, inner[None].expand(batch, -1, -1)], -1)[:, None]  # [B, 1, M, C + M]
-        h = block_embeds
+        h = self.scale_embeddings(block_embeds)
         for layer in self.layers:
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
+            x, mixing = self.mix_in(layer, "attention", layer.input_layernorm(h))
             q = attn.q_norm(attn.q_proj(x).view(batch, m, -1, dim)).transpose(1, 2)
             k = torch.cat([attn.k_norm(attn.k_proj(ctx).view(batch, ctx.shape[1], -1, dim)),
                            attn.k_norm(attn.k_proj(x).view(batch, m, -1, dim))], 1).transpose(1, 2)
@@ -159,27 +161,44 @@ class DFlashHead(nn.Module):
             group = q.shape[1] // k.shape[1]
             o = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
                                                attn_mask=mask, scale=scale)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, m, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + self.mix_out(layer, "attention", attn.o_proj(o.transpose(1, 2).reshape(batch, m, -1)), mixing)
+            x, mixing = self.mix_in(layer, "mlp", layer.post_attention_layernorm(h))
+            h = h + self.mix_out(layer, "mlp", layer.mlp(x), mixing)
         return self.norm(h)
 
+    # Hooks of the variants (heads/dflash2.py: DFlash2's in-block convolution, its embedding scale):
+    # the identity here. x [B, M, H]: whole blocks of block_size along M.
+    def scale_embeddings(self, block_embeds: torch.Tensor) -> torch.Tensor:
+        return block_embeds
 
-def dflash_from_layout(raw: dict, weights: dict) -> DFlashHead:
-    """A DFlashHead from a checkpoint's config.json dict and weights (names as published; a
-    leading "model." is dropped)."""
+    def mix_in(self, layer, sublayer: str, x: torch.Tensor):
+        """A sublayer's input -> (what it reads, what mix_out needs)."""
+        return x, None
+
+    def mix_out(self, layer, sublayer: str, y: torch.Tensor, mixing) -> torch.Tensor:
+        """A sublayer's output -> what its residual adds."""
+        return y
+
+
+def dflash_from_layout(raw: dict, weights: dict, head_class=None) -> DFlashHead:
+    """A DFlashHead (or head_class: a variant, heads/dflash2.py) from a checkpoint's config.json
+    dict and weights (names as published; a leading "model." is dropped)."""
     from transformers import Qwen3Config
 
+    head_class = head_class or DFlashHead
+    name = head_class.label
     config = Qwen3Config(**{k: v for k, v in raw.items() if k != "architectures"})
-    config.architectures = list(raw.get("architectures") or [DFLASH_ARCHITECTURES[0]])
-    head = DFlashHead(config)
+    config.architectures = list(raw.get("architectures") or [head_class.architecture])
+    head = head_class(config)
     weights = {(n[len("model."):] if n.startswith("model.") else n): t for n, t in weights.items()}
     weights = {n: t for n, t in weights.items() if not n.startswith(("embed_tokens.", "lm_head."))}
     state = head.state_dict()
     missing, unexpected = sorted(set(state) - set(weights)), sorted(set(weights) - set(state))
     if missing or unexpected:
-        raise ValueError(f"DFlash weights do not fit the layout: missing {missing}, unexpected {unexpected}")
-    for name, tensor in weights.items():
-        if tuple(tensor.shape) != tuple(state[name].shape):
-            raise ValueError(f"DFlash weight {name}: shape {tuple(tensor.shape)}, the config says {tuple(state[name].shape)}")
+        raise ValueError(f"{name} weights do not fit the layout: missing {missing}, unexpected {unexpected}")
+    for weight, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(state[weight].shape):
+            raise ValueError(f"{name} weight {weight}: shape {tuple(tensor.shape)}, the config says "
+                             f"{tuple(state[weight].shape)}")
     head.load_state_dict({n: t.to(state[n].dtype) for n, t in weights.items()})
     return head

@@ -6,6 +6,8 @@ model.safetensors.index.json) or pytorch_model.bin (a torch state dict). config.
     LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM   EAGLE-3 (heads/eagle3.py: SafeAILab/EAGLE's
                                                       names, as SGLang and vLLM load them)
     DFlashDraftModel                                  DFlash block drafter (heads/dflash.py)
+    DFlash2DraftModel                                 DFlash2: DFlash + in-block convolution + candidate
+                                                      selector (heads/dflash2.py)
 Weight names are taken as the EAGLE repo writes them (fc.weight, midlayer.*, norm.weight,
 lm_head.weight, d2t, t2d); the variants SGLang / vLLM also accept are mapped to them: a leading
 "model." and "layers.0." for "midlayer.". embed_tokens.weight is optional (the target's
@@ -18,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .dflash import DFLASH_ARCHITECTURES, dflash_from_layout
+from .dflash2 import DFLASH2_ARCHITECTURES, dflash2_from_layout
 from .eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -41,11 +44,13 @@ def load_draft_head(source, *, device=None, dtype=None):
     weights = _read_weights(path)
     if any(a in EAGLE3_ARCHITECTURES for a in architectures):
         head = _eagle3(raw, weights)
+    elif any(a in DFLASH2_ARCHITECTURES for a in architectures):
+        head = dflash2_from_layout(raw, weights)
     elif any(a in DFLASH_ARCHITECTURES for a in architectures):
         head = dflash_from_layout(raw, weights)
     else:
         raise ValueError(f"{path}/config.json: architectures {architectures} name no draft head this package loads "
-                         f"({', '.join(EAGLE3_ARCHITECTURES + DFLASH_ARCHITECTURES)})")
+                         f"({', '.join(EAGLE3_ARCHITECTURES + DFLASH_ARCHITECTURES + DFLASH2_ARCHITECTURES)})")
     head.eval().requires_grad_(False)
     stored = raw.get("torch_dtype") or raw.get("dtype")
     if dtype is None and isinstance(stored, str) and stored in ("float16", "bfloat16", "float32"):

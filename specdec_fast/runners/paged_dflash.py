@@ -163,17 +163,31 @@ class PagedDFlashRunner(PagedRunnerBase):
         total = flat.shape[0]
         fused = fused_layer_math(self.dtype, self.device.type)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)
-        h = F.embedding(flat.clamp(min=0), self.embed)
+        h = self._embed(flat)
         for i, layer in enumerate(self.layers):
-            x = rms_norm(h, *layer.ln_in, fused)
+            x, mixing = self._mix_in(i, 0, rms_norm(h, *layer.ln_in, fused), n)
             q, k, v = linears(x, layer.qkv)
             q = rms_norm(q.view(total, self.num_heads, self.head_dim), *layer.q_norm, fused)
             k = rms_norm(k.view(total, self.num_kv_heads, self.head_dim), *layer.k_norm, fused)
             q, k = rotate_qk(q, k, cos, sin, fused)
             self._append(i, k, v.view(total, self.num_kv_heads, self.head_dim), cu)
             o = self._attention(i, q, attn_lens, cu, n, self.scale, causal=self.causal)
-            h = linear(o.reshape(total, -1), *layer.o, h)
-            gate, up = linears(rms_norm(h, *layer.ln_post, fused), layer.gate_up)
-            h = linear(gated_act(gate, up, None, True, fused), *layer.down, h)
+            h = self._out(i, 0, o.reshape(total, -1), layer.o, h, mixing, n)
+            x, mixing = self._mix_in(i, 1, rms_norm(h, *layer.ln_post, fused), n)
+            gate, up = linears(x, layer.gate_up)
+            h = self._out(i, 1, gated_act(gate, up, None, True, fused), layer.down, h, mixing, n)
         return rms_norm(h, *self.final_norm, fused)
+
+    # Hooks of the variants (runners/paged_dflash2.py: DFlash2's in-block convolution and embedding
+    # scale); here DFlash's math. Block tokens are packed whole blocks of n (rows fed nothing too).
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _mix_in(self, i: int, sublayer: int, x: torch.Tensor, n: int):
+        """Layer i's sublayer (0 attention, 1 MLP) input -> (what it reads, what _out needs)."""
+        return x, None
+
+    def _out(self, i: int, sublayer: int, x: torch.Tensor, weight_bias, h: torch.Tensor, mixing, n: int) -> torch.Tensor:
+        """h + the sublayer's output projection of x."""
+        return linear(x, *weight_bias, h)
 

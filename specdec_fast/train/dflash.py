@@ -10,6 +10,13 @@ its own block both ways (DFlash's block mask); all M blocks of a sequence run as
 Block position i = 1 .. block_size - 1 learns the target's distribution at a + i - 1 (for the
 token at a + i): CE against it through the target's (frozen) lm_head, weighted 0.8^(i - 1)
 (later positions count only if the earlier ones are accepted).
+
+A DFlash2 head (heads/dflash2.py) trains its backbone (convolutions included) by the same loss,
+plus its candidate selector's (NeMo AutoModel's dflash2_core recipe, as documented): at each block
+position i >= 1, CE over the position's top selector_top_k candidates of S(x_{a+i-1}, .) (the
+sequence's own predecessor token) against the index of the sequence's token x_{a+i} among them,
+with the same position weights; positions whose token is not a candidate add nothing. The
+selector's loss reads the backbone's outputs detached (it trains the selector's weights only).
 """
 import math
 import time
@@ -58,12 +65,30 @@ def dflash_loss(head, target, ids: torch.Tensor, anchors_per_row: int, generator
     weight = torch.where(index > 0, POSITION_WEIGHT ** (index - 1).clamp(min=0).float(), 0.0)
     per_token = -(probs * logp).sum(-1)  # [B, M*bs]
     loss = (per_token * weight).sum() / (weight.sum() * batch)
+    if getattr(head, "candidate_selector", None) is not None:
+        loss = loss + selector_loss(head, ids, positions, hidden, logits, weight)
     with torch.no_grad():
         hit = (logits.argmax(-1) == probs.argmax(-1)).view(batch, -1, bs)[:, :, 1:].float()  # [B, M, bs-1]
         chain = hit.cumprod(-1)  # accepted iff every earlier position was
         reached = torch.cat([torch.ones_like(chain[..., :1]), chain[..., :-1]], -1)
         agree = (chain.sum((0, 1)) / reached.sum((0, 1)).clamp(min=1)).tolist()
     return loss, agree
+
+
+def selector_loss(head, ids, positions, hidden, logits, weight) -> torch.Tensor:
+    """DFlash2's candidate-selector CE (module docstring) over block tokens at positions [B, M*bs]."""
+    from ..heads.dflash2 import candidates, edge_scores, successor_gates
+
+    sel = head.candidate_selector
+    hidden, logits = hidden.detach(), logits.detach()
+    ids_c, unary = candidates(logits, sel.top_k, head.output_multiplier, head.final_logit_softcapping)
+    gates = successor_gates(hidden, ids_c, sel.successor_codebook, sel.hidden_projection.weight)
+    previous = ids.gather(1, (positions - 1).clamp(min=0))  # x_{a+i-1}
+    scores = edge_scores(unary, gates, sel.predecessor_codebook[previous])  # [B, M*bs, k]
+    hit = ids_c == ids.gather(1, positions.clamp(max=ids.shape[1] - 1))[..., None]
+    w = weight * hit.any(-1)
+    ce = F.cross_entropy(scores.flatten(0, 1), hit.float().argmax(-1).flatten(), reduction="none").view_as(w)
+    return (ce * w).sum() / w.sum().clamp(min=1e-6)
 
 
 def train_dflash(head, target, sequences: torch.Tensor, *, steps: int = 1000, minutes: float | None = None,

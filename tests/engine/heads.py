@@ -88,3 +88,51 @@ def trained_dflash(target, *, key: str, block_size: int = 16, steps: int = 120, 
         train_dflash(head, target, text, steps=steps, batch_size=16, anchors_per_row=4, lr=3e-3)
         _CACHE[key] = head
     return _CACHE[key]
+
+
+def dflash2_config(target, *, block_size: int = 8, rank: int = 8, top_k: int = 4, taps: int = 2, group: int = 16,
+                   **kw):
+    """A DFlash2 config: dflash_config carries the selector and convolution fields as published."""
+    config = dflash_config(target, block_size=block_size, **kw)
+    config.dflash_config = dict(config.dflash_config, selector_rank=rank, selector_top_k=top_k, conv_kernel_size=taps,
+                                conv_group_size=group)
+    return config
+
+
+def random_dflash2(target, *, seed: int = 0, std: float = 0.15, selector_std: float = 1.0, **kw):
+    """A DFlash2 drafter with random weights (convolutions and selector included) for ``target``;
+    selector_std: the codebooks' and the selector projection's (large enough to move drafts)."""
+    from specdec_fast.heads import DFlash2Head
+
+    torch.manual_seed(seed)
+    head = DFlash2Head(dflash2_config(target, **kw)).eval()
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("base_kernel"):
+                p.add_(torch.randn_like(p) * 0.3)
+            elif name.startswith("candidate_selector."):
+                p.normal_(0, selector_std)
+            elif not name.endswith("norm.weight"):
+                p.normal_(0, std)
+    return head.requires_grad_(False)
+
+
+def trained_dflash2(target, *, key: str, block_size: int = 16, steps: int = 120, rows: int = 512,
+                    temperature: float = 0.7, **kw):
+    """A DFlash2 drafter trained like trained_dflash (backbone and selector; cached per session)."""
+    from specdec_fast.heads import DFlash2Head
+    from specdec_fast.train import train_dflash
+
+    if key not in _CACHE:
+        vocab = target.config.vocab_size
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(3, vocab, (rows, 2), generator=gen)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            text = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
+                                   temperature=temperature, max_new_tokens=2 * block_size, pad_token_id=0)
+        torch.manual_seed(1)
+        head = DFlash2Head(dflash2_config(target, block_size=block_size, **kw))
+        train_dflash(head, target, text, steps=steps, batch_size=16, anchors_per_row=4, lr=3e-3)
+        _CACHE[key] = head
+    return _CACHE[key]

@@ -1,4 +1,5 @@
-"""Draft heads (an EAGLE-3 head with a reduced vocabulary, a DFlash block drafter) with transformers'
+"""Draft heads (an EAGLE-3 head with a reduced vocabulary, a DFlash block drafter, a DFlash2 one: its
+selector's rows processed per position) with transformers'
 logits processors and the penalties (engine/logits_stage.py): greedy output equals
 model.generate(<option>) token for token; sampled tokens follow the target's processed
 distribution (chi-square, as tests/engine/test_generate_processors.py checks the draft model).
@@ -14,7 +15,7 @@ import specdec_fast.drafters.eagle3 as eagle3_module
 
 from tests.kernels.stats import P_VALUE_THRESHOLD
 
-from .heads import random_dflash, random_head, trained_dflash, trained_head
+from .heads import random_dflash, random_dflash2, random_head, trained_dflash, trained_head
 from .models import left_padded_prompts, make_model
 from .test_generate_processors import OPTIONS, PROMPT, VOCAB, _check_three_tokens
 
@@ -30,7 +31,8 @@ def greedy_target():
 
 def _heads(target, draft_vocab: int):
     """kind -> (a random head, K)."""
-    return {"eagle3": (random_head(target, draft_vocab, seed=1), 3), "dflash": (random_dflash(target, seed=2), 4)}
+    return {"eagle3": (random_head(target, draft_vocab, seed=1), 3), "dflash": (random_dflash(target, seed=2), 4),
+            "dflash2": (random_dflash2(target, seed=2), 4)}
 
 
 @pytest.mark.parametrize("name", ["repetition_penalty", "chat", "no_repeat_ngram_size"])
@@ -58,6 +60,8 @@ def sampling_target():
 def _trained(target, kind):
     if kind == "eagle3":  # 7 of the 12 tokens: -inf outside them
         return trained_head(target, 7, key="chi-square", steps=120, rows=256, temperature=1.0), 2
+    if kind == "dflash2":  # random (training one takes ~30 s): accepted ~0.3 here
+        return random_dflash2(target, block_size=16, seed=6, std=0.1, selector_std=0.5), 4
     return trained_dflash(target, key="chi-square-b8", block_size=8, temperature=1.0), 4
 
 
@@ -74,11 +78,11 @@ def _sample(target, head, k, options, backend="torch", rows=2400):
 
 
 @pytest.mark.parametrize("name", list(SAMPLED))
-@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "dflash2"])
 def test_sampled_tokens_follow_the_processed_distribution(sampling_target, kind, name):
     head, k = _trained(sampling_target, kind)
     options = SAMPLED[name]
-    new = _sample(sampling_target, head, k, options, backend="cpp" if kind == "dflash" else "torch")
+    new = _sample(sampling_target, head, k, options, backend="torch" if kind == "eagle3" else "cpp")
     assert min(_check_three_tokens(sampling_target, new, options, 1.0)) > P_VALUE_THRESHOLD
 
 
