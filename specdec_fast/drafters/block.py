@@ -26,6 +26,7 @@ import dataclasses
 
 import torch
 
+from ..heads.dflash import scale_logits
 from ..kernels.rng import STREAM_DRAFT
 from ..kernels.verify import prepared_impls
 from ..runners._linear import linear
@@ -80,7 +81,9 @@ class BlockDrafter:
     def propose(self, k: int):
         """-> drafts [B, k] int64, draft logits [B, k, V] (None when every row is greedy)."""
         h = self._run_block()
-        logits = linear(h[:, 1:k + 1], self.runner.lm_head)  # [B, k, V]: position i proposes the token at c + i
+        runner = self.runner  # [B, k, V]: position i proposes the token at c + i (the published output transform)
+        logits = scale_logits(linear(h[:, 1:k + 1], runner.lm_head), runner.output_multiplier,
+                              runner.final_logit_softcapping)
         if not self._logits_needed:
             return logits.argmax(-1), None
         tokens, rows = [], []

@@ -26,6 +26,7 @@ no host reads.
 """
 import torch
 
+from ..heads.dflash import scale_logits
 from ..heads.dflash2 import candidates, edge_scores, successor_gates
 from ..runners._linear import linear
 from .block import BlockDrafter
@@ -61,9 +62,4 @@ class SelectorBlockDrafter(BlockDrafter):
 
     def _unary_row(self, logits: torch.Tensor) -> torch.Tensor:
         """U over the whole vocabulary [B, V] (the fallback row: module docstring)."""
-        runner = self.runner
-        values = logits.float() * runner.output_multiplier
-        cap = runner.final_logit_softcapping
-        if cap:
-            values = torch.tanh(values / cap) * cap
-        return values.to(logits.dtype)
+        return scale_logits(logits, self.runner.output_multiplier, self.runner.final_logit_softcapping)

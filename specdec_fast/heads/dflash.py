@@ -7,7 +7,8 @@ the drafter's layers. Each layer attends, non-causally inside the block, over
                   accepted position, projected by the layer's own k_proj (+ k_norm) / v_proj,
                   RoPE at the position (not the token embeddings: the target's states only)
     the block     its own q / k / v of the layer's input (q_norm / k_norm: Qwen3's per-head norms)
-and the output norm(h) goes through the target's lm_head: block position i (1 .. block_size - 1)
+and the output norm(h) goes through the target's lm_head (then output_multiplier and
+final_logit_softcapping where the config gives them: scale_logits): block position i (1 .. block_size - 1)
 proposes the token AT position start + i (the block's first token sits at start). K <= block_size
 - 1 drafts are the first K of the full block (the block is always whole: it is non-causal).
 
@@ -77,6 +78,18 @@ class DFlashLayer(nn.Module):
         self.mlp = _MLP(config)
 
 
+def scale_logits(logits: torch.Tensor, multiplier: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """The published output transform of the drafter's logits [..., V]: softcap * tanh(multiplier *
+    logits / softcap) (final_logit_softcapping), or multiplier * logits without a cap; float32
+    arithmetic, the input's dtype back. The identity (no op at all) at multiplier 1 without a cap."""
+    if multiplier == 1.0 and not softcap:
+        return logits
+    values = logits.float() * multiplier
+    if softcap:
+        values = torch.tanh(values / softcap) * softcap
+    return values.to(logits.dtype)
+
+
 def _dflash_field(config, name, default=None):
     dflash = getattr(config, "dflash_config", None) or {}
     value = dflash.get(name)
@@ -106,6 +119,10 @@ class DFlashHead(nn.Module):
             ids = build_target_layer_ids(int(config.num_target_layers), int(config.num_hidden_layers))
         self.target_layer_ids = [int(i) for i in ids]
         self.causal = bool(_dflash_field(config, "causal", False))
+        # the logits' output transform where the config gives one (scale_logits)
+        self.output_multiplier = float(_dflash_field(config, "output_multiplier", 1.0) or 1.0)
+        softcap = float(_dflash_field(config, "final_logit_softcapping", 0.0) or 0.0)
+        self.final_logit_softcapping = softcap if softcap > 0 else None
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (the last token and one draft), got {self.block_size}")
         self.vocab_size = int(config.vocab_size)

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dflash import DFlashHead, _dflash_field, dflash_from_layout
+from .dflash import DFlashHead, _dflash_field, dflash_from_layout, scale_logits
 
 DFLASH2_ARCHITECTURES = ("DFlash2DraftModel",)
 
@@ -126,10 +126,7 @@ class CandidateSelector(nn.Module):
 def candidates(logits: torch.Tensor, top_k: int, multiplier: float = 1.0, softcap: float | None = None):
     """logits [..., V] -> (candidate ids [..., k] int64, U float32 [..., k]) (module docstring, 2)."""
     values, ids = torch.topk(logits, top_k, dim=-1)
-    values = values.float() * multiplier
-    if softcap:
-        values = torch.tanh(values / softcap) * softcap
-    return ids, values
+    return ids, scale_logits(values.float(), multiplier, softcap)
 
 
 def successor_gates(h: torch.Tensor, ids: torch.Tensor, successor: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
@@ -171,9 +168,6 @@ class DFlash2Head(DFlashHead):
                 layer.mlp_conv = BlockConv(hidden, self.conv_taps, group, self.block_size)
         self.candidate_selector = CandidateSelector(hidden, self.vocab_size, rank, top_k)
         self.input_embedding_scale = float(_dflash_field(config, "input_embedding_scale", 1.0) or 1.0)
-        self.output_multiplier = float(_dflash_field(config, "output_multiplier", 1.0) or 1.0)
-        softcap = float(_dflash_field(config, "final_logit_softcapping", 0.0) or 0.0)
-        self.final_logit_softcapping = softcap if softcap > 0 else None
 
     @property
     def selector_top_k(self) -> int:

@@ -69,6 +69,7 @@ class PagedDFlashRunner(PagedRunnerBase):
         self._model_ref, self.config = weakref.ref(head), head.config
         self.block = head.block_size  # the draft block (the cache's pages are block_size)
         self.mask_token_id, self.causal = head.mask_token_id, head.causal
+        self.output_multiplier, self.final_logit_softcapping = head.output_multiplier, head.final_logit_softcapping
         self.extra_row_tokens = self.block
         self.max_new_tokens, self.max_tentative = None, num_draft_tokens + 1 + self.block
         self.block_size, self.backend = block_size, backend

@@ -30,7 +30,6 @@ class PagedDFlash2Runner(PagedDFlashRunner):
         self.selector_top_k = sel.top_k
         self.predecessor_codebook, self.successor_codebook = sel.predecessor_codebook, sel.successor_codebook
         self.selector_projection = sel.hidden_projection.weight
-        self.output_multiplier, self.final_logit_softcapping = head.output_multiplier, head.final_logit_softcapping
 
     def _embed(self, flat):
         h = super()._embed(flat)

@@ -24,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..heads.dflash import scale_logits
 from .eagle3 import target_features
 
 POSITION_WEIGHT = 0.8
@@ -60,7 +61,7 @@ def dflash_loss(head, target, ids: torch.Tensor, anchors_per_row: int, generator
     with torch.no_grad():
         probs = torch.softmax(target_logits.float().gather(1, labels.clamp(min=0)[:, :, None].expand(-1, -1, logits.shape[-1])),
                               -1)
-    logp = torch.log_softmax(logits, -1)
+    logp = torch.log_softmax(scale_logits(logits, head.output_multiplier, head.final_logit_softcapping), -1)
     index = torch.arange(labels.shape[1], device=ids.device) % bs  # block position i
     weight = torch.where(index > 0, POSITION_WEIGHT ** (index - 1).clamp(min=0).float(), 0.0)
     per_token = -(probs * logp).sum(-1)  # [B, M*bs]

@@ -177,3 +177,48 @@ def test_static_graph_twin_equals_eager_when_sampling(target, drafter):
     (eager, e_stats), (static, s_stats) = runs
     assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
     assert s_stats.graph_mode == "static" and s_stats.graph_replays["verify"] == s_stats.iterations - 1
+
+
+def test_output_multiplier_and_softcap_shape_the_drafts_q(target):
+    """A config with output_multiplier / final_logit_softcapping: the drafts' q (the logits the
+    drafter hands the verify when sampling) is softcap * tanh(multiplier * lm_head(norm h) / softcap)
+    of the block's states, not the raw logits; greedy decoding still equals the target's."""
+    from specdec_fast.heads.dflash import scale_logits
+
+    config_head = random_dflash(target, block_size=8, seed=3)
+    config_head.config.dflash_config = dict(config_head.config.dflash_config, output_multiplier=0.5,
+                                            final_logit_softcapping=2.0)
+    head = type(config_head)(config_head.config)
+    head.load_state_dict(config_head.state_dict())
+    assert (head.output_multiplier, head.final_logit_softcapping) == (0.5, 2.0)
+    k, batch = 4, 2
+    ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=8)
+    runner = PagedLlamaRunner(target, max_new_tokens=12, num_draft_tokens=k)
+    runner.capture_hidden_states(head.hidden_indices())
+    block = BlockDrafter(PagedDFlashRunner(head, *_weights(target), num_draft_tokens=k), runner)
+    decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=1.0, seed=0),
+                                 max_new_tokens=12)
+    seen, run_block, propose = [], block._run_block, block.propose
+
+    def recording_block():
+        h = run_block()
+        seen.append([h])
+        return h
+
+    def recording_propose(k):
+        drafts, logits = propose(k)
+        seen[-1].append(logits)
+        return drafts, logits
+
+    block._run_block, block.propose = recording_block, recording_propose
+    decoder.generate(ids, mask)
+    assert seen
+    lm_head = target.get_output_embeddings().weight
+    for h, logits in seen:
+        raw = F.linear(h[:, 1:k + 1], lm_head)
+        assert torch.allclose(logits, scale_logits(raw, 0.5, 2.0), atol=1e-6)
+        assert logits.abs().max() <= 2.0 and not torch.allclose(logits, raw)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    out = specdec_fast.generate(target, ids, mask, draft_head=head, num_assistant_tokens=k, do_sample=False,
+                                max_new_tokens=20, pad_token_id=0)
+    assert torch.equal(out, expected)
