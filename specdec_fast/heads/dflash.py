@@ -23,7 +23,9 @@ Checkpoint layout (heads/layout.py): config.json with architectures ["DFlashDraf
 Qwen3Config), block_size at top level or in dflash_config, dflash_config {mask_token_id,
 target_layer_ids, causal (default false)}; weights layers.{i}.input_layernorm / post_attention_
 layernorm / self_attn.{q,k,v,o}_proj / self_attn.{q,k}_norm / mlp.{gate,up,down}_proj, fc,
-hidden_norm, norm (no embedding, no lm_head: the target's). Sliding-window layers are refused.
+hidden_norm, norm (no embedding, no lm_head: the target's). Sliding-window layers (layer_types
+sliding_attention, sliding_window W) run exactly while every position of a row is inside the window
+(as the paged target runners treat a window not reached); rows that would leave it are refused.
 
 forward() is the plain-torch reference (training, tests); decoding runs the same math on the
 paged kernels with the block mask (runners/paged_dflash.py).
@@ -106,9 +108,19 @@ class DFlashHead(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
-            raise ValueError(f"DFlash drafters with sliding-window layers are not supported (layer_types "
-                             f"{config.layer_types})")
+        layer_types = list(getattr(config, "layer_types", None) or [])
+        if any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+            raise ValueError(f"DFlash drafters take full_attention / sliding_attention layers, got layer_types "
+                             f"{layer_types}")
+        # Sliding-window layers (the published DFlash2 drafters: every layer, 2048): exact as long as
+        # every position a row reaches is inside the window (nothing falls out of it): rows are
+        # refused beyond that (runners/paged_dflash.py); windowed attention itself is not implemented.
+        self.sliding_window = None
+        if "sliding_attention" in layer_types:
+            window = getattr(config, "sliding_window", None)
+            if not window or int(window) < 1:
+                raise ValueError(f"sliding_attention layers need a sliding_window, got {window!r}")
+            self.sliding_window = int(window)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"DFlash drafters here take hidden_act 'silu', got {config.hidden_act!r}")
         self.config = config
@@ -152,6 +164,10 @@ class DFlashHead(nn.Module):
         block_size, every block token (causal=True: the earlier ones). -> norm(h) [B, M, H]."""
         config = self.config
         batch, m = block_embeds.shape[:2]
+        reach = int(torch.cat([block_positions.reshape(-1), ctx_positions.reshape(-1)]).max()) + 1
+        if self.sliding_window is not None and reach > self.sliding_window:
+            raise ValueError(f"positions up to {reach} exceed this drafter's sliding window of {self.sliding_window} "
+                             "tokens (windowed attention is not implemented: rows must stay inside the window)")
         dim, scale = config.head_dim, config.head_dim ** -0.5
         cos_b, sin_b = self.rotary(block_embeds, block_positions)
         cos_c, sin_c = self.rotary(ctx, ctx_positions)

@@ -69,6 +69,7 @@ class PagedDFlashRunner(PagedRunnerBase):
         self._model_ref, self.config = weakref.ref(head), head.config
         self.block = head.block_size  # the draft block (the cache's pages are block_size)
         self.mask_token_id, self.causal = head.mask_token_id, head.causal
+        self.sliding_window = head.sliding_window  # rows must stay inside it (prefill_context)
         self.output_multiplier, self.final_logit_softcapping = head.output_multiplier, head.final_logit_softcapping
         self.extra_row_tokens = self.block
         self.max_new_tokens, self.max_tentative = None, num_draft_tokens + 1 + self.block
@@ -110,6 +111,11 @@ class PagedDFlashRunner(PagedRunnerBase):
         """The prompt's target hidden states features [B, P, W] (left padding) become each row's
         committed context; row b reserves budgets[b] + block_size entries (0: an unused row)."""
         budgets = [b + self.block if b else 0 for b in budgets]
+        if self.sliding_window is not None and max(budgets, default=0) > self.sliding_window:
+            raise ValueError(f"a row of {max(budgets)} positions (prompt + max_new_tokens + K + 1 + the block of "
+                             f"{self.block}) exceeds the DFlash drafter's sliding window of {self.sliding_window} "
+                             "tokens; windowed attention is not implemented, so rows must stay inside the window: "
+                             "lower max_new_tokens or the prompt")
         num_valid = self._admit(features[..., 0], attention_mask, budgets, None, num_draft_tokens + self.block)
         self._direct = None
         if features.shape[1]:

@@ -164,8 +164,18 @@ def test_layout_round_trip_and_errors(target, drafter, tmp_path):
         specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=16, max_new_tokens=4)
     with pytest.raises(ValueError, match="block drafts a chain"):
         specdec_fast.generate(target, ids, mask, draft_head=drafter, tree="static", max_new_tokens=4)
-    (tmp_path / "d" / "config.json").write_text(json.dumps({**config, "layer_types": ["sliding_attention"] * 2}))
-    with pytest.raises(ValueError, match="sliding-window"):
+    # Sliding-window layers (the published DFlash2 drafters' kind): rows inside the window run exactly
+    # as with full attention; a row that would leave it is refused before any work
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**config, "layer_types": ["sliding_attention"] * 2,
+                                                            "use_sliding_window": True, "sliding_window": 64}))
+    windowed = load_draft_head(tmp_path / "d")
+    assert windowed.sliding_window == 64
+    assert torch.equal(specdec_fast.generate(target, ids, mask, draft_head=windowed, **common),
+                       specdec_fast.generate(target, ids, mask, draft_head=drafter, **common))
+    with pytest.raises(ValueError, match="exceeds the DFlash drafter's sliding window of 64 tokens"):
+        specdec_fast.generate(target, ids, mask, draft_head=windowed, **dict(common, max_new_tokens=60))
+    (tmp_path / "d" / "config.json").write_text(json.dumps({**config, "layer_types": ["chunked_attention"] * 2}))
+    with pytest.raises(ValueError, match="full_attention / sliding_attention"):
         load_draft_head(tmp_path / "d")
 
 
