@@ -97,14 +97,15 @@ def main(argv=None) -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--unroll", type=int, default=5)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--intermediate", type=int, default=688)
-    ap.add_argument("--draft-vocab", type=int, default=3072)
+    ap.add_argument("--intermediate", type=int, default=None, help="default 688 (with --init: the head's)")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="default 3072 (with --init: the head's)")
     ap.add_argument("--layers", type=int, nargs=3, default=[1, 2, 3])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init", type=Path, default=None,
-                    help="continue from a head saved by this script (its vocabulary and layers; --draft-vocab, "
-                         "--layers, --intermediate are then ignored)")
+                    help="continue from a head saved by this script (its layers: --layers is then ignored; its "
+                         "vocabulary and intermediate size unless --draft-vocab / --intermediate ask for fewer: "
+                         "then the head is shrunk first, train.shrink_eagle3_head)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -127,11 +128,23 @@ def main(argv=None) -> None:
         from specdec_fast import load_draft_head
 
         head = load_draft_head(args.init, dtype=torch.float32)
+        shrunk = None
+        if (args.draft_vocab or head.draft_vocab_size) < head.draft_vocab_size or \
+                (args.intermediate or head.config.intermediate_size) < head.config.intermediate_size:
+            from specdec_fast.train import choose_draft_vocabulary, shrink_eagle3_head
+
+            shrunk = dict(draft_vocab=head.draft_vocab_size, intermediate=head.config.intermediate_size)
+            vocab = choose_draft_vocabulary(train_stream, args.draft_vocab or head.draft_vocab_size, head.vocab_size)
+            head = shrink_eagle3_head(head, vocab, args.intermediate or head.config.intermediate_size,
+                                      target.get_output_embeddings().weight)
+            log(f"shrunk {shrunk} -> draft_vocab {head.draft_vocab_size}, intermediate {head.config.intermediate_size}")
         coverage = float(torch.isin(train_stream, head.draft_to_target).float().mean())
         args.draft_vocab, args.intermediate = head.draft_vocab_size, head.config.intermediate_size
         args.layers = list(head.hidden_indices(target.config.num_hidden_layers))
         previous = json.loads(args.init.with_suffix(".json").read_text()) if args.init.with_suffix(".json").is_file() else None
     else:
+        shrunk = None
+        args.draft_vocab, args.intermediate = args.draft_vocab or 3072, args.intermediate or 688
         head, coverage = build_head(target, args, train_stream)
         previous = None
     params = sum(p.numel() for p in head.parameters())
@@ -149,7 +162,7 @@ def main(argv=None) -> None:
                    draft_vocab_coverage=round(coverage, 4), training=dict(info, batch=args.batch, seq_len=args.seq_len,
                                                                            unroll=args.unroll, lr=args.lr),
                    held_out_agreement_per_position=after, held_out_agreement_untrained=before,
-                   continued_from=previous, held_out_windows=int(held.shape[0]), device=f"cpu: {cpu_model()}",
+                   continued_from=previous, shrunk_from=shrunk, held_out_windows=int(held.shape[0]), device=f"cpu: {cpu_model()}",
                    threads=torch.get_num_threads(),
                    versions=versions(), command="python bench/train_eagle3.py " + " ".join(argv or sys.argv[1:]))
     args.results.parent.mkdir(parents=True, exist_ok=True)
