@@ -171,7 +171,8 @@ def main(argv=None) -> None:
                    draft_vocab_coverage=round(coverage, 4), training=dict(info, batch=args.batch, seq_len=args.seq_len,
                                                                            unroll=args.unroll, lr=args.lr),
                    held_out_agreement_per_position=after, held_out_agreement_untrained=before,
-                   continued_from=previous, shrunk_from=shrunk, held_out_windows=int(held.shape[0]), device=f"cpu: {cpu_model()}",
+                   continued_from=previous, shrunk_from=shrunk, held_out_windows=int(held.shape[0]),
+                   device=f"cpu: {cpu_model()}",
                    threads=torch.get_num_threads(),
                    versions=versions(), command="python bench/train_eagle3.py " + " ".join(argv or sys.argv[1:]))
     args.results.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,8 @@ pytest.importorskip("transformers")
 
 from specdec_fast import demo  # noqa: E402
 from specdec_fast.demo import (  # noqa: E402
-    COUNT_WORDS, HEAD_METHOD, HEAD_PAYS, METHODS, ProgressCounter, comparison_table, method_labels, parse_args, run_demo,
-    transformers_generate,
+    COUNT_WORDS, HEAD_METHOD, HEAD_PAYS, METHODS, ProgressCounter, comparison_table, method_labels, parse_args,
+    run_demo, transformers_generate,
 )
 from specdec_fast.pair import eagle3_head_dir, held_out_prompts, load_demo_pair  # noqa: E402
 
