@@ -11,7 +11,7 @@
 Batch 1, the first --prompts held-out prompts one after another, --max-new-tokens each, EOS off
 (every run makes the same number of tokens); greedy and sampling (T 0.8, top-p 0.95). Each
 method: one warm-up pass, then --repeats timed passes round robin over the methods of a mode;
-tokens/s of the best pass (median kept too). Mean accepted length = tokens emitted per
+tokens/s of the best pass (the median and every pass's kept too). Mean accepted length = tokens emitted per
 iteration (accepted drafts + 1), pooled over the prompts; acceptance per draft position.
 
     .venv/bin/python bench/bench_heads.py [--k 2 4 6] [--tree 16] [--prompts 8] [--dflash DIR]
@@ -110,6 +110,7 @@ def main(argv=None) -> None:
             merged = stats[name]
             entry = dict(tokens_per_s=round(tokens / min(times[name]), 2),
                          tokens_per_s_median=round(tokens / statistics.median(times[name]), 2),
+                         tokens_per_s_passes=[round(tokens / t, 1) for t in times[name]],  # the spread
                          speedup_over_plain=round(tokens / min(times[name]) / plain_tps, 3))
             if name != "plain":
                 entry.update(mean_accepted_length=round(merged.mean_accepted_length, 3),

@@ -1,14 +1,15 @@
 """The demo: complete held-out code prompts with the shipped pair, four (five) ways side by side.
 
-    python -m specdec_fast demo [--prompts 3] [--max-new-tokens 96] [-k 4] [--temperature 0] [--threads 1]
+    python -m specdec_fast demo [--prompts 3] [--max-new-tokens 96] [-k 4] [--temperature 0] [--threads 1] [--head]
 
 For each prompt: speculative decoding with specdec_fast.generate (streamed with
 transformers.TextStreamer), then what a user would have run otherwise: specdec_fast without
 the draft, transformers' generate, and transformers' assisted generation with the same draft
 (on stderr: a live token counter on a terminal, else one line at the start and one at the end
-of each). Where the pair ships its EAGLE-3 head (specdec_fast/assets/pair/eagle3: a one-layer head
-that reads the target's hidden states, drafters/eagle3.py), a fifth line: specdec_fast with the
-head at the same K. A table gives each one's tokens/s and how much faster the speculative run was. At
+of each). With --head (the default only where the pair's EAGLE-3 head pays: HEAD_PAYS below), a
+fifth line: specdec_fast with the shipped head (specdec_fast/assets/pair/eagle3: a one-layer head
+that reads the target's hidden states, drafters/eagle3.py) at the same K. A table gives each one's
+tokens/s and how much faster the speculative run was. At
 the end: the four pooled over all prompts, the stats (acceptance per position, mean accepted
 length, Leviathan Theorem 3.8's predicted speedup beside the measured one) and, where the
 prediction overshoots, one line saying which phase cost what (specdec_fast/engine/phase_costs.py).
@@ -21,6 +22,19 @@ import torch
 
 from ._hf_output import quiet_transformers
 from .pair import eagle3_head_dir, held_out_prompts, load_demo_pair
+
+
+# Whether the demo shows the shipped EAGLE-3 head (a fifth line) by default: only when it pays,
+# i.e. decodes the demo pair faster than the shipped draft model, both at their best K. It does
+# not: CPU (AMD EPYC, AVX-512), 1 thread, load average 0.6-0.9, 8 held-out prompts x 96 tokens,
+# best of 7 passes (bench/bench_heads.py --k 2 3 4 5 --repeats 7:
+# bench/results/heads_demo_head_cpu_avx512.json), both best at K = 4:
+#   greedy    head 3.48 tokens/iteration, 0.89 ms draft/iteration, 1478 tok/s (median 1409)
+#             draft model 3.59, 0.91 ms, 1580 tok/s (median 1507); plain 1466
+#   sampling  head 3.20, 1.18 ms, 1226 tok/s; draft model 3.60, 1.07 ms, 1401 tok/s; plain 1389
+# (the 1.02M-parameter head: draft vocabulary 1024, bench/results/eagle3_training.json). Set it
+# True, with the new numbers, when a head that beats the draft model ships.
+HEAD_PAYS = False
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,7 +51,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     # One thread by default: the pair is too small for intra-op parallelism to pay, and on a
     # busy 2-core box OpenMP threads that wait on each other made the whole demo 68 s instead of 7.5 s.
     ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (default 1; 0 = torch's default)")
+    ap.add_argument("--head", action=argparse.BooleanOptionalAction, default=None,
+                    help="also decode with the pair's shipped EAGLE-3 head (a fifth line); default: "
+                         + ("on" if HEAD_PAYS else "off") + ", as it " + ("pays" if HEAD_PAYS else "does not pay")
+                         + " on this pair (measured on a CPU)")
     args = ap.parse_args(argv)
+    if args.head is None:
+        args.head = HEAD_PAYS and eagle3_head_dir() is not None
+    elif args.head and eagle3_head_dir() is None:
+        ap.error("--head: the pair ships no EAGLE-3 head (specdec_fast/assets/pair/eagle3)")
     if args.prompts < 1:
         ap.error("--prompts must be >= 1")
     if args.max_new_tokens < 1:
@@ -180,7 +202,7 @@ def run_demo(argv=None) -> int:
     with quiet_transformers():  # no "Loading weights" bars
         tokenizer, target, draft = load_demo_pair(device)
     head = None
-    if eagle3_head_dir() is not None:
+    if args.head:
         from .heads import load_draft_head
 
         head = load_draft_head(eagle3_head_dir(), device=device, dtype=next(target.parameters()).dtype)
@@ -196,6 +218,9 @@ def run_demo(argv=None) -> int:
           f"  transformers' generate and its assisted generation (what you would run without this package),\n"
           f"  then specdec_fast without and with the draft" + (" and with the EAGLE-3 head" if head is not None else "")
           + "\n")
+    if head is None and eagle3_head_dir() is not None and not HEAD_PAYS:
+        print("  (the pair's EAGLE-3 head is left out: on this pair it does not beat the draft model; "
+              "--head adds it as a fifth line)\n")
 
     # The first engine call builds the C++ CPU kernels (or compiles the Triton ones), the first
     # transformers calls warm their own paths: keep all of that out of the timings.

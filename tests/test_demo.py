@@ -7,9 +7,10 @@ import torch
 
 pytest.importorskip("transformers")
 
+from specdec_fast import demo  # noqa: E402
 from specdec_fast.demo import (  # noqa: E402
-    COUNT_WORDS, HEAD_METHOD, METHODS, ProgressCounter, comparison_table, method_labels, parse_args, run_demo,
-    transformers_generate,
+    COUNT_WORDS, HEAD_METHOD, HEAD_PAYS, METHODS, ProgressCounter, comparison_table, method_labels, parse_args,
+    run_demo, transformers_generate,
 )
 from specdec_fast.pair import eagle3_head_dir, held_out_prompts, load_demo_pair  # noqa: E402
 
@@ -19,6 +20,24 @@ def test_parse_args_defaults_and_overrides():
     assert (args.prompts, args.num_assistant_tokens, args.temperature, args.top_p) == (3, 4, 0.0, 1.0)
     args = parse_args(["--prompts", "2", "-k", "6", "--temperature", "0.8", "--top-p", "0.95", "--seed", "7"])
     assert (args.prompts, args.num_assistant_tokens, args.temperature, args.top_p, args.seed) == (2, 6, 0.8, 0.95, 7)
+
+
+def test_the_head_is_shown_by_default_only_where_it_pays():
+    """The fifth line (the shipped EAGLE-3 head) is on by default only when HEAD_PAYS records that
+    it beats the draft model on the demo pair; --head / --no-head decide otherwise."""
+    shipped = eagle3_head_dir() is not None
+    assert parse_args([]).head is (HEAD_PAYS and shipped)
+    assert parse_args(["--no-head"]).head is False
+    if shipped:
+        assert parse_args(["--head"]).head is True
+
+
+def test_head_flag_without_a_shipped_head_is_an_error(monkeypatch, capsys):
+    monkeypatch.setattr(demo, "eagle3_head_dir", lambda: None)
+    assert parse_args([]).head is False
+    with pytest.raises(SystemExit):
+        parse_args(["--head"])
+    assert "ships no EAGLE-3 head" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--prompts", "0"], ["-k", "0"], ["--max-new-tokens", "0"],
@@ -76,13 +95,17 @@ def test_progress_counter_live_can_be_forced():
 
 
 @pytest.mark.slow  # 4 s with the C++ backend built; its first build on a 2-core box: 1-3 min
-def test_demo_runs_four_ways_side_by_side_with_whole_lines_only(capsys):
+@pytest.mark.parametrize("flag", [None, "--head", "--no-head"])
+def test_demo_runs_four_ways_side_by_side_with_whole_lines_only(capsys, flag):
     """The whole demo with stdout/stderr captured (not terminals): whole lines only, every timed
-    phase announced at its start and end, the four methods in each table, greedy outputs equal,
-    no transformers loading bars."""
+    phase announced at its start and end, the four methods in each table (five with the head:
+    by default only where it pays, HEAD_PAYS), greedy outputs equal, no transformers loading bars."""
+    if flag == "--head" and eagle3_head_dir() is None:
+        pytest.skip("the pair ships no EAGLE-3 head")
+    with_head = {None: HEAD_PAYS and eagle3_head_dir() is not None, "--head": True, "--no-head": False}[flag]
     threads = torch.get_num_threads()
     try:
-        assert run_demo(["--prompts", "1", "--max-new-tokens", "6"]) == 0
+        assert run_demo(["--prompts", "1", "--max-new-tokens", "6"] + ([flag] if flag else [])) == 0
     finally:
         torch.set_num_threads(threads)  # the demo sets 1 for this process
     captured = capsys.readouterr()
@@ -93,9 +116,13 @@ def test_demo_runs_four_ways_side_by_side_with_whole_lines_only(capsys):
         assert f"  {labels[name]}: started\n" in captured.err
         assert "/6 tokens, done\n" in captured.err.split(f"  {labels[name]}: started\n", 1)[1]
     summary = captured.out.split("=== all 1 prompt(s)", 1)[1]
-    methods = METHODS + ((HEAD_METHOD,) if eagle3_head_dir() else ())  # the fifth line: the shipped EAGLE-3 head
+    methods = METHODS + ((HEAD_METHOD,) if with_head else ())  # the fifth line: the shipped EAGLE-3 head
     for name in methods:
         assert labels[name] in summary
+    assert (labels[HEAD_METHOD] in captured.out) is with_head
+    assert ("EAGLE-3 head, all prompts pooled" in summary) is with_head
+    # where it does not pay, a line says why the head is left out and how to add it
+    assert ("--head adds it" in captured.out) is (not with_head and not HEAD_PAYS and eagle3_head_dir() is not None)
     assert f"greedy output identical to transformers generate: yes, all {COUNT_WORDS[len(methods)]}" in captured.out
     assert "predicted speedup" in summary and "measured speedup" in summary
 

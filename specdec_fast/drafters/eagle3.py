@@ -116,7 +116,7 @@ class Eagle3Drafter:
         st = self.state
         live = st.live if st.skip_finished else None
         fed = self.num_pending if live is None else self.num_pending * live
-        logits, g = self.runner.score_pairs(self.pend_tokens, self.pend_features, fed, project=True)
+        logits, g = self.runner.score_pairs(self.pend_tokens, self.pend_features, fed, project=True, last_only=True)
         self.runner.commit(fed)  # context entries: final
         logits, g = logits[:, -1], g[:, -1:]
         stage = getattr(st, "stage", None)  # logits processors / penalties of the call (engine/logits_stage.py)

@@ -98,7 +98,7 @@ class Eagle3TreeDrafter(TreeDrafter):
         tokens[:, 0] = st.last_token()
         live = st.live if st.skip_finished else None
         fed = self.num_pending if live is None else self.num_pending * live
-        logits, g = self.runner.score_pairs(self.pend_tokens, self.pend_features, fed, project=True)
+        logits, g = self.runner.score_pairs(self.pend_tokens, self.pend_features, fed, project=True, last_only=True)
         self.runner.commit(fed)
         self.g_nodes[:, 0] = g[:, -1]
         logits = self._target_vocab(logits[:, -1:])  # [B, 1, V]: at the root

@@ -2,6 +2,6 @@
 with the training-time test), dflash.py (DFlash block drafters: random anchors, the block mask).
 Not imported by specdec_fast itself (it needs only torch)."""
 from .dflash import train_dflash
-from .eagle3 import choose_draft_vocabulary, train_eagle3
+from .eagle3 import choose_draft_vocabulary, shrink_eagle3_head, train_eagle3
 
-__all__ = ["choose_draft_vocabulary", "train_dflash", "train_eagle3"]
+__all__ = ["choose_draft_vocabulary", "shrink_eagle3_head", "train_dflash", "train_eagle3"]

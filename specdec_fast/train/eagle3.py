@@ -33,6 +33,48 @@ def choose_draft_vocabulary(sequences, size: int, vocab_size: int) -> torch.Tens
     return torch.tensor(sorted(ranked[:size]), dtype=torch.long)
 
 
+def shrink_eagle3_head(head, vocabulary, intermediate_size: int, fallback_rows: torch.Tensor):
+    """A smaller copy of a trained ``head`` to continue training from: draft vocabulary
+    ``vocabulary`` (sorted target ids; lm_head rows copied where the old head had the token, else
+    ``fallback_rows[id]``, e.g. the target's embedding) and the ``intermediate_size`` MLP units of
+    largest |gate| |up| |down| norm product (rows of gate / up, columns of down, in their order);
+    fc, attention and norms unchanged. The shrunk head is not the old one: it needs training."""
+    import copy
+
+    from ..heads import Eagle3Head
+
+    mlp = head.midlayer.mlp
+    if not 0 < intermediate_size <= mlp.gate_proj.out_features:
+        raise ValueError(f"intermediate_size must be in 1 .. {mlp.gate_proj.out_features}, got {intermediate_size}")
+    vocabulary = torch.as_tensor(vocabulary, dtype=torch.long).sort().values
+    config = copy.deepcopy(head.config)
+    config.intermediate_size, config.draft_vocab_size = int(intermediate_size), int(vocabulary.numel())
+    small = Eagle3Head(config, embed_tokens=copy.deepcopy(head.embed_tokens)).to(head.fc.weight.dtype)
+    small.set_vocabulary(vocabulary)
+    state = {k: v for k, v in head.state_dict().items()
+             if not k.startswith(("midlayer.mlp.", "lm_head.", "d2t", "t2d"))}
+    small.load_state_dict(state, strict=False)  # fc, attention, norms
+    with torch.no_grad():
+        score = (mlp.gate_proj.weight.norm(dim=1) * mlp.up_proj.weight.norm(dim=1) * mlp.down_proj.weight.norm(dim=0))
+        keep = score.topk(intermediate_size).indices.sort().values
+        small.midlayer.mlp.gate_proj.weight.copy_(mlp.gate_proj.weight[keep])
+        small.midlayer.mlp.up_proj.weight.copy_(mlp.up_proj.weight[keep])
+        small.midlayer.mlp.down_proj.weight.copy_(mlp.down_proj.weight[:, keep])
+        for name in ("gate_proj", "up_proj"):
+            if getattr(mlp, name).bias is not None:
+                getattr(small.midlayer.mlp, name).bias.copy_(getattr(mlp, name).bias[keep])
+        if mlp.down_proj.bias is not None:
+            small.midlayer.mlp.down_proj.bias.copy_(mlp.down_proj.bias)
+        old = torch.full((head.vocab_size,), -1, dtype=torch.long)
+        old[head.draft_to_target.cpu()] = torch.arange(head.draft_vocab_size)
+        rows = old[vocabulary]
+        weight = fallback_rows[vocabulary].to(small.lm_head.weight.dtype).clone()
+        have = rows >= 0
+        weight[have] = head.lm_head.weight[rows[have]]
+        small.lm_head.weight.copy_(weight)
+    return small.eval()
+
+
 def target_features(target, ids: torch.Tensor, indices) -> tuple:
     """ids [B, T] -> (features [B, T, len(indices) * H] from hidden_states[j], logits [B, T, V])."""
     with torch.no_grad():

@@ -53,6 +53,11 @@ def test_paged_head_equals_reference_forward(target, backend):
     new_feats = torch.randn(3, 4, 3 * 64, generator=gen)
     valid = torch.tensor([2, 4, 1])
     logits, g = runner.score_pairs(new_ids, new_feats, valid, project=True)
+    runner.commit(torch.zeros_like(valid))  # dropped: scored again as the drafters do, logits of the last one only
+    last, last_g = runner.score_pairs(new_ids, new_feats, valid, project=True, last_only=True)
+    assert last.shape == (3, 1, logits.shape[-1])
+    torch.testing.assert_close(last, logits[:, -1:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(last_g, g)
     runner.commit(valid)
     step_ids = torch.randint(0, VOCAB, (3, 1), generator=gen)
     step_logits, step_g = runner.score_pairs(step_ids, g[:, -1:], None, project=False)
