@@ -277,6 +277,11 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         "grids": {"select": plan.select_grid, "finish": plan.finish_grid if plan.large_vocab and plan.finish else None,
                   "emit": None if plan.greedy_tokens else plan.emit_grid},
         "large_vocab_path": plan.large_vocab,
+        # the streaming kernel: compiled with the top-k / top-p / min-p code (170-179 registers at
+        # B = 64 on sm_90a, 57-62 without: bench/results/verify_stream_ptx_sm90.json), and blocks
+        # per step of its per-lane loop
+        "stream_select_code": plan.selects if plan.large_vocab else None,
+        "stream_unroll": plan.stream_unroll if plan.large_vocab else None,
         "candidate_cap": plan.cap if plan.large_vocab else None,
         "distributions": plan.rows,
         "second_pass": ("over the rows whose top-p (without a top-k <= CAP / 16), top-k > CAP / 16 or "

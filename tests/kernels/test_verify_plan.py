@@ -126,3 +126,12 @@ def test_the_launcher_launches_what_the_plan_says(mode, monkeypatch):
         # the plan verify_plan reports for these modes lists the same kernels
         named = None if params.modes is None else tuple(params.modes)
         assert plans.verify_plan(batch, k, vocab, has_draft, named)["kernels"] == plans.kernel_sequence(plan)
+
+
+def test_the_streaming_kernel_compiles_the_select_code_only_where_a_row_may_use_it():
+    assert verify_plan(64, 4, 128256, True, ("greedy",))["stream_select_code"] is False
+    assert verify_plan(64, 4, 128256, True, ("plain",))["stream_select_code"] is False
+    assert verify_plan(64, 4, 128256, True, ("plain", "top_p"))["stream_select_code"] is True
+    assert verify_plan(64, 4, 128256, True, None)["stream_select_code"] is True
+    assert verify_plan(8, 3, 1000, True, ("greedy",))["stream_select_code"] is None  # small vocabulary: no stream
+    assert verify_plan(64, 4, 128256, True, ("plain",))["stream_unroll"] == 1  # STREAM_UNROLL until a GPU decides
