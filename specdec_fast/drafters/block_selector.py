@@ -16,10 +16,14 @@ The verify standardises row_i as the sampler did, so q_i is exactly the law x_i 
 (the selector's distribution over the candidates given x_{i-1}, zero elsewhere): the verify's
 rule holds (Chen et al. need x_i ~ q_i given x_<i, which a chain satisfies).
 
-A logits stage can mask every candidate of a position (bad_words_ids, suppress_tokens, a
-min_length that bans the only ones left): such a row (no finite entry once processed) is replaced
-by DFlash's own processed row at that position (U over the whole vocabulary), which is then both
-what x_i is drawn from and q_i; the next step reads A[x_i] whatever x_i is.
+With a logits stage, each position is processed ONCE (a user's stateful processor sees every
+position once): the row holding the selector's scores at the candidates and U (DFlash's own
+logits) elsewhere goes through the stage; the candidates' entries of the result are the row. A
+stage can mask every candidate (bad_words_ids, suppress_tokens, a min_length that bans the only
+ones left): such a position takes the whole processed row instead (U where it was not masked),
+which is then both what x_i is drawn from and q_i; the next step reads A[x_i] whatever x_i is.
+For processors that act token by token (penalties, masks, temperature) the candidates' entries
+are exactly what processing the candidates alone would give.
 
 Graph safety: torch ops on device tensors only (top-k, gathers, one [B, V] row per position);
 no host reads.
@@ -50,10 +54,16 @@ class SelectorBlockDrafter(BlockDrafter):
             if not self._logits_needed:
                 previous = ids[:, i].gather(1, scores.argmax(-1, keepdim=True))[:, 0]
             else:
-                row = torch.full_like(logits[:, i], float("-inf")).scatter_(1, ids[:, i], scores.to(logits.dtype))
-                if stage is not None:
-                    row = self._process(row, tokens)
-                    whole = self._process(self._unary_row(logits[:, i]), tokens)
+                if stage is None:
+                    row = torch.full_like(logits[:, i], float("-inf")).scatter_(1, ids[:, i], scores.to(logits.dtype))
+                else:
+                    # ONE processing call per position (a user's stateful processor sees each position
+                    # once): the selector's scores at the candidates, U elsewhere; then the candidates
+                    # alone, or the whole processed row where the stage masked every candidate
+                    whole = self._unary_row(logits[:, i]).scatter(1, ids[:, i], scores.to(logits.dtype))
+                    whole = self._process(whole, tokens)
+                    chosen = torch.zeros_like(whole, dtype=torch.bool).scatter_(1, ids[:, i], True)
+                    row = torch.where(chosen, whole, float("-inf"))
                     row = torch.where(torch.isfinite(row).any(-1, keepdim=True), row, whole)
                 rows.append(row)
                 previous = self._draw(row, i, tokens)

@@ -352,3 +352,39 @@ def test_training_updates_the_selector_and_the_convolutions(pair):
                  "candidate_selector.hidden_projection.weight", "layers.0.attention_conv.kernel_projection.weight",
                  "layers.1.mlp_conv.base_kernel"):
         assert not torch.equal(before[name], dict(head.named_parameters())[name]), name
+
+
+def test_the_stage_processes_each_draft_position_once(target, drafter):
+    """With a logits stage (here a user's logits processor), each drafted position goes through the
+    stage once (a stateful processor must not see a position twice), K calls per proposal."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Counting(LogitsProcessor):
+        calls = 0
+
+        def __call__(self, input_ids, scores):
+            Counting.calls += 1
+            return scores
+
+    ids, mask = left_padded_prompts([5, 3], vocab=VOCAB, seed=4)
+    per_proposal, propose, process = [], SelectorBlockDrafter.propose, SelectorBlockDrafter._process
+
+    def counting_process(self, row, tokens):
+        per_proposal[-1] += 1
+        return process(self, row, tokens)
+
+    def recording(self, k):
+        per_proposal.append(0)
+        return propose(self, k)
+
+    SelectorBlockDrafter.propose, SelectorBlockDrafter._process = recording, counting_process
+    try:
+        specdec_fast.release_engines()
+        specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=6, do_sample=True,
+                              temperature=0.9, seed=1, max_new_tokens=10, pad_token_id=0,
+                              logits_processor=LogitsProcessorList([Counting()]))
+    finally:
+        SelectorBlockDrafter.propose, SelectorBlockDrafter._process = propose, process
+        specdec_fast.release_engines()
+    assert per_proposal and all(n == 6 for n in per_proposal), per_proposal
+    assert Counting.calls > 0
