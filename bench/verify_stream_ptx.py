@@ -57,7 +57,12 @@ def compile_stream(batch: int, modes, overrides: dict):
                       LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll)
     ints = dict(NPOS=2 * K + 1, st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1, so_b=K + 1,
                 NCHUNK=plan.select_chunks)
-    fn = select_stream_kernel
+    return plan, compile_specialised(select_stream_kernel, constexprs, ints, plans.STREAM_NUM_WARPS)
+
+
+def compile_specialised(fn, constexprs: dict, ints: dict, num_warps: int):
+    """fn compiled for sm_90a with pointers 16-byte aligned and the ints of ``ints`` that are
+    multiples of 16 marked so (what the JIT's specialisation gives at run time)."""
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -73,8 +78,30 @@ def compile_stream(batch: int, modes, overrides: dict):
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
                        attrs=attrs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": plans.STREAM_NUM_WARPS})
-    return plan, kernel
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def emit_row(batch: int) -> dict:
+    """The emission kernel (T = 1 rows): registers, programs per SM, its loops' sizes. At B = 64 its
+    streaming loop is far longer than the selection's per value (Philox noise, the ratio test,
+    block reductions with barriers every step): the T = 1 minus greedy gap the H100 measured."""
+    from specdec_fast.kernels.verify._triton_emit import emit_kernel
+
+    plan = plans.plan_launches(batch, K, V, True, num_sms=SMS, interpreting=False, modes=frozenset({"plain"}))
+    constexprs = dict(V=V, K=K, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=True, USE_POSITIONS=False,
+                      BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=4, BLOCK_K1=8,
+                      BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True)
+    ints = dict(st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1, so_b=K + 1)
+    kernel = compile_specialised(emit_kernel, constexprs, ints, plans.EMIT_NUM_WARPS)
+    regs, spills = registers(kernel.asm["ptx"])
+    found = loops(kernel.asm["ptx"])
+    allocated = -(-regs // 8) * 8
+    programs = min(REGISTERS_PER_SM // (allocated * 32 * plans.EMIT_NUM_WARPS), MAX_WARPS_PER_SM // plans.EMIT_NUM_WARPS)
+    grid = plan.emit_grid
+    return dict(B=batch, kernel="emit", mode="plain", registers=regs, spill_store_bytes=spills,
+                programs_per_sm_by_registers=programs, grid=list(grid), waves=round(grid[0] * grid[1] / (programs * SMS), 2),
+                chunk=plan.emit_chunk, block_v=plan.emit_block_v, loops=found,
+                longest_loop_ptx_lines=max((loop["lines"] for loop in found), default=0))
 
 
 def registers(ptx: str) -> tuple[int, int]:
@@ -150,13 +177,17 @@ def main(argv=None) -> dict:
                       f"loads/step={loop.get('ld_global')} {','.join(loop.get('ld_kinds', []))} "
                       f"in flight/SM={r['bytes_in_flight_per_sm']} model={r['model_bandwidth_fraction_of_roofline']}",
                       flush=True)
+    emits = [emit_row(batch) for batch in (1, 64)]
+    for r in emits:
+        print(f"emit B={r['B']:2d} regs={r['registers']} programs/SM={r['programs_per_sm_by_registers']} grid={r['grid']} "
+              f"waves={r['waves']} longest loop {r['longest_loop_ptx_lines']} PTX lines", flush=True)
     result = dict(what="select_stream_kernel compiled for sm_90a on a CPU machine (no GPU): registers, streaming "
                        "loop loads, a Little's-law model of the bandwidth (not a measurement)",
                   shape=dict(K=K, V=V, logits="bf16", num_warps=plans.STREAM_NUM_WARPS),
                   model=dict(sms=SMS, latency_s=LATENCY_S, roofline_bytes_per_s=ROOFLINE_BYTES_PER_S,
                              registers_per_sm=REGISTERS_PER_SM),
                   ptxas=ptxas_path().split("site-packages/")[-1], versions=versions(),
-                  command="python bench/verify_stream_ptx.py", rows=rows)
+                  command="python bench/verify_stream_ptx.py", rows=rows, emit_rows=emits)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return result
