@@ -28,13 +28,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from machine import versions  # noqa: E402
 from specdec_fast.kernels.verify import _triton_plan as plans  # noqa: E402
 from specdec_fast.kernels.verify._triton_select_stream import select_stream_kernel  # noqa: E402
-from tests.kernels._compile_verify_kernels import POINTER_TYPES  # noqa: E402
+from tests.kernels._compile_verify_kernels import compile_kernel  # noqa: E402
 
 K, V = 4, 128256
 SMS, REGISTERS_PER_SM, MAX_WARPS_PER_SM = 132, 65536, 64
@@ -63,22 +61,7 @@ def compile_stream(batch: int, modes, overrides: dict):
 def compile_specialised(fn, constexprs: dict, ints: dict, num_warps: int):
     """fn compiled for sm_90a with pointers 16-byte aligned and the ints of ``ints`` that are
     multiples of 16 marked so (what the JIT's specialisation gives at run time)."""
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        if name in ("target_ptr", "draft_ptr"):
-            signature[name] = "*bf16"
-        elif name.endswith("_ptr"):
-            signature[name] = POINTER_TYPES.get(name, "*fp32")
-        else:
-            signature[name] = "i32"
-        if name.endswith("_ptr") or ints.get(name, 1) % 16 == 0:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-                       attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    return compile_kernel(fn, "*bf16", constexprs, num_warps, ints=ints)
 
 
 def emit_row(batch: int) -> dict:

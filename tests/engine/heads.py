@@ -29,17 +29,24 @@ def random_head(target, draft_vocab: int, *, seed: int = 0, std: float = 0.15, *
     return head.requires_grad_(False)
 
 
+def _teacher_text(target, rows: int, temperature: float, max_new_tokens: int) -> torch.Tensor:
+    """``rows`` sampled continuations of 2 random tokens by the target (the heads' training text);
+    then torch's seed is set to 1 for the head's own initialisation."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, target.config.vocab_size, (rows, 2), generator=gen)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        text = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
+                               temperature=temperature, max_new_tokens=max_new_tokens, pad_token_id=0)
+    torch.manual_seed(1)
+    return text
+
+
 def trained_head(target, draft_vocab: int, *, key: str, steps: int = 200, rows: int = 512, temperature: float = 0.7):
     """A head trained on ``rows`` sampled continuations of the target (cached per session under key)."""
     if key not in _CACHE:
         vocab = target.config.vocab_size
-        gen = torch.Generator().manual_seed(0)
-        prompts = torch.randint(3, vocab, (rows, 2), generator=gen)
-        torch.manual_seed(0)
-        with torch.no_grad():
-            text = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
-                                   temperature=temperature, max_new_tokens=22, pad_token_id=0)
-        torch.manual_seed(1)
+        text = _teacher_text(target, rows, temperature, 22)
         head = Eagle3Head(head_config(target, draft_vocab))
         head.set_vocabulary(choose_draft_vocabulary(text, draft_vocab, vocab))
         train_eagle3(head, target, text, steps=steps, batch_size=16, unroll=3, lr=3e-3)
@@ -76,14 +83,7 @@ def trained_dflash(target, *, key: str, block_size: int = 16, steps: int = 120, 
     from specdec_fast.train import train_dflash
 
     if key not in _CACHE:
-        vocab = target.config.vocab_size
-        gen = torch.Generator().manual_seed(0)
-        prompts = torch.randint(3, vocab, (rows, 2), generator=gen)
-        torch.manual_seed(0)
-        with torch.no_grad():
-            text = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
-                                   temperature=temperature, max_new_tokens=2 * block_size, pad_token_id=0)
-        torch.manual_seed(1)
+        text = _teacher_text(target, rows, temperature, 2 * block_size)
         head = DFlashHead(dflash_config(target, block_size=block_size, **kw))
         train_dflash(head, target, text, steps=steps, batch_size=16, anchors_per_row=4, lr=3e-3)
         _CACHE[key] = head
@@ -116,23 +116,3 @@ def random_dflash2(target, *, seed: int = 0, std: float = 0.15, selector_std: fl
                 p.normal_(0, std)
     return head.requires_grad_(False)
 
-
-def trained_dflash2(target, *, key: str, block_size: int = 16, steps: int = 120, rows: int = 512,
-                    temperature: float = 0.7, **kw):
-    """A DFlash2 drafter trained like trained_dflash (backbone and selector; cached per session)."""
-    from specdec_fast.heads import DFlash2Head
-    from specdec_fast.train import train_dflash
-
-    if key not in _CACHE:
-        vocab = target.config.vocab_size
-        gen = torch.Generator().manual_seed(0)
-        prompts = torch.randint(3, vocab, (rows, 2), generator=gen)
-        torch.manual_seed(0)
-        with torch.no_grad():
-            text = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
-                                   temperature=temperature, max_new_tokens=2 * block_size, pad_token_id=0)
-        torch.manual_seed(1)
-        head = DFlash2Head(dflash2_config(target, block_size=block_size, **kw))
-        train_dflash(head, target, text, steps=steps, batch_size=16, anchors_per_row=4, lr=3e-3)
-        _CACHE[key] = head
-    return _CACHE[key]

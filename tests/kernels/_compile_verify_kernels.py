@@ -53,18 +53,27 @@ def ptx_hash(ptx: str) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int, options: dict | None = None):
-    signature = {}
-    for name in fn.arg_names:
+def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int, options: dict | None = None,
+                   ints: dict | None = None):
+    """fn compiled for sm_90. ints None: no argument marked aligned or divisible (what this script
+    has always compiled); a dict of int arguments' values: every pointer marked 16-byte aligned and
+    those ints that are multiples of 16 marked divisible, as the JIT specialises at run time
+    (bench/verify_stream_ptx.py reads registers and loads of that code)."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in ("target_ptr", "draft_ptr"):
+            continue
+        if name in ("target_ptr", "draft_ptr"):
             signature[name] = logits_type
         elif name.endswith("_ptr"):
             signature[name] = POINTER_TYPES.get(name, "*fp32")
         else:
             signature[name] = "i32"
-    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+        if ints is not None and (name.endswith("_ptr") or ints.get(name, 1) % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                       attrs=attrs or None)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **(options or {})})
 
 
