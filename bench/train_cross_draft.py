@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, versions  # noqa: E402
-from pair_corpus import read_source, split_files, stdlib_dir  # noqa: E402
+from pair_corpus import read_source, split_files, stdlib_dir, target_continuations  # noqa: E402
 from train_pair import (DRAFT, EOS, encode_stream, eval_windows, held_out_loss, log, logits_of,  # noqa: E402
                         param_counts, train)
 
@@ -95,27 +95,19 @@ def save_and_reload(model, tokenizer, out: Path):
 def target_text_stream(args, train_texts: list[str], tokenizer) -> torch.Tensor:
     """The demo target's own text, in the draft's tokens: --distill-prompts windows of the training
     corpus (64 target tokens each) continued by --distill-new tokens, greedy for even chunks of 64
-    rows and sampled (temperature 0.8) for odd ones, each text followed by <|endoftext|>."""
-    import specdec_fast
+    rows and sampled (temperature 0.8) for odd ones (pair_corpus.target_continuations), each text
+    followed by <|endoftext|>."""
     from specdec_fast.drafters.token_bytes import TokenBytes, incomplete_tail
     from specdec_fast.pair import load_demo_pair
 
     target_tok, target, _ = load_demo_pair()
-    target_stream = encode_stream(target_tok, train_texts)
-    gen = torch.Generator().manual_seed(args.seed + 2)
-    starts = torch.randint(0, target_stream.numel() - 64, (args.distill_prompts,), generator=gen)
-    prompts = torch.stack([target_stream[s: s + 64] for s in starts.tolist()])
+    rows = target_continuations(target, encode_stream(target_tok, train_texts), args.distill_prompts, args.distill_new,
+                                seed=args.seed + 2, log=log)
     tcodec, dcodec = TokenBytes(target_tok), TokenBytes(tokenizer)
     ids = []
-    for i, chunk in enumerate(prompts.split(64)):
-        sampled = dict(do_sample=True, temperature=0.8, top_p=1.0, top_k=0) if i % 2 else dict(do_sample=False)
-        out = specdec_fast.generate(target, chunk, max_new_tokens=args.distill_new, seed=args.seed + i, **sampled)
-        for row in out.tolist():
-            text = tcodec.bytes_of(row)
-            ids += dcodec.encode(text[: len(text) - incomplete_tail(text)]) + [tokenizer.eos_token_id]
-        if i % 8 == 0:
-            log(f"target text: {i + 1} of {len(prompts) // 64 + bool(len(prompts) % 64)} chunks, {len(ids)} draft tokens")
-    specdec_fast.release_engines(target)
+    for row in rows.tolist():
+        text = tcodec.bytes_of(row)
+        ids += dcodec.encode(text[: len(text) - incomplete_tail(text)]) + [tokenizer.eos_token_id]
     return torch.tensor(ids, dtype=torch.int64)
 
 

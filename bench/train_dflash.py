@@ -9,8 +9,12 @@ The drafter: --layers Qwen3-style layers of the target's width (256; 8 heads / 2
 intermediate --intermediate, a block of --block-size (K <= block_size - 1), reading the outputs of
 target layers --target-layers (DFlash numbering: layer i = transformers' hidden_states[i + 1]);
 mask token: the least frequent token of the training stream (the demo tokenizer has no spare
-special token; DFlash adds one to its targets' vocabularies). Windows of --seq-len tokens,
---anchors blocks per window, AdamW with warm-up and cosine decay, --minutes or --steps.
+special token; DFlash adds one to its targets' vocabularies). Training text: the target's own
+continuations (DFlash trains on its target's regenerated responses): --teacher-rows windows of 64
+corpus tokens continued by --teacher-new target tokens, half greedy, half sampled at T 0.8
+(pair_corpus.target_continuations); --teacher-rows 0 trains on corpus windows of --seq-len tokens
+instead (the first drafter's recipe). --anchors blocks per window, AdamW with warm-up and cosine
+decay, --minutes or --steps; loss decay by block position as DFlash's (train/dflash.py).
 
 Not shipped: the 28-minute drafter (bench/results/dflash_training.json) accepts 2.2 tokens per
 iteration on the held-out prompts against the draft model's 3.5 and runs slower than plain
@@ -18,7 +22,8 @@ decoding on CPU (bench/results/heads_pair_cpu_*.json), so the pair has no dflash
 
 Writes the drafter in the published layout (config.json + model.safetensors) and a JSON record:
 sizes, held-out chained top-1 agreement per block position (greedy acceptance of draft i given
-drafts < i accepted, teacher-forced on the target's own greedy text), wall time, machine.
+drafts < i accepted, teacher-forced on the target's own greedy continuations of 16 held-out
+windows), wall time, machine.
 """
 import argparse
 import json
@@ -31,19 +36,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, versions  # noqa: E402
-from pair_corpus import read_source, split_files, stdlib_dir  # noqa: E402
+from pair_corpus import read_source, split_files, stdlib_dir, target_continuations  # noqa: E402
 from train_eagle3 import encode_stream, log  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @torch.no_grad()
-def held_out_agreement(head, target, windows: torch.Tensor) -> list:
+def held_out_agreement(head, target, text: torch.Tensor) -> list:
+    """text [N, T]: the target's greedy continuations of held-out windows."""
     from specdec_fast.train.dflash import dflash_loss
 
-    logits = target(input_ids=windows).logits
-    greedy = torch.cat([windows[:, :1], logits.argmax(-1)[:, :-1]], 1)  # the target's greedy next tokens as the text
-    _, agree = dflash_loss(head, target, greedy, 8, torch.Generator().manual_seed(0))
+    _, agree = dflash_loss(head, target, text, 8, torch.Generator().manual_seed(0))
     return [round(a, 4) for a in agree]
 
 
@@ -54,7 +58,9 @@ def main(argv=None) -> None:
     ap.add_argument("--minutes", type=float, default=25.0)
     ap.add_argument("--steps", type=int, default=100000)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--seq-len", type=int, default=256, help="corpus windows' length (with --teacher-rows 0)")
+    ap.add_argument("--teacher-rows", type=int, default=3072, help="rows of the target's own text (0: the corpus)")
+    ap.add_argument("--teacher-new", type=int, default=192, help="target tokens per row after 64 corpus tokens")
     ap.add_argument("--anchors", type=int, default=16)
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
@@ -94,9 +100,17 @@ def main(argv=None) -> None:
     head = DFlashHead(config)
     params = sum(p.numel() for p in head.parameters())
     log(f"DFlash drafter: {params} parameters, block {args.block_size}, layers {args.layers}")
-    count = train_stream.numel() // args.seq_len
-    sequences = train_stream[: count * args.seq_len].view(count, args.seq_len)
-    held = held_stream[: (held_stream.numel() // args.seq_len) * args.seq_len].view(-1, args.seq_len)[:16]
+    t0 = time.perf_counter()
+    held = target_continuations(target, held_stream, 16, args.teacher_new or args.seq_len - 64, seed=args.seed + 1,
+                                greedy_only=True, stop_at_eos=False)
+    if args.teacher_rows:
+        sequences = target_continuations(target, train_stream, args.teacher_rows, args.teacher_new, seed=args.seed + 2,
+                                         stop_at_eos=False, log=log)
+    else:
+        count = train_stream.numel() // args.seq_len
+        sequences = train_stream[: count * args.seq_len].view(count, args.seq_len)
+    teacher_seconds = time.perf_counter() - t0
+    log(f"training rows {tuple(sequences.shape)}, held-out rows {tuple(held.shape)} ({teacher_seconds:.0f} s)")
     before = held_out_agreement(head, target, held)
     info = train_dflash(head, target, sequences, steps=args.steps, minutes=args.minutes, batch_size=args.batch,
                         anchors_per_row=args.anchors, lr=args.lr, seed=args.seed, log=log)
@@ -107,7 +121,9 @@ def main(argv=None) -> None:
     results = dict(drafter=dict(params=params, layers=args.layers, intermediate=args.intermediate,
                                 block_size=args.block_size, target_layer_ids=list(args.target_layers),
                                 mask_token_id=mask_token, bytes_on_disk=size),
-                   training=dict(info, batch=args.batch, seq_len=args.seq_len, anchors=args.anchors, lr=args.lr),
+                   training=dict(info, batch=args.batch, rows=list(sequences.shape), anchors=args.anchors, lr=args.lr,
+                                 text="target" if args.teacher_rows else "corpus",
+                                 teacher_seconds=round(teacher_seconds, 1)),
                    held_out_agreement_per_position=after, held_out_agreement_untrained=before,
                    held_out_windows=int(held.shape[0]), device=f"cpu: {cpu_model()}", threads=torch.get_num_threads(),
                    versions=versions(), command="python bench/train_dflash.py " + " ".join(argv or sys.argv[1:]))

@@ -55,9 +55,10 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
 
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
     a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
-    K = num_assistant_tokens, constant (no adaptive schedule); without it 4 for an EAGLE-3 head and
-    block_size - 1 for a DFlash drafter (its K drafts cost one forward whatever K); needs the paged
-    target runner.
+    K = num_assistant_tokens; without it 4 for an EAGLE-3 head and block_size - 1 for a DFlash
+    drafter (its K drafts cost one forward whatever K); constant, except that a DFlash / DFlash2
+    drafter takes num_assistant_tokens_schedule="adaptive" (K per iteration among the first drafts
+    of its block); needs the paged target runner.
 
     tokenizer, assistant_tokenizer (keywords, as transformers'): with both given and vocabularies
     that differ, the draft drafts in its own tokens and its text is re-encoded into the target's
@@ -104,7 +105,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
 def _drafted(opts, tree, lookup: bool, draft: bool, head: bool = False) -> int:
     """Tokens one iteration of this call scores beyond the last one: K, or a tree's N - 1 (K checked here,
     before an engine is sized by it). A draft head without K: 0 (its engine's own default K: 4 for an
-    EAGLE-3 head, the whole block for a DFlash drafter; heads keep a constant K)."""
+    EAGLE-3 head, the whole block for a DFlash drafter, whose adaptive Ks lie inside it)."""
     if tree is not None:
         return as_token_tree(tree, greedy=not opts.do_sample).size - 1
     if not lookup and not draft and not head:

@@ -19,6 +19,10 @@ and that same distribution is the verify's p_i, so chain_verify's rule keeps the
 (Chen et al. Theorem 1 asks only that x_i ~ p_i given what precedes it; p_i may ignore x_<i).
 Greedy rows: the argmax of each position (p = one-hot: no logits handed over when every row is).
 
+K may change from one iteration to the next (the adaptive schedule: engine/schedule.py): start()
+sizes the pending entries for the call's largest K, and every K's drafts are the first K of the
+same block.
+
 Graph safety: per (batch size, K) buffers re-filled in place by start(); static shapes; no host
 reads. Finished rows feed nothing (num_valid 0 for their context and block) when state.skip_finished.
 """
@@ -37,6 +41,9 @@ class BlockDrafter:
     hidden states the drafter reads."""
 
     needs_compact = False
+    # The adaptive schedule's cost model (engine/schedule.py): one forward per iteration whatever K
+    # (a draft model's cost is per draft step).
+    draft_cost = "per_iteration"
 
     def __init__(self, runner, target):
         if getattr(target, "hidden_capture", None) is None:
@@ -122,10 +129,11 @@ class BlockDrafter:
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
         """The accepted positions' target hidden states become the pending context entries."""
-        k = draft_tokens.shape[1]
+        k = draft_tokens.shape[1]  # this iteration's K (<= the call's largest, which sized the slots)
         j = num_accepted.long()
         hidden = self.target.hidden_states(draft_tokens.shape[0], k + 1)  # [B, K+1, W]: positions c .. c+K
-        entry = (self._slots - k + j[:, None]).clamp(min=0)  # left padded: slot s holds entry s - (K - j)
+        last = self._slots.shape[1] - 1
+        entry = (self._slots - last + j[:, None]).clamp(min=0)  # left padded: slot s holds entry s - (last - j) <= j
         self.pend_features.copy_(hidden.gather(1, entry[:, :, None].expand(-1, -1, hidden.shape[-1])))
         self.num_pending.copy_(j + 1)
 

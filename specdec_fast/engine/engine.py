@@ -15,7 +15,7 @@ finished rows are). Buckets apply where graphs do (cuda_graphs / the "static" tw
 decoding runs each batch size as it is (padding would only cost).
 
 Memory: each runner's pool holds kv_cache_tokens tokens (default: max_batch_size rows of
-max_seq_len + K + 1 tokens; on CUDA at most kv_memory_fraction of the free memory, and the one
+max_seq_len + K + 1 tokens, each rounded up to whole KV blocks; on CUDA at most kv_memory_fraction of the free memory, and the one
 line at construction says which); a request that does not fit raises OutOfBlocksError naming the
 sizes; blocks freed by a finished call are reused by the next.
 
@@ -68,6 +68,9 @@ CROSS_TP_ERROR = ("a draft with another tokenizer under tensor parallelism (proc
 # The best fixed K measured on the H100 was 4 at batch 1 and 3 at batch 8 / 32
 # (bench/results/h100_2026-11-23/); each K's graphs are captured the first time it is chosen.
 ADAPTIVE_KS = (1, 2, 3, 4, 5, 6, 8)
+# A block drafter's (DFlash / DFlash2): the first K of one block (its cost does not grow with K, so
+# the choice is mostly the verify's rows against the acceptance further out), and the whole block.
+ADAPTIVE_BLOCK_KS = (1, 2, 3, 4, 6, 8, 12)
 SCHEDULES = ("adaptive", "constant", "heuristic", "heuristic_transient")
 USER_PROCESSORS_NOTE = ("a user logits_processor runs eagerly on the host per row and position (exact input_ids), "
                         "which a CUDA graph cannot replay")
@@ -318,7 +321,10 @@ class SpeculativeEngine:
         if kv_cache_tokens is not None:
             tokens, why = _positive("kv_cache_tokens", kv_cache_tokens), "kv_cache_tokens"
         else:
-            tokens, why = self.max_batch_size * default_row, f"max_batch_size {self.max_batch_size} x (max_seq_len + K + 1)"
+            # whole blocks per row: a row of max_seq_len + K + 1 tokens takes ceil(that / block) blocks
+            # (rows x tokens alone fell short: 16 rows of 257 tokens need 272 blocks of 16, not 257)
+            tokens = self.max_batch_size * math.ceil(default_row / self.block_size) * self.block_size
+            why = f"max_batch_size {self.max_batch_size} x (max_seq_len + K + 1) in whole blocks"
             if self.device.type == "cuda":
                 free = torch.cuda.mem_get_info(self.device)[0]
                 cap = int(free * fraction) // per_token
@@ -581,9 +587,9 @@ class SpeculativeEngine:
         return 0
 
     def _ks_for(self, opts, token_tree, num_assistant_tokens):
-        """The Ks an adaptive schedule chooses among (draft model, chains), or None for a constant K:
-        adaptive when the call names that schedule (or transformers' heuristic ones, which it
-        serves); a K given with it is the first iteration's.
+        """The Ks an adaptive schedule chooses among (draft model or block drafter, chains), or None
+        for a constant K: adaptive when the call names that schedule (or transformers' heuristic
+        ones, which it serves); a K given with it is the first iteration's.
 
         Not the default: on the H100 (bench/results/h100_2026-11-24/adaptive_k_*.json) it reached
         0.75-0.98 of the best fixed K's tokens/s without warmup() and 0.83-0.91 after it, and ran up
@@ -593,11 +599,17 @@ class SpeculativeEngine:
         schedule = opts.extra.get("num_assistant_tokens_schedule")
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}")
-        # A draft head keeps a constant K (its default: 4 for EAGLE-3, the whole block for DFlash):
-        # its drafters size their pending entries per K at start(), and a DFlash block costs one
-        # forward whatever K, so choosing a shorter K would save only verify rows.
-        if self.mode != "draft" or token_tree is not None or schedule in (None, "constant"):
+        # An EAGLE-3 head keeps a constant K (its drafter sizes its per-step pending entries per K at
+        # start()). A block drafter chooses among the first K of its block (ADAPTIVE_BLOCK_KS and
+        # block_size - 1): one forward whatever K, so the schedule prices its draft per iteration
+        # (drafters/block.py draft_cost) and the choice weighs the verify's K + 1 rows against the
+        # acceptance further out.
+        block = getattr(self.draft_head, "block_size", None) if self.mode == "head" else None
+        if (self.mode != "draft" and block is None) or token_tree is not None or schedule in (None, "constant"):
             return None
+        if block is not None:
+            top = min(self.max_draft_tokens, block - 1)
+            return tuple(sorted({q for q in ADAPTIVE_BLOCK_KS if q <= top} | {top}))
         if self.tp is not None:
             # Tensor parallel: a constant K. The adaptive choice reads this process's own step times,
             # which differ between ranks: ranks choosing different Ks would issue different

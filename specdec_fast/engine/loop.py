@@ -152,7 +152,8 @@ class SpeculativeDecoder:
         if ks is not None and (drafter is None or any(isinstance(q, bool) or not isinstance(q, int) or q < 1 for q in ks)):
             raise ValueError(f"ks must be ints >= 1 with a drafter, got {ks!r}")
         self.ks = (self.k,) if ks is None or len(set(ks)) < 2 else tuple(sorted(set(ks)))
-        self.schedule = AdaptiveK(self.ks, start=self.k) if len(self.ks) > 1 else None
+        self.schedule = AdaptiveK(self.ks, start=self.k, draft_cost=getattr(drafter, "draft_cost", "per_step")) \
+            if len(self.ks) > 1 else None
         self.k_max = max(self.ks)
         self.drafted_per_step = self.k_max  # tokens the target scores beyond the last one (a tree's: N - 1)
         self.defaults = dict(params=params, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,

@@ -6,6 +6,9 @@ The choice maximises the expected tokens per unit of time (Leviathan et al. §3.
 
     value(K) = E[tokens | K] / (K * t_draft + t_verify(K)),   E[tokens | K] = sum_{n=0..K} prod_{i<n} a_i
 
+(a drafter whose cost is per iteration, draft_cost="per_iteration": a DFlash block, one forward
+whatever K: K * t_draft becomes t_draft(K), a line through the measured Ks like the verify's)
+
   a_i        the acceptance of draft position i given the drafts before it were accepted: the
              device's per-position counters (StatsRecorder.positions: reached, accepted), read
              from the polls the loop already makes (RunAheadPoller counters=): no new sync. A
@@ -15,7 +18,11 @@ The choice maximises the expected tokens per unit of time (Leviathan et al. §3.
              the device has passed them: no wait; perf_counter on CPU), kept per engine decoder
              across calls (they are properties of the models, the device and the batch size).
              A K not measured yet takes a line fitted through the measured ones (one point: the
-             same verify time, the draft time per step): trying it corrects it.
+             same verify time, the draft time per step): trying it corrects it. Per-iteration
+             drafters, one point: the same draft time, and a verify time proportional to the K + 1
+             tokens it scores (with a flat verify too, nothing would make a block drafter try a
+             K below its first: on a CPU the verify nearly is proportional, on a GPU the second K
+             measured corrects the line).
 
 The choice is among the Ks the decoder can run (its graphs, one pair per K, captured the first time
 a K is chosen). Under CUDA graphs a K not captured yet costs its set-up (an eager warm-up
@@ -40,16 +47,24 @@ HYSTERESIS = 1.03
 WINDOW = 32  # cost observations kept per kind and K (running means over the newest)
 
 
-class AdaptiveK:
-    """ks: the Ks available (sorted ints >= 1); start: the K of a call's first iteration."""
+DRAFT_COSTS = ("per_step", "per_iteration")
 
-    def __init__(self, ks, start: int):
+
+class AdaptiveK:
+    """ks: the Ks available (sorted ints >= 1); start: the K of a call's first iteration;
+    draft_cost: "per_step" (a draft model: K steps) or "per_iteration" (a block drafter)."""
+
+    def __init__(self, ks, start: int, draft_cost: str = "per_step"):
         self.ks = sorted(int(k) for k in ks)
         if not self.ks or self.ks[0] < 1:
             raise ValueError(f"ks must hold ints >= 1, got {ks!r}")
+        if draft_cost not in DRAFT_COSTS:
+            raise ValueError(f"draft_cost must be one of {DRAFT_COSTS}, got {draft_cost!r}")
+        self.draft_cost = draft_cost
         self.start = start if start in self.ks else self.ks[min(len(self.ks) - 1, len(self.ks) // 2)]
         self.k_max = self.ks[-1]
-        self.draft_step = deque(maxlen=WINDOW)  # seconds per draft step (any K)
+        self.draft_step = deque(maxlen=WINDOW)  # seconds per draft step (any K; per_step)
+        self.draft = {k: deque(maxlen=WINDOW) for k in self.ks}  # seconds per draft phase at K (per_iteration)
         self.verify = {k: deque(maxlen=WINDOW) for k in self.ks}  # seconds per verify step at K
         self.pinned = None  # a K every choice returns (the engine's warm-up captures each K's graphs)
         # Ks that run without a set-up (graphs captured; every K when eager: all_ready), the set-up
@@ -94,6 +109,8 @@ class AdaptiveK:
                 continue
             if name == "draft":
                 self.draft_step.append(seconds / k)
+                if k in self.draft:
+                    self.draft[k].append(seconds)
             elif name == "target" and k in self.verify:
                 self.verify[k].append(seconds)
 
@@ -115,16 +132,32 @@ class AdaptiveK:
         measured = {k: float(np.median(v)) for k, v in self.verify.items() if v}
         if not measured or not self.draft_step:
             return None
-        draft = float(np.median(self.draft_step))
-        xs = sorted(measured)
-        if len(xs) >= 2:  # a line through the measured Ks, weighted by how often each was measured
-            weights = [len(self.verify[k]) ** 0.5 for k in xs]
-            slope, intercept = np.polyfit(xs, [measured[k] for k in xs], 1, w=weights)
-            slope, intercept = max(float(slope), 0.0), float(intercept)  # a verify never gets cheaper with more drafts
+        if self.draft_cost == "per_step":
+            one_point = "flat"
+            draft_step = float(np.median(self.draft_step))
+            draft = {k: k * draft_step for k in self.ks}
         else:
-            slope, intercept = 0.0, measured[xs[0]]
-        verify = {k: measured.get(k, intercept + slope * k) for k in self.ks}
-        return {k: k * draft + max(verify[k], 1e-9) for k in self.ks}
+            one_point = "proportional"  # a verify scores K + 1 tokens (module docstring)
+            draft = self._line(self.draft, "flat")
+        verify = self._line(self.verify, one_point)
+        return {k: draft[k] + max(verify[k], 1e-9) for k in self.ks}
+
+    def _line(self, samples: dict, one_point: str) -> dict:
+        """{K: seconds} from samples {K: deque of seconds}: the measured median where K ran, else a
+        line through the measured Ks, weighted by how often each was measured, never decreasing
+        with K; through one point: "flat", or "proportional" to K + 1."""
+        measured = {k: float(np.median(v)) for k, v in samples.items() if v}
+        xs = sorted(measured)
+        if len(xs) >= 2:
+            weights = [len(samples[k]) ** 0.5 for k in xs]
+            slope, intercept = np.polyfit(xs, [measured[k] for k in xs], 1, w=weights)
+            slope, intercept = max(float(slope), 0.0), float(intercept)  # more drafts never cost less
+            line = {k: intercept + slope * k for k in self.ks}
+        elif one_point == "flat":
+            line = {k: measured[xs[0]] for k in self.ks}
+        else:
+            line = {k: measured[xs[0]] * (k + 1) / (xs[0] + 1) for k in self.ks}
+        return {k: measured.get(k, line[k]) for k in self.ks}
 
     # -- the choice -------------------------------------------------------------------------
     def choose(self, remaining: int | None = None) -> int:

@@ -8,8 +8,9 @@ each open a block [x_a, mask x (block_size - 1)] at positions a .. a + block_siz
 the context at positions < a (what decoding sees: the accepted positions before the block) and
 its own block both ways (DFlash's block mask); all M blocks of a sequence run as one forward.
 Block position i = 1 .. block_size - 1 learns the target's distribution at a + i - 1 (for the
-token at a + i): CE against it through the target's (frozen) lm_head, weighted 0.8^(i - 1)
-(later positions count only if the earlier ones are accepted).
+token at a + i): CE against it through the target's (frozen) lm_head, weighted exp(-(i - 1) / gamma)
+(later positions count only if the earlier ones are accepted; DFlash's decay: gamma 7 for blocks of
+16, 5 for 10, 4 for 8, position_weights).
 
 A DFlash2 head (heads/dflash2.py) trains its backbone (convolutions included) by the same loss,
 plus its candidate selector's (NeMo AutoModel's dflash2_core recipe, as documented): at each block
@@ -27,7 +28,16 @@ import torch.nn.functional as F
 from ..heads.dflash import scale_logits
 from .eagle3 import target_features
 
-POSITION_WEIGHT = 0.8
+# DFlash's loss decay gamma per block size (its training recipe: 7 for 16, 5 for 10, 4 for 8);
+# other sizes scale 16's.
+DECAY_GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
+
+
+def position_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    """[block_size] float: 0 at block position 0 (the given token), exp(-(i - 1) / gamma) at i >= 1."""
+    gamma = gamma if gamma is not None else DECAY_GAMMA.get(block_size, 7.0 * block_size / 16)
+    i = torch.arange(block_size, dtype=torch.float32)
+    return torch.where(i > 0, torch.exp(-(i - 1).clamp(min=0) / gamma), torch.zeros(()))
 
 
 def block_batch(head, ids: torch.Tensor, anchors: torch.Tensor):
@@ -62,8 +72,7 @@ def dflash_loss(head, target, ids: torch.Tensor, anchors_per_row: int, generator
         probs = torch.softmax(target_logits.float().gather(1, labels.clamp(min=0)[:, :, None].expand(-1, -1, logits.shape[-1])),
                               -1)
     logp = torch.log_softmax(scale_logits(logits, head.output_multiplier, head.final_logit_softcapping), -1)
-    index = torch.arange(labels.shape[1], device=ids.device) % bs  # block position i
-    weight = torch.where(index > 0, POSITION_WEIGHT ** (index - 1).clamp(min=0).float(), 0.0)
+    weight = position_weights(bs).to(ids.device).repeat(anchors.shape[1])  # [M*bs]: per block position
     per_token = -(probs * logp).sum(-1)  # [B, M*bs]
     loss = (per_token * weight).sum() / (weight.sum() * batch)
     if getattr(head, "candidate_selector", None) is not None:

@@ -71,6 +71,43 @@ def test_unmeasured_ks_are_priced_on_the_measured_line():
     assert schedule.observe_phases([("capture", None, 9.0)]) is None and schedule.costs() == costs  # untagged: ignored
 
 
+BLOCK_KS = (1, 2, 3, 4, 6, 8, 12, 15)
+
+
+def test_a_block_drafter_pays_its_draft_once_per_iteration():
+    """draft_cost="per_iteration" (a DFlash block): K * t_draft becomes a line through the measured
+    draft phases; with one K measured the draft is flat and the verify proportional to K + 1."""
+    schedule = AdaptiveK(BLOCK_KS, start=15, draft_cost="per_iteration")
+    schedule.observe_phases([("draft", 15, 2.0), ("target", 15, 3.2)])
+    costs = schedule.costs()
+    assert costs[15] == pytest.approx(5.2)
+    assert costs[3] == pytest.approx(2.0 + 3.2 * 4 / 16)  # draft flat, verify by the rows it scores
+    schedule.observe_phases([("draft", 3, 1.9), ("target", 3, 1.4)])
+    costs = schedule.costs()  # two Ks: lines (draft 1.9 + K / 120, verify 1.4 + 0.15 (K - 3))
+    assert costs[3] == pytest.approx(3.3) and costs[15] == pytest.approx(5.2)
+    assert costs[8] == pytest.approx(1.9 + 5 / 120 + 1.4 + 0.15 * 5)
+    per_step = AdaptiveK(BLOCK_KS, start=15)  # the same phases priced per draft step
+    per_step.observe_phases([("draft", 15, 2.0), ("target", 15, 3.2)])
+    assert per_step.costs()[3] == pytest.approx(3 * 2.0 / 15 + 3.2)
+    with pytest.raises(ValueError, match="draft_cost"):
+        AdaptiveK(BLOCK_KS, start=4, draft_cost="per_token")
+
+
+@pytest.mark.parametrize("alpha, verify_per_row, expected", [
+    (0.9, 0.0, 15),  # a flat verify (a GPU's memory-bound pass): the whole block
+    (0.6, 0.25, 3),  # a verify that grows with its rows (a CPU's): few, though the draft cost is fixed
+])
+def test_a_block_drafter_weighs_the_verify_rows_against_acceptance(alpha, verify_per_row, expected):
+    schedule = AdaptiveK(BLOCK_KS, start=15, draft_cost="per_iteration")
+    schedule.all_ready = True
+    reached = 400 * alpha ** np.arange(schedule.k_max)
+    schedule.observe_counters(np.stack([reached, reached * alpha]))
+    for k in BLOCK_KS:
+        schedule.observe_phases([("draft", k, 1.0), ("target", k, 1.0 + verify_per_row * (k + 1))] * 8)
+    value = {k: sum(alpha**n for n in range(k + 1)) / (2.0 + verify_per_row * (k + 1)) for k in BLOCK_KS}
+    assert schedule.choose() == expected == max(value, key=value.get)
+
+
 def test_hysteresis_keeps_k_for_a_gain_under_its_margin():
     schedule = observed(AdaptiveK((2, 3), start=2), alpha=0.6, draft_s=0.1, verify_s=1.0)
     a = schedule.acceptance()

@@ -4,6 +4,7 @@ reference drafter's over the target's hidden states (context bookkeeping, not on
 greedy decoding equals the target's greedy decoding at K = 4, 8, 15 on every backend (left
 padding, EOS, the static graph twin); one engine serves mixed calls like fresh engines; the
 published layout round-trips and generate(draft_head=DIR) takes it."""
+import itertools
 import json
 import random
 
@@ -77,14 +78,21 @@ def _reference_drafts(head, target, context: list, k: int) -> list:
         return F.linear(h[0, 1:k + 1], _weights(target)[1]).argmax(-1).tolist()
 
 
-def test_drafts_equal_the_reference_drafter(target, drafter):
+@pytest.mark.parametrize("ks", [None, (2, 4, 6, 1, 6, 3)])
+def test_drafts_equal_the_reference_drafter(target, drafter, ks, monkeypatch):
+    """Every iteration's drafts = the reference drafter's over the target's hidden states of the
+    accepted text; ks: K cycling through them per iteration (the adaptive schedule's choices, forced:
+    a K smaller than the call's largest must still keep every accepted position's context entry)."""
     k, batch = 6, 2
     ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=8)
     runner = PagedLlamaRunner(target, max_new_tokens=20, num_draft_tokens=k)
     runner.capture_hidden_states(drafter.hidden_indices())
     block = BlockDrafter(PagedDFlashRunner(drafter, *_weights(target), num_draft_tokens=k), runner)
     decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
-                                 max_new_tokens=20)
+                                 max_new_tokens=20, ks=None if ks is None else sorted(set(ks)))
+    if ks is not None:
+        cycle = itertools.cycle(ks)
+        monkeypatch.setattr(decoder.schedule, "choose", lambda remaining=None: next(cycle))
     seen, propose = [], block.propose
 
     def recording(k):
@@ -97,9 +105,10 @@ def test_drafts_equal_the_reference_drafter(target, drafter):
     block.propose = recording
     decoder.generate(ids, mask)
     assert len(seen) >= 3 and sum(decoder.stats.result.accepted_hist[1:]) > 0
+    assert ks is None or len({len(drafts) for iteration in seen for _, drafts in iteration}) >= 3
     for iteration in seen:
         for context, drafts in iteration:
-            assert drafts == _reference_drafts(drafter, target, context, k)
+            assert drafts == _reference_drafts(drafter, target, context, len(drafts))
 
 
 @pytest.mark.parametrize("backend, k", [("torch", 4), ("torch", 15), ("cpp", 4), ("cpp", 8), ("cpp", 15),
@@ -123,6 +132,31 @@ def test_greedy_with_eos_and_graphs(target, drafter, graphs):
     out = specdec_fast.generate(target, ids, mask, draft_head=drafter, do_sample=False, max_new_tokens=18,
                                 pad_token_id=0, eos_token_id=eos, cuda_graphs=graphs)  # default K: the whole block
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("graphs", [False, "static"])
+def test_the_adaptive_schedule_chooses_among_block_lengths_exactly(target, drafter, graphs, monkeypatch):
+    """num_assistant_tokens_schedule="adaptive": the Ks are the first K of the block (engine
+    ADAPTIVE_BLOCK_KS and block_size - 1); greedy equals the target's greedy decoding under the
+    schedule's own choices and under K forced to change every iteration (per-K graphs on the twin)."""
+    from specdec_fast.engine.schedule import AdaptiveK
+
+    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    kw = dict(draft_head=drafter, num_assistant_tokens_schedule="adaptive", do_sample=False, max_new_tokens=24,
+              pad_token_id=0, cuda_graphs=graphs, return_stats=True)
+    out, stats = specdec_fast.generate(target, ids, mask, **kw)
+    assert torch.equal(out, expected)
+    assert stats.schedule["ks"] == [1, 2, 3, 4, 6, 8, 12, 15]
+    cycle, chosen = itertools.cycle([15, 2, 8, 1, 4, 12]), []
+
+    def choose(self, remaining=None):
+        self.k = next(cycle)
+        chosen.append(self.k)
+        return self.k
+    monkeypatch.setattr(AdaptiveK, "choose", choose)
+    out, stats = specdec_fast.generate(target, ids, mask, **kw)
+    assert torch.equal(out, expected) and len(set(chosen)) >= 5
 
 
 def test_one_engine_serves_mixed_calls_like_fresh_engines(target, drafter):

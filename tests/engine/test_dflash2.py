@@ -159,6 +159,22 @@ def test_greedy_with_eos_and_graphs(target, drafter, graphs):
     assert torch.equal(out, expected)
 
 
+def test_greedy_with_k_changing_every_iteration(target, drafter, monkeypatch):
+    """The adaptive schedule's Ks forced to cycle (the selector walks the first K positions of one
+    block each time; the pending context keeps every accepted position): the target's greedy tokens."""
+    import itertools
+
+    from specdec_fast.engine.schedule import AdaptiveK
+
+    cycle = itertools.cycle([15, 3, 8, 1, 6])
+    monkeypatch.setattr(AdaptiveK, "choose", lambda self, remaining=None: setattr(self, "k", next(cycle)) or self.k)
+    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    out, stats = specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens_schedule="adaptive",
+                                       do_sample=False, max_new_tokens=20, pad_token_id=0, return_stats=True)
+    assert torch.equal(out, expected) and len(stats.schedule["ks"]) == 8 and stats.alpha > 0
+
+
 def test_static_graph_twin_equals_eager_when_sampling(target, drafter):
     ids, mask = left_padded_prompts([5, 2, 7], vocab=VOCAB, seed=6)
     runs = [specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=8, do_sample=True,

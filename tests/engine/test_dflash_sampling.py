@@ -64,6 +64,32 @@ def test_sampled_tokens_follow_the_target(pair, backend, k):
     assert p12 > P_VALUE_THRESHOLD and p3 > P_VALUE_THRESHOLD, (p12, p3)
 
 
+def test_sampled_tokens_follow_the_target_with_k_changing_every_iteration(pair, monkeypatch):
+    """The adaptive schedule's Ks forced to alternate 1, 7 (the first K of one block each time; a
+    row's tokens 2-3 come from the K = 1 iteration and, past its bonus, the K = 7 one): still the
+    target's law (a block drafter's q at position i does not depend on K)."""
+    import itertools
+
+    from specdec_fast.engine.schedule import AdaptiveK
+
+    target, drafter = pair
+    cycle, chosen = itertools.cycle([1, 7]), []
+
+    def choose(self, remaining=None):
+        self.k = next(cycle)
+        chosen.append(self.k)
+        return self.k
+    monkeypatch.setattr(AdaptiveK, "choose", choose)
+    out = specdec_fast.generate(target, PROMPT.expand(3000, -1), draft_head=drafter, do_sample=True, max_new_tokens=3,
+                                seed=321, backend="torch", num_assistant_tokens_schedule="adaptive",
+                                temperature=SETTINGS["temperature"], top_k=0)
+    new = out[:, PROMPT.shape[1]:]
+    joint12, p3 = _expected(target)
+    assert set(chosen) == {1, 7}
+    assert chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], joint12) > P_VALUE_THRESHOLD
+    assert chi_square_pvalue(new[:, 2], p3) > P_VALUE_THRESHOLD
+
+
 def test_triton_engine_draws_the_torch_engines_tokens():
     """K = 4, 8, 15 with a block of 16 (the tiny target of the greedy tests)."""
     from .test_paged_runner import tiny

@@ -151,6 +151,17 @@ def test_requests_that_do_not_fit_raise_one_clear_line():
         engine.generate(ids, mask, max_new_tokens=4, assistant_model=make_draft(target))
 
 
+def test_the_default_pool_holds_its_largest_rows_in_whole_blocks():
+    """Rows of max_seq_len + K + 1 tokens that end past a block boundary: the default pool must hold
+    max_batch_size of them in whole blocks (16 rows of 64 + 192 + 1 tokens need 272 blocks of 16;
+    a pool of rows x tokens = 257 blocks refused them)."""
+    engine = _engine("plain", max_batch_size=4, max_seq_len=32)  # rows of 33 tokens: 3 blocks each
+    ids, mask = left_padded_prompts([16, 16, 16, 16], seed=2)
+    out = engine.generate(ids, mask, max_new_tokens=16, do_sample=False)
+    assert out.shape == (4, 32)
+    assert engine.target_runner.cache.num_blocks >= 4 * 3
+
+
 def test_threads_get_what_they_would_get_alone():
     """Three threads, each making mixed greedy and seeded sampling calls on one engine: the same
     tokens as the same calls made one after another (the engine runs one call at a time)."""
