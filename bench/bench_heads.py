@@ -4,7 +4,9 @@
     draft K        the shipped draft model (0.82M parameters), K drafts per iteration (each --k)
     eagle3 K       the shipped EAGLE-3 head (specdec_fast/assets/pair/eagle3), K drafts per iteration
     dflash K       a DFlash block drafter (--dflash DIR; all K drafts from one forward), when given, at
-                   each --k up to block_size - 1 and at block_size - 1
+                   each --dflash-k (default: each --k) up to block_size - 1 and at block_size - 1
+    dflash adaptive  the same drafter under num_assistant_tokens_schedule="adaptive" (K per
+                   iteration among the first drafts of the block; the Ks it chose are recorded)
     draft tree /   both drafters expanding the same token tree (--tree N: TokenTree.recommended(N)
     eagle3 tree    for the mode), when --tree is given
 
@@ -14,7 +16,7 @@ method: one warm-up pass, then --repeats timed passes round robin over the metho
 tokens/s of the best pass (the median and every pass's kept too). Mean accepted length = tokens emitted per
 iteration (accepted drafts + 1), pooled over the prompts; acceptance per draft position.
 
-    .venv/bin/python bench/bench_heads.py [--k 2 4 6] [--tree 16] [--prompts 8] [--dflash DIR]
+    .venv/bin/python bench/bench_heads.py [--k 2 4 6] [--tree 16] [--prompts 8] [--dflash DIR [--dflash-k 4 8]]
 
 Writes bench/results/heads_pair_cpu_<isa>.json and .png (or --out). CPU only here: no GPU number.
 """
@@ -45,8 +47,9 @@ def methods(args, draft, head, dflash) -> dict:
     for k in args.k:
         out[f"eagle3 K={k}"] = dict(draft_head=head, num_assistant_tokens=k)
     if dflash is not None:  # at the chains' Ks and with the whole block (its K drafts cost one forward)
-        for k in sorted({k for k in args.k if k < dflash.block_size} | {dflash.block_size - 1}):
+        for k in sorted({k for k in (args.dflash_k or args.k) if k < dflash.block_size} | {dflash.block_size - 1}):
             out[f"dflash K={k}"] = dict(draft_head=dflash, num_assistant_tokens=k)
+        out["dflash adaptive"] = dict(draft_head=dflash, num_assistant_tokens_schedule="adaptive")
     if args.tree:
         for mode in MODES:
             tree = TokenTree.recommended(args.tree, greedy=mode == "greedy")
@@ -76,6 +79,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--head", type=Path, default=ROOT / "specdec_fast" / "assets" / "pair" / "eagle3")
     ap.add_argument("--dflash", type=Path, default=None)
+    ap.add_argument("--dflash-k", type=int, nargs="+", default=None, help="the block drafter's Ks (default: --k)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -103,7 +107,7 @@ def main(argv=None) -> None:
             for name in names:
                 seconds, s = run_pass(target, prompts, {k: v for k, v in table[name].items() if k != "_mode"}, mode, args)
                 times[name].append(seconds)
-                stats[name] = merge_stats(s)
+                stats[name], stats[name + " raw"] = merge_stats(s), s
         tokens = len(prompts) * args.max_new_tokens
         plain_tps = tokens / min(times["plain"])
         for name in names:
@@ -118,6 +122,12 @@ def main(argv=None) -> None:
                              alpha=round(merged.alpha, 3), iterations=merged.iterations,
                              draft_ms_per_iter=round(1000 * merged.draft_s / max(merged.iterations, 1), 3),
                              target_ms_per_iter=round(1000 * merged.target_s / max(merged.iterations, 1), 3))
+                if "num_assistant_tokens_schedule" in table[name]:  # the Ks chosen, over the last pass's calls
+                    chosen = {}
+                    for one in stats[name + " raw"]:
+                        for k, n in (one.schedule or {}).get("chosen", {}).items():
+                            chosen[k] = chosen.get(k, 0) + n
+                    entry["ks_chosen"] = dict(sorted(chosen.items()))
             results.setdefault(mode, {})[name] = entry
             print(f"{mode:8s} {name:28s} {json.dumps(entry)}", flush=True)
     simd = cpu_simd()

@@ -1,7 +1,7 @@
 """DFlash2 block drafters (heads/dflash2.py, runners/paged_dflash2.py, drafters/block_selector.py):
 the paged drafter (in-block convolution, embedding scale) equals the module's reference forward on
 every backend; every iteration's drafts are the reference selector walk's over the target's hidden
-states; greedy decoding equals the target's greedy decoding at K = 4, 8, 15 (block of 16); the
+states (greedy = target greedy, EOS, graphs, the adaptive schedule: test_block_drafters.py); the
 published layout (DFlash2DraftModel) round-trips, generate(draft_head=DIR) takes it, malformed
 checkpoints fail with one line; sampling follows the target's standardised distribution
 (chi-square: temperature, top-k, top-p at K = 4, 8, 15), with a control that hands the verify the
@@ -134,55 +134,6 @@ def test_drafts_equal_the_reference_selector_walk(target, drafter):
             assert drafts == walk
             moved += drafts != argmax
     assert moved > 0  # the selector is not a no-op here
-
-
-@pytest.mark.parametrize("backend, k", [("cpp", 4), ("cpp", 8), ("cpp", 15), ("torch", 15),
-                                        pytest.param("triton", 8, marks=pytest.mark.slow)])
-def test_greedy_equals_target_greedy(target, drafter, backend, k):
-    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
-    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, pad_token_id=0)
-    out, stats = specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=k, do_sample=False,
-                                       max_new_tokens=40, pad_token_id=0, backend=backend, return_stats=True)
-    assert torch.equal(out, expected)
-    assert stats.k == k and stats.alpha > 0
-
-
-@pytest.mark.parametrize("graphs", [False, "static"])
-def test_greedy_with_eos_and_graphs(target, drafter, graphs):
-    ids, mask = left_padded_prompts([3, 7, 2, 5], vocab=VOCAB, seed=11)
-    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=18, pad_token_id=0)
-    eos = int(plain[1, ids.shape[1] + 4])
-    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=18, pad_token_id=0,
-                               eos_token_id=eos)
-    out = specdec_fast.generate(target, ids, mask, draft_head=drafter, do_sample=False, max_new_tokens=18,
-                                pad_token_id=0, eos_token_id=eos, cuda_graphs=graphs)  # default K: the whole block
-    assert torch.equal(out, expected)
-
-
-def test_greedy_with_k_changing_every_iteration(target, drafter, monkeypatch):
-    """The adaptive schedule's Ks forced to cycle (the selector walks the first K positions of one
-    block each time; the pending context keeps every accepted position): the target's greedy tokens."""
-    import itertools
-
-    from specdec_fast.engine.schedule import AdaptiveK
-
-    cycle = itertools.cycle([15, 3, 8, 1, 6])
-    monkeypatch.setattr(AdaptiveK, "choose", lambda self, remaining=None: setattr(self, "k", next(cycle)) or self.k)
-    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
-    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
-    out, stats = specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens_schedule="adaptive",
-                                       do_sample=False, max_new_tokens=20, pad_token_id=0, return_stats=True)
-    assert torch.equal(out, expected) and len(stats.schedule["ks"]) == 8 and stats.alpha > 0
-
-
-def test_static_graph_twin_equals_eager_when_sampling(target, drafter):
-    ids, mask = left_padded_prompts([5, 2, 7], vocab=VOCAB, seed=6)
-    runs = [specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=8, do_sample=True,
-                                  temperature=0.9, top_k=20, seed=3, max_new_tokens=14, pad_token_id=0, cuda_graphs=graphs,
-                                  return_stats=True) for graphs in (False, "static")]
-    (eager, e_stats), (static, s_stats) = runs
-    assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
-    assert s_stats.graph_mode == "static" and s_stats.graph_replays["verify"] == s_stats.iterations - 1
 
 
 def test_layout_round_trip_and_errors(target, drafter, tmp_path):
