@@ -3,7 +3,8 @@ statistics reduced once after the loop (stream_lanes=True) against a block-wide 
 step (stream_lanes=False); the per-lane loop taking 1, 2 or 4 blocks per step (stream_unroll);
 and the kernel compiled with its top-k / top-p / min-p code where no row uses it (selects=True,
 the kernel before 2026-11-25: 170-179 registers at B = 64 against 57-62,
-bench/results/verify_stream_ptx_sm90.json). The launcher picks per plan
+bench/results/verify_stream_ptx_sm90.json); the emission's pass with per-lane maxima
+(emit_lanes=True: 3 barriers per step instead of 18 in its sm_90a loop at B = 64, same file). The launcher picks per plan
 (_triton_plan.plan_launches) from what this measured on an H100
 (bench/results/h100_2026-11-23/stream_lanes_112bf69.json for the two loops).
 
@@ -35,7 +36,8 @@ MODES = {"greedy": dict(temperature=0.0), "T=1": {}, "top_k=50": dict(top_k=50)}
 VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=False),
             "lanes_with_select_code": dict(stream_lanes=True, selects=True),
             "lanes_unroll2": dict(stream_lanes=True, stream_unroll=2),
-            "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4)}
+            "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4),
+            "emit_lanes": dict(stream_lanes=True, emit_lanes=True)}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
 
 

@@ -64,16 +64,17 @@ def compile_specialised(fn, constexprs: dict, ints: dict, num_warps: int):
     return compile_kernel(fn, "*bf16", constexprs, num_warps, ints=ints)
 
 
-def emit_row(batch: int) -> dict:
+def emit_row(batch: int, lanes: bool = False) -> dict:
     """The emission kernel (T = 1 rows): registers, programs per SM, its loops' sizes. At B = 64 its
     streaming loop is far longer than the selection's per value (Philox noise, the ratio test,
-    block reductions with barriers every step): the T = 1 minus greedy gap the H100 measured."""
+    block reductions with barriers every step): the T = 1 minus greedy gap the H100 measured.
+    lanes: the per-lane pass (_triton_emit.py LANES: one reduction per step, the rest after the loop)."""
     from specdec_fast.kernels.verify._triton_emit import emit_kernel
 
     plan = plans.plan_launches(batch, K, V, True, num_sms=SMS, interpreting=False, modes=frozenset({"plain"}))
     constexprs = dict(V=V, K=K, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=True, USE_POSITIONS=False,
                       BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=4, BLOCK_K1=8,
-                      BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True)
+                      BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True, LANES=lanes)
     ints = dict(st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1, so_b=K + 1)
     kernel = compile_specialised(emit_kernel, constexprs, ints, plans.EMIT_NUM_WARPS)
     regs, spills = registers(kernel.asm["ptx"])
@@ -81,10 +82,11 @@ def emit_row(batch: int) -> dict:
     allocated = -(-regs // 8) * 8
     programs = min(REGISTERS_PER_SM // (allocated * 32 * plans.EMIT_NUM_WARPS), MAX_WARPS_PER_SM // plans.EMIT_NUM_WARPS)
     grid = plan.emit_grid
-    return dict(B=batch, kernel="emit", mode="plain", registers=regs, spill_store_bytes=spills,
+    longest = max(found, key=lambda loop: loop["lines"], default={})
+    return dict(B=batch, kernel="emit", mode="plain", lanes=lanes, registers=regs, spill_store_bytes=spills,
                 programs_per_sm_by_registers=programs, grid=list(grid), waves=round(grid[0] * grid[1] / (programs * SMS), 2),
                 chunk=plan.emit_chunk, block_v=plan.emit_block_v, loops=found,
-                longest_loop_ptx_lines=max((loop["lines"] for loop in found), default=0))
+                longest_loop_ptx_lines=longest.get("lines", 0), longest_loop_bar_sync=longest.get("bar_sync", 0))
 
 
 def registers(ptx: str) -> tuple[int, int]:
@@ -160,10 +162,11 @@ def main(argv=None) -> dict:
                       f"loads/step={loop.get('ld_global')} {','.join(loop.get('ld_kinds', []))} "
                       f"in flight/SM={r['bytes_in_flight_per_sm']} model={r['model_bandwidth_fraction_of_roofline']}",
                       flush=True)
-    emits = [emit_row(batch) for batch in (1, 64)]
+    emits = [emit_row(batch, lanes) for batch in (1, 64) for lanes in (False, True)]
     for r in emits:
-        print(f"emit B={r['B']:2d} regs={r['registers']} programs/SM={r['programs_per_sm_by_registers']} grid={r['grid']} "
-              f"waves={r['waves']} longest loop {r['longest_loop_ptx_lines']} PTX lines", flush=True)
+        print(f"emit B={r['B']:2d} lanes={r['lanes']!s:5s} regs={r['registers']} spills={r['spill_store_bytes']} "
+              f"programs/SM={r['programs_per_sm_by_registers']} grid={r['grid']} waves={r['waves']} longest loop "
+              f"{r['longest_loop_ptx_lines']} PTX lines, {r['longest_loop_bar_sync']} bar.sync", flush=True)
     result = dict(what="select_stream_kernel compiled for sm_90a on a CPU machine (no GPU): registers, streaming "
                        "loop loads, a Little's-law model of the bandwidth (not a measurement)",
                   shape=dict(K=K, V=V, logits="bf16", num_warps=plans.STREAM_NUM_WARPS),

@@ -6,6 +6,16 @@ grid (cdiv(B, BLOCK_R), NCHUNK): each program runs the ratio test of BLOCK_R row
 steps, repeated by every chunk: cheaper than a launch), then one pass over a vocab chunk of
 each row's emitted position (Gumbel-max candidates, written per chunk); the program that takes
 the row tile's last ticket merges the chunks in chunk order and writes the tokens.
+
+LANES (the plan's emit_lanes; off until a GPU times it): the pass keeps its running maxima per
+lane ([BLOCK_R, BLOCK_V] values and indices, elementwise updates) and reduces them once after the
+loop, instead of ~8 block reductions per step (each a shared-memory round with barriers: the
+emission's sm_90a loop held 18 barriers per step at B = 64, bench/results/verify_stream_ptx_sm90.json).
+The same candidates bit for bit: within a lane later steps hold larger indices, so a strict
+improvement keeps the lowest index of a tie, and the final reduction takes the lowest index among
+the lanes at the maximum. The skip test then bounds each lane by its own best (a weaker bound than
+the row's: fewer tiles skipped on full-distribution rows; greedy / truncated rows still skip
+every -inf tile), one tile-wide reduction per step.
 """
 import triton
 import triton.language as tl
@@ -44,6 +54,72 @@ def _argmax_update(best, best_idx, values, idx):
 
 
 @triton.jit
+def _lane_update(best, arg, values, idx):
+    """Per-lane running maxima best / arg [BLOCK_R, BLOCK_V] after values at idx [1, BLOCK_V]
+    (a strict improvement: the earlier, lower index keeps a tie)."""
+    better = values > best
+    return tl.where(better, values, best), tl.where(better, idx, arg)
+
+
+@triton.jit
+def _lanes_reduced(best, arg, start):
+    """The rows' maxima [BLOCK_R] and the lowest index holding them; start where a row's maximum
+    is -inf (no value was ever taken: the block-reduction loop's initial index)."""
+    row_best = tl.max(best, axis=1)
+    row_arg = tl.min(tl.where(best == row_best[:, None], arg, BIG_INDEX), axis=1)
+    return row_best, tl.where(row_best == NEG_INF, start, row_arg)
+
+
+@triton.jit
+def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq,
+                     mp, s2p, s3p, tkp, amp, seed, offset, noise_position, stream, rejected, xj, start,
+                     PENALTY: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The emission's pass over a vocab chunk with per-lane state (module docstring: LANES) ->
+    (q maxima, their indices, residual maxima, their indices, residual seen positive), each
+    [BLOCK_R, BLOCK_V]; the math of each value is the block-reduction loop's (_emit)."""
+    q_lane = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)
+    q_arg = tl.full([BLOCK_R, BLOCK_V], BIG_INDEX, tl.int32)
+    r_lane = q_lane
+    r_arg = q_arg
+    r_any = tl.zeros([BLOCK_R, BLOCK_V], tl.int32)
+    any_rejected = tl.max(rejected.to(tl.int32), axis=0) > 0
+    for v0 in range(0, CHUNK, BLOCK_V):
+        idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
+        inside = idx < V
+        zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
+        if PENALTY:
+            zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
+        std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
+                                tkq[:, None], amq[:, None], min_p[:, None])
+        std_q = tl.where(inside, std_q, NEG_INF)
+        r_log = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)  # log max(q - p, 0), -inf where 0
+        if any_rejected:
+            if HAS_DRAFT_LOGITS:
+                zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+                if PENALTY:
+                    zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
+                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None], s3p[:, None],
+                                    tkp[:, None], amp[:, None], min_p[:, None])
+            else:
+                p = tl.where(idx == xj[:, None], 1.0, 0.0)
+            r = tl.maximum(q - p, 0.0)
+            positive = inside & rejected[:, None] & (r > 0)
+            r_any = tl.maximum(r_any, positive.to(tl.int32))
+            # log(0) = -inf, written as a select so that no log(0) is evaluated.
+            r_log = tl.where(positive, tl.log(tl.where(positive, r, 1.0)), NEG_INF)
+        # Noise only where some lane could still improve (its own best; g <= GUMBEL_MAX and the
+        # residual's log(max(q - p, 0)) <= log(q)): one reduction over the tile.
+        could = (std_q + GUMBEL_MAX >= q_lane) | (rejected[:, None] & (r_log + GUMBEL_MAX >= r_lane))
+        if tl.max(tl.max(could.to(tl.int32), axis=1), axis=0) > 0:
+            g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
+            q_lane, q_arg = _lane_update(q_lane, q_arg, std_q + g, idx)
+            if any_rejected:
+                r_lane, r_arg = _lane_update(r_lane, r_arg, r_log + g, idx)
+    return q_lane, q_arg, r_lane, r_arg, r_any
+
+
+@triton.jit
 def _write_tokens(tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, out_ptr, num_accepted_ptr,
                   b, live, j, kb, NCHUNK, sx_b, sx_k, so_b,
                   K: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -79,7 +155,7 @@ def emit_kernel(
     B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr = False,
 ):
     """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows, then one pass over a
     vocab chunk of each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
@@ -88,7 +164,8 @@ def emit_kernel(
     _emit(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr,
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,),
-          False, V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
+          False, V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE,
+          LANES)
 
 
 @triton.jit
@@ -100,6 +177,7 @@ def emit_penalised_kernel(
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, W: tl.constexpr, P0: tl.constexpr,
+    LANES: tl.constexpr = False,
 ):
     """emit_kernel with penalties (the arguments of
     _triton_select_stream.select_stream_penalised_kernel): the ratio test's q_i(x_i), p_i(x_i)
@@ -110,7 +188,7 @@ def emit_penalised_kernel(
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
           (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk), True, V,
-          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE)
+          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE, LANES)
 
 
 @triton.jit
@@ -120,7 +198,7 @@ def _emit(
     num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, pen_args,
     PENALTY: tl.constexpr, V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr,
 ):
     """The emission's program; pen_args: the penalties (kernels/penalties/triton.py) or (False,)."""
     b, live = _tile_rows(B, BLOCK_R)
@@ -194,31 +272,58 @@ def _emit(
         pen_q = row_penalty(pen_args, b[:, None], j[:, None])
         pen_p = row_penalty(pen_args, b[:, None], jd[:, None])
     start = c * CHUNK
-    q_best = tl.full([BLOCK_R], NEG_INF, tl.float32)
-    q_arg = zero + start
-    r_best = q_best
-    r_arg = q_arg
-    r_any = zero
-    any_rejected = tl.max(rejected.to(tl.int32), axis=0) > 0
-    for v0 in range(0, CHUNK, BLOCK_V):
-        idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
-        inside = idx < V
-        zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
-        if PENALTY:
-            zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
-        std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
-                                tkq[:, None], amq[:, None], min_p[:, None])
-        std_q = tl.where(inside, std_q, NEG_INF)
-        # The noise (Philox, the bulk of this kernel's work) only where a value could still win:
-        # g <= GUMBEL_MAX, and the residual's log(max(q - p, 0)) <= log(q). Skipped tiles
-        # change nothing (a later index replaces the best only when strictly larger). Greedy
-        # and truncated (top-k / top-p / min-p) rows skip most of the vocab this way.
-        could_q = tl.max(std_q, axis=1) + GUMBEL_MAX >= q_best
-        could_r = rejected & (tl.log(tl.max(q, axis=1)) + GUMBEL_MAX >= r_best)
-        if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:
-            g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
-            q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
-            if any_rejected:
+    if LANES:
+        if not HAS_DRAFT_LOGITS:  # unread (p is the one-hot of the draft then)
+            mp, s2p, s3p, tkp, amp = mq, s2q, s3q, tkq, amq
+        q_lane, q_lane_arg, r_lane, r_lane_arg, r_lane_any = _emit_pass_lanes(
+            target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, mp, s2p, s3p,
+            tkp, amp, seed, offset, noise_position, stream, rejected, xj, start, PENALTY, V, CHUNK, HAS_DRAFT_LOGITS,
+            BLOCK_R, BLOCK_V)
+        q_best, q_arg = _lanes_reduced(q_lane, q_lane_arg, start)
+        r_best, r_arg = _lanes_reduced(r_lane, r_lane_arg, start)
+        r_any = tl.max(r_lane_any, axis=1)
+    else:
+        q_best = tl.full([BLOCK_R], NEG_INF, tl.float32)
+        q_arg = zero + start
+        r_best = q_best
+        r_arg = q_arg
+        r_any = zero
+        any_rejected = tl.max(rejected.to(tl.int32), axis=0) > 0
+        for v0 in range(0, CHUNK, BLOCK_V):
+            idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
+            inside = idx < V
+            zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
+            if PENALTY:
+                zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
+            std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
+                                    tkq[:, None], amq[:, None], min_p[:, None])
+            std_q = tl.where(inside, std_q, NEG_INF)
+            # The noise (Philox, the bulk of this kernel's work) only where a value could still win:
+            # g <= GUMBEL_MAX, and the residual's log(max(q - p, 0)) <= log(q). Skipped tiles
+            # change nothing (a later index replaces the best only when strictly larger). Greedy
+            # and truncated (top-k / top-p / min-p) rows skip most of the vocab this way.
+            could_q = tl.max(std_q, axis=1) + GUMBEL_MAX >= q_best
+            could_r = rejected & (tl.log(tl.max(q, axis=1)) + GUMBEL_MAX >= r_best)
+            if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:
+                g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
+                q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
+                if any_rejected:
+                    if HAS_DRAFT_LOGITS:
+                        zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+                        if PENALTY:
+                            zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
+                        _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
+                                            s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
+                    else:
+                        p = tl.where(idx == xj[:, None], 1.0, 0.0)
+                    r = tl.maximum(q - p, 0.0)
+                    positive = inside & rejected[:, None] & (r > 0)
+                    r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
+                    # log(0) = -inf, written as a select so that no log(0) is evaluated.
+                    r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
+                    r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
+            elif any_rejected:
+                # r_any must still see every positive residual entry of the row.
                 if HAS_DRAFT_LOGITS:
                     zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
                     if PENALTY:
@@ -227,24 +332,8 @@ def _emit(
                                         s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
                 else:
                     p = tl.where(idx == xj[:, None], 1.0, 0.0)
-                r = tl.maximum(q - p, 0.0)
-                positive = inside & rejected[:, None] & (r > 0)
+                positive = inside & rejected[:, None] & (tl.maximum(q - p, 0.0) > 0)
                 r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
-                # log(0) = -inf, written as a select so that no log(0) is evaluated.
-                r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
-                r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
-        elif any_rejected:
-            # r_any must still see every positive residual entry of the row.
-            if HAS_DRAFT_LOGITS:
-                zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
-                if PENALTY:
-                    zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
-                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
-                                    s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
-            else:
-                p = tl.where(idx == xj[:, None], 1.0, 0.0)
-            positive = inside & rejected[:, None] & (tl.maximum(q - p, 0.0) > 0)
-            r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
     out = b * NCHUNK + c
     tl.store(q_val_ptr + out, q_best, mask=live)
     tl.store(q_idx_ptr + out, q_arg, mask=live)

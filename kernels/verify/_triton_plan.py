@@ -40,6 +40,9 @@ STREAM_NUM_WARPS = 8
 # UNROLL 2: 64-78 registers, 24-32 KB. A model, not a measurement: 1 until a GPU run of
 # bench/bench_stream_lanes.py (which times every variant side by side) shows 2 or 4 faster.
 STREAM_UNROLL = 1
+# The emission's pass keeps per-lane maxima (_triton_emit.py LANES): off until a GPU times it
+# (bench/bench_stream_lanes.py emit rows; its sm_90a code: bench/verify_stream_ptx.py).
+EMIT_LANES = False
 FINISH_NUM_WARPS = 8
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
@@ -109,6 +112,8 @@ class LaunchPlan:
     # row may use them (= finish), unless forced on for a comparison (the code it compiles out
     # held 170-179 registers at B = 64 against 57-62 without: verify_stream_ptx_sm90.json)
     selects: bool = True
+    # the emission's pass with per-lane maxima (EMIT_LANES; _triton_emit.py)
+    emit_lanes: bool = False
 
     @property
     def select_grid(self) -> tuple:
@@ -142,7 +147,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
                   num_chunks: int | None = None, cap: int | None = None,
                   stream_lanes: bool | None = None, penalties: bool = False,
-                  stream_unroll: int | None = None, selects: bool | None = None) -> LaunchPlan:
+                  stream_unroll: int | None = None, selects: bool | None = None,
+                  emit_lanes: bool | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -154,7 +160,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     (same grids and launches). stream_unroll: blocks per step of the per-lane loop (None:
     STREAM_UNROLL), lowered to the largest power of 2 that divides a chunk's blocks. selects:
     True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
-    them (the earlier kernel, for side-by-side timing); None: exactly where some row may. Measured on an H100 (112bf69,
+    them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
+    emit_lanes: the emission's per-lane pass (None: EMIT_LANES). Measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -197,7 +204,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
-                      penalties, unroll, finish or bool(selects))
+                      penalties, unroll, finish or bool(selects),
+                      EMIT_LANES if emit_lanes is None else bool(emit_lanes))
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0
@@ -282,6 +290,8 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         # per step of its per-lane loop
         "stream_select_code": plan.selects if plan.large_vocab else None,
         "stream_unroll": plan.stream_unroll if plan.large_vocab else None,
+        # the emission's pass keeps per-lane maxima (EMIT_LANES; None: no emission launch)
+        "emit_lanes": None if plan.greedy_tokens else plan.emit_lanes,
         "candidate_cap": plan.cap if plan.large_vocab else None,
         "distributions": plan.rows,
         "second_pass": ("over the rows whose top-p (without a top-k <= CAP / 16), top-k > CAP / 16 or "

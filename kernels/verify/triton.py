@@ -241,7 +241,7 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         **pen_kw, V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
-        FENCE=fence, num_warps=EMIT_NUM_WARPS,
+        FENCE=fence, LANES=plan.emit_lanes, num_warps=EMIT_NUM_WARPS,
     )
     return tokens, num_accepted, paths
 
@@ -259,6 +259,7 @@ def chain_verify_triton(
     stream_lanes: bool | None = None,
     stream_unroll: int | None = None,
     selects: bool | None = None,
+    emit_lanes: bool | None = None,
     return_paths: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
@@ -268,10 +269,11 @@ def chain_verify_triton(
     (True: per-lane statistics, False: block reductions; None: the plan's choice,
     _triton_plan.plan_launches); stream_unroll: blocks per step of the per-lane loop (None: the
     plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
-    kernel where no row uses it (timing comparisons). return_paths: also return int32 [B * NPOS], how each
+    kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
+    (None: the plan's EMIT_LANES). return_paths: also return int32 [B * NPOS], how each
     distribution's thresholds were settled (_triton_select_stream.py; 0 for small vocabularies)."""
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
-                     stream_unroll=stream_unroll, selects=selects)
+                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -291,6 +293,7 @@ def sample_triton(
     stream_lanes: bool | None = None,
     stream_unroll: int | None = None,
     selects: bool | None = None,
+    emit_lanes: bool | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream). penalties:
@@ -299,7 +302,7 @@ def sample_triton(
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
-                     stream_unroll=stream_unroll, selects=selects)
+                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens)
     return tokens[:, 0]

@@ -137,6 +137,8 @@ class AdaptiveK:
             draft_step = float(np.median(self.draft_step))
             draft = {k: k * draft_step for k in self.ks}
         else:
+            if not any(self.draft.values()):
+                return None
             one_point = "proportional"  # a verify scores K + 1 tokens (module docstring)
             draft = self._line(self.draft, "flat")
         verify = self._line(self.verify, one_point)

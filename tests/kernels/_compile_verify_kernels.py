@@ -111,7 +111,8 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
     yield emit_kernel, plans.EMIT_NUM_WARPS, dict(
         V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft and k > 0, USE_POSITIONS=k == 0,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
-        BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True)
+        BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True,
+        LANES=plan.emit_lanes)
 
 
 # (logits dtype, B, K, V, draft logits, host modes, penalties): verify at B = 1 and 64, the draft
@@ -203,6 +204,14 @@ def main() -> int:
             tag = "" if modes is None else f" modes={'+'.join(sorted(modes))}"
             print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra} "
                   f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
+    # The emission's per-lane pass (off by default: _triton_plan.EMIT_LANES), plain and penalised, where
+    # it has several steps per chunk (B = 64): it must compile for sm_90 before a GPU can time it.
+    for penalties in (False, True):
+        for fn, num_warps, constexprs, options in jobs("*bf16", 64, 4, 128256, True, None, penalties):
+            if fn in (emit_kernel, emit_penalised_kernel):
+                kernel = compile_kernel(fn, "*bf16", dict(constexprs, LANES=True), num_warps, options)
+                print(f"compiled {fn.__name__}+lanes *bf16 B=64 K=4 V=128256 ptx={ptx_hash(kernel.asm['ptx'])}",
+                      flush=True)
     return 0
 
 

@@ -7,7 +7,8 @@ Run as a script to (re)record: ``TRITON_INTERPRET=1 python -m tests.kernels.pena
 writes tests/kernels/data/verify_launch_keys_interpreter.json. The recording in the repository was
 made at commit 5fab9c4 (before the penalties) and re-recorded once, deliberately, when the
 streaming kernel gained two constexprs (SELECTS, UNROLL: its keys gained them at the end, every
-other launch's key was unchanged); re-recording is only right for a deliberate change of the
+other launch's key was unchanged), and once more when the emission kernel gained LANES (its keys
+gained ('constexpr', False) at the end; nothing else changed); re-recording is only right for a deliberate change of the
 penalty-free kernels. The keys are the interpreter's (the launch plan sizes tiles for the
 interpreter): the comparison runs where the test device is the CPU.
 """
