@@ -108,6 +108,23 @@ def test_a_block_drafter_weighs_the_verify_rows_against_acceptance(alpha, verify
     assert schedule.choose() == expected == max(value, key=value.get)
 
 
+def test_costs_are_refitted_after_refit_every_observations_or_a_new_k():
+    """The medians and line fits are host time a CPU decoder pays per iteration: they are reused
+    until REFIT_EVERY new step observations arrive, or a K is measured for the first time."""
+    from specdec_fast.engine.schedule import REFIT_EVERY
+
+    schedule = AdaptiveK(KS, start=2)
+    schedule.observe_phases([("draft", 2, 0.2), ("target", 2, 1.2)])
+    first = schedule.costs()
+    schedule.observe_phases([("target", 2, 9.0)] * (REFIT_EVERY - 2))  # the same K: the last fit stands
+    assert schedule.costs() is first
+    schedule.observe_phases([("target", 2, 9.0)] * 2)  # REFIT_EVERY observations since: refitted
+    assert schedule.costs()[2] == pytest.approx(0.2 + 9.0)
+    fitted = schedule.costs()
+    schedule.observe_phases([("draft", 4, 0.4), ("target", 4, 9.5)])  # a K measured for the first time
+    assert schedule.costs() is not fitted and schedule.costs()[4] == pytest.approx(0.4 + 9.5)
+
+
 def test_hysteresis_keeps_k_for_a_gain_under_its_margin():
     schedule = observed(AdaptiveK((2, 3), start=2), alpha=0.6, draft_s=0.1, verify_s=1.0)
     a = schedule.acceptance()
