@@ -16,9 +16,12 @@ corpus tokens continued by --teacher-new target tokens, half greedy, half sample
 instead (the first drafter's recipe). --anchors blocks per window, AdamW with warm-up and cosine
 decay, --minutes or --steps; loss decay by block position as DFlash's (train/dflash.py).
 
-Not shipped: the 28-minute drafter (bench/results/dflash_training.json) accepts 2.2 tokens per
-iteration on the held-out prompts against the draft model's 3.5 and runs slower than plain
-decoding on CPU (bench/results/heads_pair_cpu_*.json), so the pair has no dflash/ directory.
+Not shipped: the 28-minute block-8 drafter trained on corpus text (bench/results/dflash_training.json)
+accepts 2.2 tokens per iteration on the held-out prompts against the draft model's 3.5
+(heads_pair_cpu_*.json); the 45-minute block-16 drafter trained on the target's own text
+(`--block-size 16 --minutes 45 --target-layers 1 2 3`, dflash_b16_training.json) 2.9 at K=4 and 3.4
+at K=15, and both run slower than plain decoding on a CPU (heads_dflash_b16_cpu_avx512.json), so
+the pair has no dflash/ directory.
 
 Writes the drafter in the published layout (config.json + model.safetensors) and a JSON record:
 sizes, held-out chained top-1 agreement per block position (greedy acceptance of draft i given
