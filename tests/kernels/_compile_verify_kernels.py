@@ -204,14 +204,16 @@ def main() -> int:
             tag = "" if modes is None else f" modes={'+'.join(sorted(modes))}"
             print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra} "
                   f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
-    # The emission's per-lane pass (off by default: _triton_plan.EMIT_LANES), plain and penalised, where
-    # it has several steps per chunk (B = 64): it must compile for sm_90 before a GPU can time it.
-    for penalties in (False, True):
-        for fn, num_warps, constexprs, options in jobs("*bf16", 64, 4, 128256, True, None, penalties):
+    # The emission's per-lane pass (off by default: _triton_plan.EMIT_LANES), plain and penalised, and the
+    # draft sampler's (K = 0: no draft logits), where it has several steps per chunk (B = 64): it must
+    # compile for sm_90 before a GPU can time it.
+    for logits_type, k, has_draft, penalties in (("*bf16", 4, True, False), ("*bf16", 4, True, True),
+                                                 ("*fp32", 0, False, False)):
+        for fn, num_warps, constexprs, options in jobs(logits_type, 64, k, 128256, has_draft, None, penalties):
             if fn in (emit_kernel, emit_penalised_kernel):
-                kernel = compile_kernel(fn, "*bf16", dict(constexprs, LANES=True), num_warps, options)
-                print(f"compiled {fn.__name__}+lanes *bf16 B=64 K=4 V=128256 ptx={ptx_hash(kernel.asm['ptx'])}",
-                      flush=True)
+                kernel = compile_kernel(fn, logits_type, dict(constexprs, LANES=True), num_warps, options)
+                print(f"compiled {fn.__name__}+lanes {logits_type} B=64 K={k} V=128256 "
+                      f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
     return 0
 
 

@@ -27,8 +27,9 @@ def test_verify_kernels_compile_for_sm90():
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     # 3 shapes x (stream, finish, emit) + the small-vocab pair; greedy: the selection kernel alone (3 shapes);
-    # penalised: 2 shapes x 3 + the small-vocab pair + greedy's selection; the per-lane emission, plain and penalised
-    assert done.stdout.count("compiled") == 25
+    # penalised: 2 shapes x 3 + the small-vocab pair + greedy's selection; the per-lane emission (plain,
+    # penalised, the sampler's)
+    assert done.stdout.count("compiled") == 26
     # The penalty-free kernels' PTX instructions (debug lines aside) equal those recorded at 5fab9c4, before
     # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
     # The greedy-mode selection kernels were re-recorded when SELECTS (no row uses top-k / top-p / min-p)
