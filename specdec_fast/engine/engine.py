@@ -15,9 +15,10 @@ finished rows are). Buckets apply where graphs do (cuda_graphs / the "static" tw
 decoding runs each batch size as it is (padding would only cost).
 
 Memory: each runner's pool holds kv_cache_tokens tokens (default: max_batch_size rows of
-max_seq_len + K + 1 tokens, each rounded up to whole KV blocks; on CUDA at most kv_memory_fraction of the free memory, and the one
-line at construction says which); a request that does not fit raises OutOfBlocksError naming the
-sizes; blocks freed by a finished call are reused by the next.
+max_seq_len + K + 1 tokens, each rounded up to whole KV blocks; on CUDA at most
+kv_memory_fraction of the free memory, and the one line at construction says which); a request
+that does not fit raises OutOfBlocksError naming the sizes; blocks freed by a finished call are
+reused by the next.
 
 Threads: one call at a time per engine (a lock); a call from another thread waits its turn,
 so calls never share a KV block, a graph's buffers or a random stream mid-call.
