@@ -167,11 +167,16 @@ def _compile_job(job):
         return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
 
 
-def grid(quick: bool, workers: int) -> int:
-    """Compile each distinct kernel of the grid once; print one line per failure and a summary."""
+def grid(quick: bool, workers: int, emit_lanes: bool = False) -> int:
+    """Compile each distinct kernel of the grid once; print one line per failure and a summary.
+    emit_lanes: the emission kernels alone, with the per-lane pass (_triton_emit.py LANES)."""
     todo = {}
     for shape in grid_shapes(quick):
         for fn, num_warps, constexprs, options in jobs(*shape):
+            if emit_lanes:
+                if fn not in (emit_kernel, emit_penalised_kernel):
+                    continue
+                constexprs = dict(constexprs, LANES=True)
             key = (fn.__name__, shape[0], num_warps, tuple(sorted(constexprs.items())))
             todo.setdefault(key, ((fn.__name__, shape[0], constexprs, num_warps, options), shape))
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -193,9 +198,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="with --grid: the deterministic slice")
     parser.add_argument("--known-hard", action="store_true", help="with --grid: only KNOWN_HARD")
     parser.add_argument("--jobs", type=int, default=1, help="with --grid: compiling processes")
+    parser.add_argument("--emit-lanes", action="store_true", help="with --grid: the emission kernels with LANES")
     args = parser.parse_args()
     if args.grid:
-        return grid("known-hard" if args.known_hard else args.quick, args.jobs)
+        return grid("known-hard" if args.known_hard else args.quick, args.jobs, args.emit_lanes)
     for logits_type, batch, k, vocab, has_draft, modes, penalties in SHAPES:
         for fn, num_warps, constexprs, options in jobs(logits_type, batch, k, vocab, has_draft, modes, penalties):
             kernel = compile_kernel(fn, logits_type, constexprs, num_warps, options)
