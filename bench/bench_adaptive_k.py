@@ -9,7 +9,10 @@ cost measurements, which the engine keeps across calls) and then --calls timed c
 cached engine; the row is their median. Greedy by default (--sample: T=1), EOS off: every call
 makes exactly N tokens per row. What the table shows: tokens/s of the whole call, the best fixed
 K, the adaptive schedule's tokens/s as a fraction of the best fixed K's, the mean K it ran and the
-Ks it chose.
+Ks it chose; and "adaptive pinned": the schedule's whole machinery (position counters in the
+verify, counters in the polls, the phase timer, every choice computed) with each choice then
+replaced by the best fixed K, which separates what the mechanics cost from what the choices cost
+(the H100's open question of 2026-11-24: adaptive 0-10% slower than a constant K at the same K).
 
     python bench/bench_adaptive_k.py            # CPU: the demo pair and a noisier copy of its draft
     python bench/bench_adaptive_k.py --gpu      # CUDA: the 8B-shaped pair (bench/scale_models.py),
@@ -19,6 +22,7 @@ Writes bench/results/adaptive_k_<device>.json (rewritten after every configurati
 stops starting new configurations after that many seconds).
 """
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -77,6 +81,27 @@ def gpu_setup(agreements, prompt_len):
             got = sm.calibrate(target, draft, goal, calib)
             yield f"greedy agreement {got['agreement']:.3f}", draft
     return target, drafts, lambda b: ids[:b], "Llama-3-8B-shaped random bf16 target, 2-layer draft"
+
+
+@contextlib.contextmanager
+def pinned_choices(k: int):
+    """AdaptiveK.choose computes its choice as usual (its host time is paid), then returns k."""
+    from specdec_fast.engine.schedule import AdaptiveK
+
+    real = AdaptiveK.choose
+
+    def choose(self, remaining=None):
+        chosen = real(self, remaining)
+        self.chosen[chosen] -= 1
+        self.drafted_steps += k - chosen
+        self.chosen[k] += 1
+        self.k = k
+        return k
+    AdaptiveK.choose = choose
+    try:
+        yield
+    finally:
+        AdaptiveK.choose = real
 
 
 def timed(target, ids, new: int, extra: dict, calls: int, sample: bool) -> dict:
@@ -147,16 +172,19 @@ def main(argv=None) -> dict:
             methods.update({f"K={k}": dict(assistant_model=draft, num_assistant_tokens=k) for k in ks})
             methods["adaptive"] = dict(assistant_model=draft, num_assistant_tokens_schedule="adaptive")
             rows = {name: timed(target, ids, new, extra, args.calls, args.sample) for name, extra in methods.items()}
+            best = max((n for n in rows if n.startswith("K=")), key=lambda n: rows[n]["tokens_per_s"])
+            with pinned_choices(int(best[2:])):
+                rows["adaptive pinned"] = timed(target, ids, new, methods["adaptive"], args.calls, args.sample)
             # A server's engine: warmup() captures (and times) every K up front, so the schedule
             # chooses among all of them from the first call (engine/schedule.py).
             for engine in cached_engines(target):
                 if engine.assistant_model is draft:
                     engine.warmup([b], do_sample=args.sample, num_assistant_tokens_schedule="adaptive")
             rows["adaptive after warmup"] = timed(target, ids, new, methods["adaptive"], args.calls, args.sample)
-            best = max((n for n in rows if n.startswith("K=")), key=lambda n: rows[n]["tokens_per_s"])
             ada, warm, plain = rows["adaptive"], rows["adaptive after warmup"], rows["plain"]["tokens_per_s"]
             summary = dict(draft=label, batch=b, best_fixed=best, adaptive_over_best=ada["tokens_per_s"] / rows[best]["tokens_per_s"],
                            warmed_over_best=warm["tokens_per_s"] / rows[best]["tokens_per_s"],
+                           pinned_over_best=rows["adaptive pinned"]["tokens_per_s"] / rows[best]["tokens_per_s"],
                            adaptive_over_plain=ada["tokens_per_s"] / plain,
                            best_over_plain=rows[best]["tokens_per_s"] / plain, rows=rows)
             result["configs"].append(summary)
@@ -166,7 +194,8 @@ def main(argv=None) -> dict:
                   f"{summary['adaptive_over_best']:.3f} of best, {summary['adaptive_over_plain']:.2f}x plain, "
                   f"mean K {ada['mean_k']:.2f}, chose {ada.get('chosen')}, graphs captured in the timed calls "
                   f"{ada['graphs_captured']} | after warmup {warm['tokens_per_s']:.1f} tok/s = "
-                  f"{summary['warmed_over_best']:.3f} of best, mean K {warm['mean_k']:.2f}, chose {warm.get('chosen')}",
+                  f"{summary['warmed_over_best']:.3f} of best, mean K {warm['mean_k']:.2f}, chose {warm.get('chosen')} | "
+                  f"pinned at {best}: {summary['pinned_over_best']:.3f} of best",
                   flush=True)
             out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
