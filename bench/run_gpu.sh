@@ -79,10 +79,16 @@ stage_heads() {
   run python3 bench/bench_heads_gpu.py --out "$results/heads_gpu_$dev.json"
 }
 
+stage_adaptive() {
+  # Issue 22's open question: the adaptive schedule against every fixed K, and "adaptive pinned"
+  # (its machinery at the best fixed K): what the mechanics cost apart from the choices.
+  run python3 bench/bench_adaptive_k.py --gpu --budget-s 480 --out "$results/adaptive_k_$dev.json"
+}
+
 case "$stage" in
-  tests|kernels|scale|loop|more|trees|limits|heads) "stage_$stage" ;;
+  tests|kernels|scale|loop|more|trees|limits|heads|adaptive) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|heads|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|heads|adaptive|all"; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null
