@@ -93,6 +93,8 @@ def pinned_choices(k: int):
     def choose(self, remaining=None):
         chosen = real(self, remaining)
         self.chosen[chosen] -= 1
+        if not self.chosen[chosen]:
+            del self.chosen[chosen]
         self.drafted_steps += k - chosen
         self.chosen[k] += 1
         self.k = k
