@@ -103,12 +103,14 @@ def prompt_from_module(source: str, max_lines: int = 14) -> str:
 
 
 def target_continuations(target, stream, rows: int, new_tokens: int, *, seed: int, prompt_tokens: int = 64,
-                         chunk: int = 64, greedy_only: bool = False, stop_at_eos: bool = True, log=None):
+                         chunk: int = 64, greedy_only: bool = False, stop_at_eos: bool = True,
+                         chunk_seed: int | None = None, log=None):
     """The demo target's own text: ``rows`` windows of ``prompt_tokens`` tokens of ``stream`` (a 1-D
     tensor of target tokens; random starts) continued by ``new_tokens`` tokens of the target, in
     chunks of ``chunk`` rows: greedy for even chunks, sampled at temperature 0.8 for odd ones (every
     chunk greedy with ``greedy_only``); rows that reach EOS end there (pad after it) unless not
-    ``stop_at_eos``. -> int64 [rows, prompt_tokens + new_tokens], target tokens.
+    ``stop_at_eos``. Seeds: ``seed`` draws the starts, ``chunk_seed`` (default ``seed``) + i samples
+    chunk i. -> int64 [rows, prompt_tokens + new_tokens], target tokens.
     What a drafter sees at decoding time is the target's own text, not the corpus's."""
     import torch
 
@@ -122,7 +124,8 @@ def target_continuations(target, stream, rows: int, new_tokens: int, *, seed: in
         sampled = i % 2 and not greedy_only
         mode = dict(do_sample=True, temperature=0.8, top_p=1.0, top_k=0) if sampled else dict(do_sample=False)
         eos = {} if stop_at_eos else dict(eos_token_id=None, pad_token_id=0)
-        text = specdec_fast.generate(target, part, max_new_tokens=new_tokens, seed=seed + i, **eos, **mode)
+        first = seed if chunk_seed is None else chunk_seed
+        text = specdec_fast.generate(target, part, max_new_tokens=new_tokens, seed=first + i, **eos, **mode)
         pad = target.generation_config.pad_token_id or 0  # a chunk whose rows all ended early is shorter
         out.append(torch.nn.functional.pad(text, (0, prompt_tokens + new_tokens - text.shape[1]), value=pad))
         if log is not None and i % 8 == 0:

@@ -102,7 +102,7 @@ def target_text_stream(args, train_texts: list[str], tokenizer) -> torch.Tensor:
 
     target_tok, target, _ = load_demo_pair()
     rows = target_continuations(target, encode_stream(target_tok, train_texts), args.distill_prompts, args.distill_new,
-                                seed=args.seed + 2, log=log)
+                                seed=args.seed + 2, chunk_seed=args.seed, log=log)  # the seeds it always used
     tcodec, dcodec = TokenBytes(target_tok), TokenBytes(tokenizer)
     ids = []
     for row in rows.tolist():
