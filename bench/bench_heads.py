@@ -3,7 +3,7 @@
     plain          specdec_fast without a drafter
     draft K        the shipped draft model (0.82M parameters), K drafts per iteration (each --k)
     eagle3 K       the shipped EAGLE-3 head (specdec_fast/assets/pair/eagle3), K drafts per iteration
-    dflash K       a DFlash block drafter (--dflash DIR; all K drafts from one forward), when given, at
+    dflash K       a DFlash (or DFlash2) block drafter (--dflash DIR; all K drafts from one forward), when given, at
                    each --dflash-k (default: each --k) up to block_size - 1 and at block_size - 1
     dflash adaptive  the same drafter under num_assistant_tokens_schedule="adaptive" (K per
                    iteration among the first drafts of the block; the Ks it chose are recorded)
@@ -47,9 +47,10 @@ def methods(args, draft, head, dflash) -> dict:
     for k in args.k:
         out[f"eagle3 K={k}"] = dict(draft_head=head, num_assistant_tokens=k)
     if dflash is not None:  # at the chains' Ks and with the whole block (its K drafts cost one forward)
+        name = dflash.label.lower()  # dflash / dflash2
         for k in sorted({k for k in (args.dflash_k or args.k) if k < dflash.block_size} | {dflash.block_size - 1}):
-            out[f"dflash K={k}"] = dict(draft_head=dflash, num_assistant_tokens=k)
-        out["dflash adaptive"] = dict(draft_head=dflash, num_assistant_tokens_schedule="adaptive")
+            out[f"{name} K={k}"] = dict(draft_head=dflash, num_assistant_tokens=k)
+        out[f"{name} adaptive"] = dict(draft_head=dflash, num_assistant_tokens_schedule="adaptive")
     if args.tree:
         for mode in MODES:
             tree = TokenTree.recommended(args.tree, greedy=mode == "greedy")

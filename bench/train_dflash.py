@@ -29,6 +29,7 @@ drafts < i accepted, teacher-forced on the target's own greedy continuations of 
 windows), wall time, machine.
 """
 import argparse
+import copy
 import json
 import sys
 import time
@@ -72,13 +73,20 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variant", choices=("dflash", "dflash2"), default="dflash",
+                    help="dflash2: DFlash plus its in-block convolutions and candidate selector (heads/dflash2.py)")
+    ap.add_argument("--selector-rank", type=int, default=64, help="dflash2: the selector's codebook rank")
+    ap.add_argument("--selector-top-k", type=int, default=16, help="dflash2: candidates rescored per position")
+    ap.add_argument("--conv-taps", type=int, default=2, help="dflash2: the in-block convolutions' taps")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="start from this drafter (published layout; its shape, block and target layers are kept)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
-    from specdec_fast import demo_pair, save_draft_head
-    from specdec_fast.heads import DFlashHead
+    from specdec_fast import demo_pair, load_draft_head, save_draft_head
+    from specdec_fast.heads import DFlash2Head, DFlashHead
     from specdec_fast.train import train_dflash
 
     target_dir, _ = demo_pair()
@@ -99,10 +107,25 @@ def main(argv=None) -> None:
                          rms_norm_eps=tc.rms_norm_eps, rope_parameters=dict(tc.rope_parameters),
                          num_target_layers=tc.num_hidden_layers, block_size=args.block_size, tie_word_embeddings=True,
                          dflash_config=dict(mask_token_id=mask_token, target_layer_ids=list(args.target_layers)))
+    init = load_draft_head(args.init) if args.init else None
+    if init is not None:  # its shape, block, target layers and mask token
+        config = copy.deepcopy(init.config)
+        args.block_size, args.layers = init.block_size, config.num_hidden_layers
+        args.intermediate, args.target_layers = config.intermediate_size, list(config.dflash_config["target_layer_ids"])
+        mask_token = int(config.dflash_config["mask_token_id"])
+    if args.variant == "dflash2":
+        config.dflash_config = dict(config.dflash_config, selector_rank=args.selector_rank,
+                                    selector_top_k=args.selector_top_k, conv_kernel_size=args.conv_taps,
+                                    conv_group_size=16)
     torch.manual_seed(args.seed)
-    head = DFlashHead(config)
+    head = (DFlash2Head if args.variant == "dflash2" else DFlashHead)(config)
+    if init is not None:  # a fresh DFlash2 head's convolutions are the identity: it starts as the init drafter
+        missing, unexpected = head.load_state_dict(init.state_dict(), strict=False)
+        if unexpected:
+            raise SystemExit(f"--init {args.init}: weights this {args.variant} drafter has no place for: {unexpected}")
+        log(f"started from {args.init}; new: {missing}")
     params = sum(p.numel() for p in head.parameters())
-    log(f"DFlash drafter: {params} parameters, block {args.block_size}, layers {args.layers}")
+    log(f"{head.label} drafter: {params} parameters, block {args.block_size}, layers {args.layers}")
     t0 = time.perf_counter()
     held = target_continuations(target, held_stream, 16, args.teacher_new or args.seq_len - 64, seed=args.seed + 1,
                                 greedy_only=True, stop_at_eos=False)
@@ -121,7 +144,8 @@ def main(argv=None) -> None:
     log(f"held-out chained greedy agreement per block position: before {before}, after {after}")
     save_draft_head(head, args.out)
     size = sum(f.stat().st_size for f in args.out.iterdir())
-    results = dict(drafter=dict(params=params, layers=args.layers, intermediate=args.intermediate,
+    results = dict(drafter=dict(variant=args.variant, init=str(args.init) if args.init else None, params=params,
+                                layers=args.layers, intermediate=args.intermediate,
                                 block_size=args.block_size, target_layer_ids=list(args.target_layers),
                                 mask_token_id=mask_token, bytes_on_disk=size),
                    training=dict(info, batch=args.batch, rows=list(sequences.shape), anchors=args.anchors, lr=args.lr,
