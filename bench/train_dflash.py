@@ -4,6 +4,7 @@ modules excluded: bench/pair_corpus.py), with specdec_fast/train/dflash.py.
 
     .venv/bin/python bench/train_dflash.py --minutes 28    # the drafter of bench/results/dflash_training.json
     .venv/bin/python bench/train_dflash.py --minutes 5 --out /tmp/dflash --results /tmp/dflash.json
+    .venv/bin/python bench/train_dflash.py --variant dflash2 --init DIR --lr 5e-4 --minutes 20   # DFlash2 from a DFlash
 
 The drafter: --layers Qwen3-style layers of the target's width (256; 8 heads / 2 KV heads of 32),
 intermediate --intermediate, a block of --block-size (K <= block_size - 1), reading the outputs of
