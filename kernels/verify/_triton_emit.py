@@ -71,6 +71,34 @@ def _lanes_reduced(best, arg, start):
 
 
 @triton.jit
+def _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, PENALTY: tl.constexpr):
+    """The emitted position's target row at idx [1, BLOCK_V] -> (standardised logits, -inf outside
+    the vocabulary; probabilities q), each [BLOCK_R, BLOCK_V]."""
+    zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
+    if PENALTY:
+        zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
+    std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
+                            tkq[:, None], amq[:, None], min_p[:, None])
+    return tl.where(inside, std_q, NEG_INF), q
+
+
+@triton.jit
+def _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp,
+            PENALTY: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr):
+    """The draft's probabilities p [BLOCK_R, BLOCK_V] at the rejected position (read for rejected
+    rows only), or the one-hot of the draft token xj without draft logits."""
+    if HAS_DRAFT_LOGITS:
+        zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
+        if PENALTY:
+            zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
+        _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None], s3p[:, None],
+                            tkp[:, None], amp[:, None], min_p[:, None])
+    else:
+        p = tl.where(idx == xj[:, None], 1.0, 0.0)
+    return p
+
+
+@triton.jit
 def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq,
                      mp, s2p, s3p, tkp, amp, seed, offset, noise_position, stream, rejected, xj, start,
                      PENALTY: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
@@ -87,22 +115,11 @@ def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, gr
     for v0 in range(0, CHUNK, BLOCK_V):
         idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
         inside = idx < V
-        zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
-        if PENALTY:
-            zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
-        std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
-                                tkq[:, None], amq[:, None], min_p[:, None])
-        std_q = tl.where(inside, std_q, NEG_INF)
+        std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, PENALTY)
         r_log = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)  # log max(q - p, 0), -inf where 0
         if any_rejected:
-            if HAS_DRAFT_LOGITS:
-                zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
-                if PENALTY:
-                    zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
-                _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None], s3p[:, None],
-                                    tkp[:, None], amp[:, None], min_p[:, None])
-            else:
-                p = tl.where(idx == xj[:, None], 1.0, 0.0)
+            p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp,
+                        PENALTY, HAS_DRAFT_LOGITS)
             r = tl.maximum(q - p, 0.0)
             positive = inside & rejected[:, None] & (r > 0)
             r_any = tl.maximum(r_any, positive.to(tl.int32))
@@ -272,9 +289,9 @@ def _emit(
         pen_q = row_penalty(pen_args, b[:, None], j[:, None])
         pen_p = row_penalty(pen_args, b[:, None], jd[:, None])
     start = c * CHUNK
+    if not HAS_DRAFT_LOGITS:  # unread (_p_tile: p is the one-hot of the draft then)
+        mp, s2p, s3p, tkp, amp = mq, s2q, s3q, tkq, amq
     if LANES:
-        if not HAS_DRAFT_LOGITS:  # unread (p is the one-hot of the draft then)
-            mp, s2p, s3p, tkp, amp = mq, s2q, s3q, tkq, amq
         q_lane, q_lane_arg, r_lane, r_lane_arg, r_lane_any = _emit_pass_lanes(
             target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, mp, s2p, s3p,
             tkp, amp, seed, offset, noise_position, stream, rejected, xj, start, PENALTY, V, CHUNK, HAS_DRAFT_LOGITS,
@@ -292,12 +309,8 @@ def _emit(
         for v0 in range(0, CHUNK, BLOCK_V):
             idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
             inside = idx < V
-            zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
-            if PENALTY:
-                zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
-            std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
-                                    tkq[:, None], amq[:, None], min_p[:, None])
-            std_q = tl.where(inside, std_q, NEG_INF)
+            std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq,
+                               PENALTY)
             # The noise (Philox, the bulk of this kernel's work) only where a value could still win:
             # g <= GUMBEL_MAX, and the residual's log(max(q - p, 0)) <= log(q). Skipped tiles
             # change nothing (a later index replaces the best only when strictly larger). Greedy
@@ -308,14 +321,8 @@ def _emit(
                 g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
                 q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
                 if any_rejected:
-                    if HAS_DRAFT_LOGITS:
-                        zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
-                        if PENALTY:
-                            zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
-                        _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
-                                            s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
-                    else:
-                        p = tl.where(idx == xj[:, None], 1.0, 0.0)
+                    p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p,
+                                tkp, amp, PENALTY, HAS_DRAFT_LOGITS)
                     r = tl.maximum(q - p, 0.0)
                     positive = inside & rejected[:, None] & (r > 0)
                     r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
@@ -324,14 +331,8 @@ def _emit(
                     r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
             elif any_rejected:
                 # r_any must still see every positive residual entry of the row.
-                if HAS_DRAFT_LOGITS:
-                    zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
-                    if PENALTY:
-                        zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
-                    _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None],
-                                        s3p[:, None], tkp[:, None], amp[:, None], min_p[:, None])
-                else:
-                    p = tl.where(idx == xj[:, None], 1.0, 0.0)
+                p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp,
+                            amp, PENALTY, HAS_DRAFT_LOGITS)
                 positive = inside & rejected[:, None] & (tl.maximum(q - p, 0.0) > 0)
                 r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
     out = b * NCHUNK + c
