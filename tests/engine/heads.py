@@ -1,5 +1,6 @@
 """Tiny EAGLE-3 heads for the tests: random, or trained for a second on a tiny target's own text
-(specdec_fast.train) so that drafts are accepted often enough to exercise every commit path."""
+(specdec_fast.train) so that drafts are accepted often enough to exercise every commit path; and
+the recording of a drafter's proposals that the reference-draft tests compare."""
 import torch
 import transformers as tf
 
@@ -116,3 +117,23 @@ def random_dflash2(target, *, seed: int = 0, std: float = 0.15, selector_std: fl
                 p.normal_(0, std)
     return head.requires_grad_(False)
 
+
+
+def proposals_per_iteration(drafter, decoder, ids, mask) -> list:
+    """decoder.generate(ids, mask) with ``drafter``'s proposals recorded: per iteration, for each
+    unfinished row, (the row's text so far, its drafts) as lists of ints."""
+    seen, propose = [], drafter.propose
+
+    def recording(k):
+        drafts, logits = propose(k)
+        st = drafter.state
+        seen.append([(st.seq[b, st.start[b]:st.end[b]].tolist(), drafts[b].tolist()) for b in range(ids.shape[0])
+                     if not bool(st.finished[b])])
+        return drafts, logits
+
+    drafter.propose = recording
+    try:
+        decoder.generate(ids, mask)
+    finally:
+        del drafter.propose  # the class's method again
+    return seen

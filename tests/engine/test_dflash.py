@@ -21,7 +21,7 @@ from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners.paged_dflash import PagedDFlashRunner
 
-from .heads import random_dflash, trained_dflash
+from .heads import proposals_per_iteration, random_dflash, trained_dflash
 from .models import left_padded_prompts
 from .test_paged_runner import VOCAB, tiny
 
@@ -94,17 +94,7 @@ def test_drafts_equal_the_reference_drafter(target, drafter, ks, monkeypatch):
     if ks is not None:
         cycle = itertools.cycle(ks)
         monkeypatch.setattr(decoder.schedule, "choose", lambda remaining=None: next(cycle))
-    seen, propose = [], block.propose
-
-    def recording(k):
-        drafts, logits = propose(k)
-        st = block.state
-        seen.append([(st.seq[b, st.start[b]:st.end[b]].tolist(), drafts[b].tolist()) for b in range(batch)
-                     if not bool(st.finished[b])])
-        return drafts, logits
-
-    block.propose = recording
-    decoder.generate(ids, mask)
+    seen = proposals_per_iteration(block, decoder, ids, mask)
     assert len(seen) >= 3 and sum(decoder.stats.result.accepted_hist[1:]) > 0
     assert ks is None or len({len(drafts) for iteration in seen for _, drafts in iteration}) >= 3
     for iteration in seen:

@@ -30,7 +30,7 @@ from specdec_fast.runners.paged_dflash2 import PagedDFlash2Runner
 from tests.kernels.backends import kernel_backends
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
-from .heads import random_dflash2
+from .heads import proposals_per_iteration, random_dflash2
 from .models import left_padded_prompts, make_model
 from .test_dflash_sampling import PROMPT, VOCAB as SMALL_VOCAB
 from .test_sampling_exact import target_probs
@@ -115,17 +115,7 @@ def test_drafts_equal_the_reference_selector_walk(target, drafter):
     block = SelectorBlockDrafter(PagedDFlash2Runner(drafter, *_weights(target), num_draft_tokens=k), runner)
     decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=20)
-    seen, propose = [], block.propose
-
-    def recording(k):
-        drafts, logits = propose(k)
-        st = block.state
-        seen.append([(st.seq[b, st.start[b]:st.end[b]].tolist(), drafts[b].tolist()) for b in range(batch)
-                     if not bool(st.finished[b])])
-        return drafts, logits
-
-    block.propose = recording
-    decoder.generate(ids, mask)
+    seen = proposals_per_iteration(block, decoder, ids, mask)
     assert len(seen) >= 3 and sum(decoder.stats.result.accepted_hist[1:]) > 0
     moved = 0
     for iteration in seen:

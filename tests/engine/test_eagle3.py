@@ -17,7 +17,7 @@ from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners.paged_eagle3 import PagedEagle3Runner
 
-from .heads import random_head, trained_head
+from .heads import proposals_per_iteration, random_head, trained_head
 from .models import left_padded_prompts, make_model
 from .test_paged_runner import VOCAB, tiny
 
@@ -102,18 +102,7 @@ def test_drafts_equal_the_reference_head(target, head):
     drafter = Eagle3Drafter(PagedEagle3Runner(head, _embed(target), num_draft_tokens=k), runner, head.draft_to_target)
     decoder = SpeculativeDecoder(runner, drafter, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=16)
-    seen = []
-    propose = drafter.propose
-
-    def recording(k):
-        drafts, logits = propose(k)
-        st = drafter.state
-        seen.append([(st.seq[b, st.start[b]:st.end[b]].tolist(), drafts[b].tolist()) for b in range(batch)
-                     if not bool(st.finished[b])])
-        return drafts, logits
-
-    drafter.propose = recording
-    decoder.generate(ids, mask)
+    seen = proposals_per_iteration(drafter, decoder, ids, mask)
     accepted = sum(decoder.stats.result.accepted_hist[1:])
     assert len(seen) >= 4 and accepted > 0, "the test needs iterations that accept drafts"
     for iteration in seen:
