@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+from collections import Counter
 import sys
 import time
 from pathlib import Path
@@ -103,16 +104,16 @@ def main(argv=None) -> None:
             run_pass(target, prompts[:1], {k: v for k, v in table[name].items() if k != "_mode"}, mode,
                      argparse.Namespace(**{**vars(args), "max_new_tokens": 8}))
         times = {name: [] for name in names}
-        stats = {}
+        last = {}  # name -> the last pass's per-call stats
         for _ in range(args.repeats):
             for name in names:
                 seconds, s = run_pass(target, prompts, {k: v for k, v in table[name].items() if k != "_mode"}, mode, args)
                 times[name].append(seconds)
-                stats[name], stats[name + " raw"] = merge_stats(s), s
+                last[name] = s
         tokens = len(prompts) * args.max_new_tokens
         plain_tps = tokens / min(times["plain"])
         for name in names:
-            merged = stats[name]
+            merged = merge_stats(last[name])
             entry = dict(tokens_per_s=round(tokens / min(times[name]), 2),
                          tokens_per_s_median=round(tokens / statistics.median(times[name]), 2),
                          tokens_per_s_passes=[round(tokens / t, 1) for t in times[name]],  # the spread
@@ -124,10 +125,7 @@ def main(argv=None) -> None:
                              draft_ms_per_iter=round(1000 * merged.draft_s / max(merged.iterations, 1), 3),
                              target_ms_per_iter=round(1000 * merged.target_s / max(merged.iterations, 1), 3))
                 if "num_assistant_tokens_schedule" in table[name]:  # the Ks chosen, over the last pass's calls
-                    chosen = {}
-                    for one in stats[name + " raw"]:
-                        for k, n in (one.schedule or {}).get("chosen", {}).items():
-                            chosen[k] = chosen.get(k, 0) + n
+                    chosen = sum((Counter(one.schedule["chosen"]) for one in last[name]), Counter())
                     entry["ks_chosen"] = dict(sorted(chosen.items()))
             results.setdefault(mode, {})[name] = entry
             print(f"{mode:8s} {name:28s} {json.dumps(entry)}", flush=True)
