@@ -1,8 +1,12 @@
 """Engine tests: tiny random models on CPU. One intra-op thread: these tensors are tiny and the
 CI box has 2 shared cores; with the default thread count a 48-wide linear took ~6 ms instead
 of ~50 us here (oversubscription)."""
+import itertools
+
 import pytest
 import torch
+
+from specdec_fast.engine.schedule import AdaptiveK
 
 from .models import make_draft, make_model
 
@@ -25,3 +29,26 @@ def model_pair(kind: str):
         target.generation_config.eos_token_id = None
         _CACHE[kind] = (target, make_draft(target, noise=0.1))
     return _CACHE[kind]
+
+
+@pytest.fixture
+def chaos(monkeypatch):
+    """Replaces the adaptive schedule's choice (engine/schedule.py AdaptiveK) by a fixed cycle of Ks,
+    whatever was measured: chaos(sequence) installs it and returns the list of Ks it chose. Chen et
+    al.'s Theorem 1 holds for any K fixed before the drafts are made, so every sequence must keep
+    the output exact (test_adaptive_k.py, test_block_drafters.py, test_dflash*.py)."""
+    chosen = []
+
+    def install(sequence):
+        cycle = itertools.cycle(sequence)
+
+        def choose(self, remaining=None):
+            k = self.pinned if self.pinned is not None else next(cycle)
+            self.k = k
+            self.chosen[k] += 1
+            self.drafted_steps += k
+            chosen.append(k)
+            return k
+        monkeypatch.setattr(AdaptiveK, "choose", choose)
+        return chosen
+    return install

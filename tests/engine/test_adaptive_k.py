@@ -7,8 +7,6 @@ iteration chosen before the drafts are made, so every such sequence must give th
 tokens. What they would catch: a verify that reads another K's drafts or draft probabilities, a
 draft cache left at the wrong length when K changes, a K larger than the state holds.
 """
-import itertools
-
 import numpy as np
 import pytest
 import torch
@@ -175,26 +173,6 @@ def test_bad_ks_raise():
 
 
 # -- exactness -----------------------------------------------------------------------------------
-@pytest.fixture
-def chaos(monkeypatch):
-    """Replaces the schedule's choice by a fixed cycle of Ks (returns the list of Ks it chose)."""
-    chosen = []
-
-    def install(sequence):
-        cycle = itertools.cycle(sequence)
-
-        def choose(self, remaining=None):
-            k = self.pinned if self.pinned is not None else next(cycle)
-            self.k = k
-            self.chosen[k] += 1
-            self.drafted_steps += k
-            chosen.append(k)
-            return k
-        monkeypatch.setattr(AdaptiveK, "choose", choose)
-        return chosen
-    return install
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
 def test_greedy_adaptive_equals_generate(kind, chaos):
     target, draft = model_pair(kind)

@@ -5,14 +5,10 @@ iteration under the adaptive schedule (the Ks are the first K of one block), and
 draws the eager loop's samples. The drafters: the tests' trained DFlash and a random DFlash2
 (tests/engine/heads.py), blocks of 16, on the same tiny target. Each kind's own tests (reference
 forward, reference drafts, layouts, sampling statistics): test_dflash.py, test_dflash2.py."""
-import itertools
-
 import pytest
 import torch
 
 import specdec_fast
-from specdec_fast.engine.schedule import AdaptiveK
-
 from .heads import random_dflash2, trained_dflash
 from .models import left_padded_prompts
 from .test_paged_runner import VOCAB, tiny
@@ -57,7 +53,7 @@ def test_greedy_with_eos_and_graphs(target, drafter, graphs):
 
 
 @pytest.mark.parametrize("graphs", [False, "static"])
-def test_the_adaptive_schedule_chooses_among_block_lengths_exactly(target, drafter, graphs, monkeypatch):
+def test_the_adaptive_schedule_chooses_among_block_lengths_exactly(target, drafter, graphs, chaos):
     """num_assistant_tokens_schedule="adaptive": the Ks are the first K of the block (engine
     ADAPTIVE_BLOCK_KS and block_size - 1); greedy equals the target's greedy decoding under the
     schedule's own choices and under K forced to change every iteration (per-K graphs on the twin;
@@ -69,13 +65,7 @@ def test_the_adaptive_schedule_chooses_among_block_lengths_exactly(target, draft
     out, stats = specdec_fast.generate(target, ids, mask, **kw)
     assert torch.equal(out, expected)
     assert stats.schedule["ks"] == [1, 2, 3, 4, 6, 8, 12, 15]
-    cycle, chosen = itertools.cycle([15, 2, 8, 1, 4, 12]), []
-
-    def choose(self, remaining=None):
-        self.k = next(cycle)
-        chosen.append(self.k)
-        return self.k
-    monkeypatch.setattr(AdaptiveK, "choose", choose)
+    chosen = chaos([15, 2, 8, 1, 4, 12])
     out, stats = specdec_fast.generate(target, ids, mask, **kw)
     assert torch.equal(out, expected) and len(set(chosen)) >= 5 and stats.alpha > 0
 

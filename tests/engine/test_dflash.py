@@ -5,7 +5,6 @@ also with K changing every iteration); one engine serves mixed calls like fresh 
 published layout round-trips and generate(draft_head=DIR) takes it. Greedy = target greedy (K =
 4, 8, 15, every backend, EOS, graphs, the adaptive schedule): test_block_drafters.py, for DFlash
 and DFlash2 alike."""
-import itertools
 import json
 import random
 
@@ -80,7 +79,7 @@ def _reference_drafts(head, target, context: list, k: int) -> list:
 
 
 @pytest.mark.parametrize("ks", [None, (2, 4, 6, 1, 6, 3)])
-def test_drafts_equal_the_reference_drafter(target, drafter, ks, monkeypatch):
+def test_drafts_equal_the_reference_drafter(target, drafter, ks, chaos):
     """Every iteration's drafts = the reference drafter's over the target's hidden states of the
     accepted text; ks: K cycling through them per iteration (the adaptive schedule's choices, forced:
     a K smaller than the call's largest must still keep every accepted position's context entry)."""
@@ -92,8 +91,7 @@ def test_drafts_equal_the_reference_drafter(target, drafter, ks, monkeypatch):
     decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=20, ks=None if ks is None else sorted(set(ks)))
     if ks is not None:
-        cycle = itertools.cycle(ks)
-        monkeypatch.setattr(decoder.schedule, "choose", lambda remaining=None: next(cycle))
+        chaos(ks)
     seen = proposals_per_iteration(block, decoder, ids, mask)
     assert len(seen) >= 3 and sum(decoder.stats.result.accepted_hist[1:]) > 0
     assert ks is None or len({len(drafts) for iteration in seen for _, drafts in iteration}) >= 3

@@ -64,22 +64,12 @@ def test_sampled_tokens_follow_the_target(pair, backend, k):
     assert p12 > P_VALUE_THRESHOLD and p3 > P_VALUE_THRESHOLD, (p12, p3)
 
 
-def test_sampled_tokens_follow_the_target_with_k_changing_every_iteration(pair, monkeypatch):
+def test_sampled_tokens_follow_the_target_with_k_changing_every_iteration(pair, chaos):
     """The adaptive schedule's Ks forced to alternate 1, 7 (the first K of one block each time; a
     row's tokens 2-3 come from the K = 1 iteration and, past its bonus, the K = 7 one): still the
     target's law (a block drafter's q at position i does not depend on K)."""
-    import itertools
-
-    from specdec_fast.engine.schedule import AdaptiveK
-
     target, drafter = pair
-    cycle, chosen = itertools.cycle([1, 7]), []
-
-    def choose(self, remaining=None):
-        self.k = next(cycle)
-        chosen.append(self.k)
-        return self.k
-    monkeypatch.setattr(AdaptiveK, "choose", choose)
+    chosen = chaos([1, 7])
     out = specdec_fast.generate(target, PROMPT.expand(3000, -1), draft_head=drafter, do_sample=True, max_new_tokens=3,
                                 seed=321, backend="torch", num_assistant_tokens_schedule="adaptive",
                                 temperature=SETTINGS["temperature"], top_k=0)
