@@ -38,7 +38,7 @@ def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
 
 
 TRITON_KERNELS = ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_append_kv_kernel", "_paged_attn_split",
-                  "_merge_splits", "_append_kv_kernel")
+                  "_merge_splits", "_append_kv_kernel", "_skinny_linear_kernel")
 
 
 def kernel_family(name: str) -> str:

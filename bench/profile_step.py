@@ -14,7 +14,9 @@ per row; B rows at a --context-token context, the context kept fixed by committi
   - every projection GEMM (F.linear, as the runner calls it) timed alone as graph replays for
     1..16 rows: us, bytes (weight + activations), GB/s, and time relative to 1 row (is anything
     worse picked for 2..16 rows?);
-  - transformers' own eager decoding step on the same model (DynamicCache) beside ours.
+  - transformers' own eager decoding step on the same model (DynamicCache) beside ours;
+  - the same steps through the GEMV layer (runners/paged_llama.py GEMV_LAYER: Triton skinny
+    linears with the norms and SwiGLU fused in) under the key "gemv_layer" of each step.
 --tiny writes the same layout with the GPU-only fields left out: eager ms on CPU, the launches
 per layer of the Triton path (counted under the interpreter without running it) and the CPU
 GEMM sweep, so the script itself is tested in CI.
@@ -194,12 +196,16 @@ def llama_8b_launches_on_meta(ns=(1, 5)) -> dict:
         runner.prefill(torch.randint(3, 1000, (1, 128), device="meta"), None)
     for n in ns:
         step, _ = make_step(runner, 1, n, "meta")
-        with LaunchCounter(run_triton=False):
-            step()
-        with LaunchCounter(run_triton=False) as counter:
-            step()
-        out[f"N={n}"] = {"launches_per_step": counter.total, "layers": LLAMA_8B["num_hidden_layers"],
-                         "by_name": dict(sorted(counter.by_name.items()))}
+        for gemv in (False, True):  # the cuBLAS layer, then the GEMV layer (GEMV_LAYER)
+            runner.set_gemv_layer(gemv)
+            with LaunchCounter(run_triton=False):
+                step()
+            with LaunchCounter(run_triton=False) as counter:
+                step()
+            out[f"N={n}" + (" gemv_layer" if gemv else "")] = {
+                "launches_per_step": counter.total, "layers": LLAMA_8B["num_hidden_layers"],
+                "by_name": dict(sorted(counter.by_name.items()))}
+    runner.set_gemv_layer(False)
     return out
 
 
@@ -250,6 +256,32 @@ def hf_eager_ms(model, context: int, batch: int, iters: int) -> float:
     return 1e3 * statistics.median(times[1:])
 
 
+def gemv_layer_row(runner, args, n: int, ceiling: float, sync) -> dict:
+    """One N-token step through the cuBLAS layer and the GEMV layer (runners/paged_llama.py):
+    graph ms, tok/s and fraction of the ceiling, launches, kernels; the largest logit difference
+    between the two layers relative to the logits' scale (bf16 roundings differ, tokens rarely)."""
+    from specdec_fast.engine.graphs import StepGraph, state_tensors
+
+    step, tokens = make_step(runner, args.batch, n, "cuda")
+    runner.set_gemv_layer(False)
+    base = step(tokens).float()
+    runner.set_gemv_layer(True)
+    fused = step(tokens).float()
+    row = {"logits_max_abs_diff_over_scale": ((fused - base).abs().max() / base.abs().max()).item(),
+           "argmax_agreement": (fused.argmax(-1) == base.argmax(-1)).float().mean().item(),
+           "eager_ms": median_ms(step, args.iters, sync)}
+    graph = StepGraph(lambda t: step(t), name=f"gemv N={n}", capture=True,
+                      state=lambda: state_tensors({"runner": runner}), warmup=2)
+    for _ in range(3):
+        graph(tokens)
+    row["graph_ms"] = median_ms(lambda: graph(tokens), args.iters, sync)
+    row["tok_per_s_graph"] = args.batch * n / (row["graph_ms"] / 1e3) if n == 1 else None
+    row["fraction_of_hbm_ceiling"] = (1e3 / row["graph_ms"]) / ceiling if n == 1 else None
+    row["launches"] = launch_counts(runner, step)
+    row["profile_graph"] = profile_kernels(lambda: graph(tokens))
+    return row
+
+
 def run_gpu(args) -> dict:
     from machine import versions
 
@@ -285,6 +317,13 @@ def run_gpu(args) -> dict:
         row["profile_graph"] = profile_kernels(lambda: graph(tokens))
         report["steps"][f"N={n}"] = row
         print(json.dumps({k: v for k, v in row.items() if not k.startswith(("profile", "launches"))}), flush=True)
+    if runner.gemv_layer_reason() is None:  # the same steps through the GEMV layer (issue 25)
+        for n in args.ns:
+            row = report["steps"][f"N={n}"]
+            row["gemv_layer"] = gemv_layer_row(runner, args, n, ceiling, sync)
+            print(json.dumps({f"N={n} gemv_layer": {k: v for k, v in row["gemv_layer"].items()
+                                                    if not k.startswith(("profile", "launches"))}}), flush=True)
+        runner.set_gemv_layer(False)
     del runner
     torch.cuda.empty_cache()
     report["hf_eager_ms"] = hf_eager_ms(model, args.context, args.batch, args.iters)

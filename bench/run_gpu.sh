@@ -11,6 +11,7 @@
 #     bash bench/run_gpu.sh trees      # trees vs chains end to end, e2e on the demo pair
 #     bash bench/run_gpu.sh heads      # issues 23 / 28: EAGLE-3 and DFlash shapes at the 8B target, costs ~6 min
 #     bash bench/run_gpu.sh limits     # issue 25's rows: verify B 1/64, streaming variants, tree N=64 vs chain K=8, plain decoding ~8 min
+#     bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
 #     bash bench/run_gpu.sh all        # every stage in order (a machine without a time limit)
 #
 # In that order of priority: the first three fit one session. Every benchmark writes JSON (and
@@ -73,6 +74,15 @@ stage_limits() {
   run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
 }
 
+stage_gemv() {
+  # Issue 25, plain decoding at 85%: the GEMV layer's kernel against cuBLAS per 8B product and row
+  # count (every candidate tile config: decides kernels/linear/triton.py's defaults), its fused
+  # prologues against the launches they replace, and the whole step both ways (profile_step's
+  # "gemv_layer" rows). Flip runners/paged_llama.py GEMV_LAYER only where the step is faster.
+  run python3 bench/bench_gemv.py --gpu --out "$results/gemv_$dev.json"
+  run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
+}
+
 stage_heads() {
   # Issues 23 / 28: the 8B-shaped target with an EAGLE-3 head and a DFlash drafter of the published
   # shapes (random weights): draft and target ms per iteration, c, tok/s at equal acceptance (Thm 3.8).
@@ -86,9 +96,9 @@ stage_adaptive() {
 }
 
 case "$stage" in
-  tests|kernels|scale|loop|more|trees|limits|heads|adaptive) "stage_$stage" ;;
+  tests|kernels|scale|loop|more|trees|limits|gemv|heads|adaptive) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|heads|adaptive|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|gemv|heads|adaptive|all"; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null

@@ -25,6 +25,9 @@ def test_tiny_mode_writes_the_report(tmp_path):
         assert triton_path["per_layer"] == 9, triton_path["per_layer_by_name"]
     if "llama_8b_triton_path_launches" in report:  # 32 layers x 9 + what a step does outside them
         assert report["llama_8b_triton_path_launches"]["N=1"]["launches_per_step"] <= 32 * 9 + 20
+        # the GEMV layer: 6 a layer (the cuBLAS layer's split-K reduces, not counted here, gone too)
+        gemv = report["llama_8b_triton_path_launches"]["N=1 gemv_layer"]
+        assert gemv["launches_per_step"] <= 32 * 6 + 20 and gemv["by_name"]["triton:_skinny_linear_kernel"] == 32 * 4 + 1
     assert set(report["host_python_us_per_layer"]) == {"ours_triton_path", "ours_cpu_path", "transformers"}
     gemms = {(g["gemm"], g["rows"]) for g in report["gemm"]}
     assert ("qkv", 1) in gemms and ("lm_head", 5) in gemms

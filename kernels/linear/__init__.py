@@ -3,9 +3,11 @@ skinny_linear_n: several weights applied to one x in one call (q/k/v, gate/up).
 
 Backends: "cpp" (csrc/skinny_linear.cpp: streams the weight once whatever M is; float32 CPU
 tensors, weight [N, K] with a unit stride along K or the transpose of a contiguous [K, N]
-tensor, M <= MAX_ROWS), "torch" (reference.py: F.linear; every other dtype and device).
-backend=None picks "cpp" where it applies and M <= AUTO_ROWS (measured crossover), else "torch"; "triton" is not offered (on CUDA,
-torch's cuBLAS GEMV/GEMM is the right tool).
+tensor, M <= MAX_ROWS), "triton" (triton.py: CUDA, or the interpreter; weight [N, K] with a
+unit stride along K; tuned for M <= 16, correct for any M; also the runner's GEMV layer with
+fused RMSNorm / SwiGLU prologues), "torch" (reference.py: F.linear; every other dtype and device).
+backend=None picks "cpp" where it applies and M <= AUTO_ROWS (measured crossover), else "torch":
+never "triton" until a GPU shows it faster than cuBLAS (bench/bench_gemv.py --gpu).
 """
 import torch
 
@@ -79,7 +81,7 @@ def cpp_applies(x, weight) -> bool:
 def _pick(backend, x, weights) -> bool:
     """True for the C++ op (raises for an impossible explicit choice)."""
     if backend not in (None, "cpp", "torch"):
-        raise ValueError(f"backend must be None, 'cpp' or 'torch' (skinny_linear has no triton kernel), got {backend!r}")
+        raise ValueError(f"backend must be None, 'cpp', 'triton' or 'torch', got {backend!r}")
     applies = all(cpp_applies(x, w) for w in weights)
     if backend == "cpp" and not applies:
         raise ValueError("backend='cpp' needs float32 CPU tensors, at most MAX_ROWS rows of x, a weight with a unit "
@@ -100,6 +102,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """x [M, K], weight [N, K] (a view: may be the transpose of [K, N]), bias [N] or None,
     residual [M, N] or None -> y [M, N] = residual + (x @ weight.T + bias), in x's dtype."""
     _check(x, weight, bias, residual)
+    if backend == "triton":
+        return _skinny_linear_triton(x, weight, bias, residual)
     if not _pick(backend, x, [weight]):
         return skinny_linear_reference(x, weight, bias, residual)
     from .cpp import skinny_linear_cpp
@@ -113,6 +117,20 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return skinny_linear_cpp(x, weight, bias, residual)
 
 
+def _skinny_linear_triton(x, weight, bias, residual):
+    from .._backend import resolve_backend
+    from .triton import skinny_linear_triton
+
+    resolve_backend("triton", x.device, "skinny_linear")  # raises where Triton cannot run
+    if weight.shape[1] > 1 and weight.stride(1) != 1:
+        raise ValueError("backend='triton' needs a weight with a unit stride along K (nn.Linear's [N, K] layout)")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        x = x.contiguous()
+    if residual is not None and residual.shape[1] > 1 and residual.stride(1) != 1:
+        residual = residual.contiguous()
+    return skinny_linear_triton(x, weight, None if bias is None else bias.contiguous(), residual)
+
+
 def skinny_linear_n(x: torch.Tensor, weights, biases=None, *, backend: str | None = None) -> list:
     """x [M, K], weights: a sequence of [N_i, K], biases: a matching sequence of [N_i] or None
     (None: no biases) -> [x @ weights[i].T + biases[i]] as a list of [M, N_i] tensors."""
@@ -123,6 +141,8 @@ def skinny_linear_n(x: torch.Tensor, weights, biases=None, *, backend: str | Non
         raise ValueError(f"biases must have one entry per weight ({len(weights)}), got {len(biases)}")
     for w, b in zip(weights, biases):
         _check(x, w, b, None)
+    if backend == "triton":
+        return [_skinny_linear_triton(x, w, b, None) for w, b in zip(weights, biases)]
     if not _pick(backend, x, weights):
         return skinny_linear_n_reference(x, weights, biases)
     from .cpp import skinny_linear_n_cpp

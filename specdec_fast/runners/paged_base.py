@@ -217,7 +217,7 @@ class PagedRunnerBase:
         self._direct = None
         hidden = self._forward(input_ids, num_valid, prefill=True)
         self._end_prefill()
-        return linear(hidden[:, -1], self.lm_head)
+        return self._logits(hidden[:, -1])
 
     def _admit(self, input_ids: torch.Tensor, attention_mask, budgets, max_new_tokens, num_draft_tokens):
         """prefill's first half: sizes, the pool, each row's slot and reservation, lengths 0 and
@@ -280,7 +280,11 @@ class PagedRunnerBase:
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
                                f"K + 1 = {self.max_tentative} (num_draft_tokens given to {type(self).__name__})")
-        return linear(self._forward(tokens, num_valid, tree), self.lm_head)
+        return self._logits(self._forward(tokens, num_valid, tree))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] (final-norm hidden states) -> logits [..., V] (the lm_head product)."""
+        return linear(hidden, self.lm_head)
 
     def commit(self, keep: torch.Tensor) -> None:
         """The first keep[b] real tentative tokens become committed; the others are dropped."""

@@ -23,6 +23,13 @@ from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# The GEMV layer (_decode_gemv): a decode step's four products per layer and the lm_head as
+# Triton skinny-linear launches (kernels/linear/triton.py) with the RMSNorms, SwiGLU and residual
+# adds fused into them: 6 launches a layer instead of 9 plus cuBLAS's split-K reduces. Off until
+# a GPU shows it faster than cuBLAS (bench/profile_step.py times the step both ways, bench/gemv_ptx.py
+# reads its sm_90a code); runner.set_gemv_layer(True) turns it on for one runner.
+GEMV_LAYER = False
+GEMV_MAX_ROWS = 16  # token rows of a forward up to which the GEMV layer runs (kernels/linear/triton.py MAX_ROWS)
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
@@ -137,6 +144,7 @@ class PagedLlamaRunner(PagedRunnerBase):
     """
 
     unsupported_reason = staticmethod(llama_unsupported_reason)
+    gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)
 
     def _bind(self, model) -> None:
         config = model.config
@@ -159,6 +167,27 @@ class PagedLlamaRunner(PagedRunnerBase):
             self._ops = (add_rms_norm_triton, rope_append_kv_triton, silu_mul_triton)
             # (weight, eps) of the norm that follows each layer: the next layer's input norm, then the final norm
             self._next_norm = [(nxt.ln_in, nxt.eps_in) for nxt in self.layers[1:]] + [(self.final_norm, self.final_eps)]
+        self.gemv_layer = GEMV_LAYER and self.gemv_layer_reason() is None
+
+    def gemv_layer_reason(self) -> str | None:
+        """Why this runner cannot take the GEMV layer (GEMV_LAYER), or None when it can."""
+        if self.kernels != "triton":
+            return f"the GEMV layer is a Triton path (this runner's kernels: {self.kernels!r})"
+        if type(self)._sum_partials is not PagedLlamaRunner._sum_partials:
+            return "a tensor-parallel runner sums partial products across ranks (the fused residual add would repeat)"
+        if any(layer.w_qkv is None or layer.w_gate_up is None for layer in self.layers):
+            return "the q/k/v and gate/up projections are not fused (fuse_projections=False, or biases on some only)"
+        if not self.silu:
+            return f"the GEMV layer fuses SiLU; this model's hidden_act is {self.config.hidden_act!r}"
+        return None
+
+    def set_gemv_layer(self, on: bool) -> None:
+        """Decode steps of at most GEMV_MAX_ROWS token rows through the GEMV layer (on) or the
+        cuBLAS layer (off). Raises ValueError, with gemv_layer_reason(), where it cannot run."""
+        reason = self.gemv_layer_reason() if on else None
+        if reason is not None:
+            raise ValueError(reason)
+        self.gemv_layer = bool(on)
 
     def _linears(self, rows: int, x: torch.Tensor):
         """(linear, linears) for a forward over ``rows`` token rows like x: decided once per row
@@ -183,6 +212,8 @@ class PagedLlamaRunner(PagedRunnerBase):
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         if self.kernels == "triton":
+            if self.gemv_layer and flat.shape[0] <= GEMV_MAX_ROWS:
+                return self._decode_gemv(flat, positions, cu, attn_lens, n)
             return self._decode_triton(flat, positions, cu, attn_lens, n)
         total = flat.shape[0]
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
@@ -244,3 +275,46 @@ class PagedLlamaRunner(PagedRunnerBase):
             x, h = add_rms_norm(x, sum_(F.linear(act, *layer.down)), weight, eps, write_residual=i + 1 < len(self.layers))
             self._keep(i + 1, x if i + 1 < len(self.layers) else h)  # j = L: the final norm's output
         return h
+
+    def _decode_gemv(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """The GEMV layer (GEMV_LAYER): per layer qkv (input RMSNorm fused in), rope_append_kv,
+        attention, o (+ residual), gate_up (post-attention RMSNorm fused in), down (SwiGLU fused in,
+        + residual): 6 launches, no normed activation or SwiGLU output written to memory; then the
+        final norm. The residual stream x stays in the model dtype (each product rounded, then
+        the residual add rounded, as transformers'); the fused norms differ from transformers' by
+        the rounding kernels/linear/triton.py describes."""
+        from ..kernels.linear.triton import skinny_linear_triton as gemv
+
+        add_rms_norm, rope_append_kv, _ = self._ops
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
+        x = self._embed(flat)
+        self._keep(0, x)
+        table, length = self.block_table, self.length
+        for i, layer in enumerate(self.layers):
+            qkv = gemv(x, layer.w_qkv, layer.b_qkv, prologue="rms_norm", norm_weight=layer.ln_in, eps=layer.eps_in)
+            q, kv = qkv[:, :layer.q_cols], qkv[:, layer.q_cols:]
+            k, v = kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
+            q = q.view(total, heads, dim)
+            rope_append_kv(q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
+                           self.v_caches[i], table, length, cu, layer.qk_norm)
+            o = self._attention(i, q, attn_lens, cu, n, self.scale)
+            x = gemv(o.view(total, heads * dim), *layer.o, residual=x)
+            gate_up = gemv(x, layer.w_gate_up, layer.b_gate_up, prologue="rms_norm", norm_weight=layer.ln_post,
+                           eps=layer.eps_post)
+            x = gemv(gate_up, *layer.down, residual=x, prologue="silu_mul")
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        h = add_rms_norm(x, None, self.final_norm, self.final_eps)[1]
+        self._keep(len(self.layers), h)
+        return h
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The lm_head product; through the Triton skinny linear with the GEMV layer (decode steps)."""
+        rows = hidden.numel() // hidden.shape[-1]
+        if not (self.gemv_layer and rows <= GEMV_MAX_ROWS):
+            return super()._logits(hidden)
+        from ..kernels.linear.triton import skinny_linear_triton
+
+        flat = hidden.reshape(rows, hidden.shape[-1])
+        return skinny_linear_triton(flat, self.lm_head).view(*hidden.shape[:-1], self.lm_head.shape[0])

@@ -1,0 +1,94 @@
+"""The Llama runner's GEMV layer (runners/paged_llama.py _decode_gemv: the Triton skinny linear
+with the RMSNorms, SwiGLU and residual adds fused into the products; CUDA, or the interpreter
+here): logits equal the model's forward in float32 (Qwen3's q/k norms, Qwen2's biases, Llama),
+bf16 stays within the tolerance of the cuBLAS layer, 6 launches a layer, greedy generate through
+the engine equals transformers' generate, and the runners it cannot serve say why."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec_fast.api as api
+import specdec_fast.runners.paged_llama as paged_llama
+from specdec_fast.runners.paged_llama import PagedLlamaRunner
+
+from .models import left_padded_prompts, make_model
+from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
+from .test_paged_runner import VOCAB, tiny
+from .test_paged_runner_triton import _runner_with_layers
+
+pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from launch_count import launches_per_layer  # noqa: E402
+
+# qkv (input norm fused), rope_append_kv, attention, o (+ residual), gate_up (norm fused), down
+# (SwiGLU fused, + residual): the 9 of the cuBLAS layer less add_rms_norm x 2 and silu_mul.
+LAUNCHES_PER_LAYER = 6
+
+
+def _gemv_runner(model, **kw):
+    runner = PagedLlamaRunner(model, backend="triton", **kw)
+    runner.set_gemv_layer(True)
+    return runner
+
+
+@pytest.mark.parametrize("kind", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow),
+                                  pytest.param("llama", marks=pytest.mark.slow)])
+def test_logits_equal_hf_forward(kind, device, monkeypatch):
+    """float32: the prefill (27 token rows: the cuBLAS layer) and the score calls (3-12 rows: the
+    GEMV layer) give the model's own logits within the runner tests' 1e-4; the GEMV path ran."""
+    model = tiny(kind).to(device)
+    runner = _gemv_runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    calls = []
+    real = runner._decode_gemv
+    monkeypatch.setattr(runner, "_decode_gemv", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    assert_runner_matches_forward(model, runner, VOCAB)
+    assert calls and max(calls) <= paged_llama.GEMV_MAX_ROWS
+
+
+def test_bfloat16_close_to_hf_forward(device):
+    model = tiny("qwen3").to(device=device, dtype=torch.bfloat16)
+    assert_bf16_close_to_forward(model, _gemv_runner(model, max_new_tokens=4, num_draft_tokens=1), VOCAB)
+
+
+def test_launches_per_layer(device):
+    """One warm score(N=3) call, 1 vs 2 layers (Qwen3, bf16), kernels counted without running."""
+    def make(layers):
+        runner = _runner_with_layers(layers, device=device)
+        runner.set_gemv_layer(True)
+        return runner
+
+    counted = launches_per_layer(make, torch.tensor([[8, 9, 10]], device=device), layer_counts=(1, 2))
+    assert counted["per_layer"] == LAUNCHES_PER_LAYER, counted["per_layer_by_name"]
+    assert counted["per_layer_by_name"]["triton:_skinny_linear_kernel"] == 4
+
+
+def test_greedy_generate_equals_transformers(device, monkeypatch):
+    """GEMV_LAYER on for every runner: speculative greedy decoding (target and draft runners both
+    on the GEMV layer for their decode steps) gives transformers' greedy tokens (float32)."""
+    monkeypatch.setattr(paged_llama, "GEMV_LAYER", True)
+    model = make_model("llama", vocab=VOCAB, seed=3).to(device)
+    draft = make_model("llama", vocab=VOCAB, seed=4).to(device)
+    for m in (model, draft):
+        m.generation_config.eos_token_id = None
+    ids, mask = (t.to(device) for t in left_padded_prompts([3, 5], vocab=VOCAB, seed=2))
+    expected = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    out = api.generate(model, ids, mask, assistant_model=draft, num_assistant_tokens=3, do_sample=False,
+                       max_new_tokens=6, pad_token_id=0, backend="triton", runner="paged")
+    assert torch.equal(out, expected)
+
+
+def test_reasons_where_it_cannot_run(device):
+    model = tiny("llama").to(device)
+    unfused = PagedLlamaRunner(model, max_new_tokens=4, backend="triton", fuse_projections=False)
+    with pytest.raises(ValueError, match="not fused"):
+        unfused.set_gemv_layer(True)
+    assert not unfused.gemv_layer
+    unfused.set_gemv_layer(False)  # turning it off always works
+    gelu = make_model("llama", vocab=VOCAB, seed=5)
+    gelu.config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="SiLU"):
+        PagedLlamaRunner(gelu.to(device), max_new_tokens=4, backend="triton").set_gemv_layer(True)
+    with pytest.raises(ValueError, match="Triton path"):
+        PagedLlamaRunner(tiny("llama"), max_new_tokens=4, backend="torch").set_gemv_layer(True)
