@@ -11,7 +11,8 @@ Per product (qkv, o, gate_up, down, lm_head of Llama-3-8B's shapes, bf16) and ro
     ("triton <N>x<K> w<warps> s<stages>"): the sweep that decides the defaults;
   - "cublas + separate ops" vs "triton fused": the launches the GEMV layer replaces
     (add_rms_norm + F.linear for qkv / gate_up / lm_head, silu_mul + F.linear + add for down)
-    against the one fused launch.
+    against the one fused launch; for down also "triton + separate silu_mul" (what the GEMV layer
+    runs above SILU_FUSED_MAX_ROWS rows).
 Each time is us per call as CUDA-graph replays, over enough weight copies that the weights
 streamed per replay exceed the L2 cache (an o_proj of 32 MB would otherwise stay in the H100's
 50 MB L2 and time L2, not HBM); GB/s = weight + activation bytes / time, and the fraction of the
@@ -138,6 +139,10 @@ def main(argv=None) -> dict:
                 continue
             row(f"cublas + separate {prologue}", timed(separate))
             row(f"triton fused {prologue}", timed(fused))
+            if prologue == "silu_mul":  # the GEMV layer's choice above SILU_FUSED_MAX_ROWS rows
+                row("triton + separate silu_mul",
+                    timed([lambda w=w: skinny_linear_triton(silu_mul_triton(x[:, :k], x[:, k:]), w, None, res)
+                           for w in weights]))
         del weights
     result = dict(device=name, **versions(), dtype="bf16", shape=shape, copy_bandwidth_Bps=bandwidth,
                   l2_bytes_assumed=L2_BYTES, command="python bench/bench_gemv.py " + " ".join(argv or sys.argv[1:]),

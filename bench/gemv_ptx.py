@@ -42,6 +42,7 @@ LLAMA_8B_PRODUCTS = {
     "o": (4096, 4096, "none", False, True),
     "gate_up": (28672, 4096, "rms_norm", False, False),
     "down": (4096, 14336, "silu_mul", False, True),
+    "down_silu_apart": (4096, 14336, "none", False, True),  # rows > SILU_FUSED_MAX_ROWS: silu_mul launched apart
     "lm_head": (128256, 4096, "rms_norm", False, False),
 }
 

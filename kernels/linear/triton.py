@@ -27,6 +27,13 @@ Two inner products by row count: one row (BLOCK_M = 1) keeps a [BLOCK_N, BLOCK_K
 accumulator of elementwise products, reduced across lanes ONCE after the loop (no shuffles per
 step); more rows (BLOCK_M = 16) use tl.dot (mma) on [16, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles.
 Grids depend on shapes only; no host sync (CUDA-graph capturable).
+
+A risk the GPU run must look at (a prediction from counting, not a measurement): on the tl.dot
+path the silu_mul prologue computes silu over the whole [16, BLOCK_K] x tile each step (padding
+rows too: tl.dot needs 16), as many exp + divide as weight values at BLOCK_N = 16; at ~12 bytes
+per clock per SM of HBM share that is close to the time the weight tile takes to arrive, so the
+down product at 2-16 rows may run compute-bound. bench/bench_gemv.py times it beside the separate
+silu_mul + product ("cublas + separate silu_mul").
 """
 from dataclasses import dataclass
 from functools import lru_cache
@@ -88,18 +95,34 @@ def _skinny_linear_kernel(
             x = (s.to(tl.float32) * up.to(tl.float32)).to(dtype)
         if PROLOGUE == 1:
             xf = x.to(tl.float32)
-            ss2 += xf * xf
-            if EVEN_K:
-                nw = tl.load(nw_ptr + k)
-            else:
-                nw = tl.load(nw_ptr + k, mask=k < K, other=0.0)
-            x = (xf * nw.to(tl.float32)[None, :]).to(dtype)
-        if BLOCK_M == 1:
+            ss2 += xf * xf  # in x's own layout: no conversion
+        if BLOCK_M == 1 and PROLOGUE != 2:
+            # x (and the norm weight) read again in the weight tile's shape [BN, BK] -- every row
+            # the same addresses, L1 hits -- so that they arrive in the weight's register layout:
+            # multiplying the [1, BK] tile took 8 shared-memory layout conversions (bar.sync) per
+            # step at sm_90a, this none (bench/gemv_ptx.py). silu_mul keeps the conversion: in the
+            # weight's shape it would compute every exp BLOCK_N times.
+            xb = tl.load(x_rows + k[None, :] + 0 * rn[:, None], mask=x_mask, other=0.0)
+            if PROLOGUE == 1:
+                if EVEN_K:
+                    nwb = tl.load(nw_ptr + k[None, :] + 0 * rn[:, None])
+                else:
+                    nwb = tl.load(nw_ptr + k[None, :] + 0 * rn[:, None], mask=(k < K)[None, :], other=0.0)
+                xb = (xb.to(tl.float32) * nwb.to(tl.float32)).to(dtype)
+            acc2 += w.to(tl.float32) * xb.to(tl.float32)  # [BN, BK]
+        elif BLOCK_M == 1:
             acc2 += w.to(tl.float32) * x.to(tl.float32)  # [BN, BK] * [1, BK]
-        elif DOT_F32:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
-            acc += tl.dot(x, tl.trans(w))
+            if PROLOGUE == 1:
+                if EVEN_K:
+                    nw = tl.load(nw_ptr + k)
+                else:
+                    nw = tl.load(nw_ptr + k, mask=k < K, other=0.0)
+                x = (xf * nw.to(tl.float32)[None, :]).to(dtype)
+            if DOT_F32:
+                acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))
     if BLOCK_M == 1:
         acc = tl.sum(acc2, 1)[None, :]  # [1, BN]
     if PROLOGUE == 1:

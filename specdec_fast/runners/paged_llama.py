@@ -30,6 +30,12 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # reads its sm_90a code); runner.set_gemv_layer(True) turns it on for one runner.
 GEMV_LAYER = False
 GEMV_MAX_ROWS = 16  # token rows of a forward up to which the GEMV layer runs (kernels/linear/triton.py MAX_ROWS)
+# Rows up to which SwiGLU is fused into the down product's load. Above, silu_mul runs apart: on the
+# tl.dot path the fused silu is computed in the dot operand's layout, replicated over the 4 warps
+# and the 16 padded rows -- 128 exp per thread per step at sm_90a against 4 on the one-row path
+# (bench/gemv_ptx.py), ~4 exp per weight value, more than the SFUs can keep up with at HBM speed
+# (a prediction: bench/bench_gemv.py times "triton fused silu_mul" beside "triton + separate").
+SILU_FUSED_MAX_ROWS = 1
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
@@ -278,14 +284,14 @@ class PagedLlamaRunner(PagedRunnerBase):
 
     def _decode_gemv(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """The GEMV layer (GEMV_LAYER): per layer qkv (input RMSNorm fused in), rope_append_kv,
-        attention, o (+ residual), gate_up (post-attention RMSNorm fused in), down (SwiGLU fused in,
-        + residual): 6 launches, no normed activation or SwiGLU output written to memory; then the
-        final norm. The residual stream x stays in the model dtype (each product rounded, then
+        attention, o (+ residual), gate_up (post-attention RMSNorm fused in), down (SwiGLU fused in
+        up to SILU_FUSED_MAX_ROWS rows, else silu_mul apart; + residual): 6 launches (7), no normed
+        activation written to memory; then the final norm. The residual stream x stays in the model dtype (each product rounded, then
         the residual add rounded, as transformers'); the fused norms differ from transformers' by
         the rounding kernels/linear/triton.py describes."""
         from ..kernels.linear.triton import skinny_linear_triton as gemv
 
-        add_rms_norm, rope_append_kv, _ = self._ops
+        add_rms_norm, rope_append_kv, silu_mul = self._ops
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
         x = self._embed(flat)
@@ -302,7 +308,10 @@ class PagedLlamaRunner(PagedRunnerBase):
             x = gemv(o.view(total, heads * dim), *layer.o, residual=x)
             gate_up = gemv(x, layer.w_gate_up, layer.b_gate_up, prologue="rms_norm", norm_weight=layer.ln_post,
                            eps=layer.eps_post)
-            x = gemv(gate_up, *layer.down, residual=x, prologue="silu_mul")
+            if total <= SILU_FUSED_MAX_ROWS:
+                x = gemv(gate_up, *layer.down, residual=x, prologue="silu_mul")
+            else:
+                x = gemv(silu_mul(gate_up[:, :layer.inter], gate_up[:, layer.inter:]), *layer.down, residual=x)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         h = add_rms_norm(x, None, self.final_norm, self.final_eps)[1]

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from launch_count import launches_per_layer  # noqa: E402
 
 # qkv (input norm fused), rope_append_kv, attention, o (+ residual), gate_up (norm fused), down
-# (SwiGLU fused, + residual): the 9 of the cuBLAS layer less add_rms_norm x 2 and silu_mul.
-LAUNCHES_PER_LAYER = 6
+# (SwiGLU fused, + residual): the 9 of the cuBLAS layer less add_rms_norm x 2 and silu_mul; with
+# more than SILU_FUSED_MAX_ROWS rows silu_mul runs apart (7).
+LAUNCHES_PER_LAYER = {1: 6, 3: 7}
 
 
 def _gemv_runner(model, **kw):
@@ -47,21 +48,41 @@ def test_logits_equal_hf_forward(kind, device, monkeypatch):
     assert calls and max(calls) <= paged_llama.GEMV_MAX_ROWS
 
 
+def test_one_row_steps_equal_hf_forward(device):
+    """One token row per step (plain decoding at B = 1: SwiGLU fused into the down product, the
+    one-row inner product): every step's logits are the model's own (float32, 1e-4)."""
+    from .runner_checks import hf_logits
+
+    model = tiny("llama").to(device)
+    runner = _gemv_runner(model, max_new_tokens=6, num_draft_tokens=0, block_size=4)
+    context = [5, 9, 3, 7]
+    runner.prefill(torch.tensor([context], device=device), None)
+    for token in (11, 4, 8):
+        logits = runner.score(torch.tensor([[token]], device=device)).cpu()
+        runner.commit(torch.ones(1, dtype=torch.int32, device=device))
+        context.append(token)
+        torch.testing.assert_close(logits[0, 0], hf_logits(model, context)[-1], atol=1e-4, rtol=1e-4)
+
+
 def test_bfloat16_close_to_hf_forward(device):
     model = tiny("qwen3").to(device=device, dtype=torch.bfloat16)
     assert_bf16_close_to_forward(model, _gemv_runner(model, max_new_tokens=4, num_draft_tokens=1), VOCAB)
 
 
-def test_launches_per_layer(device):
-    """One warm score(N=3) call, 1 vs 2 layers (Qwen3, bf16), kernels counted without running."""
+@pytest.mark.parametrize("n", [1, 3])
+def test_launches_per_layer(n, device):
+    """One warm score(N=n) call, 1 vs 2 layers (Qwen3, bf16), kernels counted without running."""
+    assert paged_llama.SILU_FUSED_MAX_ROWS == 1  # the table above assumes it
+
     def make(layers):
         runner = _runner_with_layers(layers, device=device)
         runner.set_gemv_layer(True)
         return runner
 
-    counted = launches_per_layer(make, torch.tensor([[8, 9, 10]], device=device), layer_counts=(1, 2))
-    assert counted["per_layer"] == LAUNCHES_PER_LAYER, counted["per_layer_by_name"]
+    counted = launches_per_layer(make, torch.arange(8, 8 + n, device=device)[None], layer_counts=(1, 2))
+    assert counted["per_layer"] == LAUNCHES_PER_LAYER[n], counted["per_layer_by_name"]
     assert counted["per_layer_by_name"]["triton:_skinny_linear_kernel"] == 4
+    assert counted["per_layer_by_name"].get("triton:_silu_mul_kernel", 0) == (n > 1)
 
 
 def test_greedy_generate_equals_transformers(device, monkeypatch):
