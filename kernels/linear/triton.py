@@ -19,9 +19,10 @@ Epilogue: + bias, rounded to the model dtype (F.linear's output), then + residua
 Why (issue 25): on the H100 the 8B-shaped plain step spent 5.6 ms in 225 cuBLAS GEMV/GEMM
 launches plus 0.28 ms in 160 split-K reduce launches, and ~1 ms in the layer's small kernels
 (bench/results/h100_3dca4fa/step_profile.json); the layer's add_rms_norm and silu_mul exist only
-to feed the next product. With these prologues a layer is 6 launches instead of 9 + cuBLAS's
-reduces (runners/paged_llama.py GEMV_LAYER). Whether this streams the weight faster than cuBLAS
-is for a GPU to say (bench/bench_gemv.py); until one does, the runner keeps F.linear.
+to feed the next product. With these prologues a layer is 6 launches (7 with silu_mul apart)
+instead of 9 + cuBLAS's reduces (runners/paged_llama.py GEMV_LAYER). Whether this streams the
+weight faster than cuBLAS is for a GPU to say (bench/bench_gemv.py); until one does, the runner
+keeps F.linear.
 
 Two inner products by row count: one row (BLOCK_M = 1) keeps a [BLOCK_N, BLOCK_K] float32
 accumulator of elementwise products, reduced across lanes ONCE after the loop (no shuffles per

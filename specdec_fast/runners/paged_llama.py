@@ -25,7 +25,7 @@ from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # The GEMV layer (_decode_gemv): a decode step's four products per layer and the lm_head as
 # Triton skinny-linear launches (kernels/linear/triton.py) with the RMSNorms, SwiGLU and residual
-# adds fused into them: 6 launches a layer instead of 9 plus cuBLAS's split-K reduces. Off until
+# adds fused into them: 6-7 launches a layer instead of 9 plus cuBLAS's split-K reduces. Off until
 # a GPU shows it faster than cuBLAS (bench/profile_step.py times the step both ways, bench/gemv_ptx.py
 # reads its sm_90a code); runner.set_gemv_layer(True) turns it on for one runner.
 GEMV_LAYER = False
