@@ -100,6 +100,28 @@ def test_greedy_generate_equals_transformers(device, monkeypatch):
     assert torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("drafter", ["model", "plain"])
+def test_static_graph_twin(drafter, device, monkeypatch):
+    """The graph code path (cuda_graphs="static": the captured steps run eagerly with the graph
+    checks -- static arguments, no rebinding, the same launches every call) with the GEMV layer
+    in the target and draft runners: transformers' greedy tokens, every iteration after the
+    first through the graph code."""
+    monkeypatch.setattr(paged_llama, "GEMV_LAYER", True)
+    model = make_model("llama", vocab=VOCAB, seed=3).to(device)
+    model.generation_config.eos_token_id = None
+    ids, mask = (t.to(device) for t in left_padded_prompts([4], vocab=VOCAB, seed=5))
+    expected = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=7, pad_token_id=0)
+    extra = {}
+    if drafter == "model":
+        draft = make_model("llama", vocab=VOCAB, seed=4).to(device)
+        draft.generation_config.eos_token_id = None
+        extra = dict(assistant_model=draft, num_assistant_tokens=2)
+    out, stats = api.generate(model, ids, mask, do_sample=False, max_new_tokens=7, pad_token_id=0, backend="triton",
+                              runner="paged", cuda_graphs="static", return_stats=True, **extra)
+    assert torch.equal(out, expected)
+    assert stats.graph_mode == "static" and stats.graph_replays["verify"] == stats.iterations - 1
+
+
 def test_reasons_where_it_cannot_run(device):
     model = tiny("llama").to(device)
     unfused = PagedLlamaRunner(model, max_new_tokens=4, backend="triton", fuse_projections=False)
