@@ -2,7 +2,8 @@
 
 For B in {1, 8, 64}, V in {32000, 128256}, K = 4, bf16 logits and the sampling modes below:
 the engine's prepared path (chain_verify_triton / sample_triton with SamplingTensors made
-once) beside the torch reference (the spec), plain PyTorch (verify_anchors.py) and FlashInfer
+once and a VerifyWorkspace: no zero fill; "triton_zero_fill": the same call without one, as a
+plain caller makes it) beside the torch reference (the spec), plain PyTorch (verify_anchors.py) and FlashInfer
 (when importable), each captured in a CUDA graph and replayed under triton.testing.do_bench
 (median and 20/80% quantiles; eager do_bench, flagged, when a capture fails; do_bench flushes
 L2 before every replay, so even B = 1 reads its logits from HBM, where the engine would find
@@ -128,7 +129,7 @@ def _entry(timing: dict, bytes_read: int, bandwidth) -> dict:
 
 
 def run_table(smoke: bool = False, data: str = "random") -> dict:
-    from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton, verify_plan
+    from specdec_fast.kernels.verify.triton import VerifyWorkspace, chain_verify_triton, sample_triton, verify_plan
 
     device = torch.device("cpu" if smoke else "cuda")
     if not smoke and not torch.cuda.is_available():
@@ -158,13 +159,16 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
             full = dict(temperature=kw.get("temperature", 1.0), top_k=kw.get("top_k", 0), top_p=kw.get("top_p", 1.0),
                         min_p=kw.get("min_p", 0.0))
             unknown = dataclasses.replace(params, modes=None)  # every launch, as before the host modes
+            ws_verify, ws_sample = VerifyWorkspace(), VerifyWorkspace()  # the engine's calls: no zero fill
             verify = {
-                "triton": lambda: chain_verify_triton(target, draft, drafts, params, **ov),
+                "triton": lambda: chain_verify_triton(target, draft, drafts, params, workspace=ws_verify, **ov),
+                "triton_zero_fill": lambda: chain_verify_triton(target, draft, drafts, params, **ov),
                 "reference": lambda: chain_verify_reference(target, draft, drafts, params),
                 "torch": lambda: torch_verify(target, draft, drafts, **full),
             }
             sample = {
-                "triton": lambda: sample_triton(logits, params, positions, 2, **ov),
+                "triton": lambda: sample_triton(logits, params, positions, 2, workspace=ws_sample, **ov),
+                "triton_zero_fill": lambda: sample_triton(logits, params, positions, 2, **ov),
                 "reference": lambda: sample_reference(logits, params, positions, 2),
                 "torch": lambda: torch_sample(logits, **full),
             }
@@ -186,10 +190,12 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
                 "verify_bytes": verify_bytes, "sample_bytes": sample_bytes,
                 "tokens_equal_reference": bool(torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1])),
                 "sample_equal_reference": bool(torch.equal(sample["triton"](), sample["reference"]())),
+                "workspace_tokens_equal": bool(all(torch.equal(a, b) for a, b in zip(verify["triton"](), (tokens, accepted)))),
                 "threshold_routes": _summarise_paths(paths),
-                "plan": verify_plan(batch, k, vocab, True, _plan_modes(kw)),
-                "launches": {"verify": verify_plan(batch, k, vocab, True, _plan_modes(kw))["launches"],
-                             "sample": verify_plan(batch, 0, vocab, False, _plan_modes(kw))["launches"],
+                "plan": verify_plan(batch, k, vocab, True, _plan_modes(kw), workspace=True),
+                "launches": {"verify": verify_plan(batch, k, vocab, True, _plan_modes(kw), workspace=True)["launches"],
+                             "sample": verify_plan(batch, 0, vocab, False, _plan_modes(kw), workspace=True)["launches"],
+                             "verify_zero_fill": verify_plan(batch, k, vocab, True, _plan_modes(kw))["launches"],
                              "verify_modes_unknown": verify_plan(batch, k, vocab, True, None)["launches"],
                              "sample_modes_unknown": verify_plan(batch, 0, vocab, False, None)["launches"]},
                 "verify": {}, "sample": {}, "notes": notes,

@@ -163,13 +163,14 @@ def most_children(parents: torch.Tensor) -> int:
 def prepared_tree_verify(backend, device, max_children: int | None = None):
     """tree_verify_impl(target_logits, draft_logits, tokens, parents, params) -> (tokens, path,
     num_accepted) of the backend resolve_backend picks for ``device``; no checks (for the engine).
-    max_children: as tree_verify's (a bound the caller guarantees; None: N - 1)."""
+    max_children: as tree_verify's (a bound the caller guarantees; None: N - 1). Triton: the impl
+    holds a VerifyWorkspace (one sequence of calls on one stream: one prepared impl per decoder)."""
     chosen = resolve_backend(backend, torch.device(device), "tree_verify")
-    if chosen == "triton":
+    if chosen == "triton":  # with its own workspace: no zero fills per call (kernels/verify/_triton_workspace.py)
+        from ..verify.triton import VerifyWorkspace
         from .triton import tree_verify_triton
 
-        return tree_verify_triton if max_children is None else functools.partial(tree_verify_triton,
-                                                                                  max_children=max_children)
+        return functools.partial(tree_verify_triton, max_children=max_children, workspace=VerifyWorkspace())
     if chosen == "cpp":
         from .cpp import tree_verify_cpp
 

@@ -2,7 +2,8 @@
 
 Launches (each boundary a grid-wide dependency):
   0-2. the standardisation statistics of every node's target and draft row: kernels/verify's
-       selection launches (select_stats: a zero fill, the streaming pass, the finish when some
+       selection launches (select_stats: a zero fill -- none with a caller's VerifyWorkspace, the
+       engine's, which also holds the dummy drafts and the tickets below --, the streaming pass, the finish when some
        row may use top-k / top-p / min-p: SamplingTensors.modes, known on the host), with
        K = N - 1 and no -1 among the (dummy) drafts, so every position is computed (_node_stats
        below is the only code that knows their interface)
@@ -52,21 +53,24 @@ def _split_vocab(vocab: int, row_tiles: int, device, block_v: int, num_chunks: i
     return chunk, triton.cdiv(vocab, chunk)
 
 
-def _node_stats(target, draft, params: SamplingTensors, block_v, num_chunks):
+def _node_stats(target, draft, params: SamplingTensors, block_v, num_chunks, workspace=None):
     """(m, s2, s3, tkey, amax) [B * NPOS] and NPOS: kernels/verify's statistics of target position
     n (index b * NPOS + n) and draft position n (b * NPOS + N + n, n <= N - 2; the last node has
     no children, so its draft row is never needed). draft None: target positions only."""
     batch, n, vocab = target.shape
     k = n - 1
     has_draft = draft is not None and k > 0
-    dummy_drafts = torch.zeros((batch, max(k, 1)), dtype=torch.int32, device=target.device)  # no -1: every position
+    width = max(k, 1)  # no -1 among the dummy drafts: every position is computed
+    dummy_drafts = (torch.zeros((batch, width), dtype=torch.int32, device=target.device) if workspace is None
+                    else workspace.zeros(batch * width, target.device).view(batch, width))
     plan = plan_for(batch, k, vocab, has_draft, target.device, dict(block_v=block_v, num_chunks=num_chunks),
                     params.modes, emits=False)  # no finishing launch when no row truncates
-    stats, _, _ = select_stats(target, draft if has_draft else target, dummy_drafts, params, plan)
+    stats, _, _ = select_stats(target, draft if has_draft else target, dummy_drafts, params, plan, workspace=workspace)
     return stats, plan.npos
 
 
-def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children):
+def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children,
+            workspace=None):
     batch, n, vocab = target.shape
     device = target.device
     i32 = dict(dtype=torch.int32, device=device)
@@ -79,7 +83,7 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     has_draft = draft is not None and n > 1
     draft = _vocab_contiguous(draft) if has_draft else target
     tokens, parents = tokens.contiguous(), parents.contiguous()
-    stats, npos = _node_stats(target, draft if has_draft else None, params, block_v, num_chunks)
+    stats, npos = _node_stats(target, draft if has_draft else None, params, block_v, num_chunks, workspace)
     p = params
     strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
     block_n = triton.next_power_of_2(n)
@@ -92,7 +96,8 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
         chunk, nchunk = _split_vocab(vocab, tiles, device, bv, num_chunks)
         lam_next = torch.empty((batch * n,), dtype=torch.float32, device=device)
         part = torch.empty((batch * n, nchunk), dtype=torch.float32, device=device)
-        tickets = torch.zeros((tiles, kmax), **i32)
+        tickets = (torch.zeros((tiles, kmax), **i32) if workspace is None
+                   else workspace.counters(tiles * kmax, device).view(tiles, kmax))  # reset by their last programs
         for k in range(1, kmax):
             kernels.residual_mass_kernel[(tiles, nchunk)](
                 target, draft, parents, p.temperature, p.min_p, *stats, mass, lam_next, part, tickets,
@@ -145,15 +150,23 @@ def tree_verify_triton(
     block_v: int | None = None,
     num_chunks: int | None = None,
     max_children: int | None = None,
+    workspace=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
     -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
     kernels.tree_verify.tree_verify; block_v / num_chunks override the vocab split (tests).
     max_children: a bound on any node's children in any row (None: N - 1); sampled children cost
-    one residual-mass launch per sibling after the first, up to the bound."""
-    if not triton_interpreting():
-        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks, max_children)
-    import numpy as np
+    one residual-mass launch per sibling after the first, up to the bound. workspace: a caller's
+    VerifyWorkspace (kernels/verify/_triton_workspace.py): no zero fills (three per call without)."""
+    args = (target_logits, draft_logits, tokens, parents, params, block_v, num_chunks, max_children, workspace)
+    try:
+        if not triton_interpreting():
+            return _launch(*args)
+        import numpy as np
 
-    with np.errstate(all="ignore"):  # the interpreter evaluates both sides of every select
-        return _launch(target_logits, draft_logits, tokens, parents, params, block_v, num_chunks, max_children)
+        with np.errstate(all="ignore"):  # the interpreter evaluates both sides of every select
+            return _launch(*args)
+    except BaseException:
+        if workspace is not None:  # a launch that ran may have left counters for one that did not
+            workspace.discard()
+        raise

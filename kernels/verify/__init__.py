@@ -5,6 +5,8 @@ CPU default when it builds), "torch" (reference.py: the spec). See reference.py 
 semantics every backend implements; penalties (repetition / frequency / presence):
 kernels/penalties/reference.py, applied by every backend where it loads the logits.
 """
+import functools
+
 import torch
 
 from .._backend import resolve_backend
@@ -223,12 +225,16 @@ def prepared_impls(backend, device):
     For a caller that validated its arguments once and calls every decoding step (the engine,
     the drafters): no checks, no per-call dispatch. params come from make_sampling_tensors
     (offset set per call with dataclasses.replace). The public entry points cost ~0.3 ms of
-    Python per call on CPU (cProfile, demo pair: 156 draft samples 48 ms, of which the op 11 ms)."""
+    Python per call on CPU (cProfile, demo pair: 156 draft samples 48 ms, of which the op 11 ms).
+    Triton: each impl holds a VerifyWorkspace (its counters stay zero between calls: no zero fill
+    per call), so one pair serves one sequence of calls on one stream -- call prepared_impls once
+    per decoder or drafter, as the engine does."""
     chosen = resolve_backend(backend, torch.device(device), "chain_verify")
-    if chosen == "triton":
-        from .triton import chain_verify_triton, sample_triton
+    if chosen == "triton":  # each with its own workspace: no zero fill per call (_triton_workspace.py)
+        from .triton import VerifyWorkspace, chain_verify_triton, sample_triton
 
-        return chain_verify_triton, sample_triton
+        return (functools.partial(chain_verify_triton, workspace=VerifyWorkspace()),
+                functools.partial(sample_triton, workspace=VerifyWorkspace()))
     if chosen == "cpp":
         from .cpp import chain_verify_cpp, sample_cpp
 

@@ -175,12 +175,16 @@ def last_program_of(ticket_ptr, count, FENCE: tl.constexpr):
     program's stores (through L2: load them with cache_modifier=".cg"). The classic sequence:
     each thread fences its stores (FENCE: on a GPU; the interpreter runs programs one after
     another), a barrier, one thread takes an acq_rel ticket (integer: order-free), and the
-    winner's threads fence again before reading."""
+    winner's threads fence again before reading.
+    The winner also puts the ticket back to zero (every other program of the group has taken
+    its ticket by then): a counter that starts a launch at zero ends it at zero, so a caller's
+    persistent workspace (_triton_workspace.py) needs no zero fill before the next launch."""
     if FENCE:
         _fence_gpu()
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
     last = ticket == count - 1
+    tl.atomic_xchg(ticket_ptr, 0, mask=last, sem="relaxed", scope="gpu")
     if FENCE:
         _fence_gpu()
     return last
@@ -189,12 +193,14 @@ def last_program_of(ticket_ptr, count, FENCE: tl.constexpr):
 @triton.jit
 def last_rows_of(ticket_ptr, live, count, FENCE: tl.constexpr):
     """last_program_of for the rows of a tile: each live lane takes a ticket at ticket_ptr (a
-    pointer per lane; lanes may share one); True in the lane that takes the count-th."""
+    pointer per lane; lanes may share one); True in the lane that takes the count-th, which puts
+    its ticket back to zero (as last_program_of)."""
     if FENCE:
         _fence_gpu()
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr, 1, mask=live, sem="acq_rel", scope="gpu")
     last = live & (ticket == count - 1)
+    tl.atomic_xchg(ticket_ptr, tl.zeros_like(ticket), mask=last, sem="relaxed", scope="gpu")
     if FENCE:
         _fence_gpu()
     return last

@@ -224,19 +224,21 @@ def host_modes(modes) -> frozenset | None:
     return named
 
 
-def kernel_sequence(plan: LaunchPlan) -> list[str]:
+def kernel_sequence(plan: LaunchPlan, workspace: bool = False) -> list[str]:
     """The graph nodes of one call, in order (what triton._launch launches for this plan; with
-    penalties, each kernel's penalised variant: "<name>_penalised")."""
+    penalties, each kernel's penalised variant: "<name>_penalised"); workspace: the caller's
+    VerifyWorkspace (the engine's calls), which leaves out the zero fill."""
     if plan.large_vocab:
         select = ["select_stream", "select_finish"] if plan.finish else ["select_stream"]
     else:
         select = ["select_small_vocab"]
     kernels = select + ([] if plan.greedy_tokens else ["emit"])
-    return ["zero fill: counters"] + [name + "_penalised" if plan.penalties else name for name in kernels]
+    fill = [] if workspace else ["zero fill: counters"]
+    return fill + [name + "_penalised" if plan.penalties else name for name in kernels]
 
 
 def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("plain",), num_sms: int = 132,
-                penalties: bool = False) -> dict:
+                penalties: bool = False, workspace: bool = False) -> dict:
     """The GPU plan of chain_verify_triton (k >= 1) or sample_triton (k = 0) for this shape and
     these sampling modes (the modes some row uses, as SamplingTensors.modes: a subset of
     sampling_params.MODES; None = unknown, every launch), from the same code that sizes the
@@ -255,14 +257,18 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
     count_reads_per_row: reads of a batch row's [V] count row per call (one per distribution
     streamed, one per emitted row): 4 V bytes each, from HBM at most once per call when L2 keeps
     the row for its 2K + 1 distributions (B = 1), up to count_reads_per_row x 4 V bytes when it
-    does not (B = 64 at V = 128256: 33 MB of counts beside 148 MB of bf16 logits per pass)."""
+    does not (B = 64 at V = 128256: 33 MB of counts beside 148 MB of bf16 logits per pass).
+
+    workspace: the call passes a VerifyWorkspace (the engine's calls, through prepared_impls): its
+    counters stay zero between calls, so no zero fill is launched; False (a plain call): a zero
+    fill first."""
     modes = host_modes(modes)
     plan = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=False, modes=modes,
                          penalties=penalties)
     selects = modes is None or bool(TRUNCATIONS & modes)
     # target (and draft) row of the emitted position; none when the selection writes the tokens
     emitted_rows = 0 if plan.greedy_tokens else 2 if plan.has_draft else 1
-    kernels = kernel_sequence(plan)
+    kernels = kernel_sequence(plan, workspace)
     programs = {} if plan.greedy_tokens else {"emit": plan.emit_chunks / plan.emit_block_r}
     if plan.large_vocab:
         programs.update(select_stream=plan.select_chunks)

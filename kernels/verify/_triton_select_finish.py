@@ -264,6 +264,9 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
         tl.store(tkey_ptr + r, tkey)
         tl.store(amax_ptr + r, vocab_index(amax, V))
         tl.store(paths_ptr + r, paths)
+        # the row's candidate counters back to zero (every program has made its last use of them):
+        # what a persistent workspace needs instead of a zero fill (_triton_workspace.py)
+        tl.store(fill_row_ptr + tl.arange(0, 2), tl.zeros([2], tl.int32))
 
 
 @triton.jit

@@ -5,7 +5,8 @@ GPU; R = B x (2K+1) distributions with draft logits, B x (K+1) without); launche
 do work for the sampling modes known on the host (SamplingTensors.modes) are left out:
 launch 2 when no row uses top-k / top-p / min-p, launch 3 when every row is greedy (launch 1
 then writes the argmax chain's tokens, _triton_greedy.py); unknown modes: all four.
-  0. one zero fill: integer tickets and candidate counters.
+  0. one zero fill: integer tickets and candidate counters -- none with a caller's workspace
+     (_triton_workspace.py: the kernels put every counter back to zero; the engine's way).
   1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
      ONE pass over all logits: max / sum-exp / argmax partials per chunk. Rows with top-k,
      top-p or min-p first read a 1024-value sample of their row and place rungs
@@ -59,8 +60,9 @@ from ._triton_plan import (EMIT_NUM_WARPS, FINISH_NUM_WARPS, SMALL_NUM_WARPS, ST
 from ._triton_select_finish import select_finish_kernel, select_finish_penalised_kernel
 from ._triton_select_small import select_small_vocab_kernel, select_small_vocab_penalised_kernel
 from ._triton_select_stream import select_stream_kernel, select_stream_penalised_kernel
+from ._triton_workspace import VerifyWorkspace
 
-__all__ = ["chain_verify_triton", "sample_triton", "verify_plan", "select_stats", "plan_for"]
+__all__ = ["chain_verify_triton", "sample_triton", "verify_plan", "select_stats", "plan_for", "VerifyWorkspace"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,14 +75,20 @@ def _vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _run(*args):
-    if not triton_interpreting():
-        return _launch(*args)
-    import numpy as np
+    workspace = args[-1]
+    try:
+        if not triton_interpreting():
+            return _launch(*args)
+        import numpy as np
 
-    # The interpreter evaluates both sides of every select (e.g. exp overflow in lanes that
-    # are then discarded) and numpy warns about them; the GPU path has no such warnings.
-    with np.errstate(all="ignore"):
-        return _launch(*args)
+        # The interpreter evaluates both sides of every select (e.g. exp overflow in lanes that
+        # are then discarded) and numpy warns about them; the GPU path has no such warnings.
+        with np.errstate(all="ignore"):
+            return _launch(*args)
+    except BaseException:
+        if workspace is not None:  # a launch that ran may have left counters for one that did not
+            workspace.discard()
+        raise
 
 
 def penalty_args(penalties, tokens: torch.Tensor, width: int, first: int) -> tuple | None:
@@ -100,7 +108,7 @@ def penalty_args(penalties, tokens: torch.Tensor, width: int, first: int) -> tup
 
 
 def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, extra_counters: int = 0,
-                 greedy_out: tuple | None = None, pen: tuple | None = None):
+                 greedy_out: tuple | None = None, pen: tuple | None = None, workspace: VerifyWorkspace | None = None):
     """Launches 0-2 (the zero fill and the selection kernels) for plan = plan_launches(...):
     the standardisation statistics of every distribution. target [B, K+1, V] and draft
     [B, K, V] (the target itself when there are no draft logits) with unit vocab stride,
@@ -112,7 +120,9 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
     caller's own tickets: one fill launch in all). plan.greedy_tokens (every row greedy): the
     selection launch also writes the tokens into greedy_out = (tokens int32 [B, K+1],
     num_accepted int32 [B]) (_triton_greedy.py). The finishing launch runs only when plan.finish.
-    pen: penalty_args(...) (plan.penalties): the penalised variants of the same kernels."""
+    pen: penalty_args(...) (plan.penalties): the penalised variants of the same kernels.
+    workspace: a VerifyWorkspace whose counters the kernels keep at zero: no zero fill (launch 0);
+    ``paths`` then comes from its scratch buffer and holds nothing meaningful."""
     if bool(pen) != plan.penalties:
         raise ValueError("pass pen = penalty_args(...) exactly when the plan has penalties")
     rows, npos, vocab, k = plan.rows, plan.npos, plan.vocab, plan.k
@@ -125,13 +135,19 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
     # Integer counters that must start at zero, in one fill: candidate fills [R, 2], streaming and
-    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R], the caller's extra,
-    # the batch rows' tickets [B] of the greedy tokens.
+    # finishing tickets [R] each (large vocabularies), the caller's extra, the batch rows' tickets
+    # [B] of the greedy tokens; then the paths diagnostics [R] (written, not counted). With a
+    # workspace the counters are its persistent zeros (the kernels leave them zero) and the paths
+    # its scratch: no fill.
     selection = 4 * rows if plan.large_vocab else 0
     greedy_rows = plan.batch if plan.greedy_tokens else 0
-    counters = torch.zeros(selection + rows + extra_counters + greedy_rows, **i32)
-    paths = counters[selection:selection + rows]
-    extra = counters[selection + rows:selection + rows + extra_counters]
+    n_counters = selection + extra_counters + greedy_rows
+    if workspace is None:
+        block = torch.zeros(n_counters + rows, **i32)
+        counters, paths = block[:n_counters], block[n_counters:]
+    else:
+        counters, paths = workspace.counters(n_counters, device), workspace.scratch(rows, device)
+    extra = counters[selection:selection + extra_counters]
     m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
     tkey = torch.empty((rows,), dtype=torch.int64, device=device)
     amax = torch.empty((rows,), **i32)
@@ -141,7 +157,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
         if greedy_out is None:
             raise ValueError("a plan with greedy_tokens writes the tokens: pass greedy_out=(tokens, num_accepted)")
         tokens, num_accepted = greedy_out
-        greedy = (counters[selection + rows + extra_counters:], tokens, num_accepted, tokens.stride(0))
+        greedy = (counters[selection + extra_counters:], tokens, num_accepted, tokens.stride(0))
     else:
         greedy = (paths, paths, paths, 0)  # never read
     greedy_flags = dict(GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=plan.has_draft,
@@ -189,12 +205,13 @@ def plan_for(batch: int, k: int, vocab: int, has_draft: bool, device: torch.devi
 
 
 def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, stream: int, overrides: dict,
-            penalties=None, prefix_tokens=None):
+            penalties=None, prefix_tokens=None, workspace=None):
     """target [B, K+1, V], draft [B, K, V] or None, draft_tokens [B, K], positions int64 [B] or
     None (None: noise at position j, the verify step) -> (tokens int32 [B, K+1], num_accepted int32 [B],
     paths int32 [B * NPOS]: how each distribution's thresholds were settled). penalties:
     PenaltyTensors or None; prefix_tokens int [B, W] or None (sample only, K = 0): the generated
-    tokens in front of position 0 (the verify's position i sees the drafts before it instead)."""
+    tokens in front of position 0 (the verify's position i sees the drafts before it instead).
+    workspace: VerifyWorkspace or None (select_stats)."""
     batch, k_plus_1, vocab = target.shape
     k = k_plus_1 - 1
     device = target.device
@@ -214,10 +231,10 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     plan = plan_for(batch, k, vocab, has_draft, device, overrides, params.modes, penalties=pen is not None)
     if plan.greedy_tokens:  # every row greedy: the selection launch writes the tokens
         _, paths, _ = select_stats(target, draft, draft_tokens, params, plan, greedy_out=(tokens, num_accepted),
-                                   pen=pen)
+                                   pen=pen, workspace=workspace)
         return tokens, num_accepted, paths
-    stats, paths, emit_tickets = select_stats(target, draft, draft_tokens, params, plan,
-                                              extra_counters=plan.emit_grid[0], pen=pen)  # a ticket per row tile
+    stats, paths, emit_tickets = select_stats(target, draft, draft_tokens, params, plan, pen=pen, workspace=workspace,
+                                              extra_counters=plan.emit_grid[0])  # a ticket per row tile
     pen_args, pen_kw = pen or ((), {})
     m, s2, s3, tkey, amax = stats
     npos = plan.npos
@@ -261,6 +278,7 @@ def chain_verify_triton(
     selects: bool | None = None,
     emit_lanes: bool | None = None,
     return_paths: bool = False,
+    workspace: VerifyWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
     (-1 pads), penalties: PenaltyTensors or None -> tokens int32 [B, K+1], num_accepted int32 [B].
@@ -271,11 +289,15 @@ def chain_verify_triton(
     plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
     kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
     (None: the plan's EMIT_LANES). return_paths: also return int32 [B * NPOS], how each
-    distribution's thresholds were settled (_triton_select_stream.py; 0 for small vocabularies)."""
+    distribution's thresholds were settled (_triton_select_stream.py; 0 for small vocabularies).
+    workspace: a VerifyWorkspace owned by the caller (one per sequence of calls on one stream:
+    _triton_workspace.py): no zero fill per call; not with return_paths."""
+    if return_paths and workspace is not None:
+        raise ValueError("return_paths needs the per-call counters: pass no workspace")
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
-                                       penalties)
+                                       penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
 
 
@@ -294,15 +316,17 @@ def sample_triton(
     stream_unroll: int | None = None,
     selects: bool | None = None,
     emit_lanes: bool | None = None,
+    workspace: VerifyWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream). penalties:
     PenaltyTensors or None; prefix_tokens int [B, W] (-1 = not a token) or None: the row's
-    generated tokens the counts do not hold yet (the drafts of this iteration so far)."""
+    generated tokens the counts do not hold yet (the drafts of this iteration so far).
+    workspace: as chain_verify_triton's."""
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
-                        prefix_tokens)
+                        prefix_tokens, workspace)
     return tokens[:, 0]

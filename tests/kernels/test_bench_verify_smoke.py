@@ -26,10 +26,11 @@ def test_bench_verify_smoke_writes_the_table(tmp_path):
                                              "top_k=50+top_p=0.9"}
     assert any(row["plan"]["large_vocab_path"] for row in rows) or any(row["V"] == 600 for row in rows)
     for row in rows:
-        assert row["tokens_equal_reference"] and row["sample_equal_reference"], row
+        assert row["tokens_equal_reference"] and row["sample_equal_reference"] and row["workspace_tokens_equal"], row
+        assert row["launches"]["verify"] == row["launches"]["verify_zero_fill"] - 1  # the workspace: no fill
         unknown = {"triton_modes_unknown"} if row["mode"] in ("greedy", "T=1") else set()  # launches left out
         for table in ("verify", "sample"):
-            assert set(row[table]) == {"triton", "reference", "torch"} | unknown
+            assert set(row[table]) == {"triton", "triton_zero_fill", "reference", "torch"} | unknown
             assert all(entry["median_us"] > 0 for entry in row[table].values()), row[table]
     assert any(row["threshold_routes"] for row in rows if row["V"] == 600)
 

@@ -34,6 +34,11 @@ def test_verify_kernels_compile_for_sm90():
     # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
     # The greedy-mode selection kernels were re-recorded when SELECTS (no row uses top-k / top-p / min-p)
     # began compiling the selection code out of them; with SELECTS set (modes unknown) the PTX is unchanged.
+    # All were re-recorded once more when the tickets began resetting themselves (a caller's
+    # VerifyWorkspace needs no zero fill): 13 of the 14 changed, by the predicated
+    # atom.global.gpu.relaxed.exch that last_program_of / last_rows_of gained (the finishing kernel
+    # also gained the stores zeroing its row's candidate counters). Register numbering and debug
+    # lines aside, the emission kernel's PTX diff at B = 64 was exactly that exchange (5 lines).
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
     before = json.loads(Path(__file__).with_name("data").joinpath("verify_ptx_sm90.json").read_text())
     assert {name: hashes.get(name) for name in before} == before
