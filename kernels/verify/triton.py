@@ -135,19 +135,22 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
     f32 = dict(dtype=torch.float32, device=device)
     i32 = dict(dtype=torch.int32, device=device)
     # Integer counters that must start at zero, in one fill: candidate fills [R, 2], streaming and
-    # finishing tickets [R] each (large vocabularies), the caller's extra, the batch rows' tickets
-    # [B] of the greedy tokens; then the paths diagnostics [R] (written, not counted). With a
+    # finishing tickets [R] each (large vocabularies), the paths diagnostics [R] (written, not
+    # counted), the caller's extra, the batch rows' tickets [B] of the greedy tokens. With a
     # workspace the counters are its persistent zeros (the kernels leave them zero) and the paths
-    # its scratch: no fill.
+    # its scratch: no fill. (The layout without one is the one the recorded launch keys hold:
+    # tests/kernels/penalty_off_launches.py; the keys carry each pointer's 16-byte alignment.)
     selection = 4 * rows if plan.large_vocab else 0
     greedy_rows = plan.batch if plan.greedy_tokens else 0
-    n_counters = selection + extra_counters + greedy_rows
     if workspace is None:
-        block = torch.zeros(n_counters + rows, **i32)
-        counters, paths = block[:n_counters], block[n_counters:]
+        counters = torch.zeros(selection + rows + extra_counters + greedy_rows, **i32)
+        paths = counters[selection:selection + rows]
+        tail = counters[selection + rows:]
     else:
-        counters, paths = workspace.counters(n_counters, device), workspace.scratch(rows, device)
-    extra = counters[selection:selection + extra_counters]
+        counters = workspace.counters(selection + extra_counters + greedy_rows, device)
+        paths = workspace.scratch(rows, device)
+        tail = counters[selection:]
+    extra, greedy_tickets = tail[:extra_counters], tail[extra_counters:]
     m, s2, s3 = (torch.empty((rows,), **f32) for _ in range(3))
     tkey = torch.empty((rows,), dtype=torch.int64, device=device)
     amax = torch.empty((rows,), **i32)
@@ -157,7 +160,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
         if greedy_out is None:
             raise ValueError("a plan with greedy_tokens writes the tokens: pass greedy_out=(tokens, num_accepted)")
         tokens, num_accepted = greedy_out
-        greedy = (counters[selection + extra_counters:], tokens, num_accepted, tokens.stride(0))
+        greedy = (greedy_tickets, tokens, num_accepted, tokens.stride(0))
     else:
         greedy = (paths, paths, paths, 0)  # never read
     greedy_flags = dict(GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=plan.has_draft,
