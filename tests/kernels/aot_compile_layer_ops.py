@@ -1,6 +1,6 @@
-"""Compiles the Llama-layer Triton kernels (kernels/llama_ops/triton.py, cache_ops/triton_rope.py)
-ahead of time for an H100 (sm_90) on a machine with no GPU: typing, layouts, register use and
-ptxas, which the interpreter does not check. Run WITHOUT TRITON_INTERPRET:
+"""Compiles the Llama-layer Triton kernels (kernels/llama_ops/triton.py, cache_ops/triton_rope.py,
+linear/triton.py) ahead of time for an H100 (sm_90) on a machine with no GPU: typing, layouts,
+register use and ptxas, which the interpreter does not check. Run WITHOUT TRITON_INTERPRET:
     python tests/kernels/aot_compile_layer_ops.py"""
 import os
 
@@ -41,6 +41,22 @@ def main() -> None:
                           HALF_P2=triton.next_power_of_2(d // 2), PAGE_SIZE=16, BLOCK_B=8, TOKENS=1, QK_NORM=norm)
             info = compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts, floats=("q_eps", "k_eps"))
             print("rope_append_kv", dt, hq, hkv, d, norm, info)
+    # the skinny linear of the GEMV layer (kernels/linear/triton.py): each prologue on both inner
+    # products (one row: elementwise; 16 rows: tl.dot) in bf16, and fp16 / fp32 (fp32: the exact dot)
+    from specdec_fast.kernels.linear import triton as gemv
+
+    for dt, prologues in (("bf16", gemv.PROLOGUES), ("fp16", ("none",)), ("fp32", ("rms_norm",))):
+        ptrs = {n: f"*{dt}" for n in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "nw_ptr", "y_ptr")}
+        for prologue in prologues:
+            for rows in (1, 5):
+                config = gemv.default_config(rows, 4096, True)
+                _, block_m, even_n, even_k, block_k = gemv._launch(rows, 4096, 4096, config)
+                consts = dict(PROLOGUE=gemv.PROLOGUES.index(prologue), HAS_BIAS=True, HAS_RES=prologue != "rms_norm",
+                              EVEN_N=even_n, EVEN_K=even_k, DOT_F32=dt == "fp32", BLOCK_M=block_m,
+                              BLOCK_N=config.block_n, BLOCK_K=block_k)
+                info = compile_kernel(gemv._skinny_linear_kernel, ptrs, consts, floats=("eps",),
+                                      num_warps=config.num_warps)
+                print("skinny_linear", dt, prologue, rows, info)
     print("layer ops ok")
 
 
