@@ -29,12 +29,11 @@ accumulator of elementwise products, reduced across lanes ONCE after the loop (n
 step); more rows (BLOCK_M = 16) use tl.dot (mma) on [16, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles.
 Grids depend on shapes only; no host sync (CUDA-graph capturable).
 
-A risk the GPU run must look at (a prediction from counting, not a measurement): on the tl.dot
-path the silu_mul prologue computes silu over the whole [16, BLOCK_K] x tile each step (padding
-rows too: tl.dot needs 16), as many exp + divide as weight values at BLOCK_N = 16; at ~12 bytes
-per clock per SM of HBM share that is close to the time the weight tile takes to arrive, so the
-down product at 2-16 rows may run compute-bound. bench/bench_gemv.py times it beside the separate
-silu_mul + product ("cublas + separate silu_mul").
+On the tl.dot path the silu_mul prologue runs in the dot operand's layout, replicated over the
+4 warps and over the 16 padded rows: 128 exp per thread per step at sm_90a against 4 on the
+one-row path (bench/gemv_ptx.py), ~4 exp + divide per weight value -- more, by counting, than the
+SFUs keep up with at HBM speed (a prediction). So the GEMV layer fuses SwiGLU at one row only
+(runners/paged_llama.py SILU_FUSED_MAX_ROWS), and bench/bench_gemv.py times both ways.
 """
 from dataclasses import dataclass
 from functools import lru_cache
@@ -156,7 +155,7 @@ class GemvConfig:
 # loads in flight per SM to stream HBM at 3 TB/s (3 TB/s x ~0.8 us / 132 SMs), and every SM
 # needs programs: no split-K, so N / BLOCK_N programs is all a launch has (N = 4096: 256 at
 # BLOCK_N = 16). One row: a [16, 512] bf16 weight tile per step, 8 16-byte loads per thread in
-# flight at 4 warps (140 registers at sm_90a: 3 programs per SM, 48 KB; bench/gemv_ptx.py).
+# flight at 4 warps (140-162 registers at sm_90a: 3 programs per SM, 48 KB; bench/gemv_ptx.py).
 # More rows: tl.dot (mma) on [16, 256] x [256, BLOCK_N] tiles, 3 stages of cp.async (16 KB of
 # shared memory per stage at BLOCK_N = 16); BLOCK_N 32 once N gives 2 programs per SM with it.
 ONE_ROW = GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=1)
