@@ -125,6 +125,12 @@ class _Layer:
         self.act = mlp.act_fn
 
 
+def _split_qkv(layer, qkv):
+    """One fused q/k/v product [T, q + 2 kv] -> its q, k, v column views."""
+    q, kv = qkv[:, :layer.q_cols], qkv[:, layer.q_cols:]
+    return q, kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
+
+
 def _fuse(linears):
     """(weight, bias) concatenated over nn.Linear modules (bias None when none has one; when only
     some have one, nothing is fused: (None, None))."""
@@ -248,29 +254,33 @@ class PagedLlamaRunner(PagedRunnerBase):
         self._keep(len(self.layers), out)
         return out
 
+    def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n) -> torch.Tensor:
+        """Layer i's q [T, Hq * D], k / v [T, Hk * D] (views of one product allowed) -> attention
+        output [T, Hq * D]: RoPE (+ Qwen3's q/k norms) and the KV append in one launch
+        (rope_append_kv), then attention (both layer forms on the Triton path)."""
+        total, heads, kv_heads, dim = q.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        q = q.view(total, heads, dim)
+        self._ops[1](q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
+                     self.v_caches[i], self.block_table, self.length, cu, layer.qk_norm)
+        return self._attention(i, q, attn_lens, cu, n, self.scale).view(total, heads * dim)
+
     def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """The Triton path (see the class doc): 9 launches per layer. The residual stream x stays
         in the model dtype (transformers' order); each add_rms_norm returns (x + delta, its norm)."""
-        add_rms_norm, rope_append_kv, silu_mul = self._ops
-        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        add_rms_norm, _, silu_mul = self._ops
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
         x = self._embed(flat)
         self._keep(0, x)
         first = self.layers[0]
         h = add_rms_norm(x, None, first.ln_in, first.eps_in)[1]
-        table, length, sum_ = self.block_table, self.length, self._sum_partials
+        sum_ = self._sum_partials
         for i, layer in enumerate(self.layers):
             if layer.w_qkv is not None:
-                qkv = F.linear(h, layer.w_qkv, layer.b_qkv)
-                q, kv = qkv[:, :layer.q_cols], qkv[:, layer.q_cols:]
-                k, v = kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
+                q, k, v = _split_qkv(layer, F.linear(h, layer.w_qkv, layer.b_qkv))
             else:
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
-            q = q.view(total, heads, dim)
-            rope_append_kv(q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
-                           self.v_caches[i], table, length, cu, layer.qk_norm)
-            o = self._attention(i, q, attn_lens, cu, n, self.scale)
-            x, h = add_rms_norm(x, sum_(F.linear(o.view(total, heads * dim), *layer.o)), layer.ln_post, layer.eps_post)
+            o = self._rotate_append_attend(i, layer, q, k, v, cos, sin, cu, attn_lens, n)
+            x, h = add_rms_norm(x, sum_(F.linear(o, *layer.o)), layer.ln_post, layer.eps_post)
             if layer.w_gate_up is not None:
                 gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
                 gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
@@ -286,26 +296,20 @@ class PagedLlamaRunner(PagedRunnerBase):
         """The GEMV layer (GEMV_LAYER): per layer qkv (input RMSNorm fused in), rope_append_kv,
         attention, o (+ residual), gate_up (post-attention RMSNorm fused in), down (SwiGLU fused in
         up to SILU_FUSED_MAX_ROWS rows, else silu_mul apart; + residual): 6 launches (7), no normed
-        activation written to memory; then the final norm. The residual stream x stays in the model dtype (each product rounded, then
-        the residual add rounded, as transformers'); the fused norms differ from transformers' by
-        the rounding kernels/linear/triton.py describes."""
+        activation written to memory; then the final norm. The residual stream x stays in the model
+        dtype (each product rounded, then the residual add rounded, as transformers'); the fused
+        norms differ from transformers' by the rounding kernels/linear/triton.py describes."""
         from ..kernels.linear.triton import skinny_linear_triton as gemv
 
-        add_rms_norm, rope_append_kv, silu_mul = self._ops
-        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        add_rms_norm, _, silu_mul = self._ops
+        total = flat.shape[0]
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
         x = self._embed(flat)
         self._keep(0, x)
-        table, length = self.block_table, self.length
         for i, layer in enumerate(self.layers):
             qkv = gemv(x, layer.w_qkv, layer.b_qkv, prologue="rms_norm", norm_weight=layer.ln_in, eps=layer.eps_in)
-            q, kv = qkv[:, :layer.q_cols], qkv[:, layer.q_cols:]
-            k, v = kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
-            q = q.view(total, heads, dim)
-            rope_append_kv(q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
-                           self.v_caches[i], table, length, cu, layer.qk_norm)
-            o = self._attention(i, q, attn_lens, cu, n, self.scale)
-            x = gemv(o.view(total, heads * dim), *layer.o, residual=x)
+            o = self._rotate_append_attend(i, layer, *_split_qkv(layer, qkv), cos, sin, cu, attn_lens, n)
+            x = gemv(o, *layer.o, residual=x)
             gate_up = gemv(x, layer.w_gate_up, layer.b_gate_up, prologue="rms_norm", norm_weight=layer.ln_post,
                            eps=layer.eps_post)
             if total <= SILU_FUSED_MAX_ROWS:
