@@ -260,24 +260,32 @@ def gemv_layer_row(runner, args, n: int, ceiling: float, sync) -> dict:
     """One N-token step through the cuBLAS layer and the GEMV layer (runners/paged_llama.py):
     graph ms, tok/s and fraction of the ceiling, launches, kernels; the largest logit difference
     between the two layers relative to the logits' scale (bf16 roundings differ, tokens rarely)."""
-    from specdec_fast.engine.graphs import StepGraph, state_tensors
-
     step, tokens = make_step(runner, args.batch, n, "cuda")
     runner.set_gemv_layer(False)
     base = step(tokens).float()
     runner.set_gemv_layer(True)
     fused = step(tokens).float()
     row = {"logits_max_abs_diff_over_scale": ((fused - base).abs().max() / base.abs().max()).item(),
-           "argmax_agreement": (fused.argmax(-1) == base.argmax(-1)).float().mean().item(),
-           "eager_ms": median_ms(step, args.iters, sync)}
-    graph = StepGraph(lambda t: step(t), name=f"gemv N={n}", capture=True,
-                      state=lambda: state_tensors({"runner": runner}), warmup=2)
+           "argmax_agreement": (fused.argmax(-1) == base.argmax(-1)).float().mean().item()}
+    return {**row, **timed_step(runner, step, tokens, n, args, ceiling, sync, f"gemv N={n}", profile_eager=False)}
+
+
+def timed_step(runner, step, tokens, n: int, args, ceiling: float, sync, name: str, profile_eager: bool = True) -> dict:
+    """One N-token step, eager and as a captured graph: ms (median of args.iters), tok/s and the
+    fraction of the HBM ceiling (N = 1), launches, kernels of a graph replay (and of an eager step)."""
+    from specdec_fast.engine.graphs import StepGraph, state_tensors
+
+    row = {"eager_ms": median_ms(step, args.iters, sync)}
+    graph = StepGraph(lambda t: step(t), name=name, capture=True, state=lambda: state_tensors({"runner": runner}),
+                      warmup=2)
     for _ in range(3):
         graph(tokens)
     row["graph_ms"] = median_ms(lambda: graph(tokens), args.iters, sync)
     row["tok_per_s_graph"] = args.batch * n / (row["graph_ms"] / 1e3) if n == 1 else None
     row["fraction_of_hbm_ceiling"] = (1e3 / row["graph_ms"]) / ceiling if n == 1 else None
     row["launches"] = launch_counts(runner, step)
+    if profile_eager:
+        row["profile_eager"] = profile_kernels(step)
     row["profile_graph"] = profile_kernels(lambda: graph(tokens))
     return row
 
@@ -285,7 +293,6 @@ def gemv_layer_row(runner, args, n: int, ceiling: float, sync) -> dict:
 def run_gpu(args) -> dict:
     from machine import versions
 
-    from specdec_fast.engine.graphs import StepGraph, state_tensors
     from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
     device = "cuda"
@@ -304,17 +311,7 @@ def run_gpu(args) -> dict:
     sync = torch.cuda.synchronize
     for n in args.ns:
         step, tokens = make_step(runner, args.batch, n, device)
-        row = {"eager_ms": median_ms(step, args.iters, sync)}
-        graph = StepGraph(lambda t: step(t), name=f"plain N={n}", capture=True,
-                          state=lambda: state_tensors({"runner": runner}), warmup=2)
-        for _ in range(3):
-            graph(tokens)
-        row["graph_ms"] = median_ms(lambda: graph(tokens), args.iters, sync)
-        row["tok_per_s_graph"] = args.batch * n / (row["graph_ms"] / 1e3) if n == 1 else None
-        row["fraction_of_hbm_ceiling"] = (1e3 / row["graph_ms"]) / ceiling if n == 1 else None
-        row["launches"] = launch_counts(runner, step)
-        row["profile_eager"] = profile_kernels(step)
-        row["profile_graph"] = profile_kernels(lambda: graph(tokens))
+        row = timed_step(runner, step, tokens, n, args, ceiling, sync, f"plain N={n}")
         report["steps"][f"N={n}"] = row
         print(json.dumps({k: v for k, v in row.items() if not k.startswith(("profile", "launches"))}), flush=True)
     if runner.gemv_layer_reason() is None:  # the same steps through the GEMV layer (issue 25)

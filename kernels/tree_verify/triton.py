@@ -20,7 +20,7 @@ import triton
 from .._backend import triton_interpreting
 from ..rng import STREAM_TOKEN
 from ..sampling_params import SamplingTensors
-from ..verify.triton import _num_sms, _vocab_contiguous, plan_for, select_stats
+from ..verify.triton import _num_sms, _vocab_contiguous, plan_for, run_launches, select_stats
 from . import _triton_kernels as kernels
 
 # Row tiles of the walk: [BLOCK_R, BLOCK_N] int32 tiles in registers (64 x 64 fp32/int32 = 16
@@ -158,15 +158,5 @@ def tree_verify_triton(
     max_children: a bound on any node's children in any row (None: N - 1); sampled children cost
     one residual-mass launch per sibling after the first, up to the bound. workspace: a caller's
     VerifyWorkspace (kernels/verify/_triton_workspace.py): no zero fills (three per call without)."""
-    args = (target_logits, draft_logits, tokens, parents, params, block_v, num_chunks, max_children, workspace)
-    try:
-        if not triton_interpreting():
-            return _launch(*args)
-        import numpy as np
-
-        with np.errstate(all="ignore"):  # the interpreter evaluates both sides of every select
-            return _launch(*args)
-    except BaseException:
-        if workspace is not None:  # a launch that ran may have left counters for one that did not
-            workspace.discard()
-        raise
+    return run_launches(_launch, target_logits, draft_logits, tokens, parents, params, block_v, num_chunks,
+                        max_children, workspace, workspace=workspace)

@@ -74,21 +74,27 @@ def _vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _run(*args):
-    workspace = args[-1]
+def run_launches(launch, *args, workspace: VerifyWorkspace | None = None):
+    """launch(*args), the launcher of one call's kernels (this module's, tree_verify's). The
+    interpreter evaluates both sides of every select (e.g. exp overflow in lanes that are then
+    discarded) and numpy warns about them: silenced there (the GPU path has no such warnings).
+    A call that raises between its launches discards the workspace's buffers: a launch that ran
+    may have left counters for one that did not."""
     try:
         if not triton_interpreting():
-            return _launch(*args)
+            return launch(*args)
         import numpy as np
 
-        # The interpreter evaluates both sides of every select (e.g. exp overflow in lanes that
-        # are then discarded) and numpy warns about them; the GPU path has no such warnings.
         with np.errstate(all="ignore"):
-            return _launch(*args)
+            return launch(*args)
     except BaseException:
-        if workspace is not None:  # a launch that ran may have left counters for one that did not
+        if workspace is not None:
             workspace.discard()
         raise
+
+
+def _run(*args):
+    return run_launches(_launch, *args, workspace=args[-1])
 
 
 def penalty_args(penalties, tokens: torch.Tensor, width: int, first: int) -> tuple | None:
