@@ -5,7 +5,6 @@ tokens follow the target's distribution by chi-square, with a control: a verify 
 deterministic drafts as samples of another q fails it), on tiny random models over tokenizers
 whose tokens split each other's (cross_pair.py) and on the shipped pair (demo target + the cross
 draft). Errors: one line each (bad tokenizer pairs too)."""
-import itertools
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ import torch
 import specdec_fast
 import specdec_fast.api as api
 from specdec_fast.engine.cached import cached_engines
-from specdec_fast.engine.schedule import AdaptiveK
 from specdec_fast.kernels import standardise
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 
@@ -49,23 +47,14 @@ def test_greedy_equals_the_target_alone(tiny, lengths, runner):
     assert stats.graph_mode == "eager"
 
 
-def test_greedy_adaptive_k_changing_every_iteration(tiny, monkeypatch):
+def test_greedy_adaptive_k_changing_every_iteration(tiny, monkeypatch, chaos):
     """A cross draft takes the adaptive schedule (engine/schedule.py) when the call names it (a
     call without K keeps the constant default K); with K cycling
     1, 5, 2, 8, 3 per iteration the drafter drafts for each iteration's K and the output stays the
     target's alone (batch 3, left padded)."""
     target, draft, tok, atok = tiny
-    cycle, chosen = itertools.cycle([1, 5, 2, 8, 3]), []
+    chosen = chaos([1, 5, 2, 8, 3])  # the engine tests' fixture (conftest.py): the schedule's choice cycles
     asked = []
-
-    def choose(self, remaining=None):
-        k = self.pinned if self.pinned is not None else next(cycle)
-        self.k = k
-        self.chosen[k] += 1
-        self.drafted_steps += k
-        chosen.append(k)
-        return k
-    monkeypatch.setattr(AdaptiveK, "choose", choose)
     drafter_propose = CrossTokenizerDrafter.propose
 
     def propose(self, k):
