@@ -2,7 +2,7 @@
 
 For B in {1, 8, 64}, V in {32000, 128256}, K = 4, bf16 logits and the sampling modes below:
 the engine's prepared path (chain_verify_triton / sample_triton with SamplingTensors made
-once and a VerifyWorkspace: no zero fill; "triton_zero_fill": the same call without one, as a
+once and a KernelWorkspace: no zero fill; "triton_zero_fill": the same call without one, as a
 plain caller makes it) beside the torch reference (the spec), plain PyTorch (verify_anchors.py) and FlashInfer
 (when importable), each captured in a CUDA graph and replayed under triton.testing.do_bench
 (median and 20/80% quantiles; eager do_bench, flagged, when a capture fails; do_bench flushes
@@ -129,7 +129,7 @@ def _entry(timing: dict, bytes_read: int, bandwidth) -> dict:
 
 
 def run_table(smoke: bool = False, data: str = "random") -> dict:
-    from specdec_fast.kernels.verify.triton import VerifyWorkspace, chain_verify_triton, sample_triton, verify_plan
+    from specdec_fast.kernels.verify.triton import KernelWorkspace, chain_verify_triton, sample_triton, verify_plan
 
     device = torch.device("cpu" if smoke else "cuda")
     if not smoke and not torch.cuda.is_available():
@@ -159,7 +159,7 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
             full = dict(temperature=kw.get("temperature", 1.0), top_k=kw.get("top_k", 0), top_p=kw.get("top_p", 1.0),
                         min_p=kw.get("min_p", 0.0))
             unknown = dataclasses.replace(params, modes=None)  # every launch, as before the host modes
-            ws_verify, ws_sample = VerifyWorkspace(), VerifyWorkspace()  # the engine's calls: no zero fill
+            ws_verify, ws_sample = KernelWorkspace(), KernelWorkspace()  # the engine's calls: no zero fill
             verify = {
                 "triton": lambda: chain_verify_triton(target, draft, drafts, params, workspace=ws_verify, **ov),
                 "triton_zero_fill": lambda: chain_verify_triton(target, draft, drafts, params, **ov),

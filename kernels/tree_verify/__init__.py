@@ -164,13 +164,13 @@ def prepared_tree_verify(backend, device, max_children: int | None = None):
     """tree_verify_impl(target_logits, draft_logits, tokens, parents, params) -> (tokens, path,
     num_accepted) of the backend resolve_backend picks for ``device``; no checks (for the engine).
     max_children: as tree_verify's (a bound the caller guarantees; None: N - 1). Triton: the impl
-    holds a VerifyWorkspace (one sequence of calls on one stream: one prepared impl per decoder)."""
+    holds a KernelWorkspace (one sequence of calls on one stream: one prepared impl per decoder)."""
     chosen = resolve_backend(backend, torch.device(device), "tree_verify")
-    if chosen == "triton":  # with its own workspace: no zero fills per call (kernels/verify/_triton_workspace.py)
-        from ..verify.triton import VerifyWorkspace
+    if chosen == "triton":  # with its own workspace: no zero fills per call (kernels/_workspace.py)
+        from ..verify.triton import KernelWorkspace
         from .triton import tree_verify_triton
 
-        return functools.partial(tree_verify_triton, max_children=max_children, workspace=VerifyWorkspace())
+        return functools.partial(tree_verify_triton, max_children=max_children, workspace=KernelWorkspace())
     if chosen == "cpp":
         from .cpp import tree_verify_cpp
 

@@ -14,7 +14,8 @@ import triton.language as tl
 
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
-from ..verify._triton_common import BIG_INDEX, NEG_INF, last_program_of, standardised
+from .._triton_sync import last_program_of
+from ..verify._triton_common import BIG_INDEX, NEG_INF, standardised
 from ..verify._triton_emit import _argmax_update, _stats, _tile_rows
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)

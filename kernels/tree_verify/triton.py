@@ -2,7 +2,7 @@
 
 Launches (each boundary a grid-wide dependency):
   0-2. the standardisation statistics of every node's target and draft row: kernels/verify's
-       selection launches (select_stats: a zero fill -- none with a caller's VerifyWorkspace, the
+       selection launches (select_stats: a zero fill -- none with a caller's KernelWorkspace, the
        engine's, which also holds the dummy drafts and the tickets below --, the streaming pass, the finish when some
        row may use top-k / top-p / min-p: SamplingTensors.modes, known on the host), with
        K = N - 1 and no -1 among the (dummy) drafts, so every position is computed (_node_stats
@@ -157,6 +157,6 @@ def tree_verify_triton(
     kernels.tree_verify.tree_verify; block_v / num_chunks override the vocab split (tests).
     max_children: a bound on any node's children in any row (None: N - 1); sampled children cost
     one residual-mass launch per sibling after the first, up to the bound. workspace: a caller's
-    VerifyWorkspace (kernels/verify/_triton_workspace.py): no zero fills (three per call without)."""
+    KernelWorkspace (kernels/_workspace.py): no zero fills (three per call without)."""
     return run_launches(_launch, target_logits, draft_logits, tokens, parents, params, block_v, num_chunks,
                         max_children, workspace, workspace=workspace)

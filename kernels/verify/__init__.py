@@ -226,15 +226,15 @@ def prepared_impls(backend, device):
     the drafters): no checks, no per-call dispatch. params come from make_sampling_tensors
     (offset set per call with dataclasses.replace). The public entry points cost ~0.3 ms of
     Python per call on CPU (cProfile, demo pair: 156 draft samples 48 ms, of which the op 11 ms).
-    Triton: each impl holds a VerifyWorkspace (its counters stay zero between calls: no zero fill
+    Triton: each impl holds a KernelWorkspace (its counters stay zero between calls: no zero fill
     per call), so one pair serves one sequence of calls on one stream -- call prepared_impls once
     per decoder or drafter, as the engine does."""
     chosen = resolve_backend(backend, torch.device(device), "chain_verify")
-    if chosen == "triton":  # each with its own workspace: no zero fill per call (_triton_workspace.py)
-        from .triton import VerifyWorkspace, chain_verify_triton, sample_triton
+    if chosen == "triton":  # each with its own workspace: no zero fill per call (kernels/_workspace.py)
+        from .triton import KernelWorkspace, chain_verify_triton, sample_triton
 
-        return (functools.partial(chain_verify_triton, workspace=VerifyWorkspace()),
-                functools.partial(sample_triton, workspace=VerifyWorkspace()))
+        return (functools.partial(chain_verify_triton, workspace=KernelWorkspace()),
+                functools.partial(sample_triton, workspace=KernelWorkspace()))
     if chosen == "cpp":
         from .cpp import chain_verify_cpp, sample_cpp
 

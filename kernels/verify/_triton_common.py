@@ -154,56 +154,12 @@ def standardised(z, idx, temp, greedy, m, s2, s3, tkey, amax, min_p):
 
 
 @triton.jit
-def _fence_gpu():
-    """fence.acq_rel.gpu in every thread (inline PTX: GPU only)."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def vocab_index(amax, V: tl.constexpr):
     """amax where it is an index of the vocabulary, else 0. The lowest index of a row's maximum
     matches no value when the row holds NaN (possible only with check=False; on the interpreter
     a NaN max, on a GPU an all-NaN row): the tokens are then unspecified, but must stay indices
     a caller can embed (an out-of-range draft token crashed the next draft step's embedding)."""
     return tl.where((amax >= 0) & (amax < V), amax, 0)
-
-
-@triton.jit
-def last_program_of(ticket_ptr, count, FENCE: tl.constexpr):
-    """Ticket for the "last program finishes" pattern: every program of a group calls this once
-    after its stores; True in the one that arrives last, which may then read every other
-    program's stores (through L2: load them with cache_modifier=".cg"). The classic sequence:
-    each thread fences its stores (FENCE: on a GPU; the interpreter runs programs one after
-    another), a barrier, one thread takes an acq_rel ticket (integer: order-free), and the
-    winner's threads fence again before reading.
-    The winner also puts the ticket back to zero (every other program of the group has taken
-    its ticket by then): a counter that starts a launch at zero ends it at zero, so a caller's
-    persistent workspace (_triton_workspace.py) needs no zero fill before the next launch."""
-    if FENCE:
-        _fence_gpu()
-    tl.debug_barrier()
-    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
-    last = ticket == count - 1
-    tl.atomic_xchg(ticket_ptr, 0, mask=last, sem="relaxed", scope="gpu")
-    if FENCE:
-        _fence_gpu()
-    return last
-
-
-@triton.jit
-def last_rows_of(ticket_ptr, live, count, FENCE: tl.constexpr):
-    """last_program_of for the rows of a tile: each live lane takes a ticket at ticket_ptr (a
-    pointer per lane; lanes may share one); True in the lane that takes the count-th, which puts
-    its ticket back to zero (as last_program_of)."""
-    if FENCE:
-        _fence_gpu()
-    tl.debug_barrier()
-    ticket = tl.atomic_add(ticket_ptr, 1, mask=live, sem="acq_rel", scope="gpu")
-    last = live & (ticket == count - 1)
-    tl.atomic_xchg(ticket_ptr, tl.zeros_like(ticket), mask=last, sem="relaxed", scope="gpu")
-    if FENCE:
-        _fence_gpu()
-    return last
 
 
 @triton.jit

@@ -23,7 +23,8 @@ import triton.language as tl
 from ..penalties.triton import penalise, row_penalty
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
-from ._triton_common import BIG_INDEX, NEG_INF, last_program_of, num_drafts, standardised
+from .._triton_sync import last_program_of
+from ._triton_common import BIG_INDEX, NEG_INF, num_drafts, standardised
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 # An upper bound of gumbel_from_bits: -log(-log(1 - 2**-24)) = 16.64 (the largest open uniform),

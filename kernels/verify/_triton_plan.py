@@ -227,7 +227,7 @@ def host_modes(modes) -> frozenset | None:
 def kernel_sequence(plan: LaunchPlan, workspace: bool = False) -> list[str]:
     """The graph nodes of one call, in order (what triton._launch launches for this plan; with
     penalties, each kernel's penalised variant: "<name>_penalised"); workspace: the caller's
-    VerifyWorkspace (the engine's calls), which leaves out the zero fill."""
+    KernelWorkspace (the engine's calls), which leaves out the zero fill."""
     if plan.large_vocab:
         select = ["select_stream", "select_finish"] if plan.finish else ["select_stream"]
     else:
@@ -259,7 +259,7 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
     the row for its 2K + 1 distributions (B = 1), up to count_reads_per_row x 4 V bytes when it
     does not (B = 64 at V = 128256: 33 MB of counts beside 148 MB of bf16 logits per pass).
 
-    workspace: the call passes a VerifyWorkspace (the engine's calls, through prepared_impls): its
+    workspace: the call passes a KernelWorkspace (the engine's calls, through prepared_impls): its
     counters stay zero between calls, so no zero fill is launched; False (a plain call): a zero
     fill first."""
     modes = host_modes(modes)

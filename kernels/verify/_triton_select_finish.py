@@ -21,9 +21,10 @@ an overflowing region) falls back to exact sweeps over the row by that one progr
 import triton
 import triton.language as tl
 
+from .._triton_sync import last_program_of
 from ..penalties.triton import row_penalty
 from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, KEY_POS_INF, NEG_INF, fixed_mass, fixed_prob,
-                             key_value, last_program_of, load_x_row, num_drafts_of_row, order_key, passes_min_p,
+                             key_value, load_x_row, num_drafts_of_row, order_key, passes_min_p,
                              position_of, row_source, sampling_modes, vocab_index)
 from ._triton_search import largest_key_reaching, load_candidates
 from ._triton_select_stream import GATHERED, SWEPT, TOP_SET, candidate_plan, merge_partials
@@ -265,7 +266,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
         tl.store(amax_ptr + r, vocab_index(amax, V))
         tl.store(paths_ptr + r, paths)
         # the row's candidate counters back to zero (every program has made its last use of them):
-        # what a persistent workspace needs instead of a zero fill (_triton_workspace.py)
+        # what a persistent workspace needs instead of a zero fill (kernels/_workspace.py)
         tl.store(fill_row_ptr + tl.arange(0, 2), tl.zeros([2], tl.int32))
 
 

@@ -9,8 +9,9 @@ takes a ticket of its batch row, and the one completing it writes the row's toke
 import triton
 import triton.language as tl
 
+from .._triton_sync import last_rows_of
 from ..penalties.triton import row_penalty
-from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, NEG_INF, fixed_mass, fixed_prob, last_rows_of,
+from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, NEG_INF, fixed_mass, fixed_prob,
                              load_x_rows, num_drafts, order_key, passes_min_p, position_of, row_source, sampling_modes,
                              vocab_index)
 from ._triton_greedy import write_greedy_tokens

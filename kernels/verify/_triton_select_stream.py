@@ -21,9 +21,10 @@ that this bandwidth-bound pass keeps its occupancy.
 import triton
 import triton.language as tl
 
+from .._triton_sync import last_program_of
 from ..penalties.triton import row_penalty
-from ._triton_common import (BIG_INDEX, KEY_NEG_INF, NEG_INF, POS_INF, last_program_of, load_x_row,
-                             num_drafts_of_row, position_of, row_source, sampling_modes, vocab_index)
+from ._triton_common import (BIG_INDEX, KEY_NEG_INF, NEG_INF, POS_INF, load_x_row, num_drafts_of_row,
+                             position_of, row_source, sampling_modes, vocab_index)
 from ._triton_greedy import write_greedy_tokens
 from ._triton_sample import sample_rungs
 

@@ -6,7 +6,7 @@ do work for the sampling modes known on the host (SamplingTensors.modes) are lef
 launch 2 when no row uses top-k / top-p / min-p, launch 3 when every row is greedy (launch 1
 then writes the argmax chain's tokens, _triton_greedy.py); unknown modes: all four.
   0. one zero fill: integer tickets and candidate counters -- none with a caller's workspace
-     (_triton_workspace.py: the kernels put every counter back to zero; the engine's way).
+     (kernels/_workspace.py: the kernels put every counter back to zero; the engine's way).
   1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
      ONE pass over all logits: max / sum-exp / argmax partials per chunk. Rows with top-k,
      top-p or min-p first read a 1024-value sample of their row and place rungs
@@ -60,9 +60,9 @@ from ._triton_plan import (EMIT_NUM_WARPS, FINISH_NUM_WARPS, SMALL_NUM_WARPS, ST
 from ._triton_select_finish import select_finish_kernel, select_finish_penalised_kernel
 from ._triton_select_small import select_small_vocab_kernel, select_small_vocab_penalised_kernel
 from ._triton_select_stream import select_stream_kernel, select_stream_penalised_kernel
-from ._triton_workspace import VerifyWorkspace
+from .._workspace import KernelWorkspace
 
-__all__ = ["chain_verify_triton", "sample_triton", "verify_plan", "select_stats", "plan_for", "VerifyWorkspace"]
+__all__ = ["chain_verify_triton", "sample_triton", "verify_plan", "select_stats", "plan_for", "KernelWorkspace"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,7 +74,7 @@ def _vocab_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def run_launches(launch, *args, workspace: VerifyWorkspace | None = None):
+def run_launches(launch, *args, workspace: KernelWorkspace | None = None):
     """launch(*args), the launcher of one call's kernels (this module's, tree_verify's). The
     interpreter evaluates both sides of every select (e.g. exp overflow in lanes that are then
     discarded) and numpy warns about them: silenced there (the GPU path has no such warnings).
@@ -114,7 +114,7 @@ def penalty_args(penalties, tokens: torch.Tensor, width: int, first: int) -> tup
 
 
 def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, extra_counters: int = 0,
-                 greedy_out: tuple | None = None, pen: tuple | None = None, workspace: VerifyWorkspace | None = None):
+                 greedy_out: tuple | None = None, pen: tuple | None = None, workspace: KernelWorkspace | None = None):
     """Launches 0-2 (the zero fill and the selection kernels) for plan = plan_launches(...):
     the standardisation statistics of every distribution. target [B, K+1, V] and draft
     [B, K, V] (the target itself when there are no draft logits) with unit vocab stride,
@@ -127,7 +127,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
     selection launch also writes the tokens into greedy_out = (tokens int32 [B, K+1],
     num_accepted int32 [B]) (_triton_greedy.py). The finishing launch runs only when plan.finish.
     pen: penalty_args(...) (plan.penalties): the penalised variants of the same kernels.
-    workspace: a VerifyWorkspace whose counters the kernels keep at zero: no zero fill (launch 0);
+    workspace: a KernelWorkspace whose counters the kernels keep at zero: no zero fill (launch 0);
     ``paths`` then comes from its scratch buffer and holds nothing meaningful."""
     if bool(pen) != plan.penalties:
         raise ValueError("pass pen = penalty_args(...) exactly when the plan has penalties")
@@ -220,7 +220,7 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     paths int32 [B * NPOS]: how each distribution's thresholds were settled). penalties:
     PenaltyTensors or None; prefix_tokens int [B, W] or None (sample only, K = 0): the generated
     tokens in front of position 0 (the verify's position i sees the drafts before it instead).
-    workspace: VerifyWorkspace or None (select_stats)."""
+    workspace: KernelWorkspace or None (select_stats)."""
     batch, k_plus_1, vocab = target.shape
     k = k_plus_1 - 1
     device = target.device
@@ -287,7 +287,7 @@ def chain_verify_triton(
     selects: bool | None = None,
     emit_lanes: bool | None = None,
     return_paths: bool = False,
-    workspace: VerifyWorkspace | None = None,
+    workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
     (-1 pads), penalties: PenaltyTensors or None -> tokens int32 [B, K+1], num_accepted int32 [B].
@@ -299,8 +299,8 @@ def chain_verify_triton(
     kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
     (None: the plan's EMIT_LANES). return_paths: also return int32 [B * NPOS], how each
     distribution's thresholds were settled (_triton_select_stream.py; 0 for small vocabularies).
-    workspace: a VerifyWorkspace owned by the caller (one per sequence of calls on one stream:
-    _triton_workspace.py): no zero fill per call; not with return_paths."""
+    workspace: a KernelWorkspace owned by the caller (one per sequence of calls on one stream:
+    kernels/_workspace.py): no zero fill per call; not with return_paths."""
     if return_paths and workspace is not None:
         raise ValueError("return_paths needs the per-call counters: pass no workspace")
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
@@ -325,7 +325,7 @@ def sample_triton(
     stream_unroll: int | None = None,
     selects: bool | None = None,
     emit_lanes: bool | None = None,
-    workspace: VerifyWorkspace | None = None,
+    workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream). penalties:

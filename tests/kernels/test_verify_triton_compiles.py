@@ -35,7 +35,7 @@ def test_verify_kernels_compile_for_sm90():
     # The greedy-mode selection kernels were re-recorded when SELECTS (no row uses top-k / top-p / min-p)
     # began compiling the selection code out of them; with SELECTS set (modes unknown) the PTX is unchanged.
     # All were re-recorded once more when the tickets began resetting themselves (a caller's
-    # VerifyWorkspace needs no zero fill): 13 of the 14 changed, by the predicated
+    # KernelWorkspace needs no zero fill): 13 of the 14 changed, by the predicated
     # atom.global.gpu.relaxed.exch that last_program_of / last_rows_of gained (the finishing kernel
     # also gained the stores zeroing its row's candidate counters). Register numbering and debug
     # lines aside, the emission kernel's PTX diff at B = 64 was exactly that exchange (5 lines).

@@ -1,4 +1,4 @@
-"""A caller's VerifyWorkspace (kernels/verify/_triton_workspace.py): the Triton verify and sample
+"""A caller's KernelWorkspace (kernels/_workspace.py): the Triton verify and sample
 launches leave its counters at zero, so calls need no zero fill. Over the launch table of
 penalty_off_launches (small and streaming vocabularies; greedy, plain sampling, top-k + top-p +
 min-p with the finishing launch), with and without penalties, every call on ONE shared workspace
@@ -15,7 +15,7 @@ from specdec_fast.kernels.penalties import make_penalty_tensors
 from .penalty_off_launches import CALLS, _inputs
 
 triton_verify = pytest.importorskip("specdec_fast.kernels.verify.triton")
-VerifyWorkspace = triton_verify.VerifyWorkspace
+KernelWorkspace = triton_verify.KernelWorkspace
 
 
 def _calls(device, penalised: bool):
@@ -44,7 +44,7 @@ def _calls(device, penalised: bool):
 def test_shared_workspace_gives_the_same_tokens_and_stays_zero(penalised, device):
     calls = _calls(device, penalised)
     expected = {name: run(None) for name, run in calls}
-    ws = VerifyWorkspace()
+    ws = KernelWorkspace()
     for _ in range(2):  # every shape and mode twice, interleaved, on one workspace
         for name, run in calls:
             got = run(ws)
@@ -59,7 +59,7 @@ def test_a_counter_left_nonzero_breaks_the_next_call(device):
     check above would see a kernel that stopped resetting."""
     name, run = next((n, r) for n, r in _calls(device, False) if n == "large-plain/verify")
     expected = run(None)
-    ws = VerifyWorkspace()
+    ws = KernelWorkspace()
     assert all(torch.equal(g, e) for g, e in zip(run(ws), expected))
     (buf,) = ws._counters.values()
     rows = 2 * (2 * 2 + 1)  # the large-plain call: B = 2, K = 2 with draft logits
@@ -84,7 +84,7 @@ def test_workspace_calls_launch_no_zero_fill(device):
     from launch_count import LaunchCounter
 
     name, run = next((n, r) for n, r in _calls(device, False) if n == "large-greedy/verify")
-    ws = VerifyWorkspace()
+    ws = KernelWorkspace()
     run(ws)  # the first call of a shape allocates (fills) its buffer
     with LaunchCounter(run_triton=True) as counted:
         run(ws)
@@ -100,7 +100,7 @@ def test_a_call_that_raises_between_launches_discards_the_buffers(device, monkey
     candidates: the workspace drops its buffers, and the next call is right and leaves zeros."""
     name, run = next((n, r) for n, r in _calls(device, False) if n == "large-combined/verify")
     expected = run(None)
-    ws = VerifyWorkspace()
+    ws = KernelWorkspace()
     run(ws)
 
     class Broken:
@@ -127,7 +127,7 @@ def test_tree_verify_with_a_shared_workspace(kw, vocab, device):
 
     from .test_tree_verify_backends import tree_problem
 
-    ws = VerifyWorkspace()
+    ws = KernelWorkspace()
     problems = []
     for batch, n, seed in ((3, 7, 5), (2, 12, 6)):
         target, draft, tokens, parents, offsets = tree_problem(batch, n, vocab, torch.float32, True, True, seed, kw)

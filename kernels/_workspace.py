@@ -1,10 +1,12 @@
-"""A caller-owned workspace for the Triton verify / sample / tree_verify launches: their integer
-counters in a buffer that stays zero between calls, so a call needs no zero fill (one graph node
-fewer: the greedy verify is ONE launch, T = 1 sampling two; tree_verify three nodes fewer).
+"""A caller-owned workspace for Triton launches that count across programs: the verify / sample /
+tree_verify kernels and attention's in-kernel split merge. Their integer counters live in a
+buffer that stays zero between calls, so a call needs no zero fill (one graph node fewer: the
+greedy verify is ONE launch, T = 1 sampling two; tree_verify three nodes fewer; a split
+attention one launch instead of two).
 
 Why it stays zero: every counter is put back to zero by its last user in the same launch --
-tickets by the program that takes the last one (_triton_common.last_program_of / last_rows_of),
-a selecting row's candidate counters by its finishing program (_triton_select_finish.py) -- so a
+tickets by the program that takes the last one (kernels/_triton_sync.py: last_program_of /
+last_rows_of), a selecting row's candidate counters by its finishing program (verify/_triton_select_finish.py) -- so a
 launch that starts with zeros ends with zeros. The paths diagnostics are written, not counted:
 they live in a separate scratch buffer and are not returned (return_paths needs the per-call fill).
 
@@ -18,7 +20,7 @@ launches discards the buffers (a launch that ran may have left a counter for a l
 import torch
 
 
-class VerifyWorkspace:
+class KernelWorkspace:
     """counters(n) -> int32 [n] zeros (persistent), scratch(n) -> int32 [n] (persistent, any values),
     zeros(n) -> int32 [n] zeros that no kernel writes (tree_verify's dummy drafts)."""
 
