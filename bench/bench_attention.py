@@ -14,7 +14,10 @@ Script modes:
         Triton us with its launch plan (splits, launches), GB/s against the HBM roofline (target
         >= 70% at B=8/32k), N=5 vs N=1 (target <= 1.25x at 32k), torch SDPA flash on the same
         K/V laid out densely (target: ours <= 1.3x at contexts <= 2k, B=1 and 8), and up to 8k
-        a sweep of forced split counts (which one the automatic choice should pick).
+        a sweep of forced split counts (which one the automatic choice should pick). Both merges
+        side by side: the merge launch (triton_*, sweep_*: today's default) and the in-kernel merge
+        (in_kernel_*, sweep_in_kernel_*: kernels/attention/triton.py MERGE_IN_KERNEL, whose automatic
+        plan also splits short tables), after a check that they give the same output.
 """
 import argparse
 import itertools
@@ -200,6 +203,7 @@ def sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, hq=32, hkv=8, d=1
 
 
 def run_gpu(args):
+    from specdec_fast.kernels._workspace import KernelWorkspace
     from specdec_fast.kernels.attention.triton import paged_attention_triton, plan_launch
 
     if not torch.cuda.is_available():
@@ -213,22 +217,31 @@ def run_gpu(args):
             for n in (1, 5):
                 inputs = make_inputs(B, ctx, n, block_size=args.block_size, device="cuda")
                 q, k_cache, v_cache, block_table, seq_lens, cu = inputs
-                plan = plan_launch(q.device, B, 8, 4, 128, n, block_table.shape[1] * args.block_size)
-                res[f"plan_N{n}"] = {"splits": plan.num_splits, "launches": 1 if plan.num_splits == 1 else 2,
-                                     "grid": [B * 8, plan.num_tiles, plan.num_splits], "block_m": plan.block_m,
-                                     "block_n": plan.block_n}
+                capacity = block_table.shape[1] * args.block_size
+                ws = KernelWorkspace()  # the in-kernel merge's tickets, as a runner holds them
+                for form, merge in (("", False), ("_in_kernel", True)):
+                    plan = plan_launch(q.device, B, 8, 4, 128, n, capacity, merge_in_kernel=merge)
+                    res[f"plan{form}_N{n}"] = {
+                        "splits": plan.num_splits, "launches": 1 if plan.num_splits == 1 or merge else 2,
+                        "grid": [B * 8, plan.num_tiles, plan.num_splits], "block_m": plan.block_m, "block_n": plan.block_n}
 
-                def ours(splits=None):
+                def ours(splits=None, merge=False):
                     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu, max_query_len=n,
                                                   scale=128 ** -0.5, num_splits=splits,
-                                                  min_split_tokens=None if splits is None else 256)
+                                                  min_split_tokens=None if splits is None else 256,
+                                                  merge_in_kernel=merge, workspace=ws if merge else None)
 
-                us = graph_us(ours)
-                gbps = bytes_moved(B, ctx, n) / us / 1e3
-                res[f"triton_N{n}_us"], res[f"triton_N{n}_GBps"] = us, gbps
-                res[f"triton_N{n}_roofline"] = gbps * 1e9 / peak if peak else None
-                if ctx <= SWEEP_MAX_CONTEXT:  # which split count would have been best?
-                    res[f"sweep_N{n}_us"] = {s: graph_us(lambda s=s: ours(s)) for s in SWEEP_SPLITS if s * 256 <= ctx}
+                # the two merges give the same output (fp32 partials; bf16 out): checked before timing
+                res[f"in_kernel_max_abs_diff_N{n}"] = (ours(merge=True).float() - ours().float()).abs().max().item()
+                for form, merge in (("triton", False), ("in_kernel", True)):
+                    us = graph_us(lambda merge=merge: ours(merge=merge))
+                    gbps = bytes_moved(B, ctx, n) / us / 1e3
+                    res[f"{form}_N{n}_us"], res[f"{form}_N{n}_GBps"] = us, gbps
+                    res[f"{form}_N{n}_roofline"] = gbps * 1e9 / peak if peak else None
+                    if ctx <= SWEEP_MAX_CONTEXT:  # which split count would have been best, with either merge?
+                        res[f"sweep{'' if form == 'triton' else '_in_kernel'}_N{n}_us"] = {
+                            s: graph_us(lambda s=s, merge=merge: ours(s, merge)) for s in SWEEP_SPLITS if s * 256 <= ctx}
+                us = res[f"triton_N{n}_us"]
                 sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n)
                 res[f"sdpa_flash_N{n}_us"], res["sdpa_native_gqa"] = sdpa, gqa
                 if error:
@@ -248,6 +261,9 @@ def run_gpu(args):
         "ratio_N5_vs_N1_at_32k_max": max(r["ratio_N5_vs_N1"] for r in at32k), "ratio_target": 1.25,
         "roofline_N1_B8_32k": b8.get("triton_N1_roofline"), "roofline_N5_B8_32k": b8.get("triton_N5_roofline"),
         "roofline_target": 0.70,
+        # the in-kernel merge against the merge launch, automatic plans: < 1 where it is faster
+        "in_kernel_vs_launch": {f"B{r['B']}_{r['context']}_N{n}": r[f"in_kernel_N{n}_us"] / r[f"triton_N{n}_us"]
+                                for r in rows for n in (1, 5)},
     }
     report = {"device": name, "hbm_peak_Bps": peak, "heads": "32 q / 8 kv, D=128, bf16", "timing": "CUDA graph replay",
               "block_size": args.block_size, **versions(), "targets": targets, "results": rows}

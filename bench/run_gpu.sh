@@ -12,6 +12,7 @@
 #     bash bench/run_gpu.sh heads      # issues 23 / 28: EAGLE-3 and DFlash shapes at the 8B target, costs ~6 min
 #     bash bench/run_gpu.sh limits     # issue 25's rows: verify B 1/64, streaming variants, tree N=64 vs chain K=8, plain decoding ~8 min
 #     bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
+#     bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min, never run)
 #     bash bench/run_gpu.sh all        # every stage in order (a machine without a time limit)
 #
 # In that order of priority: the first three fit one session. Every benchmark writes JSON (and
@@ -74,6 +75,14 @@ stage_limits() {
   run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
 }
 
+stage_attention() {
+  # Issue 25: the decode attention with its split partials merged by a second launch (today) or by
+  # the split that finishes last (kernels/attention/triton.py MERGE_IN_KERNEL, whose plan also
+  # splits tables of <= 1024 tokens), B 1/8/32 x 1k-32k, N 1 and 5, forced split sweeps up to 8k.
+  # Flip MERGE_IN_KERNEL only where in_kernel_vs_launch is below 1 without a row above it.
+  run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
+}
+
 stage_gemv() {
   # Issue 25, plain decoding at 85%: the GEMV layer's kernel against cuBLAS per 8B product and row
   # count (every candidate tile config: decides kernels/linear/triton.py's defaults), its fused
@@ -96,9 +105,9 @@ stage_adaptive() {
 }
 
 case "$stage" in
-  tests|kernels|scale|loop|more|trees|limits|gemv|heads|adaptive) "stage_$stage" ;;
+  tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|gemv|heads|adaptive|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|all"; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null

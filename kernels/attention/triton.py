@@ -7,7 +7,10 @@ reads. Chunks wholly inside the prefix run with no mask; only chunks that overla
 apply the causal AND tree masks (BLOCK_MASK: no causal limit among a row's new tokens, DFlash's
 draft block; causal launches keep their key: the constexpr is passed only when set). The KV sequence is split over programs (flash-decoding); each
 split writes its normalised partial output and log-sum-exp, and kernel 2 (_merge_splits)
-combines them. With a single split kernel 1 writes the output directly.
+combines them -- or, with MERGE_IN_KERNEL (a plan's merge_in_kernel), the split of each (row,
+KV head, query tile) that takes the group's last ticket combines them in the same launch
+(_combine_splits; tickets in a caller's KernelWorkspace, put back to zero by their winner).
+With a single split kernel 1 writes the output directly.
 
 Grid sizes come only from static shapes (T, max_query_len, block_table width): seq_lens and
 cu_query_lens are read inside the kernels, so there is no host sync and the call can be
@@ -16,11 +19,12 @@ captured in a CUDA graph.
 Any head_dim up to 256: the head dimension is padded to HEAD_DIM_P2 = max(16, next power of 2)
 with masked loads and stores (Llama-family models use 64/128, others 80/96/112; tests use 12).
 
-Launch shape (choose_splits): a block table of at most SINGLE_LAUNCH_MAX_TOKENS (1024) tokens
-runs one split, the output written directly: ONE launch, no merge (the H100 run measured 93 us
+Launch shape (choose_splits): with the merge launch, a block table of at most
+SINGLE_LAUNCH_MAX_TOKENS (1024) tokens runs one split, the output written directly: ONE launch, no merge (the H100 run measured 93 us
 at B=1, context 1024 against 16 us for SDPA flash, timed eagerly: the Python launch cost of
 split + merge, not GPU time). Longer tables split the KV as before (>= 8k unchanged: 57-88% of
-roofline at 32k).
+roofline at 32k). With the in-kernel merge a split costs no launch, so short tables split too
+when the grid leaves SMs idle (not yet timed on a GPU: MERGE_IN_KERNEL is off).
 
 Compiled variants: a prompt of any length past 16 tokens takes the largest query tile, the ints
 that follow lengths and capacity are not specialised, and the merge's split tile is at least 64
@@ -45,7 +49,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .._backend import triton_interpreting
 from .._launch import tile_of
+from .._triton_sync import last_program_of
+from .._workspace import KernelWorkspace
 
 LOG2E = 1.4426950408889634
 
@@ -55,7 +62,7 @@ LOG2E = 1.4426950408889634
 @triton.jit(do_not_specialize=["num_splits", "min_split_chunks", "num_tokens"])
 def _paged_attn_split(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
-    out_ptr, part_o_ptr, part_lse_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr,
     qk_scale, num_splits, min_split_chunks, num_tokens,
     s_qt, s_qh,
     s_kb, s_kt, s_kh,
@@ -73,6 +80,8 @@ def _paged_attn_split(
     DIRECT_OUT: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     BLOCK_MASK: tl.constexpr = False,
+    MERGE_LAST: tl.constexpr = False,
+    FENCE: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     tile = tl.program_id(1)
@@ -197,6 +206,36 @@ def _paged_attn_split(
             row = (split * num_tokens + t) * HQ + head  # int64 (t is)
             tl.store(part_o_ptr + row[:, None] * HEAD_DIM_P2 + d[None, :], o, mask=row_ok[:, None])
             tl.store(part_lse_ptr + row, lse, mask=row_ok)
+            if MERGE_LAST:  # the split that finishes last merges the tile's rows: no merge launch
+                if last_program_of(ticket_ptr + pid_bh * tl.num_programs(1) + tile, num_splits, FENCE):
+                    res = _combine_splits(part_o_ptr, part_lse_ptr, t * HQ + head, row_ok, d, num_splits,
+                                          num_tokens * HQ, HEAD_DIM_P2)
+                    tl.store(out_ptr + (t[:, None] * HQ + head[:, None]) * HEAD_DIM + d[None, :],
+                             res.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _combine_splits(part_o_ptr, part_lse_ptr, rows, row_ok, d, num_splits, split_rows, HEAD_DIM_P2: tl.constexpr):
+    """The in-kernel merge of rows [M] (t * HQ + head) from every split's partials, as _merge_splits
+    computes it: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; splits with
+    lse = -inf weigh 0 and their partial output is not read. Other programs wrote the partials:
+    they are read through L2 (.cg), after last_program_of's fence. -> [M, HEAD_DIM_P2] float32."""
+    m = tl.full(rows.shape, float("-inf"), tl.float32)
+    for s in range(0, num_splits):
+        m = tl.maximum(m, tl.load(part_lse_ptr + s * split_rows + rows, mask=row_ok, other=float("-inf"),
+                                  cache_modifier=".cg"))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([rows.shape[0], HEAD_DIM_P2], tl.float32)
+    total = tl.zeros(rows.shape, tl.float32)
+    for s in range(0, num_splits):
+        row = s * split_rows + rows
+        lse = tl.load(part_lse_ptr + row, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        w = tl.math.exp2(lse - m_safe)  # 0 where lse = -inf
+        o = tl.load(part_o_ptr + row[:, None] * HEAD_DIM_P2 + d[None, :], mask=(row_ok & (lse > float("-inf")))[:, None],
+                    other=0.0, cache_modifier=".cg")
+        acc += w[:, None] * o
+        total += w
+    return acc / tl.maximum(total, 1e-30)[:, None]
 
 
 @triton.jit(do_not_specialize=["num_splits", "num_tokens"])
@@ -262,6 +301,15 @@ MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) 
 # that sweep shows.
 SINGLE_LAUNCH_MAX_TOKENS = 1024
 MAX_HEAD_DIM = 256
+# Where the split partials are merged: False, a second launch (_merge_splits, the form the H100
+# runs timed); True, inside the split launch by the split that finishes last (_combine_splits
+# after a ticket, kernels/_triton_sync.py; the tickets in a KernelWorkspace stay zero between
+# calls). In-kernel, a split costs no launch, so the single-launch bound above does not apply and
+# short tables split too when the grid would leave SMs idle (B = 1: 8 programs, one per KV head,
+# each walking the whole table). Expected on a GPU, not measured: one launch fewer per split call,
+# against a GPU-scope fence and ticket per program and a serial merge tail in the last program.
+# bench/bench_attention.py --gpu times both forms (sweep and automatic); flip where it is faster.
+MERGE_IN_KERNEL = False
 
 
 def head_dim_padded(head_dim: int) -> int:
@@ -269,12 +317,13 @@ def head_dim_padded(head_dim: int) -> int:
     return max(16, _next_pow2(head_dim))
 
 
-def choose_splits(num_sms: int | None, programs: int, capacity: int, block_n: int) -> tuple[int, int]:
-    """(number of KV splits, minimum tokens per split) from static shapes only. capacity (the
-    block table's tokens) <= SINGLE_LAUNCH_MAX_TOKENS, or no SM count (interpreter / CPU): one
-    split. Longer: enough splits for ~4 programs per SM, each of >= MIN_SPLIT_TOKENS tokens; the
-    kernel divides each row's actual length over the splits."""
-    if num_sms is None or capacity <= SINGLE_LAUNCH_MAX_TOKENS:
+def choose_splits(num_sms: int | None, programs: int, capacity: int, block_n: int,
+                  merge_in_kernel: bool = False) -> tuple[int, int]:
+    """(number of KV splits, minimum tokens per split) from static shapes only. No SM count
+    (interpreter / CPU): one split. A merge launch (merge_in_kernel False) and a block table of at
+    most SINGLE_LAUNCH_MAX_TOKENS: one split. Otherwise enough splits for ~4 programs per SM, each
+    of >= MIN_SPLIT_TOKENS tokens; the kernel divides each row's actual length over the splits."""
+    if num_sms is None or (capacity <= SINGLE_LAUNCH_MAX_TOKENS and not merge_in_kernel):
         return 1, block_n
     want = max(1, -(-4 * num_sms // max(programs, 1)))
     min_tokens = -(-MIN_SPLIT_TOKENS // block_n) * block_n
@@ -303,31 +352,40 @@ class LaunchPlan(NamedTuple):
     min_split_chunks: int
     head_dim_p2: int
     num_warps: int
+    merge_in_kernel: bool = False  # with num_splits > 1: the last split merges (no second launch)
 
 
 def plan_launch(device: torch.device, batch: int, num_kv_heads: int, group: int, head_dim: int, max_query_len: int,
-                capacity: int, num_splits: int | None = None, min_split_tokens: int | None = None) -> LaunchPlan:
-    """Tiling and split count from static shapes (the runner caches it per call shape)."""
+                capacity: int, num_splits: int | None = None, min_split_tokens: int | None = None,
+                merge_in_kernel: bool | None = None) -> LaunchPlan:
+    """Tiling and split count from static shapes (the runner caches it per call shape).
+    merge_in_kernel: None takes MERGE_IN_KERNEL."""
+    merge_in_kernel = MERGE_IN_KERNEL if merge_in_kernel is None else bool(merge_in_kernel)
     head_dim_p2 = head_dim_padded(head_dim)
     queries, block_m, block_n = choose_tiling(max_query_len, group, head_dim_p2)
     num_tiles = -(-max_query_len // queries)
     if num_splits is None:
-        num_splits, min_split = choose_splits(_num_sms(device), batch * num_kv_heads * num_tiles, capacity, block_n)
+        num_splits, min_split = choose_splits(_num_sms(device), batch * num_kv_heads * num_tiles, capacity, block_n,
+                                              merge_in_kernel)
     else:
         min_split = block_n if min_split_tokens is None else min_split_tokens
         if num_splits < 1 or min_split < block_n or min_split % block_n:
             raise ValueError(f"num_splits >= 1 and min_split_tokens a positive multiple of {block_n}, "
                              f"got {num_splits}, {min_split_tokens}")
     return LaunchPlan(queries, block_m, block_n, num_tiles, num_splits, min_split // block_n, head_dim_p2,
-                      8 if block_m >= 128 else 4)
+                      8 if block_m >= 128 else 4, merge_in_kernel)
 
 
 def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
                            max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
-                           min_split_tokens: int | None = None, plan: LaunchPlan | None = None, causal: bool = True):
+                           min_split_tokens: int | None = None, plan: LaunchPlan | None = None, causal: bool = True,
+                           merge_in_kernel: bool | None = None, workspace: KernelWorkspace | None = None):
     """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
     a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
-    e.g. for tests and the benchmark's sweep; plan (from plan_launch) skips choosing again."""
+    e.g. for tests and the benchmark's sweep; merge_in_kernel (None: MERGE_IN_KERNEL) where the
+    splits are merged; plan (from plan_launch) skips choosing again and carries both.
+    workspace: the caller's KernelWorkspace for the in-kernel merge's tickets (one sequence of
+    calls on one stream, e.g. a runner's layers); without one a split call zero-fills its tickets."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -338,21 +396,27 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         return out
     if plan is None:
         plan = plan_launch(q.device, B, Hkv, group, D, max_query_len, block_table.shape[1] * page_size, num_splits,
-                           min_split_tokens)
+                           min_split_tokens, merge_in_kernel)
     if v_cache.stride() != k_cache.stride():  # the kernel takes one set of cache strides
         k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     if block_table.stride(1) != 1 and block_table.shape[1] > 1:  # the kernel takes a unit column stride
         block_table = block_table.contiguous()
     splits = plan.num_splits
     direct = splits == 1
+    merge_last = plan.merge_in_kernel and not direct
+    tickets = seq_lens  # not read unless merge_last
     if direct:
         part_o = part_lse = out
     else:
         part_o = torch.empty(splits, T, Hq, plan.head_dim_p2, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, T, Hq, dtype=torch.float32, device=q.device)
+        if merge_last:  # one ticket per (row, KV head, query tile): zero at rest
+            groups = B * Hkv * plan.num_tiles
+            tickets = (workspace.counters(groups, q.device) if workspace is not None
+                       else torch.zeros(groups, dtype=torch.int32, device=q.device))
     _paged_attn_split[(B * Hkv, plan.num_tiles, splits)](
         q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, seq_lens if tree_mask is None else tree_mask,
-        out, part_o, part_lse,
+        out, part_o, part_lse, tickets,
         float(scale) * LOG2E, splits, plan.min_split_chunks, T,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -364,9 +428,12 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         # fp32 inputs: exact (not tf32) dots. The interpreter's tl.dot on bf16 returns garbage
         # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
         IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
-        num_warps=plan.num_warps, num_stages=2, **({} if causal else {"BLOCK_MASK": True}),
+        num_warps=plan.num_warps, num_stages=2,
+        # constexprs passed only when set: the launches of the default forms keep their keys
+        **({} if causal else {"BLOCK_MASK": True}),
+        **({"MERGE_LAST": True, "FENCE": not triton_interpreting()} if merge_last else {}),
     )
-    if not direct:
+    if not direct and not merge_last:
         _merge_splits[(T, Hq)](
             part_o, part_lse, out, splits, T,
             NUM_HEADS=Hq, SPLITS_P2=max(MERGE_SPLITS_P2, _next_pow2(splits)), HEAD_DIM=D, HEAD_DIM_P2=plan.head_dim_p2,

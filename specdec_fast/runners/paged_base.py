@@ -35,6 +35,7 @@ import torch
 from .hidden_capture import HiddenCapture
 from .paged_cache import PagedKVCache
 from ..kernels._backend import resolve_backend
+from ..kernels._workspace import KernelWorkspace
 from ..kernels.attention import paged_attention
 from ..kernels.cache_ops import append_kv, compact_kv
 from ._linear import linear
@@ -181,6 +182,9 @@ class PagedRunnerBase:
         self._length_all = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
         self._cap_all = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
         self._full_cu, self._plans = {}, {}
+        # The Triton attention's tickets (its in-kernel split merge, when a plan takes it): one
+        # workspace for the runner's whole life, so the captured graphs keep reading the same buffers.
+        self._attn_workspace = KernelWorkspace()
 
     @property
     def kv_bytes(self) -> int:
@@ -413,7 +417,7 @@ class PagedRunnerBase:
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
-                                   plan=self._plan(max_query_len), causal=causal)
+                                   plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
                                backend=self.backend, check=False)

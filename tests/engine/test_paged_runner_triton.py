@@ -57,6 +57,34 @@ def test_head_dim_12_greedy_equals_generate(device):
     assert torch.equal(out, expected)
 
 
+def test_attention_merged_in_kernel(device, monkeypatch):
+    """The runner's attention with the in-kernel split merge (MERGE_IN_KERNEL; forced to 3 splits
+    of one 64-token chunk, so a 150-token row really spreads over them): the prefill (the
+    validated entry, tickets filled per call) and score calls of 3 and 1 tokens (the direct
+    dispatch, the runner's one workspace) give the model's own logits; the workspace serves every
+    layer and call and is zero after each."""
+    from .runner_checks import hf_logits
+    import specdec_fast.kernels.attention.triton as attention_triton
+
+    monkeypatch.setattr(attention_triton, "MERGE_IN_KERNEL", True)
+    monkeypatch.setattr(attention_triton, "choose_splits", lambda num_sms, programs, capacity, block_n, merge=False:
+                        (3, block_n))
+    model = tiny("qwen2").to(device)  # GQA 4:2 and biases
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=16, backend="triton")
+    context = torch.randint(3, VOCAB, (150,), generator=torch.Generator().manual_seed(4)).tolist()
+    logits = runner.prefill(torch.tensor([context], device=device), None).cpu()
+    torch.testing.assert_close(logits[0], hf_logits(model, context)[-1], atol=1e-4, rtol=1e-4)
+    for tokens, keep in (([4, 9, 2], 2), ([7], 1)):
+        out = runner.score(torch.tensor([tokens], device=device)).cpu()
+        torch.testing.assert_close(out[0], hf_logits(model, context + tokens)[-len(tokens):], atol=1e-4, rtol=1e-4)
+        runner.commit(torch.tensor([keep], device=device))
+        context += tokens[:keep]
+        assert runner._attn_workspace.all_zero()
+    plans = list(runner._plans.values())
+    assert len(plans) == 2 and all(p.merge_in_kernel and p.num_splits == 3 for p in plans)
+    assert len(runner._attn_workspace._counters) == 1  # 2 KV heads x 1 tile: every call and layer shares it
+
+
 def _runner_with_layers(layers: int, fuse: bool = True, device: str = "cpu"):
     import transformers as tf
 

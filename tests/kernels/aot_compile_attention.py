@@ -13,13 +13,14 @@ from triton.compiler import ASTSource  # noqa: E402
 from specdec_fast.kernels.attention import triton as attn  # noqa: E402
 
 PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
-        "cu_ptr": "*i32", "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
+        "cu_ptr": "*i32", "ticket_ptr": "*i32", "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
 
 
-def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target, block_mask=False):
+def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target, block_mask=False, merge_last=False):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
                   BLOCK_N=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
-                  HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask)
+                  HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask,
+                  MERGE_LAST=merge_last, FENCE=merge_last)
     sig = {n: PTRS.get(n, "i32").replace("Q", f"*{dtype}") for n in attn._paged_attn_split.arg_names}
     sig.update({k: "constexpr" for k in consts})
     src = ASTSource(fn=attn._paged_attn_split, signature=sig, constexprs=consts)
@@ -47,6 +48,11 @@ def main(full: bool) -> None:
     for cfg in (("bf16", 64, 16, 4, 128, False, True), ("bf16", 128, 16, 8, 128, False, False)):  # the block mask
         kernel = compile_split(*cfg, target, block_mask=True)
         print("split block mask", cfg, "shared bytes", kernel.metadata.shared)
+    # the in-kernel merge (the last split merges after a fenced ticket): decode and a chain of 5
+    for cfg in (("bf16", 16, 1, 4, 128, False, False), ("bf16", 32, 8, 4, 128, True, False),
+                ("fp16", 16, 4, 4, 80, False, False)):
+        kernel = compile_split(*cfg, target, merge_last=True)
+        print("split merge in kernel", cfg, "shared bytes", kernel.metadata.shared)
     compile_merge(target)
     compile_merge(target, head_dim=112)
     print("merge ok")
