@@ -47,12 +47,15 @@ LLAMA_8B_PRODUCTS = {
 }
 
 
-def compile_gemv(rows: int, n: int, k: int, prologue: str, bias: bool, residual: bool, config, dtype="bf16"):
-    """The kernel for this call, specialised as the JIT would (pointer alignment, divisibility)."""
+def compile_gemv(rows: int, n: int, k: int, prologue: str, bias: bool, residual: bool, config, dtype="bf16",
+                 pdl: bool = False):
+    """The kernel for this call, specialised as the JIT would (pointer alignment, divisibility);
+    pdl: the programmatic-dependent-launch form (skinny_linear_triton(pdl=True))."""
     fn = gemv._skinny_linear_kernel
     grid, block_m, even_n, even_k, block_k = gemv._launch(rows, n, k, config)
     consts = dict(PROLOGUE=gemv.PROLOGUES.index(prologue), HAS_BIAS=bias, HAS_RES=residual, EVEN_N=even_n,
-                  EVEN_K=even_k, DOT_F32=dtype == "fp32", BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k)
+                  EVEN_K=even_k, DOT_F32=dtype == "fp32", BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
+                  PDL=pdl)
     width = 2 * k if prologue == "silu_mul" else k
     ints = dict(N=n, K=k, s_x=width, s_w=k, s_r=n, s_y=n)
     signature, attrs = {}, {}
@@ -70,7 +73,8 @@ def compile_gemv(rows: int, n: int, k: int, prologue: str, bias: bool, residual:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(c),): v for c, v in consts.items()}, attrs=attrs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+                            options={"num_warps": config.num_warps, "num_stages": config.num_stages,
+                                     **({"launch_pdl": True} if pdl else {})})
     return kernel, grid, block_m, block_k
 
 

@@ -16,7 +16,8 @@ per row; B rows at a --context-token context, the context kept fixed by committi
     worse picked for 2..16 rows?);
   - transformers' own eager decoding step on the same model (DynamicCache) beside ours;
   - the same steps through the GEMV layer (runners/paged_llama.py GEMV_LAYER: Triton skinny
-    linears with the norms and SwiGLU fused in) under the key "gemv_layer" of each step.
+    linears with the norms and SwiGLU fused in) under the key "gemv_layer" of each step, and
+    with its products as programmatic dependent launches (GEMV_PDL) under "gemv_layer_pdl".
 --tiny writes the same layout with the GPU-only fields left out: eager ms on CPU, the launches
 per layer of the Triton path (counted under the interpreter without running it) and the CPU
 GEMM sweep, so the script itself is tested in CI.
@@ -256,18 +257,20 @@ def hf_eager_ms(model, context: int, batch: int, iters: int) -> float:
     return 1e3 * statistics.median(times[1:])
 
 
-def gemv_layer_row(runner, args, n: int, ceiling: float, sync) -> dict:
-    """One N-token step through the cuBLAS layer and the GEMV layer (runners/paged_llama.py):
-    graph ms, tok/s and fraction of the ceiling, launches, kernels; the largest logit difference
-    between the two layers relative to the logits' scale (bf16 roundings differ, tokens rarely)."""
+def gemv_layer_row(runner, args, n: int, ceiling: float, sync, pdl: bool = False) -> dict:
+    """One N-token step through the cuBLAS layer and the GEMV layer (runners/paged_llama.py; pdl:
+    its products as programmatic dependent launches, GEMV_PDL): graph ms, tok/s and fraction of
+    the ceiling, launches, kernels; the largest logit difference between the two layers relative
+    to the logits' scale (bf16 roundings differ, tokens rarely; with pdl, a race would show here)."""
     step, tokens = make_step(runner, args.batch, n, "cuda")
     runner.set_gemv_layer(False)
     base = step(tokens).float()
-    runner.set_gemv_layer(True)
+    runner.set_gemv_layer(True, pdl=pdl)
     fused = step(tokens).float()
     row = {"logits_max_abs_diff_over_scale": ((fused - base).abs().max() / base.abs().max()).item(),
            "argmax_agreement": (fused.argmax(-1) == base.argmax(-1)).float().mean().item()}
-    return {**row, **timed_step(runner, step, tokens, n, args, ceiling, sync, f"gemv N={n}", profile_eager=False)}
+    name = f"gemv{' pdl' if pdl else ''} N={n}"
+    return {**row, **timed_step(runner, step, tokens, n, args, ceiling, sync, name, profile_eager=False)}
 
 
 def timed_step(runner, step, tokens, n: int, args, ceiling: float, sync, name: str, profile_eager: bool = True) -> dict:
@@ -315,12 +318,24 @@ def run_gpu(args) -> dict:
         report["steps"][f"N={n}"] = row
         print(json.dumps({k: v for k, v in row.items() if not k.startswith(("profile", "launches"))}), flush=True)
     if runner.gemv_layer_reason() is None:  # the same steps through the GEMV layer (issue 25)
-        for n in args.ns:
-            row = report["steps"][f"N={n}"]
-            row["gemv_layer"] = gemv_layer_row(runner, args, n, ceiling, sync)
-            print(json.dumps({f"N={n} gemv_layer": {k: v for k, v in row["gemv_layer"].items()
+        pdl_error = None
+        for key, pdl in (("gemv_layer", False), ("gemv_layer_pdl", True)):  # every N without PDL first
+            for n in args.ns:
+                row = report["steps"][f"N={n}"]
+                try:  # the PDL form has never run on a GPU: its error is recorded, not fatal to the report
+                    row[key] = gemv_layer_row(runner, args, n, ceiling, sync, pdl=pdl)
+                except Exception as exc:  # noqa: BLE001
+                    if not pdl:
+                        raise
+                    row[key] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+                    pdl_error = row[key]["error"]
+                    break
+                print(json.dumps({f"N={n} {key}": {k: v for k, v in row[key].items()
                                                     if not k.startswith(("profile", "launches"))}}), flush=True)
-        runner.set_gemv_layer(False)
+        if pdl_error:  # a fault may leave the CUDA context unusable: keep what was measured
+            report["skipped_after_pdl_error"] = "hf_eager_ms, gemm sweep"
+            return report
+        runner.set_gemv_layer(False, pdl=False)
     del runner
     torch.cuda.empty_cache()
     report["hf_eager_ms"] = hf_eager_ms(model, args.context, args.batch, args.iters)

@@ -87,7 +87,9 @@ stage_gemv() {
   # Issue 25, plain decoding at 85%: the GEMV layer's kernel against cuBLAS per 8B product and row
   # count (every candidate tile config: decides kernels/linear/triton.py's defaults), its fused
   # prologues against the launches they replace, and the whole step both ways (profile_step's
-  # "gemv_layer" rows). Flip runners/paged_llama.py GEMV_LAYER only where the step is faster.
+  # "gemv_layer" rows), then with programmatic dependent launches ("gemv_layer_pdl", never run
+  # before: an error there is recorded and ends the profile early). Flip runners/paged_llama.py
+  # GEMV_LAYER / GEMV_PDL only where the step is faster.
   run python3 bench/bench_gemv.py --gpu --out "$results/gemv_$dev.json"
   run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
 }

@@ -24,6 +24,13 @@ instead of 9 + cuBLAS's reduces (runners/paged_llama.py GEMV_LAYER). Whether thi
 weight faster than cuBLAS is for a GPU to say (bench/bench_gemv.py); until one does, the runner
 keeps F.linear.
 
+PDL (skinny_linear_triton(pdl=True), CUDA sm_90+): the launch is a programmatic dependent launch.
+The program prefetches its first BLOCK_K columns of its weight rows into L2 (the weight is never
+written by a decode step), then waits (griddepcontrol.wait) for the kernel before it and only
+then reads x, the residual, the norm weight or the bias: the boundary between two products
+overlaps the next weight stream. Checked in the sm_90a PTX (no global load before the wait:
+tests/kernels/aot_compile_layer_ops.py); never timed (runners/paged_llama.py GEMV_PDL is off).
+
 Two inner products by row count: one row (BLOCK_M = 1) keeps a [BLOCK_N, BLOCK_K] float32
 accumulator of elementwise products, reduced across lanes ONCE after the loop (no shuffles per
 step); more rows (BLOCK_M = 16) use tl.dot (mma) on [16, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles.
@@ -41,11 +48,19 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._launch import cdiv
 
 PROLOGUES = ("none", "rms_norm", "silu_mul")
 MAX_ROWS = 16  # rows the kernel is for (one BLOCK_M = 16 tile); more rows: F.linear (cuBLAS GEMM)
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """prefetch.global.L2 of each address (inline PTX: CUDA only; no value, no fault)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -62,6 +77,7 @@ def _skinny_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (launch_pdl, sm_90+)
 ):
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,6 +86,17 @@ def _skinny_linear_kernel(
     n_ok = rn < N
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * s_x  # [BM, 1]
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * s_w  # [BN, 1]
+    if PDL:
+        # Launched while the previous kernel still runs: nothing that kernel writes is read
+        # before griddepcontrol.wait. The weight is never written by a step, so this program's
+        # first BLOCK_K columns of its rows are prefetched into L2 first: the kernel boundary
+        # overlaps the weight stream instead of idling the HBM.
+        LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128 B
+        NLINES: tl.constexpr = BLOCK_K // LINE if BLOCK_K >= LINE else 1
+        lines = tl.minimum(tl.arange(0, NLINES) * LINE, K - 1)
+        _prefetch_l2(w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * s_w + lines[None, :])
+        gdc_wait()
+        gdc_launch_dependents()  # the next PDL launch may start its own prefetch once all programs are here
     if BLOCK_M == 1:
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)  # elementwise partial sums, reduced after the loop
     else:
@@ -198,12 +225,15 @@ def _launch(rows: int, n: int, k: int, config: GemvConfig):
 def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                          residual: torch.Tensor | None = None, *, prologue: str = "none",
                          norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                         config: GemvConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                         config: GemvConfig | None = None, out: torch.Tensor | None = None,
+                         pdl: bool = False) -> torch.Tensor:
     """x [M, K] ([M, 2K] = [gate | up] for prologue "silu_mul"; unit column stride, any row
     stride), weight [N, K] (unit column stride), bias [N] or None, residual [M, N] or None,
     norm_weight [K] (prologue "rms_norm") -> y [M, N] in x's dtype (or written into out [M, N]).
     M <= MAX_ROWS. No checks beyond the prologue's name: the caller owns the shapes (the runner)
-    or validated them (kernels/linear.skinny_linear)."""
+    or validated them (kernels/linear.skinny_linear). pdl: on CUDA, a programmatic dependent
+    launch (the weight's first tile prefetched into L2 while the previous kernel finishes, then
+    griddepcontrol.wait before x is read); ignored elsewhere."""
     if prologue not in PROLOGUES:
         raise ValueError(f"prologue must be one of {PROLOGUES}, got {prologue!r}")
     rows, n, k = x.shape[0], weight.shape[0], weight.shape[1]
@@ -223,6 +253,7 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         EVEN_N=even_n, EVEN_K=even_k, DOT_F32=x.dtype == torch.float32 or not on_cuda,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
+        **({"PDL": True, "launch_pdl": True} if pdl and on_cuda else {}),  # passed only when set: keys kept
     )
     return out
 

@@ -13,6 +13,8 @@ The cache, packing, prefill / score / commit / compact and the kernel dispatch a
 the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math. Which
 model_types it serves: runners/registry.py.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +31,12 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # a GPU shows it faster than cuBLAS (bench/profile_step.py times the step both ways, bench/gemv_ptx.py
 # reads its sm_90a code); runner.set_gemv_layer(True) turns it on for one runner.
 GEMV_LAYER = False
+# The GEMV layer's products as programmatic dependent launches (sm_90+: each prefetches its first
+# weight tile into L2 and then waits for the kernel before it, so the ~200 kernel boundaries of a
+# step overlap the weight stream; kernels/linear/triton.py PDL). Compiled and checked for sm_90a
+# (no global load before griddepcontrol.wait, bench/gemv_ptx.py); never run: off until
+# bench/profile_step.py's "gemv_layer_pdl" row shows the step faster. runner.set_gemv_layer(True, pdl=True).
+GEMV_PDL = False
 GEMV_MAX_ROWS = 16  # token rows of a forward up to which the GEMV layer runs (kernels/linear/triton.py MAX_ROWS)
 # Rows up to which SwiGLU is fused into the down product's load. Above, silu_mul runs apart: on the
 # tl.dot path the fused silu is computed in the dot operand's layout, replicated over the 4 warps
@@ -157,6 +165,7 @@ class PagedLlamaRunner(PagedRunnerBase):
 
     unsupported_reason = staticmethod(llama_unsupported_reason)
     gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)
+    gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
 
     def _bind(self, model) -> None:
         config = model.config
@@ -180,6 +189,7 @@ class PagedLlamaRunner(PagedRunnerBase):
             # (weight, eps) of the norm that follows each layer: the next layer's input norm, then the final norm
             self._next_norm = [(nxt.ln_in, nxt.eps_in) for nxt in self.layers[1:]] + [(self.final_norm, self.final_eps)]
         self.gemv_layer = GEMV_LAYER and self.gemv_layer_reason() is None
+        self.gemv_pdl = GEMV_PDL
 
     def gemv_layer_reason(self) -> str | None:
         """Why this runner cannot take the GEMV layer (GEMV_LAYER), or None when it can."""
@@ -193,13 +203,16 @@ class PagedLlamaRunner(PagedRunnerBase):
             return f"the GEMV layer fuses SiLU; this model's hidden_act is {self.config.hidden_act!r}"
         return None
 
-    def set_gemv_layer(self, on: bool) -> None:
+    def set_gemv_layer(self, on: bool, pdl: bool | None = None) -> None:
         """Decode steps of at most GEMV_MAX_ROWS token rows through the GEMV layer (on) or the
-        cuBLAS layer (off). Raises ValueError, with gemv_layer_reason(), where it cannot run."""
+        cuBLAS layer (off); pdl (None: unchanged) launches its products as programmatic dependent
+        launches on CUDA (GEMV_PDL). Raises ValueError, with gemv_layer_reason(), where it cannot run."""
         reason = self.gemv_layer_reason() if on else None
         if reason is not None:
             raise ValueError(reason)
         self.gemv_layer = bool(on)
+        if pdl is not None:
+            self.gemv_pdl = bool(pdl)
 
     def _linears(self, rows: int, x: torch.Tensor):
         """(linear, linears) for a forward over ``rows`` token rows like x: decided once per row
@@ -299,8 +312,9 @@ class PagedLlamaRunner(PagedRunnerBase):
         activation written to memory; then the final norm. The residual stream x stays in the model
         dtype (each product rounded, then the residual add rounded, as transformers'); the fused
         norms differ from transformers' by the rounding kernels/linear/triton.py describes."""
-        from ..kernels.linear.triton import skinny_linear_triton as gemv
+        from ..kernels.linear.triton import skinny_linear_triton
 
+        gemv = functools.partial(skinny_linear_triton, pdl=self.gemv_pdl)
         add_rms_norm, _, silu_mul = self._ops
         total = flat.shape[0]
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
@@ -330,4 +344,4 @@ class PagedLlamaRunner(PagedRunnerBase):
         from ..kernels.linear.triton import skinny_linear_triton
 
         flat = hidden.reshape(rows, hidden.shape[-1])
-        return skinny_linear_triton(flat, self.lm_head).view(*hidden.shape[:-1], self.lm_head.shape[0])
+        return skinny_linear_triton(flat, self.lm_head, pdl=self.gemv_pdl).view(*hidden.shape[:-1], self.lm_head.shape[0])

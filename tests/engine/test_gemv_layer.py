@@ -135,3 +135,28 @@ def test_reasons_where_it_cannot_run(device):
         PagedLlamaRunner(gelu.to(device), max_new_tokens=4, backend="triton").set_gemv_layer(True)
     with pytest.raises(ValueError, match="Triton path"):
         PagedLlamaRunner(tiny("llama"), max_new_tokens=4, backend="torch").set_gemv_layer(True)
+
+
+def test_pdl_reaches_every_product(device, monkeypatch):
+    """set_gemv_layer(True, pdl=True): every product of a one-row step and the lm_head are asked
+    for a programmatic dependent launch (used on CUDA only; kernels/linear/triton.py), with the
+    same logits; pdl=None leaves the choice as it was, and off sends pdl=False again."""
+    import specdec_fast.kernels.linear.triton as gemv_kernels
+
+    seen = []
+    real = gemv_kernels.skinny_linear_triton
+    monkeypatch.setattr(gemv_kernels, "skinny_linear_triton", lambda *a, pdl=False, **k: seen.append(pdl) or real(*a, **k))
+    model = tiny("llama").to(device)
+    runner = _gemv_runner(model, max_new_tokens=4, num_draft_tokens=0, block_size=4)
+    runner.prefill(torch.tensor([[5, 9, 3]], device=device), None)
+    logits = {}
+    for pdl in (False, True):
+        runner.set_gemv_layer(True, pdl=pdl)
+        seen.clear()
+        logits[pdl] = runner.score(torch.tensor([[11]], device=device))
+        runner.commit(torch.zeros(1, dtype=torch.int32, device=device))  # the same context for the next call
+        assert seen == [pdl] * (4 * len(runner.layers) + 1)  # qkv, o, gate_up, down per layer; lm_head
+    torch.testing.assert_close(logits[True], logits[False], atol=0, rtol=0)
+    runner.set_gemv_layer(True)
+    assert runner.gemv_pdl is True
+    assert paged_llama.GEMV_PDL is False  # off by default: never run on a GPU

@@ -16,12 +16,20 @@ from specdec_fast.kernels.llama_ops import triton as ops  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4):
+def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, options=None, ptx=False):
     sig = {n: pointers.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
     sig.update({k: "constexpr" for k in consts})
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
-                            options={"num_warps": num_warps})
+                            options={"num_warps": num_warps, **(options or {})})
+    if ptx:
+        return kernel.asm["ptx"]
     return kernel.metadata.shared, kernel.n_regs if hasattr(kernel, "n_regs") else None
+
+
+def first_global_access(ptx: str) -> int:
+    """Offset in the PTX of its first global load or asynchronous copy (-1: none)."""
+    found = [i for i in (ptx.find("ld.global"), ptx.find("cp.async")) if i >= 0]
+    return min(found) if found else -1
 
 
 def main() -> None:
@@ -53,10 +61,18 @@ def main() -> None:
                 _, block_m, even_n, even_k, block_k = gemv._launch(rows, 4096, 4096, config)
                 consts = dict(PROLOGUE=gemv.PROLOGUES.index(prologue), HAS_BIAS=True, HAS_RES=prologue != "rms_norm",
                               EVEN_N=even_n, EVEN_K=even_k, DOT_F32=dt == "fp32", BLOCK_M=block_m,
-                              BLOCK_N=config.block_n, BLOCK_K=block_k)
+                              BLOCK_N=config.block_n, BLOCK_K=block_k, PDL=False)
                 info = compile_kernel(gemv._skinny_linear_kernel, ptrs, consts, floats=("eps",),
                                       num_warps=config.num_warps)
                 print("skinny_linear", dt, prologue, rows, info)
+                if dt == "bf16":  # the programmatic-dependent-launch form: nothing global read before the wait
+                    code = compile_kernel(gemv._skinny_linear_kernel, ptrs, dict(consts, PDL=True), floats=("eps",),
+                                          num_warps=config.num_warps, options={"launch_pdl": True}, ptx=True)
+                    wait = code.find("griddepcontrol.wait")
+                    assert 0 <= code.find("prefetch.global.L2") < wait < first_global_access(code), (prologue, rows)
+                    assert "griddepcontrol.wait" not in compile_kernel(
+                        gemv._skinny_linear_kernel, ptrs, consts, floats=("eps",), num_warps=config.num_warps, ptx=True)
+                    print("skinny_linear pdl", dt, prologue, rows, "prefetch < griddepcontrol.wait < first global load")
     print("layer ops ok")
 
 
