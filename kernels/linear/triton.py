@@ -58,7 +58,7 @@ MAX_ROWS = 16  # rows the kernel is for (one BLOCK_M = 16 tile); more rows: F.li
 
 @triton.jit
 def _prefetch_l2(ptrs):
-    """prefetch.global.L2 of each address (inline PTX: CUDA only; no value, no fault)."""
+    """prefetch.global.L2 of each address (inline PTX: CUDA only; callers keep the addresses inside the tensor)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
 

@@ -34,7 +34,7 @@ GEMV_LAYER = False
 # The GEMV layer's products as programmatic dependent launches (sm_90+: each prefetches its first
 # weight tile into L2 and then waits for the kernel before it, so the ~200 kernel boundaries of a
 # step overlap the weight stream; kernels/linear/triton.py PDL). Compiled and checked for sm_90a
-# (no global load before griddepcontrol.wait, bench/gemv_ptx.py); never run: off until
+# (no global load before griddepcontrol.wait: tests/kernels/aot_compile_layer_ops.py); never run: off until
 # bench/profile_step.py's "gemv_layer_pdl" row shows the step faster. runner.set_gemv_layer(True, pdl=True).
 GEMV_PDL = False
 GEMV_MAX_ROWS = 16  # token rows of a forward up to which the GEMV layer runs (kernels/linear/triton.py MAX_ROWS)
