@@ -219,11 +219,6 @@ def run_gpu(args):
                 q, k_cache, v_cache, block_table, seq_lens, cu = inputs
                 capacity = block_table.shape[1] * args.block_size
                 ws = KernelWorkspace()  # the in-kernel merge's tickets, as a runner holds them
-                for form, merge in (("", False), ("_in_kernel", True)):
-                    plan = plan_launch(q.device, B, 8, 4, 128, n, capacity, merge_in_kernel=merge)
-                    res[f"plan{form}_N{n}"] = {
-                        "splits": plan.num_splits, "launches": 1 if plan.num_splits == 1 or merge else 2,
-                        "grid": [B * 8, plan.num_tiles, plan.num_splits], "block_m": plan.block_m, "block_n": plan.block_n}
 
                 def ours(splits=None, merge=False):
                     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu, max_query_len=n,
@@ -233,13 +228,18 @@ def run_gpu(args):
 
                 # the two merges give the same output (fp32 partials; bf16 out): checked before timing
                 res[f"in_kernel_max_abs_diff_N{n}"] = (ours(merge=True).float() - ours().float()).abs().max().item()
-                for form, merge in (("triton", False), ("in_kernel", True)):
+                # keys: plan_N1 / triton_N1_* / sweep_N1_us (the merge launch), plan_in_kernel_N1 / in_kernel_N1_* / ...
+                for form, suffix, merge in (("triton", "", False), ("in_kernel", "_in_kernel", True)):
+                    plan = plan_launch(q.device, B, 8, 4, 128, n, capacity, merge_in_kernel=merge)
+                    res[f"plan{suffix}_N{n}"] = {
+                        "splits": plan.num_splits, "launches": 1 if plan.num_splits == 1 or merge else 2,
+                        "grid": [B * 8, plan.num_tiles, plan.num_splits], "block_m": plan.block_m, "block_n": plan.block_n}
                     us = graph_us(lambda merge=merge: ours(merge=merge))
                     gbps = bytes_moved(B, ctx, n) / us / 1e3
                     res[f"{form}_N{n}_us"], res[f"{form}_N{n}_GBps"] = us, gbps
                     res[f"{form}_N{n}_roofline"] = gbps * 1e9 / peak if peak else None
                     if ctx <= SWEEP_MAX_CONTEXT:  # which split count would have been best, with either merge?
-                        res[f"sweep{'' if form == 'triton' else '_in_kernel'}_N{n}_us"] = {
+                        res[f"sweep{suffix}_N{n}_us"] = {
                             s: graph_us(lambda s=s, merge=merge: ours(s, merge)) for s in SWEEP_SPLITS if s * 256 <= ctx}
                 us = res[f"triton_N{n}_us"]
                 sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n)
