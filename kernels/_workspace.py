@@ -7,8 +7,9 @@ attention one launch instead of two).
 Why it stays zero: every counter is put back to zero by its last user in the same launch --
 tickets by the program that takes the last one (kernels/_triton_sync.py: last_program_of /
 last_rows_of), a selecting row's candidate counters by its finishing program
-(verify/_triton_select_finish.py) -- so a launch that starts with zeros ends with zeros. The paths diagnostics are written, not counted:
-they live in a separate scratch buffer and are not returned (return_paths needs the per-call fill).
+(verify/_triton_select_finish.py) -- so a launch that starts with zeros ends with zeros. The
+paths diagnostics are written, not counted: they live in a separate scratch buffer and are not
+returned (return_paths needs the per-call fill).
 
 One workspace serves one sequence of calls on one stream (a decoder's verify step, a drafter's
 sample): two calls in flight at once on different streams would share counters. Buffers are
