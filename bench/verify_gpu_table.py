@@ -9,7 +9,10 @@ plain caller makes it) beside the torch reference (the spec), plain PyTorch (ver
 L2 before every replay, so even B = 1 reads its logits from HBM, where the engine would find
 them L2-hot just after the LM head). Bandwidth is the
 logits read once (target + draft for verify, one row per batch row for sample) over the time;
-the roofline divides those bytes by this device's measured copy bandwidth. Each row also says
+the roofline divides those bytes by this device's measured copy bandwidth. Greedy rows also time
+"triton_no_draft_logits": the call as the engine makes it when every row is greedy (its
+ModelDrafter keeps no draft logits then; p is one-hot at the draft token), 5 of the 9
+distributions at K = 4, its bandwidth over the target logits alone. Each row also says
 whether our tokens equal the reference's and how the Triton kernels settled the thresholds
 (kernels/verify/_triton_select_finish.py paths: top set / gathered by chunks / fallback sweeps), and the
 plan (verify_plan: launches, passes over the logits) the timing should be read against.
@@ -149,7 +152,8 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
         target, draft, drafts = make_logits(batch, k, vocab, data, device, dtype)
         logits = target[:, 0].contiguous()
         positions = torch.zeros(batch, dtype=torch.int64, device=device)
-        verify_bytes = (target.numel() + draft.numel()) * target.element_size()
+        target_bytes = target.numel() * target.element_size()
+        verify_bytes = target_bytes + draft.numel() * draft.element_size()
         sample_bytes = logits.numel() * logits.element_size()
         for mode, kw in MODES.items():
             if smoke and vocab > 64 and mode not in SMOKE_LARGE_MODES:
@@ -172,6 +176,12 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
                 "reference": lambda: sample_reference(logits, params, positions, 2),
                 "torch": lambda: torch_sample(logits, **full),
             }
+            nbytes = {}  # entries that read other bytes than the table's
+            if params.modes == {"greedy"}:  # the engine's greedy call: no draft logits (ModelDrafter keeps none)
+                ws_greedy = KernelWorkspace()
+                verify["triton_no_draft_logits"] = lambda: chain_verify_triton(target, None, drafts, params,
+                                                                               workspace=ws_greedy, **ov)
+                nbytes["triton_no_draft_logits"] = target_bytes
             if params.modes <= {"greedy", "plain"}:  # launches left out: time the full sequence beside
                 verify["triton_modes_unknown"] = lambda: chain_verify_triton(target, draft, drafts, unknown, **ov)
                 sample["triton_modes_unknown"] = lambda: sample_triton(logits, unknown, positions, 2, **ov)
@@ -191,19 +201,26 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
                 "tokens_equal_reference": bool(torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1])),
                 "sample_equal_reference": bool(torch.equal(sample["triton"](), sample["reference"]())),
                 "workspace_tokens_equal": bool(all(torch.equal(a, b) for a, b in zip(verify["triton"](), (tokens, accepted)))),
+                **({"no_draft_logits_tokens_equal_reference": all(
+                    torch.equal(a, b) for a, b in zip(verify["triton_no_draft_logits"](),
+                                                      chain_verify_reference(target, None, drafts, params)))}
+                   if "triton_no_draft_logits" in verify else {}),
                 "threshold_routes": _summarise_paths(paths),
                 "plan": verify_plan(batch, k, vocab, True, _plan_modes(kw), workspace=True),
                 "launches": {"verify": verify_plan(batch, k, vocab, True, _plan_modes(kw), workspace=True)["launches"],
                              "sample": verify_plan(batch, 0, vocab, False, _plan_modes(kw), workspace=True)["launches"],
                              "verify_zero_fill": verify_plan(batch, k, vocab, True, _plan_modes(kw))["launches"],
                              "verify_modes_unknown": verify_plan(batch, k, vocab, True, None)["launches"],
-                             "sample_modes_unknown": verify_plan(batch, 0, vocab, False, None)["launches"]},
+                             "sample_modes_unknown": verify_plan(batch, 0, vocab, False, None)["launches"],
+                             **({"verify_no_draft_logits": verify_plan(batch, k, vocab, False, ("greedy",),
+                                                                       workspace=True)["launches"]}
+                                if "triton_no_draft_logits" in verify else {})},
                 "verify": {}, "sample": {}, "notes": notes,
             }
-            for table, key, nbytes in ((verify, "verify", verify_bytes), (sample, "sample", sample_bytes)):
+            for table, key, table_bytes in ((verify, "verify", verify_bytes), (sample, "sample", sample_bytes)):
                 for name, fn in table.items():
                     try:
-                        row[key][name] = _entry(_time(fn, smoke), nbytes, bandwidth)
+                        row[key][name] = _entry(_time(fn, smoke), nbytes.get(name, table_bytes), bandwidth)
                     except Exception as error:  # noqa: BLE001 - a baseline failing is a result
                         row[key][name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
             results.append(row)

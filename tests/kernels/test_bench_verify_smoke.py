@@ -29,8 +29,13 @@ def test_bench_verify_smoke_writes_the_table(tmp_path):
         assert row["tokens_equal_reference"] and row["sample_equal_reference"] and row["workspace_tokens_equal"], row
         assert row["launches"]["verify"] == row["launches"]["verify_zero_fill"] - 1  # the workspace: no fill
         unknown = {"triton_modes_unknown"} if row["mode"] in ("greedy", "T=1") else set()  # launches left out
+        # greedy: also the engine's call without draft logits (5 of 9 distributions at K = 4)
+        engine = {"triton_no_draft_logits"} if row["mode"] == "greedy" else set()
+        assert row.get("no_draft_logits_tokens_equal_reference", True) is True, row
+        assert ("no_draft_logits_tokens_equal_reference" in row) == bool(engine)
         for table in ("verify", "sample"):
-            assert set(row[table]) == {"triton", "triton_zero_fill", "reference", "torch"} | unknown
+            assert set(row[table]) == {"triton", "triton_zero_fill", "reference", "torch"} | unknown | (
+                engine if table == "verify" else set())
             assert all(entry["median_us"] > 0 for entry in row[table].values()), row[table]
     assert any(row["threshold_routes"] for row in rows if row["V"] == 600)
 
