@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from .._backend import triton_interpreting
 from .._launch import tile_of
 from .._triton_sync import last_program_of
@@ -82,7 +84,11 @@ def _paged_attn_split(
     BLOCK_MASK: tl.constexpr = False,
     MERGE_LAST: tl.constexpr = False,
     FENCE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # a programmatic dependent launch: nothing the kernel before wrote is read before the wait
+        gdc_wait()
+        gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     tile = tl.program_id(1)
     split = tl.program_id(2)
@@ -245,10 +251,14 @@ def _merge_splits(
     SPLITS_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """out[t, h] = sum_s 2^(lse_s - lse) * o_s / sum_s 2^(lse_s - lse) (log2 units); splits
     with lse = -inf (no key of theirs visible) weigh 0 and their partial output is not read.
     The [D] accumulator is looped over splits: a [splits, D] tile spills at 64+ splits."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     split_rows = num_tokens * NUM_HEADS  # partial rows per split: lse [splits, T, H], o [splits, T, H, D_P2]
@@ -379,13 +389,17 @@ def plan_launch(device: torch.device, batch: int, num_kv_heads: int, group: int,
 def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *,
                            max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
                            min_split_tokens: int | None = None, plan: LaunchPlan | None = None, causal: bool = True,
-                           merge_in_kernel: bool | None = None, workspace: KernelWorkspace | None = None):
+                           merge_in_kernel: bool | None = None, workspace: KernelWorkspace | None = None,
+                           pdl: bool = False):
     """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
     a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
     e.g. for tests and the benchmark's sweep; merge_in_kernel (None: MERGE_IN_KERNEL) where the
     splits are merged; plan (from plan_launch) skips choosing again and carries both.
     workspace: the caller's KernelWorkspace for the in-kernel merge's tickets (one sequence of
-    calls on one stream, e.g. a runner's layers); without one a split call zero-fills its tickets."""
+    calls on one stream, e.g. a runner's layers); without one a split call zero-fills its tickets.
+    pdl: on CUDA, each launch is a programmatic dependent launch (the GEMV layer's chain,
+    runners/paged_llama.py GEMV_PDL): it waits for the kernel before it at its first line and
+    lets the next PDL launch start at once."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -405,6 +419,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     direct = splits == 1
     merge_last = plan.merge_in_kernel and not direct
     tickets = seq_lens  # not read unless merge_last
+    # constexprs passed only when set: the launches of the default forms keep their keys
+    pdl_kw = {"PDL": True, "launch_pdl": True} if pdl and q.device.type == "cuda" else {}
     if direct:
         part_o = part_lse = out
     else:
@@ -429,14 +445,14 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         # (triton 3.6: measured 2.6e10 error on a 16x16 product), so there bf16 dots run in fp32.
         IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
         num_warps=plan.num_warps, num_stages=2,
-        # constexprs passed only when set: the launches of the default forms keep their keys
         **({} if causal else {"BLOCK_MASK": True}),
         **({"MERGE_LAST": True, "FENCE": not triton_interpreting()} if merge_last else {}),
+        **pdl_kw,
     )
     if not direct and not merge_last:
         _merge_splits[(T, Hq)](
             part_o, part_lse, out, splits, T,
             NUM_HEADS=Hq, SPLITS_P2=max(MERGE_SPLITS_P2, _next_pow2(splits)), HEAD_DIM=D, HEAD_DIM_P2=plan.head_dim_p2,
-            num_warps=4 if plan.head_dim_p2 >= 128 else 2,
+            num_warps=4 if plan.head_dim_p2 >= 128 else 2, **pdl_kw,
         )
     return out

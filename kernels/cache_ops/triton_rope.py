@@ -18,6 +18,7 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._launch import cdiv, next_pow2, tile_of
 
@@ -33,8 +34,11 @@ def _rope_append_kv_kernel(
     s_bt,  # row stride of block_table (unit column stride)
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_P2: tl.constexpr, HKV_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, HALF_P2: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_B: tl.constexpr,
-    TOKENS: tl.constexpr, QK_NORM: tl.constexpr,
+    TOKENS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # a programmatic dependent launch: nothing the kernel before wrote is read before the wait
+        gdc_wait()
+        gdc_launch_dependents()
     # TOKENS tokens per program (1 at the 8B model's 32 x 64 half-heads; more for small models,
     # whose programs would otherwise cost milliseconds each under the interpreter).
     # Tiles are [TOKENS, heads, D/2]: element i of a head pairs with element i + D/2.
@@ -117,11 +121,13 @@ def _launch(num_tokens: int, hq: int, hkv: int, dim: int, batch: int):
 
 
 def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
-                          qk_norm=None) -> None:
+                          qk_norm=None, pdl: bool = False) -> None:
     """q [T, Hq, D] (rotated in place), k, v [T, Hkv, D] (read), cos/sin [T, D] (one layout),
     caches [NB, BS, Hkv, D] contiguous, block_table [B, max_blocks] (unit column stride),
     seq_lens [B], cu_query_lens [B+1] int32; qk_norm None or (q_weight [D], q_eps, k_weight [D], k_eps).
-    Every tensor has unit last stride. No checks: see cache_ops.rope_append_kv."""
+    Every tensor has unit last stride. No checks: see cache_ops.rope_append_kv. pdl: on CUDA, a
+    programmatic dependent launch (waits for the kernel before it at its first line; the GEMV
+    layer's chain, runners/paged_llama.py GEMV_PDL)."""
     num_tokens, hq, dim = q.shape
     hkv = k.shape[1]
     if num_tokens == 0:
@@ -137,6 +143,7 @@ def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), block_table.stride(0),
         PAGE_SIZE=page, QK_NORM=qk_norm is not None, num_warps=4, **consts,
+        **({"PDL": True, "launch_pdl": True} if pdl and q.device.type == "cuda" else {}),  # passed only when set
     )
 
 

@@ -406,10 +406,12 @@ class PagedRunnerBase:
             append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, start, cu,
                       backend=self.backend, check=False)
 
-    def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float, causal: bool = True) -> torch.Tensor:
+    def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float, causal: bool = True,
+                   pdl: bool = False) -> torch.Tensor:
         """Attention of q [T, Hq, D] over layer i's cache, whose new tokens' K/V are already
         written (attn_lens [B] counts them) -> [T, Hq, D]. causal=False: the block mask (the
-        row's new tokens see each other both ways: kernels/attention)."""
+        row's new tokens see each other both ways: kernels/attention). pdl: the Triton path's
+        launches as programmatic dependent launches (on CUDA; the GEMV layer's chain)."""
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
@@ -417,7 +419,8 @@ class PagedRunnerBase:
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
-                                   plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace)
+                                   plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace,
+                                   pdl=pdl)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
                                backend=self.backend, check=False)

@@ -31,11 +31,14 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # a GPU shows it faster than cuBLAS (bench/profile_step.py times the step both ways, bench/gemv_ptx.py
 # reads its sm_90a code); runner.set_gemv_layer(True) turns it on for one runner.
 GEMV_LAYER = False
-# The GEMV layer's products as programmatic dependent launches (sm_90+: each prefetches its first
-# weight tile into L2 and then waits for the kernel before it, so the ~200 kernel boundaries of a
-# step overlap the weight stream; kernels/linear/triton.py PDL). Compiled and checked for sm_90a
-# (no global load before griddepcontrol.wait: tests/kernels/aot_compile_layer_ops.py); never run: off until
-# bench/profile_step.py's "gemv_layer_pdl" row shows the step faster. runner.set_gemv_layer(True, pdl=True).
+# The GEMV layer's launches as programmatic dependent launches (sm_90+): each product prefetches
+# its first weight tile into L2 and then waits for the kernel before it (kernels/linear/triton.py
+# PDL); rope_append_kv and attention wait at their first line. Every kernel of a layer lets the next
+# start at once, so the ~200 kernel boundaries of a step overlap the weight stream, and the o
+# product's prefetch overlaps the attention (8 programs at B = 1). Compiled and checked for sm_90a
+# (no global load before griddepcontrol.wait: tests/kernels/aot_compile_layer_ops.py,
+# aot_compile_attention.py); never run: off until bench/profile_step.py's "gemv_layer_pdl" row
+# shows the step faster. runner.set_gemv_layer(True, pdl=True).
 GEMV_PDL = False
 GEMV_MAX_ROWS = 16  # token rows of a forward up to which the GEMV layer runs (kernels/linear/triton.py MAX_ROWS)
 # Rows up to which SwiGLU is fused into the down product's load. Above, silu_mul runs apart: on the
@@ -267,15 +270,16 @@ class PagedLlamaRunner(PagedRunnerBase):
         self._keep(len(self.layers), out)
         return out
 
-    def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n) -> torch.Tensor:
+    def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n, pdl=False) -> torch.Tensor:
         """Layer i's q [T, Hq * D], k / v [T, Hk * D] (views of one product allowed) -> attention
         output [T, Hq * D]: RoPE (+ Qwen3's q/k norms) and the KV append in one launch
-        (rope_append_kv), then attention (both layer forms on the Triton path)."""
+        (rope_append_kv), then attention (both layer forms on the Triton path); pdl: both as
+        programmatic dependent launches (the GEMV layer's chain, GEMV_PDL)."""
         total, heads, kv_heads, dim = q.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         q = q.view(total, heads, dim)
         self._ops[1](q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
-                     self.v_caches[i], self.block_table, self.length, cu, layer.qk_norm)
-        return self._attention(i, q, attn_lens, cu, n, self.scale).view(total, heads * dim)
+                     self.v_caches[i], self.block_table, self.length, cu, layer.qk_norm, pdl=pdl)
+        return self._attention(i, q, attn_lens, cu, n, self.scale, pdl=pdl).view(total, heads * dim)
 
     def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """The Triton path (see the class doc): 9 launches per layer. The residual stream x stays
@@ -322,7 +326,8 @@ class PagedLlamaRunner(PagedRunnerBase):
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             qkv = gemv(x, layer.w_qkv, layer.b_qkv, prologue="rms_norm", norm_weight=layer.ln_in, eps=layer.eps_in)
-            o = self._rotate_append_attend(i, layer, *_split_qkv(layer, qkv), cos, sin, cu, attn_lens, n)
+            o = self._rotate_append_attend(i, layer, *_split_qkv(layer, qkv), cos, sin, cu, attn_lens, n,
+                                           pdl=self.gemv_pdl)
             x = gemv(o, *layer.o, residual=x)
             gate_up = gemv(x, layer.w_gate_up, layer.b_gate_up, prologue="rms_norm", norm_weight=layer.ln_post,
                            eps=layer.eps_post)

@@ -122,6 +122,33 @@ def test_static_graph_twin(drafter, device, monkeypatch):
     assert stats.graph_mode == "static" and stats.graph_replays["verify"] == stats.iterations - 1
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_on_the_gpu(pdl, dtype, monkeypatch):
+    """The GEMV layer in captured CUDA graphs (target and draft), with and without the chain of
+    programmatic dependent launches (GEMV_PDL: the capture turns them into programmatic graph
+    edges): the tokens of the graphs equal the same call without graphs, and in float32
+    transformers' greedy generate."""
+    monkeypatch.setattr(paged_llama, "GEMV_LAYER", True)
+    monkeypatch.setattr(paged_llama, "GEMV_PDL", pdl)
+    model = make_model("llama", vocab=VOCAB, seed=3).to("cuda", dtype)
+    draft = make_model("llama", vocab=VOCAB, seed=4).to("cuda", dtype)
+    for m in (model, draft):
+        m.generation_config.eos_token_id = None
+    ids, mask = (t.to("cuda") for t in left_padded_prompts([4, 7], vocab=VOCAB, seed=5))
+    outs = {}
+    for graphs in (False, True):
+        outs[graphs], stats = api.generate(model, ids, mask, assistant_model=draft, num_assistant_tokens=3,
+                                           do_sample=False, max_new_tokens=12, pad_token_id=0, backend="triton",
+                                           runner="paged", cuda_graphs=graphs, return_stats=True)
+    assert stats.graph_replays["verify"] >= 1, stats
+    assert torch.equal(outs[True], outs[False])
+    if dtype == torch.float32:
+        expected = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0)
+        assert torch.equal(outs[True], expected)
+
+
 def test_reasons_where_it_cannot_run(device):
     model = tiny("llama").to(device)
     unfused = PagedLlamaRunner(model, max_new_tokens=4, backend="triton", fuse_projections=False)
@@ -138,24 +165,34 @@ def test_reasons_where_it_cannot_run(device):
 
 
 def test_pdl_reaches_every_product(device, monkeypatch):
-    """set_gemv_layer(True, pdl=True): every product of a one-row step and the lm_head are asked
-    for a programmatic dependent launch (used on CUDA only; kernels/linear/triton.py), with the
+    """set_gemv_layer(True, pdl=True): every product of a one-row step and the lm_head, and each
+    layer's rope_append_kv and attention, are asked for a programmatic dependent launch (used on
+    CUDA only; kernels/linear/triton.py, cache_ops/triton_rope.py, attention/triton.py), with the
     same logits; pdl=None leaves the choice as it was, and off sends pdl=False again."""
     import specdec_fast.kernels.linear.triton as gemv_kernels
 
-    seen = []
-    real = gemv_kernels.skinny_linear_triton
-    monkeypatch.setattr(gemv_kernels, "skinny_linear_triton", lambda *a, pdl=False, **k: seen.append(pdl) or real(*a, **k))
+    seen = {"products": [], "rope_append_kv": [], "attention": []}
+
+    def recording(name, fn):
+        return lambda *a, pdl=False, **k: seen[name].append(pdl) or fn(*a, pdl=pdl, **k)
+
+    monkeypatch.setattr(gemv_kernels, "skinny_linear_triton", recording("products", gemv_kernels.skinny_linear_triton))
     model = tiny("llama").to(device)
     runner = _gemv_runner(model, max_new_tokens=4, num_draft_tokens=0, block_size=4)
+    runner._ops = (runner._ops[0], recording("rope_append_kv", runner._ops[1]), runner._ops[2])
     runner.prefill(torch.tensor([[5, 9, 3]], device=device), None)
+    runner._triton = (runner._triton[0], recording("attention", runner._triton[1]), runner._triton[2])  # set by prefill
     logits = {}
+    layers = len(runner.layers)
     for pdl in (False, True):
         runner.set_gemv_layer(True, pdl=pdl)
-        seen.clear()
+        for calls in seen.values():
+            calls.clear()
         logits[pdl] = runner.score(torch.tensor([[11]], device=device))
         runner.commit(torch.zeros(1, dtype=torch.int32, device=device))  # the same context for the next call
-        assert seen == [pdl] * (4 * len(runner.layers) + 1)  # qkv, o, gate_up, down per layer; lm_head
+        # qkv, o, gate_up, down per layer and the lm_head; one rope_append_kv and attention per layer
+        assert seen == {"products": [pdl] * (4 * layers + 1), "rope_append_kv": [pdl] * layers,
+                        "attention": [pdl] * layers}
     torch.testing.assert_close(logits[True], logits[False], atol=0, rtol=0)
     runner.set_gemv_layer(True)
     assert runner.gemv_pdl is True

@@ -12,27 +12,32 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from specdec_fast.kernels.attention import triton as attn  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from aot_compile_layer_ops import check_pdl_order  # noqa: E402
+
 PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
         "cu_ptr": "*i32", "ticket_ptr": "*i32", "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
 
 
-def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target, block_mask=False, merge_last=False):
+def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target, block_mask=False, merge_last=False,
+                  pdl=False):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
                   BLOCK_N=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
                   HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask,
-                  MERGE_LAST=merge_last, FENCE=merge_last)
+                  MERGE_LAST=merge_last, FENCE=merge_last, PDL=pdl)
     sig = {n: PTRS.get(n, "i32").replace("Q", f"*{dtype}") for n in attn._paged_attn_split.arg_names}
     sig.update({k: "constexpr" for k in consts})
     src = ASTSource(fn=attn._paged_attn_split, signature=sig, constexprs=consts)
-    return triton.compile(src, target=target, options={"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2})
+    return triton.compile(src, target=target, options={"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2,
+                                                       **({"launch_pdl": True} if pdl else {})})
 
 
-def compile_merge(target, head_dim=128):
-    consts = dict(NUM_HEADS=32, SPLITS_P2=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim))
+def compile_merge(target, head_dim=128, pdl=False):
+    consts = dict(NUM_HEADS=32, SPLITS_P2=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PDL=pdl)
     sig = {n: "i32" for n in attn._merge_splits.arg_names}
     sig.update(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr="*bf16", **{k: "constexpr" for k in consts})
     return triton.compile(ASTSource(fn=attn._merge_splits, signature=sig, constexprs=consts), target=target,
-                          options={"num_warps": 4})
+                          options={"num_warps": 4, **({"launch_pdl": True} if pdl else {})})
 
 
 def main(full: bool) -> None:
@@ -55,6 +60,14 @@ def main(full: bool) -> None:
         print("split merge in kernel", cfg, "shared bytes", kernel.metadata.shared)
     compile_merge(target)
     compile_merge(target, head_dim=112)
+    # the GEMV layer's PDL chain (runners/paged_llama.py GEMV_PDL): one-row decode (direct and
+    # split with the in-kernel merge), a chain of 5, the merge launch
+    for cfg, merge_last in ((("bf16", 16, 1, 4, 128, False, True), False), (("bf16", 16, 1, 4, 128, False, False), True),
+                            (("bf16", 32, 8, 4, 128, False, False), False)):
+        check_pdl_order(f"split {cfg} merge_last={merge_last}",
+                        compile_split(*cfg, target, merge_last=merge_last, pdl=True).asm["ptx"],
+                        compile_split(*cfg, target, merge_last=merge_last).asm["ptx"])
+    check_pdl_order("merge", compile_merge(target, pdl=True).asm["ptx"], compile_merge(target).asm["ptx"])
     print("merge ok")
 
 

@@ -27,9 +27,19 @@ def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, opt
 
 
 def first_global_access(ptx: str) -> int:
-    """Offset in the PTX of its first global load or asynchronous copy (-1: none)."""
-    found = [i for i in (ptx.find("ld.global"), ptx.find("cp.async")) if i >= 0]
+    """Offset in the PTX of its first global load, store or asynchronous copy (-1: none)."""
+    found = [i for i in (ptx.find("ld.global"), ptx.find("st.global"), ptx.find("atom.global"), ptx.find("cp.async"))
+             if i >= 0]
     return min(found) if found else -1
+
+
+def check_pdl_order(name: str, pdl_ptx: str, plain_ptx: str) -> None:
+    """A PDL form's PTX: griddepcontrol.wait, then launch_dependents, before any global load,
+    store or copy; the plain form has no griddepcontrol."""
+    wait, trigger = pdl_ptx.find("griddepcontrol.wait"), pdl_ptx.find("griddepcontrol.launch_dependents")
+    assert 0 <= wait < trigger < first_global_access(pdl_ptx), name
+    assert "griddepcontrol" not in plain_ptx, name
+    print(name, "pdl: griddepcontrol.wait < launch_dependents < first global access")
 
 
 def main() -> None:
@@ -46,9 +56,16 @@ def main() -> None:
         ptrs.update(bt_ptr="*i32", lens_ptr="*i32", cu_ptr="*i32")
         for hq, hkv, d, norm in ((32, 8, 128, False), (16, 8, 128, True), (12, 2, 80, False)):
             consts = dict(HQ=hq, HKV=hkv, HQ_P2=triton.next_power_of_2(hq), HKV_P2=hkv, HEAD_DIM=d,
-                          HALF_P2=triton.next_power_of_2(d // 2), PAGE_SIZE=16, BLOCK_B=8, TOKENS=1, QK_NORM=norm)
+                          HALF_P2=triton.next_power_of_2(d // 2), PAGE_SIZE=16, BLOCK_B=8, TOKENS=1, QK_NORM=norm,
+                          PDL=False)  # a constexpr, else compiled as a runtime int with both branches
             info = compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts, floats=("q_eps", "k_eps"))
             print("rope_append_kv", dt, hq, hkv, d, norm, info)
+            if dt == "bf16":  # the GEMV layer's PDL chain
+                check_pdl_order(f"rope_append_kv {hq} {hkv} {d} {norm}",
+                                compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, dict(consts, PDL=True),
+                                               floats=("q_eps", "k_eps"), options={"launch_pdl": True}, ptx=True),
+                                compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts,
+                                               floats=("q_eps", "k_eps"), ptx=True))
     # the skinny linear of the GEMV layer (kernels/linear/triton.py): each prologue on both inner
     # products (one row: elementwise; 16 rows: tl.dot) in bf16, and fp16 / fp32 (fp32: the exact dot)
     from specdec_fast.kernels.linear import triton as gemv
