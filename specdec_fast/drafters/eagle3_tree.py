@@ -19,8 +19,6 @@ vocabulary with -inf outside the mapped tokens (a fresh [B, n, V] per level, as 
 [B, N, V] draft logits are), so top-b children, Gumbel-sampled children and the tree verify all
 see the law the drafts were drawn from (drafters/eagle3.py states why that is exact).
 """
-import dataclasses
-
 import torch
 
 from .tree import TreeDrafter
@@ -30,7 +28,7 @@ class Eagle3TreeDrafter(TreeDrafter):
     """runner: the head's PagedEagle3Runner; target: the target's paged runner (capturing the
     head's hidden states); draft_to_target: int64 [Vd] or None; tree: a TokenTree."""
 
-    _BUILT = TreeDrafter._BUILT + ("pend_tokens", "pend_features", "_pend_slots", "g_nodes", "_none")
+    _BUILT = TreeDrafter._BUILT + ("pend_tokens", "pend_features", "_pend_slots", "g_nodes")
 
     def __init__(self, runner, target, draft_to_target, tree):
         super().__init__(runner, tree)
@@ -61,20 +59,9 @@ class Eagle3TreeDrafter(TreeDrafter):
             self._pend_slots = torch.arange(depth + 1, **long)[None, :]
             self.g_nodes = torch.zeros(batch, self.tree.size, self.runner.config.hidden_size, dtype=self.runner.dtype,
                                        device=dev)
-            self._none = torch.zeros(batch, dtype=torch.int32, device=dev)
             built[key] = {name: getattr(self, name, None) for name in self._BUILT}
         else:
-            for name, value in built[key].items():
-                setattr(self, name, value)
-            self._greedy.copy_((state.params.temperature == 0)[:, None])
-            if self.dynamic is not None:
-                self.dynamic.refresh(state)
-            else:
-                from ..kernels.sampling_params import refill_params
-
-                for level in self.levels:
-                    if level.params is not None:
-                        refill_params(level.params, state.params.select_rows(level.row_index))
+            self._refill(state, built[key])
         depth = self.tree.depth
         self.pend_tokens.zero_()
         self.pend_tokens[:, depth] = state.last_token()
@@ -90,48 +77,31 @@ class Eagle3TreeDrafter(TreeDrafter):
         full = torch.full((*logits.shape[:2], self.vocab_size), float("-inf"), device=logits.device)
         return full.index_copy_(2, self.d2t_ids, logits)
 
-    def propose(self):
-        st, tree = self.state, self.tree
-        batch = st.seq.shape[0]
-        params = dataclasses.replace(st.params, offset=st.gen_len)
-        tokens = torch.empty(batch, tree.size, dtype=torch.long, device=st.seq.device)
-        tokens[:, 0] = st.last_token()
-        live = st.live if st.skip_finished else None
+    def _root_logits(self) -> torch.Tensor:
+        """The pending (token, feature) entries fed and committed -> float32 [B, 1, V] (target
+        vocabulary) at the root; the last entry's g becomes the root's."""
+        live = self.state.live if self.state.skip_finished else None
         fed = self.num_pending if live is None else self.num_pending * live
         logits, g = self.runner.score_pairs(self.pend_tokens, self.pend_features, fed, project=True, last_only=True)
         self.runner.commit(fed)
         self.g_nodes[:, 0] = g[:, -1]
-        logits = self._target_vocab(logits[:, -1:])  # [B, 1, V]: at the root
-        draft_logits = None
-        if tree.children == "sample":
-            draft_logits = torch.zeros(batch, tree.size, self.vocab_size, device=logits.device)
-        for d, level in enumerate(self.levels, 1):
-            parent_logits = logits.index_select(1, level.parent_rows)
-            if draft_logits is not None:
-                draft_logits.index_copy_(1, level.expanding, parent_logits)
-            if self.dynamic is not None:
-                tokens[:, level.start:level.end] = self.dynamic.expand(d, parent_logits, params)
-            else:
-                tokens[:, level.start:level.end] = self._children(level, parent_logits, params)
-            if d == len(self.levels):
-                break
-            if d > 1:
-                self.runner.commit(self._none)  # roll back the previous level: this call re-feeds it
-            feed = self.feeds[d - 1] if self.dynamic is None else (self.dynamic.feed_mask(level.end),
-                                                                   self._feed_depths[: level.end - 1])
-            parents = self.node_parents[:, 1:level.end]  # [B, n]: each fed node's parent
-            features = self.g_nodes.gather(1, parents[:, :, None].expand(-1, -1, self.g_nodes.shape[-1]))
-            step_logits, step_g = self.runner.score_pairs(tokens[:, 1:level.end], features, None, project=False, tree=feed)
-            self.g_nodes[:, 1:level.end] = step_g
-            logits = self._target_vocab(step_logits)
-        return tokens, draft_logits
+        return self._target_vocab(logits[:, -1:])
+
+    def _level_logits(self, tokens: torch.Tensor, level, feed) -> torch.Tensor:
+        """Nodes 1 .. level.end - 1 re-fed as pairs (node token, g of its parent) in one
+        tree-masked call -> float32 [B, level.end - 1, V]; each node's g kept (g_nodes)."""
+        parents = self.node_parents[:, 1:level.end]  # [B, n]: each fed node's parent
+        features = self.g_nodes.gather(1, parents[:, :, None].expand(-1, -1, self.g_nodes.shape[-1]))
+        step_logits, step_g = self.runner.score_pairs(tokens[:, 1:level.end], features, None, project=False, tree=feed)
+        self.g_nodes[:, 1:level.end] = step_g
+        return self._target_vocab(step_logits)
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """path [B, N] int32 ([0, a_1, .., a_j, -1, ...]), num_accepted [B]: the draft entries go;
         the path's nodes become the pending entries (target hidden states at each path node, the
         token after it: state.seq holds the emitted tokens)."""
         st, depth = self.state, self.tree.depth
-        self.runner.commit(self._none)
+        self.runner.commit(self._no_keep)
         j = num_accepted.long()
         hidden = self.target.hidden_states(path.shape[0], self.tree.size)  # [B, N, W] per node
         entry = (self._pend_slots - depth + j[:, None]).clamp(min=0)  # [B, D+1]: left padded, entry i of 0..j

@@ -90,11 +90,16 @@ class TreeDrafter:
             self._build(state)
             built[key] = {name: getattr(self, name, None) for name in self._BUILT}
             return
-        for name, value in built[key].items():
-            setattr(self, name, value)
+        self._refill(state, built[key])
         self.pending.zero_()
         self.pending[:, 1] = state.last_token()
         self.num_pending.fill_(1)
+
+    def _refill(self, state, built: dict) -> None:
+        """A later call of a (batch size, modes) already built: its buffers back, re-filled in
+        place with this call's greedy rows and sampling parameters (captured graphs read them)."""
+        for name, value in built.items():
+            setattr(self, name, value)
         self._greedy.copy_((state.params.temperature == 0)[:, None])
         if self.dynamic is not None:
             self.dynamic.refresh(state)
@@ -113,7 +118,7 @@ class TreeDrafter:
         self._greedy = (state.params.temperature == 0)[:, None]
         # An all-greedy batch (host modes) takes the top-b on every row: the sampler's launches are skipped.
         self._all_greedy = state.params.modes is not None and set(state.params.modes) == {"greedy"}
-        self._no_keep = torch.zeros(batch, dtype=torch.long, device=dev)
+        self._no_keep = torch.zeros(batch, dtype=torch.int32, device=dev)  # commit(0): the runner's int32, no cast
         self.fed_depth = tree.depth - 1  # accepted nodes at depth <= this are in the draft cache after propose
         self._slots = torch.arange(tree.size - 1, device=dev)
         long = dict(dtype=torch.long, device=dev)
@@ -165,14 +170,15 @@ class TreeDrafter:
         return torch.where(self._greedy, chosen, sampled)
 
     def propose(self):
+        """The tree's expansion, level by level (the module doc); the draft's own forwards are
+        _root_logits and _level_logits (Eagle3TreeDrafter feeds a head's pairs instead)."""
         st, tree = self.state, self.tree
         batch = st.seq.shape[0]
         params = dataclasses.replace(st.params, offset=st.gen_len)
         tokens = torch.empty(batch, tree.size, dtype=torch.long, device=st.seq.device)
         tokens[:, 0] = st.last_token()
         draft_logits = None
-        logits = self.runner.score(self.pending, self.num_pending)[:, -1:].float()  # [B, 1, V]: at the root
-        self.runner.commit(self.num_pending)
+        logits = self._root_logits()
         if tree.children == "sample":
             draft_logits = torch.zeros(batch, tree.size, logits.shape[-1], device=logits.device)
         for d, level in enumerate(self.levels, 1):
@@ -189,8 +195,19 @@ class TreeDrafter:
                 self.runner.commit(self._no_keep)  # roll back the previous level: this call re-feeds it
             feed = self.feeds[d - 1] if self.dynamic is None else (self.dynamic.feed_mask(level.end),
                                                                    self._feed_depths[: level.end - 1])
-            logits = self.runner.score(tokens[:, 1:level.end], tree=feed).float()
+            logits = self._level_logits(tokens, level, feed)
         return tokens, draft_logits
+
+    def _root_logits(self) -> torch.Tensor:
+        """The pending tokens fed and committed -> float32 logits [B, 1, V] at the root."""
+        logits = self.runner.score(self.pending, self.num_pending)[:, -1:].float()
+        self.runner.commit(self.num_pending)
+        return logits
+
+    def _level_logits(self, tokens: torch.Tensor, level: _Level, feed) -> torch.Tensor:
+        """Nodes 1 .. level.end - 1 of tokens [B, N] re-fed as one tree-masked call (feed: its
+        masks and depths) -> float32 logits [B, level.end - 1, V]: the next level's parents'."""
+        return self.runner.score(tokens[:, 1:level.end], tree=feed).float()
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """path [B, N] int32 ([0, a_1, ..., a_j, -1, ...]), num_accepted [B]: the accepted nodes at

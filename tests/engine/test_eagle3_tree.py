@@ -84,3 +84,29 @@ def test_static_graph_twin_equals_eager_when_sampling(tiny_pair, drafting):
     (eager, e_stats), (static, s_stats) = runs
     assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
     assert s_stats.graph_mode == "static" and s_stats.graph_replays["verify"] == s_stats.iterations - 1
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "eagle3_head"])
+@pytest.mark.parametrize("tree", ["branching_sample", "dynamic_sample"])
+def test_later_calls_on_one_engine_equal_fresh_engines(tiny_pair, drafter, tree):
+    """TreeDrafter and Eagle3TreeDrafter keep their buffers per (batch size, modes) and re-fill
+    them in place at later calls (TreeDrafter._refill: greedy rows, the levels' sampling
+    parameters, a dynamic tree's state): calls alternating sampling and greedy, other prompts,
+    sampling values and seeds, on one engine give the tokens of a fresh engine for each."""
+    target, head = tiny_pair
+    draft = tiny("llama", layers=1, seed=9) if drafter == "draft_model" else None
+    source = dict(assistant_model=draft) if draft is not None else dict(draft_head=head)
+
+    def engine():
+        return specdec_fast.SpeculativeEngine(target, **source, tree=TREES[tree], max_batch_size=2, max_seq_len=48,
+                                              cuda_graphs="static")
+
+    shared = engine()
+    # the same modes (top-k) twice with other values: the decoder and its drafter's buffers are reused
+    calls = [dict(do_sample=True, temperature=0.9, top_k=20, seed=3), dict(do_sample=False),
+             dict(do_sample=True, temperature=3.0, top_k=3, seed=5)]
+    for i, options in enumerate(calls):
+        ids, mask = left_padded_prompts([4 + i, 2], vocab=TINY_VOCAB, seed=10 + i)
+        kw = dict(max_new_tokens=10, pad_token_id=0, **options)
+        assert torch.equal(shared.generate(ids, mask, **kw), engine().generate(ids, mask, **kw)), (i, options)
+
