@@ -19,13 +19,11 @@ sequence's own predecessor token) against the index of the sequence's token x_{a
 with the same position weights; positions whose token is not a candidate add nothing. The
 selector's loss reads the backbone's outputs detached (it trains the selector's weights only).
 """
-import math
-import time
-
 import torch
 import torch.nn.functional as F
 
 from ..heads.dflash import scale_logits
+from ._loop import train_head
 from .eagle3 import target_features
 
 # DFlash's loss decay gamma per block size (its training recipe: 7 for 16, 5 for 10, 4 for 8);
@@ -105,36 +103,7 @@ def train_dflash(head, target, sequences: torch.Tensor, *, steps: int = 1000, mi
                  batch_size: int = 8, anchors_per_row: int = 8, lr: float = 2e-3, seed: int = 0, log=None) -> dict:
     """Trains ``head`` (in place) on ``target``'s hidden states and outputs over ``sequences``
     [N, T]: AdamW, warm-up over 5% then cosine decay, whichever of steps / minutes ends first."""
-    params = list(head.parameters())
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    gen = torch.Generator().manual_seed(seed)
-    head.train()
-    start, history, step = time.perf_counter(), [], 0
-    for step in range(steps):
-        elapsed = (time.perf_counter() - start) / 60
-        if minutes is not None and elapsed >= minutes:
-            break
-        fraction = max(step / steps, elapsed / minutes if minutes else 0.0)
-        scale = min(1.0, fraction / 0.05) * 0.5 * (1 + math.cos(math.pi * min(fraction, 1.0)))
-        for group in opt.param_groups:
-            group["lr"] = lr * max(scale, 0.02)
-        rows = torch.randint(0, sequences.shape[0], (batch_size,), generator=gen)
-        loss, agree = dflash_loss(head, target, sequences[rows], anchors_per_row, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        history.append((float(loss.detach()), agree))
-        if log is not None and (step % 50 == 0 or step == steps - 1):
-            log(f"step {step}: loss {float(loss):.3f}, chained top-1 agreement per position "
-                f"{[round(a, 3) for a in agree]}")
-    head.eval()
-    for p in params:
-        p.requires_grad_(False)
-    last = history[-20:]
-    width = len(last[0][1]) if last else 0
-    return dict(steps=step + 1, seconds=time.perf_counter() - start,
-                final_loss=sum(h[0] for h in last) / max(len(last), 1),
-                final_agreement=[sum(h[1][j] for h in last) / max(len(last), 1) for j in range(width)])
+    return train_head(head, list(head.parameters()), sequences,
+                      lambda rows, gen: dflash_loss(head, target, rows, anchors_per_row, gen), steps=steps,
+                      minutes=minutes, batch_size=batch_size, lr=lr, seed=seed, log=log,
+                      agreement="chained top-1 agreement")

@@ -15,12 +15,12 @@ earlier steps' entries at the same t (the drafts before it), as EAGLE's training
 Loss: sum_j 0.8^j * CE(target distribution, head), over positions whose target argmax is in the
 draft vocabulary (EAGLE's position mask).
 """
-import math
-import time
 from collections import Counter
 
 import torch
 import torch.nn.functional as F
+
+from ._loop import train_head
 
 STEP_WEIGHT = 0.8  # EAGLE-3's weight of unrolled step j: 0.8 ** j
 
@@ -138,36 +138,11 @@ def train_eagle3(head, target, sequences: torch.Tensor, *, steps: int = 1000, mi
     indices = head.hidden_indices(target.config.num_hidden_layers)
     embed = target.get_input_embeddings().weight.detach()
     params = [p for name, p in head.named_parameters() if not name.startswith("embed_tokens")]
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    gen = torch.Generator().manual_seed(seed)
     d2t_ids, t2d = head.draft_to_target, head.t2d
-    head.train()
-    start, history = time.perf_counter(), []
-    step = 0
-    for step in range(steps):
-        elapsed = (time.perf_counter() - start) / 60
-        if minutes is not None and elapsed >= minutes:
-            break
-        fraction = max(step / steps, elapsed / minutes if minutes else 0.0)
-        scale = min(1.0, fraction / 0.05) * 0.5 * (1 + math.cos(math.pi * min(fraction, 1.0)))
-        for group in opt.param_groups:
-            group["lr"] = lr * max(scale, 0.02)
-        rows = torch.randint(0, sequences.shape[0], (batch_size,), generator=gen)
-        ids = sequences[rows]
+
+    def batch_loss(ids, gen):
         features, logits = target_features(target, ids, indices)
-        loss, agree = ttt_loss(head, embed, features, ids, logits, unroll, t2d, d2t_ids)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        history.append((float(loss.detach()), agree))
-        if log is not None and (step % 50 == 0 or step == steps - 1):
-            log(f"step {step}: loss {float(loss):.3f}, top-1 agreement per step {[round(a, 3) for a in agree]}")
-    head.eval()
-    for p in params:
-        p.requires_grad_(False)
-    last = history[-20:]
-    return dict(steps=step + 1, seconds=time.perf_counter() - start, final_loss=sum(h[0] for h in last) / max(len(last), 1),
-                final_agreement=[sum(h[1][j] for h in last) / max(len(last), 1) for j in range(unroll)])
+        return ttt_loss(head, embed, features, ids, logits, unroll, t2d, d2t_ids)
+
+    return train_head(head, params, sequences, batch_loss, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr,
+                      seed=seed, log=log, agreement="top-1 agreement")
