@@ -33,12 +33,12 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 GEMV_LAYER = False
 # The GEMV layer's launches as programmatic dependent launches (sm_90+): each product prefetches
 # its first weight tile into L2 and then waits for the kernel before it (kernels/linear/triton.py
-# PDL); rope_append_kv and attention wait at their first line. Every kernel of a layer lets the next
-# start at once, so the ~200 kernel boundaries of a step overlap the weight stream, and the o
-# product's prefetch overlaps the attention (8 programs at B = 1). Compiled and checked for sm_90a
-# (no global load before griddepcontrol.wait: tests/kernels/aot_compile_layer_ops.py,
-# aot_compile_attention.py); never run: off until bench/profile_step.py's "gemv_layer_pdl" row
-# shows the step faster. runner.set_gemv_layer(True, pdl=True).
+# PDL); rope_append_kv and attention wait at their first line. Every kernel of a layer lets the
+# next start at once, so the ~200 kernel boundaries of a step overlap the weight stream, and the
+# o product's prefetch overlaps the attention (8 programs at B = 1 up to 1024 tokens). Compiled
+# and checked for sm_90a (no global load before griddepcontrol.wait: tests/kernels/
+# aot_compile_layer_ops.py, aot_compile_attention.py); never run: off until bench/profile_step.py's
+# "gemv_layer_pdl" row shows the step faster. runner.set_gemv_layer(True, pdl=True).
 GEMV_PDL = False
 GEMV_MAX_ROWS = 16  # token rows of a forward up to which the GEMV layer runs (kernels/linear/triton.py MAX_ROWS)
 # Rows up to which SwiGLU is fused into the down product's load. Above, silu_mul runs apart: on the
