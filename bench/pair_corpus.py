@@ -14,6 +14,8 @@ import re
 import sysconfig
 from pathlib import Path
 
+import torch
+
 # Fixed held-out modules (paths relative to the stdlib directory). Small, self-contained,
 # typical library code; present in every CPython 3.10-3.13.
 HELD_OUT = (
@@ -64,6 +66,22 @@ def split_files(root: Path | None = None) -> tuple[list[str], list[str]]:
         raise FileNotFoundError(f"held-out modules missing from {root}: {missing}")
     held = set(HELD_OUT)
     return [f for f in files if f not in held], list(HELD_OUT)
+
+
+def encode_stream(tokenizer, texts: list[str]) -> torch.Tensor:
+    """All texts as one int64 stream [N], each followed by the tokenizer's eos token."""
+    ids = []
+    for ids_one in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        ids.extend(ids_one)
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def corpus_streams(tokenizer, root: Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training stream, held-out stream) of the corpus in ``tokenizer``'s ids (encode_stream)."""
+    root = root or stdlib_dir()
+    train_files, held_files = split_files(root)
+    return tuple(encode_stream(tokenizer, [read_source(root, f) for f in files]) for files in (train_files, held_files))
 
 
 _DEF = re.compile(r"^(    )?def \w+.*:\s*$")

@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, versions  # noqa: E402
-from pair_corpus import read_source, split_files, stdlib_dir, target_continuations  # noqa: E402
-from train_pair import (DRAFT, EOS, encode_stream, eval_windows, held_out_loss, log, logits_of,  # noqa: E402
+from pair_corpus import encode_stream, read_source, split_files, stdlib_dir, target_continuations  # noqa: E402
+from train_pair import (DRAFT, EOS, eval_windows, held_out_loss, log, logits_of,  # noqa: E402
                         param_counts, train)
 
 REPO = Path(__file__).resolve().parent.parent

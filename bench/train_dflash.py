@@ -41,8 +41,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, versions  # noqa: E402
-from pair_corpus import read_source, split_files, stdlib_dir, target_continuations  # noqa: E402
-from train_eagle3 import encode_stream, log  # noqa: E402
+from pair_corpus import corpus_streams, target_continuations  # noqa: E402
+from train_eagle3 import log  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -93,10 +93,7 @@ def main(argv=None) -> None:
     target_dir, _ = demo_pair()
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
-    root = stdlib_dir()
-    train_files, held_files = split_files(root)
-    train_stream = encode_stream(tokenizer, [read_source(root, f) for f in train_files])
-    held_stream = encode_stream(tokenizer, [read_source(root, f) for f in held_files])
+    train_stream, held_stream = corpus_streams(tokenizer)
     counts = Counter(train_stream.tolist())
     mask_token = min(range(target.config.vocab_size), key=lambda t: (counts.get(t, 0), t))
     log(f"tokens: train {train_stream.numel()}, held out {held_stream.numel()}; mask token {mask_token} "

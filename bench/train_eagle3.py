@@ -40,21 +40,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model, versions  # noqa: E402
-from pair_corpus import read_source, split_files, stdlib_dir  # noqa: E402
+from pair_corpus import corpus_streams  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def encode_stream(tokenizer, texts) -> torch.Tensor:
-    ids = []
-    for one in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        ids.extend(one)
-        ids.append(tokenizer.eos_token_id)
-    return torch.tensor(ids, dtype=torch.long)
 
 
 def build_head(target, args, train_stream):
@@ -126,10 +118,7 @@ def main(argv=None) -> None:
     target_dir, _ = demo_pair()
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
-    root = stdlib_dir()
-    train_files, held_files = split_files(root)
-    train_stream = encode_stream(tokenizer, [read_source(root, f) for f in train_files])
-    held_stream = encode_stream(tokenizer, [read_source(root, f) for f in held_files])
+    train_stream, held_stream = corpus_streams(tokenizer)
     log(f"tokens: train {train_stream.numel()}, held out {held_stream.numel()}")
     count = train_stream.numel() // args.seq_len
     sequences = train_stream[: count * args.seq_len].view(count, args.seq_len)

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
-from pair_corpus import HELD_OUT, prompt_from_module, read_source, split_files, stdlib_dir  # noqa: E402
+from pair_corpus import HELD_OUT, encode_stream, prompt_from_module, read_source, split_files, stdlib_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EOS = "<|endoftext|>"
@@ -81,15 +81,6 @@ def finalise_tokenizer_files(out_dir: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     special = {name: EOS for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
-
-
-def encode_stream(tokenizer, texts: list[str]) -> torch.Tensor:
-    """All texts as one int64 stream [N], each followed by <|endoftext|>."""
-    ids = []
-    for ids_one in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        ids.extend(ids_one)
-        ids.append(tokenizer.eos_token_id)
-    return torch.tensor(ids, dtype=torch.int64)
 
 
 def write_held_out(out: Path, tokenizer, held_texts: list[str], held_stream: torch.Tensor) -> None:
