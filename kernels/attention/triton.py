@@ -48,7 +48,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._backend import triton_interpreting
