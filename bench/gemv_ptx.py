@@ -29,12 +29,12 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from machine import versions  # noqa: E402
-from verify_stream_ptx import LATENCY_S, REGISTERS_PER_SM, ROOFLINE_BYTES_PER_S, SMS, loops, ptxas_path, registers  # noqa: E402
+from verify_stream_ptx import (LATENCY_S, MAX_WARPS_PER_SM, REGISTERS_PER_SM, ROOFLINE_BYTES_PER_S, SMS, loops,  # noqa: E402
+                               ptxas_path, registers)
 
 from specdec_fast.kernels.linear import triton as gemv  # noqa: E402
 
 SHARED_PER_SM = 228 * 1024  # H100: 228 KB of shared memory per SM (227 KB usable per block)
-MAX_WARPS_PER_SM = 64
 # The 8B-shaped layer's products, the prologue / epilogue the runner's GEMV layer fuses into each
 # (runners/paged_llama.py _decode_gemv): name -> (N, K, prologue, bias, residual).
 LLAMA_8B_PRODUCTS = {
