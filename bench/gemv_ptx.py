@@ -24,15 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
 from machine import versions  # noqa: E402
 from verify_stream_ptx import (LATENCY_S, MAX_WARPS_PER_SM, REGISTERS_PER_SM, ROOFLINE_BYTES_PER_S, SMS, loops,  # noqa: E402
                                ptxas_path, registers)
 
 from specdec_fast.kernels.linear import triton as gemv  # noqa: E402
+from tests.kernels.sm90 import compile_sm90  # noqa: E402
 
 SHARED_PER_SM = 228 * 1024  # H100: 228 KB of shared memory per SM (227 KB usable per block)
 # The 8B-shaped layer's products, the prologue / epilogue the runner's GEMV layer fuses into each
@@ -58,23 +55,9 @@ def compile_gemv(rows: int, n: int, k: int, prologue: str, bias: bool, residual:
                   PDL=pdl)
     width = 2 * k if prologue == "silu_mul" else k
     ints = dict(N=n, K=k, s_x=width, s_w=k, s_r=n, s_y=n)
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = f"*{dtype}"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "eps":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name in ints and ints[name] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(c),): v for c, v in consts.items()}, attrs=attrs)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": config.num_warps, "num_stages": config.num_stages,
-                                     **({"launch_pdl": True} if pdl else {})})
+    types = {name: f"*{dtype}" for name in fn.arg_names if name.endswith("_ptr")}
+    kernel = compile_sm90(fn, consts, dict(types, eps="fp32"), num_warps=config.num_warps,
+                          num_stages=config.num_stages, pdl=pdl, specialise=ints)
     return kernel, grid, block_m, block_k
 
 

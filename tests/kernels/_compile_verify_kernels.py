@@ -23,9 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sm90 import compile_sm90  # noqa: E402
 from specdec_fast.kernels.verify import _triton_plan as plans  # noqa: E402
 from specdec_fast.kernels.verify._triton_emit import emit_kernel, emit_penalised_kernel  # noqa: E402
 from specdec_fast.kernels.verify._triton_select_finish import (select_finish_kernel,  # noqa: E402
@@ -59,22 +59,9 @@ def compile_kernel(fn, logits_type: str, constexprs: dict, num_warps: int, optio
     has always compiled); a dict of int arguments' values: every pointer marked 16-byte aligned and
     those ints that are multiples of 16 marked divisible, as the JIT specialises at run time
     (bench/verify_stream_ptx.py reads registers and loads of that code)."""
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        if name in ("target_ptr", "draft_ptr"):
-            signature[name] = logits_type
-        elif name.endswith("_ptr"):
-            signature[name] = POINTER_TYPES.get(name, "*fp32")
-        else:
-            signature[name] = "i32"
-        if ints is not None and (name.endswith("_ptr") or ints.get(name, 1) % 16 == 0):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-                       attrs=attrs or None)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **(options or {})})
+    types = {name: logits_type if name in ("target_ptr", "draft_ptr") else POINTER_TYPES.get(name, "*fp32")
+             for name in fn.arg_names if name.endswith("_ptr")}
+    return compile_sm90(fn, constexprs, types, num_warps=num_warps, options=options, specialise=ints)
 
 
 def jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, modes, penalties: bool = False):

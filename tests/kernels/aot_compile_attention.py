@@ -6,68 +6,59 @@ import sys
 
 assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
 from specdec_fast.kernels.attention import triton as attn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aot_compile_layer_ops import check_pdl_order  # noqa: E402
+from sm90 import compile_sm90  # noqa: E402
 
 PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
         "cu_ptr": "*i32", "ticket_ptr": "*i32", "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
 
 
-def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, target, block_mask=False, merge_last=False,
-                  pdl=False):
+def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, block_mask=False, merge_last=False, pdl=False):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
                   BLOCK_N=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
                   HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask,
                   MERGE_LAST=merge_last, FENCE=merge_last, PDL=pdl)
-    sig = {n: PTRS.get(n, "i32").replace("Q", f"*{dtype}") for n in attn._paged_attn_split.arg_names}
-    sig.update({k: "constexpr" for k in consts})
-    src = ASTSource(fn=attn._paged_attn_split, signature=sig, constexprs=consts)
-    return triton.compile(src, target=target, options={"num_warps": 8 if block_m >= 128 else 4, "num_stages": 2,
-                                                       **({"launch_pdl": True} if pdl else {})})
+    types = {name: t.replace("Q", f"*{dtype}") for name, t in PTRS.items()}
+    return compile_sm90(attn._paged_attn_split, consts, types, num_warps=8 if block_m >= 128 else 4, num_stages=2,
+                        pdl=pdl)
 
 
-def compile_merge(target, head_dim=128, pdl=False):
+def compile_merge(head_dim=128, pdl=False):
     consts = dict(NUM_HEADS=32, SPLITS_P2=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PDL=pdl)
-    sig = {n: "i32" for n in attn._merge_splits.arg_names}
-    sig.update(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr="*bf16", **{k: "constexpr" for k in consts})
-    return triton.compile(ASTSource(fn=attn._merge_splits, signature=sig, constexprs=consts), target=target,
-                          options={"num_warps": 4, **({"launch_pdl": True} if pdl else {})})
+    types = dict(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr="*bf16")
+    return compile_sm90(attn._merge_splits, consts, types, num_warps=4, pdl=pdl)
 
 
 def main(full: bool) -> None:
-    target = GPUTarget("cuda", 90, 32)
     configs = [("bf16", 32, 8, 4, 128, True, False), ("bf16", 16, 1, 8, 128, False, True),
                ("bf16", 16, 4, 4, 80, False, True), ("fp16", 32, 8, 4, 96, True, False)]  # padded head dims
     if full:
         configs += [(dt, bm, q, g, d, tree, direct) for dt in ("bf16", "fp16", "fp32") for tree in (True, False)
                     for direct in (True, False) for bm, q, g, d in ((128, 16, 8, 128), (64, 16, 4, 64))]
     for cfg in configs:
-        kernel = compile_split(*cfg, target)
+        kernel = compile_split(*cfg)
         print("split", cfg, "shared bytes", kernel.metadata.shared)
     for cfg in (("bf16", 64, 16, 4, 128, False, True), ("bf16", 128, 16, 8, 128, False, False)):  # the block mask
-        kernel = compile_split(*cfg, target, block_mask=True)
+        kernel = compile_split(*cfg, block_mask=True)
         print("split block mask", cfg, "shared bytes", kernel.metadata.shared)
     # the in-kernel merge (the last split merges after a fenced ticket): decode and a chain of 5
     for cfg in (("bf16", 16, 1, 4, 128, False, False), ("bf16", 32, 8, 4, 128, True, False),
                 ("fp16", 16, 4, 4, 80, False, False)):
-        kernel = compile_split(*cfg, target, merge_last=True)
+        kernel = compile_split(*cfg, merge_last=True)
         print("split merge in kernel", cfg, "shared bytes", kernel.metadata.shared)
-    compile_merge(target)
-    compile_merge(target, head_dim=112)
+    compile_merge()
+    compile_merge(head_dim=112)
     # the GEMV layer's PDL chain (runners/paged_llama.py GEMV_PDL): one-row decode (direct and
     # split with the in-kernel merge), a chain of 5, the merge launch
     for cfg, merge_last in ((("bf16", 16, 1, 4, 128, False, True), False), (("bf16", 16, 1, 4, 128, False, False), True),
                             (("bf16", 32, 8, 4, 128, False, False), False)):
         check_pdl_order(f"split {cfg} merge_last={merge_last}",
-                        compile_split(*cfg, target, merge_last=merge_last, pdl=True).asm["ptx"],
-                        compile_split(*cfg, target, merge_last=merge_last).asm["ptx"])
-    check_pdl_order("merge", compile_merge(target, pdl=True).asm["ptx"], compile_merge(target).asm["ptx"])
+                        compile_split(*cfg, merge_last=merge_last, pdl=True).asm["ptx"],
+                        compile_split(*cfg, merge_last=merge_last).asm["ptx"])
+    check_pdl_order("merge", compile_merge(pdl=True).asm["ptx"], compile_merge().asm["ptx"])
     print("merge ok")
 
 

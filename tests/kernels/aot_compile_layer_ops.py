@@ -7,20 +7,15 @@ import os
 assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
+from sm90 import compile_sm90  # noqa: E402  (beside this script: sys.path[0])
 from specdec_fast.kernels.cache_ops import triton_rope  # noqa: E402
 from specdec_fast.kernels.llama_ops import triton as ops  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
 
-
-def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, options=None, ptx=False):
-    sig = {n: pointers.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
-    sig.update({k: "constexpr" for k in consts})
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
-                            options={"num_warps": num_warps, **(options or {})})
+def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, pdl=False, ptx=False):
+    """(shared bytes, registers or None), or the PTX when ptx."""
+    kernel = compile_sm90(fn, consts, {**dict.fromkeys(floats, "fp32"), **pointers}, num_warps=num_warps, pdl=pdl)
     if ptx:
         return kernel.asm["ptx"]
     return kernel.metadata.shared, kernel.n_regs if hasattr(kernel, "n_regs") else None
@@ -63,7 +58,7 @@ def main() -> None:
             if dt == "bf16":  # the GEMV layer's PDL chain
                 check_pdl_order(f"rope_append_kv {hq} {hkv} {d} {norm}",
                                 compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, dict(consts, PDL=True),
-                                               floats=("q_eps", "k_eps"), options={"launch_pdl": True}, ptx=True),
+                                               floats=("q_eps", "k_eps"), pdl=True, ptx=True),
                                 compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts,
                                                floats=("q_eps", "k_eps"), ptx=True))
     # the skinny linear of the GEMV layer (kernels/linear/triton.py): each prologue on both inner
@@ -84,7 +79,7 @@ def main() -> None:
                 print("skinny_linear", dt, prologue, rows, info)
                 if dt == "bf16":  # the programmatic-dependent-launch form: nothing global read before the wait
                     code = compile_kernel(gemv._skinny_linear_kernel, ptrs, dict(consts, PDL=True), floats=("eps",),
-                                          num_warps=config.num_warps, options={"launch_pdl": True}, ptx=True)
+                                          num_warps=config.num_warps, pdl=True, ptx=True)
                     wait = code.find("griddepcontrol.wait")
                     assert 0 <= code.find("prefetch.global.L2") < wait < first_global_access(code), (prologue, rows)
                     assert "griddepcontrol.wait" not in compile_kernel(
