@@ -1,7 +1,9 @@
 """Tiny EAGLE-3 heads for the tests: random, or trained for a second on a tiny target's own text
 (specdec_fast.train) so that drafts are accepted often enough to exercise every commit path; and
-the recording of a drafter's proposals that the reference-draft tests compare."""
+the recording of a drafter's proposals that the reference-draft tests compare; the block drafters'
+(DFlash, DFlash2) shared checks against their module's forward."""
 import torch
+import torch.nn.functional as F
 import transformers as tf
 
 from specdec_fast.heads import Eagle3Head
@@ -137,3 +139,46 @@ def proposals_per_iteration(drafter, decoder, ids, mask) -> list:
     finally:
         del drafter.propose  # the class's method again
     return seen
+
+
+def target_weights(target) -> tuple:
+    """(input embedding [V, H], lm_head weight [V, H]): what a block drafter shares with its target."""
+    return target.get_input_embeddings().weight, target.get_output_embeddings().weight
+
+
+def check_paged_block_forward(head, runner_cls, target, backend: str, fed: list):
+    """prefill_context over 3 rows (left padding), then a draft call with pending entries
+    (num_valid 1, 5, 2) and a block per row; rows with fed[b] == 0 are fed nothing (their outputs are
+    unspecified). Each fed row's block outputs equal head.forward over the row's context (float32,
+    1e-4). Returns the runner."""
+    gen = torch.Generator().manual_seed(3)
+    feats = torch.randn(3, 6, 192, generator=gen)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 0, 1]])
+    runner = runner_cls(head, *target_weights(target), num_draft_tokens=4, block_size=4, backend=backend)
+    runner.prefill_context(feats, mask, budgets=[20, 20, 20], num_draft_tokens=4)
+    pending = torch.randn(3, 5, 192, generator=gen)
+    count = torch.tensor([1, 5, 2])
+    block = torch.full((3, 8), head.mask_token_id)
+    block[:, 0] = torch.tensor([7, 9, 11])
+    out = runner.draft(pending, count, block, torch.tensor(fed))
+    for b in (b for b in range(3) if fed[b]):
+        context = torch.cat([feats[b, mask[b].bool()], pending[b, 5 - int(count[b]):]])
+        length = context.shape[0]
+        with torch.no_grad():
+            ref = head(F.embedding(block[b:b + 1], target_weights(target)[0]), head.context(context[None]),
+                       torch.arange(length, length + 8)[None], torch.arange(length)[None])
+        torch.testing.assert_close(out[b], ref[0], atol=1e-4, rtol=1e-4)
+    return runner
+
+
+def reference_block(head, target, context: list) -> torch.Tensor:
+    """The block drafter's hidden outputs [1, block_size, H] after context x_0 .. x_c: the block
+    [x_c, mask, ...] at positions c .. over the target's hidden states at positions 0 .. c-1."""
+    with torch.no_grad():
+        states = target(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states
+        feats = torch.cat([states[j][0, :-1] for j in head.hidden_indices()], -1)
+        c = len(context) - 1
+        block = torch.full((1, head.block_size), head.mask_token_id)
+        block[0, 0] = context[-1]
+        return head(F.embedding(block, target_weights(target)[0]), head.context(feats[None]),
+                    torch.arange(c, c + head.block_size)[None], torch.arange(c)[None])

@@ -20,7 +20,8 @@ from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners.paged_dflash import PagedDFlashRunner
 
-from .heads import proposals_per_iteration, random_dflash, trained_dflash
+from .heads import (check_paged_block_forward, proposals_per_iteration, random_dflash, reference_block, target_weights,
+                    trained_dflash)
 from .models import left_padded_prompts
 from .test_paged_runner import VOCAB, tiny
 
@@ -35,47 +36,20 @@ def drafter(target):
     return trained_dflash(target, key="llama4-b16", block_size=16)
 
 
-def _weights(target):
-    return target.get_input_embeddings().weight, target.get_output_embeddings().weight
-
-
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
 def test_paged_drafter_equals_reference_forward(target, backend):
     """prefill_context (left padding) + a draft call with pending entries (num_valid) and a block
     (one row fed nothing): the block's outputs equal DFlashHead.forward over each row's context."""
-    head = random_dflash(target, block_size=8, seed=4)
-    gen = torch.Generator().manual_seed(3)
-    feats = torch.randn(3, 6, 192, generator=gen)
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 0, 1]])
-    runner = PagedDFlashRunner(head, *_weights(target), num_draft_tokens=4, block_size=4, backend=backend)
-    runner.prefill_context(feats, mask, budgets=[20, 20, 20], num_draft_tokens=4)
-    pending = torch.randn(3, 5, 192, generator=gen)
-    count = torch.tensor([1, 5, 2])
-    block = torch.full((3, 8), head.mask_token_id)
-    block[:, 0] = torch.tensor([7, 9, 11])
-    out = runner.draft(pending, count, block, torch.tensor([8, 8, 0]))
+    runner = check_paged_block_forward(random_dflash(target, block_size=8, seed=4), PagedDFlashRunner, target, backend,
+                                       fed=[8, 8, 0])
     assert runner.seq_lens.tolist() == [5, 11, 3]  # the context grew by the pending entries only
-    for b in range(2):  # row 2 was fed no block: its outputs are unspecified
-        context = torch.cat([feats[b, mask[b].bool()], pending[b, 5 - int(count[b]):]])
-        length = context.shape[0]
-        with torch.no_grad():
-            ref = head(F.embedding(block[b:b + 1], _weights(target)[0]), head.context(context[None]),
-                       torch.arange(length, length + 8)[None], torch.arange(length)[None])
-        torch.testing.assert_close(out[b], ref[0], atol=1e-4, rtol=1e-4)
 
 
 def _reference_drafts(head, target, context: list, k: int) -> list:
-    """Greedy drafts after context x_0 .. x_c: the block [x_c, mask...] at positions c .. over the
-    target's hidden states at positions 0 .. c-1, through the target's lm_head."""
+    """Greedy drafts after context x_0 .. x_c: the reference block through the target's lm_head."""
+    h = reference_block(head, target, context)
     with torch.no_grad():
-        states = target(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states
-        feats = torch.cat([states[j][0, :-1] for j in head.hidden_indices()], -1)
-        c = len(context) - 1
-        block = torch.full((1, head.block_size), head.mask_token_id)
-        block[0, 0] = context[-1]
-        h = head(F.embedding(block, _weights(target)[0]), head.context(feats[None]),
-                 torch.arange(c, c + head.block_size)[None], torch.arange(c)[None])
-        return F.linear(h[0, 1:k + 1], _weights(target)[1]).argmax(-1).tolist()
+        return F.linear(h[0, 1:k + 1], target_weights(target)[1]).argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("ks", [None, (2, 4, 6, 1, 6, 3)])
@@ -87,7 +61,7 @@ def test_drafts_equal_the_reference_drafter(target, drafter, ks, chaos):
     ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=8)
     runner = PagedLlamaRunner(target, max_new_tokens=20, num_draft_tokens=k)
     runner.capture_hidden_states(drafter.hidden_indices())
-    block = BlockDrafter(PagedDFlashRunner(drafter, *_weights(target), num_draft_tokens=k), runner)
+    block = BlockDrafter(PagedDFlashRunner(drafter, *target_weights(target), num_draft_tokens=k), runner)
     decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=20, ks=None if ks is None else sorted(set(ks)))
     if ks is not None:
@@ -170,7 +144,7 @@ def test_output_multiplier_and_softcap_shape_the_drafts_q(target):
     ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=8)
     runner = PagedLlamaRunner(target, max_new_tokens=12, num_draft_tokens=k)
     runner.capture_hidden_states(head.hidden_indices())
-    block = BlockDrafter(PagedDFlashRunner(head, *_weights(target), num_draft_tokens=k), runner)
+    block = BlockDrafter(PagedDFlashRunner(head, *target_weights(target), num_draft_tokens=k), runner)
     decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=1.0, seed=0),
                                  max_new_tokens=12)
     seen, run_block, propose = [], block._run_block, block.propose

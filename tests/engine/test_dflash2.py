@@ -30,7 +30,7 @@ from specdec_fast.runners.paged_dflash2 import PagedDFlash2Runner
 from tests.kernels.backends import kernel_backends
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
-from .heads import proposals_per_iteration, random_dflash2
+from .heads import check_paged_block_forward, proposals_per_iteration, random_dflash2, reference_block, target_weights
 from .models import left_padded_prompts, make_model
 from .test_dflash_sampling import PROMPT, VOCAB as SMALL_VOCAB
 from .test_sampling_exact import target_probs
@@ -46,10 +46,6 @@ def target():
 def drafter(target):
     # random, chosen so that the selector moves most drafts off the block's argmax and some are accepted
     return random_dflash2(target, block_size=16, seed=5, std=0.1, selector_std=0.5, input_embedding_scale=1.5)
-
-
-def _weights(target):
-    return target.get_input_embeddings().weight, target.get_output_embeddings().weight
 
 
 def test_fresh_head_is_the_dflash_backbone(target):
@@ -73,38 +69,17 @@ def test_paged_drafter_equals_reference_forward(target, backend):
     """As test_dflash's: prefill_context (left padding) + a draft call (pending entries, one row fed
     nothing); the block's outputs equal DFlash2Head.forward (3-tap convolutions, embedding scale)."""
     head = random_dflash2(target, block_size=8, seed=4, taps=3, input_embedding_scale=0.7)
-    gen = torch.Generator().manual_seed(3)
-    feats = torch.randn(3, 6, 192, generator=gen)
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 0, 1]])
-    runner = PagedDFlash2Runner(head, *_weights(target), num_draft_tokens=4, block_size=4, backend=backend)
-    runner.prefill_context(feats, mask, budgets=[20, 20, 20], num_draft_tokens=4)
-    pending = torch.randn(3, 5, 192, generator=gen)
-    count = torch.tensor([1, 5, 2])
-    block = torch.full((3, 8), head.mask_token_id)
-    block[:, 0] = torch.tensor([7, 9, 11])
-    out = runner.draft(pending, count, block, torch.tensor([8, 0, 8]))
-    for b in (0, 2):  # row 1 was fed no block: its outputs are unspecified
-        context = torch.cat([feats[b, mask[b].bool()], pending[b, 5 - int(count[b]):]])
-        length = context.shape[0]
-        with torch.no_grad():
-            ref = head(F.embedding(block[b:b + 1], _weights(target)[0]), head.context(context[None]),
-                       torch.arange(length, length + 8)[None], torch.arange(length)[None])
-        torch.testing.assert_close(out[b], ref[0], atol=1e-4, rtol=1e-4)
+    check_paged_block_forward(head, PagedDFlash2Runner, target, backend, fed=[8, 0, 8])
 
 
 def _reference_drafts(head, target, context: list, k: int) -> list:
-    """Greedy drafts after context x_0 .. x_c: the block over the target's hidden states at 0 .. c-1,
-    then the selector's greedy walk from x_c (and the block's own argmax, DFlash's drafts)."""
+    """Greedy drafts after context x_0 .. x_c: the selector's greedy walk from x_c over the reference
+    block (and the block's own argmax, DFlash's drafts)."""
+    h = reference_block(head, target, context)
+    lm_head = target_weights(target)[1]
     with torch.no_grad():
-        states = target(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states
-        feats = torch.cat([states[j][0, :-1] for j in head.hidden_indices()], -1)
-        c = len(context) - 1
-        block = torch.full((1, head.block_size), head.mask_token_id)
-        block[0, 0] = context[-1]
-        h = head(F.embedding(block, _weights(target)[0]), head.context(feats[None]),
-                 torch.arange(c, c + head.block_size)[None], torch.arange(c)[None])
-        walk = head.walk(h[:, 1:k + 1], _weights(target)[1], torch.tensor([context[-1]]))[0].tolist()
-        return walk, F.linear(h[0, 1:k + 1], _weights(target)[1]).argmax(-1).tolist()
+        walk = head.walk(h[:, 1:k + 1], lm_head, torch.tensor([context[-1]]))[0].tolist()
+        return walk, F.linear(h[0, 1:k + 1], lm_head).argmax(-1).tolist()
 
 
 def test_drafts_equal_the_reference_selector_walk(target, drafter):
@@ -112,7 +87,7 @@ def test_drafts_equal_the_reference_selector_walk(target, drafter):
     ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=8)
     runner = PagedLlamaRunner(target, max_new_tokens=20, num_draft_tokens=k)
     runner.capture_hidden_states(drafter.hidden_indices())
-    block = SelectorBlockDrafter(PagedDFlash2Runner(drafter, *_weights(target), num_draft_tokens=k), runner)
+    block = SelectorBlockDrafter(PagedDFlash2Runner(drafter, *target_weights(target), num_draft_tokens=k), runner)
     decoder = SpeculativeDecoder(runner, block, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=20)
     seen = proposals_per_iteration(block, decoder, ids, mask)
