@@ -8,7 +8,7 @@ Script modes:
     python bench/bench_attention.py --cpu-block-mask [--out bench/results/attention_block_mask_cpu.json]
         The block mask (causal=False: DFlash's draft block) against the causal pass at the same
         shapes, N = 8 / 16 new tokens per row, C++ op and torch reference, fp32.
-    python bench/bench_attention.py --gpu   [--out bench/results/attention_<device>.json]
+    python bench/bench_attention.py --gpu   [--quick] [--budget-s S] [--out bench/results/attention_<device>.json]
         Llama-8B-like heads (32 q, 8 kv, D=128), bf16, B in {1,8,32} x context in {1k,2k,8k,32k},
         N=1 and N=5 queries per row, every call timed as CUDA-graph replays (ours and SDPA):
         Triton us with its launch plan (splits, launches), GB/s against the HBM roofline (target
@@ -17,7 +17,8 @@ Script modes:
         a sweep of forced split counts (which one the automatic choice should pick). Both merges
         side by side: the merge launch (triton_*, sweep_*: today's default) and the in-kernel merge
         (in_kernel_*, sweep_in_kernel_*: kernels/attention/triton.py MERGE_IN_KERNEL, whose automatic
-        plan also splits short tables), after a check that they give the same output.
+        plan also splits short tables), after a check that they give the same output. --quick: B 1 / 8 x
+        context 1k / 8k only (the merge forms' decision); the JSON is rewritten after every shape.
 """
 import argparse
 import itertools
@@ -178,6 +179,7 @@ def graph_us(fn, reps: int = 100) -> float:
 GPU_BATCHES, GPU_CONTEXTS = (1, 8, 32), (1024, 2048, 8192, 32768)
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32)  # forced split counts, timed beside the automatic choice
 SWEEP_MAX_CONTEXT = 8192
+QUICK_BATCHES, QUICK_CONTEXTS = (1, 8), (1024, 8192)  # --quick: the merge forms' decision rows
 
 
 def sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, hq=32, hkv=8, d=128):
@@ -210,9 +212,16 @@ def run_gpu(args):
         sys.exit("--gpu needs a CUDA device")
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), None)
-    rows = []
-    for B in GPU_BATCHES:
-        for ctx in GPU_CONTEXTS:
+    tag = name.replace(" ", "_").replace("/", "_")
+    out = Path(args.out or ROOT / f"bench/results/attention_{tag}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows, not_run, start = [], [], time.perf_counter()
+    for B in QUICK_BATCHES if args.quick else GPU_BATCHES:
+        for ctx in QUICK_CONTEXTS if args.quick else GPU_CONTEXTS:
+            if time.perf_counter() - start > args.budget_s:
+                not_run.append(f"B={B} context={ctx}")
+                print(f"budget {args.budget_s} s reached: B={B} context={ctx} not run", flush=True)
+                continue
             res = {"B": B, "context": ctx}
             for n in (1, 5):
                 inputs = make_inputs(B, ctx, n, block_size=args.block_size, device="cuda")
@@ -252,26 +261,35 @@ def run_gpu(args):
             res["ratio_N5_vs_N1"] = res["triton_N5_us"] / res["triton_N1_us"]
             rows.append(res)
             print(json.dumps(res), flush=True)
+            write_report(out, name, peak, args, rows, not_run)  # after every row: a cut run keeps its rows
+    write_report(out, name, peak, args, rows, not_run)
+    print(f"wrote {out}")
+
+
+def attention_targets(rows: list) -> dict:
+    """The GPU targets of bench_attention from the rows measured (a target whose rows were not run
+    is left out) and the in-kernel merge against the merge launch per row (< 1: faster)."""
     short = [r for r in rows if r["context"] <= 2048 and r["B"] in (1, 8)]
     at32k = [r for r in rows if r["context"] == 32768]
-    b8 = next(r for r in at32k if r["B"] == 8)
-    targets = {
-        "short_ratio_vs_sdpa_max": max(r[f"ratio_vs_sdpa_N{n}"] or 0 for r in short for n in (1, 5)),
-        "short_ratio_target": 1.3,
-        "ratio_N5_vs_N1_at_32k_max": max(r["ratio_N5_vs_N1"] for r in at32k), "ratio_target": 1.25,
-        "roofline_N1_B8_32k": b8.get("triton_N1_roofline"), "roofline_N5_B8_32k": b8.get("triton_N5_roofline"),
-        "roofline_target": 0.70,
-        # the in-kernel merge against the merge launch, automatic plans: < 1 where it is faster
-        "in_kernel_vs_launch": {f"B{r['B']}_{r['context']}_N{n}": r[f"in_kernel_N{n}_us"] / r[f"triton_N{n}_us"]
-                                for r in rows for n in (1, 5)},
-    }
+    b8 = next((r for r in at32k if r["B"] == 8), None)
+    targets = {"short_ratio_target": 1.3, "ratio_target": 1.25, "roofline_target": 0.70}
+    if short:
+        targets["short_ratio_vs_sdpa_max"] = max(r[f"ratio_vs_sdpa_N{n}"] or 0 for r in short for n in (1, 5))
+    if at32k:
+        targets["ratio_N5_vs_N1_at_32k_max"] = max(r["ratio_N5_vs_N1"] for r in at32k)
+    if b8:
+        targets["roofline_N1_B8_32k"] = b8.get("triton_N1_roofline")
+        targets["roofline_N5_B8_32k"] = b8.get("triton_N5_roofline")
+    targets["in_kernel_vs_launch"] = {f"B{r['B']}_{r['context']}_N{n}": r[f"in_kernel_N{n}_us"] / r[f"triton_N{n}_us"]
+                                      for r in rows for n in (1, 5)}
+    return targets
+
+
+def write_report(out: Path, name: str, peak, args, rows: list, not_run: list) -> None:
     report = {"device": name, "hbm_peak_Bps": peak, "heads": "32 q / 8 kv, D=128, bf16", "timing": "CUDA graph replay",
-              "block_size": args.block_size, **versions(), "targets": targets, "results": rows}
-    tag = name.replace(" ", "_").replace("/", "_")
-    out = Path(args.out or ROOT / f"bench/results/attention_{tag}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+              "block_size": args.block_size, "selection": "quick" if args.quick else "full", **versions(),
+              "targets": attention_targets(rows), "not_run": not_run, "results": rows}
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
 
 
 def main(argv=None):
@@ -284,6 +302,8 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=7, help="CPU mode: timed runs per shape (median)")
     parser.add_argument("--threads", type=int, nargs="*", help="CPU mode: thread counts to run (default: torch's)")
     parser.add_argument("--block-size", type=int, default=16, help="GPU mode: KV page size")
+    parser.add_argument("--quick", action="store_true", help="GPU mode: B 1 / 8 x context 1k / 8k (the merge decision)")
+    parser.add_argument("--budget-s", type=float, default=float("inf"), help="GPU mode: no new shape after this many s")
     args = parser.parse_args(argv)
     if args.gpu:
         run_gpu(args)

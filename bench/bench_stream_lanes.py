@@ -13,13 +13,14 @@ top_k=50 (the rows that stream without rungs): chain_verify_triton and sample_tr
 graph replays under do_bench (median us), GB/s and fraction of the copy-bandwidth roofline
 (logits bytes read once), and whether both loops give the reference's tokens.
 
-    python bench/bench_stream_lanes.py [--out bench/results/stream_lanes_<device>.json]
+    python bench/bench_stream_lanes.py [--quick] [--budget-s S] [--out bench/results/stream_lanes_<device>.json]
     python bench/bench_stream_lanes.py --smoke   # this code on a tiny shape, CPU interpreter (no numbers)
 Not a test: pytest collects nothing here.
 """
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -39,6 +40,8 @@ VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=Fa
             "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4),
             "emit_lanes": dict(stream_lanes=True, emit_lanes=True)}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
+QUICK_SHAPES = [(1, 4, 128256), (64, 4, 128256)]  # --quick: issue 25's rows
+QUICK_MODES = ("greedy", "T=1")
 
 
 def main(argv=None) -> dict:
@@ -47,14 +50,16 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
     ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
+    ap.add_argument("--quick", action="store_true", help="issue 25's rows only: B 1 / 64 at V 128256, greedy and T=1")
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many seconds")
     args = ap.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (or --smoke)")
     device = torch.device("cpu" if args.smoke else "cuda")
     bandwidth = copy_bandwidth(device)
     ov = dict(cap=128, num_chunks=2) if args.smoke else {}  # the smoke shape takes the large-vocabulary path
-    rows = []
-    for batch, k, vocab in [(2, 2, 600)] if args.smoke else SHAPES:
+    rows, not_run, start = [], [], time.perf_counter()
+    for batch, k, vocab in [(2, 2, 600)] if args.smoke else QUICK_SHAPES if args.quick else SHAPES:
         target, draft, drafts = make_logits(batch, k, vocab, "random", device,
                                             torch.float32 if args.smoke else torch.bfloat16)
         logits = target[:, 0].contiguous()
@@ -62,6 +67,12 @@ def main(argv=None) -> dict:
         verify_bytes = (target.numel() + draft.numel()) * target.element_size()
         sample_bytes = logits.numel() * logits.element_size()
         for mode, kw in MODES.items():
+            if args.quick and mode not in QUICK_MODES:
+                continue
+            if time.perf_counter() - start > args.budget_s:
+                not_run.append(f"B={batch} K={k} V={vocab} {mode}")
+                print(f"budget {args.budget_s} s reached: B={batch} V={vocab} {mode} not run", flush=True)
+                continue
             params = make_sampling_tensors(batch, device, seed=1, **kw)
             expected = chain_verify_reference(target, draft, drafts, params)
             expected_sample = sample_reference(logits, params, positions, 2)
@@ -89,7 +100,7 @@ def main(argv=None) -> dict:
     name = torch.cuda.get_device_name(device)
     result = dict(device=name, versions=versions(), copy_bandwidth_bytes_per_s=bandwidth,
                   timer="CUDA graph replay under triton.testing.do_bench: median (us)",
-                  roofline="logits bytes read once / measured copy bandwidth", rows=rows)
+                  roofline="logits bytes read once / measured copy bandwidth", not_run=not_run, rows=rows)
     out = Path(args.out or Path(__file__).resolve().parent / "results" /
                f"stream_lanes_{name.lower().replace(' ', '_')}.json")
     out.write_text(json.dumps(result, indent=1))

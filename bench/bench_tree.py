@@ -321,9 +321,10 @@ def set_agreement(target, draft, originals, goal: float, device, steps: int = 12
     return scale, agreement(scale)
 
 
-def kernel_times(device, vocab: int) -> list:
+def kernel_times(device, vocab: int, quick: bool = False) -> list:
     """tree_verify vs chain_verify (Triton) at equal target tokens: CUDA graph replays under
-    do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers)."""
+    do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers).
+    quick: issue 25's yardstick only (B = 1; the chain at K = 8 and the tree at N = 64)."""
     from verify_gpu_table import _time
 
     from specdec_fast.kernels import make_sampling_tensors
@@ -332,7 +333,7 @@ def kernel_times(device, vocab: int) -> list:
     from specdec_fast.drafters.token_tree import TokenTree
 
     out = []
-    for batch in (1, 8):
+    for batch in (1,) if quick else (1, 8):
         for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
             # the chain at K = 8 (issue 25's yardstick: tree_verify at N = 64 within 2x of it)
             g = torch.Generator(device="cpu").manual_seed(1)
@@ -343,7 +344,7 @@ def kernel_times(device, vocab: int) -> list:
             chain8_us = _time(lambda: chain_verify_triton(target, draft, tokens, params), False)["median_us"]
             out.append(dict(batch=batch, nodes=None, vocab=vocab, mode=mode, chain_k=8, chain_verify_us=chain8_us))
             print(f"verify B={batch} chain K=8 {mode}: {chain8_us:.1f} us", flush=True)
-        for n in (5, 16, 64):
+        for n in (64,) if quick else (5, 16, 64):
             for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
                 g = torch.Generator(device="cpu").manual_seed(0)
                 target = (torch.randn(batch, n, vocab, generator=g) * 3).to(device, torch.bfloat16)
@@ -463,6 +464,7 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--kernels-only", action="store_true",
                     help="GPU: only tree_verify vs chain_verify kernel times (V = 128256), to --out")
+    ap.add_argument("--quick", action="store_true", help="--kernels-only: B = 1, chain K = 8 and tree N = 64 only")
     args = ap.parse_args(argv)
     if args.kernels_only:
         device = torch.device(args.device or "cuda")
@@ -470,7 +472,7 @@ def main(argv=None):
         out = Path(args.out or ROOT / "bench" / "results" / f"tree_kernels_{name}.json")
         out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(device), environment=environment(device),
                                        timer="CUDA graph replay under do_bench, median us",
-                                       rows=kernel_times(device, 128256)), indent=1))
+                                       rows=kernel_times(device, 128256, quick=args.quick)), indent=1))
         print(f"wrote {out}")
         return
     args.prompt_len = args.prompt_len or (128 if args.gpu else 96)

@@ -4,7 +4,7 @@ torch reference vs plain PyTorch vs FlashInfer, every sampling mode, CUDA-graph 
 
     pytest bench/bench_verify.py --benchmark-only --benchmark-group-by=group -p no:xdist
     python bench/bench_verify.py --cpu [--threads N] [--repeats R] [--out bench/results/verify_cpu.json]
-    python bench/bench_verify.py --gpu [--data random|peaked] [--out bench/results/verify_<device>.json]
+    python bench/bench_verify.py --gpu [--data random|peaked] [--quick] [--budget-s S] [--out bench/results/verify_<device>.json]
     python bench/bench_verify.py --smoke [--out ...]   # the GPU table's code on tiny shapes, CPU interpreter
     python bench/bench_verify.py --penalties [--out bench/results/verify_penalties_cpu_<isa>.json]
 
@@ -251,6 +251,10 @@ def main(argv=None) -> None:
     mode.add_argument("--smoke", action="store_true", help="the GPU table's code on tiny shapes under the interpreter")
     mode.add_argument("--penalties", action="store_true", help="C++ verify / sample with and without penalties (CPU)")
     parser.add_argument("--data", choices=("random", "peaked"), default="random", help="logits for --gpu (verify_gpu_table.py)")
+    parser.add_argument("--quick", action="store_true", help="--gpu / --smoke: issue 25's rows only (B 1 / 64, V 128256, "
+                        "greedy / T=1 / top_k=50 / top_p=0.9)")
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="--gpu / --smoke: no new shape after this many seconds (a device call's limit)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU: also the C++ OpenMP threads)")
     parser.add_argument("--repeats", type=int, default=1, help="CPU: time every case this many times, report the median")
@@ -264,7 +268,7 @@ def main(argv=None) -> None:
     else:
         from verify_gpu_table import run_table
 
-        _write(run_table(smoke=args.smoke, data=args.data), args.out)
+        _write(run_table(smoke=args.smoke, data=args.data, quick=args.quick, budget_s=args.budget_s), args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One plain decoding step of the paged runner, profiled: where the time of a step goes.
 
-    python bench/profile_step.py            # GPU: 8B-shaped Llama, random bf16 weights built on the GPU
+    python bench/profile_step.py [--quick]  # GPU: 8B-shaped Llama, random bf16 weights built on the GPU
+                                            # (--quick: no GEMM sweep; --batch B, --ns 1,5: the steps)
     python bench/profile_step.py --tiny     # CPU: a small Llama, no profiler / GPU parts (the test runs it)
 
 GPU mode writes bench/results/profile_step_<device>.json with, per step width N (1 and 5 tokens
@@ -293,7 +294,9 @@ def timed_step(runner, step, tokens, n: int, args, ceiling: float, sync, name: s
     return row
 
 
-def run_gpu(args) -> dict:
+def run_gpu(args, save=lambda report: None) -> dict:
+    """The GPU report (module doc); save(report) after every step row, so a run cut short by a
+    device call's limit keeps what it measured."""
     from machine import versions
 
     from specdec_fast.runners.paged_llama import PagedLlamaRunner
@@ -316,6 +319,7 @@ def run_gpu(args) -> dict:
         step, tokens = make_step(runner, args.batch, n, device)
         row = timed_step(runner, step, tokens, n, args, ceiling, sync, f"plain N={n}")
         report["steps"][f"N={n}"] = row
+        save(report)
         print(json.dumps({k: v for k, v in row.items() if not k.startswith(("profile", "launches"))}), flush=True)
     if runner.gemv_layer_reason() is None:  # the same steps through the GEMV layer (issue 25)
         pdl_error = None
@@ -330,6 +334,7 @@ def run_gpu(args) -> dict:
                     row[key] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
                     pdl_error = row[key]["error"]
                     break
+                save(report)
                 print(json.dumps({f"N={n} {key}": {k: v for k, v in row[key].items()
                                                     if not k.startswith(("profile", "launches"))}}), flush=True)
         if pdl_error:  # a fault may leave the CUDA context unusable: keep what was measured
@@ -346,7 +351,9 @@ def run_gpu(args) -> dict:
             report["ratio_N5_vs_N1_graph"] = report["steps"]["N=5"]["graph_ms"] / one["graph_ms"]
     del model
     torch.cuda.empty_cache()
-    report["gemm"] = gemm_sweep(config, device, torch.bfloat16, timer=graph_timer)
+    save(report)
+    if not args.quick:
+        report["gemm"] = gemm_sweep(config, device, torch.bfloat16, timer=graph_timer)
     report["targets"] = {"graph_fraction_of_ceiling": 0.80, "eager_vs_transformers": 1.0, "N5_vs_N1": 1.08}
     return report
 
@@ -383,6 +390,11 @@ def run_tiny(args) -> dict:
     return report
 
 
+def write(report: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a small model on CPU (no GPU parts)")
@@ -390,8 +402,13 @@ def main(argv=None):
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[1, 5])
     parser.add_argument("--iters", type=int, default=None, help="timed calls per measurement (median)")
+    parser.add_argument("--quick", action="store_true", help="GPU: leave out the GEMM sweep (the steps only)")
     parser.add_argument("--out", help="JSON path (default bench/results/profile_step_<device>.json)")
     args = parser.parse_args(argv)
+
+    def output(tag: str) -> Path:
+        return Path(args.out or ROOT / f"bench/results/profile_step_{tag}.json")
+
     if args.tiny:
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton path's launches, counted on CPU
@@ -403,11 +420,10 @@ def main(argv=None):
         if not torch.cuda.is_available():
             sys.exit("the GPU mode needs a CUDA device (--tiny runs on CPU)")
         args.iters = args.iters or 30
-        report = run_gpu(args)
         tag = torch.cuda.get_device_name().lower().replace(" ", "_").replace("/", "_")
-    out = Path(args.out or ROOT / f"bench/results/profile_step_{tag}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+        report = run_gpu(args, save=lambda partial: write(partial, output(tag)))
+    out = output(tag)
+    write(report, out)
     print(f"wrote {out}")
     return report
 

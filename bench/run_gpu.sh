@@ -1,38 +1,92 @@
 #!/usr/bin/env bash
-# GPU truth in stages, each sized for one device call of at most 10 minutes (a developer
-# session has 30 minutes of device time; a machine takes 1-2 minutes to start). For the GPU
-# machine, whose python3 has CUDA torch + triton and which reaches no registry:
+# GPU truth in stages. A developer session has 15 minutes of device time, all calls together, and
+# one call runs at most 10 minutes; a machine takes 1-2 minutes to start. So a session runs ONE
+# call (device tool: timeout_s 600):
 #
+#     bash bench/run_gpu.sh session    # the suite on CUDA (cut at 300 s), then `limits` until 570 s
+#     bash bench/run_gpu.sh limits     # issue 25's rows alone, until 570 s (when the suite is not needed)
+#
+# Stages (times on an H100; the stages marked * were never run whole):
 #     bash bench/run_gpu.sh tests      # the whole suite on CUDA (gpu tests included)   ~4-6 min
+#   * bash bench/run_gpu.sh limits     # issue 25, most decisive first: plain decoding's step with the
+#                                      # cuBLAS / GEMV / GEMV+PDL layers (B=1), the verify rows of the
+#                                      # targets, attention's merge forms, tree_verify N=64 vs chain K=8,
+#                                      # the streaming variants, the step at B=8, the GEMV kernel vs cuBLAS;
+#                                      # then bench/issue25_report.py (targets met? levers to flip?)
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
 #     bash bench/run_gpu.sh scale      # 8B-shaped end to end, headline preset         <= 9 min
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
 #     bash bench/run_gpu.sh more       # scale sampling + agreement presets                <= 9 min
 #     bash bench/run_gpu.sh trees      # trees vs chains end to end, e2e on the demo pair
-#     bash bench/run_gpu.sh heads      # issues 23 / 28: EAGLE-3 and DFlash shapes at the 8B target, costs ~6 min
-#     bash bench/run_gpu.sh limits     # issue 25's rows: verify B 1/64, streaming variants, tree N=64 vs chain K=8, plain decoding ~8 min
-#     bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
-#     bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min, never run)
-#     bash bench/run_gpu.sh all        # every stage in order (a machine without a time limit)
+#   * bash bench/run_gpu.sh heads      # issues 23 / 28: EAGLE-3 and DFlash shapes at the 8B target, costs ~6 min
+#   * bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
+#   * bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min)
+#   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
+#     bash bench/run_gpu.sh all        # tests kernels scale loop more trees (a machine without a time limit)
 #
-# In that order of priority: the first three fit one session. Every benchmark writes JSON (and
-# PNG) with the device name into bench/results/; the suite's log goes to
-# bench/results/gpu_tests_<device>.log. When $OUT is set (the device tool), the stage's results
-# are packed into ONE archive $OUT/gpu_<stage>_<device>.tgz (the tool brings back at most 8 files).
+# A stage with a deadline (session, limits; or DEADLINE_S=<seconds> for any stage) starts no part
+# once fewer than 30 s are left, and runs each part under `timeout` with the smaller of its own cap
+# and the time left; the benchmarks' --budget-s make them stop starting rows and write what they
+# measured before that. `bash bench/run_gpu.sh --dry-run STAGE` prints the parts and runs nothing
+# (no GPU needed), its clock advanced by each part's cap: the parts a worst case would not start
+# are named at the end (tests/test_run_gpu.py checks every flag against its script).
+#
+# Every benchmark writes JSON (and PNG) with the device name into bench/results/; the suite's log
+# goes to bench/results/gpu_tests_<device>.log. When $OUT is set (the device tool), the stage's
+# results are packed into ONE archive $OUT/gpu_<stage>_<device>.tgz (the tool brings back at most
+# 8 files). The JSONs' commit field is what the device's copy of .git says: it has lagged the
+# working tree that ran (bench/results/h100_2026-11-24/README.md); name the commit sent beside them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+dry=0
+if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
 stage=${1:-all}
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
-dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '_'))") || exit 1
 results=bench/results
 status=0
-run() { echo "+ $*"; "$@" || { echo "FAILED: $*"; status=1; }; }
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv 2>/dev/null
+not_run=()
+if [ "$dry" = 1 ]; then
+  dev=dry_run
+else
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
+  dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '_'))") || exit 1
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv 2>/dev/null
+fi
+deadline=$((SECONDS + ${DEADLINE_S:-1000000}))
+
+# budget B CAP: a benchmark's --budget-s: B, or less where the part's cap (CAP, or the time left)
+# would cut it before it writes (40 s kept for its last row and the JSON).
+budget() {
+  local left=$((deadline - SECONDS)) cap=$2
+  [ "$cap" -gt "$left" ] && cap=$left
+  local b=$(($1 < cap - 40 ? $1 : cap - 40))
+  echo $((b > 1 ? b : 1))
+}
+
+# run [--cap S] CMD...: CMD under `timeout` with min(S, seconds left before the deadline); not
+# started when fewer than 30 s are left (named in the NOT RUN line at the end).
+run() {
+  local cap=$((deadline - SECONDS))
+  if [ "$1" = "--cap" ]; then cap=$(($2 < cap ? $2 : cap)); shift 2; fi
+  if [ "$cap" -lt 30 ]; then echo "not started (deadline): $*"; not_run+=("$*"); return 0; fi
+  echo "+ [cap ${cap} s, at ${SECONDS} s] $*"
+  if [ "$dry" = 1 ]; then SECONDS=$((SECONDS + cap)); return 0; fi  # the worst case: every part takes its cap
+  timeout -k 10 "$cap" "$@"
+  local rc=$?
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo "CUT at its cap (${cap} s): $*"; status=1
+  elif [ "$rc" != 0 ]; then echo "FAILED (rc $rc): $*"; status=1; fi
+}
 
 stage_tests() {
-  # 16 cores on the GPU machine: 8 workers share the one GPU well (3 min for ~540 tests at 3dca4fa).
-  python3 -m pytest -q -n 8 -p no:cacheprovider --benchmark-disable tests 2>&1 | tee "$results/gpu_tests_$dev.log"
+  # 16 cores on the GPU machine: 14 workers share the one GPU (1812 tests in 248 s on an H100 at
+  # 02c2d95). -v: a line per test as it ends, so a run cut at its cap still names every failure so
+  # far; SIGINT at the cap lets pytest print its summary.
+  local cap=$((deadline - SECONDS))
+  [ -n "${1:-}" ] && cap=$(($1 < cap ? $1 : cap))
+  echo "+ [cap ${cap} s, at ${SECONDS} s] pytest tests"
+  if [ "$dry" = 1 ]; then SECONDS=$((SECONDS + cap)); return 0; fi
+  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable tests 2>&1 \
+    | tee "$results/gpu_tests_$dev.log" | grep -v " PASSED \| SKIPPED "
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 stage_kernels() {
@@ -66,13 +120,24 @@ stage_trees() {
 }
 
 stage_limits() {
-  # Issue 25 (the GPU at its limits), in one call: the verify table (B 1/8/64, every mode, graph
-  # replays), the streaming kernel's variants side by side (per-lane 1/2/4 blocks per step, the
-  # select code compiled in or out), tree_verify N=64 vs chain_verify K=8, plain decoding's step.
-  run python3 bench/bench_verify.py --gpu --out "$results/verify_$dev.json"
-  run python3 bench/bench_stream_lanes.py --out "$results/stream_lanes_$dev.json"
-  run python3 bench/bench_tree.py --gpu --kernels-only --out "$results/tree_kernels_$dev.json"
-  run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
+  # Issue 25 (the GPU at its limits), most decisive first; every part writes its JSON as it goes or
+  # stops on its --budget-s. Reported together by bench/issue25_report.py at the end.
+  run --cap 170 python3 bench/profile_step.py --quick --out "$results/profile_step_$dev.json"
+  run --cap 150 python3 bench/bench_verify.py --gpu --quick --budget-s "$(budget 90 150)" --out "$results/verify_$dev.json"
+  run --cap 110 python3 bench/bench_attention.py --gpu --quick --budget-s "$(budget 60 110)" --out "$results/attention_$dev.json"
+  run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
+  run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
+  run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
+  run --cap 120 python3 bench/bench_gemv.py --gpu --no-sweep --rows 1,5 --out "$results/gemv_nosweep_$dev.json"
+  # the report reads the files only (a second or two): past the deadline too
+  echo "+ python3 bench/issue25_report.py --device $dev --out $results/issue25_$dev.json"
+  [ "$dry" = 1 ] || python3 bench/issue25_report.py --device "$dev" --out "$results/issue25_$dev.json" || status=1
+}
+
+stage_session() {
+  # One 15-minute device session: correctness of what runs by default first, then issue 25.
+  stage_tests 300
+  stage_limits
 }
 
 stage_attention() {
@@ -107,11 +172,16 @@ stage_adaptive() {
 }
 
 case "$stage" in
-  tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive) "stage_$stage" ;;
-  all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|all"; exit 2 ;;
+  session|limits) [ -z "${DEADLINE_S:-}" ] && deadline=$((SECONDS + 570)) ;;
 esac
-if [ -n "${OUT:-}" ]; then
+case "$stage" in
+  session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive) "stage_$stage" ;;
+  all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|all"; exit 2 ;;
+esac
+[ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
+echo "stage $stage done at ${SECONDS} s, status $status"
+if [ "$dry" = 0 ] && [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu_${stage}_$dev.tgz" $(ls "$results"/*"$dev"* 2>/dev/null) 2>/dev/null
 fi
 exit $status

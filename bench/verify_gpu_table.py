@@ -53,6 +53,9 @@ GPU_SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8,
 # --smoke: every mode on a small vocabulary (the one-kernel path), two modes on V = 600 with the
 # candidate region forced down to 128 (the streaming + finishing kernels).
 SMOKE_SHAPES = [(2, 2, 64), (1, 1, 600)]
+# --quick: the rows issue 25 sets targets for (B = 1 and 64 at V = 128256; greedy, T = 1, top-k, top-p)
+QUICK_SHAPES = [(1, 4, 128256), (64, 4, 128256)]
+QUICK_MODES = ("greedy", "T=1", "top_k=50", "top_p=0.9")
 SMOKE_CAP = 128
 SMOKE_LARGE_MODES = ("T=1", "top_k=50+top_p=0.9")
 PATH_NAMES = {1: "top_set", 2: "gathered_by_chunks", 4: "swept_by_one_program", 8: "single_key"}
@@ -131,7 +134,10 @@ def _entry(timing: dict, bytes_read: int, bandwidth) -> dict:
     return entry
 
 
-def run_table(smoke: bool = False, data: str = "random") -> dict:
+def run_table(smoke: bool = False, data: str = "random", quick: bool = False, budget_s: float = float("inf")) -> dict:
+    """The table (see the module doc). quick: issue 25's rows only (QUICK_SHAPES x QUICK_MODES);
+    budget_s: no new row starts after that many seconds (the rows so far are returned, and
+    "not_run" names the rows left out), so a device call's limit keeps what was measured."""
     from specdec_fast.kernels.verify.triton import KernelWorkspace, chain_verify_triton, sample_triton, verify_plan
 
     device = torch.device("cpu" if smoke else "cuda")
@@ -147,8 +153,9 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
             flashinfer_note = f"not importable: {type(error).__name__}: {error}"
         print(f"flashinfer: {flashinfer_note}", flush=True)
     bandwidth = copy_bandwidth(device)
-    results = []
-    for batch, k, vocab in SMOKE_SHAPES if smoke else GPU_SHAPES:
+    results, not_run, start = [], [], time.perf_counter()
+    shapes = SMOKE_SHAPES if smoke else QUICK_SHAPES if quick else GPU_SHAPES
+    for batch, k, vocab in shapes:
         target, draft, drafts = make_logits(batch, k, vocab, data, device, dtype)
         logits = target[:, 0].contiguous()
         positions = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -156,7 +163,11 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
         verify_bytes = target_bytes + draft.numel() * draft.element_size()
         sample_bytes = logits.numel() * logits.element_size()
         for mode, kw in MODES.items():
-            if smoke and vocab > 64 and mode not in SMOKE_LARGE_MODES:
+            if smoke and vocab > 64 and mode not in SMOKE_LARGE_MODES or quick and mode not in QUICK_MODES:
+                continue
+            if time.perf_counter() - start > budget_s:
+                not_run.append(f"B={batch} K={k} V={vocab} {mode}")
+                print(f"budget {budget_s} s reached: B={batch} V={vocab} {mode} not run", flush=True)
                 continue
             ov = dict(cap=SMOKE_CAP) if smoke else {}
             params = make_sampling_tensors(batch, device, seed=1, **kw)
@@ -234,6 +245,8 @@ def run_table(smoke: bool = False, data: str = "random") -> dict:
         "timer": "CUDA graph replay under triton.testing.do_bench: median, 20/80% quantiles (us)"
         if not smoke else "wall clock of one call after one warm-up (smoke: not a measurement)",
         "roofline": "logits bytes read once / measured copy bandwidth",
+        "selection": "quick (issue 25's rows)" if quick else "full",
+        "not_run": not_run,
         "results": results,
     }
 

@@ -1,0 +1,227 @@
+"""Issue 25's targets against what `bash bench/run_gpu.sh limits` measured, and what the
+measurements say about the levers that are off until a GPU times them.
+
+    python bench/issue25_report.py [--results bench/results] [--device h100] [--out FILE.json]
+
+Reads each benchmark's JSON for the device, named as run_gpu.sh writes them (<dev>: the GPU's
+name, lower case, spaces as underscores): verify_<dev>.json (bench_verify.py --gpu), profile_step_<dev>.json and
+profile_step_b8_<dev>.json (profile_step.py at B = 1 and 8), tree_kernels_<dev>.json
+(bench_tree.py --kernels-only), attention_<dev>.json (bench_attention.py --gpu),
+stream_lanes_<dev>.json (bench_stream_lanes.py). A file that is missing, or a row a budget left
+out, gives "not measured" for its lines; nothing is estimated.
+
+Prints one markdown table (target, measured, met?) and one of the levers:
+  - GEMV_LAYER (runners/paged_llama.py): the GEMV layer's graph replay against the cuBLAS
+    layer's at every batch and step width measured, with the same greedy tokens (argmax agreement);
+  - GEMV_PDL: the PDL chain against the GEMV layer without it, no error (and GEMV_LAYER on);
+  - MERGE_IN_KERNEL (kernels/attention/triton.py): the in-kernel merge against the merge launch
+    per shape, same outputs;
+  each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
+  - the streaming variants per row: the fastest variant with the reference's tokens.
+A lever is only advised where every row it needs was measured; flipping it is the session's
+decision (the suite on CUDA must pass with it on).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOISE = 0.02  # graph-replay medians of one run agree within ~1-2% (bench/results/h100_2026-11-23)
+ARGMAX_AGREEMENT = 0.99  # bf16 roundings of two product orders may flip a near-tie, rarely
+
+VERIFY_TARGETS_B1_US = {"greedy": 8.0, "T=1": 15.0, "top_k=50": 30.0, "top_p=0.9": 30.0}
+VERIFY_TARGET_B64_ROOFLINE = {"greedy": 0.60, "T=1": 0.60}
+PLAIN_TARGET = {1: 0.85, 8: 0.80}  # fraction of the HBM ceiling, B = 1 / 8
+TREE_TARGET_RATIO = 2.0  # tree_verify T=1 N=64 over chain_verify K=8, B = 1
+
+
+def load(results: Path, name: str, device: str) -> dict | None:
+    """results/<name>_<device>.json (as run_gpu.sh names it), parsed, or None."""
+    path = results / f"{name}_{device}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _line(rows: list, what: str, measured: float | None, target: str, met: bool | None, fmt: str) -> None:
+    rows.append({"what": what, "measured": None if measured is None else float(fmt.format(measured)),
+                 "target": target, "met": met})
+
+
+def verify_lines(report: dict | None, rows: list) -> None:
+    """B = 1 latency (the engine's call: prepared, workspace; greedy also without draft logits) and
+    B = 64 roofline fractions, V = 128256, K = 4."""
+    by_key = {(r["B"], r["V"], r["mode"]): r for r in (report or {}).get("results", [])}
+    for mode, target in VERIFY_TARGETS_B1_US.items():
+        row = by_key.get((1, 128256, mode))
+        columns = ["triton", "triton_no_draft_logits"] if mode == "greedy" else ["triton"]
+        for column in columns:
+            entry = (row or {}).get("verify", {}).get(column, {})
+            us = entry.get("median_us")
+            ok = None if us is None else us <= target and row["tokens_equal_reference"]
+            _line(rows, f"verify B=1 {mode} ({column}) us", us, f"<= {target:g}", ok, "{:.1f}")
+    for mode, target in VERIFY_TARGET_B64_ROOFLINE.items():
+        row = by_key.get((64, 128256, mode))
+        frac = (row or {}).get("verify", {}).get("triton", {}).get("fraction_of_roofline")
+        ok = None if frac is None else frac >= target and row["tokens_equal_reference"]
+        _line(rows, f"verify B=64 {mode} fraction of roofline", frac, f">= {target:g}", ok, "{:.3f}")
+
+
+def plain_lines(reports: dict, rows: list) -> None:
+    """Plain decoding's fraction of the HBM ceiling at N = 1: the best of the layer forms."""
+    for batch, target in PLAIN_TARGET.items():
+        step = ((reports.get(batch) or {}).get("steps") or {}).get("N=1")
+        forms = {}
+        if step:
+            forms["cublas"] = step.get("fraction_of_hbm_ceiling")
+            for key in ("gemv_layer", "gemv_layer_pdl"):
+                forms[key] = (step.get(key) or {}).get("fraction_of_hbm_ceiling")
+        forms = {k: v for k, v in forms.items() if v is not None}
+        best = max(forms.values()) if forms else None
+        name = max(forms, key=forms.get) if forms else "-"
+        _line(rows, f"plain decoding B={batch} fraction of HBM ceiling (best: {name})", best, f">= {target:g}",
+              None if best is None else best >= target, "{:.3f}")
+
+
+def tree_lines(report: dict | None, rows: list) -> None:
+    table = (report or {}).get("rows", [])
+    chain = next((r["chain_verify_us"] for r in table if r.get("batch") == 1 and r.get("chain_k") == 8
+                  and r.get("mode") == "T=1"), None)
+    tree = next((r["tree_verify_us"] for r in table if r.get("batch") == 1 and r.get("nodes") == 64
+                 and r.get("mode") == "T=1"), None)
+    ratio = tree / chain if tree is not None and chain else None
+    _line(rows, "tree_verify T=1 N=64 over chain_verify K=8, B=1", ratio, f"<= {TREE_TARGET_RATIO:g}",
+          None if ratio is None else ratio <= TREE_TARGET_RATIO, "{:.2f}")
+
+
+def gemv_levers(reports: dict) -> dict:
+    """GEMV_LAYER / GEMV_PDL from profile_step's rows (every batch and step width measured)."""
+    steps = [(batch, n, row) for batch, rep in reports.items() if rep
+             for n, row in (rep.get("steps") or {}).items()]
+    layer, pdl, why_layer, why_pdl = [], [], [], []
+    for batch, n, row in steps:
+        base, gemv, chain = row.get("graph_ms"), row.get("gemv_layer") or {}, row.get("gemv_layer_pdl") or {}
+        where = f"B={batch} {n}"
+        if base is None or "graph_ms" not in gemv:
+            why_layer.append(f"{where}: GEMV layer not measured")
+            continue
+        agree = gemv.get("argmax_agreement", 0.0)
+        layer.append(gemv["graph_ms"] / base)
+        if agree < ARGMAX_AGREEMENT:
+            why_layer.append(f"{where}: argmax agreement {agree:.3f} < {ARGMAX_AGREEMENT}")
+        if "error" in chain:
+            why_pdl.append(f"{where}: {chain['error'][:120]}")
+        elif "graph_ms" in chain:
+            pdl.append(chain["graph_ms"] / gemv["graph_ms"])
+            if chain.get("argmax_agreement", 0.0) < ARGMAX_AGREEMENT:
+                why_pdl.append(f"{where}: argmax agreement {chain['argmax_agreement']:.3f}")
+        else:
+            why_pdl.append(f"{where}: PDL chain not measured")
+    out = {}
+    for name, ratios, why, over in (("GEMV_LAYER", layer, why_layer, "the cuBLAS layer"),
+                                    ("GEMV_PDL", pdl, why_pdl, "the GEMV layer without PDL")):
+        out[name] = _advice(ratios, why, f"graph ms over {over}")
+    if out["GEMV_LAYER"]["advice"] != "on":
+        out["GEMV_PDL"]["advice"] = "off" if out["GEMV_PDL"]["advice"] == "on" else out["GEMV_PDL"]["advice"]
+        out["GEMV_PDL"]["why"].append("needs GEMV_LAYER on")
+    return out
+
+
+def merge_lever(report: dict | None) -> dict:
+    rows = (report or {}).get("results", [])
+    ratios, why = [], []
+    for r in rows:
+        for n in (1, 5):
+            if f"in_kernel_N{n}_us" in r and f"triton_N{n}_us" in r:
+                ratios.append(r[f"in_kernel_N{n}_us"] / r[f"triton_N{n}_us"])
+            diff = r.get(f"in_kernel_max_abs_diff_N{n}")
+            if diff is not None and diff > 2e-2:  # bf16 outputs of fp32 partials merged in another order
+                why.append(f"B={r['B']} context={r['context']} N={n}: outputs differ by {diff:.3g}")
+    return _advice(ratios, why, "in-kernel merge us over the merge launch")
+
+
+def _advice(ratios: list, why: list, what: str) -> dict:
+    """ratios: the lever's time over the default's, one per row measured. on: no row slower by
+    more than NOISE and one faster by more than NOISE, and nothing in why; off: measured and not
+    so; unmeasured: no ratio."""
+    if not ratios:
+        return {"advice": "unmeasured", "ratios": [], "what": what, "why": why}
+    faster = max(ratios) <= 1 + NOISE and min(ratios) < 1 - NOISE
+    return {"advice": "on" if faster and not why else "off", "ratios": [round(r, 3) for r in ratios], "what": what,
+            "why": why}
+
+
+def stream_variants(report: dict | None) -> list:
+    """Per row of bench_stream_lanes: the plan's loop ('lanes') and the fastest variant with the
+    reference's tokens."""
+    out = []
+    for r in (report or {}).get("rows", []):
+        times = {k.removeprefix("verify_"): v["median_us"] for k, v in r.items()
+                 if k.startswith("verify_") and isinstance(v, dict) and "median_us" in v
+                 and r.get(f"tokens_equal_reference_{k.removeprefix('verify_')}")}
+        if "lanes" not in times:
+            continue
+        best = min(times, key=times.get)
+        out.append({"row": f"B={r['B']} V={r['V']} {r['mode']}", "lanes_us": round(times["lanes"], 1), "best": best,
+                    "best_us": round(times[best], 1), "best_over_lanes": round(times[best] / times["lanes"], 3)})
+    return out
+
+
+def suite_line(results: Path, device: str) -> str | None:
+    """The last line of the suite's log on the device (gpu_tests_<dev>.log), if there is one."""
+    log = results / f"gpu_tests_{device}.log"
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+    return lines[-1] if lines else None
+
+
+def build(results: Path, device: str) -> dict:
+    verify = load(results, "verify", device)
+    plain = {1: load(results, "profile_step", device), 8: load(results, "profile_step_b8", device)}
+    rows: list = []
+    verify_lines(verify, rows)
+    plain_lines(plain, rows)
+    tree_lines(load(results, "tree_kernels", device), rows)
+    return {"device": device, "targets": rows, "levers": {**gemv_levers(plain),
+                                                          "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device))},
+            "stream_variants": stream_variants(load(results, "stream_lanes", device)),
+            "suite": suite_line(results, device)}
+
+
+def markdown(report: dict) -> str:
+    mark = {True: "yes", False: "no", None: "not measured"}
+    lines = [f"Issue 25 on {report['device']}", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for r in report["targets"]:
+        lines.append(f"| {r['what']} | {'-' if r['measured'] is None else r['measured']} | {r['target']} | {mark[r['met']]} |")
+    lines += ["", "| lever | advice | ratios | why not |", "|---|---|---|---|"]
+    for name, lever in report["levers"].items():
+        lines.append(f"| {name} | {lever['advice']} | {lever['what']}: {lever['ratios']} | {'; '.join(lever['why'])} |")
+    if report["stream_variants"]:
+        lines += ["", "| streaming row | lanes us | fastest | us | over lanes |", "|---|---|---|---|---|"]
+        lines += [f"| {v['row']} | {v['lanes_us']} | {v['best']} | {v['best_us']} | {v['best_over_lanes']} |"
+                  for v in report["stream_variants"]]
+    lines += ["", f"suite: {report['suite'] or 'no log'}"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--device", default=None, help="<dev> of the file names, e.g. nvidia_h100_80gb_hbm3 (default: "
+                                                  "this machine's GPU)")
+    ap.add_argument("--out", help="also write the report as JSON here")
+    args = ap.parse_args(argv)
+    device = args.device
+    if device is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("no GPU here: name the device of the files (--device h100)")
+        device = torch.cuda.get_device_name().lower().replace(" ", "_")
+    report = build(Path(args.results), device.lower())
+    print(markdown(report))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""bench/bench_attention.py --gpu's targets from the rows measured: --quick (B 1 / 8 x 1k / 8k) or a
+run its budget cut has no 32k rows; its report must still be written, with those targets left out."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_attention import attention_targets  # noqa: E402
+
+
+def row(batch, context, ours=(10.0, 12.0), in_kernel=(9.0, 12.0), sdpa=(8.0, 10.0)):
+    r = {"B": batch, "context": context, "ratio_N5_vs_N1": ours[1] / ours[0], "triton_N1_roofline": 0.5,
+         "triton_N5_roofline": 0.6}
+    for n, a, b, c in zip((1, 5), ours, in_kernel, sdpa):
+        r[f"triton_N{n}_us"], r[f"in_kernel_N{n}_us"], r[f"ratio_vs_sdpa_N{n}"] = a, b, a / c
+    return r
+
+
+def test_quick_rows_give_the_short_targets_and_the_merge_ratios():
+    targets = attention_targets([row(1, 1024), row(8, 1024, ours=(20.0, 30.0), sdpa=(10.0, 30.0)), row(1, 8192)])
+    assert targets["short_ratio_vs_sdpa_max"] == 2.0
+    assert "ratio_N5_vs_N1_at_32k_max" not in targets and "roofline_N1_B8_32k" not in targets
+    assert targets["in_kernel_vs_launch"] == {"B1_1024_N1": 0.9, "B1_1024_N5": 1.0, "B8_1024_N1": 0.45,
+                                              "B8_1024_N5": 0.4, "B1_8192_N1": 0.9, "B1_8192_N5": 1.0}
+
+
+def test_full_rows_give_every_target():
+    targets = attention_targets([row(1, 1024), row(8, 32768, ours=(100.0, 120.0))])
+    assert targets["ratio_N5_vs_N1_at_32k_max"] == 1.2 and targets["roofline_N5_B8_32k"] == 0.6
+
+
+def test_no_rows():
+    assert attention_targets([])["in_kernel_vs_launch"] == {}

@@ -1,0 +1,137 @@
+"""bench/issue25_report.py reads what `run_gpu.sh limits` wrote and says which targets are met and
+which levers the measurements support. Its inputs here are small JSONs in the layouts the
+benchmarks write (the keys each script's GPU mode fills in); controls show each rule can say no."""
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import issue25_report  # noqa: E402
+
+DEV = "nvidia_h100_80gb_hbm3"
+
+
+def verify_row(batch, mode, us, frac, equal=True, no_draft_us=None):
+    verify = {"triton": {"median_us": us, "fraction_of_roofline": frac}}
+    if no_draft_us is not None:
+        verify["triton_no_draft_logits"] = {"median_us": no_draft_us, "fraction_of_roofline": frac}
+    return {"B": batch, "K": 4, "V": 128256, "mode": mode, "tokens_equal_reference": equal, "verify": verify}
+
+
+def step(graph_ms, frac, gemv=None, pdl=None):
+    """A profile_step step row: frac of the ceiling at N = 1, None above (as the script writes)."""
+    def fraction(ms):
+        return None if frac is None else frac * graph_ms / ms
+
+    row = {"graph_ms": graph_ms, "fraction_of_hbm_ceiling": frac}
+    if gemv is not None:
+        row["gemv_layer"] = {"graph_ms": gemv, "fraction_of_hbm_ceiling": fraction(gemv), "argmax_agreement": 1.0}
+    if pdl is not None:
+        row["gemv_layer_pdl"] = {"graph_ms": pdl, "fraction_of_hbm_ceiling": fraction(pdl), "argmax_agreement": 1.0}
+    return row
+
+
+FILES = {
+    "verify": {"results": [verify_row(1, "greedy", 7.5, 0.1, no_draft_us=6.0), verify_row(1, "T=1", 16.0, 0.05),
+                           verify_row(1, "top_k=50", 25.0, 0.03), verify_row(1, "top_p=0.9", 29.0, 0.03),
+                           verify_row(64, "greedy", 100.0, 0.65), verify_row(64, "T=1", 200.0, 0.4)]},
+    "profile_step": {"steps": {"N=1": step(6.0, 0.80, gemv=5.5, pdl=5.2), "N=5": step(6.5, None, gemv=6.0, pdl=5.8)}},
+    "profile_step_b8": {"steps": {"N=1": step(7.0, 0.70, gemv=6.8, pdl=6.5)}},
+    "tree_kernels": {"rows": [{"batch": 1, "nodes": None, "mode": "T=1", "chain_k": 8, "chain_verify_us": 50.0},
+                              {"batch": 1, "nodes": 64, "mode": "T=1", "tree_verify_us": 90.0, "chain_verify_us": 1.0},
+                              {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0}]},
+    "attention": {"results": [
+        {"B": 1, "context": 1024, "triton_N1_us": 10.0, "in_kernel_N1_us": 8.0, "triton_N5_us": 12.0,
+         "in_kernel_N5_us": 11.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.004},
+        {"B": 8, "context": 8192, "triton_N1_us": 50.0, "in_kernel_N1_us": 50.5, "triton_N5_us": 60.0,
+         "in_kernel_N5_us": 59.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.0}]},
+    "stream_lanes": {"rows": [{"B": 64, "V": 128256, "mode": "T=1", "verify_lanes": {"median_us": 200.0},
+                               "tokens_equal_reference_lanes": True, "verify_lanes_unroll2": {"median_us": 150.0},
+                               "tokens_equal_reference_lanes_unroll2": True,
+                               "verify_lanes_unroll4": {"median_us": 120.0},
+                               "tokens_equal_reference_lanes_unroll4": False}]},
+}
+
+
+def build(tmp_path, files=FILES):
+    for name, data in files.items():
+        (tmp_path / f"{name}_{DEV}.json").write_text(json.dumps(data))
+    (tmp_path / f"gpu_tests_{DEV}.log").write_text("....\n==== 2400 passed, 150 skipped in 290.1s ====\n")
+    return issue25_report.build(tmp_path, DEV)
+
+
+def by_what(report):
+    return {r["what"]: r for r in report["targets"]}
+
+
+def test_targets_read_from_every_file(tmp_path):
+    report = build(tmp_path)
+    rows = by_what(report)
+    assert rows["verify B=1 greedy (triton) us"]["met"] is True
+    assert rows["verify B=1 greedy (triton_no_draft_logits) us"]["measured"] == 6.0
+    assert rows["verify B=1 T=1 (triton) us"]["met"] is False  # 16 > 15
+    assert rows["verify B=1 top_p=0.9 (triton) us"]["met"] is True
+    assert rows["verify B=64 greedy fraction of roofline"]["met"] is True
+    assert rows["verify B=64 T=1 fraction of roofline"]["met"] is False
+    plain = {k: v for k, v in rows.items() if k.startswith("plain decoding")}
+    b1 = next(v for k, v in plain.items() if "B=1" in k)
+    assert "gemv_layer_pdl" in b1["what"] and b1["met"] is True  # 0.80 * 6.0 / 5.2 = 0.92
+    b8 = next(v for k, v in plain.items() if "B=8" in k)
+    assert b8["met"] is False  # 0.70 * 7.0 / 6.5 = 0.75
+    assert rows["tree_verify T=1 N=64 over chain_verify K=8, B=1"]["measured"] == 1.8  # 90 / 50 (not the row's own chain)
+    assert report["suite"].startswith("==== 2400 passed")
+    assert report["levers"]["GEMV_LAYER"]["advice"] == "on" and report["levers"]["GEMV_PDL"]["advice"] == "on"
+    assert report["levers"]["MERGE_IN_KERNEL"]["advice"] == "on"  # 0.8 and 0.92 faster, 1.01 within noise
+    [variant] = report["stream_variants"]
+    assert variant["best"] == "lanes_unroll2"  # unroll4 is faster but gave other tokens
+    text = issue25_report.markdown(report)
+    assert "| GEMV_LAYER | on |" in text and "not measured" not in text
+
+
+def test_the_rules_say_no(tmp_path):
+    files = copy.deepcopy(FILES)
+    files["profile_step"]["steps"]["N=5"]["gemv_layer"]["graph_ms"] = 6.8  # 4.6% slower than cuBLAS at N = 5
+    files["attention"]["results"][1]["in_kernel_N1_us"] = 52.0  # one shape 4% slower
+    files["verify"]["results"][0]["tokens_equal_reference"] = False
+    report = build(tmp_path, files)
+    assert report["levers"]["GEMV_LAYER"]["advice"] == "off"
+    assert report["levers"]["GEMV_PDL"]["advice"] == "off" and "needs GEMV_LAYER on" in report["levers"]["GEMV_PDL"]["why"]
+    assert report["levers"]["MERGE_IN_KERNEL"]["advice"] == "off"
+    assert by_what(report)["verify B=1 greedy (triton) us"]["met"] is False  # fast, but other tokens
+
+
+def test_errors_and_disagreement_block_a_lever(tmp_path):
+    files = copy.deepcopy(FILES)
+    files["profile_step"]["steps"]["N=1"]["gemv_layer_pdl"] = {"error": "RuntimeError: CUDA error: illegal instruction"}
+    files["profile_step"]["steps"]["N=1"]["gemv_layer"]["argmax_agreement"] = 0.9
+    files["attention"]["results"][0]["in_kernel_max_abs_diff_N5"] = 0.5
+    report = build(tmp_path, files)
+    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL"):
+        assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
+
+
+def test_missing_files_are_not_measured(tmp_path):
+    report = build(tmp_path, {"verify": FILES["verify"]})
+    rows = by_what(report)
+    assert rows["verify B=1 T=1 (triton) us"]["measured"] == 16.0
+    assert all(r["met"] is None for k, r in rows.items() if not k.startswith("verify"))
+    assert {lever["advice"] for lever in report["levers"].values()} == {"unmeasured"}
+    assert report["stream_variants"] == [] and "not measured" in issue25_report.markdown(report)
+
+
+@pytest.mark.parametrize("partial", [{"results": []}, {"results": [verify_row(1, "greedy", 5.0, 0.1)]}])
+def test_rows_a_budget_left_out(tmp_path, partial):
+    report = build(tmp_path, {"verify": partial})
+    rows = by_what(report)
+    assert rows["verify B=64 greedy fraction of roofline"]["met"] is None
+
+
+def test_main_names_the_device(tmp_path, capsys):
+    build(tmp_path)
+    issue25_report.main(["--results", str(tmp_path), "--device", DEV, "--out", str(tmp_path / "out.json")])
+    assert "Issue 25 on nvidia_h100" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out.json").read_text())["device"] == DEV

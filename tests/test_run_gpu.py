@@ -1,0 +1,72 @@
+"""bench/run_gpu.sh runs unattended on a lent GPU whose time is short: its stages must not fail on
+arrival for a reason the CPU could have seen. --dry-run prints every part without a GPU; here each
+part's script must exist and take every flag the stage gives it, and the deadline must behave."""
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("session", "tests", "limits", "kernels", "scale", "loop", "more", "trees", "heads", "gemv", "attention",
+          "adaptive")
+
+
+def dry_run(stage: str, **env) -> str:
+    done = subprocess.run(["bash", str(ROOT / "bench" / "run_gpu.sh"), "--dry-run", stage], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, env={"PATH": "/usr/bin:/bin", **env})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def python_parts(output: str) -> list[list[str]]:
+    """Each `python3 bench/X.py ARGS` the stage would start or print (started or not)."""
+    parts = []
+    for line in output.splitlines():
+        match = re.search(r"python3 (bench/\S+\.py.*)$", line)
+        if match:
+            parts.append(shlex.split(match.group(1)))
+    return parts
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_part_takes_its_flags(stage):
+    parts = python_parts(dry_run(stage, DEADLINE_S="100000"))
+    if stage != "tests":
+        assert parts, f"stage {stage} printed no part"
+    for script, *args in parts:
+        source = (ROOT / script).read_text()
+        for flag in (a.split("=")[0] for a in args if a.startswith("--")):
+            assert f'"{flag}"' in source, f"{script} has no {flag} (stage {stage})"
+
+
+def test_the_session_keeps_its_deadline():
+    """session: the suite capped at 300 s, then limits' parts until 570 s in the worst case (every
+    part taking its whole cap): the first parts start, the rest are named NOT RUN, and a budget
+    never exceeds what the part's cap leaves."""
+    out = dry_run("session")
+    assert "[cap 300 s, at 0 s] pytest tests" in out
+    started = [line for line in out.splitlines() if line.startswith("+ [cap")]
+    assert any("profile_step.py --quick --out" in line for line in started)
+    assert "NOT RUN (deadline)" in out and "stage session done at 570 s" in out
+    for line in started:
+        cap, at = map(int, re.search(r"cap (\d+) s, at (\d+) s", line).groups())
+        assert at + cap <= 570
+        budget = re.search(r"--budget-s (\d+)", line)
+        if budget:
+            assert int(budget.group(1)) <= cap - 40
+
+
+def test_limits_alone_starts_its_first_parts_and_the_report():
+    out = dry_run("limits")
+    started = "\n".join(line for line in out.splitlines() if line.startswith("+"))
+    for part in ("profile_step.py --quick", "bench_verify.py --gpu --quick", "bench_attention.py --gpu --quick",
+                 "bench_tree.py --kernels-only --quick", "issue25_report.py"):
+        assert part in started, out
+
+
+def test_an_unknown_stage_is_refused():
+    done = subprocess.run(["bash", str(ROOT / "bench" / "run_gpu.sh"), "--dry-run", "nope"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "usage" in done.stdout
