@@ -58,7 +58,13 @@ setup(
     #   and the demo load checkpoints and tokenizers with them. Core, not an extra: every
     #   entry point but the bare kernels needs them, and the console script is installed
     #   either way. `import specdec_fast` and specdec_fast.kernels still work without them.
-    install_requires=["torch>=2.4", "numpy", "ninja", "transformers>=4.45", "tokenizers", "safetensors"],
+    #   transformers >= 5.0: the options follow transformers 5's generate (lengths, defaults), and
+    #   on 4.x it breaks: 4.45.0 fails output_scores / output_logits (TypeError: forward() got an
+    #   unexpected keyword argument 'logits_to_keep') and pair.load_cross_draft(dtype=...), and
+    #   4.45.0 and 4.57.6 log "Both `max_new_tokens` ... and `max_length`(=20) seem to have been
+    #   set" on every call that gives max_new_tokens (their GenerationConfig holds max_length=20).
+    #   5.0.0 and 5.24.0 pass the harness-style calls token for token (greedy = model.generate).
+    install_requires=["torch>=2.4", "numpy", "ninja", "transformers>=5.0", "tokenizers", "safetensors"],
     extras_require={
         "triton": ["triton>=3.0"],  # Triton kernels on a GPU (CUDA builds of torch usually bring it)
     },
