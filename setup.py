@@ -6,11 +6,23 @@ compiled on first use, never at install time). Nothing named ``kernels`` is inst
 level: a different PyPI package owns that name.
 """
 import re
+import shutil
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
+
+
+class build_py_fresh(build_py):
+    """Stages the package afresh on every build. setuptools copies into build/lib and reuses it, so a
+    module deleted or renamed in the source still shipped in the next wheel built from the same tree
+    (pip wheel ., pip install ., make wheel); the wheel now holds what the source holds."""
+
+    def run(self):
+        shutil.rmtree(Path(self.build_lib) / "specdec_fast", ignore_errors=True)
+        super().run()
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "specdec_fast" / "_version.py").read_text()).group(1)
 
 
@@ -69,5 +81,6 @@ setup(
         "triton": ["triton>=3.0"],  # Triton kernels on a GPU (CUDA builds of torch usually bring it)
     },
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
+    cmdclass={"build_py": build_py_fresh},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
 )
