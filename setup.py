@@ -6,11 +6,23 @@ compiled on first use, never at install time). Nothing named ``kernels`` is inst
 level: a different PyPI package owns that name.
 """
 import re
+import shutil
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
+
+
+class build_py_fresh(build_py):
+    """Stages the package afresh on every build. setuptools copies into build/lib and reuses it, so a
+    module deleted or renamed in the source still shipped in the next wheel built from the same tree
+    (pip wheel ., pip install ., make wheel); the wheel now holds what the source holds."""
+
+    def run(self):
+        shutil.rmtree(Path(self.build_lib) / "specdec_fast", ignore_errors=True)
+        super().run()
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "specdec_fast" / "_version.py").read_text()).group(1)
 
 
@@ -58,10 +70,17 @@ setup(
     #   and the demo load checkpoints and tokenizers with them. Core, not an extra: every
     #   entry point but the bare kernels needs them, and the console script is installed
     #   either way. `import specdec_fast` and specdec_fast.kernels still work without them.
-    install_requires=["torch>=2.4", "numpy", "ninja", "transformers>=4.45", "tokenizers", "safetensors"],
+    #   transformers >= 5.0: the options follow transformers 5's generate (lengths, defaults), and
+    #   on 4.x it breaks: 4.45.0 fails output_scores / output_logits (TypeError: forward() got an
+    #   unexpected keyword argument 'logits_to_keep') and pair.load_cross_draft(dtype=...), and
+    #   4.45.0 and 4.57.6 log "Both `max_new_tokens` ... and `max_length`(=20) seem to have been
+    #   set" on every call that gives max_new_tokens (their GenerationConfig holds max_length=20).
+    #   5.0.0 and 5.24.0 pass the harness-style calls token for token (greedy = model.generate).
+    install_requires=["torch>=2.4", "numpy", "ninja", "transformers>=5.0", "tokenizers", "safetensors"],
     extras_require={
         "triton": ["triton>=3.0"],  # Triton kernels on a GPU (CUDA builds of torch usually bring it)
     },
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
+    cmdclass={"build_py": build_py_fresh},
     classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
 )

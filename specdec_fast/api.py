@@ -85,6 +85,11 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                     num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
                     **{name: value for name, value in options.items() if name not in ("tokenizer", "assistant_tokenizer")})
     opts = resolve_options(model, generation_config, explicit, input_ids.shape[1])
+    drafters = [name for name, value in (("assistant_model", assistant_model), ("draft_head", draft_head),
+                                         ("prompt_lookup_num_tokens", prompt_lookup_num_tokens)) if value is not None]
+    if len(drafters) > 1:  # here, before an engine is chosen: its own checks would speak of engines
+        raise ValueError("give one drafter (assistant_model, draft_head or prompt_lookup_num_tokens), got "
+                         + " and ".join(drafters))
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None
     lookup = lookup and draft_head is None
     engine = engine_for(model, assistant_model, draft_head=draft_head, prompt_lookup=lookup,

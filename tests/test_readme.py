@@ -60,3 +60,20 @@ def test_the_generating_examples_run():
     assert lines[0].startswith("0 ['def fib(n):") and lines[1].startswith("0 ['class Stack:")  # warmup captured them
     assert printed_tree.startswith("['def binary_search(a, x):")
     assert "alpha" in printed_patched
+
+
+def test_the_command_line_stop_strings_are_what_bash_passes():
+    """--stop takes its text literally: the README's `--stop "\\n\\n"` reached the CLI as a backslash and
+    an n, twice, so the example never stopped at a blank line (it ran to --max-new-tokens). Each
+    --stop argument in the Command line block, expanded by bash, holds no backslash."""
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    (block,) = _blocks(_section("Command line"), "bash")
+    words = re.findall(r"--stop\s+(\$'[^']*'|\"[^\"]*\"|'[^']*'|\S+)", block)
+    assert words, "the Command line block shows --stop"
+    for word in words:
+        passed = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True, check=True).stdout
+        assert "\\" not in passed, (word, passed)

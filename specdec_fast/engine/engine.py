@@ -551,6 +551,8 @@ class SpeculativeEngine:
 
     def _check_drafting(self, assistant_model, prompt_lookup_num_tokens, tree, draft_head=None) -> None:
         """A call may name the engine's own drafting (as model.generate calls do), not another."""
+        if prompt_lookup_num_tokens is not None and assistant_model is not None:  # first: the checks below blame the engine
+            raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
         if assistant_model is not None and assistant_model is not self.assistant_model:
             raise ValueError("this engine drafts with another assistant_model (or none); build a SpeculativeEngine "
                              "for this one, or call specdec_fast.generate")
@@ -564,8 +566,6 @@ class SpeculativeEngine:
                              "or call specdec_fast.generate")
         if tree is not None and self.cross_tokenizers is not None:
             raise ValueError(CROSS_TREE_ERROR)
-        if prompt_lookup_num_tokens is not None and assistant_model is not None:
-            raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
 
     def _k_for(self, opts, token_tree, num_assistant_tokens) -> int:
         if token_tree is not None:

@@ -27,12 +27,17 @@ def max_positions(model) -> int | None:
 def check_inputs(input_ids, attention_mask) -> torch.Tensor:
     """input_ids [B, P] int, attention_mask [B, P] of 0/1 with left padding (or None: all 1)
     -> the mask as int64 (reads the mask's values: before the loop)."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"input_ids must be an int tensor [batch, prompt_len], got {getattr(input_ids, 'shape', type(input_ids))}")
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(f"input_ids must be an int tensor [batch, prompt_len], got {type(input_ids).__name__}")
+    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError("input_ids must be an int tensor [batch, prompt_len] (torch.long or torch.int32), got "
+                         f"{str(input_ids.dtype).removeprefix('torch.')} of shape {tuple(input_ids.shape)}")
     if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
         raise ValueError(f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
         return torch.ones_like(input_ids, dtype=torch.long)
+    if not isinstance(attention_mask, torch.Tensor):
+        raise ValueError(f"attention_mask must be a tensor [batch, prompt_len] of 0 and 1 (or None), got {type(attention_mask).__name__}")
     if tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
     mask = attention_mask.long()

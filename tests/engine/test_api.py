@@ -47,6 +47,46 @@ def test_right_padding(pair):
         api.generate(target, IDS, mask, assistant_model=draft, max_new_tokens=4)
 
 
+@pytest.mark.parametrize("ids, says", [
+    (IDS.float(), r"got float32 of shape \(2, 6\)"),
+    (IDS.to(torch.int16), r"got int16 of shape \(2, 6\)"),
+    (IDS[0], r"got int64 of shape \(6,\)"),
+    (IDS.tolist(), "got list"),
+], ids=["float", "int16", "1-D", "list"])
+def test_input_ids_of_the_wrong_kind(pair, ids, says):
+    """A tensor of the wrong dtype or rank, or no tensor: one line naming what came (the dtype too:
+    a float tensor of the right shape was reported by its shape alone, which reads as correct)."""
+    target, draft = pair
+    with pytest.raises(ValueError, match=r"input_ids must be an int tensor \[batch, prompt_len\].*" + says):
+        api.generate(target, ids, max_new_tokens=4, assistant_model=draft)
+
+
+def test_attention_mask_not_a_tensor(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="attention_mask must be a tensor .* got list"):
+        api.generate(target, IDS, MASK.tolist(), assistant_model=draft, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("given", [("assistant_model", "prompt_lookup_num_tokens"), ("draft_head", "prompt_lookup_num_tokens"),
+                                   ("assistant_model", "draft_head")], ids=lambda g: "+".join(g))
+def test_two_drafters_in_one_call(pair, given):
+    """generate() with two drafters: one line naming both. It said "this engine does not draft by prompt
+    lookup; build a SpeculativeEngine ..." (or "... draft_head ...; ... or call specdec_fast.generate"),
+    about an engine the caller never built. (transformers' generate silently drafts by prompt lookup.)"""
+    target, draft = pair
+    values = dict(assistant_model=draft, prompt_lookup_num_tokens=3, draft_head=object())
+    kwargs = {name: values[name] for name in given}
+    with pytest.raises(ValueError, match=rf"^give one drafter .*, got {given[0]} and {given[1]}$"):
+        api.generate(target, IDS, MASK, max_new_tokens=4, **kwargs)
+
+
+def test_engine_call_with_a_draft_and_prompt_lookup(pair):
+    target, draft = pair
+    engine = specdec_fast.SpeculativeEngine(target, draft, max_batch_size=2, max_seq_len=32)
+    with pytest.raises(ValueError, match="^give either assistant_model or prompt_lookup_num_tokens, not both$"):
+        engine.generate(IDS, attention_mask=MASK, assistant_model=draft, prompt_lookup_num_tokens=3, max_new_tokens=4)
+
+
 def test_too_long(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="max_position_embeddings"):
