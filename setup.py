@@ -23,6 +23,8 @@ class build_py_fresh(build_py):
     def run(self):
         shutil.rmtree(Path(self.build_lib) / "specdec_fast", ignore_errors=True)
         super().run()
+
+
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "specdec_fast" / "_version.py").read_text()).group(1)
 
 
