@@ -512,8 +512,11 @@ class SpeculativeEngine:
             if want_scores:
                 stage_options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
                 start = (width - mask.sum(1)).long()
-                scores = tuple(step_scores(raw, tokens, width, start, stage_options, opts.eos_token_ids, params,
-                                           opts.do_sample).unbind(1))
+                processed = step_scores(raw, tokens, width, start, stage_options, opts.eos_token_ids, params,
+                                        opts.do_sample)
+                if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
+                    processed = processed.log_softmax(-1)
+                scores = tuple(processed.unbind(1))
         return decoder_only_output(tokens, scores, logits)
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:

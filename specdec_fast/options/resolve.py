@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 from .max_length import resolve_max_new_tokens
-from .rules import ENGINE_IMPLEMENTS, HANDLED_FIELDS, check_option, field_defaults
+from .rules import ENGINE_IMPLEMENTS, HANDLED_FIELDS, check_option, field_defaults, ignored_in_mode
 
 
 @dataclass
@@ -41,7 +41,9 @@ def _config_dict(config) -> dict:
 
 def merge_options(model, generation_config, explicit: dict, implemented=ENGINE_IMPLEMENTS) -> dict:
     """model.generation_config < generation_config < explicit (None = not given), each value checked by
-    rules.check_option where it came from; returns the values that matter (handled options)."""
+    rules.check_option where it came from, unless transformers ignores it in this call
+    (rules.ignored_in_mode: early_stopping without beams, ...); returns the values that matter
+    (handled options)."""
     merged, origin = {}, {}
     for source, where in ((getattr(model, "generation_config", None), "model.generation_config"),
                           (generation_config, "generation_config"), (explicit, "keyword argument")):
@@ -49,7 +51,8 @@ def merge_options(model, generation_config, explicit: dict, implemented=ENGINE_I
             if value is not None:
                 merged[name], origin[name] = value, where
     # Checked after merging: a neutral keyword overrides a non-neutral model default.
-    return {name: value for name, value in merged.items() if check_option(name, value, origin[name], implemented)}
+    return {name: value for name, value in merged.items()
+            if not ignored_in_mode(name, merged) and check_option(name, value, origin[name], implemented)}
 
 
 def resolve_options(model, generation_config, explicit: dict, prompt_len: int, implemented=ENGINE_IMPLEMENTS) -> Options:

@@ -15,6 +15,9 @@ Every option name falls in one class (``option_class``):
   `bool` (transformers reads None as False there). For generate()'s other keyword arguments
   (GENERATE_ARGUMENTS): None, or what the table says (an empty StoppingCriteriaList, ...).
   Names neither transformers nor we know raise too.
+- ignored in the call: a few unsupported fields that transformers' own generate ignores in some
+  calls (IGNORED_IN_MODE: early_stopping without beam search, ...) are accepted at any value in
+  those calls (resolve.merge_options asks ignored_in_mode before the rule).
 
 An option turns from unsupported into handled in one place: the ``implemented`` set of names
 the caller passes (ENGINE_IMPLEMENTS below by default). Its non-neutral value then
@@ -40,8 +43,10 @@ STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
 # the default), transformers' "heuristic" / "heuristic_transient" (served by the adaptive schedule: speed
 # only, never the output), "constant".
 SCHEDULE_OPTIONS = ("num_assistant_tokens_schedule",)
-# Outputs: more rows (num_return_sequences) and transformers' output dict (engine/outputs.py).
-OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits")
+# Outputs: more rows (num_return_sequences) and transformers' output dict (engine/outputs.py);
+# renormalize_logits changes only the scores (log-softmax last: the same tokens, greedy or sampled).
+OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits",
+                  "renormalize_logits")
 ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
@@ -78,6 +83,40 @@ ACCEPTED = {
     "transformers_version": "metadata", "_from_model_config": "metadata", "_commit_hash": "metadata",
     "_original_object_hash": "metadata",
 }
+
+
+def _single_beam(merged: dict) -> bool:
+    beams = merged.get("num_beams")
+    return beams is None or (type(beams) is int and beams == 1)
+
+
+def _greedy(merged: dict) -> bool:
+    return not merged.get("do_sample")
+
+
+def _no_output_dict(merged: dict) -> bool:
+    return not merged.get("return_dict_in_generate")
+
+
+# GenerationConfig fields that transformers' own generate ignores in some calls, whatever their
+# value (GenerationConfig.validate: "this flag is only used in beam-based / sample-based
+# generation modes", "... is ignored"): accepted in those calls, since transformers decodes the
+# same tokens and returns the same outputs there. A checkpoint whose generation_config.json holds
+# early_stopping=True with num_beams=1 speculates. name -> (ignored(merged options), when).
+IGNORED_IN_MODE = {
+    "early_stopping": (_single_beam, "num_beams=1"),
+    "length_penalty": (_single_beam, "num_beams=1"),
+    "top_h": (_greedy, "greedy decoding"),
+    "output_attentions": (_no_output_dict, "no return_dict_in_generate"),
+    "output_hidden_states": (_no_output_dict, "no return_dict_in_generate"),
+}
+
+
+def ignored_in_mode(name: str, merged: dict) -> bool:
+    """True when transformers' generate ignores option ``name`` in a call whose merged options are
+    ``merged`` (IGNORED_IN_MODE), so any value of it changes nothing."""
+    rule = IGNORED_IN_MODE.get(name)
+    return rule is not None and rule[0](merged)
 
 
 class UnsupportedOptionError(ValueError):

@@ -80,14 +80,18 @@ def test_generate_keywords_that_change_nothing_are_accepted(pair, baseline, kwar
 
 NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere it is given
     ("num_beams", 2), ("num_beams", True),
-    ("encoder_repetition_penalty", 1.1), ("length_penalty", 0.5), ("top_h", 0.5),
+    ("encoder_repetition_penalty", 1.1),
     ("forced_bos_token_id", 3),
     ("forced_eos_token_id", 3), ("exponential_decay_length_penalty", (2, 1.1)), ("guidance_scale", 1.5),
-    ("renormalize_logits", True), ("remove_invalid_values", True), ("token_healing", True), ("early_stopping", True),
-    ("output_attentions", True), ("output_hidden_states", True), ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
+    ("remove_invalid_values", True), ("token_healing", True),
+    ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
     ("assistant_early_exit", 1), ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),
 ]
+# Fields transformers' generate ignores in some calls (option_rules.IGNORED_IN_MODE): they raise in
+# the calls where transformers would act on them -> (option, value, such a call's other options).
+ACTING_IN_MODE = [("top_h", 0.5, dict(do_sample=True)), ("output_attentions", True, dict(return_dict_in_generate=True)),
+                  ("output_hidden_states", True, dict(return_dict_in_generate=True))]
 NOT_NEUTRAL_KWARGS = [  # generate()'s own keyword arguments (not GenerationConfig fields)
     ("prefix_allowed_tokens_fn", lambda batch_id, ids: [5]), ("synced_gpus", True),
     ("negative_prompt_ids", torch.zeros(2, 3, dtype=torch.long)), ("custom_generate", lambda *a, **k: None),
@@ -98,18 +102,51 @@ NOT_NEUTRAL_KWARGS = [  # generate()'s own keyword arguments (not GenerationConf
 
 @pytest.mark.parametrize("name, value", NOT_NEUTRAL + NOT_NEUTRAL_KWARGS,
                          ids=[f"{n}={option_rules.short_repr(v, 20)}" for n, v in NOT_NEUTRAL + NOT_NEUTRAL_KWARGS])
-def test_a_value_that_changes_the_output_raises_naming_the_option(pair, name, value):
+def test_a_value_that_changes_the_output_raises_naming_the_option(pair, name, value, mode=None):
     target, draft = pair
     with pytest.raises(ValueError, match=f"^unsupported generate option '?{name}") as info:
-        api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=NEW, **{name: value})
+        api.generate(target, IDS, MASK, assistant_model=draft, max_new_tokens=NEW, **{name: value}, **(mode or {}))
     message = str(info.value)
     assert "\n" not in message and len(message) < 200
     if name != "no_such_option":
         assert option_rules.short_repr(value) in message and "supports only" in message
 
 
-@pytest.mark.parametrize("name, value", [("num_beams", 2), ("diversity_penalty", 1.2), ("output_hidden_states", True),
-                                         ("length_penalty", 0.5), ("num_beam_groups", 2)])
+@pytest.mark.parametrize("name, value, mode", ACTING_IN_MODE, ids=[f"{n}={v!r}" for n, v, _ in ACTING_IN_MODE])
+def test_a_field_raises_in_a_call_where_transformers_acts_on_it(pair, name, value, mode):
+    test_a_value_that_changes_the_output_raises_naming_the_option(pair, name, value, mode)
+
+
+IGNORED = [  # (option, value, a call's options in which transformers' generate ignores it)
+    ("early_stopping", True, {}), ("early_stopping", "never", dict(num_beams=1)), ("length_penalty", 0.5, {}),
+    ("length_penalty", 2.0, dict(num_beams=1)), ("top_h", 0.5, {}), ("top_h", 0.9, dict(do_sample=False)),
+    ("output_attentions", True, {}), ("output_hidden_states", True, dict(return_dict_in_generate=False)),
+]
+
+
+@pytest.mark.parametrize("name, value, mode", IGNORED, ids=[f"{n}={v!r}-{m}" for n, v, m in IGNORED])
+def test_a_field_transformers_ignores_in_the_call_is_accepted(pair, baseline, name, value, mode):
+    """early_stopping / length_penalty without beam search, top_h without sampling, output_attentions
+    / output_hidden_states without the output dict: transformers decodes the same tokens (and warns),
+    so we do too, from a keyword, a generation_config or the model's (a checkpoint that ships
+    early_stopping=True with num_beams=1 speculates)."""
+    target, draft = pair
+    kw = {"max_new_tokens": NEW, "do_sample": False, **mode}
+    ours = api.generate(target, IDS, MASK, assistant_model=draft, **kw, **{name: value})
+    theirs = target.generate(IDS, attention_mask=MASK, **kw, **{name: value})
+    in_config = api.generate(target, IDS, MASK, assistant_model=draft, **kw,
+                             generation_config=GenerationConfig(**{name: value}))
+    setattr(target.generation_config, name, value)
+    try:
+        from_model = api.generate(target, IDS, MASK, assistant_model=draft, **kw)
+    finally:
+        setattr(target.generation_config, name, None)
+    assert torch.equal(ours, baseline) and torch.equal(ours, theirs)
+    assert torch.equal(in_config, baseline) and torch.equal(from_model, baseline)
+
+
+@pytest.mark.parametrize("name, value", [("num_beams", 2), ("diversity_penalty", 1.2), ("num_beam_groups", 2),
+                                         ("guidance_scale", 1.5)])
 def test_a_non_neutral_field_in_a_config_names_where_it_came_from(pair, name, value):
     target, draft = pair
     with pytest.raises(ValueError, match=f"unsupported generate option {name}=.* \\(from generation_config\\)"):

@@ -55,6 +55,24 @@ def test_sampled_scores_are_after_the_warpers():
     assert all(int(torch.isfinite(s).sum()) == 3 for s in ours.scores)  # one token per row survives top_k = 1
 
 
+@pytest.mark.parametrize("sampling", [dict(do_sample=False, repetition_penalty=1.3),
+                                      dict(do_sample=True, top_k=1, temperature=0.7, seed=4)], ids=["greedy", "sampled"])
+def test_renormalize_logits_gives_log_softmax_scores_and_the_same_tokens(sampling):
+    """renormalize_logits: transformers' LogitNormalization (log-softmax after every processor and
+    warper) in the scores; the tokens are the call's without it. Control: the scores differ from
+    the call's without it (so the comparison with model.generate's reads the normalisation)."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=7)
+    ours, theirs = _both(target, draft, ids, mask, renormalize_logits=True, **sampling)
+    _assert_steps_equal(ours, theirs)
+    plain, _ = _both(target, draft, ids, mask, **sampling)
+    assert torch.equal(plain.sequences, ours.sequences)
+    finite = torch.isfinite(ours.scores[0])
+    assert not torch.allclose(plain.scores[0][finite], ours.scores[0][finite])
+    for step in ours.scores:  # each row a log-distribution
+        torch.testing.assert_close(step.exp().sum(-1), torch.ones(step.shape[0]), atol=1e-5, rtol=0)
+
+
 def test_a_dict_without_scores_and_plain_tokens_without_the_dict():
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([4, 6], seed=5)
