@@ -274,6 +274,14 @@ def _run_generate(args, tp) -> int:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (`specdec-fast generate ... | head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout at exit
+        return 1
+
+
+def _main(argv) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="specdec-fast", description="speculative decoding with fused kernels")
     sub = ap.add_subparsers(dest="command", required=True)

@@ -290,7 +290,7 @@ class GenerationStats:
             f"outside the phases   {self.host_ms_per_iter:.3f} ms per iteration (wall - prefill - capture - draft - target)",
         ]
         if self.k:
-            per_pos = ", ".join(f"{r:.2f}" for r in self.acceptance_per_position)
+            per_pos = ", ".join("-" if r != r else f"{r:.2f}" for r in self.acceptance_per_position)  # -: never reached
             lines += [
                 f"mean accepted length {self.mean_accepted_length:.2f} tokens per row-iteration",
                 f"acceptance by draft position  [{per_pos}]",

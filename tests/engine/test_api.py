@@ -230,3 +230,15 @@ def test_input_ids_at_the_vocabulary_edges(pair):
     ids = IDS.clone()
     ids[0, 0], ids[1, -1] = 0, 127
     assert api.generate(target, ids, MASK, assistant_model=draft, max_new_tokens=2).shape == (2, IDS.shape[1] + 2)
+
+
+def test_positions_never_reached_read_as_a_dash():
+    """acceptance by draft position: a position no iteration reached has no rate (nan in the
+    property), printed as "-" (prompt lookup often rejects the first draft)."""
+    from specdec_fast.engine.stats import GenerationStats
+
+    st = GenerationStats(k=4, batch=1, new_tokens=5, tokens_per_row=[5], first_tokens=1, loop_tokens=4, iterations=4,
+                         wall_s=1.0, accepted_hist=[3, 1, 0, 0, 0], draft_s=0.1, target_s=0.5)
+    rates = st.acceptance_per_position
+    assert rates[0] == 0.25 and rates[1] == 0.0 and rates[2] != rates[2]
+    assert "acceptance by draft position  [0.25, 0.00, -, -]" in st.format()
