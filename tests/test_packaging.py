@@ -63,6 +63,16 @@ def test_wheel_is_pure_python_with_one_import_package(wheel):
     assert not any(n.endswith((".so", ".pyd", ".o")) for n in names)  # nothing compiled at build time
 
 
+def test_wheel_carries_the_license_it_declares(wheel):
+    """Apache-2.0 (setup.py) asks that its text travel with the work: LICENSE in the dist-info."""
+    archive = zipfile.ZipFile(wheel)
+    (license_file,) = [n for n in archive.namelist() if ".dist-info/" in n and Path(n).name == "LICENSE"]
+    text = archive.read(license_file).decode()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "License :: OSI Approved :: Apache Software License" in archive.read(
+        next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+
+
 def _requires_dist(wheel: Path) -> list[str]:
     archive = zipfile.ZipFile(wheel)
     (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
