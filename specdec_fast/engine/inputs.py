@@ -24,6 +24,12 @@ def max_positions(model) -> int | None:
     return None
 
 
+class UnsupportedInputError(ValueError):
+    """Inputs transformers' generate takes (with a warning) and specdec_fast does not: a right-padded
+    attention_mask. A bound patch_generate hands such a call to transformers' generate, as it does an
+    unsupported option."""
+
+
 def check_inputs(input_ids, attention_mask) -> torch.Tensor:
     """input_ids [B, P] int, attention_mask [B, P] of 0/1 with left padding (or None: all 1)
     -> the mask as int64 (reads the mask's values: before the loop)."""
@@ -44,8 +50,8 @@ def check_inputs(input_ids, attention_mask) -> torch.Tensor:
     if bool(((mask != 0) & (mask != 1)).any()):
         raise ValueError("attention_mask must hold only 0 and 1")
     if mask.shape[1] > 1 and bool(((mask[:, 1:] == 0) & (mask[:, :-1] == 1)).any()):
-        raise ValueError("attention_mask is right-padded (a 0 after a 1): decoder-only generation needs left padding "
-                         "(tokenizer.padding_side = 'left')")
+        raise UnsupportedInputError("attention_mask is right-padded (a 0 after a 1): decoder-only generation needs left "
+                                    "padding (tokenizer.padding_side = 'left')")
     if bool((mask.sum(1) == 0).any()):
         raise ValueError("attention_mask has a row with no real token")
     return mask

@@ -137,6 +137,28 @@ def test_an_option_we_do_not_implement_falls_back_with_a_warning():
     assert "generate" not in vars(target)  # restored
 
 
+def test_a_right_padded_call_falls_back_as_an_unsupported_option_does():
+    """transformers' generate takes a right-padded batch (it warns that the output is off); a harness
+    whose tokenizer pads on the right keeps working when patched: the call runs on transformers'
+    generate with our warning (fallback="raise": one line)."""
+    from specdec_fast.engine.inputs import UnsupportedInputError
+
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 8], seed=9)
+    ids, mask = ids.flip(1), mask.flip(1)  # the pads on the right
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    with specdec_fast.patch_generate(target, assistant_model=draft) as model:
+        with pytest.warns(UserWarning, match="right-padded.*runs on transformers' generate"):
+            out = model.generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(out, expected)
+    with specdec_fast.patch_generate(target, assistant_model=draft, fallback="raise") as model:
+        with pytest.raises(UnsupportedInputError, match="right-padded"):
+            model.generate(ids, attention_mask=mask, **kw)
+    with pytest.raises(ValueError, match="right-padded"):  # specdec_fast.generate itself: the error, no fallback
+        specdec_fast.generate(target, ids, mask, assistant_model=draft, **kw)
+
+
 def test_a_bound_patch_keeps_defaults_stats_and_lets_calls_override():
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([6], seed=4)
