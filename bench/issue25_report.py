@@ -18,7 +18,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     per shape, same outputs;
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - the streaming variants per row: the fastest variant with the reference's tokens.
-A lever is only advised where every row it needs was measured; flipping it is the session's
+A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
+attention shapes a budget left out) reads "incomplete"; flipping any lever is the session's
 decision (the suite on CUDA must pass with it on).
 """
 import argparse
@@ -97,7 +98,8 @@ def gemv_levers(reports: dict) -> dict:
     """GEMV_LAYER / GEMV_PDL from profile_step's rows (every batch and step width measured)."""
     steps = [(batch, n, row) for batch, rep in reports.items() if rep
              for n, row in (rep.get("steps") or {}).items()]
-    layer, pdl, why_layer, why_pdl = [], [], [], []
+    missing = [f"B={batch} not measured" for batch, rep in reports.items() if not rep]
+    layer, pdl, why_layer, why_pdl = {}, {}, [], []
     for batch, n, row in steps:
         base, gemv, chain = row.get("graph_ms"), row.get("gemv_layer") or {}, row.get("gemv_layer_pdl") or {}
         where = f"B={batch} {n}"
@@ -105,13 +107,13 @@ def gemv_levers(reports: dict) -> dict:
             why_layer.append(f"{where}: GEMV layer not measured")
             continue
         agree = gemv.get("argmax_agreement", 0.0)
-        layer.append(gemv["graph_ms"] / base)
+        layer[where] = gemv["graph_ms"] / base
         if agree < ARGMAX_AGREEMENT:
             why_layer.append(f"{where}: argmax agreement {agree:.3f} < {ARGMAX_AGREEMENT}")
         if "error" in chain:
             why_pdl.append(f"{where}: {chain['error'][:120]}")
         elif "graph_ms" in chain:
-            pdl.append(chain["graph_ms"] / gemv["graph_ms"])
+            pdl[where] = chain["graph_ms"] / gemv["graph_ms"]
             if chain.get("argmax_agreement", 0.0) < ARGMAX_AGREEMENT:
                 why_pdl.append(f"{where}: argmax agreement {chain['argmax_agreement']:.3f}")
         else:
@@ -119,35 +121,40 @@ def gemv_levers(reports: dict) -> dict:
     out = {}
     for name, ratios, why, over in (("GEMV_LAYER", layer, why_layer, "the cuBLAS layer"),
                                     ("GEMV_PDL", pdl, why_pdl, "the GEMV layer without PDL")):
-        out[name] = _advice(ratios, why, f"graph ms over {over}")
-    if out["GEMV_LAYER"]["advice"] != "on":
-        out["GEMV_PDL"]["advice"] = "off" if out["GEMV_PDL"]["advice"] == "on" else out["GEMV_PDL"]["advice"]
+        out[name] = _advice(ratios, why, f"graph ms over {over}", missing)
+    if out["GEMV_LAYER"]["advice"] != "on" and out["GEMV_PDL"]["advice"] in ("on", "incomplete"):
+        out["GEMV_PDL"]["advice"] = "off"
         out["GEMV_PDL"]["why"].append("needs GEMV_LAYER on")
     return out
 
 
 def merge_lever(report: dict | None) -> dict:
+    """MERGE_IN_KERNEL from bench_attention's rows (the automatic plans of both forms). The flag
+    changes every shape's plan; the shapes the run left out (--quick: B = 32, 2k and 32k contexts;
+    a budget) are named in the report's not_run / selection, not guessed."""
     rows = (report or {}).get("results", [])
-    ratios, why = [], []
+    missing = [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
+    ratios, why = {}, []
     for r in rows:
         for n in (1, 5):
             if f"in_kernel_N{n}_us" in r and f"triton_N{n}_us" in r:
-                ratios.append(r[f"in_kernel_N{n}_us"] / r[f"triton_N{n}_us"])
+                ratios[f"B={r['B']} {r['context']} N={n}"] = r[f"in_kernel_N{n}_us"] / r[f"triton_N{n}_us"]
             diff = r.get(f"in_kernel_max_abs_diff_N{n}")
             if diff is not None and diff > 2e-2:  # bf16 outputs of fp32 partials merged in another order
                 why.append(f"B={r['B']} context={r['context']} N={n}: outputs differ by {diff:.3g}")
-    return _advice(ratios, why, "in-kernel merge us over the merge launch")
+    return _advice(ratios, why, "in-kernel merge us over the merge launch", missing)
 
 
-def _advice(ratios: list, why: list, what: str) -> dict:
-    """ratios: the lever's time over the default's, one per row measured. on: no row slower by
-    more than NOISE and one faster by more than NOISE, and nothing in why; off: measured and not
-    so; unmeasured: no ratio."""
+def _advice(ratios: dict, why: list, what: str, missing: list = ()) -> dict:
+    """ratios: row -> the lever's time over the default's. on: no row slower by more than NOISE, one
+    faster by more than NOISE, nothing in why; off: measured and not so; incomplete: would be on,
+    but rows it needs were not measured (missing); unmeasured: no ratio."""
     if not ratios:
-        return {"advice": "unmeasured", "ratios": [], "what": what, "why": why}
-    faster = max(ratios) <= 1 + NOISE and min(ratios) < 1 - NOISE
-    return {"advice": "on" if faster and not why else "off", "ratios": [round(r, 3) for r in ratios], "what": what,
-            "why": why}
+        return {"advice": "unmeasured", "ratios": {}, "what": what, "why": why + list(missing)}
+    faster = max(ratios.values()) <= 1 + NOISE and min(ratios.values()) < 1 - NOISE
+    advice = "off" if not faster or why else "incomplete" if missing else "on"
+    return {"advice": advice, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "what": what,
+            "why": why + list(missing)}
 
 
 def stream_variants(report: dict | None) -> list:
@@ -193,7 +200,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['what']} | {'-' if r['measured'] is None else r['measured']} | {r['target']} | {mark[r['met']]} |")
     lines += ["", "| lever | advice | ratios | why not |", "|---|---|---|---|"]
     for name, lever in report["levers"].items():
-        lines.append(f"| {name} | {lever['advice']} | {lever['what']}: {lever['ratios']} | {'; '.join(lever['why'])} |")
+        ratios = ", ".join(f"{row} {ratio}" for row, ratio in lever["ratios"].items()) or "-"
+        lines.append(f"| {name} | {lever['advice']} | {lever['what']}: {ratios} | {'; '.join(lever['why'])} |")
     if report["stream_variants"]:
         lines += ["", "| streaming row | lanes us | fastest | us | over lanes |", "|---|---|---|---|---|"]
         lines += [f"| {v['row']} | {v['lanes_us']} | {v['best']} | {v['best_us']} | {v['best_over_lanes']} |"

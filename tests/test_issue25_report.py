@@ -114,6 +114,19 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
 
 
+def test_a_lever_missing_rows_is_incomplete(tmp_path):
+    """GEMV_LAYER decides every batch: without the B = 8 profile its B = 1 rows alone say incomplete
+    (and GEMV_PDL, which needs it, off); an attention run that left shapes out says so too."""
+    files = {k: v for k, v in copy.deepcopy(FILES).items() if k != "profile_step_b8"}
+    files["attention"]["not_run"] = ["B=8 context=8192"]
+    report = build(tmp_path, files)
+    assert report["levers"]["GEMV_LAYER"]["advice"] == "incomplete"
+    assert "B=8 not measured" in report["levers"]["GEMV_LAYER"]["why"]
+    assert report["levers"]["GEMV_PDL"]["advice"] == "off"
+    assert report["levers"]["MERGE_IN_KERNEL"]["advice"] == "incomplete"
+    assert set(report["levers"]["GEMV_LAYER"]["ratios"]) == {"B=1 N=1", "B=1 N=5"}
+
+
 def test_missing_files_are_not_measured(tmp_path):
     report = build(tmp_path, {"verify": FILES["verify"]})
     rows = by_what(report)
