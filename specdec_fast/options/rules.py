@@ -102,21 +102,19 @@ def _no_output_dict(merged: dict) -> bool:
 # value (GenerationConfig.validate: "this flag is only used in beam-based / sample-based
 # generation modes", "... is ignored"): accepted in those calls, since transformers decodes the
 # same tokens and returns the same outputs there. A checkpoint whose generation_config.json holds
-# early_stopping=True with num_beams=1 speculates. name -> (ignored(merged options), when).
+# early_stopping=True with num_beams=1 speculates. name -> ignored(merged options).
 IGNORED_IN_MODE = {
-    "early_stopping": (_single_beam, "num_beams=1"),
-    "length_penalty": (_single_beam, "num_beams=1"),
-    "top_h": (_greedy, "greedy decoding"),
-    "output_attentions": (_no_output_dict, "no return_dict_in_generate"),
-    "output_hidden_states": (_no_output_dict, "no return_dict_in_generate"),
+    "early_stopping": _single_beam, "length_penalty": _single_beam,  # beam search only
+    "top_h": _greedy,  # a sampling warper
+    "output_attentions": _no_output_dict, "output_hidden_states": _no_output_dict,  # returned in the dict only
 }
 
 
 def ignored_in_mode(name: str, merged: dict) -> bool:
     """True when transformers' generate ignores option ``name`` in a call whose merged options are
     ``merged`` (IGNORED_IN_MODE), so any value of it changes nothing."""
-    rule = IGNORED_IN_MODE.get(name)
-    return rule is not None and rule[0](merged)
+    ignored = IGNORED_IN_MODE.get(name)
+    return ignored is not None and ignored(merged)
 
 
 class UnsupportedOptionError(ValueError):
