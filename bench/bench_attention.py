@@ -205,6 +205,8 @@ def sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, hq=32, hkv=8, d=1
 
 
 def run_gpu(args):
+    from gpu_timing import RowBudget
+
     from specdec_fast.kernels._workspace import KernelWorkspace
     from specdec_fast.kernels.attention.triton import paged_attention_triton, plan_launch
 
@@ -215,12 +217,10 @@ def run_gpu(args):
     tag = name.replace(" ", "_").replace("/", "_")
     out = Path(args.out or ROOT / f"bench/results/attention_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows, not_run, start = [], [], time.perf_counter()
+    rows, budget = [], RowBudget(args.budget_s)
     for B in QUICK_BATCHES if args.quick else GPU_BATCHES:
         for ctx in QUICK_CONTEXTS if args.quick else GPU_CONTEXTS:
-            if time.perf_counter() - start > args.budget_s:
-                not_run.append(f"B={B} context={ctx}")
-                print(f"budget {args.budget_s} s reached: B={B} context={ctx} not run", flush=True)
+            if not budget.allows(f"B={B} context={ctx}"):
                 continue
             res = {"B": B, "context": ctx}
             for n in (1, 5):
@@ -261,8 +261,8 @@ def run_gpu(args):
             res["ratio_N5_vs_N1"] = res["triton_N5_us"] / res["triton_N1_us"]
             rows.append(res)
             print(json.dumps(res), flush=True)
-            write_report(out, name, peak, args, rows, not_run)  # after every row: a cut run keeps its rows
-    write_report(out, name, peak, args, rows, not_run)
+            write_report(out, name, peak, args, rows, budget.not_run)  # after every row: a cut run keeps its rows
+    write_report(out, name, peak, args, rows, budget.not_run)
     print(f"wrote {out}")
 
 

@@ -20,14 +20,14 @@ Not a test: pytest collects nothing here.
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import versions  # noqa: E402
-from verify_gpu_table import _entry, _time, copy_bandwidth, make_logits  # noqa: E402
+from gpu_timing import RowBudget  # noqa: E402
+from verify_gpu_table import QUICK_SHAPES, _entry, _time, copy_bandwidth, make_logits  # noqa: E402
 
 from specdec_fast.kernels import make_sampling_tensors  # noqa: E402
 from specdec_fast.kernels.verify import chain_verify_reference, sample_reference  # noqa: E402
@@ -40,8 +40,7 @@ VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=Fa
             "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4),
             "emit_lanes": dict(stream_lanes=True, emit_lanes=True)}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
-QUICK_SHAPES = [(1, 4, 128256), (64, 4, 128256)]  # --quick: issue 25's rows
-QUICK_MODES = ("greedy", "T=1")
+QUICK_MODES = ("greedy", "T=1")  # --quick: issue 25's rows (the verify table's QUICK_SHAPES)
 
 
 def main(argv=None) -> dict:
@@ -58,7 +57,7 @@ def main(argv=None) -> dict:
     device = torch.device("cpu" if args.smoke else "cuda")
     bandwidth = copy_bandwidth(device)
     ov = dict(cap=128, num_chunks=2) if args.smoke else {}  # the smoke shape takes the large-vocabulary path
-    rows, not_run, start = [], [], time.perf_counter()
+    rows, budget = [], RowBudget(args.budget_s)
     for batch, k, vocab in [(2, 2, 600)] if args.smoke else QUICK_SHAPES if args.quick else SHAPES:
         target, draft, drafts = make_logits(batch, k, vocab, "random", device,
                                             torch.float32 if args.smoke else torch.bfloat16)
@@ -69,9 +68,7 @@ def main(argv=None) -> dict:
         for mode, kw in MODES.items():
             if args.quick and mode not in QUICK_MODES:
                 continue
-            if time.perf_counter() - start > args.budget_s:
-                not_run.append(f"B={batch} K={k} V={vocab} {mode}")
-                print(f"budget {args.budget_s} s reached: B={batch} V={vocab} {mode} not run", flush=True)
+            if not budget.allows(f"B={batch} K={k} V={vocab} {mode}"):
                 continue
             params = make_sampling_tensors(batch, device, seed=1, **kw)
             expected = chain_verify_reference(target, draft, drafts, params)
@@ -100,7 +97,7 @@ def main(argv=None) -> dict:
     name = torch.cuda.get_device_name(device)
     result = dict(device=name, versions=versions(), copy_bandwidth_bytes_per_s=bandwidth,
                   timer="CUDA graph replay under triton.testing.do_bench: median (us)",
-                  roofline="logits bytes read once / measured copy bandwidth", not_run=not_run, rows=rows)
+                  roofline="logits bytes read once / measured copy bandwidth", not_run=budget.not_run, rows=rows)
     out = Path(args.out or Path(__file__).resolve().parent / "results" /
                f"stream_lanes_{name.lower().replace(' ', '_')}.json")
     out.write_text(json.dumps(result, indent=1))

@@ -1,5 +1,6 @@
-"""GPU timing helpers shared by the benchmarks: CUDA-graph replay timing, copy bandwidth, and a
-torch.profiler kernel census grouped by family (bench/profile_step.py, bench/bench_attention.py)."""
+"""GPU timing helpers shared by the benchmarks: CUDA-graph replay timing, copy bandwidth, a
+torch.profiler kernel census grouped by family (bench/profile_step.py, bench/bench_attention.py),
+and the row budget that keeps a benchmark inside a device call (RowBudget)."""
 import statistics
 import time
 
@@ -27,6 +28,22 @@ def graph_timer(fn, reps: int = 200) -> float:
         end.synchronize()
         rounds.append(1e3 * start.elapsed_time(end) / reps)
     return statistics.median(rounds)
+
+
+class RowBudget:
+    """A benchmark's --budget-s: no new row starts once budget_s seconds have passed since this was
+    made (a device call's limit then keeps the rows measured); the rows left out are named in
+    not_run (the report's "not_run") and printed as they are passed over."""
+
+    def __init__(self, budget_s: float):
+        self.budget_s, self.start, self.not_run = budget_s, time.perf_counter(), []
+
+    def allows(self, row: str) -> bool:
+        if time.perf_counter() - self.start <= self.budget_s:
+            return True
+        self.not_run.append(row)
+        print(f"budget {self.budget_s} s reached: {row} not run", flush=True)
+        return False
 
 
 def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:

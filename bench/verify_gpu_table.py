@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_timing import RowBudget  # noqa: E402
 from machine import versions  # noqa: E402
 from verify_anchors import flashinfer_fns, torch_sample, torch_verify  # noqa: E402
 
@@ -153,7 +154,7 @@ def run_table(smoke: bool = False, data: str = "random", quick: bool = False, bu
             flashinfer_note = f"not importable: {type(error).__name__}: {error}"
         print(f"flashinfer: {flashinfer_note}", flush=True)
     bandwidth = copy_bandwidth(device)
-    results, not_run, start = [], [], time.perf_counter()
+    results, budget = [], RowBudget(budget_s)
     shapes = SMOKE_SHAPES if smoke else QUICK_SHAPES if quick else GPU_SHAPES
     for batch, k, vocab in shapes:
         target, draft, drafts = make_logits(batch, k, vocab, data, device, dtype)
@@ -165,9 +166,7 @@ def run_table(smoke: bool = False, data: str = "random", quick: bool = False, bu
         for mode, kw in MODES.items():
             if smoke and vocab > 64 and mode not in SMOKE_LARGE_MODES or quick and mode not in QUICK_MODES:
                 continue
-            if time.perf_counter() - start > budget_s:
-                not_run.append(f"B={batch} K={k} V={vocab} {mode}")
-                print(f"budget {budget_s} s reached: B={batch} V={vocab} {mode} not run", flush=True)
+            if not budget.allows(f"B={batch} K={k} V={vocab} {mode}"):
                 continue
             ov = dict(cap=SMOKE_CAP) if smoke else {}
             params = make_sampling_tensors(batch, device, seed=1, **kw)
@@ -246,7 +245,7 @@ def run_table(smoke: bool = False, data: str = "random", quick: bool = False, bu
         if not smoke else "wall clock of one call after one warm-up (smoke: not a measurement)",
         "roofline": "logits bytes read once / measured copy bandwidth",
         "selection": "quick (issue 25's rows)" if quick else "full",
-        "not_run": not_run,
+        "not_run": budget.not_run,
         "results": results,
     }
 
