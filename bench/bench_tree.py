@@ -323,13 +323,17 @@ def set_agreement(target, draft, originals, goal: float, device, steps: int = 12
 
 def kernel_times(device, vocab: int, quick: bool = False) -> list:
     """tree_verify vs chain_verify (Triton) at equal target tokens: CUDA graph replays under
-    do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers).
-    quick: issue 25's yardstick only (B = 1; the chain at K = 8 and the tree at N = 64)."""
+    do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers),
+    each call on its own KernelWorkspace as the engine's (no zero fills), with the launches its
+    plan makes (tree_verify_plan / verify_plan). quick: issue 25's yardstick only (B = 1; the
+    chain at K = 8 and the tree at N = 64)."""
     from verify_gpu_table import _time
 
     from specdec_fast.kernels import make_sampling_tensors
+    from specdec_fast.kernels._workspace import KernelWorkspace
+    from specdec_fast.kernels.tree_verify._triton_plan import tree_verify_plan
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
-    from specdec_fast.kernels.verify.triton import chain_verify_triton
+    from specdec_fast.kernels.verify.triton import chain_verify_triton, verify_plan
     from specdec_fast.drafters.token_tree import TokenTree
 
     out = []
@@ -341,9 +345,12 @@ def kernel_times(device, vocab: int, quick: bool = False) -> list:
             draft = (target[:, :8].float() + torch.randn(batch, 8, vocab, generator=g).to(device)).to(torch.bfloat16)
             tokens = torch.randint(0, vocab, (batch, 8), generator=g).to(device)
             params = make_sampling_tensors(batch, device, seed=0, **kw)
-            chain8_us = _time(lambda: chain_verify_triton(target, draft, tokens, params), False)["median_us"]
-            out.append(dict(batch=batch, nodes=None, vocab=vocab, mode=mode, chain_k=8, chain_verify_us=chain8_us))
-            print(f"verify B={batch} chain K=8 {mode}: {chain8_us:.1f} us", flush=True)
+            ws = KernelWorkspace()
+            chain8_us = _time(lambda: chain_verify_triton(target, draft, tokens, params, workspace=ws), False)["median_us"]
+            chain8_launches = verify_plan(batch, 8, vocab, True, tuple(params.modes), workspace=True)["launches"]
+            out.append(dict(batch=batch, nodes=None, vocab=vocab, mode=mode, chain_k=8, chain_verify_us=chain8_us,
+                            chain_launches=chain8_launches))
+            print(f"verify B={batch} chain K=8 {mode}: {chain8_us:.1f} us ({chain8_launches} launches)", flush=True)
         for n in (64,) if quick else (5, 16, 64):
             for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
                 g = torch.Generator(device="cpu").manual_seed(0)
@@ -353,12 +360,20 @@ def kernel_times(device, vocab: int, quick: bool = False) -> list:
                 parents = torch.tensor(tree.parents, device=device).expand(batch, -1)
                 tokens = torch.randint(0, vocab, (batch, n), generator=g).to(device)
                 params = make_sampling_tensors(batch, device, seed=0, **kw)
-                tree_us = _time(lambda: tree_verify_triton(target, draft, tokens, parents, params,
+                modes = tuple(params.modes)
+                ws_tree, ws_chain = KernelWorkspace(), KernelWorkspace()
+                tree_us = _time(lambda: tree_verify_triton(target, draft, tokens, parents, params, workspace=ws_tree,
                                                            max_children=tree.max_children), False)["median_us"]
-                chain_us = _time(lambda: chain_verify_triton(target, draft[:, :-1], tokens[:, 1:], params), False)["median_us"]
+                chain_us = _time(lambda: chain_verify_triton(target, draft[:, :-1], tokens[:, 1:], params,
+                                                             workspace=ws_chain), False)["median_us"]
+                tree_launches = tree_verify_plan(batch, n, vocab, True, modes, tree.max_children,
+                                                 workspace=True)["launches"]
+                chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
-                                tree_verify_us=tree_us, chain_verify_us=chain_us))
-                print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us, chain {chain_us:.1f} us", flush=True)
+                                tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
+                                chain_launches=chain_launches))
+                print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us ({tree_launches} launches), "
+                      f"chain {chain_us:.1f} us ({chain_launches})", flush=True)
     return out
 
 

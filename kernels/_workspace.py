@@ -1,7 +1,7 @@
 """A caller-owned workspace for Triton launches that count across programs: the verify / sample /
 tree_verify kernels and attention's in-kernel split merge. Their integer counters live in a
 buffer that stays zero between calls, so a call needs no zero fill (one graph node fewer: the
-greedy verify is ONE launch, T = 1 sampling two; tree_verify three nodes fewer; a split
+greedy verify is ONE launch, T = 1 sampling two; tree_verify two nodes fewer; a split
 attention one launch instead of two).
 
 Why it stays zero: every counter is put back to zero by its last user in the same launch --

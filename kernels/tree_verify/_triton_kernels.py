@@ -4,9 +4,10 @@ The statistics of every node's target row (stats position b * NPOS + n) and draf
 (b * NPOS + N + n) come from kernels/verify's stats kernels; ``standardised`` rebuilds any
 standardised value from them on the fly (kernels/verify/_triton_common.py).
   residual_mass_kernel  (row, node) tiles x vocab chunks, once per k: W_k = sum_v max(q - lam_k p, 0)
-  walk_kernel           row tiles: presence, the greedy longest path, the rejection walk
-  emit_partial_kernel   (row tile, vocab chunk): Gumbel-max candidates at each final node
-  emit_final_kernel     row tiles: merge the chunks, write the emitted token
+  walk_kernel           row tiles: presence, the greedy longest path, the rejection walk (and,
+                        when every row is greedy, the emitted token: the final node's argmax)
+  emit_kernel           (row tile, vocab chunk): Gumbel-max candidates at each final node; the
+                        tile's last program merges the chunks and writes the emitted token
 Masks are int32, not i1: the CPU interpreter cannot broadcast an i1 scalar.
 """
 import triton
@@ -15,8 +16,8 @@ import triton.language as tl
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
 from .._triton_sync import last_program_of
-from ..verify._triton_common import BIG_INDEX, NEG_INF, standardised
-from ..verify._triton_emit import _argmax_update, _stats, _tile_rows
+from ..verify._triton_common import NEG_INF, standardised
+from ..verify._triton_emit import _argmax_update, _stats, _tile_rows, merge_chunk_candidates
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 
@@ -86,6 +87,7 @@ def walk_kernel(
     path_ptr, out_ptr, num_accepted_ptr, final_ptr, lam_ptr, removed_ptr, num_removed_ptr,
     B, NPOS, st_b, st_n, sd_b, sd_n, sx_b, sp_b,
     N: tl.constexpr, V: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    GREEDY_BONUS: tl.constexpr,
 ):
     """grid (cdiv(B, BLOCK_R),): the walk of reference.py for BLOCK_R rows, as its ascending scan
     over the nodes. Valid trees assumed (check_tree): node i >= 1 is present iff 0 <= parents[i] < i.
@@ -93,8 +95,11 @@ def walk_kernel(
     parent of its token, whether it is good (greedy) and whether an earlier sibling has its token,
     written to the scratch node_f [3, B, N] (q, p, coin) / node_i [4, B, N] (good, repeat, best,
     choice), so that every scan step reads a few values instead of reducing tiles. Writes path
-    [B, N], out [B, N] (accepted tokens; emit_final writes the final token), num_accepted, the
-    final node, its lam, and the final node's children's tokens, packed: removed [B, N], num_removed."""
+    [B, N], out [B, N] (accepted tokens; emit_kernel writes the final token), num_accepted, the
+    final node, its lam, and the final node's children's tokens, packed: removed [B, N], num_removed.
+    GREEDY_BONUS (every row greedy, known on the host): out[b, j] = the final node's target argmax
+    (amax, lowest index: what the emission's Gumbel-max of a one-hot q gives), and no emission
+    launch follows."""
     b, live = _tile_rows(B, BLOCK_R)
     b64 = b.to(tl.int64)
     nid = tl.arange(0, BLOCK_N)[None, :]
@@ -189,6 +194,8 @@ def walk_kernel(
         tl.store(out_ptr + row + j - 1, x, mask=accept & live)
 
     tl.store(num_accepted_ptr + b, j, mask=live)
+    if GREEDY_BONUS:
+        tl.store(out_ptr + row + j, tl.load(amax_ptr + b * NPOS + cur), mask=live)
     tl.store(final_ptr + b, cur, mask=live)
     tl.store(lam_ptr + b, lam, mask=live)
     # The final node's children (all rejected), packed first: the deterministic residual removes them.
@@ -199,18 +206,22 @@ def walk_kernel(
 
 
 @triton.jit
-def emit_partial_kernel(
+def emit_kernel(
     target_ptr, draft_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr,
     m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
     num_accepted_ptr, final_ptr, lam_ptr, removed_ptr, num_removed_ptr,
-    q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr,
+    q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
     B, NPOS, NCHUNK, stream, st_b, st_n, sd_b, sd_n,
     N: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
 ):
     """grid (cdiv(B, BLOCK_R), NCHUNK): one pass over a vocab chunk of each row's final node f:
     Gumbel-max candidates argmax(std_q + G) and argmax(log max(q - lam p~, 0) + G), G keyed by
-    (seed, offset, depth j, stream); p~ = p_f, or the indicator of the removed tokens."""
+    (seed, offset, depth j, stream); p~ = p_f, or the indicator of the removed tokens; written
+    per chunk [B, NCHUNK]. The program that takes the row tile's last ticket (ticket_ptr
+    [cdiv(B, BLOCK_R)], zero at the start, left zero) merges the chunks in chunk order (ties to
+    the lowest index) and writes out[b, j] = y: the residual's where a child of f was rejected
+    and the residual has mass, else q's. (The merge was a launch of its own: one graph node more.)"""
     b, live = _tile_rows(B, BLOCK_R)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -270,27 +281,9 @@ def emit_partial_kernel(
     tl.store(r_val_ptr + out, r_best, mask=live)
     tl.store(r_idx_ptr + out, r_arg, mask=live)
     tl.store(r_any_ptr + out, r_any, mask=live)
-
-
-@triton.jit
-def emit_final_kernel(
-    temperature_ptr, num_accepted_ptr, lam_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, out_ptr,
-    B, NCHUNK, N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """grid (cdiv(B, BLOCK_R),): merge the chunk candidates in chunk order (ties to the lowest
-    index); y = the residual's where a child of the final node was rejected and the residual has
-    mass, else q's; out[b, j] = y."""
-    b, live = _tile_rows(B, BLOCK_R)
-    cs = tl.arange(0, BLOCK_C)[None, :]
-    part = b[:, None] * NCHUNK + cs
-    qv = tl.load(q_val_ptr + part, mask=cs < NCHUNK, other=NEG_INF)
-    qi = tl.load(q_idx_ptr + part, mask=cs < NCHUNK, other=BIG_INDEX)
-    rv = tl.load(r_val_ptr + part, mask=cs < NCHUNK, other=NEG_INF)
-    ri = tl.load(r_idx_ptr + part, mask=cs < NCHUNK, other=BIG_INDEX)
-    r_any = tl.max(tl.load(r_any_ptr + part, mask=cs < NCHUNK, other=0), axis=1)
-    y_q = tl.min(tl.where(qv == tl.max(qv, axis=1)[:, None], qi, BIG_INDEX), axis=1)
-    y_r = tl.min(tl.where(rv == tl.max(rv, axis=1)[:, None], ri, BIG_INDEX), axis=1)
-    rejected = (tl.load(lam_ptr + b) > 0) & (tl.load(temperature_ptr + b) > 0)
-    y = tl.where(rejected & (r_any > 0), y_r, y_q)
-    j = tl.load(num_accepted_ptr + b)
-    tl.store(out_ptr + b.to(tl.int64) * N + j, y, mask=live)
+    if last_program_of(ticket_ptr + tl.program_id(0), NCHUNK, FENCE):
+        tl.debug_barrier()
+        y_q, y_r, chunks_any = merge_chunk_candidates(q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, b, NCHUNK,
+                                                      BLOCK_C)
+        y = tl.where(rejected & (chunks_any > 0), y_r, y_q)
+        tl.store(out_ptr + b64 * N + j, y, mask=live)

@@ -138,13 +138,11 @@ def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, gr
 
 
 @triton.jit
-def _write_tokens(tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, out_ptr, num_accepted_ptr,
-                  b, live, j, kb, NCHUNK, sx_b, sx_k, so_b,
-                  K: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Merge the chunk candidates of rows b [BLOCK_R] in chunk order (ties to the lowest index:
-    other programs wrote them, so read through L2, .cg), choose residual or q, write
-    tokens[b] = x_0..x_{j-1}, y, -1, ... and num_accepted[b] = j."""
-    b64 = b.to(tl.int64)
+def merge_chunk_candidates(q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, b, NCHUNK,
+                           BLOCK_C: tl.constexpr):
+    """Merge the Gumbel-max candidates of rows b [BLOCK_R], written per vocab chunk ([B, NCHUNK]
+    each), in chunk order (ties to the lowest index; other programs wrote them, so read through
+    L2, .cg): (y_q, y_r, r_any) [BLOCK_R]: q's token, the residual's, whether the residual has mass."""
     cs = tl.arange(0, BLOCK_C)[None, :]
     part = b[:, None] * NCHUNK + cs
     in_c = cs < NCHUNK
@@ -155,6 +153,17 @@ def _write_tokens(tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_
     r_any = tl.max(tl.load(r_any_ptr + part, mask=in_c, other=0, cache_modifier=".cg"), axis=1)
     y_q = tl.min(tl.where(qv == tl.max(qv, axis=1)[:, None], qi, BIG_INDEX), axis=1)
     y_r = tl.min(tl.where(rv == tl.max(rv, axis=1)[:, None], ri, BIG_INDEX), axis=1)
+    return y_q, y_r, r_any
+
+
+@triton.jit
+def _write_tokens(tokens_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, out_ptr, num_accepted_ptr,
+                  b, live, j, kb, NCHUNK, sx_b, sx_k, so_b,
+                  K: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Merge the chunk candidates of rows b [BLOCK_R] (merge_chunk_candidates), choose residual
+    or q, write tokens[b] = x_0..x_{j-1}, y, -1, ... and num_accepted[b] = j."""
+    b64 = b.to(tl.int64)
+    y_q, y_r, r_any = merge_chunk_candidates(q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, b, NCHUNK, BLOCK_C)
     y = tl.where((j < kb) & (r_any > 0), y_r, y_q)
     t = tl.arange(0, BLOCK_K1)[None, :]
     x = tl.load(tokens_ptr + b64[:, None] * sx_b + t * sx_k, mask=t < K, other=-1).to(tl.int32)

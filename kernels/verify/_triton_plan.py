@@ -224,15 +224,18 @@ def host_modes(modes) -> frozenset | None:
     return named
 
 
+def select_sequence(plan: LaunchPlan) -> list[str]:
+    """The selection launches of a plan (select_stats), in order, without fills or the emission."""
+    if plan.large_vocab:
+        return ["select_stream", "select_finish"] if plan.finish else ["select_stream"]
+    return ["select_small_vocab"]
+
+
 def kernel_sequence(plan: LaunchPlan, workspace: bool = False) -> list[str]:
     """The graph nodes of one call, in order (what triton._launch launches for this plan; with
     penalties, each kernel's penalised variant: "<name>_penalised"); workspace: the caller's
     KernelWorkspace (the engine's calls), which leaves out the zero fill."""
-    if plan.large_vocab:
-        select = ["select_stream", "select_finish"] if plan.finish else ["select_stream"]
-    else:
-        select = ["select_small_vocab"]
-    kernels = select + ([] if plan.greedy_tokens else ["emit"])
+    kernels = select_sequence(plan) + ([] if plan.greedy_tokens else ["emit"])
     fill = [] if workspace else ["zero fill: counters"]
     return fill + [name + "_penalised" if plan.penalties else name for name in kernels]
 

@@ -24,13 +24,14 @@ def main() -> int:
         jobs = [
             (tree.residual_mass_kernel, dict(N=n, V=vocab, CHUNK=8192, BLOCK_R=2, BLOCK_V=1024, BLOCK_N=block_n,
                                              BLOCK_C=16, FENCE=True), 4),
-            (tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n), walk_warps),
-            (tree.emit_partial_kernel, dict(N=n, V=vocab, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=2, BLOCK_V=1024), 4),
-            (tree.emit_final_kernel, dict(N=n, BLOCK_R=64, BLOCK_C=8), 4),
+            *[(tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n,
+                                      GREEDY_BONUS=bonus), walk_warps) for bonus in (False, True)],
+            (tree.emit_kernel, dict(N=n, V=vocab, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=2, BLOCK_V=1024,
+                                    BLOCK_C=64, FENCE=True), 4),
         ]
         for fn, constexprs, num_warps in jobs:
             compiler.compile_kernel(fn, logits_type, constexprs, num_warps)
-            print(f"compiled {fn.__name__} {logits_type} N={n} V={vocab}", flush=True)
+            print(f"compiled {fn.__name__} {logits_type} N={n} V={vocab} {constexprs}", flush=True)
     return 0
 
 

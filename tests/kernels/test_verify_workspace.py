@@ -121,8 +121,8 @@ def test_a_call_that_raises_between_launches_discards_the_buffers(device, monkey
                                       (dict(top_k=20, top_p=0.9), 600)])
 def test_tree_verify_with_a_shared_workspace(kw, vocab, device):
     """tree_verify_triton on one workspace (the engine's tree loop, prepared_tree_verify): the
-    statistics' counters, the dummy drafts and the residual-mass tickets (several sibling
-    launches) stay zero; tokens, paths and acceptances equal a call without one, shapes interleaved."""
+    statistics' counters, the dummy drafts, the residual-mass tickets (several sibling
+    launches) and the emission's (its chunks merged by the last program of a row tile) stay zero; tokens, paths and acceptances equal a call without one, shapes interleaved."""
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
 
     from .test_tree_verify_backends import tree_problem

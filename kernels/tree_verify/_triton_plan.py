@@ -1,0 +1,138 @@
+"""The launches and grids of tree_verify's Triton backend as a plain-Python plan: the launcher
+(triton.py) sizes and picks every launch from tree_plan(), and tree_verify_plan() reports the same
+plan for any shape without a GPU (as kernels/verify/_triton_plan.py does for chains).
+
+Launches, in order (each boundary a grid-wide dependency):
+  select    the standardisation statistics of every node's target and draft row: verify's
+            selection launches with K = N - 1 and no emission of their own (the streaming pass,
+            + the finish when some row may use top-k / top-p / min-p)
+  residual  sampled children (draft logits) when some row may sample: the residual masses W_k of
+            the sibling tests, one launch per k = 1 .. kmax - 1 (W_k depends on W_{k-1})
+  walk      the greedy longest path and the rejection walk; when every row is greedy it also
+            writes the emitted token (the final node's argmax) and nothing follows
+  emit      the emitted token's Gumbel-max over vocab chunks, merged by each row tile's last program
+Without a caller's KernelWorkspace two zero fills come first: the counters (the selection's and
+the residual and emission tickets, one fill) and the dummy drafts.
+The modes are SamplingTensors.modes (known on the host, fixed for a generate() call, so a graph
+captured for the call stays valid); None: unknown, every launch.
+"""
+from dataclasses import dataclass
+
+import triton
+
+from ..verify._triton_plan import LaunchPlan, host_modes, plan_launches, select_sequence
+
+# Row tiles of the walk: [BLOCK_R, BLOCK_N] int32 tiles in registers (64 x 64 fp32/int32 = 16
+# per thread at 8 warps); the interpreter pays per operation, so it takes whole batches.
+WALK_ROWS = 16
+WALK_ROWS_INTERPRETER = 4096
+# The residual-mass and emission kernels: [BLOCK_R, BLOCK_V] tiles of at most TILE values, rows
+# split into vocab chunks so that a few programs per SM work at B = 1 (the interpreter: whole
+# rows, few programs).
+MAX_BLOCK_V, TILE, PROGRAMS_PER_SM = 1024, 2048, 4
+MAX_BLOCK_V_INTERPRETER, TILE_INTERPRETER, INTERPRETER_PROGRAMS = 32768, 131072, 4
+NUM_WARPS = 4
+
+
+@dataclass(frozen=True)
+class VocabTiling:
+    """[block_r, block_v] tiles over rows split into nchunk vocab chunks of chunk values:
+    grid (tiles, nchunk)."""
+    block_r: int
+    block_v: int
+    tiles: int
+    chunk: int
+    nchunk: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.tiles, self.nchunk
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    stats: LaunchPlan  # verify's selection plan over the N target and N - 1 draft rows
+    kmax: int  # the most children a node may have (max_children, or N - 1)
+    residual_launches: int  # one per sibling after the first: 0 without sampled children
+    residual: VocabTiling | None  # over B * N (row, node) pairs
+    walk_block_r: int
+    walk_warps: int
+    emits: bool  # False: every row greedy, the walk writes the emitted token
+    emit: VocabTiling | None  # over the B rows' final nodes
+
+    @property
+    def residual_tickets(self) -> int:
+        return self.residual.tiles * self.kmax if self.residual_launches else 0
+
+    @property
+    def emit_tickets(self) -> int:
+        return self.emit.tiles if self.emits else 0
+
+
+def _tiling(rows: int, vocab: int, block_v: int | None, num_chunks: int | None, num_sms: int,
+            interpreting: bool) -> VocabTiling:
+    """[BLOCK_R, BLOCK_V] tiles over rows of vocab entries, the vocab split so that a few
+    programs per SM work (chunks are multiples of block_v)."""
+    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
+    budget = TILE_INTERPRETER if interpreting else TILE
+    block_r = max(1, min(triton.next_power_of_2(rows), budget // block_v))
+    tiles = triton.cdiv(rows, block_r)
+    if num_chunks is None:
+        programs = INTERPRETER_PROGRAMS if interpreting else PROGRAMS_PER_SM * num_sms
+        num_chunks = triton.cdiv(programs, tiles)
+    num_chunks = max(1, min(num_chunks, triton.cdiv(vocab, block_v)))
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block_v) * block_v
+    return VocabTiling(block_r, block_v, tiles, chunk, triton.cdiv(vocab, chunk))
+
+
+def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozenset | None, max_children: int | None,
+              num_sms: int, interpreting: bool, block_v: int | None = None,
+              num_chunks: int | None = None) -> TreePlan:
+    """The plan for target logits [batch, n, vocab] (draft logits [batch, n, vocab] when
+    has_draft; n > 1 for them to count). block_v / num_chunks override the vocab splits (tests)."""
+    k = n - 1
+    has_draft = has_draft and k > 0
+    stats = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=interpreting, modes=modes,
+                          emits=False, block_v=block_v, num_chunks=num_chunks)
+    kmax = k if max_children is None else min(max_children, k)
+    may_sample = modes is None or bool(modes - {"greedy"})
+    residual_launches = kmax - 1 if has_draft and kmax > 1 and may_sample else 0
+    residual = (_tiling(batch * n, vocab, block_v, num_chunks, num_sms, interpreting) if residual_launches else None)
+    walk_block_r = min(triton.next_power_of_2(batch), WALK_ROWS_INTERPRETER if interpreting else WALK_ROWS)
+    walk_warps = 8 if walk_block_r * triton.next_power_of_2(n) >= 1024 else NUM_WARPS
+    emits = modes != {"greedy"}
+    emit = _tiling(batch, vocab, block_v, num_chunks, num_sms, interpreting) if emits else None
+    return TreePlan(stats, kmax, residual_launches, residual, walk_block_r, walk_warps, emits, emit)
+
+
+def tree_kernel_sequence(plan: TreePlan, workspace: bool = False) -> list[str]:
+    """The graph nodes of one tree_verify_triton call, in order; workspace: the caller's
+    KernelWorkspace (the engine's tree loop), which leaves out the two zero fills."""
+    fills = [] if workspace else ["zero fill: counters", "zero fill: dummy drafts"]
+    return (fills + select_sequence(plan.stats) + ["residual_mass"] * plan.residual_launches + ["walk"]
+            + (["emit"] if plan.emits else []))
+
+
+def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, modes=("plain",),
+                     max_children: int | None = None, num_sms: int = 132, workspace: bool = False) -> dict:
+    """The GPU plan of tree_verify_triton for this shape, these sampling modes (as verify_plan:
+    a subset of sampling_params.MODES, "T=1" for "plain"; None = unknown) and this bound on a
+    node's children: launches in order and the grids, from the code the launcher sizes them with.
+    passes_over_logits: reads of all B x N x V target (and draft) logits: the statistics read
+    every row once; each residual launch reads the rows of the nodes with more than k children
+    (at most all of them: counted as a bound); the emission reads one node's rows per tree."""
+    modes = host_modes(modes)
+    plan = tree_plan(batch, n, vocab, has_draft, modes=modes, max_children=max_children, num_sms=num_sms,
+                     interpreting=False)
+    kernels = tree_kernel_sequence(plan, workspace)
+    return {
+        "launches": len(kernels),
+        "kernels": kernels,
+        "passes_over_logits_at_most": 1.0 + plan.residual_launches + (1 / n if plan.emits else 0.0),
+        "grids": {"select": plan.stats.select_grid,
+                  "finish": plan.stats.finish_grid if plan.stats.large_vocab and plan.stats.finish else None,
+                  "residual_mass": plan.residual.grid if plan.residual_launches else None,
+                  "walk": (triton.cdiv(batch, plan.walk_block_r),),
+                  "emit": plan.emit.grid if plan.emits else None},
+        "residual_launches": plan.residual_launches,
+    }

@@ -1,0 +1,94 @@
+"""tree_verify's Triton launch plan (kernels/tree_verify/_triton_plan.py): the graph nodes of a
+call by the sampling modes known on the host, stated without a GPU, and the launches the
+launcher really makes (recorded through the interpreter) equal to the plan, tokens unchanged."""
+import dataclasses
+
+import pytest
+import torch
+
+from specdec_fast.engine.triton_launches import TritonLaunches
+from specdec_fast.kernels import make_sampling_tensors
+from specdec_fast.kernels.tree_verify import tree_verify
+from specdec_fast.kernels.tree_verify._triton_plan import tree_kernel_sequence, tree_plan, tree_verify_plan
+from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+from specdec_fast.kernels._workspace import KernelWorkspace
+
+from .test_tree_verify_backends import tree_problem
+
+V_LLAMA3 = 128256
+
+# B = 1, N = 64 nodes with at most 4 children, V = 128256, the engine's calls (a workspace: no
+# fills). Greedy: the statistics and the walk (which writes the final node's argmax); sampled
+# children add a residual-mass launch per sibling after the first and the emission; truncation
+# adds the finishing launch; deterministic (top-b) children need no residual masses.
+SAMPLED_TAIL = ["residual_mass"] * 3 + ["walk", "emit"]
+LAUNCHES = [  # (modes, has_draft, kernels)
+    pytest.param(("greedy",), True, ["select_stream", "walk"], id="greedy-sampled"),
+    pytest.param(("greedy",), False, ["select_stream", "walk"], id="greedy-top"),
+    pytest.param(("plain",), True, ["select_stream"] + SAMPLED_TAIL, id="plain-sampled"),
+    pytest.param(("plain",), False, ["select_stream", "walk", "emit"], id="plain-top"),
+    pytest.param(("greedy", "plain"), True, ["select_stream"] + SAMPLED_TAIL, id="mixed-sampled"),
+    pytest.param(("top_k",), True, ["select_stream", "select_finish"] + SAMPLED_TAIL, id="top_k-sampled"),
+    pytest.param(None, True, ["select_stream", "select_finish"] + SAMPLED_TAIL, id="unknown-sampled"),
+]
+
+
+@pytest.mark.parametrize("modes,has_draft,kernels", LAUNCHES)
+def test_launches_by_host_modes(modes, has_draft, kernels):
+    plan = tree_verify_plan(1, 64, V_LLAMA3, has_draft, modes, max_children=4, workspace=True)
+    assert plan["kernels"] == kernels and plan["launches"] == len(kernels)
+    assert (plan["grids"]["emit"] is None) == ("emit" not in kernels)
+    assert (plan["grids"]["residual_mass"] is None) == ("residual_mass" not in kernels)
+    without = tree_verify_plan(1, 64, V_LLAMA3, has_draft, modes, max_children=4, workspace=False)
+    assert without["kernels"] == ["zero fill: counters", "zero fill: dummy drafts"] + kernels
+
+
+def test_unbounded_children_cost_a_launch_per_possible_sibling():
+    """Without max_children every node may have N - 1 children: N - 2 residual launches when some
+    row samples, none when every row is greedy."""
+    assert tree_verify_plan(1, 64, V_LLAMA3, True, ("plain",), workspace=True)["residual_launches"] == 62
+    assert tree_verify_plan(1, 64, V_LLAMA3, True, ("greedy",), workspace=True)["launches"] == 2
+
+
+def _kernel_names(launches) -> list[str]:
+    return [launch.kernel.rsplit(".", 1)[1].removesuffix("_kernel") for launch in launches]
+
+
+CASES = [  # (sampling kwargs, draft logits, vocab)
+    pytest.param(dict(temperature=0.0), True, 5000, id="greedy-sampled"),
+    pytest.param(dict(temperature=0.0), False, 600, id="greedy-top"),
+    pytest.param(dict(temperature=0.9), True, 5000, id="plain-sampled"),
+    pytest.param(dict(temperature=0.9), False, 5000, id="plain-top"),
+    pytest.param(dict(temperature=0.8, top_k=30), True, 5000, id="top_k-sampled"),
+    pytest.param(dict(temperature=torch.tensor([0.0, 0.7, 0.0])), True, 600, id="mixed-sampled"),  # modes read
+]
+
+
+@pytest.mark.parametrize("kw,with_draft,vocab", CASES)
+def test_the_launcher_launches_the_plan_and_gives_the_reference_tokens(kw, with_draft, vocab, device):
+    """Recorded Triton launches (the interpreter, or a GPU) = tree_kernel_sequence of the plan the
+    launcher sizes them from; tokens, path and acceptances equal the torch reference, and equal
+    the every-launch sequence (modes unknown) bit for bit, with and without a workspace."""
+    batch, n, max_children = 3, 9, 3
+    if isinstance(kw.get("temperature"), torch.Tensor):
+        kw = dict(kw, temperature=kw["temperature"].to(device))
+    target, draft, tokens, parents, offsets = tree_problem(batch, n, vocab, torch.float32, with_draft, False, 7,
+                                                           {k: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                                                            for k, v in kw.items()})
+    params = make_sampling_tensors(batch, device, seed=7, offset=offsets.to(device), **kw)
+    args = (target.to(device), None if draft is None else draft.to(device), tokens.to(device), parents.to(device))
+    ws = KernelWorkspace()
+    with TritonLaunches() as rec:
+        got = tree_verify_triton(*args, params, max_children=max_children, workspace=ws)
+    plan = tree_plan(batch, n, vocab, with_draft, modes=params.modes, max_children=max_children,
+                     num_sms=torch.cuda.get_device_properties(device).multi_processor_count if device == "cuda" else 1,
+                     interpreting=device != "cuda")
+    assert _kernel_names(rec.launches) == tree_kernel_sequence(plan, workspace=True)
+    assert ws.all_zero()
+
+    reference = tree_verify(*[a.cpu() if a is not None else None for a in args], backend="torch", seed=7,
+                            offset=offsets, **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+    assert torch.equal(got[0].cpu(), reference.tokens) and torch.equal(got[1].cpu(), reference.path)
+    assert torch.equal(got[2].cpu(), reference.num_accepted)
+    every_launch = tree_verify_triton(*args, dataclasses.replace(params, modes=None), max_children=max_children)
+    assert all(torch.equal(a, b) for a, b in zip(got, every_launch))
