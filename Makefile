@@ -15,12 +15,22 @@ else
   REQUIREMENTS := requirements/dev-cpu.txt
 endif
 PYTEST_WORKERS ?= 2
+# A CPU-only machine takes the CPU build of requirements/dev-cpu.txt's torch pin. This project's
+# machines carry that wheel (pip's find-links, checked offline: ~2 s, only when the venv is made);
+# elsewhere it comes from PyTorch's CPU index: PyPI's torch of that version is the CUDA build
+# (several GB), which also requires another triton than the pinned 3.6.0, so pip cannot resolve
+# dev-cpu.txt from PyPI alone. Not added where the wheel is local: an unreachable index costs
+# minutes of retries (seen here: `make setup` 8 min 50 s with it, on a machine without access).
+TORCH_PIN := $(shell grep -E '^torch==' requirements/dev-cpu.txt)
+CPU_TORCH_INDEX_URL := https://download.pytorch.org/whl/cpu
+cpu_torch_index = $(shell $(PYTHON) -m pip install --dry-run --quiet --ignore-installed --no-deps --no-index \
+	"$(TORCH_PIN)" >/dev/null 2>&1 || echo --extra-index-url $(CPU_TORCH_INDEX_URL))
 
 .PHONY: setup test test-fast demo bench wheel clean
 
 $(STAMP): $(REQUIREMENTS) setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	$(PY) -m pip install -q -r $(REQUIREMENTS)
+	$(PY) -m pip install -q $(if $(filter requirements/dev-cpu.txt,$(REQUIREMENTS)),$(cpu_torch_index)) -r $(REQUIREMENTS)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
