@@ -321,11 +321,24 @@ def set_agreement(target, draft, originals, goal: float, device, steps: int = 12
     return scale, agreement(scale)
 
 
+def _kernel_census(fn) -> dict:
+    """Device time per Triton kernel of one eager call (torch.profiler, gpu_timing.profile_kernels):
+    which launch of tree_verify costs what (the walk is one program scanning the N nodes in order;
+    the residual masses one launch per sibling). An error is recorded, not raised."""
+    from gpu_timing import profile_kernels
+
+    try:
+        return profile_kernels(fn, iters=5)
+    except Exception as error:  # noqa: BLE001 - a profiler failure must not lose the timed row
+        return {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+
+
 def kernel_times(device, vocab: int, quick: bool = False) -> list:
     """tree_verify vs chain_verify (Triton) at equal target tokens: CUDA graph replays under
     do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers),
     each call on its own KernelWorkspace as the engine's (no zero fills), with the launches its
-    plan makes (tree_verify_plan / verify_plan). quick: issue 25's yardstick only (B = 1; the
+    plan makes (tree_verify_plan / verify_plan) and the tree's device time per kernel
+    (tree_kernels: families_count_us rows [kernel, launches, us] per call). quick: issue 25's yardstick only (B = 1; the
     chain at K = 8 and the tree at N = 64)."""
     from verify_gpu_table import _time
 
@@ -368,10 +381,12 @@ def kernel_times(device, vocab: int, quick: bool = False) -> list:
                                                              workspace=ws_chain), False)["median_us"]
                 tree_launches = tree_verify_plan(batch, n, vocab, True, modes, tree.max_children,
                                                  workspace=True)["launches"]
+                kernels = _kernel_census(lambda: tree_verify_triton(target, draft, tokens, parents, params,
+                                                                    workspace=ws_tree, max_children=tree.max_children))
                 chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
-                                chain_launches=chain_launches))
+                                chain_launches=chain_launches, tree_kernels=kernels))
                 print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us ({tree_launches} launches), "
                       f"chain {chain_us:.1f} us ({chain_launches})", flush=True)
     return out

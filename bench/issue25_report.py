@@ -94,6 +94,16 @@ def tree_lines(report: dict | None, rows: list) -> None:
           None if ratio is None else ratio <= TREE_TARGET_RATIO, "{:.2f}")
 
 
+def tree_kernel_split(report: dict | None) -> list:
+    """The tree_verify T=1 N=64 B=1 row's device time per kernel (bench_tree's tree_kernels:
+    [kernel, launches, us] per call), slowest first: which launch the 2x target waits on."""
+    row = next((r for r in (report or {}).get("rows", []) if r.get("batch") == 1 and r.get("nodes") == 64
+                and r.get("mode") == "T=1"), None)
+    census = (row or {}).get("tree_kernels") or {}
+    return [{"kernel": name.removeprefix("other: "), "launches": launches, "us": round(us, 1)}
+            for name, launches, us in census.get("families_count_us", [])]
+
+
 def gemv_levers(reports: dict) -> dict:
     """GEMV_LAYER / GEMV_PDL from profile_step's rows (every batch and step width measured)."""
     steps = [(batch, n, row) for batch, rep in reports.items() if rep
@@ -186,10 +196,12 @@ def build(results: Path, device: str) -> dict:
     rows: list = []
     verify_lines(verify, rows)
     plain_lines(plain, rows)
-    tree_lines(load(results, "tree_kernels", device), rows)
+    tree = load(results, "tree_kernels", device)
+    tree_lines(tree, rows)
     return {"device": device, "targets": rows, "levers": {**gemv_levers(plain),
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device))},
             "stream_variants": stream_variants(load(results, "stream_lanes", device)),
+            "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}
 
 
@@ -206,6 +218,9 @@ def markdown(report: dict) -> str:
         lines += ["", "| streaming row | lanes us | fastest | us | over lanes |", "|---|---|---|---|---|"]
         lines += [f"| {v['row']} | {v['lanes_us']} | {v['best']} | {v['best_us']} | {v['best_over_lanes']} |"
                   for v in report["stream_variants"]]
+    if report["tree_kernels"]:
+        lines += ["", "| tree_verify T=1 N=64 B=1 kernel | launches | us (eager, per call) |", "|---|---|---|"]
+        lines += [f"| {k['kernel']} | {k['launches']:g} | {k['us']} |" for k in report["tree_kernels"]]
     lines += ["", f"suite: {report['suite'] or 'no log'}"]
     return "\n".join(lines)
 

@@ -42,7 +42,9 @@ FILES = {
     "profile_step": {"steps": {"N=1": step(6.0, 0.80, gemv=5.5, pdl=5.2), "N=5": step(6.5, None, gemv=6.0, pdl=5.8)}},
     "profile_step_b8": {"steps": {"N=1": step(7.0, 0.70, gemv=6.8, pdl=6.5)}},
     "tree_kernels": {"rows": [{"batch": 1, "nodes": None, "mode": "T=1", "chain_k": 8, "chain_verify_us": 50.0},
-                              {"batch": 1, "nodes": 64, "mode": "T=1", "tree_verify_us": 90.0, "chain_verify_us": 1.0},
+                              {"batch": 1, "nodes": 64, "mode": "T=1", "tree_verify_us": 90.0, "chain_verify_us": 1.0,
+                               "tree_kernels": {"families_count_us": [["other: walk_kernel", 1.0, 40.04],
+                                                                      ["other: residual_mass_kernel", 5.0, 20.0]]}},
                               {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0}]},
     "attention": {"results": [
         {"B": 1, "context": 1024, "triton_N1_us": 10.0, "in_kernel_N1_us": 8.0, "triton_N5_us": 12.0,
@@ -88,8 +90,10 @@ def test_targets_read_from_every_file(tmp_path):
     assert report["levers"]["MERGE_IN_KERNEL"]["advice"] == "on"  # 0.8 and 0.92 faster, 1.01 within noise
     [variant] = report["stream_variants"]
     assert variant["best"] == "lanes_unroll2"  # unroll4 is faster but gave other tokens
+    assert report["tree_kernels"][0] == {"kernel": "walk_kernel", "launches": 1.0, "us": 40.0}
     text = issue25_report.markdown(report)
     assert "| GEMV_LAYER | on |" in text and "not measured" not in text
+    assert "| residual_mass_kernel | 5 | 20.0 |" in text
 
 
 def test_the_rules_say_no(tmp_path):
@@ -134,6 +138,7 @@ def test_missing_files_are_not_measured(tmp_path):
     assert all(r["met"] is None for k, r in rows.items() if not k.startswith("verify"))
     assert {lever["advice"] for lever in report["levers"].values()} == {"unmeasured"}
     assert report["stream_variants"] == [] and "not measured" in issue25_report.markdown(report)
+    assert report["tree_kernels"] == []
 
 
 @pytest.mark.parametrize("partial", [{"results": []}, {"results": [verify_row(1, "greedy", 5.0, 0.1)]}])
