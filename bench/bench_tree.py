@@ -333,12 +333,14 @@ def _kernel_census(fn) -> dict:
         return {"error": f"{type(error).__name__}: {str(error)[:200]}"}
 
 
-def kernel_times(device, vocab: int, quick: bool = False) -> list:
+def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
     """tree_verify vs chain_verify (Triton) at equal target tokens: CUDA graph replays under
     do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers),
     each call on its own KernelWorkspace as the engine's (no zero fills), with the launches its
     plan makes (tree_verify_plan / verify_plan) and the tree's device time per kernel
-    (tree_kernels: families_count_us rows [kernel, launches, us] per call). quick: issue 25's yardstick only (B = 1; the
+    (tree_kernels: families_count_us rows [kernel, launches, us] per call). save(rows): called
+    after every row (a device call's limit then keeps the rows measured). T = 1 first (issue 25's
+    target row), then greedy. quick: issue 25's yardstick only (B = 1; the
     chain at K = 8 and the tree at N = 64)."""
     from verify_gpu_table import _time
 
@@ -351,7 +353,7 @@ def kernel_times(device, vocab: int, quick: bool = False) -> list:
 
     out = []
     for batch in (1,) if quick else (1, 8):
-        for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
+        for mode, kw in (("T=1", dict(temperature=1.0)), ("greedy", dict(temperature=0.0))):
             # the chain at K = 8 (issue 25's yardstick: tree_verify at N = 64 within 2x of it)
             g = torch.Generator(device="cpu").manual_seed(1)
             target = (torch.randn(batch, 9, vocab, generator=g) * 3).to(device, torch.bfloat16)
@@ -364,8 +366,10 @@ def kernel_times(device, vocab: int, quick: bool = False) -> list:
             out.append(dict(batch=batch, nodes=None, vocab=vocab, mode=mode, chain_k=8, chain_verify_us=chain8_us,
                             chain_launches=chain8_launches))
             print(f"verify B={batch} chain K=8 {mode}: {chain8_us:.1f} us ({chain8_launches} launches)", flush=True)
+            if save:
+                save(out)
         for n in (64,) if quick else (5, 16, 64):
-            for mode, kw in (("greedy", dict(temperature=0.0)), ("T=1", dict(temperature=1.0))):
+            for mode, kw in (("T=1", dict(temperature=1.0)), ("greedy", dict(temperature=0.0))):
                 g = torch.Generator(device="cpu").manual_seed(0)
                 target = (torch.randn(batch, n, vocab, generator=g) * 3).to(device, torch.bfloat16)
                 draft = (target.float() + torch.randn(batch, n, vocab, generator=g).to(device)).to(torch.bfloat16)
@@ -389,6 +393,8 @@ def kernel_times(device, vocab: int, quick: bool = False) -> list:
                                 chain_launches=chain_launches, tree_kernels=kernels))
                 print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us ({tree_launches} launches), "
                       f"chain {chain_us:.1f} us ({chain_launches})", flush=True)
+                if save:
+                    save(out)
     return out
 
 
@@ -500,9 +506,10 @@ def main(argv=None):
         device = torch.device(args.device or "cuda")
         name = torch.cuda.get_device_name(device).lower().replace(" ", "_")
         out = Path(args.out or ROOT / "bench" / "results" / f"tree_kernels_{name}.json")
-        out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(device), environment=environment(device),
-                                       timer="CUDA graph replay under do_bench, median us",
-                                       rows=kernel_times(device, 128256, quick=args.quick)), indent=1))
+        head = dict(device=torch.cuda.get_device_name(device), environment=environment(device),
+                    timer="CUDA graph replay under do_bench, median us")
+        save = lambda rows: out.write_text(json.dumps(dict(head, rows=rows), indent=1))  # noqa: E731
+        save(kernel_times(device, 128256, quick=args.quick, save=save))
         print(f"wrote {out}")
         return
     args.prompt_len = args.prompt_len or (128 if args.gpu else 96)
