@@ -16,6 +16,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
   - GEMV_PDL: the PDL chain against the GEMV layer without it, no error (and GEMV_LAYER on);
   - MERGE_IN_KERNEL (kernels/attention/triton.py): the in-kernel merge against the merge launch
     per shape, same outputs;
+  - TREE_WALK_PARALLEL (kernels/tree_verify/_triton_plan.py WALK_PARALLEL): tree_verify with the
+    parallel walk against the scan, N = 64, T = 1 and greedy, same tokens;
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
@@ -138,6 +140,20 @@ def gemv_levers(reports: dict) -> dict:
     return out
 
 
+def walk_lever(report: dict | None) -> dict:
+    """TREE_WALK_PARALLEL (kernels/tree_verify/_triton_plan.py WALK_PARALLEL) from bench_tree's
+    kernel rows: tree_verify with the parallel walk over the scan, same tokens."""
+    ratios, why = {}, []
+    for r in (report or {}).get("rows", []):
+        if r.get("nodes") is None or "tree_verify_us_walk_parallel" not in r:
+            continue
+        where = f"B={r['batch']} N={r['nodes']} {r['mode']}"
+        ratios[where] = r["tree_verify_us_walk_parallel"] / r["tree_verify_us"]
+        if not r.get("walk_parallel_tokens_equal", False):
+            why.append(f"{where}: other tokens than the scan")
+    return _advice(ratios, why, "tree_verify us with the parallel walk over the scan")
+
+
 def merge_lever(report: dict | None) -> dict:
     """MERGE_IN_KERNEL from bench_attention's rows (the automatic plans of both forms). The flag
     changes every shape's plan; the shapes the run left out (--quick: B = 32, 2k and 32k contexts;
@@ -199,7 +215,8 @@ def build(results: Path, device: str) -> dict:
     tree = load(results, "tree_kernels", device)
     tree_lines(tree, rows)
     return {"device": device, "targets": rows, "levers": {**gemv_levers(plain),
-                                                          "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device))},
+                                                          "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
+                                                          "TREE_WALK_PARALLEL": walk_lever(tree)},
             "stream_variants": stream_variants(load(results, "stream_lanes", device)),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}

@@ -125,6 +125,7 @@ stage_limits() {
   run --cap 170 python3 bench/profile_step.py --quick --out "$results/profile_step_$dev.json"
   run --cap 150 python3 bench/bench_verify.py --gpu --quick --budget-s "$(budget 90 150)" --out "$results/verify_$dev.json"
   run --cap 110 python3 bench/bench_attention.py --gpu --quick --budget-s "$(budget 60 110)" --out "$results/attention_$dev.json"
+  # tree N=64 vs chain K=8, the tree's kernels by device time, and its walk both ways (WALK_PARALLEL)
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"

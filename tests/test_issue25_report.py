@@ -43,9 +43,11 @@ FILES = {
     "profile_step_b8": {"steps": {"N=1": step(7.0, 0.70, gemv=6.8, pdl=6.5)}},
     "tree_kernels": {"rows": [{"batch": 1, "nodes": None, "mode": "T=1", "chain_k": 8, "chain_verify_us": 50.0},
                               {"batch": 1, "nodes": 64, "mode": "T=1", "tree_verify_us": 90.0, "chain_verify_us": 1.0,
+                               "tree_verify_us_walk_parallel": 60.0, "walk_parallel_tokens_equal": True,
                                "tree_kernels": {"families_count_us": [["other: walk_kernel", 1.0, 40.04],
                                                                       ["other: residual_mass_kernel", 5.0, 20.0]]}},
-                              {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0}]},
+                              {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0,
+                               "tree_verify_us_walk_parallel": 500.0, "walk_parallel_tokens_equal": True}]},
     "attention": {"results": [
         {"B": 1, "context": 1024, "triton_N1_us": 10.0, "in_kernel_N1_us": 8.0, "triton_N5_us": 12.0,
          "in_kernel_N5_us": 11.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.004},
@@ -91,6 +93,8 @@ def test_targets_read_from_every_file(tmp_path):
     [variant] = report["stream_variants"]
     assert variant["best"] == "lanes_unroll2"  # unroll4 is faster but gave other tokens
     assert report["tree_kernels"][0] == {"kernel": "walk_kernel", "launches": 1.0, "us": 40.0}
+    walk = report["levers"]["TREE_WALK_PARALLEL"]
+    assert walk["advice"] == "on" and walk["ratios"] == {"B=1 N=64 T=1": 0.667, "B=1 N=64 greedy": 1.0}
     text = issue25_report.markdown(report)
     assert "| GEMV_LAYER | on |" in text and "not measured" not in text
     assert "| residual_mass_kernel | 5 | 20.0 |" in text
@@ -113,8 +117,9 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
     files["profile_step"]["steps"]["N=1"]["gemv_layer_pdl"] = {"error": "RuntimeError: CUDA error: illegal instruction"}
     files["profile_step"]["steps"]["N=1"]["gemv_layer"]["argmax_agreement"] = 0.9
     files["attention"]["results"][0]["in_kernel_max_abs_diff_N5"] = 0.5
+    files["tree_kernels"]["rows"][1]["walk_parallel_tokens_equal"] = False
     report = build(tmp_path, files)
-    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL"):
+    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL"):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
 
 

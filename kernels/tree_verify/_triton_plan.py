@@ -8,8 +8,9 @@ Launches, in order (each boundary a grid-wide dependency):
             + the finish when some row may use top-k / top-p / min-p)
   residual  sampled children (draft logits) when some row may sample: the residual masses W_k of
             the sibling tests, one launch per k = 1 .. kmax - 1 (W_k depends on W_{k-1})
-  walk      the greedy longest path and the rejection walk; when every row is greedy it also
-            writes the emitted token (the final node's argmax) and nothing follows
+  walk      the greedy longest path and the rejection walk (a scan over the nodes, or, with
+            walk_parallel, every node's test at once: _triton_walk.py); when every row is greedy
+            it also writes the emitted token (the final node's argmax) and nothing follows
   emit      the emitted token's Gumbel-max over vocab chunks, merged by each row tile's last program
 Without a caller's KernelWorkspace two zero fills come first: the counters (the selection's and
 the residual and emission tickets, one fill) and the dummy drafts.
@@ -32,6 +33,18 @@ WALK_ROWS_INTERPRETER = 4096
 MAX_BLOCK_V, TILE, PROGRAMS_PER_SM = 1024, 2048, 4
 MAX_BLOCK_V_INTERPRETER, TILE_INTERPRETER, INTERPRETER_PROGRAMS = 32768, 131072, 4
 NUM_WARPS = 4
+# The walk as every node's test at once and a chase down the accepted path (_triton_walk.py, one
+# row per program, depth steps) instead of the scan (one dependent step per node: N - 1 at B = 1,
+# each waiting on a load). The same tokens bit for bit; off until a GPU times both
+# (bench/bench_tree.py --kernels-only: tree_verify_us_walk_parallel).
+WALK_PARALLEL = False
+
+
+def walk_parallel_warps(block_n: int) -> int:
+    """Warps of the parallel walk's program: its [BLOCK_N, BLOCK_N] tiles at ~8 values per thread.
+    sm_90a (Triton's ptxas, N = 64): 4 warps held 255 registers (the top-b form spilling 1.9 KB),
+    8 warps 126 (top-b: 255, 36 B spilled), 16 warps 86 (top-b: 128, 32 B)."""
+    return max(1, min(16, block_n * block_n // 256))
 
 
 @dataclass(frozen=True)
@@ -55,8 +68,9 @@ class TreePlan:
     kmax: int  # the most children a node may have (max_children, or N - 1)
     residual_launches: int  # one per sibling after the first: 0 without sampled children
     residual: VocabTiling | None  # over B * N (row, node) pairs
-    walk_block_r: int
+    walk_block_r: int  # rows per walk program (1 for the parallel walk)
     walk_warps: int
+    walk_parallel: bool  # _triton_walk.py's walk_parallel_kernel instead of the scan
     emits: bool  # False: every row greedy, the walk writes the emitted token
     emit: VocabTiling | None  # over the B rows' final nodes
 
@@ -87,9 +101,10 @@ def _tiling(rows: int, vocab: int, block_v: int | None, num_chunks: int | None, 
 
 def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozenset | None, max_children: int | None,
               num_sms: int, interpreting: bool, block_v: int | None = None,
-              num_chunks: int | None = None) -> TreePlan:
+              num_chunks: int | None = None, walk_parallel: bool | None = None) -> TreePlan:
     """The plan for target logits [batch, n, vocab] (draft logits [batch, n, vocab] when
-    has_draft; n > 1 for them to count). block_v / num_chunks override the vocab splits (tests)."""
+    has_draft; n > 1 for them to count). block_v / num_chunks override the vocab splits (tests);
+    walk_parallel: the walk's form (None: WALK_PARALLEL)."""
     k = n - 1
     has_draft = has_draft and k > 0
     stats = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=interpreting, modes=modes,
@@ -98,23 +113,29 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
     may_sample = modes is None or bool(modes - {"greedy"})
     residual_launches = kmax - 1 if has_draft and kmax > 1 and may_sample else 0
     residual = (_tiling(batch * n, vocab, block_v, num_chunks, num_sms, interpreting) if residual_launches else None)
-    walk_block_r = min(triton.next_power_of_2(batch), WALK_ROWS_INTERPRETER if interpreting else WALK_ROWS)
-    walk_warps = 8 if walk_block_r * triton.next_power_of_2(n) >= 1024 else NUM_WARPS
+    walk_parallel = WALK_PARALLEL if walk_parallel is None else bool(walk_parallel)
+    if walk_parallel:
+        walk_block_r, walk_warps = 1, walk_parallel_warps(triton.next_power_of_2(n))
+    else:
+        walk_block_r = min(triton.next_power_of_2(batch), WALK_ROWS_INTERPRETER if interpreting else WALK_ROWS)
+        walk_warps = 8 if walk_block_r * triton.next_power_of_2(n) >= 1024 else NUM_WARPS
     emits = modes != {"greedy"}
     emit = _tiling(batch, vocab, block_v, num_chunks, num_sms, interpreting) if emits else None
-    return TreePlan(stats, kmax, residual_launches, residual, walk_block_r, walk_warps, emits, emit)
+    return TreePlan(stats, kmax, residual_launches, residual, walk_block_r, walk_warps, walk_parallel, emits, emit)
 
 
 def tree_kernel_sequence(plan: TreePlan, workspace: bool = False) -> list[str]:
     """The graph nodes of one tree_verify_triton call, in order; workspace: the caller's
     KernelWorkspace (the engine's tree loop), which leaves out the two zero fills."""
     fills = [] if workspace else ["zero fill: counters", "zero fill: dummy drafts"]
-    return (fills + select_sequence(plan.stats) + ["residual_mass"] * plan.residual_launches + ["walk"]
+    walk = "walk_parallel" if plan.walk_parallel else "walk"
+    return (fills + select_sequence(plan.stats) + ["residual_mass"] * plan.residual_launches + [walk]
             + (["emit"] if plan.emits else []))
 
 
 def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, modes=("plain",),
-                     max_children: int | None = None, num_sms: int = 132, workspace: bool = False) -> dict:
+                     max_children: int | None = None, num_sms: int = 132, workspace: bool = False,
+                     walk_parallel: bool | None = None) -> dict:
     """The GPU plan of tree_verify_triton for this shape, these sampling modes (as verify_plan:
     a subset of sampling_params.MODES, "T=1" for "plain"; None = unknown) and this bound on a
     node's children: launches in order and the grids, from the code the launcher sizes them with.
@@ -123,7 +144,7 @@ def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, mod
     (at most all of them: counted as a bound); the emission reads one node's rows per tree."""
     modes = host_modes(modes)
     plan = tree_plan(batch, n, vocab, has_draft, modes=modes, max_children=max_children, num_sms=num_sms,
-                     interpreting=False)
+                     interpreting=False, walk_parallel=walk_parallel)
     kernels = tree_kernel_sequence(plan, workspace)
     return {
         "launches": len(kernels),
@@ -132,7 +153,7 @@ def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, mod
         "grids": {"select": plan.stats.select_grid,
                   "finish": plan.stats.finish_grid if plan.stats.large_vocab and plan.stats.finish else None,
                   "residual_mass": plan.residual.grid if plan.residual_launches else None,
-                  "walk": (triton.cdiv(batch, plan.walk_block_r),),
+                  ("walk_parallel" if plan.walk_parallel else "walk"): (triton.cdiv(batch, plan.walk_block_r),),
                   "emit": plan.emit.grid if plan.emits else None},
         "residual_launches": plan.residual_launches,
     }

@@ -18,6 +18,7 @@ from ..sampling_params import SamplingTensors
 from ..verify.triton import _num_sms, _vocab_contiguous, run_launches, select_stats
 from . import _triton_kernels as kernels
 from ._triton_plan import NUM_WARPS, TreePlan, tree_plan
+from ._triton_walk import walk_parallel_kernel
 
 
 def _node_stats(target, draft, params: SamplingTensors, plan: TreePlan, workspace=None):
@@ -35,7 +36,7 @@ def _node_stats(target, draft, params: SamplingTensors, plan: TreePlan, workspac
 
 
 def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children,
-            workspace=None):
+            workspace=None, walk_parallel=None):
     batch, n, vocab = target.shape
     device = target.device
     i32 = dict(dtype=torch.int32, device=device)
@@ -50,7 +51,8 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     tokens, parents = tokens.contiguous(), parents.contiguous()
     interpreting = triton_interpreting()
     plan = tree_plan(batch, n, vocab, has_draft, modes=params.modes, max_children=max_children,
-                     num_sms=_num_sms(device), interpreting=interpreting, block_v=block_v, num_chunks=num_chunks)
+                     num_sms=_num_sms(device), interpreting=interpreting, block_v=block_v, num_chunks=num_chunks,
+                     walk_parallel=walk_parallel)
     stats, tickets = _node_stats(target, draft if has_draft else None, params, plan, workspace)
     residual_tickets, emit_tickets = tickets[:plan.residual_tickets], tickets[plan.residual_tickets:]
     npos = plan.stats.npos
@@ -76,15 +78,24 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     lam = torch.empty((batch,), dtype=torch.float32, device=device)
     removed = torch.empty((batch, n), **i32)
     num_removed = torch.empty((batch,), **i32)
-    node_f = torch.empty((3, batch, n), dtype=torch.float32, device=device)  # walk scratch (see walk_kernel)
-    node_i = torch.empty((4, batch, n), **i32)
-    kernels.walk_kernel[(triton.cdiv(batch, plan.walk_block_r),)](
-        target, draft, tokens, parents, p.temperature, p.min_p, p.seed, p.offset, *stats, mass, node_f, node_i,
-        path, out, num_accepted, final, lam, removed, num_removed,
-        batch, npos, *strides, tokens.stride(0), parents.stride(0),
-        N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=plan.walk_block_r, BLOCK_N=block_n,
-        GREEDY_BONUS=not plan.emits, num_warps=plan.walk_warps,
-    )
+    if plan.walk_parallel:
+        walk_parallel_kernel[(batch,)](
+            target, draft, tokens, parents, p.temperature, p.min_p, p.seed, p.offset, *stats, mass,
+            path, out, num_accepted, final, lam, removed, num_removed,
+            npos, plan.kmax, *strides, tokens.stride(0), parents.stride(0),
+            N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_N=block_n, GREEDY_BONUS=not plan.emits,
+            num_warps=plan.walk_warps,
+        )
+    else:
+        node_f = torch.empty((3, batch, n), dtype=torch.float32, device=device)  # walk scratch (see walk_kernel)
+        node_i = torch.empty((4, batch, n), **i32)
+        kernels.walk_kernel[(triton.cdiv(batch, plan.walk_block_r),)](
+            target, draft, tokens, parents, p.temperature, p.min_p, p.seed, p.offset, *stats, mass, node_f, node_i,
+            path, out, num_accepted, final, lam, removed, num_removed,
+            batch, npos, *strides, tokens.stride(0), parents.stride(0),
+            N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=plan.walk_block_r, BLOCK_N=block_n,
+            GREEDY_BONUS=not plan.emits, num_warps=plan.walk_warps,
+        )
     if not plan.emits:  # every row greedy: the walk wrote the final node's argmax
         return out, path, num_accepted
 
@@ -113,12 +124,14 @@ def tree_verify_triton(
     num_chunks: int | None = None,
     max_children: int | None = None,
     workspace=None,
+    walk_parallel: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
     -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
     kernels.tree_verify.tree_verify; block_v / num_chunks override the vocab split (tests).
     max_children: a bound on any node's children in any row (None: N - 1); sampled children cost
     one residual-mass launch per sibling after the first, up to the bound. workspace: a caller's
-    KernelWorkspace (kernels/_workspace.py): no zero fills (two per call without)."""
+    KernelWorkspace (kernels/_workspace.py): no zero fills (two per call without). walk_parallel:
+    the walk's form (None: _triton_plan.WALK_PARALLEL; the same tokens either way)."""
     return run_launches(_launch, target_logits, draft_logits, tokens, parents, params, block_v, num_chunks,
-                        max_children, workspace, workspace=workspace)
+                        max_children, workspace, walk_parallel, workspace=workspace)

@@ -9,6 +9,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 import _compile_verify_kernels as compiler  # noqa: E402  (beside this script: sys.path[0])
 
 from specdec_fast.kernels.tree_verify import _triton_kernels as tree  # noqa: E402
+from specdec_fast.kernels.tree_verify import _triton_walk as walk  # noqa: E402
+from specdec_fast.kernels.tree_verify._triton_plan import walk_parallel_warps  # noqa: E402
 
 INT_POINTERS = ("parents_ptr", "tokens_ptr", "seed_ptr", "offset_ptr", "tkey_ptr")  # int64
 INT32_POINTERS = ("amax_ptr", "ticket_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
@@ -26,6 +28,8 @@ def main() -> int:
                                              BLOCK_C=16, FENCE=True), 4),
             *[(tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n,
                                       GREEDY_BONUS=bonus), walk_warps) for bonus in (False, True)],
+            (walk.walk_parallel_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_N=block_n,
+                                             GREEDY_BONUS=False), walk_parallel_warps(block_n)),
             (tree.emit_kernel, dict(N=n, V=vocab, CHUNK=2048, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=2, BLOCK_V=1024,
                                     BLOCK_C=64, FENCE=True), 4),
         ]
