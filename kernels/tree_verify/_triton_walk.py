@@ -67,7 +67,6 @@ def walk_parallel_kernel(
     kid = (par[None, :] == rows) & present[None, :]
     sib = (par[:, None] == par[None, :]) & present[:, None] & present[None, :] & (rows < c[None, :])
     rank = tl.sum(sib.to(tl.int32), axis=0)  # earlier siblings of c: the rejections before its test
-    num_kids = tl.sum(kid.to(tl.int32), axis=1)  # [p]
     last_kid = tl.max(tl.where(kid, c[None, :], -1), axis=1)  # [p]
 
     # Each node's coin, and q (and p) at its parent of its token.
