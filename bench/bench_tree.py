@@ -338,8 +338,8 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
     do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers),
     each call on its own KernelWorkspace as the engine's (no zero fills), with the launches its
     plan makes (tree_verify_plan / verify_plan) and the tree's device time per kernel
-    (tree_kernels: families_count_us rows [kernel, launches, us] per call), and the same call with
-    the other walk (tree_verify_us_walk_parallel, walk_parallel_tokens_equal). save(rows): called
+    (tree_kernels: families_count_us rows [kernel, launches, us] per call), and the call with each
+    walk (tree_verify_us_walk_parallel / _walk_scan, walk_parallel_tokens_equal). save(rows): called
     after every row (a device call's limit then keeps the rows measured). T = 1 first (issue 25's
     target row), then greedy. quick: issue 25's yardstick only (B = 1; the
     chain at K = 8 and the tree at N = 64)."""
@@ -347,7 +347,7 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
 
     from specdec_fast.kernels import make_sampling_tensors
     from specdec_fast.kernels._workspace import KernelWorkspace
-    from specdec_fast.kernels.tree_verify._triton_plan import tree_verify_plan
+    from specdec_fast.kernels.tree_verify._triton_plan import WALK_PARALLEL, tree_verify_plan
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
     from specdec_fast.kernels.verify.triton import chain_verify_triton, verify_plan
     from specdec_fast.drafters.token_tree import TokenTree
@@ -388,21 +388,23 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
                                                  workspace=True)["launches"]
                 kernels = _kernel_census(lambda: tree_verify_triton(target, draft, tokens, parents, params,
                                                                     workspace=ws_tree, max_children=tree.max_children))
-                # the parallel walk (_triton_plan.WALK_PARALLEL's other form): same call, same tokens?
-                ws_walk = KernelWorkspace()
-                walk_call = lambda: tree_verify_triton(target, draft, tokens, parents, params, workspace=ws_walk,  # noqa: E731
-                                                       max_children=tree.max_children, walk_parallel=True)
-                scan_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
-                                                       max_children=tree.max_children, walk_parallel=False)
-                walk_equal = all(torch.equal(a, b) for a, b in zip(walk_call(), scan_call()))
-                walk_us = _time(walk_call, False)["median_us"]
+                # the walk both ways (WALK_PARALLEL picks the default, timed above): same tokens?
+                ws_walk = {True: KernelWorkspace(), False: KernelWorkspace()}
+                walk_call = {form: (lambda form=form: tree_verify_triton(target, draft, tokens, parents, params,
+                                                                        workspace=ws_walk[form], walk_parallel=form,
+                                                                        max_children=tree.max_children))
+                             for form in (True, False)}
+                walk_equal = all(torch.equal(a, b) for a, b in zip(walk_call[True](), walk_call[False]()))
+                walk_us = {form: tree_us if form == WALK_PARALLEL else _time(walk_call[form], False)["median_us"]
+                           for form in (True, False)}
                 chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,
-                                tree_verify_us_walk_parallel=walk_us, walk_parallel_tokens_equal=walk_equal))
-                print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us ({tree_launches} launches), "
-                      f"with the parallel walk {walk_us:.1f} us (same tokens: {walk_equal}), "
+                                tree_verify_us_walk_parallel=walk_us[True], tree_verify_us_walk_scan=walk_us[False],
+                                walk_parallel_tokens_equal=walk_equal))
+                print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us ({tree_launches} launches; walk: "
+                      f"parallel {walk_us[True]:.1f}, scan {walk_us[False]:.1f}, same tokens: {walk_equal}), "
                       f"chain {chain_us:.1f} us ({chain_launches})", flush=True)
                 if save:
                     save(out)

@@ -148,7 +148,7 @@ def walk_lever(report: dict | None) -> dict:
         if r.get("nodes") is None or "tree_verify_us_walk_parallel" not in r:
             continue
         where = f"B={r['batch']} N={r['nodes']} {r['mode']}"
-        ratios[where] = r["tree_verify_us_walk_parallel"] / r["tree_verify_us"]
+        ratios[where] = r["tree_verify_us_walk_parallel"] / r.get("tree_verify_us_walk_scan", r["tree_verify_us"])
         if not r.get("walk_parallel_tokens_equal", False):
             why.append(f"{where}: other tokens than the scan")
     return _advice(ratios, why, "tree_verify us with the parallel walk over the scan")
