@@ -85,12 +85,15 @@ def plain_lines(reports: dict, rows: list) -> None:
               None if best is None else best >= target, "{:.3f}")
 
 
+def _tree_row(report: dict | None, **match) -> dict | None:
+    """bench_tree's first kernel row at batch 1, T = 1, with the given fields (nodes=64 / chain_k=8)."""
+    return next((r for r in (report or {}).get("rows", []) if r.get("batch") == 1 and r.get("mode") == "T=1"
+                 and all(r.get(k) == v for k, v in match.items())), None)
+
+
 def tree_lines(report: dict | None, rows: list) -> None:
-    table = (report or {}).get("rows", [])
-    chain = next((r["chain_verify_us"] for r in table if r.get("batch") == 1 and r.get("chain_k") == 8
-                  and r.get("mode") == "T=1"), None)
-    tree = next((r["tree_verify_us"] for r in table if r.get("batch") == 1 and r.get("nodes") == 64
-                 and r.get("mode") == "T=1"), None)
+    chain = (_tree_row(report, chain_k=8) or {}).get("chain_verify_us")
+    tree = (_tree_row(report, nodes=64) or {}).get("tree_verify_us")
     ratio = tree / chain if tree is not None and chain else None
     _line(rows, "tree_verify T=1 N=64 over chain_verify K=8, B=1", ratio, f"<= {TREE_TARGET_RATIO:g}",
           None if ratio is None else ratio <= TREE_TARGET_RATIO, "{:.2f}")
@@ -99,9 +102,7 @@ def tree_lines(report: dict | None, rows: list) -> None:
 def tree_kernel_split(report: dict | None) -> list:
     """The tree_verify T=1 N=64 B=1 row's device time per kernel (bench_tree's tree_kernels:
     [kernel, launches, us] per call), slowest first: which launch the 2x target waits on."""
-    row = next((r for r in (report or {}).get("rows", []) if r.get("batch") == 1 and r.get("nodes") == 64
-                and r.get("mode") == "T=1"), None)
-    census = (row or {}).get("tree_kernels") or {}
+    census = (_tree_row(report, nodes=64) or {}).get("tree_kernels") or {}
     return [{"kernel": name.removeprefix("other: "), "launches": launches, "us": round(us, 1)}
             for name, launches, us in census.get("families_count_us", [])]
 

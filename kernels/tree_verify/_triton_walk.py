@@ -22,11 +22,10 @@ import triton.language as tl
 
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import philox_bits, uniform_from_bits
-from ..verify._triton_common import standardised
+from ..verify._triton_common import BIG_INDEX, standardised
 from ..verify._triton_emit import _stats
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
-BIG = tl.constexpr(1 << 30)
 
 
 @triton.jit
@@ -107,11 +106,11 @@ def walk_parallel_kernel(
             taller = tl.max(tl.where(kid & good[None, :], height[None, :] + 1, 0), axis=1)
             grown = tl.max((taller != height).to(tl.int32), axis=0)
             height = taller
-        best = tl.min(tl.where(kid & good[None, :] & (height[None, :] + 1 == height[:, None]), c[None, :], BIG),
+        best = tl.min(tl.where(kid & good[None, :] & (height[None, :] + 1 == height[:, None]), c[None, :], BIG_INDEX),
                       axis=1)  # [p]
         best_of_parent = tl.sum(tl.where(rows == par[None, :], best[:, None], 0), axis=0)
         ok = present & (best_of_parent == c)
-    next_kid = tl.min(tl.where(kid & ok[None, :], c[None, :], BIG), axis=1)  # [p]: the child the walk accepts
+    next_kid = tl.min(tl.where(kid & ok[None, :], c[None, :], BIG_INDEX), axis=1)  # [p]: the child the walk accepts
 
     # The accepted path from the root: one level per step.
     cur = 0
@@ -119,7 +118,7 @@ def walk_parallel_kernel(
     depth = tl.zeros([BLOCK_N], tl.int32) - 1  # a path node's place on the path, else -1
     depth = tl.where(c == 0, 0, depth)
     nxt = _pick(next_kid, 0, c)
-    while nxt < BIG:
+    while nxt < BIG_INDEX:
         cur = nxt
         j += 1
         depth = tl.where(c == cur, j, depth)

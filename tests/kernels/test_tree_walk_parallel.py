@@ -41,17 +41,21 @@ def _sampling(batch, sampling):
     return sampling
 
 
-def _run(case, walk_parallel, device):
-    batch, n, vocab, sampling, with_draft, ragged, max_children = case
+def _problem(case):
+    """(target, draft, tokens, parents, offsets, sampling kwargs, seed) of a CASES row, on the CPU."""
+    batch, n, vocab, sampling, with_draft, ragged, _ = case
     kw = _sampling(batch, sampling)
     seed = 31 * n + batch
-    target, draft, tokens, parents, offsets = tree_problem(batch, n, vocab, torch.float32, with_draft, ragged, seed, kw)
-    params = make_sampling_tensors(batch, device, seed=seed, offset=offsets.to(device),
+    return (*tree_problem(batch, n, vocab, torch.float32, with_draft, ragged, seed, kw), kw, seed)
+
+
+def _run(case, walk_parallel, device) -> list:
+    """tree_verify_triton's (tokens, path, num_accepted) of a CASES row, on the CPU."""
+    target, draft, tokens, parents, offsets, kw, seed = _problem(case)
+    params = make_sampling_tensors(case[0], device, seed=seed, offset=offsets.to(device),
                                    **{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
     args = (target.to(device), None if draft is None else draft.to(device), tokens.to(device), parents.to(device))
-    got = tree_verify_triton(*args, params, max_children=max_children, walk_parallel=walk_parallel)
-    reference = tree_verify(target, draft, tokens, parents, backend="torch", seed=seed, offset=offsets, **kw)
-    return [g.cpu() for g in got], reference, parents
+    return [g.cpu() for g in tree_verify_triton(*args, params, max_children=case[6], walk_parallel=walk_parallel)]
 
 
 def _ranks(parents: torch.Tensor) -> torch.Tensor:
@@ -65,8 +69,9 @@ def _ranks(parents: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-N{c[1]}-V{c[2]}-{'mixed' if c[3] == MIXED else c[3]}-"
                          f"{'sampled' if c[4] else 'top'}{'-ragged' if c[5] else ''}-kmax{c[6]}")
 def test_parallel_walk_equals_the_scan_and_the_reference(case, device):
-    parallel, reference, _ = _run(case, True, device)
-    scan, _, _ = _run(case, False, device)
+    parallel, scan = _run(case, True, device), _run(case, False, device)
+    target, draft, tokens, parents, offsets, kw, seed = _problem(case)
+    reference = tree_verify(target, draft, tokens, parents, backend="torch", seed=seed, offset=offsets, **kw)
     assert all(torch.equal(a, b) for a, b in zip(parallel, scan))
     assert torch.equal(parallel[0], reference.tokens) and torch.equal(parallel[1], reference.path)
     assert torch.equal(parallel[2], reference.num_accepted)
@@ -81,8 +86,8 @@ def test_the_table_reaches_later_siblings_and_rejected_finals(device):
         batch, n, _, sampling, with_draft, _, _ = case
         if n < 9:
             continue
-        got, _, parents = _run(case, True, device)
-        tokens, path, accepted = got
+        tokens, path, accepted = _run(case, True, device)
+        parents = _problem(case)[3]
         ranks = _ranks(parents)
         on_path = path.clamp(min=0)
         path_ranks = torch.where(path > 0, ranks.gather(1, on_path), 0)
