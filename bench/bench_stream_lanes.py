@@ -14,7 +14,8 @@ graph replays under do_bench (median us), GB/s and fraction of the copy-bandwidt
 (logits bytes read once), and whether both loops give the reference's tokens.
 
     python bench/bench_stream_lanes.py [--quick] [--budget-s S] [--out bench/results/stream_lanes_<device>.json]
-    python bench/bench_stream_lanes.py --smoke   # this code on a tiny shape, CPU interpreter (no numbers)
+    python bench/bench_stream_lanes.py --smoke [--quick] [--out F]   # this code on a tiny shape, CPU
+        interpreter (not a measurement; JSON only with --out: tests/test_bench_stream_lanes.py)
 Not a test: pytest collects nothing here.
 """
 import argparse
@@ -91,12 +92,12 @@ def main(argv=None) -> dict:
                                f"{'' if row[f'tokens_equal_reference_{name}'] else ' WRONG TOKENS'}"
                                for name in VARIANTS)
             print(f"B={batch} V={vocab} {mode} verify: {parts}", flush=True)
-    if args.smoke:
+    if args.smoke and not args.out:
         print("smoke run: not a measurement; nothing written")
         return dict(rows=rows)
-    name = torch.cuda.get_device_name(device)
-    result = dict(device=name, versions=versions(), copy_bandwidth_bytes_per_s=bandwidth,
-                  timer="CUDA graph replay under triton.testing.do_bench: median (us)",
+    name = "cpu (smoke: interpreter, not a measurement)" if args.smoke else torch.cuda.get_device_name(device)
+    timer = "wall clock, one call (smoke)" if args.smoke else "CUDA graph replay under triton.testing.do_bench: median (us)"
+    result = dict(device=name, versions=versions(), copy_bandwidth_bytes_per_s=bandwidth, timer=timer,
                   roofline="logits bytes read once / measured copy bandwidth", not_run=budget.not_run, rows=rows)
     out = Path(args.out or Path(__file__).resolve().parent / "results" /
                f"stream_lanes_{name.lower().replace(' ', '_')}.json")

@@ -27,6 +27,8 @@ GPU (--gpu; for the next GPU session, bench/run_gpu.sh): the scale benchmark's p
     python bench/bench_tree.py [--budgets 5,16,32,64] [--max-new-tokens 64] [--prompts 8]
     python bench/bench_tree.py --gpu [--agreements 0.6,0.8]
     python bench/bench_tree.py --gpu --device cpu --tiny    (the GPU code path on a tiny model: a smoke run)
+    python bench/bench_tree.py --kernels-only [--quick]     (GPU: tree_verify vs chain_verify kernel times)
+    TRITON_INTERPRET=1 python bench/bench_tree.py --kernels-only --smoke --out F   (that code on CPU: a smoke run)
 Not a test: pytest collects nothing here.
 """
 import argparse
@@ -333,7 +335,7 @@ def _kernel_census(fn) -> dict:
         return {"error": f"{type(error).__name__}: {str(error)[:200]}"}
 
 
-def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
+def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool = False) -> list:
     """tree_verify vs chain_verify (Triton) at equal target tokens: CUDA graph replays under
     do_bench, median us (verify_gpu_table._time; eager calls would time the Python launchers),
     each call on its own KernelWorkspace as the engine's (no zero fills), with the launches its
@@ -342,10 +344,15 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
     walk (tree_verify_us_walk_parallel / _walk_scan, walk_parallel_tokens_equal). save(rows): called
     after every row (a device call's limit then keeps the rows measured). T = 1 first (issue 25's
     target row), then greedy. quick: issue 25's yardstick only (B = 1; the
-    chain at K = 8 and the tree at N = 64)."""
+    chain at K = 8 and the tree at N = 64). Every row also says whether the Triton call gave the
+    torch reference's tokens (tokens_equal_reference: the suite checks small vocabularies; this is
+    V = 128256 in bf16 on the device). smoke: this code on CPU under the interpreter (one wall-clock
+    call per timing, no profiler census; tests/test_bench_tree.py): not a measurement."""
     from verify_gpu_table import _time
 
     from specdec_fast.kernels import make_sampling_tensors
+    from specdec_fast.kernels.tree_verify import tree_verify_reference
+    from specdec_fast.kernels.verify import chain_verify_reference
     from specdec_fast.kernels._workspace import KernelWorkspace
     from specdec_fast.kernels.tree_verify._triton_plan import WALK_PARALLEL, tree_verify_plan
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
@@ -362,11 +369,14 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
             tokens = torch.randint(0, vocab, (batch, 8), generator=g).to(device)
             params = make_sampling_tensors(batch, device, seed=0, **kw)
             ws = KernelWorkspace()
-            chain8_us = _time(lambda: chain_verify_triton(target, draft, tokens, params, workspace=ws), False)["median_us"]
+            chain8_us = _time(lambda: chain_verify_triton(target, draft, tokens, params, workspace=ws), smoke)["median_us"]
             chain8_launches = verify_plan(batch, 8, vocab, True, tuple(params.modes), workspace=True)["launches"]
+            chain8_equal = _same(chain_verify_triton(target, draft, tokens, params, workspace=ws),
+                                 chain_verify_reference(target, draft, tokens, params))
             out.append(dict(batch=batch, nodes=None, vocab=vocab, mode=mode, chain_k=8, chain_verify_us=chain8_us,
-                            chain_launches=chain8_launches))
-            print(f"verify B={batch} chain K=8 {mode}: {chain8_us:.1f} us ({chain8_launches} launches)", flush=True)
+                            chain_launches=chain8_launches, tokens_equal_reference=chain8_equal))
+            print(f"verify B={batch} chain K=8 {mode}: {chain8_us:.1f} us ({chain8_launches} launches; "
+                  f"the reference's tokens: {chain8_equal})", flush=True)
             if save:
                 save(out)
         for n in (64,) if quick else (5, 16, 64):
@@ -381,34 +391,42 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None) -> list:
                 modes = tuple(params.modes)
                 ws_tree, ws_chain = KernelWorkspace(), KernelWorkspace()
                 tree_us = _time(lambda: tree_verify_triton(target, draft, tokens, parents, params, workspace=ws_tree,
-                                                           max_children=tree.max_children), False)["median_us"]
+                                                           max_children=tree.max_children), smoke)["median_us"]
                 chain_us = _time(lambda: chain_verify_triton(target, draft[:, :-1], tokens[:, 1:], params,
-                                                             workspace=ws_chain), False)["median_us"]
+                                                             workspace=ws_chain), smoke)["median_us"]
                 tree_launches = tree_verify_plan(batch, n, vocab, True, modes, tree.max_children,
                                                  workspace=True)["launches"]
-                kernels = _kernel_census(lambda: tree_verify_triton(target, draft, tokens, parents, params,
-                                                                    workspace=ws_tree, max_children=tree.max_children))
+                kernels = {"skipped": "smoke run (CPU)"} if smoke else _kernel_census(
+                    lambda: tree_verify_triton(target, draft, tokens, parents, params, workspace=ws_tree,
+                                               max_children=tree.max_children))
                 # the walk both ways (WALK_PARALLEL picks the default, timed above): same tokens?
                 ws_walk = {True: KernelWorkspace(), False: KernelWorkspace()}
                 walk_call = {form: (lambda form=form: tree_verify_triton(target, draft, tokens, parents, params,
                                                                         workspace=ws_walk[form], walk_parallel=form,
                                                                         max_children=tree.max_children))
                              for form in (True, False)}
-                walk_equal = all(torch.equal(a, b) for a, b in zip(walk_call[True](), walk_call[False]()))
-                walk_us = {form: tree_us if form == WALK_PARALLEL else _time(walk_call[form], False)["median_us"]
+                walked = {form: walk_call[form]() for form in (True, False)}
+                walk_equal = _same(walked[True], walked[False])
+                tree_equal = _same(walked[WALK_PARALLEL], tree_verify_reference(target, draft, tokens, parents, params))
+                walk_us = {form: tree_us if form == WALK_PARALLEL else _time(walk_call[form], smoke)["median_us"]
                            for form in (True, False)}
                 chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,
                                 tree_verify_us_walk_parallel=walk_us[True], tree_verify_us_walk_scan=walk_us[False],
-                                walk_parallel_tokens_equal=walk_equal))
+                                walk_parallel_tokens_equal=walk_equal, tokens_equal_reference=tree_equal))
                 print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us ({tree_launches} launches; walk: "
-                      f"parallel {walk_us[True]:.1f}, scan {walk_us[False]:.1f}, same tokens: {walk_equal}), "
-                      f"chain {chain_us:.1f} us ({chain_launches})", flush=True)
+                      f"parallel {walk_us[True]:.1f}, scan {walk_us[False]:.1f}, same tokens: {walk_equal}; "
+                      f"the reference's tokens: {tree_equal}), chain {chain_us:.1f} us ({chain_launches})", flush=True)
                 if save:
                     save(out)
     return out
+
+
+def _same(got, expected) -> bool:
+    """Two verify results (tuples of tensors) equal element for element."""
+    return all(torch.equal(a.long(), b.long()) for a, b in zip(got, expected))
 
 
 def run_gpu(args, save=None) -> dict:
@@ -514,15 +532,21 @@ def main(argv=None):
     ap.add_argument("--kernels-only", action="store_true",
                     help="GPU: only tree_verify vs chain_verify kernel times (V = 128256), to --out")
     ap.add_argument("--quick", action="store_true", help="--kernels-only: B = 1, chain K = 8 and tree N = 64 only")
+    ap.add_argument("--smoke", action="store_true",
+                    help="--kernels-only --quick's code on CPU (V = 1000; TRITON_INTERPRET=1): not a measurement")
     args = ap.parse_args(argv)
     if args.kernels_only:
-        device = torch.device(args.device or "cuda")
-        name = torch.cuda.get_device_name(device).lower().replace(" ", "_")
-        out = Path(args.out or ROOT / "bench" / "results" / f"tree_kernels_{name}.json")
-        head = dict(device=torch.cuda.get_device_name(device), environment=environment(device),
-                    timer="CUDA graph replay under do_bench, median us")
+        device = torch.device("cpu" if args.smoke else args.device or "cuda")
+        if args.smoke:
+            name, timer = "cpu (smoke: interpreter, not a measurement)", "wall clock, one call (smoke)"
+        else:
+            name, timer = torch.cuda.get_device_name(device), "CUDA graph replay under do_bench, median us"
+        slug = "smoke" if args.smoke else name.lower().replace(" ", "_")
+        out = Path(args.out or ROOT / "bench" / "results" / f"tree_kernels_{slug}.json")
+        head = dict(device=name, environment=environment(device), timer=timer)
         save = lambda rows: out.write_text(json.dumps(dict(head, rows=rows), indent=1))  # noqa: E731
-        save(kernel_times(device, 128256, quick=args.quick, save=save))
+        save(kernel_times(device, 1000 if args.smoke else 128256, quick=args.quick or args.smoke, save=save,
+                          smoke=args.smoke))
         print(f"wrote {out}")
         return
     args.prompt_len = args.prompt_len or (128 if args.gpu else 96)

@@ -41,10 +41,11 @@ FILES = {
                            verify_row(64, "greedy", 100.0, 0.65), verify_row(64, "T=1", 200.0, 0.4)]},
     "profile_step": {"steps": {"N=1": step(6.0, 0.80, gemv=5.5, pdl=5.2), "N=5": step(6.5, None, gemv=6.0, pdl=5.8)}},
     "profile_step_b8": {"steps": {"N=1": step(7.0, 0.70, gemv=6.8, pdl=6.5)}},
-    "tree_kernels": {"rows": [{"batch": 1, "nodes": None, "mode": "T=1", "chain_k": 8, "chain_verify_us": 50.0},
+    "tree_kernels": {"rows": [{"batch": 1, "nodes": None, "mode": "T=1", "chain_k": 8, "chain_verify_us": 50.0,
+                               "tokens_equal_reference": True},
                               {"batch": 1, "nodes": 64, "mode": "T=1", "tree_verify_us": 90.0, "chain_verify_us": 1.0,
                                "tree_verify_us_walk_parallel": 60.0, "tree_verify_us_walk_scan": 90.0,
-                               "walk_parallel_tokens_equal": True,
+                               "walk_parallel_tokens_equal": True, "tokens_equal_reference": True,
                                "tree_kernels": {"families_count_us": [["other: walk_kernel", 1.0, 40.04],
                                                                       ["other: residual_mass_kernel", 5.0, 20.0]]}},
                               {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0,
@@ -87,7 +88,8 @@ def test_targets_read_from_every_file(tmp_path):
     assert "gemv_layer_pdl" in b1["what"] and b1["met"] is True  # 0.80 * 6.0 / 5.2 = 0.92
     b8 = next(v for k, v in plain.items() if "B=8" in k)
     assert b8["met"] is False  # 0.70 * 7.0 / 6.5 = 0.75
-    assert rows["tree_verify T=1 N=64 over chain_verify K=8, B=1"]["measured"] == 1.8  # 90 / 50 (not the row's own chain)
+    tree = rows["tree_verify T=1 N=64 over chain_verify K=8, B=1"]
+    assert tree["measured"] == 1.8 and tree["met"] is True  # 90 / 50 (not the row's own chain)
     assert report["suite"].startswith("==== 2400 passed")
     assert report["levers"]["GEMV_LAYER"]["advice"] == "on" and report["levers"]["GEMV_PDL"]["advice"] == "on"
     assert report["levers"]["MERGE_IN_KERNEL"]["advice"] == "on"  # 0.8 and 0.92 faster, 1.01 within noise
@@ -106,11 +108,13 @@ def test_the_rules_say_no(tmp_path):
     files["profile_step"]["steps"]["N=5"]["gemv_layer"]["graph_ms"] = 6.8  # 4.6% slower than cuBLAS at N = 5
     files["attention"]["results"][1]["in_kernel_N1_us"] = 52.0  # one shape 4% slower
     files["verify"]["results"][0]["tokens_equal_reference"] = False
+    files["tree_kernels"]["rows"][1]["tokens_equal_reference"] = False
     report = build(tmp_path, files)
     assert report["levers"]["GEMV_LAYER"]["advice"] == "off"
     assert report["levers"]["GEMV_PDL"]["advice"] == "off" and "needs GEMV_LAYER on" in report["levers"]["GEMV_PDL"]["why"]
     assert report["levers"]["MERGE_IN_KERNEL"]["advice"] == "off"
     assert by_what(report)["verify B=1 greedy (triton) us"]["met"] is False  # fast, but other tokens
+    assert by_what(report)["tree_verify T=1 N=64 over chain_verify K=8, B=1"]["met"] is False  # the same
 
 
 def test_errors_and_disagreement_block_a_lever(tmp_path):

@@ -1,0 +1,27 @@
+"""bench/bench_stream_lanes.py --quick (run_gpu.sh `limits`: issue 25's B = 64 roofline rows, every
+streaming variant) on CPU under the interpreter (--smoke): the script runs, every variant gives the
+reference's tokens, and bench/issue25_report.py reads the JSON it writes."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_stream_lanes  # noqa: E402
+import issue25_report  # noqa: E402
+
+
+def test_quick_smoke_rows_feed_the_report(tmp_path):
+    out = tmp_path / "stream_lanes_smoke.json"
+    bench_stream_lanes.main(["--smoke", "--quick", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["device"].startswith("cpu (smoke") and report["not_run"] == []
+    rows = report["rows"]
+    assert [r["mode"] for r in rows] == list(bench_stream_lanes.QUICK_MODES)
+    for row in rows:
+        for name in bench_stream_lanes.VARIANTS:
+            assert row[f"tokens_equal_reference_{name}"] is True, (row["mode"], name)
+            assert row[f"verify_{name}"]["median_us"] > 0 and row[f"sample_{name}"]["median_us"] > 0
+    variants = issue25_report.stream_variants(report)
+    assert [v["row"] for v in variants] == [f"B=2 V=600 {mode}" for mode in bench_stream_lanes.QUICK_MODES]
+    assert all(v["best"] in bench_stream_lanes.VARIANTS for v in variants)
