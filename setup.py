@@ -80,7 +80,7 @@ setup(
     #   5.0.0 and 5.24.0 pass the harness-style calls token for token (greedy = model.generate).
     install_requires=["torch>=2.4", "numpy", "ninja", "transformers>=5.0", "tokenizers", "safetensors"],
     extras_require={
-        "triton": ["triton>=3.0"],  # Triton kernels on a GPU (CUDA builds of torch usually bring it)
+        "triton": ["triton>=3.4"],  # Triton kernels on a GPU (kernels/_backend.py MIN_TRITON; CUDA torch brings one)
     },
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
     cmdclass={"build_py": build_py_fresh},

@@ -7,8 +7,9 @@
 A TorchDispatchMode sees every aten op (and the package's C++ ops) that reaches a backend
 kernel; ops that only make a view or allocate without writing (view, slice, t, empty, ...)
 launch nothing on a GPU and are not counted. Triton launches are counted by wrapping the
-launch entry (JITFunction.run, or the interpreter's InterpretedFunction.run); the torch ops the
-interpreter itself runs inside a launch are not counted. Under the interpreter (CPU) this counts
+launch entry (JITFunction.run, or the interpreter's InterpretedFunction.run; its __getitem__ before
+triton 3.6); the torch ops the interpreter itself runs inside a launch are not counted. Under the
+interpreter (CPU) this counts
 the launches the same Python code makes on CUDA: the number that set the pace of an eager step
 on the H100 (bench/results/h100_3dca4fa/step_profile.json: 1435 launches, 25 ms eager vs 8 ms of GPU work).
 cuBLAS may add a split-K reduce kernel per GEMM on a GPU (160 of them in that profile): a CPU
@@ -78,22 +79,34 @@ class LaunchCounter(TorchDispatchMode):
             return
         counter = self
 
+        def counted(kernel, launch, *args, **kwargs):
+            fn = getattr(kernel, "fn", None)
+            counter.by_name[f"triton:{getattr(fn, '__name__', type(kernel).__name__)}"] += 1
+            if not counter.run_triton:
+                return None
+            counter._inside_triton += 1
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                counter._inside_triton -= 1
+
         for owner in (JITFunction, InterpretedFunction):
-            original = owner.run
+            if "run" in owner.__dict__:
+                original = owner.run
 
-            def run(self, *args, _original=original, **kwargs):
-                fn = getattr(self, "fn", None)
-                counter.by_name[f"triton:{getattr(fn, '__name__', type(self).__name__)}"] += 1
-                if not counter.run_triton:
-                    return None
-                counter._inside_triton += 1
-                try:
-                    return _original(self, *args, **kwargs)
-                finally:
-                    counter._inside_triton -= 1
+                def run(self, *args, _original=original, **kwargs):
+                    return counted(self, _original, self, *args, **kwargs)
 
-            owner.run = run
-            self._patched.append((owner, "run", original))
+                owner.run, name = run, "run"
+            else:  # triton < 3.6's interpreter: kernel[grid] returns the launcher (no run on the class)
+                original = owner.__getitem__
+
+                def getitem(self, grid, _original=original):
+                    launcher = _original(self, grid)
+                    return lambda *args, **kwargs: counted(self, launcher, *args, **kwargs)
+
+                owner.__getitem__, name = getitem, "__getitem__"
+            self._patched.append((owner, name, original))
 
 
 class NoTritonRun:

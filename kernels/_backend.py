@@ -1,6 +1,8 @@
 """Choosing a kernel backend: "triton" on CUDA, "cpp" on CPU when it builds, else "torch";
 and the one normal form of a device that every stored or compared device goes through."""
+import functools
 import os
+import warnings
 
 import torch
 
@@ -24,12 +26,50 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def triton_available() -> bool:
+# The oldest Triton the kernels are checked against (on CPU: every kernel compiles for sm_90a, and
+# the interpreter gives the references' tokens; Triton 3.3's interpreter lacks ops the kernels use).
+# An older one (torch 2.7 and before pin theirs) leaves CUDA on the torch backend, with a warning.
+MIN_TRITON = (3, 4)
+
+
+def triton_version() -> tuple[int, int] | None:
+    """(major, minor) of the installed triton, or None without one."""
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
+        return None
+    parts = triton.__version__.split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+
+def _too_old_message(version) -> str:
+    return (f"triton {version[0]}.{version[1]} is installed; specdec_fast's Triton kernels need triton >= "
+            f"{MIN_TRITON[0]}.{MIN_TRITON[1]} (torch 2.8 or later brings one)")
+
+
+@functools.cache
+def _warn_too_old(version) -> None:
+    warnings.warn(_too_old_message(version) + ": CUDA tensors run the torch backend (exact, slower)", stacklevel=3)
+
+
+def triton_available() -> bool:
+    """A triton the kernels run on is installed (>= MIN_TRITON; an older one warns once)."""
+    version = triton_version()
+    if version is None:
+        return False
+    if version < MIN_TRITON:
+        _warn_too_old(version)
         return False
     return True
+
+
+def require_triton() -> None:
+    """ValueError naming why backend='triton' cannot run here: no triton, or one older than MIN_TRITON."""
+    version = triton_version()
+    if version is None:
+        raise ValueError("backend='triton' needs the triton package (pip install triton)")
+    if version < MIN_TRITON:
+        raise ValueError(f"backend='triton': {_too_old_message(version)}")
 
 
 def resolve_backend(backend, device: torch.device, cpp_op: str) -> str:
@@ -42,8 +82,7 @@ def resolve_backend(backend, device: torch.device, cpp_op: str) -> str:
             return "triton" if triton_available() else "torch"
         return "cpp" if cpp_op_available(cpp_op) else "torch"
     if backend == "triton":
-        if not triton_available():
-            raise ValueError("backend='triton' needs the triton package (pip install triton)")
+        require_triton()
         if device.type != "cuda" and not triton_interpreting():
             raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
     if backend == "cpp":

@@ -48,10 +48,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._backend import triton_interpreting
 from .._launch import tile_of
+from .._triton_compat import gdc_launch_dependents, gdc_wait, pdl_options
 from .._triton_sync import last_program_of
 from .._workspace import KernelWorkspace
 
@@ -419,7 +419,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     merge_last = plan.merge_in_kernel and not direct
     tickets = seq_lens  # not read unless merge_last
     # constexprs passed only when set: the launches of the default forms keep their keys
-    pdl_kw = {"PDL": True, "launch_pdl": True} if pdl and q.device.type == "cuda" else {}
+    pdl_kw = pdl_options(pdl, q.device.type == "cuda")
     if direct:
         part_o = part_lse = out
     else:

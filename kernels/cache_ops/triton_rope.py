@@ -18,9 +18,9 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._launch import cdiv, next_pow2, tile_of
+from .._triton_compat import gdc_launch_dependents, gdc_wait, pdl_options
 
 
 # Ints that follow the call's tokens and the pool's size: not specialised (one compiled variant).
@@ -143,7 +143,7 @@ def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), block_table.stride(0),
         PAGE_SIZE=page, QK_NORM=qk_norm is not None, num_warps=4, **consts,
-        **({"PDL": True, "launch_pdl": True} if pdl and q.device.type == "cuda" else {}),  # passed only when set
+        **pdl_options(pdl, q.device.type == "cuda"),  # passed only when set
     )
 
 

@@ -48,9 +48,9 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._launch import cdiv
+from .._triton_compat import gdc_launch_dependents, gdc_wait, pdl_options
 
 PROLOGUES = ("none", "rms_norm", "silu_mul")
 MAX_ROWS = 16  # rows the kernel is for (one BLOCK_M = 16 tile); more rows: F.linear (cuBLAS GEMM)
@@ -253,7 +253,7 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         EVEN_N=even_n, EVEN_K=even_k, DOT_F32=x.dtype == torch.float32 or not on_cuda,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
-        **({"PDL": True, "launch_pdl": True} if pdl and on_cuda else {}),  # passed only when set: keys kept
+        **pdl_options(pdl, on_cuda),  # passed only when set: keys kept
     )
     return out
 

@@ -9,7 +9,7 @@ backend=None picks "cpp" for float32 CPU tensors when it builds, "triton" for CU
 """
 import torch
 
-from .._backend import cpp_op_available, triton_available, triton_interpreting
+from .._backend import cpp_op_available, require_triton, triton_available, triton_interpreting
 from .reference import (add_rms_norm_reference, rms_norm_reference, rope_cos_sin_reference, rope_qk_reference,
                         silu_mul_reference)
 
@@ -60,7 +60,7 @@ def _choose(backend, *tensors) -> str:
     if backend == "triton" or (backend is None and on_cuda):
         if not triton_available():
             if backend == "triton":
-                raise ValueError("backend='triton' needs the triton package")
+                require_triton()
             return "torch"
         if not on_cuda and not triton_interpreting():
             raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")

@@ -5,9 +5,9 @@ Triton compiles one variant of a kernel per specialisation key: the dtype of eac
 whether its address is 16-byte aligned, each int argument's type (i32 / i64 / u64 by value)
 and whether it is 1 (then a constexpr) or a multiple of 16, the constexpr values and the launch
 options. A launch whose key was never seen compiles (and loads a module) at that moment: inside
-a CUDA-graph capture that invalidates the capture. The key is computed here exactly as triton
-3.6's JITFunction.run does (runtime/jit.py: create_function_from_signature, the C++
-native_specialize_impl with the backend's rules, compute_cache_key), also for the interpreter's
+a CUDA-graph capture that invalidates the capture. The key is computed here exactly as the
+installed triton's JITFunction.run does (3.3 to 3.6; runtime/jit.py: create_function_from_signature,
+the backend's specialisation rules, compute_cache_key or its inline form), also for the interpreter's
 InterpretedFunction (TRITON_INTERPRET=1), which compiles nothing but is launched the same way
 (``kernel[grid](...)`` -> ``run``): so the CPU twin of a graph sees the keys a GPU would compile.
 
@@ -16,6 +16,7 @@ classes, restored on exit). ``expected``: a set of (kernel, key) that may be lau
 launch raises UncompiledLaunchError before it runs, naming the kernel and the arguments whose
 specialisation differs from the closest expected launch of the same kernel.
 """
+import functools
 import inspect
 from typing import NamedTuple
 
@@ -65,7 +66,8 @@ class _Binders:
             signature = getattr(fn, "signature", None)
             if params is None:  # InterpretedFunction: the decorator's options are in fn.kwargs
                 signature = inspect.signature(fn.fn)
-                options = getattr(fn, "kwargs", {})
+                options = getattr(fn, "kwargs", None)  # triton 3.6; 3.4 keeps them on its rewriter
+                options = options if options is not None else getattr(getattr(fn, "rewriter", None), "kwargs", {})
                 dns = options.get("do_not_specialize") or ()
                 dns_oa = options.get("do_not_specialize_on_alignment") or ()
                 params = [KernelParam(i, p, i in dns or p.name in dns, i in dns_oa or p.name in dns_oa)
@@ -87,13 +89,27 @@ def _describe(value):
     return value
 
 
+@functools.cache
+def _key_function():
+    """Triton's kernel cache key as a function of (specialization, options): compute_cache_key
+    (triton >= 3.5; 3.6 hashes the JIT callables among the constexprs), else what
+    JITFunction.run computes inline (3.3 and 3.4)."""
+    try:
+        from triton.runtime.jit import compute_cache_key
+    except ImportError:
+        return lambda specialization, options: str(specialization) + str(options)
+    return lambda specialization, options: compute_cache_key({}, specialization, options)
+
+
+def _cache_key(specialization, options) -> str:
+    return _key_function()(specialization, options)
+
+
 def launch_of(fn, args, kwargs, grid) -> Launch:
     """The Launch that ``fn[grid](*args, **kwargs)`` makes (no side effect)."""
-    from triton.runtime.jit import compute_cache_key
-
     binder, names = _BINDERS(fn)
     bound, specialization, options = binder(*args, **kwargs)
-    key = compute_cache_key({}, specialization, options)
+    key = _cache_key(specialization, options)
     values = tuple(_describe(bound[name]) for name in names)
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (repr(grid),)
     return Launch(_kernel_name(fn), key, names, tuple(tuple(s) if isinstance(s, list) else s for s in specialization),
@@ -170,13 +186,31 @@ def _classes() -> tuple:
     return JITFunction, InterpretedFunction
 
 
+def _wrap_getitem(original):
+    """Triton < 3.6's InterpretedFunction: ``kernel[grid]`` returns the launcher (run is not on the
+    class); the launch is recorded when the launcher is called."""
+    def getitem(self, grid):
+        launcher = original(self, grid)
+
+        def launch(*args, **kwargs):
+            if _ACTIVE:
+                _ACTIVE[-1]._record(self, args, kwargs, grid)
+            return launcher(*args, **kwargs)
+
+        return launch
+
+    getitem.__wrapped__ = original
+    return getitem
+
+
 def _install() -> None:
     for cls in _classes():
-        _ORIGINAL[cls] = cls.__dict__["run"]
-        cls.run = _wrap(_ORIGINAL[cls])
+        name, wrap = ("run", _wrap) if "run" in cls.__dict__ else ("__getitem__", _wrap_getitem)
+        _ORIGINAL[cls] = (name, cls.__dict__[name])
+        setattr(cls, name, wrap(cls.__dict__[name]))
 
 
 def _uninstall() -> None:
-    for cls, original in _ORIGINAL.items():
-        cls.run = original
+    for cls, (name, original) in _ORIGINAL.items():
+        setattr(cls, name, original)
     _ORIGINAL.clear()

@@ -6,6 +6,7 @@ import sys
 
 assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
 
+from specdec_fast.kernels._triton_compat import HAS_PDL  # noqa: E402
 from specdec_fast.kernels.attention import triton as attn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +52,9 @@ def main(full: bool) -> None:
         print("split merge in kernel", cfg, "shared bytes", kernel.metadata.shared)
     compile_merge()
     compile_merge(head_dim=112)
+    if not HAS_PDL:  # triton < 3.5 (kernels/_triton_compat.py): the launchers never ask for PDL
+        print("merge ok (no PDL forms: triton < 3.5)")
+        return
     # the GEMV layer's PDL chain (runners/paged_llama.py GEMV_PDL): one-row decode (direct and
     # split with the in-kernel merge), a chain of 5, the merge launch
     for cfg, merge_last in ((("bf16", 16, 1, 4, 128, False, True), False), (("bf16", 16, 1, 4, 128, False, False), True),

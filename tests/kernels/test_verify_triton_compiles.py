@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 triton = pytest.importorskip("triton")
+PTX_TRITON = "3.6.0"  # the Triton that wrote data/verify_ptx_sm90.json (requirements/dev-cpu.txt pins it)
 
 
 def _has_nvidia_backend() -> bool:
@@ -39,6 +40,8 @@ def test_verify_kernels_compile_for_sm90():
     # atom.global.gpu.relaxed.exch that last_program_of / last_rows_of gained (the finishing kernel
     # also gained the stores zeroing its row's candidate counters). Register numbering and debug
     # lines aside, the emission kernel's PTX diff at B = 64 was exactly that exchange (5 lines).
+    if triton.__version__ != PTX_TRITON:  # another Triton writes other PTX: the compiles above are the check
+        return
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
     before = json.loads(Path(__file__).with_name("data").joinpath("verify_ptx_sm90.json").read_text())
     assert {name: hashes.get(name) for name in before} == before

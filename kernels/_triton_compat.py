@@ -1,0 +1,23 @@
+"""What the installed Triton offers beyond the oldest release the kernels run on.
+
+Programmatic dependent launch (PDL: gdc_wait / gdc_launch_dependents in the kernels, the
+launch_pdl launch option) compiles from Triton 3.5. Under an older Triton (3.4: torch 2.8's pin) the
+kernels keep their PDL branches behind a constexpr that is never set, and a launcher asked for PDL
+launches plainly (pdl_options). The kernels' only use of PDL is the GEMV layer's chain
+(runners/paged_llama.py GEMV_PDL, off by default), so nothing else changes.
+"""
+from ._backend import triton_version
+
+# 3.4 has the functions but its gdc_wait does not compile (it takes _builder where 3.4's frontend
+# passes _semantic: seen compiling the kernels for sm_90a with triton 3.4.0); 3.5 compiles them.
+HAS_PDL = (triton_version() or (0, 0)) >= (3, 5)
+if HAS_PDL:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+else:  # never reached by a kernel: its PDL constexpr stays False
+    gdc_launch_dependents = gdc_wait = None
+
+
+def pdl_options(pdl: bool, on_cuda: bool) -> dict:
+    """The launch keywords of a programmatic dependent launch, or none (not asked, not on CUDA,
+    or a Triton without PDL). Passed only when set, so a default launch keeps its cache key."""
+    return {"PDL": True, "launch_pdl": True} if pdl and on_cuda and HAS_PDL else {}
