@@ -117,14 +117,19 @@ class NoTritonRun:
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
 
-        self._saved = [(owner, owner.run) for owner in (JITFunction, InterpretedFunction)]
-        for owner, _ in self._saved:
-            owner.run = lambda self, *args, **kwargs: None
+        self._saved = []
+        for owner in (JITFunction, InterpretedFunction):
+            if "run" in owner.__dict__:
+                self._saved.append((owner, "run", owner.run))
+                owner.run = lambda self, *args, **kwargs: None
+            else:  # triton < 3.6's interpreter: kernel[grid] returns the launcher
+                self._saved.append((owner, "__getitem__", owner.__getitem__))
+                owner.__getitem__ = lambda self, grid: lambda *args, **kwargs: None
         return self
 
     def __exit__(self, *exc):
-        for owner, run in self._saved:
-            owner.run = run
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
         return False
 
 

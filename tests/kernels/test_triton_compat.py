@@ -62,7 +62,7 @@ def test_launch_keys_without_compute_cache_key(monkeypatch):
 
     x = torch.zeros(32)
     with_function = {n: launch_of(_fill_kernel, (x, n), {"BLOCK": 16}, (1,)).key for n in (1, 5, 16)}
-    monkeypatch.delattr(jit, "compute_cache_key")
+    monkeypatch.delattr(jit, "compute_cache_key", raising=False)  # absent already under triton 3.4
     triton_launches._key_function.cache_clear()
     try:
         launches = {n: launch_of(_fill_kernel, (x, n), {"BLOCK": 16}, (1,)) for n in (1, 5, 16)}
