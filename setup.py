@@ -78,7 +78,11 @@ setup(
     #   4.45.0 and 4.57.6 log "Both `max_new_tokens` ... and `max_length`(=20) seem to have been
     #   set" on every call that gives max_new_tokens (their GenerationConfig holds max_length=20).
     #   5.0.0 and 5.24.0 pass the harness-style calls token for token (greedy = model.generate).
-    install_requires=["torch>=2.4", "numpy", "ninja", "transformers>=5.0", "tokenizers", "safetensors"],
+    # - torch >= 2.6: the whole suite ran on CPU with torch 2.6.0 (+ transformers 5.24, triton 3.6);
+    #   transformers 5.24 disables torch below 2.6 ("PyTorch >= 2.6 is required"; 5.0 asked for 2.2),
+    #   so with an older torch pip would install a transformers that cannot run a model. 2.4 / 2.5
+    #   with an older transformers 5.x were not tried.
+    install_requires=["torch>=2.6", "numpy", "ninja", "transformers>=5.0", "tokenizers", "safetensors"],
     extras_require={
         "triton": ["triton>=3.4"],  # Triton kernels on a GPU (kernels/_backend.py MIN_TRITON; CUDA torch brings one)
     },

@@ -50,8 +50,8 @@ class TensorParallelGroup:
         self.backend = str(dist.get_backend(base))
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         self._pg = _subgroup(base, self.ranks, self.backend, timeout)
-        store = self._pg.get_group_store() if hasattr(self._pg, "get_group_store") else None
-        self.failures = FailureChannel(store, f"specdec_fast/tp/{self._pg.group_name}", self.rank, self.size)
+        self.failures = FailureChannel(_store_of(self._pg), f"specdec_fast/tp/{self._pg.group_name}", self.rank,
+                                       self.size)
         self.closed = None  # why the group was closed (a failure line), else None
         self.trace = None  # a list: every collective appends (name, bytes, seconds)
 
@@ -185,6 +185,19 @@ class TensorParallelGroup:
         if self._pg is None:
             raise TensorParallelError(f"this tensor-parallel group was closed after a failure ({self.closed}); "
                                       "build a new engine (and group)")
+
+
+def _store_of(pg):
+    """The store the failure lines go through: the group's own, or (torch 2.6 and before, whose
+    ProcessGroup has no get_group_store) the default group's, which every rank shares too (the
+    keys carry the group's name). None: failures are still raised, without the failing rank's line
+    (tests/distributed: torch 2.6's peers said "no rank reported why" before this fallback)."""
+    if hasattr(pg, "get_group_store"):
+        return pg.get_group_store()
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - a private function: without it, no line
+        return None
 
 
 def _subgroup(base, ranks: list, backend: str, timeout):

@@ -90,7 +90,7 @@ def test_the_table_reaches_later_siblings_and_rejected_finals(device):
         parents = _problem(case)[3]
         ranks = _ranks(parents)
         on_path = path.clamp(min=0)
-        path_ranks = torch.where(path > 0, ranks.gather(1, on_path), 0)
+        path_ranks = torch.where(path > 0, ranks.gather(1, on_path.long()), 0)
         final = on_path.gather(1, accepted.long()[:, None])[:, 0]
         has_children = (parents.long() == final[:, None]).any(1)
         greedy = _sampling(batch, sampling)["temperature"]
