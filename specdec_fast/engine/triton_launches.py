@@ -6,7 +6,7 @@ whether its address is 16-byte aligned, each int argument's type (i32 / i64 / u6
 and whether it is 1 (then a constexpr) or a multiple of 16, the constexpr values and the launch
 options. A launch whose key was never seen compiles (and loads a module) at that moment: inside
 a CUDA-graph capture that invalidates the capture. The key is computed here exactly as the
-installed triton's JITFunction.run does (3.3 to 3.6; runtime/jit.py: create_function_from_signature,
+installed triton's JITFunction.run does (3.4 to 3.6; runtime/jit.py: create_function_from_signature,
 the backend's specialisation rules, compute_cache_key or its inline form), also for the interpreter's
 InterpretedFunction (TRITON_INTERPRET=1), which compiles nothing but is launched the same way
 (``kernel[grid](...)`` -> ``run``): so the CPU twin of a graph sees the keys a GPU would compile.
@@ -93,7 +93,7 @@ def _describe(value):
 def _key_function():
     """Triton's kernel cache key as a function of (specialization, options): compute_cache_key
     (triton >= 3.5; 3.6 hashes the JIT callables among the constexprs), else what
-    JITFunction.run computes inline (3.3 and 3.4)."""
+    JITFunction.run computes inline (3.4)."""
     try:
         from triton.runtime.jit import compute_cache_key
     except ImportError:
