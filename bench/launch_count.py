@@ -6,11 +6,10 @@
 
 A TorchDispatchMode sees every aten op (and the package's C++ ops) that reaches a backend
 kernel; ops that only make a view or allocate without writing (view, slice, t, empty, ...)
-launch nothing on a GPU and are not counted. Triton launches are counted by wrapping the
-launch entry (JITFunction.run, or the interpreter's InterpretedFunction.run; its __getitem__ before
-triton 3.6); the torch ops the interpreter itself runs inside a launch are not counted. Under the
-interpreter (CPU) this counts
-the launches the same Python code makes on CUDA: the number that set the pace of an eager step
+launch nothing on a GPU and are not counted. Triton launches are counted through the launch
+hook the graph checks use (specdec_fast/engine/triton_launches.py hook_launches); the torch ops
+the interpreter itself runs inside a launch are not counted. Under the interpreter (CPU) this
+counts the launches the same Python code makes on CUDA: the number that set the pace of an eager step
 on the H100 (bench/results/h100_3dca4fa/step_profile.json: 1435 launches, 25 ms eager vs 8 ms of GPU work).
 cuBLAS may add a split-K reduce kernel per GEMM on a GPU (160 of them in that profile): a CPU
 count cannot see those (bench/profile_step.py measures them on the GPU).
@@ -19,6 +18,8 @@ from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from specdec_fast.engine.triton_launches import hook_launches
 
 # ops that make a view / metadata / an uninitialised allocation: no kernel on a GPU
 _NO_LAUNCH = {"empty", "empty_like", "empty_strided", "detach", "alias", "lift_fresh", "_unsafe_view",
@@ -38,7 +39,6 @@ class LaunchCounter(TorchDispatchMode):
         self.by_name = Counter()
         self.syncs = 0  # .item() / .tolist() style reads (aten._local_scalar_dense)
         self._inside_triton = 0
-        self._patched = []
 
     @property
     def triton_launches(self) -> int:
@@ -62,51 +62,23 @@ class LaunchCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
-        self._patch_triton()
+        self._restore = hook_launches(self._count)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for owner, name, original in self._patched:
-            setattr(owner, name, original)
-        self._patched.clear()
+        self._restore()
         return super().__exit__(*exc)
 
-    def _patch_triton(self) -> None:
+    def _count(self, kernel, args, kwargs, grid, warmup, launch):
+        fn = getattr(kernel, "fn", None)
+        self.by_name[f"triton:{getattr(fn, '__name__', type(kernel).__name__)}"] += 1
+        if not self.run_triton:
+            return None
+        self._inside_triton += 1
         try:
-            from triton.runtime.interpreter import InterpretedFunction
-            from triton.runtime.jit import JITFunction
-        except ImportError:  # no triton: torch ops only
-            return
-        counter = self
-
-        def counted(kernel, launch, *args, **kwargs):
-            fn = getattr(kernel, "fn", None)
-            counter.by_name[f"triton:{getattr(fn, '__name__', type(kernel).__name__)}"] += 1
-            if not counter.run_triton:
-                return None
-            counter._inside_triton += 1
-            try:
-                return launch(*args, **kwargs)
-            finally:
-                counter._inside_triton -= 1
-
-        for owner in (JITFunction, InterpretedFunction):
-            if "run" in owner.__dict__:
-                original = owner.run
-
-                def run(self, *args, _original=original, **kwargs):
-                    return counted(self, _original, self, *args, **kwargs)
-
-                owner.run, name = run, "run"
-            else:  # triton < 3.6's interpreter: kernel[grid] returns the launcher (no run on the class)
-                original = owner.__getitem__
-
-                def getitem(self, grid, _original=original):
-                    launcher = _original(self, grid)
-                    return lambda *args, **kwargs: counted(self, launcher, *args, **kwargs)
-
-                owner.__getitem__, name = getitem, "__getitem__"
-            self._patched.append((owner, name, original))
+            return launch()
+        finally:
+            self._inside_triton -= 1
 
 
 class NoTritonRun:
@@ -114,22 +86,11 @@ class NoTritonRun:
     what remains of a step is its Python and torch work (cProfile of the host cost per layer)."""
 
     def __enter__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        self._saved = []
-        for owner in (JITFunction, InterpretedFunction):
-            if "run" in owner.__dict__:
-                self._saved.append((owner, "run", owner.run))
-                owner.run = lambda self, *args, **kwargs: None
-            else:  # triton < 3.6's interpreter: kernel[grid] returns the launcher
-                self._saved.append((owner, "__getitem__", owner.__getitem__))
-                owner.__getitem__ = lambda self, grid: lambda *args, **kwargs: None
+        self._restore = hook_launches(lambda *_: None)
         return self
 
     def __exit__(self, *exc):
-        for owner, name, original in self._saved:
-            setattr(owner, name, original)
+        self._restore()
         return False
 
 

@@ -80,7 +80,7 @@ class _Binders:
 
 _BINDERS = _Binders()
 _ACTIVE: list = []
-_ORIGINAL: dict = {}
+_RESTORE: list = []  # the hook_launches undo of the active TritonLaunches
 
 
 def _describe(value):
@@ -167,16 +167,6 @@ class TritonLaunches:
                 f"inside a CUDA-graph capture invalidates the capture): {explain_new_key(launch, self.known)}")
 
 
-def _wrap(original):
-    def run(self, *args, grid, warmup, **kwargs):
-        if _ACTIVE and not warmup:
-            _ACTIVE[-1]._record(self, args, kwargs, grid)
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    run.__wrapped__ = original
-    return run
-
-
 def _classes() -> tuple:
     try:
         from triton.runtime.interpreter import InterpretedFunction
@@ -186,31 +176,51 @@ def _classes() -> tuple:
     return JITFunction, InterpretedFunction
 
 
-def _wrap_getitem(original):
-    """Triton < 3.6's InterpretedFunction: ``kernel[grid]`` returns the launcher (run is not on the
-    class); the launch is recorded when the launcher is called."""
-    def getitem(self, grid):
-        launcher = original(self, grid)
+def hook_launches(around):
+    """Routes every Triton launch through ``around(kernel, args, kwargs, grid, warmup, launch)``,
+    which returns the launch's result (``launch()`` runs it): on JITFunction.run and
+    InterpretedFunction.run, or, where the interpreter makes its run per instance (triton < 3.6),
+    on InterpretedFunction.__getitem__ (``kernel[grid]`` returns the launcher; warmup False).
+    Returns the function that puts the originals back. The one hook of TritonLaunches and of
+    bench/launch_count's counters."""
+    saved = []
+    for cls in _classes():
+        if "run" in cls.__dict__:
+            original = cls.__dict__["run"]
 
-        def launch(*args, **kwargs):
-            if _ACTIVE:
-                _ACTIVE[-1]._record(self, args, kwargs, grid)
-            return launcher(*args, **kwargs)
+            def run(self, *args, grid, warmup, _original=original, **kwargs):
+                return around(self, args, kwargs, grid, warmup,
+                              lambda: _original(self, *args, grid=grid, warmup=warmup, **kwargs))
 
-        return launch
+            saved.append((cls, "run", original))
+            cls.run = run
+        else:
+            original = cls.__dict__["__getitem__"]
 
-    getitem.__wrapped__ = original
-    return getitem
+            def getitem(self, grid, _original=original):
+                launcher = _original(self, grid)
+                return lambda *args, **kwargs: around(self, args, kwargs, grid, False,
+                                                      lambda: launcher(*args, **kwargs))
+
+            saved.append((cls, "__getitem__", original))
+            cls.__getitem__ = getitem
+
+    def restore() -> None:
+        for cls, name, original in reversed(saved):
+            setattr(cls, name, original)
+
+    return restore
+
+
+def _record_active(kernel, args, kwargs, grid, warmup, launch):
+    if _ACTIVE and not warmup:
+        _ACTIVE[-1]._record(kernel, args, kwargs, grid)
+    return launch()
 
 
 def _install() -> None:
-    for cls in _classes():
-        name, wrap = ("run", _wrap) if "run" in cls.__dict__ else ("__getitem__", _wrap_getitem)
-        _ORIGINAL[cls] = (name, cls.__dict__[name])
-        setattr(cls, name, wrap(cls.__dict__[name]))
+    _RESTORE.append(hook_launches(_record_active))
 
 
 def _uninstall() -> None:
-    for cls, (name, original) in _ORIGINAL.items():
-        setattr(cls, name, original)
-    _ORIGINAL.clear()
+    _RESTORE.pop()()
