@@ -18,6 +18,7 @@ import torch
 
 from ..kernels.verify.reference import standardise
 from ..processing import LogitsProcessing
+from ..processing.penalties import generate_skips_prompt_pads
 
 
 def return_sequences(opts) -> int:
@@ -54,8 +55,12 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
                 eos_token_ids, params, do_sample: bool) -> torch.Tensor:
     """float32 [B, T, V]: transformers' scores from the raw step logits [B, T, V]: the processors
     at each step with that step's prefix (the generated tokens before it), then the warpers when
-    sampling (params: the call's SamplingTensors [B])."""
+    sampling (params: the call's SamplingTensors [B]). start int64 [B]: each row's first real
+    prompt slot; the repetition penalty counts from there where the installed transformers'
+    generate() skips left pads (5.23 and later), from slot 0 where it penalises the pad token
+    (5.22 and earlier), as the loop's own penalties do (logits_stage._pads_start)."""
     steps = logits.shape[1]
+    start = start if generate_skips_prompt_pads() else None
     processed = logits.clone()
     if options:
         processing = LogitsProcessing.from_options(dict(options, eos_token_id=eos_token_ids, do_sample=do_sample),

@@ -4,7 +4,10 @@ num_return_sequences (rows expanded as transformers expands them, each its own r
 import pytest
 import torch
 
+import specdec_fast
 import specdec_fast.api as api
+from specdec_fast.engine import logits_stage, outputs
+from specdec_fast.processing.penalties import generate_skips_prompt_pads
 
 from .conftest import model_pair
 from .models import left_padded_prompts
@@ -71,6 +74,37 @@ def test_renormalize_logits_gives_log_softmax_scores_and_the_same_tokens(samplin
     assert not torch.allclose(plain.scores[0][finite], ours.scores[0][finite])
     for step in ours.scores:  # each row a log-distribution
         torch.testing.assert_close(step.exp().sum(-1), torch.ones(step.shape[0]), atol=1e-5, rtol=0)
+
+
+def test_scores_count_pads_where_the_installed_generate_does(monkeypatch):
+    """repetition_penalty's scores follow the installed transformers' rule for left pads, as the
+    tokens do (processing/penalties.py generate_skips_prompt_pads): 5.23 and later skip them, 5.22
+    and earlier penalise the pad token. Unpatched, and with the installed rule forced: the installed
+    generate's scores. With the older rule forced: those of generate with the processor built
+    without prompt_ignore_length (what 5.22 builds). Control: the two rules' scores differ here
+    (the pads hold a token the rows see)."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([3, 12, 6], seed=8)
+    with torch.no_grad():  # pads hold the token the target would say next for row 0: penalising it shows
+        favourite = int(target(ids[:1, -3:]).logits[0, -1].argmax())
+    ids = ids.masked_fill(mask == 0, favourite)
+    installed = _both(target, draft, ids, mask, do_sample=False, repetition_penalty=3.0)
+    _assert_steps_equal(*installed)
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    counting = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, pad_token_id=0, do_sample=False,
+                               output_scores=True, output_logits=True, return_dict_in_generate=True,
+                               logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(3.0)]))
+    runs = {}
+    for rule in (True, False):
+        for module in (logits_stage, outputs):
+            monkeypatch.setattr(module, "generate_skips_prompt_pads", lambda rule=rule: rule)
+        specdec_fast.release_engines(target)
+        runs[rule], _ = _both(target, draft, ids, mask, do_sample=False, repetition_penalty=3.0)
+    _assert_steps_equal(runs[False], counting)
+    _assert_steps_equal(runs[generate_skips_prompt_pads()], installed[1])
+    assert not all(torch.equal(a, b) for a, b in zip(runs[True].scores, runs[False].scores)), "the rules must differ"
 
 
 def test_a_dict_without_scores_and_plain_tokens_without_the_dict():
