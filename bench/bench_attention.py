@@ -19,6 +19,9 @@ Script modes:
         (in_kernel_*, sweep_in_kernel_*: kernels/attention/triton.py MERGE_IN_KERNEL, whose automatic
         plan also splits short tables), after a check that they give the same output. --quick: B 1 / 8 x
         context 1k / 8k only (the merge forms' decision); the JSON is rewritten after every shape.
+    TRITON_INTERPRET=1 python bench/bench_attention.py --gpu --smoke --out F
+        The same code on CPU under the interpreter (fp32, B = 1 x context 520, one wall-clock
+        call per timing): not a measurement, a check that the device run is not broken on arrival.
 """
 import argparse
 import itertools
@@ -180,9 +183,18 @@ GPU_BATCHES, GPU_CONTEXTS = (1, 8, 32), (1024, 2048, 8192, 32768)
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32)  # forced split counts, timed beside the automatic choice
 SWEEP_MAX_CONTEXT = 8192
 QUICK_BATCHES, QUICK_CONTEXTS = (1, 8), (1024, 8192)  # --quick: the merge forms' decision rows
+SMOKE_BATCHES, SMOKE_CONTEXTS = (1,), (520,)  # --smoke: a sweep of 1 / 2 splits (256 tokens each)
 
 
-def sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, hq=32, hkv=8, d=128):
+def wall_us(fn) -> float:
+    """--smoke's timer: us of one call after one warm-up call (CPU, interpreter: not a measurement)."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, hq=32, hkv=8, d=128, time_us=graph_us):
     """SDPA flash on the same K/V laid out densely [B, H, L, D] (no mask: a lower bound), graph-replayed."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -198,7 +210,7 @@ def sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, hq=32, hkv=8, d=1
                 return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, enable_gqa=gqa)
 
         try:
-            return graph_us(sdpa), gqa, None
+            return time_us(sdpa), gqa, None
         except RuntimeError as exc:
             error = str(exc)[:200]
     return None, None, error
@@ -210,21 +222,28 @@ def run_gpu(args):
     from specdec_fast.kernels._workspace import KernelWorkspace
     from specdec_fast.kernels.attention.triton import paged_attention_triton, plan_launch
 
-    if not torch.cuda.is_available():
-        sys.exit("--gpu needs a CUDA device")
-    name = torch.cuda.get_device_name()
+    if args.smoke:
+        if not args.out:
+            sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
+        device, dtype, name, time_us = "cpu", torch.float32, "cpu (smoke: interpreter, not a measurement)", wall_us
+        batches, contexts = SMOKE_BATCHES, SMOKE_CONTEXTS
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("--gpu needs a CUDA device (or --smoke on CPU)")
+        device, dtype, name, time_us = "cuda", torch.bfloat16, torch.cuda.get_device_name(), graph_us
+        batches, contexts = (QUICK_BATCHES, QUICK_CONTEXTS) if args.quick else (GPU_BATCHES, GPU_CONTEXTS)
     peak = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), None)
     tag = name.replace(" ", "_").replace("/", "_")
     out = Path(args.out or ROOT / f"bench/results/attention_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, budget = [], RowBudget(args.budget_s)
-    for B in QUICK_BATCHES if args.quick else GPU_BATCHES:
-        for ctx in QUICK_CONTEXTS if args.quick else GPU_CONTEXTS:
+    for B in batches:
+        for ctx in contexts:
             if not budget.allows(f"B={B} context={ctx}"):
                 continue
             res = {"B": B, "context": ctx}
             for n in (1, 5):
-                inputs = make_inputs(B, ctx, n, block_size=args.block_size, device="cuda")
+                inputs = make_inputs(B, ctx, n, block_size=args.block_size, dtype=dtype, device=device)
                 q, k_cache, v_cache, block_table, seq_lens, cu = inputs
                 capacity = block_table.shape[1] * args.block_size
                 ws = KernelWorkspace()  # the in-kernel merge's tickets, as a runner holds them
@@ -236,22 +255,28 @@ def run_gpu(args):
                                                   merge_in_kernel=merge, workspace=ws if merge else None)
 
                 # the two merges give the same output (fp32 partials; bf16 out): checked before timing
-                res[f"in_kernel_max_abs_diff_N{n}"] = (ours(merge=True).float() - ours().float()).abs().max().item()
+                auto = ours().float()
+                res[f"in_kernel_max_abs_diff_N{n}"] = (ours(merge=True).float() - auto).abs().max().item()
+                sweep_diff = 0.0  # and so does every forced split count of the sweep, with either merge
                 # keys: plan_N1 / triton_N1_* / sweep_N1_us (the merge launch), plan_in_kernel_N1 / in_kernel_N1_* / ...
                 for form, suffix, merge in (("triton", "", False), ("in_kernel", "_in_kernel", True)):
                     plan = plan_launch(q.device, B, 8, 4, 128, n, capacity, merge_in_kernel=merge)
                     res[f"plan{suffix}_N{n}"] = {
                         "splits": plan.num_splits, "launches": 1 if plan.num_splits == 1 or merge else 2,
                         "grid": [B * 8, plan.num_tiles, plan.num_splits], "block_m": plan.block_m, "block_n": plan.block_n}
-                    us = graph_us(lambda merge=merge: ours(merge=merge))
-                    gbps = bytes_moved(B, ctx, n) / us / 1e3
+                    us = time_us(lambda merge=merge: ours(merge=merge))
+                    gbps = bytes_moved(B, ctx, n, elem=q.element_size()) / us / 1e3
                     res[f"{form}_N{n}_us"], res[f"{form}_N{n}_GBps"] = us, gbps
                     res[f"{form}_N{n}_roofline"] = gbps * 1e9 / peak if peak else None
                     if ctx <= SWEEP_MAX_CONTEXT:  # which split count would have been best, with either merge?
-                        res[f"sweep{suffix}_N{n}_us"] = {
-                            s: graph_us(lambda s=s, merge=merge: ours(s, merge)) for s in SWEEP_SPLITS if s * 256 <= ctx}
+                        forced = [s for s in SWEEP_SPLITS if s * 256 <= ctx]
+                        res[f"sweep{suffix}_N{n}_us"] = {s: time_us(lambda s=s, merge=merge: ours(s, merge)) for s in forced}
+                        for s in forced:
+                            sweep_diff = max(sweep_diff, (ours(s, merge).float() - auto).abs().max().item())
+                if ctx <= SWEEP_MAX_CONTEXT:
+                    res[f"sweep_max_abs_diff_N{n}"] = sweep_diff
                 us = res[f"triton_N{n}_us"]
-                sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n)
+                sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, time_us=time_us)
                 res[f"sdpa_flash_N{n}_us"], res["sdpa_native_gqa"] = sdpa, gqa
                 if error:
                     res["sdpa_error"] = error
@@ -286,8 +311,10 @@ def attention_targets(rows: list) -> dict:
 
 
 def write_report(out: Path, name: str, peak, args, rows: list, not_run: list) -> None:
-    report = {"device": name, "hbm_peak_Bps": peak, "heads": "32 q / 8 kv, D=128, bf16", "timing": "CUDA graph replay",
-              "block_size": args.block_size, "selection": "quick" if args.quick else "full", **versions(),
+    smoke = getattr(args, "smoke", False)
+    report = {"device": name, "hbm_peak_Bps": peak, "heads": f"32 q / 8 kv, D=128, {'fp32' if smoke else 'bf16'}",
+              "timing": "wall clock, one call (smoke)" if smoke else "CUDA graph replay", "block_size": args.block_size,
+              "selection": "smoke" if smoke else "quick" if args.quick else "full", **versions(),
               "targets": attention_targets(rows), "not_run": not_run, "results": rows}
     out.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -303,6 +330,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, nargs="*", help="CPU mode: thread counts to run (default: torch's)")
     parser.add_argument("--block-size", type=int, default=16, help="GPU mode: KV page size")
     parser.add_argument("--quick", action="store_true", help="GPU mode: B 1 / 8 x context 1k / 8k (the merge decision)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="GPU mode's code on CPU under the interpreter (TRITON_INTERPRET=1), tiny shapes; needs --out")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="GPU mode: no new shape after this many s")
     args = parser.parse_args(argv)
     if args.gpu:

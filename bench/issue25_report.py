@@ -169,9 +169,10 @@ def merge_lever(report: dict | None) -> dict:
         for n in (1, 5):
             if f"in_kernel_N{n}_us" in r and f"triton_N{n}_us" in r:
                 ratios[f"B={r['B']} {r['context']} N={n}"] = r[f"in_kernel_N{n}_us"] / r[f"triton_N{n}_us"]
-            diff = r.get(f"in_kernel_max_abs_diff_N{n}")
-            if diff is not None and diff > 2e-2:  # bf16 outputs of fp32 partials merged in another order
-                why.append(f"B={r['B']} context={r['context']} N={n}: outputs differ by {diff:.3g}")
+            for key, which in (("in_kernel_max_abs_diff", "the two merges"), ("sweep_max_abs_diff", "forced splits")):
+                diff = r.get(f"{key}_N{n}")
+                if diff is not None and diff > 2e-2:  # bf16 outputs of fp32 partials merged in another order
+                    why.append(f"B={r['B']} context={r['context']} N={n}: {which}' outputs differ by {diff:.3g}")
     return _advice(ratios, why, "in-kernel merge us over the merge launch", missing)
 
 

@@ -1,10 +1,15 @@
 """bench/bench_attention.py --gpu's targets from the rows measured: --quick (B 1 / 8 x 1k / 8k) or a
-run its budget cut has no 32k rows; its report must still be written, with those targets left out."""
+run its budget cut has no 32k rows; its report must still be written, with those targets left out.
+And --gpu --smoke: that code on CPU under the interpreter (run_gpu.sh `limits` runs --gpu --quick
+unattended), its rows feeding issue25_report's MERGE_IN_KERNEL lever."""
+import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+import bench_attention  # noqa: E402
+import issue25_report  # noqa: E402
 from bench_attention import attention_targets  # noqa: E402
 
 
@@ -31,3 +36,22 @@ def test_full_rows_give_every_target():
 
 def test_no_rows():
     assert attention_targets([])["in_kernel_vs_launch"] == {}
+
+
+def test_gpu_mode_smoke_rows_feed_the_report(tmp_path):
+    out = tmp_path / "attention_smoke.json"
+    bench_attention.main(["--gpu", "--smoke", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["device"].startswith("cpu (smoke") and report["selection"] == "smoke" and report["not_run"] == []
+    (row,) = report["results"]
+    for n in (1, 5):
+        for form in ("triton", "in_kernel"):
+            assert row[f"{form}_N{n}_us"] > 0 and row[f"plan{'_in_kernel' if form == 'in_kernel' else ''}_N{n}"]
+        assert set(row[f"sweep_N{n}_us"]) == set(row[f"sweep_in_kernel_N{n}_us"]) == {"1", "2"}
+        # fp32 on CPU: the merges and split counts agree to rounding
+        assert row[f"in_kernel_max_abs_diff_N{n}"] < 1e-5 and row[f"sweep_max_abs_diff_N{n}"] < 1e-5, row
+        assert row[f"sdpa_flash_N{n}_us"] > 0, row.get("sdpa_error")
+    assert set(report["targets"]["in_kernel_vs_launch"]) == {"B1_520_N1", "B1_520_N5"}
+    lever = issue25_report.merge_lever(report)
+    assert lever["advice"] != "unmeasured" and set(lever["ratios"]) == {"B=1 520 N=1", "B=1 520 N=5"}
+    assert not [why for why in lever["why"] if "differ" in why]

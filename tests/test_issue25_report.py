@@ -128,6 +128,16 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
 
 
+def test_forced_splits_that_disagree_block_the_merge_lever(tmp_path):
+    """bench_attention's sweep checks every forced split count's output against the automatic plan's:
+    a disagreement there turns MERGE_IN_KERNEL off as the two merges' disagreement does."""
+    assert build(tmp_path)["levers"]["MERGE_IN_KERNEL"]["advice"] == "on"
+    files = copy.deepcopy(FILES)
+    files["attention"]["results"][0]["sweep_max_abs_diff_N1"] = 0.3
+    lever = build(tmp_path, files)["levers"]["MERGE_IN_KERNEL"]
+    assert lever["advice"] == "off" and any("forced splits" in why for why in lever["why"]), lever
+
+
 def test_a_lever_missing_rows_is_incomplete(tmp_path):
     """GEMV_LAYER decides every batch: without the B = 8 profile its B = 1 rows alone say incomplete
     (and GEMV_PDL, which needs it, off); an attention run that left shapes out says so too."""
