@@ -72,17 +72,22 @@ setup(
     #   and the demo load checkpoints and tokenizers with them. Core, not an extra: every
     #   entry point but the bare kernels needs them, and the console script is installed
     #   either way. `import specdec_fast` and specdec_fast.kernels still work without them.
-    #   transformers >= 5.0: the options follow transformers 5's generate (lengths, defaults), and
-    #   on 4.x it breaks: 4.45.0 fails output_scores / output_logits (TypeError: forward() got an
-    #   unexpected keyword argument 'logits_to_keep') and pair.load_cross_draft(dtype=...), and
-    #   4.45.0 and 4.57.6 log "Both `max_new_tokens` ... and `max_length`(=20) seem to have been
-    #   set" on every call that gives max_new_tokens (their GenerationConfig holds max_length=20).
-    #   5.0.0 and 5.24.0 pass the harness-style calls token for token (greedy = model.generate).
+    #   transformers >= 5.4: the options follow transformers 5's generate (lengths, defaults); 4.x
+    #   breaks: 4.45.0 fails output_scores / output_logits (TypeError: forward() got an unexpected
+    #   keyword argument 'logits_to_keep') and pair.load_cross_draft(dtype=...), and 4.45.0 and
+    #   4.57.6 log "Both `max_new_tokens` ... and `max_length`(=20) seem to have been set" on every
+    #   call that gives max_new_tokens. Within 5.x, each release's generate() / forward() checked
+    #   against ours (tests of lengths, scores, options and GPT-2; 2026-11-27, CPU): 5.0-5.2 stop a
+    #   call without max_new_tokens at other lengths than 5.3+ and warn about the default length;
+    #   5.0-5.3's GPT-2 under SDPA ignores scale_attn_weights / scale_attn_by_inverse_layer_idx
+    #   (their eager path and 5.4+ apply them, as our runner does). 5.4.0 to 5.24.0 pass; the
+    #   whole suite passes on 5.4.0. The repetition penalty's left pads differ by version (5.23 skips
+    #   them): the engine follows the installed one (processing/penalties.py).
     # - torch >= 2.6: the whole suite ran on CPU with torch 2.6.0 (+ transformers 5.24, triton 3.6);
     #   transformers 5.24 disables torch below 2.6 ("PyTorch >= 2.6 is required"; 5.0 asked for 2.2),
     #   so with an older torch pip would install a transformers that cannot run a model. 2.4 / 2.5
     #   with an older transformers 5.x were not tried.
-    install_requires=["torch>=2.6", "numpy", "ninja", "transformers>=5.0", "tokenizers", "safetensors"],
+    install_requires=["torch>=2.6", "numpy", "ninja", "transformers>=5.4", "tokenizers", "safetensors"],
     extras_require={
         "triton": ["triton>=3.4"],  # Triton kernels on a GPU (kernels/_backend.py MIN_TRITON; CUDA torch brings one)
     },

@@ -122,8 +122,8 @@ class LogitsStage:
         steps read, in place (graphs captured at an earlier call read them)."""
         self.processing.set_prompt_width(prompt.ids.shape[1])
         if self.penalties is not None:
-            # generate() skips the prompt's left pads (prompt_ignore_length) in transformers 5.24 (they
-            # are no tokens here) and counts them as the pad token in 5.17: the installed one's rule.
+            # generate() skips the prompt's left pads (prompt_ignore_length) in transformers 5.23+ (they
+            # are no tokens here) and counts them as the pad token up to 5.22: the installed one's rule.
             ids = prompt.ids.masked_fill(prompt.mask == 0, -1) if generate_skips_prompt_pads() else prompt.ids
             fresh = make_penalty_tensors(ids, self.vocab, check=False)
             self.penalties.counts.copy_(fresh.counts)
@@ -133,7 +133,7 @@ class LogitsStage:
     @staticmethod
     def _pads_start(state):
         """The first slot the repetition penalty counts: the first real prompt token where the
-        installed transformers' generate() skips left pads, else slot 0 (pads count, 5.17)."""
+        installed transformers' generate() skips left pads, else slot 0 (pads count, up to 5.22)."""
         return state.start if generate_skips_prompt_pads() else None
 
     # -- the steps (in place, no host sync unless a user processor runs) -------------------------

@@ -10,8 +10,8 @@ the oracle of a fused one.
                         count of the attention mask as prompt_ignore_length, so pads do not count;
                         start=None counts from 0, pads included, the processor's own default),
                         each at most once: logit < 0 -> logit * p, else logit / p. Which of the two
-                        generate() does depends on the installed transformers (5.24 skips the pads,
-                        5.17 counts them): generate_skips_prompt_pads() says, and the engine follows it.
+                        generate() does depends on the installed transformers (5.23+ skip the pads,
+                        5.4-5.22 count them): generate_skips_prompt_pads() says, and the engine follows it.
     frequency_penalty   vLLM's: logit -= f * count, count = occurrences among the generated tokens
     presence_penalty    vLLM's: logit -= p * (count > 0)        (after frequency, as vLLM)
                         where the generated tokens are prefix[P:] (this iteration's drafts included)
@@ -41,8 +41,8 @@ from .prefix import Prefixes
 @functools.lru_cache(maxsize=None)
 def generate_skips_prompt_pads() -> bool:
     """Whether the installed transformers' generate() keeps a prompt's left pads out of the repetition
-    penalty (it passes the attention mask's pad count as prompt_ignore_length: transformers 5.24
-    does, 5.17 does not and penalises the pad token like any other). Read from the source of the
+    penalty (it passes the attention mask's pad count as prompt_ignore_length: transformers 5.23+
+    does, 5.22 and earlier do not and penalise the pad token like any other). Read from the source of the
     method that builds the processors, so the engine's tokens equal that version's generate()."""
     try:
         from transformers.generation.utils import GenerationMixin

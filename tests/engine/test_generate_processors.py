@@ -248,10 +248,10 @@ class Identity(LogitsProcessor):
 
 @pytest.mark.parametrize("path", ["fused", "processing"])
 def test_repetition_penalty_counts_pads_where_the_installed_generate_does(monkeypatch, path):
-    """transformers 5.24's generate() keeps left pads out of the repetition penalty, 5.17's counts
+    """transformers 5.23+'s generate() keeps left pads out of the repetition penalty, 5.22's counts
     them as the pad token (processing/penalties.py generate_skips_prompt_pads). Unpatched, our
     tokens equal the installed generate's; with the older rule forced, those of generate with the
-    processor built without prompt_ignore_length (what 5.17 builds); the two rules give other
+    processor built without prompt_ignore_length (what 5.22 builds); the two rules give other
     tokens here (so the test can tell them apart)."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([3, 12, 6], seed=8)
