@@ -187,8 +187,7 @@ SMOKE_BATCHES, SMOKE_CONTEXTS = (1,), (520,)  # --smoke: a sweep of 1 / 2 splits
 
 
 def wall_us(fn) -> float:
-    """--smoke's timer: us of one call after one warm-up call (CPU, interpreter: not a measurement)."""
-    fn()
+    """--smoke's timer: us of one call (CPU, interpreter: nothing to warm, not a measurement)."""
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1e6
