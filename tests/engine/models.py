@@ -54,3 +54,19 @@ def left_padded_prompts(lengths, *, vocab: int = VOCAB, pad: int = 0, seed: int 
         ids[row, width - n :] = torch.randint(3, vocab, (n,), generator=gen)
         mask[row, width - n :] = 1
     return ids, mask
+
+
+def eos_inside_a_block(plain: torch.Tensor, width: int, block: int, row: int = 1, pad: int = 0) -> tuple[int, int]:
+    """(end, eos) for the EOS tests where the draft is the target (every draft accepted): plain
+    [B, width + T] is greedy generate's output; eos is the token ``row`` first says at new position
+    ``end``, a draft's place (new token 0 comes from the prefill, then blocks of block - 1 drafts and
+    a bonus: end % block != 0), said first by no row (so every row enters the loop), not the pad
+    token (a row that ends is padded with it: the end must show). Read from the
+    output, not a fixed position: a random model's tokens change with transformers' init (5.4 to
+    5.14 gave GPT-2 rows of one token), and a fixed 5th token can be one the row said before."""
+    new = plain[:, width:].tolist()
+    firsts = [r[0] for r in new]
+    for end in range(2, len(new[row])):
+        if end % block and new[row][end] != pad and new[row][end] not in new[row][:end] + firsts:
+            return end, new[row][end]
+    raise AssertionError(f"row {row} says no new token at a draft's place: {new[row]}")

@@ -9,7 +9,7 @@ from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import HFRunner
 
 from .conftest import model_pair
-from .models import left_padded_prompts
+from .models import eos_inside_a_block, left_padded_prompts
 
 KINDS = ["llama", "qwen2", "gpt2"]
 PROMPTS = {1: [7], 3: [5, 11, 2]}
@@ -67,13 +67,13 @@ def test_eos_inside_an_accepted_block(kind):
     target, _ = model_pair(kind)
     ids, mask, plain = reference(kind, 3)
     width = ids.shape[1]
-    eos = int(plain[1, width + 4])  # row 1's 5th new token
+    end, eos = eos_inside_a_block(plain, width, block=7)  # K = 6
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos)
     out, stats = api.generate(target, ids, mask, assistant_model=target, num_assistant_tokens=6, do_sample=False,
                               max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos, return_stats=True)
     assert torch.equal(out, expected)
     assert stats.alpha == 1.0
-    assert (out[1, width + 5 :] == 0).all()
+    assert (out[1, width + end + 1 :] == 0).all() and int(out[1, width + end]) == eos
 
 
 def test_model_eos_from_generation_config():

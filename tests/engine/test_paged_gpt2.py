@@ -13,7 +13,7 @@ from specdec_fast.runners.registry import paged_runner_class, paged_unsupported_
 from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner, gpt2_unsupported_reason
 
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
-from .models import left_padded_prompts, make_draft
+from .models import eos_inside_a_block, left_padded_prompts, make_draft
 from ..conftest import on_device
 
 VOCAB = 96
@@ -175,13 +175,7 @@ def test_eos_inside_an_accepted_block(built):
     ids, mask = left_padded_prompts(PROMPTS[3], vocab=VOCAB, seed=3)
     width = ids.shape[1]
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
-    # EOS: a token row 1 first says at a draft's place (every draft accepted: new token 0 comes from
-    # the prefill, then blocks of 6 drafts + 1 bonus), said first by no row (so every row enters the
-    # loop). Chosen from the output: the random model's tokens depend on transformers' init.
-    new = plain[:, width:].tolist()
-    end = next(p for p in range(2, MAX_NEW)
-               if p % 7 != 0 and new[1][p] not in new[1][:p] + [row[0] for row in new])
-    eos = new[1][end]
+    end, eos = eos_inside_a_block(plain, width, block=7)  # K = 6
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0,
                                eos_token_id=eos)
     out, stats = api.generate(target, ids, mask, assistant_model=target, num_assistant_tokens=6, do_sample=False,

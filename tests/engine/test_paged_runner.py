@@ -8,7 +8,7 @@ from specdec_fast.runners.paged_llama import PagedLlamaRunner
 from specdec_fast.runners.registry import paged_unsupported_reason
 
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
-from .models import left_padded_prompts, make_draft, make_model
+from .models import eos_inside_a_block, left_padded_prompts, make_draft, make_model
 from ..conftest import on_device
 
 VOCAB = 96
@@ -103,14 +103,14 @@ def test_eos_inside_an_accepted_block_paged():
     ids, mask = left_padded_prompts(PROMPTS[3], vocab=VOCAB, seed=3)
     width = ids.shape[1]
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
-    eos = int(plain[1, width + 4])  # row 1's 5th new token
+    end, eos = eos_inside_a_block(plain, width, block=7)  # K = 6
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0,
                                eos_token_id=eos)
     out, stats = api.generate(target, ids, mask, assistant_model=target, num_assistant_tokens=6, do_sample=False,
                               max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos, return_stats=True, runner="paged")
     assert torch.equal(out, expected)
     assert stats.alpha == 1.0
-    assert (out[1, width + 5 :] == 0).all()
+    assert (out[1, width + end + 1 :] == 0).all() and int(out[1, width + end]) == eos
 
 
 def test_triton_kernels_on_the_test_device(device):

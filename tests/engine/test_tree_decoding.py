@@ -10,7 +10,7 @@ import specdec_fast.api as api
 from specdec_fast.drafters.token_tree import TokenTree
 
 from .conftest import model_pair
-from .models import left_padded_prompts, make_draft
+from .models import eos_inside_a_block, left_padded_prompts, make_draft
 from .test_greedy_exact import MAX_NEW, reference
 from .test_paged_runner import VOCAB, tiny
 
@@ -86,13 +86,13 @@ def test_eos_inside_an_accepted_path():
     target, _ = model_pair("gpt2")
     ids, mask, plain = reference("gpt2", 3)
     width = ids.shape[1]
-    eos = int(plain[1, width + 4])
+    end, eos = eos_inside_a_block(plain, width, block=7)  # a path of 6 + the bonus
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0,
                                eos_token_id=eos)
     out, stats = api.generate(target, ids, mask, assistant_model=target, tree=TokenTree.from_branching([2, 1, 1, 1, 1, 1]),
                               do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos, return_stats=True)
     assert torch.equal(out, expected)
-    assert (out[1, width + 5:] == 0).all()
+    assert (out[1, width + end + 1 :] == 0).all() and int(out[1, width + end]) == eos
     tree_stats = stats.extra["tree"]
     assert all(row[1] == 0 for row in tree_stats["accepted_rank_by_depth"])  # rank 0 (the argmax) every time
 
