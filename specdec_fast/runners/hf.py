@@ -18,6 +18,7 @@ Masks: with attn_implementation "sdpa" or "eager" the runner builds the 4-D mask
 (transformers' own mask builder reads the 2-D mask's values for one-token queries, a host
 sync); other implementations get the 2-D mask and transformers builds it.
 """
+import inspect
 import weakref
 
 import torch
@@ -31,6 +32,16 @@ def _dynamic_cache_class():
     except ImportError as e:  # pragma: no cover - transformers is a dependency, but may be broken
         raise ImportError("HFRunner needs transformers (pip install transformers)") from e
     return DynamicCache
+
+
+def _cache_keyword(model) -> str:
+    """The forward's name for the KV cache: ``cache`` in transformers 5.24+ (``past_key_values``
+    there is deprecated, a FutureWarning per call, and goes in 5.40), ``past_key_values`` before."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no signature to read: the older name, which 5.24-5.39 still take
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 class HFRunner:
@@ -54,6 +65,7 @@ class HFRunner:
         # against it): clamping keeps learned position tables in range.
         self.max_position = next((v - 1 for v in limits if isinstance(v, int)), None)
         self.cache = None
+        self._cache_keyword = _cache_keyword(model)
 
     @property
     def model(self):
@@ -68,8 +80,8 @@ class HFRunner:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self._cache_keyword: self.cache},
             return_dict=True,
         )
         return out.logits

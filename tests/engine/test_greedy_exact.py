@@ -110,3 +110,33 @@ def test_mask_kinds_and_compaction(attn):
     generated = ids.shape[1] + 40 + 1
     # K+1 = 5 slots per iteration since the last compaction, which used a poll at most R - 1 iterations old.
     assert runners[0].cache_len <= generated + 5 * decoder.run_ahead, "compaction keeps the cache near the real length"
+
+
+def test_the_hf_runner_names_the_cache_as_the_forward_does():
+    """transformers 5.24 renamed the forward's past_key_values to cache (the old name warns on every
+    call and goes in 5.40): HFRunner passes the name the model's forward takes, so a call through
+    it raises no FutureWarning, and an older forward still gets past_key_values."""
+    import warnings
+
+    from specdec_fast.runners.hf import _cache_keyword
+
+    class Older:
+        def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
+            pass
+
+    class Newer:
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
+            pass
+
+    assert (_cache_keyword(Older()), _cache_keyword(Newer())) == ("past_key_values", "cache")
+    target, draft = model_pair("llama")
+    ids, mask, expected = reference("llama", 3)
+    runners = [HFRunner(target), HFRunner(draft)]
+    params = make_sampling_tensors(3, "cpu", temperature=0.0, seed=0)
+    decoder = SpeculativeDecoder(runners[0], ModelDrafter(runners[1]), k=3, params=params, max_new_tokens=MAX_NEW,
+                                 pad_token_id=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = decoder.generate(ids, mask)
+    assert torch.equal(out, expected)
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
