@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_timing import copy_bandwidth, graph_timer, profile_kernels  # noqa: E402
 
+from specdec_fast.runners.hf import cache_keyword, output_cache  # noqa: E402
+
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
                 rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
@@ -165,12 +167,13 @@ def host_cost_per_layer(calls: int = 20, rounds: int = 5) -> dict:
     def transformers_step(layers):
         model = build_model({**TINY, "num_hidden_layers": layers}, "cpu", torch.float32)
         ids = torch.randint(3, 100, (1, 6))
+        name = cache_keyword(model)  # transformers 5.24 renamed past_key_values to cache
         with torch.no_grad():
-            cache = model(input_ids=ids, use_cache=True).past_key_values
+            cache = output_cache(model(input_ids=ids, use_cache=True))
 
         def step():
             with torch.no_grad():
-                model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+                model(input_ids=ids[:, -1:], use_cache=True, **{name: cache})
             cache.crop(-1)  # drop the step's token (negative: works in transformers 4.x and 5.x)
         return step
 
@@ -246,12 +249,13 @@ def hf_eager_ms(model, context: int, batch: int, iters: int) -> float:
     ids = torch.randint(3, model.config.vocab_size, (batch, context), device=device)
     tok = ids[:, -1:]
     with torch.no_grad():
-        cache = model(input_ids=ids, use_cache=True).past_key_values
+        name = cache_keyword(model)  # transformers 5.24 renamed past_key_values to cache
+        cache = output_cache(model(input_ids=ids, use_cache=True))
         times = []
         for _ in range(iters + 1):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            model(input_ids=tok, past_key_values=cache, use_cache=True)
+            model(input_ids=tok, use_cache=True, **{name: cache})
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
             cache.crop(-1)  # back to the context (negative: works in transformers 4.x and 5.x)

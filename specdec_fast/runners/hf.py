@@ -34,7 +34,7 @@ def _dynamic_cache_class():
     return DynamicCache
 
 
-def _cache_keyword(model) -> str:
+def cache_keyword(model) -> str:
     """The forward's name for the KV cache: ``cache`` in transformers 5.24+ (``past_key_values``
     there is deprecated, a FutureWarning per call, and goes in 5.40), ``past_key_values`` before."""
     try:
@@ -42,6 +42,13 @@ def _cache_keyword(model) -> str:
     except (TypeError, ValueError):  # no signature to read: the older name, which 5.24-5.39 still take
         return "past_key_values"
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+def output_cache(out):
+    """The KV cache a forward returned: ``out.cache`` in transformers 5.24+ (``out.past_key_values``
+    there logs a deprecation), ``out.past_key_values`` before."""
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
 
 
 class HFRunner:
@@ -65,7 +72,7 @@ class HFRunner:
         # against it): clamping keeps learned position tables in range.
         self.max_position = next((v - 1 for v in limits if isinstance(v, int)), None)
         self.cache = None
-        self._cache_keyword = _cache_keyword(model)
+        self._cache_keyword = cache_keyword(model)
 
     @property
     def model(self):

@@ -118,7 +118,7 @@ def test_the_hf_runner_names_the_cache_as_the_forward_does():
     it raises no FutureWarning, and an older forward still gets past_key_values."""
     import warnings
 
-    from specdec_fast.runners.hf import _cache_keyword
+    from specdec_fast.runners.hf import cache_keyword, output_cache
 
     class Older:
         def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
@@ -128,7 +128,12 @@ def test_the_hf_runner_names_the_cache_as_the_forward_does():
         def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
             pass
 
-    assert (_cache_keyword(Older()), _cache_keyword(Newer())) == ("past_key_values", "cache")
+    assert (cache_keyword(Older()), cache_keyword(Newer())) == ("past_key_values", "cache")
+    with warnings.catch_warnings(record=True) as caught:  # and the cache a forward returns, by its name
+        warnings.simplefilter("always")
+        returned = output_cache(model_pair("llama")[0](input_ids=torch.tensor([[3, 4, 5]]), use_cache=True))
+    assert returned is not None and returned.get_seq_length() == 3
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
     target, draft = model_pair("llama")
     ids, mask, expected = reference("llama", 3)
     runners = [HFRunner(target), HFRunner(draft)]
