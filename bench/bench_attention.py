@@ -256,7 +256,9 @@ def run_gpu(args):
                 # the two merges give the same output (fp32 partials; bf16 out): checked before timing
                 auto = ours().float()
                 res[f"in_kernel_max_abs_diff_N{n}"] = (ours(merge=True).float() - auto).abs().max().item()
-                sweep_diff = 0.0  # and so does every forced split count of the sweep, with either merge
+                # which split count would have been best, with either merge? (each checked against auto)
+                forced = [s for s in SWEEP_SPLITS if s * 256 <= ctx] if ctx <= SWEEP_MAX_CONTEXT else None
+                sweep_diff = 0.0
                 # keys: plan_N1 / triton_N1_* / sweep_N1_us (the merge launch), plan_in_kernel_N1 / in_kernel_N1_* / ...
                 for form, suffix, merge in (("triton", "", False), ("in_kernel", "_in_kernel", True)):
                     plan = plan_launch(q.device, B, 8, 4, 128, n, capacity, merge_in_kernel=merge)
@@ -267,12 +269,11 @@ def run_gpu(args):
                     gbps = bytes_moved(B, ctx, n, elem=q.element_size()) / us / 1e3
                     res[f"{form}_N{n}_us"], res[f"{form}_N{n}_GBps"] = us, gbps
                     res[f"{form}_N{n}_roofline"] = gbps * 1e9 / peak if peak else None
-                    if ctx <= SWEEP_MAX_CONTEXT:  # which split count would have been best, with either merge?
-                        forced = [s for s in SWEEP_SPLITS if s * 256 <= ctx]
+                    if forced is not None:
                         res[f"sweep{suffix}_N{n}_us"] = {s: time_us(lambda s=s, merge=merge: ours(s, merge)) for s in forced}
                         for s in forced:
                             sweep_diff = max(sweep_diff, (ours(s, merge).float() - auto).abs().max().item())
-                if ctx <= SWEEP_MAX_CONTEXT:
+                if forced is not None:
                     res[f"sweep_max_abs_diff_N{n}"] = sweep_diff
                 us = res[f"triton_N{n}_us"]
                 sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, time_us=time_us)
