@@ -10,7 +10,7 @@ bench/results/verify_stream_ptx_sm90.json); the emission's pass with per-lane ma
 
 For V in {32000, 128256}, B in {1, 8, 64}, K = 4 with draft logits, modes greedy / T=1 /
 top_k=50 (the rows that stream without rungs): chain_verify_triton and sample_triton as CUDA
-graph replays under do_bench (median us), GB/s and fraction of the copy-bandwidth roofline
+graph replays under do_bench (median us), GB/s and fraction of the measured-bandwidth roofline
 (logits bytes read once), and whether both loops give the reference's tokens.
 
     python bench/bench_stream_lanes.py [--quick] [--budget-s S] [--out bench/results/stream_lanes_<device>.json]
@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import versions  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
-from verify_gpu_table import QUICK_SHAPES, _entry, _time, copy_bandwidth, make_logits  # noqa: E402
+from verify_gpu_table import (QUICK_SHAPES, _entry, _time, bandwidth_fields, make_logits,  # noqa: E402
+                              roofline_bandwidth)
 
 from specdec_fast.kernels import make_sampling_tensors  # noqa: E402
 from specdec_fast.kernels.verify import chain_verify_reference, sample_reference  # noqa: E402
@@ -56,7 +57,8 @@ def main(argv=None) -> dict:
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (or --smoke)")
     device = torch.device("cpu" if args.smoke else "cuda")
-    bandwidth = copy_bandwidth(device)
+    measured = roofline_bandwidth(device)
+    bandwidth = measured and measured["ceiling_Bps"]
     ov = dict(cap=128, num_chunks=2) if args.smoke else {}  # the smoke shape takes the large-vocabulary path
     rows, budget = [], RowBudget(args.budget_s)
     for batch, k, vocab in [(2, 2, 600)] if args.smoke else QUICK_SHAPES if args.quick else SHAPES:
@@ -97,8 +99,8 @@ def main(argv=None) -> dict:
         return dict(rows=rows)
     name = "cpu (smoke: interpreter, not a measurement)" if args.smoke else torch.cuda.get_device_name(device)
     timer = "wall clock, one call (smoke)" if args.smoke else "CUDA graph replay under triton.testing.do_bench: median (us)"
-    result = dict(device=name, versions=versions(), copy_bandwidth_bytes_per_s=bandwidth, timer=timer,
-                  roofline="logits bytes read once / measured copy bandwidth", not_run=budget.not_run, rows=rows)
+    result = dict(device=name, versions=versions(), **bandwidth_fields(measured), timer=timer,
+                  not_run=budget.not_run, rows=rows)
     out = Path(args.out or Path(__file__).resolve().parent / "results" /
                f"stream_lanes_{name.lower().replace(' ', '_')}.json")
     out.write_text(json.dumps(result, indent=1))

@@ -1,4 +1,4 @@
-"""GPU timing helpers shared by the benchmarks: CUDA-graph replay timing, copy bandwidth, a
+"""GPU timing helpers shared by the benchmarks: CUDA-graph replay timing, copy and read bandwidth, a
 torch.profiler kernel census grouped by family (bench/profile_step.py, bench/bench_attention.py),
 and the row budget that keeps a benchmark inside a device call (RowBudget)."""
 import statistics
@@ -52,6 +52,25 @@ def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
     dst = torch.empty_like(src)
     us = graph_timer(lambda: dst.copy_(src), reps=20)
     return 2 * nbytes / (us * 1e-6)
+
+
+def read_bandwidth(device, nbytes: int = 2 << 30) -> float:
+    """Bytes read per second by a sum over nbytes of bf16 (fp32 result: 4 bytes written). The
+    ceiling of a step that streams its weights and writes next to nothing: on an H200 the copy
+    above measured 2.71 TB/s (read + written) while cuBLAS's lm_head GEMV read 4.42 TB/s
+    (bench/results/h200_2026-11-27), so a copy-based ceiling put plain decoding at 119%."""
+    src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    out = torch.empty((), dtype=torch.float32, device=device)
+    us = graph_timer(lambda: torch.sum(src, dtype=torch.float32, out=out), reps=20)
+    return nbytes / (us * 1e-6)
+
+
+def hbm_ceiling_bandwidth(device) -> dict:
+    """{"copy_Bps", "read_Bps", "ceiling_Bps", "basis"}: the two measured rates and the ceiling of
+    a read-dominated step (the larger: bytes can be read at least as fast as either measured)."""
+    copy, read = copy_bandwidth(device), read_bandwidth(device)
+    return {"copy_Bps": copy, "read_Bps": read, "ceiling_Bps": max(copy, read),
+            "basis": "read (sum)" if read >= copy else "copy (read + written)"}
 
 
 TRITON_KERNELS = ("_add_rms_norm_kernel", "_silu_mul_kernel", "_rope_append_kv_kernel", "_paged_attn_split",

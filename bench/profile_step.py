@@ -7,7 +7,8 @@
 GPU mode writes bench/results/profile_step_<device>.json with, per step width N (1 and 5 tokens
 per row; B rows at a --context-token context, the context kept fixed by committing 0 tokens):
   - eager wall ms (median) and CUDA-graph replay ms (StepGraph); tok/s under graphs against the
-    HBM ceiling = copy bandwidth (bytes read + written, measured here) / weight bytes per step;
+    HBM ceiling = measured bandwidth / weight bytes per step, the bandwidth the larger of a copy's
+    (bytes read + written) and a sum's (bytes read): gpu_timing.hbm_ceiling_bandwidth;
   - torch.profiler kernels of one eager step and one graph replay, grouped by family (gemm/gemv,
     cuBLAS split-K reduce, each Triton kernel, torch elementwise / reduce / cat / copy) with
     counts and GPU us per step, GPU-busy ms vs wall;
@@ -36,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_timing import copy_bandwidth, graph_timer, profile_kernels  # noqa: E402
+from gpu_timing import graph_timer, hbm_ceiling_bandwidth, profile_kernels  # noqa: E402
 
 from specdec_fast.runners.hf import cache_keyword, output_cache  # noqa: E402
 
@@ -309,12 +310,13 @@ def run_gpu(args, save=lambda report: None) -> dict:
     config = LLAMA_8B
     model = build_model(config, device, torch.bfloat16)
     weights = weight_bytes_per_step(model)
-    bandwidth = copy_bandwidth(device)
-    ceiling = bandwidth / weights  # steps (tokens per row) per second
+    bandwidth = hbm_ceiling_bandwidth(device)
+    ceiling = bandwidth["ceiling_Bps"] / weights  # steps (tokens per row) per second
     report = {"device": torch.cuda.get_device_name(), **versions(), "model": "Llama-3-8B-shaped, random bf16",
               "config": {k: v for k, v in config.items() if k != "rope_parameters"}, "batch": args.batch,
-              "context": args.context, "copy_bandwidth_Bps": bandwidth, "weight_bytes_per_step": weights,
-              "hbm_ceiling_steps_per_s": ceiling, "steps": {}}
+              "context": args.context, "copy_bandwidth_Bps": bandwidth["copy_Bps"],
+              "read_bandwidth_Bps": bandwidth["read_Bps"], "hbm_ceiling_basis": bandwidth["basis"],
+              "weight_bytes_per_step": weights, "hbm_ceiling_steps_per_s": ceiling, "steps": {}}
     runner = PagedLlamaRunner(model, max_new_tokens=64, num_draft_tokens=max(args.ns) - 1)
     runner.prefill(torch.randint(3, config["vocab_size"], (args.batch, args.context), device=device), None)
     report["runner"] = {"kernels": runner.kernels, "fuse_projections": runner.fuse_projections}

@@ -9,7 +9,8 @@ plain caller makes it) beside the torch reference (the spec), plain PyTorch (ver
 L2 before every replay, so even B = 1 reads its logits from HBM, where the engine would find
 them L2-hot just after the LM head). Bandwidth is the
 logits read once (target + draft for verify, one row per batch row for sample) over the time;
-the roofline divides those bytes by this device's measured copy bandwidth. Greedy rows also time
+the roofline divides those bytes by this device's measured bandwidth (the larger of a copy's
+and a sum's: gpu_timing.hbm_ceiling_bandwidth). Greedy rows also time
 "triton_no_draft_logits": the call as the engine makes it when every row is greedy (its
 ModelDrafter keeps no draft logits then; p is one-hot at the draft token), 5 of the 9
 distributions at K = 4, its bandwidth over the target logits alone. Each row also says
@@ -34,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_timing import RowBudget  # noqa: E402
+from gpu_timing import RowBudget, hbm_ceiling_bandwidth  # noqa: E402
 from machine import versions  # noqa: E402
 from verify_anchors import flashinfer_fns, torch_sample, torch_verify  # noqa: E402
 
@@ -104,17 +105,17 @@ def _time(fn, smoke: bool) -> dict:
     return {"median_us": median * 1e3, "q20_us": q20 * 1e3, "q80_us": q80 * 1e3, "timer": timer}
 
 
-def copy_bandwidth(device) -> float | None:
-    """Bytes per second of a device-to-device copy of 1 GiB (read + written)."""
-    if device.type != "cuda":
-        return None
-    from triton.testing import do_bench
+def roofline_bandwidth(device) -> dict | None:
+    """The roofline's bandwidth (gpu_timing.hbm_ceiling_bandwidth: the larger of a copy's and a
+    read's bytes per second; the verify reads its logits and writes a few tokens); None on CPU."""
+    return hbm_ceiling_bandwidth(device) if device.type == "cuda" else None
 
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    del src, dst
-    return 2 * (1 << 30) / (ms * 1e-3)
+
+def bandwidth_fields(bandwidth: dict | None) -> dict:
+    """The report's fields for roofline_bandwidth's answer."""
+    bw = bandwidth or {}
+    return {"copy_bandwidth_bytes_per_s": bw.get("copy_Bps"), "read_bandwidth_bytes_per_s": bw.get("read_Bps"),
+            "roofline": f"logits bytes read once / measured {bw.get('basis', '-')} bandwidth"}
 
 
 def _summarise_paths(paths: torch.Tensor) -> dict:
@@ -153,7 +154,8 @@ def run_table(smoke: bool = False, data: str = "random", quick: bool = False, bu
         except Exception as error:  # noqa: BLE001 - any import failure means: no column
             flashinfer_note = f"not importable: {type(error).__name__}: {error}"
         print(f"flashinfer: {flashinfer_note}", flush=True)
-    bandwidth = copy_bandwidth(device)
+    measured = roofline_bandwidth(device)
+    bandwidth = measured and measured["ceiling_Bps"]
     results, budget = [], RowBudget(budget_s)
     shapes = SMOKE_SHAPES if smoke else QUICK_SHAPES if quick else GPU_SHAPES
     for batch, k, vocab in shapes:
@@ -238,12 +240,11 @@ def run_table(smoke: bool = False, data: str = "random", quick: bool = False, bu
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter, smoke)",
         "data": data,
-        "copy_bandwidth_bytes_per_s": bandwidth,
+        **bandwidth_fields(measured),
         "flashinfer": flashinfer_note,
         "versions": versions(),
         "timer": "CUDA graph replay under triton.testing.do_bench: median, 20/80% quantiles (us)"
         if not smoke else "wall clock of one call after one warm-up (smoke: not a measurement)",
-        "roofline": "logits bytes read once / measured copy bandwidth",
         "selection": "quick (issue 25's rows)" if quick else "full",
         "not_run": budget.not_run,
         "results": results,

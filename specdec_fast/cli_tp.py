@@ -59,6 +59,10 @@ class TensorParallelRun:
         self.rank, self.size = int(environ.get("RANK", 0)), args.tp
         local = int(environ.get("LOCAL_RANK", 0))
         cuda = torch.cuda.is_available() and (args.device is None or args.device.startswith("cuda"))
+        per_node, gpus = int(environ.get("LOCAL_WORLD_SIZE", self.size)), torch.cuda.device_count() if cuda else 0
+        if cuda and gpus < per_node:  # else rank `gpus` dies in set_device ("invalid device ordinal") and torchrun
+            raise CliError(f"--tp {self.size}: {per_node} ranks on this machine need a GPU each, and it has {gpus}; "
+                           f"start at most {gpus} per machine, or run the ranks on the CPU with --device cpu")
         self.device = torch.device("cuda", local) if cuda else torch.device(args.device or "cpu")
         if cuda:
             torch.cuda.set_device(self.device)

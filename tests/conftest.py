@@ -38,6 +38,14 @@ def device() -> str:
     return DEVICE
 
 
+def backend_device(backend: str, device: str) -> str:
+    """Where a test that runs ``backend`` on models built on the CPU puts them: the test device for
+    triton (CUDA on a GPU machine, whose compiled kernels take no CPU tensors; the interpreter's CPU
+    elsewhere), the CPU for cpp (it takes no CUDA tensors) and for torch (where these tests always
+    ran it)."""
+    return device if backend == "triton" else "cpu"
+
+
 def on_device(device, *objects):
     """Each tensor moved to ``device``; each module a copy on ``device`` (the module itself on the
     CPU, so session-cached CPU models stay where other tests expect them). One object: returned

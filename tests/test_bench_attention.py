@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import bench_attention  # noqa: E402
@@ -38,6 +40,8 @@ def test_no_rows():
     assert attention_targets([])["in_kernel_vs_launch"] == {}
 
 
+@pytest.mark.cpu_only  # the GPU mode's code on CPU tensors through the Triton interpreter; on a GPU machine
+# (compiled Triton, no CPU tensors) bench/run_gpu.sh runs the real mode
 def test_gpu_mode_smoke_rows_feed_the_report(tmp_path):
     out = tmp_path / "attention_smoke.json"
     bench_attention.main(["--gpu", "--smoke", "--out", str(out)])

@@ -9,6 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.cpu_only  # the GPU mode's code on CPU tensors through the Triton interpreter; on a GPU machine
+# (compiled Triton, no CPU tensors) bench/run_gpu.sh runs the real mode
 def test_tiny_mode_reports_every_row(tmp_path):
     pytest.importorskip("triton")
     sys.path.insert(0, str(ROOT / "bench"))

@@ -5,12 +5,16 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import bench_tree  # noqa: E402
 import issue25_report  # noqa: E402
 
 
+@pytest.mark.cpu_only  # the GPU mode's code on CPU tensors through the Triton interpreter; on a GPU machine
+# (compiled Triton, no CPU tensors) bench/run_gpu.sh runs the real mode
 def test_kernels_only_smoke_rows_feed_the_report(tmp_path):
     out = tmp_path / "tree_kernels_smoke.json"
     bench_tree.main(["--kernels-only", "--smoke", "--out", str(out)])

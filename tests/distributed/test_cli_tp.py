@@ -44,11 +44,29 @@ def test_the_cli_refuses_tp_without_torchrun(capsys, monkeypatch):
     assert capsys.readouterr().err.strip().startswith("specdec-fast: error: --tp 2 runs one process per rank under torchrun")
 
 
+def test_more_ranks_than_gpus_is_one_line(capsys, monkeypatch):
+    """torchrun --nproc-per-node 2 on a machine with one GPU: one line naming the fix (before: rank 1
+    died in torch.cuda.set_device with "invalid device ordinal" and torchrun's report of it)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("set_device reached"))
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    target, draft = demo_pair()
+    code = cli.main(["generate", "--target", target, "--draft", draft, "--tp", "2", "--prompt", "x"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "specdec-fast: error: --tp 2: 2 ranks on this machine need a GPU each, and it has 1; start at most 1 per "
+        "machine, or run the ranks on the CPU with --device cpu")
+
+
 @pytest.mark.slow  # ~15 s on the 2-core box: torchrun and two ranks' imports, then a single process's
 def test_torchrun_two_ranks_print_what_one_process_prints():
     target, draft = demo_pair()
     common = ["generate", "--target", target, "--draft", draft, "--prompt", "def binary_search(a, x):",
-              "--max-new-tokens", "24", "--temperature", "0.8", "--seed", "3", "--threads", "1"]
+              "--max-new-tokens", "24", "--temperature", "0.8", "--seed", "3", "--threads", "1", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "-m", "specdec_fast"]

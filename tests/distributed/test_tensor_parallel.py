@@ -117,6 +117,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
 
 
 @pytest.mark.slow  # ~35 s on the 2-core box: the Triton interpreter on two ranks
+@pytest.mark.cpu_only  # gloo ranks on CPU tensors: Triton runs there only interpreted; one GPU holds no two ranks
 def test_the_triton_path_on_two_ranks():
     results = run_ranks(workers.battery_triton, 2)
     errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 import transformers as tf
 
 from specdec_fast.heads import Eagle3Head
+
+from ..conftest import on_device
 from specdec_fast.train import choose_draft_vocabulary, train_eagle3
 
 _CACHE = {}
@@ -146,27 +148,28 @@ def target_weights(target) -> tuple:
     return target.get_input_embeddings().weight, target.get_output_embeddings().weight
 
 
-def check_paged_block_forward(head, runner_cls, target, backend: str, fed: list):
+def check_paged_block_forward(head, runner_cls, target, backend: str, fed: list, device: str = "cpu"):
     """prefill_context over 3 rows (left padding), then a draft call with pending entries
     (num_valid 1, 5, 2) and a block per row; rows with fed[b] == 0 are fed nothing (their outputs are
     unspecified). Each fed row's block outputs equal head.forward over the row's context (float32,
-    1e-4). Returns the runner."""
+    1e-4), everything on ``device``. Returns the runner."""
+    head, target = on_device(device, head, target)
     gen = torch.Generator().manual_seed(3)
-    feats = torch.randn(3, 6, 192, generator=gen)
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 0, 1]])
+    feats = torch.randn(3, 6, 192, generator=gen).to(device)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 0, 0, 0, 0, 1]], device=device)
     runner = runner_cls(head, *target_weights(target), num_draft_tokens=4, block_size=4, backend=backend)
     runner.prefill_context(feats, mask, budgets=[20, 20, 20], num_draft_tokens=4)
-    pending = torch.randn(3, 5, 192, generator=gen)
-    count = torch.tensor([1, 5, 2])
-    block = torch.full((3, 8), head.mask_token_id)
-    block[:, 0] = torch.tensor([7, 9, 11])
-    out = runner.draft(pending, count, block, torch.tensor(fed))
+    pending = torch.randn(3, 5, 192, generator=gen).to(device)
+    count = torch.tensor([1, 5, 2], device=device)
+    block = torch.full((3, 8), head.mask_token_id, device=device)
+    block[:, 0] = torch.tensor([7, 9, 11], device=device)
+    out = runner.draft(pending, count, block, torch.tensor(fed, device=device))
     for b in (b for b in range(3) if fed[b]):
         context = torch.cat([feats[b, mask[b].bool()], pending[b, 5 - int(count[b]):]])
         length = context.shape[0]
         with torch.no_grad():
             ref = head(F.embedding(block[b:b + 1], target_weights(target)[0]), head.context(context[None]),
-                       torch.arange(length, length + 8)[None], torch.arange(length)[None])
+                       torch.arange(length, length + 8, device=device)[None], torch.arange(length, device=device)[None])
         torch.testing.assert_close(out[b], ref[0], atol=1e-4, rtol=1e-4)
     return runner
 

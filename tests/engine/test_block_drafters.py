@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specdec_fast
+from ..conftest import backend_device, on_device
 from .heads import random_dflash2, trained_dflash
 from .models import left_padded_prompts
 from .test_paged_runner import VOCAB, tiny
@@ -31,8 +32,10 @@ def drafter(request, target):
 
 @pytest.mark.parametrize("backend, k", [("torch", 4), ("torch", 15), ("cpp", 4), ("cpp", 8), ("cpp", 15),
                                         pytest.param("triton", 8, marks=pytest.mark.slow)])
-def test_greedy_equals_target_greedy(target, drafter, backend, k):
-    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
+def test_greedy_equals_target_greedy(target, drafter, backend, k, device):
+    device = backend_device(backend, device)
+    target, drafter = on_device(device, target, drafter)
+    ids, mask = on_device(device, *left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2))
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, pad_token_id=0)
     out, stats = specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=k, do_sample=False,
                                        max_new_tokens=30, pad_token_id=0, backend=backend, return_stats=True)

@@ -20,6 +20,7 @@ from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners.paged_dflash import PagedDFlashRunner
 
+from ..conftest import backend_device
 from .heads import (check_paged_block_forward, proposals_per_iteration, random_dflash, reference_block, target_weights,
                     trained_dflash)
 from .models import left_padded_prompts
@@ -37,11 +38,11 @@ def drafter(target):
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
-def test_paged_drafter_equals_reference_forward(target, backend):
+def test_paged_drafter_equals_reference_forward(target, backend, device):
     """prefill_context (left padding) + a draft call with pending entries (num_valid) and a block
     (one row fed nothing): the block's outputs equal DFlashHead.forward over each row's context."""
     runner = check_paged_block_forward(random_dflash(target, block_size=8, seed=4), PagedDFlashRunner, target, backend,
-                                       fed=[8, 8, 0])
+                                       fed=[8, 8, 0], device=backend_device(backend, device))
     assert runner.seq_lens.tolist() == [5, 11, 3]  # the context grew by the pending entries only
 
 

@@ -27,6 +27,7 @@ from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners._linear import linear
 from specdec_fast.runners.paged_dflash2 import PagedDFlash2Runner
 
+from tests.conftest import backend_device
 from tests.kernels.backends import kernel_backends
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
@@ -65,11 +66,12 @@ def test_fresh_head_is_the_dflash_backbone(target):
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
-def test_paged_drafter_equals_reference_forward(target, backend):
+def test_paged_drafter_equals_reference_forward(target, backend, device):
     """As test_dflash's: prefill_context (left padding) + a draft call (pending entries, one row fed
     nothing); the block's outputs equal DFlash2Head.forward (3-tap convolutions, embedding scale)."""
     head = random_dflash2(target, block_size=8, seed=4, taps=3, input_embedding_scale=0.7)
-    check_paged_block_forward(head, PagedDFlash2Runner, target, backend, fed=[8, 0, 8])
+    check_paged_block_forward(head, PagedDFlash2Runner, target, backend, fed=[8, 0, 8],
+                              device=backend_device(backend, device))
 
 
 def _reference_drafts(head, target, context: list, k: int) -> list:

@@ -20,6 +20,7 @@ from specdec_fast.drafters import BlockDrafter
 from tests.kernels.backends import kernel_backends
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
+from ..conftest import on_device
 from .heads import random_dflash, trained_dflash
 from .models import make_model
 from .test_eagle3_sampling import PROMPT, SETTINGS, VOCAB, _expected
@@ -80,13 +81,14 @@ def test_sampled_tokens_follow_the_target_with_k_changing_every_iteration(pair, 
     assert chi_square_pvalue(new[:, 2], p3) > P_VALUE_THRESHOLD
 
 
-def test_triton_engine_draws_the_torch_engines_tokens():
-    """K = 4, 8, 15 with a block of 16 (the tiny target of the greedy tests)."""
+def test_triton_engine_draws_the_torch_engines_tokens(device):
+    """K = 4, 8, 15 with a block of 16 (the tiny target of the greedy tests); both engines on the
+    test device."""
     from .test_paged_runner import tiny
 
     target = tiny("llama", layers=4, seed=2)
-    drafter = trained_dflash(target, key="llama4-b16", block_size=16)
-    ids = torch.tensor([[5, 9, 17], [6, 2, 4]])
+    target, drafter = on_device(device, target, trained_dflash(target, key="llama4-b16", block_size=16))
+    ids = torch.tensor([[5, 9, 17], [6, 2, 4]], device=device)
     for k in (4, 8, 15):
         out = {b: specdec_fast.generate(target, ids, draft_head=drafter, num_assistant_tokens=k, do_sample=True,
                                         max_new_tokens=6, seed=9, backend=b, temperature=0.9, top_k=0, pad_token_id=0)

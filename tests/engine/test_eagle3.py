@@ -17,6 +17,7 @@ from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners.paged_eagle3 import PagedEagle3Runner
 
+from ..conftest import backend_device, on_device
 from .heads import proposals_per_iteration, random_head, trained_head
 from .models import left_padded_prompts, make_model
 from .test_paged_runner import VOCAB, tiny
@@ -39,19 +40,20 @@ def _embed(target):
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
-def test_paged_head_equals_reference_forward(target, backend):
+def test_paged_head_equals_reference_forward(target, backend, device):
     """prefill_pairs (left padding) + score_pairs with num_valid and a draft step (project=False):
     logits and g equal Eagle3Head.forward over each row's entries."""
-    head = random_head(target, DRAFT_VOCAB, seed=3)
+    device = backend_device(backend, device)
+    head, target = on_device(device, random_head(target, DRAFT_VOCAB, seed=3), target)
     gen = torch.Generator().manual_seed(5)
     lengths = [5, 1, 3]
-    ids, mask = left_padded_prompts(lengths, vocab=VOCAB, seed=6)
-    feats = torch.randn(3, ids.shape[1], 3 * 64, generator=gen)
+    ids, mask = on_device(device, *left_padded_prompts(lengths, vocab=VOCAB, seed=6))
+    feats = torch.randn(3, ids.shape[1], 3 * 64, generator=gen).to(device)
     runner = PagedEagle3Runner(head, _embed(target), num_draft_tokens=3, block_size=4, backend=backend)
     runner.prefill_pairs(ids, feats, mask, budgets=[16, 16, 16], num_draft_tokens=3)
-    new_ids = torch.randint(0, VOCAB, (3, 4), generator=gen)
-    new_feats = torch.randn(3, 4, 3 * 64, generator=gen)
-    valid = torch.tensor([2, 4, 1])
+    new_ids = torch.randint(0, VOCAB, (3, 4), generator=gen).to(device)
+    new_feats = torch.randn(3, 4, 3 * 64, generator=gen).to(device)
+    valid = torch.tensor([2, 4, 1], device=device)
     logits, g = runner.score_pairs(new_ids, new_feats, valid, project=True)
     runner.commit(torch.zeros_like(valid))  # dropped: scored again as the drafters do, logits of the last one only
     last, last_g = runner.score_pairs(new_ids, new_feats, valid, project=True, last_only=True)
@@ -60,7 +62,7 @@ def test_paged_head_equals_reference_forward(target, backend):
     for b, n in enumerate(valid.tolist()):  # the real (last n) positions: padding's g is unspecified
         torch.testing.assert_close(last_g[b, -n:], g[b, -n:])
     runner.commit(valid)
-    step_ids = torch.randint(0, VOCAB, (3, 1), generator=gen)
+    step_ids = torch.randint(0, VOCAB, (3, 1), generator=gen).to(device)
     step_logits, step_g = runner.score_pairs(step_ids, g[:, -1:], None, project=False)
     for b in range(3):
         real = mask[b].bool()
@@ -111,8 +113,10 @@ def test_drafts_equal_the_reference_head(target, head):
 
 
 @pytest.mark.parametrize("backend, k", [("torch", 1), ("torch", 4), ("cpp", 1), ("cpp", 4), ("triton", 4)])
-def test_greedy_equals_target_greedy(target, head, k, backend):
-    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
+def test_greedy_equals_target_greedy(target, head, k, backend, device):
+    device = backend_device(backend, device)
+    target, head = on_device(device, target, head)
+    ids, mask = on_device(device, *left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2))
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=14, pad_token_id=0)
     out, stats = specdec_fast.generate(target, ids, mask, draft_head=head, num_assistant_tokens=k, do_sample=False,
                                        max_new_tokens=14, pad_token_id=0, backend=backend, return_stats=True)

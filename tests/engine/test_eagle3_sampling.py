@@ -22,6 +22,7 @@ from specdec_fast.kernels import chain_verify, make_sampling_tensors, sample, st
 from tests.kernels.backends import kernel_backends
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
+from ..conftest import on_device
 from .heads import trained_head
 from .models import make_model
 from .test_sampling_exact import target_probs
@@ -81,9 +82,10 @@ def test_kernels_take_minus_inf_rows_outside_the_draft_vocabulary(backend, devic
     assert chi_square_pvalue(tokens[accepted >= 1, 1], q[1]) > P_VALUE_THRESHOLD
 
 
-def test_triton_engine_draws_the_torch_engines_tokens(pair):
-    target, head = pair
-    ids = PROMPT.expand(6, -1)
+def test_triton_engine_draws_the_torch_engines_tokens(pair, device):
+    """Both engines on the test device."""
+    target, head = on_device(device, *pair)
+    ids = PROMPT.expand(6, -1).to(device)
     out = {b: specdec_fast.generate(target, ids, draft_head=head, num_assistant_tokens=3, do_sample=True, max_new_tokens=6,
                                     seed=9, backend=b, temperature=SETTINGS["temperature"], top_k=0)
            for b in ("triton", "torch")}

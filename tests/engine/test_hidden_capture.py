@@ -7,6 +7,7 @@ import torch
 from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
+from ..conftest import backend_device, on_device
 from .models import left_padded_prompts, make_model
 from .test_paged_runner import VOCAB, tiny
 
@@ -14,7 +15,7 @@ from .test_paged_runner import VOCAB, tiny
 def hf_hidden(model, tokens, indices) -> torch.Tensor:
     """[len, len(indices) * H]: transformers' hidden_states[j] for j in indices, concatenated."""
     with torch.no_grad():
-        states = model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states
+        states = model(input_ids=torch.tensor([tokens], device=model.device), output_hidden_states=True).hidden_states
     return torch.cat([states[j][0] for j in indices], -1)
 
 
@@ -26,15 +27,16 @@ def _model(kind):
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2"])
-def test_captured_states_equal_transformers(kind, backend):
+def test_captured_states_equal_transformers(kind, backend, device):
     if kind == "gpt2" and backend == "triton":
         pytest.skip("the GPT-2 runner's math is one path; the llama rows cover the Triton layer math")
-    model = _model(kind)
+    device = backend_device(backend, device)
+    model = on_device(device, _model(kind))
     runner_cls = PagedGPT2Runner if kind == "gpt2" else PagedLlamaRunner
     runner = runner_cls(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
     indices = (0, 2, 3, 1)  # embeddings, layer 1's output, the final norm, layer 0's: in this order
     runner.capture_hidden_states(indices)
-    ids, mask = left_padded_prompts([5, 2, 7], vocab=VOCAB, seed=3)
+    ids, mask = on_device(device, *left_padded_prompts([5, 2, 7], vocab=VOCAB, seed=3))
     runner.prefill(ids, mask)
     prompt = runner.take_prefill_hidden()
     contexts = [ids[b, mask[b].bool()].tolist() for b in range(3)]
@@ -46,8 +48,8 @@ def test_captured_states_equal_transformers(kind, backend):
     gen = torch.Generator().manual_seed(4)
     buffer = None
     for num_valid, keep in (([1, 3, 2], [1, 3, 0]), (None, [4, 2, 1]), ([0, 4, 1], [0, 4, 1])):
-        tokens = torch.randint(3, VOCAB, (3, 4), generator=gen)
-        runner.score(tokens, None if num_valid is None else torch.tensor(num_valid))
+        tokens = torch.randint(3, VOCAB, (3, 4), generator=gen).to(device)
+        runner.score(tokens, None if num_valid is None else torch.tensor(num_valid, device=device))
         states = runner.hidden_states(3, 4)
         buffer = states.data_ptr() if buffer is None else buffer
         assert states.data_ptr() == buffer  # the same buffer, overwritten in place
@@ -58,7 +60,7 @@ def test_captured_states_equal_transformers(kind, backend):
             new = tokens[b, 4 - valid[b]:].tolist()
             expected = hf_hidden(model, contexts[b] + new, indices)[-valid[b]:]
             torch.testing.assert_close(states[b, 4 - valid[b]:], expected, atol=1e-4, rtol=1e-4)
-        runner.commit(torch.tensor(keep))
+        runner.commit(torch.tensor(keep, device=device))
         for b in range(3):
             contexts[b] += tokens[b, 4 - valid[b]:].tolist()[: keep[b]]
 

@@ -63,7 +63,10 @@ def test_shared_workspace_stays_zero_and_needs_no_fill(device, nan_empty):
     assert len(ws._counters) >= 2  # the table's groups (rows x KV heads x tiles) took their own buffers
 
 
-@pytest.mark.parametrize("stale", ["at_count", "one_short"])
+# one short is a race on a GPU: the early merge reads the last split's partials, which that split has
+# usually written by then (the outputs came out equal on an H200); the interpreter runs the programs
+# in order, so there the merge always comes before the last split's partials
+@pytest.mark.parametrize("stale", ["at_count", pytest.param("one_short", marks=pytest.mark.cpu_only)])
 def test_stale_tickets_break_the_output(stale, device, nan_empty):
     """Control: tickets at their group's count (a kernel that never put them back): no split is
     last and nothing is merged (the NaN output stays); one short of it: a split merges before the

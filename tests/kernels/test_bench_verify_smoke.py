@@ -12,6 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.cpu_only  # the GPU mode's code on CPU tensors through the Triton interpreter; on a GPU machine
+# (compiled Triton, no CPU tensors) bench/run_gpu.sh runs the real mode
 @pytest.mark.slow
 def test_bench_verify_smoke_writes_the_table(tmp_path):
     out = tmp_path / "verify_smoke.json"

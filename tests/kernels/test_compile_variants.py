@@ -5,8 +5,9 @@ specialised kernels; bench/results/h100_2026-11-24/README.md).
 
 Triton compiles one variant per specialisation key: every constexpr value, and each int
 argument's class (1, a multiple of 16, other). The keys are computed here exactly as Triton 3.6
-computes them (engine/triton_launches.py), on CPU tensors through the interpreter, with the SM
-count of an H100 where the plan depends on it. A failure names the argument that changed.
+computes them (engine/triton_launches.py), on the test device's tensors (CUDA on a GPU machine,
+the interpreter's CPU elsewhere), with the SM count of an H100 where the plan depends on it. A
+failure names the argument that changed.
 """
 import pytest
 import torch
@@ -16,6 +17,8 @@ from specdec_fast.kernels.attention import triton as attention_triton
 from specdec_fast.kernels.cache_ops.triton import append_kv_triton
 from specdec_fast.kernels.cache_ops.triton_rope import rope_append_kv_triton
 from specdec_fast.kernels.llama_ops.triton import add_rms_norm_triton, silu_mul_triton
+
+from ..conftest import on_device
 
 PROMPT_LENGTHS = (17, 32, 77, 300)  # prefill calls: every class of int (other, multiple of 16) and tile size
 
@@ -54,12 +57,19 @@ def _attention_call(num_tokens_per_row: int, capacity_blocks: int, *, hq=8, hkv=
 
 
 @pytest.fixture
+def on_test_device(device):
+    """Every tensor a test makes is on the test device (torch's default device for the test)."""
+    with torch.device(device):
+        yield
+
+
+@pytest.fixture
 def h100_sms(monkeypatch):
     """The attention plan as on an H100 (132 SMs): block tables past 1024 tokens split."""
     monkeypatch.setattr(attention_triton, "_num_sms", lambda device: 132)
 
 
-def test_attention_one_variant_per_kind_of_call(h100_sms):
+def test_attention_one_variant_per_kind_of_call(h100_sms, on_test_device):
     # prefill at any prompt length past the decode range: one variant
     _assert_one_variant(_keys([_attention_call(n, 32) for n in PROMPT_LENGTHS]))
     # decode (K + 1 = 5 new tokens) in engines grown to 1k, 2k, 4k, 8k tokens per row (+ K + 1):
@@ -78,7 +88,7 @@ def test_decode_widths_keep_their_own_tiles():
 
 
 @pytest.mark.parametrize("hidden", [64, 4096])  # rows packed per program (small models) and one row each (8B)
-def test_layer_ops_one_variant_over_prompt_lengths(hidden):
+def test_layer_ops_one_variant_over_prompt_lengths(hidden, on_test_device):
     weight = torch.randn(hidden)
     norms = [lambda n=n: add_rms_norm_triton(torch.randn(n, hidden), torch.randn(n, hidden), weight, 1e-5)
              for n in PROMPT_LENGTHS]
@@ -87,7 +97,7 @@ def test_layer_ops_one_variant_over_prompt_lengths(hidden):
 
 
 @pytest.mark.parametrize("hq,hkv,head_dim", [(4, 2, 16), (32, 8, 64)])  # a tiny model; 8B's heads
-def test_cache_ops_one_variant_over_prompt_lengths(hq, hkv, head_dim):
+def test_cache_ops_one_variant_over_prompt_lengths(hq, hkv, head_dim, on_test_device):
     page, capacity = 16, 40
 
     def call(n, rope):
@@ -105,19 +115,19 @@ def test_cache_ops_one_variant_over_prompt_lengths(hq, hkv, head_dim):
     _assert_one_variant(_keys([call(n, rope) for n in PROMPT_LENGTHS for rope in (False, True)]))
 
 
-def test_a_generate_call_at_a_new_prompt_length_compiles_nothing():
+def test_a_generate_call_at_a_new_prompt_length_compiles_nothing(device):
     """End to end on the Triton path: after one call, calls at other prompt lengths (another
     int class, another tile) launch only keys the first call launched."""
     import specdec_fast
     from tests.engine.models import make_draft, make_model
 
     target = make_model("llama", layers=1)
-    draft = make_draft(target)
+    target, draft = on_device(device, target, make_draft(target))
     seen = {}
     for length in (32, 77):
         with TritonLaunches() as launches:
-            specdec_fast.generate(target, torch.randint(3, 100, (1, length)), assistant_model=draft, max_new_tokens=6,
-                                  do_sample=False, backend="triton")
+            specdec_fast.generate(target, torch.randint(3, 100, (1, length), device=device), assistant_model=draft,
+                                  max_new_tokens=6, do_sample=False, backend="triton")
         new = [launch for launch in launches.launches if (launch.kernel, launch.key) not in seen]
         if seen:
             assert not new, "; ".join(explain_new_key(launch, list(seen.values())) for launch in new)

@@ -45,12 +45,16 @@ def test_shared_workspace_gives_the_same_tokens_and_stays_zero(penalised, device
     calls = _calls(device, penalised)
     expected = {name: run(None) for name, run in calls}
     ws = KernelWorkspace()
+    asked, counters = set(), ws.counters
+    ws.counters = lambda n, device: asked.add(n) or counters(n, device)  # the sizes the plans ask for
     for _ in range(2):  # every shape and mode twice, interleaved, on one workspace
         for name, run in calls:
             got = run(ws)
             assert all(torch.equal(g, e) for g, e in zip(got, expected[name])), name
             assert ws.all_zero(), f"{name} left a counter nonzero"
-    assert len(ws._counters) >= 6  # the table's shapes took their own buffers
+    # one buffer per size the plans asked for, shared by the calls of that size; how many sizes
+    # depends on the device's plans (6 here through the interpreter, 5 on an H200)
+    assert len(ws._counters) == len(asked) > 1
 
 
 def test_a_counter_left_nonzero_breaks_the_next_call(device):
