@@ -61,7 +61,7 @@ def read_bandwidth(device, nbytes: int = 2 << 30) -> float:
     (bench/results/h200_2026-11-27), so a copy-based ceiling put plain decoding at 119%."""
     src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
     out = torch.empty((), dtype=torch.float32, device=device)
-    us = graph_timer(lambda: torch.sum(src, dtype=torch.float32, out=out), reps=20)
+    us = graph_timer(lambda: torch.sum(src, dim=0, dtype=torch.float32, out=out), reps=20)
     return nbytes / (us * 1e-6)
 
 

@@ -38,6 +38,23 @@ def device() -> str:
     return DEVICE
 
 
+@pytest.fixture
+def poisoned_empty(monkeypatch):
+    """torch.empty returns memory filled with NaN (floating dtypes) or -7 (integer dtypes), so an
+    output element no program writes shows: without it the caching allocator hands a call the block
+    the previous call freed, often holding the right values (a verify control passed by that on an
+    H200 while its stale tickets had stopped every write)."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if out.is_floating_point():
+            return out.fill_(float("nan"))
+        return out if out.dtype == torch.bool or out.is_complex() else out.fill_(-7)
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
 def backend_device(backend: str, device: str) -> str:
     """Where a test that runs ``backend`` on models built on the CPU puts them: the test device for
     triton (CUDA on a GPU machine, whose compiled kernels take no CPU tensors; the interpreter's CPU

@@ -4,8 +4,9 @@ test_paged_attention (ragged rows, empty splits, trees, GQA groups, three dtypes
 float64 oracle and the two-launch merge; on ONE KernelWorkspace, shapes interleaved and each
 twice, the tickets are zero after every call (no zero fill needed); the split call is one
 launch. Every output element is written: torch.empty hands out NaN-filled memory in these
-tests. Controls: tickets left at their count (a kernel that stopped resetting them) and a ticket
-one short (a merge before the last split's partials exist) give wrong outputs."""
+tests (tests/conftest.py poisoned_empty). Controls: tickets left at their count (a kernel that
+stopped resetting them) and a ticket one short (a merge before the last split's partials exist;
+interpreter only: a race on a GPU) give wrong outputs."""
 import sys
 from pathlib import Path
 
@@ -17,18 +18,6 @@ from tests.kernels.test_paged_attention import SPLIT_CASES, TOL
 
 attention_triton = pytest.importorskip("specdec_fast.kernels.attention.triton")
 from specdec_fast.kernels._workspace import KernelWorkspace  # noqa: E402
-
-
-@pytest.fixture
-def nan_empty(monkeypatch):
-    """torch.empty of a float dtype returns NaNs: an output element no program writes shows."""
-    real = torch.empty
-
-    def empty(*args, **kwargs):
-        out = real(*args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    monkeypatch.setattr(torch, "empty", empty)
 
 
 def _call(name, device, **kw):
@@ -43,7 +32,7 @@ def _call(name, device, **kw):
 
 
 @pytest.mark.parametrize("name", list(SPLIT_CASES))
-def test_in_kernel_merge_matches_the_oracle_and_the_merge_launch(name, device, nan_empty):
+def test_in_kernel_merge_matches_the_oracle_and_the_merge_launch(name, device, poisoned_empty):
     case, run = _call(name, device)
     dtype = case.args()[0].dtype
     fused, launched = run(True), run(False)
@@ -52,7 +41,7 @@ def test_in_kernel_merge_matches_the_oracle_and_the_merge_launch(name, device, n
     torch.testing.assert_close(fused, launched, atol=1e-6 if dtype == torch.float32 else TOL[dtype] / 4, rtol=1e-5)
 
 
-def test_shared_workspace_stays_zero_and_needs_no_fill(device, nan_empty):
+def test_shared_workspace_stays_zero_and_needs_no_fill(device, poisoned_empty):
     calls = [_call(name, device) for name in SPLIT_CASES]
     expected = [run(True) for _, run in calls]  # each with its own zero-filled tickets
     ws = KernelWorkspace()
@@ -67,7 +56,7 @@ def test_shared_workspace_stays_zero_and_needs_no_fill(device, nan_empty):
 # usually written by then (the outputs came out equal on an H200); the interpreter runs the programs
 # in order, so there the merge always comes before the last split's partials
 @pytest.mark.parametrize("stale", ["at_count", pytest.param("one_short", marks=pytest.mark.cpu_only)])
-def test_stale_tickets_break_the_output(stale, device, nan_empty):
+def test_stale_tickets_break_the_output(stale, device, poisoned_empty):
     """Control: tickets at their group's count (a kernel that never put them back): no split is
     last and nothing is merged (the NaN output stays); one short of it: a split merges before the
     last one wrote its partials. Either way the comparison above fails."""
