@@ -16,8 +16,9 @@ Script modes:
         K/V laid out densely (target: ours <= 1.3x at contexts <= 2k, B=1 and 8), and up to 8k
         a sweep of forced split counts (which one the automatic choice should pick). Both merges
         side by side: the merge launch (triton_*, sweep_*: today's default) and the in-kernel merge
-        (in_kernel_*, sweep_in_kernel_*: kernels/attention/triton.py MERGE_IN_KERNEL, whose automatic
-        plan also splits short tables), after a check that they give the same output. --quick: B 1 / 8 x
+        (in_kernel_*, sweep_in_kernel_*: kernels/attention/triton.py MERGE_IN_KERNEL), after a check
+        that they give the same output; and short_row_*: rows of SHORT_ROW_TOKENS in the same tables
+        (the split count follows the table), the automatic plan against one split. --quick: B 1 / 8 x
         context 1k / 8k only (the merge forms' decision); the JSON is rewritten after every shape.
     TRITON_INTERPRET=1 python bench/bench_attention.py --gpu --smoke --out F
         The same code on CPU under the interpreter (fp32, B = 1 x context 520, one wall-clock
@@ -184,6 +185,7 @@ SWEEP_SPLITS = (1, 2, 4, 8, 16, 32)  # forced split counts, timed beside the aut
 SWEEP_MAX_CONTEXT = 8192
 QUICK_BATCHES, QUICK_CONTEXTS = (1, 8), (1024, 8192)  # --quick: the merge forms' decision rows
 SMOKE_BATCHES, SMOKE_CONTEXTS = (1,), (520,)  # --smoke: a sweep of 1 / 2 splits (256 tokens each)
+SHORT_ROW_TOKENS = 128  # each row's length in the short-row rows (the table keeps the row's context)
 
 
 def wall_us(fn) -> float:
@@ -247,8 +249,9 @@ def run_gpu(args):
                 capacity = block_table.shape[1] * args.block_size
                 ws = KernelWorkspace()  # the in-kernel merge's tickets, as a runner holds them
 
-                def ours(splits=None, merge=False):
-                    return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu, max_query_len=n,
+                def ours(splits=None, merge=False, lens=None):
+                    lens = seq_lens if lens is None else lens
+                    return paged_attention_triton(q, k_cache, v_cache, block_table, lens, cu, max_query_len=n,
                                                   scale=128 ** -0.5, num_splits=splits,
                                                   min_split_tokens=None if splits is None else 256,
                                                   merge_in_kernel=merge, workspace=ws if merge else None)
@@ -275,6 +278,13 @@ def run_gpu(args):
                             sweep_diff = max(sweep_diff, (ours(s, merge).float() - auto).abs().max().item())
                 if forced is not None:
                     res[f"sweep_max_abs_diff_N{n}"] = sweep_diff
+                # a row much shorter than its table: the split count follows the table (static shapes),
+                # the kernel divides the row's SHORT_ROW_TOKENS over the splits; against one split
+                short = torch.full_like(seq_lens, min(SHORT_ROW_TOKENS, ctx))
+                res[f"short_row_N{n}_us"] = {"auto": time_us(lambda: ours(lens=short)),
+                                             "1": time_us(lambda: ours(1, lens=short))}
+                res[f"short_row_max_abs_diff_N{n}"] = (ours(lens=short).float() - ours(1, lens=short).float()
+                                                       ).abs().max().item()
                 us = res[f"triton_N{n}_us"]
                 sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, time_us=time_us)
                 res[f"sdpa_flash_N{n}_us"], res["sdpa_native_gqa"] = sdpa, gqa

@@ -16,7 +16,8 @@ Per product (qkv, o, gate_up, down, lm_head of Llama-3-8B's shapes, bf16) and ro
 Each time is us per call as CUDA-graph replays, over enough weight copies that the weights
 streamed per replay exceed the L2 cache (an o_proj of 32 MB would otherwise stay in the H100's
 50 MB L2 and time L2, not HBM); GB/s = weight + activation bytes / time, and the fraction of the
-measured device-to-device copy bandwidth (the roofline of bench/profile_step.py). Every Triton
+HBM ceiling of bench/profile_step.py (gpu_timing.hbm_ceiling_bandwidth: the larger of a copy's and
+a sum's measured bandwidth). Every Triton
 row's output is checked against F.linear's (bf16 tolerance) before it is timed.
 """
 import argparse
@@ -66,14 +67,15 @@ def main(argv=None) -> dict:
     shape = LLAMA_8B if args.gpu else TINY
     dtype = torch.bfloat16
     if args.gpu:
-        from gpu_timing import copy_bandwidth, graph_timer
+        from gpu_timing import graph_timer, hbm_ceiling_bandwidth
 
-        bandwidth = copy_bandwidth(device)
+        measured = hbm_ceiling_bandwidth(device)
+        bandwidth = measured["ceiling_Bps"]
         name = torch.cuda.get_device_name()
     else:
         from profile_step import median_ms
 
-        bandwidth, name = None, f"cpu: {cpu_model()} (interpreter)"
+        measured, bandwidth, name = None, None, f"cpu: {cpu_model()} (interpreter)"
 
     def timed(fns) -> float:
         """us per call of the calls fns (one per weight copy)."""
@@ -102,10 +104,10 @@ def main(argv=None) -> dict:
                 r = dict(product=prod, N=n, K=k, rows=m, method=method, us=us, bytes=nbytes, GBps=nbytes / us / 1e3,
                          **extra)
                 if bandwidth:
-                    r["fraction_of_copy_bandwidth"] = nbytes / (us * 1e-6) / bandwidth
+                    r["fraction_of_hbm_ceiling"] = nbytes / (us * 1e-6) / bandwidth
                 out.append(r)
                 print(f"{prod:8s} M={m:2d} {method:34s} {us:9.2f} us {r['GBps']:8.1f} GB/s"
-                      + (f" {100 * r['fraction_of_copy_bandwidth']:5.1f}%" if bandwidth else ""), flush=True)
+                      + (f" {100 * r['fraction_of_hbm_ceiling']:5.1f}%" if bandwidth else ""), flush=True)
 
             # plain products (no prologue): the kernel against cuBLAS, the default tiles and the sweep
             xk = x[:, :k].contiguous()
@@ -144,7 +146,7 @@ def main(argv=None) -> dict:
                     timed([lambda w=w: skinny_linear_triton(silu_mul_triton(x[:, :k], x[:, k:]), w, None, res)
                            for w in weights]))
         del weights
-    result = dict(device=name, **versions(), dtype="bf16", shape=shape, copy_bandwidth_Bps=bandwidth,
+    result = dict(device=name, **versions(), dtype="bf16", shape=shape, hbm_ceiling=measured,
                   l2_bytes_assumed=L2_BYTES, command="python bench/bench_gemv.py " + " ".join(argv or sys.argv[1:]),
                   rows=out)
     if args.out:

@@ -56,9 +56,10 @@ def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
 
 def read_bandwidth(device, nbytes: int = 2 << 30) -> float:
     """Bytes read per second by a sum over nbytes of bf16 (fp32 result: 4 bytes written). The
-    ceiling of a step that streams its weights and writes next to nothing: on an H200 the copy
-    above measured 2.71 TB/s (read + written) while cuBLAS's lm_head GEMV read 4.42 TB/s
-    (bench/results/h200_2026-11-27), so a copy-based ceiling put plain decoding at 119%."""
+    ceiling of a step that streams its weights and writes next to nothing. On an H200 the copy
+    above (a graph replay) measured 2.71-2.77 TB/s, the sum 4.28 and cuBLAS's lm_head GEMV read
+    4.42, so a copy-based ceiling put plain decoding at 119%; on the same machine a 1 GiB copy
+    timed eagerly under do_bench measured 4.23 TB/s (bench/results/h200_2026-11-27)."""
     src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
     out = torch.empty((), dtype=torch.float32, device=device)
     us = graph_timer(lambda: torch.sum(src, dim=0, dtype=torch.float32, out=out), reps=20)

@@ -54,6 +54,7 @@ def test_gpu_mode_smoke_rows_feed_the_report(tmp_path):
         assert set(row[f"sweep_N{n}_us"]) == set(row[f"sweep_in_kernel_N{n}_us"]) == {"1", "2"}
         # fp32 on CPU: the merges and split counts agree to rounding
         assert row[f"in_kernel_max_abs_diff_N{n}"] < 1e-5 and row[f"sweep_max_abs_diff_N{n}"] < 1e-5, row
+        assert row[f"short_row_max_abs_diff_N{n}"] < 1e-5 and set(row[f"short_row_N{n}_us"]) == {"auto", "1"}, row
         assert row[f"sdpa_flash_N{n}_us"] > 0, row.get("sdpa_error")
     assert set(report["targets"]["in_kernel_vs_launch"]) == {"B1_520_N1", "B1_520_N5"}
     lever = issue25_report.merge_lever(report)

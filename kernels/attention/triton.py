@@ -19,12 +19,12 @@ captured in a CUDA graph.
 Any head_dim up to 256: the head dimension is padded to HEAD_DIM_P2 = max(16, next power of 2)
 with masked loads and stores (Llama-family models use 64/128, others 80/96/112; tests use 12).
 
-Launch shape (choose_splits): with the merge launch, a block table of at most
-SINGLE_LAUNCH_MAX_TOKENS (1024) tokens runs one split, the output written directly: ONE launch, no merge (the H100 run measured 93 us
-at B=1, context 1024 against 16 us for SDPA flash, timed eagerly: the Python launch cost of
-split + merge, not GPU time). Longer tables split the KV as before (>= 8k unchanged: 57-88% of
-roofline at 32k). With the in-kernel merge a split costs no launch, so short tables split too
-when the grid leaves SMs idle (not yet timed on a GPU: MERGE_IN_KERNEL is off).
+Launch shape (choose_splits): enough KV splits for ~4 programs per SM, each of at least
+MIN_SPLIT_TOKENS tokens of the block table, whichever merge runs; a table of at most
+MIN_SPLIT_TOKENS runs one split, the output written directly (one launch, no merge). Short
+tables split too (H200, graph replays, B = 1 / 8 at 1k tokens: 4 splits and the merge launch
+10.8 / 14.0 us against one split's 23.4 / 24.6; 8k and up unchanged: 57-88% of roofline at 32k
+on an H100).
 
 Compiled variants: a prompt of any length past 16 tokens takes the largest query tile, the ints
 that follow lengths and capacity are not specialised, and the merge's split tile is at least 64
@@ -299,25 +299,24 @@ def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, i
 # share one compiled merge.
 MERGE_SPLITS_P2 = 64
 MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) than it gains
-# A block table of at most this many tokens runs ONE split: one launch, the output written
-# directly, no partials and no merge. Why 1024: the H100 run timed B=1 at context 1024 at 93 us
-# (split + merge, eager: the Python launch cost) against 16 us for SDPA flash, while the GPU
-# work is one 512 KB KV read per KV head; one program per KV head streams that in ~16 chunk
-# steps. Past ~1k tokens a single program per KV head is expected to take longer than the
-# merge launch costs under a CUDA graph (a few us), so longer tables keep splitting. An
-# estimate, not a measurement: bench/bench_attention.py --gpu times forced split counts
-# (1..32) beside the automatic choice at 1k/2k/8k as graph replays; move this bound to what
-# that sweep shows.
-SINGLE_LAUNCH_MAX_TOKENS = 1024
+# Short tables split like long ones. Until 2026-11-27 a table of <= 1024 tokens ran ONE split
+# (no partials, no merge launch), from an H100 timing of 93 us at B=1 / 1k that was the eager
+# Python launch cost. The H200's graph replays (bench/bench_attention.py --gpu --quick, forced
+# split counts, bf16, 32 q / 8 kv heads, D = 128) measured at 1k tokens, B = 1: 1 split 23.4 us,
+# 2 splits 15.3, 4 splits 10.8 (SDPA flash on dense K/V: 11.2); B = 8: 24.6 / 17.2 / 14.0; N = 5
+# alike (29.4 -> 12.7 at B = 1). One program per KV head walking the whole table leaves the SMs
+# idle; the merge launch costs less than that. Not yet measured: a row much shorter than its
+# table (the kernel divides the row's actual length over the splits; the sweep's
+# short-row-in-table rows time it).
 MAX_HEAD_DIM = 256
-# Where the split partials are merged: False, a second launch (_merge_splits, the form the H100
-# runs timed); True, inside the split launch by the split that finishes last (_combine_splits
-# after a ticket, kernels/_triton_sync.py; the tickets in a KernelWorkspace stay zero between
-# calls). In-kernel, a split costs no launch, so the single-launch bound above does not apply and
-# short tables split too when the grid would leave SMs idle (B = 1: 8 programs, one per KV head,
-# each walking the whole table). Expected on a GPU, not measured: one launch fewer per split call,
-# against a GPU-scope fence and ticket per program and a serial merge tail in the last program.
-# bench/bench_attention.py --gpu times both forms (sweep and automatic); flip where it is faster.
+# Where the split partials are merged: False, a second launch (_merge_splits); True, inside the
+# split launch by the split that finishes last (_combine_splits after a ticket,
+# kernels/_triton_sync.py; the tickets in a KernelWorkspace stay zero between calls). Measured on
+# an H200 (graph replays, the same split counts both ways, N = 1 / 5): in-kernel over the launch
+# at 1k tokens, 4 splits: 12.8 / 14.4 vs 10.8 / 12.7 us (B = 1), 15.6 / 18.3 vs 14.0 / 17.4
+# (B = 8); at 8k, B = 1, 32 splits: 27.9 / 32.4 vs 15.9 / 19.0; at 8k, B = 8, 9 splits: 75.1 /
+# 102.9 vs 79.3 / 95.1. Slower in 7 of 8: its GPU-scope fence and ticket per program and the last
+# program's serial merge cost more than the launch they save. Off.
 MERGE_IN_KERNEL = False
 
 
@@ -326,13 +325,12 @@ def head_dim_padded(head_dim: int) -> int:
     return max(16, _next_pow2(head_dim))
 
 
-def choose_splits(num_sms: int | None, programs: int, capacity: int, block_n: int,
-                  merge_in_kernel: bool = False) -> tuple[int, int]:
-    """(number of KV splits, minimum tokens per split) from static shapes only. No SM count
-    (interpreter / CPU): one split. A merge launch (merge_in_kernel False) and a block table of at
-    most SINGLE_LAUNCH_MAX_TOKENS: one split. Otherwise enough splits for ~4 programs per SM, each
-    of >= MIN_SPLIT_TOKENS tokens; the kernel divides each row's actual length over the splits."""
-    if num_sms is None or (capacity <= SINGLE_LAUNCH_MAX_TOKENS and not merge_in_kernel):
+def choose_splits(num_sms: int | None, programs: int, capacity: int, block_n: int) -> tuple[int, int]:
+    """(number of KV splits, minimum tokens per split) from static shapes only, for either merge.
+    No SM count (interpreter / CPU): one split. Otherwise enough splits for ~4 programs per SM,
+    each of >= MIN_SPLIT_TOKENS tokens of the block table; the kernel divides each row's actual
+    length over the splits."""
+    if num_sms is None:
         return 1, block_n
     want = max(1, -(-4 * num_sms // max(programs, 1)))
     min_tokens = -(-MIN_SPLIT_TOKENS // block_n) * block_n
@@ -374,8 +372,7 @@ def plan_launch(device: torch.device, batch: int, num_kv_heads: int, group: int,
     queries, block_m, block_n = choose_tiling(max_query_len, group, head_dim_p2)
     num_tiles = -(-max_query_len // queries)
     if num_splits is None:
-        num_splits, min_split = choose_splits(_num_sms(device), batch * num_kv_heads * num_tiles, capacity, block_n,
-                                              merge_in_kernel)
+        num_splits, min_split = choose_splits(_num_sms(device), batch * num_kv_heads * num_tiles, capacity, block_n)
     else:
         min_split = block_n if min_split_tokens is None else min_split_tokens
         if num_splits < 1 or min_split < block_n or min_split % block_n:

@@ -35,9 +35,12 @@ MAX_BLOCK_V_INTERPRETER, TILE_INTERPRETER, INTERPRETER_PROGRAMS = 32768, 131072,
 NUM_WARPS = 4
 # The walk as every node's test at once and a chase down the accepted path (_triton_walk.py, one
 # row per program, depth steps) instead of the scan (one dependent step per node: N - 1 at B = 1,
-# each waiting on a load). The same tokens bit for bit; off until a GPU times both
-# (bench/bench_tree.py --kernels-only: tree_verify_us_walk_parallel).
-WALK_PARALLEL = False
+# each waiting on a load). The same tokens bit for bit. On an H200 (bench/bench_tree.py
+# --kernels-only, B = 1, N = 64, V = 128256, graph replays): tree_verify 40.3 against 47.2 us
+# greedy, 539.4 against 541.2 at T = 1; its tests passed there. Compiled kernels only: the
+# interpreter keeps the scan (whole batches in one program; the parallel form's one row per
+# program and [N, N] tiles made the tree tests run for over 20 minutes on the CPU instead of ~5).
+WALK_PARALLEL = True
 
 
 def walk_parallel_warps(block_n: int) -> int:
@@ -104,7 +107,8 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
               num_chunks: int | None = None, walk_parallel: bool | None = None) -> TreePlan:
     """The plan for target logits [batch, n, vocab] (draft logits [batch, n, vocab] when
     has_draft; n > 1 for them to count). block_v / num_chunks override the vocab splits (tests);
-    walk_parallel: the walk's form (None: WALK_PARALLEL)."""
+    walk_parallel: the walk's form (None: WALK_PARALLEL on compiled kernels, the scan under the
+    interpreter)."""
     k = n - 1
     has_draft = has_draft and k > 0
     stats = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=interpreting, modes=modes,
@@ -113,7 +117,7 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
     may_sample = modes is None or bool(modes - {"greedy"})
     residual_launches = kmax - 1 if has_draft and kmax > 1 and may_sample else 0
     residual = (_tiling(batch * n, vocab, block_v, num_chunks, num_sms, interpreting) if residual_launches else None)
-    walk_parallel = WALK_PARALLEL if walk_parallel is None else bool(walk_parallel)
+    walk_parallel = (WALK_PARALLEL and not interpreting) if walk_parallel is None else bool(walk_parallel)
     if walk_parallel:
         walk_block_r, walk_warps = 1, walk_parallel_warps(triton.next_power_of_2(n))
     else:

@@ -40,9 +40,11 @@ STREAM_NUM_WARPS = 8
 # UNROLL 2: 64-78 registers, 24-32 KB. A model, not a measurement: 1 until a GPU run of
 # bench/bench_stream_lanes.py (which times every variant side by side) shows 2 or 4 faster.
 STREAM_UNROLL = 1
-# The emission's pass keeps per-lane maxima (_triton_emit.py LANES): off until a GPU times it
-# (bench/bench_stream_lanes.py emit rows; its sm_90a code: bench/verify_stream_ptx.py).
-EMIT_LANES = False
+# The emission's pass keeps per-lane maxima (_triton_emit.py LANES) where a program streams more
+# than one block, as the streaming pass does (plan_launches). H200 (bench/bench_stream_lanes.py,
+# K = 4, V = 128256, graph replays, bench/results/h200_2026-11-27): B = 64 T = 1, 14 blocks a
+# program: verify 257.3 against 275.1 us, sample 94.3 against 103.4; B = 1, one block a program:
+# 29.0 / 17.7 against 28.5 / 18.2 (within the run's noise); the same tokens in every row.
 FINISH_NUM_WARPS = 8
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
@@ -112,7 +114,7 @@ class LaunchPlan:
     # row may use them (= finish), unless forced on for a comparison (the code it compiles out
     # held 170-179 registers at B = 64 against 57-62 without: verify_stream_ptx_sm90.json)
     selects: bool = True
-    # the emission's pass with per-lane maxima (EMIT_LANES; _triton_emit.py)
+    # the emission's pass with per-lane maxima (_triton_emit.py LANES)
     emit_lanes: bool = False
 
     @property
@@ -161,7 +163,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     STREAM_UNROLL), lowered to the largest power of 2 that divides a chunk's blocks. selects:
     True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
     them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
-    emit_lanes: the emission's per-lane pass (None: EMIT_LANES). Measured on an H100 (112bf69,
+    emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
+    one block). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -197,6 +200,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     greedy_tokens = emits and modes == {"greedy"}
     if stream_lanes is None:
         stream_lanes = large and s_chunk > s_block_v
+    if emit_lanes is None:
+        emit_lanes = e_chunk > e_block_v
     unroll = triton.next_power_of_2(max(1, stream_unroll or STREAM_UNROLL)) if stream_lanes else 1
     while unroll > 1 and s_chunk % (s_block_v * unroll):
         unroll //= 2
@@ -205,7 +210,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
                       penalties, unroll, finish or bool(selects),
-                      EMIT_LANES if emit_lanes is None else bool(emit_lanes))
+                      bool(emit_lanes))
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0
@@ -299,7 +304,7 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         # per step of its per-lane loop
         "stream_select_code": plan.selects if plan.large_vocab else None,
         "stream_unroll": plan.stream_unroll if plan.large_vocab else None,
-        # the emission's pass keeps per-lane maxima (EMIT_LANES; None: no emission launch)
+        # the emission's pass keeps per-lane maxima (None: no emission launch)
         "emit_lanes": None if plan.greedy_tokens else plan.emit_lanes,
         "candidate_cap": plan.cap if plan.large_vocab else None,
         "distributions": plan.rows,

@@ -27,18 +27,21 @@ from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # The GEMV layer (_decode_gemv): a decode step's four products per layer and the lm_head as
 # Triton skinny-linear launches (kernels/linear/triton.py) with the RMSNorms, SwiGLU and residual
-# adds fused into them: 6-7 launches a layer instead of 9 plus cuBLAS's split-K reduces. Off until
-# a GPU shows it faster than cuBLAS (bench/profile_step.py times the step both ways, bench/gemv_ptx.py
-# reads its sm_90a code); runner.set_gemv_layer(True) turns it on for one runner.
+# adds fused into them: 6-7 launches a layer instead of 9 plus cuBLAS's split-K reduces. Off: on an
+# H200 (bench/profile_step.py, 8B-shaped, bf16, CUDA graphs, context 128) the step took 5.17 ms
+# against cuBLAS's 4.66 at B = 1, 10.03 against 4.95 with 5 tokens a row, 10.10 against 4.73 at B = 8
+# (bench/bench_gemv.py: its lm_head 272 us against cuBLAS's 238 at one row). runner.set_gemv_layer(True)
+# turns it on for one runner.
 GEMV_LAYER = False
 # The GEMV layer's launches as programmatic dependent launches (sm_90+): each product prefetches
 # its first weight tile into L2 and then waits for the kernel before it (kernels/linear/triton.py
 # PDL); rope_append_kv and attention wait at their first line. Every kernel of a layer lets the
 # next start at once, so the ~200 kernel boundaries of a step overlap the weight stream, and the
-# o product's prefetch overlaps the attention (8 programs at B = 1 up to 1024 tokens). Compiled
-# and checked for sm_90a (no global load before griddepcontrol.wait: tests/kernels/
-# aot_compile_layer_ops.py, aot_compile_attention.py); never run: off until bench/profile_step.py's
-# "gemv_layer_pdl" row shows the step faster. runner.set_gemv_layer(True, pdl=True).
+# o product's prefetch overlaps the attention. Compiled and checked for sm_90a (no global load
+# before griddepcontrol.wait: tests/kernels/aot_compile_layer_ops.py, aot_compile_attention.py). Ran
+# on an H200 (profile_step "gemv_layer_pdl"): 5.06 ms a step against 5.17 without PDL at B = 1, no
+# gain at 5 tokens a row or B = 8 -- and the GEMV layer itself is slower than cuBLAS. Off.
+# runner.set_gemv_layer(True, pdl=True).
 GEMV_PDL = False
 GEMV_MAX_ROWS = 16  # token rows of a forward up to which the GEMV layer runs (kernels/linear/triton.py MAX_ROWS)
 # Rows up to which SwiGLU is fused into the down product's load. Above, silu_mul runs apart: on the

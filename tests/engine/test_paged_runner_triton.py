@@ -67,7 +67,7 @@ def test_attention_merged_in_kernel(device, monkeypatch):
     import specdec_fast.kernels.attention.triton as attention_triton
 
     monkeypatch.setattr(attention_triton, "MERGE_IN_KERNEL", True)
-    monkeypatch.setattr(attention_triton, "choose_splits", lambda num_sms, programs, capacity, block_n, merge=False:
+    monkeypatch.setattr(attention_triton, "choose_splits", lambda num_sms, programs, capacity, block_n:
                         (3, block_n))
     model = tiny("qwen2").to(device)  # GQA 4:2 and biases
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=16, backend="triton")

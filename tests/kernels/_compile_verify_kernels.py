@@ -197,9 +197,9 @@ def main() -> int:
             tag = "" if modes is None else f" modes={'+'.join(sorted(modes))}"
             print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra} "
                   f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
-    # The emission's per-lane pass (off by default: _triton_plan.EMIT_LANES), plain and penalised, and the
-    # draft sampler's (K = 0: no draft logits), where it has several steps per chunk (B = 64): it must
-    # compile for sm_90 before a GPU can time it.
+    # The emission's per-lane pass (the plans' choice where a program streams more than one block),
+    # plain and penalised, and the draft sampler's (K = 0: no draft logits), where it has several
+    # steps per chunk (B = 64).
     for logits_type, k, has_draft, penalties in (("*bf16", 4, True, False), ("*bf16", 4, True, True),
                                                  ("*fp32", 0, False, False)):
         for fn, num_warps, constexprs, options in jobs(logits_type, 64, k, 128256, has_draft, None, penalties):

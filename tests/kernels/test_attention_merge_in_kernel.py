@@ -89,18 +89,17 @@ def test_one_launch_per_split_call(device):
         fused.by_name.get("aten.fill_", 0) == 0, fused.by_name
 
 
-def test_split_policy_with_the_in_kernel_merge():
-    """A merge launch keeps short tables in one split; merged in the kernel, short tables split
-    when the grid leaves SMs idle (B = 1: 8 programs), never below MIN_SPLIT_TOKENS per split."""
-    choose, block_n = attention_triton.choose_splits, 64
-    min_tokens = attention_triton.MIN_SPLIT_TOKENS
-    assert choose(132, 8, 1024, block_n) == (1, block_n)
-    assert choose(132, 8, 1024, block_n, merge_in_kernel=True) == (1024 // min_tokens, min_tokens)
-    assert choose(132, 8, min_tokens, block_n, merge_in_kernel=True)[0] == 1
-    assert choose(132, 64 * 8, 1024, block_n, merge_in_kernel=True)[0] == 2  # 512 programs: 2 x 528 / 512
-    assert choose(None, 8, 32768, block_n, merge_in_kernel=True)[0] == 1  # interpreter: one split
-    # long tables: the same split count either way
-    assert choose(132, 8, 8192, block_n, merge_in_kernel=True) == choose(132, 8, 8192, block_n)
+def test_split_policy_with_the_in_kernel_merge(monkeypatch):
+    """Both merges take one split policy (choose_splits has no merge argument): on a 132-SM GPU the
+    plan's split count is the same in-kernel, short tables split with either; an explicit split
+    count keeps the in-kernel merge."""
+    monkeypatch.setattr(attention_triton, "_num_sms", lambda device: 132)
+    for batch, capacity, splits in ((1, 1024, 4), (8, 1024, 4), (64, 1024, 2), (1, 8192, 32), (8, 8192, 9)):
+        plans = [attention_triton.plan_launch(torch.device("cuda"), batch, 8, 4, 128, 1, capacity, merge_in_kernel=m)
+                 for m in (False, True)]
+        assert [p.num_splits for p in plans] == [splits, splits] and not plans[0].merge_in_kernel
+        assert plans[1].merge_in_kernel
+    monkeypatch.undo()
     plan = attention_triton.plan_launch(torch.device("cpu"), 1, 8, 4, 128, 1, 4096, num_splits=4,
                                         merge_in_kernel=True)
     assert plan.merge_in_kernel and plan.num_splits == 4

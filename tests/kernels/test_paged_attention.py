@@ -258,8 +258,8 @@ def test_cuda_long_context_auto_split(n, tree):
 
 def test_split_and_tile_choice_from_static_shapes():
     pytest.importorskip("triton")
-    from specdec_fast.kernels.attention.triton import (MIN_SPLIT_TOKENS, SINGLE_LAUNCH_MAX_TOKENS, choose_splits,
-                                                       choose_tiling, head_dim_padded, plan_launch)
+    from specdec_fast.kernels.attention.triton import (MIN_SPLIT_TOKENS, choose_splits, choose_tiling,
+                                                       head_dim_padded, plan_launch)
 
     # Llama-8B heads on a 132-SM GPU: B=1 with 32k tokens is split into many programs ...
     queries, block_m, block_n = choose_tiling(max_query_len=5, group=4, head_dim=128)
@@ -269,10 +269,13 @@ def test_split_and_tile_choice_from_static_shapes():
     # ... B=32 needs few splits, a short block table few, the interpreter one
     assert choose_splits(132, 32 * 8, 32768, block_n)[0] <= 4
     assert choose_splits(None, 8, 32768, block_n)[0] == 1
-    # short block tables take one launch (no partials, no merge) at any batch; longer split, 8k as before
-    for capacity in (300, 1024, SINGLE_LAUNCH_MAX_TOKENS):
-        for batch in (1, 8, 32):
-            assert choose_splits(132, batch * 8, capacity, block_n) == (1, block_n)
+    # short block tables split too, never below MIN_SPLIT_TOKENS a split (the H200's 1k rows: 4 splits
+    # 10.8 / 14.0 us at B = 1 / 8 against one split's 23.4 / 24.6); a table of one split's tokens: one
+    for batch in (1, 8):
+        assert choose_splits(132, batch * 8, 1024, block_n) == (4, MIN_SPLIT_TOKENS)
+    assert choose_splits(132, 32 * 8, 1024, block_n)[0] == 3  # 256 programs: 3 x 528 / 256
+    assert choose_splits(132, 8, 300, block_n)[0] == 2
+    assert choose_splits(132, 8, MIN_SPLIT_TOKENS, block_n)[0] == 1
     assert choose_splits(132, 8, 2048, block_n)[0] == 8
     assert choose_splits(132, 8, 8192, block_n)[0] == 32  # B=1 at 8k: 32 splits of 256 tokens (as measured)
     assert choose_splits(132, 8 * 8, 8192, block_n)[0] == 9

@@ -9,7 +9,8 @@ import torch
 from specdec_fast.engine.triton_launches import TritonLaunches
 from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.kernels.tree_verify import tree_verify
-from specdec_fast.kernels.tree_verify._triton_plan import tree_kernel_sequence, tree_plan, tree_verify_plan
+from specdec_fast.kernels.tree_verify._triton_plan import (WALK_PARALLEL, tree_kernel_sequence, tree_plan,
+                                                           tree_verify_plan)
 from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
 from specdec_fast.kernels._workspace import KernelWorkspace
 
@@ -21,12 +22,13 @@ V_LLAMA3 = 128256
 # fills). Greedy: the statistics and the walk (which writes the final node's argmax); sampled
 # children add a residual-mass launch per sibling after the first and the emission; truncation
 # adds the finishing launch; deterministic (top-b) children need no residual masses.
-SAMPLED_TAIL = ["residual_mass"] * 3 + ["walk", "emit"]
+WALK = "walk_parallel" if WALK_PARALLEL else "walk"  # the GPU plan's walk (_triton_plan.WALK_PARALLEL)
+SAMPLED_TAIL = ["residual_mass"] * 3 + [WALK, "emit"]
 LAUNCHES = [  # (modes, has_draft, kernels)
-    pytest.param(("greedy",), True, ["select_stream", "walk"], id="greedy-sampled"),
-    pytest.param(("greedy",), False, ["select_stream", "walk"], id="greedy-top"),
+    pytest.param(("greedy",), True, ["select_stream", WALK], id="greedy-sampled"),
+    pytest.param(("greedy",), False, ["select_stream", WALK], id="greedy-top"),
     pytest.param(("plain",), True, ["select_stream"] + SAMPLED_TAIL, id="plain-sampled"),
-    pytest.param(("plain",), False, ["select_stream", "walk", "emit"], id="plain-top"),
+    pytest.param(("plain",), False, ["select_stream", WALK, "emit"], id="plain-top"),
     pytest.param(("greedy", "plain"), True, ["select_stream"] + SAMPLED_TAIL, id="mixed-sampled"),
     pytest.param(("top_k",), True, ["select_stream", "select_finish"] + SAMPLED_TAIL, id="top_k-sampled"),
     pytest.param(None, True, ["select_stream", "select_finish"] + SAMPLED_TAIL, id="unknown-sampled"),

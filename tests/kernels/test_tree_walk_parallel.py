@@ -12,7 +12,7 @@ import torch
 
 from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.kernels.tree_verify import tree_verify
-from specdec_fast.kernels.tree_verify._triton_plan import tree_plan
+from specdec_fast.kernels.tree_verify._triton_plan import WALK_PARALLEL, tree_plan
 from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
 
 from .test_tree_verify_backends import tree_problem
@@ -135,3 +135,8 @@ def test_the_plan_names_the_walk():
     assert plan.walk_parallel and plan.walk_block_r == 1
     assert not tree_plan(2, 9, 300, True, modes=None, max_children=None, num_sms=1, interpreting=True,
                          walk_parallel=False).walk_parallel
+    # the default: the parallel walk on compiled kernels (WALK_PARALLEL, as an H200 timed it), the
+    # scan under the interpreter
+    default = {interpreting: tree_plan(2, 9, 300, True, modes=None, max_children=None, num_sms=132,
+                                       interpreting=interpreting).walk_parallel for interpreting in (False, True)}
+    assert default == {False: WALK_PARALLEL, True: False}

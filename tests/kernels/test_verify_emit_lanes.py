@@ -1,6 +1,6 @@
 """The emission's per-lane pass (kernels/verify/_triton_emit.py LANES, chain_verify_triton /
-sample_triton emit_lanes=True; off by default until a GPU times it) against the torch reference,
-token for token: sampling modes with rejected rows (the residual path), draft logits or the
+sample_triton emit_lanes=True; the plans' choice where a program streams more than one block)
+against the torch reference, token for token: sampling modes with rejected rows (the residual path), draft logits or the
 one-hot draft, penalties, several chunks and blocks per row with a partial last block, K = 1
 (the penalised kernel's runtime-trip-count loop), and sample() with positions. The tie rule
 (the lowest index among equal maxima, whichever lane and step held it) and a chunk that is -inf
