@@ -297,10 +297,11 @@ def chain_verify_triton(
     _triton_plan.plan_launches); stream_unroll: blocks per step of the per-lane loop (None: the
     plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
     kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
-    (None: the plan's choice: where a program streams more than one block). return_paths: also return int32 [B * NPOS], how each
-    distribution's thresholds were settled (_triton_select_stream.py; 0 for small vocabularies).
-    workspace: a KernelWorkspace owned by the caller (one per sequence of calls on one stream:
-    kernels/_workspace.py): no zero fill per call; not with return_paths."""
+    (None: the plan's choice: where a program streams more than one block). return_paths: also
+    return int32 [B * NPOS], how each distribution's thresholds were settled
+    (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
+    the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
+    call; not with return_paths."""
     if return_paths and workspace is not None:
         raise ValueError("return_paths needs the per-call counters: pass no workspace")
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
