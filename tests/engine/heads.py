@@ -7,9 +7,9 @@ import torch.nn.functional as F
 import transformers as tf
 
 from specdec_fast.heads import Eagle3Head
+from specdec_fast.train import choose_draft_vocabulary, train_eagle3
 
 from ..conftest import on_device
-from specdec_fast.train import choose_draft_vocabulary, train_eagle3
 
 _CACHE = {}
 

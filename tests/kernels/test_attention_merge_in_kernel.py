@@ -99,7 +99,6 @@ def test_split_policy_with_the_in_kernel_merge(monkeypatch):
                  for m in (False, True)]
         assert [p.num_splits for p in plans] == [splits, splits] and not plans[0].merge_in_kernel
         assert plans[1].merge_in_kernel
-    monkeypatch.undo()
     plan = attention_triton.plan_launch(torch.device("cpu"), 1, 8, 4, 128, 1, 4096, num_splits=4,
                                         merge_in_kernel=True)
     assert plan.merge_in_kernel and plan.num_splits == 4

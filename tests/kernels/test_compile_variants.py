@@ -65,7 +65,7 @@ def on_test_device(device):
 
 @pytest.fixture
 def h100_sms(monkeypatch):
-    """The attention plan as on an H100 (132 SMs): block tables past 1024 tokens split."""
+    """The attention plan as on an H100 (132 SMs): block tables past 256 tokens split."""
     monkeypatch.setattr(attention_triton, "_num_sms", lambda device: 132)
 
 
