@@ -23,6 +23,7 @@
 #   * bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
 #   * bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min)
 #   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
+#   * bash bench/run_gpu.sh ncu        # issue 25: Nsight Compute on tree_verify's residual masses and the B=64 streaming pass
 #     bash bench/run_gpu.sh all        # tests kernels scale loop more trees (a machine without a time limit)
 #
 # A stage with a deadline (session, limits; or DEADLINE_S=<seconds from the start> for any stage) starts no part
@@ -161,6 +162,26 @@ stage_gemv() {
   run python3 bench/profile_step.py --out "$results/profile_step_$dev.json"
 }
 
+stage_ncu() {
+  # Issue 25's unexplained times, read by Nsight Compute (hardware counters; Firecracker machines
+  # only, H200.md; --clock-control none: METHOD.md leaves the clocks alone): tree_verify's five
+  # residual_mass launches (98 us each on the H200 where their bytes take 1-2 us) and the B = 64
+  # streaming pass (36% of the roofline where a Little's-law model said 90%). One eager call per
+  # case (ncu flushes the caches before each kernel it replays). CSV per case.
+  local ncu_bin
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu_bin" ] || ncu_bin=ncu
+  local sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats"
+  sections="$sections --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
+  local case_ kernels
+  for case_ in "tree_t1:residual_mass" "chain_b64_greedy:select" "chain_b64_t1:select|emit"; do
+    kernels=${case_#*:}
+    # shellcheck disable=SC2086
+    run --cap 100 "$ncu_bin" --clock-control none -k "regex:$kernels" --launch-count 8 $sections --csv --page details \
+      --log-file "$results/ncu_${case_%%:*}_$dev.csv" python3 bench/ncu_cases.py --case "${case_%%:*}" --calls 1
+  done
+}
+
 stage_heads() {
   # Issues 23 / 28: the 8B-shaped target with an EAGLE-3 head and a DFlash drafter of the published
   # shapes (random weights): draft and target ms per iteration, c, tok/s at equal acceptance (Thm 3.8).
@@ -177,9 +198,9 @@ case "$stage" in  # a device call ends at 600 s: 560 leaves the last part's kill
   session|limits) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
 esac
 case "$stage" in
-  session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive) "stage_$stage" ;;
+  session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu|all"; exit 2 ;;
 esac
 [ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
 echo "stage $stage done at ${SECONDS} s, status $status"

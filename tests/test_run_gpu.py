@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("session", "tests", "limits", "kernels", "scale", "loop", "more", "trees", "heads", "gemv", "attention",
-          "adaptive")
+          "adaptive", "ncu")
 
 
 def dry_run(stage: str, **env) -> str:
