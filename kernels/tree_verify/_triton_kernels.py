@@ -2,8 +2,8 @@
 
 The statistics of every node's target row (stats position b * NPOS + n) and draft row
 (b * NPOS + N + n) come from kernels/verify's stats kernels; ``standardised`` rebuilds any
-standardised value from them on the fly (kernels/verify/_triton_common.py).
-  residual_mass_kernel  (row, node) tiles x vocab chunks, once per k: W_k = sum_v max(q - lam_k p, 0)
+standardised value from them on the fly (kernels/verify/_triton_common.py). The residual masses
+W_k of the sibling tests, which the walk reads, are _triton_residual.py's.
   walk_kernel           row tiles: presence, the greedy longest path, the rejection walk (and,
                         when every row is greedy, the emitted token: the final node's argmax)
   emit_kernel           (row tile, vocab chunk): Gumbel-max candidates at each final node; the
@@ -20,64 +20,6 @@ from ..verify._triton_common import NEG_INF, standardised
 from ..verify._triton_emit import _argmax_update, _stats, _tile_rows, merge_chunk_candidates
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
-
-
-@triton.jit
-def residual_mass_kernel(
-    target_ptr, draft_ptr, parents_ptr, temperature_ptr, min_p_ptr,
-    m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, mass_ptr, lam_ptr, part_ptr, ticket_ptr,
-    k, R, NPOS, NCHUNK, KMAX, st_b, st_n, sd_b, sd_n, sp_b,
-    N: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
-):
-    """grid (cdiv(B * N, BLOCK_R), NCHUNK), launched for k = 1 .. KMAX - 1 in order. For (row b,
-    node n) pairs with m > k children (m = the number of nodes whose parent is n): lam_0 = 0,
-    W_0 = 1, lam_k = lam_{k-1} + W_{k-1}, W_k = sum_v max(q_n - lam_k p_n, 0). Each program sums
-    its vocab chunk into part [R, NCHUNK]; the tile's last program (ticket [tiles, KMAX] at k)
-    adds the chunks in order, writes W_k to mass[(b * N + n) * N + k] and lam_{k+1} to lam [R]
-    (lam_1 = 1 is not read). One launch per sibling over many programs: a single program per
-    node swept the whole vocabulary once per sibling (H100: 1.4 ms at N = 16, 4.0 ms at N = 64)."""
-    r, live = _tile_rows(R, BLOCK_R)
-    c = tl.program_id(1)
-    b = r // N
-    node = r % N
-    b64 = b.to(tl.int64)
-    nid = tl.arange(0, BLOCK_N)[None, :]
-    par = tl.load(parents_ptr + b64[:, None] * sp_b + nid, mask=nid < N, other=-1)
-    m_children = tl.sum(((par == node[:, None]) & (nid > node[:, None])).to(tl.int32), axis=1)  # valid trees
-    t = tl.load(temperature_ptr + b)
-    go = live & (m_children > k) & (t > 0)
-    lam = tl.load(lam_ptr + r, mask=live & (k > 1), other=1.0)
-    acc = tl.zeros([BLOCK_R], tl.float32)
-    if tl.max(go.to(tl.int32), axis=0) > 0:
-        temp = tl.where(t > 0, t, 1.0)
-        greedy = t == 0
-        min_p = tl.load(min_p_ptr + b)
-        dnode = tl.minimum(node, N - 2)
-        qm, qs2, qs3, qtk, qam = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + node)
-        pm, ps2, ps3, ptk, pam = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + N + dnode)
-        q_row = b64 * st_b + node * st_n
-        p_row = b64 * sd_b + dnode * sd_n
-        start = c * CHUNK
-        for v0 in range(0, CHUNK, BLOCK_V):
-            idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
-            inside = (idx < V) & go[:, None]
-            zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
-            _, q = standardised(zq, idx, temp[:, None], greedy[:, None], qm[:, None], qs2[:, None], qs3[:, None],
-                                qtk[:, None], qam[:, None], min_p[:, None])
-            zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside, other=NEG_INF)
-            _, p = standardised(zp, idx, temp[:, None], greedy[:, None], pm[:, None], ps2[:, None], ps3[:, None],
-                                ptk[:, None], pam[:, None], min_p[:, None])
-            acc += tl.sum(tl.where(inside, tl.maximum(q - lam[:, None] * p, 0.0), 0.0), axis=1)
-    r64 = r.to(tl.int64)
-    tl.store(part_ptr + r64 * NCHUNK + c, acc, mask=live)
-    if last_program_of(ticket_ptr + tl.program_id(0) * KMAX + k, NCHUNK, FENCE):
-        cc = tl.arange(0, BLOCK_C)[None, :]
-        parts = tl.load(part_ptr + r64[:, None] * NCHUNK + cc, mask=(cc < NCHUNK) & live[:, None], other=0.0,
-                        cache_modifier=".cg")
-        w = tl.sum(parts, axis=1)  # the chunks in a fixed order: deterministic
-        tl.store(mass_ptr + r64 * N + k, w, mask=go)
-        tl.store(lam_ptr + r, lam + w, mask=live)
 
 
 @triton.jit

@@ -6,8 +6,10 @@ Launches, in order (each boundary a grid-wide dependency):
   select    the standardisation statistics of every node's target and draft row: verify's
             selection launches with K = N - 1 and no emission of their own (the streaming pass,
             + the finish when some row may use top-k / top-p / min-p)
-  residual  sampled children (draft logits) when some row may sample: the residual masses W_k of
-            the sibling tests, one launch per k = 1 .. kmax - 1 (W_k depends on W_{k-1})
+  residual  sampled children (draft logits) when some row may sample: the nodes ordered by their
+            number of children (residual_rows, one program per row), then the residual masses
+            W_k of the sibling tests, one launch per k = 1 .. kmax - 1 (W_k depends on W_{k-1}),
+            each over the nodes with more than k children only (_triton_residual.py)
   walk      the greedy longest path and the rejection walk (a scan over the nodes, or, with
             walk_parallel, every node's test at once: _triton_walk.py); when every row is greedy
             it also writes the emitted token (the final node's argmax) and nothing follows
@@ -27,11 +29,13 @@ from ..verify._triton_plan import LaunchPlan, host_modes, plan_launches, select_
 # per thread at 8 warps); the interpreter pays per operation, so it takes whole batches.
 WALK_ROWS = 16
 WALK_ROWS_INTERPRETER = 4096
-# The residual-mass and emission kernels: [BLOCK_R, BLOCK_V] tiles of at most TILE values, rows
-# split into vocab chunks so that a few programs per SM work at B = 1 (the interpreter: whole
-# rows, few programs).
+# The emission: [BLOCK_R, BLOCK_V] tiles of at most TILE values, rows split into vocab chunks so
+# that a few programs per SM work at B = 1 (the interpreter: whole rows, few programs). The
+# residual masses: PROGRAMS_PER_SM programs per SM over [BLOCK_V] blocks of the nodes that have
+# siblings to test (ResidualGrid).
 MAX_BLOCK_V, TILE, PROGRAMS_PER_SM = 1024, 2048, 4
 MAX_BLOCK_V_INTERPRETER, TILE_INTERPRETER, INTERPRETER_PROGRAMS = 32768, 131072, 4
+MAX_TENSOR = 1 << 20  # triton's TRITON_MAX_TENSOR_NUMEL
 NUM_WARPS = 4
 # The walk as every node's test at once and a chase down the accepted path (_triton_walk.py, one
 # row per program, depth steps) instead of the scan (one dependent step per node: N - 1 at B = 1,
@@ -66,20 +70,67 @@ class VocabTiling:
 
 
 @dataclass(frozen=True)
+class ResidualGrid:
+    """residual_mass_kernel's launches: programs (a 1-D grid) shared by the nodes with siblings to
+    test, in tiles of block_s nodes over [block_v] vocab blocks; block_b: the rows' counts read at
+    once; block_c: the chunk parts a tile's last program adds at once."""
+    programs: int
+    block_s: int
+    block_v: int
+    block_b: int
+    block_c: int
+
+    @property
+    def grid(self) -> tuple[int]:
+        return (self.programs,)
+
+    def tiles(self, batch: int, n: int) -> int:
+        """The most tiles a launch may have (every (row, node) pair a slot): its tickets."""
+        return triton.cdiv(batch * n, self.block_s)
+
+    def parts(self, batch: int, n: int) -> int:
+        """Scratch floats for one launch's parts: block_s per item, items = T * max(1, P // T) <=
+        max(P, T) for T tiles."""
+        return max(self.programs, self.tiles(batch, n)) * self.block_s
+
+
+def _residual_grid(batch: int, n: int, vocab: int, block_v: int | None, num_chunks: int | None, num_sms: int,
+                   interpreting: bool) -> ResidualGrid:
+    """PROGRAMS_PER_SM programs per SM, one node per tile: whatever the number of nodes with
+    siblings, their vocabularies are split over all the programs. The interpreter:
+    INTERPRETER_PROGRAMS programs over tiles of TILE_INTERPRETER values (it pays per operation:
+    one node per tile made the 4000-row statistical tests take 3 minutes each).
+    num_chunks (tests): num_chunks * batch programs, about num_chunks chunks per node when each
+    row has one node with siblings."""
+    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
+    block_b = triton.next_power_of_2(batch)
+    # a tile's slots find their rows in a [block_s, block_b] comparison: within Triton's largest tensor
+    block_s = max(1, min(TILE_INTERPRETER // block_v, MAX_TENSOR // block_b)) if interpreting else 1
+    block_s = min(block_s, triton.next_power_of_2(batch * n))
+    if num_chunks is not None:
+        programs = max(1, num_chunks * batch)
+    else:
+        programs = INTERPRETER_PROGRAMS if interpreting else PROGRAMS_PER_SM * num_sms
+    return ResidualGrid(programs, block_s, block_v, block_b, min(triton.next_power_of_2(programs), 512))
+
+
+@dataclass(frozen=True)
 class TreePlan:
     stats: LaunchPlan  # verify's selection plan over the N target and N - 1 draft rows
     kmax: int  # the most children a node may have (max_children, or N - 1)
     residual_launches: int  # one per sibling after the first: 0 without sampled children
-    residual: VocabTiling | None  # over B * N (row, node) pairs
+    residual: ResidualGrid | None  # the residual masses' programs (and residual_rows before them)
     walk_block_r: int  # rows per walk program (1 for the parallel walk)
     walk_warps: int
     walk_parallel: bool  # _triton_walk.py's walk_parallel_kernel instead of the scan
     emits: bool  # False: every row greedy, the walk writes the emitted token
     emit: VocabTiling | None  # over the B rows' final nodes
+    batch: int
+    n: int
 
     @property
     def residual_tickets(self) -> int:
-        return self.residual.tiles * self.kmax if self.residual_launches else 0
+        return self.residual.tiles(self.batch, self.n) if self.residual_launches else 0  # shared by every k
 
     @property
     def emit_tickets(self) -> int:
@@ -116,7 +167,8 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
     kmax = k if max_children is None else min(max_children, k)
     may_sample = modes is None or bool(modes - {"greedy"})
     residual_launches = kmax - 1 if has_draft and kmax > 1 and may_sample else 0
-    residual = (_tiling(batch * n, vocab, block_v, num_chunks, num_sms, interpreting) if residual_launches else None)
+    residual = (_residual_grid(batch, n, vocab, block_v, num_chunks, num_sms, interpreting) if residual_launches
+                else None)
     walk_parallel = (WALK_PARALLEL and not interpreting) if walk_parallel is None else bool(walk_parallel)
     if walk_parallel:
         walk_block_r, walk_warps = 1, walk_parallel_warps(triton.next_power_of_2(n))
@@ -125,7 +177,8 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
         walk_warps = 8 if walk_block_r * triton.next_power_of_2(n) >= 1024 else NUM_WARPS
     emits = modes != {"greedy"}
     emit = _tiling(batch, vocab, block_v, num_chunks, num_sms, interpreting) if emits else None
-    return TreePlan(stats, kmax, residual_launches, residual, walk_block_r, walk_warps, walk_parallel, emits, emit)
+    return TreePlan(stats, kmax, residual_launches, residual, walk_block_r, walk_warps, walk_parallel, emits, emit,
+                    batch, n)
 
 
 def tree_kernel_sequence(plan: TreePlan, workspace: bool = False) -> list[str]:
@@ -133,7 +186,8 @@ def tree_kernel_sequence(plan: TreePlan, workspace: bool = False) -> list[str]:
     KernelWorkspace (the engine's tree loop), which leaves out the two zero fills."""
     fills = [] if workspace else ["zero fill: counters", "zero fill: dummy drafts"]
     walk = "walk_parallel" if plan.walk_parallel else "walk"
-    return (fills + select_sequence(plan.stats) + ["residual_mass"] * plan.residual_launches + [walk]
+    return (fills + select_sequence(plan.stats)
+            + (["residual_rows"] + ["residual_mass"] * plan.residual_launches if plan.residual_launches else []) + [walk]
             + (["emit"] if plan.emits else []))
 
 
@@ -144,8 +198,9 @@ def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, mod
     a subset of sampling_params.MODES, "T=1" for "plain"; None = unknown) and this bound on a
     node's children: launches in order and the grids, from the code the launcher sizes them with.
     passes_over_logits: reads of all B x N x V target (and draft) logits: the statistics read
-    every row once; each residual launch reads the rows of the nodes with more than k children
-    (at most all of them: counted as a bound); the emission reads one node's rows per tree."""
+    every row once; residual launch k reads the rows of the nodes with more than k children, at
+    most (N - 1) // (k + 1) of a tree's N nodes (each has k + 1 of the N - 1 children or more:
+    counted as a bound); the emission reads one node's rows per tree."""
     modes = host_modes(modes)
     plan = tree_plan(batch, n, vocab, has_draft, modes=modes, max_children=max_children, num_sms=num_sms,
                      interpreting=False, walk_parallel=walk_parallel)
@@ -153,9 +208,11 @@ def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, mod
     return {
         "launches": len(kernels),
         "kernels": kernels,
-        "passes_over_logits_at_most": 1.0 + plan.residual_launches + (1 / n if plan.emits else 0.0),
+        "passes_over_logits_at_most": (1.0 + sum((n - 1) // (k + 1) for k in range(1, plan.residual_launches + 1)) / n
+                                       + (1 / n if plan.emits else 0.0)),
         "grids": {"select": plan.stats.select_grid,
                   "finish": plan.stats.finish_grid if plan.stats.large_vocab and plan.stats.finish else None,
+                  "residual_rows": (batch,) if plan.residual_launches else None,
                   "residual_mass": plan.residual.grid if plan.residual_launches else None,
                   ("walk_parallel" if plan.walk_parallel else "walk"): (triton.cdiv(batch, plan.walk_block_r),),
                   "emit": plan.emit.grid if plan.emits else None},

@@ -3,10 +3,11 @@
 The launches and their grids are _triton_plan.py's (tree_plan; tree_verify_plan reports them):
 the statistics of every node's rows (kernels/verify's selection launches, select_stats, with
 K = N - 1 and no -1 among the dummy drafts, so every position is computed: _node_stats below is
-the only code that knows their interface), one residual-mass launch per sibling after the first
-(sampled children, some row sampling), the walk, and the emission (none when every row is
-greedy: the walk writes the final node's argmax). Every ticket comes from the selection's zero
-fill, or from the caller's KernelWorkspace (no fill).
+the only code that knows their interface), with sampled children (some row sampling) the list of
+each row's nodes with siblings and one residual-mass launch per sibling after the first over them,
+the walk, and the emission (none when every row is greedy: the walk writes the final node's
+argmax). Every ticket comes from the selection's zero fill, or from the caller's KernelWorkspace
+(no fill).
 N and V are constexpr: one compiled variant per (tree size, model vocabulary).
 """
 import torch
@@ -17,6 +18,7 @@ from ..rng import STREAM_TOKEN
 from ..sampling_params import SamplingTensors
 from ..verify.triton import _num_sms, _vocab_contiguous, run_launches, select_stats
 from . import _triton_kernels as kernels
+from . import _triton_residual as residual
 from ._triton_plan import NUM_WARPS, TreePlan, tree_plan
 from ._triton_walk import walk_parallel_kernel
 
@@ -33,6 +35,35 @@ def _node_stats(target, draft, params: SamplingTensors, plan: TreePlan, workspac
     stats, _, tickets = select_stats(target, target if draft is None else draft, dummy_drafts, params, plan.stats,
                                      extra_counters=plan.residual_tickets + plan.emit_tickets, workspace=workspace)
     return stats, tickets
+
+
+def _residual_masses(target, draft, parents, params: SamplingTensors, plan: TreePlan, stats, tickets, fence: bool):
+    """mass [B * N, N] float32: mass[b * N + n, k] = W_k of node n of row b for k = 1 .. kmax - 1
+    where n has more than k children and row b samples (the walk reads no other entry; the rest
+    is left unwritten). stats: _node_stats's; tickets: plan.residual_tickets zeros (zeros again
+    after the launches)."""
+    batch, n, vocab = target.shape
+    device = target.device
+    mass = torch.empty((batch * n, n), dtype=torch.float32, device=device)
+    if not plan.residual_launches:
+        return mass
+    grid = plan.residual
+    order = torch.empty((batch, n), dtype=torch.int32, device=device)
+    count = torch.empty((plan.kmax, batch), dtype=torch.int32, device=device)
+    residual.residual_rows_kernel[(batch,)](
+        parents, params.temperature, order, count, batch, plan.kmax, parents.stride(0),
+        N=n, BLOCK_N=triton.next_power_of_2(n), BLOCK_K=triton.next_power_of_2(plan.kmax), num_warps=NUM_WARPS,
+    )
+    lam_next = torch.empty((batch * n,), dtype=torch.float32, device=device)
+    part = torch.empty((grid.parts(batch, n),), dtype=torch.float32, device=device)
+    for k in range(1, plan.kmax):  # W_k depends on W_{k-1}: one launch each
+        residual.residual_mass_kernel[grid.grid](
+            target, draft, order, count, params.temperature, params.min_p, *stats, mass, lam_next, part, tickets,
+            k, batch, plan.stats.npos, target.stride(0), target.stride(1), draft.stride(0), draft.stride(1),
+            N=n, V=vocab, BLOCK_S=grid.block_s, BLOCK_V=grid.block_v, BLOCK_B=grid.block_b, BLOCK_C=grid.block_c,
+            FENCE=fence, num_warps=NUM_WARPS,
+        )
+    return mass
 
 
 def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children,
@@ -60,20 +91,7 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     strides = (target.stride(0), target.stride(1), draft.stride(0), draft.stride(1))
     block_n = triton.next_power_of_2(n)
     fence = not interpreting
-
-    mass = torch.empty((batch * n, n), dtype=torch.float32, device=device)  # W_k (read by sampled rows only)
-    if plan.residual_launches:  # W_k for k = 1 .. kmax - 1: one launch each, vocab split over programs
-        tiling = plan.residual
-        lam_next = torch.empty((batch * n,), dtype=torch.float32, device=device)
-        part = torch.empty((batch * n, tiling.nchunk), dtype=torch.float32, device=device)
-        for k in range(1, plan.kmax):
-            kernels.residual_mass_kernel[tiling.grid](
-                target, draft, parents, p.temperature, p.min_p, *stats, mass, lam_next, part, residual_tickets,
-                k, batch * n, npos, tiling.nchunk, plan.kmax, *strides, parents.stride(0),
-                N=n, V=vocab, CHUNK=tiling.chunk, BLOCK_R=tiling.block_r, BLOCK_V=tiling.block_v, BLOCK_N=block_n,
-                BLOCK_C=triton.next_power_of_2(tiling.nchunk), FENCE=fence, num_warps=NUM_WARPS,
-            )
-
+    mass = _residual_masses(target, draft, parents, p, plan, stats, residual_tickets, fence)
     final = torch.empty((batch,), **i32)
     lam = torch.empty((batch,), dtype=torch.float32, device=device)
     removed = torch.empty((batch, n), **i32)

@@ -9,11 +9,12 @@ os.environ.pop("TRITON_INTERPRET", None)
 import _compile_verify_kernels as compiler  # noqa: E402  (beside this script: sys.path[0])
 
 from specdec_fast.kernels.tree_verify import _triton_kernels as tree  # noqa: E402
+from specdec_fast.kernels.tree_verify import _triton_residual as residual  # noqa: E402
 from specdec_fast.kernels.tree_verify import _triton_walk as walk  # noqa: E402
 from specdec_fast.kernels.tree_verify._triton_plan import walk_parallel_warps  # noqa: E402
 
 INT_POINTERS = ("parents_ptr", "tokens_ptr", "seed_ptr", "offset_ptr", "tkey_ptr")  # int64
-INT32_POINTERS = ("amax_ptr", "ticket_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
+INT32_POINTERS = ("amax_ptr", "order_ptr", "count_ptr", "ticket_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
                   "num_removed_ptr", "q_idx_ptr", "r_idx_ptr", "r_any_ptr")
 
 
@@ -24,8 +25,8 @@ def main() -> int:
         block_n = 1 << (n - 1).bit_length()
         walk_warps = 8 if 16 * block_n >= 1024 else 4  # as kernels/tree_verify/triton.py launches it
         jobs = [
-            (tree.residual_mass_kernel, dict(N=n, V=vocab, CHUNK=8192, BLOCK_R=2, BLOCK_V=1024, BLOCK_N=block_n,
-                                             BLOCK_C=16, FENCE=True), 4),
+            (residual.residual_rows_kernel, dict(N=n, BLOCK_N=block_n, BLOCK_K=block_n), 4),
+            (residual.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_S=1, BLOCK_V=1024, BLOCK_B=1, BLOCK_C=512, FENCE=True), 4),
             *[(tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n,
                                       GREEDY_BONUS=bonus), walk_warps) for bonus in (False, True)],
             (walk.walk_parallel_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_N=block_n,

@@ -20,10 +20,11 @@ V_LLAMA3 = 128256
 
 # B = 1, N = 64 nodes with at most 4 children, V = 128256, the engine's calls (a workspace: no
 # fills). Greedy: the statistics and the walk (which writes the final node's argmax); sampled
-# children add a residual-mass launch per sibling after the first and the emission; truncation
-# adds the finishing launch; deterministic (top-b) children need no residual masses.
+# children add the list of nodes with siblings, a residual-mass launch per sibling after the first
+# and the emission; truncation adds the finishing launch; deterministic (top-b) children need no
+# residual masses.
 WALK = "walk_parallel" if WALK_PARALLEL else "walk"  # the GPU plan's walk (_triton_plan.WALK_PARALLEL)
-SAMPLED_TAIL = ["residual_mass"] * 3 + [WALK, "emit"]
+SAMPLED_TAIL = ["residual_rows"] + ["residual_mass"] * 3 + [WALK, "emit"]
 LAUNCHES = [  # (modes, has_draft, kernels)
     pytest.param(("greedy",), True, ["select_stream", WALK], id="greedy-sampled"),
     pytest.param(("greedy",), False, ["select_stream", WALK], id="greedy-top"),

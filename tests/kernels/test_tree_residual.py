@@ -1,0 +1,153 @@
+"""tree_verify's residual masses on the nodes with siblings only (kernels/tree_verify/_triton_residual.py):
+the list of those nodes per row, and the masses over programs shared among them, in every regime
+of the launch's split (more programs than nodes: a node's vocabulary over many programs; fewer:
+programs looping over nodes), with greedy rows (no nodes) among sampled ones."""
+import pytest
+import torch
+import triton
+
+from specdec_fast.kernels import make_sampling_tensors, standardise
+from specdec_fast.kernels.tree_verify import tree_verify
+from specdec_fast.kernels.tree_verify._triton_plan import tree_plan
+
+from .tree_cases import random_parents
+
+triton_kernels = pytest.importorskip("specdec_fast.kernels.tree_verify._triton_residual")
+
+
+def _children(parents: torch.Tensor) -> torch.Tensor:
+    """int64 [B, N]: m[b, n] = #{i > n : parents[b, i] = n}."""
+    batch, n = parents.shape
+    later = torch.arange(n)[None, :] > torch.arange(n)[:, None]  # [n, i]
+    return ((parents[:, None, :] == torch.arange(n)[None, :, None]) & later[None]).sum(-1)
+
+
+def test_rows_kernel_lists_each_rows_nodes_by_their_children(device):
+    """order [B, N]: each row's nodes, most children first, ties by index; count [KMAX, B]: how
+    many have more than k children, 0 for greedy rows (no residual is read there)."""
+    gen = torch.Generator().manual_seed(3)
+    batch, n, kmax = 9, 13, 7
+    parents = random_parents(gen, batch, n, absent=0.2)
+    temperature = torch.tensor([1.0, 0.0, 0.7, 1.0, 0.0, 1.3, 1.0, 1.0, 0.5])
+    order = torch.full((batch, n), -1, dtype=torch.int32, device=device)
+    count = torch.full((kmax, batch), -1, dtype=torch.int32, device=device)
+    triton_kernels.residual_rows_kernel[(batch,)](
+        parents.to(device), temperature.to(device), order, count, batch, kmax, parents.stride(0),
+        N=n, BLOCK_N=triton.next_power_of_2(n), BLOCK_K=triton.next_power_of_2(kmax))
+    m = _children(parents)
+    for b in range(batch):
+        expected = sorted(range(n), key=lambda i: (-int(m[b, i]), i))
+        assert order[b].tolist() == expected, b
+        for k in range(kmax):
+            assert int(count[k, b]) == (int((m[b] > k).sum()) if temperature[b] > 0 else 0), (b, k)
+    assert int(m.max()) >= 3, "the trees should have nodes with several children (else the test proves little)"
+
+
+# (batch, n, vocab, num_chunks): num_chunks * batch programs (tree_plan); None: the default
+# (INTERPRETER_PROGRAMS under the interpreter, 4 per SM on a GPU)
+SPLITS = [
+    pytest.param(6, 12, 700, 8, id="programs-over-nodes"),  # more programs than nodes: chunks per node
+    pytest.param(6, 12, 700, 1, id="nodes-over-programs"),  # fewer: programs loop over nodes
+    pytest.param(5, 16, 1000, None, id="default"),
+    pytest.param(1, 24, 3000, 16, id="one-row-many-chunks"),
+]
+
+
+def _bushy_problem(batch: int, n: int, vocab: int, seed: int, temperature: torch.Tensor):
+    """Trees whose nodes hang under the first three (several siblings each; the last row ragged),
+    each child's token drawn from its parent's draft distribution except the first two children's
+    (tokens the draft overrates: rejected, so that later siblings are tested). Also returns
+    each node's ordinal among its siblings [B, N]."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(batch, n, vocab, generator=g) * 2
+    draft = target + torch.randn(batch, n, vocab, generator=g) * 0.7
+    parents = torch.full((batch, n), -1, dtype=torch.int64)
+    for i in range(1, n):
+        parents[:, i] = (torch.rand(batch, generator=g) * min(i, 3)).long()
+    parents[-1, 3::3] = -1
+    parents[-1] = torch.where((parents[-1] > 0) & (parents[-1].clamp(min=0) % 3 == 0), -1, parents[-1])
+    probs = torch.softmax(draft / temperature.clamp(min=1e-3)[:, None, None], -1)
+    tokens = torch.zeros(batch, n, dtype=torch.int64)
+    for i in range(1, n):
+        tokens[:, i] = torch.multinomial(probs[torch.arange(batch), parents[:, i].clamp(min=0)], 1, generator=g)[:, 0]
+    # a node's first two children: the tokens its draft most overrates (p / q largest: rejected
+    # nearly always), so that its third child is tested against W_2 (lam_2 = 1 + W_1)
+    ordinal = torch.stack([(parents[:, 1:i] == parents[:, i:i + 1]).sum(1) for i in range(n)], 1)
+    overrated = (draft - target).topk(2, dim=-1).indices  # [B, N, 2]
+    at_parent = overrated[torch.arange(batch)[:, None], parents.clamp(min=0)]  # [B, N, 2]
+    first_two = at_parent.gather(-1, ordinal.clamp(max=1)[..., None])[..., 0]
+    tokens = torch.where(ordinal < 2, first_two, tokens)
+    return target, draft, tokens, parents, ordinal
+    return target, draft, tokens, parents
+
+
+@pytest.mark.parametrize("batch,n,vocab,num_chunks", SPLITS)
+def test_masses_over_shared_programs_give_the_reference_tokens(batch, n, vocab, num_chunks, device):
+    """Bushy trees with sampled children, one greedy row among sampled ones where there are
+    several rows: the tokens and paths of the torch reference, with later siblings accepted (their
+    tests read W_1, W_2, ...)."""
+    from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+
+    seed = 40 + n
+    temperature = torch.ones(batch)
+    if batch > 1:
+        temperature[1] = 0.0
+    kw = dict(temperature=temperature)
+    target, draft, tokens, parents, ordinal = _bushy_problem(batch, n, vocab, seed, temperature)
+    offsets = torch.arange(batch) * 1000
+    expected = tree_verify(target, draft, tokens, parents, backend="torch", seed=seed, offset=offsets, **kw)
+    params = make_sampling_tensors(batch, device, seed=seed, offset=offsets.to(device),
+                                   temperature=temperature.to(device))
+    got = tree_verify_triton(target.to(device), draft.to(device), tokens.to(device), parents.to(device), params,
+                             num_chunks=num_chunks)
+    assert torch.equal(got[0].cpu(), expected.tokens) and torch.equal(got[1].cpu(), expected.path)
+    plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=None, num_sms=132,
+                     interpreting=device == "cpu", num_chunks=num_chunks)
+    assert plan.residual_launches == n - 2
+    # a node's third or later child on the path: its test read W_2 (lam_2 = 1 + W_1)
+    third = sum(int(ordinal[b, node] >= 2) for b in range(batch) for node in expected.path[b].tolist() if node > 0)
+    assert third >= 1, "a third or later sibling should be accepted somewhere (else the test proves little)"
+
+
+@pytest.mark.parametrize("batch,n,vocab,num_chunks", SPLITS)
+@pytest.mark.parametrize("mode", ["T=1", "truncated"])
+def test_masses_equal_a_torch_sum(batch, n, vocab, num_chunks, mode, device):
+    """W_k of every node with more than k children of every sampled row, from the launches
+    themselves (triton._residual_masses), against lam_1 = 1, W_k = sum_v max(q - lam_k p, 0),
+    lam_{k+1} = lam_k + W_k over the standardised distributions in float64."""
+    from specdec_fast.kernels.tree_verify import triton as launcher
+
+    seed = 70 + n
+    temperature = torch.full((batch,), 0.8)
+    if batch > 1:
+        temperature[1] = 0.0
+    kw = dict(temperature=temperature) if mode == "T=1" else dict(temperature=temperature, top_k=vocab // 3,
+                                                                    top_p=0.9, min_p=0.01)
+    target, draft, _, parents, _ = _bushy_problem(batch, n, vocab, seed, temperature)
+    params = make_sampling_tensors(batch, device, **{name: v.to(device) if torch.is_tensor(v) else v
+                                                     for name, v in kw.items()})
+    plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=None, num_sms=launcher._num_sms(torch.device(device)),
+                     interpreting=device == "cpu", num_chunks=num_chunks)
+    dev_target, dev_draft, dev_parents = target.to(device), draft.to(device), parents.to(device)
+    stats, tickets = launcher._node_stats(dev_target, dev_draft, params, plan)
+    tickets = tickets[:plan.residual_tickets]
+    mass = launcher._residual_masses(dev_target, dev_draft, dev_parents, params, plan, stats, tickets,
+                                     fence=device != "cpu").cpu().view(batch, n, n)
+    assert not tickets.any(), "the tickets end at zero (a workspace's next call needs no fill)"
+
+    cpu_params = make_sampling_tensors(batch, "cpu", **kw)
+    q = torch.softmax(standardise(target, cpu_params).double(), -1)
+    p = torch.softmax(standardise(draft, cpu_params).double(), -1)
+    m = _children(parents)
+    checked = 0
+    for b in range(batch):
+        if temperature[b] == 0:
+            continue
+        for node in range(n - 1):  # the last node has no children
+            lam = 1.0
+            for k in range(1, int(m[b, node])):
+                w = float((q[b, node] - lam * p[b, node]).clamp(min=0).sum())
+                assert float(mass[b, node, k]) == pytest.approx(w, rel=1e-4, abs=1e-6), (b, node, k)
+                lam += w
+                checked += 1
+    assert checked >= 3 * batch - 3, checked
