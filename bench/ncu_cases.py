@@ -1,14 +1,17 @@
 """Eager calls of one verify case, for a hardware-counter profiler to read (GPU only):
 
-    ncu --clock-control none -k regex:residual_mass --launch-skip 5 --launch-count 5 \
-        --section SpeedOfLight ... python3 bench/ncu_cases.py --case tree_t1
+    ncu --clock-control none -k regex:residual --launch-count 8 --section SpeedOfLight ... \
+        --csv --page details --log-file F python3 bench/ncu_cases.py --case tree_t1 --calls 1
+(`bash bench/run_gpu.sh ncu` runs every case so.)
 
 Cases (V = 128256, bf16 logits, the shapes of issue 25's rows):
-  tree_t1          tree_verify B = 1, N = 64 (TokenTree.default), T = 1: select, 5 residual_mass, walk, emit
+  tree_t1          tree_verify B = 1, N = 64 (TokenTree.default), T = 1: select, residual_rows, 5 residual_mass,
+                   walk, emit
   chain_b64_greedy chain_verify B = 64, K = 4, greedy: the streaming pass that ran at 36% of the roofline
   chain_b64_t1     chain_verify B = 64, K = 4, T = 1
-Each case is called --calls times (the first compiles); nothing is timed here: the profiler reads
-the launches (--launch-skip past the first call's)."""
+Each case is called --calls times; nothing is timed here. The first call compiles, which launches
+no kernel, and Nsight Compute flushes the caches before each kernel it replays, so one call is
+enough to read every launch of a case."""
 import argparse
 import sys
 from pathlib import Path
