@@ -9,9 +9,9 @@ Cases (V = 128256, bf16 logits, the shapes of issue 25's rows):
                    walk, emit
   chain_b64_greedy chain_verify B = 64, K = 4, greedy: the streaming pass that ran at 36% of the roofline
   chain_b64_t1     chain_verify B = 64, K = 4, T = 1
-Each case is called --calls times; nothing is timed here. The first call compiles, which launches
-no kernel, and Nsight Compute flushes the caches before each kernel it replays, so one call is
-enough to read every launch of a case."""
+Each case is called --calls times; nothing is timed here. The profiler reads the kernels it
+names (-k), replaying each with the caches flushed, so one call (which also compiles) is enough
+to read every launch of a case."""
 import argparse
 import sys
 from pathlib import Path
