@@ -16,7 +16,9 @@ Per run: tokens/s (all new tokens / wall time, prefill and graph capture include
 has loop_tokens_per_s without them), alpha, c, Leviathan Theorem 3.8's predicted speedup from
 that run's alpha and c beside the measured one (over ours_plain), iterations run vs needed (the run-ahead bound, run_ahead.py), host ms per
 iteration (wall - prefill - capture - draft - target phases), and tokens/s against the HBM
-ceiling of plain decoding: batch * measured copy bandwidth / weight bytes read per step.
+ceiling of plain decoding: batch * the measured ceiling bandwidth / weight bytes read per step (on
+CUDA the larger of a copy's and a read's rate, as bench/profile_step.py; runs before 2026-11-27
+used an eager copy's rate, read + written: bench/scale_models.py ceiling_bandwidth).
 
     python bench/bench_scale.py --preset headline          # B=1 greedy, agreement 0.8, K 2..8, all methods
     python bench/bench_scale.py --preset batch|sampling|agreement|full
@@ -229,22 +231,25 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     target = sm.build_target(shape, device)
     draft = sm.draft_of(target, args.draft_layers)
-    bandwidth = sm.copy_bandwidth(device, 64 if device.type == "cpu" else 1024)
+    ceiling = sm.ceiling_bandwidth(device)
+    bandwidth = ceiling["ceiling_Bps"]
     weight_bytes = sm.weight_bytes_per_step(target)
     ceiling_b1 = bandwidth / weight_bytes
     env = environment(device)
     stem = f"scale_{env['device_name'].lower().replace(' ', '_')}" + (f"_{args.preset}" if args.preset else "")
     stem += "_tiny" if args.tiny else ""
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{stem}.json"
-    result = dict(env, models=sm.describe(shape, args.draft_layers), copy_bandwidth_Bps=bandwidth,
+    result = dict(env, models=sm.describe(shape, args.draft_layers), copy_bandwidth_Bps=ceiling["copy_Bps"],
+                  read_bandwidth_Bps=ceiling["read_Bps"], ceiling_bandwidth_Bps=bandwidth, ceiling_basis=ceiling["basis"],
                   weight_bytes_per_step=weight_bytes, ceiling_tok_s_b1=ceiling_b1, new_tokens=args.new_tokens,
                   prompt_len=args.prompt_len, modes={m: MODES[m] for m in args.modes}, preset=args.preset,
                   acceptance_note="acceptance is SET by scaling the target's residual writes (o_proj, down_proj): "
                                   "random-weight speed stand-ins, not language models",
                   build_s=time.perf_counter() - start, calibrations=[], rows=[], stopped_early=None)
     print(f"{env['device']}: {result['models']}", flush=True)
-    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, {weight_bytes / 1e9:.2f} GB of weights per step: plain-decoding "
-          f"HBM ceiling {ceiling_b1:.1f} tok/s per row; built in {result['build_s']:.1f} s", flush=True)
+    print(f"ceiling bandwidth {bandwidth / 1e12:.2f} TB/s ({ceiling['basis']}), {weight_bytes / 1e9:.2f} GB of weights "
+          f"per step: plain-decoding HBM ceiling {ceiling_b1:.1f} tok/s per row; built in {result['build_s']:.1f} s",
+          flush=True)
     gen = torch.Generator().manual_seed(7)
     calib_tokens = torch.randint(3, shape["vocab_size"], (4, min(64, args.prompt_len * 2)), generator=gen).to(device)
     for goal in args.agreements:

@@ -157,28 +157,25 @@ def weight_bytes_per_step(model, batch: int = 1) -> int:
     return total
 
 
-def copy_bandwidth(device, megabytes: int = 1024, repeats: int = 10) -> float:
-    """Measured device copy bandwidth, bytes read + written per second (the HBM ceiling's unit)."""
+def ceiling_bandwidth(device) -> dict:
+    """{"copy_Bps", "read_Bps", "ceiling_Bps", "basis"} of the plain-decoding ceiling: on CUDA
+    bench/gpu_timing.hbm_ceiling_bandwidth (the larger of a copy's and a read's rate, as
+    profile_step; an H200 copied at 2.71-4.23 TB/s depending on how it was timed and read at
+    4.28); on the CPU a 64 MiB copy's read + written bytes per second (no read measurement)."""
     device = torch.device(device)
-    n = megabytes * 2**20 // 2
-    src = torch.empty(n, dtype=torch.bfloat16, device=device).fill_(1.0)
+    if device.type == "cuda":
+        from gpu_timing import hbm_ceiling_bandwidth
+
+        return hbm_ceiling_bandwidth(device)
+    src = torch.ones(32 * 2**20, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            dst.copy_(src)
-        end.record()
-        end.synchronize()
-        seconds = start.elapsed_time(end) / 1000.0
-    else:
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            dst.copy_(src)
-        seconds = time.perf_counter() - t0
-    return 2 * src.numel() * src.element_size() * repeats / seconds
+    repeats = 10
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    copy = 2 * src.numel() * src.element_size() * repeats / (time.perf_counter() - t0)
+    return {"copy_Bps": copy, "read_Bps": None, "ceiling_Bps": copy, "basis": "copy (read + written)"}
 
 
 def describe(shape: dict, draft_layers: int) -> str:

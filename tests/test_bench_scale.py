@@ -57,6 +57,8 @@ def test_tiny_run_end_to_end(tmp_path, monkeypatch):
     data = json.loads(out.read_text())
     assert data["rows"] == json.loads(json.dumps(result["rows"]))
     assert "acceptance is SET by scaling" in data["acceptance_note"]
+    assert data["ceiling_bandwidth_Bps"] == data["copy_bandwidth_Bps"] > 0  # the CPU: a copy's rate
+    assert data["ceiling_basis"] == "copy (read + written)" and data["read_bandwidth_Bps"] is None
     assert abs(data["calibrations"][0]["agreement"] - 0.8) < 0.1
     rows = {row["method"]: row for row in data["rows"]}
     assert set(rows) == {"hf_generate", "hf_assisted", "ours_plain", "ours_K2", "ours_K9"}
