@@ -159,8 +159,8 @@ def run(shapes, device, smoke: bool) -> list:
         if smoke:
             chunk, block_v = 512, 128
         else:
-            plan = plan_launches(batch, 4, vocab, True, num_sms=torch.cuda.get_device_properties(device).multi_processor_count,
-                                 interpreting=False, modes=frozenset({"plain"}))
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            plan = plan_launches(batch, 4, vocab, True, num_sms=sms, interpreting=False, modes=frozenset({"plain"}))
             chunk, block_v = plan.emit_chunk, plan.emit_block_v
         for form in FORMS:
             launch, tokens = draw(r, seed, offset, position, form, chunk, block_v)

@@ -240,7 +240,8 @@ def main(argv=None) -> dict:
     stem += "_tiny" if args.tiny else ""
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{stem}.json"
     result = dict(env, models=sm.describe(shape, args.draft_layers), copy_bandwidth_Bps=ceiling["copy_Bps"],
-                  read_bandwidth_Bps=ceiling["read_Bps"], ceiling_bandwidth_Bps=bandwidth, ceiling_basis=ceiling["basis"],
+                  read_bandwidth_Bps=ceiling["read_Bps"], ceiling_bandwidth_Bps=bandwidth,
+                  ceiling_basis=ceiling["basis"],
                   weight_bytes_per_step=weight_bytes, ceiling_tok_s_b1=ceiling_b1, new_tokens=args.new_tokens,
                   prompt_len=args.prompt_len, modes={m: MODES[m] for m in args.modes}, preset=args.preset,
                   acceptance_note="acceptance is SET by scaling the target's residual writes (o_proj, down_proj): "

@@ -186,9 +186,8 @@ def tree_kernel_sequence(plan: TreePlan, workspace: bool = False) -> list[str]:
     KernelWorkspace (the engine's tree loop), which leaves out the two zero fills."""
     fills = [] if workspace else ["zero fill: counters", "zero fill: dummy drafts"]
     walk = "walk_parallel" if plan.walk_parallel else "walk"
-    return (fills + select_sequence(plan.stats)
-            + (["residual_rows"] + ["residual_mass"] * plan.residual_launches if plan.residual_launches else []) + [walk]
-            + (["emit"] if plan.emits else []))
+    residual = ["residual_rows"] + ["residual_mass"] * plan.residual_launches if plan.residual_launches else []
+    return fills + select_sequence(plan.stats) + residual + [walk] + (["emit"] if plan.emits else [])
 
 
 def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, modes=("plain",),

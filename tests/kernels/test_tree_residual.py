@@ -64,8 +64,7 @@ def _bushy_problem(batch: int, n: int, vocab: int, seed: int, temperature: torch
     parents = torch.full((batch, n), -1, dtype=torch.int64)
     for i in range(1, n):
         parents[:, i] = (torch.rand(batch, generator=g) * min(i, 3)).long()
-    parents[-1, 3::3] = -1
-    parents[-1] = torch.where((parents[-1] > 0) & (parents[-1].clamp(min=0) % 3 == 0), -1, parents[-1])
+    parents[-1, 3::3] = -1  # absent (no node hangs under them: parents are 0, 1 or 2)
     probs = torch.softmax(draft / temperature.clamp(min=1e-3)[:, None, None], -1)
     tokens = torch.zeros(batch, n, dtype=torch.int64)
     for i in range(1, n):
@@ -78,7 +77,6 @@ def _bushy_problem(batch: int, n: int, vocab: int, seed: int, temperature: torch
     first_two = at_parent.gather(-1, ordinal.clamp(max=1)[..., None])[..., 0]
     tokens = torch.where(ordinal < 2, first_two, tokens)
     return target, draft, tokens, parents, ordinal
-    return target, draft, tokens, parents
 
 
 @pytest.mark.parametrize("batch,n,vocab,num_chunks", SPLITS)
@@ -126,8 +124,9 @@ def test_masses_equal_a_torch_sum(batch, n, vocab, num_chunks, mode, device):
     target, draft, _, parents, _ = _bushy_problem(batch, n, vocab, seed, temperature)
     params = make_sampling_tensors(batch, device, **{name: v.to(device) if torch.is_tensor(v) else v
                                                      for name, v in kw.items()})
-    plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=None, num_sms=launcher._num_sms(torch.device(device)),
-                     interpreting=device == "cpu", num_chunks=num_chunks)
+    plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=None,
+                     num_sms=launcher._num_sms(torch.device(device)), interpreting=device == "cpu",
+                     num_chunks=num_chunks)
     dev_target, dev_draft, dev_parents = target.to(device), draft.to(device), parents.to(device)
     stats, tickets = launcher._node_stats(dev_target, dev_draft, params, plan)
     tickets = tickets[:plan.residual_tickets]
