@@ -3,6 +3,7 @@ arrival for a reason the CPU could have seen. --dry-run prints every part withou
 part's script must exist and take every flag the stage gives it, and the deadline must behave."""
 import re
 import shlex
+import sys
 import subprocess
 from pathlib import Path
 
@@ -71,3 +72,13 @@ def test_an_unknown_stage_is_refused():
     done = subprocess.run(["bash", str(ROOT / "bench" / "run_gpu.sh"), "--dry-run", "nope"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and "usage" in done.stdout
+
+
+def test_the_ncu_stage_names_cases_that_exist():
+    """`ncu` profiles bench/ncu_cases.py's cases by name: each name it passes is one of CASES (its
+    import needs no GPU: the cases build their tensors only when called)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ncu_cases
+
+    named = [args[args.index("--case") + 1] for _, *args in python_parts(dry_run("ncu", DEADLINE_S="100000"))]
+    assert named and set(named) <= set(ncu_cases.CASES), named
