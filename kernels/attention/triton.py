@@ -305,9 +305,11 @@ MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) 
 # split counts, bf16, 32 q / 8 kv heads, D = 128) measured at 1k tokens, B = 1: 1 split 23.4 us,
 # 2 splits 15.3, 4 splits 10.8 (SDPA flash on dense K/V: 11.2); B = 8: 24.6 / 17.2 / 14.0; N = 5
 # alike (29.4 -> 12.7 at B = 1). One program per KV head walking the whole table leaves the SMs
-# idle; the merge launch costs less than that. Not yet measured: a row much shorter than its
-# table (the kernel divides the row's actual length over the splits; the sweep's
-# short-row-in-table rows time it).
+# idle; the merge launch costs less than that. A row much shorter than its table pays for it
+# (the kernel divides the row's actual length over the splits the table chose): a 128-token row
+# in a 1k / 8k table took 8.7 / 9.8 us against 6.6 with one split (H200, B = 1, N = 1,
+# bench_attention's short_row rows, bench/results/h200_2026-11-27b). Kept: the split count is
+# static for graph capture, and rows grow.
 MAX_HEAD_DIM = 256
 # Where the split partials are merged: False, a second launch (_merge_splits); True, inside the
 # split launch by the split that finishes last (_combine_splits after a ticket,

@@ -94,6 +94,12 @@ class ResidualGrid:
         return max(self.programs, self.tiles(batch, n)) * self.block_s
 
 
+def _block_v(vocab: int, block_v: int | None, interpreting: bool) -> int:
+    """The vocab block of the residual and emission kernels: block_v (tests) or the whole
+    vocabulary up to MAX_BLOCK_V (the interpreter: MAX_BLOCK_V_INTERPRETER)."""
+    return block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
+
+
 def _residual_grid(batch: int, n: int, vocab: int, block_v: int | None, num_chunks: int | None, num_sms: int,
                    interpreting: bool) -> ResidualGrid:
     """PROGRAMS_PER_SM programs per SM, one node per tile: whatever the number of nodes with
@@ -102,7 +108,7 @@ def _residual_grid(batch: int, n: int, vocab: int, block_v: int | None, num_chun
     one node per tile made the 4000-row statistical tests take 3 minutes each).
     num_chunks (tests): num_chunks * batch programs, about num_chunks chunks per node when each
     row has one node with siblings."""
-    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
+    block_v = _block_v(vocab, block_v, interpreting)
     block_b = triton.next_power_of_2(batch)
     # a tile's slots find their rows in a [block_s, block_b] comparison: within Triton's largest tensor
     block_s = max(1, min(TILE_INTERPRETER // block_v, MAX_TENSOR // block_b)) if interpreting else 1
@@ -141,7 +147,7 @@ def _tiling(rows: int, vocab: int, block_v: int | None, num_chunks: int | None, 
             interpreting: bool) -> VocabTiling:
     """[BLOCK_R, BLOCK_V] tiles over rows of vocab entries, the vocab split so that a few
     programs per SM work (chunks are multiples of block_v)."""
-    block_v = block_v or min(triton.next_power_of_2(vocab), MAX_BLOCK_V_INTERPRETER if interpreting else MAX_BLOCK_V)
+    block_v = _block_v(vocab, block_v, interpreting)
     budget = TILE_INTERPRETER if interpreting else TILE
     block_r = max(1, min(triton.next_power_of_2(rows), budget // block_v))
     tiles = triton.cdiv(rows, block_r)
