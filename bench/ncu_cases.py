@@ -9,6 +9,9 @@ Cases (V = 128256, bf16 logits, the shapes of issue 25's rows):
                    walk, emit
   chain_b64_greedy chain_verify B = 64, K = 4, greedy: the streaming pass that ran at 36% of the roofline
   chain_b64_t1     chain_verify B = 64, K = 4, T = 1
+  chain_b1_<mode>  chain_verify B = 1, K = 4, mode greedy / t1 / topk50 / topp09: the B = 1 rows of issue 25
+                   (12 / 27 / 86 / 110 us on the H200 where the targets are 8 / 15 / 30 / 30)
+  tree_b8_t1       tree_verify B = 8, N = 64, T = 1 (its residual launches: 234 of 403 us)
 Each case is called --calls times; nothing is timed here. The profiler reads the kernels it
 names (-k), replaying each with the caches flushed, so one call (which also compiles) is enough
 to read every launch of a case."""
@@ -22,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def tree_t1(device):
+def tree_t1(device, batch=1):
     from specdec_fast.drafters.token_tree import TokenTree
     from specdec_fast.kernels import make_sampling_tensors
     from specdec_fast.kernels._workspace import KernelWorkspace
@@ -30,33 +33,38 @@ def tree_t1(device):
 
     vocab, n = 128256, 64
     g = torch.Generator(device="cpu").manual_seed(0)
-    target = (torch.randn(1, n, vocab, generator=g) * 3).to(device, torch.bfloat16)
-    draft = (target.float() + torch.randn(1, n, vocab, generator=g).to(device)).to(torch.bfloat16)
+    target = (torch.randn(batch, n, vocab, generator=g) * 3).to(device, torch.bfloat16)
+    draft = (target.float() + torch.randn(batch, n, vocab, generator=g).to(device)).to(torch.bfloat16)
     tree = TokenTree.default(n)
-    parents = torch.tensor(tree.parents, device=device).expand(1, -1)
-    tokens = torch.randint(0, vocab, (1, n), generator=g).to(device)
-    params = make_sampling_tensors(1, device, seed=0, temperature=1.0)
+    parents = torch.tensor(tree.parents, device=device).expand(batch, -1)
+    tokens = torch.randint(0, vocab, (batch, n), generator=g).to(device)
+    params = make_sampling_tensors(batch, device, seed=0, temperature=1.0)
     ws = KernelWorkspace()
     return lambda: tree_verify_triton(target, draft, tokens, parents, params, workspace=ws,
                                       max_children=tree.max_children)
 
 
-def chain_b64(device, temperature):
+def chain(device, batch, **sampling):
     from verify_gpu_table import make_logits
 
     from specdec_fast.kernels import make_sampling_tensors
     from specdec_fast.kernels._workspace import KernelWorkspace
     from specdec_fast.kernels.verify.triton import chain_verify_triton
 
-    batch, k, vocab = 64, 4, 128256
+    k, vocab = 4, 128256
     target, draft, tokens = make_logits(batch, k, vocab, "random", device, torch.bfloat16)
-    params = make_sampling_tensors(batch, device, seed=0, temperature=temperature)
+    params = make_sampling_tensors(batch, device, seed=0, **sampling)
     ws = KernelWorkspace()
     return lambda: chain_verify_triton(target, draft, tokens, params, workspace=ws)
 
 
-CASES = {"tree_t1": tree_t1, "chain_b64_greedy": lambda d: chain_b64(d, 0.0),
-         "chain_b64_t1": lambda d: chain_b64(d, 1.0)}
+CASES = {"tree_t1": tree_t1, "tree_b8_t1": lambda d: tree_t1(d, batch=8),
+         "chain_b64_greedy": lambda d: chain(d, 64, temperature=0.0),
+         "chain_b64_t1": lambda d: chain(d, 64, temperature=1.0),
+         "chain_b1_greedy": lambda d: chain(d, 1, temperature=0.0),
+         "chain_b1_t1": lambda d: chain(d, 1, temperature=1.0),
+         "chain_b1_topk50": lambda d: chain(d, 1, temperature=1.0, top_k=50),
+         "chain_b1_topp09": lambda d: chain(d, 1, temperature=1.0, top_p=0.9)}
 
 
 def main(argv=None):

@@ -177,8 +177,10 @@ stage_ncu() {
   [ -n "$ncu_bin" ] || ncu_bin=ncu
   local sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats"
   sections="$sections --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
+  # NCU_CASES="name:kernel-regex ..." picks other cases (bench/ncu_cases.py names them), e.g. the B = 1 rows:
+  #   NCU_CASES="chain_b1_t1:select|emit chain_b1_topk50:select|emit chain_b1_topp09:select|emit tree_b8_t1:residual"
   local case_ kernels
-  for case_ in "tree_t1:residual_mass" "chain_b64_greedy:select" "chain_b64_t1:select|emit"; do
+  for case_ in ${NCU_CASES:-tree_t1:residual_mass chain_b64_greedy:select chain_b64_t1:select|emit}; do
     kernels=${case_#*:}
     # shellcheck disable=SC2086
     run --cap 100 "$ncu_bin" --clock-control none -k "regex:$kernels" --launch-count 8 $sections --csv --page details \
