@@ -24,6 +24,13 @@ SAMPLE = 1024
 SAMPLE_RUN = 32
 SAMPLE_GROUP = 16  # 64 candidate thresholds
 SAMPLE_SUB = 32  # [64, 32] compares per step: 8 per thread at 8 warps
+# Rungs placed once per row by their own launch (_triton_select_rungs.py) where a row's streaming
+# programs number at least this many; below, each streaming program places them itself. H200,
+# B = 1, K = 4, V = 128256 (Nsight Compute, bench/results/h200_2026-11-27c): with 63 programs a
+# row placing the same rungs, the streaming launch took 34.2 us at top_k = 50 and 41.6 at
+# top_p = 0.9 against 7.5 us at T = 1 (about 7x the instructions). One program a row
+# (B >= 118 at K = 4 on 132 SMs) has nothing to share.
+RUNGS_LAUNCH_MIN_CHUNKS = 2
 # Selection, large vocabularies: the streaming launch takes one row chunk per program,
 # BLOCK_V values per step (4 KiB of bf16) at 8 warps (lean: 77-109 registers at sm_90, two or
 # three programs per SM: it must keep occupancy); the finishing launch one row per program at
@@ -116,6 +123,12 @@ class LaunchPlan:
     selects: bool = True
     # the emission's pass with per-lane maxima (_triton_emit.py LANES)
     emit_lanes: bool = False
+    # the rungs are placed by their own launch before the streaming one (grid (rows,),
+    # _triton_select_rungs.py), not by every streaming program (RUNGS_LAUNCH_MIN_CHUNKS)
+    rungs_launch: bool = False
+    # the emission's ratio test one position after another (_triton_emit._ratio_test_loop: the
+    # penalised kernels' form; without penalties only for side-by-side timing)
+    emit_ratio_loop: bool = False
 
     @property
     def select_grid(self) -> tuple:
@@ -150,7 +163,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   num_chunks: int | None = None, cap: int | None = None,
                   stream_lanes: bool | None = None, penalties: bool = False,
                   stream_unroll: int | None = None, selects: bool | None = None,
-                  emit_lanes: bool | None = None) -> LaunchPlan:
+                  emit_lanes: bool | None = None, rungs_launch: bool | None = None,
+                  emit_ratio_loop: bool = False) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -164,7 +178,10 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
     them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
     emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
-    one block). stream_lanes measured on an H100 (112bf69,
+    one block). rungs_launch: the rungs placed by their own launch (None: where the streaming
+    kernel has the selection code and a row has at least RUNGS_LAUNCH_MIN_CHUNKS programs;
+    ignored without that code). emit_ratio_loop: the emission's ratio test one position after
+    another (the form before 2026-11-27; timing comparisons). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -205,12 +222,15 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     unroll = triton.next_power_of_2(max(1, stream_unroll or STREAM_UNROLL)) if stream_lanes else 1
     while unroll > 1 and s_chunk % (s_block_v * unroll):
         unroll //= 2
+    selects = finish or bool(selects)
+    if rungs_launch is None:
+        rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS
+    rungs_launch = bool(rungs_launch) and large and selects
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
-                      penalties, unroll, finish or bool(selects),
-                      bool(emit_lanes))
+                      penalties, unroll, selects, bool(emit_lanes), rungs_launch, bool(emit_ratio_loop))
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0
@@ -232,7 +252,8 @@ def host_modes(modes) -> frozenset | None:
 def select_sequence(plan: LaunchPlan) -> list[str]:
     """The selection launches of a plan (select_stats), in order, without fills or the emission."""
     if plan.large_vocab:
-        return ["select_stream", "select_finish"] if plan.finish else ["select_stream"]
+        rungs = ["select_rungs"] if plan.rungs_launch else []
+        return rungs + (["select_stream", "select_finish"] if plan.finish else ["select_stream"])
     return ["select_small_vocab"]
 
 
@@ -254,9 +275,10 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
 
     passes_over_logits counts reads of all the logits (HBM-sized at large batch): the streaming
     pass reads every distribution once; the emission reads the emitted position's target (and
-    draft) row. Reads that stay small are listed apart: the row sample of selecting rows (every
-    chunk of a row reads the same SAMPLE values twice: L2), the finishing reads (at most 3 CAP
-    gathered values per distribution), the K + 1 ratio-test gathers. The exact fallback (one
+    draft) row. Reads that stay small are listed apart: the row sample of selecting rows (SAMPLE
+    values read twice, from L2, by every streaming program of a row, or once by the rungs launch
+    where the plan has it), the finishing reads (at most 3 CAP gathered values per
+    distribution), the K + 1 ratio-test gathers. The exact fallback (one
     program sweeping its row when the sampled bounds miss) is a worst case per missed threshold,
     not counted: 1 + ~log2(values in the interval / CAP) passes over that row.
 
@@ -280,11 +302,14 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
     programs = {} if plan.greedy_tokens else {"emit": plan.emit_chunks / plan.emit_block_r}
     if plan.large_vocab:
         programs.update(select_stream=plan.select_chunks)
+        if plan.rungs_launch:
+            programs.update(select_rungs=1)
         if plan.finish:
             programs.update(select_finish=plan.finish_chunks)
     else:
         programs.update(select_small_vocab=1 / plan.select_block_r)
-    sample_reads = 2 * plan.sample * plan.select_chunks / vocab if (selects and plan.large_vocab) else 0.0
+    sample_placements = 1 if plan.rungs_launch else plan.select_chunks  # programs a row that place its rungs
+    sample_reads = 2 * plan.sample * sample_placements / vocab if (selects and plan.large_vocab) else 0.0
     return {
         "launches": len(kernels),
         "kernels": kernels,
@@ -304,6 +329,8 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         # per step of its per-lane loop
         "stream_select_code": plan.selects if plan.large_vocab else None,
         "stream_unroll": plan.stream_unroll if plan.large_vocab else None,
+        # the rungs placed once per row by their own launch (_triton_select_rungs.py)
+        "rungs_launch": plan.rungs_launch,
         # the emission's pass keeps per-lane maxima (None: no emission launch)
         "emit_lanes": None if plan.greedy_tokens else plan.emit_lanes,
         "candidate_cap": plan.cap if plan.large_vocab else None,

@@ -4,7 +4,9 @@ thresholds depend on (finished by _triton_select_finish.py). Glossary: _triton_c
 
 grid (R, NCHUNK), R = B * NPOS distributions, one row and one vocab chunk per program:
   1. rows with top-k / top-p / min-p read a small sample of their row and place six rungs
-     tau0 >= rung1 >= ... >= rung5 (_triton_sample.py), identically in every chunk;
+     tau0 >= rung1 >= ... >= rung5 (_triton_sample.py), identically in every chunk, or read
+     them from the launch before, which placed them once per row (RUNGS_GIVEN: the plan's
+     rungs_launch, _triton_select_rungs.py);
   2. each program streams its chunk once: online max / sum-exp / lowest argmax (all rows);
      gathers the top set x >= tau0 into the row's candidate region 0 (rows with any of the
      three modes), and for rows whose thresholds may lie below the top set (top-p without a
@@ -202,15 +204,17 @@ def select_stream_kernel(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
-    SELECTS: tl.constexpr, UNROLL: tl.constexpr,
+    SELECTS: tl.constexpr, UNROLL: tl.constexpr, RUNGS_GIVEN: tl.constexpr = False,
 ):
     """grid (R, NCHUNK): see the module docstring. LANES (the plan's stream_lanes): rows without
-    rungs stream with _stream_chunk_lanes, else with _stream_chunk. No penalties."""
+    rungs stream with _stream_chunk_lanes, else with _stream_chunk. RUNGS_GIVEN (the plan's
+    rungs_launch): gathering rows read their rungs from rungs_ptr, placed by
+    _triton_select_rungs.py, instead of placing them in every program. No penalties."""
     _select_stream(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
                    (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
-                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL)
+                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL, RUNGS_GIVEN)
 
 
 @triton.jit
@@ -224,7 +228,7 @@ def select_stream_penalised_kernel(
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
     SELECTS: tl.constexpr, UNROLL: tl.constexpr,
-    W: tl.constexpr, P0: tl.constexpr,
+    W: tl.constexpr, P0: tl.constexpr, RUNGS_GIVEN: tl.constexpr = False,
 ):
     """select_stream_kernel with penalties (kernels/penalties/triton.py: counts int32 [B, V] row
     stride s_cb, per-row repetition / frequency / presence fp32 [B], the W generated tokens
@@ -234,7 +238,7 @@ def select_stream_penalised_kernel(
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
                    (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
                    True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB,
-                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL)
+                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL, RUNGS_GIVEN)
 
 
 @triton.jit
@@ -246,7 +250,7 @@ def _select_stream(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
-    SELECTS: tl.constexpr, UNROLL: tl.constexpr,
+    SELECTS: tl.constexpr, UNROLL: tl.constexpr, RUNGS_GIVEN: tl.constexpr,
 ):
     """The streaming launch's program (r, c); pen_args: the penalties (kernels/penalties/triton.py)
     or (False,)."""
@@ -275,11 +279,14 @@ def _select_stream(
 
     rungs = tl.full([8], POS_INF, tl.float32)
     if SELECTS and gather:
-        rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k,
-                             tl.load(min_p_ptr + b), minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN,
-                             SAMPLE_GROUP, SAMPLE_SUB)
-        if c == 0:
-            tl.store(rungs_ptr + r * 8 + tl.arange(0, 8), rungs)
+        if RUNGS_GIVEN:  # placed once per row by the launch before (_triton_select_rungs.py)
+            rungs = tl.load(rungs_ptr + r * 8 + tl.arange(0, 8))
+        else:  # every program of the row places the same rungs (one program stores them)
+            rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k,
+                                 tl.load(min_p_ptr + b), minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE,
+                                 SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB)
+            if c == 0:
+                tl.store(rungs_ptr + r * 8 + tl.arange(0, 8), rungs)
     start = c * CHUNK
     m = tl.sum(tl.zeros([2], tl.float32), axis=0) + NEG_INF
     s = tl.sum(tl.zeros([2], tl.float32), axis=0)

@@ -10,7 +10,9 @@ then writes the argmax chain's tokens, _triton_greedy.py); unknown modes: all fo
   1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
      ONE pass over all logits: max / sum-exp / argmax partials per chunk. Rows with top-k,
      top-p or min-p first read a 1024-value sample of their row and place rungs
-     (_triton_sample.py), then, in the same pass, gather their top set (~8 k values for
+     (_triton_sample.py; where a row has several chunks, launch 1a, select_rungs
+     (_triton_select_rungs.py, grid (R,)), places them once per row before this launch
+     instead), then, in the same pass, gather their top set (~8 k values for
      k <= CAP / 16, else ~CAP / 4; integer atomics pick the slots) and count the exact count
      and mass at or above six rungs. Rows without those modes are merged and finished by
      their last program (integer ticket).
@@ -58,6 +60,7 @@ from ._triton_emit import emit_kernel, emit_penalised_kernel
 from ._triton_plan import (EMIT_NUM_WARPS, FINISH_NUM_WARPS, SMALL_NUM_WARPS, STREAM_NUM_WARPS, plan_launches,
                            verify_plan)
 from ._triton_select_finish import select_finish_kernel, select_finish_penalised_kernel
+from ._triton_select_rungs import select_rungs_kernel, select_rungs_penalised_kernel
 from ._triton_select_small import select_small_vocab_kernel, select_small_vocab_penalised_kernel
 from ._triton_select_stream import select_stream_kernel, select_stream_penalised_kernel
 from .._workspace import KernelWorkspace
@@ -177,14 +180,20 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
         candidates = torch.empty((rows, 3, plan.cap), **f32)
         rungs = torch.empty((rows, 8), **f32)
         fills, tickets, stream_tickets = counters[:2 * rows], counters[2 * rows:3 * rows], counters[3 * rows:4 * rows]
+        sample = dict(CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
+                      SAMPLE_SUB=plan.sample_sub)
+        if plan.rungs_launch:  # the rungs once per row (else every streaming program places them)
+            (select_rungs_penalised_kernel if pen else select_rungs_kernel)[(rows,)](
+                *common, rungs, npos, *strides, *token_strides, *pen_args, **pen_kw, V=vocab, K=k, BLOCK_K=block_k,
+                **sample, num_warps=STREAM_NUM_WARPS,
+            )
         (select_stream_penalised_kernel if pen else select_stream_kernel)[plan.select_grid](
             *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, *greedy[:3], npos,
             plan.select_chunks, *strides, *token_strides, greedy[3], *pen_args, **pen_kw, V=vocab, K=k,
             CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
-            BLOCK_C=triton.next_power_of_2(plan.select_chunks),
-            CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
-            SAMPLE_SUB=plan.sample_sub, **greedy_flags, LANES=plan.stream_lanes, SELECTS=plan.selects,
-            UNROLL=plan.stream_unroll, num_warps=STREAM_NUM_WARPS,
+            BLOCK_C=triton.next_power_of_2(plan.select_chunks), **sample, **greedy_flags, LANES=plan.stream_lanes,
+            SELECTS=plan.selects, UNROLL=plan.stream_unroll, RUNGS_GIVEN=plan.rungs_launch,
+            num_warps=STREAM_NUM_WARPS,
         )
         if plan.finish:  # some row may use top-k / top-p / min-p (the others are done already)
             minp_part = torch.empty((rows, plan.finish_chunks), dtype=torch.int64, device=device)
@@ -268,6 +277,7 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
         FENCE=fence, LANES=plan.emit_lanes, num_warps=EMIT_NUM_WARPS,
+        **({} if pen else dict(RATIO_LOOP=plan.emit_ratio_loop)),
     )
     return tokens, num_accepted, paths
 
@@ -286,6 +296,8 @@ def chain_verify_triton(
     stream_unroll: int | None = None,
     selects: bool | None = None,
     emit_lanes: bool | None = None,
+    rungs_launch: bool | None = None,
+    emit_ratio_loop: bool = False,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,7 +309,10 @@ def chain_verify_triton(
     _triton_plan.plan_launches); stream_unroll: blocks per step of the per-lane loop (None: the
     plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
     kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
-    (None: the plan's choice: where a program streams more than one block). return_paths: also
+    (None: the plan's choice: where a program streams more than one block); rungs_launch: the
+    rungs placed by their own launch (None: the plan's choice, _triton_plan.RUNGS_LAUNCH_MIN_CHUNKS);
+    emit_ratio_loop: the emission's ratio test one position after another, as before 2026-11-27
+    (timing comparisons; penalised calls always take it). return_paths: also
     return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
@@ -305,7 +320,8 @@ def chain_verify_triton(
     if return_paths and workspace is not None:
         raise ValueError("return_paths needs the per-call counters: pass no workspace")
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
-                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes)
+                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
+                     rungs_launch=rungs_launch, emit_ratio_loop=emit_ratio_loop)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -326,6 +342,8 @@ def sample_triton(
     stream_unroll: int | None = None,
     selects: bool | None = None,
     emit_lanes: bool | None = None,
+    rungs_launch: bool | None = None,
+    emit_ratio_loop: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
@@ -336,7 +354,8 @@ def sample_triton(
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
-                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes)
+                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
+                     rungs_launch=rungs_launch, emit_ratio_loop=emit_ratio_loop)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens, workspace)
     return tokens[:, 0]

@@ -30,6 +30,8 @@ from specdec_fast.kernels.verify import _triton_plan as plans  # noqa: E402
 from specdec_fast.kernels.verify._triton_emit import emit_kernel, emit_penalised_kernel  # noqa: E402
 from specdec_fast.kernels.verify._triton_select_finish import (select_finish_kernel,  # noqa: E402
                                                                select_finish_penalised_kernel)
+from specdec_fast.kernels.verify._triton_select_rungs import (select_rungs_kernel,  # noqa: E402
+                                                              select_rungs_penalised_kernel)
 from specdec_fast.kernels.verify._triton_select_small import (select_small_vocab_kernel,  # noqa: E402
                                                               select_small_vocab_penalised_kernel)
 from specdec_fast.kernels.verify._triton_select_stream import (select_stream_kernel,  # noqa: E402
@@ -42,7 +44,8 @@ POINTER_TYPES = {
     "paths_ptr": "*i32", "rungs_ptr": "*fp32", "row_ticket_ptr": "*i32", "counts_ptr": "*i32", "pen_tokens_ptr": "*i64",
 }
 PENALISED = {select_stream_kernel: select_stream_penalised_kernel, select_finish_kernel: select_finish_penalised_kernel,
-             select_small_vocab_kernel: select_small_vocab_penalised_kernel, emit_kernel: emit_penalised_kernel}
+             select_small_vocab_kernel: select_small_vocab_penalised_kernel, emit_kernel: emit_penalised_kernel,
+             select_rungs_kernel: select_rungs_penalised_kernel}
 
 
 def ptx_hash(ptx: str) -> str:
@@ -80,11 +83,15 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
     greedy = dict(GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=plan.has_draft,
                   BLOCK_K1=triton.next_power_of_2(k + 1), FENCE=True)
     if plan.large_vocab:
+        sample = dict(CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
+                      SAMPLE_SUB=plan.sample_sub)
+        if plan.rungs_launch:
+            yield select_rungs_kernel, plans.STREAM_NUM_WARPS, dict(V=vocab, K=k, BLOCK_K=block_k, **sample)
         yield select_stream_kernel, plans.STREAM_NUM_WARPS, dict(
             V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
-            BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, SAMPLE=plan.sample,
-            SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group, SAMPLE_SUB=plan.sample_sub,
-            LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll, **greedy)
+            BLOCK_C=triton.next_power_of_2(plan.select_chunks), **sample,
+            LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll, RUNGS_GIVEN=plan.rungs_launch,
+            **greedy)
         if plan.finish:
             yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
                 V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,

@@ -45,7 +45,10 @@ def test_penalised_launches_follow_the_plan(device):
             with TritonLaunches() as rec:
                 run()
             names = [launch.kernel.rsplit(".", 1)[1].removesuffix("_kernel") for launch in rec.launches]
-            assert names == plan["kernels"][1:], (names, plan["kernels"])  # the zero fill is a torch op
+            # the zero fill is a torch op; the rungs launch follows the chunks a row gets on this device
+            # (verify_plan sizes them for a GPU, the interpreter streams a row in one program)
+            assert names == [n for n in plan["kernels"][1:] if n != "select_rungs_penalised" or torch.device(device).type == "cuda"], \
+                (names, plan["kernels"])
             assert all("'enable_fp_fusion': False" in launch.key for launch in rec.launches)
 
 

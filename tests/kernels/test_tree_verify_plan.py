@@ -22,7 +22,7 @@ V_LLAMA3 = 128256
 # fills). Greedy: the statistics and the walk (which writes the final node's argmax); sampled
 # children add the list of nodes with siblings, a residual-mass launch per sibling after the first
 # and the emission; truncation adds the finishing launch; deterministic (top-b) children need no
-# residual masses.
+# residual masses; truncation also places each row's rungs once (its streaming programs share them).
 WALK = "walk_parallel" if WALK_PARALLEL else "walk"  # the GPU plan's walk (_triton_plan.WALK_PARALLEL)
 SAMPLED_TAIL = ["residual_rows"] + ["residual_mass"] * 3 + [WALK, "emit"]
 LAUNCHES = [  # (modes, has_draft, kernels)
@@ -31,8 +31,8 @@ LAUNCHES = [  # (modes, has_draft, kernels)
     pytest.param(("plain",), True, ["select_stream"] + SAMPLED_TAIL, id="plain-sampled"),
     pytest.param(("plain",), False, ["select_stream", WALK, "emit"], id="plain-top"),
     pytest.param(("greedy", "plain"), True, ["select_stream"] + SAMPLED_TAIL, id="mixed-sampled"),
-    pytest.param(("top_k",), True, ["select_stream", "select_finish"] + SAMPLED_TAIL, id="top_k-sampled"),
-    pytest.param(None, True, ["select_stream", "select_finish"] + SAMPLED_TAIL, id="unknown-sampled"),
+    pytest.param(("top_k",), True, ["select_rungs", "select_stream", "select_finish"] + SAMPLED_TAIL, id="top_k-sampled"),
+    pytest.param(None, True, ["select_rungs", "select_stream", "select_finish"] + SAMPLED_TAIL, id="unknown-sampled"),
 ]
 
 

@@ -48,16 +48,18 @@ def test_draft_sampler_and_small_vocabularies():
 
 # Graph nodes per call by the modes known on the host (SamplingTensors.modes; None: unknown).
 # Verify: B = 1, K = 4 with draft logits; draft sample: K = 0 (the draft step samples K times).
+# Where a row may select (top-k / top-p / min-p), the large-vocabulary path places the rungs in a
+# launch of their own (B = 1: 63 streaming programs a row, B = 64: 2; sample: 63 / 17).
 LAUNCHES = [  # (modes, large-vocab verify, large-vocab draft sample, small-vocab verify)
-    (None, 4, 4, 3),
+    (None, 5, 5, 3),
     (("greedy",), 2, 2, 2),
     (("plain",), 3, 3, 3),
     (("greedy", "plain"), 3, 3, 3),
-    (("top_k",), 4, 4, 3),
-    (("top_p",), 4, 4, 3),
-    (("min_p",), 4, 4, 3),
-    (("greedy", "top_k"), 4, 4, 3),
-    (("plain", "top_k", "top_p", "min_p"), 4, 4, 3),
+    (("top_k",), 5, 5, 3),
+    (("top_p",), 5, 5, 3),
+    (("min_p",), 5, 5, 3),
+    (("greedy", "top_k"), 5, 5, 3),
+    (("plain", "top_k", "top_p", "min_p"), 5, 5, 3),
 ]
 
 
@@ -73,6 +75,27 @@ def test_launches_left_out_for_the_host_modes(modes, verify, draft_sample, small
     plan = verify_plan(1, 4, V_LLAMA3, True, modes)
     assert ("select_finish" in plan["kernels"]) == (plan["grids"]["finish"] is not None)
     assert ("emit" in plan["kernels"]) == (plan["grids"]["emit"] is not None)
+    assert ("select_rungs" in plan["kernels"]) == plan["rungs_launch"] == (plan["grids"]["finish"] is not None)
+
+
+def test_the_rungs_launch_where_a_row_has_several_streaming_programs():
+    """The rungs launch comes before the streaming launch, only with the selection code compiled
+    in and at least RUNGS_LAUNCH_MIN_CHUNKS programs a row; it reads each row's sample once."""
+    def plan(batch, **kw):
+        return plans.plan_launches(batch, 4, V_LLAMA3, True, num_sms=132, interpreting=False,
+                                   modes=frozenset({"top_k"}), **kw)
+
+    assert plan(1).rungs_launch and plan(1).select_chunks == 63
+    assert not plan(200).rungs_launch and plan(200).select_chunks == 1  # one program a row: nothing to share
+    assert not plan(1, rungs_launch=False).rungs_launch and plan(200, rungs_launch=True).rungs_launch
+    assert not plans.plan_launches(1, 4, V_LLAMA3, True, num_sms=132, interpreting=False, modes=frozenset({"plain"}),
+                                   rungs_launch=True).rungs_launch  # no selection code: no rungs
+    kernels = plans.kernel_sequence(plan(1))
+    assert kernels.index("select_rungs") + 1 == kernels.index("select_stream")
+    once, every = verify_plan(1, 4, V_LLAMA3, True, ("top_k",)), verify_plan(200, 4, V_LLAMA3, True, ("top_k",))
+    assert once["sample_reads_per_row_from_l2"] == pytest.approx(2 * 1024 / V_LLAMA3)
+    assert every["sample_reads_per_row_from_l2"] == pytest.approx(2 * 1024 / V_LLAMA3)  # one chunk: read once too
+    assert once["programs_per_row"]["select_rungs"] == 1 and "select_rungs" not in every["programs_per_row"]
 
 
 def test_unknown_mode_is_rejected():
@@ -102,7 +125,8 @@ def test_the_launcher_launches_what_the_plan_says(mode, monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launched.append((self.name, tuple(grid)))
 
-    for name in ("select_stream_kernel", "select_finish_kernel", "select_small_vocab_kernel", "emit_kernel"):
+    for name in ("select_rungs_kernel", "select_stream_kernel", "select_finish_kernel", "select_small_vocab_kernel",
+                 "emit_kernel"):
         monkeypatch.setattr(launcher, name, Recorder(name.removesuffix("_kernel")))
     for batch, k, vocab, has_draft in ((3, 2, 5000, True), (2, 0, 300, False), (65, 1, 48, False), (2, 0, 5000, False)):
         launched.clear()
@@ -117,15 +141,21 @@ def test_the_launcher_launches_what_the_plan_says(mode, monkeypatch):
         plan = plans.plan_launches(batch, k, vocab, has_draft, num_sms=1, interpreting=launcher.triton_interpreting(),
                                    modes=params.modes)
         assert [name for name, _ in launched] == plans.kernel_sequence(plan)[1:]
-        assert launched[0][1] == plan.select_grid
+        grids = dict(launched)
+        assert grids["select_small_vocab" if not plan.large_vocab else "select_stream"] == plan.select_grid
         assert plan.greedy_tokens == (mode == "greedy")
         if not plan.greedy_tokens:
             assert launched[-1][1] == plan.emit_grid
         if plan.large_vocab and plan.finish:
-            assert launched[1][1] == plan.finish_grid
-        # the plan verify_plan reports for these modes lists the same kernels
+            assert grids["select_finish"] == plan.finish_grid
+        if plan.rungs_launch:
+            assert grids["select_rungs"] == (plan.rows,)
+        # the plan verify_plan reports for these modes lists the same kernels (the rungs launch
+        # apart: it follows the chunks a row gets, and verify_plan sizes them for 132 SMs)
         named = None if params.modes is None else tuple(params.modes)
-        assert plans.verify_plan(batch, k, vocab, has_draft, named)["kernels"] == plans.kernel_sequence(plan)
+        reported = plans.verify_plan(batch, k, vocab, has_draft, named)["kernels"]
+        assert [n for n in reported if n != "select_rungs"] == [n for n in plans.kernel_sequence(plan)
+                                                                 if n != "select_rungs"]
 
 
 def test_the_streaming_kernel_compiles_the_select_code_only_where_a_row_may_use_it():

@@ -1,0 +1,107 @@
+"""The Triton verify's two latency changes of 2026-11-27 side by side (GPU), each against the
+form it replaced, in one run:
+  - the rungs launch (rungs_launch, kernels/verify/_triton_select_rungs.py): each selecting row's
+    rungs placed once by their own launch instead of by every streaming program of the row.
+    Nsight Compute on an H200 read the B = 1 streaming launch at 34.2 us with top_k = 50 and
+    41.6 us with top_p = 0.9 against 7.5 us at T = 1 (bench/results/h200_2026-11-27c): 63
+    programs a row, each placing the same rungs from a 1024-value sample.
+    Predicted: the streaming launch near T = 1's 7.5 us at B = 1 plus a ~3-4 us rungs launch,
+    20-25 us off the B = 1 top-k / top-p verify; little at B = 64 (2 programs a row).
+  - the emission's ratio test in one tile (_triton_emit._ratio_test) instead of one position
+    after another (emit_ratio_loop=True, the form before): the emission took 18.5 us at B = 1,
+    T = 1 where its pass is one 1024-value block a program; the loop held two dependent rounds
+    to memory per position. Predicted: 4-6 us off every sampled B = 1 verify.
+Ways: now (both changes), rungs_per_program (rungs_launch=False), ratio_loop
+(emit_ratio_loop=True), before (both forms replaced).
+
+For B in {1, 8, 64}, K = 4 with draft logits, V = 128256, modes T=1 / top_k=50 / top_p=0.9 /
+min_p=0.05: chain_verify_triton (and sample_triton, the draft sampler) as CUDA graph replays
+under do_bench (median us), each way, and whether each gives the torch reference's tokens.
+
+    python bench/bench_verify_latency.py [--budget-s S] [--out bench/results/verify_latency_<device>.json]
+    python bench/bench_verify_latency.py --smoke [--out F]   # a tiny shape through the CPU interpreter
+        (not a measurement; JSON only with --out: tests/test_bench_verify_latency.py)
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import versions  # noqa: E402
+from gpu_timing import RowBudget  # noqa: E402
+from verify_gpu_table import _time, make_logits  # noqa: E402
+
+from specdec_fast.kernels import make_sampling_tensors  # noqa: E402
+from specdec_fast.kernels.verify import chain_verify_reference, sample_reference  # noqa: E402
+
+MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05)}
+SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
+WAYS = {"now": {}, "rungs_per_program": dict(rungs_launch=False), "ratio_loop": dict(emit_ratio_loop=True),
+        "before": dict(rungs_launch=False, emit_ratio_loop=True)}
+SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs
+
+
+def main(argv=None) -> dict:
+    from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many seconds")
+    args = ap.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device (or --smoke)")
+    device = torch.device("cpu" if args.smoke else "cuda")
+    # the smoke shape: the large-vocabulary path with several chunks a row
+    ov = dict(cap=128, num_chunks=4, block_v=64) if args.smoke else {}
+    rows, budget = [], RowBudget(args.budget_s)
+    for batch, k, vocab in [(2, 2, 600)] if args.smoke else SHAPES:
+        target, draft, drafts = make_logits(batch, k, vocab, "random", device,
+                                            torch.float32 if args.smoke else torch.bfloat16)
+        logits = target[:, 0].contiguous()
+        positions = torch.zeros(batch, dtype=torch.int64, device=device)
+        for mode, kw in MODES.items():
+            if args.smoke and mode not in SMOKE_MODES:
+                continue
+            if not budget.allows(f"B={batch} K={k} V={vocab} {mode}"):
+                continue
+            params = make_sampling_tensors(batch, device, seed=1, **kw)
+            expected = chain_verify_reference(target, draft, drafts, params)
+            expected_sample = sample_reference(logits, params, positions, 2)
+            row = dict(B=batch, K=k, V=vocab, mode=mode)
+            for name, flags in WAYS.items():
+                way = dict(ov, **flags)
+                got = chain_verify_triton(target, draft, drafts, params, **way)
+                got_sample = sample_triton(logits, params, positions, 2, **way)
+                row[f"tokens_equal_reference_{name}"] = bool(torch.equal(got[0], expected[0])
+                                                             and torch.equal(got[1], expected[1])
+                                                             and torch.equal(got_sample, expected_sample))
+                row[f"verify_{name}_us"] = _time(lambda: chain_verify_triton(target, draft, drafts, params, **way),
+                                                 args.smoke)["median_us"]
+                row[f"sample_{name}_us"] = _time(lambda: sample_triton(logits, params, positions, 2, **way),
+                                                 args.smoke)["median_us"]
+            for name in WAYS:
+                row[f"verify_{name}_over_before"] = row[f"verify_{name}_us"] / row["verify_before_us"]
+                row[f"sample_{name}_over_before"] = row[f"sample_{name}_us"] / row["sample_before_us"]
+            rows.append(row)
+            ok = all(row[f"tokens_equal_reference_{name}"] for name in WAYS)
+            parts = " | ".join(f"{name} {row[f'verify_{name}_us']:.1f} / {row[f'sample_{name}_us']:.1f}" for name in WAYS)
+            print(f"B={batch} V={vocab} {mode} verify / sample us: {parts}{'' if ok else ' WRONG TOKENS'}", flush=True)
+    if args.smoke and not args.out:
+        print("smoke run: not a measurement; nothing written")
+        return dict(rows=rows)
+    name = "cpu (smoke: interpreter, not a measurement)" if args.smoke else torch.cuda.get_device_name(device)
+    timer = "wall clock, one call (smoke)" if args.smoke else "CUDA graph replay under triton.testing.do_bench: median (us)"
+    result = dict(device=name, versions=versions(), timer=timer, not_run=budget.not_run, rows=rows)
+    out = Path(args.out or Path(__file__).resolve().parent / "results" /
+               f"verify_latency_{name.lower().replace(' ', '_')}.json")
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

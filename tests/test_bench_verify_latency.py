@@ -1,0 +1,26 @@
+"""bench/bench_verify_latency.py on CPU under the interpreter (--smoke): the script runs every way on
+a shape with several chunks a row, each gives the reference's tokens, and the JSON holds the
+timings and their ratios to the form before."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import bench_verify_latency  # noqa: E402
+
+
+@pytest.mark.cpu_only  # the GPU mode's code on CPU tensors through the Triton interpreter
+def test_smoke_rows_give_the_reference_tokens_every_way(tmp_path):
+    out = tmp_path / "verify_latency_smoke.json"
+    bench_verify_latency.main(["--smoke", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["device"].startswith("cpu (smoke") and report["not_run"] == []
+    assert [r["mode"] for r in report["rows"]] == list(bench_verify_latency.SMOKE_MODES)
+    for row in report["rows"]:
+        for name in bench_verify_latency.WAYS:
+            assert row[f"tokens_equal_reference_{name}"] is True, (row["mode"], name)
+            assert row[f"verify_{name}_us"] > 0 and row[f"sample_{name}_us"] > 0
+        assert row["verify_now_over_before"] == row["verify_now_us"] / row["verify_before_us"]
