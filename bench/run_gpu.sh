@@ -12,8 +12,8 @@
 #     bash bench/run_gpu.sh limits     # issue 25 (H200: 224 s), most decisive first: plain decoding's step with the
 #                                      # cuBLAS / GEMV / GEMV+PDL layers (B=1), the verify rows of the
 #                                      # targets, attention's merge forms, tree_verify N=64 vs chain K=8,
-#                                      # the emission's noise forms (bench_noise.py), the rungs launch and
-#                                      # the ratio tile against their old forms (bench_verify_latency.py), the streaming
+#                                      # the emission's noise forms (bench_noise.py), the rungs launch
+#                                      # against its old form (bench_verify_latency.py), the streaming
 #                                      # variants, the step at B=8, the GEMV kernel vs cuBLAS;
 #                                      # then bench/issue25_report.py (targets met? levers to flip?)
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
@@ -135,7 +135,7 @@ stage_limits() {
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
   # the emission's noise forms (B = 64 T = 1: the emission is 2/3 of the verify): one Philox per 4 entries, the race
   run --cap 60 python3 bench/bench_noise.py --out "$results/noise_$dev.json"
-  # the rungs launch and the emission's ratio tile against the forms they replaced (B = 1 top-k / top-p rows)
+  # the rungs launch against every streaming program placing the rungs (the top-k / top-p / min-p rows)
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"

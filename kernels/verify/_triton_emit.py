@@ -183,9 +183,8 @@ def emit_kernel(
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr = False,
-    RATIO_LOOP: tl.constexpr = False,
 ):
-    """grid (cdiv(B, BLOCK_R), NCHUNK) (RATIO_LOOP: the plan's emit_ratio_loop, _emit): the ratio test of BLOCK_R rows, then one pass over a
+    """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows, then one pass over a
     vocab chunk of each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
     argmax(log max(q - p, 0) + G), G keyed by (seed, offset, j or positions[b], stream); the
     last program of the row tile merges them (_write_tokens). No penalties."""
@@ -193,7 +192,7 @@ def emit_kernel(
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,),
           False, V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE,
-          LANES, RATIO_LOOP)
+          LANES)
 
 
 @triton.jit
@@ -216,50 +215,36 @@ def emit_penalised_kernel(
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
           (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk), True, V,
-          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE, LANES, True)
+          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE, LANES)
 
 
 @triton.jit
-def _ratio_test(target_ptr, draft_ptr, tokens_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b, kb, temp, greedy,
-                min_p, seed, offset, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k, V: tl.constexpr, K: tl.constexpr,
-                HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """j [BLOCK_R]: the accepted drafts of rows b (their first rejection; K_b when none), every
-    position at once in [BLOCK_R, BLOCK_K] tiles, so that the loads (the drafts and the stats of
-    every distribution, then the logits at the drafts) are two dependent rounds to memory.
-    Measured (H200, B = 1, K = 4, Nsight Compute, bench/results/h200_2026-11-27c): the loop over
-    positions (_ratio_test_loop) held two rounds per position, and the emission launch took
-    18.5 us where its pass over the emitted row is one 1024-value block a program."""
-    i = tl.arange(0, BLOCK_K)[None, :] + tl.zeros([BLOCK_R], tl.int32)[:, None]
-    rows = b[:, None] + tl.zeros_like(i)
-    b64 = rows.to(tl.int64)
-    in_k = i < K
-    i_in = tl.where(in_k, i, 0)  # padding lanes read position 0 (never accepted)
-    x = tl.load(tokens_ptr + b64 * sx_b + i_in * sx_k)
-    x = tl.minimum(tl.maximum(x, 0), V - 1).to(tl.int32)
-    m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, rows * NPOS + i_in)
-    z = tl.load(target_ptr + b64 * st_b + i_in * st_k + x)
-    _, q_x = standardised(z, x, temp[:, None], greedy[:, None], m, s2, s3, tkey, amax, min_p[:, None])
-    if HAS_DRAFT_LOGITS:
-        m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, rows * NPOS + K + 1 + i_in)
-        z = tl.load(draft_ptr + b64 * sd_b + i_in * sd_k + x)
-        _, p_x = standardised(z, x, temp[:, None], greedy[:, None], m, s2, s3, tkey, amax, min_p[:, None])
-    else:
-        p_x = tl.full([BLOCK_R, BLOCK_K], 1.0, tl.float32)
-    u = uniform_from_bits(philox_bits(seed[:, None], offset[:, None], i_in, _STREAM_ACCEPT, tl.zeros_like(i)))
-    accept = in_k & (i < kb[:, None]) & (p_x > 0) & (u * p_x < q_x)
-    return tl.min(tl.where(accept, K, i), axis=1)  # the first rejection; K when all K are accepted
-
-
-@triton.jit
-def _ratio_test_loop(target_ptr, draft_ptr, tokens_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b, kb, temp, greedy,
-                     min_p, seed, offset, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k, pen_args, PENALTY: tl.constexpr,
-                     V: tl.constexpr, K: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_R: tl.constexpr):
-    """_ratio_test one position after another: the penalised kernels' form (the tile form failed
-    Triton 3.6's sm_90 compile with penalties at K = 1: TritonGPURemoveLayoutConversions, the
-    KNOWN_HARD shapes of tests/kernels/_compile_verify_kernels.py, as this loop did before the
-    comment below); without penalties, the form before 2026-11-27 (side-by-side timing)."""
+def _emit(
+    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr, s2_ptr,
+    s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
+    num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, pen_args,
+    PENALTY: tl.constexpr, V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
+    USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr,
+):
+    """The emission's program; pen_args: the penalties (kernels/penalties/triton.py) or (False,)."""
+    b, live = _tile_rows(B, BLOCK_R)
+    c = tl.program_id(1)
     b64 = b.to(tl.int64)
+    kb = num_drafts(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
+    t = tl.load(temperature_ptr + b)
+    temp = tl.where(t > 0, t, 1.0)
+    greedy = t == 0
+    min_p = tl.load(min_p_ptr + b)
+    seed = tl.load(seed_ptr + b)
+    offset = tl.load(offset_ptr + b)
     zero = tl.zeros([BLOCK_R], tl.int32)
+
+    # Ratio test: accept x_i iff p(x_i) > 0 and u_i * p(x_i) < q(x_i), until the first rejection.
+    # One position after another. All K positions in one [BLOCK_R, BLOCK_K] tile (two dependent
+    # rounds to memory instead of two per position) was measured against this loop on an H200
+    # (bench/results/h200_2026-11-27c, K = 4, V = 128256): B = 1 T = 1 verify 28.0 against 28.4 us,
+    # B = 64 T = 1 290.9 against 254.9 us. Not kept: the B = 1 emission's 18 us are not this chain.
     j = zero
     alive = kb >= 0
     # With penalties and K = 1, a runtime trip count (= K: NPOS > K) instead of the constexpr K.
@@ -271,7 +256,8 @@ def _ratio_test_loop(target_ptr, draft_ptr, tokens_ptr, m_ptr, s2_ptr, s3_ptr, t
     # K >= 2, which compiles), j is a loop result, and every K = 1 shape of the grid compiles (an
     # observation, not a guarantee: the pass is erratic). Neither W = 2 in penalise nor a K = 1
     # case of num_drafts fixed every shape; tests/kernels/_compile_verify_kernels.py --grid is the
-    # check.
+    # check. Penalty-free kernels keep
+    # the constexpr loop (their PTX is unchanged: tests/kernels/test_verify_triton_compiles.py).
     if PENALTY and K == 1:
         steps = tl.minimum(NPOS, K)
     else:
@@ -296,42 +282,6 @@ def _ratio_test_loop(target_ptr, draft_ptr, tokens_ptr, m_ptr, s2_ptr, s3_ptr, t
         accept = alive & (i < kb) & (p_x > 0) & (u * p_x < q_x)
         j += accept.to(tl.int32)
         alive = accept
-    return j
-
-
-@triton.jit
-def _emit(
-    target_ptr, draft_ptr, tokens_ptr, temperature_ptr, min_p_ptr, seed_ptr, offset_ptr, positions_ptr, m_ptr, s2_ptr,
-    s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr, out_ptr,
-    num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, pen_args,
-    PENALTY: tl.constexpr, V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
-    USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr, RATIO_LOOP: tl.constexpr,
-):
-    """The emission's program; pen_args: the penalties (kernels/penalties/triton.py) or (False,).
-    RATIO_LOOP: the ratio test one position after another (_ratio_test_loop: always with
-    penalties; without, for side-by-side timing only) instead of in one tile (_ratio_test)."""
-    b, live = _tile_rows(B, BLOCK_R)
-    c = tl.program_id(1)
-    b64 = b.to(tl.int64)
-    kb = num_drafts(tokens_ptr, b, sx_b, sx_k, K, BLOCK_K)
-    t = tl.load(temperature_ptr + b)
-    temp = tl.where(t > 0, t, 1.0)
-    greedy = t == 0
-    min_p = tl.load(min_p_ptr + b)
-    seed = tl.load(seed_ptr + b)
-    offset = tl.load(offset_ptr + b)
-    zero = tl.zeros([BLOCK_R], tl.int32)
-
-    # Ratio test: accept x_i iff p(x_i) > 0 and u_i * p(x_i) < q(x_i), until the first rejection.
-    if RATIO_LOOP:
-        j = _ratio_test_loop(target_ptr, draft_ptr, tokens_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b, kb, temp,
-                             greedy, min_p, seed, offset, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k, pen_args, PENALTY,
-                             V, K, HAS_DRAFT_LOGITS, BLOCK_R)
-    else:
-        j = _ratio_test(target_ptr, draft_ptr, tokens_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b, kb, temp,
-                        greedy, min_p, seed, offset, NPOS, st_b, st_k, sd_b, sd_k, sx_b, sx_k, V, K, HAS_DRAFT_LOGITS,
-                        BLOCK_R, BLOCK_K)
 
     # Emission at position j: residual max(q_j - p_j, 0) where rejected, else (and as the
     # fallback for an empty residual) q_j itself.

@@ -24,13 +24,17 @@ SAMPLE = 1024
 SAMPLE_RUN = 32
 SAMPLE_GROUP = 16  # 64 candidate thresholds
 SAMPLE_SUB = 32  # [64, 32] compares per step: 8 per thread at 8 warps
-# Rungs placed once per row by their own launch (_triton_select_rungs.py) where a row's streaming
-# programs number at least this many; below, each streaming program places them itself. H200,
-# B = 1, K = 4, V = 128256 (Nsight Compute, bench/results/h200_2026-11-27c): with 63 programs a
-# row placing the same rungs, the streaming launch took 34.2 us at top_k = 50 and 41.6 at
-# top_p = 0.9 against 7.5 us at T = 1 (about 7x the instructions). One program a row
-# (B >= 118 at K = 4 on 132 SMs) has nothing to share.
+# Rungs placed once per row by their own launch (_triton_select_rungs.py) where a row has at least
+# RUNGS_LAUNCH_MIN_CHUNKS streaming programs and the streaming grid is more than one wave of its
+# selecting programs (STREAM_SELECT_PROGRAMS_PER_SM resident: 128 registers x 256 threads, 25%
+# occupancy, Nsight Compute); else each streaming program places them itself. H200, K = 4,
+# V = 128256, graph replays (bench/results/h200_2026-11-27c/verify_latency_nvidia_h200.json), with
+# the launch against without: the B = 1 verify (567 programs) 72.4 / 87.0 us at top_k = 50, 98.2 /
+# 112.0 at top_p = 0.9, 60.7 / 74.8 at min_p = 0.05; B = 8 162 / 207, 377 / 419, 162 / 206; B = 64
+# (2 programs a row) 934 / 983 at top_k; the B = 8 and 64 samplers 4-43 us faster; but the B = 1
+# sampler (one row, 63 programs: one wave, the rungs placed in parallel) 1.1-1.3 us slower.
 RUNGS_LAUNCH_MIN_CHUNKS = 2
+STREAM_SELECT_PROGRAMS_PER_SM = 2
 # Selection, large vocabularies: the streaming launch takes one row chunk per program,
 # BLOCK_V values per step (4 KiB of bf16) at 8 warps (lean: 77-109 registers at sm_90, two or
 # three programs per SM: it must keep occupancy); the finishing launch one row per program at
@@ -126,9 +130,6 @@ class LaunchPlan:
     # the rungs are placed by their own launch before the streaming one (grid (rows,),
     # _triton_select_rungs.py), not by every streaming program (RUNGS_LAUNCH_MIN_CHUNKS)
     rungs_launch: bool = False
-    # the emission's ratio test one position after another (_triton_emit._ratio_test_loop: the
-    # penalised kernels' form; without penalties only for side-by-side timing)
-    emit_ratio_loop: bool = False
 
     @property
     def select_grid(self) -> tuple:
@@ -163,8 +164,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   num_chunks: int | None = None, cap: int | None = None,
                   stream_lanes: bool | None = None, penalties: bool = False,
                   stream_unroll: int | None = None, selects: bool | None = None,
-                  emit_lanes: bool | None = None, rungs_launch: bool | None = None,
-                  emit_ratio_loop: bool = False) -> LaunchPlan:
+                  emit_lanes: bool | None = None, rungs_launch: bool | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -179,9 +179,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
     emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
     one block). rungs_launch: the rungs placed by their own launch (None: where the streaming
-    kernel has the selection code and a row has at least RUNGS_LAUNCH_MIN_CHUNKS programs;
-    ignored without that code). emit_ratio_loop: the emission's ratio test one position after
-    another (the form before 2026-11-27; timing comparisons). stream_lanes measured on an H100 (112bf69,
+    kernel has the selection code, a row has at least RUNGS_LAUNCH_MIN_CHUNKS programs and the
+    grid is more than one wave of them; ignored without that code). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -224,13 +223,14 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         unroll //= 2
     selects = finish or bool(selects)
     if rungs_launch is None:
-        rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS
+        rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS and rows * s_chunks > STREAM_SELECT_PROGRAMS_PER_SM * (
+            cfg["programs"] or num_sms)
     rungs_launch = bool(rungs_launch) and large and selects
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
-                      penalties, unroll, selects, bool(emit_lanes), rungs_launch, bool(emit_ratio_loop))
+                      penalties, unroll, selects, bool(emit_lanes), rungs_launch)
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

@@ -277,7 +277,6 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
         FENCE=fence, LANES=plan.emit_lanes, num_warps=EMIT_NUM_WARPS,
-        **({} if pen else dict(RATIO_LOOP=plan.emit_ratio_loop)),
     )
     return tokens, num_accepted, paths
 
@@ -297,7 +296,6 @@ def chain_verify_triton(
     selects: bool | None = None,
     emit_lanes: bool | None = None,
     rungs_launch: bool | None = None,
-    emit_ratio_loop: bool = False,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -310,9 +308,8 @@ def chain_verify_triton(
     plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
     kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
     (None: the plan's choice: where a program streams more than one block); rungs_launch: the
-    rungs placed by their own launch (None: the plan's choice, _triton_plan.RUNGS_LAUNCH_MIN_CHUNKS);
-    emit_ratio_loop: the emission's ratio test one position after another, as before 2026-11-27
-    (timing comparisons; penalised calls always take it). return_paths: also
+    rungs placed by their own launch (None: the plan's choice, _triton_plan.RUNGS_LAUNCH_MIN_CHUNKS).
+    return_paths: also
     return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
@@ -321,7 +318,7 @@ def chain_verify_triton(
         raise ValueError("return_paths needs the per-call counters: pass no workspace")
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
-                     rungs_launch=rungs_launch, emit_ratio_loop=emit_ratio_loop)
+                     rungs_launch=rungs_launch)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -343,7 +340,6 @@ def sample_triton(
     selects: bool | None = None,
     emit_lanes: bool | None = None,
     rungs_launch: bool | None = None,
-    emit_ratio_loop: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
@@ -355,7 +351,7 @@ def sample_triton(
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
-                     rungs_launch=rungs_launch, emit_ratio_loop=emit_ratio_loop)
+                     rungs_launch=rungs_launch)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens, workspace)
     return tokens[:, 0]

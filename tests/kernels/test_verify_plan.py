@@ -49,26 +49,28 @@ def test_draft_sampler_and_small_vocabularies():
 # Graph nodes per call by the modes known on the host (SamplingTensors.modes; None: unknown).
 # Verify: B = 1, K = 4 with draft logits; draft sample: K = 0 (the draft step samples K times).
 # Where a row may select (top-k / top-p / min-p), the large-vocabulary path places the rungs in a
-# launch of their own (B = 1: 63 streaming programs a row, B = 64: 2; sample: 63 / 17).
-LAUNCHES = [  # (modes, large-vocab verify, large-vocab draft sample, small-vocab verify)
-    (None, 5, 5, 3),
-    (("greedy",), 2, 2, 2),
-    (("plain",), 3, 3, 3),
-    (("greedy", "plain"), 3, 3, 3),
-    (("top_k",), 5, 5, 3),
-    (("top_p",), 5, 5, 3),
-    (("min_p",), 5, 5, 3),
-    (("greedy", "top_k"), 5, 5, 3),
-    (("plain", "top_k", "top_p", "min_p"), 5, 5, 3),
+# launch of their own when the streaming grid is more than a wave (B = 1 verify: 9 rows x 63
+# programs; B = 64: 576 x 2; the draft sampler at B = 64: 64 x 17), not for the draft sampler at
+# B = 1 (63 programs: the rungs are placed in parallel).
+LAUNCHES = [  # (modes, large-vocab verify, large-vocab draft sample at B = 1 / B = 64, small-vocab verify)
+    (None, 5, 4, 5, 3),
+    (("greedy",), 2, 2, 2, 2),
+    (("plain",), 3, 3, 3, 3),
+    (("greedy", "plain"), 3, 3, 3, 3),
+    (("top_k",), 5, 4, 5, 3),
+    (("top_p",), 5, 4, 5, 3),
+    (("min_p",), 5, 4, 5, 3),
+    (("greedy", "top_k"), 5, 4, 5, 3),
+    (("plain", "top_k", "top_p", "min_p"), 5, 4, 5, 3),
 ]
 
 
-@pytest.mark.parametrize("modes,verify,draft_sample,small", LAUNCHES)
-def test_launches_left_out_for_the_host_modes(modes, verify, draft_sample, small):
+@pytest.mark.parametrize("modes,verify,draft_sample_1,draft_sample_64,small", LAUNCHES)
+def test_launches_left_out_for_the_host_modes(modes, verify, draft_sample_1, draft_sample_64, small):
     """The finishing launch only when some row may use top-k / top-p / min-p; no emission launch
     when every row is greedy (the selection launch writes the argmax chain); unknown modes and
     mixes with a truncating mode: every launch."""
-    for batch in (1, 64):
+    for batch, draft_sample in ((1, draft_sample_1), (64, draft_sample_64)):
         assert verify_plan(batch, 4, V_LLAMA3, True, modes)["launches"] == verify
         assert verify_plan(batch, 0, V_LLAMA3, False, modes)["launches"] == draft_sample
         assert verify_plan(batch, 4, 1000, True, modes)["launches"] == small
@@ -80,13 +82,16 @@ def test_launches_left_out_for_the_host_modes(modes, verify, draft_sample, small
 
 def test_the_rungs_launch_where_a_row_has_several_streaming_programs():
     """The rungs launch comes before the streaming launch, only with the selection code compiled
-    in and at least RUNGS_LAUNCH_MIN_CHUNKS programs a row; it reads each row's sample once."""
-    def plan(batch, **kw):
-        return plans.plan_launches(batch, 4, V_LLAMA3, True, num_sms=132, interpreting=False,
+    in, at least RUNGS_LAUNCH_MIN_CHUNKS programs a row and more than a wave of streaming programs;
+    it reads each row's sample once."""
+    def plan(batch, k=4, **kw):
+        return plans.plan_launches(batch, k, V_LLAMA3, k > 0, num_sms=132, interpreting=False,
                                    modes=frozenset({"top_k"}), **kw)
 
-    assert plan(1).rungs_launch and plan(1).select_chunks == 63
+    assert plan(1).rungs_launch and plan(1).select_chunks == 63  # 567 programs
     assert not plan(200).rungs_launch and plan(200).select_chunks == 1  # one program a row: nothing to share
+    assert not plan(1, k=0).rungs_launch and plan(1, k=0).select_chunks == 63  # one wave: placed in parallel
+    assert plan(8, k=0).rungs_launch  # 8 rows x 63 programs
     assert not plan(1, rungs_launch=False).rungs_launch and plan(200, rungs_launch=True).rungs_launch
     assert not plans.plan_launches(1, 4, V_LLAMA3, True, num_sms=132, interpreting=False, modes=frozenset({"plain"}),
                                    rungs_launch=True).rungs_launch  # no selection code: no rungs
