@@ -3,8 +3,9 @@
 The launches (verify_plan() in _triton_plan.py states them for any shape and modes without a
 GPU; R = B x (2K+1) distributions with draft logits, B x (K+1) without); launches that cannot
 do work for the sampling modes known on the host (SamplingTensors.modes) are left out:
-launch 2 when no row uses top-k / top-p / min-p, launch 3 when every row is greedy (launch 1
-then writes the argmax chain's tokens, _triton_greedy.py); unknown modes: all four.
+launches 1a and 2 when no row uses top-k / top-p / min-p, launch 3 when every row is greedy
+(launch 1 then writes the argmax chain's tokens, _triton_greedy.py); unknown modes: all of them
+(1a where its plan has it: _triton_plan.rungs_launch).
   0. one zero fill: integer tickets and candidate counters -- none with a caller's workspace
      (kernels/_workspace.py: the kernels put every counter back to zero; the engine's way).
   1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
@@ -32,7 +33,7 @@ min-p lies below the top set. The previous design bisected top-k and top-p with 
 per row tile and up to 64 passes over the vocabulary (5-9 ms at B = 1 on an H100).
 
 Why this shape (H100: 132 SMs, ~3 TB/s HBM, ~2-4 us per kernel node in a graph):
-- B = 1: the 2.3 MB of logits sit in L2 and latency rules: at most four graph nodes, each row spread
+- B = 1: the 2.3 MB of logits sit in L2 and latency rules: at most five graph nodes, each row spread
   over tens of programs, last-program merges instead of extra launches, and the expensive
   finish (CAP-value searches, ~230 registers) in its own launch so the streaming pass keeps
   its occupancy (80-116 registers);
