@@ -5,6 +5,12 @@ before 2026-11-27). Nsight Compute on an H200 read the B = 1 streaming launch at
 top_k = 50 and 41.6 us with top_p = 0.9 against 7.5 us at T = 1 (bench/results/h200_2026-11-27c):
 63 programs a row, each placing the same rungs from a 1024-value sample.
 
+Two candidate defaults ride along, untimed so far: "rungs_sub256" (the rungs launch, 9.1 us at
+B = 1 on the H200, comparing 256 sample values a step instead of 32: 4 dependent steps instead of
+32; predicted 3-4 us) and "emit_block_v256" (the emission's block 256 instead of 1024: at B = 1,
+501 programs of 2 values a thread instead of 126 of 8, where Nsight Compute read the emission at
+6% occupancy and 9% of issue slots busy for 18.5 us; no prediction: the 18 us are not understood).
+
 The first run (H200, commit 15f46cc) also timed the emission's ratio test in one tile against
 the loop over positions: B = 1 T = 1 verify 28.0 against 28.4 us, B = 64 T = 1 290.9 against
 254.9 us; the tile was not kept, and that comparison is gone from this script (the JSON of that
@@ -35,7 +41,11 @@ from specdec_fast.kernels.verify import chain_verify_reference, sample_reference
 
 MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05)}
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
-WAYS = {"now": {}, "rungs_per_program": dict(rungs_launch=False)}
+# "now": the defaults. Candidates, untimed (each flips a default only where a GPU shows it faster):
+# the rungs launch comparing 256 sample values a step instead of 32 (_triton_plan.RUNGS_SAMPLE_SUB);
+# the emission in blocks of 256 (more programs at small batch: 501 a row instead of 126 at B = 1).
+WAYS = {"now": {}, "rungs_per_program": dict(rungs_launch=False), "rungs_sub256": dict(rungs_sub=256),
+        "emit_block_v256": dict(emit_block_v=256)}
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs
 
 

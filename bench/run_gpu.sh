@@ -26,6 +26,8 @@
 #   * bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min)
 #   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
 #   * bash bench/run_gpu.sh ncu        # issue 25: Nsight Compute on tree_verify's residual masses and the B=64 streaming pass
+#   * bash bench/run_gpu.sh ncu_source # issue 25: full Nsight Compute reports (stall reasons, SASS samples) of the B=1
+#                                      # emission and finishing launches
 #     bash bench/run_gpu.sh all        # tests kernels scale loop more trees (a machine without a time limit)
 #
 # A stage with a deadline (session, limits; or DEADLINE_S=<seconds from the start> for any stage) starts no part
@@ -192,6 +194,27 @@ stage_ncu() {
   done
 }
 
+stage_ncu_source() {
+  # Where the B = 1 launches wait (issue 25: the emission's 18 us at B = 1, 6% occupancy, for one
+  # 1024-value block a program; the finishing launch's 31-51 us): Nsight Compute's full set with
+  # per-instruction sampling, one launch per case, saved as a report; then its raw metrics (the warp
+  # stall reasons among them) and its source page (SASS with the samples; written only where this
+  # ncu's CLI has --page source) as CSV. NCU_CASES as for `ncu`.
+  local ncu_bin case_ kernels rep
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu_bin" ] || ncu_bin=ncu
+  for case_ in ${NCU_CASES:-chain_b1_t1:emit chain_b1_topk50:select_finish}; do
+    kernels=${case_#*:}
+    rep="$results/ncu_src_${case_%%:*}_$dev"
+    run --cap 150 "$ncu_bin" --clock-control none -k "regex:$kernels" --launch-count 1 --set full --import-source yes \
+      -f -o "$rep" python3 bench/ncu_cases.py --case "${case_%%:*}" --calls 1
+    [ "$dry" = 1 ] && continue
+    "$ncu_bin" -i "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1 || echo "ncu raw page failed: $rep"
+    "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.source.csv" 2>&1 \
+      || echo "ncu source page failed (this ncu may lack it): $rep"
+  done
+}
+
 stage_heads() {
   # Issues 23 / 28: the 8B-shaped target with an EAGLE-3 head and a DFlash drafter of the published
   # shapes (random weights): draft and target ms per iteration, c, tok/s at equal acceptance (Thm 3.8).
@@ -208,9 +231,9 @@ case "$stage" in  # a device call ends at 600 s: 560 leaves the last part's kill
   session|limits) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
 esac
 case "$stage" in
-  session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu) "stage_$stage" ;;
+  session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu|ncu_source) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu|ncu_source|all"; exit 2 ;;
 esac
 [ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
 echo "stage $stage done at ${SECONDS} s, status $status"

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("session", "tests", "limits", "kernels", "scale", "loop", "more", "trees", "heads", "gemv", "attention",
-          "adaptive", "ncu")
+          "adaptive", "ncu", "ncu_source")
 
 
 def dry_run(stage: str, **env) -> str:
@@ -80,5 +80,6 @@ def test_the_ncu_stage_names_cases_that_exist():
     sys.path.insert(0, str(ROOT / "bench"))
     import ncu_cases
 
-    named = [args[args.index("--case") + 1] for _, *args in python_parts(dry_run("ncu", DEADLINE_S="100000"))]
-    assert named and set(named) <= set(ncu_cases.CASES), named
+    for stage in ("ncu", "ncu_source"):
+        named = [args[args.index("--case") + 1] for _, *args in python_parts(dry_run(stage, DEADLINE_S="100000"))]
+        assert named and set(named) <= set(ncu_cases.CASES), (stage, named)

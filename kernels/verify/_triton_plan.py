@@ -35,6 +35,12 @@ SAMPLE_SUB = 32  # [64, 32] compares per step: 8 per thread at 8 warps
 # sampler (one row, 63 programs: one wave, the rungs placed in parallel) 1.1-1.3 us slower.
 RUNGS_LAUNCH_MIN_CHUNKS = 2
 STREAM_SELECT_PROGRAMS_PER_SM = 2
+# Sample values the rungs launch compares at a time ([64, RUNGS_SAMPLE_SUB] per step; the rungs are
+# the same for any value: exact integer counts). Its one program a row took 9.1 us on an H200 at
+# B = 1 (32 dependent steps of SAMPLE_SUB = 32, each loading its values); 256 (4 steps, 64 values
+# a thread at 8 warps) is bench_verify_latency.py's "rungs_sub256" way, untimed: SAMPLE_SUB until
+# a GPU shows it faster.
+RUNGS_SAMPLE_SUB = SAMPLE_SUB
 # Selection, large vocabularies: the streaming launch takes one row chunk per program,
 # BLOCK_V values per step (4 KiB of bf16) at 8 warps (lean: 77-109 registers at sm_90, two or
 # three programs per SM: it must keep occupancy); the finishing launch one row per program at
@@ -76,7 +82,7 @@ FINISH_PROGRAMS_PER_SM = 1
 # The CPU interpreter pays per operation, not per element, and runs programs one after
 # another: big tiles, few programs (tests force small ones through the overrides).
 INTERPRETER = dict(large_block_v=32768, sweep_block=32768, small_tile=131072, emit_max_block_v=32768,
-                   emit_tile=131072, programs=4, sample=SAMPLE, sample_sub=SAMPLE)
+                   emit_tile=131072, programs=4, sample=SAMPLE, sample_sub=SAMPLE, rungs_sub=SAMPLE)
 
 
 @dataclass(frozen=True)
@@ -128,8 +134,10 @@ class LaunchPlan:
     # the emission's pass with per-lane maxima (_triton_emit.py LANES)
     emit_lanes: bool = False
     # the rungs are placed by their own launch before the streaming one (grid (rows,),
-    # _triton_select_rungs.py), not by every streaming program (RUNGS_LAUNCH_MIN_CHUNKS)
+    # _triton_select_rungs.py), not by every streaming program (RUNGS_LAUNCH_MIN_CHUNKS), comparing
+    # rungs_sub sample values at a time (RUNGS_SAMPLE_SUB)
     rungs_launch: bool = False
+    rungs_sub: int = SAMPLE_SUB
 
     @property
     def select_grid(self) -> tuple:
@@ -164,7 +172,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   num_chunks: int | None = None, cap: int | None = None,
                   stream_lanes: bool | None = None, penalties: bool = False,
                   stream_unroll: int | None = None, selects: bool | None = None,
-                  emit_lanes: bool | None = None, rungs_launch: bool | None = None) -> LaunchPlan:
+                  emit_lanes: bool | None = None, rungs_launch: bool | None = None,
+                  rungs_sub: int | None = None, emit_block_v: int | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -180,7 +189,10 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
     one block). rungs_launch: the rungs placed by their own launch (None: where the streaming
     kernel has the selection code, a row has at least RUNGS_LAUNCH_MIN_CHUNKS programs and the
-    grid is more than one wave of them; ignored without that code). stream_lanes measured on an H100 (112bf69,
+    grid is more than one wave of them; ignored without that code); rungs_sub: the sample values
+    that launch compares at a time (None: RUNGS_SAMPLE_SUB; a power of 2 up to the sample);
+    emit_block_v: the emission's vocab block alone (None: block_v, else the default; smaller
+    blocks give a small batch more emission programs). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -188,7 +200,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     cfg = INTERPRETER if interpreting else dict(large_block_v=LARGE_BLOCK_V, sweep_block=SWEEP_BLOCK,
                                                 small_tile=SMALL_TILE, emit_max_block_v=EMIT_MAX_BLOCK_V,
                                                 emit_tile=EMIT_TILE, programs=None, sample=SAMPLE,
-                                                sample_sub=SAMPLE_SUB)
+                                                sample_sub=SAMPLE_SUB, rungs_sub=RUNGS_SAMPLE_SUB)
     npos = 2 * k + 1 if has_draft and k > 0 else k + 1
     rows = batch * npos
     cap = cap or CAP
@@ -207,7 +219,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         s_block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), cfg["small_tile"] // s_block_v))
         s_chunk, s_chunks = vocab, 1
         f_chunk, f_chunks = vocab, 1
-    e_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["emit_max_block_v"])
+    e_block_v = emit_block_v or block_v or min(triton.next_power_of_2(vocab), cfg["emit_max_block_v"])
     e_block_r = max(1, min(triton.next_power_of_2(max(batch, 1)), cfg["emit_tile"] // e_block_v))
     e_chunk, e_chunks = _split(vocab, triton.cdiv(max(batch, 1), e_block_r), emit_programs, e_block_v, num_chunks)
     # Without top-k / top-p / min-p the streaming launch finishes every row (their last programs).
@@ -226,11 +238,12 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS and rows * s_chunks > STREAM_SELECT_PROGRAMS_PER_SM * (
             cfg["programs"] or num_sms)
     rungs_launch = bool(rungs_launch) and large and selects
+    rungs_sub = min(triton.next_power_of_2(rungs_sub or cfg["rungs_sub"]), sample)
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
-                      penalties, unroll, selects, bool(emit_lanes), rungs_launch)
+                      penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub)
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

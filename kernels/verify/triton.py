@@ -186,7 +186,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
         if plan.rungs_launch:  # the rungs once per row (else every streaming program places them)
             (select_rungs_penalised_kernel if pen else select_rungs_kernel)[(rows,)](
                 *common, rungs, npos, *strides, *token_strides, *pen_args, **pen_kw, V=vocab, K=k, BLOCK_K=block_k,
-                **sample, num_warps=STREAM_NUM_WARPS,
+                **dict(sample, SAMPLE_SUB=plan.rungs_sub), num_warps=STREAM_NUM_WARPS,
             )
         (select_stream_penalised_kernel if pen else select_stream_kernel)[plan.select_grid](
             *common, part_f, part_i, candidates, fills, rungs, stream_tickets, m, s2, s3, tkey, amax, *greedy[:3], npos,
@@ -297,6 +297,8 @@ def chain_verify_triton(
     selects: bool | None = None,
     emit_lanes: bool | None = None,
     rungs_launch: bool | None = None,
+    rungs_sub: int | None = None,
+    emit_block_v: int | None = None,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,8 +311,9 @@ def chain_verify_triton(
     plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
     kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
     (None: the plan's choice: where a program streams more than one block); rungs_launch: the
-    rungs placed by their own launch (None: the plan's choice, _triton_plan.RUNGS_LAUNCH_MIN_CHUNKS).
-    return_paths: also
+    rungs placed by their own launch (None: the plan's choice, _triton_plan.RUNGS_LAUNCH_MIN_CHUNKS),
+    rungs_sub: the sample values that launch compares at a time (None: RUNGS_SAMPLE_SUB);
+    emit_block_v: the emission's vocab block alone (None: the plan's). return_paths: also
     return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
@@ -319,7 +322,8 @@ def chain_verify_triton(
         raise ValueError("return_paths needs the per-call counters: pass no workspace")
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
-                     rungs_launch=rungs_launch)
+                     rungs_launch=rungs_launch, rungs_sub=rungs_sub,
+                     emit_block_v=emit_block_v)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -341,6 +345,8 @@ def sample_triton(
     selects: bool | None = None,
     emit_lanes: bool | None = None,
     rungs_launch: bool | None = None,
+    rungs_sub: int | None = None,
+    emit_block_v: int | None = None,
     workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
@@ -352,7 +358,8 @@ def sample_triton(
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
-                     rungs_launch=rungs_launch)
+                     rungs_launch=rungs_launch, rungs_sub=rungs_sub,
+                     emit_block_v=emit_block_v)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens, workspace)
     return tokens[:, 0]

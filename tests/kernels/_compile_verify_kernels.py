@@ -86,7 +86,8 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
         sample = dict(CAP=plan.cap, SAMPLE=plan.sample, SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group,
                       SAMPLE_SUB=plan.sample_sub)
         if plan.rungs_launch:
-            yield select_rungs_kernel, plans.STREAM_NUM_WARPS, dict(V=vocab, K=k, BLOCK_K=block_k, **sample)
+            yield select_rungs_kernel, plans.STREAM_NUM_WARPS, dict(V=vocab, K=k, BLOCK_K=block_k,
+                                                                   **dict(sample, SAMPLE_SUB=plan.rungs_sub))
         yield select_stream_kernel, plans.STREAM_NUM_WARPS, dict(
             V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
             BLOCK_C=triton.next_power_of_2(plan.select_chunks), **sample,

@@ -104,3 +104,24 @@ def test_control_a_skip_bound_without_the_noise_margin_fails(device, monkeypatch
     monkeypatch.setattr(_triton_emit, "GUMBEL_MAX", tl.constexpr(-30.0))
     with pytest.raises(AssertionError):  # T = 1 rows, 13 steps per chunk: the margin decides
         test_per_lane_emission_matches_the_reference(CASES[0], device)
+
+
+@pytest.mark.parametrize("emit_block_v", [16, 32])
+def test_the_emission_block_alone_gives_the_reference_tokens(device, emit_block_v):
+    """emit_block_v (the emission's vocab block, apart from the selection's: more emission programs
+    for a small batch) splits the emitted row into many one-block chunks whose candidates the row
+    tile's last program merges: the reference's tokens, with rejected rows, and for the sampler."""
+    batch, k, vocab = 3, 3, 300
+    for shift in range(MAX_SEEDS):
+        target, draft, drafts, offsets = _problem(batch, k, vocab, torch.float32, True, True, 50 + shift, "plain",
+                                                  device)
+        params = make_sampling_tensors(batch, device, seed=3 + shift, offset=offsets, **_modes(batch, device)["plain"])
+        expected = chain_verify_reference(target, draft, drafts, params)
+        got = chain_verify_triton(target, draft, drafts, params, emit_block_v=emit_block_v)
+        assert torch.equal(got[1], expected[1]) and torch.equal(got[0], expected[0]), (got, expected)
+        positions = torch.arange(batch, dtype=torch.int64, device=device)
+        assert torch.equal(sample_triton(target[:, 0], params, positions, 3, emit_block_v=emit_block_v),
+                           sample_reference(target[:, 0], params, positions, 3))
+        if (expected[1] < (drafts >= 0).sum(1)).any():  # the residual path ran
+            return
+    pytest.fail(f"no row rejected a draft in {MAX_SEEDS} seeds: the residual path never ran")

@@ -94,6 +94,9 @@ def test_the_rungs_launch_changes_nothing_but_the_launches(device, batch, k, voc
     placed = ~once[4].isnan().all(1)
     assert placed.any() and (placed == ~every[4].isnan().all(1)).all()
     assert (once[2] != 0).any()  # some distribution did settle a threshold (paths record the route)
+    # the rungs launch comparing fewer sample values at a time (rungs_sub): the same rungs (exact counts)
+    fine = _run(target, draft, drafts, params, True, rungs_sub=16, **overrides)
+    assert torch.allclose(fine[4], once[4], rtol=0, atol=0, equal_nan=True) and torch.equal(fine[0], once[0])
     expected = chain_verify_reference(target, draft, drafts, params)
     assert torch.equal(once[0], expected[0].cpu()) and torch.equal(once[1], expected[1].cpu())
 
