@@ -235,8 +235,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         unroll //= 2
     selects = finish or bool(selects)
     if rungs_launch is None:
-        rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS and rows * s_chunks > STREAM_SELECT_PROGRAMS_PER_SM * (
-            cfg["programs"] or num_sms)
+        rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS and rows * s_chunks > STREAM_SELECT_PROGRAMS_PER_SM * num_sms
     rungs_launch = bool(rungs_launch) and large and selects
     rungs_sub = min(triton.next_power_of_2(rungs_sub or cfg["rungs_sub"]), sample)
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
