@@ -9,7 +9,10 @@ Two candidate defaults ride along, untimed so far: "rungs_sub256" (the rungs lau
 B = 1 on the H200, comparing 256 sample values a step instead of 32: 4 dependent steps instead of
 32; predicted 3-4 us) and "emit_block_v256" (the emission's block 256 instead of 1024: at B = 1,
 501 programs of 2 values a thread instead of 126 of 8, where Nsight Compute read the emission at
-6% occupancy and 9% of issue slots busy for 18.5 us; no prediction: the 18 us are not understood).
+6% occupancy and 9% of issue slots busy for 18.5 us: one warp a scheduler running ~2 k dependent
+instructions a thread at ~6 cycles each, ~10 us a program. Predicted: a quarter of that chain and
+four programs an SM, the emission ~8 us; the ~8 us between its programs' active cycles (18.8 k)
+and the launch's elapsed ones (35.5 k) are not understood and may stay).
 
 The first run (H200, commit 15f46cc) also timed the emission's ratio test in one tile against
 the loop over positions: B = 1 T = 1 verify 28.0 against 28.4 us, B = 64 T = 1 290.9 against
