@@ -8,7 +8,10 @@ of 2048 values per program at B = 1. On an H200 (Nsight Compute, B = 1, K = 4, V
 bench/results/h200_2026-11-27c) the streaming launch took 34.2 us with top_k = 50 and 41.6 us
 with top_p = 0.9 against 7.5 us at T = 1, executing about 7x the instructions: the sample's
 compares, 63 times per row. The same rungs (same data, same code) in one program per row cost
-one extra launch; the plan uses it where a row has many chunks (RUNGS_LAUNCH_MIN_CHUNKS).
+one extra launch (9.1 us at B = 1 there); with it the streaming launch took 11.8 / 19.7 us and
+the verify 72.4 / 98.2 us against 87.0 / 112.0 (bench/bench_verify_latency.py). The plan uses it
+where a row has several streaming programs and they are more than a wave
+(_triton_plan.RUNGS_LAUNCH_MIN_CHUNKS, STREAM_SELECT_PROGRAMS_PER_SM).
 
 grid (R,), R = B * NPOS distributions: rows that gather (top-k / top-p / min-p on, read) write
 their rungs fp32 [8] to rungs_ptr [R, 8]; the others write nothing (nothing reads them).
