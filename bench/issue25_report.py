@@ -7,8 +7,9 @@ Reads each benchmark's JSON for the device, named as run_gpu.sh writes them (<de
 name, lower case, spaces as underscores): verify_<dev>.json (bench_verify.py --gpu), profile_step_<dev>.json and
 profile_step_b8_<dev>.json (profile_step.py at B = 1 and 8), tree_kernels_<dev>.json
 (bench_tree.py --kernels-only), attention_<dev>.json (bench_attention.py --gpu),
-stream_lanes_<dev>.json (bench_stream_lanes.py). A file that is missing, or a row a budget left
-out, gives "not measured" for its lines; nothing is estimated.
+stream_lanes_<dev>.json (bench_stream_lanes.py), verify_latency_<dev>.json
+(bench_verify_latency.py). A file that is missing, or a row a budget left out, gives "not
+measured" for its lines; nothing is estimated.
 
 Prints one markdown table (target, measured, met?) and one of the levers:
   - GEMV_LAYER (runners/paged_llama.py): the GEMV layer's graph replay against the cuBLAS
@@ -18,6 +19,9 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     per shape, same outputs;
   - TREE_WALK_PARALLEL (kernels/tree_verify/_triton_plan.py WALK_PARALLEL): tree_verify with the
     parallel walk against the scan, N = 64, T = 1 and greedy, same tokens;
+  - RUNGS_SAMPLE_SUB=256 and EMIT_BLOCK_V=256 (kernels/verify/_triton_plan.py RUNGS_SAMPLE_SUB and
+    EMIT_MAX_BLOCK_V, whose 256 is the way's plan at every batch): bench_verify_latency's candidate ways against its
+    defaults, verify and sampler, every batch and mode it measured, the reference's tokens;
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
@@ -176,6 +180,23 @@ def merge_lever(report: dict | None) -> dict:
     return _advice(ratios, why, "in-kernel merge us over the merge launch", missing)
 
 
+def latency_lever(report: dict | None, way: str, what: str) -> dict:
+    """A candidate default of bench_verify_latency.py (way: rungs_sub256 -> _triton_plan.RUNGS_SAMPLE_SUB
+    = 256, emit_block_v256 -> the emission's block): its verify and sampler times over the defaults'
+    ("now") in every row measured, with the reference's tokens."""
+    ratios, why = {}, []
+    for r in (report or {}).get("rows", []):
+        if f"verify_{way}_us" not in r:
+            continue
+        where = f"B={r['B']} {r['mode']}"
+        for call in ("verify", "sample"):
+            ratios[f"{where} {call}"] = r[f"{call}_{way}_us"] / r[f"{call}_now_us"]
+        if not r.get(f"tokens_equal_reference_{way}", False):
+            why.append(f"{where}: other tokens than the reference")
+    missing = [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
+    return _advice(ratios, why, what, missing)
+
+
 def _advice(ratios: dict, why: list, what: str, missing: list = ()) -> dict:
     """ratios: row -> the lever's time over the default's. on: no row slower by more than NOISE, one
     faster by more than NOISE, nothing in why; off: measured and not so; incomplete: would be on,
@@ -219,9 +240,16 @@ def build(results: Path, device: str) -> dict:
     plain_lines(plain, rows)
     tree = load(results, "tree_kernels", device)
     tree_lines(tree, rows)
+    latency = load(results, "verify_latency", device)
     return {"device": device, "targets": rows, "levers": {**gemv_levers(plain),
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
-                                                          "TREE_WALK_PARALLEL": walk_lever(tree)},
+                                                          "TREE_WALK_PARALLEL": walk_lever(tree),
+                                                          "RUNGS_SAMPLE_SUB=256": latency_lever(
+                                                              latency, "rungs_sub256",
+                                                              "us with the rungs launch comparing 256 values a step"),
+                                                          "EMIT_BLOCK_V=256": latency_lever(
+                                                              latency, "emit_block_v256",
+                                                              "us with the emission in blocks of 256")},
             "stream_variants": stream_variants(load(results, "stream_lanes", device)),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}

@@ -55,6 +55,15 @@ FILES = {
          "in_kernel_N5_us": 11.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.004},
         {"B": 8, "context": 8192, "triton_N1_us": 50.0, "in_kernel_N1_us": 50.5, "triton_N5_us": 60.0,
          "in_kernel_N5_us": 59.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.0}]},
+    "verify_latency": {"not_run": [], "rows": [
+        {"B": 1, "mode": "top_k=50", "verify_now_us": 72.0, "sample_now_us": 55.0, "verify_rungs_sub256_us": 66.0,
+         "sample_rungs_sub256_us": 55.2, "tokens_equal_reference_rungs_sub256": True,
+         "verify_emit_block_v256_us": 62.0, "sample_emit_block_v256_us": 57.0,
+         "tokens_equal_reference_emit_block_v256": True},
+        {"B": 64, "mode": "T=1", "verify_now_us": 255.0, "sample_now_us": 94.0, "verify_rungs_sub256_us": 255.5,
+         "sample_rungs_sub256_us": 94.0, "tokens_equal_reference_rungs_sub256": True,
+         "verify_emit_block_v256_us": 250.0, "sample_emit_block_v256_us": 93.0,
+         "tokens_equal_reference_emit_block_v256": True}]},
     "stream_lanes": {"rows": [{"B": 64, "V": 128256, "mode": "T=1", "verify_lanes": {"median_us": 200.0},
                                "tokens_equal_reference_lanes": True, "verify_lanes_unroll2": {"median_us": 150.0},
                                "tokens_equal_reference_lanes_unroll2": True,
@@ -98,6 +107,9 @@ def test_targets_read_from_every_file(tmp_path):
     assert report["tree_kernels"][0] == {"kernel": "walk_kernel", "launches": 1.0, "us": 40.0}
     walk = report["levers"]["TREE_WALK_PARALLEL"]
     assert walk["advice"] == "on" and walk["ratios"] == {"B=1 N=64 T=1": 0.667, "B=1 N=64 greedy": 1.0}
+    rungs, block = report["levers"]["RUNGS_SAMPLE_SUB=256"], report["levers"]["EMIT_BLOCK_V=256"]
+    assert rungs["advice"] == "on" and rungs["ratios"]["B=1 top_k=50 verify"] == 0.917  # 66 / 72, the rest within noise
+    assert block["advice"] == "off"  # the B = 1 sampler 57 / 55: 3.6% slower
     text = issue25_report.markdown(report)
     assert "| GEMV_LAYER | on |" in text and "not measured" not in text
     assert "| residual_mass_kernel | 5 | 20.0 |" in text
@@ -123,8 +135,9 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
     files["profile_step"]["steps"]["N=1"]["gemv_layer"]["argmax_agreement"] = 0.9
     files["attention"]["results"][0]["in_kernel_max_abs_diff_N5"] = 0.5
     files["tree_kernels"]["rows"][1]["walk_parallel_tokens_equal"] = False
+    files["verify_latency"]["rows"][0]["tokens_equal_reference_rungs_sub256"] = False
     report = build(tmp_path, files)
-    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL"):
+    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL", "RUNGS_SAMPLE_SUB=256"):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
 
 
@@ -143,7 +156,9 @@ def test_a_lever_missing_rows_is_incomplete(tmp_path):
     (and GEMV_PDL, which needs it, off); an attention run that left shapes out says so too."""
     files = {k: v for k, v in copy.deepcopy(FILES).items() if k != "profile_step_b8"}
     files["attention"]["not_run"] = ["B=8 context=8192"]
+    files["verify_latency"]["not_run"] = ["B=64 K=4 V=128256 top_p=0.9"]
     report = build(tmp_path, files)
+    assert report["levers"]["RUNGS_SAMPLE_SUB=256"]["advice"] == "incomplete"
     assert report["levers"]["GEMV_LAYER"]["advice"] == "incomplete"
     assert "B=8 not measured" in report["levers"]["GEMV_LAYER"]["why"]
     assert report["levers"]["GEMV_PDL"]["advice"] == "off"
