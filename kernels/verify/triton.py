@@ -11,9 +11,10 @@ launches 1a and 2 when no row uses top-k / top-p / min-p, launch 3 when every ro
   1. select_stream (_triton_select_stream.py), grid (R, chunks; 63 per row at B = 1, K = 4):
      ONE pass over all logits: max / sum-exp / argmax partials per chunk. Rows with top-k,
      top-p or min-p first read a 1024-value sample of their row and place rungs
-     (_triton_sample.py; where a row has several chunks, launch 1a, select_rungs
-     (_triton_select_rungs.py, grid (R,)), places them once per row before this launch
-     instead), then, in the same pass, gather their top set (~8 k values for
+     (_triton_sample.py; where the plan says so -- several chunks a row, more than a wave of
+     programs: _triton_plan.rungs_launch -- launch 1a, select_rungs (_triton_select_rungs.py,
+     grid (R,)), places them once per row before this launch instead), then, in the same
+     pass, gather their top set (~8 k values for
      k <= CAP / 16, else ~CAP / 4; integer atomics pick the slots) and count the exact count
      and mass at or above six rungs. Rows without those modes are merged and finished by
      their last program (integer ticket).
