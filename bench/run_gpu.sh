@@ -12,8 +12,8 @@
 #     bash bench/run_gpu.sh limits     # issue 25 (H200: 224 s), most decisive first: plain decoding's step with the
 #                                      # cuBLAS / GEMV / GEMV+PDL layers (B=1), the verify rows of the
 #                                      # targets, attention's merge forms, tree_verify N=64 vs chain K=8,
-#                                      # the emission's noise forms (bench_noise.py), the rungs launch
-#                                      # against its old form (bench_verify_latency.py), the streaming
+#                                      # the rungs launch against its old form and two candidate
+#                                      # defaults (bench_verify_latency.py), the streaming
 #                                      # variants, the step at B=8, the GEMV kernel vs cuBLAS;
 #                                      # then bench/issue25_report.py (targets met? levers to flip?)
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
@@ -129,15 +129,15 @@ stage_trees() {
 
 stage_limits() {
   # Issue 25 (the GPU at its limits), most decisive first; every part writes its JSON as it goes or
-  # stops on its --budget-s. Reported together by bench/issue25_report.py at the end.
+  # stops on its --budget-s. Reported together by bench/issue25_report.py at the end. (The emission's noise
+  # forms, bench_noise.py, were timed on an H200 on 2026-11-27, h200_2026-11-27c: `kernels` still runs them.)
   run --cap 170 python3 bench/profile_step.py --quick --out "$results/profile_step_$dev.json"
   run --cap 150 python3 bench/bench_verify.py --gpu --quick --budget-s "$(budget 90 150)" --out "$results/verify_$dev.json"
   run --cap 110 python3 bench/bench_attention.py --gpu --quick --budget-s "$(budget 60 110)" --out "$results/attention_$dev.json"
   # tree N=64 vs chain K=8, the tree's kernels by device time, and its walk both ways (WALK_PARALLEL)
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
-  # the emission's noise forms (B = 64 T = 1: the emission is 2/3 of the verify): one Philox per 4 entries, the race
-  run --cap 60 python3 bench/bench_noise.py --out "$results/noise_$dev.json"
-  # the rungs launch against every streaming program placing the rungs (the top-k / top-p / min-p rows)
+  # the rungs launch against every streaming program placing the rungs (the top-k / top-p / min-p rows), and the
+  # two candidate defaults (issue25_report's RUNGS_SAMPLE_SUB=256 and EMIT_BLOCK_V=256 levers)
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
