@@ -22,7 +22,6 @@ A prediction from measured costs, labelled as such in the JSON; the measured tok
 Writes bench/results/heads_gpu_<device>.json. Not a test.
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,10 +29,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import versions  # noqa: E402
+from machine import versions, write_result  # noqa: E402
 from scale_models import LLAMA3_8B, TINY, build_target, draft_of, set_residual_scale  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 ALPHAS = (0.6, 0.7, 0.8, 0.9)
 
 
@@ -164,10 +162,7 @@ def main(argv=None) -> dict:
     if args.tiny:
         print("tiny smoke run: not a measurement; nothing written")
         return result
-    name = torch.cuda.get_device_name(device).lower().replace(" ", "_")
-    out = Path(args.out or ROOT / "bench" / "results" / f"heads_gpu_{name}.json")
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write_result(result, "heads_gpu", torch.cuda.get_device_name(device), args.out)
     return result
 
 

@@ -19,14 +19,13 @@ graph replays under do_bench (median us), GB/s and fraction of the measured-band
 Not a test: pytest collects nothing here.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import versions  # noqa: E402
+from machine import versions, write_result  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
 from verify_gpu_table import (QUICK_SHAPES, _entry, _time, bandwidth_fields, make_logits,  # noqa: E402
                               roofline_bandwidth)
@@ -101,10 +100,7 @@ def main(argv=None) -> dict:
     timer = "wall clock, one call (smoke)" if args.smoke else "CUDA graph replay under triton.testing.do_bench: median (us)"
     result = dict(device=name, versions=versions(), **bandwidth_fields(measured), timer=timer,
                   not_run=budget.not_run, rows=rows)
-    out = Path(args.out or Path(__file__).resolve().parent / "results" /
-               f"stream_lanes_{name.lower().replace(' ', '_')}.json")
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write_result(result, "stream_lanes", name, args.out)
     return result
 
 

@@ -28,7 +28,6 @@ under do_bench (median us), each way, and whether each gives the torch reference
         (not a measurement; JSON only with --out: tests/test_bench_verify_latency.py)
 """
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import versions  # noqa: E402
+from machine import versions, write_result  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
 from verify_gpu_table import _time, make_logits  # noqa: E402
 
@@ -110,10 +109,7 @@ def main(argv=None) -> dict:
     name = "cpu (smoke: interpreter, not a measurement)" if args.smoke else torch.cuda.get_device_name(device)
     timer = "wall clock of the checked call (smoke)" if args.smoke else "CUDA graph replay under triton.testing.do_bench: median (us)"
     result = dict(device=name, versions=versions(), timer=timer, not_run=budget.not_run, rows=rows)
-    out = Path(args.out or Path(__file__).resolve().parent / "results" /
-               f"verify_latency_{name.lower().replace(' ', '_')}.json")
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write_result(result, "verify_latency", name, args.out)
     return result
 
 

@@ -48,3 +48,15 @@ def versions() -> dict:
         except ImportError:
             info[name] = None
     return info
+
+
+def write_result(result: dict, prefix: str, device_name: str, out=None) -> Path:
+    """Write a benchmark's result as JSON to out, or to bench/results/<prefix>_<device>.json (the
+    device's name lower case, spaces as underscores: the <dev> of bench/run_gpu.sh); print and
+    return the path."""
+    import json
+
+    path = Path(out or ROOT / "bench" / "results" / f"{prefix}_{device_name.lower().replace(' ', '_')}.json")
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return path

@@ -22,7 +22,7 @@ import triton.language as tl
 from ..penalties.triton import row_penalty
 from ._triton_common import num_drafts_of_row, position_of, row_source, sampling_modes
 from ._triton_sample import sample_rungs
-from ._triton_select_stream import candidate_plan
+from ._triton_select_stream import candidate_plan, small_top_k
 
 
 @triton.jit
@@ -79,6 +79,6 @@ def _select_rungs(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr,
         if PENALTY:
             pen = row_penalty(pen_args, b, position_of(r, NPOS, K))
         rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, tl.where(t > 0, t, 1.0), pen,
-                             PENALTY, top_k, min_p, minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE, SAMPLE_RUN,
+                             PENALTY, top_k, min_p, minp_on, small_top_k(topk_on, top_k, CAP), V, CAP, SAMPLE, SAMPLE_RUN,
                              SAMPLE_GROUP, SAMPLE_SUB)
         tl.store(rungs_ptr + r * 8 + tl.arange(0, 8), rungs)

@@ -38,13 +38,19 @@ SWEPT = tl.constexpr(2)
 
 
 @triton.jit
+def small_top_k(topk_on, top_k, CAP: tl.constexpr):
+    """A top-k of at most CAP / 16: it settles in the gathered top set (candidate_plan)."""
+    return topk_on & (top_k * 16 <= CAP)
+
+
+@triton.jit
 def candidate_plan(topk_on, topp_on, minp_on, top_k, CAP: tl.constexpr):
     """(gather: the row gathers its top set, rungs: it also counts and weighs its rungs).
     A top-k of at most CAP / 16 settles in the top set (aimed at 8 k values: a miss is
     vanishingly rare), and top-p / min-p with it (they only ever remove more); top-p without
     it and larger top-k locate their thresholds with the rungs; min-p alone needs only tau0
     (the finishing kernel sums it by chunks when it reaches below the top set)."""
-    small_topk = topk_on & (top_k * 16 <= CAP)
+    small_topk = small_top_k(topk_on, top_k, CAP)
     gather = topk_on | topp_on | minp_on
     return gather, (topk_on | topp_on) & ~small_topk
 
@@ -283,7 +289,7 @@ def _select_stream(
             rungs = tl.load(rungs_ptr + r * 8 + tl.arange(0, 8))
         else:  # every program of the row places the same rungs (one program stores them)
             rungs = sample_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k,
-                                 tl.load(min_p_ptr + b), minp_on, topk_on & (top_k * 16 <= CAP), V, CAP, SAMPLE,
+                                 tl.load(min_p_ptr + b), minp_on, small_top_k(topk_on, top_k, CAP), V, CAP, SAMPLE,
                                  SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB)
             if c == 0:
                 tl.store(rungs_ptr + r * 8 + tl.arange(0, 8), rungs)
