@@ -63,6 +63,18 @@ STREAM_UNROLL = 1
 # program: verify 257.3 against 275.1 us, sample 94.3 against 103.4; B = 1, one block a program:
 # 29.0 / 17.7 against 28.5 / 18.2 (within the run's noise); the same tokens in every row.
 FINISH_NUM_WARPS = 8
+# The finishing search (_triton_select_finish.py _search_region): 0, largest_key_reaching over the
+# [1, CAP] tile (4-way, three reductions a step); N > 0, largest_key_fused (5-way, one [4, C]
+# reduction a step, int32 keys and counts) over a [1, N] tile where the interval holds at most N
+# values, else over [1, CAP]. From the H200's Nsight Compute reading (B = 1, top_k = 50,
+# bench/results/h200_2026-11-27c): the finishing launch took 31.4 us, 62 k cycles, of which one
+# program a row spends ~45 k alone after its row's other programs, at 11 cycles per issued
+# instruction; its search step compiles (sm_90a, ptxas here) to 362 instructions a thread with 9
+# barriers, 11-12 steps, over a top set of 96-952 values in a 4096-value tile (the interpreter's
+# plan on the bench's logits). 1024 (4 values a thread; compiled: 221 instructions and 3 barriers a
+# step for counts, ~8 steps) is bench_verify_latency.py's "search_tile1024" way, untimed: 0 until a
+# GPU shows it faster.
+FINISH_SEARCH_TILE = 0
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
 SMALL_TILE = 4096
@@ -138,6 +150,8 @@ class LaunchPlan:
     # rungs_sub sample values at a time (RUNGS_SAMPLE_SUB)
     rungs_launch: bool = False
     rungs_sub: int = SAMPLE_SUB
+    # the finishing launch's threshold search (FINISH_SEARCH_TILE): 0, or the small tile of the fused search
+    finish_search_tile: int = 0
 
     @property
     def select_grid(self) -> tuple:
@@ -173,7 +187,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   stream_lanes: bool | None = None, penalties: bool = False,
                   stream_unroll: int | None = None, selects: bool | None = None,
                   emit_lanes: bool | None = None, rungs_launch: bool | None = None,
-                  rungs_sub: int | None = None, emit_block_v: int | None = None) -> LaunchPlan:
+                  rungs_sub: int | None = None, emit_block_v: int | None = None,
+                  finish_search_tile: int | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -192,7 +207,10 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     grid is more than one wave of them; ignored without that code); rungs_sub: the sample values
     that launch compares at a time (None: RUNGS_SAMPLE_SUB; a power of 2 up to the sample);
     emit_block_v: the emission's vocab block alone (None: block_v, else the default; smaller
-    blocks give a small batch more emission programs). stream_lanes measured on an H100 (112bf69,
+    blocks give a small batch more emission programs). finish_search_tile: the finishing
+    launch's search (None: FINISH_SEARCH_TILE; 0 the earlier search, else the fused search and its
+    small tile: raised to a power of 2, at most the candidate cap; below 256, threads of the
+    8-warp program hold no value). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -238,11 +256,14 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS and rows * s_chunks > STREAM_SELECT_PROGRAMS_PER_SM * num_sms
     rungs_launch = bool(rungs_launch) and large and selects
     rungs_sub = min(triton.next_power_of_2(rungs_sub or cfg["rungs_sub"]), sample)
+    search_tile = FINISH_SEARCH_TILE if finish_search_tile is None else finish_search_tile
+    if search_tile:
+        search_tile = min(triton.next_power_of_2(search_tile), cap)
     return LaunchPlan(batch, k, vocab, has_draft and k > 0, npos, rows, large, cap, sample, min(SAMPLE_RUN, sample),
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
-                      penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub)
+                      penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile)
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

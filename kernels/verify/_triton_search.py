@@ -43,6 +43,38 @@ def largest_key_reaching(keys, weights, goal, lo, hi):
 
 
 @triton.jit
+def largest_key_fused(keys, weights, goal, lo, hi, WAYS: tl.constexpr):
+    """largest_key_reaching for one row, in fewer instructions and barriers: keys [1, C] (int64
+    order keys, KEY_NONE in empty slots), weights [1, C] (int32 counts or int64 fixed-point
+    probabilities; 0 in empty slots); goal, lo, hi int64 scalars -> the same t (int64 scalar):
+    the largest integer t in [lo, hi) with sum(weights[keys >= t]) >= goal, lo when none.
+    A WAYS-way search (a power of 2): the probes q_j = lo + j * width / WAYS (j = 1 .. WAYS - 1)
+    of a step are one [WAYS, C] reduction (one round of shuffles and barriers a step; the
+    compiled largest_key_reaching held three, 9 barriers), on int32 keys (every order key,
+    KEY_NONE included, fits: one compare a value instead of two), so int32 counts reduce with one
+    warp instruction (sm_90 REDUX). The probes that reach goal are a prefix (the sums fall as t
+    grows): n of them move lo to q_n and hi to q_{n+1} (q_0 = lo, q_WAYS = hi), so lo keeps
+    reaching goal (or stays the first lo) and hi never does (or stays the first hi); the answer
+    is unique, so it is largest_key_reaching's."""
+    LOG: tl.constexpr = WAYS.bit_length() - 1
+    present = keys > KEY_NONE
+    lo = tl.maximum(lo, tl.min(tl.where(present, keys, lo)))
+    hi = tl.minimum(hi, tl.maximum(tl.max(tl.where(present, keys, lo)), lo) + 1)
+    keys32 = keys.to(tl.int32)
+    j = tl.arange(0, WAYS)[:, None].to(tl.int64)  # [WAYS, 1]
+    counted = tl.sum(j, axis=1) > 0  # [WAYS] as the sums: slot 0 (q_0 = lo) is not a probe
+    while hi - lo > 1:
+        width = hi - lo  # < 2**32: lo and hi lie within the order keys
+        probes = (lo + ((j * width) >> LOG)).to(tl.int32)  # in [lo, hi): int32 like the keys
+        sums = tl.sum(tl.where(keys32 >= probes, weights, 0), axis=1)  # [WAYS]
+        n = tl.sum(((sums >= goal) & counted).to(tl.int64), axis=0)
+        new_lo = lo + ((n * width) >> LOG)
+        hi = lo + (((n + 1) * width) >> LOG)
+        lo = new_lo
+    return lo
+
+
+@triton.jit
 def load_candidates(cand_ptr, count, lo_key, hi_key, CAP: tl.constexpr):
     """The first `count` values of a candidate region (cand_ptr: fp32 [CAP], filled by other
     programs of this kernel: read through L2, .cg) restricted to keys in [lo_key, hi_key):

@@ -26,7 +26,7 @@ from ..penalties.triton import row_penalty
 from ._triton_common import (BIG_INDEX, E_ONE, KEY_NEG_INF, KEY_NONE, KEY_POS_INF, NEG_INF, fixed_mass, fixed_prob,
                              key_value, load_x_row, num_drafts_of_row, order_key, passes_min_p,
                              position_of, row_source, sampling_modes, vocab_index)
-from ._triton_search import largest_key_reaching, load_candidates
+from ._triton_search import largest_key_fused, largest_key_reaching, load_candidates
 from ._triton_select_stream import GATHERED, SWEPT, TOP_SET, candidate_plan, merge_partials
 from ._triton_sweeps import refine_and_collect, sweep_min_p_mass
 
@@ -86,9 +86,39 @@ def _interval(p_count, p_mass, goal, s2k, USE_PROB: tl.constexpr):
 
 
 @triton.jit
+def _search_region(region_ptr, n, lo_key, hi_key, floor_key, goal, w_hi, c_hi, m_hi, m, s2k, TILE: tl.constexpr,
+                   USE_PROB: tl.constexpr, WAYS: tl.constexpr):
+    """The threshold inside a gathered interval [lo_key, hi_key) of n <= TILE values at
+    region_ptr (fp32), restricted to keys >= floor_key, whose upper end hi_key has weight w_hi,
+    count c_hi and mass m_hi (E units) at or above it: (t, count and mass of the values with key
+    >= t), t the largest key whose weight (counts, or fixed-point probabilities e / s2k:
+    USE_PROB) reaches goal (at least one value of the interval). WAYS: 0, largest_key_reaching;
+    else largest_key_fused's WAYS-way search (int32 counts)."""
+    x, key = load_candidates(region_ptr, n, tl.maximum(lo_key, floor_key), hi_key, TILE)
+    e = tl.where(key != KEY_NONE, tl.exp(x - m), 0.0)
+    if USE_PROB:
+        weight = tl.where(key != KEY_NONE, fixed_prob(tl.div_rn(e, s2k)), 0)
+    elif WAYS > 0:
+        weight = (key != KEY_NONE).to(tl.int32)
+    else:
+        weight = (key != KEY_NONE).to(tl.int64)
+    if WAYS > 0:
+        t = largest_key_fused(key, weight, tl.maximum(goal - w_hi, 1), lo_key, hi_key, WAYS)
+    else:
+        one = tl.zeros([1], tl.int64)
+        t = tl.sum(largest_key_reaching(key, weight, one + tl.maximum(goal - w_hi, 1), one + lo_key, one + hi_key),
+                   axis=0)
+    above = key >= t
+    count_t = c_hi + tl.sum(tl.sum(above.to(tl.int64), axis=1), axis=0)
+    mass_t = m_hi + tl.sum(tl.sum(tl.where(above, fixed_mass(e), 0), axis=1), axis=0)
+    return t, count_t, mass_t
+
+
+@triton.jit
 def _threshold_stage(goal, s2k, floor_key, p_key, p_count, p_mass, ok0, n0, g_lo, g_hi, ok_g, n_g, cand_row_ptr,
                      target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, m,
-                     V: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, USE_PROB: tl.constexpr):
+                     V: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, USE_PROB: tl.constexpr,
+                     SEARCH_TILE: tl.constexpr):
     """The largest key t with weight(key >= max(t, floor_key)) >= goal, weight = counts (top-k)
     or fixed-point probabilities e / s2k (USE_PROB: top-p); returns (t, count and mass (E units)
     of the values with key >= t, path). Known points (already restricted to key >= floor_key)
@@ -108,18 +138,22 @@ def _threshold_stage(goal, s2k, floor_key, p_key, p_count, p_mass, ok0, n0, g_lo
             target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, m, goal, lo_key, c_lo, m_lo, hi_key,
             c_hi, w_hi, m_hi, floor_key, s2k, cand_row_ptr + SWEPT * CAP, V, CAP, BLOCK_S, USE_PROB)
     gathered = count <= CAP  # else the refinement ended on a single key: it is the threshold
-    x, key = load_candidates(cand_row_ptr + region * CAP, tl.where(gathered, count, 0),
-                             tl.maximum(lo_key, floor_key), hi_key, CAP)
-    e = tl.where(key != KEY_NONE, tl.exp(x - m), 0.0)
-    if USE_PROB:
-        weight = tl.where(key != KEY_NONE, fixed_prob(tl.div_rn(e, s2k)), 0)
+    region_ptr = cand_row_ptr + region * CAP
+    n = tl.where(gathered, count, 0)
+    # SEARCH_TILE (_triton_plan.FINISH_SEARCH_TILE): 0, the [1, CAP] tile's 4-way search of three
+    # reductions a step; else the fused search, 8-way over a small tile of at most SEARCH_TILE
+    # values (SEARCH_TILE / 256 a thread: each step's latency, not its instructions, bounds it), 4-way
+    # over [1, CAP] (16 values a thread: the probes' compares bound it). A model from compiled code
+    # (sm_90a: instructions and barriers a step), untimed.
+    if SEARCH_TILE == 0:
+        t, count_t, mass_t = _search_region(region_ptr, n, lo_key, hi_key, floor_key, goal, w_hi, c_hi, m_hi, m, s2k,
+                                            CAP, USE_PROB, 0)
+    elif n <= SEARCH_TILE:
+        t, count_t, mass_t = _search_region(region_ptr, n, lo_key, hi_key, floor_key, goal, w_hi, c_hi, m_hi, m, s2k,
+                                            SEARCH_TILE, USE_PROB, 8)
     else:
-        weight = (key != KEY_NONE).to(tl.int64)
-    one = tl.zeros([1], tl.int64)
-    t = tl.sum(largest_key_reaching(key, weight, one + tl.maximum(goal - w_hi, 1), one + lo_key, one + hi_key), axis=0)
-    above = key >= t
-    count_t = c_hi + tl.sum(tl.sum(above.to(tl.int64), axis=1), axis=0)
-    mass_t = m_hi + tl.sum(tl.sum(tl.where(above, fixed_mass(e), 0), axis=1), axis=0)
+        t, count_t, mass_t = _search_region(region_ptr, n, lo_key, hi_key, floor_key, goal, w_hi, c_hi, m_hi, m, s2k,
+                                            CAP, USE_PROB, 4)
     # goal beyond everything (rounding at top_p ~ 1): keep all; a single-key interval: that key
     last_key = _pick8(p_key, NUM_POINTS - 1)
     t = tl.where(reachable, tl.where(gathered, t, lo_key), last_key)
@@ -177,7 +211,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
                           cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr,
                           amax_ptr, paths_ptr, NCHUNK, NFCHUNK, V: tl.constexpr, CHUNK: tl.constexpr,
                           BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr,
-                          FENCE: tl.constexpr):
+                          FENCE: tl.constexpr, SEARCH_TILE: tl.constexpr):
     """Program (r, c) of a row with top-k, top-p or min-p: see the module docstring."""
     cand_row_ptr = cand_ptr + r.to(tl.int64) * (3 * CAP)
     fill_row_ptr = fill_ptr + r * 2
@@ -230,7 +264,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
             t_k, c_k, m_k, path_k = _threshold_stage(
                 top_k.to(tl.int64), s, KEY_NEG_INF, p_key, p_count, p_mass, ok0, n0, g_lo, g_hi, ok_g & for_k,
                 n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, m, V, CAP,
-                BLOCK_S, False)
+                BLOCK_S, False, SEARCH_TILE)
             paths = paths | path_k
         s2k = tl.where(topk_on, (m_k.to(tl.float64) / E_ONE).to(tl.float32), s)
         # top-p: fixed-point probabilities within the top-k set (known points below t_k become t_k).
@@ -242,7 +276,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
                 fixed_prob(top_p.to(tl.float64)), s2k, t_k, tl.where(below, t_k, p_key),
                 tl.where(below, c_k, p_count), tl.where(below, m_k, p_mass), ok0, n0, g_lo, g_hi,
                 ok_g & ~for_k & ~topk_on, n_g, cand_row_ptr, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim,
-                temp, pen, PENALTY, m, V, CAP, BLOCK_S, True)
+                temp, pen, PENALTY, m, V, CAP, BLOCK_S, True, SEARCH_TILE)
             paths = paths | (path_p << 4)
         tkey = t_p
         s2 = tl.where(topk_on | topp_on, (m_p.to(tl.float64) / E_ONE).to(tl.float32), s)
@@ -281,13 +315,14 @@ def select_finish_kernel(
     NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
+    SEARCH_TILE: tl.constexpr = 0,
 ):
     """grid (R, NFCHUNK): see the module docstring. NCHUNK: the streaming launch's chunks (its
     partials); CHUNK / NFCHUNK: this launch's. No penalties."""
     _select_finish(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr,
                    tkey_ptr, amax_ptr, paths_ptr, NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
-                   (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, BLOCK_S, FENCE)
+                   (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, BLOCK_S, FENCE, SEARCH_TILE)
 
 
 @triton.jit
@@ -298,14 +333,14 @@ def select_finish_penalised_kernel(
     counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk,  # penalties
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
-    W: tl.constexpr, P0: tl.constexpr,
+    W: tl.constexpr, P0: tl.constexpr, SEARCH_TILE: tl.constexpr = 0,
 ):
     """select_finish_kernel with penalties (the arguments of select_stream_penalised_kernel)."""
     _select_finish(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr,
                    tkey_ptr, amax_ptr, paths_ptr, NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k,
                    (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
-                   True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, BLOCK_S, FENCE)
+                   True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, BLOCK_S, FENCE, SEARCH_TILE)
 
 
 @triton.jit
@@ -314,7 +349,7 @@ def _select_finish(
     cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr,
     NPOS, NCHUNK, NFCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, pen_args, PENALTY: tl.constexpr,
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr,
+    BLOCK_C: tl.constexpr, CAP: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr, SEARCH_TILE: tl.constexpr,
 ):
     """The finishing launch's program (r, c); pen_args: the penalties or (False,)."""
     r = tl.program_id(0)
@@ -338,4 +373,4 @@ def _select_finish(
             r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, top_k, top_p, min_p, topk_on,
             topp_on, minp_on, use_rungs, needed, part_f_ptr, part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, minp_part_ptr,
             ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, paths_ptr, NCHUNK, NFCHUNK, V, CHUNK, BLOCK_V,
-            BLOCK_C, CAP, BLOCK_S, FENCE)
+            BLOCK_C, CAP, BLOCK_S, FENCE, SEARCH_TILE)

@@ -205,7 +205,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
                 K=k,
                 CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
                 BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
-                BLOCK_S=plan.sweep_block, FENCE=fence, num_warps=FINISH_NUM_WARPS,
+                BLOCK_S=plan.sweep_block, FENCE=fence, SEARCH_TILE=plan.finish_search_tile, num_warps=FINISH_NUM_WARPS,
             )
     else:
         (select_small_vocab_penalised_kernel if pen else select_small_vocab_kernel)[plan.select_grid](
@@ -300,6 +300,7 @@ def chain_verify_triton(
     rungs_launch: bool | None = None,
     rungs_sub: int | None = None,
     emit_block_v: int | None = None,
+    finish_search_tile: int | None = None,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,7 +315,9 @@ def chain_verify_triton(
     (None: the plan's choice: where a program streams more than one block); rungs_launch: the
     rungs placed by their own launch (None: the plan's choice, _triton_plan.RUNGS_LAUNCH_MIN_CHUNKS),
     rungs_sub: the sample values that launch compares at a time (None: RUNGS_SAMPLE_SUB);
-    emit_block_v: the emission's vocab block alone (None: the plan's). return_paths: also
+    emit_block_v: the emission's vocab block alone (None: the plan's); finish_search_tile: the
+    finishing launch's threshold search (None: FINISH_SEARCH_TILE; 0 the earlier search, else the
+    fused one over a tile of that many values where the interval fits). return_paths: also
     return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
@@ -324,7 +327,7 @@ def chain_verify_triton(
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
-                     emit_block_v=emit_block_v)
+                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -348,6 +351,7 @@ def sample_triton(
     rungs_launch: bool | None = None,
     rungs_sub: int | None = None,
     emit_block_v: int | None = None,
+    finish_search_tile: int | None = None,
     workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
@@ -360,7 +364,7 @@ def sample_triton(
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
-                     emit_block_v=emit_block_v)
+                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens, workspace)
     return tokens[:, 0]

@@ -97,7 +97,7 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
             yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
                 V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
                 BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, BLOCK_S=plan.sweep_block,
-                FENCE=True)
+                FENCE=True, SEARCH_TILE=plan.finish_search_tile)
     else:
         yield select_small_vocab_kernel, plans.SMALL_NUM_WARPS, dict(
             V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k, **greedy)
@@ -214,6 +214,15 @@ def main() -> int:
             if fn in (emit_kernel, emit_penalised_kernel):
                 kernel = compile_kernel(fn, logits_type, dict(constexprs, LANES=True), num_warps, options)
                 print(f"compiled {fn.__name__}+lanes {logits_type} B=64 K={k} V=128256 "
+                      f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
+    # The finishing kernels with the fused threshold search and its small tile (_triton_plan.FINISH_SEARCH_TILE,
+    # off by default: bench_verify_latency.py's "search_tile1024" way), plain and penalised, and the sampler's.
+    for logits_type, k, has_draft, penalties in (("*bf16", 4, True, False), ("*bf16", 4, True, True),
+                                                 ("*fp32", 0, False, False)):
+        for fn, num_warps, constexprs, options in jobs(logits_type, 1, k, 128256, has_draft, None, penalties):
+            if fn in (select_finish_kernel, select_finish_penalised_kernel):
+                kernel = compile_kernel(fn, logits_type, dict(constexprs, SEARCH_TILE=1024), num_warps, options)
+                print(f"compiled {fn.__name__}+search1024 {logits_type} B=1 K={k} V=128256 "
                       f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
     return 0
 
