@@ -5,7 +5,7 @@ before 2026-11-27). Nsight Compute on an H200 read the B = 1 streaming launch at
 top_k = 50 and 41.6 us with top_p = 0.9 against 7.5 us at T = 1 (bench/results/h200_2026-11-27c):
 63 programs a row, each placing the same rungs from a 1024-value sample.
 
-Two candidate defaults ride along, untimed so far: "rungs_sub256" (the rungs launch, 9.1 us at
+Candidate defaults ride along, untimed so far: "rungs_sub256" (the rungs launch, 9.1 us at
 B = 1 on the H200, comparing 256 sample values a step instead of 32: 4 dependent steps instead of
 32; predicted 3-4 us) and "emit_block_v256" (the emission's block 256 instead of 1024: at B = 1,
 501 programs of 2 values a thread instead of 126 of 8, where Nsight Compute read the emission at
@@ -13,6 +13,14 @@ B = 1 on the H200, comparing 256 sample values a step instead of 32: 4 dependent
 instructions a thread at ~6 cycles each, ~10 us a program. Predicted: a quarter of that chain and
 four programs an SM, the emission ~8 us; the ~8 us between its programs' active cycles (18.8 k)
 and the launch's elapsed ones (35.5 k) are not understood and may stay).
+A third since 2026-11-27 (no GPU that session): "search_tile1024", the finishing launch's fused
+threshold search (_triton_plan.FINISH_SEARCH_TILE = 1024: largest_key_fused, 8-way over a
+1024-value tile where the interval fits, else 4-way over CAP). The finishing launch took 31.4 us
+of the B = 1 top_k = 50 verify's 72.4 (H200), ~45 k of its 62 k cycles one program a row alone,
+and the search is that program's loop: 11-12 steps of 362 instructions and 9 barriers a thread
+(sm_90a, compiled here), against ~8 steps of 221 and 3 with the fused form on a top set.
+Predicted: the B = 1 top_k finishing launch 31 -> ~20 us; top_p (intervals of 1.4-2.9 k values
+on these logits: the full tile, 4-way) a few us at most; T = 1 unchanged (no finishing launch).
 
 The first run (H200, commit 15f46cc) also timed the emission's ratio test in one tile against
 the loop over positions: B = 1 T = 1 verify 28.0 against 28.4 us, B = 64 T = 1 290.9 against
@@ -46,9 +54,10 @@ MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "m
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
 # "now": the defaults. Candidates, untimed (each flips a default only where a GPU shows it faster):
 # the rungs launch comparing 256 sample values a step instead of 32 (_triton_plan.RUNGS_SAMPLE_SUB);
-# the emission in blocks of 256 (more programs at small batch: 501 a row instead of 126 at B = 1).
+# the emission in blocks of 256 (more programs at small batch: 501 a row instead of 126 at B = 1);
+# the finishing launch's fused search with a 1024-value tile (_triton_plan.FINISH_SEARCH_TILE).
 WAYS = {"now": {}, "rungs_per_program": dict(rungs_launch=False), "rungs_sub256": dict(rungs_sub=256),
-        "emit_block_v256": dict(emit_block_v=256)}
+        "emit_block_v256": dict(emit_block_v=256), "search_tile1024": dict(finish_search_tile=1024)}
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs
 
 

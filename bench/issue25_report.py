@@ -22,6 +22,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
   - RUNGS_SAMPLE_SUB=256 and EMIT_BLOCK_V=256 (kernels/verify/_triton_plan.py RUNGS_SAMPLE_SUB and
     EMIT_MAX_BLOCK_V, whose 256 is the way's plan at every batch): bench_verify_latency's candidate ways against its
     defaults, verify and sampler, every batch and mode it measured, the reference's tokens;
+  - FINISH_SEARCH_TILE=1024 (kernels/verify/_triton_plan.py): bench_verify_latency's "search_tile1024"
+    way (the finishing launch's fused threshold search) against its defaults, the same rows and rule;
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
@@ -182,8 +184,9 @@ def merge_lever(report: dict | None) -> dict:
 
 def latency_lever(report: dict | None, way: str, what: str) -> dict:
     """A candidate default of bench_verify_latency.py (way: rungs_sub256 -> _triton_plan.RUNGS_SAMPLE_SUB
-    = 256, emit_block_v256 -> the emission's block): its verify and sampler times over the defaults'
-    ("now") in every row measured, with the reference's tokens."""
+    = 256, emit_block_v256 -> the emission's block, search_tile1024 -> FINISH_SEARCH_TILE = 1024): its
+    verify and sampler times over the defaults' ("now") in every row measured, with the reference's
+    tokens."""
     ratios, why = {}, []
     for r in (report or {}).get("rows", []):
         if f"verify_{way}_us" not in r:
@@ -249,7 +252,10 @@ def build(results: Path, device: str) -> dict:
                                                               "us with the rungs launch comparing 256 values a step"),
                                                           "EMIT_BLOCK_V=256": latency_lever(
                                                               latency, "emit_block_v256",
-                                                              "us with the emission in blocks of 256")},
+                                                              "us with the emission in blocks of 256"),
+                                                          "FINISH_SEARCH_TILE=1024": latency_lever(
+                                                              latency, "search_tile1024",
+                                                              "us with the finishing launch's fused search")},
             "stream_variants": stream_variants(load(results, "stream_lanes", device)),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}

@@ -12,6 +12,8 @@ Cases (V = 128256, bf16 logits, the shapes of issue 25's rows):
   chain_b1_<mode>  chain_verify B = 1, K = 4, mode greedy / t1 / topk50 / topp09: the B = 1 rows of issue 25
                    (12 / 27 / 86 / 110 us on the H200 where the targets are 8 / 15 / 30 / 30)
   tree_b8_t1       tree_verify B = 8, N = 64, T = 1 (its residual launches: 234 of 403 us)
+  chain_b1_topk50_search1024  chain_b1_topk50 with the finishing launch's fused search
+                   (_triton_plan.FINISH_SEARCH_TILE = 1024, off by default)
 Each case is called --calls times; nothing is timed here. The profiler reads the kernels it
 names (-k), replaying each with the caches flushed, so one call (which also compiles) is enough
 to read every launch of a case."""
@@ -44,7 +46,7 @@ def tree_t1(device, batch=1):
                                       max_children=tree.max_children)
 
 
-def chain(device, batch, **sampling):
+def chain(device, batch, overrides=None, **sampling):
     from verify_gpu_table import make_logits
 
     from specdec_fast.kernels import make_sampling_tensors
@@ -55,7 +57,7 @@ def chain(device, batch, **sampling):
     target, draft, tokens = make_logits(batch, k, vocab, "random", device, torch.bfloat16)
     params = make_sampling_tensors(batch, device, seed=0, **sampling)
     ws = KernelWorkspace()
-    return lambda: chain_verify_triton(target, draft, tokens, params, workspace=ws)
+    return lambda: chain_verify_triton(target, draft, tokens, params, workspace=ws, **(overrides or {}))
 
 
 CASES = {"tree_t1": tree_t1, "tree_b8_t1": lambda d: tree_t1(d, batch=8),
@@ -64,7 +66,8 @@ CASES = {"tree_t1": tree_t1, "tree_b8_t1": lambda d: tree_t1(d, batch=8),
          "chain_b1_greedy": lambda d: chain(d, 1, temperature=0.0),
          "chain_b1_t1": lambda d: chain(d, 1, temperature=1.0),
          "chain_b1_topk50": lambda d: chain(d, 1, temperature=1.0, top_k=50),
-         "chain_b1_topp09": lambda d: chain(d, 1, temperature=1.0, top_p=0.9)}
+         "chain_b1_topp09": lambda d: chain(d, 1, temperature=1.0, top_p=0.9),
+         "chain_b1_topk50_search1024": lambda d: chain(d, 1, dict(finish_search_tile=1024), temperature=1.0, top_k=50)}
 
 
 def main(argv=None):

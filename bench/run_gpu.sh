@@ -199,11 +199,12 @@ stage_ncu_source() {
   # 1024-value block a program; the finishing launch's 31-51 us): Nsight Compute's full set with
   # per-instruction sampling, one launch per case, saved as a report; then its raw metrics (the warp
   # stall reasons among them) and its source page (SASS with the samples; written only where this
-  # ncu's CLI has --page source) as CSV. NCU_CASES as for `ncu`.
+  # ncu's CLI has --page source) as CSV. NCU_CASES as for `ncu`. The third default case: the finishing
+  # launch with the fused search (FINISH_SEARCH_TILE = 1024, off by default), beside the second.
   local ncu_bin case_ kernels rep
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$ncu_bin" ] || ncu_bin=ncu
-  for case_ in ${NCU_CASES:-chain_b1_t1:emit chain_b1_topk50:select_finish}; do
+  for case_ in ${NCU_CASES:-chain_b1_t1:emit chain_b1_topk50:select_finish chain_b1_topk50_search1024:select_finish}; do
     kernels=${case_#*:}
     rep="$results/ncu_src_${case_%%:*}_$dev"
     run --cap 150 "$ncu_bin" --clock-control none -k "regex:$kernels" --launch-count 1 --set full --import-source yes \

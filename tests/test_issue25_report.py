@@ -59,11 +59,13 @@ FILES = {
         {"B": 1, "mode": "top_k=50", "verify_now_us": 72.0, "sample_now_us": 55.0, "verify_rungs_sub256_us": 66.0,
          "sample_rungs_sub256_us": 55.2, "tokens_equal_reference_rungs_sub256": True,
          "verify_emit_block_v256_us": 62.0, "sample_emit_block_v256_us": 57.0,
-         "tokens_equal_reference_emit_block_v256": True},
+         "tokens_equal_reference_emit_block_v256": True, "verify_search_tile1024_us": 60.0,
+         "sample_search_tile1024_us": 50.0, "tokens_equal_reference_search_tile1024": True},
         {"B": 64, "mode": "T=1", "verify_now_us": 255.0, "sample_now_us": 94.0, "verify_rungs_sub256_us": 255.5,
          "sample_rungs_sub256_us": 94.0, "tokens_equal_reference_rungs_sub256": True,
          "verify_emit_block_v256_us": 250.0, "sample_emit_block_v256_us": 93.0,
-         "tokens_equal_reference_emit_block_v256": True}]},
+         "tokens_equal_reference_emit_block_v256": True, "verify_search_tile1024_us": 256.0,
+         "sample_search_tile1024_us": 94.5, "tokens_equal_reference_search_tile1024": True}]},
     "stream_lanes": {"rows": [{"B": 64, "V": 128256, "mode": "T=1", "verify_lanes": {"median_us": 200.0},
                                "tokens_equal_reference_lanes": True, "verify_lanes_unroll2": {"median_us": 150.0},
                                "tokens_equal_reference_lanes_unroll2": True,
@@ -110,6 +112,8 @@ def test_targets_read_from_every_file(tmp_path):
     rungs, block = report["levers"]["RUNGS_SAMPLE_SUB=256"], report["levers"]["EMIT_BLOCK_V=256"]
     assert rungs["advice"] == "on" and rungs["ratios"]["B=1 top_k=50 verify"] == 0.917  # 66 / 72, the rest within noise
     assert block["advice"] == "off"  # the B = 1 sampler 57 / 55: 3.6% slower
+    search = report["levers"]["FINISH_SEARCH_TILE=1024"]
+    assert search["advice"] == "on" and search["ratios"]["B=1 top_k=50 verify"] == 0.833  # 60 / 72; B = 64 within noise
     text = issue25_report.markdown(report)
     assert "| GEMV_LAYER | on |" in text and "not measured" not in text
     assert "| residual_mass_kernel | 5 | 20.0 |" in text
