@@ -47,11 +47,19 @@ def _pick8(values, j):
 
 
 @triton.jit
+def _top_set_mass(top_ptr, n, tau0, m, TILE: tl.constexpr):
+    """Mass (E units) of the first n <= TILE values of the top set at top_ptr with x >= tau0."""
+    x0, key0 = load_candidates(top_ptr, n, order_key(tau0), KEY_POS_INF, TILE)
+    return tl.sum(tl.sum(tl.where(key0 != KEY_NONE, fixed_mass(tl.exp(x0 - m)), 0), axis=1), axis=0)
+
+
+@triton.jit
 def _known_points(rungs, counts8, masses8, m, s, n0, ok0, use_rungs, weigh_top, cand_row_ptr,
-                  V: tl.constexpr, CAP: tl.constexpr):
+                  V: tl.constexpr, CAP: tl.constexpr, SEARCH_TILE: tl.constexpr):
     """(key, count, mass (E units)) [NUM_POINTS] of the values at or above each known point, in
     decreasing key order: +inf, the six rungs, -inf. Rows without rungs know only tau0, from
-    their gathered top set (when it fits; its mass is read only when weigh_top), and use tau0
+    their gathered top set (when it fits; its mass is read only when weigh_top: over a tile of
+    SEARCH_TILE values where the set fits one and SEARCH_TILE is set, else of CAP), and use tau0
     for every rung slot."""
     jp = tl.arange(0, NUM_POINTS)
     slot = jp[:, None] == tl.arange(0, 8)[None, :] + 1  # point j is rung j - 1
@@ -59,9 +67,13 @@ def _known_points(rungs, counts8, masses8, m, s, n0, ok0, use_rungs, weigh_top, 
     rung_counts = tl.sum(tl.where(slot, counts8[None, :], 0), axis=1)
     rung_masses = tl.sum(tl.where(slot, fixed_mass(masses8)[None, :], 0), axis=1)
     tau0 = tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)
-    x0, key0 = load_candidates(cand_row_ptr + TOP_SET * CAP, tl.where(ok0 & ~use_rungs & weigh_top, n0, 0),
-                               order_key(tau0), KEY_POS_INF, CAP)
-    top_mass = tl.sum(tl.sum(tl.where(key0 != KEY_NONE, fixed_mass(tl.exp(x0 - m)), 0), axis=1), axis=0)
+    n_top = tl.where(ok0 & ~use_rungs & weigh_top, n0, 0)
+    if SEARCH_TILE == 0:
+        top_mass = _top_set_mass(cand_row_ptr + TOP_SET * CAP, n_top, tau0, m, CAP)
+    elif n_top <= SEARCH_TILE:
+        top_mass = _top_set_mass(cand_row_ptr + TOP_SET * CAP, n_top, tau0, m, SEARCH_TILE)
+    else:
+        top_mass = _top_set_mass(cand_row_ptr + TOP_SET * CAP, n_top, tau0, m, CAP)
     inner = (jp >= 1) & (jp <= NUM_POINTS - 2)
     known = inner & (use_rungs | ok0)  # without rungs only tau0 is known, and only when its set fits
     p_key = tl.where(jp == 0, KEY_POS_INF, tl.where(known, order_key(rung_vals), KEY_NEG_INF))
@@ -225,7 +237,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
     ok0 = n0 <= CAP
     # (rows with rungs know every point; the others need only tau0's mass, in the last program)
     p_key, p_count, p_mass = _known_points(rungs, counts8, masses8, m, s, n0, ok0, use_rungs, False, cand_row_ptr, V,
-                                           CAP)
+                                           CAP, SEARCH_TILE)
     # The one interval the chunks gather: top-k's (not small), else top-p's when alone.
     j_k, _, reach_k = _interval(p_count, p_mass, top_k.to(tl.int64), s, False)
     j_p, _, reach_p = _interval(p_count, p_mass, fixed_prob(top_p.to(tl.float64)), s, True)
@@ -253,7 +265,7 @@ def _finish_selecting_row(r, c, target_ptr, draft_ptr, t_off, d_off, t_lim, d_li
         s3 = s
         paths = tl.sum(tl.zeros([1], tl.int32), axis=0)
         p_key, p_count, p_mass = _known_points(rungs, counts8, masses8, m, s, n0, ok0, use_rungs, True,
-                                               cand_row_ptr, V, CAP)
+                                               cand_row_ptr, V, CAP, SEARCH_TILE)
         n_g = tl.load(fill_row_ptr + GATHERED, cache_modifier=".cg")
         ok_g = gather_on & (n_g <= CAP)
         # top-k: counts.

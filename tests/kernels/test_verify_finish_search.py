@@ -176,6 +176,32 @@ def test_the_fused_search_changes_nothing_in_the_verify_step(device, batch, k, v
         assert torch.equal(tokens.cpu(), expected[0].cpu()) and torch.equal(accepted.cpu(), expected[1].cpu())
 
 
+def test_the_fused_form_when_the_sample_misses_the_top_set(device):
+    """A top set smaller than the top-k (the row sample saw every high value of the row: tau0 sits
+    above the k-th value), so the top-k threshold is swept below tau0 and the top set's mass (read
+    over the small tile, _known_points) is the interval's upper end: the same statistics."""
+    from specdec_fast.kernels.verify import triton as launcher
+    from specdec_fast.kernels.verify._triton_plan import SAMPLE, SAMPLE_RUN
+
+    batch, k, vocab = 1, 2, 16384
+    g = torch.Generator().manual_seed(4)
+    target = torch.randn(batch, k + 1, vocab, generator=g)
+    i = torch.arange(SAMPLE)
+    sampled = (i // SAMPLE_RUN) * (vocab // (SAMPLE // SAMPLE_RUN)) + i % SAMPLE_RUN  # _triton_sample.py's positions
+    target[..., sampled] += 5.0
+    draft = target[:, :k] + 0.1 * torch.randn(batch, k, vocab, generator=g)
+    drafts = torch.randint(0, vocab, (batch, k), generator=g)
+    target, draft, drafts = target.to(device), draft.to(device), drafts.to(device)
+    params = make_sampling_tensors(batch, device, seed=3, top_k=8, top_p=0.95)
+    overrides = dict(cap=128)
+    earlier = _stats(target, draft, drafts, params, None, 0, **overrides)
+    assert ((earlier[5] & 0xF) == 1 << 2).all()  # every top-k threshold was swept (SWEPT, below tau0)
+    fused = _stats(target, draft, drafts, params, None, 32, **overrides)
+    for a, b in zip(earlier, fused):
+        assert torch.equal(a, b), (a, b)
+    assert launcher.plan_for(batch, k, vocab, True, target.device, overrides, params.modes).sample == SAMPLE
+
+
 def test_the_penalised_fused_search_changes_nothing(device):
     batch, k, vocab = 2, 3, 1000
     target, draft, drafts = (t.to(device) for t in _problem(batch, k, vocab, seed=11))
