@@ -64,9 +64,9 @@ STREAM_UNROLL = 1
 # 29.0 / 17.7 against 28.5 / 18.2 (within the run's noise); the same tokens in every row.
 FINISH_NUM_WARPS = 8
 # The finishing search (_triton_select_finish.py _search_region): 0, largest_key_reaching over the
-# [1, CAP] tile (4-way, three reductions a step); N > 0, largest_key_fused (5-way, one [4, C]
-# reduction a step, int32 keys and counts) over a [1, N] tile where the interval holds at most N
-# values, else over [1, CAP]. From the H200's Nsight Compute reading (B = 1, top_k = 50,
+# [1, CAP] tile (4-way, three reductions a step); N > 0, largest_key_fused (one [WAYS, C] reduction
+# a step, int32 keys and counts): 8-way over a [1, N] tile where the interval holds at most N values
+# (the top set's mass pass too), else 4-way over [1, CAP]. From the H200's Nsight Compute reading (B = 1, top_k = 50,
 # bench/results/h200_2026-11-27c): the finishing launch took 31.4 us, 62 k cycles, of which one
 # program a row spends ~45 k alone after its row's other programs, at 11 cycles per issued
 # instruction; its search step compiles (sm_90a, ptxas here) to 362 instructions a thread with 9
