@@ -137,7 +137,8 @@ stage_limits() {
   # tree N=64 vs chain K=8, the tree's kernels by device time, and its walk both ways (WALK_PARALLEL)
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
   # the rungs launch against every streaming program placing the rungs (the top-k / top-p / min-p rows), and the
-  # two candidate defaults (issue25_report's RUNGS_SAMPLE_SUB=256 and EMIT_BLOCK_V=256 levers)
+  # three candidate defaults (issue25_report's RUNGS_SAMPLE_SUB=256, EMIT_BLOCK_V=256 and FINISH_SEARCH_TILE=1024
+  # levers); the B = 1 rows first
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
