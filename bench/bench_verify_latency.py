@@ -1,31 +1,34 @@
-"""The rungs launch side by side with the form it replaced (GPU), in one run: each selecting row's
-rungs placed once by their own launch (rungs_launch, kernels/verify/_triton_select_rungs.py:
-"now") against every streaming program of the row placing them ("rungs_per_program", the kernel
-before 2026-11-27). Nsight Compute on an H200 read the B = 1 streaming launch at 34.2 us with
-top_k = 50 and 41.6 us with top_p = 0.9 against 7.5 us at T = 1 (bench/results/h200_2026-11-27c):
-63 programs a row, each placing the same rungs from a 1024-value sample.
+"""The verify step's candidate defaults side by side with the defaults (GPU), in one run ("now":
+the defaults; each way a plan override of chain_verify_triton / sample_triton). None is timed
+yet; each flips its default only where a GPU shows it faster (bench/issue25_report.py's levers):
 
-Candidate defaults ride along, untimed so far: "rungs_sub256" (the rungs launch, 9.1 us at
-B = 1 on the H200, comparing 256 sample values a step instead of 32: 4 dependent steps instead of
-32; predicted 3-4 us) and "emit_block_v256" (the emission's block 256 instead of 1024: at B = 1,
-501 programs of 2 values a thread instead of 126 of 8, where Nsight Compute read the emission at
-6% occupancy and 9% of issue slots busy for 18.5 us: one warp a scheduler running ~2 k dependent
-instructions a thread at ~6 cycles each, ~10 us a program. Predicted: a quarter of that chain and
-four programs an SM, the emission ~8 us; the ~8 us between its programs' active cycles (18.8 k)
-and the launch's elapsed ones (35.5 k) are not understood and may stay).
-A third since 2026-11-27 (no GPU that session): "search_tile1024", the finishing launch's fused
-threshold search (_triton_plan.FINISH_SEARCH_TILE = 1024: largest_key_fused, 8-way over a
-1024-value tile where the interval fits, else 4-way over CAP). The finishing launch took 31.4 us
-of the B = 1 top_k = 50 verify's 72.4 (H200), ~45 k of its 62 k cycles one program a row alone,
-and the search is that program's loop: 11-12 steps of 362 instructions and 9 barriers a thread
-(sm_90a, compiled here), against ~8 steps of 221 and 3 with the fused form on a top set.
-Predicted: the B = 1 top_k finishing launch 31 -> ~20 us; top_p (intervals of 1.4-2.9 k values
-on these logits: the full tile, 4-way) a few us at most; T = 1 unchanged (no finishing launch).
+  "rungs_sub256"     the rungs launch comparing 256 sample values a step instead of 32
+                     (_triton_plan.RUNGS_SAMPLE_SUB): it took 9.1 us at B = 1 on an H200, 32
+                     dependent steps; 4 with 256. Predicted 3-4 us.
+  "emit_block_v256"  the emission in blocks of 256 instead of 1024: at B = 1, 501 programs of 2
+                     values a thread instead of 126 of 8, where Nsight Compute read the emission at
+                     6% occupancy and 9% of issue slots busy for 18.5 us: one warp a scheduler
+                     running ~2 k dependent instructions a thread at ~6 cycles each, ~10 us a
+                     program. Predicted: a quarter of that chain and four programs an SM, the
+                     emission ~8 us; the ~8 us between its programs' active cycles (18.8 k) and the
+                     launch's elapsed ones (35.5 k) are not understood and may stay.
+  "search_tile1024"  the finishing launch's fused threshold search (_triton_plan.FINISH_SEARCH_TILE =
+  "search_tile2048"  1024 / 2048: largest_key_fused, 8-way over a tile of that many values where the
+                     interval fits, else 4-way over CAP). The finishing launch took 31.4 us of the
+                     B = 1 top_k = 50 verify's 72.4 (H200), ~45 k of its 62 k cycles one program a
+                     row alone, and the search is that program's loop: 11-12 steps of 362
+                     instructions and 9 barriers a thread (sm_90a, compiled here). Fused, per step:
+                     counts 221 (1024) / 309 (2048) instructions, probabilities 412 / 556, the full
+                     tile 243 / 422, each with 3 barriers, ~7 steps 8-way, ~10-11 4-way. On these
+                     logits a top_k = 50 set holds ~100-950 values (both tiles), a top_p = 0.9
+                     interval ~1.4-2.9 k (the full tile with 1024, mostly the 2048 tile with 2048).
+                     Predicted: the B = 1 top_k finishing launch 31 -> ~20 us with either; top_p a
+                     few us at most, more with 2048; T = 1 unchanged (no finishing launch).
 
-The first run (H200, commit 15f46cc) also timed the emission's ratio test in one tile against
-the loop over positions: B = 1 T = 1 verify 28.0 against 28.4 us, B = 64 T = 1 290.9 against
-254.9 us; the tile was not kept, and that comparison is gone from this script (the JSON of that
-run holds its ways "ratio_loop" and "before").
+Measured before (H200, bench/results/h200_2026-11-27c, this script's earlier ways): the rungs
+launch against every streaming program placing the rungs (kept: _triton_plan.py records the
+figures), and the emission's ratio test in one tile against the loop over positions (B = 1 T = 1
+verify 28.0 against 28.4 us, B = 64 T = 1 290.9 against 254.9 us; not kept).
 
 For B in {1, 8, 64}, K = 4 with draft logits, V = 128256, modes T=1 / top_k=50 / top_p=0.9 /
 min_p=0.05: chain_verify_triton (and sample_triton, the draft sampler) as CUDA graph replays
@@ -52,12 +55,9 @@ from specdec_fast.kernels.verify import chain_verify_reference, sample_reference
 
 MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05)}
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
-# "now": the defaults. Candidates, untimed (each flips a default only where a GPU shows it faster):
-# the rungs launch comparing 256 sample values a step instead of 32 (_triton_plan.RUNGS_SAMPLE_SUB);
-# the emission in blocks of 256 (more programs at small batch: 501 a row instead of 126 at B = 1);
-# the finishing launch's fused search with a 1024-value tile (_triton_plan.FINISH_SEARCH_TILE).
-WAYS = {"now": {}, "rungs_per_program": dict(rungs_launch=False), "rungs_sub256": dict(rungs_sub=256),
-        "emit_block_v256": dict(emit_block_v=256), "search_tile1024": dict(finish_search_tile=1024)}
+# "now": the defaults; the candidates of the module docstring.
+WAYS = {"now": {}, "rungs_sub256": dict(rungs_sub=256), "emit_block_v256": dict(emit_block_v=256),
+        "search_tile1024": dict(finish_search_tile=1024), "search_tile2048": dict(finish_search_tile=2048)}
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs
 
 
@@ -106,8 +106,10 @@ def main(argv=None) -> dict:
                                                  False)["median_us"]
                 row[f"sample_{name}_us"] = _time(lambda: sample_triton(logits, params, positions, 2, **way),
                                                  False)["median_us"]
-            row["verify_now_over_rungs_per_program"] = row["verify_now_us"] / row["verify_rungs_per_program_us"]
-            row["sample_now_over_rungs_per_program"] = row["sample_now_us"] / row["sample_rungs_per_program_us"]
+            for name in WAYS:
+                if name != "now":
+                    row[f"verify_{name}_over_now"] = row[f"verify_{name}_us"] / row["verify_now_us"]
+                    row[f"sample_{name}_over_now"] = row[f"sample_{name}_us"] / row["sample_now_us"]
             rows.append(row)
             ok = all(row[f"tokens_equal_reference_{name}"] for name in WAYS)
             parts = " | ".join(f"{name} {row[f'verify_{name}_us']:.1f} / {row[f'sample_{name}_us']:.1f}" for name in WAYS)

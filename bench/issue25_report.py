@@ -22,8 +22,9 @@ Prints one markdown table (target, measured, met?) and one of the levers:
   - RUNGS_SAMPLE_SUB=256 and EMIT_BLOCK_V=256 (kernels/verify/_triton_plan.py RUNGS_SAMPLE_SUB and
     EMIT_MAX_BLOCK_V, whose 256 is the way's plan at every batch): bench_verify_latency's candidate ways against its
     defaults, verify and sampler, every batch and mode it measured, the reference's tokens;
-  - FINISH_SEARCH_TILE=1024 (kernels/verify/_triton_plan.py): bench_verify_latency's "search_tile1024"
-    way (the finishing launch's fused threshold search) against its defaults, the same rows and rule;
+  - FINISH_SEARCH_TILE=1024 and =2048 (kernels/verify/_triton_plan.py): bench_verify_latency's
+    "search_tile1024" / "search_tile2048" ways (the finishing launch's fused threshold search) against
+    its defaults, the same rows and rule (where both say on, the faster one);
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
@@ -255,7 +256,10 @@ def build(results: Path, device: str) -> dict:
                                                               "us with the emission in blocks of 256"),
                                                           "FINISH_SEARCH_TILE=1024": latency_lever(
                                                               latency, "search_tile1024",
-                                                              "us with the finishing launch's fused search")},
+                                                              "us with the finishing launch's fused search"),
+                                                          "FINISH_SEARCH_TILE=2048": latency_lever(
+                                                              latency, "search_tile2048",
+                                                              "us with the fused search's 2048-value tile")},
             "stream_variants": stream_variants(load(results, "stream_lanes", device)),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}

@@ -72,8 +72,9 @@ FINISH_NUM_WARPS = 8
 # instruction; its search step compiles (sm_90a, ptxas here) to 362 instructions a thread with 9
 # barriers, 11-12 steps, over a top set of 96-952 values in a 4096-value tile (the interpreter's
 # plan on the bench's logits). 1024 (4 values a thread; compiled: 221 instructions and 3 barriers a
-# step for counts, ~8 steps) is bench_verify_latency.py's "search_tile1024" way, untimed: 0 until a
-# GPU shows it faster.
+# step for counts, ~8 steps) and 2048 (309; top-p intervals of up to 2048 values in it too) are
+# bench_verify_latency.py's "search_tile1024" / "search_tile2048" ways, untimed: 0 until a GPU shows
+# one faster.
 FINISH_SEARCH_TILE = 0
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.

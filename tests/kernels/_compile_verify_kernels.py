@@ -216,13 +216,16 @@ def main() -> int:
                 print(f"compiled {fn.__name__}+lanes {logits_type} B=64 K={k} V=128256 "
                       f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
     # The finishing kernels with the fused threshold search and its small tile (_triton_plan.FINISH_SEARCH_TILE,
-    # off by default: bench_verify_latency.py's "search_tile1024" way), plain and penalised, and the sampler's.
+    # off by default: bench_verify_latency.py's "search_tile1024" / "search_tile2048" ways), plain (both
+    # tiles) and penalised, and the sampler's.
     for logits_type, k, has_draft, penalties in (("*bf16", 4, True, False), ("*bf16", 4, True, True),
                                                  ("*fp32", 0, False, False)):
         for fn, num_warps, constexprs, options in jobs(logits_type, 1, k, 128256, has_draft, None, penalties):
-            if fn in (select_finish_kernel, select_finish_penalised_kernel):
-                kernel = compile_kernel(fn, logits_type, dict(constexprs, SEARCH_TILE=1024), num_warps, options)
-                print(f"compiled {fn.__name__}+search1024 {logits_type} B=1 K={k} V=128256 "
+            if fn not in (select_finish_kernel, select_finish_penalised_kernel):
+                continue
+            for tile in (1024, 2048) if fn is select_finish_kernel and k else (1024,):  # the bench's two ways
+                kernel = compile_kernel(fn, logits_type, dict(constexprs, SEARCH_TILE=tile), num_warps, options)
+                print(f"compiled {fn.__name__}+search{tile} {logits_type} B=1 K={k} V=128256 "
                       f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
     return 0
 
