@@ -220,7 +220,7 @@ def test_the_penalised_fused_search_changes_nothing(device):
 def test_the_fused_search_at_the_benchmarks_shape(device, sampling):
     """Issue 25's B = 1 row (K = 4, V = 128256, bf16, the bench's logits: top sets of ~100-950
     values, top-p intervals of ~1.4-2.9 k on these flat rows): the same statistics and routes with
-    the fused search's 1024-value tile (the benchmark's way) as with the earlier search."""
+    the fused search's 1024- and 2048-value tiles (the benchmark's ways) as with the earlier search."""
     import sys
     from pathlib import Path
 
@@ -230,7 +230,8 @@ def test_the_fused_search_at_the_benchmarks_shape(device, sampling):
     target, draft, drafts = make_logits(1, 4, 128256, "random", device, torch.bfloat16)
     params = make_sampling_tensors(1, device, seed=1, **sampling)
     earlier = _stats(target, draft, drafts, params, None, 0)
-    fused = _stats(target, draft, drafts, params, None, 1024)
     assert (earlier[5] != 0).all()  # every distribution settled its threshold
-    for a, b in zip(earlier, fused):
-        assert torch.equal(a, b), (a, b)
+    for tile in (1024, 2048):
+        fused = _stats(target, draft, drafts, params, None, tile)
+        for a, b in zip(earlier, fused):
+            assert torch.equal(a, b), (tile, a, b)
