@@ -25,6 +25,13 @@ yet; each flips its default only where a GPU shows it faster (bench/issue25_repo
                      Predicted: the B = 1 top_k finishing launch 31 -> ~20 us with either; top_p a
                      few us at most, more with 2048; T = 1 unchanged (no finishing launch).
 
+  "emit_skip_identities"  the emission skipping per value what is the identity for all of a
+                     program's rows (_triton_plan.EMIT_SKIP_IDENTITIES: the division by T = 1, min-p's
+                     test without min-p): the B = 64 pass's step compiles to 1903 instructions a
+                     thread on that path against 2443 (sm_90a, here); Nsight Compute read that
+                     emission at 169 us of the B = 64 T = 1 verify's 255, compute-bound. Predicted:
+                     B = 64 T = 1 verify ~225 us (the emission 15-20% faster); B = 1 a few us at most.
+
 Measured before (H200, bench/results/h200_2026-11-27c, this script's earlier ways): the rungs
 launch against every streaming program placing the rungs (kept: _triton_plan.py records the
 figures), and the emission's ratio test in one tile against the loop over positions (B = 1 T = 1
@@ -57,7 +64,8 @@ MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "m
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
 # "now": the defaults; the candidates of the module docstring.
 WAYS = {"now": {}, "rungs_sub256": dict(rungs_sub=256), "emit_block_v256": dict(emit_block_v=256),
-        "search_tile1024": dict(finish_search_tile=1024), "search_tile2048": dict(finish_search_tile=2048)}
+        "search_tile1024": dict(finish_search_tile=1024), "search_tile2048": dict(finish_search_tile=2048),
+        "emit_skip_identities": dict(emit_skip_identities=True)}
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs
 
 

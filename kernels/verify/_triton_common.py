@@ -139,12 +139,20 @@ def position_of(r, NPOS, K: tl.constexpr):
 
 
 @triton.jit
-def standardised(z, idx, temp, greedy, m, s2, s3, tkey, amax, min_p):
+def standardised(z, idx, temp, greedy, m, s2, s3, tkey, amax, min_p, divide=True, by_min_p=True):
     """(std, prob) of raw logits z at vocab indices idx (any broadcastable shapes) from the
-    stats of their distributions: reference.standardise and its softmax, never materialised."""
-    x = tl.div_rn(z.to(tl.float32), temp)
+    stats of their distributions: reference.standardise and its softmax, never materialised.
+    divide / by_min_p (scalars; True: always): False where no row of the call has T != 1 / min_p
+    > 0, skipping per value an IEEE division that is then the identity (z / 1 = z exactly) and
+    min-p's test (two divisions) that then keeps every value (e / s2 >= 0 for finite or -inf
+    logits, as the reference applies no min-p at min_p = 0)."""
+    x = z.to(tl.float32)
+    if divide:
+        x = tl.div_rn(x, temp)
     e = tl.exp(x - m)
-    keep = (order_key(x) >= tkey) & passes_min_p(e, s2, min_p)
+    keep = order_key(x) >= tkey
+    if by_min_p:
+        keep = keep & passes_min_p(e, s2, min_p)
     std = tl.where(keep, x, NEG_INF)
     prob = tl.where(keep, tl.div_rn(e, s3), 0.0)
     at_max = idx == amax

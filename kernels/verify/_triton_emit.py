@@ -72,28 +72,45 @@ def _lanes_reduced(best, arg, start):
 
 
 @triton.jit
-def _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, PENALTY: tl.constexpr):
+def _identity_skips(temp, min_p, SKIP_IDENTITIES: tl.constexpr):
+    """standardised's (divide, by_min_p) for the rows temp / min_p [BLOCK_R] of a program (the
+    plan's emit_skip_identities; else (True, True): every value divided and tested). Per value,
+    the emission's sm_90a loop (B = 64, K = 4, V = 128256) held 2443 instructions a step of 8
+    values a thread, of which the division by the temperature 254 and min-p's test 292 (compiled
+    here, no GPU): both identities for a tile of T = 1 rows without min-p."""
+    if SKIP_IDENTITIES:
+        return tl.max((temp != 1.0).to(tl.int32), axis=0) > 0, tl.max((min_p > 0).to(tl.int32), axis=0) > 0
+    else:
+        return True, True
+
+
+@triton.jit
+def _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, skips,
+            PENALTY: tl.constexpr):
     """The emitted position's target row at idx [1, BLOCK_V] -> (standardised logits, -inf outside
-    the vocabulary; probabilities q), each [BLOCK_R, BLOCK_V]."""
+    the vocabulary; probabilities q), each [BLOCK_R, BLOCK_V]. skips: standardised's (divide,
+    by_min_p) (_identity_skips)."""
     zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
     if PENALTY:
         zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
+    divide, by_min_p = skips
     std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
-                            tkq[:, None], amq[:, None], min_p[:, None])
+                            tkq[:, None], amq[:, None], min_p[:, None], divide, by_min_p)
     return tl.where(inside, std_q, NEG_INF), q
 
 
 @triton.jit
-def _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp,
+def _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp, skips,
             PENALTY: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr):
     """The draft's probabilities p [BLOCK_R, BLOCK_V] at the rejected position (read for rejected
-    rows only), or the one-hot of the draft token xj without draft logits."""
+    rows only), or the one-hot of the draft token xj without draft logits. skips: as _q_tile's."""
     if HAS_DRAFT_LOGITS:
         zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
         if PENALTY:
             zp = penalise(zp.to(tl.float32), idx, inside & rejected[:, None], pen_p)
+        divide, by_min_p = skips
         _, p = standardised(zp, idx, temp[:, None], greedy[:, None], mp[:, None], s2p[:, None], s3p[:, None],
-                            tkp[:, None], amp[:, None], min_p[:, None])
+                            tkp[:, None], amp[:, None], min_p[:, None], divide, by_min_p)
     else:
         p = tl.where(idx == xj[:, None], 1.0, 0.0)
     return p
@@ -101,7 +118,7 @@ def _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, mi
 
 @triton.jit
 def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq,
-                     mp, s2p, s3p, tkp, amp, seed, offset, noise_position, stream, rejected, xj, start,
+                     mp, s2p, s3p, tkp, amp, seed, offset, noise_position, stream, rejected, xj, start, skips,
                      PENALTY: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
     """The emission's pass over a vocab chunk with per-lane state (module docstring: LANES) ->
@@ -116,11 +133,12 @@ def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, gr
     for v0 in range(0, CHUNK, BLOCK_V):
         idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
         inside = idx < V
-        std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, PENALTY)
+        std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, skips,
+                           PENALTY)
         r_log = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)  # log max(q - p, 0), -inf where 0
         if any_rejected:
             p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp,
-                        PENALTY, HAS_DRAFT_LOGITS)
+                        skips, PENALTY, HAS_DRAFT_LOGITS)
             r = tl.maximum(q - p, 0.0)
             positive = inside & rejected[:, None] & (r > 0)
             r_any = tl.maximum(r_any, positive.to(tl.int32))
@@ -183,6 +201,7 @@ def emit_kernel(
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr = False,
+    SKIP_IDENTITIES: tl.constexpr = False,
 ):
     """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows, then one pass over a
     vocab chunk of each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
@@ -192,7 +211,7 @@ def emit_kernel(
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,),
           False, V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE,
-          LANES)
+          LANES, SKIP_IDENTITIES)
 
 
 @triton.jit
@@ -204,7 +223,7 @@ def emit_penalised_kernel(
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, W: tl.constexpr, P0: tl.constexpr,
-    LANES: tl.constexpr = False,
+    LANES: tl.constexpr = False, SKIP_IDENTITIES: tl.constexpr = False,
 ):
     """emit_kernel with penalties (the arguments of
     _triton_select_stream.select_stream_penalised_kernel): the ratio test's q_i(x_i), p_i(x_i)
@@ -215,7 +234,8 @@ def emit_penalised_kernel(
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
           (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk), True, V,
-          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE, LANES)
+          K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE, LANES,
+          SKIP_IDENTITIES)
 
 
 @triton.jit
@@ -226,6 +246,7 @@ def _emit(
     PENALTY: tl.constexpr, V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr,
+    SKIP_IDENTITIES: tl.constexpr,
 ):
     """The emission's program; pen_args: the penalties (kernels/penalties/triton.py) or (False,)."""
     b, live = _tile_rows(B, BLOCK_R)
@@ -239,6 +260,7 @@ def _emit(
     seed = tl.load(seed_ptr + b)
     offset = tl.load(offset_ptr + b)
     zero = tl.zeros([BLOCK_R], tl.int32)
+    skips = _identity_skips(temp, min_p, SKIP_IDENTITIES)
 
     # Ratio test: accept x_i iff p(x_i) > 0 and u_i * p(x_i) < q(x_i), until the first rejection.
     # One position after another. All K positions in one [BLOCK_R, BLOCK_K] tile (two dependent
@@ -269,13 +291,14 @@ def _emit(
         z = tl.load(target_ptr + b64 * st_b + i * st_k + x)
         if PENALTY:  # position i: the drafts x_0..x_{i-1} in front of it
             z = penalise(z.to(tl.float32), x, x >= 0, row_penalty(pen_args, b, i))
-        _, q_x = standardised(z, x, temp, greedy, m, s2, s3, tkey, amax, min_p)
+        divide, by_min_p = skips
+        _, q_x = standardised(z, x, temp, greedy, m, s2, s3, tkey, amax, min_p, divide, by_min_p)
         if HAS_DRAFT_LOGITS:
             m, s2, s3, tkey, amax = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + K + 1 + i)
             z = tl.load(draft_ptr + b64 * sd_b + i * sd_k + x)
             if PENALTY:
                 z = penalise(z.to(tl.float32), x, x >= 0, row_penalty(pen_args, b, i))
-            _, p_x = standardised(z, x, temp, greedy, m, s2, s3, tkey, amax, min_p)
+            _, p_x = standardised(z, x, temp, greedy, m, s2, s3, tkey, amax, min_p, divide, by_min_p)
         else:
             p_x = tl.full([BLOCK_R], 1.0, tl.float32)
         u = uniform_from_bits(philox_bits(seed, offset, zero + i, _STREAM_ACCEPT, zero))
@@ -308,8 +331,8 @@ def _emit(
     if LANES:
         q_lane, q_lane_arg, r_lane, r_lane_arg, r_lane_any = _emit_pass_lanes(
             target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, mp, s2p, s3p,
-            tkp, amp, seed, offset, noise_position, stream, rejected, xj, start, PENALTY, V, CHUNK, HAS_DRAFT_LOGITS,
-            BLOCK_R, BLOCK_V)
+            tkp, amp, seed, offset, noise_position, stream, rejected, xj, start, skips, PENALTY, V, CHUNK,
+            HAS_DRAFT_LOGITS, BLOCK_R, BLOCK_V)
         q_best, q_arg = _lanes_reduced(q_lane, q_lane_arg, start)
         r_best, r_arg = _lanes_reduced(r_lane, r_lane_arg, start)
         r_any = tl.max(r_lane_any, axis=1)
@@ -324,7 +347,7 @@ def _emit(
             idx = (start + v0 + tl.arange(0, BLOCK_V))[None, :]
             inside = idx < V
             std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq,
-                               PENALTY)
+                               skips, PENALTY)
             # The noise (Philox, the bulk of this kernel's work) only where a value could still win:
             # g <= GUMBEL_MAX, and the residual's log(max(q - p, 0)) <= log(q). Skipped tiles
             # change nothing (a later index replaces the best only when strictly larger). Greedy
@@ -336,7 +359,7 @@ def _emit(
                 q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
                 if any_rejected:
                     p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p,
-                                tkp, amp, PENALTY, HAS_DRAFT_LOGITS)
+                                tkp, amp, skips, PENALTY, HAS_DRAFT_LOGITS)
                     r = tl.maximum(q - p, 0.0)
                     positive = inside & rejected[:, None] & (r > 0)
                     r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
@@ -346,7 +369,7 @@ def _emit(
             elif any_rejected:
                 # r_any must still see every positive residual entry of the row.
                 p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp,
-                            amp, PENALTY, HAS_DRAFT_LOGITS)
+                            amp, skips, PENALTY, HAS_DRAFT_LOGITS)
                 positive = inside & rejected[:, None] & (tl.maximum(q - p, 0.0) > 0)
                 r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
     out = b * NCHUNK + c

@@ -85,6 +85,16 @@ SMALL_NUM_WARPS = 8
 EMIT_MAX_BLOCK_V = 1024
 EMIT_TILE = 1024
 EMIT_NUM_WARPS = 4
+# The emission skips, per program, the per-value work that is the identity for all its rows
+# (_triton_emit.py _identity_skips: the division by T where every row has T = 1, min-p's test where
+# none has min-p). Compiled here for sm_90a (no GPU), B = 64, K = 4, V = 128256: of the pass's 2443
+# instructions a step (8 values a thread), the division 254 and min-p's test 292, 22%, at a
+# compute-bound launch (Nsight Compute on the H200: 169 us of the B = 64 T = 1 verify's 255, 39%
+# of issue slots busy, 272 lane-instructions a logit; bench/results/h200_2026-11-27b). Predicted:
+# that emission ~15-20% faster; the B = 1 one a few us at most (latency-bound). The same tokens
+# (identities on finite and -inf logits; tests/kernels/test_verify_emit_skips.py).
+# bench_verify_latency.py's "emit_skip_identities" way, untimed: False until a GPU shows it faster.
+EMIT_SKIP_IDENTITIES = False
 # Programs to aim for per launch: a few per SM, so that B = 1 spreads each row over tens of
 # SMs (132 SMs on an H100: 63 programs per row for the 9 distributions of K = 4 with drafts).
 SELECT_PROGRAMS_PER_SM = 8
@@ -153,6 +163,8 @@ class LaunchPlan:
     rungs_sub: int = SAMPLE_SUB
     # the finishing launch's threshold search (FINISH_SEARCH_TILE): 0, or the small tile of the fused search
     finish_search_tile: int = 0
+    # the emission skips the per-value identities of its rows (EMIT_SKIP_IDENTITIES)
+    emit_skip_identities: bool = False
 
     @property
     def select_grid(self) -> tuple:
@@ -189,7 +201,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   stream_unroll: int | None = None, selects: bool | None = None,
                   emit_lanes: bool | None = None, rungs_launch: bool | None = None,
                   rungs_sub: int | None = None, emit_block_v: int | None = None,
-                  finish_search_tile: int | None = None) -> LaunchPlan:
+                  finish_search_tile: int | None = None, emit_skip_identities: bool | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -211,7 +223,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     blocks give a small batch more emission programs). finish_search_tile: the finishing
     launch's search (None: FINISH_SEARCH_TILE; 0 the earlier search, else the fused search and its
     small tile: raised to a power of 2, at most the candidate cap; below 256, threads of the
-    8-warp program hold no value). stream_lanes measured on an H100 (112bf69,
+    8-warp program hold no value). emit_skip_identities: the emission skips the division by T and
+    min-p's test where they are identities for all of a program's rows (None:
+    EMIT_SKIP_IDENTITIES). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -264,7 +278,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       min(SAMPLE_GROUP, sample), min(cfg["sample_sub"], sample),
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
-                      penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile)
+                      penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile,
+                      EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities))
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

@@ -278,7 +278,7 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         **pen_kw, V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
-        FENCE=fence, LANES=plan.emit_lanes, num_warps=EMIT_NUM_WARPS,
+        FENCE=fence, LANES=plan.emit_lanes, SKIP_IDENTITIES=plan.emit_skip_identities, num_warps=EMIT_NUM_WARPS,
     )
     return tokens, num_accepted, paths
 
@@ -301,6 +301,7 @@ def chain_verify_triton(
     rungs_sub: int | None = None,
     emit_block_v: int | None = None,
     finish_search_tile: int | None = None,
+    emit_skip_identities: bool | None = None,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,7 +318,8 @@ def chain_verify_triton(
     rungs_sub: the sample values that launch compares at a time (None: RUNGS_SAMPLE_SUB);
     emit_block_v: the emission's vocab block alone (None: the plan's); finish_search_tile: the
     finishing launch's threshold search (None: FINISH_SEARCH_TILE; 0 the earlier search, else the
-    fused one over a tile of that many values where the interval fits). return_paths: also
+    fused one over a tile of that many values where the interval fits); emit_skip_identities: the
+    emission skips its rows' per-value identities (None: EMIT_SKIP_IDENTITIES). return_paths: also
     return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
@@ -327,7 +329,8 @@ def chain_verify_triton(
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
-                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile)
+                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
+                     emit_skip_identities=emit_skip_identities)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -352,6 +355,7 @@ def sample_triton(
     rungs_sub: int | None = None,
     emit_block_v: int | None = None,
     finish_search_tile: int | None = None,
+    emit_skip_identities: bool | None = None,
     workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
@@ -364,7 +368,8 @@ def sample_triton(
     overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
-                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile)
+                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
+                     emit_skip_identities=emit_skip_identities)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens, workspace)
     return tokens[:, 0]

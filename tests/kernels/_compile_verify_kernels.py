@@ -107,7 +107,7 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
         V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft and k > 0, USE_POSITIONS=k == 0,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True,
-        LANES=plan.emit_lanes)
+        LANES=plan.emit_lanes, SKIP_IDENTITIES=plan.emit_skip_identities)
 
 
 # (logits dtype, B, K, V, draft logits, host modes, penalties): verify at B = 1 and 64, the draft
@@ -215,6 +215,14 @@ def main() -> int:
                 kernel = compile_kernel(fn, logits_type, dict(constexprs, LANES=True), num_warps, options)
                 print(f"compiled {fn.__name__}+lanes {logits_type} B=64 K={k} V=128256 "
                       f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
+    # The emission with its identity skips (_triton_plan.EMIT_SKIP_IDENTITIES, off by default:
+    # bench_verify_latency.py's "emit_skip_identities" way): the verify at B = 1 and 64 (per-lane), plain.
+    for batch in (1, 64):
+        for fn, num_warps, constexprs, options in jobs("*bf16", batch, 4, 128256, True, None):
+            if fn is emit_kernel:
+                kernel = compile_kernel(fn, "*bf16", dict(constexprs, SKIP_IDENTITIES=True), num_warps, options)
+                print(f"compiled {fn.__name__}+skips *bf16 B={batch} K=4 V=128256 ptx={ptx_hash(kernel.asm['ptx'])}",
+                      flush=True)
     # The finishing kernels with the fused threshold search and its small tile (_triton_plan.FINISH_SEARCH_TILE,
     # off by default: bench_verify_latency.py's "search_tile1024" / "search_tile2048" ways), plain (both
     # tiles) and penalised, and the sampler's.

@@ -11,8 +11,9 @@ other launch's key was unchanged), and once more when the emission kernel gained
 gained ('constexpr', False) at the end; nothing else changed), and once more when the streaming kernel gained
 RUNGS_GIVEN (its keys gained ('constexpr', False) at the end: the table's rows stream in one program a row
 under the interpreter, so no rungs launch; nothing else changed), and once more when the finishing kernel gained
-SEARCH_TILE (its keys gained ('constexpr', 0) at the end; nothing else changed); re-recording is only right for a
-deliberate change of the
+SEARCH_TILE (its keys gained ('constexpr', 0) at the end; nothing else changed), and once more when the emission
+kernel gained SKIP_IDENTITIES (its keys gained ('constexpr', False) at the end; nothing else changed);
+re-recording is only right for a deliberate change of the
 penalty-free kernels. The keys are the interpreter's (the launch plan sizes tiles for the
 interpreter): the comparison runs where the test device is the CPU.
 """

@@ -31,8 +31,9 @@ def test_verify_kernels_compile_for_sm90():
     # penalised: 2 shapes x 3 + the small-vocab pair + greedy's selection; the per-lane emission (plain,
     # penalised, the sampler's); the rungs launch of the large-vocabulary verify shapes with modes unknown (B = 1
     # and 64, and B = 1 penalised; the B = 1 sampler's streaming grid is one wave: no rungs launch); the
-    # finishing kernels with the fused search (FINISH_SEARCH_TILE; plain with two tiles, penalised, the sampler's)
-    assert done.stdout.count("compiled") == 33
+    # finishing kernels with the fused search (FINISH_SEARCH_TILE; plain with two tiles, penalised, the sampler's);
+    # the emission with its identity skips (EMIT_SKIP_IDENTITIES; B = 1 and 64)
+    assert done.stdout.count("compiled") == 35
     # The penalty-free kernels' PTX instructions (debug lines aside) equal those recorded at 5fab9c4, before
     # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
     # The greedy-mode selection kernels were re-recorded when SELECTS (no row uses top-k / top-p / min-p)
