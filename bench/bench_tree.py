@@ -341,7 +341,10 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
     each call on its own KernelWorkspace as the engine's (no zero fills), with the launches its
     plan makes (tree_verify_plan / verify_plan) and the tree's device time per kernel
     (tree_kernels: families_count_us rows [kernel, launches, us] per call), and the call with each
-    walk (tree_verify_us_walk_parallel / _walk_scan, walk_parallel_tokens_equal). save(rows): called
+    walk (tree_verify_us_walk_parallel / _walk_scan, walk_parallel_tokens_equal), and sampled rows
+    with the residual launches' identity skips flipped from the default
+    (tree_verify_us_skip_identities_flipped, skip_identities_flipped_tokens_equal,
+    skip_identities_default: RESIDUAL_SKIP_IDENTITIES). save(rows): called
     after every row (a device call's limit then keeps the rows measured). T = 1 first (issue 25's
     target row), then greedy. quick: issue 25's yardstick only (B = 1; the
     chain at K = 8 and the tree at N = 64). Every row also says whether the Triton call gave the
@@ -354,7 +357,7 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
     from specdec_fast.kernels.tree_verify import tree_verify_reference
     from specdec_fast.kernels.verify import chain_verify_reference
     from specdec_fast.kernels._workspace import KernelWorkspace
-    from specdec_fast.kernels.tree_verify._triton_plan import WALK_PARALLEL, tree_verify_plan
+    from specdec_fast.kernels.tree_verify._triton_plan import RESIDUAL_SKIP_IDENTITIES, WALK_PARALLEL, tree_verify_plan
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
     from specdec_fast.kernels.verify.triton import chain_verify_triton, verify_plan
     from specdec_fast.drafters.token_tree import TokenTree
@@ -411,11 +414,20 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                 walk_us = {form: tree_us if form == WALK_PARALLEL else _time(walk_call[form], smoke)["median_us"]
                            for form in (True, False)}
                 chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
+                skips = {}
+                if mode != "greedy":  # the residual launches' identity skips (RESIDUAL_SKIP_IDENTITIES): greedy has none
+                    ws_skip = KernelWorkspace()
+                    skip_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
+                                                           workspace=ws_skip, skip_identities=not RESIDUAL_SKIP_IDENTITIES,
+                                                           max_children=tree.max_children)
+                    skips = dict(tree_verify_us_skip_identities_flipped=_time(skip_call, smoke)["median_us"],
+                                 skip_identities_flipped_tokens_equal=_same(skip_call(), walked[WALK_PARALLEL]),
+                                 skip_identities_default=RESIDUAL_SKIP_IDENTITIES)
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,
                                 tree_verify_us_walk_parallel=walk_us[True], tree_verify_us_walk_scan=walk_us[False],
-                                walk_parallel_tokens_equal=walk_equal, tokens_equal_reference=tree_equal))
+                                walk_parallel_tokens_equal=walk_equal, tokens_equal_reference=tree_equal, **skips))
                 print(f"verify B={batch} N={n} {mode}: tree {tree_us:.1f} us ({tree_launches} launches; walk: "
                       f"parallel {walk_us[True]:.1f}, scan {walk_us[False]:.1f}, same tokens: {walk_equal}; "
                       f"the reference's tokens: {tree_equal}), chain {chain_us:.1f} us ({chain_launches})", flush=True)

@@ -19,6 +19,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     per shape, same outputs;
   - TREE_WALK_PARALLEL (kernels/tree_verify/_triton_plan.py WALK_PARALLEL): tree_verify with the
     parallel walk against the scan, N = 64, T = 1 and greedy, same tokens;
+  - RESIDUAL_SKIP_IDENTITIES (kernels/tree_verify/_triton_plan.py): tree_verify with the residual
+    launches' identity skips against without, the sampled rows, same tokens;
   - RUNGS_SAMPLE_SUB=256 and EMIT_BLOCK_V=256 (kernels/verify/_triton_plan.py RUNGS_SAMPLE_SUB and
     EMIT_MAX_BLOCK_V, whose 256 is the way's plan at every batch): bench_verify_latency's candidate ways against its
     defaults, verify and sampler, every batch and mode it measured, the reference's tokens;
@@ -166,6 +168,22 @@ def walk_lever(report: dict | None) -> dict:
     return _advice(ratios, why, "tree_verify us with the parallel walk over the scan")
 
 
+def tree_skip_lever(report: dict | None) -> dict:
+    """RESIDUAL_SKIP_IDENTITIES (kernels/tree_verify/_triton_plan.py) from bench_tree's sampled kernel
+    rows: tree_verify with the residual launches' identity skips over without them, same tokens
+    (the row times the flipped default beside the default)."""
+    ratios, why = {}, []
+    for r in (report or {}).get("rows", []):
+        if r.get("nodes") is None or "tree_verify_us_skip_identities_flipped" not in r:
+            continue
+        where = f"B={r['batch']} N={r['nodes']} {r['mode']}"
+        flipped, default = r["tree_verify_us_skip_identities_flipped"], r["tree_verify_us"]
+        ratios[where] = default / flipped if r.get("skip_identities_default") else flipped / default
+        if not r.get("skip_identities_flipped_tokens_equal", False):
+            why.append(f"{where}: other tokens with the skips flipped")
+    return _advice(ratios, why, "tree_verify us with the residual launches' identity skips over without")
+
+
 def merge_lever(report: dict | None) -> dict:
     """MERGE_IN_KERNEL from bench_attention's rows (the automatic plans of both forms). The flag
     changes every shape's plan; the shapes the run left out (--quick: B = 32, 2k and 32k contexts;
@@ -249,6 +267,7 @@ def build(results: Path, device: str) -> dict:
     return {"device": device, "targets": rows, "levers": {**gemv_levers(plain),
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
                                                           "TREE_WALK_PARALLEL": walk_lever(tree),
+                                                          "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),
                                                           "RUNGS_SAMPLE_SUB=256": latency_lever(
                                                               latency, "rungs_sub256",
                                                               "us with the rungs launch comparing 256 values a step"),

@@ -38,4 +38,8 @@ def test_kernels_only_smoke_rows_feed_the_report(tmp_path):
     line = next(r for r in built["targets"] if r["what"].startswith("tree_verify T=1 N=64"))
     assert line["measured"] is not None and line["met"] is not None
     assert set(built["levers"]["TREE_WALK_PARALLEL"]["ratios"]) == {"B=1 N=64 T=1", "B=1 N=64 greedy"}
+    # the residual launches' identity skips, flipped beside the default on the sampled row: the same tokens
+    sampled = next(r for r in trees if r["mode"] == "T=1")
+    assert sampled["skip_identities_flipped_tokens_equal"] is True and sampled["tree_verify_us_skip_identities_flipped"] > 0
+    assert set(built["levers"]["RESIDUAL_SKIP_IDENTITIES"]["ratios"]) == {"B=1 N=64 T=1"}
     assert built["tree_kernels"] == []

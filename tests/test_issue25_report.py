@@ -46,6 +46,8 @@ FILES = {
                               {"batch": 1, "nodes": 64, "mode": "T=1", "tree_verify_us": 90.0, "chain_verify_us": 1.0,
                                "tree_verify_us_walk_parallel": 60.0, "tree_verify_us_walk_scan": 90.0,
                                "walk_parallel_tokens_equal": True, "tokens_equal_reference": True,
+                               "tree_verify_us_skip_identities_flipped": 75.0, "skip_identities_default": False,
+                               "skip_identities_flipped_tokens_equal": True,
                                "tree_kernels": {"families_count_us": [["other: walk_kernel", 1.0, 40.04],
                                                                       ["other: residual_mass_kernel", 5.0, 20.0]]}},
                               {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0,
@@ -109,6 +111,8 @@ def test_targets_read_from_every_file(tmp_path):
     assert report["tree_kernels"][0] == {"kernel": "walk_kernel", "launches": 1.0, "us": 40.0}
     walk = report["levers"]["TREE_WALK_PARALLEL"]
     assert walk["advice"] == "on" and walk["ratios"] == {"B=1 N=64 T=1": 0.667, "B=1 N=64 greedy": 1.0}
+    skips = report["levers"]["RESIDUAL_SKIP_IDENTITIES"]
+    assert skips["advice"] == "on" and skips["ratios"] == {"B=1 N=64 T=1": 0.833}  # 75 / 90, the greedy row has none
     rungs, block = report["levers"]["RUNGS_SAMPLE_SUB=256"], report["levers"]["EMIT_BLOCK_V=256"]
     assert rungs["advice"] == "on" and rungs["ratios"]["B=1 top_k=50 verify"] == 0.917  # 66 / 72, the rest within noise
     assert block["advice"] == "off"  # the B = 1 sampler 57 / 55: 3.6% slower

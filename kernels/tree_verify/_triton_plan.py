@@ -45,6 +45,14 @@ NUM_WARPS = 4
 # interpreter keeps the scan (whole batches in one program; the parallel form's one row per
 # program and [N, N] tiles made the tree tests run for over 20 minutes on the CPU instead of ~5).
 WALK_PARALLEL = True
+# The residual-mass launches skip per value what is the identity for all of an item's nodes (the
+# division by T = 1, min-p's test without min-p; _triton_residual.py SKIP_IDENTITIES, as the chain
+# emission's _triton_plan.EMIT_SKIP_IDENTITIES). Their per-value work is two standardised rows (q and
+# p) of four IEEE divisions each, three of them identities at T = 1 without min-p; the launches
+# took 234 of the 403 us of tree_verify at B = 8, N = 64, T = 1 on an H200 (bench/results/
+# h200_2026-11-27b), per-value work at 15% occupancy. bench_tree.py --kernels-only times the tree
+# with it (tree_verify_us_skip_identities), untimed: False until a GPU shows it faster.
+RESIDUAL_SKIP_IDENTITIES = False
 
 
 def walk_parallel_warps(block_n: int) -> int:
@@ -133,6 +141,7 @@ class TreePlan:
     emit: VocabTiling | None  # over the B rows' final nodes
     batch: int
     n: int
+    skip_identities: bool = False  # the residual launches' SKIP_IDENTITIES (RESIDUAL_SKIP_IDENTITIES)
 
     @property
     def residual_tickets(self) -> int:
@@ -161,11 +170,13 @@ def _tiling(rows: int, vocab: int, block_v: int | None, num_chunks: int | None, 
 
 def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozenset | None, max_children: int | None,
               num_sms: int, interpreting: bool, block_v: int | None = None,
-              num_chunks: int | None = None, walk_parallel: bool | None = None) -> TreePlan:
+              num_chunks: int | None = None, walk_parallel: bool | None = None,
+              skip_identities: bool | None = None) -> TreePlan:
     """The plan for target logits [batch, n, vocab] (draft logits [batch, n, vocab] when
     has_draft; n > 1 for them to count). block_v / num_chunks override the vocab splits (tests);
     walk_parallel: the walk's form (None: WALK_PARALLEL on compiled kernels, the scan under the
-    interpreter)."""
+    interpreter); skip_identities: the residual launches' identity skips (None:
+    RESIDUAL_SKIP_IDENTITIES)."""
     k = n - 1
     has_draft = has_draft and k > 0
     stats = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=interpreting, modes=modes,
@@ -183,8 +194,9 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
         walk_warps = 8 if walk_block_r * triton.next_power_of_2(n) >= 1024 else NUM_WARPS
     emits = modes != {"greedy"}
     emit = _tiling(batch, vocab, block_v, num_chunks, num_sms, interpreting) if emits else None
+    skip_identities = RESIDUAL_SKIP_IDENTITIES if skip_identities is None else bool(skip_identities)
     return TreePlan(stats, kmax, residual_launches, residual, walk_block_r, walk_warps, walk_parallel, emits, emit,
-                    batch, n)
+                    batch, n, skip_identities)
 
 
 def tree_kernel_sequence(plan: TreePlan, workspace: bool = False) -> list[str]:

@@ -58,7 +58,7 @@ def residual_mass_kernel(
     m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, mass_ptr, lam_ptr, part_ptr, ticket_ptr,
     k, B, NPOS, st_b, st_n, sd_b, sd_n,
     N: tl.constexpr, V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
+    BLOCK_C: tl.constexpr, FENCE: tl.constexpr, SKIP_IDENTITIES: tl.constexpr = False,
 ):
     """grid (P,), launched for k = 1 .. KMAX - 1 in order. The nodes with more than k children
     (slots: row b's count[k, b] first nodes of order, rows in order; S slots in all) in tiles of
@@ -68,7 +68,9 @@ def residual_mass_kernel(
     the tile's last item to finish (ticket [tile]: count C, put back to zero) adds each slot's C
     parts in order, writes W_k to mass[(b * N + n) * N + k] and lam_{k+1} = lam_k + W_k to lam
     [B * N] (lam_1 = 1 is not read). The sums depend on S and P only: the same bits on every call
-    for a tree."""
+    for a tree. SKIP_IDENTITIES (the plan's skip_identities): an item whose live slots all have
+    T = 1 does not divide each value by T, and one without min-p does not run min-p's test
+    (standardised's divide / by_min_p: identities there, the same masses)."""
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     bid = tl.arange(0, BLOCK_B)
@@ -95,6 +97,12 @@ def residual_mass_kernel(
         temp = tl.where(live, t, 1.0)
         greedy = (temp <= 0)[:, None]  # never where live
         min_p = tl.load(min_p_ptr + b)
+        if SKIP_IDENTITIES:
+            divide = tl.max((temp != 1.0).to(tl.int32), axis=0) > 0
+            by_min_p = tl.max((live & (min_p > 0)).to(tl.int32), axis=0) > 0
+        else:
+            divide = True
+            by_min_p = True
         lam = tl.load(lam_ptr + r, mask=live & (k > 1), other=1.0)
         dnode = tl.minimum(node, N - 2)
         qm, qs2, qs3, qtk, qam = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + node)
@@ -108,10 +116,10 @@ def residual_mass_kernel(
             inside = (idx < V) & live[:, None]
             zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=0.0)
             _, q = standardised(zq, idx, temp[:, None], greedy, qm[:, None], qs2[:, None], qs3[:, None],
-                                qtk[:, None], qam[:, None], min_p[:, None])
+                                qtk[:, None], qam[:, None], min_p[:, None], divide, by_min_p)
             zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside, other=0.0)
             _, p = standardised(zp, idx, temp[:, None], greedy, pm[:, None], ps2[:, None], ps3[:, None],
-                                ptk[:, None], pam[:, None], min_p[:, None])
+                                ptk[:, None], pam[:, None], min_p[:, None], divide, by_min_p)
             acc += tl.where(inside, tl.maximum(q - lam[:, None] * p, 0.0), 0.0)
         tl.store(part_ptr + item * BLOCK_S + j, tl.sum(acc, axis=1))
         if last_program_of(ticket_ptr + tile, chunks, FENCE):

@@ -61,13 +61,13 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
             target, draft, order, count, params.temperature, params.min_p, *stats, mass, lam_next, part, tickets,
             k, batch, plan.stats.npos, target.stride(0), target.stride(1), draft.stride(0), draft.stride(1),
             N=n, V=vocab, BLOCK_S=grid.block_s, BLOCK_V=grid.block_v, BLOCK_B=grid.block_b, BLOCK_C=grid.block_c,
-            FENCE=fence, num_warps=NUM_WARPS,
+            FENCE=fence, SKIP_IDENTITIES=plan.skip_identities, num_warps=NUM_WARPS,
         )
     return mass
 
 
 def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children,
-            workspace=None, walk_parallel=None):
+            workspace=None, walk_parallel=None, skip_identities=None):
     batch, n, vocab = target.shape
     device = target.device
     i32 = dict(dtype=torch.int32, device=device)
@@ -83,7 +83,7 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     interpreting = triton_interpreting()
     plan = tree_plan(batch, n, vocab, has_draft, modes=params.modes, max_children=max_children,
                      num_sms=_num_sms(device), interpreting=interpreting, block_v=block_v, num_chunks=num_chunks,
-                     walk_parallel=walk_parallel)
+                     walk_parallel=walk_parallel, skip_identities=skip_identities)
     stats, tickets = _node_stats(target, draft if has_draft else None, params, plan, workspace)
     residual_tickets, emit_tickets = tickets[:plan.residual_tickets], tickets[plan.residual_tickets:]
     npos = plan.stats.npos
@@ -143,6 +143,7 @@ def tree_verify_triton(
     max_children: int | None = None,
     workspace=None,
     walk_parallel: bool | None = None,
+    skip_identities: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
     -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
@@ -150,6 +151,8 @@ def tree_verify_triton(
     max_children: a bound on any node's children in any row (None: N - 1); sampled children cost
     one residual-mass launch per sibling after the first, up to the bound. workspace: a caller's
     KernelWorkspace (kernels/_workspace.py): no zero fills (two per call without). walk_parallel:
-    the walk's form (None: _triton_plan.WALK_PARALLEL; the same tokens either way)."""
+    the walk's form (None: _triton_plan.WALK_PARALLEL; the same tokens either way).
+    skip_identities: the residual launches skip the per-value identities of their nodes (None:
+    _triton_plan.RESIDUAL_SKIP_IDENTITIES; the same tokens either way)."""
     return run_launches(_launch, target_logits, draft_logits, tokens, parents, params, block_v, num_chunks,
-                        max_children, workspace, walk_parallel, workspace=workspace)
+                        max_children, workspace, walk_parallel, skip_identities, workspace=workspace)

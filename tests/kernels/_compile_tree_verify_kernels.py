@@ -26,7 +26,8 @@ def main() -> int:
         walk_warps = 8 if 16 * block_n >= 1024 else 4  # as kernels/tree_verify/triton.py launches it
         jobs = [
             (residual.residual_rows_kernel, dict(N=n, BLOCK_N=block_n, BLOCK_K=block_n), 4),
-            (residual.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_S=1, BLOCK_V=1024, BLOCK_B=1, BLOCK_C=512, FENCE=True), 4),
+            *[(residual.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_S=1, BLOCK_V=1024, BLOCK_B=1, BLOCK_C=512,
+                                                   FENCE=True, SKIP_IDENTITIES=skip), 4) for skip in (False, True)],
             *[(tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n,
                                       GREEDY_BONUS=bonus), walk_warps) for bonus in (False, True)],
             (walk.walk_parallel_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_N=block_n,

@@ -150,3 +150,37 @@ def test_masses_equal_a_torch_sum(batch, n, vocab, num_chunks, mode, device):
                 lam += w
                 checked += 1
     assert checked >= 3 * batch - 3, checked
+
+
+@pytest.mark.parametrize("mode", ["T=1", "T=0.8", "min_p"])
+def test_identity_skips_leave_the_masses_and_tokens_as_they_are(mode, device):
+    """The residual launches' identity skips (tree_verify_triton(skip_identities=True),
+    _triton_plan.RESIDUAL_SKIP_IDENTITIES): items of T = 1 nodes skip the division by T, items
+    without min-p skip min-p's test. Every mass the walk reads, bit for bit, and the tokens."""
+    from specdec_fast.kernels.tree_verify import triton as launcher
+    from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+
+    batch, n, vocab = 3, 9, 300
+    temperature = torch.full((batch,), 0.8 if mode == "T=0.8" else 1.0)
+    kw = dict(temperature=temperature, min_p=0.02) if mode == "min_p" else dict(temperature=temperature)
+    target, draft, tokens, parents, _ = _bushy_problem(batch, n, vocab, 90, temperature)
+    params = make_sampling_tensors(batch, device, seed=4, **{name: v.to(device) if torch.is_tensor(v) else v
+                                                             for name, v in kw.items()})
+    dev = [t.to(device) for t in (target, draft, tokens, parents)]
+    masses, outputs = {}, {}
+    for skip in (False, True):
+        plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=None,
+                         num_sms=launcher._num_sms(torch.device(device)), interpreting=device == "cpu",
+                         skip_identities=skip)
+        assert plan.skip_identities is skip and plan.residual_launches == n - 2
+        stats, tickets = launcher._node_stats(dev[0], dev[1], params, plan)
+        masses[skip] = launcher._residual_masses(dev[0], dev[1], dev[3], params, plan, stats,
+                                                 tickets[:plan.residual_tickets], fence=device != "cpu").cpu()
+        outputs[skip] = tree_verify_triton(*dev, params, skip_identities=skip)
+    m = _children(parents)
+    read = [(b * n + node, k) for b in range(batch) for node in range(n - 1) for k in range(1, int(m[b, node]))]
+    assert len(read) >= 3 * batch
+    for row, k in read:
+        assert torch.equal(masses[True][row, k], masses[False][row, k]), (row, k)
+    for a, b in zip(outputs[True], outputs[False]):
+        assert torch.equal(a, b)
