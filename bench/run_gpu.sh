@@ -11,11 +11,11 @@
 #                                      # 2460 tests at ceaec11: 301 s)
 #     bash bench/run_gpu.sh limits     # issue 25 (H200: 224 s), most decisive first: plain decoding's step with the
 #                                      # cuBLAS / GEMV / GEMV+PDL layers (B=1), the verify rows of the
-#                                      # targets, attention's merge forms, tree_verify N=64 vs chain K=8,
-#                                      # the rungs launch against its old form and two candidate
-#                                      # defaults (bench_verify_latency.py), the streaming
-#                                      # variants, the step at B=8, the GEMV kernel vs cuBLAS;
-#                                      # then bench/issue25_report.py (targets met? levers to flip?)
+#                                      # targets, attention's merge forms, tree_verify N=64 vs chain K=8
+#                                      # (and its residual skips), the verify's candidate defaults
+#                                      # (bench_verify_latency.py), the streaming variants, the step
+#                                      # at B=8, the GEMV kernel vs cuBLAS, the candidates' tests on
+#                                      # CUDA; then bench/issue25_report.py (targets met? levers to flip?)
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
 #     bash bench/run_gpu.sh scale      # 8B-shaped end to end, headline preset         <= 9 min
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
@@ -136,13 +136,19 @@ stage_limits() {
   run --cap 110 python3 bench/bench_attention.py --gpu --quick --budget-s "$(budget 60 110)" --out "$results/attention_$dev.json"
   # tree N=64 vs chain K=8, the tree's kernels by device time, and its walk both ways (WALK_PARALLEL)
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
-  # the rungs launch against every streaming program placing the rungs (the top-k / top-p / min-p rows), and the
-  # three candidate defaults (issue25_report's RUNGS_SAMPLE_SUB=256, EMIT_BLOCK_V=256 and FINISH_SEARCH_TILE=1024
-  # levers); the B = 1 rows first
+  # the verify's candidate defaults beside the defaults (issue25_report's RUNGS_SAMPLE_SUB=256, EMIT_BLOCK_V=256,
+  # FINISH_SEARCH_TILE=1024 / 2048 and EMIT_SKIP_IDENTITIES levers); the B = 1 rows first
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
   run --cap 120 python3 bench/bench_gemv.py --gpu --no-sweep --rows 1,5 --out "$results/gemv_nosweep_$dev.json"
+  # the candidate defaults' exactness tests on the compiled kernels (the interpreter ran them; the latency
+  # bench checks the reference's tokens at V = 128256 itself): the fused finishing search, the emission's and
+  # the residual masses' identity skips, the rungs launch, the emission's own block
+  run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
+    --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
+    tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
+    tests/kernels/test_verify_emit_lanes.py
   # the report reads the files only (a second or two): past the deadline too
   echo "+ python3 bench/issue25_report.py --device $dev --out $results/issue25_$dev.json"
   [ "$dry" = 1 ] || python3 bench/issue25_report.py --device "$dev" --out "$results/issue25_$dev.json" || status=1
