@@ -31,6 +31,10 @@ yet; each flips its default only where a GPU shows it faster (bench/issue25_repo
                      thread on that path against 2443 (sm_90a, here); Nsight Compute read that
                      emission at 169 us of the B = 64 T = 1 verify's 255, compute-bound. Predicted:
                      B = 64 T = 1 verify ~225 us (the emission 15-20% faster); B = 1 a few us at most.
+  "emit_block_v256_skips"  both of the emission's candidates: at B = 1 a program's chain is its
+                     values a thread times the instructions a value (~8 x ~300 today), and the two
+                     cut the first by 4 and the second by ~20%. Predicted: the B = 1 emission
+                     ~18.5 -> ~7 us.
 
 Measured before (H200, bench/results/h200_2026-11-27c, this script's earlier ways): the rungs
 launch against every streaming program placing the rungs (kept: _triton_plan.py records the
@@ -65,7 +69,8 @@ SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
 # "now": the defaults; the candidates of the module docstring.
 WAYS = {"now": {}, "rungs_sub256": dict(rungs_sub=256), "emit_block_v256": dict(emit_block_v=256),
         "search_tile1024": dict(finish_search_tile=1024), "search_tile2048": dict(finish_search_tile=2048),
-        "emit_skip_identities": dict(emit_skip_identities=True)}
+        "emit_skip_identities": dict(emit_skip_identities=True),
+        "emit_block_v256_skips": dict(emit_block_v=256, emit_skip_identities=True)}
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs
 
 

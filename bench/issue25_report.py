@@ -27,7 +27,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
   - FINISH_SEARCH_TILE=1024 and =2048 (kernels/verify/_triton_plan.py): bench_verify_latency's
     "search_tile1024" / "search_tile2048" ways (the finishing launch's fused threshold search) against
     its defaults, the same rows and rule (where both say on, the faster one);
-  - EMIT_SKIP_IDENTITIES (kernels/verify/_triton_plan.py): the "emit_skip_identities" way, likewise;
+  - EMIT_SKIP_IDENTITIES (kernels/verify/_triton_plan.py): the "emit_skip_identities" way, likewise, and
+    both emission candidates together ("emit_block_v256_skips");
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
@@ -282,7 +283,10 @@ def build(results: Path, device: str) -> dict:
                                                               "us with the fused search's 2048-value tile"),
                                                           "EMIT_SKIP_IDENTITIES": latency_lever(
                                                               latency, "emit_skip_identities",
-                                                              "us with the emission's identity skips")},
+                                                              "us with the emission's identity skips"),
+                                                          "EMIT_BLOCK_V=256+EMIT_SKIP_IDENTITIES": latency_lever(
+                                                              latency, "emit_block_v256_skips",
+                                                              "us with both emission candidates")},
             "stream_variants": stream_variants(load(results, "stream_lanes", device)),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}
