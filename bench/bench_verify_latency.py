@@ -34,7 +34,8 @@ yet; each flips its default only where a GPU shows it faster (bench/issue25_repo
   "emit_block_v256_skips"  both of the emission's candidates: at B = 1 a program's chain is its
                      values a thread times the instructions a value (~8 x ~300 today), and the two
                      cut the first by 4 and the second by ~20%. Predicted: the B = 1 emission
-                     ~18.5 -> ~7 us.
+                     ~18.5 -> 8-10 us (what does not scale with values stays: the ratio test's
+                     chain, the ticket and the last program's merge).
 
 Measured before (H200, bench/results/h200_2026-11-27c, this script's earlier ways): the rungs
 launch against every streaming program placing the rungs (kept: _triton_plan.py records the
