@@ -51,7 +51,7 @@ WALK_PARALLEL = True
 # p) of four IEEE divisions each, three of them identities at T = 1 without min-p; the launches
 # took 234 of the 403 us of tree_verify at B = 8, N = 64, T = 1 on an H200 (bench/results/
 # h200_2026-11-27b), per-value work at 15% occupancy. bench_tree.py --kernels-only times the tree
-# with it (tree_verify_us_skip_identities), untimed: False until a GPU shows it faster.
+# with it flipped (tree_verify_us_skip_identities_flipped), untimed: False until a GPU shows it faster.
 RESIDUAL_SKIP_IDENTITIES = False
 
 

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .._triton_sync import last_program_of
-from ..verify._triton_common import standardised
+from ..verify._triton_common import identity_skips, standardised
 from ..verify._triton_emit import _stats
 
 
@@ -97,12 +97,7 @@ def residual_mass_kernel(
         temp = tl.where(live, t, 1.0)
         greedy = (temp <= 0)[:, None]  # never where live
         min_p = tl.load(min_p_ptr + b)
-        if SKIP_IDENTITIES:
-            divide = tl.max((temp != 1.0).to(tl.int32), axis=0) > 0
-            by_min_p = tl.max((live & (min_p > 0)).to(tl.int32), axis=0) > 0
-        else:
-            divide = True
-            by_min_p = True
+        divide, by_min_p = identity_skips(temp, tl.where(live, min_p, 0.0), SKIP_IDENTITIES)
         lam = tl.load(lam_ptr + r, mask=live & (k > 1), other=1.0)
         dnode = tl.minimum(node, N - 2)
         qm, qs2, qs3, qtk, qam = _stats(m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr, b * NPOS + node)

@@ -139,6 +139,20 @@ def position_of(r, NPOS, K: tl.constexpr):
 
 
 @triton.jit
+def identity_skips(temp, min_p, SKIP_IDENTITIES: tl.constexpr):
+    """standardised's (divide, by_min_p) for the rows temp / min_p [R] (R >= 1) a program
+    standardises (SKIP_IDENTITIES, a plan's flag; else (True, True): every value divided and
+    tested): a division where some row has T != 1, min-p's test where some row has min-p. Per value,
+    the emission's sm_90a loop (B = 64, K = 4, V = 128256) held 2443 instructions a step of 8
+    values a thread, of which the division by the temperature 254 and min-p's test 292 (compiled
+    here, no GPU): both identities for a tile of T = 1 rows without min-p."""
+    if SKIP_IDENTITIES:
+        return tl.max((temp != 1.0).to(tl.int32), axis=0) > 0, tl.max((min_p > 0).to(tl.int32), axis=0) > 0
+    else:
+        return True, True
+
+
+@triton.jit
 def standardised(z, idx, temp, greedy, m, s2, s3, tkey, amax, min_p, divide=True, by_min_p=True):
     """(std, prob) of raw logits z at vocab indices idx (any broadcastable shapes) from the
     stats of their distributions: reference.standardise and its softmax, never materialised.

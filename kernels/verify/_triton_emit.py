@@ -24,7 +24,7 @@ from ..penalties.triton import penalise, row_penalty
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
 from .._triton_sync import last_program_of
-from ._triton_common import BIG_INDEX, NEG_INF, num_drafts, standardised
+from ._triton_common import BIG_INDEX, NEG_INF, identity_skips, num_drafts, standardised
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 # An upper bound of gumbel_from_bits: -log(-log(1 - 2**-24)) = 16.64 (the largest open uniform),
@@ -72,24 +72,11 @@ def _lanes_reduced(best, arg, start):
 
 
 @triton.jit
-def _identity_skips(temp, min_p, SKIP_IDENTITIES: tl.constexpr):
-    """standardised's (divide, by_min_p) for the rows temp / min_p [BLOCK_R] of a program (the
-    plan's emit_skip_identities; else (True, True): every value divided and tested). Per value,
-    the emission's sm_90a loop (B = 64, K = 4, V = 128256) held 2443 instructions a step of 8
-    values a thread, of which the division by the temperature 254 and min-p's test 292 (compiled
-    here, no GPU): both identities for a tile of T = 1 rows without min-p."""
-    if SKIP_IDENTITIES:
-        return tl.max((temp != 1.0).to(tl.int32), axis=0) > 0, tl.max((min_p > 0).to(tl.int32), axis=0) > 0
-    else:
-        return True, True
-
-
-@triton.jit
 def _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, skips,
             PENALTY: tl.constexpr):
     """The emitted position's target row at idx [1, BLOCK_V] -> (standardised logits, -inf outside
     the vocabulary; probabilities q), each [BLOCK_R, BLOCK_V]. skips: standardised's (divide,
-    by_min_p) (_identity_skips)."""
+    by_min_p) (identity_skips)."""
     zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
     if PENALTY:
         zq = penalise(zq.to(tl.float32), idx, inside, pen_q)
@@ -260,7 +247,7 @@ def _emit(
     seed = tl.load(seed_ptr + b)
     offset = tl.load(offset_ptr + b)
     zero = tl.zeros([BLOCK_R], tl.int32)
-    skips = _identity_skips(temp, min_p, SKIP_IDENTITIES)
+    skips = identity_skips(temp, min_p, SKIP_IDENTITIES)
 
     # Ratio test: accept x_i iff p(x_i) > 0 and u_i * p(x_i) < q(x_i), until the first rejection.
     # One position after another. All K positions in one [BLOCK_R, BLOCK_K] tile (two dependent

@@ -86,7 +86,7 @@ EMIT_MAX_BLOCK_V = 1024
 EMIT_TILE = 1024
 EMIT_NUM_WARPS = 4
 # The emission skips, per program, the per-value work that is the identity for all its rows
-# (_triton_emit.py _identity_skips: the division by T where every row has T = 1, min-p's test where
+# (_triton_common.py identity_skips: the division by T where every row has T = 1, min-p's test where
 # none has min-p). Compiled here for sm_90a (no GPU), B = 64, K = 4, V = 128256: of the pass's 2443
 # instructions a step (8 values a thread), the division 254 and min-p's test 292, 22%, at a
 # compute-bound launch (Nsight Compute on the H200: 169 us of the B = 64 T = 1 verify's 255, 39%

@@ -1,4 +1,4 @@
-"""The emission's identity skips (kernels/verify/_triton_emit.py _identity_skips, chain_verify_triton /
+"""The emission's identity skips (kernels/verify/_triton_common.py identity_skips, chain_verify_triton /
 sample_triton emit_skip_identities=True; _triton_plan.EMIT_SKIP_IDENTITIES): a program whose rows all
 have T = 1 does not divide each value by T, and one whose rows have no min-p does not run min-p's
 test. Token for token against the torch reference: T = 1 (both skipped), another temperature
@@ -14,6 +14,7 @@ import triton.language as tl
 from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.kernels.penalties import make_penalty_tensors
 from specdec_fast.kernels.verify import _triton_emit, chain_verify_reference, sample_reference
+from specdec_fast.kernels.verify._triton_common import identity_skips
 from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
 
 from .test_verify_backends import _modes, _problem
@@ -30,7 +31,7 @@ MAX_SEEDS = 4
 
 def _sampling(mode, batch, device):
     if mode == "min_p_t1":
-        return dict(min_p=0.05)
+        return dict(min_p=0.2)
     return _modes(batch, device)[mode]
 
 
@@ -92,7 +93,7 @@ def _skip_min_p_only(temp, min_p, SKIP_IDENTITIES: tl.constexpr):
 def test_control_a_wrong_skip_changes_the_tokens(device, monkeypatch, wrong, case):
     if device != "cpu":
         pytest.skip("the control patches a module function, which only the interpreter looks up at run time")
-    monkeypatch.setattr(_triton_emit, "_identity_skips", wrong)
+    monkeypatch.setattr(_triton_emit, "identity_skips", wrong)
     with pytest.raises(AssertionError):
         for shift in range(MAX_SEEDS):
             _check(case, device, shift)
@@ -101,7 +102,7 @@ def test_control_a_wrong_skip_changes_the_tokens(device, monkeypatch, wrong, cas
 @triton.jit
 def _flags_kernel(temp_ptr, min_p_ptr, out_ptr, BLOCK_R: tl.constexpr, SKIP_IDENTITIES: tl.constexpr):
     r = tl.arange(0, BLOCK_R)
-    divide, by_min_p = _triton_emit._identity_skips(tl.load(temp_ptr + r), tl.load(min_p_ptr + r), SKIP_IDENTITIES)
+    divide, by_min_p = identity_skips(tl.load(temp_ptr + r), tl.load(min_p_ptr + r), SKIP_IDENTITIES)
     zero = tl.zeros([2], tl.int32)  # the flags are scalars, or Python bools without SKIP_IDENTITIES
     tl.store(out_ptr + tl.arange(0, 2), tl.where(tl.arange(0, 2) == 0, zero + divide, zero + by_min_p))
 
