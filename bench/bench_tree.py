@@ -420,9 +420,12 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                     skip_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
                                                            workspace=ws_skip, skip_identities=not RESIDUAL_SKIP_IDENTITIES,
                                                            max_children=tree.max_children)
-                    skips = dict(tree_verify_us_skip_identities_flipped=_time(skip_call, smoke)["median_us"],
-                                 skip_identities_flipped_tokens_equal=_same(skip_call(), walked[WALK_PARALLEL]),
-                                 skip_identities_default=RESIDUAL_SKIP_IDENTITIES)
+                    try:  # a failure (a compile error on the device, say) is recorded; the row goes on
+                        skips = dict(tree_verify_us_skip_identities_flipped=_time(skip_call, smoke)["median_us"],
+                                     skip_identities_flipped_tokens_equal=_same(skip_call(), walked[WALK_PARALLEL]),
+                                     skip_identities_default=RESIDUAL_SKIP_IDENTITIES)
+                    except Exception as error:  # noqa: BLE001
+                        skips = dict(skip_identities_flipped_error=f"{type(error).__name__}: {str(error)[:300]}")
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,

@@ -175,6 +175,8 @@ def tree_skip_lever(report: dict | None) -> dict:
     (the row times the flipped default beside the default)."""
     ratios, why = {}, []
     for r in (report or {}).get("rows", []):
+        if "skip_identities_flipped_error" in r:
+            why.append(f"B={r['batch']} N={r['nodes']} {r['mode']}: {r['skip_identities_flipped_error']}")
         if r.get("nodes") is None or "tree_verify_us_skip_identities_flipped" not in r:
             continue
         where = f"B={r['batch']} N={r['nodes']} {r['mode']}"
@@ -210,7 +212,9 @@ def latency_lever(report: dict | None, way: str, what: str) -> dict:
     tokens."""
     ratios, why = {}, []
     for r in (report or {}).get("rows", []):
-        if f"verify_{way}_us" not in r:
+        if f"error_{way}" in r:
+            why.append(f"B={r['B']} {r['mode']}: {r[f'error_{way}']}")
+        if f"verify_{way}_us" not in r or "verify_now_us" not in r:
             continue
         where = f"B={r['B']} {r['mode']}"
         for call in ("verify", "sample"):

@@ -13,14 +13,19 @@ import bench_verify_latency  # noqa: E402
 
 
 @pytest.mark.cpu_only  # the GPU mode's code on CPU tensors through the Triton interpreter
-def test_smoke_rows_give_the_reference_tokens_every_way(tmp_path):
+def test_smoke_rows_give_the_reference_tokens_every_way(tmp_path, monkeypatch):
     out = tmp_path / "verify_latency_smoke.json"
+    ways = dict(bench_verify_latency.WAYS)
+    # a way that fails (on a device: a compile error) is recorded and the others are measured
+    monkeypatch.setitem(bench_verify_latency.WAYS, "broken", dict(no_such_override=1))
     bench_verify_latency.main(["--smoke", "--out", str(out)])
     report = json.loads(out.read_text())
     assert report["device"].startswith("cpu (smoke") and report["not_run"] == []
     assert [r["mode"] for r in report["rows"]] == list(bench_verify_latency.SMOKE_MODES)
     for row in report["rows"]:
-        for name in bench_verify_latency.WAYS:
+        assert row["error_broken"].startswith("TypeError") and row["tokens_equal_reference_broken"] is False
+        assert "verify_broken_us" not in row and "verify_broken_over_now" not in row
+        for name in ways:
             assert row[f"tokens_equal_reference_{name}"] is True, (row["mode"], name)
             assert row[f"verify_{name}_us"] > 0 and row[f"sample_{name}_us"] > 0
         assert row["verify_search_tile1024_over_now"] == row["verify_search_tile1024_us"] / row["verify_now_us"]

@@ -144,9 +144,13 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
     files["attention"]["results"][0]["in_kernel_max_abs_diff_N5"] = 0.5
     files["tree_kernels"]["rows"][1]["walk_parallel_tokens_equal"] = False
     files["verify_latency"]["rows"][0]["tokens_equal_reference_rungs_sub256"] = False
+    del files["verify_latency"]["rows"][1]["verify_search_tile1024_us"]  # the way failed on that row
+    files["verify_latency"]["rows"][1]["error_search_tile1024"] = "CompilationError: out of resources"
     report = build(tmp_path, files)
-    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL", "RUNGS_SAMPLE_SUB=256"):
+    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL", "RUNGS_SAMPLE_SUB=256",
+                  "FINISH_SEARCH_TILE=1024"):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
+    assert any("CompilationError" in why for why in report["levers"]["FINISH_SEARCH_TILE=1024"]["why"])
 
 
 def test_forced_splits_that_disagree_block_the_merge_lever(tmp_path):
