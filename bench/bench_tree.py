@@ -415,10 +415,10 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                            for form in (True, False)}
                 chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
                 skips = {}
-                if mode != "greedy":  # the residual launches' identity skips (RESIDUAL_SKIP_IDENTITIES): greedy has none
-                    ws_skip = KernelWorkspace()
+                if mode != "greedy":  # the residual launches' identity skips flipped (greedy has no residual launch)
+                    ws_skip, flipped = KernelWorkspace(), not RESIDUAL_SKIP_IDENTITIES
                     skip_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
-                                                           workspace=ws_skip, skip_identities=not RESIDUAL_SKIP_IDENTITIES,
+                                                           workspace=ws_skip, skip_identities=flipped,
                                                            max_children=tree.max_children)
                     try:  # a failure (a compile error on the device, say) is recorded; the row goes on
                         skips = dict(tree_verify_us_skip_identities_flipped=_time(skip_call, smoke)["median_us"],

@@ -96,7 +96,6 @@ def _measure_way(row, name, way, smoke, target, draft, drafts, params, logits, p
 
 
 def main(argv=None) -> dict:
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
     ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
