@@ -27,11 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import versions, write_result  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
-from verify_gpu_table import (QUICK_SHAPES, _entry, _time, bandwidth_fields, make_logits,  # noqa: E402
-                              roofline_bandwidth)
-
-from specdec_fast.kernels import make_sampling_tensors  # noqa: E402
-from specdec_fast.kernels.verify import chain_verify_reference, sample_reference  # noqa: E402
+from verify_gpu_table import (QUICK_SHAPES, _entry, _time, bandwidth_fields, roofline_bandwidth,  # noqa: E402
+                              verify_cases)
 
 MODES = {"greedy": dict(temperature=0.0), "T=1": {}, "top_k=50": dict(top_k=50)}
 # name -> overrides of chain_verify_triton / sample_triton; "lanes" is the plan's default loop
@@ -60,39 +57,27 @@ def main(argv=None) -> dict:
     bandwidth = measured and measured["ceiling_Bps"]
     ov = dict(cap=128, num_chunks=2) if args.smoke else {}  # the smoke shape takes the large-vocabulary path
     rows, budget = [], RowBudget(args.budget_s)
-    for batch, k, vocab in [(2, 2, 600)] if args.smoke else QUICK_SHAPES if args.quick else SHAPES:
-        target, draft, drafts = make_logits(batch, k, vocab, "random", device,
-                                            torch.float32 if args.smoke else torch.bfloat16)
-        logits = target[:, 0].contiguous()
-        positions = torch.zeros(batch, dtype=torch.int64, device=device)
-        verify_bytes = (target.numel() + draft.numel()) * target.element_size()
-        sample_bytes = logits.numel() * logits.element_size()
-        for mode, kw in MODES.items():
-            if args.quick and mode not in QUICK_MODES:
-                continue
-            if not budget.allows(f"B={batch} K={k} V={vocab} {mode}"):
-                continue
-            params = make_sampling_tensors(batch, device, seed=1, **kw)
-            expected = chain_verify_reference(target, draft, drafts, params)
-            expected_sample = sample_reference(logits, params, positions, 2)
-            row = dict(B=batch, K=k, V=vocab, mode=mode, verify_bytes=verify_bytes, sample_bytes=sample_bytes)
-            for name, variant in VARIANTS.items():
-                kw = dict(ov, **variant)
-                got = chain_verify_triton(target, draft, drafts, params, **kw)
-                got_sample = sample_triton(logits, params, positions, 2, **kw)
-                row[f"tokens_equal_reference_{name}"] = bool(torch.equal(got[0], expected[0])
-                                                             and torch.equal(got[1], expected[1])
-                                                             and torch.equal(got_sample, expected_sample))
-                row[f"verify_{name}"] = _entry(_time(lambda: chain_verify_triton(target, draft, drafts, params, **kw),
-                                                     args.smoke), verify_bytes, bandwidth)
-                row[f"sample_{name}"] = _entry(_time(lambda: sample_triton(logits, params, positions, 2, **kw),
-                                                     args.smoke), sample_bytes, bandwidth)
-            rows.append(row)
-            parts = " | ".join(f"{name} {row[f'verify_{name}']['median_us']:.1f} us "
-                               f"({100 * (row[f'verify_{name}']['fraction_of_roofline'] or 0):.0f}%)"
-                               f"{'' if row[f'tokens_equal_reference_{name}'] else ' WRONG TOKENS'}"
-                               for name in VARIANTS)
-            print(f"B={batch} V={vocab} {mode} verify: {parts}", flush=True)
+    cases = verify_cases([(2, 2, 600)] if args.smoke else QUICK_SHAPES if args.quick else SHAPES, MODES, device,
+                         torch.float32 if args.smoke else torch.bfloat16, budget,
+                         keep=lambda mode: not args.quick or mode in QUICK_MODES)
+    for case in cases:
+        verify_bytes = (case.target.numel() + case.draft.numel()) * case.target.element_size()
+        sample_bytes = case.logits.numel() * case.logits.element_size()
+        row = dict(B=case.batch, K=case.k, V=case.vocab, mode=case.mode, verify_bytes=verify_bytes,
+                   sample_bytes=sample_bytes)
+        for name, variant in VARIANTS.items():
+            kw = dict(ov, **variant)
+            verify = lambda: chain_verify_triton(case.target, case.draft, case.drafts, case.params, **kw)  # noqa: E731
+            sample = lambda: sample_triton(case.logits, case.params, case.positions, 2, **kw)  # noqa: E731
+            row[f"tokens_equal_reference_{name}"] = case.same_tokens(verify(), sample())
+            row[f"verify_{name}"] = _entry(_time(verify, args.smoke), verify_bytes, bandwidth)
+            row[f"sample_{name}"] = _entry(_time(sample, args.smoke), sample_bytes, bandwidth)
+        rows.append(row)
+        parts = " | ".join(f"{name} {row[f'verify_{name}']['median_us']:.1f} us "
+                           f"({100 * (row[f'verify_{name}']['fraction_of_roofline'] or 0):.0f}%)"
+                           f"{'' if row[f'tokens_equal_reference_{name}'] else ' WRONG TOKENS'}"
+                           for name in VARIANTS)
+        print(f"B={case.batch} V={case.vocab} {case.mode} verify: {parts}", flush=True)
     if args.smoke and not args.out:
         print("smoke run: not a measurement; nothing written")
         return dict(rows=rows)

@@ -60,10 +60,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import versions, write_result  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
-from verify_gpu_table import _time, make_logits  # noqa: E402
-
-from specdec_fast.kernels import make_sampling_tensors  # noqa: E402
-from specdec_fast.kernels.verify import chain_verify_reference, sample_reference  # noqa: E402
+from verify_gpu_table import _time, verify_cases  # noqa: E402
 
 MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05)}
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
@@ -75,24 +72,29 @@ WAYS = {"now": {}, "rungs_sub256": dict(rungs_sub=256), "emit_block_v256": dict(
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs
 
 
-def _measure_way(row, name, way, smoke, target, draft, drafts, params, logits, positions, expected, expected_sample):
-    """One way's verify and sampler into row: whether both give the reference's tokens, and their
-    graph-replay medians (smoke: the checked calls' wall clock, not a measurement)."""
+def _measure_way(row, name, way, smoke, case):
+    """One way's verify and sampler on case (verify_gpu_table.VerifyCase) into row: whether both give
+    the reference's tokens, and their graph-replay medians (smoke: the checked calls' wall clock, not
+    a measurement)."""
     from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
 
+    def verify():
+        return chain_verify_triton(case.target, case.draft, case.drafts, case.params, **way)
+
+    def sample():
+        return sample_triton(case.logits, case.params, case.positions, 2, **way)
+
     t0 = time.perf_counter()
-    got = chain_verify_triton(target, draft, drafts, params, **way)
+    got = verify()
     t1 = time.perf_counter()
-    got_sample = sample_triton(logits, params, positions, 2, **way)
+    got_sample = sample()
     t2 = time.perf_counter()
-    row[f"tokens_equal_reference_{name}"] = bool(torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-                                                 and torch.equal(got_sample, expected_sample))
+    row[f"tokens_equal_reference_{name}"] = case.same_tokens(got, got_sample)
     if smoke:  # the interpreter: the checked calls' wall clock (seconds a call), nothing more
         row[f"verify_{name}_us"], row[f"sample_{name}_us"] = (t1 - t0) * 1e6, (t2 - t1) * 1e6
         return
-    verify_us = _time(lambda: chain_verify_triton(target, draft, drafts, params, **way), False)["median_us"]
-    sample_us = _time(lambda: sample_triton(logits, params, positions, 2, **way), False)["median_us"]
-    row[f"verify_{name}_us"], row[f"sample_{name}_us"] = verify_us, sample_us
+    row[f"verify_{name}_us"] = _time(verify, False)["median_us"]
+    row[f"sample_{name}_us"] = _time(sample, False)["median_us"]
 
 
 def main(argv=None) -> dict:
@@ -107,37 +109,28 @@ def main(argv=None) -> dict:
     # the smoke shape: the large-vocabulary path with several chunks a row
     ov = dict(cap=128, num_chunks=4, block_v=64) if args.smoke else {}
     rows, budget = [], RowBudget(args.budget_s)
-    for batch, k, vocab in [(2, 2, 600)] if args.smoke else SHAPES:
-        target, draft, drafts = make_logits(batch, k, vocab, "random", device,
-                                            torch.float32 if args.smoke else torch.bfloat16)
-        logits = target[:, 0].contiguous()
-        positions = torch.zeros(batch, dtype=torch.int64, device=device)
-        for mode, kw in MODES.items():
-            if args.smoke and mode not in SMOKE_MODES:
-                continue
-            if not budget.allows(f"B={batch} K={k} V={vocab} {mode}"):
-                continue
-            params = make_sampling_tensors(batch, device, seed=1, **kw)
-            expected = chain_verify_reference(target, draft, drafts, params)
-            expected_sample = sample_reference(logits, params, positions, 2)
-            row = dict(B=batch, K=k, V=vocab, mode=mode)
-            for name, flags in WAYS.items():
-                try:  # a way that fails (a compile error on the device, say) is a result: the others go on
-                    _measure_way(row, name, dict(ov, **flags), args.smoke, target, draft, drafts, params, logits,
-                                 positions, expected, expected_sample)
-                except Exception as error:  # noqa: BLE001
-                    row[f"error_{name}"] = f"{type(error).__name__}: {str(error)[:300]}"
-                    row[f"tokens_equal_reference_{name}"] = False
-            measured = [name for name in WAYS if f"verify_{name}_us" in row]
-            for name in measured:
-                if name != "now" and "now" in measured:
-                    row[f"verify_{name}_over_now"] = row[f"verify_{name}_us"] / row["verify_now_us"]
-                    row[f"sample_{name}_over_now"] = row[f"sample_{name}_us"] / row["sample_now_us"]
-            rows.append(row)
-            ok = all(row[f"tokens_equal_reference_{name}"] for name in WAYS)
-            parts = " | ".join(f"{name} {row[f'verify_{name}_us']:.1f} / {row[f'sample_{name}_us']:.1f}"
-                               if name in measured else f"{name} FAILED" for name in WAYS)
-            print(f"B={batch} V={vocab} {mode} verify / sample us: {parts}{'' if ok else ' WRONG TOKENS'}", flush=True)
+    cases = verify_cases([(2, 2, 600)] if args.smoke else SHAPES, MODES, device,
+                         torch.float32 if args.smoke else torch.bfloat16, budget,
+                         keep=lambda mode: not args.smoke or mode in SMOKE_MODES)
+    for case in cases:
+        row = dict(B=case.batch, K=case.k, V=case.vocab, mode=case.mode)
+        for name, flags in WAYS.items():
+            try:  # a way that fails (a compile error on the device, say) is a result: the others go on
+                _measure_way(row, name, dict(ov, **flags), args.smoke, case)
+            except Exception as error:  # noqa: BLE001
+                row[f"error_{name}"] = f"{type(error).__name__}: {str(error)[:300]}"
+                row[f"tokens_equal_reference_{name}"] = False
+        measured = [name for name in WAYS if f"verify_{name}_us" in row]
+        for name in measured:
+            if name != "now" and "now" in measured:
+                row[f"verify_{name}_over_now"] = row[f"verify_{name}_us"] / row["verify_now_us"]
+                row[f"sample_{name}_over_now"] = row[f"sample_{name}_us"] / row["sample_now_us"]
+        rows.append(row)
+        ok = all(row[f"tokens_equal_reference_{name}"] for name in WAYS)
+        parts = " | ".join(f"{name} {row[f'verify_{name}_us']:.1f} / {row[f'sample_{name}_us']:.1f}"
+                           if name in measured else f"{name} FAILED" for name in WAYS)
+        print(f"B={case.batch} V={case.vocab} {case.mode} verify / sample us: {parts}{'' if ok else ' WRONG TOKENS'}",
+              flush=True)
     if args.smoke and not args.out:
         print("smoke run: not a measurement; nothing written")
         return dict(rows=rows)

@@ -77,6 +77,47 @@ def make_logits(batch, k, vocab, data, device, dtype, seed=0):
     return target.to(device, dtype), draft.to(device, dtype), drafts.to(device)
 
 
+@dataclasses.dataclass
+class VerifyCase:
+    """One row of a side-by-side verify benchmark: the logits of make_logits, the sampler's input
+    (logits [B, V]: target position 0; positions zeros [B]) and the torch reference's answers for
+    these sampling params (chain_verify; sample in stream 2)."""
+
+    batch: int
+    k: int
+    vocab: int
+    mode: str
+    target: torch.Tensor
+    draft: torch.Tensor
+    drafts: torch.Tensor
+    logits: torch.Tensor
+    positions: torch.Tensor
+    params: object
+    expected: tuple
+    expected_sample: torch.Tensor
+
+    def same_tokens(self, got, got_sample) -> bool:
+        """chain_verify's (tokens, accepted) and sample's tokens equal the reference's."""
+        return bool(torch.equal(got[0], self.expected[0]) and torch.equal(got[1], self.expected[1])
+                    and torch.equal(got_sample, self.expected_sample))
+
+
+def verify_cases(shapes, modes: dict, device, dtype, budget: RowBudget, keep=lambda mode: True):
+    """VerifyCase for each (B, K, V) of shapes ("random" logits) and each mode (name -> sampling
+    kwargs) that keep(mode) admits and the budget allows (a left-out row is named in budget.not_run)."""
+    for batch, k, vocab in shapes:
+        target, draft, drafts = make_logits(batch, k, vocab, "random", device, dtype)
+        logits = target[:, 0].contiguous()
+        positions = torch.zeros(batch, dtype=torch.int64, device=device)
+        for mode, kw in modes.items():
+            if not keep(mode) or not budget.allows(f"B={batch} K={k} V={vocab} {mode}"):
+                continue
+            params = make_sampling_tensors(batch, device, seed=1, **kw)
+            yield VerifyCase(batch, k, vocab, mode, target, draft, drafts, logits, positions, params,
+                             chain_verify_reference(target, draft, drafts, params),
+                             sample_reference(logits, params, positions, 2))
+
+
 def _time(fn, smoke: bool) -> dict:
     """Median / 20% / 80% microseconds of fn(): graph replays under do_bench on a GPU."""
     if smoke:
