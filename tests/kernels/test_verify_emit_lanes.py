@@ -36,6 +36,27 @@ def _ids(case):
     return f"B{b}-K{k}-V{v}-{mode}-{'draft' if draft else 'onehot'}-bv{block_v}x{chunks}{'-pen' if pen else ''}"
 
 
+def random_penalties(batch, vocab, seed, device):
+    """A repetition and a presence penalty over 5 random tokens of each row's history."""
+    g = torch.Generator().manual_seed(seed)
+    return make_penalty_tensors(torch.randint(0, vocab, (batch, 5), generator=g).to(device), vocab,
+                                repetition_penalty=1.3, presence_penalty=0.4)
+
+
+def check_against_the_reference(target, draft, drafts, params, pen, position_step, **overrides):
+    """chain_verify_triton and sample_triton (positions b * position_step, stream 3) with the plan
+    overrides, token for token against the reference; returns whether the residual path ran (some
+    row rejected a draft it had)."""
+    batch = target.shape[0]
+    expected = chain_verify_reference(target, draft, drafts, params, pen)
+    got = chain_verify_triton(target, draft, drafts, params, pen, **overrides)
+    assert torch.equal(got[1], expected[1]) and torch.equal(got[0], expected[0]), (got, expected)
+    positions = torch.arange(batch, dtype=torch.int64, device=target.device) * position_step
+    assert torch.equal(sample_triton(target[:, 0], params, positions, 3, **overrides),
+                       sample_reference(target[:, 0], params, positions, 3))
+    return bool(((expected[1] < (drafts >= 0).sum(1)) & (expected[1] >= 0)).any())
+
+
 def _check_case(case, device, shift):
     """One problem of ``case`` (its seed moved by ``shift``), token for token against the reference;
     returns whether the residual path ran (some row rejected a draft it had)."""
@@ -43,20 +64,9 @@ def _check_case(case, device, shift):
     seed = 7 * vocab + k + 1000 * shift
     target, draft, drafts, offsets = _problem(batch, k, vocab, torch.float32, with_draft, True, seed, mode, device)
     params = make_sampling_tensors(batch, device, seed=11 + shift, offset=offsets, **_modes(batch, device)[mode])
-    pen = None
-    if with_pen:
-        g = torch.Generator().manual_seed(vocab + shift)
-        pen = make_penalty_tensors(torch.randint(0, vocab, (batch, 5), generator=g).to(device), vocab,
-                                   repetition_penalty=1.3, presence_penalty=0.4)
-    expected = chain_verify_reference(target, draft, drafts, params, pen)
-    got = chain_verify_triton(target, draft, drafts, params, pen, block_v=block_v, num_chunks=num_chunks,
-                              emit_lanes=True)
-    assert torch.equal(got[1], expected[1]) and torch.equal(got[0], expected[0]), (got, expected)
-    positions = torch.arange(batch, dtype=torch.int64, device=device) * 5
-    assert torch.equal(sample_triton(target[:, 0], params, positions, 3, block_v=block_v, num_chunks=num_chunks,
-                                     emit_lanes=True),
-                       sample_reference(target[:, 0], params, positions, 3))
-    return bool(((expected[1] < (drafts >= 0).sum(1)) & (expected[1] >= 0)).any())
+    pen = random_penalties(batch, vocab, vocab + shift, device) if with_pen else None
+    return check_against_the_reference(target, draft, drafts, params, pen, 5, block_v=block_v, num_chunks=num_chunks,
+                                       emit_lanes=True)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)

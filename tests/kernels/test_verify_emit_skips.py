@@ -12,12 +12,11 @@ import triton
 import triton.language as tl
 
 from specdec_fast.kernels import make_sampling_tensors
-from specdec_fast.kernels.penalties import make_penalty_tensors
-from specdec_fast.kernels.verify import _triton_emit, chain_verify_reference, sample_reference
+from specdec_fast.kernels.verify import _triton_emit
 from specdec_fast.kernels.verify._triton_common import identity_skips
-from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
 
 from .test_verify_backends import _modes, _problem
+from .test_verify_emit_lanes import check_against_the_reference, random_penalties
 
 CASES = [  # (batch, k, vocab, mode, draft logits, block_v, num_chunks, penalties)
     (4, 3, 200, "plain", True, 32, 2, False),
@@ -47,20 +46,9 @@ def _check(case, device, shift, masked=False):
             draft[:, :, ::7] = float("-inf")
         drafts = torch.where(drafts % 7 == 0, (drafts + 1) % vocab, drafts)
     params = make_sampling_tensors(batch, device, seed=5 + shift, offset=offsets, **_sampling(mode, batch, device))
-    pen = None
-    if with_pen:
-        g = torch.Generator().manual_seed(vocab + shift)
-        pen = make_penalty_tensors(torch.randint(0, vocab, (batch, 5), generator=g).to(device), vocab,
-                                   repetition_penalty=1.3, presence_penalty=0.4)
-    expected = chain_verify_reference(target, draft, drafts, params, pen)
-    got = chain_verify_triton(target, draft, drafts, params, pen, block_v=block_v, num_chunks=chunks,
-                              emit_skip_identities=True)
-    assert torch.equal(got[1], expected[1]) and torch.equal(got[0], expected[0]), (mode, got, expected)
-    positions = torch.arange(batch, dtype=torch.int64, device=device) * 3
-    assert torch.equal(sample_triton(target[:, 0], params, positions, 3, block_v=block_v, num_chunks=chunks,
-                                     emit_skip_identities=True),
-                       sample_reference(target[:, 0], params, positions, 3))
-    return bool((expected[1] < (drafts >= 0).sum(1)).any())
+    pen = random_penalties(batch, vocab, vocab + shift, device) if with_pen else None
+    return check_against_the_reference(target, draft, drafts, params, pen, 3, block_v=block_v, num_chunks=chunks,
+                                       emit_skip_identities=True)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[3]}-B{c[0]}-K{c[1]}-V{c[2]}")
