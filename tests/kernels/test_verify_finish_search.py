@@ -12,10 +12,9 @@ import triton
 import triton.language as tl
 
 from specdec_fast.kernels import make_sampling_tensors
-from specdec_fast.kernels.penalties import make_penalty_tensors
 from specdec_fast.kernels.verify._triton_common import KEY_NONE
 from specdec_fast.kernels.verify._triton_search import largest_key_fused, largest_key_reaching
-from tests.kernels.test_verify_rungs_launch import _problem
+from tests.kernels.test_verify_rungs_launch import _problem, penalised_problem
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -203,11 +202,8 @@ def test_the_fused_form_when_the_sample_misses_the_top_set(device):
 
 
 def test_the_penalised_fused_search_changes_nothing(device):
-    batch, k, vocab = 2, 3, 1000
-    target, draft, drafts = (t.to(device) for t in _problem(batch, k, vocab, seed=11))
-    g = torch.Generator().manual_seed(3)
-    history = torch.cat([target[:, 0].topk(6).indices.cpu(), torch.randint(0, vocab, (batch, 4), generator=g)], 1)
-    pen = make_penalty_tensors(history.to(device), vocab, repetition_penalty=3.0, presence_penalty=1.5)
+    batch = 2
+    target, draft, drafts, pen = penalised_problem(device, batch)
     params = make_sampling_tensors(batch, device, seed=7, top_k=5, top_p=0.9)
     overrides = dict(cap=128, block_v=64, num_chunks=4)
     earlier = _stats(target, draft, drafts, params, pen, 0, **overrides)

@@ -102,14 +102,20 @@ def test_the_rungs_launch_changes_nothing_but_the_launches(device, batch, k, voc
     assert torch.equal(once[0], expected[0].cpu()) and torch.equal(once[1], expected[1].cpu())
 
 
-def test_the_penalised_rungs_launch_changes_nothing_but_the_launches(device):
-    """Penalties change the logits the sample reads: the rungs launch must read them penalised too."""
-    batch, k, vocab = 2, 3, 1000
+def penalised_problem(device, batch=2, k=3, vocab=1000):
+    """(target, draft, drafts, penalties): a strong repetition penalty on the tokens that lead each
+    row, so that the penalised top set differs from the raw one."""
     target, draft, drafts = (t.to(device) for t in _problem(batch, k, vocab, seed=11))
     g = torch.Generator().manual_seed(3)
-    # a strong repetition penalty on the tokens that lead each row: the penalised top set differs
     history = torch.cat([target[:, 0].topk(6).indices.cpu(), torch.randint(0, vocab, (batch, 4), generator=g)], 1)
-    pen = make_penalty_tensors(history.to(device), vocab, repetition_penalty=3.0, presence_penalty=1.5)
+    return target, draft, drafts, make_penalty_tensors(history.to(device), vocab, repetition_penalty=3.0,
+                                                       presence_penalty=1.5)
+
+
+def test_the_penalised_rungs_launch_changes_nothing_but_the_launches(device):
+    """Penalties change the logits the sample reads: the rungs launch must read them penalised too."""
+    batch = 2
+    target, draft, drafts, pen = penalised_problem(device, batch)
     params = make_sampling_tensors(batch, device, seed=7, top_k=5)
     overrides = dict(cap=128, block_v=64, num_chunks=4)
     once = _run(target, draft, drafts, params, True, pen, **overrides)
