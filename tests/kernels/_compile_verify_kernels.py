@@ -136,6 +136,25 @@ KNOWN_HARD = (("*fp16", 3, 1, 33, True, None, True), ("*fp32", 3, 1, 33, True, N
               ("*fp32", 1, 1, 128256, True, None, True))
 
 
+# Variants beside the plans' kernels, V = 128256: (label, kernels, constexprs, shapes (logits dtype, B, K,
+# draft logits, penalties)).
+VARIANTS = (
+    # the emission's per-lane pass (the plans' choice where a program streams more than one block), plain and
+    # penalised, and the draft sampler's (K = 0: no draft logits), where it has several steps per chunk
+    ("lanes", (emit_kernel, emit_penalised_kernel), dict(LANES=True),
+     (("*bf16", 64, 4, True, False), ("*bf16", 64, 4, True, True), ("*fp32", 64, 0, False, False))),
+    # the emission with its identity skips (_triton_plan.EMIT_SKIP_IDENTITIES, off by default:
+    # bench_verify_latency.py's "emit_skip_identities" way): the verify at B = 1 and 64 (per-lane), plain
+    ("skips", (emit_kernel,), dict(SKIP_IDENTITIES=True), (("*bf16", 1, 4, True, False), ("*bf16", 64, 4, True, False))),
+    # the finishing kernels with the fused threshold search and its small tile (_triton_plan.FINISH_SEARCH_TILE,
+    # off by default: bench_verify_latency.py's "search_tile1024" / "search_tile2048" ways), plain (both tiles)
+    # and penalised, and the sampler's
+    ("search1024", (select_finish_kernel, select_finish_penalised_kernel), dict(SEARCH_TILE=1024),
+     (("*bf16", 1, 4, True, False), ("*bf16", 1, 4, True, True), ("*fp32", 1, 0, False, False))),
+    ("search2048", (select_finish_kernel,), dict(SEARCH_TILE=2048), (("*bf16", 1, 4, True, False),)),
+)
+
+
 def grid_shapes(quick=False):
     """(logits dtype, B, K, V, draft logits, host modes, penalties) of the grid; quick: one (dtype, B, V)
     per (K, draft, penalties, modes) cell, rotating so that each dtype, B and V still appears, plus
@@ -205,36 +224,13 @@ def main() -> int:
             tag = "" if modes is None else f" modes={'+'.join(sorted(modes))}"
             print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra} "
                   f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
-    # The emission's per-lane pass (the plans' choice where a program streams more than one block),
-    # plain and penalised, and the draft sampler's (K = 0: no draft logits), where it has several
-    # steps per chunk (B = 64).
-    for logits_type, k, has_draft, penalties in (("*bf16", 4, True, False), ("*bf16", 4, True, True),
-                                                 ("*fp32", 0, False, False)):
-        for fn, num_warps, constexprs, options in jobs(logits_type, 64, k, 128256, has_draft, None, penalties):
-            if fn in (emit_kernel, emit_penalised_kernel):
-                kernel = compile_kernel(fn, logits_type, dict(constexprs, LANES=True), num_warps, options)
-                print(f"compiled {fn.__name__}+lanes {logits_type} B=64 K={k} V=128256 "
-                      f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
-    # The emission with its identity skips (_triton_plan.EMIT_SKIP_IDENTITIES, off by default:
-    # bench_verify_latency.py's "emit_skip_identities" way): the verify at B = 1 and 64 (per-lane), plain.
-    for batch in (1, 64):
-        for fn, num_warps, constexprs, options in jobs("*bf16", batch, 4, 128256, True, None):
-            if fn is emit_kernel:
-                kernel = compile_kernel(fn, "*bf16", dict(constexprs, SKIP_IDENTITIES=True), num_warps, options)
-                print(f"compiled {fn.__name__}+skips *bf16 B={batch} K=4 V=128256 ptx={ptx_hash(kernel.asm['ptx'])}",
-                      flush=True)
-    # The finishing kernels with the fused threshold search and its small tile (_triton_plan.FINISH_SEARCH_TILE,
-    # off by default: bench_verify_latency.py's "search_tile1024" / "search_tile2048" ways), plain (both
-    # tiles) and penalised, and the sampler's.
-    for logits_type, k, has_draft, penalties in (("*bf16", 4, True, False), ("*bf16", 4, True, True),
-                                                 ("*fp32", 0, False, False)):
-        for fn, num_warps, constexprs, options in jobs(logits_type, 1, k, 128256, has_draft, None, penalties):
-            if fn not in (select_finish_kernel, select_finish_penalised_kernel):
-                continue
-            for tile in (1024, 2048) if fn is select_finish_kernel and k else (1024,):  # the bench's two ways
-                kernel = compile_kernel(fn, logits_type, dict(constexprs, SEARCH_TILE=tile), num_warps, options)
-                print(f"compiled {fn.__name__}+search{tile} {logits_type} B=1 K={k} V=128256 "
-                      f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
+    for label, kernels, extra, shapes in VARIANTS:
+        for logits_type, batch, k, has_draft, penalties in shapes:
+            for fn, num_warps, constexprs, options in jobs(logits_type, batch, k, 128256, has_draft, None, penalties):
+                if fn in kernels:
+                    kernel = compile_kernel(fn, logits_type, dict(constexprs, **extra), num_warps, options)
+                    print(f"compiled {fn.__name__}+{label} {logits_type} B={batch} K={k} V=128256 "
+                          f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
     return 0
 
 
