@@ -260,6 +260,17 @@ def suite_line(results: Path, device: str) -> str | None:
     return lines[-1] if lines else None
 
 
+# bench_verify_latency's candidate ways as levers: name -> (way, what its ratios are)
+LATENCY_LEVERS = {
+    "RUNGS_SAMPLE_SUB=256": ("rungs_sub256", "us with the rungs launch comparing 256 values a step"),
+    "EMIT_BLOCK_V=256": ("emit_block_v256", "us with the emission in blocks of 256"),
+    "FINISH_SEARCH_TILE=1024": ("search_tile1024", "us with the finishing launch's fused search"),
+    "FINISH_SEARCH_TILE=2048": ("search_tile2048", "us with the fused search's 2048-value tile"),
+    "EMIT_SKIP_IDENTITIES": ("emit_skip_identities", "us with the emission's identity skips"),
+    "EMIT_BLOCK_V=256+EMIT_SKIP_IDENTITIES": ("emit_block_v256_skips", "us with both emission candidates"),
+}
+
+
 def build(results: Path, device: str) -> dict:
     verify = load(results, "verify", device)
     plain = {1: load(results, "profile_step", device), 8: load(results, "profile_step_b8", device)}
@@ -273,24 +284,8 @@ def build(results: Path, device: str) -> dict:
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
                                                           "TREE_WALK_PARALLEL": walk_lever(tree),
                                                           "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),
-                                                          "RUNGS_SAMPLE_SUB=256": latency_lever(
-                                                              latency, "rungs_sub256",
-                                                              "us with the rungs launch comparing 256 values a step"),
-                                                          "EMIT_BLOCK_V=256": latency_lever(
-                                                              latency, "emit_block_v256",
-                                                              "us with the emission in blocks of 256"),
-                                                          "FINISH_SEARCH_TILE=1024": latency_lever(
-                                                              latency, "search_tile1024",
-                                                              "us with the finishing launch's fused search"),
-                                                          "FINISH_SEARCH_TILE=2048": latency_lever(
-                                                              latency, "search_tile2048",
-                                                              "us with the fused search's 2048-value tile"),
-                                                          "EMIT_SKIP_IDENTITIES": latency_lever(
-                                                              latency, "emit_skip_identities",
-                                                              "us with the emission's identity skips"),
-                                                          "EMIT_BLOCK_V=256+EMIT_SKIP_IDENTITIES": latency_lever(
-                                                              latency, "emit_block_v256_skips",
-                                                              "us with both emission candidates")},
+                                                          **{name: latency_lever(latency, way, what)
+                                                             for name, (way, what) in LATENCY_LEVERS.items()}},
             "stream_variants": stream_variants(load(results, "stream_lanes", device)),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}
