@@ -15,25 +15,35 @@ import math
 
 import torch
 
-
-def gather_row_kv(cache: torch.Tensor, block_table_row: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` tokens of one row as a dense [length, Hkv, D] tensor."""
-    block_size = cache.shape[1]
-    num_blocks = -(-length // block_size)
-    pages = cache[block_table_row[:num_blocks].long()]  # [nb, bs, Hkv, D]
-    return pages.reshape(-1, *cache.shape[2:])[:length]
+# Rows are attended together, padded to the longest row, in chunks that hold at most this many
+# fp32 values of scores and dense K/V (256 MB): a bound on memory whatever the batch and length.
+CHUNK_VALUES = 1 << 26
 
 
-def new_token_mask(query_len: int, tree_bits: torch.Tensor | None, causal: bool = True) -> torch.Tensor:
-    """[n, n] bool: query i may see new token j (causal, AND the tree bits when given; every j with
-    causal=False: the block mask)."""
-    idx = torch.arange(query_len, device="cpu" if tree_bits is None else tree_bits.device)
-    allowed = idx[None, :] <= idx[:, None] if causal else torch.ones(query_len, query_len, dtype=torch.bool,
-                                                                     device=idx.device)
+def gather_rows_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` positions of each row of ``block_table`` [R, max_blocks] as a dense
+    [R, length, Hkv, D] tensor. Past a row's own tokens it holds whatever its table's entries
+    point at (entries outside [0, num_blocks) read block 0): callers mask those positions."""
+    num_blocks, block_size = cache.shape[:2]
+    pages = block_table[:, :-(-length // block_size)].long().clamp(0, num_blocks - 1)
+    return cache[pages].flatten(1, 2)[:, :length]  # [R, nb, bs, Hkv, D] -> [R, length, Hkv, D]
+
+
+def visible_keys(new_tokens: torch.Tensor, lengths: torch.Tensor, query_len: int, max_len: int,
+                 tree_bits: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """[R, query_len, max_len] bool: query i of row r may see the token at position j. Rows hold
+    lengths[r] tokens (new_tokens[r] of them new, at the end); every query sees the whole
+    prefix; new token jj (= j - prefix) is seen by query i iff jj <= i (causal) and, with a tree,
+    bit jj of tree_bits[r, i] is set ([R, query_len] int64: its ancestors and itself); with
+    causal=False (the block mask) every new token of the row is seen."""
+    i = torch.arange(query_len, device=lengths.device)[None, :, None]
+    j = torch.arange(max_len, device=lengths.device)[None, None, :]
+    prefix = (lengths - new_tokens)[:, None, None]
+    new = j - prefix  # the new-token index of position j (negative in the prefix)
+    allowed = (new <= i) if causal else torch.ones_like(new, dtype=torch.bool)
     if tree_bits is not None:
-        bits = (tree_bits.to(torch.int64)[:, None] >> idx[None, :]) & 1
-        allowed = allowed & bits.bool()
-    return allowed
+        allowed = allowed & (((tree_bits[:, :, None] >> new.clamp(0, 63)) & 1) == 1)
+    return (new < 0) | ((j < lengths[:, None, None]) & allowed)
 
 
 def paged_attention_reference(
@@ -47,28 +57,35 @@ def paged_attention_reference(
     scale: float | None = None,
     causal: bool = True,
 ) -> torch.Tensor:
-    """out [T, Hq, D] (q's dtype). Reads tensor values on the host: a spec, not a fast path."""
+    """out [T, Hq, D] (q's dtype). Reads two values on the host (the longest row and query
+    count): a spec, not a fast path. Rows are padded to the longest and attended together, a
+    chunk of rows at a time (CHUNK_VALUES); padded keys are masked and their V zeroed (a slot
+    past a row's end may hold NaN), padded queries are computed and dropped."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    group = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     out = torch.zeros_like(q)
-    cu = cu_query_lens.tolist()
-    lens = seq_lens.tolist()
-    for b in range(len(lens)):
-        lo, hi = cu[b], cu[b + 1]
-        n, length = hi - lo, lens[b]
-        if n == 0:
-            continue
-        prefix = length - n
-        k = gather_row_kv(k_cache, block_table[b], length).float().repeat_interleave(group, dim=1)
-        v = gather_row_kv(v_cache, block_table[b], length).float().repeat_interleave(group, dim=1)
-        qb = q[lo:hi].float()  # [n, Hq, D]
-        scores = torch.einsum("ihd,jhd->hij", qb, k) * scale  # [Hq, n, L]
-        visible = torch.ones(n, length, dtype=torch.bool, device=q.device)
-        tree_bits = None if tree_mask is None else tree_mask[lo:hi]
-        visible[:, prefix:] = new_token_mask(n, tree_bits, causal).to(q.device)
-        scores = scores.masked_fill(~visible[None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[lo:hi] = torch.einsum("hij,jhd->ihd", probs, v).to(q.dtype)
+    cu, lengths = cu_query_lens.long(), seq_lens.long()
+    first, new_tokens = cu[:-1], cu[1:] - cu[:-1]  # [B]: row b's first query and its count
+    if T == 0 or new_tokens.numel() == 0 or int(new_tokens.max()) == 0:
+        return out
+    query_len, max_len = int(new_tokens.max()), int(lengths.max())
+    row_values = max_len * (2 * Hkv * D + Hq * query_len) + query_len * Hq * D
+    chunk = max(1, CHUNK_VALUES // row_values)
+    i = torch.arange(query_len, device=q.device)
+    for r0 in range(0, lengths.numel(), chunk):
+        rows = slice(r0, r0 + chunk)
+        k = gather_rows_kv(k_cache, block_table[rows], max_len).float()  # [R, L, Hkv, D]
+        v = gather_rows_kv(v_cache, block_table[rows], max_len).float()
+        in_row = torch.arange(max_len, device=q.device)[None, :] < lengths[rows, None]  # [R, L]
+        v = torch.where(in_row[:, :, None, None], v, 0.0)
+        token = (first[rows, None] + i).clamp(max=T - 1)  # [R, n]: the packed index of query i of row r
+        real = i[None, :] < new_tokens[rows, None]
+        qr = q[token].float().view(*token.shape, Hkv, Hq // Hkv, D)  # [R, n, Hkv, group, D]
+        scores = torch.einsum("rikgd,rjkd->rkgij", qr, k) * scale  # [R, Hkv, group, n, L]
+        tree_bits = None if tree_mask is None else tree_mask[token]
+        visible = visible_keys(new_tokens[rows], lengths[rows], query_len, max_len, tree_bits, causal)
+        probs = torch.softmax(scores.masked_fill(~visible[:, None, None], float("-inf")), dim=-1)
+        o = torch.einsum("rkgij,rjkd->rikgd", probs, v).flatten(2, 3)  # [R, n, Hq, D]
+        out[token[real]] = o[real].to(q.dtype)
     return out

@@ -41,13 +41,14 @@ compact_kv(caches, block_table, seq_lens, path_positions):
 import torch
 
 
-def slot_of(block_table: torch.Tensor, row: int, pos: torch.Tensor, num_blocks: int, block_size: int) -> torch.Tensor:
-    """Flat slots (int64) of positions ``pos`` [N] of ``row``; -1 where the position is unmapped."""
+def slot_of(block_table: torch.Tensor, row, pos: torch.Tensor, num_blocks: int, block_size: int) -> torch.Tensor:
+    """Flat slots (int64) of positions ``pos`` [N] of ``row`` (an int, or an int64 tensor [N]: the
+    row of each position); -1 where the position is unmapped."""
     pos = pos.long()
     max_blocks = block_table.shape[1]
     logical = torch.div(pos, block_size, rounding_mode="floor")
     in_table = (pos >= 0) & (logical < max_blocks)
-    block = block_table[row].long()[logical.clamp(0, max_blocks - 1)]
+    block = block_table.long()[row, logical.clamp(0, max_blocks - 1)]
     mapped = in_table & (block >= 0) & (block < num_blocks)
     return torch.where(mapped, block * block_size + pos % block_size, torch.full_like(pos, -1))
 
@@ -65,16 +66,15 @@ def append_kv_reference(
     num_blocks, block_size = k_cache.shape[:2]
     k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
-    cu = cu_query_lens.tolist()
-    for b in range(len(cu) - 1):
-        start, end = cu[b], min(cu[b + 1], k_new.shape[0])
-        if end <= start:
-            continue
-        pos = int(seq_lens[b]) + torch.arange(end - start, device=k_new.device)
-        slots = slot_of(block_table, b, pos, num_blocks, block_size)
-        keep = (slots >= 0).nonzero()[:, 0]  # unmapped positions are dropped
-        k_flat.index_copy_(0, slots[keep], k_new[start:end].index_select(0, keep))
-        v_flat.index_copy_(0, slots[keep], v_new[start:end].index_select(0, keep))
+    cu = cu_query_lens.long()
+    counts = (cu[1:] - cu[:-1]).clamp(min=0)
+    rows = torch.repeat_interleave(torch.arange(counts.numel(), device=cu.device), counts)
+    rows = rows[:k_new.shape[0]]  # tokens past T do not exist: dropped with their rows' tails
+    token = torch.arange(rows.numel(), device=cu.device)  # token t is new token t - cu[row] of its row
+    slots = slot_of(block_table, rows, seq_lens.long()[rows] + token - cu[rows], num_blocks, block_size)
+    keep = (slots >= 0).nonzero()[:, 0]  # unmapped positions are dropped
+    k_flat.index_copy_(0, slots[keep], k_new.index_select(0, keep))
+    v_flat.index_copy_(0, slots[keep], v_new.index_select(0, keep))
 
 
 def rope_append_kv_reference(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens,

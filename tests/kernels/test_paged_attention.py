@@ -66,6 +66,26 @@ def test_block_mask_with_a_kv_split(device):
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case, causal=False), atol=4e-3, rtol=4e-3)
 
 
+@pytest.mark.parametrize("name", list(CASES) + list(BLOCK_CASES))
+def test_reference_one_row_a_chunk_equals_all_rows_at_once(name, monkeypatch):
+    """The torch reference attends its rows padded to the longest, a chunk of rows at a time: one
+    row a chunk (CHUNK_VALUES = 1) gives the values of every row in one chunk (to the output
+    dtype's rounding: the sums' order differs), and both the SDPA oracle's (NaN in the slots past each row's end, -1 table entries, empty rows)."""
+    from specdec_fast.kernels.attention import reference
+
+    block = name in BLOCK_CASES
+    spec = BLOCK_CASES[name] if block else CASES[name]
+    seq, ql, hq, hkv, d, bs, dtype = spec[:7]
+    tree = False if block else spec[7]
+    case = make_case(seq, ql, hq, hkv, d, bs, dtype, tree=tree, strided=spec[-1], seed=len(name))
+    args = dict(tree_mask=case.tree_mask, causal=not block)
+    together = reference.paged_attention_reference(*case.args(), **args)
+    monkeypatch.setattr(reference, "CHUNK_VALUES", 1)
+    alone = reference.paged_attention_reference(*case.args(), **args)
+    torch.testing.assert_close(alone, together)  # the dtype's default tolerance: an ulp apart at most
+    torch.testing.assert_close(alone.double(), sdpa_oracle(case, causal=not block), atol=TOL[dtype], rtol=TOL[dtype])
+
+
 def test_block_mask_takes_no_tree():
     case = make_case([5], [5], 2, 2, 16, 4, torch.float32, tree=True)
     with pytest.raises(ValueError, match="block mask"):
