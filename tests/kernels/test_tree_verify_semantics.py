@@ -9,7 +9,7 @@ from specdec_fast.kernels import make_sampling_tensors, standardise
 from specdec_fast.kernels.tree_verify import MAX_TREE_NODES, tree_verify
 from specdec_fast.kernels.verify import chain_verify
 
-from .backends import kernel_backends
+from .backends import ON_CUDA, kernel_backends
 from .stats import P_VALUE_THRESHOLD, chi_square_pvalue
 from .tree_cases import IRREGULAR, MarkovPair, conditional_chi_square_pvalue, grow_dynamic, random_parents
 
@@ -24,8 +24,32 @@ SAMPLING_MODES = {
 }
 
 
+# The chi-square tests' backends. The interpreted Triton kernels (CPU) took 15-19 s a sampled case
+# at 4000 rows (CI's durations); there test_the_interpreter_draws_the_references_tokens asserts
+# instead, on the same trees, that they emit the torch backend's tokens row for row (the same
+# Philox draws: a stronger check than a 4000-row chi-square, whose torch case runs 12000 rows).
+LAW_BACKENDS = [b for b in BACKENDS if b != "triton" or ON_CUDA]
+INTERPRETED_ROWS = 500
+
+
 def _rows(backend: str) -> int:
     return 4000 if backend == "triton" else 12000
+
+
+def _static_case(mode: str, children: str, rows: int):
+    """(pair, tokens [rows, N]) of test_emitted_tokens_follow_the_target: IRREGULAR trees."""
+    pair = MarkovPair(vocab=10, seed=len(mode))
+    gen = torch.Generator().manual_seed(7)
+    return pair, pair.grow(gen, IRREGULAR, rows, root=0, children=children, **SAMPLING_MODES[mode])
+
+
+def _dynamic_case(mode: str, children: str, rows: int):
+    """(pair, roots [rows], tokens [rows, N], parents [rows, N]) of test_dynamic_trees_emit_the_target."""
+    pair = MarkovPair(vocab=10, seed=11 + len(mode))
+    gen = torch.Generator().manual_seed(9)
+    roots = torch.randint(0, 10, (rows,), generator=gen)
+    tokens, parents = grow_dynamic(pair, gen, [3, 4, 3], rows, roots, children=children, **SAMPLING_MODES[mode])
+    return pair, roots, tokens, parents
 
 
 def _run(pair, tokens, parents, children, backend, device, **kw):
@@ -36,16 +60,15 @@ def _run(pair, tokens, parents, children, backend, device, **kw):
     return type(res)(*(t.cpu() for t in res))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", LAW_BACKENDS)
 @pytest.mark.parametrize("children", ["sample", "top"])
 @pytest.mark.parametrize("mode", list(SAMPLING_MODES))
 def test_emitted_tokens_follow_the_target(backend, children, mode, device):
     """Token 1 ~ q(. | root); given d accepted nodes, token d+1 ~ q(. | token d), d = 1, 2 (the
     continuation at an accepted node is a fresh step over its own i.i.d. / top-b children)."""
     kw = SAMPLING_MODES[mode]
-    pair = MarkovPair(vocab=10, seed=len(mode))
     rows = _rows(backend)
-    tokens = pair.grow(torch.Generator().manual_seed(7), IRREGULAR, rows, root=0, children=children, **kw)
+    pair, tokens = _static_case(mode, children, rows)
     res = _run(pair, tokens, IRREGULAR, children, backend, device, seed=31, **kw)
     q = pair.probs(pair.target, **kw)
     assert chi_square_pvalue(res.tokens[:, 0], q[0]) > P_VALUE_THRESHOLD
@@ -57,7 +80,7 @@ def test_emitted_tokens_follow_the_target(backend, children, mode, device):
     assert bool((res.num_accepted <= 3).all())  # IRREGULAR is 3 deep
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", LAW_BACKENDS)
 @pytest.mark.parametrize("children", ["sample", "top"])
 @pytest.mark.parametrize("mode", ["plain", "all"])
 def test_dynamic_trees_emit_the_target(backend, children, mode, device):
@@ -65,11 +88,8 @@ def test_dynamic_trees_emit_the_target(backend, children, mode, device):
     draft's side only; sampled children's counts are fixed before they are drawn; random roots):
     token 1 ~ q(. | root) and token d + 1 ~ q(. | token d), d = 1, 2."""
     kw = SAMPLING_MODES[mode]
-    pair = MarkovPair(vocab=10, seed=11 + len(mode))
     rows = _rows(backend)
-    gen = torch.Generator().manual_seed(9)
-    roots = torch.randint(0, 10, (rows,), generator=gen)
-    tokens, parents = grow_dynamic(pair, gen, [3, 4, 3], rows, roots, children=children, **kw)
+    pair, roots, tokens, parents = _dynamic_case(mode, children, rows)
     assert len({tuple(r) for r in parents.tolist()}) > 3, "the shapes should vary per row"
     target, draft = pair.expand(tokens, with_draft=children == "sample")
     res = tree_verify(target.to(device), None if draft is None else draft.to(device), tokens.to(device), parents.to(device),
@@ -82,6 +102,26 @@ def test_dynamic_trees_emit_the_target(backend, children, mode, device):
         assert reached.sum() > rows // 50, "too few accepted paths for the test to mean much"
         pvalue = conditional_chi_square_pvalue(res.tokens[reached, depth - 1], res.tokens[reached, depth], q)
         assert pvalue > P_VALUE_THRESHOLD, (depth, pvalue)
+
+
+@pytest.mark.skipif(ON_CUDA, reason="on CUDA the chi-square tests run the compiled kernels")
+@pytest.mark.parametrize("children", ["sample", "top"])
+@pytest.mark.parametrize("case", [f"static-{m}" for m in SAMPLING_MODES] + ["dynamic-plain", "dynamic-all"])
+def test_the_interpreter_draws_the_references_tokens(case, children):
+    """The interpreted Triton kernels on the chi-square tests' trees (their generators and seeds,
+    INTERPRETED_ROWS rows): the torch backend's tokens and accept counts, row for row. With the
+    torch case's chi-square, this says the Triton kernels draw the target's law."""
+    shape, mode = case.split("-")
+    kw = dict(SAMPLING_MODES[mode], seed=31 if shape == "static" else 41)
+    if shape == "static":
+        pair, tokens = _static_case(mode, children, INTERPRETED_ROWS)
+        parents = torch.tensor(IRREGULAR).expand(tokens.shape[0], -1)
+    else:
+        pair, _, tokens, parents = _dynamic_case(mode, children, INTERPRETED_ROWS)
+    target, draft = pair.expand(tokens, with_draft=children == "sample")
+    got, want = (tree_verify(target, draft, tokens, parents, backend=b, **kw) for b in ("triton", "torch"))
+    assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+    assert bool((want.num_accepted > 0).any()) and bool((want.num_accepted < 3).any()), "accepts and rejects"
 
 
 def test_keeping_the_best_of_several_samples_is_caught():
