@@ -12,7 +12,23 @@ device is the CPU: skipped on a GPU machine; say why in the test).
 import copy
 import os
 
-import torch
+
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist, each worker's OpenMP team gets its share of the cores (OMP_NUM_THREADS,
+    unless the caller set it), set before torch loads libgomp. Every worker at the default team
+    (all cores) oversubscribes the machine, and libgomp's spin-then-sleep wait then costs a
+    scheduler tick a parallel region (csrc/verify_args.h): on this 2-core box with -n 2,
+    test_tree_verify_semantics.py took 77.9 s of wall clock with two threads a worker and 31.2 s
+    with one (a torch-backend case: 6.9 s beside an interpreted test, 0.2 s alone)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(workers)))
+
+
+_share_the_cores_among_workers()
+
+import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
