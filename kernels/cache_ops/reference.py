@@ -104,14 +104,12 @@ def compact_kv_reference(
     """Moves each row's accepted tree path to contiguous positions, all layers, K and V (module doc)."""
     num_layers, two, num_blocks, block_size = caches.shape[:4]
     flat = caches.view(num_layers, two, num_blocks * block_size, *caches.shape[4:])
-    lengths = path_lengths(path_positions).tolist()
-    for b, length in enumerate(lengths):
-        if length == 0:
-            continue
-        base = int(seq_lens[b])
-        j = torch.arange(length, device=caches.device)
-        src = slot_of(block_table, b, base + path_positions[b, :length].long(), num_blocks, block_size)
-        dst = slot_of(block_table, b, base + j, num_blocks, block_size)
-        keep = ((src >= 0) & (dst >= 0)).nonzero()[:, 0]
-        gathered = flat.index_select(2, src[keep])  # a copy: every read before any write
-        flat.index_copy_(2, dst[keep], gathered)
+    step = torch.arange(path_positions.shape[1], device=caches.device)
+    on_path = step[None, :] < path_lengths(path_positions)[:, None]  # [B, P]: entry j of row b is moved
+    rows = torch.arange(path_positions.shape[0], device=caches.device)[:, None].expand_as(on_path)[on_path]
+    base = seq_lens.long()[rows]
+    src = slot_of(block_table, rows, base + path_positions[on_path].long(), num_blocks, block_size)
+    dst = slot_of(block_table, rows, base + step.expand_as(on_path)[on_path], num_blocks, block_size)
+    keep = ((src >= 0) & (dst >= 0)).nonzero()[:, 0]
+    gathered = flat.index_select(2, src[keep])  # a copy: every read before any write
+    flat.index_copy_(2, dst[keep], gathered)
