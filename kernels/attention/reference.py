@@ -60,10 +60,11 @@ def paged_attention_reference(
     scale: float | None = None,
     causal: bool = True,
 ) -> torch.Tensor:
-    """out [T, Hq, D] (q's dtype). Waits on the device for the longest row and query count and,
-    per chunk, for its real queries (a boolean index): a spec, not a fast path. Rows are padded to the longest and attended together, a
-    chunk of rows at a time (CHUNK_VALUES); padded keys are masked and their V zeroed (a slot
-    past a row's end may hold NaN), padded queries are computed and dropped."""
+    """out [T, Hq, D] (q's dtype). A spec, not a fast path: it waits on the device for the longest
+    row and query count and, per chunk, for its real queries (a boolean index). Rows are padded
+    to the longest and attended together, a chunk of rows at a time (CHUNK_VALUES); padded keys
+    are masked and their V zeroed (a slot past a row's end may hold NaN), padded queries are
+    computed and dropped."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
