@@ -70,7 +70,8 @@ def test_block_mask_with_a_kv_split(device):
 def test_reference_one_row_a_chunk_equals_all_rows_at_once(name, monkeypatch):
     """The torch reference attends its rows padded to the longest, a chunk of rows at a time: one
     row a chunk (CHUNK_VALUES = 1) gives the values of every row in one chunk (to the output
-    dtype's rounding: the sums' order differs), and both the SDPA oracle's (NaN in the slots past each row's end, -1 table entries, empty rows)."""
+    dtype's rounding: the sums' order differs), and both give the SDPA oracle's (NaN in the slots
+    past each row's end, -1 table entries, empty rows)."""
     from specdec_fast.kernels.attention import reference
 
     block = name in BLOCK_CASES

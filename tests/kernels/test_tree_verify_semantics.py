@@ -25,7 +25,7 @@ SAMPLING_MODES = {
 
 
 # The chi-square tests' backends. The interpreted Triton kernels (CPU) took 15-19 s a sampled case
-# at 4000 rows (CI's durations); there test_the_interpreter_draws_the_references_tokens asserts
+# at 4000 rows (-n 2 on a 2-core box); there test_the_interpreter_draws_the_references_tokens asserts
 # instead, on the same trees, that they emit the torch backend's tokens row for row (the same
 # Philox draws: a stronger check than a 4000-row chi-square, whose torch case runs 12000 rows).
 LAW_BACKENDS = [b for b in BACKENDS if b != "triton" or ON_CUDA]
