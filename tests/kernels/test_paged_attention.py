@@ -20,6 +20,10 @@ CASES = {
     "tree9_g8_bf16": ([20, 70, 9], [9, 9, 9], 8, 1, 64, 16, torch.bfloat16, True, True),
     "tree_mixed_g1_fp32": ([6, 50], [1, 9], 2, 2, 128, 32, torch.float32, True, False),
     "tree64_sign_bit_two_tiles": ([94, 10], [64, 3], 4, 1, 64, 16, torch.float32, True, False),
+    # GQA 3 (query rows not a multiple of the C++ op's quads), head_dim 80 / 200 (not a multiple of
+    # its 16-lane vectors), contexts that end mid-chunk
+    "chain7_g3_d80_ragged": ([7, 40, 130], [7, 1, 7], 6, 2, 80, 16, torch.float32, False, False),
+    "tree12_g3_d200_bf16": ([25, 12], [12, 12], 6, 2, 200, 8, torch.bfloat16, True, True),
 }
 
 
