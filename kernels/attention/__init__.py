@@ -116,9 +116,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     tokens instead of i + 1 (n (n - 1) / 2 more dot products per head and row: 120 at n = 16,
     nothing beside a prefix of hundreds of tokens) and no mask is computed in the last chunks.
     Measured on CPU (bench/bench_attention.py --cpu-block-mask, attention_block_mask_cpu.json: 32 q /
-    8 kv heads, D 128, fp32, 1 thread, process CPU time, commit a4210d2): the C++ op's block mask
-    costs 0.96-1.01x its causal pass at N = 8-16 over 256-4096 tokens, B 1 and 8 (the torch
-    reference 0.80-1.01x); the Triton kernel's cost on a GPU is not measured yet.
+    8 kv heads, D 128, fp32, 1 thread, process CPU time, commit 56f5b78): the C++ op's block mask
+    costs 0.98-1.02x its causal pass at N = 8-16 over 256-4096 tokens, B 1 and 8 (the torch
+    reference 0.84-1.01x); the Triton kernel's cost on a GPU is not measured yet.
     scale defaults to 1/sqrt(D). check=False skips the value checks (no host sync).
     Returns out [T, Hq, D] in q's dtype. See reference.py for the exact semantics.
     """
