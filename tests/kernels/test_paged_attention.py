@@ -6,7 +6,7 @@ import torch
 
 from specdec_fast.kernels.attention import paged_attention
 from tests.kernels.attention_cases import make_case, sdpa_oracle
-from tests.kernels.backends import kernel_backends
+from tests.kernels.backends import cpp_tested, kernel_backends
 
 TOL = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
@@ -331,3 +331,39 @@ def test_triton_kernels_compile_for_sm90():
         pytest.skip("no ptxas in this triton install")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "merge ok" in proc.stdout
+
+
+# The C++ op cuts a (row, KV head) task's keys into ranges when there are fewer tasks than
+# threads (csrc/paged_attention.cpp key_splits: at least 256 keys a range) and merges them.
+# (seq_lens, query_lens, Hq, Hkv, head_dim, block_size, dtype, mode): row lengths that leave
+# some ranges empty or partial, causal / tree / block masks.
+KEY_RANGE_CASES = {
+    "decode_one_row_g4": ([1500], [1], 4, 1, 64, 16, torch.float32, "causal"),
+    "chain5_two_rows_ragged": ([1100, 300], [5, 5], 8, 1, 80, 16, torch.bfloat16, "causal"),
+    "tree9_long": ([1030], [9], 4, 1, 64, 32, torch.float16, "tree"),
+    "block16_long": ([777, 520], [16, 16], 2, 1, 32, 16, torch.float32, "block"),
+}
+
+
+@pytest.mark.skipif(not cpp_tested(), reason="the C++ backend is not tested here")
+@pytest.mark.parametrize("threads", [3, 8])
+@pytest.mark.parametrize("name", list(KEY_RANGE_CASES))
+def test_cpp_key_splits_over_threads(name, threads):
+    seq, ql, hq, hkv, d, bs, dtype, mode = KEY_RANGE_CASES[name]
+    case = make_case(seq, ql, hq, hkv, d, bs, dtype, tree=mode == "tree", seed=len(name))
+    causal = mode != "block"
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)  # the C++ op's OpenMP threads: fewer tasks than threads -> splits
+        out = paged_attention(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask,
+                              causal=causal, backend="cpp")
+        torch.set_num_threads(1)
+        one = paged_attention(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask,
+                              causal=causal, backend="cpp")
+    finally:
+        torch.set_num_threads(before)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), sdpa_oracle(case, causal=causal), atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double(), one.double(), atol=tol, rtol=tol)
+    if dtype == torch.float32:  # merged ranges sum in another order: not bit for bit
+        assert not torch.equal(out, one), "the split path was not taken"
