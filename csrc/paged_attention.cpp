@@ -38,8 +38,10 @@ namespace specdec {
 namespace attention {
 namespace {
 
-// Vector width: 16 floats (one zmm) on AVX-512, else 8 (one ymm on AVX2). A 16-float vector
-// on AVX2 was measured 2.5-3.5x slower than the code before: GCC 12 lowers it through the stack.
+// Vector width: one register of the machine, 16 floats (zmm) on AVX-512, 8 (ymm) on AVX2, 4
+// otherwise (SSE2; NEON on aarch64). Wider vectors than the registers were measured slower
+// than the code before (GCC 12 lowers them through the stack): 16 floats on AVX2 2.7-3.4x,
+// 8 on SSE2 ~2x.
 #if defined(__AVX512F__)
 #define SPECDEC_ATTN_LANES 16
 #elif defined(__AVX2__)
