@@ -52,8 +52,10 @@ namespace {
 constexpr int64_t LANES = SPECDEC_ATTN_LANES;
 constexpr int64_t CHUNK = LANES;  // keys per step: one vector of scores per query row
 constexpr int64_t ROWS = 4;       // query rows per pass: 4 accumulator chains share each K / V load
-// Keys prefetched this many positions ahead: each key's D values sit in a page of their own
-// (the cache is [blocks, page, Hkv, D]), which the hardware prefetcher does not follow.
+// Keys prefetched this many positions ahead: a key's D values are one short run per page slot
+// (the cache is [blocks, page, Hkv, D]), which the hardware prefetcher does not follow. Measured
+// (1 thread, 8 caches of 16-32 MB read in turn, so from DRAM): bf16 decode 1.08-1.27x faster
+// than without, fp32 0.95-1.08x; 32 or 64 positions ahead, or every other key, no better.
 constexpr int64_t PREFETCH_AHEAD = 16;
 
 typedef float vf __attribute__((vector_size(4 * LANES)));
