@@ -44,7 +44,7 @@ namespace {
 // 8 on SSE2 ~2x.
 #if defined(__AVX512F__)
 #define SPECDEC_ATTN_LANES 16
-#elif defined(__AVX2__)
+#elif defined(__AVX2__) && defined(__FMA__)  // what _cpp_build.cpu_isa() calls "avx2"
 #define SPECDEC_ATTN_LANES 8
 #else
 #define SPECDEC_ATTN_LANES 4
@@ -85,7 +85,7 @@ SPECDEC_INLINE vf splat(float x) {
 SPECDEC_INLINE vf fma_v(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
   return _mm512_fmadd_ps(a, b, c);
-#elif SPECDEC_ATTN_LANES == 8 && defined(__FMA__)
+#elif SPECDEC_ATTN_LANES == 8
   return _mm256_fmadd_ps(a, b, c);
 #else
   return a * b + c;

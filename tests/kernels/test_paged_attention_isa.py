@@ -28,7 +28,7 @@ BUILDS = {
 }
 
 
-def _build(name: str, tmp_path_factory) -> object:
+def _build(name: str, tmp_path_factory, monkeypatch) -> object:
     flags, _, needs = BUILDS[name]
     if not needs <= set(_cpp_build._cpu_tag().split()):
         pytest.skip(f"this CPU lacks {sorted(needs)}")
@@ -45,7 +45,7 @@ def _build(name: str, tmp_path_factory) -> object:
     folder = tmp_path_factory.mktemp(name)
     path = Path(folder) / f"paged_attention_{name}.cpp"
     path.write_text(src)
-    os.environ["PATH"] = ninja + os.pathsep + os.environ.get("PATH", "")
+    monkeypatch.setenv("PATH", ninja + os.pathsep + os.environ.get("PATH", ""))
     cpp_extension.load(name=namespace, sources=[str(path)], extra_cflags=_cpp_build.CFLAGS + flags,
                        extra_ldflags=_cpp_build.LDFLAGS, extra_include_paths=[str(_cpp_build.csrc_dir())],
                        build_directory=str(folder), is_python_module=False)
@@ -53,8 +53,8 @@ def _build(name: str, tmp_path_factory) -> object:
 
 
 @pytest.mark.parametrize("name", list(BUILDS))
-def test_other_vector_widths_match_sdpa(name, tmp_path_factory):
-    ops = _build(name, tmp_path_factory)
+def test_other_vector_widths_match_sdpa(name, tmp_path_factory, monkeypatch):
+    ops = _build(name, tmp_path_factory, monkeypatch)
     assert ops.paged_attention_lanes() == BUILDS[name][1]
     tables = [(case, True) for case in CASES.values()] + [((*c[:7], False, c[7]), False) for c in BLOCK_CASES.values()]
     for i, ((seq, ql, hq, hkv, d, bs, dtype, tree, strided), causal) in enumerate(tables):
