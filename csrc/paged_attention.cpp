@@ -33,6 +33,7 @@
 #endif
 
 #include "vec_math.h"
+#include "vec_shuffle.h"
 
 namespace specdec {
 namespace attention {
@@ -73,11 +74,11 @@ SPECDEC_INLINE void store_v(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 SPECDEC_INLINE vf splat(float x) {
   const vf v = {x};
 #if SPECDEC_ATTN_LANES == 16
-  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return SPECDEC_SHUFFLE(vi, v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
 #elif SPECDEC_ATTN_LANES == 8
-  return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
+  return SPECDEC_SHUFFLE(vi, v, v, 0, 0, 0, 0, 0, 0, 0, 0);
 #else
-  return __builtin_shufflevector(v, v, 0, 0, 0, 0);
+  return SPECDEC_SHUFFLE(vi, v, v, 0, 0, 0, 0);
 #endif
 }
 
@@ -98,51 +99,51 @@ SPECDEC_INLINE vf fma_v(vf a, vf b, vf c) {
 SPECDEC_INLINE vf transpose_sum(const vf* x) {
   vf a[8], b[4], c[2];
   for (int i = 0; i < 8; ++i)
-    a[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
-           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    a[i] = SPECDEC_SHUFFLE(vi, x[2 * i], x[2 * i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+           SPECDEC_SHUFFLE(vi, x[2 * i], x[2 * i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
   for (int i = 0; i < 4; ++i)
-    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    b[i] = SPECDEC_SHUFFLE(vi, a[2 * i], a[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+           SPECDEC_SHUFFLE(vi, a[2 * i], a[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
   for (int i = 0; i < 2; ++i)
-    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
-           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-  return __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-         __builtin_shufflevector(c[0], c[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    c[i] = SPECDEC_SHUFFLE(vi, b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+           SPECDEC_SHUFFLE(vi, b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  return SPECDEC_SHUFFLE(vi, c[0], c[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+         SPECDEC_SHUFFLE(vi, c[0], c[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 
 // The lanes of x folded in halves: lane 0 ends up holding op over all lanes.
 #define SPECDEC_FOLD(x, op)                                                                                  \
-  op(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));          \
-  op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));                      \
-  op(x, __builtin_shufflevector(x, x, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));                      \
-  op(x, __builtin_shufflevector(x, x, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0))
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));          \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));                      \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));                      \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0))
 #elif SPECDEC_ATTN_LANES == 8
 SPECDEC_INLINE vf transpose_sum(const vf* x) {
   vf a[4], b[2];
   for (int i = 0; i < 4; ++i)
-    a[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
-           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    a[i] = SPECDEC_SHUFFLE(vi, x[2 * i], x[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+           SPECDEC_SHUFFLE(vi, x[2 * i], x[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
   for (int i = 0; i < 2; ++i)
-    b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
-           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-  return __builtin_shufflevector(b[0], b[1], 0, 1, 2, 3, 8, 9, 10, 11) +
-         __builtin_shufflevector(b[0], b[1], 4, 5, 6, 7, 12, 13, 14, 15);
+    b[i] = SPECDEC_SHUFFLE(vi, a[2 * i], a[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+           SPECDEC_SHUFFLE(vi, a[2 * i], a[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  return SPECDEC_SHUFFLE(vi, b[0], b[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         SPECDEC_SHUFFLE(vi, b[0], b[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 #define SPECDEC_FOLD(x, op)                                                \
-  op(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 4, 5, 6, 7));           \
-  op(x, __builtin_shufflevector(x, x, 2, 3, 2, 3, 2, 3, 2, 3));           \
-  op(x, __builtin_shufflevector(x, x, 1, 0, 1, 0, 1, 0, 1, 0))
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 4, 5, 6, 7, 4, 5, 6, 7));           \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3, 2, 3, 2, 3));           \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 1, 0, 1, 0, 1, 0, 1, 0))
 #else
 SPECDEC_INLINE vf transpose_sum(const vf* x) {
-  const vf a = __builtin_shufflevector(x[0], x[1], 0, 4, 2, 6) + __builtin_shufflevector(x[0], x[1], 1, 5, 3, 7);
-  const vf b = __builtin_shufflevector(x[2], x[3], 0, 4, 2, 6) + __builtin_shufflevector(x[2], x[3], 1, 5, 3, 7);
-  return __builtin_shufflevector(a, b, 0, 1, 4, 5) + __builtin_shufflevector(a, b, 2, 3, 6, 7);
+  const vf a = SPECDEC_SHUFFLE(vi, x[0], x[1], 0, 4, 2, 6) + SPECDEC_SHUFFLE(vi, x[0], x[1], 1, 5, 3, 7);
+  const vf b = SPECDEC_SHUFFLE(vi, x[2], x[3], 0, 4, 2, 6) + SPECDEC_SHUFFLE(vi, x[2], x[3], 1, 5, 3, 7);
+  return SPECDEC_SHUFFLE(vi, a, b, 0, 1, 4, 5) + SPECDEC_SHUFFLE(vi, a, b, 2, 3, 6, 7);
 }
 
 #define SPECDEC_FOLD(x, op)                                  \
-  op(x, __builtin_shufflevector(x, x, 2, 3, 2, 3));         \
-  op(x, __builtin_shufflevector(x, x, 1, 0, 1, 0))
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3));         \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 1, 0, 1, 0))
 #endif
 
 #define SPECDEC_MAX_INTO(x, y) x = x > y ? x : y

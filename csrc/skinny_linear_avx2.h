@@ -19,6 +19,7 @@
 
 #include "skinny_linear_args.h"
 #include "vec_math.h"
+#include "vec_shuffle.h"
 
 namespace specdec {
 namespace linear {
@@ -33,6 +34,7 @@ constexpr const char* kTilesIsa =
 
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 
 // Rows of x per tile (more rows go in balanced chunks, see run_columns): the tiles below keep
 // 6 rows without spills, and a 7th row would cost a weight vector per tile.
@@ -63,7 +65,7 @@ SPECDEC_INLINE void store4(float* p, v4f v) { std::memcpy(p, &v, sizeof v); }
 // The 16-lane sum of one accumulator given as s = lo + hi (lane i + lane i+8): halves, then
 // (l0 + l2) + (l1 + l3), the order of the AVX-512 path's hsum16.
 SPECDEC_INLINE float hsum8(v8f s) {
-  const v4f a = __builtin_shufflevector(s, s, 0, 1, 2, 3), b = __builtin_shufflevector(s, s, 4, 5, 6, 7);
+  const v4f a = low_part<v4f>(s), b = low_part<v4f>(SPECDEC_SHUFFLE(v8i, s, s, 4, 5, 6, 7, 0, 1, 2, 3));
   const v4f s4 = a + b;
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
@@ -72,11 +74,13 @@ SPECDEC_INLINE float hsum8(v8f s) {
 // hsum8's order).
 SPECDEC_INLINE v4f reduce4(v8f a, v8f b, v8f c, v8f d) {
   // [a0+a4, a1+a5, a2+a6, a3+a7, b0+b4, ...], likewise c | d
-  const v8f ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
-  const v8f cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
+  const v8f ab = SPECDEC_SHUFFLE(v8i, a, b, 0, 1, 2, 3, 8, 9, 10, 11) + SPECDEC_SHUFFLE(v8i, a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+  const v8f cd = SPECDEC_SHUFFLE(v8i, c, d, 0, 1, 2, 3, 8, 9, 10, 11) + SPECDEC_SHUFFLE(v8i, c, d, 4, 5, 6, 7, 12, 13, 14, 15);
   // [a0+a2, a1+a3, c0+c2, c1+c3, b0+b2, b1+b3, d0+d2, d1+d3] (of the sums above)
-  const v8f p = __builtin_shufflevector(ab, cd, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(ab, cd, 2, 3, 10, 11, 6, 7, 14, 15);
-  return __builtin_shufflevector(p, p, 0, 4, 2, 6) + __builtin_shufflevector(p, p, 1, 5, 3, 7);
+  const v8f p = SPECDEC_SHUFFLE(v8i, ab, cd, 0, 1, 8, 9, 4, 5, 12, 13) + SPECDEC_SHUFFLE(v8i, ab, cd, 2, 3, 10, 11, 6, 7, 14, 15);
+  // [p0, p4, p2, p6 | p1, p5, p3, p7]: the low half plus the high half
+  const v8f t = SPECDEC_SHUFFLE(v8i, p, p, 0, 4, 2, 6, 1, 5, 3, 7);
+  return low_part<v4f>(t) + low_part<v4f>(SPECDEC_SHUFFLE(v8i, t, t, 4, 5, 6, 7, 0, 1, 2, 3));
 }
 
 // Weight rows per "rows" tile for MB rows of x: 2 * MB * NB accumulators (two halves of 16

@@ -8,6 +8,7 @@
 
 #include "skinny_linear_args.h"
 #include "vec_math.h"
+#include "vec_shuffle.h"
 
 namespace specdec {
 namespace linear {
@@ -18,6 +19,7 @@ constexpr const char* kTilesIsa = "avx512";
 typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 
 // Rows of x per tile. More rows go in balanced chunks (8 = 4 + 4, 16 = 6 + 5 + 5): a tile of
 // 7 or 8 rows leaves room for only 2 weight rows (measured: M = 8 1.1-1.7x slower than F.linear,
@@ -58,15 +60,15 @@ SPECDEC_INLINE float hsum16(v16f v) {
 // (hsum16 per accumulator made the lane reduction ~1/3 of a K = 256 tile at M = 5, measured).
 // Each sum is added in the same order as hsum16 does (lane i + lane i+8, then +4, +2, +1).
 SPECDEC_INLINE v16f reduce4(v16f a, v16f b, v16f c, v16f d) {
-  const v16f ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                  __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  const v16f cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                  __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f ab = SPECDEC_SHUFFLE(v16i, a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  SPECDEC_SHUFFLE(v16i, a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f cd = SPECDEC_SHUFFLE(v16i, c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  SPECDEC_SHUFFLE(v16i, c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
   // lanes: a0..a7 | b0..b7 (ab), c | d (cd) -> a0..a3 | b0..b3 | c0..c3 | d0..d3
-  const v16f q = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-                 __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const v16f p = q + __builtin_shufflevector(q, q, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  return p + __builtin_shufflevector(p, p, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  const v16f q = SPECDEC_SHUFFLE(v16i, ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                 SPECDEC_SHUFFLE(v16i, ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const v16f p = q + SPECDEC_SHUFFLE(v16i, q, q, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  return p + SPECDEC_SHUFFLE(v16i, p, p, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
 }
 
 // Weight rows (or 16-column vectors) per tile for MB rows of x: MB*NB accumulators + NB weight
@@ -107,7 +109,7 @@ void tile_rows(const Args& a, int64_t m0, int64_t n0) {
     if constexpr (NB % 4 == 0) {
       for (int j = 0; j < NB; j += 4) {
         const v16f r = reduce4(acc[m][j], acc[m][j + 1], acc[m][j + 2], acc[m][j + 3]);
-        v4f s = __builtin_shufflevector(r, r, 0, 4, 8, 12);
+        v4f s = low_part<v4f>(SPECDEC_SHUFFLE(v16i, r, r, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12));
         for (int64_t k = k16; k < K; ++k) {
           for (int i = 0; i < 4; ++i) s[i] += xm[k] * w[(j + i) * a.ldw + k];
         }
