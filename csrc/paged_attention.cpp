@@ -14,9 +14,10 @@
 //    lane (the version before called std::exp per score, in a branchy loop);
 //  - P V: the quad's accumulators stay in registers over the chunk's keys, rescaled once per chunk.
 // Measured against the version before, 1 thread, the AMD EPYC dev box (32 q / 8 kv heads, D 128;
-// bench/results/attention_cpu.json for the shipped figures): AVX-512 build 1.5-1.9x at N = 1 and
-// 1.9-2.3x at N = 5 / 16; the same sources built for AVX2 (-mno-avx512f) 1.0-1.6x; for plain
-// x86-64 (SSE2) 0.94-1.03x. Multiply-adds are fused (fma_v) where the machine has FMA, so the
+// both sources built side by side in one run; bench/results/attention_cpu.json for the shipped
+// figures): AVX-512 build 1.3-2.0x at N = 1 and 1.8-2.5x at N = 5 / 16; the same sources built for
+// AVX2 (-mno-avx512f) 1.1-1.6x; for plain x86-64 (SSE2) 0.87-1.23x (fp32 at N = 5 / 16 5-9%
+// slower). Multiply-adds are fused (fma_v) where the machine has FMA, so the
 // last bits differ from the torch reference's (tests compare both with float64 SDPA).
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -112,10 +113,10 @@ SPECDEC_INLINE vf transpose_sum(const vf* x) {
 }
 
 // The lanes of x folded in halves: lane 0 ends up holding op over all lanes.
-#define SPECDEC_FOLD(x, op)                                                                                  \
-  op(x, SPECDEC_SHUFFLE(vi, x, x, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));          \
-  op(x, SPECDEC_SHUFFLE(vi, x, x, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));                      \
-  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));                      \
+#define SPECDEC_FOLD(x, op)                                                                     \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)); \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));             \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));             \
   op(x, SPECDEC_SHUFFLE(vi, x, x, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0))
 #elif SPECDEC_ATTN_LANES == 8
 SPECDEC_INLINE vf transpose_sum(const vf* x) {
@@ -130,9 +131,9 @@ SPECDEC_INLINE vf transpose_sum(const vf* x) {
          SPECDEC_SHUFFLE(vi, b[0], b[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-#define SPECDEC_FOLD(x, op)                                                \
-  op(x, SPECDEC_SHUFFLE(vi, x, x, 4, 5, 6, 7, 4, 5, 6, 7));           \
-  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3, 2, 3, 2, 3));           \
+#define SPECDEC_FOLD(x, op)                                 \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 4, 5, 6, 7, 4, 5, 6, 7)); \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3, 2, 3, 2, 3)); \
   op(x, SPECDEC_SHUFFLE(vi, x, x, 1, 0, 1, 0, 1, 0, 1, 0))
 #else
 SPECDEC_INLINE vf transpose_sum(const vf* x) {
@@ -141,8 +142,8 @@ SPECDEC_INLINE vf transpose_sum(const vf* x) {
   return SPECDEC_SHUFFLE(vi, a, b, 0, 1, 4, 5) + SPECDEC_SHUFFLE(vi, a, b, 2, 3, 6, 7);
 }
 
-#define SPECDEC_FOLD(x, op)                                  \
-  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3));         \
+#define SPECDEC_FOLD(x, op)                     \
+  op(x, SPECDEC_SHUFFLE(vi, x, x, 2, 3, 2, 3)); \
   op(x, SPECDEC_SHUFFLE(vi, x, x, 1, 0, 1, 0))
 #endif
 
