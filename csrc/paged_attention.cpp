@@ -160,23 +160,14 @@ SPECDEC_INLINE float hsum(vf x) {
   return x[0];
 }
 
-// vec_math's fast_exp on every lane: the same float operations in the same order (-inf -> 0).
+// vec_math's fast_exp on every lane: its clamps, its exp_mantissa, its 2^n in two exact factors
+// (-inf -> 0).
 SPECDEC_INLINE vf exp_v(vf x) {
   const vf hi = splat(88.72283935546875f), lo = splat(-104.0f);
   vf xc = x > hi ? hi : x;
   xc = xc < lo ? lo : xc;
-  const vf shifter = splat(12582912.0f);
-  const vf n = (xc * 1.44269504088896341f + shifter) - shifter;
-  vf r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  const vf z = r * r;
-  vf y = splat(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
+  vf n;
+  const vf y = exp_mantissa(xc, n);
   const vi ni = __builtin_convertvector(n, vi);
   const vi n1 = ni >> 1, n2 = ni - n1;
   const vf out = (y * (vf)((n1 + 127) << 23)) * (vf)((n2 + 127) << 23);

@@ -45,6 +45,35 @@ SPECDEC_INLINE float select(bool c, float a, float b) {
   return bits_to_float((float_to_bits(a) & mask) | (float_to_bits(b) & ~mask));
 }
 
+// fast_exp's range reduction and polynomial for xc already clamped to [-104, 88.72]: returns y and
+// sets n so that exp(xc) = y * 2^n. T is float, or a GCC float vector (paged_attention.cpp's
+// exp_v): the same float operations in the same order for each, so every form gives the same bits.
+template <typename T>
+SPECDEC_INLINE T exp_mantissa(T xc, T& n) {
+  // n = round(x / ln2) by the 1.5 * 2^23 trick (exact for |x / ln2| < 2^22).
+  n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  // r = x - n ln2 in two steps (Cephes' split of ln2): |r| <= ln2 / 2.
+  T r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  const T z = r * r;
+  T y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  return y * z + r + 1.0f;
+}
+
+// y * 2^n (n integral, from exp_mantissa) as two exact power-of-two factors, so results in the
+// subnormal range round once.
+SPECDEC_INLINE float times_pow2(float y, float n) {
+  const int32_t ni = static_cast<int32_t>(n);
+  const int32_t n1 = ni >> 1, n2 = ni - n1;
+  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
+  return (y * s1) * s2;
+}
+
 #if defined(__AVX512F__)
 // The AVX-512 build keeps these exact sources (and so its machine code): GCC if-converts the
 // ternaries below with mask registers and vectorises the loops at 16 lanes.
@@ -53,26 +82,9 @@ SPECDEC_INLINE float fast_exp(float x) {
   const float hi = 88.72283935546875f, lo = -104.0f;
   float xc = x > hi ? hi : x;
   xc = xc < lo ? lo : xc;
-  // n = round(x / ln2) by the 1.5 * 2^23 trick (exact for |x / ln2| < 2^22).
-  const float shifter = 12582912.0f;
-  float n = (xc * 1.44269504088896341f + shifter) - shifter;
-  // r = x - n ln2 in two steps (Cephes' split of ln2): |r| <= ln2 / 2.
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  const float z = r * r;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  // y * 2^n as two exact power-of-two factors, so results in the subnormal range round once.
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t n1 = ni >> 1, n2 = ni - n1;
-  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
-  const float s2 = bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
-  float out = (y * s1) * s2;
+  float n;
+  const float y = exp_mantissa(xc, n);
+  float out = times_pow2(y, n);
   out = select(x > hi, std::numeric_limits<float>::infinity(), out);
   return select(x < lo, 0.0f, out);
 }
@@ -121,23 +133,9 @@ SPECDEC_INLINE float fast_exp(float x) {
   const float hi = 88.72283935546875f, lo = -104.0f;
   float xc = select(x > hi, hi, x);  // NaN stays NaN, as with the ternaries above
   xc = select(xc < lo, lo, xc);
-  const float shifter = 12582912.0f;
-  float n = (xc * 1.44269504088896341f + shifter) - shifter;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  const float z = r * r;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t n1 = ni >> 1, n2 = ni - n1;
-  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
-  const float s2 = bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
-  float out = (y * s1) * s2;
+  float n;
+  const float y = exp_mantissa(xc, n);
+  float out = times_pow2(y, n);
   out = select(x > hi, std::numeric_limits<float>::infinity(), out);
   return select(x < lo, 0.0f, out);
 }
