@@ -53,6 +53,10 @@ status=0
 not_run=()
 if [ "$dry" = 1 ]; then
   dev=dry_run
+  # A dry run's clock is virtual: SECONDS unset loses bash's wall-clock meaning and becomes a plain
+  # counter from 0 that only the parts' caps advance (the wall clock could tick a second during
+  # set-up on a loaded machine: CI saw "at 1 s" once).
+  unset SECONDS; SECONDS=0
 else
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
   dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '_'))") || exit 1
