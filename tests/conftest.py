@@ -34,6 +34,10 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.interpreter_speedup import install as _install_interpreter_speedup  # noqa: E402
+
+_install_interpreter_speedup()  # helper calls skip Triton's redundant re-patching (its docstring)
+
 import pytest  # noqa: E402
 
 from tests.kernels.backends import TEST_DEVICE as DEVICE  # noqa: E402

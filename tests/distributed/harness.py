@@ -23,6 +23,9 @@ def _entry(rank: int, world: int, tmp: str, timeout: float, fn, args) -> None:
     stacks = open(os.path.join(tmp, f"rank{rank}.stack"), "w")  # noqa: SIM115 - open until the process ends
     faulthandler.dump_traceback_later(max(1.0, timeout - 20.0), file=stacks)  # where a hung rank was
 
+    from tests.interpreter_speedup import install
+
+    install()  # a spawned rank does not load tests/conftest.py
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world, timeout=WORLD_TIMEOUT)
     try:
