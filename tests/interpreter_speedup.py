@@ -15,7 +15,8 @@ install() makes a helper call skip _patch_lang exactly when every triton.languag
 globals see (the ones _patch_lang would patch: tl and tl.core) is already patched, told by
 tl.program_id no longer being a builtin; otherwise it calls Triton's own method. It installs
 only where InterpretedFunction.__call__ is the code it was checked against (the source below),
-so another Triton version keeps its own behaviour. Tests only: the package never patches Triton.
+so another Triton version keeps its own behaviour. It also caches _get_np_dtype (below): that
+verify call 1.87-2.04 -> 1.69-1.78 s more, same tokens. Tests only: the package never patches Triton.
 SPECDEC_PLAIN_INTERPRETER=1 turns it off (to compare)."""
 import inspect
 import os
@@ -71,4 +72,29 @@ def install() -> bool:
 
     call.specdec_skips_repatching = True
     interpreter.InterpretedFunction.__call__ = call
+    _install_dtype_cache(interpreter, tl)
     return True
+
+
+def _install_dtype_cache(interpreter, tl) -> None:
+    """_get_np_dtype (the numpy dtype of a Triton type) builds a 19-entry dict of Triton dtypes on
+    every call: 42 k calls in that verify call, ~9% of its profile. Its result depends on a block
+    type's element type alone, so it is cached by that (a type that cannot be hashed goes to the
+    original)."""
+    original = interpreter._get_np_dtype
+    if getattr(original, "specdec_cached", False):
+        return
+    cache = {}
+
+    def get_np_dtype(tt_dtype):
+        key = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        try:
+            return cache[key]
+        except KeyError:
+            cache[key] = result = original(key)
+            return result
+        except TypeError:
+            return original(tt_dtype)
+
+    get_np_dtype.specdec_cached, get_np_dtype.original = True, original
+    interpreter._get_np_dtype = get_np_dtype

@@ -85,3 +85,21 @@ def test_a_helper_seeing_an_unpatched_module_is_patched_triton_s_way(tmp_path):
 def test_control_skipping_regardless_breaks_that_helper(tmp_path):
     """The check is what keeps that helper right: skip every re-patch and its builtins fail."""
     assert _run(tmp_path, "skip-regardless").startswith("RAISED")
+
+
+def test_the_dtype_cache_answers_what_triton_answers():
+    """Every scalar, block and pointer type, asked twice (the second from the cache)."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    cached = interpreter._get_np_dtype
+    if not getattr(cached, "specdec_cached", False):
+        pytest.skip("the cache is not installed here")
+    original = cached.original
+    scalars = [tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32,
+               tl.uint32, tl.int64, tl.uint64, tl.bfloat16, tl.float8e5, tl.float8e4nv]
+    types = scalars + [tl.pointer_type(t) for t in scalars] + [tl.block_type(t, [4, 2]) for t in scalars]
+    types += [tl.block_type(tl.pointer_type(tl.float32), [8])]
+    for _ in range(2):
+        for tt in types:
+            assert cached(tt) == original(tt), tt
