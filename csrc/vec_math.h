@@ -74,6 +74,32 @@ SPECDEC_INLINE float times_pow2(float y, float n) {
   return (y * s1) * s2;
 }
 
+// fast_log's polynomial: log(m 2^e) for f = m - 1 reduced to [sqrt(1/2) - 1, sqrt(2) - 1] and e.
+SPECDEC_INLINE float log_polynomial(float f, int32_t e) {
+  const float z = f * f;
+  float y = 7.0376836292e-2f;
+  y = y * f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z;
+  const float ef = static_cast<float>(e);
+  y = y + ef * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  return (f + y) + ef * 0.693359375f;
+}
+
+// fast_log's special inputs: 0 -> -inf, +inf -> +inf, x < 0 or NaN -> NaN ('|': no branch).
+SPECDEC_INLINE float log_specials(float x, float out) {
+  out = select(x == 0.0f, kNegInf, out);
+  out = select(x == std::numeric_limits<float>::infinity(), x, out);
+  return select((x < 0.0f) | (x != x), std::numeric_limits<float>::quiet_NaN(), out);
+}
+
 #if defined(__AVX512F__)
 // The AVX-512 build keeps these exact sources (and so its machine code): GCC if-converts the
 // ternaries below with mask registers and vectorises the loops at 16 lanes.
@@ -101,24 +127,7 @@ SPECDEC_INLINE float fast_log(float x) {
   const bool small = m < 0.707106781186547524f;
   e = small ? e - 1 : e;
   const float f = m * (small ? 2.0f : 1.0f) - 1.0f;  // exact (Sterbenz)
-  const float z = f * f;
-  float y = 7.0376836292e-2f;
-  y = y * f - 1.1514610310e-1f;
-  y = y * f + 1.1676998740e-1f;
-  y = y * f - 1.2420140846e-1f;
-  y = y * f + 1.4249322787e-1f;
-  y = y * f - 1.6668057665e-1f;
-  y = y * f + 2.0000714765e-1f;
-  y = y * f - 2.4999993993e-1f;
-  y = y * f + 3.3333331174e-1f;
-  y = y * f * z;
-  const float ef = static_cast<float>(e);
-  y = y + ef * -2.12194440e-4f;
-  y = y - 0.5f * z;
-  float out = (f + y) + ef * 0.693359375f;
-  out = select(x == 0.0f, kNegInf, out);
-  out = select(x == std::numeric_limits<float>::infinity(), x, out);
-  return select((x < 0.0f) | (x != x), std::numeric_limits<float>::quiet_NaN(), out);  // '|': no branch
+  return log_specials(x, log_polynomial(f, e));
 }
 #else
 // AVX2 (and generic) build: the same float operations in the same order, so the results are
@@ -151,24 +160,7 @@ SPECDEC_INLINE float fast_log(float x) {
   const bool small = m < 0.707106781186547524f;
   e = small ? e - 1 : e;
   const float f = m * select(small, 2.0f, 1.0f) - 1.0f;  // exact (Sterbenz)
-  const float z = f * f;
-  float y = 7.0376836292e-2f;
-  y = y * f - 1.1514610310e-1f;
-  y = y * f + 1.1676998740e-1f;
-  y = y * f - 1.2420140846e-1f;
-  y = y * f + 1.4249322787e-1f;
-  y = y * f - 1.6668057665e-1f;
-  y = y * f + 2.0000714765e-1f;
-  y = y * f - 2.4999993993e-1f;
-  y = y * f + 3.3333331174e-1f;
-  y = y * f * z;
-  const float ef = static_cast<float>(e);
-  y = y + ef * -2.12194440e-4f;
-  y = y - 0.5f * z;
-  float out = (f + y) + ef * 0.693359375f;
-  out = select(x == 0.0f, kNegInf, out);
-  out = select(x == std::numeric_limits<float>::infinity(), x, out);
-  return select((x < 0.0f) | (x != x), std::numeric_limits<float>::quiet_NaN(), out);
+  return log_specials(x, log_polynomial(f, e));
 }
 #endif  // __AVX512F__
 
