@@ -513,7 +513,7 @@ class SpeculativeEngine:
                 stage_options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
                 start = (width - mask.sum(1)).long()
                 processed = step_scores(raw, tokens, width, start, stage_options, opts.eos_token_ids, params,
-                                        opts.do_sample)
+                                        opts.do_sample, opts.max_new_tokens)
                 if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
                     processed = processed.log_softmax(-1)
                 scores = tuple(processed.unbind(1))

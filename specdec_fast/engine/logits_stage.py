@@ -4,7 +4,8 @@ from them, for calls with transformers' logits processors or penalties (docs/arc
 Three parts, each present only when the call asks for it:
   - processing (specdec_fast/processing/, LogitsProcessing): the device-side processors per
     speculative position (sequence_bias, no_repeat_ngram_size, bad_words_ids, min_length,
-    min_new_tokens, suppress_tokens, begin_suppress_tokens), the user's logits_processor list
+    min_new_tokens, forced_bos_token_id, forced_eos_token_id, exponential_decay_length_penalty,
+    suppress_tokens, begin_suppress_tokens), the user's logits_processor list
     (eager), and the warpers the kernels lack (typical_p, epsilon_cutoff, eta_cutoff:
     standardise_all, after which the kernels sample with temperature 1 and no truncation);
   - penalties (kernels/penalties): repetition_penalty (transformers' semantics, the prompt's
@@ -91,16 +92,18 @@ def _warpers_on(request: StageRequest) -> bool:
 
 class LogitsStage:
     """One decoder's logits stage (module docstring), built at the decoder's first call with a
-    request: rows: the decoder's rows; vocab: V; prompt_width: that call's P (later calls:
-    begin_call)."""
+    request: rows: the decoder's rows; vocab: V; prompt_width, max_new_tokens: that call's (later
+    calls: begin_call)."""
 
-    def __init__(self, request: StageRequest, *, rows: int, vocab: int, device, prompt_width: int):
+    def __init__(self, request: StageRequest, *, rows: int, vocab: int, device, prompt_width: int,
+                 max_new_tokens: int):
         self.rows, self.vocab, self.device = rows, vocab, device
         values = {name: request.options[name] for name in STAGE_OPTIONS if name in request.options}
         user = values.pop("logits_processor", None)
         self.processing = LogitsProcessing.from_options(
             dict(values, eos_token_id=request.eos_token_ids, do_sample=request.do_sample), vocab_size=vocab,
-            prompt_width=prompt_width, device=device, logits_processor=user, fused_penalties=True)
+            prompt_width=prompt_width, device=device, logits_processor=user, fused_penalties=True,
+            max_new_tokens=max_new_tokens)
         self.graph_safe, self.graph_note = self.processing.graph_safe, self.processing.graph_note
         self.warpers = self.processing.warpers_here
         kernel = self.processing.kernel_penalties  # neutral where processing runs them itself
@@ -117,10 +120,11 @@ class LogitsStage:
         self.real_params = static_sampling_tensors(rows, device) if self.warpers else None
 
     # -- per call -------------------------------------------------------------------------------
-    def begin_call(self, prompt, request: StageRequest) -> None:
+    def begin_call(self, prompt, request: StageRequest, max_new_tokens: int) -> None:
         """prompt: the call's PromptBatch (ids [R, P], mask [R, P]). Re-fills every tensor the
         steps read, in place (graphs captured at an earlier call read them)."""
         self.processing.set_prompt_width(prompt.ids.shape[1])
+        self.processing.set_max_new_tokens(max_new_tokens)
         if self.penalties is not None:
             # generate() skips the prompt's left pads (prompt_ignore_length) in transformers 5.23+ (they
             # are no tokens here) and counts them as the pad token up to 5.22: the installed one's rule.

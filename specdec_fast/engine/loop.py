@@ -284,10 +284,10 @@ class SpeculativeDecoder:
             return
         if self.stage is None or request.spec == "user":
             self.stage = LogitsStage(request, rows=self.rows, vocab=self.target.vocab_size, device=self.device,
-                                     prompt_width=prompt.ids.shape[1])
+                                     prompt_width=prompt.ids.shape[1], max_new_tokens=self.max_new_tokens)
             if not self.stage.graph_safe and self.graph_mode != "eager":
                 raise ValueError(f"{self.stage.graph_note}: decode such calls with cuda_graphs=False")
-        self.stage.begin_call(prompt, request)
+        self.stage.begin_call(prompt, request, self.max_new_tokens)
         self.state.stage = self.stage
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **overrides) -> None:

@@ -8,9 +8,13 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
     4 bad_words_ids            NoBadWordsLogitsProcessor            sequence_bias.py
     5 min_length               MinLengthLogitsProcessor             masks.py
     6 min_new_tokens           MinNewTokensLengthLogitsProcessor    masks.py
-    7 suppress_tokens          SuppressTokensLogitsProcessor        masks.py
-    8 begin_suppress_tokens    SuppressTokensAtBeginLogitsProcessor masks.py
-    9 the user's logits_processor list (eager, user.py); a user processor of the same
+    7 forced_bos_token_id      ForcedBOSTokenLogitsProcessor        masks.py
+    8 forced_eos_token_id      ForcedEOSTokenLogitsProcessor        masks.py (needs max_new_tokens)
+    9 exponential_decay_length_penalty
+                               ExponentialDecayLengthPenalty        masks.py
+   10 suppress_tokens          SuppressTokensLogitsProcessor        masks.py
+   11 begin_suppress_tokens    SuppressTokensAtBeginLogitsProcessor masks.py
+   12 the user's logits_processor list (eager, user.py); a user processor of the same
       transformers class as a built-in one takes that one's slot (transformers'
       _merge_criteria_processor_list)
     then, when sampling, the warpers: temperature -> top_k -> top_p -> min_p in the verify kernel,
@@ -20,7 +24,8 @@ Where the penalties run: a verify kernel that applies them fused (fused_penaltie
 after everything here; that equals
 transformers' order because every step after the penalty slot only sets logits to -inf, which
 the penalties keep at -inf. It stops being equal when something after that slot is not a mask
-(a user processor) or when the warpers run here (standardise_all: the kernel's penalty would
+(a user processor, forced_bos / forced_eos_token_id, exponential_decay_length_penalty) or when
+the warpers run here (standardise_all: the kernel's penalty would
 come after them): then the penalties run here, in their slot (``penalties_here``), and
 ``kernel_penalties`` hands the kernel neutral values.
 
@@ -32,7 +37,8 @@ from numbers import Integral
 
 import torch
 
-from .masks import LengthMask, SuppressTokens, begin_suppress_mask, min_new_tokens_mask, nonnegative_int, token_list
+from .masks import (ExponentialDecay, ForcedTokens, LengthMask, SuppressTokens, begin_suppress_mask, forced_bos, forced_eos,
+                    forced_ids, min_new_tokens_mask, nonnegative_int, token_list)
 from .ngram import NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes
@@ -43,7 +49,8 @@ from .warpers import check_warpers, standardise_all
 # The options LogitsProcessing reads, with the value that means "off" (None is off too).
 OPTIONS = {
     "sequence_bias": None, "no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0, "min_new_tokens": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "repetition_penalty": 1.0,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None, "repetition_penalty": 1.0,
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, "typical_p": 1.0, "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0, "eos_token_id": None,
 }
@@ -78,6 +85,7 @@ class LogitsProcessing:
     vocab_size: V of the logits it will process (the draft may need its own: with_vocab);
     prompt_width: P, the padded prompt width (transformers' input_ids_seq_length);
     options: transformers' names (OPTIONS; None = off); logits_processor: the user's list;
+    max_new_tokens: the call's (forced_eos_token_id's position; set_max_new_tokens re-fills it);
     fused_penalties: the caller's verify kernel can apply the penalties fused (module docstring);
     False (the default): they always run here, in their slot.
 
@@ -94,7 +102,8 @@ class LogitsProcessing:
     """
 
     def __init__(self, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
-                 fused_penalties: bool = False, min_length_follows_min_new: bool = False, **options):
+                 fused_penalties: bool = False, min_length_follows_min_new: bool = False,
+                 max_new_tokens: int | None = None, **options):
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise ValueError(f"unknown logits processing option(s) {unknown}; known: {sorted(OPTIONS)}")
@@ -102,11 +111,12 @@ class LogitsProcessing:
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.vocab_size, self.prompt_width, self.device = int(vocab_size), int(prompt_width), torch.device(device)
+        self.max_new_tokens = max_new_tokens
         # from_options: min_length is generate()'s min_new_tokens + P (it follows P call by call).
         self.min_length_follows_min_new = bool(min_length_follows_min_new)
         self._init_args = dict(prompt_width=prompt_width, device=device, logits_processor=logits_processor,
                                fused_penalties=fused_penalties, min_length_follows_min_new=min_length_follows_min_new,
-                               **options)
+                               max_new_tokens=max_new_tokens, **options)
         opt = {name: default if options.get(name) is None else options[name] for name, default in OPTIONS.items()}
         penalties = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"], opt["presence_penalty"])
         self.typical_p, self.epsilon_cutoff, self.eta_cutoff = check_warpers(
@@ -118,15 +128,20 @@ class LogitsProcessing:
         self.graph_safe = not any(isinstance(s, UserProcessors) for s in stages)
         self.graph_note = None if self.graph_safe else UserProcessors.graph_note
         penalty_stage = next((s for s in stages if isinstance(s, _Penalties)), None)
+        # After the penalty's slot every built-in must only write -inf for the kernel's penalty (applied
+        # after them all) to equal transformers' order: forced tokens write 0 (a frequency penalty then
+        # moves it) and the decay's |s| scaling does not commute with the penalty's (s < 0: s*theta*(1-c)
+        # against s*(1-c)/theta once 1 - c < 0).
+        after_values = any(isinstance(s, (ForcedTokens, ExponentialDecay)) for s in stages)
         self.penalties_here = penalty_stage is not None and (not fused_penalties or not self.graph_safe
-                                                             or self.warpers_here)
+                                                             or self.warpers_here or after_values)
         self.kernel_penalties = dict(NEUTRAL_PENALTIES)
         if penalty_stage is not None and not self.penalties_here:  # the kernel applies them, after all of these
             stages.remove(penalty_stage)
             self.kernel_penalties = dict(zip(NEUTRAL_PENALTIES, penalties))
         self.stages = self._group_users(stages)
         self.active = bool(self.stages)
-        self.wants_float32 = any(isinstance(s, (_Penalties, UserProcessors))
+        self.wants_float32 = any(isinstance(s, (_Penalties, UserProcessors, ExponentialDecay))
                                  or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
 
     def _builtins(self, opt: dict, penalties: tuple) -> list:
@@ -152,6 +167,17 @@ class LogitsProcessing:
             slots.append(("MinLengthLogitsProcessor", LengthMask(eos, min_length_of, "below", V, dev, P)))
         if eos and min_new > 0:
             slots.append(("MinNewTokensLengthLogitsProcessor", min_new_tokens_mask(eos, P, min_new, V, dev)))
+        if opt["forced_bos_token_id"] is not None:
+            slots.append(("ForcedBOSTokenLogitsProcessor", forced_bos(opt["forced_bos_token_id"], V, dev, P)))
+        if opt["forced_eos_token_id"] is not None:
+            ids = forced_ids(opt["forced_eos_token_id"], "forced_eos_token_id", V)
+            if self.max_new_tokens is None:
+                raise ValueError("forced_eos_token_id needs the call's max_new_tokens (the last position is forced)")
+            slots.append(("ForcedEOSTokenLogitsProcessor",
+                          forced_eos(ids, V, dev, P, nonnegative_int(self.max_new_tokens, "max_new_tokens"))))
+        if opt["exponential_decay_length_penalty"] is not None:
+            slots.append(("ExponentialDecayLengthPenalty",
+                          ExponentialDecay(opt["exponential_decay_length_penalty"], eos, V, dev, P)))
         if opt["suppress_tokens"] is not None:
             ids = token_list(opt["suppress_tokens"], "suppress_tokens")
             slots.append(("SuppressTokensLogitsProcessor", SuppressTokens(ids, V, dev)))
@@ -187,7 +213,7 @@ class LogitsProcessing:
 
     @classmethod
     def from_options(cls, config, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
-                     fused_penalties: bool = False) -> "LogitsProcessing":
+                     fused_penalties: bool = False, max_new_tokens: int | None = None) -> "LogitsProcessing":
         """From a GenerationConfig or a dict of resolved options (transformers' names). Like
         generate(): min_new_tokens, when given, sets min_length = min_new_tokens + P
         (_prepare_generated_length)."""
@@ -197,7 +223,8 @@ class LogitsProcessing:
         if follows:
             options["min_length"] = nonnegative_int(options["min_new_tokens"], "min_new_tokens") + prompt_width
         return cls(vocab_size=vocab_size, prompt_width=prompt_width, device=device, logits_processor=logits_processor,
-                   fused_penalties=fused_penalties, min_length_follows_min_new=follows, **options)
+                   fused_penalties=fused_penalties, min_length_follows_min_new=follows, max_new_tokens=max_new_tokens,
+                   **options)
 
     def set_prompt_width(self, prompt_width: int) -> None:
         """Another call's prompt width P: every value that depends on it (length thresholds, where
@@ -209,6 +236,13 @@ class LogitsProcessing:
         for stage in self.stages:
             if hasattr(stage, "set_prompt_width"):
                 stage.set_prompt_width(self.prompt_width)
+
+    def set_max_new_tokens(self, max_new_tokens: int) -> None:
+        """Another call's max_new_tokens (forced_eos_token_id's position), re-filled in place."""
+        self.max_new_tokens = self._init_args["max_new_tokens"] = nonnegative_int(max_new_tokens, "max_new_tokens")
+        for stage in self.stages:
+            if hasattr(stage, "set_max_new_tokens"):
+                stage.set_max_new_tokens(self.max_new_tokens)
 
     def with_vocab(self, vocab_size: int) -> "LogitsProcessing":
         """The same options for logits of another vocabulary size (e.g. the draft model's)."""

@@ -81,8 +81,7 @@ def test_generate_keywords_that_change_nothing_are_accepted(pair, baseline, kwar
 NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere it is given
     ("num_beams", 2), ("num_beams", True),
     ("encoder_repetition_penalty", 1.1),
-    ("forced_bos_token_id", 3),
-    ("forced_eos_token_id", 3), ("exponential_decay_length_penalty", (2, 1.1)), ("guidance_scale", 1.5),
+    ("guidance_scale", 1.5),
     ("remove_invalid_values", True), ("token_healing", True),
     ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
     ("assistant_early_exit", 1), ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),

@@ -58,6 +58,11 @@ OPTIONS = {
     "chat": dict(repetition_penalty=1.3, min_new_tokens=6, no_repeat_ngram_size=3, suppress_tokens=[1],
                  eos_token_id=2),
     "logits_processor": dict(logits_processor=LogitsProcessorList([BanEvenAfterOdd()])),
+    "forced_eos_token_id": dict(forced_eos_token_id=[9, 5]),
+    "exponential_decay_length_penalty": dict(exponential_decay_length_penalty=(2, 1.8), eos_token_id=[5, 9]),
+    # after the penalty's slot, not masks: the penalties must run in their slot, not fused after them
+    "decay_forced_and_penalty": dict(repetition_penalty=1.5, exponential_decay_length_penalty=(1, 2.5),
+                                     forced_eos_token_id=9, eos_token_id=[5, 9]),
 }
 
 
@@ -122,6 +127,23 @@ def test_one_engine_serves_calls_with_processors_call_after_call():
         assert torch.equal(out, expected), lengths
         if i == 2:  # the bucket of 4 again (the first call's): its graphs are replayed
             assert stats.graphs_captured == 0
+
+
+def test_forced_eos_follows_each_call_s_max_new_tokens():
+    """The forced position (the last one: P + max_new_tokens - 1) is re-filled per call on one
+    engine's captured graphs, and max_length gives the same position as max_new_tokens."""
+    target, draft = model_pair("llama")
+    engine = specdec_fast.SpeculativeEngine(target, draft, max_batch_size=4, max_seq_len=64, cuda_graphs="static")
+    for i, (lengths, new) in enumerate([([5, 9, 3], 14), ([5, 9, 3], 6), ([2, 4], 11)]):
+        ids, mask = left_padded_prompts(lengths, seed=30 + i)
+        expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0,
+                                   forced_eos_token_id=9)
+        assert (expected[:, -1] == 9).all()
+        out = engine.generate(ids, mask, do_sample=False, max_new_tokens=new, pad_token_id=0, forced_eos_token_id=9)
+        assert torch.equal(out, expected), (lengths, new)
+        out = engine.generate(ids, mask, do_sample=False, max_length=ids.shape[1] + new, pad_token_id=0,
+                              forced_eos_token_id=9)
+        assert torch.equal(out, expected), (lengths, "max_length")
 
 
 def test_processors_with_a_tree_raise_one_clear_line():

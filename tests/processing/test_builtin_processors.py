@@ -82,6 +82,45 @@ def test_begin_suppress_hits_only_the_first_generated_position():
     assert torch.isneginf(out[..., 5]).tolist() == [[True, False, False, False]] * 1 + [[False] * 4] * 2
 
 
+def check_exact(case, make, **options) -> torch.Tensor:
+    """Bit for bit transformers' values at every valid position (NaN nowhere here), and the
+    processor changed something there (the case reaches the lengths it acts at)."""
+    expected, valid = oracle(make, case)
+    ours = run(case, **options)
+    assert torch.equal(ours[valid], expected[valid])
+    assert not torch.equal(ours[valid], case.logits[valid]), "the case never reaches the processor's lengths"
+    return ours
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_forced_eos_at_the_last_position(seed):
+    """max_length = P + max_new_tokens: at L = P + 4 (row 0 position 0, row 1 position 2, row 2
+    position 3) only EOS and 9 are left, at logit 0."""
+    case = random_case(seed, gen_lens=[4, 2, 1])
+    P = case.prompt_width
+    out = check_exact(case, lambda b: hf(lp.ForcedEOSTokenLogitsProcessor(P + 5, [EOS, 9])),
+                      forced_eos_token_id=[EOS, 9], max_new_tokens=5)
+    assert torch.isfinite(out[0, 0]).sum() == 2 and out[0, 0, EOS] == 0 and out[0, 0, 9] == 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_forced_bos_after_a_one_token_prompt(seed):
+    case = random_case(seed, prompt_lengths=(1, 1, 1), gen_lens=[0, 0, 1])
+    check_exact(case, lambda b: hf(lp.ForcedBOSTokenLogitsProcessor(4)), forced_bos_token_id=4)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("decay", [(2, 1.7), (0, 0.6), (5, 1.05)])
+def test_exponential_decay_length_penalty(seed, decay):
+    """Positive, negative, -inf and +inf EOS logits; the factor grows with the length."""
+    case = random_case(seed, max_gen=12)
+    case.logits[0, :, EOS] = float("-inf")
+    case.logits[1, 1, 9] = float("inf")
+    P = case.prompt_width
+    check_exact(case, lambda b: hf(lp.ExponentialDecayLengthPenalty(decay, [EOS, 9], P)),
+                exponential_decay_length_penalty=decay, eos_token_id=[EOS, 9])
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("vocab", [50, 300])
 def test_all_builtins_in_order(seed, vocab):
@@ -146,14 +185,18 @@ def test_one_processing_serves_calls_of_any_prompt_width():
     """An engine keeps one LogitsProcessing across calls (its stages are what a CUDA graph
     captured): set_prompt_width(P) makes it give what one built at P gives, for every stage that
     depends on P (min_new_tokens, min_length from min_new_tokens, begin_suppress, the penalties'
-    generated-token start)."""
+    generated-token start, the exponential decay's start), and set_max_new_tokens the same for
+    forced_eos_token_id's position."""
     options = dict(min_new_tokens=4, eos_token_id=[EOS, 9], begin_suppress_tokens=[1, 2], frequency_penalty=0.5,
-                   presence_penalty=0.25, repetition_penalty=1.2, suppress_tokens=[7])
-    reused = LogitsProcessing.from_options(options, vocab_size=50, prompt_width=11, device="cpu")
-    for prompt_lengths in [(6, 3, 1), (2, 2, 2), (9, 1, 4)]:
+                   presence_penalty=0.25, repetition_penalty=1.2, suppress_tokens=[7], forced_eos_token_id=9,
+                   exponential_decay_length_penalty=(2, 1.3))
+    reused = LogitsProcessing.from_options(options, vocab_size=50, prompt_width=11, device="cpu", max_new_tokens=20)
+    for prompt_lengths, max_new in [((6, 3, 1), 4), ((2, 2, 2), 7), ((9, 1, 4), 3)]:
         case = random_case(5, prompt_lengths=prompt_lengths)
-        fresh = LogitsProcessing.from_options(options, vocab_size=50, prompt_width=case.prompt_width, device="cpu")
+        fresh = LogitsProcessing.from_options(options, vocab_size=50, prompt_width=case.prompt_width, device="cpu",
+                                              max_new_tokens=max_new)
         reused.set_prompt_width(case.prompt_width)
+        reused.set_max_new_tokens(max_new)
         args = (case.seq, case.end, case.drafts)
         assert torch.equal(reused.apply_(case.logits.clone(), *args, start=case.start),
                            fresh.apply_(case.logits.clone(), *args, start=case.start))

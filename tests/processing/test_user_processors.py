@@ -1,6 +1,8 @@
 """A user's logits_processor list: applied eagerly per row and position on the exact input_ids,
 after the built-in processors (transformers' merge), replacing a built-in of the same class in
 its slot; not graph safe, and the caller gets a reason for the stats."""
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers.generation import logits_process as lp
@@ -75,6 +77,25 @@ def test_without_user_processors_the_kernel_takes_the_penalties():
     sampled = build(case, None, repetition_penalty=1.2, do_sample=True, typical_p=0.9)
     assert sampled.warpers_here and sampled.penalties_here  # the kernel's penalty would follow the warpers
     assert not build(case, None, repetition_penalty=1.2, typical_p=0.9).warpers_here  # greedy: no warpers
+
+
+@pytest.mark.parametrize("options", [dict(exponential_decay_length_penalty=(1, 2.5), eos_token_id=[3, 9]),
+                                     dict(forced_eos_token_id=[3, 9], max_new_tokens=4)])
+def test_values_after_the_penalty_slot_keep_the_penalties_here(options):
+    """The kernel applies its penalties after every stage; forced tokens and the decay write values,
+    so the penalties run in their slot instead (transformers' order). Control: the decay then the
+    repetition penalty (the kernel's order) is not transformers' decay after the penalty."""
+    case = random_case(2, max_gen=12)
+    assert build(case, None, repetition_penalty=1.5, **options).penalties_here
+    make = lambda b: lp.LogitsProcessorList([  # noqa: E731
+        lp.RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=int(case.start[b])),
+        lp.ExponentialDecayLengthPenalty((1, 2.5), [3, 9], case.prompt_width)])
+    expected, valid = oracle(make, case)
+    decayed = build(case, None, exponential_decay_length_penalty=(1, 2.5), eos_token_id=[3, 9]).apply_(
+        case.logits.clone(), case.seq, case.end, case.drafts, start=case.start)
+    kernel_order, _ = oracle(lambda b: lp.LogitsProcessorList([
+        lp.RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=int(case.start[b]))]), replace(case, logits=decayed))
+    assert not torch.allclose(kernel_order[valid], expected[valid])
 
 
 def test_nothing_active():

@@ -11,7 +11,10 @@ BAD = [
     ("min_length", -2), ("min_new_tokens", 1.5), ("suppress_tokens", 5), ("suppress_tokens", [1.0]),
     ("begin_suppress_tokens", "ab"), ("repetition_penalty", 0), ("repetition_penalty", -1.0),
     ("frequency_penalty", 3.0), ("presence_penalty", float("inf")), ("typical_p", 0.0), ("epsilon_cutoff", 1.0),
-    ("eta_cutoff", -0.5),
+    ("eta_cutoff", -0.5), ("forced_eos_token_id", -1), ("forced_eos_token_id", [2, 50]), ("forced_eos_token_id", "x"),
+    ("forced_eos_token_id", []), ("forced_bos_token_id", 50), ("forced_bos_token_id", True),
+    ("exponential_decay_length_penalty", (-1, 1.5)), ("exponential_decay_length_penalty", 1.5),
+    ("exponential_decay_length_penalty", (2, "x")), ("exponential_decay_length_penalty", (2.0, 1.5)),
 ]
 
 
@@ -20,6 +23,15 @@ def test_bad_value_names_the_option(name, value):
     with pytest.raises(ValueError, match=name) as info:
         LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", eos_token_id=2, **{name: value})
     assert "got" in str(info.value)  # the offending value (or entry) is quoted
+
+
+def test_length_options_need_what_they_read():
+    """forced_eos_token_id forces the call's last position: it needs max_new_tokens;
+    exponential_decay_length_penalty raises EOS: it needs an eos_token_id."""
+    with pytest.raises(ValueError, match="forced_eos_token_id needs the call's max_new_tokens"):
+        LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", forced_eos_token_id=2)
+    with pytest.raises(ValueError, match="exponential_decay_length_penalty needs an eos_token_id"):
+        LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", exponential_decay_length_penalty=(2, 1.5))
 
 
 def test_unknown_option_and_sizes():
