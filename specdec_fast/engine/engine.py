@@ -47,7 +47,7 @@ from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
 from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, max_positions,
                      tokenizer_key, vocab_size)
-from .logits_stage import STAGE_OPTIONS, StageRequest, kernel_params
+from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
 from .stopping import call_limits
@@ -73,8 +73,8 @@ ADAPTIVE_KS = (1, 2, 3, 4, 5, 6, 8)
 # the choice is mostly the verify's rows against the acceptance further out), and the whole block.
 ADAPTIVE_BLOCK_KS = (1, 2, 3, 4, 6, 8, 12)
 SCHEDULES = ("adaptive", "constant", "heuristic", "heuristic_transient")
-USER_PROCESSORS_NOTE = ("a user logits_processor runs eagerly on the host per row and position (exact input_ids), "
-                        "which a CUDA graph cannot replay")
+USER_PROCESSORS_NOTE = ("a user logits_processor or prefix_allowed_tokens_fn runs eagerly on the host per row and "
+                        "position (exact input_ids), which a CUDA graph cannot replay")
 
 
 def head_source(path) -> str:
@@ -510,7 +510,7 @@ class SpeculativeEngine:
             if want_logits:
                 logits = tuple(raw.unbind(1))
             if want_scores:
-                stage_options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+                stage_options = stage_options_of(opts)
                 start = (width - mask.sum(1)).long()
                 processed = step_scores(raw, tokens, width, start, stage_options, opts.eos_token_ids, params,
                                         opts.do_sample, opts.max_new_tokens)
@@ -538,7 +538,7 @@ class SpeculativeEngine:
     @staticmethod
     def _stage_request(opts, params, token_tree):
         """The call's logits stage (logits processors, penalties), or None when it needs none."""
-        options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+        options = stage_options_of(opts)
         request = StageRequest(options, opts.eos_token_ids, opts.do_sample, params) if options else None
         if request is None or request.spec is None:
             return None
@@ -652,7 +652,8 @@ class SpeculativeEngine:
 
     def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int, stage_spec=None, ks=None) -> SpeculativeDecoder:
         """The decoder of this call's bucket, K, sampling modes, tree and logits stage (built at its
-        first call). A user's logits_processor runs eagerly: its decoders take no graphs."""
+        first call). A user's logits_processor or prefix_allowed_tokens_fn runs eagerly: its decoders
+        take no graphs."""
         if num_eos > EOS_SLOTS:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {num_eos}")
         eager = stage_spec == "user"

@@ -51,13 +51,23 @@ def _freeze(value):
 
 def spec(extra: dict, do_sample: bool):
     """The hashable shape of a call's stage (a decoder key part), or None when the call needs none.
-    A user's logits_processor makes the stage eager (spec "user": a new stage every call)."""
+    A user's logits_processor or prefix_allowed_tokens_fn makes the stage eager (spec "user": a new
+    stage every call)."""
     values = {name: extra[name] for name in STAGE_OPTIONS if name in extra}
     if not values:
         return None
-    if values.get("logits_processor"):
+    if values.get("logits_processor") or values.get("prefix_allowed_tokens_fn") is not None:
         return "user"
     return (bool(do_sample), tuple(sorted((name, _freeze(v)) for name, v in values.items())))
+
+
+def stage_options_of(opts) -> dict:
+    """A call's options the logits stage reads (resolve.Options' extra): its STAGE_OPTIONS, and
+    num_return_sequences where prefix_allowed_tokens_fn groups the expanded rows by it."""
+    options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+    if options.get("prefix_allowed_tokens_fn") is not None:
+        options["num_return_sequences"] = int(opts.extra.get("num_return_sequences") or 1)
+    return options
 
 
 @dataclass
@@ -98,7 +108,8 @@ class LogitsStage:
     def __init__(self, request: StageRequest, *, rows: int, vocab: int, device, prompt_width: int,
                  max_new_tokens: int):
         self.rows, self.vocab, self.device = rows, vocab, device
-        values = {name: request.options[name] for name in STAGE_OPTIONS if name in request.options}
+        values = {name: request.options[name] for name in STAGE_OPTIONS + ("num_return_sequences",)
+                  if name in request.options}
         user = values.pop("logits_processor", None)
         self.processing = LogitsProcessing.from_options(
             dict(values, eos_token_id=request.eos_token_ids, do_sample=request.do_sample), vocab_size=vocab,
@@ -120,11 +131,12 @@ class LogitsStage:
         self.real_params = static_sampling_tensors(rows, device) if self.warpers else None
 
     # -- per call -------------------------------------------------------------------------------
-    def begin_call(self, prompt, request: StageRequest, max_new_tokens: int) -> None:
-        """prompt: the call's PromptBatch (ids [R, P], mask [R, P]). Re-fills every tensor the
-        steps read, in place (graphs captured at an earlier call read them)."""
+    def begin_call(self, prompt, request: StageRequest, max_new_tokens: int, batch: int) -> None:
+        """prompt: the call's PromptBatch (ids [R, P], mask [R, P]; rows >= batch unused). Re-fills
+        every tensor the steps read, in place (graphs captured at an earlier call read them)."""
         self.processing.set_prompt_width(prompt.ids.shape[1])
         self.processing.set_max_new_tokens(max_new_tokens)
+        self.processing.set_rows(batch)
         if self.penalties is not None:
             # generate() skips the prompt's left pads (prompt_ignore_length) in transformers 5.23+ (they
             # are no tokens here) and counts them as the pad token up to 5.22: the installed one's rule.

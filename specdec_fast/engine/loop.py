@@ -287,7 +287,7 @@ class SpeculativeDecoder:
                                      prompt_width=prompt.ids.shape[1], max_new_tokens=self.max_new_tokens)
             if not self.stage.graph_safe and self.graph_mode != "eager":
                 raise ValueError(f"{self.stage.graph_note}: decode such calls with cuda_graphs=False")
-        self.stage.begin_call(prompt, request, self.max_new_tokens)
+        self.stage.begin_call(prompt, request, self.max_new_tokens, self.batch)
         self.state.stage = self.stage
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **overrides) -> None:

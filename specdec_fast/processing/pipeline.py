@@ -8,6 +8,8 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
     4 bad_words_ids            NoBadWordsLogitsProcessor            sequence_bias.py
     5 min_length               MinLengthLogitsProcessor             masks.py
     6 min_new_tokens           MinNewTokensLengthLogitsProcessor    masks.py
+      prefix_allowed_tokens_fn PrefixConstrainedLogitsProcessor     user.py (eager: a host call per
+                                                                    row and position)
     7 forced_bos_token_id      ForcedBOSTokenLogitsProcessor        masks.py
     8 forced_eos_token_id      ForcedEOSTokenLogitsProcessor        masks.py (needs max_new_tokens)
     9 exponential_decay_length_penalty
@@ -43,14 +45,15 @@ from .ngram import NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes
 from .sequence_bias import SequenceBias, parse_bad_words, parse_sequence_bias
-from .user import UserProcessors
+from .user import PrefixAllowedTokens, UserProcessors
 from .warpers import check_warpers, standardise_all
 
 # The options LogitsProcessing reads, with the value that means "off" (None is off too).
 OPTIONS = {
     "sequence_bias": None, "no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0, "min_new_tokens": None,
     "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "exponential_decay_length_penalty": None, "repetition_penalty": 1.0,
+    "exponential_decay_length_penalty": None, "prefix_allowed_tokens_fn": None, "num_return_sequences": 1,
+    "repetition_penalty": 1.0,
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, "typical_p": 1.0, "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0, "eos_token_id": None,
 }
@@ -125,8 +128,9 @@ class LogitsProcessing:
         self.warpers_here = self.do_sample and (self.typical_p < 1 or self.epsilon_cutoff > 0 or self.eta_cutoff > 0)
 
         stages = self._merge_users(self._builtins(opt, penalties), list(logits_processor or []))
-        self.graph_safe = not any(isinstance(s, UserProcessors) for s in stages)
-        self.graph_note = None if self.graph_safe else UserProcessors.graph_note
+        eager = [s for s in stages if not getattr(s, "graph_safe", True)]  # user code on the host
+        self.graph_safe = not eager
+        self.graph_note = None if self.graph_safe else eager[0].graph_note
         penalty_stage = next((s for s in stages if isinstance(s, _Penalties)), None)
         # After the penalty's slot every built-in must only write -inf for the kernel's penalty (applied
         # after them all) to equal transformers' order: forced tokens write 0 (a frequency penalty then
@@ -167,6 +171,9 @@ class LogitsProcessing:
             slots.append(("MinLengthLogitsProcessor", LengthMask(eos, min_length_of, "below", V, dev, P)))
         if eos and min_new > 0:
             slots.append(("MinNewTokensLengthLogitsProcessor", min_new_tokens_mask(eos, P, min_new, V, dev)))
+        if opt["prefix_allowed_tokens_fn"] is not None:
+            slots.append(("PrefixConstrainedLogitsProcessor",
+                          PrefixAllowedTokens(opt["prefix_allowed_tokens_fn"], opt["num_return_sequences"])))
         if opt["forced_bos_token_id"] is not None:
             slots.append(("ForcedBOSTokenLogitsProcessor", forced_bos(opt["forced_bos_token_id"], V, dev, P)))
         if opt["forced_eos_token_id"] is not None:
@@ -243,6 +250,12 @@ class LogitsProcessing:
         for stage in self.stages:
             if hasattr(stage, "set_max_new_tokens"):
                 stage.set_max_new_tokens(self.max_new_tokens)
+
+    def set_rows(self, rows: int) -> None:
+        """The call's real rows (a decoder may hold more, unused): host-called stages ask only these."""
+        for stage in self.stages:
+            if hasattr(stage, "set_rows"):
+                stage.set_rows(rows)
 
     def with_vocab(self, vocab_size: int) -> "LogitsProcessing":
         """The same options for logits of another vocabulary size (e.g. the draft model's)."""

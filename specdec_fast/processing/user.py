@@ -45,15 +45,56 @@ class UserProcessors:
 
     def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
         """logits [B, N, V]: every real position processed in place (host loop)."""
-        ends, drafts = prefixes.end.tolist(), prefixes.drafts.tolist()  # the one host read
-        seq, drafts_dev = prefixes.seq.long(), prefixes.drafts
-        for b, end in enumerate(ends):
-            for i in range(prefixes.n):
-                seen = prefixes.first + i
-                if any(t < 0 for t in drafts[b][:seen]):
-                    break  # padded draft: this and later positions are never emitted
-                input_ids = torch.cat([seq[b, :end], drafts_dev[b, :seen]])[None, :]
-                scores = logits[b, i][None, :].float()
-                for processor in self.processors:  # LogitsProcessorList.__call__, as _sample calls it
-                    scores = processor(input_ids, scores)
-                logits[b, i] = scores[0]
+        for b, i, input_ids in positions(prefixes):
+            scores = logits[b, i][None, :].float()
+            for processor in self.processors:  # LogitsProcessorList.__call__, as _sample calls it
+                scores = processor(input_ids[None, :], scores)
+            logits[b, i] = scores[0]
+
+
+def positions(prefixes: Prefixes, rows: int | None = None):
+    """(b, i, input_ids [L] int64) for every position i of rows b < rows (None: all) whose prefix
+    holds no padded draft: the exact input_ids transformers would pass there. One host read."""
+    ends, drafts = prefixes.end.tolist(), prefixes.drafts.tolist()
+    seq, drafts_dev = prefixes.seq.long(), prefixes.drafts
+    for b, end in enumerate(ends[:rows]):
+        for i in range(prefixes.n):
+            seen = prefixes.first + i
+            if any(t < 0 for t in drafts[b][:seen]):
+                break  # padded draft: this and later positions are never emitted
+            yield b, i, torch.cat([seq[b, :end], drafts_dev[b, :seen]])
+
+
+class PrefixAllowedTokens:
+    """generate(prefix_allowed_tokens_fn=fn): transformers' PrefixConstrainedLogitsProcessor in its
+    slot. At each position fn(batch_id, input_ids [L]) -> the allowed token ids; every other logit
+    -inf (transformers adds a 0 / -inf mask). batch_id = row // num_return_sequences (transformers
+    groups the expanded rows so). Eager like the user's processors (a host call per row and
+    position, drafts that will be rejected included); rows >= set_rows' count (a decoder's unused
+    rows) are not asked."""
+
+    graph_safe = False
+    graph_note = ("prefix_allowed_tokens_fn runs on the host per row and position (exact input_ids), which a "
+                  "CUDA graph cannot replay")
+
+    def __init__(self, fn, num_return_sequences: int = 1):
+        if not callable(fn):
+            raise ValueError(f"prefix_allowed_tokens_fn must be callable (batch_id, input_ids) -> token ids, got {fn!r}")
+        if isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+            raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
+        self.fn, self.group, self.rows = fn, num_return_sequences, None
+
+    def set_rows(self, rows: int) -> None:
+        self.rows = rows
+
+    def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
+        for b, i, input_ids in positions(prefixes, self.rows):
+            batch_id = b // self.group
+            allowed = self.fn(batch_id, input_ids)
+            if len(allowed) == 0:  # transformers' message
+                raise ValueError(f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {batch_id}. This means "
+                                 "that the constraint is unsatisfiable. Please check your implementation of "
+                                 "`prefix_allowed_tokens_fn` ")
+            mask = torch.full_like(logits[b, i], float("-inf"))
+            mask[allowed] = 0
+            logits[b, i] += mask

@@ -92,7 +92,7 @@ NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere
 ACTING_IN_MODE = [("top_h", 0.5, dict(do_sample=True)), ("output_attentions", True, dict(return_dict_in_generate=True)),
                   ("output_hidden_states", True, dict(return_dict_in_generate=True))]
 NOT_NEUTRAL_KWARGS = [  # generate()'s own keyword arguments (not GenerationConfig fields)
-    ("prefix_allowed_tokens_fn", lambda batch_id, ids: [5]), ("synced_gpus", True),
+    ("synced_gpus", True),
     ("negative_prompt_ids", torch.zeros(2, 3, dtype=torch.long)), ("custom_generate", lambda *a, **k: None),
     ("past_key_values", object()), ("inputs_embeds", torch.zeros(2, 6, 48)), ("position_ids", torch.zeros(2, 6)),
     ("no_such_option", 3),

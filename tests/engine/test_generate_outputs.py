@@ -37,7 +37,11 @@ def _assert_steps_equal(ours, theirs):
 
 @pytest.mark.parametrize("lengths", [[6], [5, 9, 3]])
 @pytest.mark.parametrize("options", [{}, dict(repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=4),
-                                     dict(eos_token_id=5)], ids=["plain", "processors", "eos"])
+                                     dict(eos_token_id=5),
+                                     dict(forced_eos_token_id=7, exponential_decay_length_penalty=(3, 1.5),
+                                          eos_token_id=[5, 7]),
+                                     dict(prefix_allowed_tokens_fn=lambda batch_id, ids: list(range(batch_id, 64, 2)))],
+                         ids=["plain", "processors", "eos", "forced_eos_decay", "prefix_allowed"])
 def test_greedy_scores_and_logits_equal_generate(lengths, options):
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts(lengths, seed=len(lengths))

@@ -37,6 +37,12 @@ class VllmPenalties(LogitsProcessor):
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
 
+def allowed_after(batch_id: int, input_ids: torch.Tensor) -> list:
+    """A prefix_allowed_tokens_fn that reads the row (batch_id) and its last token."""
+    last = int(input_ids[-1])
+    return [t for t in range(64) if (t + last + batch_id) % 3 == 0]
+
+
 class BanEvenAfterOdd(LogitsProcessor):
     """A user's processor whose output depends on the last token of its input_ids."""
 
@@ -60,6 +66,7 @@ OPTIONS = {
     "logits_processor": dict(logits_processor=LogitsProcessorList([BanEvenAfterOdd()])),
     "forced_eos_token_id": dict(forced_eos_token_id=[9, 5]),
     "exponential_decay_length_penalty": dict(exponential_decay_length_penalty=(2, 1.8), eos_token_id=[5, 9]),
+    "prefix_allowed_tokens_fn": dict(prefix_allowed_tokens_fn=allowed_after, repetition_penalty=1.2),
     # after the penalty's slot, not masks: the penalties must run in their slot, not fused after them
     "decay_forced_and_penalty": dict(repetition_penalty=1.5, exponential_decay_length_penalty=(1, 2.5),
                                      forced_eos_token_id=9, eos_token_id=[5, 9]),
@@ -83,8 +90,8 @@ def test_greedy_equals_generate(name, lengths):
             out, stats = api.generate(target, ids, mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
                                       cuda_graphs=graphs, return_stats=True, **_drafting(drafting, draft), **options)
             assert torch.equal(out, expected), (drafting, graphs)
-            if name == "logits_processor" and graphs == "static":
-                assert stats.graph_mode == "eager" and "logits_processor" in (stats.graph_note or "")
+            if name in ("logits_processor", "prefix_allowed_tokens_fn") and graphs == "static":
+                assert stats.graph_mode == "eager" and name in (stats.graph_note or "")
 
 
 @pytest.mark.parametrize("name", ["repetition_penalty", "chat", "logits_processor"])
@@ -144,6 +151,37 @@ def test_forced_eos_follows_each_call_s_max_new_tokens():
         out = engine.generate(ids, mask, do_sample=False, max_length=ids.shape[1] + new, pad_token_id=0,
                               forced_eos_token_id=9)
         assert torch.equal(out, expected), (lengths, "max_length")
+
+
+def test_prefix_allowed_tokens_fn_groups_the_returned_sequences():
+    """Sampling with num_return_sequences = 3: the fn is asked with batch_id = row // 3 (as
+    transformers groups the expanded rows), never for a row beyond the batch, and every token it
+    constrains obeys it."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([4, 7], seed=6)
+    asked = []
+
+    def fn(batch_id, input_ids):
+        asked.append(batch_id)
+        return allowed_after(batch_id, input_ids)
+
+    out = api.generate(target, ids, mask, assistant_model=draft, max_new_tokens=8, do_sample=True, temperature=1.0,
+                       top_k=0, pad_token_id=0, seed=3, num_return_sequences=3, prefix_allowed_tokens_fn=fn)
+    assert out.shape[0] == 6 and set(asked) == {0, 1}
+    width = ids.shape[1]
+    for row in range(6):
+        for t in range(width, out.shape[1]):
+            assert int(out[row, t]) in allowed_after(row // 3, out[row, :t]), (row, t)
+    # control: the same rows checked against the wrong grouping (batch_id = row) fail somewhere
+    assert any(int(out[row, t]) not in allowed_after(row, out[row, :t])
+               for row in range(1, 6) for t in range(width, out.shape[1]))
+
+
+def test_an_empty_allowed_list_raises_transformers_error():
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([4], seed=1)
+    with pytest.raises(ValueError, match="returned an empty list for batch ID 0"):
+        api.generate(target, ids, mask, assistant_model=draft, max_new_tokens=4, prefix_allowed_tokens_fn=lambda b, i: [])
 
 
 def test_processors_with_a_tree_raise_one_clear_line():
