@@ -333,3 +333,40 @@ def test_repetition_penalty_counts_pads_where_the_installed_generate_does(monkey
         runs[rule] = api.generate(target, ids, mask, **kw)
     assert torch.equal(runs[False], counting)
     assert not torch.equal(runs[True], runs[False]), "pads counted or not must show in these tokens"
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_sampled_exponential_decay_follows_the_processed_distribution(sampling_pair, backend):
+    """exponential_decay_length_penalty=(0, 3): the second token's EOS logit s becomes s + 2|s|
+    (not the first's); a row that draws EOS first stops (its second slot holds the pad, here EOS
+    itself, a pair no other way gives). Chi-square of (t1, t2) against transformers' processor over
+    the target's distribution; control: the first token's distribution decayed as well fails."""
+    target, draft = sampling_pair
+    eos = 5
+    decay = lp.ExponentialDecayLengthPenalty((0, 3.0), [eos], PROMPT.shape[1])
+    out, stats = api.generate(target, PROMPT.expand(ROWS, -1), assistant_model=draft, num_assistant_tokens=2,
+                              do_sample=True, temperature=1.0, top_k=0, max_new_tokens=2, seed=11, backend=backend,
+                              pad_token_id=eos, eos_token_id=[eos], exponential_decay_length_penalty=(0, 3.0),
+                              return_stats=True)
+    assert 0.1 < stats.alpha < 0.95, f"alpha {stats.alpha}: the test needs both accepts and rejects"
+    new = out[:, PROMPT.shape[1]:]
+
+    def probs(prefixes, first_too=False):
+        with torch.no_grad():
+            logits = target(prefixes).logits[:, -1, :].float()
+        if first_too:  # the control: decayed as if one step later
+            logits = lp.ExponentialDecayLengthPenalty((0, 3.0), [eos], PROMPT.shape[1] - 1)(prefixes, logits)
+        return torch.softmax(decay(prefixes, logits), -1).double()
+
+    def joint(first_too=False):
+        vocab = torch.arange(VOCAB)
+        p1 = probs(PROMPT, first_too)[0]
+        pairs = p1[:, None] * probs(torch.cat([PROMPT.expand(VOCAB, -1), vocab[:, None]], 1))
+        pairs[eos] = 0
+        pairs[eos, eos] = p1[eos]  # EOS first: the row stops, its pad is EOS
+        return pairs.reshape(-1)
+
+    observed = new[:, 0] * VOCAB + new[:, 1]
+    assert (new[:, 0] == eos).any() and (new[:, 1] == eos).any()
+    assert chi_square_pvalue(observed, joint()) > P_VALUE_THRESHOLD
+    assert chi_square_pvalue(observed, joint(first_too=True)) < P_VALUE_THRESHOLD
