@@ -21,7 +21,8 @@ Token ids outside [0, V) are ignored (transformers' torch.isin over the vocabula
 forced ones: a forced id outside the vocabulary raises (transformers' indexing would).
 
 On the device: each touches its token columns only (index_fill_ / index_copy_ of a where over
-[B, N, E]), never a [B, N, V] pass; the length test is a [B, N] compare, no host read.
+[B, N, E]), never a [B, N, V] pass, but for the forced tokens' fill (a masked_fill_ over [B, N, V]
+where the length hits); the length test is a [B, N] compare, no host read.
 """
 from numbers import Integral, Real
 

@@ -124,7 +124,8 @@ def test_exponential_decay_length_penalty(seed, decay):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("vocab", [50, 300])
 def test_all_builtins_in_order(seed, vocab):
-    """Every built-in together (sequence_bias before the penalty: the order matters there)."""
+    """Every built-in together (sequence_bias before the penalty, suppress_tokens after the forced
+    EOS that it suppresses again: the order matters there)."""
     case = random_case(seed, vocab=vocab)
     P = case.prompt_width
     bias = [[[2], 1.5], [[1, 2], -0.5], [[4, 4, 1], 2.0]]
@@ -135,10 +136,13 @@ def test_all_builtins_in_order(seed, vocab):
                   lp.RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=int(case.start[b])),
                   lp.NoRepeatNGramLogitsProcessor(3), lp.NoBadWordsLogitsProcessor(bad, EOS),
                   lp.MinLengthLogitsProcessor(P + 6, EOS), lp.MinNewTokensLengthLogitsProcessor(P, 6, EOS),
+                  lp.ForcedEOSTokenLogitsProcessor(P + 9, [EOS, 7]),
+                  lp.ExponentialDecayLengthPenalty((2, 1.4), EOS, P),
                   lp.SuppressTokensLogitsProcessor([7]), lp.SuppressTokensAtBeginLogitsProcessor([1], P))
 
     check(case, make, sequence_bias=bias, repetition_penalty=1.3, no_repeat_ngram_size=3, bad_words_ids=bad,
-          min_length=P + 6, min_new_tokens=6, eos_token_id=EOS, suppress_tokens=[7], begin_suppress_tokens=[1])
+          min_length=P + 6, min_new_tokens=6, eos_token_id=EOS, suppress_tokens=[7], begin_suppress_tokens=[1],
+          forced_eos_token_id=[EOS, 7], max_new_tokens=9, exponential_decay_length_penalty=(2, 1.4))
 
 
 @pytest.mark.parametrize("seed", range(3))
