@@ -4,7 +4,9 @@ one run (alternating rounds, the best round of each), greedy and sampling, draft
 
     option sets  none | repetition_penalty=1.05 (fused into the verify and sample kernels) |
                  chat = repetition_penalty 1.05 + min_new_tokens 8 + stop_strings (host check per
-                 token) | no_repeat_ngram_size=3 (per position on the device)
+                 token) | no_repeat_ngram_size=3 (per position on the device) | forced_eos_token_id +
+                 exponential_decay_length_penalty (on the device) | prefix_allowed_tokens_fn (a host
+                 call per row and position, eager: a fn that answers at once, so the cost is ours)
 
     python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4]
 
@@ -28,12 +30,17 @@ MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, tempe
 
 
 def option_sets(tok) -> dict:
+    allowed = list(range(1, len(tok)))
     return {
         "none": {},
         "repetition_penalty=1.05": dict(repetition_penalty=1.05),
         "chat (rep 1.05 + min_new 8 + stop)": dict(repetition_penalty=1.05, min_new_tokens=8,
                                                    stop_strings=["\n\n\n"], tokenizer=tok),
         "no_repeat_ngram_size=3": dict(no_repeat_ngram_size=3),
+        "forced_eos + exp. decay": dict(forced_eos_token_id=tok.eos_token_id,
+                                        exponential_decay_length_penalty=(48, 1.05)),
+        # the host path's own cost: a fn that answers at once (one list, all but one token)
+        "prefix_allowed_tokens_fn (host)": dict(prefix_allowed_tokens_fn=lambda batch_id, ids, allowed=allowed: allowed),
     }
 
 
