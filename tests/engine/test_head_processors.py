@@ -35,7 +35,8 @@ def _heads(target, draft_vocab: int):
             "dflash2": (random_dflash2(target, seed=2), 4)}
 
 
-@pytest.mark.parametrize("name", ["repetition_penalty", "chat", "no_repeat_ngram_size"])
+@pytest.mark.parametrize("name", ["repetition_penalty", "chat", "no_repeat_ngram_size", "decay_forced_and_penalty",
+                                  "prefix_allowed_tokens_fn"])
 def test_greedy_equals_generate(greedy_target, name):
     target = greedy_target
     ids, mask = left_padded_prompts([5, 9, 3], seed=4)
