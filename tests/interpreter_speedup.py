@@ -47,8 +47,11 @@ def install() -> bool:
     """Replace InterpretedFunction.__call__ (see the module docstring); True when installed."""
     if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("SPECDEC_PLAIN_INTERPRETER") == "1":
         return False
-    import triton.language as tl
-    from triton.runtime import interpreter
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:  # no Triton here: nothing to speed up
+        return False
 
     original = interpreter.InterpretedFunction.__call__
     if getattr(original, "specdec_skips_repatching", False):
