@@ -37,8 +37,8 @@ from numbers import Real
 LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalty", "presence_penalty",
                         "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens",
                         "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
-                        "exponential_decay_length_penalty", "typical_p", "epsilon_cutoff", "eta_cutoff",
-                        "logits_processor", "prefix_allowed_tokens_fn")
+                        "exponential_decay_length_penalty", "remove_invalid_values", "typical_p", "epsilon_cutoff",
+                        "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
 # The draft length's schedule (engine/schedule.py): "adaptive" (ours; opt-in: a constant K is

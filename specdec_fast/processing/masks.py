@@ -1,11 +1,12 @@
 """Token masks that depend on the prefix length only (or on nothing), per speculative position:
 min_length / min_new_tokens (EOS -inf while the prefix is too short), suppress_tokens (always
 -inf), begin_suppress_tokens (-inf at the first generated position only), forced_bos_token_id /
-forced_eos_token_id (every other token -inf at one length), exponential_decay_length_penalty
-(EOS raised by a factor that grows with the length). transformers' MinLengthLogitsProcessor,
+forced_eos_token_id (every other token -inf at one length), remove_invalid_values (NaN and
++-inf to finite values), exponential_decay_length_penalty (EOS raised by a factor that grows
+with the length). transformers' MinLengthLogitsProcessor,
 MinNewTokensLengthLogitsProcessor, SuppressTokensLogitsProcessor,
 SuppressTokensAtBeginLogitsProcessor, ForcedBOSTokenLogitsProcessor,
-ForcedEOSTokenLogitsProcessor, ExponentialDecayLengthPenalty.
+ForcedEOSTokenLogitsProcessor, InfNanRemoveLogitsProcessor, ExponentialDecayLengthPenalty.
 
 transformers' counting, with L = a position's prefix length (input_ids.shape[-1]) and P the
 prompt width (pads included; input_ids_seq_length):
@@ -191,3 +192,13 @@ class ExponentialDecay:
         columns = logits.index_select(2, self.ids)  # [B, N, E]
         penalty = (columns.abs() * scale[:, :, None]).masked_fill(~torch.isfinite(columns), 0.0)
         logits.index_copy_(2, self.ids, torch.where((steps > 0)[:, :, None], columns + penalty, columns))
+
+
+class RemoveInvalidValues:
+    """InfNanRemoveLogitsProcessor (remove_invalid_values=True): NaN -> 0, +inf -> the dtype's
+    largest float, -inf -> its lowest, at every position (transformers' float32 copy: the stage asks
+    for float32 logits)."""
+
+    def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
+        info = torch.finfo(logits.dtype)
+        torch.nan_to_num_(logits, nan=0.0, posinf=info.max, neginf=info.min)

@@ -12,6 +12,7 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
                                                                     row and position)
     7 forced_bos_token_id      ForcedBOSTokenLogitsProcessor        masks.py
     8 forced_eos_token_id      ForcedEOSTokenLogitsProcessor        masks.py (needs max_new_tokens)
+      remove_invalid_values    InfNanRemoveLogitsProcessor          masks.py
     9 exponential_decay_length_penalty
                                ExponentialDecayLengthPenalty        masks.py
    10 suppress_tokens          SuppressTokensLogitsProcessor        masks.py
@@ -26,7 +27,8 @@ Where the penalties run: a verify kernel that applies them fused (fused_penaltie
 after everything here; that equals
 transformers' order because every step after the penalty slot only sets logits to -inf, which
 the penalties keep at -inf. It stops being equal when something after that slot is not a mask
-(a user processor, forced_bos / forced_eos_token_id, exponential_decay_length_penalty) or when
+(a user processor, forced_bos / forced_eos_token_id, remove_invalid_values,
+exponential_decay_length_penalty) or when
 the warpers run here (standardise_all: the kernel's penalty would
 come after them): then the penalties run here, in their slot (``penalties_here``), and
 ``kernel_penalties`` hands the kernel neutral values.
@@ -39,7 +41,7 @@ from numbers import Integral
 
 import torch
 
-from .masks import (ExponentialDecay, ForcedTokens, LengthMask, SuppressTokens, begin_suppress_mask, forced_bos, forced_eos,
+from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidValues, SuppressTokens, begin_suppress_mask, forced_bos, forced_eos,
                     forced_ids, min_new_tokens_mask, nonnegative_int, token_list)
 from .ngram import NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
@@ -53,6 +55,7 @@ OPTIONS = {
     "sequence_bias": None, "no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0, "min_new_tokens": None,
     "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
     "exponential_decay_length_penalty": None, "prefix_allowed_tokens_fn": None, "num_return_sequences": 1,
+    "remove_invalid_values": False,
     "repetition_penalty": 1.0,
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, "typical_p": 1.0, "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0, "eos_token_id": None,
@@ -136,7 +139,7 @@ class LogitsProcessing:
         # after them all) to equal transformers' order: forced tokens write 0 (a frequency penalty then
         # moves it) and the decay's |s| scaling does not commute with the penalty's (s < 0: s*theta*(1-c)
         # against s*(1-c)/theta once 1 - c < 0).
-        after_values = any(isinstance(s, (ForcedTokens, ExponentialDecay)) for s in stages)
+        after_values = any(isinstance(s, (ForcedTokens, RemoveInvalidValues, ExponentialDecay)) for s in stages)
         self.penalties_here = penalty_stage is not None and (not fused_penalties or not self.graph_safe
                                                              or self.warpers_here or after_values)
         self.kernel_penalties = dict(NEUTRAL_PENALTIES)
@@ -145,7 +148,7 @@ class LogitsProcessing:
             self.kernel_penalties = dict(zip(NEUTRAL_PENALTIES, penalties))
         self.stages = self._group_users(stages)
         self.active = bool(self.stages)
-        self.wants_float32 = any(isinstance(s, (_Penalties, UserProcessors, ExponentialDecay))
+        self.wants_float32 = any(isinstance(s, (_Penalties, UserProcessors, ExponentialDecay, RemoveInvalidValues))
                                  or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
 
     def _builtins(self, opt: dict, penalties: tuple) -> list:
@@ -182,6 +185,10 @@ class LogitsProcessing:
                 raise ValueError("forced_eos_token_id needs the call's max_new_tokens (the last position is forced)")
             slots.append(("ForcedEOSTokenLogitsProcessor",
                           forced_eos(ids, V, dev, P, nonnegative_int(self.max_new_tokens, "max_new_tokens"))))
+        if opt["remove_invalid_values"] is not False:
+            if opt["remove_invalid_values"] is not True:
+                raise ValueError(f"remove_invalid_values must be a bool, got {opt['remove_invalid_values']!r}")
+            slots.append(("InfNanRemoveLogitsProcessor", RemoveInvalidValues()))
         if opt["exponential_decay_length_penalty"] is not None:
             slots.append(("ExponentialDecayLengthPenalty",
                           ExponentialDecay(opt["exponential_decay_length_penalty"], eos, V, dev, P)))

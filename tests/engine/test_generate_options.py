@@ -82,7 +82,7 @@ NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere
     ("num_beams", 2), ("num_beams", True),
     ("encoder_repetition_penalty", 1.1),
     ("guidance_scale", 1.5),
-    ("remove_invalid_values", True), ("token_healing", True),
+    ("token_healing", True),
     ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
     ("assistant_early_exit", 1), ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),

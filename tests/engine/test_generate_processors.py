@@ -67,6 +67,9 @@ OPTIONS = {
     "forced_eos_token_id": dict(forced_eos_token_id=[9, 5]),
     "exponential_decay_length_penalty": dict(exponential_decay_length_penalty=(2, 1.8), eos_token_id=[5, 9]),
     "prefix_allowed_tokens_fn": dict(prefix_allowed_tokens_fn=allowed_after, repetition_penalty=1.2),
+    # -inf from min_new_tokens becomes float32's lowest, suppress_tokens' stays -inf
+    "remove_invalid_values": dict(remove_invalid_values=True, min_new_tokens=9, eos_token_id=[5, 9],
+                                  suppress_tokens=[3], repetition_penalty=1.3),
     # after the penalty's slot, not masks: the penalties must run in their slot, not fused after them
     "decay_forced_and_penalty": dict(repetition_penalty=1.5, exponential_decay_length_penalty=(1, 2.5),
                                      forced_eos_token_id=9, eos_token_id=[5, 9]),
@@ -205,6 +208,8 @@ def sampling_pair():
 
 SAMPLED = {
     "repetition_penalty": dict(repetition_penalty=2.0),
+    # no_repeat_ngram_size's -inf reach the kernels as float32's lowest: still probability 0
+    "remove_invalid_values": dict(no_repeat_ngram_size=1, remove_invalid_values=True),
     "frequency_penalty": dict(frequency_penalty=1.5),
     "presence_penalty": dict(presence_penalty=1.5),
     "no_repeat_ngram_size": dict(no_repeat_ngram_size=1),
@@ -217,6 +222,8 @@ def _processors(options: dict, prompt_width: int) -> LogitsProcessorList:
         out.append(lp.RepetitionPenaltyLogitsProcessor(options["repetition_penalty"]))
     if "no_repeat_ngram_size" in options:
         out.append(lp.NoRepeatNGramLogitsProcessor(options["no_repeat_ngram_size"]))
+    if options.get("remove_invalid_values"):
+        out.append(lp.InfNanRemoveLogitsProcessor())
     if "frequency_penalty" in options or "presence_penalty" in options:
         out.append(VllmPenalties(prompt_width, options.get("frequency_penalty", 0.0), options.get("presence_penalty", 0.0)))
     return out

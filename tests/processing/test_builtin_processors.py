@@ -122,6 +122,23 @@ def test_exponential_decay_length_penalty(seed, decay):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_remove_invalid_values(seed):
+    """NaN, +inf and -inf (some from a mask before it, some given) to 0 / float32's max / its lowest;
+    suppress_tokens after it writes -inf again."""
+    case = random_case(seed)
+    case.logits[0, 1, :5] = torch.tensor([float("nan"), float("inf"), float("-inf"), float("nan"), 2.0])
+    case.logits[2, :, 11] = float("inf")
+    P = case.prompt_width
+    make = lambda b: hf(lp.MinNewTokensLengthLogitsProcessor(P, 3, EOS), lp.InfNanRemoveLogitsProcessor(),  # noqa: E731
+                        lp.SuppressTokensLogitsProcessor([7]))
+    expected, valid = oracle(make, case)
+    ours = run(case, min_new_tokens=3, eos_token_id=EOS, remove_invalid_values=True, suppress_tokens=[7])
+    assert torch.equal(ours[valid], expected[valid])
+    assert not torch.isnan(ours[valid]).any() and torch.isneginf(ours[valid][:, 7]).all()
+    assert (ours[valid] == torch.finfo(torch.float32).min).any() and (ours[valid] == torch.finfo(torch.float32).max).any()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("vocab", [50, 300])
 def test_all_builtins_in_order(seed, vocab):
     """Every built-in together (sequence_bias before the penalty, suppress_tokens after the forced

@@ -15,6 +15,7 @@ BAD = [
     ("forced_eos_token_id", []), ("forced_bos_token_id", 50), ("forced_bos_token_id", True),
     ("exponential_decay_length_penalty", (-1, 1.5)), ("exponential_decay_length_penalty", 1.5),
     ("exponential_decay_length_penalty", (2, "x")), ("exponential_decay_length_penalty", (2.0, 1.5)),
+    ("remove_invalid_values", 1),
 ]
 
 
