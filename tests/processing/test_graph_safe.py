@@ -19,7 +19,8 @@ EVERYTHING = dict(sequence_bias=[[[2], 1.0], [[1, 2], 0.5], [[4, 4, 1], -1.0]], 
                   frequency_penalty=0.3, presence_penalty=0.2, no_repeat_ngram_size=3, bad_words_ids=[[6], [5, 1]],
                   min_length=12, min_new_tokens=4, suppress_tokens=[7], begin_suppress_tokens=[1], eos_token_id=EOS,
                   do_sample=True, typical_p=0.9, epsilon_cutoff=1e-3, eta_cutoff=1e-3, forced_eos_token_id=[EOS, 9],
-                  exponential_decay_length_penalty=(1, 1.3), forced_bos_token_id=2, max_new_tokens=5)
+                  exponential_decay_length_penalty=(1, 1.3), forced_bos_token_id=2, max_new_tokens=5,
+                  remove_invalid_values=True)
 
 
 HOST_READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "nonzero"}
