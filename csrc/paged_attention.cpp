@@ -63,12 +63,6 @@ constexpr int64_t PREFETCH_AHEAD = 16;
 typedef float vf __attribute__((vector_size(4 * LANES)));
 typedef int32_t vi __attribute__((vector_size(4 * LANES)));
 
-SPECDEC_INLINE vf load_v(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-SPECDEC_INLINE void store_v(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 // x in every lane: a broadcast. Not `vf{} + x`: 0 + x is not x for x = -0, so GCC adds in a
 // scalar register first (measured: an add + broadcast per key in P V, 25% of the kernel's
 // time), and a lane-by-lane fill went through the stack (2x slower still).
@@ -214,11 +208,11 @@ SPECDEC_INLINE void score_quad(const float* q, int64_t Dp, const float* keys, in
     if (j < cnt) {
       const float* k = keys + j * Dp;
       for (int64_t d = 0; d < Dp; d += LANES) {
-        const vf kv = load_v(k + d);
-        a0 = fma_v(load_v(q + d), kv, a0);
-        a1 = fma_v(load_v(q + Dp + d), kv, a1);
-        a2 = fma_v(load_v(q + 2 * Dp + d), kv, a2);
-        a3 = fma_v(load_v(q + 3 * Dp + d), kv, a3);
+        const vf kv = load_vec<vf>(k + d);
+        a0 = fma_v(load_vec<vf>(q + d), kv, a0);
+        a1 = fma_v(load_vec<vf>(q + Dp + d), kv, a1);
+        a2 = fma_v(load_vec<vf>(q + 2 * Dp + d), kv, a2);
+        a3 = fma_v(load_vec<vf>(q + 3 * Dp + d), kv, a3);
       }
     }
     part[0][j] = a0;
@@ -226,7 +220,7 @@ SPECDEC_INLINE void score_quad(const float* q, int64_t Dp, const float* keys, in
     part[2][j] = a2;
     part[3][j] = a3;
   }
-  for (int64_t r = 0; r < ROWS; ++r) store_v(s + r * CHUNK, transpose_sum(part[r]));
+  for (int64_t r = 0; r < ROWS; ++r) store_vec(s + r * CHUNK, transpose_sum(part[r]));
 }
 
 // One quad of query rows over one chunk of keys: scores, the mask, the online softmax (m: the
@@ -241,35 +235,35 @@ SPECDEC_INLINE void attend_quad(const float* q, float* acc, float* m, float* l, 
   score_quad(q, Dp, keys, cnt, p);
   for (int64_t r = 0; r < ROWS; ++r) {
     if (vis[r] == 0) {
-      store_v(p + r * CHUNK, splat(0.f));
+      store_vec(p + r * CHUNK, splat(0.f));
       alpha[r] = 1.f;
       continue;
     }
-    const vf s = bit_lanes(vis[r]) ? load_v(p + r * CHUNK) : splat(neg_inf);
+    const vf s = bit_lanes(vis[r]) ? load_vec<vf>(p + r * CHUNK) : splat(neg_inf);
     const float m_new = std::max(m[r], hmax(s));
     alpha[r] = fast_exp(m[r] - m_new);  // m = -inf -> 0
     const vf e = exp_v(s - m_new);       // masked keys: exp(-inf) = 0
-    store_v(p + r * CHUNK, e);
+    store_vec(p + r * CHUNK, e);
     l[r] = l[r] * alpha[r] + hsum(e);
     m[r] = m_new;
   }
   for (int64_t d = 0; d < Dp; d += LANES) {
-    vf a0 = load_v(acc + d) * alpha[0], a1 = load_v(acc + Dp + d) * alpha[1];
-    vf a2 = load_v(acc + 2 * Dp + d) * alpha[2], a3 = load_v(acc + 3 * Dp + d) * alpha[3];
+    vf a0 = load_vec<vf>(acc + d) * alpha[0], a1 = load_vec<vf>(acc + Dp + d) * alpha[1];
+    vf a2 = load_vec<vf>(acc + 2 * Dp + d) * alpha[2], a3 = load_vec<vf>(acc + 3 * Dp + d) * alpha[3];
     // Not unrolled: GCC otherwise peels the <= CHUNK keys completely and keeps their 4 x CHUNK
     // broadcasts of p on the stack (measured 1.25-1.4x slower).
 #pragma GCC unroll 1
     for (int64_t j = 0; j < cnt; ++j) {
-      const vf x = load_v(vals + j * Dp + d);
+      const vf x = load_vec<vf>(vals + j * Dp + d);
       a0 = fma_v(splat(p[j]), x, a0);
       a1 = fma_v(splat(p[CHUNK + j]), x, a1);
       a2 = fma_v(splat(p[2 * CHUNK + j]), x, a2);
       a3 = fma_v(splat(p[3 * CHUNK + j]), x, a3);
     }
-    store_v(acc + d, a0);
-    store_v(acc + Dp + d, a1);
-    store_v(acc + 2 * Dp + d, a2);
-    store_v(acc + 3 * Dp + d, a3);
+    store_vec(acc + d, a0);
+    store_vec(acc + Dp + d, a1);
+    store_vec(acc + 2 * Dp + d, a2);
+    store_vec(acc + 3 * Dp + d, a3);
   }
 }
 

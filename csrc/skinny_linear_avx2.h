@@ -40,14 +40,6 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 // 6 rows without spills, and a 7th row would cost a weight vector per tile.
 constexpr int kMaxMB = 6;
 
-SPECDEC_INLINE v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-SPECDEC_INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
-
 // A broadcast (v8f{} + s costs an add before each broadcast; the bits are the same: an
 // accumulator that starts at +0 never becomes -0, so the sign of a zero product cannot show).
 SPECDEC_INLINE v8f splat8(float s) { return v8f{s, s, s, s, s, s, s, s}; }
@@ -59,8 +51,6 @@ SPECDEC_INLINE v8f splat8(float s) { return v8f{s, s, s, s, s, s, s, s}; }
 #else
 #define SPECDEC_IN_REGISTER(v) (void)0
 #endif
-
-SPECDEC_INLINE void store4(float* p, v4f v) { std::memcpy(p, &v, sizeof v); }
 
 // The 16-lane sum of one accumulator given as s = lo + hi (lane i + lane i+8): halves, then
 // (l0 + l2) + (l1 + l3), the order of the AVX-512 path's hsum16.
@@ -101,11 +91,11 @@ template <int MB, int NB>
 SPECDEC_INLINE void step(v8f (&acc)[MB][NB], const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t k) {
   v8f wv[NB];
   for (int j = 0; j < NB; ++j) {
-    wv[j] = load8(w + j * ldw + k);
+    wv[j] = load_vec<v8f>(w + j * ldw + k);
     if (MB > 1) SPECDEC_IN_REGISTER(wv[j]);
   }
   for (int m = 0; m < MB; ++m) {
-    v8f xv = load8(x + m * ldx + k);
+    v8f xv = load_vec<v8f>(x + m * ldx + k);
     if (NB > 1) SPECDEC_IN_REGISTER(xv);
     for (int j = 0; j < NB; ++j) acc[m][j] += xv * wv[j];
   }
@@ -133,7 +123,7 @@ void tile_rows(const Args& a, int64_t m0, int64_t n0) {
     for (int j = 0; j < NB; ++j) s[m * NB + j] = lo[m][j] + hi[m][j];
   float dot[T];
   int t = 0;
-  for (; t + 4 <= T; t += 4) store4(dot + t, reduce4(s[t], s[t + 1], s[t + 2], s[t + 3]));
+  for (; t + 4 <= T; t += 4) store_vec(dot + t, reduce4(s[t], s[t + 1], s[t + 2], s[t + 3]));
   for (; t < T; ++t) dot[t] = hsum8(s[t]);
   for (int m = 0; m < MB; ++m) {
     const float* xm = x + m * a.ldx;
@@ -157,7 +147,7 @@ void tile_cols(const Args& a, int64_t m0, int64_t n0) {
     const float* wk = a.w + k * a.ldw + n0;
     v8f wv[NV];
     for (int j = 0; j < NV; ++j) {
-      wv[j] = load8(wk + 8 * j);
+      wv[j] = load_vec<v8f>(wk + 8 * j);
       if (MB > 1) SPECDEC_IN_REGISTER(wv[j]);
     }
     for (int m = 0; m < MB; ++m) {
@@ -169,9 +159,9 @@ void tile_cols(const Args& a, int64_t m0, int64_t n0) {
     float* y = a.y + (m0 + m) * a.N + n0;
     for (int j = 0; j < NV; ++j) {
       v8f out = acc[m][j];
-      if (a.bias) out += load8(a.bias + n0 + 8 * j);
-      if (a.residual) out = load8(a.residual + (m0 + m) * a.ldr + n0 + 8 * j) + out;
-      store8(y + 8 * j, out);
+      if (a.bias) out += load_vec<v8f>(a.bias + n0 + 8 * j);
+      if (a.residual) out = load_vec<v8f>(a.residual + (m0 + m) * a.ldr + n0 + 8 * j) + out;
+      store_vec(y + 8 * j, out);
     }
   }
 }

@@ -25,26 +25,10 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 // 7 or 8 rows leaves room for only 2 weight rows (measured: M = 8 1.1-1.7x slower than F.linear,
 // M = 6 0.6-1.0x).
 constexpr int kMaxMB = 6;
-SPECDEC_INLINE v16f load16(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-SPECDEC_INLINE void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
-
 // A broadcast (v16f{} + s cost a scalar add before each broadcast, seen in objdump of tile_cols;
 // the bits are the same: an accumulator that starts at +0 never becomes -0, so the sign of a
 // zero product cannot show). As splat8 in the AVX2 tiles.
 SPECDEC_INLINE v16f splat16(float s) { return v16f{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
-
-SPECDEC_INLINE v4f load4(const float* p) {
-  v4f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-SPECDEC_INLINE void store4(float* p, v4f v) { std::memcpy(p, &v, sizeof v); }
 
 // Sum of the 16 lanes as a tree (halves, quarters, ...): 4 dependent adds, fixed order.
 SPECDEC_INLINE float hsum16(v16f v) {
@@ -97,10 +81,10 @@ void tile_rows(const Args& a, int64_t m0, int64_t n0) {
   const int64_t K = a.K, k16 = K - K % 16;
   for (int64_t k = 0; k < k16; k += 16) {
     v16f wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = load16(w + j * a.ldw + k);
+    for (int j = 0; j < NB; ++j) wv[j] = load_vec<v16f>(w + j * a.ldw + k);
     for (int j = 0; j < NB; ++j) __builtin_prefetch(w + (kPrefetchTiles * NB + j) * a.ldw + k);
     for (int m = 0; m < MB; ++m) {
-      const v16f xv = load16(x + m * a.ldx + k);
+      const v16f xv = load_vec<v16f>(x + m * a.ldx + k);
       for (int j = 0; j < NB; ++j) acc[m][j] += xv * wv[j];
     }
   }
@@ -116,9 +100,9 @@ void tile_rows(const Args& a, int64_t m0, int64_t n0) {
         for (int64_t k = k16; k < K; ++k) {
           for (int i = 0; i < 4; ++i) s[i] += xm[k] * w[(j + i) * a.ldw + k];
         }
-        if (a.bias) s += load4(a.bias + n0 + j);
-        if (a.residual) s = load4(a.residual + (m0 + m) * a.ldr + n0 + j) + s;
-        store4(ym + j, s);
+        if (a.bias) s += load_vec<v4f>(a.bias + n0 + j);
+        if (a.residual) s = load_vec<v4f>(a.residual + (m0 + m) * a.ldr + n0 + j) + s;
+        store_vec(ym + j, s);
       }
     } else {
       for (int j = 0; j < NB; ++j) {
@@ -140,7 +124,7 @@ void tile_cols(const Args& a, int64_t m0, int64_t n0) {
   for (int64_t k = 0; k < a.K; ++k) {
     const float* wk = a.w + k * a.ldw + n0;
     v16f wv[NV];
-    for (int j = 0; j < NV; ++j) wv[j] = load16(wk + 16 * j);
+    for (int j = 0; j < NV; ++j) wv[j] = load_vec<v16f>(wk + 16 * j);
     for (int m = 0; m < MB; ++m) {
       const v16f xb = splat16(x[m * a.ldx + k]);
       for (int j = 0; j < NV; ++j) acc[m][j] += xb * wv[j];
@@ -150,9 +134,9 @@ void tile_cols(const Args& a, int64_t m0, int64_t n0) {
     float* y = a.y + (m0 + m) * a.N + n0;
     for (int j = 0; j < NV; ++j) {
       v16f out = acc[m][j];
-      if (a.bias) out += load16(a.bias + n0 + 16 * j);
-      if (a.residual) out = load16(a.residual + (m0 + m) * a.ldr + n0 + 16 * j) + out;
-      store16(y + 16 * j, out);
+      if (a.bias) out += load_vec<v16f>(a.bias + n0 + 16 * j);
+      if (a.residual) out = load_vec<v16f>(a.residual + (m0 + m) * a.ldr + n0 + 16 * j) + out;
+      store_vec(y + 16 * j, out);
     }
   }
 }

@@ -9,6 +9,9 @@
 // inputs); the result has a's lane count, and I is the integer vector type with that count.
 // Fewer lanes out: shuffle at full width, then take the low part (low_half, low_quarter).
 // -DSPECDEC_NO_SHUFFLEVECTOR forces the GCC 9-11 spelling on a newer GCC (the tests build it so).
+//
+// Also the GCC float vectors' loads and stores (load_vec / store_vec), which paged_attention and
+// both skinny_linear tile headers use.
 #pragma once
 
 #include <cstring>
@@ -28,6 +31,19 @@ inline __attribute__((always_inline)) Out low_part(In v) {
   Out out;
   std::memcpy(&out, &v, sizeof out);
   return out;
+}
+
+// p[0, lanes) as a V vector, and back. memcpy: no alignment assumed; one unaligned move once inlined.
+template <typename V>
+inline __attribute__((always_inline)) V load_vec(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename V>
+inline __attribute__((always_inline)) void store_vec(float* p, V v) {
+  std::memcpy(p, &v, sizeof v);
 }
 
 }  // namespace specdec
