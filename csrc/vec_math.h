@@ -74,6 +74,15 @@ SPECDEC_INLINE float times_pow2(float y, float n) {
   return (y * s1) * s2;
 }
 
+// fast_log's split of xs = x (times 2^23 where x is subnormal) into m in [0.5, 1) and e with
+// x = m 2^e: integer work only, the same in both forms below.
+SPECDEC_INLINE float log_split(float xs, bool subnormal, int32_t& e) {
+  const uint32_t b = float_to_bits(xs);
+  e = static_cast<int32_t>((b >> 23) & 0xFFu) - 126;  // xs = m 2^e, m in [0.5, 1)
+  e = subnormal ? e - 23 : e;
+  return bits_to_float((b & 0x007FFFFFu) | 0x3F000000u);
+}
+
 // fast_log's polynomial: log(m 2^e) for f = m - 1 reduced to [sqrt(1/2) - 1, sqrt(2) - 1] and e.
 SPECDEC_INLINE float log_polynomial(float f, int32_t e) {
   const float z = f * f;
@@ -120,10 +129,8 @@ SPECDEC_INLINE float fast_log(float x) {
   // Selects pick constants, never the results of float ops (see select()).
   const bool subnormal = x < 1.17549435e-38f;
   const float xs = x * (subnormal ? 8388608.0f : 1.0f);  // * 2^23
-  const uint32_t b = float_to_bits(xs);
-  int32_t e = static_cast<int32_t>((b >> 23) & 0xFFu) - 126;  // xs = m 2^e, m in [0.5, 1)
-  e = subnormal ? e - 23 : e;
-  const float m = bits_to_float((b & 0x007FFFFFu) | 0x3F000000u);
+  int32_t e;
+  const float m = log_split(xs, subnormal, e);
   const bool small = m < 0.707106781186547524f;
   e = small ? e - 1 : e;
   const float f = m * (small ? 2.0f : 1.0f) - 1.0f;  // exact (Sterbenz)
@@ -153,10 +160,8 @@ SPECDEC_INLINE float fast_exp(float x) {
 SPECDEC_INLINE float fast_log(float x) {
   const bool subnormal = x < 1.17549435e-38f;
   const float xs = x * select(subnormal, 8388608.0f, 1.0f);  // * 2^23
-  const uint32_t b = float_to_bits(xs);
-  int32_t e = static_cast<int32_t>((b >> 23) & 0xFFu) - 126;  // xs = m 2^e, m in [0.5, 1)
-  e = subnormal ? e - 23 : e;
-  const float m = bits_to_float((b & 0x007FFFFFu) | 0x3F000000u);
+  int32_t e;
+  const float m = log_split(xs, subnormal, e);
   const bool small = m < 0.707106781186547524f;
   e = small ? e - 1 : e;
   const float f = m * select(small, 2.0f, 1.0f) - 1.0f;  // exact (Sterbenz)
