@@ -65,63 +65,16 @@ class SuppressTokens:
 
 class LengthMask:
     """ids -inf at the positions whose prefix length L satisfies ``L < threshold`` (kind "below")
-    or ``L == threshold`` (kind "equal"). threshold_of(P) -> int gives the threshold for a prompt
-    width P; it is kept in a device tensor that set_prompt_width re-fills in place, so one mask
-    (and a CUDA graph that captured it) serves calls of any prompt width."""
+    or ``L == threshold`` (kind "equal"). threshold_of(P, max_new_tokens) -> int gives the
+    threshold for a call's prompt width P and max_new_tokens (None where no caller gives it); it is
+    kept in a device tensor that set_prompt_width / set_max_new_tokens re-fill in place, so one mask
+    (and a CUDA graph that captured it) serves calls of any prompt width and length."""
 
-    def __init__(self, ids, threshold_of, kind: str, vocab_size: int, device, prompt_width: int):
+    def __init__(self, ids, threshold_of, kind: str, vocab_size: int, device, prompt_width: int,
+                 max_new_tokens: int | None = None):
         if kind not in ("below", "equal"):
             raise ValueError(f"kind must be 'below' or 'equal', got {kind!r}")
         self.ids, self.kind, self.threshold_of = _columns(ids, vocab_size, device), kind, threshold_of
-        self.threshold = torch.zeros((), dtype=torch.long, device=device)
-        self.set_prompt_width(prompt_width)
-
-    def set_prompt_width(self, prompt_width: int) -> None:
-        self.threshold.fill_(int(self.threshold_of(prompt_width)))
-
-    def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
-        lengths = prefixes.lengths  # [B, N]
-        hit = lengths < self.threshold if self.kind == "below" else lengths == self.threshold
-        columns = logits.index_select(2, self.ids)  # [B, N, E]
-        logits.index_copy_(2, self.ids, torch.where(hit[:, :, None], float("-inf"), columns))
-
-
-def min_length_mask(eos_ids, min_length: int, vocab_size: int, device, prompt_width: int = 0) -> LengthMask:
-    """MinLengthLogitsProcessor(min_length, eos): an absolute length (the prompt counts)."""
-    return LengthMask(eos_ids, lambda _: min_length, "below", vocab_size, device, prompt_width)
-
-
-def min_new_tokens_mask(eos_ids, prompt_width: int, min_new_tokens: int, vocab_size: int, device) -> LengthMask:
-    """MinNewTokensLengthLogitsProcessor(P, min_new_tokens, eos): L - P < min_new <=> L < P + min_new."""
-    return LengthMask(eos_ids, lambda width: width + min_new_tokens, "below", vocab_size, device, prompt_width)
-
-
-def begin_index(prompt_width: int, forced_bos_token_id=None) -> int:
-    """transformers' begin_index of SuppressTokensAtBeginLogitsProcessor (generation/utils.py)."""
-    return prompt_width if (prompt_width > 1 or forced_bos_token_id is None) else prompt_width + 1
-
-
-def begin_suppress_mask(ids, prompt_width: int, vocab_size: int, device, forced_bos_token_id=None) -> LengthMask:
-    return LengthMask(ids, lambda width: begin_index(width, forced_bos_token_id), "equal", vocab_size, device,
-                      prompt_width)
-
-
-def forced_ids(value, name: str, vocab_size: int) -> list:
-    """A forced token id or list of them, each in [0, V)."""
-    ids = [value] if isinstance(value, Integral) and not isinstance(value, bool) else token_list(value, name)
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if not ids or bad:
-        raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {value!r}")
-    return ids
-
-
-class ForcedTokens:
-    """At the positions whose prefix length L equals the threshold, every logit -inf but the ids',
-    which become 0 (transformers' ForcedBOS / ForcedEOS processors); elsewhere nothing changes.
-    threshold_of(P, max_new_tokens) -> L, kept in a device tensor re-filled in place per call."""
-
-    def __init__(self, ids, threshold_of, vocab_size: int, device, prompt_width: int, max_new_tokens: int):
-        self.ids, self.threshold_of = _columns(ids, vocab_size, device), threshold_of
         self.threshold = torch.zeros((), dtype=torch.long, device=device)
         self.prompt_width, self.max_new_tokens = prompt_width, max_new_tokens
         self._refill()
@@ -136,6 +89,50 @@ class ForcedTokens:
     def set_max_new_tokens(self, max_new_tokens: int) -> None:
         self.max_new_tokens = max_new_tokens
         self._refill()
+
+    def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
+        lengths = prefixes.lengths  # [B, N]
+        hit = lengths < self.threshold if self.kind == "below" else lengths == self.threshold
+        columns = logits.index_select(2, self.ids)  # [B, N, E]
+        logits.index_copy_(2, self.ids, torch.where(hit[:, :, None], float("-inf"), columns))
+
+
+def min_length_mask(eos_ids, min_length: int, vocab_size: int, device, prompt_width: int = 0) -> LengthMask:
+    """MinLengthLogitsProcessor(min_length, eos): an absolute length (the prompt counts)."""
+    return LengthMask(eos_ids, lambda width, new: min_length, "below", vocab_size, device, prompt_width)
+
+
+def min_new_tokens_mask(eos_ids, prompt_width: int, min_new_tokens: int, vocab_size: int, device) -> LengthMask:
+    """MinNewTokensLengthLogitsProcessor(P, min_new_tokens, eos): L - P < min_new <=> L < P + min_new."""
+    return LengthMask(eos_ids, lambda width, new: width + min_new_tokens, "below", vocab_size, device, prompt_width)
+
+
+def begin_index(prompt_width: int, forced_bos_token_id=None) -> int:
+    """transformers' begin_index of SuppressTokensAtBeginLogitsProcessor (generation/utils.py)."""
+    return prompt_width if (prompt_width > 1 or forced_bos_token_id is None) else prompt_width + 1
+
+
+def begin_suppress_mask(ids, prompt_width: int, vocab_size: int, device, forced_bos_token_id=None) -> LengthMask:
+    return LengthMask(ids, lambda width, new: begin_index(width, forced_bos_token_id), "equal", vocab_size, device,
+                      prompt_width)
+
+
+def forced_ids(value, name: str, vocab_size: int) -> list:
+    """A forced token id or list of them, each in [0, V)."""
+    ids = [value] if isinstance(value, Integral) and not isinstance(value, bool) else token_list(value, name)
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if not ids or bad:
+        raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {value!r}")
+    return ids
+
+
+class ForcedTokens(LengthMask):
+    """At the positions whose prefix length L equals the threshold, every logit -inf but the ids',
+    which become 0 (transformers' ForcedBOS / ForcedEOS processors); elsewhere nothing changes.
+    The threshold as LengthMask keeps it."""
+
+    def __init__(self, ids, threshold_of, vocab_size: int, device, prompt_width: int, max_new_tokens: int):
+        super().__init__(ids, threshold_of, "equal", vocab_size, device, prompt_width, max_new_tokens)
 
     def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
         hit = (prefixes.lengths == self.threshold)[:, :, None]  # [B, N, 1]

@@ -170,7 +170,8 @@ class LogitsProcessing:
             slots.append(("NoBadWordsLogitsProcessor",
                           SequenceBias(parse_bad_words(opt["bad_words_ids"], V, eos), V, dev)))
         if eos and min_length > 0:  # transformers builds the two EOS masks only with an EOS id
-            min_length_of = (lambda width: width + min_new) if self.min_length_follows_min_new else (lambda _: min_length)
+            min_length_of = ((lambda width, new: width + min_new) if self.min_length_follows_min_new
+                             else (lambda width, new: min_length))
             slots.append(("MinLengthLogitsProcessor", LengthMask(eos, min_length_of, "below", V, dev, P)))
         if eos and min_new > 0:
             slots.append(("MinNewTokensLengthLogitsProcessor", min_new_tokens_mask(eos, P, min_new, V, dev)))
