@@ -41,8 +41,9 @@ from numbers import Integral
 
 import torch
 
-from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidValues, SuppressTokens, begin_suppress_mask, forced_bos, forced_eos,
-                    forced_ids, min_new_tokens_mask, nonnegative_int, token_list)
+from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidValues, SuppressTokens,
+                    begin_suppress_mask, forced_bos, forced_eos, forced_ids, min_new_tokens_mask, nonnegative_int,
+                    token_list)
 from .ngram import NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes

@@ -79,8 +79,10 @@ class PrefixAllowedTokens:
 
     def __init__(self, fn, num_return_sequences: int = 1):
         if not callable(fn):
-            raise ValueError(f"prefix_allowed_tokens_fn must be callable (batch_id, input_ids) -> token ids, got {fn!r}")
-        if isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+            raise ValueError(f"prefix_allowed_tokens_fn must be callable (batch_id, input_ids) -> token ids, "
+                             f"got {fn!r}")
+        if (isinstance(num_return_sequences, bool) or not isinstance(num_return_sequences, int)
+                or num_return_sequences < 1):
             raise ValueError(f"num_return_sequences must be an int >= 1, got {num_return_sequences!r}")
         self.fn, self.group, self.rows = fn, num_return_sequences, None
 
@@ -92,8 +94,8 @@ class PrefixAllowedTokens:
             batch_id = b // self.group
             allowed = self.fn(batch_id, input_ids)
             if len(allowed) == 0:  # transformers' message
-                raise ValueError(f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {batch_id}. This means "
-                                 "that the constraint is unsatisfiable. Please check your implementation of "
+                raise ValueError(f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {batch_id}. "
+                                 "This means that the constraint is unsatisfiable. Please check your implementation of "
                                  "`prefix_allowed_tokens_fn` ")
             # index_fill_ of one index tensor: 304 against 518 us for transformers' mask[allowed] = 0 with a
             # list of 4095 ids (the demo vocabulary), the same values (negative ids wrap alike)
