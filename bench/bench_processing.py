@@ -3,7 +3,8 @@
 Per call on logits [B, N, V] (N = 5 positions: K = 4 drafts), V = 32000, a 1024-token prefix
 (seq buffer 1024 + N + 1 wide), batch 1 and 8, float32, median and min of --calls after one warm-up (the two standardise rows alternated):
     standardise        kernels/verify/reference.py's standardise (temperature, top_k 50, top_p 0.9)
-    standardise_all    the same + typical_p 0.9 + epsilon_cutoff 3e-4 + eta_cutoff 1e-3
+    standardise_all    the same + typical_p 0.9 + epsilon_cutoff 3e-4 + eta_cutoff 1e-3; and the
+                       same + top_h 0.4 alone (its top-100 and entropy pass before top_k)
     one built-in processor at a time (LogitsProcessing.apply_), the chat-template combination
     (repetition_penalty + no_repeat_ngram_size 3 + min_new_tokens + suppress_tokens) and an
     identity user logits_processor (the eager host loop).
@@ -101,6 +102,7 @@ def run(args) -> dict:
             device, args.calls)
         row("standardise (top_k + top_p)", None, plain)
         row("standardise_all (+ typical + epsilon + eta)", None, every)
+        row("standardise_all (+ top_h 0.4)", lambda: standardise_all(logits, params, top_h=0.4))
         row("logits.clone() (one [B, N, V] copy)", lambda: logits.clone())
         for name, options in PROCESSORS.items():
             processing = LogitsProcessing(vocab_size=VOCAB, prompt_width=PROMPT, device=device, eos_token_id=2,

@@ -6,7 +6,7 @@ Three parts, each present only when the call asks for it:
     speculative position (sequence_bias, no_repeat_ngram_size, bad_words_ids, min_length,
     min_new_tokens, forced_bos_token_id, forced_eos_token_id, exponential_decay_length_penalty,
     suppress_tokens, begin_suppress_tokens), the user's logits_processor list
-    (eager), and the warpers the kernels lack (typical_p, epsilon_cutoff, eta_cutoff:
+    (eager), and the warpers the kernels lack (top_h, typical_p, epsilon_cutoff, eta_cutoff:
     standardise_all, after which the kernels sample with temperature 1 and no truncation);
   - penalties (kernels/penalties): repetition_penalty (transformers' semantics, the prompt's
     left pads skipped as generate() does), frequency_penalty and presence_penalty (vLLM's), fused
@@ -32,6 +32,7 @@ from ..kernels.sampling_params import SamplingTensors, fill_rows, make_sampling_
 from ..options.rules import LOGITS_STAGE_OPTIONS
 from ..processing import LogitsProcessing
 from ..processing.penalties import generate_skips_prompt_pads
+from ..processing.warpers import stage_warpers_on
 
 # The options a stage implements (options/rules.py owns the list: the engine implements them).
 STAGE_OPTIONS = LOGITS_STAGE_OPTIONS
@@ -87,17 +88,11 @@ class StageRequest:
 
 def kernel_params(request: "StageRequest | None", params: SamplingTensors, seed) -> SamplingTensors:
     """The sampling parameters the kernels get: ``params``, or, when the call's warpers run in the
-    stage (typical_p / epsilon_cutoff / eta_cutoff), temperature 1 with no truncation and the same
+    stage (top_h / typical_p / epsilon_cutoff / eta_cutoff), temperature 1 with no truncation and the same
     seeds: the stage hands the kernels standardised logits."""
-    if request is None or not _warpers_on(request):
+    if request is None or not stage_warpers_on(request.options, request.do_sample):
         return params
     return make_sampling_tensors(params.batch, params.temperature.device, temperature=1.0, seed=seed)
-
-
-def _warpers_on(request: StageRequest) -> bool:
-    options = request.options
-    return request.do_sample and ((options.get("typical_p") or 1.0) < 1.0 or (options.get("epsilon_cutoff") or 0.0) > 0
-                                  or (options.get("eta_cutoff") or 0.0) > 0)
 
 
 class LogitsStage:

@@ -37,8 +37,8 @@ from numbers import Real
 LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalty", "presence_penalty",
                         "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens",
                         "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
-                        "exponential_decay_length_penalty", "remove_invalid_values", "typical_p", "epsilon_cutoff",
-                        "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn")
+                        "exponential_decay_length_penalty", "remove_invalid_values", "top_h", "typical_p",
+                        "epsilon_cutoff", "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
 # The draft length's schedule (engine/schedule.py): "adaptive" (ours; opt-in: a constant K is
@@ -92,10 +92,6 @@ def _single_beam(merged: dict) -> bool:
     return beams is None or (type(beams) is int and beams == 1)
 
 
-def _greedy(merged: dict) -> bool:
-    return not merged.get("do_sample")
-
-
 def _no_output_dict(merged: dict) -> bool:
     return not merged.get("return_dict_in_generate")
 
@@ -107,7 +103,6 @@ def _no_output_dict(merged: dict) -> bool:
 # early_stopping=True with num_beams=1 speculates. name -> ignored(merged options).
 IGNORED_IN_MODE = {
     "early_stopping": _single_beam, "length_penalty": _single_beam,  # beam search only
-    "top_h": _greedy,  # a sampling warper
     "output_attentions": _no_output_dict, "output_hidden_states": _no_output_dict,  # returned in the dict only
 }
 

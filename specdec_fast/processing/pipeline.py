@@ -21,7 +21,8 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
       transformers class as a built-in one takes that one's slot (transformers'
       _merge_criteria_processor_list)
     then, when sampling, the warpers: temperature -> top_k -> top_p -> min_p in the verify kernel,
-    or all of them and typical_p -> epsilon_cutoff -> eta_cutoff in standardise_all (warpers.py)
+    or all of them with top_h (after the temperature) and typical_p -> epsilon_cutoff -> eta_cutoff
+    in standardise_all (warpers.py)
 
 Where the penalties run: a verify kernel that applies them fused (fused_penalties=True) does so
 after everything here; that equals
@@ -49,7 +50,7 @@ from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes
 from .sequence_bias import SequenceBias, parse_bad_words, parse_sequence_bias
 from .user import PrefixAllowedTokens, UserProcessors
-from .warpers import check_warpers, standardise_all
+from .warpers import STAGE_WARPERS, check_warpers, stage_warpers_on, standardise_all
 
 # The options LogitsProcessing reads, with the value that means "off" (None is off too).
 OPTIONS = {
@@ -58,8 +59,7 @@ OPTIONS = {
     "exponential_decay_length_penalty": None, "prefix_allowed_tokens_fn": None, "num_return_sequences": 1,
     "remove_invalid_values": False,
     "repetition_penalty": 1.0,
-    "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, "typical_p": 1.0, "epsilon_cutoff": 0.0,
-    "eta_cutoff": 0.0, "eos_token_id": None,
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, **STAGE_WARPERS, "eos_token_id": None,
 }
 NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
@@ -100,7 +100,7 @@ class LogitsProcessing:
         active          apply_ has something to do
         graph_safe      apply_ can be captured (no user processor); graph_note: why not
         penalties_here  the penalties run in apply_; kernel_penalties: what the kernel applies
-        warpers_here    sampling with typical_p / epsilon_cutoff / eta_cutoff: call standardise()
+        warpers_here    sampling with top_h / typical_p / epsilon_cutoff / eta_cutoff: call standardise()
                         and give the kernel temperature 1, no truncation
         wants_float32   a step computes new values (sequence_bias, penalties here, user code):
                         transformers processes a float32 copy, so pass float32 logits for its
@@ -126,10 +126,10 @@ class LogitsProcessing:
                                max_new_tokens=max_new_tokens, **options)
         opt = {name: default if options.get(name) is None else options[name] for name, default in OPTIONS.items()}
         penalties = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"], opt["presence_penalty"])
-        self.typical_p, self.epsilon_cutoff, self.eta_cutoff = check_warpers(
-            opt["typical_p"], opt["epsilon_cutoff"], opt["eta_cutoff"])
+        self.typical_p, self.epsilon_cutoff, self.eta_cutoff, self.top_h = check_warpers(
+            opt["typical_p"], opt["epsilon_cutoff"], opt["eta_cutoff"], opt["top_h"])
         self.do_sample = bool(opt["do_sample"])
-        self.warpers_here = self.do_sample and (self.typical_p < 1 or self.epsilon_cutoff > 0 or self.eta_cutoff > 0)
+        self.warpers_here = stage_warpers_on(opt, self.do_sample)
 
         stages = self._merge_users(self._builtins(opt, penalties), list(logits_processor or []))
         eager = [s for s in stages if not getattr(s, "graph_safe", True)]  # user code on the host
@@ -288,7 +288,7 @@ class LogitsProcessing:
         return logits
 
     def standardise(self, logits: torch.Tensor, params) -> torch.Tensor:
-        """float32 [B, N, V]: every warper (standardise_all with this call's typical_p,
+        """float32 [B, N, V]: every warper (standardise_all with this call's top_h, typical_p,
         epsilon_cutoff, eta_cutoff); params: SamplingTensors [B]."""
-        return standardise_all(logits, params, typical_p=self.typical_p, epsilon_cutoff=self.epsilon_cutoff,
-                               eta_cutoff=self.eta_cutoff)
+        return standardise_all(logits, params, top_h=self.top_h, typical_p=self.typical_p,
+                               epsilon_cutoff=self.epsilon_cutoff, eta_cutoff=self.eta_cutoff)

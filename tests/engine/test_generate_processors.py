@@ -15,6 +15,7 @@ import specdec_fast.api as api
 from specdec_fast.engine import logits_stage
 from specdec_fast.kernels import standardise
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
+from specdec_fast.processing import warpers
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
@@ -105,6 +106,18 @@ def test_greedy_equals_generate_on_the_hf_runner(name):
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0, **options)
     out = api.generate(target, ids, mask, assistant_model=draft, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
                        runner="hf", **options)
+    assert torch.equal(out, expected)
+
+
+def test_greedy_ignores_the_sampling_warpers_as_generate_does():
+    """top_h, typical_p, epsilon_cutoff and eta_cutoff only warp sampling: with do_sample=False
+    model.generate leaves them out, and so does the stage (the same tokens, a penalty beside)."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=4)
+    options = dict(top_h=0.2, typical_p=0.5, epsilon_cutoff=0.05, eta_cutoff=0.05, repetition_penalty=1.3)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0, **options)
+    out = api.generate(target, ids, mask, assistant_model=draft, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                       **options)
     assert torch.equal(out, expected)
 
 
@@ -213,6 +226,8 @@ SAMPLED = {
     "frequency_penalty": dict(frequency_penalty=1.5),
     "presence_penalty": dict(presence_penalty=1.5),
     "no_repeat_ngram_size": dict(no_repeat_ngram_size=1),
+    # a warper the kernels lack: the stage standardises (top_h over V = 12 < its 100 candidates)
+    "top_h": dict(top_h=0.6, repetition_penalty=1.5),
 }
 
 
@@ -226,6 +241,8 @@ def _processors(options: dict, prompt_width: int) -> LogitsProcessorList:
         out.append(lp.InfNanRemoveLogitsProcessor())
     if "frequency_penalty" in options or "presence_penalty" in options:
         out.append(VllmPenalties(prompt_width, options.get("frequency_penalty", 0.0), options.get("presence_penalty", 0.0)))
+    if "top_h" in options:  # a warper: after every processor (temperature 1: no TemperatureLogitsWarper)
+        out.append(lp.TopHLogitsWarper(options["top_h"]))
     return out
 
 
@@ -295,6 +312,16 @@ def test_control_a_processor_that_ignores_the_drafts_before_its_position_fails(s
     options = SAMPLED["no_repeat_ngram_size"]
     new = _sample(sampling_pair, options, "torch")
     assert min(_check_three_tokens(sampling_pair[0], new, options, 1.0)) < 1e-6
+
+
+def test_control_top_h_left_out_fails(sampling_pair, monkeypatch):
+    """top_h's check catches a stage that skips the warper (the oracle still applies it): it
+    samples tokens the oracle gives probability 0, which chi_square_pvalue refuses."""
+    monkeypatch.setattr(warpers, "top_h_", lambda scores, top_h: scores)
+    options = SAMPLED["top_h"]
+    new = _sample(sampling_pair, options, "torch")
+    with pytest.raises(AssertionError, match="sampled tokens of zero probability"):
+        _check_three_tokens(sampling_pair[0], new, options, 1.0)
 
 
 def test_control_penalties_that_miss_the_generated_tokens_fail(sampling_pair, monkeypatch):

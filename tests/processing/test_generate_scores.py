@@ -25,6 +25,8 @@ OPTIONS = {
 }
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.9,
                 epsilon_cutoff=3e-4, eta_cutoff=1e-3)
+# every warper transformers has: top_h between the temperature and top_k
+WARPERS = {False: dict(do_sample=False), True: SAMPLING, "top_h": dict(SAMPLING, top_h=0.7)}
 
 
 @pytest.fixture(scope="module")
@@ -34,21 +36,23 @@ def model():
 
 def generate(model, ids, mask, options, sampling):
     torch.manual_seed(0)
-    kw = dict(SAMPLING) if sampling else dict(do_sample=False)
+    kw = WARPERS[sampling]
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=EOS, pad_token_id=0,
                          output_scores=True, output_logits=True, return_dict_in_generate=True, **options, **kw)
     return out.sequences, torch.stack(out.logits, 1), torch.stack(out.scores, 1)  # [B, P + S], [B, S, V] x2
 
 
 @pytest.mark.parametrize("name,sampling", [("chat", False), ("chat", True), ("chat+bias+bad", False),
-                                           ("chat+bias+bad", True), ("ngram1+min_length", False)])
+                                           ("chat+bias+bad", True), ("ngram1+min_length", False),
+                                           ("chat", "top_h")])
 def test_processed_logits_equal_generate_scores(model, name, sampling):
     ids, mask = left_padded_prompts([7, 4, 2], vocab=VOCAB, seed=len(name))
     options = OPTIONS[name]
     sequences, raw, scores = generate(model, ids, mask, options, sampling)
     batch, width = ids.shape
     steps = raw.shape[1]
-    processing = LogitsProcessing.from_options(dict(options, eos_token_id=EOS, **(SAMPLING if sampling else {})),
+    warpers = WARPERS[sampling] if sampling else {}
+    processing = LogitsProcessing.from_options(dict(options, eos_token_id=EOS, **warpers),
                                                vocab_size=VOCAB, prompt_width=width, device="cpu",
                                                fused_penalties=False)
     start = width - mask.sum(1)

@@ -37,7 +37,7 @@ def test_length_options_need_what_they_read():
 
 def test_unknown_option_and_sizes():
     with pytest.raises(ValueError, match="unknown logits processing option"):
-        LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", top_h=0.5)
+        LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", diversity_penalty=0.5)
     with pytest.raises(ValueError, match="vocab_size"):
         LogitsProcessing(vocab_size=0, prompt_width=4, device="cpu")
     processing = LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", suppress_tokens=[1])
