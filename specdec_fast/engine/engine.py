@@ -73,8 +73,8 @@ ADAPTIVE_KS = (1, 2, 3, 4, 5, 6, 8)
 # the choice is mostly the verify's rows against the acceptance further out), and the whole block.
 ADAPTIVE_BLOCK_KS = (1, 2, 3, 4, 6, 8, 12)
 SCHEDULES = ("adaptive", "constant", "heuristic", "heuristic_transient")
-USER_PROCESSORS_NOTE = ("a user logits_processor or prefix_allowed_tokens_fn runs eagerly on the host per row and "
-                        "position (exact input_ids), which a CUDA graph cannot replay")
+USER_PROCESSORS_NOTE = ("a user logits_processor, prefix_allowed_tokens_fn or watermarking_config runs eagerly on "
+                        "the host per row and position (exact input_ids), which a CUDA graph cannot replay")
 
 
 def head_source(path) -> str:
@@ -652,8 +652,8 @@ class SpeculativeEngine:
 
     def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int, stage_spec=None, ks=None) -> SpeculativeDecoder:
         """The decoder of this call's bucket, K, sampling modes, tree and logits stage (built at its
-        first call). A user's logits_processor or prefix_allowed_tokens_fn runs eagerly: its decoders
-        take no graphs."""
+        first call). A user's logits_processor, prefix_allowed_tokens_fn or watermarking_config runs
+        eagerly: its decoders take no graphs."""
         if num_eos > EOS_SLOTS:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {num_eos}")
         eager = stage_spec == "user"

@@ -6,8 +6,9 @@ Three parts, each present only when the call asks for it:
     speculative position (sequence_bias, no_repeat_ngram_size, bad_words_ids, min_length,
     min_new_tokens, forced_bos_token_id, forced_eos_token_id, exponential_decay_length_penalty,
     suppress_tokens, begin_suppress_tokens), the user's logits_processor list
-    (eager), and the warpers the kernels lack (top_h, typical_p, epsilon_cutoff, eta_cutoff:
-    standardise_all, after which the kernels sample with temperature 1 and no truncation);
+    (eager), the warpers the kernels lack (top_h, typical_p, epsilon_cutoff, eta_cutoff:
+    standardise_all, after which the kernels sample with temperature 1 and no truncation), and
+    last a watermark (watermarking_config: eager; when sampling, all the warpers run before it);
   - penalties (kernels/penalties): repetition_penalty (transformers' semantics, the prompt's
     left pads skipped as generate() does), frequency_penalty and presence_penalty (vLLM's), fused
     into chain_verify and the draft's sample kernel from a per-row token-count state [R, V] kept
@@ -52,12 +53,13 @@ def _freeze(value):
 
 def spec(extra: dict, do_sample: bool):
     """The hashable shape of a call's stage (a decoder key part), or None when the call needs none.
-    A user's logits_processor or prefix_allowed_tokens_fn makes the stage eager (spec "user": a new
-    stage every call)."""
+    A user's logits_processor, prefix_allowed_tokens_fn or watermarking_config makes the stage
+    eager (spec "user": a new stage every call)."""
     values = {name: extra[name] for name in STAGE_OPTIONS if name in extra}
     if not values:
         return None
-    if values.get("logits_processor") or values.get("prefix_allowed_tokens_fn") is not None:
+    if (values.get("logits_processor") or values.get("prefix_allowed_tokens_fn") is not None
+            or values.get("watermarking_config") is not None):
         return "user"
     return (bool(do_sample), tuple(sorted((name, _freeze(v)) for name, v in values.items())))
 
@@ -154,19 +156,16 @@ class LogitsStage:
         warpers run here)."""
         if self.float32 and logits.dtype != torch.float32:
             logits = logits.float()
-        self.processing.apply_(logits, state.seq, state.end, drafts, start=self._pads_start(state))
-        if self.warpers:
-            logits = self.processing.standardise(logits, self.real_params)
-        return logits
+        return self.processing.process(logits, state.seq, state.end, drafts, start=self._pads_start(state),
+                                       params=self.real_params)
 
     def draft(self, logits: torch.Tensor, state, drafted: torch.Tensor) -> torch.Tensor:
         """logits [R, V] of the draft before its next draft (drafted [R, i]: the drafts so far)
         -> the logits it samples from (processed like the target's at that position)."""
         if self.float32 and logits.dtype != torch.float32:
             logits = logits.float()
-        out = self.processing.apply_(logits[:, None, :], state.seq, state.end, drafted, start=self._pads_start(state))
-        if self.warpers:
-            out = self.processing.standardise(out, self.real_params)
+        out = self.processing.process(logits[:, None, :], state.seq, state.end, drafted,
+                                      start=self._pads_start(state), params=self.real_params)
         return out[:, 0]
 
     def appended(self, tokens: torch.Tensor, emitted: torch.Tensor) -> None:

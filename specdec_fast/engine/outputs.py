@@ -71,9 +71,10 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
         end = torch.full((logits.shape[0],), prompt_width, dtype=torch.long, device=logits.device)
         generated = sequences[:, prompt_width: prompt_width + steps - 1].long()
         # Step s sees the prompt and the generated tokens 0..s-1: the "drafts" of one long iteration.
-        processing.apply_(processed, sequences[:, :prompt_width], end, generated, start=start)
-        if do_sample and processing.warpers_here:
-            return processing.standardise(processed, params)
+        processed = processing.process(processed, sequences[:, :prompt_width], end, generated, start=start,
+                                       params=params)
+        if processing.warpers_here:  # standardised (and watermarked after) in process
+            return processed
     return standardise(processed, params) if do_sample else processed
 
 

@@ -38,7 +38,8 @@ LOGITS_STAGE_OPTIONS = ("sequence_bias", "repetition_penalty", "frequency_penalt
                         "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens",
                         "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
                         "exponential_decay_length_penalty", "remove_invalid_values", "top_h", "typical_p",
-                        "epsilon_cutoff", "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn")
+                        "epsilon_cutoff", "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn",
+                        "watermarking_config")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
 # The draft length's schedule (engine/schedule.py): "adaptive" (ours; opt-in: a constant K is
@@ -117,6 +118,22 @@ def ignored_in_mode(name: str, merged: dict) -> bool:
 class UnsupportedOptionError(ValueError):
     """An option at a value specdec_fast does not implement (or a name it does not know): what
     patch_generate's fallback hands to transformers' own generate."""
+
+
+def _synthid_watermark(value) -> bool:
+    """SynthID's watermark config (SynthIDTextWatermarkingConfig, or a dict of its fields)."""
+    if isinstance(value, dict):
+        return "ngram_len" in value or "keys" in value
+    return any(cls.__name__ == "SynthIDTextWatermarkingConfig" for cls in type(value).__mro__)
+
+
+# Handled options implemented at some values only: name -> (refused(value), what we take, in words).
+# SynthID's processor keeps state from step to step (its last n-gram, the contexts seen, a call
+# count) that per-position calls, rejected drafts included, would corrupt (processing/watermark.py).
+REFUSED_VALUES = {
+    "watermarking_config": (_synthid_watermark, "None or a WatermarkingConfig (SynthID's processor keeps state "
+                                                "across steps)"),
+}
 
 
 def _is_none(value) -> bool:
@@ -239,9 +256,13 @@ def check_option(name: str, value, where: str, implemented=ENGINE_IMPLEMENTS) ->
     kind = option_class(name, implemented)
     if kind == "accepted" or name in API_ARGUMENTS:
         return False
-    if kind == "handled":
-        return name in HANDLED_FIELDS or not is_neutral(name, value)
     origin = "" if where == "keyword argument" else f" (from {where})"
+    if kind == "handled":
+        refused = REFUSED_VALUES.get(name)
+        if refused is not None and value is not None and refused[0](value):
+            raise UnsupportedOptionError(f"unsupported generate option {name}={short_repr(value)}{origin}: "
+                                         f"specdec_fast supports only {refused[1]}")
+        return name in HANDLED_FIELDS or not is_neutral(name, value)
     if kind == "unknown":
         raise UnsupportedOptionError(f"unsupported generate option {name!r}{origin}: not a GenerationConfig field nor a "
                                      "generate() argument specdec_fast knows")

@@ -23,6 +23,10 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
     then, when sampling, the warpers: temperature -> top_k -> top_p -> min_p in the verify kernel,
     or all of them with top_h (after the temperature) and typical_p -> epsilon_cutoff -> eta_cutoff
     in standardise_all (warpers.py)
+   13 watermarking_config      WatermarkLogitsProcessor             watermark.py (eager; after the
+                                                                    warpers, which then run here)
+
+``process`` runs it all: apply_ (1-12), standardise when the warpers run here, the watermark.
 
 Where the penalties run: a verify kernel that applies them fused (fused_penalties=True) does so
 after everything here; that equals
@@ -51,6 +55,7 @@ from .prefix import Prefixes
 from .sequence_bias import SequenceBias, parse_bad_words, parse_sequence_bias
 from .user import PrefixAllowedTokens, UserProcessors
 from .warpers import STAGE_WARPERS, check_warpers, stage_warpers_on, standardise_all
+from .watermark import watermark_stage
 
 # The options LogitsProcessing reads, with the value that means "off" (None is off too).
 OPTIONS = {
@@ -60,6 +65,7 @@ OPTIONS = {
     "remove_invalid_values": False,
     "repetition_penalty": 1.0,
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, **STAGE_WARPERS, "eos_token_id": None,
+    "watermarking_config": None,
 }
 NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
@@ -97,11 +103,12 @@ class LogitsProcessing:
     False (the default): they always run here, in their slot.
 
     Attributes for the caller:
-        active          apply_ has something to do
-        graph_safe      apply_ can be captured (no user processor); graph_note: why not
+        active          process has something to do
+        graph_safe      process can be captured (no user processor, no watermark); graph_note: why not
         penalties_here  the penalties run in apply_; kernel_penalties: what the kernel applies
-        warpers_here    sampling with top_h / typical_p / epsilon_cutoff / eta_cutoff: call standardise()
-                        and give the kernel temperature 1, no truncation
+        warpers_here    sampling with top_h / typical_p / epsilon_cutoff / eta_cutoff or a
+                        watermark: process standardises; give the kernel temperature 1, no truncation
+        watermark       the watermark's stage (process applies it last), or None
         wants_float32   a step computes new values (sequence_bias, penalties here, user code):
                         transformers processes a float32 copy, so pass float32 logits for its
                         exact values (other dtypes round at each such step; the -inf masks are
@@ -132,7 +139,9 @@ class LogitsProcessing:
         self.warpers_here = stage_warpers_on(opt, self.do_sample)
 
         stages = self._merge_users(self._builtins(opt, penalties), list(logits_processor or []))
-        eager = [s for s in stages if not getattr(s, "graph_safe", True)]  # user code on the host
+        self.watermark = (None if opt["watermarking_config"] is None
+                          else watermark_stage(opt["watermarking_config"], self.vocab_size, self.device))
+        eager = [s for s in stages + [self.watermark] if s is not None and not getattr(s, "graph_safe", True)]
         self.graph_safe = not eager
         self.graph_note = None if self.graph_safe else eager[0].graph_note
         penalty_stage = next((s for s in stages if isinstance(s, _Penalties)), None)
@@ -148,9 +157,10 @@ class LogitsProcessing:
             stages.remove(penalty_stage)
             self.kernel_penalties = dict(zip(NEUTRAL_PENALTIES, penalties))
         self.stages = self._group_users(stages)
-        self.active = bool(self.stages)
-        self.wants_float32 = any(isinstance(s, (_Penalties, UserProcessors, ExponentialDecay, RemoveInvalidValues))
-                                 or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
+        self.active = bool(self.stages) or self.watermark is not None
+        self.wants_float32 = self.watermark is not None or any(
+            isinstance(s, (_Penalties, UserProcessors, ExponentialDecay, RemoveInvalidValues))
+            or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
 
     def _builtins(self, opt: dict, penalties: tuple) -> list:
         """[(transformers class name, stage)] for the options that are on, in transformers' order."""
@@ -270,9 +280,24 @@ class LogitsProcessing:
         """The same options for logits of another vocabulary size (e.g. the draft model's)."""
         return LogitsProcessing(vocab_size=vocab_size, **self._init_args)
 
+    def process(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, drafts: torch.Tensor,
+                start=None, params=None) -> torch.Tensor:
+        """Everything transformers does to logits [B, N, V] before it samples or takes the argmax:
+        apply_ (in place), then standardise when the warpers run here (params: SamplingTensors [B],
+        required then; a new float32 tensor), then the watermark (in place). Arguments as apply_."""
+        logits = self.apply_(logits, seq, end, drafts, start=start)
+        if self.warpers_here:
+            if params is None:
+                raise ValueError("this call's warpers run here (warpers_here): process needs its sampling params")
+            logits = self.standardise(logits, params)
+        if self.watermark is not None:
+            self.watermark.apply_(logits, Prefixes(seq, end, drafts, logits.shape[1], start=start))
+        return logits
+
     def apply_(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, drafts: torch.Tensor,
                start=None) -> torch.Tensor:
-        """logits [B, N, V] processed in place and returned. seq int64 [B, T] (padded prompt of
+        """The processors (module docstring, 1-12: not the warpers, not the watermark): logits
+        [B, N, V] processed in place and returned. seq int64 [B, T] (padded prompt of
         width P, then the generated tokens), end int64 [B] (P + gen_len), drafts int64 [B, D]
         with D >= N - 1 (-1 pads): position i sees seq[b, :end[b]] ++ drafts[b, :D - N + 1 + i]
         (target: D = N - 1; draft model before draft k: N = 1, D = k). start int64 [B]: the

@@ -62,9 +62,12 @@ def check_warpers(typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_h=None)
 
 def stage_warpers_on(options: dict, do_sample: bool) -> bool:
     """Whether a call with these options (transformers' names; absent or None = off) runs its
-    warpers in standardise_all: sampling with top_h, typical_p, epsilon_cutoff or eta_cutoff on."""
+    warpers in standardise_all: sampling with top_h, typical_p, epsilon_cutoff or eta_cutoff on,
+    or with a watermark (transformers watermarks after the warpers: watermark.py)."""
     if not do_sample:
         return False
+    if options.get("watermarking_config") is not None:
+        return True
     return any(options.get(name) is not None and (name == "top_h" or options[name] != off)
                for name, off in STAGE_WARPERS.items())
 

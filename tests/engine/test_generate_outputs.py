@@ -3,6 +3,7 @@ with output_scores / output_logits equal model.generate's at every step (fp32 to
 num_return_sequences (rows expanded as transformers expands them, each its own random stream)."""
 import pytest
 import torch
+from transformers.generation import WatermarkingConfig
 
 import specdec_fast
 import specdec_fast.api as api
@@ -40,8 +41,9 @@ def _assert_steps_equal(ours, theirs):
                                      dict(eos_token_id=5),
                                      dict(forced_eos_token_id=7, exponential_decay_length_penalty=(3, 1.5),
                                           eos_token_id=[5, 7]),
-                                     dict(prefix_allowed_tokens_fn=lambda batch_id, ids: list(range(batch_id, 64, 2)))],
-                         ids=["plain", "processors", "eos", "forced_eos_decay", "prefix_allowed"])
+                                     dict(prefix_allowed_tokens_fn=lambda batch_id, ids: list(range(batch_id, 64, 2))),
+                                     dict(watermarking_config=WatermarkingConfig(bias=2.5), repetition_penalty=1.2)],
+                         ids=["plain", "processors", "eos", "forced_eos_decay", "prefix_allowed", "watermark"])
 def test_greedy_scores_and_logits_equal_generate(lengths, options):
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts(lengths, seed=len(lengths))
@@ -51,13 +53,17 @@ def test_greedy_scores_and_logits_equal_generate(lengths, options):
     _assert_steps_equal(ours, theirs)
 
 
-def test_sampled_scores_are_after_the_warpers():
+@pytest.mark.parametrize("extra", [{}, dict(top_h=0.6), dict(watermarking_config=WatermarkingConfig(bias=3.0)),
+                                   dict(top_h=0.6, watermarking_config=dict(seeding_scheme="selfhash", bias=2.0))],
+                         ids=["kernel_warpers", "top_h", "watermark", "top_h_selfhash_watermark"])
+def test_sampled_scores_are_after_the_warpers(extra):
     """top_k = 1 sampling is deterministic, so model.generate's steps are ours: its scores hold the
-    warpers' -inf and the temperature (0.7) as ours do."""
+    warpers' -inf and the temperature (0.7) as ours do; top_h (before top_k) and the watermark
+    (after every warper: a bias on the one finite score) as well."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([5, 9, 3], seed=3)
     ours, theirs = _both(target, draft, ids, mask, do_sample=True, top_k=1, temperature=0.7, repetition_penalty=1.2,
-                         seed=4)
+                         seed=4, **extra)
     _assert_steps_equal(ours, theirs)
     assert all(int(torch.isfinite(s).sum()) == 3 for s in ours.scores)  # one token per row survives top_k = 1
 

@@ -7,7 +7,8 @@ import copy
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation import SynthIDTextWatermarkingConfig, WatermarkingConfig
 from transformers.generation import logits_process as lp
 
 import specdec_fast
@@ -15,7 +16,8 @@ import specdec_fast.api as api
 from specdec_fast.engine import logits_stage
 from specdec_fast.kernels import standardise
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
-from specdec_fast.processing import warpers
+from specdec_fast.options.rules import UnsupportedOptionError
+from specdec_fast.processing import pipeline, warpers
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
@@ -74,7 +76,11 @@ OPTIONS = {
     # after the penalty's slot, not masks: the penalties must run in their slot, not fused after them
     "decay_forced_and_penalty": dict(repetition_penalty=1.5, exponential_decay_length_penalty=(1, 2.5),
                                      forced_eos_token_id=9, eos_token_id=[5, 9]),
+    # transformers' own processor, last (after the penalty: the penalty runs in its slot, not fused)
+    "watermarking_config": dict(watermarking_config=WatermarkingConfig(bias=3.0), repetition_penalty=1.3),
+    "watermark_selfhash": dict(watermarking_config=dict(seeding_scheme="selfhash", context_width=2, bias=2.5)),
 }
+EAGER = ("logits_processor", "prefix_allowed_tokens_fn", "watermarking_config")
 
 
 def _drafting(kind, draft):
@@ -94,8 +100,9 @@ def test_greedy_equals_generate(name, lengths):
             out, stats = api.generate(target, ids, mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
                                       cuda_graphs=graphs, return_stats=True, **_drafting(drafting, draft), **options)
             assert torch.equal(out, expected), (drafting, graphs)
-            if name in ("logits_processor", "prefix_allowed_tokens_fn") and graphs == "static":
-                assert stats.graph_mode == "eager" and name in (stats.graph_note or "")
+            eager = next((option for option in EAGER if option in options), None)
+            if eager and graphs == "static":
+                assert stats.graph_mode == "eager" and eager in (stats.graph_note or "")
 
 
 @pytest.mark.parametrize("name", ["repetition_penalty", "chat", "logits_processor"])
@@ -228,6 +235,8 @@ SAMPLED = {
     "no_repeat_ngram_size": dict(no_repeat_ngram_size=1),
     # a warper the kernels lack: the stage standardises (top_h over V = 12 < its 100 candidates)
     "top_h": dict(top_h=0.6, repetition_penalty=1.5),
+    # after the warpers: the stage standardises, then watermarks (bias 3 on 3 of the 12 tokens)
+    "watermarking_config": dict(watermarking_config=WatermarkingConfig(bias=3.0), repetition_penalty=1.5),
 }
 
 
@@ -243,6 +252,8 @@ def _processors(options: dict, prompt_width: int) -> LogitsProcessorList:
         out.append(VllmPenalties(prompt_width, options.get("frequency_penalty", 0.0), options.get("presence_penalty", 0.0)))
     if "top_h" in options:  # a warper: after every processor (temperature 1: no TemperatureLogitsWarper)
         out.append(lp.TopHLogitsWarper(options["top_h"]))
+    if "watermarking_config" in options:  # last: after the warpers
+        out.append(options["watermarking_config"].construct_processor(VOCAB, "cpu"))
     return out
 
 
@@ -322,6 +333,33 @@ def test_control_top_h_left_out_fails(sampling_pair, monkeypatch):
     new = _sample(sampling_pair, options, "torch")
     with pytest.raises(AssertionError, match="sampled tokens of zero probability"):
         _check_three_tokens(sampling_pair[0], new, options, 1.0)
+
+
+def test_control_the_watermark_left_out_fails(sampling_pair, monkeypatch):
+    """The watermark's chi-square catches a stage that leaves it out (the oracle still adds it)."""
+    monkeypatch.setattr(pipeline, "watermark_stage", lambda *args: None)
+    options = SAMPLED["watermarking_config"]
+    new = _sample(sampling_pair, options, "torch")
+    assert min(_check_three_tokens(sampling_pair[0], new, options, 1.0)) < 1e-6
+
+
+def test_synthid_watermarking_is_refused_and_the_patch_hands_it_to_transformers():
+    """SynthID's processor keeps state from step to step: refused before the call, by one line
+    naming the option (a keyword, or a generation_config holding its dict); under patch_generate
+    the call goes to transformers' generate, which watermarks it."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=3)
+    synthid = SynthIDTextWatermarkingConfig(ngram_len=3, keys=[11, 12, 13, 14])
+    for kw in (dict(watermarking_config=synthid), dict(generation_config=GenerationConfig(watermarking_config=synthid))):
+        with pytest.raises(UnsupportedOptionError, match="^unsupported generate option watermarking_config=.*SynthID"):
+            api.generate(target, ids, mask, assistant_model=draft, max_new_tokens=NEW, pad_token_id=0, **kw)
+    kw = dict(do_sample=False, max_new_tokens=NEW, pad_token_id=0, watermarking_config=synthid)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    patched = copy.deepcopy(target)
+    specdec_fast.patch_generate(patched, assistant_model=draft)
+    with pytest.warns(UserWarning, match="watermarking_config"):
+        out = patched.generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(out, expected)
 
 
 def test_control_penalties_that_miss_the_generated_tokens_fail(sampling_pair, monkeypatch):

@@ -1,11 +1,12 @@
 """End to end against model.generate itself: its raw logits per step (output_logits), cut into
 speculative iterations (row b at gen_len g_b scores N positions whose drafts are the tokens that
-generate produced next), processed by LogitsProcessing (+ standardise when sampling), equal its
-``scores`` (output_scores) at every position: the options exactly as generate resolves them
-(min_new_tokens -> min_length, the pads that repetition_penalty skips, begin_index), with the
-combinations a chat template uses."""
+generate produced next), processed by LogitsProcessing.process (the warpers when sampling, the
+watermark last), equal its ``scores`` (output_scores) at every position: the options exactly as
+generate resolves them (min_new_tokens -> min_length, the pads that repetition_penalty skips,
+begin_index), with the combinations a chat template uses."""
 import pytest
 import torch
+from transformers.generation import WatermarkingConfig
 
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.processing import LogitsProcessing
@@ -26,7 +27,11 @@ OPTIONS = {
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.9,
                 epsilon_cutoff=3e-4, eta_cutoff=1e-3)
 # every warper transformers has: top_h between the temperature and top_k
-WARPERS = {False: dict(do_sample=False), True: SAMPLING, "top_h": dict(SAMPLING, top_h=0.7)}
+# (and the watermark, after them all)
+WARPERS = {False: dict(do_sample=False), True: SAMPLING, "top_h": dict(SAMPLING, top_h=0.7),
+           "watermark": dict(do_sample=False, watermarking_config=WatermarkingConfig(bias=2.0, context_width=2)),
+           "top_h+watermark": dict(SAMPLING, top_h=0.7,
+                                   watermarking_config=WatermarkingConfig(seeding_scheme="selfhash"))}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +49,8 @@ def generate(model, ids, mask, options, sampling):
 
 @pytest.mark.parametrize("name,sampling", [("chat", False), ("chat", True), ("chat+bias+bad", False),
                                            ("chat+bias+bad", True), ("ngram1+min_length", False),
-                                           ("chat", "top_h")])
+                                           ("chat", "top_h"), ("chat", "watermark"),
+                                           ("chat+bias+bad", "top_h+watermark")])
 def test_processed_logits_equal_generate_scores(model, name, sampling):
     ids, mask = left_padded_prompts([7, 4, 2], vocab=VOCAB, seed=len(name))
     options = OPTIONS[name]
@@ -66,14 +72,14 @@ def test_processed_logits_equal_generate_scores(model, name, sampling):
         end = width + gen_len
         drafts = seq[torch.arange(batch)[:, None], end[:, None] + torch.arange(N - 1)]
         # pads: skipped or counted as the installed generate() does (engine/logits_stage.py follows it)
-        ours = processing.apply_(logits, seq, end, drafts, start=start if generate_skips_prompt_pads() else None)
-        if sampling:
-            ours = processing.standardise(ours, params)
+        ours = processing.process(logits, seq, end, drafts, start=start if generate_skips_prompt_pads() else None,
+                                  params=params)
+        assert processing.warpers_here == bool(WARPERS[sampling]["do_sample"])  # standardised in process
         valid = gen_len[:, None] + torch.arange(N) < steps
         assert_same(ours, scores[torch.arange(batch)[:, None], pos], valid)
         checked += int(valid.sum())
     assert checked >= batch * steps
-    if not sampling:  # the greedy tokens are the argmax of these scores (until EOS: pads after it)
+    if not WARPERS[sampling]["do_sample"]:  # the greedy tokens: the argmax of these scores (until EOS: pads after)
         generated = sequences[:, width:]
         live = torch.cat([torch.ones(batch, 1, dtype=torch.bool), (generated != EOS).cumprod(1)[:, :-1].bool()], 1)
         assert torch.equal(scores.argmax(-1)[live], generated[live])
