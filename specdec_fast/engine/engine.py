@@ -49,7 +49,7 @@ from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokeni
                      tokenizer_key, vocab_size)
 from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
-from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores
+from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores, step_states
 from .stopping import call_limits
 from .tensor_parallel import check_output, check_tp_call, group_for, request_facts, tp_runner
 from .tree_loop import TreeDecoder
@@ -501,9 +501,12 @@ class SpeculativeEngine:
 
     @staticmethod
     def _output_dict(target, tokens, mask, opts, params):
-        """transformers' GenerateDecoderOnlyOutput, with scores / logits when asked (outputs.py)."""
+        """transformers' GenerateDecoderOnlyOutput, with scores / logits / hidden states /
+        attentions when asked (outputs.py)."""
         want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
-        scores = logits = None
+        want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
+                                        bool(opts.extra.get("output_attentions")))
+        scores = logits = hidden = attentions = None
         if want_scores or want_logits:
             width = mask.shape[1]
             raw = step_logits(target, tokens, mask, tokens.shape[1] - width)
@@ -517,7 +520,10 @@ class SpeculativeEngine:
                 if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
                     processed = processed.log_softmax(-1)
                 scores = tuple(processed.unbind(1))
-        return decoder_only_output(tokens, scores, logits)
+        if want_hidden or want_attentions:
+            hidden, attentions = step_states(target, tokens, mask, tokens.shape[1] - mask.shape[1],
+                                             hidden_states=want_hidden, attentions=want_attentions)
+        return decoder_only_output(tokens, scores, logits, hidden, attentions)
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
         """One shared vocabulary (tokenizer_key: each tokenizer hashed once)."""

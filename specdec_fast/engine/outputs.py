@@ -1,6 +1,6 @@
 """What generate() returns when asked for more than the tokens: return_dict_in_generate with
-output_scores / output_logits (transformers' GenerateDecoderOnlyOutput), and the rows that
-num_return_sequences adds.
+output_scores / output_logits / output_hidden_states / output_attentions (transformers'
+GenerateDecoderOnlyOutput; its cache is None), and the rows that num_return_sequences adds.
 
 scores and logits: transformers returns, for every step s of the generation, the target's raw
 logits [B, V] (``logits``) and the processed ones (``scores``: after every logits processor and,
@@ -13,6 +13,10 @@ renormalize_logits (transformers' LogitNormalization, its last processor: engine
 Measured on CPU (tiny Llama, B = 3, 6 steps): equal to model.generate's within 4e-6. The loop itself is untouched: a call
 without these options pays nothing, one with them pays a forward over B x (P + T) tokens, a
 prefill's worth, instead of a [B, K+1, V] copy per iteration.
+
+hidden_states and attentions: the same idea in two forwards (step_states: the prompt alone, as
+generate's prefill, whose left pads' values depend on the row's width; then the generated tokens
+over its cache).
 """
 import torch
 
@@ -51,6 +55,38 @@ def step_logits(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
     return out.logits[:, :-1].float()
 
 
+@torch.no_grad()
+def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, hidden_states: bool,
+                attentions: bool) -> tuple:
+    """(hidden_states, attentions) as transformers' generate returns them for the T = ``steps``
+    generated tokens of sequences [B, P + T] (None where not asked): per step, a tuple over the
+    layers (hidden states: the embeddings first). Step 0 is the prompt's forward: [B, P, H] and
+    [B, heads, P, P]; step s >= 1 the forward of token P + s - 1: [B, 1, H] and [B, heads, 1,
+    P + s]. Two forwards, not one: the prompt alone, as generate's prefill (a left pad's query
+    sees no key, and what the model puts there depends on the width of the row it is in), then
+    tokens P .. P + T - 2 over the prompt's cache (each query sees the keys generate's step saw;
+    equal up to fp32 rounding). Attentions are what the model gives (empty tuples for sdpa, as in
+    generate; eager attention returns them)."""
+    from ..runners.hf import cache_keyword, output_cache
+
+    batch, width = prompt_mask.shape
+    mask = torch.cat([prompt_mask.long(), torch.ones(batch, steps - 1, dtype=torch.long, device=sequences.device)], 1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    asked = dict(output_hidden_states=hidden_states, output_attentions=attentions, logits_to_keep=1)
+    prompt = model(input_ids=sequences[:, :width], attention_mask=mask[:, :width], position_ids=positions[:, :width],
+                   use_cache=True, **asked)
+    hidden, attention = [prompt.hidden_states], [prompt.attentions]
+    if steps > 1:
+        rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
+                     position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): output_cache(prompt)},
+                     **asked)
+        for s in range(1, steps):
+            hidden.append(None if rest.hidden_states is None else tuple(h[:, s - 1: s] for h in rest.hidden_states))
+            attention.append(None if rest.attentions is None
+                             else tuple(a[:, :, s - 1: s, : width + s] for a in rest.attentions))
+    return (tuple(hidden) if hidden_states else None), (tuple(attention) if attentions else None)
+
+
 def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int, start: torch.Tensor, options: dict,
                 eos_token_ids, params, do_sample: bool, max_new_tokens: int) -> torch.Tensor:
     """float32 [B, T, V]: transformers' scores from the raw step logits [B, T, V]: the processors
@@ -78,8 +114,9 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
     return standardise(processed, params) if do_sample else processed
 
 
-def decoder_only_output(sequences, scores=None, logits=None):
-    """transformers' GenerateDecoderOnlyOutput (attentions, hidden states and cache: None)."""
+def decoder_only_output(sequences, scores=None, logits=None, hidden_states=None, attentions=None):
+    """transformers' GenerateDecoderOnlyOutput (the cache: None)."""
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, hidden_states=hidden_states,
+                                     attentions=attentions)

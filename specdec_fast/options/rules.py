@@ -49,7 +49,7 @@ SCHEDULE_OPTIONS = ("num_assistant_tokens_schedule",)
 # Outputs: more rows (num_return_sequences) and transformers' output dict (engine/outputs.py);
 # renormalize_logits changes only the scores (log-softmax last: the same tokens, greedy or sampled).
 OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits",
-                  "renormalize_logits")
+                  "output_hidden_states", "output_attentions", "renormalize_logits")
 ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
@@ -93,10 +93,6 @@ def _single_beam(merged: dict) -> bool:
     return beams is None or (type(beams) is int and beams == 1)
 
 
-def _no_output_dict(merged: dict) -> bool:
-    return not merged.get("return_dict_in_generate")
-
-
 # GenerationConfig fields that transformers' own generate ignores in some calls, whatever their
 # value (GenerationConfig.validate: "this flag is only used in beam-based / sample-based
 # generation modes", "... is ignored"): accepted in those calls, since transformers decodes the
@@ -104,7 +100,6 @@ def _no_output_dict(merged: dict) -> bool:
 # early_stopping=True with num_beams=1 speculates. name -> ignored(merged options).
 IGNORED_IN_MODE = {
     "early_stopping": _single_beam, "length_penalty": _single_beam,  # beam search only
-    "output_attentions": _no_output_dict, "output_hidden_states": _no_output_dict,  # returned in the dict only
 }
 
 

@@ -89,8 +89,7 @@ NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere
 ]
 # Fields transformers' generate ignores in some calls (option_rules.IGNORED_IN_MODE): they raise in
 # the calls where transformers would act on them -> (option, value, such a call's other options).
-ACTING_IN_MODE = [("output_attentions", True, dict(return_dict_in_generate=True)),
-                  ("output_hidden_states", True, dict(return_dict_in_generate=True))]
+ACTING_IN_MODE = [("early_stopping", True, dict(num_beams=2)), ("length_penalty", 2.0, dict(num_beams=2))]
 NOT_NEUTRAL_KWARGS = [  # generate()'s own keyword arguments (not GenerationConfig fields)
     ("synced_gpus", True),
     ("negative_prompt_ids", torch.zeros(2, 3, dtype=torch.long)), ("custom_generate", lambda *a, **k: None),
@@ -131,8 +130,8 @@ IGNORED = [  # (option, value, a call's options in which transformers' generate 
 @pytest.mark.parametrize("name, value, mode", IGNORED, ids=[f"{n}={v!r}-{m}" for n, v, m in IGNORED])
 def test_a_field_transformers_ignores_in_the_call_is_accepted(pair, baseline, name, value, mode):
     """early_stopping / length_penalty without beam search, top_h without sampling (handled: the
-    stage's warpers only sample), output_attentions
-    / output_hidden_states without the output dict: transformers decodes the same tokens (and warns),
+    stage's warpers only sample), output_attentions / output_hidden_states without the output dict
+    (handled: returned in the dict only): transformers decodes the same tokens (and warns),
     so we do too, from a keyword, a generation_config or the model's (a checkpoint that ships
     early_stopping=True with num_beams=1 speculates)."""
     target, draft = pair

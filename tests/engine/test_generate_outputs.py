@@ -1,6 +1,8 @@
 """generate()'s outputs beyond the tokens (specdec_fast/engine/outputs.py): return_dict_in_generate
 with output_scores / output_logits equal model.generate's at every step (fp32 tolerance), and
 num_return_sequences (rows expanded as transformers expands them, each its own random stream)."""
+import copy
+
 import pytest
 import torch
 from transformers.generation import WatermarkingConfig
@@ -137,3 +139,69 @@ def test_num_return_sequences_expands_rows_with_their_own_streams():
     assert len({tuple(r) for r in out[:3].tolist()}) > 1, "copies of one prompt draw their own streams"
     with pytest.raises(ValueError, match="Greedy methods without beam search do not support `num_return_sequences`"):
         api.generate(target, ids, mask, num_return_sequences=2, assistant_model=draft, do_sample=False, max_new_tokens=4)
+
+
+def _assert_states_equal(ours, theirs, field: str, width: int):
+    """Per step (one per generated token), per layer: the same shapes, values within fp32 rounding."""
+    mine, hf = getattr(ours, field), getattr(theirs, field)
+    assert mine is not None and len(mine) == len(hf) == ours.sequences.shape[1] - width
+    for step, (a, b) in enumerate(zip(mine, hf)):
+        assert len(a) == len(b), (field, step)
+        for x, y in zip(a, b):
+            assert x.shape == y.shape and x.dtype == y.dtype, (field, step, x.shape, y.shape)
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("lengths", [[6], [5, 9, 3]])
+def test_hidden_states_and_attentions_equal_generate(attention, lengths):
+    """output_hidden_states / output_attentions per step and layer as model.generate returns them:
+    step 0 the prompt (its left pads too), then one position per step, rows that stop at EOS
+    padded; sdpa gives no attentions (empty tuples, as in generate), eager gives them."""
+    target, draft = model_pair("llama")
+    if attention == "eager":
+        target = copy.deepcopy(target)
+        target.set_attn_implementation("eager")
+    ids, mask = left_padded_prompts(lengths, seed=len(lengths) + 11)
+    ours, theirs = _both(target, draft, ids, mask, do_sample=False, eos_token_id=5, output_hidden_states=True,
+                         output_attentions=True)
+    _assert_steps_equal(ours, theirs)
+    _assert_states_equal(ours, theirs, "hidden_states", ids.shape[1])
+    _assert_states_equal(ours, theirs, "attentions", ids.shape[1])
+    assert len(ours.hidden_states[0]) == target.config.num_hidden_layers + 1
+    assert ours.hidden_states[0][0].shape[1] == ids.shape[1] and ours.hidden_states[-1][0].shape[1] == 1
+    assert all(len(step) == (target.config.num_hidden_layers if attention == "eager" else 0) for step in ours.attentions)
+
+
+def test_hidden_states_of_sampled_rows_and_returned_sequences():
+    """top_k = 1 sampling (deterministic) with num_return_sequences = 2: the expanded rows' states
+    equal generate's; hidden states alone leave attentions None."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=3)
+    ours, theirs = _both(target, draft, ids, mask, do_sample=True, top_k=1, num_return_sequences=2, seed=4,
+                         output_hidden_states=True)
+    assert ours.sequences.shape[0] == 6
+    _assert_steps_equal(ours, theirs)
+    _assert_states_equal(ours, theirs, "hidden_states", ids.shape[1])
+    assert ours.attentions is None and theirs.attentions is None
+
+
+def test_control_one_forward_gives_other_values_at_the_prompt_pads():
+    """Why the prompt gets its own forward: one forward of the whole sequence computes the left
+    pads' positions (queries that see no key) otherwise than generate's prefill does, in eager
+    attention; so hidden states read from it differ from generate's there."""
+    target, _ = model_pair("llama")
+    target = copy.deepcopy(target)
+    target.set_attn_implementation("eager")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=3)
+    theirs = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=4, pad_token_id=0,
+                             output_hidden_states=True, return_dict_in_generate=True)
+    full = torch.cat([mask, torch.ones(3, 3, dtype=mask.dtype)], 1)
+    with torch.no_grad():
+        one = target(input_ids=theirs.sequences[:, :-1], attention_mask=full,
+                     position_ids=(full.cumsum(-1) - 1).clamp(min=0), output_hidden_states=True).hidden_states
+    width = ids.shape[1]
+    pads = mask == 0
+    assert pads.any()
+    assert not torch.allclose(one[-1][:, :width][pads], theirs.hidden_states[0][-1][pads], atol=1e-3)
+    torch.testing.assert_close(one[-1][:, :width][~pads], theirs.hidden_states[0][-1][~pads], atol=1e-4, rtol=1e-4)
