@@ -85,14 +85,17 @@ def check_tp_call(target, opts, limits) -> None:
     must run the same iterations, so nothing a rank decides from its own clock may steer the loop:
     K is constant (the engine's _ks_for: the adaptive schedule chooses from measured step times),
     and max_time / MaxTimeCriteria would end rows at different tokens on different ranks. A
-    ShardedCausalLM has no forward of its own for output_scores / output_logits."""
+    ShardedCausalLM has no forward of its own for output_scores / output_logits / output_hidden_states /
+    output_attentions."""
     from transformers.generation.stopping_criteria import MaxTimeCriteria
 
     if opts.extra.get("max_time") is not None or any(isinstance(c, MaxTimeCriteria) for c in limits.host or ()):
         raise ValueError("max_time (MaxTimeCriteria) with tensor parallelism: each rank's clock would stop rows at "
                          "different tokens; use max_new_tokens / stop_strings")
-    if isinstance(target, ShardedCausalLM) and (opts.extra.get("output_scores") or opts.extra.get("output_logits")):
-        raise ValueError("output_scores / output_logits need the target's own forward, which a ShardedCausalLM does "
+    forward_outputs = ("output_scores", "output_logits", "output_hidden_states", "output_attentions")
+    asked = [name for name in forward_outputs if opts.extra.get(name)]
+    if isinstance(target, ShardedCausalLM) and asked and opts.extra.get("return_dict_in_generate"):
+        raise ValueError(f"{' / '.join(asked)} need the target's own forward, which a ShardedCausalLM does "
                          "not have: load the target whole on each rank (process_group=), or drop them")
 
 

@@ -219,3 +219,22 @@ def test_what_a_tensor_parallel_call_refuses():
             check_tp_call(target, opts, call_limits(opts, 3, None))
     opts = resolve_options(target, None, dict(max_new_tokens=4, repetition_penalty=1.1), 3)
     check_tp_call(target, opts, call_limits(opts, 3, None))  # a token-only option: fine
+
+
+@pytest.mark.parametrize("name", ["output_scores", "output_logits", "output_hidden_states", "output_attentions"])
+def test_a_sharded_target_refuses_the_outputs_that_need_its_forward(name):
+    """A ShardedCausalLM has no forward: the output dict's scores, logits, hidden states and
+    attentions are refused before the loop, naming the option; without return_dict_in_generate
+    transformers returns the tokens alone, so the option changes nothing and passes."""
+    from specdec_fast.engine.stopping import call_limits
+    from specdec_fast.engine.tensor_parallel import check_tp_call
+    from specdec_fast.options import resolve_options
+    from specdec_fast.runners.sharded_model import ShardedCausalLM
+
+    config_source = make_model("llama")
+    sharded = ShardedCausalLM.__new__(ShardedCausalLM)  # only its type is read here
+    opts = resolve_options(config_source, None, dict(max_new_tokens=4, return_dict_in_generate=True, **{name: True}), 3)
+    with pytest.raises(ValueError, match=f"{name} need the target's own forward"):
+        check_tp_call(sharded, opts, call_limits(opts, 3, None))
+    opts = resolve_options(config_source, None, dict(max_new_tokens=4, **{name: True}), 3)
+    check_tp_call(sharded, opts, call_limits(opts, 3, None))
