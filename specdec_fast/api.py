@@ -21,6 +21,7 @@ from generation_config / model.generation_config), whereas transformers treats a
 eos_token_id=None as "no EOS". To decode without EOS here, clear generation_config.eos_token_id.
 """
 from .drafters import as_token_tree
+from .drafters.early_exit import early_exit_model
 from .engine.cached import engine_for
 from .engine.engine import ADAPTIVE_KS, DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F401 (the documented default K)
 from .engine.inputs import check_inputs
@@ -52,6 +53,10 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     request's mode), an int N (the same with N nodes), "static" or "dynamic" (the default static /
     dynamic tree: a dynamic tree chooses its shape per row and step, drafters/tree_dynamic.py); needs
     assistant_model and paged runners; num_assistant_tokens does not apply.
+
+    assistant_early_exit (a keyword, as transformers'): N, the draft is the target's own first N
+    layers with its final norm and LM head (drafters/early_exit.py: the modules shared, no copy;
+    for LayerSkip-trained checkpoints), then exactly as an assistant_model.
 
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
     a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
@@ -85,11 +90,15 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                     num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
                     **{name: value for name, value in options.items() if name not in ("tokenizer", "assistant_tokenizer")})
     opts = resolve_options(model, generation_config, explicit, input_ids.shape[1])
+    early_exit = opts.extra.get("assistant_early_exit")
     drafters = [name for name, value in (("assistant_model", assistant_model), ("draft_head", draft_head),
-                                         ("prompt_lookup_num_tokens", prompt_lookup_num_tokens)) if value is not None]
+                                         ("prompt_lookup_num_tokens", prompt_lookup_num_tokens),
+                                         ("assistant_early_exit", early_exit)) if value is not None]
     if len(drafters) > 1:  # here, before an engine is chosen: its own checks would speak of engines
-        raise ValueError("give one drafter (assistant_model, draft_head or prompt_lookup_num_tokens), got "
-                         + " and ".join(drafters))
+        raise ValueError("give one drafter (assistant_model, draft_head, prompt_lookup_num_tokens or "
+                         "assistant_early_exit), got " + " and ".join(drafters))
+    if early_exit is not None:  # the target's first N layers: a draft model like any other
+        assistant_model = early_exit_model(model, early_exit)
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None
     lookup = lookup and draft_head is None
     engine = engine_for(model, assistant_model, draft_head=draft_head, prompt_lookup=lookup,

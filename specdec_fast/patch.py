@@ -15,8 +15,8 @@ generate, with one warning naming the option (fallback="warn", the default) or
 raises (fallback="raise"). The patch keeps the last call's stats (``patch.last_stats``, also
 ``model.specdec_last_stats``).
 
-Without bound drafting (``patch_generate(model)``), only the calls that carry assistant_model or
-prompt_lookup_num_tokens are routed (they raise on an unsupported option); the others go to the
+Without bound drafting (``patch_generate(model)``), only the calls that carry assistant_model,
+prompt_lookup_num_tokens or assistant_early_exit are routed (they raise on an unsupported option); the others go to the
 original generate unchanged.
 """
 import inspect
@@ -75,7 +75,8 @@ class patch_generate:
     def __call__(self, *args, **kwargs):
         """What the patched model.generate does with a call (module docstring)."""
         call = self._keywords(args, kwargs)
-        drafting = call.get("assistant_model") is not None or call.get("prompt_lookup_num_tokens") is not None
+        drafting = any(call.get(name) is not None
+                       for name in ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit"))
         if not self.bound and not drafting:
             return self.original(*args, **kwargs)
         options = {**self.bound, **self.defaults, **call} if not drafting else {**self.defaults, **call}

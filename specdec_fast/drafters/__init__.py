@@ -1,4 +1,5 @@
-"""Drafters: what proposes the draft tokens of an iteration. model.py (a draft model's runner),
+"""Drafters: what proposes the draft tokens of an iteration. model.py (a draft model's runner;
+early_exit.py builds one from the target's own first layers),
 lookup.py (prompt lookup, no model), eagle3.py / eagle3_tree.py (an EAGLE-3 head reading the
 target's hidden states: chains / trees), block.py (a DFlash block drafter: K drafts from one
 forward), block_selector.py (DFlash2's: the block, then its candidate selector's walk), tree.py (a draft model expanding a token tree; token_tree.py

@@ -50,7 +50,11 @@ SCHEDULE_OPTIONS = ("num_assistant_tokens_schedule",)
 # renormalize_logits changes only the scores (log-softmax last: the same tokens, greedy or sampled).
 OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits",
                   "output_hidden_states", "output_attentions", "renormalize_logits")
-ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS)
+# Drafters named by a GenerationConfig field: the target's first N layers as the draft model
+# (drafters/early_exit.py; api.generate turns it into an assistant_model).
+DRAFTER_OPTIONS = ("assistant_early_exit",)
+ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS
+                              + DRAFTER_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
 HANDLED_FIELDS = frozenset({
