@@ -84,7 +84,7 @@ NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere
     ("guidance_scale", 1.5),
     ("token_healing", True),
     ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
-    ("assistant_early_exit", 1), ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),
+    ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),
 ]
 # Fields transformers' generate ignores in some calls (option_rules.IGNORED_IN_MODE): they raise in
@@ -216,10 +216,10 @@ def test_implemented_options_reach_the_caller(pair):
         resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1],
                         implemented={"repetition_penalty"})
     # The engine implements the logits stage's options (engine/logits_stage.py), the stopping ones,
-    # the outputs and the draft length's schedule (engine/schedule.py).
+    # the outputs, the draft length's schedule (engine/schedule.py) and the early-exit drafter.
     assert generation_options.ENGINE_IMPLEMENTS == frozenset(
         option_rules.LOGITS_STAGE_OPTIONS + option_rules.STOPPING_OPTIONS + option_rules.SCHEDULE_OPTIONS
-        + option_rules.OUTPUT_OPTIONS)
+        + option_rules.OUTPUT_OPTIONS + option_rules.DRAFTER_OPTIONS)
 
 
 def test_the_readme_table_is_the_classification():
