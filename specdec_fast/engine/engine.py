@@ -45,8 +45,8 @@ from ..runners.paged_dflash2 import PagedDFlash2Runner
 from ..runners.paged_eagle3 import PagedEagle3Runner
 from ..runners.registry import choose_runner, make_runner
 from .graph_policy import resolve_graph_mode
-from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, max_positions,
-                     tokenizer_key, vocab_size)
+from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, infer_attention_mask,
+                     max_positions, tokenizer_key, vocab_size)
 from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores, step_states
@@ -455,6 +455,8 @@ class SpeculativeEngine:
                         top_p=top_p, min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                         num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **kwargs)
         opts = resolved or resolve_options(target, generation_config, explicit, input_ids.shape[1])
+        if attention_mask is None:  # transformers infers it from the pad token
+            attention_mask = infer_attention_mask(input_ids, opts.mask_pad_token_id, opts.eos_token_ids)
         input_ids, attention_mask = expand_rows(input_ids, attention_mask, return_sequences(opts))
         mask = check_inputs(input_ids, attention_mask)
         check_in_vocabulary(input_ids, self.target_runner.vocab_size)

@@ -30,6 +30,18 @@ class UnsupportedInputError(ValueError):
     unsupported option."""
 
 
+def infer_attention_mask(input_ids: torch.Tensor, pad_token_id, eos_token_ids) -> torch.Tensor:
+    """generate() without an attention_mask, as transformers infers it
+    (_prepare_attention_mask_for_generation): input_ids != pad_token_id where the pad token occurs in
+    input_ids and is not an EOS id, else all ones. pad_token_id: transformers' (the given one, else
+    the first EOS id, else None: all ones). -> int64 [B, P]."""
+    ones = torch.ones_like(input_ids, dtype=torch.long)
+    if pad_token_id is None or pad_token_id in (eos_token_ids or ()):
+        return ones
+    padded = input_ids == pad_token_id
+    return (~padded).long() if bool(padded.any()) else ones
+
+
 def check_inputs(input_ids, attention_mask) -> torch.Tensor:
     """input_ids [B, P] int, attention_mask [B, P] of 0/1 with left padding (or None: all 1)
     -> the mask as int64 (reads the mask's values: before the loop)."""

@@ -23,6 +23,9 @@ class Options:
     prompt_lookup_num_tokens: int | None
     max_matching_ngram_size: int
     extra: dict = field(default_factory=dict)  # implemented options (ENGINE_IMPLEMENTS) at non-neutral values
+    # transformers' own pad token (pad_token_id, else the first EOS id, else None: no fallback to 0),
+    # from which it infers a missing attention_mask (engine/inputs.py infer_attention_mask)
+    mask_pad_token_id: int | None = None
 
     def kernel_params(self) -> dict:
         """Sampling arguments of the kernels; greedy = temperature 0 (warpers off, like transformers)."""
@@ -87,7 +90,9 @@ def resolve_options(model, generation_config, explicit: dict, prompt_len: int, i
     eos_list = None if eos is None else ([int(eos)] if isinstance(eos, Integral) else [int(e) for e in eos])
     pad = get("pad_token_id")
     if pad is None:
-        pad = eos_list[0] if eos_list else 0  # transformers also falls back to the first EOS id
+        pad = eos_list[0] if eos_list else None  # transformers also falls back to the first EOS id
+    mask_pad = None if pad is None else int(pad)
+    pad = 0 if pad is None else pad
     ngram = get("max_matching_ngram_size") or 2
     return Options(
         max_new_tokens=max_new, do_sample=do_sample, temperature=float(temperature or 1.0), top_k=int(top_k),
@@ -96,6 +101,7 @@ def resolve_options(model, generation_config, explicit: dict, prompt_len: int, i
                               else _non_default_k(merged.get("num_assistant_tokens"))),
         prompt_lookup_num_tokens=get("prompt_lookup_num_tokens"), max_matching_ngram_size=int(ngram),
         extra={name: value for name, value in merged.items() if name not in HANDLED_FIELDS},
+        mask_pad_token_id=mask_pad,
     )
 
 

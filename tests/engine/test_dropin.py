@@ -4,6 +4,7 @@ stopping criterion, use_cache=True, pad_token_id) through a patched model, with 
 bound draft, give the plain model's output token for token; stopping criteria end a row at the
 exact token, inside an accepted run too; sampled tokens before a stop follow the target; an
 option we do not implement falls back to transformers with a warning (or raises)."""
+import copy
 import random
 import threading
 
@@ -223,3 +224,26 @@ def test_stop_strings_with_a_chat_combination_equal_generate(runner):
                                        runner=runner, return_stats=True, **options)
     assert torch.equal(out, expected)
     assert min(stats.tokens_per_row) < 40, "a stop string ended a row"
+
+
+@pytest.mark.parametrize("case", ["pads", "pad_is_eos", "no_pad_in_ids", "no_pad_token"])
+def test_a_call_without_attention_mask_infers_it_as_generate_does(case):
+    """No attention_mask: transformers masks the pad token where it occurs in input_ids and is not
+    an EOS id, and attends to everything otherwise (no pad token, or pad = EOS); so does the
+    engine, by generate() and through the patch (a harness that passes only input_ids)."""
+    target, draft = model_pair("llama")
+    ids, _ = left_padded_prompts([3, 7, 5], seed=12)  # pad id 0 on the left of rows 0 and 2
+    kw = dict(max_new_tokens=8, do_sample=False)
+    if case == "pads":
+        kw.update(pad_token_id=0)
+    elif case == "pad_is_eos":
+        kw.update(pad_token_id=0, eos_token_id=[0, 9])
+    elif case == "no_pad_in_ids":
+        ids, kw = ids[1:2], dict(kw, pad_token_id=0)
+    expected = target.generate(ids, **kw)
+    if case == "pads":  # the inference matters here: attending to the pads gives other tokens
+        assert not torch.equal(expected, target.generate(ids, attention_mask=torch.ones_like(ids), **kw))
+    assert torch.equal(specdec_fast.generate(target, ids, assistant_model=draft, **kw), expected)
+    patched = copy.deepcopy(target)
+    specdec_fast.patch_generate(patched, prompt_lookup_num_tokens=3, fallback="raise")
+    assert torch.equal(patched.generate(ids, **kw), expected)
