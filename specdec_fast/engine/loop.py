@@ -510,12 +510,27 @@ class SpeculativeDecoder:
                 self.state.status[1].index_fill_(0, rows, 0)
         if self.streamer is not None:
             self._stream(self._visible(0, int(snapshot.gen_len[0])), snapshot.seq[0])
-        if snapshot.done or (self._stops is not None and self._stops.all_done):
+        if snapshot.done or (self._stops is not None and self._stops.all_done and self._all_at_final_length(snapshot)):
             return True
         if self._compacting:
             bound = self.prompt_width + int(snapshot.gen_len.max()) + (self.k_max + 1) * (issued - snapshot.iteration)
             for runner in self._compacting:
                 runner.compact(bound)
+        return False
+
+    def _all_at_final_length(self, snapshot: Snapshot) -> bool:
+        """Every row has its final length, now that the criteria ended every row. With padding
+        after a stop (an EOS criterion) each row ends at its own step: yes. Without, transformers
+        runs every row in step until the last one is done, so every row ends at that step T; rows
+        that speculation left shorter must go on to T: their max_new_tokens becomes T (a device
+        value the captured steps read; the append stops each row at it exactly) and the loop runs
+        on until they get there."""
+        if self._stops.pad_after:
+            return True
+        final = max(self._stops.done)
+        if bool((snapshot.gen_len[: self.batch] >= final).all()):
+            return True
+        self._max_new[: self.batch].clamp_(max=final)
         return False
 
     def _visible(self, row: int, gen_len: int) -> int:

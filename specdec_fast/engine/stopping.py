@@ -20,8 +20,10 @@ turn. Here:
     is cut there (the tokens the device made after it are dropped, pad after) and marked finished
     on the device, so it is fed nothing from the next iteration on (at most R - 1 iterations run
     past it). Without an EOS criterion transformers pads nothing and runs every row until all are
-    done: then so does this (HostStops). A criterion that reads scores gets None (it cannot run
-    here: the error is its own).
+    done: then so does this (HostStops), and since speculation moves rows at different speeds,
+    rows that are short of the step where the last row was done run on to exactly that step
+    (loop.py _all_at_final_length: their max_new_tokens lowered to it). A criterion that reads
+    scores gets None (it cannot run here: the error is its own).
 """
 from dataclasses import dataclass
 

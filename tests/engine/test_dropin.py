@@ -247,3 +247,51 @@ def test_a_call_without_attention_mask_infers_it_as_generate_does(case):
     patched = copy.deepcopy(target)
     specdec_fast.patch_generate(patched, prompt_lookup_num_tokens=3, fallback="raise")
     assert torch.equal(patched.generate(ids, **kw), expected)
+
+
+class _StopOn(StoppingCriteria):
+    """A user's criterion without an eos_token_id: a row is done at the given token."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def _rows_stopping_apart(target, seed: int, drafting: dict, tree=None):
+    """(ours, transformers') for 2 rows whose criteria fire at their 2nd and 7th token, no EOS:
+    transformers pads nothing then and runs both rows until the last is done (7 tokens each)."""
+    ids, mask = left_padded_prompts([4, 4], seed=seed)
+    width = ids.shape[1]
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    first, last = int(plain[0, width + 1]), int(plain[1, width + 6])
+    kw = dict(max_new_tokens=16, do_sample=False, pad_token_id=0,
+              stopping_criteria=StoppingCriteriaList([_StopOn(first), _StopOn(last)]))
+    theirs = target.generate(ids, attention_mask=mask, **kw)
+    ours = specdec_fast.generate(target, ids, mask, tree=tree, **drafting, **kw)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("drafting", ["draft", "lookup", "tree"])
+def test_rows_a_criterion_ends_without_eos_run_to_the_last_row_s_end(drafting):
+    """Found by the fuzzing helper: speculation left the earlier-ended row short of the last
+    row's end (its tail came back as pads); it now runs on to it, as transformers' rows do."""
+    target, draft = model_pair("llama")
+    kinds = {"draft": dict(assistant_model=draft, num_assistant_tokens=2), "lookup": dict(prompt_lookup_num_tokens=2),
+             "tree": dict(assistant_model=draft)}
+    for seed in (0, 28, 3):
+        ours, theirs = _rows_stopping_apart(target, seed, kinds[drafting], tree=4 if drafting == "tree" else None)
+        assert theirs.shape[1] - 4 == 7 and (theirs[0, -1] != 0 or theirs[0, -2] != 0)
+        assert torch.equal(ours, theirs), (drafting, seed)
+
+
+def test_control_stopping_where_the_last_row_ends_leaves_rows_short(monkeypatch):
+    """Control: ending the loop as soon as every row is done (the old rule) fails the test above."""
+    from specdec_fast.engine.loop import SpeculativeDecoder
+
+    monkeypatch.setattr(SpeculativeDecoder, "_all_at_final_length", lambda self, snapshot: True)
+    target, draft = model_pair("llama")
+    drafting = dict(assistant_model=draft, num_assistant_tokens=2)  # the "draft" case above
+    mismatched = [not torch.equal(*_rows_stopping_apart(target, seed, drafting)) for seed in (0, 28, 3)]
+    assert any(mismatched)
