@@ -547,7 +547,8 @@ class SpeculativeEngine:
     def _stage_request(opts, params, token_tree):
         """The call's logits stage (logits processors, penalties), or None when it needs none."""
         options = stage_options_of(opts)
-        request = StageRequest(options, opts.eos_token_ids, opts.do_sample, params) if options else None
+        request = (StageRequest(options, opts.eos_token_ids, opts.do_sample, params, opts.max_new_tokens)
+                   if options else None)
         if request is None or request.spec is None:
             return None
         if token_tree is not None:

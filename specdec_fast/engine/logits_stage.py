@@ -76,12 +76,17 @@ def stage_options_of(opts) -> dict:
 @dataclass
 class StageRequest:
     """A call's logits-stage arguments: options (its STAGE_OPTIONS at non-neutral values),
-    eos_token_ids, do_sample, and params: its sampling parameters [B] (the warpers read them)."""
+    eos_token_ids, do_sample, params: its sampling parameters [B] (the warpers read them), and
+    max_new_tokens (forced_eos_token_id's position)."""
 
     options: dict
     eos_token_ids: list | None
     do_sample: bool
     params: SamplingTensors
+    # generation_config's max_new_tokens (max_length - P): where forced_eos_token_id forces EOS.
+    # transformers builds ForcedEOSTokenLogitsProcessor from it even when a user's MaxLengthCriteria
+    # ends the call elsewhere; None: the loop's own max_new_tokens.
+    max_new_tokens: int | None = None
 
     @property
     def spec(self):

@@ -282,12 +282,15 @@ class SpeculativeDecoder:
                 raise ValueError("this decoder's graphs were captured with a logits stage; a call without one needs another decoder")
             self.stage = self.state.stage = None
             return
+        # forced_eos_token_id's position: generation_config's max_new_tokens (may differ from the loop's
+        # own when a user's MaxLengthCriteria decides the length)
+        forced_at = self.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
         if self.stage is None or request.spec == "user":
             self.stage = LogitsStage(request, rows=self.rows, vocab=self.target.vocab_size, device=self.device,
-                                     prompt_width=prompt.ids.shape[1], max_new_tokens=self.max_new_tokens)
+                                     prompt_width=prompt.ids.shape[1], max_new_tokens=forced_at)
             if not self.stage.graph_safe and self.graph_mode != "eager":
                 raise ValueError(f"{self.stage.graph_note}: decode such calls with cuda_graphs=False")
-        self.stage.begin_call(prompt, request, self.max_new_tokens, self.batch)
+        self.stage.begin_call(prompt, request, forced_at, self.batch)
         self.state.stage = self.stage
 
     def _prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **overrides) -> None:

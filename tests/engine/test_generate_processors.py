@@ -176,6 +176,24 @@ def test_forced_eos_follows_each_call_s_max_new_tokens():
         assert torch.equal(out, expected), (lengths, "max_length")
 
 
+@pytest.mark.parametrize("extra_steps", [6, -2])
+def test_forced_eos_sits_at_max_length_whatever_a_user_max_length_criterion_says(extra_steps):
+    """transformers builds ForcedEOSTokenLogitsProcessor from generation_config.max_length even
+    when a user's MaxLengthCriteria takes the built-in one's slot and ends the call elsewhere
+    (longer: EOS forced mid-way, the rows go on; shorter: never forced). Found by the fuzzing helper."""
+    from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
+
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=8)
+    criteria = StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + 6 + extra_steps)])
+    kw = dict(do_sample=False, max_new_tokens=6, pad_token_id=0, forced_eos_token_id=9, stopping_criteria=criteria)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    assert expected.shape[1] == ids.shape[1] + 6 + extra_steps
+    assert (expected[:, ids.shape[1] + 5] == 9).all() if extra_steps > 0 else not (expected == 9).all(0).any()
+    for drafting in ("draft", "lookup"):
+        assert torch.equal(api.generate(target, ids, mask, **_drafting(drafting, draft), **kw), expected), drafting
+
+
 def test_prefix_allowed_tokens_fn_groups_the_returned_sequences():
     """Sampling with num_return_sequences = 3: the fn is asked with batch_id = row // 3 (as
     transformers groups the expanded rows), never for a row beyond the batch, and every token it
