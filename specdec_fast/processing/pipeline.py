@@ -2,6 +2,9 @@
 position, in transformers' order (generation/utils.py _get_logits_processor):
 
     1 sequence_bias            SequenceBiasLogitsProcessor          sequence_bias.py
+   1b encoder_repetition_penalty
+                               EncoderRepetitionPenaltyLogitsProcessor
+                                                                    encoder_penalty.py (the prompt's tokens)
     2 repetition_penalty (+ frequency / presence, vLLM's)           penalties.py
                                RepetitionPenaltyLogitsProcessor     (here or fused in the kernel)
     3 no_repeat_ngram_size     NoRepeatNGramLogitsProcessor         ngram.py
@@ -46,6 +49,7 @@ from numbers import Integral
 
 import torch
 
+from .encoder_penalty import EncoderRepetitionPenalty
 from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidValues, SuppressTokens,
                     begin_suppress_mask, forced_bos, forced_eos, forced_ids, min_new_tokens_mask, nonnegative_int,
                     token_list)
@@ -59,7 +63,8 @@ from .watermark import watermark_stage
 
 # The options LogitsProcessing reads, with the value that means "off" (None is off too).
 OPTIONS = {
-    "sequence_bias": None, "no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0, "min_new_tokens": None,
+    "sequence_bias": None, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
+    "min_length": 0, "min_new_tokens": None,
     "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
     "exponential_decay_length_penalty": None, "prefix_allowed_tokens_fn": None, "num_return_sequences": 1,
     "remove_invalid_values": False,
@@ -159,7 +164,8 @@ class LogitsProcessing:
         self.stages = self._group_users(stages)
         self.active = bool(self.stages) or self.watermark is not None
         self.wants_float32 = self.watermark is not None or any(
-            isinstance(s, (_Penalties, UserProcessors, ExponentialDecay, RemoveInvalidValues))
+            isinstance(s, (_Penalties, UserProcessors, ExponentialDecay, RemoveInvalidValues,
+                           EncoderRepetitionPenalty))
             or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
 
     def _builtins(self, opt: dict, penalties: tuple) -> list:
@@ -173,6 +179,9 @@ class LogitsProcessing:
         if opt["sequence_bias"] is not None:
             slots.append(("SequenceBiasLogitsProcessor",
                           SequenceBias(parse_sequence_bias(opt["sequence_bias"], V), V, dev)))
+        if opt["encoder_repetition_penalty"] != 1.0:
+            slots.append(("EncoderRepetitionPenaltyLogitsProcessor",
+                          EncoderRepetitionPenalty(opt["encoder_repetition_penalty"], P, dev)))
         if penalties != tuple(NEUTRAL_PENALTIES.values()):
             slots.append(("RepetitionPenaltyLogitsProcessor", _Penalties(P, *penalties, dev)))
         if ngram > 0:

@@ -76,6 +76,9 @@ OPTIONS = {
     # after the penalty's slot, not masks: the penalties must run in their slot, not fused after them
     "decay_forced_and_penalty": dict(repetition_penalty=1.5, exponential_decay_length_penalty=(1, 2.5),
                                      forced_eos_token_id=9, eos_token_id=[5, 9]),
+    # the prompt's tokens (left pads' pad token too) made likelier, before the repetition penalty
+    "encoder_repetition_penalty": dict(encoder_repetition_penalty=1.8, repetition_penalty=1.3),
+    "encoder_repetition_penalty_below_1": dict(encoder_repetition_penalty=0.6),
     # transformers' own processor, last (after the penalty: the penalty runs in its slot, not fused)
     "watermarking_config": dict(watermarking_config=WatermarkingConfig(bias=3.0), repetition_penalty=1.3),
     "watermark_selfhash": dict(watermarking_config=dict(seeding_scheme="selfhash", context_width=2, bias=2.5)),
@@ -251,6 +254,7 @@ SAMPLED = {
     "frequency_penalty": dict(frequency_penalty=1.5),
     "presence_penalty": dict(presence_penalty=1.5),
     "no_repeat_ngram_size": dict(no_repeat_ngram_size=1),
+    "encoder_repetition_penalty": dict(encoder_repetition_penalty=2.0),
     # a warper the kernels lack: the stage standardises (top_h over V = 12 < its 100 candidates)
     "top_h": dict(top_h=0.6, repetition_penalty=1.5),
     # after the warpers: the stage standardises, then watermarks (bias 3 on 3 of the 12 tokens)
@@ -260,6 +264,8 @@ SAMPLED = {
 
 def _processors(options: dict, prompt_width: int) -> LogitsProcessorList:
     out = LogitsProcessorList()
+    if "encoder_repetition_penalty" in options:  # generate builds it from the prompt (no encoder)
+        out.append(lp.EncoderRepetitionPenaltyLogitsProcessor(options["encoder_repetition_penalty"], PROMPT))
     if "repetition_penalty" in options:
         out.append(lp.RepetitionPenaltyLogitsProcessor(options["repetition_penalty"]))
     if "no_repeat_ngram_size" in options:
@@ -351,6 +357,22 @@ def test_control_top_h_left_out_fails(sampling_pair, monkeypatch):
     new = _sample(sampling_pair, options, "torch")
     with pytest.raises(AssertionError, match="sampled tokens of zero probability"):
         _check_three_tokens(sampling_pair[0], new, options, 1.0)
+
+
+def test_control_an_encoder_penalty_over_the_generated_tokens_too_fails(sampling_pair, monkeypatch):
+    """encoder_repetition_penalty's chi-square catches a stage that scales the generated tokens
+    (and drafts) too, not only the prompt's."""
+    from specdec_fast.processing.encoder_penalty import EncoderRepetitionPenalty
+
+    def every_token(self, prefixes, vocab_size):
+        mask = torch.zeros(prefixes.seq.shape[0], vocab_size + 1, dtype=torch.bool)
+        seen = torch.cat([prefixes.seq, prefixes.drafts], 1).clamp(min=0)
+        return mask.scatter_(1, seen, True)[:, :vocab_size]
+
+    monkeypatch.setattr(EncoderRepetitionPenalty, "prompt_columns", every_token)
+    options = SAMPLED["encoder_repetition_penalty"]
+    new = _sample(sampling_pair, options, "torch")
+    assert min(_check_three_tokens(sampling_pair[0], new, options, 1.0)) < 1e-6
 
 
 def test_control_the_watermark_left_out_fails(sampling_pair, monkeypatch):

@@ -23,6 +23,7 @@ OPTIONS = {
     "chat+bias+bad": dict(CHAT, sequence_bias=[[[11], 1.5], [[12, 13], 2.0]], bad_words_ids=[[20], [21, 22]],
                           begin_suppress_tokens=[30, 31], min_length=4),
     "ngram1+min_length": dict(no_repeat_ngram_size=1, min_length=9),
+    "encoder+chat": dict(CHAT, encoder_repetition_penalty=1.7),
 }
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.9,
                 epsilon_cutoff=3e-4, eta_cutoff=1e-3)
@@ -49,7 +50,8 @@ def generate(model, ids, mask, options, sampling):
 
 @pytest.mark.parametrize("name,sampling", [("chat", False), ("chat", True), ("chat+bias+bad", False),
                                            ("chat+bias+bad", True), ("ngram1+min_length", False),
-                                           ("chat", "top_h"), ("chat", "watermark"),
+                                           ("chat", "top_h"), ("chat", "watermark"), ("encoder+chat", False),
+                                           ("encoder+chat", True),
                                            ("chat+bias+bad", "top_h+watermark")])
 def test_processed_logits_equal_generate_scores(model, name, sampling):
     ids, mask = left_padded_prompts([7, 4, 2], vocab=VOCAB, seed=len(name))

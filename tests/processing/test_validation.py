@@ -11,6 +11,7 @@ BAD = [
     ("min_length", -2), ("min_new_tokens", 1.5), ("suppress_tokens", 5), ("suppress_tokens", [1.0]),
     ("begin_suppress_tokens", "ab"), ("repetition_penalty", 0), ("repetition_penalty", -1.0),
     ("frequency_penalty", 3.0), ("presence_penalty", float("inf")), ("typical_p", 0.0), ("epsilon_cutoff", 1.0),
+    ("encoder_repetition_penalty", 2), ("encoder_repetition_penalty", 0.0),
     ("eta_cutoff", -0.5), ("forced_eos_token_id", -1), ("forced_eos_token_id", [2, 50]), ("forced_eos_token_id", "x"),
     ("forced_eos_token_id", []), ("forced_bos_token_id", 50), ("forced_bos_token_id", True),
     ("exponential_decay_length_penalty", (-1, 1.5)), ("exponential_decay_length_penalty", 1.5),
