@@ -35,10 +35,10 @@ from numbers import Real
 # penalties, the warpers the kernels lack, a user's logits_processor). frequency_penalty and
 # presence_penalty are vLLM's / OpenAI's, not transformers' (extra keyword arguments).
 LOGITS_STAGE_OPTIONS = ("sequence_bias", "encoder_repetition_penalty", "repetition_penalty", "frequency_penalty",
-                        "presence_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "suppress_tokens",
-                        "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
-                        "exponential_decay_length_penalty", "remove_invalid_values", "top_h", "typical_p",
-                        "epsilon_cutoff", "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn",
+                        "presence_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+                        "min_length", "min_new_tokens", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id",
+                        "forced_eos_token_id", "exponential_decay_length_penalty", "remove_invalid_values", "top_h",
+                        "typical_p", "epsilon_cutoff", "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn",
                         "watermarking_config")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")

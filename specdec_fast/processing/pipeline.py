@@ -8,6 +8,8 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
     2 repetition_penalty (+ frequency / presence, vLLM's)           penalties.py
                                RepetitionPenaltyLogitsProcessor     (here or fused in the kernel)
     3 no_repeat_ngram_size     NoRepeatNGramLogitsProcessor         ngram.py
+   3b encoder_no_repeat_ngram_size
+                               EncoderNoRepeatNGramLogitsProcessor  ngram.py (the prompt's n-grams)
     4 bad_words_ids            NoBadWordsLogitsProcessor            sequence_bias.py
     5 min_length               MinLengthLogitsProcessor             masks.py
     6 min_new_tokens           MinNewTokensLengthLogitsProcessor    masks.py
@@ -53,7 +55,7 @@ from .encoder_penalty import EncoderRepetitionPenalty
 from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidValues, SuppressTokens,
                     begin_suppress_mask, forced_bos, forced_eos, forced_ids, min_new_tokens_mask, nonnegative_int,
                     token_list)
-from .ngram import NoRepeatNGram, check_ngram_size
+from .ngram import EncoderNoRepeatNGram, NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
 from .prefix import Prefixes
 from .sequence_bias import SequenceBias, parse_bad_words, parse_sequence_bias
@@ -63,7 +65,8 @@ from .watermark import watermark_stage
 
 # The options LogitsProcessing reads, with the value that means "off" (None is off too).
 OPTIONS = {
-    "sequence_bias": None, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
+    "sequence_bias": None, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None,
     "min_length": 0, "min_new_tokens": None,
     "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
     "exponential_decay_length_penalty": None, "prefix_allowed_tokens_fn": None, "num_return_sequences": 1,
@@ -186,6 +189,9 @@ class LogitsProcessing:
             slots.append(("RepetitionPenaltyLogitsProcessor", _Penalties(P, *penalties, dev)))
         if ngram > 0:
             slots.append(("NoRepeatNGramLogitsProcessor", NoRepeatNGram(ngram)))
+        encoder_ngram = check_ngram_size(opt["encoder_no_repeat_ngram_size"], "encoder_no_repeat_ngram_size")
+        if encoder_ngram > 0:
+            slots.append(("EncoderNoRepeatNGramLogitsProcessor", EncoderNoRepeatNGram(encoder_ngram, P, dev)))
         if opt["bad_words_ids"] is not None:
             slots.append(("NoBadWordsLogitsProcessor",
                           SequenceBias(parse_bad_words(opt["bad_words_ids"], V, eos), V, dev)))

@@ -80,7 +80,7 @@ def test_generate_keywords_that_change_nothing_are_accepted(pair, baseline, kwar
 
 NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere it is given
     ("num_beams", 2), ("num_beams", True),
-    ("encoder_no_repeat_ngram_size", 2),
+    ("constraints", [object()]),
     ("guidance_scale", 1.5),
     ("token_healing", True),
     ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),

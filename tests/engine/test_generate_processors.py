@@ -79,6 +79,7 @@ OPTIONS = {
     # the prompt's tokens (left pads' pad token too) made likelier, before the repetition penalty
     "encoder_repetition_penalty": dict(encoder_repetition_penalty=1.8, repetition_penalty=1.3),
     "encoder_repetition_penalty_below_1": dict(encoder_repetition_penalty=0.6),
+    "encoder_no_repeat_ngram_size": dict(encoder_no_repeat_ngram_size=1, no_repeat_ngram_size=2),
     # transformers' own processor, last (after the penalty: the penalty runs in its slot, not fused)
     "watermarking_config": dict(watermarking_config=WatermarkingConfig(bias=3.0), repetition_penalty=1.3),
     "watermark_selfhash": dict(watermarking_config=dict(seeding_scheme="selfhash", context_width=2, bias=2.5)),
@@ -195,6 +196,25 @@ def test_forced_eos_sits_at_max_length_whatever_a_user_max_length_criterion_says
     assert (expected[:, ids.shape[1] + 5] == 9).all() if extra_steps > 0 else not (expected == 9).all(0).any()
     for drafting in ("draft", "lookup"):
         assert torch.equal(api.generate(target, ids, mask, **_drafting(drafting, draft), **kw), expected), drafting
+
+
+def test_encoder_no_repeat_ngram_size_bans_the_prompt_s_ngrams():
+    """encoder_no_repeat_ngram_size = 2, 3 with a prompt the model would go on repeating (its own
+    greedy text): equal to model.generate, which it changes."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 9, 3], seed=3)
+    prompt = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    prompt_mask = torch.cat([mask, torch.ones(3, 20, dtype=mask.dtype)], 1)
+    plain = target.generate(prompt, attention_mask=prompt_mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0)
+    changed = []
+    for n in (2, 3):
+        kw = dict(do_sample=False, max_new_tokens=NEW, pad_token_id=0, encoder_no_repeat_ngram_size=n)
+        expected = target.generate(prompt, attention_mask=prompt_mask, **kw)
+        changed.append(not torch.equal(expected, plain))
+        for drafting in ("draft", "lookup", "plain"):
+            out = api.generate(target, prompt, prompt_mask, **_drafting(drafting, draft), **kw)
+            assert torch.equal(out, expected), (n, drafting)
+    assert any(changed)
 
 
 def test_prefix_allowed_tokens_fn_groups_the_returned_sequences():

@@ -23,7 +23,7 @@ OPTIONS = {
     "chat+bias+bad": dict(CHAT, sequence_bias=[[[11], 1.5], [[12, 13], 2.0]], bad_words_ids=[[20], [21, 22]],
                           begin_suppress_tokens=[30, 31], min_length=4),
     "ngram1+min_length": dict(no_repeat_ngram_size=1, min_length=9),
-    "encoder+chat": dict(CHAT, encoder_repetition_penalty=1.7),
+    "encoder+chat": dict(CHAT, encoder_repetition_penalty=1.7, encoder_no_repeat_ngram_size=1),
 }
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, min_p=0.02, typical_p=0.9,
                 epsilon_cutoff=3e-4, eta_cutoff=1e-3)
