@@ -27,6 +27,7 @@ from .engine.engine import ADAPTIVE_KS, DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F4
 from .engine.inputs import check_inputs
 from .engine.outputs import return_sequences
 from .engine.stopping import call_limits
+from .heads.layout import load_draft_head
 from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
 
@@ -57,6 +58,10 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     assistant_early_exit (a keyword, as transformers'): N, the draft is the target's own first N
     layers with its final norm and LM head (drafters/early_exit.py: the modules shared, no copy;
     for LayerSkip-trained checkpoints), then exactly as an assistant_model.
+
+    speculation_type="dflash" with assistant_model a DFlash drafter loaded as a module (transformers'
+    DFlash assisted generation): that checkpoint drafts as draft_head (heads/layout.load_draft_head
+    reads the module's config and weights, once per module).
 
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
     a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
@@ -90,6 +95,11 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                     num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
                     **{name: value for name, value in options.items() if name not in ("tokenizer", "assistant_tokenizer")})
     opts = resolve_options(model, generation_config, explicit, input_ids.shape[1])
+    if opts.extra.get("speculation_type") == "dflash":  # transformers' DFlash: assistant_model is the drafter
+        if assistant_model is None or draft_head is not None:
+            raise ValueError("speculation_type='dflash' drafts with assistant_model, a DFlash draft model (or pass "
+                             "draft_head= alone)")
+        draft_head, assistant_model = load_draft_head(assistant_model), None
     early_exit = opts.extra.get("assistant_early_exit")
     drafters = [name for name, value in (("assistant_model", assistant_model), ("draft_head", draft_head),
                                          ("prompt_lookup_num_tokens", prompt_lookup_num_tokens),

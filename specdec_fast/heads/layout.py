@@ -15,6 +15,7 @@ embedding otherwise); lm_head.weight may be absent when tie_word_embeddings is s
 draft vocabulary is the target's and lm_head is the embedding).
 """
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from .dflash import DFLASH_ARCHITECTURES, dflash_from_layout
 from .dflash2 import DFLASH2_ARCHITECTURES, dflash2_from_layout
 from .eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_FROM_MODULES = weakref.WeakKeyDictionary()  # a loaded checkpoint module -> its head (a copy of its weights)
 
 
 def is_draft_head(obj) -> bool:
@@ -31,17 +33,37 @@ def is_draft_head(obj) -> bool:
 
 
 def load_draft_head(source, *, device=None, dtype=None):
-    """A draft head from ``source``: a directory in a published layout (module docstring) or a
-    head object (returned as it is). device / dtype: where and in which dtype the weights go
-    (default: the CPU, the checkpoint's dtype)."""
+    """A draft head from ``source``: a directory in a published layout (module docstring), a head
+    object (returned as it is), or the same checkpoint already loaded as a torch module with a
+    ``config`` (transformers' AutoModel with trust_remote_code, as transformers' own DFlash
+    assisted generation takes it: its config and state_dict are the layout's config.json and
+    weights). device / dtype: where and in which dtype the weights go (default: the CPU, the
+    checkpoint's dtype; a loaded module: its own device and dtype)."""
     if is_draft_head(source):
         return source if device is None and dtype is None else source.to(device=device, dtype=dtype)
+    if isinstance(source, torch.nn.Module):
+        if device is None and dtype is None and source in _FROM_MODULES:
+            return _FROM_MODULES[source]
+        if not hasattr(getattr(source, "config", None), "to_dict"):
+            raise ValueError(f"a {type(source).__name__} without a transformers config is no draft head checkpoint")
+        weights = dict(source.state_dict())
+        first = next(iter(weights.values()), None)
+        head = _from_layout(source.config.to_dict(), weights, f"{type(source).__name__}.config",
+                            device or (None if first is None else first.device),
+                            dtype or (None if first is None else first.dtype))
+        if device is None and dtype is None:  # one head per module: the engine cached for it serves every call
+            _FROM_MODULES[source] = head
+        return head
     path = Path(source)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no draft head at {path}: a head directory holds config.json and its weights")
     raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return _from_layout(raw, _read_weights(path), f"{path}/config.json", device, dtype)
+
+
+def _from_layout(raw: dict, weights: dict, where: str, device, dtype):
+    """The head of a layout's config (a dict) and weights (name -> tensor), on device / dtype."""
     architectures = raw.get("architectures") or []
-    weights = _read_weights(path)
     if any(a in EAGLE3_ARCHITECTURES for a in architectures):
         head = _eagle3(raw, weights)
     elif any(a in DFLASH2_ARCHITECTURES for a in architectures):
@@ -49,7 +71,7 @@ def load_draft_head(source, *, device=None, dtype=None):
     elif any(a in DFLASH_ARCHITECTURES for a in architectures):
         head = dflash_from_layout(raw, weights)
     else:
-        raise ValueError(f"{path}/config.json: architectures {architectures} name no draft head this package loads "
+        raise ValueError(f"{where}: architectures {architectures} name no draft head this package loads "
                          f"({', '.join(EAGLE3_ARCHITECTURES + DFLASH_ARCHITECTURES + DFLASH2_ARCHITECTURES)})")
     head.eval().requires_grad_(False)
     stored = raw.get("torch_dtype") or raw.get("dtype")

@@ -51,8 +51,10 @@ SCHEDULE_OPTIONS = ("num_assistant_tokens_schedule",)
 OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_scores", "output_logits",
                   "output_hidden_states", "output_attentions", "renormalize_logits")
 # Drafters named by a GenerationConfig field: the target's first N layers as the draft model
-# (drafters/early_exit.py; api.generate turns it into an assistant_model).
-DRAFTER_OPTIONS = ("assistant_early_exit",)
+# (drafters/early_exit.py; api.generate turns it into an assistant_model); speculation_type="dflash"
+# (transformers' DFlash assisted generation: assistant_model is a DFlash drafter, which
+# api.generate hands to the draft_head path).
+DRAFTER_OPTIONS = ("assistant_early_exit", "speculation_type")
 ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS
                               + DRAFTER_OPTIONS)
 
@@ -132,6 +134,7 @@ def _synthid_watermark(value) -> bool:
 REFUSED_VALUES = {
     "watermarking_config": (_synthid_watermark, "None or a WatermarkingConfig (SynthID's processor keeps state "
                                                 "across steps)"),
+    "speculation_type": (lambda value: value != "dflash", "None or 'dflash' (assistant_model a DFlash drafter)"),
 }
 
 

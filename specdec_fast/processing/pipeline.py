@@ -171,8 +171,28 @@ class LogitsProcessing:
                            EncoderRepetitionPenalty))
             or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
 
+    @staticmethod
+    def _check_forced_not_suppressed(opt: dict) -> None:
+        """GenerationConfig.validate's rule (transformers #24099): every forced BOS / EOS token also
+        suppressed leaves the forced step without a token; the same ValueError."""
+        if opt["suppress_tokens"] is None:
+            return
+        suppressed = set(token_list(opt["suppress_tokens"], "suppress_tokens"))
+        for name in ("forced_bos_token_id", "forced_eos_token_id"):
+            forced = opt[name]
+            if forced is None:
+                continue
+            forced = {forced} if isinstance(forced, Integral) else set(forced)
+            if forced and forced <= suppressed:
+                raise ValueError(
+                    f"Every token in `{name}` ({sorted(forced)}) is also in `suppress_tokens`. Forcing a token while "
+                    "suppressing it sets all logits to `-inf` at the forcing step, which produces `nan` probabilities "
+                    f"and crashes generation. Remove the overlapping token(s) from either `{name}` or "
+                    "`suppress_tokens` (if you meant to prevent an early EOS token, use `min_new_tokens` instead).")
+
     def _builtins(self, opt: dict, penalties: tuple) -> list:
         """[(transformers class name, stage)] for the options that are on, in transformers' order."""
+        self._check_forced_not_suppressed(opt)
         V, P, dev = self.vocab_size, self.prompt_width, self.device
         eos = _eos_list(opt["eos_token_id"])
         ngram = check_ngram_size(opt["no_repeat_ngram_size"])

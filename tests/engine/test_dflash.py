@@ -172,3 +172,44 @@ def test_output_multiplier_and_softcap_shape_the_drafts_q(target):
     out = specdec_fast.generate(target, ids, mask, draft_head=head, num_assistant_tokens=k, do_sample=False,
                                 max_new_tokens=20, pad_token_id=0)
     assert torch.equal(out, expected)
+
+
+def _as_loaded_checkpoint(directory):
+    """What transformers' AutoModel.from_pretrained(dir, trust_remote_code=True) hands a user of its
+    DFlash assisted generation, as far as load_draft_head reads it: a torch module whose config
+    is the checkpoint's config.json (a PretrainedConfig) and whose state_dict holds its weights
+    under their file names (nested submodules, real Parameters)."""
+    from safetensors.torch import load_file
+    from transformers import PretrainedConfig
+
+    root = torch.nn.Module()
+    for name, tensor in load_file(str(directory / "model.safetensors")).items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if not hasattr(module, part):
+                module.add_module(part, torch.nn.Module())
+            module = getattr(module, part)
+        module.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=False))
+    root.config = PretrainedConfig.from_json_file(str(directory / "config.json"))
+    return root
+
+
+def test_transformers_dflash_call_drafts_with_the_loaded_checkpoint(target, drafter, tmp_path):
+    """model.generate(assistant_model=<a loaded DFlash checkpoint>, speculation_type="dflash"), as
+    transformers' DFlash assisted generation is called: it drafts as draft_head (the same tokens
+    as the head loaded from the directory, the target's greedy ones), one head per module."""
+    save_draft_head(drafter, tmp_path / "d")
+    loaded = _as_loaded_checkpoint(tmp_path / "d")
+    ids, mask = left_padded_prompts([4, 6], vocab=VOCAB, seed=2)
+    common = dict(do_sample=False, max_new_tokens=10, pad_token_id=0)
+    ours, stats = specdec_fast.generate(target, ids, mask, assistant_model=loaded, speculation_type="dflash",
+                                        return_stats=True, **common)
+    assert torch.equal(ours, specdec_fast.generate(target, ids, mask, draft_head=str(tmp_path / "d"), **common))
+    assert torch.equal(ours, target.generate(ids, attention_mask=mask, **common))
+    assert stats.k == drafter.block_size - 1 and stats.iterations < 10  # the block drafter ran
+    assert load_draft_head(loaded) is load_draft_head(loaded)
+    with pytest.raises(ValueError, match="speculation_type='dflash' drafts with assistant_model"):
+        specdec_fast.generate(target, ids, mask, speculation_type="dflash", **common)
+    with pytest.raises(ValueError, match="unsupported generate option speculation_type='eagle'"):
+        specdec_fast.generate(target, ids, mask, assistant_model=loaded, speculation_type="eagle", **common)

@@ -65,3 +65,15 @@ def test_with_vocab_and_from_options():
     assert draft.vocab_size == 60 and len(draft.stages) == len(processing.stages)
     with pytest.raises(ValueError, match="sequence_bias"):
         LogitsProcessing(vocab_size=60, prompt_width=4, device="cpu", sequence_bias=[[[55], 1.0]]).with_vocab(50)
+
+
+@pytest.mark.parametrize("forced", ["forced_bos_token_id", "forced_eos_token_id"])
+def test_a_forced_token_that_is_also_suppressed_raises_as_transformers_does(forced):
+    """GenerationConfig.validate raises when every forced token is suppressed (no token is left at
+    the forced step); the same ValueError here. A forced list with one token left passes."""
+    with pytest.raises(ValueError, match=f"Every token in `{forced}` \\(\\[10\\]\\) is also in `suppress_tokens`"):
+        LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", max_new_tokens=5, suppress_tokens=[3, 10],
+                         **{forced: 10})
+    if forced == "forced_eos_token_id":
+        LogitsProcessing(vocab_size=50, prompt_width=4, device="cpu", max_new_tokens=5, suppress_tokens=[10],
+                         forced_eos_token_id=[10, 11])
