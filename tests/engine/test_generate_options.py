@@ -84,7 +84,7 @@ NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere
     ("guidance_scale", 1.5),
     ("token_healing", True),
     ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
-    ("assistant_ensemble_weight", 0.5), ("speculation_type", "dflash"),
+    ("assistant_ensemble_weight", 0.5), ("speculation_type", "medusa"),
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),
 ]
 # Fields transformers' generate ignores in some calls (option_rules.IGNORED_IN_MODE): they raise in
