@@ -6,7 +6,10 @@ one run (alternating rounds, the best round of each), greedy and sampling, draft
                  chat = repetition_penalty 1.05 + min_new_tokens 8 + stop_strings (host check per
                  token) | no_repeat_ngram_size=3 (per position on the device) | forced_eos_token_id +
                  exponential_decay_length_penalty (on the device) | prefix_allowed_tokens_fn (a host
-                 call per row and position, eager: a fn that answers at once, so the cost is ours)
+                 call per row and position, eager: a fn that answers at once, so the cost is ours) |
+                 encoder_repetition_penalty (on the device) | top_h (the warpers in torch; greedy
+                 ignores it) | watermarking_config (transformers' processor per row and position,
+                 eager) | the output dict with scores and hidden states (forwards after the loop)
 
     python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4]
 
@@ -30,6 +33,8 @@ MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, tempe
 
 
 def option_sets(tok) -> dict:
+    from transformers.generation import WatermarkingConfig
+
     allowed = list(range(1, len(tok)))
     return {
         "none": {},
@@ -41,6 +46,13 @@ def option_sets(tok) -> dict:
                                         exponential_decay_length_penalty=(48, 1.05)),
         # the host path's own cost: a fn that answers at once (one list, all but one token)
         "prefix_allowed_tokens_fn (host)": dict(prefix_allowed_tokens_fn=lambda batch_id, ids, allowed=allowed: allowed),
+        "encoder_repetition_penalty=1.1": dict(encoder_repetition_penalty=1.1),
+        # sampling only (greedy ignores it): the warpers then run in torch (standardise_all)
+        "top_h=0.9": dict(top_h=0.9),
+        # transformers' own processor per row and position (eager); sampled calls standardise in torch
+        "watermark (lefthash)": dict(watermarking_config=WatermarkingConfig()),
+        "output_scores + hidden_states": dict(return_dict_in_generate=True, output_scores=True,
+                                              output_hidden_states=True),
     }
 
 
@@ -71,6 +83,7 @@ def main(argv=None) -> dict:
             out = specdec_fast.generate(target, ids, assistant_model=draft, num_assistant_tokens=4,
                                         max_new_tokens=args.new_tokens, seed=i, **MODES[mode], **options)
             seconds += time.perf_counter() - start
+            out = getattr(out, "sequences", out)  # the output dict's tokens
             tokens += out.shape[1] - ids.shape[1]
         return tokens / seconds
 
