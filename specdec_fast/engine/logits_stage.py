@@ -51,17 +51,20 @@ def _freeze(value):
     return value
 
 
-def spec(extra: dict, do_sample: bool):
+def spec(extra: dict, do_sample: bool, eos_token_ids=None):
     """The hashable shape of a call's stage (a decoder key part), or None when the call needs none.
     A user's logits_processor, prefix_allowed_tokens_fn or watermarking_config makes the stage
-    eager (spec "user": a new stage every call)."""
+    eager (spec "user": a new stage every call). The EOS ids are part of it: min_length,
+    min_new_tokens, exponential_decay_length_penalty and bad_words_ids build their tensors from
+    them (a stage reused for a call with other EOS ids masked the first call's)."""
     values = {name: extra[name] for name in STAGE_OPTIONS if name in extra}
     if not values:
         return None
     if (values.get("logits_processor") or values.get("prefix_allowed_tokens_fn") is not None
             or values.get("watermarking_config") is not None):
         return "user"
-    return (bool(do_sample), tuple(sorted((name, _freeze(v)) for name, v in values.items())))
+    return (bool(do_sample), tuple(sorted((name, _freeze(v)) for name, v in values.items())),
+            tuple(eos_token_ids or ()))
 
 
 def stage_options_of(opts) -> dict:
@@ -90,7 +93,7 @@ class StageRequest:
 
     @property
     def spec(self):
-        return spec(self.options, self.do_sample)
+        return spec(self.options, self.do_sample, self.eos_token_ids)
 
 
 def kernel_params(request: "StageRequest | None", params: SamplingTensors, seed) -> SamplingTensors:

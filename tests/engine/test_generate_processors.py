@@ -163,6 +163,21 @@ def test_one_engine_serves_calls_with_processors_call_after_call():
             assert stats.graphs_captured == 0
 
 
+@pytest.mark.parametrize("option", [dict(min_new_tokens=4), dict(min_length=20),
+                                    dict(exponential_decay_length_penalty=(0, 3.0)), dict(bad_words_ids=[[52], [9]])])
+def test_one_engine_follows_each_call_s_eos_ids(option):
+    """Found by the second fuzzing round: a decoder's stage built at a call with one EOS id served a
+    later call with another and masked (or raised) the first call's EOS. The EOS ids are now part
+    of the stage's key; each call equals model.generate."""
+    target = make_model("llama", layers=3, seed=26)
+    target.generation_config.eos_token_id = None
+    ids = torch.tensor([[7, 126, 52, 7, 126, 52, 7, 126, 52, 7, 126]])  # greedy: 42, then 52
+    for eos in (121, 52, [52, 121], 121):
+        kw = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=eos, **option)
+        expected = target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        assert torch.equal(specdec_fast.generate(target, ids, torch.ones_like(ids), **kw), expected), eos
+
+
 def test_forced_eos_follows_each_call_s_max_new_tokens():
     """The forced position (the last one: P + max_new_tokens - 1) is re-filled per call on one
     engine's captured graphs, and max_length gives the same position as max_new_tokens."""
