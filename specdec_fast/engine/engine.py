@@ -552,8 +552,9 @@ class SpeculativeEngine:
         if request is None or request.spec is None:
             return None
         if token_tree is not None:
-            raise ValueError(f"{', '.join(sorted(options))} with tree=...: logits processors and penalties run on "
-                             "chains only (a tree node's prefix is its ancestor path); drop tree=")
+            raise ValueError(f"{', '.join(sorted(options))} with tree=...: logits processors, penalties and the "
+                             "warpers the kernels lack (top_h, typical_p, epsilon_cutoff, eta_cutoff) run on chains "
+                             "only (a tree node's prefix is its ancestor path); drop tree=")
         return request
 
     def _is_own_head(self, draft_head) -> bool:

@@ -33,7 +33,7 @@ from ..kernels.sampling_params import SamplingTensors, fill_rows, make_sampling_
 from ..options.rules import LOGITS_STAGE_OPTIONS
 from ..processing import LogitsProcessing
 from ..processing.penalties import generate_skips_prompt_pads
-from ..processing.warpers import stage_warpers_on
+from ..processing.warpers import STAGE_WARPERS, stage_warpers_on
 
 # The options a stage implements (options/rules.py owns the list: the engine implements them).
 STAGE_OPTIONS = LOGITS_STAGE_OPTIONS
@@ -69,8 +69,11 @@ def spec(extra: dict, do_sample: bool, eos_token_ids=None):
 
 def stage_options_of(opts) -> dict:
     """A call's options the logits stage reads (resolve.Options' extra): its STAGE_OPTIONS, and
-    num_return_sequences where prefix_allowed_tokens_fn groups the expanded rows by it."""
-    options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS}
+    num_return_sequences where prefix_allowed_tokens_fn groups the expanded rows by it. A greedy
+    call leaves out the sampling warpers (top_h, typical_p, epsilon_cutoff, eta_cutoff): transformers'
+    greedy generate neither builds nor checks them, as ours ignores temperature and top_p there."""
+    options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS
+               and (opts.do_sample or name not in STAGE_WARPERS)}
     if options.get("prefix_allowed_tokens_fn") is not None:
         options["num_return_sequences"] = int(opts.extra.get("num_return_sequences") or 1)
     return options

@@ -266,8 +266,28 @@ def test_an_empty_allowed_list_raises_transformers_error():
 def test_processors_with_a_tree_raise_one_clear_line():
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([4], seed=1)
-    with pytest.raises(ValueError, match="repetition_penalty with tree=...: logits processors and penalties run on chains"):
+    with pytest.raises(ValueError, match="repetition_penalty with tree=...: logits processors, penalties and the "
+                                         "warpers the kernels lack"):
         api.generate(target, ids, mask, assistant_model=draft, tree=True, repetition_penalty=1.1, max_new_tokens=4)
+    with pytest.raises(ValueError, match="top_h with tree=...: .*warpers the kernels lack .*run on chains only"):
+        api.generate(target, ids, mask, assistant_model=draft, tree=True, do_sample=True, top_h=0.5, max_new_tokens=4)
+    # greedy: the warpers are not built (nor checked), as in transformers' greedy generate
+    kw = dict(do_sample=False, max_new_tokens=6, pad_token_id=0)
+    assert torch.equal(api.generate(target, ids, mask, assistant_model=draft, tree=True, top_h=0.5, **kw),
+                       target.generate(ids, attention_mask=mask, **kw))
+
+
+@pytest.mark.parametrize("bad", [dict(top_h=1.5), dict(typical_p=0.0), dict(epsilon_cutoff=-1.0), dict(eta_cutoff=2.0)])
+def test_greedy_calls_ignore_the_sampling_warpers_values_as_generate_does(bad):
+    """transformers' greedy generate neither builds nor checks the sampling warpers (found by the
+    second fuzzing round: we raised there); a sampled call still raises, naming the option."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([4, 6], seed=2)
+    kw = dict(do_sample=False, max_new_tokens=6, pad_token_id=0, **bad)
+    assert torch.equal(api.generate(target, ids, mask, assistant_model=draft, **kw),
+                       target.generate(ids, attention_mask=mask, **kw))
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        api.generate(target, ids, mask, assistant_model=draft, **dict(kw, do_sample=True))
 
 
 # -- sampling: chi-square against the target's processed distribution ------------------------------
