@@ -39,7 +39,13 @@ def infer_attention_mask(input_ids: torch.Tensor, pad_token_id, eos_token_ids) -
     if pad_token_id is None or pad_token_id in (eos_token_ids or ()):
         return ones
     padded = input_ids == pad_token_id
-    return (~padded).long() if bool(padded.any()) else ones
+    if not bool(padded.any()):
+        return ones
+    if input_ids.shape[1] > 1 and bool((padded[:, 1:] & ~padded[:, :-1]).any()):
+        raise UnsupportedInputError(f"no attention_mask, and input_ids hold pad_token_id={pad_token_id} after a real "
+                                    "token: transformers would mask it there too (a hole in the prompt); pass the "
+                                    "tokenizer's attention_mask")
+    return (~padded).long()
 
 
 def check_inputs(input_ids, attention_mask) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, pipeline
 
 import specdec_fast
+from specdec_fast.engine.inputs import UnsupportedInputError
 from specdec_fast.options.rules import UnsupportedOptionError
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
@@ -247,6 +248,21 @@ def test_a_call_without_attention_mask_infers_it_as_generate_does(case):
     patched = copy.deepcopy(target)
     specdec_fast.patch_generate(patched, prompt_lookup_num_tokens=3, fallback="raise")
     assert torch.equal(patched.generate(ids, **kw), expected)
+
+
+def test_a_pad_token_inside_a_prompt_without_attention_mask_is_handed_to_transformers():
+    """transformers masks every pad token when it infers the mask, one inside the prompt too (a
+    hole); the engine takes left padding only: one line saying so, and the bound patch's call
+    runs on transformers' generate."""
+    target, draft = model_pair("llama")
+    ids = torch.tensor([[5, 0, 7, 9]])
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with pytest.raises(UnsupportedInputError, match="input_ids hold pad_token_id=0 after a real token"):
+        specdec_fast.generate(target, ids, assistant_model=draft, **kw)
+    patched = copy.deepcopy(target)
+    specdec_fast.patch_generate(patched, assistant_model=draft)
+    with pytest.warns(UserWarning, match="pad_token_id=0 after a real token"):
+        assert torch.equal(patched.generate(ids, **kw), target.generate(ids, **kw))
 
 
 class _StopOn(StoppingCriteria):
