@@ -1,6 +1,6 @@
 """Command line: `specdec-fast generate ...` / `python -m specdec_fast generate ...`, and `demo`.
 
-    specdec-fast generate --target DIR [--draft DIR | --draft-head DIR | --prompt-lookup N]
+    specdec-fast generate --target DIR [--draft DIR | --draft-head DIR | --prompt-lookup N | --early-exit N]
         (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl [--batch-size N] [--on-error skip|fail])
         [--chat] [--dtype D] [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P]
         [--min-p P] [--seed S] [--repetition-penalty R] [--min-new-tokens N] [--stop TEXT ...]
@@ -33,6 +33,8 @@ def _generate_parser(sub):
                     "DFlash or DFlash2 head in its published layout: config.json + model.safetensors / "
                     "pytorch_model.bin)")
     ap.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt-lookup drafting with N tokens (no draft model)")
+    ap.add_argument("--early-exit", type=int, metavar="N", help="draft with the target's own first N layers, its final "
+                    "norm and LM head (transformers' assistant_early_exit: checkpoints trained to exit early, LayerSkip)")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt: print its completion and the stats")
     source.add_argument("--prompts", metavar="FILE", help='a JSONL data set, one {"prompt": ...} object per line')
@@ -83,8 +85,8 @@ def check_args(args) -> None:
                        ("--tokenizer", args.tokenizer)):
         if path is not None and not os.path.isdir(path):
             raise CliError(f"no such directory: {path} ({flag})")
-    if sum(x is not None for x in (args.draft, args.draft_head, args.prompt_lookup)) > 1:
-        raise CliError("give one of --draft, --draft-head and --prompt-lookup")
+    if sum(x is not None for x in (args.draft, args.draft_head, args.prompt_lookup, args.early_exit)) > 1:
+        raise CliError("give one of --draft, --draft-head, --prompt-lookup and --early-exit")
     if args.prompts is not None:
         if not os.path.isfile(args.prompts):
             raise CliError(f"no such file: {args.prompts} (--prompts)")
@@ -103,7 +105,8 @@ def check_args(args) -> None:
         raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads < 0:
         raise CliError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
-    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", args.k), ("--prompt-lookup", args.prompt_lookup)):
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", args.k), ("--prompt-lookup", args.prompt_lookup),
+                        ("--early-exit", args.early_exit)):
         if value is not None and value < 1:
             raise CliError(f"{flag} must be >= 1, got {value}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
@@ -195,6 +198,8 @@ def _generate_kwargs(args, tokenizer, draft, head=None) -> dict:
         kwargs.update(draft_head=head, num_assistant_tokens=args.k)
     elif args.prompt_lookup:
         kwargs.update(prompt_lookup_num_tokens=args.prompt_lookup)
+    elif args.early_exit is not None:
+        kwargs.update(assistant_early_exit=args.early_exit, num_assistant_tokens=args.k)
     return kwargs
 
 
@@ -251,7 +256,7 @@ def _run_generate(args, tp) -> int:
         raise CliError(str(exc)) from None
     ids = torch.tensor([cli_dataset.encode(tokenizer, args.prompt, args.chat)], dtype=torch.long, device=device)
     spec = {name: kwargs.pop(name) for name in ("assistant_model", "draft_head", "num_assistant_tokens",
-                                                 "prompt_lookup_num_tokens")
+                                                 "prompt_lookup_num_tokens", "assistant_early_exit")
             if name in kwargs}
     try:
         plain_tps = None

@@ -84,6 +84,26 @@ def test_a_reader_that_goes_away_gets_no_traceback(pair_dirs):
     assert proc.returncode == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
+def test_early_exit_drafts_with_the_target_s_first_layers(pair_dirs, capsys):
+    """--early-exit N (assistant_early_exit): the completion is the target's greedy one, as
+    model.generate decodes it; --early-exit 0 is refused in one line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    code = cli.main(["generate", "--target", str(pair_dirs / "target"), "--early-exit", "1", "--prompt",
+                     "w5 w9 w17 w5", "--max-new-tokens", "10", "--k", "3", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0 and "K = 3" in out
+    tok = AutoTokenizer.from_pretrained(pair_dirs / "target")
+    target = AutoModelForCausalLM.from_pretrained(pair_dirs / "target")
+    ids = tok("w5 w9 w17 w5", return_tensors="pt").input_ids
+    expected = tok.decode(target.generate(ids, do_sample=False, max_new_tokens=10, pad_token_id=0)[0],
+                          skip_special_tokens=True)
+    assert out.splitlines()[0] == expected
+    capsys.readouterr()  # transformers' loading bars above
+    assert cli.main(["generate", "--target", str(pair_dirs / "target"), "--early-exit", "0", "--prompt", "w5"]) == 2
+    assert capsys.readouterr().err.strip() == "specdec-fast: error: --early-exit must be >= 1, got 0"
+
+
 def test_python_dash_m_prompt_lookup(pair_dirs):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "specdec_fast", "generate", "--target", str(pair_dirs / "target"),
@@ -126,7 +146,8 @@ BAD_INPUTS = [  # (extra argv, the one line expected on stderr; {root} = the pai
     (["--min-p", "-0.1"], "--min-p must be in [0, 1], got -0.1"),
     (["--top-k", "-3"], "--top-k must be >= 0 (0 = off), got -3"),
     (["--threads", "-1"], "--threads must be >= 0 (0 = torch's default), got -1"),
-    (["--prompt-lookup", "3"], "give one of --draft, --draft-head and --prompt-lookup"),
+    (["--prompt-lookup", "3"], "give one of --draft, --draft-head, --prompt-lookup and --early-exit"),
+    (["--early-exit", "1"], "give one of --draft, --draft-head, --prompt-lookup and --early-exit"),
     (["--draft", "{root}/draft_other_vocab"],
      "vocab mismatch: the target has vocab_size 128 (128 output rows), the draft (assistant_model) has 130 (130); "
      "speculative decoding needs one shared vocabulary, or pass both tokenizer= (the target's) and assistant_tokenizer= "
