@@ -15,8 +15,10 @@ generate, with one warning naming the option (fallback="warn", the default) or
 raises (fallback="raise"). The patch keeps the last call's stats (``patch.last_stats``, also
 ``model.specdec_last_stats``).
 
-Without bound drafting (``patch_generate(model)``), only the calls that carry assistant_model,
-prompt_lookup_num_tokens or assistant_early_exit are routed (they raise on an unsupported option); the others go to the
+The drafter bound may also be ``draft_head=`` (an EAGLE-3 / DFlash head) or
+``assistant_early_exit=N``. Without bound drafting (``patch_generate(model)``), only the calls
+that carry one of those four (assistant_model, prompt_lookup_num_tokens, draft_head,
+assistant_early_exit) are routed (they raise on an unsupported option); the others go to the
 original generate unchanged.
 """
 import inspect
@@ -28,30 +30,31 @@ from .engine.inputs import UnsupportedInputError
 from .options.rules import UnsupportedOptionError
 
 FALLBACKS = ("warn", "raise")
+# What a patch binds (and what makes a call of an unbound patch speculate): one drafter.
+DRAFTING = ("assistant_model", "prompt_lookup_num_tokens", "draft_head", "assistant_early_exit")
 
 
 class patch_generate:
     """Patches ``model.generate`` on construction; a context manager (restores on exit) or undone
-    with .restore(). See the module docstring for assistant_model / prompt_lookup_num_tokens,
-    fallback and defaults."""
+    with .restore(). See the module docstring for the bound drafter (assistant_model,
+    prompt_lookup_num_tokens, draft_head or assistant_early_exit), fallback and defaults."""
 
     def __init__(self, model, assistant_model=None, *, prompt_lookup_num_tokens=None, fallback: str = "warn",
                  **defaults):
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-        if assistant_model is not None and prompt_lookup_num_tokens is not None:
-            raise ValueError("give either assistant_model or prompt_lookup_num_tokens, not both")
+        drafting = dict(assistant_model=assistant_model, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                        **{name: defaults.pop(name, None) for name in DRAFTING[2:]})
+        given = [name for name, value in drafting.items() if value is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one drafter ({', '.join(DRAFTING)}), got {' and '.join(given)}")
         self.model_ref = weakref.ref(model)  # the patched function must not keep the model alive
         self.had_attribute = "generate" in vars(model)
         # The original as a plain function (no bound method: it would hold the model from its own
         # __dict__ and keep it, and the engines cached for it, alive).
         self._function = vars(model)["generate"] if self.had_attribute else type(model).generate
         self.fallback = fallback
-        self.bound = {}
-        if assistant_model is not None:
-            self.bound["assistant_model"] = assistant_model
-        if prompt_lookup_num_tokens is not None:
-            self.bound["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+        self.bound = {name: value for name, value in drafting.items() if value is not None}
         self.defaults = dict(defaults)
         self.last_stats = None
         self._signature = inspect.signature(self.original)
@@ -75,8 +78,7 @@ class patch_generate:
     def __call__(self, *args, **kwargs):
         """What the patched model.generate does with a call (module docstring)."""
         call = self._keywords(args, kwargs)
-        drafting = any(call.get(name) is not None
-                       for name in ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit"))
+        drafting = any(call.get(name) is not None for name in DRAFTING)
         if not self.bound and not drafting:
             return self.original(*args, **kwargs)
         options = {**self.bound, **self.defaults, **call} if not drafting else {**self.defaults, **call}

@@ -125,3 +125,25 @@ def test_heads_default_k_and_the_adaptive_schedule(greedy_target, schedule):
             assert stats.schedule is None, kind
         else:
             assert stats.schedule["ks"][-1] == head.block_size - 1 and sum(stats.schedule["chosen"].values()) > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_patch_bound_to_a_head_speculates_with_it(greedy_target, kind):
+    """patch_generate(model, draft_head=head): every later model.generate(...) drafts with the head
+    (found by the third fuzzing round: the head went to the defaults and nothing speculated); a call
+    to an unbound patch that names draft_head= is routed too. The tokens are the target's greedy ones."""
+    import copy
+
+    head, k = _heads(greedy_target, 64)[kind]
+    model = copy.deepcopy(greedy_target)
+    ids, mask = left_padded_prompts([5, 9], seed=6)
+    kw = dict(do_sample=False, max_new_tokens=NEW, pad_token_id=0)
+    expected = greedy_target.generate(ids, attention_mask=mask, **kw)
+    with specdec_fast.patch_generate(model, draft_head=head, num_assistant_tokens=k, fallback="raise") as patched:
+        assert torch.equal(patched.generate(ids, attention_mask=mask, **kw), expected)
+        assert patched.specdec_last_stats is not None and patched.specdec_last_stats.k == k
+    with specdec_fast.patch_generate(model, fallback="raise") as patched:
+        assert torch.equal(patched.generate(ids, attention_mask=mask, draft_head=head, num_assistant_tokens=k, **kw),
+                           expected)
+    with pytest.raises(ValueError, match="give one drafter .* got prompt_lookup_num_tokens and draft_head"):
+        specdec_fast.patch_generate(model, prompt_lookup_num_tokens=3, draft_head=head)
