@@ -31,6 +31,9 @@ from .heads.layout import load_draft_head
 from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
 
+# The ways to draft that generate() takes, one per call (patch_generate binds one of them too).
+DRAFTERS = ("assistant_model", "draft_head", "prompt_lookup_num_tokens", "assistant_early_exit")
+
 
 def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None, prompt_lookup_num_tokens=None,
              max_new_tokens=None, do_sample=None, temperature=None, top_k=None, top_p=None, min_p=None,
@@ -101,12 +104,9 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                              "draft_head= alone)")
         draft_head, assistant_model = load_draft_head(assistant_model), None
     early_exit = opts.extra.get("assistant_early_exit")
-    drafters = [name for name, value in (("assistant_model", assistant_model), ("draft_head", draft_head),
-                                         ("prompt_lookup_num_tokens", prompt_lookup_num_tokens),
-                                         ("assistant_early_exit", early_exit)) if value is not None]
-    if len(drafters) > 1:  # here, before an engine is chosen: its own checks would speak of engines
-        raise ValueError("give one drafter (assistant_model, draft_head, prompt_lookup_num_tokens or "
-                         "assistant_early_exit), got " + " and ".join(drafters))
+    # here, before an engine is chosen: its own checks would speak of engines
+    check_one_drafter(dict(assistant_model=assistant_model, draft_head=draft_head,
+                           prompt_lookup_num_tokens=prompt_lookup_num_tokens, assistant_early_exit=early_exit))
     if early_exit is not None:  # the target's first N layers: a draft model like any other
         assistant_model = early_exit_model(model, early_exit)
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None
@@ -124,6 +124,13 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                            eos_token_id=eos_token_id, pad_token_id=pad_token_id, num_assistant_tokens=num_assistant_tokens,
                            streamer=streamer, seed=seed, return_stats=return_stats, generation_config=generation_config,
                            tree=tree, draft_head=draft_head, **options)
+
+
+def check_one_drafter(given: dict) -> None:
+    """At most one of DRAFTERS not None in ``given`` (name -> value); ValueError naming them."""
+    names = [name for name in DRAFTERS if given.get(name) is not None]
+    if len(names) > 1:
+        raise ValueError(f"give one drafter ({', '.join(DRAFTERS)}), got {' and '.join(names)}")
 
 
 def _drafted(opts, tree, lookup: bool, draft: bool, head: bool = False) -> int:

@@ -25,13 +25,11 @@ import inspect
 import warnings
 import weakref
 
-from .api import generate
+from .api import DRAFTERS, check_one_drafter, generate
 from .engine.inputs import UnsupportedInputError
 from .options.rules import UnsupportedOptionError
 
 FALLBACKS = ("warn", "raise")
-# What a patch binds (and what makes a call of an unbound patch speculate): one drafter.
-DRAFTING = ("assistant_model", "prompt_lookup_num_tokens", "draft_head", "assistant_early_exit")
 
 
 class patch_generate:
@@ -43,11 +41,9 @@ class patch_generate:
                  **defaults):
         if fallback not in FALLBACKS:
             raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-        drafting = dict(assistant_model=assistant_model, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-                        **{name: defaults.pop(name, None) for name in DRAFTING[2:]})
-        given = [name for name, value in drafting.items() if value is not None]
-        if len(given) > 1:
-            raise ValueError(f"give one drafter ({', '.join(DRAFTING)}), got {' and '.join(given)}")
+        drafting = {name: defaults.pop(name, None) for name in DRAFTERS}
+        drafting.update(assistant_model=assistant_model, prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+        check_one_drafter(drafting)
         self.model_ref = weakref.ref(model)  # the patched function must not keep the model alive
         self.had_attribute = "generate" in vars(model)
         # The original as a plain function (no bound method: it would hold the model from its own
@@ -78,7 +74,7 @@ class patch_generate:
     def __call__(self, *args, **kwargs):
         """What the patched model.generate does with a call (module docstring)."""
         call = self._keywords(args, kwargs)
-        drafting = any(call.get(name) is not None for name in DRAFTING)
+        drafting = any(call.get(name) is not None for name in DRAFTERS)  # the call names its own
         if not self.bound and not drafting:
             return self.original(*args, **kwargs)
         options = {**self.bound, **self.defaults, **call} if not drafting else {**self.defaults, **call}

@@ -43,14 +43,19 @@ def expand_rows(input_ids: torch.Tensor, attention_mask, n: int):
     return input_ids.repeat_interleave(n, 0), None if attention_mask is None else attention_mask.repeat_interleave(n, 0)
 
 
+def _generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
+    """(attention_mask, position_ids), int64 [B, P + new]: the prompt's mask then ``new`` ones
+    (generated tokens, pads after EOS too, as generate() feeds them), positions from the mask."""
+    ones = torch.ones(prompt_mask.shape[0], new, dtype=torch.long, device=prompt_mask.device)
+    mask = torch.cat([prompt_mask.long(), ones], 1)
+    return mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 @torch.no_grad()
 def step_logits(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int) -> torch.Tensor:
     """float32 [B, T, V]: the target's logits at each of the T generated steps (the logits that
     chose token P + s come from position P + s - 1), from one forward of sequences [B, P + T]."""
-    batch, width = sequences.shape
-    mask = torch.cat([prompt_mask.long(), torch.ones(batch, width - prompt_mask.shape[1], dtype=torch.long,
-                                                      device=sequences.device)], 1)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    mask, positions = _generation_mask(prompt_mask, sequences.shape[1] - prompt_mask.shape[1])
     out = model(input_ids=sequences, attention_mask=mask, position_ids=positions, logits_to_keep=steps + 1)
     return out.logits[:, :-1].float()
 
@@ -69,9 +74,8 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
     generate; eager attention returns them)."""
     from ..runners.hf import cache_keyword, output_cache
 
-    batch, width = prompt_mask.shape
-    mask = torch.cat([prompt_mask.long(), torch.ones(batch, steps - 1, dtype=torch.long, device=sequences.device)], 1)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    width = prompt_mask.shape[1]
+    mask, positions = _generation_mask(prompt_mask, steps - 1)
     asked = dict(output_hidden_states=hidden_states, output_attentions=attentions, logits_to_keep=1)
     prompt = model(input_ids=sequences[:, :width], attention_mask=mask[:, :width], position_ids=positions[:, :width],
                    use_cache=True, **asked)

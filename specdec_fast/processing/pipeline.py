@@ -319,14 +319,17 @@ class LogitsProcessing:
                 start=None, params=None) -> torch.Tensor:
         """Everything transformers does to logits [B, N, V] before it samples or takes the argmax:
         apply_ (in place), then standardise when the warpers run here (params: SamplingTensors [B],
-        required then; a new float32 tensor), then the watermark (in place). Arguments as apply_."""
-        logits = self.apply_(logits, seq, end, drafts, start=start)
+        required then; a new float32 tensor), then the watermark (in place); the processors and the
+        watermark read one Prefixes. Arguments as apply_."""
+        self._check_width(logits)
+        if self.warpers_here and params is None:
+            raise ValueError("this call's warpers run here (warpers_here): process needs its sampling params")
+        prefixes = Prefixes(seq, end, drafts, logits.shape[1], start=start) if self.active else None
+        self._run_stages(logits, prefixes)
         if self.warpers_here:
-            if params is None:
-                raise ValueError("this call's warpers run here (warpers_here): process needs its sampling params")
             logits = self.standardise(logits, params)
         if self.watermark is not None:
-            self.watermark.apply_(logits, Prefixes(seq, end, drafts, logits.shape[1], start=start))
+            self.watermark.apply_(logits, prefixes)
         return logits
 
     def apply_(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, drafts: torch.Tensor,
@@ -338,14 +341,18 @@ class LogitsProcessing:
         (target: D = N - 1; draft model before draft k: N = 1, D = k). start int64 [B]: the
         first real prompt slot (DecodeState.start), used by repetition_penalty as generate()
         does (pads ignored); None counts the pads."""
-        if logits.dim() != 3 or logits.shape[-1] != self.vocab_size:
-            raise ValueError(f"logits must be [B, N, V={self.vocab_size}], got {tuple(logits.shape)}")
-        if not self.stages:
-            return logits
-        prefixes = Prefixes(seq, end, drafts, logits.shape[1], start=start)
+        self._check_width(logits)
+        if self.stages:
+            self._run_stages(logits, Prefixes(seq, end, drafts, logits.shape[1], start=start))
+        return logits
+
+    def _run_stages(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
         for stage in self.stages:
             stage.apply_(logits, prefixes)
-        return logits
+
+    def _check_width(self, logits: torch.Tensor) -> None:
+        if logits.dim() != 3 or logits.shape[-1] != self.vocab_size:
+            raise ValueError(f"logits must be [B, N, V={self.vocab_size}], got {tuple(logits.shape)}")
 
     def standardise(self, logits: torch.Tensor, params) -> torch.Tensor:
         """float32 [B, N, V]: every warper (standardise_all with this call's top_h, typical_p,

@@ -145,5 +145,5 @@ def test_a_patch_bound_to_a_head_speculates_with_it(greedy_target, kind):
     with specdec_fast.patch_generate(model, fallback="raise") as patched:
         assert torch.equal(patched.generate(ids, attention_mask=mask, draft_head=head, num_assistant_tokens=k, **kw),
                            expected)
-    with pytest.raises(ValueError, match="give one drafter .* got prompt_lookup_num_tokens and draft_head"):
+    with pytest.raises(ValueError, match="give one drafter .* got draft_head and prompt_lookup_num_tokens"):
         specdec_fast.patch_generate(model, prompt_lookup_num_tokens=3, draft_head=head)
