@@ -9,7 +9,9 @@ one run (alternating rounds, the best round of each), greedy and sampling, draft
                  call per row and position, eager: a fn that answers at once, so the cost is ours) |
                  encoder_repetition_penalty (on the device) | top_h (the warpers in torch; greedy
                  ignores it) | watermarking_config (transformers' processor per row and position,
-                 eager) | the output dict with scores and hidden states (forwards after the loop)
+                 eager) | the output dict with scores and hidden states (forwards after the loop) |
+                 cache=DynamicCache() (a chat loop's first turn: the cache extended by one forward
+                 of the whole sequence after the loop, engine/user_cache.py)
 
     python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4]
 
@@ -33,6 +35,7 @@ MODES = {"greedy": dict(do_sample=False), "sampling": dict(do_sample=True, tempe
 
 
 def option_sets(tok) -> dict:
+    from transformers import DynamicCache
     from transformers.generation import WatermarkingConfig
 
     allowed = list(range(1, len(tok)))
@@ -53,6 +56,8 @@ def option_sets(tok) -> dict:
         "watermark (lefthash)": dict(watermarking_config=WatermarkingConfig()),
         "output_scores + hidden_states": dict(return_dict_in_generate=True, output_scores=True,
                                               output_hidden_states=True),
+        # a fresh cache per call (a callable: options made at each call)
+        "cache=DynamicCache() (chat turn)": lambda: dict(cache=DynamicCache()),
     }
 
 
@@ -81,7 +86,8 @@ def main(argv=None) -> dict:
         for i, ids in enumerate(prompts):
             start = time.perf_counter()
             out = specdec_fast.generate(target, ids, assistant_model=draft, num_assistant_tokens=4,
-                                        max_new_tokens=args.new_tokens, seed=i, **MODES[mode], **options)
+                                        max_new_tokens=args.new_tokens, seed=i, **MODES[mode],
+                                        **(options() if callable(options) else options))
             seconds += time.perf_counter() - start
             out = getattr(out, "sequences", out)  # the output dict's tokens
             tokens += out.shape[1] - ids.shape[1]

@@ -53,6 +53,7 @@ from .outputs import decoder_only_output, expand_rows, return_sequences, step_lo
 from .stopping import call_limits
 from .tensor_parallel import check_output, check_tp_call, group_for, request_facts, tp_runner
 from .tree_loop import TreeDecoder
+from .user_cache import cached_length, extend_user_cache, take_user_cache
 
 log = logging.getLogger("specdec_fast")
 
@@ -95,7 +96,8 @@ class _Call:
     """A checked generate() call: input_ids [B, P], mask [B, P] int64 (rows expanded for
     num_return_sequences), the resolved options, the token tree (or None), K (a tree's depth), the
     adaptive schedule's Ks (None: constant K), the stopping limits (stopping.py), the logits stage
-    request without its sampling parameters (or None) and the streamer."""
+    request without its sampling parameters (or None), the streamer, and the user's transformers
+    Cache with the prompt tokens it holds (user_cache.py; None and 0 without one)."""
 
     input_ids: torch.Tensor
     mask: torch.Tensor
@@ -106,6 +108,8 @@ class _Call:
     limits: object
     stage: object
     streamer: object
+    user_cache: object = None
+    cached: int = 0
 
 
 def _positive(name: str, value) -> int:
@@ -419,7 +423,7 @@ class SpeculativeEngine:
                 error = exc
             drawn = int(torch.randint(0, 2**62, (1,)).item()) if seed is None and error is None else None
             facts = {} if error else dict(request_facts(call.input_ids, call.mask, call.opts, call.k, call.token_tree, seed,
-                                                        call.ks), drawn=drawn)
+                                                        call.ks), drawn=drawn, cached=call.cached)
             agreed = self.tp.agree("generate", facts, error, uncompared=("drawn",))
             out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats)
             tokens = out[0] if return_stats else out
@@ -455,6 +459,11 @@ class SpeculativeEngine:
                         top_p=top_p, min_p=min_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                         num_assistant_tokens=num_assistant_tokens, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **kwargs)
         opts = resolved or resolve_options(target, generation_config, explicit, input_ids.shape[1])
+        extra, user_cache = take_user_cache(opts.extra)  # out of the options: they are compared across ranks
+        cached = 0
+        if user_cache is not None:
+            opts = dataclasses.replace(opts, extra=extra)
+            cached = cached_length(user_cache, input_ids, attention_mask, return_sequences(opts))
         if attention_mask is None:  # transformers infers it from the pad token
             attention_mask = infer_attention_mask(input_ids, opts.mask_pad_token_id, opts.eos_token_ids)
         input_ids, attention_mask = expand_rows(input_ids, attention_mask, return_sequences(opts))
@@ -470,8 +479,8 @@ class SpeculativeEngine:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {len(limits.eos_token_ids)}")
         stage = self._stage_request(opts, None, token_tree)  # its checks now; the call's params in _run
         if self.tp is not None:
-            check_tp_call(target, opts, limits)
-        return _Call(input_ids, mask, opts, token_tree, k, ks, limits, stage, streamer)
+            check_tp_call(target, opts, limits, user_cache)
+        return _Call(input_ids, mask, opts, token_tree, k, ks, limits, stage, streamer, user_cache, cached)
 
     def _run(self, call: "_Call", seed, return_stats: bool):
         """The checked call's decoding (seed None: drawn from torch's global RNG)."""
@@ -497,14 +506,17 @@ class SpeculativeEngine:
         if self.tp is not None:
             stats.extra["tensor_parallel"] = dict(ranks=self.tp.size, rank=self.tp.rank, backend=self.tp.backend,
                                                   shard_draft=self.shard_draft, k_schedule="constant")
+        if call.user_cache is not None:  # left as transformers' generate leaves it
+            extend_user_cache(self.target, call.user_cache, tokens, mask, call.cached)
         if opts.extra.get("return_dict_in_generate"):
-            tokens = self._output_dict(self.target, tokens, mask, opts, params)
+            tokens = self._output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached)
         return (tokens, stats) if return_stats else tokens
 
     @staticmethod
-    def _output_dict(target, tokens, mask, opts, params):
+    def _output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0):
         """transformers' GenerateDecoderOnlyOutput, with scores / logits / hidden states /
-        attentions when asked (outputs.py)."""
+        attentions when asked (outputs.py) and the user's cache with the ``cached`` prompt tokens
+        it held (user_cache.py)."""
         want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
         want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
                                         bool(opts.extra.get("output_attentions")))
@@ -524,8 +536,8 @@ class SpeculativeEngine:
                 scores = tuple(processed.unbind(1))
         if want_hidden or want_attentions:
             hidden, attentions = step_states(target, tokens, mask, tokens.shape[1] - mask.shape[1],
-                                             hidden_states=want_hidden, attentions=want_attentions)
-        return decoder_only_output(tokens, scores, logits, hidden, attentions)
+                                             hidden_states=want_hidden, attentions=want_attentions, cached=cached)
+        return decoder_only_output(tokens, scores, logits, hidden, attentions, user_cache)
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
         """One shared vocabulary (tokenizer_key: each tokenizer hashed once)."""

@@ -1,6 +1,7 @@
 """What generate() returns when asked for more than the tokens: return_dict_in_generate with
 output_scores / output_logits / output_hidden_states / output_attentions (transformers'
-GenerateDecoderOnlyOutput; its cache is None), and the rows that num_return_sequences adds.
+GenerateDecoderOnlyOutput; its cache: the call's own, engine/user_cache.py, else None), and the
+rows that num_return_sequences adds.
 
 scores and logits: transformers returns, for every step s of the generation, the target's raw
 logits [B, V] (``logits``) and the processed ones (``scores``: after every logits processor and,
@@ -43,7 +44,7 @@ def expand_rows(input_ids: torch.Tensor, attention_mask, n: int):
     return input_ids.repeat_interleave(n, 0), None if attention_mask is None else attention_mask.repeat_interleave(n, 0)
 
 
-def _generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
+def generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
     """(attention_mask, position_ids), int64 [B, P + new]: the prompt's mask then ``new`` ones
     (generated tokens, pads after EOS too, as generate() feeds them), positions from the mask."""
     ones = torch.ones(prompt_mask.shape[0], new, dtype=torch.long, device=prompt_mask.device)
@@ -55,14 +56,14 @@ def _generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
 def step_logits(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int) -> torch.Tensor:
     """float32 [B, T, V]: the target's logits at each of the T generated steps (the logits that
     chose token P + s come from position P + s - 1), from one forward of sequences [B, P + T]."""
-    mask, positions = _generation_mask(prompt_mask, sequences.shape[1] - prompt_mask.shape[1])
+    mask, positions = generation_mask(prompt_mask, sequences.shape[1] - prompt_mask.shape[1])
     out = model(input_ids=sequences, attention_mask=mask, position_ids=positions, logits_to_keep=steps + 1)
     return out.logits[:, :-1].float()
 
 
 @torch.no_grad()
 def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, hidden_states: bool,
-                attentions: bool) -> tuple:
+                attentions: bool, cached: int = 0) -> tuple:
     """(hidden_states, attentions) as transformers' generate returns them for the T = ``steps``
     generated tokens of sequences [B, P + T] (None where not asked): per step, a tuple over the
     layers (hidden states: the embeddings first). Step 0 is the prompt's forward: [B, P, H] and
@@ -71,15 +72,18 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
     sees no key, and what the model puts there depends on the width of the row it is in), then
     tokens P .. P + T - 2 over the prompt's cache (each query sees the keys generate's step saw;
     equal up to fp32 rounding). Attentions are what the model gives (empty tuples for sdpa, as in
-    generate; eager attention returns them)."""
+    generate; eager attention returns them). cached: the prompt tokens a user's cache held
+    (engine/user_cache.py): generate's prefill ran only the others, so step 0 holds positions
+    cached .. P - 1 (queries; the attentions' keys stay all P)."""
     from ..runners.hf import cache_keyword, output_cache
 
     width = prompt_mask.shape[1]
-    mask, positions = _generation_mask(prompt_mask, steps - 1)
+    mask, positions = generation_mask(prompt_mask, steps - 1)
     asked = dict(output_hidden_states=hidden_states, output_attentions=attentions, logits_to_keep=1)
     prompt = model(input_ids=sequences[:, :width], attention_mask=mask[:, :width], position_ids=positions[:, :width],
                    use_cache=True, **asked)
-    hidden, attention = [prompt.hidden_states], [prompt.attentions]
+    hidden = [None if prompt.hidden_states is None else tuple(h[:, cached:] for h in prompt.hidden_states)]
+    attention = [None if prompt.attentions is None else tuple(a[:, :, cached:] for a in prompt.attentions)]
     if steps > 1:
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
                      position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): output_cache(prompt)},
@@ -118,9 +122,14 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
     return standardise(processed, params) if do_sample else processed
 
 
-def decoder_only_output(sequences, scores=None, logits=None, hidden_states=None, attentions=None):
-    """transformers' GenerateDecoderOnlyOutput (the cache: None)."""
+def decoder_only_output(sequences, scores=None, logits=None, hidden_states=None, attentions=None, cache=None):
+    """transformers' GenerateDecoderOnlyOutput; cache: the call's own (engine/user_cache.py), under
+    the field's name in the installed transformers (``cache`` from 5.24, ``past_key_values`` before)."""
+    import dataclasses
+
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+    names = {field.name for field in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    cache_field = {("cache" if "cache" in names else "past_key_values"): cache} if cache is not None else {}
     return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, hidden_states=hidden_states,
-                                     attentions=attentions)
+                                     attentions=attentions, **cache_field)

@@ -80,13 +80,13 @@ def request_facts(input_ids, mask, opts, k: int, token_tree, seed, ks=None) -> d
             "tree": None if token_tree is None else token_tree.describe(), "seed": seed}
 
 
-def check_tp_call(target, opts, limits) -> None:
+def check_tp_call(target, opts, limits, user_cache=None) -> None:
     """What a tensor-parallel call cannot do (ValueError on every rank, before the loop). Every rank
     must run the same iterations, so nothing a rank decides from its own clock may steer the loop:
     K is constant (the engine's _ks_for: the adaptive schedule chooses from measured step times),
     and max_time / MaxTimeCriteria would end rows at different tokens on different ranks. A
     ShardedCausalLM has no forward of its own for output_scores / output_logits / output_hidden_states /
-    output_attentions."""
+    output_attentions, nor for a user's cache (user_cache.py)."""
     from transformers.generation.stopping_criteria import MaxTimeCriteria
 
     if opts.extra.get("max_time") is not None or any(isinstance(c, MaxTimeCriteria) for c in limits.host or ()):
@@ -97,6 +97,9 @@ def check_tp_call(target, opts, limits) -> None:
     if isinstance(target, ShardedCausalLM) and asked and opts.extra.get("return_dict_in_generate"):
         raise ValueError(f"{' / '.join(asked)} need the target's own forward, which a ShardedCausalLM does "
                          "not have: load the target whole on each rank (process_group=), or drop them")
+    if isinstance(target, ShardedCausalLM) and user_cache is not None:
+        raise ValueError("cache= / past_key_values= needs the target's own forward to extend the cache, which a "
+                         "ShardedCausalLM does not have: load the target whole on each rank (process_group=), or drop it")
 
 
 def check_output(group, tokens: torch.Tensor) -> None:

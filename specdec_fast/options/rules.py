@@ -55,8 +55,11 @@ OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_sco
 # (transformers' DFlash assisted generation: assistant_model is a DFlash drafter, which
 # api.generate hands to the draft_head path).
 DRAFTER_OPTIONS = ("assistant_early_exit", "speculation_type")
+# A transformers Cache the call continues (engine/user_cache.py): transformers' name from 5.24, then
+# its name before.
+CACHE_OPTIONS = ("cache", "past_key_values")
 ENGINE_IMPLEMENTS = frozenset(LOGITS_STAGE_OPTIONS + STOPPING_OPTIONS + SCHEDULE_OPTIONS + OUTPUT_OPTIONS
-                              + DRAFTER_OPTIONS)
+                              + DRAFTER_OPTIONS + CACHE_OPTIONS)
 
 # GenerationConfig fields resolve_options implements (typed into Options).
 HANDLED_FIELDS = frozenset({
@@ -160,8 +163,6 @@ GENERATE_ARGUMENTS = {
     "negative_prompt_ids": (_is_none, "None"),
     "negative_prompt_attention_mask": (_is_none, "None"),
     "custom_generate": (_is_none, "None"),
-    "past_key_values": (_is_none, "None (every call starts from its prompt)"),
-    "cache": (_is_none, "None (every call starts from its prompt)"),
     "inputs_embeds": (_is_none, "None (give input_ids)"),
     "position_ids": (_is_none, "None (positions follow the attention mask)"),
     "decoder_input_ids": (_is_none, "None (decoder-only models)"),

@@ -238,3 +238,21 @@ def test_a_sharded_target_refuses_the_outputs_that_need_its_forward(name):
         check_tp_call(sharded, opts, call_limits(opts, 3, None))
     opts = resolve_options(config_source, None, dict(max_new_tokens=4, **{name: True}), 3)
     check_tp_call(sharded, opts, call_limits(opts, 3, None))
+
+
+def test_a_sharded_target_refuses_a_user_cache():
+    """A user's cache is extended by the target's own forward (engine/user_cache.py), which a
+    ShardedCausalLM does not have: refused before the loop; a whole target passes."""
+    from transformers import DynamicCache
+
+    from specdec_fast.engine.stopping import call_limits
+    from specdec_fast.engine.tensor_parallel import check_tp_call
+    from specdec_fast.options import resolve_options
+    from specdec_fast.runners.sharded_model import ShardedCausalLM
+
+    whole = make_model("llama")
+    sharded = ShardedCausalLM.__new__(ShardedCausalLM)  # only its type is read here
+    opts = resolve_options(whole, None, dict(max_new_tokens=4), 3)
+    with pytest.raises(ValueError, match="cache= / past_key_values= needs the target's own forward"):
+        check_tp_call(sharded, opts, call_limits(opts, 3, None), DynamicCache())
+    check_tp_call(whole, opts, call_limits(opts, 3, None), DynamicCache())

@@ -114,7 +114,7 @@ def test_bad_sampling_values(pair, kwargs, name):
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(num_beams=2), "num_beams"), (dict(past_key_values=object()), "past_key_values"),
+    (dict(num_beams=2), "num_beams"), (dict(synced_gpus=True), "synced_gpus"),
     (dict(diversity_penalty=1.2), "diversity_penalty"),
     (dict(no_such_option=3), "no_such_option"),
 ])

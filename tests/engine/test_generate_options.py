@@ -93,7 +93,7 @@ ACTING_IN_MODE = [("early_stopping", True, dict(num_beams=2)), ("length_penalty"
 NOT_NEUTRAL_KWARGS = [  # generate()'s own keyword arguments (not GenerationConfig fields)
     ("synced_gpus", True),
     ("negative_prompt_ids", torch.zeros(2, 3, dtype=torch.long)), ("custom_generate", lambda *a, **k: None),
-    ("past_key_values", object()), ("inputs_embeds", torch.zeros(2, 6, 48)), ("position_ids", torch.zeros(2, 6)),
+    ("inputs_embeds", torch.zeros(2, 6, 48)), ("position_ids", torch.zeros(2, 6)),
     ("no_such_option", 3),
 ]
 
@@ -216,10 +216,11 @@ def test_implemented_options_reach_the_caller(pair):
         resolve_options(target, None, dict(max_new_tokens=NEW, stopping_criteria=criteria), IDS.shape[1],
                         implemented={"repetition_penalty"})
     # The engine implements the logits stage's options (engine/logits_stage.py), the stopping ones,
-    # the outputs, the draft length's schedule (engine/schedule.py) and the early-exit drafter.
+    # the outputs, the draft length's schedule (engine/schedule.py), the early-exit drafter and a
+    # user's cache (engine/user_cache.py).
     assert generation_options.ENGINE_IMPLEMENTS == frozenset(
         option_rules.LOGITS_STAGE_OPTIONS + option_rules.STOPPING_OPTIONS + option_rules.SCHEDULE_OPTIONS
-        + option_rules.OUTPUT_OPTIONS + option_rules.DRAFTER_OPTIONS)
+        + option_rules.OUTPUT_OPTIONS + option_rules.DRAFTER_OPTIONS + option_rules.CACHE_OPTIONS)
 
 
 def test_the_readme_table_is_the_classification():

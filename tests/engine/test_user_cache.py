@@ -1,0 +1,189 @@
+"""generate(..., cache=c) / past_key_values=c (specdec_fast/engine/user_cache.py): a transformers
+Cache the call continues. The tokens equal model.generate's with the same cache, and the cache is
+left as model.generate leaves it (its length and its KV within fp32 rounding), so a chat loop's
+next turn (ours or transformers') builds on it; return_dict_in_generate returns it, and step 0 of
+its hidden states covers the tokens past the cache. Refusals name the problem; a patched model
+hands the form we do not take to transformers."""
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache, StaticCache
+
+import specdec_fast
+import specdec_fast.api as api
+from specdec_fast.engine import engine as engine_module
+from specdec_fast.engine.inputs import UnsupportedInputError
+from specdec_fast.options.rules import option_class
+
+from .conftest import model_pair
+from .models import left_padded_prompts
+
+NEW = 8
+DRAFTING = {"draft": lambda draft: dict(assistant_model=draft), "lookup": lambda draft: dict(prompt_lookup_num_tokens=3),
+            "plain": lambda draft: {}}
+
+
+def _prefix_cache(model, ids, mask, length: int, kind: str = "dynamic"):
+    """A cache holding the KV of ids[:, :length], positions from the mask as generate makes them."""
+    cache = (DynamicCache(config=model.config) if kind == "dynamic"
+             else StaticCache(config=model.config, max_cache_len=ids.shape[1] + 4 * NEW))
+    if length:
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            model(input_ids=ids[:, :length], attention_mask=mask[:, :length], position_ids=positions[:, :length],
+                  cache=cache)
+    return cache
+
+
+def _same_cache(ours, theirs, atol=1e-4) -> bool:
+    """Same length, and every layer's keys and values equal within atol."""
+    if int(ours.get_seq_length()) != int(theirs.get_seq_length()):
+        return False
+    length = int(theirs.get_seq_length())
+    return all(torch.allclose(mine.keys[:, :, :length], hf.keys[:, :, :length], atol=atol)
+               and torch.allclose(mine.values[:, :, :length], hf.values[:, :, :length], atol=atol)
+               for mine, hf in zip(ours.layers, theirs.layers))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("drafting", list(DRAFTING))
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+def test_tokens_and_the_cache_left_equal_generate(kind, drafting, cache_kind):
+    target, draft = model_pair(kind)
+    ids, mask = left_padded_prompts([6, 9, 4], seed=11)
+    prefix = _prefix_cache(target, ids, mask, 5, cache_kind)
+    theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=3)
+    theirs = target.generate(ids, attention_mask=mask, cache=theirs_cache, **kw)
+    ours, stats = api.generate(target, ids, mask, cache=ours_cache, return_stats=True, **kw,
+                               **DRAFTING[drafting](draft))
+    assert torch.equal(ours, theirs)
+    assert int(theirs_cache.get_seq_length()) == ours.shape[1] - 1
+    assert _same_cache(ours_cache, theirs_cache)
+    if drafting != "plain":
+        assert stats.k > 0  # it speculated
+
+
+def test_a_chat_loop_over_one_cache_equals_generate_turn_by_turn():
+    """transformers' docs' multi-turn loop: one DynamicCache for every turn (empty at the first),
+    input_ids the whole conversation so far; each turn's tokens and the cache after it equal
+    model.generate's. The last turn runs on transformers' generate over the cache our turns left."""
+    target, draft = model_pair("llama")
+    theirs_cache, ours_cache = DynamicCache(config=target.config), DynamicCache(config=target.config)
+    generator = torch.Generator().manual_seed(5)
+    conversation = torch.randint(4, 120, (1, 7), generator=generator)
+    for turn in range(3):
+        kw = dict(max_new_tokens=NEW + turn, do_sample=False, pad_token_id=0)
+        mask = torch.ones_like(conversation)  # the tokenizer's (the replies may hold the pad id)
+        theirs = target.generate(conversation, attention_mask=mask, cache=theirs_cache, **kw)
+        ours = specdec_fast.generate(target, conversation, mask, cache=ours_cache, assistant_model=draft, **kw)
+        assert torch.equal(ours, theirs), f"turn {turn}"
+        assert _same_cache(ours_cache, theirs_cache), f"turn {turn}"
+        conversation = torch.cat([theirs, torch.randint(4, 120, (1, 5), generator=generator)], 1)
+    kw = dict(attention_mask=torch.ones_like(conversation), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    assert torch.equal(target.generate(conversation, cache=ours_cache, **kw),
+                       target.generate(conversation, cache=theirs_cache, **kw))
+
+
+def test_control_a_cache_left_as_it_came_is_caught(monkeypatch):
+    """Control: without extend_user_cache the tokens still match (they never read the cache), and
+    the cache check above fails: it is what proves the cache is left right."""
+    monkeypatch.setattr(engine_module, "extend_user_cache", lambda *args, **kwargs: None)
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9], seed=12)
+    theirs_cache, ours_cache = _prefix_cache(target, ids, mask, 4), _prefix_cache(target, ids, mask, 4)
+    theirs = target.generate(ids, attention_mask=mask, cache=theirs_cache, max_new_tokens=NEW, do_sample=False,
+                             pad_token_id=0)
+    ours = api.generate(target, ids, mask, cache=ours_cache, assistant_model=draft, max_new_tokens=NEW,
+                        do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, theirs)
+    assert not _same_cache(ours_cache, theirs_cache)
+
+
+def test_output_dict_returns_the_cache_and_hidden_states_past_it():
+    """return_dict_in_generate: the output's cache is the caller's object; output_hidden_states'
+    step 0 covers only the prompt tokens past the cache (generate's prefill), equal within fp32
+    rounding; the scores are unchanged by the cache."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9, 4], seed=13)
+    prefix = _prefix_cache(target, ids, mask, 5)
+    theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+              output_hidden_states=True, output_scores=True)
+    theirs = target.generate(ids, attention_mask=mask, past_key_values=theirs_cache, **kw)
+    ours = api.generate(target, ids, mask, past_key_values=ours_cache, assistant_model=draft, **kw)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert ours.cache is ours_cache and theirs.cache is theirs_cache
+    assert ours.hidden_states[0][0].shape == theirs.hidden_states[0][0].shape == (3, 4, target.config.hidden_size)
+    for mine, hf in zip(ours.hidden_states, theirs.hidden_states):
+        for a, b in zip(mine, hf):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    for mine, hf in zip(ours.scores, theirs.scores):
+        torch.testing.assert_close(mine, hf, atol=1e-4, rtol=1e-4)
+
+
+def test_a_patched_chat_harness_speculates_and_the_unsupported_form_falls_back():
+    """Through patch_generate bound to a draft: a call with past_key_values speculates (stats) and
+    equals model.generate; input_ids holding only the tokens past the cache (the mask as wide as
+    cache + input) is not ours to take: the bound patch hands it to transformers with a warning."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([7], seed=14)
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, past_key_values=_prefix_cache(target, ids, mask, 3), **kw)
+    new_only = target.generate(ids[:, 3:], attention_mask=mask, past_key_values=_prefix_cache(target, ids, mask, 3),
+                               **kw)
+    with specdec_fast.patch_generate(target, assistant_model=draft) as model:
+        out = model.generate(ids, attention_mask=mask, past_key_values=_prefix_cache(target, ids, mask, 3), **kw)
+        assert torch.equal(out, expected) and model.specdec_last_stats.k > 0
+        with pytest.warns(UserWarning, match="only the 4 tokens past the cache"):
+            fallback = model.generate(ids[:, 3:], attention_mask=mask,
+                                      past_key_values=_prefix_cache(target, ids, mask, 3), **kw)
+    assert torch.equal(fallback, new_only)
+
+
+@pytest.mark.parametrize("case", ["tuple", "two_caches", "whole_prompt", "return_sequences", "rows", "new_only"])
+def test_calls_we_refuse_name_the_problem(case):
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9], seed=15)
+    kw = dict(max_new_tokens=NEW, pad_token_id=0, assistant_model=draft)
+    prefix = _prefix_cache(target, ids, mask, 4)
+    calls = {
+        "tuple": (ValueError, "tuple", dict(cache=((torch.zeros(1),),))),
+        "two_caches": (ValueError, "pass the cache once", dict(cache=prefix, past_key_values=copy.deepcopy(prefix))),
+        "whole_prompt": (ValueError, "at least one token", dict(cache=_prefix_cache(target, ids, mask, 9))),
+        "return_sequences": (ValueError, "num_return_sequences=2", dict(cache=prefix, do_sample=True,
+                                                                        num_return_sequences=2)),
+        "rows": (ValueError, "holds 1 rows and input_ids 2", dict(cache=_prefix_cache(target, ids[:1], mask[:1], 4))),
+        "new_only": (UnsupportedInputError, "past the cache", dict(cache=prefix, input_ids=ids[:, 4:])),
+    }
+    error, words, options = calls[case]
+    call_ids = options.pop("input_ids", ids)
+    before = int(prefix.get_seq_length())
+    with pytest.raises(error, match=words):
+        api.generate(target, call_ids, mask, **kw, **options)
+    assert int(prefix.get_seq_length()) == before  # a refused call leaves the cache alone
+
+
+def test_the_options_rule_takes_both_names_and_an_empty_cache_is_filled():
+    assert option_class("cache") == option_class("past_key_values") == "handled"
+    target, _ = model_pair("llama")
+    ids, mask = left_padded_prompts([5], seed=16)
+    cache = DynamicCache(config=target.config)  # the first turn of a chat loop
+    out = api.generate(target, ids, mask, cache=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert int(cache.get_seq_length()) == out.shape[1] - 1
+
+
+def test_a_cache_holding_other_positions_is_not_read():
+    """The known difference, pinned: a padded batch prefilled without position_ids holds its keys at
+    positions generate would not use. transformers' tokens follow that cache; ours never read it and
+    are those of generate without a cache (the README says so)."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9, 4], seed=11)
+    odd = DynamicCache(config=target.config)
+    with torch.no_grad():
+        target(input_ids=ids[:, :5], attention_mask=mask[:, :5], cache=odd)  # positions 0..4 in every row
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    ours = api.generate(target, ids, mask, cache=copy.deepcopy(odd), assistant_model=draft, **kw)
+    assert torch.equal(ours, target.generate(ids, attention_mask=mask, **kw))
+    assert not torch.equal(ours, target.generate(ids, attention_mask=mask, cache=copy.deepcopy(odd), **kw))
