@@ -57,7 +57,7 @@ def cached_length(cache, input_ids: torch.Tensor, attention_mask, return_sequenc
     (attention_mask: the call's, [B, P], or None)."""
     length = int(cache.get_seq_length())
     width = input_ids.shape[1]
-    if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] != width:
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and attention_mask.shape[1] != width:
         if attention_mask.shape[1] == length + width:
             raise UnsupportedInputError(
                 f"input_ids holds only the {width} tokens past the cache's {length} (the attention_mask is "
