@@ -49,7 +49,7 @@ from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokeni
                      max_positions, tokenizer_key, vocab_size)
 from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
-from .outputs import decoder_only_output, expand_rows, return_sequences, step_logits, step_scores, step_states
+from .outputs import expand_rows, output_dict, return_sequences
 from .stopping import call_limits
 from .tensor_parallel import check_output, check_tp_call, group_for, request_facts, tp_runner
 from .tree_loop import TreeDecoder
@@ -509,35 +509,8 @@ class SpeculativeEngine:
         if call.user_cache is not None:  # left as transformers' generate leaves it
             extend_user_cache(self.target, call.user_cache, tokens, mask, call.cached)
         if opts.extra.get("return_dict_in_generate"):
-            tokens = self._output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached)
+            tokens = output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached)
         return (tokens, stats) if return_stats else tokens
-
-    @staticmethod
-    def _output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0):
-        """transformers' GenerateDecoderOnlyOutput, with scores / logits / hidden states /
-        attentions when asked (outputs.py) and the user's cache with the ``cached`` prompt tokens
-        it held (user_cache.py)."""
-        want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
-        want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
-                                        bool(opts.extra.get("output_attentions")))
-        scores = logits = hidden = attentions = None
-        if want_scores or want_logits:
-            width = mask.shape[1]
-            raw = step_logits(target, tokens, mask, tokens.shape[1] - width)
-            if want_logits:
-                logits = tuple(raw.unbind(1))
-            if want_scores:
-                stage_options = stage_options_of(opts)
-                start = (width - mask.sum(1)).long()
-                processed = step_scores(raw, tokens, width, start, stage_options, opts.eos_token_ids, params,
-                                        opts.do_sample, opts.max_new_tokens)
-                if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
-                    processed = processed.log_softmax(-1)
-                scores = tuple(processed.unbind(1))
-        if want_hidden or want_attentions:
-            hidden, attentions = step_states(target, tokens, mask, tokens.shape[1] - mask.shape[1],
-                                             hidden_states=want_hidden, attentions=want_attentions, cached=cached)
-        return decoder_only_output(tokens, scores, logits, hidden, attentions, user_cache)
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:
         """One shared vocabulary (tokenizer_key: each tokenizer hashed once)."""

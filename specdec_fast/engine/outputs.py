@@ -24,6 +24,7 @@ import torch
 from ..kernels.verify.reference import standardise
 from ..processing import LogitsProcessing
 from ..processing.penalties import generate_skips_prompt_pads
+from .logits_stage import stage_options_of
 
 
 def return_sequences(opts) -> int:
@@ -120,6 +121,33 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
         if processing.warpers_here:  # standardised (and watermarked after) in process
             return processed
     return standardise(processed, params) if do_sample else processed
+
+
+def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0):
+    """transformers' GenerateDecoderOnlyOutput for a call that asked return_dict_in_generate:
+    tokens [B, P + T], mask the prompt's [B, P], opts the call's Options, params its
+    SamplingTensors; scores / logits / hidden states / attentions when asked, and the user's
+    cache with the ``cached`` prompt tokens it held (user_cache.py)."""
+    want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
+    want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
+                                    bool(opts.extra.get("output_attentions")))
+    scores = logits = hidden = attentions = None
+    width = mask.shape[1]
+    if want_scores or want_logits:
+        raw = step_logits(target, tokens, mask, tokens.shape[1] - width)
+        if want_logits:
+            logits = tuple(raw.unbind(1))
+        if want_scores:
+            start = (width - mask.sum(1)).long()
+            processed = step_scores(raw, tokens, width, start, stage_options_of(opts), opts.eos_token_ids, params,
+                                    opts.do_sample, opts.max_new_tokens)
+            if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
+                processed = processed.log_softmax(-1)
+            scores = tuple(processed.unbind(1))
+    if want_hidden or want_attentions:
+        hidden, attentions = step_states(target, tokens, mask, tokens.shape[1] - width, hidden_states=want_hidden,
+                                         attentions=want_attentions, cached=cached)
+    return decoder_only_output(tokens, scores, logits, hidden, attentions, user_cache)
 
 
 def decoder_only_output(sequences, scores=None, logits=None, hidden_states=None, attentions=None, cache=None):
