@@ -10,7 +10,7 @@ they are computed after the loop in ONE teacher-forced forward of the final sequ
 model's own forward, positions from the attention mask as generate() makes them; pads after a
 row's end are fed as generate() feeds them), then processed per position with that position's
 prefix (processing/, penalties included, in transformers' order), then log-softmax when
-renormalize_logits (transformers' LogitNormalization, its last processor: engine._output_dict).
+renormalize_logits (transformers' LogitNormalization, its last processor: output_dict).
 Measured on CPU (tiny Llama, B = 3, 6 steps): equal to model.generate's within 4e-6. The loop itself is untouched: a call
 without these options pays nothing, one with them pays a forward over B x (P + T) tokens, a
 prefill's worth, instead of a [B, K+1, V] copy per iteration.
