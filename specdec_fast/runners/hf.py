@@ -17,6 +17,18 @@ work in between, at most one poll interval's worth of (K+1) slots per iteration.
 Masks: with attn_implementation "sdpa" or "eager" the runner builds the 4-D mask itself
 (transformers' own mask builder reads the 2-D mask's values for one-token queries, a host
 sync); other implementations get the 2-D mask and transformers builds it.
+
+Sliding windows (Mistral's sliding_window, layer_types with "sliding_attention": Qwen2 with
+use_sliding_window, Gemma 2/3): transformers' layer keeps a key when kv_idx > q_idx - window, in
+its cache's slot order, the padded sequence's; a row's left pads shift both sides alike, so that
+is q_pos - k_pos < window in the row's own positions. Slots here are not in position order
+(holes), so the runner keeps every slot's position (``slot_pos``) and builds the window into the
+4-D mask: one windowed mask where every layer slides (Mistral), or transformers' per-layer-type
+dict {"full_attention": ..., "sliding_attention": ...} (the models with layer_types take it as
+their own mask mapping). The cache then keeps every slot (a DynamicCache without the config: no
+layer drops what the window passed; the mask hides it). Measured before this: a prompt past the
+window raised a shape error in sdpa (the sliding layer had dropped the slots the mask listed).
+The "2d" implementations (flash attention, ...) build the window from slot order: refused.
 """
 import inspect
 import weakref
@@ -51,6 +63,27 @@ def output_cache(out):
     return out.past_key_values if cache is None else cache
 
 
+def sliding_layout(config):
+    """(window, per_layer_type) of a config whose attention slides (module docstring), else
+    (None, False): per_layer_type True when config.layer_types mixes full and sliding layers
+    (the mask goes as a dict), False when every layer slides (Mistral: sliding_window set, no
+    layer_types). ValueError for layer types other than full / sliding attention."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        kinds = set(layer_types)
+        if not kinds <= {"full_attention", "sliding_attention"}:
+            raise ValueError(f"runner='hf' takes full_attention / sliding_attention layers, got layer_types {sorted(kinds)}")
+        if "sliding_attention" not in kinds:
+            return None, False
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"sliding_attention layers need an int sliding_window, got {window!r}")
+        return window, True
+    if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+        return window, False
+    return None, False
+
+
 class HFRunner:
     """Runner (see runners/base.py) around a transformers causal LM instance (weights shared)."""
 
@@ -65,6 +98,10 @@ class HFRunner:
         self.device = next(model.parameters()).device
         impl = getattr(self.config, "_attn_implementation", None)
         self.mask_kind = {"sdpa": "bool", "eager": "additive"}.get(impl, "2d")
+        self.window, self.window_per_layer_type = sliding_layout(self.config)
+        if self.window is not None and self.mask_kind == "2d":
+            raise ValueError(f"a sliding-window model with attn_implementation={impl!r}: runner='hf' builds the window "
+                             "into its own mask, for 'sdpa' or 'eager' attention; load the model with one of them")
         self.dtype = next(model.parameters()).dtype
         self.compact_slack = compact_slack
         limits = [getattr(self.config, n, None) for n in ("max_position_embeddings", "n_positions")]
@@ -93,8 +130,10 @@ class HFRunner:
         )
         return out.logits
 
-    def _mask(self, new_valid: torch.Tensor) -> torch.Tensor:
-        """Attention mask for N new slots after the L cached ones: 2-D [B, L+N] or 4-D [B,1,N,L+N]."""
+    def _mask(self, new_valid: torch.Tensor, new_pos: torch.Tensor):
+        """Attention mask for N new slots (positions new_pos [B, N]) after the L cached ones: 2-D
+        [B, L+N] or 4-D [B,1,N,L+N]; a sliding window's (module docstring): one windowed 4-D
+        mask, or the dict of one per layer type."""
         keys = torch.cat([self.slot_valid, new_valid], dim=1)
         if self.mask_kind == "2d":
             return keys.long()
@@ -102,7 +141,18 @@ class HFRunner:
         length = self.slot_valid.shape[1]
         causal = torch.arange(length + n, device=self.device)[None, :] <= (length + torch.arange(n, device=self.device))[:, None]
         allowed = keys[:, None, None, :] & causal[None, None]
-        # A query slot that is a hole still sees its own row's earlier real tokens (never empty).
+        # A query slot that is a hole still sees its own row's earlier real tokens (never empty:
+        # its position is its row's last real token's, which the window keeps).
+        if self.window is None:
+            return self._mask_values(allowed)
+        key_pos = torch.cat([self.slot_pos, new_pos], dim=1)
+        windowed = allowed & ((new_pos[:, :, None] - key_pos[:, None, :]) < self.window)[:, None]
+        if not self.window_per_layer_type:
+            return self._mask_values(windowed)
+        return {"full_attention": self._mask_values(allowed), "sliding_attention": self._mask_values(windowed)}
+
+    def _mask_values(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A bool [B, 1, N, L+N] mask in the implementation's form (sdpa: bool, eager: additive)."""
         if self.mask_kind == "bool":
             return allowed
         return torch.zeros((), dtype=self.dtype, device=self.device).masked_fill(~allowed, torch.finfo(self.dtype).min)
@@ -116,11 +166,13 @@ class HFRunner:
         apply: the DynamicCache grows as it goes (a new one per call)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        self.cache = self._cache_class(config=self.config)
+        # A sliding window: every layer keeps every slot, the mask windows them (module docstring).
+        self.cache = self._cache_class() if self.window is not None else self._cache_class(config=self.config)
         mask = attention_mask.to(self.device).long()
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = self._forward(input_ids, mask, position_ids)[:, -1]
         self.slot_valid = mask.bool()
+        self.slot_pos = position_ids
         self.length = mask.sum(-1)  # real tokens per row: committed + tentative
         self.committed = self.length.clone()
         self.tentative_start = self.slot_valid.shape[1]
@@ -140,8 +192,9 @@ class HFRunner:
             real = torch.arange(n, device=self.device)[None, :] >= (n - num_valid)[:, None]
         rank = real.long().cumsum(1)
         position_ids = (self.length[:, None] + rank - 1).clamp(0, self.max_position)
-        logits = self._forward(tokens.clamp(min=0).long(), self._mask(real), position_ids)
+        logits = self._forward(tokens.clamp(min=0).long(), self._mask(real, position_ids), position_ids)
         self.slot_valid = torch.cat([self.slot_valid, real], dim=1)
+        self.slot_pos = torch.cat([self.slot_pos, position_ids], dim=1)
         self.length = self.length + rank[:, -1]
         return logits
 
@@ -169,6 +222,7 @@ class HFRunner:
             index = order[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
             layer.values = layer.values.gather(2, index)
         self.slot_valid = self.slot_valid.gather(1, order)
+        self.slot_pos = self.slot_pos.gather(1, order)
         self.tentative_start = keep
 
     @property

@@ -1,0 +1,95 @@
+"""runner='hf' on sliding-window models (specdec_fast/runners/hf.py, module docstring): Mistral
+(every layer slides), Qwen2 with use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed,
+the mask as transformers' per-layer-type dict), with prompts and generations far past the window,
+left padding, drafts rejected (holes) and compaction: the tokens are model.generate's. The paged
+runner refuses a window a row reaches, so these models run here by default. Before the window went
+into the runner's mask, every such call raised a shape error (the sliding cache layer had dropped
+slots the mask listed). Control: a window two tokens wider gives other tokens."""
+import pytest
+import torch
+import transformers as tf
+
+import specdec_fast
+from specdec_fast.runners import hf as hf_runner
+
+from .models import left_padded_prompts, make_draft
+
+COMMON = dict(vocab_size=128, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+CONFIGS = {
+    "mistral": lambda: tf.MistralConfig(sliding_window=4, **COMMON),
+    "qwen2": lambda: tf.Qwen2Config(use_sliding_window=True, sliding_window=5, max_window_layers=1, **COMMON),
+    "gemma2": lambda: tf.Gemma2Config(sliding_window=4, head_dim=12, query_pre_attn_scalar=12, **COMMON),
+    "gemma3": lambda: tf.Gemma3TextConfig(sliding_window=4, head_dim=12, query_pre_attn_scalar=12,
+                                          sliding_window_pattern=2, **COMMON),
+}
+CASES = [("mistral", "sdpa"), ("mistral", "eager"), ("qwen2", "sdpa"), ("gemma2", "eager"), ("gemma3", "sdpa")]
+_MODELS = {}
+
+
+def _pair(kind: str, attn: str):
+    if (kind, attn) not in _MODELS:
+        torch.manual_seed(0)
+        model = tf.AutoModelForCausalLM.from_config(CONFIGS[kind](), attn_implementation=attn).eval()
+        model.generation_config.eos_token_id = None
+        _MODELS[kind, attn] = (model, make_draft(model, noise=0.3))
+    return _MODELS[kind, attn]
+
+
+@pytest.mark.parametrize("drafting", ["draft", "lookup", "plain"])
+@pytest.mark.parametrize("kind, attn", CASES, ids=[f"{k}-{a}" for k, a in CASES])
+def test_greedy_tokens_equal_generate_past_the_window(kind, attn, drafting):
+    model, draft = _pair(kind, attn)
+    ids, mask = left_padded_prompts([6, 9, 4], seed=21)
+    kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0, eos_token_id=3)
+    extra = {"draft": dict(assistant_model=draft), "lookup": dict(prompt_lookup_num_tokens=3), "plain": {}}[drafting]
+    out, stats = specdec_fast.generate(model, ids, mask, return_stats=True, **kw, **extra)
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
+    if drafting == "draft":
+        assert stats.accepted_hist[0] > 0, "some drafts were rejected (holes in the runner's cache)"
+
+
+def test_control_a_wider_window_gives_other_tokens(monkeypatch):
+    layout = hf_runner.sliding_layout
+    monkeypatch.setattr(hf_runner, "sliding_layout", lambda config: (layout(config)[0] + 2, layout(config)[1]))
+    model, draft = _pair("mistral", "sdpa")
+    ids, mask = left_padded_prompts([6, 9, 4], seed=21)
+    kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0)
+    specdec_fast.release_engines()  # runners built under the patched layout
+    try:
+        out = specdec_fast.generate(model, ids, mask, assistant_model=draft, runner="hf", **kw)
+    finally:
+        specdec_fast.release_engines()
+    assert not torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
+
+
+def test_layouts_and_the_implementations_that_build_their_own_window():
+    assert hf_runner.sliding_layout(CONFIGS["mistral"]()) == (4, False)
+    assert hf_runner.sliding_layout(CONFIGS["qwen2"]()) == (5, True)
+    assert hf_runner.sliding_layout(tf.Qwen2Config(**COMMON)) == (None, False)  # use_sliding_window off
+    assert hf_runner.sliding_layout(tf.LlamaConfig(**COMMON)) == (None, False)
+    model, _ = _pair("mistral", "sdpa")
+    config = model.config
+    saved = config._attn_implementation
+    config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="sliding-window model with attn_implementation='flash_attention_2'"):
+            hf_runner.HFRunner(model)
+    finally:
+        config._attn_implementation = saved
+
+
+@pytest.mark.parametrize("kind, attn", [("mistral", "sdpa"), ("gemma3", "sdpa")])
+def test_compaction_keeps_the_window(kind, attn):
+    """compact() right-aligns the slots (holes out): their positions move with them, so the window
+    still reads the row's positions. A slack of 2 compacts at almost every poll."""
+    model, draft = _pair(kind, attn)
+    engine = specdec_fast.SpeculativeEngine(model, draft, runner="hf")
+    for runner in (engine.target_runner, engine.draft_runner):
+        runner.compact_slack = 2
+    ids, mask = left_padded_prompts([6, 9, 4], seed=22)
+    kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0, num_assistant_tokens=4)
+    out, stats = engine.generate(ids, mask, return_stats=True, **kw)
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0))
+    appended = ids.shape[1] + stats.iterations * 5  # every score call appends K + 1 slots
+    assert engine.target_runner.cache_len < appended - 8, "compaction ran"
