@@ -74,17 +74,23 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
     tokens P .. P + T - 2 over the prompt's cache (each query sees the keys generate's step saw;
     equal up to fp32 rounding). Attentions are what the model gives (empty tuples for sdpa, as in
     generate; eager attention returns them). cached: the prompt tokens a user's cache held
-    (engine/user_cache.py): generate's prefill ran only the others, so step 0 holds positions
-    cached .. P - 1 (queries; the attentions' keys stay all P)."""
+    (engine/user_cache.py): they get a forward of their own and generate's prefill runs the
+    others over it, so step 0 holds positions cached .. P - 1 (queries; the attentions' keys
+    stay all P). Split as generate splits them, because eager attention spreads a left pad's
+    fully masked query over every key its forward holds."""
     from ..runners.hf import cache_keyword, output_cache
 
     width = prompt_mask.shape[1]
     mask, positions = generation_mask(prompt_mask, steps - 1)
     asked = dict(output_hidden_states=hidden_states, output_attentions=attentions, logits_to_keep=1)
-    prompt = model(input_ids=sequences[:, :width], attention_mask=mask[:, :width], position_ids=positions[:, :width],
-                   use_cache=True, **asked)
-    hidden = [None if prompt.hidden_states is None else tuple(h[:, cached:] for h in prompt.hidden_states)]
-    attention = [None if prompt.attentions is None else tuple(a[:, :, cached:] for a in prompt.attentions)]
+    prefix = {}
+    if cached:  # the user's cache: its tokens in their own forward, generate's prefill over them
+        before = model(input_ids=sequences[:, :cached], attention_mask=mask[:, :cached],
+                       position_ids=positions[:, :cached], use_cache=True, logits_to_keep=1)
+        prefix = {cache_keyword(model): output_cache(before)}
+    prompt = model(input_ids=sequences[:, cached:width], attention_mask=mask[:, :width],
+                   position_ids=positions[:, cached:width], use_cache=True, **prefix, **asked)
+    hidden, attention = [prompt.hidden_states], [prompt.attentions]
     if steps > 1:
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
                      position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): output_cache(prompt)},

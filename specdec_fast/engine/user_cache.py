@@ -12,16 +12,18 @@ builds on. With return_dict_in_generate the output's cache is this same object.
 Ours: the engine decodes as it does without a cache. Its runners prefill the whole prompt into
 their own paged KV, and the cache's tensors are never read: the tokens are the same function of
 input_ids, up to the rounding between a cached and a whole prefill. Then ``extend_user_cache``
-brings the cache to the state generate leaves it in: one forward of the target over
-sequences[:, L:-1] on top of it, with the mask and positions generate makes. So a call with a cache
-costs one extra prefill of its new tokens (the prompt past L and the generated tokens); the
+brings the cache to the state generate leaves it in: forwards of the target over
+sequences[:, L:-1] on top of it (the prompt's, then the generated tokens'), with the mask and
+positions generate makes. So a call with a cache costs one extra prefill of its new tokens (the prompt past L and the generated tokens); the
 cached prefix itself is prefilled again by our runners (not copied from the cache: a cache's
 layout and RoPE are the model's, ours are the runner's).
 
 Refused (ValueError, as transformers would fail or misbehave):
 - a cache holding the whole prompt: transformers would then run the whole prompt again on top of it;
 - num_return_sequences > 1: the cache holds one row per prompt, and transformers fails on it;
-- a cache whose batch differs from input_ids'.
+- a cache whose batch differs from input_ids';
+- a StaticCache too short for the returned tokens but the last (transformers fails as it writes
+  past it; we find it after the loop and leave the cache as it came).
 Refused with UnsupportedInputError (patch_generate hands the call to transformers): input_ids
 holding only the tokens past the cache (an attention_mask as wide as cache + input_ids).
 Its KV would be needed for those tokens, and ours are recomputed from input_ids.
@@ -85,15 +87,32 @@ def _batch_size(cache) -> int:
     return -1
 
 
+def _capacity(cache):
+    """The tokens a static cache holds at most (its full-attention layers' max_cache_len), None
+    where every layer grows or slides (a sliding layer keeps its last window, any length)."""
+    sizes = [layer.max_cache_len for layer in getattr(cache, "layers", ())
+             if isinstance(getattr(layer, "max_cache_len", None), int) and "Sliding" not in type(layer).__name__]
+    return min(sizes) if sizes else None
+
+
 @torch.no_grad()
 def extend_user_cache(model, cache, sequences: torch.Tensor, prompt_mask: torch.Tensor, cached: int) -> None:
     """Leave ``cache`` (holding the KV of the prompt's first ``cached`` tokens) as transformers'
-    generate leaves it: the KV of sequences [B, P + T] but the last token. One forward of
-    ``model`` over tokens cached .. P + T - 2 (the mask: the prompt's [B, P] then ones, pads after
-    EOS included, as generate feeds them; positions from the mask)."""
+    generate leaves it: the KV of sequences [B, P + T] but the last token. Two forwards of
+    ``model``: generate's prefill (prompt tokens cached .. P - 1), then the generated tokens but
+    the last (the mask: the prompt's [B, P] then ones, pads after EOS included, as generate feeds
+    them; positions from the mask). Not one: eager attention spreads a left pad's fully masked
+    query over every key its forward holds, so one forward would give the pads' KV other values
+    than generate's prefill (seen: 2.8 apart; the real tokens' agree either way)."""
     from ..runners.hf import cache_keyword
 
-    new = sequences.shape[1] - prompt_mask.shape[1]
-    mask, positions = generation_mask(prompt_mask, new - 1)
-    model(input_ids=sequences[:, cached: sequences.shape[1] - 1], attention_mask=mask, position_ids=positions[:, cached:],
-          use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})
+    width, end = prompt_mask.shape[1], sequences.shape[1] - 1
+    capacity = _capacity(cache)
+    if capacity is not None and end > capacity:  # transformers fails as it writes slot `capacity` (IndexError)
+        raise ValueError(f"the cache holds at most {capacity} tokens and this call's {end + 1} tokens need {end} "
+                         "(all but the last): give the StaticCache a larger max_cache_len; the cache is left as it was")
+    mask, positions = generation_mask(prompt_mask, end - width)
+    for first, last in ((cached, width), (width, end)):
+        if last > first:
+            model(input_ids=sequences[:, first:last], attention_mask=mask[:, :last], position_ids=positions[:, first:last],
+                  use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})

@@ -187,3 +187,41 @@ def test_a_cache_holding_other_positions_is_not_read():
     ours = api.generate(target, ids, mask, cache=copy.deepcopy(odd), assistant_model=draft, **kw)
     assert torch.equal(ours, target.generate(ids, attention_mask=mask, **kw))
     assert not torch.equal(ours, target.generate(ids, attention_mask=mask, cache=copy.deepcopy(odd), **kw))
+
+
+@pytest.mark.parametrize("cached", [0, 1, 5])
+def test_eager_attention_leaves_the_pads_kv_as_generate_does(cached):
+    """Eager attention spreads a left pad's fully masked query over every key its forward holds:
+    the cache is extended as generate fills it (the prompt's prefill, then the generated tokens),
+    so the KV at pad positions (row 2 has 5 pads) and step 0's hidden states equal generate's too.
+    Found by fuzzing: one forward over both left the pads' keys 2.8 apart."""
+    from .models import make_model
+
+    target = make_model("llama", attn="eager")
+    target.generation_config.eos_token_id = None
+    ids, mask = left_padded_prompts([6, 9, 4], seed=11)
+    prefix = _prefix_cache(target, ids, mask, cached)
+    theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+              output_hidden_states=True)
+    theirs = target.generate(ids, attention_mask=mask, cache=theirs_cache, **kw)
+    ours = api.generate(target, ids, mask, cache=ours_cache, **kw)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert _same_cache(ours_cache, theirs_cache)
+    for mine, hf in zip(ours.hidden_states[0], theirs.hidden_states[0]):
+        torch.testing.assert_close(mine, hf, atol=1e-4, rtol=1e-4)
+
+
+def test_a_static_cache_too_short_is_refused_and_left_alone():
+    """transformers fails as it writes past a StaticCache's end (IndexError); ours finds it after
+    the loop and leaves the cache as it came."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9], seed=12)
+    theirs_cache = StaticCache(config=target.config, max_cache_len=12)
+    with pytest.raises(IndexError):
+        target.generate(ids, attention_mask=mask, cache=theirs_cache, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    small = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 2)
+    with pytest.raises(ValueError, match="holds at most 11 tokens"):
+        api.generate(target, ids, mask, cache=small, assistant_model=draft, max_new_tokens=NEW, do_sample=False,
+                     pad_token_id=0)
+    assert int(small.get_seq_length()) == 0
