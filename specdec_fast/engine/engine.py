@@ -38,6 +38,7 @@ from ..drafters import BlockDrafter, SelectorBlockDrafter, Eagle3Drafter, Eagle3
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..heads import load_draft_head
 from ..options import resolve_options
+from ..processing.guidance import check_guidance
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
 from ..runners.paged_dflash import PagedDFlashRunner
@@ -74,8 +75,9 @@ ADAPTIVE_KS = (1, 2, 3, 4, 5, 6, 8)
 # the choice is mostly the verify's rows against the acceptance further out), and the whole block.
 ADAPTIVE_BLOCK_KS = (1, 2, 3, 4, 6, 8, 12)
 SCHEDULES = ("adaptive", "constant", "heuristic", "heuristic_transient")
-USER_PROCESSORS_NOTE = ("a user logits_processor, prefix_allowed_tokens_fn or watermarking_config runs eagerly on "
-                        "the host per row and position (exact input_ids), which a CUDA graph cannot replay")
+USER_PROCESSORS_NOTE = ("a user logits_processor, prefix_allowed_tokens_fn, watermarking_config or guidance_scale runs "
+                        "eagerly on the host per row and position (exact input_ids; guidance: the model's unconditional "
+                        "forward per row), which a CUDA graph cannot replay")
 
 
 def head_source(path) -> str:
@@ -464,6 +466,9 @@ class SpeculativeEngine:
         if user_cache is not None:
             opts = dataclasses.replace(opts, extra=extra)
             cached = cached_length(user_cache, input_ids, attention_mask, return_sequences(opts))
+        if opts.extra.get("guidance_scale") not in (None, 1):
+            check_guidance(opts.extra["guidance_scale"], opts.extra.get("negative_prompt_ids"),
+                           opts.extra.get("negative_prompt_attention_mask"), input_ids.shape[0], return_sequences(opts))
         if attention_mask is None:  # transformers infers it from the pad token
             attention_mask = infer_attention_mask(input_ids, opts.mask_pad_token_id, opts.eos_token_ids)
         input_ids, attention_mask = expand_rows(input_ids, attention_mask, return_sequences(opts))
@@ -477,7 +482,7 @@ class SpeculativeEngine:
         self._check_sizes(input_ids, limits.max_new_tokens, max(ks or (k,)) if token_tree is None else token_tree.size - 1)
         if len(limits.eos_token_ids or ()) > EOS_SLOTS:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {len(limits.eos_token_ids)}")
-        stage = self._stage_request(opts, None, token_tree)  # its checks now; the call's params in _run
+        stage = self._stage_request(opts, None, token_tree, target)  # its checks now; the call's params in _run
         if self.tp is not None:
             check_tp_call(target, opts, limits, user_cache)
         return _Call(input_ids, mask, opts, token_tree, k, ks, limits, stage, streamer, user_cache, cached)
@@ -529,10 +534,11 @@ class SpeculativeEngine:
                                  "for this pair, or call specdec_fast.generate")
 
     @staticmethod
-    def _stage_request(opts, params, token_tree):
-        """The call's logits stage (logits processors, penalties), or None when it needs none."""
+    def _stage_request(opts, params, token_tree, model=None):
+        """The call's logits stage (logits processors, penalties), or None when it needs none
+        (model: the target, for guidance_scale)."""
         options = stage_options_of(opts)
-        request = (StageRequest(options, opts.eos_token_ids, opts.do_sample, params, opts.max_new_tokens)
+        request = (StageRequest(options, opts.eos_token_ids, opts.do_sample, params, opts.max_new_tokens, model)
                    if options else None)
         if request is None or request.spec is None:
             return None
@@ -647,8 +653,8 @@ class SpeculativeEngine:
 
     def _decoder(self, batch: int, k: int, modes, token_tree, num_eos: int, stage_spec=None, ks=None) -> SpeculativeDecoder:
         """The decoder of this call's bucket, K, sampling modes, tree and logits stage (built at its
-        first call). A user's logits_processor, prefix_allowed_tokens_fn or watermarking_config runs
-        eagerly: its decoders take no graphs."""
+        first call). A user's logits_processor, prefix_allowed_tokens_fn, watermarking_config or
+        guidance_scale runs eagerly: its decoders take no graphs."""
         if num_eos > EOS_SLOTS:
             raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {num_eos}")
         eager = stage_spec == "user"

@@ -37,6 +37,7 @@ from ..processing.warpers import STAGE_WARPERS, stage_warpers_on
 
 # The options a stage implements (options/rules.py owns the list: the engine implements them).
 STAGE_OPTIONS = LOGITS_STAGE_OPTIONS
+GUIDANCE_OPTIONS = ("guidance_scale", "negative_prompt_ids", "negative_prompt_attention_mask")
 _PENALTY_NAMES = {"repetition": "repetition_penalty", "frequency": "frequency_penalty", "presence": "presence_penalty"}
 
 
@@ -54,14 +55,15 @@ def _freeze(value):
 def spec(extra: dict, do_sample: bool, eos_token_ids=None):
     """The hashable shape of a call's stage (a decoder key part), or None when the call needs none.
     A user's logits_processor, prefix_allowed_tokens_fn or watermarking_config makes the stage
-    eager (spec "user": a new stage every call). The EOS ids are part of it: min_length,
+    eager (spec "user": a new stage every call), and so does guidance_scale (its stage holds the
+    call's model and negative prompt). The EOS ids are part of it: min_length,
     min_new_tokens, exponential_decay_length_penalty and bad_words_ids build their tensors from
     them (a stage reused for a call with other EOS ids masked the first call's)."""
     values = {name: extra[name] for name in STAGE_OPTIONS if name in extra}
     if not values:
         return None
     if (values.get("logits_processor") or values.get("prefix_allowed_tokens_fn") is not None
-            or values.get("watermarking_config") is not None):
+            or values.get("watermarking_config") is not None or values.get("guidance_scale") not in (None, 1)):
         return "user"
     return (bool(do_sample), tuple(sorted((name, _freeze(v)) for name, v in values.items())),
             tuple(eos_token_ids or ()))
@@ -71,9 +73,13 @@ def stage_options_of(opts) -> dict:
     """A call's options the logits stage reads (resolve.Options' extra): its STAGE_OPTIONS, and
     num_return_sequences where prefix_allowed_tokens_fn groups the expanded rows by it. A greedy
     call leaves out the sampling warpers (top_h, typical_p, epsilon_cutoff, eta_cutoff): transformers'
-    greedy generate neither builds nor checks them, as ours ignores temperature and top_p there."""
+    greedy generate neither builds nor checks them, as ours ignores temperature and top_p there.
+    guidance_scale 1 (or none) leaves out the guidance and its negative prompt, as transformers does."""
     options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS
                and (opts.do_sample or name not in STAGE_WARPERS)}
+    if options.get("guidance_scale") in (None, 1):  # transformers then builds no guidance: the negative prompt is unread
+        for name in GUIDANCE_OPTIONS:
+            options.pop(name, None)
     if options.get("prefix_allowed_tokens_fn") is not None:
         options["num_return_sequences"] = int(opts.extra.get("num_return_sequences") or 1)
     return options
@@ -93,6 +99,8 @@ class StageRequest:
     # transformers builds ForcedEOSTokenLogitsProcessor from it even when a user's MaxLengthCriteria
     # ends the call elsewhere; None: the loop's own max_new_tokens.
     max_new_tokens: int | None = None
+    # The target model (a transformers causal LM): guidance_scale runs it unconditionally.
+    model: object = None
 
     @property
     def spec(self):
@@ -122,7 +130,7 @@ class LogitsStage:
         self.processing = LogitsProcessing.from_options(
             dict(values, eos_token_id=request.eos_token_ids, do_sample=request.do_sample), vocab_size=vocab,
             prompt_width=prompt_width, device=device, logits_processor=user, fused_penalties=True,
-            max_new_tokens=max_new_tokens)
+            max_new_tokens=max_new_tokens, guidance_model=request.model)
         self.graph_safe, self.graph_note = self.processing.graph_safe, self.processing.graph_note
         self.warpers = self.processing.warpers_here
         kernel = self.processing.kernel_penalties  # neutral where processing runs them itself
@@ -172,11 +180,12 @@ class LogitsStage:
 
     def draft(self, logits: torch.Tensor, state, drafted: torch.Tensor) -> torch.Tensor:
         """logits [R, V] of the draft before its next draft (drafted [R, i]: the drafts so far)
-        -> the logits it samples from (processed like the target's at that position)."""
+        -> the logits it samples from (processed like the target's at that position, unguided:
+        processing/guidance.py)."""
         if self.float32 and logits.dtype != torch.float32:
             logits = logits.float()
         out = self.processing.process(logits[:, None, :], state.seq, state.end, drafted,
-                                      start=self._pads_start(state), params=self.real_params)
+                                      start=self._pads_start(state), params=self.real_params, guided=False)
         return out[:, 0]
 
     def appended(self, tokens: torch.Tensor, emitted: torch.Tensor) -> None:

@@ -103,14 +103,15 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
 
 
 def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int, start: torch.Tensor, options: dict,
-                eos_token_ids, params, do_sample: bool, max_new_tokens: int) -> torch.Tensor:
+                eos_token_ids, params, do_sample: bool, max_new_tokens: int, model=None) -> torch.Tensor:
     """float32 [B, T, V]: transformers' scores from the raw step logits [B, T, V]: the processors
     at each step with that step's prefix (the generated tokens before it), then the warpers when
     sampling (params: the call's SamplingTensors [B]). start int64 [B]: each row's first real
     prompt slot; the repetition penalty counts from there where the installed transformers'
     generate() skips left pads (5.23 and later), from slot 0 where it penalises the pad token
     (5.22 and earlier), as the loop's own penalties do (logits_stage._pads_start). max_new_tokens:
-    the call's (forced_eos_token_id forces its last position; T is less where rows stopped early)."""
+    the call's (forced_eos_token_id forces its last position; T is less where rows stopped early).
+    model: the target, which guidance_scale runs unconditionally."""
     steps = logits.shape[1]
     start = start if generate_skips_prompt_pads() else None
     processed = logits.clone()
@@ -118,7 +119,8 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
         processing = LogitsProcessing.from_options(dict(options, eos_token_id=eos_token_ids, do_sample=do_sample),
                                                    vocab_size=logits.shape[-1], prompt_width=prompt_width,
                                                    device=logits.device, logits_processor=options.get("logits_processor"),
-                                                   fused_penalties=False, max_new_tokens=max_new_tokens)
+                                                   fused_penalties=False, max_new_tokens=max_new_tokens,
+                                                   guidance_model=model)
         end = torch.full((logits.shape[0],), prompt_width, dtype=torch.long, device=logits.device)
         generated = sequences[:, prompt_width: prompt_width + steps - 1].long()
         # Step s sees the prompt and the generated tokens 0..s-1: the "drafts" of one long iteration.
@@ -146,7 +148,7 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
         if want_scores:
             start = (width - mask.sum(1)).long()
             processed = step_scores(raw, tokens, width, start, stage_options_of(opts), opts.eos_token_ids, params,
-                                    opts.do_sample, opts.max_new_tokens)
+                                    opts.do_sample, opts.max_new_tokens, model=target)
             if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
                 processed = processed.log_softmax(-1)
             scores = tuple(processed.unbind(1))

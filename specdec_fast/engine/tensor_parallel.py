@@ -86,7 +86,7 @@ def check_tp_call(target, opts, limits, user_cache=None) -> None:
     K is constant (the engine's _ks_for: the adaptive schedule chooses from measured step times),
     and max_time / MaxTimeCriteria would end rows at different tokens on different ranks. A
     ShardedCausalLM has no forward of its own for output_scores / output_logits / output_hidden_states /
-    output_attentions, nor for a user's cache (user_cache.py)."""
+    output_attentions, a user's cache (user_cache.py) or guidance_scale."""
     from transformers.generation.stopping_criteria import MaxTimeCriteria
 
     if opts.extra.get("max_time") is not None or any(isinstance(c, MaxTimeCriteria) for c in limits.host or ()):
@@ -97,6 +97,9 @@ def check_tp_call(target, opts, limits, user_cache=None) -> None:
     if isinstance(target, ShardedCausalLM) and asked and opts.extra.get("return_dict_in_generate"):
         raise ValueError(f"{' / '.join(asked)} need the target's own forward, which a ShardedCausalLM does "
                          "not have: load the target whole on each rank (process_group=), or drop them")
+    if isinstance(target, ShardedCausalLM) and opts.extra.get("guidance_scale") not in (None, 1):
+        raise ValueError("guidance_scale needs the target's own forward (its unconditional stream), which a "
+                         "ShardedCausalLM does not have: load the target whole on each rank (process_group=), or drop it")
     if isinstance(target, ShardedCausalLM) and user_cache is not None:
         raise ValueError("cache= / past_key_values= needs the target's own forward to extend the cache, which a "
                          "ShardedCausalLM does not have: load the target whole on each rank (process_group=), or drop it")

@@ -39,7 +39,7 @@ LOGITS_STAGE_OPTIONS = ("sequence_bias", "encoder_repetition_penalty", "repetiti
                         "min_length", "min_new_tokens", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id",
                         "forced_eos_token_id", "exponential_decay_length_penalty", "remove_invalid_values", "top_h",
                         "typical_p", "epsilon_cutoff", "eta_cutoff", "logits_processor", "prefix_allowed_tokens_fn",
-                        "watermarking_config")
+                        "watermarking_config", "guidance_scale", "negative_prompt_ids", "negative_prompt_attention_mask")
 # Stopping: transformers' stopping criteria, at the exact token (engine/stopping.py).
 STOPPING_OPTIONS = ("stopping_criteria", "max_time", "stop_strings")
 # The draft length's schedule (engine/schedule.py): "adaptive" (ours; opt-in: a constant K is
@@ -160,8 +160,6 @@ GENERATE_ARGUMENTS = {
     "stopping_criteria": (_none_or_empty, "None or an empty StoppingCriteriaList"),
     "prefix_allowed_tokens_fn": (_is_none, "None"),
     "synced_gpus": (_none_or_false, "None or False (we keep no other process in step)"),
-    "negative_prompt_ids": (_is_none, "None"),
-    "negative_prompt_attention_mask": (_is_none, "None"),
     "custom_generate": (_is_none, "None"),
     "inputs_embeds": (_is_none, "None (give input_ids)"),
     "position_ids": (_is_none, "None (positions follow the attention mask)"),

@@ -1,6 +1,9 @@
 """LogitsProcessing: transformers' logits processors for one generate call, per speculative
 position, in transformers' order (generation/utils.py _get_logits_processor):
 
+    0 guidance_scale           UnbatchedClassifierFreeGuidanceLogitsProcessor
+                                                                    guidance.py (the target only: an
+                                                                    unconditional forward per row, eager)
     1 sequence_bias            SequenceBiasLogitsProcessor          sequence_bias.py
    1b encoder_repetition_penalty
                                EncoderRepetitionPenaltyLogitsProcessor
@@ -31,7 +34,8 @@ position, in transformers' order (generation/utils.py _get_logits_processor):
    13 watermarking_config      WatermarkLogitsProcessor             watermark.py (eager; after the
                                                                     warpers, which then run here)
 
-``process`` runs it all: apply_ (1-12), standardise when the warpers run here, the watermark.
+``process`` runs it all: the guidance (target side: guided=True), apply_ (1-12), standardise when
+the warpers run here, the watermark.
 
 Where the penalties run: a verify kernel that applies them fused (fused_penalties=True) does so
 after everything here; that equals
@@ -52,6 +56,7 @@ from numbers import Integral
 import torch
 
 from .encoder_penalty import EncoderRepetitionPenalty
+from .guidance import ClassifierFreeGuidance
 from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidValues, SuppressTokens,
                     begin_suppress_mask, forced_bos, forced_eos, forced_ids, min_new_tokens_mask, nonnegative_int,
                     token_list)
@@ -73,7 +78,8 @@ OPTIONS = {
     "remove_invalid_values": False,
     "repetition_penalty": 1.0,
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "do_sample": False, **STAGE_WARPERS, "eos_token_id": None,
-    "watermarking_config": None,
+    "watermarking_config": None, "guidance_scale": None, "negative_prompt_ids": None,
+    "negative_prompt_attention_mask": None,
 }
 NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
@@ -108,7 +114,8 @@ class LogitsProcessing:
     options: transformers' names (OPTIONS; None = off); logits_processor: the user's list;
     max_new_tokens: the call's (forced_eos_token_id's position; set_max_new_tokens re-fills it);
     fused_penalties: the caller's verify kernel can apply the penalties fused (module docstring);
-    False (the default): they always run here, in their slot.
+    False (the default): they always run here, in their slot. guidance_model: the target model
+    (a transformers causal LM), which guidance_scale runs unconditionally (guidance.py).
 
     Attributes for the caller:
         active          process has something to do
@@ -117,6 +124,7 @@ class LogitsProcessing:
         warpers_here    sampling with top_h / typical_p / epsilon_cutoff / eta_cutoff or a
                         watermark: process standardises; give the kernel temperature 1, no truncation
         watermark       the watermark's stage (process applies it last), or None
+        guidance        the guidance's stage (process applies it first when guided), or None
         wants_float32   a step computes new values (sequence_bias, penalties here, user code):
                         transformers processes a float32 copy, so pass float32 logits for its
                         exact values (other dtypes round at each such step; the -inf masks are
@@ -125,7 +133,7 @@ class LogitsProcessing:
 
     def __init__(self, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
                  fused_penalties: bool = False, min_length_follows_min_new: bool = False,
-                 max_new_tokens: int | None = None, **options):
+                 max_new_tokens: int | None = None, guidance_model=None, **options):
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise ValueError(f"unknown logits processing option(s) {unknown}; known: {sorted(OPTIONS)}")
@@ -138,7 +146,7 @@ class LogitsProcessing:
         self.min_length_follows_min_new = bool(min_length_follows_min_new)
         self._init_args = dict(prompt_width=prompt_width, device=device, logits_processor=logits_processor,
                                fused_penalties=fused_penalties, min_length_follows_min_new=min_length_follows_min_new,
-                               max_new_tokens=max_new_tokens, **options)
+                               max_new_tokens=max_new_tokens, guidance_model=guidance_model, **options)
         opt = {name: default if options.get(name) is None else options[name] for name, default in OPTIONS.items()}
         penalties = check_penalties(opt["repetition_penalty"], opt["frequency_penalty"], opt["presence_penalty"])
         self.typical_p, self.epsilon_cutoff, self.eta_cutoff, self.top_h = check_warpers(
@@ -149,7 +157,14 @@ class LogitsProcessing:
         stages = self._merge_users(self._builtins(opt, penalties), list(logits_processor or []))
         self.watermark = (None if opt["watermarking_config"] is None
                           else watermark_stage(opt["watermarking_config"], self.vocab_size, self.device))
-        eager = [s for s in stages + [self.watermark] if s is not None and not getattr(s, "graph_safe", True)]
+        self.guidance = None
+        if opt["guidance_scale"] is not None and opt["guidance_scale"] != 1:  # transformers: 1 builds nothing
+            if guidance_model is None:
+                raise ValueError("guidance_scale needs the model (guidance_model=) for its unconditional forward")
+            self.guidance = ClassifierFreeGuidance(opt["guidance_scale"], guidance_model, self.prompt_width,
+                                                   opt["negative_prompt_ids"], opt["negative_prompt_attention_mask"])
+        eager = [s for s in [self.guidance] + stages + [self.watermark]
+                 if s is not None and not getattr(s, "graph_safe", True)]
         self.graph_safe = not eager
         self.graph_note = None if self.graph_safe else eager[0].graph_note
         penalty_stage = next((s for s in stages if isinstance(s, _Penalties)), None)
@@ -165,8 +180,8 @@ class LogitsProcessing:
             stages.remove(penalty_stage)
             self.kernel_penalties = dict(zip(NEUTRAL_PENALTIES, penalties))
         self.stages = self._group_users(stages)
-        self.active = bool(self.stages) or self.watermark is not None
-        self.wants_float32 = self.watermark is not None or any(
+        self.active = bool(self.stages) or self.watermark is not None or self.guidance is not None
+        self.wants_float32 = self.watermark is not None or self.guidance is not None or any(
             isinstance(s, (_Penalties, UserProcessors, ExponentialDecay, RemoveInvalidValues,
                            EncoderRepetitionPenalty))
             or (isinstance(s, SequenceBias) and s.rounds) for s in self.stages)
@@ -274,7 +289,8 @@ class LogitsProcessing:
 
     @classmethod
     def from_options(cls, config, *, vocab_size: int, prompt_width: int, device, logits_processor=None,
-                     fused_penalties: bool = False, max_new_tokens: int | None = None) -> "LogitsProcessing":
+                     fused_penalties: bool = False, max_new_tokens: int | None = None,
+                     guidance_model=None) -> "LogitsProcessing":
         """From a GenerationConfig or a dict of resolved options (transformers' names). Like
         generate(): min_new_tokens, when given, sets min_length = min_new_tokens + P
         (_prepare_generated_length)."""
@@ -285,7 +301,7 @@ class LogitsProcessing:
             options["min_length"] = nonnegative_int(options["min_new_tokens"], "min_new_tokens") + prompt_width
         return cls(vocab_size=vocab_size, prompt_width=prompt_width, device=device, logits_processor=logits_processor,
                    fused_penalties=fused_penalties, min_length_follows_min_new=follows, max_new_tokens=max_new_tokens,
-                   **options)
+                   guidance_model=guidance_model, **options)
 
     def set_prompt_width(self, prompt_width: int) -> None:
         """Another call's prompt width P: every value that depends on it (length thresholds, where
@@ -294,7 +310,7 @@ class LogitsProcessing:
         if isinstance(prompt_width, bool) or not isinstance(prompt_width, Integral) or prompt_width < 1:
             raise ValueError(f"prompt_width must be an int >= 1, got {prompt_width!r}")
         self.prompt_width = int(prompt_width)
-        for stage in self.stages:
+        for stage in self.stages + [self.guidance]:
             if hasattr(stage, "set_prompt_width"):
                 stage.set_prompt_width(self.prompt_width)
 
@@ -307,7 +323,7 @@ class LogitsProcessing:
 
     def set_rows(self, rows: int) -> None:
         """The call's real rows (a decoder may hold more, unused): host-called stages ask only these."""
-        for stage in self.stages:
+        for stage in self.stages + [self.guidance]:
             if hasattr(stage, "set_rows"):
                 stage.set_rows(rows)
 
@@ -316,15 +332,18 @@ class LogitsProcessing:
         return LogitsProcessing(vocab_size=vocab_size, **self._init_args)
 
     def process(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, drafts: torch.Tensor,
-                start=None, params=None) -> torch.Tensor:
+                start=None, params=None, guided: bool = True) -> torch.Tensor:
         """Everything transformers does to logits [B, N, V] before it samples or takes the argmax:
+        the guidance when ``guided`` (the target's logits; a draft's are not guided: guidance.py),
         apply_ (in place), then standardise when the warpers run here (params: SamplingTensors [B],
-        required then; a new float32 tensor), then the watermark (in place); the processors and the
-        watermark read one Prefixes. Arguments as apply_."""
+        required then; a new float32 tensor), then the watermark (in place); the stages read one
+        Prefixes. Arguments as apply_."""
         self._check_width(logits)
         if self.warpers_here and params is None:
             raise ValueError("this call's warpers run here (warpers_here): process needs its sampling params")
         prefixes = Prefixes(seq, end, drafts, logits.shape[1], start=start) if self.active else None
+        if guided and self.guidance is not None:
+            self.guidance.apply_(logits, prefixes)
         self._run_stages(logits, prefixes)
         if self.warpers_here:
             logits = self.standardise(logits, params)

@@ -256,3 +256,19 @@ def test_a_sharded_target_refuses_a_user_cache():
     with pytest.raises(ValueError, match="cache= / past_key_values= needs the target's own forward"):
         check_tp_call(sharded, opts, call_limits(opts, 3, None), DynamicCache())
     check_tp_call(whole, opts, call_limits(opts, 3, None), DynamicCache())
+
+
+def test_a_sharded_target_refuses_guidance():
+    """guidance_scale runs the target's own forward on its unconditional stream, which a
+    ShardedCausalLM does not have: refused before the loop; a whole target passes."""
+    from specdec_fast.engine.stopping import call_limits
+    from specdec_fast.engine.tensor_parallel import check_tp_call
+    from specdec_fast.options import resolve_options
+    from specdec_fast.runners.sharded_model import ShardedCausalLM
+
+    whole = make_model("llama")
+    sharded = ShardedCausalLM.__new__(ShardedCausalLM)  # only its type is read here
+    opts = resolve_options(whole, None, dict(max_new_tokens=4, guidance_scale=1.5), 3)
+    with pytest.raises(ValueError, match="guidance_scale needs the target's own forward"):
+        check_tp_call(sharded, opts, call_limits(opts, 3, None))
+    check_tp_call(whole, opts, call_limits(opts, 3, None))
