@@ -18,6 +18,7 @@ schedule: it chooses from this process's own step times, and ranks must run the 
 check_tp_call). The KV pools: every rank sizes its own (local KV heads
 only) and they agree on the smallest, so that every rank refuses the same requests.
 """
+import re
 import zlib
 
 import torch
@@ -76,8 +77,19 @@ def request_facts(input_ids, mask, opts, k: int, token_tree, seed, ks=None) -> d
     """What every rank must agree on before a call's loop (equal inputs -> equal tokens). ks: the
     adaptive schedule's Ks, None under tensor parallelism (check_tp_call's note)."""
     return {"input_ids": (tuple(input_ids.shape), checksum(input_ids.long())),
-            "attention_mask": checksum(mask.long()), "options": repr(opts), "K": k, "Ks": ks,
+            "attention_mask": checksum(mask.long()), "options": options_text(opts), "K": k, "Ks": ks,
             "tree": None if token_tree is None else token_tree.describe(), "seed": seed}
+
+
+def options_text(opts) -> str:
+    """repr(opts) without the memory addresses of default reprs ("<function <lambda> at 0x7f...>",
+    "<StopOn object at 0x...>"): each rank builds its own stopping criteria, logits processors and
+    prefix_allowed_tokens_fn, so the ranks compare their types and texts, not where they live
+    (found by the tensor-parallel fuzzing round: every call with one was refused as a disagreement)."""
+    return _ADDRESS.sub("", repr(opts))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def check_tp_call(target, opts, limits, user_cache=None) -> None:

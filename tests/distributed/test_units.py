@@ -272,3 +272,35 @@ def test_a_sharded_target_refuses_guidance():
     with pytest.raises(ValueError, match="guidance_scale needs the target's own forward"):
         check_tp_call(sharded, opts, call_limits(opts, 3, None))
     check_tp_call(whole, opts, call_limits(opts, 3, None))
+
+
+def test_the_ranks_compare_user_objects_without_their_addresses():
+    """Each rank builds its own stopping criteria, logits processors and prefix function: the
+    request's facts hold their types and texts, not their memory addresses (the tensor-parallel
+    fuzzing round found every such call refused as a disagreement). Different code still differs."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+    from transformers.generation.stopping_criteria import StoppingCriteria
+
+    from specdec_fast.engine.tensor_parallel import options_text, request_facts
+    from specdec_fast.options import resolve_options
+
+    class StopOn(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == 5
+
+    target = make_model("llama")
+    ids, mask = torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
+
+    def call(**options):
+        opts = resolve_options(target, None, dict(max_new_tokens=4, **options), 3)
+        return request_facts(ids, mask, opts, 2, None, 7)
+
+    for make in (lambda: dict(stopping_criteria=StoppingCriteriaList([StopOn()])),
+                 lambda: dict(logits_processor=LogitsProcessorList([lambda i, s: s])),
+                 lambda: dict(prefix_allowed_tokens_fn=lambda b, i: [1, 2])):
+        first, second = make(), make()  # two objects, as two ranks hold
+        assert repr(first) != repr(second)  # the addresses differ
+        assert call(**first) == call(**second)
+    assert call(repetition_penalty=1.2) != call(repetition_penalty=1.3)
+    assert " at 0x" not in options_text(resolve_options(target, None, dict(
+        max_new_tokens=4, logits_processor=LogitsProcessorList([lambda i, s: s])), 3))
