@@ -225,17 +225,23 @@ class SpeculativeEngine:
         if self.tp is None:
             self._build_runners(target, assistant_model, runner, row_tokens, tree)
             self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
-        else:  # every rank builds, then all agree (one clear error on every rank: distributed/failures.py)
+        else:  # all agree on the engine, every rank builds, all agree it built (one clear error on every rank)
             with self.tp.guard():
+                # First the configuration: building runs collectives that depend on it (a sharded
+                # draft's), so ranks that differ must stop here, not in different collectives (found
+                # by the tensor-parallel fuzzing round: shard_draft on one rank only hung the other).
+                facts = dict(sizes=dict(max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len,
+                                        max_draft_tokens=self.max_draft_tokens, block_size=block_size,
+                                        kv_cache_tokens=kv_cache_tokens),
+                             drafting=dict(mode=self.mode, k=self.default_k, tree=repr(tree), shard_draft=self.shard_draft),
+                             kernels=dict(backend=backend, runner=runner, cuda_graphs=repr(cuda_graphs), run_ahead=run_ahead))
+                self.tp.agree("building the engine", facts)
                 error = None
                 try:
                     self._build_runners(target, assistant_model, runner, row_tokens, tree)
                 except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
                     error = exc
-                facts = dict(sizes=(self.max_batch_size, self.max_seq_len, self.max_draft_tokens, block_size, kv_cache_tokens),
-                             drafting=(self.mode, self.default_k, repr(tree), self.shard_draft),
-                             kernels=(backend, runner, repr(cuda_graphs), run_ahead))
-                self.tp.agree("building the engine", facts, error)
+                self.tp.agree("building the engine's runners", {}, error)
                 self.memory_note = self._allocate_pools(row_tokens, row_tokens, kv_cache_tokens, kv_memory_fraction)
         log.info("specdec_fast engine: %s", self.memory_note)
         self._lock = threading.Lock()

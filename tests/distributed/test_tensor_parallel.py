@@ -102,6 +102,9 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
         want = refused if rank == 3 else f"TensorParallelError: generate: tensor-parallel rank 3 of 4 failed: {refused}"
         _check(problems, r["one rank refuses"]["error"] == want, f"rank {rank}: {r['one rank refuses']}")
         _check(problems, r["after"] == results[0]["after"], f"rank {rank}: the group must stay usable after an agreed error")
+        _check(problems, str(r["engines differ"].get("error", "")).startswith(
+            "TensorParallelError: building the engine: the ranks disagree on drafting: rank 0 has {'mode': 'draft'"),
+            f"rank {rank}: {r['engines differ']}")
         seen = r["mid-call"]
         injected = "RuntimeError: injected failure in the second verify step"
         want = injected if rank == 1 else f"TensorParallelError: tensor-parallel rank 1 of 4 failed: {injected}"

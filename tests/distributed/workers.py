@@ -165,6 +165,11 @@ def _errors(specdec_fast, rank, target, draft, ids, pair) -> dict:
                                                                 max_new_tokens=2))
     half = ShardedCausalLM.from_model(target, pair, timeout=TP_TIMEOUT)  # sharded over 2 ranks
     res["world sizes"] = _failure(lambda: specdec_fast.SpeculativeEngine(half, draft, process_group=group))
+    # Ranks building different engines (a sharded draft on rank 0 only) stop at the configuration's
+    # agreement, before the draft's sharding runs collectives on one rank only (it hung the others).
+    res["engines differ"] = _failure(lambda: specdec_fast.SpeculativeEngine(
+        target, draft, process_group=group, shard_draft=rank == 0, max_batch_size=1, max_seq_len=64,
+        tp_timeout=TP_TIMEOUT))
     # Errors of one rank, which the call's agreement turns into one line on every rank.
     engine = specdec_fast.SpeculativeEngine(target, draft, process_group=group, max_batch_size=1, max_seq_len=64,
                                             tp_timeout=TP_TIMEOUT)
