@@ -112,9 +112,24 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
 
 
 def _limit(model) -> int | None:
+    """The most tokens a row may hold on the paged runners: the model's position limit, or its
+    sliding window where one is in use (Mistral's, Qwen2's use_sliding_window, ...; the paged
+    runners attend the whole row): rows that fit the window get an engine no wider, so they run
+    paged, and under tensor parallelism at all (found by the tensor-parallel fuzzing round: a window of
+    200 below the 256 rows of the smallest engine sent every call to the hf runner, and a
+    tensor-parallel one to an error); longer rows get an engine of their own size (hf runner)."""
+    from ..runners.hf import sliding_layout
     from .inputs import max_positions
 
-    return max_positions(model)
+    limits = [value for value in (max_positions(model), _window(model, sliding_layout)) if value is not None]
+    return min(limits) if limits else None
+
+
+def _window(model, sliding_layout) -> int | None:
+    try:
+        return sliding_layout(getattr(model, "config", None))[0]
+    except ValueError:  # layer types the hf runner does not take: no window to fit
+        return None
 
 
 def cached_engines(target) -> list:

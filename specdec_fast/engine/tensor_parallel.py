@@ -58,7 +58,12 @@ def tp_runner(model, group, runner, row_tokens: int, backend, block_size: int):
         raise ValueError("tensor parallelism runs on the paged runner; runner='hf' cannot be sharded")
     sharded = model
     if not isinstance(model, ShardedCausalLM):
-        choose_runner(model, "paged", row_tokens, backend)  # ValueError naming why the paged runner cannot
+        try:
+            choose_runner(model, "paged", row_tokens, backend)  # ValueError naming why the paged runner cannot
+        except ValueError as exc:
+            raise ValueError(f"{str(exc).split('; use runner=')[0]}: tensor parallelism runs on the paged runner "
+                             "only (rows within the model's sliding window fit it: a smaller max_new_tokens, or "
+                             "SpeculativeEngine(max_seq_len=...))") from None
         sharded = shard_model(model, group)
     elif model.tp is not group and model.tp.size != group.size:
         raise ValueError(f"mismatched world sizes: a model sharded over {model.tp.size} ranks, the group has {group.size}")

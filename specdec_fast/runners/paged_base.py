@@ -166,10 +166,19 @@ class PagedRunnerBase:
         self._allocate(max_batch, max_tokens_per_row, num_blocks)
         self.pooled = True
 
+    def _row_limit_reason(self, max_tokens_per_row: int):
+        """Why rows of max_tokens_per_row tokens cannot run here, beyond the position limit (a
+        family's own: a sliding window they would reach), or None."""
+        return None
+
     def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
         if self.max_positions is not None and max_tokens_per_row > self.max_positions:
             raise ValueError(f"a row of {max_tokens_per_row} tokens (prompt + max_new_tokens + K + 1) would exceed the "
                              f"model's {self.max_positions} position embeddings")
+        reason = self._row_limit_reason(max_tokens_per_row)
+        if reason is not None:
+            raise ValueError(f"{type(self).__name__} cannot hold rows of {max_tokens_per_row} tokens: {reason}; "
+                             "use runner='hf' or None")
         per_row = math.ceil(max_tokens_per_row / self.block_size)
         blocks = max_batch * per_row if num_blocks is None else num_blocks
         self.cache = PagedKVCache(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks=blocks,

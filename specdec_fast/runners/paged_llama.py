@@ -55,7 +55,9 @@ _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 def _sliding_window_in_use(config, max_tokens_per_row):
     """The window size when some layer uses a sliding window that a row of max_tokens_per_row
-    tokens (None: unknown) could exceed, else None. Keys are masked when q - k >= window."""
+    tokens exceeds, else None (also for None, an unknown length: the runner's pool, which knows
+    it, checks again: PagedLlamaRunner._row_limit_reason). Keys are masked when q - k >= window;
+    the paged attention attends the whole row, which is the same while rows stay in the window."""
     window = getattr(config, "sliding_window", None)
     if window is None:
         return None
@@ -64,7 +66,7 @@ def _sliding_window_in_use(config, max_tokens_per_row):
         return None
     if config.model_type != "mistral" and layer_types is None and not getattr(config, "use_sliding_window", False):
         return None
-    if max_tokens_per_row is not None and max_tokens_per_row <= window:
+    if max_tokens_per_row is None or max_tokens_per_row <= window:
         return None
     return window
 
@@ -170,6 +172,13 @@ class PagedLlamaRunner(PagedRunnerBase):
     """
 
     unsupported_reason = staticmethod(llama_unsupported_reason)
+
+    def _row_limit_reason(self, max_tokens_per_row: int):
+        """A sliding window that rows of max_tokens_per_row tokens would reach (the paged
+        attention attends the whole row), else None."""
+        window = _sliding_window_in_use(self.config, max_tokens_per_row)
+        return None if window is None else f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
+
     gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)
     gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
 

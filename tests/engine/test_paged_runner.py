@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import specdec_fast.api as api
+from specdec_fast.engine.cached import cached_engines, release_engines
+from specdec_fast.runners.hf import HFRunner
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
 from specdec_fast.runners.registry import paged_unsupported_reason
 
@@ -154,6 +156,35 @@ def test_sliding_window_only_matters_when_reached():
     assert api.choose_runner(model, None, 40) == "hf"
     qwen = tiny("qwen2")  # use_sliding_window defaults to False
     assert paged_unsupported_reason(qwen, 10**6) is None
+    # An unknown length is no refusal: the runner's pool, which knows it, checks the window.
+    assert paged_unsupported_reason(model) is None
+    runner = PagedLlamaRunner(model)
+    runner.allocate(2, 32)
+    with pytest.raises(ValueError, match="cannot hold rows of 33 tokens: sliding_window 32 is in use"):
+        PagedLlamaRunner(model).allocate(2, 33)
+
+
+def test_rows_within_a_sliding_window_run_paged():
+    """generate() sizes the engine of a sliding-window model no wider than its window when the
+    call's rows fit it (engine/cached.py _limit): they run on the paged runner, greedy equal to
+    model.generate; longer rows get the hf runner (found by the tensor-parallel fuzzing round: the
+    smallest engine, 256 tokens a row, sent every call of a 200-token window to the hf runner)."""
+    import transformers as tf
+
+    config = tf.MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, sliding_window=40,
+                              max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.eos_token_id = None
+    ids, mask = left_padded_prompts([6, 9], vocab=VOCAB, seed=3)
+    for new, runner in ((20, PagedLlamaRunner), (40, HFRunner)):
+        kw = dict(max_new_tokens=new, do_sample=False, pad_token_id=0)
+        assert torch.equal(api.generate(model, ids, mask, **kw), model.generate(ids, attention_mask=mask, **kw))
+        engine = max(cached_engines(model), key=lambda e: e.max_seq_len)
+        assert isinstance(engine.target_runner, runner), (new, engine.max_seq_len)
+        assert (engine.max_seq_len <= 40) == (runner is PagedLlamaRunner)
+    release_engines(model)
 
 
 def test_wrapped_projection_falls_back_to_hf():
