@@ -11,7 +11,8 @@ one run (alternating rounds, the best round of each), greedy and sampling, draft
                  ignores it) | watermarking_config (transformers' processor per row and position,
                  eager) | the output dict with scores and hidden states (forwards after the loop) |
                  cache=DynamicCache() (a chat loop's first turn: the cache extended by one forward
-                 of the whole sequence after the loop, engine/user_cache.py)
+                 of the whole sequence after the loop, engine/user_cache.py) | guidance_scale=1.5
+                 (the unconditional stream: one forward per row and iteration, eager)
 
     python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4]
 
@@ -58,6 +59,7 @@ def option_sets(tok) -> dict:
                                               output_hidden_states=True),
         # a fresh cache per call (a callable: options made at each call)
         "cache=DynamicCache() (chat turn)": lambda: dict(cache=DynamicCache()),
+        "guidance_scale=1.5": dict(guidance_scale=1.5),
     }
 
 
