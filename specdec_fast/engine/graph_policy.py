@@ -8,7 +8,8 @@ Modes (GRAPH_MODES):
                    (runners/base.py ``graph_safe``), Triton kernels (the torch references read
                    lengths on the host).
     "static"       StepGraph(capture=False): the same graph code path run eagerly on any device,
-                   checking every graph-safety rule (the CPU-checkable twin, for tests).
+                   checking every graph-safety rule (the CPU-checkable twin, for tests); the C++
+                   or Triton kernels (the torch references read lengths on the host).
 
 generate(cuda_graphs=None) follows GRAPHS_BY_DEFAULT: True since the whole suite passed on an
 H100 (bench/results/h100_2026-11-23/gpu_tests_112bf69.log: 1312 passed, 0 failed, including
@@ -40,6 +41,17 @@ def static_unsupported_reason(target, drafter) -> str | None:
     return None
 
 
+def _kernels(target, drafter, backend, device: torch.device) -> dict:
+    """The kernel backend each step's op resolves to here (op -> "triton" / "cpp" / "torch");
+    ValueError where one cannot run."""
+    chosen = {op: resolve_backend(backend, device, op) for op in ("chain_verify", "sample")}
+    for runner in (target, getattr(drafter, "runner", None)):
+        if runner is not None:
+            chosen[f"{type(runner).__name__} attention"] = resolve_backend(getattr(runner, "backend", None), device,
+                                                                           "paged_attention")
+    return chosen
+
+
 def graph_unsupported_reason(target, drafter, backend, device: torch.device) -> str | None:
     """Why the draft and verify steps cannot be captured as CUDA graphs here, or None."""
     if device.type != "cuda":
@@ -48,15 +60,26 @@ def graph_unsupported_reason(target, drafter, backend, device: torch.device) -> 
     if reason is not None:
         return reason
     try:
-        chosen = {op: resolve_backend(backend, device, op) for op in ("chain_verify", "sample")}
-        for runner in (target, getattr(drafter, "runner", None)):
-            if runner is not None:
-                chosen[f"{type(runner).__name__} attention"] = resolve_backend(getattr(runner, "backend", None), device,
-                                                                               "paged_attention")
+        chosen = _kernels(target, drafter, backend, device)
     except ValueError as exc:
         return str(exc)
     slow = [f"{op}: {b}" for op, b in chosen.items() if b != "triton"]
     return f"the kernels must be the Triton ones ({', '.join(slow)})" if slow else None
+
+
+def static_kernels_reason(target, drafter, backend, device: torch.device) -> str | None:
+    """Why the graph code path's checks would stop these kernels mid-call, or None: the torch
+    references read lengths on the host (nonzero, .item()), which the static twin refuses as a
+    graph would; the C++ and Triton kernels do not (found by the sampling fuzzing round:
+    backend='torch' with cuda_graphs='static' passed the checks, then raised GraphSafetyError
+    in the first draft step)."""
+    try:
+        chosen = _kernels(target, drafter, backend, device)
+    except ValueError as exc:
+        return str(exc)
+    host = [f"{op}: torch" for op, b in chosen.items() if b == "torch"]
+    return (f"the torch reference kernels read lengths on the host ({', '.join(host)}); use backend='cpp' or "
+            "'triton'") if host else None
 
 
 def resolve_graph_mode(cuda_graphs, target, drafter, backend, device: torch.device) -> tuple[str, str | None]:
@@ -66,7 +89,7 @@ def resolve_graph_mode(cuda_graphs, target, drafter, backend, device: torch.devi
     if isinstance(cuda_graphs, str):
         if cuda_graphs != "static":
             raise ValueError(f"cuda_graphs must be None, True, False or 'static', got {cuda_graphs!r}")
-        reason = static_unsupported_reason(target, drafter)
+        reason = static_unsupported_reason(target, drafter) or static_kernels_reason(target, drafter, backend, device)
         if reason is not None:
             raise ValueError(f"cuda_graphs='static' cannot run: {reason}")
         return "static", None

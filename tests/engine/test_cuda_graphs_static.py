@@ -151,6 +151,11 @@ def test_switch_and_fallbacks():
         api.generate(target, ids, mask, max_new_tokens=3, cuda_graphs=True)
     with pytest.raises(ValueError, match="cuda_graphs='static' cannot run: the target runner HFRunner"):
         api.generate(target, ids, mask, max_new_tokens=3, cuda_graphs="static", runner="hf")
+    # The torch references read lengths on the host: refused before the call, not mid-way with a
+    # GraphSafetyError in its first draft step (found by the sampling fuzzing round).
+    for drafting in (dict(assistant_model=draft), dict(prompt_lookup_num_tokens=2), {}):
+        with pytest.raises(ValueError, match="cuda_graphs='static' cannot run: the torch reference kernels read"):
+            api.generate(target, ids, mask, max_new_tokens=3, cuda_graphs="static", backend="torch", **drafting)
     for bad in ("on", 1, 0):
         with pytest.raises(ValueError, match="cuda_graphs must be"):
             api.generate(target, ids, mask, max_new_tokens=3, cuda_graphs=bad)
