@@ -23,6 +23,7 @@ reused by the next.
 Threads: one call at a time per engine (a lock); a call from another thread waits its turn,
 so calls never share a KV block, a graph's buffers or a random stream mid-call.
 """
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -75,6 +76,12 @@ ADAPTIVE_KS = (1, 2, 3, 4, 5, 6, 8)
 # the choice is mostly the verify's rows against the acceptance further out), and the whole block.
 ADAPTIVE_BLOCK_KS = (1, 2, 3, 4, 6, 8, 12)
 SCHEDULES = ("adaptive", "constant", "heuristic", "heuristic_transient")
+# Decoders an engine keeps (LRU). A call's logits stage is part of a decoder's key, option values
+# included (a repetition_penalty of 1.1 and one of 1.2 are two decoders): calls whose options
+# change without end (per-request penalties in a server) would otherwise add decoders without end
+# (seen by the sampling fuzzing round: ~13 MB a call at 4000 rows on CPU). 64 holds every bucket
+# of a warm-up in several modes; past it a returning key is rebuilt (and its graphs recaptured).
+MAX_DECODERS = 64
 USER_PROCESSORS_NOTE = ("a user logits_processor, prefix_allowed_tokens_fn, watermarking_config or guidance_scale runs "
                         "eagerly on the host per row and position (exact input_ids; guidance: the model's unconditional "
                         "forward per row), which a CUDA graph cannot replay")
@@ -200,7 +207,8 @@ class SpeculativeEngine:
         else:
             self.default_k, self.mode = 0, "plain"
         self.prompt_lookup_num_tokens, self.max_matching_ngram_size = prompt_lookup_num_tokens, max_matching_ngram_size
-        self._drafters, self._decoders = {}, {}  # drafting config -> drafter; (bucket, K, modes, tree) -> decoder
+        # drafting config -> drafter; (bucket, K, modes, tree, stage) -> decoder, least recently used first
+        self._drafters, self._decoders = {}, collections.OrderedDict()
         drafted = (as_token_tree(tree).size - 1) if tree is not None else self.default_k
         if max_draft_tokens is not None and _positive("max_draft_tokens", max_draft_tokens) > MAX_DRAFTED:
             raise ValueError(f"max_draft_tokens must be <= {MAX_DRAFTED}, got {max_draft_tokens}")
@@ -668,7 +676,9 @@ class SpeculativeEngine:
         rows = bucket_for(batch, self.max_batch_size) if bucketed else batch
         key = (rows, ks or k, None if modes is None else frozenset(modes), token_tree, stage_spec)
         decoder = self._decoders.get(key)
-        if decoder is None:
+        if decoder is not None:
+            self._decoders.move_to_end(key)
+        else:
             k_max = max(ks or (k,))
             common = dict(backend=self.backend, run_ahead=self.run_ahead, rows=rows,
                           seq_capacity=self.max_seq_len + k_max + 1, cuda_graphs=False if eager else self.cuda_graphs)
@@ -680,6 +690,8 @@ class SpeculativeEngine:
             if eager and self.graph_mode != "eager":
                 decoder.graph_note = USER_PROCESSORS_NOTE
             self._decoders[key] = decoder
+            while len(self._decoders) > MAX_DECODERS:  # the least recently used goes, with its buffers and graphs
+                self._decoders.popitem(last=False)
         return decoder
 
     @property

@@ -235,3 +235,22 @@ def test_sampling_on_a_reused_engine_matches_the_first_call():
     a, b = engine.generate(ids, mask, seed=1, **kw), engine.generate(ids, mask, seed=1, **kw)
     assert torch.equal(a, b)
     assert not torch.equal(a, engine.generate(ids, mask, seed=2, **kw))
+
+
+def test_the_engine_keeps_a_bounded_number_of_decoders(monkeypatch):
+    """Decoders are kept least-recently-used first up to MAX_DECODERS: calls whose option values
+    change every time (each a decoder key) do not grow the engine without end, and a key that
+    was dropped is rebuilt with the same tokens."""
+    from specdec_fast.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "MAX_DECODERS", 3)
+    target, draft = model_pair("llama")
+    engine = SpeculativeEngine(target, draft)
+    ids, mask = left_padded_prompts([5, 8], seed=9)
+    first = None
+    for penalty in (1.1, 1.2, 1.3, 1.4, 1.5, 1.1):
+        out = engine.generate(ids, mask, max_new_tokens=6, do_sample=False, repetition_penalty=penalty, pad_token_id=0)
+        assert len(engine._decoders) <= 3
+        if penalty == 1.1:
+            first = out if first is None else first
+    assert torch.equal(out, first)  # 1.1's decoder was dropped, rebuilt, and gives the same tokens
