@@ -16,6 +16,9 @@ one run (alternating rounds, the best round of each), greedy and sampling, draft
 
     python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4]
 
+Beside them, transformers' own generate (greedy, no draft) with no option and with
+guidance_scale=1.5 (which costs it a second forward per token), in the same rounds.
+
 Writes bench/results/options_<device>.json. CPU: the demo pair, float32.
 """
 import argparse
@@ -96,6 +99,17 @@ def main(argv=None) -> dict:
         return tokens / seconds
 
     rows = []
+    hf_sets = {"none": {}, "guidance_scale=1.5": dict(guidance_scale=1.5)}
+
+    def run_transformers(options: dict):
+        tokens, seconds = 0, 0.0
+        for ids in prompts:
+            start = time.perf_counter()
+            out = target.generate(ids, max_new_tokens=args.new_tokens, do_sample=False, **options)
+            seconds += time.perf_counter() - start
+            tokens += out.shape[1] - ids.shape[1]
+        return tokens / seconds
+
     for mode in MODES:
         for options in sets.values():
             run(mode, options)  # warm-up: each option set's decoders are built once
@@ -106,9 +120,22 @@ def main(argv=None) -> dict:
         for name in sets:
             rows.append(dict(mode=mode, options=name, tokens_per_s=best[name], ratio_to_none=best[name] / best["none"]))
             print(f"{mode:8s} {name:36s} {best[name]:7.1f} tok/s ({best[name] / best['none']:.2f}x of none)", flush=True)
+    hf_best = {name: 0.0 for name in hf_sets}
+    for name, options in hf_sets.items():
+        run_transformers(options)  # warm-up
+    for _ in range(args.rounds):
+        for name, options in hf_sets.items():
+            hf_best[name] = max(hf_best[name], run_transformers(options))
+    greedy = {row["options"]: row["tokens_per_s"] for row in rows if row["mode"] == "greedy"}
+    transformers_rows = [dict(options=name, tokens_per_s=hf_best[name], specdec_fast_speedup=greedy[name] / hf_best[name])
+                         for name in hf_sets]
+    for row in transformers_rows:
+        print(f"transformers generate, greedy, {row['options']:20s} {row['tokens_per_s']:7.1f} tok/s "
+              f"(specdec_fast {row['specdec_fast_speedup']:.2f}x)", flush=True)
     result = dict(device=cpu_model(), versions=versions(), threads=args.threads, rounds=args.rounds,
                   new_tokens=args.new_tokens, prompts=args.prompts, k=4,
-                  models="demo pair (3.8M Llama code model + 0.8M draft), float32, CPU", rows=rows)
+                  models="demo pair (3.8M Llama code model + 0.8M draft), float32, CPU", rows=rows,
+                  transformers_greedy=transformers_rows)
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / "options_cpu.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
