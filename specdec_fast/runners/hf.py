@@ -79,6 +79,8 @@ def sliding_layout(config):
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"sliding_attention layers need an int sliding_window, got {window!r}")
         return window, True
+    if getattr(config, "use_sliding_window", None) is False:  # a Qwen2 config of transformers 4.x: window unused
+        return None, False
     if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
         return window, False
     return None, False

@@ -68,6 +68,9 @@ def test_layouts_and_the_implementations_that_build_their_own_window():
     assert hf_runner.sliding_layout(CONFIGS["qwen2"]()) == (5, True)
     assert hf_runner.sliding_layout(tf.Qwen2Config(**COMMON)) == (None, False)  # use_sliding_window off
     assert hf_runner.sliding_layout(tf.LlamaConfig(**COMMON)) == (None, False)
+    # transformers 4.x kept Qwen2's sliding_window with use_sliding_window False and no layer_types
+    old_qwen2 = type("Config", (), dict(sliding_window=4096, use_sliding_window=False, layer_types=None))()
+    assert hf_runner.sliding_layout(old_qwen2) == (None, False)
     model, _ = _pair("mistral", "sdpa")
     config = model.config
     saved = config._attn_implementation
