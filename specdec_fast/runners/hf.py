@@ -73,7 +73,9 @@ def sliding_layout(config):
     if layer_types is not None:
         kinds = set(layer_types)
         if not kinds <= {"full_attention", "sliding_attention"}:
-            raise ValueError(f"runner='hf' takes full_attention / sliding_attention layers, got layer_types {sorted(kinds)}")
+            raise ValueError(f"runner='hf' takes full_attention / sliding_attention layers, got layer_types {sorted(kinds)}: "
+                             "its rejected drafts stay as masked slots, which only attention layers can skip (a "
+                             "recurrent or chunked layer would keep them)")
         if "sliding_attention" not in kinds:
             return None, False
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
