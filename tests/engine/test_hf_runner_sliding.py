@@ -71,6 +71,11 @@ def test_layouts_and_the_implementations_that_build_their_own_window():
     # transformers 4.x kept Qwen2's sliding_window with use_sliding_window False and no layer_types
     old_qwen2 = type("Config", (), dict(sliding_window=4096, use_sliding_window=False, layer_types=None))()
     assert hf_runner.sliding_layout(old_qwen2) == (None, False)
+    # Layers that are not attention keep what a rejected draft fed them: refused, saying so
+    for kinds in (["full_attention", "linear_attention"], ["chunked_attention", "full_attention"]):
+        mixed = type("Config", (), dict(sliding_window=None, layer_types=kinds))()
+        with pytest.raises(ValueError, match="only attention layers can skip"):
+            hf_runner.sliding_layout(mixed)
     model, _ = _pair("mistral", "sdpa")
     config = model.config
     saved = config._attn_implementation
