@@ -70,7 +70,7 @@ class ClassifierFreeGuidance:
         self.negative_ids, self.negative_mask = negative_ids, negative_mask
         self.cache_keyword = cache_keyword(model)
         self.rows = None
-        self._streams = {}  # row -> [the cache, the tokens it holds (list), the negative prompt's mask (list)]
+        self._streams = {}  # row -> [its unconditional stream's cache, the tokens that cache holds (list)]
 
     def set_prompt_width(self, prompt_width: int) -> None:
         self.prompt_width = int(prompt_width)
