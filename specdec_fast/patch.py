@@ -10,7 +10,8 @@ every later call runs on specdec_fast's engine (cached per model: a harness's th
 capture their CUDA graphs once) with the bound drafting and ``defaults`` (any generate option,
 e.g. num_assistant_tokens=3); the call's own options win. A call that asks for something
 specdec_fast does not implement (beam search, say: options/rules.py's UnsupportedOptionError; or
-a right-padded attention_mask: engine/inputs.py's UnsupportedInputError) goes to the original
+a right-padded attention_mask: engine/inputs.py's UnsupportedInputError; or a model with linear or
+chunked attention layers: runners/hf.py's UnsupportedModelError) goes to the original
 generate, with one warning naming the option (fallback="warn", the default) or
 raises (fallback="raise"). The patch keeps the last call's stats (``patch.last_stats``, also
 ``model.specdec_last_stats``).
@@ -28,6 +29,7 @@ import weakref
 from .api import DRAFTERS, check_one_drafter, generate
 from .engine.inputs import UnsupportedInputError
 from .options.rules import UnsupportedOptionError
+from .runners.hf import UnsupportedModelError
 
 FALLBACKS = ("warn", "raise")
 
@@ -81,7 +83,7 @@ class patch_generate:
         return_stats = options.pop("return_stats", False)
         try:
             out, stats = generate(self.model, return_stats=True, **options)
-        except (UnsupportedOptionError, UnsupportedInputError) as exc:
+        except (UnsupportedOptionError, UnsupportedInputError, UnsupportedModelError) as exc:
             if not self.bound or self.fallback == "raise":
                 raise
             warnings.warn(f"specdec_fast: {exc}; this call runs on transformers' generate", stacklevel=3)

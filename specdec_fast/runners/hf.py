@@ -63,17 +63,22 @@ def output_cache(out):
     return out.past_key_values if cache is None else cache
 
 
+class UnsupportedModelError(ValueError):
+    """A model no runner here can speculate on exactly (layers that keep what a rejected draft
+    fed them): what patch_generate's fallback hands to transformers' own generate."""
+
+
 def sliding_layout(config):
     """(window, per_layer_type) of a config whose attention slides (module docstring), else
     (None, False): per_layer_type True when config.layer_types mixes full and sliding layers
     (the mask goes as a dict), False when every layer slides (Mistral: sliding_window set, no
-    layer_types). ValueError for layer types other than full / sliding attention."""
+    layer_types). UnsupportedModelError for layer types other than full / sliding attention."""
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         kinds = set(layer_types)
         if not kinds <= {"full_attention", "sliding_attention"}:
-            raise ValueError(f"runner='hf' takes full_attention / sliding_attention layers, got layer_types {sorted(kinds)}: "
+            raise UnsupportedModelError(f"runner='hf' takes full_attention / sliding_attention layers, got layer_types {sorted(kinds)}: "
                              "its rejected drafts stay as masked slots, which only attention layers can skip (a "
                              "recurrent or chunked layer would keep them)")
         if "sliding_attention" not in kinds:

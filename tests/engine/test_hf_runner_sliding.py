@@ -101,3 +101,43 @@ def test_compaction_keeps_the_window(kind, attn):
     assert torch.equal(out, model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0))
     appended = ids.shape[1] + stats.iterations * 5  # every score call appends K + 1 slots
     assert engine.target_runner.cache_len < appended - 8, "compaction ran"
+
+
+def _linear_attention_model():
+    """A tiny Qwen3-Next: a linear-attention (recurrent) layer, then a full-attention one."""
+    config = tf.Qwen3NextConfig(
+        vocab_size=128, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=12,
+        linear_value_head_dim=12, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"], max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+LOOPING = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]])  # prompt lookup drafts (and misses) on it
+
+
+def test_a_model_with_linear_attention_is_refused_and_a_patch_falls_back():
+    """The hf runner refuses a model whose layers keep what a rejected draft fed them; a bound
+    patch hands its calls to transformers' generate with a warning, as it does an unsupported option."""
+    model = _linear_attention_model()
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    with pytest.raises(hf_runner.UnsupportedModelError, match="only attention layers can skip"):
+        specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
+    expected = model.generate(LOOPING, **kw)
+    with specdec_fast.patch_generate(model, prompt_lookup_num_tokens=3) as patched:
+        with pytest.warns(UserWarning, match="only attention layers can skip"):
+            out = patched.generate(LOOPING, **kw)
+    assert torch.equal(out, expected)
+
+
+def test_control_without_the_refusal_the_tokens_differ(monkeypatch):
+    """Why the refusal: the same call with the check taken out decodes other tokens than
+    model.generate (the rejected drafts stayed in the recurrent layer's state)."""
+    monkeypatch.setattr(hf_runner, "sliding_layout", lambda config: (None, False))
+    model = _linear_attention_model()
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    out = specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
+    assert not torch.equal(out, model.generate(LOOPING, **kw))
