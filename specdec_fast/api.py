@@ -81,7 +81,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     cache / past_key_values (keywords, as transformers'): a transformers Cache holding the KV of
     input_ids' first L tokens (a chat loop's DynamicCache, a prompt cache): the tokens are those of
     model.generate with it, and the cache is left as generate leaves it (engine/user_cache.py: the
-    prompt is recomputed here, then one forward of the model extends the cache).
+    prompt is recomputed here, then the model's own forward over the tokens past the cache
+    extends it, as generate fills it).
 
     process_group: tensor parallelism (docs/architecture.md §10): the target (a model loaded whole
     on every rank, or a ShardedCausalLM) runs sharded over this torch.distributed group; call

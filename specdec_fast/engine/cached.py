@@ -121,15 +121,12 @@ def _limit(model) -> int | None:
     from ..runners.hf import sliding_layout
     from .inputs import max_positions
 
-    limits = [value for value in (max_positions(model), _window(model, sliding_layout)) if value is not None]
-    return min(limits) if limits else None
-
-
-def _window(model, sliding_layout) -> int | None:
     try:
-        return sliding_layout(getattr(model, "config", None))[0]
-    except ValueError:  # layer types the hf runner does not take: no window to fit
-        return None
+        window = sliding_layout(getattr(model, "config", None))[0]
+    except ValueError:  # layer types the hf runner does not take (its own error says so): no window to fit
+        window = None
+    limits = [value for value in (max_positions(model), window) if value is not None]
+    return min(limits) if limits else None
 
 
 def cached_engines(target) -> list:

@@ -39,7 +39,7 @@ from ..drafters import BlockDrafter, SelectorBlockDrafter, Eagle3Drafter, Eagle3
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..heads import load_draft_head
 from ..options import resolve_options
-from ..processing.guidance import check_guidance
+from ..processing.guidance import check_guidance, guidance_on
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
 from ..runners.paged_dflash import PagedDFlashRunner
@@ -480,7 +480,7 @@ class SpeculativeEngine:
         if user_cache is not None:
             opts = dataclasses.replace(opts, extra=extra)
             cached = cached_length(user_cache, input_ids, attention_mask, return_sequences(opts))
-        if opts.extra.get("guidance_scale") not in (None, 1):
+        if guidance_on(opts.extra.get("guidance_scale")):
             check_guidance(opts.extra["guidance_scale"], opts.extra.get("negative_prompt_ids"),
                            opts.extra.get("negative_prompt_attention_mask"), input_ids.shape[0], return_sequences(opts))
         if attention_mask is None:  # transformers infers it from the pad token

@@ -32,6 +32,7 @@ from ..kernels.penalties import PENALTIES, PenaltyTensors, add_tokens, make_pena
 from ..kernels.sampling_params import SamplingTensors, fill_rows, make_sampling_tensors, static_sampling_tensors
 from ..options.rules import LOGITS_STAGE_OPTIONS
 from ..processing import LogitsProcessing
+from ..processing.guidance import guidance_on
 from ..processing.penalties import generate_skips_prompt_pads
 from ..processing.warpers import STAGE_WARPERS, stage_warpers_on
 
@@ -63,7 +64,7 @@ def spec(extra: dict, do_sample: bool, eos_token_ids=None):
     if not values:
         return None
     if (values.get("logits_processor") or values.get("prefix_allowed_tokens_fn") is not None
-            or values.get("watermarking_config") is not None or values.get("guidance_scale") not in (None, 1)):
+            or values.get("watermarking_config") is not None or guidance_on(values.get("guidance_scale"))):
         return "user"
     return (bool(do_sample), tuple(sorted((name, _freeze(v)) for name, v in values.items())),
             tuple(eos_token_ids or ()))
@@ -77,7 +78,7 @@ def stage_options_of(opts) -> dict:
     guidance_scale 1 (or none) leaves out the guidance and its negative prompt, as transformers does."""
     options = {name: value for name, value in opts.extra.items() if name in STAGE_OPTIONS
                and (opts.do_sample or name not in STAGE_WARPERS)}
-    if options.get("guidance_scale") in (None, 1):  # transformers then builds no guidance: the negative prompt is unread
+    if not guidance_on(options.get("guidance_scale")):  # the negative prompt is unread then
         for name in GUIDANCE_OPTIONS:
             options.pop(name, None)
     if options.get("prefix_allowed_tokens_fn") is not None:

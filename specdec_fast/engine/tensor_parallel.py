@@ -25,7 +25,8 @@ import torch
 
 from ..distributed import TensorParallelError, as_tp_group
 from ..distributed.failures import AGREED, mark
-from ..runners.registry import choose_runner, make_runner, shard_model
+from ..processing.guidance import guidance_on
+from ..runners.registry import make_runner, paged_unsupported_reason, shard_model
 from ..runners.sharded_model import ShardedCausalLM
 
 
@@ -58,12 +59,11 @@ def tp_runner(model, group, runner, row_tokens: int, backend, block_size: int):
         raise ValueError("tensor parallelism runs on the paged runner; runner='hf' cannot be sharded")
     sharded = model
     if not isinstance(model, ShardedCausalLM):
-        try:
-            choose_runner(model, "paged", row_tokens, backend)  # ValueError naming why the paged runner cannot
-        except ValueError as exc:
-            raise ValueError(f"{str(exc).split('; use runner=')[0]}: tensor parallelism runs on the paged runner "
-                             "only (rows within the model's sliding window fit it: a smaller max_new_tokens, or "
-                             "SpeculativeEngine(max_seq_len=...))") from None
+        reason = paged_unsupported_reason(model, row_tokens, backend)
+        if reason is not None:
+            raise ValueError(f"runner='paged' cannot run {type(model).__name__}: {reason}: tensor parallelism runs on "
+                             "the paged runner only (rows within the model's sliding window fit it: a smaller "
+                             "max_new_tokens, or SpeculativeEngine(max_seq_len=...))")
         sharded = shard_model(model, group)
     elif model.tp is not group and model.tp.size != group.size:
         raise ValueError(f"mismatched world sizes: a model sharded over {model.tp.size} ranks, the group has {group.size}")
@@ -114,7 +114,7 @@ def check_tp_call(target, opts, limits, user_cache=None) -> None:
     if isinstance(target, ShardedCausalLM) and asked and opts.extra.get("return_dict_in_generate"):
         raise ValueError(f"{' / '.join(asked)} need the target's own forward, which a ShardedCausalLM does "
                          "not have: load the target whole on each rank (process_group=), or drop them")
-    if isinstance(target, ShardedCausalLM) and opts.extra.get("guidance_scale") not in (None, 1):
+    if isinstance(target, ShardedCausalLM) and guidance_on(opts.extra.get("guidance_scale")):
         raise ValueError("guidance_scale needs the target's own forward (its unconditional stream), which a "
                          "ShardedCausalLM does not have: load the target whole on each rank (process_group=), or drop it")
     if isinstance(target, ShardedCausalLM) and user_cache is not None:

@@ -29,6 +29,13 @@ GRAPH_NOTE = ("guidance_scale runs the model's unconditional forward on the host
               "CUDA graph cannot replay")
 
 
+def guidance_on(scale) -> bool:
+    """Whether guidance_scale builds a guidance (transformers: not None and not 1; at 1 it builds
+    nothing and the negative prompt is unread). The one rule the engine, the stage and the
+    tensor-parallel checks ask."""
+    return scale is not None and scale != 1
+
+
 def check_guidance(scale, negative_ids, negative_mask, batch: int, return_sequences: int) -> None:
     """transformers' inputs for guidance, checked before a call (ValueError naming the problem):
     scale a real number; negative_prompt_ids int [batch, U]; its mask [batch, U] of 0 / 1."""

@@ -56,7 +56,7 @@ from numbers import Integral
 import torch
 
 from .encoder_penalty import EncoderRepetitionPenalty
-from .guidance import ClassifierFreeGuidance
+from .guidance import ClassifierFreeGuidance, guidance_on
 from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidValues, SuppressTokens,
                     begin_suppress_mask, forced_bos, forced_eos, forced_ids, min_new_tokens_mask, nonnegative_int,
                     token_list)
@@ -158,7 +158,7 @@ class LogitsProcessing:
         self.watermark = (None if opt["watermarking_config"] is None
                           else watermark_stage(opt["watermarking_config"], self.vocab_size, self.device))
         self.guidance = None
-        if opt["guidance_scale"] is not None and opt["guidance_scale"] != 1:  # transformers: 1 builds nothing
+        if guidance_on(opt["guidance_scale"]):
             if guidance_model is None:
                 raise ValueError("guidance_scale needs the model (guidance_model=) for its unconditional forward")
             self.guidance = ClassifierFreeGuidance(opt["guidance_scale"], guidance_model, self.prompt_width,
