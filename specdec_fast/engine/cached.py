@@ -118,11 +118,11 @@ def _limit(model) -> int | None:
     paged, and under tensor parallelism at all (found by the tensor-parallel fuzzing round: a window of
     200 below the 256 rows of the smallest engine sent every call to the hf runner, and a
     tensor-parallel one to an error); longer rows get an engine of their own size (hf runner)."""
-    from ..runners.hf import sliding_layout
+    from ..runners.sliding_window import sliding_layout
     from .inputs import max_positions
 
     try:
-        window = sliding_layout(getattr(model, "config", None))[0]
+        window = sliding_layout(getattr(model, "config", None), type(model))[0]
     except ValueError:  # layer types the hf runner does not take (its own error says so): no window to fit
         window = None
     limits = [value for value in (max_positions(model), window) if value is not None]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 from .max_length import resolve_max_new_tokens
-from .rules import ENGINE_IMPLEMENTS, HANDLED_FIELDS, check_option, field_defaults, ignored_in_mode
+from .rules import ENGINE_IMPLEMENTS, HANDLED_FIELDS, check_cache_implementation, check_option, field_defaults, ignored_in_mode
 
 
 @dataclass
@@ -53,6 +53,7 @@ def merge_options(model, generation_config, explicit: dict, implemented=ENGINE_I
         for name, value in _config_dict(source).items():
             if value is not None:
                 merged[name], origin[name] = value, where
+    check_cache_implementation(merged)
     # Checked after merging: a neutral keyword overrides a non-neutral model default.
     return {name: value for name, value in merged.items()
             if not ignored_in_mode(name, merged) and check_option(name, value, origin[name], implemented)}

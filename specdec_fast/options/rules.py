@@ -250,6 +250,15 @@ def short_repr(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def check_cache_implementation(merged: dict) -> None:
+    """transformers' ValueError for a cache passed with a cache_implementation (merged: every
+    option of the call, before filtering), from any source: GenerationMixin._prepare_cache_for_generation
+    (5.24) raises it; "hybrid", older sliding-window checkpoints' default, it unsets first."""
+    if any(merged.get(name) is not None for name in CACHE_OPTIONS) and merged.get("cache_implementation") not in (None, "hybrid"):
+        raise ValueError("Passing both `cache_implementation` (used to initialize certain caches) and `cache` (a "
+                         "Cache object) is unsupported. Please use only one of the two.")
+
+
 def check_option(name: str, value, where: str, implemented=ENGINE_IMPLEMENTS) -> bool:
     """Apply the rule to one option from ``where`` ("keyword argument", "generation_config", ...):
     True when its value must reach the caller (a handled option that is not neutral), False when it

@@ -35,6 +35,8 @@ import weakref
 
 import torch
 
+from .sliding_window import sliding_layout
+
 
 def _dynamic_cache_class():
     """transformers.DynamicCache, imported on first use: importing transformers costs ~0.6 s of
@@ -68,31 +70,6 @@ class UnsupportedModelError(ValueError):
     fed them): what patch_generate's fallback hands to transformers' own generate."""
 
 
-def sliding_layout(config):
-    """(window, per_layer_type) of a config whose attention slides (module docstring), else
-    (None, False): per_layer_type True when config.layer_types mixes full and sliding layers
-    (the mask goes as a dict), False when every layer slides (Mistral: sliding_window set, no
-    layer_types). UnsupportedModelError for layer types other than full / sliding attention."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        kinds = set(layer_types)
-        if not kinds <= {"full_attention", "sliding_attention"}:
-            raise UnsupportedModelError(f"runner='hf' takes full_attention / sliding_attention layers, got layer_types {sorted(kinds)}: "
-                             "its rejected drafts stay as masked slots, which only attention layers can skip (a "
-                             "recurrent or chunked layer would keep them)")
-        if "sliding_attention" not in kinds:
-            return None, False
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"sliding_attention layers need an int sliding_window, got {window!r}")
-        return window, True
-    if getattr(config, "use_sliding_window", None) is False:  # a Qwen2 config of transformers 4.x: window unused
-        return None, False
-    if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
-        return window, False
-    return None, False
-
-
 class HFRunner:
     """Runner (see runners/base.py) around a transformers causal LM instance (weights shared)."""
 
@@ -107,7 +84,7 @@ class HFRunner:
         self.device = next(model.parameters()).device
         impl = getattr(self.config, "_attn_implementation", None)
         self.mask_kind = {"sdpa": "bool", "eager": "additive"}.get(impl, "2d")
-        self.window, self.window_per_layer_type = sliding_layout(self.config)
+        self.window, self.window_per_layer_type = sliding_layout(self.config, type(model))
         if self.window is not None and self.mask_kind == "2d":
             raise ValueError(f"a sliding-window model with attn_implementation={impl!r}: runner='hf' builds the window "
                              "into its own mask, for 'sdpa' or 'eager' attention; load the model with one of them")
@@ -175,8 +152,11 @@ class HFRunner:
         apply: the DynamicCache grows as it goes (a new one per call)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        # A sliding window: every layer keeps every slot, the mask windows them (module docstring).
-        self.cache = self._cache_class() if self.window is not None else self._cache_class(config=self.config)
+        # Every layer keeps every slot; a sliding window is in the mask (module docstring). Not
+        # DynamicCache(config=): transformers builds evicting sliding layers from any config that
+        # carries a sliding_window, even one its model's code ignores (Llama: a shape error in sdpa
+        # here, tests/engine/test_sliding_window_rule.py).
+        self.cache = self._cache_class()
         mask = attention_mask.to(self.device).long()
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = self._forward(input_ids, mask, position_ids)[:, -1]

@@ -23,6 +23,7 @@ from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, ro
 from ._linear import layer_linears
 from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
+from .sliding_window import window_reached
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # The GEMV layer (_decode_gemv): a decode step's four products per layer and the lm_head as
@@ -53,24 +54,6 @@ SILU_FUSED_MAX_ROWS = 1
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
-def _sliding_window_in_use(config, max_tokens_per_row):
-    """The window size when some layer uses a sliding window that a row of max_tokens_per_row
-    tokens exceeds, else None (also for None, an unknown length: the runner's pool, which knows
-    it, checks again: PagedLlamaRunner._row_limit_reason). Keys are masked when q - k >= window;
-    the paged attention attends the whole row, which is the same while rows stay in the window."""
-    window = getattr(config, "sliding_window", None)
-    if window is None:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if config.model_type != "mistral" and layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    if config.model_type != "mistral" and layer_types is None and not getattr(config, "use_sliding_window", False):
-        return None
-    if max_tokens_per_row is None or max_tokens_per_row <= window:
-        return None
-    return window
-
-
 def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedLlamaRunner cannot run ``model`` with kernel ``backend``, or None when it can."""
     config = getattr(model, "config", None)
@@ -98,7 +81,7 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
 def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """The checks of llama_unsupported_reason that read only the config and the RoPE type (shared
     with the tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py)."""
-    window = _sliding_window_in_use(config, max_tokens_per_row)
+    window = window_reached(config, max_tokens_per_row)
     if window is not None:
         return f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
     if not isinstance(rope_type, str) or any(name in rope_type for name in _DYNAMIC_ROPE):
@@ -176,7 +159,7 @@ class PagedLlamaRunner(PagedRunnerBase):
     def _row_limit_reason(self, max_tokens_per_row: int):
         """A sliding window that rows of max_tokens_per_row tokens would reach (the paged
         attention attends the whole row), else None."""
-        window = _sliding_window_in_use(self.config, max_tokens_per_row)
+        window = window_reached(self.config, max_tokens_per_row)
         return None if window is None else f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
 
     gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)

@@ -51,7 +51,7 @@ def test_greedy_tokens_equal_generate_past_the_window(kind, attn, drafting):
 
 def test_control_a_wider_window_gives_other_tokens(monkeypatch):
     layout = hf_runner.sliding_layout
-    monkeypatch.setattr(hf_runner, "sliding_layout", lambda config: (layout(config)[0] + 2, layout(config)[1]))
+    monkeypatch.setattr(hf_runner, "sliding_layout", lambda config, *model_class: (layout(config, *model_class)[0] + 2, layout(config, *model_class)[1]))
     model, draft = _pair("mistral", "sdpa")
     ids, mask = left_padded_prompts([6, 9, 4], seed=21)
     kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0)
@@ -136,8 +136,10 @@ def test_a_model_with_linear_attention_is_refused_and_a_patch_falls_back():
 def test_control_without_the_refusal_the_tokens_differ(monkeypatch):
     """Why the refusal: the same call with the check taken out decodes other tokens than
     model.generate (the rejected drafts stayed in the recurrent layer's state)."""
-    monkeypatch.setattr(hf_runner, "sliding_layout", lambda config: (None, False))
+    monkeypatch.setattr(hf_runner, "sliding_layout", lambda config, *model_class: (None, False))
     model = _linear_attention_model()
+    # the cache transformers builds for it (the runner's own, config-less, has no recurrent state)
+    monkeypatch.setattr(hf_runner, "_dynamic_cache_class", lambda: lambda: tf.DynamicCache(config=model.config))
     kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
     out = specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
     assert not torch.equal(out, model.generate(LOOPING, **kw))

@@ -225,3 +225,37 @@ def test_a_static_cache_too_short_is_refused_and_left_alone():
         api.generate(target, ids, mask, cache=small, assistant_model=draft, max_new_tokens=NEW, do_sample=False,
                      pad_token_id=0)
     assert int(small.get_seq_length()) == 0
+
+
+@pytest.mark.parametrize("where", ["keyword", "generation_config", "model_default", "hybrid"])
+def test_a_cache_with_a_cache_implementation_raises_as_generate_does(where):
+    """transformers refuses a cache with a cache_implementation from any source, but "hybrid"
+    (older sliding-window checkpoints' default, which it unsets): the same here, same words."""
+    target, _ = model_pair("llama")
+    ids, mask = left_padded_prompts([6], seed=17)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    value = "hybrid" if where == "hybrid" else "static"
+    saved = target.generation_config.cache_implementation
+    options = {"keyword": dict(cache_implementation=value),
+               "generation_config": dict(generation_config=copy.deepcopy(target.generation_config))}.get(where, {})
+    if where == "generation_config":
+        options["generation_config"].cache_implementation = value
+    try:
+        if where in ("model_default", "hybrid"):
+            target.generation_config.cache_implementation = value
+        results = []
+        for run in (target.generate, lambda *a, **k: api.generate(target, *a, **k)):
+            cache = _prefix_cache(target, ids, mask, 3)
+            try:
+                results.append(run(ids, attention_mask=mask, cache=cache, **kw, **options))
+            except ValueError as e:
+                results.append(str(e))
+    finally:
+        target.generation_config.cache_implementation = saved
+        specdec_fast.release_engines(target)
+    theirs, ours = results
+    if where == "hybrid":
+        assert torch.equal(ours, theirs)
+    else:
+        assert isinstance(theirs, str) and "Passing both `cache_implementation`" in theirs
+        assert ours == theirs
