@@ -281,7 +281,9 @@ def _run_generate(args, tp) -> int:
         if len(out) > 1:
             print(f"--- completion {i + 1} of {len(out)} ---")
         print(tokenizer.decode(row, skip_special_tokens=True))
-    where = device if tp is None else f"{device}, tensor parallel over {tp.size} ranks, draft {args.tp_draft}"
+    drafter = "head" if args.draft_head else "draft" if args.draft else None
+    shared = "" if drafter is None else f", {drafter} {args.tp_draft}"
+    where = device if tp is None else f"{device}, tensor parallel over {tp.size} ranks{shared}"
     print(f"\n--- stats ({where}, {seconds:.2f} s) ---")
     print(stats.format())
     return 0

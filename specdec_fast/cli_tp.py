@@ -45,7 +45,7 @@ def check_tp_args(args, environ=os.environ) -> None:
     if int(world) != args.tp:
         raise CliError(f"mismatched world sizes: --tp {args.tp} but torchrun started {world} processes "
                        f"(WORLD_SIZE={world}); give --nproc-per-node {args.tp} or --tp {world}")
-    if args.prompt_lookup is None and args.draft is None and args.tp_draft == "sharded":
+    if args.draft is None and args.tp_draft == "sharded":
         raise CliError("--tp-draft sharded needs --draft")
 
 

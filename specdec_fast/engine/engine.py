@@ -53,7 +53,7 @@ from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import expand_rows, output_dict, return_sequences
 from .stopping import call_limits
-from .tensor_parallel import check_output, check_tp_call, group_for, request_facts, tp_runner
+from .tensor_parallel import check_output, check_tp_call, group_for, head_facts, request_facts, tp_runner, whole_vocab_weight
 from .tree_loop import TreeDecoder
 from .user_cache import cached_length, extend_user_cache, take_user_cache
 
@@ -218,12 +218,12 @@ class SpeculativeEngine:
         if self.cross_tokenizers is not None and process_group is not None:
             raise ValueError(CROSS_TP_ERROR)
         self.tp = group_for(target, assistant_model, process_group, shard_draft, tp_timeout)
-        if self.tp is not None and self.mode == "head":
-            raise ValueError("draft_head with tensor parallelism is not supported (the head reads the target's hidden "
-                             "states, which the sharded runner does not capture); use a draft model or prompt lookup")
         if self.cross_tokenizers is not None and self.tp is not None:
             raise ValueError(CROSS_TP_ERROR)
         self.shard_draft = bool(shard_draft)
+        if self.shard_draft and self.mode != "draft":
+            raise ValueError(f"shard_draft=True shards a draft model; this engine drafts with "
+                             f"{'a draft head (it runs whole on every rank)' if self.mode == 'head' else self.mode}")
         if max_draft_tokens is not None:  # the adaptive schedule then chooses among the Ks up to it
             self.max_draft_tokens = max(drafted, max_draft_tokens)
         else:  # tensor parallel: a constant K (_ks_for), no room for the adaptive Ks
@@ -241,7 +241,8 @@ class SpeculativeEngine:
                 facts = dict(sizes=dict(max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len,
                                         max_draft_tokens=self.max_draft_tokens, block_size=block_size,
                                         kv_cache_tokens=kv_cache_tokens),
-                             drafting=dict(mode=self.mode, k=self.default_k, tree=repr(tree), shard_draft=self.shard_draft),
+                             drafting=dict(mode=self.mode, k=self.default_k, tree=repr(tree), shard_draft=self.shard_draft,
+                                           head=head_facts(self.draft_head)),
                              kernels=dict(backend=backend, runner=runner, cuda_graphs=repr(cuda_graphs), run_ahead=run_ahead))
                 self.tp.agree("building the engine", facts)
                 error = None
@@ -323,11 +324,12 @@ class SpeculativeEngine:
             if not 0 <= head.mask_token_id < vocab_size(target):
                 raise ValueError(f"the DFlash mask_token_id {head.mask_token_id} is outside the target's vocabulary")
             runner = PagedDFlash2Runner if getattr(head, "variant", "dflash") == "dflash2" else PagedDFlashRunner
-            return runner(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+            return runner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
                           num_draft_tokens=min(self.max_draft_tokens, head.block_size - 1),
                           block_size=self.block_size, backend=self.backend)
-        return PagedEagle3Runner(head, target.get_input_embeddings().weight, num_draft_tokens=self.max_draft_tokens,
-                                 block_size=self.block_size, backend=self.backend)
+        embed = head.embed_tokens.weight if head.embed_tokens is not None else whole_vocab_weight(target, "embed")
+        return PagedEagle3Runner(head, embed, num_draft_tokens=self.max_draft_tokens, block_size=self.block_size,
+                                 backend=self.backend)
 
     def _allocate_pools(self, row_tokens: int, default_row: int, kv_cache_tokens, fraction: float) -> str:
         """Each paged runner's KV pool (once); the line that says how big and why."""
@@ -626,14 +628,14 @@ class SpeculativeEngine:
         block = getattr(self.draft_head, "block_size", None) if self.mode == "head" else None
         if (self.mode != "draft" and block is None) or token_tree is not None or schedule in (None, "constant"):
             return None
-        if block is not None:
-            top = min(self.max_draft_tokens, block - 1)
-            return tuple(sorted({q for q in ADAPTIVE_BLOCK_KS if q <= top} | {top}))
         if self.tp is not None:
             # Tensor parallel: a constant K. The adaptive choice reads this process's own step times,
             # which differ between ranks: ranks choosing different Ks would issue different
             # collectives (a hang, or gloo's size-mismatch abort; docs/architecture.md §10).
             return None
+        if block is not None:
+            top = min(self.max_draft_tokens, block - 1)
+            return tuple(sorted({q for q in ADAPTIVE_BLOCK_KS if q <= top} | {top}))
         # Named with a draft of another tokenizer it runs (exact), but its choice is poor there: that
         # draft phase is mostly a fixed cost per iteration (the feed call, the host re-tokenisation),
         # which the schedule's per-step draft cost (draft phase / K) spreads over K, so it settles on
@@ -747,11 +749,11 @@ class SpeculativeEngine:
                     "lookup": f"prompt lookup, K={self.default_k}",
                     "plain": "plain decoding"}[self.mode]
         if self.tree is not None:
-            drafting = f"draft model, tree {as_token_tree(self.tree).describe()}"
+            drafting = f"{'draft head' if self.mode == 'head' else 'draft model'}, tree {as_token_tree(self.tree).describe()}"
         elif self.cross_tokenizers is not None:
             drafting = f"draft model with its own tokenizer, K={self.default_k}"
         parallel = "" if self.tp is None else \
-            (f"; tensor parallel over {self.tp.size} ranks ({self.tp.backend}, draft "
+            (f"; tensor parallel over {self.tp.size} ranks ({self.tp.backend}, {'head' if self.mode == 'head' else 'draft'} "
              f"{'sharded' if self.shard_draft else 'replicated'}; {self.target_runner.plan.describe()})")
         return f"SpeculativeEngine({drafting}; {self.memory_note}; graphs: {self.graph_mode}{parallel})"
 

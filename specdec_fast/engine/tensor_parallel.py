@@ -8,7 +8,9 @@ like the target (shard_draft=True: one all-reduce per layer half and one logits 
 draft token, for drafts too big to replicate; bench/bench_tp.py prices both). A replicated
 draft must compute the same on every rank -- it does: same kernels, same inputs, deterministic
 kernels (docs/architecture.md §6) -- and the call's closing agreement checks it (the emitted
-tokens' checksum).
+tokens' checksum). A draft head (EAGLE-3, DFlash) is replicated the same way, reading the hidden
+states the tensor-parallel runner captures (whole on every rank after each all-reduce);
+whole_vocab_weight gives it the target's embedding / LM head over the whole vocabulary.
 
 A call: ``guard()`` around everything; the checks run on every rank; ``agree()`` exchanges the
 request's fingerprint (shape and checksum of input_ids / attention_mask, the resolved options,
@@ -71,6 +73,31 @@ def tp_runner(model, group, runner, row_tokens: int, backend, block_size: int):
     if sharded is not model:
         made.owned_model = sharded
     return made
+
+
+def whole_vocab_weight(target, which: str) -> torch.Tensor:
+    """The target's token embedding ("embed") or LM head ("lm_head"), [V, H] over the whole
+    vocabulary, for a draft head that looks tokens up in it (EAGLE-3 without an embedding of its
+    own; DFlash reads both). A ShardedCausalLM holds its rank's rows [V / N, H] of each: they are
+    gathered here once, at the engine's construction (a collective: every rank builds the same
+    head runner, so every rank calls it), and the copy costs V x H elements per rank."""
+    if isinstance(target, ShardedCausalLM):
+        shard = target.shards["model.embed_tokens.weight" if which == "embed" else "lm_head.weight"]
+        return target.tp.all_gather(shard).reshape(-1, shard.shape[-1])
+    module = target.get_input_embeddings() if which == "embed" else target.get_output_embeddings()
+    return module.weight
+
+
+def head_facts(head) -> dict | None:
+    """What the ranks compare of their draft heads before building (None without one): the kind,
+    the layout and a float64 sum of each weight (a device reduction per tensor, read once): ranks
+    drafting with different heads would propose different tokens, which the call's closing
+    agreement would only catch after the loop."""
+    if head is None:
+        return None
+    sums = [round(float(p.detach().double().sum()), 6) for p in head.parameters()]
+    return {"kind": getattr(head, "kind", type(head).__name__), "vocab": getattr(head, "vocab_size", None),
+            "block_size": getattr(head, "block_size", None), "weights": sums}
 
 
 def checksum(tensor: torch.Tensor) -> int:

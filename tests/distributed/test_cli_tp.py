@@ -28,6 +28,7 @@ def _args(*flags):
     (["--tp", "0"], {"WORLD_SIZE": "1"}, "--tp must be >= 1, got 0"),
     (["--tp-draft", "sharded"], {}, "--tp-draft goes with --tp N"),
     (["--tp", "2", "--tp-draft", "sharded"], {"WORLD_SIZE": "2"}, "--tp-draft sharded needs --draft"),
+    (["--tp", "2", "--tp-draft", "sharded", "--prompt-lookup", "3"], {"WORLD_SIZE": "2"}, "--tp-draft sharded needs --draft"),
     (["--tp", "2", "--tp-timeout", "0"], {"WORLD_SIZE": "2"}, "--tp-timeout must be > 0 seconds"),
 ])
 def test_a_wrong_tp_is_one_line(flags, environ, line):
@@ -63,9 +64,15 @@ def test_more_ranks_than_gpus_is_one_line(capsys, monkeypatch):
 
 
 @pytest.mark.slow  # ~15 s on the 2-core box: torchrun and two ranks' imports, then a single process's
-def test_torchrun_two_ranks_print_what_one_process_prints():
+@pytest.mark.parametrize("drafter", ["draft", "head"])
+def test_torchrun_two_ranks_print_what_one_process_prints(drafter):
+    """With a draft model, and with the demo pair's EAGLE-3 head (each rank runs it whole on the
+    hidden states its sharded target captures; the embedding it reads gathered from the ranks)."""
+    from importlib.resources import files
+
     target, draft = demo_pair()
-    common = ["generate", "--target", target, "--draft", draft, "--prompt", "def binary_search(a, x):",
+    drafting = ["--draft", draft] if drafter == "draft" else ["--draft-head", str(files("specdec_fast") / "assets/pair/eagle3")]
+    common = ["generate", "--target", target, *drafting, "--prompt", "def binary_search(a, x):",
               "--max-new-tokens", "24", "--temperature", "0.8", "--seed", "3", "--threads", "1", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
@@ -77,4 +84,4 @@ def test_torchrun_two_ranks_print_what_one_process_prints():
     assert single.returncode == 0, single.stderr[-2000:]
     completion = single.stdout.split("\n--- stats")[0]
     assert run.stdout.count(completion) == 1, "rank 0 prints the single process's completion, rank 1 nothing"
-    assert "tensor parallel over 2 ranks, draft replicated" in run.stdout
+    assert f"tensor parallel over 2 ranks, {drafter} replicated" in run.stdout

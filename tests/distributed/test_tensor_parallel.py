@@ -10,7 +10,9 @@ group usable after; a rank failing mid-call (its process alive) ends every rank 
 within seconds, and the group refuses later calls.
 2 ranks (ranks 0 and 1): the demo pair (greedy, seeded sampling with top-k / top-p, the static
 graph twin, a sharded draft, prompt lookup, plain decoding, a token tree; calls that would take
-the adaptive K schedule alone run at a constant K, with rank 1's schedule rigged), tiny Llama (MHA) and
+the adaptive K schedule alone run at a constant K, with rank 1's schedule rigged; draft heads: the
+demo pair's EAGLE-3 head greedy, sampled and with a tree, a DFlash block drafter sampled and under the
+adaptive schedule, both over a ShardedCausalLM too), tiny Llama (MHA) and
 Qwen2 through generate(process_group=) and SpeculativeEngine(process_group=), a checkpoint read
 slice by slice (ShardedCausalLM.from_pretrained): every rank's tokens equal the single process's
 and every other rank's; a chi-square of 2000 sampled rows against the target's distribution.
@@ -84,6 +86,12 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     for rank in (0, 1):  # a constant K under tensor parallelism (the adaptive schedule's choice is per rank)
         seen = results[rank]["2 ranks"]["adaptive K under TP"]
         _check(problems, seen == [(None, 4.0, "constant")] * 2, f"rank {rank} adaptive K under TP: {seen}")
+    for rank in (0, 1):  # a block drafter's adaptive schedule too: its whole block, every iteration
+        seen = results[rank]["2 ranks"]["dflash K under TP"]
+        _check(problems, seen == (None, 3.0, "constant"), f"rank {rank} DFlash K under TP: {seen}")
+        refused = results[rank]["2 ranks"]["shard a head"]["error"]
+        _check(problems, refused == "ValueError: shard_draft=True shards a draft model; this engine drafts with a draft "
+               "head (it runs whole on every rank)", f"rank {rank} shard_draft with a head: {refused}")
     tokens, alpha = results[0]["2 ranks"]["chi-square"]
     _check(problems, tokens == two["chi-square"][0], "chi-square rows: the ranks' tokens differ")
     _check(problems, 0.2 < alpha < 0.95, f"chi-square alpha {alpha}: the test needs accepted and rejected drafts")

@@ -96,6 +96,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         "tree": dict(do_sample=False, tree=TokenTree.from_branching([2, 2])),
     }, group)
     out.update(_adaptive_k(specdec_fast, target, draft, ids, group))
+    out.update(_heads(specdec_fast, target, ids, group))
     pids, pmask = left_padded_prompts([5, 9], seed=1)
     for kind in ("llama", "qwen2"):  # MHA (heads split); GQA (KV heads split) with q/k/v biases
         tgt, drf = tiny(kind)
@@ -151,6 +152,50 @@ def _adaptive_k(specdec_fast, target, draft, ids, group) -> dict:
     out["adaptive sampled"] = (single_sampled.tolist(), sampled.tolist())
     out["adaptive K under TP"] = [(s.schedule, s.mean_k, s.extra["tensor_parallel"]["k_schedule"])
                                   for s in (greedy_stats, sampled_stats)]
+    return out
+
+
+def _heads(specdec_fast, target, ids, group) -> dict:
+    """Draft heads over a sharded target: each rank runs the head whole on the hidden states its
+    runner captures (the residual stream, whole on every rank after each all-reduce). The demo
+    pair's EAGLE-3 head (greedy, seeded sampling, a tree) and a random DFlash block drafter (its
+    adaptive schedule stays constant: rank 1's rigged choice would part the ranks), on a target
+    loaded whole on every rank and on a ShardedCausalLM (the head's embedding / LM head gathered
+    from the ranks' vocabulary rows)."""
+    from importlib.resources import files
+
+    from specdec_fast.drafters.token_tree import TokenTree
+    from specdec_fast.engine.schedule import AdaptiveK
+    from specdec_fast.runners import ShardedCausalLM
+    from tests.engine.heads import random_dflash
+
+    eagle3 = str(files("specdec_fast") / "assets" / "pair" / "eagle3")
+    dflash = random_dflash(target, block_size=4)
+    out = _cases(specdec_fast, target, None, ids, None, {
+        "eagle3 greedy": dict(draft_head=eagle3, do_sample=False),
+        "eagle3 sampled": dict(draft_head=eagle3, do_sample=True, temperature=0.8, seed=13),
+        "eagle3 tree": dict(draft_head=eagle3, do_sample=False, tree=TokenTree.from_branching([2, 2])),
+        "dflash sampled": dict(draft_head=dflash, do_sample=True, top_k=20, seed=14),
+    }, group)
+    choose = AdaptiveK.choose
+    if dist.get_rank() == 1:
+        AdaptiveK.choose = lambda self, remaining=None: self.ks[0]
+    try:
+        kw = dict(draft_head=dflash, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+        single = specdec_fast.generate(target, ids, **kw)
+        parallel, stats = specdec_fast.generate(target, ids, process_group=group, return_stats=True,
+                                                num_assistant_tokens_schedule="adaptive", **kw)
+    finally:
+        AdaptiveK.choose = choose
+    out["dflash adaptive"] = (single.tolist(), parallel.tolist())
+    out["dflash K under TP"] = (stats.schedule, stats.mean_k, stats.extra["tensor_parallel"]["k_schedule"])
+    out["shard a head"] = _failure(lambda: specdec_fast.SpeculativeEngine(target, draft_head=eagle3, process_group=group,
+                                                                            shard_draft=True))
+    sharded = ShardedCausalLM.from_model(target, group, timeout=TP_TIMEOUT)
+    for name, head in (("eagle3", eagle3), ("dflash", dflash)):
+        kw = dict(draft_head=head, do_sample=True, seed=15, max_new_tokens=MAX_NEW, pad_token_id=0)
+        out[f"sharded {name}"] = (specdec_fast.generate(target, ids, **kw).tolist(),
+                                  specdec_fast.generate(sharded, ids, **kw).tolist())
     return out
 
 
