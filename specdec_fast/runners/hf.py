@@ -35,6 +35,7 @@ import weakref
 
 import torch
 
+from .hf_support import alibi_from_mask, hf_unsupported_reason
 from .sliding_window import sliding_layout
 
 
@@ -67,7 +68,8 @@ def output_cache(out):
 
 class UnsupportedModelError(ValueError):
     """A model no runner here can speculate on exactly (layers that keep what a rejected draft
-    fed them): what patch_generate's fallback hands to transformers' own generate."""
+    fed them, positions that do not follow position_ids: runners/hf_support.py): what
+    patch_generate's fallback hands to transformers' own generate."""
 
 
 class HFRunner:
@@ -76,6 +78,9 @@ class HFRunner:
     needs_compact = True  # rejected drafts leave holes that compact() reclaims
 
     def __init__(self, model, *, compact_slack: int = 64):
+        reason = hf_unsupported_reason(model)
+        if reason is not None:
+            raise UnsupportedModelError(reason)
         self._cache_class = _dynamic_cache_class()
         self._model_ref = weakref.ref(model)  # weak: an engine cached per model must not keep it alive
         self.config = model.config
@@ -88,6 +93,8 @@ class HFRunner:
         if self.window is not None and self.mask_kind == "2d":
             raise ValueError(f"a sliding-window model with attn_implementation={impl!r}: runner='hf' builds the window "
                              "into its own mask, for 'sdpa' or 'eager' attention; load the model with one of them")
+        if alibi_from_mask(model) and self.window is None:
+            self.mask_kind = "2d"  # ALiBi from the 2-D mask's running count of ones: true positions past holes
         self.dtype = next(model.parameters()).dtype
         self.compact_slack = compact_slack
         limits = [getattr(self.config, n, None) for n in ("max_position_embeddings", "n_positions")]

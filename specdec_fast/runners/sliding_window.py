@@ -37,7 +37,7 @@ def _source_mentions_window(module_name: str) -> bool | None:
         return None
 
 
-def _family_module(model_class) -> str | None:
+def family_module(model_class) -> str | None:
     """The module of a model class's family code: the first class of its MRO defined in
     transformers.models (a user's subclass of MistralForCausalLM reads Mistral's code), else the
     class's own module (remote code), else None."""
@@ -89,7 +89,7 @@ def sliding_layout(config, model_class=None):
         return None, False
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         return None, False
-    if not _code_reads_window(_family_module(model_class), getattr(config, "model_type", None)):
+    if not _code_reads_window(family_module(model_class), getattr(config, "model_type", None)):
         return None, False  # Llama: its code never reads a sliding_window its config carries
     return window, False
 

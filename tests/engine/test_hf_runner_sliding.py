@@ -119,24 +119,30 @@ def _linear_attention_model():
 LOOPING = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]])  # prompt lookup drafts (and misses) on it
 
 
-def test_a_model_with_linear_attention_is_refused_and_a_patch_falls_back():
+def test_a_model_with_linear_attention_is_refused_and_a_patch_falls_back(monkeypatch):
     """The hf runner refuses a model whose layers keep what a rejected draft fed them; a bound
-    patch hands its calls to transformers' generate with a warning, as it does an unsupported option."""
+    patch hands its calls to transformers' generate with a warning, as it does an unsupported option.
+    Two rules say so for Qwen3-Next: transformers' stateful flag (runners/hf_support.py), and its
+    layer types (for the layers that keep state without the flag: conv, chunked attention)."""
     model = _linear_attention_model()
     kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
-    with pytest.raises(hf_runner.UnsupportedModelError, match="only attention layers can skip"):
+    with pytest.raises(hf_runner.UnsupportedModelError, match="keeps a recurrent state"):
         specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
     expected = model.generate(LOOPING, **kw)
     with specdec_fast.patch_generate(model, prompt_lookup_num_tokens=3) as patched:
-        with pytest.warns(UserWarning, match="only attention layers can skip"):
+        with pytest.warns(UserWarning, match="keeps a recurrent state"):
             out = patched.generate(LOOPING, **kw)
     assert torch.equal(out, expected)
+    monkeypatch.setattr(hf_runner, "hf_unsupported_reason", lambda model: None)  # the layer-type rule alone
+    with pytest.raises(hf_runner.UnsupportedModelError, match="only attention layers can skip"):
+        specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
 
 
 def test_control_without_the_refusal_the_tokens_differ(monkeypatch):
     """Why the refusal: the same call with the check taken out decodes other tokens than
     model.generate (the rejected drafts stayed in the recurrent layer's state)."""
     monkeypatch.setattr(hf_runner, "sliding_layout", lambda config, *model_class: (None, False))
+    monkeypatch.setattr(hf_runner, "hf_unsupported_reason", lambda model: None)
     model = _linear_attention_model()
     # the cache transformers builds for it (the runner's own, config-less, has no recurrent state)
     monkeypatch.setattr(hf_runner, "_dynamic_cache_class", lambda: lambda: tf.DynamicCache(config=model.config))
