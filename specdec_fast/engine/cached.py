@@ -119,10 +119,11 @@ def _limit(model) -> int | None:
     200 below the 256 rows of the smallest engine sent every call to the hf runner, and a
     tensor-parallel one to an error); longer rows get an engine of their own size (hf runner)."""
     from ..runners.sliding_window import sliding_layout
+    from ..runners.wrapped import unwrapped
     from .inputs import max_positions
 
     try:
-        window = sliding_layout(getattr(model, "config", None), type(model))[0]
+        window = sliding_layout(getattr(model, "config", None), type(unwrapped(model)))[0]
     except ValueError:  # layer types the hf runner does not take (its own error says so): no window to fit
         window = None
     limits = [value for value in (max_positions(model), window) if value is not None]

@@ -37,6 +37,7 @@ import torch
 
 from .hf_support import alibi_from_mask, hf_unsupported_reason
 from .sliding_window import sliding_layout
+from .wrapped import unwrapped
 
 
 def _dynamic_cache_class():
@@ -89,7 +90,7 @@ class HFRunner:
         self.device = next(model.parameters()).device
         impl = getattr(self.config, "_attn_implementation", None)
         self.mask_kind = {"sdpa": "bool", "eager": "additive"}.get(impl, "2d")
-        self.window, self.window_per_layer_type = sliding_layout(self.config, type(model))
+        self.window, self.window_per_layer_type = sliding_layout(self.config, type(unwrapped(model)))
         if self.window is not None and self.mask_kind == "2d":
             raise ValueError(f"a sliding-window model with attn_implementation={impl!r}: runner='hf' builds the window "
                              "into its own mask, for 'sdpa' or 'eager' attention; load the model with one of them")

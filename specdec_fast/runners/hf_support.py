@@ -29,19 +29,13 @@ import inspect
 import sys
 
 from .sliding_window import family_module
-
-
-def _forward_parameters(model):
-    try:
-        return inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):  # no signature to read: nothing to say
-        return None
+from .wrapped import forward_parameters, forwards_everything, unwrapped
 
 
 def alibi_from_mask(model) -> bool:
     """Whether the model's family code builds ALiBi from the 2-D attention mask
     (build_alibi_tensor(attention_mask, ...): Bloom, Falcon): it must get the 2-D mask."""
-    module = sys.modules.get(family_module(type(model)) or "")
+    module = sys.modules.get(family_module(type(unwrapped(model))) or "")
     build = getattr(module, "build_alibi_tensor", None)
     if build is None:
         return False
@@ -53,13 +47,16 @@ def alibi_from_mask(model) -> bool:
 
 
 def hf_unsupported_reason(model) -> str | None:
-    """Why runner='hf' cannot speculate on ``model`` exactly (module docstring), or None."""
+    """Why runner='hf' cannot speculate on ``model`` exactly (module docstring), or None. A wrapper
+    (torch.compile, PEFT) is judged by the model it wraps; a forward(**kwargs) that wraps nothing
+    known cannot be judged: None, as before these checks."""
+    model = unwrapped(model)
     name = type(model).__name__
     if getattr(model, "_is_stateful", False):
         return (f"{name} keeps a recurrent state (transformers marks it stateful): a rejected draft would stay in it, "
                 "and runner='hf' can only mask rejected drafts out of a KV cache")
-    params = _forward_parameters(model)
-    if params is None:
+    params = forward_parameters(model)
+    if params is None or forwards_everything(params):
         return None
     cache = params.get("cache", params.get("past_key_values"))
     if cache is None:

@@ -100,3 +100,38 @@ def test_alibi_from_the_mask_equals_generate(kind, drafting):
     assert sum(stats.accepted_hist[:-1]) > 0, "some drafts were rejected (holes in the runner's cache)"
     appended = ids.shape[1] + stats.iterations * (stats.k + 1)  # every score call appends K + 1 slots
     assert engine.target_runner.cache_len < appended - 8, "compaction ran"
+
+
+class _PeftLike(torch.nn.Module):
+    """A wrapper as PEFT's PeftModel is one: forward(*args, **kwargs), get_base_model()."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def get_base_model(self):
+        return self.inner
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+def test_wrappers_are_judged_by_the_model_they_wrap():
+    """torch.compile and PEFT wrap the forward as forward(*args, **kwargs): judged by the model inside
+    (a compiled or adapted Llama is taken, a compiled RWKV refused); a forward(**kwargs) wrapping
+    nothing known is not judged (taken, as before these checks)."""
+    from tests.engine.models import make_model
+
+    llama = make_model("llama")
+    assert hf_support.hf_unsupported_reason(torch.compile(llama)) is None
+    assert hf_support.hf_unsupported_reason(_PeftLike(llama)) is None
+    assert "recurrent state" in hf_support.hf_unsupported_reason(torch.compile(_model("rwkv")))
+    assert "takes no position_ids" in hf_support.hf_unsupported_reason(_PeftLike(_model("mpt")))
+    assert hf_support.alibi_from_mask(torch.compile(_model("bloom")))
+    assert hf_support.hf_unsupported_reason(_PeftLike(_model("bloom"))) is None
+
+    class Opaque(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return None
+
+    assert hf_support.hf_unsupported_reason(Opaque()) is None

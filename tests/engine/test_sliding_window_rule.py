@@ -117,3 +117,12 @@ def test_control_the_old_rule_masks_the_stray_window(monkeypatch):
     out = specdec_fast.generate(model, ids, mask, runner="hf", prompt_lookup_num_tokens=3, **kw)
     specdec_fast.release_engines(model)
     assert not torch.equal(out, model.generate(ids, attention_mask=mask, use_cache=False, **kw))
+
+
+def test_a_compiled_model_keeps_its_window():
+    """torch.compile's wrapper has a class and a forward(*args, **kwargs) of its own: the rule
+    reads the model inside (a compiled Mistral's window still applies, a compiled Llama's stray
+    one still does not)."""
+    mistral = tf.MistralForCausalLM(tf.MistralConfig(sliding_window=4, **COMMON))
+    assert hf_runner.HFRunner(torch.compile(mistral)).window == 4
+    assert hf_runner.HFRunner(torch.compile(_stray_llama())).window is None
