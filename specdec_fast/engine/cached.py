@@ -18,7 +18,8 @@ import weakref
 
 import torch
 
-from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for, head_source
+from .draft_heads import head_source
+from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for
 from .inputs import check_pair, tokenizer_key
 
 MIN_SEQ_LEN = 256

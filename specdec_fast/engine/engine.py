@@ -31,29 +31,25 @@ import math
 import threading
 import time
 import weakref
-from pathlib import Path
 
 import torch
 
 from ..drafters import BlockDrafter, SelectorBlockDrafter, Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
-from ..heads import load_draft_head
 from ..options import resolve_options
 from ..processing.guidance import check_guidance, guidance_on
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
-from ..runners.paged_dflash import PagedDFlashRunner
-from ..runners.paged_dflash2 import PagedDFlash2Runner
-from ..runners.paged_eagle3 import PagedEagle3Runner
 from ..runners.registry import choose_runner, make_runner
+from .draft_heads import head_runner, head_source, load_head
 from .graph_policy import resolve_graph_mode
 from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, infer_attention_mask,
-                     max_positions, tokenizer_key, vocab_size)
+                     max_positions, tokenizer_key)
 from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import expand_rows, output_dict, return_sequences
 from .stopping import call_limits
-from .tensor_parallel import check_output, check_tp_call, group_for, head_facts, request_facts, tp_runner, whole_vocab_weight
+from .tensor_parallel import check_output, check_tp_call, group_for, head_facts, request_facts, tp_runner
 from .tree_loop import TreeDecoder
 from .user_cache import cached_length, extend_user_cache, take_user_cache
 
@@ -85,11 +81,6 @@ MAX_DECODERS = 64
 USER_PROCESSORS_NOTE = ("a user logits_processor, prefix_allowed_tokens_fn, watermarking_config or guidance_scale runs "
                         "eagerly on the host per row and position (exact input_ids; guidance: the model's unconditional "
                         "forward per row), which a CUDA graph cannot replay")
-
-
-def head_source(path) -> str:
-    """A head directory's identity (its resolved path)."""
-    return str(Path(path).resolve())
 
 
 def bucket_for(batch: int, max_batch_size: int) -> int:
@@ -187,7 +178,7 @@ class SpeculativeEngine:
         # directory is its own (the runner holds the head's tensors either way).
         self.head_source = self._own_head = self._head_ref = None
         if draft_head is not None:
-            head = self._load_head(draft_head, target)
+            head = load_head(draft_head, target, self.device)
             if isinstance(draft_head, torch.nn.Module):
                 self._head_ref = weakref.ref(head)
             else:
@@ -280,7 +271,9 @@ class SpeculativeEngine:
         self.draft_runner = None if assistant_model is None else \
             self._runner(assistant_model, runner, row_tokens, sharded=self.shard_draft)
         if self.mode == "head":
-            self.draft_runner = self._head_runner(self.draft_head, target)
+            self.draft_runner = head_runner(self.draft_head, target, self.target_runner, tree=self.tree,
+                                            max_draft_tokens=self.max_draft_tokens, block_size=self.block_size,
+                                            backend=self.backend)
         if tree is not None:
             self._tree_drafter(as_token_tree(tree))  # checks the runners now
 
@@ -289,47 +282,6 @@ class SpeculativeEngine:
             return tp_runner(model, self.tp, runner, row_tokens, self.backend, self.block_size)
         name = choose_runner(model, runner, row_tokens, self.backend)
         return make_runner(model, name, backend=self.backend, **({"block_size": self.block_size} if name == "paged" else {}))
-
-    def _load_head(self, draft_head, target):
-        """The head (a directory: loaded on the target's device in its dtype; a head object: as it
-        is, on the target's device), checked against the target's vocabulary and width."""
-        if isinstance(draft_head, torch.nn.Module):
-            head = load_draft_head(draft_head)
-            if next(head.parameters()).device != self.device:
-                raise ValueError(f"draft_head is on {next(head.parameters()).device} but model is on {self.device}")
-        else:
-            head = load_draft_head(draft_head, device=self.device, dtype=next(target.parameters()).dtype)
-        vocab = vocab_size(target)
-        if head.vocab_size != vocab:
-            raise ValueError(f"vocab mismatch: the draft head is for a vocabulary of {head.vocab_size} tokens, the "
-                             f"target has {vocab}")
-        return head
-
-    def _head_runner(self, head, target):
-        """The head's paged runner (EAGLE-3: PagedEagle3Runner; DFlash: PagedDFlashRunner); the
-        target runner captures the hidden states it reads."""
-        if not hasattr(self.target_runner, "capture_hidden_states"):
-            raise ValueError(f"draft_head needs a paged target runner (it reads the target's hidden states), got "
-                             f"{type(self.target_runner).__name__}")
-        layers = len(self.target_runner.layers)
-        self.target_runner.capture_hidden_states(head.hidden_indices(layers))
-        if self.target_runner.hidden_capture.width != head.fc.weight.shape[1]:
-            raise ValueError(f"the draft head's fc reads {head.fc.weight.shape[1]} features; the target's "
-                             f"{len(head.hidden_indices(layers))} hidden states are "
-                             f"{self.target_runner.hidden_capture.width} wide (a head for another target?)")
-        if head.kind == "dflash":
-            if self.tree is not None:
-                raise ValueError("tree=... with a DFlash drafter: its block drafts a chain (trees: EAGLE-3 heads or a "
-                                 "draft model)")
-            if not 0 <= head.mask_token_id < vocab_size(target):
-                raise ValueError(f"the DFlash mask_token_id {head.mask_token_id} is outside the target's vocabulary")
-            runner = PagedDFlash2Runner if getattr(head, "variant", "dflash") == "dflash2" else PagedDFlashRunner
-            return runner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
-                          num_draft_tokens=min(self.max_draft_tokens, head.block_size - 1),
-                          block_size=self.block_size, backend=self.backend)
-        embed = head.embed_tokens.weight if head.embed_tokens is not None else whole_vocab_weight(target, "embed")
-        return PagedEagle3Runner(head, embed, num_draft_tokens=self.max_draft_tokens, block_size=self.block_size,
-                                 backend=self.backend)
 
     def _allocate_pools(self, row_tokens: int, default_row: int, kv_cache_tokens, fraction: float) -> str:
         """Each paged runner's KV pool (once); the line that says how big and why."""
