@@ -88,16 +88,32 @@ def whole_vocab_weight(target, which: str) -> torch.Tensor:
     return module.weight
 
 
+def _digest(tensor: torch.Tensor) -> tuple:
+    """(sum, position-weighted sum of a strided sample of at most 2^16 values), both float64 and
+    exact (float.hex: the ranks of one group hold the same tensors on the same kind of device).
+    The weighted part tells permutations apart (a draft vocabulary in another order)."""
+    flat = tensor.detach().reshape(-1)
+    sample = flat[:: max(1, flat.numel() // 65536)].double()
+    weights = torch.arange(sample.numel(), device=sample.device, dtype=torch.float64) % 251 + 1
+    return float(flat.sum(dtype=torch.float64)).hex(), float((sample * weights).sum()).hex()
+
+
 def head_facts(head) -> dict | None:
     """What the ranks compare of their draft heads before building (None without one): the kind,
-    the layout and a float64 sum of each weight (a device reduction per tensor, read once): ranks
-    drafting with different heads would propose different tokens, which the call's closing
-    agreement would only catch after the loop."""
+    the config (which hidden states it reads, the mask token, ... -- less paths and versions) and
+    a digest of every weight and buffer (EAGLE-3's draft vocabulary is a buffer; _digest: two
+    device reductions per tensor, read once); both as short hashes, so a mismatch is one readable
+    line. Ranks drafting with different heads would issue different collectives and stall (found by the tensor-parallel heads' fuzzing round: the
+    same weights with other aux layer ids, or another draft vocabulary, stalled until the timeout)."""
     if head is None:
         return None
-    sums = [round(float(p.detach().double().sum()), 6) for p in head.parameters()]
-    return {"kind": getattr(head, "kind", type(head).__name__), "vocab": getattr(head, "vocab_size", None),
-            "block_size": getattr(head, "block_size", None), "weights": sums}
+    config = getattr(head, "config", None)
+    config = config.to_dict() if hasattr(config, "to_dict") else {}
+    config = {key: value for key, value in sorted(config.items())
+              if not key.startswith("_") and key not in ("transformers_version", "name_or_path")}
+    tensors = [(name, _digest(t)) for name, t in [*head.named_parameters(), *head.named_buffers()]]
+    return {"kind": getattr(head, "kind", type(head).__name__), "config": f"{zlib.crc32(repr(config).encode()):08x}",
+            "weights": f"{zlib.crc32(repr(tensors).encode()):08x}"}
 
 
 def checksum(tensor: torch.Tensor) -> int:

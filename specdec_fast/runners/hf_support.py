@@ -11,7 +11,7 @@ decoding other tokens than model.generate and 8 failing with errors that named n
   a rejected draft stays in the state. (Layer types that keep state without the flag -- linear,
   conv, chunked attention -- are refused by runners/sliding_window.sliding_layout.)
 - no KV cache in the forward (OpenAI GPT, XLNet): every call would see only its own tokens;
-  or a cache of its own kind (XLM's dict): not a transformers Cache the runner can extend.
+  or masks of its own (XLM's get_masks: OWN_MASKS), which no mask the runner passes can reach.
 - no ``position_ids`` in the forward (the causal heads of BART, Pegasus, Marian, mBART,
   Blenderbot, Whisper, TrOCR, RoFormer, MPT, CPM-Ant, ProphetNet, ...): their positions follow
   the cache's length or slot index, which the masked slots shift (transformers' generate passes
@@ -30,6 +30,13 @@ import sys
 
 from .sliding_window import family_module
 from .wrapped import forward_parameters, forwards_everything, unwrapped
+
+
+# Model types whose attention masks come from a padding mask of their own, not transformers'
+# mask builders, so no mask the runner passes can hide a slot (XLM: get_masks asserts on it).
+# Not read from the forward's cache annotation: nine families (RoBERTa, ERNIE, CamemBERT, ...)
+# annotate a tuple or a list and pass a transformers Cache on (the refusal there was wrong).
+OWN_MASKS = ("xlm",)
 
 
 def alibi_from_mask(model) -> bool:
@@ -61,9 +68,9 @@ def hf_unsupported_reason(model) -> str | None:
     cache = params.get("cache", params.get("past_key_values"))
     if cache is None:
         return f"{name}.forward takes no KV cache, which runner='hf' extends by the drafts and masks the rejected in"
-    if cache.annotation is not inspect.Parameter.empty and "Cache" not in str(cache.annotation):
-        return (f"{name}.forward takes a cache of its own kind ({cache.annotation}), not a transformers Cache that "
-                "runner='hf' can extend and mask")
+    if getattr(getattr(model, "config", None), "model_type", None) in OWN_MASKS:
+        return (f"{name} builds its attention mask from a padding mask of its own (XLM's get_masks), which cannot "
+                "hide the masked slots of rejected drafts")
     if "position_ids" not in params and not alibi_from_mask(model):
         return (f"{name}.forward takes no position_ids: its positions follow the cache's length, which the masked "
                 "slots of rejected drafts would shift")

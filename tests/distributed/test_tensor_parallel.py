@@ -89,6 +89,11 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     for rank in (0, 1):  # a block drafter's adaptive schedule too: its whole block, every iteration
         seen = results[rank]["2 ranks"]["dflash K under TP"]
         _check(problems, seen == (None, 3.0, "constant"), f"rank {rank} DFlash K under TP: {seen}")
+        for name in ("other aux layers", "other draft vocabulary order"):
+            seen = results[rank]["2 ranks"][f"heads differ: {name}"]
+            _check(problems, str(seen["error"]).startswith("TensorParallelError: building the engine: the ranks disagree "
+                                                           "on drafting") and seen["seconds"] < SECONDS,
+                   f"rank {rank} heads differ ({name}): {seen}")
         refused = results[rank]["2 ranks"]["shard a head"]["error"]
         _check(problems, refused == "ValueError: shard_draft=True shards a draft model; this engine drafts with a draft "
                "head (it runs whole on every rank)", f"rank {rank} shard_draft with a head: {refused}")

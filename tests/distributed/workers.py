@@ -191,6 +191,18 @@ def _heads(specdec_fast, target, ids, group) -> dict:
     out["dflash K under TP"] = (stats.schedule, stats.mean_k, stats.extra["tensor_parallel"]["k_schedule"])
     out["shard a head"] = _failure(lambda: specdec_fast.SpeculativeEngine(target, draft_head=eagle3, process_group=group,
                                                                             shard_draft=True))
+    # Heads that differ between ranks only in what they read (the same weights): refused at once
+    # (found by the fuzzing round: they drafted different tokens and stalled until the timeout).
+    from specdec_fast.heads import load_draft_head
+
+    for name, change in (("other aux layers", lambda h: setattr(h.config, "eagle_aux_hidden_state_layer_ids", [3, 2, 1])),
+                         ("other draft vocabulary order", lambda h: h.d2t.copy_(h.d2t.flip(0)))):
+        head = load_draft_head(eagle3)
+        if dist.get_rank() == 1:
+            change(head)
+        start = time.time()
+        out[f"heads differ: {name}"] = dict(_failure(lambda: specdec_fast.SpeculativeEngine(
+            target, draft_head=head, process_group=group, tp_timeout=TP_TIMEOUT)), seconds=time.time() - start)
     sharded = ShardedCausalLM.from_model(target, group, timeout=TP_TIMEOUT)
     for name, head in (("eagle3", eagle3), ("dflash", dflash)):
         kw = dict(draft_head=head, do_sample=True, seed=15, max_new_tokens=MAX_NEW, pad_token_id=0)

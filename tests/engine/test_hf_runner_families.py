@@ -21,7 +21,7 @@ REFUSED = {
     "openai-gpt": (lambda: tf.OpenAIGPTConfig(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=256),
                    "takes no KV cache"),
     "xlm": (lambda: tf.XLMConfig(vocab_size=V, emb_dim=32, n_layers=2, n_heads=4, max_position_embeddings=256,
-                                 causal=True), "a cache of its own kind"),
+                                 causal=True), "padding mask of its own"),
     "bart": (lambda: tf.BartConfig(vocab_size=V, d_model=32, decoder_layers=2, decoder_attention_heads=4,
                                    decoder_ffn_dim=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
                                    max_position_embeddings=256),
@@ -37,13 +37,21 @@ ALIBI = {
                                                 num_attention_heads=4, num_kv_heads=2, alibi=True,
                                                 new_decoder_architecture=True),
 }
+# Taken though their *ForCausalLM.forward annotates the cache as a tuple / list: the base model
+# builds and reads a transformers Cache (a check on the annotation refused nine such families).
+TAKEN = {
+    "roberta": lambda: tf.RobertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=258, is_decoder=True),
+    "ernie": lambda: tf.ErnieConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=64, max_position_embeddings=256, is_decoder=True),
+}
 LOOPING = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6]])  # prompt lookup drafts (and misses) on it
 _MODELS = {}
 
 
 def _model(kind: str):
     if kind not in _MODELS:
-        config = {**{k: v[0] for k, v in REFUSED.items()}, **ALIBI}[kind]()
+        config = {**{k: v[0] for k, v in REFUSED.items()}, **ALIBI, **TAKEN}[kind]()
         # spread logits (few near-ties, drafts rejected often enough to leave holes)
         for name, value in dict(bos_token_id=1, eos_token_id=None, pad_token_id=0, initializer_range=0.15,
                                 init_std=0.15).items():
@@ -77,6 +85,17 @@ def test_control_without_the_refusal_a_bart_head_decodes_other_tokens(monkeypatc
     out = specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
     specdec_fast.release_engines(model)
     assert not torch.equal(out, model.generate(LOOPING, **kw))
+
+
+@pytest.mark.parametrize("kind", list(TAKEN))
+def test_a_cache_annotated_as_a_tuple_is_taken(kind):
+    model = _model(kind)
+    assert hf_support.hf_unsupported_reason(model) is None
+    ids, mask = left_padded_prompts([6, 9, 4], vocab=V, seed=24)
+    kw = dict(max_new_tokens=24, do_sample=False, pad_token_id=0)
+    out = specdec_fast.generate(model, ids, mask, prompt_lookup_num_tokens=3, **kw)
+    specdec_fast.release_engines(model)
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
 
 
 @pytest.mark.parametrize("drafting", ["lookup", "draft"])
