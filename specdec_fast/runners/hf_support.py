@@ -4,8 +4,9 @@ The hf runner (runners/hf.py) extends a transformers Cache by every draft it sco
 rejected ones as masked slots, giving every real token an explicit position_id. That is exact for
 a model whose attention honours the mask and whose positions come from position_ids. A sweep of
 transformers 5.24's 196 causal-LM types (tiny configs; prompt lookup and a noisy draft, batch 1
-and left-padded batch 3, against model.generate) found four kinds that are not, 15 families
-decoding other tokens than model.generate and 8 failing with errors that named nothing:
+and left-padded batch 3, against model.generate) found three kinds that are not, and one that
+is when masked its own way -- 15 families had decoded other tokens than model.generate, silently,
+and 8 had failed with errors that named nothing:
 
 - a recurrent state (transformers' own flag, ``_is_stateful``: RWKV, xLSTM, Zamba, Bamba, ...):
   a rejected draft stays in the state. (Layer types that keep state without the flag -- linear,
