@@ -94,6 +94,8 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
             _check(problems, str(seen["error"]).startswith("TensorParallelError: building the engine: the ranks disagree "
                                                            "on drafting") and seen["seconds"] < SECONDS,
                    f"rank {rank} heads differ ({name}): {seen}")
+        _check(problems, results[rank]["2 ranks"]["gathered weights equal"] is True,
+               f"rank {rank}: the head's gathered embedding / LM head differ from the whole target's")
         refused = results[rank]["2 ranks"]["shard a head"]["error"]
         _check(problems, refused == "ValueError: shard_draft=True shards a draft model; this engine drafts with a draft "
                "head (it runs whole on every rank)", f"rank {rank} shard_draft with a head: {refused}")

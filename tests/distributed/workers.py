@@ -166,6 +166,7 @@ def _heads(specdec_fast, target, ids, group) -> dict:
 
     from specdec_fast.drafters.token_tree import TokenTree
     from specdec_fast.engine.schedule import AdaptiveK
+    from specdec_fast.heads import load_draft_head
     from specdec_fast.runners import ShardedCausalLM
     from tests.engine.heads import random_dflash
 
@@ -193,8 +194,6 @@ def _heads(specdec_fast, target, ids, group) -> dict:
                                                                             shard_draft=True))
     # Heads that differ between ranks only in what they read (the same weights): refused at once
     # (found by the fuzzing round: they drafted different tokens and stalled until the timeout).
-    from specdec_fast.heads import load_draft_head
-
     for name, change in (("other aux layers", lambda h: setattr(h.config, "eagle_aux_hidden_state_layer_ids", [3, 2, 1])),
                          ("other draft vocabulary order", lambda h: h.d2t.copy_(h.d2t.flip(0)))):
         head = load_draft_head(eagle3)
@@ -208,6 +207,11 @@ def _heads(specdec_fast, target, ids, group) -> dict:
         kw = dict(draft_head=head, do_sample=True, seed=15, max_new_tokens=MAX_NEW, pad_token_id=0)
         out[f"sharded {name}"] = (specdec_fast.generate(target, ids, **kw).tolist(),
                                   specdec_fast.generate(sharded, ids, **kw).tolist())
+    # The gathered weights themselves (the random DFlash head's drafts are never accepted, so its
+    # tokens would not show a wrong LM head): the whole target's, exactly.
+    runner = specdec_fast.SpeculativeEngine(sharded, draft_head=dflash, tp_timeout=TP_TIMEOUT).draft_runner
+    out["gathered weights equal"] = (torch.equal(runner.embed, target.get_input_embeddings().weight)
+                                     and torch.equal(runner.lm_head, target.get_output_embeddings().weight))
     return out
 
 
