@@ -22,13 +22,35 @@ turn. Here:
     past it). Without an EOS criterion transformers pads nothing and runs every row until all are
     done: then so does this (HostStops), and since speculation moves rows at different speeds,
     rows that are short of the step where the last row was done run on to exactly that step
-    (loop.py _all_at_final_length: their max_new_tokens lowered to it). A criterion that reads
-    scores gets None (it cannot run here: the error is its own).
+    (loop.py _all_at_final_length: their max_new_tokens lowered to it).
+  - scores: transformers passes None, unless return_dict_in_generate and output_scores, when it
+    passes the tuple of the steps' processed scores so far. The loop has no such tuple (the
+    scores are computed after it: outputs.py), so there the criteria get ScoresAfterTheLoop: a
+    criterion that never reads it runs as it would; one that reads it raises an
+    UnsupportedOptionError, which patch_generate hands to transformers. (Found by the options
+    fuzzing round on the hf runner's families: a confidence criterion reading scores[-1] was
+    given None, stopped nowhere, and the tokens ran past transformers'.)
 """
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+
+class ScoresAfterTheLoop:
+    """What a host criterion gets as ``scores`` where transformers would pass the tuple of the
+    processed scores so far (output_scores with return_dict_in_generate): any read of it raises
+    an UnsupportedOptionError naming why (module docstring)."""
+
+    def _refuse(self, *args, **kwargs):
+        from ..options.rules import UnsupportedOptionError
+
+        raise UnsupportedOptionError(
+            "a stopping criterion read `scores` (with output_scores=True transformers passes it the processed scores "
+            "of the steps so far), which speculative decoding computes only after its loop: drop output_scores from "
+            "this call, or run it on transformers' generate (patch_generate does so by itself)")
+
+    __getitem__ = __len__ = __iter__ = __bool__ = __getattr__ = _refuse
 
 
 def split_criteria(criteria):
@@ -75,9 +97,10 @@ class HostStops:
     row goes on (not finished) and every row ends at the step where the last one was done.
     ``lengths(gen_len)`` gives the rows' final lengths."""
 
-    def __init__(self, criteria, prompt_width: int, batch: int, pad_after: bool = True):
+    def __init__(self, criteria, prompt_width: int, batch: int, pad_after: bool = True, scores_expected: bool = False):
         self.criteria, self.prompt_width, self.batch = list(criteria), prompt_width, batch
         self.pad_after = pad_after
+        self.scores = ScoresAfterTheLoop() if scores_expected else None  # what transformers would pass
         self.checked = np.zeros(batch, dtype=np.int64)  # tokens per row already checked
         self.done = [None] * batch  # the step (generated length) at which each row was done
 
@@ -98,7 +121,7 @@ class HostStops:
             input_ids = torch.from_numpy(np.ascontiguousarray(seq[rows, : self.prompt_width + step]))
             done = torch.zeros(len(rows), dtype=torch.bool)
             for criterion in self.criteria:  # StoppingCriteriaList.__call__: any criterion
-                done |= torch.as_tensor(criterion(input_ids, None)).reshape(-1).to(torch.bool).cpu()
+                done |= torch.as_tensor(criterion(input_ids, self.scores)).reshape(-1).to(torch.bool).cpu()
             for row, stop in zip(rows, done.tolist()):
                 self.checked[row] = step
                 if stop:
@@ -127,9 +150,10 @@ class CallLimits:
     eos_token_ids: list | None
     host: list
     pad_after: bool = True
+    scores_expected: bool = False  # transformers would pass the criteria the scores so far
 
     def stops(self, prompt_width: int, batch: int):
-        return HostStops(self.host, prompt_width, batch, self.pad_after) if self.host else None
+        return HostStops(self.host, prompt_width, batch, self.pad_after, self.scores_expected) if self.host else None
 
 
 def call_limits(opts, prompt_width: int, tokenizer=None) -> CallLimits:
@@ -153,4 +177,5 @@ def call_limits(opts, prompt_width: int, tokenizer=None) -> CallLimits:
     if opts.eos_token_ids:
         defaults.append(EosTokenCriteria(eos_token_id=torch.tensor(opts.eos_token_ids)))
     max_length, eos, host, pad_after = split_criteria(merge_criteria(defaults, extra.get("stopping_criteria")))
-    return CallLimits(max(max_length - prompt_width, 1), eos, host, pad_after)
+    scores_expected = bool(extra.get("return_dict_in_generate") and extra.get("output_scores"))
+    return CallLimits(max(max_length - prompt_width, 1), eos, host, pad_after, scores_expected)

@@ -311,3 +311,43 @@ def test_control_stopping_where_the_last_row_ends_leaves_rows_short(monkeypatch)
     drafting = dict(assistant_model=draft, num_assistant_tokens=2)  # the "draft" case above
     mismatched = [not torch.equal(*_rows_stopping_apart(target, seed, drafting)) for seed in (0, 28, 3)]
     assert any(mismatched)
+
+
+class _LowConfidence(StoppingCriteria):
+    """A criterion that reads ``scores`` (transformers passes the steps' processed scores so far
+    with output_scores=True, else None): done when the last step's top probability is low."""
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if scores is None:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        return scores[-1].softmax(-1).max(-1).values < 0.5
+
+
+def test_a_criterion_reading_the_scores_falls_back_and_one_that_does_not_speculates():
+    """Found by the options fuzzing round: with output_scores a criterion reading scores[-1] got
+    None here, stopped nowhere, and the tokens ran past transformers'. Now reading them raises an
+    UnsupportedOptionError (a bound patch hands the call to transformers); a criterion that never
+    reads them, and a call without output_scores (transformers passes None too), speculate."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9], seed=41)
+    kw = dict(max_new_tokens=16, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+    reading = dict(kw, stopping_criteria=StoppingCriteriaList([_LowConfidence()]))
+    expected = target.generate(ids, attention_mask=mask, **reading)
+    assert expected.sequences.shape[1] < ids.shape[1] + 16, "the criterion stops transformers' call early"
+    with pytest.raises(UnsupportedOptionError, match="a stopping criterion read `scores`"):
+        specdec_fast.generate(target, ids, mask, assistant_model=draft, **reading)
+    with specdec_fast.patch_generate(target, assistant_model=draft) as model:
+        with pytest.warns(UserWarning, match="a stopping criterion read `scores`"):
+            out = model.generate(ids, attention_mask=mask, **reading)
+    assert torch.equal(out.sequences, expected.sequences)
+    # A criterion that never reads scores, with output_scores: speculates, tokens and scores equal.
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    other = dict(kw, eos_token_id=1, stopping_criteria=StoppingCriteriaList([_StopOn(int(plain[0, ids.shape[1] + 3]))]))
+    ours, stats = specdec_fast.generate(target, ids, mask, assistant_model=draft, return_stats=True, **other)
+    theirs = target.generate(ids, attention_mask=mask, **other)
+    assert torch.equal(ours.sequences, theirs.sequences) and stats.k > 0
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(ours.scores, theirs.scores))
+    # Without output_scores both pass None: the reading criterion never fires, in either.
+    none = dict(max_new_tokens=16, do_sample=False, pad_token_id=0, stopping_criteria=StoppingCriteriaList([_LowConfidence()]))
+    assert torch.equal(specdec_fast.generate(target, ids, mask, assistant_model=draft, **none),
+                       target.generate(ids, attention_mask=mask, **none))
