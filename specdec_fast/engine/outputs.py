@@ -92,14 +92,33 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
                    position_ids=positions[:, cached:width], use_cache=True, **prefix, **asked)
     hidden, attention = [prompt.hidden_states], [prompt.attentions]
     if steps > 1:
+        cache = output_cache(prompt)
+        windows = _cache_windows(cache)
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
-                     position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): output_cache(prompt)},
-                     **asked)
+                     position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): cache}, **asked)
+        fed = width + steps - 1  # slots 0 .. fed - 1 went through the model
         for s in range(1, steps):
             hidden.append(None if rest.hidden_states is None else tuple(h[:, s - 1: s] for h in rest.hidden_states))
-            attention.append(None if rest.attentions is None
-                             else tuple(a[:, :, s - 1: s, : width + s] for a in rest.attentions))
+            if rest.attentions is None:
+                attention.append(None)
+                continue
+            step = []
+            for i, a in enumerate(rest.attentions):  # keys: the last a.shape[-1] slots fed
+                window = windows[i] if i < len(windows) else None
+                first = 0 if window is None else max(0, width + s - window)  # a sliding layer's step keeps `window`
+                start = fed - a.shape[-1]
+                step.append(a[:, :, s - 1: s, first - start: width + s - start])
+            attention.append(tuple(step))
     return (tuple(hidden) if hidden_states else None), (tuple(attention) if attentions else None)
+
+
+def _cache_windows(cache) -> list:
+    """Each layer's sliding window in transformers' own cache (what its generate builds: its
+    sliding layers keep the last window - 1 keys and attend `window` at each step), None for a
+    full layer. Found by the options fuzzing round: a sliding layer's step attentions were
+    [.., P + s] here against transformers' [.., min(window, P + s)]."""
+    return [getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+            for layer in getattr(cache, "layers", ())]
 
 
 def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int, start: torch.Tensor, options: dict,

@@ -149,3 +149,22 @@ def test_control_without_the_refusal_the_tokens_differ(monkeypatch):
     kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
     out = specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
     assert not torch.equal(out, model.generate(LOOPING, **kw))
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_step_attentions_of_sliding_layers_equal_generate(kind):
+    """output_attentions: a sliding layer's step s attends the last min(window, P + s) keys in
+    transformers' cache (it keeps window - 1); ours come from one forward over the steps and are
+    cut the same way. Prompts past the window, left padded (found by the options fuzzing round:
+    [.., P + s] keys here against transformers' [.., min(window, P + s)])."""
+    model, _ = _pair(kind, "eager")
+    ids, mask = left_padded_prompts([6, 9, 4], seed=25)
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_attentions=True,
+              output_hidden_states=True)
+    ours = specdec_fast.generate(model, ids, mask, prompt_lookup_num_tokens=3, **kw)
+    theirs = model.generate(ids, attention_mask=mask, **kw)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for field in ("attentions", "hidden_states"):
+        for step_ours, step_theirs in zip(getattr(ours, field), getattr(theirs, field), strict=True):
+            for a, b in zip(step_ours, step_theirs, strict=True):
+                assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (field, a.shape, b.shape)
