@@ -245,7 +245,7 @@ class SpeculativeDecoder:
                              f"the call's are {sorted(params.modes or ['unknown'])}")
         self.max_new_tokens, self.pad_token_id, self.streamer = new, int(call["pad_token_id"]), call["streamer"]
         limits = call["stopping_criteria"]  # stopping.CallLimits or None
-        self._stops = None if limits is None else limits.stops(width, batch)
+        self._stops = None if limits is None else limits.stops(width, batch, self.pad_token_id)
         st, dev, rows = self.state, self.device, self.rows
         mask = attention_mask.to(dev).long()
         ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=dev)
@@ -506,34 +506,21 @@ class SpeculativeDecoder:
         issued since the poll. The bound holds when compact() runs: it is queued on the stream
         after those iterations."""
         if self._stops is not None:
-            ended = self._stops.check(snapshot.seq, snapshot.gen_len)
+            ended = self._stops.check(snapshot.seq, snapshot.gen_len, snapshot.live)
             if ended:  # fed nothing from the next iteration on (an in-place write between iterations)
                 rows = torch.tensor(ended, dtype=torch.long, device="cpu").to(self.device, non_blocking=True)
                 self.state.finished.index_fill_(0, rows, True)
                 self.state.status[1].index_fill_(0, rows, 0)
         if self.streamer is not None:
             self._stream(self._visible(0, int(snapshot.gen_len[0])), snapshot.seq[0])
-        if snapshot.done or (self._stops is not None and self._stops.all_done and self._all_at_final_length(snapshot)):
+        # Every row ended by the criteria: each has made the step its criteria checked (HostStops
+        # checks a step once every unfinished row has reached it), so each has its final length.
+        if snapshot.done or (self._stops is not None and self._stops.all_done):
             return True
         if self._compacting:
             bound = self.prompt_width + int(snapshot.gen_len.max()) + (self.k_max + 1) * (issued - snapshot.iteration)
             for runner in self._compacting:
                 runner.compact(bound)
-        return False
-
-    def _all_at_final_length(self, snapshot: Snapshot) -> bool:
-        """Every row has its final length, now that the criteria ended every row. With padding
-        after a stop (an EOS criterion) each row ends at its own step: yes. Without, transformers
-        runs every row in step until the last one is done, so every row ends at that step T; rows
-        that speculation left shorter must go on to T: their max_new_tokens becomes T (a device
-        value the captured steps read; the append stops each row at it exactly) and the loop runs
-        on until they get there."""
-        if self._stops.pad_after:
-            return True
-        final = max(self._stops.done)
-        if bool((snapshot.gen_len[: self.batch] >= final).all()):
-            return True
-        self._max_new[: self.batch].clamp_(max=final)
         return False
 
     def _visible(self, row: int, gen_len: int) -> int:

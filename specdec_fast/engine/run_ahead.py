@@ -55,6 +55,7 @@ class Snapshot:
     gen_len: np.ndarray
     seq: np.ndarray | None
     counters: np.ndarray | None = None  # the polled counters (RunAheadPoller's counters=), or None
+    live: np.ndarray | None = None  # [B] 1 while a row is unfinished (status[1]), as of that poll
 
 
 class RunAheadPoller:
@@ -155,4 +156,4 @@ class RunAheadPoller:
         self.read = poll
         seq = None if self._seq_ring_np is None else self._seq_ring_np[slot]
         counters = None if self._counter_ring_np is None else self._counter_ring_np[slot]
-        return Snapshot(poll, done, values[0], seq, counters)
+        return Snapshot(poll, done, values[0], seq, counters, values[1])

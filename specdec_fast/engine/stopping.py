@@ -11,18 +11,22 @@ turn. Here:
   - MaxLengthCriteria and EosTokenCriteria (theirs or the user's) become the loop's own device
     limits: max_new_tokens = max_length - prompt width, and the EOS ids (exact per token, no host
     work: engine/loop.py's append);
-  - every other criterion (MaxTime, StopString, a user's own) runs on the host, batched as
-    transformers calls it, once per step position: for position s the rows that emitted their
-    s-th token since the last check, input_ids = their first P + s tokens [n, P + s] (all rows
-    share the left-padded prompt width P), scores None. The tokens come from the host copy of the
-    token buffer that the loop's polls already make (run_ahead.py: the whole buffer when criteria
-    run, instead of row 0 for a streamer), so no sync is added: a row found finished at token s
-    is cut there (the tokens the device made after it are dropped, pad after) and marked finished
-    on the device, so it is fed nothing from the next iteration on (at most R - 1 iterations run
-    past it). Without an EOS criterion transformers pads nothing and runs every row until all are
-    done: then so does this (HostStops), and since speculation moves rows at different speeds,
-    rows that are short of the step where the last row was done run on to exactly that step
-    (loop.py _all_at_final_length: their max_new_tokens lowered to it).
+  - every other criterion (MaxTime, StopString, a user's own) runs on the host as transformers
+    calls it: once per step s, with every row, input_ids [B, P + s] (all rows share the
+    left-padded prompt width P; a row that ended before s holds pads after its end, as
+    transformers feeds it), once every unfinished row has made its s-th token; a criterion's
+    answer, per row or one bool for the batch, applies to every row. (Found by the options
+    fuzzing round: criteria were called per step with only the rows that had reached it, so one
+    that judged the batch -- `bool((input_ids[:, -1] == x).any())` -- decided on part of it.)
+    The tokens come from the host copy of the token buffer that the loop's polls already make
+    (run_ahead.py: the whole buffer when criteria run, instead of row 0 for a streamer), so no
+    sync is added: a row found finished at token s is cut there (the tokens the device made after
+    it are dropped, pad after) and marked finished on the device, so it is fed nothing from the
+    next iteration on (at most R - 1 iterations run past it). Without an EOS criterion
+    transformers pads nothing and runs every row until all are done: then so does this
+    (HostStops); speculation moves rows at different speeds, but a step is checked only once
+    every row has made it, so when the last row is done at step T every row holds T tokens
+    (those past T are cut).
   - scores: transformers passes None, unless return_dict_in_generate and output_scores, when it
     passes the tuple of the steps' processed scores so far. The loop has no such tuple (the
     scores are computed after it: outputs.py), so there the criteria get ScoresAfterTheLoop: a
@@ -87,9 +91,10 @@ def merge_criteria(defaults: list, custom) -> list:
 class HostStops:
     """The host-side criteria of one call over its R rows (B real ones).
 
-    check(seq [R, T] numpy int64, gen_len [R] numpy) reads each real row's tokens from its last
-    checked position up to gen_len (prompt width P at the front), in transformers' batches (one
-    call per step position), and returns the rows to mark finished on the device.
+    check(seq [R, T] numpy int64, gen_len [R] numpy, live [R] numpy or None) runs the criteria
+    at every step s that every unfinished row has reached (live: 1 while a row may still grow,
+    None: none may), with all B rows as transformers calls them, and returns the rows to mark
+    finished on the device.
 
     What a row that a criterion ends looks like follows transformers' _sample: with an EOS
     criterion in the list (pad_after: one with an eos_token_id attribute) the row is padded after
@@ -97,36 +102,46 @@ class HostStops:
     row goes on (not finished) and every row ends at the step where the last one was done.
     ``lengths(gen_len)`` gives the rows' final lengths."""
 
-    def __init__(self, criteria, prompt_width: int, batch: int, pad_after: bool = True, scores_expected: bool = False):
+    def __init__(self, criteria, prompt_width: int, batch: int, pad_after: bool = True, scores_expected: bool = False,
+                 pad_token_id: int = 0):
         self.criteria, self.prompt_width, self.batch = list(criteria), prompt_width, batch
-        self.pad_after = pad_after
+        self.pad_after, self.pad_token_id = pad_after, pad_token_id
         self.scores = ScoresAfterTheLoop() if scores_expected else None  # what transformers would pass
-        self.checked = np.zeros(batch, dtype=np.int64)  # tokens per row already checked
+        self.step = 0  # the steps checked so far (every row at once)
         self.done = [None] * batch  # the step (generated length) at which each row was done
 
     @property
     def all_done(self) -> bool:
         return None not in self.done
 
-    def check(self, seq: np.ndarray, gen_len: np.ndarray) -> list:
-        """Rows (indices) to mark finished now (pad_after: each at its first firing token)."""
+    def check(self, seq: np.ndarray, gen_len: np.ndarray, live=None) -> list:
+        """Rows (indices) to mark finished now (pad_after: each at its first firing step)."""
         newly = []
         lengths = np.asarray(gen_len[: self.batch])
-        while True:
-            todo = [b for b in range(self.batch) if self.done[b] is None and self.checked[b] < lengths[b]]
-            if not todo:
-                return newly if self.pad_after else []
-            step = int(min(self.checked[b] for b in todo)) + 1  # the earliest unchecked position s
-            rows = [b for b in todo if self.checked[b] + 1 == step]
-            input_ids = torch.from_numpy(np.ascontiguousarray(seq[rows, : self.prompt_width + step]))
-            done = torch.zeros(len(rows), dtype=torch.bool)
-            for criterion in self.criteria:  # StoppingCriteriaList.__call__: any criterion
-                done |= torch.as_tensor(criterion(input_ids, self.scores)).reshape(-1).to(torch.bool).cpu()
-            for row, stop in zip(rows, done.tolist()):
-                self.checked[row] = step
-                if stop:
+        growing = np.zeros(self.batch, dtype=bool) if live is None else np.asarray(live[: self.batch]) != 0
+        while not self.all_done:
+            step = self.step + 1
+            # A row's length at this step is final when it ended before it (its tokens: pads after).
+            ended = [lengths[b] < step and not growing[b] or (self.pad_after and self.done[b] is not None)
+                     for b in range(self.batch)]
+            if all(ended):  # transformers' loop stopped at the step every row ended
+                break
+            if any(lengths[b] < step for b in range(self.batch) if not ended[b]):
+                break  # a row that goes on has not made this step's token yet: at a later poll
+            input_ids = np.array(seq[: self.batch, : self.prompt_width + step])
+            for b in range(self.batch):
+                end = self.prompt_width + (self.done[b] if self.pad_after and self.done[b] is not None else lengths[b])
+                input_ids[b, end:] = self.pad_token_id  # a row that ended before this step, as transformers pads it
+            input_ids = torch.from_numpy(input_ids)
+            stop = torch.zeros(self.batch, dtype=torch.bool)
+            for criterion in self.criteria:  # StoppingCriteriaList.__call__: any criterion (one bool: every row)
+                stop |= torch.as_tensor(criterion(input_ids, self.scores)).reshape(-1).to(torch.bool).cpu()
+            for row, fired in enumerate(stop.tolist()):
+                if fired and self.done[row] is None and not (lengths[row] < step and not growing[row]):
                     self.done[row] = step
                     newly.append(row)
+            self.step = step
+        return newly if self.pad_after else []
 
     def length(self, row: int, gen_len: int) -> int:
         """Row ``row``'s final length given its generated length on the device."""
@@ -152,8 +167,9 @@ class CallLimits:
     pad_after: bool = True
     scores_expected: bool = False  # transformers would pass the criteria the scores so far
 
-    def stops(self, prompt_width: int, batch: int):
-        return HostStops(self.host, prompt_width, batch, self.pad_after, self.scores_expected) if self.host else None
+    def stops(self, prompt_width: int, batch: int, pad_token_id: int = 0):
+        return (HostStops(self.host, prompt_width, batch, self.pad_after, self.scores_expected, pad_token_id)
+                if self.host else None)
 
 
 def call_limits(opts, prompt_width: int, tokenizer=None) -> CallLimits:

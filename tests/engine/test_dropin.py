@@ -302,17 +302,6 @@ def test_rows_a_criterion_ends_without_eos_run_to_the_last_row_s_end(drafting):
         assert torch.equal(ours, theirs), (drafting, seed)
 
 
-def test_control_stopping_where_the_last_row_ends_leaves_rows_short(monkeypatch):
-    """Control: ending the loop as soon as every row is done (the old rule) fails the test above."""
-    from specdec_fast.engine.loop import SpeculativeDecoder
-
-    monkeypatch.setattr(SpeculativeDecoder, "_all_at_final_length", lambda self, snapshot: True)
-    target, draft = model_pair("llama")
-    drafting = dict(assistant_model=draft, num_assistant_tokens=2)  # the "draft" case above
-    mismatched = [not torch.equal(*_rows_stopping_apart(target, seed, drafting)) for seed in (0, 28, 3)]
-    assert any(mismatched)
-
-
 class _LowConfidence(StoppingCriteria):
     """A criterion that reads ``scores`` (transformers passes the steps' processed scores so far
     with output_scores=True, else None): done when the last step's top probability is low."""
@@ -351,3 +340,56 @@ def test_a_criterion_reading_the_scores_falls_back_and_one_that_does_not_specula
     none = dict(max_new_tokens=16, do_sample=False, pad_token_id=0, stopping_criteria=StoppingCriteriaList([_LowConfidence()]))
     assert torch.equal(specdec_fast.generate(target, ids, mask, assistant_model=draft, **none),
                        target.generate(ids, attention_mask=mask, **none))
+
+
+class _StopWhenAnyRow(StoppingCriteria):
+    """A criterion that judges the batch: one bool, True once any row's last token is ``token``."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return bool((input_ids[:, -1] == self.token).any())
+
+
+@pytest.mark.parametrize("eos", [None, 1])
+@pytest.mark.parametrize("drafting", ["draft", "lookup", "tree"])
+def test_a_criterion_that_judges_the_batch_sees_every_row_at_each_step(drafting, eos):
+    """transformers calls the criteria once per step with every row ([B, P + s]; rows that ended
+    padded after their end) and applies a single bool to all. Found by the options fuzzing round:
+    they were called with the rows that had reached the step, so a batch-level criterion decided
+    on part of the batch (both rows ran to max_new_tokens where transformers stopped them)."""
+    target, draft = model_pair("llama")
+    kinds = {"draft": dict(assistant_model=draft, num_assistant_tokens=3), "lookup": dict(prompt_lookup_num_tokens=2),
+             "tree": dict(assistant_model=draft, tree=4)}
+    for seed in (0, 5):
+        ids, mask = left_padded_prompts([4, 7, 5], seed=seed + 50)
+        plain = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+        token = int(plain[1, ids.shape[1] + 8])  # row 1's 9th token (maybe earlier in another row)
+        kw = dict(max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=eos,
+                  stopping_criteria=StoppingCriteriaList([_StopWhenAnyRow(token)]))
+        theirs = target.generate(ids, attention_mask=mask, **kw)
+        assert theirs.shape[1] < ids.shape[1] + 16, "the criterion stops transformers' call early"
+        ours = specdec_fast.generate(target, ids, mask, **kinds[drafting], **kw)
+        assert torch.equal(ours, theirs), (seed, ours[:, ids.shape[1]:].tolist(), theirs[:, ids.shape[1]:].tolist())
+
+
+def test_control_criteria_shown_one_row_at_a_time_fail_the_batch_test(monkeypatch):
+    """Control: a criterion that sees each row alone (what calling it with part of the batch
+    amounts to) ends only the row that holds the token, where transformers ends every row."""
+    from specdec_fast.engine import stopping
+
+    original = stopping.HostStops.check
+
+    def row_by_row(self, seq, gen_len, live=None):
+        criteria, self.criteria = self.criteria, [
+            lambda ids, scores, c=c: torch.cat([torch.as_tensor(c(ids[i:i + 1], scores)).reshape(-1)
+                                                 for i in range(ids.shape[0])]) for c in self.criteria]
+        try:
+            return original(self, seq, gen_len, live)
+        finally:
+            self.criteria = criteria
+
+    monkeypatch.setattr(stopping.HostStops, "check", row_by_row)
+    with pytest.raises(AssertionError):
+        test_a_criterion_that_judges_the_batch_sees_every_row_at_each_step("lookup", 1)
