@@ -137,7 +137,7 @@ class HostStops:
             for criterion in self.criteria:  # StoppingCriteriaList.__call__: any criterion (one bool: every row)
                 stop |= torch.as_tensor(criterion(input_ids, self.scores)).reshape(-1).to(torch.bool).cpu()
             for row, fired in enumerate(stop.tolist()):
-                if fired and self.done[row] is None and not (lengths[row] < step and not growing[row]):
+                if fired and self.done[row] is None and not ended[row]:
                     self.done[row] = step
                     newly.append(row)
             self.step = step

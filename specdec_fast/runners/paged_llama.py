@@ -78,12 +78,19 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend)
 
 
+def _window_reason(config, max_tokens_per_row) -> str | None:
+    """The sliding window rows of max_tokens_per_row tokens would reach, as a refusal's words, or
+    None (the paged attention attends the whole row: runners/sliding_window.py)."""
+    window = window_reached(config, max_tokens_per_row)
+    return None if window is None else f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
+
+
 def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """The checks of llama_unsupported_reason that read only the config and the RoPE type (shared
     with the tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py)."""
-    window = window_reached(config, max_tokens_per_row)
-    if window is not None:
-        return f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
+    reason = _window_reason(config, max_tokens_per_row)
+    if reason is not None:
+        return reason
     if not isinstance(rope_type, str) or any(name in rope_type for name in _DYNAMIC_ROPE):
         return f"rope_type {rope_type!r} changes its frequencies with the length"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
@@ -159,8 +166,7 @@ class PagedLlamaRunner(PagedRunnerBase):
     def _row_limit_reason(self, max_tokens_per_row: int):
         """A sliding window that rows of max_tokens_per_row tokens would reach (the paged
         attention attends the whole row), else None."""
-        window = window_reached(self.config, max_tokens_per_row)
-        return None if window is None else f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
+        return _window_reason(self.config, max_tokens_per_row)
 
     gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)
     gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
