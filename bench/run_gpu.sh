@@ -16,6 +16,7 @@
 #                                      # (bench_verify_latency.py), the streaming variants, the step
 #                                      # at B=8, the GEMV kernel vs cuBLAS, the candidates' tests on
 #                                      # CUDA; then bench/issue25_report.py (targets met? levers to flip?)
+#     bash bench/run_gpu.sh levers     # the off-by-default levers' tests and timings, then `-m gpu` tests, until 560 s
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
 #     bash bench/run_gpu.sh scale      # 8B-shaped end to end, headline preset         <= 9 min
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
@@ -90,13 +91,16 @@ run() {
 stage_tests() {
   # 16 cores on the GPU machine: 14 workers share the one GPU (1812 tests in 248 s on an H100 at
   # 02c2d95). -v: a line per test as it ends, so a run cut at its cap still names every failure so
-  # far; SIGINT at the cap lets pytest print its summary.
-  local cap=$((deadline - SECONDS))
+  # far; SIGINT at the cap lets pytest print its summary. $2: a marker (`gpu`: only the tests that
+  # need CUDA, 144 at f107ac2), its log named after it.
+  local cap=$((deadline - SECONDS)) marker=${2:-} log="$results/gpu_tests_$dev.log"
   [ -n "${1:-}" ] && cap=$(($1 < cap ? $1 : cap))
-  echo "+ [cap ${cap} s, at ${SECONDS} s] pytest tests"
+  local select=()
+  [ -n "$marker" ] && select=(-m "$marker") && log="$results/gpu_tests_${marker}_$dev.log"
+  echo "+ [cap ${cap} s, at ${SECONDS} s] pytest tests ${select[*]}"
   if [ "$dry" = 1 ]; then SECONDS=$((SECONDS + cap)); return 0; fi
-  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable tests 2>&1 \
-    | tee "$results/gpu_tests_$dev.log" | grep -v " PASSED \| SKIPPED "
+  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable "${select[@]}" tests 2>&1 \
+    | tee "$log" | grep -v " PASSED \| SKIPPED "
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 stage_kernels() {
@@ -131,6 +135,16 @@ stage_trees() {
   run python3 bench/bench_e2e.py --device cuda --batch-sizes 1,8,32 --cuda-graphs both --out "$results/e2e_$dev.json"
 }
 
+candidate_tests() {
+  # the candidate defaults' exactness tests on the compiled kernels (the interpreter ran them; the latency
+  # bench checks the reference's tokens at V = 128256 itself): the fused finishing search, the emission's and
+  # the residual masses' identity skips, the rungs launch, the emission's own block
+  run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
+    --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
+    tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
+    tests/kernels/test_verify_emit_lanes.py
+}
+
 stage_limits() {
   # Issue 25 (the GPU at its limits), most decisive first; every part writes its JSON as it goes or
   # stops on its --budget-s. Reported together by bench/issue25_report.py at the end. (The emission's noise
@@ -146,14 +160,21 @@ stage_limits() {
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
   run --cap 120 python3 bench/bench_gemv.py --gpu --no-sweep --rows 1,5 --out "$results/gemv_nosweep_$dev.json"
-  # the candidate defaults' exactness tests on the compiled kernels (the interpreter ran them; the latency
-  # bench checks the reference's tokens at V = 128256 itself): the fused finishing search, the emission's and
-  # the residual masses' identity skips, the rungs launch, the emission's own block
-  run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
-    --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
-    tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
-    tests/kernels/test_verify_emit_lanes.py
+  candidate_tests
   # the report reads the files only (a second or two): past the deadline too
+  echo "+ python3 bench/issue25_report.py --device $dev --out $results/issue25_$dev.json"
+  [ "$dry" = 1 ] || python3 bench/issue25_report.py --device "$dev" --out "$results/issue25_$dev.json" || status=1
+}
+
+stage_levers() {
+  # The levers that are off until a GPU times them, first (issue25_report's RUNGS_SAMPLE_SUB=256,
+  # EMIT_BLOCK_V=256, FINISH_SEARCH_TILE=1024 / 2048, EMIT_SKIP_IDENTITIES, RESIDUAL_SKIP_IDENTITIES):
+  # their exactness tests on the compiled kernels, their timings, then the tests that need CUDA
+  # (`-m gpu`) with the time left, and the report.
+  candidate_tests
+  run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
+  run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
+  stage_tests "" gpu
   echo "+ python3 bench/issue25_report.py --device $dev --out $results/issue25_$dev.json"
   [ "$dry" = 1 ] || python3 bench/issue25_report.py --device "$dev" --out "$results/issue25_$dev.json" || status=1
 }
@@ -240,12 +261,12 @@ stage_adaptive() {
 }
 
 case "$stage" in  # a device call ends at 600 s: 560 leaves the last part's kill grace and the archive
-  session|limits) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
+  session|limits|levers) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
 esac
 case "$stage" in
-  session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu|ncu_source) "stage_$stage" ;;
+  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|ncu|ncu_source) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|attention|gemv|heads|adaptive|ncu|ncu_source|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|ncu|ncu_source|all"; exit 2 ;;
 esac
 [ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
 echo "stage $stage done at ${SECONDS} s, status $status"

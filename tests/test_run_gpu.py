@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("session", "tests", "limits", "kernels", "scale", "loop", "more", "trees", "heads", "gemv", "attention",
+STAGES = ("session", "tests", "limits", "levers", "kernels", "scale", "loop", "more", "trees", "heads", "gemv", "attention",
           "adaptive", "ncu", "ncu_source")
 
 
