@@ -21,14 +21,10 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     parallel walk against the scan, N = 64, T = 1 and greedy, same tokens;
   - RESIDUAL_SKIP_IDENTITIES (kernels/tree_verify/_triton_plan.py): tree_verify with the residual
     launches' identity skips against without, the sampled rows, same tokens;
-  - RUNGS_SAMPLE_SUB=256 and EMIT_BLOCK_V=256 (kernels/verify/_triton_plan.py RUNGS_SAMPLE_SUB and
-    EMIT_MAX_BLOCK_V, whose 256 is the way's plan at every batch): bench_verify_latency's candidate ways against its
-    defaults, verify and sampler, every batch and mode it measured, the reference's tokens;
-  - FINISH_SEARCH_TILE=1024 and =2048 (kernels/verify/_triton_plan.py): bench_verify_latency's
-    "search_tile1024" / "search_tile2048" ways (the finishing launch's fused threshold search) against
-    its defaults, the same rows and rule (where both say on, the faster one);
-  - EMIT_SKIP_IDENTITIES (kernels/verify/_triton_plan.py): the "emit_skip_identities" way, likewise, and
-    both emission candidates together ("emit_block_v256_skips");
+  - FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES, EMIT_ONE_ROW_BLOCK_V=256 (kernels/verify/_triton_plan.py; on
+    since an H200 timed them on 2026-11-28) and DEFAULTS_OF_2026_11_28 (the three together):
+    bench_verify_latency's ways, each the defaults with the lever flipped: the lever on over off, verify
+    and sampler, every batch and mode it measured, the reference's tokens ("on": keep it on);
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
@@ -206,10 +202,10 @@ def merge_lever(report: dict | None) -> dict:
 
 
 def latency_lever(report: dict | None, way: str, what: str) -> dict:
-    """A candidate default of bench_verify_latency.py (way: rungs_sub256 -> _triton_plan.RUNGS_SAMPLE_SUB
-    = 256, emit_block_v256 -> the emission's block, search_tile1024 -> FINISH_SEARCH_TILE = 1024): its
-    verify and sampler times over the defaults' ("now") in every row measured, with the reference's
-    tokens."""
+    """A lever of bench_verify_latency.py (way: the defaults with the lever flipped, e.g. search_tile ->
+    _triton_plan.FINISH_SEARCH_TILE): its verify and sampler times with the lever on over off in every
+    row measured (the row's <way>_default_on says which of "now" and the way has it on; rows of an
+    earlier run without it timed a candidate that was off), with the reference's tokens."""
     ratios, why = {}, []
     for r in (report or {}).get("rows", []):
         if f"error_{way}" in r:
@@ -217,8 +213,9 @@ def latency_lever(report: dict | None, way: str, what: str) -> dict:
         if f"verify_{way}_us" not in r or "verify_now_us" not in r:
             continue
         where = f"B={r['B']} {r['mode']}"
+        on, off = ("now", way) if r.get(f"{way}_default_on", False) else (way, "now")
         for call in ("verify", "sample"):
-            ratios[f"{where} {call}"] = r[f"{call}_{way}_us"] / r[f"{call}_now_us"]
+            ratios[f"{where} {call}"] = r[f"{call}_{on}_us"] / r[f"{call}_{off}_us"]
         if not r.get(f"tokens_equal_reference_{way}", False):
             why.append(f"{where}: other tokens than the reference")
     missing = [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
@@ -260,14 +257,12 @@ def suite_line(results: Path, device: str) -> str | None:
     return lines[-1] if lines else None
 
 
-# bench_verify_latency's candidate ways as levers: name -> (way, what its ratios are)
+# bench_verify_latency's ways as levers: name -> (way, what its ratios are: the lever on over off)
 LATENCY_LEVERS = {
-    "RUNGS_SAMPLE_SUB=256": ("rungs_sub256", "us with the rungs launch comparing 256 values a step"),
-    "EMIT_BLOCK_V=256": ("emit_block_v256", "us with the emission in blocks of 256"),
-    "FINISH_SEARCH_TILE=1024": ("search_tile1024", "us with the finishing launch's fused search"),
-    "FINISH_SEARCH_TILE=2048": ("search_tile2048", "us with the fused search's 2048-value tile"),
-    "EMIT_SKIP_IDENTITIES": ("emit_skip_identities", "us with the emission's identity skips"),
-    "EMIT_BLOCK_V=256+EMIT_SKIP_IDENTITIES": ("emit_block_v256_skips", "us with both emission candidates"),
+    "FINISH_SEARCH_TILE=1024": ("search_tile", "us with the finishing launch's fused search over without"),
+    "EMIT_SKIP_IDENTITIES": ("emit_skip_identities", "us with the emission's identity skips over without"),
+    "EMIT_ONE_ROW_BLOCK_V=256": ("emit_one_row_block", "B = 1 us with the emission in blocks of 256 over 1024"),
+    "DEFAULTS_OF_2026_11_28": ("earlier_defaults", "us with the three levers above over the plan before them"),
 }
 
 

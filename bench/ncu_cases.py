@@ -12,8 +12,8 @@ Cases (V = 128256, bf16 logits, the shapes of issue 25's rows):
   chain_b1_<mode>  chain_verify B = 1, K = 4, mode greedy / t1 / topk50 / topp09: the B = 1 rows of issue 25
                    (12 / 27 / 86 / 110 us on the H200 where the targets are 8 / 15 / 30 / 30)
   tree_b8_t1       tree_verify B = 8, N = 64, T = 1 (its residual launches: 234 of 403 us)
-  chain_b1_topk50_search1024  chain_b1_topk50 with the finishing launch's fused search
-                   (_triton_plan.FINISH_SEARCH_TILE = 1024, off by default)
+  chain_b1_topk50_search0  chain_b1_topk50 with the finishing launch's earlier search
+                   (_triton_plan.FINISH_SEARCH_TILE = 0; the fused search of 1024 is the default since 2026-11-28)
 Each case is called --calls times; nothing is timed here. The profiler reads the kernels it
 names (-k), replaying each with the caches flushed, so one call (which also compiles) is enough
 to read every launch of a case."""
@@ -67,7 +67,7 @@ CASES = {"tree_t1": tree_t1, "tree_b8_t1": lambda d: tree_t1(d, batch=8),
          "chain_b1_t1": lambda d: chain(d, 1, temperature=1.0),
          "chain_b1_topk50": lambda d: chain(d, 1, temperature=1.0, top_k=50),
          "chain_b1_topp09": lambda d: chain(d, 1, temperature=1.0, top_p=0.9),
-         "chain_b1_topk50_search1024": lambda d: chain(d, 1, dict(finish_search_tile=1024), temperature=1.0, top_k=50)}
+         "chain_b1_topk50_search0": lambda d: chain(d, 1, dict(finish_search_tile=0), temperature=1.0, top_k=50)}
 
 
 def main(argv=None):

@@ -16,7 +16,7 @@
 #                                      # (bench_verify_latency.py), the streaming variants, the step
 #                                      # at B=8, the GEMV kernel vs cuBLAS, the candidates' tests on
 #                                      # CUDA; then bench/issue25_report.py (targets met? levers to flip?)
-#     bash bench/run_gpu.sh levers     # the off-by-default levers' tests and timings, then `-m gpu` tests, until 560 s
+#     bash bench/run_gpu.sh levers     # the verify's levers' tests and timings, then `-m gpu` tests (H200: 305 s)
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
 #     bash bench/run_gpu.sh scale      # 8B-shaped end to end, headline preset         <= 9 min
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
@@ -136,9 +136,10 @@ stage_trees() {
 }
 
 candidate_tests() {
-  # the candidate defaults' exactness tests on the compiled kernels (the interpreter ran them; the latency
-  # bench checks the reference's tokens at V = 128256 itself): the fused finishing search, the emission's and
-  # the residual masses' identity skips, the rungs launch, the emission's own block
+  # the levers' exactness tests on the compiled kernels (the interpreter ran them; the latency bench checks the
+  # reference's tokens at V = 128256 itself): the fused finishing search, the emission's and the residual
+  # masses' identity skips (all three on since an H200 timed them, 2026-11-28), the rungs launch, the
+  # emission's own block
   run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
     --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
     tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
@@ -154,8 +155,8 @@ stage_limits() {
   run --cap 110 python3 bench/bench_attention.py --gpu --quick --budget-s "$(budget 60 110)" --out "$results/attention_$dev.json"
   # tree N=64 vs chain K=8, the tree's kernels by device time, and its walk both ways (WALK_PARALLEL)
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
-  # the verify's candidate defaults beside the defaults (issue25_report's RUNGS_SAMPLE_SUB=256, EMIT_BLOCK_V=256,
-  # FINISH_SEARCH_TILE=1024 / 2048 and EMIT_SKIP_IDENTITIES levers); the B = 1 rows first
+  # the verify's levers, each flipped beside the defaults (issue25_report's FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES,
+  # EMIT_ONE_ROW_BLOCK_V=256 and DEFAULTS_OF_2026_11_28); the B = 1 rows first
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
@@ -167,10 +168,10 @@ stage_limits() {
 }
 
 stage_levers() {
-  # The levers that are off until a GPU times them, first (issue25_report's RUNGS_SAMPLE_SUB=256,
-  # EMIT_BLOCK_V=256, FINISH_SEARCH_TILE=1024 / 2048, EMIT_SKIP_IDENTITIES, RESIDUAL_SKIP_IDENTITIES):
-  # their exactness tests on the compiled kernels, their timings, then the tests that need CUDA
-  # (`-m gpu`) with the time left, and the report.
+  # The verify's and the tree's levers (issue25_report's FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES,
+  # EMIT_ONE_ROW_BLOCK_V=256, RESIDUAL_SKIP_IDENTITIES: each way flips one): their exactness tests on the
+  # compiled kernels, their timings, then the tests that need CUDA (`-m gpu`) with the time left, and the
+  # report. H200 (2026-11-28, e4f1563): 305 s, the `gpu` tests 76 s of it.
   candidate_tests
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
@@ -232,11 +233,11 @@ stage_ncu_source() {
   # per-instruction sampling, one launch per case, saved as a report; then its raw metrics (the warp
   # stall reasons among them) and its source page (SASS with the samples; written only where this
   # ncu's CLI has --page source) as CSV. NCU_CASES as for `ncu`. The third default case: the finishing
-  # launch with the fused search (FINISH_SEARCH_TILE = 1024, off by default), beside the second.
+  # launch with the earlier search (FINISH_SEARCH_TILE = 0; the fused search is the default since 2026-11-28).
   local ncu_bin case_ kernels rep
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$ncu_bin" ] || ncu_bin=ncu
-  for case_ in ${NCU_CASES:-chain_b1_t1:emit chain_b1_topk50:select_finish chain_b1_topk50_search1024:select_finish}; do
+  for case_ in ${NCU_CASES:-chain_b1_t1:emit chain_b1_topk50:select_finish chain_b1_topk50_search0:select_finish}; do
     kernels=${case_#*:}
     rep="$results/ncu_src_${case_%%:*}_$dev"
     run --cap 150 "$ncu_bin" --clock-control none -k "regex:$kernels" --launch-count 1 --set full --import-source yes \

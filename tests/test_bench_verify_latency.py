@@ -18,6 +18,9 @@ def test_smoke_rows_give_the_reference_tokens_every_way(tmp_path, monkeypatch):
     ways = dict(bench_verify_latency.WAYS)
     # a way that fails (on a device: a compile error) is recorded and the others are measured
     monkeypatch.setitem(bench_verify_latency.WAYS, "broken", dict(no_such_override=1))
+    # a lever that changes only other batches' plans is not run on this row
+    monkeypatch.setitem(bench_verify_latency.WAYS, "b8_only", dict(emit_block_v=128))
+    monkeypatch.setitem(bench_verify_latency.LEVERS, "b8_only", (dict(emit_block_v=128), False, (8,)))
     bench_verify_latency.main(["--smoke", "--out", str(out)])
     report = json.loads(out.read_text())
     assert report["device"].startswith("cpu (smoke") and report["not_run"] == []
@@ -25,7 +28,11 @@ def test_smoke_rows_give_the_reference_tokens_every_way(tmp_path, monkeypatch):
     for row in report["rows"]:
         assert row["error_broken"].startswith("TypeError") and row["tokens_equal_reference_broken"] is False
         assert "verify_broken_us" not in row and "verify_broken_over_now" not in row
+        assert not any("b8_only" in key for key in row)
+        assert row["B"] == 1  # where every way runs (emit_one_row_block changes the B = 1 plan alone)
         for name in ways:
             assert row[f"tokens_equal_reference_{name}"] is True, (row["mode"], name)
             assert row[f"verify_{name}_us"] > 0 and row[f"sample_{name}_us"] > 0
-        assert row["verify_search_tile1024_over_now"] == row["verify_search_tile1024_us"] / row["verify_now_us"]
+        assert row["verify_search_tile_over_now"] == row["verify_search_tile_us"] / row["verify_now_us"]
+        # the defaults' levers, as kernels/verify/_triton_plan.py has them (the report orients the ratios by them)
+        assert row["search_tile_default_on"] is True and row["emit_skip_identities_default_on"] is True

@@ -57,17 +57,20 @@ FILES = {
          "in_kernel_N5_us": 11.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.004},
         {"B": 8, "context": 8192, "triton_N1_us": 50.0, "in_kernel_N1_us": 50.5, "triton_N5_us": 60.0,
          "in_kernel_N5_us": 59.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.0}]},
+    # each way is the defaults with one lever flipped; <way>_default_on: "now" has the lever on
     "verify_latency": {"not_run": [], "rows": [
-        {"B": 1, "mode": "top_k=50", "verify_now_us": 72.0, "sample_now_us": 55.0, "verify_rungs_sub256_us": 66.0,
-         "sample_rungs_sub256_us": 55.2, "tokens_equal_reference_rungs_sub256": True,
-         "verify_emit_block_v256_us": 62.0, "sample_emit_block_v256_us": 57.0,
-         "tokens_equal_reference_emit_block_v256": True, "verify_search_tile1024_us": 60.0,
-         "sample_search_tile1024_us": 50.0, "tokens_equal_reference_search_tile1024": True},
-        {"B": 64, "mode": "T=1", "verify_now_us": 255.0, "sample_now_us": 94.0, "verify_rungs_sub256_us": 255.5,
-         "sample_rungs_sub256_us": 94.0, "tokens_equal_reference_rungs_sub256": True,
-         "verify_emit_block_v256_us": 250.0, "sample_emit_block_v256_us": 93.0,
-         "tokens_equal_reference_emit_block_v256": True, "verify_search_tile1024_us": 256.0,
-         "sample_search_tile1024_us": 94.5, "tokens_equal_reference_search_tile1024": True}]},
+        {"B": 1, "mode": "top_k=50", "verify_now_us": 60.0, "sample_now_us": 57.0,
+         "search_tile_default_on": True, "verify_search_tile_us": 72.0, "sample_search_tile_us": 57.5,
+         "tokens_equal_reference_search_tile": True,
+         "emit_skip_identities_default_on": True, "verify_emit_skip_identities_us": 66.0,
+         "sample_emit_skip_identities_us": 57.2, "tokens_equal_reference_emit_skip_identities": True,
+         "emit_one_row_block_default_on": True, "verify_emit_one_row_block_us": 62.0,
+         "sample_emit_one_row_block_us": 55.0, "tokens_equal_reference_emit_one_row_block": True},
+        {"B": 64, "mode": "T=1", "verify_now_us": 255.0, "sample_now_us": 94.0,
+         "search_tile_default_on": True, "verify_search_tile_us": 254.0, "sample_search_tile_us": 94.5,
+         "tokens_equal_reference_search_tile": True,
+         "emit_skip_identities_default_on": True, "verify_emit_skip_identities_us": 255.5,
+         "sample_emit_skip_identities_us": 94.0, "tokens_equal_reference_emit_skip_identities": True}]},
     "stream_lanes": {"rows": [{"B": 64, "V": 128256, "mode": "T=1", "verify_lanes": {"median_us": 200.0},
                                "tokens_equal_reference_lanes": True, "verify_lanes_unroll2": {"median_us": 150.0},
                                "tokens_equal_reference_lanes_unroll2": True,
@@ -113,11 +116,13 @@ def test_targets_read_from_every_file(tmp_path):
     assert walk["advice"] == "on" and walk["ratios"] == {"B=1 N=64 T=1": 0.667, "B=1 N=64 greedy": 1.0}
     skips = report["levers"]["RESIDUAL_SKIP_IDENTITIES"]
     assert skips["advice"] == "on" and skips["ratios"] == {"B=1 N=64 T=1": 0.833}  # 75 / 90, the greedy row has none
-    rungs, block = report["levers"]["RUNGS_SAMPLE_SUB=256"], report["levers"]["EMIT_BLOCK_V=256"]
-    assert rungs["advice"] == "on" and rungs["ratios"]["B=1 top_k=50 verify"] == 0.917  # 66 / 72, the rest within noise
-    assert block["advice"] == "off"  # the B = 1 sampler 57 / 55: 3.6% slower
+    skips, block = report["levers"]["EMIT_SKIP_IDENTITIES"], report["levers"]["EMIT_ONE_ROW_BLOCK_V=256"]
+    assert skips["advice"] == "on" and skips["ratios"]["B=1 top_k=50 verify"] == 0.909  # 60 / 66, the rest within noise
+    assert block["advice"] == "off"  # the B = 1 sampler 57 on against 55 off: 3.6% slower with the lever
+    assert set(block["ratios"]) == {"B=1 top_k=50 verify", "B=1 top_k=50 sample"}  # a B = 1 lever: no B = 64 way
     search = report["levers"]["FINISH_SEARCH_TILE=1024"]
     assert search["advice"] == "on" and search["ratios"]["B=1 top_k=50 verify"] == 0.833  # 60 / 72; B = 64 within noise
+    assert report["levers"]["DEFAULTS_OF_2026_11_28"]["advice"] == "unmeasured"  # no earlier_defaults way in these rows
     text = issue25_report.markdown(report)
     assert "| GEMV_LAYER | on |" in text and "not measured" not in text
     assert "| residual_mass_kernel | 5 | 20.0 |" in text
@@ -143,11 +148,11 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
     files["profile_step"]["steps"]["N=1"]["gemv_layer"]["argmax_agreement"] = 0.9
     files["attention"]["results"][0]["in_kernel_max_abs_diff_N5"] = 0.5
     files["tree_kernels"]["rows"][1]["walk_parallel_tokens_equal"] = False
-    files["verify_latency"]["rows"][0]["tokens_equal_reference_rungs_sub256"] = False
-    del files["verify_latency"]["rows"][1]["verify_search_tile1024_us"]  # the way failed on that row
-    files["verify_latency"]["rows"][1]["error_search_tile1024"] = "CompilationError: out of resources"
+    files["verify_latency"]["rows"][0]["tokens_equal_reference_emit_skip_identities"] = False
+    del files["verify_latency"]["rows"][1]["verify_search_tile_us"]  # the way failed on that row
+    files["verify_latency"]["rows"][1]["error_search_tile"] = "CompilationError: out of resources"
     report = build(tmp_path, files)
-    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL", "RUNGS_SAMPLE_SUB=256",
+    for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL", "EMIT_SKIP_IDENTITIES",
                   "FINISH_SEARCH_TILE=1024"):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
     assert any("CompilationError" in why for why in report["levers"]["FINISH_SEARCH_TILE=1024"]["why"])
@@ -170,7 +175,7 @@ def test_a_lever_missing_rows_is_incomplete(tmp_path):
     files["attention"]["not_run"] = ["B=8 context=8192"]
     files["verify_latency"]["not_run"] = ["B=64 K=4 V=128256 top_p=0.9"]
     report = build(tmp_path, files)
-    assert report["levers"]["RUNGS_SAMPLE_SUB=256"]["advice"] == "incomplete"
+    assert report["levers"]["FINISH_SEARCH_TILE=1024"]["advice"] == "incomplete"
     assert report["levers"]["GEMV_LAYER"]["advice"] == "incomplete"
     assert "B=8 not measured" in report["levers"]["GEMV_LAYER"]["why"]
     assert report["levers"]["GEMV_PDL"]["advice"] == "off"
@@ -200,3 +205,19 @@ def test_main_names_the_device(tmp_path, capsys):
     issue25_report.main(["--results", str(tmp_path), "--device", DEV, "--out", str(tmp_path / "out.json")])
     assert "Issue 25 on nvidia_h100" in capsys.readouterr().out
     assert json.loads((tmp_path / "out.json").read_text())["device"] == DEV
+
+
+def test_a_lever_off_by_default_reads_the_way_over_now(tmp_path):
+    """A row whose way turns a lever on ("<way>_default_on" False, or an earlier run's row without the
+    field, when the ways were off-by-default candidates): the ratio is the way's time over the
+    defaults', so "on" still means "the lever on is faster"."""
+    files = copy.deepcopy(FILES)
+    for row in files["verify_latency"]["rows"]:
+        row["search_tile_default_on"] = False
+        row["verify_now_us"], row["verify_search_tile_us"] = row["verify_search_tile_us"], row["verify_now_us"]
+        row["sample_now_us"], row["sample_search_tile_us"] = row["sample_search_tile_us"], row["sample_now_us"]
+    flipped = build(tmp_path, files)["levers"]["FINISH_SEARCH_TILE=1024"]
+    assert flipped == build(tmp_path)["levers"]["FINISH_SEARCH_TILE=1024"]
+    for row in files["verify_latency"]["rows"]:
+        del row["search_tile_default_on"]
+    assert build(tmp_path, files)["levers"]["FINISH_SEARCH_TILE=1024"] == flipped

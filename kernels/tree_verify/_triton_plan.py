@@ -51,8 +51,10 @@ WALK_PARALLEL = True
 # p) of four IEEE divisions each, three of them identities at T = 1 without min-p; the launches
 # took 234 of the 403 us of tree_verify at B = 8, N = 64, T = 1 on an H200 (bench/results/
 # h200_2026-11-27b), per-value work at 15% occupancy. bench_tree.py --kernels-only times the tree
-# with it flipped (tree_verify_us_skip_identities_flipped), untimed: False until a GPU shows it faster.
-RESIDUAL_SKIP_IDENTITIES = False
+# with it flipped (tree_verify_us_skip_identities_flipped). H200 at e4f1563 (bench/results/
+# h200_2026-11-28, graph replays): B = 1, N = 64, T = 1, V = 128256 tree_verify 82.6 against 95.1 us,
+# the same tokens (the B = 8 rows were not timed).
+RESIDUAL_SKIP_IDENTITIES = True
 
 
 def walk_parallel_warps(block_n: int) -> int:

@@ -37,9 +37,10 @@ RUNGS_LAUNCH_MIN_CHUNKS = 2
 STREAM_SELECT_PROGRAMS_PER_SM = 2
 # Sample values the rungs launch compares at a time ([64, RUNGS_SAMPLE_SUB] per step; the rungs are
 # the same for any value: exact integer counts). Its one program a row took 9.1 us on an H200 at
-# B = 1 (32 dependent steps of SAMPLE_SUB = 32, each loading its values); 256 (4 steps, 64 values
-# a thread at 8 warps) is bench_verify_latency.py's "rungs_sub256" way, untimed: SAMPLE_SUB until
-# a GPU shows it faster.
+# B = 1 (32 dependent steps of SAMPLE_SUB = 32, each loading its values). 256 (4 steps, 64 values a
+# thread at 8 warps) was timed on an H200 at e4f1563 (bench/results/h200_2026-11-28, graph replays,
+# K = 4, V = 128256, the reference's tokens) and was no faster: verify 1.01-1.05x the time of 32 in
+# 10 of 12 rows (B = 1 top_k = 50 73.2 against 71.1 us), the sampler 0.99-1.04x. Kept at SAMPLE_SUB.
 RUNGS_SAMPLE_SUB = SAMPLE_SUB
 # Selection, large vocabularies: the streaming launch takes one row chunk per program,
 # BLOCK_V values per step (4 KiB of bf16) at 8 warps (lean: 77-109 registers at sm_90, two or
@@ -72,10 +73,15 @@ FINISH_NUM_WARPS = 8
 # instruction; its search step compiles (sm_90a, ptxas here) to 362 instructions a thread with 9
 # barriers, 11-12 steps, over a top set of 96-952 values in a 4096-value tile (the interpreter's
 # plan on the bench's logits). 1024 (4 values a thread; compiled: 221 instructions and 3 barriers a
-# step for counts, ~8 steps) and 2048 (309; top-p intervals of up to 2048 values in it too) are
-# bench_verify_latency.py's "search_tile1024" / "search_tile2048" ways, untimed: 0 until a GPU shows
-# one faster.
-FINISH_SEARCH_TILE = 0
+# step for counts, ~8 steps) and 2048 (309; top-p intervals of up to 2048 values in it too) were
+# timed against 0 on an H200 at e4f1563 (bench/results/h200_2026-11-28, graph replays, K = 4,
+# V = 128256, B = 1 / 8 / 64 x T=1 / top_k=50 / top_p=0.9 / min_p=0.05, verify and sampler, the
+# reference's tokens in every row): 1024, B = 1 top_k = 50 verify 59.8 against 71.1 us (sampler 43.4
+# against 55.8), B = 8 157.5 / 161.6 (59.9 / 70.4), B = 64 834.4 / 875.8, top_p and min_p 0.96-0.99x,
+# no row slower than 1.006x; 2048 faster for the B = 1 top_p sampler (58.3 against 61.9 us for 1024)
+# and slower for the top_k rows (63.6 against 59.8): 1024 saved 116 us over the 24 timings, 2048
+# 109. Predicted 31 -> ~20 us for the B = 1 top_k finishing launch; the verify lost 11 us.
+FINISH_SEARCH_TILE = 1024
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
 SMALL_TILE = 4096
@@ -83,6 +89,14 @@ SMALL_NUM_WARPS = 8
 # Emission: a [BLOCK_R, BLOCK_V] tile of at most TILE values per step (1024: 168 registers at
 # B = 64 instead of 227 for 2048, three programs per SM; the Philox noise makes it compute-bound).
 EMIT_MAX_BLOCK_V = 1024
+# A batch of one row takes blocks of 256: its emission is 126 programs of one 1024-value block at
+# V = 128256 (6% occupancy on an H200, Nsight Compute: one latency-bound chain a program), 501 of one
+# 256-value block instead. H200 at e4f1563 (bench/results/h200_2026-11-28, K = 4, V = 128256, graph
+# replays, the reference's tokens), with the identity skips below on both sides: B = 1 verify 22.3
+# against 24.2 us at T = 1, 65.2 / 66.6 top_k = 50, 91.1 / 93.4 top_p = 0.9, 54.1 / 57.8 min_p = 0.05;
+# the sampler 1-3% faster. Not at B = 8 (chunks of two blocks a program: T = 1 verify 56.8 against
+# 53.6) nor B = 64 (1.07-1.51x slower). B = 2..7 and other vocabularies were not timed: 1024 there.
+EMIT_ONE_ROW_BLOCK_V = 256
 EMIT_TILE = 1024
 EMIT_NUM_WARPS = 4
 # The emission skips, per program, the per-value work that is the identity for all its rows
@@ -92,9 +106,12 @@ EMIT_NUM_WARPS = 4
 # compute-bound launch (Nsight Compute on the H200: 169 us of the B = 64 T = 1 verify's 255, 39%
 # of issue slots busy, 272 lane-instructions a logit; bench/results/h200_2026-11-27b). Predicted:
 # that emission ~15-20% faster; the B = 1 one a few us at most (latency-bound). The same tokens
-# (identities on finite and -inf logits; tests/kernels/test_verify_emit_skips.py).
-# bench_verify_latency.py's "emit_skip_identities" way, untimed: False until a GPU shows it faster.
-EMIT_SKIP_IDENTITIES = False
+# (identities on finite and -inf logits; tests/kernels/test_verify_emit_skips.py). Measured on an
+# H200 at e4f1563 (bench/results/h200_2026-11-28, K = 4, V = 128256, graph replays): every one of the
+# 24 rows faster, the reference's tokens: B = 64 T = 1 verify 235.6 against 255.0 us (the prediction's
+# ~225), sampler 82.2 / 94.2; B = 8 T = 1 53.6 / 61.2; B = 1 T = 1 24.2 / 28.4 (more than predicted);
+# the top-k / top-p / min-p rows 0.96-0.99x (their emission is a smaller part).
+EMIT_SKIP_IDENTITIES = True
 # Programs to aim for per launch: a few per SM, so that B = 1 spreads each row over tens of
 # SMs (132 SMs on an H100: 63 programs per row for the 9 distributions of K = 4 with drafts).
 SELECT_PROGRAMS_PER_SM = 8
@@ -105,7 +122,7 @@ FINISH_PROGRAMS_PER_SM = 1
 # The CPU interpreter pays per operation, not per element, and runs programs one after
 # another: big tiles, few programs (tests force small ones through the overrides).
 INTERPRETER = dict(large_block_v=32768, sweep_block=32768, small_tile=131072, emit_max_block_v=32768,
-                   emit_tile=131072, programs=4, sample=SAMPLE, sample_sub=SAMPLE, rungs_sub=SAMPLE)
+                   emit_one_row_block_v=32768, emit_tile=131072, programs=4, sample=SAMPLE, sample_sub=SAMPLE, rungs_sub=SAMPLE)
 
 
 @dataclass(frozen=True)
@@ -219,8 +236,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     kernel has the selection code, a row has at least RUNGS_LAUNCH_MIN_CHUNKS programs and the
     grid is more than one wave of them; ignored without that code); rungs_sub: the sample values
     that launch compares at a time (None: RUNGS_SAMPLE_SUB; a power of 2 up to the sample);
-    emit_block_v: the emission's vocab block alone (None: block_v, else the default; smaller
-    blocks give a small batch more emission programs). finish_search_tile: the finishing
+    emit_block_v: the emission's vocab block alone (None: block_v, else the default:
+    EMIT_ONE_ROW_BLOCK_V for a batch of one row, EMIT_MAX_BLOCK_V otherwise; smaller blocks give a
+    small batch more emission programs). finish_search_tile: the finishing
     launch's search (None: FINISH_SEARCH_TILE; 0 the earlier search, else the fused search and its
     small tile: raised to a power of 2, at most the candidate cap; below 256, threads of the
     8-warp program hold no value). emit_skip_identities: the emission skips the division by T and
@@ -232,6 +250,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     B = 1 equal."""
     cfg = INTERPRETER if interpreting else dict(large_block_v=LARGE_BLOCK_V, sweep_block=SWEEP_BLOCK,
                                                 small_tile=SMALL_TILE, emit_max_block_v=EMIT_MAX_BLOCK_V,
+                                                emit_one_row_block_v=EMIT_ONE_ROW_BLOCK_V,
                                                 emit_tile=EMIT_TILE, programs=None, sample=SAMPLE,
                                                 sample_sub=SAMPLE_SUB, rungs_sub=RUNGS_SAMPLE_SUB)
     npos = 2 * k + 1 if has_draft and k > 0 else k + 1
@@ -252,7 +271,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         s_block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), cfg["small_tile"] // s_block_v))
         s_chunk, s_chunks = vocab, 1
         f_chunk, f_chunks = vocab, 1
-    e_block_v = emit_block_v or block_v or min(triton.next_power_of_2(vocab), cfg["emit_max_block_v"])
+    e_block_v = emit_block_v or block_v or min(triton.next_power_of_2(vocab),
+                                               cfg["emit_one_row_block_v" if batch == 1 else "emit_max_block_v"])
     e_block_r = max(1, min(triton.next_power_of_2(max(batch, 1)), cfg["emit_tile"] // e_block_v))
     e_chunk, e_chunks = _split(vocab, triton.cdiv(max(batch, 1), e_block_r), emit_programs, e_block_v, num_chunks)
     # Without top-k / top-p / min-p the streaming launch finishes every row (their last programs).

@@ -143,13 +143,14 @@ VARIANTS = (
     # penalised, and the draft sampler's (K = 0: no draft logits), where it has several steps per chunk
     ("lanes", (emit_kernel, emit_penalised_kernel), dict(LANES=True),
      (("*bf16", 64, 4, True, False), ("*bf16", 64, 4, True, True), ("*fp32", 64, 0, False, False))),
-    # the emission with its identity skips (_triton_plan.EMIT_SKIP_IDENTITIES, off by default:
-    # bench_verify_latency.py's "emit_skip_identities" way): the verify at B = 1 and 64 (per-lane), plain
-    ("skips", (emit_kernel,), dict(SKIP_IDENTITIES=True), (("*bf16", 1, 4, True, False), ("*bf16", 64, 4, True, False))),
-    # the finishing kernels with the fused threshold search and its small tile (_triton_plan.FINISH_SEARCH_TILE,
-    # off by default: bench_verify_latency.py's "search_tile1024" / "search_tile2048" ways), plain (both tiles)
-    # and penalised, and the sampler's
-    ("search1024", (select_finish_kernel, select_finish_penalised_kernel), dict(SEARCH_TILE=1024),
+    # the emission without its identity skips (_triton_plan.EMIT_SKIP_IDENTITIES, on by default since an H200
+    # timed it on 2026-11-28: bench_verify_latency.py's "emit_skip_identities" way flips it): the verify at
+    # B = 1 and 64 (per-lane), plain
+    ("no_skips", (emit_kernel,), dict(SKIP_IDENTITIES=False), (("*bf16", 1, 4, True, False), ("*bf16", 64, 4, True, False))),
+    # the finishing kernels with the earlier threshold search (_triton_plan.FINISH_SEARCH_TILE = 0; 1024 by default
+    # since 2026-11-28: bench_verify_latency.py's "search_tile" way), plain and penalised, and the sampler's; and
+    # the fused search's 2048-value tile (timed, not chosen; still an override), plain
+    ("search0", (select_finish_kernel, select_finish_penalised_kernel), dict(SEARCH_TILE=0),
      (("*bf16", 1, 4, True, False), ("*bf16", 1, 4, True, True), ("*fp32", 1, 0, False, False))),
     ("search2048", (select_finish_kernel,), dict(SEARCH_TILE=2048), (("*bf16", 1, 4, True, False),)),
 )

@@ -103,6 +103,25 @@ def test_the_rungs_launch_where_a_row_has_several_streaming_programs():
     assert once["programs_per_row"]["select_rungs"] == 1 and "select_rungs" not in every["programs_per_row"]
 
 
+def test_the_emission_block_by_batch():
+    """A batch of one row emits in blocks of EMIT_ONE_ROW_BLOCK_V (256: 501 programs at V = 128256,
+    faster on an H200), every other batch in EMIT_MAX_BLOCK_V (1024: B = 8 and 64 were slower with
+    256); an override wins; the interpreter keeps its whole-row tiles. The defaults of 2026-11-28:
+    the fused finishing search (1024) and the emission's identity skips are on."""
+    def plan(batch, k=4, interpreting=False, **kw):
+        return plans.plan_launches(batch, k, V_LLAMA3, k > 0, num_sms=132, interpreting=interpreting,
+                                   modes=frozenset({"plain"}), **kw)
+
+    assert plan(1).emit_block_v == 256 and plan(1).emit_grid == (1, 501)
+    assert plan(1, k=0).emit_block_v == 256  # the draft sampler at B = 1 too
+    assert plan(2).emit_block_v == plan(8).emit_block_v == plan(64).emit_block_v == 1024
+    assert plan(1, emit_block_v=1024).emit_grid == (1, 126) and plan(1, block_v=512).emit_block_v == 512
+    assert plan(1, interpreting=True).emit_block_v == plan(2, interpreting=True).emit_block_v
+    assert plan(1).finish_search_tile == 1024 and plan(1).emit_skip_identities
+    assert plan(1, finish_search_tile=0).finish_search_tile == 0
+    assert not plan(1, emit_skip_identities=False).emit_skip_identities
+
+
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="unknown modes"):
         verify_plan(1, 4, 1000, True, ("top_q",))

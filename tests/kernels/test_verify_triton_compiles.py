@@ -31,8 +31,8 @@ def test_verify_kernels_compile_for_sm90():
     # penalised: 2 shapes x 3 + the small-vocab pair + greedy's selection; the per-lane emission (plain,
     # penalised, the sampler's); the rungs launch of the large-vocabulary verify shapes with modes unknown (B = 1
     # and 64, and B = 1 penalised; the B = 1 sampler's streaming grid is one wave: no rungs launch); the
-    # finishing kernels with the fused search (FINISH_SEARCH_TILE; plain with two tiles, penalised, the sampler's);
-    # the emission with its identity skips (EMIT_SKIP_IDENTITIES; B = 1 and 64)
+    # finishing kernels with the earlier search (FINISH_SEARCH_TILE = 0: plain, penalised, the sampler's) and the
+    # fused search's 2048 tile; the emission without its identity skips (EMIT_SKIP_IDENTITIES off; B = 1 and 64)
     assert done.stdout.count("compiled") == 35
     # The penalty-free kernels' PTX instructions (debug lines aside) equal those recorded at 5fab9c4, before
     # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
@@ -49,6 +49,10 @@ def test_verify_kernels_compile_for_sm90():
     # The two verify streaming kernels with modes unknown were re-recorded when their rungs moved to a launch
     # of their own (RUNGS_GIVEN, 2026-11-27, from an H200's measurements): they load the rungs instead of
     # placing them; with RUNGS_GIVEN off (the greedy entries, the B = 1 sampler) the PTX is unchanged.
+    # The finishing kernels and the emission were re-recorded when an H200's timings turned on the fused search
+    # (FINISH_SEARCH_TILE = 1024), the emission's identity skips and its 256-value block at B = 1 (2026-11-28):
+    # the new finishing hashes are those the script's "+search1024" lines had before, the B = 64 emission's the
+    # old "+skips" line's, and the "+search0" / "+no_skips" (B = 64) lines now give the hashes recorded before.
     if triton.__version__ != PTX_TRITON:  # another Triton writes other PTX: the compiles above are the check
         return
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
