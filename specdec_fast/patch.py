@@ -29,7 +29,7 @@ import weakref
 from .api import DRAFTERS, check_one_drafter, generate
 from .engine.inputs import UnsupportedInputError
 from .options.rules import UnsupportedOptionError
-from .runners.hf import UnsupportedModelError
+from .runners.hf import UnsupportedModelError, cache_keyword
 
 FALLBACKS = ("warn", "raise")
 
@@ -87,7 +87,7 @@ class patch_generate:
             if not self.bound or self.fallback == "raise":
                 raise
             warnings.warn(f"specdec_fast: {exc}; this call runs on transformers' generate", stacklevel=3)
-            return self.original(*args, **kwargs)
+            return self.original(*args, **self._cache_named_for_transformers(kwargs))
         self.last_stats = stats
         self.model.specdec_last_stats = stats
         return (out, stats) if return_stats else out
@@ -97,6 +97,18 @@ class patch_generate:
         bound = self._signature.bind_partial(*args, **kwargs).arguments
         extra = bound.pop("kwargs", {})
         return {**{name: value for name, value in bound.items()}, **extra}
+
+    def _cache_named_for_transformers(self, kwargs: dict) -> dict:
+        """A routed call's keywords for the original generate. ``cache=`` is ours on every
+        transformers (api.generate takes it and past_key_values=), but generate before 5.24 knows
+        only past_key_values and raises on ``cache`` ("model_kwargs are not used"): a call we hand
+        back passes its cache under the installed name (the forward's, runners/hf.py's
+        cache_keyword), so it fails only where transformers fails on the call itself."""
+        name = cache_keyword(self.model)
+        if "cache" not in kwargs or name in kwargs:  # 5.24+, or both names given: transformers' own answer
+            return kwargs
+        rest = {key: value for key, value in kwargs.items() if key != "cache"}
+        return {**rest, name: kwargs["cache"]}
 
     def restore(self) -> None:
         model = self.model

@@ -1,7 +1,7 @@
-"""generate(..., cache=c) (transformers 5.24+'s name; past_key_values=c before, still taken): a
-transformers Cache that the call continues. transformers' docs show two uses: a chat loop that
-keeps one DynamicCache across turns and passes it to every generate(), and a prompt cache (a long
-system prompt's KV) deep-copied into each call.
+"""generate(..., cache=c) (transformers 5.24+'s name; past_key_values=c before, still taken; we
+take both names on every transformers): a transformers Cache that the call continues.
+transformers' docs show two uses: a chat loop that keeps one DynamicCache across turns and passes
+it to every generate(), and a prompt cache (a long system prompt's KV) deep-copied into each call.
 
 transformers' contract (GenerationMixin._prefill, 5.24): the cache holds the KV of
 input_ids[:, :L] (L = cache.get_seq_length()); input_ids is the whole sequence and the

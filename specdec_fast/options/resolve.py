@@ -53,7 +53,7 @@ def merge_options(model, generation_config, explicit: dict, implemented=ENGINE_I
         for name, value in _config_dict(source).items():
             if value is not None:
                 merged[name], origin[name] = value, where
-    check_cache_implementation(merged)
+    check_cache_implementation(merged, model)
     # Checked after merging: a neutral keyword overrides a non-neutral model default.
     return {name: value for name, value in merged.items()
             if not ignored_in_mode(name, merged) and check_option(name, value, origin[name], implemented)}

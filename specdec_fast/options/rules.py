@@ -250,12 +250,17 @@ def short_repr(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_cache_implementation(merged: dict) -> None:
+def check_cache_implementation(merged: dict, model=None) -> None:
     """transformers' ValueError for a cache passed with a cache_implementation (merged: every
     option of the call, before filtering), from any source: GenerationMixin._prepare_cache_for_generation
-    (5.24) raises it; "hybrid", older sliding-window checkpoints' default, it unsets first."""
+    (5.24) raises it; "hybrid", older sliding-window checkpoints' default, it unsets first. Its words
+    name the cache as the installed transformers does (``past_key_values`` before 5.24: the
+    forward's name, runners/hf.py's cache_keyword, whichever name the call used)."""
     if any(merged.get(name) is not None for name in CACHE_OPTIONS) and merged.get("cache_implementation") not in (None, "hybrid"):
-        raise ValueError("Passing both `cache_implementation` (used to initialize certain caches) and `cache` (a "
+        from ..runners.hf import cache_keyword
+
+        name = cache_keyword(model) if callable(getattr(model, "forward", None)) else "cache"
+        raise ValueError(f"Passing both `cache_implementation` (used to initialize certain caches) and `{name}` (a "
                          "Cache object) is unsupported. Please use only one of the two.")
 
 

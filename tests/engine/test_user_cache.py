@@ -15,6 +15,7 @@ import specdec_fast.api as api
 from specdec_fast.engine import engine as engine_module
 from specdec_fast.engine.inputs import UnsupportedInputError
 from specdec_fast.options.rules import option_class
+from specdec_fast.runners.hf import cache_keyword, output_cache
 
 from .conftest import model_pair
 from .models import left_padded_prompts
@@ -22,6 +23,14 @@ from .models import left_padded_prompts
 NEW = 8
 DRAFTING = {"draft": lambda draft: dict(assistant_model=draft), "lookup": lambda draft: dict(prompt_lookup_num_tokens=3),
             "plain": lambda draft: {}}
+
+
+def _hf(model, cache) -> dict:
+    """The cache as transformers' own generate and forward take it: ``cache=`` from 5.24,
+    ``past_key_values=`` before (5.17's forward swallows ``cache=`` in its kwargs, its generate
+    refuses it). Our generate takes both names on every version (the tests of api.generate pass
+    either)."""
+    return {cache_keyword(model): cache}
 
 
 def _prefix_cache(model, ids, mask, length: int, kind: str = "dynamic"):
@@ -32,7 +41,7 @@ def _prefix_cache(model, ids, mask, length: int, kind: str = "dynamic"):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.no_grad():
             model(input_ids=ids[:, :length], attention_mask=mask[:, :length], position_ids=positions[:, :length],
-                  cache=cache)
+                  **_hf(model, cache))
     return cache
 
 
@@ -55,7 +64,7 @@ def test_tokens_and_the_cache_left_equal_generate(kind, drafting, cache_kind):
     prefix = _prefix_cache(target, ids, mask, 5, cache_kind)
     theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
     kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=3)
-    theirs = target.generate(ids, attention_mask=mask, cache=theirs_cache, **kw)
+    theirs = target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), **kw)
     ours, stats = api.generate(target, ids, mask, cache=ours_cache, return_stats=True, **kw,
                                **DRAFTING[drafting](draft))
     assert torch.equal(ours, theirs)
@@ -76,14 +85,14 @@ def test_a_chat_loop_over_one_cache_equals_generate_turn_by_turn():
     for turn in range(3):
         kw = dict(max_new_tokens=NEW + turn, do_sample=False, pad_token_id=0)
         mask = torch.ones_like(conversation)  # the tokenizer's (the replies may hold the pad id)
-        theirs = target.generate(conversation, attention_mask=mask, cache=theirs_cache, **kw)
+        theirs = target.generate(conversation, attention_mask=mask, **_hf(target, theirs_cache), **kw)
         ours = specdec_fast.generate(target, conversation, mask, cache=ours_cache, assistant_model=draft, **kw)
         assert torch.equal(ours, theirs), f"turn {turn}"
         assert _same_cache(ours_cache, theirs_cache), f"turn {turn}"
         conversation = torch.cat([theirs, torch.randint(4, 120, (1, 5), generator=generator)], 1)
     kw = dict(attention_mask=torch.ones_like(conversation), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
-    assert torch.equal(target.generate(conversation, cache=ours_cache, **kw),
-                       target.generate(conversation, cache=theirs_cache, **kw))
+    assert torch.equal(target.generate(conversation, **_hf(target, ours_cache), **kw),
+                       target.generate(conversation, **_hf(target, theirs_cache), **kw))
 
 
 def test_control_a_cache_left_as_it_came_is_caught(monkeypatch):
@@ -93,8 +102,8 @@ def test_control_a_cache_left_as_it_came_is_caught(monkeypatch):
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([6, 9], seed=12)
     theirs_cache, ours_cache = _prefix_cache(target, ids, mask, 4), _prefix_cache(target, ids, mask, 4)
-    theirs = target.generate(ids, attention_mask=mask, cache=theirs_cache, max_new_tokens=NEW, do_sample=False,
-                             pad_token_id=0)
+    theirs = target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), max_new_tokens=NEW,
+                             do_sample=False, pad_token_id=0)
     ours = api.generate(target, ids, mask, cache=ours_cache, assistant_model=draft, max_new_tokens=NEW,
                         do_sample=False, pad_token_id=0)
     assert torch.equal(ours, theirs)
@@ -111,10 +120,10 @@ def test_output_dict_returns_the_cache_and_hidden_states_past_it():
     theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
     kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
               output_hidden_states=True, output_scores=True)
-    theirs = target.generate(ids, attention_mask=mask, past_key_values=theirs_cache, **kw)
+    theirs = target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), **kw)
     ours = api.generate(target, ids, mask, past_key_values=ours_cache, assistant_model=draft, **kw)
     assert torch.equal(ours.sequences, theirs.sequences)
-    assert ours.cache is ours_cache and theirs.cache is theirs_cache
+    assert output_cache(ours) is ours_cache and output_cache(theirs) is theirs_cache
     assert ours.hidden_states[0][0].shape == theirs.hidden_states[0][0].shape == (3, 4, target.config.hidden_size)
     for mine, hf in zip(ours.hidden_states, theirs.hidden_states):
         for a, b in zip(mine, hf):
@@ -123,22 +132,25 @@ def test_output_dict_returns_the_cache_and_hidden_states_past_it():
         torch.testing.assert_close(mine, hf, atol=1e-4, rtol=1e-4)
 
 
-def test_a_patched_chat_harness_speculates_and_the_unsupported_form_falls_back():
-    """Through patch_generate bound to a draft: a call with past_key_values speculates (stats) and
-    equals model.generate; input_ids holding only the tokens past the cache (the mask as wide as
-    cache + input) is not ours to take: the bound patch hands it to transformers with a warning."""
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_a_patched_chat_harness_speculates_and_the_unsupported_form_falls_back(name):
+    """Through patch_generate bound to a draft: a call with the cache under either name speculates
+    (stats) and equals model.generate; input_ids holding only the tokens past the cache (the mask
+    as wide as cache + input) is not ours to take: the bound patch hands it to transformers with a
+    warning, the cache under the name the installed generate takes (before 5.24 it raises on
+    ``cache=``, a name our generate takes on every version)."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([7], seed=14)
     kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0)
-    expected = target.generate(ids, attention_mask=mask, past_key_values=_prefix_cache(target, ids, mask, 3), **kw)
-    new_only = target.generate(ids[:, 3:], attention_mask=mask, past_key_values=_prefix_cache(target, ids, mask, 3),
+    expected = target.generate(ids, attention_mask=mask, **_hf(target, _prefix_cache(target, ids, mask, 3)), **kw)
+    new_only = target.generate(ids[:, 3:], attention_mask=mask, **_hf(target, _prefix_cache(target, ids, mask, 3)),
                                **kw)
     with specdec_fast.patch_generate(target, assistant_model=draft) as model:
-        out = model.generate(ids, attention_mask=mask, past_key_values=_prefix_cache(target, ids, mask, 3), **kw)
+        out = model.generate(ids, attention_mask=mask, **{name: _prefix_cache(target, ids, mask, 3)}, **kw)
         assert torch.equal(out, expected) and model.specdec_last_stats.k > 0
         with pytest.warns(UserWarning, match="only the 4 tokens past the cache"):
-            fallback = model.generate(ids[:, 3:], attention_mask=mask,
-                                      past_key_values=_prefix_cache(target, ids, mask, 3), **kw)
+            fallback = model.generate(ids[:, 3:], attention_mask=mask, **{name: _prefix_cache(target, ids, mask, 3)},
+                                      **kw)
     assert torch.equal(fallback, new_only)
 
 
@@ -182,11 +194,11 @@ def test_a_cache_holding_other_positions_is_not_read():
     ids, mask = left_padded_prompts([6, 9, 4], seed=11)
     odd = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(input_ids=ids[:, :5], attention_mask=mask[:, :5], cache=odd)  # positions 0..4 in every row
+        target(input_ids=ids[:, :5], attention_mask=mask[:, :5], **_hf(target, odd))  # positions 0..4 in every row
     kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     ours = api.generate(target, ids, mask, cache=copy.deepcopy(odd), assistant_model=draft, **kw)
     assert torch.equal(ours, target.generate(ids, attention_mask=mask, **kw))
-    assert not torch.equal(ours, target.generate(ids, attention_mask=mask, cache=copy.deepcopy(odd), **kw))
+    assert not torch.equal(ours, target.generate(ids, attention_mask=mask, **_hf(target, copy.deepcopy(odd)), **kw))
 
 
 @pytest.mark.parametrize("cached", [0, 1, 5])
@@ -204,7 +216,7 @@ def test_eager_attention_leaves_the_pads_kv_as_generate_does(cached):
     theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
     kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
               output_hidden_states=True)
-    theirs = target.generate(ids, attention_mask=mask, cache=theirs_cache, **kw)
+    theirs = target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), **kw)
     ours = api.generate(target, ids, mask, cache=ours_cache, **kw)
     assert torch.equal(ours.sequences, theirs.sequences)
     assert _same_cache(ours_cache, theirs_cache)
@@ -219,7 +231,8 @@ def test_a_static_cache_too_short_is_refused_and_left_alone():
     ids, mask = left_padded_prompts([6, 9], seed=12)
     theirs_cache = StaticCache(config=target.config, max_cache_len=12)
     with pytest.raises(IndexError):
-        target.generate(ids, attention_mask=mask, cache=theirs_cache, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+        target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), max_new_tokens=NEW, do_sample=False,
+                        pad_token_id=0)
     small = StaticCache(config=target.config, max_cache_len=ids.shape[1] + 2)
     with pytest.raises(ValueError, match="holds at most 11 tokens"):
         api.generate(target, ids, mask, cache=small, assistant_model=draft, max_new_tokens=NEW, do_sample=False,
@@ -244,10 +257,11 @@ def test_a_cache_with_a_cache_implementation_raises_as_generate_does(where):
         if where in ("model_default", "hybrid"):
             target.generation_config.cache_implementation = value
         results = []
-        for run in (target.generate, lambda *a, **k: api.generate(target, *a, **k)):
-            cache = _prefix_cache(target, ids, mask, 3)
+        for run, name in ((target.generate, cache_keyword(target)),
+                          (lambda *a, **k: api.generate(target, *a, **k), "cache")):
             try:
-                results.append(run(ids, attention_mask=mask, cache=cache, **kw, **options))
+                results.append(run(ids, attention_mask=mask, **{name: _prefix_cache(target, ids, mask, 3)}, **kw,
+                                   **options))
             except ValueError as e:
                 results.append(str(e))
     finally:
