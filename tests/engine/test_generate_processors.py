@@ -317,10 +317,15 @@ SAMPLED = {
 }
 
 
-def _processors(options: dict, prompt_width: int) -> LogitsProcessorList:
+def _processors(options: dict, prompt_width: int, rows: int) -> LogitsProcessorList:
+    """transformers' processors as generate builds them for a batch of ``rows`` prefixes of PROMPT.
+    The encoder penalty's ids are that batch's input_ids, one row per row: given the one-row
+    PROMPT, transformers before 5.24 penalised the first row only (5.24's repeat_interleave
+    broadcasts it), which is not what this test is about."""
     out = LogitsProcessorList()
     if "encoder_repetition_penalty" in options:  # generate builds it from the prompt (no encoder)
-        out.append(lp.EncoderRepetitionPenaltyLogitsProcessor(options["encoder_repetition_penalty"], PROMPT))
+        out.append(lp.EncoderRepetitionPenaltyLogitsProcessor(options["encoder_repetition_penalty"],
+                                                               PROMPT.expand(rows, -1)))
     if "repetition_penalty" in options:
         out.append(lp.RepetitionPenaltyLogitsProcessor(options["repetition_penalty"]))
     if "no_repeat_ngram_size" in options:
@@ -340,7 +345,7 @@ def _probs(model, prefixes: torch.Tensor, options: dict, temperature: float) -> 
     """The processed, standardised next-token distribution [N, V] after each prefix [N, T]."""
     with torch.no_grad():
         logits = model(prefixes).logits[:, -1, :].float()
-    logits = _processors(options, PROMPT.shape[1])(prefixes, logits)
+    logits = _processors(options, PROMPT.shape[1], prefixes.shape[0])(prefixes, logits)
     params = make_sampling_tensors(prefixes.shape[0], "cpu", temperature=temperature)
     return torch.softmax(standardise(logits[:, None, :], params)[:, 0], -1).double()
 

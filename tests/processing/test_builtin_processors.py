@@ -29,6 +29,30 @@ def hf(*processors):
     return lp.LogitsProcessorList(processors)
 
 
+class _FixedDecay(lp.ExponentialDecayLengthPenalty):
+    """transformers' ExponentialDecayLengthPenalty with 5.24's fix, which ours follows: a non-finite
+    EOS logit is left as it is (``penalty.masked_fill(~torch.isfinite(scores[:, eos]), 0.0)``).
+    Before 5.24 it adds |s| * (factor^i - 1) to it too: -inf + inf (factor > 1) or inf - inf
+    (factor < 1) gives NaN, which transformers' sampling then refuses."""
+
+    def __call__(self, input_ids, scores):
+        out = super().__call__(input_ids, scores)
+        kept = torch.zeros_like(scores, dtype=torch.bool)
+        kept[:, self.eos_token_id] = ~torch.isfinite(scores[:, self.eos_token_id])
+        return torch.where(kept, scores, out)
+
+
+def _decay_is_fixed() -> bool:
+    """Whether the installed transformers leaves a -inf EOS logit -inf (5.24+) or makes it NaN."""
+    decayed = lp.ExponentialDecayLengthPenalty((0, 2.0), 0, 0)(torch.zeros(1, 1, dtype=torch.long),
+                                                               torch.tensor([[float("-inf"), 0.0]]))
+    return not torch.isnan(decayed).any()
+
+
+# transformers' own class where it has the fix; elsewhere the same class with the fix added
+ExponentialDecayLengthPenalty = lp.ExponentialDecayLengthPenalty if _decay_is_fixed() else _FixedDecay
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_sequence_bias(seed):
     case = random_case(seed)
@@ -117,7 +141,7 @@ def test_exponential_decay_length_penalty(seed, decay):
     case.logits[0, :, EOS] = float("-inf")
     case.logits[1, 1, 9] = float("inf")
     P = case.prompt_width
-    check_exact(case, lambda b: hf(lp.ExponentialDecayLengthPenalty(decay, [EOS, 9], P)),
+    check_exact(case, lambda b: hf(ExponentialDecayLengthPenalty(decay, [EOS, 9], P)),
                 exponential_decay_length_penalty=decay, eos_token_id=[EOS, 9])
 
 
@@ -154,7 +178,7 @@ def test_all_builtins_in_order(seed, vocab):
                   lp.NoRepeatNGramLogitsProcessor(3), lp.NoBadWordsLogitsProcessor(bad, EOS),
                   lp.MinLengthLogitsProcessor(P + 6, EOS), lp.MinNewTokensLengthLogitsProcessor(P, 6, EOS),
                   lp.ForcedEOSTokenLogitsProcessor(P + 9, [EOS, 7]),
-                  lp.ExponentialDecayLengthPenalty((2, 1.4), EOS, P),
+                  ExponentialDecayLengthPenalty((2, 1.4), EOS, P),
                   lp.SuppressTokensLogitsProcessor([7]), lp.SuppressTokensAtBeginLogitsProcessor([1], P))
 
     check(case, make, sequence_bias=bias, repetition_penalty=1.3, no_repeat_ngram_size=3, bad_words_ids=bad,
