@@ -18,7 +18,7 @@ An H200 timed each of the three alone against the then-defaults at e4f1563 (benc
 h200_2026-11-28: the figures are at each constant in kernels/verify/_triton_plan.py) and they were
 turned on; the same run timed two candidates that stayed off: the rungs launch comparing 256
 sample values a step (RUNGS_SAMPLE_SUB, 1.01-1.05x slower) and the emission in blocks of 256 at
-every batch (1.07-1.51x slower at B = 64), and the fused search's 2048-value tile (faster than
+every batch (1.05-1.51x slower at B = 64), and the fused search's 2048-value tile (faster than
 1024 for the B = 1 top_p sampler only). The rungs launch and the emission's ratio-test tile were
 timed before that (bench/results/h200_2026-11-27c).
 
