@@ -95,7 +95,8 @@ EMIT_MAX_BLOCK_V = 1024
 # replays, the reference's tokens), with the identity skips below on both sides: B = 1 verify 22.3
 # against 24.2 us at T = 1, 65.2 / 66.6 top_k = 50, 91.1 / 93.4 top_p = 0.9, 54.1 / 57.8 min_p = 0.05;
 # the sampler 0.6-2.7% faster. Not at B = 8 (chunks of two blocks a program: T = 1 verify 56.8 against
-# 53.6) nor B = 64 (1.05-1.51x slower). B = 2..7 and other vocabularies were not timed: 1024 there.
+# 53.6) nor B = 64 (1.05-1.51x slower). B = 2..7 were not timed (1024 there), nor other vocabularies
+# (256 at B = 1 too: the same one block a program, fewer programs still at V = 32000: 32 of 1024).
 EMIT_ONE_ROW_BLOCK_V = 256
 EMIT_TILE = 1024
 EMIT_NUM_WARPS = 4
