@@ -11,7 +11,9 @@ bench/results/verify_stream_ptx_sm90.json); the emission's pass with per-lane ma
 For V in {32000, 128256}, B in {1, 8, 64}, K = 4 with draft logits, modes greedy / T=1 /
 top_k=50 (the rows that stream without rungs): chain_verify_triton and sample_triton as CUDA
 graph replays under do_bench (median us), GB/s and fraction of the measured-bandwidth roofline
-(logits bytes read once), and whether both loops give the reference's tokens.
+(logits bytes read once), and whether both loops give the reference's tokens. Greedy rows also
+time both loops without the sums (stream_sums=False: the max and the argmax alone, the greedy
+tokens' only need).
 
     python bench/bench_stream_lanes.py [--quick] [--budget-s S] [--out bench/results/stream_lanes_<device>.json]
     python bench/bench_stream_lanes.py --smoke [--quick] [--out F]   # this code on a tiny shape, CPU
@@ -36,7 +38,12 @@ VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=Fa
             "lanes_with_select_code": dict(stream_lanes=True, selects=True),
             "lanes_unroll2": dict(stream_lanes=True, stream_unroll=2),
             "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4),
-            "emit_lanes": dict(stream_lanes=True, emit_lanes=True)}
+            "emit_lanes": dict(stream_lanes=True, emit_lanes=True),
+            "lanes_argmax_only": dict(stream_lanes=True, stream_sums=False),
+            "block_argmax_only": dict(stream_lanes=False, stream_sums=False)}
+# Variants of some modes only: the stream without its sums serves greedy rows alone
+# (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY; issue25_report compares each with its loop's variant).
+ONLY_MODES = {"lanes_argmax_only": ("greedy",), "block_argmax_only": ("greedy",)}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
 QUICK_MODES = ("greedy", "T=1")  # --quick: issue 25's rows (the verify table's QUICK_SHAPES)
 
@@ -65,8 +72,9 @@ def main(argv=None) -> dict:
         sample_bytes = case.logits.numel() * case.logits.element_size()
         row = dict(B=case.batch, K=case.k, V=case.vocab, mode=case.mode, verify_bytes=verify_bytes,
                    sample_bytes=sample_bytes)
-        for name, variant in VARIANTS.items():
-            kw = dict(ov, **variant)
+        names = [name for name in VARIANTS if case.mode in ONLY_MODES.get(name, (case.mode,))]
+        for name in names:
+            kw = dict(ov, **VARIANTS[name])
             verify = lambda: chain_verify_triton(case.target, case.draft, case.drafts, case.params, **kw)  # noqa: E731
             sample = lambda: sample_triton(case.logits, case.params, case.positions, 2, **kw)  # noqa: E731
             row[f"tokens_equal_reference_{name}"] = case.same_tokens(verify(), sample())
@@ -76,7 +84,7 @@ def main(argv=None) -> dict:
         parts = " | ".join(f"{name} {row[f'verify_{name}']['median_us']:.1f} us "
                            f"({100 * (row[f'verify_{name}']['fraction_of_roofline'] or 0):.0f}%)"
                            f"{'' if row[f'tokens_equal_reference_{name}'] else ' WRONG TOKENS'}"
-                           for name in VARIANTS)
+                           for name in names)
         print(f"B={case.batch} V={case.vocab} {case.mode} verify: {parts}", flush=True)
     if args.smoke and not args.out:
         print("smoke run: not a measurement; nothing written")

@@ -26,6 +26,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     bench_verify_latency's ways, each the defaults with the lever flipped: the lever on over off, verify
     and sampler, every batch and mode it measured, the reference's tokens ("on": keep it on);
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
+  - STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py): bench_stream_lanes' greedy rows, each
+    loop without the streaming sums over the same loop with them, the reference's tokens;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
 attention shapes a budget left out) reads "incomplete"; flipping any lever is the session's
@@ -234,6 +236,24 @@ def _advice(ratios: dict, why: list, what: str, missing: list = ()) -> dict:
             "why": why + list(missing)}
 
 
+def argmax_lever(report: dict | None) -> dict:
+    """STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py) from bench_stream_lanes' greedy rows:
+    each loop without its sums over the same loop with them (lanes_argmax_only / lanes,
+    block_argmax_only / block_loop), verify and sampler, the reference's tokens."""
+    ratios, why = {}, []
+    for r in (report or {}).get("rows", []):
+        for variant, base in (("lanes_argmax_only", "lanes"), ("block_argmax_only", "block_loop")):
+            if f"verify_{variant}" not in r or f"verify_{base}" not in r:
+                continue
+            where = f"B={r['B']} V={r['V']} {r['mode']} {base}"
+            for call in ("verify", "sample"):
+                ratios[f"{where} {call}"] = r[f"{call}_{variant}"]["median_us"] / r[f"{call}_{base}"]["median_us"]
+            if not r.get(f"tokens_equal_reference_{variant}", False):
+                why.append(f"{where}: other tokens than the reference")
+    missing = [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
+    return _advice(ratios, why, "us without the streaming sums over with them (greedy rows)", missing)
+
+
 def stream_variants(report: dict | None) -> list:
     """Per row of bench_stream_lanes: the plan's loop ('lanes') and the fastest variant with the
     reference's tokens."""
@@ -275,13 +295,15 @@ def build(results: Path, device: str) -> dict:
     tree = load(results, "tree_kernels", device)
     tree_lines(tree, rows)
     latency = load(results, "verify_latency", device)
+    lanes = load(results, "stream_lanes", device)
     return {"device": device, "targets": rows, "levers": {**gemv_levers(plain),
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
                                                           "TREE_WALK_PARALLEL": walk_lever(tree),
                                                           "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),
                                                           **{name: latency_lever(latency, way, what)
-                                                             for name, (way, what) in LATENCY_LEVERS.items()}},
-            "stream_variants": stream_variants(load(results, "stream_lanes", device)),
+                                                             for name, (way, what) in LATENCY_LEVERS.items()},
+                                                          "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes)},
+            "stream_variants": stream_variants(lanes),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}
 

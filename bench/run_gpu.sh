@@ -139,11 +139,11 @@ candidate_tests() {
   # the levers' exactness tests on the compiled kernels (the interpreter ran them; the latency bench checks the
   # reference's tokens at V = 128256 itself): the fused finishing search, the emission's and the residual
   # masses' identity skips (all three on since an H200 timed them, 2026-11-28), the rungs launch, the
-  # emission's own block
+  # emission's own block, the greedy stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, off)
   run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
     --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
     tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
-    tests/kernels/test_verify_emit_lanes.py
+    tests/kernels/test_verify_emit_lanes.py tests/kernels/test_verify_argmax_only.py
 }
 
 stage_limits() {
@@ -169,12 +169,15 @@ stage_limits() {
 
 stage_levers() {
   # The verify's and the tree's levers (issue25_report's FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES,
-  # EMIT_ONE_ROW_BLOCK_V=256, RESIDUAL_SKIP_IDENTITIES: each way flips one): their exactness tests on the
+  # EMIT_ONE_ROW_BLOCK_V=256, RESIDUAL_SKIP_IDENTITIES: each way flips one; STREAM_GREEDY_ARGMAX_ONLY,
+  # off: bench_stream_lanes' greedy rows): their exactness tests on the
   # compiled kernels, their timings, then the tests that need CUDA (`-m gpu`) with the time left, and the
   # report. H200 (2026-11-28, e4f1563): 305 s, the `gpu` tests 76 s of it.
   candidate_tests
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
+  # the streaming variants, the greedy rows without their sums among them (STREAM_GREEDY_ARGMAX_ONLY)
+  run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   stage_tests "" gpu
   echo "+ python3 bench/issue25_report.py --device $dev --out $results/issue25_$dev.json"
   [ "$dry" = 1 ] || python3 bench/issue25_report.py --device "$dev" --out "$results/issue25_$dev.json" || status=1

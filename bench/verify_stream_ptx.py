@@ -38,7 +38,7 @@ K, V = 4, 128256
 SMS, REGISTERS_PER_SM, MAX_WARPS_PER_SM = 132, 65536, 64
 LATENCY_S, ROOFLINE_BYTES_PER_S = 0.8e-6, 3.0e12  # the model's assumptions (H100: measured copy 3.0 TB/s)
 VARIANTS = {"default": {}, "with_select_code": dict(selects=True), "unroll2": dict(stream_unroll=2),
-            "unroll4": dict(stream_unroll=4)}
+            "unroll4": dict(stream_unroll=4), "argmax_only": dict(stream_sums=False)}
 
 
 def ptxas_path() -> str:
@@ -52,7 +52,7 @@ def compile_stream(batch: int, modes, overrides: dict):
                       BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, SAMPLE=plan.sample,
                       SAMPLE_RUN=plan.sample_run, SAMPLE_GROUP=plan.sample_group, SAMPLE_SUB=plan.sample_sub,
                       FENCE=True, GREEDY_TOKENS=plan.greedy_tokens, HAS_DRAFT_LOGITS=True, BLOCK_K1=8,
-                      LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll)
+                      LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll, SUMS=plan.stream_sums)
     ints = dict(NPOS=2 * K + 1, st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1, so_b=K + 1,
                 NCHUNK=plan.select_chunks)
     return plan, compile_specialised(select_stream_kernel, constexprs, ints, plans.STREAM_NUM_WARPS)
@@ -120,8 +120,9 @@ def loops(ptx: str) -> list[dict]:
 
 
 def streaming_loop(found: list[dict]) -> dict | None:
-    """The per-lane or block streaming loop: vector loads of the logits and exps, the largest such."""
-    candidates = [loop for loop in found if loop["ex2"] and any(".v4" in kind for kind in loop["ld_kinds"])]
+    """The per-lane or block streaming loop: vector loads of the logits (and exps, but for the
+    argmax-only stream, which has none), the largest such."""
+    candidates = [loop for loop in found if any(".v4" in kind for kind in loop["ld_kinds"])]
     return max(candidates, key=lambda loop: loop["ld_global"], default=None)
 
 
@@ -154,10 +155,13 @@ def main(argv=None) -> dict:
             for variant in VARIANTS:
                 if mode == "top_k" and variant == "with_select_code":
                     continue  # top-k rows need the select code: the default already has it
+                if mode != "greedy" and variant == "argmax_only":
+                    continue  # the argmax alone serves greedy tokens only
                 r = row(batch, mode, variant)
                 rows.append(r)
                 loop = r["loop"] or {}
                 print(f"B={batch:2d} {mode:6s} {variant:16s} lanes={r['stream_lanes']!s:5s} unroll={r['unroll']} "
+                      f"loop={loop.get('lines')} lines ex2={loop.get('ex2')} "
                       f"regs={r['registers']:3d} spills={r['spill_store_bytes']} programs/SM={r['programs_per_sm_by_registers']} "
                       f"loads/step={loop.get('ld_global')} {','.join(loop.get('ld_kinds', []))} "
                       f"in flight/SM={r['bytes_in_flight_per_sm']} model={r['model_bandwidth_fraction_of_roofline']}",

@@ -75,7 +75,12 @@ FILES = {
                                "tokens_equal_reference_lanes": True, "verify_lanes_unroll2": {"median_us": 150.0},
                                "tokens_equal_reference_lanes_unroll2": True,
                                "verify_lanes_unroll4": {"median_us": 120.0},
-                               "tokens_equal_reference_lanes_unroll4": False}]},
+                               "tokens_equal_reference_lanes_unroll4": False},
+                              {"B": 64, "V": 128256, "mode": "greedy",  # without the sums: 60 us against 95
+                               "verify_lanes": {"median_us": 95.0}, "sample_lanes": {"median_us": 30.0},
+                               "tokens_equal_reference_lanes": True,
+                               "verify_lanes_argmax_only": {"median_us": 60.0}, "sample_lanes_argmax_only": {"median_us": 29.9},
+                               "tokens_equal_reference_lanes_argmax_only": True}]},
 }
 
 
@@ -109,8 +114,11 @@ def test_targets_read_from_every_file(tmp_path):
     assert report["suite"].startswith("==== 2400 passed")
     assert report["levers"]["GEMV_LAYER"]["advice"] == "on" and report["levers"]["GEMV_PDL"]["advice"] == "on"
     assert report["levers"]["MERGE_IN_KERNEL"]["advice"] == "on"  # 0.8 and 0.92 faster, 1.01 within noise
-    [variant] = report["stream_variants"]
+    variant, greedy = report["stream_variants"]
     assert variant["best"] == "lanes_unroll2"  # unroll4 is faster but gave other tokens
+    assert greedy["best"] == "lanes_argmax_only"
+    argmax = report["levers"]["STREAM_GREEDY_ARGMAX_ONLY"]
+    assert argmax["advice"] == "on" and argmax["ratios"]["B=64 V=128256 greedy lanes verify"] == round(60 / 95, 3)
     assert report["tree_kernels"][0] == {"kernel": "walk_kernel", "launches": 1.0, "us": 40.0}
     walk = report["levers"]["TREE_WALK_PARALLEL"]
     assert walk["advice"] == "on" and walk["ratios"] == {"B=1 N=64 T=1": 0.667, "B=1 N=64 greedy": 1.0}
@@ -151,9 +159,10 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
     files["verify_latency"]["rows"][0]["tokens_equal_reference_emit_skip_identities"] = False
     del files["verify_latency"]["rows"][1]["verify_search_tile_us"]  # the way failed on that row
     files["verify_latency"]["rows"][1]["error_search_tile"] = "CompilationError: out of resources"
+    files["stream_lanes"]["rows"][1]["tokens_equal_reference_lanes_argmax_only"] = False
     report = build(tmp_path, files)
     for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL", "EMIT_SKIP_IDENTITIES",
-                  "FINISH_SEARCH_TILE=1024"):
+                  "FINISH_SEARCH_TILE=1024", "STREAM_GREEDY_ARGMAX_ONLY"):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
     assert any("CompilationError" in why for why in report["levers"]["FINISH_SEARCH_TILE=1024"]["why"])
 

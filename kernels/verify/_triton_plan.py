@@ -58,6 +58,19 @@ STREAM_NUM_WARPS = 8
 # UNROLL 2: 64-78 registers, 24-32 KB. A model, not a measurement: 1 until a GPU run of
 # bench/bench_stream_lanes.py (which times every variant side by side) shows 2 or 4 faster.
 STREAM_UNROLL = 1
+# Where every row is greedy (the streaming launch writes the tokens, _triton_greedy.py), the stream
+# keeps only the max and the argmax per lane: no exp, no running sum (select_stream's SUMS). The
+# H200's Nsight Compute read of the B = 64 greedy streaming pass (bench/results/h200_2026-11-27b,
+# 60 registers, four programs an SM): 53.7% of issue slots busy, the ALU pipe at 45.8%, 2.42
+# instructions a cycle, DRAM at 36%: instruction-bound, not memory-bound. Compiled here for sm_90a
+# (bench/verify_stream_ptx.py, B = 64, greedy, per-lane loop): 74 PTX lines a step of 8 values a
+# thread (one 16-byte load) against 163, no ex2 against 8, 57 registers against 62 (four programs
+# an SM either way). Predicted: the B = 64 greedy verify from ~95 us (H200) to the loads' own limit
+# (16 KB in flight an SM: ~60% of the roofline by Little's law at 0.8 us), ~55-60 us; B = 1 (one
+# block a program, latency-bound) about unchanged. The same argmax bit for bit (the same compares
+# in the same order); bench_stream_lanes.py's "argmax_only" variant times it: False until a GPU
+# shows it faster.
+STREAM_GREEDY_ARGMAX_ONLY = False
 # The emission's pass keeps per-lane maxima (_triton_emit.py LANES) where a program streams more
 # than one block, as the streaming pass does (plan_launches). H200 (bench/bench_stream_lanes.py,
 # K = 4, V = 128256, graph replays, bench/results/h200_2026-11-27): B = 64 T = 1, 14 blocks a
@@ -183,6 +196,9 @@ class LaunchPlan:
     finish_search_tile: int = 0
     # the emission skips the per-value identities of its rows (EMIT_SKIP_IDENTITIES)
     emit_skip_identities: bool = False
+    # the streaming pass keeps its sums (False: the argmax alone, every row greedy;
+    # STREAM_GREEDY_ARGMAX_ONLY)
+    stream_sums: bool = True
 
     @property
     def select_grid(self) -> tuple:
@@ -219,7 +235,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   stream_unroll: int | None = None, selects: bool | None = None,
                   emit_lanes: bool | None = None, rungs_launch: bool | None = None,
                   rungs_sub: int | None = None, emit_block_v: int | None = None,
-                  finish_search_tile: int | None = None, emit_skip_identities: bool | None = None) -> LaunchPlan:
+                  finish_search_tile: int | None = None, emit_skip_identities: bool | None = None,
+                  stream_sums: bool | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -244,7 +261,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     small tile: raised to a power of 2, at most the candidate cap; below 256, threads of the
     8-warp program hold no value). emit_skip_identities: the emission skips the division by T and
     min-p's test where they are identities for all of a program's rows (None:
-    EMIT_SKIP_IDENTITIES). stream_lanes measured on an H100 (112bf69,
+    EMIT_SKIP_IDENTITIES). stream_sums: the streaming pass's sum-exp (None: kept unless every row
+    is greedy and STREAM_GREEDY_ARGMAX_ONLY; False is taken only where the launch writes greedy
+    tokens, which need the argmax alone). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -300,7 +319,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
                       penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile,
-                      EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities))
+                      EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities),
+                      not (greedy_tokens and large and not selects
+                           and (STREAM_GREEDY_ARGMAX_ONLY if stream_sums is None else not stream_sums)))
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

@@ -67,10 +67,12 @@ def _gather(sel, x, fill_ptr, dst_ptr, CAP: tl.constexpr):
 @triton.jit
 def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start, rungs,
                   cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                  CAP: tl.constexpr, GATHER: tl.constexpr, RUNGS: tl.constexpr):
+                  CAP: tl.constexpr, GATHER: tl.constexpr, RUNGS: tl.constexpr, SUMS: tl.constexpr = True):
     """One pass over vocab [start, start + CHUNK) of one row: (max, sum exp(x - max), lowest
     argmax, counts [8] and masses [8] (relative to the max) at or above the rungs [8]).
-    GATHER: gather the top set x >= rungs[0]; RUNGS: count and weigh the rungs too."""
+    GATHER: gather the top set x >= rungs[0]; RUNGS: count and weigh the rungs too. SUMS False
+    (argmax only: every row greedy, _select_stream's SUMS): no exp, the sum returned as 1."""
+    tl.static_assert(SUMS or not (RUNGS or GATHER), "the rungs and the top set need the sums")
     zero_f = tl.sum(tl.zeros([2], tl.float32), axis=0)
     m = zero_f + NEG_INF
     s = zero_f
@@ -85,9 +87,10 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, 
         if block_max > m:  # the lowest index of a new maximum (a later tile only wins when larger)
             arg = tl.min(tl.where(x == block_max, idx, BIG_INDEX), axis=0)
         new_m = tl.maximum(m, block_max)
-        alpha = tl.where(new_m == m, 1.0, tl.exp(m - new_m))
-        e = tl.where(x > NEG_INF, tl.exp(x - new_m), 0.0)
-        s = s * alpha + tl.sum(e, axis=0)
+        if SUMS:
+            alpha = tl.where(new_m == m, 1.0, tl.exp(m - new_m))
+            e = tl.where(x > NEG_INF, tl.exp(x - new_m), 0.0)
+            s = s * alpha + tl.sum(e, axis=0)
         inside = idx < V
         if RUNGS:
             at_or_above = (x[None, :] >= rungs[:, None]) & inside[None, :]  # [8, BLOCK_V]
@@ -96,13 +99,15 @@ def _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, 
         if GATHER:
             _gather(inside & (x >= tau0), x, fill_row_ptr + TOP_SET, cand_row_ptr + TOP_SET * CAP, CAP)
         m = new_m
+    if not SUMS:
+        s = zero_f + 1.0
     return m, s, arg, counts, masses
 
 
 @triton.jit
 def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr, start,
                         rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-                        CAP: tl.constexpr, GATHER: tl.constexpr, UNROLL: tl.constexpr):
+                        CAP: tl.constexpr, GATHER: tl.constexpr, UNROLL: tl.constexpr, SUMS: tl.constexpr = True):
     """_stream_chunk without rungs, keeping (max, sum exp, argmax) per lane [BLOCK_V] and reducing
     across lanes once, after the loop: no block-wide reduction (shared memory and a barrier) per
     step, so a warp's next loads need not wait for the other warps. One exp per value: a lane
@@ -111,7 +116,9 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
     V=128256 K=4 (bench/bench_stream_lanes.py): greedy / T=1 verify 353 / 527 us with the block
     loop, 246 / 419 us with this one; slower where a program streams a single block (the plan
     picks: _triton_plan.plan_launches). GATHER: the top set x >= tau0 = rungs[0] as in
-    _stream_chunk."""
+    _stream_chunk. SUMS False (argmax only, as _stream_chunk's): per value a compare, a select and
+    a max; the sum returned as 1."""
+    tl.static_assert(SUMS or not GATHER, "the top set needs the sums")
     tau0 = tl.max(tl.where(tl.arange(0, 8) == 0, rungs, NEG_INF), axis=0)
     m_l = tl.full([BLOCK_V], NEG_INF, tl.float32)
     s_l = tl.zeros([BLOCK_V], tl.float32)
@@ -121,8 +128,9 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
             idx = start + v0 + tl.arange(0, BLOCK_V)
             x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)
             up = x > m_l  # a lane's first maximum keeps its lowest index
-            e = tl.exp(tl.where(up, m_l - x, x - m_l))  # NaN only where x = m_l = -inf: masked below
-            s_l = tl.where(up, s_l * e + 1.0, s_l + tl.where(x > NEG_INF, e, 0.0))
+            if SUMS:
+                e = tl.exp(tl.where(up, m_l - x, x - m_l))  # NaN only where x = m_l = -inf: masked below
+                s_l = tl.where(up, s_l * e + 1.0, s_l + tl.where(x > NEG_INF, e, 0.0))
             a_l = tl.where(up, idx, a_l)
             m_l = tl.maximum(m_l, x)
             if GATHER:
@@ -136,20 +144,24 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
             idx2 = start + v0 + tl.arange(0, UNROLL)[:, None] * BLOCK_V + tl.arange(0, BLOCK_V)[None, :]
             x2 = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx2, temp, pen, PENALTY)
             bm = tl.max(x2, axis=0)
-            live = bm > NEG_INF
-            e2 = tl.where(x2 > NEG_INF, tl.exp(x2 - tl.where(live, bm, 0.0)[None, :]), 0.0)
-            bs = tl.sum(e2, axis=0)
             ba = tl.min(tl.where(x2 == bm[None, :], idx2, BIG_INDEX), axis=0)
             up = bm > m_l
-            e = tl.exp(tl.where(up, m_l - bm, bm - m_l))  # NaN only where bm = m_l = -inf: masked below
-            s_l = tl.where(up, s_l * e + bs, tl.where(live, s_l + bs * e, s_l))
+            if SUMS:
+                live = bm > NEG_INF
+                e2 = tl.where(x2 > NEG_INF, tl.exp(x2 - tl.where(live, bm, 0.0)[None, :]), 0.0)
+                bs = tl.sum(e2, axis=0)
+                e = tl.exp(tl.where(up, m_l - bm, bm - m_l))  # NaN only where bm = m_l = -inf: masked below
+                s_l = tl.where(up, s_l * e + bs, tl.where(live, s_l + bs * e, s_l))
             a_l = tl.where(up, ba, a_l)
             m_l = tl.maximum(m_l, bm)
             if GATHER:
                 _gather((idx2 < V) & (x2 >= tau0), x2, fill_row_ptr + TOP_SET, cand_row_ptr + TOP_SET * CAP, CAP)
     m = tl.max(m_l, axis=0)
     arg = tl.min(tl.where(m_l == m, a_l, BIG_INDEX), axis=0)
-    s = tl.sum(tl.where(m_l > NEG_INF, s_l * tl.exp(m_l - m), 0.0), axis=0)
+    if SUMS:
+        s = tl.sum(tl.where(m_l > NEG_INF, s_l * tl.exp(m_l - m), 0.0), axis=0)
+    else:
+        s = tl.sum(tl.zeros([2], tl.float32), axis=0) + 1.0
     return m, s, arg
 
 
@@ -157,15 +169,16 @@ def _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
 def _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY: tl.constexpr,
                                 start, rungs, cand_row_ptr, fill_row_ptr, V: tl.constexpr, CHUNK: tl.constexpr,
                                 BLOCK_V: tl.constexpr, CAP: tl.constexpr, GATHER: tl.constexpr, LANES: tl.constexpr,
-                                UNROLL: tl.constexpr):
+                                UNROLL: tl.constexpr, SUMS: tl.constexpr = True):
     """_stream_chunk's outputs for a row without rungs (counts and masses zero), streamed per lane
-    (LANES: _stream_chunk_lanes, UNROLL blocks per step) or with the block-reduction loop."""
+    (LANES: _stream_chunk_lanes, UNROLL blocks per step) or with the block-reduction loop; SUMS
+    False: the argmax and the max only (the sum 1)."""
     if LANES:
         m, s, arg = _stream_chunk_lanes(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start,
-                                        rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, UNROLL)
+                                        rungs, cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, UNROLL, SUMS)
         return m, s, arg, tl.zeros([8], tl.int32), tl.zeros([8], tl.float32)
     return _stream_chunk(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PENALTY, start, rungs,
-                         cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False)
+                         cand_row_ptr, fill_row_ptr, V, CHUNK, BLOCK_V, CAP, GATHER, False, SUMS)
 
 
 @triton.jit
@@ -210,17 +223,20 @@ def select_stream_kernel(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
-    SELECTS: tl.constexpr, UNROLL: tl.constexpr, RUNGS_GIVEN: tl.constexpr = False,
+    SELECTS: tl.constexpr, UNROLL: tl.constexpr, RUNGS_GIVEN: tl.constexpr = False, SUMS: tl.constexpr = True,
 ):
     """grid (R, NCHUNK): see the module docstring. LANES (the plan's stream_lanes): rows without
     rungs stream with _stream_chunk_lanes, else with _stream_chunk. RUNGS_GIVEN (the plan's
     rungs_launch): gathering rows read their rungs from rungs_ptr, placed by
-    _triton_select_rungs.py, instead of placing them in every program. No penalties."""
+    _triton_select_rungs.py, instead of placing them in every program. SUMS False (the plan's
+    stream_sums, with GREEDY_TOKENS only): the stream keeps the max and the argmax alone (the
+    tokens need nothing else: _triton_greedy.py); s is written as 1. No penalties."""
     _select_stream(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
                    (tokens_ptr,), False, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP,
-                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL, RUNGS_GIVEN)
+                   SAMPLE_SUB, FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL, RUNGS_GIVEN,
+                   SUMS)
 
 
 @triton.jit
@@ -234,7 +250,7 @@ def select_stream_penalised_kernel(
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
     SELECTS: tl.constexpr, UNROLL: tl.constexpr,
-    W: tl.constexpr, P0: tl.constexpr, RUNGS_GIVEN: tl.constexpr = False,
+    W: tl.constexpr, P0: tl.constexpr, RUNGS_GIVEN: tl.constexpr = False, SUMS: tl.constexpr = True,
 ):
     """select_stream_kernel with penalties (kernels/penalties/triton.py: counts int32 [B, V] row
     stride s_cb, per-row repetition / frequency / presence fp32 [B], the W generated tokens
@@ -244,7 +260,7 @@ def select_stream_penalised_kernel(
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
                    (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk),
                    True, V, K, CHUNK, BLOCK_V, BLOCK_K, BLOCK_C, CAP, SAMPLE, SAMPLE_RUN, SAMPLE_GROUP, SAMPLE_SUB,
-                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL, RUNGS_GIVEN)
+                   FENCE, GREEDY_TOKENS, HAS_DRAFT_LOGITS, BLOCK_K1, LANES, SELECTS, UNROLL, RUNGS_GIVEN, SUMS)
 
 
 @triton.jit
@@ -256,10 +272,11 @@ def _select_stream(
     BLOCK_C: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_RUN: tl.constexpr,
     SAMPLE_GROUP: tl.constexpr, SAMPLE_SUB: tl.constexpr, FENCE: tl.constexpr,
     GREEDY_TOKENS: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K1: tl.constexpr, LANES: tl.constexpr,
-    SELECTS: tl.constexpr, UNROLL: tl.constexpr, RUNGS_GIVEN: tl.constexpr,
+    SELECTS: tl.constexpr, UNROLL: tl.constexpr, RUNGS_GIVEN: tl.constexpr, SUMS: tl.constexpr,
 ):
     """The streaming launch's program (r, c); pen_args: the penalties (kernels/penalties/triton.py)
     or (False,)."""
+    tl.static_assert(SUMS or (GREEDY_TOKENS and not SELECTS), "the argmax alone serves greedy tokens only")
     r = tl.program_id(0)
     c = tl.program_id(1)
     b = r // NPOS
@@ -315,7 +332,7 @@ def _select_stream(
     elif needed:
         m, s, arg, counts, masses = _stream_chunk_without_rungs(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp,
                                                                 pen, PENALTY, start, rungs, cand_row_ptr, fill_row_ptr,
-                                                                V, CHUNK, BLOCK_V, CAP, False, LANES, UNROLL)
+                                                                V, CHUNK, BLOCK_V, CAP, False, LANES, UNROLL, SUMS)
     # partials: fp32 (m, s, mass of rungs 0-5), int32 (argmax, count of rungs 0-5, -)
     f = tl.arange(0, 8)
     out = (r * NCHUNK + c) * 8 + f
@@ -331,7 +348,10 @@ def _select_stream(
         if last_program_of(ticket_ptr + r, NCHUNK, FENCE):
             m, s, amax, _, _ = merge_partials(part_f_ptr, part_i_ptr, r, NCHUNK, BLOCK_C, True)
             m = tl.where(needed, m, 0.0)  # positions never read: harmless numbers instead of -inf / 0
-            s = tl.where(needed, s, 1.0)
+            if SUMS:
+                s = tl.where(needed, s, 1.0)
+            else:  # the partials' 1s merged: not a sum
+                s = tl.where(needed, 1.0, 1.0)
             tl.store(m_ptr + r, m)
             tl.store(s2_ptr + r, s)
             tl.store(s3_ptr + r, s)

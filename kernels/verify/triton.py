@@ -194,7 +194,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
             plan.select_chunks, *strides, *token_strides, greedy[3], *pen_args, **pen_kw, V=vocab, K=k,
             CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
             BLOCK_C=triton.next_power_of_2(plan.select_chunks), **sample, **greedy_flags, LANES=plan.stream_lanes,
-            SELECTS=plan.selects, UNROLL=plan.stream_unroll, RUNGS_GIVEN=plan.rungs_launch,
+            SELECTS=plan.selects, UNROLL=plan.stream_unroll, RUNGS_GIVEN=plan.rungs_launch, SUMS=plan.stream_sums,
             num_warps=STREAM_NUM_WARPS,
         )
         if plan.finish:  # some row may use top-k / top-p / min-p (the others are done already)
@@ -302,6 +302,7 @@ def chain_verify_triton(
     emit_block_v: int | None = None,
     finish_search_tile: int | None = None,
     emit_skip_identities: bool | None = None,
+    stream_sums: bool | None = None,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,7 +320,9 @@ def chain_verify_triton(
     emit_block_v: the emission's vocab block alone (None: the plan's); finish_search_tile: the
     finishing launch's threshold search (None: FINISH_SEARCH_TILE; 0 the earlier search, else the
     fused one over a tile of that many values where the interval fits); emit_skip_identities: the
-    emission skips its rows' per-value identities (None: EMIT_SKIP_IDENTITIES). return_paths: also
+    emission skips its rows' per-value identities (None: EMIT_SKIP_IDENTITIES); stream_sums: False
+    streams the max and the argmax alone where every row is greedy (None: the plan's,
+    STREAM_GREEDY_ARGMAX_ONLY; ignored where a row samples). return_paths: also
     return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
@@ -330,7 +333,7 @@ def chain_verify_triton(
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
                      emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
-                     emit_skip_identities=emit_skip_identities)
+                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -356,6 +359,7 @@ def sample_triton(
     emit_block_v: int | None = None,
     finish_search_tile: int | None = None,
     emit_skip_identities: bool | None = None,
+    stream_sums: bool | None = None,
     workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
@@ -369,7 +373,7 @@ def sample_triton(
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
                      emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
-                     emit_skip_identities=emit_skip_identities)
+                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens, workspace)
     return tokens[:, 0]

@@ -92,7 +92,7 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
             V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
             BLOCK_C=triton.next_power_of_2(plan.select_chunks), **sample,
             LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll, RUNGS_GIVEN=plan.rungs_launch,
-            **greedy)
+            SUMS=plan.stream_sums, **greedy)
         if plan.finish:
             yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
                 V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
@@ -137,7 +137,7 @@ KNOWN_HARD = (("*fp16", 3, 1, 33, True, None, True), ("*fp32", 3, 1, 33, True, N
 
 
 # Variants beside the plans' kernels, V = 128256: (label, kernels, constexprs, shapes (logits dtype, B, K,
-# draft logits, penalties)).
+# draft logits, penalties)[, host modes (None: unknown)]).
 VARIANTS = (
     # the emission's per-lane pass (the plans' choice where a program streams more than one block), plain and
     # penalised, and the draft sampler's (K = 0: no draft logits), where it has several steps per chunk
@@ -153,6 +153,11 @@ VARIANTS = (
     ("search0", (select_finish_kernel, select_finish_penalised_kernel), dict(SEARCH_TILE=0),
      (("*bf16", 1, 4, True, False), ("*bf16", 1, 4, True, True), ("*fp32", 1, 0, False, False))),
     ("search2048", (select_finish_kernel,), dict(SEARCH_TILE=2048), (("*bf16", 1, 4, True, False),)),
+    # the greedy streaming pass without its sums (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY, off: bench_stream_lanes.py's
+    # "argmax_only" variant): the verify at B = 1 (the block loop) and 64 (per lane), plain and penalised
+    ("argmax_only", (select_stream_kernel, select_stream_penalised_kernel), dict(SUMS=False),
+     (("*bf16", 1, 4, False, False), ("*bf16", 64, 4, False, False), ("*bf16", 64, 4, False, True)),
+     frozenset({"greedy"})),
 )
 
 
@@ -225,9 +230,10 @@ def main() -> int:
             tag = "" if modes is None else f" modes={'+'.join(sorted(modes))}"
             print(f"compiled {fn.__name__} {logits_type} B={batch} K={k} V={vocab}{tag}{extra} "
                   f"ptx={ptx_hash(kernel.asm['ptx'])}", flush=True)
-    for label, kernels, extra, shapes in VARIANTS:
+    for label, kernels, extra, shapes, *modes in VARIANTS:
         for logits_type, batch, k, has_draft, penalties in shapes:
-            for fn, num_warps, constexprs, options in jobs(logits_type, batch, k, 128256, has_draft, None, penalties):
+            for fn, num_warps, constexprs, options in jobs(logits_type, batch, k, 128256, has_draft, *(modes or (None,)),
+                                                           penalties):
                 if fn in kernels:
                     kernel = compile_kernel(fn, logits_type, dict(constexprs, **extra), num_warps, options)
                     print(f"compiled {fn.__name__}+{label} {logits_type} B={batch} K={k} V=128256 "

@@ -15,7 +15,9 @@ SEARCH_TILE (its keys gained ('constexpr', 0) at the end; nothing else changed),
 kernel gained SKIP_IDENTITIES (its keys gained ('constexpr', False) at the end; nothing else changed), and once
 more when an H200's timings turned the fused finishing search and the emission's identity skips on (2026-11-28:
 of the 22 keys, the 4 finishing keys' last constexpr went from 0 to 128, FINISH_SEARCH_TILE = 1024 capped at these
-calls' candidate region of 128, and the 6 emission keys' from False to True; nothing else changed);
+calls' candidate region of 128, and the 6 emission keys' from False to True; nothing else changed), and once
+more when the streaming kernel gained SUMS (the 6 streaming keys gained ('constexpr', True) at the end; nothing
+else changed);
 re-recording is only right for a deliberate change of the
 penalty-free kernels. The keys are the interpreter's (the launch plan sizes tiles for the
 interpreter): the comparison runs where the test device is the CPU.

@@ -32,8 +32,9 @@ def test_verify_kernels_compile_for_sm90():
     # penalised, the sampler's); the rungs launch of the large-vocabulary verify shapes with modes unknown (B = 1
     # and 64, and B = 1 penalised; the B = 1 sampler's streaming grid is one wave: no rungs launch); the
     # finishing kernels with the earlier search (FINISH_SEARCH_TILE = 0: plain, penalised, the sampler's) and the
-    # fused search's 2048 tile; the emission without its identity skips (EMIT_SKIP_IDENTITIES off; B = 1 and 64)
-    assert done.stdout.count("compiled") == 35
+    # fused search's 2048 tile; the emission without its identity skips (EMIT_SKIP_IDENTITIES off; B = 1 and 64);
+    # the greedy streaming pass without its sums (STREAM_GREEDY_ARGMAX_ONLY: B = 1, B = 64 plain and penalised)
+    assert done.stdout.count("compiled") == 38
     # The penalty-free kernels' PTX instructions (debug lines aside) equal those recorded at 5fab9c4, before
     # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
     # The greedy-mode selection kernels were re-recorded when SELECTS (no row uses top-k / top-p / min-p)

@@ -1,0 +1,100 @@
+"""The streaming pass without its sums where every row is greedy (select_stream's SUMS = False; the
+plan's stream_sums, _triton_plan.STREAM_GREEDY_ARGMAX_ONLY): the greedy tokens need only each
+distribution's lowest argmax (_triton_greedy.py), so the stream keeps the max and the argmax alone.
+Token for token against the torch reference and against the stream with its sums, on logits full of
+exact ties (small integers: a distribution's maximum sits in several lanes and chunks), over the
+per-lane loop (1 and 2 blocks a step) and the block loop, with and without draft logits and
+penalties, for the verify and the greedy sampler. Control: the tie data decides tokens -- the
+reference with the highest index of the maximum instead of the lowest gives other tokens, so a
+stream that lost the lowest-index rule would fail here (checked by hand: ">=" for ">" in the
+argmax-only per-lane loop, its 2-block step, or the block loop fails its case(s) here)."""
+import pytest
+import torch
+
+from specdec_fast.kernels import make_sampling_tensors
+from specdec_fast.kernels.verify import _triton_plan
+from specdec_fast.kernels.verify.reference import chain_verify_reference, sample_reference
+from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
+
+from .test_verify_emit_lanes import random_penalties
+
+V, CAP = 600, 128  # the large-vocabulary path under the interpreter (V > cap)
+CASES = [  # (batch, k, draft logits, penalties, plan overrides)
+    (3, 3, False, False, dict(num_chunks=3, block_v=64, stream_lanes=True)),
+    (2, 2, True, False, dict(num_chunks=2, block_v=32, stream_lanes=True, stream_unroll=2)),
+    (3, 1, False, True, dict(num_chunks=4, block_v=64, stream_lanes=False)),
+    (1, 4, True, True, dict(num_chunks=2, block_v=64, stream_lanes=True)),
+]
+
+
+def _tied_problem(batch, k, with_draft, seed):
+    """Integer logits in [-2, 1] (each distribution's maximum repeated across lanes and chunks), a
+    few -inf columns, and drafts that are often the target's first argmax (so rows accept a few)."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randint(-2, 2, (batch, k + 1, V), generator=g).float()
+    target[:, :, 5::41] = float("-inf")
+    draft = torch.randint(-2, 2, (batch, k, V), generator=g).float() if with_draft else None
+    if draft is not None:  # the draft's argmax is the target's at most positions: greedy accepts there
+        draft[:, :, :] = torch.where(torch.rand(batch, k, 1, generator=g) < 0.7, target[:, :k], draft)
+    first = target[:, :k].argmax(-1)  # torch: the lowest index of the maximum
+    drafts = torch.where(torch.rand(batch, k, generator=g) < 0.6, first, torch.randint(0, V, (batch, k), generator=g))
+    return target, draft, drafts
+
+
+def _plan_of(batch, k, with_draft, overrides, stream_sums):
+    from specdec_fast.kernels.verify._triton_plan import plan_launches
+
+    return plan_launches(batch, k, V, with_draft, num_sms=1, interpreting=True, modes=frozenset({"greedy"}), cap=CAP,
+                         stream_sums=stream_sums, **{key: value for key, value in overrides.items()
+                                                     if key in ("num_chunks", "block_v", "stream_lanes", "stream_unroll")})
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-K{c[1]}-{'draft' if c[2] else 'nodraft'}"
+                         f"-{'pen' if c[3] else 'nopen'}-{'lanes' if c[4]['stream_lanes'] else 'blocks'}")
+def test_argmax_only_gives_the_reference_tokens(case, device):
+    batch, k, with_draft, with_pen, overrides = case
+    target, draft, drafts = _tied_problem(batch, k, with_draft, seed=batch * 10 + k)
+    target, drafts = target.to(device), drafts.to(device)
+    draft = None if draft is None else draft.to(device)
+    params = make_sampling_tensors(batch, device, seed=3, temperature=0.0)
+    assert params.modes == {"greedy"}
+    pen = random_penalties(batch, V, 17 + k, device) if with_pen else None
+    assert not _plan_of(batch, k, with_draft, overrides, False).stream_sums  # the argmax-only kernel runs
+    assert _plan_of(batch, k, with_draft, overrides, None).stream_sums is not _triton_plan.STREAM_GREEDY_ARGMAX_ONLY
+    expected = chain_verify_reference(target, draft, drafts, params, pen)
+    kw = dict(cap=CAP, **overrides)
+    without_sums = chain_verify_triton(target, draft, drafts, params, pen, stream_sums=False, **kw)
+    with_sums = chain_verify_triton(target, draft, drafts, params, pen, stream_sums=True, **kw)
+    for got in (without_sums, with_sums):
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (got, expected)
+    assert bool((expected[1] > 0).any()), "no row accepted a draft: the tokens are the first argmax only"
+    positions = torch.arange(batch, dtype=torch.int64, device=device) * 3
+    sampled = sample_reference(target[:, 0], params, positions, 2)
+    assert torch.equal(sample_triton(target[:, 0], params, positions, 2, stream_sums=False, **kw), sampled)
+
+
+def test_the_tie_data_decides_tokens():
+    """Control: the same problems' tokens with the HIGHEST index of each maximum differ from the
+    reference's (lowest) in every case, so a stream that broke the tie rule would fail the test
+    above (greedy tokens are the target's argmaxes: _triton_greedy.py)."""
+    for batch, k, with_draft, _, _ in CASES:
+        target, _, _ = _tied_problem(batch, k, with_draft, seed=batch * 10 + k)
+        lowest = target.argmax(-1)
+        highest = V - 1 - target.flip(-1).argmax(-1)
+        assert bool((lowest != highest).all()), "every distribution's maximum must be tied"
+
+
+def test_sums_stay_where_a_row_samples():
+    """stream_sums=False is taken only where the launch writes greedy tokens: a sampling row needs
+    the sums (its emission standardises with them), the selection code forbids it too."""
+    from specdec_fast.kernels.verify._triton_plan import plan_launches
+
+    def plan(modes, **kw):
+        return plan_launches(2, 3, 128256, True, num_sms=132, interpreting=False, modes=frozenset(modes),
+                             stream_sums=False, **kw)
+
+    assert not plan({"greedy"}).stream_sums
+    assert plan({"plain"}).stream_sums and plan({"greedy", "plain"}).stream_sums and plan({"top_k"}).stream_sums
+    assert plan({"greedy"}, selects=True).stream_sums  # the bench's kernel with the selection code
+    assert plan_launches(2, 3, 1000, True, num_sms=132, interpreting=False, modes=frozenset({"greedy"}),
+                         stream_sums=False).stream_sums  # small vocabularies: their own kernel, unchanged
