@@ -74,7 +74,8 @@ def emit_row(batch: int, lanes: bool = False) -> dict:
     plan = plans.plan_launches(batch, K, V, True, num_sms=SMS, interpreting=False, modes=frozenset({"plain"}))
     constexprs = dict(V=V, K=K, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=True, USE_POSITIONS=False,
                       BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=4, BLOCK_K1=8,
-                      BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True, LANES=lanes)
+                      BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True, LANES=lanes,
+                      SKIP_IDENTITIES=plan.emit_skip_identities)
     ints = dict(st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1, so_b=K + 1)
     kernel = compile_specialised(emit_kernel, constexprs, ints, plans.EMIT_NUM_WARPS)
     regs, spills = registers(kernel.asm["ptx"])
