@@ -81,8 +81,11 @@ setup(
     #   call without max_new_tokens at other lengths than 5.3+ and warn about the default length;
     #   5.0-5.3's GPT-2 under SDPA ignores scale_attn_weights / scale_attn_by_inverse_layer_idx
     #   (their eager path and 5.4+ apply them, as our runner does). 5.4.0 to 5.24.0 pass; the
-    #   whole suite passes on 5.4.0. The repetition penalty's left pads differ by version (5.23 skips
-    #   them): the engine follows the installed one (processing/penalties.py).
+    #   whole suite passes on 5.4.0 (re-run by directory 2026-11-28: 6 tests had come to assume a
+    #   newer transformers -- fields of 5.14 / 5.15, a watermark dict generate takes from 5.16,
+    #   Qwen3-Next's cache of 5.5 / 5.15 -- and were made portable; the package needed no change).
+    #   The repetition penalty's left pads differ by version (5.23 skips them): the engine follows
+    #   the installed one (processing/penalties.py).
     # - torch >= 2.6: the whole suite ran on CPU with torch 2.6.0 (+ transformers 5.24, triton 3.6);
     #   transformers 5.24 disables torch below 2.6 ("PyTorch >= 2.6 is required"; 5.0 asked for 2.2),
     #   so with an older torch pip would install a transformers that cannot run a model. 2.4 / 2.5

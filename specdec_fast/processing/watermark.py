@@ -35,7 +35,9 @@ GRAPH_NOTE = ("watermarking_config runs transformers' WatermarkLogitsProcessor o
 
 def watermarking_config(value):
     """The option's value as a validated transformers WatermarkingConfig: one, or its dict (as
-    GenerationConfig converts it). ValueError for anything else, SynthID's config included."""
+    GenerationConfig converts it), on every transformers (generate's keyword takes the dict from
+    5.16; before, GenerationConfig.update kept the dict and its validate() raised AttributeError).
+    ValueError for anything else, SynthID's config included."""
     from transformers.generation import WatermarkingConfig
 
     if isinstance(value, dict):

@@ -1,6 +1,7 @@
 """Engine tests: tiny random models on CPU. One intra-op thread: these tensors are tiny and the
 CI box has 2 shared cores; with the default thread count a 48-wide linear took ~6 ms instead
 of ~50 us here (oversubscription)."""
+import functools
 import itertools
 
 import pytest
@@ -29,6 +30,33 @@ def model_pair(kind: str):
         target.generation_config.eos_token_id = None
         _CACHE[kind] = (target, make_draft(target, noise=0.1))
     return _CACHE[kind]
+
+
+@functools.lru_cache(maxsize=1)
+def _generate_converts_a_watermark_dict() -> bool:
+    """Whether the installed GenerationConfig.update turns a watermarking_config dict into a
+    WatermarkingConfig (transformers 5.16+); before, it set the dict and validate() raised."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig()
+    try:
+        config.update(watermarking_config={"bias": 2.0})
+    except AttributeError:  # 'dict' object has no attribute 'validate'
+        return False
+    return not isinstance(config.watermarking_config, dict)
+
+
+def as_generate_takes(options: dict) -> dict:
+    """``options`` for transformers' own model.generate. A watermarking_config dict, which ours
+    takes on every transformers (as GenerationConfig(watermarking_config=dict) converts it), goes
+    as the WatermarkingConfig it stands for where the installed generate does not convert it
+    (before 5.16: AttributeError: 'dict' object has no attribute 'validate')."""
+    value = options.get("watermarking_config")
+    if not isinstance(value, dict) or _generate_converts_a_watermark_dict():
+        return options
+    from transformers.generation import WatermarkingConfig
+
+    return {**options, "watermarking_config": WatermarkingConfig.from_dict(value)}
 
 
 @pytest.fixture

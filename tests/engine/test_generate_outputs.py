@@ -12,7 +12,7 @@ import specdec_fast.api as api
 from specdec_fast.engine import logits_stage, outputs
 from specdec_fast.processing.penalties import generate_skips_prompt_pads
 
-from .conftest import model_pair
+from .conftest import as_generate_takes, model_pair
 from .models import left_padded_prompts
 
 NEW = 10
@@ -22,7 +22,8 @@ def _both(target, draft, ids, mask, **options):
     kw = dict(max_new_tokens=NEW, pad_token_id=0, output_scores=True, output_logits=True, return_dict_in_generate=True,
               **options)
     ours = api.generate(target, ids, mask, assistant_model=draft, **kw)
-    theirs = target.generate(ids, attention_mask=mask, **{k: v for k, v in kw.items() if k != "seed"})
+    theirs = target.generate(ids, attention_mask=mask,
+                             **as_generate_takes({k: v for k, v in kw.items() if k != "seed"}))
     return ours, theirs
 
 

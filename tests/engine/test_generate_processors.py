@@ -21,7 +21,7 @@ from specdec_fast.processing import pipeline, warpers
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
-from .conftest import model_pair
+from .conftest import as_generate_takes, model_pair
 from .models import left_padded_prompts, make_draft, make_model
 
 NEW = 14
@@ -98,7 +98,8 @@ def test_greedy_equals_generate(name, lengths):
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts(lengths, seed=len(lengths) + 7)
     options = OPTIONS[name]
-    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0, **options)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
+                               **as_generate_takes(options))
     for drafting in ("draft", "lookup", "plain"):
         for graphs in ("static", False):
             out, stats = api.generate(target, ids, mask, do_sample=False, max_new_tokens=NEW, pad_token_id=0,
