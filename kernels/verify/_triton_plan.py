@@ -68,8 +68,8 @@ STREAM_UNROLL = 1
 # an SM either way). Predicted: the B = 64 greedy verify from ~95 us (H200) to the loads' own limit
 # (16 KB in flight an SM: ~60% of the roofline by Little's law at 0.8 us), ~55-60 us; B = 1 (one
 # block a program, latency-bound) about unchanged. The same argmax bit for bit (the same compares
-# in the same order); bench_stream_lanes.py's "argmax_only" variant times it: False until a GPU
-# shows it faster.
+# in the same order); bench_stream_lanes.py's "lanes_argmax_only" / "block_argmax_only" variants
+# time it: False until a GPU shows it faster.
 STREAM_GREEDY_ARGMAX_ONLY = False
 # The emission's pass keeps per-lane maxima (_triton_emit.py LANES) where a program streams more
 # than one block, as the streaming pass does (plan_launches). H200 (bench/bench_stream_lanes.py,
