@@ -46,6 +46,7 @@ from specdec_fast.kernels.verify import _triton_plan as _plan  # noqa: E402
 
 MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05)}
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
+_ONE_ROW_BLOCK_ON = _plan.EMIT_ONE_ROW_BLOCK_V < _plan.EMIT_MAX_BLOCK_V
 # way -> (the plan override that flips the lever, whether the defaults have it on, the batches where it changes
 # the plan (None: every batch)); "now" is the defaults.
 LEVERS = {
@@ -53,8 +54,8 @@ LEVERS = {
                     None),
     "emit_skip_identities": (dict(emit_skip_identities=not _plan.EMIT_SKIP_IDENTITIES), _plan.EMIT_SKIP_IDENTITIES,
                              None),
-    "emit_one_row_block": (dict(emit_block_v=_plan.EMIT_MAX_BLOCK_V if _plan.EMIT_ONE_ROW_BLOCK_V < _plan.EMIT_MAX_BLOCK_V
-                                else 256), _plan.EMIT_ONE_ROW_BLOCK_V < _plan.EMIT_MAX_BLOCK_V, (1,)),
+    "emit_one_row_block": (dict(emit_block_v=_plan.EMIT_MAX_BLOCK_V if _ONE_ROW_BLOCK_ON else 256), _ONE_ROW_BLOCK_ON,
+                           (1,)),
     "earlier_defaults": (dict(finish_search_tile=0, emit_skip_identities=False, emit_block_v=_plan.EMIT_MAX_BLOCK_V),
                          True, None),
 }

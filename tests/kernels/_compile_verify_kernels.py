@@ -154,7 +154,8 @@ VARIANTS = (
      (("*bf16", 1, 4, True, False), ("*bf16", 1, 4, True, True), ("*fp32", 1, 0, False, False))),
     ("search2048", (select_finish_kernel,), dict(SEARCH_TILE=2048), (("*bf16", 1, 4, True, False),)),
     # the greedy streaming pass without its sums (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY, off: bench_stream_lanes.py's
-    # "lanes_argmax_only" / "block_argmax_only" variants): the verify at B = 1 (the block loop) and 64 (per lane), plain and penalised
+    # "lanes_argmax_only" / "block_argmax_only" variants): the verify at B = 1 (the block loop) and 64 (per lane),
+    # plain and penalised
     ("argmax_only", (select_stream_kernel, select_stream_penalised_kernel), dict(SUMS=False),
      (("*bf16", 1, 4, False, False), ("*bf16", 64, 4, False, False), ("*bf16", 64, 4, False, True)),
      frozenset({"greedy"})),
