@@ -344,7 +344,9 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
     walk (tree_verify_us_walk_parallel / _walk_scan, walk_parallel_tokens_equal), and sampled rows
     with the residual launches' identity skips flipped from the default
     (tree_verify_us_skip_identities_flipped, skip_identities_flipped_tokens_equal,
-    skip_identities_default: RESIDUAL_SKIP_IDENTITIES). save(rows): called
+    skip_identities_default: RESIDUAL_SKIP_IDENTITIES), and greedy rows with the statistics' streaming
+    sums flipped (tree_verify_us_argmax_only_flipped, argmax_only_flipped_tokens_equal,
+    argmax_only_default: verify's STREAM_GREEDY_ARGMAX_ONLY). save(rows): called
     after every row (a device call's limit then keeps the rows measured). T = 1 first (issue 25's
     target row), then greedy. quick: issue 25's yardstick only (B = 1; the
     chain at K = 8 and the tree at N = 64). Every row also says whether the Triton call gave the
@@ -358,6 +360,7 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
     from specdec_fast.kernels.verify import chain_verify_reference
     from specdec_fast.kernels._workspace import KernelWorkspace
     from specdec_fast.kernels.tree_verify._triton_plan import RESIDUAL_SKIP_IDENTITIES, WALK_PARALLEL, tree_verify_plan
+    from specdec_fast.kernels.verify._triton_plan import STREAM_GREEDY_ARGMAX_ONLY
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
     from specdec_fast.kernels.verify.triton import chain_verify_triton, verify_plan
     from specdec_fast.drafters.token_tree import TokenTree
@@ -426,6 +429,18 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                                      skip_identities_default=RESIDUAL_SKIP_IDENTITIES)
                     except Exception as error:  # noqa: BLE001
                         skips = dict(skip_identities_flipped_error=f"{type(error).__name__}: {str(error)[:300]}")
+                else:  # the greedy statistics' streaming sums flipped (STREAM_GREEDY_ARGMAX_ONLY)
+                    # the default keeps the sums exactly where the flag is off: stream_sums = the flag flips it
+                    ws_sums, flipped_sums = KernelWorkspace(), STREAM_GREEDY_ARGMAX_ONLY
+                    sums_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
+                                                           workspace=ws_sums, stream_sums=flipped_sums,
+                                                           max_children=tree.max_children)
+                    try:
+                        skips = dict(tree_verify_us_argmax_only_flipped=_time(sums_call, smoke)["median_us"],
+                                     argmax_only_flipped_tokens_equal=_same(sums_call(), walked[WALK_PARALLEL]),
+                                     argmax_only_default=STREAM_GREEDY_ARGMAX_ONLY)
+                    except Exception as error:  # noqa: BLE001
+                        skips = dict(argmax_only_flipped_error=f"{type(error).__name__}: {str(error)[:300]}")
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,

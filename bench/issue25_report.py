@@ -27,7 +27,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     and sampler, every batch and mode it measured, the reference's tokens ("on": keep it on);
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py): bench_stream_lanes' greedy rows, each
-    loop without the streaming sums over the same loop with them, the reference's tokens;
+    loop without the streaming sums over the same loop with them, and bench_tree's greedy rows
+    (tree_verify with the flag flipped), the reference's tokens;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
 attention shapes a budget left out) reads "incomplete"; flipping any lever is the session's
@@ -236,11 +237,23 @@ def _advice(ratios: dict, why: list, what: str, missing: list = ()) -> dict:
             "why": why + list(missing)}
 
 
-def argmax_lever(report: dict | None) -> dict:
+def argmax_lever(report: dict | None, tree: dict | None = None) -> dict:
     """STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py) from bench_stream_lanes' greedy rows:
     each loop without its sums over the same loop with them (lanes_argmax_only / lanes,
-    block_argmax_only / block_loop), verify and sampler, the reference's tokens."""
+    block_argmax_only / block_loop), verify and sampler, the reference's tokens; and from bench_tree's
+    greedy kernel rows (tree): tree_verify without the sums over with them (the row times the flip
+    beside the default)."""
     ratios, why = {}, []
+    for r in (tree or {}).get("rows", []):
+        if "argmax_only_flipped_error" in r:
+            why.append(f"tree B={r['batch']} N={r['nodes']} {r['mode']}: {r['argmax_only_flipped_error']}")
+        if r.get("nodes") is None or "tree_verify_us_argmax_only_flipped" not in r:
+            continue
+        where = f"tree B={r['batch']} N={r['nodes']} {r['mode']}"
+        flipped, default = r["tree_verify_us_argmax_only_flipped"], r["tree_verify_us"]
+        ratios[where] = default / flipped if r.get("argmax_only_default") else flipped / default
+        if not r.get("argmax_only_flipped_tokens_equal", False):
+            why.append(f"{where}: other tokens with the sums flipped")
     for r in (report or {}).get("rows", []):
         for variant, base in (("lanes_argmax_only", "lanes"), ("block_argmax_only", "block_loop")):
             if f"verify_{variant}" not in r or f"verify_{base}" not in r:
@@ -302,7 +315,7 @@ def build(results: Path, device: str) -> dict:
                                                           "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),
                                                           **{name: latency_lever(latency, way, what)
                                                              for name, (way, what) in LATENCY_LEVERS.items()},
-                                                          "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes)},
+                                                          "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes, tree)},
             "stream_variants": stream_variants(lanes),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}

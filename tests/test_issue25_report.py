@@ -51,7 +51,9 @@ FILES = {
                                "tree_kernels": {"families_count_us": [["other: walk_kernel", 1.0, 40.04],
                                                                       ["other: residual_mass_kernel", 5.0, 20.0]]}},
                               {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0,
-                               "tree_verify_us_walk_parallel": 500.0, "walk_parallel_tokens_equal": True}]},
+                               "tree_verify_us_walk_parallel": 500.0, "walk_parallel_tokens_equal": True,
+                               "tree_verify_us_argmax_only_flipped": 495.0, "argmax_only_default": False,
+                               "argmax_only_flipped_tokens_equal": True}]},
     "attention": {"results": [
         {"B": 1, "context": 1024, "triton_N1_us": 10.0, "in_kernel_N1_us": 8.0, "triton_N5_us": 12.0,
          "in_kernel_N5_us": 11.0, "in_kernel_max_abs_diff_N1": 0.0, "in_kernel_max_abs_diff_N5": 0.004},
@@ -119,6 +121,7 @@ def test_targets_read_from_every_file(tmp_path):
     assert greedy["best"] == "lanes_argmax_only"
     argmax = report["levers"]["STREAM_GREEDY_ARGMAX_ONLY"]
     assert argmax["advice"] == "on" and argmax["ratios"]["B=64 V=128256 greedy lanes verify"] == round(60 / 95, 3)
+    assert argmax["ratios"]["tree B=1 N=64 greedy"] == 0.99  # the flip (argmax only) over the default (sums)
     assert report["tree_kernels"][0] == {"kernel": "walk_kernel", "launches": 1.0, "us": 40.0}
     walk = report["levers"]["TREE_WALK_PARALLEL"]
     assert walk["advice"] == "on" and walk["ratios"] == {"B=1 N=64 T=1": 0.667, "B=1 N=64 greedy": 1.0}

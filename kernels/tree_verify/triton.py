@@ -67,7 +67,7 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
 
 
 def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children,
-            workspace=None, walk_parallel=None, skip_identities=None):
+            workspace=None, walk_parallel=None, skip_identities=None, stream_sums=None):
     batch, n, vocab = target.shape
     device = target.device
     i32 = dict(dtype=torch.int32, device=device)
@@ -83,7 +83,7 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     interpreting = triton_interpreting()
     plan = tree_plan(batch, n, vocab, has_draft, modes=params.modes, max_children=max_children,
                      num_sms=_num_sms(device), interpreting=interpreting, block_v=block_v, num_chunks=num_chunks,
-                     walk_parallel=walk_parallel, skip_identities=skip_identities)
+                     walk_parallel=walk_parallel, skip_identities=skip_identities, stream_sums=stream_sums)
     stats, tickets = _node_stats(target, draft if has_draft else None, params, plan, workspace)
     residual_tickets, emit_tickets = tickets[:plan.residual_tickets], tickets[plan.residual_tickets:]
     npos = plan.stats.npos
@@ -144,6 +144,7 @@ def tree_verify_triton(
     workspace=None,
     walk_parallel: bool | None = None,
     skip_identities: bool | None = None,
+    stream_sums: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
     -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
@@ -153,6 +154,8 @@ def tree_verify_triton(
     KernelWorkspace (kernels/_workspace.py): no zero fills (two per call without). walk_parallel:
     the walk's form (None: _triton_plan.WALK_PARALLEL; the same tokens either way).
     skip_identities: the residual launches skip the per-value identities of their nodes (None:
-    _triton_plan.RESIDUAL_SKIP_IDENTITIES; the same tokens either way)."""
+    _triton_plan.RESIDUAL_SKIP_IDENTITIES; the same tokens either way). stream_sums: False streams
+    only the max and the argmax where every row is greedy (None: verify's
+    _triton_plan.STREAM_GREEDY_ARGMAX_ONLY; the same tokens either way)."""
     return run_launches(_launch, target_logits, draft_logits, tokens, parents, params, block_v, num_chunks,
-                        max_children, workspace, walk_parallel, skip_identities, workspace=workspace)
+                        max_children, workspace, walk_parallel, skip_identities, stream_sums, workspace=workspace)

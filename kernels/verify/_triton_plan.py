@@ -58,7 +58,8 @@ STREAM_NUM_WARPS = 8
 # UNROLL 2: 64-78 registers, 24-32 KB. A model, not a measurement: 1 until a GPU run of
 # bench/bench_stream_lanes.py (which times every variant side by side) shows 2 or 4 faster.
 STREAM_UNROLL = 1
-# Where every row is greedy (the streaming launch writes the tokens, _triton_greedy.py), the stream
+# Where every row is greedy (the chain's streaming launch writes the tokens, _triton_greedy.py;
+# tree_verify's walk reads a greedy row's argmax alone: _triton_common.standardised), the stream
 # keeps only the max and the argmax per lane: no exp, no running sum (select_stream's SUMS). The
 # H200's Nsight Compute read of the B = 64 greedy streaming pass (bench/results/h200_2026-11-27b,
 # 60 registers, four programs an SM): 53.7% of issue slots busy, the ALU pipe at 45.8%, 2.42
@@ -262,8 +263,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     8-warp program hold no value). emit_skip_identities: the emission skips the division by T and
     min-p's test where they are identities for all of a program's rows (None:
     EMIT_SKIP_IDENTITIES). stream_sums: the streaming pass's sum-exp (None: kept unless every row
-    is greedy and STREAM_GREEDY_ARGMAX_ONLY; False is taken only where the launch writes greedy
-    tokens, which need the argmax alone). stream_lanes measured on an H100 (112bf69,
+    is greedy and STREAM_GREEDY_ARGMAX_ONLY; False is taken only where every row is greedy, whose
+    tokens need the argmax alone: the chain's greedy tokens, tree_verify's greedy walk, which
+    standardises greedy rows by their argmax). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -320,7 +322,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
                       penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile,
                       EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities),
-                      not (greedy_tokens and large and not selects
+                      not (modes == {"greedy"} and large and not selects
                            and (STREAM_GREEDY_ARGMAX_ONLY if stream_sums is None else not stream_sums)))
 
 

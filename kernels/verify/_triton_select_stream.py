@@ -229,8 +229,8 @@ def select_stream_kernel(
     rungs stream with _stream_chunk_lanes, else with _stream_chunk. RUNGS_GIVEN (the plan's
     rungs_launch): gathering rows read their rungs from rungs_ptr, placed by
     _triton_select_rungs.py, instead of placing them in every program. SUMS False (the plan's
-    stream_sums, with GREEDY_TOKENS only): the stream keeps the max and the argmax alone (the
-    tokens need nothing else: _triton_greedy.py); s is written as 1. No penalties."""
+    stream_sums: every row greedy): the stream keeps the max and the argmax alone (greedy tokens
+    need nothing else: _triton_greedy.py, tree_verify's walk); s is written as 1. No penalties."""
     _select_stream(target_ptr, draft_ptr, tokens_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_f_ptr,
                    part_i_ptr, cand_ptr, fill_ptr, rungs_ptr, ticket_ptr, m_ptr, s2_ptr, s3_ptr, tkey_ptr, amax_ptr,
                    row_ticket_ptr, out_ptr, num_accepted_ptr, NPOS, NCHUNK, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
@@ -276,7 +276,7 @@ def _select_stream(
 ):
     """The streaming launch's program (r, c); pen_args: the penalties (kernels/penalties/triton.py)
     or (False,)."""
-    tl.static_assert(SUMS or (GREEDY_TOKENS and not SELECTS), "the argmax alone serves greedy tokens only")
+    tl.static_assert(SUMS or not SELECTS, "the argmax alone serves greedy rows only")
     r = tl.program_id(0)
     c = tl.program_id(1)
     b = r // NPOS

@@ -7,16 +7,22 @@ per-lane loop (1 and 2 blocks a step) and the block loop, with and without draft
 penalties, for the verify and the greedy sampler. Control: the tie data decides tokens -- the
 reference with the highest index of the maximum instead of the lowest gives other tokens, so a
 stream that lost the lowest-index rule would fail here (checked by hand: ">=" for ">" in the
-argmax-only per-lane loop, its 2-block step, or the block loop fails its case(s) here)."""
+argmax-only per-lane loop, its 2-block step, or the block loop fails its case(s) here). tree_verify
+takes the same stream where every row is greedy (its walk standardises a greedy row by its argmax):
+the same check on greedy trees (the per-lane loop's mutation fails them too)."""
 import pytest
 import torch
 
 from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.kernels.verify import _triton_plan
 from specdec_fast.kernels.verify.reference import chain_verify_reference, sample_reference
+from specdec_fast.kernels.tree_verify._triton_plan import tree_plan
+from specdec_fast.kernels.tree_verify.reference import tree_verify_reference
+from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
 from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
 
 from .test_verify_emit_lanes import random_penalties
+from .tree_cases import random_parents
 
 V, CAP = 600, 128  # the large-vocabulary path under the interpreter (V > cap)
 CASES = [  # (batch, k, draft logits, penalties, plan overrides)
@@ -73,6 +79,36 @@ def test_argmax_only_gives_the_reference_tokens(case, device):
     assert torch.equal(sample_triton(target[:, 0], params, positions, 2, stream_sums=False, **kw), sampled)
 
 
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_greedy_trees_without_the_sums(with_draft, device):
+    """tree_verify with every row greedy over tie-heavy logits (V > CAP: the streaming statistics),
+    children mostly the parent's first argmax so that paths run deep: the reference's tokens and
+    path with the stream's sums and without."""
+    batch, n, vocab = 2, 9, 4200
+    g = torch.Generator().manual_seed(5 + with_draft)
+    target = torch.randint(-2, 2, (batch, n, vocab), generator=g).float()
+    target[:, :, 5::41] = float("-inf")
+    draft = torch.randint(-2, 2, (batch, n, vocab), generator=g).float() if with_draft else None
+    parents = random_parents(g, batch, n)
+    first = target.argmax(-1)
+    at_parent = first.gather(1, parents.clamp(min=0).long())
+    tokens = torch.where(torch.rand(batch, n, generator=g) < 0.75, at_parent, torch.randint(0, vocab, (batch, n), generator=g))
+    if draft is not None:  # the draft's argmax is the target's where the child follows it: greedy accepts there
+        draft = torch.where(torch.rand(batch, n, 1, generator=g) < 0.8, target, draft)
+    params = make_sampling_tensors(batch, device, seed=1, temperature=0.0)
+    target, tokens, parents = target.to(device), tokens.to(device), parents.to(device)
+    draft = None if draft is None else draft.to(device)
+    plan = tree_plan(batch, n, vocab, with_draft, modes=params.modes, max_children=None, num_sms=1, interpreting=True,
+                     block_v=512, num_chunks=3, stream_sums=False)
+    assert plan.stats.large_vocab and not plan.stats.stream_sums
+    expected = tree_verify_reference(target, draft, tokens, parents, params)
+    assert bool((expected[2] > 1).any()), "no row accepted two nodes: the walk hardly ran"
+    for sums in (False, True):
+        got = tree_verify_triton(target, draft, tokens, parents, params, block_v=512, num_chunks=3, stream_sums=sums)
+        for a, b in zip(got, expected):
+            assert torch.equal(a.long(), b.long()), (sums, got, expected)
+
+
 def test_the_tie_data_decides_tokens():
     """Control: the same problems' tokens with the HIGHEST index of each maximum differ from the
     reference's (lowest) in every case, so a stream that broke the tie rule would fail the test
@@ -85,8 +121,8 @@ def test_the_tie_data_decides_tokens():
 
 
 def test_sums_stay_where_a_row_samples():
-    """stream_sums=False is taken only where the launch writes greedy tokens: a sampling row needs
-    the sums (its emission standardises with them), the selection code forbids it too."""
+    """stream_sums=False is taken only where every row is greedy: a sampling row needs the sums (its
+    emission standardises with them), the selection code forbids it too."""
     from specdec_fast.kernels.verify._triton_plan import plan_launches
 
     def plan(modes, **kw):
@@ -98,3 +134,4 @@ def test_sums_stay_where_a_row_samples():
     assert plan({"greedy"}, selects=True).stream_sums  # the bench's kernel with the selection code
     assert plan_launches(2, 3, 1000, True, num_sms=132, interpreting=False, modes=frozenset({"greedy"}),
                          stream_sums=False).stream_sums  # small vocabularies: their own kernel, unchanged
+    assert not plan({"greedy"}, emits=False).stream_sums  # tree_verify's statistics of greedy rows
