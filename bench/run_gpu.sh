@@ -16,7 +16,8 @@
 #                                      # (bench_verify_latency.py), the streaming variants, the step
 #                                      # at B=8, the GEMV kernel vs cuBLAS, the candidates' tests on
 #                                      # CUDA; then bench/issue25_report.py (targets met? levers to flip?)
-#     bash bench/run_gpu.sh levers     # the verify's levers' tests and timings, then `-m gpu` tests (H200: 305 s)
+#     bash bench/run_gpu.sh levers     # the verify's levers' tests and timings, then `-m gpu` tests (H200: 305 s
+#                                      # before bench_stream_lanes --quick joined it; <= 560 s)
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
 #     bash bench/run_gpu.sh scale      # 8B-shaped end to end, headline preset         <= 9 min
 #     bash bench/run_gpu.sh loop       # graph capture table, scale batch preset        <= 10 min
