@@ -168,21 +168,29 @@ def walk_lever(report: dict | None) -> dict:
     return _advice(ratios, why, "tree_verify us with the parallel walk over the scan")
 
 
+def tree_flip_ratios(report: dict | None, name: str, flipped_what: str, prefix: str = "") -> tuple[dict, list]:
+    """(ratios, why) of a lever bench_tree times flipped beside its default on some kernel rows:
+    tree_verify_us_<name>_flipped, <name>_default (the lever's default), <name>_flipped_tokens_equal,
+    <name>_flipped_error; each ratio the lever on over off; prefix: before each row's name."""
+    ratios, why = {}, []
+    for r in (report or {}).get("rows", []):
+        where = f"{prefix}B={r['batch']} N={r['nodes']} {r['mode']}"
+        if f"{name}_flipped_error" in r:
+            why.append(f"{where}: {r[f'{name}_flipped_error']}")
+        if r.get("nodes") is None or f"tree_verify_us_{name}_flipped" not in r:
+            continue
+        flipped, default = r[f"tree_verify_us_{name}_flipped"], r["tree_verify_us"]
+        ratios[where] = default / flipped if r.get(f"{name}_default") else flipped / default
+        if not r.get(f"{name}_flipped_tokens_equal", False):
+            why.append(f"{where}: other tokens with the {flipped_what} flipped")
+    return ratios, why
+
+
 def tree_skip_lever(report: dict | None) -> dict:
     """RESIDUAL_SKIP_IDENTITIES (kernels/tree_verify/_triton_plan.py) from bench_tree's sampled kernel
     rows: tree_verify with the residual launches' identity skips over without them, same tokens
     (the row times the flipped default beside the default)."""
-    ratios, why = {}, []
-    for r in (report or {}).get("rows", []):
-        if "skip_identities_flipped_error" in r:
-            why.append(f"B={r['batch']} N={r['nodes']} {r['mode']}: {r['skip_identities_flipped_error']}")
-        if r.get("nodes") is None or "tree_verify_us_skip_identities_flipped" not in r:
-            continue
-        where = f"B={r['batch']} N={r['nodes']} {r['mode']}"
-        flipped, default = r["tree_verify_us_skip_identities_flipped"], r["tree_verify_us"]
-        ratios[where] = default / flipped if r.get("skip_identities_default") else flipped / default
-        if not r.get("skip_identities_flipped_tokens_equal", False):
-            why.append(f"{where}: other tokens with the skips flipped")
+    ratios, why = tree_flip_ratios(report, "skip_identities", "skips")
     return _advice(ratios, why, "tree_verify us with the residual launches' identity skips over without")
 
 
@@ -243,17 +251,7 @@ def argmax_lever(report: dict | None, tree: dict | None = None) -> dict:
     block_argmax_only / block_loop), verify and sampler, the reference's tokens; and from bench_tree's
     greedy kernel rows (tree): tree_verify without the sums over with them (the row times the flip
     beside the default)."""
-    ratios, why = {}, []
-    for r in (tree or {}).get("rows", []):
-        if "argmax_only_flipped_error" in r:
-            why.append(f"tree B={r['batch']} N={r['nodes']} {r['mode']}: {r['argmax_only_flipped_error']}")
-        if r.get("nodes") is None or "tree_verify_us_argmax_only_flipped" not in r:
-            continue
-        where = f"tree B={r['batch']} N={r['nodes']} {r['mode']}"
-        flipped, default = r["tree_verify_us_argmax_only_flipped"], r["tree_verify_us"]
-        ratios[where] = default / flipped if r.get("argmax_only_default") else flipped / default
-        if not r.get("argmax_only_flipped_tokens_equal", False):
-            why.append(f"{where}: other tokens with the sums flipped")
+    ratios, why = tree_flip_ratios(tree, "argmax_only", "sums", prefix="tree ")
     for r in (report or {}).get("rows", []):
         for variant, base in (("lanes_argmax_only", "lanes"), ("block_argmax_only", "block_loop")):
             if f"verify_{variant}" not in r or f"verify_{base}" not in r:
