@@ -417,30 +417,22 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                 walk_us = {form: tree_us if form == WALK_PARALLEL else _time(walk_call[form], smoke)["median_us"]
                            for form in (True, False)}
                 chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
-                skips = {}
-                if mode != "greedy":  # the residual launches' identity skips flipped (greedy has no residual launch)
-                    ws_skip, flipped = KernelWorkspace(), not RESIDUAL_SKIP_IDENTITIES
-                    skip_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
-                                                           workspace=ws_skip, skip_identities=flipped,
-                                                           max_children=tree.max_children)
-                    try:  # a failure (a compile error on the device, say) is recorded; the row goes on
-                        skips = dict(tree_verify_us_skip_identities_flipped=_time(skip_call, smoke)["median_us"],
-                                     skip_identities_flipped_tokens_equal=_same(skip_call(), walked[WALK_PARALLEL]),
-                                     skip_identities_default=RESIDUAL_SKIP_IDENTITIES)
-                    except Exception as error:  # noqa: BLE001
-                        skips = dict(skip_identities_flipped_error=f"{type(error).__name__}: {str(error)[:300]}")
-                else:  # the greedy statistics' streaming sums flipped (STREAM_GREEDY_ARGMAX_ONLY)
-                    # the default keeps the sums exactly where the flag is off: stream_sums = the flag flips it
-                    ws_sums, flipped_sums = KernelWorkspace(), STREAM_GREEDY_ARGMAX_ONLY
-                    sums_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
-                                                           workspace=ws_sums, stream_sums=flipped_sums,
-                                                           max_children=tree.max_children)
-                    try:
-                        skips = dict(tree_verify_us_argmax_only_flipped=_time(sums_call, smoke)["median_us"],
-                                     argmax_only_flipped_tokens_equal=_same(sums_call(), walked[WALK_PARALLEL]),
-                                     argmax_only_default=STREAM_GREEDY_ARGMAX_ONLY)
-                    except Exception as error:  # noqa: BLE001
-                        skips = dict(argmax_only_flipped_error=f"{type(error).__name__}: {str(error)[:300]}")
+                # one lever flipped beside its default, the same tokens? (issue25_report.tree_flip_ratios reads it)
+                if mode != "greedy":  # the residual launches' identity skips (greedy has no residual launch)
+                    name, default, flip = ("skip_identities", RESIDUAL_SKIP_IDENTITIES,
+                                           dict(skip_identities=not RESIDUAL_SKIP_IDENTITIES))
+                else:  # the greedy statistics' streaming sums: the default keeps them exactly where the flag is off
+                    name, default, flip = ("argmax_only", STREAM_GREEDY_ARGMAX_ONLY,
+                                           dict(stream_sums=STREAM_GREEDY_ARGMAX_ONLY))
+                ws_flip = KernelWorkspace()
+                flip_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
+                                                       workspace=ws_flip, max_children=tree.max_children, **flip)
+                try:  # a failure (a compile error on the device, say) is recorded; the row goes on
+                    skips = {f"tree_verify_us_{name}_flipped": _time(flip_call, smoke)["median_us"],
+                             f"{name}_flipped_tokens_equal": _same(flip_call(), walked[WALK_PARALLEL]),
+                             f"{name}_default": default}
+                except Exception as error:  # noqa: BLE001
+                    skips = {f"{name}_flipped_error": f"{type(error).__name__}: {str(error)[:300]}"}
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,
