@@ -13,7 +13,7 @@ top_k=50 (the rows that stream without rungs): chain_verify_triton and sample_tr
 graph replays under do_bench (median us), GB/s and fraction of the measured-bandwidth roofline
 (logits bytes read once), and whether both loops give the reference's tokens. Greedy rows also
 time both loops without the sums (stream_sums=False: the max and the argmax alone, the greedy
-tokens' only need).
+tokens' only need) and with them (stream_sums=True), whichever the plan's default.
 
     python bench/bench_stream_lanes.py [--quick] [--budget-s S] [--out bench/results/stream_lanes_<device>.json]
     python bench/bench_stream_lanes.py --smoke [--quick] [--out F]   # this code on a tiny shape, CPU
@@ -40,10 +40,13 @@ VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=Fa
             "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4),
             "emit_lanes": dict(stream_lanes=True, emit_lanes=True),
             "lanes_argmax_only": dict(stream_lanes=True, stream_sums=False),
-            "block_argmax_only": dict(stream_lanes=False, stream_sums=False)}
+            "block_argmax_only": dict(stream_lanes=False, stream_sums=False),
+            "lanes_sums": dict(stream_lanes=True, stream_sums=True),
+            "block_sums": dict(stream_lanes=False, stream_sums=True)}
 # Variants of some modes only: the stream without its sums serves greedy rows alone
-# (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY; issue25_report compares each with its loop's variant).
-ONLY_MODES = {"lanes_argmax_only": ("greedy",), "block_argmax_only": ("greedy",)}
+# (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY, the greedy rows' default since 2026-11-28: "lanes" and "block_loop"
+# follow it there); issue25_report compares each argmax-only loop with the same loop with its sums pinned.
+ONLY_MODES = {name: ("greedy",) for name in ("lanes_argmax_only", "block_argmax_only", "lanes_sums", "block_sums")}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
 QUICK_MODES = ("greedy", "T=1")  # --quick: issue 25's rows (the verify table's QUICK_SHAPES)
 

@@ -247,16 +247,19 @@ def _advice(ratios: dict, why: list, what: str, missing: list = ()) -> dict:
 
 def argmax_lever(report: dict | None, tree: dict | None = None) -> dict:
     """STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py) from bench_stream_lanes' greedy rows:
-    each loop without its sums over the same loop with them (lanes_argmax_only / lanes,
-    block_argmax_only / block_loop), verify and sampler, the reference's tokens; and from bench_tree's
+    each loop without its sums over the same loop with them (lanes_argmax_only / lanes_sums,
+    block_argmax_only / block_sums; files written before those two existed, when the default kept the
+    sums: over lanes / block_loop), verify and sampler, the reference's tokens; and from bench_tree's
     greedy kernel rows (tree): tree_verify without the sums over with them (the row times the flip
     beside the default)."""
     ratios, why = tree_flip_ratios(tree, "argmax_only", "sums", prefix="tree ")
     for r in (report or {}).get("rows", []):
-        for variant, base in (("lanes_argmax_only", "lanes"), ("block_argmax_only", "block_loop")):
+        for variant, sums, loop in (("lanes_argmax_only", "lanes_sums", "lanes"),
+                                    ("block_argmax_only", "block_sums", "block_loop")):
+            base = sums if f"verify_{sums}" in r else loop
             if f"verify_{variant}" not in r or f"verify_{base}" not in r:
                 continue
-            where = f"B={r['B']} V={r['V']} {r['mode']} {base}"
+            where = f"B={r['B']} V={r['V']} {r['mode']} {loop}"
             for call in ("verify", "sample"):
                 ratios[f"{where} {call}"] = r[f"{call}_{variant}"]["median_us"] / r[f"{call}_{base}"]["median_us"]
             if not r.get(f"tokens_equal_reference_{variant}", False):

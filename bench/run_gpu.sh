@@ -140,7 +140,7 @@ candidate_tests() {
   # the levers' exactness tests on the compiled kernels (the interpreter ran them; the latency bench checks the
   # reference's tokens at V = 128256 itself): the fused finishing search, the emission's and the residual
   # masses' identity skips (all three on since an H200 timed them, 2026-11-28), the rungs launch, the
-  # emission's own block, the greedy stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, off)
+  # emission's own block, the greedy stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, on since 2026-11-28)
   run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
     --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
     tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
@@ -170,10 +170,11 @@ stage_limits() {
 
 stage_levers() {
   # The verify's and the tree's levers (issue25_report's FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES,
-  # EMIT_ONE_ROW_BLOCK_V=256, RESIDUAL_SKIP_IDENTITIES: each way flips one; STREAM_GREEDY_ARGMAX_ONLY,
-  # off: bench_stream_lanes' greedy rows): their exactness tests on the
+  # EMIT_ONE_ROW_BLOCK_V=256, RESIDUAL_SKIP_IDENTITIES: each way flips one; STREAM_GREEDY_ARGMAX_ONLY:
+  # bench_stream_lanes' greedy rows, both loops with the sums pinned on and off): their exactness tests on the
   # compiled kernels, their timings, then the tests that need CUDA (`-m gpu`) with the time left, and the
-  # report. H200 (2026-11-28, e4f1563): 305 s, the `gpu` tests 76 s of it.
+  # report. H200 (2026-11-28, e4f1563): 305 s, the `gpu` tests 76 s of it; without them (LEVERS_GPU_TESTS=0,
+  # 3bf3b96) 212 s.
   candidate_tests
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"

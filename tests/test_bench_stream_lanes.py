@@ -25,11 +25,11 @@ def test_quick_smoke_rows_feed_the_report(tmp_path):
     for row in rows:
         for name in bench_stream_lanes.VARIANTS:
             if row["mode"] not in bench_stream_lanes.ONLY_MODES.get(name, (row["mode"],)):
-                assert f"verify_{name}" not in row, (row["mode"], name)  # the argmax alone: greedy rows only
+                assert f"verify_{name}" not in row, (row["mode"], name)  # the sums pinned on / off: greedy rows only
                 continue
             assert row[f"tokens_equal_reference_{name}"] is True, (row["mode"], name)
             assert row[f"verify_{name}"]["median_us"] > 0 and row[f"sample_{name}"]["median_us"] > 0
-    assert "verify_lanes_argmax_only" in rows[0] and rows[0]["mode"] == "greedy"
+    assert "verify_lanes_argmax_only" in rows[0] and "verify_block_sums" in rows[0] and rows[0]["mode"] == "greedy"
     lever = issue25_report.argmax_lever(report)  # the smoke's times are no measurement: the ratios' keys only
     assert set(lever["ratios"]) == {f"B=2 V=600 greedy {loop} {call}" for loop in ("lanes", "block_loop")
                                     for call in ("verify", "sample")}

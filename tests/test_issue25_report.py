@@ -233,3 +233,17 @@ def test_a_lever_off_by_default_reads_the_way_over_now(tmp_path):
     for row in files["verify_latency"]["rows"]:
         del row["search_tile_default_on"]
     assert build(tmp_path, files)["levers"]["FINISH_SEARCH_TILE=1024"] == flipped
+
+
+def test_argmax_lever_reads_the_pinned_sums_where_the_default_has_none():
+    """With STREAM_GREEDY_ARGMAX_ONLY on, a greedy row's "lanes" is the argmax-only loop itself: the lever
+    compares with "lanes_sums" (the sums pinned on) where the file has it, with "lanes" only in files
+    written before it existed (the default then kept the sums)."""
+    row = {"B": 64, "V": 128256, "mode": "greedy", "tokens_equal_reference_lanes_argmax_only": True,
+           "verify_lanes": {"median_us": 78.0}, "sample_lanes": {"median_us": 20.0},
+           "verify_lanes_argmax_only": {"median_us": 78.0}, "sample_lanes_argmax_only": {"median_us": 20.0}}
+    assert issue25_report.argmax_lever({"rows": [row]})["advice"] == "off"  # level with its own default
+    pinned = dict(row, verify_lanes_sums={"median_us": 96.0}, sample_lanes_sums={"median_us": 22.0})
+    lever = issue25_report.argmax_lever({"rows": [pinned]})
+    assert lever["advice"] == "on" and lever["ratios"] == {"B=64 V=128256 greedy lanes verify": round(78 / 96, 3),
+                                                           "B=64 V=128256 greedy lanes sample": round(20 / 22, 3)}

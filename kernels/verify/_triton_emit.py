@@ -7,10 +7,11 @@ steps, repeated by every chunk: cheaper than a launch), then one pass over a voc
 each row's emitted position (Gumbel-max candidates, written per chunk); the program that takes
 the row tile's last ticket merges the chunks in chunk order and writes the tokens.
 
-LANES (the plan's emit_lanes; off until a GPU times it): the pass keeps its running maxima per
-lane ([BLOCK_R, BLOCK_V] values and indices, elementwise updates) and reduces them once after the
-loop, instead of ~8 block reductions per step (each a shared-memory round with barriers: the
-emission's sm_90a loop held 18 barriers per step at B = 64, bench/results/verify_stream_ptx_sm90.json).
+LANES (the plan's emit_lanes where a program streams more than one block, since an H200 timed it):
+the pass keeps its running maxima per lane ([BLOCK_R, BLOCK_V] values and indices, elementwise
+updates) and reduces them once after the loop, instead of ~8 block reductions per step (each a
+shared-memory round with barriers: the emission's sm_90a loop held 18 barriers per step at B = 64,
+bench/results/verify_stream_ptx_sm90.json).
 The same candidates bit for bit: within a lane later steps hold larger indices, so a strict
 improvement keeps the lowest index of a tie, and the final reduction takes the lowest index among
 the lanes at the maximum. The skip test then bounds each lane by its own best (a weaker bound than

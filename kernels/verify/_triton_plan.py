@@ -69,9 +69,14 @@ STREAM_UNROLL = 1
 # an SM either way). Predicted: the B = 64 greedy verify from ~95 us (H200) to the loads' own limit
 # (16 KB in flight an SM: ~60% of the roofline by Little's law at 0.8 us), ~55-60 us; B = 1 (one
 # block a program, latency-bound) about unchanged. The same argmax bit for bit (the same compares
-# in the same order); bench_stream_lanes.py's "lanes_argmax_only" / "block_argmax_only" variants
-# time it: False until a GPU shows it faster.
-STREAM_GREEDY_ARGMAX_ONLY = False
+# in the same order). Measured on an H200 at 3bf3b96 (bench/results/h200_2026-11-28b, K = 4, V = 128256,
+# graph replays, bench_stream_lanes.py: each loop without its sums against the same loop with them, the
+# reference's tokens): B = 64 greedy verify 78.0 against 96.1 us per lane (35% -> 44% of the roofline;
+# predicted 55-60 us: a miss, the pass is not at the loads' limit yet), the block loop 79.1 / 104.4;
+# B = 1 12.7 / 13.8 (predicted unchanged: 1 us saved); the samplers 0.83-0.94x; tree_verify's greedy
+# N = 64 B = 1 0.80x. On since then; the whole CUDA suite with it on passed (tests/kernels and the
+# `gpu` tests: 1062 passed, the PTX hashes aside).
+STREAM_GREEDY_ARGMAX_ONLY = True
 # The emission's pass keeps per-lane maxima (_triton_emit.py LANES) where a program streams more
 # than one block, as the streaming pass does (plan_launches). H200 (bench/bench_stream_lanes.py,
 # K = 4, V = 128256, graph replays, bench/results/h200_2026-11-27): B = 64 T = 1, 14 blocks a

@@ -153,11 +153,13 @@ VARIANTS = (
     ("search0", (select_finish_kernel, select_finish_penalised_kernel), dict(SEARCH_TILE=0),
      (("*bf16", 1, 4, True, False), ("*bf16", 1, 4, True, True), ("*fp32", 1, 0, False, False))),
     ("search2048", (select_finish_kernel,), dict(SEARCH_TILE=2048), (("*bf16", 1, 4, True, False),)),
-    # the greedy streaming pass without its sums (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY, off: bench_stream_lanes.py's
-    # "lanes_argmax_only" / "block_argmax_only" variants): the verify at B = 1 (the block loop) and 64 (per lane),
-    # plain and penalised
-    ("argmax_only", (select_stream_kernel, select_stream_penalised_kernel), dict(SUMS=False),
-     (("*bf16", 1, 4, False, False), ("*bf16", 64, 4, False, False), ("*bf16", 64, 4, False, True)),
+    # the greedy streaming pass with its sums (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY off; on, the pass without
+    # them, since an H200 timed it on 2026-11-28: bench_stream_lanes.py's "lanes_argmax_only" / "block_argmax_only"
+    # variants against "lanes" / "block_loop"): the verify at B = 1 (the block loop) and 64 (per lane), plain and
+    # penalised, and the draft sampler's (K = 0)
+    ("sums", (select_stream_kernel, select_stream_penalised_kernel), dict(SUMS=True),
+     (("*bf16", 1, 4, True, False), ("*bf16", 64, 4, False, False), ("*bf16", 64, 4, False, True),
+      ("*fp32", 1, 0, False, False)),
      frozenset({"greedy"})),
 )
 

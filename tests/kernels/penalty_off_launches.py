@@ -17,7 +17,9 @@ more when an H200's timings turned the fused finishing search and the emission's
 of the 22 keys, the 4 finishing keys' last constexpr went from 0 to 128, FINISH_SEARCH_TILE = 1024 capped at these
 calls' candidate region of 128, and the 6 emission keys' from False to True; nothing else changed), and once
 more when the streaming kernel gained SUMS (the 6 streaming keys gained ('constexpr', True) at the end; nothing
-else changed);
+else changed), and once more when an H200's timings turned the stream without its sums on for greedy rows
+(STREAM_GREEDY_ARGMAX_ONLY, 2026-11-28: the 2 large-vocabulary greedy streaming keys' last constexpr went from
+True to False; nothing else changed);
 re-recording is only right for a deliberate change of the
 penalty-free kernels. The keys are the interpreter's (the launch plan sizes tiles for the
 interpreter): the comparison runs where the test device is the CPU.
