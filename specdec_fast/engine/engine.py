@@ -41,6 +41,7 @@ from ..processing.guidance import check_guidance, guidance_on
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
 from ..runners.registry import choose_runner, make_runner
+from ..runners.sharded_model import ShardedCausalLM
 from .draft_heads import head_runner, head_source, load_head
 from .graph_policy import resolve_graph_mode
 from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, infer_attention_mask,
@@ -482,7 +483,10 @@ class SpeculativeEngine:
         if call.user_cache is not None:  # left as transformers' generate leaves it
             extend_user_cache(self.target, call.user_cache, tokens, mask, call.cached)
         if opts.extra.get("return_dict_in_generate"):
-            tokens = output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached)
+            # no cache passed: the one transformers' generate would have built and returned (none from a
+            # ShardedCausalLM, which has no forward of its own)
+            new_cache = call.user_cache is None and opts.builds_cache and not isinstance(self.target, ShardedCausalLM)
+            tokens = output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached, new_cache)
         return (tokens, stats) if return_stats else tokens
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:

@@ -1,7 +1,7 @@
 """What generate() returns when asked for more than the tokens: return_dict_in_generate with
 output_scores / output_logits / output_hidden_states / output_attentions (transformers'
-GenerateDecoderOnlyOutput; its cache: the call's own, engine/user_cache.py, else None), and the
-rows that num_return_sequences adds.
+GenerateDecoderOnlyOutput; its cache: the call's own, engine/user_cache.py, else the one generate
+would have built, user_cache.generation_cache, else None), and the rows that num_return_sequences adds.
 
 scores and logits: transformers returns, for every step s of the generation, the target's raw
 logits [B, V] (``logits``) and the processed ones (``scores``: after every logits processor and,
@@ -65,7 +65,7 @@ def step_logits(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
 @torch.no_grad()
 def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, hidden_states: bool,
                 attentions: bool, cached: int = 0) -> tuple:
-    """(hidden_states, attentions) as transformers' generate returns them for the T = ``steps``
+    """(hidden_states, attentions, cache) as transformers' generate returns them for the T = ``steps``
     generated tokens of sequences [B, P + T] (None where not asked): per step, a tuple over the
     layers (hidden states: the embeddings first). Step 0 is the prompt's forward: [B, P, H] and
     [B, heads, P, P]; step s >= 1 the forward of token P + s - 1: [B, 1, H] and [B, heads, 1,
@@ -77,7 +77,8 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
     (engine/user_cache.py): they get a forward of their own and generate's prefill runs the
     others over it, so step 0 holds positions cached .. P - 1 (queries; the attentions' keys
     stay all P). Split as generate splits them, because eager attention spreads a left pad's
-    fully masked query over every key its forward holds."""
+    fully masked query over every key its forward holds. cache: the one these forwards filled,
+    holding the KV of every token but the last, as generate leaves its own (user_cache.generation_cache's)."""
     from ..runners.hf import cache_keyword, output_cache
 
     width = prompt_mask.shape[1]
@@ -91,8 +92,8 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
     prompt = model(input_ids=sequences[:, cached:width], attention_mask=mask[:, :width],
                    position_ids=positions[:, cached:width], use_cache=True, **prefix, **asked)
     hidden, attention = [prompt.hidden_states], [prompt.attentions]
+    cache = output_cache(prompt)
     if steps > 1:
-        cache = output_cache(prompt)
         windows = _cache_windows(cache)
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
                      position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): cache}, **asked)
@@ -109,7 +110,7 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
                 start = fed - a.shape[-1]
                 step.append(a[:, :, s - 1: s, first - start: width + s - start])
             attention.append(tuple(step))
-    return (tuple(hidden) if hidden_states else None), (tuple(attention) if attentions else None)
+    return (tuple(hidden) if hidden_states else None), (tuple(attention) if attentions else None), cache
 
 
 def _cache_windows(cache) -> list:
@@ -150,11 +151,13 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
     return standardise(processed, params) if do_sample else processed
 
 
-def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0):
+def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0, new_cache: bool = False):
     """transformers' GenerateDecoderOnlyOutput for a call that asked return_dict_in_generate:
     tokens [B, P + T], mask the prompt's [B, P], opts the call's Options, params its
     SamplingTensors; scores / logits / hidden states / attentions when asked, and the user's
-    cache with the ``cached`` prompt tokens it held (user_cache.py)."""
+    cache with the ``cached`` prompt tokens it held (user_cache.py), else with new_cache the cache
+    generate would have built (user_cache.generation_cache: the hidden states' forwards fill it
+    where they run)."""
     want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
     want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
                                     bool(opts.extra.get("output_attentions")))
@@ -171,10 +174,16 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
             if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
                 processed = processed.log_softmax(-1)
             scores = tuple(processed.unbind(1))
+    cache = user_cache
     if want_hidden or want_attentions:
-        hidden, attentions = step_states(target, tokens, mask, tokens.shape[1] - width, hidden_states=want_hidden,
-                                         attentions=want_attentions, cached=cached)
-    return decoder_only_output(tokens, scores, logits, hidden, attentions, user_cache)
+        hidden, attentions, filled = step_states(target, tokens, mask, tokens.shape[1] - width, hidden_states=want_hidden,
+                                                 attentions=want_attentions, cached=cached)
+        cache = filled if new_cache else cache
+    elif new_cache:
+        from .user_cache import generation_cache  # user_cache imports this module's generation_mask
+
+        cache = generation_cache(target, tokens, mask)
+    return decoder_only_output(tokens, scores, logits, hidden, attentions, cache)
 
 
 def decoder_only_output(sequences, scores=None, logits=None, hidden_states=None, attentions=None, cache=None):

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 from .max_length import resolve_max_new_tokens
-from .rules import ENGINE_IMPLEMENTS, HANDLED_FIELDS, check_cache_implementation, check_option, field_defaults, ignored_in_mode
+from .rules import (ENGINE_IMPLEMENTS, HANDLED_FIELDS, builds_dynamic_cache, check_cache_implementation, check_option,
+                    field_defaults, ignored_in_mode)
 
 
 @dataclass
@@ -26,6 +27,9 @@ class Options:
     # transformers' own pad token (pad_token_id, else the first EOS id, else None: no fallback to 0),
     # from which it infers a missing attention_mask (engine/inputs.py infer_attention_mask)
     mask_pad_token_id: int | None = None
+    # transformers' generate would build a DynamicCache of its own for this call (rules.builds_dynamic_cache):
+    # return_dict_in_generate then returns one beside the sequences where the call passed none (engine/outputs.py)
+    builds_cache: bool = True
 
     def kernel_params(self) -> dict:
         """Sampling arguments of the kernels; greedy = temperature 0 (warpers off, like transformers)."""
@@ -42,11 +46,9 @@ def _config_dict(config) -> dict:
     return dict(config.to_dict())
 
 
-def merge_options(model, generation_config, explicit: dict, implemented=ENGINE_IMPLEMENTS) -> dict:
-    """model.generation_config < generation_config < explicit (None = not given), each value checked by
-    rules.check_option where it came from, unless transformers ignores it in this call
-    (rules.ignored_in_mode: early_stopping without beams, ...); returns the values that matter
-    (handled options)."""
+def _merged_sources(model, generation_config, explicit: dict) -> tuple:
+    """(every option's value, where it came from): model.generation_config < generation_config <
+    explicit (None = not given)."""
     merged, origin = {}, {}
     for source, where in ((getattr(model, "generation_config", None), "model.generation_config"),
                           (generation_config, "generation_config"), (explicit, "keyword argument")):
@@ -54,16 +56,29 @@ def merge_options(model, generation_config, explicit: dict, implemented=ENGINE_I
             if value is not None:
                 merged[name], origin[name] = value, where
     check_cache_implementation(merged, model)
+    return merged, origin
+
+
+def _that_matter(merged: dict, origin: dict, implemented) -> dict:
     # Checked after merging: a neutral keyword overrides a non-neutral model default.
     return {name: value for name, value in merged.items()
             if not ignored_in_mode(name, merged) and check_option(name, value, origin[name], implemented)}
+
+
+def merge_options(model, generation_config, explicit: dict, implemented=ENGINE_IMPLEMENTS) -> dict:
+    """model.generation_config < generation_config < explicit (None = not given), each value checked by
+    rules.check_option where it came from, unless transformers ignores it in this call
+    (rules.ignored_in_mode: early_stopping without beams, ...); returns the values that matter
+    (handled options)."""
+    return _that_matter(*_merged_sources(model, generation_config, explicit), implemented)
 
 
 def resolve_options(model, generation_config, explicit: dict, prompt_len: int, implemented=ENGINE_IMPLEMENTS) -> Options:
     """The options of one call: ``explicit`` holds the keyword arguments (api.generate's named ones and
     its **kwargs), ``prompt_len`` is input_ids' width (padding included: transformers' max_length
     counts it). Raises ValueError naming an option that is unsupported at its value or invalid."""
-    merged = merge_options(model, generation_config, explicit, implemented)
+    every, origin = _merged_sources(model, generation_config, explicit)
+    merged = _that_matter(every, origin, implemented)
 
     def get(name):
         return merged.get(name, field_defaults().get(name))
@@ -102,7 +117,7 @@ def resolve_options(model, generation_config, explicit: dict, prompt_len: int, i
                               else _non_default_k(merged.get("num_assistant_tokens"))),
         prompt_lookup_num_tokens=get("prompt_lookup_num_tokens"), max_matching_ngram_size=int(ngram),
         extra={name: value for name, value in merged.items() if name not in HANDLED_FIELDS},
-        mask_pad_token_id=mask_pad,
+        mask_pad_token_id=mask_pad, builds_cache=builds_dynamic_cache(every),
     )
 
 

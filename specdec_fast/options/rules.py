@@ -74,8 +74,10 @@ API_ARGUMENTS = frozenset({
 })
 # Options that change nothing we output, whatever their value, and why.
 ACCEPTED = {
-    "use_cache": "we always decode with a KV cache; the tokens do not depend on it",
-    "cache_implementation": "which cache transformers builds (we use our own)",
+    "use_cache": "we always decode with a KV cache; the tokens do not depend on it (False: no cache in "
+                 "return_dict_in_generate's output, as transformers', rules.builds_dynamic_cache)",
+    "cache_implementation": "which cache transformers builds (we decode with our own; the output dict holds the "
+                            "DynamicCache generate builds for none, 'dynamic' or 'hybrid', no cache for the others)",
     "cache_config": "how transformers builds its cache",
     "max_cache_len": "the size of transformers' static cache",
     "prefill_chunk_size": "how transformers chunks its prefill",
@@ -248,6 +250,16 @@ def short_repr(value, limit: int = 60) -> str:
         return value if len(value) <= limit else value[: limit - 3] + "..."
     text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def builds_dynamic_cache(merged: dict) -> bool:
+    """Whether transformers' generate builds a DynamicCache of its own for a call whose options are
+    ``merged`` (every option, before filtering), and so returns one with return_dict_in_generate where
+    the call passed no cache (GenerationMixin._prepare_cache_for_generation, 5.24): use_cache not
+    False, and cache_implementation None, "dynamic" or "hybrid" (older sliding-window checkpoints'
+    default, which generate unsets). The others (static, offloaded, quantized, ...) build caches of
+    other classes: not built here."""
+    return merged.get("use_cache") is not False and merged.get("cache_implementation") in (None, "dynamic", "hybrid")
 
 
 def check_cache_implementation(merged: dict, model=None) -> None:
