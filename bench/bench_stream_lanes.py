@@ -39,14 +39,19 @@ VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=Fa
             "lanes_unroll2": dict(stream_lanes=True, stream_unroll=2),
             "lanes_unroll4": dict(stream_lanes=True, stream_unroll=4),
             "emit_lanes": dict(stream_lanes=True, emit_lanes=True),
-            "lanes_argmax_only": dict(stream_lanes=True, stream_sums=False),
+            "lanes_argmax_only": dict(stream_lanes=True, stream_sums=False, stream_unroll=1),
             "block_argmax_only": dict(stream_lanes=False, stream_sums=False),
-            "lanes_sums": dict(stream_lanes=True, stream_sums=True),
-            "block_sums": dict(stream_lanes=False, stream_sums=True)}
+            "lanes_sums": dict(stream_lanes=True, stream_sums=True, stream_unroll=1),
+            "block_sums": dict(stream_lanes=False, stream_sums=True),
+            "lanes_argmax_only_unroll2": dict(stream_lanes=True, stream_sums=False, stream_unroll=2),
+            "lanes_argmax_only_unroll4": dict(stream_lanes=True, stream_sums=False, stream_unroll=4)}
 # Variants of some modes only: the stream without its sums serves greedy rows alone
 # (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY, the greedy rows' default since 2026-11-28: "lanes" and "block_loop"
 # follow it there); issue25_report compares each argmax-only loop with the same loop with its sums pinned.
-ONLY_MODES = {name: ("greedy",) for name in ("lanes_argmax_only", "block_argmax_only", "lanes_sums", "block_sums")}
+# The argmax-only per-lane loop 2 and 4 blocks a step (_triton_plan.STREAM_ARGMAX_UNROLL; issue25_report compares them
+# with "lanes_argmax_only", one block a step).
+ONLY_MODES = {name: ("greedy",) for name in ("lanes_argmax_only", "block_argmax_only", "lanes_sums", "block_sums",
+                                             "lanes_argmax_only_unroll2", "lanes_argmax_only_unroll4")}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
 QUICK_MODES = ("greedy", "T=1")  # --quick: issue 25's rows (the verify table's QUICK_SHAPES)
 

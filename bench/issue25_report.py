@@ -29,6 +29,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
   - STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py): bench_stream_lanes' greedy rows, each
     loop without the streaming sums over the same loop with them, and bench_tree's greedy rows
     (tree_verify with the flag flipped), the reference's tokens;
+  - STREAM_ARGMAX_UNROLL=2 / =4 (kernels/verify/_triton_plan.py): bench_stream_lanes' greedy rows, the
+    argmax-only per-lane loop 2 / 4 blocks a step over one, the reference's tokens;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
 attention shapes a budget left out) reads "incomplete"; flipping any lever is the session's
@@ -245,6 +247,24 @@ def _advice(ratios: dict, why: list, what: str, missing: list = ()) -> dict:
             "why": why + list(missing)}
 
 
+def _variant_ratios(report: dict | None, pairs, ratios: dict, why: list) -> list:
+    """Into ``ratios`` ("B=.. V=.. mode label call" -> variant over base, verify and sampler) and ``why``
+    (other tokens than the reference), for each bench_stream_lanes row holding both: pairs of
+    (variant, bases, label), the first of the bases the row has. Returns what the run left out (its
+    budget's not_run)."""
+    for r in (report or {}).get("rows", []):
+        for variant, bases, label in pairs:
+            base = next((b for b in bases if f"verify_{b}" in r), None)
+            if f"verify_{variant}" not in r or base is None:
+                continue
+            where = f"B={r['B']} V={r['V']} {r['mode']} {label}"
+            for call in ("verify", "sample"):
+                ratios[f"{where} {call}"] = r[f"{call}_{variant}"]["median_us"] / r[f"{call}_{base}"]["median_us"]
+            if not r.get(f"tokens_equal_reference_{variant}", False):
+                why.append(f"{where}: other tokens than the reference")
+    return [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
+
+
 def argmax_lever(report: dict | None, tree: dict | None = None) -> dict:
     """STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py) from bench_stream_lanes' greedy rows:
     each loop without its sums over the same loop with them (lanes_argmax_only / lanes_sums,
@@ -253,19 +273,19 @@ def argmax_lever(report: dict | None, tree: dict | None = None) -> dict:
     greedy kernel rows (tree): tree_verify without the sums over with them (the row times the flip
     beside the default)."""
     ratios, why = tree_flip_ratios(tree, "argmax_only", "sums", prefix="tree ")
-    for r in (report or {}).get("rows", []):
-        for variant, sums, loop in (("lanes_argmax_only", "lanes_sums", "lanes"),
-                                    ("block_argmax_only", "block_sums", "block_loop")):
-            base = sums if f"verify_{sums}" in r else loop
-            if f"verify_{variant}" not in r or f"verify_{base}" not in r:
-                continue
-            where = f"B={r['B']} V={r['V']} {r['mode']} {loop}"
-            for call in ("verify", "sample"):
-                ratios[f"{where} {call}"] = r[f"{call}_{variant}"]["median_us"] / r[f"{call}_{base}"]["median_us"]
-            if not r.get(f"tokens_equal_reference_{variant}", False):
-                why.append(f"{where}: other tokens than the reference")
-    missing = [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
+    missing = _variant_ratios(report, [("lanes_argmax_only", ("lanes_sums", "lanes"), "lanes"),
+                                       ("block_argmax_only", ("block_sums", "block_loop"), "block_loop")], ratios, why)
     return _advice(ratios, why, "us without the streaming sums over with them (greedy rows)", missing)
+
+
+def argmax_unroll_lever(report: dict | None, unroll: int) -> dict:
+    """STREAM_ARGMAX_UNROLL=<unroll> (kernels/verify/_triton_plan.py) from bench_stream_lanes' greedy rows:
+    the argmax-only per-lane loop ``unroll`` blocks a step over one block a step, verify and sampler, the
+    reference's tokens."""
+    ratios, why = {}, []
+    missing = _variant_ratios(report, [(f"lanes_argmax_only_unroll{unroll}", ("lanes_argmax_only",), "lanes")],
+                              ratios, why)
+    return _advice(ratios, why, f"us of the argmax-only stream {unroll} blocks a step over 1 (greedy rows)", missing)
 
 
 def stream_variants(report: dict | None) -> list:
@@ -316,7 +336,9 @@ def build(results: Path, device: str) -> dict:
                                                           "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),
                                                           **{name: latency_lever(latency, way, what)
                                                              for name, (way, what) in LATENCY_LEVERS.items()},
-                                                          "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes, tree)},
+                                                          "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes, tree),
+                                                          **{f"STREAM_ARGMAX_UNROLL={n}": argmax_unroll_lever(lanes, n)
+                                                             for n in (2, 4)}},
             "stream_variants": stream_variants(lanes),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}

@@ -178,7 +178,8 @@ stage_levers() {
   candidate_tests
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
-  # the streaming variants, the greedy rows without their sums among them (STREAM_GREEDY_ARGMAX_ONLY)
+  # the streaming variants, the greedy rows without their sums among them (STREAM_GREEDY_ARGMAX_ONLY) and that
+  # loop 2 / 4 blocks a step (STREAM_ARGMAX_UNROLL, 1 until timed)
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   # LEVERS_GPU_TESTS=0: leave them to a whole-suite call that follows (`tests` runs them too)
   if [ "${LEVERS_GPU_TESTS:-1}" = 1 ]; then stage_tests "" gpu; fi

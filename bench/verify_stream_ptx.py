@@ -38,7 +38,9 @@ K, V = 4, 128256
 SMS, REGISTERS_PER_SM, MAX_WARPS_PER_SM = 132, 65536, 64
 LATENCY_S, ROOFLINE_BYTES_PER_S = 0.8e-6, 3.0e12  # the model's assumptions (H100: measured copy 3.0 TB/s)
 VARIANTS = {"default": {}, "with_select_code": dict(selects=True), "unroll2": dict(stream_unroll=2),
-            "unroll4": dict(stream_unroll=4), "argmax_only": dict(stream_sums=False)}
+            "unroll4": dict(stream_unroll=4), "sums": dict(stream_sums=True)}
+# "sums": greedy rows' stream with its sums, the default before STREAM_GREEDY_ARGMAX_ONLY turned on (2026-11-28);
+# greedy rows' default and unroll variants are the argmax-only stream since
 
 
 def ptxas_path() -> str:
@@ -156,8 +158,8 @@ def main(argv=None) -> dict:
             for variant in VARIANTS:
                 if mode == "top_k" and variant == "with_select_code":
                     continue  # top-k rows need the select code: the default already has it
-                if mode != "greedy" and variant == "argmax_only":
-                    continue  # the argmax alone serves greedy tokens only
+                if mode != "greedy" and variant == "sums":
+                    continue  # the sums are dropped for greedy rows only: elsewhere "sums" is the default
                 r = row(batch, mode, variant)
                 rows.append(r)
                 loop = r["loop"] or {}

@@ -247,3 +247,16 @@ def test_argmax_lever_reads_the_pinned_sums_where_the_default_has_none():
     lever = issue25_report.argmax_lever({"rows": [pinned]})
     assert lever["advice"] == "on" and lever["ratios"] == {"B=64 V=128256 greedy lanes verify": round(78 / 96, 3),
                                                            "B=64 V=128256 greedy lanes sample": round(20 / 22, 3)}
+
+
+def test_argmax_unroll_lever_reads_the_unrolled_argmax_only_loop():
+    """STREAM_ARGMAX_UNROLL=2: the argmax-only per-lane loop 2 blocks a step over 1, greedy rows; other
+    tokens than the reference keep it off."""
+    row = {"B": 64, "V": 128256, "mode": "greedy", "tokens_equal_reference_lanes_argmax_only_unroll2": True,
+           "verify_lanes_argmax_only": {"median_us": 78.0}, "sample_lanes_argmax_only": {"median_us": 20.0},
+           "verify_lanes_argmax_only_unroll2": {"median_us": 62.0}, "sample_lanes_argmax_only_unroll2": {"median_us": 19.0}}
+    lever = issue25_report.argmax_unroll_lever({"rows": [row]}, 2)
+    assert lever["advice"] == "on" and lever["ratios"]["B=64 V=128256 greedy lanes verify"] == round(62 / 78, 3)
+    assert issue25_report.argmax_unroll_lever({"rows": [row]}, 4)["advice"] == "unmeasured"
+    wrong = dict(row, tokens_equal_reference_lanes_argmax_only_unroll2=False)
+    assert issue25_report.argmax_unroll_lever({"rows": [wrong]}, 2)["advice"] == "off"

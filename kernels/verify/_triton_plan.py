@@ -77,6 +77,15 @@ STREAM_UNROLL = 1
 # N = 64 B = 1 0.80x. On since then; the whole CUDA suite with it on passed (tests/kernels and the
 # `gpu` tests: 1062 passed, the PTX hashes aside).
 STREAM_GREEDY_ARGMAX_ONLY = True
+# Blocks per step of the per-lane loop in the stream without its sums (STREAM_UNROLL for the others). Without
+# the exps the 2-block step is cheap: compiled here for sm_90a (bench/verify_stream_ptx.py, B = 64, greedy) 167
+# PTX lines a step of 2 blocks against 74 for one, 64 registers against 57 (four programs an SM either way), two
+# 16-byte loads a thread in flight (32 KB an SM against 16). With the sums 2 blocks were 360 lines, 24 ex2, and
+# no faster on the H200 (102.2 against 96.1 us, h200_2026-11-28b). Predicted: the B = 64 greedy verify from 78.0
+# us (44% of the roofline) toward ~60 (the loads in flight doubled, the instructions a value +13%); B = 1 (one
+# block a program) unchanged. bench_stream_lanes.py's "lanes_argmax_only_unroll2" / "_unroll4" against
+# "lanes_argmax_only" time it (issue25_report: STREAM_ARGMAX_UNROLL=2): 1 until a GPU shows 2 faster.
+STREAM_ARGMAX_UNROLL = 1
 # The emission's pass keeps per-lane maxima (_triton_emit.py LANES) where a program streams more
 # than one block, as the streaming pass does (plan_launches). H200 (bench/bench_stream_lanes.py,
 # K = 4, V = 128256, graph replays, bench/results/h200_2026-11-27): B = 64 T = 1, 14 blocks a
@@ -252,7 +261,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     loop of rows without rungs, per-lane statistics (True) or block reductions per step (False);
     None: per-lane where a program streams more than one block. penalties: the penalised kernels
     (same grids and launches). stream_unroll: blocks per step of the per-lane loop (None:
-    STREAM_UNROLL), lowered to the largest power of 2 that divides a chunk's blocks. selects:
+    STREAM_UNROLL, STREAM_ARGMAX_UNROLL for the stream without its sums), lowered to the largest power of 2 that divides a chunk's blocks. selects:
     True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
     them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
     emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
@@ -310,10 +319,13 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         stream_lanes = large and s_chunk > s_block_v
     if emit_lanes is None:
         emit_lanes = e_chunk > e_block_v
-    unroll = triton.next_power_of_2(max(1, stream_unroll or STREAM_UNROLL)) if stream_lanes else 1
+    selects = finish or bool(selects)
+    sums = not (modes == {"greedy"} and large and not selects
+                and (STREAM_GREEDY_ARGMAX_ONLY if stream_sums is None else not stream_sums))
+    unroll = (triton.next_power_of_2(max(1, stream_unroll or (STREAM_UNROLL if sums else STREAM_ARGMAX_UNROLL)))
+              if stream_lanes else 1)
     while unroll > 1 and s_chunk % (s_block_v * unroll):
         unroll //= 2
-    selects = finish or bool(selects)
     if rungs_launch is None:
         rungs_launch = s_chunks >= RUNGS_LAUNCH_MIN_CHUNKS and rows * s_chunks > STREAM_SELECT_PROGRAMS_PER_SM * num_sms
     rungs_launch = bool(rungs_launch) and large and selects
@@ -326,9 +338,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
                       penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile,
-                      EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities),
-                      not (modes == {"greedy"} and large and not selects
-                           and (STREAM_GREEDY_ARGMAX_ONLY if stream_sums is None else not stream_sums)))
+                      EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities), sums)
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0
