@@ -73,9 +73,9 @@ STREAM_UNROLL = 1
 # graph replays, bench_stream_lanes.py: each loop without its sums against the same loop with them, the
 # reference's tokens): B = 64 greedy verify 78.0 against 96.1 us per lane (35% -> 44% of the roofline;
 # predicted 55-60 us: a miss, the pass is not at the loads' limit yet), the block loop 79.1 / 104.4;
-# B = 1 12.7 / 13.8 (predicted unchanged: 1 us saved); the samplers 0.83-0.94x; tree_verify's greedy
-# N = 64 B = 1 0.80x. On since then; the whole CUDA suite with it on passed (tests/kernels and the
-# `gpu` tests: 1062 passed, the PTX hashes aside).
+# B = 1 12.8 / 13.4 in the block loop (B = 1's; predicted unchanged: 0.6 us saved); the samplers
+# 0.83-0.94x; tree_verify's greedy N = 64 B = 1 0.80x. On since then: with it on, tests/kernels and
+# test_tree_gpu.py passed on CUDA (918; the PTX hash test aside, re-recorded) and the 144 `gpu` tests.
 STREAM_GREEDY_ARGMAX_ONLY = True
 # Blocks per step of the per-lane loop in the stream without its sums (STREAM_UNROLL for the others). Without
 # the exps the 2-block step is cheap: compiled here for sm_90a (bench/verify_stream_ptx.py, B = 64, greedy) 167
