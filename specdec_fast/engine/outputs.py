@@ -6,13 +6,15 @@ would have built, user_cache.generation_cache, else None), and the rows that num
 scores and logits: transformers returns, for every step s of the generation, the target's raw
 logits [B, V] (``logits``) and the processed ones (``scores``: after every logits processor and,
 when sampling, the warpers), float32. A step's logits depend only on the tokens before it, so
-they are computed after the loop in ONE teacher-forced forward of the final sequences (the
+they are computed after the loop, teacher-forced over the final sequences in generate's two
+forwards (the prompt as its prefill, then every generated token but the last over that cache: the
 model's own forward, positions from the attention mask as generate() makes them; pads after a
-row's end are fed as generate() feeds them), then processed per position with that position's
+row's end are fed as generate() feeds them; the cache they fill is the one the output returns
+where the call passed none), then processed per position with that position's
 prefix (processing/, penalties included, in transformers' order), then log-softmax when
 renormalize_logits (transformers' LogitNormalization, its last processor: output_dict).
 Measured on CPU (tiny Llama, B = 3, 6 steps): equal to model.generate's within 4e-6. The loop itself is untouched: a call
-without these options pays nothing, one with them pays a forward over B x (P + T) tokens, a
+without these options pays nothing, one with them pays forwards over B x (P + T) tokens, a
 prefill's worth, instead of a [B, K+1, V] copy per iteration.
 
 hidden_states and attentions: the same idea in two forwards (step_states: the prompt alone, as
@@ -54,12 +56,24 @@ def generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
 
 
 @torch.no_grad()
-def step_logits(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int) -> torch.Tensor:
-    """float32 [B, T, V]: the target's logits at each of the T generated steps (the logits that
-    chose token P + s come from position P + s - 1), from one forward of sequences [B, P + T]."""
-    mask, positions = generation_mask(prompt_mask, sequences.shape[1] - prompt_mask.shape[1])
-    out = model(input_ids=sequences, attention_mask=mask, position_ids=positions, logits_to_keep=steps + 1)
-    return out.logits[:, :-1].float()
+def step_logits(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int) -> tuple:
+    """(float32 [B, T, V], cache): the target's logits at each of the T = ``steps`` generated steps
+    of sequences [B, P + T] (the logits that chose token P + s come from position P + s - 1), from
+    generate's two forwards: the prompt (its last position: step 0), then tokens P .. P + T - 2 over
+    its cache (steps 1 .. T - 1). The cache they filled holds the KV of every token but the last,
+    as generate leaves its own (user_cache.generation_cache's)."""
+    from ..runners.hf import cache_keyword, output_cache
+
+    width = prompt_mask.shape[1]
+    mask, positions = generation_mask(prompt_mask, steps - 1)
+    prompt = model(input_ids=sequences[:, :width], attention_mask=mask[:, :width], position_ids=positions[:, :width],
+                   use_cache=True, logits_to_keep=1)
+    logits, cache = [prompt.logits[:, -1:].float()], output_cache(prompt)
+    if steps > 1:
+        rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
+                     position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): cache})
+        logits.append(rest.logits.float())
+    return torch.cat(logits, 1), cache
 
 
 @torch.no_grad()
@@ -161,10 +175,10 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
     want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
     want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
                                     bool(opts.extra.get("output_attentions")))
-    scores = logits = hidden = attentions = None
+    scores = logits = hidden = attentions = filled = None
     width = mask.shape[1]
     if want_scores or want_logits:
-        raw = step_logits(target, tokens, mask, tokens.shape[1] - width)
+        raw, filled = step_logits(target, tokens, mask, tokens.shape[1] - width)
         if want_logits:
             logits = tuple(raw.unbind(1))
         if want_scores:
@@ -174,15 +188,14 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
             if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
                 processed = processed.log_softmax(-1)
             scores = tuple(processed.unbind(1))
-    cache = user_cache
     if want_hidden or want_attentions:
         hidden, attentions, filled = step_states(target, tokens, mask, tokens.shape[1] - width, hidden_states=want_hidden,
                                                  attentions=want_attentions, cached=cached)
-        cache = filled if new_cache else cache
-    elif new_cache:
+    cache = user_cache
+    if new_cache:  # the forwards above filled one as generate does; else its own two
         from .user_cache import generation_cache  # user_cache imports this module's generation_mask
 
-        cache = generation_cache(target, tokens, mask)
+        cache = filled if filled is not None else generation_cache(target, tokens, mask)
     return decoder_only_output(tokens, scores, logits, hidden, attentions, cache)
 
 

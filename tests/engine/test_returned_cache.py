@@ -132,3 +132,20 @@ def test_control_a_cache_fed_every_token_is_caught(monkeypatch):
     ours = specdec_fast.generate(target, ids, mask, assistant_model=draft, **KW)
     assert torch.equal(ours.sequences, theirs.sequences)
     assert same_cache(returned_cache(ours), returned_cache(theirs)) != []
+
+
+@pytest.mark.parametrize("asked", ["output_scores", "output_logits", "output_hidden_states"])
+def test_the_forwards_of_the_outputs_fill_the_cache(monkeypatch, asked):
+    """scores / logits / hidden states come from generate's two forwards after the loop, and the cache
+    those fill is the one returned: no forward of generation_cache's own (which raises here)."""
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9, 4], seed=11)
+    theirs = target.generate(ids, attention_mask=mask, **KW, **{asked: True})
+
+    def not_called(*args):
+        raise AssertionError("generation_cache ran its own forwards")
+
+    monkeypatch.setattr(user_cache_module, "generation_cache", not_called)
+    ours = specdec_fast.generate(target, ids, mask, assistant_model=draft, **KW, **{asked: True})
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert same_cache(returned_cache(ours), returned_cache(theirs)) == []
