@@ -15,6 +15,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
   - GEMV_LAYER (runners/paged_llama.py): the GEMV layer's graph replay against the cuBLAS
     layer's at every batch and step width measured, with the same greedy tokens (argmax agreement);
   - GEMV_PDL: the PDL chain against the GEMV layer without it, no error (and GEMV_LAYER on);
+  - BLAS_CUBLASLT: the step with torch's matmuls through cuBLASLt against cuBLAS (profile_step's
+    "cublaslt" rows; no flag yet: "on" says one is worth adding);
   - MERGE_IN_KERNEL (kernels/attention/triton.py): the in-kernel merge against the merge launch
     per shape, same outputs;
   - TREE_WALK_PARALLEL (kernels/tree_verify/_triton_plan.py WALK_PARALLEL): tree_verify with the
@@ -154,6 +156,22 @@ def gemv_levers(reports: dict) -> dict:
         out["GEMV_PDL"]["advice"] = "off"
         out["GEMV_PDL"]["why"].append("needs GEMV_LAYER on")
     return out
+
+
+def blas_lever(reports: dict) -> dict:
+    """BLAS_CUBLASLT (not a flag yet: runners/paged_llama.py would set torch's preferred BLAS library for
+    its captures) from profile_step's "cublaslt" rows: graph ms with cuBLASLt's matmuls over cuBLAS's, every
+    batch and step width measured."""
+    ratios, why = {}, []
+    missing = [f"B={batch} not measured" for batch, rep in reports.items() if not rep]
+    for batch, rep in reports.items():
+        for n, row in ((rep or {}).get("steps") or {}).items():
+            lt = row.get("cublaslt") or {}
+            if "error" in lt:
+                why.append(f"B={batch} {n}: {lt['error'][:120]}")
+            elif row.get("graph_ms") and "graph_ms" in lt:
+                ratios[f"B={batch} {n}"] = lt["graph_ms"] / row["graph_ms"]
+    return _advice(ratios, why, "graph ms with cuBLASLt's matmuls over cuBLAS's", missing)
 
 
 def walk_lever(report: dict | None) -> dict:
@@ -330,7 +348,7 @@ def build(results: Path, device: str) -> dict:
     tree_lines(tree, rows)
     latency = load(results, "verify_latency", device)
     lanes = load(results, "stream_lanes", device)
-    return {"device": device, "targets": rows, "levers": {**gemv_levers(plain),
+    return {"device": device, "targets": rows, "levers": {**gemv_levers(plain), "BLAS_CUBLASLT": blas_lever(plain),
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
                                                           "TREE_WALK_PARALLEL": walk_lever(tree),
                                                           "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),

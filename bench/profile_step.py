@@ -17,6 +17,10 @@ per row; B rows at a --context-token context, the context kept fixed by committi
     1..16 rows: us, bytes (weight + activations), GB/s, and time relative to 1 row (is anything
     worse picked for 2..16 rows?);
   - transformers' own eager decoding step on the same model (DynamicCache) beside ours;
+  - the same steps with torch's matmuls through cuBLASLt (torch.backends.cuda.preferred_blas_library,
+    set for the step's capture and replays, then put back) under the key "cublaslt" of each step:
+    the default cuBLAS path spent 107 us of the H200's 4.79 ms step in 64 split-K reduce launches
+    (h200_2026-11-28); whether cuBLASLt's heuristics pick kernels without them is what it shows;
   - the same steps through the GEMV layer (runners/paged_llama.py GEMV_LAYER: Triton skinny
     linears with the norms and SwiGLU fused in) under the key "gemv_layer" of each step, and
     with its products as programmatic dependent launches (GEMV_PDL) under "gemv_layer_pdl".
@@ -279,6 +283,25 @@ def gemv_layer_row(runner, args, n: int, ceiling: float, sync, pdl: bool = False
     return {**row, **timed_step(runner, step, tokens, n, args, ceiling, sync, name, profile_eager=False)}
 
 
+def blas_row(runner, args, n: int, ceiling: float, sync, library: str = "cublaslt") -> dict:
+    """One N-token step with torch's matmuls through ``library`` (preferred_blas_library, for the
+    step's warm-up, capture and replays; the caller's choice put back after): graph ms, tok/s and
+    fraction of the ceiling, kernels of a replay (are cuBLAS's split-K reduces gone?), and the
+    largest logit difference from the default library relative to the logits' scale (another
+    product order: bf16 roundings differ)."""
+    step, tokens = make_step(runner, args.batch, n, "cuda")
+    base = step(tokens).float()
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        other = step(tokens).float()
+        row = {"library": library, "logits_max_abs_diff_over_scale": ((other - base).abs().max() / base.abs().max()).item(),
+               "argmax_agreement": (other.argmax(-1) == base.argmax(-1)).float().mean().item()}
+        return {**row, **timed_step(runner, step, tokens, n, args, ceiling, sync, f"{library} N={n}", profile_eager=False)}
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 def timed_step(runner, step, tokens, n: int, args, ceiling: float, sync, name: str, profile_eager: bool = True) -> dict:
     """One N-token step, eager and as a captured graph: ms (median of args.iters), tok/s and the
     fraction of the HBM ceiling (N = 1), launches, kernels of a graph replay (and of an eager step)."""
@@ -327,6 +350,15 @@ def run_gpu(args, save=lambda report: None) -> dict:
         report["steps"][f"N={n}"] = row
         save(report)
         print(json.dumps({k: v for k, v in row.items() if not k.startswith(("profile", "launches"))}), flush=True)
+    for n in args.ns:  # the same steps with cuBLASLt's matmuls (issue 25: cuBLAS's split-K reduces)
+        row = report["steps"][f"N={n}"]
+        try:  # never run on a GPU: an error is recorded, the report goes on
+            row["cublaslt"] = blas_row(runner, args, n, ceiling, sync)
+        except Exception as exc:  # noqa: BLE001
+            row["cublaslt"] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+        save(report)
+        print(json.dumps({f"N={n} cublaslt": {k: v for k, v in row["cublaslt"].items()
+                                              if not k.startswith(("profile", "launches"))}}), flush=True)
     if runner.gemv_layer_reason() is None:  # the same steps through the GEMV layer (issue 25)
         pdl_error = None
         for key, pdl in (("gemv_layer", False), ("gemv_layer_pdl", True)):  # every N without PDL first

@@ -260,3 +260,16 @@ def test_argmax_unroll_lever_reads_the_unrolled_argmax_only_loop():
     assert issue25_report.argmax_unroll_lever({"rows": [row]}, 4)["advice"] == "unmeasured"
     wrong = dict(row, tokens_equal_reference_lanes_argmax_only_unroll2=False)
     assert issue25_report.argmax_unroll_lever({"rows": [wrong]}, 2)["advice"] == "off"
+
+
+def test_blas_lever_reads_the_cublaslt_rows():
+    """BLAS_CUBLASLT: profile_step's "cublaslt" step over the default step per batch and width; an
+    error keeps it off; a batch not profiled makes it incomplete."""
+    one = {"steps": {"N=1": {"graph_ms": 4.8, "cublaslt": {"graph_ms": 4.6}},
+                     "N=5": {"graph_ms": 5.2, "cublaslt": {"graph_ms": 5.0}}}}
+    lever = issue25_report.blas_lever({1: one, 8: None})
+    assert lever["advice"] == "incomplete" and lever["ratios"] == {"B=1 N=1": round(4.6 / 4.8, 3),
+                                                                   "B=1 N=5": round(5.0 / 5.2, 3)}
+    assert issue25_report.blas_lever({1: one, 8: one})["advice"] == "on"
+    broken = {"steps": {"N=1": {"graph_ms": 4.8, "cublaslt": {"error": "RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED"}}}}
+    assert issue25_report.blas_lever({1: broken, 8: one})["advice"] == "off"
