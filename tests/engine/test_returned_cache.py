@@ -2,6 +2,8 @@
 carries the cache transformers' generate builds and returns -- its class, its layers' classes, the KV
 of every token but the last within fp32 rounding -- so code that reads it or passes it to the next
 turn works as with model.generate. use_cache=False returns none, as generate does."""
+import warnings
+
 import pytest
 import torch
 import transformers as tf
@@ -149,3 +151,30 @@ def test_the_forwards_of_the_outputs_fill_the_cache(monkeypatch, asked):
     ours = specdec_fast.generate(target, ids, mask, assistant_model=draft, **KW, **{asked: True})
     assert torch.equal(ours.sequences, theirs.sequences)
     assert same_cache(returned_cache(ours), returned_cache(theirs)) == []
+
+
+def test_a_patched_chat_loop_reusing_the_output_cache_equals_transformers():
+    """A chat loop that knows nothing of speculation: each turn passes the previous output's cache back
+    (transformers' name for it) with the whole conversation. Under patch_generate every turn speculates
+    and gives transformers' sequences and cache."""
+    target, draft = model_pair("llama")
+
+    def chat(generate):
+        generator = torch.Generator().manual_seed(3)
+        conversation, cache, outputs = torch.randint(4, 120, (1, 7), generator=generator), None, []
+        for _ in range(3):
+            given = {} if cache is None else {cache_keyword(target): cache}
+            out = generate(conversation, attention_mask=torch.ones_like(conversation), **given, **dict(KW, eos_token_id=None))
+            outputs.append(out)
+            cache = returned_cache(out)
+            conversation = torch.cat([out.sequences, torch.randint(4, 120, (1, 4), generator=generator)], 1)
+        return outputs
+
+    theirs = chat(target.generate)
+    with specdec_fast.patch_generate(target, assistant_model=draft) as patched, warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ours = chat(patched.generate)
+    assert not [w for w in seen if "runs on transformers' generate" in str(w.message)], "a turn fell back"
+    for turn, (mine, hf) in enumerate(zip(ours, theirs)):
+        assert torch.equal(mine.sequences, hf.sequences), turn
+        assert same_cache(returned_cache(mine), returned_cache(hf)) == [], turn
