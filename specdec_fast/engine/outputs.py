@@ -170,8 +170,8 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
     tokens [B, P + T], mask the prompt's [B, P], opts the call's Options, params its
     SamplingTensors; scores / logits / hidden states / attentions when asked, and the user's
     cache with the ``cached`` prompt tokens it held (user_cache.py), else with new_cache the cache
-    generate would have built (user_cache.generation_cache: the hidden states' forwards fill it
-    where they run)."""
+    generate would have built: the one the forwards of the scores, logits or hidden states filled,
+    else user_cache.generation_cache's."""
     want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
     want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
                                     bool(opts.extra.get("output_attentions")))
