@@ -17,9 +17,9 @@ Measured on CPU (tiny Llama, B = 3, 6 steps): equal to model.generate's within 4
 without these options pays nothing, one with them pays forwards over B x (P + T) tokens, a
 prefill's worth, instead of a [B, K+1, V] copy per iteration.
 
-hidden_states and attentions: the same idea in two forwards (step_states: the prompt alone, as
-generate's prefill, whose left pads' values depend on the row's width; then the generated tokens
-over its cache).
+hidden_states and attentions: the same two forwards (step_forwards, which computes all of them at
+once: the prompt alone, as generate's prefill, whose left pads' values depend on the row's width;
+then the generated tokens over its cache).
 """
 import torch
 
@@ -56,61 +56,46 @@ def generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
 
 
 @torch.no_grad()
-def step_logits(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int) -> tuple:
-    """(float32 [B, T, V], cache): the target's logits at each of the T = ``steps`` generated steps
-    of sequences [B, P + T] (the logits that chose token P + s come from position P + s - 1), from
-    generate's two forwards: the prompt (its last position: step 0), then tokens P .. P + T - 2 over
-    its cache (steps 1 .. T - 1). The cache they filled holds the KV of every token but the last,
-    as generate leaves its own (user_cache.generation_cache's)."""
-    from ..runners.hf import cache_keyword, output_cache
-
-    width = prompt_mask.shape[1]
-    mask, positions = generation_mask(prompt_mask, steps - 1)
-    prompt = model(input_ids=sequences[:, :width], attention_mask=mask[:, :width], position_ids=positions[:, :width],
-                   use_cache=True, logits_to_keep=1)
-    logits, cache = [prompt.logits[:, -1:].float()], output_cache(prompt)
-    if steps > 1:
-        rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
-                     position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): cache})
-        logits.append(rest.logits.float())
-    return torch.cat(logits, 1), cache
-
-
-@torch.no_grad()
-def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, hidden_states: bool,
-                attentions: bool, cached: int = 0) -> tuple:
-    """(hidden_states, attentions, cache) as transformers' generate returns them for the T = ``steps``
-    generated tokens of sequences [B, P + T] (None where not asked): per step, a tuple over the
-    layers (hidden states: the embeddings first). Step 0 is the prompt's forward: [B, P, H] and
-    [B, heads, P, P]; step s >= 1 the forward of token P + s - 1: [B, 1, H] and [B, heads, 1,
-    P + s]. Two forwards, not one: the prompt alone, as generate's prefill (a left pad's query
+def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, logits: bool = False,
+                  hidden_states: bool = False, attentions: bool = False, cached: int = 0) -> tuple:
+    """(logits, hidden_states, attentions, cache) as transformers' generate computes them for the
+    T = ``steps`` generated tokens of sequences [B, P + T], from generate's two forwards (None where
+    not asked). Two forwards, not one: the prompt alone, as generate's prefill (a left pad's query
     sees no key, and what the model puts there depends on the width of the row it is in), then
     tokens P .. P + T - 2 over the prompt's cache (each query sees the keys generate's step saw;
-    equal up to fp32 rounding). Attentions are what the model gives (empty tuples for sdpa, as in
-    generate; eager attention returns them). cached: the prompt tokens a user's cache held
-    (engine/user_cache.py): they get a forward of their own and generate's prefill runs the
-    others over it, so step 0 holds positions cached .. P - 1 (queries; the attentions' keys
-    stay all P). Split as generate splits them, because eager attention spreads a left pad's
-    fully masked query over every key its forward holds. cache: the one these forwards filled,
-    holding the KV of every token but the last, as generate leaves its own (user_cache.generation_cache's)."""
+    equal up to fp32 rounding).
+
+    logits: float32 [B, T, V], the logits that chose token P + s (position P + s - 1: the prompt
+    forward's last, then the second forward's). hidden states and attentions: per step, a tuple
+    over the layers (hidden states: the embeddings first); step 0 is the prompt's forward: [B, P, H]
+    and [B, heads, P, P]; step s >= 1 the forward of token P + s - 1: [B, 1, H] and [B, heads, 1,
+    P + s]. Attentions are what the model gives (empty tuples for sdpa, as in generate; eager
+    attention returns them). cached: the prompt tokens a user's cache held (engine/user_cache.py):
+    they get a forward of their own and generate's prefill runs the others over it, so step 0 holds
+    positions cached .. P - 1 (queries; the attentions' keys stay all P). Split as generate splits
+    them, because eager attention spreads a left pad's fully masked query over every key its
+    forward holds. cache: the one these forwards filled, holding the KV of every token but the
+    last, as generate leaves its own (user_cache.generation_cache's)."""
     from ..runners.hf import cache_keyword, output_cache
 
     width = prompt_mask.shape[1]
     mask, positions = generation_mask(prompt_mask, steps - 1)
-    asked = dict(output_hidden_states=hidden_states, output_attentions=attentions, logits_to_keep=1)
+    asked = dict(output_hidden_states=hidden_states, output_attentions=attentions)
     prefix = {}
     if cached:  # the user's cache: its tokens in their own forward, generate's prefill over them
         before = model(input_ids=sequences[:, :cached], attention_mask=mask[:, :cached],
                        position_ids=positions[:, :cached], use_cache=True, logits_to_keep=1)
         prefix = {cache_keyword(model): output_cache(before)}
     prompt = model(input_ids=sequences[:, cached:width], attention_mask=mask[:, :width],
-                   position_ids=positions[:, cached:width], use_cache=True, **prefix, **asked)
-    hidden, attention = [prompt.hidden_states], [prompt.attentions]
+                   position_ids=positions[:, cached:width], use_cache=True, logits_to_keep=1, **prefix, **asked)
+    scores, hidden, attention = [prompt.logits[:, -1:].float()], [prompt.hidden_states], [prompt.attentions]
     cache = output_cache(prompt)
     if steps > 1:
         windows = _cache_windows(cache)
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
-                     position_ids=positions[:, width:], use_cache=True, **{cache_keyword(model): cache}, **asked)
+                     position_ids=positions[:, width:], use_cache=True, logits_to_keep=0 if logits else 1,
+                     **{cache_keyword(model): cache}, **asked)
+        scores.append(rest.logits.float())
         fed = width + steps - 1  # slots 0 .. fed - 1 went through the model
         for s in range(1, steps):
             hidden.append(None if rest.hidden_states is None else tuple(h[:, s - 1: s] for h in rest.hidden_states))
@@ -124,7 +109,8 @@ def step_states(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps
                 start = fed - a.shape[-1]
                 step.append(a[:, :, s - 1: s, first - start: width + s - start])
             attention.append(tuple(step))
-    return (tuple(hidden) if hidden_states else None), (tuple(attention) if attentions else None), cache
+    return (torch.cat(scores, 1) if logits else None, tuple(hidden) if hidden_states else None,
+            tuple(attention) if attentions else None, cache)
 
 
 def _cache_windows(cache) -> list:
@@ -176,9 +162,13 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
     want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
                                     bool(opts.extra.get("output_attentions")))
     scores = logits = hidden = attentions = filled = None
-    width = mask.shape[1]
+    width, steps = mask.shape[1], tokens.shape[1] - mask.shape[1]
+    if want_scores or want_logits or want_hidden or want_attentions:  # generate's two forwards, once for all
+        states = want_hidden or want_attentions  # step 0's states cover the tokens past a user's cache
+        raw, hidden, attentions, filled = step_forwards(target, tokens, mask, steps, logits=want_scores or want_logits,
+                                                        hidden_states=want_hidden, attentions=want_attentions,
+                                                        cached=cached if states else 0)
     if want_scores or want_logits:
-        raw, filled = step_logits(target, tokens, mask, tokens.shape[1] - width)
         if want_logits:
             logits = tuple(raw.unbind(1))
         if want_scores:
@@ -188,9 +178,6 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
             if opts.extra.get("renormalize_logits"):  # transformers' LogitNormalization, its last processor
                 processed = processed.log_softmax(-1)
             scores = tuple(processed.unbind(1))
-    if want_hidden or want_attentions:
-        hidden, attentions, filled = step_states(target, tokens, mask, tokens.shape[1] - width, hidden_states=want_hidden,
-                                                 attentions=want_attentions, cached=cached)
     cache = user_cache
     if new_cache:  # the forwards above filled one as generate does; else its own two
         from .user_cache import generation_cache  # user_cache imports this module's generation_mask

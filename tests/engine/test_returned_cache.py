@@ -178,3 +178,26 @@ def test_a_patched_chat_loop_reusing_the_output_cache_equals_transformers():
     for turn, (mine, hf) in enumerate(zip(ours, theirs)):
         assert torch.equal(mine.sequences, hf.sequences), turn
         assert same_cache(returned_cache(mine), returned_cache(hf)) == [], turn
+
+
+def test_scores_hidden_states_and_the_cache_come_from_one_pair_of_forwards(monkeypatch):
+    """Asked for scores, logits and hidden states at once, the output runs generate's two forwards
+    once (outputs.step_forwards, one call) and all of them, and the cache, equal model.generate's."""
+    from specdec_fast.engine import outputs as outputs_module
+
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9, 4], seed=11)
+    asked = dict(output_scores=True, output_logits=True, output_hidden_states=True)
+    theirs = target.generate(ids, attention_mask=mask, **KW, **asked)
+    calls = []
+    forwards = outputs_module.step_forwards
+    monkeypatch.setattr(outputs_module, "step_forwards", lambda *a, **k: calls.append(k) or forwards(*a, **k))
+    ours = specdec_fast.generate(target, ids, mask, assistant_model=draft, **KW, **asked)
+    assert len(calls) == 1 and calls[0]["logits"] and calls[0]["hidden_states"]
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for field in ("scores", "logits"):
+        for mine, hf in zip(getattr(ours, field), getattr(theirs, field), strict=True):
+            assert torch.allclose(mine, hf, atol=1e-5), field
+    for mine, hf in zip(ours.hidden_states, theirs.hidden_states, strict=True):
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(mine, hf, strict=True))
+    assert same_cache(returned_cache(ours), returned_cache(theirs)) == []
