@@ -7,19 +7,21 @@ residual's and Gumbel's two).
 
 Forms: a key per entry v; the token is the key's argmax, ties to the lowest index.
   none           r                                               the bytes and the argmax alone
-  gumbel_1word   log r + G(word 0 of Philox(v))                  today's noise (kernels/rng: the
-                                                                 verify kernels, the torch reference
-                                                                 and the C++ backend)
-  gumbel_4words  log r + G(word v % 4 of Philox(v // 4))         one Philox call per four entries
+  gumbel_1word   log r + G(word 0 of Philox(v))                  the noise before 2026-11-28
+  gumbel_4words  log r + G(word v % 4 of Philox(v // 4))         one Philox call per four entries:
+                                                                 kernels/rng's since (the verify
+                                                                 kernels, the torch reference and
+                                                                 the C++ backend; H200: 46.4 against
+                                                                 62.1 us at B = 64, h200_2026-11-27c)
   race_4words    r / E, E = -log U(word v % 4 of Philox(v // 4)) an exponential race: no log of r,
                                                                  one log of noise. With E = exp(-G)
                                                                  it is gumbel_4words' draw (argmax
                                                                  log r - log E = argmax r / E), the
                                                                  same tokens up to rounding
 Here G = -log(-log U) with U in (0, 1), Philox's counter is (v or v // 4, position, offset, stream),
-and r = 0 never wins. Each noise form draws exactly from r / sum(r). The last two change the noise
-as a function of (seed, offset, position, stream, v), so the torch reference and the C++ backend
-would have to change with the kernels. This benchmark measures what that would buy.
+and r = 0 never wins. Each noise form draws exactly from r / sum(r). The race would change the
+noise function once more (the torch reference and the C++ backend with the kernels); this
+benchmark measures what that would buy.
 
 The grid is the verify emission's (kernels/verify/_triton_plan.py: B = 64 -> 64 x 9 programs of
 14336 entries, 1024 at a time); r is float32 [B, V]; the chunks' winners are merged by torch
@@ -43,9 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from specdec_fast.kernels.rng import STREAM_TOKEN  # noqa: E402
-from specdec_fast.kernels.rng.reference import MASK32, gumbel, philox, random_bits, uniform_open  # noqa: E402
-from specdec_fast.kernels.rng.triton import (gumbel_from_bits, philox_bits, philox_words,  # noqa: E402
-                                             uniform_open_from_bits)
+from specdec_fast.kernels.rng.reference import MASK32, gumbel, philox, uniform_open  # noqa: E402
+from specdec_fast.kernels.rng.triton import gumbel_from_bits, philox_words, uniform_open_from_bits  # noqa: E402
 
 FORMS = {"none": 0, "gumbel_1word": 1, "gumbel_4words": 2, "race_4words": 3}
 NEG_INF = float("-inf")
@@ -82,8 +83,9 @@ def noise_argmax_kernel(r_ptr, val_ptr, idx_ptr, seed_ptr, offset_ptr, position,
         positive = inside & (r > 0)
         if FORM == 0:
             key = tl.where(inside, r, _NEG_INF)
-        elif FORM == 1:
-            g = gumbel_from_bits(philox_bits(seed, offset, pos, STREAM, idx))
+        elif FORM == 1:  # word 0 of Philox(v): the noise before 2026-11-28 (philox_bits draws the 4-word spec since)
+            w0, _, _, _ = philox_words(seed, offset, pos, STREAM, idx)
+            g = gumbel_from_bits(w0)
             key = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, _NEG_INF)
         elif FORM == 2:
             g = gumbel_from_bits(_bits_4words(seed, offset, position, STREAM, start + v0, BLOCK_V))
@@ -119,14 +121,16 @@ def draw(r, seed, offset, position, form, chunk, block_v):
 
 
 def torch_keys(r, seed, offset, position, form):
-    """The same keys in torch (float32), the noise bits from kernels/rng/reference.py."""
+    """The same keys in torch (float32), the noise bits from kernels/rng/reference.py's philox (gumbel_4words:
+    its random_bits, the kernels' spec since 2026-11-28)."""
     vocab = r.shape[1]
     v = torch.arange(vocab, device=r.device, dtype=torch.int64)[None, :]
     s, o = seed[:, None], offset[:, None]
     if form == "none":
         return r
-    if form == "gumbel_1word":
-        bits = random_bits(s, o, position, STREAM_TOKEN, v)
+    if form == "gumbel_1word":  # word 0 of Philox(v), the noise before 2026-11-28
+        bits = philox(v, torch.full_like(v, position), o & MASK32, (((o >> 32) << 8) | STREAM_TOKEN) & MASK32,
+                      s & MASK32, (s >> 32) & MASK32)[0]
     else:
         words = philox(v // 4, torch.full_like(v, position), o & MASK32, (((o >> 32) << 8) | STREAM_TOKEN) & MASK32,
                        s & MASK32, (s >> 32) & MASK32)

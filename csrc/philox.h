@@ -2,9 +2,10 @@
 //
 // Every random number is a pure function of (seed, offset, position, stream, vocab index):
 //   key     = (seed lo32, seed hi32)
-//   counter = (vocab_index, position, offset lo32, (offset >> 32) << 8 | stream)
-// and the first of the four 32-bit outputs is used. Bit-exact with kernels/rng/reference.py
-// (checked by tests/kernels/test_rng_cpp.py).
+//   counter = (vocab_index / 4, position, offset lo32, (offset >> 32) << 8 | stream)
+// and output word vocab_index % 4 of the four 32-bit outputs is used: one Philox call serves four
+// consecutive vocab indices (gumbel_block). Bit-exact with kernels/rng/reference.py (checked by
+// tests/kernels/test_rng_cpp.py).
 //
 // Everything here is plain integer/float code with no branches, so loops that call these
 // inline functions over the vocab are auto-vectorised by GCC (-O3 -march=native).
@@ -52,9 +53,9 @@ inline PhiloxKey philox_key(int64_t seed, int64_t offset, int64_t position, int 
   return key;
 }
 
-// Output 0 of Philox for vocab index v under key: the 32-bit draw of the spec.
-SPECDEC_INLINE uint32_t philox_bits(const PhiloxKey& key, uint32_t v) {
-  uint32_t c0 = v, c1 = key.c1, c2 = key.c2, c3 = key.c3;
+// The four outputs of Philox for counter word 0 = group under key (w[0..3]).
+SPECDEC_INLINE void philox_words(const PhiloxKey& key, uint32_t group, uint32_t* w) {
+  uint32_t c0 = group, c1 = key.c1, c2 = key.c2, c3 = key.c3;
   uint32_t k0 = key.k0, k1 = key.k1;
   for (int r = 0; r < kPhiloxRounds; ++r) {
     const uint64_t p0 = static_cast<uint64_t>(c0) * kPhiloxM0;
@@ -68,7 +69,17 @@ SPECDEC_INLINE uint32_t philox_bits(const PhiloxKey& key, uint32_t v) {
     k0 += kPhiloxW0;
     k1 += kPhiloxW1;
   }
-  return c0;
+  w[0] = c0;
+  w[1] = c1;
+  w[2] = c2;
+  w[3] = c3;
+}
+
+// The 32-bit draw of the spec for vocab index v under key: word v % 4 of Philox for group v / 4.
+SPECDEC_INLINE uint32_t philox_bits(const PhiloxKey& key, uint64_t v) {
+  uint32_t w[4];
+  philox_words(key, static_cast<uint32_t>(v >> 2), w);
+  return w[v & 3];
 }
 
 // [0, 1) with 24 random bits, exact.
@@ -96,10 +107,10 @@ SPECDEC_INLINE void mul_hi_lo_avx2(__m256i a, __m256i m, __m256i& hi, __m256i& l
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
 }
 
-// philox_bits(key, v0 + l) for l = 0..7, the same integer arithmetic lane by lane.
-SPECDEC_INLINE __m256i philox_bits8_avx2(const PhiloxKey& key, uint32_t v0) {
+// philox_words(key, g0 + l) for l = 0..7, the same integer arithmetic lane by lane: word t in w[t].
+SPECDEC_INLINE void philox_words8_avx2(const PhiloxKey& key, uint32_t g0, __m256i* w) {
   const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kPhiloxM0)), m1 = _mm256_set1_epi32(static_cast<int>(kPhiloxM1));
-  __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(v0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(g0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   __m256i c1 = _mm256_set1_epi32(static_cast<int>(key.c1)), c2 = _mm256_set1_epi32(static_cast<int>(key.c2));
   __m256i c3 = _mm256_set1_epi32(static_cast<int>(key.c3));
   uint32_t k0 = key.k0, k1 = key.k1;
@@ -114,20 +125,63 @@ SPECDEC_INLINE __m256i philox_bits8_avx2(const PhiloxKey& key, uint32_t v0) {
     k0 += kPhiloxW0;
     k1 += kPhiloxW1;
   }
-  return c0;
-}
-
-// g[i] = gumbel_from_bits(philox_bits(key, v0 + i)) for i < n (n a multiple of 8): the draws
-// by philox_bits8_avx2 (Philox 205 -> 91 us per 32000 draws, one thread), then the floats.
-SPECDEC_INLINE void gumbel_block(const PhiloxKey& key, int64_t v0, int64_t n, float* g) {
-  alignas(32) uint32_t bits[256];
-  for (int64_t c0 = 0; c0 < n; c0 += 256) {
-    const int64_t m = n - c0 < 256 ? n - c0 : 256;
-    for (int64_t i = 0; i < m; i += 8)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bits + i), philox_bits8_avx2(key, static_cast<uint32_t>(v0 + c0 + i)));
-    for (int64_t i = 0; i < m; ++i) g[c0 + i] = gumbel_from_bits(bits[i]);
-  }
+  w[0] = c0;
+  w[1] = c1;
+  w[2] = c2;
+  w[3] = c3;
 }
 #endif  // SPECDEC_PHILOX_AVX2
+
+// The draws of groups g0 .. g0 + groups - 1, in order: bits[4 j + t] = word t of group g0 + j (the
+// spec's draw of vocab index 4 (g0 + j) + t). AVX2: eight groups per philox_words8_avx2 call (Philox
+// 205 -> 91 us per 32000 calls, one thread); else a loop over the groups that GCC vectorises (its
+// rounds inline: through philox_words' array it did not, and the noise took 4x the time).
+constexpr int64_t kNoiseGroups = 72;
+SPECDEC_INLINE void noise_bits(const PhiloxKey& key, int64_t g0, int64_t groups, uint32_t* bits) {
+#if defined(SPECDEC_PHILOX_AVX2)
+  for (int64_t j = 0; j < groups; j += 8) {
+    __m256i words[4];
+    philox_words8_avx2(key, static_cast<uint32_t>(g0 + j), words);
+    alignas(32) uint32_t w[4][8];
+    for (int t = 0; t < 4; ++t) _mm256_store_si256(reinterpret_cast<__m256i*>(w[t]), words[t]);
+    for (int l = 0; l < 8; ++l)
+      for (int t = 0; t < 4; ++t) bits[4 * (j + l) + t] = w[t][l];
+  }
+#else
+  for (int64_t j = 0; j < groups; ++j) {
+    uint32_t c0 = static_cast<uint32_t>(g0 + j), c1 = key.c1, c2 = key.c2, c3 = key.c3;
+    uint32_t k0 = key.k0, k1 = key.k1;
+    for (int r = 0; r < kPhiloxRounds; ++r) {
+      const uint64_t p0 = static_cast<uint64_t>(c0) * kPhiloxM0;
+      const uint64_t p1 = static_cast<uint64_t>(c2) * kPhiloxM1;
+      const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+      const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+      c0 = hi1 ^ c1 ^ k0;
+      c1 = lo1;
+      c2 = hi0 ^ c3 ^ k1;
+      c3 = lo0;
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+    bits[4 * j] = c0;
+    bits[4 * j + 1] = c1;
+    bits[4 * j + 2] = c2;
+    bits[4 * j + 3] = c3;
+  }
+#endif
+}
+
+// g[i] = gumbel_from_bits(philox_bits(key, v0 + i)) for i < n: one Philox call per four indices
+// (the words of group (v0 + i) / 4 in order), then the floats. Any v0 and n.
+SPECDEC_INLINE void gumbel_block(const PhiloxKey& key, int64_t v0, int64_t n, float* g) {
+  constexpr int64_t kSpan = 4 * (kNoiseGroups - 8);  // indices a pass covers with room for v0 % 4 and rounding to 8
+  alignas(64) uint32_t bits[4 * kNoiseGroups];
+  for (int64_t c = 0; c < n; c += kSpan) {
+    const int64_t m = n - c < kSpan ? n - c : kSpan, first = v0 + c, skip = first & 3;
+    noise_bits(key, first >> 2, (skip + m + 3) >> 2, bits);
+    const uint32_t* b = bits + skip;
+    for (int64_t i = 0; i < m; ++i) g[c + i] = gumbel_from_bits(b[i]);
+  }
+}
 
 }  // namespace specdec

@@ -4,6 +4,8 @@
 //   philox_draws(seed, offset, position, vocab_index: int64 [N], stream) -> (bits int64, uniform,
 //                uniform_open, gumbel: float32 [N])
 //   fast_exp_log(x: float32 [N]) -> (exp(x), log(x))
+//   gumbel_noise(key: int64 [3] = (seed, offset, position), stream, v0, n) -> float32 [n]: gumbel_block's
+//                noise of vocab indices v0 .. v0 + n - 1 (one Philox call per four indices, the kernels' loop)
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -29,7 +31,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> philox_draws(const at
   int64_t* out = bits.data_ptr<int64_t>();
   float *pu = u.data_ptr<float>(), *puo = uo.data_ptr<float>(), *pg = g.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t x = philox_bits(philox_key(s[i], o[i], p[i], static_cast<int>(stream)), static_cast<uint32_t>(v[i]));
+    const uint32_t x = philox_bits(philox_key(s[i], o[i], p[i], static_cast<int>(stream)), static_cast<uint64_t>(v[i]));
     out[i] = x;
     pu[i] = uniform_from_bits(x);
     puo[i] = uniform_open_from_bits(x);
@@ -50,15 +52,28 @@ std::tuple<at::Tensor, at::Tensor> fast_exp_log(const at::Tensor& x) {
   return {e, l};
 }
 
+at::Tensor gumbel_noise(const at::Tensor& key, int64_t stream, int64_t v0, int64_t n) {
+  TORCH_CHECK(key.device().is_cpu() && key.scalar_type() == at::kLong && key.numel() == 3 && key.is_contiguous(),
+              "key must be a contiguous CPU int64 tensor [3]: seed, offset, position");
+  TORCH_CHECK(stream >= 0 && stream < 256, "stream must lie in [0, 256)");
+  TORCH_CHECK(v0 >= 0 && n >= 0 && v0 + n <= (int64_t(1) << 32), "vocab indices must lie in [0, 2**32)");
+  const int64_t* k = key.data_ptr<int64_t>();
+  at::Tensor g = at::empty({n}, key.options().dtype(at::kFloat));
+  gumbel_block(philox_key(k[0], k[1], k[2], static_cast<int>(stream)), v0, n, g.data_ptr<float>());
+  return g;
+}
+
 }  // namespace
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
   m.def("philox_draws(Tensor seed, Tensor offset, Tensor position, Tensor vocab_index, int stream) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("fast_exp_log(Tensor x) -> (Tensor, Tensor)");
+  m.def("gumbel_noise(Tensor key, int stream, int v0, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("philox_draws", &specdec::philox_draws);
   m.impl("fast_exp_log", &specdec::fast_exp_log);
+  m.impl("gumbel_noise", &specdec::gumbel_noise);
 }

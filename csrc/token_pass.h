@@ -60,11 +60,7 @@ ChunkBest token_chunk(const typename L::raw* trow, const RowStats& qs, bool resi
   alignas(64) float g[kBlock], sq[kBlock], sr[kBlock], yq[kBlock], yp[kBlock];
   for (int64_t b0 = v0; b0 < v1; b0 += kBlock) {
     const int64_t n = v1 - b0 < kBlock ? v1 - b0 : kBlock;
-#if defined(SPECDEC_PHILOX_AVX2)
-    gumbel_block(key, b0, kBlock, g);
-#else
-    for (int64_t i = 0; i < kBlock; ++i) g[i] = gumbel_from_bits(philox_bits(key, static_cast<uint32_t>(b0 + i)));
-#endif
+    gumbel_block(key, b0, kBlock, g);  // one Philox call per four indices
     if (qpen != nullptr) penalised_block<L>(trow + b0, b0, n, qs.divisor, *qpen, yq);
     else for (int64_t i = 0; i < n; ++i) yq[i] = L::load(trow[b0 + i]) / qs.divisor;
     for (int64_t i = n; i < kBlock; ++i) yq[i] = kNegInf;

@@ -183,11 +183,7 @@ ChunkBest final_chunk(const typename L::raw* qrow, const RowStats& qs, const typ
   alignas(64) float g[kBlock], sq[kBlock], sr[kBlock], q[kBlock], p[kBlock];
   for (int64_t b0 = v0; b0 < v1; b0 += kBlock) {
     const int64_t n = std::min(kBlock, v1 - b0);
-#if defined(SPECDEC_PHILOX_AVX2)
-    gumbel_block(key, b0, kBlock, g);
-#else
-    for (int64_t i = 0; i < kBlock; ++i) g[i] = gumbel_from_bits(philox_bits(key, static_cast<uint32_t>(b0 + i)));
-#endif
+    gumbel_block(key, b0, kBlock, g);  // one Philox call per four indices
     for (int64_t i = 0; i < n; ++i) sq[i] = L::load(qrow[b0 + i]) / qs.divisor;
     for (int64_t i = n; i < kBlock; ++i) sq[i] = kNegInf;
     for (int64_t i = 0; i < kBlock; ++i) {

@@ -3,9 +3,14 @@
 Every random number is a pure function of (seed, offset, position, stream, vocab index):
 
     key     = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)        # seed: int64 per row
-    counter = (vocab_index, position, offset & 0xFFFFFFFF, (offset >> 32) << 8 | stream)
+    counter = (vocab_index // 4, position, offset & 0xFFFFFFFF, (offset >> 32) << 8 | stream)
 
-and the first of Philox's four 32-bit outputs is used. Offsets must lie in [0, 2**56).
+and output word vocab_index % 4 of Philox's four 32-bit outputs is used: one Philox call serves
+four consecutive vocab indices (the Gumbel noise of a whole row costs V / 4 calls; on an H200 the
+B = 64 emission's noise took 46.4 us against 62.1 with one call per index, bench_noise.py's
+gumbel_4words, bench/results/h200_2026-11-27c). Before 2026-11-28 word 0 of the counter
+(vocab_index, ...) was used: a seed's draws changed then (their distribution did not; vocab
+index 0, the accept coins', draws what it drew). Offsets must lie in [0, 2**56).
 No generator objects, so it is CUDA-graph safe and reproducible per request.
 
 Floats from a 32-bit draw x (all exact in float32):

@@ -43,15 +43,18 @@ def philox(c0, c1, c2, c3, k0, k1) -> tuple[torch.Tensor, ...]:
 
 
 def random_bits(seed: torch.Tensor, offset: torch.Tensor, position, stream: int, vocab_index) -> torch.Tensor:
-    """The 32-bit draw for (seed, offset, position, stream, vocab_index), as int64 in [0, 2**32).
+    """The 32-bit draw for (seed, offset, position, stream, vocab_index), as int64 in [0, 2**32):
+    word vocab_index % 4 of Philox's output for counter word 0 = vocab_index // 4 (one Philox call
+    serves four consecutive vocab indices; index 0, the accept coins', is word 0 of counter 0).
 
     seed, offset: int64 tensors (typically [B, 1] or [B]); position, vocab_index: ints or
     int64 tensors broadcastable against them.
     """
     seed, offset, position, vocab_index = _int64_on_common_device(seed, offset, position, vocab_index)
     c3 = ((offset >> 32) << 8) | stream
-    out, _, _, _ = philox(vocab_index, position, offset & MASK32, c3 & MASK32, seed & MASK32, (seed >> 32) & MASK32)
-    return out
+    words = philox(vocab_index >> 2, position, offset & MASK32, c3 & MASK32, seed & MASK32, (seed >> 32) & MASK32)
+    word = (vocab_index & 3).expand_as(words[0])
+    return torch.where(word == 0, words[0], torch.where(word == 1, words[1], torch.where(word == 2, words[2], words[3])))
 
 
 def uniform(bits: torch.Tensor) -> torch.Tensor:

@@ -57,10 +57,34 @@ def philox_words(seed, offset, position, stream, vocab_index):
 
 @triton.jit
 def philox_bits(seed, offset, position, stream, vocab_index):
-    """uint32 draw(s) for (seed, offset, position, stream, vocab_index): the first Philox word
-    (arguments as in philox_words). Result: vocab_index's shape."""
-    c0, _, _, _ = philox_words(seed, offset, position, stream, vocab_index)
-    return c0
+    """uint32 draw(s) for (seed, offset, position, stream, vocab_index): word vocab_index % 4 of
+    Philox for counter word vocab_index // 4 (kernels/rng/__init__.py; arguments as in philox_words,
+    vocab_index a tensor). One call per draw: where a tile holds four consecutive indices per call,
+    philox_bits_grouped makes one call per four. Result: vocab_index's shape."""
+    vocab_index = vocab_index.to(tl.int64)
+    c0, c1, c2, c3 = philox_words(seed, offset, position, stream, vocab_index >> 2)
+    word = vocab_index & 3
+    return tl.where(word == 0, c0, tl.where(word == 1, c1, tl.where(word == 2, c2, c3)))
+
+
+@triton.jit
+def philox_bits_grouped(seed, offset, position, stream, first, BLOCK_V: tl.constexpr):
+    """uint32 [R, BLOCK_V]: the draws of vocab indices first .. first + BLOCK_V - 1 (first and
+    BLOCK_V multiples of 4) for the R rows of seed / offset / position ([R, 1] tensors; stream as in
+    philox_words), one Philox call per four indices: its words in order (philox_bits' values)."""
+    groups = (first // 4 + tl.arange(0, BLOCK_V // 4))[None, :]
+    c0, c1, c2, c3 = philox_words(seed, offset, position, stream, groups)
+    return tl.interleave(tl.interleave(c0, c2), tl.interleave(c1, c3))  # c0[0] c1[0] c2[0] c3[0] c0[1] ...
+
+
+@triton.jit
+def tile_bits(seed, offset, position, stream, first, idx, BLOCK_V: tl.constexpr):
+    """The draws of a tile's vocab indices idx [1, BLOCK_V] = first + arange(BLOCK_V) (first a multiple
+    of BLOCK_V) for rows [R, 1]: grouped where BLOCK_V is a multiple of 4, else one call per index."""
+    if BLOCK_V % 4 == 0:
+        return philox_bits_grouped(seed, offset, position, stream, first, BLOCK_V)
+    else:
+        return philox_bits(seed, offset, position, stream, idx)
 
 
 # seed: any int64 and different at every call of a caller that varies it; as a specialised int

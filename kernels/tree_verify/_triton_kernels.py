@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..rng import STREAM_ACCEPT
-from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
+from ..rng.triton import gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits
 from .._triton_sync import last_program_of
 from ..verify._triton_common import NEG_INF, standardised
 from ..verify._triton_emit import _argmax_update, _stats, _tile_rows, merge_chunk_candidates
@@ -200,7 +200,7 @@ def emit_kernel(
         zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
         std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
                                 tkq[:, None], amq[:, None], min_p[:, None])
-        g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], j[:, None], stream, idx))
+        g = gumbel_from_bits(tile_bits(seed[:, None], offset[:, None], j[:, None], stream, start + v0, idx, BLOCK_V))
         q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside, std_q + g, NEG_INF), idx)
         if any_rejected:
             if HAS_DRAFT_LOGITS:

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ..penalties.triton import penalise, row_penalty
 from ..rng import STREAM_ACCEPT
-from ..rng.triton import gumbel_from_bits, philox_bits, uniform_from_bits
+from ..rng.triton import gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits
 from .._triton_sync import last_program_of
 from ._triton_common import BIG_INDEX, NEG_INF, identity_skips, num_drafts, standardised
 
@@ -136,7 +136,8 @@ def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, gr
         # residual's log(max(q - p, 0)) <= log(q)): one reduction over the tile.
         could = (std_q + GUMBEL_MAX >= q_lane) | (rejected[:, None] & (r_log + GUMBEL_MAX >= r_lane))
         if tl.max(tl.max(could.to(tl.int32), axis=1), axis=0) > 0:
-            g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
+            g = gumbel_from_bits(tile_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, start + v0,
+                                           idx, BLOCK_V))
             q_lane, q_arg = _lane_update(q_lane, q_arg, std_q + g, idx)
             if any_rejected:
                 r_lane, r_arg = _lane_update(r_lane, r_arg, r_log + g, idx)
@@ -343,7 +344,8 @@ def _emit(
             could_q = tl.max(std_q, axis=1) + GUMBEL_MAX >= q_best
             could_r = rejected & (tl.log(tl.max(q, axis=1)) + GUMBEL_MAX >= r_best)
             if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:
-                g = gumbel_from_bits(philox_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, idx))
+                g = gumbel_from_bits(tile_bits(seed[:, None], offset[:, None], noise_position[:, None], stream,
+                                               start + v0, idx, BLOCK_V))
                 q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
                 if any_rejected:
                     p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p,

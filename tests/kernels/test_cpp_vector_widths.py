@@ -6,7 +6,8 @@ machines build. The second build also spells its shuffles as GCC 9-11 must
 
 Each build (csrc/paged_attention.cpp + csrc/skinny_linear.cpp) is loaded under a scratch op
 namespace: its paged attention must match float64 SDPA over test_paged_attention.py's tables, and
-its skinny_linear must equal this machine's bit for bit (one summation order on every width)."""
+its skinny_linear must equal this machine's bit for bit (one summation order on every width), and
+csrc/rng.cpp's Gumbel noise (philox.h gumbel_block: eight Philox calls a step on AVX2) the spec's."""
 import os
 import platform
 import re
@@ -17,6 +18,7 @@ import torch
 
 from specdec_fast.kernels import _cpp_build
 from tests.kernels.attention_cases import make_case, sdpa_oracle
+from tests.kernels.test_rng_cpp import GUMBEL_BLOCKS, gumbel_block_is_the_spec
 from tests.kernels.test_paged_attention import BLOCK_CASES, CASES, TOL
 
 pytestmark = [
@@ -25,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(os.environ.get("SPECDEC_FAST_NO_CPP") == "1", reason="the C++ backend is off"),
 ]
 
-SOURCES = ("paged_attention.cpp", "skinny_linear.cpp")
+SOURCES = ("paged_attention.cpp", "skinny_linear.cpp", "rng.cpp")
 # name -> (extra compiler flags, attention lanes, skinny_linear tiles, CPU flags it needs to run here)
 BUILDS = {
     "avx2": (["-mno-avx512f"], 8, "avx2", {"avx2", "fma"}),
@@ -71,6 +73,8 @@ def test_the_other_widths_give_this_machines_results(name, tmp_path_factory):
     ops = _build(name, tmp_path_factory)
     _paged_attention_matches_sdpa(name, ops)
     _skinny_linear_equals_this_machines_bit_for_bit(name, ops)
+    for v0, n in GUMBEL_BLOCKS:  # philox.h's noise loop: AVX2's eight Philox calls a step, or the portable loop
+        gumbel_block_is_the_spec(ops, v0, n)
 
 
 def _paged_attention_matches_sdpa(name, ops):

@@ -48,10 +48,29 @@ def test_philox_bits_match_the_reference(ops, stream):
 
 
 def test_philox_known_answer_through_the_stream(ops):
-    # counter (0, 0, 0, 0), key (0, 0) -> 0x6627E8D5 (Random123 known-answer vector)
-    zero = torch.zeros(1, dtype=torch.int64)
-    bits, *_ = ops.philox_draws(zero, zero, zero, zero, 0)
-    assert int(bits) == 0x6627E8D5
+    # counter (0, 0, 0, 0), key (0, 0) -> 6627e8d5 e169c58d bc57ac4c 9b00dbd8 (Random123 known-answer
+    # vector): vocab index v draws word v % 4 of counter word v // 4
+    zero = torch.zeros(4, dtype=torch.int64)
+    bits, *_ = ops.philox_draws(zero, zero, zero, torch.arange(4), 0)
+    assert [int(b) for b in bits] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+def gumbel_block_is_the_spec(ops, v0, n, seed=-7, offset=2**40 + 3, position=5):
+    """ops.gumbel_noise (csrc/rng.cpp: philox.h gumbel_block) of vocab indices v0 .. v0 + n - 1 against the spec."""
+    got = ops.gumbel_noise(torch.tensor([seed, offset, position]), STREAM_TOKEN, v0, n)
+    bits = random_bits(torch.tensor(seed), torch.tensor(offset), position, STREAM_TOKEN, torch.arange(v0, v0 + n))
+    torch.testing.assert_close(got, gumbel(bits), rtol=4e-7, atol=4e-7)
+
+
+GUMBEL_BLOCKS = [(0, 256), (1, 7), (2, 300), (3, 1), (5, 1000), (128256 - 250, 250), (2**32 - 9, 9)]
+
+
+@pytest.mark.parametrize("v0, n", GUMBEL_BLOCKS)
+def test_gumbel_block_is_the_spec_at_any_alignment(ops, v0, n):
+    """The C++ kernels' noise loop (philox.h gumbel_block: one Philox call per four indices, eight calls
+    a step on AVX2: tests/kernels/test_cpp_vector_widths.py builds that path) gives each vocab index its
+    own spec draw, wherever the block starts."""
+    gumbel_block_is_the_spec(ops, v0, n)
 
 
 def _ulps(got: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ triton = pytest.importorskip("triton")
 tl = triton.language
 
 from specdec_fast.kernels.rng.triton import (  # noqa: E402
-    gumbel_from_bits, philox_bits, uniform_from_bits, uniform_open_from_bits,
+    gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits, uniform_open_from_bits,
 )
 
 
@@ -78,15 +78,17 @@ def test_bits_and_floats_match_the_reference_bit_for_bit(device):
 
 
 def test_known_answer_counter_through_the_key_layout(device):
-    """Random123 KAT: counter (0,0,0,0), key (0,0) -> 0x6627E8D5 as the first word."""
-    zero = torch.zeros(1, dtype=torch.int64)
-    bits, *_ = _draw(zero, zero, zero, zero, zero, device)
-    assert int(bits[0]) == 0x6627E8D5
-    # counter (0xFFFFFFFF,)*4, key (0xFFFFFFFF,)*2: seed -1, offset 2**56-1 with stream 0xFF
-    # gives c2 = c3 = 0xFFFFFFFF, position and vocab 0xFFFFFFFF -> 0x408F276D.
-    ones = torch.tensor([2**32 - 1], dtype=torch.int64)
-    bits, *_ = _draw(torch.tensor([-1]), torch.tensor([2**56 - 1]), ones, torch.tensor([255]), ones, device)
-    assert int(bits[0]) == 0x408F276D
+    """Random123 KATs through the key layout: vocab index v draws word v % 4 of counter word v // 4.
+    Counter (0,0,0,0), key (0,0) -> 6627e8d5 e169c58d bc57ac4c 9b00dbd8: vocab indices 0..3."""
+    zero = torch.zeros(4, dtype=torch.int64)
+    bits, *_ = _draw(zero, zero, zero, zero, torch.arange(4), device)
+    assert [int(b) for b in bits] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    # counter (0xFFFFFFFF,)*4, key (0xFFFFFFFF,)*2 -> 408f276d 41c83b0e a20bc7c6 6d5451fd: seed -1, offset
+    # 2**56-1 with stream 0xFF gives c2 = c3 = 0xFFFFFFFF, position 0xFFFFFFFF, vocab 4 * 0xFFFFFFFF + w.
+    ones = torch.full((4,), 2**32 - 1, dtype=torch.int64)
+    bits, *_ = _draw(torch.full((4,), -1), torch.full((4,), 2**56 - 1), ones, torch.full((4,), 255),
+                     4 * ones + torch.arange(4), device)
+    assert [int(b) for b in bits] == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
 
 
 @pytest.mark.parametrize("seed,offset,position,stream", [
@@ -98,8 +100,35 @@ def test_scalar_arguments_match_the_reference(seed, offset, position, stream, de
     v = torch.arange(128)
     expected = random_bits(torch.tensor(seed), torch.tensor(offset), position, stream, v)
     assert torch.equal(out.cpu(), expected)
-    lo, _, _, _ = philox(v, position, offset & 0xFFFFFFFF, ((offset >> 32) << 8) | stream, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
-    assert torch.equal(out.cpu(), lo)
+    words = philox(v // 4, position, offset & 0xFFFFFFFF, ((offset >> 32) << 8) | stream, seed & 0xFFFFFFFF,
+                   (seed >> 32) & 0xFFFFFFFF)  # vocab index v: word v % 4 of counter v // 4
+    assert torch.equal(out.cpu(), torch.stack(words, 1)[torch.arange(128), v % 4])
+
+
+@triton.jit
+def _tile_kernel(bits_ptr, seed_ptr, offset_ptr, position_ptr, first, stream: tl.constexpr, ROWS: tl.constexpr,
+                 BLOCK_V: tl.constexpr):
+    """A verify kernel's noise tile: rows [ROWS, 1] of (seed, offset, position), vocab first .. first + BLOCK_V - 1."""
+    r = tl.arange(0, ROWS)
+    idx = (first + tl.arange(0, BLOCK_V))[None, :]
+    seed = tl.load(seed_ptr + r)[:, None]
+    offset = tl.load(offset_ptr + r)[:, None]
+    position = tl.load(position_ptr + r)[:, None]
+    bits = tile_bits(seed, offset, position, stream, first, idx, BLOCK_V)
+    tl.store(bits_ptr + r[:, None] * BLOCK_V + tl.arange(0, BLOCK_V)[None, :], bits.to(tl.int64) & 0xFFFFFFFF)
+
+
+@pytest.mark.parametrize("block_v, first", [(64, 0), (64, 128256 - 64), (16, 2**31 - 16), (2, 6), (1, 5)])
+def test_tile_draws_are_the_spec(block_v, first, device):
+    """tile_bits (the emission's and tree_verify's noise): one Philox call per four indices where the
+    tile allows (philox_bits_grouped), one per index below 4 values a tile; the spec's draws either way."""
+    seeds, offsets, positions = (t[2:6] for t in _random_keys(16, seed=3)[:3])  # edge seeds, offsets, positions
+    out = torch.empty(4, block_v, dtype=torch.int64, device=device)
+    _tile_kernel[(1,)](out, *(t.to(device) for t in (seeds, offsets, positions)), first, STREAM_TOKEN, ROWS=4,
+                       BLOCK_V=block_v)
+    v = torch.arange(first, first + block_v)
+    expected = random_bits(seeds[:, None], offsets[:, None], positions[:, None], STREAM_TOKEN, v[None, :])
+    assert torch.equal(out.cpu(), expected)
 
 
 @pytest.mark.parametrize("batch", [1, 3, 16, 1500])

