@@ -140,11 +140,12 @@ candidate_tests() {
   # the levers' exactness tests on the compiled kernels (the interpreter ran them; the latency bench checks the
   # reference's tokens at V = 128256 itself): the fused finishing search, the emission's and the residual
   # masses' identity skips (all three on since an H200 timed them, 2026-11-28), the rungs launch, the
-  # emission's own block, the greedy stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, on since 2026-11-28)
+  # emission's own block, the greedy stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, on since 2026-11-28), the
+  # Gumbel noise's four words a Philox call (kernels/rng, since 2026-11-28: test_rng_triton's tiles on the device)
   run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
     --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
     tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
-    tests/kernels/test_verify_emit_lanes.py tests/kernels/test_verify_argmax_only.py
+    tests/kernels/test_verify_emit_lanes.py tests/kernels/test_verify_argmax_only.py tests/kernels/test_rng_triton.py
 }
 
 stage_limits() {
