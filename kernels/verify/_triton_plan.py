@@ -261,8 +261,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     loop of rows without rungs, per-lane statistics (True) or block reductions per step (False);
     None: per-lane where a program streams more than one block. penalties: the penalised kernels
     (same grids and launches). stream_unroll: blocks per step of the per-lane loop (None:
-    STREAM_UNROLL, STREAM_ARGMAX_UNROLL for the stream without its sums), lowered to the largest power of 2 that divides a chunk's blocks. selects:
-    True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
+    STREAM_UNROLL, STREAM_ARGMAX_UNROLL for the stream without its sums), lowered to the largest
+    power of 2 that divides a chunk's blocks. selects: True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
     them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
     emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
     one block). rungs_launch: the rungs placed by their own launch (None: where the streaming

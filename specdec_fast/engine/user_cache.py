@@ -33,7 +33,7 @@ import torch
 
 from ..options.rules import CACHE_OPTIONS
 from .inputs import UnsupportedInputError
-from .outputs import generation_mask
+from .outputs import generation_mask, step_forwards
 
 
 def take_user_cache(extra: dict):
@@ -105,36 +105,24 @@ def extend_user_cache(model, cache, sequences: torch.Tensor, prompt_mask: torch.
     them; positions from the mask). Not one: eager attention spreads a left pad's fully masked
     query over every key its forward holds, so one forward would give the pads' KV other values
     than generate's prefill (seen: 2.8 apart; the real tokens' agree either way)."""
-    end = sequences.shape[1] - 1
+    from ..runners.hf import cache_keyword
+
+    width, end = prompt_mask.shape[1], sequences.shape[1] - 1
     capacity = _capacity(cache)
     if capacity is not None and end > capacity:  # transformers fails as it writes slot `capacity` (IndexError)
         raise ValueError(f"the cache holds at most {capacity} tokens and this call's {end + 1} tokens need {end} "
                          "(all but the last): give the StaticCache a larger max_cache_len; the cache is left as it was")
-    _feed(model, cache, sequences, prompt_mask, cached)
+    mask, positions = generation_mask(prompt_mask, end - width)
+    for first, last in ((cached, width), (width, end)):
+        if last > first:
+            model(input_ids=sequences[:, first:last], attention_mask=mask[:, :last], position_ids=positions[:, first:last],
+                  use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})
 
 
-@torch.no_grad()
 def generation_cache(model, sequences: torch.Tensor, prompt_mask: torch.Tensor):
     """The cache transformers' generate returns with return_dict_in_generate where the call passed
     none and generate built its own (Options.builds_cache): the KV of sequences [B, P + T] but the
     last token, in the cache the model's forward makes when it is given none (DynamicCache(config):
-    generate's DynamicCache(config=text config); the model's own class where it brings one). The
-    same two forwards as extend_user_cache, the first without a cache."""
-    return _feed(model, None, sequences, prompt_mask, 0)
-
-
-def _feed(model, cache, sequences: torch.Tensor, prompt_mask: torch.Tensor, cached: int):
-    """Forwards of ``model`` over sequences[:, cached:-1] into ``cache`` (None: the one the first
-    forward makes) as generate feeds them: its prefill (prompt tokens cached .. P - 1), then the
-    generated tokens but the last. Returns the cache."""
-    from ..runners.hf import cache_keyword, output_cache
-
-    width, end = prompt_mask.shape[1], sequences.shape[1] - 1
-    mask, positions = generation_mask(prompt_mask, end - width)
-    for first, last in ((cached, width), (width, end)):
-        if last > first:
-            given = {} if cache is None else {cache_keyword(model): cache}
-            out = model(input_ids=sequences[:, first:last], attention_mask=mask[:, :last],
-                        position_ids=positions[:, first:last], use_cache=True, logits_to_keep=1, **given)
-            cache = output_cache(out) if cache is None else cache
-    return cache
+    generate's DynamicCache(config=text config); the model's own class where it brings one), from
+    generate's two forwards asked for nothing else (outputs.step_forwards)."""
+    return step_forwards(model, sequences, prompt_mask, sequences.shape[1] - prompt_mask.shape[1])[3]

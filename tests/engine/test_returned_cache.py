@@ -10,6 +10,7 @@ import transformers as tf
 
 import specdec_fast
 import specdec_fast.api as api
+from specdec_fast.engine import outputs as outputs_module
 from specdec_fast.engine import user_cache as user_cache_module
 from specdec_fast.runners.hf import cache_keyword
 
@@ -128,7 +129,8 @@ def test_control_a_cache_fed_every_token_is_caught(monkeypatch):
     theirs = target.generate(ids, attention_mask=mask, **KW)
 
     def every_token(model, sequences, prompt_mask):
-        return user_cache_module._feed(model, None, torch.cat([sequences, sequences[:, -1:]], 1), prompt_mask, 0)
+        fed = torch.cat([sequences, sequences[:, -1:]], 1)
+        return outputs_module.step_forwards(model, fed, prompt_mask, fed.shape[1] - prompt_mask.shape[1])[3]
 
     monkeypatch.setattr(user_cache_module, "generation_cache", every_token)
     ours = specdec_fast.generate(target, ids, mask, assistant_model=draft, **KW)
@@ -183,8 +185,6 @@ def test_a_patched_chat_loop_reusing_the_output_cache_equals_transformers():
 def test_scores_hidden_states_and_the_cache_come_from_one_pair_of_forwards(monkeypatch):
     """Asked for scores, logits and hidden states at once, the output runs generate's two forwards
     once (outputs.step_forwards, one call) and all of them, and the cache, equal model.generate's."""
-    from specdec_fast.engine import outputs as outputs_module
-
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([6, 9, 4], seed=11)
     asked = dict(output_scores=True, output_logits=True, output_hidden_states=True)
