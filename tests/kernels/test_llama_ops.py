@@ -125,6 +125,9 @@ def test_bad_input():
 
 @pytest.mark.skipif("cpp" not in BACKENDS, reason="the C++ backend is off here")
 def test_cpp_op_checks():
+    from specdec_fast.kernels._cpp_build import load_cpu_ops
+
+    assert load_cpu_ops(), "the C++ CPU ops must build on the test machine"  # not left to an earlier test in the worker
     ops = torch.ops.specdec_fast
     with pytest.raises(RuntimeError, match="float32"):
         ops.rms_norm(torch.randn(2, 4).double(), torch.randn(4).double(), 1e-6)

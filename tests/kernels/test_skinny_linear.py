@@ -133,6 +133,9 @@ def test_bad_input():
 
 @needs_cpp
 def test_cpp_op_checks():
+    from specdec_fast.kernels._cpp_build import load_cpu_ops
+
+    assert load_cpu_ops(), "the C++ CPU ops must build on the test machine"  # not left to an earlier test in the worker
     op = torch.ops.specdec_fast.skinny_linear
     x, w = torch.randn(3, 8), torch.randn(5, 8)
     with pytest.raises(RuntimeError, match="float32"):
@@ -186,5 +189,8 @@ def test_skinny_linear_n_bad_input():
     with pytest.raises(ValueError, match="K = 8"):
         skinny_linear_n(x, [torch.randn(4, 8), torch.randn(4, 9)])
     if "cpp" in BACKENDS:
+        from specdec_fast.kernels._cpp_build import load_cpu_ops
+
+        assert load_cpu_ops(), "the C++ CPU ops must build on the test machine"
         with pytest.raises(RuntimeError, match="one entry"):
             torch.ops.specdec_fast.skinny_linear_n(x, [torch.randn(4, 8)], [])

@@ -11,6 +11,15 @@ from tests.kernels.backends import kernel_backends
 pytestmark = pytest.mark.skipif("cpp" not in kernel_backends(), reason="the C++ backend is off here")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _cpu_ops():
+    """The library loaded for the tests that call torch.ops.specdec_fast directly (not left to an earlier test in
+    the worker: alone, they found no op)."""
+    from specdec_fast.kernels._cpp_build import load_cpu_ops
+
+    assert load_cpu_ops(), "the C++ CPU ops must build on the test machine"
+
+
 def _emulate(x, w, bias, residual):
     """y [M, N] float32 summed in csrc/skinny_linear.cpp's order. "rows" weights (unit stride
     along K): 16 lane accumulators over k steps of 16, reduced (l + l+8, halves, then
