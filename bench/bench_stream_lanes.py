@@ -16,6 +16,7 @@ time both loops without the sums (stream_sums=False: the max and the argmax alon
 tokens' only need) and with them (stream_sums=True), whichever the plan's default.
 
     python bench/bench_stream_lanes.py [--quick] [--budget-s S] [--out bench/results/stream_lanes_<device>.json]
+    python bench/bench_stream_lanes.py --greedy-batches 16,32,128 [--out bench/results/stream_lanes_greedy_<device>.json]
     python bench/bench_stream_lanes.py --smoke [--quick] [--out F]   # this code on a tiny shape, CPU
         interpreter (not a measurement; JSON only with --out: tests/test_bench_stream_lanes.py)
 Not a test: pytest collects nothing here.
@@ -48,12 +49,25 @@ VARIANTS = {"lanes": dict(stream_lanes=True), "block_loop": dict(stream_lanes=Fa
 # Variants of some modes only: the stream without its sums serves greedy rows alone
 # (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY, the greedy rows' default since 2026-11-28: "lanes" and "block_loop"
 # follow it there); issue25_report compares each argmax-only loop with the same loop with its sums pinned.
-# The argmax-only per-lane loop 2 and 4 blocks a step (_triton_plan.STREAM_ARGMAX_UNROLL; issue25_report compares them
-# with "lanes_argmax_only", one block a step).
+# The argmax-only per-lane loop 2 and 4 blocks a step (_triton_plan.STREAM_ARGMAX_UNROLL, 4 where a lane takes two
+# steps since 2026-11-28; issue25_report compares them with "lanes_argmax_only", one block a step, and reads
+# the rows' planned_unroll_* for the plan's own choice).
 ONLY_MODES = {name: ("greedy",) for name in ("lanes_argmax_only", "block_argmax_only", "lanes_sums", "block_sums",
                                              "lanes_argmax_only_unroll2", "lanes_argmax_only_unroll4")}
 SHAPES = [(batch, 4, vocab) for vocab in (32000, 128256) for batch in (1, 8, 64)]
 QUICK_MODES = ("greedy", "T=1")  # --quick: issue 25's rows (the verify table's QUICK_SHAPES)
+
+
+def planned_unroll(case, overrides: dict, device) -> dict:
+    """The blocks a step the plan gives the "lanes" variant's streaming loop (_triton_plan.STREAM_ARGMAX_UNROLL
+    for greedy rows), verify and sampler: {"planned_unroll_verify": n, "planned_unroll_sample": n}."""
+    from specdec_fast.kernels.verify.triton import plan_for
+
+    kw = dict(overrides, **VARIANTS["lanes"])
+    return {"planned_unroll_verify": plan_for(case.batch, case.k, case.vocab, True, device, kw,
+                                              modes=case.params.modes).stream_unroll,
+            "planned_unroll_sample": plan_for(case.batch, 0, case.vocab, False, device, kw,
+                                              modes=case.params.modes).stream_unroll}
 
 
 def main(argv=None) -> dict:
@@ -64,6 +78,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
     ap.add_argument("--quick", action="store_true", help="issue 25's rows only: B 1 / 64 at V 128256, greedy and T=1")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many seconds")
+    ap.add_argument("--greedy-batches", help="comma-separated batches: greedy rows alone at V 128256 (the argmax-only "
+                    "stream's blocks a step where its lanes are 8 / 16 / 64 blocks: B 16 / 32 / 128)")
     args = ap.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (or --smoke)")
@@ -72,14 +88,20 @@ def main(argv=None) -> dict:
     bandwidth = measured and measured["ceiling_Bps"]
     ov = dict(cap=128, num_chunks=2) if args.smoke else {}  # the smoke shape takes the large-vocabulary path
     rows, budget = [], RowBudget(args.budget_s)
-    cases = verify_cases([(2, 2, 600)] if args.smoke else QUICK_SHAPES if args.quick else SHAPES, MODES, device,
-                         torch.float32 if args.smoke else torch.bfloat16, budget,
-                         keep=lambda mode: not args.quick or mode in QUICK_MODES)
+    if args.greedy_batches:
+        shapes = [(2, 2, 600)] if args.smoke else [(int(b), 4, 128256) for b in args.greedy_batches.split(",")]
+        keep = lambda mode: mode == "greedy"  # noqa: E731
+    else:
+        shapes = [(2, 2, 600)] if args.smoke else QUICK_SHAPES if args.quick else SHAPES
+        keep = lambda mode: not args.quick or mode in QUICK_MODES  # noqa: E731
+    cases = verify_cases(shapes, MODES, device, torch.float32 if args.smoke else torch.bfloat16, budget, keep=keep)
     for case in cases:
         verify_bytes = (case.target.numel() + case.draft.numel()) * case.target.element_size()
         sample_bytes = case.logits.numel() * case.logits.element_size()
         row = dict(B=case.batch, K=case.k, V=case.vocab, mode=case.mode, verify_bytes=verify_bytes,
                    sample_bytes=sample_bytes)
+        if case.mode == "greedy":  # the plan's blocks a step in the "lanes" variant (issue25_report: STREAM_ARGMAX_UNROLL)
+            row.update(planned_unroll(case, ov, device))
         names = [name for name in VARIANTS if case.mode in ONLY_MODES.get(name, (case.mode,))]
         for name in names:
             kw = dict(ov, **VARIANTS[name])

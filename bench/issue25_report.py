@@ -32,7 +32,10 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     loop without the streaming sums over the same loop with them, and bench_tree's greedy rows
     (tree_verify with the flag flipped), the reference's tokens;
   - STREAM_ARGMAX_UNROLL=2 / =4 (kernels/verify/_triton_plan.py): bench_stream_lanes' greedy rows, the
-    argmax-only per-lane loop 2 / 4 blocks a step over one, the reference's tokens;
+    argmax-only per-lane loop 2 / 4 blocks a step over one, the reference's tokens; "(the plan's)": the same
+    for the blocks a step the plan takes per row and call (4 since an H200 timed them on 2026-11-28, where a
+    lane streams two steps; the rows record it), with the greedy rows of `bench_stream_lanes --greedy-batches`
+    (stream_lanes_greedy_<device>.json) beside the quick ones;
   - the streaming variants per row: the fastest variant with the reference's tokens.
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
 attention shapes a budget left out) reads "incomplete"; flipping any lever is the session's
@@ -306,6 +309,26 @@ def argmax_unroll_lever(report: dict | None, unroll: int) -> dict:
     return _advice(ratios, why, f"us of the argmax-only stream {unroll} blocks a step over 1 (greedy rows)", missing)
 
 
+def argmax_unroll_rule_lever(report: dict | None) -> dict:
+    """STREAM_ARGMAX_UNROLL as the plan takes it (4 where a lane streams two steps of 4, else halved: _triton_plan)
+    from bench_stream_lanes' greedy rows that record it (planned_unroll_verify / _sample): the pinned loop of the
+    planned blocks a step over one block a step (lanes_argmax_only_unroll<n> / lanes_argmax_only), the calls the
+    plan unrolls, the reference's tokens ("on": keep the rule)."""
+    ratios, why = {}, []
+    for r in (report or {}).get("rows", []):
+        for call in ("verify", "sample"):
+            n = r.get(f"planned_unroll_{call}", 1)
+            variant = f"lanes_argmax_only_unroll{n}"
+            if n == 1 or f"{call}_{variant}" not in r or f"{call}_lanes_argmax_only" not in r:
+                continue
+            where = f"B={r['B']} V={r['V']} {r['mode']} {call} {n} blocks a step"
+            ratios[where] = r[f"{call}_{variant}"]["median_us"] / r[f"{call}_lanes_argmax_only"]["median_us"]
+            if not r.get(f"tokens_equal_reference_{variant}", False):
+                why.append(f"{where}: other tokens than the reference")
+    missing = [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
+    return _advice(ratios, why, "us of the argmax-only stream the plan's blocks a step over 1 (greedy rows)", missing)
+
+
 def stream_variants(report: dict | None) -> list:
     """Per row of bench_stream_lanes: the plan's loop ('lanes') and the fastest variant with the
     reference's tokens."""
@@ -348,6 +371,9 @@ def build(results: Path, device: str) -> dict:
     tree_lines(tree, rows)
     latency = load(results, "verify_latency", device)
     lanes = load(results, "stream_lanes", device)
+    greedy_lanes = load(results, "stream_lanes_greedy", device)  # bench_stream_lanes --greedy-batches: the rule's rows
+    unroll_rows = {"rows": (lanes or {}).get("rows", []) + (greedy_lanes or {}).get("rows", []),
+                   "not_run": (lanes or {}).get("not_run", []) + (greedy_lanes or {}).get("not_run", [])}
     return {"device": device, "targets": rows, "levers": {**gemv_levers(plain), "BLAS_CUBLASLT": blas_lever(plain),
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
                                                           "TREE_WALK_PARALLEL": walk_lever(tree),
@@ -356,7 +382,8 @@ def build(results: Path, device: str) -> dict:
                                                              for name, (way, what) in LATENCY_LEVERS.items()},
                                                           "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes, tree),
                                                           **{f"STREAM_ARGMAX_UNROLL={n}": argmax_unroll_lever(lanes, n)
-                                                             for n in (2, 4)}},
+                                                             for n in (2, 4)},
+                                                          "STREAM_ARGMAX_UNROLL (the plan's)": argmax_unroll_rule_lever(unroll_rows)},
             "stream_variants": stream_variants(lanes),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}

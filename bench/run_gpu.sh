@@ -148,6 +148,13 @@ candidate_tests() {
     tests/kernels/test_verify_emit_lanes.py tests/kernels/test_verify_argmax_only.py tests/kernels/test_rng_triton.py
 }
 
+stream_lanes_greedy() {
+  # the argmax-only stream's blocks a step (STREAM_ARGMAX_UNROLL) where its lanes are 8 / 16 / 64 blocks, which the
+  # H200 run that turned it on (2026-11-28, lanes of 4 and 32 blocks) did not time
+  run --cap 80 python3 bench/bench_stream_lanes.py --greedy-batches 16,32,128 --budget-s "$(budget 40 80)" \
+    --out "$results/stream_lanes_greedy_$dev.json"
+}
+
 stage_limits() {
   # Issue 25 (the GPU at its limits), most decisive first; every part writes its JSON as it goes or
   # stops on its --budget-s. Reported together by bench/issue25_report.py at the end. (The emission's noise
@@ -161,6 +168,7 @@ stage_limits() {
   # EMIT_ONE_ROW_BLOCK_V=256 and DEFAULTS_OF_2026_11_28); the B = 1 rows first
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
+  stream_lanes_greedy
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
   run --cap 120 python3 bench/bench_gemv.py --gpu --no-sweep --rows 1,5 --out "$results/gemv_nosweep_$dev.json"
   candidate_tests
@@ -180,8 +188,9 @@ stage_levers() {
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
   # the streaming variants, the greedy rows without their sums among them (STREAM_GREEDY_ARGMAX_ONLY) and that
-  # loop 2 / 4 blocks a step (STREAM_ARGMAX_UNROLL, 1 until timed)
+  # loop 2 / 4 blocks a step (STREAM_ARGMAX_UNROLL: 4 where a lane takes two steps, since 2026-11-28)
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
+  stream_lanes_greedy
   # LEVERS_GPU_TESTS=0: leave them to a whole-suite call that follows (`tests` runs them too)
   if [ "${LEVERS_GPU_TESTS:-1}" = 1 ]; then stage_tests "" gpu; fi
   echo "+ python3 bench/issue25_report.py --device $dev --out $results/issue25_$dev.json"

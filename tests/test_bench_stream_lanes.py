@@ -33,6 +33,22 @@ def test_quick_smoke_rows_feed_the_report(tmp_path):
     lever = issue25_report.argmax_lever(report)  # the smoke's times are no measurement: the ratios' keys only
     assert set(lever["ratios"]) == {f"B=2 V=600 greedy {loop} {call}" for loop in ("lanes", "block_loop")
                                     for call in ("verify", "sample")}
+    # the plan's blocks a step for the "lanes" variant, recorded on greedy rows (the smoke's shape: one lane of
+    # one 1024-value block under the interpreter's tiles, one block a step)
+    assert (rows[0]["planned_unroll_verify"], rows[0]["planned_unroll_sample"]) == (1, 1)
+    assert "planned_unroll_verify" not in rows[1]
     variants = issue25_report.stream_variants(report)
     assert [v["row"] for v in variants] == [f"B=2 V=600 {mode}" for mode in bench_stream_lanes.QUICK_MODES]
     assert all(v["best"] in bench_stream_lanes.VARIANTS for v in variants)
+
+
+@pytest.mark.cpu_only
+def test_greedy_batches_time_greedy_rows_alone(tmp_path):
+    """--greedy-batches (run_gpu.sh's stream_lanes_greedy: the argmax-only stream's blocks a step at more lane
+    lengths): greedy rows only, each recording the plan's blocks a step; the report's rule lever reads them."""
+    out = tmp_path / "stream_lanes_greedy_smoke.json"
+    bench_stream_lanes.main(["--smoke", "--greedy-batches", "16", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["greedy"] and "planned_unroll_sample" in rows[0]
+    assert rows[0]["tokens_equal_reference_lanes_argmax_only_unroll4"] is True
+    assert issue25_report.argmax_unroll_rule_lever({"rows": rows})["advice"] == "unmeasured"  # one block a step here

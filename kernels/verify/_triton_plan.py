@@ -77,15 +77,19 @@ STREAM_UNROLL = 1
 # 0.83-0.94x; tree_verify's greedy N = 64 B = 1 0.80x. On since then: with it on, tests/kernels and
 # test_tree_gpu.py passed on CUDA (918; the PTX hash test aside, re-recorded) and the 144 `gpu` tests.
 STREAM_GREEDY_ARGMAX_ONLY = True
-# Blocks per step of the per-lane loop in the stream without its sums (STREAM_UNROLL for the others). Without
-# the exps the 2-block step is cheap: compiled here for sm_90a (bench/verify_stream_ptx.py, B = 64, greedy) 167
-# PTX lines a step of 2 blocks against 74 for one, 64 registers against 57 (four programs an SM either way), two
-# 16-byte loads a thread in flight (32 KB an SM against 16). With the sums 2 blocks were 360 lines, 24 ex2, and
-# no faster on the H200 (102.2 against 96.1 us, h200_2026-11-28b). Predicted: the B = 64 greedy verify from 78.0
-# us (44% of the roofline) toward ~60 (the loads in flight doubled, the instructions a value +13%); B = 1 (one
-# block a program) unchanged. bench_stream_lanes.py's "lanes_argmax_only_unroll2" / "_unroll4" against
-# "lanes_argmax_only" time it (issue25_report: STREAM_ARGMAX_UNROLL=2): 1 until a GPU shows 2 faster.
-STREAM_ARGMAX_UNROLL = 1
+# Blocks per step of the per-lane loop in the stream without its sums (STREAM_UNROLL for the others), taken where
+# a lane streams at least STREAM_ARGMAX_MIN_STEPS steps of them (else halved until it does, or until it divides the
+# lane's blocks). Compiled for sm_90a (bench/verify_stream_ptx.py, B = 64, greedy): 2 blocks a step 64 registers
+# (four programs an SM, 32 KB of loads in flight), 4 blocks 79 (three programs, 48 KB), one block 57 (four, 16 KB).
+# Measured on an H200 at 952d456 (bench/results/h200_2026-11-28c, bench_stream_lanes.py, K = 4, V = 128256, graph
+# replays, the reference's tokens): the B = 64 verify (576 rows, 32 blocks a lane) 77.2 us with one block a step,
+# 66.9 with 2, 62.0 with 4 (45% -> 56% of the roofline; predicted ~60); the B = 64 sampler (64 rows, 4 blocks a
+# lane) 18.6 / 17.9 / 19.1: four blocks in a single step are slower (three programs an SM put its 1024 programs in
+# three waves against two), hence the two steps. B = 1 takes the block loop (one block a program) and is
+# unchanged; lanes forced at one block a lane: 13.0 / 13.2 / 13.2 (no step to unroll). Not measured: lanes of 8
+# and 16 blocks (B = 16 / 32 verify), which take 4 blocks a step by this rule (two and four steps).
+STREAM_ARGMAX_UNROLL = 4
+STREAM_ARGMAX_MIN_STEPS = 2
 # The emission's pass keeps per-lane maxima (_triton_emit.py LANES) where a program streams more
 # than one block, as the streaming pass does (plan_launches). H200 (bench/bench_stream_lanes.py,
 # K = 4, V = 128256, graph replays, bench/results/h200_2026-11-27): B = 64 T = 1, 14 blocks a
@@ -261,8 +265,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     loop of rows without rungs, per-lane statistics (True) or block reductions per step (False);
     None: per-lane where a program streams more than one block. penalties: the penalised kernels
     (same grids and launches). stream_unroll: blocks per step of the per-lane loop (None:
-    STREAM_UNROLL, STREAM_ARGMAX_UNROLL for the stream without its sums), lowered to the largest
-    power of 2 that divides a chunk's blocks. selects: True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
+    STREAM_UNROLL, or for the stream without its sums STREAM_ARGMAX_UNROLL lowered until a lane
+    takes STREAM_ARGMAX_MIN_STEPS steps, its chunk then rounded up to whole steps unless
+    num_chunks is given), lowered to the largest power of 2 that divides a chunk's blocks. selects: True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
     them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
     emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
     one block). rungs_launch: the rungs placed by their own launch (None: where the streaming
@@ -324,6 +329,15 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                 and (STREAM_GREEDY_ARGMAX_ONLY if stream_sums is None else not stream_sums))
     unroll = (triton.next_power_of_2(max(1, stream_unroll or (STREAM_UNROLL if sums else STREAM_ARGMAX_UNROLL)))
               if stream_lanes else 1)
+    if stream_unroll is None and not sums:
+        # the argmax-only stream's own unroll: halved until a lane takes STREAM_ARGMAX_MIN_STEPS steps, then the
+        # lanes rounded up to whole steps unless their number is pinned (fewer, longer lanes: B = 128's one lane
+        # of 63 blocks takes 64)
+        while unroll > 1 and s_chunk < STREAM_ARGMAX_MIN_STEPS * unroll * s_block_v:
+            unroll //= 2
+        if num_chunks is None:
+            s_chunk = triton.cdiv(s_chunk, unroll * s_block_v) * unroll * s_block_v
+            s_chunks = triton.cdiv(vocab, s_chunk)
     while unroll > 1 and s_chunk % (s_block_v * unroll):
         unroll //= 2
     if rungs_launch is None:

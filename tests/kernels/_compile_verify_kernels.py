@@ -112,11 +112,13 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
 
 # (logits dtype, B, K, V, draft logits, host modes, penalties): verify at B = 1 and 64, the draft
 # sampler, a small vocabulary (modes unknown: every launch); the greedy variants (the selection
-# writes the tokens); the penalised kernels of the verify and the sampler.
+# writes the tokens; at B = 64 the argmax-only stream 4 blocks a step); the penalised kernels of the verify
+# and the sampler.
 SHAPES = (
     ("*bf16", 1, 4, 128256, True, None, False), ("*bf16", 64, 4, 128256, True, None, False),
     ("*fp32", 1, 0, 128256, False, None, False), ("*fp16", 8, 3, 1000, False, None, False),
     ("*bf16", 1, 4, 128256, True, frozenset({"greedy"}), False), ("*fp32", 1, 0, 128256, False, frozenset({"greedy"}), False),
+    ("*bf16", 64, 4, 128256, True, frozenset({"greedy"}), False),
     ("*fp16", 8, 3, 1000, True, frozenset({"greedy"}), False),
     ("*bf16", 1, 4, 128256, True, None, True), ("*fp32", 1, 0, 128256, False, None, True),
     ("*fp16", 8, 3, 1000, True, None, True), ("*bf16", 1, 4, 128256, True, frozenset({"greedy"}), True),
@@ -156,11 +158,15 @@ VARIANTS = (
     # the greedy streaming pass with its sums (_triton_plan.STREAM_GREEDY_ARGMAX_ONLY off; on, the pass without
     # them, since an H200 timed it on 2026-11-28: bench_stream_lanes.py's "lanes_argmax_only" / "block_argmax_only"
     # variants against "lanes" / "block_loop"): the verify at B = 1 (the block loop) and 64 (per lane), plain and
-    # penalised, and the draft sampler's (K = 0)
-    ("sums", (select_stream_kernel, select_stream_penalised_kernel), dict(SUMS=True),
+    # penalised, and the draft sampler's (K = 0), one block a step as that stream took; and the argmax-only stream
+    # one block a step
+    # (_triton_plan.STREAM_ARGMAX_UNROLL = 1; 4 where a lane takes two steps of 4 since an H200 timed it on
+    # 2026-11-28: bench_stream_lanes.py's "lanes_argmax_only" against "lanes_argmax_only_unroll4"), the verify at B = 64
+    ("sums", (select_stream_kernel, select_stream_penalised_kernel), dict(SUMS=True, UNROLL=1),
      (("*bf16", 1, 4, True, False), ("*bf16", 64, 4, False, False), ("*bf16", 64, 4, False, True),
       ("*fp32", 1, 0, False, False)),
      frozenset({"greedy"})),
+    ("unroll1", (select_stream_kernel,), dict(UNROLL=1), (("*bf16", 64, 4, True, False),), frozenset({"greedy"})),
 )
 
 

@@ -3,7 +3,7 @@ plan's stream_sums, _triton_plan.STREAM_GREEDY_ARGMAX_ONLY): the greedy tokens n
 distribution's lowest argmax (_triton_greedy.py), so the stream keeps the max and the argmax alone.
 Token for token against the torch reference and against the stream with its sums, on logits full of
 exact ties (small integers: a distribution's maximum sits in several lanes and chunks), over the
-per-lane loop (1 and 2 blocks a step) and the block loop, with and without draft logits and
+per-lane loop (1, 2 and 4 blocks a step, the plan's own lanes rounded up to whole steps) and the block loop, with and without draft logits and
 penalties, for the verify and the greedy sampler. Control: the tie data decides tokens -- the
 reference with the highest index of the maximum instead of the lowest gives other tokens, so a
 stream that lost the lowest-index rule would fail here (checked by hand: ">=" for ">" in the
@@ -30,6 +30,11 @@ CASES = [  # (batch, k, draft logits, penalties, plan overrides)
     (2, 2, True, False, dict(num_chunks=2, block_v=32, stream_lanes=True, stream_unroll=2)),
     (3, 1, False, True, dict(num_chunks=4, block_v=64, stream_lanes=False)),
     (1, 4, True, True, dict(num_chunks=2, block_v=64, stream_lanes=True)),
+    # the plan's own unroll (STREAM_ARGMAX_UNROLL, lanes of at least two steps) and its chunks rounded up to whole
+    # steps (test_the_plan_rounds_lanes_to_whole_steps): the verifies' lanes of 20 blocks (one chunk past V = 600,
+    # 19 blocks) and 12, 4 blocks a step; the B = 1 sampler's lanes of 6 blocks, 2 a step, its last chunk 24 values
+    (2, 2, True, True, dict(block_v=32, stream_lanes=True)),
+    (1, 1, False, False, dict(block_v=32, stream_lanes=True)),
 ]
 
 
@@ -135,3 +140,39 @@ def test_sums_stay_where_a_row_samples():
     assert plan_launches(2, 3, 1000, True, num_sms=132, interpreting=False, modes=frozenset({"greedy"}),
                          stream_sums=False).stream_sums  # small vocabularies: their own kernel, unchanged
     assert not plan({"greedy"}, emits=False).stream_sums  # tree_verify's statistics of greedy rows
+
+
+def test_the_plan_rounds_lanes_to_whole_steps():
+    """The argmax-only stream's unroll (_triton_plan.STREAM_ARGMAX_UNROLL, STREAM_ARGMAX_MIN_STEPS): taken where
+    a lane streams at least two steps of it, halved otherwise, and the lanes rounded up to whole steps; the
+    CASES above run the two interpreter plans asserted here. At the H200's shapes (K = 4, V = 128256): the B = 64
+    verify 4 blocks a step (timed: 62.0 against 77.2 us), the B = 64 sampler 2 (17.9 against 18.6; 4 in one step
+    19.1), B = 128's one lane of 63 blocks rounded to 64."""
+    from specdec_fast.kernels.verify._triton_plan import plan_launches
+
+    def plan(batch, k, vocab, with_draft, interpreting=True, **kw):
+        return plan_launches(batch, k, vocab, with_draft, num_sms=1 if interpreting else 132, interpreting=interpreting,
+                             modes=frozenset({"greedy"}), cap=CAP if interpreting else None, **kw)
+
+    def lanes(p):
+        assert p.stream_lanes and not p.stream_sums
+        return p.stream_unroll, p.select_chunk, p.select_chunks
+
+    assert lanes(plan(2, 2, V, True, block_v=32)) == (4, 640, 1)  # 19 blocks: one lane of 20, past V
+    assert lanes(plan(1, 1, V, False, block_v=32)) == (4, 384, 2)  # 10 blocks a lane -> 12
+    assert lanes(plan(1, 0, V, False, block_v=32)) == (2, 192, 4)  # the sampler: 5 blocks -> 6, 2 a step
+    assert lanes(plan(2, 0, V, False, block_v=32)) == (4, 384, 2)
+
+    def gpu(batch, k, with_draft):
+        p = plan(batch, k, 128256, with_draft, interpreting=False)
+        return p.stream_unroll, p.select_chunk // p.select_block_v, p.select_chunks
+
+    assert gpu(64, 4, True) == (4, 32, 2) and gpu(64, 0, False) == (2, 4, 16) and gpu(128, 4, True) == (4, 64, 1)
+    assert gpu(8, 4, True) == (2, 6, 11) and gpu(4, 4, True) == (1, 3, 21) and gpu(1, 4, True)[0] == 1
+    # the sums keep STREAM_UNROLL; a pinned unroll or chunk count is taken as given (lowered to divide a lane)
+    assert plan(64, 4, 128256, True, interpreting=False, stream_sums=True).stream_unroll == _triton_plan.STREAM_UNROLL
+    assert plan(64, 0, 128256, False, interpreting=False, stream_unroll=4).stream_unroll == 4
+    assert (plan(2, 2, V, True, block_v=32, num_chunks=1).select_chunk, plan(2, 2, V, True, block_v=32, num_chunks=1)
+            .stream_unroll) == (608, 1)  # 19 blocks: 4 a step halved to the one that divides them
+    assert plan(2, 2, V, True, block_v=32, num_chunks=2).stream_unroll == 2  # lanes of 10 blocks: 2 divides them
+    assert plan(2, 2, V, True, block_v=64, num_chunks=2).stream_unroll == 1  # lanes of 5: under two steps of 4, 2 odd

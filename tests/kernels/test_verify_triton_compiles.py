@@ -34,8 +34,8 @@ def test_verify_kernels_compile_for_sm90():
     # finishing kernels with the earlier search (FINISH_SEARCH_TILE = 0: plain, penalised, the sampler's) and the
     # fused search's 2048 tile; the emission without its identity skips (EMIT_SKIP_IDENTITIES off; B = 1 and 64);
     # the greedy streaming pass with its sums (STREAM_GREEDY_ARGMAX_ONLY off: B = 1, B = 64 plain and penalised,
-    # the sampler's)
-    assert done.stdout.count("compiled") == 39
+    # the sampler's); the B = 64 greedy verify's stream (4 blocks a step) and that stream one block a step
+    assert done.stdout.count("compiled") == 41
     # The penalty-free kernels' PTX instructions (debug lines aside) equal those recorded at 5fab9c4, before
     # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
     # The greedy-mode selection kernels were re-recorded when SELECTS (no row uses top-k / top-p / min-p)
@@ -60,6 +60,8 @@ def test_verify_kernels_compile_for_sm90():
     # The four emission kernels were re-recorded when the Gumbel noise began drawing four vocab indices from
     # one Philox call (kernels/rng/__init__.py, 2026-11-28): the B = 64 per-lane loop went from 2324 to 1993
     # PTX lines a step at the same 168 registers (bench/results/verify_stream_ptx_sm90.json emit_rows).
+    # The B = 64 greedy verify's stream joined the recording when an H200's timing made it take 4 blocks a
+    # step (STREAM_ARGMAX_UNROLL, 2026-11-28); the script's "+unroll1" line gives the kernel it took before.
     if triton.__version__ != PTX_TRITON:  # another Triton writes other PTX: the compiles above are the check
         return
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
