@@ -36,7 +36,8 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     for the blocks a step the plan takes per row and call (4 since an H200 timed them on 2026-11-28, where a
     lane streams two steps; the rows record it), with the greedy rows of `bench_stream_lanes --greedy-batches`
     (stream_lanes_greedy_<device>.json) beside the quick ones;
-  - the streaming variants per row: the fastest variant with the reference's tokens.
+  - the streaming variants per row: the fastest variant with the reference's tokens;
+  - the verify's slowest kernels per batch and mode (verify_kernel_split.py: device time per kernel).
 A lever whose measured rows say on while rows it needs were not measured (profile_step at B = 8,
 attention shapes a budget left out) reads "incomplete"; flipping any lever is the session's
 decision (the suite on CUDA must pass with it on).
@@ -125,6 +126,20 @@ def tree_kernel_split(report: dict | None) -> list:
     census = (_tree_row(report, nodes=64) or {}).get("tree_kernels") or {}
     return [{"kernel": name.removeprefix("other: "), "launches": launches, "us": round(us, 1)}
             for name, launches, us in census.get("families_count_us", [])]
+
+
+def verify_kernel_split(report: dict | None, top: int = 3) -> list:
+    """verify_kernel_split.py's rows: per batch and mode, the verify's device time (the GPU's busy time a
+    call) and its ``top`` slowest kernels [kernel, launches, us], the reference's tokens or not."""
+    out = []
+    for r in (report or {}).get("rows", []):
+        census = r.get("verify") or {}
+        out.append({"row": f"B={r['B']} {r['mode']}", "busy_us": round(1e3 * census["gpu_busy_ms"], 1)
+                    if "gpu_busy_ms" in census else None,
+                    "kernels": [[name, launches, round(us, 1)] for name, launches, us in
+                                census.get("families_count_us", [])[:top]],
+                    "error": census.get("error"), "tokens_equal_reference": r.get("tokens_equal_reference")})
+    return out
 
 
 def gemv_levers(reports: dict) -> dict:
@@ -385,6 +400,7 @@ def build(results: Path, device: str) -> dict:
                                                              for n in (2, 4)},
                                                           "STREAM_ARGMAX_UNROLL (the plan's)": argmax_unroll_rule_lever(unroll_rows)},
             "stream_variants": stream_variants(lanes),
+            "verify_kernels": verify_kernel_split(load(results, "verify_kernels", device)),
             "tree_kernels": tree_kernel_split(tree),
             "suite": suite_line(results, device)}
 
@@ -405,6 +421,12 @@ def markdown(report: dict) -> str:
     if report["tree_kernels"]:
         lines += ["", "| tree_verify T=1 N=64 B=1 kernel | launches | us (eager, per call) |", "|---|---|---|"]
         lines += [f"| {k['kernel']} | {k['launches']:g} | {k['us']} |" for k in report["tree_kernels"]]
+    if report.get("verify_kernels"):
+        lines += ["", "| verify row | GPU busy us | slowest kernels (launches, us per call) | reference's tokens |",
+                  "|---|---|---|---|"]
+        lines += [f"| {v['row']} | {'-' if v['busy_us'] is None else v['busy_us']} | "
+                  f"{'; '.join(f'{n} x{c:g} {u}' for n, c, u in v['kernels']) or v['error'] or '-'} | "
+                  f"{mark[v['tokens_equal_reference']]} |" for v in report["verify_kernels"]]
     lines += ["", f"suite: {report['suite'] or 'no log'}"]
     return "\n".join(lines)
 

@@ -9,11 +9,11 @@
 # Stages (times on an H100 unless said; the stages marked * were never run whole):
 #     bash bench/run_gpu.sh tests      # the whole suite on CUDA (gpu tests included)   ~4-6 min (H200,
 #                                      # 2460 tests at ceaec11: 301 s)
-#     bash bench/run_gpu.sh limits     # issue 25 (H200: 224 s), most decisive first: plain decoding's step with the
+#     bash bench/run_gpu.sh limits     # issue 25 (H200: 396 s at 952d456), most decisive first: plain decoding's step with the
 #                                      # cuBLAS / GEMV / GEMV+PDL layers (B=1), the verify rows of the
 #                                      # targets, attention's merge forms, tree_verify N=64 vs chain K=8
 #                                      # (and its residual skips), the verify's candidate defaults
-#                                      # (bench_verify_latency.py), the streaming variants, the step
+#                                      # (bench_verify_latency.py), the verify's time per kernel, the streaming variants, the step
 #                                      # at B=8, the GEMV kernel vs cuBLAS, the candidates' tests on
 #                                      # CUDA; then bench/issue25_report.py (targets met? levers to flip?)
 #     bash bench/run_gpu.sh levers     # the verify's levers' tests and timings, then `-m gpu` tests (H200: 305 s
@@ -167,6 +167,9 @@ stage_limits() {
   # the verify's levers, each flipped beside the defaults (issue25_report's FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES,
   # EMIT_ONE_ROW_BLOCK_V=256 and DEFAULTS_OF_2026_11_28); the B = 1 rows first
   run --cap 170 python3 bench/bench_verify_latency.py --budget-s "$(budget 120 170)" --out "$results/verify_latency_$dev.json"
+  # the verify's device time per kernel, B 1 / 8 / 64 x greedy / T=1 / top_k / top_p / min_p (B = 64 top_p = 0.9:
+  # 2230 us against 791 for top_k = 50 on the H200, h200_2026-11-28c: which launch)
+  run --cap 90 python3 bench/verify_kernel_split.py --budget-s "$(budget 60 90)" --out "$results/verify_kernels_$dev.json"
   run --cap 100 python3 bench/bench_stream_lanes.py --quick --budget-s "$(budget 50 100)" --out "$results/stream_lanes_$dev.json"
   stream_lanes_greedy
   run --cap 120 python3 bench/profile_step.py --quick --batch 8 --ns 1 --out "$results/profile_step_b8_$dev.json"
