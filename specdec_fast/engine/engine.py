@@ -48,7 +48,7 @@ from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokeni
                      max_positions, tokenizer_key)
 from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
-from .outputs import expand_rows, output_dict, return_sequences
+from .outputs import expand_rows, forwards_asked, output_dict, return_sequences
 from .stopping import call_limits
 from .tensor_parallel import check_output, check_tp_call, group_for, head_facts, request_facts, tp_runner
 from .tree_loop import TreeDecoder
@@ -480,13 +480,15 @@ class SpeculativeEngine:
         if self.tp is not None:
             stats.extra["tensor_parallel"] = dict(ranks=self.tp.size, rank=self.tp.rank, backend=self.tp.backend,
                                                   shard_draft=self.shard_draft, k_schedule="constant")
-        if call.user_cache is not None:  # left as transformers' generate leaves it
-            extend_user_cache(self.target, call.user_cache, tokens, mask, call.cached)
+        forwards = None
+        if call.user_cache is not None:  # left as transformers' generate leaves it; the output's forwards with it
+            forwards = extend_user_cache(self.target, call.user_cache, tokens, mask, call.cached, **forwards_asked(opts))
         if opts.extra.get("return_dict_in_generate"):
             # no cache passed: the one transformers' generate would have built and returned (none from a
             # ShardedCausalLM, which has no forward of its own)
             new_cache = call.user_cache is None and opts.builds_cache and not isinstance(self.target, ShardedCausalLM)
-            tokens = output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached, new_cache)
+            tokens = output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached, new_cache,
+                                 forwards)
         return (tokens, stats) if return_stats else tokens
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:

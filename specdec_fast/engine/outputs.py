@@ -56,8 +56,16 @@ def generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
 
 
 @torch.no_grad()
+def forwards_asked(opts) -> dict:
+    """What of step_forwards' outputs a call's output dict needs (step_forwards' keywords): logits for
+    output_scores / output_logits, hidden_states, attentions; all False without return_dict_in_generate."""
+    extra = opts.extra if opts.extra.get("return_dict_in_generate") else {}
+    return dict(logits=bool(extra.get("output_scores") or extra.get("output_logits")),
+                hidden_states=bool(extra.get("output_hidden_states")), attentions=bool(extra.get("output_attentions")))
+
+
 def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, logits: bool = False,
-                  hidden_states: bool = False, attentions: bool = False, cached: int = 0) -> tuple:
+                  hidden_states: bool = False, attentions: bool = False, cached: int = 0, cache=None) -> tuple:
     """(logits, hidden_states, attentions, cache) as transformers' generate computes them for the
     T = ``steps`` generated tokens of sequences [B, P + T], from generate's two forwards (None where
     not asked). Two forwards, not one: the prompt alone, as generate's prefill (a left pad's query
@@ -74,15 +82,19 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     they get a forward of their own and generate's prefill runs the others over it, so step 0 holds
     positions cached .. P - 1 (queries; the attentions' keys stay all P). Split as generate splits
     them, because eager attention spreads a left pad's fully masked query over every key its
-    forward holds. cache: the one these forwards filled, holding the KV of every token but the
-    last, as generate leaves its own (user_cache.generation_cache's)."""
+    forward holds. cache: a user's cache holding the KV of those ``cached`` tokens (user_cache.extend_user_cache):
+    the forwards run over it, as generate's do, instead of a forward of their own for them, and leave it
+    extended in place. Returned cache: the one these forwards filled (that one where given), holding the KV
+    of every token but the last, as generate leaves its own (user_cache.generation_cache's)."""
     from ..runners.hf import cache_keyword, output_cache
 
     width = prompt_mask.shape[1]
     mask, positions = generation_mask(prompt_mask, steps - 1)
     asked = dict(output_hidden_states=hidden_states, output_attentions=attentions)
     prefix = {}
-    if cached:  # the user's cache: its tokens in their own forward, generate's prefill over them
+    if cache is not None:  # the user's cache holds them: generate's prefill runs the others over it
+        prefix = {cache_keyword(model): cache}
+    elif cached:  # its tokens in their own forward, generate's prefill over them
         before = model(input_ids=sequences[:, :cached], attention_mask=mask[:, :cached],
                        position_ids=positions[:, :cached], use_cache=True, logits_to_keep=1)
         prefix = {cache_keyword(model): output_cache(before)}
@@ -151,22 +163,25 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
     return standardise(processed, params) if do_sample else processed
 
 
-def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0, new_cache: bool = False):
+def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0, new_cache: bool = False,
+                forwards=None):
     """transformers' GenerateDecoderOnlyOutput for a call that asked return_dict_in_generate:
     tokens [B, P + T], mask the prompt's [B, P], opts the call's Options, params its
     SamplingTensors; scores / logits / hidden states / attentions when asked, and the user's
     cache with the ``cached`` prompt tokens it held (user_cache.py), else with new_cache the cache
     generate would have built: the one the forwards of the scores, logits or hidden states filled,
-    else user_cache.generation_cache's."""
+    else user_cache.generation_cache's. forwards: step_forwards' (logits, hidden states, attentions, cache)
+    where the call's user cache was extended by them (user_cache.extend_user_cache), else None (run here)."""
     want_scores, want_logits = bool(opts.extra.get("output_scores")), bool(opts.extra.get("output_logits"))
     want_hidden, want_attentions = (bool(opts.extra.get("output_hidden_states")),
                                     bool(opts.extra.get("output_attentions")))
     scores = logits = hidden = attentions = filled = None
     width, steps = mask.shape[1], tokens.shape[1] - mask.shape[1]
-    if want_scores or want_logits or want_hidden or want_attentions:  # generate's two forwards, once for all
+    if forwards is not None:
+        raw, hidden, attentions, _ = forwards
+    elif want_scores or want_logits or want_hidden or want_attentions:  # generate's two forwards, once for all
         states = want_hidden or want_attentions  # step 0's states cover the tokens past a user's cache
-        raw, hidden, attentions, filled = step_forwards(target, tokens, mask, steps, logits=want_scores or want_logits,
-                                                        hidden_states=want_hidden, attentions=want_attentions,
+        raw, hidden, attentions, filled = step_forwards(target, tokens, mask, steps, **forwards_asked(opts),
                                                         cached=cached if states else 0)
     if want_scores or want_logits:
         if want_logits:

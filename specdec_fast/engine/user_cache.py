@@ -15,7 +15,8 @@ their own paged KV, and the cache's tensors are never read: the tokens are the s
 input_ids, up to the rounding between a cached and a whole prefill. Then ``extend_user_cache``
 brings the cache to the state generate leaves it in: forwards of the target over
 sequences[:, L:-1] on top of it (the prompt's, then the generated tokens'), with the mask and
-positions generate makes. So a call with a cache costs one extra prefill of its new tokens (the prompt past L and the generated tokens); the
+positions generate makes; the scores, logits, hidden states or attentions the output asks come from
+those same forwards. So a call with a cache costs one extra prefill of its new tokens (the prompt past L and the generated tokens); the
 cached prefix itself is prefilled again by our runners (not copied from the cache: a cache's
 layout and RoPE are the model's, ours are the runner's).
 
@@ -97,26 +98,31 @@ def _capacity(cache):
 
 
 @torch.no_grad()
-def extend_user_cache(model, cache, sequences: torch.Tensor, prompt_mask: torch.Tensor, cached: int) -> None:
+def extend_user_cache(model, cache, sequences: torch.Tensor, prompt_mask: torch.Tensor, cached: int,
+                      logits: bool = False, hidden_states: bool = False, attentions: bool = False):
     """Leave ``cache`` (holding the KV of the prompt's first ``cached`` tokens) as transformers'
-    generate leaves it: the KV of sequences [B, P + T] but the last token. Two forwards of
-    ``model``: generate's prefill (prompt tokens cached .. P - 1), then the generated tokens but
-    the last (the mask: the prompt's [B, P] then ones, pads after EOS included, as generate feeds
-    them; positions from the mask). Not one: eager attention spreads a left pad's fully masked
-    query over every key its forward holds, so one forward would give the pads' KV other values
-    than generate's prefill (seen: 2.8 apart; the real tokens' agree either way)."""
-    from ..runners.hf import cache_keyword
+    generate leaves it: the KV of sequences [B, P + T] but the last token. Generate's two forwards of
+    ``model`` over it (outputs.step_forwards): its prefill (prompt tokens cached .. P - 1), then the
+    generated tokens but the last (the mask: the prompt's [B, P] then ones, pads after EOS included,
+    as generate feeds them; positions from the mask). Not one: eager attention spreads a left pad's
+    fully masked query over every key its forward holds, so one forward would give the pads' KV other
+    values than generate's prefill (seen: 2.8 apart; the real tokens' agree either way).
 
+    logits / hidden_states / attentions: what the call's output dict asks (outputs.forwards_asked), computed
+    by the same forwards, over the user's cache as generate's are: returns step_forwards' tuple for
+    outputs.output_dict, or None where nothing is asked, and where attentions are asked of a cache other
+    than a DynamicCache (a static cache's attentions span its whole length: the output then runs its own
+    forwards, as for a call without a cache)."""
     width, end = prompt_mask.shape[1], sequences.shape[1] - 1
     capacity = _capacity(cache)
     if capacity is not None and end > capacity:  # transformers fails as it writes slot `capacity` (IndexError)
         raise ValueError(f"the cache holds at most {capacity} tokens and this call's {end + 1} tokens need {end} "
                          "(all but the last): give the StaticCache a larger max_cache_len; the cache is left as it was")
-    mask, positions = generation_mask(prompt_mask, end - width)
-    for first, last in ((cached, width), (width, end)):
-        if last > first:
-            model(input_ids=sequences[:, first:last], attention_mask=mask[:, :last], position_ids=positions[:, first:last],
-                  use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})
+    asked = dict(logits=logits, hidden_states=hidden_states, attentions=attentions)
+    if attentions and type(cache).__name__ != "DynamicCache":
+        asked = dict(logits=False, hidden_states=False, attentions=False)
+    forwards = step_forwards(model, sequences, prompt_mask, end + 1 - width, cached=cached, cache=cache, **asked)
+    return forwards if any(asked.values()) else None
 
 
 def generation_cache(model, sequences: torch.Tensor, prompt_mask: torch.Tensor):

@@ -273,3 +273,73 @@ def test_a_cache_with_a_cache_implementation_raises_as_generate_does(where):
     else:
         assert isinstance(theirs, str) and "Passing both `cache_implementation`" in theirs
         assert ours == theirs
+
+
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+def test_the_outputs_come_from_the_forwards_that_extend_the_cache(monkeypatch, cache_kind):
+    """With a cache, the scores, logits and hidden states come from the two forwards that extend it
+    (user_cache.extend_user_cache -> outputs.step_forwards over the caller's cache, as generate's run over
+    it): one call of step_forwards, two forwards of the target after the loop (before: a forward of the
+    cached tokens of its own and the outputs' two, then the extension's two), all equal model.generate's."""
+    from specdec_fast.engine import outputs as outputs_module
+    from specdec_fast.engine import user_cache as user_cache_module
+
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([6, 9, 4], seed=13)
+    prefix = _prefix_cache(target, ids, mask, 5, cache_kind)
+    theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+              output_hidden_states=True, output_scores=True, output_logits=True)
+    theirs = target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), **kw)
+    calls, forwards = [], outputs_module.step_forwards
+    monkeypatch.setattr(user_cache_module, "step_forwards", lambda *a, **k: calls.append(k) or forwards(*a, **k))
+    monkeypatch.setattr(outputs_module, "step_forwards", lambda *a, **k: pytest.fail("a second pair of forwards"))
+    after_loop = []
+    extend = user_cache_module.extend_user_cache
+
+    def counted(*args, **kwargs):
+        handle = target.register_forward_hook(lambda *_: after_loop.append(1))
+        try:
+            return extend(*args, **kwargs)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(engine_module, "extend_user_cache", counted)
+    ours = api.generate(target, ids, mask, cache=ours_cache, assistant_model=draft, **kw)
+    assert len(calls) == 1 and calls[0]["cache"] is ours_cache and calls[0]["logits"] and calls[0]["hidden_states"]
+    assert len(after_loop) == 2
+    assert torch.equal(ours.sequences, theirs.sequences) and _same_cache(ours_cache, theirs_cache)
+    for field in ("scores", "logits"):
+        for mine, hf in zip(getattr(ours, field), getattr(theirs, field), strict=True):
+            torch.testing.assert_close(mine, hf, atol=1e-4, rtol=1e-4)
+    for mine, hf in zip(ours.hidden_states, theirs.hidden_states, strict=True):
+        for a, b in zip(mine, hf, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+def test_attentions_past_a_cache_equal_generate(cache_kind):
+    """output_attentions (eager attention) with a cache: from the extension's forwards over a DynamicCache,
+    equal to transformers' in shape and value; from the output's own forwards over a StaticCache, whose
+    attentions in transformers span the cache's whole length (max_cache_len keys, zero past the tokens so
+    far) where ours span the tokens so far: equal on those (a difference of shape left as it is; README)."""
+    from .models import make_model
+
+    target = make_model("llama", attn="eager")
+    target.generation_config.eos_token_id = None
+    ids, mask = left_padded_prompts([6, 9, 4], seed=11)
+    prefix = _prefix_cache(target, ids, mask, 5, cache_kind)
+    theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_attentions=True)
+    theirs = target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), **kw)
+    ours = api.generate(target, ids, mask, cache=ours_cache, **kw)
+    assert torch.equal(ours.sequences, theirs.sequences) and _same_cache(ours_cache, theirs_cache)
+    assert len(ours.attentions) == len(theirs.attentions) == NEW
+    for mine, hf in zip(ours.attentions, theirs.attentions, strict=True):
+        for a, b in zip(mine, hf, strict=True):
+            if cache_kind == "static":
+                assert b.shape[-1] == prefix.layers[0].max_cache_len > a.shape[-1]
+                assert not b[..., a.shape[-1]:].any()
+                b = b[..., :a.shape[-1]]
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
