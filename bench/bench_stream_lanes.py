@@ -21,7 +21,6 @@ tokens' only need) and with them (stream_sums=True), whichever the plan's defaul
         interpreter (not a measurement; JSON only with --out: tests/test_bench_stream_lanes.py)
 Not a test: pytest collects nothing here.
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import versions, write_result  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
 from verify_gpu_table import (QUICK_SHAPES, _entry, _time, bandwidth_fields, roofline_bandwidth,  # noqa: E402
-                              verify_cases)
+                              side_by_side_args, verify_cases)
 
 MODES = {"greedy": dict(temperature=0.0), "T=1": {}, "top_k=50": dict(top_k=50)}
 # name -> overrides of chain_verify_triton / sample_triton; "lanes" is the plan's default loop
@@ -73,17 +72,12 @@ def planned_unroll(case, overrides: dict, device) -> dict:
 def main(argv=None) -> dict:
     from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out")
-    ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
-    ap.add_argument("--quick", action="store_true", help="issue 25's rows only: B 1 / 64 at V 128256, greedy and T=1")
-    ap.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many seconds")
-    ap.add_argument("--greedy-batches", help="comma-separated batches: greedy rows alone at V 128256 (the argmax-only "
-                    "stream's blocks a step where its lanes are 8 / 16 / 64 blocks: B 16 / 32 / 128)")
-    args = ap.parse_args(argv)
-    if not args.smoke and not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA device (or --smoke)")
-    device = torch.device("cpu" if args.smoke else "cuda")
+    def add(ap):
+        ap.add_argument("--quick", action="store_true", help="issue 25's rows only: B 1 / 64 at V 128256, greedy and T=1")
+        ap.add_argument("--greedy-batches", help="comma-separated batches: greedy rows alone at V 128256 (the argmax-only "
+                        "stream's blocks a step where its lanes are 8 / 16 / 64 blocks: B 16 / 32 / 128)")
+
+    args, device = side_by_side_args(__doc__, argv, add)
     measured = roofline_bandwidth(device)
     bandwidth = measured and measured["ceiling_Bps"]
     ov = dict(cap=128, num_chunks=2) if args.smoke else {}  # the smoke shape takes the large-vocabulary path

@@ -30,7 +30,6 @@ under do_bench (median us), each way, and whether each gives the torch reference
     python bench/bench_verify_latency.py --smoke [--out F]   # a tiny shape through the CPU interpreter
         (not a measurement; JSON only with --out: tests/test_bench_verify_latency.py)
 """
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import versions, write_result  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
-from verify_gpu_table import _time, verify_cases  # noqa: E402
+from verify_gpu_table import _time, side_by_side_args, verify_cases  # noqa: E402
 
 from specdec_fast.kernels.verify import _triton_plan as _plan  # noqa: E402
 
@@ -89,14 +88,7 @@ def _measure_way(row, name, way, smoke, case):
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out")
-    ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
-    ap.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many seconds")
-    args = ap.parse_args(argv)
-    if not args.smoke and not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA device (or --smoke)")
-    device = torch.device("cpu" if args.smoke else "cuda")
+    args, device = side_by_side_args(__doc__, argv)
     # the smoke shape: the large-vocabulary path with several chunks a row, B = 1 (every way runs there)
     ov = dict(cap=128, num_chunks=4, block_v=64) if args.smoke else {}
     rows, budget = [], RowBudget(args.budget_s)

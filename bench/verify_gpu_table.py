@@ -27,6 +27,7 @@ calls with a wall clock: it proves the script runs, not how fast anything is.
 --data random: target logits N(0, 3^2), draft = target + N(0, 1) (the issue's measurements);
 --data peaked: an LLM-like profile (8 tokens 10-16 above a N(0, 1.5^2) bulk: ~90% of the mass).
 """
+import argparse
 import dataclasses
 import sys
 import time
@@ -61,6 +62,22 @@ QUICK_MODES = ("greedy", "T=1", "top_k=50", "top_p=0.9")
 SMOKE_CAP = 128
 SMOKE_LARGE_MODES = ("T=1", "top_k=50+top_p=0.9")
 PATH_NAMES = {1: "top_set", 2: "gathered_by_chunks", 4: "swept_by_one_program", 8: "single_key"}
+
+
+def side_by_side_args(doc: str, argv, add=None):
+    """(args, device) of a side-by-side verify bench (bench_stream_lanes, bench_verify_latency,
+    verify_kernel_split): --out, --smoke (a tiny shape through the CPU interpreter), --budget-s, and what
+    add(parser) adds; SystemExit without a CUDA device unless --smoke."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many seconds")
+    if add is not None:
+        add(ap)
+    args = ap.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device (or --smoke)")
+    return args, torch.device("cpu" if args.smoke else "cuda")
 
 
 def make_logits(batch, k, vocab, data, device, dtype, seed=0):

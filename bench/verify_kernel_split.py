@@ -15,7 +15,6 @@ top_k = 50 and 214 for T = 1, with every row's threshold on the one-program-a-ro
         calls and their tokens only (no CUDA kernel to profile; not a measurement)
 Not a test: pytest collects nothing here.
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import versions, write_result  # noqa: E402
 from gpu_timing import RowBudget  # noqa: E402
-from verify_gpu_table import verify_cases  # noqa: E402
+from verify_gpu_table import side_by_side_args, verify_cases  # noqa: E402
 
 MODES = {"greedy": dict(temperature=0.0), "T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9),
          "min_p=0.05": dict(min_p=0.05)}
@@ -47,14 +46,7 @@ def census(fn, profile) -> dict:
 def main(argv=None) -> dict:
     from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out")
-    ap.add_argument("--smoke", action="store_true", help="tiny shape through the interpreter (set TRITON_INTERPRET=1)")
-    ap.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many seconds")
-    args = ap.parse_args(argv)
-    if not args.smoke and not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA device (or --smoke)")
-    device = torch.device("cpu" if args.smoke else "cuda")
+    args, device = side_by_side_args(__doc__, argv)
     if not args.smoke:
         from gpu_timing import profile_kernels
     overrides = SMOKE_OVERRIDES if args.smoke else {}

@@ -31,13 +31,24 @@ def python_parts(output: str) -> list[list[str]]:
     return parts
 
 
+def parser_sources(script: Path) -> str:
+    """The script's text and that of the bench modules it imports from (a parser they share:
+    verify_gpu_table.side_by_side_args)."""
+    text = script.read_text()
+    for name in re.findall(r"^from (\w+) import", text, re.M):
+        module = script.parent / f"{name}.py"
+        if module.exists():
+            text += module.read_text()
+    return text
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_part_takes_its_flags(stage):
     parts = python_parts(dry_run(stage, DEADLINE_S="100000"))
     if stage != "tests":
         assert parts, f"stage {stage} printed no part"
     for script, *args in parts:
-        source = (ROOT / script).read_text()
+        source = parser_sources(ROOT / script)
         for flag in (a.split("=")[0] for a in args if a.startswith("--")):
             assert f'"{flag}"' in source, f"{script} has no {flag} (stage {stage})"
 
