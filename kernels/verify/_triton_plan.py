@@ -90,6 +90,10 @@ STREAM_GREEDY_ARGMAX_ONLY = True
 # and 16 blocks (B = 16 / 32 verify), which take 4 blocks a step by this rule (two and four steps).
 STREAM_ARGMAX_UNROLL = 4
 STREAM_ARGMAX_MIN_STEPS = 2
+# A block's time at 1 / 2 / 4 blocks a step, relative to one (the B = 64 verify above: 77.2 / 66.9 / 62.0 us over
+# lanes of 32 blocks). Rounding a lane up to whole steps streams masked blocks too (V = 50257, B = 64: lanes of 13
+# blocks would take 16 at 4 a step): the plan takes the blocks a step whose rounded lane costs least by these.
+STREAM_ARGMAX_STEP_COST = {1: 1.0, 2: 0.866, 4: 0.80}
 # The emission's pass keeps per-lane maxima (_triton_emit.py LANES) where a program streams more
 # than one block, as the streaming pass does (plan_launches). H200 (bench/bench_stream_lanes.py,
 # K = 4, V = 128256, graph replays, bench/results/h200_2026-11-27): B = 64 T = 1, 14 blocks a
@@ -266,8 +270,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     None: per-lane where a program streams more than one block. penalties: the penalised kernels
     (same grids and launches). stream_unroll: blocks per step of the per-lane loop (None:
     STREAM_UNROLL, or for the stream without its sums STREAM_ARGMAX_UNROLL lowered until a lane
-    takes STREAM_ARGMAX_MIN_STEPS steps, its chunk then rounded up to whole steps unless
-    num_chunks is given), lowered to the largest power of 2 that divides a chunk's blocks. selects: True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
+    takes STREAM_ARGMAX_MIN_STEPS steps and, unless num_chunks is given, to the one whose chunk rounded
+    up to whole steps costs least by STREAM_ARGMAX_STEP_COST, the chunk then rounded), lowered to the
+    largest power of 2 that divides a chunk's blocks. selects: True compiles the streaming kernel with its top-k / top-p / min-p code even where no row uses
     them (the earlier kernel, for side-by-side timing); None: exactly where some row may.
     emit_lanes: the emission's per-lane pass (None: where an emission program streams more than
     one block). rungs_launch: the rungs placed by their own launch (None: where the streaming
@@ -330,12 +335,16 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     unroll = (triton.next_power_of_2(max(1, stream_unroll or (STREAM_UNROLL if sums else STREAM_ARGMAX_UNROLL)))
               if stream_lanes else 1)
     if stream_unroll is None and not sums:
-        # the argmax-only stream's own unroll: halved until a lane takes STREAM_ARGMAX_MIN_STEPS steps, then the
-        # lanes rounded up to whole steps unless their number is pinned (fewer, longer lanes: B = 128's one lane
-        # of 63 blocks takes 64)
+        # the argmax-only stream's own unroll: at most what lets a lane take STREAM_ARGMAX_MIN_STEPS steps; where the
+        # number of lanes is not pinned, the one whose lane rounded up to whole steps costs least
+        # (STREAM_ARGMAX_STEP_COST), the lanes then rounded (fewer, longer lanes: B = 128's one lane of 63 blocks
+        # takes 64)
         while unroll > 1 and s_chunk < STREAM_ARGMAX_MIN_STEPS * unroll * s_block_v:
             unroll //= 2
         if num_chunks is None:
+            blocks = s_chunk // s_block_v
+            unroll = min((u for u in STREAM_ARGMAX_STEP_COST if u <= unroll),
+                         key=lambda u: (triton.cdiv(blocks, u) * u * STREAM_ARGMAX_STEP_COST[u], u))
             s_chunk = triton.cdiv(s_chunk, unroll * s_block_v) * unroll * s_block_v
             s_chunks = triton.cdiv(vocab, s_chunk)
     while unroll > 1 and s_chunk % (s_block_v * unroll):

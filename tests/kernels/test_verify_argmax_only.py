@@ -30,9 +30,10 @@ CASES = [  # (batch, k, draft logits, penalties, plan overrides)
     (2, 2, True, False, dict(num_chunks=2, block_v=32, stream_lanes=True, stream_unroll=2)),
     (3, 1, False, True, dict(num_chunks=4, block_v=64, stream_lanes=False)),
     (1, 4, True, True, dict(num_chunks=2, block_v=64, stream_lanes=True)),
-    # the plan's own unroll (STREAM_ARGMAX_UNROLL, lanes of at least two steps) and its chunks rounded up to whole
-    # steps (test_the_plan_rounds_lanes_to_whole_steps): the verifies' lanes of 20 blocks (one chunk past V = 600,
-    # 19 blocks) and 12, 4 blocks a step; the B = 1 sampler's lanes of 6 blocks, 2 a step, its last chunk 24 values
+    # the plan's own unroll (STREAM_ARGMAX_UNROLL, lanes of at least two steps, the cheapest rounding by
+    # STREAM_ARGMAX_STEP_COST) and its chunks rounded up to whole steps (test_the_plan_rounds_lanes_to_whole_steps):
+    # the first verify's one lane of 20 blocks past V = 600 (19 blocks), 4 a step; lanes of 10 blocks, 2 a step (the
+    # second verify, both samplers of the first case); the B = 1 sampler's lanes of 5 blocks, one a step
     (2, 2, True, True, dict(block_v=32, stream_lanes=True)),
     (1, 1, False, False, dict(block_v=32, stream_lanes=True)),
 ]
@@ -143,9 +144,9 @@ def test_sums_stay_where_a_row_samples():
 
 
 def test_the_plan_rounds_lanes_to_whole_steps():
-    """The argmax-only stream's unroll (_triton_plan.STREAM_ARGMAX_UNROLL, STREAM_ARGMAX_MIN_STEPS): taken where
-    a lane streams at least two steps of it, halved otherwise, and the lanes rounded up to whole steps; the
-    CASES above run the two interpreter plans asserted here. At the H200's shapes (K = 4, V = 128256): the B = 64
+    """The argmax-only stream's unroll (_triton_plan.STREAM_ARGMAX_UNROLL, STREAM_ARGMAX_MIN_STEPS,
+    STREAM_ARGMAX_STEP_COST): at most what gives a lane two steps, the one whose lane rounded up to whole steps
+    costs least, and the lanes rounded; the CASES above run the interpreter plans asserted here. At the H200's shapes (K = 4, V = 128256): the B = 64
     verify 4 blocks a step (timed: 62.0 against 77.2 us), the B = 64 sampler 2 (17.9 against 18.6; 4 in one step
     19.1), B = 128's one lane of 63 blocks rounded to 64."""
     from specdec_fast.kernels.verify._triton_plan import plan_launches
@@ -158,17 +159,20 @@ def test_the_plan_rounds_lanes_to_whole_steps():
         assert p.stream_lanes and not p.stream_sums
         return p.stream_unroll, p.select_chunk, p.select_chunks
 
-    assert lanes(plan(2, 2, V, True, block_v=32)) == (4, 640, 1)  # 19 blocks: one lane of 20, past V
-    assert lanes(plan(1, 1, V, False, block_v=32)) == (4, 384, 2)  # 10 blocks a lane -> 12
-    assert lanes(plan(1, 0, V, False, block_v=32)) == (2, 192, 4)  # the sampler: 5 blocks -> 6, 2 a step
-    assert lanes(plan(2, 0, V, False, block_v=32)) == (4, 384, 2)
+    assert lanes(plan(2, 2, V, True, block_v=32)) == (4, 640, 1)  # 19 blocks: one lane of 20, past V (16 by the costs)
+    assert lanes(plan(1, 1, V, False, block_v=32)) == (2, 320, 2)  # 10 blocks: 2 a step (8.7) over 12 at 4 (9.6)
+    assert lanes(plan(1, 0, V, False, block_v=32)) == (1, 160, 4)  # the sampler's 5 blocks: 6 at 2 a step cost 5.2
+    assert lanes(plan(2, 0, V, False, block_v=32)) == (2, 320, 2)
 
     def gpu(batch, k, with_draft):
         p = plan(batch, k, 128256, with_draft, interpreting=False)
         return p.stream_unroll, p.select_chunk // p.select_block_v, p.select_chunks
 
     assert gpu(64, 4, True) == (4, 32, 2) and gpu(64, 0, False) == (2, 4, 16) and gpu(128, 4, True) == (4, 64, 1)
-    assert gpu(8, 4, True) == (2, 6, 11) and gpu(4, 4, True) == (1, 3, 21) and gpu(1, 4, True)[0] == 1
+    assert gpu(8, 4, True) == (1, 5, 13) and gpu(4, 4, True) == (1, 3, 21) and gpu(1, 4, True)[0] == 1
+    assert gpu(128, 0, False) == (2, 8, 8) and gpu(256, 0, False) == (2, 14, 5)  # 7 -> 8 blocks; 13 -> 14, not 16
+    p = plan(64, 4, 50257, True, interpreting=False)  # lanes of 13 blocks: 14 at 2 a step, not 16 at 4
+    assert (p.stream_unroll, p.select_chunk // p.select_block_v, p.select_chunks) == (2, 14, 2)
     # the sums keep STREAM_UNROLL; a pinned unroll or chunk count is taken as given (lowered to divide a lane)
     assert plan(64, 4, 128256, True, interpreting=False, stream_sums=True).stream_unroll == _triton_plan.STREAM_UNROLL
     assert plan(64, 0, 128256, False, interpreting=False, stream_unroll=4).stream_unroll == 4
