@@ -103,7 +103,7 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     scores, hidden, attention = [prompt.logits[:, -1:].float()], [prompt.hidden_states], [prompt.attentions]
     cache = output_cache(prompt)
     if steps > 1:
-        windows = _cache_windows(cache)
+        windows, whole = _cache_windows(cache), _static_full_layers(cache)
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
                      position_ids=positions[:, width:], use_cache=True, logits_to_keep=0 if logits else 1,
                      **{cache_keyword(model): cache}, **asked)
@@ -116,6 +116,9 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
                 continue
             step = []
             for i, a in enumerate(rest.attentions):  # keys: the last a.shape[-1] slots fed
+                if i < len(whole) and whole[i]:  # a user's static layer: every slot, as generate's step over it
+                    step.append(a[:, :, s - 1: s])
+                    continue
                 window = windows[i] if i < len(windows) else None
                 first = 0 if window is None else max(0, width + s - window)  # a sliding layer's step keeps `window`
                 start = fed - a.shape[-1]
@@ -132,6 +135,21 @@ def _cache_windows(cache) -> list:
     [.., P + s] here against transformers' [.., min(window, P + s)]."""
     return [getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
             for layer in getattr(cache, "layers", ())]
+
+
+def _static_full_layers(cache) -> list:
+    """Per layer of a cache, whether it is a static full-attention layer (transformers' StaticLayer: its
+    keys span max_cache_len slots, zero weights past the tokens so far, in every step's attentions)."""
+    return [isinstance(getattr(layer, "max_cache_len", None), int) and not getattr(layer, "is_sliding", False)
+            for layer in getattr(cache, "layers", ())]
+
+
+def attentions_over(cache) -> bool:
+    """Whether step_forwards gives generate's attentions over this user's cache: a DynamicCache (its layers
+    grow or slide as generate's own), or a cache of static full-attention layers only (a static sliding layer's
+    slots roll as its window does: not read here)."""
+    layers = getattr(cache, "layers", ())
+    return type(cache).__name__ == "DynamicCache" or (bool(layers) and all(_static_full_layers(cache)))
 
 
 def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int, start: torch.Tensor, options: dict,
