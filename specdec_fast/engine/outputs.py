@@ -65,7 +65,8 @@ def forwards_asked(opts) -> dict:
 
 
 def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, logits: bool = False,
-                  hidden_states: bool = False, attentions: bool = False, cached: int = 0, cache=None) -> tuple:
+                  hidden_states: bool = False, attentions: bool = False, cached: int = 0, cache=None,
+                  stepwise: bool = False) -> tuple:
     """(logits, hidden_states, attentions, cache) as transformers' generate computes them for the
     T = ``steps`` generated tokens of sequences [B, P + T], from generate's two forwards (None where
     not asked). Two forwards, not one: the prompt alone, as generate's prefill (a left pad's query
@@ -84,7 +85,9 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     them, because eager attention spreads a left pad's fully masked query over every key its
     forward holds. cache: a user's cache holding the KV of those ``cached`` tokens (user_cache.extend_user_cache):
     the forwards run over it, as generate's do, instead of a forward of their own for them, and leave it
-    extended in place. Returned cache: the one these forwards filled (that one where given), holding the KV
+    extended in place. stepwise: the generated tokens one forward each, as generate feeds them (where the
+    second forward's attentions cannot be cut into generate's steps: a static sliding layer's slots roll,
+    attentions_over). Returned cache: the one these forwards filled (that one where given), holding the KV
     of every token but the last, as generate leaves its own (user_cache.generation_cache's)."""
     from ..runners.hf import cache_keyword, output_cache
 
@@ -102,7 +105,15 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
                    position_ids=positions[:, cached:width], use_cache=True, logits_to_keep=1, **prefix, **asked)
     scores, hidden, attention = [prompt.logits[:, -1:].float()], [prompt.hidden_states], [prompt.attentions]
     cache = output_cache(prompt)
-    if steps > 1:
+    if steps > 1 and stepwise:
+        for t in range(width, width + steps - 1):  # generate's steps: token t over the cache, its mask so far
+            out = model(input_ids=sequences[:, t: t + 1], attention_mask=mask[:, : t + 1],
+                        position_ids=positions[:, t: t + 1], use_cache=True, logits_to_keep=1,
+                        **{cache_keyword(model): cache}, **asked)
+            scores.append(out.logits[:, -1:].float())
+            hidden.append(out.hidden_states)
+            attention.append(out.attentions)
+    elif steps > 1:
         windows, whole = _cache_windows(cache), _static_full_layers(cache)
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
                      position_ids=positions[:, width:], use_cache=True, logits_to_keep=0 if logits else 1,
@@ -145,9 +156,9 @@ def _static_full_layers(cache) -> list:
 
 
 def attentions_over(cache) -> bool:
-    """Whether step_forwards gives generate's attentions over this user's cache: a DynamicCache (its layers
-    grow or slide as generate's own), or a cache of static full-attention layers only (a static sliding layer's
-    slots roll as its window does: not read here)."""
+    """Whether step_forwards' one forward of the generated tokens gives generate's attentions over this user's
+    cache: a DynamicCache (its layers grow or slide as generate's own), or a cache of static full-attention
+    layers only; else (a static sliding layer, whose slots roll as its window does) stepwise."""
     layers = getattr(cache, "layers", ())
     return type(cache).__name__ == "DynamicCache" or (bool(layers) and all(_static_full_layers(cache)))
 

@@ -110,18 +110,17 @@ def extend_user_cache(model, cache, sequences: torch.Tensor, prompt_mask: torch.
 
     logits / hidden_states / attentions: what the call's output dict asks (outputs.forwards_asked), computed
     by the same forwards, over the user's cache as generate's are: returns step_forwards' tuple for
-    outputs.output_dict, or None where nothing is asked, and where attentions are asked of a cache whose
-    attentions step_forwards does not read as generate's (outputs.attentions_over: a static sliding layer;
-    the output then runs its own forwards, as for a call without a cache)."""
+    outputs.output_dict, or None where nothing is asked. Attentions of a cache whose second forward cannot
+    be cut into generate's steps (outputs.attentions_over: a static sliding layer) take one forward a
+    generated token, as generate's."""
     width, end = prompt_mask.shape[1], sequences.shape[1] - 1
     capacity = _capacity(cache)
     if capacity is not None and end > capacity:  # transformers fails as it writes slot `capacity` (IndexError)
         raise ValueError(f"the cache holds at most {capacity} tokens and this call's {end + 1} tokens need {end} "
                          "(all but the last): give the StaticCache a larger max_cache_len; the cache is left as it was")
     asked = dict(logits=logits, hidden_states=hidden_states, attentions=attentions)
-    if attentions and not attentions_over(cache):
-        asked = dict(logits=False, hidden_states=False, attentions=False)
-    forwards = step_forwards(model, sequences, prompt_mask, end + 1 - width, cached=cached, cache=cache, **asked)
+    forwards = step_forwards(model, sequences, prompt_mask, end + 1 - width, cached=cached, cache=cache,
+                             stepwise=attentions and not attentions_over(cache), **asked)
     return forwards if any(asked.values()) else None
 
 

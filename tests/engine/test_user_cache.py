@@ -340,3 +340,41 @@ def test_attentions_past_a_cache_equal_generate(cache_kind):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     if cache_kind == "static":
         assert ours.attentions[1][0].shape[-1] == prefix.layers[0].max_cache_len
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+def test_sliding_models_outputs_over_a_cache_equal_generate(kind, cache_kind):
+    """Sliding-window models (Mistral: every layer; Gemma 2: sliding and full mixed), eager attention, past
+    their window, with a cache: the attentions, hidden states and scores equal model.generate's, shapes
+    included. A static cache's sliding layers roll their slots (transformers' StaticSlidingWindowLayer: each
+    step attends its `window` slots), which one forward of the generated tokens cannot be cut into: those
+    take one forward a token, as generate's (outputs.attentions_over). Before: Gemma 2's hidden states over a
+    StaticCache differed from generate's (the output's own forwards, not over the caller's cache)."""
+    import transformers as tf
+
+    from .test_returned_cache import SLIDING
+
+    config = SLIDING[kind]()
+    torch.manual_seed(0)
+    target = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    target.generation_config.eos_token_id = None
+    ids, mask = left_padded_prompts([6, 9, 4], seed=11, vocab=128)
+    prefix = (DynamicCache(config=target.config) if cache_kind == "dynamic"
+              else StaticCache(config=target.config, max_cache_len=40))
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        target(input_ids=ids[:, :3], attention_mask=mask[:, :3], position_ids=positions[:, :3], **_hf(target, prefix))
+    theirs_cache, ours_cache = copy.deepcopy(prefix), copy.deepcopy(prefix)
+    kw = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, return_dict_in_generate=True, output_attentions=True,
+              output_hidden_states=True, output_scores=True)
+    theirs = target.generate(ids, attention_mask=mask, **_hf(target, theirs_cache), **kw)
+    ours = api.generate(target, ids, mask, cache=ours_cache, **kw)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for field in ("attentions", "hidden_states"):
+        for mine, hf in zip(getattr(ours, field), getattr(theirs, field), strict=True):
+            for a, b in zip(mine, hf, strict=True):
+                assert a.shape == b.shape, field
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    for mine, hf in zip(ours.scores, theirs.scores, strict=True):
+        torch.testing.assert_close(mine, hf, atol=1e-4, rtol=1e-4)
