@@ -238,6 +238,8 @@ stage_ncu() {
   sections="$sections --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis"
   # NCU_CASES="name:kernel-regex ..." picks other cases (bench/ncu_cases.py names them), e.g. the B = 1 rows:
   #   NCU_CASES="chain_b1_t1:select|emit chain_b1_topk50:select|emit chain_b1_topp09:select|emit tree_b8_t1:residual"
+  # or B = 64 top_p against top_k (2230 against 791 us on the H200, 2026-11-28):
+  #   NCU_CASES="chain_b64_topp09:select_finish|select_rungs chain_b64_topk50:select_finish|select_rungs"
   local case_ kernels
   for case_ in ${NCU_CASES:-tree_t1:residual_mass chain_b64_greedy:select chain_b64_t1:select|emit}; do
     kernels=${case_#*:}
