@@ -49,6 +49,7 @@ class TensorParallelGroup:
         self.size, self.rank = len(self.ranks), dist.get_rank(base)
         self.backend = str(dist.get_backend(base))
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        self.timeout = timeout  # the collectives' (None: the backend's default); LeaderK waits as long
         self._pg = _subgroup(base, self.ranks, self.backend, timeout)
         self.failures = FailureChannel(_store_of(self._pg), f"specdec_fast/tp/{self._pg.group_name}", self.rank,
                                        self.size)

@@ -35,6 +35,7 @@ import weakref
 import torch
 
 from ..drafters import BlockDrafter, SelectorBlockDrafter, Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
+from ..distributed.k_leader import LeaderK
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..options import resolve_options
 from ..processing.guidance import check_guidance, guidance_on
@@ -218,8 +219,8 @@ class SpeculativeEngine:
                              f"{'a draft head (it runs whole on every rank)' if self.mode == 'head' else self.mode}")
         if max_draft_tokens is not None:  # the adaptive schedule then chooses among the Ks up to it
             self.max_draft_tokens = max(drafted, max_draft_tokens)
-        else:  # tensor parallel: a constant K (_ks_for), no room for the adaptive Ks
-            adaptive = self.mode == "draft" and not self.fixed_k and self.tp is None
+        else:  # room for the adaptive Ks (tensor parallel: rank 0's, where its group shares them: _ks_for)
+            adaptive = self.mode == "draft" and not self.fixed_k and (self.tp is None or LeaderK.available(self.tp))
             self.max_draft_tokens = max(drafted, max(ADAPTIVE_KS) if adaptive else 0)
         row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
         if self.tp is None:
@@ -396,9 +397,12 @@ class SpeculativeEngine:
             facts = {} if error else dict(request_facts(call.input_ids, call.mask, call.opts, call.k, call.token_tree, seed,
                                                         call.ks), drawn=drawn, cached=call.cached)
             agreed = self.tp.agree("generate", facts, error, uncompared=("drawn",))
-            out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats)
+            leader = LeaderK(self.tp, self.calls) if call.ks else None  # every rank runs rank 0's Ks
+            out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats, leader)
             tokens = out[0] if return_stats else out
             check_output(self.tp, getattr(tokens, "sequences", tokens))  # return_dict_in_generate: its sequences
+            if leader is not None:  # every rank is past its loop: the call's Ks are read
+                leader.clear()
             return out
 
     def _prepare(self, input_ids, attention_mask, *, assistant_model=None, prompt_lookup_num_tokens=None,
@@ -456,8 +460,9 @@ class SpeculativeEngine:
             check_tp_call(target, opts, limits, user_cache)
         return _Call(input_ids, mask, opts, token_tree, k, ks, limits, stage, streamer, user_cache, cached)
 
-    def _run(self, call: "_Call", seed, return_stats: bool):
-        """The checked call's decoding (seed None: drawn from torch's global RNG)."""
+    def _run(self, call: "_Call", seed, return_stats: bool, leader=None):
+        """The checked call's decoding (seed None: drawn from torch's global RNG; leader: tensor parallel with
+        an adaptive schedule, the call's distributed.k_leader.LeaderK)."""
         input_ids, mask, opts, limits = call.input_ids, call.mask, call.opts, call.limits
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -466,12 +471,14 @@ class SpeculativeEngine:
         kernel = kernel_params(stage, params, seed)  # the warpers in the stage: the kernels sample plainly
         decoder = self._decoder(input_ids.shape[0], call.k, kernel.modes, call.token_tree, len(limits.eos_token_ids or ()),
                                 None if stage is None else stage.spec, call.ks)
+        decoder.k_leader = leader
         try:
             tokens = decoder.generate(input_ids.long(), mask.to(self.device), params=kernel,
                                       max_new_tokens=limits.max_new_tokens, eos_token_ids=limits.eos_token_ids,
                                       pad_token_id=opts.pad_token_id, streamer=call.streamer, stage=stage,
                                       stopping_criteria=limits if limits.host else None)
         finally:
+            decoder.k_leader = None
             decoder.release()
             self.calls += 1
         stats = decoder.stats.result
@@ -479,7 +486,8 @@ class SpeculativeEngine:
                                      graphs_captured_total=self.graphs_captured)
         if self.tp is not None:
             stats.extra["tensor_parallel"] = dict(ranks=self.tp.size, rank=self.tp.rank, backend=self.tp.backend,
-                                                  shard_draft=self.shard_draft, k_schedule="constant")
+                                                  shard_draft=self.shard_draft,
+                                                  k_schedule="rank 0's adaptive" if leader is not None else "constant")
         forwards = None
         if call.user_cache is not None:  # left as transformers' generate leaves it; the output's forwards with it
             forwards = extend_user_cache(self.target, call.user_cache, tokens, mask, call.cached, **forwards_asked(opts))
@@ -586,10 +594,10 @@ class SpeculativeEngine:
         block = getattr(self.draft_head, "block_size", None) if self.mode == "head" else None
         if (self.mode != "draft" and block is None) or token_tree is not None or schedule in (None, "constant"):
             return None
-        if self.tp is not None:
-            # Tensor parallel: a constant K. The adaptive choice reads this process's own step times,
-            # which differ between ranks: ranks choosing different Ks would issue different
-            # collectives (a hang, or gloo's size-mismatch abort; docs/architecture.md §10).
+        if self.tp is not None and not LeaderK.available(self.tp):
+            # Tensor parallel without a store to share rank 0's Ks (distributed/k_leader.py): a constant K. The
+            # adaptive choice reads this process's own step times, which differ between ranks: ranks choosing
+            # different Ks would issue different collectives (a hang, or gloo's size-mismatch abort).
             return None
         if block is not None:
             top = min(self.max_draft_tokens, block - 1)

@@ -155,6 +155,9 @@ class SpeculativeDecoder:
         self.schedule = AdaptiveK(self.ks, start=self.k, draft_cost=getattr(drafter, "draft_cost", "per_step")) \
             if len(self.ks) > 1 else None
         self.k_max = max(self.ks)
+        # tensor parallel: the call's distributed.k_leader.LeaderK (every rank runs rank 0's choice), set by the
+        # engine around a call; None: this process's own schedule chooses
+        self.k_leader = None
         self.drafted_per_step = self.k_max  # tokens the target scores beyond the last one (a tree's: N - 1)
         self.defaults = dict(params=params, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                              pad_token_id=pad_token_id, streamer=streamer, stage=None, stopping_criteria=None)
@@ -445,6 +448,10 @@ class SpeculativeDecoder:
             live = last.gen_len[: self.batch]
             remaining = self.max_new_tokens - int(live.min()) if live.size else None
         self.k = schedule.choose(remaining)
+        if self.k_leader is not None:  # tensor parallel: rank 0's choice on every rank (distributed/k_leader.py)
+            settled = self.k_leader.settle(issued, self.k)
+            schedule.follow(self.k, settled)
+            self.k = settled
         if self.k not in self._steps_by_k:
             self.steps  # built at the first use of this K  # noqa: B018
 

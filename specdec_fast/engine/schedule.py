@@ -34,7 +34,8 @@ captured. A call starts at the K the previous call ran most. Near the end of a c
 the tokens left (the longest row's as of the newest poll, less what the iterations issued since
 may have added), among the ready Ks only. Exactness does not
 depend on K: a choice made from the past only changes how many drafts are proposed, never how
-they are verified (tests/engine/test_adaptive_k.py). Hysteresis: K changes only for a value 3%
+they are verified (tests/engine/test_adaptive_k.py). Under tensor parallelism every rank runs rank 0's
+choice (distributed/k_leader.py; ``follow``). Hysteresis: K changes only for a value 3%
 better than the current K's, so noise in the measured times does not make it flicker.
 """
 from collections import Counter, deque
@@ -205,6 +206,19 @@ class AdaptiveK:
         self.chosen[k] += 1
         self.drafted_steps += k
         return k
+
+    def follow(self, chosen: int, k: int) -> None:
+        """The iteration runs ``k``, another process's choice (tensor parallelism: rank 0's), where this one's
+        last choose() gave ``chosen``: the counts and the current K follow (the costs this process measures
+        at that K stay its own)."""
+        if k == chosen:
+            return
+        self.chosen[chosen] -= 1
+        if self.chosen[chosen] <= 0:
+            del self.chosen[chosen]
+        self.chosen[k] += 1
+        self.drafted_steps += k - chosen
+        self.k = k
 
     def _is_ready(self, k: int) -> bool:
         return self.all_ready or k in self.ready

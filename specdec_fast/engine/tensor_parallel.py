@@ -15,9 +15,9 @@ whole_vocab_weight gives it the target's embedding / LM head over the whole voca
 A call: ``guard()`` around everything; the checks run on every rank; ``agree()`` exchanges the
 request's fingerprint (shape and checksum of input_ids / attention_mask, the resolved options,
 K, tree, seed) or the error; a call without a seed takes rank 0's draw; then the decoding loop;
-then one more agreement on the output. K is constant under tensor parallelism (no adaptive
-schedule: it chooses from this process's own step times, and ranks must run the same iterations;
-check_tp_call). The KV pools: every rank sizes its own (local KV heads
+then one more agreement on the output. The adaptive K schedule chooses from this process's own
+step times, and ranks must run the same iterations: every rank runs rank 0's choices
+(distributed/k_leader.py). The KV pools: every rank sizes its own (local KV heads
 only) and they agree on the smallest, so that every rank refuses the same requests.
 """
 import re
@@ -123,7 +123,7 @@ def checksum(tensor: torch.Tensor) -> int:
 
 def request_facts(input_ids, mask, opts, k: int, token_tree, seed, ks=None) -> dict:
     """What every rank must agree on before a call's loop (equal inputs -> equal tokens). ks: the
-    adaptive schedule's Ks, None under tensor parallelism (check_tp_call's note)."""
+    adaptive schedule's Ks (None: a constant K), among which rank 0 chooses for every rank."""
     return {"input_ids": (tuple(input_ids.shape), checksum(input_ids.long())),
             "attention_mask": checksum(mask.long()), "options": options_text(opts), "K": k, "Ks": ks,
             "tree": None if token_tree is None else token_tree.describe(), "seed": seed}
@@ -143,8 +143,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 def check_tp_call(target, opts, limits, user_cache=None) -> None:
     """What a tensor-parallel call cannot do (ValueError on every rank, before the loop). Every rank
     must run the same iterations, so nothing a rank decides from its own clock may steer the loop:
-    K is constant (the engine's _ks_for: the adaptive schedule chooses from measured step times),
-    and max_time / MaxTimeCriteria would end rows at different tokens on different ranks. A
+    the adaptive schedule's K is rank 0's on every rank (distributed/k_leader.py), and max_time /
+    MaxTimeCriteria would end rows at different tokens on different ranks. A
     ShardedCausalLM has no forward of its own for output_scores / output_logits / output_hidden_states /
     output_attentions, a user's cache (user_cache.py) or guidance_scale."""
     from transformers.generation.stopping_criteria import MaxTimeCriteria

@@ -9,8 +9,8 @@ that the call's agreement turns into one line on every rank (another prompt, a b
 group usable after; a rank failing mid-call (its process alive) ends every rank with its line
 within seconds, and the group refuses later calls.
 2 ranks (ranks 0 and 1): the demo pair (greedy, seeded sampling with top-k / top-p, the static
-graph twin, a sharded draft, prompt lookup, plain decoding, a token tree; calls that would take
-the adaptive K schedule alone run at a constant K, with rank 1's schedule rigged; draft heads: the
+graph twin, a sharded draft, prompt lookup, plain decoding, a token tree; the adaptive K schedule, every
+rank running rank 0's Ks, with rank 1's own schedule rigged; draft heads: the
 demo pair's EAGLE-3 head greedy, sampled and with a tree, a DFlash block drafter sampled and under the
 adaptive schedule, both over a ShardedCausalLM too), tiny Llama (MHA) and
 Qwen2 through generate(process_group=) and SpeculativeEngine(process_group=), a checkpoint read
@@ -83,12 +83,18 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
                 "self_attn.o_proj.weight": (48, 24), "mlp.up_proj.weight": (48, 48), "mlp.down_proj.weight": (48, 48)}
     for name, shape in expected.items():
         _check(problems, shapes[f"model.layers.0.{name}"] == shape, f"{name}: shard {shapes[f'model.layers.0.{name}']}")
-    for rank in (0, 1):  # a constant K under tensor parallelism (the adaptive schedule's choice is per rank)
-        seen = results[rank]["2 ranks"]["adaptive K under TP"]
-        _check(problems, seen == [(None, 4.0, "constant")] * 2, f"rank {rank} adaptive K under TP: {seen}")
-    for rank in (0, 1):  # a block drafter's adaptive schedule too: its whole block, every iteration
-        seen = results[rank]["2 ranks"]["dflash K under TP"]
-        _check(problems, seen == (None, 3.0, "constant"), f"rank {rank} DFlash K under TP: {seen}")
+    # The adaptive K schedule: both ranks run rank 0's Ks (rank 1's own schedule rigged to K = 1 would part them):
+    # the same Ks chosen as often on both ranks, and not rank 1's K = 1 alone; a call without the schedule: K = 4.
+    two_ranks = [results[rank]["2 ranks"] for rank in (0, 1)]
+    seen = [r["adaptive K under TP"] for r in two_ranks]
+    _check(problems, seen[0] == seen[1] and seen[0][0] == (None, 4.0, "constant")
+           and all(chosen and set(chosen) != {1} and how == "rank 0's adaptive" for chosen, _, how in seen[0][1:]),
+           f"adaptive K under TP: {seen}")
+    _check(problems, two_ranks[0]["adaptive sampled tokens"] == two_ranks[1]["adaptive sampled tokens"],
+           "adaptive sampled: the ranks' tokens differ")
+    seen = [r["dflash K under TP"] for r in two_ranks]  # a block drafter's adaptive schedule too
+    _check(problems, seen[0] == seen[1] and seen[0][0] and seen[0][2] == "rank 0's adaptive", f"DFlash K under TP: {seen}")
+    for rank in (0, 1):
         for name in ("other aux layers", "other draft vocabulary order"):
             seen = results[rank]["2 ranks"][f"heads differ: {name}"]
             _check(problems, str(seen["error"]).startswith("TensorParallelError: building the engine: the ranks disagree "

@@ -304,3 +304,49 @@ def test_the_ranks_compare_user_objects_without_their_addresses():
     assert call(repetition_penalty=1.2) != call(repetition_penalty=1.3)
     assert " at 0x" not in options_text(resolve_options(target, None, dict(
         max_new_tokens=4, logits_processor=LogitsProcessorList([lambda i, s: s])), 3))
+
+
+def _k_ranks(store, timeout_s=2.0):
+    """Rank 0 and rank 1 of a group of two as LeaderK sees it (its failure channel in ``store``)."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(rank=rank, timeout=datetime.timedelta(seconds=timeout_s),
+                            failures=FailureChannel(store, "specdec_fast/tp/test", rank, 2)) for rank in (0, 1)]
+
+
+def test_every_rank_runs_rank_0s_k():
+    """distributed/k_leader.py: rank 0's choice is every rank's (rank 1's own ignored), iteration by iteration,
+    a follower waiting for a K rank 0 has not written yet; rank 0 removes the call's key afterwards."""
+    import threading
+
+    from specdec_fast.distributed.k_leader import LeaderK
+
+    store = dist.HashStore()
+    zero, one = (LeaderK(group, call=7) for group in _k_ranks(store))
+    assert zero.leader and not one.leader and LeaderK.available(_k_ranks(store)[0])
+    assert [zero.settle(i, k) for i, k in enumerate([4, 4, 2])] == [4, 4, 2]
+    assert [one.settle(i, 1) for i in range(3)] == [4, 4, 2]
+    later = threading.Timer(0.3, lambda: zero.settle(3, 6))  # the follower waits for it
+    later.start()
+    assert one.settle(3, 1) == 6
+    later.join()
+    assert store.get("specdec_fast/tp/test/k/7") == b"4,4,2,6,"
+    zero.clear()
+    assert not store.check(["specdec_fast/tp/test/k/7"])
+    assert not LeaderK.available(_k_ranks(None)[0])
+
+
+def test_a_follower_waiting_for_rank_0_ends_on_its_failure_or_the_timeout():
+    """A rank 0 that failed (its line in the failure channel) ends a follower's wait with that line; one that
+    never writes ends it at the group's timeout."""
+    from specdec_fast.distributed.failures import TensorParallelError
+    from specdec_fast.distributed.k_leader import LeaderK
+
+    store = dist.HashStore()
+    zero, one = _k_ranks(store)
+    zero.failures.publish(RuntimeError("injected in the draft"))
+    with pytest.raises(TensorParallelError, match="rank 0 of 2 failed: RuntimeError: injected in the draft"):
+        LeaderK(one, call=0).settle(0, 3)
+    _, silent = _k_ranks(dist.HashStore(), timeout_s=0.5)
+    with pytest.raises(TensorParallelError, match="rank 0's K of iteration 0 did not come within 0.5 s"):
+        LeaderK(silent, call=0).settle(0, 3)

@@ -127,39 +127,54 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     return out
 
 
+def _rigged_choose(self, remaining=None):
+    """Rank 1's schedule, rigged: always the smallest K (as a rank with other timings might choose), counted as
+    AdaptiveK.choose counts its choice."""
+    k = self.ks[0]
+    self.chosen[k] += 1
+    self.drafted_steps += k
+    return k
+
+
 def _adaptive_k(specdec_fast, target, draft, ids, group) -> dict:
-    """Calls that would take the adaptive K schedule in one process (greedy without K; a sampled
-    call naming the schedule) run at a constant K under tensor parallelism: the schedule chooses
-    from this rank's own step times, and ranks choosing different Ks would issue different
-    collectives. Rank 1's schedule is rigged to choose K = 1 whenever asked (as a rank with other
-    timings might) while rank 0's starts at 4: if either were consulted the ranks would part."""
+    """The adaptive K schedule under tensor parallelism: every rank runs rank 0's choices
+    (distributed/k_leader.py). Rank 1's schedule is rigged to choose K = 1 whenever asked (as a rank with
+    other timings might) while rank 0's starts at 4: had rank 1 run its own choices, the ranks would part
+    (different collectives). A greedy call without a K runs the constant K; a sampled call naming the
+    schedule runs rank 0's Ks on both ranks (its tokens then follow the choices: compared between the
+    ranks, not with a single process's constant K)."""
     from specdec_fast.engine.schedule import AdaptiveK
 
     rank, out, choose = dist.get_rank(), {}, AdaptiveK.choose
     kw = dict(assistant_model=draft, max_new_tokens=MAX_NEW, pad_token_id=0)
     single_greedy = specdec_fast.generate(target, ids, do_sample=False, **kw)
-    single_sampled = specdec_fast.generate(target, ids, do_sample=True, seed=9, num_assistant_tokens=4, **kw)
+    single_adaptive = specdec_fast.generate(target, ids, do_sample=False, num_assistant_tokens_schedule="adaptive", **kw)
     if rank == 1:
-        AdaptiveK.choose = lambda self, remaining=None: self.ks[0]
+        AdaptiveK.choose = _rigged_choose
     try:
         greedy, greedy_stats = specdec_fast.generate(target, ids, do_sample=False, process_group=group,
                                                      return_stats=True, **kw)
+        adaptive, adaptive_stats = specdec_fast.generate(target, ids, do_sample=False, process_group=group,
+                                                         num_assistant_tokens_schedule="adaptive", return_stats=True,
+                                                         **kw)
         sampled, sampled_stats = specdec_fast.generate(target, ids, do_sample=True, seed=9, process_group=group,
                                                        num_assistant_tokens_schedule="adaptive", return_stats=True, **kw)
     finally:
         AdaptiveK.choose = choose
     out["adaptive greedy"] = (single_greedy.tolist(), greedy.tolist())
-    out["adaptive sampled"] = (single_sampled.tolist(), sampled.tolist())
-    out["adaptive K under TP"] = [(s.schedule, s.mean_k, s.extra["tensor_parallel"]["k_schedule"])
-                                  for s in (greedy_stats, sampled_stats)]
+    out["adaptive schedule greedy"] = (single_adaptive.tolist(), adaptive.tolist())
+    out["adaptive sampled tokens"] = sampled.tolist()
+    out["adaptive K under TP"] = [(None if s.schedule is None else s.schedule["chosen"], s.mean_k,
+                                   s.extra["tensor_parallel"]["k_schedule"])
+                                  for s in (greedy_stats, adaptive_stats, sampled_stats)]
     return out
 
 
 def _heads(specdec_fast, target, ids, group) -> dict:
     """Draft heads over a sharded target: each rank runs the head whole on the hidden states its
     runner captures (the residual stream, whole on every rank after each all-reduce). The demo
-    pair's EAGLE-3 head (greedy, seeded sampling, a tree) and a random DFlash block drafter (its
-    adaptive schedule stays constant: rank 1's rigged choice would part the ranks), on a target
+    pair's EAGLE-3 head (greedy, seeded sampling, a tree) and a random DFlash block drafter (under its
+    adaptive schedule both ranks run rank 0's Ks: rank 1's rigged choice would part the ranks), on a target
     loaded whole on every rank and on a ShardedCausalLM (the head's embedding / LM head gathered
     from the ranks' vocabulary rows)."""
     from importlib.resources import files
@@ -180,7 +195,7 @@ def _heads(specdec_fast, target, ids, group) -> dict:
     }, group)
     choose = AdaptiveK.choose
     if dist.get_rank() == 1:
-        AdaptiveK.choose = lambda self, remaining=None: self.ks[0]
+        AdaptiveK.choose = _rigged_choose
     try:
         kw = dict(draft_head=dflash, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
         single = specdec_fast.generate(target, ids, **kw)
@@ -189,7 +204,8 @@ def _heads(specdec_fast, target, ids, group) -> dict:
     finally:
         AdaptiveK.choose = choose
     out["dflash adaptive"] = (single.tolist(), parallel.tolist())
-    out["dflash K under TP"] = (stats.schedule, stats.mean_k, stats.extra["tensor_parallel"]["k_schedule"])
+    out["dflash K under TP"] = (None if stats.schedule is None else stats.schedule["chosen"], stats.mean_k,
+                                stats.extra["tensor_parallel"]["k_schedule"])
     out["shard a head"] = _failure(lambda: specdec_fast.SpeculativeEngine(target, draft_head=eagle3, process_group=group,
                                                                             shard_draft=True))
     # Heads that differ between ranks only in what they read (the same weights): refused at once
