@@ -55,7 +55,6 @@ def generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
     return mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-@torch.no_grad()
 def forwards_asked(opts) -> dict:
     """What of step_forwards' outputs a call's output dict needs (step_forwards' keywords): logits for
     output_scores / output_logits, hidden_states, attentions; all False without return_dict_in_generate."""
@@ -64,6 +63,7 @@ def forwards_asked(opts) -> dict:
                 hidden_states=bool(extra.get("output_hidden_states")), attentions=bool(extra.get("output_attentions")))
 
 
+@torch.no_grad()
 def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, steps: int, *, logits: bool = False,
                   hidden_states: bool = False, attentions: bool = False, cached: int = 0, cache=None,
                   stepwise: bool = False) -> tuple:

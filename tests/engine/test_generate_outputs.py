@@ -206,3 +206,23 @@ def test_control_one_forward_gives_other_values_at_the_prompt_pads():
     assert pads.any()
     assert not torch.allclose(one[-1][:, :width][pads], theirs.hidden_states[0][-1][pads], atol=1e-3)
     torch.testing.assert_close(one[-1][:, :width][~pads], theirs.hidden_states[0][-1][~pads], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_the_outputs_carry_no_autograd_graph(with_cache):
+    """Scores, logits, hidden states and the returned cache hold no autograd graph, as generate's (it runs under
+    no_grad): the forwards after the loop run under no_grad whichever path runs them (output_dict's own, or a
+    caller's cache extended by user_cache.extend_user_cache). Found in review: a decorator moved with a new
+    function left step_forwards without it (scores with requires_grad=True, the graph kept alive)."""
+    from transformers import DynamicCache
+
+    target, draft = model_pair("llama")
+    ids, mask = left_padded_prompts([5, 7], seed=1)
+    extra = {"cache": DynamicCache(config=target.config)} if with_cache else {}
+    out = api.generate(target, ids, mask, assistant_model=draft, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                       return_dict_in_generate=True, output_scores=True, output_logits=True, output_hidden_states=True,
+                       **extra)
+    tensors = [*out.scores, *out.logits, *(h for step in out.hidden_states for h in step)]
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    tensors += [layer.keys for layer in cache.layers]
+    assert tensors and not any(t.requires_grad for t in tensors)
