@@ -32,9 +32,9 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     loop without the streaming sums over the same loop with them, and bench_tree's greedy rows
     (tree_verify with the flag flipped), the reference's tokens;
   - STREAM_ARGMAX_UNROLL=2 / =4 (kernels/verify/_triton_plan.py): bench_stream_lanes' greedy rows, the
-    argmax-only per-lane loop 2 / 4 blocks a step over one, the reference's tokens; "(the plan's)": the same
-    for the blocks a step the plan takes per row and call (4 since an H200 timed them on 2026-11-28, where a
-    lane streams two steps; the rows record it), with the greedy rows of `bench_stream_lanes --greedy-batches`
+    argmax-only per-lane loop 2 / 4 blocks a step over one, the reference's tokens; "(the plan's)": the plan's
+    own loop over one block a step where it unrolls (up to 4 since an H200 timed it on 2026-11-28; the rows
+    record the planned unroll), with the greedy rows of `bench_stream_lanes --greedy-batches`
     (stream_lanes_greedy_<device>.json) beside the quick ones;
   - the streaming variants per row: the fastest variant with the reference's tokens;
   - the verify's slowest kernels per batch and mode (verify_kernel_split.py: device time per kernel).
@@ -325,23 +325,24 @@ def argmax_unroll_lever(report: dict | None, unroll: int) -> dict:
 
 
 def argmax_unroll_rule_lever(report: dict | None) -> dict:
-    """STREAM_ARGMAX_UNROLL as the plan takes it (4 where a lane streams two steps of 4, else halved: _triton_plan)
-    from bench_stream_lanes' greedy rows that record it (planned_unroll_verify / _sample): the pinned loop of the
-    planned blocks a step over one block a step (lanes_argmax_only_unroll<n> / lanes_argmax_only), the calls the
-    plan unrolls, the reference's tokens ("on": keep the rule)."""
+    """STREAM_ARGMAX_UNROLL as the plan takes it (at most what leaves a lane two steps, the cheapest rounding by
+    STREAM_ARGMAX_STEP_COST, the lanes rounded up to whole steps: _triton_plan) from bench_stream_lanes' greedy rows
+    that record it (planned_unroll_verify / _sample): the plan's own loop ("lanes": its unroll and its rounded
+    lanes) over the same loop one block a step ("lanes_argmax_only"), the calls the plan unrolls, the reference's
+    tokens ("on": keep the rule). Not the pinned lanes_argmax_only_unroll<n>: a pinned unroll is not rounded
+    (B = 128's lanes of 63 blocks would run it one block a step)."""
     ratios, why = {}, []
     for r in (report or {}).get("rows", []):
         for call in ("verify", "sample"):
             n = r.get(f"planned_unroll_{call}", 1)
-            variant = f"lanes_argmax_only_unroll{n}"
-            if n == 1 or f"{call}_{variant}" not in r or f"{call}_lanes_argmax_only" not in r:
+            if n == 1 or f"{call}_lanes" not in r or f"{call}_lanes_argmax_only" not in r:
                 continue
             where = f"B={r['B']} V={r['V']} {r['mode']} {call} {n} blocks a step"
-            ratios[where] = r[f"{call}_{variant}"]["median_us"] / r[f"{call}_lanes_argmax_only"]["median_us"]
-            if not r.get(f"tokens_equal_reference_{variant}", False):
+            ratios[where] = r[f"{call}_lanes"]["median_us"] / r[f"{call}_lanes_argmax_only"]["median_us"]
+            if not r.get("tokens_equal_reference_lanes", False):
                 why.append(f"{where}: other tokens than the reference")
     missing = [f"not run: {', '.join(report['not_run'])}"] if report and report.get("not_run") else []
-    return _advice(ratios, why, "us of the argmax-only stream the plan's blocks a step over 1 (greedy rows)", missing)
+    return _advice(ratios, why, "us of the argmax-only stream as planned over 1 block a step (greedy rows)", missing)
 
 
 def stream_variants(report: dict | None) -> list:

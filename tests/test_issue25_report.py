@@ -276,25 +276,22 @@ def test_blas_lever_reads_the_cublaslt_rows():
 
 
 def test_argmax_unroll_rule_lever_reads_the_planned_unroll_per_call():
-    """STREAM_ARGMAX_UNROLL (the plan's): per row and call, the pinned loop of the blocks a step the row records
-    the plan took (planned_unroll_verify / _sample) over one block a step; calls the plan leaves at one block
-    a step are not read; files without the fields are unmeasured."""
+    """STREAM_ARGMAX_UNROLL (the plan's): per row and call the plan unrolls (planned_unroll_verify / _sample), the
+    plan's own loop ("lanes") over the same loop one block a step; calls the plan leaves at one block a step are
+    not read; files without the fields are unmeasured; other tokens keep it off."""
     row = {"B": 64, "V": 128256, "mode": "greedy", "planned_unroll_verify": 4, "planned_unroll_sample": 2,
-           "tokens_equal_reference_lanes_argmax_only_unroll4": True,
-           "tokens_equal_reference_lanes_argmax_only_unroll2": True,
+           "tokens_equal_reference_lanes": True,
            "verify_lanes_argmax_only": {"median_us": 77.2}, "sample_lanes_argmax_only": {"median_us": 18.6},
-           "verify_lanes_argmax_only_unroll2": {"median_us": 66.9}, "sample_lanes_argmax_only_unroll2": {"median_us": 17.9},
-           "verify_lanes_argmax_only_unroll4": {"median_us": 62.0}, "sample_lanes_argmax_only_unroll4": {"median_us": 19.1}}
+           "verify_lanes": {"median_us": 62.0}, "sample_lanes": {"median_us": 17.9}}
     lever = issue25_report.argmax_unroll_rule_lever({"rows": [row]})
     assert lever["advice"] == "on" and lever["ratios"] == {
         "B=64 V=128256 greedy verify 4 blocks a step": round(62.0 / 77.2, 3),
         "B=64 V=128256 greedy sample 2 blocks a step": round(17.9 / 18.6, 3)}
-    # the sampler pinned at 4 blocks (one step of its 4) would be slower: that is why the plan takes 2
-    slower = dict(row, planned_unroll_sample=4)
+    slower = dict(row, sample_lanes={"median_us": 19.1})  # a planned unroll slower than one block a step
     assert issue25_report.argmax_unroll_rule_lever({"rows": [slower]})["advice"] == "off"
     one = dict(row, B=1, planned_unroll_verify=1, planned_unroll_sample=1)
     assert issue25_report.argmax_unroll_rule_lever({"rows": [one]})["advice"] == "unmeasured"
     unrecorded = {k: v for k, v in row.items() if not k.startswith("planned_")}
     assert issue25_report.argmax_unroll_rule_lever({"rows": [unrecorded]})["advice"] == "unmeasured"
-    wrong = dict(row, tokens_equal_reference_lanes_argmax_only_unroll4=False)
+    wrong = dict(row, tokens_equal_reference_lanes=False)
     assert issue25_report.argmax_unroll_rule_lever({"rows": [wrong]})["advice"] == "off"
