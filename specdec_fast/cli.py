@@ -25,6 +25,16 @@ from .cli_errors import CliError, first_line
 from .cli_tp import TensorParallelRun, add_tp_flags, check_tp_args
 
 
+def k_option(text: str):
+    """--k: an int (draft tokens per iteration) or "adaptive" (engine/schedule.py chooses before each iteration)."""
+    if text == "adaptive":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or 'adaptive', got {text!r}") from None
+
+
 def _generate_parser(sub):
     ap = sub.add_parser("generate", help="complete a prompt with speculative decoding and print the stats")
     ap.add_argument("--target", required=True, help="target model directory (transformers from_pretrained)")
@@ -48,7 +58,9 @@ def _generate_parser(sub):
                     help="load the models in this dtype (default: transformers' default; auto: the checkpoint's)")
     ap.add_argument("--tokenizer", help="tokenizer directory (default: the target's)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=None, help="draft tokens per iteration (default 4)")
+    ap.add_argument("--k", type=k_option, default=None, help="draft tokens per iteration (default 4), or 'adaptive': "
+                    "the engine chooses before each iteration (num_assistant_tokens_schedule='adaptive'; a draft model, "
+                    "an early exit or a DFlash block drafter)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -105,8 +117,14 @@ def check_args(args) -> None:
         raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads < 0:
         raise CliError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
-    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", args.k), ("--prompt-lookup", args.prompt_lookup),
-                        ("--early-exit", args.early_exit)):
+    if args.k == "adaptive" and (args.prompt_lookup or (args.draft is None and args.draft_head is None
+                                                         and args.early_exit is None)):
+        why = ("prompt lookup drafts its --prompt-lookup N tokens" if args.prompt_lookup
+               else "without one the CLI decodes plainly, with no K")
+        raise CliError("--k adaptive chooses the K of a draft model (--draft, --early-exit) or a DFlash block drafter "
+                       f"(--draft-head); {why}")
+    for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", None if args.k == "adaptive" else args.k),
+                        ("--prompt-lookup", args.prompt_lookup), ("--early-exit", args.early_exit)):
         if value is not None and value < 1:
             raise CliError(f"{flag} must be >= 1, got {value}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
@@ -192,14 +210,15 @@ def _generate_kwargs(args, tokenizer, draft, head=None) -> dict:
         kwargs.update(stop_strings=list(args.stop), tokenizer=tokenizer)
     if args.num_return_sequences > 1:
         kwargs.update(num_return_sequences=args.num_return_sequences)
+    k = dict(num_assistant_tokens_schedule="adaptive") if args.k == "adaptive" else dict(num_assistant_tokens=args.k)
     if draft is not None:
-        kwargs.update(assistant_model=draft, num_assistant_tokens=args.k)
+        kwargs.update(assistant_model=draft, **k)
     elif head is not None:
-        kwargs.update(draft_head=head, num_assistant_tokens=args.k)
+        kwargs.update(draft_head=head, **k)
     elif args.prompt_lookup:
         kwargs.update(prompt_lookup_num_tokens=args.prompt_lookup)
     elif args.early_exit is not None:
-        kwargs.update(assistant_early_exit=args.early_exit, num_assistant_tokens=args.k)
+        kwargs.update(assistant_early_exit=args.early_exit, **k)
     return kwargs
 
 

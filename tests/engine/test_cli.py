@@ -37,6 +37,28 @@ def pair_dirs(tmp_path_factory):
     return root
 
 
+def test_k_adaptive_runs_the_schedule(pair_dirs, capsys):
+    """--k adaptive: the engine chooses K before each iteration (num_assistant_tokens_schedule="adaptive"); greedy
+    tokens do not depend on K, so the completion equals a constant K's; the stats name the schedule."""
+    argv = ["generate", "--target", str(pair_dirs / "target"), "--draft", str(pair_dirs / "draft"), "--prompt",
+            "w5 w9 w17 w5", "--max-new-tokens", "12", "--device", "cpu"]
+    assert cli.main(argv + ["--k", "adaptive"]) == 0
+    adaptive = capsys.readouterr().out
+    assert cli.main(argv + ["--k", "3"]) == 0
+    constant = capsys.readouterr().out
+    assert adaptive.split("\n")[0] == constant.split("\n")[0] and "K schedule           adaptive: chosen" in adaptive
+    with pytest.raises(SystemExit):  # argparse's own error
+        cli.main(argv + ["--k", "many"])
+    assert "argument --k: expected an int or 'adaptive', got 'many'" in capsys.readouterr().err
+    lookup = ["generate", "--target", str(pair_dirs / "target"), "--prompt-lookup", "3", "--prompt", "w5", "--k", "adaptive"]
+    for extra, why in (([], "prompt lookup drafts its --prompt-lookup N tokens"),
+                       (["--prompt-lookup", "0"], "without one the CLI decodes plainly, with no K")):
+        assert cli.main(lookup + extra) == 2
+        assert capsys.readouterr().err.strip() == ("specdec-fast: error: --k adaptive chooses the K of a draft model "
+                                                   "(--draft, --early-exit) or a DFlash block drafter (--draft-head); "
+                                                   + why)
+
+
 def test_generate_command(pair_dirs, capsys, device):
     """On the test device (on a GPU machine: CUDA, where this head_dim-12 model runs the Triton
     attention with its head dimension padded to 16)."""
