@@ -275,7 +275,8 @@ def _run_generate(args, tp) -> int:
         raise CliError(str(exc)) from None
     ids = torch.tensor([cli_dataset.encode(tokenizer, args.prompt, args.chat)], dtype=torch.long, device=device)
     spec = {name: kwargs.pop(name) for name in ("assistant_model", "draft_head", "num_assistant_tokens",
-                                                 "prompt_lookup_num_tokens", "assistant_early_exit")
+                                                 "num_assistant_tokens_schedule", "prompt_lookup_num_tokens",
+                                                 "assistant_early_exit")
             if name in kwargs}
     try:
         plain_tps = None
