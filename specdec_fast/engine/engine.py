@@ -495,8 +495,7 @@ class SpeculativeEngine:
             # no cache passed: the one transformers' generate would have built and returned (none from a
             # ShardedCausalLM, which has no forward of its own)
             new_cache = call.user_cache is None and opts.builds_cache and not isinstance(self.target, ShardedCausalLM)
-            tokens = output_dict(self.target, tokens, mask, opts, params, call.user_cache, call.cached, new_cache,
-                                 forwards)
+            tokens = output_dict(self.target, tokens, mask, opts, params, call.user_cache, new_cache, forwards)
         return (tokens, stats) if return_stats else tokens
 
     def _check_tokenizers(self, tokenizer, assistant_tokenizer) -> None:

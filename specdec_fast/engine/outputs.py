@@ -79,13 +79,11 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     over the layers (hidden states: the embeddings first); step 0 is the prompt's forward: [B, P, H]
     and [B, heads, P, P]; step s >= 1 the forward of token P + s - 1: [B, 1, H] and [B, heads, 1,
     P + s]. Attentions are what the model gives (empty tuples for sdpa, as in generate; eager
-    attention returns them). cached: the prompt tokens a user's cache held (engine/user_cache.py):
-    they get a forward of their own and generate's prefill runs the others over it, so step 0 holds
-    positions cached .. P - 1 (queries; the attentions' keys stay all P). Split as generate splits
-    them, because eager attention spreads a left pad's fully masked query over every key its
-    forward holds. cache: a user's cache holding the KV of those ``cached`` tokens (user_cache.extend_user_cache):
-    the forwards run over it, as generate's do, instead of a forward of their own for them, and leave it
-    extended in place. stepwise: the generated tokens one forward each, as generate feeds them (where the
+    attention returns them). Split as generate splits them, because eager attention spreads a left
+    pad's fully masked query over every key its forward holds. cache, cached: a user's cache holding
+    the KV of the prompt's first ``cached`` tokens (user_cache.extend_user_cache): generate's prefill
+    runs the others over it, so step 0 holds positions cached .. P - 1 (queries; the attentions' keys
+    stay all P), and the forwards leave it extended in place. stepwise: the generated tokens one forward each, as generate feeds them (where the
     second forward's attentions cannot be cut into generate's steps: a static sliding layer's slots roll,
     attentions_over). Returned cache: the one these forwards filled (that one where given), holding the KV
     of every token but the last, as generate leaves its own (user_cache.generation_cache's)."""
@@ -94,13 +92,9 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     width = prompt_mask.shape[1]
     mask, positions = generation_mask(prompt_mask, steps - 1)
     asked = dict(output_hidden_states=hidden_states, output_attentions=attentions)
-    prefix = {}
-    if cache is not None:  # the user's cache holds them: generate's prefill runs the others over it
-        prefix = {cache_keyword(model): cache}
-    elif cached:  # its tokens in their own forward, generate's prefill over them
-        before = model(input_ids=sequences[:, :cached], attention_mask=mask[:, :cached],
-                       position_ids=positions[:, :cached], use_cache=True, logits_to_keep=1)
-        prefix = {cache_keyword(model): output_cache(before)}
+    if cached and cache is None:
+        raise ValueError("cached prompt tokens need the cache that holds them")
+    prefix = {} if cache is None else {cache_keyword(model): cache}  # generate's prefill over a user's cache
     prompt = model(input_ids=sequences[:, cached:width], attention_mask=mask[:, :width],
                    position_ids=positions[:, cached:width], use_cache=True, logits_to_keep=1, **prefix, **asked)
     scores, hidden, attention = [prompt.logits[:, -1:].float()], [prompt.hidden_states], [prompt.attentions]
@@ -192,12 +186,11 @@ def step_scores(logits: torch.Tensor, sequences: torch.Tensor, prompt_width: int
     return standardise(processed, params) if do_sample else processed
 
 
-def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int = 0, new_cache: bool = False,
-                forwards=None):
+def output_dict(target, tokens, mask, opts, params, user_cache=None, new_cache: bool = False, forwards=None):
     """transformers' GenerateDecoderOnlyOutput for a call that asked return_dict_in_generate:
     tokens [B, P + T], mask the prompt's [B, P], opts the call's Options, params its
     SamplingTensors; scores / logits / hidden states / attentions when asked, and the user's
-    cache with the ``cached`` prompt tokens it held (user_cache.py), else with new_cache the cache
+    cache (extended by user_cache.extend_user_cache), else with new_cache the cache
     generate would have built: the one the forwards of the scores, logits or hidden states filled,
     else user_cache.generation_cache's. forwards: step_forwards' (logits, hidden states, attentions, cache)
     where the call's user cache was extended by them (user_cache.extend_user_cache), else None (run here)."""
@@ -209,9 +202,7 @@ def output_dict(target, tokens, mask, opts, params, user_cache=None, cached: int
     if forwards is not None:
         raw, hidden, attentions, _ = forwards
     elif want_scores or want_logits or want_hidden or want_attentions:  # generate's two forwards, once for all
-        states = want_hidden or want_attentions  # step 0's states cover the tokens past a user's cache
-        raw, hidden, attentions, filled = step_forwards(target, tokens, mask, steps, **forwards_asked(opts),
-                                                        cached=cached if states else 0)
+        raw, hidden, attentions, filled = step_forwards(target, tokens, mask, steps, **forwards_asked(opts))
     if want_scores or want_logits:
         if want_logits:
             logits = tuple(raw.unbind(1))
