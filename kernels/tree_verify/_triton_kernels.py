@@ -16,7 +16,7 @@ import triton.language as tl
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits
 from .._triton_sync import last_program_of
-from ..verify._triton_common import NEG_INF, standardised
+from ..verify._triton_common import NEG_INF, found_or_zero, standardised
 from ..verify._triton_emit import _argmax_update, _stats, _tile_rows, merge_chunk_candidates
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
@@ -137,7 +137,7 @@ def walk_kernel(
 
     tl.store(num_accepted_ptr + b, j, mask=live)
     if GREEDY_BONUS:
-        tl.store(out_ptr + row + j, tl.load(amax_ptr + b * NPOS + cur), mask=live)
+        tl.store(out_ptr + row + j, found_or_zero(tl.load(amax_ptr + b * NPOS + cur)), mask=live)
     tl.store(final_ptr + b, cur, mask=live)
     tl.store(lam_ptr + b, lam, mask=live)
     # The final node's children (all rejected), packed first: the deterministic residual removes them.

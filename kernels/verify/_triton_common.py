@@ -33,6 +33,16 @@ P_ONE = tl.constexpr(1152921504606846976.0)  # 2**60: probabilities sum to about
 
 
 @triton.jit
+def found_or_zero(index):
+    """index int32, BIG_INDEX where a search over a row found no maximum -> 0 there. A row of NaN
+    logits (the unspecified logits of a padding row: a finished row, the engine feeds nothing)
+    has none (x == max is never true), and BIG_INDEX must not leave a kernel as a token: fed
+    back, it indexes past an embedding (an IndexError on CPU, a device assert on CUDA). 0 is
+    what torch.argmax gives such a row; the emitters apply it once a row, outside every loop."""
+    return tl.where(index == BIG_INDEX, 0, index)
+
+
+@triton.jit
 def order_key(x):
     """int64 whose order is the float order of x (fp32; -0.0 folded onto +0.0)."""
     bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)

@@ -25,7 +25,7 @@ from ..penalties.triton import penalise, row_penalty
 from ..rng import STREAM_ACCEPT
 from ..rng.triton import gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits
 from .._triton_sync import last_program_of
-from ._triton_common import BIG_INDEX, NEG_INF, identity_skips, num_drafts, standardised
+from ._triton_common import BIG_INDEX, NEG_INF, found_or_zero, identity_skips, num_drafts, standardised
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 # An upper bound of gumbel_from_bits: -log(-log(1 - 2**-24)) = 16.64 (the largest open uniform),
@@ -158,8 +158,8 @@ def merge_chunk_candidates(q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr
     rv = tl.load(r_val_ptr + part, mask=in_c, other=NEG_INF, cache_modifier=".cg")
     ri = tl.load(r_idx_ptr + part, mask=in_c, other=BIG_INDEX, cache_modifier=".cg")
     r_any = tl.max(tl.load(r_any_ptr + part, mask=in_c, other=0, cache_modifier=".cg"), axis=1)
-    y_q = tl.min(tl.where(qv == tl.max(qv, axis=1)[:, None], qi, BIG_INDEX), axis=1)
-    y_r = tl.min(tl.where(rv == tl.max(rv, axis=1)[:, None], ri, BIG_INDEX), axis=1)
+    y_q = found_or_zero(tl.min(tl.where(qv == tl.max(qv, axis=1)[:, None], qi, BIG_INDEX), axis=1))
+    y_r = found_or_zero(tl.min(tl.where(rv == tl.max(rv, axis=1)[:, None], ri, BIG_INDEX), axis=1))
     return y_q, y_r, r_any
 
 

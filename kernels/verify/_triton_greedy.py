@@ -14,7 +14,7 @@ that completes the row (NPOS distributions) writes that row's tokens (last_progr
 import triton
 import triton.language as tl
 
-from ._triton_common import BIG_INDEX, num_drafts
+from ._triton_common import BIG_INDEX, found_or_zero, num_drafts
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def write_greedy_tokens(tokens_ptr, amax_ptr, out_ptr, num_accepted_ptr, b, live
         a_d = tl.load(amax_ptr + stats_row + K + 1 + t, mask=live[:, None] & (t < K), other=0, cache_modifier=".cg")
         match = match & (xc == a_d)
     j = tl.min(tl.where(match, BIG_INDEX, t), axis=1)  # the first position not accepted (<= K_b)
-    y = tl.sum(tl.where(t == j[:, None], a_t, 0), axis=1)
+    y = found_or_zero(tl.sum(tl.where(t == j[:, None], a_t, 0), axis=1))
     out = tl.where(t < j[:, None], x, tl.where(t == j[:, None], y[:, None], -1))
     tl.store(out_ptr + b64[:, None] * so_b + t, out, mask=live[:, None] & (t < K + 1))
     tl.store(num_accepted_ptr + b, j, mask=live)

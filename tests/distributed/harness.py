@@ -1,5 +1,6 @@
 """Runs a worker function on N CPU ranks (gloo over a FileStore), each in its own spawned
-process, and returns what each rank returned. A rank that raises returns {"error": line}; a
+process, and returns what each rank returned. A rank that raises returns {"error": line} (its
+traceback goes to stderr, which pytest captures from the spawned processes too); a
 rank that never reports within ``timeout`` seconds is killed and reported as "hung" (a test
 that fails is better than a CI job that hangs)."""
 import datetime
@@ -31,8 +32,11 @@ def _entry(rank: int, world: int, tmp: str, timeout: float, fn, args) -> None:
     try:
         result = fn(rank, world, *args)
     except BaseException as exc:  # noqa: BLE001 - reported to the test
+        import traceback
+
         from specdec_fast.distributed.failures import describe
 
+        traceback.print_exc()  # to the inherited stderr: pytest shows it with a failing test's output
         result = {"error": describe(exc)}
     with open(os.path.join(tmp, f"rank{rank}.tmp"), "wb") as f:
         pickle.dump(result, f)

@@ -62,6 +62,9 @@ def test_verify_kernels_compile_for_sm90():
     # PTX lines a step at the same 168 registers (bench/results/verify_stream_ptx_sm90.json emit_rows).
     # The B = 64 greedy verify's stream joined the recording when an H200's timing made it take 4 blocks a
     # step (STREAM_ARGMAX_UNROLL, 2026-11-28); the script's "+unroll1" line gives the kernel it took before.
+    # The emission kernels and the greedy selection kernels were re-recorded when their token writers began
+    # mapping a row without a maximum (a NaN row: BIG_INDEX) to token 0 (found_or_zero, 2026-11-29): once a
+    # row, outside every loop: the B = 64 emission 3209 -> 3227 PTX lines, the B = 64 greedy stream 1460 -> 1469.
     if triton.__version__ != PTX_TRITON:  # another Triton writes other PTX: the compiles above are the check
         return
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
