@@ -69,9 +69,10 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
     a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
     K = num_assistant_tokens; without it 4 for an EAGLE-3 head and block_size - 1 for a DFlash
-    drafter (its K drafts cost one forward whatever K); constant, except that a DFlash / DFlash2
-    drafter takes num_assistant_tokens_schedule="adaptive" (K per iteration among the first drafts
-    of its block); needs the paged target runner.
+    drafter (its K drafts cost one forward whatever K); constant unless the call names
+    num_assistant_tokens_schedule="adaptive": an EAGLE-3 head then chooses K per iteration among the
+    draft model's Ks (ADAPTIVE_KS), a DFlash / DFlash2 drafter among the first drafts of its block;
+    needs the paged target runner.
 
     tokenizer, assistant_tokenizer (keywords, as transformers'): with both given and vocabularies
     that differ, the draft drafts in its own tokens and its text is re-encoded into the target's
@@ -142,7 +143,8 @@ def check_one_drafter(given: dict) -> None:
 def _drafted(opts, tree, lookup: bool, draft: bool, head: bool = False) -> int:
     """Tokens one iteration of this call scores beyond the last one: K, or a tree's N - 1 (K checked here,
     before an engine is sized by it). A draft head without K: 0 (its engine's own default K: 4 for an
-    EAGLE-3 head, the whole block for a DFlash drafter, whose adaptive Ks lie inside it)."""
+    EAGLE-3 head, the whole block for a DFlash drafter, whose adaptive Ks lie inside it), or, when the
+    call names an adaptive schedule, the largest of ADAPTIVE_KS (an EAGLE-3 head chooses among them)."""
     if tree is not None:
         return as_token_tree(tree, greedy=not opts.do_sample).size - 1
     if not lookup and not draft and not head:
@@ -150,7 +152,8 @@ def _drafted(opts, tree, lookup: bool, draft: bool, head: bool = False) -> int:
     name, k = ("prompt_lookup_num_tokens", opts.prompt_lookup_num_tokens) if lookup else \
         ("num_assistant_tokens", opts.num_assistant_tokens)
     if k is None and not lookup:  # a draft model: the adaptive schedule's Ks (engine/schedule.py); a head: its default
-        return max(ADAPTIVE_KS) if draft else 0
+        adaptive = opts.extra.get("num_assistant_tokens_schedule") not in (None, "constant")  # checked by the engine
+        return max(ADAPTIVE_KS) if draft or adaptive else 0
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"{name} (K) must be an int >= 1, got {k!r}")
     return k

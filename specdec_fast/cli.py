@@ -60,7 +60,7 @@ def _generate_parser(sub):
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=k_option, default=None, help="draft tokens per iteration (default 4), or 'adaptive': "
                     "the engine chooses before each iteration (num_assistant_tokens_schedule='adaptive'; a draft model, "
-                    "an early exit or a DFlash block drafter)")
+                    "an early exit, an EAGLE-3 head or a DFlash block drafter)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -121,8 +121,8 @@ def check_args(args) -> None:
                                                          and args.early_exit is None)):
         why = ("prompt lookup drafts its --prompt-lookup N tokens" if args.prompt_lookup
                else "without one the CLI decodes plainly, with no K")
-        raise CliError("--k adaptive chooses the K of a draft model (--draft, --early-exit) or a DFlash block drafter "
-                       f"(--draft-head); {why}")
+        raise CliError("--k adaptive chooses the K of a draft model (--draft, --early-exit), an EAGLE-3 head or a DFlash "
+                       f"block drafter (--draft-head); {why}")
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", None if args.k == "adaptive" else args.k),
                         ("--prompt-lookup", args.prompt_lookup), ("--early-exit", args.early_exit)):
         if value is not None and value < 1:

@@ -67,7 +67,10 @@ class Eagle3Drafter:
     needs_compact = False
 
     def start(self, state, prompt) -> None:
-        """After the target's prefill: the prompt's entries into the head's cache, the last one pending."""
+        """After the target's prefill: the prompt's entries into the head's cache, the last one pending.
+        prompt.k is the call's largest K (an adaptive schedule's; engine/loop.py): the pending
+        entries, the draft-logits rows and the head's reservation are sized for it, and every
+        iteration's K (propose / commit) uses the first K of them."""
         self.state = state
         k, ids, mask = prompt.k, prompt.ids, prompt.mask
         hidden = self.target.take_prefill_hidden()  # [B, P, W]
@@ -141,18 +144,20 @@ class Eagle3Drafter:
         drafts = torch.stack(tokens, 1)
         if not self._logits_needed:
             return drafts, None
-        if self._draft_logits is not None and stage is None:  # the rows are its columns
-            return drafts, self._draft_logits
+        if self._draft_logits is not None and stage is None:  # the rows are its columns (the first k: an adaptive K)
+            return drafts, self._draft_logits if k == self._draft_logits.shape[1] else self._draft_logits[:, :k]
         return drafts, torch.stack(rows, 1)
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:
-        """After the verify: the draft entries go; the accepted positions' entries become pending."""
+        """After the verify: the draft entries go; the accepted positions' entries become pending.
+        draft_tokens [B, k]: this iteration's K, at most the call's largest (the buffers' width - 1)."""
         st, k = self.state, draft_tokens.shape[1]
+        width = self._slots.shape[1]  # the call's largest K + 1: the pending entries' slots
         self.runner.commit(torch.zeros_like(self.num_pending))  # drop the draft steps' tentative entries
         j = num_accepted.long()
-        hidden = self.target.hidden_states(draft_tokens.shape[0], k + 1)  # [B, K+1, W]: positions c .. c+K
-        # Left padded: slot s holds entry i = s - (K - j) (i in 0 .. j), the others are padding.
-        entry = (self._slots - k + j[:, None]).clamp(min=0)  # [B, K+1]
+        hidden = self.target.hidden_states(draft_tokens.shape[0], k + 1)  # [B, k+1, W]: positions c .. c+k
+        # Left padded: slot s holds entry i = s - (width - 1 - j) (i in 0 .. j), the others are padding.
+        entry = (self._slots - (width - 1) + j[:, None]).clamp(min=0)  # [B, width]
         self.pend_features.copy_(hidden.gather(1, entry[:, :, None].expand(-1, -1, hidden.shape[-1])))
         drafted = draft_tokens.gather(1, entry.clamp(max=k - 1))
         self.pend_tokens.copy_(torch.where(entry < j[:, None], drafted, st.last_token()[:, None]))

@@ -220,7 +220,7 @@ class SpeculativeEngine:
         if max_draft_tokens is not None:  # the adaptive schedule then chooses among the Ks up to it
             self.max_draft_tokens = max(drafted, max_draft_tokens)
         else:  # room for the adaptive Ks (tensor parallel: rank 0's, where its group shares them: _ks_for)
-            adaptive = self.mode == "draft" and not self.fixed_k and (self.tp is None or LeaderK.available(self.tp))
+            adaptive = self._chain_schedulable() and not self.fixed_k and (self.tp is None or LeaderK.available(self.tp))
             self.max_draft_tokens = max(drafted, max(ADAPTIVE_KS) if adaptive else 0)
         row_tokens = self.max_seq_len + self.max_draft_tokens + 1  # a row's most tokens: the block table's width
         if self.tp is None:
@@ -585,13 +585,13 @@ class SpeculativeEngine:
         schedule = opts.extra.get("num_assistant_tokens_schedule")
         if schedule is not None and schedule not in SCHEDULES:
             raise ValueError(f"num_assistant_tokens_schedule must be one of {SCHEDULES}, got {schedule!r}")
-        # An EAGLE-3 head keeps a constant K (its drafter sizes its per-step pending entries per K at
-        # start()). A block drafter chooses among the first K of its block (ADAPTIVE_BLOCK_KS and
-        # block_size - 1): one forward whatever K, so the schedule prices its draft per iteration
-        # (drafters/block.py draft_cost) and the choice weighs the verify's K + 1 rows against the
-        # acceptance further out.
+        # A draft model and an EAGLE-3 head draft one token a step (the head sizes its pending
+        # entries for the call's largest K at start() and uses the first K of them). A block drafter
+        # chooses among the first K of its block (ADAPTIVE_BLOCK_KS and block_size - 1): one forward
+        # whatever K, so the schedule prices its draft per iteration (drafters/block.py draft_cost)
+        # and the choice weighs the verify's K + 1 rows against the acceptance further out.
         block = getattr(self.draft_head, "block_size", None) if self.mode == "head" else None
-        if (self.mode != "draft" and block is None) or token_tree is not None or schedule in (None, "constant"):
+        if (not self._chain_schedulable() and block is None) or token_tree is not None or schedule in (None, "constant"):
             return None
         if self.tp is not None and not LeaderK.available(self.tp):
             # Tensor parallel without a store to share rank 0's Ks (distributed/k_leader.py): a constant K. The
@@ -607,6 +607,11 @@ class SpeculativeEngine:
         # K = 1 (CPU, shipped cross draft: K = 1 in 274 of 276 iterations, 1.80 tokens per target
         # pass against 3.41 at K = 4; bench/results/cross_tokenizer_cpu_avx512.json).
         return tuple(q for q in ADAPTIVE_KS if q <= self.max_draft_tokens)
+
+    def _chain_schedulable(self) -> bool:
+        """Whether this engine drafts a chain one token a step (a draft model, an early exit, an
+        EAGLE-3 head): the adaptive schedule chooses among ADAPTIVE_KS for it."""
+        return self.mode == "draft" or (self.mode == "head" and getattr(self.draft_head, "kind", None) == "eagle3")
 
     def _check_sizes(self, input_ids, max_new_tokens: int, drafted: int) -> None:
         batch, width = input_ids.shape

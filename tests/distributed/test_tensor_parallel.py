@@ -92,8 +92,10 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
            f"adaptive K under TP: {seen}")
     _check(problems, two_ranks[0]["adaptive sampled tokens"] == two_ranks[1]["adaptive sampled tokens"],
            "adaptive sampled: the ranks' tokens differ")
-    seen = [r["dflash K under TP"] for r in two_ranks]  # a block drafter's adaptive schedule too
-    _check(problems, seen[0] == seen[1] and seen[0][0] and seen[0][2] == "rank 0's adaptive", f"DFlash K under TP: {seen}")
+    for name in ("dflash", "eagle3"):  # a block drafter's and an EAGLE-3 head's adaptive schedules too
+        seen = [r[f"{name} K under TP"] for r in two_ranks]
+        _check(problems, seen[0] == seen[1] and seen[0][0] and set(seen[0][0]) != {1} and seen[0][2] == "rank 0's adaptive",
+               f"{name} K under TP: {seen}")
     for rank in (0, 1):
         for name in ("other aux layers", "other draft vocabulary order"):
             seen = results[rank]["2 ranks"][f"heads differ: {name}"]

@@ -173,8 +173,8 @@ def _adaptive_k(specdec_fast, target, draft, ids, group) -> dict:
 def _heads(specdec_fast, target, ids, group) -> dict:
     """Draft heads over a sharded target: each rank runs the head whole on the hidden states its
     runner captures (the residual stream, whole on every rank after each all-reduce). The demo
-    pair's EAGLE-3 head (greedy, seeded sampling, a tree) and a random DFlash block drafter (under its
-    adaptive schedule both ranks run rank 0's Ks: rank 1's rigged choice would part the ranks), on a target
+    pair's EAGLE-3 head (greedy, seeded sampling, a tree) and a random DFlash block drafter (under the
+    adaptive schedule both ranks run rank 0's Ks, either drafter: rank 1's rigged choice would part the ranks), on a target
     loaded whole on every rank and on a ShardedCausalLM (the head's embedding / LM head gathered
     from the ranks' vocabulary rows)."""
     from importlib.resources import files
@@ -197,15 +197,16 @@ def _heads(specdec_fast, target, ids, group) -> dict:
     if dist.get_rank() == 1:
         AdaptiveK.choose = _rigged_choose
     try:
-        kw = dict(draft_head=dflash, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
-        single = specdec_fast.generate(target, ids, **kw)
-        parallel, stats = specdec_fast.generate(target, ids, process_group=group, return_stats=True,
-                                                num_assistant_tokens_schedule="adaptive", **kw)
+        for name, head in (("dflash", dflash), ("eagle3", eagle3)):
+            kw = dict(draft_head=head, do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=0)
+            single = specdec_fast.generate(target, ids, **kw)
+            parallel, stats = specdec_fast.generate(target, ids, process_group=group, return_stats=True,
+                                                    num_assistant_tokens_schedule="adaptive", **kw)
+            out[f"{name} adaptive"] = (single.tolist(), parallel.tolist())
+            out[f"{name} K under TP"] = (None if stats.schedule is None else stats.schedule["chosen"], stats.mean_k,
+                                         stats.extra["tensor_parallel"]["k_schedule"])
     finally:
         AdaptiveK.choose = choose
-    out["dflash adaptive"] = (single.tolist(), parallel.tolist())
-    out["dflash K under TP"] = (None if stats.schedule is None else stats.schedule["chosen"], stats.mean_k,
-                                stats.extra["tensor_parallel"]["k_schedule"])
     out["shard a head"] = _failure(lambda: specdec_fast.SpeculativeEngine(target, draft_head=eagle3, process_group=group,
                                                                             shard_draft=True))
     # Heads that differ between ranks only in what they read (the same weights): refused at once

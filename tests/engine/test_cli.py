@@ -55,8 +55,8 @@ def test_k_adaptive_runs_the_schedule(pair_dirs, capsys):
                        (["--prompt-lookup", "0"], "without one the CLI decodes plainly, with no K")):
         assert cli.main(lookup + extra) == 2
         assert capsys.readouterr().err.strip() == ("specdec-fast: error: --k adaptive chooses the K of a draft model "
-                                                   "(--draft, --early-exit) or a DFlash block drafter (--draft-head); "
-                                                   + why)
+                                                   "(--draft, --early-exit), an EAGLE-3 head or a DFlash block drafter "
+                                                   "(--draft-head); " + why)
 
 
 def test_generate_command(pair_dirs, capsys, device):

@@ -94,22 +94,30 @@ def _reference_drafts(head, target, context: list, k: int) -> list:
     return drafts
 
 
-def test_drafts_equal_the_reference_head(target, head):
+@pytest.mark.parametrize("ks, cycle", [(None, None), ((1, 2, 3, 5), [5, 1, 3, 2, 2, 5])])
+def test_drafts_equal_the_reference_head(target, head, ks, cycle, chaos):
     """Every iteration's K greedy drafts equal the reference head's over the context so far: the
-    pending entries carry the right target features and tokens after every accept / reject."""
+    pending entries carry the right target features and tokens after every accept / reject. With
+    ks, K changes every iteration (the adaptive schedule's choices, forced): the pending entries are
+    sized for the largest K and an iteration of K uses the first K of them (a wrong slot would draft
+    from the wrong context -- still exact, hence this test rather than the tokens)."""
     k, batch = 3, 2
+    chosen = chaos(cycle) if cycle else []
     ids, mask = left_padded_prompts([4, 6], vocab=VOCAB, seed=8)
-    runner = PagedLlamaRunner(target, max_new_tokens=16, num_draft_tokens=k)
+    k_max = max(ks or (k,))
+    runner = PagedLlamaRunner(target, max_new_tokens=16, num_draft_tokens=k_max)
     runner.capture_hidden_states(head.hidden_indices(4))
-    drafter = Eagle3Drafter(PagedEagle3Runner(head, _embed(target), num_draft_tokens=k), runner, head.draft_to_target)
-    decoder = SpeculativeDecoder(runner, drafter, k=k, params=make_sampling_tensors(batch, "cpu", temperature=0.0, seed=0),
-                                 max_new_tokens=16)
+    drafter = Eagle3Drafter(PagedEagle3Runner(head, _embed(target), num_draft_tokens=k_max), runner, head.draft_to_target)
+    decoder = SpeculativeDecoder(runner, drafter, k=k, ks=ks, params=make_sampling_tensors(batch, "cpu", temperature=0.0,
+                                                                                           seed=0), max_new_tokens=16)
     seen = proposals_per_iteration(drafter, decoder, ids, mask)
     accepted = sum(decoder.stats.result.accepted_hist[1:])
     assert len(seen) >= 4 and accepted > 0, "the test needs iterations that accept drafts"
+    if cycle:
+        assert len(set(chosen)) >= 3
     for iteration in seen:
         for context, drafts in iteration:
-            assert drafts == _reference_drafts(head, target, context, k)
+            assert drafts == _reference_drafts(head, target, context, len(drafts))
 
 
 @pytest.mark.parametrize("backend, k", [("torch", 1), ("torch", 4), ("cpp", 1), ("cpp", 4), ("triton", 4)])
@@ -135,6 +143,25 @@ def test_greedy_with_eos_and_graphs(target, head, graphs):
     out = specdec_fast.generate(target, ids, mask, draft_head=head, num_assistant_tokens=3, do_sample=False,
                                 max_new_tokens=18, pad_token_id=0, eos_token_id=eos, cuda_graphs=graphs)
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("graphs", [False, "static"])
+def test_the_adaptive_schedule_runs_an_eagle3_head_exactly(target, head, graphs, chaos):
+    """num_assistant_tokens_schedule="adaptive" with an EAGLE-3 head chooses among the draft model's
+    Ks (engine ADAPTIVE_KS; it ran a constant K before, silently); greedy equals the target's greedy
+    decoding under the schedule's own choices and under K forced to change every iteration (per-K
+    graphs on the twin, one set of pending buffers)."""
+    ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    kw = dict(draft_head=head, num_assistant_tokens_schedule="adaptive", do_sample=False, max_new_tokens=24,
+              pad_token_id=0, cuda_graphs=graphs, return_stats=True)
+    out, stats = specdec_fast.generate(target, ids, mask, **kw)
+    assert torch.equal(out, expected)
+    assert stats.schedule["ks"] == [1, 2, 3, 4, 5, 6, 8]
+    chosen = chaos([8, 2, 5, 1, 4, 6])
+    out, stats = specdec_fast.generate(target, ids, mask, **kw)
+    assert torch.equal(out, expected) and len(set(chosen)) >= 5 and stats.alpha > 0
+    assert stats.schedule["chosen"] == dict(sorted({k: chosen.count(k) for k in set(chosen)}.items()))
 
 
 def _request(rng: random.Random):

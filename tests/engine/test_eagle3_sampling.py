@@ -100,6 +100,22 @@ def test_sampled_tokens_follow_the_target(pair, backend):
     assert p12 > P_VALUE_THRESHOLD and p3 > P_VALUE_THRESHOLD, (p12, p3)
 
 
+def test_sampled_tokens_follow_the_target_with_k_changing_every_iteration(pair, chaos):
+    """The adaptive schedule's Ks forced to alternate 1, 3 (the head's draft-logits rows sized for
+    the largest K, an iteration of K verifying the first K of them): still the target's law."""
+    target, head = pair
+    chosen = chaos([1, 3])
+    backend = "cpp" if "cpp" in kernel_backends() else "torch"
+    out, stats = specdec_fast.generate(target, PROMPT.expand(3000, -1), draft_head=head, do_sample=True, max_new_tokens=3,
+                                       seed=321, backend=backend, num_assistant_tokens_schedule="adaptive",
+                                       temperature=SETTINGS["temperature"], top_k=0, return_stats=True)
+    new = out[:, PROMPT.shape[1]:]
+    joint12, p3 = _expected(target)
+    assert set(chosen) == {1, 3} and 0.2 < stats.alpha < 0.95
+    assert chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], joint12) > P_VALUE_THRESHOLD
+    assert chi_square_pvalue(new[:, 2], p3) > P_VALUE_THRESHOLD
+
+
 def test_control_zero_instead_of_minus_inf_outside_the_draft_vocabulary_fails(pair, monkeypatch):
     target, head = pair
     propose = Eagle3Drafter.propose

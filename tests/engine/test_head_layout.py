@@ -116,6 +116,9 @@ def test_generate_and_cli_take_a_head_directory(head, target, tmp_path, capsys):
     code = cli.main(["generate", "--target", str(tmp_path / "target"), "--draft-head", str(tmp_path / "head"),
                      "--prompt", "w5 w9 w17", "--max-new-tokens", "8", "--k", "3", "--device", "cpu"])
     assert code == 0 and "K = 3" in capsys.readouterr().out
+    code = cli.main(["generate", "--target", str(tmp_path / "target"), "--draft-head", str(tmp_path / "head"),
+                     "--prompt", "w5 w9 w17", "--max-new-tokens", "8", "--k", "adaptive", "--device", "cpu"])
+    assert code == 0 and "K schedule           adaptive: chosen" in capsys.readouterr().out  # an EAGLE-3 head's schedule
     code = cli.main(["generate", "--target", str(tmp_path / "target"), "--draft-head", str(tmp_path / "target"),
                      "--prompt", "w5", "--device", "cpu"])
     assert code == 2 and "--draft-head" in capsys.readouterr().err
