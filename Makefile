@@ -36,8 +36,8 @@ $(STAMP): $(REQUIREMENTS) setup.py pyproject.toml
 
 setup: $(STAMP)
 
-test: $(STAMP)  ## the whole suite (CI runs this)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --benchmark-disable
+test: $(STAMP)  ## the whole suite (CI runs this; it lists the 25 slowest tests, to keep its time in check)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --benchmark-disable --durations=25
 
 test-fast: $(STAMP)  ## skip the tests marked slow
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --benchmark-disable -m "not slow"
