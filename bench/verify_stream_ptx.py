@@ -102,9 +102,9 @@ def finish_row(batch: int, mode: str) -> dict:
     from specdec_fast.kernels.verify._triton_select_finish import select_finish_kernel
 
     plan = plans.plan_launches(batch, K, V, True, num_sms=SMS, interpreting=False, modes=frozenset({mode}))
-    constexprs = dict(V=V, K=K, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=4,
-                      BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, BLOCK_S=plan.sweep_block,
-                      FENCE=True, SEARCH_TILE=plan.finish_search_tile)
+    constexprs = dict(V=V, K=K, CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=4,
+                      BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
+                      BLOCK_S=plan.sweep_block, FENCE=True, SEARCH_TILE=plan.finish_search_tile)  # as triton.py launches
     ints = dict(NPOS=2 * K + 1, st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1,
                 NCHUNK=plan.select_chunks, NFCHUNK=plan.finish_chunks)
     kernel = compile_specialised(select_finish_kernel, constexprs, ints, plans.FINISH_NUM_WARPS)
@@ -120,7 +120,7 @@ def finish_row(batch: int, mode: str) -> dict:
     grid = plan.finish_grid
     return dict(B=batch, kernel="select_finish", mode=mode, registers=regs, spill_store_bytes=spills,
                 programs_per_sm_by_registers=programs, grid=list(grid),
-                waves=round(grid[0] * grid[1] / (programs * SMS), 2), values_per_program=-(-V // plan.finish_chunks),
+                waves=round(grid[0] * grid[1] / (programs * SMS), 2), values_per_program=plan.finish_chunk,
                 gather_loop=gather, bytes_in_flight_per_sm=in_flight,
                 model_bandwidth_fraction_of_roofline=round(model / ROOFLINE_BYTES_PER_S, 3) if model else None,
                 loops=found)

@@ -94,10 +94,12 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
             LANES=plan.stream_lanes, SELECTS=plan.selects, UNROLL=plan.stream_unroll, RUNGS_GIVEN=plan.rungs_launch,
             SUMS=plan.stream_sums, **greedy)
         if plan.finish:
+            # CHUNK and BLOCK_C as kernels/verify/triton.py launches it (its own chunks: the streaming
+            # launch's CHUNK until 2026-11-29, a kernel that never ran; same code, another trip count)
             yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
-                V=vocab, K=k, CHUNK=plan.select_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
-                BLOCK_C=triton.next_power_of_2(plan.select_chunks), CAP=plan.cap, BLOCK_S=plan.sweep_block,
-                FENCE=True, SEARCH_TILE=plan.finish_search_tile)
+                V=vocab, K=k, CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+                BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
+                BLOCK_S=plan.sweep_block, FENCE=True, SEARCH_TILE=plan.finish_search_tile)
     else:
         yield select_small_vocab_kernel, plans.SMALL_NUM_WARPS, dict(
             V=vocab, K=k, BLOCK_R=plan.select_block_r, BLOCK_VF=plan.select_block_v, BLOCK_K=block_k, **greedy)

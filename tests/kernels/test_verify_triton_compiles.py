@@ -65,6 +65,9 @@ def test_verify_kernels_compile_for_sm90():
     # The emission kernels and the greedy selection kernels were re-recorded when their token writers began
     # mapping a row without a maximum (a NaN row: BIG_INDEX) to token 0 (found_or_zero, 2026-11-29): once a
     # row, outside every loop: the B = 64 emission 3209 -> 3227 PTX lines, the B = 64 greedy stream 1460 -> 1469.
+    # The two verify finishing kernels were re-recorded when the script began compiling them with the CHUNK and
+    # BLOCK_C kernels/verify/triton.py launches them with (their own chunks: 10240 / 129024 values at B = 1 / 64;
+    # it had passed the streaming launch's, 2048 / 65536: the same code, a loop trip count no launch ran).
     if triton.__version__ != PTX_TRITON:  # another Triton writes other PTX: the compiles above are the check
         return
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
