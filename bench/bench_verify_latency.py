@@ -13,6 +13,11 @@ on over the lever off"):
                           not change).
   "earlier_defaults"      all three as they were before 2026-11-28 (the fused search off, no skips,
                           1024-value blocks): the three changes together against the earlier plan.
+  "finish_gather_4096"    the finishing launch's second pass (a row's interval gathered, min-p's chunk
+  "finish_gather_8192"    masses) in blocks of 4096 / 8192 values (_triton_plan.FINISH_GATHER_BLOCK_V,
+                          a candidate, off) against the streaming block of 2048: twice / four times
+                          the loads in flight of a program that holds an SM alone (B = 64: 570 of 576
+                          top_p = 0.9 distributions take that pass, 2230 us on the H200).
 
 An H200 timed each of the three alone against the then-defaults at e4f1563 (bench/results/
 h200_2026-11-28: the figures are at each constant in kernels/verify/_triton_plan.py) and they were
@@ -46,6 +51,7 @@ from specdec_fast.kernels.verify import _triton_plan as _plan  # noqa: E402
 MODES = {"T=1": {}, "top_k=50": dict(top_k=50), "top_p=0.9": dict(top_p=0.9), "min_p=0.05": dict(min_p=0.05)}
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (64, 4, 128256)]
 _ONE_ROW_BLOCK_ON = _plan.EMIT_ONE_ROW_BLOCK_V < _plan.EMIT_MAX_BLOCK_V
+_GATHER_OFF = _plan.LARGE_BLOCK_V  # the finishing launch's second pass in the streaming block (FINISH_GATHER_BLOCK_V None)
 # way -> (the plan override that flips the lever, whether the defaults have it on, the batches where it changes
 # the plan (None: every batch)); "now" is the defaults.
 LEVERS = {
@@ -57,6 +63,13 @@ LEVERS = {
                            (1,)),
     "earlier_defaults": (dict(finish_search_tile=0, emit_skip_identities=False, emit_block_v=_plan.EMIT_MAX_BLOCK_V),
                          True, None),
+    # a block the defaults take (FINISH_GATHER_BLOCK_V) is flipped back to the streaming block's. Timed where
+    # the question is (B = 64) and at B = 1 for 4096 (its chunks change there too: 11 a row against 13); each
+    # way compiles its own finishing kernels, which the limits stage's budget pays for
+    "finish_gather_4096": (dict(finish_block_v=_GATHER_OFF if _plan.FINISH_GATHER_BLOCK_V == 4096 else 4096),
+                           _plan.FINISH_GATHER_BLOCK_V == 4096, (1, 64)),
+    "finish_gather_8192": (dict(finish_block_v=_GATHER_OFF if _plan.FINISH_GATHER_BLOCK_V == 8192 else 8192),
+                           _plan.FINISH_GATHER_BLOCK_V == 8192, (64,)),
 }
 WAYS = {"now": {}, **{name: flip for name, (flip, _, _) in LEVERS.items()}}
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs

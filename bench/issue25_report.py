@@ -374,6 +374,10 @@ LATENCY_LEVERS = {
     "EMIT_SKIP_IDENTITIES": ("emit_skip_identities", "us with the emission's identity skips over without"),
     "EMIT_ONE_ROW_BLOCK_V=256": ("emit_one_row_block", "B = 1 us with the emission in blocks of 256 over 1024"),
     "DEFAULTS_OF_2026_11_28": ("earlier_defaults", "us with the three levers above over the plan before them"),
+    "FINISH_GATHER_BLOCK_V=4096": ("finish_gather_4096", "us with the finishing launch's second pass in blocks of "
+                                                          "4096 over 2048"),
+    "FINISH_GATHER_BLOCK_V=8192": ("finish_gather_8192", "us with the finishing launch's second pass in blocks of "
+                                                          "8192 over 2048"),
 }
 
 

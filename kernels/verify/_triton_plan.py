@@ -118,6 +118,17 @@ FINISH_NUM_WARPS = 8
 # and slower for the top_k rows (63.6 against 59.8): 1024 saved 116 us over the 24 timings, 2048
 # 109. Predicted 31 -> ~20 us for the B = 1 top_k finishing launch; the verify lost 11 us.
 FINISH_SEARCH_TILE = 1024
+# The vocab block of the finishing launch's second pass (_triton_select_finish._chunk_pass: gather a
+# row's interval, or min-p's chunk masses); None: the streaming launch's block (2048). A prepared
+# candidate, off until a GPU times it (bench_verify_latency's "finish_gather_4096" / "_8192" ways).
+# Why: the H200 measured B = 64 top_p = 0.9 at 2230 us against 791 for top_k = 50 (570 of its 576
+# distributions on that pass, one program a row, 4.36 waves); compiled here for sm_90a
+# (bench/verify_stream_ptx.py finish_rows) the program holds 215 registers at 8 warps (one an SM)
+# and its gather loop one 16-byte load a thread, 7 bar.sync and 8 atomics a step of 2048 values:
+# 4 KB in flight an SM, latency-bound. 4096: the same 213 registers, 2 loads and 9 bar.sync a step
+# (twice the bytes in flight, 36% fewer barriers a value); 8192: 255 registers (no spills), 4 loads,
+# 15 bar.sync. Predicted: the pass's time roughly halved at 4096 where latency bounds it.
+FINISH_GATHER_BLOCK_V = None
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
 SMALL_TILE = 4096
@@ -222,6 +233,9 @@ class LaunchPlan:
     # the streaming pass keeps its sums (False: the argmax alone, every row greedy;
     # STREAM_GREEDY_ARGMAX_ONLY)
     stream_sums: bool = True
+    # the finishing launch's vocab block on its second pass (FINISH_GATHER_BLOCK_V; finish_chunk is a
+    # multiple); 0: select_block_v
+    finish_block_v: int = 0
 
     @property
     def select_grid(self) -> tuple:
@@ -251,6 +265,17 @@ def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, nu
     return chunk, triton.cdiv(vocab, chunk)
 
 
+def _finish_block(finish_block_v: int | None, select_block_v: int, interpreting: bool) -> int:
+    """The finishing launch's block on its second pass: finish_block_v (a power of 2 >= 16), else
+    FINISH_GATHER_BLOCK_V on a GPU, else the streaming block (the interpreter's large tiles)."""
+    if finish_block_v is not None:
+        if isinstance(finish_block_v, bool) or not isinstance(finish_block_v, int) or finish_block_v < 16 \
+                or finish_block_v & (finish_block_v - 1):
+            raise ValueError(f"finish_block_v must be a power of 2 >= 16, got {finish_block_v!r}")
+        return finish_block_v
+    return FINISH_GATHER_BLOCK_V if FINISH_GATHER_BLOCK_V and not interpreting else select_block_v
+
+
 def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
                   modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
                   num_chunks: int | None = None, cap: int | None = None,
@@ -259,7 +284,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   emit_lanes: bool | None = None, rungs_launch: bool | None = None,
                   rungs_sub: int | None = None, emit_block_v: int | None = None,
                   finish_search_tile: int | None = None, emit_skip_identities: bool | None = None,
-                  stream_sums: bool | None = None) -> LaunchPlan:
+                  stream_sums: bool | None = None, finish_block_v: int | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -286,7 +311,9 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     small tile: raised to a power of 2, at most the candidate cap; below 256, threads of the
     8-warp program hold no value). emit_skip_identities: the emission skips the division by T and
     min-p's test where they are identities for all of a program's rows (None:
-    EMIT_SKIP_IDENTITIES). stream_sums: the streaming pass's sum-exp (None: kept unless every row
+    EMIT_SKIP_IDENTITIES). finish_block_v: the finishing launch's vocab block on its second pass
+    (None: FINISH_GATHER_BLOCK_V on a GPU, else the streaming block; the finishing chunks are
+    multiples of it). stream_sums: the streaming pass's sum-exp (None: kept unless every row
     is greedy and STREAM_GREEDY_ARGMAX_ONLY; False is taken only where every row is greedy, whose
     tokens need the argmax alone: the chain's greedy tokens, tree_verify's greedy walk, which
     standardises greedy rows by their argmax). stream_lanes measured on an H100 (112bf69,
@@ -311,12 +338,13 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         s_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["large_block_v"])
         s_block_r = 1
         s_chunk, s_chunks = _split(vocab, rows, select_programs, s_block_v, num_chunks)
-        f_chunk, f_chunks = _split(vocab, rows, finish_programs, s_block_v, num_chunks)
+        f_block_v = _finish_block(finish_block_v, s_block_v, interpreting)
+        f_chunk, f_chunks = _split(vocab, rows, finish_programs, f_block_v, num_chunks)
     else:
         s_block_v = triton.next_power_of_2(vocab)
         s_block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), cfg["small_tile"] // s_block_v))
         s_chunk, s_chunks = vocab, 1
-        f_chunk, f_chunks = vocab, 1
+        f_chunk, f_chunks, f_block_v = vocab, 1, s_block_v
     e_block_v = emit_block_v or block_v or min(triton.next_power_of_2(vocab),
                                                cfg["emit_one_row_block_v" if batch == 1 else "emit_max_block_v"])
     e_block_r = max(1, min(triton.next_power_of_2(max(batch, 1)), cfg["emit_tile"] // e_block_v))
@@ -361,7 +389,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       s_block_r, s_block_v, s_chunk, s_chunks, min(triton.next_power_of_2(vocab), cfg["sweep_block"]),
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
                       penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile,
-                      EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities), sums)
+                      EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities), sums,
+                      f_block_v)
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0
@@ -468,7 +497,8 @@ def verify_plan(batch: int, k: int, vocab: int, has_draft: bool = True, modes=("
         "distributions": plan.rows,
         "second_pass": ("over the rows whose top-p (without a top-k <= CAP / 16), top-k > CAP / 16 or "
                         "min-p (alone) threshold lies below the gathered top set: +1 pass over those rows, "
-                        f"{plan.finish_chunks} programs per row") if (selects and plan.large_vocab) else None,
+                        f"{plan.finish_chunks} programs per row, blocks of {plan.finish_block_v} values")
+        if (selects and plan.large_vocab) else None,
         "fallback_passes_per_missed_threshold": "1 + ~log2(values in the interval / CAP), one program"
         if (selects and plan.large_vocab) else None,
     }

@@ -203,7 +203,7 @@ def select_stats(target, draft, draft_tokens, params: SamplingTensors, plan, ext
                 *common, part_f, part_i, candidates, fills, rungs, minp_part, tickets, m, s2, s3, tkey, amax, paths,
                 npos, plan.select_chunks, plan.finish_chunks, *strides, *token_strides, *pen_args, **pen_kw, V=vocab,
                 K=k,
-                CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+                CHUNK=plan.finish_chunk, BLOCK_V=plan.finish_block_v, BLOCK_K=block_k,
                 BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
                 BLOCK_S=plan.sweep_block, FENCE=fence, SEARCH_TILE=plan.finish_search_tile, num_warps=FINISH_NUM_WARPS,
             )
@@ -303,6 +303,7 @@ def chain_verify_triton(
     finish_search_tile: int | None = None,
     emit_skip_identities: bool | None = None,
     stream_sums: bool | None = None,
+    finish_block_v: int | None = None,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,7 +323,8 @@ def chain_verify_triton(
     fused one over a tile of that many values where the interval fits); emit_skip_identities: the
     emission skips its rows' per-value identities (None: EMIT_SKIP_IDENTITIES); stream_sums: False
     streams the max and the argmax alone where every row is greedy (None: the plan's,
-    STREAM_GREEDY_ARGMAX_ONLY; ignored where a row samples). return_paths: also
+    STREAM_GREEDY_ARGMAX_ONLY; ignored where a row samples); finish_block_v: the finishing launch's
+    block on its second pass (None: the plan's, FINISH_GATHER_BLOCK_V). return_paths: also
     return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
@@ -333,7 +335,8 @@ def chain_verify_triton(
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
                      emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
-                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums)
+                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums,
+                     finish_block_v=finish_block_v)
     tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
                                        penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
@@ -360,6 +363,7 @@ def sample_triton(
     finish_search_tile: int | None = None,
     emit_skip_identities: bool | None = None,
     stream_sums: bool | None = None,
+    finish_block_v: int | None = None,
     workspace: KernelWorkspace | None = None,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
@@ -373,7 +377,8 @@ def sample_triton(
                      stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
                      rungs_launch=rungs_launch, rungs_sub=rungs_sub,
                      emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
-                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums)
+                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums,
+                     finish_block_v=finish_block_v)
     tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
                         prefix_tokens, workspace)
     return tokens[:, 0]

@@ -169,6 +169,11 @@ VARIANTS = (
       ("*fp32", 1, 0, False, False)),
      frozenset({"greedy"})),
     ("unroll1", (select_stream_kernel,), dict(UNROLL=1), (("*bf16", 64, 4, True, False),), frozenset({"greedy"})),
+    # the finishing launch's second pass in blocks of 4096 / 8192 values (_triton_plan.FINISH_GATHER_BLOCK_V, a
+    # prepared candidate: bench_verify_latency's "finish_gather_*" ways), B = 64 as its plan gives it (one chunk
+    # of 131072 values a row)
+    ("gather4096", (select_finish_kernel,), dict(BLOCK_V=4096, CHUNK=131072), (("*bf16", 64, 4, True, False),)),
+    ("gather8192", (select_finish_kernel,), dict(BLOCK_V=8192, CHUNK=131072), (("*bf16", 64, 4, True, False),)),
 )
 
 
