@@ -14,7 +14,8 @@ verify, counters in the polls, the phase timer, every choice computed) with each
 replaced by the best fixed K, which separates what the mechanics cost from what the choices cost
 (the H100's open question of 2026-11-24: adaptive 0-10% slower than a constant K at the same K).
 
-    python bench/bench_adaptive_k.py            # CPU: the demo pair and a noisier copy of its draft
+    python bench/bench_adaptive_k.py            # CPU: the demo pair, a noisier copy of its draft, its EAGLE-3
+                                                # head (--drafters "demo EAGLE-3 head": that one alone)
     python bench/bench_adaptive_k.py --gpu      # CUDA: the 8B-shaped pair (bench/scale_models.py),
                                                 # greedy agreement 0.6 / 0.8 / 0.9 x batch 1 / 8 / 32
 
@@ -42,11 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def cpu_setup(batches):
-    """The demo pair and, per 'agreement' label, a draft: the demo draft and a copy with noise on
-    its decoder layers (seeded), which lowers its agreement with the target."""
+    """The demo pair and, per label, the drafting keywords of a call: the demo draft, a copy with
+    noise on its decoder layers (seeded), which lowers its agreement with the target, and the
+    pair's EAGLE-3 head (draft_head; its adaptive schedule since 2026-11-29)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdec_fast.pair import held_out_prompts
+    from specdec_fast.pair import eagle3_head_dir, held_out_prompts
 
     target_dir, draft_dir = specdec_fast.demo_pair()
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
@@ -62,8 +64,11 @@ def cpu_setup(batches):
     rows = [tok(p, return_tensors="pt").input_ids[0] for p in held_out_prompts(max(batches))]
     width = min(len(r) for r in rows)
     prompts = torch.stack([r[:width] for r in rows])  # the same length: no padding
-    drafts = {"demo draft": draft, "noisy draft": noisy}
-    return target, drafts, lambda b: prompts[:b], "demo pair (3.8M Llama code model + 0.8M draft), float32"
+    drafts = {"demo draft": dict(assistant_model=draft), "noisy draft": dict(assistant_model=noisy)}
+    head_dir = eagle3_head_dir()
+    if head_dir is not None:
+        drafts["demo EAGLE-3 head"] = dict(draft_head=specdec_fast.load_draft_head(head_dir))
+    return target, drafts, lambda b: prompts[:b], "demo pair (3.8M Llama code model + 0.8M draft, its EAGLE-3 head), float32"
 
 
 def gpu_setup(agreements, prompt_len):
@@ -79,7 +84,7 @@ def gpu_setup(agreements, prompt_len):
     def drafts():  # the draft shares the target's layers: calibrating moves both, one agreement at a time
         for goal in agreements:
             got = sm.calibrate(target, draft, goal, calib)
-            yield f"greedy agreement {got['agreement']:.3f}", draft
+            yield f"greedy agreement {got['agreement']:.3f}", dict(assistant_model=draft)
     return target, drafts, lambda b: ids[:b], "Llama-3-8B-shaped random bf16 target, 2-layer draft"
 
 
@@ -145,6 +150,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--sample", action="store_true", help="T=1 sampling instead of greedy")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=None)
+    ap.add_argument("--drafters", default=None, help="CPU: the labels to run, comma-separated (default: all: "
+                    "'demo draft', 'noisy draft', 'demo EAGLE-3 head')")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     started = time.perf_counter()
@@ -158,21 +165,24 @@ def main(argv=None) -> dict:
     else:
         torch.set_num_threads(args.threads)
         target, by_name, prompts, models = cpu_setup(batches)
-        configs = iter(by_name.items())
+        wanted = None if args.drafters is None else [name.strip() for name in args.drafters.split(",")]
+        if wanted is not None and set(wanted) - set(by_name):
+            ap.error(f"--drafters: unknown {sorted(set(wanted) - set(by_name))}; choose from {sorted(by_name)}")
+        configs = iter([(name, by_name[name]) for name in wanted] if wanted else by_name.items())
         device = cpu_model()
     stem = "adaptive_k_" + ("".join(c if c.isalnum() else "_" for c in device.lower()) if args.gpu else "cpu")
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{stem}.json"
     result = dict(device=device, versions=versions(), models=models, new_tokens=new, ks=ks, calls=args.calls,
                   sample=args.sample, threads=None if args.gpu else args.threads, configs=[])
-    for label, draft in configs:
+    for label, drafting in configs:
         for b in batches:
             if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
                 print(f"budget of {args.budget_s:.0f} s spent: skipping the rest")
                 break
             ids = prompts(b)
             methods = {"plain": {}}
-            methods.update({f"K={k}": dict(assistant_model=draft, num_assistant_tokens=k) for k in ks})
-            methods["adaptive"] = dict(assistant_model=draft, num_assistant_tokens_schedule="adaptive")
+            methods.update({f"K={k}": dict(drafting, num_assistant_tokens=k) for k in ks})
+            methods["adaptive"] = dict(drafting, num_assistant_tokens_schedule="adaptive")
             rows = {name: timed(target, ids, new, extra, args.calls, args.sample) for name, extra in methods.items()}
             best = max((n for n in rows if n.startswith("K=")), key=lambda n: rows[n]["tokens_per_s"])
             with pinned_choices(int(best[2:])):
@@ -180,7 +190,8 @@ def main(argv=None) -> dict:
             # A server's engine: warmup() captures (and times) every K up front, so the schedule
             # chooses among all of them from the first call (engine/schedule.py).
             for engine in cached_engines(target):
-                if engine.assistant_model is draft:
+                if (engine.assistant_model is drafting.get("assistant_model") and
+                        engine.draft_head is drafting.get("draft_head")):
                     engine.warmup([b], do_sample=args.sample, num_assistant_tokens_schedule="adaptive")
             rows["adaptive after warmup"] = timed(target, ids, new, methods["adaptive"], args.calls, args.sample)
             ada, warm, plain = rows["adaptive"], rows["adaptive after warmup"], rows["plain"]["tokens_per_s"]
