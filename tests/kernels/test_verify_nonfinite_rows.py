@@ -76,3 +76,22 @@ def test_tree_verify_keeps_a_nan_row_in_the_vocabulary(device, backend, mode):
     assert ((out >= -1) & (out < vocab)).all(), out
     for b in range(B):
         assert 0 <= int(out[b, int(accepted[b])]) < vocab, (b, out[b])
+
+
+@pytest.mark.slow  # ~10 s a case through the interpreter
+@pytest.mark.parametrize("kw", [MODES["top_p=0.9"], dict(temperature=0.7, top_k=3000)], ids=["top_p=0.9", "top_k=3000"])
+def test_the_large_vocabulary_path_ends_and_stays_in_the_vocabulary_on_a_nan_row(device, kw):
+    """V above the candidate cap with several chunks a row (the streaming and finishing launches, the
+    gathered interval and the exact sweeps): a NaN row's searches end and its tokens lie in [0, V)."""
+    from specdec_fast.kernels.verify.triton import chain_verify_triton
+
+    vocab = 5000
+    params = make_sampling_tensors(B, device, **kw)
+    target = _poisoned((B, K + 1, vocab), float("nan"), 8).to(device)
+    draft_logits = _poisoned((B, K, vocab), float("nan"), 9).to(device)
+    drafts = torch.randint(0, vocab, (B, K), generator=torch.Generator().manual_seed(10)).to(device)
+    tokens, accepted = chain_verify_triton(target, draft_logits, drafts, params, cap=128, num_chunks=3, block_v=512)
+    tokens, accepted = tokens.cpu(), accepted.cpu()
+    assert ((tokens >= -1) & (tokens < vocab)).all(), tokens
+    for b in range(B):
+        assert 0 <= int(tokens[b, int(accepted[b])]) < vocab, (b, tokens[b])
