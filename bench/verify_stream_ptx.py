@@ -32,7 +32,7 @@ import triton  # noqa: E402
 from machine import versions  # noqa: E402
 from specdec_fast.kernels.verify import _triton_plan as plans  # noqa: E402
 from specdec_fast.kernels.verify._triton_select_stream import select_stream_kernel  # noqa: E402
-from tests.kernels._compile_verify_kernels import compile_kernel  # noqa: E402
+from tests.kernels._compile_verify_kernels import compile_kernel, jobs as compile_jobs  # noqa: E402
 
 K, V = 4, 128256
 SMS, REGISTERS_PER_SM, MAX_WARPS_PER_SM = 132, 65536, 64
@@ -66,6 +66,20 @@ def compile_specialised(fn, constexprs: dict, ints: dict, num_warps: int):
     return compile_kernel(fn, "*bf16", constexprs, num_warps, ints=ints)
 
 
+def programs_per_sm(regs: int, num_warps: int) -> int:
+    """Programs of num_warps warps an SM holds with regs registers a thread (allocated in units of 8)."""
+    allocated = -(-regs // 8) * 8
+    return min(REGISTERS_PER_SM // (allocated * 32 * num_warps), MAX_WARPS_PER_SM // num_warps)
+
+
+def model_fraction(in_flight: int | None) -> float | None:
+    """The Little's-law MODEL: bytes in flight an SM x SMS / LATENCY_S, capped by the roofline, as a
+    fraction of it (None without a loop to read)."""
+    if not in_flight:
+        return None
+    return round(min(in_flight * SMS / LATENCY_S, ROOFLINE_BYTES_PER_S) / ROOFLINE_BYTES_PER_S, 3)
+
+
 def emit_row(batch: int, lanes: bool = False) -> dict:
     """The emission kernel (T = 1 rows): registers, programs per SM, its loops' sizes. At B = 64 its
     streaming loop is far longer than the selection's per value (Philox noise, the ratio test,
@@ -82,8 +96,7 @@ def emit_row(batch: int, lanes: bool = False) -> dict:
     kernel = compile_specialised(emit_kernel, constexprs, ints, plans.EMIT_NUM_WARPS)
     regs, spills = registers(kernel.asm["ptx"])
     found = loops(kernel.asm["ptx"])
-    allocated = -(-regs // 8) * 8
-    programs = min(REGISTERS_PER_SM // (allocated * 32 * plans.EMIT_NUM_WARPS), MAX_WARPS_PER_SM // plans.EMIT_NUM_WARPS)
+    programs = programs_per_sm(regs, plans.EMIT_NUM_WARPS)
     grid = plan.emit_grid
     longest = max(found, key=lambda loop: loop["lines"], default={})
     return dict(B=batch, kernel="emit", mode="plain", lanes=lanes, registers=regs, spill_store_bytes=spills,
@@ -101,29 +114,26 @@ def finish_row(batch: int, mode: str) -> dict:
     a floor that leaves out the barriers and atomics of each step."""
     from specdec_fast.kernels.verify._triton_select_finish import select_finish_kernel
 
-    plan = plans.plan_launches(batch, K, V, True, num_sms=SMS, interpreting=False, modes=frozenset({mode}))
-    constexprs = dict(V=V, K=K, CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=4,
-                      BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
-                      BLOCK_S=plan.sweep_block, FENCE=True, SEARCH_TILE=plan.finish_search_tile)  # as triton.py launches
+    modes = frozenset({mode})
+    plan = plans.plan_launches(batch, K, V, True, num_sms=SMS, interpreting=False, modes=modes)
+    # the constexprs the compile check gives it, which are those kernels/verify/triton.py launches it with
+    constexprs = next(cx for fn, _, cx, _ in compile_jobs("*bf16", batch, K, V, True, modes) if fn is select_finish_kernel)
     ints = dict(NPOS=2 * K + 1, st_b=(K + 1) * V, st_k=V, sd_b=K * V, sd_k=V, sx_b=K, sx_k=1,
                 NCHUNK=plan.select_chunks, NFCHUNK=plan.finish_chunks)
     kernel = compile_specialised(select_finish_kernel, constexprs, ints, plans.FINISH_NUM_WARPS)
     regs, spills = registers(kernel.asm["ptx"])
     found = loops(kernel.asm["ptx"])
-    allocated = -(-regs // 8) * 8
-    programs = min(REGISTERS_PER_SM // (allocated * 32 * plans.FINISH_NUM_WARPS), MAX_WARPS_PER_SM // plans.FINISH_NUM_WARPS)
+    programs = programs_per_sm(regs, plans.FINISH_NUM_WARPS)
     gather = max((loop for loop in found if loop["atomics"] and loop["ld_global"]), key=lambda loop: loop["lines"],
                  default=None)  # 16-byte loads where the chunks start aligned (B = 64: one chunk), else 2-byte ones
     width = 16 if gather and any(".v4" in k for k in gather["ld_kinds"]) else 2
     in_flight = programs * 32 * plans.FINISH_NUM_WARPS * width * gather["ld_global"] if gather else None
-    model = min(in_flight * SMS / LATENCY_S, ROOFLINE_BYTES_PER_S) if in_flight else None
     grid = plan.finish_grid
     return dict(B=batch, kernel="select_finish", mode=mode, registers=regs, spill_store_bytes=spills,
                 programs_per_sm_by_registers=programs, grid=list(grid),
                 waves=round(grid[0] * grid[1] / (programs * SMS), 2), values_per_program=plan.finish_chunk,
                 gather_loop=gather, bytes_in_flight_per_sm=in_flight,
-                model_bandwidth_fraction_of_roofline=round(model / ROOFLINE_BYTES_PER_S, 3) if model else None,
-                loops=found)
+                model_bandwidth_fraction_of_roofline=model_fraction(in_flight), loops=found)
 
 
 def registers(ptx: str) -> tuple[int, int]:
@@ -168,18 +178,16 @@ def row(batch: int, mode: str, variant: str) -> dict:
     plan, kernel = compile_stream(batch, modes, VARIANTS[variant])
     regs, spills = registers(kernel.asm["ptx"])
     loop = streaming_loop(loops(kernel.asm["ptx"]))
-    allocated = -(-regs // 8) * 8  # registers are allocated per thread in units of 8
-    programs = min(REGISTERS_PER_SM // (allocated * 32 * plans.STREAM_NUM_WARPS), MAX_WARPS_PER_SM // plans.STREAM_NUM_WARPS)
+    programs = programs_per_sm(regs, plans.STREAM_NUM_WARPS)
     loads = loop["ld_global"] if loop else None
     in_flight = programs * 32 * plans.STREAM_NUM_WARPS * 16 * loads if loads else None
-    model = min(in_flight * SMS / LATENCY_S, ROOFLINE_BYTES_PER_S) if in_flight else None
     values_per_step = plan.select_block_v * plan.stream_unroll // (32 * plans.STREAM_NUM_WARPS)
     return dict(B=batch, mode=mode, variant=variant, stream_lanes=plan.stream_lanes, unroll=plan.stream_unroll,
                 selects=plan.selects, chunk=plan.select_chunk, block_v=plan.select_block_v, registers=regs,
                 spill_store_bytes=spills, programs_per_sm_by_registers=programs, loop=loop,
                 ex2_per_value=round(loop["ex2"] / values_per_step, 3) if loop else None,
                 bytes_in_flight_per_sm=in_flight,
-                model_bandwidth_fraction_of_roofline=round(model / ROOFLINE_BYTES_PER_S, 3) if model else None)
+                model_bandwidth_fraction_of_roofline=model_fraction(in_flight))
 
 
 def main(argv=None) -> dict:
