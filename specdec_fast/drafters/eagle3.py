@@ -145,7 +145,7 @@ class Eagle3Drafter:
         if not self._logits_needed:
             return drafts, None
         if self._draft_logits is not None and stage is None:  # the rows are its columns (the first k: an adaptive K)
-            return drafts, self._draft_logits if k == self._draft_logits.shape[1] else self._draft_logits[:, :k]
+            return drafts, self._draft_logits[:, :k]
         return drafts, torch.stack(rows, 1)
 
     def commit(self, num_accepted: torch.Tensor, draft_tokens: torch.Tensor) -> None:

@@ -185,3 +185,21 @@ def reference_block(head, target, context: list) -> torch.Tensor:
         block[0, 0] = context[-1]
         return head(F.embedding(block, target_weights(target)[0]), head.context(feats[None]),
                     torch.arange(c, c + head.block_size)[None], torch.arange(c)[None])
+
+
+def greedy_under_the_schedule(target, ids, mask, chaos, cycle, **drafting):
+    """generate(num_assistant_tokens_schedule="adaptive", greedy, 24 tokens) with the drafting
+    keywords twice: under the schedule's own choices, then with K forced through ``cycle`` every
+    iteration (tests/engine/conftest.py chaos). Both must equal the target's greedy decoding.
+    Returns (stats of the first call, stats of the second, the Ks the second chose)."""
+    import specdec_fast
+
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    kw = dict(drafting, num_assistant_tokens_schedule="adaptive", do_sample=False, max_new_tokens=24, pad_token_id=0,
+              return_stats=True)
+    out, own = specdec_fast.generate(target, ids, mask, **kw)
+    assert torch.equal(out, expected)
+    chosen = chaos(cycle)
+    out, forced = specdec_fast.generate(target, ids, mask, **kw)
+    assert torch.equal(out, expected)
+    return own, forced, chosen

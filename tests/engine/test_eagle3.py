@@ -18,7 +18,7 @@ from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners.paged_eagle3 import PagedEagle3Runner
 
 from ..conftest import backend_device, on_device
-from .heads import proposals_per_iteration, random_head, trained_head
+from .heads import greedy_under_the_schedule, proposals_per_iteration, random_head, trained_head
 from .models import left_padded_prompts, make_model
 from .test_paged_runner import VOCAB, tiny
 
@@ -152,16 +152,11 @@ def test_the_adaptive_schedule_runs_an_eagle3_head_exactly(target, head, graphs,
     decoding under the schedule's own choices and under K forced to change every iteration (per-K
     graphs on the twin, one set of pending buffers)."""
     ids, mask = left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2)
-    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
-    kw = dict(draft_head=head, num_assistant_tokens_schedule="adaptive", do_sample=False, max_new_tokens=24,
-              pad_token_id=0, cuda_graphs=graphs, return_stats=True)
-    out, stats = specdec_fast.generate(target, ids, mask, **kw)
-    assert torch.equal(out, expected)
-    assert stats.schedule["ks"] == [1, 2, 3, 4, 5, 6, 8]
-    chosen = chaos([8, 2, 5, 1, 4, 6])
-    out, stats = specdec_fast.generate(target, ids, mask, **kw)
-    assert torch.equal(out, expected) and len(set(chosen)) >= 5 and stats.alpha > 0
-    assert stats.schedule["chosen"] == dict(sorted({k: chosen.count(k) for k in set(chosen)}.items()))
+    own, forced, chosen = greedy_under_the_schedule(target, ids, mask, chaos, [8, 2, 5, 1, 4, 6], draft_head=head,
+                                                    cuda_graphs=graphs)
+    assert own.schedule["ks"] == [1, 2, 3, 4, 5, 6, 8]
+    assert len(set(chosen)) >= 5 and forced.alpha > 0
+    assert forced.schedule["chosen"] == dict(sorted({k: chosen.count(k) for k in set(chosen)}.items()))
 
 
 def _request(rng: random.Random):
