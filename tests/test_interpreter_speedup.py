@@ -103,3 +103,61 @@ def test_the_dtype_cache_answers_what_triton_answers():
     for _ in range(2):
         for tt in types:
             assert cached(tt) == original(tt), tt
+
+
+def _lazy_inits():
+    from triton.language import core
+
+    if not getattr(core.tuple.__init__, "specdec_lazy", False):
+        pytest.skip("the lazy types are not installed here")
+    return core, core.tuple.__init__.original, core.block_type.__init__.original
+
+
+def _triton_s(cls, init, *args):
+    """An object built by Triton's own __init__ (no lazy attribute left to read)."""
+    obj = object.__new__(cls)
+    init(obj, *args)
+    return obj
+
+
+def test_lazy_tuple_types_are_triton_s():
+    """A tl.tuple's type read later is the one Triton builds at once: values of every kind, a
+    given type, a type given as a list, and a tuple changed by _setitem before its type is read."""
+    core, tuple_init, _ = _lazy_inits()
+    import triton.language as tl
+
+    tensor = tl.core.tensor(None, tl.block_type(tl.float32, [4, 8]))
+    cases = [([1, 2.5, tl.float16], None), ([core.constexpr(3), tensor], None), ([], None),
+             ([core.constexpr(4)], core.tuple_type([core.constexpr_type(4)], ["x"])),
+             ([1, 2], [core.constexpr_type(1), core.constexpr_type(2)])]
+    for values, given in cases:
+        lazy, own = core.tuple(values, given), _triton_s(core.tuple, tuple_init, values, given)
+        assert lazy.type == own.type and lazy.type.name == own.type.name and lazy.type.fields == own.type.fields
+        assert "type" in lazy.__dict__  # read once, kept
+    lazy, own = core.tuple([1, 2]), _triton_s(core.tuple, tuple_init, [1, 2])
+    lazy._setitem(1, tl.int32)
+    own._setitem(1, tl.int32)
+    assert lazy.type == own.type and lazy.type.name == own.type.name
+
+
+def test_lazy_block_types_are_triton_s():
+    """Shape, numel, name and equality of block types over lists and tl.tuples of ints and
+    constexprs; every rejected shape rejected with Triton's error."""
+    core, _, block_init = _lazy_inits()
+    import triton.language as tl
+
+    shapes = [[8], [1, 16], [4, 2, 2], core.tuple([core.constexpr(2), core.constexpr(32)]), core.tuple([64]),
+              [core.constexpr(8), 4]]
+    for element in (tl.float32, tl.int1, tl.pointer_type(tl.bfloat16)):
+        for shape in shapes:
+            lazy, own = tl.block_type(element, shape), _triton_s(core.block_type, block_init, element, shape)
+            assert isinstance(lazy.shape, core.tuple) and lazy.shape.values == own.shape.values
+            assert lazy.shape == [int(s) for s in own.shape]  # the comparison broadcast_impl_value makes
+            assert lazy.numel == own.numel and lazy.name == own.name and str(lazy) == str(own)
+            assert lazy == own and lazy.is_block() and lazy.scalar == own.scalar
+    for bad in ([], [3], [8, 6], [2.0], (4,), [core.constexpr(12)], [1 << 21, 1 << 10]):
+        with pytest.raises(Exception) as lazy_error:
+            tl.block_type(tl.float32, bad)
+        with pytest.raises(Exception) as own_error:
+            _triton_s(core.block_type, block_init, tl.float32, bad)
+        assert type(lazy_error.value) is type(own_error.value) and str(lazy_error.value) == str(own_error.value), bad
