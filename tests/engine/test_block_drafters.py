@@ -36,9 +36,12 @@ def test_greedy_equals_target_greedy(target, drafter, backend, k, device):
     device = backend_device(backend, device)
     target, drafter = on_device(device, target, drafter)
     ids, mask = on_device(device, *left_padded_prompts([5, 1, 8], vocab=VOCAB, seed=2))
-    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, pad_token_id=0)
+    # interpreted on CPU, 20 tokens (19 iterations: these drafters' drafts are rarely accepted on this
+    # prompt; DFlash2's first accepted one is among tokens 17-20)
+    new = 20 if backend == "triton" else 30
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0)
     out, stats = specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=k, do_sample=False,
-                                       max_new_tokens=30, pad_token_id=0, backend=backend, return_stats=True)
+                                       max_new_tokens=new, pad_token_id=0, backend=backend, return_stats=True)
     assert torch.equal(out, expected)
     assert stats.k == k and stats.alpha > 0
 

@@ -82,14 +82,14 @@ def test_sampled_tokens_follow_the_target_with_k_changing_every_iteration(pair, 
 
 
 def test_triton_engine_draws_the_torch_engines_tokens(device):
-    """K = 4, 8, 15 with a block of 16 (the tiny target of the greedy tests); both engines on the
-    test device."""
+    """K = 4 and 15 (the whole block of 16) on the tiny target of the greedy tests; both engines on
+    the test device."""
     from .test_paged_runner import tiny
 
     target = tiny("llama", layers=4, seed=2)
     target, drafter = on_device(device, target, trained_dflash(target, key="llama4-b16", block_size=16))
     ids = torch.tensor([[5, 9, 17], [6, 2, 4]], device=device)
-    for k in (4, 8, 15):
+    for k in (4, 15):
         out = {b: specdec_fast.generate(target, ids, draft_head=drafter, num_assistant_tokens=k, do_sample=True,
                                         max_new_tokens=6, seed=9, backend=b, temperature=0.9, top_k=0, pad_token_id=0)
                for b in ("triton", "torch")}

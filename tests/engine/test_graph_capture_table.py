@@ -47,7 +47,8 @@ def _run(device, k: int, batch: int, drafter: str, cuda_graphs):
     ids, mask = on_device(device, *left_padded_prompts(lengths, vocab=96, seed=k * 100 + batch))
     extra = (dict(assistant_model=draft, num_assistant_tokens=k) if drafter == "model"
              else dict(prompt_lookup_num_tokens=k))
-    return api.generate(target, ids, mask, max_new_tokens=2 * k + 4, pad_token_id=0, do_sample=True, temperature=0.9,
+    # k + 4 tokens: an iteration gives at most k + 1, so at least two run (the second replays)
+    return api.generate(target, ids, mask, max_new_tokens=k + 4, pad_token_id=0, do_sample=True, temperature=0.9,
                         top_k=20, seed=k, backend="triton", runner="paged", cuda_graphs=cuda_graphs,
                         return_stats=True, **extra)
 
