@@ -63,11 +63,14 @@ def test_more_ranks_than_gpus_is_one_line(capsys, monkeypatch):
         "machine, or run the ranks on the CPU with --device cpu")
 
 
-@pytest.mark.slow  # ~15 s on the 2-core box: torchrun and two ranks' imports, then a single process's
+@pytest.mark.slow  # ~15 s on the 2-core box: torchrun and two ranks' imports, then the call in this process
 @pytest.mark.parametrize("drafter", ["draft", "head"])
-def test_torchrun_two_ranks_print_what_one_process_prints(drafter):
+def test_torchrun_two_ranks_print_what_one_process_prints(drafter, capsys):
     """With a draft model, and with the demo pair's EAGLE-3 head (each rank runs it whole on the
-    hidden states its sharded target captures; the embedding it reads gathered from the ranks)."""
+    hidden states its sharded target captures; the embedding it reads gathered from the ranks).
+    The single process is this one (cli.main: one process's imports fewer than a subprocess)."""
+    import torch
+
     from importlib.resources import files
 
     target, draft = demo_pair()
@@ -79,9 +82,13 @@ def test_torchrun_two_ranks_print_what_one_process_prints(drafter):
                 "-m", "specdec_fast"]
     run = subprocess.run(torchrun + common + ["--tp", "2"], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    single = subprocess.run([sys.executable, "-m", "specdec_fast"] + common, capture_output=True, text=True, env=env,
-                            timeout=300)
-    assert single.returncode == 0, single.stderr[-2000:]
-    completion = single.stdout.split("\n--- stats")[0]
+    threads = torch.get_num_threads()
+    capsys.readouterr()
+    try:
+        assert cli.main(common) == 0  # --threads 1, as each rank
+    finally:
+        torch.set_num_threads(threads)
+    completion = capsys.readouterr().out.split("\n--- stats")[0]
+    assert completion.strip(), "the single process printed no completion"
     assert run.stdout.count(completion) == 1, "rank 0 prints the single process's completion, rank 1 nothing"
     assert f"tensor parallel over 2 ranks, {drafter} replicated" in run.stdout
