@@ -161,3 +161,59 @@ def test_lazy_block_types_are_triton_s():
         with pytest.raises(Exception) as own_error:
             _triton_s(core.block_type, block_init, tl.float32, bad)
         assert type(lazy_error.value) is type(own_error.value) and str(lazy_error.value) == str(own_error.value), bad
+
+
+def _overflowing_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def wrap(x_ptr, out_ptr):
+        offs = tl.arange(0, 8)
+        x = tl.load(x_ptr + offs)
+        tl.store(out_ptr + offs, x * 3 + x - 7)  # int32 mul and add past 2**31 in some lanes
+
+    return wrap
+
+
+def test_the_dropped_overflow_check_changes_nothing(monkeypatch):
+    """An int32 kernel overflowing in some lanes gives the same wrapped values with and without the
+    check (Triton's own interpreter builds it and device_assert drops it: debug is off)."""
+    import torch
+    from triton.language.semantic import TritonSemantic
+
+    skipping = TritonSemantic.binary_op_sanitize_overflow_impl
+    if not getattr(skipping, "specdec_skips_dropped_checks", False):
+        pytest.skip("not installed here")
+    kernel = _overflowing_kernel()
+    x = torch.tensor([0, 1, -5, 2**30, 2**31 - 1, -2**31, 123456789, 715827883], dtype=torch.int32)
+    fast = torch.zeros_like(x)
+    kernel[(1,)](x, fast)
+    monkeypatch.setattr(TritonSemantic, "binary_op_sanitize_overflow_impl", skipping.original)
+    own = torch.zeros_like(x)
+    kernel[(1,)](x, own)
+    assert torch.equal(fast, own)
+    assert torch.equal(fast, (x.long() * 4 - 7).to(torch.int32))  # two's complement wrap (x*3+x = x*4)
+
+
+def test_with_debug_on_the_overflow_check_runs_and_fires():
+    """The replacement steps aside where device_assert would keep the check: a builder with debug
+    on gets Triton's own check, which raises on the overflowing lanes (and passes on others)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.language.semantic import TritonSemantic
+    from triton.runtime import interpreter
+
+    if not getattr(TritonSemantic.binary_op_sanitize_overflow_impl, "specdec_skips_dropped_checks", False):
+        pytest.skip("not installed here")
+    builder = interpreter.InterpreterBuilder()
+    builder.options = interpreter.InterpreterOptions(debug=True)
+    semantic = TritonSemantic(builder)
+
+    def int32(values):
+        data = np.array(values, dtype=np.int32)
+        return tl.core.tensor(interpreter.TensorHandle(data, tl.int32), tl.block_type(tl.int32, [len(values)]))
+
+    semantic.binary_op_sanitize_overflow_impl(int32([1, 2]), int32([3, 4]), semantic.add)  # in range: no error
+    with pytest.raises(AssertionError, match="int32 overflow detected for operation add"):
+        semantic.binary_op_sanitize_overflow_impl(int32([1, 2**31 - 1]), int32([3, 4]), semantic.add)
