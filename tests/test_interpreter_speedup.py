@@ -217,3 +217,24 @@ def test_with_debug_on_the_overflow_check_runs_and_fires():
     semantic.binary_op_sanitize_overflow_impl(int32([1, 2]), int32([3, 4]), semantic.add)  # in range: no error
     with pytest.raises(AssertionError, match="int32 overflow detected for operation add"):
         semantic.binary_op_sanitize_overflow_impl(int32([1, 2**31 - 1]), int32([3, 4]), semantic.add)
+
+
+def test_quick_tensors_are_triton_s():
+    """handle, type, dtype, shape (a tl.tuple of constexprs) and numel of tensors over block types
+    of every kind of shape and over scalar types, as Triton's own __init__ makes them."""
+    from triton.language import core
+
+    if not hasattr(core.tensor.__init__, "original"):
+        pytest.skip("not installed here")
+    import triton.language as tl
+
+    types = [tl.float32, tl.int1, tl.pointer_type(tl.int64), tl.block_type(tl.float32, [8]),
+             tl.block_type(tl.int32, [2, 16]), tl.block_type(tl.bfloat16, core.tuple([core.constexpr(4), 1]))]
+    for _ in range(2):  # the second time from the cache
+        for ty in types:
+            quick, own = core.tensor("h", ty), _triton_s(core.tensor, core.tensor.__init__.original, "h", ty)
+            assert quick.handle == own.handle and quick.type is own.type and quick.dtype == own.dtype
+            assert isinstance(quick.shape, core.tuple) and quick.shape == own.shape
+            assert [type(s) for s in quick.shape] == [type(s) for s in own.shape] == [core.constexpr] * len(own.shape)
+            assert isinstance(quick.numel, core.constexpr) and quick.numel.value == own.numel.value
+            assert str(quick) == str(own) and quick.shape.type.name == own.shape.type.name
