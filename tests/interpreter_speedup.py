@@ -16,11 +16,13 @@ globals see (the ones _patch_lang would patch: tl and tl.core) is already patche
 tl.program_id no longer being a builtin; otherwise it calls Triton's own method. It installs
 only where InterpretedFunction.__call__ is the code it was checked against (the source below),
 so another Triton version keeps its own behaviour. It also caches _get_np_dtype (below: that
-verify call 1.87-2.04 -> 1.69-1.78 s more, same tokens), and makes the types of tl.tuple and
-block_type when first read and its tensors' shape constants once a shape (_install_lazy_types:
-test_verify_finish_gather + test_verify_rungs_launch at -n 2, 93 -> 60 s), and does not build the integer-overflow checks that the interpreter's
-device_assert drops (_install_no_dropped_overflow_checks: an interpreted DFlash generate call 14.4 ->
-8.3 profiled seconds). Tests only: the package never patches Triton.
+verify call 1.87-2.04 -> 1.69-1.78 s more, same tokens); makes the types of tl.tuple and
+block_type when first read and a tensor's shape constants once a shape (_install_lazy_types:
+test_verify_finish_gather + test_verify_rungs_launch at -n 2, 93 -> 60 s); and does not build the
+integer-overflow checks that the interpreter's device_assert drops
+(_install_no_dropped_overflow_checks: an interpreted DFlash generate call 14.4 -> 8.3 profiled
+seconds). Each piece installs only over the Triton source it was checked against. Tests only:
+the package never patches Triton.
 SPECDEC_PLAIN_INTERPRETER=1 turns it off (to compare)."""
 import inspect
 import os
@@ -153,10 +155,12 @@ def _install_lazy_types(core) -> None:
     and name; a tensor makes a constexpr of its numel and of each shape entry. Few read them: a
     tl.tuple's type is made from its values when first read, a block_type over a shape of plain ints
     reuses that shape's checked numel and makes its name when first read, and tensors of one shape
-    share its constexprs (never changed once made). An interpreted DFlash generate call's tensor
-    inits: 1.38 -> 0.65 profiled seconds. Measured over test_verify_finish_gather's top_p case (three statistics
-    launches and a whole call, one thread, runs alternated): 15.3-16.1 s -> 12.2-13.0 s; those two test
-    files at -n 2, 93 -> 60 s. The values and names are the ones Triton's own code gives, read when asked."""
+    share its constexprs (never changed once made). The values and names are the ones Triton's own
+    code gives, read when asked. Measured: test_verify_finish_gather's top_p case (three statistics
+    launches and a whole call, one thread, runs alternated) 15.3-16.1 s -> 12.2-13.0 s with the
+    tuple and block types; that file and test_verify_rungs_launch at -n 2, 93 -> 60 s; the tensors'
+    shared constants then took an interpreted DFlash generate call's tensor inits from 1.38 to
+    0.65 profiled seconds."""
     import builtins
     import math
 
@@ -217,10 +221,10 @@ def _install_lazy_types(core) -> None:
 
     def quick_tensor_init(self, handle, type):
         key = builtins.tuple(type.shape) if type.is_block() else ()
+        if any(builtins.type(s) is not int for s in key):
+            return tensor_init(self, handle, type)  # other entries: Triton's own path
         constants = shape_constants.get(key)
         if constants is None:
-            if any(builtins.type(s) is not int for s in key):
-                return tensor_init(self, handle, type)  # constexpr entries: Triton's own path
             constants = shape_constants[key] = (core.constexpr(math.prod(key)), [core.constexpr(s) for s in key])
         self.handle = handle
         self.numel = constants[0]  # constexprs are never changed after they are made: shared
