@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_verify_smoke_writes_the_table(tmp_path):
     out = tmp_path / "verify_smoke.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    script = str(ROOT / "bench" / "bench_verify.py")  # run with the suite's interpreter speedup (tests/run_interpreted.py)
+    script = str(ROOT / "bench" / "bench_verify.py")  # with the suite's interpreter speedup: tests/run_interpreted.py
     done = subprocess.run([sys.executable, "-m", "tests.run_interpreted", script, "--smoke", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

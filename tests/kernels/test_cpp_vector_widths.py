@@ -4,10 +4,11 @@ paths (8 lanes), and with -march=x86-64 the 4-lane / portable paths that aarch64
 machines build. The second build also spells its shuffles as GCC 9-11 must
 (-DSPECDEC_NO_SHUFFLEVECTOR, csrc/vec_shuffle.h: Ubuntu 22.04 ships GCC 11).
 
-Each build (csrc/paged_attention.cpp + csrc/skinny_linear.cpp + csrc/rng.cpp, one translation unit) is loaded under a scratch op
-namespace: its paged attention must match float64 SDPA over test_paged_attention.py's tables, and
-its skinny_linear must equal this machine's bit for bit (one summation order on every width), and
-csrc/rng.cpp's Gumbel noise (philox.h gumbel_block: eight Philox calls a step on AVX2) the spec's."""
+Each build (csrc/paged_attention.cpp + csrc/skinny_linear.cpp + csrc/rng.cpp, compiled as one
+translation unit) is loaded under a scratch op namespace: its paged attention must match float64
+SDPA over test_paged_attention.py's tables, its skinny_linear must equal this machine's bit for
+bit (one summation order on every width), and csrc/rng.cpp's Gumbel noise (philox.h gumbel_block:
+eight Philox calls a step on AVX2) the spec's."""
 import os
 import platform
 import re
