@@ -163,6 +163,16 @@ def test_lazy_block_types_are_triton_s():
         assert type(lazy_error.value) is type(own_error.value) and str(lazy_error.value) == str(own_error.value), bad
 
 
+def _overflow_check_skipper():
+    """The installed binary_op_sanitize_overflow_impl (its .original is Triton's), else skip."""
+    from triton.language.semantic import TritonSemantic
+
+    skipping = TritonSemantic.binary_op_sanitize_overflow_impl
+    if not getattr(skipping, "specdec_skips_dropped_checks", False):
+        pytest.skip("not installed here")
+    return skipping
+
+
 def _overflowing_kernel():
     import triton
     import triton.language as tl
@@ -182,9 +192,7 @@ def test_the_dropped_overflow_check_changes_nothing(monkeypatch):
     import torch
     from triton.language.semantic import TritonSemantic
 
-    skipping = TritonSemantic.binary_op_sanitize_overflow_impl
-    if not getattr(skipping, "specdec_skips_dropped_checks", False):
-        pytest.skip("not installed here")
+    skipping = _overflow_check_skipper()
     kernel = _overflowing_kernel()
     x = torch.tensor([0, 1, -5, 2**30, 2**31 - 1, -2**31, 123456789, 715827883], dtype=torch.int32)
     fast = torch.zeros_like(x)
@@ -204,8 +212,7 @@ def test_with_debug_on_the_overflow_check_runs_and_fires():
     from triton.language.semantic import TritonSemantic
     from triton.runtime import interpreter
 
-    if not getattr(TritonSemantic.binary_op_sanitize_overflow_impl, "specdec_skips_dropped_checks", False):
-        pytest.skip("not installed here")
+    _overflow_check_skipper()
     builder = interpreter.InterpreterBuilder()
     builder.options = interpreter.InterpreterOptions(debug=True)
     semantic = TritonSemantic(builder)
@@ -222,10 +229,7 @@ def test_with_debug_on_the_overflow_check_runs_and_fires():
 def test_quick_tensors_are_triton_s():
     """handle, type, dtype, shape (a tl.tuple of constexprs) and numel of tensors over block types
     of every kind of shape and over scalar types, as Triton's own __init__ makes them."""
-    from triton.language import core
-
-    if not hasattr(core.tensor.__init__, "original"):
-        pytest.skip("not installed here")
+    core, _, _ = _lazy_inits()  # installed with the lazy types
     import triton.language as tl
 
     types = [tl.float32, tl.int1, tl.pointer_type(tl.int64), tl.block_type(tl.float32, [8]),
