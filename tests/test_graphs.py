@@ -165,6 +165,44 @@ def test_iteration_dependent_python_scalars_are_caught():
         graph(x)
 
 
+# A step whose call 3 passes one op another argument than the capture call (call 2) did: what a
+# replay would not repeat. name -> the op of calls 1-2, the op of call 3 (x: the input [4]). The
+# first two read a tensor the state walk does not see (held here, as a global would be): only
+# its shape or dtype tells the calls apart.
+HELD = {"2 floats": torch.ones(2), "3 floats": torch.ones(3), "2 doubles": torch.ones(2, dtype=torch.float64)}
+DRIFTS = {
+    "a tensor's shape": (lambda x: HELD["2 floats"].sum(), lambda x: HELD["3 floats"].sum()),
+    "a tensor's dtype": (lambda x: HELD["2 floats"].sum(dtype=torch.float32),
+                         lambda x: HELD["2 doubles"].sum(dtype=torch.float32)),
+    "a float scalar": (lambda x: x.mul(2.0).sum(), lambda x: x.mul(3.0).sum()),
+    "a list of ints": (lambda x: x.view([2, 2]).sum(), lambda x: x.view([4, 1]).sum()),
+    "a keyword": (lambda x: torch.sum(x, dim=0, keepdim=False), lambda x: torch.sum(x, dim=0, keepdim=True).squeeze()),
+    "the op": (lambda x: x.amax(), lambda x: x.amin()),
+}
+
+
+@pytest.mark.parametrize("name", list(DRIFTS))
+def test_an_op_argument_that_drifts_is_caught(name):
+    """The twin compares each op's described arguments (shapes, dtypes, scalars, containers,
+    keywords) with the capture call's: any one drifting is caught, as a replay would not repeat it."""
+    before, after = DRIFTS[name]
+
+    class Drifts(Counter):
+        calls = 0
+
+        def __call__(self, x):
+            Drifts.calls += 1
+            self.total += (before if Drifts.calls < 3 else after)(x).to(self.total.dtype)
+            return self.total
+
+    graph = make_graph(Drifts())
+    x = torch.arange(4.0)
+    graph(x)
+    graph(x)
+    with pytest.raises(GraphSafetyError, match="op sequence differs"):
+        graph(x)
+
+
 def test_output_shape_change_is_caught():
     class Grows(Counter):
         def __call__(self, x):

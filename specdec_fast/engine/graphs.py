@@ -39,6 +39,7 @@ the step, then replays it once (capture itself runs nothing on the GPU).
 """
 import contextlib
 import gc
+from collections import deque
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -48,6 +49,12 @@ from .triton_launches import TritonLaunches, UncompiledLaunchError
 # Ops that read device values on the host or have data-dependent output shapes.
 SYNC_OPS = ("aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.unique",
             "aten._unique", "aten.repeat_interleave.Tensor", "aten.equal", "aten.is_nonzero")
+
+
+# Plain values, by exact type: _describe keeps them as they are (an int subclass takes its slower
+# path) and state_tensors never enters them.
+_PLAIN_TYPES = frozenset({bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
+                          torch.memory_format})
 
 
 class GraphSafetyError(RuntimeError):
@@ -60,21 +67,22 @@ def state_tensors(roots: dict, packages=("specdec_fast",)) -> dict:
     ``packages``. StepGraph objects and other foreign objects (transformers modules, streamers)
     are not entered."""
     found, seen = {}, set()
-    queue = list(roots.items())  # breadth first: each tensor is named by its shortest path
+    queue = deque(roots.items())  # breadth first: each tensor is named by its shortest path
     root_ids = {id(obj) for obj in roots.values()}
+    leaf = _PLAIN_TYPES  # never entered: not queued, their names never formatted (walked at every twin call)
     while queue:
-        name, obj = queue.pop(0)
+        name, obj = queue.popleft()
         if isinstance(obj, torch.Tensor):
             found.setdefault(name, obj)
             continue
         if id(obj) in seen or isinstance(obj, StepGraph):
             continue
         if isinstance(obj, (list, tuple)):
-            children = [(f"{name}[{i}]", item) for i, item in enumerate(obj)]
+            children = [(f"{name}[{i}]", item) for i, item in enumerate(obj) if type(item) not in leaf]
         elif isinstance(obj, dict):
-            children = [(f"{name}[{key!r}]", item) for key, item in obj.items()]
+            children = [(f"{name}[{key!r}]", item) for key, item in obj.items() if type(item) not in leaf]
         elif hasattr(obj, "__dict__") and (id(obj) in root_ids or type(obj).__module__.startswith(packages)):
-            children = [(f"{name}.{key}", item) for key, item in vars(obj).items()]
+            children = [(f"{name}.{key}", item) for key, item in vars(obj).items() if type(item) not in leaf]
         else:
             continue
         seen.add(id(obj))
@@ -104,34 +112,50 @@ def _flatten(out) -> list:
 
 
 def _describe(value):
+    """What a replay must repeat of one op argument: a tensor's shape, dtype and device type (not
+    its values), a container's items described, a plain scalar as it is. Called for every argument
+    of every op the static twin traces (~20 k ops a generate call of the test models): the common
+    types first, by exact type."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return value
+    if kind is tuple or kind is list:
+        return tuple([_describe(v) for v in value])
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.dtype, value.device.type)
+        return ("tensor", value.shape, value.dtype, value.device.type)
     if isinstance(value, (list, tuple)):
         return tuple(_describe(v) for v in value)
     if isinstance(value, dict):
         return tuple((k, _describe(v)) for k, v in value.items())
     if isinstance(value, (torch.UntypedStorage, torch.TypedStorage)):  # the Triton interpreter's host copies
         return ("storage", value.nbytes())
-    if value is None or isinstance(value, (bool, int, float, complex, str, torch.dtype, torch.device, torch.layout,
-                                           torch.memory_format)):
+    if isinstance(value, (bool, int, float, complex, str)):
         return value
     return type(value).__name__
 
 
 class OpTrace(TorchDispatchMode):
-    """Records (op, described args, described kwargs) for every torch op run inside it."""
+    """Records (op, described args, described kwargs) for every torch op run inside it (op: the
+    OpOverload itself, compared by identity; str(op) names it)."""
 
     def __init__(self):
         super().__init__()
         self.ops = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        self.ops.append((str(func), _describe(args), _describe(kwargs)))
-        return func(*args, **kwargs)
+        self.ops.append((func, _describe(args), _describe(kwargs) if kwargs else ()))
+        return func(*args, **(kwargs or {}))
 
     def sync_ops(self) -> list:
-        return sorted({op for op, _, _ in self.ops if op.startswith(SYNC_OPS)})
+        return sorted({name for name in {str(op) for op, _, _ in self.ops} if name.startswith(SYNC_OPS)})
+
+
+def _op_text(entry) -> str:
+    """One traced op for a message: its name and described arguments."""
+    if entry is None:
+        return "None (no op)"
+    op, args, kwargs = entry
+    return f"{op} {args}" + (f" {kwargs}" if kwargs else "")
 
 
 @contextlib.contextmanager
@@ -293,9 +317,10 @@ class StepGraph:
         self._check_state(before, f"call {self.calls}")
         self._check_launches(launches.launches)
         if trace.ops != self._trace:
-            diff = next(i for i, (a, b) in enumerate(zip(trace.ops + [None], self._trace + [None])) if a != b)
+            now, captured = trace.ops + [None], self._trace + [None]
+            diff = next(i for i, (a, b) in enumerate(zip(now, captured)) if a != b)
             raise GraphSafetyError(f"{self.name} step, call {self.calls}: the op sequence differs from the captured one "
-                                   f"at op {diff}: {(trace.ops + [None])[diff]} vs {(self._trace + [None])[diff]}")
+                                   f"at op {diff}: {_op_text(now[diff])} vs {_op_text(captured[diff])}")
         self._copy_into_outputs(out)
         self.replays += 1
         return self._outputs

@@ -72,7 +72,7 @@ def host_work_per_iteration(make, short: int = 20, long: int = 120, timed: bool 
         decoder = make(new)
         with OpTrace() as trace:
             decoder.generate(ids, mask)
-        ops = [op for op, _, _ in trace.ops]
+        ops = [str(op) for op, _, _ in trace.ops]
         decoder = make(new)
         calls = [0]
 
