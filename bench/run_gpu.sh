@@ -93,14 +93,16 @@ stage_tests() {
   # 16 cores on the GPU machine: 14 workers share the one GPU (1812 tests in 248 s on an H100 at
   # 02c2d95). -v: a line per test as it ends, so a run cut at its cap still names every failure so
   # far; SIGINT at the cap lets pytest print its summary. $2: a marker (`gpu`: only the tests that
-  # need CUDA, 144 at f107ac2), its log named after it.
+  # need CUDA, 144 at f107ac2), its log named after it. --durations: the log ends with the 40 slowest
+  # tests that finished (a cut run's too: the summary is printed on SIGINT), what the next session trims.
   local cap=$((deadline - SECONDS)) marker=${2:-} log="$results/gpu_tests_$dev.log"
   [ -n "${1:-}" ] && cap=$(($1 < cap ? $1 : cap))
   local select=()
   [ -n "$marker" ] && select=(-m "$marker") && log="$results/gpu_tests_${marker}_$dev.log"
   echo "+ [cap ${cap} s, at ${SECONDS} s] pytest tests ${select[*]}"
   if [ "$dry" = 1 ]; then SECONDS=$((SECONDS + cap)); return 0; fi
-  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable "${select[@]}" tests 2>&1 \
+  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable --durations=40 \
+    "${select[@]}" tests 2>&1 \
     | tee "$log" | grep -v " PASSED \| SKIPPED "
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
