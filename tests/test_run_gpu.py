@@ -94,3 +94,27 @@ def test_the_ncu_stage_names_cases_that_exist():
     for stage in ("ncu", "ncu_source"):
         named = [args[args.index("--case") + 1] for _, *args in python_parts(dry_run(stage, DEADLINE_S="100000"))]
         assert named and set(named) <= set(ncu_cases.CASES), (stage, named)
+
+
+def test_a_gpu_machine_runs_the_gpu_tests_first(monkeypatch):
+    """tests/conftest.py's collection hook on a GPU machine: the `gpu` tests first, the rest in
+    their collection order (a stable sort), so that a device session's capped suite
+    (stage_tests) reaches the tests only a GPU runs; `cpu_only` tests skipped there."""
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    def item(name, *marks):
+        return SimpleNamespace(name=name, keywords={name: 1, **{m: 1 for m in marks}}, markers=[],
+                               add_marker=lambda marker, _n=name: added.append((_n, marker.kwargs["reason"])))
+
+    added = []
+    items = [item("a"), item("b", "gpu"), item("c", "cpu_only"), item("d"), item("e", "gpu")]
+    monkeypatch.setattr(conftest, "HAS_CUDA", True)
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.name for i in items] == ["b", "e", "a", "c", "d"]
+    assert added == [("c", "only meaningful where the test device is the CPU")]
+    monkeypatch.setattr(conftest, "HAS_CUDA", False)  # a CPU machine: the order as collected
+    added.clear()
+    conftest.pytest_collection_modifyitems(None, items := [item("a"), item("b", "gpu"), item("c")])
+    assert [i.name for i in items] == ["a", "b", "c"] and added == [("b", "needs a CUDA device")]
