@@ -95,13 +95,16 @@ stage_tests() {
   # far; SIGINT at the cap lets pytest print its summary. $2: a marker (`gpu`: only the tests that
   # need CUDA, 144 at f107ac2), its log named after it. --durations: the log ends with the 40 slowest
   # tests that finished (a cut run's too: the summary is printed on SIGINT), what the next session trims.
+  # On a GPU machine the `gpu` tests are collected first (tests/conftest.py); --maxschedchunk 8 hands
+  # them out 8 at a time, over all 14 workers (xdist's default first chunk, a quarter of a worker's
+  # share, would put all 144 on the first three workers).
   local cap=$((deadline - SECONDS)) marker=${2:-} log="$results/gpu_tests_$dev.log"
   [ -n "${1:-}" ] && cap=$(($1 < cap ? $1 : cap))
   local select=()
   [ -n "$marker" ] && select=(-m "$marker") && log="$results/gpu_tests_${marker}_$dev.log"
   echo "+ [cap ${cap} s, at ${SECONDS} s] pytest tests ${select[*]}"
   if [ "$dry" = 1 ]; then SECONDS=$((SECONDS + cap)); return 0; fi
-  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable --durations=40 \
+  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable --durations=40 --maxschedchunk 8 \
     "${select[@]}" tests 2>&1 \
     | tee "$log" | grep -v " PASSED \| SKIPPED "
   [ "${PIPESTATUS[0]}" = 0 ] || status=1

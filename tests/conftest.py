@@ -45,9 +45,10 @@ from tests.kernels.backends import TEST_DEVICE as DEVICE  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     """Skips by marker; on a GPU machine the ``gpu`` tests first (a stable sort: otherwise in
-    collection order). A device session's suite runs under a time cap (bench/run_gpu.sh tests):
-    the H200's of 2026-11-28 was cut at 400 s inside tests/kernels/test_verify_triton_gpu.py, the
-    tests that only a GPU runs, while the ones the CPU's CI runs anyway had all finished."""
+    collection order). A device session's suite runs under a time cap (bench/run_gpu.sh tests,
+    which hands them to its workers a few at a time): the H200's of 2026-11-28 was cut at 400 s
+    inside tests/kernels/test_verify_triton_gpu.py, tests that only a GPU runs, while the ones
+    the CPU's CI runs anyway had all finished."""
     if HAS_CUDA:
         items.sort(key=lambda item: "gpu" not in item.keywords)
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
