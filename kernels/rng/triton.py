@@ -121,6 +121,15 @@ def uniform_open_from_bits(bits):
 
 
 @triton.jit
+def exponential_from_bits(bits):
+    """Standard exponential float32: E = -log(uniform_open(x)), in [5.96e-8, 16.64]; the Gumbel
+    noise of the same bits is -log(E). Gumbel-max in ratio form takes E: argmax(log w + G) =
+    argmax(w / E) for weights w >= 0, one logarithm per value instead of two (or three with
+    log w); the verify's emissions do (kernels/verify/_triton_emit.py)."""
+    return -tl.log(uniform_open_from_bits(bits))
+
+
+@triton.jit
 def gumbel_from_bits(bits):
     """Standard Gumbel float32: -log(-log(uniform_open(x)))."""
-    return -tl.log(-tl.log(uniform_open_from_bits(bits)))
+    return -tl.log(exponential_from_bits(bits))

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from ..rng import STREAM_ACCEPT
-from ..rng.triton import gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits
+from ..rng.triton import exponential_from_bits, philox_bits, tile_bits, uniform_from_bits
 from .._triton_sync import last_program_of
 from ..verify._triton_common import NEG_INF, found_or_zero, standardised
 from ..verify._triton_emit import _argmax_update, _stats, _tile_rows, merge_chunk_candidates
@@ -200,8 +200,10 @@ def emit_kernel(
         zq = tl.load(target_ptr + q_row[:, None] + idx, mask=inside, other=NEG_INF)
         std_q, q = standardised(zq, idx, temp[:, None], greedy[:, None], mq[:, None], s2q[:, None], s3q[:, None],
                                 tkq[:, None], amq[:, None], min_p[:, None])
-        g = gumbel_from_bits(tile_bits(seed[:, None], offset[:, None], j[:, None], stream, start + v0, idx, BLOCK_V))
-        q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside, std_q + g, NEG_INF), idx)
+        # Gumbel-max in ratio form (kernels/verify/_triton_emit.py, NOISE_RATIO_MAX's note): keys q / E, r / E
+        inv_e = 1.0 / exponential_from_bits(tile_bits(seed[:, None], offset[:, None], j[:, None], stream, start + v0,
+                                                      idx, BLOCK_V))
+        q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside & (std_q > NEG_INF), q * inv_e, NEG_INF), idx)
         if any_rejected:
             if HAS_DRAFT_LOGITS:
                 zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)
@@ -215,7 +217,7 @@ def emit_kernel(
             r = tl.maximum(q - lam[:, None] * p, 0.0)
             positive = inside & rejected[:, None] & (r > 0)
             r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
-            r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
+            r_val = tl.where(positive, r * inv_e, NEG_INF)
             r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
     out = b * NCHUNK + c
     tl.store(q_val_ptr + out, q_best, mask=live)

@@ -23,14 +23,21 @@ import triton.language as tl
 
 from ..penalties.triton import penalise, row_penalty
 from ..rng import STREAM_ACCEPT
-from ..rng.triton import gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits
+from ..rng.triton import exponential_from_bits, philox_bits, tile_bits, uniform_from_bits
 from .._triton_sync import last_program_of
 from ._triton_common import BIG_INDEX, NEG_INF, found_or_zero, identity_skips, num_drafts, standardised
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
-# An upper bound of gumbel_from_bits: -log(-log(1 - 2**-24)) = 16.64 (the largest open uniform),
-# with room for approximate GPU logarithms.
-GUMBEL_MAX = tl.constexpr(17.0)
+# Gumbel-max in ratio form: the reference's argmax(std + G) and argmax(log r + G), G = -log(E),
+# are argmax(prob / E) and argmax(r / E) (exp is monotone; prob = exp(std - m) / s3 with the row's
+# m and s3), E = exponential_from_bits: one logarithm per value where G and log r took three.
+# Keys are -inf where std is (truncated, outside the vocabulary), as the reference's. The same
+# tokens but for rounding (as between any two of the backends). Compiled for sm_90a (no GPU),
+# the B = 64 emission's loop (LANES) went from 1993 to 1397 PTX lines a step (FMAs 288 to 96:
+# tl.log is libdevice's polynomial there, tl.exp an ex2.approx); not yet timed on a GPU.
+# An upper bound of 1 / E: E >= -log(1 - 2**-24) = 2**-24 (1 + 2**-25) (the largest open
+# uniform), with room for rounding; a value's key is at most its prob (or residual) times it.
+NOISE_RATIO_MAX = tl.constexpr(33554432.0)  # 2**25
 
 
 @triton.jit
@@ -123,24 +130,24 @@ def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, gr
         inside = idx < V
         std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, skips,
                            PENALTY)
-        r_log = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)  # log max(q - p, 0), -inf where 0
+        q_top = tl.where(std_q > NEG_INF, q, NEG_INF)  # q, -inf where the reference's std_q is
+        r_top = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)  # max(q - p, 0), -inf where 0
         if any_rejected:
             p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp,
                         skips, PENALTY, HAS_DRAFT_LOGITS)
             r = tl.maximum(q - p, 0.0)
             positive = inside & rejected[:, None] & (r > 0)
             r_any = tl.maximum(r_any, positive.to(tl.int32))
-            # log(0) = -inf, written as a select so that no log(0) is evaluated.
-            r_log = tl.where(positive, tl.log(tl.where(positive, r, 1.0)), NEG_INF)
-        # Noise only where some lane could still improve (its own best; g <= GUMBEL_MAX and the
-        # residual's log(max(q - p, 0)) <= log(q)): one reduction over the tile.
-        could = (std_q + GUMBEL_MAX >= q_lane) | (rejected[:, None] & (r_log + GUMBEL_MAX >= r_lane))
+            r_top = tl.where(positive, r, NEG_INF)
+        # Noise only where some lane could still improve (its own best; 1 / E <= NOISE_RATIO_MAX
+        # and r <= q): one reduction over the tile.
+        could = (q_top * NOISE_RATIO_MAX >= q_lane) | (rejected[:, None] & (r_top * NOISE_RATIO_MAX >= r_lane))
         if tl.max(tl.max(could.to(tl.int32), axis=1), axis=0) > 0:
-            g = gumbel_from_bits(tile_bits(seed[:, None], offset[:, None], noise_position[:, None], stream, start + v0,
-                                           idx, BLOCK_V))
-            q_lane, q_arg = _lane_update(q_lane, q_arg, std_q + g, idx)
+            inv_e = 1.0 / exponential_from_bits(tile_bits(seed[:, None], offset[:, None], noise_position[:, None],
+                                                          stream, start + v0, idx, BLOCK_V))
+            q_lane, q_arg = _lane_update(q_lane, q_arg, q_top * inv_e, idx)
             if any_rejected:
-                r_lane, r_arg = _lane_update(r_lane, r_arg, r_log + g, idx)
+                r_lane, r_arg = _lane_update(r_lane, r_arg, r_top * inv_e, idx)
     return q_lane, q_arg, r_lane, r_arg, r_any
 
 
@@ -338,24 +345,23 @@ def _emit(
             std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq,
                                skips, PENALTY)
             # The noise (Philox, the bulk of this kernel's work) only where a value could still win:
-            # g <= GUMBEL_MAX, and the residual's log(max(q - p, 0)) <= log(q). Skipped tiles
+            # 1 / E <= NOISE_RATIO_MAX, and the residual max(q - p, 0) <= q. Skipped tiles
             # change nothing (a later index replaces the best only when strictly larger). Greedy
             # and truncated (top-k / top-p / min-p) rows skip most of the vocab this way.
-            could_q = tl.max(std_q, axis=1) + GUMBEL_MAX >= q_best
-            could_r = rejected & (tl.log(tl.max(q, axis=1)) + GUMBEL_MAX >= r_best)
+            q_top = tl.where(std_q > NEG_INF, q, NEG_INF)  # q, -inf where the reference's std_q is
+            could_q = tl.max(q_top, axis=1) * NOISE_RATIO_MAX >= q_best
+            could_r = rejected & (tl.max(q, axis=1) * NOISE_RATIO_MAX >= r_best)
             if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:
-                g = gumbel_from_bits(tile_bits(seed[:, None], offset[:, None], noise_position[:, None], stream,
-                                               start + v0, idx, BLOCK_V))
-                q_best, q_arg = _argmax_update(q_best, q_arg, std_q + g, idx)
+                inv_e = 1.0 / exponential_from_bits(tile_bits(seed[:, None], offset[:, None], noise_position[:, None],
+                                                              stream, start + v0, idx, BLOCK_V))
+                q_best, q_arg = _argmax_update(q_best, q_arg, q_top * inv_e, idx)
                 if any_rejected:
                     p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p,
                                 tkp, amp, skips, PENALTY, HAS_DRAFT_LOGITS)
                     r = tl.maximum(q - p, 0.0)
                     positive = inside & rejected[:, None] & (r > 0)
                     r_any = tl.maximum(r_any, tl.max(positive.to(tl.int32), axis=1))
-                    # log(0) = -inf, written as a select so that no log(0) is evaluated.
-                    r_val = tl.where(positive, tl.log(tl.where(positive, r, 1.0)) + g, NEG_INF)
-                    r_best, r_arg = _argmax_update(r_best, r_arg, r_val, idx)
+                    r_best, r_arg = _argmax_update(r_best, r_arg, tl.where(positive, r * inv_e, NEG_INF), idx)
             elif any_rejected:
                 # r_any must still see every positive residual entry of the row.
                 p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp,

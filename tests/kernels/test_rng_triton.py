@@ -9,7 +9,7 @@ triton = pytest.importorskip("triton")
 tl = triton.language
 
 from specdec_fast.kernels.rng.triton import (  # noqa: E402
-    gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits, uniform_open_from_bits,
+    exponential_from_bits, gumbel_from_bits, philox_bits, tile_bits, uniform_from_bits, uniform_open_from_bits,
 )
 
 
@@ -75,6 +75,33 @@ def test_bits_and_floats_match_the_reference_bit_for_bit(device):
     assert torch.equal(uo, uniform_open(ref_bits))
     # -log(-log(u)) goes through each platform's log: equal up to float32 rounding of log.
     torch.testing.assert_close(g, gumbel(ref_bits), rtol=2e-6, atol=2e-6)
+
+
+@triton.jit
+def _exponential_kernel(bits_ptr, e_ptr, g_ptr, n, BLOCK: tl.constexpr):
+    idx = tl.arange(0, BLOCK)
+    bits = tl.load(bits_ptr + idx, mask=idx < n, other=0).to(tl.uint32)
+    tl.store(e_ptr + idx, exponential_from_bits(bits), mask=idx < n)
+    tl.store(g_ptr + idx, gumbel_from_bits(bits), mask=idx < n)
+
+
+def test_the_exponential_is_minus_log_of_the_open_uniform_and_its_inverse_stays_under_the_bound(device):
+    """exponential_from_bits (the ratio-form Gumbel-max's E, kernels/verify/_triton_emit.py) is
+    -log(uniform_open) and gumbel_from_bits is -log(E), over random words and the extremes; 1 / E
+    stays below NOISE_RATIO_MAX, the emissions' skip bound, at the largest open uniform."""
+    from specdec_fast.kernels.verify._triton_emit import NOISE_RATIO_MAX
+
+    words = torch.randint(0, 2**32, (500,), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    words[:6] = torch.tensor([0, 1, 511, 512, 2**32 - 512, 2**32 - 1])  # the smallest and largest open uniforms
+    e = torch.empty(500, dtype=torch.float32, device=device)
+    g = torch.empty_like(e)
+    _exponential_kernel[(1,)](words.to(device), e, g, 500, BLOCK=512)
+    e, g = e.cpu(), g.cpu()
+    torch.testing.assert_close(e, -torch.log(uniform_open(words)), rtol=2e-6, atol=0)
+    torch.testing.assert_close(g, gumbel(words), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(g, -torch.log(e), rtol=2e-6, atol=2e-6)
+    assert (e > 0).all() and float(e.max()) < 16.7
+    assert float((1.0 / e).max()) < NOISE_RATIO_MAX.value / 1.9  # 2**24 (1 - 2**-25) at the largest uniform
 
 
 def test_known_answer_counter_through_the_key_layout(device):

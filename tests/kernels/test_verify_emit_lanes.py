@@ -106,12 +106,13 @@ def test_a_chunk_that_is_minus_inf_throughout(device):
 
 
 def test_control_a_skip_bound_without_the_noise_margin_fails(device, monkeypatch):
-    """The per-lane skip test bounds a tile's values by its lanes' bests minus GUMBEL_MAX; with no
-    margin it skips tiles whose noise could still win, and the sampled rows' tokens change: the
-    table's full-distribution case catches a wrong bound (truncated and greedy rows skip anyway)."""
+    """The per-lane skip test bounds a tile's keys (prob / E) by prob x NOISE_RATIO_MAX against its
+    lanes' bests; with a bound far too small (e**-30, as a log-space margin of -30) it skips tiles
+    whose noise could still win, and the sampled rows' tokens change: the table's full-distribution
+    case catches a wrong bound (truncated and greedy rows skip anyway)."""
     if device != "cpu":
         pytest.skip("the control patches a module constant, which only the interpreter reads at run time")
-    monkeypatch.setattr(_triton_emit, "GUMBEL_MAX", tl.constexpr(-30.0))
+    monkeypatch.setattr(_triton_emit, "NOISE_RATIO_MAX", tl.constexpr(9.4e-14))
     with pytest.raises(AssertionError):  # T = 1 rows, 13 steps per chunk: the margin decides
         test_per_lane_emission_matches_the_reference(CASES[0], device)
 
