@@ -57,16 +57,17 @@ def check_against_the_reference(target, draft, drafts, params, pen, position_ste
     return bool(((expected[1] < (drafts >= 0).sum(1)) & (expected[1] >= 0)).any())
 
 
-def _check_case(case, device, shift):
-    """One problem of ``case`` (its seed moved by ``shift``), token for token against the reference;
-    returns whether the residual path ran (some row rejected a draft it had)."""
+def _check_case(case, device, shift, lanes=True):
+    """One problem of ``case`` (its seed moved by ``shift``), token for token against the reference,
+    through the per-lane pass (lanes) or the block-reduction loop; returns whether the residual path
+    ran (some row rejected a draft it had)."""
     batch, k, vocab, mode, with_draft, block_v, num_chunks, with_pen = case
     seed = 7 * vocab + k + 1000 * shift
     target, draft, drafts, offsets = _problem(batch, k, vocab, torch.float32, with_draft, True, seed, mode, device)
     params = make_sampling_tensors(batch, device, seed=11 + shift, offset=offsets, **_modes(batch, device)[mode])
     pen = random_penalties(batch, vocab, vocab + shift, device) if with_pen else None
     return check_against_the_reference(target, draft, drafts, params, pen, 5, block_v=block_v, num_chunks=num_chunks,
-                                       emit_lanes=True)
+                                       emit_lanes=lanes)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
@@ -115,6 +116,18 @@ def test_control_a_skip_bound_without_the_noise_margin_fails(device, monkeypatch
     monkeypatch.setattr(_triton_emit, "NOISE_RATIO_MAX", tl.constexpr(9.4e-14))
     with pytest.raises(AssertionError):  # T = 1 rows, 13 steps per chunk: the margin decides
         test_per_lane_emission_matches_the_reference(CASES[0], device)
+
+
+def test_control_the_block_loop_s_skip_bound_without_the_noise_margin_fails(device, monkeypatch):
+    """The block-reduction loop's skip test (a tile's largest prob, and for the residual its largest
+    q, times NOISE_RATIO_MAX against the row's best key) with the same far too small bound: the table's
+    first case, token for token through that loop first, then its tokens change."""
+    if device != "cpu":
+        pytest.skip("the control patches a module constant, which only the interpreter reads at run time")
+    assert _check_case(CASES[0], device, 0, lanes=False)  # the residual path ran, the reference's tokens
+    monkeypatch.setattr(_triton_emit, "NOISE_RATIO_MAX", tl.constexpr(9.4e-14))
+    with pytest.raises(AssertionError):
+        _check_case(CASES[0], device, 0, lanes=False)
 
 
 @pytest.mark.parametrize("emit_block_v", [16, 32])
