@@ -104,8 +104,8 @@ stage_tests() {
   [ -n "$marker" ] && select=(-m "$marker") && log="$results/gpu_tests_${marker}_$dev.log"
   echo "+ [cap ${cap} s, at ${SECONDS} s] pytest tests ${select[*]}"
   if [ "$dry" = 1 ]; then SECONDS=$((SECONDS + cap)); return 0; fi
-  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable --durations=40 --maxschedchunk 8 \
-    "${select[@]}" tests 2>&1 \
+  timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable \
+    --durations=40 --maxschedchunk 8 "${select[@]}" tests 2>&1 \
     | tee "$log" | grep -v " PASSED \| SKIPPED "
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
