@@ -147,7 +147,8 @@ class OpTrace(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def sync_ops(self) -> list:
-        return sorted({name for name in {str(op) for op, _, _ in self.ops} if name.startswith(SYNC_OPS)})
+        names = {str(op) for op in {op for op, _, _ in self.ops}}  # each distinct op named once (every twin call)
+        return sorted(name for name in names if name.startswith(SYNC_OPS))
 
 
 def _op_text(entry) -> str:
