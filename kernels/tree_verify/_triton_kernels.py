@@ -17,7 +17,7 @@ from ..rng import STREAM_ACCEPT
 from ..rng.triton import exponential_from_bits, philox_bits, tile_bits, uniform_from_bits
 from .._triton_sync import last_program_of
 from ..verify._triton_common import NEG_INF, found_or_zero, standardised
-from ..verify._triton_emit import _argmax_update, _stats, _tile_rows, merge_chunk_candidates
+from ..verify._triton_emit import _argmax_update, _stats, _tile_rows, merge_chunk_candidates, noise_weight
 
 _STREAM_ACCEPT = tl.constexpr(STREAM_ACCEPT)
 
@@ -203,7 +203,7 @@ def emit_kernel(
         # Gumbel-max in ratio form (kernels/verify/_triton_emit.py, NOISE_RATIO_MAX's note): keys q / E, r / E
         inv_e = 1.0 / exponential_from_bits(tile_bits(seed[:, None], offset[:, None], j[:, None], stream, start + v0,
                                                       idx, BLOCK_V))
-        q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside & (std_q > NEG_INF), q * inv_e, NEG_INF), idx)
+        q_best, q_arg = _argmax_update(q_best, q_arg, tl.where(inside, noise_weight(std_q, q) * inv_e, NEG_INF), idx)
         if any_rejected:
             if HAS_DRAFT_LOGITS:
                 zp = tl.load(draft_ptr + p_row[:, None] + idx, mask=inside & rejected[:, None], other=NEG_INF)

@@ -41,6 +41,13 @@ NOISE_RATIO_MAX = tl.constexpr(33554432.0)  # 2**25
 
 
 @triton.jit
+def noise_weight(std, prob):
+    """The weight a value's noise divides (ratio form, NOISE_RATIO_MAX's note): its probability,
+    -inf where the reference's standardised logit is (never a candidate)."""
+    return tl.where(std > NEG_INF, prob, NEG_INF)
+
+
+@triton.jit
 def _tile_rows(count, BLOCK_R: tl.constexpr):
     """This program's row indices [BLOCK_R] (clamped into range, so loads need no row mask)
     and which of them are real (for stores)."""
@@ -130,7 +137,7 @@ def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, gr
         inside = idx < V
         std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, skips,
                            PENALTY)
-        q_top = tl.where(std_q > NEG_INF, q, NEG_INF)  # q, -inf where the reference's std_q is
+        q_top = noise_weight(std_q, q)
         r_top = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)  # max(q - p, 0), -inf where 0
         if any_rejected:
             p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp,
@@ -348,7 +355,7 @@ def _emit(
             # 1 / E <= NOISE_RATIO_MAX, and the residual max(q - p, 0) <= q. Skipped tiles
             # change nothing (a later index replaces the best only when strictly larger). Greedy
             # and truncated (top-k / top-p / min-p) rows skip most of the vocab this way.
-            q_top = tl.where(std_q > NEG_INF, q, NEG_INF)  # q, -inf where the reference's std_q is
+            q_top = noise_weight(std_q, q)
             could_q = tl.max(q_top, axis=1) * NOISE_RATIO_MAX >= q_best
             could_r = rejected & (tl.max(q, axis=1) * NOISE_RATIO_MAX >= r_best)
             if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:
