@@ -276,6 +276,14 @@ def _finish_block(finish_block_v: int | None, select_block_v: int, interpreting:
     return FINISH_GATHER_BLOCK_V if FINISH_GATHER_BLOCK_V and not interpreting else select_block_v
 
 
+# plan_launches' overrides of its own choices (each None: the plan's), which the launchers
+# (triton.py: chain_verify_triton / sample_triton) take as keywords: tests force small splits and
+# paths with them, the benchmarks their side-by-side ways.
+PLAN_OVERRIDES = ("block_v", "num_chunks", "cap", "stream_lanes", "stream_unroll", "selects", "emit_lanes",
+                  "rungs_launch", "rungs_sub", "emit_block_v", "finish_search_tile", "emit_skip_identities",
+                  "stream_sums", "finish_block_v")
+
+
 def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: int, interpreting: bool,
                   modes: frozenset | None = None, emits: bool = True, block_v: int | None = None,
                   num_chunks: int | None = None, cap: int | None = None,

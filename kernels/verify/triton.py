@@ -59,8 +59,8 @@ from .._backend import triton_interpreting
 from ..rng import STREAM_TOKEN
 from ..sampling_params import SamplingTensors
 from ._triton_emit import emit_kernel, emit_penalised_kernel
-from ._triton_plan import (EMIT_NUM_WARPS, FINISH_NUM_WARPS, SMALL_NUM_WARPS, STREAM_NUM_WARPS, plan_launches,
-                           verify_plan)
+from ._triton_plan import (EMIT_NUM_WARPS, FINISH_NUM_WARPS, PLAN_OVERRIDES, SMALL_NUM_WARPS, STREAM_NUM_WARPS,
+                           plan_launches, verify_plan)
 from ._triton_select_finish import select_finish_kernel, select_finish_penalised_kernel
 from ._triton_select_rungs import select_rungs_kernel, select_rungs_penalised_kernel
 from ._triton_select_small import select_small_vocab_kernel, select_small_vocab_penalised_kernel
@@ -283,6 +283,16 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
     return tokens, num_accepted, paths
 
 
+def _plan_overrides(overrides: dict) -> dict:
+    """The caller's plan overrides (PLAN_OVERRIDES, documented at plan_launches), None for the
+    plan's own choice; any other name is refused as Python refuses an unknown keyword."""
+    unknown = sorted(set(overrides) - set(PLAN_OVERRIDES))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}: "
+                        f"the plan overrides are {', '.join(PLAN_OVERRIDES)}")
+    return {name: value for name, value in overrides.items() if value is not None}
+
+
 def chain_verify_triton(
     target_logits: torch.Tensor,
     draft_logits: torch.Tensor | None,
@@ -290,55 +300,24 @@ def chain_verify_triton(
     params: SamplingTensors,
     penalties=None,
     *,
-    block_v: int | None = None,
-    num_chunks: int | None = None,
-    cap: int | None = None,
-    stream_lanes: bool | None = None,
-    stream_unroll: int | None = None,
-    selects: bool | None = None,
-    emit_lanes: bool | None = None,
-    rungs_launch: bool | None = None,
-    rungs_sub: int | None = None,
-    emit_block_v: int | None = None,
-    finish_search_tile: int | None = None,
-    emit_skip_identities: bool | None = None,
-    stream_sums: bool | None = None,
-    finish_block_v: int | None = None,
     return_paths: bool = False,
     workspace: KernelWorkspace | None = None,
+    **overrides,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """target_logits [B, K+1, V], draft_logits [B, K, V] or None, draft_tokens [B, K] int32/int64
     (-1 pads), penalties: PenaltyTensors or None -> tokens int32 [B, K+1], num_accepted int32 [B].
-    Inputs are validated by kernels.verify.chain_verify; block_v / num_chunks / cap override the
-    vocab split and the candidate region (tests, tuning); stream_lanes: force the streaming loop
-    (True: per-lane statistics, False: block reductions; None: the plan's choice,
-    _triton_plan.plan_launches); stream_unroll: blocks per step of the per-lane loop (None: the
-    plan's STREAM_UNROLL); selects: True keeps the top-k / top-p / min-p code in the streaming
-    kernel where no row uses it (timing comparisons); emit_lanes: the emission's per-lane pass
-    (None: the plan's choice: where a program streams more than one block); rungs_launch: the
-    rungs placed by their own launch (None: the plan's choice, _triton_plan.RUNGS_LAUNCH_MIN_CHUNKS),
-    rungs_sub: the sample values that launch compares at a time (None: RUNGS_SAMPLE_SUB);
-    emit_block_v: the emission's vocab block alone (None: the plan's); finish_search_tile: the
-    finishing launch's threshold search (None: FINISH_SEARCH_TILE; 0 the earlier search, else the
-    fused one over a tile of that many values where the interval fits); emit_skip_identities: the
-    emission skips its rows' per-value identities (None: EMIT_SKIP_IDENTITIES); stream_sums: False
-    streams the max and the argmax alone where every row is greedy (None: the plan's,
-    STREAM_GREEDY_ARGMAX_ONLY; ignored where a row samples); finish_block_v: the finishing launch's
-    block on its second pass (None: the plan's, FINISH_GATHER_BLOCK_V). return_paths: also
-    return int32 [B * NPOS], how each distribution's thresholds were settled
+    Inputs are validated by kernels.verify.chain_verify. overrides: keywords of
+    _triton_plan.PLAN_OVERRIDES (block_v, num_chunks, cap, stream_lanes, stream_unroll, ...; None
+    or left out: the plan's choice; each documented at _triton_plan.plan_launches) force a split,
+    a loop or a launch of the plan (tests, tuning, the benchmarks' side-by-side ways).
+    return_paths: also return int32 [B * NPOS], how each distribution's thresholds were settled
     (_triton_select_stream.py; 0 for small vocabularies). workspace: a KernelWorkspace owned by
     the caller (one per sequence of calls on one stream: kernels/_workspace.py): no zero fill per
     call; not with return_paths."""
     if return_paths and workspace is not None:
         raise ValueError("return_paths needs the per-call counters: pass no workspace")
-    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
-                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
-                     rungs_launch=rungs_launch, rungs_sub=rungs_sub,
-                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
-                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums,
-                     finish_block_v=finish_block_v)
-    tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN, overrides,
-                                       penalties, None, workspace)
+    tokens, num_accepted, paths = _run(target_logits, draft_logits, draft_tokens, params, None, STREAM_TOKEN,
+                                       _plan_overrides(overrides), penalties, None, workspace)
     return (tokens, num_accepted, paths) if return_paths else (tokens, num_accepted)
 
 
@@ -350,35 +329,16 @@ def sample_triton(
     penalties=None,
     prefix_tokens: torch.Tensor | None = None,
     *,
-    block_v: int | None = None,
-    num_chunks: int | None = None,
-    cap: int | None = None,
-    stream_lanes: bool | None = None,
-    stream_unroll: int | None = None,
-    selects: bool | None = None,
-    emit_lanes: bool | None = None,
-    rungs_launch: bool | None = None,
-    rungs_sub: int | None = None,
-    emit_block_v: int | None = None,
-    finish_search_tile: int | None = None,
-    emit_skip_identities: bool | None = None,
-    stream_sums: bool | None = None,
-    finish_block_v: int | None = None,
     workspace: KernelWorkspace | None = None,
+    **overrides,
 ) -> torch.Tensor:
     """logits [B, V], positions int64 [B] -> int32 [B]: one Gumbel-max draw per row from
     standardise(logits) with noise keyed by (seed, offset, position, stream). penalties:
     PenaltyTensors or None; prefix_tokens int [B, W] (-1 = not a token) or None: the row's
     generated tokens the counts do not hold yet (the drafts of this iteration so far).
-    workspace: as chain_verify_triton's."""
+    workspace and overrides: as chain_verify_triton's."""
     batch = logits.shape[0]
     no_drafts = torch.empty((batch, 0), dtype=torch.int32, device=logits.device)  # K = 0
-    overrides = dict(block_v=block_v, num_chunks=num_chunks, cap=cap, stream_lanes=stream_lanes,
-                     stream_unroll=stream_unroll, selects=selects, emit_lanes=emit_lanes,
-                     rungs_launch=rungs_launch, rungs_sub=rungs_sub,
-                     emit_block_v=emit_block_v, finish_search_tile=finish_search_tile,
-                     emit_skip_identities=emit_skip_identities, stream_sums=stream_sums,
-                     finish_block_v=finish_block_v)
-    tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, overrides, penalties,
-                        prefix_tokens, workspace)
+    tokens, _, _ = _run(logits[:, None, :], None, no_drafts, params, positions, stream, _plan_overrides(overrides),
+                        penalties, prefix_tokens, workspace)
     return tokens[:, 0]

@@ -189,3 +189,22 @@ def test_the_streaming_kernel_compiles_the_select_code_only_where_a_row_may_use_
     assert verify_plan(64, 4, 128256, True, None)["stream_select_code"] is True
     assert verify_plan(8, 3, 1000, True, ("greedy",))["stream_select_code"] is None  # small vocabulary: no stream
     assert verify_plan(64, 4, 128256, True, ("plain",))["stream_unroll"] == 1  # STREAM_UNROLL until a GPU decides
+
+
+def test_the_launchers_take_every_plan_override_and_refuse_other_names():
+    """PLAN_OVERRIDES (what chain_verify_triton / sample_triton pass on) is exactly plan_launches'
+    overridable choices: its keyword-only arguments that default to None, the host's modes aside;
+    another keyword is a TypeError naming it, as for any Python function."""
+    import inspect
+
+    from specdec_fast.kernels.verify.triton import chain_verify_triton, sample_triton
+
+    keywords = inspect.signature(plans.plan_launches).parameters.values()
+    overridable = {p.name for p in keywords if p.kind is p.KEYWORD_ONLY and p.default is None} - {"modes"}
+    assert set(plans.PLAN_OVERRIDES) == overridable and len(plans.PLAN_OVERRIDES) == len(overridable)
+    target, drafts = torch.randn(1, 2, 40), torch.zeros(1, 1, dtype=torch.int32)
+    params = make_sampling_tensors(1, "cpu", temperature=0.0)
+    for call in (lambda **kw: chain_verify_triton(target, None, drafts, params, **kw),
+                 lambda **kw: sample_triton(target[:, 0], params, torch.zeros(1, dtype=torch.int64), 2, **kw)):
+        with pytest.raises(TypeError, match="'stream_unrol'.*the plan overrides are block_v"):
+            call(stream_unrol=2)
