@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from specdec_fast.kernels import make_sampling_tensors
+from tests.kernels.test_verify_finish_search import selection_stats
 from tests.kernels.test_verify_rungs_launch import _problem
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -31,14 +32,10 @@ CASES = [
 
 
 def _stats(target, draft, drafts, params, **overrides):
-    """(m, s2, s3, tkey, amax, paths) of the selection launches, and the plan."""
-    from specdec_fast.kernels.verify import triton as launcher
-
-    b, k, v = draft.shape
-    plan = launcher.plan_for(b, k, v, True, target.device, overrides, params.modes)
+    """(m, s2, s3, tkey, amax, paths) of the selection launches, and the plan (one that finishes)."""
+    stats, plan = selection_stats(target, draft, drafts, params, **overrides)
     assert plan.finish
-    stats, paths, _ = launcher.select_stats(target, draft, drafts, params, plan)
-    return [t.cpu() for t in (*stats, paths)], plan
+    return stats, plan
 
 
 def _took(paths: torch.Tensor, route: str) -> bool:

@@ -143,17 +143,23 @@ CASES = [
 ]
 
 
-def _stats(target, draft, drafts, params, penalties, search_tile, **overrides):
-    """(m, s2, s3, tkey, amax, paths) of the selection launches with this finishing search."""
+def selection_stats(target, draft, drafts, params, penalties=None, **overrides):
+    """([m, s2, s3, tkey, amax, paths] on the CPU, the plan) of the selection launches alone, under
+    these plan overrides (PLAN_OVERRIDES) and penalties (PenaltyTensors or None)."""
     from specdec_fast.kernels.verify import triton as launcher
 
     b, k, v = draft.shape
-    plan = launcher.plan_for(b, k, v, True, target.device, dict(overrides, finish_search_tile=search_tile),
-                             params.modes, penalties=penalties is not None)
-    assert plan.finish and plan.finish_search_tile == min(search_tile, plan.cap)
+    plan = launcher.plan_for(b, k, v, True, target.device, overrides, params.modes, penalties=penalties is not None)
     pen = launcher.penalty_args(penalties, drafts, k, 0) if penalties is not None else None
     stats, paths, _ = launcher.select_stats(target, draft, drafts, params, plan, pen=pen)
-    return [t.cpu() for t in (*stats, paths)]
+    return [t.cpu() for t in (*stats, paths)], plan
+
+
+def _stats(target, draft, drafts, params, penalties, search_tile, **overrides):
+    """selection_stats with this finishing search (0: the earlier one)."""
+    stats, plan = selection_stats(target, draft, drafts, params, penalties, finish_search_tile=search_tile, **overrides)
+    assert plan.finish and plan.finish_search_tile == min(search_tile, plan.cap)
+    return stats
 
 
 @pytest.mark.parametrize("batch,k,vocab,kw,cap,block_v,chunks,tile", CASES)
