@@ -14,11 +14,17 @@ al., Theorem 1); how many drafts it gets accepted does.
 
 One draft per (target, N), built at the first call that asks for it and kept while the target
 lives (a weak key), so the engine cached for (target, draft) serves every later call.
+
+A decoder whose layers are not a ModuleList at ``<base>.layers`` (GPT-2's ``h``, ...) is an
+UnsupportedModelError, which patch_generate hands to transformers' own generate (there such a
+model's forward ignores num_hidden_layers: its "early exit" drafts with every layer).
 """
 import copy
 import weakref
 
 import torch
+
+from ..runners.hf import UnsupportedModelError
 
 _DRAFTS = weakref.WeakKeyDictionary()  # target -> {N: draft model}
 
@@ -37,7 +43,7 @@ def check_early_exit(model, layers) -> int:
 def _layers_of(base):
     layers = getattr(base, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"assistant_early_exit needs a decoder whose layers are a ModuleList at "
+        raise UnsupportedModelError(f"assistant_early_exit needs a decoder whose layers are a ModuleList at "
                          f"{type(base).__name__}.layers (transformers' Llama-style models)")
     return layers
 

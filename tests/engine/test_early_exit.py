@@ -144,3 +144,22 @@ def test_the_draft_goes_with_the_target():
     del model
     gc.collect()
     assert len(early_exit._DRAFTS) == before - 1
+
+
+def test_a_decoder_of_another_layout_goes_to_transformers_through_the_patch():
+    """GPT-2 keeps its blocks at transformer.h: generate refuses assistant_early_exit with an
+    UnsupportedModelError (a ValueError), which a bound patch hands to transformers' generate
+    with one warning (whose GPT-2 forward ignores num_hidden_layers: its draft is the whole model,
+    the tokens greedy decoding's)."""
+    from specdec_fast.runners.hf import UnsupportedModelError
+
+    model = make_model("gpt2", layers=2, seed=4)
+    model.generation_config.eos_token_id = None
+    ids, mask = left_padded_prompts([5], seed=6)
+    kw = dict(do_sample=False, max_new_tokens=6, pad_token_id=0)
+    with pytest.raises(UnsupportedModelError, match="assistant_early_exit needs a decoder whose layers are a ModuleList"):
+        api.generate(model, ids, mask, assistant_early_exit=1, **kw)
+    expected = model.generate(ids, attention_mask=mask, **kw)
+    with specdec_fast.patch_generate(model, assistant_early_exit=1):
+        with pytest.warns(UserWarning, match="assistant_early_exit needs a decoder.*runs on transformers' generate"):
+            assert torch.equal(model.generate(ids, attention_mask=mask, **kw), expected)
