@@ -1,0 +1,281 @@
+"""A differential fuzzer of generate(): random combinations of options, drafting, backends, runners
+and graph modes, each call checked against an oracle that must give the same tokens.
+
+    python -m tests.fuzz_generate --mode greedy  --seed 1 --iterations 300   # vs model.generate
+    python -m tests.fuzz_generate --mode sampled --seed 1 --iterations 100   # the paths agree
+    python -m tests.fuzz_generate --mode families --seed 1 --iterations 300  # tiny models, processors
+
+greedy: the demo pair (trained, byte-level tokenizer: stop strings end rows) through
+specdec_fast.generate or a bound patch_generate (a harness's keywords: use_cache, max_length),
+against transformers' generate(do_sample=False) on the same call: tokens, and scores / logits of
+an output dict to 1e-3. sampled: one seeded sampled call through every path that must draw the
+same tokens (eager, the static graph twin, the cached engine again, the torch backend, the hf
+runner; with --triton the interpreted Triton kernels every third case). families: the tests'
+tiny Llama / Qwen2 / GPT-2 models with transformers' processors (test_generate_processors.OPTIONS),
+user processors and stopping criteria, against model.generate.
+
+A refusal is a pass where both sides refuse, or where ours is an Unsupported*Error (which
+patch_generate hands to transformers). Known refusals are not drawn: trees take no logits
+processors and need paged runners; the static twin needs paged runners and compiled kernels.
+Exit status 1 when a case failed; each failure prints its case, enough to rerun it.
+tests/engine/test_fuzz_generate.py runs a few cases of each mode in the suite.
+"""
+import argparse
+import json
+import random
+import warnings
+
+import torch
+
+GREEDY_PROMPTS = ["def binary_search(a, x):", "class Queue:", "import os\n\ndef main(", "for i in range(",
+                  "# sort a list\n", "x = [", "def f(n):\n    if n", "while True:\n", "print(", "return"]
+STOP_STRINGS = ["return", ":\n", "(", "  ", "\n\n", "if", "self", "]", "=="]
+TREE_BRANCHINGS = ([2, 1, 1], [2, 2], [3, 1, 1, 1], [1, 1, 1])
+
+
+def _demo():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import specdec_fast
+
+    target_dir, draft_dir = specdec_fast.demo_pair()
+    return (AutoTokenizer.from_pretrained(target_dir, padding_side="left"),
+            AutoModelForCausalLM.from_pretrained(target_dir).eval(), AutoModelForCausalLM.from_pretrained(draft_dir).eval(),
+            target_dir)
+
+
+def _drafting(rng, draft, *, tree_ok: bool, triton: bool, adaptive: bool = True) -> dict:
+    """Our side of a case: a drafter (draft model, tree, prompt lookup or none), a backend and a
+    runner, and the graph mode where the static twin can run."""
+    from specdec_fast.drafters.token_tree import TokenTree
+
+    kind = rng.choice(["draft", "draft", "tree", "lookup", "plain"] if tree_ok else ["draft", "draft", "lookup", "plain"])
+    ours = {}
+    if kind in ("draft", "tree"):
+        ours["assistant_model"] = draft
+        if kind == "tree":
+            ours["tree"] = TokenTree.from_branching(rng.choice(TREE_BRANCHINGS), rng.choice(["top", "sample"]))
+        elif adaptive and rng.random() < 0.2:
+            ours["num_assistant_tokens_schedule"] = "adaptive"
+        else:
+            ours["num_assistant_tokens"] = rng.choice([1, 2, 4, 6])
+    elif kind == "lookup":
+        ours["prompt_lookup_num_tokens"] = rng.randint(1, 5)
+    backends = ["torch"] + ["cpp"] * 8 + (["triton"] if triton else [])
+    ours["backend"] = rng.choice(backends)
+    ours["runner"] = "paged" if kind == "tree" else rng.choice(["paged", "paged", "hf"])
+    if ours["runner"] == "paged" and ours["backend"] != "torch":
+        ours["cuda_graphs"] = rng.choice([False, "static"])
+    return ours
+
+
+def _described(opts: dict, ours: dict, **more) -> str:
+    plain = lambda v: v if isinstance(v, (int, float, str, bool, list, tuple, type(None))) else type(v).__name__  # noqa: E731
+    return json.dumps({"options": {k: plain(v) for k, v in opts.items() if k != "tokenizer"},
+                       "ours": {k: plain(v) for k, v in ours.items()}, **more}, default=str)
+
+
+def _refusal_agrees(expected, got) -> bool:
+    """Both refused; or ours refused with an Unsupported*Error (patch_generate's fallback)."""
+    if isinstance(expected, Exception) and isinstance(got, Exception):
+        return True
+    return isinstance(got, Exception) and type(got).__name__.startswith("Unsupported")
+
+
+def _compare(expected, got) -> str | None:
+    """None where the two results agree, else what differs."""
+    if isinstance(expected, Exception) or isinstance(got, Exception):
+        return None if _refusal_agrees(expected, got) else f"hf: {expected!r}\n ours: {got!r}"
+    if isinstance(expected, torch.Tensor):
+        return None if torch.equal(expected, got) else f"tokens\n hf:   {expected.tolist()}\n ours: {got.tolist()}"
+    if not torch.equal(expected.sequences, got.sequences):
+        return f"sequences\n hf:   {expected.sequences.tolist()}\n ours: {got.sequences.tolist()}"
+    for field in ("scores", "logits"):
+        want, have = getattr(expected, field, None), getattr(got, field, None)
+        if (want is None) != (have is None) or (want is not None and len(want) != len(have)):
+            return f"{field}: {None if want is None else len(want)} steps against {None if have is None else len(have)}"
+        for step, (a, b) in enumerate(zip(want or (), have or ())):
+            finite = torch.isfinite(a)
+            if a.shape != b.shape or not torch.equal(finite, torch.isfinite(b)) or \
+                    not torch.allclose(a[finite], b[finite], atol=1e-3, rtol=1e-3):
+                return f"{field} of step {step}"
+    return None
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # a refusal is compared, not raised
+        return exc
+
+
+def greedy_cases(seed: int, iterations: int, triton: bool = False):
+    """Yields (case number, description, failure or None) of greedy calls on the demo pair."""
+    from transformers import AutoModelForCausalLM
+
+    import specdec_fast
+
+    tok, target, draft, target_dir = _demo()
+    harness_model = AutoModelForCausalLM.from_pretrained(target_dir).eval()  # the model a harness patched
+    for it in range(iterations):
+        rng = random.Random(seed * 100003 + it)
+        batch = tok(rng.sample(GREEDY_PROMPTS, rng.randint(1, 4)), return_tensors="pt", padding=True)
+        opts = dict(do_sample=False, pad_token_id=tok.pad_token_id)
+        if rng.random() < 0.5:
+            opts["max_new_tokens"] = rng.randint(1, 40)
+        else:
+            opts["max_length"] = batch.input_ids.shape[1] + rng.randint(1, 40)
+        if rng.random() < 0.4:
+            opts.update(stop_strings=rng.sample(STOP_STRINGS, rng.randint(1, 3)), tokenizer=tok)
+        if rng.random() < 0.5:
+            opts["eos_token_id"] = tok.eos_token_id if rng.random() < 0.5 else [tok.eos_token_id, rng.randrange(3, 200)]
+        ours = _drafting(rng, draft, tree_ok=True, triton=triton)
+        if "tree" not in ours:  # trees take no logits processors
+            if rng.random() < 0.3:
+                opts["repetition_penalty"] = rng.choice([1.05, 1.3])
+            if rng.random() < 0.2:
+                opts["no_repeat_ngram_size"] = rng.choice([2, 3])
+            if rng.random() < 0.2:
+                opts["min_new_tokens"] = rng.randint(1, 8)
+        if rng.random() < 0.15:
+            opts["num_return_sequences"] = 2
+        if rng.random() < 0.25:
+            opts.update(return_dict_in_generate=True, output_scores=True, output_logits=rng.random() < 0.5)
+        via_patch = "tree" not in ours and rng.random() < 0.3
+        expected = _call(target.generate, batch.input_ids, attention_mask=batch.attention_mask, **opts)
+        if via_patch:
+            with specdec_fast.patch_generate(harness_model, fallback="raise", **ours):
+                got = _call(harness_model.generate, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                            use_cache=True, **opts)
+        else:
+            got = _call(specdec_fast.generate, target, batch.input_ids, batch.attention_mask, **ours, **opts)
+        yield it, _described(opts, ours, prompts=batch.input_ids.shape, via_patch=via_patch), _compare(expected, got)
+
+
+def sampled_cases(seed: int, iterations: int, triton: bool = False):
+    """Yields (case number, description, failure or None): one seeded sampled call on the demo pair
+    through every path that must give its tokens."""
+    import specdec_fast
+
+    tok, target, draft, _ = _demo()
+    for it in range(iterations):
+        rng = random.Random(seed * 100003 + it)
+        batch = tok(rng.sample(GREEDY_PROMPTS, rng.randint(1, 4)), return_tensors="pt", padding=True)
+        opts = dict(do_sample=True, pad_token_id=tok.pad_token_id, seed=rng.randrange(2**31),
+                    max_new_tokens=rng.randint(1, 40), temperature=rng.choice([0.5, 0.8, 1.0, 1.3]))
+        for name, values, chance in (("top_k", [1, 5, 50], 0.4), ("top_p", [0.5, 0.9], 0.4), ("min_p", [0.05, 0.2], 0.2)):
+            if rng.random() < chance:
+                opts[name] = rng.choice(values)
+        if rng.random() < 0.3:
+            opts.update(stop_strings=rng.sample(STOP_STRINGS, rng.randint(1, 2)), tokenizer=tok)
+        if rng.random() < 0.4:
+            opts["eos_token_id"] = tok.eos_token_id
+        if rng.random() < 0.15:
+            opts["num_return_sequences"] = 2
+        # no adaptive schedule: its Ks follow measured times, and so do a seeded call's tokens
+        ours = {k: v for k, v in _drafting(rng, draft, tree_ok=True, triton=False, adaptive=False).items()
+                if k not in ("backend", "runner", "cuda_graphs")}
+        if "tree" not in ours and rng.random() < 0.3:
+            opts["repetition_penalty"] = rng.choice([1.05, 1.3])
+
+        def run(**path):
+            return _call(specdec_fast.generate, target, batch.input_ids, batch.attention_mask, **ours, **path, **opts)
+
+        base = run(backend="cpp", runner="paged", cuda_graphs=False)
+        paths = {"static twin": dict(backend="cpp", runner="paged", cuda_graphs="static"),
+                 "the cached engine again": dict(backend="cpp", runner="paged", cuda_graphs=False),
+                 "torch backend": dict(backend="torch", runner="paged", cuda_graphs=False)}
+        if "tree" not in ours:
+            paths["hf runner"] = dict(backend="cpp", runner="hf", cuda_graphs=False)
+        if triton and it % 3 == 0:
+            paths["triton"] = dict(backend="triton", runner="paged", cuda_graphs="static")
+        failures = []
+        for name, path in paths.items():
+            got = run(**path)
+            same = (type(base) is type(got) and str(base) == str(got)) if isinstance(base, Exception) or \
+                isinstance(got, Exception) else torch.equal(base, got)
+            if not same:
+                failures.append(f"{name}: {got!r}" if isinstance(got, Exception) else f"{name}: {got.tolist()}")
+        failure = None if not failures else (f"base: {base!r}" if isinstance(base, Exception) else
+                                             f"base: {base.tolist()}") + "\n " + "\n ".join(failures)
+        yield it, _described(opts, ours, prompts=batch.input_ids.shape), failure
+
+
+def family_cases(seed: int, iterations: int, triton: bool = False):
+    """Yields (case number, description, failure or None) of greedy calls on the tests' tiny models
+    with transformers' processors, against model.generate."""
+    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    import specdec_fast
+    from tests.engine.conftest import as_generate_takes
+    from tests.engine.models import left_padded_prompts, make_draft, make_model
+    from tests.engine.test_generate_processors import OPTIONS, BanEvenAfterOdd
+
+    class StopAt(StoppingCriteria):
+        def __init__(self, token):
+            self.token = token
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == self.token
+
+    pairs = {}
+    named = [name for name in OPTIONS if name not in ("logits_processor", "prefix_allowed_tokens_fn")]
+    for it in range(iterations):
+        rng = random.Random(seed * 100003 + it)
+        kind = rng.choice(["llama", "llama", "qwen2", "gpt2"])
+        if kind not in pairs:
+            model = make_model(kind, layers=2, seed=3)
+            model.generation_config.eos_token_id = None
+            pairs[kind] = (model, make_draft(model, noise=0.1))
+        target, draft = pairs[kind]
+        ids, mask = left_padded_prompts([rng.randint(1, 10) for _ in range(rng.randint(1, 4))], seed=rng.randrange(10**6))
+        opts = dict(do_sample=False, pad_token_id=0)
+        for name in rng.sample(named, rng.choice([0, 0, 1, 1, 2])):
+            opts.update({k: v for k, v in OPTIONS[name].items() if k != "eos_token_id" or k not in opts})
+        if rng.random() < 0.3 and "eos_token_id" not in opts:
+            opts["eos_token_id"] = rng.randrange(3, 128)
+        if rng.random() < 0.5:
+            opts["max_new_tokens"] = rng.randint(1, 24)
+        else:
+            opts["max_length"] = ids.shape[1] + rng.randint(1, 24)
+        if rng.random() < 0.15:
+            opts["stopping_criteria"] = StoppingCriteriaList([StopAt(rng.randrange(3, 128))])
+        if rng.random() < 0.15:
+            opts["logits_processor"] = LogitsProcessorList([BanEvenAfterOdd()])
+        if rng.random() < 0.2:
+            opts["num_return_sequences"] = 2
+        if rng.random() < 0.25:
+            opts.update(return_dict_in_generate=True, output_scores=True)
+        ours = _drafting(rng, draft, tree_ok=False, triton=triton)
+        if rng.random() < 0.1:  # the target's own first layer drafts (GPT-2: an UnsupportedModelError)
+            ours = {k: v for k, v in ours.items() if k not in ("assistant_model", "num_assistant_tokens",
+                                                                "num_assistant_tokens_schedule", "prompt_lookup_num_tokens")}
+            ours["assistant_early_exit"] = 1
+        expected = _call(target.generate, ids, attention_mask=mask, **as_generate_takes(opts))
+        got = _call(specdec_fast.generate, target, ids, mask, **ours, **opts)
+        yield it, _described(opts, ours, family=kind, lengths=mask.sum(1).tolist()), _compare(expected, got)
+
+
+MODES = {"greedy": greedy_cases, "sampled": sampled_cases, "families": family_cases}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=sorted(MODES), default="greedy")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--triton", action="store_true", help="draw the Triton backend too (interpreted on a CPU: slow)")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    failed = 0
+    for it, description, failure in MODES[args.mode](args.seed, args.iterations, args.triton):
+        if failure:
+            failed += 1
+            print(f"FAIL case {it} (--mode {args.mode} --seed {args.seed}): {description}\n {failure}", flush=True)
+    print(f"{args.mode}: {args.iterations} cases, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
