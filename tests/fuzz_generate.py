@@ -4,6 +4,7 @@ and graph modes, each call checked against an oracle that must give the same tok
     python -m tests.fuzz_generate --mode greedy  --seed 1 --iterations 300   # vs model.generate
     python -m tests.fuzz_generate --mode sampled --seed 1 --iterations 100   # the paths agree
     python -m tests.fuzz_generate --mode families --seed 1 --iterations 300  # tiny models, processors
+    python -m tests.fuzz_generate --mode chat --seed 1 --iterations 100      # a chat loop over a cache
 
 greedy: the demo pair (trained, byte-level tokenizer: stop strings end rows) through
 specdec_fast.generate or a bound patch_generate (a harness's keywords: use_cache, max_length),
@@ -12,7 +13,8 @@ an output dict to 1e-3. sampled: one seeded sampled call through every path that
 same tokens (eager, the static graph twin, the cached engine again, the torch backend, the hf
 runner; with --triton the interpreted Triton kernels every third case). families: the tests'
 tiny Llama / Qwen2 / GPT-2 models with transformers' processors (test_generate_processors.OPTIONS),
-user processors and stopping criteria, against model.generate.
+user processors and stopping criteria, against model.generate. chat: a greedy chat loop over one
+transformers cache a side (generate(cache=...)), turn by turn against model.generate's.
 
 A refusal is a pass where both sides refuse, or where ours is an Unsupported*Error (which
 patch_generate hands to transformers). Known refusals are not drawn: trees take no logits
@@ -86,6 +88,8 @@ def _compare(expected, got) -> str | None:
     """None where the two results agree, else what differs."""
     if isinstance(expected, Exception) or isinstance(got, Exception):
         return None if _refusal_agrees(expected, got) else f"hf: {expected!r}\n ours: {got!r}"
+    if isinstance(expected, torch.Tensor) != isinstance(got, torch.Tensor):
+        return f"hf returned a {type(expected).__name__}, ours a {type(got).__name__}"
     if isinstance(expected, torch.Tensor):
         return None if torch.equal(expected, got) else f"tokens\n hf:   {expected.tolist()}\n ours: {got.tolist()}"
     if not torch.equal(expected.sequences, got.sequences):
@@ -256,7 +260,43 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
         yield it, _described(opts, ours, family=kind, lengths=mask.sum(1).tolist()), _compare(expected, got)
 
 
-MODES = {"greedy": greedy_cases, "sampled": sampled_cases, "families": family_cases}
+def chat_cases(seed: int, iterations: int, triton: bool = False):
+    """Yields (case number, description, failure or None): a greedy chat loop on the demo pair, 2-4
+    turns over one DynamicCache each side (transformers' multi-turn recipe: input_ids the whole
+    conversation so far), ours through generate(cache=...) with a random drafter and options;
+    each turn's tokens against model.generate's over its own cache."""
+    from transformers import DynamicCache
+
+    import specdec_fast
+    from specdec_fast.runners.hf import cache_keyword
+
+    tok, target, draft, _ = _demo()
+    for it in range(iterations):
+        rng = random.Random(seed * 100003 + it)
+        ours = {k: v for k, v in _drafting(rng, draft, tree_ok=False, triton=triton).items() if k != "runner"}
+        opts = dict(do_sample=False, pad_token_id=tok.pad_token_id)
+        if rng.random() < 0.3:
+            opts["repetition_penalty"] = rng.choice([1.05, 1.3])
+        if rng.random() < 0.3:
+            opts.update(stop_strings=rng.sample(STOP_STRINGS, rng.randint(1, 2)), tokenizer=tok)
+        theirs_cache, ours_cache = DynamicCache(config=target.config), DynamicCache(config=target.config)
+        conversation = tok(rng.choice(GREEDY_PROMPTS), return_tensors="pt").input_ids
+        failure, turns = None, rng.randint(2, 4)
+        for turn in range(turns):
+            kw = dict(opts, max_new_tokens=rng.randint(1, 24))
+            mask = torch.ones_like(conversation)
+            expected = _call(target.generate, conversation, attention_mask=mask,
+                             **{cache_keyword(target): theirs_cache}, **kw)
+            got = _call(specdec_fast.generate, target, conversation, mask, cache=ours_cache, **ours, **kw)
+            failure = _compare(expected, got)
+            if failure or isinstance(expected, Exception):
+                failure = failure and f"turn {turn}: {failure}"
+                break
+            conversation = torch.cat([expected, tok(rng.choice(GREEDY_PROMPTS), return_tensors="pt").input_ids], 1)
+        yield it, _described(opts, ours, turns=turns), failure
+
+
+MODES = {"greedy": greedy_cases, "sampled": sampled_cases, "families": family_cases, "chat": chat_cases}
 
 
 def main(argv=None) -> int:
@@ -273,6 +313,8 @@ def main(argv=None) -> int:
         if failure:
             failed += 1
             print(f"FAIL case {it} (--mode {args.mode} --seed {args.seed}): {description}\n {failure}", flush=True)
+        if (it + 1) % 25 == 0:
+            print(f"{it + 1} cases, {failed} failed", flush=True)
     print(f"{args.mode}: {args.iterations} cases, {failed} failed", flush=True)
     return 1 if failed else 0
 

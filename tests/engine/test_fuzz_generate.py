@@ -7,7 +7,7 @@ import pytest
 from tests import fuzz_generate
 
 
-@pytest.mark.parametrize("mode, seed, iterations", [("greedy", 11, 4), ("sampled", 11, 2), ("families", 11, 8)])
+@pytest.mark.parametrize("mode, seed, iterations", [("greedy", 11, 4), ("sampled", 11, 2), ("families", 11, 8), ("chat", 11, 2)])
 def test_fuzzed_calls_agree_with_their_oracle(mode, seed, iterations):
     failures = [f"case {it}: {description}\n {failure}"
                 for it, description, failure in fuzz_generate.MODES[mode](seed, iterations) if failure]
@@ -25,6 +25,7 @@ def test_control_a_token_changed_is_a_failure():
     assert fuzz_generate._compare(tokens, torch.tensor([[5, 6, 8]])) is not None
     assert fuzz_generate._compare(tokens, ValueError("refused")) is not None
     assert fuzz_generate._compare(ValueError("a"), ValueError("b")) is None
+    assert fuzz_generate._compare(GenerateDecoderOnlyOutput(sequences=tokens), tokens) is not None
     scores = (torch.tensor([[0.0, float("-inf"), 1.0]]),)
     out = GenerateDecoderOnlyOutput(sequences=tokens, scores=scores)
     assert fuzz_generate._compare(out, GenerateDecoderOnlyOutput(sequences=tokens, scores=scores)) is None
