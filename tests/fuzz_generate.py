@@ -8,8 +8,9 @@ and graph modes, each call checked against an oracle that must give the same tok
 
 greedy: the demo pair (trained, byte-level tokenizer: stop strings end rows) through
 specdec_fast.generate or a bound patch_generate (a harness's keywords: use_cache, max_length),
-against transformers' generate(do_sample=False) on the same call: tokens, and scores / logits of
-an output dict to 1e-3. sampled: one seeded sampled call through every path that must draw the
+against transformers' generate(do_sample=False) on the same call: tokens, scores / logits of an
+output dict to 1e-3, and at batch 1 what a streamer was given (the prompt, the new tokens in
+order, one end). sampled: one seeded sampled call through every path that must draw the
 same tokens (eager, the static graph twin, the cached engine again, the torch backend, the hf
 runner; with --triton the interpreted Triton kernels every third case). families: the tests'
 tiny Llama / Qwen2 / GPT-2 models with transformers' processors (test_generate_processors.OPTIONS),
@@ -146,14 +147,37 @@ def greedy_cases(seed: int, iterations: int, triton: bool = False):
         if rng.random() < 0.25:
             opts.update(return_dict_in_generate=True, output_scores=True, output_logits=rng.random() < 0.5)
         via_patch = "tree" not in ours and rng.random() < 0.3
-        expected = _call(target.generate, batch.input_ids, attention_mask=batch.attention_mask, **opts)
+        streams = [Recorder(), Recorder()] if batch.input_ids.shape[0] == 1 and rng.random() < 0.3 else None
+        streamer = (lambda side: {"streamer": streams[side]}) if streams else (lambda side: {})  # noqa: E731
+        expected = _call(target.generate, batch.input_ids, attention_mask=batch.attention_mask, **opts, **streamer(0))
         if via_patch:
             with specdec_fast.patch_generate(harness_model, fallback="raise", **ours):
                 got = _call(harness_model.generate, input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            use_cache=True, **opts)
+                            use_cache=True, **opts, **streamer(1))
         else:
-            got = _call(specdec_fast.generate, target, batch.input_ids, batch.attention_mask, **ours, **opts)
-        yield it, _described(opts, ours, prompts=batch.input_ids.shape, via_patch=via_patch), _compare(expected, got)
+            got = _call(specdec_fast.generate, target, batch.input_ids, batch.attention_mask, **ours, **opts, **streamer(1))
+        failure = _compare(expected, got)
+        if failure is None and streams and not isinstance(expected, Exception) and streams[0].seen != streams[1].seen:
+            failure = f"streamed\n hf:   {streams[0].seen}\n ours: {streams[1].seen}"
+        yield it, _described(opts, ours, prompts=batch.input_ids.shape, via_patch=via_patch, streamer=bool(streams)), failure
+
+
+class Recorder:
+    """A streamer that keeps what it was given: the prompt's tokens, the new tokens in order (in
+    whatever chunks they came), and how many times it was ended."""
+
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ends += 1
+
+    @property
+    def seen(self) -> tuple:
+        return (self.puts[:1], [t for chunk in self.puts[1:] for t in chunk], self.ends)
 
 
 def sampled_cases(seed: int, iterations: int, triton: bool = False):
