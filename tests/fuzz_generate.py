@@ -24,6 +24,7 @@ Exit status 1 when a case failed; each failure prints its case, enough to rerun 
 tests/engine/test_fuzz_generate.py runs a few cases of each mode in the suite.
 """
 import argparse
+import copy
 import json
 import random
 import warnings
@@ -116,7 +117,7 @@ def _call(fn, *args, **kwargs):
 
 def greedy_cases(seed: int, iterations: int, triton: bool = False):
     """Yields (case number, description, failure or None) of greedy calls on the demo pair."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     import specdec_fast
 
@@ -147,6 +148,18 @@ def greedy_cases(seed: int, iterations: int, triton: bool = False):
         if rng.random() < 0.25:
             opts.update(return_dict_in_generate=True, output_scores=True, output_logits=rng.random() < 0.5)
         via_patch = "tree" not in ours and rng.random() < 0.3
+        route = rng.choice(["keywords"] * 6 + ["generation_config", "model defaults"])
+        if route != "keywords":  # the call's options as a GenerationConfig, or as the model's own defaults
+            fields = {k: v for k, v in opts.items() if k not in ("tokenizer", "stop_strings", "return_dict_in_generate",
+                                                                 "output_scores", "output_logits")}
+            opts = {k: v for k, v in opts.items() if k not in fields}
+            if route == "generation_config":
+                opts["generation_config"] = GenerationConfig(**fields)
+        models = [target, harness_model] if via_patch else [target]  # the oracle reads the same defaults
+        saved = [copy.deepcopy(model.generation_config) for model in models]
+        if route == "model defaults":
+            for model in models:
+                model.generation_config.update(**fields)
         streams = [Recorder(), Recorder()] if batch.input_ids.shape[0] == 1 and rng.random() < 0.3 else None
         streamer = (lambda side: {"streamer": streams[side]}) if streams else (lambda side: {})  # noqa: E731
         expected = _call(target.generate, batch.input_ids, attention_mask=batch.attention_mask, **opts, **streamer(0))
@@ -156,10 +169,13 @@ def greedy_cases(seed: int, iterations: int, triton: bool = False):
                             use_cache=True, **opts, **streamer(1))
         else:
             got = _call(specdec_fast.generate, target, batch.input_ids, batch.attention_mask, **ours, **opts, **streamer(1))
+        for model, config in zip(models, saved):
+            model.generation_config = config
         failure = _compare(expected, got)
         if failure is None and streams and not isinstance(expected, Exception) and streams[0].seen != streams[1].seen:
             failure = f"streamed\n hf:   {streams[0].seen}\n ours: {streams[1].seen}"
-        yield it, _described(opts, ours, prompts=batch.input_ids.shape, via_patch=via_patch, streamer=bool(streams)), failure
+        yield it, _described(opts, ours, prompts=batch.input_ids.shape, via_patch=via_patch, streamer=bool(streams),
+                             route=route, fields=fields if route != "keywords" else None), failure
 
 
 class Recorder:
