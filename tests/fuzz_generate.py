@@ -153,8 +153,12 @@ def greedy_cases(seed: int, iterations: int, triton: bool = False):
             fields = {k: v for k, v in opts.items() if k not in ("tokenizer", "stop_strings", "return_dict_in_generate",
                                                                  "output_scores", "output_logits")}
             opts = {k: v for k, v in opts.items() if k not in fields}
+            try:
+                config = GenerationConfig(**fields)
+            except ValueError:  # its own validation (greedy num_return_sequences > 1): as keywords then
+                route, opts = "keywords", {**opts, **fields}
             if route == "generation_config":
-                opts["generation_config"] = GenerationConfig(**fields)
+                opts["generation_config"] = config
         models = [target, harness_model] if via_patch else [target]  # the oracle reads the same defaults
         saved = [copy.deepcopy(model.generation_config) for model in models]
         if route == "model defaults":
