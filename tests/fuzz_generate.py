@@ -12,7 +12,9 @@ against transformers' generate(do_sample=False) on the same call: tokens, scores
 output dict to 1e-3, and at batch 1 what a streamer was given (the prompt, the new tokens in
 order, one end). sampled: one seeded sampled call through every path that must draw the
 same tokens (eager, the static graph twin, the cached engine again, the torch backend, the hf
-runner; with --triton the interpreted Triton kernels every third case). families: the tests'
+runner; with --triton the interpreted Triton kernels every third case). The compiled CPU backend
+is the C++ one where the kernel tests run it (tests/kernels/backends.py); without it, the torch
+reference alone and no static twin. families: the tests'
 tiny Llama / Qwen2 / GPT-2 models with transformers' processors (test_generate_processors.OPTIONS),
 user processors and stopping criteria, against model.generate. chat: a greedy chat loop over one
 transformers cache a side (generate(cache=...)), turn by turn against model.generate's.
@@ -35,6 +37,14 @@ GREEDY_PROMPTS = ["def binary_search(a, x):", "class Queue:", "import os\n\ndef 
                   "# sort a list\n", "x = [", "def f(n):\n    if n", "while True:\n", "print(", "return"]
 STOP_STRINGS = ["return", ":\n", "(", "  ", "\n\n", "if", "self", "]", "=="]
 TREE_BRANCHINGS = ([2, 1, 1], [2, 2], [3, 1, 1, 1], [1, 1, 1])
+
+
+def _compiled_cpu_backend() -> str | None:
+    """The C++ backend's name where the kernel tests run it (tests/kernels/backends.py), else None:
+    the models here are on the CPU, where the static twin needs compiled kernels."""
+    from tests.kernels.backends import kernel_backends
+
+    return "cpp" if "cpp" in kernel_backends() else None
 
 
 def _demo():
@@ -65,7 +75,8 @@ def _drafting(rng, draft, *, tree_ok: bool, triton: bool, adaptive: bool = True)
             ours["num_assistant_tokens"] = rng.choice([1, 2, 4, 6])
     elif kind == "lookup":
         ours["prompt_lookup_num_tokens"] = rng.randint(1, 5)
-    backends = ["torch"] + ["cpp"] * 8 + (["triton"] if triton else [])
+    compiled = _compiled_cpu_backend()
+    backends = ["torch"] + [compiled] * 8 * bool(compiled) + (["triton"] if triton else [])
     ours["backend"] = rng.choice(backends)
     ours["runner"] = "paged" if kind == "tree" else rng.choice(["paged", "paged", "hf"])
     if ours["runner"] == "paged" and ours["backend"] != "torch":
@@ -229,12 +240,14 @@ def sampled_cases(seed: int, iterations: int, triton: bool = False):
         def run(**path):
             return _call(specdec_fast.generate, target, batch.input_ids, batch.attention_mask, **ours, **path, **opts)
 
-        base = run(backend="cpp", runner="paged", cuda_graphs=False)
-        paths = {"static twin": dict(backend="cpp", runner="paged", cuda_graphs="static"),
-                 "the cached engine again": dict(backend="cpp", runner="paged", cuda_graphs=False),
-                 "torch backend": dict(backend="torch", runner="paged", cuda_graphs=False)}
+        compiled = _compiled_cpu_backend()
+        base = run(backend=compiled or "torch", runner="paged", cuda_graphs=False)
+        paths = {"the cached engine again": dict(backend=compiled or "torch", runner="paged", cuda_graphs=False)}
+        if compiled:
+            paths.update({"static twin": dict(backend=compiled, runner="paged", cuda_graphs="static"),
+                          "torch backend": dict(backend="torch", runner="paged", cuda_graphs=False)})
         if "tree" not in ours:
-            paths["hf runner"] = dict(backend="cpp", runner="hf", cuda_graphs=False)
+            paths["hf runner"] = dict(backend=compiled or "torch", runner="hf", cuda_graphs=False)
         if triton and it % 3 == 0:
             paths["triton"] = dict(backend="triton", runner="paged", cuda_graphs="static")
         failures = []
