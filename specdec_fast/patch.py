@@ -11,7 +11,8 @@ capture their CUDA graphs once) with the bound drafting and ``defaults`` (any ge
 e.g. num_assistant_tokens=3); the call's own options win. A call that asks for something
 specdec_fast does not implement (beam search, say: options/rules.py's UnsupportedOptionError; or
 a right-padded attention_mask: engine/inputs.py's UnsupportedInputError; or a model with linear or
-chunked attention layers: runners/hf.py's UnsupportedModelError) goes to the original
+chunked attention layers: runners/hf.py's UnsupportedModelError; a bound tree= with the call's logits
+processors, or a tree or an assistant_early_exit on a model those cannot take, likewise) goes to the original
 generate, with one warning naming the option (fallback="warn", the default) or
 raises (fallback="raise"). The patch keeps the last call's stats (``patch.last_stats``, also
 ``model.specdec_last_stats``).

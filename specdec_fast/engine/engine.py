@@ -38,9 +38,11 @@ from ..drafters import BlockDrafter, SelectorBlockDrafter, Eagle3Drafter, Eagle3
 from ..distributed.k_leader import LeaderK
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
 from ..options import resolve_options
+from ..options.rules import UnsupportedOptionError
 from ..processing.guidance import check_guidance, guidance_on
 from ..kernels.sampling_params import make_sampling_tensors
 from ..runners.paged_cache import OutOfBlocksError
+from ..runners.hf import UnsupportedModelError
 from ..runners.registry import choose_runner, make_runner
 from ..runners.sharded_model import ShardedCausalLM
 from .draft_heads import head_runner, head_source, load_head
@@ -344,7 +346,9 @@ class SpeculativeEngine:
     def _tree_drafter(self, token_tree):
         kinds = [type(r).__name__ for r in (self.target_runner, self.draft_runner)]
         if not all(hasattr(r, "commit_path") for r in (self.target_runner, self.draft_runner)):
-            raise ValueError(f"tree=... needs paged runners for the target and the draft (tree-masked scoring), got {kinds}")
+            # an UnsupportedModelError (a ValueError): a bound patch_generate hands such calls to transformers
+            raise UnsupportedModelError(f"tree=... needs paged runners for the target and the draft (tree-masked "
+                                        f"scoring), got {kinds}")
         drafter = self._drafters.get(token_tree)
         if drafter is None:
             if self.mode == "head" and self.draft_head.kind == "dflash":
@@ -524,9 +528,10 @@ class SpeculativeEngine:
         if request is None or request.spec is None:
             return None
         if token_tree is not None:
-            raise ValueError(f"{', '.join(sorted(options))} with tree=...: logits processors, penalties and the "
-                             "warpers the kernels lack (top_h, typical_p, epsilon_cutoff, eta_cutoff) run on chains "
-                             "only (a tree node's prefix is its ancestor path); drop tree=")
+            # an UnsupportedOptionError (a ValueError): a bound patch_generate hands such calls to transformers
+            raise UnsupportedOptionError(f"{', '.join(sorted(options))} with tree=...: logits processors, penalties "
+                                         "and the warpers the kernels lack (top_h, typical_p, epsilon_cutoff, eta_cutoff) "
+                                         "run on chains only (a tree node's prefix is its ancestor path); drop tree=")
         return request
 
     def _is_own_head(self, draft_head) -> bool:

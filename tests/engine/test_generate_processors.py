@@ -543,3 +543,25 @@ def test_sampled_exponential_decay_follows_the_processed_distribution(sampling_p
     assert (new[:, 0] == eos).any() and (new[:, 1] == eos).any()
     assert chi_square_pvalue(observed, joint()) > P_VALUE_THRESHOLD
     assert chi_square_pvalue(observed, joint(first_too=True)) < P_VALUE_THRESHOLD
+
+
+def test_a_bound_tree_hands_a_call_with_processors_to_transformers():
+    """patch_generate(model, assistant_model=draft, tree=...) in a harness whose calls carry a
+    checkpoint's repetition_penalty (Qwen2.5 Instruct ships 1.05): the refusal is an
+    UnsupportedOptionError, so the call runs on transformers' generate with one warning, and a
+    call without processors still speculates on the tree."""
+    from specdec_fast.drafters.token_tree import TokenTree
+
+    target, draft = model_pair("llama")
+    model = copy.deepcopy(target)
+    ids, mask = left_padded_prompts([5, 3], seed=2)
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    with pytest.raises(UnsupportedOptionError, match="repetition_penalty with tree=..."):
+        api.generate(target, ids, assistant_model=draft, tree=True, repetition_penalty=1.05, **kw)
+    expected = target.generate(ids, repetition_penalty=1.05, **kw)
+    with specdec_fast.patch_generate(model, assistant_model=draft, tree=TokenTree.from_branching([2, 1])) as patched:
+        with pytest.warns(UserWarning, match="repetition_penalty with tree=.*runs on transformers' generate"):
+            assert torch.equal(patched.generate(ids, repetition_penalty=1.05, **kw), expected)
+        model.specdec_last_stats = None
+        assert torch.equal(patched.generate(ids, **kw), target.generate(ids, **kw))
+        assert model.specdec_last_stats is not None and model.specdec_last_stats.extra.get("tree")
