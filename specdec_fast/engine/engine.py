@@ -457,8 +457,9 @@ class SpeculativeEngine:
         ks = self._ks_for(opts, token_tree, num_assistant_tokens)
         limits = call_limits(opts, input_ids.shape[1], tokenizer)  # stopping criteria (stopping.py)
         self._check_sizes(input_ids, limits.max_new_tokens, max(ks or (k,)) if token_tree is None else token_tree.size - 1)
-        if len(limits.eos_token_ids or ()) > EOS_SLOTS:
-            raise ValueError(f"at most {EOS_SLOTS} eos_token_id values are supported, got {len(limits.eos_token_ids)}")
+        if len(limits.eos_token_ids or ()) > EOS_SLOTS:  # transformers takes any number: a bound patch hands it over
+            raise UnsupportedOptionError(f"at most {EOS_SLOTS} eos_token_id values are supported, got "
+                                         f"{len(limits.eos_token_ids)}")
         stage = self._stage_request(opts, None, token_tree, target)  # its checks now; the call's params in _run
         if self.tp is not None:
             check_tp_call(target, opts, limits, user_cache)

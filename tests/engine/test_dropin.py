@@ -393,3 +393,20 @@ def test_control_criteria_shown_one_row_at_a_time_fail_the_batch_test(monkeypatc
     monkeypatch.setattr(stopping.HostStops, "check", row_by_row)
     with pytest.raises(AssertionError):
         test_a_criterion_that_judges_the_batch_sees_every_row_at_each_step("lookup", 1)
+
+
+def test_more_eos_ids_than_the_decoder_holds_go_to_transformers():
+    """transformers takes any number of EOS ids; a decoder holds EOS_SLOTS (8). A ninth is an
+    UnsupportedOptionError, which a bound patch hands to transformers' generate with one warning."""
+    from specdec_fast.engine.loop import EOS_SLOTS
+
+    target, draft = model_pair("llama")
+    model = copy.deepcopy(target)
+    ids, mask = left_padded_prompts([5, 3], seed=8)
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0,
+              eos_token_id=list(range(10, 10 + EOS_SLOTS + 1)))
+    with pytest.raises(UnsupportedOptionError, match=f"at most {EOS_SLOTS} eos_token_id values are supported, got 9"):
+        specdec_fast.generate(target, ids, assistant_model=draft, **kw)
+    with specdec_fast.patch_generate(model, assistant_model=draft) as patched:
+        with pytest.warns(UserWarning, match="eos_token_id values are supported.*runs on transformers' generate"):
+            assert torch.equal(patched.generate(ids, **kw), target.generate(ids, **kw))
