@@ -44,7 +44,7 @@ def _layers_of(base):
     layers = getattr(base, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise UnsupportedModelError(f"assistant_early_exit needs a decoder whose layers are a ModuleList at "
-                         f"{type(base).__name__}.layers (transformers' Llama-style models)")
+                                    f"{type(base).__name__}.layers (transformers' Llama-style models)")
     return layers
 
 
