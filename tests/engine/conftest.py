@@ -12,6 +12,20 @@ from specdec_fast.engine.schedule import AdaptiveK
 from .models import make_draft, make_model
 
 
+def assert_handed_to_transformers(model, error, match: str, bound: dict, input_ids, **kwargs) -> None:
+    """specdec_fast.generate refuses the call with ``error`` (matching ``match``); a patch_generate
+    bound to ``bound`` (its drafting) hands the same call to transformers' generate with one warning
+    naming the refusal, and returns model.generate's tokens."""
+    import specdec_fast
+
+    with pytest.raises(error, match=match):
+        specdec_fast.generate(model, input_ids, **bound, **kwargs)
+    expected = model.generate(input_ids, **kwargs)
+    with specdec_fast.patch_generate(model, **bound) as patched:
+        with pytest.warns(UserWarning, match=f"{match}.*runs on transformers' generate"):
+            assert torch.equal(patched.generate(input_ids, **kwargs), expected)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     before = torch.get_num_threads()

@@ -18,7 +18,7 @@ from specdec_fast.options.rules import UnsupportedOptionError
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
-from .conftest import model_pair
+from .conftest import assert_handed_to_transformers, model_pair
 from .models import left_padded_prompts, make_draft, make_model
 
 
@@ -401,12 +401,8 @@ def test_more_eos_ids_than_the_decoder_holds_go_to_transformers():
     from specdec_fast.engine.loop import EOS_SLOTS
 
     target, draft = model_pair("llama")
-    model = copy.deepcopy(target)
     ids, mask = left_padded_prompts([5, 3], seed=8)
-    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0,
-              eos_token_id=list(range(10, 10 + EOS_SLOTS + 1)))
-    with pytest.raises(UnsupportedOptionError, match=f"at most {EOS_SLOTS} eos_token_id values are supported, got 9"):
-        specdec_fast.generate(target, ids, assistant_model=draft, **kw)
-    with specdec_fast.patch_generate(model, assistant_model=draft) as patched:
-        with pytest.warns(UserWarning, match="eos_token_id values are supported.*runs on transformers' generate"):
-            assert torch.equal(patched.generate(ids, **kw), target.generate(ids, **kw))
+    assert_handed_to_transformers(target, UnsupportedOptionError,
+                                  f"at most {EOS_SLOTS} eos_token_id values are supported, got 9",
+                                  dict(assistant_model=draft), ids, attention_mask=mask, do_sample=False, max_new_tokens=6,
+                                  pad_token_id=0, eos_token_id=list(range(10, 10 + EOS_SLOTS + 1)))

@@ -16,6 +16,7 @@ from specdec_fast.runners import PagedLlamaRunner
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
+from .conftest import assert_handed_to_transformers
 from .models import left_padded_prompts, make_model
 
 NEW = 12
@@ -156,10 +157,7 @@ def test_a_decoder_of_another_layout_goes_to_transformers_through_the_patch():
     model = make_model("gpt2", layers=2, seed=4)
     model.generation_config.eos_token_id = None
     ids, mask = left_padded_prompts([5], seed=6)
-    kw = dict(do_sample=False, max_new_tokens=6, pad_token_id=0)
-    with pytest.raises(UnsupportedModelError, match="assistant_early_exit needs a decoder whose layers are a ModuleList"):
-        api.generate(model, ids, mask, assistant_early_exit=1, **kw)
-    expected = model.generate(ids, attention_mask=mask, **kw)
-    with specdec_fast.patch_generate(model, assistant_early_exit=1):
-        with pytest.warns(UserWarning, match="assistant_early_exit needs a decoder.*runs on transformers' generate"):
-            assert torch.equal(model.generate(ids, attention_mask=mask, **kw), expected)
+    assert_handed_to_transformers(model, UnsupportedModelError,
+                                  "assistant_early_exit needs a decoder whose layers are a ModuleList",
+                                  dict(assistant_early_exit=1), ids, attention_mask=mask, do_sample=False,
+                                  max_new_tokens=6, pad_token_id=0)

@@ -21,7 +21,7 @@ from specdec_fast.processing import pipeline, warpers
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
-from .conftest import as_generate_takes, model_pair
+from .conftest import as_generate_takes, assert_handed_to_transformers, model_pair
 from .models import left_padded_prompts, make_draft, make_model
 
 NEW = 14
@@ -553,15 +553,12 @@ def test_a_bound_tree_hands_a_call_with_processors_to_transformers():
     from specdec_fast.drafters.token_tree import TokenTree
 
     target, draft = model_pair("llama")
-    model = copy.deepcopy(target)
     ids, mask = left_padded_prompts([5, 3], seed=2)
     kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
-    with pytest.raises(UnsupportedOptionError, match="repetition_penalty with tree=..."):
-        api.generate(target, ids, assistant_model=draft, tree=True, repetition_penalty=1.05, **kw)
-    expected = target.generate(ids, repetition_penalty=1.05, **kw)
-    with specdec_fast.patch_generate(model, assistant_model=draft, tree=TokenTree.from_branching([2, 1])) as patched:
-        with pytest.warns(UserWarning, match="repetition_penalty with tree=.*runs on transformers' generate"):
-            assert torch.equal(patched.generate(ids, repetition_penalty=1.05, **kw), expected)
-        model.specdec_last_stats = None
+    bound = dict(assistant_model=draft, tree=TokenTree.from_branching([2, 1]))
+    assert_handed_to_transformers(target, UnsupportedOptionError, "repetition_penalty with tree=...", bound, ids,
+                                  repetition_penalty=1.05, **kw)
+    with specdec_fast.patch_generate(target, **bound) as patched:
+        patched.specdec_last_stats = None
         assert torch.equal(patched.generate(ids, **kw), target.generate(ids, **kw))
-        assert model.specdec_last_stats is not None and model.specdec_last_stats.extra.get("tree")
+        assert patched.specdec_last_stats is not None and patched.specdec_last_stats.extra.get("tree")
