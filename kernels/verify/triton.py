@@ -284,13 +284,13 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
 
 
 def _plan_overrides(overrides: dict) -> dict:
-    """The caller's plan overrides (PLAN_OVERRIDES, documented at plan_launches), None for the
-    plan's own choice; any other name is refused as Python refuses an unknown keyword."""
+    """The caller's plan overrides (PLAN_OVERRIDES, documented at plan_launches; None: the plan's
+    own choice), as given; any other name is refused as Python refuses an unknown keyword."""
     unknown = sorted(set(overrides) - set(PLAN_OVERRIDES))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}: "
                         f"the plan overrides are {', '.join(PLAN_OVERRIDES)}")
-    return {name: value for name, value in overrides.items() if value is not None}
+    return overrides
 
 
 def chain_verify_triton(
