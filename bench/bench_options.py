@@ -14,7 +14,11 @@ one run (alternating rounds, the best round of each), greedy and sampling, draft
                  of the whole sequence after the loop, engine/user_cache.py) | guidance_scale=1.5
                  (the unconditional stream: one forward per row and iteration, eager)
 
-    python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4]
+    python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4] [--tree]
+
+--tree drafts the default token tree (generate(tree=True): each node processed with its ancestor
+path, the tree's drafts too) instead of K = 4, without guidance_scale (chains only); it writes
+options_tree_<device>.json.
 
 Beside them, transformers' own generate (greedy, no draft) with no option and with
 guidance_scale=1.5 (which costs it a second forward per token), in the same rounds.
@@ -76,6 +80,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tree", action="store_true", help="draft the default token tree instead of a K = 4 chain")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -85,12 +90,15 @@ def main(argv=None) -> dict:
     draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
     prompts = [tok(p, return_tensors="pt").input_ids for p in held_out_prompts(args.prompts)]
     sets = option_sets(tok)
+    drafting = dict(tree=True) if args.tree else dict(num_assistant_tokens=4)
+    if args.tree:
+        del sets["guidance_scale=1.5"]  # refused with tree= (guidance runs on chains only)
 
     def run(mode: str, options: dict):
         tokens, seconds = 0, 0.0
         for i, ids in enumerate(prompts):
             start = time.perf_counter()
-            out = specdec_fast.generate(target, ids, assistant_model=draft, num_assistant_tokens=4,
+            out = specdec_fast.generate(target, ids, assistant_model=draft, **drafting,
                                         max_new_tokens=args.new_tokens, seed=i, **MODES[mode],
                                         **(options() if callable(options) else options))
             seconds += time.perf_counter() - start
@@ -99,7 +107,7 @@ def main(argv=None) -> dict:
         return tokens / seconds
 
     rows = []
-    hf_sets = {"none": {}, "guidance_scale=1.5": dict(guidance_scale=1.5)}
+    hf_sets = {"none": {}, **({} if args.tree else {"guidance_scale=1.5": dict(guidance_scale=1.5)})}
 
     def run_transformers(options: dict):
         tokens, seconds = 0, 0.0
@@ -133,10 +141,10 @@ def main(argv=None) -> dict:
         print(f"transformers generate, greedy, {row['options']:20s} {row['tokens_per_s']:7.1f} tok/s "
               f"(specdec_fast {row['specdec_fast_speedup']:.2f}x)", flush=True)
     result = dict(device=cpu_model(), versions=versions(), threads=args.threads, rounds=args.rounds,
-                  new_tokens=args.new_tokens, prompts=args.prompts, k=4,
+                  new_tokens=args.new_tokens, prompts=args.prompts, k=None if args.tree else 4, tree=args.tree,
                   models="demo pair (3.8M Llama code model + 0.8M draft), float32, CPU", rows=rows,
                   transformers_greedy=transformers_rows)
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / "options_cpu.json"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"options{'_tree' if args.tree else ''}_cpu.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return result

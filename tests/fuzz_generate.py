@@ -21,7 +21,7 @@ transformers cache a side (generate(cache=...)), turn by turn against model.gene
 
 A refusal is a pass where both sides refuse, or where ours is an Unsupported*Error (which
 patch_generate hands to transformers); the summary counts them. Known refusals are not drawn:
-trees take no logits processors and need paged runners; the static twin needs paged runners and
+trees need paged runners (and take no guidance_scale, not drawn); the static twin needs paged runners and
 compiled kernels; greedy calls take no num_return_sequences > 1 (transformers refuses them).
 Exit status 1 when a case failed; each failure prints its case, enough to rerun it.
 tests/engine/test_fuzz_generate.py runs a few cases of each mode in the suite.
@@ -148,16 +148,15 @@ def greedy_cases(seed: int, iterations: int, triton: bool = False):
         if rng.random() < 0.5:
             opts["eos_token_id"] = tok.eos_token_id if rng.random() < 0.5 else [tok.eos_token_id, rng.randrange(3, 200)]
         ours = _drafting(rng, draft, tree_ok=True, triton=triton)
-        if "tree" not in ours:  # trees take no logits processors
-            if rng.random() < 0.3:
-                opts["repetition_penalty"] = rng.choice([1.05, 1.3])
-            if rng.random() < 0.2:
-                opts["no_repeat_ngram_size"] = rng.choice([2, 3])
-            if rng.random() < 0.2:
-                opts["min_new_tokens"] = rng.randint(1, 8)
+        if rng.random() < 0.3:
+            opts["repetition_penalty"] = rng.choice([1.05, 1.3])
+        if rng.random() < 0.2:
+            opts["no_repeat_ngram_size"] = rng.choice([2, 3])
+        if rng.random() < 0.2:
+            opts["min_new_tokens"] = rng.randint(1, 8)
         if rng.random() < 0.25:
             opts.update(return_dict_in_generate=True, output_scores=True, output_logits=rng.random() < 0.5)
-        via_patch = "tree" not in ours and rng.random() < 0.3
+        via_patch = rng.random() < 0.3
         route = rng.choice(["keywords"] * 6 + ["generation_config", "model defaults"])
         if route != "keywords":  # the call's options as a GenerationConfig, or as the model's own defaults
             fields = {k: v for k, v in opts.items() if k not in ("tokenizer", "stop_strings", "return_dict_in_generate",
@@ -234,7 +233,7 @@ def sampled_cases(seed: int, iterations: int, triton: bool = False):
         # no adaptive schedule: its Ks follow measured times, and so do a seeded call's tokens
         ours = {k: v for k, v in _drafting(rng, draft, tree_ok=True, triton=False, adaptive=False).items()
                 if k not in ("backend", "runner", "cuda_graphs")}
-        if "tree" not in ours and rng.random() < 0.3:
+        if rng.random() < 0.3:
             opts["repetition_penalty"] = rng.choice([1.05, 1.3])
 
         def run(**path):

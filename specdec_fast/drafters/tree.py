@@ -18,6 +18,10 @@ i - 1, and commit moves the accepted path's fed nodes into place (PagedRunnerBas
 Cost: the level-d call scores nodes 1..(last of depth d) instead of depth d alone (measured
 in bench/bench_tree.py: the draft phase per step).
 
+A call's logits processors (engine/logits_stage.py) process each level's parent logits as the
+target's at those nodes (LogitsStage.draft_tree: each node with its ancestor path) before the
+children are chosen; the processed logits are the draft logits tree_verify gets as q.
+
 Children of a node at depth d - 1 come from its logits: "top": the top-b tokens by logit, in
 rank order (deterministic); "sample": b i.i.d. Gumbel-max samples of the standardised
 distribution, node c's noise at (seed, offset = gen_len, position c - 1, STREAM_DRAFT) (a
@@ -77,7 +81,7 @@ class TreeDrafter:
 
     # What start() builds per (batch size, sampling modes): kept, and re-filled in place by later calls.
     _BUILT = ("pending", "num_pending", "_sample", "_greedy", "_all_greedy", "_no_keep", "fed_depth", "_slots", "dynamic",
-              "levels", "feeds", "node_parents", "node_mask", "node_ranks", "_feed_depths")
+              "levels", "feeds", "node_parents", "node_mask", "node_ranks", "_feed_depths", "_node_depths")
 
     def start(self, state, prompt) -> None:
         """After the target's prefill: the draft's prefill, then this batch size's buffers (built at
@@ -121,6 +125,7 @@ class TreeDrafter:
         self._no_keep = torch.zeros(batch, dtype=torch.int32, device=dev)  # commit(0): the runner's int32, no cast
         self.fed_depth = tree.depth - 1  # accepted nodes at depth <= this are in the draft cache after propose
         self._slots = torch.arange(tree.size - 1, device=dev)
+        self._node_depths = tree.tensors(dev)["depths"]  # [N]: a call's logits stage reads each node's path
         long = dict(dtype=torch.long, device=dev)
         if tree.dynamic:
             self.dynamic = DynamicExpansion(tree, state, self._sample)
@@ -178,11 +183,15 @@ class TreeDrafter:
         tokens = torch.empty(batch, tree.size, dtype=torch.long, device=st.seq.device)
         tokens[:, 0] = st.last_token()
         draft_logits = None
+        stage = getattr(st, "stage", None)  # the call's logits processors (engine/logits_stage.py), or None
         logits = self._root_logits()
         if tree.children == "sample":
             draft_logits = torch.zeros(batch, tree.size, logits.shape[-1], device=logits.device)
         for d, level in enumerate(self.levels, 1):
             parent_logits = logits.index_select(1, level.parent_rows)
+            if stage is not None:  # processed as the target's at these nodes (each with its ancestor path)
+                parent_logits = stage.draft_tree(parent_logits, st, tokens,
+                                                 (self.node_parents, self._node_depths, d - 1), level.expanding)
             if draft_logits is not None:
                 draft_logits.index_copy_(1, level.expanding, parent_logits)
             if self.dynamic is not None:

@@ -528,11 +528,11 @@ class SpeculativeEngine:
                    if options else None)
         if request is None or request.spec is None:
             return None
-        if token_tree is not None:
+        if token_tree is not None and guidance_on(options.get("guidance_scale")):
             # an UnsupportedOptionError (a ValueError): a bound patch_generate hands such calls to transformers
-            raise UnsupportedOptionError(f"{', '.join(sorted(options))} with tree=...: logits processors, penalties "
-                                         "and the warpers the kernels lack (top_h, typical_p, epsilon_cutoff, eta_cutoff) "
-                                         "run on chains only (a tree node's prefix is its ancestor path); drop tree=")
+            raise UnsupportedOptionError("guidance_scale with tree=...: classifier-free guidance runs on chains only "
+                                         "(each row's unconditional stream is one cache, extended by its drafts); "
+                                         "drop tree=")
         return request
 
     def _is_own_head(self, draft_head) -> bool:

@@ -17,7 +17,10 @@ Three parts, each present only when the call asks for it:
     transformers' order) they run there instead;
   - the draft side: each draft is proposed from its logits processed the same way, with the
     drafts before it in its prefix, so that the draft samples from what the verify calls p (the
-    exact rule holds for any draft; processing it only raises the acceptance).
+    exact rule holds for any draft; processing it only raises the acceptance);
+  - token trees (engine/tree_loop.py): target_tree / draft_tree process each node with its own
+    prefix, its ancestor path (processing/prefix.py tree_prefixes); tree_verify has no penalised
+    kernels, so a tree decoder's stage runs the penalties in processing (fused_penalties=False).
 
 A stage belongs to one decoder and serves call after call: the tensors its steps read (counts,
 penalty parameters, length thresholds, the real sampling parameters of the warpers) are
@@ -120,17 +123,18 @@ def kernel_params(request: "StageRequest | None", params: SamplingTensors, seed)
 class LogitsStage:
     """One decoder's logits stage (module docstring), built at the decoder's first call with a
     request: rows: the decoder's rows; vocab: V; prompt_width, max_new_tokens: that call's (later
-    calls: begin_call)."""
+    calls: begin_call); fused_penalties: the decoder's verify kernels apply the penalties (chains;
+    tree_verify has no penalised kernels: the penalties then run in processing, in their slot)."""
 
     def __init__(self, request: StageRequest, *, rows: int, vocab: int, device, prompt_width: int,
-                 max_new_tokens: int):
+                 max_new_tokens: int, fused_penalties: bool = True):
         self.rows, self.vocab, self.device = rows, vocab, device
         values = {name: request.options[name] for name in STAGE_OPTIONS + ("num_return_sequences",)
                   if name in request.options}
         user = values.pop("logits_processor", None)
         self.processing = LogitsProcessing.from_options(
             dict(values, eos_token_id=request.eos_token_ids, do_sample=request.do_sample), vocab_size=vocab,
-            prompt_width=prompt_width, device=device, logits_processor=user, fused_penalties=True,
+            prompt_width=prompt_width, device=device, logits_processor=user, fused_penalties=fused_penalties,
             max_new_tokens=max_new_tokens, guidance_model=request.model)
         self.graph_safe, self.graph_note = self.processing.graph_safe, self.processing.graph_note
         self.warpers = self.processing.warpers_here
@@ -178,6 +182,26 @@ class LogitsStage:
             logits = logits.float()
         return self.processing.process(logits, state.seq, state.end, drafts, start=self._pads_start(state),
                                        params=self.real_params)
+
+    def target_tree(self, logits: torch.Tensor, state, tokens: torch.Tensor, tree) -> torch.Tensor:
+        """logits [R, N, V] of the target at a token tree's nodes tokens [R, N] (tree: parents
+        [R, N] or [N], depths [N], depth; processing.LogitsProcessing.process_tree) -> the
+        logits tree_verify samples from, each node processed with its ancestor path."""
+        if self.float32 and logits.dtype != torch.float32:
+            logits = logits.float()
+        parents, depths, depth = tree
+        return self.processing.process_tree(logits, state.seq, state.end, tokens, parents, depths, depth,
+                                            start=self._pads_start(state), params=self.real_params)
+
+    def draft_tree(self, logits: torch.Tensor, state, tokens: torch.Tensor, tree, nodes: torch.Tensor) -> torch.Tensor:
+        """logits [R, E, V] of a tree's drafter at nodes [E] (the ones it expands next; tokens [R, N]
+        filled up to them; tree as target_tree, its depth the nodes') -> the logits their children are drawn from,
+        processed as the target's at those nodes (the drafter then samples what tree_verify calls q)."""
+        if self.float32 and logits.dtype != torch.float32:
+            logits = logits.float()
+        parents, depths, depth = tree
+        return self.processing.process_tree(logits, state.seq, state.end, tokens, parents, depths, depth,
+                                            start=self._pads_start(state), params=self.real_params, nodes=nodes)
 
     def draft(self, logits: torch.Tensor, state, drafted: torch.Tensor) -> torch.Tensor:
         """logits [R, V] of the draft before its next draft (drafted [R, i]: the drafts so far)

@@ -131,6 +131,9 @@ class SpeculativeDecoder:
     skip_finished: feed finished rows nothing (module docstring); None: when rows > 1.
     """
 
+    # The verify kernels apply a call's penalties fused (logits_stage.py); TreeDecoder's do not.
+    fused_penalties = True
+
     def __init__(self, target, drafter, *, k: int, params: SamplingTensors | None = None, max_new_tokens: int | None = None,
                  eos_token_ids=None, pad_token_id: int = 0, backend=None, run_ahead: int = DEFAULT_RUN_AHEAD,
                  streamer=None, cuda_graphs=None, graph_warmup: int = 1, skip_finished: bool | None = None,
@@ -290,7 +293,8 @@ class SpeculativeDecoder:
         forced_at = self.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
         if self.stage is None or request.spec == "user":
             self.stage = LogitsStage(request, rows=self.rows, vocab=self.target.vocab_size, device=self.device,
-                                     prompt_width=prompt.ids.shape[1], max_new_tokens=forced_at)
+                                     prompt_width=prompt.ids.shape[1], max_new_tokens=forced_at,
+                                     fused_penalties=self.fused_penalties)
             if not self.stage.graph_safe and self.graph_mode != "eager":
                 raise ValueError(f"{self.stage.graph_note}: decode such calls with cuda_graphs=False")
         self.stage.begin_call(prompt, request, forced_at, self.batch)

@@ -122,12 +122,15 @@ class ClassifierFreeGuidance:
         return torch.log_softmax(out.logits[0, [p - keep for p in needed]], dim=-1)
 
     def apply_(self, logits: torch.Tensor, prefixes) -> None:
-        """logits [B, N, V] (float32) guided in place at every real position (host loop per row)."""
-        ends, drafts = prefixes.end.tolist(), prefixes.drafts.tolist()
+        """logits [B, N, V] (float32) guided in place at every real position (host loop per row).
+        A chain's positions only: each row's unconditional stream is one cache, extended by its drafts."""
+        if prefixes.group != 1:
+            raise ValueError("guidance_scale guides a chain's positions, not a token tree's nodes")
+        ends, drafts, seen_by = prefixes.end.tolist(), prefixes.drafts.tolist(), prefixes.seen.tolist()
         rows = len(ends) if self.rows is None else min(self.rows, len(ends))
         for b in range(rows):
-            seen = [prefixes.first + i for i in range(prefixes.n)]
-            seen = [j for j in seen if all(t >= 0 for t in drafts[b][:j])]  # a padded draft: never emitted
+            position_of = {j: i for i, j in enumerate(seen_by[b])}  # drafts seen -> position (ascending)
+            seen = [j for j in seen_by[b] if all(t >= 0 for t in drafts[b][:j])]  # a padded draft: never emitted
             if not seen:
                 continue
             negative, negative_mask = self._unconditional(b, prefixes.seq)
@@ -137,6 +140,6 @@ class ClassifierFreeGuidance:
             base = len(negative) + len(generated) - 1  # the stream position whose logits follow j = 0 drafts
             unconditional = self._logprobs(b, stream, mask, [base + j for j in seen])
             for k, j in enumerate(seen):
-                i = j - prefixes.first
+                i = position_of[j]
                 scores = torch.log_softmax(logits[b, i].float(), dim=-1)
                 logits[b, i] = self.scale * (scores - unconditional[k]) + unconditional[k]

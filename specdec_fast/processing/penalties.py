@@ -67,8 +67,10 @@ def check_penalties(repetition_penalty=1.0, frequency_penalty=0.0, presence_pena
 
 
 def _prefix_counts(prefixes: Prefixes, begin: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 [B, V]: occurrences of each token in seq[b, begin[b] : end[b]] (no drafts)."""
-    ext, end = prefixes.ext, prefixes.end
+    """int32 [B / group, V]: occurrences of each token in seq[b, begin[b] : end[b]] (no drafts), once
+    per group of rows (Prefixes.group: the rows of a group share seq, end and begin)."""
+    group = prefixes.group
+    ext, end, begin = prefixes.ext[::group], prefixes.end[::group], begin[::group]
     j = torch.arange(ext.shape[1], device=ext.device)[None, :]
     in_range = (j >= begin[:, None]) & (j < end[:, None]) & (ext >= 0) & (ext < vocab_size)  # [B, W]
     # Slots outside the range add 0 to some column, spread by their index (j % V): no spare
@@ -82,7 +84,7 @@ def _counted_drafts(prefixes: Prefixes, begin: torch.Tensor, vocab_size: int) ->
     """bool [B, N, D]: draft d is in position i's prefix, in the vocabulary and at or after begin."""
     drafts, end = prefixes.drafts, prefixes.end
     d = torch.arange(drafts.shape[1], device=drafts.device)
-    seen = d[None, None, :] < (prefixes.first + prefixes.positions)[None, :, None]  # [1, N, D]
+    seen = d[None, None, :] < prefixes.seen[:, :, None]  # [B, N, D]
     real = (drafts >= 0) & (drafts < vocab_size) & (end[:, None] + d[None, :] >= begin[:, None])  # [B, D]
     return seen & real[:, None, :]
 
@@ -90,7 +92,8 @@ def _counted_drafts(prefixes: Prefixes, begin: torch.Tensor, vocab_size: int) ->
 def token_counts(prefixes: Prefixes, begin: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 [B, N, V] (dense): how often each token occurs in prefix[begin[b] : length[b, i]] of
     every position (begin int64 [B]). Out-of-vocabulary ids and padded drafts count nowhere."""
-    counts = _prefix_counts(prefixes, begin, vocab_size)[:, None, :].repeat(1, prefixes.n, 1)  # [B, N, V]
+    counts = _prefix_counts(prefixes, begin, vocab_size).repeat_interleave(prefixes.group, 0)  # [B, V]
+    counts = counts[:, None, :].repeat(1, prefixes.n, 1)  # [B, N, V]
     drafts = prefixes.drafts
     if drafts.shape[1]:
         counted = _counted_drafts(prefixes, begin, vocab_size)
@@ -100,8 +103,11 @@ def token_counts(prefixes: Prefixes, begin: torch.Tensor, vocab_size: int) -> to
 
 
 def column_counts(prefixes: Prefixes, begin: torch.Tensor, columns: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 [B, N, W]: token_counts at columns [B, W] (values in [0, V)), without [B, N, V]."""
-    counts = _prefix_counts(prefixes, begin, vocab_size).gather(1, columns)[:, None, :]  # [B, 1, W]
+    """int32 [B, N, W]: token_counts at columns [B, W] (values in [0, V)), without [B, N, V] (nor
+    [B, V] for a group's rows: one [B / group, V] count gathered at the group's columns)."""
+    rows, width = columns.shape
+    shared = _prefix_counts(prefixes, begin, vocab_size)  # [B / group, V]
+    counts = shared.gather(1, columns.reshape(shared.shape[0], -1)).reshape(rows, 1, width)  # [B, 1, W]
     drafts = prefixes.drafts
     if not drafts.shape[1]:
         return counts.expand(-1, prefixes.n, -1)

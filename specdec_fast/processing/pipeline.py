@@ -62,7 +62,7 @@ from .masks import (ExponentialDecay, ForcedTokens, LengthMask, RemoveInvalidVal
                     token_list)
 from .ngram import EncoderNoRepeatNGram, NoRepeatNGram, check_ngram_size
 from .penalties import apply_penalties_, check_penalties
-from .prefix import Prefixes
+from .prefix import Prefixes, tree_prefixes
 from .sequence_bias import SequenceBias, parse_bad_words, parse_sequence_bias
 from .user import PrefixAllowedTokens, UserProcessors
 from .warpers import STAGE_WARPERS, check_warpers, stage_warpers_on, standardise_all
@@ -349,6 +349,30 @@ class LogitsProcessing:
             logits = self.standardise(logits, params)
         if self.watermark is not None:
             self.watermark.apply_(logits, prefixes)
+        return logits
+
+    def process_tree(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, tokens: torch.Tensor,
+                     parents: torch.Tensor, depths: torch.Tensor, depth: int, start=None, params=None,
+                     nodes: torch.Tensor | None = None) -> torch.Tensor:
+        """process for a token tree's nodes: logits [B, N, V] at nodes tokens [B, N] (node 0 the
+        last emitted token; parents int64 [B, N] or [N], -1 at the root; depths [N]; depth: at
+        least the deepest node's), node i processed with the prefix seq[b, :end[b]] ++ its ancestor
+        path (prefix.tree_prefixes: B * N rows of one position). nodes int64 [E]: logits [B, E, V]
+        are those nodes' only (a drafter expanding one level; depth: theirs). No guidance (a
+        chain's only: guidance.py)."""
+        self._check_width(logits)
+        if self.warpers_here and params is None:
+            raise ValueError("this call's warpers run here (warpers_here): process_tree needs its sampling params")
+        if self.guidance is not None:
+            raise ValueError("guidance_scale guides a chain's positions, not a token tree's nodes")
+        batch, n, vocab = logits.shape
+        prefixes = tree_prefixes(seq, end, tokens, parents, depths, depth, start=start, nodes=nodes) if self.active else None
+        logits = logits.contiguous()  # the [B * N, 1, V] views below write into it
+        self._run_stages(logits.view(batch * n, 1, vocab), prefixes)
+        if self.warpers_here:
+            logits = self.standardise(logits, params)
+        if self.watermark is not None:
+            self.watermark.apply_(logits.view(batch * n, 1, vocab), prefixes)
         return logits
 
     def apply_(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, drafts: torch.Tensor,

@@ -53,16 +53,16 @@ class UserProcessors:
 
 
 def positions(prefixes: Prefixes, rows: int | None = None):
-    """(b, i, input_ids [L] int64) for every position i of rows b < rows (None: all) whose prefix
-    holds no padded draft: the exact input_ids transformers would pass there. One host read."""
-    ends, drafts = prefixes.end.tolist(), prefixes.drafts.tolist()
+    """(b, i, input_ids [L] int64) for every position i of rows b < rows (None: all; a tree's rows
+    come in groups: rows * group of them) whose prefix holds no padded draft: the exact input_ids
+    transformers would pass there. One host read."""
+    ends, drafts, seen = prefixes.end.tolist(), prefixes.drafts.tolist(), prefixes.seen.tolist()
     seq, drafts_dev = prefixes.seq.long(), prefixes.drafts
-    for b, end in enumerate(ends[:rows]):
+    for b, end in enumerate(ends[: None if rows is None else rows * prefixes.group]):
         for i in range(prefixes.n):
-            seen = prefixes.first + i
-            if any(t < 0 for t in drafts[b][:seen]):
+            if any(t < 0 for t in drafts[b][: seen[b][i]]):
                 break  # padded draft: this and later positions are never emitted
-            yield b, i, torch.cat([seq[b, :end], drafts_dev[b, :seen]])
+            yield b, i, torch.cat([seq[b, :end], drafts_dev[b, : seen[b][i]]])
 
 
 class PrefixAllowedTokens:
@@ -91,7 +91,7 @@ class PrefixAllowedTokens:
 
     def apply_(self, logits: torch.Tensor, prefixes: Prefixes) -> None:
         for b, i, input_ids in positions(prefixes, self.rows):
-            batch_id = b // self.group
+            batch_id = b // prefixes.group // self.group  # a tree's node rows: prefixes.group a row
             allowed = self.fn(batch_id, input_ids)
             if len(allowed) == 0:  # transformers' message
                 raise ValueError(f"`prefix_allowed_tokens_fn` returned an empty list for batch ID {batch_id}. "

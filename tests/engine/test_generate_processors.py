@@ -21,7 +21,7 @@ from specdec_fast.processing import pipeline, warpers
 
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
-from .conftest import as_generate_takes, assert_handed_to_transformers, model_pair
+from .conftest import as_generate_takes, model_pair
 from .models import left_padded_prompts, make_draft, make_model
 
 NEW = 14
@@ -264,15 +264,11 @@ def test_an_empty_allowed_list_raises_transformers_error():
         api.generate(target, ids, mask, assistant_model=draft, max_new_tokens=4, prefix_allowed_tokens_fn=lambda b, i: [])
 
 
-def test_processors_with_a_tree_raise_one_clear_line():
+def test_a_greedy_tree_ignores_the_sampling_warpers_as_generate_does():
+    """transformers' greedy generate neither builds nor checks the sampling warpers: a tree's greedy
+    call with top_h equals it (tests/engine/test_tree_processors.py: trees with processors)."""
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([4], seed=1)
-    with pytest.raises(ValueError, match="repetition_penalty with tree=...: logits processors, penalties and the "
-                                         "warpers the kernels lack"):
-        api.generate(target, ids, mask, assistant_model=draft, tree=True, repetition_penalty=1.1, max_new_tokens=4)
-    with pytest.raises(ValueError, match="top_h with tree=...: .*warpers the kernels lack .*run on chains only"):
-        api.generate(target, ids, mask, assistant_model=draft, tree=True, do_sample=True, top_h=0.5, max_new_tokens=4)
-    # greedy: the warpers are not built (nor checked), as in transformers' greedy generate
     kw = dict(do_sample=False, max_new_tokens=6, pad_token_id=0)
     assert torch.equal(api.generate(target, ids, mask, assistant_model=draft, tree=True, top_h=0.5, **kw),
                        target.generate(ids, attention_mask=mask, **kw))
@@ -545,20 +541,18 @@ def test_sampled_exponential_decay_follows_the_processed_distribution(sampling_p
     assert chi_square_pvalue(observed, joint(first_too=True)) < P_VALUE_THRESHOLD
 
 
-def test_a_bound_tree_hands_a_call_with_processors_to_transformers():
+def test_a_bound_tree_speculates_with_a_checkpoint_s_repetition_penalty():
     """patch_generate(model, assistant_model=draft, tree=...) in a harness whose calls carry a
-    checkpoint's repetition_penalty (Qwen2.5 Instruct ships 1.05): the refusal is an
-    UnsupportedOptionError, so the call runs on transformers' generate with one warning, and a
-    call without processors still speculates on the tree."""
+    checkpoint's repetition_penalty (Qwen2.5 Instruct ships 1.05): the call speculates on the
+    tree (no fallback) and equals model.generate. Before, trees took no processors and such calls
+    ran on transformers' generate."""
     from specdec_fast.drafters.token_tree import TokenTree
 
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([5, 3], seed=2)
-    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
-    bound = dict(assistant_model=draft, tree=TokenTree.from_branching([2, 1]))
-    assert_handed_to_transformers(target, UnsupportedOptionError, "repetition_penalty with tree=...", bound, ids,
-                                  repetition_penalty=1.05, **kw)
-    with specdec_fast.patch_generate(target, **bound) as patched:
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0, repetition_penalty=1.05)
+    with specdec_fast.patch_generate(target, assistant_model=draft, tree=TokenTree.from_branching([2, 1]),
+                                     fallback="raise") as patched:
         patched.specdec_last_stats = None
         assert torch.equal(patched.generate(ids, **kw), target.generate(ids, **kw))
         assert patched.specdec_last_stats is not None and patched.specdec_last_stats.extra.get("tree")

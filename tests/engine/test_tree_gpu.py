@@ -63,3 +63,25 @@ def test_steady_state_tree_iteration_has_no_host_sync(children, dynamic):
     for _ in range(2):  # warm-up (allocator, Triton compiles, lazy inits)
         decoder.step()
     steps_without_sync(decoder, 5)
+
+
+@pytest.mark.parametrize("tree", ["top", "dynamic_sample"])
+def test_trees_with_processors_capture_and_equal_generate_on_cuda(tree):
+    """A checkpoint's repetition_penalty with the n-gram ban and min_new_tokens on a tree
+    (tests/engine/test_tree_processors.py on the CPU): the per-node processing is captured in
+    both graphs and gives the eager path's tokens, and greedy equals model.generate."""
+    target, draft = _pair()
+    ids, mask = left_padded_prompts([5, 9, 3], vocab=VOCAB, seed=3)
+    ids, mask = ids.cuda(), mask.cuda()
+    options = dict(repetition_penalty=1.3, no_repeat_ngram_size=3, min_new_tokens=6, eos_token_id=5)
+    for mode in MODES:
+        runs = {flag: api.generate(target, ids, mask, assistant_model=draft, tree=TREES[tree], max_new_tokens=24,
+                                   pad_token_id=0, return_stats=True, backend="triton", cuda_graphs=flag,
+                                   **MODES[mode], **options)
+                for flag in (False, True)}
+        (eager, _), (graphed, g_stats) = runs[False], runs[True]
+        assert torch.equal(graphed, eager) and g_stats.graph_mode == "cuda_graphs", mode
+        if mode == "greedy":
+            expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0,
+                                       **options)
+            assert torch.equal(eager, expected)
