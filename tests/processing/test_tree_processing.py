@@ -190,7 +190,7 @@ def test_the_warpers_here_standardise_each_node():
     assert_same(ours, expected, torch.ones(logits.shape[:2], dtype=torch.bool))
 
 
-def test_tree_prefixes_share_one_count_per_row():
+def test_tree_prefixes_are_node_rows_in_groups_of_n():
     """B * N node rows in groups of N: seq, end and start repeated per row, each node one position
     seeing its depth's drafts."""
     case, tree, tokens, parents, _ = _tree_case(0, TREES["branching"], False)
