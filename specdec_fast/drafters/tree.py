@@ -19,7 +19,7 @@ Cost: the level-d call scores nodes 1..(last of depth d) instead of depth d alon
 in bench/bench_tree.py: the draft phase per step).
 
 A call's logits processors (engine/logits_stage.py) process each level's parent logits as the
-target's at those nodes (LogitsStage.draft_tree: each node with its ancestor path) before the
+target's at those nodes (LogitsStage.tree: each node with its ancestor path) before the
 children are chosen; the processed logits are the draft logits tree_verify gets as q.
 
 Children of a node at depth d - 1 come from its logits: "top": the top-b tokens by logit, in
@@ -125,7 +125,8 @@ class TreeDrafter:
         self._no_keep = torch.zeros(batch, dtype=torch.int32, device=dev)  # commit(0): the runner's int32, no cast
         self.fed_depth = tree.depth - 1  # accepted nodes at depth <= this are in the draft cache after propose
         self._slots = torch.arange(tree.size - 1, device=dev)
-        self._node_depths = tree.tensors(dev)["depths"]  # [N]: a call's logits stage reads each node's path
+        static = tree.tensors(dev)
+        self._node_depths = static["depths"]  # [N]: a call's logits stage reads each node's path
         long = dict(dtype=torch.long, device=dev)
         if tree.dynamic:
             self.dynamic = DynamicExpansion(tree, state, self._sample)
@@ -134,7 +135,6 @@ class TreeDrafter:
             self._feed_depths = torch.tensor([d - 1 for d in tree.depths[1:]], dtype=torch.int32, device=dev)
             return
         self.dynamic = self._feed_depths = None
-        static = tree.tensors(dev)
         # What the target's scoring, the verify and the stats read: parents [B, N], mask [N], ranks [N].
         self.node_parents, self.node_mask, self.node_ranks = static["parents"].expand(batch, -1), static["mask"], static["ranks"]
         self.levels = []
@@ -190,8 +190,8 @@ class TreeDrafter:
         for d, level in enumerate(self.levels, 1):
             parent_logits = logits.index_select(1, level.parent_rows)
             if stage is not None:  # processed as the target's at these nodes (each with its ancestor path)
-                parent_logits = stage.draft_tree(parent_logits, st, tokens,
-                                                 (self.node_parents, self._node_depths, d - 1), level.expanding)
+                parent_logits = stage.tree(parent_logits, st, tokens, (self.node_parents, self._node_depths, d - 1),
+                                           level.expanding)
             if draft_logits is not None:
                 draft_logits.index_copy_(1, level.expanding, parent_logits)
             if self.dynamic is not None:

@@ -18,7 +18,7 @@ Three parts, each present only when the call asks for it:
   - the draft side: each draft is proposed from its logits processed the same way, with the
     drafts before it in its prefix, so that the draft samples from what the verify calls p (the
     exact rule holds for any draft; processing it only raises the acceptance);
-  - token trees (engine/tree_loop.py): target_tree / draft_tree process each node with its own
+  - token trees (engine/tree_loop.py): tree processes each node (the target's, the drafter's) with its own
     prefix, its ancestor path (processing/prefix.py tree_prefixes); tree_verify has no penalised
     kernels, so a tree decoder's stage runs the penalties in processing (fused_penalties=False).
 
@@ -174,42 +174,34 @@ class LogitsStage:
         return state.start if generate_skips_prompt_pads() else None
 
     # -- the steps (in place, no host sync unless a user processor runs) -------------------------
+    def _cast(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 where a step computes values (transformers processes a float32 copy), else as given."""
+        return logits.float() if self.float32 and logits.dtype != torch.float32 else logits
+
     def target(self, logits: torch.Tensor, state, drafts: torch.Tensor) -> torch.Tensor:
         """logits [R, K+1, V] of the target at the iteration's positions (drafts [R, K], -1
         pads) -> the logits the verify kernel samples from (processed; standardised when the
         warpers run here)."""
-        if self.float32 and logits.dtype != torch.float32:
-            logits = logits.float()
-        return self.processing.process(logits, state.seq, state.end, drafts, start=self._pads_start(state),
+        return self.processing.process(self._cast(logits), state.seq, state.end, drafts, start=self._pads_start(state),
                                        params=self.real_params)
 
-    def target_tree(self, logits: torch.Tensor, state, tokens: torch.Tensor, tree) -> torch.Tensor:
-        """logits [R, N, V] of the target at a token tree's nodes tokens [R, N] (tree: parents
-        [R, N] or [N], depths [N], depth; processing.LogitsProcessing.process_tree) -> the
-        logits tree_verify samples from, each node processed with its ancestor path."""
-        if self.float32 and logits.dtype != torch.float32:
-            logits = logits.float()
+    def tree(self, logits: torch.Tensor, state, tokens: torch.Tensor, tree, nodes: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """logits [R, N, V] at a token tree's nodes tokens [R, N] (tree: parents [R, N] or [N],
+        depths [N], depth; processing.LogitsProcessing.process_tree), each node processed with its
+        ancestor path: the target's, which tree_verify samples from; or, with nodes [E], logits
+        [R, E, V] of the drafter at the nodes it expands next (tokens filled up to them, depth
+        theirs), processed as the target's there: the rows their children are drawn from and
+        tree_verify's q."""
         parents, depths, depth = tree
-        return self.processing.process_tree(logits, state.seq, state.end, tokens, parents, depths, depth,
-                                            start=self._pads_start(state), params=self.real_params)
-
-    def draft_tree(self, logits: torch.Tensor, state, tokens: torch.Tensor, tree, nodes: torch.Tensor) -> torch.Tensor:
-        """logits [R, E, V] of a tree's drafter at nodes [E] (the ones it expands next; tokens [R, N]
-        filled up to them; tree as target_tree, its depth the nodes') -> the logits their children are drawn from,
-        processed as the target's at those nodes (the drafter then samples what tree_verify calls q)."""
-        if self.float32 and logits.dtype != torch.float32:
-            logits = logits.float()
-        parents, depths, depth = tree
-        return self.processing.process_tree(logits, state.seq, state.end, tokens, parents, depths, depth,
+        return self.processing.process_tree(self._cast(logits), state.seq, state.end, tokens, parents, depths, depth,
                                             start=self._pads_start(state), params=self.real_params, nodes=nodes)
 
     def draft(self, logits: torch.Tensor, state, drafted: torch.Tensor) -> torch.Tensor:
         """logits [R, V] of the draft before its next draft (drafted [R, i]: the drafts so far)
         -> the logits it samples from (processed like the target's at that position, unguided:
         processing/guidance.py)."""
-        if self.float32 and logits.dtype != torch.float32:
-            logits = logits.float()
-        out = self.processing.process(logits[:, None, :], state.seq, state.end, drafted,
+        out = self.processing.process(self._cast(logits)[:, None, :], state.seq, state.end, drafted,
                                       start=self._pads_start(state), params=self.real_params, guided=False)
         return out[:, 0]
 

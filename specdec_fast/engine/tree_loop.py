@@ -5,7 +5,7 @@ One iteration, no host sync:
     target.score(N, tree mask)   -> target logits [B, N, V] in one pass (node i at position
                                     context + depth(i), seeing its ancestors and itself; the
                                     drafter's node_mask: [N], or [B, N] for a dynamic tree)
-    stage.target_tree            -> the call's logits processors, node i with its ancestor path
+    stage.tree                   -> the call's logits processors, node i with its ancestor path
                                     (only for calls that have them)
     tree_verify                  -> emitted tokens [B, N], path [B, N], num_accepted [B] (parents:
                                     the drafter's node_parents [B, N], per row when dynamic)
@@ -52,7 +52,7 @@ class TreeDecoder(SpeculativeDecoder):
     """Speculative decoding of one batch with a TreeDrafter; the target must be a paged runner
     (tree-masked one-pass scoring and commit_path). Other arguments as SpeculativeDecoder (k is the
     tree's depth). A call's logits processors process the target's logits at every node with the
-    node's own prefix (its ancestor path: LogitsStage.target_tree); tree_verify has no penalised
+    node's own prefix (its ancestor path: LogitsStage.tree); tree_verify has no penalised
     kernels, so the penalties run there too. The drafter processes its logits the same way before
     it draws each level's children (TreeDrafter.propose: the processed rows are tree_verify's q)."""
 
@@ -83,8 +83,7 @@ class TreeDecoder(SpeculativeDecoder):
         drafter = self.drafter  # the tree's shape this step: per row for a dynamic tree (tree_dynamic.py)
         target_logits = self.target.score(tokens, tree=(drafter.node_mask, self._depths))  # [B, N, V], the runner's dtype
         if self.stage is not None:  # logits processors per node, each with its ancestor path
-            target_logits = self.stage.target_tree(target_logits, st, tokens,
-                                                   (drafter.node_parents, self._depths, self.tree.depth))
+            target_logits = self.stage.tree(target_logits, st, tokens, (drafter.node_parents, self._depths, self.tree.depth))
         if draft_logits is not None and draft_logits.dtype != target_logits.dtype:
             target_logits, draft_logits = target_logits.float(), draft_logits.float()
         emitted, path, accepted = self._tree_verify_impl(target_logits, draft_logits, tokens, drafter.node_parents,

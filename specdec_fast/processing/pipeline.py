@@ -338,18 +338,11 @@ class LogitsProcessing:
         apply_ (in place), then standardise when the warpers run here (params: SamplingTensors [B],
         required then; a new float32 tensor), then the watermark (in place); the stages read one
         Prefixes. Arguments as apply_."""
-        self._check_width(logits)
-        if self.warpers_here and params is None:
-            raise ValueError("this call's warpers run here (warpers_here): process needs its sampling params")
+        self._check_call(logits, params)
         prefixes = Prefixes(seq, end, drafts, logits.shape[1], start=start) if self.active else None
         if guided and self.guidance is not None:
             self.guidance.apply_(logits, prefixes)
-        self._run_stages(logits, prefixes)
-        if self.warpers_here:
-            logits = self.standardise(logits, params)
-        if self.watermark is not None:
-            self.watermark.apply_(logits, prefixes)
-        return logits
+        return self._process_rest(logits, prefixes, params, logits.shape)
 
     def process_tree(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, tokens: torch.Tensor,
                      parents: torch.Tensor, depths: torch.Tensor, depth: int, start=None, params=None,
@@ -360,19 +353,28 @@ class LogitsProcessing:
         path (prefix.tree_prefixes: B * N rows of one position). nodes int64 [E]: logits [B, E, V]
         are those nodes' only (a drafter expanding one level; depth: theirs). No guidance (a
         chain's only: guidance.py)."""
-        self._check_width(logits)
-        if self.warpers_here and params is None:
-            raise ValueError("this call's warpers run here (warpers_here): process_tree needs its sampling params")
+        self._check_call(logits, params)
         if self.guidance is not None:
             raise ValueError("guidance_scale guides a chain's positions, not a token tree's nodes")
         batch, n, vocab = logits.shape
         prefixes = tree_prefixes(seq, end, tokens, parents, depths, depth, start=start, nodes=nodes) if self.active else None
-        logits = logits.contiguous()  # the [B * N, 1, V] views below write into it
-        self._run_stages(logits.view(batch * n, 1, vocab), prefixes)
+        # the stages and the watermark write into [B * N, 1, V] views of it
+        return self._process_rest(logits.contiguous(), prefixes, params, (batch * n, 1, vocab))
+
+    def _check_call(self, logits: torch.Tensor, params) -> None:
+        self._check_width(logits)
+        if self.warpers_here and params is None:
+            raise ValueError("this call's warpers run here (warpers_here): process needs its sampling params")
+
+    def _process_rest(self, logits: torch.Tensor, prefixes, params, rows: tuple) -> torch.Tensor:
+        """After the guidance, in transformers' order: the stages (in place), standardise when the
+        warpers run here, the watermark; the stages and the watermark see logits viewed as ``rows``
+        (the prefixes' rows: a tree's nodes are rows of one position)."""
+        self._run_stages(logits.view(rows), prefixes)
         if self.warpers_here:
             logits = self.standardise(logits, params)
         if self.watermark is not None:
-            self.watermark.apply_(logits.view(batch * n, 1, vocab), prefixes)
+            self.watermark.apply_(logits.view(rows), prefixes)
         return logits
 
     def apply_(self, logits: torch.Tensor, seq: torch.Tensor, end: torch.Tensor, drafts: torch.Tensor,

@@ -359,11 +359,13 @@ def _check_three_tokens(model, new: torch.Tensor, options: dict, temperature: fl
     return [chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], joint12), chi_square_pvalue(new[:, 2], p3)]
 
 
-def _sample(pair, options, backend, rows=ROWS):
+def _sample(pair, options, backend, rows=ROWS, drafting=None):
+    """The new tokens [rows, 3] of one seeded sampled call; drafting: K = 2 (None) or e.g. a tree."""
     target, draft = pair
-    out, stats = api.generate(target, PROMPT.expand(rows, -1), assistant_model=draft, num_assistant_tokens=2,
-                              do_sample=True, temperature=1.0, top_k=0, max_new_tokens=3, seed=11, backend=backend,
-                              return_stats=True, **options)
+    drafting = dict(num_assistant_tokens=2) if drafting is None else drafting
+    out, stats = api.generate(target, PROMPT.expand(rows, -1), assistant_model=draft, do_sample=True, temperature=1.0,
+                              top_k=0, max_new_tokens=3, seed=11, backend=backend, return_stats=True, **drafting,
+                              **options)
     assert 0.1 < stats.alpha < 0.95, f"alpha {stats.alpha}: the test needs both accepts and rejects"
     return out[:, PROMPT.shape[1]:]
 

@@ -1,5 +1,5 @@
 """generate(tree=...) with transformers' logits processors and the penalties (TreeDecoder: each
-node processed with its ancestor path, LogitsStage.target_tree): greedy equals
+node processed with its ancestor path, LogitsStage.tree): greedy equals
 model.generate(do_sample=False, <option>) token for token (draft-model trees static and dynamic,
 eager and under the static graph twin; an EAGLE-3 head's tree); sampled trees follow the
 target's processed distribution (chi-square), with a control that processes the nodes by the
@@ -19,7 +19,7 @@ from tests.kernels.stats import P_VALUE_THRESHOLD
 from .conftest import as_generate_takes, assert_handed_to_transformers, model_pair
 from .heads import trained_head
 from .models import left_padded_prompts
-from .test_generate_processors import NEW, OPTIONS, PROMPT, ROWS, SAMPLED, _check_three_tokens
+from .test_generate_processors import NEW, OPTIONS, PROMPT, SAMPLED, _check_three_tokens, _sample
 from .test_generate_processors import sampling_pair  # noqa: F401 (fixture)
 from .test_paged_runner import VOCAB as TINY_VOCAB
 from .test_paged_runner import tiny
@@ -63,13 +63,8 @@ def test_an_eagle3_tree_with_a_checkpoint_s_repetition_penalty():
 SAMPLED_TREE = TokenTree.from_branching([2, 2], children="sample")
 
 
-def _sample_tree(pair, options, rows=ROWS):
-    target, draft = pair
-    out, stats = api.generate(target, PROMPT.expand(rows, -1), assistant_model=draft, tree=SAMPLED_TREE,
-                              do_sample=True, temperature=1.0, top_k=0, max_new_tokens=3, seed=11, backend="torch",
-                              return_stats=True, **options)
-    assert 0.1 < stats.alpha < 0.95, f"alpha {stats.alpha}: the test needs both accepts and rejects"
-    return out[:, PROMPT.shape[1]:]
+def _sample_tree(pair, options):
+    return _sample(pair, options, "torch", drafting=dict(tree=SAMPLED_TREE))
 
 
 def _rows_repeating_a_token(new: torch.Tensor) -> int:
@@ -97,10 +92,14 @@ def test_control_nodes_processed_without_their_paths_fail(sampling_pair, monkeyp
     in some rows, which the test above counts (the chi-square's marginal of the third token
     barely moves; the chain's rule on a tree, a subtler mistake, is
     tests/processing/test_tree_processing.py's control)."""
-    def without_paths(self, logits, state, tokens, tree):
+    process_tree = logits_stage.LogitsStage.tree
+
+    def without_paths(self, logits, state, tokens, tree, nodes=None):
+        if nodes is not None:  # the drafter's levels: as they are (the mistake is the target's)
+            return process_tree(self, logits, state, tokens, tree, nodes)
         return self.target(logits, state, torch.full_like(tokens[:, 1:], -1))
 
-    monkeypatch.setattr(logits_stage.LogitsStage, "target_tree", without_paths)
+    monkeypatch.setattr(logits_stage.LogitsStage, "tree", without_paths)
     new = _sample_tree(sampling_pair, SAMPLED["no_repeat_ngram_size"])
     assert _rows_repeating_a_token(new) > 0
 

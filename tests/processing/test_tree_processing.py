@@ -16,6 +16,7 @@ from specdec_fast.processing import LogitsProcessing
 from specdec_fast.processing.prefix import NO_TOKEN, node_paths, tree_prefixes
 from specdec_fast.processing.warpers import standardise_all
 
+from ..engine.test_generate_processors import BanEvenAfterOdd
 from .cases import assert_same, random_case
 from .test_builtin_processors import EOS, ExponentialDecayLengthPenalty, hf
 
@@ -73,12 +74,6 @@ def _process(case, tree, tokens, parents, logits, params=None, **options):
                                   fused_penalties=False, **options)
     return processing.process_tree(logits.clone(), case.seq, case.end, tokens, parents, tree.tensors("cpu")["depths"],
                                    tree.depth, start=case.start, params=params)
-
-
-class BanEvenAfterOdd(lp.LogitsProcessor):
-    def __call__(self, input_ids, scores):
-        odd = (input_ids[:, -1] % 2 == 1)[:, None]
-        return scores.masked_fill(odd & (torch.arange(scores.shape[-1]) % 2 == 0)[None, :], float("-inf"))
 
 
 def _all_builtins(case):
