@@ -21,7 +21,8 @@ def _snapshot(cache: PagedKVCache):
 
 def _assert_same_state(cache: PagedKVCache, snap) -> None:
     kv, table, lens, free, blocks = snap
-    assert torch.equal(cache.kv, kv) and torch.equal(cache.block_table, table) and torch.equal(cache.seq_lens, lens)
+    # bit for bit: the pool is uninitialised, and a NaN there equals nothing, itself included
+    assert torch.equal(cache.kv.view(torch.uint8), kv.view(torch.uint8)) and torch.equal(cache.block_table, table) and torch.equal(cache.seq_lens, lens)
     assert cache._free == free and cache._blocks == blocks
 
 
@@ -184,6 +185,35 @@ def test_free_then_readmit_gets_scattered_blocks_and_keeps_data():
     got_k, got_v = cache.gather(1, 1)
     assert torch.equal(got_k, k) and torch.equal(got_v, -k)
     assert cache.gather(0, 1)[0].shape == (50, 2, 8) and cache.gather(1, 0)[0].shape == (0, 2, 8)
+
+
+def test_batched_admission_and_release_in_any_slot_order():
+    """admit_batch / free_batch write their rows with one copy (contiguous slots from 0: views;
+    others: an index): each slot's table row and length as slot-by-slot admission and free gave."""
+    cache = _small_cache(num_blocks=12, max_blocks_per_row=4, max_batch=4)
+    cache.admit_batch([2, 0], [40, 16])  # slot 2: blocks 0-2, slot 0: block 3
+    assert cache.blocks_of(2) == [0, 1, 2] and cache.blocks_of(0) == [3] and not cache.is_admitted(1)
+    cache.commit(torch.tensor([4, 0, 7, 0], dtype=torch.int32, device=DEVICE))
+    _assert_pool_consistent(cache)
+    snap = _snapshot(cache)
+    with pytest.raises(ValueError, match="slot 1 is not admitted"):  # all or none
+        cache.free_batch([2, 1])
+    with pytest.raises(ValueError, match="slots must be distinct"):
+        cache.free_batch([2, 2])
+    _assert_same_state(cache, snap)
+    cache.admit_batch([1, 3], [20, 20])  # the rest of the pool: blocks 4-5, 6-7
+    assert cache.blocks_of(1) == [4, 5] and cache.blocks_of(3) == [6, 7]
+    assert cache.seq_lens.tolist() == [4, 0, 7, 0]  # only the admitted slots' lengths reset
+    cache.free_batch([2])
+    assert cache.block_table[2].tolist() == [-1] * 4 and cache.seq_lens.tolist() == [4, 0, 0, 0]
+    _assert_pool_consistent(cache)
+    cache.free_all()
+    assert cache.num_free_blocks == 12 and (cache.block_table == -1).all() and (cache.seq_lens == 0).all()
+    cache.admit_batch([0, 1, 2, 3], [16, 16, 16, 16])  # the stack hands the freed blocks back first
+    _assert_pool_consistent(cache)
+    cache.free_all()
+    cache.free_all()  # nothing admitted: nothing to do
+    assert cache.num_free_blocks == 12
 
 
 def test_views_share_storage_with_the_one_kv_tensor():

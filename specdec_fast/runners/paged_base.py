@@ -208,9 +208,7 @@ class PagedRunnerBase:
         """Returns every admitted slot's blocks to the pool (after a call; prefill does it too)."""
         if self.cache is None:
             return
-        for slot in range(self.cache.max_batch):
-            if self.cache.is_admitted(slot):
-                self.cache.free(slot)
+        self.cache.free_all()
 
     # -- the runner interface --------------------------------------------------------------
     @torch.no_grad()
