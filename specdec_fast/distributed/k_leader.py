@@ -12,7 +12,7 @@ wait logs a warning each time it runs out) and looks at the group's
 failure lines as it waits, so a rank 0 that failed ends its wait within a fraction of a second, as a
 collective would; one that never writes, at the group's timeout. Rank 0 removes a call's key once
 every rank has passed the call's closing agreement (engine/tensor_parallel.check_output): no rank
-reads it after that.
+reads it after that; from a call that failed, on its way out (abandon).
 """
 import time
 
@@ -74,3 +74,13 @@ class LeaderK:
         if self.leader and self.known:
             self.store.delete_key(self.key)
         self.known = []
+
+    def abandon(self) -> None:
+        """clear() for a call that failed, on the way out of it: every rank's call ends with the
+        failure (a follower still waiting for a K ends at the failure line, key or no key), so rank 0
+        removes the key at once. Best effort: the store may have gone with the failed group, and the
+        call's own error is the one to raise."""
+        try:
+            self.clear()
+        except Exception:  # noqa: BLE001 - see the docstring
+            self.known = []

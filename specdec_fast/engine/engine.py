@@ -402,9 +402,14 @@ class SpeculativeEngine:
                                                         call.ks), drawn=drawn, cached=call.cached)
             agreed = self.tp.agree("generate", facts, error, uncompared=("drawn",))
             leader = LeaderK(self.tp, self.calls) if call.ks else None  # every rank runs rank 0's Ks
-            out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats, leader)
-            tokens = out[0] if return_stats else out
-            check_output(self.tp, getattr(tokens, "sequences", tokens))  # return_dict_in_generate: its sequences
+            try:
+                out = self._run(call, seed if seed is not None else agreed[0]["drawn"], return_stats, leader)
+                tokens = out[0] if return_stats else out
+                check_output(self.tp, getattr(tokens, "sequences", tokens))  # return_dict_in_generate: its sequences
+            except BaseException:
+                if leader is not None:  # the call failed on every rank: its Ks are read no more
+                    leader.abandon()
+                raise
             if leader is not None:  # every rank is past its loop: the call's Ks are read
                 leader.clear()
             return out

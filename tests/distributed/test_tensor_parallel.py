@@ -6,8 +6,9 @@ on the 2-core CI box); the failures are checked one by one and reported together
 batch of two left-padded rows) equal the single process (greedy and seeded sampling, fp32);
 errors every rank raises alike (heads not divisible, mismatched world sizes); errors of one rank
 that the call's agreement turns into one line on every rank (another prompt, a bad mask), the
-group usable after; a rank failing mid-call (its process alive) ends every rank with its line
-within seconds, and the group refuses later calls.
+group usable after; a rank failing mid-call (its process alive, the adaptive K schedule on) ends
+every rank with its line within seconds, rank 0 removes the call's K key from the group's store,
+and the group refuses later calls.
 2 ranks (ranks 0 and 1): the demo pair (greedy, seeded sampling with top-k / top-p, the static
 graph twin, a sharded draft, prompt lookup, plain decoding, a token tree; the adaptive K schedule, every
 rank running rank 0's Ks, with rank 1's own schedule rigged; draft heads: the
@@ -134,6 +135,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
         _check(problems, str(seen["error"]).startswith(want), f"rank {rank} mid-call: {seen['error']}")
         late = seen["at"] - results[1]["mid-call"]["at"]
         _check(problems, late < SECONDS, f"rank {rank} ended {late:.1f} s after rank 1 failed")
+        _check(problems, not seen["k key left"], f"rank {rank}: the failed call's K key is still in the store")
         _check(problems, str(seen["later call"]).startswith("TensorParallelError: this tensor-parallel group was closed"),
                f"rank {rank} later call: {seen['later call']}")
     dead = results[2]["dead rank"]

@@ -336,6 +336,30 @@ def test_every_rank_runs_rank_0s_k():
     assert not LeaderK.available(_k_ranks(None)[0])
 
 
+def test_a_failed_call_leaves_no_k_key():
+    """LeaderK.abandon (the engine's way out of a failed call): rank 0 removes the call's key at once;
+    a store that went with the failed group raises nothing over the call's own error."""
+    from specdec_fast.distributed.k_leader import LeaderK
+
+    store = dist.HashStore()
+    zero, one = (LeaderK(group, call=3) for group in _k_ranks(store))
+    assert [zero.settle(i, k) for i, k in enumerate([5, 3])] == [5, 3] and one.settle(0, 1) == 5
+    one.abandon()  # a follower writes nothing
+    assert store.check(["specdec_fast/tp/test/k/3"])
+    zero.abandon()
+    assert not store.check(["specdec_fast/tp/test/k/3"]) and zero.known == []
+
+    class Gone:
+        def delete_key(self, key):
+            raise RuntimeError("Connection reset by peer")
+
+    gone = LeaderK(_k_ranks(store)[0], call=4)
+    gone.settle(0, 2)
+    gone.store = Gone()
+    gone.abandon()
+    assert gone.known == []
+
+
 def test_a_follower_waiting_for_rank_0_ends_on_its_failure_or_the_timeout():
     """A rank 0 that failed (its line in the failure channel) ends a follower's wait with that line; one that
     never writes ends it at the group's timeout."""

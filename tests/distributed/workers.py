@@ -276,7 +276,11 @@ def _mid_call_failure(specdec_fast, rank, target, draft, ids) -> dict:
             return score(*args, **kwargs)
 
         runner.score = failing
-    seen = _failure(lambda: engine.generate(ids, max_new_tokens=40, do_sample=False))
+    # under the adaptive K schedule: rank 0 writes the call's Ks into a key of the group's store
+    # (distributed/k_leader.py), which the failed call removes on its way out
+    seen = _failure(lambda: engine.generate(ids, max_new_tokens=40, do_sample=False,
+                                            num_assistant_tokens_schedule="adaptive"))
+    seen["k key left"] = engine.tp.failures.store.check([f"{engine.tp.failures.prefix}/k/0"]) if rank == 0 else False
     seen["later call"] = _failure(lambda: engine.generate(ids, max_new_tokens=2, do_sample=False))["error"]
     return seen
 
