@@ -162,7 +162,8 @@ class PagedKVCache:
 
     def _write_rows(self, slots: list, rows: torch.Tensor, length: int) -> None:
         """block_table[slots] = rows (host int32 [len(slots), max_blocks_per_row]) and seq_lens[slots]
-        = length: one copy and two launches (slots 0..n-1, a call's usual rows: views, no index)."""
+        = length: one copy of the rows and one fill (slots 0..n-1, a call's usual rows: on views;
+        others through an index)."""
         if not slots:
             return
         if slots == list(range(len(slots))):

@@ -91,7 +91,8 @@ def test_finished_rows_are_fed_nothing(backend, cuda_graphs):
             assert bool((keep[live == 0] == 0).all())
     # Row 1's KV blocks and committed length did not change after it finished.
     for before, after in zip(blocks_written["at_finish"], snapshot_row1_blocks()):
-        assert torch.equal(before, after)
+        # bit for bit: a block's slots past the row's tokens are uninitialised (a NaN equals nothing)
+        assert torch.equal(before.view(torch.uint8), after.view(torch.uint8))
     assert blocks_written["seq_lens"] == [int(runner.cache.seq_lens[1]) for runner in runners]
 
 
