@@ -22,7 +22,8 @@ def _snapshot(cache: PagedKVCache):
 def _assert_same_state(cache: PagedKVCache, snap) -> None:
     kv, table, lens, free, blocks = snap
     # bit for bit: the pool is uninitialised, and a NaN there equals nothing, itself included
-    assert torch.equal(cache.kv.view(torch.uint8), kv.view(torch.uint8)) and torch.equal(cache.block_table, table) and torch.equal(cache.seq_lens, lens)
+    assert torch.equal(cache.kv.view(torch.uint8), kv.view(torch.uint8))
+    assert torch.equal(cache.block_table, table) and torch.equal(cache.seq_lens, lens)
     assert cache._free == free and cache._blocks == blocks
 
 
@@ -188,8 +189,9 @@ def test_free_then_readmit_gets_scattered_blocks_and_keeps_data():
 
 
 def test_batched_admission_and_release_in_any_slot_order():
-    """admit_batch / free_batch write their rows with one copy (contiguous slots from 0: views;
-    others: an index): each slot's table row and length as slot-by-slot admission and free gave."""
+    """admit_batch / free_batch write their rows at once (a copy at admission, a fill at release;
+    contiguous slots from 0 on views, others through an index): each slot's table row and length
+    as slot-by-slot admission and free gave, the other slots' untouched."""
     cache = _small_cache(num_blocks=12, max_blocks_per_row=4, max_batch=4)
     cache.admit_batch([2, 0], [40, 16])  # slot 2: blocks 0-2, slot 0: block 3
     assert cache.blocks_of(2) == [0, 1, 2] and cache.blocks_of(0) == [3] and not cache.is_admitted(1)
@@ -201,7 +203,7 @@ def test_batched_admission_and_release_in_any_slot_order():
     with pytest.raises(ValueError, match="slots must be distinct"):
         cache.free_batch([2, 2])
     _assert_same_state(cache, snap)
-    cache.admit_batch([1, 3], [20, 20])  # the rest of the pool: blocks 4-5, 6-7
+    cache.admit_batch([1, 3], [20, 20])  # the next blocks on the stack: 4-5 and 6-7
     assert cache.blocks_of(1) == [4, 5] and cache.blocks_of(3) == [6, 7]
     assert cache.seq_lens.tolist() == [4, 0, 7, 0]  # only the admitted slots' lengths reset
     cache.free_batch([2])
@@ -209,7 +211,8 @@ def test_batched_admission_and_release_in_any_slot_order():
     _assert_pool_consistent(cache)
     cache.free_all()
     assert cache.num_free_blocks == 12 and (cache.block_table == -1).all() and (cache.seq_lens == 0).all()
-    cache.admit_batch([0, 1, 2, 3], [16, 16, 16, 16])  # the stack hands the freed blocks back first
+    cache.admit_batch([0, 1, 2, 3], [16, 16, 16, 16])  # every slot again, from the refilled stack
+    assert cache.seq_lens.tolist() == [0, 0, 0, 0] and cache.num_free_blocks == 8
     _assert_pool_consistent(cache)
     cache.free_all()
     cache.free_all()  # nothing admitted: nothing to do

@@ -36,9 +36,9 @@ def _run(kind: str, backend: str, fill: float, calls=CALLS, device: str = "cpu",
     """Tokens of ``calls`` on a fresh engine (models on ``device``) whose pools were filled with
     ``fill`` first; the pools."""
     target, draft = on_device(device, *model_pair("llama"))
+    graphs = None if backend == "torch" else cuda_graphs  # the torch kernels read lengths on the host: no twin
     engine = SpeculativeEngine(target, **_drafting(kind, target, draft), max_batch_size=4, max_seq_len=48,
-                               backend=backend,
-                               cuda_graphs=None if backend == "torch" else cuda_graphs)  # torch's kernels read lengths on the host
+                               backend=backend, cuda_graphs=graphs)
     pools = _pools(engine)
     assert pools, "the engine has no KV pool to poison"
     for pool in pools:
