@@ -3,8 +3,7 @@
 // Both copy raw bytes (one memcpy per slot, or per head when the new tokens' heads are strided),
 // so one implementation serves every dtype. Writes to unmapped positions are dropped, as in the
 // reference. Registered as torch.ops.specdec_fast.append_kv / compact_kv.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "aten_lean.h"
 #include <torch/library.h>
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 // rope_qk_ does the same float ops in the same order as the torch expression (bit-identical
 // without FMA contraction); rms_norm's sum of squares and silu's exp differ from torch's in
 // the last bits only. Rows are independent: one thread (these ops take microseconds).
-#include <ATen/ATen.h>
+#include "aten_lean.h"
 #include <torch/library.h>
 
 #include <cmath>

@@ -19,7 +19,7 @@
 // AVX2 (-mno-avx512f) 1.1-1.6x; for plain x86-64 (SSE2) 0.87-1.23x (fp32 at N = 5 / 16 5-9%
 // slower). Multiply-adds are fused (fma_v) where the machine has FMA, so the
 // last bits differ from the torch reference's (tests compare both with float64 SDPA).
-#include <ATen/ATen.h>
+#include "aten_lean.h"
 #include <torch/library.h>
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 //   fast_exp_log(x: float32 [N]) -> (exp(x), log(x))
 //   gumbel_noise(key: int64 [3] = (seed, offset, position), stream, v0, n) -> float32 [n]: gumbel_block's
 //                noise of vocab indices v0 .. v0 + n - 1 (one Philox call per four indices, the kernels' loop)
-#include <ATen/ATen.h>
+#include "aten_lean.h"
 #include <torch/library.h>
 
 #include "philox.h"

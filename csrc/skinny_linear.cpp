@@ -16,8 +16,7 @@
 // on the AVX-512 and the AVX2 tiles, so results depend neither on the thread count nor on the
 // machine's vector width (tests/kernels/test_skinny_linear.py checks it against a torch emulation
 // of that order, bit for bit).
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "aten_lean.h"
 #include <torch/library.h>
 
 #include <algorithm>

@@ -9,7 +9,7 @@
 //     mass W (one pass over the vocab) only when a later sibling is tested after a rejection.
 //  2. (row, vocab chunk) items: Gumbel-max of the emitted token at the final node (residual or
 //     bonus); chunks merge in order (ties: lowest index), as in verify.cpp.
-#include <ATen/ATen.h>
+#include "aten_lean.h"
 #include <torch/library.h>
 
 #include <omp.h>

@@ -12,8 +12,7 @@
 //     rejection, when there are at least as many rows as threads; else per (row, position).
 //  2. per row: the accept coins and the first rejection j (a few flops).
 //  3. (row, vocab chunk) items: Gumbel-max over row j (residual or bonus); chunks merge in order.
-#include <ATen/Parallel.h>
-#include <ATen/ATen.h>
+#include "aten_lean.h"
 #include <torch/library.h>
 
 #include <omp.h>

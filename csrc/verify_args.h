@@ -2,8 +2,7 @@
 // sampling parameters, logits checks, the OpenMP team size and the logits dtype dispatch.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "aten_lean.h"
 
 #include "standardise.h"
 
