@@ -1,5 +1,6 @@
 // The part of ATen these ops use, in place of <ATen/ATen.h>: tensors and their methods, the
-// factory functions called (at::empty, at::empty_like, at::zeros_like) and at::parallel_for.
+// factory functions called (at::empty, at::empty_like, at::zeros_like), the AT_DISPATCH macros
+// and at::parallel_for.
 // Parsing <ATen/ATen.h> (every operator's declaration) took 16.0 s of g++ a translation unit
 // here, these headers with <torch/library.h> 11.6 s (<torch/library.h> alone 9.0 s).
 // TORCH_ASSERT_ONLY_METHOD_OPERATORS makes a later include of <ATen/ATen.h> (or of an op this
