@@ -15,10 +15,14 @@ one run (alternating rounds, the best round of each), greedy and sampling, draft
                  (the unconditional stream: one forward per row and iteration, eager)
 
     python bench/bench_options.py [--rounds 5] [--new-tokens 96] [--prompts 4] [--tree]
+                                  [--sets none,repetition_penalty=1.05] [--device cuda]
 
 --tree drafts the default token tree (generate(tree=True): each node processed with its ancestor
 path, the tree's drafts too) instead of K = 4, without guidance_scale (chains only); it writes
-options_tree_<device>.json.
+options_tree_<device>.json. --sets times only the named option sets ("none" always). --device cuda
+runs the demo pair on the GPU (float32, CUDA graphs where the options allow them): there the models
+are tiny, so the ratios show what each option adds per step to a step that costs little; e.g. the
+cost of processing every tree node (bench/run_gpu.sh options_tree).
 
 Beside them, transformers' own generate (greedy, no draft) with no option and with
 guidance_scale=1.5 (which costs it a second forward per token), in the same rounds.
@@ -81,39 +85,58 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tree", action="store_true", help="draft the default token tree instead of a K = 4 chain")
+    ap.add_argument("--sets", help="comma-separated option set names to time (default: all; 'none' always)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here")
     target_dir, draft_dir = specdec_fast.demo_pair()
     tok = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval()
-    prompts = [tok(p, return_tensors="pt").input_ids for p in held_out_prompts(args.prompts)]
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval().to(device)
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir).eval().to(device)
+    prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in held_out_prompts(args.prompts)]
     sets = option_sets(tok)
     drafting = dict(tree=True) if args.tree else dict(num_assistant_tokens=4)
     if args.tree:
         del sets["guidance_scale=1.5"]  # refused with tree= (guidance runs on chains only)
+    if args.sets:
+        chosen = ["none"] + [name for name in args.sets.split(",") if name != "none"]
+        unknown = [name for name in chosen if name not in sets]
+        if unknown:
+            ap.error(f"--sets: unknown {unknown}; the sets{' with --tree' if args.tree else ''}: {list(sets)}")
+        sets = {name: sets[name] for name in chosen}
+
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def run(mode: str, options: dict):
         tokens, seconds = 0, 0.0
         for i, ids in enumerate(prompts):
+            synchronize()
             start = time.perf_counter()
             out = specdec_fast.generate(target, ids, assistant_model=draft, **drafting,
                                         max_new_tokens=args.new_tokens, seed=i, **MODES[mode],
                                         **(options() if callable(options) else options))
+            synchronize()
             seconds += time.perf_counter() - start
             out = getattr(out, "sequences", out)  # the output dict's tokens
             tokens += out.shape[1] - ids.shape[1]
         return tokens / seconds
 
     rows = []
-    hf_sets = {"none": {}, **({} if args.tree else {"guidance_scale=1.5": dict(guidance_scale=1.5)})}
+    hf_sets = {"none": {}, **({"guidance_scale=1.5": dict(guidance_scale=1.5)} if "guidance_scale=1.5" in sets else {})}
 
     def run_transformers(options: dict):
         tokens, seconds = 0, 0.0
         for ids in prompts:
+            synchronize()
             start = time.perf_counter()
             out = target.generate(ids, max_new_tokens=args.new_tokens, do_sample=False, **options)
+            synchronize()
             seconds += time.perf_counter() - start
             tokens += out.shape[1] - ids.shape[1]
         return tokens / seconds
@@ -140,11 +163,13 @@ def main(argv=None) -> dict:
     for row in transformers_rows:
         print(f"transformers generate, greedy, {row['options']:20s} {row['tokens_per_s']:7.1f} tok/s "
               f"(specdec_fast {row['specdec_fast_speedup']:.2f}x)", flush=True)
-    result = dict(device=cpu_model(), versions=versions(), threads=args.threads, rounds=args.rounds,
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    result = dict(device=name, versions=versions(), threads=args.threads, rounds=args.rounds,
                   new_tokens=args.new_tokens, prompts=args.prompts, k=None if args.tree else 4, tree=args.tree,
-                  models="demo pair (3.8M Llama code model + 0.8M draft), float32, CPU", rows=rows,
+                  models=f"demo pair (3.8M Llama code model + 0.8M draft), float32, {device.type.upper()}", rows=rows,
                   transformers_greedy=transformers_rows)
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"options{'_tree' if args.tree else ''}_cpu.json"
+    tag = "cpu" if device.type == "cpu" else name.lower().replace(" ", "_")
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"options{'_tree' if args.tree else ''}_{tag}.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return result

@@ -27,6 +27,7 @@
 #   * bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
 #   * bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min)
 #   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
+#   * bash bench/run_gpu.sh options    # what processing a tree's nodes costs a step (rep 1.05, no_repeat_ngram) vs a chain (est. 2 min)
 #   * bash bench/run_gpu.sh ncu        # issue 25: Nsight Compute on tree_verify's residual masses and the B=64 streaming pass
 #   * bash bench/run_gpu.sh ncu_source # issue 25: full Nsight Compute reports (stall reasons, SASS samples) of the B=1
 #                                      # emission and finishing launches
@@ -288,13 +289,26 @@ stage_adaptive() {
   run python3 bench/bench_adaptive_k.py --gpu --budget-s 480 --out "$results/adaptive_k_$dev.json"
 }
 
+stage_options() {
+  # Processing on the GPU: generate(tree=True) processes every node with its ancestor path (processing/prefix.py
+  # tree_prefixes: each row's sequence repeated per node, the penalty's gather over all columns per node row),
+  # the drafts' levels too. Timed with repetition_penalty 1.05 (Qwen2.5 Instruct's) and no_repeat_ngram_size 3
+  # against none, tree and chain K = 4, greedy and sampled, on the demo pair (tiny models: a step costs little, so
+  # the ratios show what the processing adds to each step). Decides whether the tree's per-node processing needs
+  # the shared-prefix form (notes of 2026-11-29). Not run yet.
+  local sets="repetition_penalty=1.05,no_repeat_ngram_size=3"
+  run --cap 200 python3 bench/bench_options.py --device cuda --tree --sets "$sets" --rounds 3 \
+    --out "$results/options_tree_$dev.json"
+  run --cap 150 python3 bench/bench_options.py --device cuda --sets "$sets" --rounds 3 --out "$results/options_$dev.json"
+}
+
 case "$stage" in  # a device call ends at 600 s: 560 leaves the last part's kill grace and the archive
   session|limits|levers) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
 esac
 case "$stage" in
-  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|ncu|ncu_source) "stage_$stage" ;;
+  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|options|ncu|ncu_source) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|ncu|ncu_source|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|options|ncu|ncu_source|all"; exit 2 ;;
 esac
 [ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
 echo "stage $stage done at ${SECONDS} s, status $status"
