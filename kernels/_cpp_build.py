@@ -209,30 +209,42 @@ def _build_in_child(key: str, env: dict) -> None:
     print(f"specdec_fast: C++ CPU kernels built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
+def build_and_load() -> Path:
+    """Build (once per cache key) and load the C++ ops into torch.ops.specdec_fast; the library's
+    path. Raises CppBuildError (what failed, what to do). load_cpu_ops is the callers' form; the
+    CLI's `specdec-fast build-cpu` calls this one to print the reason as an error."""
+    import torch
+
+    if not sources():
+        raise CppBuildError(f"this installation holds no C++ sources ({csrc_dir()} has no .cpp file)",
+                            "reinstall specdec-fast from its wheel or its source tree")
+    key = build_key()
+    lib = library_path(key)
+    if not lib.is_file():  # the common case skips the lock: the published library is complete
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with open(cache_root() / key / "build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not lib.is_file():  # another process may have built it while we waited
+                    _build_in_child(key, _check_tools())
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    try:
+        torch.ops.load_library(str(lib))
+    except OSError as exc:
+        raise CppBuildError(f"the built library {lib} did not load ({exc})",
+                            f"delete {lib.parent.parent} to rebuild it") from None
+    return lib
+
+
 @lru_cache(maxsize=None)
 def load_cpu_ops() -> bool:
-    """Build (once per cache key) and load the C++ ops into torch.ops.specdec_fast. True when they are there."""
+    """Build (once per cache key) and load the C++ ops into torch.ops.specdec_fast. True when they
+    are there; otherwise one warning per process says why (the torch reference serves)."""
     if os.environ.get("SPECDEC_FAST_NO_CPP") == "1" or not sources():
         return False
     try:
-        import torch
-
-        key = build_key()
-        lib = library_path(key)
-        if not lib.is_file():  # the common case skips the lock: the published library is complete
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            with open(cache_root() / key / "build.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                try:
-                    if not lib.is_file():  # another process may have built it while we waited
-                        _build_in_child(key, _check_tools())
-                finally:
-                    fcntl.flock(lock, fcntl.LOCK_UN)
-        try:
-            torch.ops.load_library(str(lib))
-        except OSError as exc:
-            raise CppBuildError(f"the built library {lib} did not load ({exc})",
-                                f"delete {lib.parent.parent} to rebuild it") from None
+        build_and_load()
         return True
     except CppBuildError as exc:
         _warn(exc.what, exc.fix)

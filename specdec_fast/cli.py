@@ -7,6 +7,7 @@
         [--num-return-sequences N] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
         [--tp N [--tp-draft replicated|sharded] [--tp-timeout S]]
     specdec-fast demo [demo options]   (specdec_fast.demo.run_demo)
+    specdec-fast build-cpu             compile the C++ CPU kernels now (cli_build.py)
     torchrun --nproc-per-node N -m specdec_fast generate ... --tp N   tensor parallelism (cli_tp.py)
 
 --prompts runs a data set (specdec_fast/cli_dataset.py: the file formats, bad lines, batches).
@@ -21,6 +22,7 @@ import os
 import sys
 import time
 
+from .cli_build import add_build_parser, run_build_cpu
 from .cli_errors import CliError, first_line
 from .cli_tp import TensorParallelRun, add_tp_flags, check_tp_args
 
@@ -323,6 +325,7 @@ def _main(argv) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     sub.add_parser("demo", help="the shipped demo (options: specdec-fast demo --help)", add_help=False)
+    add_build_parser(sub)
     if argv[:1] == ["demo"]:
         try:
             from .demo import run_demo
@@ -331,6 +334,8 @@ def _main(argv) -> int:
             return 2
         return run_demo(argv[1:])
     args = ap.parse_args(argv)
+    if args.command == "build-cpu":
+        return run_build_cpu()
     from .distributed import TensorParallelError
 
     try:

@@ -181,3 +181,35 @@ def test_no_source_includes_all_of_aten():
     assert not found, f"include csrc/aten_lean.h (and the op's <ATen/ops/NAME.h> there) instead: {found}"
     for path in _cpp_build.sources():
         assert '#include "aten_lean.h"' in path.read_text(), f"{path.name} does not include aten_lean.h"
+
+
+@needs_cpp
+def test_the_build_command_names_the_library_and_its_vector_paths(capsys):
+    """`specdec-fast build-cpu` (a container's build step): the library this process loads, and the
+    width it was built for."""
+    from specdec_fast import cli
+
+    assert cli.main(["build-cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    library = _cpp_build.library_path(_cpp_build.build_key())
+    assert out[0] == f"the C++ CPU kernels were built before: {library}" or (
+        out[0].startswith("the C++ CPU kernels built in ") and out[0].endswith(f" s: {library}"))
+    assert library.is_file()
+    lanes = {"avx512": 16, "avx2": 8, "generic": 4}[_cpp_build.cpu_isa()]
+    assert out[1] == f"vector paths: {_cpp_build.cpu_isa()} (paged attention in {lanes} float lanes)"
+
+
+def test_the_build_command_says_what_failed_and_what_to_install(monkeypatch, tmp_path, capsys):
+    from specdec_fast import cli
+
+    monkeypatch.setenv("SPECDEC_FAST_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "/nonexistent/bin/g++")
+    monkeypatch.delenv("SPECDEC_FAST_NO_CPP", raising=False)
+    assert cli.main(["build-cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specdec-fast: error: the C++ CPU kernels did not build: no C++ compiler: '/nonexistent/bin/g++'")
+    assert "to fix: install one (Debian/Ubuntu: apt install g++" in err and "torch reference" in err
+    assert not list(tmp_path.rglob("build.log"))  # failed before any child process
+    monkeypatch.setenv("SPECDEC_FAST_NO_CPP", "1")
+    assert cli.main(["build-cpu"]) == 2
+    assert "SPECDEC_FAST_NO_CPP=1 turns the C++ CPU backend off" in capsys.readouterr().err
