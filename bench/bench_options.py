@@ -22,12 +22,12 @@ path, the tree's drafts too) instead of K = 4, without guidance_scale (chains on
 options_tree_<device>.json. --sets times only the named option sets ("none" always). --device cuda
 runs the demo pair on the GPU (float32, CUDA graphs where the options allow them): there the models
 are tiny, so the ratios show what each option adds per step to a step that costs little; e.g. the
-cost of processing every tree node (bench/run_gpu.sh options_tree).
+cost of processing every tree node (bench/run_gpu.sh options).
 
 Beside them, transformers' own generate (greedy, no draft) with no option and with
 guidance_scale=1.5 (which costs it a second forward per token), in the same rounds.
 
-Writes bench/results/options_<device>.json. CPU: the demo pair, float32.
+Writes bench/results/options[_tree]_<device>.json (cpu, or the GPU's name): the demo pair, float32.
 """
 import argparse
 import json

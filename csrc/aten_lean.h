@@ -3,9 +3,9 @@
 // and at::parallel_for.
 // Parsing <ATen/ATen.h> (every operator's declaration) took 16.0 s of g++ a translation unit
 // here, these headers with <torch/library.h> 11.6 s (<torch/library.h> alone 9.0 s).
-// TORCH_ASSERT_ONLY_METHOD_OPERATORS makes a later include of <ATen/ATen.h> (or of an op this
-// list lacks through it) a compile error instead of a silent slowdown: add the op's own
-// <ATen/ops/NAME.h> here.
+// A call of an at:: function this list lacks does not compile: add its <ATen/ops/NAME.h> here.
+// TORCH_ASSERT_ONLY_METHOD_OPERATORS makes an include of <ATen/ATen.h> after this one a compile
+// error instead of a silent slowdown (tests/kernels/test_cpp_build.py checks the sources for it).
 #pragma once
 
 #ifndef TORCH_ASSERT_ONLY_METHOD_OPERATORS

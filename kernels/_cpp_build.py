@@ -3,8 +3,9 @@
 All sources compile into one shared library that registers its ops with
 TORCH_LIBRARY_FRAGMENT(specdec_fast, m), so each op lives in its own .cpp file and is called
 as torch.ops.specdec_fast.<name>. The files compile as UNITY_GROUPS translation units that
-include them (unity builds: torch's headers are most of each file's compile time), so names in
-one .cpp file must not clash with another's (each keeps its helpers in its own namespace).
+include them (unity builds: torch's headers are most of each file's compile time), so a name one
+.cpp file defines at namespace scope must not clash with another's (a clash fails the build, and
+the tests that need the C++ ops fail with it).
 
 Why a child process: the compile goes through torch.utils.cpp_extension, which imports
 setuptools, and setuptools' distutils shim fails in a process that imported pip (or
@@ -47,10 +48,11 @@ LDFLAGS = ["-fopenmp"]
 # Never wait forever under the lock (a cold build takes well under a minute: see UNITY_GROUPS).
 BUILD_TIMEOUT_S = 1800
 # Translation units of the build, each including every UNITY_GROUPS-th source (by name). Measured
-# (g++ 11 -O3, this 2-core machine, torch 2.13): each .cpp file apart took 14-21 s, 121 s of compiler
-# time for seven, of which ~12 s a file is torch's headers (<torch/library.h> alone 9 s); the same
-# seven as one unit 37 s, as two units 23 + 24 s (~24 s of wall clock on two cores, and on more:
-# apart, seven files took ~21 s of wall clock on seven cores and ~70 on two).
+# (g++ 12 -O3, a 2-core machine, torch 2.13, csrc/aten_lean.h's headers): each .cpp file apart took
+# 15-21 s of g++, 121 s for the seven, ~12 s of each being torch's headers (<torch/library.h> alone
+# 9 s); all seven as one unit 37 s. A cold build (load_cpu_ops, two units): 33 s of wall clock and
+# 56 s of compiler time, against 90 s and 158 s as seven units with <ATen/ATen.h> before. Two
+# rather than one: a machine with more cores builds them side by side.
 UNITY_GROUPS = 2
 # Measured on the demo pair, greedy, 96 new tokens: 109 tok/s on the reference vs 696-925 with
 # the C++ ops (2 threads, issue 15); 26.5 vs 144 tok/s plain decoding (1 thread, loaded box);
