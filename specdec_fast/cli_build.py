@@ -28,8 +28,8 @@ def run_build_cpu() -> int:
     try:
         library = _cpp_build.build_and_load()
     except _cpp_build.CppBuildError as exc:
-        print(f"specdec-fast: error: the C++ CPU kernels did not build: {exc.what}\nto fix: {exc.fix} (until then CPU "
-              f"tensors use the torch reference kernels: {_cpp_build.COST.split(': ', 1)[1]})", file=sys.stderr)
+        print(f"specdec-fast: error: the C++ CPU kernels did not build: {exc.what}\nto fix: {exc.fix}\n"
+              f"until then {_cpp_build.COST}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - e.g. a cache folder it may not write: one line, not a traceback
         print(f"specdec-fast: error: the C++ CPU kernels did not build: {type(exc).__name__}: {exc}", file=sys.stderr)
