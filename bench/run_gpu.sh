@@ -294,8 +294,8 @@ stage_options() {
   # tree_prefixes: each row's sequence repeated per node, the penalty's gather over all columns per node row),
   # the drafts' levels too. Timed with repetition_penalty 1.05 (Qwen2.5 Instruct's) and no_repeat_ngram_size 3
   # against none, tree and chain K = 4, greedy and sampled, on the demo pair (tiny models: a step costs little, so
-  # the ratios show what the processing adds to each step). Decides whether the tree's per-node processing needs
-  # the shared-prefix form (notes of 2026-11-29). Not run yet.
+  # the ratios show what the processing adds to each step). Decides whether the tree's per-node processing is worth
+  # restructuring (paths kept by the drafter level by level instead of rebuilt: notes of 2026-11-29). Not run yet.
   local sets="repetition_penalty=1.05,no_repeat_ngram_size=3"
   run --cap 200 python3 bench/bench_options.py --device cuda --tree --sets "$sets" --rounds 3 \
     --out "$results/options_tree_$dev.json"

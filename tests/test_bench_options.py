@@ -1,5 +1,5 @@
 """bench/bench_options.py --sets (run_gpu.sh `options` runs it on a GPU with --device cuda): the
-chosen option sets and "none" are timed in both modes, with a tree and with a chain, and a name it
+chosen option sets and "none" are timed in both modes (here with the tree, on CPU), and a name it
 does not know is refused naming the ones it does."""
 import json
 import sys
