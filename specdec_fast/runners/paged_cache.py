@@ -111,8 +111,7 @@ class PagedKVCache:
         slots, budgets = list(slots), list(budgets)
         if len(slots) != len(budgets):
             raise ValueError(f"slots and budgets must have the same length, got {len(slots)} and {len(budgets)}")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"slots must be distinct, got {slots}")
+        self._check_distinct(slots)
         needs = []
         for slot, budget in zip(slots, budgets):
             if self._blocks[self._slot(slot)] is not None:
@@ -146,8 +145,7 @@ class PagedKVCache:
     def free_batch(self, slots) -> None:
         """free() of several slots, in their order (all or none: ValueError naming a free one)."""
         slots = [self._slot(slot) for slot in slots]
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"slots must be distinct, got {slots}")
+        self._check_distinct(slots)
         for slot in slots:
             if self._blocks[slot] is None:
                 raise ValueError(f"slot {slot} is not admitted")
@@ -223,6 +221,11 @@ class PagedKVCache:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
         return layer
+
+    @staticmethod
+    def _check_distinct(slots: list) -> None:
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"slots must be distinct, got {slots}")
 
     def _slot(self, slot: int) -> int:
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_batch:
