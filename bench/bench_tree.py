@@ -344,7 +344,9 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
     walk (tree_verify_us_walk_parallel / _walk_scan, walk_parallel_tokens_equal), and sampled rows
     with the residual launches' identity skips flipped from the default
     (tree_verify_us_skip_identities_flipped, skip_identities_flipped_tokens_equal,
-    skip_identities_default: RESIDUAL_SKIP_IDENTITIES), and greedy rows with the statistics' streaming
+    skip_identities_default: RESIDUAL_SKIP_IDENTITIES) and with the residual masses' launches fused
+    or not (the same keys with residual_fused, RESIDUAL_FUSED, and residual_fused_workspace_zero: no
+    program gave up at the fused launch's barriers), and greedy rows with the statistics' streaming
     sums flipped (tree_verify_us_argmax_only_flipped, argmax_only_flipped_tokens_equal,
     argmax_only_default: verify's STREAM_GREEDY_ARGMAX_ONLY). save(rows): called
     after every row (a device call's limit then keeps the rows measured). T = 1 first (issue 25's
@@ -359,7 +361,8 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
     from specdec_fast.kernels.tree_verify import tree_verify_reference
     from specdec_fast.kernels.verify import chain_verify_reference
     from specdec_fast.kernels._workspace import KernelWorkspace
-    from specdec_fast.kernels.tree_verify._triton_plan import RESIDUAL_SKIP_IDENTITIES, WALK_PARALLEL, tree_verify_plan
+    from specdec_fast.kernels.tree_verify._triton_plan import (RESIDUAL_FUSED, RESIDUAL_SKIP_IDENTITIES, WALK_PARALLEL,
+                                                               tree_verify_plan)
     from specdec_fast.kernels.verify._triton_plan import STREAM_GREEDY_ARGMAX_ONLY
     from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
     from specdec_fast.kernels.verify.triton import chain_verify_triton, verify_plan
@@ -417,22 +420,28 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                 walk_us = {form: tree_us if form == WALK_PARALLEL else _time(walk_call[form], smoke)["median_us"]
                            for form in (True, False)}
                 chain_launches = verify_plan(batch, n - 1, vocab, True, modes, workspace=True)["launches"]
-                # one lever flipped beside its default, the same tokens? (issue25_report.tree_flip_ratios reads it)
-                if mode != "greedy":  # the residual launches' identity skips (greedy has no residual launch)
-                    name, default, flip = ("skip_identities", RESIDUAL_SKIP_IDENTITIES,
-                                           dict(skip_identities=not RESIDUAL_SKIP_IDENTITIES))
+                # each lever flipped beside its default, the same tokens? (issue25_report.tree_flip_ratios reads it)
+                if mode != "greedy":  # the residual launches' identity skips and their fusion (greedy has none)
+                    levers = [("skip_identities", RESIDUAL_SKIP_IDENTITIES,
+                               dict(skip_identities=not RESIDUAL_SKIP_IDENTITIES)),
+                              ("residual_fused", RESIDUAL_FUSED, dict(residual_fused=not RESIDUAL_FUSED))]
                 else:  # the greedy statistics' streaming sums: the default keeps them exactly where the flag is off
-                    name, default, flip = ("argmax_only", STREAM_GREEDY_ARGMAX_ONLY,
-                                           dict(stream_sums=STREAM_GREEDY_ARGMAX_ONLY))
-                ws_flip = KernelWorkspace()
-                flip_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
-                                                       workspace=ws_flip, max_children=tree.max_children, **flip)
-                try:  # a failure (a compile error on the device, say) is recorded; the row goes on
-                    skips = {f"tree_verify_us_{name}_flipped": _time(flip_call, smoke)["median_us"],
-                             f"{name}_flipped_tokens_equal": _same(flip_call(), walked[WALK_PARALLEL]),
-                             f"{name}_default": default}
-                except Exception as error:  # noqa: BLE001
-                    skips = {f"{name}_flipped_error": f"{type(error).__name__}: {str(error)[:300]}"}
+                    levers = [("argmax_only", STREAM_GREEDY_ARGMAX_ONLY, dict(stream_sums=STREAM_GREEDY_ARGMAX_ONLY))]
+                skips = {}
+                for name, default, flip in levers:
+                    ws_flip = KernelWorkspace()
+                    flip_call = lambda: tree_verify_triton(target, draft, tokens, parents, params,  # noqa: E731
+                                                           workspace=ws_flip, max_children=tree.max_children, **flip)
+                    try:  # a failure (a compile error on the device, say) is recorded; the row goes on
+                        equal = _same(flip_call(), walked[WALK_PARALLEL])  # one call first, untimed
+                        if name == "residual_fused":  # a program that gave up at a barrier leaves a count
+                            skips["residual_fused_workspace_zero"] = ws_flip.all_zero()
+                            if not skips["residual_fused_workspace_zero"]:  # not timed: each call would wait
+                                raise RuntimeError("a program gave up waiting at the fused launch's barrier")
+                        skips.update({f"tree_verify_us_{name}_flipped": _time(flip_call, smoke)["median_us"],
+                                      f"{name}_flipped_tokens_equal": equal, f"{name}_default": default})
+                    except Exception as error:  # noqa: BLE001
+                        skips[f"{name}_flipped_error"] = f"{type(error).__name__}: {str(error)[:300]}"
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,

@@ -23,6 +23,9 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     parallel walk against the scan, N = 64, T = 1 and greedy, same tokens;
   - RESIDUAL_SKIP_IDENTITIES (kernels/tree_verify/_triton_plan.py): tree_verify with the residual
     launches' identity skips against without, the sampled rows, same tokens;
+  - RESIDUAL_FUSED (kernels/tree_verify/_triton_plan.py): tree_verify with the residual masses in one
+    launch against residual_rows + a launch per k, the sampled rows, same tokens, and no program
+    given up at a barrier (the workspace back at zero);
   - FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES, EMIT_ONE_ROW_BLOCK_V=256 (kernels/verify/_triton_plan.py; on
     since an H200 timed them on 2026-11-28) and DEFAULTS_OF_2026_11_28 (the three together):
     bench_verify_latency's ways, each the defaults with the lever flipped: the lever on over off, verify
@@ -232,6 +235,18 @@ def tree_skip_lever(report: dict | None) -> dict:
     return _advice(ratios, why, "tree_verify us with the residual launches' identity skips over without")
 
 
+def tree_fused_lever(report: dict | None) -> dict:
+    """RESIDUAL_FUSED (kernels/tree_verify/_triton_plan.py) from bench_tree's sampled kernel rows:
+    tree_verify with the residual masses in one launch over residual_rows + one launch per k, same
+    tokens, and the workspace back at zero after the fused calls (a program that gave up waiting at
+    a barrier leaves a count there: its results were wrong, whatever the tokens)."""
+    ratios, why = tree_flip_ratios(report, "residual_fused", "residual launches fused")
+    for r in (report or {}).get("rows", []):
+        if r.get("residual_fused_workspace_zero") is False:
+            why.append(f"B={r['batch']} N={r['nodes']} {r['mode']}: a program gave up at the fused launch's barrier")
+    return _advice(ratios, why, "tree_verify us with the residual masses in one launch over a launch per k")
+
+
 def merge_lever(report: dict | None) -> dict:
     """MERGE_IN_KERNEL from bench_attention's rows (the automatic plans of both forms). The flag
     changes every shape's plan; the shapes the run left out (--quick: B = 32, 2k and 32k contexts;
@@ -398,6 +413,7 @@ def build(results: Path, device: str) -> dict:
                                                           "MERGE_IN_KERNEL": merge_lever(load(results, "attention", device)),
                                                           "TREE_WALK_PARALLEL": walk_lever(tree),
                                                           "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),
+                                                          "RESIDUAL_FUSED": tree_fused_lever(tree),
                                                           **{name: latency_lever(latency, way, what)
                                                              for name, (way, what) in LATENCY_LEVERS.items()},
                                                           "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes, tree),

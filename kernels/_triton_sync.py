@@ -6,6 +6,10 @@ The tickets live in a caller's buffer that is zero when a launch starts; the win
 group puts its ticket back to zero, so a launch that starts with zeros ends with zeros and a
 persistent workspace (kernels/_workspace.py) needs no fill before the next launch. Under the
 interpreter programs run one after another (FENCE=False there: inline PTX cannot run on a CPU).
+
+grid_barrier makes every program of a launch wait for all the others: only for grids whose
+programs are all resident at once (a launcher's promise: see its docstring), and under the
+interpreter only for one-program grids (the first program would wait for ones that run after it).
 """
 import triton
 import triton.language as tl
@@ -53,3 +57,30 @@ def last_rows_of(ticket_ptr, live, count, FENCE: tl.constexpr):
     if FENCE:
         fence_gpu()
     return last
+
+
+@triton.jit
+def grid_barrier(counter_ptr, target, FENCE: tl.constexpr, SPIN_LIMIT: tl.constexpr):
+    """Every program of the launch waits here until all P have arrived: the counter (zero when
+    the launch starts) counts the arrivals of every barrier of the launch, so the i-th barrier
+    (1-based) passes when it reaches target = P * i. Before arriving, each thread fences its stores
+    (FENCE: on a GPU), so that after the barrier every program may read them (through L2: loads
+    with cache_modifier=".cg"; L1 may hold a line read before the barrier).
+    The grid must be resident at once (programs that wait hold their SMs: a program not yet
+    scheduled would never come). As a guard against a launcher that breaks that promise, a
+    program polls at most SPIN_LIMIT times (each poll an L2 round trip, ~1 us) and then goes on:
+    True when the barrier passed, False when the program gave up (its results are then wrong;
+    the caller records it). The caller puts the counter back to zero once every program has
+    passed its last barrier (e.g. the winner of a last_program_of ticket taken after it)."""
+    if FENCE:
+        fence_gpu()
+    tl.debug_barrier()
+    seen = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") + 1
+    spins = 0
+    while (seen < target) & (spins < SPIN_LIMIT):
+        seen = tl.load(counter_ptr, volatile=True)
+        spins += 1
+    tl.debug_barrier()
+    if FENCE:
+        fence_gpu()
+    return seen >= target

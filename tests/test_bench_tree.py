@@ -42,6 +42,10 @@ def test_kernels_only_smoke_rows_feed_the_report(tmp_path):
     sampled = next(r for r in trees if r["mode"] == "T=1")
     assert sampled["skip_identities_flipped_tokens_equal"] is True and sampled["tree_verify_us_skip_identities_flipped"] > 0
     assert set(built["levers"]["RESIDUAL_SKIP_IDENTITIES"]["ratios"]) == {"B=1 N=64 T=1"}
+    # the residual masses in one launch, flipped beside the default: the same tokens, the workspace at zero
+    assert sampled["residual_fused_flipped_tokens_equal"] is True and sampled["tree_verify_us_residual_fused_flipped"] > 0
+    assert sampled["residual_fused_workspace_zero"] is True
+    assert set(built["levers"]["RESIDUAL_FUSED"]["ratios"]) == {"B=1 N=64 T=1"}
     # the greedy row: the statistics without their streaming sums, flipped beside the default: the same tokens
     greedy = next(r for r in trees if r["mode"] == "greedy")
     assert greedy["argmax_only_flipped_tokens_equal"] is True and greedy["tree_verify_us_argmax_only_flipped"] > 0

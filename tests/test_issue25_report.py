@@ -48,6 +48,8 @@ FILES = {
                                "walk_parallel_tokens_equal": True, "tokens_equal_reference": True,
                                "tree_verify_us_skip_identities_flipped": 75.0, "skip_identities_default": False,
                                "skip_identities_flipped_tokens_equal": True,
+                               "tree_verify_us_residual_fused_flipped": 70.0, "residual_fused_default": False,
+                               "residual_fused_flipped_tokens_equal": True, "residual_fused_workspace_zero": True,
                                "tree_kernels": {"families_count_us": [["other: walk_kernel", 1.0, 40.04],
                                                                       ["other: residual_mass_kernel", 5.0, 20.0]]}},
                               {"batch": 1, "nodes": 64, "mode": "greedy", "tree_verify_us": 500.0,
@@ -127,6 +129,8 @@ def test_targets_read_from_every_file(tmp_path):
     assert walk["advice"] == "on" and walk["ratios"] == {"B=1 N=64 T=1": 0.667, "B=1 N=64 greedy": 1.0}
     skips = report["levers"]["RESIDUAL_SKIP_IDENTITIES"]
     assert skips["advice"] == "on" and skips["ratios"] == {"B=1 N=64 T=1": 0.833}  # 75 / 90, the greedy row has none
+    fused = report["levers"]["RESIDUAL_FUSED"]
+    assert fused["advice"] == "on" and fused["ratios"] == {"B=1 N=64 T=1": 0.778}  # 70 / 90 (off by default)
     skips, block = report["levers"]["EMIT_SKIP_IDENTITIES"], report["levers"]["EMIT_ONE_ROW_BLOCK_V=256"]
     assert skips["advice"] == "on" and skips["ratios"]["B=1 top_k=50 verify"] == 0.909  # 60 / 66, the rest within noise
     assert block["advice"] == "off"  # the B = 1 sampler 57 on against 55 off: 3.6% slower with the lever
@@ -163,9 +167,10 @@ def test_errors_and_disagreement_block_a_lever(tmp_path):
     del files["verify_latency"]["rows"][1]["verify_search_tile_us"]  # the way failed on that row
     files["verify_latency"]["rows"][1]["error_search_tile"] = "CompilationError: out of resources"
     files["stream_lanes"]["rows"][1]["tokens_equal_reference_lanes_argmax_only"] = False
+    files["tree_kernels"]["rows"][1]["residual_fused_workspace_zero"] = False  # faster, same tokens, but gave up
     report = build(tmp_path, files)
     for lever in ("GEMV_LAYER", "GEMV_PDL", "MERGE_IN_KERNEL", "TREE_WALK_PARALLEL", "EMIT_SKIP_IDENTITIES",
-                  "FINISH_SEARCH_TILE=1024", "STREAM_GREEDY_ARGMAX_ONLY"):
+                  "FINISH_SEARCH_TILE=1024", "STREAM_GREEDY_ARGMAX_ONLY", "RESIDUAL_FUSED"):
         assert report["levers"][lever]["advice"] == "off" and report["levers"][lever]["why"], lever
     assert any("CompilationError" in why for why in report["levers"]["FINISH_SEARCH_TILE=1024"]["why"])
 

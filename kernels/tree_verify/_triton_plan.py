@@ -9,7 +9,8 @@ Launches, in order (each boundary a grid-wide dependency):
   residual  sampled children (draft logits) when some row may sample: the nodes ordered by their
             number of children (residual_rows, one program per row), then the residual masses
             W_k of the sibling tests, one launch per k = 1 .. kmax - 1 (W_k depends on W_{k-1}),
-            each over the nodes with more than k children only (_triton_residual.py)
+            each over the nodes with more than k children only (_triton_residual.py); with
+            residual_fused (RESIDUAL_FUSED) all of it in one launch, a grid barrier between steps
   walk      the greedy longest path and the rejection walk (a scan over the nodes, or, with
             walk_parallel, every node's test at once: _triton_walk.py); when every row is greedy
             it also writes the emitted token (the final node's argmax) and nothing follows
@@ -55,6 +56,26 @@ WALK_PARALLEL = True
 # h200_2026-11-28, graph replays): B = 1, N = 64, T = 1, V = 128256 tree_verify 82.6 against 95.1 us,
 # the same tokens (the B = 8 rows were not timed).
 RESIDUAL_SKIP_IDENTITIES = True
+# The residual masses in one launch (_triton_residual.py residual_masses_fused_kernel: the rows'
+# order and every k's masses, a grid barrier between them) instead of residual_rows + one launch
+# per k. Why: on an H200 at 952d456 (bench/results/h200_2026-11-28c, B = 1, N = 64, T = 1, V =
+# 128256, the default tree: kmax = 6) the 5 mass launches took 31.8 us and residual_rows 2.1 of the
+# tree's 69.6 us of device time (82.4 us a replay: 9 launches), each mass launch ~6.4 us whatever
+# its nodes (8, 4, 3, 2, 1): a launch's ramp and a chain of dependent loads, not bytes. Predicted
+# (not measured: no GPU since): ~3-4 us a k inside one launch, tree_verify ~82 -> ~60 us. Off
+# until a GPU times it (bench_tree.py --kernels-only: tree_verify_us_residual_fused_flipped).
+# FUSED_PROGRAMS_PER_SM programs of NUM_WARPS warps per SM are resident at once whatever the
+# kernel's registers (a thread holds at most 255: 2 x 128 threads x 255 <= 65536 registers an SM
+# on sm_70 and later), which the barrier needs; FUSED_BLOCK_V keeps each program's chunk at ~2
+# blocks at B = 1 with half the programs of the launches. The interpreter runs one program (its
+# programs run one after another: a second would wait forever at the first barrier).
+RESIDUAL_FUSED = False
+FUSED_PROGRAMS_PER_SM, FUSED_BLOCK_V = 2, 2048
+# grid_barrier's bound on the polls of one program at one barrier (each an L2 round trip, ~0.5-1
+# us: 65536 take tens of ms, far above a k's work even at B = 64, N = 64, V = 128256, ~0.1 ms a
+# program): a guard against a grid that is not resident, never reached otherwise; a program that
+# gives up counts itself in the last sync word (kernels/_triton_sync.py, _triton_residual.py)
+FUSED_SPIN_LIMIT = 1 << 16
 
 
 def walk_parallel_warps(block_n: int) -> int:
@@ -83,12 +104,14 @@ class VocabTiling:
 class ResidualGrid:
     """residual_mass_kernel's launches: programs (a 1-D grid) shared by the nodes with siblings to
     test, in tiles of block_s nodes over [block_v] vocab blocks; block_b: the rows' counts read at
-    once; block_c: the chunk parts a tile's last program adds at once."""
+    once; block_c: the chunk parts a tile's last program adds at once. fused: one
+    residual_masses_fused_kernel launch instead (programs all resident at once)."""
     programs: int
     block_s: int
     block_v: int
     block_b: int
     block_c: int
+    fused: bool = False
 
     @property
     def grid(self) -> tuple[int]:
@@ -111,13 +134,16 @@ def _block_v(vocab: int, block_v: int | None, interpreting: bool) -> int:
 
 
 def _residual_grid(batch: int, n: int, vocab: int, block_v: int | None, num_chunks: int | None, num_sms: int,
-                   interpreting: bool) -> ResidualGrid:
+                   interpreting: bool, fused: bool = False) -> ResidualGrid:
     """PROGRAMS_PER_SM programs per SM, one node per tile: whatever the number of nodes with
     siblings, their vocabularies are split over all the programs. The interpreter:
     INTERPRETER_PROGRAMS programs over tiles of TILE_INTERPRETER values (it pays per operation:
     one node per tile made the 4000-row statistical tests take 3 minutes each).
     num_chunks (tests): num_chunks * batch programs, about num_chunks chunks per node when each
-    row has one node with siblings."""
+    row has one node with siblings. fused: FUSED_PROGRAMS_PER_SM programs per SM over
+    FUSED_BLOCK_V blocks (num_chunks within that bound), one program under the interpreter."""
+    if fused:
+        block_v = block_v or (None if interpreting else min(FUSED_BLOCK_V, triton.next_power_of_2(vocab)))
     block_v = _block_v(vocab, block_v, interpreting)
     block_b = triton.next_power_of_2(batch)
     # a tile's slots find their rows in a [block_s, block_b] comparison: within Triton's largest tensor
@@ -127,7 +153,9 @@ def _residual_grid(batch: int, n: int, vocab: int, block_v: int | None, num_chun
         programs = max(1, num_chunks * batch)
     else:
         programs = INTERPRETER_PROGRAMS if interpreting else PROGRAMS_PER_SM * num_sms
-    return ResidualGrid(programs, block_s, block_v, block_b, min(triton.next_power_of_2(programs), 512))
+    if fused:  # every program resident at once (the barrier waits for all of them)
+        programs = 1 if interpreting else min(programs, FUSED_PROGRAMS_PER_SM * num_sms)
+    return ResidualGrid(programs, block_s, block_v, block_b, min(triton.next_power_of_2(programs), 512), fused)
 
 
 @dataclass(frozen=True)
@@ -146,8 +174,16 @@ class TreePlan:
     skip_identities: bool = False  # the residual launches' SKIP_IDENTITIES (RESIDUAL_SKIP_IDENTITIES)
 
     @property
+    def residual_fused(self) -> bool:
+        return bool(self.residual_launches) and self.residual.fused
+
+    @property
     def residual_tickets(self) -> int:
-        return self.residual.tiles(self.batch, self.n) if self.residual_launches else 0  # shared by every k
+        """The tiles' tickets (shared by every k), and with the fused launch its three sync words
+        after them (residual_masses_fused_kernel's sync)."""
+        if not self.residual_launches:
+            return 0
+        return self.residual.tiles(self.batch, self.n) + (3 if self.residual.fused else 0)
 
     @property
     def emit_tickets(self) -> int:
@@ -173,13 +209,15 @@ def _tiling(rows: int, vocab: int, block_v: int | None, num_chunks: int | None, 
 def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozenset | None, max_children: int | None,
               num_sms: int, interpreting: bool, block_v: int | None = None,
               num_chunks: int | None = None, walk_parallel: bool | None = None,
-              skip_identities: bool | None = None, stream_sums: bool | None = None) -> TreePlan:
+              skip_identities: bool | None = None, stream_sums: bool | None = None,
+              residual_fused: bool | None = None) -> TreePlan:
     """The plan for target logits [batch, n, vocab] (draft logits [batch, n, vocab] when
     has_draft; n > 1 for them to count). block_v / num_chunks override the vocab splits (tests);
     walk_parallel: the walk's form (None: WALK_PARALLEL on compiled kernels, the scan under the
     interpreter); skip_identities: the residual launches' identity skips (None:
     RESIDUAL_SKIP_IDENTITIES); stream_sums: the statistics' streaming sums where every row is greedy
-    (None: verify's STREAM_GREEDY_ARGMAX_ONLY; the walk reads a greedy row's argmax alone)."""
+    (None: verify's STREAM_GREEDY_ARGMAX_ONLY; the walk reads a greedy row's argmax alone);
+    residual_fused: the residual masses in one launch (None: RESIDUAL_FUSED)."""
     k = n - 1
     has_draft = has_draft and k > 0
     stats = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=interpreting, modes=modes,
@@ -187,8 +225,9 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
     kmax = k if max_children is None else min(max_children, k)
     may_sample = modes is None or bool(modes - {"greedy"})
     residual_launches = kmax - 1 if has_draft and kmax > 1 and may_sample else 0
-    residual = (_residual_grid(batch, n, vocab, block_v, num_chunks, num_sms, interpreting) if residual_launches
-                else None)
+    fused = RESIDUAL_FUSED if residual_fused is None else bool(residual_fused)
+    residual = (_residual_grid(batch, n, vocab, block_v, num_chunks, num_sms, interpreting, fused)
+                if residual_launches else None)
     walk_parallel = (WALK_PARALLEL and not interpreting) if walk_parallel is None else bool(walk_parallel)
     if walk_parallel:
         walk_block_r, walk_warps = 1, walk_parallel_warps(triton.next_power_of_2(n))
@@ -207,13 +246,16 @@ def tree_kernel_sequence(plan: TreePlan, workspace: bool = False) -> list[str]:
     KernelWorkspace (the engine's tree loop), which leaves out the two zero fills."""
     fills = [] if workspace else ["zero fill: counters", "zero fill: dummy drafts"]
     walk = "walk_parallel" if plan.walk_parallel else "walk"
-    residual = ["residual_rows"] + ["residual_mass"] * plan.residual_launches if plan.residual_launches else []
+    if plan.residual_fused:
+        residual = ["residual_masses_fused"]
+    else:
+        residual = ["residual_rows"] + ["residual_mass"] * plan.residual_launches if plan.residual_launches else []
     return fills + select_sequence(plan.stats) + residual + [walk] + (["emit"] if plan.emits else [])
 
 
 def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, modes=("plain",),
                      max_children: int | None = None, num_sms: int = 132, workspace: bool = False,
-                     walk_parallel: bool | None = None) -> dict:
+                     walk_parallel: bool | None = None, residual_fused: bool | None = None) -> dict:
     """The GPU plan of tree_verify_triton for this shape, these sampling modes (as verify_plan:
     a subset of sampling_params.MODES, "T=1" for "plain"; None = unknown) and this bound on a
     node's children: launches in order and the grids, from the code the launcher sizes them with.
@@ -223,7 +265,7 @@ def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, mod
     counted as a bound); the emission reads one node's rows per tree."""
     modes = host_modes(modes)
     plan = tree_plan(batch, n, vocab, has_draft, modes=modes, max_children=max_children, num_sms=num_sms,
-                     interpreting=False, walk_parallel=walk_parallel)
+                     interpreting=False, walk_parallel=walk_parallel, residual_fused=residual_fused)
     kernels = tree_kernel_sequence(plan, workspace)
     return {
         "launches": len(kernels),
@@ -232,8 +274,9 @@ def tree_verify_plan(batch: int, n: int, vocab: int, has_draft: bool = True, mod
                                        + (1 / n if plan.emits else 0.0)),
         "grids": {"select": plan.stats.select_grid,
                   "finish": plan.stats.finish_grid if plan.stats.large_vocab and plan.stats.finish else None,
-                  "residual_rows": (batch,) if plan.residual_launches else None,
-                  "residual_mass": plan.residual.grid if plan.residual_launches else None,
+                  "residual_rows": (batch,) if plan.residual_launches and not plan.residual_fused else None,
+                  "residual_mass": plan.residual.grid if plan.residual_launches and not plan.residual_fused else None,
+                  "residual_masses_fused": plan.residual.grid if plan.residual_fused else None,
                   ("walk_parallel" if plan.walk_parallel else "walk"): (triton.cdiv(batch, plan.walk_block_r),),
                   "emit": plan.emit.grid if plan.emits else None},
         "residual_launches": plan.residual_launches,

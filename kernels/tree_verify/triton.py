@@ -6,8 +6,8 @@ K = N - 1 and no -1 among the dummy drafts, so every position is computed: _node
 the only code that knows their interface), with sampled children (some row sampling) the list of
 each row's nodes with siblings and one residual-mass launch per sibling after the first over them,
 the walk, and the emission (none when every row is greedy: the walk writes the final node's
-argmax). Every ticket comes from the selection's zero fill, or from the caller's KernelWorkspace
-(no fill).
+argmax); with residual_fused the residual steps are one launch. Every ticket comes from the
+selection's zero fill, or from the caller's KernelWorkspace (no fill).
 N and V are constexpr: one compiled variant per (tree size, model vocabulary).
 """
 import torch
@@ -19,7 +19,7 @@ from ..sampling_params import SamplingTensors
 from ..verify.triton import _num_sms, _vocab_contiguous, run_launches, select_stats
 from . import _triton_kernels as kernels
 from . import _triton_residual as residual
-from ._triton_plan import NUM_WARPS, TreePlan, tree_plan
+from ._triton_plan import FUSED_SPIN_LIMIT, NUM_WARPS, TreePlan, tree_plan
 from ._triton_walk import walk_parallel_kernel
 
 
@@ -41,7 +41,9 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
     """mass [B * N, N] float32: mass[b * N + n, k] = W_k of node n of row b for k = 1 .. kmax - 1
     where n has more than k children and row b samples (the walk reads no other entry; the rest
     is left unwritten). stats: _node_stats's; tickets: plan.residual_tickets zeros (zeros again
-    after the launches)."""
+    after the launches; with the fused launch the last of them counts programs that gave up at a
+    barrier: zero unless the grid was not resident at once). Launches: residual_rows and one
+    per k, or the fused one (plan.residual_fused)."""
     batch, n, vocab = target.shape
     device = target.device
     mass = torch.empty((batch * n, n), dtype=torch.float32, device=device)
@@ -50,12 +52,23 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
     grid = plan.residual
     order = torch.empty((batch, n), dtype=torch.int32, device=device)
     count = torch.empty((plan.kmax, batch), dtype=torch.int32, device=device)
+    lam_next = torch.empty((batch * n,), dtype=torch.float32, device=device)
+    part = torch.empty((grid.parts(batch, n),), dtype=torch.float32, device=device)
+    if grid.fused:
+        tiles = grid.tiles(batch, n)
+        residual.residual_masses_fused_kernel[grid.grid](
+            parents, target, draft, order, count, params.temperature, params.min_p, *stats, mass, lam_next, part,
+            tickets[:tiles], tickets[tiles:tiles + 3], batch, plan.kmax, plan.stats.npos, parents.stride(0),
+            target.stride(0), target.stride(1), draft.stride(0), draft.stride(1),
+            N=n, V=vocab, BLOCK_N=triton.next_power_of_2(n), BLOCK_K=triton.next_power_of_2(plan.kmax),
+            BLOCK_S=grid.block_s, BLOCK_V=grid.block_v, BLOCK_B=grid.block_b, BLOCK_C=grid.block_c,
+            FENCE=fence, SKIP_IDENTITIES=plan.skip_identities, SPIN_LIMIT=FUSED_SPIN_LIMIT, num_warps=NUM_WARPS,
+        )
+        return mass
     residual.residual_rows_kernel[(batch,)](
         parents, params.temperature, order, count, batch, plan.kmax, parents.stride(0),
         N=n, BLOCK_N=triton.next_power_of_2(n), BLOCK_K=triton.next_power_of_2(plan.kmax), num_warps=NUM_WARPS,
     )
-    lam_next = torch.empty((batch * n,), dtype=torch.float32, device=device)
-    part = torch.empty((grid.parts(batch, n),), dtype=torch.float32, device=device)
     for k in range(1, plan.kmax):  # W_k depends on W_{k-1}: one launch each
         residual.residual_mass_kernel[grid.grid](
             target, draft, order, count, params.temperature, params.min_p, *stats, mass, lam_next, part, tickets,
@@ -67,7 +80,7 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
 
 
 def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children,
-            workspace=None, walk_parallel=None, skip_identities=None, stream_sums=None):
+            workspace=None, walk_parallel=None, skip_identities=None, stream_sums=None, residual_fused=None):
     batch, n, vocab = target.shape
     device = target.device
     i32 = dict(dtype=torch.int32, device=device)
@@ -83,7 +96,8 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     interpreting = triton_interpreting()
     plan = tree_plan(batch, n, vocab, has_draft, modes=params.modes, max_children=max_children,
                      num_sms=_num_sms(device), interpreting=interpreting, block_v=block_v, num_chunks=num_chunks,
-                     walk_parallel=walk_parallel, skip_identities=skip_identities, stream_sums=stream_sums)
+                     walk_parallel=walk_parallel, skip_identities=skip_identities, stream_sums=stream_sums,
+                     residual_fused=residual_fused)
     stats, tickets = _node_stats(target, draft if has_draft else None, params, plan, workspace)
     residual_tickets, emit_tickets = tickets[:plan.residual_tickets], tickets[plan.residual_tickets:]
     npos = plan.stats.npos
@@ -145,6 +159,7 @@ def tree_verify_triton(
     walk_parallel: bool | None = None,
     skip_identities: bool | None = None,
     stream_sums: bool | None = None,
+    residual_fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
     -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
@@ -156,6 +171,8 @@ def tree_verify_triton(
     skip_identities: the residual launches skip the per-value identities of their nodes (None:
     _triton_plan.RESIDUAL_SKIP_IDENTITIES; the same tokens either way). stream_sums: False streams
     only the max and the argmax where every row is greedy (None: verify's
-    _triton_plan.STREAM_GREEDY_ARGMAX_ONLY; the same tokens either way)."""
+    _triton_plan.STREAM_GREEDY_ARGMAX_ONLY; the same tokens either way). residual_fused: the
+    residual masses in one launch (None: _triton_plan.RESIDUAL_FUSED; the same tokens either way)."""
     return run_launches(_launch, target_logits, draft_logits, tokens, parents, params, block_v, num_chunks,
-                        max_children, workspace, walk_parallel, skip_identities, stream_sums, workspace=workspace)
+                        max_children, workspace, walk_parallel, skip_identities, stream_sums, residual_fused,
+                        workspace=workspace)

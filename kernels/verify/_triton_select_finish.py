@@ -207,7 +207,10 @@ def _chunk_pass(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, temp, pen, PE
         idx = start + v0 + tl.arange(0, BLOCK_V)
         x = load_x_row(target_ptr, draft_ptr, t_off, d_off, t_lim, d_lim, idx, temp, pen, PENALTY)
         key = order_key(x)
-        sel = gather_on & (key >= g_lo) & (key < g_hi) & (idx < V)
+        # gather_on as a block: Triton 3.9's interpreter types a scalar comparison int32 and then
+        # refuses it in a mask ("mask has unsupported dtype"); the compiled code is the same
+        on = (idx * 0 + gather_on.to(tl.int32)) != 0
+        sel = on & (key >= g_lo) & (key < g_hi) & (idx < V)
         if tl.sum(sel.to(tl.int32), axis=0) > 0:
             slot = tl.atomic_add(fill_ptr + tl.zeros_like(idx), 1, mask=sel, sem="relaxed")
             tl.store(dst_ptr + slot, x, mask=sel & (slot < CAP))

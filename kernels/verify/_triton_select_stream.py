@@ -59,7 +59,8 @@ def candidate_plan(topk_on, topp_on, minp_on, top_k, CAP: tl.constexpr):
 def _gather(sel, x, fill_ptr, dst_ptr, CAP: tl.constexpr):
     """Append the x where sel to a candidate region (dst_ptr fp32 [CAP]) whose fill counter is
     fill_ptr: one integer atomic per value; the count stays exact past CAP."""
-    if tl.sum(tl.reshape(sel.to(tl.int32), [sel.numel], can_reorder=True), axis=0) > 0:  # any shape
+    if tl.sum(sel.to(tl.int32), axis=None) > 0:  # any shape (the same IR as reshape(can_reorder=True), which
+        # Triton 3.9 deprecates)
         slot = tl.atomic_add(fill_ptr + tl.zeros_like(sel.to(tl.int32)), 1, mask=sel, sem="relaxed")
         tl.store(dst_ptr + slot, x, mask=sel & (slot < CAP))
 

@@ -14,7 +14,7 @@ from specdec_fast.kernels.tree_verify import _triton_walk as walk  # noqa: E402
 from specdec_fast.kernels.tree_verify._triton_plan import walk_parallel_warps  # noqa: E402
 
 INT_POINTERS = ("parents_ptr", "tokens_ptr", "seed_ptr", "offset_ptr", "tkey_ptr")  # int64
-INT32_POINTERS = ("amax_ptr", "order_ptr", "count_ptr", "ticket_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
+INT32_POINTERS = ("amax_ptr", "order_ptr", "count_ptr", "ticket_ptr", "sync_ptr", "node_i_ptr", "path_ptr", "out_ptr", "num_accepted_ptr", "final_ptr", "removed_ptr",
                   "num_removed_ptr", "q_idx_ptr", "r_idx_ptr", "r_any_ptr")
 
 
@@ -28,6 +28,9 @@ def main() -> int:
             (residual.residual_rows_kernel, dict(N=n, BLOCK_N=block_n, BLOCK_K=block_n), 4),
             *[(residual.residual_mass_kernel, dict(N=n, V=vocab, BLOCK_S=1, BLOCK_V=1024, BLOCK_B=1, BLOCK_C=512,
                                                    FENCE=True, SKIP_IDENTITIES=skip), 4) for skip in (False, True)],
+            (residual.residual_masses_fused_kernel, dict(N=n, V=vocab, BLOCK_N=block_n, BLOCK_K=block_n, BLOCK_S=1,
+                                                         BLOCK_V=2048, BLOCK_B=1, BLOCK_C=256, FENCE=True,
+                                                         SKIP_IDENTITIES=True, SPIN_LIMIT=1 << 16), 4),
             *[(tree.walk_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_R=16, BLOCK_N=block_n,
                                       GREEDY_BONUS=bonus), walk_warps) for bonus in (False, True)],
             (walk.walk_parallel_kernel, dict(N=n, V=vocab, HAS_DRAFT_LOGITS=has_draft, BLOCK_N=block_n,

@@ -1,14 +1,16 @@
 """tree_verify's residual masses on the nodes with siblings only (kernels/tree_verify/_triton_residual.py):
 the list of those nodes per row, and the masses over programs shared among them, in every regime
 of the launch's split (more programs than nodes: a node's vocabulary over many programs; fewer:
-programs looping over nodes), with greedy rows (no nodes) among sampled ones."""
+programs looping over nodes), with greedy rows (no nodes) among sampled ones; and the same in one
+launch with a grid barrier between the steps (residual_fused)."""
 import pytest
 import torch
 import triton
 
 from specdec_fast.kernels import make_sampling_tensors, standardise
 from specdec_fast.kernels.tree_verify import tree_verify
-from specdec_fast.kernels.tree_verify._triton_plan import tree_plan
+from specdec_fast.engine.triton_launches import TritonLaunches
+from specdec_fast.kernels.tree_verify._triton_plan import tree_kernel_sequence, tree_plan
 
 from .tree_cases import random_parents
 
@@ -184,3 +186,68 @@ def test_identity_skips_leave_the_masses_and_tokens_as_they_are(mode, device):
         assert torch.equal(masses[True][row, k], masses[False][row, k]), (row, k)
     for a, b in zip(outputs[True], outputs[False]):
         assert torch.equal(a, b)
+
+
+FUSED_SPLITS = [
+    pytest.param(5, 16, 1000, None, id="default"),  # GPU: FUSED_PROGRAMS_PER_SM per SM; the interpreter: one
+    pytest.param(1, 24, 3000, 16, id="one-row-16-programs"),
+    pytest.param(6, 12, 700, 1, id="nodes-over-programs"),
+]
+
+
+@pytest.mark.parametrize("batch,n,vocab,num_chunks", FUSED_SPLITS)
+def test_the_fused_launch_gives_the_masses_and_the_tokens(batch, n, vocab, num_chunks, device):
+    """residual_masses_fused_kernel (tree_verify_triton(residual_fused=True)): the rows' order and
+    every W_k in one launch, a grid barrier between the steps. W_k of every node the walk reads
+    against the float64 torch sum (as test_masses_equal_a_torch_sum), its tickets and sync words
+    back at zero with no program given up at a barrier (the failure count is the last word), and
+    the tokens and paths of the torch reference and of the per-k launches. Under the interpreter
+    the launch is one program (the barriers pass at once): the GPU runs the barrier itself."""
+    from specdec_fast.kernels.tree_verify import triton as launcher
+    from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+
+    seed = 110 + n
+    temperature = torch.full((batch,), 0.9)
+    if batch > 1:
+        temperature[1] = 0.0
+    target, draft, tokens, parents, ordinal = _bushy_problem(batch, n, vocab, seed, temperature)
+    offsets = torch.arange(batch) * 1000
+    params = make_sampling_tensors(batch, device, seed=seed, offset=offsets.to(device),
+                                   temperature=temperature.to(device))
+    plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=None,
+                     num_sms=launcher._num_sms(torch.device(device)), interpreting=device == "cpu",
+                     num_chunks=num_chunks, residual_fused=True)
+    assert plan.residual_fused and (plan.residual.programs == 1) == (device == "cpu")
+    dev = [t.to(device) for t in (target, draft, tokens, parents)]
+    stats, tickets = launcher._node_stats(dev[0], dev[1], params, plan)
+    tickets = tickets[:plan.residual_tickets]
+    mass = launcher._residual_masses(dev[0], dev[1], dev[3], params, plan, stats, tickets,
+                                     fence=device != "cpu").cpu().view(batch, n, n)
+    assert tickets.tolist() == [0] * plan.residual_tickets, "tickets and sync words at zero, no program gave up"
+
+    q = torch.softmax(standardise(target, make_sampling_tensors(batch, "cpu", temperature=temperature)).double(), -1)
+    p = torch.softmax(standardise(draft, make_sampling_tensors(batch, "cpu", temperature=temperature)).double(), -1)
+    m = _children(parents)
+    checked = 0
+    for b in range(batch):
+        for node in range(n - 1):
+            lam = 1.0
+            for k in range(1, int(m[b, node]) if temperature[b] > 0 else 1):
+                w = float((q[b, node] - lam * p[b, node]).clamp(min=0).sum())
+                assert float(mass[b, node, k]) == pytest.approx(w, rel=1e-4, abs=1e-6), (b, node, k)
+                lam += w
+                checked += 1
+    assert checked >= 3 * (batch - (batch > 1)), checked
+
+    expected = tree_verify(target, draft, tokens, parents, backend="torch", seed=seed, offset=offsets,
+                           temperature=temperature)
+    with TritonLaunches() as launches:
+        got = tree_verify_triton(*dev, params, num_chunks=num_chunks, residual_fused=True)
+    names = [launch.kernel.rsplit(".", 1)[1].removesuffix("_kernel") for launch in launches.launches]
+    assert names == [name for name in tree_kernel_sequence(plan) if not name.startswith("zero fill")]
+    assert names.count("residual_masses_fused") == 1 and "residual_mass" not in names
+    per_k = tree_verify_triton(*dev, params, num_chunks=num_chunks, residual_fused=False)
+    assert torch.equal(got[0].cpu(), expected.tokens) and torch.equal(got[1].cpu(), expected.path)
+    assert all(torch.equal(a, b) for a, b in zip(got, per_k))
+    third = sum(int(ordinal[b, node] >= 2) for b in range(batch) for node in expected.path[b].tolist() if node > 0)
+    assert third >= 1, "a third or later sibling should be accepted somewhere (else the test proves little)"

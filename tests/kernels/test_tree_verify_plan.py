@@ -53,6 +53,30 @@ def test_unbounded_children_cost_a_launch_per_possible_sibling():
     assert tree_verify_plan(1, 64, V_LLAMA3, True, ("greedy",), workspace=True)["launches"] == 2
 
 
+def test_the_fused_residual_plan_is_one_launch_of_resident_programs():
+    """residual_fused (_triton_plan.RESIDUAL_FUSED): residual_rows and the per-k launches become one
+    launch, of at most FUSED_PROGRAMS_PER_SM programs per SM (all resident at once: its barrier
+    waits for every one), one under the interpreter; its tickets gain the three sync words."""
+    from specdec_fast.kernels.tree_verify._triton_plan import FUSED_PROGRAMS_PER_SM, NUM_WARPS
+
+    fused = tree_verify_plan(1, 64, V_LLAMA3, True, ("plain",), max_children=4, workspace=True, residual_fused=True)
+    assert fused["kernels"] == ["select_stream", "residual_masses_fused", WALK, "emit"]
+    assert fused["grids"]["residual_masses_fused"] == (FUSED_PROGRAMS_PER_SM * 132,)
+    assert fused["grids"]["residual_rows"] is None and fused["grids"]["residual_mass"] is None
+    assert FUSED_PROGRAMS_PER_SM * NUM_WARPS * 32 * 255 <= 65536, "resident whatever the kernel's registers"
+    greedy = tree_verify_plan(1, 64, V_LLAMA3, True, ("greedy",), max_children=4, workspace=True, residual_fused=True)
+    assert greedy["kernels"] == ["select_stream", WALK]  # no sampled children: no residual launch
+    for batch, num_chunks, interpreting, programs in ((8, None, False, FUSED_PROGRAMS_PER_SM * 132),
+                                                      (8, 100, False, FUSED_PROGRAMS_PER_SM * 132),  # capped
+                                                      (2, 3, False, 6), (8, None, True, 1), (2, 3, True, 1)):
+        plan = tree_plan(batch, 16, 5000, True, modes=frozenset({"plain"}), max_children=None, num_sms=132,
+                         interpreting=interpreting, num_chunks=num_chunks, residual_fused=True)
+        assert plan.residual_fused and plan.residual.programs == programs, (batch, num_chunks, interpreting)
+        assert plan.residual_tickets == plan.residual.tiles(batch, 16) + 3
+        unfused = dataclasses.replace(plan, residual=dataclasses.replace(plan.residual, fused=False))
+        assert unfused.residual_tickets == plan.residual_tickets - 3
+
+
 def _kernel_names(launches) -> list[str]:
     return [launch.kernel.rsplit(".", 1)[1].removesuffix("_kernel") for launch in launches]
 
