@@ -147,7 +147,9 @@ candidate_tests() {
   # reference's tokens at V = 128256 itself): the fused finishing search, the emission's and the residual
   # masses' identity skips (all three on since an H200 timed them, 2026-11-28), the rungs launch, the
   # emission's own block, the greedy stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, on since 2026-11-28), the
-  # Gumbel noise's four words a Philox call (kernels/rng, since 2026-11-28: test_rng_triton's tiles on the device)
+  # Gumbel noise's four words a Philox call (kernels/rng, since 2026-11-28: test_rng_triton's tiles on the device),
+  # the residual masses in one launch (RESIDUAL_FUSED, off: test_tree_residual's fused cases run its grid barrier,
+  # which the interpreter's one program never waits at)
   run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
     --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
     tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \
@@ -168,7 +170,8 @@ stage_limits() {
   run --cap 170 python3 bench/profile_step.py --quick --out "$results/profile_step_$dev.json"
   run --cap 150 python3 bench/bench_verify.py --gpu --quick --budget-s "$(budget 90 150)" --out "$results/verify_$dev.json"
   run --cap 110 python3 bench/bench_attention.py --gpu --quick --budget-s "$(budget 60 110)" --out "$results/attention_$dev.json"
-  # tree N=64 vs chain K=8, the tree's kernels by device time, and its walk both ways (WALK_PARALLEL)
+  # tree N=64 vs chain K=8, the tree's kernels by device time, its walk both ways (WALK_PARALLEL) and the sampled
+  # row with its residual masses in one launch (RESIDUAL_FUSED, predicted ~82 -> ~60 us)
   run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
   # the verify's levers, each flipped beside the defaults (issue25_report's FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES,
   # EMIT_ONE_ROW_BLOCK_V=256 and DEFAULTS_OF_2026_11_28); the B = 1 rows first
