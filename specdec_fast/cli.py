@@ -2,7 +2,7 @@
 
     specdec-fast generate --target DIR [--draft DIR | --draft-head DIR | --prompt-lookup N | --early-exit N]
         (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl [--batch-size N] [--on-error skip|fail])
-        [--chat] [--dtype D] [--max-new-tokens N] [--k K] [--temperature T] [--top-k N] [--top-p P]
+        [--chat] [--dtype D] [--max-new-tokens N] [--k K | --tree [N|static|dynamic]] [--temperature T] [--top-k N] [--top-p P]
         [--min-p P] [--seed S] [--repetition-penalty R] [--min-new-tokens N] [--stop TEXT ...]
         [--num-return-sequences N] [--device DEV] [--tokenizer DIR] [--backend B] [--plain] [--threads N]
         [--tp N [--tp-draft replicated|sharded] [--tp-timeout S]]
@@ -37,6 +37,16 @@ def k_option(text: str):
         raise argparse.ArgumentTypeError(f"expected an int or 'adaptive', got {text!r}") from None
 
 
+def tree_option(text: str):
+    """--tree's value: a node count (2-64), "static" or "dynamic" (generate(tree=...))."""
+    if text in ("static", "dynamic"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a node count, 'static' or 'dynamic', got {text!r}") from None
+
+
 def _generate_parser(sub):
     ap = sub.add_parser("generate", help="complete a prompt with speculative decoding and print the stats")
     ap.add_argument("--target", required=True, help="target model directory (transformers from_pretrained)")
@@ -63,6 +73,11 @@ def _generate_parser(sub):
     ap.add_argument("--k", type=k_option, default=None, help="draft tokens per iteration (default 4), or 'adaptive': "
                     "the engine chooses before each iteration (num_assistant_tokens_schedule='adaptive'; a draft model, "
                     "an early exit, an EAGLE-3 head or a DFlash block drafter)")
+    ap.add_argument("--tree", type=tree_option, nargs="?", const=True, default=None, metavar="N|static|dynamic",
+                    help="draft a token tree per iteration instead of a chain of --k tokens (a draft model or an EAGLE-3 "
+                         "head): the recommended tree for the sampling mode, or one of N nodes (2-64), or the default "
+                         "static / dynamic tree (generate(tree=...)); it pays on a GPU, where scoring a tree costs "
+                         "about what a chain does: on a CPU a chain is faster (README, token trees)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -125,6 +140,13 @@ def check_args(args) -> None:
                else "without one the CLI decodes plainly, with no K")
         raise CliError("--k adaptive chooses the K of a draft model (--draft, --early-exit), an EAGLE-3 head or a DFlash "
                        f"block drafter (--draft-head); {why}")
+    if args.tree is not None:
+        if args.draft is None and args.draft_head is None and args.early_exit is None:
+            raise CliError("--tree needs a drafter that expands the tree: --draft, --early-exit or an EAGLE-3 --draft-head")
+        if args.k is not None:
+            raise CliError("--tree sets the drafts by its shape; not with --k")
+        if not isinstance(args.tree, bool) and isinstance(args.tree, int) and not 2 <= args.tree <= 64:
+            raise CliError(f"--tree N must be in [2, 64] (nodes, the root included), got {args.tree}")
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", None if args.k == "adaptive" else args.k),
                         ("--prompt-lookup", args.prompt_lookup), ("--early-exit", args.early_exit)):
         if value is not None and value < 1:
@@ -212,7 +234,12 @@ def _generate_kwargs(args, tokenizer, draft, head=None) -> dict:
         kwargs.update(stop_strings=list(args.stop), tokenizer=tokenizer)
     if args.num_return_sequences > 1:
         kwargs.update(num_return_sequences=args.num_return_sequences)
-    k = dict(num_assistant_tokens_schedule="adaptive") if args.k == "adaptive" else dict(num_assistant_tokens=args.k)
+    if args.tree is not None:
+        k = dict(tree=args.tree)
+    elif args.k == "adaptive":
+        k = dict(num_assistant_tokens_schedule="adaptive")
+    else:
+        k = dict(num_assistant_tokens=args.k)
     if draft is not None:
         kwargs.update(assistant_model=draft, **k)
     elif head is not None:
@@ -278,7 +305,7 @@ def _run_generate(args, tp) -> int:
     ids = torch.tensor([cli_dataset.encode(tokenizer, args.prompt, args.chat)], dtype=torch.long, device=device)
     spec = {name: kwargs.pop(name) for name in ("assistant_model", "draft_head", "num_assistant_tokens",
                                                  "num_assistant_tokens_schedule", "prompt_lookup_num_tokens",
-                                                 "assistant_early_exit")
+                                                 "assistant_early_exit", "tree")
             if name in kwargs}
     try:
         plain_tps = None

@@ -313,6 +313,9 @@ class GenerationStats:
         return "\n".join(lines)
 
     def _k_text(self) -> str:
+        tree = self.extra.get("tree")
+        if tree is not None:  # TreeStats.summary (engine/tree_loop.py): K is the tree's depth
+            return f"a tree of {tree['tree']}"
         if self.schedule is None:
             return f"K = {self.k}"
         return f"K adaptive in {self.schedule['ks']}, mean {self.mean_k:.2f}"

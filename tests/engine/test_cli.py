@@ -59,6 +59,32 @@ def test_k_adaptive_runs_the_schedule(pair_dirs, capsys):
                                                    "(--draft-head); " + why)
 
 
+def test_tree_drafts_a_token_tree(pair_dirs, capsys):
+    """--tree [N|static|dynamic]: generate(tree=...); greedy tokens do not depend on the drafting, so
+    every tree's completion equals the chain's, and the stats name the tree that ran (its node count,
+    dynamic or not)."""
+    argv = ["generate", "--target", str(pair_dirs / "target"), "--draft", str(pair_dirs / "draft"), "--prompt",
+            "w5 w9 w17 w5", "--max-new-tokens", "12", "--device", "cpu"]
+    assert cli.main(argv + ["--k", "3"]) == 0
+    chain = capsys.readouterr().out.split("\n")[0]
+    for extra, named in (([], "(a tree of 32 nodes, dynamic, depth 8"), (["12"], "(a tree of 12 nodes, dynamic,"),
+                         (["static"], "(a tree of 32 nodes, depth 8"), (["dynamic"], "(a tree of 32 nodes, dynamic,")):
+        assert cli.main(argv + ["--tree", *extra]) == 0, extra
+        out = capsys.readouterr().out
+        assert out.split("\n")[0] == chain and named in out, (extra, out)
+    for extra, line in ((["--k", "3"], "--tree sets the drafts by its shape; not with --k"),
+                        (["65"], "--tree N must be in [2, 64] (nodes, the root included), got 65")):
+        assert cli.main(argv + ["--tree", *extra]) == 2
+        assert capsys.readouterr().err.strip() == f"specdec-fast: error: {line}"
+    lookup = ["generate", "--target", str(pair_dirs / "target"), "--prompt-lookup", "3", "--prompt", "w5", "--tree"]
+    assert cli.main(lookup) == 2
+    assert capsys.readouterr().err.strip() == ("specdec-fast: error: --tree needs a drafter that expands the tree: "
+                                               "--draft, --early-exit or an EAGLE-3 --draft-head")
+    with pytest.raises(SystemExit):  # argparse's own error
+        cli.main(argv + ["--tree", "wide"])
+    assert "argument --tree: expected a node count, 'static' or 'dynamic', got 'wide'" in capsys.readouterr().err
+
+
 def test_generate_command(pair_dirs, capsys, device):
     """On the test device (on a GPU machine: CUDA, where this head_dim-12 model runs the Triton
     attention with its head dimension padded to 16)."""
