@@ -251,3 +251,42 @@ def test_the_fused_launch_gives_the_masses_and_the_tokens(batch, n, vocab, num_c
     assert all(torch.equal(a, b) for a, b in zip(got, per_k))
     third = sum(int(ordinal[b, node] >= 2) for b in range(batch) for node in expected.path[b].tolist() if node > 0)
     assert third >= 1, "a third or later sibling should be accepted somewhere (else the test proves little)"
+
+
+@pytest.mark.gpu
+def test_the_fused_launch_is_deterministic_under_load(device):
+    """The grid barrier on a GPU, where every program runs at once: 96 rows whose three first nodes
+    have ~10 children each (288 nodes with siblings at k = 1: more than the 264 programs of an H100 /
+    H200, which then loop over nodes; fewer at later k, whose vocabularies are split over
+    programs), launched 32 times. The sums
+    depend only on the programs and the tiles, so every launch must give the same bits (a read of
+    lam or of the rows' order before its writer's barrier would show as a difference), no program
+    may give up at a barrier, and the masses equal the per-k launches' within float rounding."""
+    from specdec_fast.kernels.tree_verify import triton as launcher
+
+    batch, n, vocab = 96, 33, 8000
+    temperature = torch.full((batch,), 1.0)
+    target, draft, _, parents, _ = _bushy_problem(batch, n, vocab, 7, temperature)
+    params = make_sampling_tensors(batch, device, temperature=temperature.to(device))
+    dev = [t.to(device) for t in (target, draft, parents)]
+    masses = {}
+    for fused in (True, False):
+        plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=None,
+                         num_sms=launcher._num_sms(torch.device(device)), interpreting=device == "cpu",
+                         residual_fused=fused)
+        stats, tickets = launcher._node_stats(dev[0], dev[1], params, plan)
+        tickets = tickets[:plan.residual_tickets]
+        runs = [launcher._residual_masses(dev[0], dev[1], dev[2], params, plan, stats, tickets, fence=device != "cpu").clone()
+                for _ in range(32 if fused else 1)]
+        assert not tickets.any(), (fused, tickets[-3:].tolist())
+        masses[fused] = runs
+    m = _children(parents)
+    read = torch.zeros(batch * n, n, dtype=torch.bool)
+    for b in range(batch):
+        for node in range(n - 1):
+            read[b * n + node, 1:int(m[b, node])] = True
+    assert int(read.sum()) >= 3 * batch
+    first = masses[True][0].cpu()[read]
+    for run in masses[True][1:]:
+        assert torch.equal(run.cpu()[read], first), "the fused launch gave other bits on another launch"
+    torch.testing.assert_close(first, masses[False][0].cpu()[read], rtol=1e-5, atol=1e-7)
