@@ -87,14 +87,15 @@ class Eagle3TreeDrafter(TreeDrafter):
         self.g_nodes[:, 0] = g[:, -1]
         return self._target_vocab(logits[:, -1:])
 
-    def _level_logits(self, tokens: torch.Tensor, level, feed) -> torch.Tensor:
+    def _level_logits(self, tokens: torch.Tensor, level, feed, rows: torch.Tensor) -> torch.Tensor:
         """Nodes 1 .. level.end - 1 re-fed as pairs (node token, g of its parent) in one
-        tree-masked call -> float32 [B, level.end - 1, V]; each node's g kept (g_nodes)."""
+        tree-masked call -> float32 [B, E, V] at the fed positions rows [E] (the next level's
+        parents); each node's g kept (g_nodes)."""
         parents = self.node_parents[:, 1:level.end]  # [B, n]: each fed node's parent
         features = self.g_nodes.gather(1, parents[:, :, None].expand(-1, -1, self.g_nodes.shape[-1]))
         step_logits, step_g = self.runner.score_pairs(tokens[:, 1:level.end], features, None, project=False, tree=feed)
         self.g_nodes[:, 1:level.end] = step_g
-        return self._target_vocab(step_logits)
+        return self._target_vocab(step_logits.index_select(1, rows))
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """path [B, N] int32 ([0, a_1, .., a_j, -1, ...]), num_accepted [B]: the draft entries go;

@@ -277,12 +277,14 @@ class PagedRunnerBase:
         self._tentative = 0
 
     @torch.no_grad()
-    def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None, *, tree=None) -> torch.Tensor:
+    def score(self, tokens: torch.Tensor, num_valid: torch.Tensor | None = None, *, tree=None,
+              rows: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [B, N] (only the last num_valid[b] real) -> logits [B, N, V].
         tree: (mask int64 [N] or [B, N] (one tree per row), depths int [N]) scores the N tokens as
         a token tree in one pass: token i sits at position length + depths[i] and sees the context
         and the call's tokens whose bit is set in mask[i] (its ancestors and itself; N <= 64, no
-        num_valid)."""
+        num_valid). rows: int64 [R] indices among the N tokens -> logits [B, R, V] of those alone
+        (every token is fed and cached as without it; the lm_head product runs on R rows)."""
         if tree is not None and (num_valid is not None or tokens.shape[1] > 64):
             raise ValueError("tree scoring takes at most 64 tokens per row and no num_valid")
         if tree is not None and tuple(tree[0].shape) not in ((tokens.shape[1],), tuple(tokens.shape)):
@@ -291,7 +293,8 @@ class PagedRunnerBase:
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
                                f"K + 1 = {self.max_tentative} (num_draft_tokens given to {type(self).__name__})")
-        return self._logits(self._forward(tokens, num_valid, tree))
+        hidden = self._forward(tokens, num_valid, tree)
+        return self._logits(hidden if rows is None else hidden.index_select(1, rows))
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] (final-norm hidden states) -> logits [..., V] (the lm_head product)."""

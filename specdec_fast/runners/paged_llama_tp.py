@@ -178,9 +178,9 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         """As PagedRunnerBase.prefill: logits [B, V] (gathered from every rank's slice)."""
         return self.tp.gather_vocab(super().prefill(input_ids, attention_mask, **kwargs))
 
-    def score(self, tokens, num_valid=None, *, tree=None) -> torch.Tensor:
-        """As PagedRunnerBase.score: logits [B, N, V] (gathered from every rank's slice)."""
-        return self.tp.gather_vocab(super().score(tokens, num_valid, tree=tree))
+    def score(self, tokens, num_valid=None, *, tree=None, rows=None) -> torch.Tensor:
+        """As PagedRunnerBase.score: logits [B, N, V] (or [B, R, V]: rows), gathered from every rank's slice."""
+        return self.tp.gather_vocab(super().score(tokens, num_valid, tree=tree, rows=rows))
 
     # -- the forward ------------------------------------------------------------------------------
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,35 @@ def test_tree_scoring_equals_scoring_each_path(kind, lengths):
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_scoring_some_rows_gives_those_rows_and_feeds_every_token(kind):
+    """score(..., rows=R): the logits of the R positions alone, equal to the same rows of a full
+    call (the lm_head runs on R rows; TreeDrafter asks for each level's expanding nodes), and the
+    cache as after the full call: the next token scores the same."""
+    target, _ = model_pair(kind)
+    ids, mask = left_padded_prompts([5, 9, 3], seed=11)
+    batch, n = 3, TREE.size
+    tokens = torch.randint(3, VOCAB, (batch, n), generator=torch.Generator().manual_seed(4))
+    tensors = TREE.tensors("cpu")
+    rows = torch.tensor([n - 1, 2, 7, 0])  # any order, any subset
+    full_runner, some_runner = _runner(target, n), _runner(target, n)
+    for runner in (full_runner, some_runner):
+        runner.prefill(ids, mask)
+    full = full_runner.score(tokens, tree=(tensors["mask"], tensors["depths"]))
+    some = some_runner.score(tokens, tree=(tensors["mask"], tensors["depths"]), rows=rows)
+    assert some.shape == (batch, len(rows), full.shape[-1])
+    torch.testing.assert_close(some, full[:, rows], rtol=1e-5, atol=1e-5)
+    keep = torch.full((batch,), 2, dtype=torch.int32)
+    path = torch.full((batch, n), -1, dtype=torch.int32)
+    path[:, :2] = torch.tensor([0, 1], dtype=torch.int32)
+    nxt = torch.randint(3, VOCAB, (batch, 1), generator=torch.Generator().manual_seed(5))
+    after = []
+    for runner in (full_runner, some_runner):
+        runner.commit_path(path, keep)
+        after.append(runner.score(nxt)[:, -1])
+    torch.testing.assert_close(after[0], after[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_commit_path_keeps_exactly_the_accepted_path(kind):
     """After a tree call and commit_path of a different path per row, one more token scores like
     a runner that was fed prompt + that path as a chain."""
