@@ -93,9 +93,10 @@ class Eagle3TreeDrafter(TreeDrafter):
         parents); each node's g kept (g_nodes)."""
         parents = self.node_parents[:, 1:level.end]  # [B, n]: each fed node's parent
         features = self.g_nodes.gather(1, parents[:, :, None].expand(-1, -1, self.g_nodes.shape[-1]))
-        step_logits, step_g = self.runner.score_pairs(tokens[:, 1:level.end], features, None, project=False, tree=feed)
+        step_logits, step_g = self.runner.score_pairs(tokens[:, 1:level.end], features, None, project=False, tree=feed,
+                                                      rows=rows)
         self.g_nodes[:, 1:level.end] = step_g
-        return self._target_vocab(step_logits.index_select(1, rows))
+        return self._target_vocab(step_logits)
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """path [B, N] int32 ([0, a_1, .., a_j, -1, ...]), num_accepted [B]: the draft entries go;

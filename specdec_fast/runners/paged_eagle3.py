@@ -106,18 +106,24 @@ class PagedEagle3Runner(PagedRunnerBase):
 
     @torch.no_grad()
     def score_pairs(self, tokens: torch.Tensor, features: torch.Tensor, num_valid: torch.Tensor | None = None, *,
-                    project: bool, tree=None, last_only: bool = False):
+                    project: bool, tree=None, last_only: bool = False, rows: torch.Tensor | None = None):
         """tokens [B, N], features [B, N, F] (target features with project=True, the head's own g
         with project=False) appended as tentative entries (only the last num_valid[b] real) ->
         (logits [B, N, Vd], g [B, N, H]). tree: (mask, depths) as PagedRunnerBase.score.
         last_only: logits [B, 1, Vd] of the last entry only (the drafters' pending feed reads no
-        other: the lm_head, the head's largest matrix, then runs on one row per row, not N)."""
+        other: the lm_head, the head's largest matrix, then runs on one row per row, not N);
+        rows: int64 [R] entries -> logits [B, R, Vd] of those alone (a tree level's expanding
+        nodes, as PagedRunnerBase.score(rows=)); g stays [B, N, H]."""
         self._tentative += tokens.shape[1]
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative entries since the last commit exceed the reserved "
                                f"K + 1 = {self.max_tentative}")
         normed, g = self._pairs(tokens, features, num_valid, project, tree)
-        return linear(normed[:, -1:] if last_only else normed, self.lm_head), g
+        if last_only:
+            normed = normed[:, -1:]
+        elif rows is not None:
+            normed = normed.index_select(1, rows)
+        return linear(normed, self.lm_head), g
 
     def prefill(self, *args, **kwargs):
         raise TypeError("an EAGLE-3 head is fed (token, hidden state) pairs: use prefill_pairs")

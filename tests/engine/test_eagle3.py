@@ -61,6 +61,14 @@ def test_paged_head_equals_reference_forward(target, backend, device):
     torch.testing.assert_close(last, logits[:, -1:], atol=1e-5, rtol=1e-5)
     for b, n in enumerate(valid.tolist()):  # the real (last n) positions: padding's g is unspecified
         torch.testing.assert_close(last_g[b, -n:], g[b, -n:])
+    runner.commit(torch.zeros_like(valid))  # rows=: those entries' logits alone (a tree level's expanding nodes)
+    rows = torch.tensor([3, 1], device=device)
+    some, some_g = runner.score_pairs(new_ids, new_feats, valid, project=True, rows=rows)
+    assert some.shape == (3, 2, logits.shape[-1]) and some_g.shape == g.shape
+    for b, n in enumerate(valid.tolist()):  # real entries only (padding's logits are unspecified)
+        for j, entry in enumerate(rows.tolist()):
+            if entry >= 4 - n:
+                torch.testing.assert_close(some[b, j], logits[b, entry], atol=1e-5, rtol=1e-5)
     runner.commit(valid)
     step_ids = torch.randint(0, VOCAB, (3, 1), generator=gen).to(device)
     step_logits, step_g = runner.score_pairs(step_ids, g[:, -1:], None, project=False)
