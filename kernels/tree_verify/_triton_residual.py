@@ -4,7 +4,8 @@ siblings to test only.
 For a node n with m children (i.i.d. draws from its draft distribution p), the k-th child is
 tested against the residual left by the first k - 1: lam_0 = 0, W_0 = 1, lam_k = lam_{k-1} +
 W_{k-1}, W_k = sum_v max(q_n - lam_k p_n, 0) (reference.py). W_k is needed where m > k: one
-launch per k = 1 .. kmax - 1, since W_k depends on W_{k-1}.
+launch per k = 1 .. kmax - 1, since W_k depends on W_{k-1} (or one launch with a grid barrier
+between the k, the fused kernel below).
 
   residual_rows_kernel  (row,): the row's nodes ordered by their number of children, most first,
                         and per k how many have more than k: the nodes of launch k are a prefix
@@ -168,8 +169,8 @@ def residual_masses_fused_kernel(
     interpreter P = 1): residual_rows_kernel for rows pid, pid + P, ..., a grid barrier, then for
     k = 1 .. KMAX - 1 residual_mass_kernel's work for k with a barrier after each k but the last
     (W_k reads lam_k, which the merges of k - 1 wrote). The same items, parts and merges as the
-    launches with P programs: the same bits. sync [3] int32, zero at the start: the barriers'
-    arrivals, the exit ticket (whose winner puts both back to zero) and a failure count (+1 per
+    launches with P programs and BLOCK_V: the same bits. sync [3] int32, zero at the start: the
+    barriers' arrivals, the exit ticket (whose winner puts both back to zero) and a failure count (+1 per
     program that gave up waiting at a barrier: grid_barrier's SPIN_LIMIT; never put back, so
     that a check sees it)."""
     pid = tl.program_id(0)
