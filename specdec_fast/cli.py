@@ -145,8 +145,10 @@ def check_args(args) -> None:
             raise CliError("--tree needs a drafter that expands the tree: --draft, --early-exit or an EAGLE-3 --draft-head")
         if args.k is not None:
             raise CliError("--tree sets the drafts by its shape; not with --k")
-        if not isinstance(args.tree, bool) and isinstance(args.tree, int) and not 2 <= args.tree <= 64:
-            raise CliError(f"--tree N must be in [2, 64] (nodes, the root included), got {args.tree}")
+        from .drafters.token_tree import MAX_NODES
+
+        if not isinstance(args.tree, bool) and isinstance(args.tree, int) and not 2 <= args.tree <= MAX_NODES:
+            raise CliError(f"--tree N must be in [2, {MAX_NODES}] (nodes, the root included), got {args.tree}")
     for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--k", None if args.k == "adaptive" else args.k),
                         ("--prompt-lookup", args.prompt_lookup), ("--early-exit", args.early_exit)):
         if value is not None and value < 1:

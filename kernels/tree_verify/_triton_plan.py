@@ -71,6 +71,8 @@ RESIDUAL_SKIP_IDENTITIES = True
 # programs run one after another: a second would wait forever at the first barrier).
 RESIDUAL_FUSED = False
 FUSED_PROGRAMS_PER_SM, FUSED_BLOCK_V = 2, 2048
+# The fused launch's sync words after the tiles' tickets: barrier arrivals, exit ticket, failure count
+FUSED_SYNC_WORDS = 3
 # grid_barrier's bound on the polls of one program at one barrier (each an L2 round trip, ~0.5-1
 # us: 65536 take tens of ms, far above a k's work even at B = 64, N = 64, V = 128256, ~0.1 ms a
 # program): a guard against a grid that is not resident, never reached otherwise; a program that
@@ -183,7 +185,7 @@ class TreePlan:
         after them (residual_masses_fused_kernel's sync)."""
         if not self.residual_launches:
             return 0
-        return self.residual.tiles(self.batch, self.n) + (3 if self.residual.fused else 0)
+        return self.residual.tiles(self.batch, self.n) + (FUSED_SYNC_WORDS if self.residual.fused else 0)
 
     @property
     def emit_tickets(self) -> int:

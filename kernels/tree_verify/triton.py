@@ -19,7 +19,7 @@ from ..sampling_params import SamplingTensors
 from ..verify.triton import _num_sms, _vocab_contiguous, run_launches, select_stats
 from . import _triton_kernels as kernels
 from . import _triton_residual as residual
-from ._triton_plan import FUSED_SPIN_LIMIT, NUM_WARPS, TreePlan, tree_plan
+from ._triton_plan import FUSED_SPIN_LIMIT, FUSED_SYNC_WORDS, NUM_WARPS, TreePlan, tree_plan
 from ._triton_walk import walk_parallel_kernel
 
 
@@ -58,7 +58,7 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
         tiles = grid.tiles(batch, n)
         residual.residual_masses_fused_kernel[grid.grid](
             parents, target, draft, order, count, params.temperature, params.min_p, *stats, mass, lam_next, part,
-            tickets[:tiles], tickets[tiles:tiles + 3], batch, plan.kmax, plan.stats.npos, parents.stride(0),
+            tickets[:tiles], tickets[tiles:tiles + FUSED_SYNC_WORDS], batch, plan.kmax, plan.stats.npos, parents.stride(0),
             target.stride(0), target.stride(1), draft.stride(0), draft.stride(1),
             N=n, V=vocab, BLOCK_N=triton.next_power_of_2(n), BLOCK_K=triton.next_power_of_2(plan.kmax),
             BLOCK_S=grid.block_s, BLOCK_V=grid.block_v, BLOCK_B=grid.block_b, BLOCK_C=grid.block_c,

@@ -189,8 +189,7 @@ class TreeDrafter:
         if tree.children == "sample":
             draft_logits = torch.zeros(batch, tree.size, logits.shape[-1], device=logits.device)
         for d, level in enumerate(self.levels, 1):
-            # the root's logits [B, 1, V], then each call's: its parent rows alone (_level_logits)
-            parent_logits = logits.index_select(1, level.parent_rows) if d == 1 else logits
+            parent_logits = logits  # the root's [B, 1, V], then each call's parent rows alone (_level_logits)
             if stage is not None:  # processed as the target's at these nodes (each with its ancestor path)
                 parent_logits = stage.tree(parent_logits, st, tokens, (self.node_parents, self._node_depths, d - 1),
                                            level.expanding)
