@@ -149,7 +149,8 @@ candidate_tests() {
   # emission's own block, the greedy stream without its sums (STREAM_GREEDY_ARGMAX_ONLY, on since 2026-11-28), the
   # Gumbel noise's four words a Philox call (kernels/rng, since 2026-11-28: test_rng_triton's tiles on the device),
   # the residual masses in one launch (RESIDUAL_FUSED, off: test_tree_residual's fused cases run its grid barrier,
-  # which the interpreter's one program never waits at)
+  # which the interpreter's one program never waits at, cooperative (FUSED_COOPERATIVE), eager and captured in a
+  # CUDA graph)
   run --cap 100 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable \
     --junitxml "$results/gpu_candidates_$dev.xml" tests/kernels/test_verify_finish_search.py \
     tests/kernels/test_verify_emit_skips.py tests/kernels/test_verify_rungs_launch.py tests/kernels/test_tree_residual.py \

@@ -71,6 +71,13 @@ RESIDUAL_SKIP_IDENTITIES = True
 # programs run one after another: a second would wait forever at the first barrier).
 RESIDUAL_FUSED = False
 FUSED_PROGRAMS_PER_SM, FUSED_BLOCK_V = 2, 2048
+# The fused launch is cooperative (Triton's launch_cooperative_grid: cuLaunchKernelEx with
+# CU_LAUNCH_ATTRIBUTE_COOPERATIVE, which CUDA documents as valid for launches and graph nodes): the
+# driver refuses a grid whose programs cannot all be resident at once (e.g. an MPS client limited
+# to fewer SMs) with an error, where a plain launch would reach the spin limit below and count its
+# programs as given up. The interpreter ignores the option. Not yet run on a GPU (eager or
+# captured: test_tree_residual's gpu tests).
+FUSED_COOPERATIVE = True
 # The fused launch's sync words after the tiles' tickets: barrier arrivals, exit ticket, failure count
 FUSED_SYNC_WORDS = 3
 # grid_barrier's bound on the polls of one program at one barrier (each an L2 round trip, ~0.5-1

@@ -19,7 +19,7 @@ from ..sampling_params import SamplingTensors
 from ..verify.triton import _num_sms, _vocab_contiguous, run_launches, select_stats
 from . import _triton_kernels as kernels
 from . import _triton_residual as residual
-from ._triton_plan import FUSED_SPIN_LIMIT, FUSED_SYNC_WORDS, NUM_WARPS, TreePlan, tree_plan
+from ._triton_plan import FUSED_COOPERATIVE, FUSED_SPIN_LIMIT, FUSED_SYNC_WORDS, NUM_WARPS, TreePlan, tree_plan
 from ._triton_walk import walk_parallel_kernel
 
 
@@ -63,6 +63,7 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
             N=n, V=vocab, BLOCK_N=triton.next_power_of_2(n), BLOCK_K=triton.next_power_of_2(plan.kmax),
             BLOCK_S=grid.block_s, BLOCK_V=grid.block_v, BLOCK_B=grid.block_b, BLOCK_C=grid.block_c,
             FENCE=fence, SKIP_IDENTITIES=plan.skip_identities, SPIN_LIMIT=FUSED_SPIN_LIMIT, num_warps=NUM_WARPS,
+            launch_cooperative_grid=FUSED_COOPERATIVE,
         )
         return mass
     residual.residual_rows_kernel[(batch,)](

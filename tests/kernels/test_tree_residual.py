@@ -290,3 +290,43 @@ def test_the_fused_launch_is_deterministic_under_load(device):
     for run in masses[True][1:]:
         assert torch.equal(run.cpu()[read], first), "the fused launch gave other bits on another launch"
     torch.testing.assert_close(first, masses[False][0].cpu()[read], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+def test_the_fused_launch_replays_in_a_cuda_graph(device):
+    """The fused launch (cooperative: FUSED_COOPERATIVE) captured in a CUDA graph with a caller's
+    KernelWorkspace, as the engine captures tree_verify: replays on new inputs give the tokens and
+    paths of eager calls and of the torch reference, three times (the barrier counter, the exit
+    ticket and the tiles' tickets start every replay at zero), and the workspace's counters are
+    zero after them (no program gave up at a barrier)."""
+    from specdec_fast.kernels._workspace import KernelWorkspace
+    from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+
+    batch, n, vocab = 8, 33, 32000
+    temperature = torch.full((batch,), 0.9)
+    temperature[1] = 0.0
+    params = make_sampling_tensors(batch, device, seed=11, temperature=temperature.to(device))
+    problems = [_bushy_problem(batch, n, vocab, seed, temperature) for seed in (21, 22, 23, 24)]
+    static = [t.to(device) for t in (problems[0][0], problems[0][1], problems[0][2], problems[0][3])]
+    workspace = KernelWorkspace()
+    call = lambda: tree_verify_triton(*static, params, workspace=workspace, residual_fused=True)  # noqa: E731
+    call()  # compile and allocate the workspace before capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    for target, draft, tokens, parents, _ in problems[1:]:
+        for buffer, new in zip(static, (target, draft, tokens, parents)):
+            buffer.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = [t.clone() for t in captured]
+        eager = tree_verify_triton(*static, params, residual_fused=True)
+        assert all(torch.equal(a, b) for a, b in zip(replayed, eager))
+        expected = tree_verify(target, draft, tokens, parents, backend="torch", seed=11, temperature=temperature)
+        assert torch.equal(replayed[0].cpu(), expected.tokens) and torch.equal(replayed[1].cpu(), expected.path)
+    assert all(not buf.any() for buf in workspace._counters.values()), "counters left nonzero after the replays"
