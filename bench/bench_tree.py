@@ -388,7 +388,7 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                   f"the reference's tokens: {chain8_equal})", flush=True)
             if save:
                 save(out)
-        for n in (64,) if quick else (5, 16, 64):
+        for n in (max(NODES_SWEPT),) if quick else NODES_SWEPT:
             for mode, kw in (("T=1", dict(temperature=1.0)), ("greedy", dict(temperature=0.0))):
                 g = torch.Generator(device="cpu").manual_seed(0)
                 target = (torch.randn(batch, n, vocab, generator=g) * 3).to(device, torch.bfloat16)
@@ -442,6 +442,9 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                                       f"{name}_flipped_tokens_equal": equal, f"{name}_default": default})
                     except Exception as error:  # noqa: BLE001
                         skips[f"{name}_flipped_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                if n == max(NODES_SWEPT):  # the statistics pass's vocab chunks a row (waves: see STATS_CHUNKS)
+                    skips.update(_stats_chunks_sweep(target, draft, tokens, parents, params, tree, walked[WALK_PARALLEL],
+                                                     smoke))
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,
@@ -452,6 +455,42 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                       f"the reference's tokens: {tree_equal}), chain {chain_us:.1f} us ({chain_launches})", flush=True)
                 if save:
                     save(out)
+    return out
+
+
+# The tree's statistics pass splits each of its 2N - 1 rows into verify's vocab chunks: 127 rows x 9
+# chunks = 1143 programs at N = 64, V = 128256 on 132 SMs, where the compiled streaming kernel
+# (~58 registers x 256 threads, bench/results/verify_stream_ptx_sm90.json) holds ~4 programs an SM:
+# 2.2 waves, i.e. 3 (22.1 us of the 69.6 us tree on an H200, h200_2026-11-28c). 8 chunks (1016
+# programs, 2 waves of 8 blocks) or 4 (508, one wave of 16 blocks) would take ~16 block-times
+# against ~21 by that model (not measured); the sweep times them beside the default.
+STATS_CHUNKS = (4, 8)
+NODES_SWEPT = (5, 16, 64)
+
+
+def _stats_chunks_sweep(target, draft, tokens, parents, params, tree, default_result, smoke: bool) -> dict:
+    """tree_verify_us_stats_chunks_<c> (its own KernelWorkspace), stats_chunks_<c>_tokens_equal (against the
+    default's result) for c in STATS_CHUNKS, stats_chunks_default: the default plan's chunks a row."""
+    from verify_gpu_table import _time
+
+    from specdec_fast.kernels._workspace import KernelWorkspace
+    from specdec_fast.kernels.tree_verify._triton_plan import tree_plan
+    from specdec_fast.kernels.tree_verify.triton import tree_verify_triton
+    from specdec_fast.kernels.verify.triton import _num_sms
+
+    batch, n, vocab = target.shape
+    plan = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=tree.max_children,
+                     num_sms=_num_sms(target.device), interpreting=smoke)
+    out = {"stats_chunks_default": plan.stats.select_chunks}
+    for chunks in STATS_CHUNKS:
+        ws = KernelWorkspace()
+        call = lambda: tree_verify_triton(target, draft, tokens, parents, params, workspace=ws,  # noqa: E731
+                                          max_children=tree.max_children, stats_chunks=chunks)
+        try:
+            out[f"stats_chunks_{chunks}_tokens_equal"] = _same(call(), default_result)
+            out[f"tree_verify_us_stats_chunks_{chunks}"] = _time(call, smoke)["median_us"]
+        except Exception as error:  # noqa: BLE001
+            out[f"stats_chunks_{chunks}_error"] = f"{type(error).__name__}: {str(error)[:300]}"
     return out
 
 

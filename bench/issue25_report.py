@@ -26,6 +26,9 @@ Prints one markdown table (target, measured, met?) and one of the levers:
   - RESIDUAL_FUSED (kernels/tree_verify/_triton_plan.py): tree_verify with the residual masses in one
     launch against residual_rows + a launch per k, the sampled rows, same tokens, and no program
     given up at a barrier (the workspace back at zero);
+  - TREE_STATS_CHUNKS=<c> (no flag yet: bench_tree.py's STATS_CHUNKS): tree_verify with the statistics
+    pass split into c vocab chunks a row against the default split, N = 64, same tokens ("on": a
+    wave-fitting rule for the statistics' grid is worth writing);
   - FINISH_SEARCH_TILE=1024, EMIT_SKIP_IDENTITIES, EMIT_ONE_ROW_BLOCK_V=256 (kernels/verify/_triton_plan.py; on
     since an H200 timed them on 2026-11-28) and DEFAULTS_OF_2026_11_28 (the three together):
     bench_verify_latency's ways, each the defaults with the lever flipped: the lever on over off, verify
@@ -247,6 +250,33 @@ def tree_fused_lever(report: dict | None) -> dict:
     return _advice(ratios, why, "tree_verify us with the residual masses in one launch over a launch per k")
 
 
+def tree_stats_chunks_levers(report: dict | None) -> dict:
+    """TREE_STATS_CHUNKS=<c> from bench_tree's N = 64 kernel rows: tree_verify with the statistics pass
+    in c vocab chunks a row over the default split (stats_chunks_default), the same tokens."""
+    found = {}
+    for r in (report or {}).get("rows", []):
+        for key in r:
+            if key.startswith("stats_chunks_") and key.endswith(("_tokens_equal", "_error")):
+                found.setdefault(int(key.split("_")[2]), []).append(r)
+    if not found:
+        return {"TREE_STATS_CHUNKS": _advice({}, [], "tree_verify us with the statistics in other chunks a row "
+                                                     "over the default split")}
+    levers = {}
+    for chunks, rows in sorted(found.items()):
+        ratios, why = {}, []
+        for r in rows:
+            where = f"B={r['batch']} N={r['nodes']} {r['mode']} (default {r.get('stats_chunks_default')} chunks)"
+            if f"stats_chunks_{chunks}_error" in r:
+                why.append(f"{where}: {r[f'stats_chunks_{chunks}_error']}")
+            if f"tree_verify_us_stats_chunks_{chunks}" in r:
+                ratios[where] = r[f"tree_verify_us_stats_chunks_{chunks}"] / r["tree_verify_us"]
+                if not r.get(f"stats_chunks_{chunks}_tokens_equal", False):
+                    why.append(f"{where}: other tokens with {chunks} chunks")
+        levers[f"TREE_STATS_CHUNKS={chunks}"] = _advice(
+            ratios, why, f"tree_verify us with the statistics in {chunks} chunks a row over the default split")
+    return levers
+
+
 def merge_lever(report: dict | None) -> dict:
     """MERGE_IN_KERNEL from bench_attention's rows (the automatic plans of both forms). The flag
     changes every shape's plan; the shapes the run left out (--quick: B = 32, 2k and 32k contexts;
@@ -414,6 +444,7 @@ def build(results: Path, device: str) -> dict:
                                                           "TREE_WALK_PARALLEL": walk_lever(tree),
                                                           "RESIDUAL_SKIP_IDENTITIES": tree_skip_lever(tree),
                                                           "RESIDUAL_FUSED": tree_fused_lever(tree),
+                                                          **tree_stats_chunks_levers(tree),
                                                           **{name: latency_lever(latency, way, what)
                                                              for name, (way, what) in LATENCY_LEVERS.items()},
                                                           "STREAM_GREEDY_ARGMAX_ONLY": argmax_lever(lanes, tree),

@@ -46,6 +46,13 @@ def test_kernels_only_smoke_rows_feed_the_report(tmp_path):
     assert sampled["residual_fused_flipped_tokens_equal"] is True and sampled["tree_verify_us_residual_fused_flipped"] > 0
     assert sampled["residual_fused_workspace_zero"] is True
     assert set(built["levers"]["RESIDUAL_FUSED"]["ratios"]) == {"B=1 N=64 T=1"}
+    # the statistics pass's chunks swept beside the default (one chunk at V = 1000 under the interpreter)
+    for row in trees:
+        assert row["stats_chunks_default"] == 1, row
+        for chunks in bench_tree.STATS_CHUNKS:
+            assert row[f"stats_chunks_{chunks}_tokens_equal"] is True and row[f"tree_verify_us_stats_chunks_{chunks}"] > 0
+            ratios = built["levers"][f"TREE_STATS_CHUNKS={chunks}"]["ratios"]
+            assert {where.split(" (")[0] for where in ratios} == {"B=1 N=64 T=1", "B=1 N=64 greedy"}
     # the greedy row: the statistics without their streaming sums, flipped beside the default: the same tokens
     greedy = next(r for r in trees if r["mode"] == "greedy")
     assert greedy["argmax_only_flipped_tokens_equal"] is True and greedy["tree_verify_us_argmax_only_flipped"] > 0

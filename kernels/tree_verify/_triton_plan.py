@@ -219,18 +219,20 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
               num_sms: int, interpreting: bool, block_v: int | None = None,
               num_chunks: int | None = None, walk_parallel: bool | None = None,
               skip_identities: bool | None = None, stream_sums: bool | None = None,
-              residual_fused: bool | None = None) -> TreePlan:
+              residual_fused: bool | None = None, stats_chunks: int | None = None) -> TreePlan:
     """The plan for target logits [batch, n, vocab] (draft logits [batch, n, vocab] when
     has_draft; n > 1 for them to count). block_v / num_chunks override the vocab splits (tests);
     walk_parallel: the walk's form (None: WALK_PARALLEL on compiled kernels, the scan under the
     interpreter); skip_identities: the residual launches' identity skips (None:
     RESIDUAL_SKIP_IDENTITIES); stream_sums: the statistics' streaming sums where every row is greedy
     (None: verify's STREAM_GREEDY_ARGMAX_ONLY; the walk reads a greedy row's argmax alone);
-    residual_fused: the residual masses in one launch (None: RESIDUAL_FUSED)."""
+    residual_fused: the residual masses in one launch (None: RESIDUAL_FUSED); stats_chunks: the
+    statistics' vocab chunks a row (None: num_chunks, else verify's split; bench_tree.py sweeps it)."""
     k = n - 1
     has_draft = has_draft and k > 0
     stats = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=interpreting, modes=modes,
-                          emits=False, block_v=block_v, num_chunks=num_chunks, stream_sums=stream_sums)
+                          emits=False, block_v=block_v, num_chunks=num_chunks if stats_chunks is None else stats_chunks,
+                          stream_sums=stream_sums)
     kmax = k if max_children is None else min(max_children, k)
     may_sample = modes is None or bool(modes - {"greedy"})
     residual_launches = kmax - 1 if has_draft and kmax > 1 and may_sample else 0

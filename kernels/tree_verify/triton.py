@@ -81,7 +81,8 @@ def _residual_masses(target, draft, parents, params: SamplingTensors, plan: Tree
 
 
 def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, num_chunks, max_children,
-            workspace=None, walk_parallel=None, skip_identities=None, stream_sums=None, residual_fused=None):
+            workspace=None, walk_parallel=None, skip_identities=None, stream_sums=None, residual_fused=None,
+            stats_chunks=None):
     batch, n, vocab = target.shape
     device = target.device
     i32 = dict(dtype=torch.int32, device=device)
@@ -98,7 +99,7 @@ def _launch(target, draft, tokens, parents, params: SamplingTensors, block_v, nu
     plan = tree_plan(batch, n, vocab, has_draft, modes=params.modes, max_children=max_children,
                      num_sms=_num_sms(device), interpreting=interpreting, block_v=block_v, num_chunks=num_chunks,
                      walk_parallel=walk_parallel, skip_identities=skip_identities, stream_sums=stream_sums,
-                     residual_fused=residual_fused)
+                     residual_fused=residual_fused, stats_chunks=stats_chunks)
     stats, tickets = _node_stats(target, draft if has_draft else None, params, plan, workspace)
     residual_tickets, emit_tickets = tickets[:plan.residual_tickets], tickets[plan.residual_tickets:]
     npos = plan.stats.npos
@@ -161,6 +162,7 @@ def tree_verify_triton(
     skip_identities: bool | None = None,
     stream_sums: bool | None = None,
     residual_fused: bool | None = None,
+    stats_chunks: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """target_logits [B, N, V], draft_logits [B, N, V] or None, tokens / parents [B, N] int32/int64
     -> tokens int32 [B, N], path int32 [B, N], num_accepted int32 [B]. Inputs are validated by
@@ -173,7 +175,9 @@ def tree_verify_triton(
     _triton_plan.RESIDUAL_SKIP_IDENTITIES; the same tokens either way). stream_sums: False streams
     only the max and the argmax where every row is greedy (None: verify's
     _triton_plan.STREAM_GREEDY_ARGMAX_ONLY; the same tokens either way). residual_fused: the
-    residual masses in one launch (None: _triton_plan.RESIDUAL_FUSED; the same tokens either way)."""
+    residual masses in one launch (None: _triton_plan.RESIDUAL_FUSED; the same tokens either way).
+    stats_chunks: the statistics pass's vocab chunks a row (None: num_chunks, else verify's split;
+    the same tokens either way)."""
     return run_launches(_launch, target_logits, draft_logits, tokens, parents, params, block_v, num_chunks,
                         max_children, workspace, walk_parallel, skip_identities, stream_sums, residual_fused,
-                        workspace=workspace)
+                        stats_chunks, workspace=workspace)

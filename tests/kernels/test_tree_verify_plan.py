@@ -119,3 +119,29 @@ def test_the_launcher_launches_the_plan_and_gives_the_reference_tokens(kw, with_
     assert torch.equal(got[2].cpu(), reference.num_accepted)
     every_launch = tree_verify_triton(*args, dataclasses.replace(params, modes=None), max_children=max_children)
     assert all(torch.equal(a, b) for a, b in zip(got, every_launch))
+
+
+def test_stats_chunks_split_only_the_statistics_and_keep_the_tokens(device):
+    """stats_chunks (bench_tree.py's sweep of the statistics pass's waves): the statistics' grid takes
+    that many vocab chunks a row, the residual and emission grids stay the default's, and the
+    tokens, path and acceptances are the default call's bit for bit (the launches' block forced small
+    so that the interpreter also splits each row)."""
+    default = tree_plan(1, 64, V_LLAMA3, True, modes=frozenset({"plain"}), max_children=6, num_sms=132,
+                        interpreting=False)
+    for chunks in (4, 8):
+        plan = tree_plan(1, 64, V_LLAMA3, True, modes=frozenset({"plain"}), max_children=6, num_sms=132,
+                         interpreting=False, stats_chunks=chunks)
+        assert plan.stats.select_grid == (127, chunks) != default.stats.select_grid
+        assert plan.residual == default.residual and plan.emit == default.emit
+    batch, n, vocab = 2, 9, 5000
+    target, draft, tokens, parents, offsets = tree_problem(batch, n, vocab, torch.float32, True, False, 8,
+                                                           dict(temperature=0.9))
+    params = make_sampling_tensors(batch, device, seed=8, offset=offsets.to(device), temperature=0.9)
+    args = [t.to(device) for t in (target, draft, tokens, parents)]
+    expected = tree_verify_triton(*args, params, max_children=3, block_v=512)
+    for chunks in (1, 3):
+        split = tree_plan(batch, n, vocab, True, modes=params.modes, max_children=3, num_sms=132,
+                          interpreting=device != "cuda", block_v=512, stats_chunks=chunks)
+        assert split.stats.select_grid == (batch * (2 * n - 1), chunks)
+        got = tree_verify_triton(*args, params, max_children=3, block_v=512, stats_chunks=chunks)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), chunks
