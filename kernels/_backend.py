@@ -1,4 +1,5 @@
-"""Choosing a kernel backend: "triton" on CUDA, "cpp" on CPU when it builds, else "torch";
+"""Choosing a kernel backend: "triton" on CUDA (compute capability 8.0 or later), "cpp" on CPU
+when it builds, else "torch";
 and the one normal form of a device that every stored or compared device goes through."""
 import functools
 import os
@@ -63,6 +64,46 @@ def triton_available() -> bool:
     return True
 
 
+# The oldest GPU the Triton kernels run on: compute capability 8.0 (A100), Triton's own floor.
+# Every kernel is compiled for sm_80, sm_86 and sm_89 as for sm_90a, within each target's shared
+# memory per block (tests/kernels/sm90.py SPECDEC_COMPILE_CAPABILITY, bench/results/
+# compile_other_gpus.md); for sm_75 (T4) the prefill attention tile needs 96 KB of shared memory
+# against its 64 KB, and its tl.dot has no tensor-core path. Older GPUs run the torch backend.
+MIN_CAPABILITY = (8, 0)
+
+
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def _old_gpu_message(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on CUDA ``device`` (a GPU before MIN_CAPABILITY), or None
+    (also where CUDA is not available: nothing to ask, and no CUDA tensor to run on)."""
+    if not torch.cuda.is_available():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capability = _cuda_capability(index)
+    if capability >= MIN_CAPABILITY:
+        return None
+    return (f"{torch.cuda.get_device_name(index)} has compute capability {capability[0]}.{capability[1]}; "
+            f"specdec_fast's Triton kernels need {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or later (an A100, "
+            f"RTX 30xx, L4 or newer)")
+
+
+@functools.cache
+def _warn_old_gpu(message: str) -> None:
+    warnings.warn(message + ": CUDA tensors run the torch backend (exact, slower)", stacklevel=3)
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """A CUDA device the Triton kernels run on (MIN_CAPABILITY; an older GPU warns once)."""
+    message = _old_gpu_message(device)
+    if message is not None:
+        _warn_old_gpu(message)
+    return message is None
+
+
 def require_triton() -> None:
     """ValueError naming why backend='triton' cannot run here: no triton, or one older than MIN_TRITON."""
     version = triton_version()
@@ -79,12 +120,15 @@ def resolve_backend(backend, device: torch.device, cpp_op: str) -> str:
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend!r}")
     if backend is None:
         if device.type == "cuda":
-            return "triton" if triton_available() else "torch"
+            return "triton" if triton_available() and triton_runs_on(device) else "torch"
         return "cpp" if cpp_op_available(cpp_op) else "torch"
     if backend == "triton":
         require_triton()
         if device.type != "cuda" and not triton_interpreting():
             raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
+        old_gpu = _old_gpu_message(device) if device.type == "cuda" and not triton_interpreting() else None
+        if old_gpu is not None:
+            raise ValueError(f"backend='triton': {old_gpu} (backend=None runs the torch backend there)")
     if backend == "cpp":
         if device.type != "cpu":
             raise ValueError(f"backend='cpp' runs on CPU tensors, got tensors on {device}")

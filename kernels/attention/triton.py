@@ -282,16 +282,36 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def choose_tiling(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
+def tile_shared_bytes(block_m: int, block_n: int, head_dim: int, element_size: int) -> int:
+    """An upper bound on the split kernel's shared memory (bytes) for a [block_m, head_dim] query
+    tile over [block_n, head_dim] K and V chunks, double-buffered (num_stages=2): the compiled
+    kernels for sm_86 took 49152 (bf16, 128 x 64, D = 128), 98304 with block masks (this bound
+    exactly), 164352 (fp32, 128 x 64), 114944 (fp32, 64 x 64), 73984 (fp32, 64 x 32)."""
+    return element_size * head_dim * (4 * block_n + block_m)
+
+
+def choose_tiling(max_query_len: int, group: int, head_dim: int, element_size: int = 2,
+                  shared_limit: int | None = None) -> tuple[int, int, int]:
     """(queries per tile, tile rows BLOCK_M, KV chunk BLOCK_N) from static sizes. Up to 128
     rows (the flash-attention forward tile; 8 warps hold its fp32 [128, D<=128] accumulator),
     so K+1 <= 16 queries x a GQA group of 8 still read each KV page once. Calls of more than 16
-    tokens (prefill) all take the largest tile: one compiled variant for every prompt length."""
+    tokens (prefill) all take the largest tile: one compiled variant for every prompt length.
+    shared_limit: the device's shared memory a block (None: no limit, e.g. the interpreter): the
+    chunk (to 32) and then the rows halve until tile_shared_bytes fits it (fp32 tiles on an RTX 30xx / 40xx,
+    99 KB a block, where an H100 has 227 KB: a launch over the limit fails); chunks of 16 where
+    even 16 rows over 32 do not fit. The rows stay at 16 or more (tl.dot's least M)."""
     group_p2 = _next_pow2(group)
     rows_cap = 128 if head_dim <= 128 else 64
+    block_n = 64 if head_dim <= 128 else 32
+    if shared_limit is not None:
+        while block_n > 32 and tile_shared_bytes(rows_cap, block_n, head_dim, element_size) > shared_limit:
+            block_n //= 2
+        while rows_cap > 16 and tile_shared_bytes(rows_cap, block_n, head_dim, element_size) > shared_limit:
+            rows_cap //= 2
+        if tile_shared_bytes(rows_cap, block_n, head_dim, element_size) > shared_limit:
+            block_n = 16  # the last resort (fp32, head_dim 256 on 99 KB): tl.dot's least K
     queries = tile_of(max_query_len, max(1, rows_cap // group_p2))  # prefill: the largest (one variant)
     block_m = max(16, queries * group_p2)  # tl.dot needs M >= 16
-    block_n = 64 if head_dim <= 128 else 32
     return queries, block_m, block_n
 
 
@@ -350,6 +370,19 @@ def _num_sms(device: torch.device) -> int | None:
     return _num_sms_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@lru_cache(maxsize=None)
+def _shared_limit_of(index: int) -> int | None:
+    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", None)
+
+
+def _shared_limit(device: torch.device) -> int | None:
+    """The shared memory one block may use on ``device`` (CUDA's opt-in limit), None off CUDA (or
+    where no GPU answers: a plan made on a CPU machine for a CUDA device, as the tests do)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return _shared_limit_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 class LaunchPlan(NamedTuple):
     """The static launch shape of one paged_attention_triton call (see plan_launch)."""
 
@@ -366,12 +399,13 @@ class LaunchPlan(NamedTuple):
 
 def plan_launch(device: torch.device, batch: int, num_kv_heads: int, group: int, head_dim: int, max_query_len: int,
                 capacity: int, num_splits: int | None = None, min_split_tokens: int | None = None,
-                merge_in_kernel: bool | None = None) -> LaunchPlan:
+                merge_in_kernel: bool | None = None, element_size: int = 2) -> LaunchPlan:
     """Tiling and split count from static shapes (the runner caches it per call shape).
-    merge_in_kernel: None takes MERGE_IN_KERNEL."""
+    merge_in_kernel: None takes MERGE_IN_KERNEL. element_size: bytes a value of q and the caches
+    (the tiles fit the device's shared memory: choose_tiling)."""
     merge_in_kernel = MERGE_IN_KERNEL if merge_in_kernel is None else bool(merge_in_kernel)
     head_dim_p2 = head_dim_padded(head_dim)
-    queries, block_m, block_n = choose_tiling(max_query_len, group, head_dim_p2)
+    queries, block_m, block_n = choose_tiling(max_query_len, group, head_dim_p2, element_size, _shared_limit(device))
     num_tiles = -(-max_query_len // queries)
     if num_splits is None:
         num_splits, min_split = choose_splits(_num_sms(device), batch * num_kv_heads * num_tiles, capacity, block_n)
@@ -408,7 +442,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         return out
     if plan is None:
         plan = plan_launch(q.device, B, Hkv, group, D, max_query_len, block_table.shape[1] * page_size, num_splits,
-                           min_split_tokens, merge_in_kernel)
+                           min_split_tokens, merge_in_kernel, max(q.element_size(), k_cache.element_size()))
     if v_cache.stride() != k_cache.stride():  # the kernel takes one set of cache strides
         k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     if block_table.stride(1) != 1 and block_table.shape[1] > 1:  # the kernel takes a unit column stride
@@ -418,7 +452,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     merge_last = plan.merge_in_kernel and not direct
     tickets = seq_lens  # not read unless merge_last
     # constexprs passed only when set: the launches of the default forms keep their keys
-    pdl_kw = pdl_options(pdl, q.device.type == "cuda")
+    pdl_kw = pdl_options(pdl, q.device)
     if direct:
         part_o = part_lse = out
     else:

@@ -143,7 +143,7 @@ def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), block_table.stride(0),
         PAGE_SIZE=page, QK_NORM=qk_norm is not None, num_warps=4, **consts,
-        **pdl_options(pdl, q.device.type == "cuda"),  # passed only when set
+        **pdl_options(pdl, q.device),  # passed only when set
     )
 
 

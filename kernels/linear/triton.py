@@ -253,7 +253,7 @@ def skinny_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         EVEN_N=even_n, EVEN_K=even_k, DOT_F32=x.dtype == torch.float32 or not on_cuda,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
         num_warps=config.num_warps, num_stages=config.num_stages,
-        **pdl_options(pdl, on_cuda),  # passed only when set: keys kept
+        **pdl_options(pdl, x.device),  # passed only when set: keys kept
     )
     return out
 

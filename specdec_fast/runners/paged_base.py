@@ -443,5 +443,5 @@ class PagedRunnerBase:
         if plan is None:
             plan = self._plans[key] = self._triton[2](
                 self.device, table.shape[0], self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim,
-                max_query_len, table.shape[1] * self.block_size)
+                max_query_len, table.shape[1] * self.block_size, element_size=self.k_caches[0].element_size())
         return plan

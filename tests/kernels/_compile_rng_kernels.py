@@ -8,11 +8,13 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from specdec_fast.kernels.rng.triton import _derive_row_seeds_kernel as kernel  # noqa: E402
 from specdec_fast.engine.triton_launches import launch_of  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sm90 import TARGET  # noqa: E402
 
 
 def main() -> int:
@@ -23,7 +25,7 @@ def main() -> int:
     print("one key for every seed")
     source = ASTSource(kernel, {"out_ptr": "*i64", "seed": "i64", "batch": "i32", "BLOCK": "constexpr"},
                        constexprs={(3,): 128})
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    triton.compile(source, target=TARGET, options={"num_warps": 4})
     print("compiled _derive_row_seeds_kernel")
     return 0
 

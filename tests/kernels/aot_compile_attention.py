@@ -6,25 +6,33 @@ import sys
 
 assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
 
-from specdec_fast.kernels._triton_compat import HAS_PDL  # noqa: E402
 from specdec_fast.kernels.attention import triton as attn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aot_compile_layer_ops import check_pdl_order  # noqa: E402
-from sm90 import compile_sm90  # noqa: E402
+from sm90 import CAPABILITY, PDL_TARGET, SHARED_MEMORY_LIMIT, compile_sm90  # noqa: E402
 
 PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
         "cu_ptr": "*i32", "ticket_ptr": "*i32", "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
 
 
-def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, block_mask=False, merge_last=False, pdl=False):
+def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, block_mask=False, merge_last=False, pdl=False,
+                  block_n=64):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
-                  BLOCK_N=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
+                  BLOCK_N=block_n, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
                   HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask,
                   MERGE_LAST=merge_last, FENCE=merge_last, PDL=pdl)
     types = {name: t.replace("Q", f"*{dtype}") for name, t in PTRS.items()}
     return compile_sm90(attn._paged_attn_split, consts, types, num_warps=8 if block_m >= 128 else 4, num_stages=2,
                         pdl=pdl)
+
+
+def _prefill_tile(dtype: str, group: int, head_dim: int) -> tuple[int, int, int]:
+    """(block_m, queries, block_n) a prefill call gets on the compile target (plan_launch's tiling
+    for its shared memory a block)."""
+    queries, block_m, block_n = attn.choose_tiling(4096, group, head_dim, 4 if dtype == "fp32" else 2,
+                                                   SHARED_MEMORY_LIMIT.get(CAPABILITY))
+    return block_m, queries, block_n
 
 
 def compile_merge(head_dim=128, pdl=False):
@@ -36,11 +44,11 @@ def compile_merge(head_dim=128, pdl=False):
 def main(full: bool) -> None:
     configs = [("bf16", 32, 8, 4, 128, True, False), ("bf16", 16, 1, 8, 128, False, True),
                ("bf16", 16, 4, 4, 80, False, True), ("fp16", 32, 8, 4, 96, True, False)]  # padded head dims
-    if full:
-        configs += [(dt, bm, q, g, d, tree, direct) for dt in ("bf16", "fp16", "fp32") for tree in (True, False)
-                    for direct in (True, False) for bm, q, g, d in ((128, 16, 8, 128), (64, 16, 4, 64))]
+    if full:  # the prefill tiles the launcher plans on this target (its shared memory: attn.choose_tiling)
+        configs += [(dt, bm, q, g, d, tree, direct, bn) for dt in ("bf16", "fp16", "fp32") for tree in (True, False)
+                    for direct in (True, False) for g, d in ((8, 128), (4, 64)) for bm, q, bn in [_prefill_tile(dt, g, d)]]
     for cfg in configs:
-        kernel = compile_split(*cfg)
+        kernel = compile_split(*cfg[:7], block_n=cfg[7] if len(cfg) > 7 else 64)
         print("split", cfg, "shared bytes", kernel.metadata.shared)
     for cfg in (("bf16", 64, 16, 4, 128, False, True), ("bf16", 128, 16, 8, 128, False, False)):  # the block mask
         kernel = compile_split(*cfg, block_mask=True)
@@ -52,8 +60,8 @@ def main(full: bool) -> None:
         print("split merge in kernel", cfg, "shared bytes", kernel.metadata.shared)
     compile_merge()
     compile_merge(head_dim=112)
-    if not HAS_PDL:  # triton < 3.5 (kernels/_triton_compat.py): the launchers never ask for PDL
-        print("merge ok (no PDL forms: triton < 3.5)")
+    if not PDL_TARGET:  # triton < 3.5 or a GPU before sm_90 (kernels/_triton_compat.py): the launchers never ask for PDL
+        print("merge ok (no PDL forms: triton < 3.5 or a target before sm_90)")
         return
     # the GEMV layer's PDL chain (runners/paged_llama.py GEMV_PDL): one-row decode (direct and
     # split with the in-kernel merge), a chain of 5, the merge launch

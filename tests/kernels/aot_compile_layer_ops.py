@@ -8,8 +8,7 @@ assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
 
 import triton  # noqa: E402
 
-from sm90 import compile_sm90  # noqa: E402  (beside this script: sys.path[0])
-from specdec_fast.kernels._triton_compat import HAS_PDL  # noqa: E402
+from sm90 import PDL_TARGET, compile_sm90  # noqa: E402  (beside this script: sys.path[0])
 from specdec_fast.kernels.cache_ops import triton_rope  # noqa: E402
 from specdec_fast.kernels.llama_ops import triton as ops  # noqa: E402
 
@@ -56,7 +55,7 @@ def main() -> None:
                           PDL=False)  # a constexpr, else compiled as a runtime int with both branches
             info = compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts, floats=("q_eps", "k_eps"))
             print("rope_append_kv", dt, hq, hkv, d, norm, info)
-            if dt == "bf16" and HAS_PDL:  # the GEMV layer's PDL chain (triton >= 3.5)
+            if dt == "bf16" and PDL_TARGET:  # the GEMV layer's PDL chain (triton >= 3.5)
                 check_pdl_order(f"rope_append_kv {hq} {hkv} {d} {norm}",
                                 compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, dict(consts, PDL=True),
                                                floats=("q_eps", "k_eps"), pdl=True, ptx=True),
@@ -78,7 +77,7 @@ def main() -> None:
                 info = compile_kernel(gemv._skinny_linear_kernel, ptrs, consts, floats=("eps",),
                                       num_warps=config.num_warps)
                 print("skinny_linear", dt, prologue, rows, info)
-                if dt == "bf16" and HAS_PDL:  # the programmatic-dependent-launch form: nothing global read before the wait
+                if dt == "bf16" and PDL_TARGET:  # the programmatic-dependent-launch form: nothing global read before the wait
                     code = compile_kernel(gemv._skinny_linear_kernel, ptrs, dict(consts, PDL=True), floats=("eps",),
                                           num_warps=config.num_warps, pdl=True, ptx=True)
                     wait = code.find("griddepcontrol.wait")

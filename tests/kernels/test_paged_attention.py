@@ -315,6 +315,41 @@ def test_split_and_tile_choice_from_static_shapes():
     assert -(-64 // q64) == 2
 
 
+def test_tiles_fit_the_devices_shared_memory():
+    """choose_tiling under a device's shared memory a block: an RTX 30xx / 40xx (101376 bytes) takes
+    fp32 prefill tiles of 64 rows over chunks of 32 (the 128 x 64 tile needs 164352 there: its launch
+    would fail); bf16 / fp16 keep 128 x 64 on every generation the kernels run on; an A100 (166912)
+    narrows the fp32 chunk only; an H100 (232448) changes nothing; every chosen tile's bound fits."""
+    pytest.importorskip("triton")
+    from specdec_fast.kernels.attention.triton import choose_tiling, tile_shared_bytes
+
+    for limit, elt, expected in ((101376, 4, (8, 64, 32)), (101376, 2, (16, 128, 64)), (166912, 4, (16, 128, 32)),
+                                 (166912, 2, (16, 128, 64)), (232448, 4, (16, 128, 64)), (None, 4, (16, 128, 64))):
+        assert choose_tiling(4096, 8, 128, elt, limit) == expected, (limit, elt)
+        _, block_m, block_n = expected
+        assert limit is None or tile_shared_bytes(block_m, block_n, 128, elt) <= limit
+    assert choose_tiling(4096, 8, 256, 4, 101376) == (2, 16, 16)  # fp32 head_dim 256: chunks of 16 as a last resort
+    assert tile_shared_bytes(16, 16, 256, 4) <= 101376
+    assert choose_tiling(1, 8, 128, 4, 101376)[:2] == (1, 16)  # decode's tile is small anyway
+
+
+@pytest.mark.parametrize("head_dim,tile", [(128, (64, 32, 8)), (256, (16, 16, 2))])
+@pytest.mark.parametrize("tree", [False, True])
+def test_triton_tiles_narrowed_for_a_small_shared_memory_match_sdpa(tree, head_dim, tile, device, monkeypatch):
+    """The narrowed tiles (fp32, a GQA group of 8: 64 rows over chunks of 32 at D = 128, 16 over 16
+    at D = 256: what an RTX 30xx / 40xx plans for prefill) give SDPA's outputs: a 40-token call over
+    pages of 16."""
+    pytest.importorskip("triton")
+    from specdec_fast.kernels.attention import triton as attention_triton
+
+    monkeypatch.setattr(attention_triton, "_shared_limit", lambda device: 101376)
+    case = make_case([70, 45], [40, 33], 8, 1, head_dim, 16, torch.float32, tree=tree, seed=5, device=device)
+    plan = attention_triton.plan_launch(case.q.device, 2, 1, 8, head_dim, case.max_query_len, 1024, element_size=4)
+    assert (plan.block_m, plan.block_n, plan.queries) == tile
+    out = paged_attention(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask, backend="triton")
+    torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=TOL[torch.float32], rtol=TOL[torch.float32])
+
+
 @pytest.mark.slow
 def test_triton_kernels_compile_for_sm90():
     """Ahead-of-time compile for an H100 (TTIR -> PTX -> ptxas) in a process without the
