@@ -78,10 +78,14 @@ def _cuda_capability(index: int) -> tuple[int, int]:
 
 
 def _old_gpu_message(device: torch.device) -> str | None:
-    """Why the Triton kernels cannot run on CUDA ``device`` (a GPU before MIN_CAPABILITY), or None
+    """Why the Triton kernels cannot run on CUDA ``device`` (an AMD GPU under ROCm, or an NVIDIA GPU
+    before MIN_CAPABILITY), or None
     (also where CUDA is not available: nothing to ask, and no CUDA tensor to run on)."""
     if not torch.cuda.is_available():
         return None
+    if getattr(torch.version, "hip", None):  # ROCm's torch reports AMD GPUs as "cuda" devices
+        return ("this is an AMD GPU (ROCm); specdec_fast's Triton kernels hold NVIDIA PTX (fences, the "
+                "GEMV layer's prefetches) and have only been compiled for NVIDIA GPUs")
     index = device.index if device.index is not None else torch.cuda.current_device()
     capability = _cuda_capability(index)
     if capability >= MIN_CAPABILITY:

@@ -112,3 +112,20 @@ def test_a_gpu_before_sm80_runs_the_torch_backend(monkeypatch):
     finally:
         _backend._cuda_capability.cache_clear()
         _backend._warn_old_gpu.cache_clear()
+
+
+def test_an_amd_gpu_runs_the_torch_backend(monkeypatch):
+    """ROCm's torch reports AMD GPUs as "cuda" devices; the kernels hold NVIDIA PTX (inline fences):
+    backend=None takes the torch backend with one warning, backend='triton' raises."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
+    _backend._warn_old_gpu.cache_clear()
+    try:
+        gpu = torch.device("cuda", 0)
+        with pytest.warns(UserWarning, match=r"AMD GPU \(ROCm\).*torch backend"):
+            assert _backend.resolve_backend(None, gpu, "chain_verify") == "torch"
+        with pytest.raises(ValueError, match=r"backend='triton': this is an AMD GPU"):
+            _backend.resolve_backend("triton", gpu, "chain_verify")
+    finally:
+        _backend._warn_old_gpu.cache_clear()
