@@ -372,7 +372,14 @@ def _num_sms(device: torch.device) -> int | None:
 
 @lru_cache(maxsize=None)
 def _shared_limit_of(index: int) -> int | None:
-    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", None)
+    """CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as Triton reads it for its own launch
+    check (OutOfResources), else torch's device property of that name (None where neither says)."""
+    try:
+        from triton.runtime import driver
+
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except (ImportError, AttributeError, KeyError, RuntimeError):
+        return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", None)
 
 
 def _shared_limit(device: torch.device) -> int | None:

@@ -350,6 +350,21 @@ def test_triton_tiles_narrowed_for_a_small_shared_memory_match_sdpa(tree, head_d
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=TOL[torch.float32], rtol=TOL[torch.float32])
 
 
+@pytest.mark.gpu
+def test_the_devices_shared_memory_is_read():
+    """On a GPU: the limit the tiling reads (Triton's own launch check's) is the device's, and an
+    H100 / H200 (232448 bytes a block) plans the tiles it always did."""
+    from specdec_fast.kernels.attention import triton as attention_triton
+
+    limit = attention_triton._shared_limit(torch.device("cuda"))
+    assert isinstance(limit, int) and limit >= 48 * 1024, limit
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert limit == 232448
+        for elt in (2, 4):
+            plan = attention_triton.plan_launch(torch.device("cuda"), 1, 8, 8, 128, 4096, 8192, element_size=elt)
+            assert (plan.block_m, plan.block_n) == (128, 64)
+
+
 @pytest.mark.slow
 def test_triton_kernels_compile_for_sm90():
     """Ahead-of-time compile for an H100 (TTIR -> PTX -> ptxas) in a process without the
