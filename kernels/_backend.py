@@ -79,8 +79,8 @@ def _cuda_capability(index: int) -> tuple[int, int]:
 
 def _old_gpu_message(device: torch.device) -> str | None:
     """Why the Triton kernels cannot run on CUDA ``device`` (an AMD GPU under ROCm, or an NVIDIA GPU
-    before MIN_CAPABILITY), or None
-    (also where CUDA is not available: nothing to ask, and no CUDA tensor to run on)."""
+    before MIN_CAPABILITY), or None (also where CUDA is not available: nothing to ask, and no CUDA
+    tensor to run on)."""
     if not torch.cuda.is_available():
         return None
     if getattr(torch.version, "hip", None):  # ROCm's torch reports AMD GPUs as "cuda" devices

@@ -3,8 +3,8 @@
 Programmatic dependent launch (PDL: gdc_wait / gdc_launch_dependents in the kernels, the
 launch_pdl launch option) compiles from Triton 3.5. Under an older Triton (3.4: torch 2.8's pin) the
 kernels keep their PDL branches behind a constexpr that is never set, and a launcher asked for PDL
-launches plainly (pdl_options), as it does on a GPU before sm_90. The kernels' only use of PDL is the GEMV layer's chain
-(runners/paged_llama.py GEMV_PDL, off by default), so nothing else changes.
+launches plainly (pdl_options), as it does on a GPU before sm_90. The kernels' only use of PDL is
+the GEMV layer's chain (runners/paged_llama.py GEMV_PDL, off by default), so nothing else changes.
 """
 import functools
 

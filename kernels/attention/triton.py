@@ -285,8 +285,9 @@ def _next_pow2(x: int) -> int:
 def tile_shared_bytes(block_m: int, block_n: int, head_dim: int, element_size: int) -> int:
     """An upper bound on the split kernel's shared memory (bytes) for a [block_m, head_dim] query
     tile over [block_n, head_dim] K and V chunks, double-buffered (num_stages=2): the compiled
-    kernels for sm_86 took 49152 (bf16, 128 x 64, D = 128), 98304 with block masks (this bound
-    exactly), 164352 (fp32, 128 x 64), 114944 (fp32, 64 x 64), 73984 (fp32, 64 x 32)."""
+    kernels for sm_86 took 49152-65536 (bf16, 128 x 64, D = 128), 98304 with block masks and a
+    direct output (this bound exactly), 164352 (fp32, 128 x 64), 114944 (fp32, 64 x 64), 73984
+    (fp32, 64 x 32); no planned tile above it (bench/results/compile_other_gpus.md)."""
     return element_size * head_dim * (4 * block_n + block_m)
 
 
@@ -297,9 +298,10 @@ def choose_tiling(max_query_len: int, group: int, head_dim: int, element_size: i
     so K+1 <= 16 queries x a GQA group of 8 still read each KV page once. Calls of more than 16
     tokens (prefill) all take the largest tile: one compiled variant for every prompt length.
     shared_limit: the device's shared memory a block (None: no limit, e.g. the interpreter): the
-    chunk (to 32) and then the rows halve until tile_shared_bytes fits it (fp32 tiles on an RTX 30xx / 40xx,
-    99 KB a block, where an H100 has 227 KB: a launch over the limit fails); chunks of 16 where
-    even 16 rows over 32 do not fit. The rows stay at 16 or more (tl.dot's least M)."""
+    chunk (down to 32) and then the rows halve until tile_shared_bytes fits it (fp32 tiles on an
+    RTX 30xx / 40xx, 99 KB a block, where an H100 has 227 KB: a launch over the limit fails);
+    chunks of 16 where even 16 rows over 32 do not fit. The rows stay at 16 or more (tl.dot's
+    least M). An H100 / H200 plans what it did before the limit was read."""
     group_p2 = _next_pow2(group)
     rows_cap = 128 if head_dim <= 128 else 64
     block_n = 64 if head_dim <= 128 else 32
