@@ -442,9 +442,6 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                                       f"{name}_flipped_tokens_equal": equal, f"{name}_default": default})
                     except Exception as error:  # noqa: BLE001
                         skips[f"{name}_flipped_error"] = f"{type(error).__name__}: {str(error)[:300]}"
-                if n == max(NODES_SWEPT):  # the statistics pass's vocab chunks a row (waves: see STATS_CHUNKS)
-                    skips.update(_stats_chunks_sweep(target, draft, tokens, parents, params, tree, walked[WALK_PARALLEL],
-                                                     smoke))
                 out.append(dict(batch=batch, nodes=n, vocab=vocab, mode=mode, max_children=tree.max_children,
                                 tree_verify_us=tree_us, chain_verify_us=chain_us, tree_launches=tree_launches,
                                 chain_launches=chain_launches, tree_kernels=kernels,
@@ -455,6 +452,12 @@ def kernel_times(device, vocab: int, quick: bool = False, save=None, smoke: bool
                       f"the reference's tokens: {tree_equal}), chain {chain_us:.1f} us ({chain_launches})", flush=True)
                 if save:
                     save(out)
+                if n == max(NODES_SWEPT):  # the statistics pass's vocab chunks a row (waves: see STATS_CHUNKS),
+                    # after the row is saved: a device call's cap that cuts the sweep keeps the row
+                    out[-1].update(_stats_chunks_sweep(target, draft, tokens, parents, params, tree,
+                                                       walked[WALK_PARALLEL], smoke))
+                    if save:
+                        save(out)
     return out
 
 
