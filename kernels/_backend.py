@@ -108,6 +108,31 @@ def triton_runs_on(device: torch.device) -> bool:
     return message is None
 
 
+def default_backend_reason(device: torch.device) -> tuple[str, str]:
+    """(the backend backend=None takes on ``device``, why), without warnings or a build: what
+    `specdec-fast env` prints. On CPU: "cpp" when its library is built (or will build at the first
+    call), "torch" when SPECDEC_FAST_NO_CPP=1 turns it off."""
+    if device.type == "cuda":
+        version = triton_version()
+        if version is None:
+            return "torch", "no triton installed (pip install triton)"
+        if version < MIN_TRITON:
+            return "torch", _too_old_message(version)
+        message = _old_gpu_message(device)
+        if message is not None:
+            return "torch", message
+        return "triton", f"triton {version[0]}.{version[1]}"
+    from . import _cpp_build
+
+    if os.environ.get("SPECDEC_FAST_NO_CPP") == "1":
+        return "torch", "SPECDEC_FAST_NO_CPP=1 turns the C++ backend off"
+    library = _cpp_build.library_path(_cpp_build.build_key())
+    if library.is_file():
+        return "cpp", f"built for this machine ({_cpp_build.cpu_isa()} paths): {library}"
+    return "cpp", (f"not built yet: the first call on CPU tensors builds it ({_cpp_build.cpu_isa()} paths), "
+                   f"or `specdec-fast build-cpu` now")
+
+
 def require_triton() -> None:
     """ValueError naming why backend='triton' cannot run here: no triton, or one older than MIN_TRITON."""
     version = triton_version()

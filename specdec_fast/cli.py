@@ -8,6 +8,7 @@
         [--tp N [--tp-draft replicated|sharded] [--tp-timeout S]]
     specdec-fast demo [demo options]   (specdec_fast.demo.run_demo)
     specdec-fast build-cpu             compile the C++ CPU kernels now (cli_build.py)
+    specdec-fast env                   the versions, devices and backends (cli_env.py)
     torchrun --nproc-per-node N -m specdec_fast generate ... --tp N   tensor parallelism (cli_tp.py)
 
 --prompts runs a data set (specdec_fast/cli_dataset.py: the file formats, bad lines, batches).
@@ -23,6 +24,7 @@ import sys
 import time
 
 from .cli_build import add_build_parser, run_build_cpu
+from .cli_env import add_env_parser, run_env
 from .cli_errors import CliError, first_line
 from .cli_tp import TensorParallelRun, add_tp_flags, check_tp_args
 
@@ -355,6 +357,7 @@ def _main(argv) -> int:
     _generate_parser(sub)
     sub.add_parser("demo", help="the shipped demo (options: specdec-fast demo --help)", add_help=False)
     add_build_parser(sub)
+    add_env_parser(sub)
     if argv[:1] == ["demo"]:
         try:
             from .demo import run_demo
@@ -365,6 +368,8 @@ def _main(argv) -> int:
     args = ap.parse_args(argv)
     if args.command == "build-cpu":
         return run_build_cpu()
+    if args.command == "env":
+        return run_env()
     from .distributed import TensorParallelError
 
     try:
