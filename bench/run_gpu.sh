@@ -64,6 +64,7 @@ else
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
   dev=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace(' ', '_'))") || exit 1
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv 2>/dev/null
+  python3 -m specdec_fast env  # the versions, the device's capability / SMs / shared memory and the backend it takes
 fi
 deadline=${DEADLINE_S:-1000000}  # seconds from the script's start (bash's SECONDS), set-up included
 
