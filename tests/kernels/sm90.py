@@ -1,8 +1,9 @@
-"""Compile one Triton kernel for an H100 (sm_90a; SPECDEC_COMPILE_CAPABILITY for another GPU) on a machine with no GPU: the one helper behind
-the ahead-of-time compile checks (aot_compile_*.py, _compile_*_kernels.py) and the PTX reports
-(bench/verify_stream_ptx.py, bench/gemv_ptx.py). The interpreter never runs Triton's compiler, so
-this is what sees typing, layouts, registers, shared memory and ptxas. Import it only in a process
-whose TRITON_INTERPRET is unset before triton is imported."""
+"""Compile one Triton kernel for an H100 (sm_90a; SPECDEC_COMPILE_CAPABILITY for another GPU) on a
+machine with no GPU: the one helper behind the ahead-of-time compile checks (aot_compile_*.py,
+_compile_*_kernels.py) and the PTX reports (bench/verify_stream_ptx.py, bench/gemv_ptx.py). The
+interpreter never runs Triton's compiler, so this is what sees typing, layouts, registers, shared
+memory and ptxas. Import it only in a process whose TRITON_INTERPRET is unset before triton is
+imported."""
 import os
 
 assert os.environ.get("TRITON_INTERPRET") != "1", "compile without TRITON_INTERPRET"
