@@ -73,7 +73,8 @@ MIN_CAPABILITY = (8, 0)
 
 
 @functools.cache
-def _cuda_capability(index: int) -> tuple[int, int]:
+def cuda_capability(index: int) -> tuple[int, int]:
+    """(major, minor) of CUDA device ``index``, asked once (the backend choice, PDL)."""
     return tuple(torch.cuda.get_device_capability(index))
 
 
@@ -86,8 +87,8 @@ def _old_gpu_message(device: torch.device) -> str | None:
     if getattr(torch.version, "hip", None):  # ROCm's torch reports AMD GPUs as "cuda" devices
         return ("this is an AMD GPU (ROCm); specdec_fast's Triton kernels hold NVIDIA PTX (fences, the "
                 "GEMV layer's prefetches) and have only been compiled for NVIDIA GPUs")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    capability = _cuda_capability(index)
+    index = canonical_device(device).index
+    capability = cuda_capability(index)
     if capability >= MIN_CAPABILITY:
         return None
     return (f"{torch.cuda.get_device_name(index)} has compute capability {capability[0]}.{capability[1]}; "

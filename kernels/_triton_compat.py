@@ -6,9 +6,7 @@ kernels keep their PDL branches behind a constexpr that is never set, and a laun
 launches plainly (pdl_options), as it does on a GPU before sm_90. The kernels' only use of PDL is
 the GEMV layer's chain (runners/paged_llama.py GEMV_PDL, off by default), so nothing else changes.
 """
-import functools
-
-from ._backend import triton_version
+from ._backend import cuda_capability, canonical_device, triton_version
 
 # 3.4 has the functions but its gdc_wait does not compile (it takes _builder where 3.4's frontend
 # passes _semantic: seen compiling the kernels for sm_90a with triton 3.4.0); 3.5 compiles them.
@@ -24,20 +22,11 @@ else:  # never reached by a kernel: its PDL constexpr stays False
 PDL_MIN_CAPABILITY = (9, 0)
 
 
-@functools.cache
-def _pdl_device(index: int) -> bool:
-    import torch
-
-    return torch.cuda.get_device_capability(index) >= PDL_MIN_CAPABILITY
-
-
 def pdl_options(pdl: bool, device) -> dict:
     """The launch keywords of a programmatic dependent launch on ``device`` (a torch.device), or
     none (not asked, not CUDA, a GPU before sm_90, or a Triton without PDL: those launch plainly).
     Passed only when set, so a default launch keeps its cache key."""
     if not (pdl and HAS_PDL and device.type == "cuda"):
         return {}
-    import torch
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return {"PDL": True, "launch_pdl": True} if _pdl_device(index) else {}
+    on_hopper = cuda_capability(canonical_device(device).index) >= PDL_MIN_CAPABILITY
+    return {"PDL": True, "launch_pdl": True} if on_hopper else {}

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._backend import triton_interpreting
+from .._backend import canonical_device, triton_interpreting
 from .._launch import tile_of
 from .._triton_compat import gdc_launch_dependents, gdc_wait, pdl_options
 from .._triton_sync import last_program_of
@@ -389,7 +389,7 @@ def _shared_limit(device: torch.device) -> int | None:
     where no GPU answers: a plan made on a CPU machine for a CUDA device, as the tests do)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    return _shared_limit_of(device.index if device.index is not None else torch.cuda.current_device())
+    return _shared_limit_of(canonical_device(device).index)
 
 
 class LaunchPlan(NamedTuple):

@@ -32,12 +32,12 @@ def test_env_names_each_gpus_backend_and_why(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: gpus[index][1])
     monkeypatch.setattr(attention_triton, "_num_sms_of", lambda index: gpus[index][2])
     monkeypatch.setattr(attention_triton, "_shared_limit_of", lambda index: gpus[index][3])
-    _backend._cuda_capability.cache_clear()
+    _backend.cuda_capability.cache_clear()
     try:
         out = io.StringIO()
         assert run_env(out) == 0
     finally:
-        _backend._cuda_capability.cache_clear()
+        _backend.cuda_capability.cache_clear()
     lines = out.getvalue().splitlines()
     t4, h100 = lines[2], lines[3]
     assert t4.startswith("cuda:0 Tesla T4: compute capability 7.5, 40 SMs, 65536 bytes of shared memory a block: "

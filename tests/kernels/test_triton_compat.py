@@ -46,7 +46,23 @@ def test_the_floor_itself_is_accepted(monkeypatch):
     assert _backend.resolve_backend(None, CUDA, "chain_verify") == "triton"
 
 
-def test_pdl_is_asked_for_only_where_the_triton_and_the_gpu_take_it(monkeypatch):
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """A machine whose GPUs the test fakes (it patches torch.cuda's device queries): CUDA available,
+    TRITON_INTERPRET unset (read at each call, as on a GPU machine), and the backend's per-device
+    capability cache and once-only warning emptied before and after, so neither leaks into other tests."""
+    import torch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    _backend.cuda_capability.cache_clear()
+    _backend._warn_old_gpu.cache_clear()
+    yield
+    _backend.cuda_capability.cache_clear()
+    _backend._warn_old_gpu.cache_clear()
+
+
+def test_pdl_is_asked_for_only_where_the_triton_and_the_gpu_take_it(monkeypatch, fake_gpus):
     """PDL's launch keywords only on CUDA, with a Triton that compiles it (3.5+), on a GPU of sm_90 or
     later (griddepcontrol: ptxas refuses it for sm_80 / sm_86 / sm_89, test_other_gpu_compiles.py)."""
     import torch
@@ -54,7 +70,6 @@ def test_pdl_is_asked_for_only_where_the_triton_and_the_gpu_take_it(monkeypatch)
     cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
     capability = {0: (9, 0), 1: (8, 6)}  # an H100 beside an RTX 3090
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
-    _triton_compat._pdl_device.cache_clear()
     monkeypatch.setattr(_triton_compat, "HAS_PDL", True)
     assert _triton_compat.pdl_options(True, torch.device("cpu")) == {}
     assert _triton_compat.pdl_options(False, cuda0) == {}
@@ -62,7 +77,6 @@ def test_pdl_is_asked_for_only_where_the_triton_and_the_gpu_take_it(monkeypatch)
     assert _triton_compat.pdl_options(True, cuda1) == {}
     monkeypatch.setattr(_triton_compat, "HAS_PDL", False)  # triton 3.4: gdc_wait does not compile
     assert _triton_compat.pdl_options(True, cuda0) == {}
-    _triton_compat._pdl_device.cache_clear()
 
 
 @pytest.mark.cpu_only  # its launch runs the installed triton's JITFunction.run, which on a GPU machine (compiled,
@@ -89,43 +103,29 @@ def test_launch_keys_without_compute_cache_key(monkeypatch):
         triton_launches._key_function.cache_clear()
 
 
-def test_a_gpu_before_sm80_runs_the_torch_backend(monkeypatch):
+def test_a_gpu_before_sm80_runs_the_torch_backend(monkeypatch, fake_gpus):
     """A T4 (7.5): backend=None takes the torch backend with one warning naming the GPU and the floor
     (its prefill attention tile needs more shared memory than it has: test_other_gpu_compiles.py), and
     backend='triton' raises that reason; an A100 (8.0) and an H100 (9.0) take the Triton kernels."""
     capability = {0: (7, 5), 1: (8, 0), 2: (9, 0)}
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # read at the call: a GPU machine's setting
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability[index])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: {0: "Tesla T4"}.get(index, "GPU"))
-    _backend._cuda_capability.cache_clear()
-    _backend._warn_old_gpu.cache_clear()
-    try:
-        t4 = torch.device("cuda", 0)
-        with pytest.warns(UserWarning, match=r"Tesla T4 has compute capability 7.5.*need 8.0 or later.*torch backend"):
-            assert _backend.resolve_backend(None, t4, "chain_verify") == "torch"
-        with pytest.raises(ValueError, match=r"backend='triton': Tesla T4 has compute capability 7.5"):
-            _backend.resolve_backend("triton", t4, "chain_verify")
-        for index in (1, 2):
-            assert _backend.resolve_backend(None, torch.device("cuda", index), "chain_verify") == "triton"
-            assert _backend.resolve_backend("triton", torch.device("cuda", index), "chain_verify") == "triton"
-    finally:
-        _backend._cuda_capability.cache_clear()
-        _backend._warn_old_gpu.cache_clear()
+    t4 = torch.device("cuda", 0)
+    with pytest.warns(UserWarning, match=r"Tesla T4 has compute capability 7.5.*need 8.0 or later.*torch backend"):
+        assert _backend.resolve_backend(None, t4, "chain_verify") == "torch"
+    with pytest.raises(ValueError, match=r"backend='triton': Tesla T4 has compute capability 7.5"):
+        _backend.resolve_backend("triton", t4, "chain_verify")
+    for index in (1, 2):
+        assert _backend.resolve_backend(None, torch.device("cuda", index), "chain_verify") == "triton"
+        assert _backend.resolve_backend("triton", torch.device("cuda", index), "chain_verify") == "triton"
 
 
-def test_an_amd_gpu_runs_the_torch_backend(monkeypatch):
+def test_an_amd_gpu_runs_the_torch_backend(monkeypatch, fake_gpus):
     """ROCm's torch reports AMD GPUs as "cuda" devices; the kernels hold NVIDIA PTX (inline fences):
     backend=None takes the torch backend with one warning, backend='triton' raises."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
-    _backend._warn_old_gpu.cache_clear()
-    try:
-        gpu = torch.device("cuda", 0)
-        with pytest.warns(UserWarning, match=r"AMD GPU \(ROCm\).*torch backend"):
-            assert _backend.resolve_backend(None, gpu, "chain_verify") == "torch"
-        with pytest.raises(ValueError, match=r"backend='triton': this is an AMD GPU"):
-            _backend.resolve_backend("triton", gpu, "chain_verify")
-    finally:
-        _backend._warn_old_gpu.cache_clear()
+    gpu = torch.device("cuda", 0)
+    with pytest.warns(UserWarning, match=r"AMD GPU \(ROCm\).*torch backend"):
+        assert _backend.resolve_backend(None, gpu, "chain_verify") == "torch"
+    with pytest.raises(ValueError, match=r"backend='triton': this is an AMD GPU"):
+        _backend.resolve_backend("triton", gpu, "chain_verify")
