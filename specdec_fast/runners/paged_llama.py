@@ -1,13 +1,16 @@
-"""PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) run layer by layer over a
-PagedKVCache with the project's append_kv / paged_attention kernels.
+"""PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3 / Phi-4) run layer by
+layer over a PagedKVCache with the project's append_kv / paged_attention kernels.
 
 Weights are the transformers model's own parameters (no copy): embed_tokens, each layer's
 input_layernorm, self_attn.{q,k,v,o}_proj (+ bias when present: Qwen2), q_norm / k_norm
-(Qwen3), post_attention_layernorm, mlp.{gate,up,down}_proj, model.norm, lm_head. RoPE uses the
+(Qwen3), post_attention_layernorm, mlp.{gate,up,down}_proj, model.norm, lm_head. Phi-3 holds
+q/k/v in one self_attn.qkv_proj and gate/up in one mlp.gate_up_proj (gate rows first): the same
+math, read through row views of those weights (_projections). RoPE uses the
 model's rotary module's inv_freq and attention_scaling with the same float32 math as
 transformers 5.x (``position * inv_freq``, cat(freqs, freqs), cos/sin * scaling, cast to
 the model dtype), so any rope_type with static frequencies (default, linear, llama3, yarn)
-matches; dynamic and longrope (frequencies that change with the length) are refused.
+matches; dynamic and longrope (frequencies that change with the length) and a partial rotary
+embedding (Phi-4-mini's partial_rotary_factor 0.75: the kernels rotate the whole head) are refused.
 
 The cache, packing, prefill / score / commit / compact and the kernel dispatch are shared with
 the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math. Which
@@ -25,7 +28,7 @@ from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
 from .sliding_window import window_reached
 
-LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # The GEMV layer (_decode_gemv): a decode step's four products per layer and the lm_head as
 # Triton skinny-linear launches (kernels/linear/triton.py) with the RMSNorms, SwiGLU and residual
 # adds fused into them: 6-7 launches a layer instead of 9 plus cuBLAS's split-K reduces. Off: on an
@@ -67,15 +70,15 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     if reason is not None:
         return reason
     for i, layer in enumerate(inner.layers):
-        mods = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-                layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
         # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
-        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in _FLOAT_DTYPES for m in mods):
+        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in _FLOAT_DTYPES
+               for m in _projection_modules(layer)):
             return f"layer {i} has a projection that is not a plain float nn.Linear"
     rotary = getattr(inner, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"
-    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend)
+    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
+                               rotary_dims=2 * rotary.inv_freq.numel())
 
 
 def _window_reason(config, max_tokens_per_row) -> str | None:
@@ -85,9 +88,11 @@ def _window_reason(config, max_tokens_per_row) -> str | None:
     return None if window is None else f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
 
 
-def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """The checks of llama_unsupported_reason that read only the config and the RoPE type (shared
-    with the tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py)."""
+def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None, backend=None,
+                        rotary_dims: int | None = None) -> str | None:
+    """The checks of llama_unsupported_reason that read only the config, the RoPE type and the
+    rotated dimensions (2 x the rotary module's inv_freq; None: not checked) -- shared with the
+    tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py."""
     reason = _window_reason(config, max_tokens_per_row)
     if reason is not None:
         return reason
@@ -96,7 +101,44 @@ def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if rotary_dims is not None and rotary_dims != head_dim:
+        return f"a partial rotary embedding ({rotary_dims} of head_dim {head_dim} rotated; the kernels rotate all)"
     return head_dim_reason(head_dim, backend)
+
+
+def _projection_modules(layer) -> tuple:
+    """A decoder layer's projection modules: q/k/v/o and gate/up/down apart (Llama, Qwen), or
+    Phi-3's fused qkv_proj and gate_up_proj with o_proj and down_proj."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = (attn.qkv_proj,) if hasattr(attn, "qkv_proj") else (attn.q_proj, attn.k_proj, attn.v_proj)
+    gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj)
+    return (*qkv, attn.o_proj, *gate_up, mlp.down_proj)
+
+
+def _row_views(linear, sizes) -> list:
+    """(weight, bias) row blocks of one nn.Linear, of ``sizes`` rows each, in order (views: no copy)."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    bias = linear.bias
+    return [(linear.weight[s:s + n], None if bias is None else bias[s:s + n]) for s, n in zip(starts, sizes)]
+
+
+def _projections(layer, config) -> tuple:
+    """(q, k, v, gate, up): (weight, bias) pairs of a decoder layer, the modules' own tensors, or
+    row views of Phi-3's qkv_proj ([q | k | v] rows, as its attention slices the product) and
+    gate_up_proj ([gate | up] rows, as its MLP chunks it)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if hasattr(attn, "qkv_proj"):
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        kv_rows = config.num_key_value_heads * head_dim
+        qkv = _row_views(attn.qkv_proj, [config.num_attention_heads * head_dim, kv_rows, kv_rows])
+    else:
+        qkv = [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    if hasattr(mlp, "gate_up_proj"):
+        inter = mlp.gate_up_proj.weight.shape[0] // 2
+        gate_up = _row_views(mlp.gate_up_proj, [inter, inter])
+    else:
+        gate_up = [(m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj)]
+    return (*qkv, *gate_up)
 
 
 class _Layer:
@@ -104,31 +146,27 @@ class _Layer:
     fuse=True, q/k/v and gate/up are also held as one concatenated weight each (w_qkv, w_gate_up;
     biases likewise), the model's parameters re-pointed into it (runners/_fused_weights.py)."""
 
-    def __init__(self, layer, fuse: bool):
+    def __init__(self, layer, config, fuse: bool):
         attn, mlp = layer.self_attn, layer.mlp
         self.ln_in = layer.input_layernorm.weight
         self.eps_in = layer.input_layernorm.variance_epsilon
         self.ln_post = layer.post_attention_layernorm.weight
         self.eps_post = layer.post_attention_layernorm.variance_epsilon
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
         if fuse:  # before the references below are taken: they then point into the fused tensors
-            self.w_qkv, self.b_qkv = _fuse(projections)
-            self.w_gate_up, self.b_gate_up = _fuse((mlp.gate_proj, mlp.up_proj))
-        self.q = (attn.q_proj.weight, attn.q_proj.bias)
-        self.k = (attn.k_proj.weight, attn.k_proj.bias)
-        self.v = (attn.v_proj.weight, attn.v_proj.bias)
+            q, k, v, gate, up = _projections(layer, config)
+            self.w_qkv, self.b_qkv = _fuse((q, k, v))
+            self.w_gate_up, self.b_gate_up = _fuse((gate, up))
+        self.q, self.k, self.v, self.gate, self.up = _projections(layer, config)
         self.o = (attn.o_proj.weight, attn.o_proj.bias)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.qk_norm = None if q_norm is None else (q_norm.weight, q_norm.variance_epsilon, k_norm.weight, k_norm.variance_epsilon)
-        self.gate = (mlp.gate_proj.weight, mlp.gate_proj.bias)
-        self.up = (mlp.up_proj.weight, mlp.up_proj.bias)
         self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
         self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
         self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
         self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
         self.inter = self.gate[0].shape[0]
-        self.act = mlp.act_fn
+        self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3: activation_fn
 
 
 def _split_qkv(layer, qkv):
@@ -137,13 +175,14 @@ def _split_qkv(layer, qkv):
     return q, kv[:, :layer.kv_cols], kv[:, layer.kv_cols:]
 
 
-def _fuse(linears):
-    """(weight, bias) concatenated over nn.Linear modules (bias None when none has one; when only
-    some have one, nothing is fused: (None, None))."""
-    biases = [m.bias for m in linears]
+def _fuse(pairs):
+    """(weight, bias) pairs concatenated (bias None when none has one; when only some have one,
+    nothing is fused: (None, None)). Row views that are already adjacent (Phi-3's qkv_proj) come
+    back as the view spanning them, without a copy (concat_parameters)."""
+    biases = [b for _, b in pairs]
     if any(b is None for b in biases) and any(b is not None for b in biases):
         return None, None
-    weight = concat_parameters([m.weight for m in linears])
+    weight = concat_parameters([w for w, _ in pairs])
     return weight, None if biases[0] is None else concat_parameters(biases)
 
 
@@ -175,7 +214,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight
-        self.layers = [_Layer(layer, self.fuse_projections) for layer in inner.layers]
+        self.layers = [_Layer(layer, config, self.fuse_projections) for layer in inner.layers]
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = model.get_output_embeddings().weight
         self.num_heads = config.num_attention_heads

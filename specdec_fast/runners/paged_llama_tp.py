@@ -40,19 +40,25 @@ import torch
 import torch.nn.functional as F
 
 from .paged_base import FLOAT_DTYPES
-from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner, llama_config_reason
+from .paged_llama import PagedLlamaRunner, llama_config_reason
 from .sharded_model import ShardedCausalLM
+
+
+# The Llama families whose q/k/v and gate/up are separate projections, which runners/sharding.py
+# splits by rows; Phi-3's fused qkv_proj / gate_up_proj are not sharded (no tensor parallelism).
+TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedLlamaRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
     if not isinstance(model, ShardedCausalLM):
         return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
-    if model.config.model_type not in LLAMA_MODEL_TYPES:
-        return f"model_type {model.config.model_type!r} is not one of {LLAMA_MODEL_TYPES}"
+    if model.config.model_type not in TP_MODEL_TYPES:
+        return f"model_type {model.config.model_type!r} is not one of {TP_MODEL_TYPES}"
     if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
         return "a shard is not a float tensor (quantized checkpoints are not supported)"
-    return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend)
+    return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend,
+                               rotary_dims=2 * model.inv_freq.numel())
 
 
 class _TPLayer:

@@ -9,7 +9,7 @@ from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_llama import PagedLlamaRunner
-from .paged_llama_tp import TPPagedLlamaRunner
+from .paged_llama_tp import TP_MODEL_TYPES, TPPagedLlamaRunner
 from .sharded_model import ShardedCausalLM
 
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
@@ -17,16 +17,12 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "mistral": PagedLlamaRunner,
     "qwen2": PagedLlamaRunner,
     "qwen3": PagedLlamaRunner,
+    "phi3": PagedLlamaRunner,  # Phi-3 and Phi-4 (fused qkv_proj / gate_up_proj)
     "gpt2": PagedGPT2Runner,
 }
 
 # Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.
-TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {
-    "llama": TPPagedLlamaRunner,
-    "mistral": TPPagedLlamaRunner,
-    "qwen2": TPPagedLlamaRunner,
-    "qwen3": TPPagedLlamaRunner,
-}
+TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {model_type: TPPagedLlamaRunner for model_type in TP_MODEL_TYPES}
 
 
 def _model_type(model) -> str | None:
@@ -101,7 +97,7 @@ RUNNERS = ("paged", "hf")
 
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (Llama/Mistral/Qwen2/Qwen3 with no sliding window reached within max_tokens_per_row and
+    (Llama/Mistral/Qwen2/Qwen3/Phi-3 with no sliding window reached within max_tokens_per_row and
     static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim the kernel
     ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:

@@ -29,6 +29,9 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
         config = tf.Qwen2Config(num_key_value_heads=2, **common)
     elif kind == "qwen3":  # q/k norm, GQA 4:1, head_dim set explicitly
         config = tf.Qwen3Config(num_key_value_heads=1, head_dim=16, **common)
+    elif kind == "phi3":  # fused qkv_proj (GQA 4:2) and gate_up_proj
+        config = tf.Phi3Config(num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 800.0},
+                               **common)
     else:
         raise ValueError(kind)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
@@ -42,7 +45,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -56,6 +59,44 @@ def test_weights_are_shared_not_copied():
     runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=0)
     assert runner.layers[0].q[0].data_ptr() == model.model.layers[0].self_attn.q_proj.weight.data_ptr()
     assert runner.lm_head.data_ptr() == model.lm_head.weight.data_ptr()
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_phi3_reads_its_fused_projections_in_place(fuse):
+    """Phi-3's qkv_proj / gate_up_proj: the runner's q / k / v and gate / up are row views of them
+    and, fused, the whole weights themselves (no copy, nothing re-pointed)."""
+    model = tiny("phi3")
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    qkv, gate_up = attn.qkv_proj.weight, mlp.gate_up_proj.weight
+    before = (qkv.data_ptr(), gate_up.data_ptr())
+    layer = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=0, fuse_projections=fuse).layers[1]
+    assert (qkv.data_ptr(), gate_up.data_ptr()) == before
+    rows = [t[0].shape[0] for t in (layer.q, layer.k, layer.v, layer.gate, layer.up)]
+    assert rows == [64, 32, 32, 96, 96]
+    assert torch.equal(torch.cat([layer.q[0], layer.k[0], layer.v[0]]), qkv)
+    assert torch.equal(torch.cat([layer.gate[0], layer.up[0]]), gate_up)
+    assert layer.q[0].data_ptr() == qkv.data_ptr() and layer.gate[0].data_ptr() == gate_up.data_ptr()
+    if fuse:
+        assert layer.w_qkv.data_ptr() == qkv.data_ptr() and layer.w_qkv.shape == qkv.shape
+        assert layer.w_gate_up.data_ptr() == gate_up.data_ptr() and layer.w_gate_up.shape == gate_up.shape
+
+
+def test_partial_rotary_and_phi3_tensor_parallelism_are_refused():
+    """Phi-4-mini's partial rotary embedding (the kernels rotate whole heads) runs on the hf runner;
+    Phi-3 has no tensor-parallel runner (its fused projections are not sharded)."""
+    import transformers as tf
+
+    from specdec_fast.runners.registry import shard_model
+
+    config = tf.Phi3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                           rope_parameters={"rope_type": "default", "rope_theta": 800.0, "partial_rotary_factor": 0.75})
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    assert paged_unsupported_reason(model) == ("a partial rotary embedding (12 of head_dim 16 rotated; "
+                                               "the kernels rotate all)")
+    assert api.choose_runner(model, None, 20) == "hf"
+    with pytest.raises(ValueError, match="tensor parallelism supports model_type"):
+        shard_model(tiny("phi3"), process_group=None)
 
 
 def test_too_many_tentative_tokens_raise():
@@ -80,7 +121,7 @@ MAX_NEW = 20
 PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
