@@ -1,11 +1,15 @@
-"""PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3 / Phi-4) run layer by
-layer over a PagedKVCache with the project's append_kv / paged_attention kernels.
+"""PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3 / Phi-4, Granite) run
+layer by layer over a PagedKVCache with the project's append_kv / paged_attention kernels.
 
 Weights are the transformers model's own parameters (no copy): embed_tokens, each layer's
 input_layernorm, self_attn.{q,k,v,o}_proj (+ bias when present: Qwen2), q_norm / k_norm
 (Qwen3), post_attention_layernorm, mlp.{gate,up,down}_proj, model.norm, lm_head. Phi-3 holds
 q/k/v in one self_attn.qkv_proj and gate/up in one mlp.gate_up_proj (gate rows first): the same
-math, read through row views of those weights (_projections). RoPE uses the
+math, read through row views of those weights (_projections). Granite is Llama's layer with
+four scalars of its config (GRANITE_SCALARS): the embeddings times embedding_multiplier, each
+residual branch times residual_multiplier before its add, attention_multiplier as the softmax
+scale, the logits divided by logits_scaling -- each as its own op in the model dtype, as
+transformers computes it. RoPE uses the
 model's rotary module's inv_freq and attention_scaling with the same float32 math as
 transformers 5.x (``position * inv_freq``, cat(freqs, freqs), cos/sin * scaling, cast to
 the model dtype), so any rope_type with static frequencies (default, linear, llama3, yarn)
@@ -28,7 +32,10 @@ from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
 from .sliding_window import window_reached
 
-LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite")
+# Granite's config fields and the runner attributes they set (identities for the other families)
+GRANITE_SCALARS = {"embedding_multiplier": "embedding_multiplier", "residual_multiplier": "residual_multiplier",
+                   "logits_scaling": "logits_scaling", "attention_multiplier": "scale"}
 # The GEMV layer (_decode_gemv): a decode step's four products per layer and the lm_head as
 # Triton skinny-linear launches (kernels/linear/triton.py) with the RMSNorms, SwiGLU and residual
 # adds fused into them: 6-7 launches a layer instead of 9 plus cuBLAS's split-K reduces. Off: on an
@@ -208,6 +215,8 @@ class PagedLlamaRunner(PagedRunnerBase):
         return _window_reason(self.config, max_tokens_per_row)
 
     gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)
+    # Granite's scalars (GRANITE_SCALARS; the softmax scale is self.scale); the other families' identities
+    embedding_multiplier = residual_multiplier = logits_scaling = 1.0
     gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
 
     def _bind(self, model) -> None:
@@ -221,6 +230,9 @@ class PagedLlamaRunner(PagedRunnerBase):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5  # transformers' scaling (may differ from 1/sqrt(D) in the last bit)
+        if config.model_type == "granite":
+            for field, attribute in GRANITE_SCALARS.items():
+                setattr(self, attribute, float(getattr(config, field)))
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.silu = config.hidden_act == "silu"  # F.silu directly: skips a module call per layer
@@ -244,6 +256,8 @@ class PagedLlamaRunner(PagedRunnerBase):
             return "the q/k/v and gate/up projections are not fused (fuse_projections=False, or biases on some only)"
         if not self.silu:
             return f"the GEMV layer fuses SiLU; this model's hidden_act is {self.config.hidden_act!r}"
+        if self.residual_multiplier != 1.0:
+            return f"the GEMV layer's fused residual adds take no residual_multiplier ({self.residual_multiplier})"
         return None
 
     def set_gemv_layer(self, on: bool, pdl: bool | None = None) -> None:
@@ -270,12 +284,17 @@ class PagedLlamaRunner(PagedRunnerBase):
     _carries_residual = True  # whether this rank's o / down partials add the residual stream
 
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H]."""
-        return F.embedding(flat.clamp(min=0), self.embed)
+        """ids [T] (-1 pads) -> embeddings [T, H] (times Granite's embedding_multiplier)."""
+        x = F.embedding(flat.clamp(min=0), self.embed)
+        return x if self.embedding_multiplier == 1.0 else x * self.embedding_multiplier
 
     def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel projection's output: the sum of every rank's partial (here the one)."""
         return partial
+
+    def _branch(self, delta: torch.Tensor) -> torch.Tensor:
+        """A residual branch's output as added to the stream: times Granite's residual_multiplier."""
+        return delta if self.residual_multiplier == 1.0 else delta * self.residual_multiplier
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
@@ -290,7 +309,8 @@ class PagedLlamaRunner(PagedRunnerBase):
         self._keep(0, x)
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         lin, lins = self._linears(total, x)
-        owns, sum_ = self._carries_residual, self._sum_partials
+        # the o / down products add the residual themselves unless a multiplier scales the branch first
+        owns, sum_ = self._carries_residual and self.residual_multiplier == 1.0, self._sum_partials
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
             q, k, v = lins(h, *layer.qkv)
@@ -300,15 +320,23 @@ class PagedLlamaRunner(PagedRunnerBase):
                 k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
             q, k = rotate_qk(q, k, cos, sin, fused)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None))  # x + o-projection
+            x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), owns)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
             act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
-            x = sum_(lin(act, *layer.down, x if owns else None))
+            x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), owns)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, self.final_norm, self.final_eps, fused)
         self._keep(len(self.layers), out)
         return out
+
+    def _add(self, x: torch.Tensor, out: torch.Tensor, added: bool) -> torch.Tensor:
+        """The stream after a branch whose (summed) product is out: out itself when the product
+        added x (added; or on a tensor-parallel rank that does not carry the residual: rank 0's
+        partial added it into the sum), else x + the branch."""
+        if added or not self._carries_residual:
+            return out
+        return x + self._branch(out)
 
     def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n, pdl=False) -> torch.Tensor:
         """Layer i's q [T, Hq * D], k / v [T, Hk * D] (views of one product allowed) -> attention
@@ -337,7 +365,7 @@ class PagedLlamaRunner(PagedRunnerBase):
             else:
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
             o = self._rotate_append_attend(i, layer, q, k, v, cos, sin, cu, attn_lens, n)
-            x, h = add_rms_norm(x, sum_(F.linear(o, *layer.o)), layer.ln_post, layer.eps_post)
+            x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)
             if layer.w_gate_up is not None:
                 gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
                 gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
@@ -345,7 +373,8 @@ class PagedLlamaRunner(PagedRunnerBase):
                 gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
             act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
             weight, eps = self._next_norm[i]
-            x, h = add_rms_norm(x, sum_(F.linear(act, *layer.down)), weight, eps, write_residual=i + 1 < len(self.layers))
+            x, h = add_rms_norm(x, self._branch(sum_(F.linear(act, *layer.down))), weight, eps,
+                                write_residual=i + 1 < len(self.layers))
             self._keep(i + 1, x if i + 1 < len(self.layers) else h)  # j = L: the final norm's output
         return h
 
@@ -382,11 +411,15 @@ class PagedLlamaRunner(PagedRunnerBase):
         return h
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The lm_head product; through the Triton skinny linear with the GEMV layer (decode steps)."""
+        """The lm_head product (divided by Granite's logits_scaling); through the Triton skinny
+        linear with the GEMV layer (decode steps)."""
         rows = hidden.numel() // hidden.shape[-1]
         if not (self.gemv_layer and rows <= GEMV_MAX_ROWS):
-            return super()._logits(hidden)
-        from ..kernels.linear.triton import skinny_linear_triton
+            logits = super()._logits(hidden)
+        else:
+            from ..kernels.linear.triton import skinny_linear_triton
 
-        flat = hidden.reshape(rows, hidden.shape[-1])
-        return skinny_linear_triton(flat, self.lm_head, pdl=self.gemv_pdl).view(*hidden.shape[:-1], self.lm_head.shape[0])
+            flat = hidden.reshape(rows, hidden.shape[-1])
+            logits = skinny_linear_triton(flat, self.lm_head, pdl=self.gemv_pdl).view(*hidden.shape[:-1],
+                                                                                      self.lm_head.shape[0])
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling

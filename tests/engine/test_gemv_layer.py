@@ -162,6 +162,9 @@ def test_reasons_where_it_cannot_run(device):
         PagedLlamaRunner(gelu.to(device), max_new_tokens=4, backend="triton").set_gemv_layer(True)
     with pytest.raises(ValueError, match="Triton path"):
         PagedLlamaRunner(tiny("llama"), max_new_tokens=4, backend="torch").set_gemv_layer(True)
+    granite = PagedLlamaRunner(tiny("granite").to(device), max_new_tokens=4, backend="triton")
+    with pytest.raises(ValueError, match=r"no residual_multiplier \(0.4\)"):  # its fused adds would drop it
+        granite.set_gemv_layer(True)
 
 
 def test_pdl_reaches_every_product(device, monkeypatch):

@@ -32,6 +32,9 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
     elif kind == "phi3":  # fused qkv_proj (GQA 4:2) and gate_up_proj
         config = tf.Phi3Config(num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 800.0},
                                **common)
+    elif kind == "granite":  # Llama with four scalars that are not identities
+        config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
+                                  attention_multiplier=0.1, logits_scaling=2.5, **common)
     else:
         raise ValueError(kind)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
@@ -45,7 +48,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -99,6 +102,18 @@ def test_partial_rotary_and_phi3_tensor_parallelism_are_refused():
         shard_model(tiny("phi3"), process_group=None)
 
 
+@pytest.mark.parametrize("attribute", ["embedding_multiplier", "residual_multiplier", "scale", "logits_scaling"])
+def test_each_granite_scalar_is_read(attribute):
+    """The control of the granite rows above: a runner that leaves out any one of Granite's four
+    scalars (its attribute back at Llama's value) no longer gives the model's logits."""
+    model = tiny("granite")
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.scale == 0.1 and runner.logits_scaling == 2.5
+    setattr(runner, attribute, runner.head_dim**-0.5 if attribute == "scale" else 1.0)
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
 def test_too_many_tentative_tokens_raise():
     runner = PagedLlamaRunner(tiny("llama"), max_new_tokens=4, num_draft_tokens=2)
     runner.prefill(torch.tensor([[5, 6, 7]]), None)
@@ -121,7 +136,7 @@ MAX_NEW = 20
 PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)

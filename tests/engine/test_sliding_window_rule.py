@@ -64,7 +64,8 @@ def test_the_rule_on_each_family(config, model_class, expected):
     lambda: tf.Qwen2Config(use_sliding_window=True, sliding_window=5, max_window_layers=1, **COMMON),
     lambda: tf.Qwen2Config(sliding_window=5, **COMMON),
     lambda: tf.LlamaConfig(sliding_window=4, **COMMON),
-], ids=["mistral", "qwen2", "qwen2-off", "llama-stray"])
+    lambda: tf.Phi3Config(sliding_window=7, **COMMON),  # Phi-3 runs paged (within the window) since 2026-11-30
+], ids=["mistral", "qwen2", "qwen2-off", "llama-stray", "phi3"])
 def test_the_paged_runner_and_the_hf_runner_agree(config):
     """The paged runner refuses rows past the window exactly when the hf runner masks one."""
     window = sliding_window.sliding_layout(config())[0]
