@@ -12,7 +12,7 @@ prompt_lookup_num_tokens the drafts come from the context (K = that number), wit
 max_matching_ngram_size (default 2) as in transformers.
 
 Runners (runner=): "paged" (runners/paged_llama.py and paged_gpt2.py: the model's own weights run layer
-by layer over a paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3/Phi-3/Granite and GPT-2)
+by layer over a paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3/Phi-3/Granite/SmolLM3 and GPT-2)
 is the default where the model supports it, "hf" (runners/hf.py: the model's own forward and
 DynamicCache) elsewhere.
 

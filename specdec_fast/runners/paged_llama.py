@@ -1,5 +1,5 @@
-"""PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3 / Phi-4, Granite) run
-layer by layer over a PagedKVCache with the project's append_kv / paged_attention kernels.
+"""PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3 / Phi-4, Granite,
+SmolLM3) run layer by layer over a PagedKVCache with the project's append_kv / paged_attention kernels.
 
 Weights are the transformers model's own parameters (no copy): embed_tokens, each layer's
 input_layernorm, self_attn.{q,k,v,o}_proj (+ bias when present: Qwen2), q_norm / k_norm
@@ -9,7 +9,9 @@ math, read through row views of those weights (_projections). Granite is Llama's
 four scalars of its config (GRANITE_SCALARS): the embeddings times embedding_multiplier, each
 residual branch times residual_multiplier before its add, attention_multiplier as the softmax
 scale, the logits divided by logits_scaling -- each as its own op in the model dtype, as
-transformers computes it. RoPE uses the
+transformers computes it. SmolLM3's NoPE layers (self_attn.use_rope 0: every fourth layer)
+skip the rotation (the Triton path's rope_append_kv rotates them by cos 1 / sin 0, which leaves
+every finite value as it is: x * 1 + y * 0 = x). RoPE uses the
 model's rotary module's inv_freq and attention_scaling with the same float32 math as
 transformers 5.x (``position * inv_freq``, cat(freqs, freqs), cos/sin * scaling, cast to
 the model dtype), so any rope_type with static frequencies (default, linear, llama3, yarn)
@@ -32,7 +34,7 @@ from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
 from .sliding_window import window_reached
 
-LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite")
+LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3")
 # Granite's config fields and the runner attributes they set (identities for the other families)
 GRANITE_SCALARS = {"embedding_multiplier": "embedding_multiplier", "residual_multiplier": "residual_multiplier",
                    "logits_scaling": "logits_scaling", "attention_multiplier": "scale"}
@@ -174,6 +176,7 @@ class _Layer:
         self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
         self.inter = self.gate[0].shape[0]
         self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3: activation_fn
+        self.rope = bool(getattr(attn, "use_rope", True))  # SmolLM3's NoPE layers: False
 
 
 def _split_qkv(layer, qkv):
@@ -318,7 +321,8 @@ class PagedLlamaRunner(PagedRunnerBase):
             if layer.qk_norm is not None:
                 q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
                 k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
-            q, k = rotate_qk(q, k, cos, sin, fused)
+            if layer.rope:
+                q, k = rotate_qk(q, k, cos, sin, fused)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
             x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), owns)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
@@ -349,11 +353,19 @@ class PagedLlamaRunner(PagedRunnerBase):
                      self.v_caches[i], self.block_table, self.length, cu, layer.qk_norm, pdl=pdl)
         return self._attention(i, q, attn_lens, cu, n, self.scale, pdl=pdl).view(total, heads * dim)
 
+    def _rotations(self, positions: torch.Tensor) -> list:
+        """[(cos, sin) of the NoPE layers, (cos, sin) of RoPE's], indexed by layer.rope, for one
+        forward's positions [T] (rope_append_kv's tables): RoPE's [T, D] in the model dtype, and
+        where some layer is NoPE (SmolLM3) ones / zeros like them, the identity rotation."""
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)
+        nope = (torch.ones_like(cos), torch.zeros_like(sin)) if not all(l.rope for l in self.layers) else None
+        return [nope, (cos, sin)]
+
     def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """The Triton path (see the class doc): 9 launches per layer. The residual stream x stays
         in the model dtype (transformers' order); each add_rms_norm returns (x + delta, its norm)."""
         add_rms_norm, _, silu_mul = self._ops
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
+        rotations = self._rotations(positions)  # once per call
         x = self._embed(flat)
         self._keep(0, x)
         first = self.layers[0]
@@ -364,7 +376,7 @@ class PagedLlamaRunner(PagedRunnerBase):
                 q, k, v = _split_qkv(layer, F.linear(h, layer.w_qkv, layer.b_qkv))
             else:
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
-            o = self._rotate_append_attend(i, layer, q, k, v, cos, sin, cu, attn_lens, n)
+            o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n)
             x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)
             if layer.w_gate_up is not None:
                 gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
@@ -390,13 +402,13 @@ class PagedLlamaRunner(PagedRunnerBase):
         gemv = functools.partial(skinny_linear_triton, pdl=self.gemv_pdl)
         add_rms_norm, _, silu_mul = self._ops
         total = flat.shape[0]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
+        rotations = self._rotations(positions)  # once per call
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             qkv = gemv(x, layer.w_qkv, layer.b_qkv, prologue="rms_norm", norm_weight=layer.ln_in, eps=layer.eps_in)
-            o = self._rotate_append_attend(i, layer, *_split_qkv(layer, qkv), cos, sin, cu, attn_lens, n,
-                                           pdl=self.gemv_pdl)
+            o = self._rotate_append_attend(i, layer, *_split_qkv(layer, qkv), *rotations[layer.rope], cu, attn_lens,
+                                           n, pdl=self.gemv_pdl)
             x = gemv(o, *layer.o, residual=x)
             gate_up = gemv(x, layer.w_gate_up, layer.b_gate_up, prologue="rms_norm", norm_weight=layer.ln_post,
                            eps=layer.eps_post)

@@ -97,6 +97,7 @@ class _TPLayer:
         self.gate_up = ([gate, up], [bgate, bup])
         self.q_cols, self.kv_cols, self.inter = q.shape[0], k.shape[0], gate.shape[0]
         self.act = ACT2FN[config.hidden_act]
+        self.rope = True  # every layer of TP_MODEL_TYPES is rotated (NoPE layers: SmolLM3, not sharded)
 
 
 def _fused(shards: dict, prefix: str, pattern: str, parts):

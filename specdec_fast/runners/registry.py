@@ -19,6 +19,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "qwen3": PagedLlamaRunner,
     "phi3": PagedLlamaRunner,  # Phi-3 and Phi-4 (fused qkv_proj / gate_up_proj)
     "granite": PagedLlamaRunner,  # IBM Granite 3.x (Llama with four scalars: paged_llama.GRANITE_SCALARS)
+    "smollm3": PagedLlamaRunner,  # SmolLM3 (Llama with NoPE layers)
     "gpt2": PagedGPT2Runner,
 }
 
@@ -98,7 +99,7 @@ RUNNERS = ("paged", "hf")
 
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (Llama/Mistral/Qwen2/Qwen3/Phi-3/Granite with no sliding window reached within max_tokens_per_row and
+    (Llama/Mistral/Qwen2/Qwen3/Phi-3/Granite/SmolLM3 with no sliding window reached within max_tokens_per_row and
     static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim the kernel
     ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:

@@ -32,6 +32,9 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
     elif kind == "phi3":  # fused qkv_proj (GQA 4:2) and gate_up_proj
         config = tf.Phi3Config(num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 800.0},
                                **common)
+    elif kind == "smollm3":  # a NoPE layer every second layer (SmolLM3-3B: every fourth), tied embeddings
+        config = tf.SmolLM3Config(num_key_value_heads=2, no_rope_layer_interval=2, tie_word_embeddings=True,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 900.0}, **common)
     elif kind == "granite":  # Llama with four scalars that are not identities
         config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
                                   attention_multiplier=0.1, logits_scaling=2.5, **common)
@@ -48,7 +51,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -114,6 +117,23 @@ def test_each_granite_scalar_is_read(attribute):
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
+def test_smollm3_nope_layers_are_not_rotated(backend):
+    """SmolLM3's layer 1 has no RoPE (use_rope 0), layer 0 has; the control: a runner that rotates
+    every layer no longer gives the model's logits."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    model = tiny("smollm3")
+    assert [layer.self_attn.use_rope for layer in model.model.layers] == [1, 0]
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert [layer.rope for layer in runner.layers] == [True, False]
+    assert_runner_matches_forward(model, runner, VOCAB)
+    rotates_all = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    rotates_all.layers[1].rope = True
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, rotates_all, VOCAB)
+
+
 def test_too_many_tentative_tokens_raise():
     runner = PagedLlamaRunner(tiny("llama"), max_new_tokens=4, num_draft_tokens=2)
     runner.prefill(torch.tensor([[5, 6, 7]]), None)
@@ -136,7 +156,7 @@ MAX_NEW = 20
 PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
