@@ -1,5 +1,6 @@
 """PagedLlamaRunner: a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3 / Phi-4, Granite,
-SmolLM3) run layer by layer over a PagedKVCache with the project's append_kv / paged_attention kernels.
+SmolLM3; LLAMA_MODEL_TYPES) run layer by layer over a PagedKVCache with the project's append_kv /
+paged_attention kernels.
 
 Weights are the transformers model's own parameters (no copy): embed_tokens, each layer's
 input_layernorm, self_attn.{q,k,v,o}_proj (+ bias when present: Qwen2), q_norm / k_norm
@@ -34,7 +35,12 @@ from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
 from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
 from .sliding_window import window_reached
 
-LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3")
+LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
+                     # transformers' LlamaForCausalLM under another model_type (EXAONE 3.x, InternLM3, IQuest-Coder)
+                     "exaone", "internlm3", "iquestcoder",
+                     # Llama's layer by another class: Ministral (Qwen2's layer without biases, its window by
+                     # layer_types), Seed-OSS (biases on q/k/v, o and the MLP)
+                     "ministral", "seed_oss")
 # Granite's config fields and the runner attributes they set (identities for the other families)
 GRANITE_SCALARS = {"embedding_multiplier": "embedding_multiplier", "residual_multiplier": "residual_multiplier",
                    "logits_scaling": "logits_scaling", "attention_multiplier": "scale"}

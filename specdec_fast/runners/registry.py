@@ -2,24 +2,21 @@
 tensor-parallel runner where one exists (TP_RUNNERS: a ShardedCausalLM's model_type -> class).
 
 Adding a family = one file (a PagedRunnerBase subclass with ``_bind``, ``_decode`` and an
-``unsupported_reason`` static method) + one row per model_type here. Nothing below this module
+``unsupported_reason`` static method) + one row per model_type here (the Llama runner's rows come
+from its own tuple, paged_llama.LLAMA_MODEL_TYPES, which its unsupported_reason also reads). Nothing below this module
 imports it: paged_base.py knows no family, and the api, the tree decoder and the tests ask here.
 """
 from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_gpt2 import PagedGPT2Runner
-from .paged_llama import PagedLlamaRunner
+from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_llama_tp import TP_MODEL_TYPES, TPPagedLlamaRunner
 from .sharded_model import ShardedCausalLM
 
+# The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
+# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
-    "llama": PagedLlamaRunner,
-    "mistral": PagedLlamaRunner,
-    "qwen2": PagedLlamaRunner,
-    "qwen3": PagedLlamaRunner,
-    "phi3": PagedLlamaRunner,  # Phi-3 and Phi-4 (fused qkv_proj / gate_up_proj)
-    "granite": PagedLlamaRunner,  # IBM Granite 3.x (Llama with four scalars: paged_llama.GRANITE_SCALARS)
-    "smollm3": PagedLlamaRunner,  # SmolLM3 (Llama with NoPE layers)
+    **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "gpt2": PagedGPT2Runner,
 }
 
@@ -99,7 +96,7 @@ RUNNERS = ("paged", "hf")
 
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (Llama/Mistral/Qwen2/Qwen3/Phi-3/Granite/SmolLM3 with no sliding window reached within max_tokens_per_row and
+    (LLAMA_MODEL_TYPES with no sliding window reached within max_tokens_per_row and
     static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim the kernel
     ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:

@@ -35,23 +35,32 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
     elif kind == "smollm3":  # a NoPE layer every second layer (SmolLM3-3B: every fourth), tied embeddings
         config = tf.SmolLM3Config(num_key_value_heads=2, no_rope_layer_interval=2, tie_word_embeddings=True,
                                   rope_parameters={"rope_type": "default", "rope_theta": 900.0}, **common)
+    elif kind == "seed_oss":  # biases on q/k/v, o and the MLP (randomised below)
+        config = tf.SeedOssConfig(num_key_value_heads=2, attention_bias=True, attention_out_bias=True, mlp_bias=True,
+                                  **common)
+    elif kind == "ministral":  # sliding_attention layers (layer_types) whose window the tests' rows stay inside
+        config = tf.MinistralConfig(num_key_value_heads=2, head_dim=16, sliding_window=200, **common)
     elif kind == "granite":  # Llama with four scalars that are not identities
         config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
                                   attention_multiplier=0.1, logits_scaling=2.5, **common)
     else:
         raise ValueError(kind)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
-    if kind == "qwen2":  # random (non-zero) biases, so they are really tested
+    if kind in ("qwen2", "seed_oss"):  # random (non-zero) biases, so they are really tested
         with torch.no_grad():
             for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.3)
+                attn, mlp = layer.self_attn, layer.mlp
+                for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                    if proj.bias is not None:
+                        proj.bias.normal_(0, 0.3)
+        if kind == "seed_oss":
+            assert model.model.layers[0].self_attn.o_proj.bias is not None and model.model.layers[0].mlp.down_proj.bias is not None
     model.generation_config.eos_token_id = None
     return model
 
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -134,6 +143,23 @@ def test_smollm3_nope_layers_are_not_rotated(backend):
         assert_runner_matches_forward(model, rotates_all, VOCAB)
 
 
+@pytest.mark.parametrize("model_type", ["exaone", "internlm3", "iquestcoder"])
+def test_llama_under_other_model_types(model_type):
+    """EXAONE 3.x, InternLM3 and IQuest-Coder are transformers' LlamaForCausalLM under their own
+    model_type: the Llama runner takes them by that name and gives the model's logits."""
+    import transformers as tf
+
+    config = tf.AutoConfig.for_model(model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=256, pad_token_id=0, initializer_range=0.15)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    assert type(model) is tf.LlamaForCausalLM and model.config.model_type == model_type
+    assert api.choose_runner(model, None, 20) == "paged"
+    assert_runner_matches_forward(model, PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4),
+                                  VOCAB)
+
+
 def test_too_many_tentative_tokens_raise():
     runner = PagedLlamaRunner(tiny("llama"), max_new_tokens=4, num_draft_tokens=2)
     runner.prefill(torch.tensor([[5, 6, 7]]), None)
@@ -156,7 +182,7 @@ MAX_NEW = 20
 PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)

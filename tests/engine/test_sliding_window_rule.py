@@ -65,7 +65,8 @@ def test_the_rule_on_each_family(config, model_class, expected):
     lambda: tf.Qwen2Config(sliding_window=5, **COMMON),
     lambda: tf.LlamaConfig(sliding_window=4, **COMMON),
     lambda: tf.Phi3Config(sliding_window=7, **COMMON),  # Phi-3 runs paged (within the window) since 2026-11-30
-], ids=["mistral", "qwen2", "qwen2-off", "llama-stray", "phi3"])
+    lambda: tf.MinistralConfig(sliding_window=6, head_dim=12, **COMMON),  # its window by layer_types, likewise
+], ids=["mistral", "qwen2", "qwen2-off", "llama-stray", "phi3", "ministral"])
 def test_the_paged_runner_and_the_hf_runner_agree(config):
     """The paged runner refuses rows past the window exactly when the hf runner masks one."""
     window = sliding_window.sliding_layout(config())[0]

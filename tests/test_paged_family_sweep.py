@@ -1,0 +1,17 @@
+"""bench/paged_family_sweep.py: the verdicts it gives a supported type, a type whose layer is the
+Llama layer (CWM: its window layers stay inert at these lengths), one whose math differs
+(Gemma's norms) and one without the layout (BART's decoder)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import paged_family_sweep  # noqa: E402
+
+
+def test_the_sweep_tells_the_four_verdicts(capsys):
+    assert paged_family_sweep.main(["llama", "cwm", "gemma", "bart"]) == 0
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if not line.startswith("summary"))
+    assert lines["llama"].startswith("SUPPORTED")
+    assert lines["cwm"] == "MATCH"
+    assert lines["gemma"].startswith("FAIL")
+    assert lines["bart"].startswith("LAYOUT")
