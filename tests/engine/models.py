@@ -18,6 +18,15 @@ def _config(kind: str, vocab: int, layers: int):
                               num_key_value_heads=2, max_position_embeddings=256, **common)
     if kind == "gpt2":
         return tf.GPT2Config(n_embd=48, n_layer=layers, n_head=4, n_positions=256, **common)
+    llama_like = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, **common)
+    if kind == "phi3":  # fused qkv_proj / gate_up_proj
+        return tf.Phi3Config(**llama_like)
+    if kind == "granite":  # four scalars that are not identities
+        return tf.GraniteConfig(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
+                                logits_scaling=1.5, **llama_like)
+    if kind == "smollm3":  # a NoPE layer every second layer
+        return tf.SmolLM3Config(no_rope_layer_interval=2, **llama_like)
     raise ValueError(kind)
 
 
