@@ -26,7 +26,7 @@ def _model(kind):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3"])
 def test_captured_states_equal_transformers(kind, backend, device):
     if kind == "gpt2" and backend == "triton":
         pytest.skip("the GPT-2 runner's math is one path; the llama rows cover the Triton layer math")
