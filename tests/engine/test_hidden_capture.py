@@ -4,7 +4,7 @@ context; the score buffer keeps its address from call to call; off by default.""
 import pytest
 import torch
 
-from specdec_fast.runners.paged_gpt2 import PagedGPT2Runner
+from specdec_fast.runners.registry import paged_runner_class
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
 from ..conftest import backend_device, on_device
@@ -22,18 +22,21 @@ def hf_hidden(model, tokens, indices) -> torch.Tensor:
 def _model(kind):
     if kind == "gpt2":
         return make_model("gpt2", vocab=VOCAB, layers=3)
+    if kind == "olmo2":
+        from .test_paged_olmo2 import tiny_olmo2
+
+        return tiny_olmo2(layers=3)
     return tiny(kind, layers=3)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3", "olmo2"])
 def test_captured_states_equal_transformers(kind, backend, device):
     if kind == "gpt2" and backend == "triton":
         pytest.skip("the GPT-2 runner's math is one path; the llama rows cover the Triton layer math")
     device = backend_device(backend, device)
     model = on_device(device, _model(kind))
-    runner_cls = PagedGPT2Runner if kind == "gpt2" else PagedLlamaRunner
-    runner = runner_cls(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    runner = paged_runner_class(model)(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
     indices = (0, 2, 3, 1)  # embeddings, layer 1's output, the final norm, layer 0's: in this order
     runner.capture_hidden_states(indices)
     ids, mask = on_device(device, *left_padded_prompts([5, 2, 7], vocab=VOCAB, seed=3))

@@ -1,0 +1,121 @@
+"""PagedOlmo2Runner: an OLMo 2 decoder (model_type olmo2, Olmo2ForCausalLM) run layer by layer over
+a PagedKVCache with the project's append_kv / paged_attention kernels (the machinery is shared:
+runners/paged_base.py).
+
+Weights are the model's own parameters (no copy): embed_tokens, per layer self_attn.{q,k,v,o}_proj,
+self_attn.q_norm / k_norm, post_attention_layernorm, post_feedforward_layernorm,
+mlp.{gate,up,down}_proj, then model.norm and lm_head. The math is transformers 5.24's
+Olmo2DecoderLayer (modeling_olmo2.py), eval mode:
+    q = q_norm(q_proj(x)), k = k_norm(k_proj(x))   norms over the whole projection [T, H * D],
+                                                    not per head (Qwen3's)
+    q, k = RoPE(q, k) in float32, cast back          OLMo's cos / sin stay float32
+    x = x + post_attention_layernorm(o_proj(attention(q, k, v)))      norms AFTER each branch,
+    x = x + post_feedforward_layernorm(down(act(gate(x)) * up(x)))    no input norms
+    out = norm(x)
+and OLMo 2's RMSNorm multiplies by its weight in float32 before the cast (Llama's casts first):
+``olmo_rms_norm``. So the layer fits neither the Llama runner's fused norms (add then norm) nor
+its RoPE kernel (per-head q / k norms, model-dtype tables): one path for every backend, the
+attention and the KV append through the kernels (paged_base._attend), the rest torch ops, as the
+GPT-2 runner does. Static RoPE types only; no tensor-parallel runner.
+"""
+import torch
+import torch.nn.functional as F
+
+from ..kernels.llama_ops.reference import rotate_half_apply
+from ._layer_math import rope_cos_sin
+from ._linear import linear
+from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason
+from .paged_llama import llama_config_reason
+
+
+def olmo_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """Olmo2RMSNorm over the last dim of x: (weight * x_normed) in float32, then x's dtype. norm:
+    (weight, eps)."""
+    weight, eps = norm
+    x32 = x.float()
+    return (weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+def _norm_of(module):
+    return module.weight, module.variance_epsilon
+
+
+def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedOlmo2Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
+    kernel ``backend``, or None when it can."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "olmo2":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not 'olmo2'"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
+        return "the model has no .model.layers / lm_head (expected an Olmo2ForCausalLM)"
+    reason = device_reason(model)
+    if reason is not None:
+        return reason
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        mods = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
+        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
+            return f"layer {i} has a projection that is not a plain float nn.Linear"
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        return "the model has no rotary_emb with inv_freq"
+    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
+                               rotary_dims=2 * rotary.inv_freq.numel())
+
+
+class _Olmo2Layer:
+    """One Olmo2DecoderLayer's parameters (references to the model's tensors, not copies)."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                       attn.o_proj))
+        self.q_norm, self.k_norm = _norm_of(attn.q_norm), _norm_of(attn.k_norm)
+        self.post_attention = _norm_of(layer.post_attention_layernorm)
+        self.post_feedforward = _norm_of(layer.post_feedforward_layernorm)
+        self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.act = mlp.act_fn
+
+
+class PagedOlmo2Runner(PagedRunnerBase):
+    """Runner (see runners/base.py) for an Olmo2ForCausalLM instance (weights shared); the
+    arguments are PagedRunnerBase's."""
+
+    unsupported_reason = staticmethod(olmo2_unsupported_reason)
+
+    def _bind(self, model) -> None:
+        config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_Olmo2Layer(layer) for layer in inner.layers]
+        self.final_norm = _norm_of(inner.norm)
+        self.lm_head = model.get_output_embeddings().weight
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim**-0.5  # Olmo2Attention's scaling
+        self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scaling = float(inner.rotary_emb.attention_scaling)
+
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, torch.float32)  # [T, D], float32
+        x = F.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
+        for i, layer in enumerate(self.layers):
+            q = olmo_rms_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
+            k = olmo_rms_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
+            v = linear(x, *layer.v).view(total, kv_heads, dim)
+            # x * cos + rotate_half(x) * sin with float32 tables: computed in float32, then x's dtype
+            q, k = rotate_half_apply(q, cos, sin).to(q.dtype), rotate_half_apply(k, cos, sin).to(k.dtype)
+            o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
+            x = x + olmo_rms_norm(linear(o.reshape(total, heads * dim), *layer.o), layer.post_attention)
+            act = layer.act(linear(x, *layer.gate)) * linear(x, *layer.up)
+            x = x + olmo_rms_norm(linear(act, *layer.down), layer.post_feedforward)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = olmo_rms_norm(x, self.final_norm)
+        self._keep(len(self.layers), out)
+        return out
