@@ -1,4 +1,4 @@
-"""PagedOlmo2Runner: an OLMo 2 decoder (model_type olmo2, Olmo2ForCausalLM) run layer by layer over
+"""PagedOlmo2Runner: an OLMo 2 or OLMo 3 decoder (model_type olmo2 / olmo3) run layer by layer over
 a PagedKVCache with the project's append_kv / paged_attention kernels (the machinery is shared:
 runners/paged_base.py).
 
@@ -17,6 +17,10 @@ and OLMo 2's RMSNorm multiplies by its weight in float32 before the cast (Llama'
 its RoPE kernel (per-head q / k norms, model-dtype tables): one path for every backend, the
 attention and the KV append through the kernels (paged_base._attend), the rest torch ops, as the
 GPT-2 runner does. Static RoPE types only; no tensor-parallel runner.
+OLMo 3 is OLMo 2's layer with sliding_attention layers (3 of 4; the window rule of
+runners/sliding_window.py: rows within the window run here) and one RoPE per layer type (its
+rotary module's {type}_inv_freq / {type}_attention_scaling: scaling such as YaRN on the
+full_attention layers only): _rope_tables.
 """
 import torch
 import torch.nn.functional as F
@@ -40,12 +44,33 @@ def _norm_of(module):
     return module.weight, module.variance_epsilon
 
 
+OLMO_MODEL_TYPES = ("olmo2", "olmo3")
+
+
+def _rope_tables(model) -> dict | None:
+    """{layer type: (inv_freq, attention_scaling, rope_type)} of the model's rotary module, and
+    each layer's key into it (config.layer_types for OLMo 3's per-type RoPE, else one table under
+    None) -> (tables, keys), or None when the module has no frequencies to read."""
+    rotary = getattr(model.model, "rotary_emb", None)
+    if rotary is None:
+        return None
+    if hasattr(rotary, "inv_freq"):
+        table = (rotary.inv_freq, rotary.attention_scaling, getattr(rotary, "rope_type", None))
+        return {None: table}, [None] * len(model.model.layers)
+    kinds = getattr(rotary, "layer_types", None)
+    if not kinds or not all(hasattr(rotary, f"{kind}_inv_freq") for kind in kinds):
+        return None
+    tables = {kind: (getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling"),
+                     rotary.rope_type.get(kind)) for kind in kinds}
+    return tables, list(model.config.layer_types)
+
+
 def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedOlmo2Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "olmo2":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'olmo2'"
+    if getattr(config, "model_type", None) not in OLMO_MODEL_TYPES:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {OLMO_MODEL_TYPES}"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
         return "the model has no .model.layers / lm_head (expected an Olmo2ForCausalLM)"
@@ -58,11 +83,14 @@ def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
         # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
         if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
             return f"layer {i} has a projection that is not a plain float nn.Linear"
-    rotary = getattr(inner, "rotary_emb", None)
-    if rotary is None or not hasattr(rotary, "inv_freq"):
-        return "the model has no rotary_emb with inv_freq"
-    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
-                               rotary_dims=2 * rotary.inv_freq.numel())
+    rope = _rope_tables(model)
+    if rope is None:
+        return "the model has no rotary_emb with inv_freq (or {layer type}_inv_freq)"
+    for inv_freq, _, rope_type in rope[0].values():
+        reason = llama_config_reason(config, rope_type, max_tokens_per_row, backend, rotary_dims=2 * inv_freq.numel())
+        if reason is not None:
+            return reason
+    return None
 
 
 class _Olmo2Layer:
@@ -80,8 +108,8 @@ class _Olmo2Layer:
 
 
 class PagedOlmo2Runner(PagedRunnerBase):
-    """Runner (see runners/base.py) for an Olmo2ForCausalLM instance (weights shared); the
-    arguments are PagedRunnerBase's."""
+    """Runner (see runners/base.py) for an Olmo2ForCausalLM / Olmo3ForCausalLM instance (weights
+    shared); the arguments are PagedRunnerBase's."""
 
     unsupported_reason = staticmethod(olmo2_unsupported_reason)
 
@@ -95,16 +123,20 @@ class PagedOlmo2Runner(PagedRunnerBase):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5  # Olmo2Attention's scaling
-        self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
-        self.rope_scaling = float(inner.rotary_emb.attention_scaling)
+        tables, self.rope_keys = _rope_tables(model)
+        self.rope_tables = {key: (inv_freq.to(device=self.device, dtype=torch.float32), float(scaling))
+                            for key, (inv_freq, scaling, _) in tables.items()}
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, torch.float32)  # [T, D], float32
+        # [T, D] float32 cos / sin of each RoPE (one, or OLMo 3's per layer type), once per call
+        rotations = {key: rope_cos_sin(positions, inv_freq, scaling, torch.float32)
+                     for key, (inv_freq, scaling) in self.rope_tables.items()}
         x = F.embedding(flat.clamp(min=0), self.embed)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
+            cos, sin = rotations[self.rope_keys[i]]
             q = olmo_rms_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
             k = olmo_rms_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
             v = linear(x, *layer.v).view(total, kv_heads, dim)

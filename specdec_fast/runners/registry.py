@@ -15,10 +15,11 @@ from .paged_olmo2 import PagedOlmo2Runner
 from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
-# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then OLMo 2 and GPT-2.
+# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then OLMo 2 / 3 and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
+    "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type
     "gpt2": PagedGPT2Runner,
 }
 
@@ -98,7 +99,7 @@ RUNNERS = ("paged", "hf")
 
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (LLAMA_MODEL_TYPES or OLMo 2 with no sliding window reached within max_tokens_per_row
+    (LLAMA_MODEL_TYPES or OLMo 2 / 3 with no sliding window reached within max_tokens_per_row
     and static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim the kernel
     ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:
