@@ -201,3 +201,20 @@ def test_static_graph_path_gpt2_paged_runner():
         assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
         assert s_stats.graph_mode == "static" and s_stats.graph_replays == {"draft": s_stats.iterations - 1,
                                                                              "verify": s_stats.iterations - 1}
+
+
+@pytest.mark.parametrize("kind", ["phi3", "granite", "smollm3", "olmo3"])
+def test_static_graph_path_of_the_other_families(kind):
+    """Phi-3's views, Granite's scalars, SmolLM3's NoPE tables and the OLMo runner's per-type RoPE
+    hold the graph code path's checks too: the static twin gives the eager tokens, greedy and sampled."""
+    from .models import make_model
+
+    target = make_model(kind, seed=3)
+    target.generation_config.eos_token_id = None
+    ids, mask = left_padded_prompts([3, 7], seed=1)
+    for mode in MODES.values():
+        (eager, e_stats), (static, s_stats) = both(target, ids, mask, max_new_tokens=10,
+                                                   assistant_model=make_draft(target, noise=0.05),
+                                                   num_assistant_tokens=3, **mode)
+        assert torch.equal(static, eager) and e_stats.accepted_hist == s_stats.accepted_hist
+        assert s_stats.graph_mode == "static"
