@@ -20,7 +20,7 @@ GPT-2 runner does. Static RoPE types only; no tensor-parallel runner.
 OLMo 3 is OLMo 2's layer with sliding_attention layers (3 of 4; the window rule of
 runners/sliding_window.py: rows within the window run here) and one RoPE per layer type (its
 rotary module's {type}_inv_freq / {type}_attention_scaling: scaling such as YaRN on the
-full_attention layers only): _rope_tables.
+full_attention layers only): runners/_rotary.py.
 """
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import rope_cos_sin
 from ._linear import linear
+from ._rotary import rope_tables
 from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason
 from .paged_llama import llama_config_reason
 
@@ -45,24 +46,6 @@ def _norm_of(module):
 
 
 OLMO_MODEL_TYPES = ("olmo2", "olmo3")
-
-
-def _rope_tables(model) -> dict | None:
-    """{layer type: (inv_freq, attention_scaling, rope_type)} of the model's rotary module, and
-    each layer's key into it (config.layer_types for OLMo 3's per-type RoPE, else one table under
-    None) -> (tables, keys), or None when the module has no frequencies to read."""
-    rotary = getattr(model.model, "rotary_emb", None)
-    if rotary is None:
-        return None
-    if hasattr(rotary, "inv_freq"):
-        table = (rotary.inv_freq, rotary.attention_scaling, getattr(rotary, "rope_type", None))
-        return {None: table}, [None] * len(model.model.layers)
-    kinds = getattr(rotary, "layer_types", None)
-    if not kinds or not all(hasattr(rotary, f"{kind}_inv_freq") for kind in kinds):
-        return None
-    tables = {kind: (getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling"),
-                     rotary.rope_type.get(kind)) for kind in kinds}
-    return tables, list(model.config.layer_types)
 
 
 def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -83,7 +66,7 @@ def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
         # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
         if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
             return f"layer {i} has a projection that is not a plain float nn.Linear"
-    rope = _rope_tables(model)
+    rope = rope_tables(model)
     if rope is None:
         return "the model has no rotary_emb with inv_freq (or {layer type}_inv_freq)"
     for inv_freq, _, rope_type in rope[0].values():
@@ -123,7 +106,7 @@ class PagedOlmo2Runner(PagedRunnerBase):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5  # Olmo2Attention's scaling
-        tables, self.rope_keys = _rope_tables(model)
+        tables, self.rope_keys = rope_tables(model)
         self.rope_tables = {key: (inv_freq.to(device=self.device, dtype=torch.float32), float(scaling))
                             for key, (inv_freq, scaling, _) in tables.items()}
 

@@ -26,11 +26,15 @@ def _model(kind):
         from .test_paged_olmo2 import tiny_olmo2
 
         return tiny_olmo2(layers=3)
+    if kind == "gemma3":
+        from .test_paged_gemma3 import tiny_gemma3
+
+        return tiny_gemma3(layers=3)
     return tiny(kind, layers=3)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3", "olmo2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3", "olmo2", "gemma3"])
 def test_captured_states_equal_transformers(kind, backend, device):
     if kind == "gpt2" and backend == "triton":
         pytest.skip("the GPT-2 runner's math is one path; the llama rows cover the Triton layer math")

@@ -1,0 +1,23 @@
+"""A model's rotary frequencies as transformers' rotary module holds them: one table (inv_freq,
+attention_scaling, rope_type), or one per layer type (Gemma 3's and OLMo 3's module, a subclass
+of Gemma 3's: {type}_inv_freq / {type}_attention_scaling, rope_type a dict, each layer's type in
+config.layer_types). Read by the runners that rotate per layer type (paged_olmo2.py, paged_gemma3.py).
+"""
+
+
+def rope_tables(model) -> tuple[dict, list] | None:
+    """{layer type: (inv_freq, attention_scaling, rope_type)} of the model's rotary module, and
+    each layer's key into it (config.layer_types for a per-type RoPE, else one table under None)
+    -> (tables, keys), or None when the module has no frequencies to read."""
+    rotary = getattr(model.model, "rotary_emb", None)
+    if rotary is None:
+        return None
+    if hasattr(rotary, "inv_freq"):
+        table = (rotary.inv_freq, rotary.attention_scaling, getattr(rotary, "rope_type", None))
+        return {None: table}, [None] * len(model.model.layers)
+    kinds = getattr(rotary, "layer_types", None)
+    if not kinds or not all(hasattr(rotary, f"{kind}_inv_freq") for kind in kinds):
+        return None
+    tables = {kind: (getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling"),
+                     rotary.rope_type.get(kind)) for kind in kinds}
+    return tables, list(model.config.layer_types)
