@@ -33,6 +33,8 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "gemma3":  # Gemma 3's text decoder: sliding (window 4096: never reached here) and full layers
         return tf.Gemma3TextConfig(head_dim=12, layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
                                    ["sliding_attention"] * (layers % 2), final_logit_softcapping=30.0, **llama_like)
+    if kind == "starcoder2":  # LayerNorms, biases, a plain MLP (window 4096: never reached here)
+        return tf.Starcoder2Config(use_bias=True, **llama_like)
     raise ValueError(kind)
 
 

@@ -8,6 +8,7 @@ from specdec_fast.runners.registry import paged_runner_class
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
 
 from ..conftest import backend_device, on_device
+from .family_models import tiny_family
 from .models import left_padded_prompts, make_model
 from .test_paged_runner import VOCAB, tiny
 
@@ -22,19 +23,13 @@ def hf_hidden(model, tokens, indices) -> torch.Tensor:
 def _model(kind):
     if kind == "gpt2":
         return make_model("gpt2", vocab=VOCAB, layers=3)
-    if kind == "olmo2":
-        from .test_paged_olmo2 import tiny_olmo2
-
-        return tiny_olmo2(layers=3)
-    if kind == "gemma3":
-        from .test_paged_gemma3 import tiny_gemma3
-
-        return tiny_gemma3(layers=3)
+    if kind in ("olmo2", "gemma3", "starcoder2"):
+        return tiny_family(kind, layers=3)
     return tiny(kind, layers=3)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3", "olmo2", "gemma3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3", "olmo2", "gemma3", "starcoder2"])
 def test_captured_states_equal_transformers(kind, backend, device):
     if kind == "gpt2" and backend == "triton":
         pytest.skip("the GPT-2 runner's math is one path; the llama rows cover the Triton layer math")

@@ -1,0 +1,107 @@
+"""PagedStarcoder2Runner: a StarCoder2 decoder (model_type starcoder2) run layer by layer over a
+PagedKVCache with the project's append_kv / paged_attention kernels (the machinery is shared:
+runners/paged_base.py).
+
+Weights are the model's own parameters (no copy): embed_tokens, per layer input_layernorm,
+self_attn.{q,k,v,o}_proj (+ biases: use_bias), post_attention_layernorm, mlp.c_fc / mlp.c_proj,
+then model.norm and lm_head. The math is transformers 5.24's Starcoder2DecoderLayer
+(modeling_starcoder2.py), eval mode (its dropouts off):
+    h = input_layernorm(x)                        LayerNorm with bias (not an RMSNorm)
+    q, k = RoPE(q_proj(h), k_proj(h)), v = v_proj(h); x = x + o_proj(attention(q, k, v))
+    x = x + c_proj(act(c_fc(post_attention_layernorm(x))))   a plain (ungated) MLP
+    out = norm(x)
+with Mistral's attention (its scale head_dim^-0.5, RoPE tables in the model dtype) and its
+sliding window: rows that reach it run on the hf runner (runners/sliding_window.py). One path on
+every backend, as the GPT-2 runner: the attention and KV append through the kernels, the rest
+torch ops. No tensor-parallel runner.
+"""
+import torch
+import torch.nn.functional as F
+
+from ..kernels.llama_ops.reference import rotate_half_apply
+from ._layer_math import rope_cos_sin
+from ._linear import linear
+from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason
+from .paged_llama import llama_config_reason
+
+
+def _layer_norm_of(module):
+    return module.weight, module.bias, module.eps
+
+
+def starcoder2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedStarcoder2Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
+    kernel ``backend``, or None when it can."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "starcoder2":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not 'starcoder2'"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
+        return "the model has no .model.layers / lm_head (expected a Starcoder2ForCausalLM)"
+    reason = device_reason(model)
+    if reason is not None:
+        return reason
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        mods = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.c_fc, mlp.c_proj)
+        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
+        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
+            return f"layer {i} has a projection that is not a plain float nn.Linear"
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        return "the model has no rotary_emb with inv_freq"
+    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
+                               rotary_dims=2 * rotary.inv_freq.numel())
+
+
+class _Starcoder2Layer:
+    """One Starcoder2DecoderLayer's parameters (references to the model's tensors, not copies)."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                       attn.o_proj))
+        self.ln_in, self.ln_post = _layer_norm_of(layer.input_layernorm), _layer_norm_of(layer.post_attention_layernorm)
+        self.fc, self.proj = (mlp.c_fc.weight, mlp.c_fc.bias), (mlp.c_proj.weight, mlp.c_proj.bias)
+        self.act = mlp.act
+
+
+class PagedStarcoder2Runner(PagedRunnerBase):
+    """Runner (see runners/base.py) for a Starcoder2ForCausalLM instance (weights shared); the
+    arguments are PagedRunnerBase's."""
+
+    unsupported_reason = staticmethod(starcoder2_unsupported_reason)
+
+    def _bind(self, model) -> None:
+        config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_Starcoder2Layer(layer) for layer in inner.layers]
+        self.final_norm = _layer_norm_of(inner.norm)
+        self.lm_head = model.get_output_embeddings().weight
+        self.hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim**-0.5  # Starcoder2Attention's (Mistral's) scaling
+        self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scaling = float(inner.rotary_emb.attention_scaling)
+
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
+        total, heads, kv_heads, dim, width = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim, (self.hidden,)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
+        x = F.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
+        for i, layer in enumerate(self.layers):
+            h = F.layer_norm(x, width, *layer.ln_in)
+            q = rotate_half_apply(linear(h, *layer.q).view(total, heads, dim), cos, sin)
+            k = rotate_half_apply(linear(h, *layer.k).view(total, kv_heads, dim), cos, sin)
+            v = linear(h, *layer.v).view(total, kv_heads, dim)
+            o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
+            x = x + linear(o.reshape(total, heads * dim), *layer.o)
+            x = x + linear(layer.act(linear(F.layer_norm(x, width, *layer.ln_post), *layer.fc)), *layer.proj)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = F.layer_norm(x, width, *self.final_norm)
+        self._keep(len(self.layers), out)
+        return out

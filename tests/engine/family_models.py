@@ -1,0 +1,60 @@
+"""Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 3,
+StarCoder2), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
+runs the checks every family shares, the family's test file its controls."""
+import torch
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=256, initializer_range=0.15, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _alternating(layers: int) -> list:
+    return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+
+
+def _build(config, norm_range=None):
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if norm_range is not None and "norm" in name and name.endswith("weight"):
+                param.uniform_(*norm_range)  # norms that are not identities: their place and weights are tested
+            elif name.endswith("bias"):
+                param.normal_(0, 0.3)  # non-zero biases, so they are really tested
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
+    """A random fp32 model of ``kind``:
+    olmo2       q / k norms over the whole projection, norms after each branch
+    olmo3       the same, layers alternating sliding (window 200: the tests' rows stay inside) and
+                full attention, each with its RoPE (default, theta 500 / linear x2, theta 900)
+    gemma3      Gemma 3's text decoder, layers alternating as olmo3's (local theta 300, global 900 x2),
+                query_pre_attn_scalar 20, final-logit soft-capping 5 (the cap bites), norm weights around 0
+    starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(COMMON, num_hidden_layers=layers)
+    if kind == "olmo2":
+        config = tf.Olmo2Config(rope_parameters={"rope_type": "default", "rope_theta": 700.0}, **common, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind == "olmo3":
+        config = tf.Olmo3Config(layer_types=_alternating(layers), sliding_window=200, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 900.0}}, **common, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind == "gemma3":
+        overrides.setdefault("final_logit_softcapping", 5.0)
+        config = tf.Gemma3TextConfig(head_dim=16, sliding_window=200, query_pre_attn_scalar=20,
+                                     layer_types=_alternating(layers), rope_parameters={
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 300.0},
+                                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 900.0}},
+                                     **common, **overrides)
+        return _build(config, (-0.5, 0.5))
+    if kind == "starcoder2":
+        config = tf.Starcoder2Config(use_bias=True, sliding_window=200, rope_theta=600.0, **common, **overrides)
+        return _build(config, (0.5, 1.5))
+    raise ValueError(kind)

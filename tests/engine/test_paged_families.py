@@ -1,0 +1,58 @@
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2:
+tests/engine/family_models.py): the registry picks its runner; logits equal the model's own
+forward on every backend (prefill, left-padded score calls, rollback); bfloat16 within the
+runner tests' tolerance; greedy generate(runner="paged") equals model.generate token for token
+with a draft model, prompt lookup and plain decoding; rows past a sliding window go to the hf runner."""
+import pytest
+import torch
+
+import specdec_fast.api as api
+from specdec_fast.runners.paged_gemma3 import PagedGemma3Runner
+from specdec_fast.runners.paged_olmo2 import PagedOlmo2Runner
+from specdec_fast.runners.paged_starcoder2 import PagedStarcoder2Runner
+from specdec_fast.runners.registry import paged_runner_class
+
+from .family_models import VOCAB, tiny_family
+from .models import left_padded_prompts, make_draft
+from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
+from ..conftest import backend_device
+
+RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma3": PagedGemma3Runner,
+           "starcoder2": PagedStarcoder2Runner}
+WINDOWED = ("olmo3", "gemma3", "starcoder2")  # a window of 200 (family_models)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
+@pytest.mark.parametrize("kind", list(RUNNERS))
+def test_logits_equal_hf_forward(kind, backend, device):
+    device = backend_device(backend, device)
+    model = tiny_family(kind).to(device)
+    assert paged_runner_class(model) is RUNNERS[kind]
+    runner = RUNNERS[kind](model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert_runner_matches_forward(model, runner, VOCAB)
+
+
+@pytest.mark.parametrize("kind", list(RUNNERS))
+def test_bfloat16_close_to_hf_forward(kind):
+    model = tiny_family(kind).to(torch.bfloat16)
+    assert_bf16_close_to_forward(model, RUNNERS[kind](model, max_new_tokens=4, num_draft_tokens=1), VOCAB)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kind", list(RUNNERS))
+def test_greedy_paged_equals_generate(kind, batch):
+    target = tiny_family(kind, seed=5)
+    draft = make_draft(target, noise=0.03)
+    ids, mask = left_padded_prompts([6] if batch == 1 else [4, 10, 7], vocab=VOCAB, seed=batch)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    for drafting in (dict(assistant_model=draft, num_assistant_tokens=3), dict(prompt_lookup_num_tokens=2), {}):
+        out = api.generate(target, ids, mask, do_sample=False, max_new_tokens=20, pad_token_id=0, runner="paged",
+                           **drafting)
+        assert torch.equal(out, expected), drafting
+
+
+@pytest.mark.parametrize("kind", WINDOWED)
+def test_rows_past_the_window_go_to_the_hf_runner(kind):
+    model = tiny_family(kind)
+    assert api.choose_runner(model, None, 150) == "paged"
+    assert api.choose_runner(model, None, 250) == "hf"
