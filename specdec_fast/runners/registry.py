@@ -10,6 +10,7 @@ from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_gemma3 import PagedGemma3Runner
 from .paged_gpt2 import PagedGPT2Runner
+from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_llama_tp import TP_MODEL_TYPES, TPPagedLlamaRunner
 from .paged_olmo2 import PagedOlmo2Runner
@@ -17,13 +18,14 @@ from .paged_starcoder2 import PagedStarcoder2Runner
 from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
-# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then OLMo 2 / 3, Gemma 3, StarCoder2 and GPT-2.
+# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
     "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type
     "gemma3_text": PagedGemma3Runner,  # Gemma 3's text decoder (270M, 1B)
     "starcoder2": PagedStarcoder2Runner,
+    "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "gpt2": PagedGPT2Runner,
 }
 
@@ -103,7 +105,7 @@ RUNNERS = ("paged", "hf")
 
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (LLAMA_MODEL_TYPES, OLMo 2 / 3, Gemma 3 or StarCoder2 with no sliding window reached within max_tokens_per_row
+    (LLAMA_MODEL_TYPES, OLMo 2 / 3, Gemma 3, StarCoder2 or GPT-NeoX with no sliding window reached within max_tokens_per_row
     and static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim the kernel
     ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:

@@ -1,5 +1,5 @@
 """Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 3,
-StarCoder2), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
+StarCoder2, GPT-NeoX), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
 runs the checks every family shares, the family's test file its controls."""
 import torch
 
@@ -33,7 +33,10 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                 full attention, each with its RoPE (default, theta 500 / linear x2, theta 900)
     gemma3      Gemma 3's text decoder, layers alternating as olmo3's (local theta 300, global 900 x2),
                 query_pre_attn_scalar 20, final-logit soft-capping 5 (the cap bites), norm weights around 0
-    starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200."""
+    starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200
+    gpt_neox    Pythia's layer: one query_key_value (each head's q | k | v), half of each head
+                rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
+                the sequential residual."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -56,5 +59,11 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         return _build(config, (-0.5, 0.5))
     if kind == "starcoder2":
         config = tf.Starcoder2Config(use_bias=True, sliding_window=200, rope_theta=600.0, **common, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind in ("gpt_neox", "gpt_neox_sequential"):
+        neox = {k: v for k, v in common.items() if k not in ("num_key_value_heads", "intermediate_size")}
+        config = tf.GPTNeoXConfig(intermediate_size=128, use_parallel_residual=kind == "gpt_neox",
+                                  rope_parameters={"rope_type": "default", "rope_theta": 400.0,
+                                                   "partial_rotary_factor": 0.5}, **neox, **overrides)
         return _build(config, (0.5, 1.5))
     raise ValueError(kind)
