@@ -14,11 +14,12 @@ from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_llama_tp import TP_MODEL_TYPES, TPPagedLlamaRunner
 from .paged_olmo2 import PagedOlmo2Runner
+from .paged_opt import PagedOPTRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
-# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX and GPT-2.
+# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
@@ -26,6 +27,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gemma3_text": PagedGemma3Runner,  # Gemma 3's text decoder (270M, 1B)
     "starcoder2": PagedStarcoder2Runner,
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
+    "opt": PagedOPTRunner,
     "gpt2": PagedGPT2Runner,
 }
 

@@ -1,5 +1,5 @@
 """Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 3,
-StarCoder2, GPT-NeoX), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
+StarCoder2, GPT-NeoX, OPT), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
 runs the checks every family shares, the family's test file its controls."""
 import torch
 
@@ -36,7 +36,9 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200
     gpt_neox    Pythia's layer: one query_key_value (each head's q | k | v), half of each head
                 rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
-                the sequential residual."""
+                the sequential residual
+    opt         learned positions (offset 2), pre-LN, biases everywhere; opt_post_norm: OPT-350M's
+                post-LN layers with project_in / project_out (48 wide embeddings)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -65,5 +67,11 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         config = tf.GPTNeoXConfig(intermediate_size=128, use_parallel_residual=kind == "gpt_neox",
                                   rope_parameters={"rope_type": "default", "rope_theta": 400.0,
                                                    "partial_rotary_factor": 0.5}, **neox, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind in ("opt", "opt_post_norm"):  # opt_post_norm: OPT-350M's post-LN layers and projections
+        config = tf.OPTConfig(vocab_size=VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=layers,
+                              num_attention_heads=4, max_position_embeddings=256, init_std=0.15, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, do_layer_norm_before=kind == "opt",
+                              word_embed_proj_dim=64 if kind == "opt" else 48, **overrides)
         return _build(config, (0.5, 1.5))
     raise ValueError(kind)

@@ -1,4 +1,4 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX:
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT:
 tests/engine/family_models.py): the registry picks its runner; logits equal the model's own
 forward on every backend (prefill, left-padded score calls, rollback); bfloat16 within the
 runner tests' tolerance; greedy generate(runner="paged") equals model.generate token for token
@@ -10,6 +10,7 @@ import specdec_fast.api as api
 from specdec_fast.runners.paged_gemma3 import PagedGemma3Runner
 from specdec_fast.runners.paged_gpt_neox import PagedGPTNeoXRunner
 from specdec_fast.runners.paged_olmo2 import PagedOlmo2Runner
+from specdec_fast.runners.paged_opt import PagedOPTRunner
 from specdec_fast.runners.paged_starcoder2 import PagedStarcoder2Runner
 from specdec_fast.runners.registry import paged_runner_class
 
@@ -20,7 +21,7 @@ from ..conftest import backend_device
 
 RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma3": PagedGemma3Runner,
            "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
-           "gpt_neox_sequential": PagedGPTNeoXRunner}
+           "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner}
 WINDOWED = ("olmo3", "gemma3", "starcoder2")  # a window of 200 (family_models)
 
 
