@@ -1,4 +1,5 @@
-"""Which of transformers' causal-LM types the paged Llama runner reproduces as they are.
+"""Which of transformers' causal-LM types the paged Llama runner reproduces as they are (the types
+with a paged runner already, runners/registry.PAGED_RUNNERS, are listed as SUPPORTED).
 
     python bench/paged_family_sweep.py              # every type of the installed transformers
     python bench/paged_family_sweep.py gemma exaone # some
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     warnings.filterwarnings("ignore")
-    import specdec_fast.runners.paged_llama as paged_llama
+    from specdec_fast.runners.registry import PAGED_RUNNERS
 
     types = args.model_types or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
@@ -123,8 +124,8 @@ def main(argv=None) -> int:
     counts = {}
     try:
         for model_type in types:
-            if model_type in paged_llama.LLAMA_MODEL_TYPES:
-                verdict = "SUPPORTED (paged_llama.LLAMA_MODEL_TYPES)"
+            if model_type in PAGED_RUNNERS:
+                verdict = f"SUPPORTED ({PAGED_RUNNERS[model_type].__name__})"
             else:
                 signal.alarm(SECONDS_A_TYPE)
                 try:

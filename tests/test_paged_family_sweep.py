@@ -9,9 +9,9 @@ import paged_family_sweep  # noqa: E402
 
 
 def test_the_sweep_tells_the_four_verdicts(capsys):
-    assert paged_family_sweep.main(["llama", "cwm", "gemma", "bart"]) == 0
+    assert paged_family_sweep.main(["llama", "olmo2", "cwm", "gemma", "bart"]) == 0
     lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if not line.startswith("summary"))
-    assert lines["llama"].startswith("SUPPORTED")
+    assert lines["llama"] == "SUPPORTED (PagedLlamaRunner)" and lines["olmo2"] == "SUPPORTED (PagedOlmo2Runner)"
     assert lines["cwm"] == "MATCH"
     assert lines["gemma"].startswith("FAIL")
     assert lines["bart"].startswith("LAYOUT")
