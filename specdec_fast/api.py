@@ -11,10 +11,9 @@ Leviathan's Theorem 3.8 puts the optimum at 3-6 for alpha 0.6-0.8 and c <= 0.1).
 prompt_lookup_num_tokens the drafts come from the context (K = that number), with
 max_matching_ngram_size (default 2) as in transformers.
 
-Runners (runner=): "paged" (runners/paged_llama.py and paged_gpt2.py: the model's own weights run layer
-by layer over a paged KV cache with this package's kernels; Llama/Mistral/Qwen2/Qwen3/Phi-3/Granite/SmolLM3 and GPT-2)
-is the default where the model supports it, "hf" (runners/hf.py: the model's own forward and
-DynamicCache) elsewhere.
+Runners (runner=): "paged" (the family's paged runner, runners/registry.PAGED_RUNNERS: the model's own
+weights run layer by layer over a paged KV cache with this package's kernels) is the default where
+the model supports it, "hf" (runners/hf.py: the model's own forward and DynamicCache) elsewhere.
 
 One difference from transformers: an argument left at None means "not given" (the value comes
 from generation_config / model.generation_config), whereas transformers treats an explicit
