@@ -251,8 +251,8 @@ def test_unsupported_variants_have_reasons():
         PagedGPT2Runner(llama, max_new_tokens=3, num_draft_tokens=0)
     with pytest.raises(ValueError, match="PagedLlamaRunner cannot run this model: model_type 'gpt2'"):
         PagedLlamaRunner(tiny_gpt2(), max_new_tokens=3, num_draft_tokens=0)
-    neo = tf.AutoModelForCausalLM.from_config(tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                                               num_hidden_layers=1, num_attention_heads=2)).eval()
-    reason = paged_unsupported_reason(neo)
-    assert "model_type 'gpt_neox'" in reason and "'gpt2'" in reason
-    assert api.choose_runner(neo, None, 10) == "hf"
+    gptj = tf.AutoModelForCausalLM.from_config(tf.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2,
+                                                             rotary_dim=8)).eval()  # no paged runner (GPT-NeoX has one)
+    reason = paged_unsupported_reason(gptj)
+    assert "model_type 'gptj'" in reason and "'gpt2'" in reason
+    assert api.choose_runner(gptj, None, 10) == "hf"
