@@ -224,9 +224,9 @@ class PagedLlamaRunner(PagedRunnerBase):
         return _window_reason(self.config, max_tokens_per_row)
 
     gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)
+    gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
     # Granite's scalars (GRANITE_SCALARS; the softmax scale is self.scale); the other families' identities
     embedding_multiplier = residual_multiplier = logits_scaling = 1.0
-    gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
 
     def _bind(self, model) -> None:
         config = model.config
@@ -364,7 +364,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         forward's positions [T] (rope_append_kv's tables): RoPE's [T, D] in the model dtype, and
         where some layer is NoPE (SmolLM3) ones / zeros like them, the identity rotation."""
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)
-        nope = (torch.ones_like(cos), torch.zeros_like(sin)) if not all(l.rope for l in self.layers) else None
+        nope = None if all(layer.rope for layer in self.layers) else (torch.ones_like(cos), torch.zeros_like(sin))
         return [nope, (cos, sin)]
 
     def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:

@@ -44,8 +44,9 @@ from .paged_llama import PagedLlamaRunner, llama_config_reason
 from .sharded_model import ShardedCausalLM
 
 
-# The Llama families whose q/k/v and gate/up are separate projections, which runners/sharding.py
-# splits by rows; Phi-3's fused qkv_proj / gate_up_proj are not sharded (no tensor parallelism).
+# The Llama families whose layer is Llama's as runners/sharding.py splits it (separate q/k/v and
+# gate/up by rows); the rest of LLAMA_MODEL_TYPES (Phi-3's fused projections, Granite's scalars,
+# SmolLM3's NoPE layers, the types named otherwise) have no tensor-parallel runner.
 TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 

@@ -88,7 +88,8 @@ class PagedStarcoder2Runner(PagedRunnerBase):
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
-        total, heads, kv_heads, dim, width = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim, (self.hidden,)
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        width = (self.hidden,)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
         x = F.embedding(flat.clamp(min=0), self.embed)
         self._keep(0, x)

@@ -3,8 +3,9 @@ tensor-parallel runner where one exists (TP_RUNNERS: a ShardedCausalLM's model_t
 
 Adding a family = one file (a PagedRunnerBase subclass with ``_bind``, ``_decode`` and an
 ``unsupported_reason`` static method) + one row per model_type here (the Llama runner's rows come
-from its own tuple, paged_llama.LLAMA_MODEL_TYPES, which its unsupported_reason also reads). Nothing below this module
-imports it: paged_base.py knows no family, and the api, the tree decoder and the tests ask here.
+from its own tuple, paged_llama.LLAMA_MODEL_TYPES, which its unsupported_reason also reads).
+Nothing below this module imports it: paged_base.py knows no family, and the api, the tree
+decoder and the tests ask here.
 """
 from .hf import HFRunner
 from .paged_base import PagedRunnerBase
@@ -19,7 +20,8 @@ from .paged_starcoder2 import PagedStarcoder2Runner
 from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
-# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT and GPT-2.
+# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
+# their own: OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
@@ -106,10 +108,10 @@ RUNNERS = ("paged", "hf")
 
 
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
-    """"paged" or "hf" for ``model``: runner=None picks "paged" when the model supports it
-    (LLAMA_MODEL_TYPES, OLMo 2 / 3, Gemma 3, StarCoder2 or GPT-NeoX with no sliding window reached within max_tokens_per_row
-    and static RoPE, or GPT-2 with max_tokens_per_row <= n_positions; a head_dim the kernel
-    ``backend`` takes), else "hf"; runner="paged" on an unsupported model raises."""
+    """"paged" or "hf" for ``model``: runner=None picks "paged" when its family's runner
+    (PAGED_RUNNERS) supports it -- no sliding window reached within max_tokens_per_row, static
+    RoPE, rows within GPT-2's / OPT's position table, a head_dim the kernel ``backend`` takes --
+    else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:
         raise ValueError(f"runner must be None, 'paged' or 'hf', got {runner!r}")
     if runner == "hf":

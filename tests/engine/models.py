@@ -36,9 +36,9 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "starcoder2":  # LayerNorms, biases, a plain MLP (window 4096: never reached here)
         return tf.Starcoder2Config(use_bias=True, **llama_like)
     if kind == "gpt_neox":  # Pythia's layer: fused per-head q | k | v, half of each head rotated, parallel residual
+        rope = {"rope_type": "default", "rope_theta": 400.0, "partial_rotary_factor": 0.5}
         return tf.GPTNeoXConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-                                max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 400.0,
-                                                                              "partial_rotary_factor": 0.5}, **common)
+                                max_position_embeddings=256, rope_parameters=rope, **common)
     if kind == "opt":  # learned positions (offset 2), pre-LN, biases
         return tf.OPTConfig(hidden_size=48, ffn_dim=96, num_hidden_layers=layers, num_attention_heads=4,
                             max_position_embeddings=256, word_embed_proj_dim=48, **common)

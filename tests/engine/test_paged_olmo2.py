@@ -17,7 +17,8 @@ def test_the_norms_weigh_in_float32():
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     assert torch.equal(olmo_rms_norm(x, (norm.weight, norm.variance_epsilon)), norm(x))
     x32 = x.float()
-    llama_style = norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).to(x.dtype)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    llama_style = norm.weight * normed.to(x.dtype)
     assert not torch.equal(llama_style, norm(x))
 
 
