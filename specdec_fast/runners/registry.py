@@ -9,6 +9,7 @@ decoder and the tests ask here.
 """
 from .hf import HFRunner
 from .paged_base import PagedRunnerBase
+from .paged_cohere import PagedCohereRunner
 from .paged_gemma3 import PagedGemma3Runner
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_neox import PagedGPTNeoXRunner
@@ -21,7 +22,7 @@ from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
-# their own: OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT and GPT-2.
+# their own: OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
@@ -30,6 +31,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "starcoder2": PagedStarcoder2Runner,
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "opt": PagedOPTRunner,
+    "cohere": PagedCohereRunner,  # Command R / R+, Aya 23, Aya Expanse
     "gpt2": PagedGPT2Runner,
 }
 

@@ -1,5 +1,5 @@
 """Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 3,
-StarCoder2, GPT-NeoX, OPT), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
+StarCoder2, GPT-NeoX, OPT, Cohere), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
 runs the checks every family shares, the family's test file its controls."""
 import torch
 
@@ -38,7 +38,9 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                 rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
                 the sequential residual
     opt         learned positions (offset 2), pre-LN, biases everywhere; opt_post_norm: OPT-350M's
-                post-LN layers with project_in / project_out (48 wide embeddings)."""
+                post-LN layers with project_in / project_out (48 wide embeddings)
+    cohere      mean-centred LayerNorms, interleaved RoPE, parallel branches from one norm,
+                logit_scale 0.3; cohere_qk_norm: Command R+'s per-head q / k LayerNorms."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -73,5 +75,9 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                               num_attention_heads=4, max_position_embeddings=256, init_std=0.15, pad_token_id=0,
                               bos_token_id=1, eos_token_id=2, do_layer_norm_before=kind == "opt",
                               word_embed_proj_dim=64 if kind == "opt" else 48, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind in ("cohere", "cohere_qk_norm"):
+        config = tf.CohereConfig(logit_scale=0.3, use_qk_norm=kind == "cohere_qk_norm", rope_theta=500.0, **common,
+                                 **overrides)
         return _build(config, (0.5, 1.5))
     raise ValueError(kind)

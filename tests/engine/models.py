@@ -42,6 +42,9 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "opt":  # learned positions (offset 2), pre-LN, biases
         return tf.OPTConfig(hidden_size=48, ffn_dim=96, num_hidden_layers=layers, num_attention_heads=4,
                             max_position_embeddings=256, word_embed_proj_dim=48, **common)
+    if kind == "cohere":  # mean-centred LayerNorms, interleaved RoPE, parallel branches, logit_scale
+        return tf.CohereConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                               num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5, **common)
     raise ValueError(kind)
 
 

@@ -1,4 +1,4 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT:
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere:
 tests/engine/family_models.py): the registry picks its runner; logits equal the model's own
 forward on every backend (prefill, left-padded score calls, rollback); bfloat16 within the
 runner tests' tolerance; greedy generate(runner="paged") equals model.generate token for token
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import specdec_fast.api as api
+from specdec_fast.runners.paged_cohere import PagedCohereRunner
 from specdec_fast.runners.paged_gemma3 import PagedGemma3Runner
 from specdec_fast.runners.paged_gpt_neox import PagedGPTNeoXRunner
 from specdec_fast.runners.paged_olmo2 import PagedOlmo2Runner
@@ -21,7 +22,8 @@ from ..conftest import backend_device
 
 RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma3": PagedGemma3Runner,
            "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
-           "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner}
+           "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner,
+           "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner}
 WINDOWED = ("olmo3", "gemma3", "starcoder2")  # a window of 200 (family_models)
 
 

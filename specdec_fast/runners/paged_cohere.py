@@ -1,0 +1,138 @@
+"""PagedCohereRunner: a Cohere decoder (model_type cohere: Command R / R+, Aya 23, Aya Expanse 8B /
+32B -- one tokenizer across sizes) run layer by layer over a PagedKVCache with the project's
+append_kv / paged_attention kernels (the machinery is shared: runners/paged_base.py).
+
+Weights are the model's own parameters (no copy): embed_tokens, per layer input_layernorm,
+self_attn.{q,k,v,o}_proj, self_attn.q_norm / k_norm (use_qk_norm: Command R+), mlp.{gate,up,down}_proj,
+then model.norm and lm_head (tied). The math is transformers 5.24's CohereDecoderLayer
+(modeling_cohere.py), eval mode:
+    h = input_layernorm(x)                  Cohere's LayerNorm: mean-centred, no bias, float32
+    q, k, v = projections of h; with use_qk_norm, q / k through per-head LayerNorms ([H, D] weights)
+    RoPE interleaved: frequencies repeated pairwise (not cat) and rotate_half over even / odd
+    lanes (x[2i], x[2i+1]) -> (-x[2i+1], x[2i]); computed in float32, cast back
+    x = (x + o_proj(attention(q, k, v))) + down(silu(gate(h)) * up(h))   one norm, parallel branches
+    logits = lm_head(norm(x)) * logit_scale
+One path on every backend, as the GPT-2 runner: the attention and KV append through the kernels,
+the rest torch ops. Static RoPE types only; no tensor-parallel runner. (Cohere 2, Command R7B /
+A, adds sliding and NoPE layers: model_type cohere2, not taken here.)
+"""
+import torch
+import torch.nn.functional as F
+
+from ._linear import linear
+from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason
+from .paged_llama import llama_config_reason
+
+
+def cohere_layer_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """CohereLayerNorm over the last dim of x (mean-centred, no bias) in float32, then x's dtype;
+    norm: (weight [..., D] broadcast over x's leading dims, eps)."""
+    weight, eps = norm
+    x32 = x.float()
+    centred = x32 - x32.mean(-1, keepdim=True)
+    return (weight.float() * (centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Cohere's RoPE: x [T, H, D], cos / sin [T, D] (frequencies repeated pairwise) -> x * cos +
+    rot(x) * sin in float32 (rot: each lane pair (a, b) -> (-b, a)), cast back to x's dtype."""
+    x32 = x.float()
+    rotated = torch.stack((-x32[..., 1::2], x32[..., ::2]), dim=-1).flatten(-2)
+    return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+def _norm_of(module):
+    return None if module is None else (module.weight, module.variance_epsilon)
+
+
+def cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedCohereRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
+    kernel ``backend``, or None when it can."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "cohere":
+        return f"model_type {getattr(config, 'model_type', None)!r} is not 'cohere'"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
+        return "the model has no .model.layers / lm_head (expected a CohereForCausalLM)"
+    reason = device_reason(model)
+    if reason is not None:
+        return reason
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        mods = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
+        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
+            return f"layer {i} has a projection that is not a plain float nn.Linear"
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        return "the model has no rotary_emb with inv_freq"
+    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
+                               rotary_dims=2 * rotary.inv_freq.numel())
+
+
+class _CohereLayer:
+    """One CohereDecoderLayer's parameters (references to the model's tensors, not copies)."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm = _norm_of(layer.input_layernorm)
+        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                       attn.o_proj))
+        self.q_norm = _norm_of(getattr(attn, "q_norm", None)) if attn.use_qk_norm else None
+        self.k_norm = _norm_of(getattr(attn, "k_norm", None)) if attn.use_qk_norm else None
+        self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.act = mlp.act_fn
+
+
+class PagedCohereRunner(PagedRunnerBase):
+    """Runner (see runners/base.py) for a CohereForCausalLM instance (weights shared); the
+    arguments are PagedRunnerBase's."""
+
+    unsupported_reason = staticmethod(cohere_unsupported_reason)
+
+    def _bind(self, model) -> None:
+        config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_CohereLayer(layer) for layer in inner.layers]
+        self.final_norm = _norm_of(inner.norm)
+        self.lm_head = model.get_output_embeddings().weight
+        self.logit_scale = config.logit_scale
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim**-0.5  # CohereAttention's scaling
+        self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scaling = float(inner.rotary_emb.attention_scaling)
+
+    def _cos_sin(self, positions: torch.Tensor):
+        """cos / sin [T, D] in the model dtype with Cohere's pairwise-repeated frequencies, as
+        CohereRotaryEmbedding computes them (float32, times attention_scaling, cast)."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)
+        cos, sin = emb.cos() * self.rope_scaling, emb.sin() * self.rope_scaling
+        return cos.to(self.dtype), sin.to(self.dtype)
+
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = self._cos_sin(positions)  # once per call
+        x = F.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
+        for i, layer in enumerate(self.layers):
+            h = cohere_layer_norm(x, layer.norm)
+            q, k = linear(h, *layer.q).view(total, heads, dim), linear(h, *layer.k).view(total, kv_heads, dim)
+            if layer.q_norm is not None:
+                q, k = cohere_layer_norm(q, layer.q_norm), cohere_layer_norm(k, layer.k_norm)
+            q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)
+            o = self._attend(i, q, k, linear(h, *layer.v).view(total, kv_heads, dim), attn_lens, cu, n, self.scale)
+            x = x + linear(o.reshape(total, heads * dim), *layer.o) + linear(
+                layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = cohere_layer_norm(x, self.final_norm)
+        self._keep(len(self.layers), out)
+        return out
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The lm_head product times logit_scale (CohereForCausalLM)."""
+        return super()._logits(hidden) * self.logit_scale

@@ -1,0 +1,22 @@
+"""The Cohere runner's own controls (its shared checks: test_paged_families.py): Llama's RoPE
+layout (cat, halves) in place of Cohere's interleaved one, or the logits without logit_scale,
+no longer give the model's logits."""
+import pytest
+
+import specdec_fast.runners.paged_cohere as paged_cohere
+from specdec_fast.kernels.llama_ops.reference import rotate_half_apply
+
+from .family_models import VOCAB, tiny_family
+from .runner_checks import assert_runner_matches_forward
+
+
+def test_controls_the_interleaved_rope_and_the_logit_scale(monkeypatch):
+    model = tiny_family("cohere")
+    runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    runner.logit_scale = 1.0
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+    monkeypatch.setattr(paged_cohere, "rotate_interleaved", rotate_half_apply)
+    runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
