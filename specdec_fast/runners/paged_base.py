@@ -64,6 +64,17 @@ def device_reason(model) -> str | None:
     return None
 
 
+def plain_projections_reason(layers, projections_of) -> str | None:
+    """Why some layer's projection is not a plain float nn.Linear, or None: quantized or
+    adapter-wrapped linears (bitsandbytes, peft) have a forward of their own, not plain weights.
+    projections_of(layer) -> that layer's projection modules."""
+    for i, layer in enumerate(layers):
+        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES
+               for m in projections_of(layer)):
+            return f"layer {i} has a projection that is not a plain float nn.Linear"
+    return None
+
+
 def head_dim_reason(head_dim: int, backend) -> str | None:
     """The triton attention kernel's head_dim rule: any head_dim up to 256 (padded to a power of 2
     inside the kernel); the C++ and torch kernels take any head_dim."""

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import rope_cos_sin
 from ._linear import linear
-from ._rotary import rope_tables
-from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason
-from .paged_llama import llama_config_reason
+from ._rotary import rope_tables, rope_tables_reason
+from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
+from .paged_llama import projection_modules
 
 
 def gemma_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -61,20 +61,10 @@ def gemma3_unsupported_reason(model, max_tokens_per_row: int | None = None, back
         return "attn_logit_softcapping is set (the paged kernels do not cap attention scores)"
     if getattr(config, "use_bidirectional_attention", False):
         return "use_bidirectional_attention (EmbeddingGemma) is not a causal decoder"
-    for i, layer in enumerate(inner.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        mods = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
-        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
-            return f"layer {i} has a projection that is not a plain float nn.Linear"
-    rope = rope_tables(model)
-    if rope is None:
-        return "the model has no rotary_emb with {layer type}_inv_freq"
-    for inv_freq, _, rope_type in rope[0].values():
-        reason = llama_config_reason(config, rope_type, max_tokens_per_row, backend, rotary_dims=2 * inv_freq.numel())
-        if reason is not None:
-            return reason
-    return None
+    reason = plain_projections_reason(inner.layers, projection_modules)
+    if reason is not None:
+        return reason
+    return rope_tables_reason(model, max_tokens_per_row, backend)
 
 
 class _Gemma3Layer:

@@ -22,12 +22,16 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import rope_cos_sin
 from ._linear import linear
-from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason
+from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
 from .paged_llama import llama_config_reason
 
 
 def _layer_norm_of(module):
     return module.weight, module.bias, module.eps
+
+
+def _projections(layer) -> tuple:
+    return layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h, layer.mlp.dense_4h_to_h
 
 
 def gpt_neox_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -42,12 +46,9 @@ def gpt_neox_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
     reason = device_reason(model)
     if reason is not None:
         return reason
-    for i, layer in enumerate(inner.layers):
-        mods = (layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h,
-                layer.mlp.dense_4h_to_h)
-        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
-        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
-            return f"layer {i} has a projection that is not a plain float nn.Linear"
+    reason = plain_projections_reason(inner.layers, _projections)
+    if reason is not None:
+        return reason
     rotary = getattr(inner, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"

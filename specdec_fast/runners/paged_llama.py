@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from ._fused_weights import concat_parameters
 from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
-from .paged_base import FLOAT_DTYPES as _FLOAT_DTYPES
-from .paged_base import PagedRunnerBase, device_reason, head_dim_reason
+from .paged_base import PagedRunnerBase, device_reason, head_dim_reason, plain_projections_reason
 from .sliding_window import window_reached
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
@@ -84,11 +83,9 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     reason = device_reason(model)
     if reason is not None:
         return reason
-    for i, layer in enumerate(inner.layers):
-        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
-        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in _FLOAT_DTYPES
-               for m in _projection_modules(layer)):
-            return f"layer {i} has a projection that is not a plain float nn.Linear"
+    reason = plain_projections_reason(inner.layers, projection_modules)
+    if reason is not None:
+        return reason
     rotary = getattr(inner, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"
@@ -121,7 +118,7 @@ def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None
     return head_dim_reason(head_dim, backend)
 
 
-def _projection_modules(layer) -> tuple:
+def projection_modules(layer) -> tuple:
     """A decoder layer's projection modules: q/k/v/o and gate/up/down apart (Llama, Qwen), or
     Phi-3's fused qkv_proj and gate_up_proj with o_proj and down_proj."""
     attn, mlp = layer.self_attn, layer.mlp

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ._linear import linear
-from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason, head_dim_reason
+from .paged_base import PagedRunnerBase, device_reason, head_dim_reason, plain_projections_reason
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
 
@@ -34,6 +34,11 @@ def _layer_norm_of(module):
 
 def _pair(linear_module):
     return None if linear_module is None else (linear_module.weight, linear_module.bias)
+
+
+def _projections(layer) -> tuple:
+    attn = layer.self_attn
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, layer.fc1, layer.fc2
 
 
 def opt_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -48,12 +53,9 @@ def opt_unsupported_reason(model, max_tokens_per_row: int | None = None, backend
     reason = device_reason(model)
     if reason is not None:
         return reason
-    for i, layer in enumerate(decoder.layers):
-        attn = layer.self_attn
-        mods = (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, layer.fc1, layer.fc2)
-        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
-        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
-            return f"layer {i} has a projection that is not a plain float nn.Linear"
+    reason = plain_projections_reason(decoder.layers, _projections)
+    if reason is not None:
+        return reason
     positions = decoder.embed_positions.weight.shape[0] - POSITION_OFFSET
     if max_tokens_per_row is not None and max_tokens_per_row > positions:
         return (f"a row needs up to {max_tokens_per_row} positions (prompt + max_new_tokens + K + 1) but the model has "

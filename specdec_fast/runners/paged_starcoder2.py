@@ -21,12 +21,17 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import rope_cos_sin
 from ._linear import linear
-from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason
-from .paged_llama import llama_config_reason
+from ._rotary import rope_tables_reason
+from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
 
 
 def _layer_norm_of(module):
     return module.weight, module.bias, module.eps
+
+
+def _projections(layer) -> tuple:
+    attn = layer.self_attn
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp.c_fc, layer.mlp.c_proj
 
 
 def starcoder2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -41,17 +46,10 @@ def starcoder2_unsupported_reason(model, max_tokens_per_row: int | None = None, 
     reason = device_reason(model)
     if reason is not None:
         return reason
-    for i, layer in enumerate(inner.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        mods = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.c_fc, mlp.c_proj)
-        # Quantized / adapter-wrapped linears (bitsandbytes, peft) have their own forward: not plain weights.
-        if any(type(m).forward is not torch.nn.Linear.forward or m.weight.dtype not in FLOAT_DTYPES for m in mods):
-            return f"layer {i} has a projection that is not a plain float nn.Linear"
-    rotary = getattr(inner, "rotary_emb", None)
-    if rotary is None or not hasattr(rotary, "inv_freq"):
-        return "the model has no rotary_emb with inv_freq"
-    return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
-                               rotary_dims=2 * rotary.inv_freq.numel())
+    reason = plain_projections_reason(inner.layers, _projections)
+    if reason is not None:
+        return reason
+    return rope_tables_reason(model, max_tokens_per_row, backend)
 
 
 class _Starcoder2Layer:
