@@ -12,6 +12,7 @@ from .paged_base import PagedRunnerBase
 from .paged_cohere import PagedCohereRunner
 from .paged_gemma3 import PagedGemma3Runner
 from .paged_gpt2 import PagedGPT2Runner
+from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_llama_tp import TP_MODEL_TYPES, TPPagedLlamaRunner
@@ -22,7 +23,7 @@ from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
-# their own: OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere and GPT-2.
+# their own: OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
@@ -32,6 +33,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "opt": PagedOPTRunner,
     "cohere": PagedCohereRunner,  # Command R / R+, Aya 23, Aya Expanse
+    "gpt_bigcode": PagedGPTBigCodeRunner,  # StarCoder 1, SantaCoder, WizardCoder
     "gpt2": PagedGPT2Runner,
 }
 
@@ -112,7 +114,7 @@ RUNNERS = ("paged", "hf")
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when its family's runner
     (PAGED_RUNNERS) supports it -- no sliding window reached within max_tokens_per_row, static
-    RoPE, rows within GPT-2's / OPT's position table, a head_dim the kernel ``backend`` takes --
+    RoPE, rows within GPT-2's / OPT's / GPT-BigCode's position table, a head_dim the kernel ``backend`` takes --
     else "hf"; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:
         raise ValueError(f"runner must be None, 'paged' or 'hf', got {runner!r}")

@@ -1,5 +1,5 @@
 """Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 3,
-StarCoder2, GPT-NeoX, OPT, Cohere), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
+StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
 runs the checks every family shares, the family's test file its controls."""
 import torch
 
@@ -40,7 +40,9 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     opt         learned positions (offset 2), pre-LN, biases everywhere; opt_post_norm: OPT-350M's
                 post-LN layers with project_in / project_out (48 wide embeddings)
     cohere      mean-centred LayerNorms, interleaved RoPE, parallel branches from one norm,
-                logit_scale 0.3; cohere_qk_norm: Command R+'s per-head q / k LayerNorms."""
+                logit_scale 0.3; cohere_qk_norm: Command R+'s per-head q / k LayerNorms
+    gpt_bigcode StarCoder 1's blocks: multi-query attention from one c_attn, learned positions;
+                gpt_bigcode_mha: multi-head (each head's q | k | v)."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -79,5 +81,10 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     if kind in ("cohere", "cohere_qk_norm"):
         config = tf.CohereConfig(logit_scale=0.3, use_qk_norm=kind == "cohere_qk_norm", rope_theta=500.0, **common,
                                  **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind in ("gpt_bigcode", "gpt_bigcode_mha"):
+        config = tf.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=256,
+                                     multi_query=kind == "gpt_bigcode", initializer_range=0.15, bos_token_id=1,
+                                     eos_token_id=2, pad_token_id=0, **overrides)
         return _build(config, (0.5, 1.5))
     raise ValueError(kind)

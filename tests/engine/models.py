@@ -45,6 +45,8 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "cohere":  # mean-centred LayerNorms, interleaved RoPE, parallel branches, logit_scale
         return tf.CohereConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                                num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5, **common)
+    if kind == "gpt_bigcode":  # StarCoder 1's blocks: multi-query attention, learned positions
+        return tf.GPTBigCodeConfig(n_embd=48, n_layer=layers, n_head=4, n_positions=256, multi_query=True, **common)
     raise ValueError(kind)
 
 

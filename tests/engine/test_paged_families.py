@@ -1,14 +1,16 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere:
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode:
 tests/engine/family_models.py): the registry picks its runner; logits equal the model's own
 forward on every backend (prefill, left-padded score calls, rollback); bfloat16 within the
 runner tests' tolerance; greedy generate(runner="paged") equals model.generate token for token
-with a draft model, prompt lookup and plain decoding; rows past a sliding window go to the hf runner."""
+with a draft model, prompt lookup and plain decoding; rows past a sliding window or a learned
+position table go to the hf runner."""
 import pytest
 import torch
 
 import specdec_fast.api as api
 from specdec_fast.runners.paged_cohere import PagedCohereRunner
 from specdec_fast.runners.paged_gemma3 import PagedGemma3Runner
+from specdec_fast.runners.paged_gpt_bigcode import PagedGPTBigCodeRunner
 from specdec_fast.runners.paged_gpt_neox import PagedGPTNeoXRunner
 from specdec_fast.runners.paged_olmo2 import PagedOlmo2Runner
 from specdec_fast.runners.paged_opt import PagedOPTRunner
@@ -23,7 +25,8 @@ from ..conftest import backend_device
 RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma3": PagedGemma3Runner,
            "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
            "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner,
-           "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner}
+           "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,
+           "gpt_bigcode_mha": PagedGPTBigCodeRunner}
 WINDOWED = ("olmo3", "gemma3", "starcoder2")  # a window of 200 (family_models)
 
 
@@ -61,3 +64,10 @@ def test_rows_past_the_window_go_to_the_hf_runner(kind):
     model = tiny_family(kind)
     assert api.choose_runner(model, None, 150) == "paged"
     assert api.choose_runner(model, None, 250) == "hf"
+
+
+@pytest.mark.parametrize("kind", ["opt", "gpt_bigcode"])
+def test_rows_past_the_position_table_go_to_the_hf_runner(kind):
+    model = tiny_family(kind)  # learned positions: 256 of them
+    assert api.choose_runner(model, None, 256) == "paged"
+    assert api.choose_runner(model, None, 257) == "hf"

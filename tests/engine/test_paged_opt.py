@@ -1,18 +1,10 @@
-"""The OPT runner's own checks (its shared ones: test_paged_families.py): rows must fit the
-learned position table (else the hf runner), and OPT-350M's projected width refuses hidden-state
-capture by name."""
+"""The OPT runner's own check (its shared ones, the position table's included:
+test_paged_families.py): OPT-350M's projected width refuses hidden-state capture by name."""
 import pytest
 
-import specdec_fast.api as api
 from specdec_fast.runners.paged_opt import PagedOPTRunner
 
 from .family_models import tiny_family
-
-
-def test_rows_past_the_position_table_go_to_the_hf_runner():
-    model = tiny_family("opt")  # max_position_embeddings 256
-    assert api.choose_runner(model, None, 256) == "paged"
-    assert api.choose_runner(model, None, 257) == "hf"
 
 
 def test_a_projected_width_refuses_hidden_capture():
