@@ -89,8 +89,8 @@ class PagedGPTBigCodeRunner(PagedRunnerBase):
         """One c_attn product [T, H D + 2 Hk D] -> q [T, H, D], k / v [T, Hk, D] (strided views)."""
         heads, dim = self.num_heads, self.head_dim
         if self.multi_query:  # [q (H D) | k (D) | v (D)]
-            q = qkv[:, :self.hidden].view(total, heads, dim)
-            return q, qkv[:, self.hidden:self.hidden + dim].view(total, 1, dim), qkv[:, self.hidden + dim:].view(total, 1, dim)
+            q, kv = qkv[:, :self.hidden].view(total, heads, dim), qkv[:, self.hidden:]
+            return q, kv[:, :dim].view(total, 1, dim), kv[:, dim:].view(total, 1, dim)
         per_head = qkv.view(total, heads, 3 * dim)  # each head's q | k | v
         return per_head[..., :dim], per_head[..., dim:2 * dim], per_head[..., 2 * dim:]
 
@@ -98,7 +98,8 @@ class PagedGPTBigCodeRunner(PagedRunnerBase):
         """Packed tokens [T] at positions [T] -> ln_f hidden states [T, H]."""
         total, width = flat.shape[0], (self.hidden,)
         # rows the engine has finished may run on past the table (their tokens are discarded): clamped
-        x = F.embedding(flat.clamp(min=0), self.wte) + F.embedding(positions.clamp(max=self.max_positions - 1), self.wpe)
+        where = positions.clamp(max=self.max_positions - 1)
+        x = F.embedding(flat.clamp(min=0), self.wte) + F.embedding(where, self.wpe)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             q, k, v = self._split(linear(F.layer_norm(x, width, *layer.ln_1), *layer.qkv), total)

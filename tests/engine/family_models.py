@@ -1,6 +1,7 @@
 """Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 3,
-StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode), each built to exercise what its runner must get right; tests/engine/test_paged_families.py
-runs the checks every family shares, the family's test file its controls."""
+StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode), each built to exercise what its runner must get
+right; tests/engine/test_paged_families.py runs the checks every family shares, the family's test
+file its controls."""
 import torch
 
 VOCAB = 96

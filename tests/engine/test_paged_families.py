@@ -1,9 +1,9 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode:
-tests/engine/family_models.py): the registry picks its runner; logits equal the model's own
-forward on every backend (prefill, left-padded score calls, rollback); bfloat16 within the
-runner tests' tolerance; greedy generate(runner="paged") equals model.generate token for token
-with a draft model, prompt lookup and plain decoding; rows past a sliding window or a learned
-position table go to the hf runner."""
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3,
+StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode: tests/engine/family_models.py): the registry
+picks its runner; logits equal the model's own forward on every backend (prefill, left-padded
+score calls, rollback); bfloat16 within the runner tests' tolerance; greedy
+generate(runner="paged") equals model.generate token for token with a draft model, prompt lookup
+and plain decoding; rows past a sliding window or a learned position table go to the hf runner."""
 import pytest
 import torch
 
