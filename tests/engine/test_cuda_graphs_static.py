@@ -203,11 +203,12 @@ def test_static_graph_path_gpt2_paged_runner():
                                                                              "verify": s_stats.iterations - 1}
 
 
-@pytest.mark.parametrize("kind", ["phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode"])
+@pytest.mark.parametrize("kind", ["phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt",
+                                  "cohere", "gpt_bigcode"])
 def test_static_graph_path_of_the_other_families(kind):
-    """Phi-3's views, Granite's scalars, SmolLM3's NoPE tables, the OLMo / Gemma 3 runners' per-type RoPE
-    and the StarCoder2 / GPT-NeoX / OPT / Cohere / GPT-BigCode runners
-    hold the graph code path's checks too: the static twin gives the eager tokens, greedy and sampled."""
+    """Phi-3's views, Granite's scalars, SmolLM3's NoPE tables, the OLMo / Gemma 3 runners' per-type
+    RoPE and the StarCoder2 / GPT-NeoX / OPT / Cohere / GPT-BigCode runners hold the graph code
+    path's checks too: the static twin gives the eager tokens, greedy and sampled."""
     from .models import make_model
 
     target = make_model(kind, seed=3)

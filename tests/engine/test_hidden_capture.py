@@ -20,16 +20,19 @@ def hf_hidden(model, tokens, indices) -> torch.Tensor:
     return torch.cat([states[j][0] for j in indices], -1)
 
 
+FAMILIES = ("olmo2", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode")  # tests/engine/family_models.py
+
+
 def _model(kind):
     if kind == "gpt2":
         return make_model("gpt2", vocab=VOCAB, layers=3)
-    if kind in ("olmo2", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode"):
+    if kind in FAMILIES:
         return tiny_family(kind, layers=3)
     return tiny(kind, layers=3)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3", "olmo2", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "granite", "smollm3", *FAMILIES])
 def test_captured_states_equal_transformers(kind, backend, device):
     if kind == "gpt2" and backend == "triton":
         pytest.skip("the GPT-2 runner's math is one path; the llama rows cover the Triton layer math")
