@@ -25,6 +25,12 @@ def fused_layer_math(dtype: torch.dtype, device_type: str) -> bool:
     return all(cpp_op_available(op) for op in ("rms_norm", "rope_qk_", "silu_mul", "rope_cos_sin"))
 
 
+def layer_norm_params(module) -> tuple:
+    """(weight, bias, eps) of an nn.LayerNorm, as F.layer_norm takes them after the shape (the
+    LayerNorm families' runners: StarCoder2, GPT-NeoX, OPT, GPT-BigCode)."""
+    return module.weight, module.bias, module.eps
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
     """transformers' LlamaRMSNorm / Qwen3RMSNorm over the last dim of x [..., H] (float32 statistics)."""
     if fused and x.stride(-1) == 1:

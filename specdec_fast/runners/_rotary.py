@@ -3,6 +3,9 @@ attention_scaling, rope_type), or one per layer type (Gemma 3's and OLMo 3's mod
 of Gemma 3's: {type}_inv_freq / {type}_attention_scaling, rope_type a dict, each layer's type in
 config.layer_types). Read by the runners that rotate per layer type (paged_olmo2.py, paged_gemma3.py).
 """
+import torch
+
+from ._layer_math import rope_cos_sin
 
 
 def rope_tables(model) -> tuple[dict, list] | None:
@@ -21,6 +24,20 @@ def rope_tables(model) -> tuple[dict, list] | None:
     tables = {kind: (getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling"),
                      rotary.rope_type.get(kind)) for kind in kinds}
     return tables, list(model.config.layer_types)
+
+
+def device_rope_tables(model, device) -> tuple[dict, list]:
+    """rope_tables(model) as a runner keeps them: ({key: (inv_freq float32 on ``device``,
+    attention_scaling float)}, each layer's key)."""
+    tables, keys = rope_tables(model)
+    return {key: (inv_freq.to(device=device, dtype=torch.float32), float(scaling))
+            for key, (inv_freq, scaling, _) in tables.items()}, keys
+
+
+def rotations(tables: dict, positions: torch.Tensor, dtype: torch.dtype) -> dict:
+    """{key: (cos, sin) [T, D] in ``dtype``} of device_rope_tables' tables for one forward's
+    positions [T], with transformers' float32 math (_layer_math.rope_cos_sin)."""
+    return {key: rope_cos_sin(positions, inv_freq, scaling, dtype) for key, (inv_freq, scaling) in tables.items()}
 
 
 def rope_tables_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:

@@ -64,6 +64,33 @@ def device_reason(model) -> str | None:
     return None
 
 
+def decoder_reason(model, model_types: tuple, layers_path: str, expected: str, projections_of) -> str | None:
+    """The checks every family's unsupported_reason starts with, or None when they pass: config.
+    model_type in ``model_types``; the decoder layers at ``layers_path`` (attributes from the model:
+    "model.layers", "gpt_neox.layers", "transformer.h", ...) and an lm_head (else the message names
+    ``expected``, e.g. "an Olmo2ForCausalLM"); one device (device_reason); plain float projections
+    (plain_projections_reason with ``projections_of``)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in model_types:
+        names = repr(model_types[0]) if len(model_types) == 1 else f"one of {model_types}"
+        return f"model_type {model_type!r} is not {names}"
+    layers = model
+    for name in layers_path.split("."):
+        layers = getattr(layers, name, None)
+    if layers is None or model.get_output_embeddings() is None:
+        return f"the model has no .{layers_path} / lm_head (expected {expected})"
+    return device_reason(model) or plain_projections_reason(layers, projections_of)
+
+
+def position_table_reason(max_tokens_per_row: int | None, positions: int, name: str) -> str | None:
+    """Why rows of up to max_tokens_per_row tokens (None: unknown) do not fit a learned position
+    table of ``positions`` rows (the config field ``name``), or None (GPT-2, OPT, GPT-BigCode)."""
+    if max_tokens_per_row is not None and max_tokens_per_row > positions:
+        return (f"a row needs up to {max_tokens_per_row} positions (prompt + max_new_tokens + K + 1) but the model has "
+                f"{name} {positions}")
+    return None
+
+
 def plain_projections_reason(layers, projections_of) -> str | None:
     """Why some layer's projection is not a plain float nn.Linear, or None: quantized or
     adapter-wrapped linears (bitsandbytes, peft) have a forward of their own, not plain weights.

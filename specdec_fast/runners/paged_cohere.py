@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ._linear import linear
 from ._rotary import rope_tables_reason
-from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
+from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import projection_modules
 
 
@@ -49,19 +49,8 @@ def _norm_of(module):
 def cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedCohereRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "cohere":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'cohere'"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
-        return "the model has no .model.layers / lm_head (expected a CohereForCausalLM)"
-    reason = device_reason(model)
-    if reason is not None:
-        return reason
-    reason = plain_projections_reason(inner.layers, projection_modules)
-    if reason is not None:
-        return reason
-    return rope_tables_reason(model, max_tokens_per_row, backend)
+    return (decoder_reason(model, ("cohere",), "model.layers", "a CohereForCausalLM", projection_modules)
+            or rope_tables_reason(model, max_tokens_per_row, backend))
 
 
 class _CohereLayer:

@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import rope_cos_sin
 from ._linear import linear
-from ._rotary import rope_tables, rope_tables_reason
-from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
+from ._rotary import device_rope_tables, rope_tables_reason, rotations
+from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import projection_modules
 
 
@@ -48,22 +47,13 @@ def _norm_of(module):
 def gemma3_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedGemma3Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "gemma3_text":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'gemma3_text'"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
-        return "the model has no .model.layers / lm_head (expected a Gemma3ForCausalLM)"
-    reason = device_reason(model)
+    reason = decoder_reason(model, ("gemma3_text",), "model.layers", "a Gemma3ForCausalLM", projection_modules)
     if reason is not None:
         return reason
-    if getattr(config, "attn_logit_softcapping", None) is not None:
+    if getattr(model.config, "attn_logit_softcapping", None) is not None:
         return "attn_logit_softcapping is set (the paged kernels do not cap attention scores)"
-    if getattr(config, "use_bidirectional_attention", False):
+    if getattr(model.config, "use_bidirectional_attention", False):
         return "use_bidirectional_attention (EmbeddingGemma) is not a causal decoder"
-    reason = plain_projections_reason(inner.layers, projection_modules)
-    if reason is not None:
-        return reason
     return rope_tables_reason(model, max_tokens_per_row, backend)
 
 
@@ -100,20 +90,17 @@ class PagedGemma3Runner(PagedRunnerBase):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.scale = config.query_pre_attn_scalar**-0.5  # Gemma3Attention's scaling
-        tables, self.rope_keys = rope_tables(model)
-        self.rope_tables = {key: (inv_freq.to(device=self.device, dtype=torch.float32), float(scaling))
-                            for key, (inv_freq, scaling, _) in tables.items()}
+        self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         # [T, D] cos / sin of each layer type's RoPE in the model dtype, once per call
-        rotations = {key: rope_cos_sin(positions, inv_freq, scaling, self.dtype)
-                     for key, (inv_freq, scaling) in self.rope_tables.items()}
+        tables = rotations(self.rope_tables, positions, self.dtype)
         x = F.embedding(flat.clamp(min=0), self.embed) * self.embed_scale.to(self.embed.dtype)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
-            cos, sin = rotations[self.rope_keys[i]]
+            cos, sin = tables[self.rope_keys[i]]
             h = gemma_rms_norm(x, layer.input)
             q = gemma_rms_norm(linear(h, *layer.q).view(total, heads, dim), layer.q_norm)
             k = gemma_rms_norm(linear(h, *layer.k).view(total, kv_heads, dim), layer.k_norm)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ._linear import linear
-from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason, head_dim_reason
+from .paged_base import FLOAT_DTYPES, PagedRunnerBase, device_reason, head_dim_reason, position_table_reason
 
 
 def _conv1d_type():
@@ -77,11 +77,8 @@ def gpt2_unsupported_reason(model, max_tokens_per_row: int | None = None, backen
                 "probabilities to the model dtype before P @ V, the paged kernels keep float32")
     if config.n_embd % config.n_head:
         return f"n_embd {config.n_embd} is not a multiple of n_head {config.n_head}"
-    positions = inner.wpe.weight.shape[0]
-    if max_tokens_per_row is not None and max_tokens_per_row > positions:
-        return (f"a row needs up to {max_tokens_per_row} positions (prompt + max_new_tokens + K + 1) but the model has "
-                f"n_positions {positions}")
-    return head_dim_reason(config.n_embd // config.n_head, backend)
+    return (position_table_reason(max_tokens_per_row, inner.wpe.weight.shape[0], "n_positions")
+            or head_dim_reason(config.n_embd // config.n_head, backend))
 
 
 def attention_scale(config, layer_idx: int) -> float:

@@ -19,12 +19,9 @@ attention and KV append through the kernels, the rest torch ops. No tensor-paral
 import torch
 import torch.nn.functional as F
 
+from ._layer_math import layer_norm_params
 from ._linear import linear
-from .paged_base import PagedRunnerBase, device_reason, head_dim_reason, plain_projections_reason
-
-
-def _layer_norm_of(module):
-    return module.weight, module.bias, module.eps
+from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason, position_table_reason
 
 
 def _projections(block) -> tuple:
@@ -34,23 +31,14 @@ def _projections(block) -> tuple:
 def gpt_bigcode_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedGPTBigCodeRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "gpt_bigcode":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'gpt_bigcode'"
-    inner = getattr(model, "transformer", None)
-    if (inner is None or not all(hasattr(inner, name) for name in ("wte", "wpe", "h", "ln_f"))
-            or model.get_output_embeddings() is None):
-        return "the model has no .transformer.{wte,wpe,h,ln_f} / lm_head (expected a GPTBigCodeForCausalLM)"
-    reason = device_reason(model) or plain_projections_reason(inner.h, _projections)
+    reason = decoder_reason(model, ("gpt_bigcode",), "transformer.h", "a GPTBigCodeForCausalLM", _projections)
     if reason is not None:
         return reason
+    config = model.config
     if getattr(config, "add_cross_attention", False):
         return "add_cross_attention (cross-attention blocks)"
-    positions = inner.wpe.weight.shape[0]
-    if max_tokens_per_row is not None and max_tokens_per_row > positions:
-        return (f"a row needs up to {max_tokens_per_row} positions (prompt + max_new_tokens + K + 1) but the model has "
-                f"n_positions {positions}")
-    return head_dim_reason(config.n_embd // config.n_head, backend)
+    return (position_table_reason(max_tokens_per_row, model.transformer.wpe.weight.shape[0], "n_positions")
+            or head_dim_reason(config.n_embd // config.n_head, backend))
 
 
 class _BigCodeBlock:
@@ -58,7 +46,7 @@ class _BigCodeBlock:
 
     def __init__(self, block):
         attn, mlp = block.attn, block.mlp
-        self.ln_1, self.ln_2 = _layer_norm_of(block.ln_1), _layer_norm_of(block.ln_2)
+        self.ln_1, self.ln_2 = layer_norm_params(block.ln_1), layer_norm_params(block.ln_2)
         self.qkv = (attn.c_attn.weight, attn.c_attn.bias)
         self.proj = (attn.c_proj.weight, attn.c_proj.bias)
         self.fc, self.out = (mlp.c_fc.weight, mlp.c_fc.bias), (mlp.c_proj.weight, mlp.c_proj.bias)
@@ -77,7 +65,7 @@ class PagedGPTBigCodeRunner(PagedRunnerBase):
         self.wte, self.wpe = inner.wte.weight, inner.wpe.weight
         self.max_positions = int(self.wpe.shape[0])
         self.layers = [_BigCodeBlock(block) for block in inner.h]
-        self.ln_f = _layer_norm_of(inner.ln_f)
+        self.ln_f = layer_norm_params(inner.ln_f)
         self.lm_head = model.get_output_embeddings().weight
         self.hidden = config.n_embd
         self.num_heads = config.n_head

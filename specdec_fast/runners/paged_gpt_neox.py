@@ -20,14 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import rope_cos_sin
+from ._layer_math import layer_norm_params, rope_cos_sin
 from ._linear import linear
-from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
+from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import llama_config_reason
-
-
-def _layer_norm_of(module):
-    return module.weight, module.bias, module.eps
 
 
 def _projections(layer) -> tuple:
@@ -37,19 +33,10 @@ def _projections(layer) -> tuple:
 def gpt_neox_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedGPTNeoXRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "gpt_neox":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'gpt_neox'"
-    inner = getattr(model, "gpt_neox", None)
-    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
-        return "the model has no .gpt_neox.layers / lm_head (expected a GPTNeoXForCausalLM)"
-    reason = device_reason(model)
+    reason = decoder_reason(model, ("gpt_neox",), "gpt_neox.layers", "a GPTNeoXForCausalLM", _projections)
     if reason is not None:
         return reason
-    reason = plain_projections_reason(inner.layers, _projections)
-    if reason is not None:
-        return reason
-    rotary = getattr(inner, "rotary_emb", None)
+    config, rotary = model.config, getattr(model.gpt_neox, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"
     # the partial rotation is this runner's own (rotary_dims not checked against the head)
@@ -61,7 +48,8 @@ class _NeoXLayer:
 
     def __init__(self, layer):
         attn, mlp = layer.attention, layer.mlp
-        self.ln_in, self.ln_post = _layer_norm_of(layer.input_layernorm), _layer_norm_of(layer.post_attention_layernorm)
+        self.ln_in = layer_norm_params(layer.input_layernorm)
+        self.ln_post = layer_norm_params(layer.post_attention_layernorm)
         self.qkv = (attn.query_key_value.weight, attn.query_key_value.bias)
         self.dense = (attn.dense.weight, attn.dense.bias)
         self.up = (mlp.dense_h_to_4h.weight, mlp.dense_h_to_4h.bias)
@@ -80,7 +68,7 @@ class PagedGPTNeoXRunner(PagedRunnerBase):
         config, inner = model.config, model.gpt_neox
         self.embed = inner.embed_in.weight
         self.layers = [_NeoXLayer(layer) for layer in inner.layers]
-        self.final_norm = _layer_norm_of(inner.final_layer_norm)
+        self.final_norm = layer_norm_params(inner.final_layer_norm)
         self.lm_head = model.get_output_embeddings().weight
         self.hidden = config.hidden_size
         self.num_heads = self.num_kv_heads = config.num_attention_heads

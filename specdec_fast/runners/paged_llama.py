@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ._fused_weights import concat_parameters
 from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
-from .paged_base import PagedRunnerBase, device_reason, head_dim_reason, plain_projections_reason
+from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 from .sliding_window import window_reached
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
@@ -73,20 +73,10 @@ _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedLlamaRunner cannot run ``model`` with kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in LLAMA_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {LLAMA_MODEL_TYPES}"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
-        return "the model has no .model.layers / lm_head (expected a *ForCausalLM)"
-    reason = device_reason(model)
+    reason = decoder_reason(model, LLAMA_MODEL_TYPES, "model.layers", "a *ForCausalLM", projection_modules)
     if reason is not None:
         return reason
-    reason = plain_projections_reason(inner.layers, projection_modules)
-    if reason is not None:
-        return reason
-    rotary = getattr(inner, "rotary_emb", None)
+    config, rotary = model.config, getattr(model.model, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"
     return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,

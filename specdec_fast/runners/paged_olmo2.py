@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import rope_cos_sin
 from ._linear import linear
-from ._rotary import rope_tables, rope_tables_reason
-from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
+from ._rotary import device_rope_tables, rope_tables_reason, rotations
+from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import projection_modules
 
 
@@ -51,19 +50,8 @@ OLMO_MODEL_TYPES = ("olmo2", "olmo3")
 def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedOlmo2Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in OLMO_MODEL_TYPES:
-        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {OLMO_MODEL_TYPES}"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
-        return "the model has no .model.layers / lm_head (expected an Olmo2ForCausalLM)"
-    reason = device_reason(model)
-    if reason is not None:
-        return reason
-    reason = plain_projections_reason(inner.layers, projection_modules)
-    if reason is not None:
-        return reason
-    return rope_tables_reason(model, max_tokens_per_row, backend)
+    return (decoder_reason(model, OLMO_MODEL_TYPES, "model.layers", "an Olmo2ForCausalLM", projection_modules)
+            or rope_tables_reason(model, max_tokens_per_row, backend))
 
 
 class _Olmo2Layer:
@@ -96,20 +84,17 @@ class PagedOlmo2Runner(PagedRunnerBase):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5  # Olmo2Attention's scaling
-        tables, self.rope_keys = rope_tables(model)
-        self.rope_tables = {key: (inv_freq.to(device=self.device, dtype=torch.float32), float(scaling))
-                            for key, (inv_freq, scaling, _) in tables.items()}
+        self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         # [T, D] float32 cos / sin of each RoPE (one, or OLMo 3's per layer type), once per call
-        rotations = {key: rope_cos_sin(positions, inv_freq, scaling, torch.float32)
-                     for key, (inv_freq, scaling) in self.rope_tables.items()}
+        tables = rotations(self.rope_tables, positions, torch.float32)
         x = F.embedding(flat.clamp(min=0), self.embed)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
-            cos, sin = rotations[self.rope_keys[i]]
+            cos, sin = tables[self.rope_keys[i]]
             q = olmo_rms_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
             k = olmo_rms_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
             v = linear(x, *layer.v).view(total, kv_heads, dim)

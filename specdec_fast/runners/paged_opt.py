@@ -22,14 +22,11 @@ tensor-parallel runner.
 import torch
 import torch.nn.functional as F
 
+from ._layer_math import layer_norm_params
 from ._linear import linear
-from .paged_base import PagedRunnerBase, device_reason, head_dim_reason, plain_projections_reason
+from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason, position_table_reason
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
-
-
-def _layer_norm_of(module):
-    return module.weight, module.bias, module.eps
 
 
 def _pair(linear_module):
@@ -44,23 +41,12 @@ def _projections(layer) -> tuple:
 def opt_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedOPTRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "opt":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'opt'"
-    decoder = getattr(getattr(model, "model", None), "decoder", None)
-    if decoder is None or not hasattr(decoder, "layers") or model.get_output_embeddings() is None:
-        return "the model has no .model.decoder.layers / lm_head (expected an OPTForCausalLM)"
-    reason = device_reason(model)
+    reason = decoder_reason(model, ("opt",), "model.decoder.layers", "an OPTForCausalLM", _projections)
     if reason is not None:
         return reason
-    reason = plain_projections_reason(decoder.layers, _projections)
-    if reason is not None:
-        return reason
-    positions = decoder.embed_positions.weight.shape[0] - POSITION_OFFSET
-    if max_tokens_per_row is not None and max_tokens_per_row > positions:
-        return (f"a row needs up to {max_tokens_per_row} positions (prompt + max_new_tokens + K + 1) but the model has "
-                f"max_position_embeddings {positions}")
-    return head_dim_reason(config.hidden_size // config.num_attention_heads, backend)
+    config, positions = model.config, model.model.decoder.embed_positions.weight.shape[0] - POSITION_OFFSET
+    return (position_table_reason(max_tokens_per_row, positions, "max_position_embeddings")
+            or head_dim_reason(config.hidden_size // config.num_attention_heads, backend))
 
 
 class _OPTLayer:
@@ -69,7 +55,8 @@ class _OPTLayer:
     def __init__(self, layer):
         attn = layer.self_attn
         self.q, self.k, self.v, self.o = (_pair(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj))
-        self.ln_attn, self.ln_ffn = _layer_norm_of(layer.self_attn_layer_norm), _layer_norm_of(layer.final_layer_norm)
+        self.ln_attn = layer_norm_params(layer.self_attn_layer_norm)
+        self.ln_ffn = layer_norm_params(layer.final_layer_norm)
         self.fc1, self.fc2 = _pair(layer.fc1), _pair(layer.fc2)
         self.act = layer.activation_fn
         self.pre_norm = bool(layer.do_layer_norm_before)
@@ -88,7 +75,7 @@ class PagedOPTRunner(PagedRunnerBase):
         self.project_in, self.project_out = _pair(decoder.project_in), _pair(decoder.project_out)
         self.layers = [_OPTLayer(layer) for layer in decoder.layers]
         final = decoder.final_layer_norm
-        self.final_norm = None if final is None else _layer_norm_of(final)
+        self.final_norm = None if final is None else layer_norm_params(final)
         self.lm_head = model.get_output_embeddings().weight
         self.hidden = config.hidden_size
         self.num_heads = self.num_kv_heads = config.num_attention_heads

@@ -19,14 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import rope_cos_sin
+from ._layer_math import layer_norm_params, rope_cos_sin
 from ._linear import linear
 from ._rotary import rope_tables_reason
-from .paged_base import PagedRunnerBase, device_reason, plain_projections_reason
-
-
-def _layer_norm_of(module):
-    return module.weight, module.bias, module.eps
+from .paged_base import PagedRunnerBase, decoder_reason
 
 
 def _projections(layer) -> tuple:
@@ -37,19 +33,8 @@ def _projections(layer) -> tuple:
 def starcoder2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedStarcoder2Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) != "starcoder2":
-        return f"model_type {getattr(config, 'model_type', None)!r} is not 'starcoder2'"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or model.get_output_embeddings() is None:
-        return "the model has no .model.layers / lm_head (expected a Starcoder2ForCausalLM)"
-    reason = device_reason(model)
-    if reason is not None:
-        return reason
-    reason = plain_projections_reason(inner.layers, _projections)
-    if reason is not None:
-        return reason
-    return rope_tables_reason(model, max_tokens_per_row, backend)
+    return (decoder_reason(model, ("starcoder2",), "model.layers", "a Starcoder2ForCausalLM", _projections)
+            or rope_tables_reason(model, max_tokens_per_row, backend))
 
 
 class _Starcoder2Layer:
@@ -59,7 +44,8 @@ class _Starcoder2Layer:
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
                                                                        attn.o_proj))
-        self.ln_in, self.ln_post = _layer_norm_of(layer.input_layernorm), _layer_norm_of(layer.post_attention_layernorm)
+        self.ln_in = layer_norm_params(layer.input_layernorm)
+        self.ln_post = layer_norm_params(layer.post_attention_layernorm)
         self.fc, self.proj = (mlp.c_fc.weight, mlp.c_fc.bias), (mlp.c_proj.weight, mlp.c_proj.bias)
         self.act = mlp.act
 
@@ -74,7 +60,7 @@ class PagedStarcoder2Runner(PagedRunnerBase):
         config, inner = model.config, model.model
         self.embed = inner.embed_tokens.weight
         self.layers = [_Starcoder2Layer(layer) for layer in inner.layers]
-        self.final_norm = _layer_norm_of(inner.norm)
+        self.final_norm = layer_norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
