@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -182,11 +183,13 @@ SPECDEC_INLINE vi bit_lanes(uint32_t bits) {
 }
 
 // Which of the chunk's keys j0 .. j0 + CHUNK - 1 a query sees, as a CHUNK-bit mask: the first
-// `end` of them (its causal window, or the row's length), and under a tree mask, of the row's
-// new tokens only those its bits name (every key before the new tokens stays visible).
-SPECDEC_INLINE uint32_t visible_keys(int64_t end, bool tree, int64_t bits, int64_t j0, int64_t prefix) {
+// `end` of them (its causal window, or the row's length), none before position `first` (a
+// sliding window's first key), and under a tree mask, of the row's new tokens only those its
+// bits name (every key before the new tokens stays visible).
+SPECDEC_INLINE uint32_t visible_keys(int64_t end, int64_t first, bool tree, int64_t bits, int64_t j0, int64_t prefix) {
   constexpr uint32_t all = (1u << CHUNK) - 1u;
-  uint32_t vis = end >= CHUNK ? all : (1u << end) - 1u;
+  uint32_t vis = end >= CHUNK ? all : end <= 0 ? 0u : (1u << end) - 1u;
+  if (first > j0) vis &= first - j0 >= CHUNK ? 0u : ~((1u << (first - j0)) - 1u);
   if (tree) {
     const int64_t first_new = j0 - prefix;  // the chunk's first key, as an index among the new tokens
     uint64_t seen;
@@ -226,13 +229,18 @@ SPECDEC_INLINE void score_quad(const float* q, int64_t Dp, const float* keys, in
 // One quad of query rows over one chunk of keys: scores, the mask, the online softmax (m: the
 // running max, l: the running sum, acc rescaled by exp(m_old - m_new)) and P V.
 // q, acc: [ROWS][Dp]; m, l: [ROWS]; keys, vals: [CHUNK][Dp] (rows >= cnt unread by P V);
-// vis: [ROWS] key masks (0: the row sees nothing here, or is padding).
+// vis: [ROWS] key masks (0: the row sees nothing here, or is padding); softcap > 0: each score
+// s becomes softcap * tanh(s / softcap) (Gemma 2; std::tanh per score: only those models pay).
 SPECDEC_INLINE void attend_quad(const float* q, float* acc, float* m, float* l, int64_t Dp, const float* keys,
-                                const float* vals, int64_t cnt, const uint32_t* vis) {
+                                const float* vals, int64_t cnt, const uint32_t* vis, float softcap) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   alignas(64) float p[ROWS * CHUNK];
   float alpha[ROWS];
   score_quad(q, Dp, keys, cnt, p);
+  if (softcap > 0.f) {
+    const float inv = 1.f / softcap;
+    for (int64_t x = 0; x < ROWS * CHUNK; ++x) p[x] = softcap * std::tanh(p[x] * inv);
+  }
   for (int64_t r = 0; r < ROWS; ++r) {
     if (vis[r] == 0) {
       store_vec(p + r * CHUNK, splat(0.f));
@@ -283,7 +291,24 @@ struct Problem {
   int64_t ks0, ks1, ks2, vs0, vs1, vs2, bts;
   float scale;
   bool causal;
+  int64_t window;  // 0: none
+  float softcap;   // 0: none
 };
+
+// A query's position among its row's new tokens: i, or under a tree its depth (the ancestors
+// its bits name besides itself).
+SPECDEC_INLINE int64_t query_offset(int64_t i, bool tree, int64_t bits) {
+  return tree ? __builtin_popcountll(static_cast<uint64_t>(bits)) - 1 : i;
+}
+
+// The first key any query of row b may see: its window's start for query offset 0, rounded down
+// to a chunk (0 without a window). Keys before it are never read.
+template <typename scalar_t>
+SPECDEC_INLINE int64_t first_key(const Problem<scalar_t>& P, int64_t b) {
+  if (P.window <= 0) return 0;
+  const int64_t prefix = P.lens[b] - (P.cu[b + 1] - P.cu[b]);
+  return std::max<int64_t>(0, prefix - P.window + 1) / CHUNK * CHUNK;
+}
 
 // One thread's working set: the task's query rows, their running state, one chunk of K and V.
 // Padding (rows to a quad, D to Dp) stays zero: padded rows score 0 and are masked out.
@@ -331,14 +356,19 @@ void attend_keys(const Problem<scalar_t>& P, int64_t b, int64_t h, int64_t begin
     // rows whose causal window reaches this chunk: i >= j0 - prefix (every row: the block mask)
     const int64_t first_row = P.causal ? std::max<int64_t>(0, j0 - prefix) * G : 0;
     for (int64_t r0 = first_row / ROWS * ROWS; r0 < R; r0 += ROWS) {
-      uint32_t vis[ROWS];
+      uint32_t vis[ROWS], any = 0;
       for (int64_t k = 0; k < ROWS; ++k) {
         const int64_t r = r0 + k, i = r / G;
         const bool seen = r >= first_row && r < R;
+        const int64_t bits = seen && P.tree ? P.tree[q0 + i] : 0;
         const int64_t last = !seen ? 0 : P.causal ? std::min<int64_t>(cnt, prefix + i + 1 - j0) : cnt;
-        vis[k] = visible_keys(last, P.tree != nullptr, seen && P.tree ? P.tree[q0 + i] : 0, j0, prefix);
+        const int64_t first = P.window > 0 ? prefix + query_offset(i, P.tree != nullptr, bits) - P.window + 1 : 0;
+        vis[k] = visible_keys(last, first, P.tree != nullptr, bits, j0, prefix);
+        any |= vis[k];
       }
-      attend_quad(&t.q[r0 * Dp], &t.acc[r0 * Dp], &t.m[r0], &t.l[r0], Dp, t.k.data(), t.v.data(), cnt, vis);
+      if (any == 0) continue;  // the quad's rows see none of the chunk (a window passed it): no state changes
+      attend_quad(&t.q[r0 * Dp], &t.acc[r0 * Dp], &t.m[r0], &t.l[r0], Dp, t.k.data(), t.v.data(), cnt, vis,
+                  P.softcap);
     }
   }
 }
@@ -371,7 +401,7 @@ inline int64_t key_splits(int64_t tasks, int64_t threads, int64_t max_len) {
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
          const at::Tensor& seq_lens, const at::Tensor& cu_query_lens, const c10::optional<at::Tensor>& tree_mask,
-         double scale, bool causal, at::Tensor& out) {
+         double scale, bool causal, int64_t window, double softcap, at::Tensor& out) {
   Problem<scalar_t> P;
   P.B = block_table.size(0);
   P.Hq = q.size(1), P.D = q.size(2), P.Dp = (P.D + LANES - 1) / LANES * LANES;
@@ -384,12 +414,14 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   P.bts = block_table.stride(0);
   P.scale = static_cast<float>(scale);
   P.causal = causal;
+  P.window = window;
+  P.softcap = static_cast<float>(softcap);
   scalar_t* op = out.data_ptr<scalar_t>();
   const int64_t B = P.B, Hkv = P.Hkv;
 
   int64_t max_len = 0, max_rows = 0;
   for (int64_t b = 0; b < B; ++b) {
-    max_len = std::max<int64_t>(max_len, P.lens[b]);
+    max_len = std::max<int64_t>(max_len, P.lens[b] - first_key(P, b));
     max_rows = std::max<int64_t>(max_rows, (P.cu[b + 1] - P.cu[b]) * P.G);
   }
   const int64_t splits = key_splits(B * Hkv, omp_get_max_threads(), max_len);
@@ -402,7 +434,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t h = 0; h < Hkv; ++h) {
           if (P.cu[b + 1] <= P.cu[b]) continue;
-          attend_keys(P, b, h, 0, P.lens[b], t);
+          attend_keys(P, b, h, first_key(P, b), P.lens[b], t);
           write_rows(P, b, h, t.acc.data(), t.l.data(), op);
         }
       }
@@ -420,10 +452,10 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < Hkv; ++h) {
         for (int64_t s = 0; s < splits; ++s) {
-          const int64_t R = (P.cu[b + 1] - P.cu[b]) * P.G, L = P.lens[b];
+          const int64_t R = (P.cu[b + 1] - P.cu[b]) * P.G, L = P.lens[b], start = first_key(P, b);
           if (R <= 0) continue;
-          const int64_t span = ((L + splits - 1) / splits + CHUNK - 1) / CHUNK * CHUNK;
-          const int64_t begin = std::min(L, s * span), end = std::min(L, begin + span);
+          const int64_t span = ((L - start + splits - 1) / splits + CHUNK - 1) / CHUNK * CHUNK;
+          const int64_t begin = std::min(L, start + s * span), end = std::min(L, begin + span);
           attend_keys(P, b, h, begin, end, t);
           float* dst = &part[((b * Hkv + h) * splits + s) * slot];
           std::copy(t.acc.begin(), t.acc.begin() + R * P.Dp, dst);
@@ -458,7 +490,8 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& cu_query_lens,
-                           const c10::optional<at::Tensor>& tree_mask, double scale, bool causal) {
+                           const c10::optional<at::Tensor>& tree_mask, double scale, bool causal, int64_t window,
+                           double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "paged_attention: q must be a contiguous [T, Hq, D] tensor");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_attention: k_cache/v_cache shape");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "paged_attention: caches need stride(-1) == 1");
@@ -475,9 +508,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   if (tree_mask.has_value())
     TORCH_CHECK(tree_mask->scalar_type() == at::kLong && tree_mask->is_contiguous() && tree_mask->size(0) == q.size(0),
                 "paged_attention: tree_mask must be contiguous int64 [T]");
+  TORCH_CHECK(window >= 0 && softcap >= 0.0, "paged_attention: window and softcap must be >= 0 (0: none)");
   at::Tensor out = at::zeros_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
-    run<scalar_t>(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal, out);
+    run<scalar_t>(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal, window, softcap,
+                  out);
   });
   return out;
 }
@@ -489,7 +524,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-      "Tensor cu_query_lens, Tensor? tree_mask, float scale, bool causal=True) -> Tensor");
+      "Tensor cu_query_lens, Tensor? tree_mask, float scale, bool causal=True, int window=0, float softcap=0.0) "
+      "-> Tensor");
   // The vector width this build attends with (16 AVX-512, 8 AVX2, 4 otherwise), for tests.
   m.def("paged_attention_lanes() -> int", []() -> int64_t { return specdec::attention::LANES; });
 }

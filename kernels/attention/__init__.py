@@ -101,8 +101,23 @@ def _check_values(q, k_cache, block_table, seq_lens, cu_query_lens, max_query_le
             raise ValueError("tree_mask: query i of a row must set its own bit i and no bit above i (BFS order)")
 
 
+def _check_window_softcap(window, softcap, tree_mask, max_query_len):
+    """window: None or an int >= 1 (and, under a tree, >= max_query_len); softcap: None or a
+    finite float > 0."""
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        if tree_mask is not None and window < max_query_len:
+            raise ValueError(f"window {window} < max_query_len {max_query_len} under a tree: a tree's window must "
+                             "cover its deepest node's ancestors (the kernels slide the prefix only)")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not math.isfinite(softcap) or softcap <= 0):
+        raise ValueError(f"softcap must be a finite float > 0 or None, got {softcap!r}")
+
+
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *, max_query_len: int,
-                    tree_mask=None, scale=None, causal: bool = True, backend=None, check=True) -> torch.Tensor:
+                    tree_mask=None, scale=None, causal: bool = True, window: int | None = None,
+                    softcap: float | None = None, backend=None, check=True) -> torch.Tensor:
     """Attention of T packed new queries over a paged KV cache; causal, token-tree or block mask.
 
     q [T, Hq, D] fp16/bf16/fp32; k_cache, v_cache [num_blocks, block_size, Hkv, D] same dtype;
@@ -119,6 +134,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     8 kv heads, D 128, fp32, 1 thread, process CPU time, commit 56f5b78): the C++ op's block mask
     costs 0.98-1.02x its causal pass at N = 8-16 over 256-4096 tokens, B 1 and 8 (the torch
     reference 0.84-1.01x); the Triton kernel's cost on a GPU is not measured yet.
+    window: a sliding window (Mistral, Gemma's sliding layers): a query at position p sees no key
+    at p - window or before; the query's position is prefix + i, or under a tree prefix + its
+    depth, popcount(tree_mask[t]) - 1, and a tree needs window >= max_query_len. The kernels
+    start each row's walk at its window (keys before it are not read). softcap: Gemma 2's
+    attention soft-capping, scores s -> softcap * tanh(s / softcap) after the scale.
     scale defaults to 1/sqrt(D). check=False skips the value checks (no host sync).
     Returns out [T, Hq, D] in q's dtype. See reference.py for the exact semantics.
     """
@@ -127,6 +147,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if not causal and tree_mask is not None:
         raise ValueError("the block mask (causal=False) takes no tree_mask")
+    _check_window_softcap(window, softcap, tree_mask, max_query_len)
+    softcap = None if softcap is None else float(softcap)
     if check:
         _check_values(q, k_cache, block_table, seq_lens, cu_query_lens, max_query_len, tree_mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -136,15 +158,17 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     tree_mask = tree_mask.contiguous() if tree_mask is not None else None
     if name == "torch":
         return paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale,
-                                         causal)
+                                         causal, window, softcap)
     if name == "cpp":
         from .cpp import paged_attention_cpp
 
-        return paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal)
+        return paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal,
+                                   window, softcap)
     from .triton import MAX_HEAD_DIM, paged_attention_triton
 
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"backend='triton' takes head_dim <= {MAX_HEAD_DIM}, got {q.shape[-1]}")
 
     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
-                                  max_query_len=max_query_len, tree_mask=tree_mask, scale=scale, causal=causal)
+                                  max_query_len=max_query_len, tree_mask=tree_mask, scale=scale, causal=causal,
+                                  window=window, softcap=softcap)

@@ -9,7 +9,15 @@ new query i sits at position P_b + i.
 Mask: every query sees the whole prefix. Among the new tokens, query i sees token j iff j <= i
 (causal) and, with a tree, bit j of tree_mask[t] is set (t = cu[b] + i: its ancestors and
 itself, nodes in BFS order). causal=False is the block mask (DFlash's draft block): every query
-sees every new token of its row, both ways. Softmax in fp32; output [T, Hq, D] in q's dtype.
+sees every new token of its row, both ways.
+
+Sliding window (window W): a query at position p sees no key at a position <= p - W (transformers'
+sliding layers keep a key while q_pos - k_pos < W). Query i of a chain or block sits at P_b + i;
+under a tree at P_b + its depth, popcount(tree_mask[t]) - 1 (its ancestors among the new tokens),
+and a tree's window must be at least the row's query count, so that it never hides an ancestor
+(whose positions the kernels do not know): only the prefix slides out. Soft-capping (softcap c,
+Gemma 2): each scaled score s becomes c * tanh(s / c) before the mask and the softmax.
+Softmax in fp32; output [T, Hq, D] in q's dtype.
 """
 import math
 
@@ -32,13 +40,22 @@ def gather_rows_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
     return cache[pages].flatten(1, 2)[:, :length]  # [R, nb, bs, Hkv, D] -> [R, length, Hkv, D]
 
 
+def tree_depths(tree_bits: torch.Tensor) -> torch.Tensor:
+    """Each query's depth in its tree, popcount(bits) - 1 (its ancestors among the row's new
+    tokens), for int64 bitmasks of any shape (bit 63 included: the sign bit)."""
+    shifts = torch.arange(64, device=tree_bits.device)
+    return ((tree_bits[..., None] >> shifts) & 1).sum(-1) - 1
+
+
 def visible_keys(new_tokens: torch.Tensor, lengths: torch.Tensor, query_len: int, max_len: int,
-                 tree_bits: torch.Tensor | None, causal: bool) -> torch.Tensor:
+                 tree_bits: torch.Tensor | None, causal: bool, window: int | None = None) -> torch.Tensor:
     """[R, query_len, max_len] bool: query i of row r may see the token at position j. Rows hold
     lengths[r] tokens (new_tokens[r] of them new, at the end); every query sees the whole
     prefix; new token jj (= j - prefix) is seen by query i iff jj <= i (causal) and, with a tree,
     bit jj of tree_bits[r, i] is set ([R, query_len] int64: its ancestors and itself); with
-    causal=False (the block mask) every new token of the row is seen."""
+    causal=False (the block mask) every new token of the row is seen. window: keys at positions
+    <= the query's position - window are hidden (the query's position: prefix + i, or prefix + its
+    tree depth)."""
     i = torch.arange(query_len, device=lengths.device)[None, :, None]
     j = torch.arange(max_len, device=lengths.device)[None, None, :]
     prefix = (lengths - new_tokens)[:, None, None]
@@ -46,7 +63,11 @@ def visible_keys(new_tokens: torch.Tensor, lengths: torch.Tensor, query_len: int
     allowed = (new <= i) if causal else torch.ones_like(new, dtype=torch.bool)
     if tree_bits is not None:
         allowed = allowed & (((tree_bits[:, :, None] >> new.clamp(0, 63)) & 1) == 1)
-    return (new < 0) | ((j < lengths[:, None, None]) & allowed)
+    seen = (new < 0) | ((j < lengths[:, None, None]) & allowed)
+    if window is not None:
+        offset = i if tree_bits is None else tree_depths(tree_bits)[:, :, None]
+        seen = seen & (j > prefix + offset - window)
+    return seen
 
 
 def paged_attention_reference(
@@ -59,6 +80,8 @@ def paged_attention_reference(
     tree_mask: torch.Tensor | None = None,
     scale: float | None = None,
     causal: bool = True,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """out [T, Hq, D] (q's dtype). A spec, not a fast path: it waits on the device for the longest
     row and query count and, per chunk, for its real queries (a boolean index). Rows are padded
@@ -87,8 +110,10 @@ def paged_attention_reference(
         real = i[None, :] < new_tokens[rows, None]
         qr = q[token].float().view(*token.shape, Hkv, Hq // Hkv, D)  # [R, n, Hkv, group, D]
         scores = torch.einsum("rikgd,rjkd->rkgij", qr, k) * scale  # [R, Hkv, group, n, L]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         tree_bits = None if tree_mask is None else tree_mask[token]
-        visible = visible_keys(new_tokens[rows], lengths[rows], query_len, max_len, tree_bits, causal)
+        visible = visible_keys(new_tokens[rows], lengths[rows], query_len, max_len, tree_bits, causal, window)
         probs = torch.softmax(scores.masked_fill(~visible[:, None, None], float("-inf")), dim=-1)
         o = torch.einsum("rkgij,rjkd->rikgd", probs, v).flatten(2, 3)  # [R, n, Hq, D]
         out[token[real]] = o[real].to(q.dtype)

@@ -58,13 +58,84 @@ from .._workspace import KernelWorkspace
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def _soft_cap(s, cap):
+    """cap * tanh(s / cap), elementwise (Gemma 2's attention soft-capping, here in the kernel's
+    log2 units: cap = softcap * log2(e)), from one exp2: tanh|x| = (1 - e) / (1 + e), e = 2^(-2|x| log2 e)."""
+    x = s / cap
+    e = tl.math.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t) * cap
+
+
+@triton.jit
+def _popcount64(bits):
+    """The set bits of each int64 (bit 63 included), as int64: a SWAR count whose arithmetic shifts
+    only ever bring a sign bit into lanes the masks clear."""
+    x = bits - ((bits >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    x = x + (x >> 8)
+    x = x + (x >> 16)
+    x = x + (x >> 32)
+    return x & 0x7F
+
+
+@triton.jit
+def _masked_chunks(q, m_i, l_i, acc, start_lo, start_hi, hi, prefix, qi, key_first, tree_bits, bt_row, k_head, v_head,
+                   s_kb, s_kt, softcap_log2, d, d_ok, n_off,
+                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_TREE: tl.constexpr, BLOCK_MASK: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IEEE_DOT: tl.constexpr):
+    """The online softmax over the chunks [start_lo, start_hi) of keys below ``hi``, with every
+    mask: the causal (or block) mask among the new tokens, the tree's bits, and the window (row
+    r sees no key before key_first[r]) -> (m_i, l_i, acc)."""
+    for start in range(start_lo, start_hi, BLOCK_N):
+        pos = start + n_off
+        in_seq = pos < hi
+        page = tl.load(bt_row + pos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
+        slot = pos % PAGE_SIZE
+        kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None],
+                     mask=in_seq[None, :] & d_ok[:, None], other=0.0)
+        if IEEE_DOT:
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        if HAS_SOFTCAP:
+            s = _soft_cap(s, softcap_log2)
+        j = pos - prefix  # index among the new tokens (< 0: prefix)
+        if BLOCK_MASK:
+            visible = in_seq[None, :] & (qi[:, None] >= 0)
+        else:
+            visible = in_seq[None, :] & (j[None, :] <= qi[:, None])
+        if HAS_TREE:
+            jc = tl.minimum(tl.maximum(j, 0), 63).to(tl.int64)
+            bit = (tree_bits[:, None] >> jc[None, :]) & 1
+            visible = visible & ((j[None, :] < 0) | (bit != 0))
+        if HAS_WINDOW:
+            visible = visible & (pos[None, :] >= key_first[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :],
+                    mask=in_seq[:, None] & d_ok[None, :], other=0.0)
+        if IEEE_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
 # Ints that follow lengths and the engine's row capacity are not specialised (1 / multiple of 16):
 # each new class would compile a variant inside a user's call (tests/kernels/test_compile_variants.py).
-@triton.jit(do_not_specialize=["num_splits", "min_split_chunks", "num_tokens"])
+@triton.jit(do_not_specialize=["num_splits", "min_split_chunks", "num_tokens", "window"])
 def _paged_attn_split(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
     out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr,
-    qk_scale, num_splits, min_split_chunks, num_tokens,
+    qk_scale, num_splits, min_split_chunks, num_tokens, window, softcap_log2,
     s_qt, s_qh,
     s_kb, s_kt, s_kh,
     s_bt,
@@ -81,6 +152,8 @@ def _paged_attn_split(
     DIRECT_OUT: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     BLOCK_MASK: tl.constexpr = False,
+    HAS_WINDOW: tl.constexpr = False,
+    HAS_SOFTCAP: tl.constexpr = False,
     MERGE_LAST: tl.constexpr = False,
     FENCE: tl.constexpr = False,
     PDL: tl.constexpr = False,
@@ -121,14 +194,37 @@ def _paged_attn_split(
             kv_end = seq_len
         else:
             kv_end = tl.minimum(seq_len, prefix + last_q + 1)
+        if HAS_TREE:
+            tree_bits = tl.load(tree_ptr + t, mask=row_ok, other=0)
+        else:
+            tree_bits = qi  # unread
+        # a sliding window: row r sees keys from key_first[r] (its position - window + 1; under a
+        # tree its position is prefix + depth); the tile's walk starts at the chunk of its first
+        # row's, and chunks before the chunk of its last row's apply the window's mask
+        if HAS_WINDOW:
+            if HAS_TREE:
+                offset = (_popcount64(tree_bits) - 1).to(tl.int32)
+            else:
+                offset = qi
+            key_first = prefix + offset - window + 1
+            kv_start = tl.maximum(tl.min(tl.where(row_ok, key_first, kv_end), 0), 0) // BLOCK_N * BLOCK_N
+        else:
+            key_first = qi  # unread
+            kv_start = 0
         # this row's own keys are divided over the splits (at least min_split_chunks chunks
         # each, so short rows use fewer splits and the rest exit at once): a block table
         # reserved far beyond the row's length does not thin out the work per program
-        chunks_per_split = tl.maximum(tl.cdiv(tl.cdiv(kv_end, BLOCK_N), num_splits), min_split_chunks)
-        lo = split * chunks_per_split * BLOCK_N
+        chunks_per_split = tl.maximum(tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), num_splits), min_split_chunks)
+        lo = kv_start + split * chunks_per_split * BLOCK_N
         hi = tl.minimum(lo + chunks_per_split * BLOCK_N, kv_end)
-        # chunks [lo, mid) lie wholly in the prefix: no mask
+        # chunks [lo, mid) lie wholly in the prefix: no causal or tree mask
         mid = tl.maximum(tl.minimum(hi, (prefix // BLOCK_N) * BLOCK_N), lo)
+        # chunks [lo, w_end) reach below some row's window start: the window's mask (lo..lo without one)
+        if HAS_WINDOW:
+            w_last = tl.max(tl.where(row_ok, key_first, 0), 0)
+            w_end = tl.maximum(tl.minimum(hi, tl.cdiv(w_last, BLOCK_N) * BLOCK_N), lo)
+        else:
+            w_end = lo
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -137,10 +233,12 @@ def _paged_attn_split(
         bt_row = bt_ptr + b.to(tl.int64) * s_bt
         k_head = k_ptr + kvh.to(tl.int64) * s_kh
         v_head = v_ptr + kvh.to(tl.int64) * s_kh
-        if HAS_TREE:
-            tree_bits = tl.load(tree_ptr + t, mask=row_ok, other=0)
 
-        for start in range(lo, mid, BLOCK_N):
+        if HAS_WINDOW:
+            m_i, l_i, acc = _masked_chunks(q, m_i, l_i, acc, lo, w_end, hi, prefix, qi, key_first, tree_bits, bt_row,
+                                           k_head, v_head, s_kb, s_kt, softcap_log2, d, d_ok, n_off, BLOCK_N, PAGE_SIZE,
+                                           HAS_TREE, BLOCK_MASK, HAS_WINDOW, HAS_SOFTCAP, IEEE_DOT)
+        for start in range(w_end, mid, BLOCK_N):
             pos = start + n_off
             page = tl.load(bt_row + pos // PAGE_SIZE).to(tl.int64)
             slot = pos % PAGE_SIZE
@@ -152,6 +250,8 @@ def _paged_attn_split(
                 s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
             else:
                 s = tl.dot(q, kt)
+            if HAS_SOFTCAP:
+                s = _soft_cap(s, softcap_log2)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
@@ -166,39 +266,9 @@ def _paged_attn_split(
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
 
-        for start in range(mid, hi, BLOCK_N):
-            pos = start + n_off
-            in_seq = pos < hi
-            page = tl.load(bt_row + pos // PAGE_SIZE, mask=in_seq, other=0).to(tl.int64)
-            slot = pos % PAGE_SIZE
-            kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None],
-                         mask=in_seq[None, :] & d_ok[:, None], other=0.0)
-            if IEEE_DOT:
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-            else:
-                s = tl.dot(q, kt)
-            j = pos - prefix  # index among the new tokens (< 0: prefix)
-            if BLOCK_MASK:
-                visible = in_seq[None, :] & (qi[:, None] >= 0)
-            else:
-                visible = in_seq[None, :] & (j[None, :] <= qi[:, None])
-            if HAS_TREE:
-                jc = tl.minimum(tl.maximum(j, 0), 63).to(tl.int64)
-                bit = (tree_bits[:, None] >> jc[None, :]) & 1
-                visible = visible & ((j[None, :] < 0) | (bit != 0))
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_safe)
-            p = tl.math.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :],
-                        mask=in_seq[:, None] & d_ok[None, :], other=0.0)
-            if IEEE_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+        m_i, l_i, acc = _masked_chunks(q, m_i, l_i, acc, tl.maximum(mid, w_end), hi, hi, prefix, qi, key_first, tree_bits,
+                                       bt_row, k_head, v_head, s_kb, s_kt, softcap_log2, d, d_ok, n_off, BLOCK_N,
+                                       PAGE_SIZE, HAS_TREE, BLOCK_MASK, HAS_WINDOW, HAS_SOFTCAP, IEEE_DOT)
 
         has_mass = l_i > 0.0
         o = acc / tl.where(has_mass, l_i, 1.0)[:, None]
@@ -431,7 +501,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
                            max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
                            min_split_tokens: int | None = None, plan: LaunchPlan | None = None, causal: bool = True,
                            merge_in_kernel: bool | None = None, workspace: KernelWorkspace | None = None,
-                           pdl: bool = False):
+                           pdl: bool = False, window: int | None = None, softcap: float | None = None):
     """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
     a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
     e.g. for tests and the benchmark's sweep; merge_in_kernel (None: MERGE_IN_KERNEL) where the
@@ -440,7 +510,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     calls on one stream, e.g. a runner's layers); without one a split call zero-fills its tickets.
     pdl: on CUDA, each launch is a programmatic dependent launch (the GEMV layer's chain,
     runners/paged_llama.py GEMV_PDL): it waits for the kernel before it at its first line and
-    lets the next PDL launch start at once."""
+    lets the next PDL launch start at once. window / softcap: a sliding window and attention
+    soft-capping (kernels/attention/__init__.py), each a constexpr passed only when set (the
+    launches without them keep their compiled variants)."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -474,7 +546,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     _paged_attn_split[(B * Hkv, plan.num_tiles, splits)](
         q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, seq_lens if tree_mask is None else tree_mask,
         out, part_o, part_lse, tickets,
-        float(scale) * LOG2E, splits, plan.min_split_chunks, T,
+        float(scale) * LOG2E, splits, plan.min_split_chunks, T, int(window or 0), float(softcap or 1.0) * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0),
@@ -487,6 +559,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
         num_warps=plan.num_warps, num_stages=2,
         **({} if causal else {"BLOCK_MASK": True}),
+        **({} if window is None else {"HAS_WINDOW": True}),
+        **({} if softcap is None else {"HAS_SOFTCAP": True}),
         **({"MERGE_LAST": True, "FENCE": not triton_interpreting()} if merge_last else {}),
         **pdl_kw,
     )

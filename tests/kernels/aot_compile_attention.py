@@ -17,11 +17,11 @@ PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i3
 
 
 def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, block_mask=False, merge_last=False, pdl=False,
-                  block_n=64):
+                  block_n=64, window=False, softcap=False):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
                   BLOCK_N=block_n, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
                   HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask,
-                  MERGE_LAST=merge_last, FENCE=merge_last, PDL=pdl)
+                  HAS_WINDOW=window, HAS_SOFTCAP=softcap, MERGE_LAST=merge_last, FENCE=merge_last, PDL=pdl)
     types = {name: t.replace("Q", f"*{dtype}") for name, t in PTRS.items()}
     return compile_sm90(attn._paged_attn_split, consts, types, num_warps=8 if block_m >= 128 else 4, num_stages=2,
                         pdl=pdl)
@@ -53,6 +53,16 @@ def main(full: bool) -> None:
     for cfg in (("bf16", 64, 16, 4, 128, False, True), ("bf16", 128, 16, 8, 128, False, False)):  # the block mask
         kernel = compile_split(*cfg, block_mask=True)
         print("split block mask", cfg, "shared bytes", kernel.metadata.shared)
+    # a sliding window and soft-capping (Mistral, Gemma 2 / 3): decode, a chain, a tree, the block mask, a prefill tile
+    for cfg, extra in ((("bf16", 16, 1, 4, 128, False, False), dict(window=True)),
+                       (("bf16", 32, 8, 4, 128, False, True), dict(window=True, softcap=True)),
+                       (("fp16", 32, 8, 4, 96, True, False), dict(window=True)),
+                       (("bf16", 64, 16, 4, 128, False, True), dict(window=True, block_mask=True)),
+                       (("bf16", 16, 4, 4, 256, True, False), dict(softcap=True, block_n=32)),
+                       (("bf16", *_prefill_tile("bf16", 8, 128)[:2], 8, 128, False, False),
+                        dict(window=True, softcap=True, block_n=_prefill_tile("bf16", 8, 128)[2]))):
+        kernel = compile_split(*cfg, **extra)
+        print("split window / softcap", cfg, extra, "shared bytes", kernel.metadata.shared)
     # the in-kernel merge (the last split merges after a fenced ticket): decode and a chain of 5
     for cfg in (("bf16", 16, 1, 4, 128, False, False), ("bf16", 32, 8, 4, 128, True, False),
                 ("fp16", 16, 4, 4, 80, False, False)):

@@ -77,9 +77,13 @@ def make_case(seq_lens, query_lens, hq, hkv, head_dim, block_size, dtype, *, tre
                      to(cu), None if tree_mask is None else to(tree_mask), dense_k, dense_v, mql)
 
 
-def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True) -> torch.Tensor:
+def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
     """float64 SDPA per row on the dense K/V with an explicit boolean mask: [T, Hq, D]
-    (causal=False: the block mask, every new token visible to every query of its row)."""
+    (causal=False: the block mask, every new token visible to every query of its row).
+    window: a query at position p (prefix + i, or prefix + its tree depth: its ancestors) sees no
+    key at p - window or before. softcap: scores s -> softcap * tanh(s / softcap), written out
+    (SDPA has no soft-capping)."""
     q = case.q.cpu().double()
     T, Hq, D = q.shape
     out = torch.zeros(T, Hq, D, dtype=torch.float64)
@@ -102,7 +106,14 @@ def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True) -> torch.Tenso
                     mask[i, prefix + j] = bool(bit)
                 else:
                     mask[i, prefix + j] = j <= i or not causal
-        o = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1), k, v, attn_mask=mask,
-                                           scale=scale if scale is not None else 1 / math.sqrt(D))
+            if window is not None:
+                depth = i if case.tree_mask is None else bin(int(case.tree_mask[lo + i]) & (2 ** 64 - 1)).count("1") - 1
+                mask[i, : max(0, prefix + depth - window + 1)] = False
+        qr, sc = q[lo:hi].transpose(0, 1), scale if scale is not None else 1 / math.sqrt(D)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(qr, k, v, attn_mask=mask, scale=sc)
+        else:
+            scores = torch.tanh(qr @ k.transpose(1, 2) * sc / softcap) * softcap
+            o = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
         out[lo:hi] = o.transpose(0, 1)
     return out

@@ -21,6 +21,7 @@ from specdec_fast.kernels import _cpp_build
 from tests.kernels.attention_cases import make_case, sdpa_oracle
 from tests.kernels.test_rng_cpp import GUMBEL_BLOCKS, gumbel_block_is_the_spec
 from tests.kernels.test_paged_attention import BLOCK_CASES, CASES, TOL
+from tests.kernels.test_paged_attention_window import CASES as WINDOW_CASES
 
 pytestmark = [
     pytest.mark.slow,
@@ -95,6 +96,14 @@ def _paged_attention_matches_sdpa(name, ops):
         tol = TOL[dtype]
         torch.testing.assert_close(out.double(), sdpa_oracle(case, causal=causal), atol=tol, rtol=tol,
                                    msg=lambda m: f"{name} build, case {i}: {m}")
+    # the sliding window's key masks and soft-capping, per width (a window's first key mid-vector)
+    for key, (seq, ql, hq, hkv, d, bs, dtype, tree, causal, window, cap) in WINDOW_CASES.items():
+        case = make_case(seq, ql, hq, hkv, d, bs, dtype, tree=tree, seed=len(key))
+        out = ops.paged_attention(case.q.contiguous(), case.k_cache, case.v_cache, case.block_table.contiguous(),
+                                  case.seq_lens, case.cu_query_lens, case.tree_mask, d ** -0.5, causal, window or 0,
+                                  cap or 0.0)
+        torch.testing.assert_close(out.double(), sdpa_oracle(case, causal=causal, window=window, softcap=cap),
+                                   atol=TOL[dtype], rtol=TOL[dtype], msg=lambda m: f"{name} build, {key}: {m}")
 
 
 def _skinny_linear_equals_this_machines_bit_for_bit(name, ops):
