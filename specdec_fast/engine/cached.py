@@ -20,7 +20,7 @@ import torch
 
 from .draft_heads import head_source
 from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for
-from .inputs import check_pair, tokenizer_key
+from .inputs import check_pair, max_positions, tokenizer_key
 
 MIN_SEQ_LEN = 256
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {key: _Entry}
@@ -85,7 +85,7 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
         else:
             seq_len = _grow(MIN_SEQ_LEN, row_tokens)
         entries.pop(key, None)  # the old engine's pools go before the new one's are allocated
-        limit = _limit(target)
+        limit = max_positions(target)  # a sliding window is none: the kernels apply it
         if limit is not None:
             # A model with a position limit: rows of prompt + max_new_tokens + K + 1 within it where
             # the call's own rows fit; else rows of exactly the call's size (a paged runner cannot
@@ -110,25 +110,6 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
             draft_ref = weakref.ref(weak, forget)
         entries[key] = _Entry(engine, draft_ref, fingerprint)
         return engine
-
-
-def _limit(model) -> int | None:
-    """The most tokens a row may hold on the paged runners: the model's position limit, or its
-    sliding window where one is in use (Mistral's, Qwen2's use_sliding_window, ...; the paged
-    runners attend the whole row): rows that fit the window get an engine no wider, so they run
-    paged, and under tensor parallelism at all (found by the tensor-parallel fuzzing round: a window of
-    200 below the 256 rows of the smallest engine sent every call to the hf runner, and a
-    tensor-parallel one to an error); longer rows get an engine of their own size (hf runner)."""
-    from ..runners.sliding_window import sliding_layout
-    from ..runners.wrapped import unwrapped
-    from .inputs import max_positions
-
-    try:
-        window = sliding_layout(getattr(model, "config", None), type(unwrapped(model)))[0]
-    except ValueError:  # layer types the hf runner does not take (its own error says so): no window to fit
-        window = None
-    limits = [value for value in (max_positions(model), window) if value is not None]
-    return min(limits) if limits else None
 
 
 def cached_engines(target) -> list:

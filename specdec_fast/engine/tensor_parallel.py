@@ -64,8 +64,7 @@ def tp_runner(model, group, runner, row_tokens: int, backend, block_size: int):
         reason = paged_unsupported_reason(model, row_tokens, backend)
         if reason is not None:
             raise ValueError(f"runner='paged' cannot run {type(model).__name__}: {reason}: tensor parallelism runs on "
-                             "the paged runner only (rows within the model's sliding window fit it: a smaller "
-                             "max_new_tokens, or SpeculativeEngine(max_seq_len=...))")
+                             "the paged runner only")
         sharded = shard_model(model, group)
     elif model.tp is not group and model.tp.size != group.size:
         raise ValueError(f"mismatched world sizes: a model sharded over {model.tp.size} ranks, the group has {group.size}")

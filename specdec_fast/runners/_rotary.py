@@ -1,7 +1,7 @@
 """A model's rotary frequencies as transformers' rotary module holds them: one table (inv_freq,
 attention_scaling, rope_type), or one per layer type (Gemma 3's and OLMo 3's module, a subclass
 of Gemma 3's: {type}_inv_freq / {type}_attention_scaling, rope_type a dict, each layer's type in
-config.layer_types). Read by the runners that rotate per layer type (paged_olmo2.py, paged_gemma3.py).
+config.layer_types). Read by the runners that rotate per layer type (paged_olmo2.py, paged_gemma.py).
 """
 import torch
 

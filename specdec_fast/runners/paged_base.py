@@ -39,6 +39,8 @@ from ..kernels._workspace import KernelWorkspace
 from ..kernels.attention import paged_attention
 from ..kernels.cache_ops import append_kv, compact_kv
 from ._linear import linear
+from .sliding_window import windows_per_layer
+from .wrapped import unwrapped
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -110,6 +112,14 @@ def head_dim_reason(head_dim: int, backend) -> str | None:
     return None
 
 
+def _transformers_class(model):
+    """The model's class for the sliding-window rule (whether its code reads a sliding_window: a
+    Llama-class model under another model_type reads none) when transformers defines it, else None
+    (the rule then reads transformers' code for config.model_type: a ShardedCausalLM's)."""
+    klass = type(unwrapped(model))
+    return klass if klass.__module__.startswith("transformers.") else None
+
+
 class PagedRunnerBase:
     """Runner (see runners/base.py) over a PagedKVCache; weights shared with the model.
 
@@ -124,6 +134,12 @@ class PagedRunnerBase:
     """
 
     max_positions: int | None = None
+    # Each layer's sliding window (None: full attention), from the config (runners/sliding_window.py);
+    # empty for the heads' runners, which set no window. The kernels apply a window only where a
+    # row can reach it (_allocate: self._windows), so rows inside it run as full attention.
+    layer_windows: tuple = ()
+    attn_softcap: float | None = None  # attention logit soft-capping (Gemma 2), in the kernels
+    _windows: tuple = ()
     _tree_mask = None  # int64 [B*N] during a tree-scoring forward (score(tree=...)), else None
     hidden_capture = None  # a HiddenCapture when a drafter reads the hidden states (capture_hidden_states)
     # score / commit update length, cache.seq_lens and the KV cache in place with static shapes per
@@ -174,6 +190,7 @@ class PagedRunnerBase:
         self.kernels = resolve_backend(backend, self.device, "paged_attention")
         self.fuse_projections = self.kernels == "triton" if fuse_projections is None else bool(fuse_projections)
         self._bind(model)
+        self.layer_windows = windows_per_layer(self.config, len(self.layers), _transformers_class(model))
         self.vocab_size = int(self.lm_head.shape[0])
         self.cache = None
         self.pooled = False  # True after allocate(): the pool outlives prefill / release (an engine's)
@@ -217,6 +234,9 @@ class PagedRunnerBase:
         if reason is not None:
             raise ValueError(f"{type(self).__name__} cannot hold rows of {max_tokens_per_row} tokens: {reason}; "
                              "use runner='hf' or None")
+        # a window rows of this length never reach (q - k <= max_tokens_per_row - 1 < window) is full attention
+        self._windows = tuple(w if w is not None and w < max_tokens_per_row else None
+                              for w in (self.layer_windows or (None,) * len(self.layers)))
         per_row = math.ceil(max_tokens_per_row / self.block_size)
         blocks = max_batch * per_row if num_blocks is None else num_blocks
         self.cache = PagedKVCache(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks=blocks,
@@ -327,6 +347,9 @@ class PagedRunnerBase:
             raise ValueError("tree scoring takes at most 64 tokens per row and no num_valid")
         if tree is not None and tuple(tree[0].shape) not in ((tokens.shape[1],), tuple(tokens.shape)):
             raise ValueError(f"tree: the mask must have shape [N] or [B, N] = {list(tokens.shape)}, got {list(tree[0].shape)}")
+        if tree is not None and any(w is not None and w < tokens.shape[1] for w in self._windows):
+            raise ValueError(f"tree scoring of {tokens.shape[1]} tokens with a sliding window of {min(w for w in self._windows if w)} "
+                             "that rows reach: a tree's window must cover its nodes (kernels/attention)")
         self._tentative += tokens.shape[1]
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
@@ -460,18 +483,20 @@ class PagedRunnerBase:
         written (attn_lens [B] counts them) -> [T, Hq, D]. causal=False: the block mask (the
         row's new tokens see each other both ways: kernels/attention). pdl: the Triton path's
         launches as programmatic dependent launches (on CUDA; the GEMV layer's chain)."""
+        window, softcap = self._windows[i], self.attn_softcap
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
-                                                          self.block_table, attn_lens, cu, self._tree_mask, scale, causal)
+                                                          self.block_table, attn_lens, cu, self._tree_mask, scale, causal,
+                                                          window or 0, softcap or 0.0)
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
                                    plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace,
-                                   pdl=pdl)
+                                   pdl=pdl, window=window, softcap=softcap)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
-                               backend=self.backend, check=False)
+                               window=window, softcap=softcap, backend=self.backend, check=False)
 
     def _plan(self, max_query_len: int):
         """The Triton attention launch shape of a call (static per call width): chosen once."""

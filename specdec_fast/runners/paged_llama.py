@@ -32,7 +32,7 @@ from ._fused_weights import concat_parameters
 from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
-from .sliding_window import window_reached
+from .sliding_window import windows_per_layer
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
                      # transformers' LlamaForCausalLM under another model_type (EXAONE 3.x, InternLM3, IQuest-Coder)
@@ -83,19 +83,26 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
                                rotary_dims=2 * rotary.inv_freq.numel())
 
 
-def _window_reason(config, max_tokens_per_row) -> str | None:
-    """The sliding window rows of max_tokens_per_row tokens would reach, as a refusal's words, or
-    None (the paged attention attends the whole row: runners/sliding_window.py)."""
-    window = window_reached(config, max_tokens_per_row)
-    return None if window is None else f"sliding_window {window} is in use (rows up to {max_tokens_per_row} tokens)"
+def _layer_types_reason(config) -> str | None:
+    """Why the config's layers are not all full or sliding attention (a chunked or recurrent
+    layer: the kernels apply a causal, tree or block mask with an optional window), or None."""
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if kinds - {"full_attention", "sliding_attention"}:
+        return f"layer_types {sorted(kinds)}: the paged kernels take full and sliding attention layers"
+    try:
+        windows_per_layer(config, 0)
+    except ValueError as error:  # a sliding layer without an int window
+        return str(error)
+    return None
 
 
 def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None, backend=None,
                         rotary_dims: int | None = None) -> str | None:
     """The checks of llama_unsupported_reason that read only the config, the RoPE type and the
     rotated dimensions (2 x the rotary module's inv_freq; None: not checked) -- shared with the
-    tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py."""
-    reason = _window_reason(config, max_tokens_per_row)
+    tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py. A sliding
+    window is no refusal: the kernels apply it (runners/sliding_window.py)."""
+    reason = _layer_types_reason(config)
     if reason is not None:
         return reason
     if not isinstance(rope_type, str) or any(name in rope_type for name in _DYNAMIC_ROPE):
@@ -204,11 +211,6 @@ class PagedLlamaRunner(PagedRunnerBase):
     """
 
     unsupported_reason = staticmethod(llama_unsupported_reason)
-
-    def _row_limit_reason(self, max_tokens_per_row: int):
-        """A sliding window that rows of max_tokens_per_row tokens would reach (the paged
-        attention attends the whole row), else None."""
-        return _window_reason(self.config, max_tokens_per_row)
 
     gemv_layer = False  # decode steps through _decode_gemv (set in _bind from GEMV_LAYER; set_gemv_layer)
     gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)

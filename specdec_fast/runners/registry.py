@@ -10,7 +10,7 @@ decoder and the tests ask here.
 from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_cohere import PagedCohereRunner
-from .paged_gemma3 import PagedGemma3Runner
+from .paged_gemma import PagedGemmaRunner
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
@@ -23,12 +23,13 @@ from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
-# their own: OLMo 2 / 3, Gemma 3, StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode and GPT-2.
+# their own: OLMo 2 / 3, Gemma 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
     "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type
-    "gemma3_text": PagedGemma3Runner,  # Gemma 3's text decoder (270M, 1B)
+    "gemma2": PagedGemmaRunner,  # Gemma 2 (attention soft-capping and sliding layers in the kernels)
+    "gemma3_text": PagedGemmaRunner,  # Gemma 3's text decoder (270M, 1B)
     "starcoder2": PagedStarcoder2Runner,
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "opt": PagedOPTRunner,

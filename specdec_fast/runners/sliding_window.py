@@ -1,6 +1,6 @@
-"""Whether a model's attention slides, and how: the one rule for the paged runners (which attend
-whole rows, so they take a sliding-window model only while rows fit the window), the hf runner
-(which builds the window into its mask) and the engine's size cap (engine/cached._limit).
+"""Whether a model's attention slides, and how: the one rule for the paged runners (which pass
+each layer's window to the paged attention kernels: layer_windows), the hf runner (which builds
+the window into its mask) and the cross-check tests.
 
 transformers applies a window in three ways (5.24):
   - ``layer_types`` lists "sliding_attention" layers (Qwen2 / Qwen3 with use_sliding_window,
@@ -94,12 +94,15 @@ def sliding_layout(config, model_class=None):
     return window, False
 
 
-def window_reached(config, max_tokens_per_row: int | None, model_class=None) -> int | None:
-    """The window of a sliding-window model (sliding_layout) that rows of max_tokens_per_row
-    tokens exceed, else None (also for None, an unknown length: a paged runner's pool, which
-    knows it, asks again). Keys are masked when q - k >= window; the paged attention attends
-    the whole row, which is the same while rows stay within the window."""
-    window = sliding_layout(config, model_class)[0]
-    if window is None or max_tokens_per_row is None or max_tokens_per_row <= window:
-        return None
-    return window
+def windows_per_layer(config, num_layers: int, model_class=None) -> tuple:
+    """Each layer's sliding window ([num_layers] ints, None for a full-attention layer) under
+    sliding_layout's rule: layer_types' sliding_attention layers, or every layer (Mistral)."""
+    window, per_layer_type = sliding_layout(config, model_class)
+    if window is None:
+        return (None,) * num_layers
+    if per_layer_type:
+        kinds = list(config.layer_types)
+        if len(kinds) < num_layers:
+            raise ValueError(f"config.layer_types lists {len(kinds)} layers, the model has {num_layers}")
+        return tuple(window if kind == "sliding_attention" else None for kind in kinds[:num_layers])
+    return (window,) * num_layers

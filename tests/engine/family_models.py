@@ -1,4 +1,4 @@
-"""Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 3,
+"""Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 2 / 3,
 StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode), each built to exercise what its runner must get
 right; tests/engine/test_paged_families.py runs the checks every family shares, the family's test
 file its controls."""
@@ -13,10 +13,10 @@ def _alternating(layers: int) -> list:
     return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
 
 
-def _build(config, norm_range=None):
+def _build(config, norm_range=None, attn="sdpa"):
     import transformers as tf
 
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if norm_range is not None and "norm" in name and name.endswith("weight"):
@@ -34,6 +34,9 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                 full attention, each with its RoPE (default, theta 500 / linear x2, theta 900)
     gemma3      Gemma 3's text decoder, layers alternating as olmo3's (local theta 300, global 900 x2),
                 query_pre_attn_scalar 20, final-logit soft-capping 5 (the cap bites), norm weights around 0
+    gemma2      Gemma 2: no q / k norms, one RoPE (theta 300), attention soft-capping 1.5 and final-logit
+                soft-capping 5 (both bite), layers alternating as olmo3's
+    (olmo3, gemma2, gemma3 and starcoder2 take sliding_window=W: rows past a small one slide)
     starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200
     gpt_neox    Pythia's layer: one query_key_value (each head's q | k | v), half of each head
                 rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
@@ -52,20 +55,30 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         config = tf.Olmo2Config(rope_parameters={"rope_type": "default", "rope_theta": 700.0}, **common, **overrides)
         return _build(config, (0.5, 1.5))
     if kind == "olmo3":
-        config = tf.Olmo3Config(layer_types=_alternating(layers), sliding_window=200, rope_parameters={
+        overrides.setdefault("sliding_window", 200)
+        config = tf.Olmo3Config(layer_types=_alternating(layers), rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 900.0}}, **common, **overrides)
         return _build(config, (0.5, 1.5))
     if kind == "gemma3":
         overrides.setdefault("final_logit_softcapping", 5.0)
-        config = tf.Gemma3TextConfig(head_dim=16, sliding_window=200, query_pre_attn_scalar=20,
+        overrides.setdefault("sliding_window", 200)
+        config = tf.Gemma3TextConfig(head_dim=16, query_pre_attn_scalar=20,
                                      layer_types=_alternating(layers), rope_parameters={
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0},
                                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 900.0}},
                                      **common, **overrides)
         return _build(config, (-0.5, 0.5))
+    if kind == "gemma2":  # eager: transformers' Gemma 2 has no sdpa path (it cannot soft-cap there)
+        overrides.setdefault("final_logit_softcapping", 5.0)
+        overrides.setdefault("attn_logit_softcapping", 1.5)
+        overrides.setdefault("sliding_window", 200)
+        config = tf.Gemma2Config(head_dim=16, query_pre_attn_scalar=20, layer_types=_alternating(layers),
+                                 rope_parameters={"rope_type": "default", "rope_theta": 300.0}, **common, **overrides)
+        return _build(config, (-0.5, 0.5), attn="eager")
     if kind == "starcoder2":
-        config = tf.Starcoder2Config(use_bias=True, sliding_window=200, rope_theta=600.0, **common, **overrides)
+        overrides.setdefault("sliding_window", 200)
+        config = tf.Starcoder2Config(use_bias=True, rope_theta=600.0, **common, **overrides)
         return _build(config, (0.5, 1.5))
     if kind in ("gpt_neox", "gpt_neox_sequential"):
         neox = {k: v for k, v in common.items() if k not in ("num_key_value_heads", "intermediate_size")}

@@ -1,10 +1,11 @@
-"""runner='hf' on sliding-window models (specdec_fast/runners/hf.py, module docstring): Mistral
-(every layer slides), Qwen2 with use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed,
-the mask as transformers' per-layer-type dict), with prompts and generations far past the window,
-left padding, drafts rejected (holes) and compaction: the tokens are model.generate's. The paged
-runner refuses a window a row reaches, so these models run here by default. Before the window went
-into the runner's mask, every such call raised a shape error (the sliding cache layer had dropped
-slots the mask listed). Control: a window two tokens wider gives other tokens."""
+"""Sliding-window models on both runners: Mistral (every layer slides), Qwen2 with
+use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed), with prompts and generations
+far past the window, left padding and drafts rejected: the tokens are model.generate's. runner='hf'
+(specdec_fast/runners/hf.py, module docstring) builds the window into its mask (transformers'
+per-layer-type dict), with holes and compaction; before that, every such call raised a shape error
+(the sliding cache layer had dropped slots the mask listed). runner='paged' (the default since
+2026-11-30) passes each layer's window to the paged attention kernels. Control: a window two
+tokens wider gives other tokens."""
 import pytest
 import torch
 import transformers as tf
@@ -36,14 +37,16 @@ def _pair(kind: str, attn: str):
     return _MODELS[kind, attn]
 
 
+@pytest.mark.parametrize("runner", ["hf", "paged"])
 @pytest.mark.parametrize("drafting", ["draft", "lookup", "plain"])
 @pytest.mark.parametrize("kind, attn", CASES, ids=[f"{k}-{a}" for k, a in CASES])
-def test_greedy_tokens_equal_generate_past_the_window(kind, attn, drafting):
+def test_greedy_tokens_equal_generate_past_the_window(kind, attn, drafting, runner):
     model, draft = _pair(kind, attn)
     ids, mask = left_padded_prompts([6, 9, 4], seed=21)
     kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0, eos_token_id=3)
     extra = {"draft": dict(assistant_model=draft), "lookup": dict(prompt_lookup_num_tokens=3), "plain": {}}[drafting]
-    out, stats = specdec_fast.generate(model, ids, mask, return_stats=True, **kw, **extra)
+    out, stats = specdec_fast.generate(model, ids, mask, return_stats=True, runner=runner, **kw, **extra)
+    specdec_fast.release_engines(model)
     assert torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
     if drafting == "draft":
         assert stats.accepted_hist[0] > 0, "some drafts were rejected (holes in the runner's cache)"

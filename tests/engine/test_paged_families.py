@@ -1,15 +1,18 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 3,
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 2 / 3,
 StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode: tests/engine/family_models.py): the registry
 picks its runner; logits equal the model's own forward on every backend (prefill, left-padded
 score calls, rollback); bfloat16 within the runner tests' tolerance; greedy
 generate(runner="paged") equals model.generate token for token with a draft model, prompt lookup
-and plain decoding; rows past a sliding window or a learned position table go to the hf runner."""
+and plain decoding; rows past a small sliding window stay on the paged runner and still give the
+forward's logits and model.generate's tokens (the kernels slide); rows past a learned position
+table go to the hf runner."""
 import pytest
 import torch
 
+import specdec_fast
 import specdec_fast.api as api
 from specdec_fast.runners.paged_cohere import PagedCohereRunner
-from specdec_fast.runners.paged_gemma3 import PagedGemma3Runner
+from specdec_fast.runners.paged_gemma import PagedGemmaRunner
 from specdec_fast.runners.paged_gpt_bigcode import PagedGPTBigCodeRunner
 from specdec_fast.runners.paged_gpt_neox import PagedGPTNeoXRunner
 from specdec_fast.runners.paged_olmo2 import PagedOlmo2Runner
@@ -22,12 +25,13 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 from ..conftest import backend_device
 
-RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma3": PagedGemma3Runner,
+RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma2": PagedGemmaRunner, "gemma3": PagedGemmaRunner,
            "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
            "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner,
            "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,
            "gpt_bigcode_mha": PagedGPTBigCodeRunner}
-WINDOWED = ("olmo3", "gemma3", "starcoder2")  # a window of 200 (family_models)
+WINDOWED = ("olmo3", "gemma2", "gemma3", "starcoder2")  # sliding layers (family_models: sliding_window=W)
+SMALL_WINDOW = 4  # the rows of assert_runner_matches_forward reach 17 tokens, generate's 36
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
@@ -59,11 +63,40 @@ def test_greedy_paged_equals_generate(kind, batch):
         assert torch.equal(out, expected), drafting
 
 
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
 @pytest.mark.parametrize("kind", WINDOWED)
-def test_rows_past_the_window_go_to_the_hf_runner(kind):
-    model = tiny_family(kind)
-    assert api.choose_runner(model, None, 150) == "paged"
-    assert api.choose_runner(model, None, 250) == "hf"
+def test_rows_past_a_small_window_give_the_forwards_logits(kind, backend, device):
+    """Prefill, left-padded score calls and rollback over rows 4x the window: the runner passes
+    its sliding layers' window to the kernels, its full layers none."""
+    device = backend_device(backend, device)
+    model = tiny_family(kind, sliding_window=SMALL_WINDOW).to(device)
+    runner = RUNNERS[kind](model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert_runner_matches_forward(model, runner, VOCAB)
+    expected = (SMALL_WINDOW, None) if kind != "starcoder2" else (SMALL_WINDOW, SMALL_WINDOW)  # starcoder2: every layer
+    assert runner._windows == expected
+
+
+@pytest.mark.parametrize("kind", WINDOWED)
+def test_control_a_window_left_out_changes_the_logits(kind):
+    model = tiny_family(kind, sliding_window=SMALL_WINDOW)
+    runner = RUNNERS[kind](model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    runner.layer_windows = (None,) * len(runner.layers)  # as the runners attended before the kernels slid
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
+@pytest.mark.parametrize("drafting", ["draft", "lookup", "plain"])
+@pytest.mark.parametrize("kind", WINDOWED)
+def test_greedy_past_a_small_window_equals_generate(kind, drafting):
+    target = tiny_family(kind, seed=5, sliding_window=SMALL_WINDOW)
+    assert api.choose_runner(target, None, 250) == "paged"
+    ids, mask = left_padded_prompts([4, 10, 7], vocab=VOCAB, seed=3)
+    kw = dict(do_sample=False, max_new_tokens=24, pad_token_id=0)
+    extra = {"draft": dict(assistant_model=make_draft(target, noise=0.03)), "lookup": dict(prompt_lookup_num_tokens=3),
+             "plain": {}}[drafting]
+    out = api.generate(target, ids, mask, runner="paged", **kw, **extra)
+    specdec_fast.release_engines(target)
+    assert torch.equal(out, target.generate(ids, attention_mask=mask, **kw))
 
 
 @pytest.mark.parametrize("kind", ["opt", "gpt_bigcode"])

@@ -5,7 +5,6 @@ import torch
 
 import specdec_fast.api as api
 from specdec_fast.engine.cached import cached_engines, release_engines
-from specdec_fast.runners.hf import HFRunner
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
 from specdec_fast.runners.registry import paged_unsupported_reason
 
@@ -247,30 +246,30 @@ def test_runner_choice_and_errors():
     assert api.choose_runner(odd, None, 100, backend="triton") == "paged"
 
 
-def test_sliding_window_only_matters_when_reached():
+def test_a_sliding_window_is_applied_only_where_rows_reach_it():
+    """No refusal for a window (the kernels slide); the runner's pool passes a layer's window to
+    the kernels only when its rows can reach it (a row of L tokens spans q - k <= L - 1)."""
     import transformers as tf
 
     config = tf.MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                               num_attention_heads=4, num_key_value_heads=2, sliding_window=32)
     model = tf.AutoModelForCausalLM.from_config(config).eval()
-    assert paged_unsupported_reason(model, 32) is None
-    assert "sliding_window 32" in paged_unsupported_reason(model, 33)
-    assert api.choose_runner(model, None, 40) == "hf"
-    qwen = tiny("qwen2")  # use_sliding_window defaults to False
-    assert paged_unsupported_reason(qwen, 10**6) is None
-    # An unknown length is no refusal: the runner's pool, which knows it, checks the window.
-    assert paged_unsupported_reason(model) is None
+    assert paged_unsupported_reason(model, 33) is None and paged_unsupported_reason(model, 10**4) is None
+    assert api.choose_runner(model, None, 40) == "paged"
     runner = PagedLlamaRunner(model)
+    assert runner.layer_windows == (32,)
     runner.allocate(2, 32)
-    with pytest.raises(ValueError, match="cannot hold rows of 33 tokens: sliding_window 32 is in use"):
-        PagedLlamaRunner(model).allocate(2, 33)
+    assert runner._windows == (None,)
+    runner.allocate(2, 33)
+    assert runner._windows == (32,)
+    qwen = tiny("qwen2")  # use_sliding_window defaults to False
+    assert PagedLlamaRunner(qwen).layer_windows == (None,) * len(qwen.model.layers)
 
 
-def test_rows_within_a_sliding_window_run_paged():
-    """generate() sizes the engine of a sliding-window model no wider than its window when the
-    call's rows fit it (engine/cached.py _limit): they run on the paged runner, greedy equal to
-    model.generate; longer rows get the hf runner (found by the tensor-parallel fuzzing round: the
-    smallest engine, 256 tokens a row, sent every call of a 200-token window to the hf runner)."""
+def test_rows_past_a_sliding_window_run_paged():
+    """generate() runs a sliding-window model on the paged runner whether its rows fit the window
+    or pass it, greedy equal to model.generate (until 2026-11-30 the engine was sized no wider than
+    the window so that short rows ran paged, and longer ones went to the hf runner)."""
     import transformers as tf
 
     config = tf.MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -280,12 +279,11 @@ def test_rows_within_a_sliding_window_run_paged():
     model = tf.AutoModelForCausalLM.from_config(config).eval()
     model.generation_config.eos_token_id = None
     ids, mask = left_padded_prompts([6, 9], vocab=VOCAB, seed=3)
-    for new, runner in ((20, PagedLlamaRunner), (40, HFRunner)):
+    for new in (20, 60):
         kw = dict(max_new_tokens=new, do_sample=False, pad_token_id=0)
         assert torch.equal(api.generate(model, ids, mask, **kw), model.generate(ids, attention_mask=mask, **kw))
         engine = max(cached_engines(model), key=lambda e: e.max_seq_len)
-        assert isinstance(engine.target_runner, runner), (new, engine.max_seq_len)
-        assert (engine.max_seq_len <= 40) == (runner is PagedLlamaRunner)
+        assert isinstance(engine.target_runner, PagedLlamaRunner), (new, engine.max_seq_len)
     release_engines(model)
 
 

@@ -16,7 +16,7 @@ import transformers as tf
 import specdec_fast
 from specdec_fast.runners import hf as hf_runner
 from specdec_fast.runners import sliding_window
-from specdec_fast.runners.paged_llama import llama_config_reason
+from specdec_fast.runners.paged_llama import PagedLlamaRunner, llama_config_reason
 
 from .models import left_padded_prompts, make_draft
 
@@ -53,10 +53,10 @@ def _stray_llama():
         "llama-subclass"])
 def test_the_rule_on_each_family(config, model_class, expected):
     assert sliding_window.sliding_layout(config(), model_class) == expected
-    window = expected[0]
-    assert sliding_window.window_reached(config(), 3, model_class) is None  # rows inside any window here
-    assert sliding_window.window_reached(config(), 100, model_class) == window
-    assert sliding_window.window_reached(config(), None, model_class) is None  # unknown length: the pool asks again
+    window, per_layer_type = expected
+    # the paged runners' windows per layer: Qwen's max_window_layers=1 keeps layer 0 full
+    per_layer = (None, None) if window is None else (None, window) if per_layer_type else (window, window)
+    assert sliding_window.windows_per_layer(config(), 2, model_class) == per_layer
 
 
 @pytest.mark.parametrize("config", [
@@ -68,12 +68,14 @@ def test_the_rule_on_each_family(config, model_class, expected):
     lambda: tf.MinistralConfig(sliding_window=6, head_dim=12, **COMMON),  # its window by layer_types, likewise
 ], ids=["mistral", "qwen2", "qwen2-off", "llama-stray", "phi3", "ministral"])
 def test_the_paged_runner_and_the_hf_runner_agree(config):
-    """The paged runner refuses rows past the window exactly when the hf runner masks one."""
-    window = sliding_window.sliding_layout(config())[0]
-    reason = llama_config_reason(config(), "default", 100)
-    assert (reason is not None) == (window is not None), reason
+    """The paged runner slides the layers the hf runner's mask slides, by the same window, and
+    takes rows past it (the kernels slide: no refusal since 2026-11-30)."""
+    assert llama_config_reason(config(), "default", 100) is None
     model = tf.AutoModelForCausalLM.from_config(config(), attn_implementation="sdpa")
-    assert hf_runner.HFRunner(model).window == window
+    hf = hf_runner.HFRunner(model)
+    kinds = model.config.layer_types if hf.window_per_layer_type else ["sliding_attention"] * 2
+    expected = tuple(hf.window if kind == "sliding_attention" else None for kind in kinds)
+    assert PagedLlamaRunner(model).layer_windows == expected
 
 
 def test_code_without_a_readable_source_assumes_the_window():

@@ -1,26 +1,28 @@
-"""PagedGemma3Runner: Gemma 3's text decoder (model_type gemma3_text: Gemma3ForCausalLM, the 270M and
-1B checkpoints) run layer by layer over a PagedKVCache with the project's append_kv /
-paged_attention kernels (the machinery is shared: runners/paged_base.py).
+"""PagedGemmaRunner: Gemma 2 (model_type gemma2: Gemma2ForCausalLM, 2B / 9B / 27B) and Gemma 3's
+text decoder (gemma3_text: Gemma3ForCausalLM, the 270M and 1B checkpoints) run layer by layer over
+a PagedKVCache with the project's append_kv / paged_attention kernels (the machinery is shared:
+runners/paged_base.py).
 
 Weights are the model's own parameters (no copy): embed_tokens, per layer input_layernorm,
-self_attn.{q,k,v,o}_proj, self_attn.q_norm / k_norm, post_attention_layernorm,
+self_attn.{q,k,v,o}_proj, self_attn.q_norm / k_norm (Gemma 3), post_attention_layernorm,
 pre_feedforward_layernorm, post_feedforward_layernorm, mlp.{gate,up,down}_proj, then model.norm
-and lm_head (tied). The math is transformers 5.24's Gemma3DecoderLayer (modeling_gemma3.py),
-eval mode:
+and lm_head (tied). The math is transformers 5.24's Gemma2DecoderLayer / Gemma3DecoderLayer
+(modeling_gemma2.py, modeling_gemma3.py), eval mode:
     x = embed(ids) * sqrt(H)                      the scale rounded to the model dtype first
     h = input_layernorm(x); q, k, v = projections of h
-    q, k = q_norm(q), k_norm(k) per head; RoPE with the layer type's table (cos / sin in the
-    model dtype): sliding_attention layers a local base, full_attention ones the global (and
-    its scaling)
-    x = x + post_attention_layernorm(o_proj(attention(q, k, v)))   scale query_pre_attn_scalar^-0.5
+    Gemma 3: q, k = q_norm(q), k_norm(k) per head
+    RoPE with the layer type's table (cos / sin in the model dtype): Gemma 3's sliding_attention
+    layers a local base, full_attention ones the global (and its scaling); Gemma 2 one table
+    x = x + post_attention_layernorm(o_proj(attention(q, k, v)))   scale query_pre_attn_scalar^-0.5;
+        Gemma 2's scores soft-capped by attn_logit_softcapping (50) in the kernels (Gemma 3's
+        config carries the field too, unread by its attention)
     x = x + post_feedforward_layernorm(down(act(gate(h2)) * up(h2))), h2 = pre_feedforward_layernorm(x)
     logits = lm_head(norm(x)), soft-capped by final_logit_softcapping when it is set
 and Gemma's RMSNorm is x_normed * (1 + weight) in float32, then the dtype (gemma_rms_norm).
-Sliding layers slide only past their window (512 tokens for the 270M / 1B): rows that reach it run
-on the hf runner (runners/sliding_window.py: the one rule). Refused: attention logit
-soft-capping (Gemma 2's: the kernels do not cap scores) and bidirectional attention
-(EmbeddingGemma). One path on every backend, as the OLMo and GPT-2 runners: the attention and KV
-append through the kernels, the rest torch ops. No tensor-parallel runner.
+Sliding layers (layer_types; Gemma 2 4096 tokens, Gemma 3 512) pass their window to the kernels
+(runners/sliding_window.py). Refused: bidirectional attention (EmbeddingGemma). One path on every
+backend, as the OLMo and GPT-2 runners: the attention and KV append through the kernels, the
+rest torch ops. No tensor-parallel runner.
 """
 import torch
 import torch.nn.functional as F
@@ -44,27 +46,31 @@ def _norm_of(module):
     return module.weight, module.eps
 
 
-def gemma3_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why PagedGemma3Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
+GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
+
+
+def gemma_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedGemmaRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    reason = decoder_reason(model, ("gemma3_text",), "model.layers", "a Gemma3ForCausalLM", projection_modules)
+    reason = decoder_reason(model, GEMMA_MODEL_TYPES, "model.layers", "a Gemma2ForCausalLM or Gemma3ForCausalLM",
+                            projection_modules)
     if reason is not None:
         return reason
-    if getattr(model.config, "attn_logit_softcapping", None) is not None:
-        return "attn_logit_softcapping is set (the paged kernels do not cap attention scores)"
     if getattr(model.config, "use_bidirectional_attention", False):
         return "use_bidirectional_attention (EmbeddingGemma) is not a causal decoder"
     return rope_tables_reason(model, max_tokens_per_row, backend)
 
 
-class _Gemma3Layer:
-    """One Gemma3DecoderLayer's parameters (references to the model's tensors, not copies)."""
+class _GemmaLayer:
+    """One Gemma2DecoderLayer's or Gemma3DecoderLayer's parameters (references to the model's
+    tensors, not copies; q_norm / k_norm None for Gemma 2)."""
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
                                                                        attn.o_proj))
-        self.q_norm, self.k_norm = _norm_of(attn.q_norm), _norm_of(attn.k_norm)
+        self.q_norm, self.k_norm = ((_norm_of(attn.q_norm), _norm_of(attn.k_norm)) if hasattr(attn, "q_norm")
+                                    else (None, None))
         self.input, self.post_attention = _norm_of(layer.input_layernorm), _norm_of(layer.post_attention_layernorm)
         self.pre_feedforward = _norm_of(layer.pre_feedforward_layernorm)
         self.post_feedforward = _norm_of(layer.post_feedforward_layernorm)
@@ -72,24 +78,27 @@ class _Gemma3Layer:
         self.act = mlp.act_fn
 
 
-class PagedGemma3Runner(PagedRunnerBase):
-    """Runner (see runners/base.py) for a Gemma3ForCausalLM instance (weights shared); the
-    arguments are PagedRunnerBase's."""
+class PagedGemmaRunner(PagedRunnerBase):
+    """Runner (see runners/base.py) for a Gemma2ForCausalLM or Gemma3ForCausalLM instance (weights
+    shared); the arguments are PagedRunnerBase's."""
 
-    unsupported_reason = staticmethod(gemma3_unsupported_reason)
+    unsupported_reason = staticmethod(gemma_unsupported_reason)
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.model
         self.embed = inner.embed_tokens.weight
         self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
-        self.layers = [_Gemma3Layer(layer) for layer in inner.layers]
+        self.layers = [_GemmaLayer(layer) for layer in inner.layers]
         self.final_norm = _norm_of(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.softcap = config.final_logit_softcapping
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.scale = config.query_pre_attn_scalar**-0.5  # Gemma3Attention's scaling
+        self.scale = config.query_pre_attn_scalar**-0.5  # Gemma2Attention's / Gemma3Attention's scaling
+        # Gemma 2's attention soft-cap (50). Gemma 3's config keeps the field, which its attention
+        # never reads (transformers 5.24 passes no softcap there): not applied.
+        self.attn_softcap = config.attn_logit_softcapping if config.model_type == "gemma2" else None
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
@@ -102,8 +111,9 @@ class PagedGemma3Runner(PagedRunnerBase):
         for i, layer in enumerate(self.layers):
             cos, sin = tables[self.rope_keys[i]]
             h = gemma_rms_norm(x, layer.input)
-            q = gemma_rms_norm(linear(h, *layer.q).view(total, heads, dim), layer.q_norm)
-            k = gemma_rms_norm(linear(h, *layer.k).view(total, kv_heads, dim), layer.k_norm)
+            q, k = linear(h, *layer.q).view(total, heads, dim), linear(h, *layer.k).view(total, kv_heads, dim)
+            if layer.q_norm is not None:
+                q, k = gemma_rms_norm(q, layer.q_norm), gemma_rms_norm(k, layer.k_norm)
             v = linear(h, *layer.v).view(total, kv_heads, dim)
             q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
@@ -118,7 +128,8 @@ class PagedGemma3Runner(PagedRunnerBase):
         return out
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The lm_head product, soft-capped as Gemma3ForCausalLM does when final_logit_softcapping is set."""
+        """The lm_head product, soft-capped as Gemma2ForCausalLM / Gemma3ForCausalLM do when
+        final_logit_softcapping is set."""
         logits = super()._logits(hidden)
         if self.softcap is None:
             return logits

@@ -1,0 +1,51 @@
+"""The Gemma runner's own controls and refusals, Gemma 2 and 3 (its shared checks: test_paged_families.py)."""
+import pytest
+import torch
+
+from specdec_fast.runners.paged_gemma import PagedGemmaRunner, gemma_rms_norm
+from specdec_fast.runners.registry import paged_unsupported_reason
+
+from .family_models import VOCAB, tiny_family
+from .runner_checks import assert_runner_matches_forward
+
+
+def test_controls_each_gemma_piece_is_needed():
+    """Leaving out the soft-cap, using one RoPE table for every layer, or Llama's scale in place of
+    query_pre_attn_scalar's breaks the logits; the norm is Gemma's (1 + weight) in float32."""
+    model = tiny_family("gemma3")
+    for spoil in (lambda r: setattr(r, "softcap", None), lambda r: setattr(r, "rope_keys", ["full_attention"] * 2),
+                  lambda r: setattr(r, "scale", r.head_dim**-0.5)):
+        runner = PagedGemmaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+        assert runner.rope_keys == ["sliding_attention", "full_attention"]
+        spoil(runner)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner, VOCAB)
+    norm = model.model.layers[0].post_feedforward_layernorm.to(torch.bfloat16)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    assert torch.equal(gemma_rms_norm(x, (norm.weight, norm.eps)), norm(x))
+
+
+def test_controls_gemma2_needs_both_soft_caps_and_no_qk_norm():
+    """Gemma 2: the attention soft-cap (in the kernels) and the final one are each needed; it has
+    no q / k norms (Gemma 3's)."""
+    model = tiny_family("gemma2")
+    runner = PagedGemmaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.attn_softcap == 1.5 and runner.layers[0].q_norm is None
+    assert_runner_matches_forward(model, runner, VOCAB)
+    for spoil in (lambda r: setattr(r, "attn_softcap", None), lambda r: setattr(r, "softcap", None)):
+        runner = PagedGemmaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+        spoil(runner)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_refusals():
+    """Bidirectional attention (EmbeddingGemma) by name. Attention soft-capping is no refusal: the
+    kernels cap Gemma 2's scores, and Gemma 3's attention never reads the field (a config that sets
+    it gives the forward's logits with no cap)."""
+    capped = tiny_family("gemma3", attn_logit_softcapping=1.5)
+    assert paged_unsupported_reason(capped) is None
+    assert_runner_matches_forward(capped, PagedGemmaRunner(capped, max_new_tokens=8, num_draft_tokens=3, block_size=4),
+                                  VOCAB)
+    assert "bidirectional" in paged_unsupported_reason(tiny_family("gemma3", use_bidirectional_attention=True))
+    assert "bidirectional" in paged_unsupported_reason(tiny_family("gemma2", use_bidirectional_attention=True))
