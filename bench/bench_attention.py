@@ -8,6 +8,11 @@ Script modes:
     python bench/bench_attention.py --cpu-block-mask [--out bench/results/attention_block_mask_cpu.json]
         The block mask (causal=False: DFlash's draft block) against the causal pass at the same
         shapes, N = 8 / 16 new tokens per row, C++ op and torch reference, fp32.
+    python bench/bench_attention.py --cpu-window [--out bench/results/attention_window_cpu.json]
+        A sliding window (WINDOW_TABLE: 512 / 2048 over contexts of 2k / 8k) and Gemma 2's
+        soft-capping against full attention at the same shapes, C++ op and torch reference, fp32:
+        the C++ op reads only the keys from each row's window (predicted: time ~ (window + N) /
+        context of the full pass's); the reference reads every key and masks.
     python bench/bench_attention.py --gpu   [--quick] [--budget-s S] [--out bench/results/attention_<device>.json]
         Llama-8B-like heads (32 q, 8 kv, D=128), bf16, B in {1,8,32} x context in {1k,2k,8k,32k},
         N=1 and N=5 queries per row, every call timed as CUDA-graph replays (ours and SDPA):
@@ -18,7 +23,9 @@ Script modes:
         side by side: the merge launch (triton_*, sweep_*: today's default) and the in-kernel merge
         (in_kernel_*, sweep_in_kernel_*: kernels/attention/triton.py MERGE_IN_KERNEL), after a check
         that they give the same output; and short_row_*: rows of SHORT_ROW_TOKENS in the same tables
-        (the split count follows the table), the automatic plan against one split. --quick: B 1 / 8 x
+        (the split count follows the table), the automatic plan against one split; window_N*_us: a
+        sliding window of GPU_WINDOW tokens at contexts past it (predicted: about the time at a
+        context of GPU_WINDOW), softcap_N*_us: Gemma 2's soft-capping (50). --quick: B 1 / 8 x
         context 1k / 8k only (the merge forms' decision); the JSON is rewritten after every shape.
     TRITON_INTERPRET=1 python bench/bench_attention.py --gpu --smoke --out F
         The same code on CPU under the interpreter (fp32, B = 1 x context 520, one wall-clock
@@ -171,6 +178,42 @@ def run_cpu_block_mask(args):
     print(f"wrote {out}")
 
 
+WINDOW_TABLE = [(1, 2048, 1, 512), (1, 8192, 1, 512), (1, 8192, 1, 2048), (1, 8192, 5, 2048), (8, 2048, 5, 512)]
+WINDOW_SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
+
+
+def run_cpu_window(args):
+    """Window and soft-cap against full attention: (B, context, N, window) rows of WINDOW_TABLE."""
+    from specdec_fast.kernels.attention import paged_attention
+
+    if not _cpp_ok():
+        sys.exit("the C++ op did not build: nothing to compare")
+    load_before = os.getloadavg()
+    rows = []
+    for threads, (B, ctx, n, window) in itertools.product(args.threads or [1], WINDOW_TABLE):
+        torch.set_num_threads(threads)
+        inputs = make_inputs(B, ctx, n, dtype=torch.float32)
+        res = {"threads": threads, "B": B, "context": ctx, "N": n, "window": window}
+        for backend in ("cpp", "torch"):
+            for form, extra in (("full", {}), ("window", dict(window=window)), ("softcap", dict(softcap=WINDOW_SOFTCAP))):
+                fn = lambda: paged_attention(*inputs, max_query_len=n, backend=backend, check=False, **extra)  # noqa: E731
+                wall, cpu = median_seconds(fn, args.reps)
+                res[f"{backend}_{form}_ms"], res[f"{backend}_{form}_cpu_ms"] = round(1e3 * wall, 4), round(1e3 * cpu, 4)
+            for form in ("window", "softcap"):
+                res[f"{backend}_{form}_vs_full_cpu_time"] = round(res[f"{backend}_{form}_cpu_ms"] / res[f"{backend}_full_cpu_ms"], 3)
+        res["predicted_cpp_window_vs_full"] = round(min(1.0, (window + n) / ctx), 3)
+        rows.append(res)
+        print(json.dumps(res), flush=True)
+    report = {"device": f"cpu: {cpu_model()}", "cpus": os.cpu_count(),
+              "loadavg_1_5_15": dict(before=load_before, after=os.getloadavg()),
+              "heads": "32 q / 8 kv, D=128, block_size 16, fp32", "reps": args.reps, "softcap": WINDOW_SOFTCAP,
+              **versions(), "command": "python bench/bench_attention.py " + " ".join(sys.argv[1:]), "results": rows}
+    out = Path(args.out or ROOT / "bench/results/attention_window_cpu.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def graph_us(fn, reps: int = 100) -> float:
     """us per call of fn replayed in a CUDA graph (bench/gpu_timing.py): launch cost out of the
     picture, as in the decoding loop (the H100 run's eager do_bench timed Python launches:
@@ -186,6 +229,7 @@ SWEEP_MAX_CONTEXT = 8192
 QUICK_BATCHES, QUICK_CONTEXTS = (1, 8), (1024, 8192)  # --quick: the merge forms' decision rows
 SMOKE_BATCHES, SMOKE_CONTEXTS = (1,), (520,)  # --smoke: a sweep of 1 / 2 splits (256 tokens each)
 SHORT_ROW_TOKENS = 128  # each row's length in the short-row rows (the table keeps the row's context)
+GPU_WINDOW = 4096  # window_N*_us: Mistral 7B's / Gemma 2's sliding window, at contexts past it
 
 
 def wall_us(fn) -> float:
@@ -249,12 +293,12 @@ def run_gpu(args):
                 capacity = block_table.shape[1] * args.block_size
                 ws = KernelWorkspace()  # the in-kernel merge's tickets, as a runner holds them
 
-                def ours(splits=None, merge=False, lens=None):
+                def ours(splits=None, merge=False, lens=None, **extra):
                     lens = seq_lens if lens is None else lens
                     return paged_attention_triton(q, k_cache, v_cache, block_table, lens, cu, max_query_len=n,
                                                   scale=128 ** -0.5, num_splits=splits,
                                                   min_split_tokens=None if splits is None else 256,
-                                                  merge_in_kernel=merge, workspace=ws if merge else None)
+                                                  merge_in_kernel=merge, workspace=ws if merge else None, **extra)
 
                 # the two merges give the same output (fp32 partials; bf16 out): checked before timing
                 auto = ours().float()
@@ -285,6 +329,11 @@ def run_gpu(args):
                                              "1": time_us(lambda: ours(1, lens=short))}
                 res[f"short_row_max_abs_diff_N{n}"] = (ours(lens=short).float() - ours(1, lens=short).float()
                                                        ).abs().max().item()
+                # a sliding window past the context's start (reads ~GPU_WINDOW keys a row), soft-capping
+                window = min(GPU_WINDOW, ctx // 2) if args.smoke else GPU_WINDOW
+                if ctx > window:
+                    res[f"window_N{n}_us"] = time_us(lambda: ours(window=window))
+                res[f"softcap_N{n}_us"] = time_us(lambda: ours(softcap=WINDOW_SOFTCAP))
                 us = res[f"triton_N{n}_us"]
                 sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, time_us=time_us)
                 res[f"sdpa_flash_N{n}_us"], res["sdpa_native_gqa"] = sdpa, gqa
@@ -335,6 +384,7 @@ def main(argv=None):
     mode.add_argument("--gpu", action="store_true", help="Triton vs SDPA on CUDA (CUDA-graph replays)")
     mode.add_argument("--cpu", action="store_true", help="C++ op vs torch reference on CPU")
     mode.add_argument("--cpu-block-mask", action="store_true", help="block mask vs causal on CPU (C++ op, torch)")
+    mode.add_argument("--cpu-window", action="store_true", help="sliding window and soft-cap vs full on CPU")
     parser.add_argument("--out", help="JSON path (default bench/results/attention_<device>.json)")
     parser.add_argument("--reps", type=int, default=7, help="CPU mode: timed runs per shape (median)")
     parser.add_argument("--threads", type=int, nargs="*", help="CPU mode: thread counts to run (default: torch's)")
@@ -348,6 +398,8 @@ def main(argv=None):
         run_gpu(args)
     elif args.cpu_block_mask:
         run_cpu_block_mask(args)
+    elif args.cpu_window:
+        run_cpu_window(args)
     else:
         run_cpu(args)
 

@@ -114,7 +114,8 @@ class DFlashHead(nn.Module):
                              f"{layer_types}")
         # Sliding-window layers (the published DFlash2 drafters: every layer, 2048): exact as long as
         # every position a row reaches is inside the window (nothing falls out of it): rows are
-        # refused beyond that (runners/paged_dflash.py); windowed attention itself is not implemented.
+        # refused beyond that (runners/paged_dflash.py). The kernels slide, but how a window meets
+        # the two-way block mask is not checked against a reference implementation: not applied.
         self.sliding_window = None
         if "sliding_attention" in layer_types:
             window = getattr(config, "sliding_window", None)
@@ -167,7 +168,7 @@ class DFlashHead(nn.Module):
         reach = int(torch.cat([block_positions.reshape(-1), ctx_positions.reshape(-1)]).max()) + 1
         if self.sliding_window is not None and reach > self.sliding_window:
             raise ValueError(f"positions up to {reach} exceed this drafter's sliding window of {self.sliding_window} "
-                             "tokens (windowed attention is not implemented: rows must stay inside the window)")
+                             "tokens (a window over the block mask is not implemented for DFlash: rows must stay inside the window)")
         dim, scale = config.head_dim, config.head_dim ** -0.5
         cos_b, sin_b = self.rotary(block_embeds, block_positions)
         cos_c, sin_c = self.rotary(ctx, ctx_positions)

@@ -114,8 +114,8 @@ class PagedDFlashRunner(PagedRunnerBase):
         if self.sliding_window is not None and max(budgets, default=0) > self.sliding_window:
             raise ValueError(f"a row of {max(budgets)} positions (prompt + max_new_tokens + K + 1 + the block of "
                              f"{self.block}) exceeds the DFlash drafter's sliding window of {self.sliding_window} "
-                             "tokens; windowed attention is not implemented, so rows must stay inside the window: "
-                             "lower max_new_tokens or the prompt")
+                             "tokens; a window over DFlash's block mask is not implemented, so rows must stay inside "
+                             "the window: lower max_new_tokens or the prompt")
         num_valid = self._admit(features[..., 0], attention_mask, budgets, None, num_draft_tokens + self.block)
         self._direct = None
         if features.shape[1]:

@@ -33,6 +33,11 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "gemma3":  # Gemma 3's text decoder: sliding (window 4096: never reached here) and full layers
         return tf.Gemma3TextConfig(head_dim=12, layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
                                    ["sliding_attention"] * (layers % 2), final_logit_softcapping=30.0, **llama_like)
+    if kind == "mistral":  # every layer slides by a window of 8: the calls' rows pass it
+        return tf.MistralConfig(sliding_window=8, **llama_like)
+    if kind == "gemma2":  # attention soft-capping 2 (it bites), sliding (window 8: passed) and full layers
+        return tf.Gemma2Config(head_dim=12, sliding_window=8, attn_logit_softcapping=2.0, final_logit_softcapping=30.0,
+                               **llama_like)
     if kind == "starcoder2":  # LayerNorms, biases, a plain MLP (window 4096: never reached here)
         return tf.Starcoder2Config(use_bias=True, **llama_like)
     if kind == "gpt_neox":  # Pythia's layer: fused per-head q | k | v, half of each head rotated, parallel residual
@@ -56,6 +61,8 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
+    if kind == "gemma2":
+        attn = "eager"  # transformers' Gemma 2 has no sdpa path (it could not soft-cap there)
     config = _config(kind, vocab, layers)
     config.initializer_range = init_std
     config._attn_implementation = attn
