@@ -1,6 +1,7 @@
 """PagedCohereRunner: a Cohere decoder (model_type cohere: Command R / R+, Aya 23, Aya Expanse 8B /
-32B -- one tokenizer across sizes) run layer by layer over a PagedKVCache with the project's
-append_kv / paged_attention kernels (the machinery is shared: runners/paged_base.py).
+32B -- one tokenizer across sizes; cohere2: Command R7B, Command A, Aya Vision's text decoder) run
+layer by layer over a PagedKVCache with the project's append_kv / paged_attention kernels (the
+machinery is shared: runners/paged_base.py).
 
 Weights are the model's own parameters (no copy): embed_tokens, per layer input_layernorm,
 self_attn.{q,k,v,o}_proj, self_attn.q_norm / k_norm (use_qk_norm: Command R+), mlp.{gate,up,down}_proj,
@@ -12,9 +13,10 @@ then model.norm and lm_head (tied). The math is transformers 5.24's CohereDecode
     lanes (x[2i], x[2i+1]) -> (-x[2i+1], x[2i]); computed in float32, cast back
     x = (x + o_proj(attention(q, k, v))) + down(silu(gate(h)) * up(h))   one norm, parallel branches
     logits = lm_head(norm(x)) * logit_scale
+Cohere 2 (modeling_cohere2.py) is that layer without q / k norms, with sliding_attention layers
+(their window, 4096, in the kernels) that rotate and full_attention layers that do not (NoPE).
 One path on every backend, as the GPT-2 runner: the attention and KV append through the kernels,
-the rest torch ops. Static RoPE types only; no tensor-parallel runner. (Cohere 2, Command R7B /
-A, adds sliding and NoPE layers: model_type cohere2, not taken here.)
+the rest torch ops. Static RoPE types only; no tensor-parallel runner.
 """
 import torch
 import torch.nn.functional as F
@@ -49,34 +51,42 @@ def _norm_of(module):
 def cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedCohereRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    return (decoder_reason(model, ("cohere",), "model.layers", "a CohereForCausalLM", projection_modules)
+    return (decoder_reason(model, ("cohere", "cohere2"), "model.layers", "a CohereForCausalLM or Cohere2ForCausalLM",
+                           projection_modules)
             or rope_tables_reason(model, max_tokens_per_row, backend))
 
 
 class _CohereLayer:
-    """One CohereDecoderLayer's parameters (references to the model's tensors, not copies)."""
+    """One CohereDecoderLayer's or Cohere2DecoderLayer's parameters (references to the model's
+    tensors, not copies); rope: whether the layer rotates (Cohere 2's full-attention layers do not)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, rope: bool):
         attn, mlp = layer.self_attn, layer.mlp
+        self.rope = rope
         self.norm = _norm_of(layer.input_layernorm)
         self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
                                                                        attn.o_proj))
-        self.q_norm = _norm_of(getattr(attn, "q_norm", None)) if attn.use_qk_norm else None
-        self.k_norm = _norm_of(getattr(attn, "k_norm", None)) if attn.use_qk_norm else None
+        qk_norm = getattr(attn, "use_qk_norm", False)  # Cohere 2 has none
+        self.q_norm = _norm_of(getattr(attn, "q_norm", None)) if qk_norm else None
+        self.k_norm = _norm_of(getattr(attn, "k_norm", None)) if qk_norm else None
         self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
 
 
 class PagedCohereRunner(PagedRunnerBase):
-    """Runner (see runners/base.py) for a CohereForCausalLM instance (weights shared); the
-    arguments are PagedRunnerBase's."""
+    """Runner (see runners/base.py) for a CohereForCausalLM or Cohere2ForCausalLM instance (weights
+    shared); the arguments are PagedRunnerBase's."""
 
     unsupported_reason = staticmethod(cohere_unsupported_reason)
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.model
         self.embed = inner.embed_tokens.weight
-        self.layers = [_CohereLayer(layer) for layer in inner.layers]
+        if config.model_type == "cohere2":  # Cohere2Attention rotates only where it slides (5.24: `if self.sliding_window`)
+            rotates = [kind == "sliding_attention" for kind in config.layer_types]
+        else:
+            rotates = [True] * len(inner.layers)
+        self.layers = [_CohereLayer(layer, rope) for layer, rope in zip(inner.layers, rotates)]
         self.final_norm = _norm_of(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.logit_scale = config.logit_scale
@@ -106,7 +116,8 @@ class PagedCohereRunner(PagedRunnerBase):
             q, k = linear(h, *layer.q).view(total, heads, dim), linear(h, *layer.k).view(total, kv_heads, dim)
             if layer.q_norm is not None:
                 q, k = cohere_layer_norm(q, layer.q_norm), cohere_layer_norm(k, layer.k_norm)
-            q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)
+            if layer.rope:
+                q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)
             o = self._attend(i, q, k, linear(h, *layer.v).view(total, kv_heads, dim), attn_lens, cu, n, self.scale)
             x = x + linear(o.reshape(total, heads * dim), *layer.o) + linear(
                 layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)

@@ -23,7 +23,7 @@ from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
-# their own: OLMo 2 / 3, Gemma 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode and GPT-2.
+# their own: OLMo 2 / 3, Gemma 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
@@ -34,6 +34,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "opt": PagedOPTRunner,
     "cohere": PagedCohereRunner,  # Command R / R+, Aya 23, Aya Expanse
+    "cohere2": PagedCohereRunner,  # Command R7B, Command A: sliding RoPE layers, full NoPE ones
     "gpt_bigcode": PagedGPTBigCodeRunner,  # StarCoder 1, SantaCoder, WizardCoder
     "gpt2": PagedGPT2Runner,
 }

@@ -36,7 +36,8 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                 query_pre_attn_scalar 20, final-logit soft-capping 5 (the cap bites), norm weights around 0
     gemma2      Gemma 2: no q / k norms, one RoPE (theta 300), attention soft-capping 1.5 and final-logit
                 soft-capping 5 (both bite), layers alternating as olmo3's
-    (olmo3, gemma2, gemma3 and starcoder2 take sliding_window=W: rows past a small one slide)
+    cohere2     Cohere 2 (Command R7B): layers alternating sliding (RoPE) and full (NoPE), no q / k norms
+    (olmo3, gemma2, gemma3, starcoder2 and cohere2 take sliding_window=W: rows past a small one slide)
     starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200
     gpt_neox    Pythia's layer: one query_key_value (each head's q | k | v), half of each head
                 rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
@@ -91,6 +92,11 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                               num_attention_heads=4, max_position_embeddings=256, init_std=0.15, pad_token_id=0,
                               bos_token_id=1, eos_token_id=2, do_layer_norm_before=kind == "opt",
                               word_embed_proj_dim=64 if kind == "opt" else 48, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind == "cohere2":  # Command R7B's layers: sliding ones rotate, full ones are NoPE
+        overrides.setdefault("sliding_window", 200)
+        config = tf.Cohere2Config(logit_scale=0.3, layer_types=_alternating(layers), rope_theta=500.0, **common,
+                                  **overrides)
         return _build(config, (0.5, 1.5))
     if kind in ("cohere", "cohere_qk_norm"):
         config = tf.CohereConfig(logit_scale=0.3, use_qk_norm=kind == "cohere_qk_norm", rope_theta=500.0, **common,

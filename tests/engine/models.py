@@ -47,6 +47,11 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "opt":  # learned positions (offset 2), pre-LN, biases
         return tf.OPTConfig(hidden_size=48, ffn_dim=96, num_hidden_layers=layers, num_attention_heads=4,
                             max_position_embeddings=256, word_embed_proj_dim=48, **common)
+    if kind == "cohere2":  # Command R7B's layers: sliding (window 8: passed) ones rotate, full ones are NoPE
+        return tf.Cohere2Config(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5, sliding_window=8,
+                                layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
+                                ["sliding_attention"] * (layers % 2), **common)
     if kind == "cohere":  # mean-centred LayerNorms, interleaved RoPE, parallel branches, logit_scale
         return tf.CohereConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                                num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5, **common)

@@ -204,11 +204,12 @@ def test_static_graph_path_gpt2_paged_runner():
 
 
 @pytest.mark.parametrize("kind", ["phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt",
-                                  "cohere", "gpt_bigcode"])
+                                  "cohere", "gpt_bigcode", "mistral", "gemma2", "cohere2"])
 def test_static_graph_path_of_the_other_families(kind):
     """Phi-3's views, Granite's scalars, SmolLM3's NoPE tables, the OLMo / Gemma 3 runners' per-type
-    RoPE and the StarCoder2 / GPT-NeoX / OPT / Cohere / GPT-BigCode runners hold the graph code
-    path's checks too: the static twin gives the eager tokens, greedy and sampled."""
+    RoPE, the StarCoder2 / GPT-NeoX / OPT / Cohere / GPT-BigCode runners, and Mistral / Gemma 2 /
+    Cohere 2 past windows of 8 (a captured window per layer) hold the graph code path's checks too:
+    the static twin gives the eager tokens, greedy and sampled."""
     from .models import make_model
 
     target = make_model(kind, seed=3)

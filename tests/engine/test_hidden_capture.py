@@ -20,7 +20,7 @@ def hf_hidden(model, tokens, indices) -> torch.Tensor:
     return torch.cat([states[j][0] for j in indices], -1)
 
 
-FAMILIES = ("olmo2", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode")  # tests/engine/family_models.py
+FAMILIES = ("olmo2", "gemma2", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "cohere2", "gpt_bigcode")  # tests/engine/family_models.py
 
 
 def _model(kind):

@@ -1,6 +1,6 @@
 """The Cohere runner's own controls (its shared checks: test_paged_families.py): Llama's RoPE
-layout (cat, halves) in place of Cohere's interleaved one, or the logits without logit_scale,
-no longer give the model's logits."""
+layout (cat, halves) in place of Cohere's interleaved one, the logits without logit_scale, or
+Cohere 2's NoPE layers rotated, no longer give the model's logits."""
 import pytest
 
 import specdec_fast.runners.paged_cohere as paged_cohere
@@ -18,5 +18,17 @@ def test_controls_the_interleaved_rope_and_the_logit_scale(monkeypatch):
         assert_runner_matches_forward(model, runner, VOCAB)
     monkeypatch.setattr(paged_cohere, "rotate_interleaved", rotate_half_apply)
     runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_control_cohere2s_full_layers_do_not_rotate():
+    """Cohere 2: its full-attention layers are NoPE (layer.rope False); rotating them too, as
+    Cohere 1 does every layer, no longer gives the model's logits."""
+    model = tiny_family("cohere2")
+    runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert [layer.rope for layer in runner.layers] == [True, False] and runner.layers[0].q_norm is None
+    for layer in runner.layers:
+        layer.rope = True
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)

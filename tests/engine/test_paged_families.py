@@ -28,9 +28,9 @@ from ..conftest import backend_device
 RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma2": PagedGemmaRunner, "gemma3": PagedGemmaRunner,
            "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
            "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner,
-           "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,
+           "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "cohere2": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,
            "gpt_bigcode_mha": PagedGPTBigCodeRunner}
-WINDOWED = ("olmo3", "gemma2", "gemma3", "starcoder2")  # sliding layers (family_models: sliding_window=W)
+WINDOWED = ("olmo3", "gemma2", "gemma3", "starcoder2", "cohere2")  # sliding layers (family_models: sliding_window=W)
 SMALL_WINDOW = 4  # the rows of assert_runner_matches_forward reach 17 tokens, generate's 36
 
 

@@ -1,4 +1,4 @@
-"""Sliding-window models on both runners: Mistral (every layer slides), Qwen2 with
+"""Sliding-window models on both runners: Mistral and Phi-3 (every layer slides), Qwen2 with
 use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed), with prompts and generations
 far past the window, left padding and drafts rejected: the tokens are model.generate's. runner='hf'
 (specdec_fast/runners/hf.py, module docstring) builds the window into its mask (transformers'
@@ -23,8 +23,10 @@ CONFIGS = {
     "gemma2": lambda: tf.Gemma2Config(sliding_window=4, head_dim=12, query_pre_attn_scalar=12, **COMMON),
     "gemma3": lambda: tf.Gemma3TextConfig(sliding_window=4, head_dim=12, query_pre_attn_scalar=12,
                                           sliding_window_pattern=2, **COMMON),
+    "phi3": lambda: tf.Phi3Config(sliding_window=5, **COMMON),  # every layer, no layer_types (Phi-3-mini-4k's kind)
 }
-CASES = [("mistral", "sdpa"), ("mistral", "eager"), ("qwen2", "sdpa"), ("gemma2", "eager"), ("gemma3", "sdpa")]
+CASES = [("mistral", "sdpa"), ("mistral", "eager"), ("qwen2", "sdpa"), ("gemma2", "eager"), ("gemma3", "sdpa"),
+         ("phi3", "sdpa")]
 _MODELS = {}
 
 
@@ -179,3 +181,51 @@ def test_step_attentions_of_sliding_layers_equal_generate(kind):
         for step_ours, step_theirs in zip(getattr(ours, field), getattr(theirs, field), strict=True):
             for a, b in zip(step_ours, step_theirs, strict=True):
                 assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (field, a.shape, b.shape)
+
+
+@pytest.mark.parametrize("tree", ["branching", "default"])
+def test_token_trees_past_a_window_equal_generate(tree):
+    """Tree drafting on the paged runner past a window: the kernels place each node at prefix +
+    its depth (its ancestor bits), which must be the runner's own positions (the target's one-pass
+    scoring, and the draft's level calls, whose trees start below the root), greedy equal to
+    model.generate; a window below a tree's node count is refused by name."""
+    from specdec_fast.drafters.token_tree import TokenTree
+
+    config = tf.MistralConfig(**dict(COMMON, num_hidden_layers=2), sliding_window=24)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    model.generation_config.eos_token_id = None
+    draft = make_draft(model, noise=0.3)
+    shape = TokenTree.from_branching([2, 2]) if tree == "branching" else TokenTree.default(16)
+    ids, mask = left_padded_prompts([6, 9, 4], seed=21)
+    kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0)
+    out, stats = specdec_fast.generate(model, ids, mask, assistant_model=draft, tree=shape, runner="paged",
+                                       return_stats=True, **kw)
+    specdec_fast.release_engines(model)
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
+    assert stats.accepted_hist[0] > 0 and sum(stats.accepted_hist[2:]) > 0, "rejections and accepted chains both"
+    narrow = tf.AutoModelForCausalLM.from_config(tf.MistralConfig(**COMMON, sliding_window=4)).eval()
+    with pytest.raises(ValueError, match="tree scoring of 7 tokens with a sliding window of 4"):
+        specdec_fast.generate(narrow, ids, mask, assistant_model=make_draft(narrow), runner="paged",
+                              tree=TokenTree.from_branching([2, 2]), **kw)
+    specdec_fast.release_engines(narrow)
+
+
+def test_control_tree_nodes_placed_by_index_give_other_tokens(monkeypatch):
+    """The test above catches a kernel that slides a tree node's window from prefix + its index
+    (a chain's rule) instead of prefix + its depth: the torch reference, so patched, decodes other
+    tokens."""
+    from specdec_fast.drafters.token_tree import TokenTree
+    from specdec_fast.kernels.attention import reference
+
+    monkeypatch.setattr(reference, "tree_depths", lambda bits: torch.arange(bits.shape[-1]).expand_as(bits))
+    config = tf.MistralConfig(**dict(COMMON, num_hidden_layers=2), sliding_window=24)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    model.generation_config.eos_token_id = None
+    ids, mask = left_padded_prompts([6, 9, 4], seed=21)
+    kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0)
+    out = specdec_fast.generate(model, ids, mask, assistant_model=make_draft(model, noise=0.3), runner="paged",
+                                backend="torch", tree=TokenTree.default(16), **kw)
+    specdec_fast.release_engines(model)
+    assert not torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
