@@ -21,11 +21,17 @@ hidden_states[i + 1] (runners/hidden_capture.py); without them in the config, DF
 
 Checkpoint layout (heads/layout.py): config.json with architectures ["DFlashDraftModel"] (a
 Qwen3Config), block_size at top level or in dflash_config, dflash_config {mask_token_id,
-target_layer_ids, causal (default false)}; weights layers.{i}.input_layernorm / post_attention_
-layernorm / self_attn.{q,k,v,o}_proj / self_attn.{q,k}_norm / mlp.{gate,up,down}_proj, fc,
-hidden_norm, norm (no embedding, no lm_head: the target's). Sliding-window layers (layer_types
-sliding_attention, sliding_window W) run exactly while every position of a row is inside the window
-(as the paged target runners treat a window not reached); rows that would leave it are refused.
+target_layer_ids}; weights layers.{i}.input_layernorm / post_attention_layernorm /
+self_attn.{q,k,v,o}_proj / self_attn.{q,k}_norm / mlp.{gate,up,down}_proj, fc, hidden_norm, norm
+(no embedding, no lm_head: the target's).
+
+Which layers are causal inside the block, and which slide (layer_causality, z-lab's reference
+dflash/model.py Qwen3DFlashAttention, read 2026-11-30): the config's is_causal when it has one
+(NeMo AutoModel's DFlash recipe writes is_causal false, as it says the published DFlash2 drafters
+do), else this package's earlier field `causal`
+(dflash_config or the config), else per layer: sliding_attention layers causal, full_attention
+ones not. sliding_attention layers slide by sliding_window W: a query at position p sees no key
+with |p - k| >= W (the reference's mask: p - k < W, and k - p < W where the layer is not causal).
 
 forward() is the plain-torch reference (training, tests); decoding runs the same math on the
 paged kernels with the block mask (runners/paged_dflash.py).
@@ -37,6 +43,17 @@ from torch import nn
 from .eagle3 import RMSNorm, _rotate_half
 
 DFLASH_ARCHITECTURES = ("DFlashDraftModel",)
+
+
+def layer_causality(config, layer_types: list) -> tuple:
+    """Whether each layer is causal inside the block (module docstring): is_causal, else this
+    package's `causal` field, else sliding_attention layers causal and full_attention ones not."""
+    explicit = _dflash_field(config, "is_causal")
+    if explicit is None:
+        explicit = _dflash_field(config, "causal")
+    if explicit is not None:
+        return (bool(explicit),) * len(layer_types)
+    return tuple(kind == "sliding_attention" for kind in layer_types)
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list:
@@ -112,16 +129,20 @@ class DFlashHead(nn.Module):
         if any(t not in ("full_attention", "sliding_attention") for t in layer_types):
             raise ValueError(f"DFlash drafters take full_attention / sliding_attention layers, got layer_types "
                              f"{layer_types}")
-        # Sliding-window layers (the published DFlash2 drafters: every layer, 2048): exact as long as
-        # every position a row reaches is inside the window (nothing falls out of it): rows are
-        # refused beyond that (runners/paged_dflash.py). The kernels slide, but how a window meets
-        # the two-way block mask is not checked against a reference implementation: not applied.
+        # Sliding-window layers (the published DFlash2 drafters: every layer, 2048), and which layers
+        # are causal inside the block (module docstring)
         self.sliding_window = None
         if "sliding_attention" in layer_types:
             window = getattr(config, "sliding_window", None)
             if not window or int(window) < 1:
                 raise ValueError(f"sliding_attention layers need a sliding_window, got {window!r}")
             self.sliding_window = int(window)
+        kinds = layer_types or ["full_attention"] * config.num_hidden_layers
+        if len(kinds) < config.num_hidden_layers:
+            raise ValueError(f"layer_types lists {len(kinds)} layers, the drafter has {config.num_hidden_layers}")
+        kinds = kinds[:config.num_hidden_layers]
+        self.layer_windows = tuple(self.sliding_window if kind == "sliding_attention" else None for kind in kinds)
+        self.layer_causal = layer_causality(config, kinds)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"DFlash drafters here take hidden_act 'silu', got {config.hidden_act!r}")
         self.config = config
@@ -131,7 +152,6 @@ class DFlashHead(nn.Module):
         if ids is None:
             ids = build_target_layer_ids(int(config.num_target_layers), int(config.num_hidden_layers))
         self.target_layer_ids = [int(i) for i in ids]
-        self.causal = bool(_dflash_field(config, "causal", False))
         # the logits' output transform where the config gives one (scale_logits)
         self.output_multiplier = float(_dflash_field(config, "output_multiplier", 1.0) or 1.0)
         softcap = float(_dflash_field(config, "final_logit_softcapping", 0.0) or 0.0)
@@ -162,25 +182,28 @@ class DFlashHead(nn.Module):
         """block_embeds [B, M, H] (M = blocks x block_size, each block whole), ctx [B, C, H]
         (projected), positions [B, M] / [B, C]; ctx_visible bool [B, M, C] (None: every query sees
         the whole context). Queries see the visible context and, inside their own block of
-        block_size, every block token (causal=True: the earlier ones). -> norm(h) [B, M, H]."""
+        block_size, every block token (a causal layer: the earlier ones); a sliding layer hides the
+        keys whose position is W or more away (module docstring). -> norm(h) [B, M, H]."""
         config = self.config
         batch, m = block_embeds.shape[:2]
-        reach = int(torch.cat([block_positions.reshape(-1), ctx_positions.reshape(-1)]).max()) + 1
-        if self.sliding_window is not None and reach > self.sliding_window:
-            raise ValueError(f"positions up to {reach} exceed this drafter's sliding window of {self.sliding_window} "
-                             "tokens (a window over the block mask is not implemented for DFlash: rows must stay inside the window)")
         dim, scale = config.head_dim, config.head_dim ** -0.5
         cos_b, sin_b = self.rotary(block_embeds, block_positions)
         cos_c, sin_c = self.rotary(ctx, ctx_positions)
         blk = torch.arange(m, device=block_embeds.device) // self.block_size
         inner = blk[:, None] == blk[None, :]
-        if self.causal:
-            inner = inner & (torch.arange(m, device=inner.device)[None, :] <= torch.arange(m, device=inner.device)[:, None])
+        earlier = torch.arange(m, device=inner.device)[None, :] <= torch.arange(m, device=inner.device)[:, None]
         ctx_mask = torch.ones(batch, m, ctx.shape[1], dtype=torch.bool, device=ctx.device) if ctx_visible is None \
             else ctx_visible
-        mask = torch.cat([ctx_mask, inner[None].expand(batch, -1, -1)], -1)[:, None]  # [B, 1, M, C + M]
+        # |q - k| per query and key, for the sliding layers: [B, M, C + M]
+        gap = (block_positions[:, :, None] - torch.cat([ctx_positions, block_positions], 1)[:, None, :]).abs()
+        masks = {}
+        for causal, window in set(zip(self.layer_causal, self.layer_windows)):
+            block = inner & earlier if causal else inner
+            mask = torch.cat([ctx_mask, block[None].expand(batch, -1, -1)], -1)  # [B, M, C + M]
+            masks[causal, window] = (mask if window is None else mask & (gap < window))[:, None]
         h = self.scale_embeddings(block_embeds)
-        for layer in self.layers:
+        for layer, causal, window in zip(self.layers, self.layer_causal, self.layer_windows):
+            mask = masks[causal, window]
             attn = layer.self_attn
             x, mixing = self.mix_in(layer, "attention", layer.input_layernorm(h))
             q = attn.q_norm(attn.q_proj(x).view(batch, m, -1, dim)).transpose(1, 2)

@@ -10,8 +10,9 @@ AutoModel docs of draft_qwen3_dflash2 / dflash2_core, and the DFlash2 blog widge
 discussion: its drafts are greedy) and any published checkpoint's config.json (no hub here); the
 field names below are the ones vLLM reads, and other ports' test fixtures of the published
 Qwen3.8-27B drafter spell them the same way (5 layers, selector_rank 256, selector_top_k 16,
-conv_kernel_size 2, conv_group_size 16, and every layer "sliding_attention" with a window of 2048,
-which DFlash here refuses: such a checkpoint does not load yet). Where the sources differ it is
+conv_kernel_size 2, conv_group_size 16, and every layer "sliding_attention" with a window of 2048;
+DFlash's layer rules, heads/dflash.layer_causality, follow z-lab's reference, which has DFlash2
+since). Where the sources differ it is
 said below.
 
 1. In-block convolution (dflash_config.conv_kernel_size = taps, conv_group_size; absent or 0: none,

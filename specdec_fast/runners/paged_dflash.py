@@ -6,8 +6,9 @@ only by accepted positions (prefill_context, then each draft call's pending entr
 target's hidden states of the positions accepted since). A draft call then runs the block
 (the last token, then mask tokens; block_size of them) through every layer: its K/V are written
 after the context as tentative entries, its queries attend with the block mask (kernels/
-attention causal=False: the whole context plus every block token, both ways), and the block's
-entries are dropped at once (the committed length never covers them: the next call overwrites
+attention causal=False: the whole context plus every block token, both ways; a causal layer,
+heads/dflash.layer_causality, the earlier block tokens only; a sliding layer its window, passed to
+the kernels where a row can reach it), and the block's entries are dropped at once (the committed length never covers them: the next call overwrites
 them, no copy). One forward per iteration, whatever K.
 
 Per layer of a draft call: the pending context entries' k/v (<= K+1 rows per row) appended,
@@ -33,6 +34,10 @@ from .paged_base import PagedRunnerBase, _check_int, head_dim_reason
 def dflash_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     if getattr(head, "kind", None) != "dflash":
         return f"{type(head).__name__} is not a DFlash drafter"
+    for causal, window in zip(head.layer_causal, head.layer_windows):
+        if not causal and window is not None and window < head.block_size:
+            return (f"a non-causal sliding layer's window ({window}) is below the block ({head.block_size}): the "
+                    "kernels' block mask shows a query every block token after it")
     return head_dim_reason(head.config.head_dim, backend)
 
 
@@ -68,8 +73,10 @@ class PagedDFlashRunner(PagedRunnerBase):
         _check_int("block_size", block_size, 1)
         self._model_ref, self.config = weakref.ref(head), head.config
         self.block = head.block_size  # the draft block (the cache's pages are block_size)
-        self.mask_token_id, self.causal = head.mask_token_id, head.causal
-        self.sliding_window = head.sliding_window  # rows must stay inside it (prefill_context)
+        self.mask_token_id = head.mask_token_id
+        # per layer: causal inside the block, and the sliding window (the base's _allocate keeps it
+        # where a row can reach it)
+        self.layer_causal, self.layer_windows = head.layer_causal, head.layer_windows
         self.output_multiplier, self.final_logit_softcapping = head.output_multiplier, head.final_logit_softcapping
         self.extra_row_tokens = self.block
         self.max_new_tokens, self.max_tentative = None, num_draft_tokens + 1 + self.block
@@ -111,11 +118,6 @@ class PagedDFlashRunner(PagedRunnerBase):
         """The prompt's target hidden states features [B, P, W] (left padding) become each row's
         committed context; row b reserves budgets[b] + block_size entries (0: an unused row)."""
         budgets = [b + self.block if b else 0 for b in budgets]
-        if self.sliding_window is not None and max(budgets, default=0) > self.sliding_window:
-            raise ValueError(f"a row of {max(budgets)} positions (prompt + max_new_tokens + K + 1 + the block of "
-                             f"{self.block}) exceeds the DFlash drafter's sliding window of {self.sliding_window} "
-                             "tokens; a window over DFlash's block mask is not implemented, so rows must stay inside "
-                             "the window: lower max_new_tokens or the prompt")
         num_valid = self._admit(features[..., 0], attention_mask, budgets, None, num_draft_tokens + self.block)
         self._direct = None
         if features.shape[1]:
@@ -178,7 +180,7 @@ class PagedDFlashRunner(PagedRunnerBase):
             k = rms_norm(k.view(total, self.num_kv_heads, self.head_dim), *layer.k_norm, fused)
             q, k = rotate_qk(q, k, cos, sin, fused)
             self._append(i, k, v.view(total, self.num_kv_heads, self.head_dim), cu)
-            o = self._attention(i, q, attn_lens, cu, n, self.scale, causal=self.causal)
+            o = self._attention(i, q, attn_lens, cu, n, self.scale, causal=self.layer_causal[i])
             h = self._out(i, 0, o.reshape(total, -1), layer.o, h, mixing, n)
             x, mixing = self._mix_in(i, 1, rms_norm(h, *layer.ln_post, fused), n)
             gate, up = linears(x, layer.gate_up)

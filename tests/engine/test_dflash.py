@@ -46,6 +46,50 @@ def test_paged_drafter_equals_reference_forward(target, backend, device):
     assert runner.seq_lens.tolist() == [5, 11, 3]  # the context grew by the pending entries only
 
 
+# (layer_types, sliding_window, is_causal) -> the layers' (causal, window): the reference's rules
+LAYER_RULES = {
+    "sliding_default_causal": (["sliding_attention"] * 2, 4, None, ((True, 4), (True, 4))),
+    "sliding_is_causal_false": (["sliding_attention"] * 2, 9, False, ((False, 9), (False, 9))),
+    "mixed_sliding_causal_full_not": (["sliding_attention", "full_attention"], 5, None, ((True, 5), (False, None))),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+@pytest.mark.parametrize("rule", list(LAYER_RULES))
+def test_paged_drafter_past_a_window_equals_reference_forward(target, rule, backend, device):
+    """Sliding layers (causal or not) and per-layer causality on the paged drafter: rows of ~19
+    positions past windows of 4-9 give the reference forward's block outputs."""
+    kinds, window, is_causal, expected = LAYER_RULES[rule]
+    extra = {} if is_causal is None else dict(is_causal=is_causal)
+    head = random_dflash(target, block_size=8, seed=4, layer_types=kinds, use_sliding_window=True,
+                         sliding_window=window, **extra)
+    assert tuple(zip(head.layer_causal, head.layer_windows)) == expected
+    check_paged_block_forward(head, PagedDFlashRunner, target, backend, fed=[8, 8, 0],
+                              device=backend_device(backend, device))
+
+
+@pytest.mark.parametrize("spoil", ["window", "causality"])
+def test_controls_the_window_and_the_causality_change_the_block(target, spoil):
+    """A runner that drops the window, or attends every layer both ways, no longer gives the
+    reference's block; a non-causal window narrower than the block is refused by name."""
+    head = random_dflash(target, block_size=8, seed=4, layer_types=["sliding_attention", "full_attention"],
+                         use_sliding_window=True, sliding_window=5)
+    class Spoiled(PagedDFlashRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if spoil == "window":
+                self.layer_windows = (None, None)
+            else:
+                self.layer_causal = (False, False)
+
+    with pytest.raises(AssertionError):
+        check_paged_block_forward(head, Spoiled, target, "torch", fed=[8, 8, 0])
+    narrow = random_dflash(target, block_size=8, layer_types=["sliding_attention"] * 2, use_sliding_window=True,
+                           sliding_window=6, is_causal=False)
+    with pytest.raises(ValueError, match=r"non-causal sliding layer's window \(6\) is below the block \(8\)"):
+        PagedDFlashRunner(narrow, *target_weights(target), num_draft_tokens=4)
+
+
 def _reference_drafts(head, target, context: list, k: int) -> list:
     """Greedy drafts after context x_0 .. x_c: the reference block through the target's lm_head."""
     h = reference_block(head, target, context)
@@ -114,16 +158,16 @@ def test_layout_round_trip_and_errors(target, drafter, tmp_path):
         specdec_fast.generate(target, ids, mask, draft_head=drafter, num_assistant_tokens=16, max_new_tokens=4)
     with pytest.raises(ValueError, match="block drafts a chain"):
         specdec_fast.generate(target, ids, mask, draft_head=drafter, tree="static", max_new_tokens=4)
-    # Sliding-window layers (the published DFlash2 drafters' kind): rows inside the window run exactly
-    # as with full attention; a row that would leave it is refused before any work
+    # Sliding-window layers (the published DFlash2 drafters' kind, with is_causal false): rows past the
+    # window decode the target's greedy tokens (until 2026-11-30 they were refused)
     (tmp_path / "d" / "config.json").write_text(json.dumps({**config, "layer_types": ["sliding_attention"] * 2,
-                                                            "use_sliding_window": True, "sliding_window": 64}))
+                                                            "use_sliding_window": True, "sliding_window": 16,
+                                                            "is_causal": False}))
     windowed = load_draft_head(tmp_path / "d")
-    assert windowed.sliding_window == 64
-    assert torch.equal(specdec_fast.generate(target, ids, mask, draft_head=windowed, **common),
-                       specdec_fast.generate(target, ids, mask, draft_head=drafter, **common))
-    with pytest.raises(ValueError, match="exceeds the DFlash drafter's sliding window of 64 tokens"):
-        specdec_fast.generate(target, ids, mask, draft_head=windowed, **dict(common, max_new_tokens=60))
+    assert windowed.layer_windows == (16, 16) and windowed.layer_causal == (False, False)
+    long = dict(common, max_new_tokens=60)
+    assert torch.equal(specdec_fast.generate(target, ids, mask, draft_head=windowed, **long),
+                       target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, pad_token_id=0))
     (tmp_path / "d" / "config.json").write_text(json.dumps({**config, "layer_types": ["chunked_attention"] * 2}))
     with pytest.raises(ValueError, match="full_attention / sliding_attention"):
         load_draft_head(tmp_path / "d")
