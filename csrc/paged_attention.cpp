@@ -231,9 +231,10 @@ SPECDEC_INLINE void score_quad(const float* q, int64_t Dp, const float* keys, in
 // q, acc: [ROWS][Dp]; m, l: [ROWS]; keys, vals: [CHUNK][Dp] (rows >= cnt unread by P V);
 // vis: [ROWS] key masks (0: the row sees nothing here, or is padding); softcap > 0: each score
 // s becomes softcap * tanh(s / softcap) (Gemma 2), a vector of scores at a time as
-// c - 2c / (exp(2 s / c) + 1) with exp_v (exp -> inf gives c, -> 0 gives -c). Measured against
-// std::tanh per score (bench_attention.py --cpu-window, 1 thread, fp32, this 2-core EPYC): the cap's
-// cost over the uncapped pass 1.18-1.60x with std::tanh.
+// c - 2c / (exp(2 s / c) + 1) with exp_v (exp -> inf gives c, -> 0 gives -c). The cap's cost over
+// the uncapped pass (bench_attention.py --cpu-window, 1 thread, fp32, this 2-core EPYC, 32 q / 8 kv
+// heads, D 128): 1.01-1.06x (commit 2af03b7, attention_window_cpu.json), against 1.18-1.60x with
+// std::tanh per score (measured at 49369b0).
 SPECDEC_INLINE void attend_quad(const float* q, float* acc, float* m, float* l, int64_t Dp, const float* keys,
                                 const float* vals, int64_t cnt, const uint32_t* vis, float softcap) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
