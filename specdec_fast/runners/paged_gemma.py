@@ -1,7 +1,7 @@
-"""PagedGemmaRunner: Gemma 2 (model_type gemma2: Gemma2ForCausalLM, 2B / 9B / 27B) and Gemma 3's
-text decoder (gemma3_text: Gemma3ForCausalLM, the 270M and 1B checkpoints) run layer by layer over
-a PagedKVCache with the project's append_kv / paged_attention kernels (the machinery is shared:
-runners/paged_base.py).
+"""PagedGemmaRunner: Gemma (model_type gemma: GemmaForCausalLM, Gemma 1 2B / 7B, CodeGemma), Gemma 2
+(gemma2: Gemma2ForCausalLM, 2B / 9B / 27B) and Gemma 3's text decoder (gemma3_text:
+Gemma3ForCausalLM, the 270M and 1B checkpoints) run layer by layer over a PagedKVCache with the
+project's append_kv / paged_attention kernels (the machinery is shared: runners/paged_base.py).
 
 Weights are the model's own parameters (no copy): embed_tokens, per layer input_layernorm,
 self_attn.{q,k,v,o}_proj, self_attn.q_norm / k_norm (Gemma 3), post_attention_layernorm,
@@ -22,7 +22,9 @@ and Gemma's RMSNorm is x_normed * (1 + weight) in float32, then the dtype (gemma
 Sliding layers (layer_types; Gemma 2 4096 tokens, Gemma 3 512) pass their window to the kernels
 (runners/sliding_window.py). Refused: bidirectional attention (EmbeddingGemma). One path on every
 backend, as the OLMo and GPT-2 runners: the attention and KV append through the kernels, the
-rest torch ops. No tensor-parallel runner.
+rest torch ops. No tensor-parallel runner. Gemma 1 (modeling_gemma.py) is Llama's layer with
+these norms, the scaled embedding and head_dim^-0.5: its post_attention_layernorm is the MLP's
+input norm, and no branch output is normed (the runner's post_attention / post_feedforward None).
 """
 import torch
 import torch.nn.functional as F
@@ -42,17 +44,22 @@ def gemma_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
 
 
+def _normed(x: torch.Tensor, norm) -> torch.Tensor:
+    """A branch's output as added to the stream: through its norm (Gemma 2 / 3), or as it is (None: Gemma 1)."""
+    return x if norm is None else gemma_rms_norm(x, norm)
+
+
 def _norm_of(module):
     return module.weight, module.eps
 
 
-GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
+GEMMA_MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
 
 
 def gemma_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedGemmaRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    reason = decoder_reason(model, GEMMA_MODEL_TYPES, "model.layers", "a Gemma2ForCausalLM or Gemma3ForCausalLM",
+    reason = decoder_reason(model, GEMMA_MODEL_TYPES, "model.layers", "a GemmaForCausalLM (1, 2 or 3)",
                             projection_modules)
     if reason is not None:
         return reason
@@ -71,9 +78,14 @@ class _GemmaLayer:
                                                                        attn.o_proj))
         self.q_norm, self.k_norm = ((_norm_of(attn.q_norm), _norm_of(attn.k_norm)) if hasattr(attn, "q_norm")
                                     else (None, None))
-        self.input, self.post_attention = _norm_of(layer.input_layernorm), _norm_of(layer.post_attention_layernorm)
-        self.pre_feedforward = _norm_of(layer.pre_feedforward_layernorm)
-        self.post_feedforward = _norm_of(layer.post_feedforward_layernorm)
+        self.input = _norm_of(layer.input_layernorm)
+        if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3: four norms, each branch's output normed
+            self.post_attention = _norm_of(layer.post_attention_layernorm)
+            self.pre_feedforward = _norm_of(layer.pre_feedforward_layernorm)
+            self.post_feedforward = _norm_of(layer.post_feedforward_layernorm)
+        else:  # Gemma 1: Llama's two (post_attention_layernorm is the MLP's input norm)
+            self.post_attention, self.post_feedforward = None, None
+            self.pre_feedforward = _norm_of(layer.post_attention_layernorm)
         self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
 
@@ -91,11 +103,12 @@ class PagedGemmaRunner(PagedRunnerBase):
         self.layers = [_GemmaLayer(layer) for layer in inner.layers]
         self.final_norm = _norm_of(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
-        self.softcap = config.final_logit_softcapping
+        self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 1 has none
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.scale = config.query_pre_attn_scalar**-0.5  # Gemma2Attention's / Gemma3Attention's scaling
+        # Gemma2Attention's / Gemma3Attention's scaling; GemmaAttention's head_dim^-0.5
+        self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim)**-0.5
         # Gemma 2's attention soft-cap (50). Gemma 3's config keeps the field, which its attention
         # never reads (transformers 5.24 passes no softcap there): not applied.
         self.attn_softcap = config.attn_logit_softcapping if config.model_type == "gemma2" else None
@@ -117,10 +130,10 @@ class PagedGemmaRunner(PagedRunnerBase):
             v = linear(h, *layer.v).view(total, kv_heads, dim)
             q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + gemma_rms_norm(linear(o.reshape(total, heads * dim), *layer.o), layer.post_attention)
+            x = x + _normed(linear(o.reshape(total, heads * dim), *layer.o), layer.post_attention)
             h = gemma_rms_norm(x, layer.pre_feedforward)
             act = layer.act(linear(h, *layer.gate)) * linear(h, *layer.up)
-            x = x + gemma_rms_norm(linear(act, *layer.down), layer.post_feedforward)
+            x = x + _normed(linear(act, *layer.down), layer.post_feedforward)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = gemma_rms_norm(x, self.final_norm)

@@ -23,11 +23,12 @@ from .sharded_model import ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
-# their own: OLMo 2 / 3, Gemma 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode and GPT-2.
+# their own: OLMo 2 / 3, Gemma 1 / 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode and GPT-2.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
     "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type
+    "gemma": PagedGemmaRunner,  # Gemma 1, CodeGemma: Llama's layer with Gemma's norms and embedding scale
     "gemma2": PagedGemmaRunner,  # Gemma 2 (attention soft-capping and sliding layers in the kernels)
     "gemma3_text": PagedGemmaRunner,  # Gemma 3's text decoder (270M, 1B)
     "starcoder2": PagedStarcoder2Runner,

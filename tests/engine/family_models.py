@@ -1,4 +1,4 @@
-"""Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 2 / 3,
+"""Tiny random models of the families with paged runners of their own (OLMo 2 / 3, Gemma 1 / 2 / 3,
 StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode), each built to exercise what its runner must get
 right; tests/engine/test_paged_families.py runs the checks every family shares, the family's test
 file its controls."""
@@ -34,6 +34,7 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                 full attention, each with its RoPE (default, theta 500 / linear x2, theta 900)
     gemma3      Gemma 3's text decoder, layers alternating as olmo3's (local theta 300, global 900 x2),
                 query_pre_attn_scalar 20, final-logit soft-capping 5 (the cap bites), norm weights around 0
+    gemma       Gemma 1: Llama's two norms as Gemma's (1 + w) RMSNorm, the scaled embedding, gelu-tanh GeGLU
     gemma2      Gemma 2: no q / k norms, one RoPE (theta 300), attention soft-capping 1.5 and final-logit
                 soft-capping 5 (both bite), layers alternating as olmo3's
     cohere2     Cohere 2 (Command R7B): layers alternating sliding (RoPE) and full (NoPE), no q / k norms
@@ -69,6 +70,10 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 300.0},
                                          "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 900.0}},
                                      **common, **overrides)
+        return _build(config, (-0.5, 0.5))
+    if kind == "gemma":  # Gemma 1: Llama's layer, Gemma's (1 + w) norms, the scaled embedding, a GeGLU MLP
+        config = tf.GemmaConfig(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 300.0}, **common,
+                                **overrides)
         return _build(config, (-0.5, 0.5))
     if kind == "gemma2":  # eager: transformers' Gemma 2 has no sdpa path (it cannot soft-cap there)
         overrides.setdefault("final_logit_softcapping", 5.0)

@@ -33,6 +33,8 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "gemma3":  # Gemma 3's text decoder: sliding (window 4096: never reached here) and full layers
         return tf.Gemma3TextConfig(head_dim=12, layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
                                    ["sliding_attention"] * (layers % 2), final_logit_softcapping=30.0, **llama_like)
+    if kind == "gemma":  # Gemma 1: Llama's layer with Gemma's norms, the scaled embedding, GeGLU
+        return tf.GemmaConfig(head_dim=12, **llama_like)
     if kind == "mistral":  # every layer slides by a window of 8: the calls' rows pass it
         return tf.MistralConfig(sliding_window=8, **llama_like)
     if kind == "gemma2":  # attention soft-capping 2 (it bites), sliding (window 8: passed) and full layers

@@ -1,4 +1,4 @@
-"""The Gemma runner's own controls and refusals, Gemma 2 and 3 (its shared checks: test_paged_families.py)."""
+"""The Gemma runner's own controls and refusals, Gemma 1, 2 and 3 (its shared checks: test_paged_families.py)."""
 import pytest
 import torch
 
@@ -37,6 +37,18 @@ def test_controls_gemma2_needs_both_soft_caps_and_no_qk_norm():
         spoil(runner)
         with pytest.raises(AssertionError):
             assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_control_gemma1s_second_norm_is_the_mlps_input():
+    """Gemma 1: post_attention_layernorm is the MLP's input norm (Llama's layout) and no branch is
+    normed; norming the attention branch with it, as Gemma 2 / 3 do theirs, breaks the logits."""
+    model = tiny_family("gemma")
+    runner = PagedGemmaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.layers[0].post_attention is None and runner.softcap is None and runner.scale == 16**-0.5
+    for layer in runner.layers:
+        layer.post_attention = layer.pre_feedforward
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
 
 
 def test_refusals():
