@@ -38,8 +38,9 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # transformers' LlamaForCausalLM under another model_type (EXAONE 3.x, InternLM3, IQuest-Coder)
                      "exaone", "internlm3", "iquestcoder",
                      # Llama's layer by another class: Ministral (Qwen2's layer without biases, its window by
-                     # layer_types), Seed-OSS (biases on q/k/v, o and the MLP)
-                     "ministral", "seed_oss")
+                     # layer_types), Seed-OSS (biases on q/k/v, o and the MLP), CWM (Meta's Code World
+                     # Model: sliding layers by layer_types, llama3 RoPE)
+                     "ministral", "seed_oss", "cwm")
 # Granite's config fields and the runner attributes they set (identities for the other families)
 GRANITE_SCALARS = {"embedding_multiplier": "embedding_multiplier", "residual_multiplier": "residual_multiplier",
                    "logits_scaling": "logits_scaling", "attention_multiplier": "scale"}

@@ -39,6 +39,10 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                                   **common)
     elif kind == "ministral":  # sliding_attention layers (layer_types) whose window the tests' rows stay inside
         config = tf.MinistralConfig(num_key_value_heads=2, head_dim=16, sliding_window=200, **common)
+    elif kind == "cwm":  # CWM: a full layer, then a sliding one whose window of 4 the tests' rows pass
+        config = tf.CwmConfig(num_key_value_heads=2, head_dim=16, sliding_window=4,
+                              layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
+                              rope_parameters={"rope_type": "default", "rope_theta": 700.0}, **common)
     elif kind == "granite":  # Llama with four scalars that are not identities
         config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
                                   attention_multiplier=0.1, logits_scaling=2.5, **common)
@@ -59,7 +63,8 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
+                                  "cwm"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -181,7 +186,7 @@ MAX_NEW = 20
 PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
