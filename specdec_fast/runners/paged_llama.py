@@ -32,6 +32,7 @@ from ._fused_weights import concat_parameters
 from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
+from ._moe import MoE, is_moe, moe_reason
 from .sliding_window import windows_per_layer
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
@@ -40,7 +41,10 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # Llama's layer by another class: Ministral (Qwen2's layer without biases, its window by
                      # layer_types), Seed-OSS (biases on q/k/v, o and the MLP), CWM (Meta's Code World
                      # Model: sliding layers by layer_types, llama3 RoPE)
-                     "ministral", "seed_oss", "cwm")
+                     "ministral", "seed_oss", "cwm",
+                     # the same attention with a sparse MoE MLP (runners/_moe.py): Mixtral (Mistral's),
+                     # Qwen2-MoE (Qwen2's, a gated shared expert), Qwen3-MoE (Qwen3's)
+                     "mixtral", "qwen2_moe", "qwen3_moe")
 # Granite's config fields and the runner attributes they set (identities for the other families)
 GRANITE_SCALARS = {"embedding_multiplier": "embedding_multiplier", "residual_multiplier": "residual_multiplier",
                    "logits_scaling": "logits_scaling", "attention_multiplier": "scale"}
@@ -77,6 +81,10 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     reason = decoder_reason(model, LLAMA_MODEL_TYPES, "model.layers", "a *ForCausalLM", projection_modules)
     if reason is not None:
         return reason
+    for i, layer in enumerate(model.model.layers):
+        reason = moe_reason(layer.mlp) if is_moe(layer.mlp) else None
+        if reason is not None:
+            return f"layer {i}: {reason}"
     config, rotary = model.config, getattr(model.model, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"
@@ -118,9 +126,15 @@ def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None
 
 def projection_modules(layer) -> tuple:
     """A decoder layer's projection modules: q/k/v/o and gate/up/down apart (Llama, Qwen), or
-    Phi-3's fused qkv_proj and gate_up_proj with o_proj and down_proj."""
+    Phi-3's fused qkv_proj and gate_up_proj with o_proj and down_proj; a MoE layer's MLP
+    (runners/_moe.py) contributes its shared expert's and that expert's gate (its experts are
+    3-D tensors, checked by moe_reason)."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv = (attn.qkv_proj,) if hasattr(attn, "qkv_proj") else (attn.q_proj, attn.k_proj, attn.v_proj)
+    if is_moe(mlp):
+        shared = getattr(mlp, "shared_expert", None)
+        return (*qkv, attn.o_proj) + (() if shared is None else (shared.gate_proj, shared.up_proj, shared.down_proj,
+                                                                  mlp.shared_expert_gate))
     gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj)
     return (*qkv, attn.o_proj, *gate_up, mlp.down_proj)
 
@@ -143,7 +157,9 @@ def _projections(layer, config) -> tuple:
         qkv = _row_views(attn.qkv_proj, [config.num_attention_heads * head_dim, kv_rows, kv_rows])
     else:
         qkv = [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
-    if hasattr(mlp, "gate_up_proj"):
+    if is_moe(mlp):
+        gate_up = [(None, None), (None, None)]  # the experts' (runners/_moe.py)
+    elif hasattr(mlp, "gate_up_proj"):
         inter = mlp.gate_up_proj.weight.shape[0] // 2
         gate_up = _row_views(mlp.gate_up_proj, [inter, inter])
     else:
@@ -154,7 +170,8 @@ def _projections(layer, config) -> tuple:
 class _Layer:
     """One decoder layer's parameters (references to the model's tensors, not copies). With
     fuse=True, q/k/v and gate/up are also held as one concatenated weight each (w_qkv, w_gate_up;
-    biases likewise), the model's parameters re-pointed into it (runners/_fused_weights.py)."""
+    biases likewise), the model's parameters re-pointed into it (runners/_fused_weights.py). A MoE
+    layer's MLP is `moe` (runners/_moe.py; gate / up / down None), else moe is None."""
 
     def __init__(self, layer, config, fuse: bool):
         attn, mlp = layer.self_attn, layer.mlp
@@ -163,20 +180,25 @@ class _Layer:
         self.ln_post = layer.post_attention_layernorm.weight
         self.eps_post = layer.post_attention_layernorm.variance_epsilon
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
+        self.moe = MoE(mlp, config) if is_moe(mlp) else None
         if fuse:  # before the references below are taken: they then point into the fused tensors
             q, k, v, gate, up = _projections(layer, config)
             self.w_qkv, self.b_qkv = _fuse((q, k, v))
-            self.w_gate_up, self.b_gate_up = _fuse((gate, up))
+            if self.moe is None:
+                self.w_gate_up, self.b_gate_up = _fuse((gate, up))
         self.q, self.k, self.v, self.gate, self.up = _projections(layer, config)
         self.o = (attn.o_proj.weight, attn.o_proj.bias)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.qk_norm = None if q_norm is None else (q_norm.weight, q_norm.variance_epsilon, k_norm.weight, k_norm.variance_epsilon)
-        self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
         self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
-        self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
         self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
-        self.inter = self.gate[0].shape[0]
-        self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3: activation_fn
+        if self.moe is None:
+            self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
+            self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
+            self.inter = self.gate[0].shape[0]
+            self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3: activation_fn
+        else:
+            self.down = self.gate_up = self.inter = self.act = None
         self.rope = bool(getattr(attn, "use_rope", True))  # SmolLM3's NoPE layers: False
 
 
@@ -251,6 +273,8 @@ class PagedLlamaRunner(PagedRunnerBase):
             return f"the GEMV layer is a Triton path (this runner's kernels: {self.kernels!r})"
         if type(self)._sum_partials is not PagedLlamaRunner._sum_partials:
             return "a tensor-parallel runner sums partial products across ranks (the fused residual add would repeat)"
+        if any(layer.moe is not None for layer in self.layers):
+            return "the GEMV layer has no mixture-of-experts MLP"
         if any(layer.w_qkv is None or layer.w_gate_up is None for layer in self.layers):
             return "the q/k/v and gate/up projections are not fused (fuse_projections=False, or biases on some only)"
         if not self.silu:
@@ -275,7 +299,8 @@ class PagedLlamaRunner(PagedRunnerBase):
         count (runners/_linear.layer_linears: the raw C++ ops when they take every weight)."""
         cache = self.__dict__.setdefault("_linear_fns", {})
         if rows not in cache:
-            weights = [p for layer in self.layers for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
+            weights = [p for layer in self.layers for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+                       if p is not None and p[0] is not None]
             cache[rows] = layer_linears(rows, x, [w for w, _ in weights], [b for _, b in weights])
         return cache[rows]
 
@@ -322,8 +347,11 @@ class PagedLlamaRunner(PagedRunnerBase):
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
             x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), owns)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
-            act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
-            x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), owns)
+            if layer.moe is not None:
+                x = self._add(x, sum_(layer.moe(h)), False)
+            else:
+                act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
+                x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), owns)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, self.final_norm, self.final_eps, fused)
@@ -374,15 +402,18 @@ class PagedLlamaRunner(PagedRunnerBase):
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
             o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n)
             x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)
-            if layer.w_gate_up is not None:
-                gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
-                gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
+            if layer.moe is not None:
+                delta = layer.moe(h)
             else:
-                gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
-            act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
+                if layer.w_gate_up is not None:
+                    gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
+                    gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
+                else:
+                    gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
+                act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
+                delta = F.linear(act, *layer.down)
             weight, eps = self._next_norm[i]
-            x, h = add_rms_norm(x, self._branch(sum_(F.linear(act, *layer.down))), weight, eps,
-                                write_residual=i + 1 < len(self.layers))
+            x, h = add_rms_norm(x, self._branch(sum_(delta)), weight, eps, write_residual=i + 1 < len(self.layers))
             self._keep(i + 1, x if i + 1 < len(self.layers) else h)  # j = L: the final norm's output
         return h
 

@@ -35,6 +35,11 @@ def _config(kind: str, vocab: int, layers: int):
                                    ["sliding_attention"] * (layers % 2), final_logit_softcapping=30.0, **llama_like)
     if kind == "gemma":  # Gemma 1: Llama's layer with Gemma's norms, the scaled embedding, GeGLU
         return tf.GemmaConfig(head_dim=12, **llama_like)
+    if kind == "mixtral":  # a sparse MoE MLP (8 experts, top 2), Mistral's attention and window (8: passed)
+        return tf.MixtralConfig(num_local_experts=8, num_experts_per_tok=2, sliding_window=8, **llama_like)
+    if kind == "qwen3_moe":  # 16 experts of 24, top 2, renormalised
+        return tf.Qwen3MoeConfig(num_experts=16, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
+                                 head_dim=12, **llama_like)
     if kind == "mistral":  # every layer slides by a window of 8: the calls' rows pass it
         return tf.MistralConfig(sliding_window=8, **llama_like)
     if kind == "gemma2":  # attention soft-capping 2 (it bites), sliding (window 8: passed) and full layers

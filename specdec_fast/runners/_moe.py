@@ -1,0 +1,114 @@
+"""Sparse mixture-of-experts MLPs on the paged runners: Mixtral, Qwen2-MoE (with its gated shared
+expert) and Qwen3-MoE decoder layers (transformers 5.24's *SparseMoeBlock: a top-k router over
+E experts stored as 3-D tensors, experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I]).
+
+The math is transformers' (modeling_mixtral.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py):
+    logits = h @ router^T                     the model dtype
+    probs  = softmax(logits) in float32; w, e = top-k(probs); w /= sum(w) (Mixtral always,
+             Qwen where norm_topk_prob); Qwen casts w to the model dtype, Mixtral keeps it float32
+    out    = sum_j w_j * down_e_j(act(gate_e_j(h)) * up_e_j(h))
+    Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h)
+
+Two ways to run the experts, both with static shapes and no host sync (graph safe), chosen from
+the call's token count T (static per call shape):
+  - gathered (3 T k <= E: decode and verify steps of a few rows): the T k chosen experts' weights
+    are gathered ([T k, 2I, H], [T k, H, I]) and applied as batched products: each step reads the
+    chosen experts' weights and writes and reads their copy (3x what a fused kernel would read; no
+    such kernel yet);
+  - every expert (more tokens: prefill, wide batches): each of the E experts runs over all T tokens,
+    weighted by its combine weight (0 for the tokens that did not choose it): every expert's
+    weights read once, E / k times the FLOPs the tokens need.
+Neither has been timed on a GPU. transformers' own loop visits only the experts the tokens chose,
+after a host sync (nonzero), which a captured decoding loop cannot take.
+"""
+import torch
+import torch.nn.functional as F
+
+from ._linear import linear
+
+# model_type -> (whether the top-k weights are renormalised: True, or the config field that says,
+# whether they are cast to the model dtype before they weigh the experts)
+MOE_ROUTING = {"mixtral": (True, False), "qwen2_moe": ("norm_topk_prob", True), "qwen3_moe": ("norm_topk_prob", True)}
+
+
+def is_moe(mlp) -> bool:
+    """Whether a decoder layer's mlp is a sparse MoE block (router `gate` and 3-D `experts`)."""
+    experts = getattr(mlp, "experts", None)
+    return experts is not None and isinstance(getattr(experts, "gate_up_proj", None), torch.nn.Parameter)
+
+
+def moe_reason(mlp) -> str | None:
+    """Why a MoE block's tensors are not the plain ones this module reads, or None."""
+    experts, router = mlp.experts, getattr(mlp, "gate", None)
+    weight = getattr(router, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return f"the MoE router {type(router).__name__} has no [experts, hidden] weight"
+    for name in ("gate_up_proj", "down_proj"):
+        tensor = getattr(experts, name, None)
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3 or not tensor.is_floating_point():
+            return f"the MoE experts' {name} is not a float [experts, out, in] tensor"
+    if getattr(experts, "has_bias", False) or getattr(experts, "gate_up_proj_bias", None) is not None:
+        return "MoE experts with biases"
+    shared = getattr(mlp, "shared_expert", None)
+    if shared is not None and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear):
+        return "a shared expert without a shared_expert_gate"
+    return None
+
+
+class MoE:
+    """One layer's router and experts (references to the model's tensors, not copies)."""
+
+    def __init__(self, mlp, config):
+        renorm, self.cast = MOE_ROUTING[config.model_type]
+        self.renorm = bool(getattr(config, renorm)) if isinstance(renorm, str) else renorm
+        self.router = mlp.gate.weight  # [E, H]
+        self.top_k = int(config.num_experts_per_tok)
+        experts = mlp.experts
+        self.gate_up, self.down, self.act = experts.gate_up_proj, experts.down_proj, experts.act_fn
+        self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
+        shared = getattr(mlp, "shared_expert", None)
+        self.shared = None if shared is None else (
+            [(m.weight, m.bias) for m in (shared.gate_proj, shared.up_proj, shared.down_proj)], shared.act_fn,
+            mlp.shared_expert_gate.weight)
+
+    def routing(self, h: torch.Tensor):
+        """h [T, H] -> (weights [T, k] (float32, or the model dtype: MOE_ROUTING), experts [T, k] int64)."""
+        logits = F.linear(h, self.router)
+        top, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
+        if self.renorm:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return (top.to(logits.dtype) if self.cast else top), chosen
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """The block's output for h [T, H] (the post-attention norm's), in h's dtype."""
+        weights, chosen = self.routing(h)
+        tokens = h.shape[0]
+        if 3 * tokens * self.top_k <= self.num_experts:
+            out = self._gathered(h, weights, chosen)
+        else:
+            out = self._every_expert(h, weights, chosen)
+        if self.shared is not None:
+            (gate, up, down), act, gate_w = self.shared
+            shared = linear(act(linear(h, *gate)) * linear(h, *up), *down)
+            out = out + torch.sigmoid(F.linear(h, gate_w)) * shared
+        return out
+
+    def _gathered(self, h, weights, chosen) -> torch.Tensor:
+        """The T k chosen experts' weights gathered and applied as batched products."""
+        tokens, hidden = h.shape
+        flat = chosen.reshape(-1)
+        x = h.repeat_interleave(self.top_k, 0)[:, :, None]  # [T k, H, 1]: pair p reads token p // k
+        gate, up = torch.bmm(self.gate_up.index_select(0, flat), x)[..., 0].chunk(2, dim=-1)
+        y = torch.bmm(self.down.index_select(0, flat), (self.act(gate) * up)[:, :, None])[..., 0]  # [T k, H]
+        y = y * weights.reshape(-1, 1)
+        return y.view(tokens, self.top_k, hidden).sum(1).to(h.dtype)
+
+    def _every_expert(self, h, weights, chosen) -> torch.Tensor:
+        """Each expert over every token, weighted by its combine weight (0 where not chosen)."""
+        combine = torch.zeros(h.shape[0], self.num_experts, dtype=weights.dtype, device=h.device)
+        combine.scatter_add_(1, chosen, weights)  # [T, E]
+        out = torch.zeros(h.shape, dtype=torch.promote_types(h.dtype, weights.dtype), device=h.device)
+        for e in range(self.num_experts):
+            gate, up = F.linear(h, self.gate_up[e]).chunk(2, dim=-1)
+            out += F.linear(self.act(gate) * up, self.down[e]) * combine[:, e:e + 1]
+        return out.to(h.dtype)

@@ -1,0 +1,133 @@
+"""Mixture-of-experts models on the Llama runner (runners/_moe.py): Mixtral (a window of 6 that the
+rows pass, weights renormalised and kept float32), Qwen2-MoE (a gated shared expert, no
+renormalisation) and Qwen3-MoE (renormalised, a dense MLP layer among the MoE ones). The block
+equals transformers' own on both expert paths (gathered, every expert); the runner's logits equal
+the model's forward on every backend; greedy generate(runner="paged") equals model.generate with a
+draft, prompt lookup and plain decoding (batch 1 decodes through the gathered path, batch 3 through
+the other); the static graph twin gives the eager tokens; controls and refusals by name."""
+import pytest
+import torch
+
+import specdec_fast
+import specdec_fast.api as api
+from specdec_fast.runners import _moe
+from specdec_fast.runners.paged_llama import PagedLlamaRunner
+from specdec_fast.runners.registry import paged_runner_class
+
+from ..conftest import backend_device
+from .models import left_padded_prompts, make_draft
+from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
+
+VOCAB = 96
+KINDS = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
+    """A random fp32 MoE model of ``kind`` (16 experts of 32, top 2; head_dim 16)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=0, num_experts_per_tok=2)
+    if kind == "mixtral":
+        config = tf.MixtralConfig(num_local_experts=16, sliding_window=6, **common)
+    elif kind == "qwen2_moe":  # its shared expert and gate; q/k/v biases (randomised below)
+        config = tf.Qwen2MoeConfig(num_experts=16, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                   norm_topk_prob=False, **common)
+    else:  # layer 1 a dense MLP (mlp_only_layers)
+        config = tf.Qwen3MoeConfig(num_experts=16, moe_intermediate_size=32, norm_topk_prob=True, head_dim=16,
+                                   mlp_only_layers=[1], **common)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.3)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 7, 40])
+@pytest.mark.parametrize("kind", KINDS)
+def test_block_equals_transformers_on_both_paths(kind, tokens, monkeypatch):
+    model = tiny_moe(kind)
+    block = model.model.layers[0].mlp
+    moe = _moe.MoE(block, model.config)
+    taken = []
+    for path in ("_gathered", "_every_expert"):
+        real = getattr(_moe.MoE, path)
+        monkeypatch.setattr(_moe.MoE, path, lambda self, *a, real=real, path=path: taken.append(path) or real(self, *a))
+    h = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens))
+    with torch.no_grad():
+        torch.testing.assert_close(moe(h), block(h[None])[0], atol=1e-5, rtol=1e-5)
+    assert taken == ["_gathered" if 3 * tokens * 2 <= 16 else "_every_expert"]
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_equal_hf_forward(kind, backend, device):
+    device = backend_device(backend, device)
+    model = tiny_moe(kind).to(device)
+    assert paged_runner_class(model) is PagedLlamaRunner
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert [layer.moe is not None for layer in runner.layers] == ([True, False] if kind == "qwen3_moe" else [True, True])
+    assert_runner_matches_forward(model, runner, VOCAB)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bfloat16_close_to_hf_forward(kind):
+    model = tiny_moe(kind).to(torch.bfloat16)
+    assert_bf16_close_to_forward(model, PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1), VOCAB)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_paged_equals_generate(kind, batch):
+    target = tiny_moe(kind, seed=5)
+    ids, mask = left_padded_prompts([6] if batch == 1 else [4, 10, 7], vocab=VOCAB, seed=batch)
+    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
+                     dict(prompt_lookup_num_tokens=2), {}):
+        out = api.generate(target, ids, mask, runner="paged", **kw, **drafting)
+        assert torch.equal(out, expected), drafting
+    specdec_fast.release_engines(target)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_static_graph_twin_gives_the_eager_tokens(kind):
+    from .test_cuda_graphs_static import MODES, both
+
+    target = tiny_moe(kind, seed=3)
+    ids, mask = left_padded_prompts([3, 7], vocab=VOCAB, seed=1)
+    for mode in MODES.values():
+        (eager, e_stats), (static, s_stats) = both(target, ids, mask, max_new_tokens=10,
+                                                   assistant_model=make_draft(target, noise=0.05),
+                                                   num_assistant_tokens=3, **mode)
+        assert torch.equal(static, eager) and s_stats.graph_mode == "static"
+
+
+def test_controls_routing_and_the_shared_expert():
+    """Mixtral's renormalisation, Qwen2-MoE's shared expert and its gate are each needed."""
+    for kind, spoil in (("mixtral", lambda moe: setattr(moe, "renorm", False)),
+                        ("qwen2_moe", lambda moe: setattr(moe, "shared", None)),
+                        ("qwen2_moe", lambda moe: setattr(moe, "renorm", True))):
+        model = tiny_moe(kind)
+        runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+        for layer in runner.layers:
+            spoil(layer.moe)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_refusals():
+    """The GEMV layer and tensor parallelism take no MoE layer; experts with biases are refused."""
+    from specdec_fast.runners.paged_llama_tp import TP_MODEL_TYPES
+    from specdec_fast.runners.registry import paged_unsupported_reason
+
+    model = tiny_moe("qwen3_moe")
+    runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, backend="triton")
+    assert runner.gemv_layer_reason() == "the GEMV layer has no mixture-of-experts MLP"
+    assert not set(KINDS) & set(TP_MODEL_TYPES)
+    model.model.layers[0].mlp.experts.has_bias = True
+    assert paged_unsupported_reason(model) == "layer 0: MoE experts with biases"
