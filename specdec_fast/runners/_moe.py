@@ -11,10 +11,11 @@ The math is transformers' (modeling_mixtral.py, modeling_qwen2_moe.py, modeling_
 
 Two ways to run the experts, both with static shapes and no host sync (graph safe), chosen from
 the call's token count T (static per call shape):
-  - gathered (3 T k <= E: decode and verify steps of a few rows): the T k chosen experts' weights
-    are gathered ([T k, 2I, H], [T k, H, I]) and applied as batched products: each step reads the
-    chosen experts' weights and writes and reads their copy (3x what a fused kernel would read; no
-    such kernel yet);
+  - gathered (3 T k <= E: decode and verify steps of a few rows): each (token, expert) pair's
+    products; on the Triton path kernels/moe (moe_pairs: one GEMV per pair, the gate and up rows
+    in one program with SiLU, the combine weight in the down product's), which reads each pair's
+    weights once; on the torch path the T k chosen experts' weights gathered ([T k, 2I, H],
+    [T k, H, I]) and applied as batched products (read, written and read again);
   - every expert (more tokens: prefill, wide batches): each of the E experts runs over all T tokens,
     weighted by its combine weight (0 for the tokens that did not choose it): every expert's
     weights read once, E / k times the FLOPs the tokens need.
@@ -24,6 +25,7 @@ after a host sync (nonzero), which a captured decoding loop cannot take.
 import torch
 import torch.nn.functional as F
 
+from ..kernels.moe import moe_pairs
 from ._linear import linear
 
 # model_type -> (whether the top-k weights are renormalised: True, or the config field that says,
@@ -58,8 +60,10 @@ def moe_reason(mlp) -> str | None:
 class MoE:
     """One layer's router and experts (references to the model's tensors, not copies)."""
 
-    def __init__(self, mlp, config):
+    def __init__(self, mlp, config, triton: bool = False):
         renorm, self.cast = MOE_ROUTING[config.model_type]
+        # the gathered pairs through kernels/moe's Triton kernel (SwiGLU experts only)
+        self.triton = triton and config.hidden_act == "silu"
         self.renorm = bool(getattr(config, renorm)) if isinstance(renorm, str) else renorm
         self.router = mlp.gate.weight  # [E, H]
         self.top_k = int(config.num_experts_per_tok)
@@ -94,9 +98,14 @@ class MoE:
         return out
 
     def _gathered(self, h, weights, chosen) -> torch.Tensor:
-        """The T k chosen experts' weights gathered and applied as batched products."""
+        """Each (token, expert) pair's products: kernels/moe's Triton kernel, or the T k chosen
+        experts' weights gathered and applied as batched products."""
         tokens, hidden = h.shape
         flat = chosen.reshape(-1)
+        if self.triton:
+            act = moe_pairs(h, flat, self.gate_up, pairs_per_token=self.top_k, gated=True, backend="triton")
+            y = moe_pairs(act, flat, self.down, pairs_per_token=1, scale=weights.reshape(-1), backend="triton")
+            return y.view(tokens, self.top_k, hidden).sum(1).to(h.dtype)
         x = h.repeat_interleave(self.top_k, 0)[:, :, None]  # [T k, H, 1]: pair p reads token p // k
         gate, up = torch.bmm(self.gate_up.index_select(0, flat), x)[..., 0].chunk(2, dim=-1)
         y = torch.bmm(self.down.index_select(0, flat), (self.act(gate) * up)[:, :, None])[..., 0]  # [T k, H]

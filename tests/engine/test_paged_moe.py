@@ -47,12 +47,18 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
     return model
 
 
+@pytest.mark.parametrize("triton", [False, True])
 @pytest.mark.parametrize("tokens", [1, 2, 7, 40])
 @pytest.mark.parametrize("kind", KINDS)
-def test_block_equals_transformers_on_both_paths(kind, tokens, monkeypatch):
+def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypatch):
+    """Both expert paths (gathered for 1-2 tokens, every expert above), the gathered one through the
+    torch products or kernels/moe's Triton kernel (interpreted here)."""
+    if triton:
+        pytest.importorskip("triton")
     model = tiny_moe(kind)
     block = model.model.layers[0].mlp
-    moe = _moe.MoE(block, model.config)
+    moe = _moe.MoE(block, model.config, triton=triton)
+    assert moe.triton == triton
     taken = []
     for path in ("_gathered", "_every_expert"):
         real = getattr(_moe.MoE, path)
@@ -92,6 +98,21 @@ def test_greedy_paged_equals_generate(kind, batch):
         out = api.generate(target, ids, mask, runner="paged", **kw, **drafting)
         assert torch.equal(out, expected), drafting
     specdec_fast.release_engines(target)
+
+
+def test_triton_decode_through_the_pairs_kernel_equals_generate(device, monkeypatch):
+    """Plain decoding at batch 1 on the Triton path: every step routes one token, through
+    kernels/moe's pairs kernel; the tokens are model.generate's."""
+    device = backend_device("triton", device)
+    target = tiny_moe("qwen3_moe", seed=5).to(device)
+    ids = torch.tensor([[5, 9, 3, 7, 11, 4]], device=device)
+    kw = dict(do_sample=False, max_new_tokens=8, pad_token_id=0)
+    calls, real = [], _moe.moe_pairs
+    monkeypatch.setattr(_moe, "moe_pairs", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    out = api.generate(target, ids, runner="paged", backend="triton", **kw)
+    specdec_fast.release_engines(target)
+    assert torch.equal(out.cpu(), target.generate(ids, **kw).cpu())
+    assert calls and set(calls) <= {1, 2}  # one token's 2 pairs: gate_up (1 row), down (2 pair rows)
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])

@@ -85,6 +85,16 @@ def main() -> None:
                     assert "griddepcontrol.wait" not in compile_kernel(
                         gemv._skinny_linear_kernel, ptrs, consts, floats=("eps",), num_warps=config.num_warps, ptx=True)
                     print("skinny_linear pdl", dt, prologue, rows, "prefetch < griddepcontrol.wait < first global load")
+    # the MoE pairs GEMV (kernels/moe/triton.py): gated (SwiGLU) for gate_up, scaled for down
+    from specdec_fast.kernels.moe import triton as moe
+
+    for dt in ("bf16", "fp32"):
+        ptrs = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "e_ptr": "*i64",
+                "s_ptr": "*fp32"}
+        for gated, scaled in ((True, False), (False, True)):
+            consts = dict(PAIRS_PER_TOKEN=8 if gated else 1, GATED=gated, HAS_SCALE=scaled, BLOCK_N=moe.BLOCK_N,
+                          BLOCK_K=moe.BLOCK_K)
+            print("moe_pairs", dt, gated, scaled, compile_kernel(moe._moe_pairs_kernel, ptrs, consts))
     print("layer ops ok")
 
 
