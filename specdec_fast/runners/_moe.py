@@ -9,8 +9,10 @@ The math is transformers' (modeling_mixtral.py, modeling_qwen2_moe.py, modeling_
     out    = sum_j w_j * down_e_j(act(gate_e_j(h)) * up_e_j(h))
     Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h)
 
-Two ways to run the experts, both with static shapes and no host sync (graph safe), chosen from
-the call's token count T (static per call shape):
+A prefill (outside the captured loop) runs only the experts its tokens chose, as transformers
+does (a host sync for which they are: `chosen_only`). The decoding loop's calls take one of two
+ways, both with static shapes and no host sync (graph safe), chosen from the call's token count T
+(static per call shape):
   - gathered (3 T k <= E: decode and verify steps of a few rows): each (token, expert) pair's
     products; on the Triton path kernels/moe (moe_pairs: one GEMV per pair, the gate and up rows
     in one program with SiLU, the combine weight in the down product's), which reads each pair's
@@ -19,8 +21,7 @@ the call's token count T (static per call shape):
   - every expert (more tokens: prefill, wide batches): each of the E experts runs over all T tokens,
     weighted by its combine weight (0 for the tokens that did not choose it): every expert's
     weights read once, E / k times the FLOPs the tokens need.
-Neither has been timed on a GPU. transformers' own loop visits only the experts the tokens chose,
-after a host sync (nonzero), which a captured decoding loop cannot take.
+None has been timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
@@ -83,11 +84,15 @@ class MoE:
             top = top / top.sum(dim=-1, keepdim=True)
         return (top.to(logits.dtype) if self.cast else top), chosen
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """The block's output for h [T, H] (the post-attention norm's), in h's dtype."""
+    def __call__(self, h: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+        """The block's output for h [T, H] (the post-attention norm's), in h's dtype. prefill: the
+        runner's prefill forward, which may wait for the device (never under a CUDA graph capture)."""
         weights, chosen = self.routing(h)
         tokens = h.shape[0]
-        if 3 * tokens * self.top_k <= self.num_experts:
+        capturing = h.is_cuda and torch.cuda.is_current_stream_capturing()
+        if prefill and not capturing and 3 * tokens * self.top_k > self.num_experts:
+            out = self._chosen_only(h, weights, chosen)
+        elif 3 * tokens * self.top_k <= self.num_experts:
             out = self._gathered(h, weights, chosen)
         else:
             out = self._every_expert(h, weights, chosen)
@@ -111,6 +116,17 @@ class MoE:
         y = torch.bmm(self.down.index_select(0, flat), (self.act(gate) * up)[:, :, None])[..., 0]  # [T k, H]
         y = y * weights.reshape(-1, 1)
         return y.view(tokens, self.top_k, hidden).sum(1).to(h.dtype)
+
+    def _chosen_only(self, h, weights, chosen) -> torch.Tensor:
+        """transformers' loop: each expert some token chose, over those tokens (a host sync to
+        learn which), its output added in the model dtype in expert order."""
+        out = torch.zeros_like(h)
+        for e in torch.unique(chosen).tolist():
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            gate, up = F.linear(h[token], self.gate_up[e]).chunk(2, dim=-1)
+            y = F.linear(self.act(gate) * up, self.down[e]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
 
     def _every_expert(self, h, weights, chosen) -> torch.Tensor:
         """Each expert over every token, weighted by its combine weight (0 where not chosen)."""

@@ -141,6 +141,7 @@ class PagedRunnerBase:
     attn_softcap: float | None = None  # attention logit soft-capping (Gemma 2), in the kernels
     _windows: tuple = ()
     _tree_mask = None  # int64 [B*N] during a tree-scoring forward (score(tree=...)), else None
+    _prefilling = False  # True during prefill's forward (eager, never captured: it may wait on the device)
     hidden_capture = None  # a HiddenCapture when a drafter reads the hidden states (capture_hidden_states)
     # score / commit update length, cache.seq_lens and the KV cache in place with static shapes per
     # (B, N); the _full_cu index tensors are built on first use (a warm-up call) and then reused.
@@ -413,6 +414,7 @@ class PagedRunnerBase:
         attn_lens = self.length + count  # the kernel's seq_lens include the new tokens
         # _attend reads the tree mask from here (the subclasses' _decode passes no mask).
         self._tree_mask = None if tree is None else (tree[0].repeat(batch) if tree[0].dim() == 1 else tree[0].reshape(-1))
+        self._prefilling = prefill
         capture = self.hidden_capture
         if capture is not None:
             capture.begin(batch, n, unpack is not None, prefill)
@@ -423,7 +425,7 @@ class PagedRunnerBase:
                 capture.abort()
             raise
         finally:
-            self._tree_mask = None
+            self._tree_mask, self._prefilling = None, False
         if capture is not None:
             capture.end(unpack, prefill)
         self.length.copy_(attn_lens)

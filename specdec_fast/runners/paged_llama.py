@@ -348,7 +348,7 @@ class PagedLlamaRunner(PagedRunnerBase):
             x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), owns)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
             if layer.moe is not None:
-                x = self._add(x, sum_(layer.moe(h)), False)
+                x = self._add(x, sum_(layer.moe(h, self._prefilling)), False)
             else:
                 act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
                 x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), owns)
@@ -403,7 +403,7 @@ class PagedLlamaRunner(PagedRunnerBase):
             o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n)
             x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)
             if layer.moe is not None:
-                delta = layer.moe(h)
+                delta = layer.moe(h, self._prefilling)
             else:
                 if layer.w_gate_up is not None:
                     gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)

@@ -51,8 +51,8 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
 @pytest.mark.parametrize("tokens", [1, 2, 7, 40])
 @pytest.mark.parametrize("kind", KINDS)
 def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypatch):
-    """Both expert paths (gathered for 1-2 tokens, every expert above), the gathered one through the
-    torch products or kernels/moe's Triton kernel (interpreted here)."""
+    """Every expert path: gathered for 1-2 tokens (through the torch products or kernels/moe's
+    Triton kernel, interpreted here), every expert above, and a prefill's chosen experts only."""
     if triton:
         pytest.importorskip("triton")
     model = tiny_moe(kind)
@@ -60,13 +60,15 @@ def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypat
     moe = _moe.MoE(block, model.config, triton=triton)
     assert moe.triton == triton
     taken = []
-    for path in ("_gathered", "_every_expert"):
+    for path in ("_gathered", "_every_expert", "_chosen_only"):
         real = getattr(_moe.MoE, path)
         monkeypatch.setattr(_moe.MoE, path, lambda self, *a, real=real, path=path: taken.append(path) or real(self, *a))
     h = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens))
     with torch.no_grad():
         torch.testing.assert_close(moe(h), block(h[None])[0], atol=1e-5, rtol=1e-5)
-    assert taken == ["_gathered" if 3 * tokens * 2 <= 16 else "_every_expert"]
+        torch.testing.assert_close(moe(h, prefill=True), block(h[None])[0], atol=1e-5, rtol=1e-5)
+    few = 3 * tokens * 2 <= 16
+    assert taken == (["_gathered"] * 2 if few else ["_every_expert", "_chosen_only"])  # a prefill: the chosen only
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
