@@ -40,8 +40,11 @@ def is_moe(mlp) -> bool:
     return experts is not None and isinstance(getattr(experts, "gate_up_proj", None), torch.nn.Parameter)
 
 
-def moe_reason(mlp) -> str | None:
-    """Why a MoE block's tensors are not the plain ones this module reads, or None."""
+def moe_reason(mlp, config) -> str | None:
+    """Why a MoE block is not one this module runs (a routing it does not know, tensors that are not
+    the plain ones it reads), or None."""
+    if getattr(config, "model_type", None) not in MOE_ROUTING:
+        return f"mixture-of-experts routing of model_type {config.model_type!r} is not one of {tuple(MOE_ROUTING)}"
     experts, router = mlp.experts, getattr(mlp, "gate", None)
     weight = getattr(router, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:

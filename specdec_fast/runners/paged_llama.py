@@ -82,7 +82,7 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     if reason is not None:
         return reason
     for i, layer in enumerate(model.model.layers):
-        reason = moe_reason(layer.mlp) if is_moe(layer.mlp) else None
+        reason = moe_reason(layer.mlp, model.config) if is_moe(layer.mlp) else None
         if reason is not None:
             return f"layer {i}: {reason}"
     config, rotary = model.config, getattr(model.model, "rotary_emb", None)
