@@ -26,6 +26,8 @@
 #   * bash bench/run_gpu.sh heads      # issues 23 / 28: EAGLE-3 and DFlash shapes at the 8B target, costs ~6 min
 #   * bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
 #   * bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min)
+#   * bash bench/run_gpu.sh moe        # the MoE MLP's three ways (Qwen3-30B-A3B, Mixtral blocks), then its and the
+#                                      # sliding windows' tests on CUDA (est. 4 min)
 #   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
 #   * bash bench/run_gpu.sh options    # what processing a tree's nodes costs a step (rep 1.05, no_repeat_ngram) vs a chain (est. 2 min)
 #   * bash bench/run_gpu.sh ncu        # issue 25: Nsight Compute on tree_verify's residual masses and the B=64 streaming pass
@@ -225,6 +227,15 @@ stage_attention() {
   run python3 bench/bench_attention.py --gpu --out "$results/attention_$dev.json"
 }
 
+stage_moe() {
+  # Mixture-of-experts (runners/_moe.py, 2026-11-30, never run on a GPU): the Triton pairs kernel against the
+  # torch gathered path and every expert, Qwen3-30B-A3B's and Mixtral's blocks, T 1-40 tokens (~1-2 min), then
+  # its tests on CUDA (the MoE runner on every path, the kernel's table, the windows' tables)
+  run --cap 200 python3 bench/bench_moe.py --gpu --budget-s "$(budget 150 200)" --out "$results/moe_$dev.json"
+  run --cap 200 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_moe_pairs.py \
+    tests/engine/test_paged_moe.py tests/kernels/test_paged_attention_window.py tests/engine/test_sliding_window_models.py
+}
+
 stage_gemv() {
   # Issue 25, plain decoding at 85%: the GEMV layer's kernel against cuBLAS per 8B product and row
   # count (every candidate tile config: decides kernels/linear/triton.py's defaults), its fused
@@ -311,9 +322,9 @@ case "$stage" in  # a device call ends at 600 s: 560 leaves the last part's kill
   session|limits|levers) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
 esac
 case "$stage" in
-  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|options|ncu|ncu_source) "stage_$stage" ;;
+  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|heads|adaptive|options|ncu|ncu_source) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|heads|adaptive|options|ncu|ncu_source|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|heads|adaptive|options|ncu|ncu_source|all"; exit 2 ;;
 esac
 [ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
 echo "stage $stage done at ${SECONDS} s, status $status"

@@ -1,0 +1,117 @@
+"""The MoE MLP's three ways on a GPU (runners/_moe.py), timed as CUDA-graph replays, with the bytes
+each should read against the HBM roofline.
+
+    python bench/bench_moe.py --gpu [--budget-s S] [--out bench/results/moe_<device>.json]
+        Qwen3-30B-A3B's block (H 2048, I 768, 128 experts, top 8) and Mixtral 8x7B's (H 4096,
+        I 14336, 8 experts, top 2), bf16, T = 1 / 2 / 5 / 8 / 40 tokens routed by a random router:
+        the Triton pairs kernel (kernels/moe: the Triton runner's gathered path), the torch
+        gathered path (index_select copies + bmm), every expert over every token (the loop's path
+        for wide calls), each with its output checked against the torch gathered one. Bytes: the
+        distinct chosen experts' weights (what a kernel that read each once would read); predicted
+        before any run: the pairs kernel near the roofline of the pairs' weights (T k experts, the
+        repeats served by L2 at best), the torch gathered path ~3x that (read, write, read), every
+        expert ~ all E experts' weights.
+    TRITON_INTERPRET=1 python bench/bench_moe.py --smoke --out F
+        The same code on CPU under the interpreter (tiny shapes, one wall-clock call per timing):
+        not a measurement, a check that the device run is not broken on arrival.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import versions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}  # SXM datasheet peaks
+# name -> (hidden H, expert width I, experts E, top k)
+SHAPES = {"qwen3_30b_a3b": (2048, 768, 128, 8), "mixtral_8x7b": (4096, 14336, 8, 2)}
+TOKENS = (1, 2, 5, 8, 40)
+SMOKE_SHAPES = {"tiny": (64, 32, 16, 2)}
+SMOKE_TOKENS = (1, 5)
+
+
+class _Block:
+    """A random MoE block of the given shape, as runners/_moe.MoE reads one (Qwen routing)."""
+
+    def __init__(self, hidden, inter, experts, top_k, dtype, device):
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        make = lambda *shape: (torch.randn(*shape, generator=gen) * shape[-1] ** -0.5).to(dtype).to(device)  # noqa: E731
+        self.gate = torch.nn.Module()
+        self.gate.weight = make(experts, hidden)
+        self.experts = torch.nn.Module()
+        self.experts.gate_up_proj = torch.nn.Parameter(make(experts, 2 * inter, hidden), requires_grad=False)
+        self.experts.down_proj = torch.nn.Parameter(make(experts, hidden, inter), requires_grad=False)
+        self.experts.act_fn = F.silu
+
+
+def _config(top_k):
+    return type("Config", (), dict(model_type="qwen3_moe", norm_topk_prob=True, num_experts_per_tok=top_k,
+                                   hidden_act="silu"))()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--gpu", action="store_true", help="CUDA-graph replays on the GPU")
+    mode.add_argument("--smoke", action="store_true", help="the GPU mode's code under the interpreter; needs --out")
+    parser.add_argument("--out", help="JSON path (default bench/results/moe_<device>.json)")
+    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
+    args = parser.parse_args(argv)
+    from gpu_timing import RowBudget, graph_timer
+
+    from specdec_fast.runners._moe import MoE
+
+    if args.smoke:
+        if not args.out:
+            sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
+        device, dtype, name, shapes, token_counts = "cpu", torch.float32, "cpu (smoke: interpreter)", SMOKE_SHAPES, SMOKE_TOKENS
+
+        def time_us(fn):
+            start = time.perf_counter()
+            fn()
+            return 1e6 * (time.perf_counter() - start)
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("--gpu needs a CUDA device (or --smoke on CPU)")
+        device, dtype, name, shapes, token_counts = "cuda", torch.bfloat16, torch.cuda.get_device_name(), SHAPES, TOKENS
+        time_us = graph_timer
+    peak = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), None)
+    out = Path(args.out or ROOT / f"bench/results/moe_{name.replace(' ', '_').replace('/', '_')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows, budget = [], RowBudget(args.budget_s)
+    for shape, (hidden, inter, experts, top_k) in shapes.items():
+        block = _Block(hidden, inter, experts, top_k, dtype, device)
+        triton_moe, torch_moe = MoE(block, _config(top_k), triton=True), MoE(block, _config(top_k), triton=False)
+        expert_bytes = 3 * hidden * inter * block.experts.down_proj.element_size()
+        for tokens in token_counts:
+            if not budget.allows(f"{shape} T={tokens}"):
+                continue
+            h = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)).to(dtype).to(device)
+            weights, chosen = torch_moe.routing(h)
+            distinct = int(torch.unique(chosen).numel())
+            want = torch_moe._gathered(h, weights, chosen).float()
+            res = {"shape": shape, "T": tokens, "H": hidden, "I": inter, "E": experts, "k": top_k,
+                   "distinct_experts": distinct, "pairs": tokens * top_k}
+            for form, fn in (("triton_pairs", lambda: triton_moe._gathered(h, weights, chosen)),
+                             ("torch_gathered", lambda: torch_moe._gathered(h, weights, chosen)),
+                             ("every_expert", lambda: torch_moe._every_expert(h, weights, chosen))):
+                res[f"{form}_max_abs_diff"] = (fn().float() - want).abs().max().item()
+                us = time_us(fn)
+                res[f"{form}_us"] = us
+                res[f"{form}_roofline_distinct"] = distinct * expert_bytes / (us * 1e-6) / peak if peak else None
+            rows.append(res)
+            print(json.dumps(res), flush=True)
+            out.write_text(json.dumps({"device": name, **versions(), "rows": rows, "not_run": budget.not_run}, indent=2) + "\n")
+    out.write_text(json.dumps({"device": name, **versions(), "rows": rows, "not_run": budget.not_run}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
