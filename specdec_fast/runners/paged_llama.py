@@ -42,9 +42,15 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # layer_types), Seed-OSS (biases on q/k/v, o and the MLP), CWM (Meta's Code World
                      # Model: sliding layers by layer_types, llama3 RoPE)
                      "ministral", "seed_oss", "cwm",
+                     # Ministral 3: Ministral's layer, its query scaled by position (QUERY_TEMPERATURE)
+                     "ministral3",
                      # the same attention with a sparse MoE MLP (runners/_moe.py): Mixtral (Mistral's),
                      # Qwen2-MoE (Qwen2's, a gated shared expert), Qwen3-MoE (Qwen3's)
                      "mixtral", "qwen2_moe", "qwen3_moe")
+# Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
+# multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), in the
+# model dtype; the rope_parameters fields it reads, per model_type
+QUERY_TEMPERATURE = {"ministral3": ("llama_4_scaling_beta", "original_max_position_embeddings")}
 # Granite's config fields and the runner attributes they set (identities for the other families)
 GRANITE_SCALARS = {"embedding_multiplier": "embedding_multiplier", "residual_multiplier": "residual_multiplier",
                    "logits_scaling": "logits_scaling", "attention_multiplier": "scale"}
@@ -239,6 +245,7 @@ class PagedLlamaRunner(PagedRunnerBase):
     gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
     # Granite's scalars (GRANITE_SCALARS; the softmax scale is self.scale); the other families' identities
     embedding_multiplier = residual_multiplier = logits_scaling = 1.0
+    query_temperature = None  # Ministral 3's (beta, original_max_position_embeddings): QUERY_TEMPERATURE
 
     def _bind(self, model) -> None:
         config = model.config
@@ -254,6 +261,10 @@ class PagedLlamaRunner(PagedRunnerBase):
         if config.model_type == "granite":
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))
+        if config.model_type in QUERY_TEMPERATURE:
+            rope = config.rope_parameters
+            beta, original = (rope.get(field) for field in QUERY_TEMPERATURE[config.model_type])
+            self.query_temperature = None if beta is None else (float(beta), int(original))
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.silu = config.hidden_act == "silu"  # F.silu directly: skips a module call per layer
@@ -329,6 +340,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         total = flat.shape[0]
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)  # [T, D], once per call
+        q_scales = self._query_scales(positions)
         x = self._embed(flat)
         self._keep(0, x)
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
@@ -344,6 +356,8 @@ class PagedLlamaRunner(PagedRunnerBase):
                 k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
             if layer.rope:
                 q, k = rotate_qk(q, k, cos, sin, fused)
+            if q_scales is not None:
+                q = q * q_scales
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
             x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), owns)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
@@ -358,6 +372,14 @@ class PagedLlamaRunner(PagedRunnerBase):
         self._keep(len(self.layers), out)
         return out
 
+    def _query_scales(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """[T, 1, 1] in the model dtype: each query's temperature (QUERY_TEMPERATURE), or None."""
+        if self.query_temperature is None:
+            return None
+        beta, original = self.query_temperature
+        scale = 1 + beta * torch.log(1 + torch.floor(positions.to(torch.float32) / original))
+        return scale.to(self.dtype)[:, None, None]
+
     def _add(self, x: torch.Tensor, out: torch.Tensor, added: bool) -> torch.Tensor:
         """The stream after a branch whose (summed) product is out: out itself when the product
         added x (added; or on a tensor-parallel rank that does not carry the residual: rank 0's
@@ -366,7 +388,8 @@ class PagedLlamaRunner(PagedRunnerBase):
             return out
         return x + self._branch(out)
 
-    def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n, pdl=False) -> torch.Tensor:
+    def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n, pdl=False,
+                              q_scales=None) -> torch.Tensor:
         """Layer i's q [T, Hq * D], k / v [T, Hk * D] (views of one product allowed) -> attention
         output [T, Hq * D]: RoPE (+ Qwen3's q/k norms) and the KV append in one launch
         (rope_append_kv), then attention (both layer forms on the Triton path); pdl: both as
@@ -375,6 +398,8 @@ class PagedLlamaRunner(PagedRunnerBase):
         q = q.view(total, heads, dim)
         self._ops[1](q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
                      self.v_caches[i], self.block_table, self.length, cu, layer.qk_norm, pdl=pdl)
+        if q_scales is not None:  # Ministral 3's temperature on the rotated query (one more launch)
+            q = q * q_scales
         return self._attention(i, q, attn_lens, cu, n, self.scale, pdl=pdl).view(total, heads * dim)
 
     def _rotations(self, positions: torch.Tensor) -> list:
@@ -390,6 +415,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         in the model dtype (transformers' order); each add_rms_norm returns (x + delta, its norm)."""
         add_rms_norm, _, silu_mul = self._ops
         rotations = self._rotations(positions)  # once per call
+        q_scales = self._query_scales(positions)
         x = self._embed(flat)
         self._keep(0, x)
         first = self.layers[0]
@@ -400,7 +426,8 @@ class PagedLlamaRunner(PagedRunnerBase):
                 q, k, v = _split_qkv(layer, F.linear(h, layer.w_qkv, layer.b_qkv))
             else:
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
-            o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n)
+            o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n,
+                                           q_scales=q_scales)
             x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)
             if layer.moe is not None:
                 delta = layer.moe(h, self._prefilling)
@@ -430,12 +457,13 @@ class PagedLlamaRunner(PagedRunnerBase):
         add_rms_norm, _, silu_mul = self._ops
         total = flat.shape[0]
         rotations = self._rotations(positions)  # once per call
+        q_scales = self._query_scales(positions)
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             qkv = gemv(x, layer.w_qkv, layer.b_qkv, prologue="rms_norm", norm_weight=layer.ln_in, eps=layer.eps_in)
             o = self._rotate_append_attend(i, layer, *_split_qkv(layer, qkv), *rotations[layer.rope], cu, attn_lens,
-                                           n, pdl=self.gemv_pdl)
+                                           n, pdl=self.gemv_pdl, q_scales=q_scales)
             x = gemv(o, *layer.o, residual=x)
             gate_up = gemv(x, layer.w_gate_up, layer.b_gate_up, prologue="rms_norm", norm_weight=layer.ln_post,
                            eps=layer.eps_post)

@@ -35,7 +35,7 @@ def _gemv_runner(model, **kw):
 
 
 @pytest.mark.parametrize("kind", ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow),
-                                  pytest.param("llama", marks=pytest.mark.slow), "phi3", "smollm3", "cwm"])
+                                  pytest.param("llama", marks=pytest.mark.slow), "phi3", "smollm3", "cwm", "ministral3"])
 def test_logits_equal_hf_forward(kind, device, monkeypatch):
     """float32: the prefill (27 token rows: the cuBLAS layer) and the score calls (3-12 rows: the
     GEMV layer) give the model's own logits within the runner tests' 1e-4; the GEMV path ran."""

@@ -39,6 +39,10 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                                   **common)
     elif kind == "ministral":  # sliding_attention layers (layer_types) whose window the tests' rows stay inside
         config = tf.MinistralConfig(num_key_value_heads=2, head_dim=16, sliding_window=200, **common)
+    elif kind == "ministral3":  # the query temperature past original_max_position_embeddings 4, a window of 6
+        config = tf.Ministral3Config(num_key_value_heads=2, head_dim=16, sliding_window=6, rope_parameters={
+            "rope_type": "default", "rope_theta": 700.0, "llama_4_scaling_beta": 0.5,
+            "original_max_position_embeddings": 4}, **common)
     elif kind == "cwm":  # CWM: a full layer, then a sliding one whose window of 4 the tests' rows pass
         config = tf.CwmConfig(num_key_value_heads=2, head_dim=16, sliding_window=4,
                               layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
@@ -64,7 +68,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
-                                  "cwm"])
+                                  "cwm", "ministral3"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -186,7 +190,8 @@ MAX_NEW = 20
 PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
+                                  "ministral3"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
@@ -360,3 +365,14 @@ def test_commit_caps_a_runaway_row_and_the_other_row_stays_exact():
         context.append(int(tokens[0, 0]))
     assert int(runner.cache.seq_lens[1]) == int(runner.caps[1]) == len(runner.cache.blocks_of(1)) * 4 - (k + 1)
     assert int(runner.cache.seq_lens[0]) == len(context)
+
+
+def test_control_ministral3s_query_temperature_is_needed():
+    """Ministral 3's query scale (1 + beta log(1 + floor(pos / 4)) here) past position 4: a runner
+    without it no longer gives the model's logits."""
+    model = tiny("ministral3")
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.query_temperature == (0.5, 4) and runner.layer_windows == (6, 6)
+    runner.query_temperature = None
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)

@@ -29,7 +29,7 @@ LAUNCHES_OUTSIDE_LAYERS_MAX = 16  # packing, cos/sin, embedding, first norm, lm_
 @pytest.mark.parametrize("kind,fuse", [("qwen3", True), pytest.param("llama", False, marks=pytest.mark.slow),
                                        pytest.param("qwen2", True, marks=pytest.mark.slow), ("phi3", True),
                                        pytest.param("phi3", False, marks=pytest.mark.slow), ("granite", True),
-                                       ("cwm", True)])
+                                       ("cwm", True), ("ministral3", True)])
 def test_logits_equal_hf_forward(kind, fuse, device):
     """fp32: the fused kernels (q/k norm, RoPE + append, add + norm, SwiGLU) and the fused or
     separate projections reproduce the model's own forward within today's 1e-4 (CWM: past a
