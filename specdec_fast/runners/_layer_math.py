@@ -31,6 +31,15 @@ def layer_norm_params(module) -> tuple:
     return module.weight, module.bias, module.eps
 
 
+def norm_params(module) -> tuple | None:
+    """(weight, eps) of an RMSNorm-like module, whichever name its eps has (variance_epsilon: Llama,
+    OLMo, Cohere; eps: Gemma), or None for no module (Cohere's absent q / k norms)."""
+    if module is None:
+        return None
+    eps = getattr(module, "variance_epsilon", None)
+    return module.weight, module.eps if eps is None else eps
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
     """transformers' LlamaRMSNorm / Qwen3RMSNorm over the last dim of x [..., H] (float32 statistics)."""
     if fused and x.stride(-1) == 1:

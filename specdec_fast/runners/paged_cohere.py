@@ -21,6 +21,7 @@ the rest torch ops. Static RoPE types only; no tensor-parallel runner.
 import torch
 import torch.nn.functional as F
 
+from ._layer_math import norm_params
 from ._linear import linear
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, decoder_reason
@@ -44,10 +45,6 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
 
 
-def _norm_of(module):
-    return None if module is None else (module.weight, module.variance_epsilon)
-
-
 def cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedCohereRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
@@ -63,12 +60,12 @@ class _CohereLayer:
     def __init__(self, layer, rope: bool):
         attn, mlp = layer.self_attn, layer.mlp
         self.rope = rope
-        self.norm = _norm_of(layer.input_layernorm)
+        self.norm = norm_params(layer.input_layernorm)
         self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
                                                                        attn.o_proj))
         qk_norm = getattr(attn, "use_qk_norm", False)  # Cohere 2 has none
-        self.q_norm = _norm_of(getattr(attn, "q_norm", None)) if qk_norm else None
-        self.k_norm = _norm_of(getattr(attn, "k_norm", None)) if qk_norm else None
+        self.q_norm = norm_params(getattr(attn, "q_norm", None)) if qk_norm else None
+        self.k_norm = norm_params(getattr(attn, "k_norm", None)) if qk_norm else None
         self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
 
@@ -87,7 +84,7 @@ class PagedCohereRunner(PagedRunnerBase):
         else:
             rotates = [True] * len(inner.layers)
         self.layers = [_CohereLayer(layer, rope) for layer, rope in zip(inner.layers, rotates)]
-        self.final_norm = _norm_of(inner.norm)
+        self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.logit_scale = config.logit_scale
         self.num_heads = config.num_attention_heads

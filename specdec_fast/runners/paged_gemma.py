@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
+from ._layer_math import norm_params
 from ._linear import linear
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
@@ -47,10 +48,6 @@ def gemma_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
 def _normed(x: torch.Tensor, norm) -> torch.Tensor:
     """A branch's output as added to the stream: through its norm (Gemma 2 / 3), or as it is (None: Gemma 1)."""
     return x if norm is None else gemma_rms_norm(x, norm)
-
-
-def _norm_of(module):
-    return module.weight, module.eps
 
 
 GEMMA_MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
@@ -76,16 +73,16 @@ class _GemmaLayer:
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
                                                                        attn.o_proj))
-        self.q_norm, self.k_norm = ((_norm_of(attn.q_norm), _norm_of(attn.k_norm)) if hasattr(attn, "q_norm")
+        self.q_norm, self.k_norm = ((norm_params(attn.q_norm), norm_params(attn.k_norm)) if hasattr(attn, "q_norm")
                                     else (None, None))
-        self.input = _norm_of(layer.input_layernorm)
+        self.input = norm_params(layer.input_layernorm)
         if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3: four norms, each branch's output normed
-            self.post_attention = _norm_of(layer.post_attention_layernorm)
-            self.pre_feedforward = _norm_of(layer.pre_feedforward_layernorm)
-            self.post_feedforward = _norm_of(layer.post_feedforward_layernorm)
+            self.post_attention = norm_params(layer.post_attention_layernorm)
+            self.pre_feedforward = norm_params(layer.pre_feedforward_layernorm)
+            self.post_feedforward = norm_params(layer.post_feedforward_layernorm)
         else:  # Gemma 1: Llama's two (post_attention_layernorm is the MLP's input norm)
             self.post_attention, self.post_feedforward = None, None
-            self.pre_feedforward = _norm_of(layer.post_attention_layernorm)
+            self.pre_feedforward = norm_params(layer.post_attention_layernorm)
         self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
 
@@ -101,7 +98,7 @@ class PagedGemmaRunner(PagedRunnerBase):
         self.embed = inner.embed_tokens.weight
         self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
         self.layers = [_GemmaLayer(layer) for layer in inner.layers]
-        self.final_norm = _norm_of(inner.norm)
+        self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 1 has none
         self.num_heads = config.num_attention_heads

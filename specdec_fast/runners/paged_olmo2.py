@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
+from ._layer_math import norm_params
 from ._linear import linear
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
@@ -38,10 +39,6 @@ def olmo_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     weight, eps = norm
     x32 = x.float()
     return (weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
-
-
-def _norm_of(module):
-    return module.weight, module.variance_epsilon
 
 
 OLMO_MODEL_TYPES = ("olmo2", "olmo3")
@@ -61,9 +58,9 @@ class _Olmo2Layer:
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
                                                                        attn.o_proj))
-        self.q_norm, self.k_norm = _norm_of(attn.q_norm), _norm_of(attn.k_norm)
-        self.post_attention = _norm_of(layer.post_attention_layernorm)
-        self.post_feedforward = _norm_of(layer.post_feedforward_layernorm)
+        self.q_norm, self.k_norm = norm_params(attn.q_norm), norm_params(attn.k_norm)
+        self.post_attention = norm_params(layer.post_attention_layernorm)
+        self.post_feedforward = norm_params(layer.post_feedforward_layernorm)
         self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
 
@@ -78,7 +75,7 @@ class PagedOlmo2Runner(PagedRunnerBase):
         config, inner = model.config, model.model
         self.embed = inner.embed_tokens.weight
         self.layers = [_Olmo2Layer(layer) for layer in inner.layers]
-        self.final_norm = _norm_of(inner.norm)
+        self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
