@@ -300,6 +300,7 @@ struct Problem {
   bool causal;
   int64_t window;  // 0: none
   float softcap;   // 0: none
+  const float* sinks;  // [Hq] logits, one more term of each query head's softmax (GPT-OSS), or nullptr
 };
 
 // A query's position among its row's new tokens: i, or under a tree its depth (the ancestors
@@ -380,13 +381,20 @@ void attend_keys(const Problem<scalar_t>& P, int64_t b, int64_t h, int64_t begin
   }
 }
 
-// out rows of (b, h) = acc / l (0 where l = 0: a row that saw no key).
+// out rows of (b, h) = acc / l (0 where l = 0: a row that saw no key); with sinks, l also counts
+// e^(sink - m) and acc is rescaled to the new maximum (m: each row's running max, natural units).
 template <typename scalar_t>
-void write_rows(const Problem<scalar_t>& P, int64_t b, int64_t h, const float* acc, const float* l, scalar_t* op) {
+void write_rows(const Problem<scalar_t>& P, int64_t b, int64_t h, const float* acc, const float* m, const float* l,
+                scalar_t* op) {
   const int64_t q0 = P.cu[b], R = (P.cu[b + 1] - q0) * P.G;
   for (int64_t r = 0; r < R; ++r) {
     scalar_t* dst = op + ((q0 + r / P.G) * P.Hq + h * P.G + r % P.G) * P.D;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    if (P.sinks != nullptr && l[r] > 0.f) {
+      const float sink = P.sinks[h * P.G + r % P.G], top = std::max(m[r], sink);
+      const float keep = std::exp(m[r] - top);  // acc and l rescaled to the max over keys and sink
+      inv = keep / (l[r] * keep + std::exp(sink - top));
+    }
     for (int64_t d = 0; d < P.D; ++d) dst[d] = static_cast<scalar_t>(acc[r * P.Dp + d] * inv);
   }
 }
@@ -408,7 +416,8 @@ inline int64_t key_splits(int64_t tasks, int64_t threads, int64_t max_len) {
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
          const at::Tensor& seq_lens, const at::Tensor& cu_query_lens, const c10::optional<at::Tensor>& tree_mask,
-         double scale, bool causal, int64_t window, double softcap, at::Tensor& out) {
+         double scale, bool causal, int64_t window, double softcap, const c10::optional<at::Tensor>& sinks,
+         at::Tensor& out) {
   Problem<scalar_t> P;
   P.B = block_table.size(0);
   P.Hq = q.size(1), P.D = q.size(2), P.Dp = (P.D + LANES - 1) / LANES * LANES;
@@ -423,6 +432,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   P.causal = causal;
   P.window = window;
   P.softcap = static_cast<float>(softcap);
+  P.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   scalar_t* op = out.data_ptr<scalar_t>();
   const int64_t B = P.B, Hkv = P.Hkv;
 
@@ -442,7 +452,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
         for (int64_t h = 0; h < Hkv; ++h) {
           if (P.cu[b + 1] <= P.cu[b]) continue;
           attend_keys(P, b, h, first_key(P, b), P.lens[b], t);
-          write_rows(P, b, h, t.acc.data(), t.l.data(), op);
+          write_rows(P, b, h, t.acc.data(), t.m.data(), t.l.data(), op);
         }
       }
     }
@@ -477,10 +487,11 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
         const int64_t R = (P.cu[b + 1] - P.cu[b]) * P.G;
         if (R <= 0) continue;
         const float* first = &part[(b * Hkv + h) * splits * slot];
-        std::vector<float> acc(R * P.Dp, 0.f), l(R, 0.f);
+        std::vector<float> acc(R * P.Dp, 0.f), l(R, 0.f), maxes(R, -std::numeric_limits<float>::infinity());
         for (int64_t r = 0; r < R; ++r) {
           float M = -std::numeric_limits<float>::infinity();
           for (int64_t s = 0; s < splits; ++s) M = std::max(M, first[s * slot + slot_acc + r]);
+          maxes[r] = M;
           if (M == -std::numeric_limits<float>::infinity()) continue;  // no key seen: out 0
           for (int64_t s = 0; s < splits; ++s) {
             const float* part_s = first + s * slot;
@@ -489,7 +500,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
             for (int64_t d = 0; d < P.Dp; ++d) acc[r * P.Dp + d] += part_s[r * P.Dp + d] * w;
           }
         }
-        write_rows(P, b, h, acc.data(), l.data(), op);
+        write_rows(P, b, h, acc.data(), maxes.data(), l.data(), op);
       }
     }
   }
@@ -498,7 +509,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& cu_query_lens,
                            const c10::optional<at::Tensor>& tree_mask, double scale, bool causal, int64_t window,
-                           double softcap) {
+                           double softcap, const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "paged_attention: q must be a contiguous [T, Hq, D] tensor");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_attention: k_cache/v_cache shape");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "paged_attention: caches need stride(-1) == 1");
@@ -516,10 +527,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     TORCH_CHECK(tree_mask->scalar_type() == at::kLong && tree_mask->is_contiguous() && tree_mask->size(0) == q.size(0),
                 "paged_attention: tree_mask must be contiguous int64 [T]");
   TORCH_CHECK(window >= 0 && softcap >= 0.0, "paged_attention: window and softcap must be >= 0 (0: none)");
+  if (sinks.has_value())
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->dim() == 1 &&
+                    sinks->size(0) == q.size(1),
+                "paged_attention: sinks must be contiguous float32 [Hq]");
   at::Tensor out = at::zeros_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
     run<scalar_t>(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal, window, softcap,
-                  out);
+                  sinks, out);
   });
   return out;
 }
@@ -531,8 +546,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-      "Tensor cu_query_lens, Tensor? tree_mask, float scale, bool causal=True, int window=0, float softcap=0.0) "
-      "-> Tensor");
+      "Tensor cu_query_lens, Tensor? tree_mask, float scale, bool causal=True, int window=0, float softcap=0.0, "
+      "Tensor? sinks=None) -> Tensor");
   // The vector width this build attends with (16 AVX-512, 8 AVX2, 4 otherwise), for tests.
   m.def("paged_attention_lanes() -> int", []() -> int64_t { return specdec::attention::LANES; });
 }

@@ -101,6 +101,17 @@ def _check_values(q, k_cache, block_table, seq_lens, cu_query_lens, max_query_le
             raise ValueError("tree_mask: query i of a row must set its own bit i and no bit above i (BFS order)")
 
 
+def _check_sinks(sinks, q):
+    """sinks: None or a float tensor [Hq] on q's device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point() or tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"sinks must be a float tensor of shape [{q.shape[1]}] (one logit per query head), got "
+                         f"{getattr(sinks, 'shape', type(sinks).__name__)}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks is on {sinks.device} but q is on {q.device}")
+
+
 def _check_window_softcap(window, softcap, tree_mask, max_query_len):
     """window: None or an int >= 1 (and, under a tree, >= max_query_len); softcap: None or a
     finite float > 0."""
@@ -117,7 +128,8 @@ def _check_window_softcap(window, softcap, tree_mask, max_query_len):
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *, max_query_len: int,
                     tree_mask=None, scale=None, causal: bool = True, window: int | None = None,
-                    softcap: float | None = None, backend=None, check=True) -> torch.Tensor:
+                    softcap: float | None = None, sinks: torch.Tensor | None = None, backend=None,
+                    check=True) -> torch.Tensor:
     """Attention of T packed new queries over a paged KV cache; causal, token-tree or block mask.
 
     q [T, Hq, D] fp16/bf16/fp32; k_cache, v_cache [num_blocks, block_size, Hkv, D] same dtype;
@@ -138,7 +150,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     at p - window or before; the query's position is prefix + i, or under a tree prefix + its
     depth, popcount(tree_mask[t]) - 1, and a tree needs window >= max_query_len. The kernels
     start each row's walk at its window (keys before it are not read). softcap: Gemma 2's
-    attention soft-capping, scores s -> softcap * tanh(s / softcap) after the scale.
+    attention soft-capping, scores s -> softcap * tanh(s / softcap) after the scale. sinks [Hq]
+    float: GPT-OSS's attention sinks, one logit per query head in each softmax, weighing no value.
     scale defaults to 1/sqrt(D). check=False skips the value checks (no host sync).
     Returns out [T, Hq, D] in q's dtype. See reference.py for the exact semantics.
     """
@@ -148,7 +161,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     if not causal and tree_mask is not None:
         raise ValueError("the block mask (causal=False) takes no tree_mask")
     _check_window_softcap(window, softcap, tree_mask, max_query_len)
+    _check_sinks(sinks, q)
     softcap = None if softcap is None else float(softcap)
+    sinks = None if sinks is None else sinks.float().contiguous()
     if check:
         _check_values(q, k_cache, block_table, seq_lens, cu_query_lens, max_query_len, tree_mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -158,12 +173,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     tree_mask = tree_mask.contiguous() if tree_mask is not None else None
     if name == "torch":
         return paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale,
-                                         causal, window, softcap)
+                                         causal, window, softcap, sinks)
     if name == "cpp":
         from .cpp import paged_attention_cpp
 
         return paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal,
-                                   window, softcap)
+                                   window, softcap, sinks)
     from .triton import MAX_HEAD_DIM, paged_attention_triton
 
     if q.shape[-1] > MAX_HEAD_DIM:
@@ -171,4 +186,4 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
 
     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
                                   max_query_len=max_query_len, tree_mask=tree_mask, scale=scale, causal=causal,
-                                  window=window, softcap=softcap)
+                                  window=window, softcap=softcap, sinks=sinks)

@@ -16,7 +16,9 @@ sliding layers keep a key while q_pos - k_pos < W). Query i of a chain or block 
 under a tree at P_b + its depth, popcount(tree_mask[t]) - 1 (its ancestors among the new tokens),
 and a tree's window must be at least the row's query count, so that it never hides an ancestor
 (whose positions the kernels do not know): only the prefix slides out. Soft-capping (softcap c,
-Gemma 2): each scaled score s becomes c * tanh(s / c) before the mask and the softmax.
+Gemma 2): each scaled score s becomes c * tanh(s / c) before the mask and the softmax. Sinks
+(sinks [Hq], GPT-OSS's learned per-head logits): each query head's softmax runs over its visible
+scores and its sink, whose probability weighs no value (the output's weights sum to less than 1).
 Softmax in fp32; output [T, Hq, D] in q's dtype.
 """
 import math
@@ -82,6 +84,7 @@ def paged_attention_reference(
     causal: bool = True,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out [T, Hq, D] (q's dtype). A spec, not a fast path: it waits on the device for the longest
     row and query count and, per chunk, for its real queries (a boolean index). Rows are padded
@@ -114,7 +117,12 @@ def paged_attention_reference(
             scores = torch.tanh(scores / softcap) * softcap
         tree_bits = None if tree_mask is None else tree_mask[token]
         visible = visible_keys(new_tokens[rows], lengths[rows], query_len, max_len, tree_bits, causal, window)
-        probs = torch.softmax(scores.masked_fill(~visible[:, None, None], float("-inf")), dim=-1)
+        scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+        if sinks is not None:  # one more logit per query head, dropped after the softmax
+            sink = sinks.float().view(1, Hkv, Hq // Hkv, 1, 1).expand(*scores.shape[:-1], 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         o = torch.einsum("rkgij,rjkd->rikgd", probs, v).flatten(2, 3)  # [R, n, Hq, D]
         out[token[real]] = o[real].to(q.dtype)
     return out

@@ -133,7 +133,7 @@ def _masked_chunks(q, m_i, l_i, acc, start_lo, start_hi, hi, prefix, qi, key_fir
 # each new class would compile a variant inside a user's call (tests/kernels/test_compile_variants.py).
 @triton.jit(do_not_specialize=["num_splits", "min_split_chunks", "num_tokens", "window"])
 def _paged_attn_split(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_ptr, tree_ptr, sinks_ptr,
     out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr,
     qk_scale, num_splits, min_split_chunks, num_tokens, window, softcap_log2,
     s_qt, s_qh,
@@ -154,6 +154,7 @@ def _paged_attn_split(
     BLOCK_MASK: tl.constexpr = False,
     HAS_WINDOW: tl.constexpr = False,
     HAS_SOFTCAP: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False,
     MERGE_LAST: tl.constexpr = False,
     FENCE: tl.constexpr = False,
     PDL: tl.constexpr = False,
@@ -270,6 +271,14 @@ def _paged_attn_split(
                                        bt_row, k_head, v_head, s_kb, s_kt, softcap_log2, d, d_ok, n_off, BLOCK_N,
                                        PAGE_SIZE, HAS_TREE, BLOCK_MASK, HAS_WINDOW, HAS_SOFTCAP, IEEE_DOT)
 
+        if HAS_SINKS:  # GPT-OSS: one more logit per query head, counted once (by split 0), weighing no value
+            if split == 0:
+                sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
+                top = tl.maximum(m_i, sink)
+                keep = tl.math.exp2(m_i - top)
+                l_i = l_i * keep + tl.math.exp2(sink - top)
+                acc = acc * keep[:, None]
+                m_i = top
         has_mass = l_i > 0.0
         o = acc / tl.where(has_mass, l_i, 1.0)[:, None]
         # out [T, HQ, HEAD_DIM] and part_o [splits, T, HQ, HEAD_DIM_P2], part_lse [splits, T, HQ]: contiguous
@@ -501,7 +510,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
                            max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
                            min_split_tokens: int | None = None, plan: LaunchPlan | None = None, causal: bool = True,
                            merge_in_kernel: bool | None = None, workspace: KernelWorkspace | None = None,
-                           pdl: bool = False, window: int | None = None, softcap: float | None = None):
+                           pdl: bool = False, window: int | None = None, softcap: float | None = None, sinks=None):
     """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
     a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
     e.g. for tests and the benchmark's sweep; merge_in_kernel (None: MERGE_IN_KERNEL) where the
@@ -511,8 +520,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     pdl: on CUDA, each launch is a programmatic dependent launch (the GEMV layer's chain,
     runners/paged_llama.py GEMV_PDL): it waits for the kernel before it at its first line and
     lets the next PDL launch start at once. window / softcap: a sliding window and attention
-    soft-capping (kernels/attention/__init__.py), each a constexpr passed only when set (the
-    launches without them keep their compiled variants)."""
+    soft-capping and sinks [Hq] float32 (kernels/attention/__init__.py), each a constexpr passed only
+    when set (the launches without them keep their compiled variants)."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -545,7 +554,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
                        else torch.zeros(groups, dtype=torch.int32, device=q.device))
     _paged_attn_split[(B * Hkv, plan.num_tiles, splits)](
         q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, seq_lens if tree_mask is None else tree_mask,
-        out, part_o, part_lse, tickets,
+        seq_lens if sinks is None else sinks, out, part_o, part_lse, tickets,
         float(scale) * LOG2E, splits, plan.min_split_chunks, T, int(window or 0), float(softcap or 1.0) * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -561,6 +570,7 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         **({} if causal else {"BLOCK_MASK": True}),
         **({} if window is None else {"HAS_WINDOW": True}),
         **({} if softcap is None else {"HAS_SOFTCAP": True}),
+        **({} if sinks is None else {"HAS_SINKS": True}),
         **({"MERGE_LAST": True, "FENCE": not triton_interpreting()} if merge_last else {}),
         **pdl_kw,
     )

@@ -35,6 +35,13 @@ def _config(kind: str, vocab: int, layers: int):
                                    ["sliding_attention"] * (layers % 2), final_logit_softcapping=30.0, **llama_like)
     if kind == "gemma":  # Gemma 1: Llama's layer with Gemma's norms, the scaled embedding, GeGLU
         return tf.GemmaConfig(head_dim=12, **llama_like)
+    if kind == "ministral3":  # its query temperature past original_max_position_embeddings 8, a window of 12
+        return tf.Ministral3Config(head_dim=12, sliding_window=12, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.3,
+            "original_max_position_embeddings": 8}, **llama_like)
+    if kind == "cwm":  # a full layer, then sliding ones (window 8: passed)
+        return tf.CwmConfig(head_dim=12, sliding_window=8, layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **llama_like)
     if kind == "mixtral":  # a sparse MoE MLP (8 experts, top 2), Mistral's attention and window (8: passed)
         return tf.MixtralConfig(num_local_experts=8, num_experts_per_tok=2, sliding_window=8, **llama_like)
     if kind == "qwen3_moe":  # 16 experts of 24, top 2, renormalised

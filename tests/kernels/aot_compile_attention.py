@@ -12,16 +12,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aot_compile_layer_ops import check_pdl_order  # noqa: E402
 from sm90 import CAPABILITY, PDL_TARGET, SHARED_MEMORY_LIMIT, compile_sm90  # noqa: E402
 
-PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
+PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_lens_ptr": "*i32", "sinks_ptr": "*fp32",
         "cu_ptr": "*i32", "ticket_ptr": "*i32", "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
 
 
 def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, block_mask=False, merge_last=False, pdl=False,
-                  block_n=64, window=False, softcap=False):
+                  block_n=64, window=False, softcap=False, sinks=False):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
                   BLOCK_N=block_n, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
                   HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask,
-                  HAS_WINDOW=window, HAS_SOFTCAP=softcap, MERGE_LAST=merge_last, FENCE=merge_last, PDL=pdl)
+                  HAS_WINDOW=window, HAS_SOFTCAP=softcap, HAS_SINKS=sinks, MERGE_LAST=merge_last, FENCE=merge_last,
+                  PDL=pdl)
     types = {name: t.replace("Q", f"*{dtype}") for name, t in PTRS.items()}
     return compile_sm90(attn._paged_attn_split, consts, types, num_warps=8 if block_m >= 128 else 4, num_stages=2,
                         pdl=pdl)
@@ -57,6 +58,8 @@ def main(full: bool) -> None:
     for cfg, extra in ((("bf16", 16, 1, 4, 128, False, False), dict(window=True)),
                        (("bf16", 32, 8, 4, 128, False, True), dict(window=True, softcap=True)),
                        (("fp16", 32, 8, 4, 96, True, False), dict(window=True)),
+                       (("bf16", 16, 1, 8, 64, False, True), dict(window=True, sinks=True)),  # GPT-OSS: D 64, GQA 8
+                       (("bf16", 64, 8, 8, 64, False, False), dict(window=True, sinks=True)),
                        (("bf16", 64, 16, 4, 128, False, True), dict(window=True, block_mask=True)),
                        (("bf16", 16, 4, 4, 256, True, False), dict(softcap=True, block_n=32)),
                        (("bf16", *_prefill_tile("bf16", 8, 128)[:2], 8, 128, False, False),

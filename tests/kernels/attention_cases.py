@@ -78,12 +78,13 @@ def make_case(seq_lens, query_lens, hq, hkv, head_dim, block_size, dtype, *, tre
 
 
 def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """float64 SDPA per row on the dense K/V with an explicit boolean mask: [T, Hq, D]
     (causal=False: the block mask, every new token visible to every query of its row).
     window: a query at position p (prefix + i, or prefix + its tree depth: its ancestors) sees no
     key at p - window or before. softcap: scores s -> softcap * tanh(s / softcap), written out
-    (SDPA has no soft-capping)."""
+    (SDPA has no soft-capping). sinks [Hq]: one more logit per head in each softmax, weighing no
+    value (GPT-OSS), written out too."""
     q = case.q.cpu().double()
     T, Hq, D = q.shape
     out = torch.zeros(T, Hq, D, dtype=torch.float64)
@@ -110,10 +111,17 @@ def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True, window: int | 
                 depth = i if case.tree_mask is None else bin(int(case.tree_mask[lo + i]) & (2 ** 64 - 1)).count("1") - 1
                 mask[i, : max(0, prefix + depth - window + 1)] = False
         qr, sc = q[lo:hi].transpose(0, 1), scale if scale is not None else 1 / math.sqrt(D)
-        if softcap is None:
+        if softcap is None and sinks is None:
             o = F.scaled_dot_product_attention(qr, k, v, attn_mask=mask, scale=sc)
         else:
-            scores = torch.tanh(qr @ k.transpose(1, 2) * sc / softcap) * softcap
-            o = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+            scores = qr @ k.transpose(1, 2) * sc
+            if softcap is not None:
+                scores = torch.tanh(scores / softcap) * softcap
+            scores = scores.masked_fill(~mask, float("-inf"))
+            if sinks is not None:
+                sink = sinks.double().cpu()[:, None, None].expand(-1, n, 1)
+                o = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
+            else:
+                o = torch.softmax(scores, dim=-1) @ v
         out[lo:hi] = o.transpose(0, 1)
     return out

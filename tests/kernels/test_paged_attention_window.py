@@ -1,4 +1,4 @@
-"""paged_attention's sliding window and soft-capping (torch reference, Triton, C++) against float64
+"""paged_attention's sliding window, soft-capping and sinks (torch reference, Triton, C++) against float64
 attention on dense K/V: every mask kind (chain, tree, block), windows of 1, below the query count,
 mid-chunk, past every row, prefill rows over page boundaries, a forced Triton KV split; keys
 before a window's first chunk are never read (NaN there changes nothing); and the controls (a
@@ -112,6 +112,59 @@ def test_cpp_window_over_key_splits(tree):
     assert not torch.equal(out, one), "the split path was not taken"
 
 
+# Attention sinks (GPT-OSS: one logit per query head in each softmax, weighing no value):
+# (seq_lens, query_lens, Hq, Hkv, head_dim, block_size, dtype, tree, window)
+SINK_CASES = {
+    "decode_g8_d64": ([30, 100, 7], [1, 1, 1], 8, 1, 64, 16, torch.float32, False, None),
+    "chain5_window7_bf16": ([40, 12], [5, 5], 8, 2, 64, 16, torch.bfloat16, False, 7),
+    "tree9_window16": ([50, 20], [9, 9], 4, 2, 32, 8, torch.float32, True, 16),
+}
+
+
+def _sinks(hq, seed, device):
+    return (torch.randn(hq, generator=torch.Generator().manual_seed(seed)) * 2).to(device)
+
+
+@pytest.mark.parametrize("backend", kernel_backends())
+@pytest.mark.parametrize("name", list(SINK_CASES))
+def test_sinks_match_the_oracle(name, backend, device):
+    seq, ql, hq, hkv, d, bs, dtype, tree, window = SINK_CASES[name]
+    case = make_case(seq, ql, hq, hkv, d, bs, dtype, tree=tree, seed=len(name), device=device)
+    sinks = _sinks(hq, len(name), device)
+    out = paged_attention(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask, window=window,
+                          sinks=sinks, backend=backend)
+    expect = sdpa_oracle(case, window=window, sinks=sinks)
+    torch.testing.assert_close(out.cpu().double(), expect, atol=TOL[dtype], rtol=TOL[dtype])
+    # control: the sinks matter (the weights of the keys sum to less than 1)
+    assert not torch.allclose(out.cpu().double(), sdpa_oracle(case, window=window), atol=TOL[dtype])
+
+
+def test_triton_sinks_counted_once_over_kv_splits(device):
+    """A forced KV split: only split 0 adds the sink to its partial, the merge weighs it once."""
+    pytest.importorskip("triton")
+    from specdec_fast.kernels.attention.triton import paged_attention_triton
+
+    case = make_case([700, 300], [5, 1], 8, 2, 64, 16, torch.float16, seed=9, device=device)
+    sinks = _sinks(8, 9, device)
+    out = paged_attention_triton(*case.args(), max_query_len=5, scale=64 ** -0.5, num_splits=4, min_split_tokens=64,
+                                 sinks=sinks)
+    torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case, sinks=sinks), atol=4e-3, rtol=4e-3)
+
+
+def test_cpp_sinks_over_key_splits():
+    if "cpp" not in kernel_backends():
+        pytest.skip("the C++ op is not tested here")
+    case = make_case([2000], [5], 4, 1, 64, 16, torch.float32, seed=13)
+    sinks = _sinks(4, 13, "cpu")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(8)  # one task (row x KV head) for 8 threads: its keys in ranges, merged
+        out = paged_attention(*case.args(), max_query_len=5, sinks=sinks, backend="cpp")
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out.double(), sdpa_oracle(case, sinks=sinks), atol=2e-4, rtol=2e-4)
+
+
 BAD = {
     "window_zero": (dict(window=0), "window"),
     "window_float": (dict(window=4.0), "window"),
@@ -121,6 +174,8 @@ BAD = {
     "softcap_negative": (dict(softcap=-1.0), "softcap"),
     "softcap_inf": (dict(softcap=float("inf")), "softcap"),
     "softcap_str": (dict(softcap="30"), "softcap"),
+    "sinks_shape": (dict(sinks=torch.zeros(3)), "sinks"),
+    "sinks_int": (dict(sinks=torch.zeros(4, dtype=torch.int64)), "sinks"),
 }
 
 
