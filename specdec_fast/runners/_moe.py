@@ -1,24 +1,31 @@
 """Sparse mixture-of-experts MLPs on the paged runners: Mixtral, Qwen2-MoE (with its gated shared
-expert) and Qwen3-MoE decoder layers (transformers 5.24's *SparseMoeBlock: a top-k router over
-E experts stored as 3-D tensors, experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I]).
+expert), Qwen3-MoE and GPT-OSS decoder layers (transformers 5.24's *SparseMoeBlock / GptOssMLP: a
+top-k router over E experts stored as 3-D tensors).
 
-The math is transformers' (modeling_mixtral.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py):
-    logits = h @ router^T                     the model dtype
-    probs  = softmax(logits) in float32; w, e = top-k(probs); w /= sum(w) (Mixtral always,
-             Qwen where norm_topk_prob); Qwen casts w to the model dtype, Mixtral keeps it float32
-    out    = sum_j w_j * down_e_j(act(gate_e_j(h)) * up_e_j(h))
-    Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h)
+The math is transformers' (modeling_mixtral.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py,
+modeling_gpt_oss.py):
+    routing, Mixtral / Qwen: logits = h @ router^T (model dtype); probs = softmax(logits) in
+             float32; w, e = top-k(probs); w /= sum(w) (Mixtral always, Qwen where
+             norm_topk_prob); Qwen casts w to the model dtype, Mixtral keeps it float32
+    routing, GPT-OSS: logits = h @ router^T + bias; w, e = top-k(logits); w = softmax(w) in the
+             model dtype
+    experts, SwiGLU (Mixtral / Qwen): gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I]:
+             y = down_e(act(gate_e(h)) * up_e(h))
+    experts, GPT-OSS: gate_up [E, H, 2I] and down [E, I, H] (read here as transposed views), a bias
+             each, gate / up interleaved (even / odd columns): gate = min(gate, limit),
+             up = clamp(up, -limit, limit), y = down_e((up + 1) * gate * sigmoid(alpha * gate)) + b
+    out    = sum_j w_j * y_e_j;   Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h)
 
 A prefill (outside the captured loop) runs only the experts its tokens chose, as transformers
 does (a host sync for which they are: `chosen_only`). The decoding loop's calls take one of two
 ways, both with static shapes and no host sync (graph safe), chosen from the call's token count T
 (static per call shape):
   - gathered (3 T k <= E: decode and verify steps of a few rows): each (token, expert) pair's
-    products; on the Triton path kernels/moe (moe_pairs: one GEMV per pair, the gate and up rows
-    in one program with SiLU, the combine weight in the down product's), which reads each pair's
-    weights once; on the torch path the T k chosen experts' weights gathered ([T k, 2I, H],
-    [T k, H, I]) and applied as batched products (read, written and read again);
-  - every expert (more tokens: prefill, wide batches): each of the E experts runs over all T tokens,
+    products; on the Triton path for SwiGLU experts kernels/moe (moe_pairs: one GEMV per pair, the
+    gate and up rows in one program with SiLU, the combine weight in the down product's), which
+    reads each pair's weights once; otherwise the T k chosen experts' weights gathered
+    ([T k, 2I, H], [T k, H, I]) and applied as batched products (read, written and read again);
+  - every expert (more tokens: wide batches): each of the E experts runs over all T tokens,
     weighted by its combine weight (0 for the tokens that did not choose it): every expert's
     weights read once, E / k times the FLOPs the tokens need.
 None has been timed on a GPU.
@@ -29,23 +36,34 @@ import torch.nn.functional as F
 from ..kernels.moe import moe_pairs
 from ._linear import linear
 
-# model_type -> (whether the top-k weights are renormalised: True, or the config field that says,
-# whether they are cast to the model dtype before they weigh the experts)
-MOE_ROUTING = {"mixtral": (True, False), "qwen2_moe": ("norm_topk_prob", True), "qwen3_moe": ("norm_topk_prob", True)}
+# model_type -> (routing: "softmax_topk" / "topk_softmax", whether the top-k weights are
+# renormalised: True, or the config field that says, whether they are cast to the model dtype
+# before they weigh the experts, the experts' layout: "swiglu" / "gpt_oss")
+MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
+                "qwen2_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
+                "qwen3_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
+                "gpt_oss": ("topk_softmax", False, True, "gpt_oss")}
 
 
 def is_moe(mlp) -> bool:
-    """Whether a decoder layer's mlp is a sparse MoE block (router `gate` and 3-D `experts`)."""
+    """Whether a decoder layer's mlp is a sparse MoE block (a router and 3-D `experts`)."""
     experts = getattr(mlp, "experts", None)
     return experts is not None and isinstance(getattr(experts, "gate_up_proj", None), torch.nn.Parameter)
+
+
+def _router(mlp):
+    """The block's router module (`gate`; GPT-OSS: `router`)."""
+    router = getattr(mlp, "gate", None)
+    return router if router is not None else getattr(mlp, "router", None)
 
 
 def moe_reason(mlp, config) -> str | None:
     """Why a MoE block is not one this module runs (a routing it does not know, tensors that are not
     the plain ones it reads), or None."""
-    if getattr(config, "model_type", None) not in MOE_ROUTING:
-        return f"mixture-of-experts routing of model_type {config.model_type!r} is not one of {tuple(MOE_ROUTING)}"
-    experts, router = mlp.experts, getattr(mlp, "gate", None)
+    family = MOE_FAMILIES.get(getattr(config, "model_type", None))
+    if family is None:
+        return f"mixture-of-experts routing of model_type {config.model_type!r} is not one of {tuple(MOE_FAMILIES)}"
+    experts, router = mlp.experts, _router(mlp)
     weight = getattr(router, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return f"the MoE router {type(router).__name__} has no [experts, hidden] weight"
@@ -53,7 +71,8 @@ def moe_reason(mlp, config) -> str | None:
         tensor = getattr(experts, name, None)
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3 or not tensor.is_floating_point():
             return f"the MoE experts' {name} is not a float [experts, out, in] tensor"
-    if getattr(experts, "has_bias", False) or getattr(experts, "gate_up_proj_bias", None) is not None:
+    biased = getattr(experts, "gate_up_proj_bias", None) is not None
+    if family[3] == "swiglu" and (biased or getattr(experts, "has_bias", False)):
         return "MoE experts with biases"
     shared = getattr(mlp, "shared_expert", None)
     if shared is not None and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear):
@@ -62,30 +81,54 @@ def moe_reason(mlp, config) -> str | None:
 
 
 class MoE:
-    """One layer's router and experts (references to the model's tensors, not copies)."""
+    """One layer's router and experts (references to the model's tensors, or views of them: no copies)."""
 
     def __init__(self, mlp, config, triton: bool = False):
-        renorm, self.cast = MOE_ROUTING[config.model_type]
-        # the gathered pairs through kernels/moe's Triton kernel (SwiGLU experts only)
-        self.triton = triton and config.hidden_act == "silu"
+        self.routing_kind, renorm, self.cast, self.layout = MOE_FAMILIES[config.model_type]
         self.renorm = bool(getattr(config, renorm)) if isinstance(renorm, str) else renorm
-        self.router = mlp.gate.weight  # [E, H]
+        router = _router(mlp)
+        self.router, self.router_bias = router.weight, getattr(router, "bias", None)  # [E, H], [E] or None
         self.top_k = int(config.num_experts_per_tok)
         experts = mlp.experts
-        self.gate_up, self.down, self.act = experts.gate_up_proj, experts.down_proj, experts.act_fn
+        if self.layout == "gpt_oss":  # [E, H, 2I] / [E, I, H] as the [E, out, in] views the products read
+            self.gate_up, self.down = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
+            self.gate_up_bias, self.down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
+            self.alpha, self.limit = float(experts.alpha), float(experts.limit)
+            self.act = None
+        else:
+            self.gate_up, self.down, self.act = experts.gate_up_proj, experts.down_proj, experts.act_fn
+            self.gate_up_bias = self.down_bias = None
         self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
+        # the gathered pairs through kernels/moe's Triton kernel (SwiGLU experts, SiLU, no bias)
+        self.triton = triton and self.layout == "swiglu" and config.hidden_act == "silu"
         shared = getattr(mlp, "shared_expert", None)
         self.shared = None if shared is None else (
             [(m.weight, m.bias) for m in (shared.gate_proj, shared.up_proj, shared.down_proj)], shared.act_fn,
             mlp.shared_expert_gate.weight)
 
     def routing(self, h: torch.Tensor):
-        """h [T, H] -> (weights [T, k] (float32, or the model dtype: MOE_ROUTING), experts [T, k] int64)."""
-        logits = F.linear(h, self.router)
+        """h [T, H] -> (weights [T, k] (float32, or the model dtype: MOE_FAMILIES), experts [T, k] int64)."""
+        logits = F.linear(h, self.router, self.router_bias)
+        if self.routing_kind == "topk_softmax":
+            top, chosen = torch.topk(logits, self.top_k, dim=-1)
+            return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
         top, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
         if self.renorm:
             top = top / top.sum(dim=-1, keepdim=True)
         return (top.to(logits.dtype) if self.cast else top), chosen
+
+    def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[.., 2I] (biases added) -> the experts' activation [.., I]."""
+        if self.layout == "gpt_oss":
+            gate, up = gate_up[..., ::2].clamp(max=self.limit), gate_up[..., 1::2].clamp(-self.limit, self.limit)
+            return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act(gate) * up
+
+    def _expert(self, x: torch.Tensor, e) -> torch.Tensor:
+        """Expert e (an int or a 0-d tensor) over the tokens x [n, H] -> [n, H]."""
+        gate_up = F.linear(x, self.gate_up[e], None if self.gate_up_bias is None else self.gate_up_bias[e])
+        return F.linear(self._activate(gate_up), self.down[e], None if self.down_bias is None else self.down_bias[e])
 
     def __call__(self, h: torch.Tensor, prefill: bool = False) -> torch.Tensor:
         """The block's output for h [T, H] (the post-attention norm's), in h's dtype. prefill: the
@@ -115,8 +158,12 @@ class MoE:
             y = moe_pairs(act, flat, self.down, pairs_per_token=1, scale=weights.reshape(-1), backend="triton")
             return y.view(tokens, self.top_k, hidden).sum(1).to(h.dtype)
         x = h.repeat_interleave(self.top_k, 0)[:, :, None]  # [T k, H, 1]: pair p reads token p // k
-        gate, up = torch.bmm(self.gate_up.index_select(0, flat), x)[..., 0].chunk(2, dim=-1)
-        y = torch.bmm(self.down.index_select(0, flat), (self.act(gate) * up)[:, :, None])[..., 0]  # [T k, H]
+        gate_up = torch.bmm(self.gate_up.index_select(0, flat), x)[..., 0]
+        if self.gate_up_bias is not None:
+            gate_up = gate_up + self.gate_up_bias.index_select(0, flat)
+        y = torch.bmm(self.down.index_select(0, flat), self._activate(gate_up)[:, :, None])[..., 0]  # [T k, H]
+        if self.down_bias is not None:
+            y = y + self.down_bias.index_select(0, flat)
         y = y * weights.reshape(-1, 1)
         return y.view(tokens, self.top_k, hidden).sum(1).to(h.dtype)
 
@@ -126,8 +173,7 @@ class MoE:
         out = torch.zeros_like(h)
         for e in torch.unique(chosen).tolist():
             token, slot = (chosen == e).nonzero(as_tuple=True)
-            gate, up = F.linear(h[token], self.gate_up[e]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.down[e]) * weights[token, slot, None]
+            y = self._expert(h[token], e) * weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
 
@@ -137,6 +183,5 @@ class MoE:
         combine.scatter_add_(1, chosen, weights)  # [T, E]
         out = torch.zeros(h.shape, dtype=torch.promote_types(h.dtype, weights.dtype), device=h.device)
         for e in range(self.num_experts):
-            gate, up = F.linear(h, self.gate_up[e]).chunk(2, dim=-1)
-            out += F.linear(self.act(gate) * up, self.down[e]) * combine[:, e:e + 1]
+            out += self._expert(h, e) * combine[:, e:e + 1]
         return out.to(h.dtype)

@@ -139,6 +139,7 @@ class PagedRunnerBase:
     # row can reach it (_allocate: self._windows), so rows inside it run as full attention.
     layer_windows: tuple = ()
     attn_softcap: float | None = None  # attention logit soft-capping (Gemma 2), in the kernels
+    attn_sinks: tuple = ()  # per layer: float32 [Hq] attention sinks (GPT-OSS), in the kernels; empty: none
     _windows: tuple = ()
     _tree_mask = None  # int64 [B*N] during a tree-scoring forward (score(tree=...)), else None
     _prefilling = False  # True during prefill's forward (eager, never captured: it may wait on the device)
@@ -486,19 +487,20 @@ class PagedRunnerBase:
         row's new tokens see each other both ways: kernels/attention). pdl: the Triton path's
         launches as programmatic dependent launches (on CUDA; the GEMV layer's chain)."""
         window, softcap = self._windows[i], self.attn_softcap
+        sinks = self.attn_sinks[i] if self.attn_sinks else None
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
                                                           self.block_table, attn_lens, cu, self._tree_mask, scale, causal,
-                                                          window or 0, softcap or 0.0)
+                                                          window or 0, softcap or 0.0, sinks)
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
                                    plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace,
-                                   pdl=pdl, window=window, softcap=softcap)
+                                   pdl=pdl, window=window, softcap=softcap, sinks=sinks)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
-                               window=window, softcap=softcap, backend=self.backend, check=False)
+                               window=window, softcap=softcap, sinks=sinks, backend=self.backend, check=False)
 
     def _plan(self, max_query_len: int):
         """The Triton attention launch shape of a call (static per call width): chosen once."""

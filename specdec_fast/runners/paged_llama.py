@@ -45,8 +45,9 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # Ministral 3: Ministral's layer, its query scaled by position (QUERY_TEMPERATURE)
                      "ministral3",
                      # the same attention with a sparse MoE MLP (runners/_moe.py): Mixtral (Mistral's),
-                     # Qwen2-MoE (Qwen2's, a gated shared expert), Qwen3-MoE (Qwen3's)
-                     "mixtral", "qwen2_moe", "qwen3_moe")
+                     # Qwen2-MoE (Qwen2's, a gated shared expert), Qwen3-MoE (Qwen3's), GPT-OSS (biases,
+                     # attention sinks, sliding layers of 128)
+                     "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 # Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
 # multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), in the
 # model dtype; the rope_parameters fields it reads, per model_type
@@ -206,6 +207,8 @@ class _Layer:
         else:
             self.down = self.gate_up = self.inter = self.act = None
         self.rope = bool(getattr(attn, "use_rope", True))  # SmolLM3's NoPE layers: False
+        sinks = getattr(attn, "sinks", None)  # GPT-OSS: [Hq] logits, float32 for the kernels (a copy of Hq values)
+        self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 
 
 def _split_qkv(layer, qkv):
@@ -252,6 +255,8 @@ class PagedLlamaRunner(PagedRunnerBase):
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.layers = [_Layer(layer, config, self.fuse_projections, self.kernels == "triton") for layer in inner.layers]
+        if any(layer.sinks is not None for layer in self.layers):
+            self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = model.get_output_embeddings().weight
         self.num_heads = config.num_attention_heads

@@ -67,7 +67,7 @@ class _TPLayer:
     their bias on rank 0 only (added once to the sum). fuse: q/k/v and gate/up also as one
     concatenated weight each, the separate weights being views of it (one copy in memory)."""
 
-    moe = None  # dense MLPs only: TP_MODEL_TYPES has no mixture-of-experts family
+    moe = sinks = None  # dense MLPs, no attention sinks: TP_MODEL_TYPES has no MoE family, no GPT-OSS
 
     def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool):
         def get(name):

@@ -42,6 +42,10 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "cwm":  # a full layer, then sliding ones (window 8: passed)
         return tf.CwmConfig(head_dim=12, sliding_window=8, layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **llama_like)
+    if kind == "gpt_oss":  # top-k then softmax over 16 experts, biases, clamps (limit 1), sinks, windows of 8
+        return tf.GptOssConfig(num_local_experts=16, num_experts_per_tok=2, head_dim=12, sliding_window=8,
+                               swiglu_limit=1.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                               **dict(llama_like, intermediate_size=24))
     if kind == "mixtral":  # a sparse MoE MLP (8 experts, top 2), Mistral's attention and window (8: passed)
         return tf.MixtralConfig(num_local_experts=8, num_experts_per_tok=2, sliding_window=8, **llama_like)
     if kind == "qwen3_moe":  # 16 experts of 24, top 2, renormalised
@@ -80,8 +84,8 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
-    if kind == "gemma2":
-        attn = "eager"  # transformers' Gemma 2 has no sdpa path (it could not soft-cap there)
+    if kind in ("gemma2", "gpt_oss"):
+        attn = "eager"  # transformers' Gemma 2 / GPT-OSS have no sdpa path (soft-capping, sinks)
     config = _config(kind, vocab, layers)
     config.initializer_range = init_std
     config._attn_implementation = attn

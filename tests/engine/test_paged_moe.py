@@ -1,6 +1,8 @@
 """Mixture-of-experts models on the Llama runner (runners/_moe.py): Mixtral (a window of 6 that the
 rows pass, weights renormalised and kept float32), Qwen2-MoE (a gated shared expert, no
-renormalisation) and Qwen3-MoE (renormalised, a dense MLP layer among the MoE ones). The block
+renormalisation), Qwen3-MoE (renormalised, a dense MLP layer among the MoE ones) and GPT-OSS
+(top-k then softmax, biased experts with interleaved gate / up and clamps, attention sinks and
+biases, a sliding layer of 6). The block
 equals transformers' own on both expert paths (gathered, every expert); the runner's logits equal
 the model's forward on every backend; greedy generate(runner="paged") equals model.generate with a
 draft, prompt lookup and plain decoding (batch 1 decodes through the gathered path, batch 3 through
@@ -19,7 +21,7 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 
 VOCAB = 96
-KINDS = ("mixtral", "qwen2_moe", "qwen3_moe")
+KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
 def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
@@ -35,14 +37,20 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
     elif kind == "qwen2_moe":  # its shared expert and gate; q/k/v biases (randomised below)
         config = tf.Qwen2MoeConfig(num_experts=16, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                                    norm_topk_prob=False, **common)
-    else:  # layer 1 a dense MLP (mlp_only_layers)
+    elif kind == "qwen3_moe":  # layer 1 a dense MLP (mlp_only_layers)
         config = tf.Qwen3MoeConfig(num_experts=16, moe_intermediate_size=32, norm_topk_prob=True, head_dim=16,
                                    mlp_only_layers=[1], **common)
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
+        config = tf.GptOssConfig(num_local_experts=16, head_dim=16, sliding_window=6, swiglu_limit=1.0,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 700.0},
+                                 **dict(common, intermediate_size=32))
+    # eager: GPT-OSS's sinks have no sdpa path in transformers
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager" if kind == "gpt_oss" else "sdpa")
+    model = model.float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(0, 0.3)
+            if name.endswith("bias") or name.endswith("sinks"):
+                param.normal_(0, 0.5 if kind == "gpt_oss" else 0.3)
     model.generation_config.eos_token_id = None
     return model
 
@@ -58,15 +66,17 @@ def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypat
     model = tiny_moe(kind)
     block = model.model.layers[0].mlp
     moe = _moe.MoE(block, model.config, triton=triton)
-    assert moe.triton == triton
+    assert moe.triton == (triton and kind != "gpt_oss")  # GPT-OSS's experts: the torch products
     taken = []
     for path in ("_gathered", "_every_expert", "_chosen_only"):
         real = getattr(_moe.MoE, path)
         monkeypatch.setattr(_moe.MoE, path, lambda self, *a, real=real, path=path: taken.append(path) or real(self, *a))
     h = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens))
     with torch.no_grad():
-        torch.testing.assert_close(moe(h), block(h[None])[0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(moe(h, prefill=True), block(h[None])[0], atol=1e-5, rtol=1e-5)
+        theirs = block(h[None])
+        theirs = (theirs[0] if isinstance(theirs, tuple) else theirs)[0]  # GptOssMLP returns (out, router scores)
+        torch.testing.assert_close(moe(h), theirs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(moe(h, prefill=True), theirs, atol=1e-5, rtol=1e-5)
     few = 3 * tokens * 2 <= 16
     assert taken == (["_gathered"] * 2 if few else ["_every_expert", "_chosen_only"])  # a prefill: the chosen only
 
@@ -117,7 +127,7 @@ def test_triton_decode_through_the_pairs_kernel_equals_generate(device, monkeypa
     assert calls and set(calls) <= {1, 2}  # one token's 2 pairs: gate_up (1 row), down (2 pair rows)
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_static_graph_twin_gives_the_eager_tokens(kind):
     from .test_cuda_graphs_static import MODES, both
 
@@ -131,16 +141,28 @@ def test_static_graph_twin_gives_the_eager_tokens(kind):
 
 
 def test_controls_routing_and_the_shared_expert():
-    """Mixtral's renormalisation, Qwen2-MoE's shared expert and its gate are each needed."""
+    """Mixtral's renormalisation, Qwen2-MoE's shared expert, GPT-OSS's routing order and clamps are
+    each needed."""
     for kind, spoil in (("mixtral", lambda moe: setattr(moe, "renorm", False)),
                         ("qwen2_moe", lambda moe: setattr(moe, "shared", None)),
-                        ("qwen2_moe", lambda moe: setattr(moe, "renorm", True))):
+                        ("qwen2_moe", lambda moe: setattr(moe, "renorm", True)),
+                        ("gpt_oss", lambda moe: setattr(moe, "routing_kind", "softmax_topk")),
+                        ("gpt_oss", lambda moe: setattr(moe, "limit", float("inf")))):
         model = tiny_moe(kind)
         runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
         for layer in runner.layers:
             spoil(layer.moe)
         with pytest.raises(AssertionError):
             assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_control_gpt_oss_needs_its_attention_sinks():
+    model = tiny_moe("gpt_oss")
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.attn_sinks and runner.layer_windows == (6, None)
+    runner.attn_sinks = ()
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
 
 
 def test_refusals():
