@@ -5,7 +5,11 @@ of its tile are (new query x query head of the GQA group), so each K/V page of t
 loaded once per step for all N*G query rows: scoring K+1 positions reads what one decode step
 reads. Chunks wholly inside the prefix run with no mask; only chunks that overlap the new tokens
 apply the causal AND tree masks (BLOCK_MASK: no causal limit among a row's new tokens, DFlash's
-draft block; causal launches keep their key: the constexpr is passed only when set). The KV sequence is split over programs (flash-decoding); each
+draft block; causal launches keep their key: the constexpr is passed only when set). With a
+sliding window (HAS_WINDOW) a tile's walk starts at the chunk of its first row's window and the
+chunks below its last row's window start apply the window's mask too (_masked_chunks, the one
+masked loop); soft-capping (HAS_SOFTCAP) caps every score; sinks (HAS_SINKS) enter split 0's
+softmax sum. The KV sequence is split over programs (flash-decoding); each
 split writes its normalised partial output and log-sum-exp, and kernel 2 (_merge_splits)
 combines them -- or, with MERGE_IN_KERNEL (a plan's merge_in_kernel), the split of each (row,
 KV head, query tile) that takes the group's last ticket combines them in the same launch
@@ -519,9 +523,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     calls on one stream, e.g. a runner's layers); without one a split call zero-fills its tickets.
     pdl: on CUDA, each launch is a programmatic dependent launch (the GEMV layer's chain,
     runners/paged_llama.py GEMV_PDL): it waits for the kernel before it at its first line and
-    lets the next PDL launch start at once. window / softcap: a sliding window and attention
-    soft-capping and sinks [Hq] float32 (kernels/attention/__init__.py), each a constexpr passed only
-    when set (the launches without them keep their compiled variants)."""
+    lets the next PDL launch start at once. window, softcap, sinks: a sliding window, attention
+    soft-capping and attention sinks ([Hq] float32) as kernels/attention/__init__.py defines them,
+    each a constexpr passed only when set (the launches without them keep their compiled variants)."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv

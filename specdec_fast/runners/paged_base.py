@@ -223,19 +223,10 @@ class PagedRunnerBase:
         self._allocate(max_batch, max_tokens_per_row, num_blocks)
         self.pooled = True
 
-    def _row_limit_reason(self, max_tokens_per_row: int):
-        """Why rows of max_tokens_per_row tokens cannot run here, beyond the position limit (a
-        family's own: a sliding window they would reach), or None."""
-        return None
-
     def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
         if self.max_positions is not None and max_tokens_per_row > self.max_positions:
             raise ValueError(f"a row of {max_tokens_per_row} tokens (prompt + max_new_tokens + K + 1) would exceed the "
                              f"model's {self.max_positions} position embeddings")
-        reason = self._row_limit_reason(max_tokens_per_row)
-        if reason is not None:
-            raise ValueError(f"{type(self).__name__} cannot hold rows of {max_tokens_per_row} tokens: {reason}; "
-                             "use runner='hf' or None")
         # a window rows of this length never reach (q - k <= max_tokens_per_row - 1 < window) is full attention
         self._windows = tuple(w if w is not None and w < max_tokens_per_row else None
                               for w in (self.layer_windows or (None,) * len(self.layers)))
