@@ -266,10 +266,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         if config.model_type == "granite":
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))
-        if config.model_type in QUERY_TEMPERATURE:
-            rope = config.rope_parameters
-            beta, original = (rope.get(field) for field in QUERY_TEMPERATURE[config.model_type])
-            self.query_temperature = None if beta is None else (float(beta), int(original))
+        self._bind_query_temperature(config)
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
         self.silu = config.hidden_act == "silu"  # F.silu directly: skips a module call per layer
@@ -376,6 +373,14 @@ class PagedLlamaRunner(PagedRunnerBase):
         out = rms_norm(x, self.final_norm, self.final_eps, fused)
         self._keep(len(self.layers), out)
         return out
+
+    def _bind_query_temperature(self, config) -> None:
+        """Ministral 3's (beta, original_max_position_embeddings) from its rope_parameters
+        (QUERY_TEMPERATURE); None for the other families (both _binds: the tensor-parallel one too)."""
+        if config.model_type in QUERY_TEMPERATURE:
+            rope = config.rope_parameters
+            beta, original = (rope.get(field) for field in QUERY_TEMPERATURE[config.model_type])
+            self.query_temperature = None if beta is None else (float(beta), int(original))
 
     def _query_scales(self, positions: torch.Tensor) -> torch.Tensor | None:
         """[T, 1, 1] in the model dtype: each query's temperature (QUERY_TEMPERATURE), or None."""

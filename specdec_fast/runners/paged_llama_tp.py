@@ -1,4 +1,4 @@
-"""TPPagedLlamaRunner: a Llama-family model (Llama / Mistral / Qwen2 / Qwen3) sharded over the
+"""TPPagedLlamaRunner: a Llama-family model (sharded_model.TP_MODEL_TYPES) sharded over the
 ranks of a process group, Megatron layout, on the paged KV cache (docs/architecture.md §10).
 
 Each rank runs this runner over its ShardedCausalLM (runners/sharded_model.py; the layout:
@@ -41,13 +41,7 @@ import torch.nn.functional as F
 
 from .paged_base import FLOAT_DTYPES
 from .paged_llama import PagedLlamaRunner, llama_config_reason
-from .sharded_model import ShardedCausalLM
-
-
-# The Llama families whose layer is Llama's as runners/sharding.py splits it (separate q/k/v and
-# gate/up by rows); the rest of LLAMA_MODEL_TYPES (Phi-3's fused projections, Granite's scalars,
-# SmolLM3's NoPE layers, the types named otherwise) have no tensor-parallel runner.
-TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from .sharded_model import TP_MODEL_TYPES, ShardedCausalLM
 
 
 def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -176,6 +170,7 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         self.inv_freq = model.inv_freq.to(device=self.device)
         self.rope_scaling = model.rope_scaling
         self.silu = config.hidden_act == "silu"
+        self._bind_query_temperature(config)
         if self.kernels == "triton":  # imported here: triton is optional on CPU machines
             from ..kernels.cache_ops.triton_rope import rope_append_kv_triton
             from ..kernels.llama_ops.triton import add_rms_norm_triton, silu_mul_triton

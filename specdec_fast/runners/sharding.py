@@ -2,7 +2,7 @@
 slices: from a model already loaded, or from the checkpoint's safetensors without reading
 anything else (docs/architecture.md §10).
 
-Llama family (Llama / Mistral / Qwen2 / Qwen3), N ranks, rank r:
+Llama family (Llama / Mistral / Qwen2 / Qwen3 / CWM / Ministral 3: sharded_model.TP_MODEL_TYPES), N ranks, rank r:
     q_proj, k_proj, v_proj (+ biases)   column-parallel: the rows of this rank's heads
     gate_proj, up_proj                  column-parallel: rows [r I/N, (r+1) I/N)
     o_proj, down_proj                   row-parallel: the matching columns; the partial products

@@ -77,7 +77,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     assert not errors, f"ranks failed: {errors}"
     problems = _same_tokens(results, "4 ranks", [0, 1, 2, 3]) + _same_tokens(results, "2 ranks", [0, 1])
     two = results[1]["2 ranks"]
-    for kind in ("llama", "qwen2", "mistral"):
+    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3"):
         _check(problems, "tensor parallel over 2 ranks" in two[f"{kind} engine note"], two[f"{kind} engine note"])
     shapes = two["shard shapes"]  # qwen2: 4 heads of 12, 2 KV heads, intermediate 96; rank 1's slices
     expected = {"self_attn.q_proj.weight": (24, 48), "self_attn.q_proj.bias": (24,), "self_attn.k_proj.weight": (12, 48),
