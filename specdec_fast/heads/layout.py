@@ -88,6 +88,11 @@ def save_draft_head(head, directory, *, safetensors: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
     config["architectures"] = [head.architecture]
+    causal = set(getattr(head, "layer_causal", ()))
+    if len(causal) == 1 and "is_causal" not in config:
+        # a block drafter's layers all causal or all not: said outright, so that a reader that infers it
+        # from the layer types (z-lab's reference: sliding layers causal) reads what this head runs
+        config["is_causal"] = causal.pop()
     dtype = next(head.parameters()).dtype
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -144,6 +144,7 @@ def test_layout_round_trip_and_errors(target, drafter, tmp_path):
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 16
     assert config["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [0, 1, 2]}
+    assert config["is_causal"] is False  # said outright: a reader may infer causality from the layer types
     names = set(load_file(str(tmp_path / "d" / "model.safetensors")))
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.1.self_attn.q_norm.weight",
             "layers.0.self_attn.k_proj.weight", "layers.0.mlp.down_proj.weight"} <= names
