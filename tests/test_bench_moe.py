@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_moe  # noqa: E402
 
 
+@pytest.mark.cpu_only  # the GPU mode's code on CPU tensors through the Triton interpreter (the GPU runs it for real)
 def test_smoke_rows(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "moe_smoke.json"

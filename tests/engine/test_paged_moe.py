@@ -58,12 +58,14 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
 @pytest.mark.parametrize("triton", [False, True])
 @pytest.mark.parametrize("tokens", [1, 2, 7, 40])
 @pytest.mark.parametrize("kind", KINDS)
-def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypatch):
+def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypatch, device):
     """Every expert path: gathered for 1-2 tokens (through the torch products or kernels/moe's
-    Triton kernel, interpreted here), every expert above, and a prefill's chosen experts only."""
+    Triton kernel: compiled on a GPU machine, interpreted elsewhere), every expert above, and a
+    prefill's chosen experts only."""
     if triton:
         pytest.importorskip("triton")
-    model = tiny_moe(kind)
+    device = backend_device("triton" if triton else "torch", device)
+    model = tiny_moe(kind).to(device)
     block = model.model.layers[0].mlp
     moe = _moe.MoE(block, model.config, triton=triton)
     assert moe.triton == (triton and kind != "gpt_oss")  # GPT-OSS's experts: the torch products
@@ -71,7 +73,7 @@ def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypat
     for path in ("_gathered", "_every_expert", "_chosen_only"):
         real = getattr(_moe.MoE, path)
         monkeypatch.setattr(_moe.MoE, path, lambda self, *a, real=real, path=path: taken.append(path) or real(self, *a))
-    h = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens))
+    h = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens)).to(device)
     with torch.no_grad():
         theirs = block(h[None])
         theirs = (theirs[0] if isinstance(theirs, tuple) else theirs)[0]  # GptOssMLP returns (out, router scores)
@@ -165,12 +167,12 @@ def test_control_gpt_oss_needs_its_attention_sinks():
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
-def test_refusals():
+def test_refusals(device):
     """The GEMV layer and tensor parallelism take no MoE layer; experts with biases are refused."""
     from specdec_fast.runners.paged_llama_tp import TP_MODEL_TYPES
     from specdec_fast.runners.registry import paged_unsupported_reason
 
-    model = tiny_moe("qwen3_moe")
+    model = tiny_moe("qwen3_moe").to(backend_device("triton", device))
     runner = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=1, backend="triton")
     assert runner.gemv_layer_reason() == "the GEMV layer has no mixture-of-experts MLP"
     assert not set(KINDS) & set(TP_MODEL_TYPES)
