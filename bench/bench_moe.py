@@ -40,8 +40,9 @@ class _Block:
     """A random MoE block of the given shape, as runners/_moe.MoE reads one (Qwen routing)."""
 
     def __init__(self, hidden, inter, experts, top_k, dtype, device):
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        make = lambda *shape: (torch.randn(*shape, generator=gen) * shape[-1] ** -0.5).to(dtype).to(device)  # noqa: E731
+        gen = torch.Generator(device=device).manual_seed(0)  # on the device: Mixtral's experts are 2.8 G values
+        make = lambda *shape: (torch.randn(*shape, generator=gen, device=device, dtype=dtype)  # noqa: E731
+                               * shape[-1] ** -0.5)
         self.gate = torch.nn.Module()
         self.gate.weight = make(experts, hidden)
         self.experts = torch.nn.Module()
