@@ -1,5 +1,5 @@
-"""Sliding-window models on both runners: Mistral and Phi-3 (every layer slides), Qwen2 with
-use_sliding_window and Gemma 2 / 3 (full and sliding layers mixed), with prompts and generations
+"""Sliding-window models on both runners: Mistral and Phi-3 (every layer slides), Qwen2 / Qwen3 with
+use_sliding_window, Ministral and Gemma 2 / 3 (layer_types: full and sliding layers mixed), with prompts and generations
 far past the window, left padding and drafts rejected: the tokens are model.generate's. runner='hf'
 (specdec_fast/runners/hf.py, module docstring) builds the window into its mask (transformers'
 per-layer-type dict), with holes and compaction; before that, every such call raised a shape error
@@ -24,9 +24,12 @@ CONFIGS = {
     "gemma3": lambda: tf.Gemma3TextConfig(sliding_window=4, head_dim=12, query_pre_attn_scalar=12,
                                           sliding_window_pattern=2, **COMMON),
     "phi3": lambda: tf.Phi3Config(sliding_window=5, **COMMON),  # every layer, no layer_types (Phi-3-mini-4k's kind)
+    "qwen3": lambda: tf.Qwen3Config(use_sliding_window=True, sliding_window=5, max_window_layers=1, head_dim=12,
+                                    **COMMON),
+    "ministral": lambda: tf.MinistralConfig(sliding_window=4, head_dim=12, **COMMON),  # its window by layer_types
 }
 CASES = [("mistral", "sdpa"), ("mistral", "eager"), ("qwen2", "sdpa"), ("gemma2", "eager"), ("gemma3", "sdpa"),
-         ("phi3", "sdpa")]
+         ("phi3", "sdpa"), ("qwen3", "sdpa"), ("ministral", "sdpa")]
 _MODELS = {}
 
 
