@@ -17,8 +17,8 @@ and OLMo 2's RMSNorm multiplies by its weight in float32 before the cast (Llama'
 its RoPE kernel (per-head q / k norms, model-dtype tables): one path for every backend, the
 attention and the KV append through the kernels (paged_base._attend), the rest torch ops, as the
 GPT-2 runner does. Static RoPE types only; no tensor-parallel runner.
-OLMo 3 is OLMo 2's layer with sliding_attention layers (3 of 4; the window rule of
-runners/sliding_window.py: rows within the window run here) and one RoPE per layer type (its
+OLMo 3 is OLMo 2's layer with sliding_attention layers (3 of 4; their window, by the rule of
+runners/sliding_window.py, applied by the kernels) and one RoPE per layer type (its
 rotary module's {type}_inv_freq / {type}_attention_scaling: scaling such as YaRN on the
 full_attention layers only): runners/_rotary.py.
 """

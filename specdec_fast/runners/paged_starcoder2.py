@@ -11,7 +11,7 @@ then model.norm and lm_head. The math is transformers 5.24's Starcoder2DecoderLa
     x = x + c_proj(act(c_fc(post_attention_layernorm(x))))   a plain (ungated) MLP
     out = norm(x)
 with Mistral's attention (its scale head_dim^-0.5, RoPE tables in the model dtype) and its
-sliding window: rows that reach it run on the hf runner (runners/sliding_window.py). One path on
+sliding window, which the kernels apply (runners/sliding_window.py: every layer). One path on
 every backend, as the GPT-2 runner: the attention and KV append through the kernels, the rest
 torch ops. No tensor-parallel runner.
 """
