@@ -73,6 +73,26 @@ def _soft_cap(s, cap):
 
 
 @triton.jit
+def _scores(q, kt, softcap_log2, HAS_SOFTCAP: tl.constexpr, IEEE_DOT: tl.constexpr):
+    """q [M, D] . kt [D, N] in log2 units (q carries the scale), soft-capped where HAS_SOFTCAP."""
+    if IEEE_DOT:
+        s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, kt)
+    if HAS_SOFTCAP:
+        s = _soft_cap(s, softcap_log2)
+    return s
+
+
+@triton.jit
+def _accumulate(acc, alpha, p, v, IEEE_DOT: tl.constexpr):
+    """The online softmax's output after one chunk: acc rescaled by alpha [M], plus p [M, N] . v [N, D]."""
+    if IEEE_DOT:
+        return acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
 def _popcount64(bits):
     """The set bits of each int64 (bit 63 included), as int64: a SWAR count whose arithmetic shifts
     only ever bring a sign bit into lanes the masks clear."""
@@ -100,12 +120,7 @@ def _masked_chunks(q, m_i, l_i, acc, start_lo, start_hi, hi, prefix, qi, key_fir
         slot = pos % PAGE_SIZE
         kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None],
                      mask=in_seq[None, :] & d_ok[:, None], other=0.0)
-        if IEEE_DOT:
-            s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(q, kt)
-        if HAS_SOFTCAP:
-            s = _soft_cap(s, softcap_log2)
+        s = _scores(q, kt, softcap_log2, HAS_SOFTCAP, IEEE_DOT)
         j = pos - prefix  # index among the new tokens (< 0: prefix)
         if BLOCK_MASK:
             visible = in_seq[None, :] & (qi[:, None] >= 0)
@@ -125,10 +140,7 @@ def _masked_chunks(q, m_i, l_i, acc, start_lo, start_hi, hi, prefix, qi, key_fir
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :],
                     mask=in_seq[:, None] & d_ok[None, :], other=0.0)
-        if IEEE_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = _accumulate(acc, alpha, p, v, IEEE_DOT)
         m_i = m_new
     return m_i, l_i, acc
 
@@ -251,12 +263,7 @@ def _paged_attn_split(
                 kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None], mask=d_ok[:, None], other=0.0)
             else:
                 kt = tl.load(k_head + page[None, :] * s_kb + slot[None, :] * s_kt + d[:, None])  # [D, N]
-            if IEEE_DOT:
-                s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-            else:
-                s = tl.dot(q, kt)
-            if HAS_SOFTCAP:
-                s = _soft_cap(s, softcap_log2)
+            s = _scores(q, kt, softcap_log2, HAS_SOFTCAP, IEEE_DOT)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.math.exp2(m_i - m_new)
             p = tl.math.exp2(s - m_new[:, None])
@@ -265,10 +272,7 @@ def _paged_attn_split(
                 v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :], mask=d_ok[None, :], other=0.0)
             else:
                 v = tl.load(v_head + page[:, None] * s_kb + slot[:, None] * s_kt + d[None, :])  # [N, D]
-            if IEEE_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = _accumulate(acc, alpha, p, v, IEEE_DOT)
             m_i = m_new
 
         m_i, l_i, acc = _masked_chunks(q, m_i, l_i, acc, tl.maximum(mid, w_end), hi, hi, prefix, qi, key_first, tree_bits,

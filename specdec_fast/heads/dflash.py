@@ -194,8 +194,9 @@ class DFlashHead(nn.Module):
         earlier = torch.arange(m, device=inner.device)[None, :] <= torch.arange(m, device=inner.device)[:, None]
         ctx_mask = torch.ones(batch, m, ctx.shape[1], dtype=torch.bool, device=ctx.device) if ctx_visible is None \
             else ctx_visible
-        # |q - k| per query and key, for the sliding layers: [B, M, C + M]
-        gap = (block_positions[:, :, None] - torch.cat([ctx_positions, block_positions], 1)[:, None, :]).abs()
+        # |q - k| per query and key, for the sliding layers: [B, M, C + M] (only where some layer slides)
+        gap = None if self.sliding_window is None else \
+            (block_positions[:, :, None] - torch.cat([ctx_positions, block_positions], 1)[:, None, :]).abs()
         masks = {}
         for causal, window in set(zip(self.layer_causal, self.layer_windows)):
             block = inner & earlier if causal else inner
