@@ -1,16 +1,23 @@
-"""The MoE MLP's three ways on a GPU (runners/_moe.py), timed as CUDA-graph replays, with the bytes
-each should read against the HBM roofline.
+"""The MoE MLP's ways on a GPU (runners/_moe.py), timed as CUDA-graph replays, with the bytes each
+should read against the HBM roofline.
 
     python bench/bench_moe.py --gpu [--budget-s S] [--out bench/results/moe_<device>.json]
         Qwen3-30B-A3B's block (H 2048, I 768, 128 experts, top 8) and Mixtral 8x7B's (H 4096,
-        I 14336, 8 experts, top 2), bf16, T = 1 / 2 / 5 / 8 / 40 tokens routed by a random router:
-        the Triton pairs kernel (kernels/moe: the Triton runner's gathered path), the torch
-        gathered path (index_select copies + bmm), every expert over every token (the loop's path
-        for wide calls), each with its output checked against the torch gathered one. Bytes: the
-        distinct chosen experts' weights (what a kernel that read each once would read); predicted
-        before any run: the pairs kernel near the roofline of the pairs' weights (T k experts, the
-        repeats served by L2 at best), the torch gathered path ~3x that (read, write, read), every
-        expert ~ all E experts' weights.
+        I 14336, 8 experts, top 2), bf16, T = 1 / 2 / 5 / 8 / 40 / 128 tokens routed by a random
+        router, each way's output checked against the torch gathered one (every_expert's where the
+        gathered copies would pass 32 GB: Mixtral at T = 128, not timed there):
+          triton_pairs   kernels/moe's "pair" schedule (a GEMV per pair; the Triton runner's way
+                         for 3 T k <= E),
+          triton_expert  its "expert" schedule (pairs grouped by expert, tl.dot tiles; the Triton
+                         runner's way above that), with the sort,
+          torch_gathered index_select copies + bmm (the torch runner's way for 3 T k <= E),
+          every_expert   every expert over every token as batched products (the torch runner's
+                         loop calls above that).
+        Bytes: the distinct chosen experts' weights (what a kernel that read each once would read).
+        Predicted before any run: triton_pairs near the roofline of the pairs' weights while the
+        pairs mostly chose distinct experts, triton_expert near the distinct experts' roofline at
+        every T (behind triton_pairs at T = 1 by its sort's launches), torch_gathered ~3x
+        triton_pairs (read, write, read), every_expert ~ all E experts' weights.
     TRITON_INTERPRET=1 python bench/bench_moe.py --smoke --out F
         The same code on CPU under the interpreter (tiny shapes, one wall-clock call per timing):
         not a measurement, a check that the device run is not broken on arrival.
@@ -31,9 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}  # SXM datasheet peaks
 # name -> (hidden H, expert width I, experts E, top k)
 SHAPES = {"qwen3_30b_a3b": (2048, 768, 128, 8), "mixtral_8x7b": (4096, 14336, 8, 2)}
-TOKENS = (1, 2, 5, 8, 40)
+TOKENS = (1, 2, 5, 8, 40, 128)
 SMOKE_SHAPES = {"tiny": (64, 32, 16, 2)}
-SMOKE_TOKENS = (1, 5)
+GATHER_LIMIT_BYTES = 32e9  # the torch gathered form's copies, at most (the H200 holds 141 GB)
+SMOKE_TOKENS = (1, 5, 24)
 
 
 class _Block:
@@ -96,12 +104,18 @@ def main(argv=None) -> int:
             h = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)).to(dtype).to(device)
             weights, chosen = torch_moe.routing(h)
             distinct = int(torch.unique(chosen).numel())
-            want = torch_moe._gathered(h, weights, chosen).float()
+            # the torch gathered copies ([T k] experts' weights) fit: Mixtral's at T = 128 would be 90 GB
+            gathers = tokens * top_k * expert_bytes <= GATHER_LIMIT_BYTES
+            want = (torch_moe._gathered if gathers else torch_moe._every_expert)(h, weights, chosen).float()
             res = {"shape": shape, "T": tokens, "H": hidden, "I": inter, "E": experts, "k": top_k,
-                   "distinct_experts": distinct, "pairs": tokens * top_k}
-            for form, fn in (("triton_pairs", lambda: triton_moe._gathered(h, weights, chosen)),
+                   "distinct_experts": distinct, "pairs": tokens * top_k,
+                   "reference": "torch_gathered" if gathers else "every_expert"}
+            for form, fn in (("triton_pairs", lambda: triton_moe._kernels(h, weights, chosen, "pair")),
+                             ("triton_expert", lambda: triton_moe._kernels(h, weights, chosen, "expert")),
                              ("torch_gathered", lambda: torch_moe._gathered(h, weights, chosen)),
                              ("every_expert", lambda: torch_moe._every_expert(h, weights, chosen))):
+                if form == "torch_gathered" and not gathers:
+                    continue
                 res[f"{form}_max_abs_diff"] = (fn().float() - want).abs().max().item()
                 us = time_us(fn)
                 res[f"{form}_us"] = us

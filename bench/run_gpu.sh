@@ -228,8 +228,9 @@ stage_attention() {
 }
 
 stage_moe() {
-  # Mixture-of-experts (runners/_moe.py, 2026-11-30, never run on a GPU): the Triton pairs kernel against the
-  # torch gathered path and every expert, Qwen3-30B-A3B's and Mixtral's blocks, T 1-40 tokens (~1-2 min), then
+  # Mixture-of-experts (runners/_moe.py, 2026-11-30, never run on a GPU): kernels/moe's two schedules (a GEMV
+  # per pair; pairs grouped by expert) against the torch gathered path and every expert, Qwen3-30B-A3B's and
+  # Mixtral's blocks, T 1-128 tokens (~1-2 min): decides where runners/_moe.py switches schedules. Then
   # its tests on CUDA (the MoE runner on every path, the kernel's table, the windows' tables)
   run --cap 200 python3 bench/bench_moe.py --gpu --budget-s "$(budget 150 200)" --out "$results/moe_$dev.json"
   run --cap 200 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_moe_pairs.py \

@@ -1,5 +1,5 @@
 """bench/bench_moe.py --smoke: the GPU mode's code on CPU under the interpreter (tiny shapes), so
-the device run is not broken on arrival; its three forms agree with the torch gathered one."""
+the device run is not broken on arrival; its four forms agree with the torch gathered one."""
 import json
 import sys
 from pathlib import Path
@@ -19,7 +19,7 @@ def test_smoke_rows(tmp_path):
     assert report["device"].startswith("cpu (smoke") and report["not_run"] == []
     assert [row["T"] for row in report["rows"]] == list(bench_moe.SMOKE_TOKENS)
     for row in report["rows"]:
-        for form in ("triton_pairs", "torch_gathered", "every_expert"):
+        for form in ("triton_pairs", "triton_expert", "torch_gathered", "every_expert"):
             assert row[f"{form}_max_abs_diff"] < 1e-4 and row[f"{form}_us"] > 0
         assert 1 <= row["distinct_experts"] <= row["pairs"]
 

@@ -1,22 +1,40 @@
 """The spec of moe_pairs in plain torch (also the oracle): each (token, expert) pair's product
-with its expert's weight.
+with its expert's weight, then the experts' activation.
 
 x [T, K]; experts [P] int64 (pair p reads token p // pairs_per_token and expert experts[p]);
-weight [E, N, K]. out[p, n] = sum_k weight[experts[p], n, k] x[p // r, k] in float32; gated
-(weight [E, 2I, K]: gate rows, then up rows): out[p, i] = silu(gate_i) * up_i, [P, I]; scale [P]:
-out[p] *= scale[p]. Rounded once to x's dtype.
+weight [E, R, K]; bias [E, R] or None. In float32:
+    y[p, r] = sum_k weight[experts[p], r, k] x[p // pairs_per_token, k] + bias[experts[p], r]
+act None:      out = y, [P, R]
+act "silu":    gate rows, then up rows (R = 2I): out = silu(y[:, :I]) * y[:, I:], [P, I]
+act "gpt_oss": gate / up interleaved (even / odd rows, R = 2I): g = min(y[:, 0::2], limit),
+               u = clamp(y[:, 1::2], -limit, limit), out = (u + 1) * g * sigmoid(alpha g), [P, I]
+scale [P]: out[p] *= scale[p]. Rounded once to x's dtype.
 """
 import torch
 import torch.nn.functional as F
 
+ACTIVATIONS = (None, "silu", "gpt_oss")
+
+
+def activate(y: torch.Tensor, act: str | None, alpha: float = 1.0, limit: float = float("inf")) -> torch.Tensor:
+    """[.., R] -> the activation's [.., R / 2] (act None: y)."""
+    if act == "silu":
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if act == "gpt_oss":
+        gate, up = y[..., 0::2].clamp(max=limit), y[..., 1::2].clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return y
+
 
 def moe_pairs_reference(x: torch.Tensor, experts: torch.Tensor, weight: torch.Tensor, pairs_per_token: int,
-                        scale: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+                        scale: torch.Tensor | None = None, act: str | None = None, bias: torch.Tensor | None = None,
+                        alpha: float = 1.0, limit: float = float("inf")) -> torch.Tensor:
     rows = x.float().repeat_interleave(pairs_per_token, 0)[:, :, None]  # [P, K, 1]
-    out = torch.bmm(weight.index_select(0, experts).float(), rows)[..., 0]  # [P, N]
-    if gated:
-        gate, up = out.chunk(2, dim=-1)
-        out = F.silu(gate) * up
+    y = torch.bmm(weight.index_select(0, experts).float(), rows)[..., 0]  # [P, R]
+    if bias is not None:
+        y = y + bias.index_select(0, experts).float()
+    out = activate(y, act, alpha, limit)
     if scale is not None:
         out = out * scale.float()[:, None]
     return out.to(x.dtype)

@@ -16,24 +16,27 @@ modeling_gpt_oss.py):
              up = clamp(up, -limit, limit), y = down_e((up + 1) * gate * sigmoid(alpha * gate)) + b
     out    = sum_j w_j * y_e_j;   Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h)
 
-A prefill (outside the captured loop) runs only the experts its tokens chose, as transformers
-does (a host sync for which they are: `chosen_only`). The decoding loop's calls take one of two
-ways, both with static shapes and no host sync (graph safe), chosen from the call's token count T
-(static per call shape):
-  - gathered (3 T k <= E: decode and verify steps of a few rows): each (token, expert) pair's
-    products; on the Triton path for SwiGLU experts kernels/moe (moe_pairs: one GEMV per pair, the
-    gate and up rows in one program with SiLU, the combine weight in the down product's), which
-    reads each pair's weights once; otherwise the T k chosen experts' weights gathered
-    ([T k, 2I, H], [T k, H, I]) and applied as batched products (read, written and read again);
-  - every expert (more tokens: wide batches): each of the E experts runs over all T tokens,
-    weighted by its combine weight (0 for the tokens that did not choose it): every expert's
-    weights read once, E / k times the FLOPs the tokens need.
+Which way a call takes (static per call shape: T the call's tokens, P = T k its pairs):
+  - the Triton path (kernels/moe moe_pairs; SiLU SwiGLU and GPT-OSS experts): two launches, the
+    gate_up product with the activation fused, then the down product with the combine weight
+    fused, each pair's output summed over its k experts. Few pairs (3 P <= E: decode and verify
+    steps of a few rows) take the "pair" schedule (a GEMV per pair); more pairs (wide batches and
+    prefills) the "expert" schedule (the pairs sorted by expert, each chosen expert's weights
+    streamed once per tile of its pairs). No host sync, static shapes: graph safe.
+  - the torch path, few pairs: each pair's chosen weights gathered ([P, 2I, H], [P, H, I]) and
+    applied as batched products (read, written and read again);
+  - the torch path, more pairs: a prefill (outside a capture) runs only the experts some token
+    chose, as transformers does (a host sync for which they are: `chosen_only`); a call of the loop
+    runs every expert over all T tokens as batched products weighted by the combine weights (0 for
+    the tokens that did not choose an expert): every expert's weights read once, E / k times the
+    FLOPs the tokens need. (A loop call stays sync-free on CPU too: the static graph twin checks
+    the steps there.)
 None has been timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
 
-from ..kernels.moe import moe_pairs
+from ..kernels.moe import activate, group_pairs, moe_pairs
 from ._linear import linear
 
 # model_type -> (routing: "softmax_topk" / "topk_softmax", whether the top-k weights are
@@ -99,8 +102,9 @@ class MoE:
             self.gate_up, self.down, self.act = experts.gate_up_proj, experts.down_proj, experts.act_fn
             self.gate_up_bias = self.down_bias = None
         self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
-        # the gathered pairs through kernels/moe's Triton kernel (SwiGLU experts, SiLU, no bias)
-        self.triton = triton and self.layout == "swiglu" and config.hidden_act == "silu"
+        # kernels/moe's activation for these experts; None: one it does not fuse (the torch path)
+        self.kernel_act = "gpt_oss" if self.layout == "gpt_oss" else "silu" if config.hidden_act == "silu" else None
+        self.triton = triton and self.kernel_act is not None
         shared = getattr(mlp, "shared_expert", None)
         self.shared = None if shared is None else (
             [(m.weight, m.bias) for m in (shared.gate_proj, shared.up_proj, shared.down_proj)], shared.act_fn,
@@ -120,8 +124,7 @@ class MoE:
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[.., 2I] (biases added) -> the experts' activation [.., I]."""
         if self.layout == "gpt_oss":
-            gate, up = gate_up[..., ::2].clamp(max=self.limit), gate_up[..., 1::2].clamp(-self.limit, self.limit)
-            return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+            return activate(gate_up, "gpt_oss", self.alpha, self.limit)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act(gate) * up
 
@@ -134,12 +137,13 @@ class MoE:
         """The block's output for h [T, H] (the post-attention norm's), in h's dtype. prefill: the
         runner's prefill forward, which may wait for the device (never under a CUDA graph capture)."""
         weights, chosen = self.routing(h)
-        tokens = h.shape[0]
-        capturing = h.is_cuda and torch.cuda.is_current_stream_capturing()
-        if prefill and not capturing and 3 * tokens * self.top_k > self.num_experts:
-            out = self._chosen_only(h, weights, chosen)
-        elif 3 * tokens * self.top_k <= self.num_experts:
+        few = 3 * h.shape[0] * self.top_k <= self.num_experts
+        if self.triton:
+            out = self._kernels(h, weights, chosen)
+        elif few:
             out = self._gathered(h, weights, chosen)
+        elif prefill and not (h.is_cuda and torch.cuda.is_current_stream_capturing()):
+            out = self._chosen_only(h, weights, chosen)
         else:
             out = self._every_expert(h, weights, chosen)
         if self.shared is not None:
@@ -148,15 +152,25 @@ class MoE:
             out = out + torch.sigmoid(F.linear(h, gate_w)) * shared
         return out
 
-    def _gathered(self, h, weights, chosen) -> torch.Tensor:
-        """Each (token, expert) pair's products: kernels/moe's Triton kernel, or the T k chosen
-        experts' weights gathered and applied as batched products."""
+    def _kernels(self, h, weights, chosen, schedule: str | None = None) -> torch.Tensor:
+        """kernels/moe's two launches (schedule None: by the pair count; the "expert" schedule's
+        sort done once for both)."""
         tokens, hidden = h.shape
         flat = chosen.reshape(-1)
-        if self.triton:
-            act = moe_pairs(h, flat, self.gate_up, pairs_per_token=self.top_k, gated=True, backend="triton")
-            y = moe_pairs(act, flat, self.down, pairs_per_token=1, scale=weights.reshape(-1), backend="triton")
-            return y.view(tokens, self.top_k, hidden).sum(1).to(h.dtype)
+        schedule = schedule or ("pair" if 3 * flat.shape[0] <= self.num_experts else "expert")
+        kw = dict(backend="triton", schedule=schedule,
+                  groups=group_pairs(flat, self.num_experts) if schedule == "expert" else None)
+        gated = dict(alpha=self.alpha, limit=self.limit) if self.layout == "gpt_oss" else {}
+        act = moe_pairs(h, flat, self.gate_up, pairs_per_token=self.top_k, act=self.kernel_act,
+                        bias=self.gate_up_bias, **gated, **kw)
+        y = moe_pairs(act, flat, self.down, pairs_per_token=1, scale=weights.reshape(-1), bias=self.down_bias, **kw)
+        return y.view(tokens, self.top_k, hidden).sum(1).to(h.dtype)
+
+    def _gathered(self, h, weights, chosen) -> torch.Tensor:
+        """Each (token, expert) pair's products: the T k chosen experts' weights gathered and applied
+        as batched products."""
+        tokens, hidden = h.shape
+        flat = chosen.reshape(-1)
         x = h.repeat_interleave(self.top_k, 0)[:, :, None]  # [T k, H, 1]: pair p reads token p // k
         gate_up = torch.bmm(self.gate_up.index_select(0, flat), x)[..., 0]
         if self.gate_up_bias is not None:
@@ -178,10 +192,15 @@ class MoE:
         return out
 
     def _every_expert(self, h, weights, chosen) -> torch.Tensor:
-        """Each expert over every token, weighted by its combine weight (0 where not chosen)."""
+        """Each expert over every token as batched products ([E, T, 2I], [E, T, H]: 4 launches,
+        not 3 E), weighted by its combine weight (0 where not chosen)."""
         combine = torch.zeros(h.shape[0], self.num_experts, dtype=weights.dtype, device=h.device)
         combine.scatter_add_(1, chosen, weights)  # [T, E]
-        out = torch.zeros(h.shape, dtype=torch.promote_types(h.dtype, weights.dtype), device=h.device)
-        for e in range(self.num_experts):
-            out += self._expert(h, e) * combine[:, e:e + 1]
-        return out.to(h.dtype)
+        gate_up = torch.matmul(h, self.gate_up.transpose(1, 2))  # [E, T, 2I]
+        if self.gate_up_bias is not None:
+            gate_up = gate_up + self.gate_up_bias[:, None]
+        y = torch.bmm(self._activate(gate_up), self.down.transpose(1, 2))  # [E, T, H]
+        if self.down_bias is not None:
+            y = y + self.down_bias[:, None]
+        dtype = torch.promote_types(h.dtype, weights.dtype)
+        return torch.einsum("eth,te->th", y.to(dtype), combine.to(dtype)).to(h.dtype)

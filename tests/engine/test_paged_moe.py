@@ -9,10 +9,12 @@ draft, prompt lookup and plain decoding (batch 1 decodes through the gathered pa
 the other); the static graph twin gives the eager tokens; controls and refusals by name."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import specdec_fast
 import specdec_fast.api as api
 from specdec_fast.runners import _moe
+from specdec_fast.runners._linear import linear
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
 from specdec_fast.runners.registry import paged_runner_class
 
@@ -58,19 +60,20 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
 @pytest.mark.parametrize("triton", [False, True])
 @pytest.mark.parametrize("tokens", [1, 2, 7, 40])
 @pytest.mark.parametrize("kind", KINDS)
-def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypatch, device):
-    """Every expert path: gathered for 1-2 tokens (through the torch products or kernels/moe's
-    Triton kernel: compiled on a GPU machine, interpreted elsewhere), every expert above, and a
-    prefill's chosen experts only."""
+def test_block_equals_transformers_on_every_path(kind, tokens, triton, monkeypatch, device):
+    """The way each call takes, and every way taken directly: kernels/moe's two launches (the pair
+    schedule for 1-2 tokens, the expert schedule above: compiled on a GPU machine, interpreted
+    elsewhere), the torch gathered products (1-2 tokens), the chosen experts only (more tokens on
+    CPU, and a CUDA prefill), every expert (more tokens in a CUDA loop call)."""
     if triton:
         pytest.importorskip("triton")
     device = backend_device("triton" if triton else "torch", device)
     model = tiny_moe(kind).to(device)
     block = model.model.layers[0].mlp
     moe = _moe.MoE(block, model.config, triton=triton)
-    assert moe.triton == (triton and kind != "gpt_oss")  # GPT-OSS's experts: the torch products
+    assert moe.triton == triton
     taken = []
-    for path in ("_gathered", "_every_expert", "_chosen_only"):
+    for path in ("_kernels", "_gathered", "_every_expert", "_chosen_only"):
         real = getattr(_moe.MoE, path)
         monkeypatch.setattr(_moe.MoE, path, lambda self, *a, real=real, path=path: taken.append(path) or real(self, *a))
     h = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens)).to(device)
@@ -79,8 +82,12 @@ def test_block_equals_transformers_on_both_paths(kind, tokens, triton, monkeypat
         theirs = (theirs[0] if isinstance(theirs, tuple) else theirs)[0]  # GptOssMLP returns (out, router scores)
         torch.testing.assert_close(moe(h), theirs, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(moe(h, prefill=True), theirs, atol=1e-5, rtol=1e-5)
-    few = 3 * tokens * 2 <= 16
-    assert taken == (["_gathered"] * 2 if few else ["_every_expert", "_chosen_only"])  # a prefill: the chosen only
+        few = 3 * tokens * 2 <= 16
+        assert taken == (["_kernels"] * 2 if triton else ["_gathered"] * 2 if few else ["_every_expert", "_chosen_only"])
+        shared = 0 if moe.shared is None else (lambda g, a, gw: torch.sigmoid(F.linear(h, gw)) * linear(
+            a(linear(h, *g[0])) * linear(h, *g[1]), *g[2]))(*moe.shared)
+        for path in ("_gathered", "_every_expert", "_chosen_only") + (("_kernels",) if triton else ()):
+            torch.testing.assert_close(getattr(moe, path)(h, *moe.routing(h)) + shared, theirs, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
@@ -115,30 +122,39 @@ def test_greedy_paged_equals_generate(kind, batch):
 
 
 def test_triton_decode_through_the_pairs_kernel_equals_generate(device, monkeypatch):
-    """Plain decoding at batch 1 on the Triton path: every step routes one token, through
-    kernels/moe's pairs kernel; the tokens are model.generate's."""
+    """Plain decoding at batch 1 on the Triton path: the prefill (6 tokens, 12 pairs of 16 experts)
+    through kernels/moe's expert schedule, every step (one token) through its pair schedule; the
+    tokens are model.generate's."""
     device = backend_device("triton", device)
     target = tiny_moe("qwen3_moe", seed=5).to(device)
     ids = torch.tensor([[5, 9, 3, 7, 11, 4]], device=device)
     kw = dict(do_sample=False, max_new_tokens=8, pad_token_id=0)
     calls, real = [], _moe.moe_pairs
-    monkeypatch.setattr(_moe, "moe_pairs", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(_moe, "moe_pairs", lambda *a, **k: calls.append((a[0].shape[0], k["schedule"])) or real(*a, **k))
     out = api.generate(target, ids, runner="paged", backend="triton", **kw)
     specdec_fast.release_engines(target)
     assert torch.equal(out.cpu(), target.generate(ids, **kw).cpu())
-    assert calls and set(calls) <= {1, 2}  # one token's 2 pairs: gate_up (1 row), down (2 pair rows)
+    # gate_up (the tokens' rows), then down (the pairs' rows) of the one MoE layer (layer 1 is dense)
+    assert calls[:2] == [(6, "expert"), (12, "expert")] and set(calls[2:]) == {(1, "pair"), (2, "pair")}
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe", "gpt_oss"])
-def test_static_graph_twin_gives_the_eager_tokens(kind):
+@pytest.mark.parametrize("kind,backend", [("mixtral", "cpp"), ("qwen3_moe", "cpp"), ("gpt_oss", "cpp"),
+                                          ("qwen3_moe", "triton"), ("gpt_oss", "triton")])
+def test_static_graph_twin_gives_the_eager_tokens(kind, backend, device):
+    """The loop's steps read no device value on the host (the twin checks): verify calls of 2 x 4
+    tokens (16 pairs of 16 experts) take every expert on the C++ backend (the MoE's torch path),
+    kernels/moe's expert schedule on Triton."""
     from .test_cuda_graphs_static import MODES, both
 
-    target = tiny_moe(kind, seed=3)
-    ids, mask = left_padded_prompts([3, 7], vocab=VOCAB, seed=1)
-    for mode in MODES.values():
-        (eager, e_stats), (static, s_stats) = both(target, ids, mask, max_new_tokens=10,
-                                                   assistant_model=make_draft(target, noise=0.05),
-                                                   num_assistant_tokens=3, **mode)
+    if backend == "triton":
+        pytest.importorskip("triton")
+    device = backend_device(backend, device)
+    target = tiny_moe(kind, seed=3).to(device)
+    ids, mask = (t.to(device) for t in left_padded_prompts([3, 7], vocab=VOCAB, seed=1))
+    draft = make_draft(target, noise=0.05).to(device)
+    for mode in MODES.values() if backend == "cpp" else [MODES["greedy"]]:
+        (eager, e_stats), (static, s_stats) = both(target, ids, mask, max_new_tokens=10, assistant_model=draft,
+                                                   num_assistant_tokens=3, backend=backend, **mode)
         assert torch.equal(static, eager) and s_stats.graph_mode == "static"
 
 

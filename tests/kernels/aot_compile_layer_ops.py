@@ -2,6 +2,7 @@
 linear/triton.py) ahead of time for an H100 (sm_90) on a machine with no GPU: typing, layouts,
 register use and ptxas, which the interpreter does not check. Run WITHOUT TRITON_INTERPRET:
     python tests/kernels/aot_compile_layer_ops.py"""
+import itertools
 import os
 
 assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
@@ -13,9 +14,10 @@ from specdec_fast.kernels.cache_ops import triton_rope  # noqa: E402
 from specdec_fast.kernels.llama_ops import triton as ops  # noqa: E402
 
 
-def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, pdl=False, ptx=False):
-    """(shared bytes, registers or None), or the PTX when ptx."""
-    kernel = compile_sm90(fn, consts, {**dict.fromkeys(floats, "fp32"), **pointers}, num_warps=num_warps, pdl=pdl)
+def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, pdl=False, ptx=False, specialise=None):
+    """(shared bytes, registers or None), or the PTX when ptx. specialise: compile_sm90's."""
+    kernel = compile_sm90(fn, consts, {**dict.fromkeys(floats, "fp32"), **pointers}, num_warps=num_warps, pdl=pdl,
+                          specialise=specialise)
     if ptx:
         return kernel.asm["ptx"]
     return kernel.metadata.shared, kernel.n_regs if hasattr(kernel, "n_regs") else None
@@ -85,16 +87,47 @@ def main() -> None:
                     assert "griddepcontrol.wait" not in compile_kernel(
                         gemv._skinny_linear_kernel, ptrs, consts, floats=("eps",), num_warps=config.num_warps, ptx=True)
                     print("skinny_linear pdl", dt, prologue, rows, "prefetch < griddepcontrol.wait < first global load")
-    # the MoE pairs GEMV (kernels/moe/triton.py): gated (SwiGLU) for gate_up, scaled for down
+    # kernels/moe's two schedules: the pairs GEMV (triton.py) and the expert-grouped tl.dot kernel
+    # (triton_grouped.py), in the runner's forms: gate_up with SwiGLU, down scaled, GPT-OSS's
+    # gate_up (interleaved, biased, transposed: unit stride along the rows, as the JIT specialises
+    # a stride of 1) and its down (biased, scaled); whole tiles (EVEN_*: every model's shape) and
+    # ragged ones. Pointers aligned and strides divisible by 16 as the JIT specialises Qwen3-30B-A3B's
+    # (N and K are never specialised: do_not_specialize)
     from specdec_fast.kernels.moe import triton as moe
+    from specdec_fast.kernels.moe import triton_grouped as grouped
 
+    forms = {"swiglu_gate_up": (moe.ACT_CODES["silu"], False, False, "s_wk"),
+             "down_scaled": (0, False, True, "s_wk"),
+             "gpt_oss_gate_up": (moe.ACT_CODES["gpt_oss"], True, False, "s_wn"),
+             "gpt_oss_down": (0, True, True, "s_wn")}
+    strides = dict(s_xt=2048, s_we=1536 * 2048, s_wn=2048, s_wk=1536, s_be=1536, s_ot=768)
     for dt in ("bf16", "fp32"):
-        ptrs = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "e_ptr": "*i64",
-                "s_ptr": "*fp32"}
-        for gated, scaled in ((True, False), (False, True)):
-            consts = dict(PAIRS_PER_TOKEN=8 if gated else 1, GATED=gated, HAS_SCALE=scaled, BLOCK_N=moe.BLOCK_N,
-                          BLOCK_K=moe.BLOCK_K)
-            print("moe_pairs", dt, gated, scaled, compile_kernel(moe._moe_pairs_kernel, ptrs, consts))
+        ptrs = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "out_ptr": f"*{dt}", "e_ptr": "*i64",
+                "order_ptr": "*i64", "offsets_ptr": "*i64", "s_ptr": "*fp32"}
+        for (form, (act, biased, scaled, unit_stride)), even in itertools.product(forms.items(), (True, False)):
+            flags = dict(ACT=act, HAS_BIAS=biased, HAS_SCALE=scaled, EVEN_N=even, EVEN_K=even, **{unit_stride: 1})
+            kernels = {"moe_pairs": (moe._moe_pairs_kernel, dict(
+                           BLOCK_N=moe.BLOCK_N, BLOCK_K=moe.BLOCK_K, TILE_ROWS=moe.BLOCK_N * (1 + (act == 2)))),
+                       "moe_grouped": (grouped._moe_grouped_kernel, dict(
+                           DOT_F32=dt == "fp32", BLOCK_M=16, BLOCK_N=grouped.BLOCK_N, BLOCK_K=grouped.BLOCK_K,
+                           TILE_ROWS=grouped.BLOCK_N * (1 + (act == 2))))}
+            for name, (fn, tiles) in kernels.items():
+                consts = dict(flags, PAIRS_PER_TOKEN=8 if act else 1, **tiles)
+                info = compile_kernel(fn, ptrs, consts, floats=("alpha", "limit"), specialise=strides)
+                print(name, dt, form, "even" if even else "ragged", info)
+                if dt == "bf16" and even:  # whole tiles stream in 16-byte loads (masks along K split them into 2-byte ones)
+                    ptx = compile_kernel(fn, ptrs, consts, floats=("alpha", "limit"), specialise=strides, ptx=True)
+                    assert ptx.count("ld.global.v4") + ptx.count("cp.async.cg.shared.global") >= 4, (name, form)
+                    # scalar 2-byte loads: the pairs GEMV's token value a step, the epilogue's bias (once a tile)
+                    assert biased or ptx.count("ld.global.b16") <= 1, (name, form)
+    for rows in (32, grouped.MAX_BLOCK_M):  # the wider tiles of prefills (bf16 SwiGLU gate_up: the most registers)
+        consts = dict(ACT=1, HAS_BIAS=False, HAS_SCALE=False, s_wk=1, PAIRS_PER_TOKEN=8, DOT_F32=False, BLOCK_M=rows,
+                      BLOCK_N=grouped.BLOCK_N, BLOCK_K=grouped.BLOCK_K, TILE_ROWS=grouped.BLOCK_N, EVEN_N=True,
+                      EVEN_K=True)
+        ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "order_ptr": "*i64",
+                "offsets_ptr": "*i64", "s_ptr": "*fp32"}
+        print("moe_grouped bf16 BLOCK_M", rows, compile_kernel(grouped._moe_grouped_kernel, ptrs, consts,
+                                                                floats=("alpha", "limit"), specialise=strides))
     print("layer ops ok")
 
 
