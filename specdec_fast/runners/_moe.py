@@ -83,32 +83,55 @@ def moe_reason(mlp, config) -> str | None:
     return None
 
 
-class MoE:
-    """One layer's router and experts (references to the model's tensors, or views of them: no copies)."""
+def module_params(mlp) -> dict:
+    """A transformers MoE block's tensors by their names under the block (its state_dict's: the
+    names a tensor-parallel rank's shards use too): gate.weight (GPT-OSS: router.weight / .bias),
+    experts.gate_up_proj / down_proj (GPT-OSS: also their _bias), Qwen2-MoE's
+    shared_expert.{gate,up,down}_proj.weight and shared_expert_gate.weight."""
+    name = "gate" if getattr(mlp, "gate", None) is not None else "router"
+    router = _router(mlp)
+    params = {f"{name}.weight": router.weight, f"{name}.bias": getattr(router, "bias", None)}
+    for tensor in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
+        params[f"experts.{tensor}"] = getattr(mlp.experts, tensor, None)
+    shared = getattr(mlp, "shared_expert", None)
+    if shared is not None:
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            module = getattr(shared, proj)
+            params[f"shared_expert.{proj}.weight"], params[f"shared_expert.{proj}.bias"] = module.weight, module.bias
+        params["shared_expert_gate.weight"] = mlp.shared_expert_gate.weight
+    return {name: tensor for name, tensor in params.items() if tensor is not None}
 
-    def __init__(self, mlp, config, triton: bool = False):
+
+class MoE:
+    """One layer's router and experts (references to the model's tensors, or views of them: no
+    copies). block: a transformers MoE block, or its tensors by name (module_params' names: a
+    tensor-parallel rank's shards, the experts' widths this rank's slice of them)."""
+
+    def __init__(self, block, config, triton: bool = False):
+        from transformers.activations import ACT2FN
+
+        params = block if isinstance(block, dict) else module_params(block)
         self.routing_kind, renorm, self.cast, self.layout = MOE_FAMILIES[config.model_type]
         self.renorm = bool(getattr(config, renorm)) if isinstance(renorm, str) else renorm
-        router = _router(mlp)
-        self.router, self.router_bias = router.weight, getattr(router, "bias", None)  # [E, H], [E] or None
+        router = "gate" if "gate.weight" in params else "router"
+        self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
         self.top_k = int(config.num_experts_per_tok)
-        experts = mlp.experts
+        gate_up, down = params["experts.gate_up_proj"], params["experts.down_proj"]
+        self.gate_up_bias, self.down_bias = params.get("experts.gate_up_proj_bias"), params.get("experts.down_proj_bias")
         if self.layout == "gpt_oss":  # [E, H, 2I] / [E, I, H] as the [E, out, in] views the products read
-            self.gate_up, self.down = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
-            self.gate_up_bias, self.down_bias = experts.gate_up_proj_bias, experts.down_proj_bias
-            self.alpha, self.limit = float(experts.alpha), float(experts.limit)
+            self.gate_up, self.down = gate_up.transpose(1, 2), down.transpose(1, 2)
+            self.alpha, self.limit = float(config.swiglu_alpha), float(config.swiglu_limit)
             self.act = None
         else:
-            self.gate_up, self.down, self.act = experts.gate_up_proj, experts.down_proj, experts.act_fn
-            self.gate_up_bias = self.down_bias = None
+            self.gate_up, self.down, self.act = gate_up, down, ACT2FN[config.hidden_act]
         self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
         # kernels/moe's activation for these experts; None: one it does not fuse (the torch path)
         self.kernel_act = "gpt_oss" if self.layout == "gpt_oss" else "silu" if config.hidden_act == "silu" else None
         self.triton = triton and self.kernel_act is not None
-        shared = getattr(mlp, "shared_expert", None)
-        self.shared = None if shared is None else (
-            [(m.weight, m.bias) for m in (shared.gate_proj, shared.up_proj, shared.down_proj)], shared.act_fn,
-            mlp.shared_expert_gate.weight)
+        self.shared = None if "shared_expert_gate.weight" not in params else (
+            [(params[f"shared_expert.{p}.weight"], params.get(f"shared_expert.{p}.bias"))
+             for p in ("gate_proj", "up_proj", "down_proj")], ACT2FN[config.hidden_act],
+            params["shared_expert_gate.weight"])
 
     def routing(self, h: torch.Tensor):
         """h [T, H] -> (weights [T, k] (float32, or the model dtype: MOE_FAMILIES), experts [T, k] int64)."""

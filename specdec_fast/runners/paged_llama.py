@@ -363,8 +363,9 @@ class PagedLlamaRunner(PagedRunnerBase):
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
             x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), owns)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
-            if layer.moe is not None:
-                x = self._add(x, sum_(layer.moe(h, self._prefilling)), False)
+            if layer.moe is not None:  # the residual joins the carrying rank's partial, as the down product's does
+                delta = layer.moe(h, self._prefilling)
+                x = self._add(x, sum_(x + delta if owns else delta), owns)
             else:
                 act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
                 x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), owns)

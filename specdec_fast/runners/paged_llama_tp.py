@@ -8,6 +8,8 @@ runners/sharding.py). Per forward over T packed token rows (TensorParallelGroup'
                 rank's KV heads (its own cache: the pool holds local KV heads only)
                 x = all_reduce(o_proj partial (+ residual and bias on rank 0))          [T, H]
                 x = all_reduce(down_proj(act(gate) * up) partial (+ residual, bias on rank 0))
+                    (a MoE layer: the router on every rank alike, each chosen expert over this
+                    rank's slice of its width: runners/sharding_moe.py; the same all-reduce)
     logits = gather_vocab(final norm -> this rank's lm_head rows)            [T, V/N] -> [T, V]
 So 2L + 1 all-reduces of T x H values and one all-gather of T x V / N values per forward; every
 rank then holds the same full logits and runs the same verify (engine/loop.py unchanged), so
@@ -39,9 +41,11 @@ async_op=False); the decoding loop's polls run in lockstep on every rank (run_ah
 import torch
 import torch.nn.functional as F
 
+from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
 from .paged_llama import PagedLlamaRunner, llama_config_reason
 from .sharded_model import TP_MODEL_TYPES, ShardedCausalLM
+from .sharding_moe import moe_layer_params
 
 
 def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -52,6 +56,8 @@ def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
         return f"model_type {model.config.model_type!r} is not one of {TP_MODEL_TYPES}"
     if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
         return "a shard is not a float tensor (quantized checkpoints are not supported)"
+    if model.plan.moe_layout == "swiglu" and any(name.endswith("experts.gate_up_proj_bias") for name in model.shards):
+        return "MoE experts with biases"
     return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend,
                                rotary_dims=2 * model.inv_freq.numel())
 
@@ -59,11 +65,11 @@ def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
 class _TPLayer:
     """One decoder layer's shards (the attribute names of paged_llama._Layer). o and down carry
     their bias on rank 0 only (added once to the sum). fuse: q/k/v and gate/up also as one
-    concatenated weight each, the separate weights being views of it (one copy in memory)."""
+    concatenated weight each, the separate weights being views of it (one copy in memory). A MoE
+    layer's MLP is `moe` (runners/_moe.py over this rank's slice of every expert:
+    runners/sharding_moe.py; gate / up / down None); GPT-OSS's sinks are this rank's heads'."""
 
-    moe = sinks = None  # dense MLPs, no attention sinks: TP_MODEL_TYPES has no MoE family, no GPT-OSS
-
-    def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool):
+    def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool, triton: bool = False):
         def get(name):
             return shards.get(prefix + name)
 
@@ -72,6 +78,8 @@ class _TPLayer:
         eps = config.rms_norm_eps
         self.ln_in, self.eps_in = get("input_layernorm.weight"), eps
         self.ln_post, self.eps_post = get("post_attention_layernorm.weight"), eps
+        moe = moe_layer_params(shards, prefix, first_rank)
+        self.moe = None if moe is None else MoE(moe, config, triton)
         q, k, v = (get(f"self_attn.{p}_proj.weight") for p in "qkv")
         bq, bk, bv = (get(f"self_attn.{p}_proj.bias") for p in "qkv")
         gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
@@ -79,7 +87,8 @@ class _TPLayer:
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
         if fuse:  # the shards dict then holds the views: the separate tensors are freed
             (q, k, v), self.w_qkv = _fused(shards, prefix, "self_attn.{}_proj.weight", "qkv")
-            (gate, up), self.w_gate_up = _fused(shards, prefix, "mlp.{}_proj.weight", ("gate", "up"))
+            if self.moe is None:
+                (gate, up), self.w_gate_up = _fused(shards, prefix, "mlp.{}_proj.weight", ("gate", "up"))
             if bq is not None and bk is not None and bv is not None:
                 (bq, bk, bv), self.b_qkv = _fused(shards, prefix, "self_attn.{}_proj.bias", "qkv")
             if bgate is not None and bup is not None:
@@ -88,13 +97,18 @@ class _TPLayer:
         self.o = (get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias") if first_rank else None)
         q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")
         self.qk_norm = None if q_norm is None else (q_norm, eps, k_norm, eps)
-        self.gate, self.up = (gate, bgate), (up, bup)
-        self.down = (get("mlp.down_proj.weight"), get("mlp.down_proj.bias") if first_rank else None)
         self.qkv = ([q, k, v], [bq, bk, bv])
-        self.gate_up = ([gate, up], [bgate, bup])
-        self.q_cols, self.kv_cols, self.inter = q.shape[0], k.shape[0], gate.shape[0]
-        self.act = ACT2FN[config.hidden_act]
+        self.q_cols, self.kv_cols = q.shape[0], k.shape[0]
+        if self.moe is None:
+            self.gate, self.up = (gate, bgate), (up, bup)
+            self.down = (get("mlp.down_proj.weight"), get("mlp.down_proj.bias") if first_rank else None)
+            self.gate_up = ([gate, up], [bgate, bup])
+            self.inter, self.act = gate.shape[0], ACT2FN[config.hidden_act]
+        else:
+            self.gate = self.up = self.down = self.gate_up = self.inter = self.act = None
         self.rope = True  # every layer of TP_MODEL_TYPES is rotated (NoPE layers: SmolLM3, not sharded)
+        sinks = get("self_attn.sinks")  # GPT-OSS: this rank's heads' logits, float32 for the kernels
+        self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 
 
 def _fused(shards: dict, prefix: str, pattern: str, parts):
@@ -161,8 +175,10 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         self._carries_residual = self.first_rank  # PagedLlamaRunner's layer loop: rank 0 adds x once
         self.embed = shards["model.embed_tokens.weight"]
         self.vocab_start, self.vocab_part = plan.vocab_start, plan.vocab_part
-        self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank)
-                       for i in range(config.num_hidden_layers)]
+        self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank,
+                                self.kernels == "triton") for i in range(config.num_hidden_layers)]
+        if any(layer.sinks is not None for layer in self.layers):
+            self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
         self.lm_head = shards["lm_head.weight"]
         self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim

@@ -21,10 +21,12 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 
 # The Llama families whose layer is Llama's as runners/sharding.py splits it (separate q/k/v and
 # gate/up by rows), each tested on 2 CPU ranks: CWM and Ministral 3 bring sliding layers (their
-# windows in the kernels) and Ministral 3 its query temperature. The rest of LLAMA_MODEL_TYPES
-# (Phi-3's fused projections, Granite's scalars, SmolLM3's NoPE layers, the MoE families, the
-# types named otherwise) have no tensor-parallel runner.
-TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral3")
+# windows in the kernels) and Ministral 3 its query temperature; the MoE families split every
+# expert by its width (runners/sharding_moe.py), GPT-OSS its sinks by heads. The rest of
+# LLAMA_MODEL_TYPES (Phi-3's fused projections, Granite's scalars, SmolLM3's NoPE layers, the types
+# named otherwise) have no tensor-parallel runner.
+TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral3", "mixtral", "qwen2_moe", "qwen3_moe",
+                  "gpt_oss")
 
 
 class _Embedding:

@@ -15,14 +15,21 @@ rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICAT
 holds the one KV head its query heads read (head r Hkv / N), so N / Hkv ranks hold the same
 KV head's projections and cache (more KV memory in all, none more per rank).
 
-Every size must divide: heads, KV heads (or N by them), intermediate size and vocabulary by N,
-else ValueError naming which (raised on every rank alike, before any collective).
+Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS): every expert split as a
+dense MLP is, the router replicated (runners/sharding_moe.py); GPT-OSS's attention sinks follow
+the query heads.
+
+Every size must divide: heads, KV heads (or N by them), intermediate size (and the experts' and
+the shared expert's) and vocabulary by N, else ValueError naming which (raised on every rank
+alike, before any collective).
 """
 import json
 import os
 from dataclasses import dataclass
 
 import torch
+
+from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
@@ -31,7 +38,8 @@ VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 @dataclass(frozen=True)
 class Slice:
-    """A rank's part of a tensor: rows (dim 0) or columns (dim 1) [start, stop)."""
+    """A rank's part of a tensor: [start, stop) along dim (0 rows, 1 columns; 2 for the experts'
+    3-D tensors). slice_of may give a tuple of them along one dim: their parts concatenated."""
 
     dim: int
     start: int
@@ -49,6 +57,9 @@ class LlamaShardPlan:
     head_dim: int
     intermediate: int
     vocab: int
+    moe_layout: str | None = None  # "swiglu" / "gpt_oss": a MoE family's experts (sharding_moe.py)
+    expert_intermediate: int = 0  # an expert's width
+    shared_intermediate: int = 0  # Qwen2-MoE's shared expert's width
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -58,14 +69,16 @@ class LlamaShardPlan:
             raise ValueError(f"tensor parallelism needs 0 <= rank < world size >= 1, got rank {rank} of {world}")
         heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size)
+        plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
+                   *moe_sizes(config))
         plan.check()
         return plan
 
     def check(self) -> None:
         n = self.world
         for name, size in (("num_attention_heads", self.heads), ("intermediate_size", self.intermediate),
-                           ("vocab_size", self.vocab)):
+                           ("vocab_size", self.vocab), ("the experts' width", self.expert_intermediate),
+                           ("shared_expert_intermediate_size", self.shared_intermediate)):
             if size % n:
                 raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
         if self.kv_heads % n and n % self.kv_heads:
@@ -103,12 +116,18 @@ class LlamaShardPlan:
         kv = (f"KV heads replicated ({self.kv_heads} over {self.world} ranks: head {self.kv_start} here)"
               if self.kv_replicated else f"{self.local_kv_heads} of {self.kv_heads} KV heads")
         return (f"rank {self.rank} of {self.world}: {self.local_heads} of {self.heads} query heads, {kv}, "
-                f"{self.intermediate // self.world} of {self.intermediate} MLP columns, vocabulary "
+                f"{self.intermediate // self.world} of {self.intermediate} MLP columns, "
+                + (f"{self.expert_intermediate // self.world} of {self.expert_intermediate} columns of every expert, "
+                   if self.moe_layout else "") + "vocabulary "
                 f"[{self.vocab_start}, {self.vocab_start + self.vocab_part})")
 
     # -- the slice of each checkpoint tensor ----------------------------------------------------
-    def slice_of(self, name: str) -> Slice | None:
-        """This rank's slice of the checkpoint tensor ``name``, or None (replicated: whole)."""
+    def slice_of(self, name: str) -> Slice | tuple | None:
+        """This rank's slice of the checkpoint tensor ``name`` (a tuple: parts concatenated), or
+        None (replicated: whole)."""
+        expert, part = moe_slice_of(self, name, Slice)
+        if expert:
+            return part
         d, i = self.head_dim, self.intermediate // self.world
         q = Slice(0, self.rank * self.local_heads * d, (self.rank + 1) * self.local_heads * d)
         kv = Slice(0, self.kv_start * d, (self.kv_start + self.local_kv_heads) * d)
@@ -121,22 +140,30 @@ class LlamaShardPlan:
                 return part
         if name.endswith("self_attn.o_proj.weight"):
             return Slice(1, q.start, q.stop)
+        if name.endswith("self_attn.sinks"):  # GPT-OSS: one logit per query head
+            return Slice(0, self.rank * self.local_heads, (self.rank + 1) * self.local_heads)
         if name.endswith("mlp.down_proj.weight"):
             return Slice(1, mlp.start, mlp.stop)
         return None
 
 
-def take(tensor: torch.Tensor, part: Slice | None) -> torch.Tensor:
+def _parts(part) -> tuple:
+    return part if isinstance(part, tuple) else (part,)
+
+
+def take(tensor: torch.Tensor, part: Slice | tuple | None) -> torch.Tensor:
     """tensor's slice (a contiguous copy: the shard must not keep the whole tensor alive)."""
     if part is None:
         return tensor.detach().clone()
-    view = tensor.narrow(part.dim, part.start, part.stop - part.start)
-    return view.detach().clone(memory_format=torch.contiguous_format)
+    views = [tensor.narrow(p.dim, p.start, p.stop - p.start) for p in _parts(part)]
+    if len(views) > 1:
+        return torch.cat(views, dim=_parts(part)[0].dim).detach()
+    return views[0].detach().clone(memory_format=torch.contiguous_format)
 
 
 def shards_from_state(state: dict, plan) -> dict:
     """name -> this rank's shard of every tensor of ``state`` (a model's state_dict)."""
-    return {name: take(tensor, plan.slice_of(name)) for name, tensor in state.items()}
+    return gather_experts({name: take(tensor, plan.slice_of(name)) for name, tensor in state.items()})
 
 
 def checkpoint_files(path) -> dict:
@@ -171,9 +198,8 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
                 lazy, part = f.get_slice(name), plan.slice_of(name)
                 if part is None:
                     tensor = lazy[:]
-                elif part.dim == 0:
-                    tensor = lazy[part.start:part.stop]
                 else:
-                    tensor = lazy[:, part.start:part.stop]
+                    pieces = [lazy[(slice(None),) * p.dim + (slice(p.start, p.stop),)] for p in _parts(part)]
+                    tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=_parts(part)[0].dim)
                 shards[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
-    return shards
+    return gather_experts(shards)

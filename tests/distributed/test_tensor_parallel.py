@@ -70,8 +70,8 @@ def _check(problems: list, condition: bool, message: str) -> None:
 
 
 def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
-    target, _ = workers.tiny("qwen2")
-    target.save_pretrained(tmp_path)  # safetensors: every rank reads its slices
+    for kind in ("qwen2", "mixtral"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
+        workers.tiny(kind)[0].save_pretrained(tmp_path / kind)
     results = run_ranks(workers.battery, 4, str(tmp_path))
     errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
     assert not errors, f"ranks failed: {errors}"
@@ -79,11 +79,20 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     two = results[1]["2 ranks"]
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3"):
         _check(problems, "tensor parallel over 2 ranks" in two[f"{kind} engine note"], two[f"{kind} engine note"])
-    shapes = two["shard shapes"]  # qwen2: 4 heads of 12, 2 KV heads, intermediate 96; rank 1's slices
-    expected = {"self_attn.q_proj.weight": (24, 48), "self_attn.q_proj.bias": (24,), "self_attn.k_proj.weight": (12, 48),
-                "self_attn.o_proj.weight": (48, 24), "mlp.up_proj.weight": (48, 48), "mlp.down_proj.weight": (48, 48)}
-    for name, shape in expected.items():
-        _check(problems, shapes[f"model.layers.0.{name}"] == shape, f"{name}: shard {shapes[f'model.layers.0.{name}']}")
+    # rank 1's slices. qwen2: 4 heads of 12, 2 KV heads, intermediate 96; mixtral: 8 experts of 96, gathered from
+    # the checkpoint's per-expert w1 / w3 / w2 into the 3-D tensors, the router whole
+    expected = {"qwen2": {"self_attn.q_proj.weight": (24, 48), "self_attn.q_proj.bias": (24,),
+                          "self_attn.k_proj.weight": (12, 48), "self_attn.o_proj.weight": (48, 24),
+                          "mlp.up_proj.weight": (48, 48), "mlp.down_proj.weight": (48, 48)},
+                "mixtral": {"mlp.experts.gate_up_proj": (8, 96, 48), "mlp.experts.down_proj": (8, 48, 48),
+                            "mlp.gate.weight": (8, 48)}}
+    for kind, shapes in expected.items():
+        seen = two[f"{kind} shard shapes"]
+        _check(problems, not any(".experts.0." in name or "block_sparse_moe" in name for name in seen),
+               f"{kind}: per-expert checkpoint names left in the shards: {sorted(seen)}")
+        for name, shape in shapes.items():
+            _check(problems, seen.get(f"model.layers.0.{name}") == shape,
+                   f"{kind} {name}: shard {seen.get(f'model.layers.0.{name}')}")
     # The adaptive K schedule: both ranks run rank 0's Ks (rank 1's own schedule rigged to K = 1 would part them):
     # the same Ks chosen as often on both ranks, and not rank 1's K = 1 alone; a call without the schedule: K = 4.
     two_ranks = [results[rank]["2 ranks"] for rank in (0, 1)]

@@ -79,6 +79,82 @@ def test_shards_tile_every_tensor(kind, world):
         assert all(p.is_contiguous() for p in parts)
 
 
+MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+
+
+def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
+    """Each rank's MoE block output for h [T, H] from its shards (runners/_moe.MoE over its slice of
+    every expert; triton: through kernels/moe), and transformers' block output."""
+    from specdec_fast.runners._moe import MoE
+    from specdec_fast.runners.sharding_moe import moe_layer_params
+
+    prefix = f"model.layers.{layer}."
+    partials = [MoE(moe_layer_params(shards, prefix, rank == 0), model.config, triton)(h)
+                for rank, shards in enumerate(shards_per_rank)]
+    theirs = model.model.layers[layer].mlp(h[None])
+    return partials, (theirs[0] if isinstance(theirs, tuple) else theirs)[0]
+
+
+@pytest.mark.parametrize("world, triton", [(2, False), (4, False), (2, True)])
+@pytest.mark.parametrize("kind", MOE_KINDS)
+def test_moe_partials_sum_to_the_block(kind, world, triton):
+    """Every expert split by its width over the ranks, the router replicated: the ranks' block
+    outputs sum to transformers' block (Qwen2-MoE's shared expert split too, GPT-OSS's interleaved
+    gate / up columns and biases, its down bias added by rank 0 only), on the torch products and
+    through kernels/moe (7 tokens: its expert schedule; interpreted here); a rank's own part is not
+    the block (the control)."""
+    if triton:
+        pytest.importorskip("triton")
+    model = make_model(kind)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.3)
+    plans = [LlamaShardPlan.for_config(model.config, world, r) for r in range(world)]
+    shards = [shards_from_state(model.state_dict(), p) for p in plans]
+    inter = plans[0].expert_intermediate // world
+    gate_up = shards[1]["model.layers.0.mlp.experts.gate_up_proj"]
+    assert gate_up.shape[1 if kind != "gpt_oss" else 2] == 2 * inter and gate_up.is_contiguous()
+    h = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(world))
+    with torch.no_grad():
+        partials, theirs = _moe_partials(model, shards, 0, h, triton)
+    torch.testing.assert_close(sum(partials), theirs, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(partials[0], theirs, atol=1e-3)
+
+
+def test_moe_plan_refuses_experts_that_do_not_divide():
+    config = make_model("qwen3_moe").config
+    config.moe_intermediate_size = 30
+    with pytest.raises(ValueError, match="tensor parallelism over 4 ranks: the experts' width 30 is not divisible by 4"):
+        LlamaShardPlan.for_config(config, 4, 0)
+    config = make_model("qwen2_moe").config
+    config.shared_expert_intermediate_size = 50
+    with pytest.raises(ValueError, match="shared_expert_intermediate_size 50 is not divisible by 4"):
+        LlamaShardPlan.for_config(config, 4, 0)
+
+
+@pytest.mark.parametrize("kind", MOE_KINDS)
+def test_moe_checkpoint_read_slice_by_slice(kind, tmp_path, monkeypatch):
+    """The checkpoints' layouts (per expert: Qwen's gate_proj / up_proj / down_proj, Mixtral's
+    w1 / w3 / w2 under block_sparse_moe; GPT-OSS's 3-D tensors) read as slices and gathered give a
+    loaded model's shards."""
+    import safetensors
+
+    model = make_model(kind)
+    model.save_pretrained(tmp_path)
+    real = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
+    _Recording.calls = []
+    for rank in range(2):
+        plan = LlamaShardPlan.for_config(model.config, 2, rank)
+        read = shards_from_safetensors(str(tmp_path), plan)
+        expected = shards_from_state(model.state_dict(), plan)
+        assert read.keys() == expected.keys()
+        for name, tensor in read.items():
+            assert torch.equal(tensor, expected[name]), name
+    assert _Recording.calls and all(kind == "get_slice" for kind, _ in _Recording.calls)
+
+
 class _Recording:
     """safetensors.safe_open stand-in that records which read each tensor took."""
 

@@ -4,6 +4,7 @@ spawned rank costs ~5 s of imports on the 2-core CI box): the 4-rank phases run 
 group, the 2-rank phases on ranks 0 and 1 (a subgroup) while ranks 2 and 3 wait, and the
 failures come last. ``battery`` returns a dict per rank: scenario -> what this rank saw (token
 lists, error lines, times); the test compares the ranks and the single process."""
+import os
 import time
 
 import torch
@@ -14,6 +15,7 @@ from tests.engine.models import left_padded_prompts, make_draft, make_model
 from .harness import TP_TIMEOUT
 
 MAX_NEW = 10
+MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -110,14 +112,21 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
                                  pad_token_id=0)
         out[f"{kind} engine"] = (out[f"{kind} sampled"][0], tokens.tolist())
         out[f"{kind} engine note"] = engine.describe()
-    # The checkpoint: each rank reads its slices, the ShardedCausalLM is the model.
-    sharded = ShardedCausalLM.from_pretrained(checkpoint, group, timeout=TP_TIMEOUT)
-    full, drf = tiny("qwen2")
+    # Mixture of experts: every expert split by its width, the router on both ranks alike (Mixtral; Qwen2-MoE's
+    # shared expert; Qwen3-MoE; GPT-OSS's biases, interleaved gate / up columns, sinks split by heads)
+    for kind in MOE_KINDS:
+        tgt, drf = tiny(kind)
+        out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
+            "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
+    # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
-    kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)
-    out["checkpoint"] = (specdec_fast.generate(full, pids, pmask, **kw).tolist(),
-                         specdec_fast.generate(sharded, pids, pmask, **kw).tolist())
-    out["shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
+    for kind in ("qwen2", "mixtral"):
+        sharded = ShardedCausalLM.from_pretrained(os.path.join(checkpoint, kind), group, timeout=TP_TIMEOUT)
+        full, drf = tiny(kind)
+        kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)
+        out[f"{kind} checkpoint"] = (specdec_fast.generate(full, pids, pmask, **kw).tolist(),
+                                     specdec_fast.generate(sharded, pids, pmask, **kw).tolist())
+        out[f"{kind} shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
     # CHI_ROWS independent rows (one seed, per-row streams): token 1 is the prefill's (y ~ q),
     # token 2 the first speculative block's (K = 2: an accepted draft, a residual or a bonus).
     chi, chi_draft = chi_square_pair()

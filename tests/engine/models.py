@@ -51,6 +51,9 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "qwen3_moe":  # 16 experts of 24, top 2, renormalised
         return tf.Qwen3MoeConfig(num_experts=16, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
                                  head_dim=12, **llama_like)
+    if kind == "qwen2_moe":  # 16 experts of 24, top 2, not renormalised, a gated shared expert of 48, q/k/v biases
+        return tf.Qwen2MoeConfig(num_experts=16, num_experts_per_tok=2, moe_intermediate_size=24,
+                                 shared_expert_intermediate_size=48, norm_topk_prob=False, **llama_like)
     if kind == "mistral":  # every layer slides by a window of 8: the calls' rows pass it
         return tf.MistralConfig(sliding_window=8, **llama_like)
     if kind == "gemma2":  # attention soft-capping 2 (it bites), sliding (window 8: passed) and full layers

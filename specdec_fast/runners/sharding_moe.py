@@ -1,0 +1,114 @@
+"""The mixture-of-experts part of the Megatron layout (runners/sharding.py): which slice of each
+expert tensor a rank holds, and the checkpoints' per-expert tensors gathered into the 3-D
+tensors transformers' MoE blocks hold (the names runners/_moe.py reads).
+
+N ranks, rank r, i = I / N (I: an expert's width, moe_intermediate_size where the config has
+one, else intermediate_size), every expert split alike:
+    router (mlp.gate / mlp.router, + bias)                      replicated: every rank routes alike
+    gate and up rows of every expert                            [r i, (r+1) i) of each
+    down columns of every expert                                the matching [r i, (r+1) i)
+    GPT-OSS's gate_up bias (interleaved like its columns)       the matching 2 i
+    GPT-OSS's down bias                                         replicated; added by rank 0 only
+    Qwen2-MoE's shared expert                                   as a dense MLP (its own width / N);
+                                                                its gate (one row) replicated
+So each rank's block output is a partial sum over its slice of every chosen expert's width
+(the combine weights scale each term alike), summed by the all-reduce that ends the MLP, as a
+dense layer's down product is.
+
+Checkpoint tensors, by layout (transformers 5.24 save_pretrained, read here):
+    Qwen2-MoE / Qwen3-MoE   mlp.experts.{e}.gate_proj / up_proj / down_proj.weight   per expert
+    Mixtral                 block_sparse_moe.experts.{e}.w1 (gate) / w3 (up) / w2 (down).weight,
+                            block_sparse_moe.gate.weight                              per expert
+    GPT-OSS (bf16)          mlp.experts.gate_up_proj [E, H, 2I] (gate / up interleaved columns),
+                            down_proj [E, I, H], their _bias, mlp.router.weight / bias
+    a loaded model          mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up rows),
+                            down_proj [E, H, I] (Mixtral / Qwen), GPT-OSS's as stored
+gather_experts() turns the per-expert ones into the 3-D names after the slices are read.
+"""
+import re
+
+import torch
+
+from ._moe import MOE_FAMILIES
+
+# a checkpoint's per-expert projection: (layer prefix, block name, expert, projection)
+PER_EXPERT = re.compile(r"^(.*\.)(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
+
+
+def moe_sizes(config) -> tuple:
+    """(layout "swiglu" / "gpt_oss" or None for a dense family, experts' width I, the shared
+    expert's width or 0)."""
+    family = MOE_FAMILIES.get(getattr(config, "model_type", None))
+    if family is None:
+        return None, 0, 0
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return family[3], int(width), int(getattr(config, "shared_expert_intermediate_size", 0) or 0)
+
+
+def moe_slice_of(plan, name: str, make_slice):
+    """(True, this rank's slice of the MoE tensor ``name``: a Slice, a tuple of Slices along one
+    dim (concatenated), or None for replicated) or (False, None) for a tensor that is not a MoE
+    expert's. make_slice: sharding.Slice."""
+    if plan.moe_layout is None:
+        return False, None
+    i, r = plan.expert_intermediate // plan.world, plan.rank
+    own = (r * i, (r + 1) * i)
+    match = PER_EXPERT.match(name)
+    if match:
+        return True, make_slice(1 if match.group(4) in DOWN else 0, *own)
+    if ".shared_expert." in name and not name.endswith("shared_expert_gate.weight"):
+        s = plan.shared_intermediate // plan.world
+        rows = (r * s, (r + 1) * s)
+        return True, make_slice(1, *rows) if name.endswith("down_proj.weight") else make_slice(0, *rows)
+    gpt_oss = plan.moe_layout == "gpt_oss"
+    if name.endswith("mlp.experts.gate_up_proj"):
+        if gpt_oss:  # [E, H, 2I], gate / up interleaved: outputs [r i, (r+1) i) are columns [2 r i, 2 (r+1) i)
+            return True, make_slice(2, 2 * own[0], 2 * own[1])
+        inter = plan.expert_intermediate  # [E, 2I, H]: this rank's gate rows, then its up rows
+        return True, (make_slice(1, *own), make_slice(1, inter + own[0], inter + own[1]))
+    if name.endswith("mlp.experts.gate_up_proj_bias"):  # GPT-OSS [E, 2I], interleaved
+        return True, make_slice(1, 2 * own[0], 2 * own[1])
+    if name.endswith("mlp.experts.down_proj"):  # GPT-OSS [E, I, H] rows; Mixtral / Qwen [E, H, I] columns
+        return True, make_slice(1 if gpt_oss else 2, *own)
+    return False, None
+
+
+def gather_experts(shards: dict) -> dict:
+    """The per-expert checkpoint tensors of ``shards`` (name -> this rank's slice) replaced by the
+    3-D tensors of transformers' blocks: prefix + mlp.experts.gate_up_proj [E, 2i, H] (each
+    expert's gate rows, then its up rows) and down_proj [E, H, i]; Mixtral's block_sparse_moe
+    router renamed mlp.gate.weight. Each expert's slices are freed as they are stacked."""
+    layers: dict = {}
+    for name in list(shards):
+        match = PER_EXPERT.match(name)
+        if match:
+            prefix, _, expert, proj = match.groups()
+            layers.setdefault(prefix, {}).setdefault(int(expert), {})[proj] = name
+    for prefix, experts in layers.items():
+        order = sorted(experts)
+        if order != list(range(len(order))):
+            raise ValueError(f"{prefix}: the checkpoint's experts are not 0..{len(order) - 1} (found {order[:8]}...)")
+
+        def pick(names, projs):
+            return shards.pop(next(names[p] for p in projs if p in names))
+
+        gate_up = [torch.cat([pick(experts[e], GATE), pick(experts[e], UP)]) for e in order]
+        shards[prefix + "mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+        del gate_up
+        shards[prefix + "mlp.experts.down_proj"] = torch.stack([pick(experts[e], DOWN) for e in order])
+    for name in [n for n in shards if n.endswith("block_sparse_moe.gate.weight")]:
+        shards[name.replace("block_sparse_moe.gate.weight", "mlp.gate.weight")] = shards.pop(name)
+    return shards
+
+
+def moe_layer_params(shards: dict, prefix: str, first_rank: bool) -> dict | None:
+    """A layer's MoE tensors by their names under its block (runners/_moe.MoE's), or None for a
+    dense layer. GPT-OSS's down bias on rank 0 only (added once to the sum)."""
+    block = prefix + "mlp."
+    if block + "experts.gate_up_proj" not in shards:
+        return None
+    params = {name[len(block):]: tensor for name, tensor in shards.items() if name.startswith(block)}
+    if not first_rank:
+        params.pop("experts.down_proj_bias", None)
+    return params
