@@ -55,7 +55,7 @@ def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
     if model.config.model_type not in TP_MODEL_TYPES:
         return f"model_type {model.config.model_type!r} is not one of {TP_MODEL_TYPES}"
     if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
-        return "a shard is not a float tensor (quantized checkpoints are not supported)"
+        return "a shard is not a float tensor (quantized checkpoints are not supported; GPT-OSS's MXFP4 experts are dequantized on read)"
     if model.plan.moe_layout == "swiglu" and any(name.endswith("experts.gate_up_proj_bias") for name in model.shards):
         return "MoE experts with biases"
     return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend,

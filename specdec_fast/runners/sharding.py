@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checkpoint_mxfp4 import SUFFIXES as MXFP4_SUFFIXES
+from .checkpoint_mxfp4 import read_mxfp4
 from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
@@ -185,16 +187,22 @@ def checkpoint_files(path) -> dict:
 def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
     """name -> this rank's shard of every tensor of the checkpoint in ``path``, each read as a
     slice (safe_open(...).get_slice(name)[rows] or [:, cols]: only those bytes are read), cast
-    to ``dtype`` (None: as stored) and moved to ``device``."""
+    to ``dtype`` (None: as stored) and moved to ``device``. GPT-OSS's MXFP4 experts (name_blocks
+    and name_scales) become the dequantized ``name`` (dtype None: bfloat16)."""
     from safetensors import safe_open
 
-    by_file = {}
-    for name, file in checkpoint_files(path).items():
+    files, by_file = checkpoint_files(path), {}
+    for name, file in files.items():
         by_file.setdefault(file, []).append(name)
     shards = {}
     for file, names in by_file.items():
         with safe_open(file, framework="pt") as f:
             for name in names:
+                if name.endswith(MXFP4_SUFFIXES):  # GPT-OSS's published experts: read with their scales
+                    if name.endswith("_blocks"):
+                        quantized = name[:-len("_blocks")]
+                        shards[quantized] = _read_mxfp4(f, file, files, quantized, plan, dtype).to(device)
+                    continue
                 lazy, part = f.get_slice(name), plan.slice_of(name)
                 if part is None:
                     tensor = lazy[:]
@@ -203,3 +211,17 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
                     tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=_parts(part)[0].dim)
                 shards[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
     return gather_experts(shards)
+
+
+def _read_mxfp4(f, file, files, name, plan, dtype):
+    """The MXFP4 tensor ``name`` (its _blocks in the open file f, its _scales in files' file for
+    them) -> this rank's slice, dequantized (checkpoint_mxfp4.py)."""
+    from safetensors import safe_open
+
+    scales_file = files.get(name + "_scales")
+    if scales_file is None:
+        raise ValueError(f"the checkpoint has {name}_blocks but no {name}_scales")
+    if scales_file == file:
+        return read_mxfp4(f.get_slice(name + "_blocks"), f.get_slice(name + "_scales"), plan.slice_of(name), dtype)
+    with safe_open(scales_file, framework="pt") as g:
+        return read_mxfp4(f.get_slice(name + "_blocks"), g.get_slice(name + "_scales"), plan.slice_of(name), dtype)
