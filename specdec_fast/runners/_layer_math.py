@@ -31,6 +31,11 @@ def layer_norm_params(module) -> tuple:
     return module.weight, module.bias, module.eps
 
 
+def linear_params(*modules) -> tuple:
+    """((weight, bias), ...) of nn.Linear-like modules, in order (references: no copies)."""
+    return tuple((m.weight, m.bias) for m in modules)
+
+
 def norm_params(module) -> tuple | None:
     """(weight, eps) of an RMSNorm-like module, whichever name its eps has (variance_epsilon: Llama,
     OLMo, Cohere; eps: Gemma), or None for no module (Cohere's absent q / k norms)."""

@@ -206,6 +206,14 @@ class PagedRunnerBase:
         """Sets layers, lm_head [V, H], num_heads, num_kv_heads, head_dim (and the model's own tensors)."""
         raise NotImplementedError
 
+    def _bind_heads(self, config) -> None:
+        """num_heads, num_kv_heads, head_dim (the config's, else hidden_size / heads) and scale =
+        head_dim**-0.5 (transformers' scaling in these families, to the last bit: it may differ
+        from 1 / sqrt(head_dim) there) of a decoder config with separate KV heads."""
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim**-0.5
+
     def _decode(self, flat, positions, cu, attn_lens, max_query_len: int) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]; layer i calls
         self._attend(i, ...) once (which writes the real tokens' K/V at self.length)."""

@@ -21,7 +21,7 @@ the rest torch ops. Static RoPE types only; no tensor-parallel runner.
 import torch
 import torch.nn.functional as F
 
-from ._layer_math import norm_params
+from ._layer_math import linear_params, norm_params
 from ._linear import linear
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, decoder_reason
@@ -61,12 +61,11 @@ class _CohereLayer:
         attn, mlp = layer.self_attn, layer.mlp
         self.rope = rope
         self.norm = norm_params(layer.input_layernorm)
-        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
-                                                                       attn.o_proj))
+        self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         qk_norm = getattr(attn, "use_qk_norm", False)  # Cohere 2 has none
         self.q_norm = norm_params(getattr(attn, "q_norm", None)) if qk_norm else None
         self.k_norm = norm_params(getattr(attn, "k_norm", None)) if qk_norm else None
-        self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         self.act = mlp.act_fn
 
 
@@ -87,10 +86,7 @@ class PagedCohereRunner(PagedRunnerBase):
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.logit_scale = config.logit_scale
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.scale = self.head_dim**-0.5  # CohereAttention's scaling
+        self._bind_heads(config)
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
 

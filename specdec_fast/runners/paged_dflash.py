@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..kernels._backend import resolve_backend
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
+from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import linear, linears
 from .paged_base import PagedRunnerBase, _check_int, head_dim_reason
 
@@ -46,16 +46,12 @@ class _BlockLayer:
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.ln_in = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-        self.ln_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-        self.q = (attn.q_proj.weight, attn.q_proj.bias)
-        self.kv = tuple((m.weight, m.bias) for m in (attn.k_proj, attn.v_proj))
-        self.qkv = tuple((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.o = (attn.o_proj.weight, attn.o_proj.bias)
-        self.q_norm = (attn.q_norm.weight, attn.q_norm.variance_epsilon)
-        self.k_norm = (attn.k_norm.weight, attn.k_norm.variance_epsilon)
-        self.gate_up = tuple((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj))
-        self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
+        self.ln_in, self.ln_post = norm_params(layer.input_layernorm), norm_params(layer.post_attention_layernorm)
+        self.qkv = linear_params(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.q, self.kv = self.qkv[0], self.qkv[1:]
+        self.o, self.down = linear_params(attn.o_proj, mlp.down_proj)
+        self.q_norm, self.k_norm = norm_params(attn.q_norm), norm_params(attn.k_norm)
+        self.gate_up = linear_params(mlp.gate_proj, mlp.up_proj)
 
 
 class PagedDFlashRunner(PagedRunnerBase):
@@ -90,7 +86,7 @@ class PagedDFlashRunner(PagedRunnerBase):
             if tensor.shape[1] != hidden:
                 raise ValueError(f"the drafter's hidden size is {hidden} but the target's {name} is {tensor.shape[1]} wide")
         self.embed, self.lm_head = embed, lm_head
-        self.fc = (head.fc.weight, head.fc.bias)
+        (self.fc,) = linear_params(head.fc)
         self.hidden_norm = (head.hidden_norm.weight, head.hidden_norm.variance_epsilon)
         self.final_norm = (head.norm.weight, head.norm.variance_epsilon)
         self.layers = [_BlockLayer(layer) for layer in head.layers]

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels._backend import resolve_backend
-from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
+from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import linear, linears
 from .paged_base import PagedRunnerBase, _check_int, head_dim_reason
 
@@ -35,13 +35,11 @@ class _HeadLayer:
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.ln_in = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-        self.ln_hidden = (layer.hidden_norm.weight, layer.hidden_norm.variance_epsilon)
-        self.ln_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-        self.qkv = tuple((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.o = (attn.o_proj.weight, attn.o_proj.bias)
-        self.gate_up = tuple((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj))
-        self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
+        self.ln_in, self.ln_hidden, self.ln_post = (norm_params(n) for n in (
+            layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm))
+        self.qkv = linear_params(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o, self.down = linear_params(attn.o_proj, mlp.down_proj)
+        self.gate_up = linear_params(mlp.gate_proj, mlp.up_proj)
 
 
 class PagedEagle3Runner(PagedRunnerBase):
@@ -78,7 +76,7 @@ class PagedEagle3Runner(PagedRunnerBase):
                              f"{self.embed.shape[1]} wide (a head for another target?)")
         if self.embed.device != self.device:
             raise ValueError(f"the head is on {self.device} but the embedding is on {self.embed.device}")
-        self.fc = (head.fc.weight, head.fc.bias)
+        (self.fc,) = linear_params(head.fc)
         self.layer = _HeadLayer(head.midlayer)
         self.layers = [self.layer]  # the KV cache's layer count
         self.final_norm = (head.norm.weight, head.norm.variance_epsilon)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import norm_params
+from ._layer_math import linear_params, norm_params
 from ._linear import linear
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
@@ -71,8 +71,7 @@ class _GemmaLayer:
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
-                                                                       attn.o_proj))
+        self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         self.q_norm, self.k_norm = ((norm_params(attn.q_norm), norm_params(attn.k_norm)) if hasattr(attn, "q_norm")
                                     else (None, None))
         self.input = norm_params(layer.input_layernorm)
@@ -83,7 +82,7 @@ class _GemmaLayer:
         else:  # Gemma 1: Llama's two (post_attention_layernorm is the MLP's input norm)
             self.post_attention, self.post_feedforward = None, None
             self.pre_feedforward = norm_params(layer.post_attention_layernorm)
-        self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         self.act = mlp.act_fn
 
 

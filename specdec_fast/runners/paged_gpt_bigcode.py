@@ -19,7 +19,7 @@ attention and KV append through the kernels, the rest torch ops. No tensor-paral
 import torch
 import torch.nn.functional as F
 
-from ._layer_math import layer_norm_params
+from ._layer_math import layer_norm_params, linear_params
 from ._linear import linear
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason, position_table_reason
 
@@ -47,9 +47,7 @@ class _BigCodeBlock:
     def __init__(self, block):
         attn, mlp = block.attn, block.mlp
         self.ln_1, self.ln_2 = layer_norm_params(block.ln_1), layer_norm_params(block.ln_2)
-        self.qkv = (attn.c_attn.weight, attn.c_attn.bias)
-        self.proj = (attn.c_proj.weight, attn.c_proj.bias)
-        self.fc, self.out = (mlp.c_fc.weight, mlp.c_fc.bias), (mlp.c_proj.weight, mlp.c_proj.bias)
+        self.qkv, self.proj, self.fc, self.out = linear_params(attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj)
         self.act = mlp.act
         self.scale = attn.scaling  # head_dim^-0.5, or 1 without scale_attn_weights
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import layer_norm_params, rope_cos_sin
+from ._layer_math import layer_norm_params, linear_params, rope_cos_sin
 from ._linear import linear
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import llama_config_reason
@@ -50,10 +50,8 @@ class _NeoXLayer:
         attn, mlp = layer.attention, layer.mlp
         self.ln_in = layer_norm_params(layer.input_layernorm)
         self.ln_post = layer_norm_params(layer.post_attention_layernorm)
-        self.qkv = (attn.query_key_value.weight, attn.query_key_value.bias)
-        self.dense = (attn.dense.weight, attn.dense.bias)
-        self.up = (mlp.dense_h_to_4h.weight, mlp.dense_h_to_4h.bias)
-        self.down = (mlp.dense_4h_to_h.weight, mlp.dense_4h_to_h.bias)
+        self.qkv, self.dense, self.up, self.down = linear_params(attn.query_key_value, attn.dense, mlp.dense_h_to_4h,
+                                                                 mlp.dense_4h_to_h)
         self.act = mlp.act
         self.parallel = bool(layer.use_parallel_residual)
 

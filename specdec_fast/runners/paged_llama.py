@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ._fused_weights import concat_parameters
-from ._layer_math import fused_layer_math, gated_act, rms_norm, rope_cos_sin, rotate_qk
+from ._layer_math import fused_layer_math, gated_act, linear_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 from ._moe import MoE, is_moe, moe_reason
@@ -163,14 +163,14 @@ def _projections(layer, config) -> tuple:
         kv_rows = config.num_key_value_heads * head_dim
         qkv = _row_views(attn.qkv_proj, [config.num_attention_heads * head_dim, kv_rows, kv_rows])
     else:
-        qkv = [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        qkv = list(linear_params(attn.q_proj, attn.k_proj, attn.v_proj))
     if is_moe(mlp):
         gate_up = [(None, None), (None, None)]  # the experts' (runners/_moe.py)
     elif hasattr(mlp, "gate_up_proj"):
         inter = mlp.gate_up_proj.weight.shape[0] // 2
         gate_up = _row_views(mlp.gate_up_proj, [inter, inter])
     else:
-        gate_up = [(m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj)]
+        gate_up = list(linear_params(mlp.gate_proj, mlp.up_proj))
     return (*qkv, *gate_up)
 
 
@@ -194,13 +194,13 @@ class _Layer:
             if self.moe is None:
                 self.w_gate_up, self.b_gate_up = _fuse((gate, up))
         self.q, self.k, self.v, self.gate, self.up = _projections(layer, config)
-        self.o = (attn.o_proj.weight, attn.o_proj.bias)
+        (self.o,) = linear_params(attn.o_proj)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.qk_norm = None if q_norm is None else (q_norm.weight, q_norm.variance_epsilon, k_norm.weight, k_norm.variance_epsilon)
         self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
         self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
         if self.moe is None:
-            self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
+            (self.down,) = linear_params(mlp.down_proj)
             self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
             self.inter = self.gate[0].shape[0]
             self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3: activation_fn
@@ -259,10 +259,7 @@ class PagedLlamaRunner(PagedRunnerBase):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = model.get_output_embeddings().weight
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.scale = self.head_dim**-0.5  # transformers' scaling (may differ from 1/sqrt(D) in the last bit)
+        self._bind_heads(config)
         if config.model_type == "granite":
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))

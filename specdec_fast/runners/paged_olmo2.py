@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import norm_params
+from ._layer_math import linear_params, norm_params
 from ._linear import linear
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
@@ -56,12 +56,11 @@ class _Olmo2Layer:
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
-                                                                       attn.o_proj))
+        self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         self.q_norm, self.k_norm = norm_params(attn.q_norm), norm_params(attn.k_norm)
         self.post_attention = norm_params(layer.post_attention_layernorm)
         self.post_feedforward = norm_params(layer.post_feedforward_layernorm)
-        self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         self.act = mlp.act_fn
 
 
@@ -77,10 +76,7 @@ class PagedOlmo2Runner(PagedRunnerBase):
         self.layers = [_Olmo2Layer(layer) for layer in inner.layers]
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.scale = self.head_dim**-0.5  # Olmo2Attention's scaling
+        self._bind_heads(config)
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:

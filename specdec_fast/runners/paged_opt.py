@@ -22,15 +22,11 @@ tensor-parallel runner.
 import torch
 import torch.nn.functional as F
 
-from ._layer_math import layer_norm_params
+from ._layer_math import layer_norm_params, linear_params
 from ._linear import linear
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason, position_table_reason
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding.offset
-
-
-def _pair(linear_module):
-    return None if linear_module is None else (linear_module.weight, linear_module.bias)
 
 
 def _projections(layer) -> tuple:
@@ -54,10 +50,10 @@ class _OPTLayer:
 
     def __init__(self, layer):
         attn = layer.self_attn
-        self.q, self.k, self.v, self.o = (_pair(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj))
+        self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj)
         self.ln_attn = layer_norm_params(layer.self_attn_layer_norm)
         self.ln_ffn = layer_norm_params(layer.final_layer_norm)
-        self.fc1, self.fc2 = _pair(layer.fc1), _pair(layer.fc2)
+        self.fc1, self.fc2 = linear_params(layer.fc1, layer.fc2)
         self.act = layer.activation_fn
         self.pre_norm = bool(layer.do_layer_norm_before)
 
@@ -72,7 +68,9 @@ class PagedOPTRunner(PagedRunnerBase):
         config, decoder = model.config, model.model.decoder
         self.embed, self.positions = decoder.embed_tokens.weight, decoder.embed_positions.weight
         self.max_positions = int(self.positions.shape[0]) - POSITION_OFFSET
-        self.project_in, self.project_out = _pair(decoder.project_in), _pair(decoder.project_out)
+        # OPT-350m's projections between its 512-wide embedding and its 1024-wide decoder; None elsewhere
+        self.project_in, self.project_out = (None if m is None else linear_params(m)[0]
+                                             for m in (decoder.project_in, decoder.project_out))
         self.layers = [_OPTLayer(layer) for layer in decoder.layers]
         final = decoder.final_layer_norm
         self.final_norm = None if final is None else layer_norm_params(final)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import layer_norm_params, rope_cos_sin
+from ._layer_math import layer_norm_params, linear_params, rope_cos_sin
 from ._linear import linear
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, decoder_reason
@@ -42,11 +42,10 @@ class _Starcoder2Layer:
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
-                                                                       attn.o_proj))
+        self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         self.ln_in = layer_norm_params(layer.input_layernorm)
         self.ln_post = layer_norm_params(layer.post_attention_layernorm)
-        self.fc, self.proj = (mlp.c_fc.weight, mlp.c_fc.bias), (mlp.c_proj.weight, mlp.c_proj.bias)
+        self.fc, self.proj = linear_params(mlp.c_fc, mlp.c_proj)
         self.act = mlp.act
 
 
@@ -63,10 +62,7 @@ class PagedStarcoder2Runner(PagedRunnerBase):
         self.final_norm = layer_norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.scale = self.head_dim**-0.5  # Starcoder2Attention's (Mistral's) scaling
+        self._bind_heads(config)
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
 
