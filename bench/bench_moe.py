@@ -18,6 +18,12 @@ should read against the HBM roofline.
         pairs mostly chose distinct experts, triton_expert near the distinct experts' roofline at
         every T (behind triton_pairs at T = 1 by its sort's launches), torch_gathered ~3x
         triton_pairs (read, write, read), every_expert ~ all E experts' weights.
+    python bench/bench_moe.py --cpu [--threads N] [--out bench/results/moe_cpu.json]
+        The CPU's ways at Qwen3-30B-A3B's block (the MoE people run on CPUs), float32 and bfloat16,
+        T = 1 / 5 / 40, wall-clock medians: cpp (csrc/moe_experts.cpp: the pairs grouped by expert,
+        each chosen expert applied once, in place: the C++ runner's way), torch_gathered (the torch
+        runner's way for 3 T k <= E; its copies up to 2 GB), every_expert (the torch runner's loop
+        calls above that), chosen_only (transformers' loop; the reference of max_abs_diff).
     TRITON_INTERPRET=1 python bench/bench_moe.py --smoke --out F
         The same code on CPU under the interpreter (tiny shapes, one wall-clock call per timing):
         not a measurement, a check that the device run is not broken on arrival.
@@ -69,9 +75,13 @@ def main(argv=None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--gpu", action="store_true", help="CUDA-graph replays on the GPU")
     mode.add_argument("--smoke", action="store_true", help="the GPU mode's code under the interpreter; needs --out")
+    mode.add_argument("--cpu", action="store_true", help="the CPU's ways (the C++ op, the torch paths)")
+    parser.add_argument("--threads", type=int, default=None, help="--cpu: torch threads (default: torch's)")
     parser.add_argument("--out", help="JSON path (default bench/results/moe_<device>.json)")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
     args = parser.parse_args(argv)
+    if args.cpu:
+        return cpu_main(args)
     from gpu_timing import RowBudget, graph_timer
 
     from specdec_fast.runners._moe import MoE
@@ -96,7 +106,7 @@ def main(argv=None) -> int:
     rows, budget = [], RowBudget(args.budget_s)
     for shape, (hidden, inter, experts, top_k) in shapes.items():
         block = _Block(hidden, inter, experts, top_k, dtype, device)
-        triton_moe, torch_moe = MoE(block, _config(top_k), triton=True), MoE(block, _config(top_k), triton=False)
+        triton_moe, torch_moe = MoE(block, _config(top_k), "triton"), MoE(block, _config(top_k), "torch")
         expert_bytes = 3 * hidden * inter * block.experts.down_proj.element_size()
         for tokens in token_counts:
             if not budget.allows(f"{shape} T={tokens}"):
@@ -124,6 +134,70 @@ def main(argv=None) -> int:
             print(json.dumps(res), flush=True)
             out.write_text(json.dumps({"device": name, **versions(), "rows": rows, "not_run": budget.not_run}, indent=2) + "\n")
     out.write_text(json.dumps({"device": name, **versions(), "rows": rows, "not_run": budget.not_run}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+CPU_TOKENS = (1, 5, 40)
+CPU_GATHER_LIMIT_BYTES = 2e9
+
+
+def _median_ms(fn, runs: int = 5) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def cpu_main(args) -> int:
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _cpu_rows(args)
+    finally:
+        torch.set_num_threads(threads)  # a caller's setting (the test calls main in-process)
+
+
+def _cpu_rows(args) -> int:
+    from machine import cpu_model, cpu_simd
+
+    from specdec_fast.runners._moe import MoE
+
+    hidden, inter, experts, top_k = SHAPES["qwen3_30b_a3b"]
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        block = _Block(hidden, inter, experts, top_k, dtype, "cpu")
+        cpp, plain = MoE(block, _config(top_k), "cpp"), MoE(block, _config(top_k), "torch")
+        if cpp.kernels != "cpp":
+            sys.exit("the C++ op moe_experts did not build (see the warning)")
+        expert_bytes = 3 * hidden * inter * block.experts.down_proj.element_size()
+        for tokens in CPU_TOKENS:
+            h = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+            weights, chosen = plain.routing(h)
+            want = plain._chosen_only(h, weights, chosen).float()
+            res = {"shape": "qwen3_30b_a3b", "dtype": str(dtype).removeprefix("torch."), "T": tokens, "pairs": tokens * top_k,
+                   "distinct_experts": int(torch.unique(chosen).numel())}
+            forms = {"cpp": lambda: cpp._kernels(h, weights, chosen),
+                     "torch_gathered": lambda: plain._gathered(h, weights, chosen),
+                     "every_expert": lambda: plain._every_expert(h, weights, chosen),
+                     "chosen_only": lambda: plain._chosen_only(h, weights, chosen)}
+            if tokens * top_k * expert_bytes > CPU_GATHER_LIMIT_BYTES:
+                del forms["torch_gathered"]
+            for form, fn in forms.items():
+                res[f"{form}_max_abs_diff"] = (fn().float() - want).abs().max().item()
+                res[f"{form}_ms"] = _median_ms(fn)
+            res["cpp_speedup_over_the_torch_runner"] = (
+                res["torch_gathered_ms" if 3 * tokens * top_k <= experts else "every_expert_ms"] / res["cpp_ms"])
+            rows.append(res)
+            print(json.dumps(res), flush=True)
+    out = Path(args.out or ROOT / "bench/results/moe_cpu.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"device": cpu_model(), **cpu_simd(), "threads": torch.get_num_threads(), **versions(),
+                               "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -1,9 +1,11 @@
 """moe_pairs: each (token, expert) pair's product with its expert's weight, and the experts'
 activation, for the MoE MLPs of runners/_moe.py; validation + dispatch.
 
-Backends: "triton" (CUDA, or CPU under TRITON_INTERPRET=1), "torch" (reference.py: the spec).
-backend=None: triton on CUDA, torch elsewhere (no C++ op: the CPU runners take the torch paths of
-runners/_moe.py). The Triton backend has two schedules of the same spec:
+Backends: "triton" (CUDA, or CPU under TRITON_INTERPRET=1), "cpp" (csrc/moe_experts.cpp: CPU
+tensors of any float dtype; the pairs grouped by expert on the host, each chosen expert's weight
+applied once to its pairs' rows, in place), "torch" (reference.py: the spec). backend=None:
+triton on CUDA, cpp on CPU where it built, else torch. The Triton backend has two schedules of
+the same spec:
   "pair"   (triton.py): one program per (pair, BLOCK_N output rows), a GEMV: for decode and
            verify steps whose pairs mostly chose distinct experts;
   "expert" (triton_grouped.py): the pairs sorted by expert (group_pairs: no host sync), one
@@ -15,7 +17,7 @@ saves no bytes and its sort costs launches), "expert" otherwise. Neither has bee
 import torch
 
 from .._backend import resolve_backend
-from .reference import ACTIVATIONS, activate, moe_pairs_reference
+from .reference import ACT_CODES, ACTIVATIONS, activate, moe_pairs_reference
 
 __all__ = ["moe_pairs", "moe_pairs_reference", "group_pairs", "activate", "ACTIVATIONS", "SCHEDULES"]
 
@@ -84,9 +86,10 @@ def moe_pairs(x: torch.Tensor, experts: torch.Tensor, weight: torch.Tensor, *, p
     E), to share one sort between the calls of a layer (the "expert" schedule). -> out [P, R]
     (act None) or [P, R / 2], in x's dtype (float32 sums, rounded once)."""
     _check(x, experts, weight, pairs_per_token, scale, act, bias, schedule, groups)
-    if backend == "cpp":
-        raise ValueError("moe_pairs has no C++ backend: backend='torch' or 'triton'")
-    name = resolve_backend(backend, x.device, "moe_pairs")  # no C++ op: "triton" on CUDA, else "torch"
+    name = resolve_backend(backend, x.device, "moe_experts")
+    if name == "cpp":
+        return torch.ops.specdec_fast.moe_experts(x, experts, weight, pairs_per_token, scale, ACT_CODES[act], bias,
+                                                  float(alpha), float(limit))
     if name != "triton":
         return moe_pairs_reference(x, experts, weight, pairs_per_token, scale, act, bias, alpha, limit)
     if schedule is None:

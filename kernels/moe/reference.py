@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 ACTIVATIONS = (None, "silu", "gpt_oss")
+ACT_CODES = {None: 0, "silu": 1, "gpt_oss": 2}  # the compiled backends' activation argument
 
 
 def activate(y: torch.Tensor, act: str | None, alpha: float = 1.0, limit: float = float("inf")) -> torch.Tensor:

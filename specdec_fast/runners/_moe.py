@@ -16,26 +16,30 @@ modeling_gpt_oss.py):
              up = clamp(up, -limit, limit), y = down_e((up + 1) * gate * sigmoid(alpha * gate)) + b
     out    = sum_j w_j * y_e_j;   Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h)
 
-Which way a call takes (static per call shape: T the call's tokens, P = T k its pairs):
-  - the Triton path (kernels/moe moe_pairs; SiLU SwiGLU and GPT-OSS experts): two launches, the
-    gate_up product with the activation fused, then the down product with the combine weight
-    fused, each pair's output summed over its k experts. Few pairs (3 P <= E: decode and verify
-    steps of a few rows) take the "pair" schedule (a GEMV per pair); more pairs (wide batches and
-    prefills) the "expert" schedule (the pairs sorted by expert, each chosen expert's weights
-    streamed once per tile of its pairs). No host sync, static shapes: graph safe.
-  - the torch path, few pairs: each pair's chosen weights gathered ([P, 2I, H], [P, H, I]) and
-    applied as batched products (read, written and read again);
-  - the torch path, more pairs: a prefill (outside a capture) runs only the experts some token
-    chose, as transformers does (a host sync for which they are: `chosen_only`); a call of the loop
-    runs every expert over all T tokens as batched products weighted by the combine weights (0 for
-    the tokens that did not choose an expert): every expert's weights read once, E / k times the
-    FLOPs the tokens need. (A loop call stays sync-free on CPU too: the static graph twin checks
-    the steps there.)
+Which way a call takes (static per call shape: T the call's tokens, P = T k its pairs), by the
+runner's kernels:
+  - "triton" (kernels/moe moe_pairs; SiLU SwiGLU and GPT-OSS experts): two launches, the gate_up
+    product with the activation fused, then the down product with the combine weight fused, each
+    pair's output summed over its k experts. Few pairs (3 P <= E: decode and verify steps of a
+    few rows) take the "pair" schedule (a GEMV per pair); more pairs (wide batches and prefills)
+    the "expert" schedule (the pairs sorted by expert, each chosen expert's weights streamed once
+    per tile of its pairs). No host sync, static shapes: graph safe.
+  - "cpp" (CPU; csrc/moe_experts.cpp through moe_pairs): the same two calls; the pairs grouped by
+    expert on the host (CPU values: no device to wait for) and each chosen expert's weight applied
+    once, in place, to its pairs' rows: every call, whatever T.
+  - "torch" (and the C++ backend where its op did not build, or for an activation it lacks): few
+    pairs, each pair's chosen weights gathered ([P, 2I, H], [P, H, I]) and applied as batched
+    products (read, written and read again); more pairs in a prefill (outside a capture), only the
+    experts some token chose, as transformers does (a host sync for which they are:
+    `chosen_only`); more pairs in a call of the loop, every expert over all T tokens as batched
+    products weighted by the combine weights (0 for the tokens that did not choose an expert):
+    every expert's weights read once, E / k times the FLOPs the tokens need, sync-free.
 None has been timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
 
+from ..kernels._backend import cpp_op_available
 from ..kernels.moe import activate, group_pairs, moe_pairs
 from ._linear import linear
 
@@ -107,7 +111,7 @@ class MoE:
     copies). block: a transformers MoE block, or its tensors by name (module_params' names: a
     tensor-parallel rank's shards, the experts' widths this rank's slice of them)."""
 
-    def __init__(self, block, config, triton: bool = False):
+    def __init__(self, block, config, kernels: str = "torch"):
         from transformers.activations import ACT2FN
 
         params = block if isinstance(block, dict) else module_params(block)
@@ -127,7 +131,9 @@ class MoE:
         self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
         # kernels/moe's activation for these experts; None: one it does not fuse (the torch path)
         self.kernel_act = "gpt_oss" if self.layout == "gpt_oss" else "silu" if config.hidden_act == "silu" else None
-        self.triton = triton and self.kernel_act is not None
+        # kernels/moe's backend for the experts (the runner's kernels), or None: the torch products
+        compiled = kernels == "triton" or (kernels == "cpp" and cpp_op_available("moe_experts"))
+        self.kernels = kernels if compiled and self.kernel_act is not None else None
         self.shared = None if "shared_expert_gate.weight" not in params else (
             [(params[f"shared_expert.{p}.weight"], params.get(f"shared_expert.{p}.bias"))
              for p in ("gate_proj", "up_proj", "down_proj")], ACT2FN[config.hidden_act],
@@ -161,7 +167,7 @@ class MoE:
         runner's prefill forward, which may wait for the device (never under a CUDA graph capture)."""
         weights, chosen = self.routing(h)
         few = 3 * h.shape[0] * self.top_k <= self.num_experts
-        if self.triton:
+        if self.kernels is not None:
             out = self._kernels(h, weights, chosen)
         elif few:
             out = self._gathered(h, weights, chosen)
@@ -176,13 +182,14 @@ class MoE:
         return out
 
     def _kernels(self, h, weights, chosen, schedule: str | None = None) -> torch.Tensor:
-        """kernels/moe's two launches (schedule None: by the pair count; the "expert" schedule's
-        sort done once for both)."""
+        """kernels/moe's two calls (Triton: schedule None picks by the pair count, the "expert"
+        schedule's sort done once for both; C++: grouped on the host)."""
         tokens, hidden = h.shape
         flat = chosen.reshape(-1)
-        schedule = schedule or ("pair" if 3 * flat.shape[0] <= self.num_experts else "expert")
-        kw = dict(backend="triton", schedule=schedule,
-                  groups=group_pairs(flat, self.num_experts) if schedule == "expert" else None)
+        kw = dict(backend=self.kernels)
+        if self.kernels == "triton":
+            schedule = schedule or ("pair" if 3 * flat.shape[0] <= self.num_experts else "expert")
+            kw.update(schedule=schedule, groups=group_pairs(flat, self.num_experts) if schedule == "expert" else None)
         gated = dict(alpha=self.alpha, limit=self.limit) if self.layout == "gpt_oss" else {}
         act = moe_pairs(h, flat, self.gate_up, pairs_per_token=self.top_k, act=self.kernel_act,
                         bias=self.gate_up_bias, **gated, **kw)

@@ -180,14 +180,14 @@ class _Layer:
     biases likewise), the model's parameters re-pointed into it (runners/_fused_weights.py). A MoE
     layer's MLP is `moe` (runners/_moe.py; gate / up / down None), else moe is None."""
 
-    def __init__(self, layer, config, fuse: bool, triton: bool = False):
+    def __init__(self, layer, config, fuse: bool, kernels: str = "torch"):
         attn, mlp = layer.self_attn, layer.mlp
         self.ln_in = layer.input_layernorm.weight
         self.eps_in = layer.input_layernorm.variance_epsilon
         self.ln_post = layer.post_attention_layernorm.weight
         self.eps_post = layer.post_attention_layernorm.variance_epsilon
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
-        self.moe = MoE(mlp, config, triton) if is_moe(mlp) else None
+        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
         if fuse:  # before the references below are taken: they then point into the fused tensors
             q, k, v, gate, up = _projections(layer, config)
             self.w_qkv, self.b_qkv = _fuse((q, k, v))
@@ -254,7 +254,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         config = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight
-        self.layers = [_Layer(layer, config, self.fuse_projections, self.kernels == "triton") for layer in inner.layers]
+        self.layers = [_Layer(layer, config, self.fuse_projections, self.kernels) for layer in inner.layers]
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon

@@ -69,7 +69,7 @@ class _TPLayer:
     layer's MLP is `moe` (runners/_moe.py over this rank's slice of every expert:
     runners/sharding_moe.py; gate / up / down None); GPT-OSS's sinks are this rank's heads'."""
 
-    def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool, triton: bool = False):
+    def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool, kernels: str = "torch"):
         def get(name):
             return shards.get(prefix + name)
 
@@ -79,7 +79,7 @@ class _TPLayer:
         self.ln_in, self.eps_in = get("input_layernorm.weight"), eps
         self.ln_post, self.eps_post = get("post_attention_layernorm.weight"), eps
         moe = moe_layer_params(shards, prefix, first_rank)
-        self.moe = None if moe is None else MoE(moe, config, triton)
+        self.moe = None if moe is None else MoE(moe, config, kernels)
         q, k, v = (get(f"self_attn.{p}_proj.weight") for p in "qkv")
         bq, bk, bv = (get(f"self_attn.{p}_proj.bias") for p in "qkv")
         gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
@@ -176,7 +176,7 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         self.embed = shards["model.embed_tokens.weight"]
         self.vocab_start, self.vocab_part = plan.vocab_start, plan.vocab_part
         self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank,
-                                self.kernels == "triton") for i in range(config.num_hidden_layers)]
+                                self.kernels) for i in range(config.num_hidden_layers)]
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps

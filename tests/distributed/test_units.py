@@ -89,7 +89,7 @@ def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
     from specdec_fast.runners.sharding_moe import moe_layer_params
 
     prefix = f"model.layers.{layer}."
-    partials = [MoE(moe_layer_params(shards, prefix, rank == 0), model.config, triton)(h)
+    partials = [MoE(moe_layer_params(shards, prefix, rank == 0), model.config, "triton" if triton else "torch")(h)
                 for rank, shards in enumerate(shards_per_rank)]
     theirs = model.model.layers[layer].mlp(h[None])
     return partials, (theirs[0] if isinstance(theirs, tuple) else theirs)[0]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import specdec_fast
 import specdec_fast.api as api
+from specdec_fast.kernels._backend import cpp_op_available
 from specdec_fast.runners import _moe
 from specdec_fast.runners._linear import linear
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
@@ -57,21 +58,23 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
     return model
 
 
-@pytest.mark.parametrize("triton", [False, True])
+@pytest.mark.parametrize("kernels", ["torch", "cpp", "triton"])
 @pytest.mark.parametrize("tokens", [1, 2, 7, 40])
 @pytest.mark.parametrize("kind", KINDS)
-def test_block_equals_transformers_on_every_path(kind, tokens, triton, monkeypatch, device):
+def test_block_equals_transformers_on_every_path(kind, tokens, kernels, monkeypatch, device):
     """The way each call takes, and every way taken directly: kernels/moe's two launches (the pair
     schedule for 1-2 tokens, the expert schedule above: compiled on a GPU machine, interpreted
     elsewhere), the torch gathered products (1-2 tokens), the chosen experts only (more tokens on
     CPU, and a CUDA prefill), every expert (more tokens in a CUDA loop call)."""
-    if triton:
+    if kernels == "triton":
         pytest.importorskip("triton")
-    device = backend_device("triton" if triton else "torch", device)
+    if kernels == "cpp" and not cpp_op_available("moe_experts"):
+        pytest.skip("the C++ op did not build")
+    device = backend_device(kernels, device)
     model = tiny_moe(kind).to(device)
     block = model.model.layers[0].mlp
-    moe = _moe.MoE(block, model.config, triton=triton)
-    assert moe.triton == triton
+    moe = _moe.MoE(block, model.config, kernels)
+    assert moe.kernels == (None if kernels == "torch" else kernels)
     taken = []
     for path in ("_kernels", "_gathered", "_every_expert", "_chosen_only"):
         real = getattr(_moe.MoE, path)
@@ -83,10 +86,10 @@ def test_block_equals_transformers_on_every_path(kind, tokens, triton, monkeypat
         torch.testing.assert_close(moe(h), theirs, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(moe(h, prefill=True), theirs, atol=1e-5, rtol=1e-5)
         few = 3 * tokens * 2 <= 16
-        assert taken == (["_kernels"] * 2 if triton else ["_gathered"] * 2 if few else ["_every_expert", "_chosen_only"])
+        assert taken == (["_kernels"] * 2 if moe.kernels else ["_gathered"] * 2 if few else ["_every_expert", "_chosen_only"])
         shared = 0 if moe.shared is None else (lambda g, a, gw: torch.sigmoid(F.linear(h, gw)) * linear(
             a(linear(h, *g[0])) * linear(h, *g[1]), *g[2]))(*moe.shared)
-        for path in ("_gathered", "_every_expert", "_chosen_only") + (("_kernels",) if triton else ()):
+        for path in ("_gathered", "_every_expert", "_chosen_only") + (("_kernels",) if moe.kernels else ()):
             torch.testing.assert_close(getattr(moe, path)(h, *moe.routing(h)) + shared, theirs, atol=1e-5, rtol=1e-5)
 
 
@@ -142,8 +145,8 @@ def test_triton_decode_through_the_pairs_kernel_equals_generate(device, monkeypa
                                           ("gpt_oss", "triton")])
 def test_static_graph_twin_gives_the_eager_tokens(kind, backend, device):
     """The loop's steps read no device value on the host (the twin checks): verify calls of 2 x 4
-    tokens (16 pairs of 16 experts) take every expert on the C++ backend (the MoE's torch path),
-    kernels/moe's expert schedule on Triton."""
+    tokens (16 pairs of 16 experts) take kernels/moe's C++ op on the C++ backend (its host reads
+    are of CPU values, inside one op), its expert schedule on Triton."""
     from .test_cuda_graphs_static import MODES, both
 
     if backend == "triton":
