@@ -148,11 +148,12 @@ def append_kv(
 
 
 def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *, qk_norm=None,
-                   backend: str | None = None, check: bool = True) -> None:
+                   q_scale=None, backend: str | None = None, check: bool = True) -> None:
     """RoPE of q (in place) and k, then k, v appended to the paged cache (reference.py has the
     semantics). q [T, Hq, D], k, v [T, Hkv, D] (strided views allowed, unit last stride), cos, sin
     [T, D] in q's dtype, D even; the cache arguments as append_kv's; qk_norm None or
-    (q_weight [D], q_eps, k_weight [D], k_eps). Backends: "triton" (one launch; the CUDA
+    (q_weight [D], q_eps, k_weight [D], k_eps); q_scale None or [T] in q's dtype: each token's
+    rotated query times it (Ministral 3's temperature). Backends: "triton" (one launch; the CUDA
     default) or "torch" (the reference; None picks it for CPU tensors)."""
     _tensor("q", q, None, 3)
     if q.dtype != k_cache.dtype:
@@ -170,13 +171,19 @@ def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, c
         if len(qk_norm) != 4 or any(tuple(qk_norm[i].shape) != (dim,) or qk_norm[i].dtype != q.dtype for i in (0, 2)):
             raise ValueError(f"qk_norm must be (q_weight [{dim}], q_eps, k_weight [{dim}], k_eps) in q's dtype")
         _same_device(k_cache.device, q_weight=qk_norm[0], k_weight=qk_norm[2])
+    if q_scale is not None:
+        _tensor("q_scale", q_scale, q.dtype, 1)
+        if q_scale.shape[0] != t:
+            raise ValueError(f"q_scale must have shape [{t}], got {tuple(q_scale.shape)}")
+        _same_device(k_cache.device, q_scale=q_scale)
     _same_device(k_cache.device, q=q, cos=cos, sin=sin)
     if backend == "cpp":
         raise ValueError("rope_append_kv has no C++ backend ('triton' or 'torch')")
     chosen = resolve_backend(backend, k_cache.device, "append_kv") if backend is not None or q.is_cuda else "torch"
     if chosen != "triton":
         _check_append(k, v, k_cache, v_cache, block_table, seq_lens, cu_query_lens, check)
-        rope_append_kv_reference(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens, qk_norm)
+        rope_append_kv_reference(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens, qk_norm,
+                                 q_scale)
         return
     if q.stride(-1) != 1:
         raise ValueError("q must have unit last stride (it is rotated in place)")
@@ -184,7 +191,7 @@ def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, c
     from .triton_rope import rope_append_kv_triton
 
     rope_append_kv_triton(q, k, v, cos.contiguous(), sin.contiguous(), k_cache, v_cache, block_table.contiguous(),
-                          seq_lens, cu_query_lens, qk_norm)
+                          seq_lens, cu_query_lens, qk_norm, q_scale=None if q_scale is None else q_scale.contiguous())
 
 
 def compact_kv(

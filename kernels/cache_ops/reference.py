@@ -78,8 +78,9 @@ def append_kv_reference(
 
 
 def rope_append_kv_reference(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
-                             qk_norm=None) -> None:
-    """q [T, Hq, D] rotated in place; rope(k) and v [T, Hkv, D] appended (see the module doc)."""
+                             qk_norm=None, q_scale=None) -> None:
+    """q [T, Hq, D] rotated in place (then times q_scale [T], rounded, where given); rope(k) and v
+    [T, Hkv, D] appended (see the module doc)."""
     from ..llama_ops.reference import rms_norm_reference, rotate_half_apply
 
     if qk_norm is not None:
@@ -87,6 +88,8 @@ def rope_append_kv_reference(q, k, v, cos, sin, k_cache, v_cache, block_table, s
         q.copy_(rms_norm_reference(q, q_weight, q_eps))
         k = rms_norm_reference(k, k_weight, k_eps)
     q.copy_(rotate_half_apply(q, cos, sin))
+    if q_scale is not None:
+        q.copy_(q * q_scale[:, None, None])
     append_kv_reference(rotate_half_apply(k, cos, sin), v, k_cache, v_cache, block_table, seq_lens, cu_query_lens)
 
 

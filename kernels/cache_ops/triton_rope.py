@@ -27,14 +27,14 @@ from .._triton_compat import gdc_launch_dependents, gdc_wait, pdl_options
 @triton.jit(do_not_specialize=["num_tokens", "batch", "num_blocks", "max_blocks"])
 def _rope_append_kv_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
-    k_cache_ptr, v_cache_ptr, bt_ptr, lens_ptr, cu_ptr,
+    k_cache_ptr, v_cache_ptr, bt_ptr, lens_ptr, cu_ptr, qs_ptr,
     q_eps, k_eps, num_tokens, batch, num_blocks, max_blocks,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,  # token / head strides (elements) of q, k, v; unit last stride
     s_cs,  # token stride of cos and sin (one layout)
     s_bt,  # row stride of block_table (unit column stride)
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_P2: tl.constexpr, HKV_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, HALF_P2: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_B: tl.constexpr,
-    TOKENS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False,
+    TOKENS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False, Q_SCALE: tl.constexpr = False,
 ):
     if PDL:  # a programmatic dependent launch: nothing the kernel before wrote is read before the wait
         gdc_wait()
@@ -69,8 +69,14 @@ def _rope_append_kv_kernel(
         x1 = (w1 * (a1 * inv).to(dtype).to(tl.float32)).to(dtype)
         x2 = (w2 * (a2 * inv).to(dtype).to(tl.float32)).to(dtype)
     a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-    tl.store(qp, ((a1 * c1).to(dtype).to(tl.float32) - (a2 * s1).to(dtype).to(tl.float32)).to(dtype), mask=qm)
-    tl.store(qp + HALF, ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype), mask=qm)
+    r1 = ((a1 * c1).to(dtype).to(tl.float32) - (a2 * s1).to(dtype).to(tl.float32)).to(dtype)
+    r2 = ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype)
+    if Q_SCALE:  # Ministral 3's query temperature, one value per token: `q * scale` in the model dtype
+        qs = tl.load(qs_ptr + t64, mask=t_ok, other=0.0).to(tl.float32)
+        r1 = (r1.to(tl.float32) * qs).to(dtype)
+        r2 = (r2.to(tl.float32) * qs).to(dtype)
+    tl.store(qp, r1, mask=qm)
+    tl.store(qp + HALF, r2, mask=qm)
 
     # ---- each token's row and paged slot (as the append_kv kernel: cu searched in one compare)
     rows = tl.arange(0, BLOCK_B)
@@ -121,13 +127,14 @@ def _launch(num_tokens: int, hq: int, hkv: int, dim: int, batch: int):
 
 
 def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
-                          qk_norm=None, pdl: bool = False) -> None:
+                          qk_norm=None, pdl: bool = False, q_scale=None) -> None:
     """q [T, Hq, D] (rotated in place), k, v [T, Hkv, D] (read), cos/sin [T, D] (one layout),
     caches [NB, BS, Hkv, D] contiguous, block_table [B, max_blocks] (unit column stride),
     seq_lens [B], cu_query_lens [B+1] int32; qk_norm None or (q_weight [D], q_eps, k_weight [D], k_eps).
     Every tensor has unit last stride. No checks: see cache_ops.rope_append_kv. pdl: on CUDA, a
     programmatic dependent launch (waits for the kernel before it at its first line; the GEMV
-    layer's chain, runners/paged_llama.py GEMV_PDL)."""
+    layer's chain, runners/paged_llama.py GEMV_PDL). q_scale: None or [T] in q's dtype, each token's
+    rotated query times it (Ministral 3's temperature: the launch the runner made for it)."""
     num_tokens, hq, dim = q.shape
     hkv = k.shape[1]
     if num_tokens == 0:
@@ -138,12 +145,13 @@ def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_
     grid, consts = _launch(num_tokens, hq, hkv, dim, batch)
     _rope_append_kv_kernel[grid](
         q, k, v, cos, sin, qw, kw,
-        k_cache, v_cache, block_table, seq_lens, cu_query_lens,
+        k_cache, v_cache, block_table, seq_lens, cu_query_lens, cos if q_scale is None else q_scale,
         float(q_eps), float(k_eps), num_tokens, batch, num_blocks, block_table.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), block_table.stride(0),
         PAGE_SIZE=page, QK_NORM=qk_norm is not None, num_warps=4, **consts,
         **pdl_options(pdl, q.device),  # passed only when set
+        **({} if q_scale is None else {"Q_SCALE": True}),  # likewise: the default launch keeps its cache key
     )
 
 

@@ -70,6 +70,32 @@ def test_matches_reference(name, device):
     assert changed == sum(counts) * 2 or dtype != torch.float32, "every real token wrote K and V (and padding none)"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_query_scale(dtype, device):
+    """q_scale (Ministral 3's per-token temperature) multiplies each token's rotated query, rounded
+    as `q * scale` in the model dtype, on both backends; K and V are not scaled; without it the
+    query differs (the control)."""
+    hq, hkv, d, bs = 4, 2, 16, 4
+    qkv, q, k, v, cos, sin, caches, table, lens, cu, _ = _case(hq, hkv, d, bs, dtype, [3, 2], False, "cpu", 5)
+    scale = (1 + 0.3 * torch.arange(q.shape[0], dtype=torch.float32)).to(dtype)
+    got = {}
+    for backend, dev in (("torch", "cpu"), ("triton", device)):
+        if backend == "triton":
+            pytest.importorskip("triton")
+        q_b, caches_b = q.clone().to(dev), caches.clone().to(dev)
+        rope_append_kv(q_b, k.to(dev), v.to(dev), cos.to(dev), sin.to(dev), caches_b[0], caches_b[1], table.to(dev),
+                       lens.to(dev), cu.to(dev), q_scale=scale.to(dev), backend=backend)
+        got[backend] = (q_b.cpu(), caches_b.cpu())
+    plain, plain_caches = q.clone(), caches.clone()
+    rope_append_kv(plain, k, v, cos, sin, plain_caches[0], plain_caches[1], table, lens, cu, backend="torch")
+    assert torch.equal(got["torch"][0], plain * scale[:, None, None]) and torch.equal(got["torch"][1], plain_caches)
+    # interpreter: float32 -> bfloat16 casts truncate (as test_matches_reference)
+    tol = TOL[dtype] * (1 if dtype != torch.bfloat16 or torch.device(device).type == "cuda" else 3)
+    torch.testing.assert_close(got["triton"][0], got["torch"][0], rtol=tol, atol=tol)
+    torch.testing.assert_close(got["triton"][1], got["torch"][1], rtol=tol, atol=tol)
+    assert not torch.allclose(got["triton"][0], plain, atol=1e-2)
+
+
 def test_exact_in_float16_and_float32(device):
     """fp16/fp32: each product and the sum rounded as torch rounds them: equal bit for bit."""
     for dtype in (torch.float16, torch.float32):
