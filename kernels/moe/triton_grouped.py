@@ -65,6 +65,7 @@ def _moe_grouped_kernel(x_ptr, order_ptr, offsets_ptr, w_ptr, b_ptr, s_ptr, out_
 
 BLOCK_N, BLOCK_K = 64, 64  # a [BLOCK_K, BLOCK_N] weight tile (gated: two, or one of 2 BLOCK_N rows) per step: 8 KB in bf16
 MAX_BLOCK_M = 64
+NUM_STAGES = 3  # cp.async stages of the K loop; fp32 at 64 rows then needs 98 KB of shared memory (RTX 30xx: 99 KB)
 
 
 def block_m(pairs: int, experts: int) -> int:
@@ -94,5 +95,5 @@ def moe_grouped_triton(x, order, offsets, weight, pairs_per_token: int, scale=No
         PAIRS_PER_TOKEN=pairs_per_token, ACT=ACT_CODES[act], HAS_BIAS=bias is not None,
         HAS_SCALE=scale is not None, DOT_F32=dot_f32, EVEN_N=width % BLOCK_N == 0, EVEN_K=x.shape[1] % BLOCK_K == 0,
         BLOCK_M=block_m(pairs, experts), BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K, TILE_ROWS=tile_rows(act, BLOCK_N), num_warps=4, num_stages=3)
+        BLOCK_K=BLOCK_K, TILE_ROWS=tile_rows(act, BLOCK_N), num_warps=4, num_stages=NUM_STAGES)
     return out

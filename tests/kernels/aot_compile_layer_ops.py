@@ -14,10 +14,11 @@ from specdec_fast.kernels.cache_ops import triton_rope  # noqa: E402
 from specdec_fast.kernels.llama_ops import triton as ops  # noqa: E402
 
 
-def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, pdl=False, ptx=False, specialise=None):
-    """(shared bytes, registers or None), or the PTX when ptx. specialise: compile_sm90's."""
+def compile_kernel(fn, pointers: dict, consts: dict, floats=(), num_warps=4, pdl=False, ptx=False, specialise=None,
+                   num_stages=None):
+    """(shared bytes, registers or None), or the PTX when ptx. specialise, num_stages: compile_sm90's."""
     kernel = compile_sm90(fn, consts, {**dict.fromkeys(floats, "fp32"), **pointers}, num_warps=num_warps, pdl=pdl,
-                          specialise=specialise)
+                          specialise=specialise, num_stages=num_stages)
     if ptx:
         return kernel.asm["ptx"]
     return kernel.metadata.shared, kernel.n_regs if hasattr(kernel, "n_regs") else None
@@ -122,14 +123,17 @@ def main() -> None:
                     assert ptx.count("ld.global.v4") + ptx.count("cp.async.cg.shared.global") >= 4, (name, form)
                     # scalar 2-byte loads: the pairs GEMV's token value a step, the epilogue's bias (once a tile)
                     assert biased or ptx.count("ld.global.b16") <= 1, (name, form)
-    for rows in (32, grouped.MAX_BLOCK_M):  # the wider tiles of prefills (bf16 SwiGLU gate_up: the most registers)
-        consts = dict(ACT=1, HAS_BIAS=False, HAS_SCALE=False, s_wk=1, PAIRS_PER_TOKEN=8, DOT_F32=False, BLOCK_M=rows,
-                      BLOCK_N=grouped.BLOCK_N, BLOCK_K=grouped.BLOCK_K, TILE_ROWS=grouped.BLOCK_N, EVEN_N=True,
-                      EVEN_K=True)
-        ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "order_ptr": "*i64",
+    # the wider tiles of prefills, SwiGLU gate_up (two weight tiles: the most registers; fp32 at 64 rows: the
+    # most shared memory, 98 KB of an RTX 30xx's 99 KB at 3 stages, the launcher's num_stages)
+    for dt, rows in (("bf16", 32), ("bf16", grouped.MAX_BLOCK_M), ("fp32", grouped.MAX_BLOCK_M)):
+        consts = dict(ACT=1, HAS_BIAS=False, HAS_SCALE=False, s_wk=1, PAIRS_PER_TOKEN=8, DOT_F32=dt == "fp32",
+                      BLOCK_M=rows, BLOCK_N=grouped.BLOCK_N, BLOCK_K=grouped.BLOCK_K, TILE_ROWS=grouped.BLOCK_N,
+                      EVEN_N=True, EVEN_K=True)
+        ptrs = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "out_ptr": f"*{dt}", "order_ptr": "*i64",
                 "offsets_ptr": "*i64", "s_ptr": "*fp32"}
-        print("moe_grouped bf16 BLOCK_M", rows, compile_kernel(grouped._moe_grouped_kernel, ptrs, consts,
-                                                                floats=("alpha", "limit"), specialise=strides))
+        info = compile_kernel(grouped._moe_grouped_kernel, ptrs, consts, floats=("alpha", "limit"), specialise=strides,
+                              num_stages=grouped.NUM_STAGES)
+        print("moe_grouped", dt, "BLOCK_M", rows, info)
     print("layer ops ok")
 
 
