@@ -1,8 +1,9 @@
 // Fused elementwise ops of a Llama decoder layer on CPU, float32 (spec: kernels/llama_ops/reference.py):
 //
 //   rms_norm(x [T, H], weight [H], eps) -> weight * (x * rsqrt(mean(x^2) + eps))      [T, H]
-//   rope_qk_(q [T, Hq, D], k [T, Hk, D], cos [T, D], sin [T, D]) -> ()   in place:
-//       x = x * cos + rotate_half(x) * sin,  rotate_half(x) = cat(-x[D/2:], x[:D/2])
+//   rope_qk_(q [T, Hq, D], k [T, Hk, D], cos [T, R], sin [T, R]) -> ()   in place, R <= D:
+//       x[:R] = x[:R] * cos + rotate_half(x[:R]) * sin,  rotate_half(y) = cat(-y[R/2:], y[:R/2])
+//       (R < D: a partial rotary embedding, x[R:] as it is)
 //   silu_mul(gate [T, F], up [T, F]) -> gate / (1 + exp(-gate)) * up                   [T, F]
 //   rope_cos_sin(positions [T], inv_freq [D/2], scaling) -> (cos, sin) [T, D]
 //
@@ -57,18 +58,20 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
   return y;
 }
 
-void rope_rows(const at::Tensor& x, const float* cos, const float* sin, int64_t D) {
-  const int64_t T = x.size(0), heads = x.size(1), half = D / 2;
+// The first R dims of each head rotated (R = cos's width: R < D for a partial rotary embedding,
+// whose other dims pass as they are), element i paired with i + R / 2.
+void rope_rows(const at::Tensor& x, const float* cos, const float* sin, int64_t R) {
+  const int64_t T = x.size(0), heads = x.size(1), half = R / 2;
   float* base = x.data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
-    const float* c = cos + t * D;
-    const float* s = sin + t * D;
+    const float* c = cos + t * R;
+    const float* s = sin + t * R;
     for (int64_t h = 0; h < heads; ++h) {
       float* v = base + t * x.stride(0) + h * x.stride(1);
       float out[512];
       for (int64_t d = 0; d < half; ++d) out[d] = v[d] * c[d] + (-v[d + half]) * s[d];
-      for (int64_t d = half; d < D; ++d) out[d] = v[d] * c[d] + v[d - half] * s[d];
-      for (int64_t d = 0; d < D; ++d) v[d] = out[d];
+      for (int64_t d = half; d < R; ++d) out[d] = v[d] * c[d] + v[d - half] * s[d];
+      for (int64_t d = 0; d < R; ++d) v[d] = out[d];
     }
   }
 }
@@ -81,11 +84,12 @@ void rope_qk_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos
   const int64_t T = q.size(0), D = q.size(2);
   TORCH_CHECK(k.size(0) == T && k.size(2) == D, "k must be [", T, ", Hk, ", D, "] like q, got ", k.sizes());
   TORCH_CHECK(D % 2 == 0 && D <= 512, "head_dim must be even and <= 512, got ", D);
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == T && cos.size(1) == D, "cos and sin must be [", T, ", ", D,
-              "], got ", cos.sizes(), " and ", sin.sizes());
+  const int64_t R = cos.size(1);  // the rotated dims: D, or fewer (a partial rotary embedding)
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == T && R <= D && R % 2 == 0, "cos and sin must be [", T,
+              ", R] with R even and <= ", D, ", got ", cos.sizes(), " and ", sin.sizes());
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos and sin must be contiguous");
-  rope_rows(q, cos.data_ptr<float>(), sin.data_ptr<float>(), D);
-  rope_rows(k, cos.data_ptr<float>(), sin.data_ptr<float>(), D);
+  rope_rows(q, cos.data_ptr<float>(), sin.data_ptr<float>(), R);
+  rope_rows(k, cos.data_ptr<float>(), sin.data_ptr<float>(), R);
 }
 
 // cos, sin [T, D] of positions [T] (int32/int64) and inv_freq [D/2]: angle = float(pos) * inv_freq[i]

@@ -151,7 +151,7 @@ def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, c
                    q_scale=None, backend: str | None = None, check: bool = True) -> None:
     """RoPE of q (in place) and k, then k, v appended to the paged cache (reference.py has the
     semantics). q [T, Hq, D], k, v [T, Hkv, D] (strided views allowed, unit last stride), cos, sin
-    [T, D] in q's dtype, D even; the cache arguments as append_kv's; qk_norm None or
+    [T, R] in q's dtype, D even (R = D; fewer: a partial rotary embedding, the first R rotated); the cache arguments as append_kv's; qk_norm None or
     (q_weight [D], q_eps, k_weight [D], k_eps); q_scale None or [T] in q's dtype: each token's
     rotated query times it (Ministral 3's temperature). Backends: "triton" (one launch; the CUDA
     default) or "torch" (the reference; None picks it for CPU tensors)."""
@@ -163,8 +163,8 @@ def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, c
         raise ValueError(f"head_dim must be even for RoPE, got {dim}")
     for name, c in (("cos", cos), ("sin", sin)):
         _tensor(name, c, q.dtype, 2)
-        if tuple(c.shape) != (t, dim):
-            raise ValueError(f"{name} must have shape [{t}, {dim}], got {tuple(c.shape)}")
+        if c.shape[0] != t or c.shape[1] > dim or c.shape[1] % 2 or c.shape != cos.shape or c.shape[1] == 0:
+            raise ValueError(f"{name} must have shape [{t}, R] (R even, at most {dim}, as cos), got {tuple(c.shape)}")
     if k.shape[0] != t:
         raise ValueError(f"k must have q's {t} tokens, got shape {tuple(k.shape)}")
     if qk_norm is not None:

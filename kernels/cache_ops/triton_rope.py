@@ -8,7 +8,9 @@ token in place and writes the rotated K and the V of its Hkv heads into the toke
 (rotate_half pairs element i with i + D/2) are loaded as separate [heads, D/2] tiles, so any
 even head_dim works (D/2 padded to a power of 2 with masks). The roundings of the torch
 expression x * cos + rotate_half(x) * sin (each product and the sum rounded to the model dtype)
-are reproduced: bf16/fp16 outputs equal the torch path's bit for bit.
+are reproduced: bf16/fp16 outputs equal the torch path's bit for bit. A partial rotary
+embedding (cos/sin [T, R], R < D: GLM-4.5's half) rotates the first R dims (pairs i, i + R/2) and
+passes the rest: a third tile per head, and V copied in halves of D.
 
 The grid is (T / tokens per program,): no host sync, CUDA-graph capturable. Padding tokens (t >= cu[B]) have their
 q rotated (harmless: their outputs are unspecified) and write no K/V.
@@ -35,14 +37,19 @@ def _rope_append_kv_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, HQ_P2: tl.constexpr, HKV_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, HALF_P2: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_B: tl.constexpr,
     TOKENS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False, Q_SCALE: tl.constexpr = False,
+    ROTARY: tl.constexpr = 0, PASS_P2: tl.constexpr = 1, V_HALF_P2: tl.constexpr = 1,
 ):
     if PDL:  # a programmatic dependent launch: nothing the kernel before wrote is read before the wait
         gdc_wait()
         gdc_launch_dependents()
     # TOKENS tokens per program (1 at the 8B model's 32 x 64 half-heads; more for small models,
     # whose programs would otherwise cost milliseconds each under the interpreter).
-    # Tiles are [TOKENS, heads, D/2]: element i of a head pairs with element i + D/2.
-    HALF: tl.constexpr = HEAD_DIM // 2
+    # Tiles are [TOKENS, heads, R/2]: element i of a head pairs with element i + R/2, R the rotated
+    # dims (ROTARY; 0: all D). A partial rotary embedding (R < D, GLM-4.5) passes dims [R, D) as they
+    # are (a third tile, PASS; normed where QK_NORM) and copies V in its own two halves.
+    ROT: tl.constexpr = HEAD_DIM if ROTARY == 0 else ROTARY
+    PASS: tl.constexpr = HEAD_DIM - ROT
+    HALF: tl.constexpr = ROT // 2
     t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
     t_ok = (t < num_tokens)[:, None, None]
     t64 = t.to(tl.int64)[:, None, None]
@@ -57,17 +64,29 @@ def _rope_append_kv_kernel(
     # ---- q: all heads of the tokens, in place
     hq = tl.arange(0, HQ_P2)[None, :, None]
     qm = cm & (hq < HQ)
-    qp = q_ptr + t64 * s_qt + hq * s_qh + j
+    q_head = q_ptr + t64 * s_qt + hq * s_qh  # [TOKENS, HQ_P2, 1]
+    qp = q_head + j
     x1 = tl.load(qp, mask=qm, other=0.0)
     x2 = tl.load(qp + HALF, mask=qm, other=0.0)
     dtype = x1.dtype
+    if PASS > 0:
+        jp = tl.arange(0, PASS_P2)[None, None, :]
+        qpm = t_ok & (jp < PASS) & (hq < HQ)
+        xp = tl.load(q_head + ROT + jp, mask=qpm, other=0.0)
     if QK_NORM:  # Qwen3RMSNorm over each head's D values: float32 statistics, rounded, times weight
         a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        inv = tl.math.rsqrt((tl.sum(a1 * a1, 2) + tl.sum(a2 * a2, 2)) / HEAD_DIM + q_eps)[:, :, None]
+        total = tl.sum(a1 * a1, 2) + tl.sum(a2 * a2, 2)
+        if PASS > 0:
+            ap = xp.to(tl.float32)
+            total += tl.sum(ap * ap, 2)
+        inv = tl.math.rsqrt(total / HEAD_DIM + q_eps)[:, :, None]
         w1 = tl.load(qw_ptr + j, mask=jm, other=0.0).to(tl.float32)
         w2 = tl.load(qw_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
         x1 = (w1 * (a1 * inv).to(dtype).to(tl.float32)).to(dtype)
         x2 = (w2 * (a2 * inv).to(dtype).to(tl.float32)).to(dtype)
+        if PASS > 0:  # the passed dims are normed too, in place
+            wp = tl.load(qw_ptr + ROT + jp, mask=jp < PASS, other=0.0).to(tl.float32)
+            tl.store(q_head + ROT + jp, (wp * (ap * inv).to(dtype).to(tl.float32)).to(dtype), mask=qpm)
     a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
     r1 = ((a1 * c1).to(dtype).to(tl.float32) - (a2 * s1).to(dtype).to(tl.float32)).to(dtype)
     r2 = ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype)
@@ -93,42 +112,69 @@ def _rope_append_kv_kernel(
     # ---- k (normed, rotated) and v into the slots: cache [num_blocks, PAGE_SIZE, HKV, HEAD_DIM] contiguous
     hk = tl.arange(0, HKV_P2)[None, :, None]
     km = jm & (hk < HKV) & ok[:, None, None]
-    dst = slot * (HKV * HEAD_DIM) + hk * HEAD_DIM + j
-    kp = k_ptr + t64 * s_kt + hk * s_kh + j
+    dst_head = slot * (HKV * HEAD_DIM) + hk * HEAD_DIM  # [TOKENS, HKV_P2, 1]
+    dst = dst_head + j
+    k_head = k_ptr + t64 * s_kt + hk * s_kh
+    kp = k_head + j
     x1 = tl.load(kp, mask=km, other=0.0)
     x2 = tl.load(kp + HALF, mask=km, other=0.0)
+    if PASS > 0:
+        kpm = (jp < PASS) & (hk < HKV) & ok[:, None, None]
+        xp = tl.load(k_head + ROT + jp, mask=kpm, other=0.0)
     if QK_NORM:
         a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        inv = tl.math.rsqrt((tl.sum(a1 * a1, 2) + tl.sum(a2 * a2, 2)) / HEAD_DIM + k_eps)[:, :, None]
+        total = tl.sum(a1 * a1, 2) + tl.sum(a2 * a2, 2)
+        if PASS > 0:
+            ap = xp.to(tl.float32)
+            total += tl.sum(ap * ap, 2)
+        inv = tl.math.rsqrt(total / HEAD_DIM + k_eps)[:, :, None]
         w1 = tl.load(kw_ptr + j, mask=jm, other=0.0).to(tl.float32)
         w2 = tl.load(kw_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
         x1 = (w1 * (a1 * inv).to(dtype).to(tl.float32)).to(dtype)
         x2 = (w2 * (a2 * inv).to(dtype).to(tl.float32)).to(dtype)
+        if PASS > 0:
+            wp = tl.load(kw_ptr + ROT + jp, mask=jp < PASS, other=0.0).to(tl.float32)
+            xp = (wp * (ap * inv).to(dtype).to(tl.float32)).to(dtype)
+    if PASS > 0:
+        tl.store(k_cache_ptr + dst_head + ROT + jp, xp, mask=kpm)
     a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
     tl.store(k_cache_ptr + dst, ((a1 * c1).to(dtype).to(tl.float32) - (a2 * s1).to(dtype).to(tl.float32)).to(dtype), mask=km)
     tl.store(k_cache_ptr + dst + HALF, ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype),
              mask=km)
-    vp = v_ptr + t64 * s_vt + hk * s_vh + j
-    tl.store(v_cache_ptr + dst, tl.load(vp, mask=km), mask=km)
-    tl.store(v_cache_ptr + dst + HALF, tl.load(vp + HALF, mask=km), mask=km)
+    if PASS > 0:  # V in halves of D (the rotation's tiles are halves of R)
+        jv = tl.arange(0, V_HALF_P2)[None, None, :]
+        vm = (jv < HEAD_DIM // 2) & (hk < HKV) & ok[:, None, None]
+        vdst = dst_head + jv
+        vp = v_ptr + t64 * s_vt + hk * s_vh + jv
+        tl.store(v_cache_ptr + vdst, tl.load(vp, mask=vm), mask=vm)
+        tl.store(v_cache_ptr + vdst + HEAD_DIM // 2, tl.load(vp + HEAD_DIM // 2, mask=vm), mask=vm)
+    else:
+        vp = v_ptr + t64 * s_vt + hk * s_vh + j
+        tl.store(v_cache_ptr + dst, tl.load(vp, mask=km), mask=km)
+        tl.store(v_cache_ptr + dst + HALF, tl.load(vp + HALF, mask=km), mask=km)
 
 
 TILE_ELEMENTS = 2048  # q elements (per half) of one program: one token of the 8B model (32 heads x 64)
 
 
 @lru_cache(maxsize=1024)
-def _launch(num_tokens: int, hq: int, hkv: int, dim: int, batch: int):
-    """(grid, constexprs) per shape, computed once (eager mode pays host work per launch)."""
-    half_p2, hq_p2 = next_pow2(dim // 2), next_pow2(hq)
-    tokens = tile_of(num_tokens, max(1, TILE_ELEMENTS // (hq_p2 * half_p2)))  # prefill: the largest
+def _launch(num_tokens: int, hq: int, hkv: int, dim: int, batch: int, rotary: int):
+    """(grid, constexprs) per shape, computed once (eager mode pays host work per launch). rotary:
+    the rotated dims (dim: all; fewer: a partial rotary embedding, passed only then, so that the
+    default launch keeps its cache key)."""
+    half_p2, hq_p2 = next_pow2(rotary // 2), next_pow2(hq)
+    tokens = tile_of(num_tokens, max(1, TILE_ELEMENTS // (hq_p2 * next_pow2(dim // 2))))  # prefill: the largest
     consts = dict(HQ=hq, HKV=hkv, HQ_P2=hq_p2, HKV_P2=next_pow2(hkv), HEAD_DIM=dim, HALF_P2=half_p2,
                   BLOCK_B=next_pow2(batch), TOKENS=tokens)
+    if rotary < dim:
+        consts.update(ROTARY=rotary, PASS_P2=next_pow2(dim - rotary), V_HALF_P2=next_pow2(dim // 2))
     return (cdiv(num_tokens, tokens),), consts
 
 
 def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
                           qk_norm=None, pdl: bool = False, q_scale=None) -> None:
-    """q [T, Hq, D] (rotated in place), k, v [T, Hkv, D] (read), cos/sin [T, D] (one layout),
+    """q [T, Hq, D] (rotated in place), k, v [T, Hkv, D] (read), cos/sin [T, R] (one layout; R = D,
+    or fewer even dims: a partial rotary embedding, the first R rotated),
     caches [NB, BS, Hkv, D] contiguous, block_table [B, max_blocks] (unit column stride),
     seq_lens [B], cu_query_lens [B+1] int32; qk_norm None or (q_weight [D], q_eps, k_weight [D], k_eps).
     Every tensor has unit last stride. No checks: see cache_ops.rope_append_kv. pdl: on CUDA, a
@@ -142,7 +188,7 @@ def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_
     num_blocks, page = k_cache.shape[:2]
     batch = cu_query_lens.shape[0] - 1
     qw, q_eps, kw, k_eps = qk_norm if qk_norm is not None else (cos, 0.0, cos, 0.0)
-    grid, consts = _launch(num_tokens, hq, hkv, dim, batch)
+    grid, consts = _launch(num_tokens, hq, hkv, dim, batch, cos.shape[1])
     _rope_append_kv_kernel[grid](
         q, k, v, cos, sin, qw, kw,
         k_cache, v_cache, block_table, seq_lens, cu_query_lens, cos if q_scale is None else q_scale,

@@ -125,7 +125,8 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 
 def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backend: str | None = None) -> None:
-    """Rotates q [T, Hq, D] and k [T, Hk, D] in place: x * cos + rotate_half(x) * sin, cos/sin [T, D]."""
+    """Rotates q [T, Hq, D] and k [T, Hk, D] in place: x * cos + rotate_half(x) * sin, cos/sin [T, R]
+    (R = D, or fewer even dims: a partial rotary embedding rotates the first R, the rest pass)."""
     _tensor("q", q, 3)
     _tensor("k", k, 3)
     _tensor("cos", cos, 2)
@@ -137,8 +138,8 @@ def rope_qk_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     if d % 2:
         raise ValueError(f"head_dim must be even, got {d}")
     for name, c in (("cos", cos), ("sin", sin)):
-        if tuple(c.shape) != (t, d):
-            raise ValueError(f"{name} must have shape [{t}, {d}], got {tuple(c.shape)}")
+        if c.shape[0] != t or c.shape[1] > d or c.shape[1] % 2 or c.shape != cos.shape:
+            raise ValueError(f"{name} must have shape [{t}, R] (R even, at most {d}, as cos), got {tuple(c.shape)}")
     if not _use_cpp(backend, q, k, cos, sin) or d > 512 or q.stride(-1) != 1 or k.stride(-1) != 1:
         rope_qk_reference(q, k, cos, sin)
         return

@@ -34,7 +34,12 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor | None, weight: 
 
 
 def rotate_half_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D], cos/sin [T, D] -> x * cos + rotate_half(x) * sin (a new tensor)."""
+    """x [T, H, D], cos/sin [T, R] (R <= D, even) -> x * cos + rotate_half(x) * sin over the first R
+    dims (a new tensor); R < D, a partial rotary embedding (GLM-4.5's, transformers' order):
+    the other D - R dims pass as they are."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat((rotate_half_apply(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
     half = x.shape[-1] // 2
     c, s = cos[:, None, :], sin[:, None, :]
     return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s

@@ -1,6 +1,7 @@
 """Sparse mixture-of-experts MLPs on the paged runners: Mixtral, Qwen2-MoE (with its gated shared
-expert), Qwen3-MoE and GPT-OSS decoder layers (transformers 5.24's *SparseMoeBlock / GptOssMLP: a
-top-k router over E experts stored as 3-D tensors).
+expert), Qwen3-MoE, GPT-OSS and GLM-4.5 (grouped sigmoid routing, a shared MLP) decoder layers
+(transformers 5.24's *SparseMoeBlock / GptOssMLP / Glm4MoeMoE: a top-k router over E experts
+stored as 3-D tensors).
 
 The math is transformers' (modeling_mixtral.py, modeling_qwen2_moe.py, modeling_qwen3_moe.py,
 modeling_gpt_oss.py):
@@ -14,7 +15,11 @@ modeling_gpt_oss.py):
     experts, GPT-OSS: gate_up [E, H, 2I] and down [E, I, H] (read here as transposed views), a bias
              each, gate / up interleaved (even / odd columns): gate = min(gate, limit),
              up = clamp(up, -limit, limit), y = down_e((up + 1) * gate * sigmoid(alpha * gate)) + b
-    out    = sum_j w_j * y_e_j;   Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h)
+    routing, GLM-4.5 (DeepSeek-V3's): s = sigmoid(h @ router^T) in float32; the k experts of the
+             best s + correction bias among the top_groups best groups; w = s of those,
+             renormalised where norm_topk_prob, times routed_scaling_factor (float32)
+    out    = sum_j w_j * y_e_j;   Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h),
+             GLM-4.5 shared_experts(h)
 
 Which way a call takes (static per call shape: T the call's tokens, P = T k its pairs), by the
 runner's kernels:
@@ -43,13 +48,15 @@ from ..kernels._backend import cpp_op_available
 from ..kernels.moe import activate, group_pairs, moe_pairs
 from ._linear import linear
 
-# model_type -> (routing: "softmax_topk" / "topk_softmax", whether the top-k weights are
-# renormalised: True, or the config field that says, whether they are cast to the model dtype
-# before they weigh the experts, the experts' layout: "swiglu" / "gpt_oss")
+# model_type -> (routing: "softmax_topk" / "topk_softmax" / "sigmoid_groups", whether the top-k
+# weights are renormalised: True, or the config field that says, whether they are cast to the
+# model dtype before they weigh the experts, the experts' layout: "swiglu" / "gpt_oss")
 MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "qwen2_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "qwen3_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
-                "gpt_oss": ("topk_softmax", False, True, "gpt_oss")}
+                "gpt_oss": ("topk_softmax", False, True, "gpt_oss"),
+                "glm4_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
+SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's (ungated) shared MLP
 
 
 def is_moe(mlp) -> bool:
@@ -81,9 +88,11 @@ def moe_reason(mlp, config) -> str | None:
     biased = getattr(experts, "gate_up_proj_bias", None) is not None
     if family[3] == "swiglu" and (biased or getattr(experts, "has_bias", False)):
         return "MoE experts with biases"
-    shared = getattr(mlp, "shared_expert", None)
-    if shared is not None and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear):
+    if getattr(mlp, "shared_expert", None) is not None and not isinstance(getattr(mlp, "shared_expert_gate", None),
+                                                                         torch.nn.Linear):
         return "a shared expert without a shared_expert_gate"
+    if family[0] == "sigmoid_groups" and not isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor):
+        return "a sigmoid router without its e_score_correction_bias"
     return None
 
 
@@ -91,18 +100,21 @@ def module_params(mlp) -> dict:
     """A transformers MoE block's tensors by their names under the block (its state_dict's: the
     names a tensor-parallel rank's shards use too): gate.weight (GPT-OSS: router.weight / .bias),
     experts.gate_up_proj / down_proj (GPT-OSS: also their _bias), Qwen2-MoE's
-    shared_expert.{gate,up,down}_proj.weight and shared_expert_gate.weight."""
+    shared_expert.{gate,up,down}_proj.weight and shared_expert_gate.weight; GLM-4.5's
+    gate.e_score_correction_bias and shared_experts.{gate,up,down}_proj.weight."""
     name = "gate" if getattr(mlp, "gate", None) is not None else "router"
     router = _router(mlp)
-    params = {f"{name}.weight": router.weight, f"{name}.bias": getattr(router, "bias", None)}
+    params = {f"{name}.weight": router.weight, f"{name}.bias": getattr(router, "bias", None),
+              f"{name}.e_score_correction_bias": getattr(router, "e_score_correction_bias", None)}
     for tensor in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
         params[f"experts.{tensor}"] = getattr(mlp.experts, tensor, None)
-    shared = getattr(mlp, "shared_expert", None)
-    if shared is not None:
-        for proj in ("gate_proj", "up_proj", "down_proj"):
+    for prefix in SHARED:
+        shared = getattr(mlp, prefix, None)
+        for proj in ("gate_proj", "up_proj", "down_proj") if shared is not None else ():
             module = getattr(shared, proj)
-            params[f"shared_expert.{proj}.weight"], params[f"shared_expert.{proj}.bias"] = module.weight, module.bias
-        params["shared_expert_gate.weight"] = mlp.shared_expert_gate.weight
+            params[f"{prefix}.{proj}.weight"], params[f"{prefix}.{proj}.bias"] = module.weight, module.bias
+    gate = getattr(mlp, "shared_expert_gate", None)
+    params["shared_expert_gate.weight"] = None if gate is None else gate.weight
     return {name: tensor for name, tensor in params.items() if tensor is not None}
 
 
@@ -120,6 +132,10 @@ class MoE:
         router = "gate" if "gate.weight" in params else "router"
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
         self.top_k = int(config.num_experts_per_tok)
+        if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
+            self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E]
+            self.groups, self.top_groups = int(config.n_group), int(config.topk_group)
+            self.routed_scale = float(config.routed_scaling_factor)
         gate_up, down = params["experts.gate_up_proj"], params["experts.down_proj"]
         self.gate_up_bias, self.down_bias = params.get("experts.gate_up_proj_bias"), params.get("experts.down_proj_bias")
         if self.layout == "gpt_oss":  # [E, H, 2I] / [E, I, H] as the [E, out, in] views the products read
@@ -134,13 +150,15 @@ class MoE:
         # kernels/moe's backend for the experts (the runner's kernels), or None: the torch products
         compiled = kernels == "triton" or (kernels == "cpp" and cpp_op_available("moe_experts"))
         self.kernels = kernels if compiled and self.kernel_act is not None else None
-        self.shared = None if "shared_expert_gate.weight" not in params else (
-            [(params[f"shared_expert.{p}.weight"], params.get(f"shared_expert.{p}.bias"))
-             for p in ("gate_proj", "up_proj", "down_proj")], ACT2FN[config.hidden_act],
-            params["shared_expert_gate.weight"])
+        prefix = next((p for p in SHARED if f"{p}.gate_proj.weight" in params), None)
+        self.shared = None if prefix is None else (  # (gate, up, down), act, the gate's weight or None
+            [(params[f"{prefix}.{p}.weight"], params.get(f"{prefix}.{p}.bias")) for p in ("gate_proj", "up_proj", "down_proj")],
+            ACT2FN[config.hidden_act], params.get("shared_expert_gate.weight"))
 
     def routing(self, h: torch.Tensor):
         """h [T, H] -> (weights [T, k] (float32, or the model dtype: MOE_FAMILIES), experts [T, k] int64)."""
+        if self.routing_kind == "sigmoid_groups":
+            return self._sigmoid_groups(h)
         logits = F.linear(h, self.router, self.router_bias)
         if self.routing_kind == "topk_softmax":
             top, chosen = torch.topk(logits, self.top_k, dim=-1)
@@ -149,6 +167,23 @@ class MoE:
         if self.renorm:
             top = top / top.sum(dim=-1, keepdim=True)
         return (top.to(logits.dtype) if self.cast else top), chosen
+
+    def _sigmoid_groups(self, h: torch.Tensor):
+        """GLM-4.5's router (transformers' Glm4MoeTopkRouter, op for op): sigmoid scores of float32
+        logits; the choice adds the correction bias and keeps the top_groups groups (of E / groups
+        experts) whose two best biased scores sum highest; the weights are the chosen experts'
+        unbiased scores, renormalised where norm_topk_prob, times routed_scaling_factor (float32)."""
+        scores = F.linear(h.float(), self.router.float()).sigmoid()  # [T, E]
+        choice = scores + self.correction
+        per_group = choice.view(-1, self.groups, self.num_experts // self.groups)
+        group_idx = torch.topk(per_group.topk(2, dim=-1)[0].sum(dim=-1), k=self.top_groups, dim=-1, sorted=False)[1]
+        keep = torch.zeros(choice.shape[0], self.groups, dtype=torch.bool, device=h.device).scatter_(1, group_idx, True)
+        choice = choice.masked_fill(~keep[:, :, None].expand_as(per_group).reshape(choice.shape), float("-inf"))
+        chosen = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, chosen)
+        if self.renorm:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scale, chosen
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[.., 2I] (biases added) -> the experts' activation [.., I]."""
@@ -178,7 +213,7 @@ class MoE:
         if self.shared is not None:
             (gate, up, down), act, gate_w = self.shared
             shared = linear(act(linear(h, *gate)) * linear(h, *up), *down)
-            out = out + torch.sigmoid(F.linear(h, gate_w)) * shared
+            out = out + (shared if gate_w is None else torch.sigmoid(F.linear(h, gate_w)) * shared)
         return out
 
     def _kernels(self, h, weights, chosen, schedule: str | None = None) -> torch.Tensor:

@@ -16,8 +16,10 @@ every finite value as it is: x * 1 + y * 0 = x). RoPE uses the
 model's rotary module's inv_freq and attention_scaling with the same float32 math as
 transformers 5.x (``position * inv_freq``, cat(freqs, freqs), cos/sin * scaling, cast to
 the model dtype), so any rope_type with static frequencies (default, linear, llama3, yarn)
-matches; dynamic and longrope (frequencies that change with the length) and a partial rotary
-embedding (Phi-4-mini's partial_rotary_factor 0.75: the kernels rotate the whole head) are refused.
+matches; dynamic and longrope (frequencies that change with the length) are refused. A partial
+rotary embedding (partial_rotary_factor < 1: GLM-4.5's half) rotates the first R dims of each
+head as transformers does (its cos / sin are [T, R]: every rope kernel rotates those and passes
+the rest).
 
 The cache, packing, prefill / score / commit / compact and the kernel dispatch are shared with
 the GPT-2 runner (runners/paged_base.py); this file holds the Llama-family math. Which
@@ -32,7 +34,7 @@ from ._fused_weights import concat_parameters
 from ._layer_math import fused_layer_math, gated_act, linear_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
-from ._moe import MoE, is_moe, moe_reason
+from ._moe import SHARED, MoE, is_moe, moe_reason
 from .sliding_window import windows_per_layer
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
@@ -46,8 +48,9 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      "ministral3",
                      # the same attention with a sparse MoE MLP (runners/_moe.py): Mixtral (Mistral's),
                      # Qwen2-MoE (Qwen2's, a gated shared expert), Qwen3-MoE (Qwen3's), GPT-OSS (biases,
-                     # attention sinks, sliding layers of 128)
-                     "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+                     # attention sinks, sliding layers of 128), GLM-4.5 (q/k/v biases, half of each head
+                     # rotated, grouped sigmoid routing, a shared MLP, dense first layers)
+                     "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe")
 # Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
 # multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), in the
 # model dtype; the rope_parameters fields it reads, per model_type
@@ -126,8 +129,8 @@ def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if rotary_dims is not None and rotary_dims != head_dim:
-        return f"a partial rotary embedding ({rotary_dims} of head_dim {head_dim} rotated; the kernels rotate all)"
+    if rotary_dims is not None and (rotary_dims > head_dim or rotary_dims % 2 or rotary_dims == 0):
+        return f"a rotary embedding of {rotary_dims} dims for head_dim {head_dim}"
     return head_dim_reason(head_dim, backend)
 
 
@@ -139,9 +142,10 @@ def projection_modules(layer) -> tuple:
     attn, mlp = layer.self_attn, layer.mlp
     qkv = (attn.qkv_proj,) if hasattr(attn, "qkv_proj") else (attn.q_proj, attn.k_proj, attn.v_proj)
     if is_moe(mlp):
-        shared = getattr(mlp, "shared_expert", None)
-        return (*qkv, attn.o_proj) + (() if shared is None else (shared.gate_proj, shared.up_proj, shared.down_proj,
-                                                                  mlp.shared_expert_gate))
+        shared = next((getattr(mlp, name) for name in SHARED if getattr(mlp, name, None) is not None), None)
+        gate = getattr(mlp, "shared_expert_gate", None)
+        return (*qkv, attn.o_proj) + (() if shared is None else (shared.gate_proj, shared.up_proj, shared.down_proj)) + (
+            () if gate is None else (gate,))
     gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj)
     return (*qkv, attn.o_proj, *gate_up, mlp.down_proj)
 

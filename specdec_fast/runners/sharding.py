@@ -2,7 +2,7 @@
 slices: from a model already loaded, or from the checkpoint's safetensors without reading
 anything else (docs/architecture.md §10).
 
-Llama family (Llama / Mistral / Qwen2 / Qwen3 / CWM / Ministral 3: sharded_model.TP_MODEL_TYPES), N ranks, rank r:
+Llama family (sharded_model.TP_MODEL_TYPES), N ranks, rank r:
     q_proj, k_proj, v_proj (+ biases)   column-parallel: the rows of this rank's heads
     gate_proj, up_proj                  column-parallel: rows [r I/N, (r+1) I/N)
     o_proj, down_proj                   row-parallel: the matching columns; the partial products
@@ -15,7 +15,7 @@ rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICAT
 holds the one KV head its query heads read (head r Hkv / N), so N / Hkv ranks hold the same
 KV head's projections and cache (more KV memory in all, none more per rank).
 
-Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS): every expert split as a
+Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS, GLM-4.5): every expert split as a
 dense MLP is, the router replicated (runners/sharding_moe.py); GPT-OSS's attention sinks follow
 the query heads.
 

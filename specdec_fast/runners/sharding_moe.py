@@ -9,14 +9,15 @@ one, else intermediate_size), every expert split alike:
     down columns of every expert                                the matching [r i, (r+1) i)
     GPT-OSS's gate_up bias (interleaved like its columns)       the matching 2 i
     GPT-OSS's down bias                                         replicated; added by rank 0 only
-    Qwen2-MoE's shared expert                                   as a dense MLP (its own width / N);
-                                                                its gate (one row) replicated
+    Qwen2-MoE's shared expert, GLM-4.5's shared experts         as a dense MLP (its own width / N);
+                                                                Qwen's gate (one row) replicated
+    GLM-4.5's router correction bias                            replicated
 So each rank's block output is a partial sum over its slice of every chosen expert's width
 (the combine weights scale each term alike), summed by the all-reduce that ends the MLP, as a
 dense layer's down product is.
 
 Checkpoint tensors, by layout (transformers 5.24 save_pretrained, read here):
-    Qwen2-MoE / Qwen3-MoE   mlp.experts.{e}.gate_proj / up_proj / down_proj.weight   per expert
+    Qwen2-MoE / Qwen3-MoE / GLM-4.5   mlp.experts.{e}.gate_proj / up_proj / down_proj.weight   per expert
     Mixtral                 block_sparse_moe.experts.{e}.w1 (gate) / w3 (up) / w2 (down).weight,
                             block_sparse_moe.gate.weight                              per expert
     GPT-OSS (bf16)          mlp.experts.gate_up_proj [E, H, 2I] (gate / up interleaved columns),
@@ -38,12 +39,15 @@ GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
 
 def moe_sizes(config) -> tuple:
     """(layout "swiglu" / "gpt_oss" or None for a dense family, experts' width I, the shared
-    expert's width or 0)."""
+    MLP's width or 0)."""
     family = MOE_FAMILIES.get(getattr(config, "model_type", None))
     if family is None:
         return None, 0, 0
     width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-    return family[3], int(width), int(getattr(config, "shared_expert_intermediate_size", 0) or 0)
+    shared = getattr(config, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE
+    if not shared and getattr(config, "n_shared_experts", 0):  # GLM-4.5: n shared experts' width as one MLP
+        shared = width * int(config.n_shared_experts)
+    return family[3], int(width), int(shared)
 
 
 def moe_slice_of(plan, name: str, make_slice):
@@ -57,7 +61,7 @@ def moe_slice_of(plan, name: str, make_slice):
     match = PER_EXPERT.match(name)
     if match:
         return True, make_slice(1 if match.group(4) in DOWN else 0, *own)
-    if ".shared_expert." in name and not name.endswith("shared_expert_gate.weight"):
+    if (".shared_expert." in name or ".shared_experts." in name) and not name.endswith("shared_expert_gate.weight"):
         s = plan.shared_intermediate // plan.world
         rows = (r * s, (r + 1) * s)
         return True, make_slice(1, *rows) if name.endswith("down_proj.weight") else make_slice(0, *rows)

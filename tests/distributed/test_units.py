@@ -15,6 +15,7 @@ from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.engine.run_ahead import RunAheadPoller
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
+from specdec_fast.runners._moe import is_moe
 from specdec_fast.runners.sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 
 from ..engine.conftest import model_pair
@@ -79,7 +80,7 @@ def test_shards_tile_every_tensor(kind, world):
         assert all(p.is_contiguous() for p in parts)
 
 
-MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe")
 
 
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
@@ -99,8 +100,9 @@ def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
 @pytest.mark.parametrize("kind", MOE_KINDS)
 def test_moe_partials_sum_to_the_block(kind, world, triton):
     """Every expert split by its width over the ranks, the router replicated: the ranks' block
-    outputs sum to transformers' block (Qwen2-MoE's shared expert split too, GPT-OSS's interleaved
-    gate / up columns and biases, its down bias added by rank 0 only), on the torch products and
+    outputs sum to transformers' block (Qwen2-MoE's shared expert and GLM-4.5's shared MLP split
+    too, GPT-OSS's interleaved gate / up columns and biases, its down bias added by rank 0 only,
+    GLM-4.5's router bias replicated), on the torch products and
     through kernels/moe (7 tokens: its expert schedule; interpreted here); a rank's own part is not
     the block (the control)."""
     if triton:
@@ -110,14 +112,18 @@ def test_moe_partials_sum_to_the_block(kind, world, triton):
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0, 0.3)
+        for name, buffer in model.named_buffers():  # GLM-4.5's router bias (replicated)
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.5)
+    layer = next(i for i, block in enumerate(model.model.layers) if is_moe(block.mlp))  # GLM-4.5: layer 0 is dense
     plans = [LlamaShardPlan.for_config(model.config, world, r) for r in range(world)]
     shards = [shards_from_state(model.state_dict(), p) for p in plans]
     inter = plans[0].expert_intermediate // world
-    gate_up = shards[1]["model.layers.0.mlp.experts.gate_up_proj"]
+    gate_up = shards[1][f"model.layers.{layer}.mlp.experts.gate_up_proj"]
     assert gate_up.shape[1 if kind != "gpt_oss" else 2] == 2 * inter and gate_up.is_contiguous()
     h = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(world))
     with torch.no_grad():
-        partials, theirs = _moe_partials(model, shards, 0, h, triton)
+        partials, theirs = _moe_partials(model, shards, layer, h, triton)
     torch.testing.assert_close(sum(partials), theirs, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(partials[0], theirs, atol=1e-3)
 

@@ -54,6 +54,11 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "qwen2_moe":  # 16 experts of 24, top 2, not renormalised, a gated shared expert of 48, q/k/v biases
         return tf.Qwen2MoeConfig(num_experts=16, num_experts_per_tok=2, moe_intermediate_size=24,
                                  shared_expert_intermediate_size=48, norm_topk_prob=False, **llama_like)
+    if kind == "glm4_moe":  # a dense first layer, then 8 experts of 24 in 2 groups (1 kept), a shared MLP, half of
+        # each head rotated (6 of 12), q/k/v biases
+        return tf.Glm4MoeConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
+                                topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
+                                head_dim=12, attention_bias=True, **llama_like)
     if kind == "mistral":  # every layer slides by a window of 8: the calls' rows pass it
         return tf.MistralConfig(sliding_window=8, **llama_like)
     if kind == "gemma2":  # attention soft-capping 2 (it bites), sliding (window 8: passed) and full layers

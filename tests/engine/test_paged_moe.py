@@ -2,7 +2,9 @@
 rows pass, weights renormalised and kept float32), Qwen2-MoE (a gated shared expert, no
 renormalisation), Qwen3-MoE (renormalised, a dense MLP layer among the MoE ones) and GPT-OSS
 (top-k then softmax, biased experts with interleaved gate / up and clamps, attention sinks and
-biases, a sliding layer of 6). The block
+biases, a sliding layer of 6) and GLM-4.5 (a dense first layer, grouped sigmoid routing with its
+correction bias and scaling factor, an ungated shared MLP, q/k/v biases, half of each head
+rotated). The block
 equals transformers' own on both expert paths (gathered, every expert); the runner's logits equal
 the model's forward on every backend; greedy generate(runner="paged") equals model.generate with a
 draft, prompt lookup and plain decoding (batch 1 decodes through the gathered path, batch 3 through
@@ -24,7 +26,8 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 
 VOCAB = 96
-KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe")
+MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True]}  # which of the 2 layers are MoE (else both)
 
 
 def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
@@ -43,6 +46,10 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
     elif kind == "qwen3_moe":  # layer 1 a dense MLP (mlp_only_layers)
         config = tf.Qwen3MoeConfig(num_experts=16, moe_intermediate_size=32, norm_topk_prob=True, head_dim=16,
                                    mlp_only_layers=[1], **common)
+    elif kind == "glm4_moe":  # layer 0 dense; 4 groups of 4 experts, 2 kept; half of each head rotated; q/k/v biases
+        config = tf.Glm4MoeConfig(n_routed_experts=16, moe_intermediate_size=32, n_group=4, topk_group=2,
+                                  routed_scaling_factor=2.5, n_shared_experts=1, first_k_dense_replace=1, head_dim=16,
+                                  attention_bias=True, **common)
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
         config = tf.GptOssConfig(num_local_experts=16, head_dim=16, sliding_window=6, swiglu_limit=1.0,
                                  rope_parameters={"rope_type": "default", "rope_theta": 700.0},
@@ -54,6 +61,10 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         for name, param in model.named_parameters():
             if name.endswith("bias") or name.endswith("sinks"):
                 param.normal_(0, 0.5 if kind == "gpt_oss" else 0.3)
+        for layer in model.model.layers:  # GLM-4.5's router bias (a buffer): it changes which experts win
+            bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+            if bias is not None:
+                bias.normal_(0, 0.5)
     model.generation_config.eos_token_id = None
     return model
 
@@ -72,7 +83,7 @@ def test_block_equals_transformers_on_every_path(kind, tokens, kernels, monkeypa
         pytest.skip("the C++ op did not build")
     device = backend_device(kernels, device)
     model = tiny_moe(kind).to(device)
-    block = model.model.layers[0].mlp
+    block = next(layer.mlp for layer in model.model.layers if _moe.is_moe(layer.mlp))
     moe = _moe.MoE(block, model.config, kernels)
     assert moe.kernels == (None if kernels == "torch" else kernels)
     taken = []
@@ -87,7 +98,7 @@ def test_block_equals_transformers_on_every_path(kind, tokens, kernels, monkeypa
         torch.testing.assert_close(moe(h, prefill=True), theirs, atol=1e-5, rtol=1e-5)
         few = 3 * tokens * 2 <= 16
         assert taken == (["_kernels"] * 2 if moe.kernels else ["_gathered"] * 2 if few else ["_every_expert", "_chosen_only"])
-        shared = 0 if moe.shared is None else (lambda g, a, gw: torch.sigmoid(F.linear(h, gw)) * linear(
+        shared = 0 if moe.shared is None else (lambda g, a, gw: (1 if gw is None else torch.sigmoid(F.linear(h, gw))) * linear(
             a(linear(h, *g[0])) * linear(h, *g[1]), *g[2]))(*moe.shared)
         for path in ("_gathered", "_every_expert", "_chosen_only") + (("_kernels",) if moe.kernels else ()):
             torch.testing.assert_close(getattr(moe, path)(h, *moe.routing(h)) + shared, theirs, atol=1e-5, rtol=1e-5)
@@ -100,7 +111,7 @@ def test_logits_equal_hf_forward(kind, backend, device):
     model = tiny_moe(kind).to(device)
     assert paged_runner_class(model) is PagedLlamaRunner
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
-    assert [layer.moe is not None for layer in runner.layers] == ([True, False] if kind == "qwen3_moe" else [True, True])
+    assert [layer.moe is not None for layer in runner.layers] == MOE_LAYERS.get(kind, [True, True])
     assert_runner_matches_forward(model, runner, VOCAB)
 
 
@@ -162,17 +173,22 @@ def test_static_graph_twin_gives_the_eager_tokens(kind, backend, device):
 
 
 def test_controls_routing_and_the_shared_expert():
-    """Mixtral's renormalisation, Qwen2-MoE's shared expert, GPT-OSS's routing order and clamps are
-    each needed."""
+    """Mixtral's renormalisation, Qwen2-MoE's shared expert, GPT-OSS's routing order and clamps,
+    GLM-4.5's group limit, correction bias, scaling factor and shared MLP are each needed."""
     for kind, spoil in (("mixtral", lambda moe: setattr(moe, "renorm", False)),
                         ("qwen2_moe", lambda moe: setattr(moe, "shared", None)),
                         ("qwen2_moe", lambda moe: setattr(moe, "renorm", True)),
                         ("gpt_oss", lambda moe: setattr(moe, "routing_kind", "softmax_topk")),
-                        ("gpt_oss", lambda moe: setattr(moe, "limit", float("inf")))):
+                        ("gpt_oss", lambda moe: setattr(moe, "limit", float("inf"))),
+                        ("glm4_moe", lambda moe: setattr(moe, "top_groups", moe.groups)),
+                        ("glm4_moe", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
+                        ("glm4_moe", lambda moe: setattr(moe, "routed_scale", 1.0)),
+                        ("glm4_moe", lambda moe: setattr(moe, "shared", None))):
         model = tiny_moe(kind)
         runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
         for layer in runner.layers:
-            spoil(layer.moe)
+            if layer.moe is not None:
+                spoil(layer.moe)
         with pytest.raises(AssertionError):
             assert_runner_matches_forward(model, runner, VOCAB)
 

@@ -36,17 +36,21 @@ def test_rms_norm_strided_rows_and_tiny_values(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("t,hq,hk,d", [(1, 1, 1, 2), (1, 8, 2, 32), (5, 8, 2, 32), (7, 4, 4, 64), (3, 12, 1, 128), (2, 2, 2, 6)])
-def test_rope_qk_bit_identical_to_reference(backend, t, hq, hk, d):
-    """Same float ops in the same order as the torch expression: equal bit for bit."""
+@pytest.mark.parametrize("t,hq,hk,d,r", [(1, 1, 1, 2, 2), (1, 8, 2, 32, 32), (5, 8, 2, 32, 32), (7, 4, 4, 64, 64),
+                                         (3, 12, 1, 128, 128), (2, 2, 2, 6, 6),
+                                         (5, 8, 2, 64, 32), (3, 4, 2, 80, 60)])  # partial: the first r dims rotated
+def test_rope_qk_bit_identical_to_reference(backend, t, hq, hk, d, r):
+    """Same float ops in the same order as the torch expression: equal bit for bit (the partial
+    forms' passed dims untouched)."""
     gen = torch.Generator().manual_seed(t * 1000 + hq * 10 + d)
     q, k = torch.randn(t, hq, d, generator=gen), torch.randn(t, hk, d, generator=gen)
-    ang = torch.randn(t, d, generator=gen) * 10
+    ang = torch.randn(t, r, generator=gen) * 10
     cos, sin = ang.cos(), ang.sin()
     q_ref, k_ref = q.clone(), k.clone()
     rope_qk_reference(q_ref, k_ref, cos, sin)
+    passed = q[..., r:].clone()
     rope_qk_(q, k, cos, sin, backend=backend)
-    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref) and torch.equal(q[..., r:], passed)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -111,8 +115,10 @@ def test_bad_input():
     q, k, c = torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.randn(2, 8)
     with pytest.raises(ValueError, match="k must be"):
         rope_qk_(q, torch.randn(3, 1, 8), c, c)
-    with pytest.raises(ValueError, match="cos must have shape \\[2, 8\\]"):
-        rope_qk_(q, k, torch.randn(2, 1, 8)[:, 0, :4], c)
+    with pytest.raises(ValueError, match="sin must have shape \\[2, R\\] \\(R even, at most 8, as cos\\)"):
+        rope_qk_(q, k, torch.randn(2, 1, 8)[:, 0, :4], c)  # a partial cos, a full sin
+    with pytest.raises(ValueError, match="cos must have shape \\[2, R\\]"):
+        rope_qk_(q, k, torch.randn(2, 3), torch.randn(2, 3))  # an odd width
     with pytest.raises(ValueError, match="head_dim must be even"):
         rope_qk_(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.randn(2, 7), torch.randn(2, 7))
     with pytest.raises(ValueError, match="q must have 3 dims"):

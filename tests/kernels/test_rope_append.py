@@ -70,6 +70,47 @@ def test_matches_reference(name, device):
     assert changed == sum(counts) * 2 or dtype != torch.float32, "every real token wrote K and V (and padding none)"
 
 
+# (Hq, Hkv, D, rotated R, dtype, q/k norms): a partial rotary embedding (GLM-4.5: R = D / 2), R / 2
+# and D - R not powers of 2, with the norms over all D dims
+PARTIAL = {"half_of_64_fp32": (4, 2, 64, 32, torch.float32, False),
+           "40_of_80_bf16_norms": (4, 2, 80, 40, torch.bfloat16, True),
+           "48_of_64_fp32_norms_mha": (3, 3, 64, 48, torch.float32, True)}
+
+
+@pytest.mark.parametrize("name", list(PARTIAL))
+def test_partial_rotary(name, device):
+    """cos / sin [T, R], R < D: the first R dims of q and k rotated (i paired with i + R/2), the other
+    D - R passed (normed where the norms are given), V copied whole; the torch reference equals
+    transformers' apply_rotary_pos_emb of a partial model (GLM-4.5's), the Triton kernel the
+    reference; a full-width rotation of the same angles differs (the control)."""
+    from transformers.models.glm4_moe.modeling_glm4_moe import apply_rotary_pos_emb
+
+    hq, hkv, d, rot, dtype, qk_norm = PARTIAL[name]
+    qkv, q, k, v, cos, sin, caches, table, lens, cu, norm = _case(hq, hkv, d, 4, dtype, [3, 2], qk_norm, "cpu", 7)
+    cos, sin = cos[:, : rot // 2].repeat(1, 2).contiguous(), sin[:, : rot // 2].repeat(1, 2).contiguous()
+    got = {}
+    for backend, dev in (("torch", "cpu"), ("triton", device)):
+        if backend == "triton":
+            pytest.importorskip("triton")
+        q_b, caches_b = q.clone().to(dev), caches.clone().to(dev)
+        norm_b = None if norm is None else (norm[0].to(dev), norm[1], norm[2].to(dev), norm[3])
+        rope_append_kv(q_b, k.to(dev), v.to(dev), cos.to(dev), sin.to(dev), caches_b[0], caches_b[1], table.to(dev),
+                       lens.to(dev), cu.to(dev), qk_norm=norm_b, backend=backend)
+        got[backend] = (q_b.cpu(), caches_b.cpu())
+    if norm is None:  # transformers' own partial rotation of q (heads first: [1, H, T, D])
+        theirs, _ = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
+        assert torch.equal(got["torch"][0], theirs[0].transpose(0, 1))
+    tol = TOL[dtype] * (1 if dtype != torch.bfloat16 or torch.device(device).type == "cuda" else 3)
+    torch.testing.assert_close(got["triton"][0], got["torch"][0], rtol=tol, atol=tol)
+    torch.testing.assert_close(got["triton"][1], got["torch"][1], rtol=tol, atol=tol)
+    full = torch.cat((cos, cos[:, : d - rot]), 1) if d - rot <= rot else None
+    if full is not None:  # the control: every dim rotated (other pairs) gives another q
+        q_full = q.clone()
+        rope_append_kv(q_full, k, v, full, torch.cat((sin, sin[:, : d - rot]), 1), caches.clone()[0], caches.clone()[1],
+                       table, lens, cu, qk_norm=norm, backend="torch")
+        assert not torch.allclose(q_full, got["torch"][0], atol=1e-3)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_query_scale(dtype, device):
     """q_scale (Ministral 3's per-token temperature) multiplies each token's rotated query, rounded
