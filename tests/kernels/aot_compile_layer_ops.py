@@ -52,15 +52,18 @@ def main() -> None:
         ptrs = {n: f"*{dt}" for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "qw_ptr", "kw_ptr",
                                       "k_cache_ptr", "v_cache_ptr", "qs_ptr")}
         ptrs.update(bt_ptr="*i32", lens_ptr="*i32", cu_ptr="*i32")
-        # (Hq, Hkv, D, q/k norms, Ministral 3's query scale)
-        for hq, hkv, d, norm, q_scale in ((32, 8, 128, False, False), (16, 8, 128, True, False), (12, 2, 80, False, False),
-                                          (32, 8, 128, False, True)):
+        # (Hq, Hkv, D, q/k norms, Ministral 3's query scale, rotated dims: GLM-4.5-Air's half of 128, and with norms)
+        for hq, hkv, d, norm, q_scale, rot in ((32, 8, 128, False, False, 128), (16, 8, 128, True, False, 128),
+                                               (12, 2, 80, False, False, 80), (32, 8, 128, False, True, 128),
+                                               (96, 8, 128, False, False, 64), (16, 8, 128, True, False, 64)):
+            partial = dict(ROTARY=rot, PASS_P2=triton.next_power_of_2(d - rot), V_HALF_P2=triton.next_power_of_2(d // 2))
             consts = dict(HQ=hq, HKV=hkv, HQ_P2=triton.next_power_of_2(hq), HKV_P2=hkv, HEAD_DIM=d,
-                          HALF_P2=triton.next_power_of_2(d // 2), PAGE_SIZE=16, BLOCK_B=8, TOKENS=1, QK_NORM=norm,
-                          PDL=False, Q_SCALE=q_scale)  # constexprs, else compiled as runtime ints with both branches
+                          HALF_P2=triton.next_power_of_2(rot // 2), PAGE_SIZE=16, BLOCK_B=8, TOKENS=1, QK_NORM=norm,
+                          PDL=False, Q_SCALE=q_scale,  # constexprs, else compiled as runtime ints with both branches
+                          **(partial if rot < d else dict(ROTARY=0, PASS_P2=1, V_HALF_P2=1)))
             info = compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, consts, floats=("q_eps", "k_eps"))
-            print("rope_append_kv", dt, hq, hkv, d, norm, q_scale, info)
-            if dt == "bf16" and PDL_TARGET and not q_scale:  # the GEMV layer's PDL chain (triton >= 3.5)
+            print("rope_append_kv", dt, hq, hkv, d, norm, q_scale, rot, info)
+            if dt == "bf16" and PDL_TARGET and not q_scale and rot == d:  # the GEMV layer's PDL chain (triton >= 3.5)
                 check_pdl_order(f"rope_append_kv {hq} {hkv} {d} {norm}",
                                 compile_kernel(triton_rope._rope_append_kv_kernel, ptrs, dict(consts, PDL=True),
                                                floats=("q_eps", "k_eps"), pdl=True, ptx=True),
