@@ -25,6 +25,7 @@ alike, before any collective).
 """
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,7 @@ class LlamaShardPlan:
     moe_layout: str | None = None  # "swiglu" / "gpt_oss": a MoE family's experts (sharding_moe.py)
     expert_intermediate: int = 0  # an expert's width
     shared_intermediate: int = 0  # Qwen2-MoE's shared expert's width
+    num_layers: int | None = None  # the decoder's layers; a checkpoint's layers past them are not read
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -72,7 +74,7 @@ class LlamaShardPlan:
         heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
-                   *moe_sizes(config))
+                   *moe_sizes(config), getattr(config, "num_hidden_layers", None))
         plan.check()
         return plan
 
@@ -188,12 +190,14 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
     """name -> this rank's shard of every tensor of the checkpoint in ``path``, each read as a
     slice (safe_open(...).get_slice(name)[rows] or [:, cols]: only those bytes are read), cast
     to ``dtype`` (None: as stored) and moved to ``device``. GPT-OSS's MXFP4 experts (name_blocks
-    and name_scales) become the dequantized ``name`` (dtype None: bfloat16)."""
+    and name_scales) become the dequantized ``name`` (dtype None: bfloat16); layers past the
+    config's (a multi-token prediction layer) are not read."""
     from safetensors import safe_open
 
     files, by_file = checkpoint_files(path), {}
     for name, file in files.items():
-        by_file.setdefault(file, []).append(name)
+        if not _past_the_layers(name, plan):
+            by_file.setdefault(file, []).append(name)
     shards = {}
     for file, names in by_file.items():
         with safe_open(file, framework="pt") as f:
@@ -211,6 +215,16 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
                     tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=_parts(part)[0].dim)
                 shards[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
     return gather_experts(shards)
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _past_the_layers(name: str, plan) -> bool:
+    """A tensor of a layer the decoder does not have: GLM-4.5's and DeepSeek-V3's multi-token
+    prediction layer (model.layers.{num_hidden_layers}.*, which transformers does not load either)."""
+    match = _LAYER.match(name)
+    return plan.num_layers is not None and match is not None and int(match.group(1)) >= plan.num_layers
 
 
 def _read_mxfp4(f, file, files, name, plan, dtype):

@@ -189,6 +189,25 @@ def test_checkpoint_read_slice_by_slice(kind, tmp_path, monkeypatch):
     assert _Recording.calls and all(kind == "get_slice" for kind, _ in _Recording.calls)
 
 
+def test_checkpoint_layers_past_the_config_are_not_read(tmp_path, monkeypatch):
+    """GLM-4.5 / DeepSeek-V3 checkpoints hold a multi-token prediction layer after the decoder's
+    (model.layers.{num_hidden_layers}.*, ignored by transformers): a rank does not read it."""
+    import safetensors
+    from safetensors.torch import load_file, save_file
+
+    model = make_model("qwen2")  # 2 layers
+    model.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    extra = {"model.layers.2.eh_proj.weight": torch.ones(48, 96), "model.layers.2.mlp.experts.0.gate_proj.weight": torch.ones(4, 48)}
+    save_file({**state, **extra}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    real = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
+    _Recording.calls = []
+    read = shards_from_safetensors(str(tmp_path), LlamaShardPlan.for_config(model.config, 2, 0))
+    assert not any(name.startswith("model.layers.2.") for name in read)
+    assert {name for _, name in _Recording.calls} == set(state)  # every other tensor read, these not
+
+
 def _lockstep_decode(lag: int, lockstep: bool):
     target, draft = model_pair("llama")
     ids, mask = left_padded_prompts([5, 8], seed=2)

@@ -104,20 +104,32 @@ def test_phi3_reads_its_fused_projections_in_place(fuse):
         assert layer.w_gate_up.data_ptr() == gate_up.data_ptr() and layer.w_gate_up.shape == gate_up.shape
 
 
-def test_partial_rotary_and_phi3_tensor_parallelism_are_refused():
-    """Phi-4-mini's partial rotary embedding (the kernels rotate whole heads) runs on the hf runner;
-    Phi-3 has no tensor-parallel runner (its fused projections are not sharded)."""
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
+def test_a_partial_rotary_embedding_runs_paged(backend, device):
+    """A partial rotary embedding (Phi-3's config with partial_rotary_factor 0.75: 12 of 16 dims of
+    each head rotated, the rest passed) runs on the paged runner and gives the model's logits on
+    every backend; rotating whole heads does not (the control). Phi-3 still has no tensor-parallel
+    runner (its fused projections are not sharded)."""
     import transformers as tf
 
     from specdec_fast.runners.registry import shard_model
 
-    config = tf.Phi3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+    from ..conftest import backend_device
+
+    device = backend_device(backend, device)
+    config = tf.Phi3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
                            rope_parameters={"rope_type": "default", "rope_theta": 800.0, "partial_rotary_factor": 0.75})
-    model = tf.AutoModelForCausalLM.from_config(config).eval()
-    assert paged_unsupported_reason(model) == ("a partial rotary embedding (12 of head_dim 16 rotated; "
-                                               "the kernels rotate all)")
-    assert api.choose_runner(model, None, 20) == "hf"
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval().to(device)
+    assert paged_unsupported_reason(model) is None and api.choose_runner(model, None, 20) == "paged"
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert runner.inv_freq.numel() == 6  # 12 rotated dims
+    assert_runner_matches_forward(model, runner, VOCAB)
+    whole = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    whole.inv_freq = torch.cat((whole.inv_freq, whole.inv_freq[-2:]))  # 16 dims rotated: other pairs
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, whole, VOCAB)
     with pytest.raises(ValueError, match="tensor parallelism supports model_type"):
         shard_model(tiny("phi3"), process_group=None)
 
