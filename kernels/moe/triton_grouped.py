@@ -6,8 +6,9 @@ BLOCK_M at a time, each against its expert's weight tile: tl.dot on [BLOCK_M, BL
 Why: the runner's alternatives for many pairs were every expert over every token (E / k times the
 FLOPs and, as a Python loop, 3 E launches a layer: 384 at Qwen3-30B-A3B's 128 experts) or the
 chosen experts only (a host sync per expert). Here a layer's experts are two launches plus the
-sort's three, each chosen expert's weights are streamed once per BLOCK_M of its pairs (once for
-decode-sized batches), and an expert no pair chose costs its programs one load of two offsets.
+sort's four (argsort, gather, arange, searchsorted), each chosen expert's weights are streamed
+once per BLOCK_M of its pairs (once for decode-sized batches), and an expert no pair chose costs
+its programs one load of two offsets.
 Grids depend on shapes only: no host sync, graph safe. Load balance follows the routing: an
 expert that many pairs chose keeps its programs longer. Predicted, not measured (no GPU has run
 it): a verify step of B 8 x (K + 1) 5 = 40 tokens, top 8 of 128 experts (320 pairs over ~118
@@ -63,7 +64,8 @@ def _moe_grouped_kernel(x_ptr, order_ptr, offsets_ptr, w_ptr, b_ptr, s_ptr, out_
                  mask=m_ok[:, None] & (n < N)[None, :])
 
 
-BLOCK_N, BLOCK_K = 64, 64  # a [BLOCK_K, BLOCK_N] weight tile (gated: two, or one of 2 BLOCK_N rows) per step: 8 KB in bf16
+# a [BLOCK_K, BLOCK_N] weight tile per step, 8 KB in bf16 (gated: two, or one of 2 BLOCK_N rows)
+BLOCK_N, BLOCK_K = 64, 64
 MAX_BLOCK_M = 64
 NUM_STAGES = 3  # cp.async stages of the K loop; fp32 at 64 rows then needs 98 KB of shared memory (RTX 30xx: 99 KB)
 

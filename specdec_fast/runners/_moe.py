@@ -151,8 +151,9 @@ class MoE:
         compiled = kernels == "triton" or (kernels == "cpp" and cpp_op_available("moe_experts"))
         self.kernels = kernels if compiled and self.kernel_act is not None else None
         prefix = next((p for p in SHARED if f"{p}.gate_proj.weight" in params), None)
+        projections = ("gate_proj", "up_proj", "down_proj")
         self.shared = None if prefix is None else (  # (gate, up, down), act, the gate's weight or None
-            [(params[f"{prefix}.{p}.weight"], params.get(f"{prefix}.{p}.bias")) for p in ("gate_proj", "up_proj", "down_proj")],
+            [(params[f"{prefix}.{p}.weight"], params.get(f"{prefix}.{p}.bias")) for p in projections],
             ACT2FN[config.hidden_act], params.get("shared_expert_gate.weight"))
 
     def routing(self, h: torch.Tensor):

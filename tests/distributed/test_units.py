@@ -198,7 +198,8 @@ def test_checkpoint_layers_past_the_config_are_not_read(tmp_path, monkeypatch):
     model = make_model("qwen2")  # 2 layers
     model.save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
-    extra = {"model.layers.2.eh_proj.weight": torch.ones(48, 96), "model.layers.2.mlp.experts.0.gate_proj.weight": torch.ones(4, 48)}
+    extra = {"model.layers.2.eh_proj.weight": torch.ones(48, 96),
+             "model.layers.2.mlp.experts.0.gate_proj.weight": torch.ones(4, 48)}
     save_file({**state, **extra}, tmp_path / "model.safetensors", metadata={"format": "pt"})
     real = safetensors.safe_open
     monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
