@@ -62,7 +62,7 @@ class LlamaShardPlan:
     vocab: int
     moe_layout: str | None = None  # "swiglu" / "gpt_oss": a MoE family's experts (sharding_moe.py)
     expert_intermediate: int = 0  # an expert's width
-    shared_intermediate: int = 0  # Qwen2-MoE's shared expert's width
+    shared_intermediate: int = 0  # the shared MLP's width (Qwen2-MoE's shared expert, GLM-4.5's shared experts)
     num_layers: int | None = None  # the decoder's layers; a checkpoint's layers past them are not read
 
     @classmethod
@@ -82,7 +82,7 @@ class LlamaShardPlan:
         n = self.world
         for name, size in (("num_attention_heads", self.heads), ("intermediate_size", self.intermediate),
                            ("vocab_size", self.vocab), ("the experts' width", self.expert_intermediate),
-                           ("shared_expert_intermediate_size", self.shared_intermediate)):
+                           ("the shared MLP's width", self.shared_intermediate)):
             if size % n:
                 raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
         if self.kv_heads % n and n % self.kv_heads:

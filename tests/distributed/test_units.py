@@ -135,7 +135,7 @@ def test_moe_plan_refuses_experts_that_do_not_divide():
         LlamaShardPlan.for_config(config, 4, 0)
     config = make_model("qwen2_moe").config
     config.shared_expert_intermediate_size = 50
-    with pytest.raises(ValueError, match="shared_expert_intermediate_size 50 is not divisible by 4"):
+    with pytest.raises(ValueError, match="the shared MLP's width 50 is not divisible by 4"):
         LlamaShardPlan.for_config(config, 4, 0)
 
 
