@@ -20,7 +20,7 @@ import torch
 
 from .draft_heads import head_source
 from .engine import BUCKETS, DEFAULT_NUM_ASSISTANT_TOKENS, SpeculativeEngine, bucket_for
-from .inputs import check_pair, max_positions, tokenizer_key
+from .inputs import check_pair, paged_positions, tokenizer_key
 
 MIN_SEQ_LEN = 256
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {key: _Entry}
@@ -85,7 +85,7 @@ def engine_for(target, assistant_model=None, *, prompt_lookup: bool, max_matchin
         else:
             seq_len = _grow(MIN_SEQ_LEN, row_tokens)
         entries.pop(key, None)  # the old engine's pools go before the new one's are allocated
-        limit = max_positions(target)  # a sliding window is none: the kernels apply it
+        limit = paged_positions(target)  # a sliding window is none: the kernels apply it
         if limit is not None:
             # A model with a position limit: rows of prompt + max_new_tokens + K + 1 within it where
             # the call's own rows fit; else rows of exactly the call's size (a paged runner cannot

@@ -48,7 +48,7 @@ from ..runners.sharded_model import ShardedCausalLM
 from .draft_heads import head_runner, head_source, load_head
 from .graph_policy import resolve_graph_mode
 from .inputs import (check_in_vocabulary, check_inputs, check_pair, check_tokenizer, device_of, infer_attention_mask,
-                     max_positions, tokenizer_key)
+                     max_positions, paged_positions, tokenizer_key)
 from .logits_stage import StageRequest, kernel_params, stage_options_of
 from .loop import EOS_SLOTS, SpeculativeDecoder
 from .outputs import expand_rows, forwards_asked, output_dict, return_sequences
@@ -162,7 +162,7 @@ class SpeculativeEngine:
         if tree is not None and assistant_model is None and draft_head is None:
             raise ValueError("tree=... needs an assistant_model or a draft_head (the drafter that expands the tree)")
         self.max_batch_size = _positive("max_batch_size", max_batch_size)
-        limit = max_positions(target)
+        limit = paged_positions(target)  # the default rows fit the paged runner (a longrope model's first frequencies)
         self.max_seq_len = _positive("max_seq_len", max_seq_len) if max_seq_len is not None else \
             min(DEFAULT_MAX_SEQ_LEN, limit) if limit else DEFAULT_MAX_SEQ_LEN
         if not 0 < kv_memory_fraction <= 1:

@@ -16,12 +16,25 @@ def vocab_size(model) -> int:
 
 
 def max_positions(model) -> int | None:
+    """The model's position limit (max_position_embeddings / n_positions), or None."""
     config = model.config
     for name in ("max_position_embeddings", "n_positions"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
     return None
+
+
+def paged_positions(model) -> int | None:
+    """The most positions a row may take on the model's paged runner: its position limit, or fewer
+    where its RoPE changes frequencies past a length (longrope, dynamic:
+    runners/_rotary.static_rope_limit; the hf runner serves longer rows). None: no limit."""
+    from ..runners._rotary import static_rope_limit
+
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rope_limit = static_rope_limit(model.config, getattr(rotary, "rope_type", None)) if rotary is not None else None
+    limit = max_positions(model)
+    return rope_limit if limit is None else limit if rope_limit is None else min(limit, rope_limit)
 
 
 class UnsupportedInputError(ValueError):

@@ -8,6 +8,24 @@ import torch
 from ._layer_math import rope_cos_sin
 
 
+def static_rope_limit(config, rope_type) -> int | None:
+    """For a RoPE whose frequencies change with the length (transformers' dynamic_rope_update): the
+    most positions a row may take with the frequencies the rotary module starts with
+    (original_inv_freq): longrope switches to its long factors once a forward's positions reach
+    original_max_position_embeddings, dynamic rescales past max_position_embeddings. None for any
+    other rope_type (static: no limit), or where the config does not say."""
+    if not isinstance(rope_type, str):
+        return None
+    if rope_type == "longrope":
+        params = getattr(config, "rope_parameters", None) or {}
+        limit = params.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+    elif "dynamic" in rope_type:
+        limit = getattr(config, "max_position_embeddings", None)
+    else:
+        return None
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
 def rope_tables(model) -> tuple[dict, list] | None:
     """{layer type: (inv_freq, attention_scaling, rope_type)} of the model's rotary module, and
     each layer's key into it (config.layer_types for a per-type RoPE, else one table under None)

@@ -130,11 +130,12 @@ class PagedRunnerBase:
     parameters are re-pointed into (runners/_fused_weights.py: no second copy; the model's
     forward is unchanged). None = on where the Triton kernels run (CUDA), off elsewhere.
     Subclasses set ``max_positions`` (int) when the model has a position limit (learned
-    positions): prefill then refuses a reservation longer than it.
+    positions; a RoPE whose frequencies change past a length: ``positions_limit`` names which):
+    prefill then refuses a reservation longer than it.
     """
 
     max_positions: int | None = None
-    # Each layer's sliding window (None: full attention), from the config (runners/sliding_window.py);
+    positions_limit = "position embeddings"  # what max_positions counts, for the refusals    # Each layer's sliding window (None: full attention), from the config (runners/sliding_window.py);
     # empty for the heads' runners, which set no window. The kernels apply a window only where a
     # row can reach it (_allocate: self._windows), so rows inside it run as full attention.
     layer_windows: tuple = ()
@@ -234,7 +235,7 @@ class PagedRunnerBase:
     def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
         if self.max_positions is not None and max_tokens_per_row > self.max_positions:
             raise ValueError(f"a row of {max_tokens_per_row} tokens (prompt + max_new_tokens + K + 1) would exceed the "
-                             f"model's {self.max_positions} position embeddings")
+                             f"model's {self.max_positions} {self.positions_limit}")
         # a window rows of this length never reach (q - k <= max_tokens_per_row - 1 < window) is full attention
         self._windows = tuple(w if w is not None and w < max_tokens_per_row else None
                               for w in (self.layer_windows or (None,) * len(self.layers)))
@@ -311,7 +312,7 @@ class PagedRunnerBase:
         self.release()
         if self.max_positions is not None and max(budgets) > self.max_positions:
             raise ValueError(f"a row of {max(budgets)} tokens (prompt + max_new_tokens + K + 1) would exceed the "
-                             f"model's {self.max_positions} position embeddings")
+                             f"model's {self.max_positions} {self.positions_limit}")
         used = [b for b in range(batch) if budgets[b] > 0]
         self.cache.admit_batch(used, [budgets[b] for b in used])  # OutOfBlocksError / ValueError: nothing admitted
         self.block_table, self.seq_lens = self.cache.block_table[:batch], self.cache.seq_lens[:batch]

@@ -16,7 +16,8 @@ every finite value as it is: x * 1 + y * 0 = x). RoPE uses the
 model's rotary module's inv_freq and attention_scaling with the same float32 math as
 transformers 5.x (``position * inv_freq``, cat(freqs, freqs), cos/sin * scaling, cast to
 the model dtype), so any rope_type with static frequencies (default, linear, llama3, yarn)
-matches; dynamic and longrope (frequencies that change with the length) are refused. A partial
+matches; dynamic and longrope (frequencies that change with the length) run within the positions
+that keep their first frequencies (max_positions; longer rows: the hf runner). A partial
 rotary embedding (partial_rotary_factor < 1: GLM-4.5's half) rotates the first R dims of each
 head as transformers does (its cos / sin are [T, R]: every rope kernel rotates those and passes
 the rest).
@@ -35,6 +36,7 @@ from ._layer_math import fused_layer_math, gated_act, linear_params, rms_norm, r
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 from ._moe import SHARED, MoE, is_moe, moe_reason
+from ._rotary import static_rope_limit
 from .sliding_window import windows_per_layer
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
@@ -99,7 +101,7 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"
     return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
-                               rotary_dims=2 * rotary.inv_freq.numel())
+                               rotary_dims=2 * rotary.inv_freq.numel(), static_window=True)
 
 
 def _layer_types_reason(config) -> str | None:
@@ -116,16 +118,26 @@ def _layer_types_reason(config) -> str | None:
 
 
 def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None, backend=None,
-                        rotary_dims: int | None = None) -> str | None:
+                        rotary_dims: int | None = None, static_window: bool = False) -> str | None:
     """The checks of llama_unsupported_reason that read only the config, the RoPE type and the
     rotated dimensions (2 x the rotary module's inv_freq; None: not checked) -- shared with the
     tensor-parallel runner, which has no whole model: runners/paged_llama_tp.py. A sliding
-    window is no refusal: the kernels apply it (runners/sliding_window.py)."""
+    window is no refusal: the kernels apply it (runners/sliding_window.py). static_window: a RoPE
+    whose frequencies change with the length (dynamic, longrope) is taken for rows within the
+    positions where it keeps its first frequencies (_rotary.static_rope_limit; the runner reads
+    original_inv_freq and refuses longer rows: max_positions); else refused."""
     reason = _layer_types_reason(config)
     if reason is not None:
         return reason
-    if not isinstance(rope_type, str) or any(name in rope_type for name in _DYNAMIC_ROPE):
-        return f"rope_type {rope_type!r} changes its frequencies with the length"
+    if not isinstance(rope_type, str):
+        return f"rope_type {rope_type!r} is not a RoPE type"
+    if any(name in rope_type for name in _DYNAMIC_ROPE):
+        limit = static_rope_limit(config, rope_type) if static_window else None
+        if limit is None:
+            return f"rope_type {rope_type!r} changes its frequencies with the length"
+        if max_tokens_per_row is not None and max_tokens_per_row > limit:
+            return (f"rope_type {rope_type!r} changes its frequencies past {limit} positions and a row needs up to "
+                    f"{max_tokens_per_row}")
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -268,8 +280,14 @@ class PagedLlamaRunner(PagedRunnerBase):
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))
         self._bind_query_temperature(config)
-        self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
-        self.rope_scaling = float(inner.rotary_emb.attention_scaling)
+        rotary = inner.rotary_emb
+        # dynamic / longrope: the first frequencies (original_inv_freq: a long forward of the model
+        # rewrites inv_freq in place), for rows up to the positions that keep them (max_positions)
+        self.max_positions = static_rope_limit(config, getattr(rotary, "rope_type", None))
+        self.positions_limit = "positions of its first RoPE frequencies"
+        inv_freq = rotary.inv_freq if self.max_positions is None else rotary.original_inv_freq
+        self.inv_freq = inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scaling = float(rotary.attention_scaling)
         self.silu = config.hidden_act == "silu"  # F.silu directly: skips a module call per layer
         if self.kernels == "triton":  # imported here: triton is optional on CPU machines
             from ..kernels.cache_ops.triton_rope import rope_append_kv_triton

@@ -134,6 +134,61 @@ def test_a_partial_rotary_embedding_runs_paged(backend, device):
         shard_model(tiny("phi3"), process_group=None)
 
 
+def _length_dependent_rope(kind: str):
+    """A tiny Phi-3 with longrope (its long factors past 40 positions) or Llama with dynamic NTK
+    scaling (rescaled past max_position_embeddings 40), after a forward of 80 tokens: transformers
+    has rewritten the rotary module's inv_freq in place (long factors / rescaled)."""
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.15)
+    if kind == "longrope":
+        factors = dict(short_factor=[1.0 + 0.3 * i for i in range(8)], long_factor=[2.0 + 0.5 * i for i in range(8)])
+        config = tf.Phi3Config(max_position_embeddings=256, original_max_position_embeddings=40, rope_parameters=dict(
+            rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=40, **factors), **common)
+    else:
+        config = tf.LlamaConfig(max_position_embeddings=40, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0,
+                                                                                 factor=2.0), **common)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        model(torch.randint(3, VOCAB, (1, 80)))
+    return model
+
+
+@pytest.mark.parametrize("kind", ["longrope", "dynamic"])
+def test_a_length_dependent_rope_runs_paged_within_its_first_frequencies(kind):
+    """longrope / dynamic RoPE keep their first frequencies (original_inv_freq) while a forward's
+    positions stay under 40: rows within it run paged and give the model's logits and
+    model.generate's tokens; a call whose rows pass it takes the hf runner; the runner refuses
+    longer rows; a runner on the rewritten inv_freq does not give the logits (the control)."""
+    model = _length_dependent_rope(kind)
+    assert paged_unsupported_reason(model) is None and api.choose_runner(model, None, 30) == "paged"
+    assert paged_unsupported_reason(model, 60) == (f"rope_type {kind!r} changes its frequencies past 40 positions "
+                                                   "and a row needs up to 60")
+    assert api.choose_runner(model, None, 60) == "hf"
+    rotary = model.model.rotary_emb
+    rewritten_freq = rotary.inv_freq.clone()  # a short forward of the model restores it (the checks below run some)
+    assert not torch.equal(rewritten_freq, rotary.original_inv_freq)
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.max_positions == 40
+    assert_runner_matches_forward(model, runner, VOCAB)
+    with pytest.raises(ValueError, match="would exceed the model's 40 positions of its first RoPE frequencies"):
+        runner.allocate(1, 41)
+    rewritten = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    rewritten.inv_freq = rewritten_freq.float()
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, rewritten, VOCAB)
+    ids, mask = left_padded_prompts([6, 9], vocab=VOCAB, seed=1)
+    kw = dict(do_sample=False, max_new_tokens=12, pad_token_id=0)
+    draft = make_draft(model, noise=0.05)  # held: the engine cache keeps an engine while its draft lives
+    out = api.generate(model, ids, mask, assistant_model=draft, num_assistant_tokens=3, **kw)
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
+    assert [isinstance(e.target_runner, PagedLlamaRunner) for e in cached_engines(model)] == [True]
+    release_engines(model)
+
+
 @pytest.mark.parametrize("attribute", ["embedding_multiplier", "residual_multiplier", "scale", "logits_scaling"])
 def test_each_granite_scalar_is_read(attribute):
     """The control of the granite rows above: a runner that leaves out any one of Granite's four
