@@ -110,7 +110,9 @@ def main() -> None:
     for dt in ("bf16", "fp32"):
         ptrs = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "b_ptr": f"*{dt}", "out_ptr": f"*{dt}", "e_ptr": "*i64",
                 "order_ptr": "*i64", "offsets_ptr": "*i64", "s_ptr": "*fp32"}
-        for (form, (act, biased, scaled, unit_stride)), even in itertools.product(forms.items(), (True, False)):
+        # ragged tiles in bf16 only (fp32 differs in the dot's precision, not the masks): 24 compiles, not 32
+        for (form, (act, biased, scaled, unit_stride)), even in itertools.product(
+                forms.items(), (True, False) if dt == "bf16" else (True,)):
             flags = dict(ACT=act, HAS_BIAS=biased, HAS_SCALE=scaled, EVEN_N=even, EVEN_K=even, **{unit_stride: 1})
             kernels = {"moe_pairs": (moe._moe_pairs_kernel, dict(
                            BLOCK_N=moe.BLOCK_N, BLOCK_K=moe.BLOCK_K, TILE_ROWS=moe.BLOCK_N * (1 + (act == 2)))),
