@@ -1,5 +1,6 @@
 """Sparse mixture-of-experts MLPs on the paged runners: Mixtral, Qwen2-MoE (with its gated shared
-expert), Qwen3-MoE, GPT-OSS and GLM-4.5 (grouped sigmoid routing, a shared MLP) decoder layers
+expert), Qwen3-MoE, GPT-OSS and GLM-4.5 (grouped sigmoid routing, a shared MLP; as EXAONE MoE and
+Solar Open route) decoder layers
 (transformers 5.24's *SparseMoeBlock / GptOssMLP / Glm4MoeMoE: a top-k router over E experts
 stored as 3-D tensors).
 
@@ -55,8 +56,10 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "qwen2_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "qwen3_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "gpt_oss": ("topk_softmax", False, True, "gpt_oss"),
-                "glm4_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
-SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's (ungated) shared MLP
+                "glm4_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                "exaone_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
+SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's and its kin's (ungated) shared MLP
 
 
 def is_moe(mlp) -> bool:

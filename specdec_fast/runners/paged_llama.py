@@ -51,8 +51,13 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # the same attention with a sparse MoE MLP (runners/_moe.py): Mixtral (Mistral's),
                      # Qwen2-MoE (Qwen2's, a gated shared expert), Qwen3-MoE (Qwen3's), GPT-OSS (biases,
                      # attention sinks, sliding layers of 128), GLM-4.5 (q/k/v biases, half of each head
-                     # rotated, grouped sigmoid routing, a shared MLP, dense first layers)
-                     "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe")
+                     # rotated, grouped sigmoid routing, a shared MLP, dense first layers), EXAONE MoE
+                     # (GLM-4.5's routing, Qwen3's q/k norms, NoPE full layers: NOPE_UNLESS_SLIDING),
+                     # Solar Open (GLM-4.5's routing, Llama's attention)
+                     "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+# Families that rotate only their sliding layers where the config sets a window (full layers are
+# NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
+NOPE_UNLESS_SLIDING = ("exaone_moe",)
 # Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
 # multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), in the
 # model dtype; the rope_parameters fields it reads, per model_type
@@ -223,6 +228,8 @@ class _Layer:
         else:
             self.down = self.gate_up = self.inter = self.act = None
         self.rope = bool(getattr(attn, "use_rope", True))  # SmolLM3's NoPE layers: False
+        if config.model_type in NOPE_UNLESS_SLIDING and getattr(attn, "sliding_window", None) is not None:
+            self.rope = bool(attn.is_sliding)
         sinks = getattr(attn, "sinks", None)  # GPT-OSS: [Hq] logits, float32 for the kernels (a copy of Hq values)
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 

@@ -42,9 +42,10 @@ def assert_runner_matches_forward(model, runner, vocab: int) -> list:
     return contexts
 
 
-def assert_bf16_close_to_forward(model, runner, vocab: int) -> None:
+def assert_bf16_close_to_forward(model, runner, vocab: int, reference=None) -> None:
     """bf16 weights and cache (the cast paths): prefill of a left-padded batch of 2 and one
-    left-padded score call are within 3% of the logits' scale of the model's own bf16 forward."""
+    left-padded score call are within 3% of the logits' scale of the model's own bf16 forward
+    (reference: another model's forward instead, e.g. the float32 original)."""
     from .models import left_padded_prompts
 
     ids, mask = left_padded_prompts([4, 7], vocab=vocab, seed=6)
@@ -53,7 +54,7 @@ def assert_bf16_close_to_forward(model, runner, vocab: int) -> None:
     step = runner.score(torch.tensor([[5, 9], [3, 4]], device=dev), torch.tensor([2, 1], device=dev)).cpu()
     for b, new in enumerate(([5, 9], [4])):
         context = ids[b, mask[b].bool()].tolist()
-        ref = hf_logits(model, context + new).float()
+        ref = hf_logits(model if reference is None else reference, context + new).float()
         scale = ref.abs().max()
         torch.testing.assert_close(logits[b].float(), ref[len(context) - 1], atol=0.03 * scale, rtol=0)
         torch.testing.assert_close(step[b, 2 - len(new) :].float(), ref[-len(new) :], atol=0.03 * scale, rtol=0)
