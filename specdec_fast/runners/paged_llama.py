@@ -105,6 +105,8 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     config, rotary = model.config, getattr(model.model, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         return "the model has no rotary_emb with inv_freq"
+    if static_rope_limit(config, getattr(rotary, "rope_type", None)) is not None and not hasattr(rotary, "original_inv_freq"):
+        return f"its rotary_emb ({getattr(rotary, 'rope_type', None)}) keeps no original_inv_freq"
     return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
                                rotary_dims=2 * rotary.inv_freq.numel(), static_window=True)
 
