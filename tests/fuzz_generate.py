@@ -18,7 +18,7 @@ reference alone and no static twin. families: the tests' tiny Llama / Qwen2 / GP
 Granite / SmolLM3 / OLMo 3 / Gemma 1 / Gemma 3 / StarCoder2 / GPT-NeoX / OPT / Cohere / GPT-BigCode models, and
 Mistral / Gemma 2 / Cohere 2 / CWM with sliding windows of 8 that the rows pass, Ministral 3 past
 its query temperature's threshold, Mixtral / Qwen3-MoE / Qwen2-MoE (a shared expert) / GPT-OSS (sinks, windows
-of 8) / GLM-4.5 (grouped sigmoid routing, a partial rotary embedding), with transformers' processors (test_generate_processors.OPTIONS), user
+of 8) / GLM-4.5 (grouped sigmoid routing, a partial rotary embedding) / EXAONE MoE / Solar Open, with transformers' processors (test_generate_processors.OPTIONS), user
 processors and stopping criteria, against model.generate. chat: a greedy chat loop over one
 transformers cache a side (generate(cache=...)), turn by turn against model.generate's.
 
@@ -286,7 +286,7 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
     for it in range(iterations):
         rng = random.Random(seed * 100003 + it)
         kind = rng.choice(["llama", "llama", "qwen2", "gpt2", "phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode",
-                          "mistral", "gemma", "gemma2", "cohere2", "mixtral", "qwen3_moe", "qwen2_moe", "glm4_moe",
+                          "mistral", "gemma", "gemma2", "cohere2", "mixtral", "qwen3_moe", "qwen2_moe", "glm4_moe", "exaone_moe", "solar_open",
                           "ministral3", "cwm", "gpt_oss"])
         if kind not in pairs:
             model = make_model(kind, layers=2, seed=3)

@@ -59,6 +59,14 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.Glm4MoeConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                                 topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
                                 head_dim=12, attention_bias=True, **llama_like)
+    if kind == "exaone_moe":  # GLM-4.5's routing; a sliding layer (window 8: RoPE, passed), a full NoPE one; q/k norms
+        return tf.ExaoneMoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2, topk_group=1,
+                                  routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,
+                                  layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
+                                  mlp_layer_types=(["dense"] + ["sparse"] * layers)[:layers], **llama_like)
+    if kind == "solar_open":  # GLM-4.5's routing in every layer, Llama's attention
+        return tf.SolarOpenConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
+                                  topk_group=1, routed_scaling_factor=1.5, n_shared_experts=1, head_dim=12, **llama_like)
     if kind == "mistral":  # every layer slides by a window of 8: the calls' rows pass it
         return tf.MistralConfig(sliding_window=8, **llama_like)
     if kind == "gemma2":  # attention soft-capping 2 (it bites), sliding (window 8: passed) and full layers
