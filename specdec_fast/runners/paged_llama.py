@@ -58,6 +58,14 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
 NOPE_UNLESS_SLIDING = ("exaone_moe",)
+
+
+def rotates(config, index: int) -> bool:
+    """Whether layer ``index`` applies RoPE by the config (NOPE_UNLESS_SLIDING; SmolLM3's NoPE
+    layers are read from their modules, use_rope)."""
+    if config.model_type in NOPE_UNLESS_SLIDING and getattr(config, "sliding_window", None) is not None:
+        return config.layer_types[index] == "sliding_attention"
+    return True
 # Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
 # multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), in the
 # model dtype; the rope_parameters fields it reads, per model_type
@@ -229,9 +237,8 @@ class _Layer:
             self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3: activation_fn
         else:
             self.down = self.gate_up = self.inter = self.act = None
-        self.rope = bool(getattr(attn, "use_rope", True))  # SmolLM3's NoPE layers: False
-        if config.model_type in NOPE_UNLESS_SLIDING and getattr(attn, "sliding_window", None) is not None:
-            self.rope = bool(attn.is_sliding)
+        # SmolLM3's NoPE layers (use_rope False), EXAONE MoE's full layers (rotates)
+        self.rope = bool(getattr(attn, "use_rope", True)) and rotates(config, attn.layer_idx)
         sinks = getattr(attn, "sinks", None)  # GPT-OSS: [Hq] logits, float32 for the kernels (a copy of Hq values)
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 

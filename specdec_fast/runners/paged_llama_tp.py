@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
-from .paged_llama import PagedLlamaRunner, llama_config_reason
+from .paged_llama import PagedLlamaRunner, llama_config_reason, rotates
 from .sharded_model import TP_MODEL_TYPES, ShardedCausalLM
 from .sharding_moe import moe_layer_params
 
@@ -69,7 +69,8 @@ class _TPLayer:
     layer's MLP is `moe` (runners/_moe.py over this rank's slice of every expert:
     runners/sharding_moe.py; gate / up / down None); GPT-OSS's sinks are this rank's heads'."""
 
-    def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool, kernels: str = "torch"):
+    def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool, kernels: str = "torch",
+                 rope: bool = True):
         def get(name):
             return shards.get(prefix + name)
 
@@ -106,7 +107,7 @@ class _TPLayer:
             self.inter, self.act = gate.shape[0], ACT2FN[config.hidden_act]
         else:
             self.gate = self.up = self.down = self.gate_up = self.inter = self.act = None
-        self.rope = True  # every layer of TP_MODEL_TYPES is rotated (NoPE layers: SmolLM3, not sharded)
+        self.rope = rope  # paged_llama.rotates: EXAONE MoE's full layers are NoPE (SmolLM3's: not sharded)
         sinks = get("self_attn.sinks")  # GPT-OSS: this rank's heads' logits, float32 for the kernels
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 
@@ -176,7 +177,7 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         self.embed = shards["model.embed_tokens.weight"]
         self.vocab_start, self.vocab_part = plan.vocab_start, plan.vocab_part
         self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank,
-                                self.kernels) for i in range(config.num_hidden_layers)]
+                                self.kernels, rotates(config, i)) for i in range(config.num_hidden_layers)]
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps

@@ -26,7 +26,7 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 # LLAMA_MODEL_TYPES (Phi-3's fused projections, Granite's scalars, SmolLM3's NoPE layers, the types
 # named otherwise) have no tensor-parallel runner.
 TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral3", "mixtral", "qwen2_moe", "qwen3_moe",
-                  "gpt_oss", "glm4_moe")
+                  "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
 
 
 class _Embedding:

@@ -15,7 +15,7 @@ rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICAT
 holds the one KV head its query heads read (head r Hkv / N), so N / Hkv ranks hold the same
 KV head's projections and cache (more KV memory in all, none more per rank).
 
-Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS, GLM-4.5): every expert split as a
+Mixture-of-experts families (runners/_moe.MOE_FAMILIES): every expert split as a
 dense MLP is, the router replicated (runners/sharding_moe.py); GPT-OSS's attention sinks follow
 the query heads.
 

@@ -35,6 +35,9 @@ from ._moe import MOE_FAMILIES
 # a checkpoint's per-expert projection: (layer prefix, block name, expert, projection)
 PER_EXPERT = re.compile(r"^(.*\.)(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
+# checkpoint name -> module name: Mixtral's router; EXAONE MoE's router bias (stored beside the router)
+RENAMED = (("block_sparse_moe.gate.weight", "mlp.gate.weight"),
+           ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"))
 
 
 def moe_sizes(config) -> tuple:
@@ -45,8 +48,9 @@ def moe_sizes(config) -> tuple:
         return None, 0, 0
     width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
     shared = getattr(config, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE
-    if not shared and getattr(config, "n_shared_experts", 0):  # GLM-4.5: n shared experts' width as one MLP
-        shared = width * int(config.n_shared_experts)
+    count = getattr(config, "n_shared_experts", None) or getattr(config, "num_shared_experts", None)
+    if not shared and count:  # GLM-4.5, Solar Open, EXAONE MoE: n shared experts' width as one MLP
+        shared = width * int(count)
     return family[3], int(width), int(shared)
 
 
@@ -81,8 +85,8 @@ def moe_slice_of(plan, name: str, make_slice):
 def gather_experts(shards: dict) -> dict:
     """The per-expert checkpoint tensors of ``shards`` (name -> this rank's slice) replaced by the
     3-D tensors of transformers' blocks: prefix + mlp.experts.gate_up_proj [E, 2i, H] (each
-    expert's gate rows, then its up rows) and down_proj [E, H, i]; Mixtral's block_sparse_moe
-    router renamed mlp.gate.weight. Each expert's slices are freed as they are stacked."""
+    expert's gate rows, then its up rows) and down_proj [E, H, i]; the names transformers renames
+    on loading renamed as it does (RENAMED). Each expert's slices are freed as they are stacked."""
     layers: dict = {}
     for name in list(shards):
         match = PER_EXPERT.match(name)
@@ -101,8 +105,9 @@ def gather_experts(shards: dict) -> dict:
         shards[prefix + "mlp.experts.gate_up_proj"] = torch.stack(gate_up)
         del gate_up
         shards[prefix + "mlp.experts.down_proj"] = torch.stack([pick(experts[e], DOWN) for e in order])
-    for name in [n for n in shards if n.endswith("block_sparse_moe.gate.weight")]:
-        shards[name.replace("block_sparse_moe.gate.weight", "mlp.gate.weight")] = shards.pop(name)
+    for old, new in RENAMED:  # transformers' own renames on loading (conversion_mapping.py)
+        for name in [n for n in shards if n.endswith(old)]:
+            shards[name[: -len(old)] + new] = shards.pop(name)
     return shards
 
 

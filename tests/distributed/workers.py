@@ -15,7 +15,7 @@ from tests.engine.models import left_padded_prompts, make_draft, make_model
 from .harness import TP_TIMEOUT
 
 MAX_NEW = 10
-MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe")
+MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -114,7 +114,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         out[f"{kind} engine note"] = engine.describe()
     # Mixture of experts: every expert split by its width, the router on both ranks alike (Mixtral; Qwen2-MoE's
     # shared expert; Qwen3-MoE; GPT-OSS's biases, interleaved gate / up columns, sinks split by heads; GLM-4.5's
-    # grouped sigmoid routing, shared MLP and partial rotary embedding)
+    # grouped sigmoid routing, shared MLP and partial rotary embedding; EXAONE MoE's NoPE full layer; Solar Open)
     for kind in MOE_KINDS:
         tgt, drf = tiny(kind)
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
