@@ -84,9 +84,9 @@ def _rope_append_kv_kernel(
         w2 = tl.load(qw_ptr + HALF + j, mask=jm, other=0.0).to(tl.float32)
         x1 = (w1 * (a1 * inv).to(dtype).to(tl.float32)).to(dtype)
         x2 = (w2 * (a2 * inv).to(dtype).to(tl.float32)).to(dtype)
-        if PASS > 0:  # the passed dims are normed too, in place
+        if PASS > 0:  # the passed dims are normed too
             wp = tl.load(qw_ptr + ROT + jp, mask=jp < PASS, other=0.0).to(tl.float32)
-            tl.store(q_head + ROT + jp, (wp * (ap * inv).to(dtype).to(tl.float32)).to(dtype), mask=qpm)
+            xp = (wp * (ap * inv).to(dtype).to(tl.float32)).to(dtype)
     a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
     r1 = ((a1 * c1).to(dtype).to(tl.float32) - (a2 * s1).to(dtype).to(tl.float32)).to(dtype)
     r2 = ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype)
@@ -94,8 +94,12 @@ def _rope_append_kv_kernel(
         qs = tl.load(qs_ptr + t64, mask=t_ok, other=0.0).to(tl.float32)
         r1 = (r1.to(tl.float32) * qs).to(dtype)
         r2 = (r2.to(tl.float32) * qs).to(dtype)
+        if PASS > 0:
+            xp = (xp.to(tl.float32) * qs).to(dtype)
     tl.store(qp, r1, mask=qm)
     tl.store(qp + HALF, r2, mask=qm)
+    if PASS > 0 and (QK_NORM or Q_SCALE):  # the passed dims, in place, where normed or scaled
+        tl.store(q_head + ROT + jp, xp, mask=qpm)
 
     # ---- each token's row and paged slot (as the append_kv kernel: cu searched in one compare)
     rows = tl.arange(0, BLOCK_B)

@@ -111,13 +111,15 @@ def test_partial_rotary(name, device):
         assert not torch.allclose(q_full, got["torch"][0], atol=1e-3)
 
 
+@pytest.mark.parametrize("rotary", [16, 10])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_query_scale(dtype, device):
-    """q_scale (Ministral 3's per-token temperature) multiplies each token's rotated query, rounded
-    as `q * scale` in the model dtype, on both backends; K and V are not scaled; without it the
-    query differs (the control)."""
+def test_query_scale(dtype, rotary, device):
+    """q_scale (Ministral 3's per-token temperature) multiplies each token's rotated query (all of
+    it: with a partial rotation, the passed dims too), rounded as `q * scale` in the model dtype, on
+    both backends; K and V are not scaled; without it the query differs (the control)."""
     hq, hkv, d, bs = 4, 2, 16, 4
     qkv, q, k, v, cos, sin, caches, table, lens, cu, _ = _case(hq, hkv, d, bs, dtype, [3, 2], False, "cpu", 5)
+    cos, sin = cos[:, : rotary // 2].repeat(1, 2).contiguous(), sin[:, : rotary // 2].repeat(1, 2).contiguous()
     scale = (1 + 0.3 * torch.arange(q.shape[0], dtype=torch.float32)).to(dtype)
     got = {}
     for backend, dev in (("torch", "cpu"), ("triton", device)):
