@@ -142,16 +142,6 @@ CPU_TOKENS = (1, 5, 40)
 CPU_GATHER_LIMIT_BYTES = 2e9
 
 
-def _median_ms(fn, runs: int = 5) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[len(times) // 2]
-
-
 def cpu_main(args) -> int:
     threads = torch.get_num_threads()
     if args.threads:
@@ -163,6 +153,7 @@ def cpu_main(args) -> int:
 
 
 def _cpu_rows(args) -> int:
+    from bench_cpu_ops import median_ms
     from machine import cpu_model, cpu_simd
 
     from specdec_fast.runners._moe import MoE
@@ -189,7 +180,7 @@ def _cpu_rows(args) -> int:
                 del forms["torch_gathered"]
             for form, fn in forms.items():
                 res[f"{form}_max_abs_diff"] = (fn().float() - want).abs().max().item()
-                res[f"{form}_ms"] = _median_ms(fn)
+                res[f"{form}_ms"] = median_ms(fn, 1, budget_s=0)["median_ms"]  # a warm-up, then the median of 5
             res["cpp_speedup_over_the_torch_runner"] = (
                 res["torch_gathered_ms" if 3 * tokens * top_k <= experts else "every_expert_ms"] / res["cpp_ms"])
             rows.append(res)
