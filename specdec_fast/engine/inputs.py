@@ -33,8 +33,8 @@ def paged_positions(model) -> int | None:
 
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     rope_limit = static_rope_limit(model.config, getattr(rotary, "rope_type", None)) if rotary is not None else None
-    limit = max_positions(model)
-    return rope_limit if limit is None else limit if rope_limit is None else min(limit, rope_limit)
+    limits = [limit for limit in (max_positions(model), rope_limit) if limit is not None]
+    return min(limits) if limits else None
 
 
 class UnsupportedInputError(ValueError):
