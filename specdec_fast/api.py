@@ -19,6 +19,8 @@ One difference from transformers: an argument left at None means "not given" (th
 from generation_config / model.generation_config), whereas transformers treats an explicit
 eos_token_id=None as "no EOS". To decode without EOS here, clear generation_config.eos_token_id.
 """
+import torch
+
 from .drafters import as_token_tree
 from .drafters.early_exit import early_exit_model
 from .engine.cached import engine_for
@@ -26,12 +28,18 @@ from .engine.engine import ADAPTIVE_KS, DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F4
 from .engine.inputs import check_inputs
 from .engine.outputs import return_sequences
 from .engine.stopping import call_limits
-from .heads.layout import load_draft_head
+from .heads.layout import is_draft_head, load_draft_head
+from .heads.mtp import MtpHead
 from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
 
 # The ways to draft that generate() takes, one per call (patch_generate binds one of them too).
-DRAFTERS = ("assistant_model", "draft_head", "prompt_lookup_num_tokens", "assistant_early_exit")
+DRAFTERS = ("assistant_model", "draft_head", "prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp")
+
+
+def drafter_given(value) -> bool:
+    """Whether a DRAFTERS argument names a drafter: not None, and not use_mtp=False."""
+    return value is not None and value is not False
 
 
 def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None, prompt_lookup_num_tokens=None,
@@ -64,6 +72,11 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     speculation_type="dflash" with assistant_model a DFlash drafter loaded as a module (transformers'
     DFlash assisted generation): that checkpoint drafts as draft_head (heads/layout.load_draft_head
     reads the module's config and weights, once per module).
+
+    use_mtp=True (as transformers'): draft with the target's own multi-token-prediction layer
+    (GLM-4.5 / 4.6 / 4.7: heads/mtp.py), read from the target's checkpoint directory by
+    transformers' MtpModel once per model; K = num_assistant_tokens, else 1 (transformers drafts
+    one token per MTP layer); a larger K runs the layer again per draft.
 
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
     a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
@@ -109,10 +122,15 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
             raise ValueError("speculation_type='dflash' drafts with assistant_model, a DFlash draft model (or pass "
                              "draft_head= alone)")
         draft_head, assistant_model = load_draft_head(assistant_model), None
-    early_exit = opts.extra.get("assistant_early_exit")
+    early_exit, use_mtp = opts.extra.get("assistant_early_exit"), opts.extra.get("use_mtp")
     # here, before an engine is chosen: its own checks would speak of engines
     check_one_drafter(dict(assistant_model=assistant_model, draft_head=draft_head,
-                           prompt_lookup_num_tokens=prompt_lookup_num_tokens, assistant_early_exit=early_exit))
+                           prompt_lookup_num_tokens=prompt_lookup_num_tokens, assistant_early_exit=early_exit,
+                           use_mtp=use_mtp))
+    if use_mtp:  # transformers' use_mtp: the target's own MTP layer, loaded once per model, drafts as a head
+        draft_head = MtpHead.for_target(model)
+    elif isinstance(draft_head, torch.nn.Module) and not is_draft_head(draft_head):
+        draft_head = load_draft_head(draft_head)  # a loaded checkpoint module -> its head (the same one every call)
     if early_exit is not None:  # the target's first N layers: a draft model like any other
         assistant_model = early_exit_model(model, early_exit)
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None
@@ -134,7 +152,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
 
 def check_one_drafter(given: dict) -> None:
     """At most one of DRAFTERS not None in ``given`` (name -> value); ValueError naming them."""
-    names = [name for name in DRAFTERS if given.get(name) is not None]
+    names = [name for name in DRAFTERS if drafter_given(given.get(name))]
     if len(names) > 1:
         raise ValueError(f"give one drafter ({', '.join(DRAFTERS)}), got {' and '.join(names)}")
 

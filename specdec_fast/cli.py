@@ -59,6 +59,8 @@ def _generate_parser(sub):
     ap.add_argument("--prompt-lookup", type=int, metavar="N", help="prompt-lookup drafting with N tokens (no draft model)")
     ap.add_argument("--early-exit", type=int, metavar="N", help="draft with the target's own first N layers, its final "
                     "norm and LM head (transformers' assistant_early_exit: checkpoints trained to exit early, LayerSkip)")
+    ap.add_argument("--mtp", action="store_true", help="draft with the target's own multi-token-prediction layer, read "
+                    "from its checkpoint (transformers' use_mtp: GLM-4.5 / 4.6 / 4.7)")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt: print its completion and the stats")
     source.add_argument("--prompts", metavar="FILE", help='a JSONL data set, one {"prompt": ...} object per line')
@@ -72,9 +74,10 @@ def _generate_parser(sub):
                     help="load the models in this dtype (default: transformers' default; auto: the checkpoint's)")
     ap.add_argument("--tokenizer", help="tokenizer directory (default: the target's)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--k", type=k_option, default=None, help="draft tokens per iteration (default 4), or 'adaptive': "
-                    "the engine chooses before each iteration (num_assistant_tokens_schedule='adaptive'; a draft model, "
-                    "an early exit, an EAGLE-3 head or a DFlash block drafter)")
+    ap.add_argument("--k", type=k_option, default=None, help="draft tokens per iteration (default 4; 1 with --mtp; a DFlash "
+                    "drafter's block - 1), or 'adaptive': the engine chooses before each iteration "
+                    "(num_assistant_tokens_schedule='adaptive'; a draft model, an early exit, an EAGLE-3 head, an MTP "
+                    "layer or a DFlash block drafter)")
     ap.add_argument("--tree", type=tree_option, nargs="?", const=True, default=None, metavar="N|static|dynamic",
                     help="draft a token tree per iteration instead of a chain of --k tokens (a draft model or an EAGLE-3 "
                          "head): the recommended tree for the sampling mode, or one of N nodes (2-64), or the default "
@@ -116,8 +119,11 @@ def check_args(args) -> None:
                        ("--tokenizer", args.tokenizer)):
         if path is not None and not os.path.isdir(path):
             raise CliError(f"no such directory: {path} ({flag})")
-    if sum(x is not None for x in (args.draft, args.draft_head, args.prompt_lookup, args.early_exit)) > 1:
-        raise CliError("give one of --draft, --draft-head, --prompt-lookup and --early-exit")
+    mtp = True if args.mtp else None
+    if sum(x is not None for x in (args.draft, args.draft_head, args.prompt_lookup, args.early_exit, mtp)) > 1:
+        raise CliError("give one of --draft, --draft-head, --prompt-lookup, --early-exit and --mtp")
+    if args.mtp and args.tp is not None:
+        raise CliError("--mtp with --tp is not supported: the MTP layer has no sharded runner")
     if args.prompts is not None:
         if not os.path.isfile(args.prompts):
             raise CliError(f"no such file: {args.prompts} (--prompts)")
@@ -137,14 +143,15 @@ def check_args(args) -> None:
     if args.threads < 0:
         raise CliError(f"--threads must be >= 0 (0 = torch's default), got {args.threads}")
     if args.k == "adaptive" and (args.prompt_lookup or (args.draft is None and args.draft_head is None
-                                                         and args.early_exit is None)):
+                                                         and args.early_exit is None and not args.mtp)):
         why = ("prompt lookup drafts its --prompt-lookup N tokens" if args.prompt_lookup
                else "without one the CLI decodes plainly, with no K")
         raise CliError("--k adaptive chooses the K of a draft model (--draft, --early-exit), an EAGLE-3 head or a DFlash "
-                       f"block drafter (--draft-head); {why}")
+                       f"block drafter (--draft-head) or an MTP layer (--mtp); {why}")
     if args.tree is not None:
-        if args.draft is None and args.draft_head is None and args.early_exit is None:
-            raise CliError("--tree needs a drafter that expands the tree: --draft, --early-exit or an EAGLE-3 --draft-head")
+        if args.draft is None and args.draft_head is None and args.early_exit is None and not args.mtp:
+            raise CliError("--tree needs a drafter that expands the tree: --draft, --early-exit, an EAGLE-3 --draft-head "
+                           "or --mtp")
         if args.k is not None:
             raise CliError("--tree sets the drafts by its shape; not with --k")
         from .drafters.token_tree import MAX_NODES
@@ -252,6 +259,8 @@ def _generate_kwargs(args, tokenizer, draft, head=None) -> dict:
         kwargs.update(prompt_lookup_num_tokens=args.prompt_lookup)
     elif args.early_exit is not None:
         kwargs.update(assistant_early_exit=args.early_exit, **k)
+    elif args.mtp:
+        kwargs.update(use_mtp=True, **k)
     return kwargs
 
 
@@ -309,7 +318,7 @@ def _run_generate(args, tp) -> int:
     ids = torch.tensor([cli_dataset.encode(tokenizer, args.prompt, args.chat)], dtype=torch.long, device=device)
     spec = {name: kwargs.pop(name) for name in ("assistant_model", "draft_head", "num_assistant_tokens",
                                                  "num_assistant_tokens_schedule", "prompt_lookup_num_tokens",
-                                                 "assistant_early_exit", "tree")
+                                                 "assistant_early_exit", "use_mtp", "tree")
             if name in kwargs}
     try:
         plain_tps = None
@@ -334,7 +343,7 @@ def _run_generate(args, tp) -> int:
         if len(out) > 1:
             print(f"--- completion {i + 1} of {len(out)} ---")
         print(tokenizer.decode(row, skip_special_tokens=True))
-    drafter = "head" if args.draft_head else "draft" if args.draft else None
+    drafter = "head" if args.draft_head else "draft" if args.draft else "mtp" if args.mtp else None
     shared = "" if drafter is None else f", {drafter} {args.tp_draft}"
     where = device if tp is None else f"{device}, tensor parallel over {tp.size} ranks{shared}"
     print(f"\n--- stats ({where}, {seconds:.2f} s) ---")

@@ -17,17 +17,17 @@ generate, with one warning naming the option (fallback="warn", the default) or
 raises (fallback="raise"). The patch keeps the last call's stats (``patch.last_stats``, also
 ``model.specdec_last_stats``).
 
-The drafter bound may also be ``draft_head=`` (an EAGLE-3 / DFlash head) or
-``assistant_early_exit=N``. Without bound drafting (``patch_generate(model)``), only the calls
-that carry one of those four (assistant_model, prompt_lookup_num_tokens, draft_head,
-assistant_early_exit) are routed (they raise on an unsupported option); the others go to the
+The drafter bound may also be ``draft_head=`` (an EAGLE-3 / DFlash head),
+``assistant_early_exit=N`` or ``use_mtp=True`` (the target's own MTP layer). Without bound drafting
+(``patch_generate(model)``), only the calls that carry one of those five (assistant_model,
+prompt_lookup_num_tokens, draft_head, assistant_early_exit, use_mtp=True) are routed (they raise on an unsupported option); the others go to the
 original generate unchanged.
 """
 import inspect
 import warnings
 import weakref
 
-from .api import DRAFTERS, check_one_drafter, generate
+from .api import DRAFTERS, check_one_drafter, drafter_given, generate
 from .engine.inputs import UnsupportedInputError
 from .options.rules import UnsupportedOptionError
 from .runners.hf import UnsupportedModelError, cache_keyword
@@ -38,7 +38,7 @@ FALLBACKS = ("warn", "raise")
 class patch_generate:
     """Patches ``model.generate`` on construction; a context manager (restores on exit) or undone
     with .restore(). See the module docstring for the bound drafter (assistant_model,
-    prompt_lookup_num_tokens, draft_head or assistant_early_exit), fallback and defaults."""
+    prompt_lookup_num_tokens, draft_head, assistant_early_exit or use_mtp), fallback and defaults."""
 
     def __init__(self, model, assistant_model=None, *, prompt_lookup_num_tokens=None, fallback: str = "warn",
                  **defaults):
@@ -53,7 +53,7 @@ class patch_generate:
         # __dict__ and keep it, and the engines cached for it, alive).
         self._function = vars(model)["generate"] if self.had_attribute else type(model).generate
         self.fallback = fallback
-        self.bound = {name: value for name, value in drafting.items() if value is not None}
+        self.bound = {name: value for name, value in drafting.items() if drafter_given(value)}
         self.defaults = dict(defaults)
         self.last_stats = None
         self._signature = inspect.signature(self.original)
@@ -77,7 +77,7 @@ class patch_generate:
     def __call__(self, *args, **kwargs):
         """What the patched model.generate does with a call (module docstring)."""
         call = self._keywords(args, kwargs)
-        drafting = any(call.get(name) is not None for name in DRAFTERS)  # the call names its own
+        drafting = any(drafter_given(call.get(name)) for name in DRAFTERS)  # the call names its own
         if not self.bound and not drafting:
             return self.original(*args, **kwargs)
         options = {**self.bound, **self.defaults, **call} if not drafting else {**self.defaults, **call}

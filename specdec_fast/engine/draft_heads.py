@@ -1,5 +1,6 @@
-"""The engine's draft head (generate(draft_head=...)): loading it for a target and building the
-runner it drafts on (EAGLE-3: PagedEagle3Runner; DFlash / DFlash2: their block runners), with the
+"""The engine's draft head (generate(draft_head=...), generate(use_mtp=True)): loading it for a target
+and building the runner it drafts on (EAGLE-3: PagedEagle3Runner; a target's MTP layer:
+PagedMtpRunner; DFlash / DFlash2: their block runners), with the
 target runner set to capture the hidden states the head reads (runners/hidden_capture.py). Under
 tensor parallelism the head runs whole on every rank (engine/tensor_parallel.py)."""
 from pathlib import Path
@@ -10,6 +11,7 @@ from ..heads import load_draft_head
 from ..runners.paged_dflash import PagedDFlashRunner
 from ..runners.paged_dflash2 import PagedDFlash2Runner
 from ..runners.paged_eagle3 import PagedEagle3Runner
+from ..runners.paged_mtp import PagedMtpRunner
 from .inputs import vocab_size
 from .tensor_parallel import whole_vocab_weight
 
@@ -43,8 +45,8 @@ def head_runner(head, target, target_runner, *, tree, max_draft_tokens: int, blo
                          f"{type(target_runner).__name__}")
     layers = len(target_runner.layers)
     target_runner.capture_hidden_states(head.hidden_indices(layers))
-    if target_runner.hidden_capture.width != head.fc.weight.shape[1]:
-        raise ValueError(f"the draft head's fc reads {head.fc.weight.shape[1]} features; the target's "
+    if target_runner.hidden_capture.width != head.feature_width:
+        raise ValueError(f"the draft head reads {head.feature_width} features; the target's "
                          f"{len(head.hidden_indices(layers))} hidden states are "
                          f"{target_runner.hidden_capture.width} wide (a head for another target?)")
     if head.kind == "dflash":
@@ -57,5 +59,8 @@ def head_runner(head, target, target_runner, *, tree, max_draft_tokens: int, blo
         return runner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
                       num_draft_tokens=min(max_draft_tokens, head.block_size - 1), block_size=block_size,
                       backend=backend)
+    if head.kind == "mtp":  # the target's own layer: its embedding and LM head
+        return PagedMtpRunner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
+                              num_draft_tokens=max_draft_tokens, block_size=block_size, backend=backend)
     embed = head.embed_tokens.weight if head.embed_tokens is not None else whole_vocab_weight(target, "embed")
     return PagedEagle3Runner(head, embed, num_draft_tokens=max_draft_tokens, block_size=block_size, backend=backend)

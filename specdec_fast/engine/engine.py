@@ -37,6 +37,7 @@ import torch
 from ..drafters import BlockDrafter, SelectorBlockDrafter, Eagle3Drafter, Eagle3TreeDrafter, ModelDrafter, PromptLookupDrafter, TreeDrafter, as_token_tree
 from ..distributed.k_leader import LeaderK
 from ..drafters.cross_tokenizer import CrossTokenizerDrafter
+from ..heads.mtp import MTP_DEFAULT_K
 from ..options import resolve_options
 from ..options.rules import UnsupportedOptionError
 from ..processing.guidance import check_guidance, guidance_on
@@ -194,7 +195,9 @@ class SpeculativeEngine:
             self.mode = "lookup"
         elif assistant_model is not None or draft_head is not None:
             # A block drafter's default K: the whole block (its K drafts cost one forward whatever K).
-            default = self.draft_head.block_size - 1 if getattr(self.draft_head, "kind", None) == "dflash" \
+            # An MTP layer's: one (heads/mtp.py MTP_DEFAULT_K).
+            kind = getattr(self.draft_head, "kind", None)
+            default = self.draft_head.block_size - 1 if kind == "dflash" else MTP_DEFAULT_K if kind == "mtp" \
                 else DEFAULT_NUM_ASSISTANT_TOKENS
             self.default_k = default if num_assistant_tokens is None else \
                 _positive("num_assistant_tokens", num_assistant_tokens)
@@ -213,6 +216,9 @@ class SpeculativeEngine:
         if self.cross_tokenizers is not None and process_group is not None:
             raise ValueError(CROSS_TP_ERROR)
         self.tp = group_for(target, assistant_model, process_group, shard_draft, tp_timeout)
+        if self.tp is not None and getattr(self.draft_head, "kind", None) == "mtp":
+            raise ValueError("use_mtp with tensor parallelism is not supported: the MTP layer has no sharded runner "
+                             "(draft with an EAGLE-3 / DFlash head, a draft model or prompt lookup)")
         if self.cross_tokenizers is not None and self.tp is not None:
             raise ValueError(CROSS_TP_ERROR)
         self.shard_draft = bool(shard_draft)
@@ -621,8 +627,8 @@ class SpeculativeEngine:
 
     def _chain_schedulable(self) -> bool:
         """Whether this engine drafts a chain one token a step (a draft model, an early exit, an
-        EAGLE-3 head): the adaptive schedule chooses among ADAPTIVE_KS for it."""
-        return self.mode == "draft" or (self.mode == "head" and getattr(self.draft_head, "kind", None) == "eagle3")
+        EAGLE-3 head, an MTP layer): the adaptive schedule chooses among ADAPTIVE_KS for it."""
+        return self.mode == "draft" or (self.mode == "head" and getattr(self.draft_head, "kind", None) in ("eagle3", "mtp"))
 
     def _check_sizes(self, input_ids, max_new_tokens: int, drafted: int) -> None:
         batch, width = input_ids.shape

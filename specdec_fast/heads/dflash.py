@@ -169,6 +169,11 @@ class DFlashHead(nn.Module):
 
         self.rotary = LlamaRotaryEmbedding(config)
 
+    @property
+    def feature_width(self) -> int:
+        """Columns of the target features an entry reads (fc's input: the captured states side by side)."""
+        return int(self.fc.weight.shape[1])
+
     def hidden_indices(self, target_layers: int | None = None) -> tuple:
         """output_hidden_states numbering of the target states it reads: layer i -> i + 1."""
         return tuple(i + 1 for i in self.target_layer_ids)

@@ -132,6 +132,11 @@ class Eagle3Head(nn.Module):
         self.rotary = LlamaRotaryEmbedding(config)
 
     # -- what the engine needs to know ---------------------------------------------------------
+    @property
+    def feature_width(self) -> int:
+        """Columns of the target features an entry reads (fc's input: the captured states side by side)."""
+        return int(self.fc.weight.shape[1])
+
     def hidden_indices(self, target_layers: int | None = None) -> tuple:
         return aux_layer_ids(self.config, target_layers)
 

@@ -23,13 +23,14 @@ import torch
 from .dflash import DFLASH_ARCHITECTURES, dflash_from_layout
 from .dflash2 import DFLASH2_ARCHITECTURES, dflash2_from_layout
 from .eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
+from .mtp import MtpHead
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 _FROM_MODULES = weakref.WeakKeyDictionary()  # a loaded checkpoint module -> its head (a copy of its weights)
 
 
 def is_draft_head(obj) -> bool:
     """A head object this package drafts with (what load_draft_head returns)."""
-    return isinstance(obj, torch.nn.Module) and getattr(obj, "kind", None) in ("eagle3", "dflash")
+    return isinstance(obj, torch.nn.Module) and getattr(obj, "kind", None) in ("eagle3", "dflash", "mtp")
 
 
 def load_draft_head(source, *, device=None, dtype=None):
@@ -37,13 +38,20 @@ def load_draft_head(source, *, device=None, dtype=None):
     object (returned as it is), or the same checkpoint already loaded as a torch module with a
     ``config`` (transformers' AutoModel with trust_remote_code, as transformers' own DFlash
     assisted generation takes it: its config and state_dict are the layout's config.json and
-    weights). device / dtype: where and in which dtype the weights go (default: the CPU, the
+    weights), or transformers' MtpModel of a target (MtpModel.from_pretrained(target): its MTP
+    layer as an MtpHead, heads/mtp.py; a head has no directory layout of its own: the layer ships
+    inside the target's checkpoint). device / dtype: where and in which dtype the weights go (default: the CPU, the
     checkpoint's dtype; a loaded module: its own device and dtype)."""
     if is_draft_head(source):
         return source if device is None and dtype is None else source.to(device=device, dtype=dtype)
     if isinstance(source, torch.nn.Module):
         if device is None and dtype is None and source in _FROM_MODULES:
             return _FROM_MODULES[source]
+        if type(source).__name__ == "MtpModel":  # transformers' MtpModel of a target: its layer, shared (heads/mtp.py)
+            if device is not None or dtype is not None:
+                raise ValueError("an MtpModel drafts on its own device and dtype (it shares the target's embedding)")
+            head = _FROM_MODULES[source] = MtpHead(source)
+            return head
         if not hasattr(getattr(source, "config", None), "to_dict"):
             raise ValueError(f"a {type(source).__name__} without a transformers config is no draft head checkpoint")
         weights = dict(source.state_dict())
@@ -84,6 +92,8 @@ def save_draft_head(head, directory, *, safetensors: bool = True) -> None:
     """Writes ``head`` in its published layout: config.json + model.safetensors (or
     pytorch_model.bin). The target's embedding is not written (embed_tokens only when the head
     has its own)."""
+    if getattr(head, "kind", None) == "mtp":
+        raise ValueError("an MTP head is a layer of its target's checkpoint (model.layers.{L}); it has no layout of its own")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()

@@ -53,8 +53,9 @@ OUTPUT_OPTIONS = ("num_return_sequences", "return_dict_in_generate", "output_sco
 # Drafters named by a GenerationConfig field: the target's first N layers as the draft model
 # (drafters/early_exit.py; api.generate turns it into an assistant_model); speculation_type="dflash"
 # (transformers' DFlash assisted generation: assistant_model is a DFlash drafter, which
-# api.generate hands to the draft_head path).
-DRAFTER_OPTIONS = ("assistant_early_exit", "speculation_type")
+# api.generate hands to the draft_head path); use_mtp=True (the target's own multi-token-prediction
+# layer drafts: heads/mtp.py, through the draft_head path).
+DRAFTER_OPTIONS = ("assistant_early_exit", "speculation_type", "use_mtp")
 # A transformers Cache the call continues (engine/user_cache.py): transformers' name from 5.24, then
 # its name before.
 CACHE_OPTIONS = ("cache", "past_key_values")
@@ -140,6 +141,7 @@ REFUSED_VALUES = {
     "watermarking_config": (_synthid_watermark, "None or a WatermarkingConfig (SynthID's processor keeps state "
                                                 "across steps)"),
     "speculation_type": (lambda value: value != "dflash", "None or 'dflash' (assistant_model a DFlash drafter)"),
+    "use_mtp": (lambda value: not isinstance(value, bool), "None, False or True (the target's MTP layer drafts)"),
 }
 
 

@@ -1,6 +1,7 @@
 """PagedEagle3Runner: an EAGLE-3 head (heads/eagle3.py) run over its own PagedKVCache with the
 project's append_kv / paged_attention kernels (the cache, packing, admission, commit and kernel
-dispatch are PagedRunnerBase's).
+dispatch are PagedRunnerBase's; the pairs interface, prefill_pairs / score_pairs, PairedRunner's:
+runners/paired.py).
 
 A head's call feeds PAIRS: tokens [B, N] and features [B, N, F] (entry t = the token at t + 1
 and, for context entries, the target's hidden states at t (F = 3 H_t, projected by fc) or, for
@@ -21,6 +22,7 @@ from ..kernels._backend import resolve_backend
 from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import linear, linears
 from .paged_base import PagedRunnerBase, _check_int, head_dim_reason
+from .paired import PairedRunner
 
 
 def eagle3_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -42,7 +44,7 @@ class _HeadLayer:
         self.gate_up = linear_params(mlp.gate_proj, mlp.up_proj)
 
 
-class PagedEagle3Runner(PagedRunnerBase):
+class PagedEagle3Runner(PairedRunner, PagedRunnerBase):
     """Runner of an EAGLE-3 head: prefill_pairs / score_pairs / commit (runners/base.py's contract
     with pairs instead of tokens). embed: the token embedding [V, H] (the target's, unless the head
     has its own). num_draft_tokens: K (sizes the tentative entries: K + 1)."""
@@ -89,65 +91,9 @@ class PagedEagle3Runner(PagedRunnerBase):
         self.norm_before_residual = head.norm_before_residual
         self.feature_width = head.fc.weight.shape[1]  # 3 H_t
 
-    # -- the runner interface, with pairs ----------------------------------------------------
-    @torch.no_grad()
-    def prefill_pairs(self, tokens: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None, *,
-                      budgets, num_draft_tokens: int | None = None) -> None:
-        """Context entries tokens [B, P], target features [B, P, F] (left padding: the mask's
-        real entries are each row's last ones; P may be 0) become each row's committed context;
-        row b reserves budgets[b] entries (0: an unused row)."""
-        num_valid = self._admit(tokens, attention_mask, budgets, None, num_draft_tokens)
-        self._direct = None
-        if tokens.shape[1]:
-            self._pairs(tokens, features, num_valid, True)
-        self._end_prefill()
-
-    @torch.no_grad()
-    def score_pairs(self, tokens: torch.Tensor, features: torch.Tensor, num_valid: torch.Tensor | None = None, *,
-                    project: bool, tree=None, last_only: bool = False, rows: torch.Tensor | None = None):
-        """tokens [B, N], features [B, N, F] (target features with project=True, the head's own g
-        with project=False) appended as tentative entries (only the last num_valid[b] real) ->
-        (logits [B, N, Vd], g [B, N, H]). tree: (mask, depths) as PagedRunnerBase.score.
-        last_only: logits [B, 1, Vd] of the last entry only (the drafters' pending feed reads no
-        other: the lm_head, the head's largest matrix, then runs on one row per row, not N);
-        rows: int64 [R] entries -> logits [B, R, Vd] of those alone (a tree level's expanding
-        nodes, as PagedRunnerBase.score(rows=)); g stays [B, N, H]."""
-        self._tentative += tokens.shape[1]
-        if self._tentative > self.max_tentative:
-            raise RuntimeError(f"{self._tentative} tentative entries since the last commit exceed the reserved "
-                               f"K + 1 = {self.max_tentative}")
-        normed, g = self._pairs(tokens, features, num_valid, project, tree)
-        if last_only:
-            normed = normed[:, -1:]
-        elif rows is not None:
-            normed = normed.index_select(1, rows)
-        return linear(normed, self.lm_head), g
-
-    def prefill(self, *args, **kwargs):
-        raise TypeError("an EAGLE-3 head is fed (token, hidden state) pairs: use prefill_pairs")
-
-    def score(self, *args, **kwargs):
-        raise TypeError("an EAGLE-3 head is fed (token, hidden state) pairs: use score_pairs")
-
-    # -- the forward ------------------------------------------------------------------------
-    def _pairs(self, tokens, features, num_valid, project: bool, tree=None):
-        batch, n = tokens.shape
-        flat, positions, cu, count, unpack = self._pack(tokens, num_valid, None if tree is None else tree[1])
-        attn_lens = self.length + count
-        feats = features.reshape(batch * n, features.shape[-1])
-        if feats.dtype != self.dtype:
-            feats = feats.to(self.dtype)
-        if unpack is not None:  # the features follow the tokens' packing
-            feats = torch.empty_like(feats).index_copy_(0, unpack, feats)
-        self._tree_mask = None if tree is None else (tree[0].repeat(batch) if tree[0].dim() == 1 else tree[0].reshape(-1))
-        try:
-            normed, g = self._head_decode(flat, feats, positions, cu, attn_lens, n, project)
-        finally:
-            self._tree_mask = None
-        self.length.copy_(attn_lens)
-        if unpack is not None:
-            normed, g = normed.index_select(0, unpack), g.index_select(0, unpack)
-        return normed.view(batch, n, -1), g.view(batch, n, -1)
+    def _head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """norm(g) [..., H] -> draft-vocabulary logits [..., Vd]."""
+        return linear(normed, self.lm_head)
 
     def _head_decode(self, flat, feats, positions, cu, attn_lens, n: int, project: bool):
         """Packed entries -> (norm(g) [T, H], g [T, H])."""

@@ -56,7 +56,7 @@ def test_k_adaptive_runs_the_schedule(pair_dirs, capsys):
         assert cli.main(lookup + extra) == 2
         assert capsys.readouterr().err.strip() == ("specdec-fast: error: --k adaptive chooses the K of a draft model "
                                                    "(--draft, --early-exit), an EAGLE-3 head or a DFlash block drafter "
-                                                   "(--draft-head); " + why)
+                                                   "(--draft-head) or an MTP layer (--mtp); " + why)
 
 
 def test_tree_drafts_a_token_tree(pair_dirs, capsys):
@@ -79,7 +79,7 @@ def test_tree_drafts_a_token_tree(pair_dirs, capsys):
     lookup = ["generate", "--target", str(pair_dirs / "target"), "--prompt-lookup", "3", "--prompt", "w5", "--tree"]
     assert cli.main(lookup) == 2
     assert capsys.readouterr().err.strip() == ("specdec-fast: error: --tree needs a drafter that expands the tree: "
-                                               "--draft, --early-exit or an EAGLE-3 --draft-head")
+                                               "--draft, --early-exit, an EAGLE-3 --draft-head or --mtp")
     with pytest.raises(SystemExit):  # argparse's own error
         cli.main(argv + ["--tree", "wide"])
     assert "argument --tree: expected a node count, 'static' or 'dynamic', got 'wide'" in capsys.readouterr().err
@@ -194,8 +194,8 @@ BAD_INPUTS = [  # (extra argv, the one line expected on stderr; {root} = the pai
     (["--min-p", "-0.1"], "--min-p must be in [0, 1], got -0.1"),
     (["--top-k", "-3"], "--top-k must be >= 0 (0 = off), got -3"),
     (["--threads", "-1"], "--threads must be >= 0 (0 = torch's default), got -1"),
-    (["--prompt-lookup", "3"], "give one of --draft, --draft-head, --prompt-lookup and --early-exit"),
-    (["--early-exit", "1"], "give one of --draft, --draft-head, --prompt-lookup and --early-exit"),
+    (["--prompt-lookup", "3"], "give one of --draft, --draft-head, --prompt-lookup, --early-exit and --mtp"),
+    (["--early-exit", "1"], "give one of --draft, --draft-head, --prompt-lookup, --early-exit and --mtp"),
     (["--draft", "{root}/draft_other_vocab"],
      "vocab mismatch: the target has vocab_size 128 (128 output rows), the draft (assistant_model) has 130 (130); "
      "speculative decoding needs one shared vocabulary, or pass both tokenizer= (the target's) and assistant_tokenizer= "

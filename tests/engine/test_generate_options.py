@@ -82,7 +82,7 @@ NOT_NEUTRAL = [  # (option, value): each raises naming the option, from anywhere
     ("num_beams", 2), ("num_beams", True),
     ("constraints", [object()]),
     ("token_healing", True),
-    ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", True),
+    ("penalty_alpha", 0.6), ("dola_layers", "high"), ("use_mtp", 1),
     ("assistant_ensemble_weight", 0.5), ("speculation_type", "medusa"),
     ("num_beam_groups", 2), ("diversity_penalty", 0.5),
 ]
@@ -109,7 +109,7 @@ def test_a_value_that_changes_the_output_raises_naming_the_option(pair, name, va
     # the values refused of an option we take on any transformers (speculation_type, a field from 5.15)
     if name in option_rules.field_defaults() or name in NAMED_KWARGS or name in option_rules.REFUSED_VALUES:
         assert option_rules.short_repr(value) in message and "supports only" in message
-    else:  # no_such_option, and fields newer than the installed transformers (use_mtp, assistant_ensemble_weight: 5.14)
+    else:  # no_such_option, and fields newer than the installed transformers (assistant_ensemble_weight: 5.14)
         assert "not a GenerationConfig field" in message
 
 
@@ -237,6 +237,6 @@ def test_the_readme_table_is_the_classification():
     table = option_rules.classification()
     assert rows["handled"] == set(table["handled"]) and rows["accepted"] == set(table["accepted"])
     # The table names transformers 5.24's fields; one the installed transformers lacks is an unknown
-    # name there, which raises too (use_mtp and assistant_ensemble_weight came in 5.14).
-    newer = {"use_mtp", "assistant_ensemble_weight"} - set(option_rules.field_defaults())
+    # name there, which raises too (assistant_ensemble_weight came in 5.14).
+    newer = {"assistant_ensemble_weight"} - set(option_rules.field_defaults())
     assert rows["unsupported:"] - {"GenerationConfig"} - newer == set(table["unsupported"])

@@ -1,0 +1,116 @@
+"""MtpHead: a target's own multi-token-prediction layer (GLM-4.5 / 4.6 / 4.7's
+``model.layers.{L}``, shipped inside the target checkpoint) as a draft head; what
+``generate(use_mtp=True)`` drafts with.
+
+The layer is transformers' MtpModel layer (transformers.modeling_layers.MtpLayer, loaded by
+transformers' own MtpModel.from_pretrained: its checkpoint names and conversions), run here on the
+paged kernels (runners/paged_mtp.py). Its context entry t pairs the target's final-norm hidden
+state at position t (transformers' hidden_states[-1]; capture index L) with the token at t + 1:
+    x0  = eh_proj(cat(enorm(embed(x_{t+1})), hnorm(h_t)))      [H]  (cat(hnorm, enorm) with the
+                                                                     config's mtp_hidden_states_first)
+    x   = the target family's decoder layer (mtp_block) over x0, RoPE at position t + 1
+    m_t = post_norm(x)                                          [H]  (the checkpoint's shared_head.norm)
+    logits = the target's lm_head(m_t)                          [V]  (predict x_{t+2})
+as transformers' MtpModel.forward_layer computes it (positions are those of the tokens, t + 1,
+as transformers feeds them; vLLM's glm4_moe_mtp uses t: RoPE is relative, so the attention is the
+same). A draft step feeds (m of the previous step, the token just drafted) at the next position:
+transformers chains an MTP layer's normed output into the next layer, SGLang feeds it back (vLLM
+feeds the pre-norm output back). With one MTP layer transformers drafts one token per iteration;
+here K = 1 by default too (MTP_DEFAULT_K), and a
+larger K (num_assistant_tokens, or the adaptive schedule) runs the same layer again per draft.
+
+Which targets: MTP_MODEL_TYPES, whose decoder layer the Llama runner runs (runners/paged_llama.py);
+one MTP layer (every GLM-4.x checkpoint has one; several would each need their own cache).
+"""
+import weakref
+
+from torch import nn
+
+MTP_MODEL_TYPES = ("glm4_moe",)
+# K without num_assistant_tokens: transformers' use_mtp drafts one token per MTP layer, and vLLM's
+# GLM-4.5 recipe (recipes.vllm.ai/zai-org/GLM-4.5) reports 1 best for throughput ("higher values
+# increase mean acceptance length but drop acceptance rate significantly"). Not measured here.
+MTP_DEFAULT_K = 1
+_FOR_TARGET = weakref.WeakKeyDictionary()  # target model -> its MtpHead (loaded once per model)
+
+
+def mtp_reason(target) -> str | None:
+    """Why ``target`` has no MTP head this package drafts with, or None."""
+    config = getattr(target, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MTP_MODEL_TYPES:
+        return (f"use_mtp drafts with a target's own MTP layer; model_type {model_type!r} has none this package runs "
+                f"(it runs {', '.join(MTP_MODEL_TYPES)})")
+    layers = getattr(config, "num_mtp_layers", None)
+    if not layers:
+        return "the target's config has no MTP layer (num_mtp_layers / num_nextn_predict_layers is 0 or missing)"
+    if layers != 1:
+        return f"the target has {layers} MTP layers; this package drafts with one (each would need its own cache)"
+    return None
+
+
+class MtpHead(nn.Module):
+    """A target's MTP layer as a draft head (module docstring). ``mtp_model``: transformers'
+    MtpModel of the target (MtpModel.from_pretrained(target)); its one layer (enorm, hnorm, eh_proj,
+    mtp_block, post_norm) is this head's weights, shared, not copied. The embedding and LM head
+    are the target's (the runner takes them from the target)."""
+
+    kind = "mtp"
+
+    def __init__(self, mtp_model):
+        super().__init__()
+        layers = getattr(mtp_model, "layers", None)
+        if layers is None or len(layers) != 1:
+            raise ValueError(f"an MTP head takes transformers' MtpModel with one layer, got "
+                             f"{type(mtp_model).__name__} with {None if layers is None else len(layers)}")
+        if getattr(mtp_model, "use_shared_post_norm", False) or layers[0].post_norm is None:
+            raise ValueError("an MTP model without a per-layer post norm (chain_hidden_post_norm) is not supported")
+        self.config = mtp_model.config
+        self.layer = layers[0]
+        # the target's rotary module (its inv_freq / attention_scaling), held outside the module tree
+        self.__dict__["rotary"] = mtp_model.rotary_emb
+        self.vocab_size = self.draft_vocab_size = int(self.config.vocab_size)
+        self.hidden_first = bool(getattr(self.config, "mtp_hidden_states_first", False))
+
+    @property
+    def feature_width(self) -> int:
+        """Columns of the target features an entry reads: the final-norm hidden state [H]."""
+        return int(self.config.hidden_size)
+
+    def hidden_indices(self, target_layers: int | None = None) -> tuple:
+        """The target hidden states the head reads: the final norm's (output_hidden_states[L])."""
+        if target_layers is None:
+            raise ValueError("an MTP head reads the target's final-norm states: give the target's layer count")
+        return (target_layers,)
+
+    @classmethod
+    def for_target(cls, target) -> "MtpHead":
+        """The head of ``target``'s own MTP layer, read from its checkpoint directory
+        (config.name_or_path) by transformers' MtpModel.from_pretrained on the device of the
+        target's last layer, in its dtype; loaded once per target (the same head every call)."""
+        head = _FOR_TARGET.get(target)
+        if head is not None:
+            return head
+        reason = mtp_reason(target)
+        from ..runners.hf import UnsupportedModelError
+
+        if reason is not None:  # a patched generate hands such a call to transformers' (patch.py)
+            raise UnsupportedModelError(reason)
+        try:
+            from transformers.modeling_layers import MtpModel
+        except ImportError as exc:  # transformers before MTP support (5.14 has the use_mtp field)
+            raise UnsupportedModelError("use_mtp needs a transformers with MtpModel (transformers.modeling_layers); "
+                                        "upgrade transformers") from exc
+
+        source = getattr(target.config, "name_or_path", "")
+        if not source:
+            raise UnsupportedModelError("use_mtp reads the MTP layer from the target's checkpoint (config.name_or_path); "
+                                        "this model was not loaded from one")
+        device = next(target.get_decoder().layers[-1].parameters()).device
+        try:
+            mtp_model = MtpModel.from_pretrained(target, device_map={"": device})
+        except (OSError, RuntimeError, ValueError) as exc:  # no MTP weights in the checkpoint, unreadable files
+            raise UnsupportedModelError(f"use_mtp: no MTP layer could be read from {source}: {exc}") from exc
+        mtp_model.eval().requires_grad_(False)
+        head = _FOR_TARGET[target] = cls(mtp_model)
+        return head
