@@ -24,13 +24,27 @@ __all__ = ["moe_pairs", "moe_pairs_reference", "group_pairs", "activate", "ACTIV
 SCHEDULES = (None, "pair", "expert")
 
 
+_BOUNDS = {}  # (E, device, dtype) -> arange(E + 1): made once, not one launch per MoE layer per step
+
+
+def _expert_bounds(num_experts: int, like: torch.Tensor) -> torch.Tensor:
+    """arange(E + 1) on like's device and dtype, kept after its first eager use. One made during a
+    CUDA-graph capture is not kept: it lives in that graph's private memory pool."""
+    key = (num_experts, like.device, like.dtype)
+    bounds = _BOUNDS.get(key)
+    if bounds is None:
+        bounds = torch.arange(num_experts + 1, device=like.device, dtype=like.dtype)
+        if not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _BOUNDS[key] = bounds
+    return bounds
+
+
 def group_pairs(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """experts [P] int64 -> (order [P] int64: the pair ids sorted by expert, stable; offsets
     [E + 1] int64: expert e's pairs are order[offsets[e]:offsets[e + 1]]). Static shapes, no host
     sync (graph safe); ids outside [0, E) fall outside every expert's range."""
     order = torch.argsort(experts, stable=True)
-    bounds = torch.arange(num_experts + 1, device=experts.device, dtype=experts.dtype)
-    return order, torch.searchsorted(experts.index_select(0, order), bounds)
+    return order, torch.searchsorted(experts.index_select(0, order), _expert_bounds(num_experts, experts))
 
 
 def _check(x, experts, weight, pairs_per_token, scale, act, bias, schedule, groups):

@@ -97,6 +97,11 @@ def test_group_pairs_sorts_stably_and_bounds_each_expert():
     chosen = torch.tensor([3, 0, 3, 1, 0, 3, 9])  # 9: outside the 4 experts, in no expert's range
     order, offsets = group_pairs(chosen, 4)
     assert order.tolist() == [1, 4, 3, 0, 2, 5, 6] and offsets.tolist() == [0, 2, 3, 3, 6]
+    # the expert bounds are made once per (E, device, dtype), not at every call (a launch per MoE layer per step)
+    from specdec_fast.kernels.moe import _expert_bounds
+
+    assert _expert_bounds(4, chosen) is _expert_bounds(4, chosen) and _expert_bounds(4, chosen).tolist() == [0, 1, 2, 3, 4]
+    assert group_pairs(chosen, 4)[1].tolist() == [0, 2, 3, 3, 6] and group_pairs(chosen, 2)[1].tolist() == [0, 2, 3]
 
 
 def test_cpp_refuses_an_expert_id_out_of_range():
