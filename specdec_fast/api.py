@@ -29,9 +29,10 @@ from .engine.inputs import check_inputs
 from .engine.outputs import return_sequences
 from .engine.stopping import call_limits
 from .heads.layout import is_draft_head, load_draft_head
-from .heads.mtp import MtpHead
+from .heads.mtp import mtp_head
 from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
+from .runners.sharded_model import ShardedCausalLM
 
 # The ways to draft that generate() takes, one per call (patch_generate binds one of them too).
 DRAFTERS = ("assistant_model", "draft_head", "prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp")
@@ -76,7 +77,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     use_mtp=True (as transformers'): draft with the target's own multi-token-prediction layer
     (GLM-4.5 / 4.6 / 4.7: heads/mtp.py), read from the target's checkpoint directory by
     transformers' MtpModel once per model; K = num_assistant_tokens, else 1 (transformers drafts
-    one token per MTP layer); a larger K runs the layer again per draft.
+    one token per MTP layer); a larger K runs the layer again per draft. With process_group (or a
+    ShardedCausalLM) each rank reads only its slices of the layer from the checkpoint directory.
 
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
     a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
@@ -128,7 +130,7 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens, assistant_early_exit=early_exit,
                            use_mtp=use_mtp))
     if use_mtp:  # transformers' use_mtp: the target's own MTP layer, loaded once per model, drafts as a head
-        draft_head = MtpHead.for_target(model)
+        draft_head = mtp_head(model, tensor_parallel=process_group is not None or isinstance(model, ShardedCausalLM))
     elif isinstance(draft_head, torch.nn.Module) and not is_draft_head(draft_head):
         draft_head = load_draft_head(draft_head)  # a loaded checkpoint module -> its head (the same one every call)
     if early_exit is not None:  # the target's first N layers: a draft model like any other

@@ -122,8 +122,6 @@ def check_args(args) -> None:
     mtp = True if args.mtp else None
     if sum(x is not None for x in (args.draft, args.draft_head, args.prompt_lookup, args.early_exit, mtp)) > 1:
         raise CliError("give one of --draft, --draft-head, --prompt-lookup, --early-exit and --mtp")
-    if args.mtp and args.tp is not None:
-        raise CliError("--mtp with --tp is not supported: the MTP layer has no sharded runner")
     if args.prompts is not None:
         if not os.path.isfile(args.prompts):
             raise CliError(f"no such file: {args.prompts} (--prompts)")

@@ -2,7 +2,8 @@
 and building the runner it drafts on (EAGLE-3: PagedEagle3Runner; a target's MTP layer:
 PagedMtpRunner; DFlash / DFlash2: their block runners), with the
 target runner set to capture the hidden states the head reads (runners/hidden_capture.py). Under
-tensor parallelism the head runs whole on every rank (engine/tensor_parallel.py)."""
+tensor parallelism the head runs whole on every rank (engine/tensor_parallel.py), but a target's MTP
+layer, whose slices each rank reads by the target's plan (TPPagedMtpRunner)."""
 from pathlib import Path
 
 import torch
@@ -11,7 +12,8 @@ from ..heads import load_draft_head
 from ..runners.paged_dflash import PagedDFlashRunner
 from ..runners.paged_dflash2 import PagedDFlash2Runner
 from ..runners.paged_eagle3 import PagedEagle3Runner
-from ..runners.paged_mtp import PagedMtpRunner
+from ..runners.paged_llama_tp import TPPagedLlamaRunner
+from ..runners.paged_mtp import PagedMtpRunner, TPPagedMtpRunner
 from .inputs import vocab_size
 from .tensor_parallel import whole_vocab_weight
 
@@ -26,8 +28,9 @@ def load_head(draft_head, target, device):
     is, on ``device``), checked against the target's vocabulary."""
     if isinstance(draft_head, torch.nn.Module):
         head = load_draft_head(draft_head)
-        if next(head.parameters()).device != device:
-            raise ValueError(f"draft_head is on {next(head.parameters()).device} but model is on {device}")
+        first = next(head.parameters(), None)  # None: an MTP layer's slices, read per rank (heads/mtp.py)
+        if first is not None and first.device != device:
+            raise ValueError(f"draft_head is on {first.device} but model is on {device}")
     else:
         head = load_draft_head(draft_head, device=device, dtype=next(target.parameters()).dtype)
     vocab = vocab_size(target)
@@ -60,6 +63,11 @@ def head_runner(head, target, target_runner, *, tree, max_draft_tokens: int, blo
                       num_draft_tokens=min(max_draft_tokens, head.block_size - 1), block_size=block_size,
                       backend=backend)
     if head.kind == "mtp":  # the target's own layer: its embedding and LM head
+        if isinstance(target_runner, TPPagedLlamaRunner):  # each rank reads its slices of the layer
+            return TPPagedMtpRunner(head, target_runner, num_draft_tokens=max_draft_tokens, block_size=block_size,
+                                    backend=backend)
+        if head.sharded:
+            raise ValueError("this MTP head is read in slices by tensor-parallel ranks; the target runs in one process")
         return PagedMtpRunner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
                               num_draft_tokens=max_draft_tokens, block_size=block_size, backend=backend)
     embed = head.embed_tokens.weight if head.embed_tokens is not None else whole_vocab_weight(target, "embed")

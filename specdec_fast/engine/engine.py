@@ -216,9 +216,6 @@ class SpeculativeEngine:
         if self.cross_tokenizers is not None and process_group is not None:
             raise ValueError(CROSS_TP_ERROR)
         self.tp = group_for(target, assistant_model, process_group, shard_draft, tp_timeout)
-        if self.tp is not None and getattr(self.draft_head, "kind", None) == "mtp":
-            raise ValueError("use_mtp with tensor parallelism is not supported: the MTP layer has no sharded runner "
-                             "(draft with an EAGLE-3 / DFlash head, a draft model or prompt lookup)")
         if self.cross_tokenizers is not None and self.tp is not None:
             raise ValueError(CROSS_TP_ERROR)
         self.shard_draft = bool(shard_draft)

@@ -22,6 +22,7 @@ larger K (num_assistant_tokens, or the adaptive schedule) runs the same layer ag
 Which targets: MTP_MODEL_TYPES, whose decoder layer the Llama runner runs (runners/paged_llama.py);
 one MTP layer (every GLM-4.x checkpoint has one; several would each need their own cache).
 """
+import os
 import weakref
 
 from torch import nn
@@ -31,7 +32,7 @@ MTP_MODEL_TYPES = ("glm4_moe",)
 # GLM-4.5 recipe (recipes.vllm.ai/zai-org/GLM-4.5) reports 1 best for throughput ("higher values
 # increase mean acceptance length but drop acceptance rate significantly"). Not measured here.
 MTP_DEFAULT_K = 1
-_FOR_TARGET = weakref.WeakKeyDictionary()  # target model -> its MtpHead (loaded once per model)
+_FOR_TARGET = weakref.WeakKeyDictionary()  # target model -> {head class: its head} (loaded once per model)
 
 
 def mtp_reason(target) -> str | None:
@@ -49,28 +50,16 @@ def mtp_reason(target) -> str | None:
     return None
 
 
-class MtpHead(nn.Module):
-    """A target's MTP layer as a draft head (module docstring). ``mtp_model``: transformers'
-    MtpModel of the target (MtpModel.from_pretrained(target)); its one layer (enorm, hnorm, eh_proj,
-    mtp_block, post_norm) is this head's weights, shared, not copied. The embedding and LM head
-    are the target's (the runner takes them from the target)."""
+class _MtpBase(nn.Module):
+    """What the engine reads of an MTP head: kind, config, vocabulary, the features it reads."""
 
     kind = "mtp"
+    sharded = False  # True: each tensor-parallel rank reads its slices of the layer (MtpLayerSlices)
 
-    def __init__(self, mtp_model):
-        super().__init__()
-        layers = getattr(mtp_model, "layers", None)
-        if layers is None or len(layers) != 1:
-            raise ValueError(f"an MTP head takes transformers' MtpModel with one layer, got "
-                             f"{type(mtp_model).__name__} with {None if layers is None else len(layers)}")
-        if getattr(mtp_model, "use_shared_post_norm", False) or layers[0].post_norm is None:
-            raise ValueError("an MTP model without a per-layer post norm (chain_hidden_post_norm) is not supported")
-        self.config = mtp_model.config
-        self.layer = layers[0]
-        # the target's rotary module (its inv_freq / attention_scaling), held outside the module tree
-        self.__dict__["rotary"] = mtp_model.rotary_emb
-        self.vocab_size = self.draft_vocab_size = int(self.config.vocab_size)
-        self.hidden_first = bool(getattr(self.config, "mtp_hidden_states_first", False))
+    def _bind_config(self, config) -> None:
+        self.config = config
+        self.vocab_size = self.draft_vocab_size = int(config.vocab_size)
+        self.hidden_first = bool(getattr(config, "mtp_hidden_states_first", False))
 
     @property
     def feature_width(self) -> int:
@@ -83,12 +72,32 @@ class MtpHead(nn.Module):
             raise ValueError("an MTP head reads the target's final-norm states: give the target's layer count")
         return (target_layers,)
 
+
+class MtpHead(_MtpBase):
+    """A target's MTP layer as a draft head (module docstring). ``mtp_model``: transformers'
+    MtpModel of the target (MtpModel.from_pretrained(target)); its one layer (enorm, hnorm, eh_proj,
+    mtp_block, post_norm) is this head's weights, shared, not copied. The embedding and LM head
+    are the target's (the runner takes them from the target)."""
+
+    def __init__(self, mtp_model):
+        super().__init__()
+        layers = getattr(mtp_model, "layers", None)
+        if layers is None or len(layers) != 1:
+            raise ValueError(f"an MTP head takes transformers' MtpModel with one layer, got "
+                             f"{type(mtp_model).__name__} with {None if layers is None else len(layers)}")
+        if getattr(mtp_model, "use_shared_post_norm", False) or layers[0].post_norm is None:
+            raise ValueError("an MTP model without a per-layer post norm (chain_hidden_post_norm) is not supported")
+        self._bind_config(mtp_model.config)
+        self.layer = layers[0]
+        # the target's rotary module (its inv_freq / attention_scaling), held outside the module tree
+        self.__dict__["rotary"] = mtp_model.rotary_emb
+
     @classmethod
     def for_target(cls, target) -> "MtpHead":
         """The head of ``target``'s own MTP layer, read from its checkpoint directory
         (config.name_or_path) by transformers' MtpModel.from_pretrained on the device of the
         target's last layer, in its dtype; loaded once per target (the same head every call)."""
-        head = _FOR_TARGET.get(target)
+        head = _FOR_TARGET.get(target, {}).get(cls)
         if head is not None:
             return head
         reason = mtp_reason(target)
@@ -112,5 +121,44 @@ class MtpHead(nn.Module):
         except (OSError, RuntimeError, ValueError) as exc:  # no MTP weights in the checkpoint, unreadable files
             raise UnsupportedModelError(f"use_mtp: no MTP layer could be read from {source}: {exc}") from exc
         mtp_model.eval().requires_grad_(False)
-        head = _FOR_TARGET[target] = cls(mtp_model)
+        head = _FOR_TARGET.setdefault(target, {})[cls] = cls(mtp_model)
         return head
+
+
+class MtpLayerSlices(_MtpBase):
+    """A target's MTP layer under tensor parallelism: where it is (the checkpoint directory and the
+    layer index, config.num_hidden_layers); each rank reads its slices of it by the target's plan
+    when the engine builds the head runner (runners/paged_mtp.py TPPagedMtpRunner), so no rank
+    holds the whole layer. No weights here (what the ranks compare of it: the config)."""
+
+    sharded = True
+
+    def __init__(self, config, path: str):
+        super().__init__()
+        self._bind_config(config)
+        self.path, self.layer_index = str(path), int(config.num_hidden_layers)
+
+    @classmethod
+    def for_target(cls, target) -> "MtpLayerSlices":
+        """The slices' source for ``target`` (a ShardedCausalLM, or a model loaded whole that a
+        tensor-parallel engine shards), once per target."""
+        head = _FOR_TARGET.get(target, {}).get(cls)
+        if head is not None:
+            return head
+        from ..runners.hf import UnsupportedModelError
+
+        reason = mtp_reason(target)
+        if reason is not None:
+            raise UnsupportedModelError(reason)
+        path = getattr(target.config, "name_or_path", "")
+        if not path or not os.path.isdir(path):
+            raise UnsupportedModelError(f"use_mtp under tensor parallelism reads each rank's slices of the MTP layer from "
+                                        f"the target's checkpoint directory (config.name_or_path); got {path!r}")
+        head = _FOR_TARGET.setdefault(target, {})[cls] = cls(target.config, path)
+        return head
+
+
+def mtp_head(target, tensor_parallel: bool):
+    """The head generate(use_mtp=True) drafts with: the whole layer (MtpHead) in one process, its
+    slices' source (MtpLayerSlices) under tensor parallelism."""
+    return (MtpLayerSlices if tensor_parallel else MtpHead).for_target(target)

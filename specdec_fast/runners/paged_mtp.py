@@ -7,19 +7,31 @@ layer's input is eh_proj(cat(enorm(embed(token)), hnorm(feature))) instead of th
 (_embed), and its final norm is the MTP layer's post_norm. It is fed (token, feature) pairs
 (PairedRunner: runners/paired.py); its logits are the target's lm_head over post_norm's output,
 which is also what a draft step feeds back (heads/mtp.py).
+
+TPPagedMtpRunner is the same over the tensor-parallel Llama runner (runners/paged_llama_tp.py):
+each rank reads its slices of the layer from the target's checkpoint (sharding.mtp_layer_shards,
+by the target's plan: heads and every expert's width split, enorm / hnorm / eh_proj whole) and
+looks tokens up in the target runner's vocabulary slice; the logits are gathered over the
+vocabulary, equal on every rank.
 """
+import copy
 import types
 import weakref
 
 import torch
-import torch.nn.functional as F
 
 from ..kernels._backend import resolve_backend
 from ._layer_math import fused_layer_math, linear_params, norm_params, rms_norm
 from ._linear import linear
 from .paged_base import _check_int, head_dim_reason
 from .paged_llama import PagedLlamaRunner
+from .paged_llama_tp import TPPagedLlamaRunner
 from .paired import PairedRunner
+from .sharded_model import ShardedCausalLM, rotary_of
+from .sharding import mtp_layer_shards
+
+# The MTP layer's own tensors beside its decoder block (the block's names are a layer's)
+MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")
 
 
 def mtp_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -31,18 +43,54 @@ def mtp_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=
                            backend)
 
 
-class PagedMtpRunner(PairedRunner, PagedLlamaRunner):
-    """Runner of a target's MTP layer: prefill_pairs / score_pairs / commit. embed [V, H] and
-    lm_head [V, H]: the target's. num_draft_tokens: K (sizes the tentative entries: K + 1)."""
+class _MtpLayer:
+    """The MTP layer's half of both runners: its input, its outputs and its logits. Mixed in before
+    PairedRunner and the Llama runner (single-process or tensor-parallel), whose _embed gives the
+    token embedding; _bind_mtp sets enorm / hnorm / eh_proj."""
+
+    position_offset = 1  # entry t (the token at t + 1) at position t + 1, as transformers' MtpModel
+    _features = None  # [T, H] during a forward: the entries' features (target states or the layer's outputs)
+
+    def _bind_mtp(self, enorm, hnorm, eh_proj, hidden_first: bool, feature_width: int) -> None:
+        """(weight, eps) of enorm / hnorm, (weight, bias) of eh_proj."""
+        self.enorm, self.hnorm, self.eh_proj = enorm, hnorm, eh_proj
+        self.hidden_first, self.feature_width = hidden_first, feature_width
+
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) with the forward's features [T, H] -> the MTP block's input [T, H]."""
+        fused = fused_layer_math(self.dtype, self.device.type)
+        e = rms_norm(super()._embed(flat), *self.enorm, fused)
+        h = rms_norm(self._features, *self.hnorm, fused)
+        return linear(torch.cat([h, e] if self.hidden_first else [e, h], -1), *self.eh_proj)
+
+    def _head_decode(self, flat, feats, positions, cu, attn_lens, n: int, project: bool):
+        """Packed entries -> (post_norm output [T, H], the same: what a draft step feeds back).
+        project: ignored (target features and the layer's own outputs take the same path)."""
+        self._features = feats
+        try:
+            out = self._decode(flat, positions, cu, attn_lens, n)
+        finally:
+            self._features = None
+        return out, out
+
+    def _head_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return self._logits(normed)
+
+
+class PagedMtpRunner(_MtpLayer, PairedRunner, PagedLlamaRunner):
+    """Runner of a target's MTP layer (heads/mtp.MtpHead): prefill_pairs / score_pairs / commit.
+    embed [V, H] and lm_head [V, H]: the target's. num_draft_tokens: K (sizes the tentative
+    entries: K + 1)."""
 
     unsupported_reason = staticmethod(mtp_unsupported_reason)
-    position_offset = 1  # entry t (the token at t + 1) at position t + 1, as transformers' MtpModel
 
     def __init__(self, head, embed: torch.Tensor, lm_head: torch.Tensor, *, num_draft_tokens: int = 0,
                  block_size: int = 16, backend=None):
         reason = mtp_unsupported_reason(head, backend=backend)
         if reason is not None:
             raise ValueError(f"PagedMtpRunner cannot run this head: {reason}")
+        if head.sharded:
+            raise ValueError("this MTP head is read in slices by tensor-parallel ranks (TPPagedMtpRunner)")
         _check_int("num_draft_tokens", num_draft_tokens, 0)
         _check_int("block_size", block_size, 1)
         layer = head.layer
@@ -65,31 +113,53 @@ class PagedMtpRunner(PairedRunner, PagedLlamaRunner):
             model=types.SimpleNamespace(embed_tokens=types.SimpleNamespace(weight=embed), layers=[layer.mtp_block],
                                         norm=layer.post_norm, rotary_emb=head.rotary))
         self._bind(model)
-        self.enorm, self.hnorm = norm_params(layer.enorm), norm_params(layer.hnorm)
-        (self.eh_proj,) = linear_params(layer.eh_proj)
-        self.hidden_first = head.hidden_first
-        self.feature_width = head.feature_width
+        (eh_proj,) = linear_params(layer.eh_proj)
+        self._bind_mtp(norm_params(layer.enorm), norm_params(layer.hnorm), eh_proj, head.hidden_first,
+                       head.feature_width)
         self.vocab_size = int(self.lm_head.shape[0])
         self.cache = None
         self.pooled = False
-        self._features = None
 
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) with the forward's features [T, H] -> the MTP block's input [T, H]."""
-        fused = fused_layer_math(self.dtype, self.device.type)
-        e = rms_norm(F.embedding(flat.clamp(min=0), self.embed), *self.enorm, fused)
-        h = rms_norm(self._features, *self.hnorm, fused)
-        return linear(torch.cat([h, e] if self.hidden_first else [e, h], -1), *self.eh_proj)
 
-    def _head_decode(self, flat, feats, positions, cu, attn_lens, n: int, project: bool):
-        """Packed entries -> (post_norm output [T, H], the same: what a draft step feeds back).
-        project: ignored (target features and the layer's own outputs take the same path)."""
-        self._features = feats
-        try:
-            out = self._decode(flat, positions, cu, attn_lens, n)
-        finally:
-            self._features = None
-        return out, out
+class TPPagedMtpRunner(_MtpLayer, PairedRunner, TPPagedLlamaRunner):
+    """Runner of a target's MTP layer on one tensor-parallel rank (heads/mtp.MtpLayerSlices): this
+    rank's slices read from the checkpoint by ``target_runner``'s plan; the target runner's
+    vocabulary slice for the embedding and the LM head, and its group. Building it is a collective
+    (every rank agrees it built: TPPagedLlamaRunner)."""
+
+    def __init__(self, head, target_runner, *, num_draft_tokens: int = 0, block_size: int = 16, backend=None):
+        if not head.sharded:
+            raise ValueError("under tensor parallelism each rank reads its slices of the MTP layer: use_mtp=True "
+                             "(heads/mtp.MtpLayerSlices), not a loaded MtpModel")
+        target = target_runner.model
+        plan, prefix = target.plan, f"model.layers.{head.layer_index}."
+        error = model = None
+        try:  # a rank that cannot read its slices tells the others (the agreement in TPPagedLlamaRunner's init)
+            shards = mtp_layer_shards(head.path, plan, head.layer_index, dtype=target_runner.dtype,
+                                      device=target_runner.device)
+            config = copy.copy(target.config)
+            config.num_hidden_layers = 1
+            block = {"model.layers.0." + name[len(prefix):]: t for name, t in shards.items()
+                     if not name.startswith(tuple(prefix + n for n in MTP_OWN))}
+            block.update({"model.embed_tokens.weight": target_runner.embed, "lm_head.weight": target_runner.lm_head,
+                          "model.norm.weight": shards[prefix + "shared_head.norm.weight"]})
+            model = ShardedCausalLM(config, block, plan, target.tp, rotary_of(config), None)
+            eps = config.rms_norm_eps
+            self._mtp = ((shards[prefix + "enorm.weight"], eps), (shards[prefix + "hnorm.weight"], eps),
+                         (shards[prefix + "eh_proj.weight"], None), head.hidden_first, head.feature_width)
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it in the agreement
+            error = exc
+        if error is not None:
+            target.tp.agree("building the tensor-parallel runner", {}, error)
+        super().__init__(model, max_new_tokens=None, num_draft_tokens=num_draft_tokens, block_size=block_size,
+                         backend=backend)
+        self._model_ref = weakref.ref(head)
+        self.layer_windows = ()
+
+    def _bind(self, model) -> None:
+        super()._bind(model)
+        self._bind_mtp(*self._mtp)
 
     def _head_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return self._logits(normed)
+        """Logits over the whole vocabulary [.., V], gathered from every rank's slice."""
+        return self.tp.gather_vocab(self._logits(normed))

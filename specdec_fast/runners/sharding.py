@@ -186,17 +186,19 @@ def checkpoint_files(path) -> dict:
         return {name: single for name in f.keys()}
 
 
-def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
+def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None) -> dict:
     """name -> this rank's shard of every tensor of the checkpoint in ``path``, each read as a
     slice (safe_open(...).get_slice(name)[rows] or [:, cols]: only those bytes are read), cast
     to ``dtype`` (None: as stored) and moved to ``device``. GPT-OSS's MXFP4 experts (name_blocks
-    and name_scales) become the dequantized ``name`` (dtype None: bfloat16); layers past the
-    config's (a multi-token prediction layer) are not read."""
+    and name_scales) become the dequantized ``name`` (dtype None: bfloat16). select(name) -> bool:
+    which tensors to read (default: all but the layers past the config's, a multi-token
+    prediction layer, which mtp_layer_shards reads when asked)."""
     from safetensors import safe_open
 
     files, by_file = checkpoint_files(path), {}
+    select = select if select is not None else (lambda name: not _past_the_layers(name, plan))
     for name, file in files.items():
-        if not _past_the_layers(name, plan):
+        if select(name):
             by_file.setdefault(file, []).append(name)
     shards = {}
     for file, names in by_file.items():
@@ -218,6 +220,21 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu") -> dict:
 
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+# An MTP layer's tensors that are the target's own (the embedding and LM head, which the checkpoint
+# may repeat inside the layer): not read.
+MTP_SHARED = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def mtp_layer_shards(path, plan, layer: int, *, dtype=None, device="cpu") -> dict:
+    """This rank's slices of the multi-token prediction layer model.layers.{layer}.* in the
+    checkpoint at ``path`` (GLM-4.5's), by the target's plan: its decoder block split as any layer
+    (heads, every expert's width), enorm / hnorm / eh_proj / shared_head.norm whole."""
+    prefix = f"model.layers.{layer}."
+    shards = shards_from_safetensors(path, plan, dtype=dtype, device=device,
+                                     select=lambda name: name.startswith(prefix) and not name.endswith(MTP_SHARED))
+    if not shards:
+        raise ValueError(f"the checkpoint at {path} has no MTP layer ({prefix}*)")
+    return shards
 
 
 def _past_the_layers(name: str, plan) -> bool:

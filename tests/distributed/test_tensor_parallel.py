@@ -22,6 +22,7 @@ Ranks 2 and 3: one's process ends (as a crashed rank's does): the other raises w
 import pytest
 import torch
 
+from tests.engine.mtp_models import glm_with_mtp
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
 from . import workers
@@ -72,6 +73,7 @@ def _check(problems: list, condition: bool, message: str) -> None:
 def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     for kind in ("qwen2", "mixtral"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
         workers.tiny(kind)[0].save_pretrained(tmp_path / kind)
+    glm_with_mtp(tmp_path / "glm_mtp")  # a GLM-4.5 checkpoint with its MTP layer: each rank reads that layer's slices
     results = run_ranks(workers.battery, 4, str(tmp_path))
     errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
     assert not errors, f"ranks failed: {errors}"
@@ -117,6 +119,9 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
         refused = results[rank]["2 ranks"]["shard a head"]["error"]
         _check(problems, refused == "ValueError: shard_draft=True shards a draft model; this engine drafts with a draft "
                "head (it runs whole on every rank)", f"rank {rank} shard_draft with a head: {refused}")
+    _check(problems, two["mtp alpha"] > 0, f"use_mtp over 2 ranks: alpha {two['mtp alpha']} (no draft accepted)")
+    # rank 1's MTP runner: 2 of 4 query heads, 12 of each expert's 24 columns (gate and up: 24 rows of 48)
+    _check(problems, two["mtp runner"] == ("TPPagedMtpRunner", 2, (8, 24, 48)), f"use_mtp runner: {two['mtp runner']}")
     tokens, alpha = results[0]["2 ranks"]["chi-square"]
     _check(problems, tokens == two["chi-square"][0], "chi-square rows: the ranks' tokens differ")
     _check(problems, 0.2 < alpha < 0.95, f"chi-square alpha {alpha}: the test needs accepted and rejected drafts")

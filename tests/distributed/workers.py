@@ -128,6 +128,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         out[f"{kind} checkpoint"] = (specdec_fast.generate(full, pids, pmask, **kw).tolist(),
                                      specdec_fast.generate(sharded, pids, pmask, **kw).tolist())
         out[f"{kind} shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
+    out.update(_mtp(specdec_fast, os.path.join(checkpoint, "glm_mtp"), group))
     # CHI_ROWS independent rows (one seed, per-row streams): token 1 is the prefill's (y ~ q),
     # token 2 the first speculative block's (K = 2: an accepted draft, a residual or a bonus).
     chi, chi_draft = chi_square_pair()
@@ -179,6 +180,34 @@ def _adaptive_k(specdec_fast, target, draft, ids, group) -> dict:
     out["adaptive K under TP"] = [(None if s.schedule is None else s.schedule["chosen"], s.mean_k,
                                    s.extra["tensor_parallel"]["k_schedule"])
                                   for s in (greedy_stats, adaptive_stats, sampled_stats)]
+    return out
+
+
+def _mtp(specdec_fast, path, group) -> dict:
+    """A target's own MTP layer (GLM-4.5's model.layers.{L}): each rank reads its slices of it from the
+    checkpoint (heads split, every expert by its width) and drafts with them, on a model loaded whole
+    (greedy; sampled at K = 2) and on a ShardedCausalLM read from the same checkpoint."""
+    import transformers as tf
+
+    from specdec_fast.heads.mtp import mtp_head
+    from specdec_fast.runners import ShardedCausalLM
+    from tests.engine.mtp_models import LAYERS
+
+    glm = tf.Glm4MoeForCausalLM.from_pretrained(path).eval()
+    glm._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{LAYERS}\..*"]  # the single process's MtpModel
+    ids, mask = left_padded_prompts([4, 7], seed=3)
+    sampled = dict(use_mtp=True, num_assistant_tokens=2, do_sample=True, seed=5)
+    out = {f"mtp {name}": case for name, case in _cases(specdec_fast, glm, None, ids, mask, {
+        "greedy": dict(use_mtp=True, do_sample=False), "sampled": sampled}, group).items()}
+    sharded = ShardedCausalLM.from_pretrained(path, group, timeout=TP_TIMEOUT)
+    kw = dict(sampled, max_new_tokens=MAX_NEW, pad_token_id=0)
+    tokens, stats = specdec_fast.generate(sharded, ids, mask, return_stats=True, **kw)
+    out["mtp checkpoint"] = (specdec_fast.generate(glm, ids, mask, **kw).tolist(), tokens.tolist())
+    out["mtp alpha"] = stats.alpha
+    engine = specdec_fast.SpeculativeEngine(sharded, draft_head=mtp_head(sharded, tensor_parallel=True),
+                                            max_batch_size=2, max_seq_len=32)
+    runner = engine.draft_runner  # this rank's slices: its query heads and its columns of every expert
+    out["mtp runner"] = (type(runner).__name__, runner.num_heads, tuple(runner.layers[0].moe.gate_up.shape))
     return out
 
 
