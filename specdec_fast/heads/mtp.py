@@ -16,11 +16,12 @@ as transformers feeds them; vLLM's glm4_moe_mtp uses t: RoPE is relative, so the
 same). A draft step feeds (m of the previous step, the token just drafted) at the next position:
 transformers chains an MTP layer's normed output into the next layer, SGLang feeds it back (vLLM
 feeds the pre-norm output back). With one MTP layer transformers drafts one token per iteration;
-here K = 1 by default too (MTP_DEFAULT_K), and a
-larger K (num_assistant_tokens, or the adaptive schedule) runs the same layer again per draft.
+here K = 1 by default too (MTP_DEFAULT_K), and a larger K (num_assistant_tokens, or the adaptive
+schedule) runs the same layer again per draft.
 
 Which targets: MTP_MODEL_TYPES, whose decoder layer the Llama runner runs (runners/paged_llama.py);
-one MTP layer (every GLM-4.x checkpoint has one; several would each need their own cache).
+one MTP layer (every GLM-4.x checkpoint has one; several would each need their own cache). Under
+tensor parallelism the head is MtpLayerSlices: each rank reads its slices of the layer itself.
 """
 import os
 import weakref

@@ -279,3 +279,16 @@ def test_the_cli_drafts_with_mtp(target, capsys, monkeypatch, tmp_path):
     assert "--- stats" in out and "K=1" in out.replace(" ", ""), out
     assert cli.main([*argv, "--mtp", "--prompt-lookup", "3"]) == 2
     assert "give one of" in capsys.readouterr().err
+
+
+def test_a_checkpoints_processors_apply_to_the_mtp_drafts(target):
+    """A generation_config's repetition_penalty (Qwen2.5 Instruct ships 1.05) and no_repeat_ngram_size:
+    greedy equals model.generate with them; sampled, the static graph twin draws the eager tokens."""
+    ids, mask = left_padded_prompts([5, 3], vocab=VOCAB, seed=7)
+    options = dict(repetition_penalty=1.3, no_repeat_ngram_size=3, max_new_tokens=12, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, **options)
+    out = specdec_fast.generate(target, ids, mask, use_mtp=True, num_assistant_tokens=2, do_sample=False, **options)
+    assert torch.equal(out, expected)
+    sampled = dict(options, use_mtp=True, num_assistant_tokens=2, do_sample=True, seed=4, temperature=0.8)
+    eager = specdec_fast.generate(target, ids, mask, cuda_graphs=False, **sampled)
+    assert torch.equal(specdec_fast.generate(target, ids, mask, cuda_graphs="static", **sampled), eager)
