@@ -287,7 +287,7 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
         rng = random.Random(seed * 100003 + it)
         kind = rng.choice(["llama", "llama", "qwen2", "gpt2", "phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode",
                           "mistral", "gemma", "gemma2", "cohere2", "mixtral", "qwen3_moe", "qwen2_moe", "glm4_moe", "exaone_moe", "solar_open",
-                          "ministral3", "cwm", "gpt_oss"])
+                          "olmoe", "ministral3", "cwm", "gpt_oss"])
         if kind not in pairs:
             model = make_model(kind, layers=2, seed=3)
             model.generation_config.eos_token_id = None

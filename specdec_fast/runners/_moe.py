@@ -58,7 +58,8 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "gpt_oss": ("topk_softmax", False, True, "gpt_oss"),
                 "glm4_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "exaone_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
-                "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
+                "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu")}
 SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's and its kin's (ungated) shared MLP
 
 

@@ -54,7 +54,10 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # rotated, grouped sigmoid routing, a shared MLP, dense first layers), EXAONE MoE
                      # (GLM-4.5's routing, Qwen3's q/k norms, NoPE full layers: NOPE_UNLESS_SLIDING),
                      # Solar Open (GLM-4.5's routing, Llama's attention)
-                     "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+                     "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
+                     # OLMoE: Llama's layer with q/k RMSNorms over the whole projection (FULL_QK_NORM), an
+                     # optional clamp of q / k / v (clip_qkv), Qwen3-MoE's routing
+                     "olmoe")
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
 NOPE_UNLESS_SLIDING = ("exaone_moe",)
@@ -205,6 +208,18 @@ def _projections(layer, config) -> tuple:
     return (*qkv, *gate_up)
 
 
+def _qk_norms(attn, head_dim: int):
+    """(per-head q/k norms, whole-projection q/k norms): each (q weight, q eps, k weight, k eps) or
+    None. Qwen3's norms weigh one head's dims ([D]) and run per head (in rope_append_kv on the
+    Triton path); OLMoE's weigh the whole projection ([Hq * D], [Hkv * D]) and run over it before
+    the heads are split (a norm of their own on every path)."""
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is None:
+        return None, None
+    norms = (q_norm.weight, q_norm.variance_epsilon, k_norm.weight, k_norm.variance_epsilon)
+    return (norms, None) if q_norm.weight.numel() == head_dim else (None, norms)
+
+
 class _Layer:
     """One decoder layer's parameters (references to the model's tensors, not copies). With
     fuse=True, q/k/v and gate/up are also held as one concatenated weight each (w_qkv, w_gate_up;
@@ -226,8 +241,9 @@ class _Layer:
                 self.w_gate_up, self.b_gate_up = _fuse((gate, up))
         self.q, self.k, self.v, self.gate, self.up = _projections(layer, config)
         (self.o,) = linear_params(attn.o_proj)
-        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        self.qk_norm = None if q_norm is None else (q_norm.weight, q_norm.variance_epsilon, k_norm.weight, k_norm.variance_epsilon)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.qk_norm, self.qk_norm_full = _qk_norms(attn, head_dim)
+        self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped to [-c, c] after the norms
         self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
         self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
         if self.moe is None:
@@ -241,6 +257,19 @@ class _Layer:
         self.rope = bool(getattr(attn, "use_rope", True)) and rotates(config, attn.layer_idx)
         sinks = getattr(attn, "sinks", None)  # GPT-OSS: [Hq] logits, float32 for the kernels (a copy of Hq values)
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
+
+
+def _whole_projection_math(layer, q, k, v, fused: bool):
+    """OLMoE's RMSNorms over the whole q / k projections [T, Hq * D] / [T, Hkv * D] and its clamp of
+    q, k and v to [-clip_qkv, clip_qkv], as transformers' OlmoeAttention orders them (before the
+    heads are split and rotated); q, k, v unchanged for the other families."""
+    if layer.qk_norm_full is not None:
+        q_weight, q_eps, k_weight, k_eps = layer.qk_norm_full
+        q, k = rms_norm(q.contiguous(), q_weight, q_eps, fused), rms_norm(k.contiguous(), k_weight, k_eps, fused)
+    if layer.clip_qkv is not None:
+        c = layer.clip_qkv
+        q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+    return q, k, v
 
 
 def _split_qkv(layer, qkv):
@@ -323,6 +352,8 @@ class PagedLlamaRunner(PagedRunnerBase):
             return "a tensor-parallel runner sums partial products across ranks (the fused residual add would repeat)"
         if any(layer.moe is not None for layer in self.layers):
             return "the GEMV layer has no mixture-of-experts MLP"
+        if any(layer.qk_norm_full is not None or layer.clip_qkv is not None for layer in self.layers):
+            return "the GEMV layer has no whole-projection q/k norms or clip_qkv (OLMoE)"
         if any(layer.w_qkv is None or layer.w_gate_up is None for layer in self.layers):
             return "the q/k/v and gate/up projections are not fused (fuse_projections=False, or biases on some only)"
         if not self.silu:
@@ -386,7 +417,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         owns, sum_ = self._carries_residual and self.residual_multiplier == 1.0, self._sum_partials
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
-            q, k, v = lins(h, *layer.qkv)
+            q, k, v = _whole_projection_math(layer, *lins(h, *layer.qkv), fused)
             q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
             if layer.qk_norm is not None:
                 q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
@@ -471,6 +502,7 @@ class PagedLlamaRunner(PagedRunnerBase):
                 q, k, v = _split_qkv(layer, F.linear(h, layer.w_qkv, layer.b_qkv))
             else:
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
+            q, k, v = _whole_projection_math(layer, q, k, v, False)
             o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n,
                                            q_scales=q_scales)
             x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)

@@ -23,8 +23,8 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 # gate/up by rows), each tested on 2 CPU ranks: CWM and Ministral 3 bring sliding layers (their
 # windows in the kernels) and Ministral 3 its query temperature; the MoE families split every
 # expert by its width (runners/sharding_moe.py), GPT-OSS its sinks by heads. The rest of
-# LLAMA_MODEL_TYPES (Phi-3's fused projections, Granite's scalars, SmolLM3's NoPE layers, the types
-# named otherwise) have no tensor-parallel runner.
+# LLAMA_MODEL_TYPES (Phi-3's fused projections, Granite's scalars, SmolLM3's NoPE layers, OLMoE's q/k
+# norms over a projection that ranks would split, the types named otherwise) have no tensor-parallel runner.
 TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral3", "mixtral", "qwen2_moe", "qwen3_moe",
                   "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
 

@@ -64,6 +64,10 @@ def _config(kind: str, vocab: int, layers: int):
                                   routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,
                                   layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
                                   mlp_layer_types=(["dense"] + ["sparse"] * layers)[:layers], **llama_like)
+    if kind == "olmoe":  # 16 experts of 24, top 2, not renormalised; q/k norms over the whole projection; q/k/v
+        # clamped to [-0.4, 0.4] (clip_qkv: some values of a random model reach it)
+        return tf.OlmoeConfig(num_experts=16, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=0.4,
+                              **dict(llama_like, intermediate_size=24))
     if kind == "solar_open":  # GLM-4.5's routing in every layer, Llama's attention
         return tf.SolarOpenConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                                   topk_group=1, routed_scaling_factor=1.5, n_shared_experts=1, head_dim=12, **llama_like)

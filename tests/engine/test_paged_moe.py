@@ -27,7 +27,7 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 
 VOCAB = 96
-KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe")
 # which of the 2 layers are MoE (else both)
 MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True]}
 
@@ -60,6 +60,8 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
     elif kind == "solar_open":  # GLM-4.5's routing in every layer, Llama's attention
         config = tf.SolarOpenConfig(n_routed_experts=16, moe_intermediate_size=32, n_group=4, topk_group=2,
                                     routed_scaling_factor=1.5, n_shared_experts=1, head_dim=16, **common)
+    elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
+        config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
         config = tf.GptOssConfig(num_local_experts=16, head_dim=16, sliding_window=6, swiglu_limit=1.0,
                                  rope_parameters={"rope_type": "default", "rope_theta": 700.0},
@@ -241,3 +243,22 @@ def test_refusals(device):
     assert runner.gemv_layer_reason() == "the GEMV layer has no mixture-of-experts MLP"
     model.model.layers[0].mlp.experts.has_bias = True
     assert paged_unsupported_reason(model) == "layer 0: MoE experts with biases"
+
+
+@pytest.mark.parametrize("left_out", ["clip_qkv", "qk_norm_full"])
+def test_control_olmoe_without_its_projection_norms_or_clamp_fails(left_out, monkeypatch):
+    """The logits check above catches a runner that skips OLMoE's whole-projection q/k norms or its
+    clamp of q / k / v (clip_qkv 0.5 reaches some values of this model)."""
+    import specdec_fast.runners.paged_llama as paged_llama
+
+    whole = paged_llama._whole_projection_math
+
+    def without(layer, q, k, v, fused):
+        kept = {"qk_norm_full": layer.qk_norm_full, "clip_qkv": layer.clip_qkv, left_out: None}
+        return whole(type("Layer", (), kept), q, k, v, fused)
+
+    monkeypatch.setattr(paged_llama, "_whole_projection_math", without)
+    model = tiny_moe("olmoe")
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend="torch")
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
