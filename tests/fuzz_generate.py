@@ -33,6 +33,7 @@ import argparse
 import copy
 import json
 import random
+import tempfile
 import warnings
 
 import torch
@@ -41,6 +42,8 @@ GREEDY_PROMPTS = ["def binary_search(a, x):", "class Queue:", "import os\n\ndef 
                   "# sort a list\n", "x = [", "def f(n):\n    if n", "while True:\n", "print(", "return"]
 STOP_STRINGS = ["return", ":\n", "(", "  ", "\n\n", "if", "self", "]", "=="]
 TREE_BRANCHINGS = ([2, 1, 1], [2, 2], [3, 1, 1, 1], [1, 1, 1])
+# The drafting keywords _drafting chooses among: what a case that drafts otherwise removes
+DRAFTING_KEYS = ("assistant_model", "num_assistant_tokens", "num_assistant_tokens_schedule", "prompt_lookup_num_tokens")
 
 
 def _compiled_cpu_backend() -> str | None:
@@ -273,6 +276,7 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
     from tests.engine.conftest import as_generate_takes
     from tests.engine.models import left_padded_prompts, make_draft, make_model
     from tests.engine.test_generate_processors import OPTIONS, BanEvenAfterOdd
+    from tests.engine.mtp_models import glm_with_mtp
 
     class StopAt(StoppingCriteria):
         def __init__(self, token):
@@ -287,9 +291,10 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
         rng = random.Random(seed * 100003 + it)
         kind = rng.choice(["llama", "llama", "qwen2", "gpt2", "phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode",
                           "mistral", "gemma", "gemma2", "cohere2", "mixtral", "qwen3_moe", "qwen2_moe", "glm4_moe", "exaone_moe", "solar_open",
-                          "olmoe", "ministral3", "cwm", "gpt_oss"])
-        if kind not in pairs:
-            model = make_model(kind, layers=2, seed=3)
+                          "olmoe", "ministral3", "cwm", "gpt_oss", "glm_mtp"])
+        if kind not in pairs:  # glm_mtp: GLM-4.5 loaded from a checkpoint with its MTP layer (use_mtp below)
+            model = glm_with_mtp(tempfile.mkdtemp(prefix="fuzz_glm_mtp_")) if kind == "glm_mtp" else \
+                make_model(kind, layers=2, seed=3)
             model.generation_config.eos_token_id = None
             pairs[kind] = (model, make_draft(model, noise=0.1))
         target, draft = pairs[kind]
@@ -311,9 +316,12 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
             opts.update(return_dict_in_generate=True, output_scores=True)
         ours = _drafting(rng, draft, tree_ok=False, triton=triton)
         if rng.random() < 0.1:  # the target's own first layer drafts (GPT-2: an UnsupportedModelError)
-            ours = {k: v for k, v in ours.items() if k not in ("assistant_model", "num_assistant_tokens",
-                                                                "num_assistant_tokens_schedule", "prompt_lookup_num_tokens")}
+            ours = {k: v for k, v in ours.items() if k not in DRAFTING_KEYS}
             ours["assistant_early_exit"] = 1
+        if kind == "glm_mtp" and rng.random() < 0.7:  # the target's own MTP layer drafts, K of 1-3 or its default
+            ours = {k: v for k, v in ours.items() if k not in DRAFTING_KEYS + ("assistant_early_exit",)}
+            ours.update(use_mtp=True, runner="paged",  # the MTP layer reads the paged target runner's states
+                        **({} if rng.random() < 0.3 else {"num_assistant_tokens": rng.randint(1, 3)}))
         expected = _call(target.generate, ids, attention_mask=mask, **as_generate_takes(opts))
         got = _call(specdec_fast.generate, target, ids, mask, **ours, **opts)
         yield it, _described(opts, ours, family=kind, lengths=mask.sum(1).tolist(), refused=isinstance(got, Exception)), \
