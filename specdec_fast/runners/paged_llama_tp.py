@@ -98,6 +98,7 @@ class _TPLayer:
         self.o = (get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias") if first_rank else None)
         q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")
         self.qk_norm = None if q_norm is None else (q_norm, eps, k_norm, eps)
+        self.qk_norm_full = self.clip_qkv = None  # OLMoE's (paged_llama._whole_projection_math): not sharded
         self.qkv = ([q, k, v], [bq, bk, bv])
         self.q_cols, self.kv_cols = q.shape[0], k.shape[0]
         if self.moe is None:
