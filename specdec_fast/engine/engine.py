@@ -642,7 +642,8 @@ class SpeculativeEngine:
             raise ValueError(f"prompt ({width} tokens) + max_new_tokens ({max_new_tokens}) exceeds this engine's "
                              f"max_seq_len={self.max_seq_len}")
         pool = getattr(self.target_runner, "cache", None)
-        if pool is not None and getattr(self.target_runner, "pooled", False):
+        # a ring cache (every layer windowed: runners/paged_cache.py) holds a ring per slot whatever the row's length
+        if pool is not None and getattr(self.target_runner, "pooled", False) and pool.ring_blocks is None:
             need = batch * math.ceil((width + max_new_tokens + drafted + 1) / self.block_size)
             if need > pool.num_blocks:
                 raise OutOfBlocksError(

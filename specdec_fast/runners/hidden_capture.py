@@ -85,6 +85,11 @@ class HiddenCapture:
     def abort(self) -> None:
         self._out = self._target = None
 
+    def join_prefill(self, parts: list) -> None:
+        """A prefill run in chunks (a ring cache's: runners/paged_base.py): its chunks' [B, P_c, W]
+        side by side become the prefill's [B, P, W]."""
+        self._prefill = torch.cat(parts, 1)
+
     def take_prefill(self) -> torch.Tensor:
         """[B, P, W]: the last prefill's hidden states (once; then forgotten)."""
         out, self._prefill = self._prefill, None

@@ -120,6 +120,21 @@ def _transformers_class(model):
     return klass if klass.__module__.startswith("transformers.") else None
 
 
+def ring_blocks_for(window: int, written: int, block_size: int) -> int:
+    """Blocks a ring cache needs per row (runners/paged_cache.py) so that no position a sliding
+    window of ``window`` can read is overwritten by a call that writes ``written`` positions past
+    the committed length L: position p shares its slot with p + R * block_size only; a call reads
+    keys from L - window + 1 on and has written up to L + written - 1 (its own tokens, or an earlier
+    call's rejected ones), so R * block_size >= window + written - 1."""
+    return math.ceil((window + written - 1) / block_size)
+
+
+def ring_span(ring: int, window: int, block_size: int) -> int:
+    """The most positions one call may write past the committed length with a ring of ``ring``
+    blocks per row and a window of ``window`` (ring_blocks_for solved for them)."""
+    return ring * block_size - window + 1
+
+
 class PagedRunnerBase:
     """Runner (see runners/base.py) over a PagedKVCache; weights shared with the model.
 
@@ -142,6 +157,13 @@ class PagedRunnerBase:
     attn_softcap: float | None = None  # attention logit soft-capping (Gemma 2), in the kernels
     attn_sinks: tuple = ()  # per layer: float32 [Hq] attention sinks (GPT-OSS), in the kernels; empty: none
     _windows: tuple = ()
+    # Whether the layers of a sliding window keep only the blocks their window can still read (a
+    # ring cache: runners/paged_cache.py) where that holds fewer blocks than a row's budget; prefill
+    # then runs in chunks of at most ring_chunk tokens (the ring is sized for one chunk). Off for
+    # the block drafters, whose block sits past the context in the same cache (paged_dflash.py).
+    ring_windows = True
+    ring_chunk = 1024  # not measured: a prefill chunk long enough to keep a GPU busy, short beside long rows
+    _ring_layers: tuple = ()  # the layers on the ring cache (empty: every layer on self.cache)
     _tree_mask = None  # int64 [B*N] during a tree-scoring forward (score(tree=...)), else None
     _prefilling = False  # True during prefill's forward (eager, never captured: it may wait on the device)
     hidden_capture = None  # a HiddenCapture when a drafter reads the hidden states (capture_hidden_states)
@@ -241,11 +263,27 @@ class PagedRunnerBase:
                               for w in (self.layer_windows or (None,) * len(self.layers)))
         per_row = math.ceil(max_tokens_per_row / self.block_size)
         blocks = max_batch * per_row if num_blocks is None else num_blocks
-        self.cache = PagedKVCache(len(self.layers), self.num_kv_heads, self.head_dim, num_blocks=blocks,
-                                  block_size=self.block_size, max_batch=max_batch, max_blocks_per_row=per_row,
-                                  dtype=self.dtype, device=self.device)
-        self.k_caches = [self.cache.kv[i, 0] for i in range(len(self.layers))]
-        self.v_caches = [self.cache.kv[i, 1] for i in range(len(self.layers))]
+        windows = [w for w in self._windows if w is not None]
+        ring = ring_blocks_for(max(windows), max(self.ring_chunk, self.max_tentative), self.block_size) \
+            if self.ring_windows and windows else per_row
+        self._ring_layers = tuple(i for i, w in enumerate(self._windows) if w is not None) if ring < per_row else ()
+        self._ring_span = ring_span(ring, max(windows), self.block_size) if windows else 0
+        full = [i for i in range(len(self.layers)) if i not in self._ring_layers]
+        kw = dict(block_size=self.block_size, max_batch=max_batch, max_blocks_per_row=per_row, dtype=self.dtype,
+                  device=self.device)
+        # The full layers' cache (self.cache, the admissions' bookkeeping), then the ring's
+        self.caches = []
+        if full:
+            self.caches.append(PagedKVCache(len(full), self.num_kv_heads, self.head_dim, num_blocks=blocks, **kw))
+        if self._ring_layers:  # every row holds its ring: admission never fails on it once the full one did
+            self.caches.append(PagedKVCache(len(self._ring_layers), self.num_kv_heads, self.head_dim,
+                                            num_blocks=max_batch * ring, ring_blocks=ring, **kw))
+        self.cache = self.caches[0]
+        # layer i -> (its cache's index in self.caches, its index in that cache)
+        self._layer_cache = [(0, full.index(i)) if i in full else (len(self.caches) - 1, self._ring_layers.index(i))
+                             for i in range(len(self.layers))]
+        self.k_caches = [self.caches[c].kv[j, 0] for c, j in self._layer_cache]
+        self.v_caches = [self.caches[c].kv[j, 1] for c, j in self._layer_cache]
         # Per-slot lengths and commit caps; a call of B rows works on the views [:B] (the same
         # addresses every call of B rows: graph safe).
         self._length_all = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
@@ -258,7 +296,7 @@ class PagedRunnerBase:
     @property
     def kv_bytes(self) -> int:
         """Bytes of the KV pool (0 before one exists)."""
-        return 0 if self.cache is None else self.cache.kv.numel() * self.cache.kv.element_size()
+        return 0 if self.cache is None else sum(c.kv.numel() * c.kv.element_size() for c in self.caches)
 
     def bytes_per_token(self) -> int:
         """KV bytes one token takes in every layer (K and V)."""
@@ -268,7 +306,8 @@ class PagedRunnerBase:
         """Returns every admitted slot's blocks to the pool (after a call; prefill does it too)."""
         if self.cache is None:
             return
-        self.cache.free_all()
+        for cache in self.caches:
+            cache.free_all()
 
     # -- the runner interface --------------------------------------------------------------
     @torch.no_grad()
@@ -286,9 +325,30 @@ class PagedRunnerBase:
         # entry points' Python checks and dispatch were ~10% of a decoding step of the demo pair on
         # CPU (cProfile).
         self._direct = None
-        hidden = self._forward(input_ids, num_valid, prefill=True)
+        hidden = self._prefill_forward(input_ids, num_valid)
         self._end_prefill()
         return self._logits(hidden[:, -1])
+
+    def _prefill_forward(self, tokens: torch.Tensor, num_valid) -> torch.Tensor:
+        """The prompt's forward -> hidden states of its last chunk [B, C, H] (the last column is the
+        prompt's last position). At once, or, with a ring cache, in chunks of at most ring_chunk
+        columns (its ring is sized for one): each row's real tokens of a chunk are its last ones
+        (left padding), so a chunk is a score-like call with per-row counts; a captured prefill's
+        hidden states are joined."""
+        width = tokens.shape[1]
+        if not self._ring_layers or width <= self.ring_chunk:
+            return self._forward(tokens, num_valid, prefill=True)
+        pad = None if num_valid is None else width - num_valid.to(self.device)
+        parts = []
+        for start in range(0, width, self.ring_chunk):
+            stop = min(start + self.ring_chunk, width)
+            count = None if pad is None else (stop - pad.clamp(min=start)).clamp(min=0)
+            hidden = self._forward(tokens[:, start:stop], count, prefill=True)
+            if self.hidden_capture is not None:
+                parts.append(self.hidden_capture.take_prefill())
+        if self.hidden_capture is not None:
+            self.hidden_capture.join_prefill(parts)
+        return hidden
 
     def _admit(self, input_ids: torch.Tensor, attention_mask, budgets, max_new_tokens, num_draft_tokens):
         """prefill's first half: sizes, the pool, each row's slot and reservation, lengths 0 and
@@ -313,13 +373,21 @@ class PagedRunnerBase:
         if self.max_positions is not None and max(budgets) > self.max_positions:
             raise ValueError(f"a row of {max(budgets)} tokens (prompt + max_new_tokens + K + 1) would exceed the "
                              f"model's {self.max_positions} {self.positions_limit}")
+        if self._ring_layers and self.max_tentative > self._ring_span:
+            raise ValueError(f"{self.max_tentative} tentative tokens per call exceed what this runner's ring cache of "
+                             f"windowed layers keeps ({self._ring_span}); allocate it with num_draft_tokens this large")
         used = [b for b in range(batch) if budgets[b] > 0]
         self.cache.admit_batch(used, [budgets[b] for b in used])  # OutOfBlocksError / ValueError: nothing admitted
+        for cache in self.caches[1:]:  # the ring: max_batch rings in its pool, never short
+            cache.admit_batch(used, [budgets[b] for b in used])
         self.block_table, self.seq_lens = self.cache.block_table[:batch], self.cache.seq_lens[:batch]
+        tables = [cache.block_table[:batch] for cache in self.caches]
+        self._tables = [tables[c] for c, _ in self._layer_cache]  # layer i's block table
         self.length = self._length_all[:batch]
         self.length.zero_()
         # A row's commit cap: its reserved slots less the K + 1 tentative ones (0 for an unused row).
-        caps = [max(len(self.cache.blocks_of(b)) * self.block_size - self.max_tentative, 0) for b in range(batch)]
+        caps = [max(self.cache.blocks_needed(budgets[b]) * self.block_size - self.max_tentative, 0) if budgets[b] else 0
+                for b in range(batch)]
         self.caps = self._cap_all[:batch]
         self.caps.copy_(torch.tensor(caps, dtype=torch.int32, device="cpu"))  # host values, one copy
         return None if attention_mask is None else attention_mask.to(self.device).sum(1)
@@ -374,7 +442,9 @@ class PagedRunnerBase:
         """After tree scoring: the tentative tokens at call positions path[b, :keep[b]] (int32 [B, P],
         -1 padded) move to the first keep[b] tentative slots (compact_kv, every layer) and are
         committed, in that order; the others are dropped."""
-        compact_kv(self.cache.kv, self.block_table, self.seq_lens, path, backend=self.backend, check=False)
+        for cache in self.caches:
+            compact_kv(cache.kv, cache.block_table[:self.seq_lens.shape[0]], self.seq_lens, path, backend=self.backend,
+                       check=False)
         self.commit(keep)
 
     def compact(self, max_len_bound: int) -> None:
@@ -473,11 +543,11 @@ class PagedRunnerBase:
         """Writes layer i's new k, v [T, Hkv, D] at self.length (or at ``start`` [B] int32), rows packed by cu."""
         start = self.length if start is None else start
         if self._direct == "cpp":
-            torch.ops.specdec_fast.append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, start, cu)
+            torch.ops.specdec_fast.append_kv(k, v, self.k_caches[i], self.v_caches[i], self._tables[i], start, cu)
         elif self._direct == "triton":
-            self._triton[0](k, v, self.k_caches[i], self.v_caches[i], self.block_table, start, cu)
+            self._triton[0](k, v, self.k_caches[i], self.v_caches[i], self._tables[i], start, cu)
         else:
-            append_kv(k, v, self.k_caches[i], self.v_caches[i], self.block_table, start, cu,
+            append_kv(k, v, self.k_caches[i], self.v_caches[i], self._tables[i], start, cu,
                       backend=self.backend, check=False)
 
     def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float, causal: bool = True,
@@ -491,14 +561,14 @@ class PagedRunnerBase:
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
-                                                          self.block_table, attn_lens, cu, self._tree_mask, scale, causal,
+                                                          self._tables[i], attn_lens, cu, self._tree_mask, scale, causal,
                                                           window or 0, softcap or 0.0, sinks)
         if self._direct == "triton":
-            return self._triton[1](q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
+            return self._triton[1](q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
                                    plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace,
                                    pdl=pdl, window=window, softcap=softcap, sinks=sinks)
-        return paged_attention(q, self.k_caches[i], self.v_caches[i], self.block_table, attn_lens, cu,
+        return paged_attention(q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
                                window=window, softcap=softcap, sinks=sinks, backend=self.backend, check=False)
 

@@ -13,6 +13,16 @@ read only slots written before (what a slot holds before its first write is unde
 A request reserves every block of its budget (prompt + max_new_tokens + K + 1) at admission,
 so the decoding loop never allocates: commit / append / compact touch device tensors only and
 never sync. Rollback of rejected drafts is not advancing seq_lens.
+
+A ring cache (ring_blocks=R: the layers of a sliding window W) reserves at most R physical blocks
+per row and repeats them along the row's table: logical block j is physical block
+blocks[j % R]. Position p then shares its slot with p +- R * block_size only, and a write at p
+overwrites position p - R * block_size. The table is written once at admission, so the kernels
+run unchanged and the loop still never allocates. It is exact while every position a reader
+follows was not overwritten since it was written: for readers that see only the last W positions
+up to a query (a sliding window) and calls that write at most N positions past the committed
+length (a prefill chunk, or K + 1 tentative tokens), R * block_size >= W + N - 1 suffices
+(runners/paged_base.py ring_blocks_for). gather() of such a cache returns what the slots hold now.
 """
 import math
 
@@ -45,6 +55,7 @@ class PagedKVCache:
         max_blocks_per_row: int,
         dtype: torch.dtype = torch.float16,
         device="cpu",
+        ring_blocks: int | None = None,
     ):
         self.num_layers = _positive_int("num_layers", num_layers)
         self.num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
@@ -53,6 +64,7 @@ class PagedKVCache:
         self.block_size = _positive_int("block_size", block_size)
         self.max_batch = _positive_int("max_batch", max_batch)
         self.max_blocks_per_row = _positive_int("max_blocks_per_row", max_blocks_per_row)
+        self.ring_blocks = None if ring_blocks is None else _positive_int("ring_blocks", ring_blocks)
         if dtype not in CACHE_DTYPES:
             raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
         self.dtype = dtype
@@ -88,7 +100,8 @@ class PagedKVCache:
         return len(self._free)
 
     def blocks_of(self, slot: int) -> list[int]:
-        """The physical blocks reserved by ``slot`` (host copy; empty when the slot is free)."""
+        """The physical blocks reserved by ``slot`` (host copy; empty when the slot is free; a ring
+        cache: at most ring_blocks, which its table repeats)."""
         return list(self._blocks[self._slot(slot)] or [])
 
     def is_admitted(self, slot: int) -> bool:
@@ -123,19 +136,20 @@ class PagedKVCache:
                     f"more than max_blocks_per_row = {self.max_blocks_per_row}"
                 )
             needs.append(need)
-        if sum(needs) > len(self._free):
+        held = [need if self.ring_blocks is None else min(need, self.ring_blocks) for need in needs]
+        if sum(held) > len(self._free):
             raise OutOfBlocksError(
-                f"admitting slots {slots} needs {sum(needs)} blocks ({budgets} tokens at {self.block_size} per block), "
+                f"admitting slots {slots} needs {sum(held)} blocks ({budgets} tokens at {self.block_size} per block), "
                 f"only {len(self._free)} of {self.num_blocks} blocks are free"
             )
         # One host table of the admitted rows and one copy into the device's (their lengths reset
         # in one launch): per-slot writes were two device ops and a host-to-device copy a row. CPU,
         # 400 rows (the sampling tests' calls), admission + free_all, best of 20: 13.9 ms -> 1.1-1.9 ms.
         table = []
-        for slot, need in zip(slots, needs):
-            blocks = [self._free.pop() for _ in range(need)]
+        for slot, need, count in zip(slots, needs, held):
+            blocks = [self._free.pop() for _ in range(count)]
             self._blocks[slot] = blocks
-            table.append(blocks + [-1] * (self.max_blocks_per_row - need))
+            table.append([blocks[j % count] for j in range(need)] + [-1] * (self.max_blocks_per_row - need))
         self._write_rows(slots, torch.tensor(table, dtype=torch.int32, device="cpu"), 0)
 
     def free(self, slot: int) -> None:
@@ -208,7 +222,7 @@ class PagedKVCache:
         """Dense copies (K, V), each [seq_len, Hkv, D], of ``slot``'s committed tokens in ``layer``."""
         layer, slot = self._layer(layer), self._slot(slot)
         length = int(self.seq_lens[slot])
-        reserved = len(self._blocks[slot] or []) * self.block_size
+        reserved = int((self.block_table[slot] >= 0).sum()) * self.block_size  # logical blocks (a ring repeats)
         if length > reserved:
             raise RuntimeError(f"slot {slot} has seq_len {length}, beyond its {reserved} reserved token slots")
         pos = torch.arange(length, device=self.device)

@@ -58,6 +58,8 @@ class PagedDFlashRunner(PagedRunnerBase):
     """Runner of a DFlash drafter: prefill_context / draft (module docstring). embed [V, H] and
     lm_head [V, H]: the target's. num_draft_tokens: K (<= block_size - 1)."""
 
+    ring_windows = False  # its block sits past the context in the same cache, both ways: every block kept
+
     unsupported_reason = staticmethod(dflash_unsupported_reason)
 
     def __init__(self, head, embed: torch.Tensor, lm_head: torch.Tensor, *, num_draft_tokens: int = 1,

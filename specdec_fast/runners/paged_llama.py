@@ -474,7 +474,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         total, heads, kv_heads, dim = q.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         q = q.view(total, heads, dim)
         self._ops[1](q, k.view(total, kv_heads, dim), v.view(total, kv_heads, dim), cos, sin, self.k_caches[i],
-                     self.v_caches[i], self.block_table, self.length, cu, layer.qk_norm, pdl=pdl,
+                     self.v_caches[i], self._tables[i], self.length, cu, layer.qk_norm, pdl=pdl,
                      q_scale=None if q_scales is None else q_scales.view(total))  # Ministral 3's temperature
         return self._attention(i, q, attn_lens, cu, n, self.scale, pdl=pdl).view(total, heads * dim)
 
