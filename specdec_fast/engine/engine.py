@@ -299,7 +299,9 @@ class SpeculativeEngine:
                    if r is not None and hasattr(r, "allocate")]
         if not runners:
             return "no KV pool (the runners keep their own caches per call)"
-        per_token = sum(r.bytes_per_token() for _, r in runners)
+        # per pooled token (the layers on the full cache) and fixed (the windowed layers' ring caches)
+        sizes = [r.kv_sizes(self.max_batch_size, row_tokens + getattr(r, "extra_row_tokens", 0)) for _, r in runners]
+        per_token, fixed = sum(size[0] for size in sizes), sum(size[1] for size in sizes)
         if kv_cache_tokens is not None:
             tokens, why = _positive("kv_cache_tokens", kv_cache_tokens), "kv_cache_tokens"
         else:
@@ -307,9 +309,9 @@ class SpeculativeEngine:
             # (rows x tokens alone fell short: 16 rows of 257 tokens need 272 blocks of 16, not 257)
             tokens = self.max_batch_size * math.ceil(default_row / self.block_size) * self.block_size
             why = f"max_batch_size {self.max_batch_size} x (max_seq_len + K + 1) in whole blocks"
-            if self.device.type == "cuda":
+            if self.device.type == "cuda" and per_token:
                 free = torch.cuda.mem_get_info(self.device)[0]
-                cap = int(free * fraction) // per_token
+                cap = max(int(free * fraction) - fixed, 0) // per_token
                 if cap < tokens:
                     tokens, why = cap, f"{fraction:.0%} of the {free / 2**30:.1f} GiB free"
         if self.tp is not None:  # every rank's pool the same size: every rank refuses the same requests
@@ -322,9 +324,11 @@ class SpeculativeEngine:
             r.allocate(self.max_batch_size, row_tokens + extra, blocks + self.max_batch_size * math.ceil(extra / self.block_size))
         total = sum(r.kv_bytes for _, r in runners)
         per_rank = "" if self.tp is None else f" on each of {self.tp.size} ranks (local KV heads)"
+        rings = "".join(f"; the {name}'s {len(r._ring_layers)} windowed layers keep {r.caches[-1].ring_blocks} blocks a row"
+                        for name, r in runners if r._ring_layers)
         return (f"KV pool {blocks * self.block_size} tokens per model ({why}), {total / 2**20:.1f} MiB for "
                 f"{' + '.join(name for name, _ in runners)}{per_rank}; up to {self.max_batch_size} rows of "
-                f"{self.max_seq_len} tokens")
+                f"{self.max_seq_len} tokens{rings}")
 
     def _chain_drafter(self):
         """The chain drafter (one per engine: it keeps per-batch-size buffers), None for plain decoding."""

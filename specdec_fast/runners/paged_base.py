@@ -258,16 +258,12 @@ class PagedRunnerBase:
         if self.max_positions is not None and max_tokens_per_row > self.max_positions:
             raise ValueError(f"a row of {max_tokens_per_row} tokens (prompt + max_new_tokens + K + 1) would exceed the "
                              f"model's {self.max_positions} {self.positions_limit}")
-        # a window rows of this length never reach (q - k <= max_tokens_per_row - 1 < window) is full attention
-        self._windows = tuple(w if w is not None and w < max_tokens_per_row else None
-                              for w in (self.layer_windows or (None,) * len(self.layers)))
+        self._windows = self._windows_for(max_tokens_per_row)
         per_row = math.ceil(max_tokens_per_row / self.block_size)
         blocks = max_batch * per_row if num_blocks is None else num_blocks
+        self._ring_layers, ring = self._ring_plan(max_tokens_per_row)
         windows = [w for w in self._windows if w is not None]
-        ring = ring_blocks_for(max(windows), max(self.ring_chunk, self.max_tentative), self.block_size) \
-            if self.ring_windows and windows else per_row
-        self._ring_layers = tuple(i for i, w in enumerate(self._windows) if w is not None) if ring < per_row else ()
-        self._ring_span = ring_span(ring, max(windows), self.block_size) if windows else 0
+        self._ring_span = ring_span(ring, max(windows), self.block_size) if self._ring_layers else 0
         full = [i for i in range(len(self.layers)) if i not in self._ring_layers]
         kw = dict(block_size=self.block_size, max_batch=max_batch, max_blocks_per_row=per_row, dtype=self.dtype,
                   device=self.device)
@@ -293,14 +289,37 @@ class PagedRunnerBase:
         # workspace for the runner's whole life, so the captured graphs keep reading the same buffers.
         self._attn_workspace = KernelWorkspace()
 
+    def _windows_for(self, max_tokens_per_row: int) -> tuple:
+        """Each layer's window where rows of this length reach it, else None (full attention: q - k
+        <= max_tokens_per_row - 1 < window)."""
+        return tuple(w if w is not None and w < max_tokens_per_row else None
+                     for w in (self.layer_windows or (None,) * len(self.layers)))
+
+    def _ring_plan(self, max_tokens_per_row: int) -> tuple:
+        """(the layers that take a ring cache, its blocks per row) for rows of this length: the
+        windowed layers, where their ring (ring_blocks_for, sized for a prefill chunk or a call's
+        tentative tokens) is smaller than a row's blocks; else ((), 0)."""
+        windows = [w for w in self._windows_for(max_tokens_per_row) if w is not None]
+        if not (self.ring_windows and windows):
+            return (), 0
+        ring = ring_blocks_for(max(windows), max(self.ring_chunk, self.max_tentative), self.block_size)
+        if ring >= math.ceil(max_tokens_per_row / self.block_size):
+            return (), 0
+        return tuple(i for i, w in enumerate(self._windows_for(max_tokens_per_row)) if w is not None), ring
+
+    def kv_sizes(self, max_batch: int, max_tokens_per_row: int) -> tuple:
+        """(bytes a pooled token takes in the layers on the full cache, bytes of the ring cache of
+        max_batch rows of this length: fixed, whatever the pool's tokens): what an engine sizes its
+        pool by before allocate()."""
+        ring_layers, ring = self._ring_plan(max_tokens_per_row)
+        per_layer = 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+        return (len(self.layers) - len(ring_layers)) * per_layer, \
+            len(ring_layers) * per_layer * max_batch * ring * self.block_size
+
     @property
     def kv_bytes(self) -> int:
         """Bytes of the KV pool (0 before one exists)."""
         return 0 if self.cache is None else sum(c.kv.numel() * c.kv.element_size() for c in self.caches)
-
-    def bytes_per_token(self) -> int:
-        """KV bytes one token takes in every layer (K and V)."""
-        return 2 * len(self.layers) * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
 
     def release(self) -> None:
         """Returns every admitted slot's blocks to the pool (after a call; prefill does it too)."""

@@ -139,3 +139,16 @@ def test_a_call_writing_more_than_the_ring_keeps_is_refused():
     ids, mask = left_padded_prompts([5, 3], vocab=COMMON["vocab_size"], seed=1)
     with pytest.raises(ValueError, match="tentative tokens per call exceed what this runner's ring cache"):
         runner.prefill(ids, mask, budgets=[60, 60], num_draft_tokens=12)
+
+
+def test_an_engine_sizes_its_pool_by_the_full_layers_and_says_so():
+    """kv_sizes: per pooled token only the full layers; the rings a fixed amount; the engine's note names them."""
+    model = _model("gemma3")  # sliding and full layers mixed
+    runner = paged_runner_class(model)(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    per_token, fixed = runner.kv_sizes(2, 100)
+    per_layer = 2 * COMMON["num_key_value_heads"] * 12 * 4  # K and V, 2 heads of 12, float32
+    windowed = sum(w is not None for w in runner.layer_windows)
+    assert 0 < windowed < 3 and per_token == (3 - windowed) * per_layer and fixed == windowed * per_layer * 2 * 2 * 4
+    engine = specdec_fast.SpeculativeEngine(model, block_size=4, max_batch_size=2, max_seq_len=100)
+    assert f"the target's {windowed} windowed layers keep 2 blocks a row" in engine.memory_note
+    assert engine.target_runner.kv_bytes == 2 * 104 * per_token + fixed  # 2 rows of 104 tokens (+ K + 1), + the rings
