@@ -62,7 +62,7 @@ def test_logits_equal_the_forward_on_a_ring(kind, backend, device):
     assert len(ring.blocks_of(1)) == ring.ring_blocks  # the 9-token row holds its ring, not its budget
 
 
-def test_the_ring_takes_fewer_blocks_and_reads_the_same_slots():
+def test_a_rows_table_repeats_its_ring_and_the_pool_shrinks():
     """A row's table repeats its R blocks; the pool of a long row is a fraction of the full one's."""
     model = _model("mistral")
     runner = PagedLlamaRunner(model, max_new_tokens=200, num_draft_tokens=3, block_size=4)
