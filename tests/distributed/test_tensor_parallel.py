@@ -119,6 +119,8 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
         refused = results[rank]["2 ranks"]["shard a head"]["error"]
         _check(problems, refused == "ValueError: shard_draft=True shards a draft model; this engine drafts with a draft "
                "head (it runs whole on every rank)", f"rank {rank} shard_draft with a head: {refused}")
+    _check(problems, two["mistral ring layers"] == (0, 1) and two["cwm ring layers"] == (1,),
+           f"rings on 2 ranks: mistral {two['mistral ring layers']}, cwm {two['cwm ring layers']}")
     _check(problems, two["mtp alpha"] > 0, f"use_mtp over 2 ranks: alpha {two['mtp alpha']} (no draft accepted)")
     # rank 1's MTP runner: 2 of 4 query heads, 12 of each expert's 24 columns (gate and up: 24 rows of 48)
     _check(problems, two["mtp runner"] == ("TPPagedMtpRunner", 2, (8, 24, 48)), f"use_mtp runner: {two['mtp runner']}")

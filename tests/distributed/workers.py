@@ -112,6 +112,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
                                  pad_token_id=0)
         out[f"{kind} engine"] = (out[f"{kind} sampled"][0], tokens.tolist())
         out[f"{kind} engine note"] = engine.describe()
+    out.update(_rings(specdec_fast, pids, pmask, group))
     # Mixture of experts: every expert split by its width, the router on both ranks alike (Mixtral; Qwen2-MoE's
     # shared expert; Qwen3-MoE; GPT-OSS's biases, interleaved gate / up columns, sinks split by heads; GLM-4.5's
     # grouped sigmoid routing, shared MLP and partial rotary embedding; EXAONE MoE's NoPE full layer; Solar Open)
@@ -180,6 +181,28 @@ def _adaptive_k(specdec_fast, target, draft, ids, group) -> dict:
     out["adaptive K under TP"] = [(None if s.schedule is None else s.schedule["chosen"], s.mean_k,
                                    s.extra["tensor_parallel"]["k_schedule"])
                                   for s in (greedy_stats, adaptive_stats, sampled_stats)]
+    return out
+
+
+def _rings(specdec_fast, ids, mask, group) -> dict:
+    """The windowed layers on a ring cache on every rank (ring_chunk lowered to 3 so that the rings,
+    one block of 16, are smaller than these rows of up to 9 + 10 + 5 tokens: the prompt prefilled in
+    chunks): Mistral's window of 8 on every layer, CWM's sliding layers beside a full one."""
+    from specdec_fast.runners.paged_base import PagedRunnerBase
+
+    out, chunk = {}, PagedRunnerBase.ring_chunk
+    PagedRunnerBase.ring_chunk = 3
+    try:
+        for kind in ("mistral", "cwm"):
+            tgt, drf = tiny(kind)
+            out.update({f"{kind} ring {name}": case for name, case in _cases(specdec_fast, tgt, drf, ids, mask, {
+                "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)},
+                group).items()})
+            engine = specdec_fast.SpeculativeEngine(tgt, drf, process_group=group, max_batch_size=2, max_seq_len=32,
+                                                    tp_timeout=TP_TIMEOUT)
+            out[f"{kind} ring layers"] = engine.target_runner._ring_layers
+    finally:
+        PagedRunnerBase.ring_chunk = chunk
     return out
 
 
