@@ -16,7 +16,7 @@ then model.norm and lm_head (tied). The math is transformers 5.24's CohereDecode
 Cohere 2 (modeling_cohere2.py) is that layer without q / k norms, with sliding_attention layers
 (their window, 4096, in the kernels) that rotate and full_attention layers that do not (NoPE).
 One path on every backend, as the GPT-2 runner: the attention and KV append through the kernels,
-the rest torch ops. Static RoPE types only; no tensor-parallel runner.
+the rest torch ops. Static RoPE types only. Tensor parallelism: runners/paged_cohere_tp.py.
 """
 import torch
 import torch.nn.functional as F
@@ -102,7 +102,7 @@ class PagedCohereRunner(PagedRunnerBase):
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = self._cos_sin(positions)  # once per call
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = cohere_layer_norm(x, layer.norm)
@@ -112,13 +112,22 @@ class PagedCohereRunner(PagedRunnerBase):
             if layer.rope:
                 q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)
             o = self._attend(i, q, k, linear(h, *layer.v).view(total, kv_heads, dim), attn_lens, cu, n, self.scale)
-            x = x + linear(o.reshape(total, heads * dim), *layer.o) + linear(
-                layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+            x = self._parallel_add(x, linear(o.reshape(total, heads * dim), *layer.o),
+                                   linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = cohere_layer_norm(x, self.final_norm)
         self._keep(len(self.layers), out)
         return out
+
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H] (the tensor-parallel runner: its vocabulary slice's)."""
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _parallel_add(self, x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
+        """The stream after a layer whose attention and MLP both read one norm of x (the tensor-
+        parallel runner: both row-parallel partials summed in one all-reduce)."""
+        return x + attn + mlp
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head product times logit_scale (CohereForCausalLM)."""

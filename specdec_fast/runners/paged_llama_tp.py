@@ -1,4 +1,4 @@
-"""TPPagedLlamaRunner: a Llama-family model (sharded_model.TP_MODEL_TYPES) sharded over the
+"""TPPagedLlamaRunner: a Llama-family model (sharded_model.TP_LLAMA_TYPES) sharded over the
 ranks of a process group, Megatron layout, on the paged KV cache (docs/architecture.md §10).
 
 Each rank runs this runner over its ShardedCausalLM (runners/sharded_model.py; the layout:
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
 from .paged_llama import PagedLlamaRunner, llama_config_reason, rotates
-from .sharded_model import TP_MODEL_TYPES, ShardedCausalLM
+from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding_moe import moe_layer_params
 
 
@@ -52,8 +52,8 @@ def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
     """Why TPPagedLlamaRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
     if not isinstance(model, ShardedCausalLM):
         return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
-    if model.config.model_type not in TP_MODEL_TYPES:
-        return f"model_type {model.config.model_type!r} is not one of {TP_MODEL_TYPES}"
+    if model.config.model_type not in TP_LLAMA_TYPES:
+        return f"model_type {model.config.model_type!r} is not one of {TP_LLAMA_TYPES}"
     if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
         return "a shard is not a float tensor (quantized checkpoints are not supported; GPT-OSS's MXFP4 experts are dequantized on read)"
     if model.plan.moe_layout == "swiglu" and any(name.endswith("experts.gate_up_proj_bias") for name in model.shards):
@@ -127,15 +127,14 @@ def _fused(shards: dict, prefix: str, pattern: str, parts):
     return views, fused
 
 
-class TPPagedLlamaRunner(PagedLlamaRunner):
-    """Runner (runners/base.py) for one rank's ShardedCausalLM: the same interface and sizes as
-    PagedLlamaRunner (max_new_tokens, num_draft_tokens, block_size, backend, fuse_projections);
-    logits come back over the whole vocabulary [.., V], equal on every rank. ``tp``: the
-    TensorParallelGroup; ``plan``: this rank's LlamaShardPlan. Construction ends with an
-    agreement of every rank (same world size, config, dtype and kernels, or one clear error on
-    every rank: distributed/failures.py)."""
+class TensorParallelRunner:
+    """What every tensor-parallel paged runner shares (mixed in before its family's single-process
+    runner): construction ending with an agreement of every rank (same world size, config, dtype
+    and kernels, or one clear error on every rank: distributed/failures.py), logits gathered over
+    the vocabulary, the vocabulary-parallel embedding and the all-reduce of row-parallel partials.
+    The family's _bind sets tp, plan, first_rank, embed, vocab_start / vocab_part from the
+    ShardedCausalLM."""
 
-    unsupported_reason = staticmethod(tp_llama_unsupported_reason)
     lockstep_polls = True  # engine/run_ahead.py: every rank reads the same polls (same iterations)
     # NCCL collectives inside CUDA graphs: capture-safe by construction, NOT run on a multi-GPU
     # machine (none was available), so cuda_graphs=None decodes eagerly; cuda_graphs=True captures.
@@ -145,7 +144,7 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
 
     def __init__(self, model, **kwargs):
         if not isinstance(model, ShardedCausalLM):
-            raise ValueError(tp_llama_unsupported_reason(model))
+            raise ValueError(self.unsupported_reason(model))
         error = None
         try:
             super().__init__(model, **kwargs)
@@ -171,30 +170,12 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         runner.owned_model = sharded
         return runner
 
-    def _bind(self, model) -> None:
-        config, shards, plan = model.config, model.shards, model.plan
-        self.tp, self.plan, self.first_rank = model.tp, plan, plan.rank == 0
-        self._carries_residual = self.first_rank  # PagedLlamaRunner's layer loop: rank 0 adds x once
-        self.embed = shards["model.embed_tokens.weight"]
-        self.vocab_start, self.vocab_part = plan.vocab_start, plan.vocab_part
-        self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank,
-                                self.kernels, rotates(config, i)) for i in range(config.num_hidden_layers)]
-        if any(layer.sinks is not None for layer in self.layers):
-            self.attn_sinks = tuple(layer.sinks for layer in self.layers)
-        self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
-        self.lm_head = shards["lm_head.weight"]
-        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
-        self.scale = self.head_dim**-0.5
-        self.inv_freq = model.inv_freq.to(device=self.device)
-        self.rope_scaling = model.rope_scaling
-        self.silu = config.hidden_act == "silu"
-        self._bind_query_temperature(config)
-        if self.kernels == "triton":  # imported here: triton is optional on CPU machines
-            from ..kernels.cache_ops.triton_rope import rope_append_kv_triton
-            from ..kernels.llama_ops.triton import add_rms_norm_triton, silu_mul_triton
-
-            self._ops = (add_rms_norm_triton, rope_append_kv_triton, silu_mul_triton)
-            self._next_norm = [(nxt.ln_in, nxt.eps_in) for nxt in self.layers[1:]] + [(self.final_norm, self.final_eps)]
+    def _bind_shard(self, model) -> None:
+        """The group, plan and vocabulary slice of a ShardedCausalLM (each family's _bind calls it)."""
+        self.tp, self.plan, self.first_rank = model.tp, model.plan, model.plan.rank == 0
+        self._carries_residual = self.first_rank  # the layer loops: rank 0 adds the residual once
+        self.embed = model.shards["model.embed_tokens.weight"]
+        self.vocab_start, self.vocab_part = model.plan.vocab_start, model.plan.vocab_part
 
     # -- logits over the whole vocabulary ---------------------------------------------------------
     def prefill(self, input_ids, attention_mask, **kwargs) -> torch.Tensor:
@@ -215,8 +196,37 @@ class TPPagedLlamaRunner(PagedLlamaRunner):
         return self.tp.all_reduce_(x)
 
     def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """The row-parallel o_proj / down_proj: every rank's partial summed by one all-reduce (the
-        layer loop is PagedLlamaRunner's, on both paths: rank 0's partial alone carries the residual
-        and the bias, _carries_residual; the Triton path adds the residual once, in add_rms_norm)."""
+        """A row-parallel product: every rank's partial summed by one all-reduce (rank 0's partial
+        alone carries the residual and the bias: _carries_residual)."""
         return self.tp.all_reduce_(partial)
 
+
+class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):
+    """Runner (runners/base.py) for one rank's ShardedCausalLM of a Llama family: the same
+    interface and sizes as PagedLlamaRunner (max_new_tokens, num_draft_tokens, block_size, backend,
+    fuse_projections); logits come back over the whole vocabulary [.., V], equal on every rank.
+    ``tp``: the TensorParallelGroup; ``plan``: this rank's LlamaShardPlan (TensorParallelRunner)."""
+
+    unsupported_reason = staticmethod(tp_llama_unsupported_reason)
+
+    def _bind(self, model) -> None:
+        config, shards, plan = model.config, model.shards, model.plan
+        self._bind_shard(model)
+        self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank,
+                                self.kernels, rotates(config, i)) for i in range(config.num_hidden_layers)]
+        if any(layer.sinks is not None for layer in self.layers):
+            self.attn_sinks = tuple(layer.sinks for layer in self.layers)
+        self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
+        self.lm_head = shards["lm_head.weight"]
+        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
+        self.scale = self.head_dim**-0.5
+        self.inv_freq = model.inv_freq.to(device=self.device)
+        self.rope_scaling = model.rope_scaling
+        self.silu = config.hidden_act == "silu"
+        self._bind_query_temperature(config)
+        if self.kernels == "triton":  # imported here: triton is optional on CPU machines
+            from ..kernels.cache_ops.triton_rope import rope_append_kv_triton
+            from ..kernels.llama_ops.triton import add_rms_norm_triton, silu_mul_triton
+
+            self._ops = (add_rms_norm_triton, rope_append_kv_triton, silu_mul_triton)
+            self._next_norm = [(nxt.ln_in, nxt.eps_in) for nxt in self.layers[1:]] + [(self.final_norm, self.final_eps)]

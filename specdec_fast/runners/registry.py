@@ -15,11 +15,12 @@ from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
-from .paged_llama_tp import TP_MODEL_TYPES, TPPagedLlamaRunner
+from .paged_cohere_tp import TPPagedCohereRunner
+from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
-from .sharded_model import ShardedCausalLM
+from .sharded_model import TP_COHERE_TYPES, TP_LLAMA_TYPES, ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
@@ -41,7 +42,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
 }
 
 # Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.
-TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {model_type: TPPagedLlamaRunner for model_type in TP_MODEL_TYPES}
+TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunner for model_type in TP_LLAMA_TYPES},
+                                                 **{model_type: TPPagedCohereRunner for model_type in TP_COHERE_TYPES}}
 
 
 def _model_type(model) -> str | None:

@@ -25,8 +25,12 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 # expert by its width (runners/sharding_moe.py), GPT-OSS its sinks by heads. The rest of
 # LLAMA_MODEL_TYPES (Phi-3's fused projections, Granite's scalars, SmolLM3's NoPE layers, OLMoE's q/k
 # norms over a projection that ranks would split, the types named otherwise) have no tensor-parallel runner.
-TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral3", "mixtral", "qwen2_moe", "qwen3_moe",
+TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral3", "mixtral", "qwen2_moe", "qwen3_moe",
                   "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+# Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
+# runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
+TP_COHERE_TYPES = ("cohere", "cohere2")
+TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES
 
 
 class _Embedding:

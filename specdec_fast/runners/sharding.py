@@ -2,7 +2,7 @@
 slices: from a model already loaded, or from the checkpoint's safetensors without reading
 anything else (docs/architecture.md §10).
 
-Llama family (sharded_model.TP_MODEL_TYPES), N ranks, rank r:
+Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     q_proj, k_proj, v_proj (+ biases)   column-parallel: the rows of this rank's heads
     gate_proj, up_proj                  column-parallel: rows [r I/N, (r+1) I/N)
     o_proj, down_proj                   row-parallel: the matching columns; the partial products
@@ -10,6 +10,8 @@ Llama family (sharded_model.TP_MODEL_TYPES), N ranks, rank r:
                                         (rank 0's product carries it, with the residual)
     embed_tokens, lm_head               vocab-parallel: rows [r V/N, (r+1) V/N) (tied: one tensor)
     norms (input, post-attention, final, Qwen3's q_norm / k_norm)   replicated
+    Command R+'s per-head q_norm / k_norm ([H, D])   the rows of this rank's heads
+Cohere / Cohere 2 (sharded_model.TP_COHERE_TYPES) take the same layout (runners/paged_cohere_tp.py).
 Heads: rank r runs query heads [r Hq/N, (r+1) Hq/N). KV heads: Hkv >= N splits them, Hkv/N per
 rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICATES them: rank r
 holds the one KV head its query heads read (head r Hkv / N), so N / Hkv ranks hold the same
@@ -64,6 +66,7 @@ class LlamaShardPlan:
     expert_intermediate: int = 0  # an expert's width
     shared_intermediate: int = 0  # the shared MLP's width (Qwen2-MoE's shared expert, GLM-4.5's shared experts)
     num_layers: int | None = None  # the decoder's layers; a checkpoint's layers past them are not read
+    head_norms: bool = False  # q_norm / k_norm weigh each head apart ([H, D]: Command R+'s): split by heads
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -74,7 +77,8 @@ class LlamaShardPlan:
         heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
-                   *moe_sizes(config), getattr(config, "num_hidden_layers", None))
+                   *moe_sizes(config), getattr(config, "num_hidden_layers", None),
+                   bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere")
         plan.check()
         return plan
 
@@ -144,8 +148,10 @@ class LlamaShardPlan:
                 return part
         if name.endswith("self_attn.o_proj.weight"):
             return Slice(1, q.start, q.stop)
-        if name.endswith("self_attn.sinks"):  # GPT-OSS: one logit per query head
-            return Slice(0, self.rank * self.local_heads, (self.rank + 1) * self.local_heads)
+        if name.endswith("self_attn.sinks") or (self.head_norms and name.endswith("self_attn.q_norm.weight")):
+            return Slice(0, self.rank * self.local_heads, (self.rank + 1) * self.local_heads)  # per query head
+        if self.head_norms and name.endswith("self_attn.k_norm.weight"):
+            return Slice(0, self.kv_start, self.kv_start + self.local_kv_heads)
         if name.endswith("mlp.down_proj.weight"):
             return Slice(1, mlp.start, mlp.stop)
         return None

@@ -90,9 +90,11 @@ def _config(kind: str, vocab: int, layers: int):
                                 num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5, sliding_window=8,
                                 layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
                                 ["sliding_attention"] * (layers % 2), **common)
-    if kind == "cohere":  # mean-centred LayerNorms, interleaved RoPE, parallel branches, logit_scale
+    if kind in ("cohere", "cohere_qk"):  # mean-centred LayerNorms, interleaved RoPE, parallel branches, logit_scale;
+        # cohere_qk: Command R+'s per-head q / k LayerNorms
         return tf.CohereConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-                               num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5, **common)
+                               num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5,
+                               use_qk_norm=kind == "cohere_qk", **common)
     if kind == "gpt_bigcode":  # StarCoder 1's blocks: multi-query attention, learned positions
         return tf.GPTBigCodeConfig(n_embd=48, n_layer=layers, n_head=4, n_positions=256, multi_query=True, **common)
     raise ValueError(kind)
