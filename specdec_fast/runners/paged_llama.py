@@ -64,11 +64,13 @@ NOPE_UNLESS_SLIDING = ("exaone_moe",)
 
 
 def rotates(config, index: int) -> bool:
-    """Whether layer ``index`` applies RoPE by the config (NOPE_UNLESS_SLIDING; SmolLM3's NoPE
-    layers are read from their modules, use_rope)."""
+    """Whether layer ``index`` applies RoPE by the config: NOPE_UNLESS_SLIDING; SmolLM3's
+    no_rope_layers (1: RoPE, 0: NoPE, transformers' SmolLM3Attention.use_rope, which the
+    single-process runner also reads from the module)."""
     if config.model_type in NOPE_UNLESS_SLIDING and getattr(config, "sliding_window", None) is not None:
         return config.layer_types[index] == "sliding_attention"
-    return True
+    no_rope = getattr(config, "no_rope_layers", None)
+    return bool(no_rope[index]) if config.model_type == "smollm3" and no_rope is not None else True
 # Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
 # multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), in the
 # model dtype; the rope_parameters fields it reads, per model_type

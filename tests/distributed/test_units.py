@@ -459,3 +459,13 @@ def test_a_follower_waiting_for_rank_0_ends_on_its_failure_or_the_timeout():
     _, silent = _k_ranks(dist.HashStore(), timeout_s=0.5)
     with pytest.raises(TensorParallelError, match="rank 0's K of iteration 0 did not come within 0.5 s"):
         LeaderK(silent, call=0).settle(0, 3)
+
+
+def test_rotates_reads_smollm3s_nope_layers_as_its_modules_do():
+    """The tensor-parallel layer takes its rotation from paged_llama.rotates (the config): for SmolLM3
+    it must match each attention module's use_rope (its NoPE layers), as the single-process runner reads."""
+    from specdec_fast.runners.paged_llama import rotates
+
+    model = make_model("smollm3", layers=4)
+    uses = [bool(layer.self_attn.use_rope) for layer in model.model.layers]
+    assert [rotates(model.config, i) for i in range(4)] == uses and not all(uses) and any(uses)

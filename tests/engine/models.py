@@ -25,6 +25,8 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "granite":  # four scalars that are not identities
         return tf.GraniteConfig(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
                                 logits_scaling=1.5, **llama_like)
+    if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types
+        return tf.MinistralConfig(head_dim=12, sliding_window=8, **llama_like)
     if kind == "smollm3":  # a NoPE layer every second layer
         return tf.SmolLM3Config(no_rope_layer_interval=2, **llama_like)
     if kind == "olmo3":  # OLMo 2's layer; sliding (window 4096: never reached here) and full layers, a RoPE each
