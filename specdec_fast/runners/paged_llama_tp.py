@@ -113,6 +113,22 @@ class _TPLayer:
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 
 
+def _split_fused(shards: dict, prefix: str, q_rows: int) -> None:
+    """Phi-3's local qkv_proj [this rank's q | k | v rows] and gate_up_proj [gate | up rows] become
+    views under the separate projections' names, which the rest of the layer reads (fused again
+    below when fuse is on: one concatenation, as for the other families). q_rows: this rank's
+    query rows (local heads x head_dim); k and v split the rest in halves."""
+    qkv = shards.pop(prefix + "self_attn.qkv_proj.weight", None)
+    if qkv is not None:
+        kv_rows = (qkv.shape[0] - q_rows) // 2
+        for name, start, rows in (("q", 0, q_rows), ("k", q_rows, kv_rows), ("v", q_rows + kv_rows, kv_rows)):
+            shards[f"{prefix}self_attn.{name}_proj.weight"] = qkv[start:start + rows]
+    gate_up = shards.pop(prefix + "mlp.gate_up_proj.weight", None)
+    if gate_up is not None:
+        half = gate_up.shape[0] // 2
+        shards[prefix + "mlp.gate_proj.weight"], shards[prefix + "mlp.up_proj.weight"] = gate_up[:half], gate_up[half:]
+
+
 def _fused(shards: dict, prefix: str, pattern: str, parts):
     """The shards prefix + pattern.format(part) concatenated (dim 0) -> (their views of the
     concatenation, the concatenation); the shards dict is re-pointed at the views."""
@@ -212,6 +228,8 @@ class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):
     def _bind(self, model) -> None:
         config, shards, plan = model.config, model.shards, model.plan
         self._bind_shard(model)
+        for i in range(config.num_hidden_layers):  # Phi-3's fused projections -> the separate names
+            _split_fused(shards, f"model.layers.{i}.", plan.local_heads * plan.head_dim)
         self.layers = [_TPLayer(shards, f"model.layers.{i}.", config, self.fuse_projections, self.first_rank,
                                 self.kernels, rotates(config, i)) for i in range(config.num_hidden_layers)]
         if any(layer.sinks is not None for layer in self.layers):

@@ -11,6 +11,8 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     embed_tokens, lm_head               vocab-parallel: rows [r V/N, (r+1) V/N) (tied: one tensor)
     norms (input, post-attention, final, Qwen3's q_norm / k_norm)   replicated
     Command R+'s per-head q_norm / k_norm ([H, D])   the rows of this rank's heads
+    Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
+                                        the local q | k | v and gate | up, fused as on one process
 Cohere / Cohere 2 (sharded_model.TP_COHERE_TYPES) take the same layout (runners/paged_cohere_tp.py).
 Heads: rank r runs query heads [r Hq/N, (r+1) Hq/N). KV heads: Hkv >= N splits them, Hkv/N per
 rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICATES them: rank r
@@ -142,6 +144,12 @@ class LlamaShardPlan:
         mlp = Slice(0, self.rank * i, (self.rank + 1) * i)
         if name in VOCAB:
             return Slice(0, self.vocab_start, self.vocab_start + self.vocab_part)
+        if "self_attn.qkv_proj." in name:  # Phi-3: q | k | v rows in one tensor -> this rank's rows of each
+            q_rows, kv_rows = self.heads * d, self.kv_heads * d
+            return (q, Slice(0, q_rows + kv.start, q_rows + kv.stop), Slice(0, q_rows + kv_rows + kv.start,
+                                                                             q_rows + kv_rows + kv.stop))
+        if "mlp.gate_up_proj." in name:  # Phi-3: gate | up rows -> this rank's columns of each
+            return mlp, Slice(0, self.intermediate + mlp.start, self.intermediate + mlp.stop)
         for suffix, part in (("self_attn.q_proj.", q), ("self_attn.k_proj.", kv), ("self_attn.v_proj.", kv),
                              ("mlp.gate_proj.", mlp), ("mlp.up_proj.", mlp)):
             if suffix in name:

@@ -71,7 +71,7 @@ def _check(problems: list, condition: bool, message: str) -> None:
 
 
 def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
-    for kind in ("qwen2", "mixtral"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
+    for kind in ("qwen2", "mixtral", "phi3"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
         workers.tiny(kind)[0].save_pretrained(tmp_path / kind)
     glm_with_mtp(tmp_path / "glm_mtp")  # a GLM-4.5 checkpoint with its MTP layer: each rank reads that layer's slices
     results = run_ranks(workers.battery, 4, str(tmp_path))
@@ -79,7 +79,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     assert not errors, f"ranks failed: {errors}"
     problems = _same_tokens(results, "4 ranks", [0, 1, 2, 3]) + _same_tokens(results, "2 ranks", [0, 1])
     two = results[1]["2 ranks"]
-    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "cohere_qk", "cohere2"):
+    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "cohere_qk", "cohere2"):
         _check(problems, "tensor parallel over 2 ranks" in two[f"{kind} engine note"], two[f"{kind} engine note"])
     # rank 1's slices. qwen2: 4 heads of 12, 2 KV heads, intermediate 96; mixtral: 8 experts of 96, gathered from
     # the checkpoint's per-expert w1 / w3 / w2 into the 3-D tensors, the router whole

@@ -58,7 +58,8 @@ def test_plan_kv_heads_split_or_replicated():
                 assert (rank * p.local_heads + i) // (8 // kv) == p.kv_start + i // local_group
 
 
-@pytest.mark.parametrize("kind, world", [("llama", 2), ("qwen2", 2), ("qwen2", 4), ("cohere_qk", 2), ("cohere2", 2)])
+@pytest.mark.parametrize("kind, world", [("llama", 2), ("qwen2", 2), ("qwen2", 4), ("cohere_qk", 2), ("cohere2", 2),
+                                         ("phi3", 2)])
 def test_shards_tile_every_tensor(kind, world):
     """Column / vocab slices concatenated over the ranks (dim 0), row-parallel ones (dim 1), give the
     whole tensor back; replicated ones are whole on every rank (KV heads replicated at 4 ranks)."""
@@ -71,6 +72,11 @@ def test_shards_tile_every_tensor(kind, world):
         parts = [s[name] for s in shards]
         if part is None:
             assert all(torch.equal(p, full) for p in parts), name
+        elif isinstance(part, tuple):  # Phi-3's fused rows: each part's rows of every rank, part after part
+            sizes = [c.stop - c.start for c in part]
+            pieces = [torch.split(p, sizes, dim=part[0].dim) for p in parts]
+            assert torch.equal(torch.cat([pieces[r][c] for c in range(len(part)) for r in range(world)], part[0].dim),
+                               full), name
         elif "k_proj" in name or "v_proj" in name and plans[0].kv_replicated:
             heads = [p.kv_start for p in plans]
             assert all(torch.equal(parts[r], full.narrow(0, heads[r] * plans[0].head_dim, parts[r].shape[0]))

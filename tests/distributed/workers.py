@@ -104,8 +104,9 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # CWM's sliding layers; Ministral 3's query temperature past its threshold (8) and window (12)
     # Cohere: one norm, parallel branches (one all-reduce a layer), Command R+'s per-head q / k norms split by heads;
     # Cohere 2's sliding layers (window 8, passed) and NoPE full ones
-    # Ministral's window by layer_types; SmolLM3's NoPE layers (every second one here)
-    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "cohere_qk", "cohere2"):
+    # Ministral's window by layer_types; SmolLM3's NoPE layers (every second one here); Phi-3's fused projections
+    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "cohere_qk",
+                 "cohere2"):
         tgt, drf = tiny(kind)
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
@@ -125,7 +126,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
-    for kind in ("qwen2", "mixtral"):
+    for kind in ("qwen2", "mixtral", "phi3"):  # Phi-3: its fused rows read as this rank's rows of each part
         sharded = ShardedCausalLM.from_pretrained(os.path.join(checkpoint, kind), group, timeout=TP_TIMEOUT)
         full, drf = tiny(kind)
         kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)
