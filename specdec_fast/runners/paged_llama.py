@@ -415,8 +415,11 @@ class PagedLlamaRunner(PagedRunnerBase):
         self._keep(0, x)
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         lin, lins = self._linears(total, x)
-        # the o / down products add the residual themselves unless a multiplier scales the branch first
-        owns, sum_ = self._carries_residual and self.residual_multiplier == 1.0, self._sum_partials
+        # The o / down products add the residual themselves (in the product on one process, in rank 0's
+        # partial under tensor parallelism: `owns`) unless a multiplier scales the branch first (Granite):
+        # `carried` says whether the (summed) product holds the residual, the same on every rank.
+        carried, sum_ = self.residual_multiplier == 1.0, self._sum_partials
+        owns = carried and self._carries_residual
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
             q, k, v = _whole_projection_math(layer, *lins(h, *layer.qkv), fused)
@@ -429,14 +432,14 @@ class PagedLlamaRunner(PagedRunnerBase):
             if q_scales is not None:
                 q = q * q_scales
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), owns)
+            x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), carried)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
             if layer.moe is not None:  # the residual joins the carrying rank's partial, as the down product's does
                 delta = layer.moe(h, self._prefilling)
-                x = self._add(x, sum_(x + delta if owns else delta), owns)
+                x = self._add(x, sum_(x + delta if owns else delta), carried)
             else:
                 act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
-                x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), owns)
+                x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), carried)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, self.final_norm, self.final_eps, fused)
@@ -459,13 +462,11 @@ class PagedLlamaRunner(PagedRunnerBase):
         scale = 1 + beta * torch.log(1 + torch.floor(positions.to(torch.float32) / original))
         return scale.to(self.dtype)[:, None, None]
 
-    def _add(self, x: torch.Tensor, out: torch.Tensor, added: bool) -> torch.Tensor:
-        """The stream after a branch whose (summed) product is out: out itself when the product
-        added x (added; or on a tensor-parallel rank that does not carry the residual: rank 0's
-        partial added it into the sum), else x + the branch."""
-        if added or not self._carries_residual:
-            return out
-        return x + self._branch(out)
+    def _add(self, x: torch.Tensor, out: torch.Tensor, carried: bool) -> torch.Tensor:
+        """The stream after a branch whose (summed) product is out: out itself when it already holds
+        x (carried: the product added it, on one process or in rank 0's partial), else x + the
+        branch (times Granite's residual_multiplier), on every rank."""
+        return out if carried else x + self._branch(out)
 
     def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n, pdl=False,
                               q_scales=None) -> torch.Tensor:

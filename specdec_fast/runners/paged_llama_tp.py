@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
-from .paged_llama import PagedLlamaRunner, llama_config_reason, rotates
+from .paged_llama import GRANITE_SCALARS, PagedLlamaRunner, llama_config_reason, rotates
 from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding_moe import moe_layer_params
 
@@ -209,7 +209,9 @@ class TensorParallelRunner:
         local = flat.clamp(min=0) - self.vocab_start
         outside = (local < 0) | (local >= self.vocab_part)
         x = F.embedding(local.clamp(0, self.vocab_part - 1), self.embed).masked_fill_(outside[:, None], 0)
-        return self.tp.all_reduce_(x)
+        x = self.tp.all_reduce_(x)
+        multiplier = getattr(self, "embedding_multiplier", 1.0)  # Granite's
+        return x if multiplier == 1.0 else x * multiplier
 
     def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
         """A row-parallel product: every rank's partial summed by one all-reduce (rank 0's partial
@@ -238,6 +240,9 @@ class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):
         self.lm_head = shards["lm_head.weight"]
         self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
         self.scale = self.head_dim**-0.5
+        if config.model_type == "granite":  # its four scalars, as PagedLlamaRunner binds them
+            for field, attribute in GRANITE_SCALARS.items():
+                setattr(self, attribute, float(getattr(config, field)))
         self.inv_freq = model.inv_freq.to(device=self.device)
         self.rope_scaling = model.rope_scaling
         self.silu = config.hidden_act == "silu"

@@ -475,3 +475,11 @@ def test_rotates_reads_smollm3s_nope_layers_as_its_modules_do():
     model = make_model("smollm3", layers=4)
     uses = [bool(layer.self_attn.use_rope) for layer in model.model.layers]
     assert [rotates(model.config, i) for i in range(4)] == uses and not all(uses) and any(uses)
+
+
+def test_a_family_without_a_tensor_parallel_runner_is_refused_by_name():
+    """OLMoE's q/k norms span the whole projection, which ranks would split: refused before any collective."""
+    from specdec_fast.runners.registry import shard_model
+
+    with pytest.raises(ValueError, match="tensor parallelism supports model_type .* got 'olmoe'"):
+        shard_model(make_model("olmoe"), process_group=None)

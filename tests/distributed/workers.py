@@ -104,8 +104,9 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # CWM's sliding layers; Ministral 3's query temperature past its threshold (8) and window (12)
     # Cohere: one norm, parallel branches (one all-reduce a layer), Command R+'s per-head q / k norms split by heads;
     # Cohere 2's sliding layers (window 8, passed) and NoPE full ones
-    # Ministral's window by layer_types; SmolLM3's NoPE layers (every second one here); Phi-3's fused projections
-    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "cohere_qk",
+    # Ministral's window by layer_types; SmolLM3's NoPE layers (every second one here); Phi-3's fused projections;
+    # Granite's four scalars (its residual multiplier scales the summed branch on every rank)
+    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "cohere_qk",
                  "cohere2"):
         tgt, drf = tiny(kind)
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {

@@ -108,11 +108,8 @@ def test_phi3_reads_its_fused_projections_in_place(fuse):
 def test_a_partial_rotary_embedding_runs_paged(backend, device):
     """A partial rotary embedding (Phi-3's config with partial_rotary_factor 0.75: 12 of 16 dims of
     each head rotated, the rest passed) runs on the paged runner and gives the model's logits on
-    every backend; rotating whole heads does not (the control). Phi-3 still has no tensor-parallel
-    runner (its fused projections are not sharded)."""
+    every backend; rotating whole heads does not (the control)."""
     import transformers as tf
-
-    from specdec_fast.runners.registry import shard_model
 
     from ..conftest import backend_device
 
@@ -130,8 +127,6 @@ def test_a_partial_rotary_embedding_runs_paged(backend, device):
     whole.inv_freq = torch.cat((whole.inv_freq, whole.inv_freq[-2:]))  # 16 dims rotated: other pairs
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, whole, VOCAB)
-    with pytest.raises(ValueError, match="tensor parallelism supports model_type"):
-        shard_model(tiny("phi3"), process_group=None)
 
 
 def _length_dependent_rope(kind: str):
