@@ -28,7 +28,7 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 # summed branch on every rank. The rest of LLAMA_MODEL_TYPES (OLMoE's q/k norms over a projection that
 # ranks would split, the types named otherwise) have no tensor-parallel runner.
 TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "ministral3", "smollm3", "phi3", "granite",
-                  "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+                  "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

@@ -106,9 +106,15 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # Cohere 2's sliding layers (window 8, passed) and NoPE full ones
     # Ministral's window by layer_types; SmolLM3's NoPE layers (every second one here); Phi-3's fused projections;
     # Granite's four scalars (its residual multiplier scales the summed branch on every rank)
-    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "cohere_qk",
-                 "cohere2"):
+    # Seed-OSS's biases on q/k/v (split), o and the MLP's down (rank 0's partial carries them)
+    for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
+                 "cohere_qk", "cohere2"):
         tgt, drf = tiny(kind)
+        if kind == "seed_oss":
+            with torch.no_grad():
+                for name, param in tgt.named_parameters():
+                    if name.endswith("bias"):
+                        param.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
         engine = specdec_fast.SpeculativeEngine(tgt, drf, process_group=group, max_batch_size=2, max_seq_len=64,

@@ -25,6 +25,8 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "granite":  # four scalars that are not identities
         return tf.GraniteConfig(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
                                 logits_scaling=1.5, **llama_like)
+    if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
+        return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
     if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types
         return tf.MinistralConfig(head_dim=12, sliding_window=8, **llama_like)
     if kind == "smollm3":  # a NoPE layer every second layer
