@@ -55,7 +55,7 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # (GLM-4.5's routing, Qwen3's q/k norms, NoPE full layers: NOPE_UNLESS_SLIDING),
                      # Solar Open (GLM-4.5's routing, Llama's attention)
                      "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
-                     # OLMoE: Llama's layer with q/k RMSNorms over the whole projection (FULL_QK_NORM), an
+                     # OLMoE: Llama's layer with q/k RMSNorms over the whole projection (_whole_projection_math), an
                      # optional clamp of q / k / v (clip_qkv), Qwen3-MoE's routing
                      "olmoe")
 # Families that rotate only their sliding layers where the config sets a window (full layers are

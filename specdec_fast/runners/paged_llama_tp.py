@@ -148,8 +148,7 @@ class TensorParallelRunner:
     runner): construction ending with an agreement of every rank (same world size, config, dtype
     and kernels, or one clear error on every rank: distributed/failures.py), logits gathered over
     the vocabulary, the vocabulary-parallel embedding and the all-reduce of row-parallel partials.
-    The family's _bind sets tp, plan, first_rank, embed, vocab_start / vocab_part from the
-    ShardedCausalLM."""
+    The family's _bind calls _bind_shard (tp, plan, first_rank, the embedding's vocabulary slice)."""
 
     lockstep_polls = True  # engine/run_ahead.py: every rank reads the same polls (same iterations)
     # NCCL collectives inside CUDA graphs: capture-safe by construction, NOT run on a multi-GPU
