@@ -26,8 +26,9 @@
 #   * bash bench/run_gpu.sh heads      # issues 23 / 28: EAGLE-3 and DFlash shapes at the 8B target, costs ~6 min
 #   * bash bench/run_gpu.sh gemv       # issue 25: the Triton skinny linear vs cuBLAS (tile sweep), the step with the GEMV layer ~5 min
 #   * bash bench/run_gpu.sh attention  # issue 25: paged attention, split merge as a launch vs in the kernel (est. 4 min)
-#   * bash bench/run_gpu.sh moe        # the MoE MLP's three ways (Qwen3-30B-A3B, Mixtral blocks), then its and the
-#                                      # sliding windows' tests on CUDA (est. 4 min)
+#   * bash bench/run_gpu.sh moe        # the MoE MLP's three ways (Qwen3-30B-A3B, Mixtral blocks), the windowed
+#                                      # layers' rings (a 16k prefill by chunk), then the MoE, window, ring and
+#                                      # MTP tests on CUDA (est. 6 min)
 #   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
 #   * bash bench/run_gpu.sh options    # what processing a tree's nodes costs a step (rep 1.05, no_repeat_ngram) vs a chain (est. 2 min)
 #   * bash bench/run_gpu.sh ncu        # issue 25: Nsight Compute on tree_verify's residual masses and the B=64 streaming pass
@@ -233,8 +234,12 @@ stage_moe() {
   # Mixtral's blocks, T 1-128 tokens (~1-2 min): decides where runners/_moe.py switches schedules. Then
   # its tests on CUDA (the MoE runner on every path, the kernel's table, the windows' tables)
   run --cap 200 python3 bench/bench_moe.py --gpu --budget-s "$(budget 150 200)" --out "$results/moe_$dev.json"
+  # The windowed layers' rings (2026-11-30, never run on a GPU): a 16k prompt's prefill at ring_chunk 1024 /
+  # 2048 / 4096 against rings off, and the KV each holds (decides paged_base.ring_chunk)
+  run --cap 150 python3 bench/bench_ring_prefill.py --gpu --budget-s "$(budget 110 150)" --out "$results/ring_prefill_$dev.json"
   run --cap 200 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_moe_pairs.py \
-    tests/engine/test_paged_moe.py tests/kernels/test_paged_attention_window.py tests/engine/test_sliding_window_models.py
+    tests/engine/test_paged_moe.py tests/kernels/test_paged_attention_window.py tests/engine/test_sliding_window_models.py \
+    tests/engine/test_ring_windows.py tests/engine/test_mtp.py
 }
 
 stage_gemv() {
