@@ -220,6 +220,22 @@ class PagedRunnerBase:
         self.cache = None
         self.pooled = False  # True after allocate(): the pool outlives prefill / release (an engine's)
 
+    def _init_head(self, head, weight: torch.Tensor, *, num_draft_tokens: int, block_size: int, backend,
+                   min_draft_tokens: int = 0) -> None:
+        """The state a draft head's runner (EAGLE-3, MTP, DFlash) sets in place of __init__'s: the head
+        held weakly as the model, its config; no max_new_tokens (the drafter gives budgets);
+        num_draft_tokens + 1 tentative entries; the device, dtype and kernels of ``weight`` (one of
+        its tensors); no pool yet. The runner then binds its tensors."""
+        _check_int("num_draft_tokens", num_draft_tokens, min_draft_tokens)
+        _check_int("block_size", block_size, 1)
+        self._model_ref, self.config = weakref.ref(head), head.config
+        self.max_new_tokens, self.max_tentative = None, num_draft_tokens + 1
+        self.block_size, self.backend = block_size, backend
+        self.device, self.dtype = weight.device, weight.dtype
+        self.kernels = resolve_backend(backend, self.device, "paged_attention")
+        self.cache = None
+        self.pooled = False
+
     @property
     def model(self):
         """The model this runner runs (held weakly; None once it is gone)."""

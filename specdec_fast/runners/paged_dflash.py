@@ -19,16 +19,14 @@ on CPU, torch elsewhere); the attention through the base's direct C++ / Triton d
 Reservation: each row's budget is the engine's (prompt + max_new_tokens + K + 1) plus block_size
 (extra_row_tokens: the block sits after the context).
 """
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels._backend import resolve_backend
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import linear, linears
-from .paged_base import PagedRunnerBase, _check_int, head_dim_reason
+from .paged_base import PagedRunnerBase, head_dim_reason
 
 
 def dflash_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -67,9 +65,8 @@ class PagedDFlashRunner(PagedRunnerBase):
         reason = dflash_unsupported_reason(head, backend=backend)
         if reason is not None:
             raise ValueError(f"PagedDFlashRunner cannot run this drafter: {reason}")
-        _check_int("num_draft_tokens", num_draft_tokens, 1)
-        _check_int("block_size", block_size, 1)
-        self._model_ref, self.config = weakref.ref(head), head.config
+        self._init_head(head, head.fc.weight, num_draft_tokens=num_draft_tokens, block_size=block_size, backend=backend,
+                        min_draft_tokens=1)
         self.block = head.block_size  # the draft block (the cache's pages are block_size)
         self.mask_token_id = head.mask_token_id
         # per layer: causal inside the block, and the sliding window (the base's _allocate keeps it
@@ -77,11 +74,7 @@ class PagedDFlashRunner(PagedRunnerBase):
         self.layer_causal, self.layer_windows = head.layer_causal, head.layer_windows
         self.output_multiplier, self.final_logit_softcapping = head.output_multiplier, head.final_logit_softcapping
         self.extra_row_tokens = self.block
-        self.max_new_tokens, self.max_tentative = None, num_draft_tokens + 1 + self.block
-        self.block_size, self.backend = block_size, backend
-        weight = head.fc.weight
-        self.device, self.dtype = weight.device, weight.dtype
-        self.kernels = resolve_backend(backend, self.device, "paged_attention")
+        self.max_tentative = num_draft_tokens + 1 + self.block  # the pending entries, then the block
         self.fuse_projections = False
         hidden = head.config.hidden_size
         for name, tensor in (("embedding", embed), ("lm_head", lm_head)):
@@ -101,8 +94,6 @@ class PagedDFlashRunner(PagedRunnerBase):
         self.feature_width = head.fc.weight.shape[1]
         self.vocab_size = int(lm_head.shape[0])
         self._block_cu = {}
-        self.cache = None
-        self.pooled = False
 
     def prefill(self, *args, **kwargs):
         raise TypeError("a DFlash drafter is fed the target's hidden states: use prefill_context / draft")

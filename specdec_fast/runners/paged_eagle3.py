@@ -13,15 +13,13 @@ embedding -> input_layernorm, fc -> hidden_norm, cat -> q/k/v (2H wide) -> RoPE 
 Per backend as PagedLlamaRunner's CPU path (C++ fused RMSNorm / RoPE / SwiGLU in float32 on CPU,
 torch elsewhere); attention through the base's direct C++ / Triton dispatch.
 """
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels._backend import resolve_backend
 from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import linear, linears
-from .paged_base import PagedRunnerBase, _check_int, head_dim_reason
+from .paged_base import PagedRunnerBase, head_dim_reason
 from .paired import PairedRunner
 
 
@@ -55,19 +53,10 @@ class PagedEagle3Runner(PairedRunner, PagedRunnerBase):
         reason = eagle3_unsupported_reason(head, backend=backend)
         if reason is not None:
             raise ValueError(f"PagedEagle3Runner cannot run this head: {reason}")
-        _check_int("num_draft_tokens", num_draft_tokens, 0)
-        _check_int("block_size", block_size, 1)
-        self._model_ref, self.config = weakref.ref(head), head.config
-        self.max_new_tokens, self.max_tentative = None, num_draft_tokens + 1
-        self.block_size, self.backend = block_size, backend
-        weight = head.fc.weight
-        self.device, self.dtype = weight.device, weight.dtype
-        self.kernels = resolve_backend(backend, self.device, "paged_attention")
+        self._init_head(head, head.fc.weight, num_draft_tokens=num_draft_tokens, block_size=block_size, backend=backend)
         self.fuse_projections = False
         self._bind_head(head, embed)
         self.vocab_size = int(self.lm_head.shape[0])  # the draft vocabulary
-        self.cache = None
-        self.pooled = False
 
     def _bind_head(self, head, embed) -> None:
         config = head.config

@@ -20,10 +20,9 @@ import weakref
 
 import torch
 
-from ..kernels._backend import resolve_backend
 from ._layer_math import fused_layer_math, linear_params, norm_params, rms_norm
 from ._linear import linear
-from .paged_base import _check_int, head_dim_reason
+from .paged_base import head_dim_reason
 from .paged_llama import PagedLlamaRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paired import PairedRunner
@@ -91,20 +90,14 @@ class PagedMtpRunner(_MtpLayer, PairedRunner, PagedLlamaRunner):
             raise ValueError(f"PagedMtpRunner cannot run this head: {reason}")
         if head.sharded:
             raise ValueError("this MTP head is read in slices by tensor-parallel ranks (TPPagedMtpRunner)")
-        _check_int("num_draft_tokens", num_draft_tokens, 0)
-        _check_int("block_size", block_size, 1)
         layer = head.layer
         if embed.shape[1] != head.feature_width or lm_head.shape[1] != head.feature_width:
             raise ValueError(f"the MTP layer is {head.feature_width} wide but the target's embedding / lm_head are "
                              f"{embed.shape[1]} / {lm_head.shape[1]} (an MTP layer of another model?)")
-        self._model_ref, self.config = weakref.ref(head), head.config
-        self.max_new_tokens, self.max_tentative = None, num_draft_tokens + 1
-        self.block_size, self.backend = block_size, backend
-        weight = layer.eh_proj.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        self._init_head(head, layer.eh_proj.weight, num_draft_tokens=num_draft_tokens, block_size=block_size,
+                        backend=backend)
         if embed.device != self.device:
             raise ValueError(f"the MTP layer is on {self.device} but the target's embedding is on {embed.device}")
-        self.kernels = resolve_backend(backend, self.device, "paged_attention")
         self.fuse_projections = self.kernels == "triton"
         # The Llama runner's _bind reads a model; the MTP layer presented as one (its block the one
         # layer, post_norm the final norm, the target's embedding / LM head / rotary module).
@@ -117,8 +110,6 @@ class PagedMtpRunner(_MtpLayer, PairedRunner, PagedLlamaRunner):
         self._bind_mtp(norm_params(layer.enorm), norm_params(layer.hnorm), eh_proj, head.hidden_first,
                        head.feature_width)
         self.vocab_size = int(self.lm_head.shape[0])
-        self.cache = None
-        self.pooled = False
 
 
 class TPPagedMtpRunner(_MtpLayer, PairedRunner, TPPagedLlamaRunner):
