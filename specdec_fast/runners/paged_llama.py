@@ -314,20 +314,24 @@ class PagedLlamaRunner(PagedRunnerBase):
     query_temperature = None  # Ministral 3's (beta, original_max_position_embeddings): QUERY_TEMPERATURE
 
     def _bind(self, model) -> None:
-        config = model.config
         inner = model.model
-        self.embed = inner.embed_tokens.weight
-        self.layers = [_Layer(layer, config, self.fuse_projections, self.kernels) for layer in inner.layers]
+        self._bind_parts(model.config, inner.embed_tokens.weight, inner.layers, inner.norm,
+                         model.get_output_embeddings().weight, inner.rotary_emb)
+
+    def _bind_parts(self, config, embed: torch.Tensor, layers, norm, lm_head: torch.Tensor, rotary) -> None:
+        """The decoder's parts: embedding [V, H], decoder layer modules, final norm module, LM head
+        [V, H], rotary module (a target's MTP layer binds its own: runners/paged_mtp.py)."""
+        self.embed = embed
+        self.layers = [_Layer(layer, config, self.fuse_projections, self.kernels) for layer in layers]
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
-        self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
-        self.lm_head = model.get_output_embeddings().weight
+        self.final_norm, self.final_eps = norm.weight, norm.variance_epsilon
+        self.lm_head = lm_head
         self._bind_heads(config)
         if config.model_type == "granite":
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))
         self._bind_query_temperature(config)
-        rotary = inner.rotary_emb
         # dynamic / longrope: the first frequencies (original_inv_freq: a long forward of the model
         # rewrites inv_freq in place), for rows up to the positions that keep them (max_positions)
         self.max_positions = static_rope_limit(config, getattr(rotary, "rope_type", None))

@@ -15,7 +15,6 @@ looks tokens up in the target runner's vocabulary slice; the logits are gathered
 vocabulary, equal on every rank.
 """
 import copy
-import types
 import weakref
 
 import torch
@@ -99,13 +98,9 @@ class PagedMtpRunner(_MtpLayer, PairedRunner, PagedLlamaRunner):
         if embed.device != self.device:
             raise ValueError(f"the MTP layer is on {self.device} but the target's embedding is on {embed.device}")
         self.fuse_projections = self.kernels == "triton"
-        # The Llama runner's _bind reads a model; the MTP layer presented as one (its block the one
-        # layer, post_norm the final norm, the target's embedding / LM head / rotary module).
-        model = types.SimpleNamespace(
-            config=head.config, get_output_embeddings=lambda: types.SimpleNamespace(weight=lm_head),
-            model=types.SimpleNamespace(embed_tokens=types.SimpleNamespace(weight=embed), layers=[layer.mtp_block],
-                                        norm=layer.post_norm, rotary_emb=head.rotary))
-        self._bind(model)
+        # the Llama runner's parts: the block the one layer, post_norm the final norm, the target's
+        # embedding / LM head / rotary module
+        self._bind_parts(head.config, embed, [layer.mtp_block], layer.post_norm, lm_head, head.rotary)
         (eh_proj,) = linear_params(layer.eh_proj)
         self._bind_mtp(norm_params(layer.enorm), norm_params(layer.hnorm), eh_proj, head.hidden_first,
                        head.feature_width)
