@@ -10,23 +10,14 @@ A Cohere layer's attention and MLP both read one norm of x, so its two row-paral
 are summed in ONE all-reduce a layer (rank 0's carrying the residual): L + 1 all-reduces of
 T x H values and one all-gather of the logits per forward, against the Llama runner's 2L + 1.
 """
-from .paged_base import FLOAT_DTYPES
 from .paged_cohere import PagedCohereRunner
-from .paged_llama_tp import TensorParallelRunner
-from .sharded_model import TP_COHERE_TYPES, ShardedCausalLM
+from .paged_llama_tp import TensorParallelRunner, sharded_reason
+from .sharded_model import TP_COHERE_TYPES
 
 
 def tp_cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedCohereRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    if not isinstance(model, ShardedCausalLM):
-        return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
-    if model.config.model_type not in TP_COHERE_TYPES:
-        return f"model_type {model.config.model_type!r} is not one of {TP_COHERE_TYPES}"
-    if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
-        return "a shard is not a float tensor (quantized checkpoints are not supported)"
-    if model.rope_type not in (None, "default", "linear", "llama3", "yarn"):
-        return f"rope_type {model.rope_type!r}: this runner takes static RoPE frequencies"
-    return None
+    return sharded_reason(model, TP_COHERE_TYPES, max_tokens_per_row, backend)
 
 
 class _TPCohereLayer:

@@ -48,18 +48,26 @@ from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding_moe import moe_layer_params
 
 
-def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why TPPagedLlamaRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
+def sharded_reason(model, model_types: tuple, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """The checks every tensor-parallel runner's unsupported_reason makes, or None: a ShardedCausalLM
+    of one of ``model_types``, float shards, and the Llama runner's config checks (static RoPE,
+    windows, head_dim) on its rotary frequencies."""
     if not isinstance(model, ShardedCausalLM):
         return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
-    if model.config.model_type not in TP_LLAMA_TYPES:
-        return f"model_type {model.config.model_type!r} is not one of {TP_LLAMA_TYPES}"
+    if model.config.model_type not in model_types:
+        return f"model_type {model.config.model_type!r} is not one of {model_types}"
     if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
         return "a shard is not a float tensor (quantized checkpoints are not supported; GPT-OSS's MXFP4 experts are dequantized on read)"
-    if model.plan.moe_layout == "swiglu" and any(name.endswith("experts.gate_up_proj_bias") for name in model.shards):
-        return "MoE experts with biases"
     return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend,
                                rotary_dims=2 * model.inv_freq.numel())
+
+
+def tp_llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why TPPagedLlamaRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
+    if isinstance(model, ShardedCausalLM) and model.plan.moe_layout == "swiglu" and \
+            any(name.endswith("experts.gate_up_proj_bias") for name in model.shards):
+        return "MoE experts with biases"
+    return sharded_reason(model, TP_LLAMA_TYPES, max_tokens_per_row, backend)
 
 
 class _TPLayer:
