@@ -152,3 +152,20 @@ def test_an_engine_sizes_its_pool_by_the_full_layers_and_says_so():
     engine = specdec_fast.SpeculativeEngine(model, block_size=4, max_batch_size=2, max_seq_len=100)
     assert f"the target's {windowed} windowed layers keep 2 blocks a row" in engine.memory_note
     assert engine.target_runner.kv_bytes == 2 * 104 * per_token + fixed  # 2 rows of 104 tokens (+ K + 1), + the rings
+
+
+@pytest.mark.parametrize("drafting", ["eagle3", "dflash"])
+def test_a_head_reads_a_chunked_prefill_of_a_ring_target(drafting):
+    """A draft head over a windowed target on rings: the head's context comes from the target's
+    prefill, run in chunks and joined (EAGLE-3: hidden states 1-3; DFlash: its target layers); greedy
+    still equals the target's greedy decoding (random heads: exactness, not acceptance)."""
+    from .heads import random_dflash, random_head
+
+    model = _model("mistral")
+    head = random_head(model, 40, seed=3) if drafting == "eagle3" else random_dflash(model, block_size=4)
+    ids, mask = left_padded_prompts([11, 6], vocab=COMMON["vocab_size"], seed=13)
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    engine = specdec_fast.SpeculativeEngine(model, draft_head=head, block_size=4, max_batch_size=2, max_seq_len=40)
+    out = engine.generate(ids, mask, **kw)
+    assert engine.target_runner._ring_layers
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, **kw))
