@@ -277,3 +277,19 @@ def test_decoding_loop_ops_never_sync():
         torch.cuda.set_sync_debug_mode("default")
     assert cache.seq_lens.tolist() == [3, 0, 2]
     assert torch.equal(cache.gather(1, 0)[0], k[[0, 2, 3]])
+
+
+def test_a_ring_cache_repeats_its_blocks_along_each_row():
+    """ring_blocks=R: a row holds min(its blocks, R) physical blocks, its table repeats them (logical
+    block j -> blocks[j % R]); admission counts the held blocks; free returns them."""
+    cache = PagedKVCache(1, 1, 4, num_blocks=5, block_size=2, max_batch=3, max_blocks_per_row=6, dtype=torch.float32,
+                         ring_blocks=2)
+    cache.admit_batch([0, 1], [11, 3])  # 6 logical blocks -> 2 held; 2 logical blocks -> 2 held
+    blocks = cache.blocks_of(0)
+    assert len(blocks) == 2 and cache.block_table[0].tolist() == blocks * 3
+    assert cache.block_table[1].tolist()[:2] == cache.blocks_of(1) and cache.block_table[1].tolist()[2:] == [-1] * 4
+    assert cache.num_free_blocks == 1
+    with pytest.raises(OutOfBlocksError, match="needs 2 blocks"):
+        cache.admit(2, 4)
+    cache.free_all()
+    assert cache.num_free_blocks == 5 and (cache.block_table == -1).all()

@@ -39,9 +39,10 @@ def load_draft_head(source, *, device=None, dtype=None):
     ``config`` (transformers' AutoModel with trust_remote_code, as transformers' own DFlash
     assisted generation takes it: its config and state_dict are the layout's config.json and
     weights), or transformers' MtpModel of a target (MtpModel.from_pretrained(target): its MTP
-    layer as an MtpHead, heads/mtp.py; a head has no directory layout of its own: the layer ships
-    inside the target's checkpoint). device / dtype: where and in which dtype the weights go (default: the CPU, the
-    checkpoint's dtype; a loaded module: its own device and dtype)."""
+    layer as an MtpHead, heads/mtp.py, its weights shared; an MTP head has no directory layout of
+    its own: the layer ships inside the target's checkpoint). device / dtype: where and in which
+    dtype the weights go (default: the CPU, the checkpoint's dtype; a loaded module: its own
+    device and dtype)."""
     if is_draft_head(source):
         return source if device is None and dtype is None else source.to(device=device, dtype=dtype)
     if isinstance(source, torch.nn.Module):
