@@ -342,7 +342,8 @@ def _run_generate(args, tp) -> int:
             print(f"--- completion {i + 1} of {len(out)} ---")
         print(tokenizer.decode(row, skip_special_tokens=True))
     drafter = "head" if args.draft_head else "draft" if args.draft else "mtp" if args.mtp else None
-    shared = "" if drafter is None else f", {drafter} {args.tp_draft}"
+    # a draft model or head: replicated or sharded (--tp-draft); a target's MTP layer: read in slices by every rank
+    shared = "" if drafter is None else ", mtp layer in slices" if args.mtp else f", {drafter} {args.tp_draft}"
     where = device if tp is None else f"{device}, tensor parallel over {tp.size} ranks{shared}"
     print(f"\n--- stats ({where}, {seconds:.2f} s) ---")
     print(stats.format())

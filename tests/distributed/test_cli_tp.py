@@ -92,3 +92,41 @@ def test_torchrun_two_ranks_print_what_one_process_prints(drafter, capsys):
     assert completion.strip(), "the single process printed no completion"
     assert run.stdout.count(completion) == 1, "rank 0 prints the single process's completion, rank 1 nothing"
     assert f"tensor parallel over 2 ranks, {drafter} replicated" in run.stdout
+
+
+@pytest.mark.slow  # ~15 s on the 2-core box: torchrun and two ranks' imports, then the call in this process
+def test_torchrun_two_ranks_draft_with_the_mtp_layer_in_slices(tmp_path, capsys, monkeypatch):
+    """--mtp --tp 2 on a GLM-4.5 checkpoint with its MTP layer: each rank reads its slices of the layer
+    (heads/mtp.MtpLayerSlices) and rank 0 prints the completion one process prints (sampled, seeded)."""
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tests.engine.models import VOCAB
+    from tests.engine.mtp_models import LAYERS, glm_with_mtp
+
+    path = tmp_path / "glm"
+    glm_with_mtp(path)
+    words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>").save_pretrained(path)
+    common = ["generate", "--target", str(path), "--mtp", "--k", "2", "--prompt", "w5 w9 w5 w9", "--max-new-tokens", "16",
+              "--temperature", "0.8", "--seed", "3", "--threads", "1", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "specdec_fast"]
+    run = subprocess.run(torchrun + common + ["--tp", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    # the single process reads the whole layer through transformers' MtpModel, which finds it by the
+    # class's patterns (GLM-4.5's layers 46 / 92): this checkpoint's layer
+    monkeypatch.setattr(tf.Glm4MoeForCausalLM, "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{LAYERS}\..*"])
+    threads = torch.get_num_threads()
+    capsys.readouterr()
+    try:
+        assert cli.main(common) == 0
+    finally:
+        torch.set_num_threads(threads)
+    completion = capsys.readouterr().out.split("\n--- stats")[0]
+    assert completion.strip(), "the single process printed no completion"
+    assert run.stdout.count(completion) == 1, (run.stdout, completion)
+    assert "tensor parallel over 2 ranks, mtp layer in slices" in run.stdout
