@@ -28,7 +28,7 @@ from .engine.engine import ADAPTIVE_KS, DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F4
 from .engine.inputs import check_inputs
 from .engine.outputs import return_sequences
 from .engine.stopping import call_limits
-from .heads.layout import is_draft_head, load_draft_head
+from .heads.layout import load_draft_head
 from .heads.mtp import mtp_head
 from .options import resolve_options
 from .runners.registry import RUNNERS, choose_runner  # noqa: F401 (generate's runner= values; runner choice)
@@ -131,8 +131,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
                            use_mtp=use_mtp))
     if use_mtp:  # transformers' use_mtp: the target's own MTP layer, loaded once per model, drafts as a head
         draft_head = mtp_head(model, tensor_parallel=process_group is not None or isinstance(model, ShardedCausalLM))
-    elif isinstance(draft_head, torch.nn.Module) and not is_draft_head(draft_head):
-        draft_head = load_draft_head(draft_head)  # a loaded checkpoint module -> its head (the same one every call)
+    elif isinstance(draft_head, torch.nn.Module):  # a head as it is; a loaded checkpoint module -> its head (once)
+        draft_head = load_draft_head(draft_head)
     if early_exit is not None:  # the target's first N layers: a draft model like any other
         assistant_model = early_exit_model(model, early_exit)
     lookup = assistant_model is None and opts.prompt_lookup_num_tokens is not None

@@ -51,6 +51,14 @@ def mtp_reason(target) -> str | None:
     return None
 
 
+def _refusal(message: str) -> Exception:
+    """The error of a use_mtp call this package does not run: runners/hf.py's UnsupportedModelError
+    (imported here: heads/ sits below runners/)."""
+    from ..runners.hf import UnsupportedModelError
+
+    return UnsupportedModelError(message)
+
+
 class _MtpBase(nn.Module):
     """What the engine reads of an MTP head: kind, config, vocabulary, the features it reads."""
 
@@ -73,6 +81,19 @@ class _MtpBase(nn.Module):
             raise ValueError("an MTP head reads the target's final-norm states: give the target's layer count")
         return (target_layers,)
 
+    @classmethod
+    def for_target(cls, target):
+        """This kind of head for ``target``, made once per target (the same head every call, so the
+        engine cached for it serves every call); UnsupportedModelError where the target has no MTP
+        layer this package runs (a patched generate hands such a call to transformers': patch.py)."""
+        head = _FOR_TARGET.get(target, {}).get(cls)
+        if head is None:
+            reason = mtp_reason(target)
+            if reason is not None:
+                raise _refusal(reason)
+            head = _FOR_TARGET.setdefault(target, {})[cls] = cls._load(target)
+        return head
+
 
 class MtpHead(_MtpBase):
     """A target's MTP layer as a draft head (module docstring). ``mtp_model``: transformers'
@@ -94,36 +115,26 @@ class MtpHead(_MtpBase):
         self.__dict__["rotary"] = mtp_model.rotary_emb
 
     @classmethod
-    def for_target(cls, target) -> "MtpHead":
+    def _load(cls, target) -> "MtpHead":
         """The head of ``target``'s own MTP layer, read from its checkpoint directory
         (config.name_or_path) by transformers' MtpModel.from_pretrained on the device of the
-        target's last layer, in its dtype; loaded once per target (the same head every call)."""
-        head = _FOR_TARGET.get(target, {}).get(cls)
-        if head is not None:
-            return head
-        reason = mtp_reason(target)
-        from ..runners.hf import UnsupportedModelError
-
-        if reason is not None:  # a patched generate hands such a call to transformers' (patch.py)
-            raise UnsupportedModelError(reason)
+        target's last layer, in its dtype."""
         try:
             from transformers.modeling_layers import MtpModel
         except ImportError as exc:  # transformers before MTP support (5.14 has the use_mtp field)
-            raise UnsupportedModelError("use_mtp needs a transformers with MtpModel (transformers.modeling_layers); "
+            raise _refusal("use_mtp needs a transformers with MtpModel (transformers.modeling_layers); "
                                         "upgrade transformers") from exc
 
         source = getattr(target.config, "name_or_path", "")
         if not source:
-            raise UnsupportedModelError("use_mtp reads the MTP layer from the target's checkpoint (config.name_or_path); "
+            raise _refusal("use_mtp reads the MTP layer from the target's checkpoint (config.name_or_path); "
                                         "this model was not loaded from one")
         device = next(target.get_decoder().layers[-1].parameters()).device
         try:
             mtp_model = MtpModel.from_pretrained(target, device_map={"": device})
         except (OSError, RuntimeError, ValueError) as exc:  # no MTP weights in the checkpoint, unreadable files
-            raise UnsupportedModelError(f"use_mtp: no MTP layer could be read from {source}: {exc}") from exc
-        mtp_model.eval().requires_grad_(False)
-        head = _FOR_TARGET.setdefault(target, {})[cls] = cls(mtp_model)
-        return head
+            raise _refusal(f"use_mtp: no MTP layer could be read from {source}: {exc}") from exc
+        return cls(mtp_model.eval().requires_grad_(False))
 
 
 class MtpLayerSlices(_MtpBase):
@@ -140,23 +151,14 @@ class MtpLayerSlices(_MtpBase):
         self.path, self.layer_index = str(path), int(config.num_hidden_layers)
 
     @classmethod
-    def for_target(cls, target) -> "MtpLayerSlices":
+    def _load(cls, target) -> "MtpLayerSlices":
         """The slices' source for ``target`` (a ShardedCausalLM, or a model loaded whole that a
-        tensor-parallel engine shards), once per target."""
-        head = _FOR_TARGET.get(target, {}).get(cls)
-        if head is not None:
-            return head
-        from ..runners.hf import UnsupportedModelError
-
-        reason = mtp_reason(target)
-        if reason is not None:
-            raise UnsupportedModelError(reason)
+        tensor-parallel engine shards): its checkpoint directory."""
         path = getattr(target.config, "name_or_path", "")
         if not path or not os.path.isdir(path):
-            raise UnsupportedModelError(f"use_mtp under tensor parallelism reads each rank's slices of the MTP layer from "
+            raise _refusal(f"use_mtp under tensor parallelism reads each rank's slices of the MTP layer from "
                                         f"the target's checkpoint directory (config.name_or_path); got {path!r}")
-        head = _FOR_TARGET.setdefault(target, {})[cls] = cls(target.config, path)
-        return head
+        return cls(target.config, path)
 
 
 def mtp_head(target, tensor_parallel: bool):

@@ -315,13 +315,13 @@ class PagedRunnerBase:
         """(the layers that take a ring cache, its blocks per row) for rows of this length: the
         windowed layers, where their ring (ring_blocks_for, sized for a prefill chunk or a call's
         tentative tokens) is smaller than a row's blocks; else ((), 0)."""
-        windows = [w for w in self._windows_for(max_tokens_per_row) if w is not None]
-        if not (self.ring_windows and windows):
+        windowed = {i: w for i, w in enumerate(self._windows_for(max_tokens_per_row)) if w is not None}
+        if not (self.ring_windows and windowed):
             return (), 0
-        ring = ring_blocks_for(max(windows), max(self.ring_chunk, self.max_tentative), self.block_size)
+        ring = ring_blocks_for(max(windowed.values()), max(self.ring_chunk, self.max_tentative), self.block_size)
         if ring >= math.ceil(max_tokens_per_row / self.block_size):
             return (), 0
-        return tuple(i for i, w in enumerate(self._windows_for(max_tokens_per_row)) if w is not None), ring
+        return tuple(windowed), ring
 
     def kv_sizes(self, max_batch: int, max_tokens_per_row: int) -> tuple:
         """(bytes a pooled token takes in the layers on the full cache, bytes of the ring cache of
