@@ -59,7 +59,10 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "glm4_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "exaone_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
-                "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu")}
+                "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
+                # the MLA families (runners/paged_mla.py): DeepSeek-V3 routes as GLM-4.5 does (its source)
+                "deepseek_v3": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
 SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's and its kin's (ungated) shared MLP
 
 

@@ -163,6 +163,10 @@ class PagedRunnerBase:
     # the block drafters, whose block sits past the context in the same cache (paged_dflash.py).
     ring_windows = True
     ring_chunk = 1024  # not measured: a prefill chunk long enough to keep a GPU busy, short beside long rows
+    # Whether a layer's key is its value (MLA's latent: runners/paged_mla.py): such a layer takes one
+    # plane of the pool, not two -- layers 2j and 2j + 1 share cache entry j, the K and V planes of
+    # the other layers' layout (kv_entries), so compact_kv and the kernels run unchanged.
+    kv_latent = False
     _ring_layers: tuple = ()  # the layers on the ring cache (empty: every layer on self.cache)
     _tree_mask = None  # int64 [B*N] during a tree-scoring forward (score(tree=...)), else None
     _prefilling = False  # True during prefill's forward (eager, never captured: it may wait on the device)
@@ -286,16 +290,19 @@ class PagedRunnerBase:
         # The full layers' cache (self.cache, the admissions' bookkeeping), then the ring's
         self.caches = []
         if full:
-            self.caches.append(PagedKVCache(len(full), self.num_kv_heads, self.head_dim, num_blocks=blocks, **kw))
+            self.caches.append(PagedKVCache(self.kv_entries(len(full)), self.num_kv_heads, self.head_dim,
+                                            num_blocks=blocks, **kw))
         if self._ring_layers:  # every row holds its ring: admission never fails on it once the full one did
-            self.caches.append(PagedKVCache(len(self._ring_layers), self.num_kv_heads, self.head_dim,
+            self.caches.append(PagedKVCache(self.kv_entries(len(self._ring_layers)), self.num_kv_heads, self.head_dim,
                                             num_blocks=max_batch * ring, ring_blocks=ring, **kw))
         self.cache = self.caches[0]
-        # layer i -> (its cache's index in self.caches, its index in that cache)
+        # layer i -> (its cache's index in self.caches, its index among that cache's layers)
         self._layer_cache = [(0, full.index(i)) if i in full else (len(self.caches) - 1, self._ring_layers.index(i))
                              for i in range(len(self.layers))]
-        self.k_caches = [self.caches[c].kv[j, 0] for c, j in self._layer_cache]
-        self.v_caches = [self.caches[c].kv[j, 1] for c, j in self._layer_cache]
+        # its K and V planes: kv[j, 0] / kv[j, 1]; a latent layer's one plane, kv[j // 2, j % 2], for both
+        planes = [(c, j // 2, j % 2, j % 2) if self.kv_latent else (c, j, 0, 1) for c, j in self._layer_cache]
+        self.k_caches = [self.caches[c].kv[e, k] for c, e, k, _ in planes]
+        self.v_caches = [self.caches[c].kv[e, v] for c, e, _, v in planes]
         # Per-slot lengths and commit caps; a call of B rows works on the views [:B] (the same
         # addresses every call of B rows: graph safe).
         self._length_all = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
@@ -328,9 +335,14 @@ class PagedRunnerBase:
         max_batch rows of this length: fixed, whatever the pool's tokens): what an engine sizes its
         pool by before allocate()."""
         ring_layers, ring = self._ring_plan(max_tokens_per_row)
-        per_layer = 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
-        return (len(self.layers) - len(ring_layers)) * per_layer, \
-            len(ring_layers) * per_layer * max_batch * ring * self.block_size
+        per_entry = 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
+        return self.kv_entries(len(self.layers) - len(ring_layers)) * per_entry, \
+            self.kv_entries(len(ring_layers)) * per_entry * max_batch * ring * self.block_size
+
+    def kv_entries(self, layers: int) -> int:
+        """Entries of a PagedKVCache (each a K and a V plane) that hold ``layers`` layers: one each, or
+        half as many where the key is the value (kv_latent)."""
+        return math.ceil(layers / 2) if self.kv_latent else layers
 
     @property
     def kv_bytes(self) -> int:

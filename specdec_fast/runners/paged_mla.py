@@ -1,0 +1,175 @@
+"""PagedMlaRunner: a decoder with multi-head latent attention (MLA) -- DeepSeek-V3 / R1 and the
+checkpoints that reuse its layer (model_type deepseek_v3), GLM-4.7-Flash (glm4_moe_lite) -- run
+layer by layer over a PagedKVCache that holds each token's latent, not its keys and values.
+
+The math is transformers 5.24's DeepseekV3Attention (modeling_deepseek_v3.py; Glm4MoeLiteAttention
+is the same code), eval mode, per token x (Hq heads; r = kv_lora_rank, dn / dr = the non-rotated /
+rotated query-key dims, dv = v_head_dim):
+    q = q_b(q_a_norm(q_a(x)))  (or q_proj(x) without q_lora_rank)    [Hq, dn + dr] -> q_nope, q_rot
+    c, k_rot = kv_a(x)          c = kv_a_norm(c) [r], k_rot [dr] (one for every head)
+    q_rot, k_rot = RoPE         interleaved pairs where config.rope_interleave (DeepSeek's layout)
+    k_h = [W_UK_h c, k_rot], v_h = W_UV_h c        (kv_b = [W_UK_h; W_UV_h] per head: [dn + dv, r])
+    out_h = softmax(q_h . k_h * scaling) v_h  ->  o_proj
+transformers caches (c, k_rot) and expands every cached latent through kv_b at every step. Here the
+projections are absorbed instead (as vLLM, SGLang and FlashMLA decode): q_h . k_h = [W_UK_h^T
+q_nope_h, q_rot_h] . [c, k_rot], and out_h = W_UV_h (softmax(...) c). So attention is multi-query
+attention over one cached entry per token, [c, k_rot] of r + dr dims, that is also the value (its
+first r dims are c): the paged kernels run it unchanged with Hkv = 1 and head_dim r + dr, and the
+cache keeps one plane per layer (PagedRunnerBase.kv_latent): 576 values a token a layer for
+DeepSeek-V3 instead of the 2 x 128 x 192 = 49152 of its expanded K and V. The output's last dr
+dims (softmax times k_rot) are dropped. Absorption reorders the products, so logits differ from
+transformers' by rounding (fp32: ~1e-6), not more.
+
+The MLP is the Llama runner's: a dense SwiGLU on the first layers (first_k_dense_replace /
+mlp_layer_types), then runners/_moe.py's grouped sigmoid routing with the shared MLP (GLM-4.5's).
+
+Kernels: one path for every backend (norms, RoPE and the absorbed products as torch ops -- the C++
+RMSNorm / SwiGLU on CPU float32), the KV append and the attention through paged_base's dispatch
+(C++, Triton, torch). The Triton attention kernel takes head dims up to 256: a latent of more
+(DeepSeek-V3's 512 + 64) is refused on it, so on CUDA such a model runs on the hf runner until an
+MLA attention kernel (Dk = r + dr, Dv = r, the heads as the rows of one tile) lands. No tensor
+parallelism, no MTP layer for this family yet.
+"""
+import torch
+
+from ..kernels._backend import resolve_backend
+from ..kernels.llama_ops.reference import rotate_half_apply
+from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin
+from ._linear import linear
+from ._moe import SHARED, MoE, is_moe, moe_reason
+from ._rotary import rope_tables_reason
+from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
+
+MLA_MODEL_TYPES = ("deepseek_v3", "glm4_moe_lite")
+
+
+def mla_projection_modules(layer) -> tuple:
+    """An MLA decoder layer's projection modules: q_proj (or q_a_proj, q_b_proj), kv_a_proj_with_mqa,
+    kv_b_proj, o_proj, and the MLP's gate / up / down (a MoE layer's shared MLP)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    q = (attn.q_proj,) if attn.q_proj is not None else (attn.q_a_proj, attn.q_b_proj)
+    dense = next((getattr(mlp, name) for name in SHARED if getattr(mlp, name, None) is not None), None) \
+        if is_moe(mlp) else mlp
+    return (*q, attn.kv_a_proj_with_mqa, attn.kv_b_proj, attn.o_proj) + (
+        () if dense is None else (dense.gate_proj, dense.up_proj, dense.down_proj))
+
+
+def _latent_dims(config) -> int:
+    """r + dr: the width of one cached entry (and of the absorbed query)."""
+    return int(config.kv_lora_rank) + int(config.qk_rope_head_dim)
+
+
+def mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedMlaRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and kernel
+    ``backend`` (None: the device's, as the runner would resolve it), or None when it can."""
+    reason = decoder_reason(model, MLA_MODEL_TYPES, "model.layers", "a DeepseekV3ForCausalLM", mla_projection_modules)
+    if reason is not None:
+        return reason
+    config = model.config
+    for i, layer in enumerate(model.model.layers):
+        reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
+        if reason is not None:
+            return f"layer {i}: {reason}"
+    reason = rope_tables_reason(model, max_tokens_per_row, backend)
+    if reason is not None:
+        return reason
+    rotated = 2 * model.model.rotary_emb.inv_freq.numel()
+    if rotated != config.qk_rope_head_dim:
+        return f"a rotary embedding of {rotated} dims for qk_rope_head_dim {config.qk_rope_head_dim}"
+    device = model.get_input_embeddings().weight.device
+    kernels = resolve_backend(backend, device, "paged_attention")
+    latent = _latent_dims(config)
+    reason = head_dim_reason(latent, kernels)
+    if reason is not None:
+        return f"the latent cache entry of {latent} dims (kv_lora_rank + qk_rope_head_dim): {reason}"
+    return None
+
+
+def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb_interleave for one tensor: x [T, H, dr] holds its rotated
+    pairs interleaved ((x0, x1), (x2, x3), ...); cos / sin [T, dr] = cat(freqs, freqs). Returns
+    [rotated evens | rotated odds] (the de-interleaved layout: q and k alike, so their products are
+    unchanged), with the same ops in the same order."""
+    half = cos.shape[-1] // 2
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+class _MlaLayer:
+    """One MLA decoder layer's parameters (references to the model's tensors and views of them: no
+    copies). w_uk [Hq, dn, r] and w_uv [Hq, dv, r]: kv_b_proj's rows per head."""
+
+    def __init__(self, layer, config, kernels: str):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.ln_in, self.ln_post = norm_params(layer.input_layernorm), norm_params(layer.post_attention_layernorm)
+        if attn.q_proj is not None:
+            (self.q,), self.q_a = linear_params(attn.q_proj), None
+        else:
+            (self.q_a, self.q), self.q_a_norm = linear_params(attn.q_a_proj, attn.q_b_proj), norm_params(attn.q_a_layernorm)
+        (self.kv_a, self.o), self.kv_a_norm = linear_params(attn.kv_a_proj_with_mqa, attn.o_proj), norm_params(attn.kv_a_layernorm)
+        heads, dn, dv = config.num_attention_heads, config.qk_nope_head_dim, config.v_head_dim
+        per_head = attn.kv_b_proj.weight.view(heads, dn + dv, config.kv_lora_rank)
+        self.w_uk, self.w_uv = per_head[:, :dn], per_head[:, dn:]
+        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
+        if self.moe is None:
+            self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            self.act = mlp.act_fn
+
+
+class PagedMlaRunner(PagedRunnerBase):
+    """Runner (see runners/base.py) for a DeepseekV3ForCausalLM / Glm4MoeLiteForCausalLM instance
+    (weights shared); the arguments are PagedRunnerBase's. The pool holds one latent entry per token
+    and layer (kv_latent)."""
+
+    unsupported_reason = staticmethod(mla_unsupported_reason)
+    kv_latent = True
+
+    def _bind(self, model) -> None:
+        config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_MlaLayer(layer, config, self.kernels) for layer in inner.layers]
+        self.final_norm = norm_params(inner.norm)
+        self.lm_head = model.get_output_embeddings().weight
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, 1, _latent_dims(config)
+        self.rank, self.nope_dims = int(config.kv_lora_rank), int(config.qk_nope_head_dim)
+        self.scale = float(inner.layers[0].self_attn.scaling)  # qk_head_dim^-0.5, times YaRN's mscale^2 where set
+        self.interleaved = bool(getattr(config, "rope_interleave", False))
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scaling = float(rotary.attention_scaling)
+        self.silu = config.hidden_act == "silu"
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return rotate_interleaved(x, cos, sin) if self.interleaved else rotate_half_apply(x, cos, sin)
+
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
+        total, heads, rank, dn = flat.shape[0], self.num_heads, self.rank, self.nope_dims
+        fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / SwiGLU (CPU float32)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, dr], once per call
+        x = torch.nn.functional.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, *layer.ln_in, fused)
+            q = h if layer.q_a is None else rms_norm(linear(h, *layer.q_a), *layer.q_a_norm, fused)
+            q = linear(q, *layer.q).view(total, heads, -1)  # [T, Hq, dn + dr]
+            latent = linear(h, *layer.kv_a)  # [T, r + dr]: c, then k_rot
+            c = rms_norm(latent[:, :rank].contiguous(), *layer.kv_a_norm, fused)
+            q_rot, k_rot = self._rotate(q[..., dn:], cos, sin), self._rotate(latent[:, None, rank:], cos, sin)
+            entry = torch.cat((c[:, None], k_rot), dim=-1)  # [T, 1, r + dr]: the key, and (its first r dims) the value
+            q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)  # [T, Hq, r] = W_UK^T q_nope
+            o = self._attend(i, torch.cat((q_lat, q_rot), dim=-1), entry, entry, attn_lens, cu, n, self.scale)
+            o = torch.bmm(o[..., :rank].transpose(0, 1), layer.w_uv.transpose(1, 2))  # [Hq, T, dv] = W_UV (p c)
+            x = x + linear(o.transpose(0, 1).reshape(total, -1), *layer.o)
+            h = rms_norm(x, *layer.ln_post, fused)
+            if layer.moe is not None:
+                x = x + layer.moe(h, self._prefilling)
+            else:
+                x = x + linear(gated_act(linear(h, *layer.gate), linear(h, *layer.up), layer.act, self.silu, fused),
+                               *layer.down)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = rms_norm(x, *self.final_norm, fused)
+        self._keep(len(self.layers), out)
+        return out

@@ -1,0 +1,195 @@
+"""Multi-head latent attention on the paged runner (runners/paged_mla.py): DeepSeek-V3 (a low-rank
+query, interleaved RoPE, YaRN with its mscale in the softmax scale, a dense first layer, grouped
+sigmoid routing with a shared MLP; 3 layers, so one cache entry holds a single layer), the same
+without a query rank (q_proj, rotate-half RoPE) and GLM-4.7-Flash (glm4_moe_lite).
+
+The pool holds one latent plane a layer: two layers share an entry of the usual K / V layout. The
+runner's logits equal the model's own forward on every backend (prefill, left-padded score calls,
+rollback; the absorbed products differ by rounding only); bfloat16 stays close; greedy
+generate(runner="paged") equals model.generate with a draft, prompt lookup, plain decoding and a
+token tree (compact_kv moves both layers of a shared entry); the static graph twin gives the eager
+tokens. Controls: the interleaved RoPE, the YaRN scale and the shared planes are each needed; the
+runner with a K and a V plane a layer gives the same logits from twice the pool. Refusals by name."""
+import pytest
+import torch
+
+import specdec_fast
+import specdec_fast.api as api
+from specdec_fast.runners.paged_mla import PagedMlaRunner, mla_unsupported_reason
+from specdec_fast.runners.registry import choose_runner, paged_runner_class
+
+from ..conftest import backend_device
+from .models import left_padded_prompts, make_draft
+from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
+
+VOCAB = 96
+KINDS = ("deepseek_v3", "deepseek_v3_q_proj", "glm4_moe_lite")
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+
+
+def tiny_mla(kind: str, seed: int = 0, **overrides):
+    """A random fp32 MLA model of ``kind``: 4 heads, r = 32, dn = 16, dr = 8, dv = 12; 16 experts of 32
+    in 4 groups (2 kept), top 2, a shared MLP; layer 0 dense."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=4,
+                  max_position_embeddings=256, initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                  num_experts_per_tok=2, n_routed_experts=16, moe_intermediate_size=32, n_group=4, topk_group=2,
+                  routed_scaling_factor=2.5, n_shared_experts=1, kv_lora_rank=32, qk_rope_head_dim=8,
+                  qk_nope_head_dim=16, v_head_dim=12)
+    if kind == "deepseek_v3":
+        config = tf.DeepseekV3Config(num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=24, rope_parameters=YARN,
+                                     **dict(common, **overrides))
+    elif kind == "deepseek_v3_q_proj":
+        config = tf.DeepseekV3Config(num_hidden_layers=2, first_k_dense_replace=1, q_lora_rank=None, rope_interleave=False,
+                                     **dict(common, **overrides))
+    else:
+        config = tf.Glm4MoeLiteConfig(num_hidden_layers=2, q_lora_rank=24, **dict(common, **overrides))
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # the router's correction bias (a buffer): it changes which experts win
+            bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+            if bias is not None:
+                bias.normal_(0, 0.5)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def test_the_pool_holds_one_latent_plane_per_layer():
+    model = tiny_mla("deepseek_v3")
+    assert paged_runner_class(model) is PagedMlaRunner and mla_unsupported_reason(model) is None
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    runner.allocate(2, 20)
+    (cache,) = runner.caches
+    assert tuple(cache.kv.shape) == (2, 2, 10, 4, 1, 40)  # 3 layers in 2 entries; one head of r + dr = 40
+    planes = [(t.data_ptr(), u.data_ptr()) for t, u in zip(runner.k_caches, runner.v_caches)]
+    assert all(k == v for k, v in planes) and len({k for k, _ in planes}) == 3  # the key is the value; 3 planes
+    assert runner.kv_sizes(2, 20) == (2 * 2 * 40 * 4, 0)  # bytes a token: 2 entries of K and V planes, fp32
+    assert runner.kv_bytes == cache.kv.numel() * 4
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_equal_hf_forward(kind, backend, device):
+    device = backend_device(backend, device)
+    model = tiny_mla(kind).to(device)
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert [layer.moe is not None for layer in runner.layers] == [False] + [True] * (len(runner.layers) - 1)
+    assert_runner_matches_forward(model, runner, VOCAB)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bfloat16_close_to_the_float32_forward(kind):
+    reference = tiny_mla(kind)
+    model = tiny_mla(kind).to(torch.bfloat16)
+    assert_bf16_close_to_forward(model, PagedMlaRunner(model, max_new_tokens=4, num_draft_tokens=1), VOCAB,
+                                 reference=reference)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_paged_equals_generate(kind, batch):
+    target = tiny_mla(kind, seed=5)
+    ids, mask = left_padded_prompts([6] if batch == 1 else [4, 10, 7], vocab=VOCAB, seed=batch)
+    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
+                     dict(prompt_lookup_num_tokens=2), {}):
+        out = api.generate(target, ids, mask, runner="paged", **kw, **drafting)  # runner="paged": no fallback
+        assert torch.equal(out, expected), drafting
+    specdec_fast.release_engines(target)
+
+
+def test_a_token_tree_compacts_both_layers_of_an_entry(monkeypatch):
+    """Tree decoding commits the accepted path through compact_kv, which moves every entry's two
+    planes: here layers 0 / 1 share entry 0 and layer 2 has entry 1 alone. The tokens are greedy's."""
+    from specdec_fast.kernels import cache_ops
+
+    target = tiny_mla("deepseek_v3", seed=2)
+    ids, mask = left_padded_prompts([5, 8], vocab=VOCAB, seed=4)
+    kw = dict(do_sample=False, max_new_tokens=16, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    moved, real = [], cache_ops.compact_kv
+    monkeypatch.setattr("specdec_fast.runners.paged_base.compact_kv",
+                        lambda caches, *a, **k: moved.append(tuple(caches.shape[:2])) or real(caches, *a, **k))
+    out = api.generate(target, ids, mask, runner="paged", assistant_model=make_draft(target, noise=0.05),
+                       tree="static", **kw)
+    specdec_fast.release_engines(target)
+    assert torch.equal(out, expected)
+    assert (2, 2) in moved  # the target's pool: 2 entries of 2 planes
+
+
+def test_static_graph_twin_gives_the_eager_tokens():
+    from .test_cuda_graphs_static import MODES, both
+
+    target = tiny_mla("deepseek_v3", seed=3)
+    ids, mask = left_padded_prompts([3, 7], vocab=VOCAB, seed=1)
+    draft = make_draft(target, noise=0.05)
+    for mode in MODES.values():
+        (eager, _), (static, s_stats) = both(target, ids, mask, max_new_tokens=10, assistant_model=draft,
+                                             num_assistant_tokens=3, backend="cpp", **mode)
+        assert torch.equal(static, eager) and s_stats.graph_mode == "static"
+    specdec_fast.release_engines(target)
+
+
+def _next_logits(runner, tokens) -> torch.Tensor:
+    """The logits after tokens[-1], scored over a cache that a prefill of tokens[:-1] wrote (a layer's
+    plane read past the forward that wrote it)."""
+    runner.prefill(torch.tensor([tokens[:-1]]), None, max_new_tokens=2, num_draft_tokens=0)
+    return runner.score(torch.tensor([tokens[-1:]]))[0, -1]
+
+
+def test_controls_rope_layout_scale_and_planes():
+    """Each spoiled piece moves the logits off the forward's: the interleaved RoPE read as rotate-half,
+    the softmax scale without YaRN's mscale^2, two layers on one plane. A K and a V plane a layer
+    (kv_latent off) gives the same logits from twice the pool."""
+    model = tiny_mla("deepseek_v3")
+    tokens = [5, 9, 3, 7, 11, 4, 8]
+    expected = hf_logits(model, tokens)[-1]
+
+    def logits(spoil=None, cls=PagedMlaRunner):
+        runner = cls(model, max_new_tokens=2, num_draft_tokens=1, block_size=4)
+        if spoil is not None:
+            spoil(runner)
+        return _next_logits(runner, tokens), runner
+
+    got, runner = logits()
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    for spoil in (lambda r: setattr(r, "interleaved", False), lambda r: setattr(r, "scale", 24 ** -0.5)):
+        assert not torch.allclose(logits(spoil)[0], expected, atol=1e-2, rtol=0)
+
+    class OnePlane(PagedMlaRunner):  # layer 1 written over layer 0's plane: layer 0 then reads layer 1's latents
+        def _allocate(self, *a):
+            super()._allocate(*a)
+            self.k_caches[1] = self.v_caches[1] = self.k_caches[0]
+
+    assert not torch.allclose(logits(cls=OnePlane)[0], expected, atol=1e-2, rtol=0)
+
+    class TwoPlanes(PagedMlaRunner):
+        kv_latent = False
+
+    got, two = logits(cls=TwoPlanes)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert two.kv_bytes == 3 * runner.kv_bytes // 2  # 3 entries of 2 planes against 2 (3 layers)
+    assert two.kv_sizes(1, 16)[0] == 3 * runner.kv_sizes(1, 16)[0] // 2
+
+
+def test_refusals():
+    """A latent wider than the Triton attention kernel's head dims (DeepSeek-V3's 512 + 64) is refused
+    on it by name (the hf runner takes the model); a RoPE whose frequencies change with the length
+    too; another family's model is not this runner's."""
+    pytest.importorskip("triton")
+    wide = tiny_mla("deepseek_v3_q_proj", kv_lora_rank=256)
+    reason = mla_unsupported_reason(wide, backend="triton")
+    assert reason is not None and "latent cache entry of 264 dims" in reason
+    assert mla_unsupported_reason(wide) is None  # the C++ attention takes any head dim
+    assert choose_runner(wide, None, 32, backend="triton") == "hf"
+    dynamic = tiny_mla("deepseek_v3_q_proj", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0,
+                                                               "factor": 2.0})
+    reason = mla_unsupported_reason(dynamic, max_tokens_per_row=512)
+    assert reason is not None and "dynamic" in reason
+    from .test_paged_moe import tiny_moe
+
+    assert "is not one of" in mla_unsupported_reason(tiny_moe("glm4_moe"))
