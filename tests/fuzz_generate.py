@@ -18,7 +18,9 @@ reference alone and no static twin. families: the tests' tiny Llama / Qwen2 / GP
 Granite / SmolLM3 / OLMo 3 / Gemma 1 / Gemma 3 / StarCoder2 / GPT-NeoX / OPT / Cohere / GPT-BigCode models, and
 Mistral / Gemma 2 / Cohere 2 / CWM with sliding windows of 8 that the rows pass, Ministral 3 past
 its query temperature's threshold, Mixtral / Qwen3-MoE / Qwen2-MoE (a shared expert) / GPT-OSS (sinks, windows
-of 8) / GLM-4.5 (grouped sigmoid routing, a partial rotary embedding) / EXAONE MoE / Solar Open, with transformers' processors (test_generate_processors.OPTIONS), user
+of 8) / GLM-4.5 (grouped sigmoid routing, a partial rotary embedding) / EXAONE MoE / Solar Open / OLMoE,
+DeepSeek-V3 (latent attention), GLM-4.5 and DeepSeek-V3 with their MTP layers (use_mtp), with
+transformers' processors (test_generate_processors.OPTIONS), user
 processors and stopping criteria, against model.generate. chat: a greedy chat loop over one
 transformers cache a side (generate(cache=...)), turn by turn against model.generate's.
 
@@ -267,6 +269,9 @@ def sampled_cases(seed: int, iterations: int, triton: bool = False):
         yield it, _described(opts, ours, prompts=batch.input_ids.shape, refused=isinstance(base, Exception)), failure
 
 
+MTP_KINDS = {"glm_mtp": "glm4_moe", "deepseek_mtp": "deepseek_v3"}  # the families' kinds with an MTP layer: its model kind
+
+
 def family_cases(seed: int, iterations: int, triton: bool = False):
     """Yields (case number, description, failure or None) of greedy calls on the tests' tiny models
     with transformers' processors, against model.generate."""
@@ -291,10 +296,10 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
         rng = random.Random(seed * 100003 + it)
         kind = rng.choice(["llama", "llama", "qwen2", "gpt2", "phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode",
                           "mistral", "gemma", "gemma2", "cohere2", "mixtral", "qwen3_moe", "qwen2_moe", "glm4_moe", "exaone_moe", "solar_open",
-                          "olmoe", "ministral3", "cwm", "gpt_oss", "glm_mtp"])
-        if kind not in pairs:  # glm_mtp: GLM-4.5 loaded from a checkpoint with its MTP layer (use_mtp below)
-            model = glm_with_mtp(tempfile.mkdtemp(prefix="fuzz_glm_mtp_")) if kind == "glm_mtp" else \
-                make_model(kind, layers=2, seed=3)
+                          "olmoe", "ministral3", "cwm", "gpt_oss", "glm_mtp", "deepseek_v3", "deepseek_mtp"])
+        if kind not in pairs:  # glm_mtp / deepseek_mtp: loaded from a checkpoint with its MTP layer (use_mtp below)
+            model = glm_with_mtp(tempfile.mkdtemp(prefix=f"fuzz_{kind}_"), kind=MTP_KINDS[kind]) if kind in MTP_KINDS \
+                else make_model(kind, layers=2, seed=3)
             model.generation_config.eos_token_id = None
             pairs[kind] = (model, make_draft(model, noise=0.1))
         target, draft = pairs[kind]
@@ -318,7 +323,7 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
         if rng.random() < 0.1:  # the target's own first layer drafts (GPT-2: an UnsupportedModelError)
             ours = {k: v for k, v in ours.items() if k not in DRAFTING_KEYS}
             ours["assistant_early_exit"] = 1
-        if kind == "glm_mtp" and rng.random() < 0.7:  # the target's own MTP layer drafts, K of 1-3 or its default
+        if kind in MTP_KINDS and rng.random() < 0.7:  # the target's own MTP layer drafts, K of 1-3 or its default
             ours = {k: v for k, v in ours.items() if k not in DRAFTING_KEYS + ("assistant_early_exit",)}
             ours.update(use_mtp=True, runner="paged",  # the MTP layer reads the paged target runner's states
                         **({} if rng.random() < 0.3 else {"num_assistant_tokens": rng.randint(1, 3)}))

@@ -1,6 +1,6 @@
 """The engine's draft head (generate(draft_head=...), generate(use_mtp=True)): loading it for a target
 and building the runner it drafts on (EAGLE-3: PagedEagle3Runner; a target's MTP layer:
-PagedMtpRunner; DFlash / DFlash2: their block runners), with the
+PagedMtpRunner, PagedMlaMtpRunner for DeepSeek-V3's; DFlash / DFlash2: their block runners), with the
 target runner set to capture the hidden states the head reads (runners/hidden_capture.py). Under
 tensor parallelism the head runs whole on every rank (engine/tensor_parallel.py), but a target's MTP
 layer, whose slices each rank reads by the target's plan (TPPagedMtpRunner)."""
@@ -13,7 +13,7 @@ from ..runners.paged_dflash import PagedDFlashRunner
 from ..runners.paged_dflash2 import PagedDFlash2Runner
 from ..runners.paged_eagle3 import PagedEagle3Runner
 from ..runners.paged_llama_tp import TPPagedLlamaRunner
-from ..runners.paged_mtp import PagedMtpRunner, TPPagedMtpRunner
+from ..runners.paged_mtp import TPPagedMtpRunner, mtp_runner
 from .inputs import vocab_size
 from .tensor_parallel import whole_vocab_weight
 
@@ -68,7 +68,7 @@ def head_runner(head, target, target_runner, *, tree, max_draft_tokens: int, blo
                                     backend=backend)
         if head.sharded:
             raise ValueError("this MTP head is read in slices by tensor-parallel ranks; the target runs in one process")
-        return PagedMtpRunner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
-                              num_draft_tokens=max_draft_tokens, block_size=block_size, backend=backend)
+        return mtp_runner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
+                          num_draft_tokens=max_draft_tokens, block_size=block_size, backend=backend)
     embed = head.embed_tokens.weight if head.embed_tokens is not None else whole_vocab_weight(target, "embed")
     return PagedEagle3Runner(head, embed, num_draft_tokens=max_draft_tokens, block_size=block_size, backend=backend)

@@ -1,4 +1,4 @@
-"""MtpHead: a target's own multi-token-prediction layer (GLM-4.5 / 4.6 / 4.7's
+"""MtpHead: a target's own multi-token-prediction layer (GLM-4.5 / 4.6 / 4.7's and DeepSeek-V3 / R1's
 ``model.layers.{L}``, shipped inside the target checkpoint) as a draft head; what
 ``generate(use_mtp=True)`` drafts with.
 
@@ -19,8 +19,9 @@ feeds the pre-norm output back). With one MTP layer transformers drafts one toke
 here K = 1 by default too (MTP_DEFAULT_K), and a larger K (num_assistant_tokens, or the adaptive
 schedule) runs the same layer again per draft.
 
-Which targets: MTP_MODEL_TYPES, whose decoder layer the Llama runner runs (runners/paged_llama.py);
-one MTP layer (every GLM-4.x checkpoint has one; several would each need their own cache). Under
+Which targets: MTP_MODEL_TYPES, whose decoder layer the Llama runner (runners/paged_llama.py: GLM-4.5)
+or the MLA runner (runners/paged_mla.py: DeepSeek-V3, no tensor parallelism) runs; one MTP layer
+(every GLM-4.x and DeepSeek-V3 checkpoint has one; several would each need their own cache). Under
 tensor parallelism the head is MtpLayerSlices: each rank reads its slices of the layer itself.
 """
 import os
@@ -28,7 +29,7 @@ import weakref
 
 from torch import nn
 
-MTP_MODEL_TYPES = ("glm4_moe",)
+MTP_MODEL_TYPES = ("glm4_moe", "deepseek_v3")
 # K without num_assistant_tokens: transformers' use_mtp drafts one token per MTP layer, and vLLM's
 # GLM-4.5 recipe (recipes.vllm.ai/zai-org/GLM-4.5) reports 1 best for throughput ("higher values
 # increase mean acceptance length but drop acceptance rate significantly"). Not measured here.

@@ -27,8 +27,8 @@ Kernels: one path for every backend (norms, RoPE and the absorbed products as to
 RMSNorm / SwiGLU on CPU float32), the KV append and the attention through paged_base's dispatch
 (C++, Triton, torch). The Triton attention kernel takes head dims up to 256: a latent of more
 (DeepSeek-V3's 512 + 64) is refused on it, so on CUDA such a model runs on the hf runner until an
-MLA attention kernel (Dk = r + dr, Dv = r, the heads as the rows of one tile) lands. No tensor
-parallelism, no MTP layer for this family yet.
+MLA attention kernel (Dk = r + dr, Dv = r, the heads as the rows of one tile) lands. DeepSeek-V3's
+own MTP layer drafts on this runner too (runners/paged_mtp.py). No tensor parallelism.
 """
 import torch
 
@@ -126,19 +126,27 @@ class PagedMlaRunner(PagedRunnerBase):
     kv_latent = True
 
     def _bind(self, model) -> None:
-        config, inner = model.config, model.model
-        self.embed = inner.embed_tokens.weight
-        self.layers = [_MlaLayer(layer, config, self.kernels) for layer in inner.layers]
-        self.final_norm = norm_params(inner.norm)
-        self.lm_head = model.get_output_embeddings().weight
+        inner = model.model
+        self._bind_parts(model.config, inner.embed_tokens.weight, inner.layers, inner.norm,
+                         model.get_output_embeddings().weight, inner.rotary_emb)
+
+    def _bind_parts(self, config, embed: torch.Tensor, layers, norm, lm_head: torch.Tensor, rotary) -> None:
+        """The decoder's parts: embedding [V, H], decoder layer modules, final norm module, LM head
+        [V, H], rotary module (a target's MTP layer binds its own: runners/paged_mtp.py)."""
+        self.embed, self.lm_head = embed, lm_head
+        self.layers = [_MlaLayer(layer, config, self.kernels) for layer in layers]
+        self.final_norm = norm_params(norm)
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, 1, _latent_dims(config)
         self.rank, self.nope_dims = int(config.kv_lora_rank), int(config.qk_nope_head_dim)
-        self.scale = float(inner.layers[0].self_attn.scaling)  # qk_head_dim^-0.5, times YaRN's mscale^2 where set
+        self.scale = float(layers[0].self_attn.scaling)  # qk_head_dim^-0.5, times YaRN's mscale^2 where set
         self.interleaved = bool(getattr(config, "rope_interleave", False))
-        rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
         self.silu = config.hidden_act == "silu"
+
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> the first layer's input [T, H] (an MTP layer's mixes in its features)."""
+        return torch.nn.functional.embedding(flat.clamp(min=0), self.embed)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return rotate_interleaved(x, cos, sin) if self.interleaved else rotate_half_apply(x, cos, sin)
@@ -148,7 +156,7 @@ class PagedMlaRunner(PagedRunnerBase):
         total, heads, rank, dn = flat.shape[0], self.num_heads, self.rank, self.nope_dims
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / SwiGLU (CPU float32)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, dr], once per call
-        x = torch.nn.functional.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, *layer.ln_in, fused)

@@ -1,8 +1,9 @@
 """PagedMtpRunner: a target's MTP layer (heads/mtp.py) run over its own PagedKVCache.
 
-The MTP block is a decoder layer of the target's family, so this is the Llama runner
-(runners/paged_llama.py: its layer math on every backend -- torch, C++, the Triton layer path --
-GLM-4.5's partial RoPE, q/k/v biases and MoE included) over one layer, with two changes: the
+The MTP block is a decoder layer of the target's family, so this is the family's runner over one
+layer -- the Llama runner (runners/paged_llama.py: its layer math on every backend, GLM-4.5's
+partial RoPE, q/k/v biases and MoE included), or the MLA runner for DeepSeek-V3's layer
+(runners/paged_mla.py: PagedMlaMtpRunner) -- with two changes: the
 layer's input is eh_proj(cat(enorm(embed(token)), hnorm(feature))) instead of the embedding
 (_embed), and its final norm is the MTP layer's post_norm. It is fed (token, feature) pairs
 (PairedRunner: runners/paired.py); its logits are the target's lm_head over post_norm's output,
@@ -24,6 +25,7 @@ from ._linear import linear
 from .paged_base import head_dim_reason
 from .paged_llama import PagedLlamaRunner
 from .paged_llama_tp import TPPagedLlamaRunner
+from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paired import PairedRunner
 from .sharded_model import ShardedCausalLM, rotary_of
 from .sharding import mtp_layer_shards
@@ -33,12 +35,22 @@ MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")
 
 
 def mtp_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why PagedMtpRunner cannot run ``head`` with kernel ``backend``, or None."""
+    """Why PagedMtpRunner (PagedMlaMtpRunner for an MLA family's layer) cannot run ``head`` with kernel
+    ``backend``, or None."""
     if getattr(head, "kind", None) != "mtp":
         return f"{type(head).__name__} is not an MTP head"
     config = head.config
+    if config.model_type in MLA_MODEL_TYPES:
+        return head_dim_reason(config.kv_lora_rank + config.qk_rope_head_dim, backend)
     return head_dim_reason(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
                            backend)
+
+
+def mtp_runner(head, embed: torch.Tensor, lm_head: torch.Tensor, **kwargs):
+    """The single-process runner of ``head``'s layer: PagedMlaMtpRunner for an MLA family's
+    (DeepSeek-V3), else PagedMtpRunner; kwargs: their num_draft_tokens / block_size / backend."""
+    cls = PagedMlaMtpRunner if head.config.model_type in MLA_MODEL_TYPES else PagedMtpRunner
+    return cls(head, embed, lm_head, **kwargs)
 
 
 class _MtpLayer:
@@ -75,10 +87,9 @@ class _MtpLayer:
         return self._logits(normed)
 
 
-class PagedMtpRunner(_MtpLayer, PairedRunner, PagedLlamaRunner):
-    """Runner of a target's MTP layer (heads/mtp.MtpHead): prefill_pairs / score_pairs / commit.
-    embed [V, H] and lm_head [V, H]: the target's. num_draft_tokens: K (sizes the tentative
-    entries: K + 1)."""
+class _WholeMtpLayer(_MtpLayer):
+    """The single-process runners' construction: the head's whole layer over the target's embedding
+    and LM head, on the family runner mixed in after PairedRunner (whose _bind_parts binds it)."""
 
     unsupported_reason = staticmethod(mtp_unsupported_reason)
 
@@ -86,7 +97,7 @@ class PagedMtpRunner(_MtpLayer, PairedRunner, PagedLlamaRunner):
                  block_size: int = 16, backend=None):
         reason = mtp_unsupported_reason(head, backend=backend)
         if reason is not None:
-            raise ValueError(f"PagedMtpRunner cannot run this head: {reason}")
+            raise ValueError(f"{type(self).__name__} cannot run this head: {reason}")
         if head.sharded:
             raise ValueError("this MTP head is read in slices by tensor-parallel ranks (TPPagedMtpRunner)")
         layer = head.layer
@@ -105,6 +116,17 @@ class PagedMtpRunner(_MtpLayer, PairedRunner, PagedLlamaRunner):
         self._bind_mtp(norm_params(layer.enorm), norm_params(layer.hnorm), eh_proj, head.hidden_first,
                        head.feature_width)
         self.vocab_size = int(self.lm_head.shape[0])
+
+
+class PagedMtpRunner(_WholeMtpLayer, PairedRunner, PagedLlamaRunner):
+    """Runner of a target's MTP layer (heads/mtp.MtpHead) of a Llama-runner family (GLM-4.5):
+    prefill_pairs / score_pairs / commit. embed [V, H] and lm_head [V, H]: the target's.
+    num_draft_tokens: K (sizes the tentative entries: K + 1)."""
+
+
+class PagedMlaMtpRunner(_WholeMtpLayer, PairedRunner, PagedMlaRunner):
+    """PagedMtpRunner for an MLA family's MTP layer (DeepSeek-V3's): the layer's block on the MLA
+    runner (runners/paged_mla.py), its cache one latent plane."""
 
 
 class TPPagedMtpRunner(_MtpLayer, PairedRunner, TPPagedLlamaRunner):

@@ -63,6 +63,15 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.Glm4MoeConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                                 topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
                                 head_dim=12, attention_bias=True, **llama_like)
+    if kind == "deepseek_v3":  # MLA (r 24, dn 12, dr 8, dv 12, a query rank of 16, interleaved RoPE, YaRN's mscale in
+        # the scale), a dense first layer, then GLM-4.5's routing (8 experts of 24 in 2 groups, 1 kept), a shared MLP
+        return tf.DeepseekV3Config(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
+                                   topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
+                                   q_lora_rank=16, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
+                                   rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                    "original_max_position_embeddings": 64, "mscale": 1.0,
+                                                    "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
+                                   **dict(llama_like, num_key_value_heads=4))
     if kind == "exaone_moe":  # GLM-4.5's routing; a sliding layer (window 8: RoPE, passed), a full NoPE one; q/k norms
         return tf.ExaoneMoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,

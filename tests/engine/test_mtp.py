@@ -1,5 +1,5 @@
 """generate(use_mtp=True): the target's own MTP layer drafts (heads/mtp.py, runners/paged_mtp.py,
-drafters/eagle3.py). The paged layer equals transformers' MtpModel layer on every backend; the
+drafters/eagle3.py), for a GLM-4.5 target and a DeepSeek-V3 one (its MLA layer on the MLA runner). The paged layer equals transformers' MtpModel layer on every backend; the
 drafts are transformers' MTP drafts over the context so far (K = 1, its own, and K = 3, the layer
 chained on its normed output); greedy decoding equals model.generate(use_mtp=True) and the
 target's greedy decoding (batches, left padding, the static graph twin, trees, the adaptive
@@ -14,9 +14,9 @@ from specdec_fast.drafters import Eagle3Drafter
 from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.heads import MtpHead
 from specdec_fast.kernels import make_sampling_tensors
-from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners.hf import UnsupportedModelError
-from specdec_fast.runners.paged_mtp import PagedMtpRunner
+from specdec_fast.runners.paged_mtp import PagedMlaMtpRunner, PagedMtpRunner, mtp_runner
+from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device, on_device
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
@@ -27,9 +27,10 @@ from .mtp_models import LAYERS, glm_with_mtp
 from .test_sampling_exact import target_probs
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    return glm_with_mtp(tmp_path_factory.mktemp("glm_mtp"))
+@pytest.fixture(scope="module", params=["glm4_moe", "deepseek_v3"])
+def target(request, tmp_path_factory):
+    """A GLM-4.5 target (its layer on the Llama runner), then a DeepSeek-V3 one (an MLA layer: PagedMlaMtpRunner)."""
+    return glm_with_mtp(tmp_path_factory.mktemp(request.param), kind=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,8 @@ def test_paged_mtp_layer_equals_transformers(target, mtp_model, backend, device)
     ids, mask = on_device(device, *left_padded_prompts(lengths, vocab=VOCAB, seed=6))
     hidden = target.config.hidden_size
     feats = torch.randn(3, ids.shape[1], hidden, generator=gen).to(device)
-    runner = PagedMtpRunner(head, *_weights(target), num_draft_tokens=3, block_size=4, backend=backend)
+    runner = mtp_runner(head, *_weights(target), num_draft_tokens=3, block_size=4, backend=backend)
+    assert type(runner) is (PagedMlaMtpRunner if target.config.model_type == "deepseek_v3" else PagedMtpRunner)
     runner.prefill_pairs(ids, feats, mask, budgets=[16, 16, 16], num_draft_tokens=3)
     new_ids = torch.randint(0, VOCAB, (3, 4), generator=gen).to(device)
     new_feats = torch.randn(3, 4, hidden, generator=gen).to(device)
@@ -106,10 +108,10 @@ def test_drafts_equal_transformers_mtp_drafts(target, mtp_model, k):
     """Every iteration's greedy drafts equal transformers' MTP layer's over the context so far: the
     pending entries carry the target's final-norm states and the tokens after every accept / reject."""
     ids, mask = left_padded_prompts([4, 6], vocab=VOCAB, seed=8)
-    runner = PagedLlamaRunner(target, max_new_tokens=16, num_draft_tokens=k)
+    runner = paged_runner_class(target)(target, max_new_tokens=16, num_draft_tokens=k)
     head = MtpHead.for_target(target)
     runner.capture_hidden_states(head.hidden_indices(LAYERS))
-    drafter = Eagle3Drafter(PagedMtpRunner(head, *_weights(target), num_draft_tokens=k), runner, None)
+    drafter = Eagle3Drafter(mtp_runner(head, *_weights(target), num_draft_tokens=k), runner, None)
     decoder = SpeculativeDecoder(runner, drafter, k=k, params=make_sampling_tensors(2, "cpu", temperature=0.0, seed=0),
                                  max_new_tokens=16)
     seen = proposals_per_iteration(drafter, decoder, ids, mask)
@@ -219,9 +221,7 @@ def test_refusals_name_their_reason(target, tmp_path):
         specdec_fast.generate(target, ids, use_mtp=True, assistant_model=target, max_new_tokens=3)
     with pytest.raises(ValueError, match="use_mtp"):
         specdec_fast.generate(target, ids, use_mtp="yes", max_new_tokens=3)
-    import transformers as tf
-
-    in_memory = tf.Glm4MoeForCausalLM(copy.deepcopy(target.config)).eval()  # no checkpoint to read the layer from
+    in_memory = type(target)(copy.deepcopy(target.config)).eval()  # no checkpoint to read the layer from
     in_memory.config.name_or_path = ""
     with pytest.raises(UnsupportedModelError, match="not loaded from one"):
         specdec_fast.generate(in_memory, ids, use_mtp=True, max_new_tokens=3)
@@ -271,8 +271,9 @@ def test_the_cli_drafts_with_mtp(target, capsys, monkeypatch, tmp_path):
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>").save_pretrained(tmp_path)
-    # transformers finds MTP weights by the class's patterns (GLM-4.5's layers 46 / 92): this checkpoint's layer
-    monkeypatch.setattr(tf.Glm4MoeForCausalLM, "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{LAYERS}\..*"])
+    # transformers finds MTP weights by the class's patterns (the real layers: GLM-4.5's 46 / 92, DeepSeek-V3's 61):
+    # this checkpoint's layer
+    monkeypatch.setattr(type(target), "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{LAYERS}\..*"])
     argv = ["generate", "--target", target.config.name_or_path, "--tokenizer", str(tmp_path), "--prompt", "w5 w9 w5 w9"]
     assert cli.main([*argv, "--mtp", "--max-new-tokens", "8"]) == 0
     out = capsys.readouterr().out
