@@ -29,6 +29,8 @@
 #   * bash bench/run_gpu.sh moe        # the MoE MLP's three ways (Qwen3-30B-A3B, Mixtral blocks), the windowed
 #                                      # layers' rings (a 16k prefill by chunk), then the MoE, window, ring and
 #                                      # MTP tests on CUDA (est. 6 min)
+#   * bash bench/run_gpu.sh mla        # the MLA Triton kernel vs SDPA on dense latents (DeepSeek-V3, GLM-4.7-Flash
+#                                      # shapes), then the MLA kernel, runner and MTP tests on CUDA (est. 4 min)
 #   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
 #   * bash bench/run_gpu.sh options    # what processing a tree's nodes costs a step (rep 1.05, no_repeat_ngram) vs a chain (est. 2 min)
 #   * bash bench/run_gpu.sh ncu        # issue 25: Nsight Compute on tree_verify's residual masses and the B=64 streaming pass
@@ -242,6 +244,15 @@ stage_moe() {
     tests/engine/test_ring_windows.py tests/engine/test_mtp.py
 }
 
+stage_mla() {
+  # Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash; 2026-11-30, never run on a GPU): the MLA Triton
+  # kernel against SDPA on dense latents, 128 / 20 heads x B 1/8/32 x 1k-16k x N 1/4 (est. 2 min), then the
+  # kernel's table, the MLA runner's and the MTP tests on CUDA (the kernel compiled)
+  run --cap 200 python3 bench/bench_mla.py --gpu --budget-s "$(budget 150 200)" --out "$results/mla_$dev.json"
+  run --cap 200 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_mla_attention.py \
+    tests/engine/test_paged_mla.py tests/engine/test_mtp.py
+}
+
 stage_gemv() {
   # Issue 25, plain decoding at 85%: the GEMV layer's kernel against cuBLAS per 8B product and row
   # count (every candidate tile config: decides kernels/linear/triton.py's defaults), its fused
@@ -328,9 +339,9 @@ case "$stage" in  # a device call ends at 600 s: 560 leaves the last part's kill
   session|limits|levers) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
 esac
 case "$stage" in
-  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|heads|adaptive|options|ncu|ncu_source) "stage_$stage" ;;
+  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|mla|heads|adaptive|options|ncu|ncu_source) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|heads|adaptive|options|ncu|ncu_source|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|mla|heads|adaptive|options|ncu|ncu_source|all"; exit 2 ;;
 esac
 [ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
 echo "stage $stage done at ${SECONDS} s, status $status"

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("session", "tests", "limits", "levers", "kernels", "scale", "loop", "more", "trees", "heads", "gemv", "attention",
-          "moe", "adaptive", "options", "ncu", "ncu_source")
+          "moe", "mla", "adaptive", "options", "ncu", "ncu_source")
 
 
 def dry_run(stage: str, **env) -> str:

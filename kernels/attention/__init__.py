@@ -10,7 +10,7 @@ import torch
 from .._backend import resolve_backend
 from .reference import paged_attention_reference
 
-__all__ = ["paged_attention", "paged_attention_reference", "MAX_TREE_QUERIES"]
+__all__ = ["paged_attention", "paged_attention_reference", "mla_attention", "MAX_TREE_QUERIES"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_TREE_QUERIES = 64  # one int64 bitmask per query row
@@ -187,3 +187,41 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
                                   max_query_len=max_query_len, tree_mask=tree_mask, scale=scale, causal=causal,
                                   window=window, softcap=softcap, sinks=sinks)
+
+
+def mla_attention(q, latent_cache, block_table, seq_lens, cu_query_lens, *, rank: int, max_query_len: int,
+                  tree_mask=None, scale: float, backend=None, check=True) -> torch.Tensor:
+    """Multi-head latent attention (MLA) with absorbed projections over a latent paged cache
+    (runners/paged_mla.py): paged_attention with one KV head whose key is each entry [c, k_rot]
+    and whose value is its first ``rank`` dims c; causal or token-tree mask.
+
+    q [T, Hq, R + DR] (R = rank); latent_cache [num_blocks, block_size, 1, R + DR], q's dtype;
+    block_table, seq_lens, cu_query_lens, max_query_len, tree_mask, check: as paged_attention.
+    Returns out [T, Hq, R] in q's dtype: out[t, h] = sum_j softmax_j(scale * q[t, h] . e_j) e_j[:R]
+    over the entries e_j query t sees. The "triton" backend runs kernels/attention/triton_mla.py
+    (R <= 512, DR <= 128); "cpp" / "torch" run paged_attention with the cache as K and V and keep
+    the first R dims of its output."""
+    _check_static(q, latent_cache, latent_cache, block_table, seq_lens, cu_query_lens, max_query_len, tree_mask, scale)
+    if latent_cache.shape[2] != 1:
+        raise ValueError(f"latent_cache must hold one head (its entries are shared by every query head), got "
+                         f"{latent_cache.shape[2]}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank < q.shape[-1]:
+        raise ValueError(f"rank must be an int in [1, {q.shape[-1]}) (the latent's dims before the rotated ones), "
+                         f"got {rank!r}")
+    if check:
+        _check_values(q, latent_cache, block_table, seq_lens, cu_query_lens, max_query_len, tree_mask)
+    name = resolve_backend(backend, q.device, "paged_attention")
+    q = q.contiguous() if q.stride(-1) != 1 else q
+    block_table, seq_lens, cu_query_lens = block_table.contiguous(), seq_lens.contiguous(), cu_query_lens.contiguous()
+    tree_mask = tree_mask.contiguous() if tree_mask is not None else None
+    if name == "triton":
+        from .triton_mla import MAX_RANK, MAX_ROPE, mla_attention_triton
+
+        if rank > MAX_RANK or q.shape[-1] - rank > MAX_ROPE:
+            raise ValueError(f"backend='triton' MLA takes rank <= {MAX_RANK} and rotated dims <= {MAX_ROPE}, got "
+                             f"{rank} and {q.shape[-1] - rank}")
+        return mla_attention_triton(q, latent_cache, block_table, seq_lens, cu_query_lens, rank=rank,
+                                    max_query_len=max_query_len, tree_mask=tree_mask, scale=float(scale))
+    return paged_attention(q, latent_cache, latent_cache, block_table, seq_lens, cu_query_lens,
+                           max_query_len=max_query_len, tree_mask=tree_mask, scale=float(scale), backend=name,
+                           check=False)[..., :rank]

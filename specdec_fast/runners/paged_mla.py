@@ -24,11 +24,12 @@ The MLP is the Llama runner's: a dense SwiGLU on the first layers (first_k_dense
 mlp_layer_types), then runners/_moe.py's grouped sigmoid routing with the shared MLP (GLM-4.5's).
 
 Kernels: one path for every backend (norms, RoPE and the absorbed products as torch ops -- the C++
-RMSNorm / SwiGLU on CPU float32), the KV append and the attention through paged_base's dispatch
-(C++, Triton, torch). The Triton attention kernel takes head dims up to 256: a latent of more
-(DeepSeek-V3's 512 + 64) is refused on it, so on CUDA such a model runs on the hf runner until an
-MLA attention kernel (Dk = r + dr, Dv = r, the heads as the rows of one tile) lands. DeepSeek-V3's
-own MTP layer drafts on this runner too (runners/paged_mtp.py). No tensor parallelism.
+RMSNorm / SwiGLU on CPU float32), the entry's append through paged_base's dispatch, the attention
+through the MLA Triton kernel on the Triton path (kernels/attention/triton_mla.py: each entry chunk
+loaded once as keys and values for 16 (query, head) rows; r <= 512, dr <= 128; not yet timed on a
+GPU), else paged_base's C++ / torch attention with the plane as K and V (its output's last dr dims
+dropped). DeepSeek-V3's own MTP layer drafts on this runner too (runners/paged_mtp.py). No tensor
+parallelism.
 """
 import torch
 
@@ -38,7 +39,7 @@ from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params
 from ._linear import linear
 from ._moe import SHARED, MoE, is_moe, moe_reason
 from ._rotary import rope_tables_reason
-from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
+from .paged_base import PagedRunnerBase, decoder_reason
 
 MLA_MODEL_TYPES = ("deepseek_v3", "glm4_moe_lite")
 
@@ -76,12 +77,19 @@ def mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend
     rotated = 2 * model.model.rotary_emb.inv_freq.numel()
     if rotated != config.qk_rope_head_dim:
         return f"a rotary embedding of {rotated} dims for qk_rope_head_dim {config.qk_rope_head_dim}"
-    device = model.get_input_embeddings().weight.device
-    kernels = resolve_backend(backend, device, "paged_attention")
-    latent = _latent_dims(config)
-    reason = head_dim_reason(latent, kernels)
-    if reason is not None:
-        return f"the latent cache entry of {latent} dims (kv_lora_rank + qk_rope_head_dim): {reason}"
+    return latent_reason(config, resolve_backend(backend, model.get_input_embeddings().weight.device, "paged_attention"))
+
+
+def latent_reason(config, kernels: str) -> str | None:
+    """Why the attention kernels ``kernels`` (resolved: "triton", "cpp", "torch") cannot take the
+    config's latent (the MLA Triton kernel's limits: kernels/attention/triton_mla.py), or None."""
+    if kernels != "triton":
+        return None
+    from ..kernels.attention.triton_mla import MAX_RANK, MAX_ROPE
+
+    if config.kv_lora_rank > MAX_RANK or config.qk_rope_head_dim > MAX_ROPE:
+        return (f"the MLA Triton kernel takes kv_lora_rank <= {MAX_RANK} and qk_rope_head_dim <= {MAX_ROPE}, got "
+                f"{config.kv_lora_rank} and {config.qk_rope_head_dim}")
     return None
 
 
@@ -148,6 +156,24 @@ class PagedMlaRunner(PagedRunnerBase):
         """ids [T] (-1 pads) -> the first layer's input [T, H] (an MTP layer's mixes in its features)."""
         return torch.nn.functional.embedding(flat.clamp(min=0), self.embed)
 
+    def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float, causal: bool = True,
+                   pdl: bool = False) -> torch.Tensor:
+        """Attention of the absorbed queries q [T, Hq, R + DR] over layer i's latent plane -> [T, Hq, R]:
+        the MLA Triton kernel (kernels/attention/triton_mla.py) on the Triton path, else paged_base's
+        dispatch with the plane as K and V, its output's first R dims (the value is the latent)."""
+        if self.kernels != "triton":
+            return super()._attention(i, q, attn_lens, cu, max_query_len, scale, causal, pdl)[..., :self.rank]
+        from ..kernels.attention.triton_mla import mla_attention_triton, plan_mla
+
+        table = self._tables[i]
+        key = ("mla", table.shape[0], max_query_len)
+        plan = self._plans.get(key)
+        if plan is None:  # static per call shape (graph capture), as paged_base._plan
+            plan = self._plans[key] = plan_mla(self.device, table.shape[0], self.num_heads, self.rank, max_query_len,
+                                               table.shape[1] * self.block_size)
+        return mla_attention_triton(q, self.k_caches[i], table, attn_lens, cu, rank=self.rank,
+                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, plan=plan)
+
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return rotate_interleaved(x, cos, sin) if self.interleaved else rotate_half_apply(x, cos, sin)
 
@@ -168,7 +194,7 @@ class PagedMlaRunner(PagedRunnerBase):
             entry = torch.cat((c[:, None], k_rot), dim=-1)  # [T, 1, r + dr]: the key, and (its first r dims) the value
             q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)  # [T, Hq, r] = W_UK^T q_nope
             o = self._attend(i, torch.cat((q_lat, q_rot), dim=-1), entry, entry, attn_lens, cu, n, self.scale)
-            o = torch.bmm(o[..., :rank].transpose(0, 1), layer.w_uv.transpose(1, 2))  # [Hq, T, dv] = W_UV (p c)
+            o = torch.bmm(o.transpose(0, 1), layer.w_uv.transpose(1, 2))  # [Hq, T, dv] = W_UV (p c)
             x = x + linear(o.transpose(0, 1).reshape(total, -1), *layer.o)
             h = rms_norm(x, *layer.ln_post, fused)
             if layer.moe is not None:

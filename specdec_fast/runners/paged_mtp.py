@@ -25,7 +25,7 @@ from ._linear import linear
 from .paged_base import head_dim_reason
 from .paged_llama import PagedLlamaRunner
 from .paged_llama_tp import TPPagedLlamaRunner
-from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
+from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner, latent_reason
 from .paired import PairedRunner
 from .sharded_model import ShardedCausalLM, rotary_of
 from .sharding import mtp_layer_shards
@@ -41,7 +41,7 @@ def mtp_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=
         return f"{type(head).__name__} is not an MTP head"
     config = head.config
     if config.model_type in MLA_MODEL_TYPES:
-        return head_dim_reason(config.kv_lora_rank + config.qk_rope_head_dim, backend)
+        return latent_reason(config, backend)
     return head_dim_reason(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
                            backend)
 

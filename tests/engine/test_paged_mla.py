@@ -176,14 +176,30 @@ def test_controls_rope_layout_scale_and_planes():
     assert two.kv_sizes(1, 16)[0] == 3 * runner.kv_sizes(1, 16)[0] // 2
 
 
+def test_the_triton_path_runs_the_mla_kernel(monkeypatch, device):
+    """On the Triton path every layer's attention is kernels/attention/triton_mla.py's (prefill and
+    score), with the latent as wide as DeepSeek-V3's (512 + 64), and the logits are the forward's."""
+    from specdec_fast.kernels.attention import triton_mla
+
+    device = backend_device("triton", device)
+    model = tiny_mla("deepseek_v3_q_proj", kv_lora_rank=512, qk_rope_head_dim=64).to(device)
+    calls, real = [], triton_mla.mla_attention_triton
+    monkeypatch.setattr(triton_mla, "mla_attention_triton", lambda q, *a, **k: calls.append(tuple(q.shape)) or real(q, *a, **k))
+    runner = PagedMlaRunner(model, max_new_tokens=4, num_draft_tokens=1, block_size=4, backend="triton")
+    tokens = [5, 9, 3, 7, 11]
+    got = _next_logits(runner, tokens).cpu()
+    torch.testing.assert_close(got, hf_logits(model, tokens)[-1], atol=1e-4, rtol=1e-4)
+    assert calls == [(4, 4, 576)] * 2 + [(1, 4, 576)] * 2  # 2 layers: the prefill of 4, the score of 1
+
+
 def test_refusals():
-    """A latent wider than the Triton attention kernel's head dims (DeepSeek-V3's 512 + 64) is refused
-    on it by name (the hf runner takes the model); a RoPE whose frequencies change with the length
-    too; another family's model is not this runner's."""
+    """A latent wider than the MLA Triton kernel takes is refused on it by name (the hf runner takes
+    the model); a RoPE whose frequencies change with the length too; another family's model is not
+    this runner's."""
     pytest.importorskip("triton")
-    wide = tiny_mla("deepseek_v3_q_proj", kv_lora_rank=256)
+    wide = tiny_mla("deepseek_v3_q_proj", kv_lora_rank=1024)
     reason = mla_unsupported_reason(wide, backend="triton")
-    assert reason is not None and "latent cache entry of 264 dims" in reason
+    assert reason is not None and "kv_lora_rank <= 512" in reason
     assert mla_unsupported_reason(wide) is None  # the C++ attention takes any head dim
     assert choose_runner(wide, None, 32, backend="triton") == "hf"
     dynamic = tiny_mla("deepseek_v3_q_proj", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0,

@@ -36,6 +36,44 @@ def _prefill_tile(dtype: str, group: int, head_dim: int) -> tuple[int, int, int]
     return block_m, queries, block_n
 
 
+MLA_PTRS = {"q_ptr": "Q", "c_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_lens_ptr": "*i32", "cu_ptr": "*i32",
+            "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
+
+
+def compile_mla(dtype, heads, rank, rope, tree, direct):
+    """The MLA kernel (kernels/attention/triton_mla.py) as plan_mla tiles a decode step of ``heads``."""
+    from specdec_fast.kernels.attention import triton_mla as mla
+
+    plan = mla.plan_mla(mla.torch.device("cpu"), 1, heads, rank, 1, 4096, num_splits=1)
+    consts = dict(NUM_HEADS=heads, BLOCK_H=plan.block_h, HEAD_TILES=plan.head_tiles, QUERIES=plan.queries,
+                  BLOCK_M=mla.BLOCK_M, BLOCK_N=plan.block_n, RANK=rank, RANK_P2=attn.head_dim_padded(rank), ROPE=rope,
+                  ROPE_P2=attn.head_dim_padded(rope), PAGE_SIZE=16, HAS_TREE=tree, DIRECT_OUT=direct,
+                  IEEE_DOT=dtype == "fp32")
+    types = {name: t.replace("Q", f"*{dtype}") for name, t in MLA_PTRS.items()}
+    return compile_sm90(mla._mla_attn_split, consts, types, num_warps=plan.num_warps, num_stages=2)
+
+
+def ptxas_spills(kernel) -> int | None:
+    """Bytes ptxas spills for the compiled kernel's PTX (its -v report), or None without Triton's ptxas."""
+    import re
+    import subprocess
+    import tempfile
+
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(CAPABILITY).path
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(kernel.asm["ptx"])
+        f.flush()
+        arch = f"sm_{CAPABILITY}a" if CAPABILITY >= 90 else f"sm_{CAPABILITY}"
+        report = subprocess.run([ptxas, f"-arch={arch}", "-v", f.name, "-o", os.devnull], capture_output=True,
+                                text=True).stderr
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
+
+
 def compile_merge(head_dim=128, pdl=False):
     consts = dict(NUM_HEADS=32, SPLITS_P2=64, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PDL=pdl)
     types = dict(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr="*bf16")
@@ -69,8 +107,17 @@ def main(full: bool) -> None:
                 ("fp16", 16, 4, 4, 80, False, False)):
         kernel = compile_split(*cfg, merge_last=True)
         print("split merge in kernel", cfg, "shared bytes", kernel.metadata.shared)
+    # MLA (DeepSeek-V3: 128 heads, 512 + 64; GLM-4.7-Flash: 20 heads), decode and a tree's split partials:
+    # within shared memory and, at R = 512 in bf16, without spills (chunks of 32 entries spilled 96 bytes)
+    for cfg in (("bf16", 128, 512, 64, False, True), ("bf16", 20, 512, 64, True, False), ("fp16", 128, 512, 64, True, True),
+                ("fp32", 4, 32, 8, False, True)):
+        kernel = compile_mla(*cfg)
+        spills = ptxas_spills(kernel) if cfg[0] != "fp32" else None
+        print("mla", cfg, "shared bytes", kernel.metadata.shared, "spilled bytes", spills)
+        assert not spills, f"the MLA kernel {cfg} spills {spills} bytes"
     compile_merge()
     compile_merge(head_dim=112)
+    compile_merge(head_dim=512)  # MLA's merge: the latent's 512 dims
     if not PDL_TARGET:  # triton < 3.5 or a GPU before sm_90 (kernels/_triton_compat.py): the launchers never ask for PDL
         print("merge ok (no PDL forms: triton < 3.5 or a target before sm_90)")
         return

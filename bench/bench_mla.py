@@ -1,0 +1,134 @@
+"""Multi-head latent attention on a GPU: the MLA Triton kernel (kernels/attention/triton_mla.py) against
+SDPA over the same latents laid out densely, and the bytes it reads against the HBM ceiling.
+
+    python bench/bench_mla.py --gpu [--budget-s S] [--out bench/results/mla_<device>.json]
+        DeepSeek-V3's attention (128 heads, a latent of 512 + 64) and GLM-4.7-Flash's (20 heads), bf16,
+        B 1 / 8 / 32 rows of 1k / 4k / 16k entries, N 1 (decode) and 4 (a verify of K = 3): CUDA-graph
+        replay us of mla_attention_triton with its automatic plan, the GB/s of the latents it must read
+        (B x L x 576 x 2 bytes) and their share of the measured HBM ceiling, and SDPA's us on the dense
+        latents (q [B, H, N, 576] over one key head [B, 1, L, 576], the value its first 512 dims:
+        enable_gqa) with the max abs difference between the two outputs.
+        Predicted before any run (a first tile: 16 (query, head) rows, chunks of 16 entries, 195
+        registers, 2 blocks an SM): 128 heads read each chunk 8 times, from L2 after the first, so
+        decode at B = 1 is bound by L2 and split count, not HBM -- expect well under half the HBM
+        ceiling at 1k, rising with L; 20 heads (2 tiles) nearer the ceiling.
+    python bench/bench_mla.py --smoke --out F
+        The same code on the CPU (tiny shapes, the kernel interpreted when TRITON_INTERPRET=1, else
+        the torch backend; one timing per row): not a measurement, a check that the device run is not
+        broken on arrival.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import versions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = dict(models={"deepseek_v3": 128, "glm4_moe_lite": 20}, rank=512, rope=64, batches=(1, 8, 32),
+           lengths=(1024, 4096, 16384), queries=(1, 4), block_size=16)
+SMOKE = dict(models={"tiny": 4}, rank=32, rope=8, batches=(1, 2), lengths=(40,), queries=(1, 3), block_size=4)
+
+
+def _inputs(heads, rank, rope, batch, length, n, block_size, dtype, device, gen):
+    """q [B n, H, R + DR], the latent plane [blocks, page, 1, R + DR] (rows' blocks shuffled), the
+    block table, seq_lens (L each, the n new entries included), cu_query_lens."""
+    width = rank + rope
+    per_row = -(-length // block_size)
+    blocks = torch.randperm(batch * per_row, generator=gen)
+    latent = (torch.randn(batch * per_row, block_size, 1, width, generator=gen) * 0.5).to(dtype).to(device)
+    table = blocks.view(batch, per_row).to(torch.int32).to(device)
+    q = (torch.randn(batch * n, heads, width, generator=gen) * 0.5).to(dtype).to(device)
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+    cu = (torch.arange(batch + 1, dtype=torch.int32) * n).to(device)
+    return q, latent, table, seq_lens, cu
+
+
+def _dense(latent, table, batch, length):
+    """[B, 1, L, R + DR]: each row's entries in order."""
+    return latent[table.long()].flatten(1, 2)[:, :length].transpose(1, 2)
+
+
+def _sdpa(q, dense, batch, n, rank, scale):
+    """SDPA over the dense latents, causal among each row's n new entries -> [B n, H, R]."""
+    heads, length = q.shape[1], dense.shape[2]
+    qb = q.view(batch, n, heads, -1).transpose(1, 2)  # [B, H, n, R + DR]
+    mask = torch.arange(length, device=q.device)[None, :] <= (length - n + torch.arange(n, device=q.device))[:, None]
+    out = F.scaled_dot_product_attention(qb, dense, dense[..., :rank], attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2).reshape(batch * n, heads, rank)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--gpu", action="store_true", help="the shapes above on the GPU")
+    mode.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU; needs --out")
+    parser.add_argument("--out", help="JSON path (default bench/results/mla_<device>.json)")
+    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
+    args = parser.parse_args(argv)
+    from gpu_timing import RowBudget
+
+    from specdec_fast.kernels._backend import triton_interpreting
+    from specdec_fast.kernels.attention import mla_attention
+
+    if args.smoke:
+        if not args.out:
+            sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
+        shape, device, dtype, name = SMOKE, "cpu", torch.float32, "cpu (smoke)"
+        backend = "triton" if triton_interpreting() else "torch"
+
+        def timed(fn):
+            start = time.perf_counter()
+            fn()
+            return 1e6 * (time.perf_counter() - start)
+        ceiling = None
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("--gpu needs a CUDA device (or --smoke on CPU)")
+        from gpu_timing import graph_timer, hbm_ceiling_bandwidth
+
+        shape, device, dtype, name, backend = GPU, "cuda", torch.bfloat16, torch.cuda.get_device_name(), "triton"
+        timed = graph_timer
+        ceiling = hbm_ceiling_bandwidth(torch.device(device))
+    out = Path(args.out or ROOT / f"bench/results/mla_{name.replace(' ', '_').replace('/', '_')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rank, rope = shape["rank"], shape["rope"]
+    scale = (128 + rope) ** -0.5
+    rows, budget, gen = [], RowBudget(args.budget_s), torch.Generator().manual_seed(0)
+    for model, heads in shape["models"].items():
+        for batch in shape["batches"]:
+            for length in shape["lengths"]:
+                for n in shape["queries"]:
+                    if not budget.allows(f"{model} B={batch} L={length} N={n}"):
+                        continue
+                    q, latent, table, seq_lens, cu = _inputs(heads, rank, rope, batch, length, n, shape["block_size"],
+                                                             dtype, device, gen)
+
+                    def ours():
+                        return mla_attention(q, latent, table, seq_lens, cu, rank=rank, max_query_len=n, scale=scale,
+                                             backend=backend, check=False)
+
+                    dense = _dense(latent, table, batch, length)
+                    diff = float((ours().float() - _sdpa(q, dense, batch, n, rank, scale).float()).abs().max())
+                    row = {"model": model, "heads": heads, "B": batch, "L": length, "N": n, "backend": backend,
+                           "us": timed(ours), "sdpa_dense_us": timed(lambda: _sdpa(q, dense, batch, n, rank, scale)),
+                           "max_abs_diff": diff}
+                    latent_bytes = batch * length * (rank + rope) * latent.element_size()
+                    row["latent_GBps"] = latent_bytes / row["us"] / 1e3
+                    if ceiling is not None:
+                        row["of_hbm_ceiling"] = row["latent_GBps"] * 1e9 / ceiling["ceiling_Bps"]
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    out.write_text(json.dumps({"device": name, **versions(), "rank": rank, "rope": rope,
+                                               "hbm_ceiling": ceiling, "rows": rows, "not_run": budget.not_run},
+                                              indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
