@@ -16,6 +16,8 @@ modeling_gpt_oss.py):
     experts, GPT-OSS: gate_up [E, H, 2I] and down [E, I, H] (read here as transposed views), a bias
              each, gate / up interleaved (even / odd columns): gate = min(gate, limit),
              up = clamp(up, -limit, limit), y = down_e((up + 1) * gate * sigmoid(alpha * gate)) + b
+    routing, DeepSeek-V2: s = softmax(h @ router^T) in float32; the top k (group-limited: among the
+             top_groups groups by their best s); w = s of those times routed_scaling_factor
     routing, GLM-4.5 (DeepSeek-V3's): s = sigmoid(h @ router^T) in float32; the k experts of the
              best s + correction bias among the top_groups best groups; w = s of those,
              renormalised where norm_topk_prob, times routed_scaling_factor (float32)
@@ -60,9 +62,12 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "exaone_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
-                # the MLA families (runners/paged_mla.py): DeepSeek-V3 routes as GLM-4.5 does (its source)
+                # the MLA families (runners/paged_mla.py): DeepSeek-V3 routes as GLM-4.5 does (its source);
+                # DeepSeek-V2 by softmax, greedy or group-limited (topk_method), never renormalised
+                "deepseek_v2": ("softmax_groups", False, False, "swiglu"),
                 "deepseek_v3": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
+SOFTMAX_GROUP_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
 SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's and its kin's (ungated) shared MLP
 
 
@@ -100,6 +105,8 @@ def moe_reason(mlp, config) -> str | None:
         return "a shared expert without a shared_expert_gate"
     if family[0] == "sigmoid_groups" and not isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor):
         return "a sigmoid router without its e_score_correction_bias"
+    if family[0] == "softmax_groups" and getattr(config, "topk_method", None) not in SOFTMAX_GROUP_METHODS:
+        return f"topk_method {getattr(config, 'topk_method', None)!r} is not one of {SOFTMAX_GROUP_METHODS}"
     return None
 
 
@@ -143,6 +150,10 @@ class MoE:
             self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E]
             self.groups, self.top_groups = int(config.n_group), int(config.topk_group)
             self.routed_scale = float(config.routed_scaling_factor)
+        if self.routing_kind == "softmax_groups":  # DeepSeek-V2: float32 throughout
+            self.group_limited = config.topk_method == "group_limited_greedy"
+            self.groups, self.top_groups = (int(config.n_group), int(config.topk_group)) if self.group_limited else (1, 1)
+            self.routed_scale = float(config.routed_scaling_factor)
         gate_up, down = params["experts.gate_up_proj"], params["experts.down_proj"]
         self.gate_up_bias, self.down_bias = params.get("experts.gate_up_proj_bias"), params.get("experts.down_proj_bias")
         if self.layout == "gpt_oss":  # [E, H, 2I] / [E, I, H] as the [E, out, in] views the products read
@@ -167,6 +178,8 @@ class MoE:
         """h [T, H] -> (weights [T, k] (float32, or the model dtype: MOE_FAMILIES), experts [T, k] int64)."""
         if self.routing_kind == "sigmoid_groups":
             return self._sigmoid_groups(h)
+        if self.routing_kind == "softmax_groups":
+            return self._softmax_groups(h)
         logits = F.linear(h, self.router, self.router_bias)
         if self.routing_kind == "topk_softmax":
             top, chosen = torch.topk(logits, self.top_k, dim=-1)
@@ -191,6 +204,20 @@ class MoE:
         weights = scores.gather(1, chosen)
         if self.renorm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scale, chosen
+
+    def _softmax_groups(self, h: torch.Tensor):
+        """DeepSeek-V2's router (transformers' DeepseekV2TopkRouter, op for op): softmax scores of
+        float32 logits; "greedy" takes the top k, "group_limited_greedy" first zeroes the experts
+        outside the top_groups groups by their best score; the weights are the scores, times
+        routed_scaling_factor, not renormalised (float32)."""
+        scores = F.linear(h.float(), self.router.float()).softmax(dim=-1, dtype=torch.float32)  # [T, E]
+        if self.group_limited:
+            per_group = scores.view(-1, self.groups, self.num_experts // self.groups)
+            group_idx = torch.topk(per_group.max(dim=-1).values, k=self.top_groups, dim=-1, sorted=False)[1]
+            keep = torch.zeros(scores.shape[0], self.groups, dtype=torch.bool, device=h.device).scatter_(1, group_idx, True)
+            scores = scores.masked_fill(~keep[:, :, None].expand_as(per_group).reshape(scores.shape), 0.0)
+        weights, chosen = torch.topk(scores, k=self.top_k, dim=-1, sorted=False)
         return weights * self.routed_scale, chosen
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """PagedMlaRunner: a decoder with multi-head latent attention (MLA) -- DeepSeek-V3 / R1 and the
-checkpoints that reuse its layer (model_type deepseek_v3), GLM-4.7-Flash (glm4_moe_lite) -- run
+checkpoints that reuse its layer (model_type deepseek_v3), GLM-4.7-Flash (glm4_moe_lite), DeepSeek-V2
+/ V2-Lite / Coder-V2 (deepseek_v2: its RoPE on complex pairs in float32, softmax routing) -- run
 layer by layer over a PagedKVCache that holds each token's latent, not its keys and values.
 
 The math is transformers 5.24's DeepseekV3Attention (modeling_deepseek_v3.py; Glm4MoeLiteAttention
@@ -21,7 +22,8 @@ dims (softmax times k_rot) are dropped. Absorption reorders the products, so log
 transformers' by rounding (fp32: ~1e-6), not more.
 
 The MLP is the Llama runner's: a dense SwiGLU on the first layers (first_k_dense_replace /
-mlp_layer_types), then runners/_moe.py's grouped sigmoid routing with the shared MLP (GLM-4.5's).
+mlp_layer_types), then runners/_moe.py's grouped sigmoid routing with the shared MLP (GLM-4.5's;
+DeepSeek-V2's softmax routing).
 
 Kernels: one path for every backend (norms, RoPE and the absorbed products as torch ops -- the C++
 RMSNorm / SwiGLU on CPU float32), the entry's append through paged_base's dispatch, the attention
@@ -41,7 +43,7 @@ from ._moe import SHARED, MoE, is_moe, moe_reason
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, decoder_reason
 
-MLA_MODEL_TYPES = ("deepseek_v3", "glm4_moe_lite")
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 
 
 def mla_projection_modules(layer) -> tuple:
@@ -147,7 +149,10 @@ class PagedMlaRunner(PagedRunnerBase):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, 1, _latent_dims(config)
         self.rank, self.nope_dims = int(config.kv_lora_rank), int(config.qk_nope_head_dim)
         self.scale = float(layers[0].self_attn.scaling)  # qk_head_dim^-0.5, times YaRN's mscale^2 where set
-        self.interleaved = bool(getattr(config, "rope_interleave", False))
+        # how q_rot / k_rot turn (_rotate): DeepSeek-V2 as complex pairs in float32; V3 as interleaved pairs
+        # (rope_interleave) or halves, in the model dtype
+        self.rope_form = "complex" if config.model_type == "deepseek_v2" else \
+            "interleaved" if getattr(config, "rope_interleave", False) else "half"
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
         self.silu = config.hidden_act == "silu"
@@ -174,14 +179,26 @@ class PagedMlaRunner(PagedRunnerBase):
         return mla_attention_triton(q, self.k_caches[i], table, attn_lens, cu, rank=self.rank,
                                     max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, plan=plan)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return rotate_interleaved(x, cos, sin) if self.interleaved else rotate_half_apply(x, cos, sin)
+    def _rotation(self, positions: torch.Tensor) -> tuple:
+        """One forward's rotation tables for _rotate: (cos, sin) [T, dr] in the model dtype, or for
+        DeepSeek-V2 (freqs_cis [T, dr / 2] complex64,) as its rotary module makes it."""
+        if self.rope_form == "complex":
+            freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+            return (torch.polar(torch.ones_like(freqs), freqs) * self.rope_scaling,)
+        return rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)
+
+    def _rotate(self, x: torch.Tensor, rotation: tuple) -> torch.Tensor:
+        """x [T, H, dr] rotated by _rotation's tables (transformers' ops of the family)."""
+        if self.rope_form == "complex":  # DeepSeek-V2's apply_rotary_emb: pairs as complex numbers, float32
+            pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(pairs * rotation[0][:, None, :]).flatten(-2).type_as(x)
+        return rotate_interleaved(x, *rotation) if self.rope_form == "interleaved" else rotate_half_apply(x, *rotation)
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, rank, dn = flat.shape[0], self.num_heads, self.rank, self.nope_dims
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / SwiGLU (CPU float32)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, dr], once per call
+        rotation = self._rotation(positions)  # once per call
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
@@ -190,7 +207,7 @@ class PagedMlaRunner(PagedRunnerBase):
             q = linear(q, *layer.q).view(total, heads, -1)  # [T, Hq, dn + dr]
             latent = linear(h, *layer.kv_a)  # [T, r + dr]: c, then k_rot
             c = rms_norm(latent[:, :rank].contiguous(), *layer.kv_a_norm, fused)
-            q_rot, k_rot = self._rotate(q[..., dn:], cos, sin), self._rotate(latent[:, None, rank:], cos, sin)
+            q_rot, k_rot = self._rotate(q[..., dn:], rotation), self._rotate(latent[:, None, rank:], rotation)
             entry = torch.cat((c[:, None], k_rot), dim=-1)  # [T, 1, r + dr]: the key, and (its first r dims) the value
             q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)  # [T, Hq, r] = W_UK^T q_nope
             o = self._attend(i, torch.cat((q_lat, q_rot), dim=-1), entry, entry, attn_lens, cu, n, self.scale)

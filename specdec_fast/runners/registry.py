@@ -17,7 +17,7 @@ from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_cohere_tp import TPPagedCohereRunner
 from .paged_llama_tp import TPPagedLlamaRunner
-from .paged_mla import PagedMlaRunner
+from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
@@ -26,7 +26,7 @@ from .sharded_model import TP_COHERE_TYPES, TP_LLAMA_TYPES, ShardedCausalLM
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
 # their own: OLMo 2 / 3, Gemma 1 / 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2 and
-# the MLA decoders (DeepSeek-V3, GLM-4.7-Flash).
+# the MLA decoders (DeepSeek-V2 / V3, GLM-4.7-Flash).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
@@ -41,8 +41,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "cohere2": PagedCohereRunner,  # Command R7B, Command A: sliding RoPE layers, full NoPE ones
     "gpt_bigcode": PagedGPTBigCodeRunner,  # StarCoder 1, SantaCoder, WizardCoder
     "gpt2": PagedGPT2Runner,
-    "deepseek_v3": PagedMlaRunner,  # DeepSeek-V3 / R1: multi-head latent attention, a latent cache entry per token
-    "glm4_moe_lite": PagedMlaRunner,  # GLM-4.7-Flash: DeepSeek-V3's attention and routing
+    # multi-head latent attention, a latent cache entry per token: DeepSeek-V2 / V3 / R1, GLM-4.7-Flash
+    **{model_type: PagedMlaRunner for model_type in MLA_MODEL_TYPES},
 }
 
 # Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.

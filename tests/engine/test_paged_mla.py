@@ -1,7 +1,8 @@
 """Multi-head latent attention on the paged runner (runners/paged_mla.py): DeepSeek-V3 (a low-rank
 query, interleaved RoPE, YaRN with its mscale in the softmax scale, a dense first layer, grouped
 sigmoid routing with a shared MLP; 3 layers, so one cache entry holds a single layer), the same
-without a query rank (q_proj, rotate-half RoPE) and GLM-4.7-Flash (glm4_moe_lite).
+without a query rank (q_proj, rotate-half RoPE), GLM-4.7-Flash (glm4_moe_lite) and DeepSeek-V2
+(RoPE on complex pairs in float32; softmax routing, greedy as V2-Lite's and group-limited as V2's).
 
 The pool holds one latent plane a layer: two layers share an entry of the usual K / V layout. The
 runner's logits equal the model's own forward on every backend (prefill, left-padded score calls,
@@ -23,7 +24,7 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 
 VOCAB = 96
-KINDS = ("deepseek_v3", "deepseek_v3_q_proj", "glm4_moe_lite")
+KINDS = ("deepseek_v3", "deepseek_v3_q_proj", "glm4_moe_lite", "deepseek_v2", "deepseek_v2_groups")
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
 
@@ -45,8 +46,17 @@ def tiny_mla(kind: str, seed: int = 0, **overrides):
     elif kind == "deepseek_v3_q_proj":
         config = tf.DeepseekV3Config(num_hidden_layers=2, first_k_dense_replace=1, q_lora_rank=None, rope_interleave=False,
                                      **dict(common, **overrides))
-    else:
+    elif kind == "glm4_moe_lite":
         config = tf.Glm4MoeLiteConfig(num_hidden_layers=2, q_lora_rank=24, **dict(common, **overrides))
+    else:  # DeepSeek-V2: softmax routing, greedy (V2-Lite) or group-limited (V2), never renormalised; no query rank
+        # (V2-Lite's) or one (V2's); RoPE on complex pairs
+        groups = kind == "deepseek_v2_groups"
+        v2 = {k: v for k, v in common.items() if k != "n_group" and k != "topk_group"}
+        config = tf.DeepseekV2Config(num_hidden_layers=2, first_k_dense_replace=1, q_lora_rank=24 if groups else None,
+                                     topk_method="group_limited_greedy" if groups else "greedy",
+                                     **(dict(n_group=4, topk_group=1) if groups else {}),  # 1 group: the limit bites
+                                     rope_parameters=YARN if groups else {"rope_type": "default", "rope_theta": 10000.0},
+                                     **dict(v2, **overrides))
     model = tf.AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
         for layer in model.model.layers:  # the router's correction bias (a buffer): it changes which experts win
@@ -157,7 +167,7 @@ def test_controls_rope_layout_scale_and_planes():
 
     got, runner = logits()
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    for spoil in (lambda r: setattr(r, "interleaved", False), lambda r: setattr(r, "scale", 24 ** -0.5)):
+    for spoil in (lambda r: setattr(r, "rope_form", "half"), lambda r: setattr(r, "scale", 24 ** -0.5)):
         assert not torch.allclose(logits(spoil)[0], expected, atol=1e-2, rtol=0)
 
     class OnePlane(PagedMlaRunner):  # layer 1 written over layer 0's plane: layer 0 then reads layer 1's latents
@@ -209,3 +219,22 @@ def test_refusals():
     from .test_paged_moe import tiny_moe
 
     assert "is not one of" in mla_unsupported_reason(tiny_moe("glm4_moe"))
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v2_groups", "deepseek_v3"])
+def test_the_moe_block_equals_transformers(kind):
+    """The MoE block of each routing (DeepSeek-V2's softmax, greedy and group-limited; V3's grouped
+    sigmoid) equals transformers' own over 40 tokens; a control: V2's group limit ignored changes
+    the output (the test would see a router that skips it)."""
+    from specdec_fast.runners import _moe
+
+    model = tiny_mla(kind)
+    block = model.model.layers[1].mlp
+    moe = _moe.MoE(block, model.config, "torch")
+    h = torch.randn(40, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        theirs = block(h[None])[0]
+        torch.testing.assert_close(moe(h), theirs, atol=1e-5, rtol=1e-5)
+        if kind == "deepseek_v2_groups":
+            moe.group_limited = False
+            assert (moe(h) - theirs).abs().max() > 1e-3
