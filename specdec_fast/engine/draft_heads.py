@@ -3,7 +3,7 @@ and building the runner it drafts on (EAGLE-3: PagedEagle3Runner; a target's MTP
 PagedMtpRunner, PagedMlaMtpRunner for DeepSeek-V3's; DFlash / DFlash2: their block runners), with the
 target runner set to capture the hidden states the head reads (runners/hidden_capture.py). Under
 tensor parallelism the head runs whole on every rank (engine/tensor_parallel.py), but a target's MTP
-layer, whose slices each rank reads by the target's plan (TPPagedMtpRunner)."""
+layer, whose slices each rank reads by the target's plan (TPPagedMtpRunner, TPPagedMlaMtpRunner)."""
 from pathlib import Path
 
 import torch
@@ -12,8 +12,8 @@ from ..heads import load_draft_head
 from ..runners.paged_dflash import PagedDFlashRunner
 from ..runners.paged_dflash2 import PagedDFlash2Runner
 from ..runners.paged_eagle3 import PagedEagle3Runner
-from ..runners.paged_llama_tp import TPPagedLlamaRunner
-from ..runners.paged_mtp import TPPagedMtpRunner, mtp_runner
+from ..runners.paged_llama_tp import TensorParallelRunner
+from ..runners.paged_mtp import mtp_runner, tp_mtp_runner
 from .inputs import vocab_size
 from .tensor_parallel import whole_vocab_weight
 
@@ -63,9 +63,9 @@ def head_runner(head, target, target_runner, *, tree, max_draft_tokens: int, blo
                       num_draft_tokens=min(max_draft_tokens, head.block_size - 1), block_size=block_size,
                       backend=backend)
     if head.kind == "mtp":  # the target's own layer: its embedding and LM head
-        if isinstance(target_runner, TPPagedLlamaRunner):  # each rank reads its slices of the layer
-            return TPPagedMtpRunner(head, target_runner, num_draft_tokens=max_draft_tokens, block_size=block_size,
-                                    backend=backend)
+        if isinstance(target_runner, TensorParallelRunner):  # each rank reads its slices of the layer
+            return tp_mtp_runner(head, target_runner, num_draft_tokens=max_draft_tokens, block_size=block_size,
+                                 backend=backend)
         if head.sharded:
             raise ValueError("this MTP head is read in slices by tensor-parallel ranks; the target runs in one process")
         return mtp_runner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),

@@ -33,6 +33,8 @@ GPU), else paged_base's C++ / torch attention with the plane as K and V (its out
 dropped). DeepSeek-V3's own MTP layer drafts on this runner too (runners/paged_mtp.py). No tensor
 parallelism.
 """
+import math
+
 import torch
 
 from ..kernels._backend import resolve_backend
@@ -95,6 +97,28 @@ def latent_reason(config, kernels: str) -> str | None:
     return None
 
 
+def rope_form(config) -> str:
+    """How q_rot / k_rot turn (PagedMlaRunner._rotate): DeepSeek-V2 as complex pairs in float32
+    ("complex"); V3 as interleaved pairs where config.rope_interleave ("interleaved") or halves
+    ("half"), in the model dtype."""
+    if config.model_type == "deepseek_v2":
+        return "complex"
+    return "interleaved" if getattr(config, "rope_interleave", False) else "half"
+
+
+def mla_scale(config) -> float:
+    """The softmax scale of transformers' MLA attention (DeepseekV3Attention.scaling):
+    qk_head_dim^-0.5, times mscale^2 under a RoPE scaling with mscale_all_dim (YaRN's), mscale =
+    0.1 mscale_all_dim ln(factor) + 1 for factor > 1 (yarn_get_mscale)."""
+    scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" and rope.get("mscale_all_dim", 0):
+        factor = rope["factor"]
+        mscale = 1.0 if factor <= 1 else 0.1 * rope["mscale_all_dim"] * math.log(factor) + 1.0
+        scale = scale * mscale * mscale
+    return scale
+
+
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' apply_rotary_pos_emb_interleave for one tensor: x [T, H, dr] holds its rotated
     pairs interleaved ((x0, x1), (x2, x3), ...); cos / sin [T, dr] = cat(freqs, freqs). Returns
@@ -148,11 +172,10 @@ class PagedMlaRunner(PagedRunnerBase):
         self.final_norm = norm_params(norm)
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, 1, _latent_dims(config)
         self.rank, self.nope_dims = int(config.kv_lora_rank), int(config.qk_nope_head_dim)
-        self.scale = float(layers[0].self_attn.scaling)  # qk_head_dim^-0.5, times YaRN's mscale^2 where set
-        # how q_rot / k_rot turn (_rotate): DeepSeek-V2 as complex pairs in float32; V3 as interleaved pairs
-        # (rope_interleave) or halves, in the model dtype
-        self.rope_form = "complex" if config.model_type == "deepseek_v2" else \
-            "interleaved" if getattr(config, "rope_interleave", False) else "half"
+        # the module's own scaling: qk_head_dim^-0.5, times YaRN's mscale^2 where set (mla_scale: the same
+        # from the config alone, for the tensor-parallel runner, which has no module)
+        self.scale = float(layers[0].self_attn.scaling)
+        self.rope_form = rope_form(config)
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
         self.silu = config.hidden_act == "silu"
@@ -160,6 +183,11 @@ class PagedMlaRunner(PagedRunnerBase):
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """ids [T] (-1 pads) -> the first layer's input [T, H] (an MTP layer's mixes in its features)."""
         return torch.nn.functional.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A branch's output as every rank's partial summed: here the one (tensor parallelism:
+        runners/paged_mla_tp.py all-reduces it)."""
+        return partial
 
     def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float, causal: bool = True,
                    pdl: bool = False) -> torch.Tensor:
@@ -199,6 +227,7 @@ class PagedMlaRunner(PagedRunnerBase):
         total, heads, rank, dn = flat.shape[0], self.num_heads, self.rank, self.nope_dims
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / SwiGLU (CPU float32)
         rotation = self._rotation(positions)  # once per call
+        sum_ = self._sum_partials
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
@@ -212,13 +241,13 @@ class PagedMlaRunner(PagedRunnerBase):
             q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)  # [T, Hq, r] = W_UK^T q_nope
             o = self._attend(i, torch.cat((q_lat, q_rot), dim=-1), entry, entry, attn_lens, cu, n, self.scale)
             o = torch.bmm(o.transpose(0, 1), layer.w_uv.transpose(1, 2))  # [Hq, T, dv] = W_UV (p c)
-            x = x + linear(o.transpose(0, 1).reshape(total, -1), *layer.o)
+            x = x + sum_(linear(o.transpose(0, 1).reshape(total, -1), *layer.o))
             h = rms_norm(x, *layer.ln_post, fused)
             if layer.moe is not None:
-                x = x + layer.moe(h, self._prefilling)
+                x = x + sum_(layer.moe(h, self._prefilling))
             else:
-                x = x + linear(gated_act(linear(h, *layer.gate), linear(h, *layer.up), layer.act, self.silu, fused),
-                               *layer.down)
+                x = x + sum_(linear(gated_act(linear(h, *layer.gate), linear(h, *layer.up), layer.act, self.silu, fused),
+                                    *layer.down))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, *self.final_norm, fused)

@@ -9,7 +9,8 @@ layer's input is eh_proj(cat(enorm(embed(token)), hnorm(feature))) instead of th
 (PairedRunner: runners/paired.py); its logits are the target's lm_head over post_norm's output,
 which is also what a draft step feeds back (heads/mtp.py).
 
-TPPagedMtpRunner is the same over the tensor-parallel Llama runner (runners/paged_llama_tp.py):
+TPPagedMtpRunner is the same over the tensor-parallel Llama runner (runners/paged_llama_tp.py;
+TPPagedMlaMtpRunner over the tensor-parallel MLA runner, runners/paged_mla_tp.py):
 each rank reads its slices of the layer from the target's checkpoint (sharding.mtp_layer_shards,
 by the target's plan: heads and every expert's width split, enorm / hnorm / eh_proj whole) and
 looks tokens up in the target runner's vocabulary slice; the logits are gathered over the
@@ -25,6 +26,7 @@ from ._linear import linear
 from .paged_base import head_dim_reason
 from .paged_llama import PagedLlamaRunner
 from .paged_llama_tp import TPPagedLlamaRunner
+from .paged_mla_tp import TPPagedMlaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner, latent_reason
 from .paired import PairedRunner
 from .sharded_model import ShardedCausalLM, rotary_of
@@ -129,11 +131,12 @@ class PagedMlaMtpRunner(_WholeMtpLayer, PairedRunner, PagedMlaRunner):
     runner (runners/paged_mla.py), its cache one latent plane."""
 
 
-class TPPagedMtpRunner(_MtpLayer, PairedRunner, TPPagedLlamaRunner):
-    """Runner of a target's MTP layer on one tensor-parallel rank (heads/mtp.MtpLayerSlices): this
-    rank's slices read from the checkpoint by ``target_runner``'s plan; the target runner's
-    vocabulary slice for the embedding and the LM head, and its group. Building it is a collective
-    (every rank agrees it built: TPPagedLlamaRunner)."""
+class _ShardedMtpLayer(_MtpLayer):
+    """The tensor-parallel runners' construction (heads/mtp.MtpLayerSlices): this rank's slices of the
+    layer read from the checkpoint by ``target_runner``'s plan, as a one-layer ShardedCausalLM over
+    the target runner's vocabulary slice (embedding and LM head) and group, run by the family's
+    tensor-parallel runner mixed in after PairedRunner. Building it is a collective (every rank
+    agrees it built: TensorParallelRunner)."""
 
     def __init__(self, head, target_runner, *, num_draft_tokens: int = 0, block_size: int = 16, backend=None):
         if not head.sharded:
@@ -171,3 +174,19 @@ class TPPagedMtpRunner(_MtpLayer, PairedRunner, TPPagedLlamaRunner):
     def _head_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Logits over the whole vocabulary [.., V], gathered from every rank's slice."""
         return self.tp.gather_vocab(self._logits(normed))
+
+
+class TPPagedMtpRunner(_ShardedMtpLayer, PairedRunner, TPPagedLlamaRunner):
+    """Runner of a target's MTP layer on one tensor-parallel rank, a Llama-runner family's (GLM-4.5)."""
+
+
+class TPPagedMlaMtpRunner(_ShardedMtpLayer, PairedRunner, TPPagedMlaRunner):
+    """Runner of a target's MTP layer on one tensor-parallel rank, an MLA family's (DeepSeek-V3): this
+    rank's heads of the layer's latent attention, the latent whole (runners/paged_mla_tp.py)."""
+
+
+def tp_mtp_runner(head, target_runner, **kwargs):
+    """The tensor-parallel runner of ``head``'s layer on this rank: TPPagedMlaMtpRunner for an MLA
+    family's, else TPPagedMtpRunner; kwargs: their num_draft_tokens / block_size / backend."""
+    cls = TPPagedMlaMtpRunner if head.config.model_type in MLA_MODEL_TYPES else TPPagedMtpRunner
+    return cls(head, target_runner, **kwargs)

@@ -18,10 +18,11 @@ from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_cohere_tp import TPPagedCohereRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
+from .paged_mla_tp import TPPagedMlaRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
-from .sharded_model import TP_COHERE_TYPES, TP_LLAMA_TYPES, ShardedCausalLM
+from .sharded_model import TP_COHERE_TYPES, TP_LLAMA_TYPES, TP_MLA_TYPES, ShardedCausalLM
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
@@ -47,7 +48,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
 
 # Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.
 TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunner for model_type in TP_LLAMA_TYPES},
-                                                 **{model_type: TPPagedCohereRunner for model_type in TP_COHERE_TYPES}}
+                                                 **{model_type: TPPagedCohereRunner for model_type in TP_COHERE_TYPES},
+                                                 **{model_type: TPPagedMlaRunner for model_type in TP_MLA_TYPES}}
 
 
 def _model_type(model) -> str | None:

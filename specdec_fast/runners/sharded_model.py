@@ -1,4 +1,4 @@
-"""ShardedCausalLM: one rank's shard of a Llama-family causal LM, standing in for the model
+"""ShardedCausalLM: one rank's shard of a causal LM (TP_MODEL_TYPES), standing in for the model
 wherever the engine takes one (docs/architecture.md §10).
 
     ShardedCausalLM.from_pretrained(path, process_group)   each rank reads only its slices of
@@ -32,7 +32,10 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")
-TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES
+# Multi-head latent attention (runners/paged_mla_tp.py): heads split, the latent replicated; the MoE
+# experts by their width. (paged_mla.MLA_MODEL_TYPES: not imported here, below the runners.)
+TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES
 
 
 class _Embedding:

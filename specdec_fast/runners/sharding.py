@@ -19,6 +19,13 @@ rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICAT
 holds the one KV head its query heads read (head r Hkv / N), so N / Hkv ranks hold the same
 KV head's projections and cache (more KV memory in all, none more per rank).
 
+Multi-head latent attention (DeepSeek-V2 / V3, GLM-4.7-Flash: sharded_model.TP_MLA_TYPES) by heads:
+    q_proj or q_b_proj (+ bias)         column-parallel: this rank's heads' rows (dn + dr each)
+    kv_b_proj                           column-parallel: this rank's heads' rows (dn + dv each)
+    o_proj                              row-parallel: this rank's heads' columns (dv each)
+    q_a_proj, kv_a_proj_with_mqa, their norms   replicated: every rank computes the same latent
+                                        and caches it for its own heads (vLLM's MLA layout)
+
 Mixture-of-experts families (runners/_moe.MOE_FAMILIES): every expert split as a
 dense MLP is, the router replicated (runners/sharding_moe.py); GPT-OSS's attention sinks follow
 the query heads.
@@ -69,6 +76,7 @@ class LlamaShardPlan:
     shared_intermediate: int = 0  # the shared MLP's width (Qwen2-MoE's shared expert, GLM-4.5's shared experts)
     num_layers: int | None = None  # the decoder's layers; a checkpoint's layers past them are not read
     head_norms: bool = False  # q_norm / k_norm weigh each head apart ([H, D]: Command R+'s): split by heads
+    mla: tuple | None = None  # latent attention: a head's (query rows dn + dr, kv_b rows dn + dv, o columns dv)
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -78,9 +86,13 @@ class LlamaShardPlan:
             raise ValueError(f"tensor parallelism needs 0 <= rank < world size >= 1, got rank {rank} of {world}")
         heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        mla = None
+        if getattr(config, "kv_lora_rank", None):  # latent attention (DeepSeek-V2 / V3): its per-head widths
+            nope, rope, value = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+            mla = (nope + rope, nope + value, value)
         plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
-                   bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere")
+                   bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla)
         plan.check()
         return plan
 
@@ -138,6 +150,8 @@ class LlamaShardPlan:
         expert, part = moe_slice_of(self, name, Slice)
         if expert:
             return part
+        if self.mla is not None and ".self_attn." in name:
+            return self._mla_slice_of(name)
         d, i = self.head_dim, self.intermediate // self.world
         q = Slice(0, self.rank * self.local_heads * d, (self.rank + 1) * self.local_heads * d)
         kv = Slice(0, self.kv_start * d, (self.kv_start + self.local_kv_heads) * d)
@@ -163,6 +177,20 @@ class LlamaShardPlan:
         if name.endswith("mlp.down_proj.weight"):
             return Slice(1, mlp.start, mlp.stop)
         return None
+
+
+    def _mla_slice_of(self, name: str) -> Slice | None:
+        """An MLA attention tensor's slice: this rank's heads' rows of q_proj / q_b_proj and
+        kv_b_proj, their columns of o_proj; the latent's projections and norms whole."""
+        first, last = self.rank * self.local_heads, (self.rank + 1) * self.local_heads
+        query, kv_b, value = self.mla
+        if ".self_attn.q_proj." in name or ".self_attn.q_b_proj." in name:
+            return Slice(0, first * query, last * query)
+        if ".self_attn.kv_b_proj." in name:
+            return Slice(0, first * kv_b, last * kv_b)
+        if name.endswith(".self_attn.o_proj.weight"):
+            return Slice(1, first * value, last * value)
+        return None  # q_a_proj, q_a_layernorm, kv_a_proj_with_mqa, kv_a_layernorm, o_proj's bias (rank 0 adds it)
 
 
 def _parts(part) -> tuple:

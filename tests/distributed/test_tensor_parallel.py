@@ -74,6 +74,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     for kind in ("qwen2", "mixtral", "phi3"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
         workers.tiny(kind)[0].save_pretrained(tmp_path / kind)
     glm_with_mtp(tmp_path / "glm_mtp")  # a GLM-4.5 checkpoint with its MTP layer: each rank reads that layer's slices
+    glm_with_mtp(tmp_path / "deepseek_mtp", kind="deepseek_v3")  # DeepSeek-V3's: latent attention, read as slices
     results = run_ranks(workers.battery, 4, str(tmp_path))
     errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
     assert not errors, f"ranks failed: {errors}"
@@ -124,7 +125,17 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
            f"rings on 2 ranks: mistral {two['mistral ring layers']}, cwm {two['cwm ring layers']}")
     _check(problems, two["mtp alpha"] > 0, f"use_mtp over 2 ranks: alpha {two['mtp alpha']} (no draft accepted)")
     # rank 1's MTP runner: 2 of 4 query heads, 12 of each expert's 24 columns (gate and up: 24 rows of 48)
-    _check(problems, two["mtp runner"] == ("TPPagedMtpRunner", 2, (8, 24, 48)), f"use_mtp runner: {two['mtp runner']}")
+    _check(problems, two["mtp runner"] == ("TPPagedMtpRunner", 2, (8, 24, 48), "TPPagedLlamaRunner"),
+           f"use_mtp runner: {two['mtp runner']}")
+    # DeepSeek-V3: rank 1 holds 2 of 4 heads of q_b (20 rows each: 12 + 8), kv_b (24 each: 12 + 12) and o_proj (12
+    # columns each); the latent's projections whole (kv_a: 24 + 8 rows); its MTP layer the same, on the MLA runners
+    _check(problems, two["deepseek mtp alpha"] > 0, f"DeepSeek-V3 use_mtp over 2 ranks: alpha {two['deepseek mtp alpha']}")
+    _check(problems, two["deepseek mtp runner"] == ("TPPagedMlaMtpRunner", 2, (8, 24, 48), "TPPagedMlaRunner"),
+           f"DeepSeek-V3 use_mtp runner: {two['deepseek mtp runner']}")
+    shapes = {name.split("self_attn.")[1]: shape for name, shape in two["deepseek mtp shard shapes"].items()}
+    _check(problems, shapes == {"q_a_proj.weight": (16, 48), "q_a_layernorm.weight": (16,), "q_b_proj.weight": (40, 16),
+                                "kv_a_proj_with_mqa.weight": (32, 48), "kv_a_layernorm.weight": (24,),
+                                "kv_b_proj.weight": (48, 24), "o_proj.weight": (48, 24)}, f"DeepSeek-V3 shards: {shapes}")
     tokens, alpha = results[0]["2 ranks"]["chi-square"]
     _check(problems, tokens == two["chi-square"][0], "chi-square rows: the ranks' tokens differ")
     _check(problems, 0.2 < alpha < 0.95, f"chi-square alpha {alpha}: the test needs accepted and rejected drafts")

@@ -16,6 +16,7 @@ from .harness import TP_TIMEOUT
 
 MAX_NEW = 10
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+MLA_KINDS = ("deepseek_v3", "deepseek_v2")  # latent attention: heads split, the latent replicated (paged_mla_tp.py)
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -127,7 +128,9 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # Mixture of experts: every expert split by its width, the router on both ranks alike (Mixtral; Qwen2-MoE's
     # shared expert; Qwen3-MoE; GPT-OSS's biases, interleaved gate / up columns, sinks split by heads; GLM-4.5's
     # grouped sigmoid routing, shared MLP and partial rotary embedding; EXAONE MoE's NoPE full layer; Solar Open)
-    for kind in MOE_KINDS:
+    # Latent attention (DeepSeek-V3: a query rank, interleaved RoPE, YaRN; V2: complex RoPE, softmax routing): each
+    # rank its heads' rows of q_b / kv_b and columns of o_proj, the latent computed whole on both
+    for kind in MOE_KINDS + MLA_KINDS:
         tgt, drf = tiny(kind)
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
@@ -140,7 +143,8 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         out[f"{kind} checkpoint"] = (specdec_fast.generate(full, pids, pmask, **kw).tolist(),
                                      specdec_fast.generate(sharded, pids, pmask, **kw).tolist())
         out[f"{kind} shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
-    out.update(_mtp(specdec_fast, os.path.join(checkpoint, "glm_mtp"), group))
+    out.update(_mtp(specdec_fast, os.path.join(checkpoint, "glm_mtp"), group, "mtp"))
+    out.update(_mtp(specdec_fast, os.path.join(checkpoint, "deepseek_mtp"), group, "deepseek mtp"))
     # CHI_ROWS independent rows (one seed, per-row streams): token 1 is the prefill's (y ~ q),
     # token 2 the first speculative block's (K = 2: an accepted draft, a residual or a bonus).
     chi, chi_draft = chi_square_pair()
@@ -217,31 +221,34 @@ def _rings(specdec_fast, ids, mask, group) -> dict:
     return out
 
 
-def _mtp(specdec_fast, path, group) -> dict:
-    """A target's own MTP layer (GLM-4.5's model.layers.{L}): each rank reads its slices of it from the
-    checkpoint (heads split, every expert by its width) and drafts with them, on a model loaded whole
-    (greedy; sampled at K = 2) and on a ShardedCausalLM read from the same checkpoint."""
+def _mtp(specdec_fast, path, group, label: str) -> dict:
+    """A target's own MTP layer (GLM-4.5's or DeepSeek-V3's model.layers.{L}): each rank reads its slices
+    of it from the checkpoint (heads split, every expert by its width) and drafts with them, on a model
+    loaded whole (greedy; sampled at K = 2) and on a ShardedCausalLM read from the same checkpoint
+    (DeepSeek-V3's: the target's latent attention split by heads, read as slices too)."""
     import transformers as tf
 
     from specdec_fast.heads.mtp import mtp_head
     from specdec_fast.runners import ShardedCausalLM
     from tests.engine.mtp_models import LAYERS
 
-    glm = tf.Glm4MoeForCausalLM.from_pretrained(path).eval()
-    glm._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{LAYERS}\..*"]  # the single process's MtpModel
+    model = tf.AutoModelForCausalLM.from_pretrained(path).eval()
+    model._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{LAYERS}\..*"]  # the single process's MtpModel
     ids, mask = left_padded_prompts([4, 7], seed=3)
     sampled = dict(use_mtp=True, num_assistant_tokens=2, do_sample=True, seed=5)
-    out = {f"mtp {name}": case for name, case in _cases(specdec_fast, glm, None, ids, mask, {
+    out = {f"{label} {name}": case for name, case in _cases(specdec_fast, model, None, ids, mask, {
         "greedy": dict(use_mtp=True, do_sample=False), "sampled": sampled}, group).items()}
     sharded = ShardedCausalLM.from_pretrained(path, group, timeout=TP_TIMEOUT)
     kw = dict(sampled, max_new_tokens=MAX_NEW, pad_token_id=0)
     tokens, stats = specdec_fast.generate(sharded, ids, mask, return_stats=True, **kw)
-    out["mtp checkpoint"] = (specdec_fast.generate(glm, ids, mask, **kw).tolist(), tokens.tolist())
-    out["mtp alpha"] = stats.alpha
+    out[f"{label} checkpoint"] = (specdec_fast.generate(model, ids, mask, **kw).tolist(), tokens.tolist())
+    out[f"{label} alpha"] = stats.alpha
     engine = specdec_fast.SpeculativeEngine(sharded, draft_head=mtp_head(sharded, tensor_parallel=True),
                                             max_batch_size=2, max_seq_len=32)
     runner = engine.draft_runner  # this rank's slices: its query heads and its columns of every expert
-    out["mtp runner"] = (type(runner).__name__, runner.num_heads, tuple(runner.layers[0].moe.gate_up.shape))
+    out[f"{label} runner"] = (type(runner).__name__, runner.num_heads, tuple(runner.layers[0].moe.gate_up.shape),
+                              type(engine.target_runner).__name__)
+    out[f"{label} shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.1.self_attn" in name}
     return out
 
 

@@ -16,7 +16,7 @@ import torch
 
 import specdec_fast
 import specdec_fast.api as api
-from specdec_fast.runners.paged_mla import PagedMlaRunner, mla_unsupported_reason
+from specdec_fast.runners.paged_mla import PagedMlaRunner, mla_scale, mla_unsupported_reason
 from specdec_fast.runners.registry import choose_runner, paged_runner_class
 
 from ..conftest import backend_device
@@ -78,6 +78,14 @@ def test_the_pool_holds_one_latent_plane_per_layer():
     assert all(k == v for k, v in planes) and len({k for k, _ in planes}) == 3  # the key is the value; 3 planes
     assert runner.kv_sizes(2, 20) == (2 * 2 * 40 * 4, 0)  # bytes a token: 2 entries of K and V planes, fp32
     assert runner.kv_bytes == cache.kv.numel() * 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_scale_from_the_config_is_the_modules(kind):
+    """mla_scale (the tensor-parallel runner's: no module there) equals transformers' scaling to the bit:
+    qk_head_dim^-0.5, times YaRN's mscale^2 (deepseek_v3, deepseek_v2_groups) or not."""
+    model = tiny_mla(kind)
+    assert mla_scale(model.config) == model.model.layers[0].self_attn.scaling
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
