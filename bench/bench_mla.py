@@ -4,7 +4,8 @@ SDPA over the same latents laid out densely, and the bytes it reads against the 
     python bench/bench_mla.py --gpu [--budget-s S] [--out bench/results/mla_<device>.json]
         DeepSeek-V3's attention (128 heads, a latent of 512 + 64) and GLM-4.7-Flash's (20 heads), bf16,
         B 1 / 8 / 32 rows of 1k / 4k / 16k entries, N 1 (decode) and 4 (a verify of K = 3): CUDA-graph
-        replay us of mla_attention_triton with its automatic plan, the GB/s of the latents it must read
+        replay us of mla_attention_triton with its automatic split count, for each tile of
+        triton_mla.TILES (rows, entries a chunk, warps: the default first), the GB/s of the latents it must read
         (B x L x 576 x 2 bytes) and their share of the measured HBM ceiling, and SDPA's us on the dense
         latents (q [B, H, N, 576] over one key head [B, 1, L, 576], the value its first 512 dims:
         enable_gqa) with the max abs difference between the two outputs.
@@ -32,7 +33,8 @@ from machine import versions  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 GPU = dict(models={"deepseek_v3": 128, "glm4_moe_lite": 20}, rank=512, rope=64, batches=(1, 8, 32),
            lengths=(1024, 4096, 16384), queries=(1, 4), block_size=16)
-SMOKE = dict(models={"tiny": 4}, rank=32, rope=8, batches=(1, 2), lengths=(40,), queries=(1, 3), block_size=4)
+SMOKE = dict(models={"tiny": 4}, rank=32, rope=8, batches=(1, 2), lengths=(40,), queries=(1, 3), block_size=4,
+             tiles=((16, 32, 4), (32, 32, 8)))
 
 
 def _inputs(heads, rank, rope, batch, length, n, block_size, dtype, device, gen):
@@ -75,6 +77,7 @@ def main(argv=None) -> int:
 
     from specdec_fast.kernels._backend import triton_interpreting
     from specdec_fast.kernels.attention import mla_attention
+    from specdec_fast.kernels.attention.triton_mla import TILES, mla_attention_triton
 
     if args.smoke:
         if not args.out:
@@ -109,19 +112,28 @@ def main(argv=None) -> int:
                     q, latent, table, seq_lens, cu = _inputs(heads, rank, rope, batch, length, n, shape["block_size"],
                                                              dtype, device, gen)
 
-                    def ours():
-                        return mla_attention(q, latent, table, seq_lens, cu, rank=rank, max_query_len=n, scale=scale,
-                                             backend=backend, check=False)
+                    def ours(tile=None):
+                        if backend != "triton":
+                            return mla_attention(q, latent, table, seq_lens, cu, rank=rank, max_query_len=n,
+                                                 scale=scale, backend=backend, check=False)
+                        return mla_attention_triton(q, latent, table, seq_lens, cu, rank=rank, max_query_len=n,
+                                                    scale=scale, tile=tile)
 
                     dense = _dense(latent, table, batch, length)
-                    diff = float((ours().float() - _sdpa(q, dense, batch, n, rank, scale).float()).abs().max())
+                    reference = _sdpa(q, dense, batch, n, rank, scale).float()
                     row = {"model": model, "heads": heads, "B": batch, "L": length, "N": n, "backend": backend,
-                           "us": timed(ours), "sdpa_dense_us": timed(lambda: _sdpa(q, dense, batch, n, rank, scale)),
-                           "max_abs_diff": diff}
+                           "sdpa_dense_us": timed(lambda: _sdpa(q, dense, batch, n, rank, scale)), "tiles": {}}
                     latent_bytes = batch * length * (rank + rope) * latent.element_size()
-                    row["latent_GBps"] = latent_bytes / row["us"] / 1e3
-                    if ceiling is not None:
-                        row["of_hbm_ceiling"] = row["latent_GBps"] * 1e9 / ceiling["ceiling_Bps"]
+                    for tile in (shape.get("tiles", TILES) if backend == "triton" else (None,)):
+                        us = timed(lambda: ours(tile))
+                        entry = {"us": us, "max_abs_diff": float((ours(tile).float() - reference).abs().max()),
+                                 "latent_GBps": latent_bytes / us / 1e3}
+                        if ceiling is not None:
+                            entry["of_hbm_ceiling"] = entry["latent_GBps"] * 1e9 / ceiling["ceiling_Bps"]
+                        row["tiles"]["default" if tile is None else "x".join(map(str, tile))] = entry
+                    first = next(iter(row["tiles"].values()))  # the default tile (TILES[0])
+                    row.update(us=first["us"], max_abs_diff=max(t["max_abs_diff"] for t in row["tiles"].values()),
+                               latent_GBps=first["latent_GBps"])
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     out.write_text(json.dumps({"device": name, **versions(), "rank": rank, "rope": rope,

@@ -19,6 +19,8 @@ def test_smoke_rows(tmp_path):
     assert len(rows) == len(bench_mla.SMOKE["batches"]) * len(bench_mla.SMOKE["lengths"]) * len(bench_mla.SMOKE["queries"])
     for row in rows:
         assert row["max_abs_diff"] < 1e-4 and row["us"] > 0 and row["sdpa_dense_us"] > 0 and row["latent_GBps"] > 0
+        if row["backend"] == "triton":  # each tile of the sweep timed and checked (interpreted here)
+            assert list(row["tiles"]) == ["x".join(map(str, t)) for t in bench_mla.SMOKE["tiles"]]
 
 
 def test_smoke_needs_an_out_path():

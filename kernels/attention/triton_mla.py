@@ -11,8 +11,8 @@ here) and pads D to 1024. Here:
 Kernel (_mla_attn_split): one program per (row b, tile of QUERIES x BLOCK_H (query, head) rows,
 KV split). Its rows share each entry it loads: an entry chunk [BLOCK_N, R] is loaded once and is
 both the keys (transposed) and the values of the step, with k_rot [BLOCK_N, DR] beside it. The
-accumulator is [BLOCK_M, R] float32 (BLOCK_M = 16 rows: 32 KB at R = 512, 64 registers a thread
-over 4 warps). Heads beyond BLOCK_H take more tiles, each reading the same entries (from L2 after
+accumulator is [BLOCK_M, R] float32 (BLOCK_M = 16 rows by default: 32 KB at R = 512, 64 registers
+a thread over 4 warps; TILES lists the wider tiles that compile without spills). Heads beyond BLOCK_H take more tiles, each reading the same entries (from L2 after
 the first). Causal among a row's new tokens, or a token tree's bits; no window, soft-capping or
 sinks (no MLA model has them). The KV sequence splits over programs as in triton.py
 (choose_splits), merged by its _merge_splits with HEAD_DIM = R. No host sync: graph safe.
@@ -32,7 +32,14 @@ from .triton import LOG2E, MERGE_SPLITS_P2, _merge_splits, _next_pow2, _num_sms,
 
 MAX_RANK = 512  # the latent widths the kernel takes (R padded to a power of 2): DeepSeek-V3 / GLM-4.7-Flash's 512
 MAX_ROPE = 128  # and the rotated dims (their 64)
-BLOCK_M = 16  # tile rows (query, head): tl.dot's least M; the [16, R] float32 accumulator
+# Tile rows (query, head) by default: tl.dot's least M; the [16, R] float32 accumulator. The tiles that
+# compile for sm_90a at R = 512 in bf16 without spills (ptxas -v): (rows, entries a chunk, warps) =
+# (16, 16, 4): 195 registers, 38.9 KB shared; (32, 16, 8): 201, 61.4 KB; (32, 32, 8): 252, 86 KB. Rows of
+# 64 spill (276 bytes at 8 warps), as do chunks of 32 at 16 rows over 4 warps (96). Wider tiles read each
+# chunk for more heads (128 heads: 4 tiles instead of 8); which is faster waits for a GPU
+# (bench/bench_mla.py sweeps TILES).
+BLOCK_M = 16
+TILES = ((16, 16, 4), (32, 16, 8), (32, 32, 8))
 
 
 @triton.jit(do_not_specialize=["num_splits", "min_split_chunks", "num_tokens"])
@@ -143,6 +150,7 @@ def _mla_attn_split(
 class MlaPlan(NamedTuple):
     """The static launch shape of one mla_attention_triton call (plan_mla)."""
 
+    block_m: int  # tile rows (query, head)
     block_h: int  # heads per tile
     head_tiles: int
     queries: int  # query positions per tile
@@ -154,24 +162,29 @@ class MlaPlan(NamedTuple):
 
 
 def plan_mla(device: torch.device, batch: int, num_heads: int, rank: int, max_query_len: int, capacity: int,
-             num_splits: int | None = None) -> MlaPlan:
+             num_splits: int | None = None, tile: tuple | None = None) -> MlaPlan:
     """Tiling and split count from static shapes (a runner caches it per call shape): BLOCK_M = 16
     rows of (query, head) -- up to 16 heads of one query, or several queries of fewer heads -- and
     chunks of 32 entries (16 at R = 512: a [16, 512] bf16 chunk double-buffered, with k_rot, in 40 KB
-    of shared memory). num_splits overrides the automatic flash-decoding split (tests)."""
-    block_h = min(BLOCK_M, _next_pow2(num_heads))
-    queries = BLOCK_M // block_h
+    of shared memory), 4 warps. tile: (rows, entries a chunk, warps) instead (TILES: the benchmark's
+    sweep); num_splits overrides the automatic flash-decoding split (tests)."""
+    if tile is None:
+        tile = (BLOCK_M, 16 if _next_pow2(rank) >= 512 else 32, 4)
+    block_m, block_n, num_warps = tile
+    block_h = min(block_m, _next_pow2(num_heads))
+    queries = block_m // block_h
     head_tiles, query_tiles = -(-num_heads // block_h), -(-max_query_len // queries)
-    block_n = 16 if _next_pow2(rank) >= 512 else 32
     if num_splits is None:
         num_splits, min_split = choose_splits(_num_sms(device), batch * head_tiles * query_tiles, capacity, block_n)
     else:
         min_split = block_n
-    return MlaPlan(block_h, head_tiles, queries, query_tiles, block_n, max(1, num_splits), min_split // block_n, 4)
+    return MlaPlan(block_m, block_h, head_tiles, queries, query_tiles, block_n, max(1, num_splits), min_split // block_n,
+                   num_warps)
 
 
 def mla_attention_triton(q, latent_cache, block_table, seq_lens, cu_query_lens, *, rank: int, max_query_len: int,
-                         tree_mask=None, scale: float, plan: MlaPlan | None = None, num_splits: int | None = None):
+                         tree_mask=None, scale: float, plan: MlaPlan | None = None, num_splits: int | None = None,
+                         tile: tuple | None = None):
     """q [T, Hq, R + DR] (absorbed queries; stride(-1) 1), latent_cache [num_blocks, page, 1, R + DR]
     (one plane: [c, k_rot] per entry), block_table [B, max_blocks] int32, seq_lens [B] int32 (new
     entries included), cu_query_lens [B+1] int32, tree_mask [T] int64 or None -> out [T, Hq, R] in
@@ -184,7 +197,7 @@ def mla_attention_triton(q, latent_cache, block_table, seq_lens, cu_query_lens, 
     if T == 0 or B == 0:
         return out
     if plan is None:
-        plan = plan_mla(q.device, B, Hq, rank, max_query_len, block_table.shape[1] * page_size, num_splits)
+        plan = plan_mla(q.device, B, Hq, rank, max_query_len, block_table.shape[1] * page_size, num_splits, tile)
     if block_table.stride(1) != 1 and block_table.shape[1] > 1:
         block_table = block_table.contiguous()
     splits, rank_p2 = plan.num_splits, max(16, _next_pow2(rank))
@@ -199,7 +212,7 @@ def mla_attention_triton(q, latent_cache, block_table, seq_lens, cu_query_lens, 
         out, part_o, part_lse,
         float(scale) * LOG2E, splits, plan.min_split_chunks, T,
         q.stride(0), q.stride(1), latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
-        NUM_HEADS=Hq, BLOCK_H=plan.block_h, HEAD_TILES=plan.head_tiles, QUERIES=plan.queries, BLOCK_M=BLOCK_M,
+        NUM_HEADS=Hq, BLOCK_H=plan.block_h, HEAD_TILES=plan.head_tiles, QUERIES=plan.queries, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, RANK=rank, RANK_P2=rank_p2, ROPE=rope, ROPE_P2=max(16, _next_pow2(rope)),
         PAGE_SIZE=page_size, HAS_TREE=tree_mask is not None, DIRECT_OUT=direct,
         # fp32: exact dots; the interpreter's bf16 tl.dot is wrong (triton.py), so there bf16 runs in fp32

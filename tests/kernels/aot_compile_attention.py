@@ -40,13 +40,14 @@ MLA_PTRS = {"q_ptr": "Q", "c_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i32", "seq_l
             "tree_ptr": "*i64", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale": "fp32"}
 
 
-def compile_mla(dtype, heads, rank, rope, tree, direct):
-    """The MLA kernel (kernels/attention/triton_mla.py) as plan_mla tiles a decode step of ``heads``."""
+def compile_mla(dtype, heads, rank, rope, tree, direct, tile=None):
+    """The MLA kernel (kernels/attention/triton_mla.py) as plan_mla tiles a decode step of ``heads``
+    (tile: one of its TILES instead of the default)."""
     from specdec_fast.kernels.attention import triton_mla as mla
 
-    plan = mla.plan_mla(mla.torch.device("cpu"), 1, heads, rank, 1, 4096, num_splits=1)
+    plan = mla.plan_mla(mla.torch.device("cpu"), 1, heads, rank, 1, 4096, num_splits=1, tile=tile)
     consts = dict(NUM_HEADS=heads, BLOCK_H=plan.block_h, HEAD_TILES=plan.head_tiles, QUERIES=plan.queries,
-                  BLOCK_M=mla.BLOCK_M, BLOCK_N=plan.block_n, RANK=rank, RANK_P2=attn.head_dim_padded(rank), ROPE=rope,
+                  BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, RANK=rank, RANK_P2=attn.head_dim_padded(rank), ROPE=rope,
                   ROPE_P2=attn.head_dim_padded(rope), PAGE_SIZE=16, HAS_TREE=tree, DIRECT_OUT=direct,
                   IEEE_DOT=dtype == "fp32")
     types = {name: t.replace("Q", f"*{dtype}") for name, t in MLA_PTRS.items()}
@@ -109,12 +110,16 @@ def main(full: bool) -> None:
         print("split merge in kernel", cfg, "shared bytes", kernel.metadata.shared)
     # MLA (DeepSeek-V3: 128 heads, 512 + 64; GLM-4.7-Flash: 20 heads), decode and a tree's split partials:
     # within shared memory and, at R = 512 in bf16, without spills (chunks of 32 entries spilled 96 bytes)
-    for cfg in (("bf16", 128, 512, 64, False, True), ("bf16", 20, 512, 64, True, False), ("fp16", 128, 512, 64, True, True),
-                ("fp32", 4, 32, 8, False, True)):
-        kernel = compile_mla(*cfg)
+    from specdec_fast.kernels.attention.triton_mla import TILES
+
+    mla_forms = [(("bf16", 128, 512, 64, False, True), None), (("bf16", 20, 512, 64, True, False), None),
+                 (("fp16", 128, 512, 64, True, True), None), (("fp32", 4, 32, 8, False, True), None)]
+    mla_forms += [(("bf16", 128, 512, 64, False, False), tile) for tile in TILES[1:]]  # the benchmark's wider tiles
+    for cfg, tile in mla_forms:
+        kernel = compile_mla(*cfg, tile=tile)
         spills = ptxas_spills(kernel) if cfg[0] != "fp32" else None
-        print("mla", cfg, "shared bytes", kernel.metadata.shared, "spilled bytes", spills)
-        assert not spills, f"the MLA kernel {cfg} spills {spills} bytes"
+        print("mla", cfg, tile, "shared bytes", kernel.metadata.shared, "spilled bytes", spills)
+        assert not spills, f"the MLA kernel {cfg} {tile} spills {spills} bytes"
     compile_merge()
     compile_merge(head_dim=112)
     compile_merge(head_dim=512)  # MLA's merge: the latent's 512 dims

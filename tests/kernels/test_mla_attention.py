@@ -85,6 +85,21 @@ def test_triton_splits_and_dtypes(splits, dtype):
     torch.testing.assert_close(out.double(), dense_mla(case, 48, scale), **_tolerance(dtype))
 
 
+@pytest.mark.parametrize("tile", [(32, 16, 8), (32, 32, 8), (16, 32, 4)])
+def test_triton_tiles(tile):
+    """The benchmark's wider tiles (triton_mla.TILES): 32 rows hold 32 heads of one query, or 2 queries
+    of 16 heads (20 heads: padded), over a tree and a split."""
+    pytest.importorskip("triton")
+    from specdec_fast.kernels.attention.triton_mla import mla_attention_triton
+
+    for hq in (3, 20, 40):
+        case = _case(([33, 5, 18], [4, 1, 3]), hq, 48, 16, 4, torch.float32, tree=True, seed=hq)
+        out = mla_attention_triton(case.q, case.k_cache, case.block_table, case.seq_lens, case.cu_query_lens, rank=48,
+                                   max_query_len=case.max_query_len, tree_mask=case.tree_mask, scale=0.15,
+                                   num_splits=2, tile=tile)
+        torch.testing.assert_close(out.double(), dense_mla(case, 48, 0.15), atol=2e-5, rtol=2e-5)
+
+
 def test_controls_the_value_is_the_latent_and_the_rotated_dims_score():
     """The oracle would catch a kernel that averaged k_rot into the value, or scored the latent alone."""
     pytest.importorskip("triton")
