@@ -219,7 +219,7 @@ class PagedRunnerBase:
         self.kernels = resolve_backend(backend, self.device, "paged_attention")
         self.fuse_projections = self.kernels == "triton" if fuse_projections is None else bool(fuse_projections)
         self._bind(model)
-        self.layer_windows = windows_per_layer(self.config, len(self.layers), _transformers_class(model))
+        self.layer_windows = self._layer_windows(model)
         self.vocab_size = int(self.lm_head.shape[0])
         self.cache = None
         self.pooled = False  # True after allocate(): the pool outlives prefill / release (an engine's)
@@ -284,7 +284,7 @@ class PagedRunnerBase:
         self._ring_layers, ring = self._ring_plan(max_tokens_per_row)
         windows = [w for w in self._windows if w is not None]
         self._ring_span = ring_span(ring, max(windows), self.block_size) if self._ring_layers else 0
-        full = [i for i in range(len(self.layers)) if i not in self._ring_layers]
+        full = [i for i in range(self.kv_layer_count) if i not in self._ring_layers]
         kw = dict(block_size=self.block_size, max_batch=max_batch, max_blocks_per_row=per_row, dtype=self.dtype,
                   device=self.device)
         # The full layers' cache (self.cache, the admissions' bookkeeping), then the ring's
@@ -298,7 +298,7 @@ class PagedRunnerBase:
         self.cache = self.caches[0]
         # layer i -> (its cache's index in self.caches, its index among that cache's layers)
         self._layer_cache = [(0, full.index(i)) if i in full else (len(self.caches) - 1, self._ring_layers.index(i))
-                             for i in range(len(self.layers))]
+                             for i in range(self.kv_layer_count)]
         # its K and V planes: kv[j, 0] / kv[j, 1]; a latent layer's one plane, kv[j // 2, j % 2], for both
         planes = [(c, j // 2, j % 2, j % 2) if self.kv_latent else (c, j, 0, 1) for c, j in self._layer_cache]
         self.k_caches = [self.caches[c].kv[e, k] for c, e, k, _ in planes]
@@ -316,7 +316,7 @@ class PagedRunnerBase:
         """Each layer's window where rows of this length reach it, else None (full attention: q - k
         <= max_tokens_per_row - 1 < window)."""
         return tuple(w if w is not None and w < max_tokens_per_row else None
-                     for w in (self.layer_windows or (None,) * len(self.layers)))
+                     for w in (self.layer_windows or (None,) * self.kv_layer_count))
 
     def _ring_plan(self, max_tokens_per_row: int) -> tuple:
         """(the layers that take a ring cache, its blocks per row) for rows of this length: the
@@ -336,8 +336,18 @@ class PagedRunnerBase:
         pool by before allocate()."""
         ring_layers, ring = self._ring_plan(max_tokens_per_row)
         per_entry = 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
-        return self.kv_entries(len(self.layers) - len(ring_layers)) * per_entry, \
+        return self.kv_entries(self.kv_layer_count - len(ring_layers)) * per_entry, \
             self.kv_entries(len(ring_layers)) * per_entry * max_batch * ring * self.block_size
+
+    def _layer_windows(self, model) -> tuple:
+        """Each layer's sliding window (None: full attention), by the one rule (runners/sliding_window.py)."""
+        return windows_per_layer(self.config, len(self.layers), _transformers_class(model))
+
+    @property
+    def kv_layer_count(self) -> int:
+        """Layers with a KV cache: every layer, but a hybrid model's recurrent ones (runners/paged_qwen3_next.py),
+        which keep states instead; its attention layers are numbered 0.. among themselves (_attend's i)."""
+        return len(self.layers)
 
     def kv_entries(self, layers: int) -> int:
         """Entries of a PagedKVCache (each a K and a V plane) that hold ``layers`` layers: one each, or

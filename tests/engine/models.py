@@ -79,6 +79,14 @@ def _config(kind: str, vocab: int, layers: int):
                                    n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=24,
                                    qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
                                    **dict(llama_like, num_key_value_heads=4))
+    if kind == "qwen3_next":  # Gated DeltaNet layers (2 key heads of 8, 4 value heads of 12) between gated attention
+        # layers (half of each head rotated); 8 experts of 24, top 2, a gated shared expert
+        return tf.Qwen3NextConfig(head_dim=12, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, moe_intermediate_size=24, shared_expert_intermediate_size=48,
+                                  num_experts_per_tok=2, num_experts=8,
+                                  layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                   "partial_rotary_factor": 0.5}, **llama_like)
     if kind == "exaone_moe":  # GLM-4.5's routing; a sliding layer (window 8: RoPE, passed), a full NoPE one; q/k norms
         return tf.ExaoneMoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,

@@ -1,0 +1,325 @@
+"""PagedQwen3NextRunner: Qwen3-Next (model_type qwen3_next: Qwen3-Next-80B-A3B), a hybrid decoder --
+three Gated DeltaNet layers (linear attention with a recurrent state) to each gated attention layer --
+with speculative decoding's rollback of the recurrent states.
+
+A paged KV cache rolls back a rejected draft by not advancing a length. A recurrent layer has no such
+thing: its state after the K + 1 scored tokens has absorbed them all. So this runner keeps, per
+Gated DeltaNet layer and row, the committed state (the convolution's last K - 1 inputs [C, K - 1] and
+the delta rule's matrix [Hv, Dk, Dv], float32) and a snapshot after every tentative token
+([max_tentative, ...]); score starts each row from the committed state or its last snapshot, and
+commit(keep) makes snapshot keep - 1 the committed state (keep 0: unchanged) -- a gather, no host
+sync, static shapes, as SGLang and vLLM keep per-draft states for these layers. The attention layers
+use the paged cache as every family does (PagedRunnerBase.kv_layer_count: those layers only).
+
+The math is transformers 5.24's Qwen3NextDecoderLayer (modeling_qwen3_next.py), eval mode:
+    norms              Qwen3NextRMSNorm: x * rsqrt(mean x^2 + eps) * (1 + w) in float32
+    attention layer    q_proj -> per head [q | gate]; q_norm / k_norm per head; RoPE on the first
+                       partial_rotary_factor of each head; paged attention; out * sigmoid(gate); o_proj
+    Gated DeltaNet     in_proj_qkvz / in_proj_ba -> q, k, v, z, b, a (grouped by key head); a causal
+                       depthwise convolution of [q | k | v] over the row (kernel K), SiLU; q, k L2-normed,
+                       q / sqrt(Dk); beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); per token,
+                       in float32: S = S exp(g); S += k (beta (v - S^T k))^T; o = S^T q; then
+                       RMSNormGated(o, z) (norm, weight, times silu(z)); out_proj
+    MLP                a sparse MoE (runners/_moe.py: Qwen2-MoE's routing with a gated shared expert)
+                       or a dense SwiGLU
+Left padding: transformers zeroes a padded position's input to a recurrent layer (its state stays
+zero until the row's first token); here padded positions do not touch the states at all, the same
+thing for a state that starts at zero.
+
+The recurrence runs token by token on every call (transformers runs prefills in chunks of 64 with the
+same math): exact, but a long prompt's prefill is a loop of P steps per layer -- a chunked prefill
+(and a Triton kernel for the step) wait for a GPU to be worth measuring. Token trees are refused
+(each node would need its own state along its branch). No tensor parallelism.
+"""
+import torch
+import torch.nn.functional as F
+
+from ._layer_math import linear_params, rope_cos_sin
+from ._linear import linear
+from ._moe import SHARED, MoE, is_moe, moe_reason
+from ..kernels.llama_ops.reference import rotate_half_apply
+from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
+
+QWEN3_NEXT_TYPES = ("qwen3_next",)
+LAYER_KINDS = ("full_attention", "linear_attention")
+
+
+def _projections(layer) -> tuple:
+    """A Qwen3-Next layer's projection modules (for plain_projections_reason; block_type: transformers' layer kind)."""
+    if layer.block_type == "linear_attention":
+        mixer = layer.linear_attn
+        mixing = (mixer.in_proj_qkvz, mixer.in_proj_ba, mixer.out_proj)
+    else:
+        attn = layer.self_attn
+        mixing = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+    mlp = layer.mlp
+    if is_moe(mlp):
+        shared = next((getattr(mlp, name) for name in SHARED if getattr(mlp, name, None) is not None), None)
+        dense = () if shared is None else (shared.gate_proj, shared.up_proj, shared.down_proj)
+        gate = getattr(mlp, "shared_expert_gate", None)
+        return mixing + dense + (() if gate is None else (gate,))
+    return mixing + (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
+def qwen3_next_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedQwen3NextRunner cannot run ``model``, or None when it can."""
+    config = getattr(model, "config", None)
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if kinds - set(LAYER_KINDS):
+        return f"layer_types {sorted(kinds)}: this runner takes {LAYER_KINDS}"
+    reason = decoder_reason(model, QWEN3_NEXT_TYPES, "model.layers", "a Qwen3NextForCausalLM", _projections)
+    if reason is not None:
+        return reason
+    for i, layer in enumerate(model.model.layers):
+        reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
+        if reason is not None:
+            return f"layer {i}: {reason}"
+        if layer.block_type == "linear_attention" and layer.linear_attn.activation != "silu":
+            return f"layer {i}: a Gated DeltaNet convolution with activation {layer.linear_attn.activation!r}"
+    rotary = model.model.rotary_emb
+    rope_type = getattr(rotary, "rope_type", None)
+    if not isinstance(rope_type, str) or "dynamic" in rope_type or "longrope" in rope_type:
+        return f"rope_type {rope_type!r}: this runner takes RoPE with static frequencies"
+    return head_dim_reason(config.head_dim, backend)
+
+
+def qwen_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """Qwen3NextRMSNorm over the last dim: x * rsqrt(mean x^2 + eps) * (1 + w), in float32, then x's dtype.
+    norm: (weight, eps)."""
+    weight, eps = norm
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).type_as(x)
+
+
+def gated_norm(x: torch.Tensor, z: torch.Tensor, norm) -> torch.Tensor:
+    """Qwen3NextRMSNormGated: weight * norm(x) (cast back first), times silu(z) in float32; x's dtype."""
+    weight, eps = norm
+    x32 = x.float()
+    normed = weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (normed * F.silu(z.float())).to(x.dtype)
+
+
+class _Attention:
+    """A gated attention layer's tensors (references to the model's)."""
+
+    def __init__(self, attn):
+        self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+        self.q_norm, self.k_norm = (attn.q_norm.weight, attn.q_norm.eps), (attn.k_norm.weight, attn.k_norm.eps)
+
+
+class _DeltaNet:
+    """A Gated DeltaNet layer's tensors and sizes (references to the model's)."""
+
+    def __init__(self, mixer):
+        self.qkvz, self.ba, self.out = linear_params(mixer.in_proj_qkvz, mixer.in_proj_ba, mixer.out_proj)
+        self.conv = mixer.conv1d.weight[:, 0]  # [C, K]
+        self.conv_bias = mixer.conv1d.bias
+        self.a_log, self.dt_bias = mixer.A_log, mixer.dt_bias
+        self.norm = (mixer.norm.weight, mixer.norm.variance_epsilon)
+        self.nk, self.nv, self.dk, self.dv = mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim
+        self.channels, self.kernel = self.conv.shape
+
+    def split(self, qkvz: torch.Tensor, ba: torch.Tensor):
+        """[T, nk (2 dk + 2 r dv)], [T, nk 2 r] (r = nv / nk, grouped by key head, transformers'
+        fix_query_key_value_ordering) -> [q | k | v] [T, C], z [T, nv, dv], b, a [T, nv]."""
+        t, r = qkvz.shape[0], self.nv // self.nk
+        q, k, v, z = torch.split(qkvz.view(t, self.nk, -1), [self.dk, self.dk, r * self.dv, r * self.dv], dim=2)
+        b, a = torch.split(ba.view(t, self.nk, 2 * r), [r, r], dim=2)
+        mixed = torch.cat((q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)), dim=-1)
+        return mixed, z.reshape(t, self.nv, self.dv), b.reshape(t, self.nv), a.reshape(t, self.nv)
+
+
+class _Layer:
+    def __init__(self, layer, kind: str, config, kernels: str):
+        self.kind = kind
+        self.ln_in = (layer.input_layernorm.weight, layer.input_layernorm.eps)
+        self.ln_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
+        self.mixer = _DeltaNet(layer.linear_attn) if kind == "linear_attention" else _Attention(layer.self_attn)
+        mlp = layer.mlp
+        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
+        if self.moe is None:
+            self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            self.act = mlp.act_fn
+
+
+class _States:
+    """One Gated DeltaNet layer's states for max_batch rows: committed conv [B, C, K - 1] (model dtype)
+    and delta-rule [B, Hv, Dk, Dv] (float32), and a snapshot after each of max_tentative tentative
+    tokens ([B, max_tentative, ...])."""
+
+    def __init__(self, net: _DeltaNet, max_batch: int, tentative: int, dtype, device):
+        conv, rec = (net.channels, net.kernel - 1), (net.nv, net.dk, net.dv)
+        self.conv = torch.zeros(max_batch, *conv, dtype=dtype, device=device)
+        self.rec = torch.zeros(max_batch, *rec, dtype=torch.float32, device=device)
+        self.conv_tent = torch.zeros(max_batch, tentative, *conv, dtype=dtype, device=device)
+        self.rec_tent = torch.zeros(max_batch, tentative, *rec, dtype=torch.float32, device=device)
+
+
+class PagedQwen3NextRunner(PagedRunnerBase):
+    """Runner (see runners/base.py) for a Qwen3NextForCausalLM instance (weights shared); the arguments are
+    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+
+    unsupported_reason = staticmethod(qwen3_next_unsupported_reason)
+    states = ()  # per Gated DeltaNet layer: _States (allocated with the pool)
+
+    def _bind(self, model) -> None:
+        config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_Layer(layer, kind, config, self.kernels) for layer, kind in zip(inner.layers, config.layer_types)]
+        self._attention_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind == "full_attention")}
+        self._linear_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind != "full_attention")}
+        self.final_norm = (inner.norm.weight, inner.norm.eps)
+        self.lm_head = model.get_output_embeddings().weight
+        self._bind_heads(config)
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scaling = float(rotary.attention_scaling)
+
+    @property
+    def kv_layer_count(self) -> int:
+        """The attention layers (at least one: the pool's admission bookkeeping lives on its cache, so a
+        decoder cut to recurrent layers alone -- assistant_early_exit=1 -- keeps one unused layer's KV)."""
+        return max(len(self._attention_index), 1)
+
+    def _layer_windows(self, model) -> tuple:
+        """No sliding window (Qwen3-Next's attention layers are full; the rule refuses recurrent layer types)."""
+        return (None,) * self.kv_layer_count
+
+    # -- the recurrent states: allocated with the pool, selected at commit -------------------------
+    def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
+        super()._allocate(max_batch, max_tokens_per_row, num_blocks)
+        self._allocate_states(max_batch)
+
+    def _allocate_states(self, max_batch: int) -> None:
+        nets = [layer.mixer for layer in self.layers if layer.kind != "full_attention"]
+        self.states = [_States(net, max_batch, self.max_tentative, self.dtype, self.device) for net in nets]
+        self._tentative_capacity = self.max_tentative
+
+    def _admit(self, input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens):
+        num_valid = super()._admit(input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens)
+        if self.max_tentative > self._tentative_capacity:  # a call with more drafts than the pool was made for
+            self._allocate_states(self.cache.max_batch)
+        return num_valid
+
+    def score(self, tokens, num_valid=None, *, tree=None, rows=None):
+        if tree is not None:
+            raise ValueError("token trees are not supported on Qwen3-Next's recurrent layers (each node would need "
+                             "its own state along its branch): use a chain (tree=None)")
+        return super().score(tokens, num_valid, rows=rows)
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """As PagedRunnerBase.commit, and each recurrent layer's committed state becomes its snapshot
+        after the last kept token (unchanged where none is kept)."""
+        batch = self.seq_lens.shape[0]
+        kept = torch.minimum(self.seq_lens + keep.to(torch.int32), self.caps) - self.seq_lens  # [B] as committed
+        slot = (kept.long() - 1).clamp(min=0)
+        rows = torch.arange(batch, device=self.device)
+        take = (kept > 0)
+        for st in self.states:
+            conv, rec = st.conv[:batch], st.rec[:batch]
+            conv.copy_(torch.where(take[:, None, None], st.conv_tent[rows, slot], conv))
+            rec.copy_(torch.where(take[:, None, None, None], st.rec_tent[rows, slot], rec))
+        super().commit(keep)
+
+    # -- the forward ------------------------------------------------------------------------------
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, R], once per call
+        rows = self._row_layout(cu, total, n)
+        x = F.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
+        for i, layer in enumerate(self.layers):
+            h = qwen_norm(x, layer.ln_in)
+            if layer.kind == "full_attention":
+                a = layer.mixer
+                q, gate = linear(h, *a.q).view(total, heads, 2 * dim).chunk(2, dim=-1)
+                q = qwen_norm(q, a.q_norm)
+                k = qwen_norm(linear(h, *a.k).view(total, kv_heads, dim), a.k_norm)
+                v = linear(h, *a.v).view(total, kv_heads, dim)
+                q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
+                o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
+                x = x + linear(o.reshape(total, -1) * torch.sigmoid(gate.reshape(total, -1)), *a.o)
+            else:
+                x = x + self._delta_net(layer.mixer, self.states[self._linear_index[i]], h, rows)
+            h = qwen_norm(x, layer.ln_post)
+            if layer.moe is not None:
+                x = x + layer.moe(h, self._prefilling)
+            else:
+                x = x + linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = qwen_norm(x, self.final_norm)
+        self._keep(len(self.layers), out)
+        return out
+
+    def _row_layout(self, cu, total: int, n: int) -> tuple:
+        """The call's tokens as rows [B, n] again (each row's real tokens last, as the call gave them):
+        (packed index [B, n] (total where padding: a spare row), real [B, n] bool, the tentative slot
+        each real token's snapshot goes to [B, n], each row's starting slot - 1 [B] (-1: the committed
+        state))."""
+        batch = cu.shape[0] - 1
+        count = cu[1:] - cu[:-1]
+        step = torch.arange(n, device=self.device)
+        pad = (n - count)[:, None]
+        real = step[None, :] >= pad
+        index = torch.where(real, cu[:-1, None].long() + step[None, :] - pad, total)
+        before = self.length[:batch] - self.seq_lens  # tentative tokens already there ([B]; 0 in a prefill)
+        slot = (before[:, None] + step[None, :] - pad).clamp(0, max(self._tentative_capacity - 1, 0))
+        return index, real, slot, before.long() - 1
+
+    def _delta_net(self, net: _DeltaNet, st: _States, h: torch.Tensor, rows: tuple) -> torch.Tensor:
+        """One Gated DeltaNet layer over the call's tokens h [T, H] -> its output [T, H]: each row's
+        tokens in order from its state (zero in a prefill, else committed or the last snapshot),
+        snapshots written after each (a prefill: the final state committed)."""
+        index, real, slot, start = rows
+        batch, n = index.shape
+        total = h.shape[0]
+        mixed, z, b, a = net.split(linear(h, *net.qkvz), linear(h, *net.ba))
+        beta = b.sigmoid()
+        g = -net.a_log.float().exp() * F.softplus(a.float() + net.dt_bias)
+        spare = torch.zeros(1, mixed.shape[1], dtype=mixed.dtype, device=h.device)
+        by_row = torch.cat((mixed, spare))[index]  # [B, n, C] (padding: zeros, never used)
+        beta, g = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (beta, g))  # [B, n, Hv]
+        ids = torch.arange(batch, device=h.device)
+        if self._prefilling:
+            conv = torch.zeros_like(st.conv[:batch])
+            rec = torch.zeros_like(st.rec[:batch])
+        else:
+            first = start.clamp(min=0)
+            fresh = (start < 0)
+            conv = torch.where(fresh[:, None, None], st.conv[:batch], st.conv_tent[ids, first])
+            rec = torch.where(fresh[:, None, None, None], st.rec[:batch], st.rec_tent[ids, first])
+        weight, bias = net.conv, net.conv_bias
+        key_dim, r = net.nk * net.dk, net.nv // net.nk
+        outs = []
+        for t in range(n):
+            on = real[:, t]
+            window = torch.cat((conv, by_row[:, t, :, None]), dim=-1)  # [B, C, K]
+            y = (window.to(weight.dtype) * weight).sum(-1) + (0 if bias is None else bias)
+            y = F.silu(y).to(mixed.dtype)  # [B, C]
+            conv = torch.where(on[:, None, None], window[:, :, 1:], conv)
+            q, k, v = torch.split(y, [key_dim, key_dim, net.nv * net.dv], dim=-1)
+            q = q.reshape(batch, net.nk, net.dk).float().repeat_interleave(r, dim=1)
+            k = k.reshape(batch, net.nk, net.dk).float().repeat_interleave(r, dim=1)
+            v = v.reshape(batch, net.nv, net.dv).float()
+            q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+            k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+            q = q / (net.dk ** 0.5)
+            decayed = rec * g[:, t].exp()[..., None, None]
+            kv_mem = (decayed * k.unsqueeze(-1)).sum(dim=-2)
+            delta = (v - kv_mem) * beta[:, t].float().unsqueeze(-1)
+            updated = decayed + k.unsqueeze(-1) * delta.unsqueeze(-2)
+            rec = torch.where(on[:, None, None, None], updated, rec)
+            outs.append((updated * q.unsqueeze(-1)).sum(dim=-2))  # [B, Hv, Dv]
+            if not self._prefilling:  # the snapshot after this token (a padded step rewrites what is there)
+                st.conv_tent[ids, slot[:, t]] = torch.where(on[:, None, None], conv, st.conv_tent[ids, slot[:, t]])
+                st.rec_tent[ids, slot[:, t]] = torch.where(on[:, None, None, None], rec, st.rec_tent[ids, slot[:, t]])
+        if self._prefilling:
+            st.conv[:batch].copy_(conv)
+            st.rec[:batch].copy_(rec)
+        core = torch.stack(outs, dim=1).to(h.dtype)  # [B, n, Hv, Dv]
+        packed = torch.zeros(total + 1, net.nv, net.dv, dtype=h.dtype, device=h.device)
+        packed.index_copy_(0, index.reshape(-1), core.reshape(batch * n, net.nv, net.dv))
+        core = gated_norm(packed[:total], z, net.norm).reshape(total, -1)
+        return linear(core, *net.out)
