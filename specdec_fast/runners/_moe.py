@@ -63,6 +63,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "qwen3_next": ("softmax_topk", "norm_topk_prob", True, "swiglu"),  # Qwen2-MoE's gated shared expert
+                "qwen3_5_moe_text": ("softmax_topk", True, True, "swiglu"),  # Qwen3.5's: always renormalised
                 # the MLA families (runners/paged_mla.py): DeepSeek-V3 routes as GLM-4.5 does (its source);
                 # DeepSeek-V2 by softmax, greedy or group-limited (topk_method), never renormalised
                 "deepseek_v2": ("softmax_groups", False, False, "swiglu"),

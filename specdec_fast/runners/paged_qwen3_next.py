@@ -1,4 +1,5 @@
-"""PagedQwen3NextRunner: Qwen3-Next (model_type qwen3_next: Qwen3-Next-80B-A3B), a hybrid decoder --
+"""PagedQwen3NextRunner: Qwen3-Next (model_type qwen3_next: Qwen3-Next-80B-A3B) and Qwen3.5's text decoders
+(qwen3_5_text, qwen3_5_moe_text: what AutoModelForCausalLM loads from a Qwen3.5 checkpoint), hybrid decoders --
 three Gated DeltaNet layers (linear attention with a recurrent state) to each gated attention layer --
 with speculative decoding's rollback of the recurrent states.
 
@@ -40,7 +41,10 @@ from ._moe import SHARED, MoE, is_moe, moe_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 
-QWEN3_NEXT_TYPES = ("qwen3_next",)
+# Qwen3-Next, and Qwen3.5's text decoders (AutoModelForCausalLM on a Qwen3.5 checkpoint: Qwen3_5ForCausalLM /
+# Qwen3_5MoeForCausalLM): the same layers, the Gated DeltaNet's projections apart (in_proj_qkv / z / b / a), and
+# text positions for its multimodal RoPE (the three position rows equal: plain RoPE)
+QWEN3_NEXT_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 LAYER_KINDS = ("full_attention", "linear_attention")
 
 
@@ -48,7 +52,8 @@ def _projections(layer) -> tuple:
     """A Qwen3-Next layer's projection modules (for plain_projections_reason; block_type: transformers' layer kind)."""
     if layer.block_type == "linear_attention":
         mixer = layer.linear_attn
-        mixing = (mixer.in_proj_qkvz, mixer.in_proj_ba, mixer.out_proj)
+        mixing = ((mixer.in_proj_qkvz, mixer.in_proj_ba) if hasattr(mixer, "in_proj_qkvz") else
+                  (mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a)) + (mixer.out_proj,)
     else:
         attn = layer.self_attn
         mixing = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
@@ -111,13 +116,24 @@ class _DeltaNet:
     """A Gated DeltaNet layer's tensors and sizes (references to the model's)."""
 
     def __init__(self, mixer):
-        self.qkvz, self.ba, self.out = linear_params(mixer.in_proj_qkvz, mixer.in_proj_ba, mixer.out_proj)
+        self.grouped = hasattr(mixer, "in_proj_qkvz")  # Qwen3-Next's; Qwen3.5's projections are apart
+        self.projections = linear_params(*((mixer.in_proj_qkvz, mixer.in_proj_ba) if self.grouped else
+                                           (mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a)))
+        (self.out,) = linear_params(mixer.out_proj)
         self.conv = mixer.conv1d.weight[:, 0]  # [C, K]
         self.conv_bias = mixer.conv1d.bias
         self.a_log, self.dt_bias = mixer.A_log, mixer.dt_bias
         self.norm = (mixer.norm.weight, mixer.norm.variance_epsilon)
         self.nk, self.nv, self.dk, self.dv = mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim
         self.channels, self.kernel = self.conv.shape
+
+    def project(self, h: torch.Tensor):
+        """h [T, H] -> [q | k | v] [T, C], z [T, nv, dv], b, a [T, nv]: Qwen3.5's four products, or Qwen3-Next's
+        two grouped by key head (split)."""
+        if self.grouped:
+            return self.split(*(linear(h, *p) for p in self.projections))
+        qkv, z, b, a = (linear(h, *p) for p in self.projections)
+        return qkv, z.view(h.shape[0], self.nv, self.dv), b, a
 
     def split(self, qkvz: torch.Tensor, ba: torch.Tensor):
         """[T, nk (2 dk + 2 r dv)], [T, nk 2 r] (r = nv / nk, grouped by key head, transformers'
@@ -275,7 +291,7 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         index, real, slot, start = rows
         batch, n = index.shape
         total = h.shape[0]
-        mixed, z, b, a = net.split(linear(h, *net.qkvz), linear(h, *net.ba))
+        mixed, z, b, a = net.project(h)
         beta = b.sigmoid()
         g = -net.a_log.float().exp() * F.softplus(a.float() + net.dt_bias)
         spare = torch.zeros(1, mixed.shape[1], dtype=mixed.dtype, device=h.device)
@@ -296,7 +312,7 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         for t in range(n):
             on = real[:, t]
             window = torch.cat((conv, by_row[:, t, :, None]), dim=-1)  # [B, C, K]
-            y = (window.to(weight.dtype) * weight).sum(-1) + (0 if bias is None else bias)
+            y = (window.float() * weight.float()).sum(-1).to(weight.dtype) + (0 if bias is None else bias)
             y = F.silu(y).to(mixed.dtype)  # [B, C]
             conv = torch.where(on[:, None, None], window[:, :, 1:], conv)
             q, k, v = torch.split(y, [key_dim, key_dim, net.nv * net.dv], dim=-1)

@@ -21,7 +21,7 @@ from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paged_mla_tp import TPPagedMlaRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
-from .paged_qwen3_next import PagedQwen3NextRunner
+from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .sharded_model import TP_COHERE_TYPES, TP_LLAMA_TYPES, TP_MLA_TYPES, ShardedCausalLM
 
@@ -45,7 +45,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gpt2": PagedGPT2Runner,
     # multi-head latent attention, a latent cache entry per token: DeepSeek-V2 / V3 / R1, GLM-4.7-Flash
     **{model_type: PagedMlaRunner for model_type in MLA_MODEL_TYPES},
-    "qwen3_next": PagedQwen3NextRunner,  # Qwen3-Next: Gated DeltaNet layers (recurrent states rolled back) + attention
+    # Qwen3-Next, Qwen3.5's text decoders: Gated DeltaNet layers (recurrent states rolled back) + attention
+    **{model_type: PagedQwen3NextRunner for model_type in QWEN3_NEXT_TYPES},
 }
 
 # Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.
