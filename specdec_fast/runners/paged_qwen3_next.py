@@ -211,6 +211,22 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         self.states = [_States(net, max_batch, self.max_tentative, self.dtype, self.device) for net in nets]
         self._tentative_capacity = self.max_tentative
 
+    def kv_sizes(self, max_batch: int, max_tokens_per_row: int) -> tuple:
+        """As PagedRunnerBase.kv_sizes, the recurrent states counted in the fixed part (they do not grow
+        with the pool's tokens): per Gated DeltaNet layer and row, 1 + max_tentative conv windows and
+        delta-rule matrices."""
+        per_token, fixed = super().kv_sizes(max_batch, max_tokens_per_row)
+        element = torch.finfo(self.dtype).bits // 8
+        per_row = sum((net.channels * (net.kernel - 1) * element + net.nv * net.dk * net.dv * 4)
+                      for net in (layer.mixer for layer in self.layers if layer.kind != "full_attention"))
+        return per_token, fixed + max_batch * (1 + self.max_tentative) * per_row
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV pool's bytes and the recurrent states'."""
+        return super().kv_bytes + sum(t.numel() * t.element_size() for st in self.states
+                                      for t in (st.conv, st.rec, st.conv_tent, st.rec_tent))
+
     def _admit(self, input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens):
         num_valid = super()._admit(input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens)
         if self.max_tentative > self._tentative_capacity:  # a call with more drafts than the pool was made for

@@ -70,6 +70,10 @@ def test_registry_and_the_pool():
     # conv: [q | k | v] = 2 x 2 x 8 + 4 x 12 = 80 channels, kernel 4; the delta rule: 4 value heads of 8 x 12
     assert tuple(st.conv.shape) == (2, 80, 3) and tuple(st.rec.shape) == (2, 4, 8, 12)
     assert tuple(st.rec_tent.shape) == (2, 4, 4, 8, 12) and st.rec.dtype == torch.float32
+    # the engine sizes pools by kv_sizes: the states are its fixed part, and kv_bytes counts them
+    states = 2 * 2 * (1 + 4) * (80 * 3 * 4 + 4 * 8 * 12 * 4)  # layers x rows x (committed + 4 snapshots) x bytes
+    assert runner.kv_sizes(2, 20) == (2 * 2 * 2 * 16 * 4, states)  # 2 attention layers' K and V a token; states
+    assert runner.kv_bytes == runner.cache.kv.numel() * 4 + states
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
