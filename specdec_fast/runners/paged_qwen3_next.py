@@ -45,6 +45,7 @@ from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 # Qwen3_5MoeForCausalLM): the same layers, the Gated DeltaNet's projections apart (in_proj_qkv / z / b / a), and
 # text positions for its multimodal RoPE (the three position rows equal: plain RoPE)
 QWEN3_NEXT_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+PREFILL_CHUNK = 64  # tokens a chunk of the prefill's delta rule (transformers' and FLA's default)
 LAYER_KINDS = ("full_attention", "linear_attention")
 
 
@@ -301,57 +302,101 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         return index, real, slot, before.long() - 1
 
     def _delta_net(self, net: _DeltaNet, st: _States, h: torch.Tensor, rows: tuple) -> torch.Tensor:
-        """One Gated DeltaNet layer over the call's tokens h [T, H] -> its output [T, H]: each row's
-        tokens in order from its state (zero in a prefill, else committed or the last snapshot),
-        snapshots written after each (a prefill: the final state committed)."""
+        """One Gated DeltaNet layer over the call's tokens h [T, H] -> its output [T, H]: a prefill in chunks
+        from zero states (the final ones committed); a score call token by token from each row's state
+        (committed, or the last snapshot), a snapshot written after each token."""
         index, real, slot, start = rows
         batch, n = index.shape
         total = h.shape[0]
         mixed, z, b, a = net.project(h)
         beta = b.sigmoid()
         g = -net.a_log.float().exp() * F.softplus(a.float() + net.dt_bias)
-        spare = torch.zeros(1, mixed.shape[1], dtype=mixed.dtype, device=h.device)
-        by_row = torch.cat((mixed, spare))[index]  # [B, n, C] (padding: zeros, never used)
-        beta, g = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (beta, g))  # [B, n, Hv]
-        ids = torch.arange(batch, device=h.device)
+        # each row's tokens in order, its padding (first) zeros: no input, no decay, no update
+        by_row, beta, g = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (mixed, beta, g))  # [B, n, ...]
         if self._prefilling:
-            conv = torch.zeros_like(st.conv[:batch])
-            rec = torch.zeros_like(st.rec[:batch])
+            core = self._prefill_chunks(net, st, by_row, beta, g)
         else:
-            first = start.clamp(min=0)
-            fresh = (start < 0)
-            conv = torch.where(fresh[:, None, None], st.conv[:batch], st.conv_tent[ids, first])
-            rec = torch.where(fresh[:, None, None, None], st.rec[:batch], st.rec_tent[ids, first])
+            core = self._steps(net, st, by_row, beta, g, real, slot, start)
+        packed = torch.zeros(total + 1, net.nv, net.dv, dtype=h.dtype, device=h.device)
+        packed.index_copy_(0, index.reshape(-1), core.to(h.dtype).reshape(batch * n, net.nv, net.dv))
+        core = gated_norm(packed[:total], z, net.norm).reshape(total, -1)
+        return linear(core, *net.out)
+
+    @staticmethod
+    def _heads(net: _DeltaNet, y: torch.Tensor):
+        """The convolution's output y [..., C] (model dtype) -> q, k [..., Hv, Dk] (L2-normed, q / sqrt(Dk);
+        each key head serving nv / nk value heads), v [..., Hv, Dv], float32."""
+        lead, r = y.shape[:-1], net.nv // net.nk
+        q, k, v = torch.split(y, [net.nk * net.dk, net.nk * net.dk, net.nv * net.dv], dim=-1)
+        q = q.reshape(*lead, net.nk, net.dk).float().repeat_interleave(r, dim=-2)
+        k = k.reshape(*lead, net.nk, net.dk).float().repeat_interleave(r, dim=-2)
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        return q / (net.dk ** 0.5), k, v.reshape(*lead, net.nv, net.dv).float()
+
+    def _steps(self, net, st, by_row, beta, g, real, slot, start) -> torch.Tensor:
+        """A score call: token by token from each row's state (transformers' recurrent rule, op for op),
+        a snapshot after each real token -> outputs [B, n, Hv, Dv] float32."""
+        batch, n = real.shape
+        ids = torch.arange(batch, device=by_row.device)
+        first, fresh = start.clamp(min=0), start < 0
+        conv = torch.where(fresh[:, None, None], st.conv[:batch], st.conv_tent[ids, first])
+        rec = torch.where(fresh[:, None, None, None], st.rec[:batch], st.rec_tent[ids, first])
         weight, bias = net.conv, net.conv_bias
-        key_dim, r = net.nk * net.dk, net.nv // net.nk
         outs = []
         for t in range(n):
             on = real[:, t]
             window = torch.cat((conv, by_row[:, t, :, None]), dim=-1)  # [B, C, K]
+            # summed in float32, rounded once (as conv1d accumulates; bf16 products drift: see the module doc)
             y = (window.float() * weight.float()).sum(-1).to(weight.dtype) + (0 if bias is None else bias)
-            y = F.silu(y).to(mixed.dtype)  # [B, C]
+            q, k, v = self._heads(net, F.silu(y).to(by_row.dtype))  # [B, Hv, D]
             conv = torch.where(on[:, None, None], window[:, :, 1:], conv)
-            q, k, v = torch.split(y, [key_dim, key_dim, net.nv * net.dv], dim=-1)
-            q = q.reshape(batch, net.nk, net.dk).float().repeat_interleave(r, dim=1)
-            k = k.reshape(batch, net.nk, net.dk).float().repeat_interleave(r, dim=1)
-            v = v.reshape(batch, net.nv, net.dv).float()
-            q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-            k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-            q = q / (net.dk ** 0.5)
             decayed = rec * g[:, t].exp()[..., None, None]
             kv_mem = (decayed * k.unsqueeze(-1)).sum(dim=-2)
             delta = (v - kv_mem) * beta[:, t].float().unsqueeze(-1)
             updated = decayed + k.unsqueeze(-1) * delta.unsqueeze(-2)
             rec = torch.where(on[:, None, None, None], updated, rec)
             outs.append((updated * q.unsqueeze(-1)).sum(dim=-2))  # [B, Hv, Dv]
-            if not self._prefilling:  # the snapshot after this token (a padded step rewrites what is there)
-                st.conv_tent[ids, slot[:, t]] = torch.where(on[:, None, None], conv, st.conv_tent[ids, slot[:, t]])
-                st.rec_tent[ids, slot[:, t]] = torch.where(on[:, None, None, None], rec, st.rec_tent[ids, slot[:, t]])
-        if self._prefilling:
-            st.conv[:batch].copy_(conv)
-            st.rec[:batch].copy_(rec)
-        core = torch.stack(outs, dim=1).to(h.dtype)  # [B, n, Hv, Dv]
-        packed = torch.zeros(total + 1, net.nv, net.dv, dtype=h.dtype, device=h.device)
-        packed.index_copy_(0, index.reshape(-1), core.reshape(batch * n, net.nv, net.dv))
-        core = gated_norm(packed[:total], z, net.norm).reshape(total, -1)
-        return linear(core, *net.out)
+            # the snapshot after this token (a padded step writes back what is there)
+            st.conv_tent[ids, slot[:, t]] = torch.where(on[:, None, None], conv, st.conv_tent[ids, slot[:, t]])
+            st.rec_tent[ids, slot[:, t]] = torch.where(on[:, None, None, None], rec, st.rec_tent[ids, slot[:, t]])
+        return torch.stack(outs, dim=1)
+
+    def _prefill_chunks(self, net, st, by_row, beta, g) -> torch.Tensor:
+        """A prefill from zero states: the convolution over each row at once, the delta rule in chunks of
+        PREFILL_CHUNK tokens (within a chunk the updates solve as one unit lower-triangular system, across
+        chunks the state carries: the WY form of FLA's and transformers' chunked kernels), float32 ->
+        outputs [B, n, Hv, Dv]; the final conv window and state committed."""
+        batch, n = by_row.shape[:2]
+        kernel = net.kernel
+        x = by_row.transpose(1, 2)  # [B, C, n], each row's padding first (zeros)
+        y = F.conv1d(x.to(net.conv.dtype), net.conv[:, None, :], net.conv_bias, padding=kernel - 1, groups=net.channels)
+        q, k, v = self._heads(net, F.silu(y[..., :n]).to(by_row.dtype).transpose(1, 2))  # [B, n, Hv, D]
+        st.conv[:batch].copy_(F.pad(x, (kernel - 1, 0))[..., -(kernel - 1):])
+        size = PREFILL_CHUNK
+        pad = -n % size
+        q, k, v = (F.pad(t.transpose(1, 2), (0, 0, 0, pad)) for t in (q, k, v))  # [B, Hv, n + pad, D]
+        beta, g = (F.pad(t.float().transpose(1, 2), (0, pad)) for t in (beta, g))  # [B, Hv, n + pad]
+        chunks = (n + pad) // size
+        q, k, v = (t.reshape(batch, net.nv, chunks, size, -1) for t in (q, k, v))
+        beta, g = (t.reshape(batch, net.nv, chunks, size) for t in (beta, g))
+        decay = g.cumsum(-1)  # log of the decay from the chunk's start through each token
+        lower = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        gap = torch.where(lower, decay[..., :, None] - decay[..., None, :], float("-inf")).exp()  # [.., i, j]: j <= i
+        k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+        # (I + strictly_lower(k_beta k^T . gap)) u = v_beta: each token's correction given the earlier ones'
+        system = (k_beta @ k.transpose(-1, -2) * gap).masked_fill(lower.logical_not().logical_or(
+            torch.eye(size, dtype=torch.bool, device=q.device)), 0.0) + torch.eye(size, device=q.device)
+        u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+        w = torch.linalg.solve_triangular(system, k_beta * decay[..., None].exp(), upper=False, unitriangular=True)
+        state = torch.zeros(batch, net.nv, net.dk, net.dv, dtype=torch.float32, device=q.device)
+        outs = []
+        for c in range(chunks):
+            qc, kc, dc = q[:, :, c], k[:, :, c], decay[:, :, c]
+            fresh = u[:, :, c] - w[:, :, c] @ state  # the chunk's updates after the carried state's share
+            within = (qc @ kc.transpose(-1, -2)) * gap[:, :, c]
+            outs.append((qc * dc[..., None].exp()) @ state + within @ fresh)
+            last = dc[..., -1:]
+            state = state * last[..., None].exp() + (kc * (last - dc)[..., None].exp()).transpose(-1, -2) @ fresh
+        st.rec[:batch].copy_(state)
+        return torch.cat(outs, dim=2)[:, :, :n].transpose(1, 2)  # [B, n, Hv, Dv]

@@ -202,3 +202,25 @@ def test_its_first_layer_drafts(device):
     out, stats = api.generate(target, ids, mask, runner="paged", assistant_early_exit=1, return_stats=True, **kw)
     assert torch.equal(out, target.generate(ids, attention_mask=mask, **kw)) and stats.alpha > 0
     specdec_fast.release_engines(target)
+
+
+@pytest.mark.parametrize("chunk", [64, 5])
+def test_long_prompts_prefill_in_chunks(chunk, monkeypatch):
+    """Prompts of 150 and 70 tokens (left-padded together): the prefill's chunked delta rule (3 chunks of 64, or
+    30 of 5: the carried state, a last chunk padded) gives the forward's logits, and its committed states carry
+    the next score call to the forward's logits too."""
+    from specdec_fast.runners import paged_qwen3_next
+
+    from .runner_checks import hf_logits
+
+    monkeypatch.setattr(paged_qwen3_next, "PREFILL_CHUNK", chunk)
+    model = tiny_qwen3_next(seed=2)
+    ids, mask = left_padded_prompts([150, 70], vocab=VOCAB, seed=9)
+    runner = PagedQwen3NextRunner(model, max_new_tokens=4, num_draft_tokens=1, block_size=16)
+    logits = runner.prefill(ids, mask)
+    step = runner.score(torch.tensor([[7], [11]]))
+    for b, new in enumerate((7, 11)):
+        context = ids[b, mask[b].bool()].tolist()
+        expected = hf_logits(model, context + [new])
+        torch.testing.assert_close(logits[b], expected[-2], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(step[b, 0], expected[-1], atol=1e-4, rtol=1e-4)
