@@ -27,9 +27,11 @@ Left padding: transformers zeroes a padded position's input to a recurrent layer
 zero until the row's first token); here padded positions do not touch the states at all, the same
 thing for a state that starts at zero.
 
-The recurrence runs token by token on every call (transformers runs prefills in chunks of 64 with the
-same math): exact, but a long prompt's prefill is a loop of P steps per layer -- a chunked prefill
-(and a Triton kernel for the step) wait for a GPU to be worth measuring. Token trees are refused
+A prefill runs the delta rule in chunks of PREFILL_CHUNK tokens (_prefill_chunks: within a chunk the
+updates solve as one unit lower-triangular system, the state carried across chunks -- the WY form of
+FLA's and transformers' chunked kernels; the convolution over each row at once); a score call runs it
+token by token (_steps, transformers' recurrent rule), writing a snapshot after each token. Neither
+has a Triton kernel yet (torch ops on every backend; not timed on a GPU). Token trees are refused
 (each node would need its own state along its branch). No tensor parallelism.
 """
 import torch
