@@ -40,7 +40,7 @@ def _layer(shape: dict):
     config = tf.Qwen3NextConfig(hidden_size=256, linear_num_key_heads=shape["nk"], linear_num_value_heads=shape["nv"],
                                 linear_key_head_dim=shape["dk"], linear_value_head_dim=shape["dv"], num_hidden_layers=1,
                                 layer_types=["linear_attention"])
-    net = _DeltaNet(Qwen3NextGatedDeltaNet(config, 0).eval())
+    net = _DeltaNet.of(Qwen3NextGatedDeltaNet(config, 0).eval())
     runner = PagedQwen3NextRunner.__new__(PagedQwen3NextRunner)  # only its two rules are timed: no model needed
     runner._prefilling = True
     return runner, net, lambda length: _States(net, 1, length, torch.float32, "cpu")

@@ -108,27 +108,41 @@ def gated_norm(x: torch.Tensor, z: torch.Tensor, norm) -> torch.Tensor:
 
 
 class _Attention:
-    """A gated attention layer's tensors (references to the model's)."""
+    """A gated attention layer's tensors: (weight, bias) of q (each head's [q | gate] rows), k, v, o; (weight,
+    eps) of the per-head q / k norms."""
 
-    def __init__(self, attn):
-        self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
-        self.q_norm, self.k_norm = (attn.q_norm.weight, attn.q_norm.eps), (attn.k_norm.weight, attn.k_norm.eps)
+    def __init__(self, q, k, v, o, q_norm, k_norm):
+        self.q, self.k, self.v, self.o, self.q_norm, self.k_norm = q, k, v, o, q_norm, k_norm
+
+    @classmethod
+    def of(cls, attn) -> "_Attention":
+        """The module's own tensors (references)."""
+        return cls(*linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj),
+                   (attn.q_norm.weight, attn.q_norm.eps), (attn.k_norm.weight, attn.k_norm.eps))
 
 
 class _DeltaNet:
-    """A Gated DeltaNet layer's tensors and sizes (references to the model's)."""
+    """A Gated DeltaNet layer's tensors and sizes: projections ((weight, bias) of Qwen3-Next's qkvz, ba --
+    grouped -- or Qwen3.5's qkv, z, b, a), the convolution [C, K] and its bias, A_log / dt_bias [Hv], the
+    gated norm (weight, eps), out (weight, bias); nk / nv key / value heads of dk / dv (this rank's under
+    tensor parallelism)."""
 
-    def __init__(self, mixer):
-        self.grouped = hasattr(mixer, "in_proj_qkvz")  # Qwen3-Next's; Qwen3.5's projections are apart
-        self.projections = linear_params(*((mixer.in_proj_qkvz, mixer.in_proj_ba) if self.grouped else
-                                           (mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a)))
-        (self.out,) = linear_params(mixer.out_proj)
-        self.conv = mixer.conv1d.weight[:, 0]  # [C, K]
-        self.conv_bias = mixer.conv1d.bias
-        self.a_log, self.dt_bias = mixer.A_log, mixer.dt_bias
-        self.norm = (mixer.norm.weight, mixer.norm.variance_epsilon)
-        self.nk, self.nv, self.dk, self.dv = mixer.num_k_heads, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim
-        self.channels, self.kernel = self.conv.shape
+    def __init__(self, projections, grouped: bool, conv, conv_bias, a_log, dt_bias, norm, out, nk, nv, dk, dv):
+        self.projections, self.grouped, self.out, self.norm = projections, grouped, out, norm
+        self.conv, self.conv_bias, self.a_log, self.dt_bias = conv, conv_bias, a_log, dt_bias
+        self.nk, self.nv, self.dk, self.dv = nk, nv, dk, dv
+        self.channels, self.kernel = conv.shape
+
+    @classmethod
+    def of(cls, mixer) -> "_DeltaNet":
+        """The module's own tensors (references; the convolution a view [C, K])."""
+        grouped = hasattr(mixer, "in_proj_qkvz")  # Qwen3-Next's; Qwen3.5's projections are apart
+        projections = linear_params(*((mixer.in_proj_qkvz, mixer.in_proj_ba) if grouped else
+                                      (mixer.in_proj_qkv, mixer.in_proj_z, mixer.in_proj_b, mixer.in_proj_a)))
+        (out,) = linear_params(mixer.out_proj)
+        return cls(projections, grouped, mixer.conv1d.weight[:, 0], mixer.conv1d.bias, mixer.A_log, mixer.dt_bias,
+                   (mixer.norm.weight, mixer.norm.variance_epsilon), out, mixer.num_k_heads, mixer.num_v_heads,
+                   mixer.head_k_dim, mixer.head_v_dim)
 
     def project(self, h: torch.Tensor):
         """h [T, H] -> [q | k | v] [T, C], z [T, nv, dv], b, a [T, nv]: Qwen3.5's four products, or Qwen3-Next's
@@ -153,7 +167,7 @@ class _Layer:
         self.kind = kind
         self.ln_in = (layer.input_layernorm.weight, layer.input_layernorm.eps)
         self.ln_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
-        self.mixer = _DeltaNet(layer.linear_attn) if kind == "linear_attention" else _Attention(layer.self_attn)
+        self.mixer = _DeltaNet.of(layer.linear_attn) if kind == "linear_attention" else _Attention.of(layer.self_attn)
         mlp = layer.mlp
         self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
         if self.moe is None:
@@ -193,6 +207,14 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
+
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A branch's output as every rank's partial summed: here the one (paged_qwen3_next_tp.py all-reduces)."""
+        return partial
 
     @property
     def kv_layer_count(self) -> int:
@@ -262,7 +284,8 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, R], once per call
         rows = self._row_layout(cu, total, n)
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        sum_ = self._sum_partials
+        x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = qwen_norm(x, layer.ln_in)
@@ -274,14 +297,14 @@ class PagedQwen3NextRunner(PagedRunnerBase):
                 v = linear(h, *a.v).view(total, kv_heads, dim)
                 q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
                 o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
-                x = x + linear(o.reshape(total, -1) * torch.sigmoid(gate.reshape(total, -1)), *a.o)
+                x = x + sum_(linear(o.reshape(total, -1) * torch.sigmoid(gate.reshape(total, -1)), *a.o))
             else:
-                x = x + self._delta_net(layer.mixer, self.states[self._linear_index[i]], h, rows)
+                x = x + sum_(self._delta_net(layer.mixer, self.states[self._linear_index[i]], h, rows))
             h = qwen_norm(x, layer.ln_post)
             if layer.moe is not None:
-                x = x + layer.moe(h, self._prefilling)
+                x = x + sum_(layer.moe(h, self._prefilling))
             else:
-                x = x + linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+                x = x + sum_(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = qwen_norm(x, self.final_norm)

@@ -35,7 +35,14 @@ TP_COHERE_TYPES = ("cohere", "cohere2")
 # Multi-head latent attention (runners/paged_mla_tp.py): heads split, the latent replicated; the MoE
 # experts by their width. (paged_mla.MLA_MODEL_TYPES: not imported here, below the runners.)
 TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
-TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES
+# Hybrid recurrent models (runners/paged_qwen3_next_tp.py): Gated DeltaNet layers by heads (each rank its
+# heads' states), gated attention layers by heads. (paged_qwen3_next.QWEN3_NEXT_TYPES.)
+TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES
+
+
+# model_types whose modeling module is another's (a multimodal family's text decoder)
+MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 
 
 class _Embedding:
@@ -46,8 +53,10 @@ class _Embedding:
 def rotary_of(config):
     """The model family's own rotary module for ``config`` (transformers' *RotaryEmbedding: its
     inv_freq and attention_scaling are what the model itself would use)."""
-    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-    classes = [getattr(module, name) for name in dir(module) if name.endswith("RotaryEmbedding")]
+    package = MODULE_OF.get(config.model_type, config.model_type)
+    module = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
+    classes = sorted((getattr(module, name) for name in dir(module) if name.endswith("RotaryEmbedding")),
+                     key=lambda klass: "Vision" in klass.__name__)  # a multimodal family: its text decoder's first
     if not classes:
         raise ValueError(f"transformers has no rotary embedding for model_type {config.model_type!r}")
     return classes[0](config=config)

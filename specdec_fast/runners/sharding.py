@@ -26,6 +26,13 @@ Multi-head latent attention (DeepSeek-V2 / V3, GLM-4.7-Flash: sharded_model.TP_M
     q_a_proj, kv_a_proj_with_mqa, their norms   replicated: every rank computes the same latent
                                         and caches it for its own heads (vLLM's MLA layout)
 
+Hybrid recurrent models (Qwen3-Next, Qwen3.5: sharded_model.TP_HYBRID_TYPES), by heads:
+    q_proj (each head's [q | gate] rows) this rank's heads; k_proj / v_proj as above; o_proj columns
+    Gated DeltaNet: in_proj_qkvz / in_proj_ba (Qwen3-Next: rows grouped by key head) this rank's key
+    heads' groups; in_proj_qkv and conv1d ([q | k | v] channels) this rank's rows of each part;
+    in_proj_z / _b / _a, A_log, dt_bias this rank's value heads; out_proj their columns; the gated
+    norm whole. Each rank keeps the recurrent states of its own heads.
+
 Mixture-of-experts families (runners/_moe.MOE_FAMILIES): every expert split as a
 dense MLP is, the router replicated (runners/sharding_moe.py); GPT-OSS's attention sinks follow
 the query heads.
@@ -77,6 +84,7 @@ class LlamaShardPlan:
     num_layers: int | None = None  # the decoder's layers; a checkpoint's layers past them are not read
     head_norms: bool = False  # q_norm / k_norm weigh each head apart ([H, D]: Command R+'s): split by heads
     mla: tuple | None = None  # latent attention: a head's (query rows dn + dr, kv_b rows dn + dv, o columns dv)
+    delta: tuple | None = None  # Gated DeltaNet layers: (key heads, value heads, key dim, value dim)
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -90,9 +98,13 @@ class LlamaShardPlan:
         if getattr(config, "kv_lora_rank", None):  # latent attention (DeepSeek-V2 / V3): its per-head widths
             nope, rope, value = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
             mla = (nope + rope, nope + value, value)
+        delta = None
+        if getattr(config, "linear_num_key_heads", None):  # Qwen3-Next / Qwen3.5's recurrent layers
+            delta = (config.linear_num_key_heads, config.linear_num_value_heads, config.linear_key_head_dim,
+                     config.linear_value_head_dim)
         plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
-                   bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla)
+                   bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta)
         plan.check()
         return plan
 
@@ -103,6 +115,10 @@ class LlamaShardPlan:
                            ("the shared MLP's width", self.shared_intermediate)):
             if size % n:
                 raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
+        if self.delta is not None:
+            for name, size in (("linear_num_key_heads", self.delta[0]), ("linear_num_value_heads", self.delta[1])):
+                if size % n:
+                    raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
         if self.kv_heads % n and n % self.kv_heads:
             raise ValueError(f"tensor parallelism over {n} ranks: num_key_value_heads {self.kv_heads} neither divides "
                              f"nor is divisible by {n} (each rank's query heads must read whole KV heads)")
@@ -152,6 +168,11 @@ class LlamaShardPlan:
             return part
         if self.mla is not None and ".self_attn." in name:
             return self._mla_slice_of(name)
+        if self.delta is not None and ".linear_attn." in name:
+            return self._delta_slice_of(name)
+        if self.delta is not None and name.endswith(".self_attn.q_proj.weight"):  # each head's [q | gate] rows
+            rows = 2 * self.head_dim
+            return Slice(0, self.rank * self.local_heads * rows, (self.rank + 1) * self.local_heads * rows)
         d, i = self.head_dim, self.intermediate // self.world
         q = Slice(0, self.rank * self.local_heads * d, (self.rank + 1) * self.local_heads * d)
         kv = Slice(0, self.kv_start * d, (self.kv_start + self.local_kv_heads) * d)
@@ -191,6 +212,27 @@ class LlamaShardPlan:
         if name.endswith(".self_attn.o_proj.weight"):
             return Slice(1, first * value, last * value)
         return None  # q_a_proj, q_a_layernorm, kv_a_proj_with_mqa, kv_a_layernorm, o_proj's bias (rank 0 adds it)
+
+
+    def _delta_slice_of(self, name: str) -> Slice | tuple | None:
+        """A Gated DeltaNet tensor's slice: this rank's key heads of [q | k | v] (and of Qwen3-Next's groups),
+        its value heads of v / z / b / a and out_proj's columns; the gated norm whole."""
+        nk, nv, dk, dv = self.delta
+        lk, lv = nk // self.world, nv // self.world
+        key, value = (self.rank * lk, (self.rank + 1) * lk), (self.rank * lv, (self.rank + 1) * lv)
+        if name.endswith("in_proj_qkvz.weight") or name.endswith("in_proj_ba.weight"):
+            per_key = 2 * dk + 2 * (nv // nk) * dv if "qkvz" in name else 2 * (nv // nk)  # rows per key head's group
+            return Slice(0, key[0] * per_key, key[1] * per_key)
+        if name.endswith("in_proj_qkv.weight") or name.endswith("conv1d.weight"):  # [q | k | v] channels
+            return (Slice(0, key[0] * dk, key[1] * dk), Slice(0, nk * dk + key[0] * dk, nk * dk + key[1] * dk),
+                    Slice(0, 2 * nk * dk + value[0] * dv, 2 * nk * dk + value[1] * dv))
+        if name.endswith("in_proj_z.weight"):
+            return Slice(0, value[0] * dv, value[1] * dv)
+        if name.endswith(("in_proj_b.weight", "in_proj_a.weight", ".A_log", ".dt_bias")):
+            return Slice(0, *value)
+        if name.endswith("out_proj.weight"):
+            return Slice(1, value[0] * dv, value[1] * dv)
+        return None  # the gated norm (over a head's dv), a conv bias (none in these models)
 
 
 def _parts(part) -> tuple:

@@ -71,7 +71,7 @@ def _check(problems: list, condition: bool, message: str) -> None:
 
 
 def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
-    for kind in ("qwen2", "mixtral", "phi3"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
+    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
         workers.tiny(kind)[0].save_pretrained(tmp_path / kind)
     glm_with_mtp(tmp_path / "glm_mtp")  # a GLM-4.5 checkpoint with its MTP layer: each rank reads that layer's slices
     glm_with_mtp(tmp_path / "deepseek_mtp", kind="deepseek_v3")  # DeepSeek-V3's: latent attention, read as slices
@@ -89,7 +89,13 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
                           "self_attn.k_proj.weight": (12, 48), "self_attn.o_proj.weight": (48, 24),
                           "mlp.up_proj.weight": (48, 48), "mlp.down_proj.weight": (48, 48)},
                 "mixtral": {"mlp.experts.gate_up_proj": (8, 96, 48), "mlp.experts.down_proj": (8, 48, 48),
-                            "mlp.gate.weight": (8, 48)}}
+                            "mlp.gate.weight": (8, 48)},
+                # qwen3_next's Gated DeltaNet (2 key heads of 8, 4 value heads of 12): rank 1's key head's group of
+                # [q 8 | k 8 | v 24 | z 24] rows, [b 2 | a 2], its [q | k | v] channels of the convolution, 2 value heads
+                "qwen3_next": {"linear_attn.in_proj_qkvz.weight": (64, 48), "linear_attn.in_proj_ba.weight": (4, 48),
+                               "linear_attn.conv1d.weight": (40, 1, 4), "linear_attn.A_log": (2,),
+                               "linear_attn.dt_bias": (2,), "linear_attn.out_proj.weight": (48, 24),
+                               "linear_attn.norm.weight": (12,)}}
     for kind, shapes in expected.items():
         seen = two[f"{kind} shard shapes"]
         _check(problems, not any(".experts.0." in name or "block_sparse_moe" in name for name in seen),

@@ -17,6 +17,7 @@ from .harness import TP_TIMEOUT
 MAX_NEW = 10
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
 MLA_KINDS = ("deepseek_v3", "deepseek_v2")  # latent attention: heads split, the latent replicated (paged_mla_tp.py)
+HYBRID_KINDS = ("qwen3_next", "qwen3_5_text")  # recurrent layers by heads, each rank its heads' states
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -130,13 +131,17 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # grouped sigmoid routing, shared MLP and partial rotary embedding; EXAONE MoE's NoPE full layer; Solar Open)
     # Latent attention (DeepSeek-V3: a query rank, interleaved RoPE, YaRN; V2: complex RoPE, softmax routing): each
     # rank its heads' rows of q_b / kv_b and columns of o_proj, the latent computed whole on both
-    for kind in MOE_KINDS + MLA_KINDS:
+    # Qwen3-Next / Qwen3.5: Gated DeltaNet layers by key / value heads (each rank rolls back its heads' states), gated
+    # attention by heads; Qwen3-Next's MoE with a gated shared expert
+    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS:
         tgt, drf = tiny(kind)
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
-    for kind in ("qwen2", "mixtral", "phi3"):  # Phi-3: its fused rows read as this rank's rows of each part
+    # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
+    # convolution channels
+    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next"):
         sharded = ShardedCausalLM.from_pretrained(os.path.join(checkpoint, kind), group, timeout=TP_TIMEOUT)
         full, drf = tiny(kind)
         kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)

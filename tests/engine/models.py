@@ -87,6 +87,12 @@ def _config(kind: str, vocab: int, layers: int):
                                   layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                    "partial_rotary_factor": 0.5}, **llama_like)
+    if kind == "qwen3_5_text":  # Qwen3.5's dense text decoder: Qwen3-Next's layers, the DeltaNet's projections apart
+        return tf.Qwen3_5TextConfig(head_dim=12, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
+                                    linear_num_value_heads=4,
+                                    layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.5}, **llama_like)
     if kind == "exaone_moe":  # GLM-4.5's routing; a sliding layer (window 8: RoPE, passed), a full NoPE one; q/k norms
         return tf.ExaoneMoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,
