@@ -131,19 +131,22 @@ def test_a_model_with_linear_attention_is_refused_and_a_patch_falls_back(monkeyp
     """The hf runner refuses a model whose layers keep what a rejected draft fed them; a bound
     patch hands its calls to transformers' generate with a warning, as it does an unsupported option.
     Two rules say so for Qwen3-Next: transformers' stateful flag (runners/hf_support.py), and its
-    layer types (for the layers that keep state without the flag: conv, chunked attention)."""
+    layer types (for the layers that keep state without the flag: conv, chunked attention). By default
+    the call takes Qwen3-Next's paged runner instead, which rolls its recurrent states back
+    (runners/paged_qwen3_next.py): model.generate's tokens, no refusal."""
     model = _linear_attention_model()
     kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
     with pytest.raises(hf_runner.UnsupportedModelError, match="keeps a recurrent state"):
-        specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
+        specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, runner="hf", **kw)
     expected = model.generate(LOOPING, **kw)
-    with specdec_fast.patch_generate(model, prompt_lookup_num_tokens=3) as patched:
+    with specdec_fast.patch_generate(model, prompt_lookup_num_tokens=3, runner="hf") as patched:
         with pytest.warns(UserWarning, match="keeps a recurrent state"):
             out = patched.generate(LOOPING, **kw)
     assert torch.equal(out, expected)
+    assert torch.equal(specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw), expected)  # paged
     monkeypatch.setattr(hf_runner, "hf_unsupported_reason", lambda model: None)  # the layer-type rule alone
     with pytest.raises(hf_runner.UnsupportedModelError, match="only attention layers can skip"):
-        specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, **kw)
+        specdec_fast.generate(model, LOOPING, prompt_lookup_num_tokens=3, runner="hf", **kw)
 
 
 def test_control_without_the_refusal_the_tokens_differ(monkeypatch):
@@ -163,7 +166,7 @@ def test_control_without_the_refusal_the_tokens_differ(monkeypatch):
     monkeypatch.setattr(hf_runner, "_dynamic_cache_class", lambda: lambda: cache_class(config=model.config))
     kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
     prompts = (LOOPING, torch.tensor([[40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40]]))
-    assert any(not torch.equal(specdec_fast.generate(model, ids, prompt_lookup_num_tokens=3, **kw),
+    assert any(not torch.equal(specdec_fast.generate(model, ids, prompt_lookup_num_tokens=3, runner="hf", **kw),
                                model.generate(ids, **kw)) for ids in prompts)
 
 
