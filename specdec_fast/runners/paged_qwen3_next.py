@@ -29,9 +29,10 @@ thing for a state that starts at zero.
 
 A prefill runs the delta rule in chunks of PREFILL_CHUNK tokens (_prefill_chunks: within a chunk the
 updates solve as one unit lower-triangular system, the state carried across chunks -- the WY form of
-FLA's and transformers' chunked kernels; the convolution over each row at once); a score call runs it
-token by token (_steps, transformers' recurrent rule), writing a snapshot after each token. Neither
-has a Triton kernel yet (torch ops on every backend; not timed on a GPU). Token trees are refused
+FLA's and transformers' chunked kernels; the convolution over each row at once); a score call runs its
+n tokens at once from each row's state (_score_block: one n x n solve per head, every snapshot from one
+einsum; _steps, transformers' recurrent rule token by token, is its reference). Neither has a Triton
+kernel yet (torch ops on every backend; not timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees are refused
 (each node would need its own state along its branch). No tensor parallelism.
 """
 import torch
@@ -178,14 +179,15 @@ class _Layer:
 class _States:
     """One Gated DeltaNet layer's states for max_batch rows: committed conv [B, C, K - 1] (model dtype)
     and delta-rule [B, Hv, Dk, Dv] (float32), and a snapshot after each of max_tentative tentative
-    tokens ([B, max_tentative, ...])."""
+    tokens ([B, max_tentative + 1, ...]: the last slot takes a score call's padded positions' writes,
+    which then never land on a real token's)."""
 
     def __init__(self, net: _DeltaNet, max_batch: int, tentative: int, dtype, device):
         conv, rec = (net.channels, net.kernel - 1), (net.nv, net.dk, net.dv)
         self.conv = torch.zeros(max_batch, *conv, dtype=dtype, device=device)
         self.rec = torch.zeros(max_batch, *rec, dtype=torch.float32, device=device)
-        self.conv_tent = torch.zeros(max_batch, tentative, *conv, dtype=dtype, device=device)
-        self.rec_tent = torch.zeros(max_batch, tentative, *rec, dtype=torch.float32, device=device)
+        self.conv_tent = torch.zeros(max_batch, tentative + 1, *conv, dtype=dtype, device=device)
+        self.rec_tent = torch.zeros(max_batch, tentative + 1, *rec, dtype=torch.float32, device=device)
 
 
 class PagedQwen3NextRunner(PagedRunnerBase):
@@ -238,13 +240,13 @@ class PagedQwen3NextRunner(PagedRunnerBase):
 
     def kv_sizes(self, max_batch: int, max_tokens_per_row: int) -> tuple:
         """As PagedRunnerBase.kv_sizes, the recurrent states counted in the fixed part (they do not grow
-        with the pool's tokens): per Gated DeltaNet layer and row, 1 + max_tentative conv windows and
-        delta-rule matrices."""
+        with the pool's tokens): per Gated DeltaNet layer and row, 2 + max_tentative conv windows and
+        delta-rule matrices (the committed one, a snapshot a tentative token, the spare slot)."""
         per_token, fixed = super().kv_sizes(max_batch, max_tokens_per_row)
         element = torch.finfo(self.dtype).bits // 8
         per_row = sum((net.channels * (net.kernel - 1) * element + net.nv * net.dk * net.dv * 4)
                       for net in (layer.mixer for layer in self.layers if layer.kind != "full_attention"))
-        return per_token, fixed + max_batch * (1 + self.max_tentative) * per_row
+        return per_token, fixed + max_batch * (2 + self.max_tentative) * per_row
 
     @property
     def kv_bytes(self) -> int:
@@ -323,7 +325,8 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         real = step[None, :] >= pad
         index = torch.where(real, cu[:-1, None].long() + step[None, :] - pad, total)
         before = self.length[:batch] - self.seq_lens  # tentative tokens already there ([B]; 0 in a prefill)
-        slot = (before[:, None] + step[None, :] - pad).clamp(0, max(self._tentative_capacity - 1, 0))
+        slot = torch.where(real, (before[:, None] + step[None, :] - pad).clamp(0, max(self._tentative_capacity - 1, 0)),
+                           self._tentative_capacity)  # padding: the spare slot
         return index, real, slot, before.long() - 1
 
     def _delta_net(self, net: _DeltaNet, st: _States, h: torch.Tensor, rows: tuple) -> torch.Tensor:
@@ -341,7 +344,7 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         if self._prefilling:
             core = self._prefill_chunks(net, st, by_row, beta, g)
         else:
-            core = self._steps(net, st, by_row, beta, g, real, slot, start)
+            core = self._score_block(net, st, by_row, beta, g, real, slot, start)
         packed = torch.zeros(total + 1, net.nv, net.dv, dtype=h.dtype, device=h.device)
         packed.index_copy_(0, index.reshape(-1), core.to(h.dtype).reshape(batch * n, net.nv, net.dv))
         core = gated_norm(packed[:total], z, net.norm).reshape(total, -1)
@@ -386,6 +389,48 @@ class PagedQwen3NextRunner(PagedRunnerBase):
             st.conv_tent[ids, slot[:, t]] = torch.where(on[:, None, None], conv, st.conv_tent[ids, slot[:, t]])
             st.rec_tent[ids, slot[:, t]] = torch.where(on[:, None, None, None], rec, st.rec_tent[ids, slot[:, t]])
         return torch.stack(outs, dim=1)
+
+    def _score_block(self, net, st, by_row, beta, g, real, slot, start) -> torch.Tensor:
+        """A score call's n tokens at once (the same recurrence as _steps, its reference): ~20 batched ops
+        whatever n, where the steps take ~15 a token. Each row's convolution windows gathered from its
+        state and tokens; within the call the delta rule solves as one unit lower-triangular n x n system
+        per head (as a prefill chunk does, from the row's state); every snapshot S_t = e^(G_t) S_0 +
+        sum_(j <= t) e^(G_t - G_j) k_j d_j^T written in one scatter (padded positions to the spare slot)
+        -> outputs [B, n, Hv, Dv] float32."""
+        batch, n = real.shape
+        kernel = net.kernel
+        ids = torch.arange(batch, device=by_row.device)
+        first, fresh = start.clamp(min=0), start < 0
+        conv = torch.where(fresh[:, None, None], st.conv[:batch], st.conv_tent[ids, first])  # [B, C, K - 1]
+        rec = torch.where(fresh[:, None, None, None], st.rec[:batch], st.rec_tent[ids, first])  # [B, Hv, Dk, Dv]
+        # column c of the call (c >= pad: a token) reads history [state | columns]: a token's own column, or
+        # the state's entry (K - 1) - (pad - c) for the columns before the row's first token
+        pad = (n - real.sum(1))[:, None, None]  # [B, 1, 1]
+        cols = torch.arange(n, device=by_row.device)[None, :, None] + torch.arange(1 - kernel, 1, device=by_row.device)
+        history = torch.where(cols >= pad, kernel - 1 + cols, kernel - 1 - (pad - cols)).clamp(min=0)  # [B, n, K]
+        inputs = torch.cat((conv, by_row.transpose(1, 2)), dim=-1)  # [B, C, K - 1 + n]
+        windows = inputs.gather(2, history.reshape(batch, 1, -1).expand(-1, net.channels, -1))
+        windows = windows.view(batch, net.channels, n, kernel)  # each token's K inputs, the last its own
+        y = (windows.float() * net.conv.float()[:, None, :]).sum(-1).to(net.conv.dtype)
+        y = y + (0 if net.conv_bias is None else net.conv_bias[:, None])
+        q, k, v = self._heads(net, F.silu(y).to(by_row.dtype).transpose(1, 2))  # [B, n, Hv, D]
+        on = real[:, None, :, None].float()  # padding: no key, no value, no decay, no update
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, Hv, n, D]
+        k, v = k * on, v * on
+        beta, g = (t.float().transpose(1, 2) * real[:, None, :] for t in (beta, g))  # [B, Hv, n]
+        decay = g.cumsum(-1)
+        lower = torch.ones(n, n, dtype=torch.bool, device=by_row.device).tril()
+        gap = torch.where(lower, decay[..., :, None] - decay[..., None, :], float("-inf")).exp()  # j <= t
+        strict = (beta[..., None] * gap * (k @ k.transpose(-1, -2))).tril(-1)
+        lead = decay.exp()[..., None]  # [B, Hv, n, 1]
+        rhs = beta[..., None] * (v - lead * (k @ rec))
+        eye = torch.eye(n, device=by_row.device)
+        d = torch.linalg.solve_triangular(strict + eye, rhs, upper=False, unitriangular=True)  # [B, Hv, n, Dv]
+        out = lead * (q @ rec) + (gap * (q @ k.transpose(-1, -2))) @ d
+        snaps = lead[..., None] * rec[:, :, None] + torch.einsum("bhtj,bhjk,bhjv->bhtkv", gap, k, d)
+        st.rec_tent[ids[:, None], slot] = snaps.transpose(1, 2)  # [B, n, Hv, Dk, Dv]
+        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+        return out.transpose(1, 2)
 
     def _prefill_chunks(self, net, st, by_row, beta, g) -> torch.Tensor:
         """A prefill from zero states: the convolution over each row at once, the delta rule in chunks of

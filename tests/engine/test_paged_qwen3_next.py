@@ -60,7 +60,7 @@ def tiny_qwen3_next(seed: int = 0, kind: str = "qwen3_next"):
 
 def test_registry_and_the_pool():
     """The paged runner is picked; the pool holds the 2 attention layers only, the recurrent layers a
-    committed state and K + 1 snapshots each."""
+    committed state and K + 1 snapshots each (and a spare slot for padded positions' writes)."""
     model = tiny_qwen3_next()
     assert paged_runner_class(model) is PagedQwen3NextRunner and qwen3_next_unsupported_reason(model) is None
     runner = PagedQwen3NextRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -69,9 +69,9 @@ def test_registry_and_the_pool():
     st = runner.states[0]
     # conv: [q | k | v] = 2 x 2 x 8 + 4 x 12 = 80 channels, kernel 4; the delta rule: 4 value heads of 8 x 12
     assert tuple(st.conv.shape) == (2, 80, 3) and tuple(st.rec.shape) == (2, 4, 8, 12)
-    assert tuple(st.rec_tent.shape) == (2, 4, 4, 8, 12) and st.rec.dtype == torch.float32
+    assert tuple(st.rec_tent.shape) == (2, 5, 4, 8, 12) and st.rec.dtype == torch.float32  # K + 1 snapshots, a spare
     # the engine sizes pools by kv_sizes: the states are its fixed part, and kv_bytes counts them
-    states = 2 * 2 * (1 + 4) * (80 * 3 * 4 + 4 * 8 * 12 * 4)  # layers x rows x (committed + 4 snapshots) x bytes
+    states = 2 * 2 * (2 + 4) * (80 * 3 * 4 + 4 * 8 * 12 * 4)  # layers x rows x (committed, 4 snapshots, spare) x bytes
     assert runner.kv_sizes(2, 20) == (2 * 2 * 2 * 16 * 4, states)  # 2 attention layers' K and V a token; states
     assert runner.kv_bytes == runner.cache.kv.numel() * 4 + states
 
@@ -224,3 +224,29 @@ def test_long_prompts_prefill_in_chunks(chunk, monkeypatch):
         expected = hf_logits(model, context + [new])
         torch.testing.assert_close(logits[b], expected[-2], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(step[b, 0], expected[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_score_block_equals_the_token_steps(seed):
+    """_score_block (a score call's tokens at once: the runner's) against _steps (transformers' recurrent rule,
+    token by token: its reference) from the same committed and snapshot states, rows with 0-3 padded
+    positions and a second call chained on the first's snapshots: the same outputs, snapshots and conv
+    windows, to float32 rounding."""
+    model = tiny_qwen3_next(seed=seed)
+    outs = {}
+    for way in ("_score_block", "_steps"):
+        runner = PagedQwen3NextRunner(model, max_new_tokens=8, num_draft_tokens=4, block_size=4)
+        if way == "_steps":
+            runner._score_block = runner._steps
+        ids, mask = left_padded_prompts([5, 9, 2], vocab=VOCAB, seed=seed)
+        runner.prefill(ids, mask)
+        gen = torch.Generator().manual_seed(seed)
+        first = runner.score(torch.randint(3, VOCAB, (3, 3), generator=gen), torch.tensor([3, 1, 2]))
+        second = runner.score(torch.randint(3, VOCAB, (3, 2), generator=gen), torch.tensor([2, 2, 1]))
+        outs[way] = (first, second, [(s.rec_tent.clone(), s.conv_tent.clone()) for s in runner.states])
+    block, steps = outs["_score_block"], outs["_steps"]
+    for got, want in zip(block[:2], steps[:2]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for (rec, conv), (rec_ref, conv_ref) in zip(block[2], steps[2]):  # the spare slot (last) holds padding's writes
+        torch.testing.assert_close(rec[:, :-1], rec_ref[:, :-1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(conv[:, :-1], conv_ref[:, :-1], atol=1e-5, rtol=1e-5)  # later layers: inputs differ by rounding

@@ -1,0 +1,26 @@
+"""bench/bench_delta_rule.py --smoke: the CPU measurement's code at tiny widths, so that it runs: both
+rules give the same outputs (5 tokens: one chunk; 70: two, the last padded)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_delta_rule  # noqa: E402
+
+
+def test_smoke_rows(tmp_path):
+    out = tmp_path / "delta_smoke.json"
+    assert bench_delta_rule.main(["--smoke", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    smoke = bench_delta_rule.SMOKE
+    assert [(row["call"], row["B"]) for row in rows] == [("prefill", 1)] * len(smoke["lengths"]) + [
+        ("score", b) for b in smoke["batches"]]
+    for row in rows:
+        assert row["max_abs_diff"] < 1e-5 and row["steps_ms"] > 0
+
+
+def test_smoke_needs_an_out_path():
+    with pytest.raises(SystemExit, match="--smoke needs --out"):
+        bench_delta_rule.main(["--smoke"])
