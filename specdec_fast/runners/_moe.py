@@ -18,6 +18,8 @@ modeling_gpt_oss.py):
              up = clamp(up, -limit, limit), y = down_e((up + 1) * gate * sigmoid(alpha * gate)) + b
     routing, DeepSeek-V2: s = softmax(h @ router^T) in float32; the top k (group-limited: among the
              top_groups groups by their best s); w = s of those times routed_scaling_factor
+    routing, MiniMax-M2: s = sigmoid(h @ router^T) (the product in the model dtype); the top k of s +
+             correction bias; w = s of those over their sum (float32)
     routing, GLM-4.5 (DeepSeek-V3's): s = sigmoid(h @ router^T) in float32; the k experts of the
              best s + correction bias among the top_groups best groups; w = s of those,
              renormalised where norm_topk_prob, times routed_scaling_factor (float32)
@@ -64,6 +66,9 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "qwen3_next": ("softmax_topk", "norm_topk_prob", True, "swiglu"),  # Qwen2-MoE's gated shared expert
                 "qwen3_5_moe_text": ("softmax_topk", True, True, "swiglu"),  # Qwen3.5's: always renormalised
+                # MiniMax-M2: sigmoid scores of the model-dtype logits, the top k by score + correction bias (the
+                # block's), the scores renormalised; no groups, no scaling factor
+                "minimax_m2": ("sigmoid_topk", True, False, "swiglu"),
                 # the MLA families (runners/paged_mla.py): DeepSeek-V3 routes as GLM-4.5 does (its source);
                 # DeepSeek-V2 by softmax, greedy or group-limited (topk_method), never renormalised
                 "deepseek_v2": ("softmax_groups", False, False, "swiglu"),
@@ -83,6 +88,13 @@ def _router(mlp):
     """The block's router module (`gate`; GPT-OSS: `router`)."""
     router = getattr(mlp, "gate", None)
     return router if router is not None else getattr(mlp, "router", None)
+
+
+def _correction(mlp):
+    """A sigmoid router's correction bias [E]: on the router (GLM-4.5's and DeepSeek-V3's gate), or on the
+    block (MiniMax-M2's mlp.e_score_correction_bias); None where there is none."""
+    bias = getattr(_router(mlp), "e_score_correction_bias", None)
+    return bias if bias is not None else getattr(mlp, "e_score_correction_bias", None)
 
 
 def moe_reason(mlp, config) -> str | None:
@@ -105,7 +117,7 @@ def moe_reason(mlp, config) -> str | None:
     if getattr(mlp, "shared_expert", None) is not None and not isinstance(getattr(mlp, "shared_expert_gate", None),
                                                                          torch.nn.Linear):
         return "a shared expert without a shared_expert_gate"
-    if family[0] == "sigmoid_groups" and not isinstance(getattr(router, "e_score_correction_bias", None), torch.Tensor):
+    if family[0].startswith("sigmoid") and not isinstance(_correction(mlp), torch.Tensor):
         return "a sigmoid router without its e_score_correction_bias"
     if family[0] == "softmax_groups" and getattr(config, "topk_method", None) not in SOFTMAX_GROUP_METHODS:
         return f"topk_method {getattr(config, 'topk_method', None)!r} is not one of {SOFTMAX_GROUP_METHODS}"
@@ -121,7 +133,7 @@ def module_params(mlp) -> dict:
     name = "gate" if getattr(mlp, "gate", None) is not None else "router"
     router = _router(mlp)
     params = {f"{name}.weight": router.weight, f"{name}.bias": getattr(router, "bias", None),
-              f"{name}.e_score_correction_bias": getattr(router, "e_score_correction_bias", None)}
+              f"{name}.e_score_correction_bias": _correction(mlp)}
     for tensor in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
         params[f"experts.{tensor}"] = getattr(mlp.experts, tensor, None)
     for prefix in SHARED:
@@ -148,8 +160,9 @@ class MoE:
         router = "gate" if "gate.weight" in params else "router"
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
         self.top_k = int(config.num_experts_per_tok)
-        if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
+        if self.routing_kind.startswith("sigmoid"):
             self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E]
+        if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
             self.groups, self.top_groups = int(config.n_group), int(config.topk_group)
             self.routed_scale = float(config.routed_scaling_factor)
         if self.routing_kind == "softmax_groups":  # DeepSeek-V2: float32 throughout
@@ -182,6 +195,8 @@ class MoE:
             return self._sigmoid_groups(h)
         if self.routing_kind == "softmax_groups":
             return self._softmax_groups(h)
+        if self.routing_kind == "sigmoid_topk":
+            return self._sigmoid_topk(h)
         logits = F.linear(h, self.router, self.router_bias)
         if self.routing_kind == "topk_softmax":
             top, chosen = torch.topk(logits, self.top_k, dim=-1)
@@ -207,6 +222,15 @@ class MoE:
         if self.renorm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * self.routed_scale, chosen
+
+    def _sigmoid_topk(self, h: torch.Tensor):
+        """MiniMax-M2's router (transformers' MiniMaxM2TopKRouter, op for op): sigmoid of the logits (the model
+        dtype's product, then float32); the top k by score + correction bias; the weights are the chosen
+        scores over their sum (float32)."""
+        scores = F.linear(h, self.router).float().sigmoid()  # [T, E]
+        chosen = torch.topk(scores + self.correction, self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, chosen)
+        return weights / weights.sum(dim=-1, keepdim=True), chosen
 
     def _softmax_groups(self, h: torch.Tensor):
         """DeepSeek-V2's router (transformers' DeepseekV2TopkRouter, op for op): softmax scores of

@@ -57,7 +57,10 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
                      # OLMoE: Llama's layer with q/k RMSNorms over the whole projection (_whole_projection_math), an
                      # optional clamp of q / k / v (clip_qkv), Qwen3-MoE's routing
-                     "olmoe")
+                     "olmoe",
+                     # MiniMax-M2: those whole-projection q/k norms, a partial rotary embedding, sigmoid top-k routing
+                     # with the block's correction bias (runners/_moe.py)
+                     "minimax_m2")
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
 NOPE_UNLESS_SLIDING = ("exaone_moe",)

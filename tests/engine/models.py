@@ -93,6 +93,11 @@ def _config(kind: str, vocab: int, layers: int):
                                     layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                      "partial_rotary_factor": 0.5}, **llama_like)
+    if kind == "minimax_m2":  # q/k norms over the whole projection, half of each head rotated; 8 experts of 24, top 2,
+        # sigmoid scores with the block's correction bias (zero here: the tests that need it randomise it)
+        return tf.MiniMaxM2Config(num_local_experts=8, num_experts_per_tok=2, head_dim=12, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            **dict(llama_like, intermediate_size=24))
     if kind == "exaone_moe":  # GLM-4.5's routing; a sliding layer (window 8: RoPE, passed), a full NoPE one; q/k norms
         return tf.ExaoneMoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,

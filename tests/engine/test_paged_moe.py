@@ -5,7 +5,8 @@ renormalisation), Qwen3-MoE (renormalised, a dense MLP layer among the MoE ones)
 biases, a sliding layer of 6) and GLM-4.5 (a dense first layer, grouped sigmoid routing with its
 correction bias and scaling factor, an ungated shared MLP, q/k/v biases, half of each head
 rotated), EXAONE MoE (that routing, q/k norms, a sliding RoPE layer and a full NoPE one) and Solar
-Open (that routing, Llama's attention). The block
+Open (that routing, Llama's attention), OLMoE and MiniMax-M2 (q/k norms over the whole projection, half of
+each head rotated, sigmoid top-k routing with the block's correction bias). The block
 equals transformers' own on both expert paths (gathered, every expert); the runner's logits equal
 the model's forward on every backend; greedy generate(runner="paged") equals model.generate with a
 draft, prompt lookup and plain decoding (batch 1 decodes through the gathered path, batch 3 through
@@ -27,7 +28,7 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 
 VOCAB = 96
-KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe")
+KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2")
 # which of the 2 layers are MoE (else both)
 MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True]}
 
@@ -60,6 +61,10 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
     elif kind == "solar_open":  # GLM-4.5's routing in every layer, Llama's attention
         config = tf.SolarOpenConfig(n_routed_experts=16, moe_intermediate_size=32, n_group=4, topk_group=2,
                                     routed_scaling_factor=1.5, n_shared_experts=1, head_dim=16, **common)
+    elif kind == "minimax_m2":  # whole-projection q/k norms, half of each head rotated, sigmoid top-k routing
+        config = tf.MiniMaxM2Config(num_local_experts=16, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            **dict(common, intermediate_size=32))
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
@@ -73,8 +78,9 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         for name, param in model.named_parameters():
             if name.endswith("bias") or name.endswith("sinks"):
                 param.normal_(0, 0.5 if kind == "gpt_oss" else 0.3)
-        for layer in model.model.layers:  # GLM-4.5's router bias (a buffer): it changes which experts win
+        for layer in model.model.layers:  # GLM-4.5's router bias (a buffer; MiniMax-M2's on the block): it changes which experts win
             bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
+            bias = bias if bias is not None else getattr(layer.mlp, "e_score_correction_bias", None)
             if bias is not None:
                 bias.normal_(0, 0.5)
     model.generation_config.eos_token_id = None
@@ -192,7 +198,8 @@ def test_static_graph_twin_gives_the_eager_tokens(kind, backend, device):
 
 def test_controls_routing_and_the_shared_expert():
     """Mixtral's renormalisation, Qwen2-MoE's shared expert, GPT-OSS's routing order and clamps,
-    GLM-4.5's group limit, correction bias, scaling factor and shared MLP are each needed."""
+    GLM-4.5's group limit, correction bias, scaling factor and shared MLP, MiniMax-M2's correction bias
+    and renormalised sigmoid scores are each needed."""
     for kind, spoil in (("mixtral", lambda moe: setattr(moe, "renorm", False)),
                         ("qwen2_moe", lambda moe: setattr(moe, "shared", None)),
                         ("qwen2_moe", lambda moe: setattr(moe, "renorm", True)),
@@ -202,7 +209,12 @@ def test_controls_routing_and_the_shared_expert():
                         ("glm4_moe", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
                         ("glm4_moe", lambda moe: setattr(moe, "routed_scale", 1.0)),
                         ("glm4_moe", lambda moe: setattr(moe, "shared", None)),
-                        ("exaone_moe", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction)))):
+                        ("exaone_moe", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
+                        # MiniMax-M2: the block's correction bias, the renormalisation of the sigmoid scores
+                        ("minimax_m2", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
+                        ("minimax_m2", lambda moe: setattr(moe, "routing_kind", "sigmoid_groups") or
+                         setattr(moe, "groups", 1) or setattr(moe, "top_groups", 1) or setattr(moe, "renorm", False)
+                         or setattr(moe, "routed_scale", 1.0))):
         model = tiny_moe(kind)
         runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
         for layer in runner.layers:
