@@ -264,13 +264,15 @@ class _Layer:
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 
 
-def _whole_projection_math(layer, q, k, v, fused: bool):
-    """OLMoE's RMSNorms over the whole q / k projections [T, Hq * D] / [T, Hkv * D] and its clamp of
-    q, k and v to [-clip_qkv, clip_qkv], as transformers' OlmoeAttention orders them (before the
-    heads are split and rotated); q, k, v unchanged for the other families."""
+def _whole_projection_math(layer, q, k, v, fused: bool, norm=None):
+    """OLMoE's and MiniMax-M2's RMSNorms over the whole q / k projections [T, Hq * D] / [T, Hkv * D] and
+    OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv], as transformers' attention orders them (before
+    the heads are split and rotated); q, k, v unchanged for the other families. norm(x, weight, eps):
+    the RMSNorm (default rms_norm; a tensor-parallel rank's over every rank's slice of the projection)."""
     if layer.qk_norm_full is not None:
         q_weight, q_eps, k_weight, k_eps = layer.qk_norm_full
-        q, k = rms_norm(q.contiguous(), q_weight, q_eps, fused), rms_norm(k.contiguous(), k_weight, k_eps, fused)
+        norm = norm or (lambda x, weight, eps: rms_norm(x, weight, eps, fused))
+        q, k = norm(q.contiguous(), q_weight, q_eps), norm(k.contiguous(), k_weight, k_eps)
     if layer.clip_qkv is not None:
         c = layer.clip_qkv
         q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
@@ -404,6 +406,8 @@ class PagedLlamaRunner(PagedRunnerBase):
         """A row-parallel projection's output: the sum of every rank's partial (here the one)."""
         return partial
 
+    _projection_norm = None  # the whole-projection q/k norm (None: rms_norm; tensor parallelism: over every rank's slice)
+
     def _branch(self, delta: torch.Tensor) -> torch.Tensor:
         """A residual branch's output as added to the stream: times Granite's residual_multiplier."""
         return delta if self.residual_multiplier == 1.0 else delta * self.residual_multiplier
@@ -429,7 +433,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         owns = carried and self._carries_residual
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
-            q, k, v = _whole_projection_math(layer, *lins(h, *layer.qkv), fused)
+            q, k, v = _whole_projection_math(layer, *lins(h, *layer.qkv), fused, self._projection_norm)
             q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
             if layer.qk_norm is not None:
                 q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
@@ -512,7 +516,7 @@ class PagedLlamaRunner(PagedRunnerBase):
                 q, k, v = _split_qkv(layer, F.linear(h, layer.w_qkv, layer.b_qkv))
             else:
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
-            q, k, v = _whole_projection_math(layer, q, k, v, False)
+            q, k, v = _whole_projection_math(layer, q, k, v, False, self._projection_norm)
             o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n,
                                            q_scales=q_scales)
             x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)

@@ -45,6 +45,7 @@ from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
 from .paged_llama import GRANITE_SCALARS, PagedLlamaRunner, llama_config_reason, rotates
 from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
+from .sharding import WHOLE_PROJECTION_NORMS
 from .sharding_moe import moe_layer_params
 
 
@@ -105,8 +106,12 @@ class _TPLayer:
         self.q, self.k, self.v = (q, bq), (k, bk), (v, bv)
         self.o = (get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias") if first_rank else None)
         q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")
-        self.qk_norm = None if q_norm is None else (q_norm, eps, k_norm, eps)
-        self.qk_norm_full = self.clip_qkv = None  # OLMoE's (paged_llama._whole_projection_math): not sharded
+        norms = None if q_norm is None else (q_norm, eps, k_norm, eps)
+        # per head ([D]: Qwen3's), or this rank's slice of a whole-projection norm (OLMoE's, MiniMax-M2's: the
+        # runner's _projection_norm takes the statistics over every rank's slice)
+        whole = q_norm is not None and config.model_type in WHOLE_PROJECTION_NORMS
+        self.qk_norm, self.qk_norm_full = (None, norms) if whole else (norms, None)
+        self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped after the norms
         self.qkv = ([q, k, v], [bq, bk, bv])
         self.q_cols, self.kv_cols = q.shape[0], k.shape[0]
         if self.moe is None:
@@ -224,6 +229,16 @@ class TensorParallelRunner:
         """A row-parallel product: every rank's partial summed by one all-reduce (rank 0's partial
         alone carries the residual and the bias: _carries_residual)."""
         return self.tp.all_reduce_(partial)
+
+    def _projection_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """An RMSNorm over a whole q / k projection (OLMoE's, MiniMax-M2's) of which x [T, w] is this rank's
+        slice and weight [w] its weights: the mean square over every rank's slice (one all-reduce of [T, 1]
+        float32 sums; KV heads replicated over ranks count as often as each other, so the mean stands),
+        then rms_norm_reference's op order."""
+        h = x.float()
+        total = self.tp.all_reduce_(h.pow(2).sum(-1, keepdim=True))
+        h = h * torch.rsqrt(total / (self.plan.world * x.shape[-1]) + eps)
+        return weight * h.to(x.dtype)
 
 
 class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):

@@ -25,10 +25,14 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 # SmolLM3 its NoPE layers (paged_llama.rotates); the MoE families split every expert by its width
 # (runners/sharding_moe.py), GPT-OSS its sinks by heads; Phi-3's fused projections are read as this
 # rank's rows of each part (sharding.slice_of's tuples); Granite's residual multiplier scales the
-# summed branch on every rank. The rest of LLAMA_MODEL_TYPES (OLMoE's q/k norms over a projection that
-# ranks would split, the types named otherwise) have no tensor-parallel runner.
+# summed branch on every rank; OLMoE's and MiniMax-M2's q/k norms over the whole projection take their
+# statistics over every rank's slice. The rest of LLAMA_MODEL_TYPES (the types named otherwise: EXAONE
+# 3.x, InternLM3, IQuest-Coder) have no tensor-parallel runner.
 TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "ministral3", "smollm3", "phi3", "granite",
-                  "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+                  "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
+                  # q/k norms over the whole projection: its statistics over every rank's slice (one more
+                  # all-reduce of [T, 1] each)
+                  "olmoe", "minimax_m2")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

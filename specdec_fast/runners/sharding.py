@@ -11,6 +11,7 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     embed_tokens, lm_head               vocab-parallel: rows [r V/N, (r+1) V/N) (tied: one tensor)
     norms (input, post-attention, final, Qwen3's q_norm / k_norm)   replicated
     Command R+'s per-head q_norm / k_norm ([H, D])   the rows of this rank's heads
+    OLMoE's / MiniMax-M2's whole-projection q_norm / k_norm ([H D])   this rank's heads' part, as q / k
     Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
                                         the local q | k | v and gate | up, fused as on one process
 Cohere / Cohere 2 (sharded_model.TP_COHERE_TYPES) take the same layout (runners/paged_cohere_tp.py).
@@ -52,6 +53,9 @@ from .checkpoint_mxfp4 import SUFFIXES as MXFP4_SUFFIXES
 from .checkpoint_mxfp4 import read_mxfp4
 from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 
+# Families whose q_norm / k_norm weigh the whole projection ([Hq D], [Hkv D]): split as q / k rows are, the
+# statistics taken over every rank's slice (paged_llama_tp.TensorParallelRunner._projection_norm)
+WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2")
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
@@ -85,6 +89,7 @@ class LlamaShardPlan:
     head_norms: bool = False  # q_norm / k_norm weigh each head apart ([H, D]: Command R+'s): split by heads
     mla: tuple | None = None  # latent attention: a head's (query rows dn + dr, kv_b rows dn + dv, o columns dv)
     delta: tuple | None = None  # Gated DeltaNet layers: (key heads, value heads, key dim, value dim)
+    projection_norms: bool = False  # q_norm / k_norm over the whole projection (WHOLE_PROJECTION_NORMS): as its rows
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -104,7 +109,8 @@ class LlamaShardPlan:
                      config.linear_value_head_dim)
         plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
-                   bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta)
+                   bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
+                   config.model_type in WHOLE_PROJECTION_NORMS)
         plan.check()
         return plan
 
@@ -191,6 +197,10 @@ class LlamaShardPlan:
                 return part
         if name.endswith("self_attn.o_proj.weight"):
             return Slice(1, q.start, q.stop)
+        if self.projection_norms and name.endswith("self_attn.q_norm.weight"):
+            return q
+        if self.projection_norms and name.endswith("self_attn.k_norm.weight"):
+            return kv
         if name.endswith("self_attn.sinks") or (self.head_norms and name.endswith("self_attn.q_norm.weight")):
             return Slice(0, self.rank * self.local_heads, (self.rank + 1) * self.local_heads)  # per query head
         if self.head_norms and name.endswith("self_attn.k_norm.weight"):

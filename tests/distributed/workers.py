@@ -18,6 +18,8 @@ MAX_NEW = 10
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
 MLA_KINDS = ("deepseek_v3", "deepseek_v2")  # latent attention: heads split, the latent replicated (paged_mla_tp.py)
 HYBRID_KINDS = ("qwen3_next", "qwen3_5_text")  # recurrent layers by heads, each rank its heads' states
+# q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
+PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -133,10 +135,11 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # rank its heads' rows of q_b / kv_b and columns of o_proj, the latent computed whole on both
     # Qwen3-Next / Qwen3.5: Gated DeltaNet layers by key / value heads (each rank rolls back its heads' states), gated
     # attention by heads; Qwen3-Next's MoE with a gated shared expert
-    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS:
+    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS:
         tgt, drf = tiny(kind)
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
+    out["local norm statistics"] = _local_norm_statistics(specdec_fast, pids, pmask, group)
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
@@ -159,6 +162,21 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
                                           return_stats=True)
     out["chi-square"] = (tokens[:, rows.shape[1]:].tolist(), stats.alpha)
     return out
+
+
+def _local_norm_statistics(specdec_fast, ids, mask, group) -> tuple:
+    """The control of the whole-projection norms: each rank's statistics over its own slice only (not
+    all-reduced) -> (single-process tokens, such tensor-parallel tokens) of MiniMax-M2, greedy: they differ."""
+    from specdec_fast.kernels.llama_ops.reference import rms_norm_reference
+    from specdec_fast.runners.paged_llama_tp import TensorParallelRunner
+
+    tgt, drf = tiny("minimax_m2")
+    real = TensorParallelRunner._projection_norm
+    TensorParallelRunner._projection_norm = lambda self, x, weight, eps: rms_norm_reference(x, weight, eps)
+    try:
+        return _cases(specdec_fast, tgt, drf, ids, mask, {"greedy": dict(do_sample=False)}, group)["greedy"]
+    finally:
+        TensorParallelRunner._projection_norm = real
 
 
 def _rigged_choose(self, remaining=None):
