@@ -110,7 +110,7 @@ class LlamaShardPlan:
         plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
-                   config.model_type in WHOLE_PROJECTION_NORMS)
+                   getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS)
         plan.check()
         return plan
 

@@ -478,8 +478,8 @@ def test_rotates_reads_smollm3s_nope_layers_as_its_modules_do():
 
 
 def test_a_family_without_a_tensor_parallel_runner_is_refused_by_name():
-    """OLMoE's q/k norms span the whole projection, which ranks would split: refused before any collective."""
+    """Gemma's runner has no tensor-parallel twin: refused by name before any collective."""
     from specdec_fast.runners.registry import shard_model
 
-    with pytest.raises(ValueError, match="tensor parallelism supports model_type .* got 'olmoe'"):
-        shard_model(make_model("olmoe"), process_group=None)
+    with pytest.raises(ValueError, match="tensor parallelism supports model_type .* got 'gemma'"):
+        shard_model(make_model("gemma"), process_group=None)

@@ -265,9 +265,9 @@ def test_control_olmoe_without_its_projection_norms_or_clamp_fails(left_out, mon
 
     whole = paged_llama._whole_projection_math
 
-    def without(layer, q, k, v, fused):
+    def without(layer, q, k, v, fused, norm=None):
         kept = {"qk_norm_full": layer.qk_norm_full, "clip_qkv": layer.clip_qkv, left_out: None}
-        return whole(type("Layer", (), kept), q, k, v, fused)
+        return whole(type("Layer", (), kept), q, k, v, fused, norm)
 
     monkeypatch.setattr(paged_llama, "_whole_projection_math", without)
     model = tiny_moe("olmoe")
