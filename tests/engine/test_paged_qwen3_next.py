@@ -250,3 +250,18 @@ def test_a_score_block_equals_the_token_steps(seed):
     for (rec, conv), (rec_ref, conv_ref) in zip(block[2], steps[2]):  # the spare slot (last) holds padding's writes
         torch.testing.assert_close(rec[:, :-1], rec_ref[:, :-1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(conv[:, :-1], conv_ref[:, :-1], atol=1e-5, rtol=1e-5)  # later layers: inputs differ by rounding
+
+
+@pytest.mark.parametrize("head", ["eagle3", "dflash"])
+def test_draft_heads_read_its_hidden_states(head):
+    """An EAGLE-3 head and a DFlash block drafter over Qwen3-Next: the target runner captures the hidden states
+    they read (its recurrent layers included), and greedy equals model.generate."""
+    from .heads import random_dflash, random_head
+
+    target = tiny_qwen3_next(seed=4)
+    ids, mask = left_padded_prompts([5, 8], vocab=VOCAB, seed=3)
+    kw = dict(do_sample=False, max_new_tokens=12, pad_token_id=0)
+    drafter = random_head(target, VOCAB) if head == "eagle3" else random_dflash(target)
+    out = specdec_fast.generate(target, ids, mask, draft_head=drafter, **kw)
+    assert torch.equal(out, target.generate(ids, attention_mask=mask, **kw))
+    specdec_fast.release_engines(target)
