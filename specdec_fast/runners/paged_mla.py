@@ -19,7 +19,9 @@ first r dims are c): the paged kernels run it unchanged with Hkv = 1 and head_di
 cache keeps one plane per layer (PagedRunnerBase.kv_latent): 576 values a token a layer for
 DeepSeek-V3 instead of the 2 x 128 x 192 = 49152 of its expanded K and V. The output's last dr
 dims (softmax times k_rot) are dropped. Absorption reorders the products, so logits differ from
-transformers' by rounding (fp32: ~1e-6), not more.
+transformers' by rounding (fp32: ~1e-6), not more. A long prefill (expand_prefill_min columns) caches the
+latents the same way but runs its own attention expanded (per-head keys and values, SDPA), which takes
+fewer multiplies per (query, key) pair; decode and verify calls read the latents absorbed.
 
 The MLP is the Llama runner's: a dense SwiGLU on the first layers (first_k_dense_replace /
 mlp_layer_types), then runners/_moe.py's grouped sigmoid routing with the shared MLP (GLM-4.5's;
@@ -36,6 +38,7 @@ parallelism.
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels._backend import resolve_backend
 from ..kernels.llama_ops.reference import rotate_half_apply
@@ -158,6 +161,16 @@ class PagedMlaRunner(PagedRunnerBase):
 
     unsupported_reason = staticmethod(mla_unsupported_reason)
     kv_latent = True
+    # A prefill of at least this many columns expands the latents into per-head keys and values for its
+    # attention (_expanded_attention: the call's own tokens, a fresh row), as vLLM's MLA prefill does: per
+    # (query, key) pair and head it multiplies dn + dr + dv numbers (320 for DeepSeek-V3) where the absorbed
+    # form multiplies r + dr + r (1088), at r (dn + dv) more per token (the expansion) and none of the
+    # absorbed query's r dn. On this CPU (bench/bench_mla_prefill.py, DeepSeek-V3's attention widths over 16
+    # heads, fp32, 1 thread, mla_prefill_cpu.json) expanded took 0.89 / 0.89 / 0.66 of the absorbed prefill's
+    # time at 64 / 256 / 1024 tokens (predicted slower at 64: the shared projections dominate short prompts
+    # both ways). Not measured on a GPU (where SDPA's flash path needs Dk = Dv, so another backend serves it).
+    # Decode and verify calls stay absorbed (their few queries read a long cache: the latent is what to read).
+    expand_prefill_min = 64
 
     def _bind(self, model) -> None:
         inner = model.model
@@ -182,7 +195,7 @@ class PagedMlaRunner(PagedRunnerBase):
 
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """ids [T] (-1 pads) -> the first layer's input [T, H] (an MTP layer's mixes in its features)."""
-        return torch.nn.functional.embedding(flat.clamp(min=0), self.embed)
+        return F.embedding(flat.clamp(min=0), self.embed)
 
     def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
         """A branch's output as every rank's partial summed: here the one (tensor parallelism:
@@ -207,6 +220,40 @@ class PagedMlaRunner(PagedRunnerBase):
         return mla_attention_triton(q, self.k_caches[i], table, attn_lens, cu, rank=self.rank,
                                     max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, plan=plan)
 
+    def _rows(self, cu: torch.Tensor, total: int, n: int) -> tuple:
+        """A prefill's rows [B, n] again (each row's tokens last, as the prompt gave them): (packed index
+        [B, n] (total where padding), [B, 1, n, n] bool: query i sees key j <= i of its row's tokens, and a
+        padded query itself alone)."""
+        count = cu[1:] - cu[:-1]
+        step = torch.arange(n, device=self.device)
+        pad = (n - count)[:, None]
+        real = step[None, :] >= pad  # [B, n]
+        index = torch.where(real, cu[:-1, None].long() + step[None, :] - pad, total)
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        sees = (causal & real[:, None, :]) | torch.eye(n, dtype=torch.bool, device=self.device)
+        return index, sees[:, None]
+
+    def _expanded_attention(self, layer, q_nope, q_rot, c, k_rot, rows) -> torch.Tensor:
+        """A prefill's attention with the latents expanded (expand_prefill_min): keys [W_UK_h c, k_rot] and
+        values W_UV_h c per head, over each row's own tokens (causal; the row's cache starts empty), with
+        torch's SDPA -- transformers' own form. q_nope [T, Hq, dn], q_rot [T, Hq, dr], c [T, r], k_rot
+        [T, 1, dr] -> [T, Hq, dv]."""
+        index, sees = rows
+        batch, n = index.shape
+        total, heads = c.shape[0], q_nope.shape[1]
+        k_nope = torch.matmul(c, layer.w_uk.transpose(1, 2)).transpose(0, 1)  # [T, Hq, dn]
+        v = torch.matmul(c, layer.w_uv.transpose(1, 2)).transpose(0, 1)  # [T, Hq, dv]
+        k = torch.cat((k_nope, k_rot.expand(-1, heads, -1)), dim=-1)
+        q = torch.cat((q_nope, q_rot), dim=-1)
+
+        def by_row(t):  # [T, Hq, D] -> [B, Hq, n, D] (padding: zeros)
+            return torch.cat((t, t.new_zeros(1, *t.shape[1:])))[index].transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(by_row(q), by_row(k), by_row(v), attn_mask=sees, scale=self.scale)
+        packed = out.new_zeros(total + 1, heads, v.shape[-1])
+        packed.index_copy_(0, index.reshape(-1), out.transpose(1, 2).reshape(batch * n, heads, -1))
+        return packed[:total]
+
     def _rotation(self, positions: torch.Tensor) -> tuple:
         """One forward's rotation tables for _rotate: (cos, sin) [T, dr] in the model dtype, or for
         DeepSeek-V2 (freqs_cis [T, dr / 2] complex64,) as its rotary module makes it."""
@@ -228,6 +275,7 @@ class PagedMlaRunner(PagedRunnerBase):
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / SwiGLU (CPU float32)
         rotation = self._rotation(positions)  # once per call
         sum_ = self._sum_partials
+        rows = self._rows(cu, total, n) if self._prefilling and n >= self.expand_prefill_min else None
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
@@ -238,10 +286,14 @@ class PagedMlaRunner(PagedRunnerBase):
             c = rms_norm(latent[:, :rank].contiguous(), *layer.kv_a_norm, fused)
             q_rot, k_rot = self._rotate(q[..., dn:], rotation), self._rotate(latent[:, None, rank:], rotation)
             entry = torch.cat((c[:, None], k_rot), dim=-1)  # [T, 1, r + dr]: the key, and (its first r dims) the value
-            q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)  # [T, Hq, r] = W_UK^T q_nope
-            o = self._attend(i, torch.cat((q_lat, q_rot), dim=-1), entry, entry, attn_lens, cu, n, self.scale)
-            o = torch.bmm(o.transpose(0, 1), layer.w_uv.transpose(1, 2))  # [Hq, T, dv] = W_UV (p c)
-            x = x + sum_(linear(o.transpose(0, 1).reshape(total, -1), *layer.o))
+            if rows is not None:  # a long prefill: the latents cached, the attention over them expanded
+                self._append(i, entry, entry, cu)
+                o = self._expanded_attention(layer, q[..., :dn], q_rot, c, k_rot, rows)  # [T, Hq, dv]
+            else:
+                q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)  # [T, Hq, r] = W_UK^T q_nope
+                o = self._attend(i, torch.cat((q_lat, q_rot), dim=-1), entry, entry, attn_lens, cu, n, self.scale)
+                o = torch.bmm(o.transpose(0, 1), layer.w_uv.transpose(1, 2)).transpose(0, 1)  # [T, Hq, dv] = W_UV (p c)
+            x = x + sum_(linear(o.reshape(total, -1), *layer.o))
             h = rms_norm(x, *layer.ln_post, fused)
             if layer.moe is not None:
                 x = x + sum_(layer.moe(h, self._prefilling))

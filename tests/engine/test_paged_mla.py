@@ -260,3 +260,19 @@ def test_draft_heads_read_its_hidden_states(head):
     out = specdec_fast.generate(target, ids, mask, draft_head=drafter, **kw)
     assert torch.equal(out, target.generate(ids, attention_mask=mask, **kw))
     specdec_fast.release_engines(target)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prefill_with_the_latents_expanded(kind, backend, monkeypatch, device):
+    """expand_prefill_min lowered to 1: every prefill's attention runs expanded (per-head keys and values,
+    SDPA over each row's own tokens), while its latents are cached for the score calls that follow
+    (absorbed): the logits still equal the forward's through assert_runner_matches_forward's calls."""
+    monkeypatch.setattr(PagedMlaRunner, "expand_prefill_min", 1)
+    taken, real = [], PagedMlaRunner._expanded_attention
+    monkeypatch.setattr(PagedMlaRunner, "_expanded_attention", lambda self, *a: taken.append(1) or real(self, *a))
+    device = backend_device(backend, device)
+    model = tiny_mla(kind).to(device)
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert_runner_matches_forward(model, runner, VOCAB)
+    assert len(taken) == len(runner.layers)  # the one prefill, every layer
