@@ -49,6 +49,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checkpoint_fp8 import SCALE_SUFFIX as FP8_SCALE_SUFFIX
+from .checkpoint_fp8 import read_fp8
 from .checkpoint_mxfp4 import SUFFIXES as MXFP4_SUFFIXES
 from .checkpoint_mxfp4 import read_mxfp4
 from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
@@ -286,7 +288,9 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
     to ``dtype`` (None: as stored) and moved to ``device``. GPT-OSS's MXFP4 experts (name_blocks
     and name_scales) become the dequantized ``name`` (dtype None: bfloat16). select(name) -> bool:
     which tensors to read (default: all but the layers past the config's, a multi-token
-    prediction layer, which mtp_layer_shards reads when asked)."""
+    prediction layer, which mtp_layer_shards reads when asked). Block-quantized FP8 weights (with a
+    <name>_scale_inv: DeepSeek-V3's, MiniMax-M2's, the Qwen3 FP8 releases') are read as this rank's slice
+    of their bytes and scale blocks and dequantized (checkpoint_fp8.py; dtype None: bfloat16)."""
     from safetensors import safe_open
 
     files, by_file = checkpoint_files(path), {}
@@ -294,6 +298,7 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
     for name, file in files.items():
         if select(name):
             by_file.setdefault(file, []).append(name)
+    block = _fp8_block(path)
     shards = {}
     for file, names in by_file.items():
         with safe_open(file, framework="pt") as f:
@@ -302,6 +307,11 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
                     if name.endswith("_blocks"):
                         quantized = name[:-len("_blocks")]
                         shards[quantized] = _read_mxfp4(f, file, files, quantized, plan, dtype).to(device)
+                    continue
+                if name.endswith(FP8_SCALE_SUFFIX):  # read with its FP8 weight
+                    continue
+                if name + FP8_SCALE_SUFFIX in files:  # a block-quantized FP8 weight (checkpoint_fp8.py)
+                    shards[name] = _read_fp8(f, file, files, name, plan, block, dtype).to(device)
                     continue
                 lazy, part = f.get_slice(name), plan.slice_of(name)
                 if part is None:
@@ -336,6 +346,30 @@ def _past_the_layers(name: str, plan) -> bool:
     prediction layer (model.layers.{num_hidden_layers}.*, which transformers does not load either)."""
     match = _LAYER.match(name)
     return plan.num_layers is not None and match is not None and int(match.group(1)) >= plan.num_layers
+
+
+def _fp8_block(path) -> tuple:
+    """The FP8 scale blocks' (rows, columns) of the checkpoint in ``path``: its config's
+    quantization_config.weight_block_size (transformers' fp8 quant_method), 128 x 128 where it says none."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            quantization = json.load(f).get("quantization_config") or {}
+    except OSError:
+        quantization = {}
+    rows, cols = quantization.get("weight_block_size") or (128, 128)
+    return int(rows), int(cols)
+
+
+def _read_fp8(f, file, files, name, plan, block, dtype):
+    """The FP8 weight ``name`` (in the open file f, its scales in files' file for them) -> this rank's
+    slice, dequantized (checkpoint_fp8.py)."""
+    from safetensors import safe_open
+
+    scales_file = files[name + FP8_SCALE_SUFFIX]
+    if scales_file == file:
+        return read_fp8(f.get_slice(name), f.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(name), block, dtype)
+    with safe_open(scales_file, framework="pt") as g:
+        return read_fp8(f.get_slice(name), g.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(name), block, dtype)
 
 
 def _read_mxfp4(f, file, files, name, plan, dtype):
