@@ -115,7 +115,8 @@ class PagedGemmaRunner(PagedRunnerBase):
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         # [T, D] cos / sin of each layer type's RoPE in the model dtype, once per call
         tables = rotations(self.rope_tables, positions, self.dtype)
-        x = F.embedding(flat.clamp(min=0), self.embed) * self.embed_scale.to(self.embed.dtype)
+        sum_ = self._sum_partials
+        x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             cos, sin = tables[self.rope_keys[i]]
@@ -126,15 +127,24 @@ class PagedGemmaRunner(PagedRunnerBase):
             v = linear(h, *layer.v).view(total, kv_heads, dim)
             q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + _normed(linear(o.reshape(total, heads * dim), *layer.o), layer.post_attention)
+            x = x + _normed(sum_(linear(o.reshape(total, heads * dim), *layer.o)), layer.post_attention)
             h = gemma_rms_norm(x, layer.pre_feedforward)
             act = layer.act(linear(h, *layer.gate)) * linear(h, *layer.up)
-            x = x + _normed(linear(act, *layer.down), layer.post_feedforward)
+            x = x + _normed(sum_(linear(act, *layer.down)), layer.post_feedforward)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = gemma_rms_norm(x, self.final_norm)
         self._keep(len(self.layers), out)
         return out
+
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H] times sqrt(H) (the embedding's embed_scale, in its dtype)."""
+        return F.embedding(flat.clamp(min=0), self.embed) * self.embed_scale.to(self.embed.dtype)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A branch's product as every rank's partial summed (before its norm): here the one
+        (paged_gemma_tp.py all-reduces it)."""
+        return partial
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head product, soft-capped as Gemma2ForCausalLM / Gemma3ForCausalLM do when

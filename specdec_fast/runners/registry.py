@@ -11,6 +11,7 @@ from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_cohere import PagedCohereRunner
 from .paged_gemma import PagedGemmaRunner
+from .paged_gemma_tp import TPPagedGemmaRunner
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
@@ -24,7 +25,8 @@ from .paged_opt import PagedOPTRunner
 from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
 from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
-from .sharded_model import TP_COHERE_TYPES, TP_HYBRID_TYPES, TP_LLAMA_TYPES, TP_MLA_TYPES, ShardedCausalLM
+from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA_TYPES, TP_MLA_TYPES,
+                            ShardedCausalLM)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
@@ -54,7 +56,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
 TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunner for model_type in TP_LLAMA_TYPES},
                                                  **{model_type: TPPagedCohereRunner for model_type in TP_COHERE_TYPES},
                                                  **{model_type: TPPagedMlaRunner for model_type in TP_MLA_TYPES},
-                                                 **{model_type: TPPagedQwen3NextRunner for model_type in TP_HYBRID_TYPES}}
+                                                 **{model_type: TPPagedQwen3NextRunner for model_type in TP_HYBRID_TYPES},
+                                                 **{model_type: TPPagedGemmaRunner for model_type in TP_GEMMA_TYPES}}
 
 
 def _model_type(model) -> str | None:

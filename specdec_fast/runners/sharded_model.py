@@ -42,7 +42,9 @@ TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # Hybrid recurrent models (runners/paged_qwen3_next_tp.py): Gated DeltaNet layers by heads (each rank its
 # heads' states), gated attention layers by heads. (paged_qwen3_next.QWEN3_NEXT_TYPES.)
 TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES
+# Gemma 1 / 2 (runners/paged_gemma_tp.py): the Llama layout, each branch's partials summed before its norm
+TP_GEMMA_TYPES = ("gemma", "gemma2")
+TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

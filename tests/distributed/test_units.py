@@ -478,8 +478,8 @@ def test_rotates_reads_smollm3s_nope_layers_as_its_modules_do():
 
 
 def test_a_family_without_a_tensor_parallel_runner_is_refused_by_name():
-    """Gemma's runner has no tensor-parallel twin: refused by name before any collective."""
+    """GPT-NeoX's runner has no tensor-parallel twin: refused by name before any collective."""
     from specdec_fast.runners.registry import shard_model
 
-    with pytest.raises(ValueError, match="tensor parallelism supports model_type .* got 'gemma'"):
-        shard_model(make_model("gemma"), process_group=None)
+    with pytest.raises(ValueError, match="tensor parallelism supports model_type .* got 'gpt_neox'"):
+        shard_model(make_model("gpt_neox"), process_group=None)

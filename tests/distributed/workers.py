@@ -111,8 +111,10 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # Ministral's window by layer_types; SmolLM3's NoPE layers (every second one here); Phi-3's fused projections;
     # Granite's four scalars (its residual multiplier scales the summed branch on every rank)
     # Seed-OSS's biases on q/k/v (split), o and the MLP's down (rank 0's partial carries them)
+    # Gemma 1 (sqrt(H) on the summed lookup); Gemma 2 (each branch's partials summed before its norm, attention and
+    # final-logit soft-caps, sliding layers of 8 that the rows pass)
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
-                 "cohere_qk", "cohere2"):
+                 "cohere_qk", "cohere2", "gemma", "gemma2"):
         tgt, drf = tiny(kind)
         if kind == "seed_oss":
             with torch.no_grad():
