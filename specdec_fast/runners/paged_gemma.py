@@ -1,6 +1,7 @@
 """PagedGemmaRunner: Gemma (model_type gemma: GemmaForCausalLM, Gemma 1 2B / 7B, CodeGemma), Gemma 2
 (gemma2: Gemma2ForCausalLM, 2B / 9B / 27B) and Gemma 3's text decoder (gemma3_text:
-Gemma3ForCausalLM, the 270M and 1B checkpoints) run layer by layer over a PagedKVCache with the
+Gemma3ForCausalLM, the 270M and 1B checkpoints; and gemma3: Gemma3ForConditionalGeneration, the
+4B / 12B / 27B, whose text decoder runs a prompt of text tokens: text_decoder) run layer by layer over a PagedKVCache with the
 project's append_kv / paged_attention kernels (the machinery is shared: runners/paged_base.py).
 
 Weights are the model's own parameters (no copy): embed_tokens, per layer input_layernorm,
@@ -35,6 +36,7 @@ from ._linear import linear
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import projection_modules
+from .sliding_window import windows_per_layer
 
 
 def gemma_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -50,12 +52,43 @@ def _normed(x: torch.Tensor, norm) -> torch.Tensor:
     return x if norm is None else gemma_rms_norm(x, norm)
 
 
-GEMMA_MODEL_TYPES = ("gemma", "gemma2", "gemma3_text")
+GEMMA_MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
+
+
+class _TextDecoder:
+    """Gemma 3's multimodal model (model_type gemma3: Gemma3ForConditionalGeneration, what AutoModelForCausalLM
+    loads for the 4B / 12B / 27B checkpoints) seen as its text decoder: .model its language_model, .config its
+    text_config, its LM head; a prompt of text tokens runs through exactly these (the vision tower only
+    embeds image tokens, which generate's ids here never hold)."""
+
+    def __init__(self, model):
+        self._whole = model
+        self.model, self.config = model.model.language_model, model.config.text_config
+
+    def get_output_embeddings(self):
+        return self._whole.get_output_embeddings()
+
+    def parameters(self):
+        return self._whole.parameters()
+
+
+def text_decoder(model):
+    """``model`` itself, or Gemma 3's multimodal model as its text decoder (_TextDecoder)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) == "gemma3" and hasattr(getattr(model, "model", None), "language_model"):
+        return _TextDecoder(model)
+    return model
 
 
 def gemma_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedGemmaRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
+    if getattr(getattr(model, "config", None), "model_type", None) == "gemma3":
+        if not hasattr(getattr(model, "model", None), "language_model"):
+            return "a gemma3 model without its language_model (expected Gemma3ForConditionalGeneration)"
+        model = text_decoder(model)
+        if model.config.model_type != "gemma3_text":
+            return f"gemma3's text_config is {model.config.model_type!r}, not 'gemma3_text'"
     reason = decoder_reason(model, GEMMA_MODEL_TYPES, "model.layers", "a GemmaForCausalLM (1, 2 or 3)",
                             projection_modules)
     if reason is not None:
@@ -93,7 +126,9 @@ class PagedGemmaRunner(PagedRunnerBase):
     unsupported_reason = staticmethod(gemma_unsupported_reason)
 
     def _bind(self, model) -> None:
-        config, inner = model.config, model.model
+        model = text_decoder(model)  # Gemma 3's multimodal model: its text decoder
+        self.config = config = model.config
+        inner = model.model
         self.embed = inner.embed_tokens.weight
         self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
         self.layers = [_GemmaLayer(layer) for layer in inner.layers]
@@ -136,6 +171,13 @@ class PagedGemmaRunner(PagedRunnerBase):
         out = gemma_rms_norm(x, self.final_norm)
         self._keep(len(self.layers), out)
         return out
+
+    def _layer_windows(self, model) -> tuple:
+        """The windows of the text decoder's config (Gemma 3's multimodal model: its text_config's layer_types
+        and sliding_window, which the rule reads without the model's class)."""
+        if text_decoder(model) is model:
+            return super()._layer_windows(model)
+        return windows_per_layer(self.config, len(self.layers))
 
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """ids [T] (-1 pads) -> embeddings [T, H] times sqrt(H) (the embedding's embed_scale, in its dtype)."""

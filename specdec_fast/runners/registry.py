@@ -39,6 +39,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gemma": PagedGemmaRunner,  # Gemma 1, CodeGemma: Llama's layer with Gemma's norms and embedding scale
     "gemma2": PagedGemmaRunner,  # Gemma 2 (attention soft-capping and sliding layers in the kernels)
     "gemma3_text": PagedGemmaRunner,  # Gemma 3's text decoder (270M, 1B)
+    "gemma3": PagedGemmaRunner,  # Gemma 3 4B / 12B / 27B (multimodal): its text decoder runs text prompts
     "starcoder2": PagedStarcoder2Runner,
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "opt": PagedOPTRunner,
