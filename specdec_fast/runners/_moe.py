@@ -18,6 +18,8 @@ modeling_gpt_oss.py):
              up = clamp(up, -limit, limit), y = down_e((up + 1) * gate * sigmoid(alpha * gate)) + b
     routing, DeepSeek-V2: s = softmax(h @ router^T) in float32; the top k (group-limited: among the
              top_groups groups by their best s); w = s of those times routed_scaling_factor
+    routing, ERNIE 4.5: p = softmax(h @ router^T) in float32; the top k of p + correction bias; w = p of
+             those over max(their sum, moe_norm_min), cast to the model dtype
     routing, MiniMax-M2: s = sigmoid(h @ router^T) (the product in the model dtype); the top k of s +
              correction bias; w = s of those over their sum (float32)
     routing, GLM-4.5 (DeepSeek-V3's): s = sigmoid(h @ router^T) in float32; the k experts of the
@@ -69,12 +71,16 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # MiniMax-M2: sigmoid scores of the model-dtype logits, the top k by score + correction bias (the
                 # block's), the scores renormalised; no groups, no scaling factor
                 "minimax_m2": ("sigmoid_topk", True, False, "swiglu"),
+                # ERNIE 4.5: softmax of float32 logits, the top k by probability + correction bias, the chosen
+                # probabilities over their sum (at least moe_norm_min), cast to the model dtype; shared experts
+                "ernie4_5_moe": ("softmax_biased", True, True, "swiglu"),
                 # the MLA families (runners/paged_mla.py): DeepSeek-V3 routes as GLM-4.5 does (its source);
                 # DeepSeek-V2 by softmax, greedy or group-limited (topk_method), never renormalised
                 "deepseek_v2": ("softmax_groups", False, False, "swiglu"),
                 "deepseek_v3": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
 SOFTMAX_GROUP_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
+BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "softmax_biased")  # the routings that choose with a correction bias
 SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's and its kin's (ungated) shared MLP
 
 
@@ -91,10 +97,15 @@ def _router(mlp):
 
 
 def _correction(mlp):
-    """A sigmoid router's correction bias [E]: on the router (GLM-4.5's and DeepSeek-V3's gate), or on the
-    block (MiniMax-M2's mlp.e_score_correction_bias); None where there is none."""
-    bias = getattr(_router(mlp), "e_score_correction_bias", None)
-    return bias if bias is not None else getattr(mlp, "e_score_correction_bias", None)
+    """A router's correction bias ([E], ERNIE's [1, E]): on the router (GLM-4.5's and DeepSeek-V3's gate), in
+    its moe_statics (ERNIE 4.5's), or on the block (MiniMax-M2's mlp.e_score_correction_bias); None where there
+    is none."""
+    router = _router(mlp)
+    for owner in (router, getattr(router, "moe_statics", None), mlp):
+        bias = getattr(owner, "e_score_correction_bias", None)
+        if bias is not None:
+            return bias
+    return None
 
 
 def moe_reason(mlp, config) -> str | None:
@@ -117,8 +128,8 @@ def moe_reason(mlp, config) -> str | None:
     if getattr(mlp, "shared_expert", None) is not None and not isinstance(getattr(mlp, "shared_expert_gate", None),
                                                                          torch.nn.Linear):
         return "a shared expert without a shared_expert_gate"
-    if family[0].startswith("sigmoid") and not isinstance(_correction(mlp), torch.Tensor):
-        return "a sigmoid router without its e_score_correction_bias"
+    if family[0] in BIASED_ROUTINGS and not isinstance(_correction(mlp), torch.Tensor):
+        return f"a {family[0]} router without its e_score_correction_bias"
     if family[0] == "softmax_groups" and getattr(config, "topk_method", None) not in SOFTMAX_GROUP_METHODS:
         return f"topk_method {getattr(config, 'topk_method', None)!r} is not one of {SOFTMAX_GROUP_METHODS}"
     return None
@@ -160,8 +171,10 @@ class MoE:
         router = "gate" if "gate.weight" in params else "router"
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
         self.top_k = int(config.num_experts_per_tok)
-        if self.routing_kind.startswith("sigmoid"):
-            self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E]
+        if self.routing_kind in BIASED_ROUTINGS:
+            self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E] (ERNIE's [1, E])
+        if self.routing_kind == "softmax_biased":
+            self.norm_min = float(config.moe_norm_min)
         if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
             self.groups, self.top_groups = int(config.n_group), int(config.topk_group)
             self.routed_scale = float(config.routed_scaling_factor)
@@ -197,6 +210,8 @@ class MoE:
             return self._softmax_groups(h)
         if self.routing_kind == "sigmoid_topk":
             return self._sigmoid_topk(h)
+        if self.routing_kind == "softmax_biased":
+            return self._softmax_biased(h)
         logits = F.linear(h, self.router, self.router_bias)
         if self.routing_kind == "topk_softmax":
             top, chosen = torch.topk(logits, self.top_k, dim=-1)
@@ -231,6 +246,16 @@ class MoE:
         chosen = torch.topk(scores + self.correction, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, chosen)
         return weights / weights.sum(dim=-1, keepdim=True), chosen
+
+    def _softmax_biased(self, h: torch.Tensor):
+        """ERNIE 4.5's router (transformers' Ernie4_5_MoeTopKRouter, op for op): softmax of float32 logits; the top k
+        by probability + correction bias; the chosen probabilities over their sum (clamped to moe_norm_min),
+        cast to the model dtype."""
+        probs = F.softmax(F.linear(h.float(), self.router.float()), dim=1, dtype=torch.float)  # [T, E]
+        chosen = torch.topk(probs + self.correction.squeeze(), self.top_k, dim=-1)[1]
+        weights = torch.gather(probs, dim=-1, index=chosen)
+        weights = weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=self.norm_min)
+        return weights.to(h.dtype), chosen
 
     def _softmax_groups(self, h: torch.Tensor):
         """DeepSeek-V2's router (transformers' DeepseekV2TopkRouter, op for op): softmax scores of

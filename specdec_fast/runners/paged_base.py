@@ -484,9 +484,11 @@ class PagedRunnerBase:
         hidden = self._forward(tokens, num_valid, tree)
         return self._logits(hidden if rows is None else hidden.index_select(1, rows))
 
+    lm_head_bias = None  # [V] where the LM head has one (ERNIE 4.5's use_bias), else None
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] (final-norm hidden states) -> logits [..., V] (the lm_head product)."""
-        return linear(hidden, self.lm_head)
+        """hidden [..., H] (final-norm hidden states) -> logits [..., V] (the lm_head product, + its bias)."""
+        return linear(hidden, self.lm_head, self.lm_head_bias)
 
     def commit(self, keep: torch.Tensor) -> None:
         """The first keep[b] real tentative tokens become committed; the others are dropped."""

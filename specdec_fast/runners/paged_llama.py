@@ -60,7 +60,15 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      "olmoe",
                      # MiniMax-M2: those whole-projection q/k norms, a partial rotary embedding, sigmoid top-k routing
                      # with the block's correction bias (runners/_moe.py)
-                     "minimax_m2")
+                     "minimax_m2",
+                     # ERNIE 4.5 (dense, and MoE: softmax routing chosen with a correction bias, shared experts):
+                     # RoPE on interleaved pairs (INTERLEAVED_ROPE), optional biases
+                     "ernie4_5", "ernie4_5_moe")
+# Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
+# on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
+# scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
+# and every RoPE path stays the rotate-half one
+INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe")
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
 NOPE_UNLESS_SLIDING = ("exaone_moe",)
@@ -249,6 +257,8 @@ class _Layer:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.qk_norm, self.qk_norm_full = _qk_norms(attn, head_dim)
         self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped to [-c, c] after the norms
+        self.rope_order = interleaved_order(self.q[0].shape[0], self.k[0].shape[0], head_dim, self.q[0].device) \
+            if config.model_type in INTERLEAVED_ROPE else None
         self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
         self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
         if self.moe is None:
@@ -264,6 +274,14 @@ class _Layer:
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 
 
+def interleaved_order(q_cols: int, k_cols: int, head_dim: int, device) -> tuple:
+    """(q's, k's) column orders [q_cols], [k_cols] that put each head's even dims first and its odd dims last
+    (INTERLEAVED_ROPE)."""
+    within = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+    return tuple((torch.arange(cols // head_dim)[:, None] * head_dim + within).reshape(-1).to(device)
+                 for cols in (q_cols, k_cols))
+
+
 def _whole_projection_math(layer, q, k, v, fused: bool, norm=None):
     """OLMoE's and MiniMax-M2's RMSNorms over the whole q / k projections [T, Hq * D] / [T, Hkv * D] and
     OLMoE's clamp of q, k and v to [-clip_qkv, clip_qkv], as transformers' attention orders them (before
@@ -276,6 +294,8 @@ def _whole_projection_math(layer, q, k, v, fused: bool, norm=None):
     if layer.clip_qkv is not None:
         c = layer.clip_qkv
         q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+    if getattr(layer, "rope_order", None) is not None:  # ERNIE 4.5: interleaved pairs read as halves
+        q, k = q.index_select(-1, layer.rope_order[0]), k.index_select(-1, layer.rope_order[1])
     return q, k, v
 
 
@@ -322,6 +342,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         inner = model.model
         self._bind_parts(model.config, inner.embed_tokens.weight, inner.layers, inner.norm,
                          model.get_output_embeddings().weight, inner.rotary_emb)
+        self.lm_head_bias = model.get_output_embeddings().bias  # ERNIE 4.5's use_bias; None elsewhere
 
     def _bind_parts(self, config, embed: torch.Tensor, layers, norm, lm_head: torch.Tensor, rotary) -> None:
         """The decoder's parts: embedding [V, H], decoder layer modules, final norm module, LM head
@@ -363,8 +384,9 @@ class PagedLlamaRunner(PagedRunnerBase):
             return "a tensor-parallel runner sums partial products across ranks (the fused residual add would repeat)"
         if any(layer.moe is not None for layer in self.layers):
             return "the GEMV layer has no mixture-of-experts MLP"
-        if any(layer.qk_norm_full is not None or layer.clip_qkv is not None for layer in self.layers):
-            return "the GEMV layer has no whole-projection q/k norms or clip_qkv (OLMoE)"
+        if any(layer.qk_norm_full is not None or layer.clip_qkv is not None or layer.rope_order is not None
+               for layer in self.layers):
+            return "the GEMV layer has no whole-projection q/k norms, clip_qkv (OLMoE) or interleaved RoPE (ERNIE 4.5)"
         if any(layer.w_qkv is None or layer.w_gate_up is None for layer in self.layers):
             return "the q/k/v and gate/up projections are not fused (fuse_projections=False, or biases on some only)"
         if not self.silu:
@@ -580,4 +602,6 @@ class PagedLlamaRunner(PagedRunnerBase):
             flat = hidden.reshape(rows, hidden.shape[-1])
             logits = skinny_linear_triton(flat, self.lm_head, pdl=self.gemv_pdl).view(*hidden.shape[:-1],
                                                                                       self.lm_head.shape[0])
+            if self.lm_head_bias is not None:
+                logits = logits + self.lm_head_bias
         return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling

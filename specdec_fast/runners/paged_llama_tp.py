@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
-from .paged_llama import GRANITE_SCALARS, PagedLlamaRunner, llama_config_reason, rotates
+from .paged_llama import (GRANITE_SCALARS, INTERLEAVED_ROPE, PagedLlamaRunner, interleaved_order, llama_config_reason,
+                          rotates)
 from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding import WHOLE_PROJECTION_NORMS
 from .sharding_moe import moe_layer_params
@@ -112,6 +113,9 @@ class _TPLayer:
         whole = q_norm is not None and config.model_type in WHOLE_PROJECTION_NORMS
         self.qk_norm, self.qk_norm_full = (None, norms) if whole else (norms, None)
         self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped after the norms
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.rope_order = interleaved_order(q.shape[0], k.shape[0], head_dim, q.device) \
+            if config.model_type in INTERLEAVED_ROPE else None  # ERNIE 4.5: this rank's heads, each reordered
         self.qkv = ([q, k, v], [bq, bk, bv])
         self.q_cols, self.kv_cols = q.shape[0], k.shape[0]
         if self.moe is None:
@@ -259,7 +263,7 @@ class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
-        self.lm_head = shards["lm_head.weight"]
+        self.lm_head, self.lm_head_bias = shards["lm_head.weight"], shards.get("lm_head.bias")  # this rank's rows
         self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
         self.scale = self.head_dim**-0.5
         if config.model_type == "granite":  # its four scalars, as PagedLlamaRunner binds them

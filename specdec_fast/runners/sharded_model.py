@@ -32,7 +32,9 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
                   # q/k norms over the whole projection: its statistics over every rank's slice (one more
                   # all-reduce of [T, 1] each)
-                  "olmoe", "minimax_m2")
+                  "olmoe", "minimax_m2",
+                  # RoPE on interleaved pairs: each rank reorders its heads' q / k columns (paged_llama.INTERLEAVED_ROPE)
+                  "ernie4_5", "ernie4_5_moe")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

@@ -60,7 +60,7 @@ from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2")
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
-VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the LM head's bias: ERNIE 4.5's
 
 
 @dataclass(frozen=True)

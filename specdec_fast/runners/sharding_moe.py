@@ -10,7 +10,8 @@ one, else intermediate_size), every expert split alike:
     GPT-OSS's gate_up bias (interleaved like its columns)       the matching 2 i
     GPT-OSS's down bias                                         replicated; added by rank 0 only
     Qwen2-MoE's shared expert, GLM-4.5's shared experts         as a dense MLP (its own width / N);
-                                                                Qwen's gate (one row) replicated
+                                                                Qwen's gate (one row) replicated; ERNIE 4.5's
+                                                                down bias whole, added by rank 0 only
     GLM-4.5's router correction bias                            replicated
 So each rank's block output is a partial sum over its slice of every chosen expert's width
 (the combine weights scale each term alike), summed by the all-reduce that ends the MLP, as a
@@ -37,7 +38,8 @@ PER_EXPERT = re.compile(r"^(.*\.)(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_p
 GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
 # checkpoint name -> module name: Mixtral's router; EXAONE MoE's router bias (stored beside the router)
 RENAMED = (("block_sparse_moe.gate.weight", "mlp.gate.weight"),
-           ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"))
+           ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
+           ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.gate.e_score_correction_bias"))  # ERNIE 4.5's
 
 
 def moe_sizes(config) -> tuple:
@@ -48,7 +50,8 @@ def moe_sizes(config) -> tuple:
         return None, 0, 0
     width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
     shared = getattr(config, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE
-    count = getattr(config, "n_shared_experts", None) or getattr(config, "num_shared_experts", None)
+    count = (getattr(config, "n_shared_experts", None) or getattr(config, "num_shared_experts", None)
+             or getattr(config, "moe_num_shared_experts", None))  # ERNIE 4.5's name
     if not shared and count:  # GLM-4.5, Solar Open, EXAONE MoE: n shared experts' width as one MLP
         shared = width * int(count)
     return family[3], int(width), int(shared)
@@ -66,6 +69,8 @@ def moe_slice_of(plan, name: str, make_slice):
     if match:
         return True, make_slice(1 if match.group(4) in DOWN else 0, *own)
     if (".shared_expert." in name or ".shared_experts." in name) and not name.endswith("shared_expert_gate.weight"):
+        if name.endswith("down_proj.bias"):  # ERNIE 4.5's: whole, added by rank 0 only (moe_layer_params)
+            return True, None
         s = plan.shared_intermediate // plan.world
         rows = (r * s, (r + 1) * s)
         return True, make_slice(1, *rows) if name.endswith("down_proj.weight") else make_slice(0, *rows)
@@ -118,6 +123,8 @@ def moe_layer_params(shards: dict, prefix: str, first_rank: bool) -> dict | None
     if block + "experts.gate_up_proj" not in shards:
         return None
     params = {name[len(block):]: tensor for name, tensor in shards.items() if name.startswith(block)}
-    if not first_rank:
+    if not first_rank:  # the biases added after a row-parallel product: once, by rank 0
         params.pop("experts.down_proj_bias", None)
+        for prefix in ("shared_expert", "shared_experts"):
+            params.pop(f"{prefix}.down_proj.bias", None)
     return params

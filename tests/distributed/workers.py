@@ -20,6 +20,7 @@ MLA_KINDS = ("deepseek_v3", "deepseek_v2")  # latent attention: heads split, the
 HYBRID_KINDS = ("qwen3_next", "qwen3_5_text")  # recurrent layers by heads, each rank its heads' states
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
+INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -137,8 +138,13 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # rank its heads' rows of q_b / kv_b and columns of o_proj, the latent computed whole on both
     # Qwen3-Next / Qwen3.5: Gated DeltaNet layers by key / value heads (each rank rolls back its heads' states), gated
     # attention by heads; Qwen3-Next's MoE with a gated shared expert
-    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS:
+    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS + INTERLEAVED_KINDS:
         tgt, drf = tiny(kind)
+        if kind in INTERLEAVED_KINDS:  # ERNIE's biases (q/k/v split, o / down / shared down / LM head's by rank 0 or rows)
+            with torch.no_grad():
+                for name, param in tgt.named_parameters():
+                    if name.endswith("bias"):
+                        param.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
     out["local norm statistics"] = _local_norm_statistics(specdec_fast, pids, pmask, group)

@@ -98,6 +98,12 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.MiniMaxM2Config(num_local_experts=8, num_experts_per_tok=2, head_dim=12, rope_parameters={
             "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
             **dict(llama_like, intermediate_size=24))
+    if kind == "ernie4_5":  # RoPE on interleaved pairs, biases on every projection (zero here: not randomised)
+        return tf.Ernie4_5Config(head_dim=12, use_bias=True, **llama_like)
+    if kind == "ernie4_5_moe":  # interleaved RoPE; 8 experts of 24 chosen by softmax + a correction bias, a shared
+        # expert, layer 0 dense; biases (the LM head's too)
+        return tf.Ernie4_5_MoeConfig(moe_num_experts=8, moe_k=2, moe_intermediate_size=24, moe_num_shared_experts=1,
+                                     moe_layer_start_index=1, head_dim=12, use_bias=True, **llama_like)
     if kind == "exaone_moe":  # GLM-4.5's routing; a sliding layer (window 8: RoPE, passed), a full NoPE one; q/k norms
         return tf.ExaoneMoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,

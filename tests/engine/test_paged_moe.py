@@ -28,9 +28,10 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 
 VOCAB = 96
-KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2")
+KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2",
+         "ernie4_5_moe")
 # which of the 2 layers are MoE (else both)
-MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True]}
+MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True]}
 
 
 def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
@@ -65,6 +66,10 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         config = tf.MiniMaxM2Config(num_local_experts=16, head_dim=16, rope_parameters={
             "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
             **dict(common, intermediate_size=32))
+    elif kind == "ernie4_5_moe":  # interleaved RoPE; layer 0 dense, then 16 experts of 32 chosen by softmax + its
+        # moe_statics correction bias, 1 shared expert; biases everywhere (randomised below)
+        config = tf.Ernie4_5_MoeConfig(moe_num_experts=16, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                                       moe_layer_start_index=1, head_dim=16, use_bias=True, **common)
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
@@ -81,6 +86,8 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         for layer in model.model.layers:  # GLM-4.5's router bias (a buffer; MiniMax-M2's on the block): it changes which experts win
             bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
             bias = bias if bias is not None else getattr(layer.mlp, "e_score_correction_bias", None)
+            statics = getattr(getattr(layer.mlp, "gate", None), "moe_statics", None)  # ERNIE 4.5's
+            bias = bias if statics is None else statics.e_score_correction_bias
             if bias is not None:
                 bias.normal_(0, 0.5)
     model.generation_config.eos_token_id = None
@@ -272,5 +279,15 @@ def test_control_olmoe_without_its_projection_norms_or_clamp_fails(left_out, mon
     monkeypatch.setattr(paged_llama, "_whole_projection_math", without)
     model = tiny_moe("olmoe")
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend="torch")
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_control_ernie_moes_lm_head_bias():
+    """ERNIE 4.5 MoE's LM head carries a bias (use_bias): without it the logits are not the model's."""
+    model = tiny_moe("ernie4_5_moe")
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.lm_head_bias is not None
+    runner.lm_head_bias = None
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)

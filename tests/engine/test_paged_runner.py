@@ -47,13 +47,15 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
         config = tf.CwmConfig(num_key_value_heads=2, head_dim=16, sliding_window=4,
                               layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
                               rope_parameters={"rope_type": "default", "rope_theta": 700.0}, **common)
+    elif kind == "ernie4_5":  # RoPE on interleaved pairs (head_dim 16), biases on every projection (randomised below)
+        config = tf.Ernie4_5Config(num_key_value_heads=2, head_dim=16, use_bias=True, **common)
     elif kind == "granite":  # Llama with four scalars that are not identities
         config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
                                   attention_multiplier=0.1, logits_scaling=2.5, **common)
     else:
         raise ValueError(kind)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
-    if kind in ("qwen2", "seed_oss"):  # random (non-zero) biases, so they are really tested
+    if kind in ("qwen2", "seed_oss", "ernie4_5"):  # random (non-zero) biases, so they are really tested
         with torch.no_grad():
             for layer in model.model.layers:
                 attn, mlp = layer.self_attn, layer.mlp
@@ -68,7 +70,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
-                                  "cwm", "ministral3"])
+                                  "cwm", "ministral3", "ernie4_5"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -253,7 +255,7 @@ PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
-                                  "ministral3"])
+                                  "ministral3", "ernie4_5"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
@@ -436,5 +438,18 @@ def test_control_ministral3s_query_temperature_is_needed():
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     assert runner.query_temperature == (0.5, 4) and runner.layer_windows == (6, 6)
     runner.query_temperature = None
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_controls_ernie_reads_its_pairs_as_halves():
+    """ERNIE 4.5 rotates interleaved pairs: the runner reorders each head's q / k columns (evens, then odds) and
+    rotates halves; without the reordering the logits are not the model's."""
+    model = tiny("ernie4_5")
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.layers[0].rope_order is not None and runner.layers[0].rope_order[0][:9].tolist() == [
+        0, 2, 4, 6, 8, 10, 12, 14, 1]
+    for layer in runner.layers:
+        layer.rope_order = None
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
