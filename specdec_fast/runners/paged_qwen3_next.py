@@ -261,9 +261,11 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         return num_valid
 
     def score(self, tokens, num_valid=None, *, tree=None, rows=None):
-        if tree is not None:
-            raise ValueError("token trees are not supported on Qwen3-Next's recurrent layers (each node would need "
-                             "its own state along its branch): use a chain (tree=None)")
+        if tree is not None:  # an UnsupportedModelError (a ValueError): patch_generate hands such a call to transformers
+            from .hf import UnsupportedModelError
+
+            raise UnsupportedModelError("token trees are not supported on Qwen3-Next's recurrent layers (each node "
+                                        "would need its own state along its branch): use a chain (tree=None)")
         return super().score(tokens, num_valid, rows=rows)
 
     def commit(self, keep: torch.Tensor) -> None:

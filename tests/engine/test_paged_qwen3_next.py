@@ -171,12 +171,19 @@ def test_controls_the_rollback_and_the_chained_snapshots(monkeypatch):
 
 
 def test_trees_are_refused():
+    """By name, as an UnsupportedModelError: a patch bound to tree= hands the call to transformers' generate."""
+    from specdec_fast.runners.hf import UnsupportedModelError
+
     target = tiny_qwen3_next()
     ids = torch.tensor([[5, 9, 3]])
-    with pytest.raises(ValueError, match="token trees are not supported on Qwen3-Next"):
-        api.generate(target, ids, runner="paged", assistant_model=make_draft(target), tree="static", max_new_tokens=4,
-                     do_sample=False, pad_token_id=0)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with pytest.raises(UnsupportedModelError, match="token trees are not supported on Qwen3-Next"):
+        api.generate(target, ids, runner="paged", assistant_model=make_draft(target), tree="static", **kw)
     specdec_fast.release_engines(target)
+    expected = target.generate(ids, **kw)
+    with specdec_fast.patch_generate(target, assistant_model=make_draft(target), tree="static") as patched:
+        with pytest.warns(UserWarning, match="token trees are not supported"):
+            assert torch.equal(patched.generate(ids, **kw), expected)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_moe_text"])
