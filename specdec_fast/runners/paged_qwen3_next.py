@@ -7,7 +7,8 @@ A paged KV cache rolls back a rejected draft by not advancing a length. A recurr
 thing: its state after the K + 1 scored tokens has absorbed them all. So this runner keeps, per
 Gated DeltaNet layer and row, the committed state (the convolution's last K - 1 inputs [C, K - 1] and
 the delta rule's matrix [Hv, Dk, Dv], float32) and a snapshot after every tentative token
-([max_tentative, ...]); score starts each row from the committed state or its last snapshot, and
+([max_tentative + 1, ...]: the last slot takes padded positions' writes); score starts each row from the
+committed state or its last snapshot, and
 commit(keep) makes snapshot keep - 1 the committed state (keep 0: unchanged) -- a gather, no host
 sync, static shapes, as SGLang and vLLM keep per-draft states for these layers. The attention layers
 use the paged cache as every family does (PagedRunnerBase.kv_layer_count: those layers only).
@@ -32,8 +33,9 @@ updates solve as one unit lower-triangular system, the state carried across chun
 FLA's and transformers' chunked kernels; the convolution over each row at once); a score call runs its
 n tokens at once from each row's state (_score_block: one n x n solve per head, every snapshot from one
 einsum; _steps, transformers' recurrent rule token by token, is its reference). Neither has a Triton
-kernel yet (torch ops on every backend; not timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees are refused
-(each node would need its own state along its branch). No tensor parallelism.
+kernel yet (torch ops on every backend; not timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees are
+refused (each node would need its own state along its branch) with an UnsupportedModelError. Tensor
+parallelism: runners/paged_qwen3_next_tp.py (each rank its heads' states).
 """
 import torch
 import torch.nn.functional as F
