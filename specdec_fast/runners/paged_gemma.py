@@ -23,7 +23,7 @@ and Gemma's RMSNorm is x_normed * (1 + weight) in float32, then the dtype (gemma
 Sliding layers (layer_types; Gemma 2 4096 tokens, Gemma 3 512) pass their window to the kernels
 (runners/sliding_window.py). Refused: bidirectional attention (EmbeddingGemma). One path on every
 backend, as the OLMo and GPT-2 runners: the attention and KV append through the kernels, the
-rest torch ops. No tensor-parallel runner. Gemma 1 (modeling_gemma.py) is Llama's layer with
+rest torch ops. Tensor parallelism for Gemma 1 / 2: paged_gemma_tp.py. Gemma 1 (modeling_gemma.py) is Llama's layer with
 these norms, the scaled embedding and head_dim^-0.5: its post_attention_layernorm is the MLP's
 input norm, and no branch output is normed (the runner's post_attention / post_feedforward None).
 """

@@ -32,8 +32,8 @@ RMSNorm / SwiGLU on CPU float32), the entry's append through paged_base's dispat
 through the MLA Triton kernel on the Triton path (kernels/attention/triton_mla.py: each entry chunk
 loaded once as keys and values for 16 (query, head) rows; r <= 512, dr <= 128; not yet timed on a
 GPU), else paged_base's C++ / torch attention with the plane as K and V (its output's last dr dims
-dropped). DeepSeek-V3's own MTP layer drafts on this runner too (runners/paged_mtp.py). No tensor
-parallelism.
+dropped). DeepSeek-V3's own MTP layer drafts on this runner too (runners/paged_mtp.py). Tensor
+parallelism: runners/paged_mla_tp.py (heads split, the latent whole on every rank).
 """
 import math
 
