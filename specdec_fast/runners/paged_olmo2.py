@@ -16,7 +16,7 @@ and OLMo 2's RMSNorm multiplies by its weight in float32 before the cast (Llama'
 ``olmo_rms_norm``. So the layer fits neither the Llama runner's fused norms (add then norm) nor
 its RoPE kernel (per-head q / k norms, model-dtype tables): one path for every backend, the
 attention and the KV append through the kernels (paged_base._attend), the rest torch ops, as the
-GPT-2 runner does. Static RoPE types only; no tensor-parallel runner.
+GPT-2 runner does. Static RoPE types only. Tensor parallelism: paged_olmo2_tp.py.
 OLMo 3 is OLMo 2's layer with sliding_attention layers (3 of 4; their window, by the rule of
 runners/sliding_window.py, applied by the kernels) and one RoPE per layer type (its
 rotary module's {type}_inv_freq / {type}_attention_scaling: scaling such as YaRN on the
@@ -79,24 +79,39 @@ class PagedOlmo2Runner(PagedRunnerBase):
         self._bind_heads(config)
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A branch's product as every rank's partial summed (before its norm): here the one
+        (paged_olmo2_tp.py all-reduces it)."""
+        return partial
+
+    def _qk_norm(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """The q / k norm over the whole projection (olmo_rms_norm; under tensor parallelism its mean square
+        over every rank's slice: paged_olmo2_tp.py)."""
+        return olmo_rms_norm(x, norm)
+
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         # [T, D] float32 cos / sin of each RoPE (one, or OLMo 3's per layer type), once per call
         tables = rotations(self.rope_tables, positions, torch.float32)
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
+        sum_ = self._sum_partials
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             cos, sin = tables[self.rope_keys[i]]
-            q = olmo_rms_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
-            k = olmo_rms_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
+            q = self._qk_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
+            k = self._qk_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
             v = linear(x, *layer.v).view(total, kv_heads, dim)
             # x * cos + rotate_half(x) * sin with float32 tables: computed in float32, then x's dtype
             q, k = rotate_half_apply(q, cos, sin).to(q.dtype), rotate_half_apply(k, cos, sin).to(k.dtype)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + olmo_rms_norm(linear(o.reshape(total, heads * dim), *layer.o), layer.post_attention)
+            x = x + olmo_rms_norm(sum_(linear(o.reshape(total, heads * dim), *layer.o)), layer.post_attention)
             act = layer.act(linear(x, *layer.gate)) * linear(x, *layer.up)
-            x = x + olmo_rms_norm(linear(act, *layer.down), layer.post_feedforward)
+            x = x + olmo_rms_norm(sum_(linear(act, *layer.down)), layer.post_feedforward)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = olmo_rms_norm(x, self.final_norm)

@@ -21,12 +21,13 @@ from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paged_mla_tp import TPPagedMlaRunner
 from .paged_olmo2 import PagedOlmo2Runner
+from .paged_olmo2_tp import TPPagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
 from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
 from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA_TYPES, TP_MLA_TYPES,
-                            ShardedCausalLM)
+                            TP_OLMO_TYPES, ShardedCausalLM)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
@@ -58,7 +59,8 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedCohereRunner for model_type in TP_COHERE_TYPES},
                                                  **{model_type: TPPagedMlaRunner for model_type in TP_MLA_TYPES},
                                                  **{model_type: TPPagedQwen3NextRunner for model_type in TP_HYBRID_TYPES},
-                                                 **{model_type: TPPagedGemmaRunner for model_type in TP_GEMMA_TYPES}}
+                                                 **{model_type: TPPagedGemmaRunner for model_type in TP_GEMMA_TYPES},
+                                                 **{model_type: TPPagedOlmo2Runner for model_type in TP_OLMO_TYPES}}
 
 
 def _model_type(model) -> str | None:

@@ -46,7 +46,10 @@ TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # Gemma 1 / 2 (runners/paged_gemma_tp.py): the Llama layout, each branch's partials summed before its norm
 TP_GEMMA_TYPES = ("gemma", "gemma2")
-TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES
+# OLMo 2 / 3 (runners/paged_olmo2_tp.py): q/k norms over the whole projection (statistics over every rank's
+# slice), each branch's partials summed before its norm; OLMo 3's RoPE per layer type
+TP_OLMO_TYPES = ("olmo2", "olmo3")
+TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
@@ -81,9 +84,22 @@ class ShardedCausalLM(torch.nn.Module):
         embed = shards["model.embed_tokens.weight"]
         # The one registered parameter (never fused): device, dtype and the engine cache's fingerprint.
         self.embed_shard = torch.nn.Parameter(embed, requires_grad=False)
-        self.inv_freq = rotary.inv_freq.detach().to(device=embed.device, dtype=torch.float32)
-        self.rope_scaling = float(rotary.attention_scaling)
-        self.rope_type = getattr(rotary, "rope_type", None)
+        # one RoPE table (inv_freq / rope_scaling / rope_type), or one per layer type (OLMo 3's: rope_tables keyed
+        # by config.layer_types, inv_freq None); both as rope_tables {key: (inv_freq, scaling, rope_type)}, rope_keys
+        if hasattr(rotary, "inv_freq"):
+            self.inv_freq = rotary.inv_freq.detach().to(device=embed.device, dtype=torch.float32)
+            self.rope_scaling = float(rotary.attention_scaling)
+            self.rope_type = getattr(rotary, "rope_type", None)
+            self.rope_tables = {None: (self.inv_freq, self.rope_scaling, self.rope_type)}
+            self.rope_keys = [None] * config.num_hidden_layers
+        else:
+            kinds = sorted(set(config.layer_types))
+            self.inv_freq, self.rope_scaling, self.rope_type = None, None, rotary.rope_type
+            self.rope_tables = {kind: (getattr(rotary, f"{kind}_inv_freq").detach().to(device=embed.device,
+                                                                                       dtype=torch.float32),
+                                       float(getattr(rotary, f"{kind}_attention_scaling")), rotary.rope_type.get(kind))
+                                for kind in kinds}
+            self.rope_keys = list(config.layer_types[:config.num_hidden_layers])
 
     @classmethod
     def from_pretrained(cls, path, process_group=None, *, dtype=None, device=None, timeout=None) -> "ShardedCausalLM":

@@ -57,7 +57,7 @@ from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 
 # Families whose q_norm / k_norm weigh the whole projection ([Hq D], [Hkv D]): split as q / k rows are, the
 # statistics taken over every rank's slice (paged_llama_tp.TensorParallelRunner._projection_norm)
-WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2")
+WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2", "olmo2", "olmo3")
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the LM head's bias: ERNIE 4.5's

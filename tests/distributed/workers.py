@@ -21,6 +21,9 @@ HYBRID_KINDS = ("qwen3_next", "qwen3_5_text")  # recurrent layers by heads, each
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
+# OLMo 2 / 3: whole-projection q/k norms (OLMo's op order), each branch's partials summed before its norm; OLMo 3's
+# RoPE per layer type
+OLMO_KINDS = ("olmo2", "olmo3")
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -138,7 +141,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # rank its heads' rows of q_b / kv_b and columns of o_proj, the latent computed whole on both
     # Qwen3-Next / Qwen3.5: Gated DeltaNet layers by key / value heads (each rank rolls back its heads' states), gated
     # attention by heads; Qwen3-Next's MoE with a gated shared expert
-    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS + INTERLEAVED_KINDS:
+    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS + INTERLEAVED_KINDS + OLMO_KINDS:
         tgt, drf = tiny(kind)
         if kind in INTERLEAVED_KINDS:  # ERNIE's biases (q/k/v split, o / down / shared down / LM head's by rank 0 or rows)
             with torch.no_grad():

@@ -31,6 +31,8 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.MinistralConfig(head_dim=12, sliding_window=8, **llama_like)
     if kind == "smollm3":  # a NoPE layer every second layer
         return tf.SmolLM3Config(no_rope_layer_interval=2, **llama_like)
+    if kind == "olmo2":  # q/k norms over the whole projection, each branch's output normed before its add
+        return tf.Olmo2Config(**llama_like)
     if kind == "olmo3":  # OLMo 2's layer; sliding (window 4096: never reached here) and full layers, a RoPE each
         return tf.Olmo3Config(layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
                               ["sliding_attention"] * (layers % 2), **llama_like)

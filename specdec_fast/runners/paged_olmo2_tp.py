@@ -1,0 +1,77 @@
+"""TPPagedOlmo2Runner: an OLMo 2 or OLMo 3 model (sharded_model.TP_OLMO_TYPES) sharded over the ranks of a
+process group (docs/architecture.md §10).
+
+The layout is the Llama families' (runners/sharding.py): q / k / v and gate / up by this rank's heads and
+columns, o and down row-parallel, the embedding and the LM head by vocabulary rows. OLMo's q_norm / k_norm
+weigh the whole projection: their weights split as the q / k rows and their mean square taken over every
+rank's slice (one all-reduce of [T, 1] float32 sums per norm), then olmo_rms_norm's op order (the weight
+multiplied in float32 before the cast). Each branch's output is normed before it is added, so its partials
+are summed first (the all-reduce), then normed, then added on every rank. OLMo 3's RoPE per layer type
+comes from ShardedCausalLM.rope_tables. The math is PagedOlmo2Runner's over this rank's shards.
+"""
+import torch
+
+from .paged_llama_tp import TensorParallelRunner
+from .paged_olmo2 import PagedOlmo2Runner
+from .paged_base import FLOAT_DTYPES, head_dim_reason
+from .sharded_model import TP_OLMO_TYPES, ShardedCausalLM
+
+
+def tp_olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why TPPagedOlmo2Runner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
+    if not isinstance(model, ShardedCausalLM):
+        return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
+    if model.config.model_type not in TP_OLMO_TYPES:
+        return f"model_type {model.config.model_type!r} is not one of {TP_OLMO_TYPES}"
+    if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
+        return "a shard is not a float tensor (quantized checkpoints are not supported)"
+    for _, _, rope_type in model.rope_tables.values():
+        if not isinstance(rope_type, str) or "dynamic" in rope_type or "longrope" in rope_type:
+            return f"rope_type {rope_type!r}: this runner takes RoPE with static frequencies"
+    return head_dim_reason(model.plan.head_dim, backend)
+
+
+class _TPOlmo2Layer:
+    """One layer's shards (the attribute names of paged_olmo2._Olmo2Layer): q_norm / k_norm this rank's slice of
+    the whole-projection weights."""
+
+    def __init__(self, shards: dict, prefix: str, config):
+        from transformers.activations import ACT2FN
+
+        def get(name):
+            return shards.get(prefix + name)
+
+        eps = config.rms_norm_eps
+        self.q, self.k, self.v, self.o = ((get(f"self_attn.{p}_proj.weight"), None) for p in "qkvo")
+        self.q_norm, self.k_norm = (get("self_attn.q_norm.weight"), eps), (get("self_attn.k_norm.weight"), eps)
+        self.post_attention = (get("post_attention_layernorm.weight"), eps)
+        self.post_feedforward = (get("post_feedforward_layernorm.weight"), eps)
+        self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
+        self.act = ACT2FN[config.hidden_act]
+
+
+class TPPagedOlmo2Runner(TensorParallelRunner, PagedOlmo2Runner):
+    """Runner (runners/base.py) for one rank's ShardedCausalLM of OLMo 2 / 3: PagedOlmo2Runner's interface and
+    sizes; logits over the whole vocabulary, equal on every rank."""
+
+    unsupported_reason = staticmethod(tp_olmo2_unsupported_reason)
+
+    def _bind(self, model) -> None:
+        config, shards, plan = model.config, model.shards, model.plan
+        self._bind_shard(model)
+        self.layers = [_TPOlmo2Layer(shards, f"model.layers.{i}.", config) for i in range(config.num_hidden_layers)]
+        self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
+        self.lm_head = shards["lm_head.weight"]
+        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.rope_tables = {key: (inv_freq.to(device=self.device), scaling)
+                            for key, (inv_freq, scaling, _) in model.rope_tables.items()}
+        self.rope_keys = model.rope_keys
+
+    def _qk_norm(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """olmo_rms_norm over the whole projection of which x [T, w] is this rank's slice (weight: its slice):
+        the mean square over every rank's slice, one all-reduce of [T, 1] float32 sums."""
+        weight, eps = norm
+        x32 = x.float()
+        total = self.tp.all_reduce_(x32.pow(2).sum(-1, keepdim=True))
+        return (weight * (x32 * torch.rsqrt(total / (self.plan.world * x.shape[-1]) + eps))).to(x.dtype)
