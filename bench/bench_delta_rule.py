@@ -14,6 +14,11 @@ largest difference: a prefill's chunks, and a score call's tokens at once.
         hundred tokens, less at 64 (one chunk, its solve for few tokens). Measured (this 2-core EPYC, 1
         thread, delta_rule_cpu.json): prefill 10-16x at every length, 64 included; score 1.6x at B = 1,
         1.0x at B = 8 (the arithmetic dominates on a CPU at these widths).
+    python bench/bench_delta_rule.py --gpu [--budget-s S] [--out bench/results/delta_rule_<device>.json]
+        Qwen3-Next-80B's layer widths (16 key heads, 32 value heads of 128), one layer on the GPU: prefills of
+        1k / 4k / 16k tokens (synchronised ms, median of 3) and score calls of 5 tokens at B 1 / 8 / 32 (CUDA-graph
+        replay us of each way), with the outputs' largest difference. Never run yet: whether the score block's
+        fewer ops pay where launches cost, and the chunked prefill's time.
     python bench/bench_delta_rule.py --smoke --out F
         Tiny widths and lengths: not a measurement, a check that the script runs.
 """
@@ -31,10 +36,11 @@ from machine import versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = dict(nk=4, nv=8, dk=128, dv=128, lengths=(64, 256, 1024), batches=(1, 8), queries=5, reps=3)
+GPU = dict(nk=16, nv=32, dk=128, dv=128, lengths=(1024, 4096, 16384), batches=(1, 8, 32), queries=5, reps=3)
 SMOKE = dict(nk=2, nv=4, dk=8, dv=12, lengths=(5, 70), batches=(1, 3), queries=3, reps=1)
 
 
-def _layer(shape: dict):
+def _layer(shape: dict, device="cpu"):
     """A Qwen3NextGatedDeltaNet module of these widths (random weights) and the runner half that runs it."""
     import transformers as tf
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
@@ -45,22 +51,31 @@ def _layer(shape: dict):
     config = tf.Qwen3NextConfig(hidden_size=256, linear_num_key_heads=shape["nk"], linear_num_value_heads=shape["nv"],
                                 linear_key_head_dim=shape["dk"], linear_value_head_dim=shape["dv"], num_hidden_layers=1,
                                 layer_types=["linear_attention"])
-    net = _DeltaNet.of(Qwen3NextGatedDeltaNet(config, 0).eval())
+    net = _DeltaNet.of(Qwen3NextGatedDeltaNet(config, 0).eval().to(device))
     runner = PagedQwen3NextRunner.__new__(PagedQwen3NextRunner)  # only its two rules are timed: no model needed
     runner._prefilling = True
-    return runner, net, lambda length, rows=1: _States(net, rows, length, torch.float32, "cpu")
+    runner.device = torch.device(device)
+    return runner, net, lambda length, rows=1: _States(net, rows, length, torch.float32, device)
 
 
-def _compare(ours, reference, reps: int) -> tuple:
-    """(ms of ours, ms of the reference: medians of reps after a warm-up), max |ours - reference|."""
+def _compare(ours, reference, reps: int, sync=lambda: None, graphs: bool = False) -> tuple:
+    """(ms of ours, ms of the reference: medians of reps after a warm-up, or with graphs CUDA-graph replay times),
+    max |ours - reference|."""
     timings = []
     with torch.no_grad():
         for fn in (ours, reference):
+            if graphs:
+                from gpu_timing import graph_timer
+
+                timings.append(graph_timer(fn, reps=50) / 1e3)
+                continue
             fn()  # warm-up
             times = []
             for _ in range(reps):
+                sync()
                 begin = time.perf_counter()
                 fn()
+                sync()
                 times.append(1e3 * (time.perf_counter() - begin))
             timings.append(statistics.median(times))
         return timings, float((ours() - reference()).abs().max())
@@ -70,24 +85,42 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--cpu", action="store_true", help="the widths above on this CPU")
+    mode.add_argument("--gpu", action="store_true", help="Qwen3-Next-80B's widths on the GPU")
     mode.add_argument("--smoke", action="store_true", help="tiny widths; needs --out")
+    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="JSON path (default bench/results/delta_rule_cpu.json)")
+    parser.add_argument("--out", help="JSON path (default bench/results/delta_rule_<device>.json)")
     args = parser.parse_args(argv)
     if args.smoke and not args.out:
         sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
-    shape = SMOKE if args.smoke else CPU
+    if args.gpu and not torch.cuda.is_available():
+        sys.exit("--gpu needs a CUDA device (or --cpu)")
+    from gpu_timing import RowBudget
+
+    shape = SMOKE if args.smoke else GPU if args.gpu else CPU
+    device = "cuda" if args.gpu else "cpu"
+    name = torch.cuda.get_device_name() if args.gpu else "cpu"
+    sync = torch.cuda.synchronize if args.gpu else (lambda: None)
     torch.set_num_threads(args.threads)
-    out = Path(args.out or ROOT / "bench/results/delta_rule_cpu.json")
-    runner, net, states = _layer(shape)
-    rows, gen = [], torch.Generator().manual_seed(1)
+    out = Path(args.out or ROOT / f"bench/results/delta_rule_{name.replace(' ', '_').replace('/', '_')}.json")
+    runner, net, states = _layer(shape, device)
+    rows, gen, budget = [], torch.Generator().manual_seed(1), RowBudget(args.budget_s)
+
+    def on(*tensors):
+        return [t.to(device) for t in tensors]
+
+    def write():  # after every row: a later row's failure keeps these
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"device": "cpu (smoke)" if args.smoke else name, "threads": args.threads,
+                                   **versions(), "widths": {k: shape[k] for k in ("nk", "nv", "dk", "dv")},
+                                   "rows": rows, "not_run": budget.not_run}, indent=2) + "\n")
+
     for length in shape["lengths"]:
-        by_row = torch.randn(1, length, net.channels, generator=gen)
-        beta = torch.rand(1, length, net.nv, generator=gen)
-        g = -torch.rand(1, length, net.nv, generator=gen)
-        real = torch.ones(1, length, dtype=torch.bool)
-        slot = torch.arange(length)[None]
-        start = torch.full((1,), -1)
+        if not budget.allows(f"prefill {length}"):
+            continue
+        by_row, beta, g = on(torch.randn(1, length, net.channels, generator=gen), torch.rand(1, length, net.nv, generator=gen),
+                             -torch.rand(1, length, net.nv, generator=gen))
+        real, slot, start = on(torch.ones(1, length, dtype=torch.bool), torch.arange(length)[None], torch.full((1,), -1))
 
         def chunked():
             return runner._prefill_chunks(net, states(1), by_row, beta, g)
@@ -95,23 +128,24 @@ def main(argv=None) -> int:
         def steps():
             return runner._steps(net, states(length), by_row, beta, g, real, slot, start)
 
-        timings, diff = _compare(chunked, steps, shape["reps"])
+        timings, diff = _compare(chunked, steps, shape["reps"], sync)
         row = {"call": "prefill", "B": 1, "tokens": length, "chunked_ms": timings[0], "steps_ms": timings[1],
                "chunked_vs_steps": timings[0] / timings[1], "max_abs_diff": diff}
         rows.append(row)
         print(json.dumps(row), flush=True)
+        write()
     runner._prefilling = False
     n = shape["queries"]
     for batch in shape["batches"]:  # a score call of n tokens a row from a nonzero state
-        by_row = torch.randn(batch, n, net.channels, generator=gen)
-        beta = torch.rand(batch, n, net.nv, generator=gen)
-        g = -torch.rand(batch, n, net.nv, generator=gen)
-        real = torch.ones(batch, n, dtype=torch.bool)
-        slot = torch.arange(n).expand(batch, -1)
-        start = torch.full((batch,), -1)
+        if not budget.allows(f"score B={batch}"):
+            continue
+        by_row, beta, g = on(torch.randn(batch, n, net.channels, generator=gen), torch.rand(batch, n, net.nv, generator=gen),
+                             -torch.rand(batch, n, net.nv, generator=gen))
+        real, slot, start = on(torch.ones(batch, n, dtype=torch.bool), torch.arange(n).expand(batch, -1).contiguous(),
+                               torch.full((batch,), -1))
         st = states(n, batch)
-        st.rec.normal_(generator=gen)
-        st.conv.normal_(generator=gen)
+        st.rec.copy_(torch.randn(st.rec.shape, generator=gen))
+        st.conv.copy_(torch.randn(st.conv.shape, generator=gen))
 
         def block():
             return runner._score_block(net, st, by_row, beta, g, real, slot, start)
@@ -119,14 +153,12 @@ def main(argv=None) -> int:
         def steps():
             return runner._steps(net, st, by_row, beta, g, real, slot, start)
 
-        timings, diff = _compare(block, steps, shape["reps"])
+        timings, diff = _compare(block, steps, shape["reps"], sync, graphs=args.gpu)
         row = {"call": "score", "B": batch, "tokens": n, "block_ms": timings[0], "steps_ms": timings[1],
                "block_vs_steps": timings[0] / timings[1], "max_abs_diff": diff}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": "cpu (smoke)" if args.smoke else "cpu", "threads": args.threads, **versions(),
-                               "widths": {k: shape[k] for k in ("nk", "nv", "dk", "dv")}, "rows": rows}, indent=2) + "\n")
+        write()
     return 0
 
 

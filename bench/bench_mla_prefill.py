@@ -12,6 +12,11 @@ row's own tokens: PagedMlaRunner.expand_prefill_min), with the logits' largest d
         EPYC, 1 thread, mla_prefill_cpu.json): expanded 0.89 / 0.89 / 0.66 of absorbed at 64 / 256 / 1024 --
         ahead already at 64 and only 1.5x at 1024: the projections and MLPs, the same both ways, take most
         of a prefill at these widths.
+    python bench/bench_mla_prefill.py --gpu [--budget-s S] [--out bench/results/mla_prefill_<device>.json]
+        DeepSeek-V3's attention at full width (128 heads, hidden 7168), 2 layers with small dense MLPs, bf16,
+        the Triton kernels, one row of 1k / 2k / 4k tokens: prefill ms each way (synchronised, median of 3
+        after a warm-up). Decides PagedMlaRunner.expand_prefill_min on a GPU (SDPA's flash path needs Dk = Dv:
+        another backend serves the expanded form). Never run yet.
     python bench/bench_mla_prefill.py --smoke --out F
         Tiny widths: not a measurement, a check that the script runs.
 """
@@ -32,6 +37,8 @@ CPU = dict(config=dict(hidden_size=2048, intermediate_size=256, num_hidden_layer
                        num_key_value_heads=16, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
                        qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=2, vocab_size=1024),
            lengths=(64, 256, 1024), reps=3)
+GPU = dict(config=dict(CPU["config"], hidden_size=7168, num_attention_heads=128, num_key_value_heads=128,
+                       vocab_size=4096), lengths=(1024, 2048, 4096), reps=3)
 SMOKE = dict(config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=8,
                          qk_nope_head_dim=16, v_head_dim=12, first_k_dense_replace=2, vocab_size=128),
@@ -42,32 +49,45 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--cpu", action="store_true", help="the widths above on this CPU")
+    mode.add_argument("--gpu", action="store_true", help="DeepSeek-V3's full attention width on the GPU")
     mode.add_argument("--smoke", action="store_true", help="tiny widths; needs --out")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="JSON path (default bench/results/mla_prefill_cpu.json)")
+    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
+    parser.add_argument("--out", help="JSON path (default bench/results/mla_prefill_<device>.json)")
     args = parser.parse_args(argv)
     if args.smoke and not args.out:
         sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
+    if args.gpu and not torch.cuda.is_available():
+        sys.exit("--gpu needs a CUDA device (or --cpu)")
     import transformers as tf
+    from gpu_timing import RowBudget
 
     from specdec_fast.runners.paged_mla import PagedMlaRunner
 
-    shape = SMOKE if args.smoke else CPU
+    shape = SMOKE if args.smoke else GPU if args.gpu else CPU
+    device, dtype = ("cuda", torch.bfloat16) if args.gpu else ("cpu", torch.float32)
+    name = torch.cuda.get_device_name() if args.gpu else "cpu"
+    sync = torch.cuda.synchronize if args.gpu else (lambda: None)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(tf.DeepseekV3Config(**shape["config"])).float().eval()
-    out = Path(args.out or ROOT / "bench/results/mla_prefill_cpu.json")
-    rows, gen = [], torch.Generator().manual_seed(1)
+    with torch.device(device):
+        model = tf.AutoModelForCausalLM.from_config(tf.DeepseekV3Config(**shape["config"]), dtype=dtype).eval()
+    out = Path(args.out or ROOT / f"bench/results/mla_prefill_{name.replace(' ', '_').replace('/', '_')}.json")
+    rows, gen, budget = [], torch.Generator().manual_seed(1), RowBudget(args.budget_s)
     for length in shape["lengths"]:
-        prompt = torch.randint(3, shape["config"]["vocab_size"], (1, length), generator=gen)
+        if not budget.allows(f"tokens={length}"):
+            continue
+        prompt = torch.randint(3, shape["config"]["vocab_size"], (1, length), generator=gen).to(device)
         timings, logits = {}, {}
         for way, threshold in (("absorbed", length + 1), ("expanded", 1)):
             runner = PagedMlaRunner(model, max_new_tokens=4, num_draft_tokens=1)
             runner.expand_prefill_min = threshold
             times = []
             for _ in range(shape["reps"] + 1):  # the first: a warm-up
+                sync()
                 begin = time.perf_counter()
-                logits[way] = runner.prefill(prompt, None)
+                logits[way] = runner.prefill(prompt, None).float()
+                sync()
                 times.append(1e3 * (time.perf_counter() - begin))
             timings[way] = statistics.median(times[1:]) if len(times) > 2 else times[-1]
         row = {"tokens": length, "absorbed_ms": timings["absorbed"], "expanded_ms": timings["expanded"],
@@ -76,9 +96,10 @@ def main(argv=None) -> int:
                "logits_scale": float(logits["absorbed"].abs().max())}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": "cpu (smoke)" if args.smoke else "cpu", "threads": args.threads, **versions(),
-                               "config": shape["config"], "rows": rows}, indent=2) + "\n")
+        out.parent.mkdir(parents=True, exist_ok=True)  # after every row: a later row's failure keeps these
+        out.write_text(json.dumps({"device": "cpu (smoke)" if args.smoke else name, "threads": args.threads,
+                                   **versions(), "config": shape["config"], "rows": rows, "not_run": budget.not_run},
+                                  indent=2) + "\n")
     return 0
 
 
