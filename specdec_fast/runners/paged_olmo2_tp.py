@@ -25,6 +25,8 @@ def tp_olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
         return f"model_type {model.config.model_type!r} is not one of {TP_OLMO_TYPES}"
     if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
         return "a shard is not a float tensor (quantized checkpoints are not supported)"
+    if any(name.endswith("_proj.bias") for name in model.shards):  # OLMo's layers have none: the runner reads none
+        return "OLMo projections with biases (attention_bias): not read by this runner"
     for _, _, rope_type in model.rope_tables.values():
         if not isinstance(rope_type, str) or "dynamic" in rope_type or "longrope" in rope_type:
             return f"rope_type {rope_type!r}: this runner takes RoPE with static frequencies"

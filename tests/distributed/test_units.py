@@ -483,3 +483,17 @@ def test_a_family_without_a_tensor_parallel_runner_is_refused_by_name():
 
     with pytest.raises(ValueError, match="tensor parallelism supports model_type .* got 'gpt_neox'"):
         shard_model(make_model("gpt_neox"), process_group=None)
+
+
+def test_olmo_with_biases_is_refused_under_tensor_parallelism():
+    """The OLMo TP runner reads no projection bias: a checkpoint with attention_bias is refused by name, not run
+    without its biases (a ShardedCausalLM stand-in holding one such shard: the check reads names only)."""
+    from specdec_fast.runners.paged_olmo2_tp import tp_olmo2_unsupported_reason
+    from specdec_fast.runners.sharded_model import ShardedCausalLM
+
+    model = make_model("olmo2")
+    sharded = ShardedCausalLM.__new__(ShardedCausalLM)
+    torch.nn.Module.__init__(sharded)
+    sharded.config, sharded.shards = model.config, {"model.layers.0.self_attn.q_proj.bias": torch.zeros(4)}
+    sharded.rope_tables = {None: (None, 1.0, "default")}
+    assert "projections with biases" in tp_olmo2_unsupported_reason(sharded)
