@@ -26,6 +26,14 @@ def static_rope_limit(config, rope_type) -> int | None:
     return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
+def static_rope_reason(rope_type) -> str | None:
+    """Why a RoPE of ``rope_type`` is refused by the runners that take static frequencies only (dynamic /
+    longrope change theirs with the length), or None."""
+    if not isinstance(rope_type, str) or "dynamic" in rope_type or "longrope" in rope_type:
+        return f"rope_type {rope_type!r}: this runner takes RoPE with static frequencies"
+    return None
+
+
 def rope_tables(model) -> tuple[dict, list] | None:
     """{layer type: (inv_freq, attention_scaling, rope_type)} of the model's rotary module, and
     each layer's key into it (config.layer_types for a per-type RoPE, else one table under None)

@@ -535,6 +535,17 @@ class PagedRunnerBase:
         positions = torch.empty_like(row_pos).scatter_(0, dest, row_pos)
         return packed, positions, cu, count, dest
 
+    def _row_index(self, cu: torch.Tensor, total: int, n: int) -> tuple:
+        """A packed call's tokens as rows [B, n] again, each row's real tokens last (as the call gave them):
+        (packed index [B, n] int64, ``total`` where padding: a spare row past the packed ones; real [B, n]
+        bool). The runners that run a row's tokens together (paged_mla's expanded prefill, paged_qwen3_next's
+        recurrence) read them through it."""
+        count = cu[1:] - cu[:-1]
+        step = torch.arange(n, device=self.device)
+        pad = (n - count)[:, None]
+        real = step[None, :] >= pad
+        return torch.where(real, cu[:-1, None].long() + step[None, :] - pad, total), real
+
     def _forward(self, tokens: torch.Tensor, num_valid, tree=None, prefill: bool = False) -> torch.Tensor:
         """tokens [B, N] -> final-norm hidden states [B, N, H]; appends the real tokens' K/V at
         self.length and advances it. tree: (mask [N], depths [N]) as in score. With a

@@ -70,8 +70,9 @@ class TPPagedGemmaRunner(TensorParallelRunner, PagedGemmaRunner):
         self.attn_softcap = config.attn_logit_softcapping if config.model_type == "gemma2" else None
         # GemmaTextScaledWordEmbedding's buffer: sqrt(H) in float32 (cast to the embedding's dtype when applied)
         self.embed_scale = torch.tensor(config.hidden_size ** 0.5, dtype=torch.float32, device=self.device)
-        self.rope_tables = {None: (model.inv_freq.to(device=self.device), model.rope_scaling)}
-        self.rope_keys = [None] * config.num_hidden_layers
+        self.rope_tables = {key: (inv_freq.to(device=self.device), scaling)
+                            for key, (inv_freq, scaling, _) in model.rope_tables.items()}
+        self.rope_keys = model.rope_keys
 
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """The vocabulary-parallel lookup (summed over the ranks), times sqrt(H) as the single process does."""

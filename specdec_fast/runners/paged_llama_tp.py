@@ -50,16 +50,25 @@ from .sharding import WHOLE_PROJECTION_NORMS
 from .sharding_moe import moe_layer_params
 
 
-def sharded_reason(model, model_types: tuple, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """The checks every tensor-parallel runner's unsupported_reason makes, or None: a ShardedCausalLM
-    of one of ``model_types``, float shards, and the Llama runner's config checks (static RoPE,
-    windows, head_dim) on its rotary frequencies."""
+def shard_reason(model, model_types: tuple) -> str | None:
+    """The checks every tensor-parallel runner's unsupported_reason starts with, or None: a
+    ShardedCausalLM of one of ``model_types`` with float shards."""
     if not isinstance(model, ShardedCausalLM):
         return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
     if model.config.model_type not in model_types:
         return f"model_type {model.config.model_type!r} is not one of {model_types}"
     if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
-        return "a shard is not a float tensor (quantized checkpoints are not supported; GPT-OSS's MXFP4 experts are dequantized on read)"
+        return ("a shard is not a float tensor (quantized checkpoints are not supported; GPT-OSS's MXFP4 experts and "
+                "block FP8 weights are dequantized on read)")
+    return None
+
+
+def sharded_reason(model, model_types: tuple, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """shard_reason, then the Llama runner's config checks (static RoPE, windows, head_dim) on the
+    ShardedCausalLM's rotary frequencies."""
+    reason = shard_reason(model, model_types)
+    if reason is not None:
+        return reason
     return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend,
                                rotary_dims=2 * model.inv_freq.numel())
 

@@ -224,11 +224,7 @@ class PagedMlaRunner(PagedRunnerBase):
         """A prefill's rows [B, n] again (each row's tokens last, as the prompt gave them): (packed index
         [B, n] (total where padding), [B, 1, n, n] bool: query i sees key j <= i of its row's tokens, and a
         padded query itself alone)."""
-        count = cu[1:] - cu[:-1]
-        step = torch.arange(n, device=self.device)
-        pad = (n - count)[:, None]
-        real = step[None, :] >= pad  # [B, n]
-        index = torch.where(real, cu[:-1, None].long() + step[None, :] - pad, total)
+        index, real = self._row_index(cu, total, n)
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         sees = (causal & real[:, None, :]) | torch.eye(n, dtype=torch.bool, device=self.device)
         return index, sees[:, None]

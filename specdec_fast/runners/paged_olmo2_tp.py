@@ -11,25 +11,24 @@ comes from ShardedCausalLM.rope_tables. The math is PagedOlmo2Runner's over this
 """
 import torch
 
-from .paged_llama_tp import TensorParallelRunner
+from ._rotary import static_rope_reason
+from .paged_base import head_dim_reason
+from .paged_llama_tp import TensorParallelRunner, shard_reason
 from .paged_olmo2 import PagedOlmo2Runner
-from .paged_base import FLOAT_DTYPES, head_dim_reason
-from .sharded_model import TP_OLMO_TYPES, ShardedCausalLM
+from .sharded_model import TP_OLMO_TYPES
 
 
 def tp_olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedOlmo2Runner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    if not isinstance(model, ShardedCausalLM):
-        return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
-    if model.config.model_type not in TP_OLMO_TYPES:
-        return f"model_type {model.config.model_type!r} is not one of {TP_OLMO_TYPES}"
-    if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
-        return "a shard is not a float tensor (quantized checkpoints are not supported)"
+    reason = shard_reason(model, TP_OLMO_TYPES)
+    if reason is not None:
+        return reason
     if any(name.endswith("_proj.bias") for name in model.shards):  # OLMo's layers have none: the runner reads none
         return "OLMo projections with biases (attention_bias): not read by this runner"
     for _, _, rope_type in model.rope_tables.values():
-        if not isinstance(rope_type, str) or "dynamic" in rope_type or "longrope" in rope_type:
-            return f"rope_type {rope_type!r}: this runner takes RoPE with static frequencies"
+        reason = static_rope_reason(rope_type)
+        if reason is not None:
+            return reason
     return head_dim_reason(model.plan.head_dim, backend)
 
 

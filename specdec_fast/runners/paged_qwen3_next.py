@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from ._layer_math import linear_params, rope_cos_sin
 from ._linear import linear
 from ._moe import SHARED, MoE, is_moe, moe_reason
+from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 
@@ -87,11 +88,8 @@ def qwen3_next_unsupported_reason(model, max_tokens_per_row: int | None = None, 
             return f"layer {i}: {reason}"
         if layer.block_type == "linear_attention" and layer.linear_attn.activation != "silu":
             return f"layer {i}: a Gated DeltaNet convolution with activation {layer.linear_attn.activation!r}"
-    rotary = model.model.rotary_emb
-    rope_type = getattr(rotary, "rope_type", None)
-    if not isinstance(rope_type, str) or "dynamic" in rope_type or "longrope" in rope_type:
-        return f"rope_type {rope_type!r}: this runner takes RoPE with static frequencies"
-    return head_dim_reason(config.head_dim, backend)
+    return static_rope_reason(getattr(model.model.rotary_emb, "rope_type", None)) or head_dim_reason(config.head_dim,
+                                                                                                   backend)
 
 
 def qwen_norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -322,14 +320,12 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         (packed index [B, n] (total where padding: a spare row), real [B, n] bool, the tentative slot
         each real token's snapshot goes to [B, n], each row's starting slot - 1 [B] (-1: the committed
         state))."""
-        batch = cu.shape[0] - 1
-        count = cu[1:] - cu[:-1]
-        step = torch.arange(n, device=self.device)
-        pad = (n - count)[:, None]
-        real = step[None, :] >= pad
-        index = torch.where(real, cu[:-1, None].long() + step[None, :] - pad, total)
-        before = self.length[:batch] - self.seq_lens  # tentative tokens already there ([B]; 0 in a prefill)
-        slot = torch.where(real, (before[:, None] + step[None, :] - pad).clamp(0, max(self._tentative_capacity - 1, 0)),
+        index, real = self._row_index(cu, total, n)
+        batch = real.shape[0]
+        # a real token's place among the row's tentative tokens: those already there, then its rank in the call
+        before = self.length[:batch] - self.seq_lens  # [B]; 0 in a prefill
+        rank = real.long().cumsum(1) - 1
+        slot = torch.where(real, (before[:, None] + rank).clamp(0, max(self._tentative_capacity - 1, 0)),
                            self._tentative_capacity)  # padding: the spare slot
         return index, real, slot, before.long() - 1
 

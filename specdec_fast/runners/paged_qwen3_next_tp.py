@@ -13,27 +13,23 @@ rank's heads; the agreement, the vocabulary-parallel embedding and the gathered 
 TensorParallelRunner's.
 """
 from ._moe import MoE
-from .paged_base import FLOAT_DTYPES, head_dim_reason
-from .paged_llama_tp import TensorParallelRunner
+from ._rotary import static_rope_reason
+from .paged_base import head_dim_reason
+from .paged_llama_tp import TensorParallelRunner, shard_reason
 from .paged_qwen3_next import LAYER_KINDS, PagedQwen3NextRunner, _Attention, _DeltaNet
-from .sharded_model import TP_HYBRID_TYPES, ShardedCausalLM
+from .sharded_model import TP_HYBRID_TYPES
 from .sharding_moe import moe_layer_params
 
 
 def tp_qwen3_next_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedQwen3NextRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    if not isinstance(model, ShardedCausalLM):
-        return f"the tensor-parallel runner runs a ShardedCausalLM (from_pretrained / from_model), got {type(model).__name__}"
+    reason = shard_reason(model, TP_HYBRID_TYPES)
+    if reason is not None:
+        return reason
     config = model.config
-    if config.model_type not in TP_HYBRID_TYPES:
-        return f"model_type {config.model_type!r} is not one of {TP_HYBRID_TYPES}"
-    if any(t.dtype not in FLOAT_DTYPES for t in model.shards.values()):
-        return "a shard is not a float tensor (quantized checkpoints are not supported)"
     if set(config.layer_types) - set(LAYER_KINDS):
         return f"layer_types {sorted(set(config.layer_types))}: this runner takes {LAYER_KINDS}"
-    if not isinstance(model.rope_type, str) or "dynamic" in model.rope_type or "longrope" in model.rope_type:
-        return f"rope_type {model.rope_type!r}: this runner takes RoPE with static frequencies"
-    return head_dim_reason(config.head_dim, backend)
+    return static_rope_reason(model.rope_type) or head_dim_reason(config.head_dim, backend)
 
 
 class _TPLayer:

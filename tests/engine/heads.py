@@ -187,6 +187,21 @@ def reference_block(head, target, context: list) -> torch.Tensor:
                     torch.arange(c, c + head.block_size)[None], torch.arange(c)[None])
 
 
+def assert_head_drafts_greedy(target, head: str, vocab: int) -> None:
+    """An EAGLE-3 head (head "eagle3") or a DFlash block drafter ("dflash"), random, over ``target``: greedy
+    generate equals model.generate (the target runner captures the hidden states the head reads)."""
+    import specdec_fast
+
+    from .models import left_padded_prompts
+
+    ids, mask = left_padded_prompts([5, 8], vocab=vocab, seed=3)
+    kw = dict(do_sample=False, max_new_tokens=12, pad_token_id=0)
+    drafter = random_head(target, vocab) if head == "eagle3" else random_dflash(target)
+    out = specdec_fast.generate(target, ids, mask, draft_head=drafter, **kw)
+    assert torch.equal(out, target.generate(ids, attention_mask=mask, **kw))
+    specdec_fast.release_engines(target)
+
+
 def greedy_under_the_schedule(target, ids, mask, chaos, cycle, **drafting):
     """generate(num_assistant_tokens_schedule="adaptive", greedy, 24 tokens) with the drafting
     keywords twice: under the schedule's own choices, then with K forced through ``cycle`` every

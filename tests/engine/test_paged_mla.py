@@ -251,15 +251,9 @@ def test_the_moe_block_equals_transformers(kind):
 @pytest.mark.parametrize("head", ["eagle3", "dflash"])
 def test_draft_heads_read_its_hidden_states(head):
     """An EAGLE-3 head and a DFlash block drafter over DeepSeek-V3: greedy equals model.generate."""
-    from .heads import random_dflash, random_head
+    from .heads import assert_head_drafts_greedy
 
-    target = tiny_mla("deepseek_v3", seed=4)
-    ids, mask = left_padded_prompts([5, 8], vocab=VOCAB, seed=3)
-    kw = dict(do_sample=False, max_new_tokens=12, pad_token_id=0)
-    drafter = random_head(target, VOCAB) if head == "eagle3" else random_dflash(target)
-    out = specdec_fast.generate(target, ids, mask, draft_head=drafter, **kw)
-    assert torch.equal(out, target.generate(ids, attention_mask=mask, **kw))
-    specdec_fast.release_engines(target)
+    assert_head_drafts_greedy(tiny_mla("deepseek_v3", seed=4), head, VOCAB)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
