@@ -112,9 +112,17 @@ def _check_sinks(sinks, q):
         raise ValueError(f"sinks is on {sinks.device} but q is on {q.device}")
 
 
-def _check_window_softcap(window, softcap, tree_mask, max_query_len):
-    """window: None or an int >= 1 (and, under a tree, >= max_query_len); softcap: None or a
-    finite float > 0."""
+def _check_window_softcap(window, softcap, tree_mask, max_query_len, chunk=None):
+    """window: None or an int >= 1 (and, under a tree, >= max_query_len); chunk: None or an int
+    >= 1, with no window and no tree; softcap: None or a finite float > 0."""
+    if chunk is not None:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
+        if window is not None:
+            raise ValueError("chunk and window together: a layer's attention is chunked or slides, not both")
+        if tree_mask is not None:
+            raise ValueError("chunked attention takes no tree_mask: a tree node's position (prefix + depth) is not its "
+                             "slot, and the kernels compare slots with its chunk's start")
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int or None, got {window!r}")
@@ -128,8 +136,8 @@ def _check_window_softcap(window, softcap, tree_mask, max_query_len):
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *, max_query_len: int,
                     tree_mask=None, scale=None, causal: bool = True, window: int | None = None,
-                    softcap: float | None = None, sinks: torch.Tensor | None = None, backend=None,
-                    check=True) -> torch.Tensor:
+                    softcap: float | None = None, sinks: torch.Tensor | None = None, chunk: int | None = None,
+                    backend=None, check=True) -> torch.Tensor:
     """Attention of T packed new queries over a paged KV cache; causal, token-tree or block mask.
 
     q [T, Hq, D] fp16/bf16/fp32; k_cache, v_cache [num_blocks, block_size, Hkv, D] same dtype;
@@ -149,7 +157,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     window: a sliding window (Mistral, Gemma's sliding layers): a query at position p sees no key
     at p - window or before; the query's position is prefix + i, or under a tree prefix + its
     depth, popcount(tree_mask[t]) - 1, and a tree needs window >= max_query_len. The kernels
-    start each row's walk at its window (keys before it are not read). softcap: Gemma 2's
+    start each row's walk at its window (keys before it are not read). chunk: chunked attention
+    (Llama 4's RoPE layers): a query at position p sees keys from (p // chunk) * chunk on, the
+    start of its chunk (no window, no tree); the walk starts there too. softcap: Gemma 2's
     attention soft-capping, scores s -> softcap * tanh(s / softcap) after the scale. sinks [Hq]
     float: GPT-OSS's attention sinks, one logit per query head in each softmax, weighing no value.
     scale defaults to 1/sqrt(D). check=False skips the value checks (no host sync).
@@ -160,7 +170,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if not causal and tree_mask is not None:
         raise ValueError("the block mask (causal=False) takes no tree_mask")
-    _check_window_softcap(window, softcap, tree_mask, max_query_len)
+    _check_window_softcap(window, softcap, tree_mask, max_query_len, chunk)
     _check_sinks(sinks, q)
     softcap = None if softcap is None else float(softcap)
     sinks = None if sinks is None else sinks.float().contiguous()
@@ -173,12 +183,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     tree_mask = tree_mask.contiguous() if tree_mask is not None else None
     if name == "torch":
         return paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale,
-                                         causal, window, softcap, sinks)
+                                         causal, window, softcap, sinks, chunk)
     if name == "cpp":
         from .cpp import paged_attention_cpp
 
         return paged_attention_cpp(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal,
-                                   window, softcap, sinks)
+                                   window, softcap, sinks, chunk)
     from .triton import MAX_HEAD_DIM, paged_attention_triton
 
     if q.shape[-1] > MAX_HEAD_DIM:
@@ -186,7 +196,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
 
     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens,
                                   max_query_len=max_query_len, tree_mask=tree_mask, scale=scale, causal=causal,
-                                  window=window, softcap=softcap, sinks=sinks)
+                                  window=window, softcap=softcap, sinks=sinks, chunk=chunk)
 
 
 def mla_attention(q, latent_cache, block_table, seq_lens, cu_query_lens, *, rank: int, max_query_len: int,

@@ -15,7 +15,10 @@ Sliding window (window W): a query at position p sees no key at a position <= p 
 sliding layers keep a key while q_pos - k_pos < W). Query i of a chain or block sits at P_b + i;
 under a tree at P_b + its depth, popcount(tree_mask[t]) - 1 (its ancestors among the new tokens),
 and a tree's window must be at least the row's query count, so that it never hides an ancestor
-(whose positions the kernels do not know): only the prefix slides out. Soft-capping (softcap c,
+(whose positions the kernels do not know): only the prefix slides out. Chunked attention (chunk
+C, Llama 4's RoPE layers): a query at position p sees keys from position (p // C) * C on, the
+start of its chunk (transformers' chunked_overlay, positions counted without pads); a chain or
+block only (a tree's nodes sit at other positions than their slots). Soft-capping (softcap c,
 Gemma 2): each scaled score s becomes c * tanh(s / c) before the mask and the softmax. Sinks
 (sinks [Hq], GPT-OSS's learned per-head logits): each query head's softmax runs over its visible
 scores and its sink, whose probability weighs no value (the output's weights sum to less than 1).
@@ -50,14 +53,16 @@ def tree_depths(tree_bits: torch.Tensor) -> torch.Tensor:
 
 
 def visible_keys(new_tokens: torch.Tensor, lengths: torch.Tensor, query_len: int, max_len: int,
-                 tree_bits: torch.Tensor | None, causal: bool, window: int | None = None) -> torch.Tensor:
+                 tree_bits: torch.Tensor | None, causal: bool, window: int | None = None,
+                 chunk: int | None = None) -> torch.Tensor:
     """[R, query_len, max_len] bool: query i of row r may see the token at position j. Rows hold
     lengths[r] tokens (new_tokens[r] of them new, at the end); every query sees the whole
     prefix; new token jj (= j - prefix) is seen by query i iff jj <= i (causal) and, with a tree,
     bit jj of tree_bits[r, i] is set ([R, query_len] int64: its ancestors and itself); with
     causal=False (the block mask) every new token of the row is seen. window: keys at positions
     <= the query's position - window are hidden (the query's position: prefix + i, or prefix + its
-    tree depth)."""
+    tree depth). chunk: keys before the start of the query's chunk, (position // chunk) * chunk,
+    are hidden (no tree)."""
     i = torch.arange(query_len, device=lengths.device)[None, :, None]
     j = torch.arange(max_len, device=lengths.device)[None, None, :]
     prefix = (lengths - new_tokens)[:, None, None]
@@ -69,6 +74,8 @@ def visible_keys(new_tokens: torch.Tensor, lengths: torch.Tensor, query_len: int
     if window is not None:
         offset = i if tree_bits is None else tree_depths(tree_bits)[:, :, None]
         seen = seen & (j > prefix + offset - window)
+    if chunk is not None:
+        seen = seen & (j >= (prefix + i) // chunk * chunk)
     return seen
 
 
@@ -85,6 +92,7 @@ def paged_attention_reference(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """out [T, Hq, D] (q's dtype). A spec, not a fast path: it waits on the device for the longest
     row and query count and, per chunk, for its real queries (a boolean index). Rows are padded
@@ -116,7 +124,8 @@ def paged_attention_reference(
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         tree_bits = None if tree_mask is None else tree_mask[token]
-        visible = visible_keys(new_tokens[rows], lengths[rows], query_len, max_len, tree_bits, causal, window)
+        visible = visible_keys(new_tokens[rows], lengths[rows], query_len, max_len, tree_bits, causal, window,
+                                  chunk)
         scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
         if sinks is not None:  # one more logit per query head, dropped after the softmax
             sink = sinks.float().view(1, Hkv, Hq // Hkv, 1, 1).expand(*scores.shape[:-1], 1)
