@@ -109,10 +109,10 @@ def paged_attention_reference(
         return out
     query_len, max_len = int(new_tokens.max()), int(lengths.max())
     row_values = max_len * (2 * Hkv * D + Hq * query_len) + query_len * Hq * D
-    chunk = max(1, CHUNK_VALUES // row_values)
+    rows_at_once = max(1, CHUNK_VALUES // row_values)
     i = torch.arange(query_len, device=q.device)
-    for r0 in range(0, lengths.numel(), chunk):
-        rows = slice(r0, r0 + chunk)
+    for r0 in range(0, lengths.numel(), rows_at_once):
+        rows = slice(r0, r0 + rows_at_once)
         k = gather_rows_kv(k_cache, block_table[rows], max_len).float()  # [R, L, Hkv, D]
         v = gather_rows_kv(v_cache, block_table[rows], max_len).float()
         in_row = torch.arange(max_len, device=q.device)[None, :] < lengths[rows, None]  # [R, L]

@@ -152,8 +152,9 @@ def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, c
     """RoPE of q (in place) and k, then k, v appended to the paged cache (reference.py has the
     semantics). q [T, Hq, D], k, v [T, Hkv, D] (strided views allowed, unit last stride), cos, sin
     [T, R] in q's dtype, D even (R = D; fewer: a partial rotary embedding, the first R rotated); the cache arguments as append_kv's; qk_norm None or
-    (q_weight [D], q_eps, k_weight [D], k_eps); q_scale None or [T] in q's dtype: each token's
-    rotated query times it (Ministral 3's temperature). Backends: "triton" (one launch; the CUDA
+    (q_weight [D], q_eps, k_weight [D], k_eps); q_scale None or [T] in q's dtype or float32: each
+    token's rotated query times it, the product rounded to q's dtype (Ministral 3's temperature, in
+    the model dtype; Llama 4's, float32). Backends: "triton" (one launch; the CUDA
     default) or "torch" (the reference; None picks it for CPU tensors)."""
     _tensor("q", q, None, 3)
     if q.dtype != k_cache.dtype:
@@ -172,7 +173,9 @@ def rope_append_kv(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_lens, c
             raise ValueError(f"qk_norm must be (q_weight [{dim}], q_eps, k_weight [{dim}], k_eps) in q's dtype")
         _same_device(k_cache.device, q_weight=qk_norm[0], k_weight=qk_norm[2])
     if q_scale is not None:
-        _tensor("q_scale", q_scale, q.dtype, 1)
+        _tensor("q_scale", q_scale, None, 1)
+        if q_scale.dtype not in (q.dtype, torch.float32):
+            raise TypeError(f"q_scale must be {q.dtype} (q's dtype) or torch.float32, got {q_scale.dtype}")
         if q_scale.shape[0] != t:
             raise ValueError(f"q_scale must have shape [{t}], got {tuple(q_scale.shape)}")
         _same_device(k_cache.device, q_scale=q_scale)

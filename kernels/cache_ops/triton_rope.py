@@ -90,7 +90,7 @@ def _rope_append_kv_kernel(
     a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
     r1 = ((a1 * c1).to(dtype).to(tl.float32) - (a2 * s1).to(dtype).to(tl.float32)).to(dtype)
     r2 = ((a2 * c2).to(dtype).to(tl.float32) + (a1 * s2).to(dtype).to(tl.float32)).to(dtype)
-    if Q_SCALE:  # Ministral 3's query temperature, one value per token: `q * scale` in the model dtype
+    if Q_SCALE:  # Ministral 3's / Llama 4's query temperature, one value per token: `q * scale` rounded
         qs = tl.load(qs_ptr + t64, mask=t_ok, other=0.0).to(tl.float32)
         r1 = (r1.to(tl.float32) * qs).to(dtype)
         r2 = (r2.to(tl.float32) * qs).to(dtype)
@@ -183,8 +183,8 @@ def rope_append_kv_triton(q, k, v, cos, sin, k_cache, v_cache, block_table, seq_
     seq_lens [B], cu_query_lens [B+1] int32; qk_norm None or (q_weight [D], q_eps, k_weight [D], k_eps).
     Every tensor has unit last stride. No checks: see cache_ops.rope_append_kv. pdl: on CUDA, a
     programmatic dependent launch (waits for the kernel before it at its first line; the GEMV
-    layer's chain, runners/paged_llama.py GEMV_PDL). q_scale: None or [T] in q's dtype, each token's
-    rotated query times it (Ministral 3's temperature: the launch the runner made for it)."""
+    layer's chain, runners/paged_llama.py GEMV_PDL). q_scale: None or [T] in q's dtype or float32, each
+    token's rotated query times it in float32, rounded (Ministral 3's and Llama 4's temperatures)."""
     num_tokens, hq, dim = q.shape
     hkv = k.shape[1]
     if num_tokens == 0:

@@ -22,11 +22,15 @@ modeling_gpt_oss.py):
              those over max(their sum, moe_norm_min), cast to the model dtype
     routing, MiniMax-M2: s = sigmoid(h @ router^T) (the product in the model dtype); the top k of s +
              correction bias; w = s of those over their sum (float32)
+    routing, Llama 4: logits = h @ router^T (model dtype); w, e = top-1(logits); w = sigmoid(w) in
+             float32, cast to the model dtype; the expert reads h * w and its output is not weighed
+             (INPUT_SCALED: y = expert_e(h * w), not w * expert_e(h)); experts [E, H, 2I] / [E, I, H]
+             (gate columns, then up columns), read as transposed views (layout "swiglu_t")
     routing, GLM-4.5 (DeepSeek-V3's): s = sigmoid(h @ router^T) in float32; the k experts of the
              best s + correction bias among the top_groups best groups; w = s of those,
              renormalised where norm_topk_prob, times routed_scaling_factor (float32)
     out    = sum_j w_j * y_e_j;   Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h),
-             GLM-4.5 shared_experts(h)
+             GLM-4.5 shared_experts(h), Llama 4 shared_expert(h)
 
 Which way a call takes (static per call shape: T the call's tokens, P = T k its pairs), by the
 runner's kernels:
@@ -57,7 +61,7 @@ from ._linear import linear
 
 # model_type -> (routing: "softmax_topk" / "topk_softmax" / "sigmoid_groups", whether the top-k
 # weights are renormalised: True, or the config field that says, whether they are cast to the
-# model dtype before they weigh the experts, the experts' layout: "swiglu" / "gpt_oss")
+# model dtype before they weigh the experts, the experts' layout: "swiglu" / "swiglu_t" / "gpt_oss")
 MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "qwen2_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "qwen3_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
@@ -78,7 +82,14 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # DeepSeek-V2 by softmax, greedy or group-limited (topk_method), never renormalised
                 "deepseek_v2": ("softmax_groups", False, False, "swiglu"),
                 "deepseek_v3": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
-                "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
+                "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                # Llama 4 (Scout 16E, Maverick 128E): the top-1 logit's sigmoid scales the expert's input
+                # (INPUT_SCALED); an ungated shared expert; experts stored [E, H, 2I] / [E, I, H]
+                "llama4_text": ("topk_sigmoid", False, True, "swiglu_t")}
+# The families whose chosen expert reads its token times the routing weight (and whose output is not
+# weighed): transformers' Llama4TextMoe. With one expert per token that is the token's input scaled
+# once, then the experts at weight 1; more than one would need an input per pair (refused: moe_reason).
+INPUT_SCALED = ("llama4_text",)
 SOFTMAX_GROUP_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
 BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "softmax_biased")  # the routings that choose with a correction bias
 SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's and its kin's (ungated) shared MLP
@@ -123,10 +134,13 @@ def moe_reason(mlp, config) -> str | None:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3 or not tensor.is_floating_point():
             return f"the MoE experts' {name} is not a float [experts, out, in] tensor"
     biased = getattr(experts, "gate_up_proj_bias", None) is not None
-    if family[3] == "swiglu" and (biased or getattr(experts, "has_bias", False)):
+    if family[3].startswith("swiglu") and (biased or getattr(experts, "has_bias", False)):
         return "MoE experts with biases"
-    if getattr(mlp, "shared_expert", None) is not None and not isinstance(getattr(mlp, "shared_expert_gate", None),
-                                                                         torch.nn.Linear):
+    if config.model_type in INPUT_SCALED and int(config.num_experts_per_tok) != 1:
+        return (f"num_experts_per_tok {config.num_experts_per_tok}: {config.model_type}'s experts read their input "
+                "scaled by the routing weight, which this module applies for one expert per token")
+    if (getattr(mlp, "shared_expert", None) is not None and config.model_type not in INPUT_SCALED
+            and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear)):
         return "a shared expert without a shared_expert_gate"
     if family[0] in BIASED_ROUTINGS and not isinstance(_correction(mlp), torch.Tensor):
         return f"a {family[0]} router without its e_score_correction_bias"
@@ -171,6 +185,7 @@ class MoE:
         router = "gate" if "gate.weight" in params else "router"
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
         self.top_k = int(config.num_experts_per_tok)
+        self.scale_input = config.model_type in INPUT_SCALED
         if self.routing_kind in BIASED_ROUTINGS:
             self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E] (ERNIE's [1, E])
         if self.routing_kind == "softmax_biased":
@@ -188,6 +203,8 @@ class MoE:
             self.gate_up, self.down = gate_up.transpose(1, 2), down.transpose(1, 2)
             self.alpha, self.limit = float(config.swiglu_alpha), float(config.swiglu_limit)
             self.act = None
+        elif self.layout == "swiglu_t":  # Llama 4: the same storage, gate / up in halves (SwiGLU's)
+            self.gate_up, self.down, self.act = gate_up.transpose(1, 2), down.transpose(1, 2), ACT2FN[config.hidden_act]
         else:
             self.gate_up, self.down, self.act = gate_up, down, ACT2FN[config.hidden_act]
         self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
@@ -213,6 +230,9 @@ class MoE:
         if self.routing_kind == "softmax_biased":
             return self._softmax_biased(h)
         logits = F.linear(h, self.router, self.router_bias)
+        if self.routing_kind == "topk_sigmoid":  # Llama 4's Llama4Router, op for op
+            top, chosen = torch.topk(logits, self.top_k, dim=1)
+            return torch.sigmoid(top.float()).to(top.dtype), chosen
         if self.routing_kind == "topk_softmax":
             top, chosen = torch.topk(logits, self.top_k, dim=-1)
             return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
@@ -287,15 +307,18 @@ class MoE:
         """The block's output for h [T, H] (the post-attention norm's), in h's dtype. prefill: the
         runner's prefill forward, which may wait for the device (never under a CUDA graph capture)."""
         weights, chosen = self.routing(h)
+        x = h
+        if self.scale_input:  # Llama 4: expert_e(h * w) (one expert a token), its output weighed by 1
+            x, weights = h * weights, torch.ones_like(weights)
         few = 3 * h.shape[0] * self.top_k <= self.num_experts
         if self.kernels is not None:
-            out = self._kernels(h, weights, chosen)
+            out = self._kernels(x, weights, chosen)
         elif few:
-            out = self._gathered(h, weights, chosen)
+            out = self._gathered(x, weights, chosen)
         elif prefill and not (h.is_cuda and torch.cuda.is_current_stream_capturing()):
-            out = self._chosen_only(h, weights, chosen)
+            out = self._chosen_only(x, weights, chosen)
         else:
-            out = self._every_expert(h, weights, chosen)
+            out = self._every_expert(x, weights, chosen)
         if self.shared is not None:
             (gate, up, down), act, gate_w = self.shared
             shared = linear(act(linear(h, *gate)) * linear(h, *up), *down)

@@ -154,9 +154,15 @@ class PagedRunnerBase:
     # empty for the heads' runners, which set no window. The kernels apply a window only where a
     # row can reach it (_allocate: self._windows), so rows inside it run as full attention.
     layer_windows: tuple = ()
+    # Each layer's attention chunk (None: not chunked): Llama 4's RoPE layers see keys from the start of
+    # their query's chunk, (position // C) * C, on (kernels/attention chunk=). Like a window, applied only
+    # where a row can cross a chunk boundary (_allocate: self._chunks), and a chunked layer reads at most C
+    # keys back, so it takes the ring cache as a window of C would.
+    layer_chunks: tuple = ()
     attn_softcap: float | None = None  # attention logit soft-capping (Gemma 2), in the kernels
     attn_sinks: tuple = ()  # per layer: float32 [Hq] attention sinks (GPT-OSS), in the kernels; empty: none
     _windows: tuple = ()
+    _chunks: tuple = ()
     # Whether the layers of a sliding window keep only the blocks their window can still read (a
     # ring cache: runners/paged_cache.py) where that holds fewer blocks than a row's budget; prefill
     # then runs in chunks of at most ring_chunk tokens (the ring is sized for one chunk). Off for
@@ -279,11 +285,12 @@ class PagedRunnerBase:
             raise ValueError(f"a row of {max_tokens_per_row} tokens (prompt + max_new_tokens + K + 1) would exceed the "
                              f"model's {self.max_positions} {self.positions_limit}")
         self._windows = self._windows_for(max_tokens_per_row)
+        self._chunks = self._chunks_for(max_tokens_per_row)
         per_row = math.ceil(max_tokens_per_row / self.block_size)
         blocks = max_batch * per_row if num_blocks is None else num_blocks
         self._ring_layers, ring = self._ring_plan(max_tokens_per_row)
-        windows = [w for w in self._windows if w is not None]
-        self._ring_span = ring_span(ring, max(windows), self.block_size) if self._ring_layers else 0
+        reaches = [w for w in self._reaches_for(max_tokens_per_row) if w is not None]
+        self._ring_span = ring_span(ring, max(reaches), self.block_size) if self._ring_layers else 0
         full = [i for i in range(self.kv_layer_count) if i not in self._ring_layers]
         kw = dict(block_size=self.block_size, max_batch=max_batch, max_blocks_per_row=per_row, dtype=self.dtype,
                   device=self.device)
@@ -318,11 +325,22 @@ class PagedRunnerBase:
         return tuple(w if w is not None and w < max_tokens_per_row else None
                      for w in (self.layer_windows or (None,) * self.kv_layer_count))
 
+    def _chunks_for(self, max_tokens_per_row: int) -> tuple:
+        """Each layer's attention chunk where rows of this length cross a chunk boundary, else None."""
+        return tuple(c if c is not None and c < max_tokens_per_row else None
+                     for c in (self.layer_chunks or (None,) * self.kv_layer_count))
+
+    def _reaches_for(self, max_tokens_per_row: int) -> tuple:
+        """How far back each layer's queries read for rows of this length (its window, or its chunk: a
+        query reads at most C - 1 keys before its own), None for a layer that reads the whole row."""
+        return tuple(w if w is not None else c
+                     for w, c in zip(self._windows_for(max_tokens_per_row), self._chunks_for(max_tokens_per_row)))
+
     def _ring_plan(self, max_tokens_per_row: int) -> tuple:
         """(the layers that take a ring cache, its blocks per row) for rows of this length: the
-        windowed layers, where their ring (ring_blocks_for, sized for a prefill chunk or a call's
-        tentative tokens) is smaller than a row's blocks; else ((), 0)."""
-        windowed = {i: w for i, w in enumerate(self._windows_for(max_tokens_per_row)) if w is not None}
+        windowed and chunked layers, where their ring (ring_blocks_for, sized for a prefill chunk or a
+        call's tentative tokens) is smaller than a row's blocks; else ((), 0)."""
+        windowed = {i: w for i, w in enumerate(self._reaches_for(max_tokens_per_row)) if w is not None}
         if not (self.ring_windows and windowed):
             return (), 0
         ring = ring_blocks_for(max(windowed.values()), max(self.ring_chunk, self.max_tentative), self.block_size)
@@ -477,6 +495,10 @@ class PagedRunnerBase:
         if tree is not None and any(w is not None and w < tokens.shape[1] for w in self._windows):
             raise ValueError(f"tree scoring of {tokens.shape[1]} tokens with a sliding window of {min(w for w in self._windows if w)} "
                              "that rows reach: a tree's window must cover its nodes (kernels/attention)")
+        if tree is not None and any(c is not None for c in self._chunks):
+            raise ValueError(f"tree scoring with chunked attention layers (chunks of {min(c for c in self._chunks if c)}) "
+                             "that rows cross: a tree node's position is not its slot, which the kernels compare with "
+                             "its chunk's start (kernels/attention); score chains, or keep rows within one chunk")
         self._tentative += tokens.shape[1]
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "
@@ -628,19 +650,21 @@ class PagedRunnerBase:
         launches as programmatic dependent launches (on CUDA; the GEMV layer's chain)."""
         window, softcap = self._windows[i], self.attn_softcap
         sinks = self.attn_sinks[i] if self.attn_sinks else None
+        chunk = self._chunks[i] if self._chunks else None
         if self._direct == "cpp":
             # The C++ op needs a contiguous q; contiguous() returns q itself when it already is.
             return torch.ops.specdec_fast.paged_attention(q.contiguous(), self.k_caches[i], self.v_caches[i],
                                                           self._tables[i], attn_lens, cu, self._tree_mask, scale, causal,
-                                                          window or 0, softcap or 0.0, sinks)
+                                                          window or 0, softcap or 0.0, sinks, chunk or 0)
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
                                    plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace,
-                                   pdl=pdl, window=window, softcap=softcap, sinks=sinks)
+                                   pdl=pdl, window=window, softcap=softcap, sinks=sinks, chunk=chunk)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
-                               window=window, softcap=softcap, sinks=sinks, backend=self.backend, check=False)
+                               window=window, softcap=softcap, sinks=sinks, chunk=chunk, backend=self.backend,
+                               check=False)
 
     def _plan(self, max_query_len: int):
         """The Triton attention launch shape of a call (static per call width): chosen once."""

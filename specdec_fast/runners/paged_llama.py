@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ._fused_weights import concat_parameters
-from ._layer_math import fused_layer_math, gated_act, linear_params, rms_norm, rope_cos_sin, rotate_qk
+from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin, rotate_qk
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 from ._moe import SHARED, MoE, is_moe, moe_reason
@@ -177,12 +177,18 @@ def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None
     return head_dim_reason(head_dim, backend)
 
 
+def mlp_of(layer):
+    """A decoder layer's MLP module: ``mlp``, or Llama 4's ``feed_forward``."""
+    mlp = getattr(layer, "mlp", None)
+    return mlp if mlp is not None else layer.feed_forward
+
+
 def projection_modules(layer) -> tuple:
     """A decoder layer's projection modules: q/k/v/o and gate/up/down apart (Llama, Qwen), or
     Phi-3's fused qkv_proj and gate_up_proj with o_proj and down_proj; a MoE layer's MLP
     (runners/_moe.py) contributes its shared expert's and that expert's gate (its experts are
     3-D tensors, checked by moe_reason)."""
-    attn, mlp = layer.self_attn, layer.mlp
+    attn, mlp = layer.self_attn, mlp_of(layer)
     qkv = (attn.qkv_proj,) if hasattr(attn, "qkv_proj") else (attn.q_proj, attn.k_proj, attn.v_proj)
     if is_moe(mlp):
         shared = next((getattr(mlp, name) for name in SHARED if getattr(mlp, name, None) is not None), None)
@@ -204,7 +210,7 @@ def _projections(layer, config) -> tuple:
     """(q, k, v, gate, up): (weight, bias) pairs of a decoder layer, the modules' own tensors, or
     row views of Phi-3's qkv_proj ([q | k | v] rows, as its attention slices the product) and
     gate_up_proj ([gate | up] rows, as its MLP chunks it)."""
-    attn, mlp = layer.self_attn, layer.mlp
+    attn, mlp = layer.self_attn, mlp_of(layer)
     if hasattr(attn, "qkv_proj"):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_rows = config.num_key_value_heads * head_dim
@@ -239,12 +245,12 @@ class _Layer:
     biases likewise), the model's parameters re-pointed into it (runners/_fused_weights.py). A MoE
     layer's MLP is `moe` (runners/_moe.py; gate / up / down None), else moe is None."""
 
+    scaled_query = True  # whether the runner's query temperature (if any) scales this layer's queries
+
     def __init__(self, layer, config, fuse: bool, kernels: str = "torch"):
-        attn, mlp = layer.self_attn, layer.mlp
-        self.ln_in = layer.input_layernorm.weight
-        self.eps_in = layer.input_layernorm.variance_epsilon
-        self.ln_post = layer.post_attention_layernorm.weight
-        self.eps_post = layer.post_attention_layernorm.variance_epsilon
+        attn, mlp = layer.self_attn, mlp_of(layer)
+        self.ln_in, self.eps_in = norm_params(layer.input_layernorm)
+        self.ln_post, self.eps_post = norm_params(layer.post_attention_layernorm)
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
         self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
         if fuse:  # before the references below are taken: they then point into the fused tensors
@@ -337,6 +343,7 @@ class PagedLlamaRunner(PagedRunnerBase):
     # Granite's scalars (GRANITE_SCALARS; the softmax scale is self.scale); the other families' identities
     embedding_multiplier = residual_multiplier = logits_scaling = 1.0
     query_temperature = None  # Ministral 3's (beta, original_max_position_embeddings): QUERY_TEMPERATURE
+    layer_class = _Layer  # one decoder layer's parameters (Llama 4's: runners/paged_llama4.py)
 
     def _bind(self, model) -> None:
         inner = model.model
@@ -348,10 +355,10 @@ class PagedLlamaRunner(PagedRunnerBase):
         """The decoder's parts: embedding [V, H], decoder layer modules, final norm module, LM head
         [V, H], rotary module (a target's MTP layer binds its own: runners/paged_mtp.py)."""
         self.embed = embed
-        self.layers = [_Layer(layer, config, self.fuse_projections, self.kernels) for layer in layers]
+        self.layers = [self.layer_class(layer, config, self.fuse_projections, self.kernels) for layer in layers]
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
-        self.final_norm, self.final_eps = norm.weight, norm.variance_epsilon
+        self.final_norm, self.final_eps = norm_params(norm)
         self.lm_head = lm_head
         self._bind_heads(config)
         if config.model_type == "granite":
@@ -462,8 +469,8 @@ class PagedLlamaRunner(PagedRunnerBase):
                 k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
             if layer.rope:
                 q, k = rotate_qk(q, k, cos, sin, fused)
-            if q_scales is not None:
-                q = q * q_scales
+            if q_scales is not None and layer.scaled_query:
+                q = (q * q_scales).to(q.dtype)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
             x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), carried)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
@@ -488,7 +495,8 @@ class PagedLlamaRunner(PagedRunnerBase):
             self.query_temperature = None if beta is None else (float(beta), int(original))
 
     def _query_scales(self, positions: torch.Tensor) -> torch.Tensor | None:
-        """[T, 1, 1] in the model dtype: each query's temperature (QUERY_TEMPERATURE), or None."""
+        """[T, 1, 1] in the model dtype (float32: the product then rounded, Llama 4's): each query's
+        temperature (QUERY_TEMPERATURE), for the layers whose scaled_query is set, or None."""
         if self.query_temperature is None:
             return None
         beta, original = self.query_temperature
@@ -540,7 +548,7 @@ class PagedLlamaRunner(PagedRunnerBase):
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
             q, k, v = _whole_projection_math(layer, q, k, v, False, self._projection_norm)
             o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n,
-                                           q_scales=q_scales)
+                                           q_scales=q_scales if layer.scaled_query else None)
             x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)
             if layer.moe is not None:
                 delta = layer.moe(h, self._prefilling)
@@ -576,7 +584,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         for i, layer in enumerate(self.layers):
             qkv = gemv(x, layer.w_qkv, layer.b_qkv, prologue="rms_norm", norm_weight=layer.ln_in, eps=layer.eps_in)
             o = self._rotate_append_attend(i, layer, *_split_qkv(layer, qkv), *rotations[layer.rope], cu, attn_lens,
-                                           n, pdl=self.gemv_pdl, q_scales=q_scales)
+                                           n, pdl=self.gemv_pdl, q_scales=q_scales if layer.scaled_query else None)
             x = gemv(o, *layer.o, residual=x)
             gate_up = gemv(x, layer.w_gate_up, layer.b_gate_up, prologue="rms_norm", norm_weight=layer.ln_post,
                            eps=layer.eps_post)

@@ -16,6 +16,7 @@ from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
+from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner
 from .paged_cohere_tp import TPPagedCohereRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
@@ -35,6 +36,8 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP
 # the MLA decoders (DeepSeek-V2 / V3, GLM-4.7-Flash).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
+    # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
+    **{model_type: PagedLlama4Runner for model_type in LLAMA4_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
     "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type
     "gemma": PagedGemmaRunner,  # Gemma 1, CodeGemma: Llama's layer with Gemma's norms and embedding scale
