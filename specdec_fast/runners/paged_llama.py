@@ -72,16 +72,18 @@ INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe")
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
 NOPE_UNLESS_SLIDING = ("exaone_moe",)
+# Families whose config lists each layer's RoPE (no_rope_layers: 1 RoPE, 0 NoPE)
+NO_ROPE_LAYERS = ("smollm3", "llama4_text")
 
 
 def rotates(config, index: int) -> bool:
-    """Whether layer ``index`` applies RoPE by the config: NOPE_UNLESS_SLIDING; SmolLM3's
-    no_rope_layers (1: RoPE, 0: NoPE, transformers' SmolLM3Attention.use_rope, which the
-    single-process runner also reads from the module)."""
+    """Whether layer ``index`` applies RoPE by the config: NOPE_UNLESS_SLIDING; SmolLM3's and Llama 4's
+    no_rope_layers (1: RoPE, 0: NoPE, transformers' *Attention.use_rope, which the single-process
+    runner also reads from the module)."""
     if config.model_type in NOPE_UNLESS_SLIDING and getattr(config, "sliding_window", None) is not None:
         return config.layer_types[index] == "sliding_attention"
     no_rope = getattr(config, "no_rope_layers", None)
-    return bool(no_rope[index]) if config.model_type == "smollm3" and no_rope is not None else True
+    return bool(no_rope[index]) if config.model_type in NO_ROPE_LAYERS and no_rope is not None else True
 # Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
 # multiplied by 1 + beta * log(1 + floor(position / original_max_position_embeddings)), in the
 # model dtype; the rope_parameters fields it reads, per model_type

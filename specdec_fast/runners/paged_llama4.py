@@ -78,21 +78,28 @@ class _AsFullAttention:
         return getattr(self._config, name)
 
 
+def as_llama4_layer(layer, config) -> None:
+    """A Llama layer's parameters (paged_llama._Layer, or a tensor-parallel rank's _TPLayer, its rope set
+    by no_rope_layers: paged_llama.rotates) made Llama 4's (module docstring): the RoPE layers' q / k
+    columns read evens first, odds last, their weightless q/k norm (use_qk_norm, eps rms_norm_eps, as
+    Llama4TextL2Norm takes it) as weights of ones, and the query temperature on the NoPE layers only."""
+    weight = layer.q[0]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layer.rope_order = interleaved_order(layer.q_cols, layer.kv_cols, head_dim, weight.device) if layer.rope else None
+    layer.qk_norm = None
+    if config.use_qk_norm and layer.rope:
+        ones = torch.ones(head_dim, dtype=weight.dtype, device=weight.device)
+        layer.qk_norm = (ones, float(config.rms_norm_eps), ones, float(config.rms_norm_eps))
+    layer.scaled_query = not layer.rope and bool(config.attn_temperature_tuning)
+
+
 class _Llama4Layer(_Layer):
-    """A Llama 4 decoder layer's parameters (module docstring): the Llama layer's, with RoPE by
-    no_rope_layers, interleaved pairs reordered on RoPE layers, the weightless q/k norm as ones,
-    and the query temperature on NoPE layers only."""
+    """A Llama 4 decoder layer's parameters: the Llama layer's (its use_rope is no_rope_layers[i]),
+    made Llama 4's by as_llama4_layer."""
 
     def __init__(self, layer, config, fuse: bool, kernels: str = "torch"):
         super().__init__(layer, config, fuse, kernels)
-        attn = layer.self_attn  # its use_rope (no_rope_layers[i]) set self.rope
-        head_dim = self.q[0].shape[0] // config.num_attention_heads
-        self.rope_order = interleaved_order(self.q_cols, self.kv_cols, head_dim, self.q[0].device) if self.rope else None
-        norm = getattr(attn, "qk_norm", None)  # Llama4TextL2Norm: an eps, no weight
-        if norm is not None:
-            ones = torch.ones(head_dim, dtype=self.q[0].dtype, device=self.q[0].device)
-            self.qk_norm = (ones, float(norm.eps), ones, float(norm.eps))
-        self.scaled_query = not self.rope and bool(config.attn_temperature_tuning)
+        as_llama4_layer(self, config)
 
 
 class PagedLlama4Runner(PagedLlamaRunner):

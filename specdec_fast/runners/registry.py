@@ -17,6 +17,7 @@ from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner
+from .paged_llama4_tp import TPPagedLlama4Runner
 from .paged_cohere_tp import TPPagedCohereRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
@@ -27,8 +28,8 @@ from .paged_opt import PagedOPTRunner
 from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
 from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
-from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA_TYPES, TP_MLA_TYPES,
-                            TP_OLMO_TYPES, ShardedCausalLM)
+from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA4_TYPES, TP_LLAMA_TYPES,
+                            TP_MLA_TYPES, TP_OLMO_TYPES, ShardedCausalLM)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
@@ -63,7 +64,8 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedMlaRunner for model_type in TP_MLA_TYPES},
                                                  **{model_type: TPPagedQwen3NextRunner for model_type in TP_HYBRID_TYPES},
                                                  **{model_type: TPPagedGemmaRunner for model_type in TP_GEMMA_TYPES},
-                                                 **{model_type: TPPagedOlmo2Runner for model_type in TP_OLMO_TYPES}}
+                                                 **{model_type: TPPagedOlmo2Runner for model_type in TP_OLMO_TYPES},
+                                                 **{model_type: TPPagedLlama4Runner for model_type in TP_LLAMA4_TYPES}}
 
 
 def _model_type(model) -> str | None:

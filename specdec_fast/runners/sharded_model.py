@@ -49,11 +49,17 @@ TP_GEMMA_TYPES = ("gemma", "gemma2")
 # OLMo 2 / 3 (runners/paged_olmo2_tp.py): q/k norms over the whole projection (statistics over every rank's
 # slice), each branch's partials summed before its norm; OLMo 3's RoPE per layer type
 TP_OLMO_TYPES = ("olmo2", "olmo3")
-TP_MODEL_TYPES = TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
+# Llama 4 (runners/paged_llama4_tp.py): the Llama layout under its own names (sharding.layout_name), every
+# expert and the shared one by their width; a multimodal checkpoint's text decoder (TEXT_DECODER_OF)
+TP_LLAMA4_TYPES = ("llama4_text",)
+TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
+                  + TP_LLAMA4_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
-MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4_text": "llama4"}
+# multimodal checkpoints read as their text decoder (config.text_config; sharding.layout_name: its tensors)
+TEXT_DECODER_OF = ("llama4",)
 
 
 class _Embedding:
@@ -109,6 +115,8 @@ class ShardedCausalLM(torch.nn.Module):
         from transformers import AutoConfig, GenerationConfig
 
         config = AutoConfig.from_pretrained(path)
+        if config.model_type in TEXT_DECODER_OF:  # Llama 4's published checkpoints: the text decoder of the whole
+            config = config.text_config
         group = as_tp_group(process_group if process_group is not None else _default_group(), timeout=timeout)
         plan = _plan(config, group)
         device = device if device is not None else group.device

@@ -38,6 +38,10 @@ Mixture-of-experts families (runners/_moe.MOE_FAMILIES): every expert split as a
 dense MLP is, the router replicated (runners/sharding_moe.py); GPT-OSS's attention sinks follow
 the query heads.
 
+Llama 4 (llama4_text) is the Llama layout under other names (layout_name): its `feed_forward` block
+is read as `mlp` (a dense MLP of intermediate_size_mlp, or the router, experts and shared expert), and
+a multimodal checkpoint's text decoder under `language_model.` (its vision tower is not read).
+
 Every size must divide: heads, KV heads (or N by them), intermediate size (and the experts' and
 the shared expert's) and vocabulary by N, else ValueError naming which (raised on every rank
 alike, before any collective).
@@ -61,6 +65,19 @@ WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2", "olmo2", "olmo3")
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the LM head's bias: ERNIE 4.5's
+# A multimodal checkpoint's parts that are not its text decoder (Llama 4's): not read
+NOT_TEXT = ("vision_model.", "multi_modal_projector.")
+
+
+def layout_name(name: str) -> str | None:
+    """A checkpoint or state_dict name under the names this layout reads (the shards' keys), or None for a
+    tensor that is not the text decoder's: Llama 4's `language_model.` prefix dropped and its `feed_forward`
+    block read as `mlp` (no other family has a `.feed_forward.` tensor)."""
+    if name.startswith(NOT_TEXT):
+        return None
+    if name.startswith("language_model."):
+        name = name[len("language_model."):]
+    return name.replace(".feed_forward.", ".mlp.")
 
 
 @dataclass(frozen=True)
@@ -84,7 +101,7 @@ class LlamaShardPlan:
     head_dim: int
     intermediate: int
     vocab: int
-    moe_layout: str | None = None  # "swiglu" / "gpt_oss": a MoE family's experts (sharding_moe.py)
+    moe_layout: str | None = None  # "swiglu" / "swiglu_t" / "gpt_oss": a MoE family's experts (sharding_moe.py)
     expert_intermediate: int = 0  # an expert's width
     shared_intermediate: int = 0  # the shared MLP's width (Qwen2-MoE's shared expert, GLM-4.5's shared experts)
     num_layers: int | None = None  # the decoder's layers; a checkpoint's layers past them are not read
@@ -109,7 +126,9 @@ class LlamaShardPlan:
         if getattr(config, "linear_num_key_heads", None):  # Qwen3-Next / Qwen3.5's recurrent layers
             delta = (config.linear_num_key_heads, config.linear_num_value_heads, config.linear_key_head_dim,
                      config.linear_value_head_dim)
-        plan = cls(world, rank, heads, kv_heads, head_dim, config.intermediate_size, config.vocab_size,
+        # the dense MLPs' width (Llama 4's beside its MoE layers: intermediate_size_mlp)
+        intermediate = getattr(config, "intermediate_size_mlp", None) or config.intermediate_size
+        plan = cls(world, rank, heads, kv_heads, head_dim, intermediate, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
                    getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS)
@@ -262,8 +281,10 @@ def take(tensor: torch.Tensor, part: Slice | tuple | None) -> torch.Tensor:
 
 
 def shards_from_state(state: dict, plan) -> dict:
-    """name -> this rank's shard of every tensor of ``state`` (a model's state_dict)."""
-    return gather_experts({name: take(tensor, plan.slice_of(name)) for name, tensor in state.items()})
+    """layout name -> this rank's shard of every tensor of ``state`` (a model's state_dict) that is the text
+    decoder's (layout_name)."""
+    named = ((layout_name(name), tensor) for name, tensor in state.items())
+    return gather_experts({name: take(tensor, plan.slice_of(name)) for name, tensor in named if name is not None})
 
 
 def checkpoint_files(path) -> dict:
@@ -283,7 +304,7 @@ def checkpoint_files(path) -> dict:
 
 
 def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None) -> dict:
-    """name -> this rank's shard of every tensor of the checkpoint in ``path``, each read as a
+    """layout name (layout_name) -> this rank's shard of every text-decoder tensor of the checkpoint in ``path``, each read as a
     slice (safe_open(...).get_slice(name)[rows] or [:, cols]: only those bytes are read), cast
     to ``dtype`` (None: as stored) and moved to ``device``. GPT-OSS's MXFP4 experts (name_blocks
     and name_scales) become the dequantized ``name`` (dtype None: bfloat16). select(name) -> bool:
@@ -296,7 +317,7 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
     files, by_file = checkpoint_files(path), {}
     select = select if select is not None else (lambda name: not _past_the_layers(name, plan))
     for name, file in files.items():
-        if select(name):
+        if layout_name(name) is not None and select(layout_name(name)):
             by_file.setdefault(file, []).append(name)
     block = _fp8_block(path)
     shards = {}
@@ -306,20 +327,20 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
                 if name.endswith(MXFP4_SUFFIXES):  # GPT-OSS's published experts: read with their scales
                     if name.endswith("_blocks"):
                         quantized = name[:-len("_blocks")]
-                        shards[quantized] = _read_mxfp4(f, file, files, quantized, plan, dtype).to(device)
+                        shards[layout_name(quantized)] = _read_mxfp4(f, file, files, quantized, plan, dtype).to(device)
                     continue
                 if name.endswith(FP8_SCALE_SUFFIX):  # read with its FP8 weight
                     continue
                 if name + FP8_SCALE_SUFFIX in files:  # a block-quantized FP8 weight (checkpoint_fp8.py)
-                    shards[name] = _read_fp8(f, file, files, name, plan, block, dtype).to(device)
+                    shards[layout_name(name)] = _read_fp8(f, file, files, name, plan, block, dtype).to(device)
                     continue
-                lazy, part = f.get_slice(name), plan.slice_of(name)
+                lazy, part = f.get_slice(name), plan.slice_of(layout_name(name))
                 if part is None:
                     tensor = lazy[:]
                 else:
                     pieces = [lazy[(slice(None),) * p.dim + (slice(p.start, p.stop),)] for p in _parts(part)]
                     tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=_parts(part)[0].dim)
-                shards[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
+                shards[layout_name(name)] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
     return gather_experts(shards)
 
 
@@ -367,9 +388,11 @@ def _read_fp8(f, file, files, name, plan, block, dtype):
 
     scales_file = files[name + FP8_SCALE_SUFFIX]
     if scales_file == file:
-        return read_fp8(f.get_slice(name), f.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(name), block, dtype)
+        return read_fp8(f.get_slice(name), f.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(layout_name(name)), block,
+                        dtype)
     with safe_open(scales_file, framework="pt") as g:
-        return read_fp8(f.get_slice(name), g.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(name), block, dtype)
+        return read_fp8(f.get_slice(name), g.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(layout_name(name)), block,
+                        dtype)
 
 
 def _read_mxfp4(f, file, files, name, plan, dtype):
@@ -381,6 +404,8 @@ def _read_mxfp4(f, file, files, name, plan, dtype):
     if scales_file is None:
         raise ValueError(f"the checkpoint has {name}_blocks but no {name}_scales")
     if scales_file == file:
-        return read_mxfp4(f.get_slice(name + "_blocks"), f.get_slice(name + "_scales"), plan.slice_of(name), dtype)
+        return read_mxfp4(f.get_slice(name + "_blocks"), f.get_slice(name + "_scales"), plan.slice_of(layout_name(name)),
+                          dtype)
     with safe_open(scales_file, framework="pt") as g:
-        return read_mxfp4(f.get_slice(name + "_blocks"), g.get_slice(name + "_scales"), plan.slice_of(name), dtype)
+        return read_mxfp4(f.get_slice(name + "_blocks"), g.get_slice(name + "_scales"), plan.slice_of(layout_name(name)),
+                          dtype)

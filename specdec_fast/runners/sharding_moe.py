@@ -9,6 +9,7 @@ one, else intermediate_size), every expert split alike:
     down columns of every expert                                the matching [r i, (r+1) i)
     GPT-OSS's gate_up bias (interleaved like its columns)       the matching 2 i
     GPT-OSS's down bias                                         replicated; added by rank 0 only
+    Llama 4's experts ([E, H, 2I] gate | up columns, [E, I, H])  this rank's gate and up columns, down rows
     Qwen2-MoE's shared expert, GLM-4.5's shared experts         as a dense MLP (its own width / N);
                                                                 Qwen's gate (one row) replicated; ERNIE 4.5's
                                                                 down bias whole, added by rank 0 only
@@ -43,7 +44,7 @@ RENAMED = (("block_sparse_moe.gate.weight", "mlp.gate.weight"),
 
 
 def moe_sizes(config) -> tuple:
-    """(layout "swiglu" / "gpt_oss" or None for a dense family, experts' width I, the shared
+    """(layout "swiglu" / "swiglu_t" / "gpt_oss" or None for a dense family, experts' width I, the shared
     MLP's width or 0)."""
     family = MOE_FAMILIES.get(getattr(config, "model_type", None))
     if family is None:
@@ -54,6 +55,8 @@ def moe_sizes(config) -> tuple:
              or getattr(config, "moe_num_shared_experts", None))  # ERNIE 4.5's name
     if not shared and count:  # GLM-4.5, Solar Open, EXAONE MoE: n shared experts' width as one MLP
         shared = width * int(count)
+    if family[3] == "swiglu_t":  # Llama 4: one shared expert as wide as a routed one
+        shared = width
     return family[3], int(width), int(shared)
 
 
@@ -74,16 +77,16 @@ def moe_slice_of(plan, name: str, make_slice):
         s = plan.shared_intermediate // plan.world
         rows = (r * s, (r + 1) * s)
         return True, make_slice(1, *rows) if name.endswith("down_proj.weight") else make_slice(0, *rows)
-    gpt_oss = plan.moe_layout == "gpt_oss"
+    gpt_oss, transposed = plan.moe_layout == "gpt_oss", plan.moe_layout in ("gpt_oss", "swiglu_t")
     if name.endswith("mlp.experts.gate_up_proj"):
         if gpt_oss:  # [E, H, 2I], gate / up interleaved: outputs [r i, (r+1) i) are columns [2 r i, 2 (r+1) i)
             return True, make_slice(2, 2 * own[0], 2 * own[1])
-        inter = plan.expert_intermediate  # [E, 2I, H]: this rank's gate rows, then its up rows
-        return True, (make_slice(1, *own), make_slice(1, inter + own[0], inter + own[1]))
+        inter, dim = plan.expert_intermediate, 2 if transposed else 1  # [E, 2I, H] (Llama 4: [E, H, 2I]) halves
+        return True, (make_slice(dim, *own), make_slice(dim, inter + own[0], inter + own[1]))
     if name.endswith("mlp.experts.gate_up_proj_bias"):  # GPT-OSS [E, 2I], interleaved
         return True, make_slice(1, 2 * own[0], 2 * own[1])
-    if name.endswith("mlp.experts.down_proj"):  # GPT-OSS [E, I, H] rows; Mixtral / Qwen [E, H, I] columns
-        return True, make_slice(1 if gpt_oss else 2, *own)
+    if name.endswith("mlp.experts.down_proj"):  # GPT-OSS / Llama 4 [E, I, H] rows; Mixtral / Qwen [E, H, I] columns
+        return True, make_slice(1 if transposed else 2, *own)
     return False, None
 
 

@@ -16,6 +16,7 @@ from specdec_fast.engine.run_ahead import RunAheadPoller
 from specdec_fast.kernels.sampling_params import make_sampling_tensors
 from specdec_fast.runners import PagedLlamaRunner
 from specdec_fast.runners._moe import is_moe
+from specdec_fast.runners.paged_llama import mlp_of
 from specdec_fast.runners.sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 
 from ..engine.conftest import model_pair
@@ -86,7 +87,7 @@ def test_shards_tile_every_tensor(kind, world):
         assert all(p.is_contiguous() for p in parts)
 
 
-MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open")
+MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "llama4_text")
 
 
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
@@ -98,8 +99,8 @@ def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
     prefix = f"model.layers.{layer}."
     partials = [MoE(moe_layer_params(shards, prefix, rank == 0), model.config, "triton" if triton else "torch")(h)
                 for rank, shards in enumerate(shards_per_rank)]
-    theirs = model.model.layers[layer].mlp(h[None])
-    return partials, (theirs[0] if isinstance(theirs, tuple) else theirs)[0]
+    theirs = mlp_of(model.model.layers[layer])(h[None])
+    return partials, (theirs[0] if isinstance(theirs, tuple) else theirs).reshape(h.shape)  # Llama 4's: [T, H]
 
 
 @pytest.mark.parametrize("world, triton", [(2, False), (4, False), (2, True)])
@@ -108,7 +109,8 @@ def test_moe_partials_sum_to_the_block(kind, world, triton):
     """Every expert split by its width over the ranks, the router replicated: the ranks' block
     outputs sum to transformers' block (Qwen2-MoE's shared expert and GLM-4.5's shared MLP split
     too, GPT-OSS's interleaved gate / up columns and biases, its down bias added by rank 0 only,
-    GLM-4.5's router bias replicated), on the torch products and
+    GLM-4.5's router bias replicated, Llama 4's [E, H, 2I] gate | up columns and its shared expert, the
+    router's weight scaling each rank's slice of the expert's input alike), on the torch products and
     through kernels/moe (7 tokens: its expert schedule; interpreted here); a rank's own part is not
     the block (the control)."""
     if triton:
@@ -121,12 +123,12 @@ def test_moe_partials_sum_to_the_block(kind, world, triton):
         for name, buffer in model.named_buffers():  # GLM-4.5's router bias (replicated)
             if name.endswith("e_score_correction_bias"):
                 buffer.normal_(0, 0.5)
-    layer = next(i for i, block in enumerate(model.model.layers) if is_moe(block.mlp))  # GLM-4.5: layer 0 is dense
+    layer = next(i for i, block in enumerate(model.model.layers) if is_moe(mlp_of(block)))  # GLM-4.5: layer 0 is dense
     plans = [LlamaShardPlan.for_config(model.config, world, r) for r in range(world)]
     shards = [shards_from_state(model.state_dict(), p) for p in plans]
     inter = plans[0].expert_intermediate // world
     gate_up = shards[1][f"model.layers.{layer}.mlp.experts.gate_up_proj"]
-    assert gate_up.shape[1 if kind != "gpt_oss" else 2] == 2 * inter and gate_up.is_contiguous()
+    assert gate_up.shape[2 if kind in ("gpt_oss", "llama4_text") else 1] == 2 * inter and gate_up.is_contiguous()
     h = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(world))
     with torch.no_grad():
         partials, theirs = _moe_partials(model, shards, layer, h, triton)
@@ -213,6 +215,42 @@ def test_checkpoint_layers_past_the_config_are_not_read(tmp_path, monkeypatch):
     read = shards_from_safetensors(str(tmp_path), LlamaShardPlan.for_config(model.config, 2, 0))
     assert not any(name.startswith("model.layers.2.") for name in read)
     assert {name for _, name in _Recording.calls} == set(state)  # every other tensor read, these not
+
+
+def llama4_multimodal_checkpoint(model, path) -> None:
+    """``model`` (a Llama4ForCausalLM) written as Meta's Llama 4 checkpoints are: a Llama4Config (model_type
+    "llama4") around its text config, the decoder's tensors under language_model., a vision tower and a
+    projector beside them."""
+    import transformers as tf
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tf.Llama4Config(text_config=model.config.to_dict()).to_json_file(path / "config.json")
+    state = {f"language_model.{name}": tensor.contiguous() for name, tensor in model.state_dict().items()}
+    state.update({"vision_model.patch_embedding.linear.weight": torch.ones(8, 12),
+                  "multi_modal_projector.linear_1.weight": torch.ones(48, 8)})
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_multimodal_llama4_checkpoint_reads_its_text_decoder(tmp_path, monkeypatch):
+    """Meta's layout (llama4_multimodal_checkpoint): each rank reads the decoder's tensors as slices, under the
+    names of a loaded Llama4ForCausalLM's shards (language_model. dropped, feed_forward read as mlp), and never
+    the vision tower or the projector."""
+    import safetensors
+
+    model = make_model("llama4_text")
+    llama4_multimodal_checkpoint(model, tmp_path)
+    real = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
+    _Recording.calls = []
+    plan = LlamaShardPlan.for_config(model.config, 2, 1)
+    read = shards_from_safetensors(str(tmp_path), plan)
+    expected = shards_from_state(model.state_dict(), plan)
+    assert read.keys() == expected.keys() and "model.layers.1.mlp.experts.gate_up_proj" in read
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in read.items())
+    assert read["model.layers.0.mlp.gate_proj.weight"].shape == (48, 48)  # layer 0's dense MLP: 48 of 96 rows
+    assert read["model.layers.1.mlp.shared_expert.gate_proj.weight"].shape == (12, 48)  # 12 of the expert's 24
+    assert not any(name.startswith(("vision_model.", "multi_modal_projector.")) for _, name in _Recording.calls)
 
 
 def _lockstep_decode(lag: int, lockstep: bool):

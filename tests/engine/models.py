@@ -106,6 +106,12 @@ def _config(kind: str, vocab: int, layers: int):
         # expert, layer 0 dense; biases (the LM head's too)
         return tf.Ernie4_5_MoeConfig(moe_num_experts=8, moe_k=2, moe_intermediate_size=24, moe_num_shared_experts=1,
                                      moe_layer_start_index=1, head_dim=12, use_bias=True, **llama_like)
+    if kind == "llama4_text":  # Llama 4: chunked RoPE layers (chunks of 6: the calls' rows cross them) on interleaved
+        # pairs with the weightless q/k norm, every second layer NoPE (its temperature 1 at the published floor_scale) and
+        # MoE (8 experts of 24, top 1 scaling the input, a shared expert) beside a dense MLP of 96
+        return tf.Llama4TextConfig(head_dim=12, num_local_experts=8, num_experts_per_tok=1, intermediate_size_mlp=96,
+                                   interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=6,
+                                   **dict(llama_like, intermediate_size=24))
     if kind == "exaone_moe":  # GLM-4.5's routing; a sliding layer (window 8: RoPE, passed), a full NoPE one; q/k norms
         return tf.ExaoneMoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.0, num_shared_experts=1, head_dim=12, sliding_window=8,

@@ -1,5 +1,5 @@
 """Llama 4's text decoder on the paged runner (runners/paged_llama4.py): chunked attention on the
-RoPE layers (chunks of 8 here, so every check crosses boundaries), NoPE layers with the attention
+RoPE layers (chunks of 5 here, so every check crosses boundaries), NoPE layers with the attention
 temperature (floor_scale 4: it changes every 4 positions), RoPE on interleaved pairs, the weightless
 q/k L2 norm, top-1 sigmoid MoE layers whose weight scales the expert's input beside dense layers.
 
@@ -21,7 +21,7 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 
 VOCAB = 96
-CHUNK = 8
+CHUNK = 5  # off the pages (4) and the kernels' tiles: boundaries fall inside them
 KINDS = ("scout", "maverick")
 
 
@@ -67,3 +67,125 @@ def test_logits_equal_hf_forward(kind, backend, device):
     runner = PagedLlama4Runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
     contexts = assert_runner_matches_forward(model, runner, VOCAB)
     assert max(len(c) for c in contexts) > 2 * CHUNK  # the rows crossed chunk boundaries
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bfloat16_close_to_the_float32_forward(kind):
+    reference = tiny_llama4(kind)
+    model = tiny_llama4(kind).to(torch.bfloat16)
+    assert_bf16_close_to_forward(model, PagedLlama4Runner(model, max_new_tokens=4, num_draft_tokens=1), VOCAB,
+                                 reference=reference)
+
+
+def _generate_each_row(target, ids, mask, **kw):
+    """model.generate on each row alone (no pads), right-aligned into one [B, width + new] tensor."""
+    rows = []
+    for b in range(ids.shape[0]):
+        prompt = ids[b, mask[b].bool()][None]
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), **kw)
+        rows.append(torch.cat([ids[b, : ids.shape[1] - prompt.shape[1]], out[0]]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_paged_equals_generate(kind):
+    """Every drafting method gives model.generate's tokens, 20 new tokens past several chunks. Batch 1, and
+    a left-padded batch of 3 against generate on each row alone: transformers' temperature counts a padded
+    row's positions from the first pad (the module docstring), so its batched output differs from its own
+    output on the row alone wherever the pads move a row across a multiple of floor_scale (4 here)."""
+    target = tiny_llama4(kind, seed=5)
+    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
+    for lengths in ([6], [4, 10, 7]):
+        ids, mask = left_padded_prompts(lengths, vocab=VOCAB, seed=len(lengths))
+        expected = _generate_each_row(target, ids, mask, **kw)
+        if len(lengths) == 1:
+            assert torch.equal(expected, target.generate(ids, attention_mask=mask, **kw))
+        for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
+                         dict(prompt_lookup_num_tokens=2), {}):
+            out = api.generate(target, ids, mask, runner="paged", **kw, **drafting)  # runner="paged": no fallback
+            assert torch.equal(out, expected), (lengths, drafting)
+    specdec_fast.release_engines(target)
+
+
+def test_a_padded_batch_equals_batched_generate_at_the_published_floor_scale():
+    """With floor_scale 8192 (Scout's and Maverick's configs) the temperature is 1 on every row of the
+    suite, padded or not: the paged batch equals model.generate's batched output itself."""
+    target = tiny_llama4("scout", seed=7, floor_scale=8192)
+    ids, mask = left_padded_prompts([3, 9, 6], vocab=VOCAB, seed=4)
+    kw = dict(do_sample=False, max_new_tokens=16, pad_token_id=0)
+    out = api.generate(target, ids, mask, runner="paged", assistant_model=make_draft(target, noise=0.03),
+                       num_assistant_tokens=3, **kw)
+    assert torch.equal(out, target.generate(ids, attention_mask=mask, **kw))
+    specdec_fast.release_engines(target)
+
+
+def test_long_rows_keep_the_chunked_layers_on_a_ring(monkeypatch):
+    """Prefill in chunks of 3 tokens: the ring (sized for the chunk and the tentative tokens) is
+    smaller than a row, so the chunked layers read a ring and the NoPE layer the full cache; the
+    logits still equal the forward's."""
+    from specdec_fast.runners.paged_base import PagedRunnerBase
+
+    monkeypatch.setattr(PagedRunnerBase, "ring_chunk", 3)
+    model = tiny_llama4("scout")
+    runner = PagedLlama4Runner(model, max_new_tokens=24, num_draft_tokens=3, block_size=4)
+    assert_runner_matches_forward(model, runner, VOCAB)
+    assert runner._ring_layers == (0, 1, 2) and len(runner.caches) == 2
+    ring = runner.caches[-1]
+    assert ring.ring_blocks < ring.max_blocks_per_row
+
+
+def test_a_token_tree_is_refused_once_rows_cross_a_chunk():
+    """Tree scoring with chunked layers that rows cross raises by name (the kernels compare slots with a
+    chunk's start, and a tree node's slot is not its position); within one chunk trees run."""
+    model = tiny_llama4("scout")
+    runner = PagedLlama4Runner(model, max_new_tokens=8, num_draft_tokens=3)
+    runner.prefill(torch.tensor([[5, 9, 3]]), None)
+    tree = (torch.tensor([1, 3, 5]), torch.tensor([0, 1, 1]))
+    with pytest.raises(ValueError, match="chunked attention layers"):
+        runner.score(torch.tensor([[4, 6, 7]]), tree=tree)
+    short = PagedLlama4Runner(tiny_llama4("scout", attention_chunk_size=64), max_new_tokens=8, num_draft_tokens=3)
+    short.prefill(torch.tensor([[5, 9, 3]]), None)
+    assert short.score(torch.tensor([[4, 6, 7]]), tree=tree).shape == (1, 3, VOCAB)
+
+
+def _logits_after(model, tokens, spoil=None):
+    runner = PagedLlama4Runner(model, max_new_tokens=2, num_draft_tokens=1, block_size=4)
+    if spoil is not None:
+        spoil(runner)
+    return runner.prefill(torch.tensor([tokens]), None)[0]
+
+
+def test_controls_each_piece_is_needed():
+    """Each spoiled piece moves the logits off the forward's: no chunks (full attention), no temperature,
+    pairs read as halves (no reordering), no q/k norm, the routing weight on the output instead of the
+    input."""
+    model = tiny_llama4("scout")
+    tokens = [5, 9, 3, 7, 11, 4, 8, 2, 9, 10, 33, 12, 6]
+    expected = hf_logits(model, tokens)[-1]
+    torch.testing.assert_close(_logits_after(model, tokens), expected, atol=1e-4, rtol=1e-4)
+
+    def each_layer(name, value):
+        return lambda runner: [setattr(layer, name, value) for layer in runner.layers]
+
+    def output_weighed(runner):
+        for layer in runner.layers:
+            layer.moe.scale_input = False
+
+    spoils = {"chunks": lambda r: setattr(r, "layer_chunks", ()), "temperature": each_layer("scaled_query", False),
+              "pairs": each_layer("rope_order", None), "qk norm": each_layer("qk_norm", None),
+              "input scaling": output_weighed}
+    for name, spoil in spoils.items():
+        assert not torch.allclose(_logits_after(model, tokens, spoil), expected, atol=1e-2, rtol=0), name
+
+
+def test_refusals_name_the_reason():
+    assert "num_experts_per_tok 2" in llama4_unsupported_reason(tiny_llama4("scout", num_experts_per_tok=2))
+    model = tiny_llama4("scout")
+    model.config.layer_types = ["chunked_attention", "sliding_attention", "chunked_attention", "full_attention"]
+    assert "layer_types" in llama4_unsupported_reason(model)
+    model = tiny_llama4("scout")
+    model.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 2.0}
+    model.model.rotary_emb.rope_type = "dynamic"
+    assert choose_runner(model, None, 40) == "paged"  # within the positions of its first frequencies
+    assert "changes its frequencies past 256" in llama4_unsupported_reason(model, 400)
+    assert choose_runner(model, None, 400) == "hf"
