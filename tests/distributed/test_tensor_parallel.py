@@ -22,6 +22,7 @@ Ranks 2 and 3: one's process ends (as a crashed rank's does): the other raises w
 import pytest
 import torch
 
+from tests.engine.models import llama4_multimodal_checkpoint
 from tests.engine.mtp_models import glm_with_mtp
 from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
@@ -73,6 +74,7 @@ def _check(problems: list, condition: bool, message: str) -> None:
 def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     for kind in ("qwen2", "mixtral", "phi3", "qwen3_next"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
         workers.tiny(kind)[0].save_pretrained(tmp_path / kind)
+    llama4_multimodal_checkpoint(workers.tiny("llama4_text")[0], tmp_path / "llama4_text")  # a Llama4Config around it
     glm_with_mtp(tmp_path / "glm_mtp")  # a GLM-4.5 checkpoint with its MTP layer: each rank reads that layer's slices
     glm_with_mtp(tmp_path / "deepseek_mtp", kind="deepseek_v3")  # DeepSeek-V3's: latent attention, read as slices
     results = run_ranks(workers.battery, 4, str(tmp_path))
@@ -98,7 +100,10 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
                 "qwen3_next": {"linear_attn.in_proj_qkvz.weight": (64, 48), "linear_attn.in_proj_ba.weight": (4, 48),
                                "linear_attn.conv1d.weight": (40, 1, 4), "linear_attn.A_log": (2,),
                                "linear_attn.dt_bias": (2,), "linear_attn.out_proj.weight": (48, 24),
-                               "linear_attn.norm.weight": (12,)}}
+                               "linear_attn.norm.weight": (12,)},
+                # llama4_text's layer 0 (dense: 48 of intermediate_size_mlp 96 columns), read from Meta's layout
+                "llama4_text": {"self_attn.q_proj.weight": (24, 48), "mlp.gate_proj.weight": (48, 48),
+                                "mlp.down_proj.weight": (48, 48)}}
     for kind, shapes in expected.items():
         seen = two[f"{kind} shard shapes"]
         _check(problems, not any(".experts.0." in name or "block_sparse_moe" in name for name in seen),

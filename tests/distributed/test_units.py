@@ -20,7 +20,7 @@ from specdec_fast.runners.paged_llama import mlp_of
 from specdec_fast.runners.sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 
 from ..engine.conftest import model_pair
-from ..engine.models import left_padded_prompts, make_model
+from ..engine.models import left_padded_prompts, llama4_multimodal_checkpoint, make_model
 from ..fake_cuda import LateDevice
 
 
@@ -215,21 +215,6 @@ def test_checkpoint_layers_past_the_config_are_not_read(tmp_path, monkeypatch):
     read = shards_from_safetensors(str(tmp_path), LlamaShardPlan.for_config(model.config, 2, 0))
     assert not any(name.startswith("model.layers.2.") for name in read)
     assert {name for _, name in _Recording.calls} == set(state)  # every other tensor read, these not
-
-
-def llama4_multimodal_checkpoint(model, path) -> None:
-    """``model`` (a Llama4ForCausalLM) written as Meta's Llama 4 checkpoints are: a Llama4Config (model_type
-    "llama4") around its text config, the decoder's tensors under language_model., a vision tower and a
-    projector beside them."""
-    import transformers as tf
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
-    tf.Llama4Config(text_config=model.config.to_dict()).to_json_file(path / "config.json")
-    state = {f"language_model.{name}": tensor.contiguous() for name, tensor in model.state_dict().items()}
-    state.update({"vision_model.patch_embedding.linear.weight": torch.ones(8, 12),
-                  "multi_modal_projector.linear_1.weight": torch.ones(48, 8)})
-    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
 
 
 def test_a_multimodal_llama4_checkpoint_reads_its_text_decoder(tmp_path, monkeypatch):

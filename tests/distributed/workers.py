@@ -24,6 +24,9 @@ INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads
 # OLMo 2 / 3: whole-projection q/k norms (OLMo's op order), each branch's partials summed before its norm; OLMo 3's
 # RoPE per layer type
 OLMO_KINDS = ("olmo2", "olmo3")
+# Llama 4: chunked RoPE layers (chunks of 6, crossed), the weightless q/k norm on each rank's heads, interleaved pairs
+# reordered per rank, top-1 experts whose input the router scales (every rank's slice alike) and a shared expert
+LLAMA4_KINDS = ("llama4_text",)
 CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
@@ -141,7 +144,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # rank its heads' rows of q_b / kv_b and columns of o_proj, the latent computed whole on both
     # Qwen3-Next / Qwen3.5: Gated DeltaNet layers by key / value heads (each rank rolls back its heads' states), gated
     # attention by heads; Qwen3-Next's MoE with a gated shared expert
-    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS + INTERLEAVED_KINDS + OLMO_KINDS:
+    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS + INTERLEAVED_KINDS + OLMO_KINDS + LLAMA4_KINDS:
         tgt, drf = tiny(kind)
         if kind in INTERLEAVED_KINDS:  # ERNIE's biases (q/k/v split, o / down / shared down / LM head's by rank 0 or rows)
             with torch.no_grad():
@@ -154,8 +157,8 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
-    # convolution channels
-    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next"):
+    # convolution channels; Llama 4 in Meta's multimodal layout (its text decoder under language_model.)
+    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next", "llama4_text"):
         sharded = ShardedCausalLM.from_pretrained(os.path.join(checkpoint, kind), group, timeout=TP_TIMEOUT)
         full, drf = tiny(kind)
         kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)

@@ -204,3 +204,18 @@ def eos_inside_a_block(plain: torch.Tensor, width: int, block: int, row: int = 1
         if end % block and new[row][end] != pad and new[row][end] not in new[row][:end] + firsts:
             return end, new[row][end]
     raise AssertionError(f"row {row} says no new token at a draft's place: {new[row]}")
+
+
+def llama4_multimodal_checkpoint(model, path) -> None:
+    """``model`` (a Llama4ForCausalLM) written as Meta's Llama 4 checkpoints are: a Llama4Config (model_type
+    "llama4") around its text config, the decoder's tensors under language_model., a vision tower and a
+    projector beside them."""
+    import transformers as tf
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tf.Llama4Config(text_config=model.config.to_dict()).to_json_file(path / "config.json")
+    state = {f"language_model.{name}": tensor.contiguous() for name, tensor in model.state_dict().items()}
+    state.update({"vision_model.patch_embedding.linear.weight": torch.ones(8, 12),
+                  "multi_modal_projector.linear_1.weight": torch.ones(48, 8)})
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
