@@ -1,6 +1,9 @@
 // Paged attention for N new queries per row on CPU: torch.ops.specdec_fast.paged_attention.
 //
-// Same semantics as kernels/attention/reference.py. One task per (row b, KV head): its n*G
+// Same semantics as kernels/attention/reference.py: causal, tree or block mask, a sliding window
+// or chunked attention (Llama 4's: query i sees keys from (prefix + i) / chunk * chunk on; the
+// first visible key is `first` in attend_keys either way), soft-capping, sinks.
+// One task per (row b, KV head): its n*G
 // query rows (n new queries x G heads of the GQA group) walk the row's keys once, in chunks
 // of CHUNK keys, so each K/V chunk is converted to fp32 once and reused by every query row
 // (scoring K+1 positions costs about one decode step of memory traffic). Fewer tasks than
@@ -184,8 +187,9 @@ SPECDEC_INLINE vi bit_lanes(uint32_t bits) {
 
 // Which of the chunk's keys j0 .. j0 + CHUNK - 1 a query sees, as a CHUNK-bit mask: the first
 // `end` of them (its causal window, or the row's length), none before position `first` (a
-// sliding window's first key), and under a tree mask, of the row's new tokens only those its
-// bits name (every key before the new tokens stays visible).
+// sliding window's first key, or the start of the query's attention chunk), and under a tree
+// mask, of the row's new tokens only those its bits name (every key before the new tokens stays
+// visible).
 SPECDEC_INLINE uint32_t visible_keys(int64_t end, int64_t first, bool tree, int64_t bits, int64_t j0, int64_t prefix) {
   constexpr uint32_t all = (1u << CHUNK) - 1u;
   uint32_t vis = end >= CHUNK ? all : end <= 0 ? 0u : (1u << end) - 1u;
@@ -299,6 +303,7 @@ struct Problem {
   float scale;
   bool causal;
   int64_t window;  // 0: none
+  int64_t chunk;   // chunked attention's chunk (Llama 4), 0: none; never with a window or a tree
   float softcap;   // 0: none
   const float* sinks;  // [Hq] logits, one more term of each query head's softmax (GPT-OSS), or nullptr
 };
@@ -309,12 +314,14 @@ SPECDEC_INLINE int64_t query_offset(int64_t i, bool tree, int64_t bits) {
   return tree ? __builtin_popcountll(static_cast<uint64_t>(bits)) - 1 : i;
 }
 
-// The first key any query of row b may see: its window's start for query offset 0, rounded down
-// to a chunk (0 without a window). Keys before it are never read.
+// The first key any query of row b may see: its window's start for query offset 0, or with
+// chunked attention the start of query 0's attention chunk, (prefix / chunk) * chunk; rounded
+// down to a CHUNK of keys (0 with neither). Keys before it are never read.
 template <typename scalar_t>
 SPECDEC_INLINE int64_t first_key(const Problem<scalar_t>& P, int64_t b) {
-  if (P.window <= 0) return 0;
+  if (P.window <= 0 && P.chunk <= 0) return 0;
   const int64_t prefix = P.lens[b] - (P.cu[b + 1] - P.cu[b]);
+  if (P.chunk > 0) return prefix / P.chunk * P.chunk / CHUNK * CHUNK;
   return std::max<int64_t>(0, prefix - P.window + 1) / CHUNK * CHUNK;
 }
 
@@ -370,11 +377,15 @@ void attend_keys(const Problem<scalar_t>& P, int64_t b, int64_t h, int64_t begin
         const bool seen = r >= first_row && r < R;
         const int64_t bits = seen && P.tree ? P.tree[q0 + i] : 0;
         const int64_t last = !seen ? 0 : P.causal ? std::min<int64_t>(cnt, prefix + i + 1 - j0) : cnt;
-        const int64_t first = P.window > 0 ? prefix + query_offset(i, P.tree != nullptr, bits) - P.window + 1 : 0;
+        // the query's first visible key: its window's start, or its attention chunk's (no tree)
+        const int64_t first = P.chunk > 0    ? (prefix + i) / P.chunk * P.chunk
+                              : P.window > 0 ? prefix + query_offset(i, P.tree != nullptr, bits) - P.window + 1
+                                             : 0;
         vis[k] = visible_keys(last, first, P.tree != nullptr, bits, j0, prefix);
         any |= vis[k];
       }
-      if (any == 0) continue;  // the quad's rows see none of the chunk (a window passed it): no state changes
+      if (any == 0) continue;  // the quad's rows see none of the chunk (a window or an attention chunk
+                               // starts past it): no state changes
       attend_quad(&t.q[r0 * Dp], &t.acc[r0 * Dp], &t.m[r0], &t.l[r0], Dp, t.k.data(), t.v.data(), cnt, vis,
                   P.softcap);
     }
@@ -417,7 +428,7 @@ template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
          const at::Tensor& seq_lens, const at::Tensor& cu_query_lens, const c10::optional<at::Tensor>& tree_mask,
          double scale, bool causal, int64_t window, double softcap, const c10::optional<at::Tensor>& sinks,
-         at::Tensor& out) {
+         int64_t chunk, at::Tensor& out) {
   Problem<scalar_t> P;
   P.B = block_table.size(0);
   P.Hq = q.size(1), P.D = q.size(2), P.Dp = (P.D + LANES - 1) / LANES * LANES;
@@ -431,6 +442,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
   P.scale = static_cast<float>(scale);
   P.causal = causal;
   P.window = window;
+  P.chunk = chunk;
   P.softcap = static_cast<float>(softcap);
   P.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   scalar_t* op = out.data_ptr<scalar_t>();
@@ -509,7 +521,7 @@ void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cac
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_table, const at::Tensor& seq_lens, const at::Tensor& cu_query_lens,
                            const c10::optional<at::Tensor>& tree_mask, double scale, bool causal, int64_t window,
-                           double softcap, const c10::optional<at::Tensor>& sinks) {
+                           double softcap, const c10::optional<at::Tensor>& sinks, int64_t chunk) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "paged_attention: q must be a contiguous [T, Hq, D] tensor");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "paged_attention: k_cache/v_cache shape");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "paged_attention: caches need stride(-1) == 1");
@@ -526,7 +538,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   if (tree_mask.has_value())
     TORCH_CHECK(tree_mask->scalar_type() == at::kLong && tree_mask->is_contiguous() && tree_mask->size(0) == q.size(0),
                 "paged_attention: tree_mask must be contiguous int64 [T]");
-  TORCH_CHECK(window >= 0 && softcap >= 0.0, "paged_attention: window and softcap must be >= 0 (0: none)");
+  TORCH_CHECK(window >= 0 && softcap >= 0.0 && chunk >= 0,
+              "paged_attention: window, softcap and chunk must be >= 0 (0: none)");
+  TORCH_CHECK(chunk == 0 || (window == 0 && !tree_mask.has_value()),
+              "paged_attention: chunk takes no window and no tree_mask");
   if (sinks.has_value())
     TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->dim() == 1 &&
                     sinks->size(0) == q.size(1),
@@ -534,7 +549,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   at::Tensor out = at::zeros_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
     run<scalar_t>(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, tree_mask, scale, causal, window, softcap,
-                  sinks, out);
+                  sinks, chunk, out);
   });
   return out;
 }
@@ -547,7 +562,7 @@ TORCH_LIBRARY_FRAGMENT(specdec_fast, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor cu_query_lens, Tensor? tree_mask, float scale, bool causal=True, int window=0, float softcap=0.0, "
-      "Tensor? sinks=None) -> Tensor");
+      "Tensor? sinks=None, int chunk=0) -> Tensor");
   // The vector width this build attends with (16 AVX-512, 8 AVX2, 4 otherwise), for tests.
   m.def("paged_attention_lanes() -> int", []() -> int64_t { return specdec::attention::LANES; });
 }

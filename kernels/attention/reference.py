@@ -95,8 +95,8 @@ def paged_attention_reference(
     chunk: int | None = None,
 ) -> torch.Tensor:
     """out [T, Hq, D] (q's dtype). A spec, not a fast path: it waits on the device for the longest
-    row and query count and, per chunk, for its real queries (a boolean index). Rows are padded
-    to the longest and attended together, a chunk of rows at a time (CHUNK_VALUES); padded keys
+    row and query count and, per pass of rows, for its real queries (a boolean index). Rows are
+    padded to the longest and attended together, several rows a pass (CHUNK_VALUES); padded keys
     are masked and their V zeroed (a slot past a row's end may hold NaN), padded queries are
     computed and dropped."""
     T, Hq, D = q.shape
@@ -109,10 +109,10 @@ def paged_attention_reference(
         return out
     query_len, max_len = int(new_tokens.max()), int(lengths.max())
     row_values = max_len * (2 * Hkv * D + Hq * query_len) + query_len * Hq * D
-    rows_at_once = max(1, CHUNK_VALUES // row_values)
+    rows_per_pass = max(1, CHUNK_VALUES // row_values)  # not `chunk`: that is the attention chunk
     i = torch.arange(query_len, device=q.device)
-    for r0 in range(0, lengths.numel(), rows_at_once):
-        rows = slice(r0, r0 + rows_at_once)
+    for r0 in range(0, lengths.numel(), rows_per_pass):
+        rows = slice(r0, r0 + rows_per_pass)
         k = gather_rows_kv(k_cache, block_table[rows], max_len).float()  # [R, L, Hkv, D]
         v = gather_rows_kv(v_cache, block_table[rows], max_len).float()
         in_row = torch.arange(max_len, device=q.device)[None, :] < lengths[rows, None]  # [R, L]
@@ -125,7 +125,7 @@ def paged_attention_reference(
             scores = torch.tanh(scores / softcap) * softcap
         tree_bits = None if tree_mask is None else tree_mask[token]
         visible = visible_keys(new_tokens[rows], lengths[rows], query_len, max_len, tree_bits, causal, window,
-                                  chunk)
+                               chunk)
         scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
         if sinks is not None:  # one more logit per query head, dropped after the softmax
             sink = sinks.float().view(1, Hkv, Hq // Hkv, 1, 1).expand(*scores.shape[:-1], 1)

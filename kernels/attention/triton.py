@@ -8,13 +8,15 @@ apply the causal AND tree masks (BLOCK_MASK: no causal limit among a row's new t
 draft block; causal launches keep their key: the constexpr is passed only when set). With a
 sliding window (HAS_WINDOW) a tile's walk starts at the chunk of its first row's window and the
 chunks below its last row's window start apply the window's mask too (_masked_chunks, the one
-masked loop); soft-capping (HAS_SOFTCAP) caps every score; sinks (HAS_SINKS) enter split 0's
-softmax sum. The KV sequence is split over programs (flash-decoding); each
-split writes its normalised partial output and log-sum-exp, and kernel 2 (_merge_splits)
-combines them -- or, with MERGE_IN_KERNEL (a plan's merge_in_kernel), the split of each (row,
-KV head, query tile) that takes the group's last ticket combines them in the same launch
-(_combine_splits; tickets in a caller's KernelWorkspace, put back to zero by their winner).
-With a single split kernel 1 writes the output directly.
+masked loop); chunked attention (Llama 4: CHUNKED with HAS_WINDOW, the chunk size in `window`)
+is the same walk with each row's first key at its chunk's start, (prefix + i) // chunk * chunk;
+soft-capping (HAS_SOFTCAP) caps every score; sinks (HAS_SINKS) enter split 0's softmax sum. The
+KV sequence is split over programs (flash-decoding); each split writes its normalised partial
+output and log-sum-exp, and kernel 2 (_merge_splits) combines them -- or, with MERGE_IN_KERNEL
+(a plan's merge_in_kernel), the split of each (row, KV head, query tile) that takes the group's
+last ticket combines them in the same launch (_combine_splits; tickets in a caller's
+KernelWorkspace, put back to zero by their winner). With a single split kernel 1 writes the
+output directly.
 
 Grid sizes come only from static shapes (T, max_query_len, block_table width): seq_lens and
 cu_query_lens are read inside the kernels, so there is no host sync and the call can be
@@ -111,8 +113,8 @@ def _masked_chunks(q, m_i, l_i, acc, start_lo, start_hi, hi, prefix, qi, key_fir
                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_TREE: tl.constexpr, BLOCK_MASK: tl.constexpr,
                    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IEEE_DOT: tl.constexpr):
     """The online softmax over the chunks [start_lo, start_hi) of keys below ``hi``, with every
-    mask: the causal (or block) mask among the new tokens, the tree's bits, and the window (row
-    r sees no key before key_first[r]) -> (m_i, l_i, acc)."""
+    mask: the causal (or block) mask among the new tokens, the tree's bits, and the window or
+    the attention chunk (row r sees no key before key_first[r]) -> (m_i, l_i, acc)."""
     for start in range(start_lo, start_hi, BLOCK_N):
         pos = start + n_off
         in_seq = pos < hi
@@ -171,6 +173,7 @@ def _paged_attn_split(
     HAS_WINDOW: tl.constexpr = False,
     HAS_SOFTCAP: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
+    CHUNKED: tl.constexpr = False,
     MERGE_LAST: tl.constexpr = False,
     FENCE: tl.constexpr = False,
     PDL: tl.constexpr = False,
@@ -217,13 +220,19 @@ def _paged_attn_split(
             tree_bits = qi  # unread
         # a sliding window: row r sees keys from key_first[r] (its position - window + 1; under a
         # tree its position is prefix + depth); the tile's walk starts at the chunk of its first
-        # row's, and chunks before the chunk of its last row's apply the window's mask
+        # row's, and chunks before the chunk of its last row's apply the window's mask. CHUNKED
+        # (with HAS_WINDOW; `window` holds the chunk size; no tree): key_first[r] is the start of
+        # the row's attention chunk, (prefix + qi) // chunk * chunk. What follows reads only the
+        # tile's least and greatest key_first and masks each row's keys below its own
         if HAS_WINDOW:
-            if HAS_TREE:
-                offset = (_popcount64(tree_bits) - 1).to(tl.int32)
+            if CHUNKED:
+                key_first = (prefix + qi) // window * window
             else:
-                offset = qi
-            key_first = prefix + offset - window + 1
+                if HAS_TREE:
+                    offset = (_popcount64(tree_bits) - 1).to(tl.int32)
+                else:
+                    offset = qi
+                key_first = prefix + offset - window + 1
             kv_start = tl.maximum(tl.min(tl.where(row_ok, key_first, kv_end), 0), 0) // BLOCK_N * BLOCK_N
         else:
             key_first = qi  # unread
@@ -518,7 +527,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
                            max_query_len: int, tree_mask=None, scale: float, num_splits: int | None = None,
                            min_split_tokens: int | None = None, plan: LaunchPlan | None = None, causal: bool = True,
                            merge_in_kernel: bool | None = None, workspace: KernelWorkspace | None = None,
-                           pdl: bool = False, window: int | None = None, softcap: float | None = None, sinks=None):
+                           pdl: bool = False, window: int | None = None, softcap: float | None = None, sinks=None,
+                           chunk: int | None = None):
     """Validated inputs (see kernels/attention/__init__.py). num_splits (with min_split_tokens,
     a multiple of the KV chunk, default one chunk) overrides the automatic flash-decoding split,
     e.g. for tests and the benchmark's sweep; merge_in_kernel (None: MERGE_IN_KERNEL) where the
@@ -527,9 +537,12 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     calls on one stream, e.g. a runner's layers); without one a split call zero-fills its tickets.
     pdl: on CUDA, each launch is a programmatic dependent launch (the GEMV layer's chain,
     runners/paged_llama.py GEMV_PDL): it waits for the kernel before it at its first line and
-    lets the next PDL launch start at once. window, softcap, sinks: a sliding window, attention
-    soft-capping and attention sinks ([Hq] float32) as kernels/attention/__init__.py defines them,
-    each a constexpr passed only when set (the launches without them keep their compiled variants)."""
+    lets the next PDL launch start at once. window, softcap, sinks, chunk: a sliding window, attention
+    soft-capping, attention sinks ([Hq] float32) and chunked attention as kernels/attention/__init__.py
+    defines them, each a constexpr passed only when set (the launches without them keep their compiled
+    variants); chunk takes no window and no tree (the kernel passes it as its window argument)."""
+    if chunk is not None and (window is not None or tree_mask is not None):
+        raise ValueError("chunk takes no window and no tree_mask (the kernel passes the chunk as its window)")
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -563,7 +576,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     _paged_attn_split[(B * Hkv, plan.num_tiles, splits)](
         q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, seq_lens if tree_mask is None else tree_mask,
         seq_lens if sinks is None else sinks, out, part_o, part_lse, tickets,
-        float(scale) * LOG2E, splits, plan.min_split_chunks, T, int(window or 0), float(softcap or 1.0) * LOG2E,
+        float(scale) * LOG2E, splits, plan.min_split_chunks, T, int(chunk or window or 0),
+        float(softcap or 1.0) * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0),
@@ -576,7 +590,8 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
         IEEE_DOT=q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and q.device.type != "cuda"),
         num_warps=plan.num_warps, num_stages=2,
         **({} if causal else {"BLOCK_MASK": True}),
-        **({} if window is None else {"HAS_WINDOW": True}),
+        **({} if window is None and chunk is None else {"HAS_WINDOW": True}),
+        **({} if chunk is None else {"CHUNKED": True}),  # the chunk in `window`, HAS_WINDOW's walk
         **({} if softcap is None else {"HAS_SOFTCAP": True}),
         **({} if sinks is None else {"HAS_SINKS": True}),
         **({"MERGE_LAST": True, "FENCE": not triton_interpreting()} if merge_last else {}),

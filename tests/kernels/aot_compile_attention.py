@@ -17,12 +17,12 @@ PTRS = {"q_ptr": "Q", "k_ptr": "Q", "v_ptr": "Q", "out_ptr": "Q", "bt_ptr": "*i3
 
 
 def compile_split(dtype, block_m, queries, group, head_dim, tree, direct, block_mask=False, merge_last=False, pdl=False,
-                  block_n=64, window=False, softcap=False, sinks=False):
+                  block_n=64, window=False, softcap=False, sinks=False, chunked=False):
     consts = dict(NUM_KV_HEADS=8, GROUP=group, GROUP_P2=group, QUERIES_PER_TILE=queries, BLOCK_M=block_m,
                   BLOCK_N=block_n, HEAD_DIM=head_dim, HEAD_DIM_P2=attn.head_dim_padded(head_dim), PAGE_SIZE=16,
                   HAS_TREE=tree, DIRECT_OUT=direct, IEEE_DOT=dtype == "fp32", BLOCK_MASK=block_mask,
-                  HAS_WINDOW=window, HAS_SOFTCAP=softcap, HAS_SINKS=sinks, MERGE_LAST=merge_last, FENCE=merge_last,
-                  PDL=pdl)
+                  HAS_WINDOW=window or chunked, HAS_SOFTCAP=softcap, HAS_SINKS=sinks, CHUNKED=chunked,
+                  MERGE_LAST=merge_last, FENCE=merge_last, PDL=pdl)
     types = {name: t.replace("Q", f"*{dtype}") for name, t in PTRS.items()}
     return compile_sm90(attn._paged_attn_split, consts, types, num_warps=8 if block_m >= 128 else 4, num_stages=2,
                         pdl=pdl)
@@ -103,6 +103,10 @@ def main(full: bool) -> None:
                         dict(window=True, softcap=True, block_n=_prefill_tile("bf16", 8, 128)[2]))):
         kernel = compile_split(*cfg, **extra)
         print("split window / softcap / sinks", cfg, extra, "shared bytes", kernel.metadata.shared)
+    # chunked attention (Llama 4; the window's walk with each row's first key at its chunk's start): a chain of 8's
+    # split partials, one form (it changes one integer expression of the window's)
+    kernel = compile_split("bf16", 32, 8, 4, 128, False, False, chunked=True)
+    print("split chunked", "shared bytes", kernel.metadata.shared)
     # the in-kernel merge (the last split merges after a fenced ticket): decode and a chain of 5
     for cfg in (("bf16", 16, 1, 4, 128, False, False), ("bf16", 32, 8, 4, 128, True, False),
                 ("fp16", 16, 4, 4, 80, False, False)):

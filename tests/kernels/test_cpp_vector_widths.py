@@ -21,6 +21,7 @@ from specdec_fast.kernels import _cpp_build
 from tests.kernels.attention_cases import make_case, sdpa_oracle
 from tests.kernels.test_rng_cpp import GUMBEL_BLOCKS, gumbel_block_is_the_spec
 from tests.kernels.test_paged_attention import BLOCK_CASES, CASES, TOL
+from tests.kernels.test_paged_attention_chunk import CASES as CHUNK_CASES, _seed as chunk_seed, chunk_oracle
 from tests.kernels.test_paged_attention_window import CASES as WINDOW_CASES
 
 pytestmark = [
@@ -104,6 +105,13 @@ def _paged_attention_matches_sdpa(name, ops):
                                   cap or 0.0)
         torch.testing.assert_close(out.double(), sdpa_oracle(case, causal=causal, window=window, softcap=cap),
                                    atol=TOL[dtype], rtol=TOL[dtype], msg=lambda m: f"{name} build, {key}: {m}")
+    # chunked attention: each row's first key (rounded down to the width's chunk of keys) and each query's
+    for key, (seq, ql, hq, hkv, d, bs, dtype, causal, chunk) in CHUNK_CASES.items():
+        case = make_case(seq, ql, hq, hkv, d, bs, dtype, seed=chunk_seed(key))
+        out = ops.paged_attention(case.q.contiguous(), case.k_cache, case.v_cache, case.block_table.contiguous(),
+                                  case.seq_lens, case.cu_query_lens, None, d ** -0.5, causal, 0, 0.0, None, chunk)
+        torch.testing.assert_close(out.double(), chunk_oracle(case, causal, chunk), atol=TOL[dtype], rtol=TOL[dtype],
+                                   msg=lambda m: f"{name} build, {key}: {m}")
 
 
 def _skinny_linear_equals_this_machines_bit_for_bit(name, ops):
