@@ -88,6 +88,8 @@ class _TPLayer:
     layer's MLP is `moe` (runners/_moe.py over this rank's slice of every expert:
     runners/sharding_moe.py; gate / up / down None); GPT-OSS's sinks are this rank's heads'."""
 
+    scaled_query = True  # as paged_llama._Layer's: the runner's query temperature (if any) scales it
+
     def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool, kernels: str = "torch",
                  rope: bool = True):
         def get(name):
