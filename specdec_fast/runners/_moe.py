@@ -119,6 +119,15 @@ def _correction(mlp):
     return None
 
 
+def input_scaling_reason(config) -> str | None:
+    """Why a family whose experts read their input scaled (INPUT_SCALED) routes more than one expert a token
+    (each pair would need its own input), or None."""
+    if config.model_type in INPUT_SCALED and int(config.num_experts_per_tok) != 1:
+        return (f"num_experts_per_tok {config.num_experts_per_tok}: {config.model_type}'s experts read their input "
+                "scaled by the routing weight, which runners/_moe.py applies for one expert per token")
+    return None
+
+
 def moe_reason(mlp, config) -> str | None:
     """Why a MoE block is not one this module runs (a routing it does not know, tensors that are not
     the plain ones it reads), or None."""
@@ -136,9 +145,9 @@ def moe_reason(mlp, config) -> str | None:
     biased = getattr(experts, "gate_up_proj_bias", None) is not None
     if family[3].startswith("swiglu") and (biased or getattr(experts, "has_bias", False)):
         return "MoE experts with biases"
-    if config.model_type in INPUT_SCALED and int(config.num_experts_per_tok) != 1:
-        return (f"num_experts_per_tok {config.num_experts_per_tok}: {config.model_type}'s experts read their input "
-                "scaled by the routing weight, which this module applies for one expert per token")
+    reason = input_scaling_reason(config)
+    if reason is not None:
+        return reason
     if (getattr(mlp, "shared_expert", None) is not None and config.model_type not in INPUT_SCALED
             and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear)):
         return "a shared expert without a shared_expert_gate"

@@ -29,7 +29,7 @@ import torch
 
 from .paged_base import decoder_reason
 from .paged_llama import PagedLlamaRunner, _Layer, interleaved_order, llama_config_reason, projection_modules
-from ._moe import moe_reason
+from ._moe import input_scaling_reason, moe_reason
 
 LLAMA4_MODEL_TYPES = ("llama4_text",)
 
@@ -50,19 +50,30 @@ def llama4_unsupported_reason(model, max_tokens_per_row: int | None = None, back
         reason = moe_reason(mlp, config) if getattr(layer, "is_moe_layer", False) else None
         if reason is not None:
             return f"layer {i}: {reason}"
+    rotary = getattr(model.model, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        return "the model has no rotary_emb with inv_freq"
+    return llama4_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
+                                rotary_dims=2 * rotary.inv_freq.numel(), static_window=True)
+
+
+def llama4_config_reason(config, rope_type, max_tokens_per_row=None, backend=None, rotary_dims=None,
+                         static_window: bool = False) -> str | None:
+    """The checks of llama4_unsupported_reason that read only the config (shared with the tensor-parallel
+    runner): one expert a token (_moe.input_scaling_reason), full or chunked layers with an int chunk, then
+    the Llama family's config checks (paged_llama.llama_config_reason) on the config read as full
+    attention (the chunks are this runner's: llama4_layer_chunks)."""
+    reason = input_scaling_reason(config)
+    if reason is not None:
+        return reason
     kinds = set(config.layer_types)
     if kinds - {"full_attention", "chunked_attention"}:
         return f"layer_types {sorted(kinds)}: Llama 4's layers are full or chunked attention"
     chunk = config.attention_chunk_size
     if "chunked_attention" in kinds and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         return f"chunked_attention layers need an int attention_chunk_size, got {chunk!r}"
-    rotary = getattr(model.model, "rotary_emb", None)
-    if rotary is None or not hasattr(rotary, "inv_freq"):
-        return "the model has no rotary_emb with inv_freq"
-    # the config checks of the Llama family, on a config whose layers it reads as full attention
-    # (the chunks are this runner's: llama4_layer_chunks)
-    return llama_config_reason(_AsFullAttention(config), getattr(rotary, "rope_type", None), max_tokens_per_row,
-                               backend, rotary_dims=2 * rotary.inv_freq.numel(), static_window=True)
+    return llama_config_reason(_AsFullAttention(config), rope_type, max_tokens_per_row, backend,
+                               rotary_dims=rotary_dims, static_window=static_window)
 
 
 class _AsFullAttention:

@@ -10,10 +10,8 @@ Per layer, as runners/paged_llama4.py: the chunked RoPE layers' chunks (the kern
 heads' q / k columns reordered for the interleaved pairs, the weightless q/k norm per head (a head
 lies wholly on one rank), the NoPE layers' query temperature (a function of the position only).
 """
-from .paged_llama import llama_config_reason
-from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner, _AsFullAttention, as_llama4_layer, llama4_layer_chunks
+from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner, as_llama4_layer, llama4_config_reason, llama4_layer_chunks
 from .paged_llama_tp import TensorParallelRunner, TPPagedLlamaRunner, shard_reason
-from ._moe import INPUT_SCALED
 
 
 def tp_llama4_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -21,15 +19,8 @@ def tp_llama4_unsupported_reason(model, max_tokens_per_row: int | None = None, b
     reason = shard_reason(model, LLAMA4_MODEL_TYPES)
     if reason is not None:
         return reason
-    config = model.config
-    if config.model_type in INPUT_SCALED and int(config.num_experts_per_tok) != 1:
-        return (f"num_experts_per_tok {config.num_experts_per_tok}: Llama 4's experts read their input scaled by the "
-                "routing weight, which the runner applies for one expert per token")
-    kinds = set(config.layer_types)
-    if kinds - {"full_attention", "chunked_attention"}:
-        return f"layer_types {sorted(kinds)}: Llama 4's layers are full or chunked attention"
-    return llama_config_reason(_AsFullAttention(config), model.rope_type, max_tokens_per_row, backend,
-                               rotary_dims=2 * model.inv_freq.numel())
+    return llama4_config_reason(model.config, model.rope_type, max_tokens_per_row, backend,
+                                rotary_dims=2 * model.inv_freq.numel())
 
 
 class TPPagedLlama4Runner(TensorParallelRunner, PagedLlama4Runner):

@@ -189,3 +189,13 @@ def test_refusals_name_the_reason():
     assert choose_runner(model, None, 40) == "paged"  # within the positions of its first frequencies
     assert "changes its frequencies past 256" in llama4_unsupported_reason(model, 400)
     assert choose_runner(model, None, 400) == "hf"
+
+
+@pytest.mark.parametrize("head", ["eagle3", "dflash"])
+def test_draft_heads_read_its_hidden_states(head):
+    """An EAGLE-3 head and a DFlash block drafter (random) over Llama 4: the target runner captures the
+    hidden states they read; greedy equals model.generate past several chunks (floor_scale 8192: the
+    padded batch is generate's own)."""
+    from .heads import assert_head_drafts_greedy
+
+    assert_head_drafts_greedy(tiny_llama4("maverick", seed=3, floor_scale=8192), head, VOCAB)
