@@ -58,17 +58,28 @@ def early_exit_model(model, layers: int):
     return per_model[layers]
 
 
-def _build(model, layers: int):
+def _base_name(model) -> str | None:
+    """The attribute that holds a *ForCausalLM's decoder: its base_model_prefix, else ``model`` (Llama 4's
+    Llama4ForCausalLM names its prefix "language_model" and holds the decoder at .model), else None."""
     prefix = getattr(model, "base_model_prefix", None)
-    base = getattr(model, prefix, None) if prefix else None
+    for name in (prefix, "model"):
+        if name and isinstance(getattr(model, name, None), torch.nn.Module):
+            return name
+    return None
+
+
+def _build(model, layers: int):
+    prefix = _base_name(model)
+    base = getattr(model, prefix) if prefix else None
     if base is None:
         raise ValueError(f"assistant_early_exit needs a transformers PreTrainedModel (its base model holds the layers), "
                          f"got {type(model).__name__}")
     kept = list(_layers_of(base))[:layers]
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:layers]
+    for per_layer in ("layer_types", "no_rope_layers"):  # lists of one entry a layer (no_rope_layers: Llama 4's)
+        if isinstance(getattr(config, per_layer, None), list):
+            setattr(config, per_layer, getattr(config, per_layer)[:layers])
     with torch.device("meta"):  # a skeleton: every module is replaced by the target's below
         draft = type(model)(config)
     draft_base = getattr(draft, prefix)

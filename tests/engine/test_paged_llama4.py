@@ -89,7 +89,9 @@ def _generate_each_row(target, ids, mask, **kw):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_paged_equals_generate(kind):
-    """Every drafting method gives model.generate's tokens, 20 new tokens past several chunks. Batch 1, and
+    """Every drafting method (a draft model, prompt lookup, the target's first 2 layers: its base model at .model
+    though its base_model_prefix says language_model) gives model.generate's tokens, 20 new tokens past several
+    chunks. Batch 1, and
     a left-padded batch of 3 against generate on each row alone: transformers' temperature counts a padded
     row's positions from the first pad (the module docstring), so its batched output differs from its own
     output on the row alone wherever the pads move a row across a multiple of floor_scale (4 here)."""
@@ -101,7 +103,7 @@ def test_greedy_paged_equals_generate(kind):
         if len(lengths) == 1:
             assert torch.equal(expected, target.generate(ids, attention_mask=mask, **kw))
         for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
-                         dict(prompt_lookup_num_tokens=2), {}):
+                         dict(prompt_lookup_num_tokens=2), dict(assistant_early_exit=2), {}):
             out = api.generate(target, ids, mask, runner="paged", **kw, **drafting)  # runner="paged": no fallback
             assert torch.equal(out, expected), (lengths, drafting)
     specdec_fast.release_engines(target)
@@ -199,3 +201,30 @@ def test_draft_heads_read_its_hidden_states(head):
     from .heads import assert_head_drafts_greedy
 
     assert_head_drafts_greedy(tiny_llama4("maverick", seed=3, floor_scale=8192), head, VOCAB)
+
+
+def test_generate_outputs_equal_generates_own():
+    """return_dict_in_generate with scores, attentions and hidden states (eager attention): equal to
+    model.generate's, the chunked layers' step attentions as wide as transformers' sliding cache of the
+    chunk keeps, and the returned cache's layers (chunked: the last C - 1 keys) as long as its own."""
+    target = tiny_llama4("scout", seed=3, floor_scale=8192)
+    target.config._attn_implementation = "eager"
+    ids, mask = left_padded_prompts([5, 8], vocab=VOCAB, seed=3)
+    kw = dict(do_sample=False, max_new_tokens=10, pad_token_id=0, return_dict_in_generate=True, output_scores=True,
+              output_attentions=True, output_hidden_states=True)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    got = api.generate(target, ids, mask, runner="paged", assistant_model=make_draft(target, noise=0.05), **kw)
+    specdec_fast.release_engines(target)
+    assert torch.equal(got.sequences, expected.sequences)
+    for theirs, ours in zip(expected.scores, got.scores):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    for step_theirs, step_ours in zip(expected.attentions, got.attentions):
+        for theirs, ours in zip(step_theirs, step_ours):
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    for step_theirs, step_ours in zip(expected.hidden_states, got.hidden_states):
+        for theirs, ours in zip(step_theirs, step_ours):
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    cache = getattr(got, "cache", None) or got.past_key_values
+    theirs_cache = getattr(expected, "cache", None) or expected.past_key_values
+    assert [layer.keys.shape for layer in cache.layers] == [layer.keys.shape for layer in theirs_cache.layers]
+    assert cache.layers[0].keys.shape[2] == CHUNK - 1
