@@ -9,10 +9,11 @@ Script modes:
         The block mask (causal=False: DFlash's draft block) against the causal pass at the same
         shapes, N = 8 / 16 new tokens per row, C++ op and torch reference, fp32.
     python bench/bench_attention.py --cpu-window [--out bench/results/attention_window_cpu.json]
-        A sliding window (WINDOW_TABLE: 512 / 2048 over contexts of 2k / 8k) and Gemma 2's
-        soft-capping against full attention at the same shapes, C++ op and torch reference, fp32:
-        the C++ op reads only the keys from each row's window (predicted: time ~ (window + N) /
-        context of the full pass's); the reference reads every key and masks.
+        A sliding window (WINDOW_TABLE: 512 / 2048 over contexts of 2k / 8k), chunked attention
+        (Llama 4's, chunks of the same size) and Gemma 2's soft-capping against full attention at the
+        same shapes, C++ op and torch reference, fp32: the C++ op reads only the keys from each row's
+        window or its first query's chunk (predicted: time ~ the keys read / context of the full
+        pass's); the reference reads every key and masks.
     python bench/bench_attention.py --gpu   [--quick] [--budget-s S] [--out bench/results/attention_<device>.json]
         Llama-8B-like heads (32 q, 8 kv, D=128), bf16, B in {1,8,32} x context in {1k,2k,8k,32k},
         N=1 and N=5 queries per row, every call timed as CUDA-graph replays (ours and SDPA):
@@ -25,7 +26,9 @@ Script modes:
         that they give the same output; and short_row_*: rows of SHORT_ROW_TOKENS in the same tables
         (the split count follows the table), the automatic plan against one split; window_N*_us: a
         sliding window of GPU_WINDOW tokens at contexts past it (predicted: about the time at a
-        context of GPU_WINDOW), softcap_N*_us: Gemma 2's soft-capping (50). --quick: B 1 / 8 x
+        context of GPU_WINDOW), chunk_N*_us: Llama 4's chunks of GPU_CHUNK at contexts past one
+        (predicted: about the time at a context of the keys from the last chunk's start),
+        softcap_N*_us: Gemma 2's soft-capping (50). --quick: B 1 / 8 x
         context 1k / 8k only (the merge forms' decision); the JSON is rewritten after every shape.
     TRITON_INTERPRET=1 python bench/bench_attention.py --gpu --smoke --out F
         The same code on CPU under the interpreter (fp32, B = 1 x context 520, one wall-clock
@@ -195,13 +198,16 @@ def run_cpu_window(args):
         inputs = make_inputs(B, ctx, n, dtype=torch.float32)
         res = {"threads": threads, "B": B, "context": ctx, "N": n, "window": window}
         for backend in ("cpp", "torch"):
-            for form, extra in (("full", {}), ("window", dict(window=window)), ("softcap", dict(softcap=WINDOW_SOFTCAP))):
+            for form, extra in (("full", {}), ("window", dict(window=window)), ("chunk", dict(chunk=window)),
+                                ("softcap", dict(softcap=WINDOW_SOFTCAP))):
                 fn = lambda: paged_attention(*inputs, max_query_len=n, backend=backend, check=False, **extra)  # noqa: E731
                 wall, cpu = median_seconds(fn, args.reps)
                 res[f"{backend}_{form}_ms"], res[f"{backend}_{form}_cpu_ms"] = round(1e3 * wall, 4), round(1e3 * cpu, 4)
-            for form in ("window", "softcap"):
+            for form in ("window", "chunk", "softcap"):
                 res[f"{backend}_{form}_vs_full_cpu_time"] = round(res[f"{backend}_{form}_cpu_ms"] / res[f"{backend}_full_cpu_ms"], 3)
         res["predicted_cpp_window_vs_full"] = round(min(1.0, (window + n) / ctx), 3)
+        # the chunk of the row's first new query (position ctx - n) starts the walk: keys from there on
+        res["predicted_cpp_chunk_vs_full"] = round((ctx - (ctx - n) // window * window) / ctx, 3)
         rows.append(res)
         print(json.dumps(res), flush=True)
     report = {"device": f"cpu: {cpu_model()}", "cpus": os.cpu_count(),
@@ -230,6 +236,7 @@ QUICK_BATCHES, QUICK_CONTEXTS = (1, 8), (1024, 8192)  # --quick: the merge forms
 SMOKE_BATCHES, SMOKE_CONTEXTS = (1,), (520,)  # --smoke: a sweep of 1 / 2 splits (256 tokens each)
 SHORT_ROW_TOKENS = 128  # each row's length in the short-row rows (the table keeps the row's context)
 GPU_WINDOW = 4096  # window_N*_us: Mistral 7B's / Gemma 2's sliding window, at contexts past it
+GPU_CHUNK = 8192  # chunk_N*_us: Llama 4's attention_chunk_size, at contexts past it
 
 
 def wall_us(fn) -> float:
@@ -333,6 +340,9 @@ def run_gpu(args):
                 window = min(GPU_WINDOW, ctx // 2) if args.smoke else GPU_WINDOW
                 if ctx > window:
                     res[f"window_N{n}_us"] = time_us(lambda: ours(window=window))
+                chunk = min(GPU_CHUNK, ctx // 2) if args.smoke else GPU_CHUNK
+                if ctx > chunk:  # Llama 4's chunked layers: the keys from the start of each query's chunk
+                    res[f"chunk_N{n}_us"] = time_us(lambda: ours(chunk=chunk))
                 res[f"softcap_N{n}_us"] = time_us(lambda: ours(softcap=WINDOW_SOFTCAP))
                 us = res[f"triton_N{n}_us"]
                 sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, time_us=time_us)
