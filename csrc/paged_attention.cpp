@@ -1,8 +1,9 @@
 // Paged attention for N new queries per row on CPU: torch.ops.specdec_fast.paged_attention.
 //
 // Same semantics as kernels/attention/reference.py: causal, tree or block mask, a sliding window
-// or chunked attention (Llama 4's: query i sees keys from (prefix + i) / chunk * chunk on; the
-// first visible key is `first` in attend_keys either way), soft-capping, sinks.
+// or chunked attention (Llama 4's: query i sees keys from (prefix + i) / chunk * chunk on, or
+// under a tree from its depth's chunk, its ancestors by their depths; the first visible key is
+// `first` in attend_keys either way), soft-capping, sinks.
 // One task per (row b, KV head): its n*G
 // query rows (n new queries x G heads of the GQA group) walk the row's keys once, in chunks
 // of CHUNK keys, so each K/V chunk is converted to fp32 once and reused by every query row
@@ -303,7 +304,7 @@ struct Problem {
   float scale;
   bool causal;
   int64_t window;  // 0: none
-  int64_t chunk;   // chunked attention's chunk (Llama 4), 0: none; never with a window or a tree
+  int64_t chunk;   // chunked attention's chunk (Llama 4), 0: none; never with a window
   float softcap;   // 0: none
   const float* sinks;  // [Hq] logits, one more term of each query head's softmax (GPT-OSS), or nullptr
 };
@@ -377,11 +378,19 @@ void attend_keys(const Problem<scalar_t>& P, int64_t b, int64_t h, int64_t begin
         const bool seen = r >= first_row && r < R;
         const int64_t bits = seen && P.tree ? P.tree[q0 + i] : 0;
         const int64_t last = !seen ? 0 : P.causal ? std::min<int64_t>(cnt, prefix + i + 1 - j0) : cnt;
-        // the query's first visible key: its window's start, or its attention chunk's (no tree)
-        const int64_t first = P.chunk > 0    ? (prefix + i) / P.chunk * P.chunk
-                              : P.window > 0 ? prefix + query_offset(i, P.tree != nullptr, bits) - P.window + 1
+        // the query's first visible key: its window's start, or its attention chunk's; the query sits at
+        // prefix + i, or under a tree at prefix + its depth
+        const int64_t position = prefix + query_offset(i, P.tree != nullptr, bits);
+        const int64_t first = P.chunk > 0    ? position / P.chunk * P.chunk
+                              : P.window > 0 ? position - P.window + 1
                                              : 0;
-        vis[k] = visible_keys(last, first, P.tree != nullptr, bits, j0, prefix);
+        // a tree under a chunk: an ancestor sits at prefix + its depth, which is not its slot; the
+        // ancestors of depth below first - prefix are hidden -- its lowest set bits (BFS order: an
+        // ancestor's slot grows with its depth) -- so the bits lose that many
+        int64_t seen_bits = bits;
+        if (P.chunk > 0 && P.tree != nullptr)
+          for (int64_t drop = first - prefix; drop > 0 && seen_bits != 0; --drop) seen_bits &= seen_bits - 1;
+        vis[k] = visible_keys(last, first, P.tree != nullptr, seen_bits, j0, prefix);
         any |= vis[k];
       }
       if (any == 0) continue;  // the quad's rows see none of the chunk (a window or an attention chunk
@@ -540,8 +549,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                 "paged_attention: tree_mask must be contiguous int64 [T]");
   TORCH_CHECK(window >= 0 && softcap >= 0.0 && chunk >= 0,
               "paged_attention: window, softcap and chunk must be >= 0 (0: none)");
-  TORCH_CHECK(chunk == 0 || (window == 0 && !tree_mask.has_value()),
-              "paged_attention: chunk takes no window and no tree_mask");
+  TORCH_CHECK(chunk == 0 || window == 0, "paged_attention: chunk takes no window");
   if (sinks.has_value())
     TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->dim() == 1 &&
                     sinks->size(0) == q.size(1),

@@ -114,15 +114,12 @@ def _check_sinks(sinks, q):
 
 def _check_window_softcap(window, softcap, tree_mask, max_query_len, chunk=None):
     """window: None or an int >= 1 (and, under a tree, >= max_query_len); chunk: None or an int
-    >= 1, with no window and no tree; softcap: None or a finite float > 0."""
+    >= 1, with no window; softcap: None or a finite float > 0."""
     if chunk is not None:
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
         if window is not None:
             raise ValueError("chunk and window together: a layer's attention is chunked or slides, not both")
-        if tree_mask is not None:
-            raise ValueError("chunked attention takes no tree_mask: a tree node's position (prefix + depth) is not its "
-                             "slot, and the kernels compare slots with its chunk's start")
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive int or None, got {window!r}")
@@ -159,7 +156,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_query_lens, *
     depth, popcount(tree_mask[t]) - 1, and a tree needs window >= max_query_len. The kernels
     start each row's walk at its window (keys before it are not read). chunk: chunked attention
     (Llama 4's RoPE layers): a query at position p sees keys from (p // chunk) * chunk on, the
-    start of its chunk (no window, no tree); the walk starts there too. softcap: Gemma 2's
+    start of its chunk (no window); under a tree a node sits at prefix + its depth and so does each
+    of its ancestors; the walk starts at the first query's chunk. softcap: Gemma 2's
     attention soft-capping, scores s -> softcap * tanh(s / softcap) after the scale. sinks [Hq]
     float: GPT-OSS's attention sinks, one logit per query head in each softmax, weighing no value.
     scale defaults to 1/sqrt(D). check=False skips the value checks (no host sync).

@@ -17,8 +17,9 @@ under a tree at P_b + its depth, popcount(tree_mask[t]) - 1 (its ancestors among
 and a tree's window must be at least the row's query count, so that it never hides an ancestor
 (whose positions the kernels do not know): only the prefix slides out. Chunked attention (chunk
 C, Llama 4's RoPE layers): a query at position p sees keys from position (p // C) * C on, the
-start of its chunk (transformers' chunked_overlay, positions counted without pads); a chain or
-block only (a tree's nodes sit at other positions than their slots). Soft-capping (softcap c,
+start of its chunk (transformers' chunked_overlay, positions counted without pads); under a tree
+a node and each of its ancestors sit at prefix + their depths, so the ancestors hidden are those
+of depth below the node's chunk start - prefix. Soft-capping (softcap c,
 Gemma 2): each scaled score s becomes c * tanh(s / c) before the mask and the softmax. Sinks
 (sinks [Hq], GPT-OSS's learned per-head logits): each query head's softmax runs over its visible
 scores and its sink, whose probability weighs no value (the output's weights sum to less than 1).
@@ -61,8 +62,8 @@ def visible_keys(new_tokens: torch.Tensor, lengths: torch.Tensor, query_len: int
     bit jj of tree_bits[r, i] is set ([R, query_len] int64: its ancestors and itself); with
     causal=False (the block mask) every new token of the row is seen. window: keys at positions
     <= the query's position - window are hidden (the query's position: prefix + i, or prefix + its
-    tree depth). chunk: keys before the start of the query's chunk, (position // chunk) * chunk,
-    are hidden (no tree)."""
+    tree depth). chunk: keys at positions before the start of the query's chunk, (position // chunk)
+    * chunk, are hidden; under a tree a new token's position is prefix + its own depth."""
     i = torch.arange(query_len, device=lengths.device)[None, :, None]
     j = torch.arange(max_len, device=lengths.device)[None, None, :]
     prefix = (lengths - new_tokens)[:, None, None]
@@ -75,7 +76,13 @@ def visible_keys(new_tokens: torch.Tensor, lengths: torch.Tensor, query_len: int
         offset = i if tree_bits is None else tree_depths(tree_bits)[:, :, None]
         seen = seen & (j > prefix + offset - window)
     if chunk is not None:
-        seen = seen & (j >= (prefix + i) // chunk * chunk)
+        if tree_bits is None:
+            seen = seen & (j >= (prefix + i) // chunk * chunk)
+        else:  # a node at prefix + its depth; a new key (an ancestor) too, at prefix + ITS depth
+            depth = tree_depths(tree_bits)  # [R, query_len]: query i's; key jj's is depth[:, jj]
+            key_depth = torch.gather(depth, 1, new[:, 0].clamp(0, query_len - 1))[:, None, :]  # [R, 1, max_len]
+            key_position = torch.where(new < 0, j, prefix + key_depth)
+            seen = seen & (key_position >= (prefix + depth[:, :, None]) // chunk * chunk)
     return seen
 
 

@@ -9,7 +9,8 @@ draft block; causal launches keep their key: the constexpr is passed only when s
 sliding window (HAS_WINDOW) a tile's walk starts at the chunk of its first row's window and the
 chunks below its last row's window start apply the window's mask too (_masked_chunks, the one
 masked loop); chunked attention (Llama 4: CHUNKED with HAS_WINDOW, the chunk size in `window`)
-is the same walk with each row's first key at its chunk's start, (prefix + i) // chunk * chunk;
+is the same walk with each row's first key at its chunk's start, (prefix + i) // chunk * chunk
+(a tree's node: prefix + its depth, its ancestors' bits below that chunk dropped);
 soft-capping (HAS_SOFTCAP) caps every score; sinks (HAS_SINKS) enter split 0's softmax sum. The
 KV sequence is split over programs (flash-decoding); each split writes its normalised partial
 output and log-sum-exp, and kernel 2 (_merge_splits) combines them -- or, with MERGE_IN_KERNEL
@@ -221,12 +222,22 @@ def _paged_attn_split(
         # a sliding window: row r sees keys from key_first[r] (its position - window + 1; under a
         # tree its position is prefix + depth); the tile's walk starts at the chunk of its first
         # row's, and chunks before the chunk of its last row's apply the window's mask. CHUNKED
-        # (with HAS_WINDOW; `window` holds the chunk size; no tree): key_first[r] is the start of
-        # the row's attention chunk, (prefix + qi) // chunk * chunk. What follows reads only the
-        # tile's least and greatest key_first and masks each row's keys below its own
+        # (with HAS_WINDOW; `window` holds the chunk size): key_first[r] is the start of the row's
+        # attention chunk, (its position) // chunk * chunk. What follows reads only the tile's least
+        # and greatest key_first and masks each row's keys below its own
         if HAS_WINDOW:
             if CHUNKED:
-                key_first = (prefix + qi) // window * window
+                if HAS_TREE:  # a node at prefix + its depth; its ancestors at prefix + theirs (not their slots)
+                    depth = (_popcount64(tree_bits) - 1).to(tl.int32)
+                    key_first = (prefix + depth) // window * window
+                    # the ancestors of depth below key_first - prefix are hidden: the row's lowest set
+                    # bits (BFS order: an ancestor's slot grows with its depth) are dropped, that many
+                    drop = tl.where(row_ok, key_first - prefix, 0)
+                    for _ in range(0, tl.max(drop, 0)):
+                        tree_bits = tl.where(drop > 0, tree_bits & (tree_bits - 1), tree_bits)
+                        drop -= 1
+                else:
+                    key_first = (prefix + qi) // window * window
             else:
                 if HAS_TREE:
                     offset = (_popcount64(tree_bits) - 1).to(tl.int32)
@@ -540,9 +551,9 @@ def paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, cu_query_
     lets the next PDL launch start at once. window, softcap, sinks, chunk: a sliding window, attention
     soft-capping, attention sinks ([Hq] float32) and chunked attention as kernels/attention/__init__.py
     defines them, each a constexpr passed only when set (the launches without them keep their compiled
-    variants); chunk takes no window and no tree (the kernel passes it as its window argument)."""
-    if chunk is not None and (window is not None or tree_mask is not None):
-        raise ValueError("chunk takes no window and no tree_mask (the kernel passes the chunk as its window)")
+    variants); chunk takes no window (the kernel passes it as its window argument)."""
+    if chunk is not None and window is not None:
+        raise ValueError("chunk takes no window (the kernel passes the chunk as its window)")
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv

@@ -155,9 +155,10 @@ class PagedRunnerBase:
     # row can reach it (_allocate: self._windows), so rows inside it run as full attention.
     layer_windows: tuple = ()
     # Each layer's attention chunk (None: not chunked): Llama 4's RoPE layers see keys from the start of
-    # their query's chunk, (position // C) * C, on (kernels/attention chunk=). Like a window, applied only
-    # where a row can cross a chunk boundary (_allocate: self._chunks), and a chunked layer reads at most C
-    # keys back, so it takes the ring cache as a window of C would.
+    # their query's chunk, (position // C) * C, on (kernels/attention chunk=; a tree's nodes and their
+    # ancestors by their depths). Like a window, applied only where a row can cross a chunk boundary
+    # (_allocate: self._chunks), and a chunked layer reads at most C keys back, so it takes the ring cache
+    # as a window of C would.
     layer_chunks: tuple = ()
     attn_softcap: float | None = None  # attention logit soft-capping (Gemma 2), in the kernels
     attn_sinks: tuple = ()  # per layer: float32 [Hq] attention sinks (GPT-OSS), in the kernels; empty: none
@@ -495,10 +496,6 @@ class PagedRunnerBase:
         if tree is not None and any(w is not None and w < tokens.shape[1] for w in self._windows):
             raise ValueError(f"tree scoring of {tokens.shape[1]} tokens with a sliding window of {min(w for w in self._windows if w)} "
                              "that rows reach: a tree's window must cover its nodes (kernels/attention)")
-        if tree is not None and any(c is not None for c in self._chunks):
-            raise ValueError(f"tree scoring with chunked attention layers (chunks of {min(c for c in self._chunks if c)}) "
-                             "that rows cross: a tree node's position is not its slot, which the kernels compare with "
-                             "its chunk's start (kernels/attention); score chains, or keep rows within one chunk")
         self._tentative += tokens.shape[1]
         if self._tentative > self.max_tentative:
             raise RuntimeError(f"{self._tentative} tentative tokens since the last commit exceed the reserved "

@@ -7,7 +7,7 @@ The runner's logits equal the model's own forward on every backend (prefill, lef
 rollback; rows cross chunk boundaries inside a call); bfloat16 stays close; greedy
 generate(runner="paged") equals model.generate with a draft, prompt lookup and plain decoding; long
 rows keep the chunked layers on the ring cache. Controls: the chunk, the temperature, the pair order,
-the q/k norm and the input scaling are each needed. Refusals by name."""
+the q/k norm and the input scaling are each needed. Token trees cross chunks. Refusals by name."""
 import pytest
 import torch
 
@@ -136,18 +136,24 @@ def test_long_rows_keep_the_chunked_layers_on_a_ring(monkeypatch):
     assert ring.ring_blocks < ring.max_blocks_per_row
 
 
-def test_a_token_tree_is_refused_once_rows_cross_a_chunk():
-    """Tree scoring with chunked layers that rows cross raises by name (the kernels compare slots with a
-    chunk's start, and a tree node's slot is not its position); within one chunk trees run."""
-    model = tiny_llama4("scout")
-    runner = PagedLlama4Runner(model, max_new_tokens=8, num_draft_tokens=3)
-    runner.prefill(torch.tensor([[5, 9, 3]]), None)
-    tree = (torch.tensor([1, 3, 5]), torch.tensor([0, 1, 1]))
-    with pytest.raises(ValueError, match="chunked attention layers"):
-        runner.score(torch.tensor([[4, 6, 7]]), tree=tree)
-    short = PagedLlama4Runner(tiny_llama4("scout", attention_chunk_size=64), max_new_tokens=8, num_draft_tokens=3)
-    short.prefill(torch.tensor([[5, 9, 3]]), None)
-    assert short.score(torch.tensor([[4, 6, 7]]), tree=tree).shape == (1, 3, VOCAB)
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_token_trees_cross_chunks(tree):
+    """Token trees of a draft model, static and dynamic, whose nodes cross chunk boundaries (chunks of 5,
+    accepted paths longer than a chunk): a node and its ancestors sit at the context's length + their depths,
+    which the kernels place by the tree's bits; greedy equals model.generate (floor_scale 8192: the padded
+    batch is generate's own), with a close draft and a far one."""
+    target = tiny_llama4("scout", seed=9, floor_scale=8192)
+    ids, mask = left_padded_prompts([4, 9], vocab=VOCAB, seed=8)
+    kw = dict(do_sample=False, max_new_tokens=24, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    hists = []
+    for noise in (0.03, 0.3):  # a close draft: paths of 4-8 tokens accepted (past a chunk within a tree); a far one
+        out, stats = api.generate(target, ids, mask, runner="paged", assistant_model=make_draft(target, noise=noise),
+                                  tree=tree, return_stats=True, **kw)
+        specdec_fast.release_engines(target)
+        assert torch.equal(out, expected), noise
+        hists.append(stats.accepted_hist)
+    assert sum(hists[0][5:]) > 0 and hists[1][0] > 0, f"accepted paths longer than a chunk, and rejections: {hists}"
 
 
 def _logits_after(model, tokens, spoil=None):

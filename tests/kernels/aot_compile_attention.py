@@ -104,9 +104,11 @@ def main(full: bool) -> None:
         kernel = compile_split(*cfg, **extra)
         print("split window / softcap / sinks", cfg, extra, "shared bytes", kernel.metadata.shared)
     # chunked attention (Llama 4; the window's walk with each row's first key at its chunk's start): a chain of 8's
-    # split partials, one form (it changes one integer expression of the window's)
-    kernel = compile_split("bf16", 32, 8, 4, 128, False, False, chunked=True)
-    print("split chunked", "shared bytes", kernel.metadata.shared)
+    # split partials (one integer expression of the window's), and a tree's (its nodes' chunks by their depths, the
+    # ancestors below dropped from each row's bits in a loop)
+    for tree in (False, True):
+        kernel = compile_split("bf16", 32, 8, 4, 128, tree, False, chunked=True)
+        print("split chunked", "tree" if tree else "chain", "shared bytes", kernel.metadata.shared)
     # the in-kernel merge (the last split merges after a fenced ticket): decode and a chain of 5
     for cfg in (("bf16", 16, 1, 4, 128, False, False), ("bf16", 32, 8, 4, 128, True, False),
                 ("fp16", 16, 4, 4, 80, False, False)):

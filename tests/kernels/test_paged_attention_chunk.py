@@ -4,9 +4,10 @@ whose mask is built here from positions, independently of the reference: chunks 
 pages of 4 and 16, chunk boundaries inside a row's new tokens, at its first new token and in its
 prefix, rows of different lengths, 1 / 3 / 7 new tokens, the causal and the block mask, fp32 and
 bf16, GQA groups of 2 and 3, a padded head dim; a forced Triton KV split and the C++ key ranges;
-keys before a row's first chunk are never read (NaN there changes nothing); the controls (the
-chunk changes the output; every case hides a key) and the refusals (a window, a tree, a chunk
-that is not a positive int)."""
+keys before a row's first chunk are never read (NaN there changes nothing); token trees (a node
+and each of its ancestors at prefix + their depths: TREE_CASES, against tree_chunk_mask); the
+controls (the chunk changes the output; every case hides a key; a tree's ancestors are placed by
+their depths, not their slots) and the refusals (a window, a chunk that is not a positive int)."""
 import math
 import zlib
 
@@ -204,7 +205,6 @@ BAD = {
     "chunk_bool": (dict(chunk=True), "chunk must be a positive int"),
     "chunk_float": (dict(chunk=4.0), "chunk must be a positive int"),
     "chunk_and_window": (dict(chunk=4, window=8), "chunk and window"),
-    "chunk_and_tree": (dict(chunk=4, tree=True), "tree_mask"),
 }
 
 
@@ -218,24 +218,110 @@ def test_bad_chunk(name):
         paged_attention(*case.args(), max_query_len=5, tree_mask=case.tree_mask, **extra)
 
 
-def test_the_kernels_refuse_a_chunk_with_a_window_or_a_tree():
+def test_the_kernels_refuse_a_chunk_with_a_window():
     """Below the dispatcher: the Triton wrapper (which passes the chunk as its window) and the C++
     op (called directly by the runners) refuse what paged_attention refuses."""
-    case = make_case([10, 7], [5, 2], 4, 2, 16, 4, torch.float32, tree=True, seed=1)
+    case = make_case([10, 7], [5, 2], 4, 2, 16, 4, torch.float32, seed=1)
     pytest.importorskip("triton")
     from specdec_fast.kernels.attention.triton import paged_attention_triton
 
-    for extra in (dict(window=8), dict(tree_mask=case.tree_mask)):
-        with pytest.raises(ValueError, match="chunk"):
-            paged_attention_triton(*case.args(), max_query_len=5, scale=0.25, chunk=4, **extra)
+    with pytest.raises(ValueError, match="chunk"):
+        paged_attention_triton(*case.args(), max_query_len=5, scale=0.25, chunk=4, window=8)
     if "cpp" not in kernel_backends():
         return
     from specdec_fast.kernels._cpp_build import load_cpu_ops
 
     assert load_cpu_ops()
     op = torch.ops.specdec_fast.paged_attention
-    for tree, window in ((None, 8), (case.tree_mask, 0)):
-        with pytest.raises(RuntimeError, match="chunk"):
-            op(*case.args(), tree, 0.25, True, window, 0.0, None, 4)
+    with pytest.raises(RuntimeError, match="chunk"):
+        op(*case.args(), None, 0.25, True, 8, 0.0, None, 4)
     with pytest.raises(RuntimeError, match="chunk"):
         op(*case.args(), None, 0.25, True, 0, 0.0, None, -1)
+
+
+# Token trees: (seq_lens, query_lens, Hq, Hkv, head_dim, block_size, dtype, chunk); random BFS trees of the
+# rows' query counts (attention_cases.random_bfs_tree)
+TREE_CASES = {
+    # prefixes 11 / 21: depths past 12 / 24 start a chunk inside the tree
+    "tree9_chunk4": ([20, 30], [9, 9], 4, 2, 12, 4, torch.float32, 4),
+    "tree12_chunk3_g3_bf16": ([17, 40, 12], [12, 12, 12], 3, 1, 12, 4, torch.bfloat16, 3),
+    # chunks of 5 and 16 over pages of 16: a boundary at the first node (prefix 32) and inside (prefix 27)
+    "tree16_chunk16_pages16": ([48, 43], [16, 16], 4, 2, 32, 16, torch.float32, 16),
+    "tree7_chunk5_pages16": ([16, 40], [7, 7], 4, 2, 12, 16, torch.float32, 5),
+}
+
+
+def tree_chunk_mask(prefix: int, bits: list, length: int, chunk: int | None, by_slot: bool = False) -> torch.Tensor:
+    """[n, length] bool, written out from positions: node i (bits[i]: its ancestors and itself) sits at
+    prefix + its depth (popcount - 1) and sees prefix key j from its chunk's start on, and new token t iff
+    t is its ancestor sitting at prefix + depth(t) >= that start. by_slot: t placed at its slot prefix + t
+    instead (the mistake the controls show the tests would catch)."""
+    depth = [bin(b & (2**64 - 1)).count("1") - 1 for b in bits]
+    n = len(bits)
+    mask = torch.zeros(n, length, dtype=torch.bool)
+    for i in range(n):
+        p = prefix + depth[i]
+        start = 0 if chunk is None else p - p % chunk
+        for j in range(prefix):
+            mask[i, j] = j >= start
+        for t in range(n):
+            position = prefix + (t if by_slot else depth[t])
+            mask[i, prefix + t] = bool((bits[i] >> t) & 1) and position >= start
+    return mask
+
+
+def tree_chunk_oracle(case, chunk, by_slot: bool = False) -> torch.Tensor:
+    """float64 softmax attention per row on the dense K/V under tree_chunk_mask: [T, Hq, D]."""
+    q = case.q.cpu().double()
+    T, Hq, D = q.shape
+    out = torch.zeros(T, Hq, D, dtype=torch.float64)
+    cu, bits = case.cu_query_lens.tolist(), case.tree_mask.cpu().tolist()
+    for b, L in enumerate(case.seq_lens.tolist()):
+        lo, hi = cu[b], cu[b + 1]
+        group = Hq // case.dense_k[b].shape[1]
+        k = case.dense_k[b].double().repeat_interleave(group, 1).transpose(0, 1)  # [Hq, L, D]
+        v = case.dense_v[b].double().repeat_interleave(group, 1).transpose(0, 1)
+        scores = q[lo:hi].transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(D)  # [Hq, n, L]
+        mask = tree_chunk_mask(L - (hi - lo), bits[lo:hi], L, chunk, by_slot)
+        out[lo:hi] = (torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v).transpose(0, 1)
+    return out
+
+
+def _tree_case(name, device="cpu"):
+    seq, ql, hq, hkv, d, bs, dtype, chunk = TREE_CASES[name]
+    return make_case(seq, ql, hq, hkv, d, bs, dtype, tree=True, seed=_seed(name), device=device), dtype, chunk
+
+
+@pytest.mark.parametrize("backend", kernel_backends())
+@pytest.mark.parametrize("name", list(TREE_CASES))
+def test_trees_match_the_oracle(name, backend, device):
+    """Each backend, the reference included, against tree_chunk_mask's oracle."""
+    case, dtype, chunk = _tree_case(name, device)
+    out = paged_attention(*case.args(), max_query_len=case.max_query_len, tree_mask=case.tree_mask, chunk=chunk,
+                          backend=backend)
+    torch.testing.assert_close(out.cpu().double(), tree_chunk_oracle(case, chunk), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("name", list(TREE_CASES))
+def test_tree_reference_mask_is_the_oracle_mask(name):
+    case, _, chunk = _tree_case(name)
+    seq, ql = TREE_CASES[name][:2]
+    cu, bits = case.cu_query_lens.tolist(), case.tree_mask.tolist()
+    rows = torch.zeros(len(seq), max(ql), dtype=torch.long)
+    for b, n in enumerate(ql):
+        rows[b, :n] = torch.tensor(bits[cu[b]:cu[b + 1]])
+    seen = visible_keys(torch.tensor(ql), torch.tensor(seq), max(ql), max(seq), rows, True, None, chunk)
+    for b, (L, n) in enumerate(zip(seq, ql)):
+        assert torch.equal(seen[b, :n, :L], tree_chunk_mask(L - n, bits[cu[b]:cu[b + 1]], L, chunk)), b
+
+
+def test_tree_controls_ancestors_sit_at_their_depths():
+    """Placing the tree's ancestors at their slots instead of their depths changes some case's mask and
+    its output, and so does ignoring the chunk: a kernel that did either would fail the oracle tests."""
+    moved = 0
+    for name in TREE_CASES:
+        case, dtype, chunk = _tree_case(name)
+        right = tree_chunk_oracle(case, chunk)
+        moved += not torch.allclose(tree_chunk_oracle(case, chunk, by_slot=True), right, atol=TOL[dtype])
+        assert not torch.allclose(tree_chunk_oracle(case, None), right, atol=TOL[dtype]), name
+    assert moved >= 2
