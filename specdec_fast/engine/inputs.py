@@ -88,13 +88,20 @@ def check_inputs(input_ids, attention_mask) -> torch.Tensor:
     return mask
 
 
+def _config_vocab(model) -> int | None:
+    """The vocab_size of a model's config, or of its text config (a multimodal model's, Gemma 3 4B-27B's, whose
+    own config has none: transformers' get_text_config), or None."""
+    config = model.config
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    return getattr(text, "vocab_size", None)
+
+
 def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None) -> bool:
     """One device for the target and the draft, and one shared vocabulary (-> False) or, with both
     tokenizers given, a draft of another vocabulary (-> True: it drafts through its own tokenizer,
     drafters/cross_tokenizer.py). Vocabularies differ when the models' sizes or the tokenizers' do."""
     target_vocab, draft_vocab = vocab_size(model), vocab_size(assistant_model)
-    cfg_t = getattr(model.config, "vocab_size", None)
-    cfg_d = getattr(assistant_model.config, "vocab_size", None)
+    cfg_t, cfg_d = _config_vocab(model), _config_vocab(assistant_model)
     both = tokenizer is not None and assistant_tokenizer is not None
     if both:  # (one alone is only read for stop_strings)
         check_tokenizer("tokenizer", tokenizer)

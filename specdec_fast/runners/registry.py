@@ -29,7 +29,7 @@ from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
 from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA4_TYPES, TP_LLAMA_TYPES,
-                            TP_MLA_TYPES, TP_OLMO_TYPES, ShardedCausalLM)
+                            TP_MLA_TYPES, TP_OLMO_TYPES, ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
@@ -109,7 +109,8 @@ def paged_runner(model, *, process_group=None, **kwargs) -> PagedRunnerBase:
 def shard_model(model, process_group, *, timeout=None) -> ShardedCausalLM:
     """This rank's ShardedCausalLM of ``model`` (loaded whole here) over ``process_group``;
     ValueError naming why when its family has no tensor-parallel runner or no paged runner can run it."""
-    if _model_type(model) not in TP_RUNNERS:
+    model_type = getattr(text_config(model.config), "model_type", None)  # a multimodal model: its text decoder's
+    if model_type not in TP_RUNNERS:
         raise ValueError(f"tensor parallelism supports model_type {tuple(TP_RUNNERS)}, got {_model_type(model)!r}")
     reason = paged_unsupported_reason(model)
     if reason is not None:
@@ -124,7 +125,8 @@ def paged_runner_from_pretrained(path, *, process_group=None, **kwargs) -> Paged
     reads only its slices of the checkpoint (safetensors slicing, runners/sharding.py)."""
     from transformers import AutoConfig
 
-    model_type = AutoConfig.from_pretrained(path).model_type
+    config = AutoConfig.from_pretrained(path)
+    model_type = config.model_type if process_group is None else text_config(config).model_type
     table = PAGED_RUNNERS if process_group is None else TP_RUNNERS
     cls = table.get(model_type)
     if cls is None:

@@ -44,8 +44,10 @@ TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # Hybrid recurrent models (runners/paged_qwen3_next_tp.py): Gated DeltaNet layers by heads (each rank its
 # heads' states), gated attention layers by heads. (paged_qwen3_next.QWEN3_NEXT_TYPES.)
 TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-# Gemma 1 / 2 (runners/paged_gemma_tp.py): the Llama layout, each branch's partials summed before its norm
-TP_GEMMA_TYPES = ("gemma", "gemma2")
+# Gemma 1 / 2 / 3 (runners/paged_gemma_tp.py): the Llama layout, each branch's partials summed before its norm;
+# Gemma 3's per-head q/k norms whole on every rank, a RoPE per layer type (and its multimodal checkpoints' text
+# decoder: TEXT_DECODER_OF)
+TP_GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
 # OLMo 2 / 3 (runners/paged_olmo2_tp.py): q/k norms over the whole projection (statistics over every rank's
 # slice), each branch's partials summed before its norm; OLMo 3's RoPE per layer type
 TP_OLMO_TYPES = ("olmo2", "olmo3")
@@ -57,9 +59,14 @@ TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TY
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
-MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4_text": "llama4"}
+MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4_text": "llama4", "gemma3_text": "gemma3"}
 # multimodal checkpoints read as their text decoder (config.text_config; sharding.layout_name: its tensors)
-TEXT_DECODER_OF = ("llama4",)
+TEXT_DECODER_OF = ("llama4", "gemma3")
+
+
+def text_config(config):
+    """The config a tensor-parallel rank runs: a multimodal model's text_config (TEXT_DECODER_OF), else ``config``."""
+    return config.text_config if getattr(config, "model_type", None) in TEXT_DECODER_OF else config
 
 
 class _Embedding:
@@ -114,9 +121,7 @@ class ShardedCausalLM(torch.nn.Module):
         under NCCL). process_group: a ProcessGroup (None: the default group) or a TensorParallelGroup."""
         from transformers import AutoConfig, GenerationConfig
 
-        config = AutoConfig.from_pretrained(path)
-        if config.model_type in TEXT_DECODER_OF:  # Llama 4's published checkpoints: the text decoder of the whole
-            config = config.text_config
+        config = text_config(AutoConfig.from_pretrained(path))  # a multimodal checkpoint: its text decoder's
         group = as_tp_group(process_group if process_group is not None else _default_group(), timeout=timeout)
         plan = _plan(config, group)
         device = device if device is not None else group.device
@@ -139,15 +144,17 @@ class ShardedCausalLM(torch.nn.Module):
         """This rank's shard of ``model`` (a Llama-family *ForCausalLM loaded whole on this rank):
         contiguous copies, so the shard does not keep the whole model alive."""
         group = as_tp_group(process_group if process_group is not None else _default_group(), timeout=timeout)
-        plan = _plan(model.config, group)
+        config = text_config(model.config)  # a multimodal model (Gemma 3 4B-27B): its text decoder
+        plan = _plan(config, group)
         error = shards = None
         try:
             shards = shards_from_state(model.state_dict(), plan)
-            _tie(shards, model.config)
+            _tie(shards, config)
         except Exception as exc:  # noqa: BLE001 - raised on every rank by agree()
             error = exc
         group.agree("sharding the model", {}, error)
-        return cls(model.config, shards, plan, group, model.model.rotary_emb, getattr(model, "generation_config", None))
+        rotary = getattr(model.model, "rotary_emb", None) or rotary_of(config)  # the multimodal model's: built anew
+        return cls(config, shards, plan, group, rotary, getattr(model, "generation_config", None))
 
     def get_input_embeddings(self):
         return _Embedding(self.shards["model.embed_tokens.weight"])

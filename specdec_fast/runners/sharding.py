@@ -39,8 +39,10 @@ dense MLP is, the router replicated (runners/sharding_moe.py); GPT-OSS's attenti
 the query heads.
 
 Llama 4 (llama4_text) is the Llama layout under other names (layout_name): its `feed_forward` block
-is read as `mlp` (a dense MLP of intermediate_size_mlp, or the router, experts and shared expert), and
-a multimodal checkpoint's text decoder under `language_model.` (its vision tower is not read).
+is read as `mlp` (a dense MLP of intermediate_size_mlp, or the router, experts and shared expert).
+A multimodal checkpoint (Llama 4's, Gemma 3's 4B-27B) is read as its text decoder: the names under
+`language_model.` (as published) or `model.language_model.` (as transformers 5 saves them) as the
+decoder's, its vision tower and projector not read.
 
 Every size must divide: heads, KV heads (or N by them), intermediate size (and the experts' and
 the shared expert's) and vocabulary by N, else ValueError naming which (raised on every rank
@@ -65,18 +67,23 @@ WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2", "olmo2", "olmo3")
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the LM head's bias: ERNIE 4.5's
-# A multimodal checkpoint's parts that are not its text decoder (Llama 4's): not read
-NOT_TEXT = ("vision_model.", "multi_modal_projector.")
+# A multimodal checkpoint's parts that are not its text decoder (Llama 4's, Gemma 3's): not read
+NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+# ... and where its text decoder's names sit: (prefix, what it stands for)
+TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
 
 
 def layout_name(name: str) -> str | None:
     """A checkpoint or state_dict name under the names this layout reads (the shards' keys), or None for a
-    tensor that is not the text decoder's: Llama 4's `language_model.` prefix dropped and its `feed_forward`
-    block read as `mlp` (no other family has a `.feed_forward.` tensor)."""
+    tensor that is not the text decoder's: a multimodal checkpoint's text decoder read as a causal LM's
+    (TEXT_PREFIXES), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
+    tensor)."""
     if name.startswith(NOT_TEXT):
         return None
-    if name.startswith("language_model."):
-        name = name[len("language_model."):]
+    for prefix, stands_for in TEXT_PREFIXES:
+        if name.startswith(prefix):
+            name = stands_for + name[len(prefix):]
+            break
     return name.replace(".feed_forward.", ".mlp.")
 
 

@@ -72,7 +72,8 @@ def _check(problems: list, condition: bool, message: str) -> None:
 
 
 def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
-    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next"):  # safetensors: every rank reads its slices (Mixtral's: per expert)
+    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next", "gemma3_multimodal"):  # safetensors: every rank reads its
+        # slices (Mixtral's: per expert; Gemma 3's multimodal one: its text decoder)
         workers.tiny(kind)[0].save_pretrained(tmp_path / kind)
     llama4_multimodal_checkpoint(workers.tiny("llama4_text")[0], tmp_path / "llama4_text")  # a Llama4Config around it
     glm_with_mtp(tmp_path / "glm_mtp")  # a GLM-4.5 checkpoint with its MTP layer: each rank reads that layer's slices
@@ -86,7 +87,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     problems = _same_tokens(results, "4 ranks", [0, 1, 2, 3]) + _same_tokens(results, "2 ranks", [0, 1])
     two = results[1]["2 ranks"]
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
-                 "cohere_qk", "cohere2", "gemma", "gemma2"):
+                 "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal"):
         _check(problems, "tensor parallel over 2 ranks" in two[f"{kind} engine note"], two[f"{kind} engine note"])
     # rank 1's slices. qwen2: 4 heads of 12, 2 KV heads, intermediate 96; mixtral: 8 experts of 96, gathered from
     # the checkpoint's per-expert w1 / w3 / w2 into the 3-D tensors, the router whole
@@ -103,7 +104,10 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
                                "linear_attn.norm.weight": (12,)},
                 # llama4_text's layer 0 (dense: 48 of intermediate_size_mlp 96 columns), read from Meta's layout
                 "llama4_text": {"self_attn.q_proj.weight": (24, 48), "mlp.gate_proj.weight": (48, 48),
-                                "mlp.down_proj.weight": (48, 48)}}
+                                "mlp.down_proj.weight": (48, 48)},
+                # Gemma 3's text decoder (4 heads of 16, 2 KV heads, intermediate 96): rank 1's, the per-head norms whole
+                "gemma3_multimodal": {"self_attn.q_proj.weight": (32, 64), "self_attn.k_proj.weight": (16, 64),
+                                      "self_attn.q_norm.weight": (16,), "mlp.up_proj.weight": (48, 64)}}
     for kind, shapes in expected.items():
         seen = two[f"{kind} shard shapes"]
         _check(problems, not any(".experts.0." in name or "block_sparse_moe" in name for name in seen),

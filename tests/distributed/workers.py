@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from tests.engine.models import left_padded_prompts, make_draft, make_model
+from tests.engine.models import gemma3_multimodal, left_padded_prompts, make_draft, make_model
 
 from .harness import TP_TIMEOUT
 
@@ -31,7 +31,9 @@ CHI_VOCAB, CHI_ROWS, CHI_PROMPT, CHI_TEMPERATURE = 12, 2000, [[3, 7, 5, 9]], 0.7
 
 
 def tiny(kind: str):
-    target = make_model(kind)
+    """A random target of ``kind`` (make_model's, or "gemma3_multimodal": Gemma3ForConditionalGeneration, what
+    AutoModelForCausalLM loads for Gemma 3 4B-27B) and a draft of it."""
+    target = gemma3_multimodal() if kind == "gemma3_multimodal" else make_model(kind)
     target.generation_config.eos_token_id = None
     return target, make_draft(target, noise=0.1)
 
@@ -119,9 +121,10 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # Granite's four scalars (its residual multiplier scales the summed branch on every rank)
     # Seed-OSS's biases on q/k/v (split), o and the MLP's down (rank 0's partial carries them)
     # Gemma 1 (sqrt(H) on the summed lookup); Gemma 2 (each branch's partials summed before its norm, attention and
-    # final-logit soft-caps, sliding layers of 8 that the rows pass)
+    # final-logit soft-caps, sliding layers of 8 that the rows pass); Gemma 3 (per-head q/k norms whole on each rank,
+    # a RoPE per layer type), and its multimodal model's text decoder sharded from the whole model
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
-                 "cohere_qk", "cohere2", "gemma", "gemma2"):
+                 "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal"):
         tgt, drf = tiny(kind)
         if kind == "seed_oss":
             with torch.no_grad():
@@ -157,8 +160,9 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
-    # convolution channels; Llama 4 in Meta's multimodal layout (its text decoder under language_model.)
-    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next", "llama4_text"):
+    # convolution channels; Llama 4 in Meta's multimodal layout (its text decoder under language_model.); Gemma 3's
+    # multimodal checkpoint as transformers saves it (model.language_model., a vision tower beside)
+    for kind in ("qwen2", "mixtral", "phi3", "qwen3_next", "llama4_text", "gemma3_multimodal"):
         sharded = ShardedCausalLM.from_pretrained(os.path.join(checkpoint, kind), group, timeout=TP_TIMEOUT)
         full, drf = tiny(kind)
         kw = dict(assistant_model=drf, max_new_tokens=MAX_NEW, pad_token_id=0, do_sample=True, seed=3)

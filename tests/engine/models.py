@@ -219,3 +219,25 @@ def llama4_multimodal_checkpoint(model, path) -> None:
     state.update({"vision_model.patch_embedding.linear.weight": torch.ones(8, 12),
                   "multi_modal_projector.linear_1.weight": torch.ones(48, 8)})
     save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def gemma3_multimodal(*, vocab: int = VOCAB, seed: int = 0):
+    """A tiny Gemma3ForConditionalGeneration (what AutoModelForCausalLM loads for Gemma 3 4B / 12B / 27B): a text
+    decoder of 3 layers (2 sliding of 4, 1 full; q / k norms randomised) behind a one-layer vision tower."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    config = tf.Gemma3Config(
+        text_config=dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, sliding_window=4, max_position_embeddings=256,
+                         layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=32,
+                           patch_size=16),
+        mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 3, eoi_token_index=vocab - 2)
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and "language_model" in name:
+                param.normal_(0, 0.2)
+    model.generation_config.eos_token_id = None
+    return model

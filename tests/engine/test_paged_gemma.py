@@ -6,6 +6,7 @@ from specdec_fast.runners.paged_gemma import PagedGemmaRunner, gemma_rms_norm
 from specdec_fast.runners.registry import paged_unsupported_reason
 
 from .family_models import VOCAB, tiny_family
+from .models import gemma3_multimodal
 from .runner_checks import assert_runner_matches_forward
 
 
@@ -63,38 +64,16 @@ def test_refusals():
     assert "bidirectional" in paged_unsupported_reason(tiny_family("gemma2", use_bidirectional_attention=True))
 
 
-def _gemma3_multimodal(seed: int = 0):
-    """A tiny Gemma3ForConditionalGeneration (what AutoModelForCausalLM loads for Gemma 3 4B / 12B / 27B): a text
-    decoder of 3 layers (2 sliding of 4, 1 full; q / k norms randomised) behind a one-layer vision tower."""
-    import transformers as tf
-
-    torch.manual_seed(seed)
-    config = tf.Gemma3Config(
-        text_config=dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, sliding_window=4, max_position_embeddings=256,
-                         layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
-        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=32,
-                           patch_size=16),
-        mm_tokens_per_image=4, image_token_index=VOCAB - 1, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2)
-    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and "language_model" in name:
-                param.normal_(0, 0.2)
-    model.generation_config.eos_token_id = None
-    return model
-
-
 def test_gemma3_multimodal_runs_its_text_decoder():
     """Gemma3ForConditionalGeneration on text prompts: the runner binds its language model and text_config (the
     windows of its sliding layers included), its logits equal the whole model's forward, and greedy generate(runner=
-    "paged") equals model.generate with a draft of itself and prompt lookup."""
+    "paged") equals model.generate with a draft of itself, a text-only Gemma 3 and prompt lookup."""
     import specdec_fast
     from specdec_fast.runners.registry import paged_runner_class
 
     from .models import left_padded_prompts, make_draft
 
-    model = _gemma3_multimodal()
+    model = gemma3_multimodal(vocab=VOCAB)
     assert type(model).__name__ == "Gemma3ForConditionalGeneration" and paged_runner_class(model) is PagedGemmaRunner
     runner = PagedGemmaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     assert runner.layer_windows == (4, 4, None) and runner.config.model_type == "gemma3_text"
@@ -102,6 +81,9 @@ def test_gemma3_multimodal_runs_its_text_decoder():
     ids, mask = left_padded_prompts([5, 9], vocab=VOCAB - 3, seed=2)  # text ids: no image / boundary token
     kw = dict(do_sample=False, max_new_tokens=12, pad_token_id=0)
     expected = model.generate(ids, attention_mask=mask, **kw)
-    for drafting in (dict(prompt_lookup_num_tokens=2), dict(assistant_model=make_draft(model, noise=0.03))):
+    # drafts: itself, prompt lookup, and a text-only Gemma 3 of the same vocabulary (Gemma 3 1B drafting for 27B: the
+    # multimodal config holds its vocab_size in its text config, which the pair check reads)
+    for drafting in (dict(prompt_lookup_num_tokens=2), dict(assistant_model=make_draft(model, noise=0.03)),
+                     dict(assistant_model=tiny_family("gemma3"))):
         assert torch.equal(specdec_fast.generate(model, ids, mask, runner="paged", **kw, **drafting), expected), drafting
     specdec_fast.release_engines(model)
