@@ -26,15 +26,17 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 # (runners/sharding_moe.py), GPT-OSS its sinks by heads; Phi-3's fused projections are read as this
 # rank's rows of each part (sharding.slice_of's tuples); Granite's residual multiplier scales the
 # summed branch on every rank; OLMoE's and MiniMax-M2's q/k norms over the whole projection take their
-# statistics over every rank's slice. The rest of LLAMA_MODEL_TYPES (the types named otherwise: EXAONE
-# 3.x, InternLM3, IQuest-Coder) have no tensor-parallel runner.
+# statistics over every rank's slice; EXAONE 3.x, InternLM3 and IQuest-Coder are Llama's model under other names.
 TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "ministral3", "smollm3", "phi3", "granite",
                   "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
                   # q/k norms over the whole projection: its statistics over every rank's slice (one more
                   # all-reduce of [T, 1] each)
                   "olmoe", "minimax_m2",
                   # RoPE on interleaved pairs: each rank reorders its heads' q / k columns (paged_llama.INTERLEAVED_ROPE)
-                  "ernie4_5", "ernie4_5_moe")
+                  "ernie4_5", "ernie4_5_moe",
+                  # transformers' LlamaForCausalLM under their own model_type (EXAONE 3.x's published checkpoints under
+                  # their original names: sharding.CHECKPOINT_RENAMES)
+                  "exaone", "internlm3", "iquestcoder")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")
@@ -59,7 +61,9 @@ TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TY
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
-MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4_text": "llama4", "gemma3_text": "gemma3"}
+MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4_text": "llama4", "gemma3_text": "gemma3",
+             # transformers' LlamaForCausalLM under another model_type: Llama's rotary module
+             "exaone": "llama", "internlm3": "llama", "iquestcoder": "llama"}
 # multimodal checkpoints read as their text decoder (config.text_config; sharding.layout_name: its tensors)
 TEXT_DECODER_OF = ("llama4", "gemma3")
 

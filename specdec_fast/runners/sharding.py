@@ -71,12 +71,21 @@ VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the L
 NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 # ... and where its text decoder's names sit: (prefix, what it stands for)
 TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
+# A family's published checkpoint names that transformers renames on loading (its conversion_mapping.py), as
+# (pattern, replacement) regexes in its order: EXAONE 3.x's original GPT-2-style names
+CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
+                                 (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.", ".self_attn."),
+                                 (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+                                 (r"\.ln_1\.", ".input_layernorm."), (r"\.ln_2\.", ".post_attention_layernorm."),
+                                 (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."), (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."),
+                                 (r"\.mlp\.c_proj\.", ".mlp.down_proj."))}
 
 
-def layout_name(name: str) -> str | None:
+def layout_name(name: str, model_type: str | None = None) -> str | None:
     """A checkpoint or state_dict name under the names this layout reads (the shards' keys), or None for a
     tensor that is not the text decoder's: a multimodal checkpoint's text decoder read as a causal LM's
-    (TEXT_PREFIXES), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
+    (TEXT_PREFIXES), a family's published names as transformers renames them (CHECKPOINT_RENAMES, by
+    ``model_type``), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
     tensor)."""
     if name.startswith(NOT_TEXT):
         return None
@@ -84,6 +93,8 @@ def layout_name(name: str) -> str | None:
         if name.startswith(prefix):
             name = stands_for + name[len(prefix):]
             break
+    for pattern, replacement in CHECKPOINT_RENAMES.get(model_type, ()):
+        name = re.sub(pattern, replacement, name)
     return name.replace(".feed_forward.", ".mlp.")
 
 
@@ -116,6 +127,7 @@ class LlamaShardPlan:
     mla: tuple | None = None  # latent attention: a head's (query rows dn + dr, kv_b rows dn + dv, o columns dv)
     delta: tuple | None = None  # Gated DeltaNet layers: (key heads, value heads, key dim, value dim)
     projection_norms: bool = False  # q_norm / k_norm over the whole projection (WHOLE_PROJECTION_NORMS): as its rows
+    model_type: str | None = None  # whose checkpoint names layout_name reads (CHECKPOINT_RENAMES)
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -138,7 +150,7 @@ class LlamaShardPlan:
         plan = cls(world, rank, heads, kv_heads, head_dim, intermediate, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
-                   getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS)
+                   getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None))
         plan.check()
         return plan
 
@@ -192,6 +204,10 @@ class LlamaShardPlan:
                 + (f"{self.expert_intermediate // self.world} of {self.expert_intermediate} columns of every expert, "
                    if self.moe_layout else "") + "vocabulary "
                 f"[{self.vocab_start}, {self.vocab_start + self.vocab_part})")
+
+    def layout_name(self, name: str) -> str | None:
+        """layout_name for this plan's family."""
+        return layout_name(name, self.model_type)
 
     # -- the slice of each checkpoint tensor ----------------------------------------------------
     def slice_of(self, name: str) -> Slice | tuple | None:
@@ -290,7 +306,7 @@ def take(tensor: torch.Tensor, part: Slice | tuple | None) -> torch.Tensor:
 def shards_from_state(state: dict, plan) -> dict:
     """layout name -> this rank's shard of every tensor of ``state`` (a model's state_dict) that is the text
     decoder's (layout_name)."""
-    named = ((layout_name(name), tensor) for name, tensor in state.items())
+    named = ((plan.layout_name(name), tensor) for name, tensor in state.items())
     return gather_experts({name: take(tensor, plan.slice_of(name)) for name, tensor in named if name is not None})
 
 
@@ -324,7 +340,7 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
     files, by_file = checkpoint_files(path), {}
     select = select if select is not None else (lambda name: not _past_the_layers(name, plan))
     for name, file in files.items():
-        if layout_name(name) is not None and select(layout_name(name)):
+        if plan.layout_name(name) is not None and select(plan.layout_name(name)):
             by_file.setdefault(file, []).append(name)
     block = _fp8_block(path)
     shards = {}
@@ -334,20 +350,20 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
                 if name.endswith(MXFP4_SUFFIXES):  # GPT-OSS's published experts: read with their scales
                     if name.endswith("_blocks"):
                         quantized = name[:-len("_blocks")]
-                        shards[layout_name(quantized)] = _read_mxfp4(f, file, files, quantized, plan, dtype).to(device)
+                        shards[plan.layout_name(quantized)] = _read_mxfp4(f, file, files, quantized, plan, dtype).to(device)
                     continue
                 if name.endswith(FP8_SCALE_SUFFIX):  # read with its FP8 weight
                     continue
                 if name + FP8_SCALE_SUFFIX in files:  # a block-quantized FP8 weight (checkpoint_fp8.py)
-                    shards[layout_name(name)] = _read_fp8(f, file, files, name, plan, block, dtype).to(device)
+                    shards[plan.layout_name(name)] = _read_fp8(f, file, files, name, plan, block, dtype).to(device)
                     continue
-                lazy, part = f.get_slice(name), plan.slice_of(layout_name(name))
+                lazy, part = f.get_slice(name), plan.slice_of(plan.layout_name(name))
                 if part is None:
                     tensor = lazy[:]
                 else:
                     pieces = [lazy[(slice(None),) * p.dim + (slice(p.start, p.stop),)] for p in _parts(part)]
                     tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=_parts(part)[0].dim)
-                shards[layout_name(name)] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
+                shards[plan.layout_name(name)] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
     return gather_experts(shards)
 
 
@@ -395,10 +411,10 @@ def _read_fp8(f, file, files, name, plan, block, dtype):
 
     scales_file = files[name + FP8_SCALE_SUFFIX]
     if scales_file == file:
-        return read_fp8(f.get_slice(name), f.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(layout_name(name)), block,
+        return read_fp8(f.get_slice(name), f.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(plan.layout_name(name)), block,
                         dtype)
     with safe_open(scales_file, framework="pt") as g:
-        return read_fp8(f.get_slice(name), g.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(layout_name(name)), block,
+        return read_fp8(f.get_slice(name), g.get_slice(name + FP8_SCALE_SUFFIX), plan.slice_of(plan.layout_name(name)), block,
                         dtype)
 
 
@@ -411,8 +427,8 @@ def _read_mxfp4(f, file, files, name, plan, dtype):
     if scales_file is None:
         raise ValueError(f"the checkpoint has {name}_blocks but no {name}_scales")
     if scales_file == file:
-        return read_mxfp4(f.get_slice(name + "_blocks"), f.get_slice(name + "_scales"), plan.slice_of(layout_name(name)),
+        return read_mxfp4(f.get_slice(name + "_blocks"), f.get_slice(name + "_scales"), plan.slice_of(plan.layout_name(name)),
                           dtype)
     with safe_open(scales_file, framework="pt") as g:
-        return read_mxfp4(f.get_slice(name + "_blocks"), g.get_slice(name + "_scales"), plan.slice_of(layout_name(name)),
+        return read_mxfp4(f.get_slice(name + "_blocks"), g.get_slice(name + "_scales"), plan.slice_of(plan.layout_name(name)),
                           dtype)

@@ -20,7 +20,7 @@ from specdec_fast.runners.paged_llama import mlp_of
 from specdec_fast.runners.sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 
 from ..engine.conftest import model_pair
-from ..engine.models import left_padded_prompts, llama4_multimodal_checkpoint, make_model
+from ..engine.models import exaone_original_checkpoint, left_padded_prompts, llama4_multimodal_checkpoint, make_model
 from ..fake_cuda import LateDevice
 
 
@@ -236,6 +236,21 @@ def test_a_multimodal_llama4_checkpoint_reads_its_text_decoder(tmp_path, monkeyp
     assert read["model.layers.0.mlp.gate_proj.weight"].shape == (48, 48)  # layer 0's dense MLP: 48 of 96 rows
     assert read["model.layers.1.mlp.shared_expert.gate_proj.weight"].shape == (12, 48)  # 12 of the expert's 24
     assert not any(name.startswith(("vision_model.", "multi_modal_projector.")) for _, name in _Recording.calls)
+
+
+def test_an_exaone_checkpoint_reads_under_transformers_names(tmp_path):
+    """EXAONE 3.x as LG publishes it (transformer.h.N.attn.attention.*, c_fc_0 / c_fc_1 / c_proj): each rank's
+    slices under the names transformers renames them to, equal to a loaded model's shards; the transformer.h.
+    names under another family's plan are not renamed (the control)."""
+    model = make_model("exaone")
+    exaone_original_checkpoint(model, tmp_path)
+    plan = LlamaShardPlan.for_config(model.config, 2, 1)
+    read = shards_from_safetensors(str(tmp_path), plan)
+    expected = shards_from_state(model.state_dict(), plan)
+    assert read.keys() == expected.keys() and all(torch.equal(t, expected[name]) for name, t in read.items())
+    assert read["model.layers.1.self_attn.o_proj.weight"].shape == (48, 24)
+    other = LlamaShardPlan.for_config(make_model("llama").config, 2, 1)
+    assert other.layout_name("transformer.h.0.attn.attention.q_proj.weight") == "transformer.h.0.attn.attention.q_proj.weight"
 
 
 def _lockstep_decode(lag: int, lockstep: bool):

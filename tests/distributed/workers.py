@@ -122,9 +122,11 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # Seed-OSS's biases on q/k/v (split), o and the MLP's down (rank 0's partial carries them)
     # Gemma 1 (sqrt(H) on the summed lookup); Gemma 2 (each branch's partials summed before its norm, attention and
     # final-logit soft-caps, sliding layers of 8 that the rows pass); Gemma 3 (per-head q/k norms whole on each rank,
-    # a RoPE per layer type), and its multimodal model's text decoder sharded from the whole model
+    # a RoPE per layer type), and its multimodal model's text decoder sharded from the whole model; Llama's model
+    # under EXAONE 3.x's, InternLM3's and IQuest-Coder's model_types
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
-                 "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal"):
+                 "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal", "exaone", "internlm3",
+                 "iquestcoder"):
         tgt, drf = tiny(kind)
         if kind == "seed_oss":
             with torch.no_grad():

@@ -20,6 +20,8 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.GPT2Config(n_embd=48, n_layer=layers, n_head=4, n_positions=256, **common)
     llama_like = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=256, **common)
+    if kind in ("exaone", "internlm3", "iquestcoder"):  # transformers' LlamaForCausalLM under its own model_type
+        return tf.AutoConfig.for_model(kind, **llama_like)
     if kind == "phi3":  # fused qkv_proj / gate_up_proj
         return tf.Phi3Config(**llama_like)
     if kind == "granite":  # four scalars that are not identities
@@ -241,3 +243,24 @@ def gemma3_multimodal(*, vocab: int = VOCAB, seed: int = 0):
                 param.normal_(0, 0.2)
     model.generation_config.eos_token_id = None
     return model
+
+
+# EXAONE 3.x's published tensor names for transformers' (sharding.CHECKPOINT_RENAMES read them back)
+EXAONE_NAMES = (("model.embed_tokens.", "transformer.wte."), ("model.layers.", "transformer.h."), ("model.norm.", "transformer.ln_f."),
+                (".self_attn.o_proj.", ".attn.attention.out_proj."), (".self_attn.", ".attn.attention."),
+                (".input_layernorm.", ".ln_1."), (".post_attention_layernorm.", ".ln_2."), (".mlp.gate_proj.", ".mlp.c_fc_0."),
+                (".mlp.up_proj.", ".mlp.c_fc_1."), (".mlp.down_proj.", ".mlp.c_proj."))
+
+
+def exaone_original_checkpoint(model, path) -> None:
+    """An EXAONE 3.x model (LlamaForCausalLM, model_type exaone) saved under the names LG's checkpoints carry
+    (transformer.h.N.attn.attention.q_proj, ...), which transformers renames on loading."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(path)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        for ours, theirs in EXAONE_NAMES:
+            name = name.replace(ours, theirs, 1) if ours in name else name
+        state[name] = tensor.contiguous()
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
