@@ -8,6 +8,14 @@ import torch
 from ._layer_math import rope_cos_sin
 
 
+def rotary_dims(config, head_dim: int) -> int:
+    """The dims of each head that RoPE rotates: int(head_dim * partial_rotary_factor) as transformers'
+    rope parameters compute it (the factor in rope_parameters, else on the config, else 1)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    return int(head_dim * factor)
+
+
 def static_rope_limit(config, rope_type) -> int | None:
     """For a RoPE whose frequencies change with the length (transformers' dynamic_rope_update): the
     most positions a row may take with the frequencies the rotary module starts with

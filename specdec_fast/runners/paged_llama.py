@@ -36,7 +36,7 @@ from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 from ._moe import SHARED, MoE, is_moe, moe_reason
-from ._rotary import static_rope_limit
+from ._rotary import rotary_dims, static_rope_limit
 from .sliding_window import windows_per_layer
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
@@ -63,12 +63,19 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      "minimax_m2",
                      # ERNIE 4.5 (dense, and MoE: softmax routing chosen with a correction bias, shared experts):
                      # RoPE on interleaved pairs (INTERLEAVED_ROPE), optional biases
-                     "ernie4_5", "ernie4_5_moe")
+                     "ernie4_5", "ernie4_5_moe",
+                     # GLM-4 (glm: GLM-4-9B; glm4: GLM-4-0414 9B / 32B, GLM-Z1): half of each head rotated in
+                     # interleaved pairs, q/k/v biases, Phi-3's fused gate_up_proj; GLM-4-0414 also norms each
+                     # branch's output before its residual add (POST_BRANCH_NORMS)
+                     "glm", "glm4")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
 # and every RoPE path stays the rotate-half one
-INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe")
+INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe", "glm", "glm4")
+# Each layer's RMSNorms of a branch's output before its residual add (GLM-4-0414's sandwich norms: the
+# attention's output, the MLP's): the module names, (after attention, after the MLP)
+POST_BRANCH_NORMS = ("post_self_attn_layernorm", "post_mlp_layernorm")
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
 NOPE_UNLESS_SLIDING = ("exaone_moe",)
@@ -265,8 +272,10 @@ class _Layer:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.qk_norm, self.qk_norm_full = _qk_norms(attn, head_dim)
         self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped to [-c, c] after the norms
-        self.rope_order = interleaved_order(self.q[0].shape[0], self.k[0].shape[0], head_dim, self.q[0].device) \
-            if config.model_type in INTERLEAVED_ROPE else None
+        self.rope_order = interleaved_order(self.q[0].shape[0], self.k[0].shape[0], head_dim, self.q[0].device,
+                                            rotary_dims(config, head_dim)) if config.model_type in INTERLEAVED_ROPE else None
+        # GLM-4-0414: (weight, eps) of the norms of each branch's output (POST_BRANCH_NORMS), else None
+        self.post_attn_norm, self.post_mlp_norm = (norm_params(getattr(layer, name, None)) for name in POST_BRANCH_NORMS)
         self.qkv = ([self.q[0], self.k[0], self.v[0]], [self.q[1], self.k[1], self.v[1]])  # one call each
         self.q_cols, self.kv_cols = self.q[0].shape[0], self.k[0].shape[0]
         if self.moe is None:
@@ -282,10 +291,12 @@ class _Layer:
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
 
 
-def interleaved_order(q_cols: int, k_cols: int, head_dim: int, device) -> tuple:
-    """(q's, k's) column orders [q_cols], [k_cols] that put each head's even dims first and its odd dims last
-    (INTERLEAVED_ROPE)."""
-    within = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+def interleaved_order(q_cols: int, k_cols: int, head_dim: int, device, rotary: int | None = None) -> tuple:
+    """(q's, k's) column orders [q_cols], [k_cols] that put each head's even dims of its first ``rotary`` (None:
+    all) first and their odd dims next, the unrotated rest after them as they are (INTERLEAVED_ROPE; GLM
+    rotates half of each head)."""
+    rotary = head_dim if rotary is None else rotary
+    within = torch.cat((torch.arange(0, rotary, 2), torch.arange(1, rotary, 2), torch.arange(rotary, head_dim)))
     return tuple((torch.arange(cols // head_dim)[:, None] * head_dim + within).reshape(-1).to(device)
                  for cols in (q_cols, k_cols))
 
@@ -344,6 +355,7 @@ class PagedLlamaRunner(PagedRunnerBase):
     gemv_pdl = False  # its products as programmatic dependent launches (GEMV_PDL; set_gemv_layer)
     # Granite's scalars (GRANITE_SCALARS; the softmax scale is self.scale); the other families' identities
     embedding_multiplier = residual_multiplier = logits_scaling = 1.0
+    post_branch_norms = False  # whether some layer norms a branch's output before its add (POST_BRANCH_NORMS)
     query_temperature = None  # Ministral 3's (beta, original_max_position_embeddings): QUERY_TEMPERATURE
     layer_class = _Layer  # one decoder layer's parameters (Llama 4's: runners/paged_llama4.py)
 
@@ -358,6 +370,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         [V, H], rotary module (a target's MTP layer binds its own: runners/paged_mtp.py)."""
         self.embed = embed
         self.layers = [self.layer_class(layer, config, self.fuse_projections, self.kernels) for layer in layers]
+        self.post_branch_norms = any(layer.post_attn_norm is not None for layer in self.layers)
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.final_norm, self.final_eps = norm_params(norm)
@@ -394,8 +407,9 @@ class PagedLlamaRunner(PagedRunnerBase):
         if any(layer.moe is not None for layer in self.layers):
             return "the GEMV layer has no mixture-of-experts MLP"
         if any(layer.qk_norm_full is not None or layer.clip_qkv is not None or layer.rope_order is not None
-               for layer in self.layers):
-            return "the GEMV layer has no whole-projection q/k norms, clip_qkv (OLMoE) or interleaved RoPE (ERNIE 4.5)"
+               for layer in self.layers) or self.post_branch_norms:
+            return ("the GEMV layer has no whole-projection q/k norms, clip_qkv (OLMoE), interleaved RoPE (ERNIE 4.5, GLM) "
+                    "or norms of a branch's output (GLM-4-0414)")
         if any(layer.w_qkv is None or layer.w_gate_up is None for layer in self.layers):
             return "the q/k/v and gate/up projections are not fused (fuse_projections=False, or biases on some only)"
         if not self.silu:
@@ -460,7 +474,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         # The o / down products add the residual themselves (in the product on one process, in rank 0's
         # partial under tensor parallelism: `owns`) unless a multiplier scales the branch first (Granite):
         # `carried` says whether the (summed) product holds the residual, the same on every rank.
-        carried, sum_ = self.residual_multiplier == 1.0, self._sum_partials
+        carried, sum_ = self.residual_multiplier == 1.0 and not self.post_branch_norms, self._sum_partials
         owns = carried and self._carries_residual
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
@@ -474,14 +488,15 @@ class PagedLlamaRunner(PagedRunnerBase):
             if q_scales is not None and layer.scaled_query:
                 q = (q * q_scales).to(q.dtype)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), carried)
+            x = self._add(x, sum_(lin(o.reshape(total, heads * dim), *layer.o, x if owns else None)), carried,
+                          layer.post_attn_norm, fused)
             h = rms_norm(x, layer.ln_post, layer.eps_post, fused)
             if layer.moe is not None:  # the residual joins the carrying rank's partial, as the down product's does
                 delta = layer.moe(h, self._prefilling)
-                x = self._add(x, sum_(x + delta if owns else delta), carried)
+                x = self._add(x, sum_(x + delta if owns else delta), carried, layer.post_mlp_norm, fused)
             else:
                 act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
-                x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), carried)
+                x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), carried, layer.post_mlp_norm, fused)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, self.final_norm, self.final_eps, fused)
@@ -505,11 +520,14 @@ class PagedLlamaRunner(PagedRunnerBase):
         scale = 1 + beta * torch.log(1 + torch.floor(positions.to(torch.float32) / original))
         return scale.to(self.dtype)[:, None, None]
 
-    def _add(self, x: torch.Tensor, out: torch.Tensor, carried: bool) -> torch.Tensor:
+    def _add(self, x: torch.Tensor, out: torch.Tensor, carried: bool, norm=None, fused: bool = False) -> torch.Tensor:
         """The stream after a branch whose (summed) product is out: out itself when it already holds
         x (carried: the product added it, on one process or in rank 0's partial), else x + the
-        branch (times Granite's residual_multiplier), on every rank."""
-        return out if carried else x + self._branch(out)
+        branch (normed first by ``norm`` (weight, eps): GLM-4-0414's; times Granite's
+        residual_multiplier), on every rank."""
+        if carried:
+            return out
+        return x + self._branch(out if norm is None else rms_norm(out, norm[0], norm[1], fused))
 
     def _rotate_append_attend(self, i, layer, q, k, v, cos, sin, cu, attn_lens, n, pdl=False,
                               q_scales=None) -> torch.Tensor:
@@ -551,7 +569,10 @@ class PagedLlamaRunner(PagedRunnerBase):
             q, k, v = _whole_projection_math(layer, q, k, v, False, self._projection_norm)
             o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n,
                                            q_scales=q_scales if layer.scaled_query else None)
-            x, h = add_rms_norm(x, self._branch(sum_(F.linear(o, *layer.o))), layer.ln_post, layer.eps_post)
+            delta = sum_(F.linear(o, *layer.o))
+            if layer.post_attn_norm is not None:  # GLM-4-0414: the branch's output normed before its add
+                delta = add_rms_norm(delta, None, *layer.post_attn_norm)[1]
+            x, h = add_rms_norm(x, self._branch(delta), layer.ln_post, layer.eps_post)
             if layer.moe is not None:
                 delta = layer.moe(h, self._prefilling)
             else:
@@ -563,7 +584,10 @@ class PagedLlamaRunner(PagedRunnerBase):
                 act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
                 delta = F.linear(act, *layer.down)
             weight, eps = self._next_norm[i]
-            x, h = add_rms_norm(x, self._branch(sum_(delta)), weight, eps, write_residual=i + 1 < len(self.layers))
+            delta = sum_(delta)
+            if layer.post_mlp_norm is not None:
+                delta = add_rms_norm(delta, None, *layer.post_mlp_norm)[1]
+            x, h = add_rms_norm(x, self._branch(delta), weight, eps, write_residual=i + 1 < len(self.layers))
             self._keep(i + 1, x if i + 1 < len(self.layers) else h)  # j = L: the final norm's output
         return h
 

@@ -43,8 +43,9 @@ import torch.nn.functional as F
 
 from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
-from .paged_llama import (GRANITE_SCALARS, INTERLEAVED_ROPE, PagedLlamaRunner, interleaved_order, llama_config_reason,
-                          rotates)
+from .paged_llama import (GRANITE_SCALARS, INTERLEAVED_ROPE, POST_BRANCH_NORMS, PagedLlamaRunner, interleaved_order,
+                          llama_config_reason, rotates)
+from ._rotary import rotary_dims
 from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding import WHOLE_PROJECTION_NORMS
 from .sharding_moe import moe_layer_params
@@ -125,8 +126,11 @@ class _TPLayer:
         self.qk_norm, self.qk_norm_full = (None, norms) if whole else (norms, None)
         self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped after the norms
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.rope_order = interleaved_order(q.shape[0], k.shape[0], head_dim, q.device) \
-            if config.model_type in INTERLEAVED_ROPE else None  # ERNIE 4.5: this rank's heads, each reordered
+        self.rope_order = interleaved_order(q.shape[0], k.shape[0], head_dim, q.device, rotary_dims(config, head_dim)) \
+            if config.model_type in INTERLEAVED_ROPE else None  # ERNIE 4.5, GLM: this rank's heads, each reordered
+        # GLM-4-0414's norms of each branch's output (whole on every rank: they norm the summed branch)
+        self.post_attn_norm, self.post_mlp_norm = (None if get(f"{name}.weight") is None else (get(f"{name}.weight"), eps)
+                                                   for name in POST_BRANCH_NORMS)
         self.qkv = ([q, k, v], [bq, bk, bv])
         self.q_cols, self.kv_cols = q.shape[0], k.shape[0]
         if self.moe is None:
@@ -273,6 +277,7 @@ class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):
                                 self.kernels, rotates(config, i)) for i in range(config.num_hidden_layers)]
         if any(layer.sinks is not None for layer in self.layers):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
+        self.post_branch_norms = any(layer.post_attn_norm is not None for layer in self.layers)
         self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
         self.lm_head, self.lm_head_bias = shards["lm_head.weight"], shards.get("lm_head.bias")  # this rank's rows
         self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim

@@ -36,7 +36,10 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   "ernie4_5", "ernie4_5_moe",
                   # transformers' LlamaForCausalLM under their own model_type (EXAONE 3.x's published checkpoints under
                   # their original names: sharding.CHECKPOINT_RENAMES)
-                  "exaone", "internlm3", "iquestcoder")
+                  "exaone", "internlm3", "iquestcoder",
+                  # GLM-4 / GLM-4-0414: interleaved half rotation, fused gate_up_proj (Phi-3's split), the post-branch
+                  # norms (GLM-4-0414) whole on every rank, after the branch's all-reduce
+                  "glm", "glm4")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

@@ -123,16 +123,18 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # Gemma 1 (sqrt(H) on the summed lookup); Gemma 2 (each branch's partials summed before its norm, attention and
     # final-logit soft-caps, sliding layers of 8 that the rows pass); Gemma 3 (per-head q/k norms whole on each rank,
     # a RoPE per layer type), and its multimodal model's text decoder sharded from the whole model; Llama's model
-    # under EXAONE 3.x's, InternLM3's and IQuest-Coder's model_types
+    # under EXAONE 3.x's, InternLM3's and IQuest-Coder's model_types; GLM-4-0414 (interleaved half rotation reordered
+    # per rank, fused gate_up_proj split, the post-branch norms after each branch's all-reduce)
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
                  "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal", "exaone", "internlm3",
-                 "iquestcoder"):
+                 "iquestcoder", "glm4"):
         tgt, drf = tiny(kind)
-        if kind == "seed_oss":
+        if kind in ("seed_oss", "glm4"):  # biases (and GLM-4-0414's post-branch norms) away from their inits
             with torch.no_grad():
                 for name, param in tgt.named_parameters():
-                    if name.endswith("bias"):
-                        param.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+                    if name.endswith("bias") or "post_self_attn" in name or "post_mlp" in name:
+                        param.normal_(1.0 if "layernorm" in name else 0.0, 0.3,
+                                      generator=torch.Generator().manual_seed(len(name)))
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
         engine = specdec_fast.SpeculativeEngine(tgt, drf, process_group=group, max_batch_size=2, max_seq_len=64,

@@ -20,6 +20,9 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.GPT2Config(n_embd=48, n_layer=layers, n_head=4, n_positions=256, **common)
     llama_like = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=256, **common)
+    if kind in ("glm", "glm4"):  # GLM-4 / GLM-4-0414: half of each head rotated in interleaved pairs, q/k/v biases (zero
+        # here), fused gate_up_proj; GLM-4-0414 norms each branch's output
+        return getattr(tf, "GlmConfig" if kind == "glm" else "Glm4Config")(head_dim=12, **llama_like)
     if kind in ("exaone", "internlm3", "iquestcoder"):  # transformers' LlamaForCausalLM under its own model_type
         return tf.AutoConfig.for_model(kind, **llama_like)
     if kind == "phi3":  # fused qkv_proj / gate_up_proj

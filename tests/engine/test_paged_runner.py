@@ -10,7 +10,7 @@ from specdec_fast.runners.registry import paged_unsupported_reason
 
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 from .models import eos_inside_a_block, left_padded_prompts, make_draft, make_model
-from ..conftest import on_device
+from ..conftest import backend_device, on_device
 
 VOCAB = 96
 
@@ -49,6 +49,11 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                               rope_parameters={"rope_type": "default", "rope_theta": 700.0}, **common)
     elif kind == "ernie4_5":  # RoPE on interleaved pairs (head_dim 16), biases on every projection (randomised below)
         config = tf.Ernie4_5Config(num_key_value_heads=2, head_dim=16, use_bias=True, **common)
+    elif kind == "glm":  # GLM-4: half of each head rotated in interleaved pairs, q/k/v biases (randomised below), fused
+        # gate_up_proj
+        config = tf.GlmConfig(num_key_value_heads=2, head_dim=16, **common)
+    elif kind == "glm4":  # GLM-4-0414: GLM's layer, each branch's output normed before its add (weights randomised)
+        config = tf.Glm4Config(num_key_value_heads=2, head_dim=16, **common)
     elif kind == "granite":  # Llama with four scalars that are not identities
         config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
                                   attention_multiplier=0.1, logits_scaling=2.5, **common)
@@ -64,13 +69,18 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                         proj.bias.normal_(0, 0.3)
         if kind == "seed_oss":
             assert model.model.layers[0].self_attn.o_proj.bias is not None and model.model.layers[0].mlp.down_proj.bias is not None
+    if kind in ("glm", "glm4"):  # the q/k/v biases and GLM-4-0414's post-branch norms away from their inits
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("_proj.bias") or "post_self_attn" in name or "post_mlp" in name:
+                    param.normal_(1.0 if "layernorm" in name else 0.0, 0.3)
     model.generation_config.eos_token_id = None
     return model
 
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
-                                  "cwm", "ministral3", "ernie4_5"])
+                                  "cwm", "ministral3", "ernie4_5", "glm", "glm4"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -255,7 +265,7 @@ PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
-                                  "ministral3", "ernie4_5"])
+                                  "ministral3", "ernie4_5", "glm4"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
@@ -453,3 +463,34 @@ def test_controls_ernie_reads_its_pairs_as_halves():
         layer.rope_order = None
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("kind", ["glm", "glm4"])
+def test_glm_on_the_other_backends(kind, backend, device):
+    """GLM-4 / GLM-4-0414 on the torch reference and the Triton path (the post-branch norms through the
+    Triton RMSNorm launch, the half rotation in rope_append_kv): the forward's logits."""
+    device = backend_device(backend, device)
+    model = tiny(kind).to(device)
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_controls_glm_half_rotation_and_post_branch_norms():
+    """GLM rotates the interleaved pairs of each head's first half: the reordering moves those 8 of 16 dims and
+    keeps the rest; without it the logits are not the model's. GLM-4-0414's norms of each branch's output are
+    read (layer.post_attn_norm / post_mlp_norm) and needed."""
+    glm = tiny("glm")
+    runner = PagedLlamaRunner(glm, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.layers[0].rope_order[0][:16].tolist() == [0, 2, 4, 6, 1, 3, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    for layer in runner.layers:
+        layer.rope_order = None
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(glm, runner, VOCAB)
+    glm4 = tiny("glm4")
+    runner = PagedLlamaRunner(glm4, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.post_branch_norms and all(layer.post_mlp_norm is not None for layer in runner.layers)
+    for layer in runner.layers:
+        layer.post_attn_norm = None
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(glm4, runner, VOCAB)
