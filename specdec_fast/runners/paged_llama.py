@@ -78,7 +78,7 @@ INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe", "glm", "glm4")
 POST_BRANCH_NORMS = ("post_self_attn_layernorm", "post_mlp_layernorm")
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
-NOPE_UNLESS_SLIDING = ("exaone_moe",)
+NOPE_UNLESS_SLIDING = ("exaone_moe", "exaone4")  # (EXAONE 4.0's Exaone4Attention reads the same rule)
 # Families whose config lists each layer's RoPE (no_rope_layers: 1 RoPE, 0 NoPE)
 NO_ROPE_LAYERS = ("smollm3", "llama4_text")
 

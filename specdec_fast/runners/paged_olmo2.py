@@ -21,16 +21,20 @@ OLMo 3 is OLMo 2's layer with sliding_attention layers (3 of 4; their window, by
 runners/sliding_window.py, applied by the kernels) and one RoPE per layer type (its
 rotary module's {type}_inv_freq / {type}_attention_scaling: scaling such as YaRN on the
 full_attention layers only): runners/_rotary.py.
+EXAONE 4.0 (exaone4: 1.2B, 32B; transformers' Exaone4DecoderLayer) is the same layer with Llama's
+pieces (LLAMA_PIECES): q / k norms per head ([D], Qwen3's), Llama's RMSNorm (cast, then the weight),
+RoPE tables in the model dtype; its sliding layers rotate and slide (window 4096), its full layers
+are NoPE where a window is set (paged_llama.NOPE_UNLESS_SLIDING).
 """
 import torch
 import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import linear_params, norm_params
+from ._layer_math import linear_params, norm_params, rms_norm
 from ._linear import linear
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
-from .paged_llama import projection_modules
+from .paged_llama import projection_modules, rotates
 
 
 def olmo_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -41,7 +45,14 @@ def olmo_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     return (weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
 
 
-OLMO_MODEL_TYPES = ("olmo2", "olmo3")
+def llama_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """LlamaRMSNorm / Exaone4RMSNorm over the last dim of x (the cast before the weight). norm: (weight, eps)."""
+    return rms_norm(x, norm[0], norm[1], False)
+
+
+OLMO_MODEL_TYPES = ("olmo2", "olmo3", "exaone4")
+# The families of this layer with Llama's pieces: per-head q / k norms, Llama's RMSNorm, model-dtype RoPE tables
+LLAMA_PIECES = ("exaone4",)
 
 
 def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -54,7 +65,7 @@ def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
 class _Olmo2Layer:
     """One Olmo2DecoderLayer's parameters (references to the model's tensors, not copies)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, config):
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         self.q_norm, self.k_norm = norm_params(attn.q_norm), norm_params(attn.k_norm)
@@ -62,6 +73,7 @@ class _Olmo2Layer:
         self.post_feedforward = norm_params(layer.post_feedforward_layernorm)
         self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         self.act = mlp.act_fn
+        self.rope = rotates(config, attn.layer_idx)  # EXAONE 4's full layers: NoPE
 
 
 class PagedOlmo2Runner(PagedRunnerBase):
@@ -70,10 +82,13 @@ class PagedOlmo2Runner(PagedRunnerBase):
 
     unsupported_reason = staticmethod(olmo2_unsupported_reason)
 
+    llama_pieces = False  # EXAONE 4's (LLAMA_PIECES): per-head q/k norms, Llama's RMSNorm, model-dtype RoPE tables
+
     def _bind(self, model) -> None:
         config, inner = model.config, model.model
+        self.llama_pieces = config.model_type in LLAMA_PIECES
         self.embed = inner.embed_tokens.weight
-        self.layers = [_Olmo2Layer(layer) for layer in inner.layers]
+        self.layers = [_Olmo2Layer(layer, config) for layer in inner.layers]
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self._bind_heads(config)
@@ -93,27 +108,38 @@ class PagedOlmo2Runner(PagedRunnerBase):
         over every rank's slice: paged_olmo2_tp.py)."""
         return olmo_rms_norm(x, norm)
 
+    def _norm(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """The family's RMSNorm: OLMo's (the weight in float32), EXAONE 4's (Llama's)."""
+        return llama_rms_norm(x, norm) if self.llama_pieces else olmo_rms_norm(x, norm)
+
+    def _qk(self, x: torch.Tensor, norm, heads: int) -> torch.Tensor:
+        """q or k [T, heads * D] -> [T, heads, D], normed: per head (EXAONE 4), else over the whole projection."""
+        if self.llama_pieces:
+            return llama_rms_norm(x.view(x.shape[0], heads, self.head_dim), norm)
+        return self._qk_norm(x, norm).view(x.shape[0], heads, self.head_dim)
+
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        # [T, D] float32 cos / sin of each RoPE (one, or OLMo 3's per layer type), once per call
-        tables = rotations(self.rope_tables, positions, torch.float32)
+        # [T, D] cos / sin of each RoPE (one, or OLMo 3's per layer type), once per call: float32 (OLMo's), the
+        # model dtype (EXAONE 4's)
+        tables = rotations(self.rope_tables, positions, self.dtype if self.llama_pieces else torch.float32)
         x = self._embed(flat)
         sum_ = self._sum_partials
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             cos, sin = tables[self.rope_keys[i]]
-            q = self._qk_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
-            k = self._qk_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
+            q = self._qk(linear(x, *layer.q), layer.q_norm, heads)
+            k = self._qk(linear(x, *layer.k), layer.k_norm, kv_heads)
             v = linear(x, *layer.v).view(total, kv_heads, dim)
-            # x * cos + rotate_half(x) * sin with float32 tables: computed in float32, then x's dtype
-            q, k = rotate_half_apply(q, cos, sin).to(q.dtype), rotate_half_apply(k, cos, sin).to(k.dtype)
+            if layer.rope:  # x * cos + rotate_half(x) * sin: in float32 with OLMo's tables, then x's dtype
+                q, k = rotate_half_apply(q, cos, sin).to(q.dtype), rotate_half_apply(k, cos, sin).to(k.dtype)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + olmo_rms_norm(sum_(linear(o.reshape(total, heads * dim), *layer.o)), layer.post_attention)
+            x = x + self._norm(sum_(linear(o.reshape(total, heads * dim), *layer.o)), layer.post_attention)
             act = layer.act(linear(x, *layer.gate)) * linear(x, *layer.up)
-            x = x + olmo_rms_norm(sum_(linear(act, *layer.down)), layer.post_feedforward)
+            x = x + self._norm(sum_(linear(act, *layer.down)), layer.post_feedforward)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
-        out = olmo_rms_norm(x, self.final_norm)
+        out = self._norm(x, self.final_norm)
         self._keep(len(self.layers), out)
         return out

@@ -1,5 +1,5 @@
-"""TPPagedOlmo2Runner: an OLMo 2 or OLMo 3 model (sharded_model.TP_OLMO_TYPES) sharded over the ranks of a
-process group (docs/architecture.md §10).
+"""TPPagedOlmo2Runner: an OLMo 2, OLMo 3 or EXAONE 4.0 model (sharded_model.TP_OLMO_TYPES) sharded over the
+ranks of a process group (docs/architecture.md §10).
 
 The layout is the Llama families' (runners/sharding.py): q / k / v and gate / up by this rank's heads and
 columns, o and down row-parallel, the embedding and the LM head by vocabulary rows. OLMo's q_norm / k_norm
@@ -7,14 +7,16 @@ weigh the whole projection: their weights split as the q / k rows and their mean
 rank's slice (one all-reduce of [T, 1] float32 sums per norm), then olmo_rms_norm's op order (the weight
 multiplied in float32 before the cast). Each branch's output is normed before it is added, so its partials
 are summed first (the all-reduce), then normed, then added on every rank. OLMo 3's RoPE per layer type
-comes from ShardedCausalLM.rope_tables. The math is PagedOlmo2Runner's over this rank's shards.
+comes from ShardedCausalLM.rope_tables. EXAONE 4's q/k norms weigh each head ([D]): whole on every rank, per
+head, no collective. The math is PagedOlmo2Runner's over this rank's shards.
 """
 import torch
 
 from ._rotary import static_rope_reason
 from .paged_base import head_dim_reason
 from .paged_llama_tp import TensorParallelRunner, shard_reason
-from .paged_olmo2 import PagedOlmo2Runner
+from .paged_llama import rotates
+from .paged_olmo2 import LLAMA_PIECES, PagedOlmo2Runner
 from .sharded_model import TP_OLMO_TYPES
 
 
@@ -34,9 +36,9 @@ def tp_olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
 
 class _TPOlmo2Layer:
     """One layer's shards (the attribute names of paged_olmo2._Olmo2Layer): q_norm / k_norm this rank's slice of
-    the whole-projection weights."""
+    the whole-projection weights (EXAONE 4's per-head ones: whole)."""
 
-    def __init__(self, shards: dict, prefix: str, config):
+    def __init__(self, shards: dict, prefix: str, config, index: int):
         from transformers.activations import ACT2FN
 
         def get(name):
@@ -49,6 +51,7 @@ class _TPOlmo2Layer:
         self.post_feedforward = (get("post_feedforward_layernorm.weight"), eps)
         self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
         self.act = ACT2FN[config.hidden_act]
+        self.rope = rotates(config, index)  # EXAONE 4's full layers: NoPE
 
 
 class TPPagedOlmo2Runner(TensorParallelRunner, PagedOlmo2Runner):
@@ -60,7 +63,8 @@ class TPPagedOlmo2Runner(TensorParallelRunner, PagedOlmo2Runner):
     def _bind(self, model) -> None:
         config, shards, plan = model.config, model.shards, model.plan
         self._bind_shard(model)
-        self.layers = [_TPOlmo2Layer(shards, f"model.layers.{i}.", config) for i in range(config.num_hidden_layers)]
+        self.llama_pieces = config.model_type in LLAMA_PIECES  # EXAONE 4's per-head q/k norms: whole on every rank
+        self.layers = [_TPOlmo2Layer(shards, f"model.layers.{i}.", config, i) for i in range(config.num_hidden_layers)]
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
         self.lm_head = shards["lm_head.weight"]
         self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim

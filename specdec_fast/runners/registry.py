@@ -41,6 +41,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlama4Runner for model_type in LLAMA4_MODEL_TYPES},
     "olmo2": PagedOlmo2Runner,
     "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type
+    "exaone4": PagedOlmo2Runner,  # EXAONE 4.0: OLMo 2's layer with Llama's norms, per-head q/k norms, NoPE full layers
     "gemma": PagedGemmaRunner,  # Gemma 1, CodeGemma: Llama's layer with Gemma's norms and embedding scale
     "gemma2": PagedGemmaRunner,  # Gemma 2 (attention soft-capping and sliding layers in the kernels)
     "gemma3_text": PagedGemmaRunner,  # Gemma 3's text decoder (270M, 1B)

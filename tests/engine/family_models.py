@@ -38,7 +38,9 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     gemma2      Gemma 2: no q / k norms, one RoPE (theta 300), attention soft-capping 1.5 and final-logit
                 soft-capping 5 (both bite), layers alternating as olmo3's
     cohere2     Cohere 2 (Command R7B): layers alternating sliding (RoPE) and full (NoPE), no q / k norms
-    (olmo3, gemma2, gemma3, starcoder2 and cohere2 take sliding_window=W: rows past a small one slide)
+    exaone4     EXAONE 4.0: olmo2's layer with per-head q / k norms and Llama's RMSNorm, layers alternating
+                sliding (RoPE) and full (NoPE)
+    (olmo3, exaone4, gemma2, gemma3, starcoder2 and cohere2 take sliding_window=W: rows past a small one slide)
     starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200
     gpt_neox    Pythia's layer: one query_key_value (each head's q | k | v), half of each head
                 rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
@@ -61,6 +63,12 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         config = tf.Olmo3Config(layer_types=_alternating(layers), rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 900.0}}, **common, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind == "exaone4":  # EXAONE 4.0: OLMo 2's layer with per-head q / k norms and Llama's RMSNorm; sliding layers
+        # (window 200) rotate, full ones are NoPE
+        overrides.setdefault("sliding_window", 200)
+        config = tf.Exaone4Config(head_dim=16, layer_types=_alternating(layers),
+                                  rope_parameters={"rope_type": "default", "rope_theta": 600.0}, **common, **overrides)
         return _build(config, (0.5, 1.5))
     if kind == "gemma3":
         overrides.setdefault("final_logit_softcapping", 5.0)

@@ -41,6 +41,10 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "olmo3":  # OLMo 2's layer; sliding (window 4096: never reached here) and full layers, a RoPE each
         return tf.Olmo3Config(layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
                               ["sliding_attention"] * (layers % 2), **llama_like)
+    if kind == "exaone4":  # EXAONE 4.0: post-branch norms only, per-head q/k norms; a sliding layer (window 8: passed)
+        # that rotates, a full NoPE one
+        return tf.Exaone4Config(head_dim=12, sliding_window=8, layer_types=["sliding_attention", "full_attention"] *
+                                (layers // 2) + ["sliding_attention"] * (layers % 2), **llama_like)
     if kind == "gemma3":  # Gemma 3's text decoder: sliding (window 4096: never reached here) and full layers
         return tf.Gemma3TextConfig(head_dim=12, layer_types=["sliding_attention", "full_attention"] * (layers // 2) +
                                    ["sliding_attention"] * (layers % 2), final_logit_softcapping=30.0, **llama_like)

@@ -1,4 +1,4 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, Gemma 1 / 2 / 3,
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, EXAONE 4.0, Gemma 1 / 2 / 3,
 StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode: tests/engine/family_models.py): the registry
 picks its runner; logits equal the model's own forward on every backend (prefill, left-padded
 score calls, rollback); bfloat16 within the runner tests' tolerance; greedy
@@ -25,13 +25,13 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 from ..conftest import backend_device
 
-RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "gemma": PagedGemmaRunner, "gemma2": PagedGemmaRunner,
+RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "exaone4": PagedOlmo2Runner, "gemma": PagedGemmaRunner, "gemma2": PagedGemmaRunner,
            "gemma3": PagedGemmaRunner,
            "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
            "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner,
            "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "cohere2": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,
            "gpt_bigcode_mha": PagedGPTBigCodeRunner}
-WINDOWED = ("olmo3", "gemma2", "gemma3", "starcoder2", "cohere2")  # sliding layers (family_models: sliding_window=W)
+WINDOWED = ("olmo3", "exaone4", "gemma2", "gemma3", "starcoder2", "cohere2")  # sliding layers (family_models: sliding_window=W)
 SMALL_WINDOW = 4  # the rows of assert_runner_matches_forward reach 17 tokens, generate's 36
 
 

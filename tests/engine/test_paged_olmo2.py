@@ -1,5 +1,6 @@
 """The OLMo runner's own controls (its shared checks: test_paged_families.py): OLMo 2's RMSNorm
-weighs in float32 (bfloat16 rounds otherwise) and OLMo 3 rotates each layer type with its RoPE."""
+weighs in float32 (bfloat16 rounds otherwise) and OLMo 3 rotates each layer type with its RoPE; EXAONE 4.0's
+NoPE full layers and per-head q / k norms."""
 import pytest
 import torch
 
@@ -33,3 +34,22 @@ def test_olmo3_takes_each_layer_type_s_rope():
     runner.rope_keys = ["sliding_attention"] * 2
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_controls_exaone4_nope_full_layers_and_per_head_norms():
+    """EXAONE 4.0 on this runner: its full layers are NoPE (where a window is set) and its q / k norms weigh each
+    head ([D] weights); rotating every layer, or the per-head norms' weights left out (ones), moves the logits off
+    the forward's."""
+    model = tiny_family("exaone4")
+    runner = PagedOlmo2Runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert [layer.rope for layer in runner.layers] == [True, False] and runner.llama_pieces
+    assert_runner_matches_forward(model, runner, VOCAB)
+    def unit_qk_norms(r):
+        for layer in r.layers:
+            layer.q_norm = (torch.ones_like(layer.q_norm[0]), layer.q_norm[1])
+
+    for spoil in (lambda r: setattr(r.layers[1], "rope", True), unit_qk_norms):
+        spoiled = PagedOlmo2Runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+        spoil(spoiled)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, spoiled, VOCAB)
