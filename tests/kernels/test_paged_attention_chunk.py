@@ -64,24 +64,29 @@ def chunk_mask(prefix: int, n: int, length: int, causal: bool, chunk: int | None
     return mask
 
 
-def chunk_oracle(case, causal: bool, chunk: int | None) -> torch.Tensor:
-    """float64 softmax attention per row on the dense K/V under chunk_mask: [T, Hq, D]."""
+def dense_oracle(case, mask_of) -> torch.Tensor:
+    """float64 softmax attention per row on the dense K/V: [T, Hq, D]; mask_of(lo, hi, L) -> the [hi - lo, L]
+    bool mask of the row whose queries are q[lo:hi] and whose length is L."""
     q = case.q.cpu().double()
     T, Hq, D = q.shape
     out = torch.zeros(T, Hq, D, dtype=torch.float64)
     cu = case.cu_query_lens.tolist()
     for b, L in enumerate(case.seq_lens.tolist()):
         lo, hi = cu[b], cu[b + 1]
-        n = hi - lo
-        if n == 0:
+        if hi == lo:
             continue
         group = Hq // case.dense_k[b].shape[1]
         k = case.dense_k[b].double().repeat_interleave(group, 1).transpose(0, 1)  # [Hq, L, D]
         v = case.dense_v[b].double().repeat_interleave(group, 1).transpose(0, 1)
         scores = q[lo:hi].transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(D)  # [Hq, n, L]
-        scores = scores.masked_fill(~chunk_mask(L - n, n, L, causal, chunk), float("-inf"))
+        scores = scores.masked_fill(~mask_of(lo, hi, L), float("-inf"))
         out[lo:hi] = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1)
     return out
+
+
+def chunk_oracle(case, causal: bool, chunk: int | None) -> torch.Tensor:
+    """dense_oracle under chunk_mask."""
+    return dense_oracle(case, lambda lo, hi, L: chunk_mask(L - (hi - lo), hi - lo, L, causal, chunk))
 
 
 def _run(name, backend, device, **extra):
@@ -271,20 +276,9 @@ def tree_chunk_mask(prefix: int, bits: list, length: int, chunk: int | None, by_
 
 
 def tree_chunk_oracle(case, chunk, by_slot: bool = False) -> torch.Tensor:
-    """float64 softmax attention per row on the dense K/V under tree_chunk_mask: [T, Hq, D]."""
-    q = case.q.cpu().double()
-    T, Hq, D = q.shape
-    out = torch.zeros(T, Hq, D, dtype=torch.float64)
-    cu, bits = case.cu_query_lens.tolist(), case.tree_mask.cpu().tolist()
-    for b, L in enumerate(case.seq_lens.tolist()):
-        lo, hi = cu[b], cu[b + 1]
-        group = Hq // case.dense_k[b].shape[1]
-        k = case.dense_k[b].double().repeat_interleave(group, 1).transpose(0, 1)  # [Hq, L, D]
-        v = case.dense_v[b].double().repeat_interleave(group, 1).transpose(0, 1)
-        scores = q[lo:hi].transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(D)  # [Hq, n, L]
-        mask = tree_chunk_mask(L - (hi - lo), bits[lo:hi], L, chunk, by_slot)
-        out[lo:hi] = (torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v).transpose(0, 1)
-    return out
+    """dense_oracle under tree_chunk_mask."""
+    bits = case.tree_mask.cpu().tolist()
+    return dense_oracle(case, lambda lo, hi, L: tree_chunk_mask(L - (hi - lo), bits[lo:hi], L, chunk, by_slot))
 
 
 def _tree_case(name, device="cpu"):
