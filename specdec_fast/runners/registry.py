@@ -126,8 +126,9 @@ def paged_runner_from_pretrained(path, *, process_group=None, **kwargs) -> Paged
     reads only its slices of the checkpoint (safetensors slicing, runners/sharding.py)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path)
-    model_type = config.model_type if process_group is None else text_config(config).model_type
+    # a multimodal checkpoint (Gemma 3 4B-27B, Llama 4) by its text decoder's type (what AutoModelForCausalLM loads:
+    # Llama4ForCausalLM, or Gemma 3's whole model, whose runner takes its text decoder)
+    model_type = text_config(AutoConfig.from_pretrained(path)).model_type
     table = PAGED_RUNNERS if process_group is None else TP_RUNNERS
     cls = table.get(model_type)
     if cls is None:

@@ -234,3 +234,20 @@ def test_generate_outputs_equal_generates_own():
     theirs_cache = getattr(expected, "cache", None) or expected.past_key_values
     assert [layer.keys.shape for layer in cache.layers] == [layer.keys.shape for layer in theirs_cache.layers]
     assert cache.layers[0].keys.shape[2] == CHUNK - 1
+
+
+def test_a_published_checkpoint_loads_as_its_text_decoder(tmp_path):
+    """Meta's Llama 4 checkpoints hold a Llama4Config (model_type llama4) around the text config, the decoder under
+    language_model.: paged_runner_from_pretrained picks the runner by the text decoder's type and runs the
+    Llama4ForCausalLM that AutoModelForCausalLM loads, with the forward's logits."""
+    from specdec_fast.runners import paged_runner_from_pretrained
+
+    from .models import llama4_multimodal_checkpoint
+
+    model = tiny_llama4("maverick")
+    llama4_multimodal_checkpoint(model, tmp_path)
+    runner = paged_runner_from_pretrained(str(tmp_path), max_new_tokens=4, num_draft_tokens=1)
+    assert type(runner) is PagedLlama4Runner and type(runner.model).__name__ == "Llama4ForCausalLM"
+    tokens = [5, 9, 3, 7, 11, 4, 8, 2, 9]
+    torch.testing.assert_close(runner.prefill(torch.tensor([tokens]), None)[0], hf_logits(model, tokens)[-1],
+                               atol=1e-4, rtol=1e-4)
