@@ -85,14 +85,19 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 # Llama 4 (Scout 16E, Maverick 128E): the top-1 logit's sigmoid scales the expert's input
                 # (INPUT_SCALED); an ungated shared expert; experts stored [E, H, 2I] / [E, I, H]
-                "llama4_text": ("topk_sigmoid", False, True, "swiglu_t")}
+                "llama4_text": ("topk_sigmoid", False, True, "swiglu_t"),
+                # HunYuan-A13B: softmax of the router's logits (its weight's dtype) in float32, the top k renormalised,
+                # cast to the router's dtype; an ungated shared MLP as wide as an expert
+                "hunyuan_v1_moe": ("softmax_topk", True, True, "swiglu")}
 # The families whose chosen expert reads its token times the routing weight (and whose output is not
 # weighed): transformers' Llama4TextMoe. With one expert per token that is the token's input scaled
 # once, then the experts at weight 1; more than one would need an input per pair (refused: moe_reason).
 INPUT_SCALED = ("llama4_text",)
 SOFTMAX_GROUP_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
 BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "softmax_biased")  # the routings that choose with a correction bias
-SHARED = ("shared_expert", "shared_experts")  # Qwen2-MoE's (gated), GLM-4.5's and its kin's (ungated) shared MLP
+SHARED = ("shared_expert", "shared_experts", "shared_mlp")  # Qwen2-MoE's (gated), GLM-4.5's, HunYuan's (ungated)
+# The families whose one shared MLP is as wide as a routed expert (their configs give no width of its own)
+SHARED_AS_WIDE = ("llama4_text", "hunyuan_v1_moe")
 
 
 def is_moe(mlp) -> bool:
@@ -102,9 +107,10 @@ def is_moe(mlp) -> bool:
 
 
 def _router(mlp):
-    """The block's router module (`gate`; GPT-OSS: `router`)."""
+    """The block's router module (`gate`; GPT-OSS: `router`; HunYuan's gate holds it as `wg`)."""
     router = getattr(mlp, "gate", None)
-    return router if router is not None else getattr(mlp, "router", None)
+    router = router if router is not None else getattr(mlp, "router", None)
+    return getattr(router, "wg", router)
 
 
 def _correction(mlp):
@@ -117,6 +123,12 @@ def _correction(mlp):
         if bias is not None:
             return bias
     return None
+
+
+def top_k_of(config) -> int:
+    """Experts a token: num_experts_per_tok, or HunYuan's moe_topk (an int; a list per layer is refused: moe_reason)."""
+    top_k = getattr(config, "num_experts_per_tok", None)
+    return int(top_k if top_k is not None else config.moe_topk)
 
 
 def input_scaling_reason(config) -> str | None:
@@ -148,6 +160,9 @@ def moe_reason(mlp, config) -> str | None:
     reason = input_scaling_reason(config)
     if reason is not None:
         return reason
+    for field in ("moe_topk", "num_experts"):  # HunYuan's may list one per layer
+        if isinstance(getattr(config, field, None), (list, tuple)):
+            return f"{field} {getattr(config, field)!r} per layer (one value is read for every layer)"
     if (getattr(mlp, "shared_expert", None) is not None and config.model_type not in INPUT_SCALED
             and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear)):
         return "a shared expert without a shared_expert_gate"
@@ -193,7 +208,7 @@ class MoE:
         self.renorm = bool(getattr(config, renorm)) if isinstance(renorm, str) else renorm
         router = "gate" if "gate.weight" in params else "router"
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
-        self.top_k = int(config.num_experts_per_tok)
+        self.top_k = top_k_of(config)
         self.scale_input = config.model_type in INPUT_SCALED
         if self.routing_kind in BIASED_ROUTINGS:
             self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E] (ERNIE's [1, E])
@@ -238,7 +253,8 @@ class MoE:
             return self._sigmoid_topk(h)
         if self.routing_kind == "softmax_biased":
             return self._softmax_biased(h)
-        logits = F.linear(h, self.router, self.router_bias)
+        # the router's dtype (HunYuan's may stay float32 under a bf16 model: transformers casts h to it)
+        logits = F.linear(h if h.dtype == self.router.dtype else h.to(self.router.dtype), self.router, self.router_bias)
         if self.routing_kind == "topk_sigmoid":  # Llama 4's Llama4Router, op for op
             top, chosen = torch.topk(logits, self.top_k, dim=1)
             return torch.sigmoid(top.float()).to(top.dtype), chosen
@@ -248,7 +264,7 @@ class MoE:
         top, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
         if self.renorm:
             top = top / top.sum(dim=-1, keepdim=True)
-        return (top.to(logits.dtype) if self.cast else top), chosen
+        return (top.to(logits.dtype) if self.cast else top), chosen  # (HunYuan's: the router's dtype)
 
     def _sigmoid_groups(self, h: torch.Tensor):
         """GLM-4.5's router (transformers' Glm4MoeTopkRouter, op for op): sigmoid scores of float32

@@ -67,12 +67,19 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # GLM-4 (glm: GLM-4-9B; glm4: GLM-4-0414 9B / 32B, GLM-Z1): half of each head rotated in
                      # interleaved pairs, q/k/v biases, Phi-3's fused gate_up_proj; GLM-4-0414 also norms each
                      # branch's output before its residual add (POST_BRANCH_NORMS)
-                     "glm", "glm4")
+                     "glm", "glm4",
+                     # HunYuan (hunyuan_v1_dense: Hunyuan-0.5B-7B; hunyuan_v1_moe: Hunyuan-A13B): per-head q/k norms
+                     # after the rotation (QK_NORM_AFTER_ROPE); the MoE's softmax routing and an ungated shared MLP
+                     "hunyuan_v1_dense", "hunyuan_v1_moe")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
 # and every RoPE path stays the rotate-half one
 INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe", "glm", "glm4")
+# Families whose per-head q / k norms (query_layernorm / key_layernorm) run after the rotation, not before
+# (Qwen3's): the norm's weights make the two orders differ. rope_append_kv norms before it rotates, so those
+# layers rotate and norm in torch ops, then append and attend through the kernels (_attend)
+QK_NORM_AFTER_ROPE = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 # Each layer's RMSNorms of a branch's output before its residual add (GLM-4-0414's sandwich norms: the
 # attention's output, the MLP's): the module names, (after attention, after the MLP)
 POST_BRANCH_NORMS = ("post_self_attn_layernorm", "post_mlp_layernorm")
@@ -241,7 +248,8 @@ def _qk_norms(attn, head_dim: int):
     None. Qwen3's norms weigh one head's dims ([D]) and run per head (in rope_append_kv on the
     Triton path); OLMoE's weigh the whole projection ([Hq * D], [Hkv * D]) and run over it before
     the heads are split (a norm of their own on every path)."""
-    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    q_norm = getattr(attn, "q_norm", None) or getattr(attn, "query_layernorm", None)  # HunYuan's names
+    k_norm = getattr(attn, "k_norm", None) or getattr(attn, "key_layernorm", None)
     if q_norm is None:
         return None, None
     norms = (q_norm.weight, q_norm.variance_epsilon, k_norm.weight, k_norm.variance_epsilon)
@@ -271,6 +279,7 @@ class _Layer:
         (self.o,) = linear_params(attn.o_proj)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.qk_norm, self.qk_norm_full = _qk_norms(attn, head_dim)
+        self.qk_norm_after_rope = config.model_type in QK_NORM_AFTER_ROPE  # HunYuan's: rotate, then norm
         self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped to [-c, c] after the norms
         self.rope_order = interleaved_order(self.q[0].shape[0], self.k[0].shape[0], head_dim, self.q[0].device,
                                             rotary_dims(config, head_dim)) if config.model_type in INTERLEAVED_ROPE else None
@@ -316,6 +325,11 @@ def _whole_projection_math(layer, q, k, v, fused: bool, norm=None):
     if getattr(layer, "rope_order", None) is not None:  # ERNIE 4.5: interleaved pairs read as halves
         q, k = q.index_select(-1, layer.rope_order[0]), k.index_select(-1, layer.rope_order[1])
     return q, k, v
+
+
+def _norm_qk(q, k, norms, fused: bool):
+    """q [T, Hq, D], k [T, Hkv, D] through their per-head RMSNorms (q weight, q eps, k weight, k eps)."""
+    return rms_norm(q, norms[0], norms[1], fused), rms_norm(k, norms[2], norms[3], fused)
 
 
 def _split_qkv(layer, qkv):
@@ -407,9 +421,9 @@ class PagedLlamaRunner(PagedRunnerBase):
         if any(layer.moe is not None for layer in self.layers):
             return "the GEMV layer has no mixture-of-experts MLP"
         if any(layer.qk_norm_full is not None or layer.clip_qkv is not None or layer.rope_order is not None
-               for layer in self.layers) or self.post_branch_norms:
-            return ("the GEMV layer has no whole-projection q/k norms, clip_qkv (OLMoE), interleaved RoPE (ERNIE 4.5, GLM) "
-                    "or norms of a branch's output (GLM-4-0414)")
+               or layer.qk_norm_after_rope for layer in self.layers) or self.post_branch_norms:
+            return ("the GEMV layer has no whole-projection q/k norms, clip_qkv (OLMoE), interleaved RoPE (ERNIE 4.5, GLM), "
+                    "norms of a branch's output (GLM-4-0414) or q/k norms after the rotation (HunYuan)")
         if any(layer.w_qkv is None or layer.w_gate_up is None for layer in self.layers):
             return "the q/k/v and gate/up projections are not fused (fuse_projections=False, or biases on some only)"
         if not self.silu:
@@ -480,11 +494,12 @@ class PagedLlamaRunner(PagedRunnerBase):
             h = rms_norm(x, layer.ln_in, layer.eps_in, fused)
             q, k, v = _whole_projection_math(layer, *lins(h, *layer.qkv), fused, self._projection_norm)
             q, k, v = q.view(total, heads, dim), k.view(total, kv_heads, dim), v.view(total, kv_heads, dim)
-            if layer.qk_norm is not None:
-                q = rms_norm(q, layer.qk_norm[0], layer.qk_norm[1], fused)
-                k = rms_norm(k, layer.qk_norm[2], layer.qk_norm[3], fused)
+            if layer.qk_norm is not None and not layer.qk_norm_after_rope:
+                q, k = _norm_qk(q, k, layer.qk_norm, fused)
             if layer.rope:
                 q, k = rotate_qk(q, k, cos, sin, fused)
+            if layer.qk_norm is not None and layer.qk_norm_after_rope:
+                q, k = _norm_qk(q, k, layer.qk_norm, fused)
             if q_scales is not None and layer.scaled_query:
                 q = (q * q_scales).to(q.dtype)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
@@ -567,8 +582,16 @@ class PagedLlamaRunner(PagedRunnerBase):
             else:
                 q, k, v = (F.linear(h, w, b) for w, b in (layer.q, layer.k, layer.v))
             q, k, v = _whole_projection_math(layer, q, k, v, False, self._projection_norm)
-            o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n,
-                                           q_scales=q_scales if layer.scaled_query else None)
+            if layer.qk_norm is not None and layer.qk_norm_after_rope:  # HunYuan: torch's rotation, then the norms
+                total = q.shape[0]
+                q, k = rotate_qk(q.reshape(total, self.num_heads, self.head_dim),
+                                 k.reshape(total, self.num_kv_heads, self.head_dim), *rotations[1], False)
+                q, k = _norm_qk(q, k, layer.qk_norm, False)
+                o = self._attend(i, q, k, v.reshape(total, self.num_kv_heads, self.head_dim), attn_lens, cu, n,
+                                 self.scale).view(total, -1)
+            else:
+                o = self._rotate_append_attend(i, layer, q, k, v, *rotations[layer.rope], cu, attn_lens, n,
+                                               q_scales=q_scales if layer.scaled_query else None)
             delta = sum_(F.linear(o, *layer.o))
             if layer.post_attn_norm is not None:  # GLM-4-0414: the branch's output normed before its add
                 delta = add_rms_norm(delta, None, *layer.post_attn_norm)[1]

@@ -43,8 +43,8 @@ import torch.nn.functional as F
 
 from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
-from .paged_llama import (GRANITE_SCALARS, INTERLEAVED_ROPE, POST_BRANCH_NORMS, PagedLlamaRunner, interleaved_order,
-                          llama_config_reason, rotates)
+from .paged_llama import (GRANITE_SCALARS, INTERLEAVED_ROPE, POST_BRANCH_NORMS, QK_NORM_AFTER_ROPE, PagedLlamaRunner,
+                          interleaved_order, llama_config_reason, rotates)
 from ._rotary import rotary_dims
 from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding import WHOLE_PROJECTION_NORMS
@@ -118,12 +118,16 @@ class _TPLayer:
                 (bgate, bup), self.b_gate_up = _fused(shards, prefix, "mlp.{}_proj.bias", ("gate", "up"))
         self.q, self.k, self.v = (q, bq), (k, bk), (v, bv)
         self.o = (get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias") if first_rank else None)
-        q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")
+        q_norm = get("self_attn.q_norm.weight") if get("self_attn.q_norm.weight") is not None else \
+            get("self_attn.query_layernorm.weight")  # HunYuan's names
+        k_norm = get("self_attn.k_norm.weight") if get("self_attn.k_norm.weight") is not None else \
+            get("self_attn.key_layernorm.weight")
         norms = None if q_norm is None else (q_norm, eps, k_norm, eps)
         # per head ([D]: Qwen3's), or this rank's slice of a whole-projection norm (OLMoE's, MiniMax-M2's: the
         # runner's _projection_norm takes the statistics over every rank's slice)
         whole = q_norm is not None and config.model_type in WHOLE_PROJECTION_NORMS
         self.qk_norm, self.qk_norm_full = (None, norms) if whole else (norms, None)
+        self.qk_norm_after_rope = config.model_type in QK_NORM_AFTER_ROPE  # HunYuan's: rotate, then norm
         self.clip_qkv = getattr(config, "clip_qkv", None)  # OLMoE: q / k / v clamped after the norms
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.rope_order = interleaved_order(q.shape[0], k.shape[0], head_dim, q.device, rotary_dims(config, head_dim)) \

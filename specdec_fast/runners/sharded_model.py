@@ -39,7 +39,10 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   "exaone", "internlm3", "iquestcoder",
                   # GLM-4 / GLM-4-0414: interleaved half rotation, fused gate_up_proj (Phi-3's split), the post-branch
                   # norms (GLM-4-0414) whole on every rank, after the branch's all-reduce
-                  "glm", "glm4")
+                  "glm", "glm4",
+                  # HunYuan: per-head q/k norms after the rotation (whole on every rank); A13B's experts and its shared
+                  # MLP by their width, its router (gate.wg) replicated
+                  "hunyuan_v1_dense", "hunyuan_v1_moe")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

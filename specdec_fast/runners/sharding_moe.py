@@ -10,7 +10,8 @@ one, else intermediate_size), every expert split alike:
     GPT-OSS's gate_up bias (interleaved like its columns)       the matching 2 i
     GPT-OSS's down bias                                         replicated; added by rank 0 only
     Llama 4's experts ([E, H, 2I] gate | up columns, [E, I, H])  this rank's gate and up columns, down rows
-    Qwen2-MoE's shared expert, GLM-4.5's shared experts         as a dense MLP (its own width / N);
+    Qwen2-MoE's shared expert, GLM-4.5's shared experts,        as a dense MLP (its own width / N;
+    Llama 4's shared expert, HunYuan's shared_mlp                Llama 4's / HunYuan's an expert's width);
                                                                 Qwen's gate (one row) replicated; ERNIE 4.5's
                                                                 down bias whole, added by rank 0 only
     GLM-4.5's router correction bias                            replicated
@@ -32,7 +33,7 @@ import re
 
 import torch
 
-from ._moe import MOE_FAMILIES
+from ._moe import MOE_FAMILIES, SHARED_AS_WIDE
 
 # a checkpoint's per-expert projection: (layer prefix, block name, expert, projection)
 PER_EXPERT = re.compile(r"^(.*\.)(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
@@ -40,7 +41,8 @@ GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
 # checkpoint name -> module name: Mixtral's router; EXAONE MoE's router bias (stored beside the router)
 RENAMED = (("block_sparse_moe.gate.weight", "mlp.gate.weight"),
            ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
-           ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.gate.e_score_correction_bias"))  # ERNIE 4.5's
+           ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),  # ERNIE 4.5's
+           ("mlp.gate.wg.weight", "mlp.gate.weight"))  # HunYuan's router, held as gate.wg
 
 
 def moe_sizes(config) -> tuple:
@@ -55,7 +57,7 @@ def moe_sizes(config) -> tuple:
              or getattr(config, "moe_num_shared_experts", None))  # ERNIE 4.5's name
     if not shared and count:  # GLM-4.5, Solar Open, EXAONE MoE: n shared experts' width as one MLP
         shared = width * int(count)
-    if family[3] == "swiglu_t":  # Llama 4: one shared expert as wide as a routed one
+    if config.model_type in SHARED_AS_WIDE:  # Llama 4, HunYuan: one shared MLP as wide as a routed expert
         shared = width
     return family[3], int(width), int(shared)
 
@@ -71,7 +73,8 @@ def moe_slice_of(plan, name: str, make_slice):
     match = PER_EXPERT.match(name)
     if match:
         return True, make_slice(1 if match.group(4) in DOWN else 0, *own)
-    if (".shared_expert." in name or ".shared_experts." in name) and not name.endswith("shared_expert_gate.weight"):
+    if (".shared_expert." in name or ".shared_experts." in name or ".shared_mlp." in name) \
+            and not name.endswith("shared_expert_gate.weight"):
         if name.endswith("down_proj.bias"):  # ERNIE 4.5's: whole, added by rank 0 only (moe_layer_params)
             return True, None
         s = plan.shared_intermediate // plan.world

@@ -87,7 +87,8 @@ def test_shards_tile_every_tensor(kind, world):
         assert all(p.is_contiguous() for p in parts)
 
 
-MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "llama4_text")
+MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "llama4_text",
+             "hunyuan_v1_moe")
 
 
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):

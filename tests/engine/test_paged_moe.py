@@ -29,7 +29,7 @@ from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_f
 
 VOCAB = 96
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2",
-         "ernie4_5_moe")
+         "ernie4_5_moe", "hunyuan_v1_moe")
 # which of the 2 layers are MoE (else both)
 MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True]}
 
@@ -70,6 +70,11 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         # moe_statics correction bias, 1 shared expert; biases everywhere (randomised below)
         config = tf.Ernie4_5_MoeConfig(moe_num_experts=16, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
                                        moe_layer_start_index=1, head_dim=16, use_bias=True, **common)
+    elif kind == "hunyuan_v1_moe":  # HunYuan-A13B's layer: per-head q/k norms after the rotation (weights randomised
+        # below), softmax routing renormalised, an ungated shared MLP; the router (gate.wg) kept in float32 as
+        # transformers builds it
+        config = tf.HunYuanMoEV1Config(num_experts=16, moe_topk=2, head_dim=16,
+                                       **{k: v for k, v in common.items() if k != "num_experts_per_tok"})
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
@@ -83,6 +88,8 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         for name, param in model.named_parameters():
             if name.endswith("bias") or name.endswith("sinks"):
                 param.normal_(0, 0.5 if kind == "gpt_oss" else 0.3)
+            elif "query_layernorm" in name or "key_layernorm" in name:  # HunYuan's: not identities
+                param.uniform_(0.5, 1.5)
         for layer in model.model.layers:  # GLM-4.5's router bias (a buffer; MiniMax-M2's on the block): it changes which experts win
             bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
             bias = bias if bias is not None else getattr(layer.mlp, "e_score_correction_bias", None)

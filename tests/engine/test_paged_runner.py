@@ -54,6 +54,8 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
         config = tf.GlmConfig(num_key_value_heads=2, head_dim=16, **common)
     elif kind == "glm4":  # GLM-4-0414: GLM's layer, each branch's output normed before its add (weights randomised)
         config = tf.Glm4Config(num_key_value_heads=2, head_dim=16, **common)
+    elif kind == "hunyuan_v1_dense":  # HunYuan: per-head q/k norms after the rotation (weights randomised below)
+        config = tf.HunYuanDenseV1Config(num_key_value_heads=2, head_dim=16, **common)
     elif kind == "granite":  # Llama with four scalars that are not identities
         config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
                                   attention_multiplier=0.1, logits_scaling=2.5, **common)
@@ -69,10 +71,11 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                         proj.bias.normal_(0, 0.3)
         if kind == "seed_oss":
             assert model.model.layers[0].self_attn.o_proj.bias is not None and model.model.layers[0].mlp.down_proj.bias is not None
-    if kind in ("glm", "glm4"):  # the q/k/v biases and GLM-4-0414's post-branch norms away from their inits
+    if kind in ("glm", "glm4", "hunyuan_v1_dense"):  # q/k/v biases, GLM-4-0414's post-branch norms and HunYuan's q/k
+        # norms away from their inits
         with torch.no_grad():
             for name, param in model.named_parameters():
-                if name.endswith("_proj.bias") or "post_self_attn" in name or "post_mlp" in name:
+                if name.endswith("_proj.bias") or "post_self_attn" in name or "post_mlp" in name or "y_layernorm" in name:
                     param.normal_(1.0 if "layernorm" in name else 0.0, 0.3)
     model.generation_config.eos_token_id = None
     return model
@@ -80,7 +83,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
-                                  "cwm", "ministral3", "ernie4_5", "glm", "glm4"])
+                                  "cwm", "ministral3", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -265,7 +268,7 @@ PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
-                                  "ministral3", "ernie4_5", "glm4"])
+                                  "ministral3", "ernie4_5", "glm4", "hunyuan_v1_dense"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
@@ -466,10 +469,11 @@ def test_controls_ernie_reads_its_pairs_as_halves():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("kind", ["glm", "glm4"])
-def test_glm_on_the_other_backends(kind, backend, device):
+@pytest.mark.parametrize("kind", ["glm", "glm4", "hunyuan_v1_dense"])
+def test_glm_hunyuan_on_the_other_backends(kind, backend, device):
     """GLM-4 / GLM-4-0414 on the torch reference and the Triton path (the post-branch norms through the
-    Triton RMSNorm launch, the half rotation in rope_append_kv): the forward's logits."""
+    Triton RMSNorm launch, the half rotation in rope_append_kv), HunYuan there too (its norms after the
+    rotation: torch's rotation and norms, then the append and attention kernels): the forward's logits."""
     device = backend_device(backend, device)
     model = tiny(kind).to(device)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
@@ -494,3 +498,15 @@ def test_controls_glm_half_rotation_and_post_branch_norms():
         layer.post_attn_norm = None
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(glm4, runner, VOCAB)
+
+
+def test_control_hunyuan_norms_after_the_rotation():
+    """HunYuan norms q / k per head after the rotation; with weights that are not ones the orders differ, and the
+    runner's Qwen3 order (norm, then rotate) is not the model's."""
+    model = tiny("hunyuan_v1_dense")
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert all(layer.qk_norm_after_rope and layer.qk_norm is not None for layer in runner.layers)
+    for layer in runner.layers:
+        layer.qk_norm_after_rope = False
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
