@@ -298,3 +298,14 @@ def test_control_ernie_moes_lm_head_bias():
     runner.lm_head_bias = None
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_hunyuan_per_layer_expert_lists_are_refused_by_name():
+    """HunYuan's config may list moe_topk / num_experts per layer; the MoE block reads one value for every layer,
+    so such a model is refused by name (choose_runner then hands it to the hf runner)."""
+    from specdec_fast.runners.registry import paged_unsupported_reason
+
+    model = tiny_moe("hunyuan_v1_moe")
+    assert paged_unsupported_reason(model) is None
+    model.config.moe_topk = [2, 2]
+    assert "moe_topk [2, 2] per layer" in paged_unsupported_reason(model)
