@@ -584,8 +584,9 @@ class PagedLlamaRunner(PagedRunnerBase):
             q, k, v = _whole_projection_math(layer, q, k, v, False, self._projection_norm)
             if layer.qk_norm is not None and layer.qk_norm_after_rope:  # HunYuan: torch's rotation, then the norms
                 total = q.shape[0]
-                q, k = rotate_qk(q.reshape(total, self.num_heads, self.head_dim),
-                                 k.reshape(total, self.num_kv_heads, self.head_dim), *rotations[1], False)
+                q, k = q.reshape(total, self.num_heads, self.head_dim), k.reshape(total, self.num_kv_heads, self.head_dim)
+                if layer.rope:
+                    q, k = rotate_qk(q, k, *rotations[1], False)
                 q, k = _norm_qk(q, k, layer.qk_norm, False)
                 o = self._attend(i, q, k, v.reshape(total, self.num_kv_heads, self.head_dim), attn_lens, cu, n,
                                  self.scale).view(total, -1)
