@@ -13,7 +13,8 @@ then model.norm and lm_head. The math is transformers 5.24's Starcoder2DecoderLa
 with Mistral's attention (its scale head_dim^-0.5, RoPE tables in the model dtype) and its
 sliding window, which the kernels apply (runners/sliding_window.py: every layer). One path on
 every backend, as the GPT-2 runner: the attention and KV append through the kernels, the rest
-torch ops. No tensor-parallel runner.
+torch ops. Tensor parallelism: paged_starcoder2_tp.py (the two hooks below: the embedding and the
+sum of a row-parallel product's partials).
 """
 import torch
 import torch.nn.functional as F
@@ -66,12 +67,22 @@ class PagedStarcoder2Runner(PagedRunnerBase):
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
 
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel product's output: every rank's partial summed (here the one; paged_starcoder2_tp.py
+        all-reduces it, rank 0's partial carrying the bias)."""
+        return partial
+
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         width = (self.hidden,)
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
+        sum_ = self._sum_partials
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = F.layer_norm(x, width, *layer.ln_in)
@@ -79,8 +90,8 @@ class PagedStarcoder2Runner(PagedRunnerBase):
             k = rotate_half_apply(linear(h, *layer.k).view(total, kv_heads, dim), cos, sin)
             v = linear(h, *layer.v).view(total, kv_heads, dim)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + linear(o.reshape(total, heads * dim), *layer.o)
-            x = x + linear(layer.act(linear(F.layer_norm(x, width, *layer.ln_post), *layer.fc)), *layer.proj)
+            x = x + sum_(linear(o.reshape(total, heads * dim), *layer.o))
+            x = x + sum_(linear(layer.act(linear(F.layer_norm(x, width, *layer.ln_post), *layer.fc)), *layer.proj))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = F.layer_norm(x, width, *self.final_norm)

@@ -28,8 +28,9 @@ from .paged_opt import PagedOPTRunner
 from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
 from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
+from .paged_starcoder2_tp import TPPagedStarcoder2Runner
 from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA4_TYPES, TP_LLAMA_TYPES,
-                            TP_MLA_TYPES, TP_OLMO_TYPES, ShardedCausalLM, text_config)
+                            TP_MLA_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
@@ -66,7 +67,8 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedQwen3NextRunner for model_type in TP_HYBRID_TYPES},
                                                  **{model_type: TPPagedGemmaRunner for model_type in TP_GEMMA_TYPES},
                                                  **{model_type: TPPagedOlmo2Runner for model_type in TP_OLMO_TYPES},
-                                                 **{model_type: TPPagedLlama4Runner for model_type in TP_LLAMA4_TYPES}}
+                                                 **{model_type: TPPagedLlama4Runner for model_type in TP_LLAMA4_TYPES},
+                                                 **{model_type: TPPagedStarcoder2Runner for model_type in TP_STARCODER2_TYPES}}
 
 
 def _model_type(model) -> str | None:

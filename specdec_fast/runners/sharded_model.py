@@ -62,8 +62,11 @@ TP_OLMO_TYPES = ("olmo2", "olmo3", "exaone4")  # EXAONE 4.0: OLMo 2's layer with
 # Llama 4 (runners/paged_llama4_tp.py): the Llama layout under its own names (sharding.layout_name), every
 # expert and the shared one by their width; a multimodal checkpoint's text decoder (TEXT_DECODER_OF)
 TP_LLAMA4_TYPES = ("llama4_text",)
+# StarCoder2 (runners/paged_starcoder2_tp.py): the Llama layout with LayerNorms, biases and a plain MLP (c_fc rows,
+# c_proj columns)
+TP_STARCODER2_TYPES = ("starcoder2",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
-                  + TP_LLAMA4_TYPES)
+                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

@@ -249,8 +249,10 @@ class LlamaShardPlan:
             return Slice(0, self.rank * self.local_heads, (self.rank + 1) * self.local_heads)  # per query head
         if self.head_norms and name.endswith("self_attn.k_norm.weight"):
             return Slice(0, self.kv_start, self.kv_start + self.local_kv_heads)
-        if name.endswith("mlp.down_proj.weight"):
+        if name.endswith("mlp.down_proj.weight") or name.endswith("mlp.c_proj.weight"):  # StarCoder2's c_proj too
             return Slice(1, mlp.start, mlp.stop)
+        if ".mlp.c_fc." in name:  # StarCoder2's plain MLP: c_fc's rows (and bias), as gate / up's
+            return mlp
         return None
 
 

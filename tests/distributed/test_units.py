@@ -60,7 +60,7 @@ def test_plan_kv_heads_split_or_replicated():
 
 
 @pytest.mark.parametrize("kind, world", [("llama", 2), ("qwen2", 2), ("qwen2", 4), ("cohere_qk", 2), ("cohere2", 2),
-                                         ("phi3", 2)])
+                                         ("phi3", 2), ("starcoder2", 2)])
 def test_shards_tile_every_tensor(kind, world):
     """Column / vocab slices concatenated over the ranks (dim 0), row-parallel ones (dim 1), give the
     whole tensor back; replicated ones are whole on every rank (KV heads replicated at 4 ranks)."""

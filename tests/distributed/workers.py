@@ -124,12 +124,13 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # final-logit soft-caps, sliding layers of 8 that the rows pass); Gemma 3 (per-head q/k norms whole on each rank,
     # a RoPE per layer type), and its multimodal model's text decoder sharded from the whole model; Llama's model
     # under EXAONE 3.x's, InternLM3's and IQuest-Coder's model_types; GLM-4-0414 (interleaved half rotation reordered
-    # per rank, fused gate_up_proj split, the post-branch norms after each branch's all-reduce)
+    # per rank, fused gate_up_proj split, the post-branch norms after each branch's all-reduce); StarCoder2
+    # (LayerNorms, biases split or added by rank 0, a plain MLP)
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
                  "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal", "exaone", "internlm3",
-                 "iquestcoder", "glm4"):
+                 "iquestcoder", "glm4", "starcoder2"):
         tgt, drf = tiny(kind)
-        if kind in ("seed_oss", "glm4"):  # biases (and GLM-4-0414's post-branch norms) away from their inits
+        if kind in ("seed_oss", "glm4", "starcoder2"):  # biases (and GLM-4-0414's post-branch norms) away from their inits
             with torch.no_grad():
                 for name, param in tgt.named_parameters():
                     if name.endswith("bias") or "post_self_attn" in name or "post_mlp" in name:
