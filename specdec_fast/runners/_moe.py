@@ -88,7 +88,9 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "llama4_text": ("topk_sigmoid", False, True, "swiglu_t"),
                 # HunYuan-A13B: softmax of the router's logits (its weight's dtype) in float32, the top k renormalised,
                 # cast to the router's dtype; an ungated shared MLP as wide as an expert
-                "hunyuan_v1_moe": ("softmax_topk", True, True, "swiglu")}
+                "hunyuan_v1_moe": ("softmax_topk", True, True, "swiglu"),
+                # dots.llm1: GLM-4.5's routing (its source), the router and correction bias in float32
+                "dots1": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
 # The families whose chosen expert reads its token times the routing weight (and whose output is not
 # weighed): transformers' Llama4TextMoe. With one expert per token that is the token's input scaled
 # once, then the experts at weight 1; more than one would need an input per pair (refused: moe_reason).

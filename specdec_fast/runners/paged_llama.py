@@ -70,7 +70,10 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      "glm", "glm4",
                      # HunYuan (hunyuan_v1_dense: Hunyuan-0.5B-7B; hunyuan_v1_moe: Hunyuan-A13B): per-head q/k norms
                      # after the rotation (QK_NORM_AFTER_ROPE); the MoE's softmax routing and an ungated shared MLP
-                     "hunyuan_v1_dense", "hunyuan_v1_moe")
+                     "hunyuan_v1_dense", "hunyuan_v1_moe",
+                     # dots.llm1 (dots1): Qwen3's attention (per-head q/k norms, sliding layers by layer_types), GLM-4.5's
+                     # grouped sigmoid routing with shared experts, dense first layers
+                     "dots1")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)

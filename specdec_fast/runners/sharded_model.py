@@ -42,7 +42,9 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   "glm", "glm4",
                   # HunYuan: per-head q/k norms after the rotation (whole on every rank); A13B's experts and its shared
                   # MLP by their width, its router (gate.wg) replicated
-                  "hunyuan_v1_dense", "hunyuan_v1_moe")
+                  "hunyuan_v1_dense", "hunyuan_v1_moe",
+                  # dots.llm1: GLM-4.5's MoE under Qwen3's attention
+                  "dots1")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

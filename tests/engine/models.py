@@ -23,6 +23,11 @@ def _config(kind: str, vocab: int, layers: int):
     if kind in ("glm", "glm4"):  # GLM-4 / GLM-4-0414: half of each head rotated in interleaved pairs, q/k/v biases (zero
         # here), fused gate_up_proj; GLM-4-0414 norms each branch's output
         return getattr(tf, "GlmConfig" if kind == "glm" else "Glm4Config")(head_dim=12, **llama_like)
+    if kind == "dots1":  # dots.llm1: a dense first layer, then GLM-4.5's routing (8 experts of 24 in 2 groups, 1 kept), a
+        # shared expert; Qwen3's q/k norms
+        return tf.Dots1Config(num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
+                              topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
+                              head_dim=12, **llama_like)
     if kind == "hunyuan_v1_dense":  # HunYuan: per-head q/k norms after the rotation (ones here: the tests that need
         # them randomise them)
         return tf.HunYuanDenseV1Config(head_dim=12, **llama_like)

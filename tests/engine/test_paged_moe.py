@@ -29,9 +29,10 @@ from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_f
 
 VOCAB = 96
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2",
-         "ernie4_5_moe", "hunyuan_v1_moe")
+         "ernie4_5_moe", "hunyuan_v1_moe", "dots1")
 # which of the 2 layers are MoE (else both)
-MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True]}
+MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True],
+              "dots1": [False, True]}
 
 
 def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
@@ -75,6 +76,11 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         # transformers builds it
         config = tf.HunYuanMoEV1Config(num_experts=16, moe_topk=2, head_dim=16,
                                        **{k: v for k, v in common.items() if k != "num_experts_per_tok"})
+    elif kind == "dots1":  # dots.llm1: layer 0 dense, then GLM-4.5's routing (4 groups of 4 experts, 2 kept), a shared
+        # expert; Qwen3's per-head q/k norms; a sliding layer (window 6) then a full one
+        config = tf.Dots1Config(num_local_experts=16, moe_intermediate_size=32, n_group=4, topk_group=2,
+                                routed_scaling_factor=2.5, n_shared_experts=1, first_k_dense_replace=1, head_dim=16,
+                                sliding_window=6, layer_types=["sliding_attention", "full_attention"], **common)
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
