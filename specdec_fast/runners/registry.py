@@ -33,9 +33,10 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP
                             TP_MLA_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
-# Phi-4, Granite, SmolLM3, and Llama's layer under other names), then the families with runners of
-# their own: OLMo 2 / 3, Gemma 1 / 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2 and
-# the MLA decoders (DeepSeek-V2 / V3, GLM-4.7-Flash).
+# Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
+# (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
+# 4.0, Gemma 1 / 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
+# (DeepSeek-V2 / V3, GLM-4.7-Flash) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
