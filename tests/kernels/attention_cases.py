@@ -78,13 +78,14 @@ def make_case(seq_lens, query_lens, hq, hkv, head_dim, block_size, dtype, *, tre
 
 
 def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True, window: int | None = None,
-                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None, mask_of=None) -> torch.Tensor:
     """float64 SDPA per row on the dense K/V with an explicit boolean mask: [T, Hq, D]
     (causal=False: the block mask, every new token visible to every query of its row).
     window: a query at position p (prefix + i, or prefix + its tree depth: its ancestors) sees no
     key at p - window or before. softcap: scores s -> softcap * tanh(s / softcap), written out
     (SDPA has no soft-capping). sinks [Hq]: one more logit per head in each softmax, weighing no
-    value (GPT-OSS), written out too."""
+    value (GPT-OSS), written out too. mask_of(lo, hi, L) -> [hi - lo, L] bool: the row's mask
+    written out by the caller instead (the chunked attention tests')."""
     q = case.q.cpu().double()
     T, Hq, D = q.shape
     out = torch.zeros(T, Hq, D, dtype=torch.float64)
@@ -99,8 +100,8 @@ def sdpa_oracle(case: PagedCase, scale=None, causal: bool = True, window: int | 
         group = Hq // k.shape[1]
         k = k.repeat_interleave(group, 1).transpose(0, 1)  # [Hq, L, D]
         v = v.repeat_interleave(group, 1).transpose(0, 1)
-        mask = torch.ones(n, L, dtype=torch.bool)
-        for i in range(n):
+        mask = torch.ones(n, L, dtype=torch.bool) if mask_of is None else mask_of(lo, hi, L)
+        for i in range(n if mask_of is None else 0):
             for j in range(n):
                 if case.tree_mask is not None:
                     bit = (int(case.tree_mask[lo + i]) >> j) & 1

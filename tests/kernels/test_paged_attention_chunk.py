@@ -8,7 +8,6 @@ keys before a row's first chunk are never read (NaN there changes nothing); toke
 and each of its ancestors at prefix + their depths: TREE_CASES, against tree_chunk_mask); the
 controls (the chunk changes the output; every case hides a key; a tree's ancestors are placed by
 their depths, not their slots) and the refusals (a window, a chunk that is not a positive int)."""
-import math
 import zlib
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 
 from specdec_fast.kernels.attention import paged_attention
 from specdec_fast.kernels.attention.reference import visible_keys
-from tests.kernels.attention_cases import make_case
+from tests.kernels.attention_cases import make_case, sdpa_oracle
 from tests.kernels.backends import kernel_backends
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
@@ -64,29 +63,9 @@ def chunk_mask(prefix: int, n: int, length: int, causal: bool, chunk: int | None
     return mask
 
 
-def dense_oracle(case, mask_of) -> torch.Tensor:
-    """float64 softmax attention per row on the dense K/V: [T, Hq, D]; mask_of(lo, hi, L) -> the [hi - lo, L]
-    bool mask of the row whose queries are q[lo:hi] and whose length is L."""
-    q = case.q.cpu().double()
-    T, Hq, D = q.shape
-    out = torch.zeros(T, Hq, D, dtype=torch.float64)
-    cu = case.cu_query_lens.tolist()
-    for b, L in enumerate(case.seq_lens.tolist()):
-        lo, hi = cu[b], cu[b + 1]
-        if hi == lo:
-            continue
-        group = Hq // case.dense_k[b].shape[1]
-        k = case.dense_k[b].double().repeat_interleave(group, 1).transpose(0, 1)  # [Hq, L, D]
-        v = case.dense_v[b].double().repeat_interleave(group, 1).transpose(0, 1)
-        scores = q[lo:hi].transpose(0, 1) @ k.transpose(1, 2) / math.sqrt(D)  # [Hq, n, L]
-        scores = scores.masked_fill(~mask_of(lo, hi, L), float("-inf"))
-        out[lo:hi] = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1)
-    return out
-
-
 def chunk_oracle(case, causal: bool, chunk: int | None) -> torch.Tensor:
-    """dense_oracle under chunk_mask."""
-    return dense_oracle(case, lambda lo, hi, L: chunk_mask(L - (hi - lo), hi - lo, L, causal, chunk))
+    """attention_cases.sdpa_oracle (float64) under chunk_mask."""
+    return sdpa_oracle(case, mask_of=lambda lo, hi, L: chunk_mask(L - (hi - lo), hi - lo, L, causal, chunk))
 
 
 def _run(name, backend, device, **extra):
@@ -276,9 +255,9 @@ def tree_chunk_mask(prefix: int, bits: list, length: int, chunk: int | None, by_
 
 
 def tree_chunk_oracle(case, chunk, by_slot: bool = False) -> torch.Tensor:
-    """dense_oracle under tree_chunk_mask."""
+    """attention_cases.sdpa_oracle (float64) under tree_chunk_mask."""
     bits = case.tree_mask.cpu().tolist()
-    return dense_oracle(case, lambda lo, hi, L: tree_chunk_mask(L - (hi - lo), bits[lo:hi], L, chunk, by_slot))
+    return sdpa_oracle(case, mask_of=lambda lo, hi, L: tree_chunk_mask(L - (hi - lo), bits[lo:hi], L, chunk, by_slot))
 
 
 def _tree_case(name, device="cpu"):
