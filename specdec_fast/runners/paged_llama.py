@@ -73,7 +73,11 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      "hunyuan_v1_dense", "hunyuan_v1_moe",
                      # dots.llm1 (dots1): Qwen3's attention (per-head q/k norms, sliding layers by layer_types), GLM-4.5's
                      # grouped sigmoid routing with shared experts, dense first layers
-                     "dots1")
+                     "dots1",
+                     # Apertus (apertus: 8B / 70B): Qwen3's q/k norms, an ungated MLP (down(act(up(x))): UNGATED) with
+                     # the xIELU activation (a module with its own parameters), its norms named attention_ /
+                     # feedforward_layernorm
+                     "apertus")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
@@ -214,7 +218,8 @@ def projection_modules(layer) -> tuple:
         gate = getattr(mlp, "shared_expert_gate", None)
         return (*qkv, attn.o_proj) + (() if shared is None else (shared.gate_proj, shared.up_proj, shared.down_proj)) + (
             () if gate is None else (gate,))
-    gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else (mlp.gate_proj, mlp.up_proj)
+    gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else \
+        (mlp.up_proj,) if getattr(mlp, "gate_proj", None) is None else (mlp.gate_proj, mlp.up_proj)  # Apertus: up only
     return (*qkv, attn.o_proj, *gate_up, mlp.down_proj)
 
 
@@ -241,6 +246,8 @@ def _projections(layer, config) -> tuple:
     elif hasattr(mlp, "gate_up_proj"):
         inter = mlp.gate_up_proj.weight.shape[0] // 2
         gate_up = _row_views(mlp.gate_up_proj, [inter, inter])
+    elif getattr(mlp, "gate_proj", None) is None:  # Apertus: an ungated MLP, down(act(up(x)))
+        gate_up = [(None, None), *linear_params(mlp.up_proj)]
     else:
         gate_up = list(linear_params(mlp.gate_proj, mlp.up_proj))
     return (*qkv, *gate_up)
@@ -266,17 +273,20 @@ class _Layer:
     layer's MLP is `moe` (runners/_moe.py; gate / up / down None), else moe is None."""
 
     scaled_query = True  # whether the runner's query temperature (if any) scales this layer's queries
+    gated = True  # whether the MLP is gated (act(gate) * up); Apertus': act(up)
 
     def __init__(self, layer, config, fuse: bool, kernels: str = "torch"):
         attn, mlp = layer.self_attn, mlp_of(layer)
-        self.ln_in, self.eps_in = norm_params(layer.input_layernorm)
-        self.ln_post, self.eps_post = norm_params(layer.post_attention_layernorm)
+        # the norms before each branch (Apertus names them attention_layernorm / feedforward_layernorm)
+        self.ln_in, self.eps_in = norm_params(getattr(layer, "input_layernorm", None) or layer.attention_layernorm)
+        self.ln_post, self.eps_post = norm_params(getattr(layer, "post_attention_layernorm", None)
+                                                  or layer.feedforward_layernorm)
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
         self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
         if fuse:  # before the references below are taken: they then point into the fused tensors
             q, k, v, gate, up = _projections(layer, config)
             self.w_qkv, self.b_qkv = _fuse((q, k, v))
-            if self.moe is None:
+            if self.moe is None and gate[0] is not None:  # (an ungated MLP has nothing to fuse there)
                 self.w_gate_up, self.b_gate_up = _fuse((gate, up))
         self.q, self.k, self.v, self.gate, self.up = _projections(layer, config)
         (self.o,) = linear_params(attn.o_proj)
@@ -293,7 +303,8 @@ class _Layer:
         if self.moe is None:
             (self.down,) = linear_params(mlp.down_proj)
             self.gate_up = ([self.gate[0], self.up[0]], [self.gate[1], self.up[1]])
-            self.inter = self.gate[0].shape[0]
+            self.gated = self.gate[0] is not None  # Apertus: down(act(up(x)))
+            self.inter = self.up[0].shape[0]
             self.act = mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn  # Phi-3: activation_fn
         else:
             self.down = self.gate_up = self.inter = self.act = None
@@ -513,7 +524,10 @@ class PagedLlamaRunner(PagedRunnerBase):
                 delta = layer.moe(h, self._prefilling)
                 x = self._add(x, sum_(x + delta if owns else delta), carried, layer.post_mlp_norm, fused)
             else:
-                act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
+                if layer.gated:
+                    act = gated_act(*lins(h, *layer.gate_up), layer.act, self.silu, fused)
+                else:  # Apertus' ungated MLP
+                    act = layer.act(lin(h, *layer.up))
                 x = self._add(x, sum_(lin(act, *layer.down, x if owns else None)), carried, layer.post_mlp_norm, fused)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
@@ -606,9 +620,11 @@ class PagedLlamaRunner(PagedRunnerBase):
                 if layer.w_gate_up is not None:
                     gate_up = F.linear(h, layer.w_gate_up, layer.b_gate_up)
                     gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
-                else:
+                elif layer.gated:
                     gate, up = F.linear(h, *layer.gate), F.linear(h, *layer.up)
-                act = silu_mul(gate, up) if self.silu else layer.act(gate) * up
+                else:  # Apertus' ungated MLP
+                    gate, up = None, F.linear(h, *layer.up)
+                act = layer.act(up) if gate is None else silu_mul(gate, up) if self.silu else layer.act(gate) * up
                 delta = F.linear(act, *layer.down)
             weight, eps = self._next_norm[i]
             delta = sum_(delta)

@@ -90,6 +90,7 @@ class _TPLayer:
     runners/sharding_moe.py; gate / up / down None); GPT-OSS's sinks are this rank's heads'."""
 
     scaled_query = True  # as paged_llama._Layer's: the runner's query temperature (if any) scales it
+    gated = True  # as paged_llama._Layer's: act(gate) * up, or Apertus' act(up)
 
     def __init__(self, shards: dict, prefix: str, config, fuse: bool, first_rank: bool, kernels: str = "torch",
                  rope: bool = True):
@@ -99,8 +100,8 @@ class _TPLayer:
         from transformers.activations import ACT2FN
 
         eps = config.rms_norm_eps
-        self.ln_in, self.eps_in = get("input_layernorm.weight"), eps
-        self.ln_post, self.eps_post = get("post_attention_layernorm.weight"), eps
+        self.ln_in, self.eps_in = _either(get, "input_layernorm.weight", "attention_layernorm.weight"), eps  # (Apertus')
+        self.ln_post, self.eps_post = _either(get, "post_attention_layernorm.weight", "feedforward_layernorm.weight"), eps
         moe = moe_layer_params(shards, prefix, first_rank)
         self.moe = None if moe is None else MoE(moe, config, kernels)
         q, k, v = (get(f"self_attn.{p}_proj.weight") for p in "qkv")
@@ -110,7 +111,7 @@ class _TPLayer:
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
         if fuse:  # the shards dict then holds the views: the separate tensors are freed
             (q, k, v), self.w_qkv = _fused(shards, prefix, "self_attn.{}_proj.weight", "qkv")
-            if self.moe is None:
+            if self.moe is None and gate is not None:  # (Apertus' ungated MLP: nothing to fuse)
                 (gate, up), self.w_gate_up = _fused(shards, prefix, "mlp.{}_proj.weight", ("gate", "up"))
             if bq is not None and bk is not None and bv is not None:
                 (bq, bk, bv), self.b_qkv = _fused(shards, prefix, "self_attn.{}_proj.bias", "qkv")
@@ -141,12 +142,32 @@ class _TPLayer:
             self.gate, self.up = (gate, bgate), (up, bup)
             self.down = (get("mlp.down_proj.weight"), get("mlp.down_proj.bias") if first_rank else None)
             self.gate_up = ([gate, up], [bgate, bup])
-            self.inter, self.act = gate.shape[0], ACT2FN[config.hidden_act]
+            self.gated, self.inter, self.act = gate is not None, up.shape[0], _activation(shards, prefix, config, ACT2FN)
         else:
             self.gate = self.up = self.down = self.gate_up = self.inter = self.act = None
         self.rope = rope  # paged_llama.rotates: EXAONE MoE's full layers are NoPE (SmolLM3's: not sharded)
         sinks = get("self_attn.sinks")  # GPT-OSS: this rank's heads' logits, float32 for the kernels
         self.sinks = None if sinks is None else sinks.detach().float().contiguous()
+
+
+def _either(get, name: str, other: str):
+    """The shard ``name``, else ``other`` (a family's own name for the same tensor)."""
+    tensor = get(name)
+    return tensor if tensor is not None else get(other)
+
+
+def _activation(shards: dict, prefix: str, config, act2fn):
+    """The MLP's activation: transformers' ACT2FN[hidden_act], or Apertus' xIELU, a module whose parameters
+    (alpha_p, alpha_n, beta, eps under mlp.act_fn.) are read from the shards (whole on every rank)."""
+    if config.hidden_act != "xielu":
+        return act2fn[config.hidden_act]
+    from transformers.activations import ACT2CLS
+
+    weights = {name[len(prefix + "mlp.act_fn."):]: tensor for name, tensor in shards.items()
+               if name.startswith(prefix + "mlp.act_fn.")}
+    act = ACT2CLS["xielu"](dtype=weights["alpha_p"].dtype)
+    act.load_state_dict(weights)
+    return act.to(weights["alpha_p"].device)
 
 
 def _split_fused(shards: dict, prefix: str, q_rows: int) -> None:
