@@ -77,7 +77,9 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # Apertus (apertus: 8B / 70B): Qwen3's q/k norms, an ungated MLP (down(act(up(x))): UNGATED) with
                      # the xIELU activation (a module with its own parameters), its norms named attention_ /
                      # feedforward_layernorm
-                     "apertus")
+                     "apertus",
+                     # Arcee AFM (arcee: AFM-4.5B): Llama's layer with an ungated ReLU² MLP, down(relu²(up(x)))
+                     "arcee")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)

@@ -46,7 +46,9 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   # dots.llm1: GLM-4.5's MoE under Qwen3's attention
                   "dots1",
                   # Apertus: an ungated MLP (up rows, down columns) with xIELU, whose parameters every rank reads whole
-                  "apertus")
+                  "apertus",
+                  # Arcee AFM: Llama's layer with an ungated ReLU² MLP
+                  "arcee")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

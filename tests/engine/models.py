@@ -23,6 +23,8 @@ def _config(kind: str, vocab: int, layers: int):
     if kind in ("glm", "glm4"):  # GLM-4 / GLM-4-0414: half of each head rotated in interleaved pairs, q/k/v biases (zero
         # here), fused gate_up_proj; GLM-4-0414 norms each branch's output
         return getattr(tf, "GlmConfig" if kind == "glm" else "Glm4Config")(head_dim=12, **llama_like)
+    if kind == "arcee":  # Arcee AFM: Llama's layer with an ungated ReLU² MLP
+        return tf.ArceeConfig(head_dim=12, **llama_like)
     if kind == "apertus":  # Apertus: an ungated MLP with xIELU, Qwen3's q/k norms
         return tf.ApertusConfig(head_dim=12, **llama_like)
     if kind == "dots1":  # dots.llm1: a dense first layer, then GLM-4.5's routing (8 experts of 24 in 2 groups, 1 kept), a

@@ -57,6 +57,8 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
     elif kind == "apertus":  # Apertus: Qwen3's q/k norms, an ungated MLP with xIELU (its parameters randomised below),
         # norms named attention_ / feedforward_layernorm
         config = tf.ApertusConfig(num_key_value_heads=2, head_dim=16, **common)
+    elif kind == "arcee":  # Arcee AFM: Llama's layer with an ungated ReLU² MLP
+        config = tf.ArceeConfig(num_key_value_heads=2, head_dim=16, **common)
     elif kind == "hunyuan_v1_dense":  # HunYuan: per-head q/k norms after the rotation (weights randomised below)
         config = tf.HunYuanDenseV1Config(num_key_value_heads=2, head_dim=16, **common)
     elif kind == "granite":  # Llama with four scalars that are not identities
@@ -91,7 +93,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
-                                  "cwm", "ministral3", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "apertus"])
+                                  "cwm", "ministral3", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -276,7 +278,7 @@ PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
-                                  "ministral3", "ernie4_5", "glm4", "hunyuan_v1_dense", "apertus"])
+                                  "ministral3", "ernie4_5", "glm4", "hunyuan_v1_dense", "apertus", "arcee"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
@@ -477,12 +479,12 @@ def test_controls_ernie_reads_its_pairs_as_halves():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("kind", ["glm", "glm4", "hunyuan_v1_dense", "apertus"])
+@pytest.mark.parametrize("kind", ["glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee"])
 def test_glm_hunyuan_on_the_other_backends(kind, backend, device):
     """GLM-4 / GLM-4-0414 on the torch reference and the Triton path (the post-branch norms through the
     Triton RMSNorm launch, the half rotation in rope_append_kv), HunYuan there too (its norms after the
-    rotation: torch's rotation and norms, then the append and attention kernels), Apertus' ungated MLP on both:
-    the forward's logits."""
+    rotation: torch's rotation and norms, then the append and attention kernels), Apertus' and Arcee's ungated
+    MLPs on both: the forward's logits."""
     device = backend_device(backend, device)
     model = tiny(kind).to(device)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
