@@ -6,6 +6,7 @@ rebound across iterations; (iii) what one step hands the next lives in static bu
 import pytest
 import torch
 
+import specdec_fast
 import specdec_fast.api as api
 from specdec_fast.drafters import ModelDrafter, PromptLookupDrafter
 from specdec_fast.engine import SpeculativeDecoder
@@ -26,6 +27,20 @@ def both(target, ids, mask, **kw):
     """(eager tokens, eager stats), (static tokens, static stats)."""
     return [api.generate(target, ids, mask, pad_token_id=0, return_stats=True, runner="paged", cuda_graphs=mode, **kw)
             for mode in (False, "static")]
+
+
+def assert_static_twin_gives_eager_tokens(target, vocab: int, *, max_new_tokens: int = 10, backend: str = "cpp",
+                                          modes=None, device="cpu") -> None:
+    """A family's static twin: left-padded prompts of 3 and 7 tokens, a draft of the target (noise 0.05) at K = 3;
+    in each of ``modes`` (default every MODES entry) the static path's tokens equal the eager path's and its
+    stats say static. The target's engines are released after."""
+    ids, mask = (t.to(device) for t in left_padded_prompts([3, 7], vocab=vocab, seed=1))
+    draft = make_draft(target, noise=0.05).to(device)
+    for mode in modes if modes is not None else MODES.values():
+        (eager, _), (static, s_stats) = both(target, ids, mask, max_new_tokens=max_new_tokens, assistant_model=draft,
+                                             num_assistant_tokens=3, backend=backend, **mode)
+        assert torch.equal(static, eager) and s_stats.graph_mode == "static"
+    specdec_fast.release_engines(target)
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -256,13 +256,6 @@ def test_a_published_checkpoint_loads_as_its_text_decoder(tmp_path):
 def test_static_graph_twin_gives_the_eager_tokens():
     """The CUDA-graph loop's CPU twin (static shapes, every buffer reused): the chunks, the float32 temperature and
     the input-scaled experts give the eager loop's tokens in each graph mode."""
-    from .test_cuda_graphs_static import MODES, both
+    from .test_cuda_graphs_static import assert_static_twin_gives_eager_tokens
 
-    target = tiny_llama4("scout", seed=3)
-    ids, mask = left_padded_prompts([3, 7], vocab=VOCAB, seed=1)
-    draft = make_draft(target, noise=0.05)
-    for mode in MODES.values():
-        (eager, _), (static, s_stats) = both(target, ids, mask, max_new_tokens=14, assistant_model=draft,
-                                             num_assistant_tokens=3, backend="cpp", **mode)
-        assert torch.equal(static, eager) and s_stats.graph_mode == "static"
-    specdec_fast.release_engines(target)
+    assert_static_twin_gives_eager_tokens(tiny_llama4("scout", seed=3), VOCAB, max_new_tokens=14)

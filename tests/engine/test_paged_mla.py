@@ -140,16 +140,9 @@ def test_a_token_tree_compacts_both_layers_of_an_entry(monkeypatch):
 
 
 def test_static_graph_twin_gives_the_eager_tokens():
-    from .test_cuda_graphs_static import MODES, both
+    from .test_cuda_graphs_static import assert_static_twin_gives_eager_tokens
 
-    target = tiny_mla("deepseek_v3", seed=3)
-    ids, mask = left_padded_prompts([3, 7], vocab=VOCAB, seed=1)
-    draft = make_draft(target, noise=0.05)
-    for mode in MODES.values():
-        (eager, _), (static, s_stats) = both(target, ids, mask, max_new_tokens=10, assistant_model=draft,
-                                             num_assistant_tokens=3, backend="cpp", **mode)
-        assert torch.equal(static, eager) and s_stats.graph_mode == "static"
-    specdec_fast.release_engines(target)
+    assert_static_twin_gives_eager_tokens(tiny_mla("deepseek_v3", seed=3), VOCAB)
 
 
 def _next_logits(runner, tokens) -> torch.Tensor:
