@@ -14,6 +14,7 @@ from specdec_fast.runners.checkpoint_fp8 import dequantize_fp8, read_fp8
 from specdec_fast.runners.sharding import LlamaShardPlan, Slice, shards_from_safetensors, shards_from_state
 
 from tests.engine.models import make_model
+from .checkpoint_checks import assert_reads_as_the_model
 
 BLOCK = (16, 8)
 
@@ -89,12 +90,7 @@ def test_an_fp8_checkpoint_reads_as_its_dequantized_model(world, tmp_path):
     dense MLP's columns) equal those of the model holding the dequantized weights."""
     model = _fp8_checkpoint(tmp_path)
     for rank in range(world):
-        plan = LlamaShardPlan.for_config(model.config, world, rank)
-        read = shards_from_safetensors(str(tmp_path), plan, dtype=torch.float32)
-        expected = shards_from_state(model.state_dict(), plan)
-        assert read.keys() == expected.keys()
-        for name, tensor in read.items():
-            assert torch.equal(tensor, expected[name]), (rank, name)
+        assert_reads_as_the_model(tmp_path, model, world, rank, dtype=torch.float32)
 
 
 def test_controls_the_scale_blocks(tmp_path, monkeypatch):

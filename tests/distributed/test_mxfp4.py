@@ -8,7 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdec_fast.runners.checkpoint_mxfp4 import dequantize, read_mxfp4
-from specdec_fast.runners.sharding import LlamaShardPlan, Slice, shards_from_safetensors, shards_from_state
+from specdec_fast.runners.sharding import LlamaShardPlan, Slice, shards_from_safetensors
+
+from .checkpoint_checks import assert_reads_as_the_model
 
 
 def _packed(experts, rows, groups, seed):
@@ -84,12 +86,7 @@ def test_an_mxfp4_checkpoint_reads_as_its_dequantized_model(world, tmp_path):
                 getattr(model.model.layers[layer].mlp.experts, proj).copy_(_transformers(blocks, scales).float())
     save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
     for rank in range(world):
-        plan = LlamaShardPlan.for_config(model.config, world, rank)
-        read = shards_from_safetensors(str(tmp_path), plan, dtype=torch.float32)
-        expected = shards_from_state(model.state_dict(), plan)
-        assert read.keys() == expected.keys()
-        for name, tensor in read.items():
-            assert torch.equal(tensor, expected[name]), (rank, name)
+        assert_reads_as_the_model(tmp_path, model, world, rank, dtype=torch.float32)
 
 
 def test_blocks_without_scales_are_refused(tmp_path):

@@ -22,6 +22,7 @@ from specdec_fast.runners.sharding import LlamaShardPlan, shards_from_safetensor
 from ..engine.conftest import model_pair
 from ..engine.models import exaone_original_checkpoint, left_padded_prompts, llama4_multimodal_checkpoint, make_model
 from ..fake_cuda import LateDevice
+from .checkpoint_checks import assert_reads_as_the_model
 
 
 class _Config:
@@ -188,12 +189,7 @@ def test_checkpoint_read_slice_by_slice(kind, tmp_path, monkeypatch):
     monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
     _Recording.calls = []
     for rank in range(2):
-        plan = LlamaShardPlan.for_config(model.config, 2, rank)
-        read = shards_from_safetensors(str(tmp_path), plan)
-        expected = shards_from_state(model.state_dict(), plan)
-        assert read.keys() == expected.keys()
-        for name, tensor in read.items():
-            assert torch.equal(tensor, expected[name]), name
+        read = assert_reads_as_the_model(tmp_path, model, 2, rank)
         assert read["model.layers.1.self_attn.o_proj.weight"].shape == (48, 24)
     assert _Recording.calls and all(kind == "get_slice" for kind, _ in _Recording.calls)
 
@@ -229,11 +225,8 @@ def test_a_multimodal_llama4_checkpoint_reads_its_text_decoder(tmp_path, monkeyp
     real = safetensors.safe_open
     monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
     _Recording.calls = []
-    plan = LlamaShardPlan.for_config(model.config, 2, 1)
-    read = shards_from_safetensors(str(tmp_path), plan)
-    expected = shards_from_state(model.state_dict(), plan)
-    assert read.keys() == expected.keys() and "model.layers.1.mlp.experts.gate_up_proj" in read
-    assert all(torch.equal(tensor, expected[name]) for name, tensor in read.items())
+    read = assert_reads_as_the_model(tmp_path, model, 2, 1)
+    assert "model.layers.1.mlp.experts.gate_up_proj" in read
     assert read["model.layers.0.mlp.gate_proj.weight"].shape == (48, 48)  # layer 0's dense MLP: 48 of 96 rows
     assert read["model.layers.1.mlp.shared_expert.gate_proj.weight"].shape == (12, 48)  # 12 of the expert's 24
     assert not any(name.startswith(("vision_model.", "multi_modal_projector.")) for _, name in _Recording.calls)
@@ -245,10 +238,7 @@ def test_an_exaone_checkpoint_reads_under_transformers_names(tmp_path):
     names under another family's plan are not renamed (the control)."""
     model = make_model("exaone")
     exaone_original_checkpoint(model, tmp_path)
-    plan = LlamaShardPlan.for_config(model.config, 2, 1)
-    read = shards_from_safetensors(str(tmp_path), plan)
-    expected = shards_from_state(model.state_dict(), plan)
-    assert read.keys() == expected.keys() and all(torch.equal(t, expected[name]) for name, t in read.items())
+    read = assert_reads_as_the_model(tmp_path, model, 2, 1)
     assert read["model.layers.1.self_attn.o_proj.weight"].shape == (48, 24)
     other = LlamaShardPlan.for_config(make_model("llama").config, 2, 1)
     assert other.layout_name("transformer.h.0.attn.attention.q_proj.weight") == "transformer.h.0.attn.attention.q_proj.weight"
