@@ -51,7 +51,7 @@ class TPPagedCohereRunner(TensorParallelRunner, PagedCohereRunner):
     unsupported_reason = staticmethod(tp_cohere_unsupported_reason)
 
     def _bind(self, model) -> None:
-        config, shards, plan = model.config, model.shards, model.plan
+        config, shards = model.config, model.shards
         self._bind_shard(model)
         if config.model_type == "cohere2":  # as PagedCohereRunner: only the sliding layers rotate
             rotates = [kind == "sliding_attention" for kind in config.layer_types]
@@ -62,8 +62,6 @@ class TPPagedCohereRunner(TensorParallelRunner, PagedCohereRunner):
         self.final_norm = (shards["model.norm.weight"], config.layer_norm_eps)
         self.lm_head = shards["lm_head.weight"]
         self.logit_scale = config.logit_scale
-        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
-        self.scale = self.head_dim**-0.5
         self.inv_freq = model.inv_freq.to(device=self.device)
         self.rope_scaling = model.rope_scaling
 

@@ -73,14 +73,13 @@ class TPPagedGemmaRunner(TensorParallelRunner, PagedGemmaRunner):
     unsupported_reason = staticmethod(tp_gemma_unsupported_reason)
 
     def _bind(self, model) -> None:
-        config, shards, plan = model.config, model.shards, model.plan
+        config, shards = model.config, model.shards
         self._bind_shard(model)
         self.layers = [_TPGemmaLayer(shards, f"model.layers.{i}.", config, self.first_rank)
                        for i in range(config.num_hidden_layers)]
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
         self.lm_head = shards["lm_head.weight"]
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
         self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim) ** -0.5
         self.attn_softcap = config.attn_logit_softcapping if config.model_type == "gemma2" else None
         # GemmaTextScaledWordEmbedding's buffer: sqrt(H) in float32 (cast to the embedding's dtype when applied)

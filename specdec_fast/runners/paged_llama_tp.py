@@ -205,7 +205,7 @@ class TensorParallelRunner:
     runner): construction ending with an agreement of every rank (same world size, config, dtype
     and kernels, or one clear error on every rank: distributed/failures.py), logits gathered over
     the vocabulary, the vocabulary-parallel embedding and the all-reduce of row-parallel partials.
-    The family's _bind calls _bind_shard (tp, plan, first_rank, the embedding's vocabulary slice)."""
+    The family's _bind calls _bind_shard first (tp, plan, first_rank, the embedding's vocabulary slice, this rank's heads)."""
 
     lockstep_polls = True  # engine/run_ahead.py: every rank reads the same polls (same iterations)
     # NCCL collectives inside CUDA graphs: capture-safe by construction, NOT run on a multi-GPU
@@ -243,11 +243,17 @@ class TensorParallelRunner:
         return runner
 
     def _bind_shard(self, model) -> None:
-        """The group, plan and vocabulary slice of a ShardedCausalLM (each family's _bind calls it)."""
+        """The group, plan, vocabulary slice, heads and default softmax scale of a ShardedCausalLM (each family's
+        _bind calls it first)."""
         self.tp, self.plan, self.first_rank = model.tp, model.plan, model.plan.rank == 0
         self._carries_residual = self.first_rank  # the layer loops: rank 0 adds the residual once
         self.embed = model.shards["model.embed_tokens.weight"]
         self.vocab_start, self.vocab_part = model.plan.vocab_start, model.plan.vocab_part
+        # this rank's heads, and the softmax scale head_dim^-0.5 (a family with another sets its own after: Gemma,
+        # Granite, latent attention)
+        plan = model.plan
+        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
+        self.scale = self.head_dim ** -0.5
 
     # -- logits over the whole vocabulary ---------------------------------------------------------
     def prefill(self, input_ids, attention_mask, **kwargs) -> torch.Tensor:
@@ -305,8 +311,6 @@ class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):
         self.post_branch_norms = any(layer.post_attn_norm is not None for layer in self.layers)
         self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
         self.lm_head, self.lm_head_bias = shards["lm_head.weight"], shards.get("lm_head.bias")  # this rank's rows
-        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
-        self.scale = self.head_dim**-0.5
         if config.model_type == "granite":  # its four scalars, as PagedLlamaRunner binds them
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))

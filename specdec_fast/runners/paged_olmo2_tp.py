@@ -61,14 +61,12 @@ class TPPagedOlmo2Runner(TensorParallelRunner, PagedOlmo2Runner):
     unsupported_reason = staticmethod(tp_olmo2_unsupported_reason)
 
     def _bind(self, model) -> None:
-        config, shards, plan = model.config, model.shards, model.plan
+        config, shards = model.config, model.shards
         self._bind_shard(model)
         self.llama_pieces = config.model_type in LLAMA_PIECES  # EXAONE 4's per-head q/k norms: whole on every rank
         self.layers = [_TPOlmo2Layer(shards, f"model.layers.{i}.", config, i) for i in range(config.num_hidden_layers)]
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
         self.lm_head = shards["lm_head.weight"]
-        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
-        self.scale = self.head_dim ** -0.5
         self.rope_tables = {key: (inv_freq.to(device=self.device), scaling)
                             for key, (inv_freq, scaling, _) in model.rope_tables.items()}
         self.rope_keys = model.rope_keys

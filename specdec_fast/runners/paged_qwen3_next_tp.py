@@ -82,7 +82,5 @@ class TPPagedQwen3NextRunner(TensorParallelRunner, PagedQwen3NextRunner):
         self._linear_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind != "full_attention")}
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
         self.lm_head = shards["lm_head.weight"]
-        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
-        self.scale = self.head_dim ** -0.5
         self.inv_freq = model.inv_freq.to(device=self.device)
         self.rope_scaling = model.rope_scaling

@@ -48,14 +48,12 @@ class TPPagedStarcoder2Runner(TensorParallelRunner, PagedStarcoder2Runner):
     unsupported_reason = staticmethod(tp_starcoder2_unsupported_reason)
 
     def _bind(self, model) -> None:
-        config, shards, plan = model.config, model.shards, model.plan
+        config, shards = model.config, model.shards
         self._bind_shard(model)
         self.layers = [_TPStarcoder2Layer(shards, f"model.layers.{i}.", config, self.first_rank)
                        for i in range(config.num_hidden_layers)]
         self.final_norm = (shards["model.norm.weight"], shards["model.norm.bias"], config.norm_epsilon)
         self.lm_head = shards["lm_head.weight"]
         self.hidden = config.hidden_size
-        self.num_heads, self.num_kv_heads, self.head_dim = plan.local_heads, plan.local_kv_heads, plan.head_dim
-        self.scale = self.head_dim ** -0.5
         self.inv_freq = model.inv_freq.to(device=self.device)
         self.rope_scaling = model.rope_scaling
