@@ -205,7 +205,8 @@ class TensorParallelRunner:
     runner): construction ending with an agreement of every rank (same world size, config, dtype
     and kernels, or one clear error on every rank: distributed/failures.py), logits gathered over
     the vocabulary, the vocabulary-parallel embedding and the all-reduce of row-parallel partials.
-    The family's _bind calls _bind_shard first (tp, plan, first_rank, the embedding's vocabulary slice, this rank's heads)."""
+    The family's _bind calls _bind_shard first (tp, plan, first_rank, the embedding's vocabulary slice,
+    this rank's heads)."""
 
     lockstep_polls = True  # engine/run_ahead.py: every rank reads the same polls (same iterations)
     # NCCL collectives inside CUDA graphs: capture-safe by construction, NOT run on a multi-GPU
