@@ -342,13 +342,14 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
     files, by_file = checkpoint_files(path), {}
     select = select if select is not None else (lambda name: not _past_the_layers(name, plan))
     for name, file in files.items():
-        if plan.layout_name(name) is not None and select(plan.layout_name(name)):
-            by_file.setdefault(file, []).append(name)
+        local = plan.layout_name(name)  # the shard's key (None: not the text decoder's)
+        if local is not None and select(local):
+            by_file.setdefault(file, []).append((name, local))
     block = _fp8_block(path)
     shards = {}
     for file, names in by_file.items():
         with safe_open(file, framework="pt") as f:
-            for name in names:
+            for name, local in names:
                 if name.endswith(MXFP4_SUFFIXES):  # GPT-OSS's published experts: read with their scales
                     if name.endswith("_blocks"):
                         quantized = name[:-len("_blocks")]
@@ -357,15 +358,15 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
                 if name.endswith(FP8_SCALE_SUFFIX):  # read with its FP8 weight
                     continue
                 if name + FP8_SCALE_SUFFIX in files:  # a block-quantized FP8 weight (checkpoint_fp8.py)
-                    shards[plan.layout_name(name)] = _read_fp8(f, file, files, name, plan, block, dtype).to(device)
+                    shards[local] = _read_fp8(f, file, files, name, plan, block, dtype).to(device)
                     continue
-                lazy, part = f.get_slice(name), plan.slice_of(plan.layout_name(name))
+                lazy, part = f.get_slice(name), plan.slice_of(local)
                 if part is None:
                     tensor = lazy[:]
                 else:
                     pieces = [lazy[(slice(None),) * p.dim + (slice(p.start, p.stop),)] for p in _parts(part)]
                     tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=_parts(part)[0].dim)
-                shards[plan.layout_name(name)] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
+                shards[local] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
     return gather_experts(shards)
 
 
