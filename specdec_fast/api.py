@@ -75,8 +75,8 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     reads the module's config and weights, once per module).
 
     use_mtp=True (as transformers'): draft with the target's own multi-token-prediction layer
-    (GLM-4.5 / 4.6 / 4.7: heads/mtp.py), read from the target's checkpoint directory by
-    transformers' MtpModel once per model; K = num_assistant_tokens, else 1 (transformers drafts
+    (GLM-4.5 / 4.6 / 4.7, DeepSeek-V3, Qwen3-Next, Qwen3.5: heads/mtp.py), read from the target's
+    checkpoint directory once per model (by transformers' MtpModel; Qwen's mtp.* by heads/mtp_checkpoint.py); K = num_assistant_tokens, else 1 (transformers drafts
     one token per MTP layer); a larger K runs the layer again per draft. With process_group (or a
     ShardedCausalLM) each rank reads only its slices of the layer from the checkpoint directory.
 

@@ -60,7 +60,8 @@ def _generate_parser(sub):
     ap.add_argument("--early-exit", type=int, metavar="N", help="draft with the target's own first N layers, its final "
                     "norm and LM head (transformers' assistant_early_exit: checkpoints trained to exit early, LayerSkip)")
     ap.add_argument("--mtp", action="store_true", help="draft with the target's own multi-token-prediction layer, read "
-                    "from its checkpoint (transformers' use_mtp: GLM-4.5 / 4.6 / 4.7)")
+                    "from its checkpoint (transformers' use_mtp: GLM-4.5 / 4.6 / 4.7, DeepSeek-V3; also Qwen3-Next, "
+                    "Qwen3.5)")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt: print its completion and the stats")
     source.add_argument("--prompts", metavar="FILE", help='a JSONL data set, one {"prompt": ...} object per line')

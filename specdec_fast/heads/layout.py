@@ -24,6 +24,7 @@ from .dflash import DFLASH_ARCHITECTURES, dflash_from_layout
 from .dflash2 import DFLASH2_ARCHITECTURES, dflash2_from_layout
 from .eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
 from .mtp import MtpHead
+from .mtp_checkpoint import CheckpointMtpModel
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 _FROM_MODULES = weakref.WeakKeyDictionary()  # a loaded checkpoint module -> its head (a copy of its weights)
 
@@ -38,7 +39,8 @@ def load_draft_head(source, *, device=None, dtype=None):
     object (returned as it is), or the same checkpoint already loaded as a torch module with a
     ``config`` (transformers' AutoModel with trust_remote_code, as transformers' own DFlash
     assisted generation takes it: its config and state_dict are the layout's config.json and
-    weights), or transformers' MtpModel of a target (MtpModel.from_pretrained(target): its MTP
+    weights), or transformers' MtpModel of a target (MtpModel.from_pretrained(target); for Qwen3-Next /
+    Qwen3.5, heads/mtp_checkpoint.CheckpointMtpModel.from_checkpoint): its MTP
     layer as an MtpHead, heads/mtp.py, its weights shared; an MTP head has no directory layout of
     its own: the layer ships inside the target's checkpoint). device / dtype: where and in which
     dtype the weights go (default: the CPU, the checkpoint's dtype; a loaded module: its own
@@ -48,7 +50,8 @@ def load_draft_head(source, *, device=None, dtype=None):
     if isinstance(source, torch.nn.Module):
         if device is None and dtype is None and source in _FROM_MODULES:
             return _FROM_MODULES[source]
-        if type(source).__name__ == "MtpModel":  # transformers' MtpModel of a target: its layer, shared (heads/mtp.py)
+        # transformers' MtpModel of a target, or this package's reading of Qwen's: its layer, shared (heads/mtp.py)
+        if type(source).__name__ == "MtpModel" or isinstance(source, CheckpointMtpModel):
             if device is not None or dtype is not None:
                 raise ValueError("an MtpModel drafts on its own device and dtype (it shares the target's embedding)")
             head = _FROM_MODULES[source] = MtpHead(source)

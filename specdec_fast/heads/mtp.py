@@ -1,6 +1,6 @@
 """MtpHead: a target's own multi-token-prediction layer (GLM-4.5 / 4.6 / 4.7's and DeepSeek-V3 / R1's
-``model.layers.{L}``, shipped inside the target checkpoint) as a draft head; what
-``generate(use_mtp=True)`` drafts with.
+``model.layers.{L}``, Qwen3-Next's and Qwen3.5's ``mtp.*``, shipped inside the target checkpoint) as a
+draft head; what ``generate(use_mtp=True)`` drafts with.
 
 The layer is transformers' MtpModel layer (transformers.modeling_layers.MtpLayer, loaded by
 transformers' own MtpModel.from_pretrained: its checkpoint names and conversions), run here on the
@@ -19,17 +19,28 @@ feeds the pre-norm output back). With one MTP layer transformers drafts one toke
 here K = 1 by default too (MTP_DEFAULT_K), and a larger K (num_assistant_tokens, or the adaptive
 schedule) runs the same layer again per draft.
 
-Which targets: MTP_MODEL_TYPES, whose decoder layer the Llama runner (runners/paged_llama.py: GLM-4.5)
-or the MLA runner (runners/paged_mla.py: DeepSeek-V3, no tensor parallelism) runs; one MTP layer
-(every GLM-4.x and DeepSeek-V3 checkpoint has one; several would each need their own cache). Under
-tensor parallelism the head is MtpLayerSlices: each rank reads its slices of the layer itself.
+Qwen3-Next's and Qwen3.5's layer (QWEN_MTP_TYPES; vLLM's qwen3_next_mtp / qwen3_5_mtp) is the same
+thing under other names -- fc (eh_proj), pre_fc_norm_embedding (enorm), pre_fc_norm_hidden (hnorm), a
+gated full-attention decoder layer (mtp.layers.0: mtp_block), norm (post_norm), its norms the family's
+x (1 + w) -- and transformers drops it on loading (^mtp.*) and has no MtpModel for it: this package reads
+it from the checkpoint itself (heads/mtp_checkpoint.py) into transformers' MtpLayer around the target's
+own decoder layer class.
+
+Which targets: MTP_MODEL_TYPES, whose decoder layer the Llama runner (runners/paged_llama.py: GLM-4.5),
+the MLA runner (runners/paged_mla.py: DeepSeek-V3) or the Qwen3-Next runner (runners/paged_qwen3_next.py)
+runs; one MTP layer (every GLM-4.x, DeepSeek-V3, Qwen3-Next and Qwen3.5 checkpoint has one; several
+would each need their own cache). Under tensor parallelism the head is MtpLayerSlices: each rank reads
+its slices of the layer itself.
 """
+import copy
 import os
 import weakref
 
 from torch import nn
 
-MTP_MODEL_TYPES = ("glm4_moe", "deepseek_v3")
+# Qwen3-Next and Qwen3.5's text decoders: their MTP layer under their own names (config.mtp_num_hidden_layers)
+QWEN_MTP_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+MTP_MODEL_TYPES = ("glm4_moe", "deepseek_v3") + QWEN_MTP_TYPES
 # K without num_assistant_tokens: transformers' use_mtp drafts one token per MTP layer, and vLLM's
 # GLM-4.5 recipe (recipes.vllm.ai/zai-org/GLM-4.5) reports 1 best for throughput ("higher values
 # increase mean acceptance length but drop acceptance rate significantly"). Not measured here.
@@ -44,12 +55,31 @@ def mtp_reason(target) -> str | None:
     if model_type not in MTP_MODEL_TYPES:
         return (f"use_mtp drafts with a target's own MTP layer; model_type {model_type!r} has none this package runs "
                 f"(it runs {', '.join(MTP_MODEL_TYPES)})")
-    layers = getattr(config, "num_mtp_layers", None)
-    if not layers:
-        return "the target's config has no MTP layer (num_mtp_layers / num_nextn_predict_layers is 0 or missing)"
+    if model_type in QWEN_MTP_TYPES:
+        layers = getattr(config, "mtp_num_hidden_layers", None)
+        if not layers:
+            return "the target's config has no MTP layer (mtp_num_hidden_layers is 0 or missing)"
+        if getattr(config, "mtp_use_dedicated_embeddings", False):
+            return "the target's MTP layer has embeddings of its own (mtp_use_dedicated_embeddings): not supported"
+    else:
+        layers = getattr(config, "num_mtp_layers", None)
+        if not layers:
+            return "the target's config has no MTP layer (num_mtp_layers / num_nextn_predict_layers is 0 or missing)"
     if layers != 1:
         return f"the target has {layers} MTP layers; this package drafts with one (each would need its own cache)"
     return None
+
+
+def mtp_block_config(config):
+    """The config of the MTP layer's decoder block as a one-layer decoder of the target's family
+    (``config``: the target's): GLM-4.5's and DeepSeek-V3's as it is, Qwen3-Next's / Qwen3.5's a gated
+    full-attention layer (vLLM's and SGLang's MTP layers: layer_types ["full_attention"]), its MLP as
+    transformers and vLLM make layer 0's (mlp_only_layers, decoder_sparse_step)."""
+    block = copy.copy(config)
+    block.num_hidden_layers = 1
+    if config.model_type in QWEN_MTP_TYPES:
+        block.layer_types = ["full_attention"]
+    return block
 
 
 def _refusal(message: str) -> Exception:
@@ -132,7 +162,12 @@ class MtpHead(_MtpBase):
                                         "this model was not loaded from one")
         device = next(target.get_decoder().layers[-1].parameters()).device
         try:
-            mtp_model = MtpModel.from_pretrained(target, device_map={"": device})
+            if target.config.model_type in QWEN_MTP_TYPES:  # no MtpModel in transformers: read here
+                from .mtp_checkpoint import CheckpointMtpModel
+
+                mtp_model = CheckpointMtpModel.from_checkpoint(target, source, device)
+            else:
+                mtp_model = MtpModel.from_pretrained(target, device_map={"": device})
         except (OSError, RuntimeError, ValueError) as exc:  # no MTP weights in the checkpoint, unreadable files
             raise _refusal(f"use_mtp: no MTP layer could be read from {source}: {exc}") from exc
         return cls(mtp_model.eval().requires_grad_(False))

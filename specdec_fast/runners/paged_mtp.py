@@ -2,21 +2,23 @@
 
 The MTP block is a decoder layer of the target's family, so this is the family's runner over one
 layer -- the Llama runner (runners/paged_llama.py: its layer math on every backend, GLM-4.5's
-partial RoPE, q/k/v biases and MoE included), or the MLA runner for DeepSeek-V3's layer
-(runners/paged_mla.py: PagedMlaMtpRunner) -- with two changes: the
+partial RoPE, q/k/v biases and MoE included), the MLA runner for DeepSeek-V3's layer
+(runners/paged_mla.py: PagedMlaMtpRunner), or the Qwen3-Next runner for Qwen3-Next's / Qwen3.5's gated
+full-attention layer (runners/paged_qwen3_next.py: PagedQwen3NextMtpRunner, enorm / hnorm the family's
+x (1 + w) norms) -- with two changes: the
 layer's input is eh_proj(cat(enorm(embed(token)), hnorm(feature))) instead of the embedding
 (_embed), and its final norm is the MTP layer's post_norm. It is fed (token, feature) pairs
 (PairedRunner: runners/paired.py); its logits are the target's lm_head over post_norm's output,
 which is also what a draft step feeds back (heads/mtp.py).
 
 TPPagedMtpRunner is the same over the tensor-parallel Llama runner (runners/paged_llama_tp.py;
-TPPagedMlaMtpRunner over the tensor-parallel MLA runner, runners/paged_mla_tp.py):
+TPPagedMlaMtpRunner over the tensor-parallel MLA runner, runners/paged_mla_tp.py; TPPagedQwen3NextMtpRunner
+over runners/paged_qwen3_next_tp.py):
 each rank reads its slices of the layer from the target's checkpoint (sharding.mtp_layer_shards,
 by the target's plan: heads and every expert's width split, enorm / hnorm / eh_proj whole) and
 looks tokens up in the target runner's vocabulary slice; the logits are gathered over the
 vocabulary, equal on every rank.
 """
-import copy
 import weakref
 
 import torch
@@ -28,9 +30,12 @@ from .paged_llama import PagedLlamaRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla_tp import TPPagedMlaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner, latent_reason
+from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner, qwen_norm
+from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paired import PairedRunner
 from .sharded_model import ShardedCausalLM, rotary_of
 from .sharding import mtp_layer_shards
+from ..heads.mtp import mtp_block_config
 
 # The MTP layer's own tensors beside its decoder block (the block's names are a layer's)
 MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")
@@ -50,8 +55,9 @@ def mtp_unsupported_reason(head, max_tokens_per_row: int | None = None, backend=
 
 def mtp_runner(head, embed: torch.Tensor, lm_head: torch.Tensor, **kwargs):
     """The single-process runner of ``head``'s layer: PagedMlaMtpRunner for an MLA family's
-    (DeepSeek-V3), else PagedMtpRunner; kwargs: their num_draft_tokens / block_size / backend."""
-    cls = PagedMlaMtpRunner if head.config.model_type in MLA_MODEL_TYPES else PagedMtpRunner
+    (DeepSeek-V3), PagedQwen3NextMtpRunner for Qwen3-Next's / Qwen3.5's, else PagedMtpRunner; kwargs:
+    their num_draft_tokens / block_size / backend."""
+    cls = _family_runner(head.config.model_type, (PagedMlaMtpRunner, PagedQwen3NextMtpRunner, PagedMtpRunner))
     return cls(head, embed, lm_head, **kwargs)
 
 
@@ -68,11 +74,14 @@ class _MtpLayer:
         self.enorm, self.hnorm, self.eh_proj = enorm, hnorm, eh_proj
         self.hidden_first, self.feature_width = hidden_first, feature_width
 
+    def _mtp_norm(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """enorm / hnorm ((weight, eps)) over x [T, H]: the family's RMSNorm (Qwen3-Next's: _QwenNorms)."""
+        return rms_norm(x, *norm, fused_layer_math(self.dtype, self.device.type))
+
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """ids [T] (-1 pads) with the forward's features [T, H] -> the MTP block's input [T, H]."""
-        fused = fused_layer_math(self.dtype, self.device.type)
-        e = rms_norm(super()._embed(flat), *self.enorm, fused)
-        h = rms_norm(self._features, *self.hnorm, fused)
+        e = self._mtp_norm(super()._embed(flat), self.enorm)
+        h = self._mtp_norm(self._features, self.hnorm)
         return linear(torch.cat([h, e] if self.hidden_first else [e, h], -1), *self.eh_proj)
 
     def _head_decode(self, flat, feats, positions, cu, attn_lens, n: int, project: bool):
@@ -131,6 +140,20 @@ class PagedMlaMtpRunner(_WholeMtpLayer, PairedRunner, PagedMlaRunner):
     runner (runners/paged_mla.py), its cache one latent plane."""
 
 
+class _QwenNorms:
+    """Qwen3-Next's and Qwen3.5's enorm / hnorm (pre_fc_norm_embedding / pre_fc_norm_hidden): the family's
+    x (1 + w) in float32 (paged_qwen3_next.qwen_norm), as its every other norm."""
+
+    def _mtp_norm(self, x: torch.Tensor, norm) -> torch.Tensor:
+        return qwen_norm(x, norm)
+
+
+class PagedQwen3NextMtpRunner(_QwenNorms, _WholeMtpLayer, PairedRunner, PagedQwen3NextRunner):
+    """PagedMtpRunner for Qwen3-Next's / Qwen3.5's MTP layer (heads/mtp_checkpoint.py): its gated
+    full-attention block on the Qwen3-Next runner (runners/paged_qwen3_next.py; no recurrent layer, so
+    no state to roll back)."""
+
+
 class _ShardedMtpLayer(_MtpLayer):
     """The tensor-parallel runners' construction (heads/mtp.MtpLayerSlices): this rank's slices of the
     layer read from the checkpoint by ``target_runner``'s plan, as a one-layer ShardedCausalLM over
@@ -148,8 +171,7 @@ class _ShardedMtpLayer(_MtpLayer):
         try:  # a rank that cannot read its slices tells the others (the agreement in TPPagedLlamaRunner's init)
             shards = mtp_layer_shards(head.path, plan, head.layer_index, dtype=target_runner.dtype,
                                       device=target_runner.device)
-            config = copy.copy(target.config)
-            config.num_hidden_layers = 1
+            config = mtp_block_config(target.config)
             block = {"model.layers.0." + name[len(prefix):]: t for name, t in shards.items()
                      if not name.startswith(tuple(prefix + n for n in MTP_OWN))}
             block.update({"model.embed_tokens.weight": target_runner.embed, "lm_head.weight": target_runner.lm_head,
@@ -185,8 +207,20 @@ class TPPagedMlaMtpRunner(_ShardedMtpLayer, PairedRunner, TPPagedMlaRunner):
     rank's heads of the layer's latent attention, the latent whole (runners/paged_mla_tp.py)."""
 
 
+class TPPagedQwen3NextMtpRunner(_QwenNorms, _ShardedMtpLayer, PairedRunner, TPPagedQwen3NextRunner):
+    """Runner of Qwen3-Next's / Qwen3.5's MTP layer on one tensor-parallel rank: this rank's heads of its
+    gated attention and its columns of every expert (runners/paged_qwen3_next_tp.py)."""
+
+
+def _family_runner(model_type: str, classes: tuple):
+    """Of (MLA, Qwen3-Next, Llama) runner classes, the one for ``model_type``'s MTP layer."""
+    mla, qwen, llama = classes
+    return mla if model_type in MLA_MODEL_TYPES else qwen if model_type in QWEN3_NEXT_TYPES else llama
+
+
 def tp_mtp_runner(head, target_runner, **kwargs):
     """The tensor-parallel runner of ``head``'s layer on this rank: TPPagedMlaMtpRunner for an MLA
-    family's, else TPPagedMtpRunner; kwargs: their num_draft_tokens / block_size / backend."""
-    cls = TPPagedMlaMtpRunner if head.config.model_type in MLA_MODEL_TYPES else TPPagedMtpRunner
+    family's, TPPagedQwen3NextMtpRunner for Qwen3-Next's / Qwen3.5's, else TPPagedMtpRunner; kwargs: their
+    num_draft_tokens / block_size / backend."""
+    cls = _family_runner(head.config.model_type, (TPPagedMlaMtpRunner, TPPagedQwen3NextMtpRunner, TPPagedMtpRunner))
     return cls(head, target_runner, **kwargs)

@@ -198,15 +198,21 @@ class PagedQwen3NextRunner(PagedRunnerBase):
     states = ()  # per Gated DeltaNet layer: _States (allocated with the pool)
 
     def _bind(self, model) -> None:
-        config, inner = model.config, model.model
-        self.embed = inner.embed_tokens.weight
-        self.layers = [_Layer(layer, kind, config, self.kernels) for layer, kind in zip(inner.layers, config.layer_types)]
+        inner = model.model
+        self._bind_parts(model.config, inner.embed_tokens.weight, inner.layers, inner.norm,
+                         model.get_output_embeddings().weight, inner.rotary_emb)
+
+    def _bind_parts(self, config, embed: torch.Tensor, layers, norm, lm_head: torch.Tensor, rotary) -> None:
+        """The decoder's parts: embedding [V, H], decoder layer modules (of config.layer_types' kinds),
+        final norm module, LM head [V, H], rotary module (a target's MTP layer binds its own:
+        runners/paged_mtp.py)."""
+        self.embed = embed
+        self.layers = [_Layer(layer, kind, config, self.kernels) for layer, kind in zip(layers, config.layer_types)]
         self._attention_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind == "full_attention")}
         self._linear_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind != "full_attention")}
-        self.final_norm = (inner.norm.weight, inner.norm.eps)
-        self.lm_head = model.get_output_embeddings().weight
+        self.final_norm = (norm.weight, norm.eps)
+        self.lm_head = lm_head
         self._bind_heads(config)
-        rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
 

@@ -81,14 +81,37 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                                  (r"\.mlp\.c_proj\.", ".mlp.down_proj."))}
 
 
-def layout_name(name: str, model_type: str | None = None) -> str | None:
+# Qwen3-Next's / Qwen3.5's MTP layer (mtp.*, vLLM's qwen3_next_mtp names; transformers does not load it) under
+# GLM-4.5's names for its MTP layer (model.layers.{L}.*, L the decoder's layer count), which mtp_layer_shards reads:
+# mtp.layers.{i}.* is the block of MTP layer L + i, the rest MTP layer L's own tensors
+MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.")
+MTP_OWN_NAMES = (("mtp.fc.", "eh_proj."), ("mtp.pre_fc_norm_embedding.", "enorm."), ("mtp.pre_fc_norm_hidden.", "hnorm."),
+                 ("mtp.norm.", "shared_head.norm."))
+
+
+def _mtp_layout_name(name: str, num_layers: int) -> str:
+    """A Qwen3-Next / Qwen3.5 checkpoint's mtp.* name under GLM-4.5's MTP names (MTP_OWN_NAMES); a name of
+    neither kind as it is."""
+    match = MTP_LAYER.match(name)
+    if match:
+        return f"model.layers.{num_layers + int(match.group(1))}.{name[match.end():]}"
+    for prefix, own in MTP_OWN_NAMES:
+        if name.startswith(prefix):
+            return f"model.layers.{num_layers}.{own}{name[len(prefix):]}"
+    return name
+
+
+def layout_name(name: str, model_type: str | None = None, num_layers: int | None = None) -> str | None:
     """A checkpoint or state_dict name under the names this layout reads (the shards' keys), or None for a
     tensor that is not the text decoder's: a multimodal checkpoint's text decoder read as a causal LM's
     (TEXT_PREFIXES), a family's published names as transformers renames them (CHECKPOINT_RENAMES, by
-    ``model_type``), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
+    ``model_type``), Qwen3-Next's / Qwen3.5's MTP layer (mtp.*) as the layer past the decoder's ``num_layers``
+    (MTP_OWN_NAMES), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
     tensor)."""
     if name.startswith(NOT_TEXT):
         return None
+    if num_layers is not None and name.startswith("mtp."):
+        name = _mtp_layout_name(name, num_layers)
     for prefix, stands_for in TEXT_PREFIXES:
         if name.startswith(prefix):
             name = stands_for + name[len(prefix):]
@@ -207,7 +230,7 @@ class LlamaShardPlan:
 
     def layout_name(self, name: str) -> str | None:
         """layout_name for this plan's family."""
-        return layout_name(name, self.model_type)
+        return layout_name(name, self.model_type, self.num_layers)
 
     # -- the slice of each checkpoint tensor ----------------------------------------------------
     def slice_of(self, name: str) -> Slice | tuple | None:
@@ -378,8 +401,9 @@ MTP_SHARED = ("embed_tokens.weight", "shared_head.head.weight")
 
 def mtp_layer_shards(path, plan, layer: int, *, dtype=None, device="cpu") -> dict:
     """This rank's slices of the multi-token prediction layer model.layers.{layer}.* in the
-    checkpoint at ``path`` (GLM-4.5's), by the target's plan: its decoder block split as any layer
-    (heads, every expert's width), enorm / hnorm / eh_proj / shared_head.norm whole."""
+    checkpoint at ``path`` (GLM-4.5's; Qwen3-Next's / Qwen3.5's mtp.* under those names: layout_name), by
+    the target's plan: its decoder block split as any layer (heads, every expert's width), enorm / hnorm /
+    eh_proj / shared_head.norm whole."""
     prefix = f"model.layers.{layer}."
     shards = shards_from_safetensors(path, plan, dtype=dtype, device=device,
                                      select=lambda name: name.startswith(prefix) and not name.endswith(MTP_SHARED))
@@ -390,7 +414,8 @@ def mtp_layer_shards(path, plan, layer: int, *, dtype=None, device="cpu") -> dic
 
 def _past_the_layers(name: str, plan) -> bool:
     """A tensor of a layer the decoder does not have: GLM-4.5's and DeepSeek-V3's multi-token
-    prediction layer (model.layers.{num_hidden_layers}.*, which transformers does not load either)."""
+    prediction layer (model.layers.{num_hidden_layers}.*, which transformers does not load either;
+    Qwen3-Next's mtp.* read under that name)."""
     match = _LAYER.match(name)
     return plan.num_layers is not None and match is not None and int(match.group(1)) >= plan.num_layers
 

@@ -78,6 +78,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     llama4_multimodal_checkpoint(workers.tiny("llama4_text")[0], tmp_path / "llama4_text")  # a Llama4Config around it
     glm_with_mtp(tmp_path / "glm_mtp")  # a GLM-4.5 checkpoint with its MTP layer: each rank reads that layer's slices
     glm_with_mtp(tmp_path / "deepseek_mtp", kind="deepseek_v3")  # DeepSeek-V3's: latent attention, read as slices
+    glm_with_mtp(tmp_path / "qwen_mtp", kind="qwen3_next")  # Qwen3-Next's mtp.*: a gated attention layer, read as slices
     results = run_ranks(workers.battery, 4, str(tmp_path))
     errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
     assert not errors, f"ranks failed: {errors}"
@@ -155,6 +156,10 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     _check(problems, shapes == {"q_a_proj.weight": (16, 48), "q_a_layernorm.weight": (16,), "q_b_proj.weight": (40, 16),
                                 "kv_a_proj_with_mqa.weight": (32, 48), "kv_a_layernorm.weight": (24,),
                                 "kv_b_proj.weight": (48, 24), "o_proj.weight": (48, 24)}, f"DeepSeek-V3 shards: {shapes}")
+    # Qwen3-Next: rank 1's 2 of 4 heads of its MTP layer's gated attention, 12 of each expert's 24 columns
+    _check(problems, two["qwen mtp alpha"] > 0, f"Qwen3-Next use_mtp over 2 ranks: alpha {two['qwen mtp alpha']}")
+    _check(problems, two["qwen mtp runner"] == ("TPPagedQwen3NextMtpRunner", 2, (8, 24, 48), "TPPagedQwen3NextRunner"),
+           f"Qwen3-Next use_mtp runner: {two['qwen mtp runner']}")
     tokens, alpha = results[0]["2 ranks"]["chi-square"]
     _check(problems, tokens == two["chi-square"][0], "chi-square rows: the ranks' tokens differ")
     _check(problems, 0.2 < alpha < 0.95, f"chi-square alpha {alpha}: the test needs accepted and rejected drafts")

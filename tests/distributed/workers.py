@@ -183,6 +183,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         out[f"{kind} shard shapes"] = {name: tuple(t.shape) for name, t in sharded.shards.items() if "layers.0." in name}
     out.update(_mtp(specdec_fast, os.path.join(checkpoint, "glm_mtp"), group, "mtp"))
     out.update(_mtp(specdec_fast, os.path.join(checkpoint, "deepseek_mtp"), group, "deepseek mtp"))
+    out.update(_mtp(specdec_fast, os.path.join(checkpoint, "qwen_mtp"), group, "qwen mtp"))
     # CHI_ROWS independent rows (one seed, per-row streams): token 1 is the prefill's (y ~ q),
     # token 2 the first speculative block's (K = 2: an accepted draft, a residual or a bonus).
     chi, chi_draft = chi_square_pair()
@@ -275,8 +276,8 @@ def _rings(specdec_fast, ids, mask, group) -> dict:
 
 
 def _mtp(specdec_fast, path, group, label: str) -> dict:
-    """A target's own MTP layer (GLM-4.5's or DeepSeek-V3's model.layers.{L}): each rank reads its slices
-    of it from the checkpoint (heads split, every expert by its width) and drafts with them, on a model
+    """A target's own MTP layer (GLM-4.5's or DeepSeek-V3's model.layers.{L}, Qwen3-Next's mtp.*): each rank reads
+    its slices of it from the checkpoint (heads split, every expert by its width) and drafts with them, on a model
     loaded whole (greedy; sampled at K = 2) and on a ShardedCausalLM read from the same checkpoint
     (DeepSeek-V3's: the target's latent attention split by heads, read as slices too)."""
     import transformers as tf

@@ -1,5 +1,8 @@
 """generate(use_mtp=True): the target's own MTP layer drafts (heads/mtp.py, runners/paged_mtp.py,
-drafters/eagle3.py), for a GLM-4.5 target and a DeepSeek-V3 one (its MLA layer on the MLA runner). The paged layer equals transformers' MtpModel layer on every backend; the
+drafters/eagle3.py), for a GLM-4.5 target, a DeepSeek-V3 one (its MLA layer on the MLA runner) and a
+Qwen3-Next one (mtp.*, read by heads/mtp_checkpoint.py: transformers has no MtpModel for it; its
+reference is transformers' MtpLayer around transformers' Qwen3-Next layer, and the reading of vLLM's
+names is checked against the checkpoint's tensors). The paged layer equals that reference on every backend; the
 drafts are transformers' MTP drafts over the context so far (K = 1, its own, and K = 3, the layer
 chained on its normed output); greedy decoding equals model.generate(use_mtp=True) and the
 target's greedy decoding (batches, left padding, the static graph twin, trees, the adaptive
@@ -15,7 +18,7 @@ from specdec_fast.engine import SpeculativeDecoder
 from specdec_fast.heads import MtpHead
 from specdec_fast.kernels import make_sampling_tensors
 from specdec_fast.runners.hf import UnsupportedModelError
-from specdec_fast.runners.paged_mtp import PagedMlaMtpRunner, PagedMtpRunner, mtp_runner
+from specdec_fast.runners.paged_mtp import PagedMlaMtpRunner, PagedMtpRunner, PagedQwen3NextMtpRunner, mtp_runner
 from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device, on_device
@@ -23,22 +26,28 @@ from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
 from .heads import proposals_per_iteration
 from .models import VOCAB, left_padded_prompts, make_model
-from .mtp_models import LAYERS, glm_with_mtp
+from .mtp_models import LAYERS, QWEN_KINDS, glm_with_mtp, mtp_reference
 from .test_sampling_exact import target_probs
 
 
-@pytest.fixture(scope="module", params=["glm4_moe", "deepseek_v3"])
+RUNNERS = {"glm4_moe": PagedMtpRunner, "deepseek_v3": PagedMlaMtpRunner, "qwen3_next": PagedQwen3NextMtpRunner}
+
+
+@pytest.fixture(scope="module", params=list(RUNNERS))
 def target(request, tmp_path_factory):
-    """A GLM-4.5 target (its layer on the Llama runner), then a DeepSeek-V3 one (an MLA layer: PagedMlaMtpRunner)."""
+    """A GLM-4.5 target (its layer on the Llama runner), a DeepSeek-V3 one (an MLA layer: PagedMlaMtpRunner),
+    a Qwen3-Next one (a gated attention layer: PagedQwen3NextMtpRunner)."""
     return glm_with_mtp(tmp_path_factory.mktemp(request.param), kind=request.param)
 
 
 @pytest.fixture(scope="module")
 def mtp_model(target):
-    """transformers' own MtpModel of the target: the reference."""
-    from transformers.modeling_layers import MtpModel
+    """The reference: transformers' own MtpModel of the target (Qwen's: mtp_models.mtp_reference)."""
+    return mtp_reference(target)
 
-    return MtpModel.from_pretrained(target).eval()
+
+def _qwen(target) -> bool:
+    return target.config.model_type in QWEN_KINDS
 
 
 def _reference(mtp_model, tokens, features, positions):
@@ -67,7 +76,7 @@ def test_paged_mtp_layer_equals_transformers(target, mtp_model, backend, device)
     hidden = target.config.hidden_size
     feats = torch.randn(3, ids.shape[1], hidden, generator=gen).to(device)
     runner = mtp_runner(head, *_weights(target), num_draft_tokens=3, block_size=4, backend=backend)
-    assert type(runner) is (PagedMlaMtpRunner if target.config.model_type == "deepseek_v3" else PagedMtpRunner)
+    assert type(runner) is RUNNERS[target.config.model_type]
     runner.prefill_pairs(ids, feats, mask, budgets=[16, 16, 16], num_draft_tokens=3)
     new_ids = torch.randint(0, VOCAB, (3, 4), generator=gen).to(device)
     new_feats = torch.randn(3, 4, hidden, generator=gen).to(device)
@@ -123,6 +132,8 @@ def test_drafts_equal_transformers_mtp_drafts(target, mtp_model, k):
 
 def test_greedy_equals_transformers_use_mtp(target):
     """One row, as transformers' assisted generation takes: model.generate(use_mtp=True)'s tokens."""
+    if _qwen(target):
+        pytest.skip("transformers has no use_mtp for Qwen3-Next (test_greedy_equals_target_greedy compares its tokens)")
     ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
     expected = target.generate(ids, do_sample=False, max_new_tokens=16, use_mtp=True, pad_token_id=0)
     assert torch.equal(expected, target.generate(ids, do_sample=False, max_new_tokens=16, pad_token_id=0))
@@ -149,9 +160,13 @@ def test_greedy_equals_target_greedy(target, backend, k, graphs, device):
 def test_trees_and_the_adaptive_schedule_run_exactly(target, chaos):
     ids, mask = left_padded_prompts([5, 2], vocab=VOCAB, seed=4)
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=14, pad_token_id=0)
-    out = specdec_fast.generate(target, ids, mask, use_mtp=True, tree="static", do_sample=False, max_new_tokens=14,
-                                pad_token_id=0)
-    assert torch.equal(out, expected)
+    if _qwen(target):  # its recurrent layers take chains only
+        with pytest.raises(UnsupportedModelError, match="token trees are not supported on Qwen3-Next"):
+            specdec_fast.generate(target, ids, mask, use_mtp=True, tree="static", max_new_tokens=4, pad_token_id=0)
+    else:
+        out = specdec_fast.generate(target, ids, mask, use_mtp=True, tree="static", do_sample=False, max_new_tokens=14,
+                                    pad_token_id=0)
+        assert torch.equal(out, expected)
     chosen = chaos([3, 1, 2, 4])
     out, stats = specdec_fast.generate(target, ids, mask, use_mtp=True, num_assistant_tokens_schedule="adaptive",
                                        do_sample=False, max_new_tokens=14, pad_token_id=0, return_stats=True)
@@ -271,9 +286,9 @@ def test_the_cli_drafts_with_mtp(target, capsys, monkeypatch, tmp_path):
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>").save_pretrained(tmp_path)
-    # transformers finds MTP weights by the class's patterns (the real layers: GLM-4.5's 46 / 92, DeepSeek-V3's 61):
-    # this checkpoint's layer
-    monkeypatch.setattr(type(target), "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{LAYERS}\..*"])
+    if not _qwen(target):  # transformers finds MTP weights by the class's patterns (the real layers: GLM-4.5's 46 / 92,
+        # DeepSeek-V3's 61): this checkpoint's layer
+        monkeypatch.setattr(type(target), "_keys_to_ignore_on_load_unexpected", [rf"model\.layers\.{LAYERS}\..*"])
     argv = ["generate", "--target", target.config.name_or_path, "--tokenizer", str(tmp_path), "--prompt", "w5 w9 w5 w9"]
     assert cli.main([*argv, "--mtp", "--max-new-tokens", "8"]) == 0
     out = capsys.readouterr().out
@@ -293,3 +308,64 @@ def test_a_checkpoints_processors_apply_to_the_mtp_drafts(target):
     sampled = dict(options, use_mtp=True, num_assistant_tokens=2, do_sample=True, seed=4, temperature=0.8)
     eager = specdec_fast.generate(target, ids, mask, cuda_graphs=False, **sampled)
     assert torch.equal(specdec_fast.generate(target, ids, mask, cuda_graphs="static", **sampled), eager)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    return glm_with_mtp(tmp_path_factory.mktemp("qwen3_next_mtp"), kind="qwen3_next")
+
+
+def test_qwen_mtp_reads_vllms_names_and_formula(qwen):
+    """The layer read from Qwen3-Next's mtp.* is vLLM's Qwen3NextMultiTokenPredictor, written out here from
+    the checkpoint's own tensors: x0 = fc(cat(pre_fc_norm_embedding(e), pre_fc_norm_hidden(h))), each norm
+    x (1 + w); the block's tensors (the experts fused) are mtp.layers.0's; the post norm is mtp.norm."""
+    from safetensors.torch import load_file
+
+    raw = load_file(f"{qwen.config.name_or_path}/model.safetensors")
+    head = MtpHead.for_target(qwen)
+    layer = head.layer
+    assert torch.equal(layer.post_norm.weight, raw["mtp.norm.weight"])
+    assert torch.equal(layer.mtp_block.self_attn.q_proj.weight, raw["mtp.layers.0.self_attn.q_proj.weight"])
+    experts = layer.mtp_block.mlp.experts
+    assert torch.equal(experts.down_proj[3], raw["mtp.layers.0.mlp.experts.3.down_proj.weight"])
+    assert torch.equal(experts.gate_up_proj[5], torch.cat([raw["mtp.layers.0.mlp.experts.5.gate_proj.weight"],
+                                                           raw["mtp.layers.0.mlp.experts.5.up_proj.weight"]]))
+
+    def norm(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + qwen.config.rms_norm_eps) * (1 + weight)
+
+    gen = torch.Generator().manual_seed(9)
+    e, h = torch.randn(5, 48, generator=gen), torch.randn(5, 48, generator=gen)
+    expected = torch.cat([norm(e, raw["mtp.pre_fc_norm_embedding.weight"]), norm(h, raw["mtp.pre_fc_norm_hidden.weight"])],
+                         -1) @ raw["mtp.fc.weight"].T
+    with torch.no_grad():
+        seen = layer.eh_proj(torch.cat([layer.enorm(e), layer.hnorm(h)], -1))
+    torch.testing.assert_close(seen, expected, atol=1e-5, rtol=1e-5)
+    assert head.hidden_first is False and MtpHead.for_target(qwen) is head  # cat(embedding, hidden); loaded once
+
+
+def test_qwen35_dense_mtp_greedy_equals_target_greedy(tmp_path):
+    """Qwen3.5's dense text decoder: its MTP layer's dense MLP, read and run the same way."""
+    target = glm_with_mtp(tmp_path, kind="qwen3_5_text")
+    ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=5)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    out, stats = specdec_fast.generate(target, ids, mask, use_mtp=True, num_assistant_tokens=2, do_sample=False,
+                                       max_new_tokens=12, pad_token_id=0, return_stats=True)
+    assert torch.equal(out, expected) and stats.alpha > 0
+    assert type(MtpHead.for_target(target).layer.mtp_block.mlp).__name__ == "Qwen3_5MLP"
+
+
+def test_qwen_mtp_refusals_name_their_reason(qwen, tmp_path):
+    ids = torch.randint(3, VOCAB, (1, 4), generator=torch.Generator().manual_seed(1))
+    config = copy.deepcopy(qwen.config)
+    del config.mtp_num_hidden_layers
+    with pytest.raises(UnsupportedModelError, match="mtp_num_hidden_layers is 0 or missing"):
+        specdec_fast.generate(type(qwen)(config).eval(), ids, use_mtp=True, max_new_tokens=3)
+    config.mtp_num_hidden_layers, config.mtp_use_dedicated_embeddings = 1, True
+    with pytest.raises(UnsupportedModelError, match="embeddings of its own"):
+        specdec_fast.generate(type(qwen)(config).eval(), ids, use_mtp=True, max_new_tokens=3)
+    config.mtp_use_dedicated_embeddings = False
+    qwen.save_pretrained(tmp_path)  # transformers' Qwen3-Next drops mtp.* on loading: a checkpoint without the layer
+    config.name_or_path = str(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="no MTP layer could be read.*no MTP layer"):
+        specdec_fast.generate(type(qwen)(config).eval(), ids, use_mtp=True, max_new_tokens=3)
