@@ -19,7 +19,7 @@ Granite / SmolLM3 / OLMo 3 / Gemma 1 / Gemma 3 / StarCoder2 / GPT-NeoX / OPT / C
 Mistral / Gemma 2 / Cohere 2 / CWM with sliding windows of 8 that the rows pass, Ministral 3 past
 its query temperature's threshold, Mixtral / Qwen3-MoE / Qwen2-MoE (a shared expert) / GPT-OSS (sinks, windows
 of 8) / GLM-4.5 (grouped sigmoid routing, a partial rotary embedding) / EXAONE MoE / Solar Open / OLMoE,
-DeepSeek-V2 / V3 (latent attention), GLM-4.5 and DeepSeek-V3 with their MTP layers (use_mtp), Qwen3-Next
+DeepSeek-V2 / V3 (latent attention), GLM-4.5, DeepSeek-V3 and Qwen3-Next with their MTP layers (use_mtp), Qwen3-Next
 (recurrent layers rolled back), MiniMax-M2, ERNIE 4.5 MoE, with
 transformers' processors (test_generate_processors.OPTIONS), user
 processors and stopping criteria, against model.generate. chat: a greedy chat loop over one
@@ -270,7 +270,7 @@ def sampled_cases(seed: int, iterations: int, triton: bool = False):
         yield it, _described(opts, ours, prompts=batch.input_ids.shape, refused=isinstance(base, Exception)), failure
 
 
-MTP_KINDS = {"glm_mtp": "glm4_moe", "deepseek_mtp": "deepseek_v3"}  # the families' kinds with an MTP layer: its model kind
+MTP_KINDS = {"glm_mtp": "glm4_moe", "deepseek_mtp": "deepseek_v3", "qwen3_next_mtp": "qwen3_next"}  # the families' kinds with an MTP layer: its model kind
 
 
 def family_cases(seed: int, iterations: int, triton: bool = False):
@@ -297,9 +297,9 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
         rng = random.Random(seed * 100003 + it)
         kind = rng.choice(["llama", "llama", "qwen2", "gpt2", "phi3", "granite", "smollm3", "olmo3", "gemma3", "starcoder2", "gpt_neox", "opt", "cohere", "gpt_bigcode",
                           "mistral", "gemma", "gemma2", "cohere2", "mixtral", "qwen3_moe", "qwen2_moe", "glm4_moe", "exaone_moe", "solar_open",
-                          "olmoe", "ministral3", "cwm", "gpt_oss", "glm_mtp", "deepseek_v2", "deepseek_v3", "deepseek_mtp", "qwen3_next", "minimax_m2", "ernie4_5_moe",
+                          "olmoe", "ministral3", "cwm", "gpt_oss", "glm_mtp", "deepseek_v2", "deepseek_v3", "deepseek_mtp", "qwen3_next", "qwen3_next_mtp", "minimax_m2", "ernie4_5_moe",
                           "llama4_text", "glm4", "exaone4", "hunyuan_v1_moe", "dots1", "apertus", "arcee"])
-        if kind not in pairs:  # glm_mtp / deepseek_mtp: loaded from a checkpoint with its MTP layer (use_mtp below)
+        if kind not in pairs:  # MTP_KINDS: loaded from a checkpoint with its MTP layer (use_mtp below)
             model = glm_with_mtp(tempfile.mkdtemp(prefix=f"fuzz_{kind}_"), kind=MTP_KINDS[kind]) if kind in MTP_KINDS \
                 else make_model(kind, layers=2, seed=3)
             model.generation_config.eos_token_id = None

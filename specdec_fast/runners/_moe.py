@@ -100,6 +100,8 @@ BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "softmax_biased")  # the ro
 SHARED = ("shared_expert", "shared_experts", "shared_mlp")  # Qwen2-MoE's (gated), GLM-4.5's, HunYuan's (ungated)
 # The families whose one shared MLP is as wide as a routed expert (their configs give no width of its own)
 SHARED_AS_WIDE = ("llama4_text", "hunyuan_v1_moe")
+# The families whose experts are intermediate_size wide whatever moe_intermediate_size says (transformers' HunYuan)
+EXPERTS_OF_INTERMEDIATE_SIZE = ("hunyuan_v1_moe",)
 
 
 def is_moe(mlp) -> bool:
@@ -127,10 +129,16 @@ def _correction(mlp):
     return None
 
 
-def top_k_of(config) -> int:
-    """Experts a token: num_experts_per_tok, or HunYuan's moe_topk (an int; a list per layer is refused: moe_reason)."""
+def top_k_of(config, layer: int | None = None) -> int:
+    """Experts a token: num_experts_per_tok, or HunYuan's moe_topk -- an int, or one per layer (Hunyuan-A13B's
+    config lists [8] * 32; transformers' HunYuanMoEV1Gate reads moe_topk[layer_idx]), of layer ``layer``."""
     top_k = getattr(config, "num_experts_per_tok", None)
-    return int(top_k if top_k is not None else config.moe_topk)
+    top_k = top_k if top_k is not None else config.moe_topk
+    if isinstance(top_k, (list, tuple)):
+        if layer is None:
+            raise ValueError(f"moe_topk {top_k!r} lists one value per layer: the layer's index is needed")
+        return int(top_k[layer])
+    return int(top_k)
 
 
 def input_scaling_reason(config) -> str | None:
@@ -162,9 +170,6 @@ def moe_reason(mlp, config) -> str | None:
     reason = input_scaling_reason(config)
     if reason is not None:
         return reason
-    for field in ("moe_topk", "num_experts"):  # HunYuan's may list one per layer
-        if isinstance(getattr(config, field, None), (list, tuple)):
-            return f"{field} {getattr(config, field)!r} per layer (one value is read for every layer)"
     if (getattr(mlp, "shared_expert", None) is not None and config.model_type not in INPUT_SCALED
             and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear)):
         return "a shared expert without a shared_expert_gate"
@@ -200,17 +205,20 @@ def module_params(mlp) -> dict:
 class MoE:
     """One layer's router and experts (references to the model's tensors, or views of them: no
     copies). block: a transformers MoE block, or its tensors by name (module_params' names: a
-    tensor-parallel rank's shards, the experts' widths this rank's slice of them)."""
+    tensor-parallel rank's shards, the experts' widths this rank's slice of them). layer: the layer's
+    index, for a config that lists top-k per layer (a block's router may carry it: HunYuan's)."""
 
-    def __init__(self, block, config, kernels: str = "torch"):
+    def __init__(self, block, config, kernels: str = "torch", layer: int | None = None):
         from transformers.activations import ACT2FN
 
         params = block if isinstance(block, dict) else module_params(block)
+        if layer is None and not isinstance(block, dict):  # HunYuan's gate knows its layer (moe_topk per layer)
+            layer = getattr(getattr(block, "gate", None), "layer_idx", None)
         self.routing_kind, renorm, self.cast, self.layout = MOE_FAMILIES[config.model_type]
         self.renorm = bool(getattr(config, renorm)) if isinstance(renorm, str) else renorm
         router = "gate" if "gate.weight" in params else "router"
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
-        self.top_k = top_k_of(config)
+        self.top_k = top_k_of(config, layer)
         self.scale_input = config.model_type in INPUT_SCALED
         if self.routing_kind in BIASED_ROUTINGS:
             self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E] (ERNIE's [1, E])

@@ -41,14 +41,13 @@ async_op=False); the decoding loop's polls run in lockstep on every rank (run_ah
 import torch
 import torch.nn.functional as F
 
-from ._moe import MoE
 from .paged_base import FLOAT_DTYPES
 from .paged_llama import (GRANITE_SCALARS, INTERLEAVED_ROPE, POST_BRANCH_NORMS, QK_NORM_AFTER_ROPE, PagedLlamaRunner,
                           interleaved_order, llama_config_reason, rotates)
 from ._rotary import rotary_dims
 from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding import WHOLE_PROJECTION_NORMS
-from .sharding_moe import moe_layer_params
+from .sharding_moe import layer_moe
 
 
 def shard_reason(model, model_types: tuple) -> str | None:
@@ -102,8 +101,7 @@ class _TPLayer:
         eps = config.rms_norm_eps
         self.ln_in, self.eps_in = _either(get, "input_layernorm.weight", "attention_layernorm.weight"), eps  # (Apertus')
         self.ln_post, self.eps_post = _either(get, "post_attention_layernorm.weight", "feedforward_layernorm.weight"), eps
-        moe = moe_layer_params(shards, prefix, first_rank)
-        self.moe = None if moe is None else MoE(moe, config, kernels)
+        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
         q, k, v = (get(f"self_attn.{p}_proj.weight") for p in "qkv")
         bq, bk, bv = (get(f"self_attn.{p}_proj.bias") for p in "qkv")
         gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")

@@ -12,11 +12,10 @@ and the MLP's (the residual stream, replicated, is added after each). The math i
 PagedMlaRunner's over this rank's heads; the agreement at construction, the vocabulary-parallel
 embedding and the gathered logits are TensorParallelRunner's.
 """
-from ._moe import MoE
 from .paged_llama_tp import TensorParallelRunner, sharded_reason
 from .paged_mla import PagedMlaRunner, latent_reason, mla_scale, rope_form
 from .sharded_model import TP_MLA_TYPES, ShardedCausalLM
-from .sharding_moe import moe_layer_params
+from .sharding_moe import layer_moe
 
 
 def tp_mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -55,8 +54,7 @@ class _TPMlaLayer:
         per_head = get(attn + "kv_b_proj.weight").view(plan.local_heads, plan.mla[1], config.kv_lora_rank)
         dn = config.qk_nope_head_dim
         self.w_uk, self.w_uv = per_head[:, :dn], per_head[:, dn:]
-        moe = moe_layer_params(shards, prefix, first_rank)
-        self.moe = None if moe is None else MoE(moe, config, kernels)
+        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
         if self.moe is None:
             self.gate, self.up = (get("mlp.gate_proj.weight"), None), (get("mlp.up_proj.weight"), None)
             self.down = (get("mlp.down_proj.weight"), None)

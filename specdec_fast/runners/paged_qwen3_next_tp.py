@@ -12,13 +12,12 @@ the residual stream, replicated, is added after each. The math is PagedQwen3Next
 rank's heads; the agreement, the vocabulary-parallel embedding and the gathered logits are
 TensorParallelRunner's.
 """
-from ._moe import MoE
 from ._rotary import static_rope_reason
 from .paged_base import head_dim_reason
 from .paged_llama_tp import TensorParallelRunner, shard_reason
 from .paged_qwen3_next import LAYER_KINDS, PagedQwen3NextRunner, _Attention, _DeltaNet
 from .sharded_model import TP_HYBRID_TYPES
-from .sharding_moe import moe_layer_params
+from .sharding_moe import layer_moe
 
 
 def tp_qwen3_next_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -60,8 +59,7 @@ class _TPLayer:
         else:
             self.mixer = _Attention(*(pair(f"self_attn.{p}_proj") for p in "qkvo"),
                                     (get("self_attn.q_norm.weight"), eps), (get("self_attn.k_norm.weight"), eps))
-        moe = moe_layer_params(shards, prefix, first_rank)
-        self.moe = None if moe is None else MoE(moe, config, kernels)
+        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
         if self.moe is None:
             self.gate, self.up, self.down = pair("mlp.gate_proj"), pair("mlp.up_proj"), pair("mlp.down_proj")
             self.act = ACT2FN[config.hidden_act]

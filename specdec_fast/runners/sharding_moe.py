@@ -33,10 +33,11 @@ import re
 
 import torch
 
-from ._moe import MOE_FAMILIES, SHARED_AS_WIDE
+from ._moe import EXPERTS_OF_INTERMEDIATE_SIZE, MOE_FAMILIES, SHARED_AS_WIDE, MoE
 
 # a checkpoint's per-expert projection: (layer prefix, block name, expert, projection)
 PER_EXPERT = re.compile(r"^(.*\.)(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+PREFIX_LAYER = re.compile(r"^model\.layers\.(\d+)\.$")
 GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
 # checkpoint name -> module name: Mixtral's router; EXAONE MoE's router bias (stored beside the router)
 RENAMED = (("block_sparse_moe.gate.weight", "mlp.gate.weight"),
@@ -51,7 +52,10 @@ def moe_sizes(config) -> tuple:
     family = MOE_FAMILIES.get(getattr(config, "model_type", None))
     if family is None:
         return None, 0, 0
-    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    # HunYuan: transformers' experts are intermediate_size wide (Hunyuan-A13B's config also lists moe_intermediate_size
+    # per layer, [3072] * 32, which transformers does not read)
+    width = (config.intermediate_size if config.model_type in EXPERTS_OF_INTERMEDIATE_SIZE else
+             getattr(config, "moe_intermediate_size", None) or config.intermediate_size)
     shared = getattr(config, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE
     count = (getattr(config, "n_shared_experts", None) or getattr(config, "num_shared_experts", None)
              or getattr(config, "moe_num_shared_experts", None))  # ERNIE 4.5's name
@@ -120,6 +124,16 @@ def gather_experts(shards: dict) -> dict:
         for name in [n for n in shards if n.endswith(old)]:
             shards[name[: -len(old)] + new] = shards.pop(name)
     return shards
+
+
+def layer_moe(shards: dict, prefix: str, first_rank: bool, config, kernels: str):
+    """The MoE (runners/_moe.MoE) of the layer at ``prefix`` (model.layers.{i}.) from this rank's shards, or
+    None for a dense layer; the layer's index from the prefix (HunYuan's top-k per layer)."""
+    params = moe_layer_params(shards, prefix, first_rank)
+    if params is None:
+        return None
+    index = PREFIX_LAYER.match(prefix)
+    return MoE(params, config, kernels, layer=int(index.group(1)) if index else None)
 
 
 def moe_layer_params(shards: dict, prefix: str, first_rank: bool) -> dict | None:

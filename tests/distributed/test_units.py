@@ -95,11 +95,10 @@ MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
     """Each rank's MoE block output for h [T, H] from its shards (runners/_moe.MoE over its slice of
     every expert; triton: through kernels/moe), and transformers' block output."""
-    from specdec_fast.runners._moe import MoE
-    from specdec_fast.runners.sharding_moe import moe_layer_params
+    from specdec_fast.runners.sharding_moe import layer_moe
 
     prefix = f"model.layers.{layer}."
-    partials = [MoE(moe_layer_params(shards, prefix, rank == 0), model.config, "triton" if triton else "torch")(h)
+    partials = [layer_moe(shards, prefix, rank == 0, model.config, "triton" if triton else "torch")(h)
                 for rank, shards in enumerate(shards_per_rank)]
     theirs = mlp_of(model.model.layers[layer])(h[None])
     return partials, (theirs[0] if isinstance(theirs, tuple) else theirs).reshape(h.shape)  # Llama 4's: [T, H]

@@ -35,8 +35,10 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "hunyuan_v1_dense":  # HunYuan: per-head q/k norms after the rotation (ones here: the tests that need
         # them randomise them)
         return tf.HunYuanDenseV1Config(head_dim=12, **llama_like)
-    if kind == "hunyuan_v1_moe":  # HunYuan-A13B's layer: 8 experts of 24, top 2 (softmax, renormalised), a shared MLP
-        return tf.HunYuanMoEV1Config(head_dim=12, num_experts=8, moe_topk=2, **dict(llama_like, intermediate_size=24))
+    if kind == "hunyuan_v1_moe":  # HunYuan-A13B's layer: 8 experts of 24, top 2 then 1 (softmax, renormalised; a top-k
+        # and an unread moe_intermediate_size per layer, as A13B's config lists them), a shared MLP
+        return tf.HunYuanMoEV1Config(head_dim=12, num_experts=8, moe_topk=[2, 1] * (layers // 2) + [2] * (layers % 2),
+                                     moe_intermediate_size=[96] * layers, **dict(llama_like, intermediate_size=24))
     if kind in ("exaone", "internlm3", "iquestcoder"):  # transformers' LlamaForCausalLM under its own model_type
         return tf.AutoConfig.for_model(kind, **llama_like)
     if kind == "phi3":  # fused qkv_proj / gate_up_proj

@@ -301,12 +301,21 @@ def test_control_ernie_moes_lm_head_bias():
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
-def test_hunyuan_per_layer_expert_lists_are_refused_by_name():
-    """HunYuan's config may list moe_topk / num_experts per layer; the MoE block reads one value for every layer,
-    so such a model is refused by name (choose_runner then hands it to the hf runner)."""
+@pytest.mark.parametrize("backend", ["torch", "cpp"])
+def test_hunyuan_top_k_per_layer(backend):
+    """Hunyuan-A13B's config lists moe_topk per layer ([8] * 32) beside a moe_intermediate_size list transformers does
+    not read: each layer routes to its own count (here 3 then 1). (A num_experts list, which transformers' HunYuan
+    modelling reads too, is no config: HunYuanMoEV1Config's num_experts field takes an int only.)"""
     from specdec_fast.runners.registry import paged_unsupported_reason
 
     model = tiny_moe("hunyuan_v1_moe")
+    model.config.moe_topk, model.config.moe_intermediate_size = [3, 1], [64, 64]
+    for i, layer in enumerate(model.model.layers):  # transformers' gates read moe_topk[layer_idx] when built
+        layer.mlp.gate.top_k = model.config.moe_topk[i]
     assert paged_unsupported_reason(model) is None
-    model.config.moe_topk = [2, 2]
-    assert "moe_topk [2, 2] per layer" in paged_unsupported_reason(model)
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert [layer.moe.top_k for layer in runner.layers] == [3, 1]
+    assert_runner_matches_forward(model, runner, VOCAB)
+    runner.layers[1].moe.top_k = 3  # control: one count for every layer is not the model
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
