@@ -10,7 +10,7 @@ import torch
 from .models import VOCAB, _config
 
 LAYERS = 2
-QWEN_KINDS = ("qwen3_next", "qwen3_5_text")  # their MTP layer under Qwen's names (mtp.*)
+QWEN_KINDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")  # their MTP layer under Qwen's names (mtp.*)
 
 
 def glm_with_mtp(directory, *, vocab: int = VOCAB, seed: int = 0, std: float = 0.05, copy: float = 1.0,

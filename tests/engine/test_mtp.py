@@ -344,15 +344,16 @@ def test_qwen_mtp_reads_vllms_names_and_formula(qwen):
     assert head.hidden_first is False and MtpHead.for_target(qwen) is head  # cat(embedding, hidden); loaded once
 
 
-def test_qwen35_dense_mtp_greedy_equals_target_greedy(tmp_path):
-    """Qwen3.5's dense text decoder: its MTP layer's dense MLP, read and run the same way."""
-    target = glm_with_mtp(tmp_path, kind="qwen3_5_text")
+@pytest.mark.parametrize("kind, mlp", [("qwen3_5_text", "Qwen3_5MLP"), ("qwen3_5_moe_text", "Qwen3_5MoeSparseMoeBlock")])
+def test_qwen35_mtp_greedy_equals_target_greedy(tmp_path, kind, mlp):
+    """Qwen3.5's text decoders: the MTP layer's dense MLP, or its experts, read and run the same way."""
+    target = glm_with_mtp(tmp_path, kind=kind)
     ids, mask = left_padded_prompts([4, 7], vocab=VOCAB, seed=5)
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0)
     out, stats = specdec_fast.generate(target, ids, mask, use_mtp=True, num_assistant_tokens=2, do_sample=False,
                                        max_new_tokens=12, pad_token_id=0, return_stats=True)
     assert torch.equal(out, expected) and stats.alpha > 0
-    assert type(MtpHead.for_target(target).layer.mtp_block.mlp).__name__ == "Qwen3_5MLP"
+    assert type(MtpHead.for_target(target).layer.mtp_block.mlp).__name__ == mlp
 
 
 def test_qwen_mtp_refusals_name_their_reason(qwen, tmp_path):
