@@ -154,3 +154,40 @@ def test_wrappers_are_judged_by_the_model_they_wrap():
             return None
 
     assert hf_support.hf_unsupported_reason(Opaque()) is None
+
+
+def _gemma4_pair():
+    """A Gemma 4 text decoder (windows of 4, per-layer inputs, its last two layers reusing the others' KV) and a
+    Gemma 4 assistant for it (Gemma4AssistantForCausalLM: both its layers read the target's KV states)."""
+    torch.manual_seed(0)
+    layers = ["sliding_attention", "full_attention"] * 2
+    target = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(
+        vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, global_head_dim=16, sliding_window=4, vocab_size_per_layer_input=V,
+        hidden_size_per_layer_input=8, num_kv_shared_layers=2, layer_types=layers, max_position_embeddings=256,
+        initializer_range=0.1, pad_token_id=0, bos_token_id=1, eos_token_id=None)).eval()
+    target.generation_config.eos_token_id = None
+    text = tf.Gemma4TextConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=12, global_head_dim=16,
+                               sliding_window=4, vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
+                               num_kv_shared_layers=2, layer_types=layers[:2], max_position_embeddings=256)
+    assistant = tf.Gemma4AssistantForCausalLM(tf.Gemma4AssistantConfig(text_config=text.to_dict(),
+                                                                        backbone_hidden_size=48)).eval()
+    assistant.generation_config.num_assistant_tokens = 3
+    return target, assistant
+
+
+def test_gemma4_on_the_hf_runner_and_its_assistant_refused_by_name():
+    """Gemma 4 (no paged runner yet) speculates on runner='hf' with the tokens of model.generate (prompt lookup past
+    the window, its KV-sharing layers and per-layer inputs); its assistant, which drafts from the target's own KV
+    states (transformers' Gemma4AssistantCandidateGenerator), is refused naming what it is -- before, the hf runner
+    refused it as a model that "takes no KV cache" -- while transformers' own assisted generation runs it."""
+    target, assistant = _gemma4_pair()
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    expected = target.generate(LOOPING, **kw)
+    assert len(set(expected[0, LOOPING.shape[1]:].tolist())) > 5  # not one token repeated
+    out, stats = specdec_fast.generate(target, LOOPING, prompt_lookup_num_tokens=3, return_stats=True, **kw)
+    assert torch.equal(out, expected) and 0 < stats.alpha < 1
+    with pytest.raises(UnsupportedModelError, match=r"a Gemma 4 assistant \(Gemma4AssistantForCausalLM\)"):
+        specdec_fast.generate(target, LOOPING, assistant_model=assistant, **kw)
+    assert torch.equal(target.generate(LOOPING, assistant_model=assistant, **kw), expected)
