@@ -79,7 +79,13 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # feedforward_layernorm
                      "apertus",
                      # Arcee AFM (arcee: AFM-4.5B): Llama's layer with an ungated ReLU² MLP, down(relu²(up(x)))
-                     "arcee")
+                     "arcee",
+                     # Granite 4.0's dense transformers (granitemoehybrid with attention layers only and no experts:
+                     # granite-4.0-micro, the Nano 350M / 1B): Granite's scalars, the MLP as shared_mlp's fused
+                     # input_linear [gate | up] and output_linear (GraniteMlp); its hybrids' Mamba2 layers are refused
+                     "granitemoehybrid")
+# The families with Granite's four scalars (GRANITE_SCALARS)
+GRANITE_TYPES = ("granite", "granitemoehybrid")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
@@ -144,11 +150,13 @@ _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedLlamaRunner cannot run ``model`` with kernel ``backend``, or None when it can."""
-    reason = decoder_reason(model, LLAMA_MODEL_TYPES, "model.layers", "a *ForCausalLM", projection_modules)
+    reason = _granite4_reason(model) or decoder_reason(model, LLAMA_MODEL_TYPES, "model.layers", "a *ForCausalLM",
+                                                       projection_modules)
     if reason is not None:
         return reason
     for i, layer in enumerate(model.model.layers):
-        reason = moe_reason(layer.mlp, model.config) if is_moe(layer.mlp) else None
+        mlp = mlp_of(layer)
+        reason = moe_reason(mlp, model.config) if is_moe(mlp) else None
         if reason is not None:
             return f"layer {i}: {reason}"
     config, rotary = model.config, getattr(model.model, "rotary_emb", None)
@@ -158,6 +166,19 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
         return f"its rotary_emb ({getattr(rotary, 'rope_type', None)}) keeps no original_inv_freq"
     return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
                                rotary_dims=2 * rotary.inv_freq.numel(), static_window=True)
+
+
+def _granite4_reason(model) -> str | None:
+    """Why a Granite 4.0 model (granitemoehybrid) is not one of its dense transformers, which run here: a Mamba2
+    layer (the H hybrids) or experts (the block_sparse_moe beside shared_mlp); None otherwise."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if getattr(getattr(model, "config", None), "model_type", None) != "granitemoehybrid" or layers is None:
+        return None
+    for i, layer in enumerate(layers):
+        for name, what in (("mamba", "Mamba2 layers"), ("block_sparse_moe", "experts")):
+            if getattr(layer, name, None) is not None:
+                return f"layer {i}: Granite 4.0's {what} (its dense attention-only checkpoints run here)"
+    return None
 
 
 def _layer_types_reason(config) -> str | None:
@@ -202,10 +223,23 @@ def llama_config_reason(config, rope_type, max_tokens_per_row: int | None = None
     return head_dim_reason(head_dim, backend)
 
 
+class GraniteMlp:
+    """Granite 4.0's dense MLP (GraniteMoeHybridMLP, a layer's shared_mlp: input_linear's [gate | up] rows,
+    chunked in that order, and output_linear) under Phi-3's names: gate_up_proj, down_proj, act_fn (its modules)."""
+
+    def __init__(self, shared_mlp):
+        self.gate_up_proj, self.down_proj, self.act_fn = shared_mlp.input_linear, shared_mlp.output_linear, \
+            shared_mlp.activation
+
+
 def mlp_of(layer):
-    """A decoder layer's MLP module: ``mlp``, or Llama 4's ``feed_forward``."""
+    """A decoder layer's MLP module: ``mlp``, Llama 4's ``feed_forward``, or Granite 4.0's ``shared_mlp``
+    (as GraniteMlp)."""
     mlp = getattr(layer, "mlp", None)
-    return mlp if mlp is not None else layer.feed_forward
+    if mlp is not None:
+        return mlp
+    shared = getattr(layer, "shared_mlp", None)
+    return GraniteMlp(shared) if shared is not None else layer.feed_forward
 
 
 def projection_modules(layer) -> tuple:
@@ -406,7 +440,7 @@ class PagedLlamaRunner(PagedRunnerBase):
         self.final_norm, self.final_eps = norm_params(norm)
         self.lm_head = lm_head
         self._bind_heads(config)
-        if config.model_type == "granite":
+        if config.model_type in GRANITE_TYPES:
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))
         self._bind_query_temperature(config)

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from .paged_base import FLOAT_DTYPES
-from .paged_llama import (GRANITE_SCALARS, INTERLEAVED_ROPE, POST_BRANCH_NORMS, QK_NORM_AFTER_ROPE, PagedLlamaRunner,
-                          interleaved_order, llama_config_reason, rotates)
+from .paged_llama import (GRANITE_SCALARS, GRANITE_TYPES, INTERLEAVED_ROPE, POST_BRANCH_NORMS, QK_NORM_AFTER_ROPE,
+                          PagedLlamaRunner, interleaved_order, llama_config_reason, rotates)
 from ._rotary import rotary_dims
 from .sharded_model import TP_LLAMA_TYPES, ShardedCausalLM
 from .sharding import WHOLE_PROJECTION_NORMS
@@ -310,7 +310,7 @@ class TPPagedLlamaRunner(TensorParallelRunner, PagedLlamaRunner):
         self.post_branch_norms = any(layer.post_attn_norm is not None for layer in self.layers)
         self.final_norm, self.final_eps = shards["model.norm.weight"], config.rms_norm_eps
         self.lm_head, self.lm_head_bias = shards["lm_head.weight"], shards.get("lm_head.bias")  # this rank's rows
-        if config.model_type == "granite":  # its four scalars, as PagedLlamaRunner binds them
+        if config.model_type in GRANITE_TYPES:  # its four scalars, as PagedLlamaRunner binds them
             for field, attribute in GRANITE_SCALARS.items():
                 setattr(self, attribute, float(getattr(config, field)))
         self.inv_freq = model.inv_freq.to(device=self.device)

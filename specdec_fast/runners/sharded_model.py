@@ -48,7 +48,10 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   # Apertus: an ungated MLP (up rows, down columns) with xIELU, whose parameters every rank reads whole
                   "apertus",
                   # Arcee AFM: Llama's layer with an ungated ReLU² MLP
-                  "arcee")
+                  "arcee",
+                  # Granite 4.0's dense transformers: shared_mlp's fused input_linear read as Phi-3's gate_up_proj
+                  # (sharding.CHECKPOINT_RENAMES), Granite's scalars
+                  "granitemoehybrid")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

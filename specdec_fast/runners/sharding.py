@@ -71,14 +71,18 @@ VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the L
 NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 # ... and where its text decoder's names sit: (prefix, what it stands for)
 TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
-# A family's published checkpoint names that transformers renames on loading (its conversion_mapping.py), as
-# (pattern, replacement) regexes in its order: EXAONE 3.x's original GPT-2-style names
+# A family's checkpoint names under the names this layout reads, as (pattern, replacement) regexes in order: EXAONE
+# 3.x's original GPT-2-style names (which transformers renames on loading: its conversion_mapping.py), Granite 4.0's
+# shared_mlp as Phi-3's fused MLP
 CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
                                  (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.", ".self_attn."),
                                  (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
                                  (r"\.ln_1\.", ".input_layernorm."), (r"\.ln_2\.", ".post_attention_layernorm."),
                                  (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."), (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."),
-                                 (r"\.mlp\.c_proj\.", ".mlp.down_proj."))}
+                                 (r"\.mlp\.c_proj\.", ".mlp.down_proj.")),
+                      # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)
+                      "granitemoehybrid": ((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
+                                           (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."))}
 
 
 # Qwen3-Next's / Qwen3.5's MTP layer (mtp.*, vLLM's qwen3_next_mtp names; transformers does not load it) under

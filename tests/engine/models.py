@@ -46,6 +46,12 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "granite":  # four scalars that are not identities
         return tf.GraniteConfig(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
                                 logits_scaling=1.5, **llama_like)
+    if kind == "granitemoehybrid":  # Granite 4.0's dense transformer (granite-4.0-micro): attention layers only, no
+        # experts, RoPE; Granite's four scalars; the MLP as shared_mlp's fused input_linear / output_linear
+        return tf.GraniteMoeHybridConfig(layer_types=["attention"] * layers, num_local_experts=0,
+                                         position_embedding_type="rope", shared_intermediate_size=96,
+                                         embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
+                                         logits_scaling=1.5, mamba_n_heads=4, **llama_like)
     if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
         return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
     if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types

@@ -64,6 +64,11 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
     elif kind == "granite":  # Llama with four scalars that are not identities
         config = tf.GraniteConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
                                   attention_multiplier=0.1, logits_scaling=2.5, **common)
+    elif kind == "granitemoehybrid":  # Granite 4.0's dense transformer: Granite's scalars, shared_mlp's fused input_linear
+        config = tf.GraniteMoeHybridConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
+                                           attention_multiplier=0.1, logits_scaling=2.5, num_local_experts=0,
+                                           layer_types=["attention"] * layers, position_embedding_type="rope",
+                                           shared_intermediate_size=common["intermediate_size"], mamba_n_heads=4, **common)
     else:
         raise ValueError(kind)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
@@ -93,7 +98,8 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
-                                  "cwm", "ministral3", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee"])
+                                  "cwm", "ministral3", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee",
+                                  "granitemoehybrid"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -209,16 +215,38 @@ def test_a_length_dependent_rope_runs_paged_within_its_first_frequencies(kind):
     release_engines(model)
 
 
+@pytest.mark.parametrize("kind", ["granite", "granitemoehybrid"])
 @pytest.mark.parametrize("attribute", ["embedding_multiplier", "residual_multiplier", "scale", "logits_scaling"])
-def test_each_granite_scalar_is_read(attribute):
-    """The control of the granite rows above: a runner that leaves out any one of Granite's four
-    scalars (its attribute back at Llama's value) no longer gives the model's logits."""
-    model = tiny("granite")
+def test_each_granite_scalar_is_read(kind, attribute):
+    """The control of the granite rows above (Granite 4.0's too): a runner that leaves out any one of Granite's
+    four scalars (its attribute back at Llama's value) no longer gives the model's logits."""
+    model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     assert runner.scale == 0.1 and runner.logits_scaling == 2.5
     setattr(runner, attribute, runner.head_dim**-0.5 if attribute == "scale" else 1.0)
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_granite4_hybrids_and_experts_are_refused_by_name():
+    """Granite 4.0's hybrids (Mamba2 layers: the H models) and a granitemoehybrid with experts are refused naming
+    what (choose_runner then takes the hf runner); its MLP is read from shared_mlp's input_linear [gate | up] rows."""
+    import transformers as tf
+
+    from specdec_fast.runners.registry import paged_unsupported_reason
+
+    model = tiny("granitemoehybrid")
+    layer = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=0).layers[0]
+    fused = model.model.layers[0].shared_mlp.input_linear.weight
+    assert torch.equal(torch.cat([layer.gate[0], layer.up[0]]), fused) and layer.gate[0].data_ptr() == fused.data_ptr()
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, position_embedding_type="rope", shared_intermediate_size=96, mamba_n_heads=4)
+    hybrid = tf.AutoModelForCausalLM.from_config(tf.GraniteMoeHybridConfig(
+        layer_types=["mamba", "attention"], num_local_experts=0, **common))
+    assert "Granite 4.0's Mamba2 layers" in paged_unsupported_reason(hybrid)
+    experts = tf.AutoModelForCausalLM.from_config(tf.GraniteMoeHybridConfig(
+        layer_types=["attention", "attention"], num_local_experts=4, **common))
+    assert "Granite 4.0's experts" in paged_unsupported_reason(experts)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
@@ -278,7 +306,8 @@ PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
-                                  "ministral3", "ernie4_5", "glm4", "hunyuan_v1_dense", "apertus", "arcee"])
+                                  "ministral3", "ernie4_5", "glm4", "hunyuan_v1_dense", "apertus", "arcee",
+                                  "granitemoehybrid"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
