@@ -22,7 +22,6 @@ largest difference: a prefill's chunks, and a score call's tokens at once.
     python bench/bench_delta_rule.py --smoke --out F
         Tiny widths and lengths: not a measurement, a check that the script runs.
 """
-import argparse
 import json
 import statistics
 import sys
@@ -32,9 +31,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import check_mode, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 CPU = dict(nk=4, nv=8, dk=128, dv=128, lengths=(64, 256, 1024), batches=(1, 8), queries=5, reps=3)
 GPU = dict(nk=16, nv=32, dk=128, dv=128, lengths=(1024, 4096, 16384), batches=(1, 8, 32), queries=5, reps=3)
 SMOKE = dict(nk=2, nv=4, dk=8, dv=12, lengths=(5, 70), batches=(1, 3), queries=3, reps=1)
@@ -82,19 +81,11 @@ def _compare(ours, reference, reps: int, sync=lambda: None, graphs: bool = False
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--cpu", action="store_true", help="the widths above on this CPU")
-    mode.add_argument("--gpu", action="store_true", help="Qwen3-Next-80B's widths on the GPU")
-    mode.add_argument("--smoke", action="store_true", help="tiny widths; needs --out")
-    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
+    parser = mode_parser(__doc__, "delta_rule", cpu="the widths above on this CPU",
+                         gpu="Qwen3-Next-80B's widths on the GPU", smoke="tiny widths; needs --out")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", help="JSON path (default bench/results/delta_rule_<device>.json)")
     args = parser.parse_args(argv)
-    if args.smoke and not args.out:
-        sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
-    if args.gpu and not torch.cuda.is_available():
-        sys.exit("--gpu needs a CUDA device (or --cpu)")
+    check_mode(args)
     from gpu_timing import RowBudget
 
     shape = SMOKE if args.smoke else GPU if args.gpu else CPU
@@ -102,7 +93,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if args.gpu else "cpu"
     sync = torch.cuda.synchronize if args.gpu else (lambda: None)
     torch.set_num_threads(args.threads)
-    out = Path(args.out or ROOT / f"bench/results/delta_rule_{name.replace(' ', '_').replace('/', '_')}.json")
+    out = results_path(args.out, "delta_rule", name)
     runner, net, states = _layer(shape, device)
     rows, gen, budget = [], torch.Generator().manual_seed(1), RowBudget(args.budget_s)
 

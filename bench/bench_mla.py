@@ -18,7 +18,6 @@ SDPA over the same latents laid out densely, and the bytes it reads against the 
         the torch backend; one timing per row): not a measurement, a check that the device run is not
         broken on arrival.
 """
-import argparse
 import json
 import sys
 import time
@@ -28,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import check_mode, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 GPU = dict(models={"deepseek_v3": 128, "glm4_moe_lite": 20}, rank=512, rope=64, batches=(1, 8, 32),
            lengths=(1024, 4096, 16384), queries=(1, 4), block_size=16)
 SMOKE = dict(models={"tiny": 4}, rank=32, rope=8, batches=(1, 2), lengths=(40,), queries=(1, 3), block_size=4,
@@ -66,13 +65,9 @@ def _sdpa(q, dense, batch, n, rank, scale):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--gpu", action="store_true", help="the shapes above on the GPU")
-    mode.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU; needs --out")
-    parser.add_argument("--out", help="JSON path (default bench/results/mla_<device>.json)")
-    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
-    args = parser.parse_args(argv)
+    args = mode_parser(__doc__, "mla", gpu="the shapes above on the GPU",
+                       smoke="tiny shapes on the CPU; needs --out").parse_args(argv)
+    check_mode(args)
     from gpu_timing import RowBudget
 
     from specdec_fast.kernels._backend import triton_interpreting
@@ -80,8 +75,6 @@ def main(argv=None) -> int:
     from specdec_fast.kernels.attention.triton_mla import TILES, mla_attention_triton
 
     if args.smoke:
-        if not args.out:
-            sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
         shape, device, dtype, name = SMOKE, "cpu", torch.float32, "cpu (smoke)"
         backend = "triton" if triton_interpreting() else "torch"
 
@@ -91,14 +84,12 @@ def main(argv=None) -> int:
             return 1e6 * (time.perf_counter() - start)
         ceiling = None
     else:
-        if not torch.cuda.is_available():
-            sys.exit("--gpu needs a CUDA device (or --smoke on CPU)")
         from gpu_timing import graph_timer, hbm_ceiling_bandwidth
 
         shape, device, dtype, name, backend = GPU, "cuda", torch.bfloat16, torch.cuda.get_device_name(), "triton"
         timed = graph_timer
         ceiling = hbm_ceiling_bandwidth(torch.device(device))
-    out = Path(args.out or ROOT / f"bench/results/mla_{name.replace(' ', '_').replace('/', '_')}.json")
+    out = results_path(args.out, "mla", name)
     out.parent.mkdir(parents=True, exist_ok=True)
     rank, rope = shape["rank"], shape["rope"]
     scale = (128 + rope) ** -0.5

@@ -20,7 +20,6 @@ row's own tokens: PagedMlaRunner.expand_prefill_min), with the logits' largest d
     python bench/bench_mla_prefill.py --smoke --out F
         Tiny widths: not a measurement, a check that the script runs.
 """
-import argparse
 import json
 import statistics
 import sys
@@ -30,9 +29,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import check_mode, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 CPU = dict(config=dict(hidden_size=2048, intermediate_size=256, num_hidden_layers=2, num_attention_heads=16,
                        num_key_value_heads=16, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
                        qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=2, vocab_size=1024),
@@ -46,19 +45,11 @@ SMOKE = dict(config=dict(hidden_size=64, intermediate_size=64, num_hidden_layers
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--cpu", action="store_true", help="the widths above on this CPU")
-    mode.add_argument("--gpu", action="store_true", help="DeepSeek-V3's full attention width on the GPU")
-    mode.add_argument("--smoke", action="store_true", help="tiny widths; needs --out")
+    parser = mode_parser(__doc__, "mla_prefill", cpu="the widths above on this CPU",
+                         gpu="DeepSeek-V3's full attention width on the GPU", smoke="tiny widths; needs --out")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
-    parser.add_argument("--out", help="JSON path (default bench/results/mla_prefill_<device>.json)")
     args = parser.parse_args(argv)
-    if args.smoke and not args.out:
-        sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
-    if args.gpu and not torch.cuda.is_available():
-        sys.exit("--gpu needs a CUDA device (or --cpu)")
+    check_mode(args)
     import transformers as tf
     from gpu_timing import RowBudget
 
@@ -72,7 +63,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     with torch.device(device):
         model = tf.AutoModelForCausalLM.from_config(tf.DeepseekV3Config(**shape["config"]), dtype=dtype).eval()
-    out = Path(args.out or ROOT / f"bench/results/mla_prefill_{name.replace(' ', '_').replace('/', '_')}.json")
+    out = results_path(args.out, "mla_prefill", name)
     rows, gen, budget = [], torch.Generator().manual_seed(1), RowBudget(args.budget_s)
     for length in shape["lengths"]:
         if not budget.allows(f"tokens={length}"):

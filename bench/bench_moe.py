@@ -28,7 +28,6 @@ should read against the HBM roofline.
         The same code on CPU under the interpreter (tiny shapes, one wall-clock call per timing):
         not a measurement, a check that the device run is not broken on arrival.
 """
-import argparse
 import json
 import sys
 import time
@@ -38,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import check_mode, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}  # SXM datasheet peaks
 # name -> (hidden H, expert width I, experts E, top k)
 SHAPES = {"qwen3_30b_a3b": (2048, 768, 128, 8), "mixtral_8x7b": (4096, 14336, 8, 2)}
@@ -71,15 +70,12 @@ def _config(top_k):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--gpu", action="store_true", help="CUDA-graph replays on the GPU")
-    mode.add_argument("--smoke", action="store_true", help="the GPU mode's code under the interpreter; needs --out")
-    mode.add_argument("--cpu", action="store_true", help="the CPU's ways (the C++ op, the torch paths)")
+    parser = mode_parser(__doc__, "moe", gpu="CUDA-graph replays on the GPU",
+                         smoke="the GPU mode's code under the interpreter; needs --out",
+                         cpu="the CPU's ways (the C++ op, the torch paths)")
     parser.add_argument("--threads", type=int, default=None, help="--cpu: torch threads (default: torch's)")
-    parser.add_argument("--out", help="JSON path (default bench/results/moe_<device>.json)")
-    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
     args = parser.parse_args(argv)
+    check_mode(args)
     if args.cpu:
         return cpu_main(args)
     from gpu_timing import RowBudget, graph_timer
@@ -87,8 +83,6 @@ def main(argv=None) -> int:
     from specdec_fast.runners._moe import MoE
 
     if args.smoke:
-        if not args.out:
-            sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
         device, dtype, name, shapes, token_counts = "cpu", torch.float32, "cpu (smoke: interpreter)", SMOKE_SHAPES, SMOKE_TOKENS
 
         def time_us(fn):
@@ -96,12 +90,10 @@ def main(argv=None) -> int:
             fn()
             return 1e6 * (time.perf_counter() - start)
     else:
-        if not torch.cuda.is_available():
-            sys.exit("--gpu needs a CUDA device (or --smoke on CPU)")
         device, dtype, name, shapes, token_counts = "cuda", torch.bfloat16, torch.cuda.get_device_name(), SHAPES, TOKENS
         time_us = graph_timer
     peak = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), None)
-    out = Path(args.out or ROOT / f"bench/results/moe_{name.replace(' ', '_').replace('/', '_')}.json")
+    out = results_path(args.out, "moe", name)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, budget = [], RowBudget(args.budget_s)
     for shape, (hidden, inter, experts, top_k) in shapes.items():
@@ -185,7 +177,7 @@ def _cpu_rows(args) -> int:
                 res["torch_gathered_ms" if 3 * tokens * top_k <= experts else "every_expert_ms"] / res["cpp_ms"])
             rows.append(res)
             print(json.dumps(res), flush=True)
-    out = Path(args.out or ROOT / "bench/results/moe_cpu.json")
+    out = results_path(args.out, "moe", "cpu")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": cpu_model(), **cpu_simd(), "threads": torch.get_num_threads(), **versions(),
                                "rows": rows}, indent=2) + "\n")

@@ -16,7 +16,6 @@ prefill chunks, against the whole cache in every layer.
         The same code on the CPU (a tiny model, the CPU kernels, one timing per row): not a
         measurement, a check that the device run is not broken on arrival.
 """
-import argparse
 import json
 import sys
 import time
@@ -25,9 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_args import check_mode, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 GPU = dict(config=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
                        num_key_value_heads=8, sliding_window=4096, vocab_size=32000, max_position_embeddings=32768),
            prompt=16384, chunks=(1024, 2048, 4096), reps=3)
@@ -71,26 +70,18 @@ def _row(model, chunk, prompt: torch.Tensor, reps: int, sync) -> tuple[dict, tor
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--gpu", action="store_true", help="the model above on the GPU")
-    mode.add_argument("--smoke", action="store_true", help="a tiny model on the CPU; needs --out")
-    parser.add_argument("--out", help="JSON path (default bench/results/ring_prefill_<device>.json)")
-    parser.add_argument("--budget-s", type=float, default=float("inf"), help="no new row after this many s")
-    args = parser.parse_args(argv)
+    args = mode_parser(__doc__, "ring_prefill", gpu="the model above on the GPU",
+                       smoke="a tiny model on the CPU; needs --out").parse_args(argv)
+    check_mode(args)
     from gpu_timing import RowBudget
 
     if args.smoke:
-        if not args.out:
-            sys.exit("--smoke needs --out (a smoke run is not a measurement for bench/results)")
         shape, device, dtype, name = SMOKE, "cpu", torch.float32, "cpu (smoke)"
         sync = lambda: None  # noqa: E731
     else:
-        if not torch.cuda.is_available():
-            sys.exit("--gpu needs a CUDA device (or --smoke on CPU)")
         shape, device, dtype, name = GPU, "cuda", torch.bfloat16, torch.cuda.get_device_name()
         sync = torch.cuda.synchronize
-    out = Path(args.out or ROOT / f"bench/results/ring_prefill_{name.replace(' ', '_').replace('/', '_')}.json")
+    out = results_path(args.out, "ring_prefill", name)
     out.parent.mkdir(parents=True, exist_ok=True)
     model = _model(shape, dtype, device)
     gen = torch.Generator().manual_seed(1)

@@ -24,3 +24,17 @@ def test_smoke_rows(tmp_path):
 def test_smoke_needs_an_out_path():
     with pytest.raises(SystemExit, match="--smoke needs --out"):
         bench_delta_rule.main(["--smoke"])
+
+
+def test_the_shared_mode_arguments(monkeypatch):
+    """bench/bench_args.py, which the mode benchmarks share: --gpu without CUDA names the other modes, one mode only,
+    and a device's run writes bench/results/<stem>_<device>.json."""
+    import bench_args
+
+    monkeypatch.setattr(bench_args.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"--gpu needs a CUDA device \(or --cpu or --smoke on the CPU\)"):
+        bench_delta_rule.main(["--gpu"])
+    with pytest.raises(SystemExit):
+        bench_delta_rule.main(["--cpu", "--smoke", "--out", "x.json"])  # argparse: not allowed with
+    assert bench_args.results_path(None, "mla", "NVIDIA H200 / x") == bench_args.ROOT / "bench/results/mla_NVIDIA_H200___x.json"
+    assert str(bench_args.results_path("a.json", "mla", "cpu")) == "a.json"
