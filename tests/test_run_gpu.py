@@ -1,6 +1,7 @@
 """bench/run_gpu.sh runs unattended on a lent GPU whose time is short: its stages must not fail on
 arrival for a reason the CPU could have seen. --dry-run prints every part without a GPU; here each
 part's script must exist and take every flag the stage gives it, and the deadline must behave."""
+import ast
 import re
 import shlex
 import sys
@@ -33,13 +34,16 @@ def python_parts(output: str) -> list[list[str]]:
 
 def parser_sources(script: Path) -> str:
     """The script's text and that of the bench modules it imports from (a parser they share:
-    verify_gpu_table.side_by_side_args)."""
+    verify_gpu_table.side_by_side_args, bench_args.mode_parser), and the modes its mode_parser calls
+    make ("--gpu" for gpu=...)."""
     text = script.read_text()
+    modes = [f'"--{keyword.arg}"' for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == "mode_parser" for keyword in node.keywords]
     for name in re.findall(r"^from (\w+) import", text, re.M):
         module = script.parent / f"{name}.py"
         if module.exists():
             text += module.read_text()
-    return text
+    return text + "".join(modes)
 
 
 @pytest.mark.parametrize("stage", STAGES)
