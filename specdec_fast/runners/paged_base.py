@@ -295,18 +295,22 @@ class PagedRunnerBase:
         full = [i for i in range(self.kv_layer_count) if i not in self._ring_layers]
         kw = dict(block_size=self.block_size, max_batch=max_batch, max_blocks_per_row=per_row, dtype=self.dtype,
                   device=self.device)
-        # The full layers' cache (self.cache, the admissions' bookkeeping), then the ring's
-        self.caches = []
-        if full:
-            self.caches.append(PagedKVCache(self.kv_entries(len(full)), self.num_kv_heads, self.head_dim,
-                                            num_blocks=blocks, **kw))
-        if self._ring_layers:  # every row holds its ring: admission never fails on it once the full one did
-            self.caches.append(PagedKVCache(self.kv_entries(len(self._ring_layers)), self.num_kv_heads, self.head_dim,
-                                            num_blocks=max_batch * ring, ring_blocks=ring, **kw))
+        # The full layers' caches (the first, self.cache, keeps the admissions' bookkeeping; the others admit the
+        # same rows into as many blocks), then the ring's (every row holds its ring: admission never fails on it
+        # once the full one did); one cache per (KV heads, head dim) of its layers (kv_shape: Gemma 4's two)
+        groups = [([i for i in layers if self.kv_shape(i) == shape], shape, ring_blocks)
+                  for layers, ring_blocks in ((full, 0), (list(self._ring_layers), ring))
+                  for shape in dict.fromkeys(self.kv_shape(i) for i in layers)]
+        self.caches = [PagedKVCache(self.kv_entries(len(layers)), *shape, **kw,
+                                    **({"num_blocks": max_batch * ring_blocks, "ring_blocks": ring_blocks} if ring_blocks
+                                       else {"num_blocks": blocks}))
+                       for layers, shape, ring_blocks in groups]
         self.cache = self.caches[0]
         # layer i -> (its cache's index in self.caches, its index among that cache's layers)
-        self._layer_cache = [(0, full.index(i)) if i in full else (len(self.caches) - 1, self._ring_layers.index(i))
-                             for i in range(self.kv_layer_count)]
+        self._layer_cache = [None] * self.kv_layer_count
+        for c, (layers, _, _) in enumerate(groups):
+            for j, i in enumerate(layers):
+                self._layer_cache[i] = (c, j)
         # its K and V planes: kv[j, 0] / kv[j, 1]; a latent layer's one plane, kv[j // 2, j % 2], for both
         planes = [(c, j // 2, j % 2, j % 2) if self.kv_latent else (c, j, 0, 1) for c, j in self._layer_cache]
         self.k_caches = [self.caches[c].kv[e, k] for c, e, k, _ in planes]
@@ -319,6 +323,11 @@ class PagedRunnerBase:
         # The Triton attention's tickets (its in-kernel split merge, when a plan takes it): one
         # workspace for the runner's whole life, so the captured graphs keep reading the same buffers.
         self._attn_workspace = KernelWorkspace()
+
+    def kv_shape(self, i: int) -> tuple:
+        """(KV heads, head dim) of KV layer i's cache: the runner's for every layer, but in a family whose layers
+        differ (Gemma 4's sliding and full layers: runners/paged_gemma4.py)."""
+        return self.num_kv_heads, self.head_dim
 
     def _windows_for(self, max_tokens_per_row: int) -> tuple:
         """Each layer's window where rows of this length reach it, else None (full attention: q - k
@@ -354,9 +363,14 @@ class PagedRunnerBase:
         max_batch rows of this length: fixed, whatever the pool's tokens): what an engine sizes its
         pool by before allocate()."""
         ring_layers, ring = self._ring_plan(max_tokens_per_row)
-        per_entry = 2 * self.num_kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
-        return self.kv_entries(self.kv_layer_count - len(ring_layers)) * per_entry, \
-            self.kv_entries(len(ring_layers)) * per_entry * max_batch * ring * self.block_size
+        element = torch.finfo(self.dtype).bits // 8
+        if self.kv_latent:  # one shape, an entry of two planes for two layers
+            per_entry = 2 * self.num_kv_heads * self.head_dim * element
+            return self.kv_entries(self.kv_layer_count - len(ring_layers)) * per_entry, \
+                self.kv_entries(len(ring_layers)) * per_entry * max_batch * ring * self.block_size
+        entry = [2 * heads * dim * element for heads, dim in map(self.kv_shape, range(self.kv_layer_count))]
+        return sum(e for i, e in enumerate(entry) if i not in ring_layers), \
+            sum(entry[i] for i in ring_layers) * max_batch * ring * self.block_size
 
     def _layer_windows(self, model) -> tuple:
         """Each layer's sliding window (None: full attention), by the one rule (runners/sliding_window.py)."""
@@ -656,20 +670,22 @@ class PagedRunnerBase:
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
-                                   plan=self._plan(max_query_len), causal=causal, workspace=self._attn_workspace,
+                                   plan=self._plan(max_query_len, i), causal=causal, workspace=self._attn_workspace,
                                    pdl=pdl, window=window, softcap=softcap, sinks=sinks, chunk=chunk)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
                                window=window, softcap=softcap, sinks=sinks, chunk=chunk, backend=self.backend,
                                check=False)
 
-    def _plan(self, max_query_len: int):
-        """The Triton attention launch shape of a call (static per call width): chosen once."""
+    def _plan(self, max_query_len: int, i: int = 0):
+        """The Triton attention launch shape of a call (static per call width) over layer i's KV shape
+        (kv_shape): chosen once a shape."""
         table = self.block_table
-        key = (table.shape[0], max_query_len)
+        kv_heads, head_dim = self.kv_shape(i)
+        key = (table.shape[0], max_query_len, kv_heads, head_dim)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._triton[2](
-                self.device, table.shape[0], self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim,
+                self.device, table.shape[0], kv_heads, self.num_heads // kv_heads, head_dim,
                 max_query_len, table.shape[1] * self.block_size, element_size=self.k_caches[0].element_size())
         return plan

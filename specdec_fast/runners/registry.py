@@ -11,6 +11,7 @@ from .hf import HFRunner
 from .paged_base import PagedRunnerBase
 from .paged_cohere import PagedCohereRunner
 from .paged_gemma import PagedGemmaRunner
+from .paged_gemma4 import GEMMA4_MODEL_TYPES, PagedGemma4Runner
 from .paged_gemma_tp import TPPagedGemmaRunner
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
@@ -35,7 +36,7 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
-# 4.0, Gemma 1 / 2 / 3, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
+# 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
 # (DeepSeek-V2 / V3, GLM-4.7-Flash) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
@@ -48,6 +49,9 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gemma2": PagedGemmaRunner,  # Gemma 2 (attention soft-capping and sliding layers in the kernels)
     "gemma3_text": PagedGemmaRunner,  # Gemma 3's text decoder (270M, 1B)
     "gemma3": PagedGemmaRunner,  # Gemma 3 4B / 12B / 27B (multimodal): its text decoder runs text prompts
+    # Gemma 4 (its text decoder; gemma4: the multimodal model AutoModelForCausalLM loads): heads of two widths,
+    # KV-sharing layers, per-layer inputs, a MoE block beside the MLP
+    **{model_type: PagedGemma4Runner for model_type in GEMMA4_MODEL_TYPES},
     "starcoder2": PagedStarcoder2Runner,
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "opt": PagedOPTRunner,

@@ -52,6 +52,11 @@ def _config(kind: str, vocab: int, layers: int):
                                          position_embedding_type="rope", shared_intermediate_size=96,
                                          embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
                                          logits_scaling=1.5, mamba_n_heads=4, **llama_like)
+    if kind == "gemma4_text":  # Gemma 4: sliding layers of 12-wide heads, full ones of 16, per-layer inputs of 8, windows
+        # of 8, a final soft-cap (its KV-sharing layers and MoE block: test_paged_gemma4.py)
+        return tf.Gemma4TextConfig(head_dim=12, global_head_dim=16, sliding_window=8, hidden_size_per_layer_input=8,
+                                   vocab_size_per_layer_input=vocab, final_logit_softcapping=30.0,
+                                   layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **llama_like)
     if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
         return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
     if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types

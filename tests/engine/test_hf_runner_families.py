@@ -178,15 +178,17 @@ def _gemma4_pair():
 
 
 def test_gemma4_on_the_hf_runner_and_its_assistant_refused_by_name():
-    """Gemma 4 (no paged runner yet) speculates on runner='hf' with the tokens of model.generate (prompt lookup past
-    the window, its KV-sharing layers and per-layer inputs); its assistant, which drafts from the target's own KV
-    states (transformers' Gemma4AssistantCandidateGenerator), is refused naming what it is -- before, the hf runner
-    refused it as a model that "takes no KV cache" -- while transformers' own assisted generation runs it."""
+    """Gemma 4 (its paged runner: test_paged_gemma4.py) speculates on runner='hf' too with the tokens of
+    model.generate (prompt lookup past the window, its KV-sharing layers and per-layer inputs); its assistant, which
+    drafts from the target's own KV states (transformers' Gemma4AssistantCandidateGenerator), is refused naming what
+    it is -- before, the hf runner refused it as a model that "takes no KV cache" -- while transformers' own assisted
+    generation runs it."""
     target, assistant = _gemma4_pair()
     kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
     expected = target.generate(LOOPING, **kw)
     assert len(set(expected[0, LOOPING.shape[1]:].tolist())) > 5  # not one token repeated
-    out, stats = specdec_fast.generate(target, LOOPING, prompt_lookup_num_tokens=3, return_stats=True, **kw)
+    out, stats = specdec_fast.generate(target, LOOPING, prompt_lookup_num_tokens=3, runner="hf", return_stats=True,
+                                       **kw)
     assert torch.equal(out, expected) and 0 < stats.alpha < 1
     with pytest.raises(UnsupportedModelError, match=r"a Gemma 4 assistant \(Gemma4AssistantForCausalLM\)"):
         specdec_fast.generate(target, LOOPING, assistant_model=assistant, **kw)

@@ -29,6 +29,12 @@ CONFIGS = {  # every layer slides (window 4); full and sliding layers mixed; a M
                                           sliding_window_pattern=2, **COMMON),
     "ministral": lambda: tf.MinistralConfig(sliding_window=4, head_dim=12, **COMMON),
     "mixtral": lambda: tf.MixtralConfig(sliding_window=5, num_local_experts=4, num_experts_per_tok=2, **COMMON),
+    # Gemma 4's own runner (runners/paged_gemma4.py): sliding and full layers of two head widths (a ring cache and a
+    # full one for each), its last two layers reading the others' K/V, per-layer inputs
+    "gemma4": lambda: tf.Gemma4TextConfig(sliding_window=4, head_dim=12, global_head_dim=16, num_kv_shared_layers=2,
+                                          layer_types=["sliding_attention", "full_attention"] * 2,
+                                          hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
+                                          **dict(COMMON, num_hidden_layers=4)),
 }
 _MODELS = {}
 
