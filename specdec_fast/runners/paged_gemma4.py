@@ -39,8 +39,8 @@ from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params
 from ._linear import linear
 from ._rotary import device_rope_tables, rope_tables, rotations, static_rope_reason
-from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
-from .paged_gemma import text_decoder
+from .paged_base import decoder_reason, head_dim_reason
+from .paged_gemma import PagedGemmaRunner, text_decoder
 from .sliding_window import windows_per_layer
 
 GEMMA4_MODEL_TYPES = ("gemma4_text", "gemma4")
@@ -152,9 +152,10 @@ def _experts(moe: dict, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class PagedGemma4Runner(PagedRunnerBase):
+class PagedGemma4Runner(PagedGemmaRunner):
     """Runner (see runners/base.py) for a Gemma4ForCausalLM, or Gemma4ForConditionalGeneration's text decoder
-    (weights shared); the arguments are PagedRunnerBase's."""
+    (weights shared); the arguments are PagedRunnerBase's. Gemma's runner gives it the scaled embedding and the
+    soft-capped logits; the layers are its own."""
 
     unsupported_reason = staticmethod(gemma4_unsupported_reason)
 
@@ -204,10 +205,6 @@ class PagedGemma4Runner(PagedRunnerBase):
         windows = windows_per_layer(self.config, len(self.layers))
         return tuple(windows[i] for i in self._writers)
 
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H] times sqrt(H) (the embedding's embed_scale, in its dtype)."""
-        return F.embedding(flat.clamp(min=0), self.embed) * self.embed_scale.to(self.embed.dtype)
-
     def _per_layer_inputs(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Gemma4TextModel's get_per_layer_inputs + project_per_layer_inputs: ids [T], embeddings x [T, H] ->
         [T, L, P]."""
@@ -253,10 +250,3 @@ class PagedGemma4Runner(PagedRunnerBase):
         out = gemma4_norm(x, *self.final_norm)
         self._keep(len(self.layers), out)
         return out
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The lm_head product, soft-capped as Gemma4ForCausalLM does when final_logit_softcapping is set."""
-        logits = super()._logits(hidden)
-        if self.softcap is None:
-            return logits
-        return torch.tanh(logits / self.softcap) * self.softcap
