@@ -241,17 +241,36 @@ class MoE:
             self.gate_up, self.down, self.act = gate_up.transpose(1, 2), down.transpose(1, 2), ACT2FN[config.hidden_act]
         else:
             self.gate_up, self.down, self.act = gate_up, down, ACT2FN[config.hidden_act]
-        self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
         # kernels/moe's activation for these experts; None: one it does not fuse (the torch path)
-        self.kernel_act = "gpt_oss" if self.layout == "gpt_oss" else "silu" if config.hidden_act == "silu" else None
-        # kernels/moe's backend for the experts (the runner's kernels), or None: the torch products
-        compiled = kernels == "triton" or (kernels == "cpp" and cpp_op_available("moe_experts"))
-        self.kernels = kernels if compiled and self.kernel_act is not None else None
+        self._bind_experts("gpt_oss" if self.layout == "gpt_oss" else "silu" if config.hidden_act == "silu" else None,
+                           kernels)
         prefix = next((p for p in SHARED if f"{p}.gate_proj.weight" in params), None)
         projections = ("gate_proj", "up_proj", "down_proj")
         self.shared = None if prefix is None else (  # (gate, up, down), act, the gate's weight or None
             [(params[f"{prefix}.{p}.weight"], params.get(f"{prefix}.{p}.bias")) for p in projections],
             ACT2FN[config.hidden_act], params.get("shared_expert_gate.weight"))
+
+    def _bind_experts(self, kernel_act: str | None, kernels: str) -> None:
+        """The experts' sizes, kernels/moe's activation for them (None: one it does not fuse) and backend (the
+        runner's kernels where they take the activation, else None: the torch products)."""
+        self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
+        self.kernel_act = kernel_act
+        compiled = kernels == "triton" or (kernels == "cpp" and cpp_op_available("moe_experts"))
+        self.kernels = kernels if compiled and kernel_act is not None else None
+
+    @classmethod
+    def experts_only(cls, gate_up: torch.Tensor, down: torch.Tensor, top_k: int, act, hidden_act: str,
+                     kernels: str = "torch") -> "MoE":
+        """The experts of a block whose family routes them itself (Gemma 4's router reads the layer's input, its
+        experts another norm of it): mix() only, no routing, no shared expert. gate_up [E, 2I, H] (each expert's
+        gate rows, then its up rows), down [E, H, I]; act the activation module, hidden_act its config name
+        ("silu": through kernels/moe)."""
+        moe = cls.__new__(cls)
+        moe.routing_kind, moe.layout, moe.scale_input, moe.shared = None, "swiglu", False, None
+        moe.gate_up, moe.down, moe.act, moe.gate_up_bias, moe.down_bias = gate_up, down, act, None, None
+        moe.top_k = int(top_k)
+        moe._bind_experts("silu" if hidden_act == "silu" else None, kernels)
+        return moe
 
     def routing(self, h: torch.Tensor):
         """h [T, H] -> (weights [T, k] (float32, or the model dtype: MOE_FAMILIES), experts [T, k] int64)."""
@@ -345,20 +364,25 @@ class MoE:
         x = h
         if self.scale_input:  # Llama 4: expert_e(h * w) (one expert a token), its output weighed by 1
             x, weights = h * weights, torch.ones_like(weights)
-        few = 3 * h.shape[0] * self.top_k <= self.num_experts
-        if self.kernels is not None:
-            out = self._kernels(x, weights, chosen)
-        elif few:
-            out = self._gathered(x, weights, chosen)
-        elif prefill and not (h.is_cuda and torch.cuda.is_current_stream_capturing()):
-            out = self._chosen_only(x, weights, chosen)
-        else:
-            out = self._every_expert(x, weights, chosen)
+        out = self.mix(x, weights, chosen, prefill)
         if self.shared is not None:
             (gate, up, down), act, gate_w = self.shared
             shared = linear(act(linear(h, *gate)) * linear(h, *up), *down)
             out = out + (shared if gate_w is None else torch.sigmoid(F.linear(h, gate_w)) * shared)
         return out
+
+    def mix(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+        """The chosen experts over x [T, H], each weighed by its routing weight and summed -> [T, H] in x's dtype:
+        kernels/moe where it takes the activation; else a few pairs as batched gathered products, a prefill's
+        each chosen expert over its tokens (a host sync: never under a CUDA graph capture), a decoding step's every
+        expert over every token (no host sync)."""
+        if self.kernels is not None:
+            return self._kernels(x, weights, chosen)
+        if 3 * x.shape[0] * self.top_k <= self.num_experts:
+            return self._gathered(x, weights, chosen)
+        if prefill and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return self._chosen_only(x, weights, chosen)
+        return self._every_expert(x, weights, chosen)
 
     def _kernels(self, h, weights, chosen, schedule: str | None = None) -> torch.Tensor:
         """kernels/moe's two calls (Triton: schedule None picks by the pair count, the "expert"

@@ -22,7 +22,8 @@ The math is transformers 5.24's Gemma4TextModel / Gemma4TextDecoderLayer (modeli
     MLP            m = down(act(gate(h)) * up(h)), h = pre_feedforward_layernorm(x) (twice as wide on the
                    KV-shared layers with use_double_wide_mlp: the weights say so); with enable_moe_block
                    m = post_ff_1(m) + post_ff_2(experts(pre_ff_2(x))), the router on x: softmax over
-                   proj(norm(x) * scale / sqrt(H)), top-k renormalised, times per_expert_scale
+                   proj(norm(x) * scale / sqrt(H)), top-k renormalised, times per_expert_scale (the experts'
+                   products: runners/_moe.MoE.mix, which waits on the device only in a prefill)
     x              x + post_feedforward_layernorm(m); then, with per-layer inputs,
                    x + post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(x)) * u_i))
     x              x * layer_scalar
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params
 from ._linear import linear
+from ._moe import MoE
 from ._rotary import device_rope_tables, rope_tables, rotations, static_rope_reason
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_gemma import PagedGemmaRunner, text_decoder
@@ -104,7 +106,7 @@ def gemma4_unsupported_reason(model, max_tokens_per_row: int | None = None, back
 class _Layer:
     """One Gemma4TextDecoderLayer's parameters (references to the model's tensors, not copies)."""
 
-    def __init__(self, layer, config):
+    def __init__(self, layer, config, kernels: str):
         attn, mlp = layer.self_attn, layer.mlp
         self.kind, self.shared, self.head_dim = attn.layer_type, attn.is_kv_shared_layer, attn.head_dim
         self.q, self.o = linear_params(attn.q_proj, attn.o_proj)
@@ -125,10 +127,11 @@ class _Layer:
             router, experts = layer.router, layer.experts
             self.moe = dict(router_eps=router.norm.eps, router_scale=router.scale, root=router.scalar_root_size,
                             router=router.proj.weight, expert_scale=router.per_expert_scale,
-                            top_k=int(config.top_k_experts), gate_up=experts.gate_up_proj, down=experts.down_proj,
-                            act=experts.act_fn, post_1=_norm(layer.post_feedforward_layernorm_1),
+                            top_k=int(config.top_k_experts), post_1=_norm(layer.post_feedforward_layernorm_1),
                             pre_2=_norm(layer.pre_feedforward_layernorm_2),
-                            post_2=_norm(layer.post_feedforward_layernorm_2))
+                            post_2=_norm(layer.post_feedforward_layernorm_2),
+                            experts=MoE.experts_only(experts.gate_up_proj, experts.down_proj, config.top_k_experts,
+                                                     experts.act_fn, config.hidden_activation, kernels))
         self.ple = None
         if layer.hidden_size_per_layer_input:
             (gate,), (proj,) = linear_params(layer.per_layer_input_gate), linear_params(layer.per_layer_projection)
@@ -136,20 +139,13 @@ class _Layer:
         self.scalar = layer.layer_scalar
 
 
-def _experts(moe: dict, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """Gemma4TextRouter on x [T, H] and Gemma4TextExperts on h [T, H] (each chosen expert's SwiGLU times its
-    weight, summed in x's dtype as transformers' index_add does) -> [T, H]."""
+def _routing(moe: dict, x: torch.Tensor) -> tuple:
+    """Gemma4TextRouter on x [T, H]: softmax over proj(norm(x) * scale / sqrt(H)) in float32, the top k renormalised
+    and times their per_expert_scale -> (weights [T, k] float32, experts [T, k] int64)."""
     normed = gemma4_norm(x, None, moe["router_eps"]) * moe["router_scale"] * moe["root"]
     probs = torch.softmax(F.linear(normed, moe["router"]), dim=-1, dtype=torch.float32)
     weights, chosen = torch.topk(probs, k=moe["top_k"], dim=-1)
-    weights = weights / weights.sum(dim=-1, keepdim=True) * moe["expert_scale"][chosen]
-    out = torch.zeros_like(h)
-    for expert in torch.unique(chosen).tolist():
-        rows, slot = torch.where(chosen == expert)
-        gate, up = F.linear(h[rows], moe["gate_up"][expert]).chunk(2, dim=-1)
-        y = F.linear(moe["act"](gate) * up, moe["down"][expert]) * weights[rows, slot, None]
-        out.index_add_(0, rows, y.to(out.dtype))
-    return out
+    return weights / weights.sum(dim=-1, keepdim=True) * moe["expert_scale"][chosen], chosen
 
 
 class PagedGemma4Runner(PagedGemmaRunner):
@@ -165,7 +161,7 @@ class PagedGemma4Runner(PagedGemmaRunner):
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
-        self.layers = [_Layer(layer, config) for layer in inner.layers]
+        self.layers = [_Layer(layer, config, self.kernels) for layer in inner.layers]
         # each layer's KV layer: its own (the layers that write K/V, numbered among themselves), or for a KV-shared
         # layer the last earlier writer of its type (transformers' "store" layer of kv_sharing_modes)
         writers, self.kv_of, last = [], [], {}
@@ -238,7 +234,8 @@ class PagedGemma4Runner(PagedGemmaRunner):
             m = linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
             if layer.moe is not None:
                 moe = layer.moe
-                routed = _experts(moe, x, gemma4_norm(x, *moe["pre_2"]))
+                weights, chosen = _routing(moe, x)  # on the layer's input; the experts on another norm of it
+                routed = moe["experts"].mix(gemma4_norm(x, *moe["pre_2"]), weights, chosen, self._prefilling)
                 m = gemma4_norm(m, *moe["post_1"]) + gemma4_norm(routed, *moe["post_2"])
             x = x + gemma4_norm(m, *layer.post_feedforward)
             if layer.ple is not None:

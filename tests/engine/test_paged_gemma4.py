@@ -3,7 +3,7 @@ its variants -- per-layer inputs with KV-sharing layers (E2B / E4B's layout), fu
 with fewer KV heads (attention_k_eq_v, num_global_key_value_heads), a MoE block beside a double-wide MLP, and the
 plain layout -- each with sliding and full layers of two head widths on caches of their own; the multimodal model
 runs its text decoder; greedy decoding equals model.generate (a draft model, prompt lookup, batches, left padding,
-rows past the window; on the hf runner too); controls show each piece is needed; the refusals name their reason.
+rows past the window; on the hf runner and the static graph twin too); controls show each piece is needed; the refusals name their reason.
 Rings of its windowed layers: test_ring_windows.py."""
 import pytest
 import torch
@@ -106,9 +106,11 @@ def test_greedy_equals_generate(variant, backend):
         assert stats.accepted_hist[0] > 0 and sum(stats.accepted_hist[1:]) > 0, "rejections and accepts both"
     assert torch.equal(specdec_fast.generate(model, ids, mask, prompt_lookup_num_tokens=3, backend=backend, **kw),
                        expected)
-    if backend == "torch":
+    if backend == "torch":  # the hf runner; the static graph twin (the MoE block's experts wait on no host value)
         assert torch.equal(specdec_fast.generate(model, ids, mask, prompt_lookup_num_tokens=3, runner="hf", **kw),
                            expected)
+        assert torch.equal(specdec_fast.generate(model, ids, mask, assistant_model=draft, num_assistant_tokens=3,
+                                                 cuda_graphs="static", **kw), expected)
 
 
 def _spoilt(model, spoil) -> None:
