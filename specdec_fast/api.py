@@ -28,6 +28,7 @@ from .engine.engine import ADAPTIVE_KS, DEFAULT_NUM_ASSISTANT_TOKENS  # noqa: F4
 from .engine.inputs import check_inputs
 from .engine.outputs import return_sequences
 from .engine.stopping import call_limits
+from .heads.gemma4_assistant import is_gemma4_assistant
 from .heads.layout import load_draft_head
 from .heads.mtp import mtp_head
 from .options import resolve_options
@@ -80,6 +81,9 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
     one token per MTP layer); a larger K runs the layer again per draft. With process_group (or a
     ShardedCausalLM) each rank reads only its slices of the layer from the checkpoint directory.
 
+    A Gemma 4 assistant (Gemma4AssistantForCausalLM) as assistant_model drafts as a head (heads/gemma4_assistant.py):
+    over the paged Gemma 4 target's own K/V, the checkpoint's num_assistant_tokens its default K.
+
     draft_head: draft with a head that reads the target's hidden states instead of a draft model:
     a directory in the published EAGLE-3 / DFlash layout or a loaded head (specdec_fast.load_draft_head);
     K = num_assistant_tokens; without it 4 for an EAGLE-3 head and block_size - 1 for a DFlash
@@ -123,6 +127,9 @@ def generate(model, input_ids=None, attention_mask=None, *, assistant_model=None
         if assistant_model is None or draft_head is not None:
             raise ValueError("speculation_type='dflash' drafts with assistant_model, a DFlash draft model (or pass "
                              "draft_head= alone)")
+        draft_head, assistant_model = load_draft_head(assistant_model), None
+    if draft_head is None and is_gemma4_assistant(assistant_model):  # transformers' Gemma 4 assistant: a head that
+        # drafts over the target's K/V (heads/gemma4_assistant.py), not a draft model
         draft_head, assistant_model = load_draft_head(assistant_model), None
     early_exit, use_mtp = opts.extra.get("assistant_early_exit"), opts.extra.get("use_mtp")
     # here, before an engine is chosen: its own checks would speak of engines

@@ -1,6 +1,7 @@
 """The engine's draft head (generate(draft_head=...), generate(use_mtp=True)): loading it for a target
 and building the runner it drafts on (EAGLE-3: PagedEagle3Runner; a target's MTP layer:
-PagedMtpRunner, PagedMlaMtpRunner for DeepSeek-V3's; DFlash / DFlash2: their block runners), with the
+PagedMtpRunner, PagedMlaMtpRunner for DeepSeek-V3's; DFlash / DFlash2: their block runners; Gemma 4's assistant:
+PagedGemma4AssistantRunner, over the target runner's own caches), with the
 target runner set to capture the hidden states the head reads (runners/hidden_capture.py). Under
 tensor parallelism the head runs whole on every rank (engine/tensor_parallel.py), but a target's MTP
 layer, whose slices each rank reads by the target's plan (TPPagedMtpRunner, TPPagedMlaMtpRunner)."""
@@ -12,6 +13,7 @@ from ..heads import load_draft_head
 from ..runners.paged_dflash import PagedDFlashRunner
 from ..runners.paged_dflash2 import PagedDFlash2Runner
 from ..runners.paged_eagle3 import PagedEagle3Runner
+from ..runners.paged_gemma4_assistant import PagedGemma4AssistantRunner
 from ..runners.paged_llama_tp import TensorParallelRunner
 from ..runners.paged_mtp import mtp_runner, tp_mtp_runner
 from .inputs import vocab_size
@@ -62,6 +64,12 @@ def head_runner(head, target, target_runner, *, tree, max_draft_tokens: int, blo
         return runner(head, whole_vocab_weight(target, "embed"), whole_vocab_weight(target, "lm_head"),
                       num_draft_tokens=min(max_draft_tokens, head.block_size - 1), block_size=block_size,
                       backend=backend)
+    if head.kind == "gemma4_assistant":  # Gemma 4's assistant: over the target runner's own caches
+        if tree is not None:
+            raise ValueError("tree=... with a Gemma 4 assistant: it drafts chains (trees: EAGLE-3 heads or a draft model)")
+        if isinstance(target_runner, TensorParallelRunner):
+            raise ValueError("a Gemma 4 assistant under tensor parallelism is not supported (Gemma 4 has no sharded runner)")
+        return PagedGemma4AssistantRunner(head, target_runner, backend=backend)
     if head.kind == "mtp":  # the target's own layer: its embedding and LM head
         if isinstance(target_runner, TensorParallelRunner):  # each rank reads its slices of the layer
             return tp_mtp_runner(head, target_runner, num_draft_tokens=max_draft_tokens, block_size=block_size,

@@ -195,10 +195,11 @@ class SpeculativeEngine:
             self.mode = "lookup"
         elif assistant_model is not None or draft_head is not None:
             # A block drafter's default K: the whole block (its K drafts cost one forward whatever K).
-            # An MTP layer's: one (heads/mtp.py MTP_DEFAULT_K).
+            # An MTP layer's: one (heads/mtp.py MTP_DEFAULT_K). A Gemma 4 assistant's: its generation_config's, as
+            # transformers reads it (heads/gemma4_assistant.py default_k).
             kind = getattr(self.draft_head, "kind", None)
             default = self.draft_head.block_size - 1 if kind == "dflash" else MTP_DEFAULT_K if kind == "mtp" \
-                else DEFAULT_NUM_ASSISTANT_TOKENS
+                else getattr(self.draft_head, "default_k", None) or DEFAULT_NUM_ASSISTANT_TOKENS
             self.default_k = default if num_assistant_tokens is None else \
                 _positive("num_assistant_tokens", num_assistant_tokens)
             self.mode = "draft" if draft_head is None else "head"
@@ -352,6 +353,8 @@ class SpeculativeEngine:
 
     def _tree_drafter(self, token_tree):
         kinds = [type(r).__name__ for r in (self.target_runner, self.draft_runner)]
+        if getattr(self.draft_runner, "tree_reason", None):  # a head that drafts chains only (its own words)
+            raise UnsupportedModelError(self.draft_runner.tree_reason)
         if not all(hasattr(r, "commit_path") for r in (self.target_runner, self.draft_runner)):
             # an UnsupportedModelError (a ValueError): a bound patch_generate hands such calls to transformers
             raise UnsupportedModelError(f"tree=... needs paged runners for the target and the draft (tree-masked "

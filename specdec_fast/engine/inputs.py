@@ -97,7 +97,8 @@ def _config_vocab(model) -> int | None:
 
 
 # Assistants that are no models of their own: transformers drafts with them from the target's KV states and last
-# hidden state (its Gemma4AssistantCandidateGenerator), which a draft runner here cannot give them
+# hidden state (its Gemma4AssistantCandidateGenerator). Gemma 4's drafts here as a head (heads/gemma4_assistant.py:
+# generate(assistant_model=...) passes it as one); the unified model's is not run
 TARGET_STATE_ASSISTANTS = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
 
 
@@ -105,16 +106,15 @@ def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None)
     """One device for the target and the draft, and one shared vocabulary (-> False) or, with both
     tokenizers given, a draft of another vocabulary (-> True: it drafts through its own tokenizer,
     drafters/cross_tokenizer.py). Vocabularies differ when the models' sizes or the tokenizers' do.
-    A Gemma 4 assistant (TARGET_STATE_ASSISTANTS): runners/hf.py's UnsupportedModelError, naming it."""
+    A Gemma 4 assistant (TARGET_STATE_ASSISTANTS) as a draft model: runners/hf.py's UnsupportedModelError, naming it."""
     name = type(assistant_model).__name__
     if name in TARGET_STATE_ASSISTANTS:
         from ..runners.hf import UnsupportedModelError
 
-        raise UnsupportedModelError(
-            f"assistant_model is a Gemma 4 assistant ({name}): it drafts from the target's own KV states and last hidden "
-            "state, not as a model of its own, and this package does not run it yet (transformers' "
-            "model.generate(assistant_model=...) does); draft here with a draft model of the target's vocabulary, "
-            "prompt_lookup_num_tokens or an EAGLE-3 / DFlash draft_head")
+        how = ("an engine takes it as draft_head= (generate(assistant_model=...) passes it so)"
+               if name == TARGET_STATE_ASSISTANTS[0] else "this package does not run it (transformers' generate does)")
+        raise UnsupportedModelError(f"assistant_model is a Gemma 4 assistant ({name}): it drafts from the target's own "
+                                    f"KV states and last hidden state, not as a model of its own; {how}")
     target_vocab, draft_vocab = vocab_size(model), vocab_size(assistant_model)
     cfg_t, cfg_d = _config_vocab(model), _config_vocab(assistant_model)
     both = tokenizer is not None and assistant_tokenizer is not None

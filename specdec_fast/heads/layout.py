@@ -24,6 +24,7 @@ from .dflash import DFLASH_ARCHITECTURES, dflash_from_layout
 from .dflash2 import DFLASH2_ARCHITECTURES, dflash2_from_layout
 from .eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
 from .mtp import MtpHead
+from .gemma4_assistant import Gemma4AssistantHead, is_gemma4_assistant
 from .mtp_checkpoint import CheckpointMtpModel
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 _FROM_MODULES = weakref.WeakKeyDictionary()  # a loaded checkpoint module -> its head (a copy of its weights)
@@ -31,7 +32,8 @@ _FROM_MODULES = weakref.WeakKeyDictionary()  # a loaded checkpoint module -> its
 
 def is_draft_head(obj) -> bool:
     """A head object this package drafts with (what load_draft_head returns)."""
-    return isinstance(obj, torch.nn.Module) and getattr(obj, "kind", None) in ("eagle3", "dflash", "mtp")
+    return isinstance(obj, torch.nn.Module) and getattr(obj, "kind", None) in ("eagle3", "dflash", "mtp",
+                                                                              "gemma4_assistant")
 
 
 def load_draft_head(source, *, device=None, dtype=None):
@@ -50,6 +52,11 @@ def load_draft_head(source, *, device=None, dtype=None):
     if isinstance(source, torch.nn.Module):
         if device is None and dtype is None and source in _FROM_MODULES:
             return _FROM_MODULES[source]
+        if is_gemma4_assistant(source):  # Gemma 4's assistant: it drafts over the target's K/V (heads/gemma4_assistant.py)
+            if device is not None or dtype is not None:
+                raise ValueError("a Gemma 4 assistant drafts on its own device and dtype (load it where the target is)")
+            head = _FROM_MODULES[source] = Gemma4AssistantHead(source)
+            return head
         # transformers' MtpModel of a target, or this package's reading of Qwen's: its layer, shared (heads/mtp.py)
         if type(source).__name__ == "MtpModel" or isinstance(source, CheckpointMtpModel):
             if device is not None or dtype is not None:

@@ -177,12 +177,11 @@ def _gemma4_pair():
     return target, assistant
 
 
-def test_gemma4_on_the_hf_runner_and_its_assistant_refused_by_name():
+def test_gemma4_on_the_hf_runner_and_its_assistant_refused_there():
     """Gemma 4 (its paged runner: test_paged_gemma4.py) speculates on runner='hf' too with the tokens of
     model.generate (prompt lookup past the window, its KV-sharing layers and per-layer inputs); its assistant, which
-    drafts from the target's own KV states (transformers' Gemma4AssistantCandidateGenerator), is refused naming what
-    it is -- before, the hf runner refused it as a model that "takes no KV cache" -- while transformers' own assisted
-    generation runs it."""
+    drafts over the target's own K/V (test_gemma4_assistant.py), is refused there naming why -- before, the hf runner
+    refused it as a model that "takes no KV cache" -- while transformers' own assisted generation runs it."""
     target, assistant = _gemma4_pair()
     kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
     expected = target.generate(LOOPING, **kw)
@@ -190,6 +189,6 @@ def test_gemma4_on_the_hf_runner_and_its_assistant_refused_by_name():
     out, stats = specdec_fast.generate(target, LOOPING, prompt_lookup_num_tokens=3, runner="hf", return_stats=True,
                                        **kw)
     assert torch.equal(out, expected) and 0 < stats.alpha < 1
-    with pytest.raises(UnsupportedModelError, match=r"a Gemma 4 assistant \(Gemma4AssistantForCausalLM\)"):
-        specdec_fast.generate(target, LOOPING, assistant_model=assistant, **kw)
+    with pytest.raises(ValueError, match="draft_head needs a paged target runner .* got HFRunner"):
+        specdec_fast.generate(target, LOOPING, assistant_model=assistant, runner="hf", **kw)
     assert torch.equal(target.generate(LOOPING, assistant_model=assistant, **kw), expected)
