@@ -4,7 +4,8 @@ equal transformers' Gemma4AssistantForCausalLM fed the target's committed K/V (s
 0 .. p - 1), the target's final-norm state before the token at p and that token, at position p throughout (its
 candidate generator's loop; it also reads the K/V of a draft the target rejected at p, which this package's does
 not); greedy decoding equals the target's on every backend, batched and left padded; the static graph twin draws
-the eager tokens; the checkpoint's num_assistant_tokens is the default K; refusals name their reason."""
+the eager tokens; sampled tokens follow the target (chi-square, with a control); the checkpoint's
+num_assistant_tokens is the default K; refusals name their reason."""
 import copy
 
 import pytest
@@ -24,19 +25,22 @@ from ..conftest import backend_device, on_device
 from .heads import proposals_per_iteration
 from .models import left_padded_prompts
 from .test_paged_gemma4 import V, _config
+from .test_sampling_exact import target_probs
+from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 
 LAYERS = ["sliding_attention", "full_attention"]
 
 
-def _pair(ordered: bool = False):
+def _pair(ordered: bool = False, vocab: int = V, init: float = 0.3):
     """A Gemma 4 target (per-layer inputs, KV-sharing layers, windows of 4) and an assistant for it whose
     pre_projection passes the token's embedding and whose lm_head is the target's embedding, so it drafts near "the
     same token again" -- drafts the target accepts at times -- while every weight still shapes its logits.
     ordered: the assistant's ordered embedding (use_ordered_embeddings: 8 centroids, 2 kept)."""
     torch.manual_seed(0)
-    target = tf.Gemma4ForCausalLM(_config("ple_shared", initializer_range=0.3)).float().eval()
+    target = tf.Gemma4ForCausalLM(_config("ple_shared", initializer_range=init, vocab_size=vocab,
+                                          vocab_size_per_layer_input=vocab)).float().eval()
     target.generation_config.eos_token_id = None
-    text = tf.Gemma4TextConfig(vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+    text = tf.Gemma4TextConfig(vocab_size=vocab, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=12, global_head_dim=16,
                                sliding_window=4, vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
                                num_kv_shared_layers=2, layer_types=LAYERS, max_position_embeddings=256)
@@ -50,7 +54,7 @@ def _pair(ordered: bool = False):
         assistant.pre_projection.weight[:, :48] += torch.eye(48)
         assistant.lm_head.weight.copy_(target.model.embed_tokens.weight)
         if ordered:
-            assistant.masked_embedding.token_ordering.copy_(torch.randperm(V, generator=gen))
+            assistant.masked_embedding.token_ordering.copy_(torch.randperm(vocab, generator=gen))
         for layer in assistant.model.layers:
             layer.layer_scalar.fill_(1.0)
     assistant.generation_config.num_assistant_tokens = 3
@@ -137,3 +141,55 @@ def test_refusals_name_their_reason():
     with pytest.raises(UnsupportedModelError, match=r"a Gemma 4 assistant \(Gemma4AssistantForCausalLM\)"):
         specdec_fast.SpeculativeEngine(target, assistant)  # as a draft model
     assert specdec_fast.SpeculativeEngine(target, draft_head=assistant).draft_head.kind == "gemma4_assistant"
+
+
+SMALL_VOCAB, PROMPT = 12, torch.tensor([[3, 7, 5, 9]])
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A pair of 12 tokens: joint laws of two tokens fit a chi-square of 3000 rows (the target's weights smaller:
+    at 0.3 it is so peaked that nearly every draft is accepted; 0.1: alpha ~0.63)."""
+    return _pair(vocab=SMALL_VOCAB, init=0.1)
+
+
+def _pvalues(target, assistant, rows: int = 3000):
+    """(stats, p-value of tokens 1-2 jointly, p-value of token 3) of sampling at T = 0.9 with K = 2: tokens 2 and 3
+    come from the first speculative block (accepts, residuals and bonus tokens)."""
+    settings = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
+    vocab = torch.arange(SMALL_VOCAB)
+    out, stats = specdec_fast.generate(target, PROMPT.expand(rows, -1), assistant_model=assistant,
+                                       num_assistant_tokens=2, do_sample=True, max_new_tokens=3, seed=123,
+                                       return_stats=True, temperature=0.9, top_k=0, pad_token_id=0)
+    new = out[:, PROMPT.shape[1]:]
+    p1 = target_probs(target, PROMPT, settings)[0]
+    joint12 = (p1[:, None] * target_probs(target, torch.cat([PROMPT.expand(SMALL_VOCAB, -1), vocab[:, None]], 1),
+                                          settings)).reshape(-1)
+    grid = torch.cartesian_prod(vocab, vocab)
+    p3 = (joint12[:, None] * target_probs(target, torch.cat([PROMPT.expand(grid.shape[0], -1), grid], 1),
+                                          settings)).sum(0)
+    return stats, chi_square_pvalue(new[:, 0] * SMALL_VOCAB + new[:, 1], joint12), chi_square_pvalue(new[:, 2], p3)
+
+
+def test_sampled_tokens_follow_the_target(small):
+    stats, p12, p3 = _pvalues(*small)
+    assert 0.1 < stats.alpha < 0.95, f"alpha {stats.alpha}: the test needs both accepts and rejects"
+    assert p12 > P_VALUE_THRESHOLD and p3 > P_VALUE_THRESHOLD, (p12, p3)
+
+
+def test_control_a_verify_that_sees_another_draft_law_fails(small, monkeypatch):
+    """The drafts drawn from the assistant's rows, the verify handed uniform rows instead: the tokens no longer
+    follow the target, and the test above would see it."""
+    propose = Eagle3Drafter.propose
+
+    def buggy(self, k):
+        drafts, logits = propose(self, k)
+        return drafts, torch.zeros_like(logits)
+
+    monkeypatch.setattr(Eagle3Drafter, "propose", buggy)
+    specdec_fast.release_engines()
+    try:
+        _, p12, p3 = _pvalues(*small)
+    finally:
+        specdec_fast.release_engines()
+    assert min(p12, p3) < P_VALUE_THRESHOLD, (p12, p3)
