@@ -23,8 +23,9 @@ Grid sizes come only from static shapes (T, max_query_len, block_table width): s
 cu_query_lens are read inside the kernels, so there is no host sync and the call can be
 captured in a CUDA graph.
 
-Any head_dim up to 256: the head dimension is padded to HEAD_DIM_P2 = max(16, next power of 2)
-with masked loads and stores (Llama-family models use 64/128, others 80/96/112; tests use 12).
+Any head_dim up to 512: the head dimension is padded to HEAD_DIM_P2 = max(16, next power of 2)
+with masked loads and stores (Llama-family models use 64/128, others 80/96/112, Gemma 3 256, Gemma 4's
+full layers 512; tests use 12).
 
 Launch shape (choose_splits): enough KV splits for ~4 programs per SM, each of at least
 MIN_SPLIT_TOKENS tokens of the block table, whichever merge runs; a table of at most
@@ -410,7 +411,10 @@ def choose_tiling(max_query_len: int, group: int, head_dim: int, element_size: i
     chunks of 16 where even 16 rows over 32 do not fit. The rows stay at 16 or more (tl.dot's
     least M). An H100 / H200 plans what it did before the limit was read."""
     group_p2 = _next_pow2(group)
-    rows_cap = 128 if head_dim <= 128 else 64
+    # Heads over 256 wide (Gemma 4's 512): 16 rows, whose fp32 accumulator [16, 512] fits 4 warps' registers --
+    # compiled for sm_90a (tests/kernels/aot_compile_attention.py): 64 rows spilled 6-7 KB a thread, 16 rows
+    # 104-176 bytes (untimed on a GPU)
+    rows_cap = 128 if head_dim <= 128 else 64 if head_dim <= 256 else 16
     block_n = 64 if head_dim <= 128 else 32
     if shared_limit is not None:
         while block_n > 32 and tile_shared_bytes(rows_cap, block_n, head_dim, element_size) > shared_limit:
@@ -439,7 +443,7 @@ MIN_SPLIT_TOKENS = 256  # below this a split costs more (partial writes, merge) 
 # in a 1k / 8k table took 8.7 / 9.8 us against 6.6 with one split (H200, B = 1, N = 1,
 # bench_attention's short_row rows, bench/results/h200_2026-11-27b). Kept: the split count is
 # static for graph capture, and rows grow.
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512  # (paged_base.head_dim_reason says the same to the runners)
 # Where the split partials are merged: False, a second launch (_merge_splits); True, inside the
 # split launch by the split that finishes last (_combine_splits after a ticket,
 # kernels/_triton_sync.py; the tickets in a KernelWorkspace stay zero between calls). Measured on

@@ -105,10 +105,10 @@ def plain_projections_reason(layers, projections_of) -> str | None:
 
 
 def head_dim_reason(head_dim: int, backend) -> str | None:
-    """The triton attention kernel's head_dim rule: any head_dim up to 256 (padded to a power of 2
-    inside the kernel); the C++ and torch kernels take any head_dim."""
-    if backend == "triton" and head_dim > 256:
-        return f"backend='triton' paged attention takes head_dim <= 256, got {head_dim}"
+    """The triton attention kernel's head_dim rule: any head_dim up to 512 (padded to a power of 2
+    inside the kernel: kernels/attention/triton.py MAX_HEAD_DIM); the C++ and torch kernels take any head_dim."""
+    if backend == "triton" and head_dim > 512:
+        return f"backend='triton' paged attention takes head_dim <= 512, got {head_dim}"
     return None
 
 

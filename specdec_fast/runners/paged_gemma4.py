@@ -29,9 +29,9 @@ The math is transformers 5.24's Gemma4TextModel / Gemma4TextDecoderLayer (modeli
     x              x * layer_scalar
     logits         lm_head(norm(x)), soft-capped by final_logit_softcapping when it is set
 Refused: bidirectional attention; a RoPE whose frequencies change with the length. No tensor parallelism
-yet; the Triton attention takes head dims up to 256 (paged_base.head_dim_reason), so a checkpoint whose full
-layers are 512 wide runs the C++ / torch kernels. Its assistant (Gemma4AssistantForCausalLM) is not run here
-(engine/inputs.TARGET_STATE_ASSISTANTS).
+yet. The published full layers' 512-wide heads take the Triton attention's 16-row tiles (kernels/attention/triton.py
+choose_tiling; untimed on a GPU). Its assistant (Gemma4AssistantForCausalLM) drafts over these caches:
+runners/paged_gemma4_assistant.py.
 """
 import torch
 import torch.nn.functional as F

@@ -142,13 +142,25 @@ def test_controls_each_piece_is_needed():
     assert torch.equal(gemma4_norm(x, norm.weight, norm.eps), norm(x))
 
 
+@pytest.mark.parametrize("backend", ["triton", "cpp"])
+def test_the_published_head_widths(backend, device):
+    """The published checkpoints' widths: sliding heads of 256, full ones of 512 (the Triton attention's 16-row tiles
+    there), one full layer's KV head: logits equal the forward."""
+    device = backend_device(backend, device)
+    torch.manual_seed(0)
+    model = on_device(device, tf.Gemma4ForCausalLM(_config("k_eq_v", head_dim=256, global_head_dim=512, hidden_size=64,
+                                                           initializer_range=0.05)).float().eval())
+    runner = PagedGemma4Runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert {runner.kv_shape(i) for i in range(runner.kv_layer_count)} == {(2, 256), (1, 512)}
+    assert_runner_matches_forward(model, runner, V)
+
+
 def test_refusals_name_their_reason():
-    """Bidirectional attention; the Triton kernel's head dims (the full layers' 512 of the published checkpoints
-    run the C++ / torch kernels)."""
+    """Bidirectional attention; the Triton kernel's head dims past 512."""
     model = gemma4("plain")
     assert paged_unsupported_reason(model) is None
-    wide = tf.Gemma4ForCausalLM(_config("plain", global_head_dim=512)).eval()
-    assert "head_dim <= 256, got 512" in paged_unsupported_reason(wide, backend="triton")
+    wide = tf.Gemma4ForCausalLM(_config("plain", global_head_dim=1024)).eval()
+    assert "head_dim <= 512, got 1024" in paged_unsupported_reason(wide, backend="triton")
     assert paged_unsupported_reason(wide, backend="cpp") is None
     model.config.use_bidirectional_attention = "vision"
     try:

@@ -220,12 +220,12 @@ def test_unsupported_variants_have_reasons():
     from specdec_fast.runners.paged_base import PagedRunnerBase
 
     assert issubclass(PagedGPT2Runner, PagedRunnerBase) and issubclass(PagedLlamaRunner, PagedRunnerBase)
-    # head_dim 12: every kernel takes it (triton's attention pads it to 16); > 256 triton refuses.
+    # head_dim 12: every kernel takes it (triton's attention pads it to 16); > 512 triton refuses.
     odd = tf.AutoModelForCausalLM.from_config(tf.GPT2Config(vocab_size=VOCAB, n_embd=48, n_head=4, n_layer=1)).eval()
     assert paged_unsupported_reason(odd) is None and paged_unsupported_reason(odd, 10, backend="triton") is None
     assert api.choose_runner(odd, None, 10, backend="triton") == "paged"
-    wide = tf.AutoModelForCausalLM.from_config(tf.GPT2Config(vocab_size=VOCAB, n_embd=264, n_head=1, n_layer=1)).eval()
-    assert "head_dim <= 256" in paged_unsupported_reason(wide, 10, backend="triton")
+    wide = tf.AutoModelForCausalLM.from_config(tf.GPT2Config(vocab_size=VOCAB, n_embd=520, n_head=1, n_layer=1)).eval()
+    assert "head_dim <= 512" in paged_unsupported_reason(wide, 10, backend="triton")
     assert api.choose_runner(wide, None, 10, backend="triton") == "hf"
 
     half = tiny_gpt2(reorder_and_upcast_attn=True, attn="eager").to(torch.bfloat16)

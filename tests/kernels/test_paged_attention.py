@@ -203,6 +203,10 @@ ODD_HEAD_DIMS = {
     "d80_tree_bf16_split": ([150, 9], [5, 9], 4, 2, 80, 16, torch.bfloat16, True, 3),
     "d96_split_fp32": ([200], [3], 2, 2, 96, 32, torch.float32, False, 4),
     "d112_decode_bf16": ([40, 1], [1, 1], 8, 8, 112, 16, torch.bfloat16, False, None),
+    # Gemma 4's full layers (512: 16-row tiles), a prefill-like chain and a tree over a forced split; 320 padded to 512
+    "d512_chain_bf16": ([40, 19], [17, 4], 4, 2, 512, 16, torch.bfloat16, False, None),
+    "d512_tree_fp32_split": ([90], [6], 2, 1, 512, 16, torch.float32, True, 2),
+    "d320_decode_fp16": ([33], [1], 2, 2, 320, 16, torch.float16, False, None),
 }
 
 
@@ -223,10 +227,10 @@ def test_triton_any_head_dim(name, device):
     torch.testing.assert_close(out.cpu().double(), sdpa_oracle(case), atol=tol, rtol=tol)
 
 
-def test_triton_rejects_head_dim_over_256(device):
+def test_triton_rejects_head_dim_over_512(device):
     pytest.importorskip("triton")
-    case = make_case([8], [2], 2, 1, 264, 16, torch.float32, device=device)
-    with pytest.raises(ValueError, match="head_dim <= 256"):
+    case = make_case([8], [2], 2, 1, 520, 16, torch.float32, device=device)
+    with pytest.raises(ValueError, match="head_dim <= 512"):
         paged_attention(*case.args(), max_query_len=2, backend="triton")
 
 
