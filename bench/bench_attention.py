@@ -28,7 +28,8 @@ Script modes:
         sliding window of GPU_WINDOW tokens at contexts past it (predicted: about the time at a
         context of GPU_WINDOW), chunk_N*_us: Llama 4's chunks of GPU_CHUNK at contexts past one
         (predicted: about the time at a context of the keys from the last chunk's start),
-        softcap_N*_us: Gemma 2's soft-capping (50). --quick: B 1 / 8 x
+        softcap_N*_us: Gemma 2's soft-capping (50), d512_N*_us / _GBps: Gemma 4's full layers (16 query heads
+        of 512 over 2 KV heads, 16-row tiles) at the same rows. --quick: B 1 / 8 x
         context 1k / 8k only (the merge forms' decision); the JSON is rewritten after every shape.
     TRITON_INTERPRET=1 python bench/bench_attention.py --gpu --smoke --out F
         The same code on CPU under the interpreter (fp32, B = 1 x context 520, one wall-clock
@@ -344,6 +345,13 @@ def run_gpu(args):
                 if ctx > chunk:  # Llama 4's chunked layers: the keys from the start of each query's chunk
                     res[f"chunk_N{n}_us"] = time_us(lambda: ours(chunk=chunk))
                 res[f"softcap_N{n}_us"] = time_us(lambda: ours(softcap=WINDOW_SOFTCAP))
+                # Gemma 4's full layers: heads of 512 (16-row tiles), GQA 8 over 2 KV heads, the same context and
+                # rows; its GB/s against the bytes it reads (the 128-wide rows' roofline does not apply)
+                wide = make_inputs(B, ctx, n, hq=16, hkv=2, d=512, block_size=args.block_size, dtype=dtype, device=device)
+                wide_us = time_us(lambda: paged_attention_triton(*wide, max_query_len=n, scale=1.0))
+                res[f"d512_N{n}_us"] = wide_us
+                res[f"d512_N{n}_GBps"] = bytes_moved(B, ctx, n, hq=16, hkv=2, d=512, elem=q.element_size()) / wide_us / 1e3
+                del wide
                 us = res[f"triton_N{n}_us"]
                 sdpa, gqa, error = sdpa_dense_us(q, k_cache, v_cache, block_table, B, ctx, n, time_us=time_us)
                 res[f"sdpa_flash_N{n}_us"], res["sdpa_native_gqa"] = sdpa, gqa

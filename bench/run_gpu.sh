@@ -235,7 +235,8 @@ stage_moe() {
   # Mixture-of-experts (runners/_moe.py, 2026-11-30, never run on a GPU): kernels/moe's two schedules (a GEMV
   # per pair; pairs grouped by expert) against the torch gathered path and every expert, Qwen3-30B-A3B's and
   # Mixtral's blocks, T 1-128 tokens (~1-2 min): decides where runners/_moe.py switches schedules. Then
-  # its tests on CUDA (the MoE runner on every path, the kernel's table, the windows' and chunks' tables, Llama 4)
+  # its tests on CUDA (the MoE runner on every path, the kernel's table, the windows' and chunks' tables, Llama 4,
+  # Gemma 4 and its assistant, the attention's head dims up to 512)
   run --cap 200 python3 bench/bench_moe.py --gpu --budget-s "$(budget 150 200)" --out "$results/moe_$dev.json"
   # The windowed layers' rings (2026-11-30, never run on a GPU): a 16k prompt's prefill at ring_chunk 1024 /
   # 2048 / 4096 against rings off, and the KV each holds (decides paged_base.ring_chunk)
@@ -243,7 +244,8 @@ stage_moe() {
   run --cap 200 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_moe_pairs.py \
     tests/engine/test_paged_moe.py tests/kernels/test_paged_attention_window.py tests/engine/test_sliding_window_models.py \
     tests/engine/test_ring_windows.py tests/engine/test_mtp.py tests/kernels/test_paged_attention_chunk.py \
-    tests/engine/test_paged_llama4.py
+    tests/engine/test_paged_llama4.py tests/engine/test_paged_gemma4.py tests/engine/test_gemma4_assistant.py \
+    tests/kernels/test_paged_attention.py
 }
 
 stage_mla() {

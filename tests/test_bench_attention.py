@@ -57,6 +57,7 @@ def test_gpu_mode_smoke_rows_feed_the_report(tmp_path):
         assert row[f"short_row_max_abs_diff_N{n}"] < 1e-5 and set(row[f"short_row_N{n}_us"]) == {"auto", "1"}, row
         assert row[f"sdpa_flash_N{n}_us"] > 0, row.get("sdpa_error")
         assert row[f"window_N{n}_us"] > 0 and row[f"chunk_N{n}_us"] > 0  # the window's and Llama 4's chunk's rows
+        assert row[f"d512_N{n}_us"] > 0 and row[f"d512_N{n}_GBps"] > 0  # Gemma 4's 512-wide heads
     assert set(report["targets"]["in_kernel_vs_launch"]) == {"B1_520_N1", "B1_520_N5"}
     lever = issue25_report.merge_lever(report)
     assert lever["advice"] != "unmeasured" and set(lever["ratios"]) == {"B=1 520 N=1", "B=1 520 N=5"}
