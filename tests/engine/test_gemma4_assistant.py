@@ -193,3 +193,23 @@ def test_control_a_verify_that_sees_another_draft_law_fails(small, monkeypatch):
     finally:
         specdec_fast.release_engines()
     assert min(p12, p3) < P_VALUE_THRESHOLD, (p12, p3)
+
+
+def test_the_cli_drafts_with_the_assistant(tmp_path, capsys):
+    """specdec-fast generate --target <a Gemma 4 checkpoint> --draft <its assistant's>, as transformers' checkpoints
+    are passed: the assistant drafts as a head (K = its num_assistant_tokens, 3)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specdec_fast import cli
+
+    target, assistant = _pair()
+    target.save_pretrained(tmp_path / "target")
+    assistant.save_pretrained(tmp_path / "assistant")
+    words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, V)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>").save_pretrained(tmp_path / "tok")
+    assert cli.main(["generate", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "assistant"),
+                     "--tokenizer", str(tmp_path / "tok"), "--prompt", "w5 w9 w5 w9", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "--- stats" in out and "K=3" in out.replace(" ", ""), out
