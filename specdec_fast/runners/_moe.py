@@ -75,6 +75,10 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # MiniMax-M2: sigmoid scores of the model-dtype logits, the top k by score + correction bias (the
                 # block's), the scores renormalised; no groups, no scaling factor
                 "minimax_m2": ("sigmoid_topk", True, False, "swiglu"),
+                # Hy3 (hy_v3: tencent/Hy3-preview): MiniMax-M2's choice on float32 logits of its float32 router, the
+                # scores over their sum (+ 1e-20) times router_scaling_factor; an ungated shared MLP added in
+                # float32 where enable_moe_fp32_combine (FP32_COMBINE)
+                "hy_v3": ("sigmoid_topk_scaled", True, False, "swiglu"),
                 # ERNIE 4.5: softmax of float32 logits, the top k by probability + correction bias, the chosen
                 # probabilities over their sum (at least moe_norm_min), cast to the model dtype; shared experts
                 "ernie4_5_moe": ("softmax_biased", True, True, "swiglu"),
@@ -96,7 +100,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
 # once, then the experts at weight 1; more than one would need an input per pair (refused: moe_reason).
 INPUT_SCALED = ("llama4_text",)
 SOFTMAX_GROUP_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
-BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "softmax_biased")  # the routings that choose with a correction bias
+BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "sigmoid_topk_scaled", "softmax_biased")  # the routings that choose with a correction bias
 SHARED = ("shared_expert", "shared_experts", "shared_mlp")  # Qwen2-MoE's (gated), GLM-4.5's, HunYuan's (ungated)
 # The families whose one shared MLP is as wide as a routed expert (their configs give no width of its own)
 SHARED_AS_WIDE = ("llama4_text", "hunyuan_v1_moe")
@@ -224,6 +228,10 @@ class MoE:
             self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E] (ERNIE's [1, E])
         if self.routing_kind == "softmax_biased":
             self.norm_min = float(config.moe_norm_min)
+        if self.routing_kind == "sigmoid_topk_scaled":  # Hy3
+            self.routed_scale = float(config.router_scaling_factor)
+        # Hy3: the routed and shared outputs summed in float32, then cast (its enable_moe_fp32_combine)
+        self.fp32_combine = bool(getattr(config, "enable_moe_fp32_combine", False))
         if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
             self.groups, self.top_groups = int(config.n_group), int(config.topk_group)
             self.routed_scale = float(config.routed_scaling_factor)
@@ -280,6 +288,8 @@ class MoE:
             return self._softmax_groups(h)
         if self.routing_kind == "sigmoid_topk":
             return self._sigmoid_topk(h)
+        if self.routing_kind == "sigmoid_topk_scaled":
+            return self._sigmoid_topk_scaled(h)
         if self.routing_kind == "softmax_biased":
             return self._softmax_biased(h)
         # the router's dtype (HunYuan's may stay float32 under a bf16 model: transformers casts h to it)
@@ -320,6 +330,15 @@ class MoE:
         chosen = torch.topk(scores + self.correction, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, chosen)
         return weights / weights.sum(dim=-1, keepdim=True), chosen
+
+    def _sigmoid_topk_scaled(self, h: torch.Tensor):
+        """Hy3's router (transformers' HYV3TopKRouter, op for op): sigmoid of the float32 logits of the float32
+        router; the top k by score + correction bias; the chosen scores over their sum + 1e-20, times
+        router_scaling_factor (float32)."""
+        scores = F.linear(h.float(), self.router.float()).sigmoid()  # [T, E]
+        chosen = torch.topk(scores + self.correction, self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, chosen)
+        return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.routed_scale, chosen
 
     def _softmax_biased(self, h: torch.Tensor):
         """ERNIE 4.5's router (transformers' Ernie4_5_MoeTopKRouter, op for op): softmax of float32 logits; the top k
@@ -368,7 +387,8 @@ class MoE:
         if self.shared is not None:
             (gate, up, down), act, gate_w = self.shared
             shared = linear(act(linear(h, *gate)) * linear(h, *up), *down)
-            out = out + (shared if gate_w is None else torch.sigmoid(F.linear(h, gate_w)) * shared)
+            shared = shared if gate_w is None else torch.sigmoid(F.linear(h, gate_w)) * shared
+            out = (out.float() + shared.float()).to(h.dtype) if self.fp32_combine else out + shared
         return out
 
     def mix(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, prefill: bool = False) -> torch.Tensor:

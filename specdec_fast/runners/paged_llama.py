@@ -83,7 +83,11 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # Granite 4.0's dense transformers (granitemoehybrid with attention layers only and no experts:
                      # granite-4.0-micro, the Nano 350M / 1B): Granite's scalars, the MLP as shared_mlp's fused
                      # input_linear [gate | up] and output_linear (GraniteMlp); its hybrids' Mamba2 layers are refused
-                     "granitemoehybrid")
+                     "granitemoehybrid",
+                     # Hy3 (hy_v3: tencent/Hy3-preview): Qwen3's attention, dense first layers (mlp_layer_types), then
+                     # 192 experts chosen by sigmoid + the block's correction bias and scaled (runners/_moe.py), a
+                     # shared MLP
+                     "hy_v3")
 # The families with Granite's four scalars (GRANITE_SCALARS)
 GRANITE_TYPES = ("granite", "granitemoehybrid")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's

@@ -51,7 +51,9 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   "arcee",
                   # Granite 4.0's dense transformers: shared_mlp's fused input_linear read as Phi-3's gate_up_proj
                   # (sharding.CHECKPOINT_RENAMES), Granite's scalars
-                  "granitemoehybrid")
+                  "granitemoehybrid",
+                  # Hy3: Qwen3's attention, its experts and shared MLP by their width, the router and correction whole
+                  "hy_v3")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")

@@ -72,14 +72,18 @@ NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.v
 # ... and where its text decoder's names sit: (prefix, what it stands for)
 TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
 # A family's checkpoint names under the names this layout reads, as (pattern, replacement) regexes in order: EXAONE
-# 3.x's original GPT-2-style names (which transformers renames on loading: its conversion_mapping.py), Granite 4.0's
-# shared_mlp as Phi-3's fused MLP
+# 3.x's original GPT-2-style names and Hy3's MoE names (which transformers renames on loading: its
+# conversion_mapping.py), Granite 4.0's shared_mlp as Phi-3's fused MLP
 CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
                                  (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.", ".self_attn."),
                                  (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
                                  (r"\.ln_1\.", ".input_layernorm."), (r"\.ln_2\.", ".post_attention_layernorm."),
                                  (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."), (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."),
                                  (r"\.mlp\.c_proj\.", ".mlp.down_proj.")),
+                      # Hy3's published MoE names, as transformers renames them (conversion_mapping.py's hy_v3)
+                      "hy_v3": ((r"\.mlp\.router\.gate\.weight$", ".mlp.gate.weight"),
+                                (r"\.mlp\.expert_bias$", ".mlp.e_score_correction_bias"),
+                                (r"\.mlp\.shared_mlp\.", ".mlp.shared_experts.")),
                       # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)
                       "granitemoehybrid": ((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
                                            (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."))}

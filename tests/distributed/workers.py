@@ -16,7 +16,7 @@ from .harness import TP_TIMEOUT
 
 MAX_NEW = 10
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "hunyuan_v1_moe",
-             "dots1")
+             "dots1", "hy_v3")
 MLA_KINDS = ("deepseek_v3", "deepseek_v2")  # latent attention: heads split, the latent replicated (paged_mla_tp.py)
 HYBRID_KINDS = ("qwen3_next", "qwen3_5_text")  # recurrent layers by heads, each rank its heads' states
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)

@@ -57,6 +57,11 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.Gemma4TextConfig(head_dim=12, global_head_dim=16, sliding_window=8, hidden_size_per_layer_input=8,
                                    vocab_size_per_layer_input=vocab, final_logit_softcapping=30.0,
                                    layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **llama_like)
+    if kind == "hy_v3":  # Hy3: Qwen3's attention, layer 0 dense, then 8 experts of 24 by sigmoid + the block's correction
+        # bias (zero here), scaled by 2.5, an ungated shared MLP added in float32
+        return tf.HYV3Config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=1,
+                             router_scaling_factor=2.5, enable_moe_fp32_combine=True, head_dim=12,
+                             mlp_layer_types=(["dense"] + ["sparse"] * layers)[:layers], **llama_like)
     if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
         return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
     if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types

@@ -29,10 +29,10 @@ from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_f
 
 VOCAB = 96
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2",
-         "ernie4_5_moe", "hunyuan_v1_moe", "dots1")
+         "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "hy_v3")
 # which of the 2 layers are MoE (else both)
 MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True],
-              "dots1": [False, True]}
+              "dots1": [False, True], "hy_v3": [False, True]}
 
 
 def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
@@ -81,6 +81,10 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         config = tf.Dots1Config(num_local_experts=16, moe_intermediate_size=32, n_group=4, topk_group=2,
                                 routed_scaling_factor=2.5, n_shared_experts=1, first_k_dense_replace=1, head_dim=16,
                                 sliding_window=6, layer_types=["sliding_attention", "full_attention"], **common)
+    elif kind == "hy_v3":  # Hy3: Qwen3's per-head q/k norms (randomised below), layer 0 dense, then 16 experts of 32 chosen
+        # by sigmoid + the block's correction bias, scaled by 2.5, an ungated shared MLP added in float32
+        config = tf.HYV3Config(num_experts=16, moe_intermediate_size=32, num_shared_experts=1, router_scaling_factor=2.5,
+                               enable_moe_fp32_combine=True, head_dim=16, mlp_layer_types=["dense", "sparse"], **common)
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
@@ -94,7 +98,8 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         for name, param in model.named_parameters():
             if name.endswith("bias") or name.endswith("sinks"):
                 param.normal_(0, 0.5 if kind == "gpt_oss" else 0.3)
-            elif "query_layernorm" in name or "key_layernorm" in name:  # HunYuan's: not identities
+            elif "query_layernorm" in name or "key_layernorm" in name or "_norm" in name and kind == "hy_v3":
+                # HunYuan's, Hy3's q / k norms: not identities
                 param.uniform_(0.5, 1.5)
         for layer in model.model.layers:  # GLM-4.5's router bias (a buffer; MiniMax-M2's on the block): it changes which experts win
             bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
@@ -229,7 +234,10 @@ def test_controls_routing_and_the_shared_expert():
                         ("minimax_m2", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
                         ("minimax_m2", lambda moe: setattr(moe, "routing_kind", "sigmoid_groups") or
                          setattr(moe, "groups", 1) or setattr(moe, "top_groups", 1) or setattr(moe, "renorm", False)
-                         or setattr(moe, "routed_scale", 1.0))):
+                         or setattr(moe, "routed_scale", 1.0)),
+                        # Hy3: its scaling factor, its block's correction bias
+                        ("hy_v3", lambda moe: setattr(moe, "routed_scale", 1.0)),
+                        ("hy_v3", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction)))):
         model = tiny_moe(kind)
         runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
         for layer in runner.layers:
