@@ -75,6 +75,12 @@ def _build(model, layers: int):
         raise ValueError(f"assistant_early_exit needs a transformers PreTrainedModel (its base model holds the layers), "
                          f"got {type(model).__name__}")
     kept = list(_layers_of(base))[:layers]
+    for field, what in (("hidden_size_per_layer_input", "per-layer inputs (one embedding of every layer's, split by the "
+                                                        "layer count)"),
+                        ("num_kv_shared_layers", "KV-sharing layers (its last layers read earlier ones' K/V)")):
+        if getattr(model.config, field, None):  # Gemma 4's E2B / E4B: its first N layers are no model of their own
+            raise UnsupportedModelError(f"assistant_early_exit on a {model.config.model_type} with {what} ({field} "
+                                        f"{getattr(model.config, field)})")
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers
     for per_layer in ("layer_types", "no_rope_layers"):  # lists of one entry a layer (no_rope_layers: Llama 4's)

@@ -167,3 +167,20 @@ def test_refusals_name_their_reason():
         assert "use_bidirectional_attention 'vision'" in paged_unsupported_reason(model)
     finally:
         model.config.use_bidirectional_attention = None
+
+
+def test_early_exit_drafts_on_the_plain_layout_and_is_refused_on_e2bs():
+    """assistant_early_exit=1 (the target's first layer drafts) gives model.generate's tokens on the plain layout;
+    per-layer inputs or KV-sharing layers (E2B / E4B) make the first layers no model of their own: refused by name
+    (an UnsupportedModelError: patch_generate hands such calls to transformers) where transformers' config raised."""
+    from specdec_fast.runners.hf import UnsupportedModelError
+
+    ids, mask = left_padded_prompts([6, 3], vocab=V, seed=3)
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    plain = gemma4("plain")
+    out, stats = specdec_fast.generate(plain, ids, mask, assistant_early_exit=1, return_stats=True, **kw)
+    assert torch.equal(out, plain.generate(ids, attention_mask=mask, **kw)) and stats.alpha > 0
+    with pytest.raises(UnsupportedModelError, match="per-layer inputs"):
+        specdec_fast.generate(gemma4(), ids, mask, assistant_early_exit=1, **kw)
+    with pytest.raises(UnsupportedModelError, match="KV-sharing layers"):
+        specdec_fast.generate(gemma4("moe", hidden_size_per_layer_input=0), ids, mask, assistant_early_exit=1, **kw)
