@@ -68,7 +68,8 @@ def head_runner(head, target, target_runner, *, tree, max_draft_tokens: int, blo
         if tree is not None:
             raise ValueError("tree=... with a Gemma 4 assistant: it drafts chains (trees: EAGLE-3 heads or a draft model)")
         if isinstance(target_runner, TensorParallelRunner):
-            raise ValueError("a Gemma 4 assistant under tensor parallelism is not supported (Gemma 4 has no sharded runner)")
+            raise ValueError("a Gemma 4 assistant under tensor parallelism is not supported yet (its queries would "
+                             "read each rank's heads of the target's K/V)")
         return PagedGemma4AssistantRunner(head, target_runner, backend=backend)
     if head.kind == "mtp":  # the target's own layer: its embedding and LM head
         if isinstance(target_runner, TensorParallelRunner):  # each rank reads its slices of the layer

@@ -28,8 +28,8 @@ The math is transformers 5.24's Gemma4TextModel / Gemma4TextDecoderLayer (modeli
                    x + post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(x)) * u_i))
     x              x * layer_scalar
     logits         lm_head(norm(x)), soft-capped by final_logit_softcapping when it is set
-Refused: bidirectional attention; a RoPE whose frequencies change with the length. No tensor parallelism
-yet. The published full layers' 512-wide heads take the Triton attention's 16-row tiles (kernels/attention/triton.py
+Refused: bidirectional attention; a RoPE whose frequencies change with the length. Tensor parallelism:
+runners/paged_gemma4_tp.py. The published full layers' 512-wide heads take the Triton attention's 16-row tiles (kernels/attention/triton.py
 choose_tiling; untimed on a GPU). Its assistant (Gemma4AssistantForCausalLM) drafts over these caches:
 runners/paged_gemma4_assistant.py.
 """
@@ -162,22 +162,10 @@ class PagedGemma4Runner(PagedGemmaRunner):
         self.embed = inner.embed_tokens.weight
         self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
         self.layers = [_Layer(layer, config, self.kernels) for layer in inner.layers]
-        # each layer's KV layer: its own (the layers that write K/V, numbered among themselves), or for a KV-shared
-        # layer the last earlier writer of its type (transformers' "store" layer of kv_sharing_modes)
-        writers, self.kv_of, last = [], [], {}
-        for i, layer in enumerate(self.layers):
-            if not layer.shared:
-                last[layer.kind] = len(writers)
-                writers.append(i)
-            self.kv_of.append(last[layer.kind])
-        self._writers = writers
-        self._shapes = [(self.layers[i].kv_heads, self.layers[i].head_dim) for i in writers]
         self.final_norm = _norm(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
-        self.softcap = getattr(config, "final_logit_softcapping", None)
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads, self.head_dim = self._shapes[0]
-        self.scale = 1.0  # Gemma4TextAttention's scaling: the q / k norms set the scores' scale
+        self._bind_kv_layers(config)
         self.ple = None
         if getattr(inner, "hidden_size_per_layer_input", 0):
             (projection,) = linear_params(inner.per_layer_model_projection)
@@ -186,6 +174,22 @@ class PagedGemma4Runner(PagedGemmaRunner):
                             norm=_norm(inner.per_layer_projection_norm), input_scale=inner.per_layer_input_scale,
                             width=config.hidden_size_per_layer_input)
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
+
+    def _bind_kv_layers(self, config) -> None:
+        """Each layer's KV layer (kv_of): its own (the layers that write K/V, numbered among themselves), or for a
+        KV-shared layer the last earlier writer of its type (transformers' "store" layer of kv_sharing_modes); the
+        KV layers' shapes; the scale (1.0: the q / k norms set the scores' scale) and soft-cap."""
+        writers, self.kv_of, last = [], [], {}
+        for i, layer in enumerate(self.layers):
+            if not layer.shared:
+                last[layer.kind] = len(writers)
+                writers.append(i)
+            self.kv_of.append(last[layer.kind])
+        self._writers = writers
+        self._shapes = [(self.layers[i].kv_heads, self.layers[i].head_dim) for i in writers]
+        self.num_kv_heads, self.head_dim = self._shapes[0]
+        self.scale = 1.0  # Gemma4TextAttention's scaling
+        self.softcap = getattr(config, "final_logit_softcapping", None)
 
     @property
     def kv_layer_count(self) -> int:
@@ -214,6 +218,7 @@ class PagedGemma4Runner(PagedGemmaRunner):
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads = flat.shape[0], self.num_heads
         tables = rotations(self.rope_tables, positions, self.dtype)  # [T, D] cos / sin a layer type, once per call
+        sum_ = self._sum_partials  # a branch's partials summed (the tensor-parallel runner's all-reduce)
         x = self._embed(flat)
         per_layer = self._per_layer_inputs(flat, x) if self.ple is not None else None
         self._keep(0, x)
@@ -229,9 +234,9 @@ class PagedGemma4Runner(PagedGemmaRunner):
                 v_raw = k_raw if layer.v is None else linear(h, *layer.v).view(total, layer.kv_heads, dim)
                 k = rotate_half_apply(gemma4_norm(k_raw, *layer.k_norm), cos, sin)
                 o = self._attend(self.kv_of[i], q, k, gemma4_norm(v_raw, *layer.v_norm), attn_lens, cu, n, self.scale)
-            x = x + gemma4_norm(linear(o.reshape(total, heads * dim), *layer.o), *layer.post_attention)
+            x = x + gemma4_norm(sum_(linear(o.reshape(total, heads * dim), *layer.o)), *layer.post_attention)
             h = gemma4_norm(x, *layer.pre_feedforward)
-            m = linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+            m = sum_(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
             if layer.moe is not None:
                 moe = layer.moe
                 weights, chosen = _routing(moe, x)  # on the layer's input; the experts on another norm of it

@@ -12,6 +12,7 @@ from .paged_base import PagedRunnerBase
 from .paged_cohere import PagedCohereRunner
 from .paged_gemma import PagedGemmaRunner
 from .paged_gemma4 import GEMMA4_MODEL_TYPES, PagedGemma4Runner
+from .paged_gemma4_tp import TPPagedGemma4Runner
 from .paged_gemma_tp import TPPagedGemmaRunner
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
@@ -30,8 +31,8 @@ from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
 from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .paged_starcoder2_tp import TPPagedStarcoder2Runner
-from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA4_TYPES, TP_LLAMA_TYPES,
-                            TP_MLA_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
+from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES, TP_LLAMA4_TYPES,
+                            TP_LLAMA_TYPES, TP_MLA_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
@@ -73,7 +74,8 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedGemmaRunner for model_type in TP_GEMMA_TYPES},
                                                  **{model_type: TPPagedOlmo2Runner for model_type in TP_OLMO_TYPES},
                                                  **{model_type: TPPagedLlama4Runner for model_type in TP_LLAMA4_TYPES},
-                                                 **{model_type: TPPagedStarcoder2Runner for model_type in TP_STARCODER2_TYPES}}
+                                                 **{model_type: TPPagedStarcoder2Runner for model_type in TP_STARCODER2_TYPES},
+                                                 **{model_type: TPPagedGemma4Runner for model_type in TP_GEMMA4_TYPES}}
 
 
 def _model_type(model) -> str | None:

@@ -76,16 +76,20 @@ TP_LLAMA4_TYPES = ("llama4_text",)
 # StarCoder2 (runners/paged_starcoder2_tp.py): the Llama layout with LayerNorms, biases and a plain MLP (c_fc rows,
 # c_proj columns)
 TP_STARCODER2_TYPES = ("starcoder2",)
+# Gemma 4's text decoder (runners/paged_gemma4_tp.py): each layer split by its own head width and KV heads
+# (sharding.layer_dims_of); its per-layer inputs whole on every rank
+TP_GEMMA4_TYPES = ("gemma4_text",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
-                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES)
+                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
 MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4_text": "llama4", "gemma3_text": "gemma3",
+             "gemma4_text": "gemma4",
              # transformers' LlamaForCausalLM under another model_type: Llama's rotary module
              "exaone": "llama", "internlm3": "llama", "iquestcoder": "llama"}
 # multimodal checkpoints read as their text decoder (config.text_config; sharding.layout_name: its tensors)
-TEXT_DECODER_OF = ("llama4", "gemma3")
+TEXT_DECODER_OF = ("llama4", "gemma3", "gemma4")
 
 
 def text_config(config):

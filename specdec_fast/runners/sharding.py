@@ -48,6 +48,7 @@ Every size must divide: heads, KV heads (or N by them), intermediate size (and t
 the shared expert's) and vocabulary by N, else ValueError naming which (raised on every rank
 alike, before any collective).
 """
+import dataclasses
 import json
 import os
 import re
@@ -68,7 +69,9 @@ ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the LM head's bias: ERNIE 4.5's
 # A multimodal checkpoint's parts that are not its text decoder (Llama 4's, Gemma 3's): not read
-NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+            # Gemma 4's
+            "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 # ... and where its text decoder's names sit: (prefix, what it stands for)
 TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
 # A family's checkpoint names under the names this layout reads, as (pattern, replacement) regexes in order: EXAONE
@@ -159,6 +162,8 @@ class LlamaShardPlan:
     delta: tuple | None = None  # Gated DeltaNet layers: (key heads, value heads, key dim, value dim)
     projection_norms: bool = False  # q_norm / k_norm over the whole projection (WHOLE_PROJECTION_NORMS): as its rows
     model_type: str | None = None  # whose checkpoint names layout_name reads (CHECKPOINT_RENAMES)
+    # each layer's (head_dim, KV heads, MLP width) where they differ by layer (Gemma 4's: layer_dims_of), else None
+    layer_dims: tuple | None = None
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -166,8 +171,12 @@ class LlamaShardPlan:
         not divide."""
         if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not 0 <= rank < world:
             raise ValueError(f"tensor parallelism needs 0 <= rank < world size >= 1, got rank {rank} of {world}")
-        heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        heads, layer_dims = config.num_attention_heads, layer_dims_of(config)
+        if layer_dims is not None:  # widths by layer (Gemma 4's config refuses a global head_dim): layer 0's as the plan's
+            head_dim, kv_heads = layer_dims[0][:2]
+        else:
+            kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         mla = None
         if getattr(config, "kv_lora_rank", None):  # latent attention (DeepSeek-V2 / V3): its per-head widths
             nope, rope, value = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
@@ -181,7 +190,8 @@ class LlamaShardPlan:
         plan = cls(world, rank, heads, kv_heads, head_dim, intermediate, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
-                   getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None))
+                   getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None),
+                   layer_dims)
         plan.check()
         return plan
 
@@ -199,6 +209,10 @@ class LlamaShardPlan:
         if self.kv_heads % n and n % self.kv_heads:
             raise ValueError(f"tensor parallelism over {n} ranks: num_key_value_heads {self.kv_heads} neither divides "
                              f"nor is divisible by {n} (each rank's query heads must read whole KV heads)")
+        for i, (_, kv_heads, width) in enumerate(self.layer_dims or ()):
+            if (kv_heads % n and n % kv_heads) or width % n:
+                raise ValueError(f"tensor parallelism over {n} ranks: layer {i}'s {kv_heads} KV heads or MLP width {width} "
+                                 f"do not split over {n}")
 
     # -- sizes on this rank ---------------------------------------------------------------------
     @property
@@ -244,6 +258,12 @@ class LlamaShardPlan:
     def slice_of(self, name: str) -> Slice | tuple | None:
         """This rank's slice of the checkpoint tensor ``name`` (a tuple: parts concatenated), or
         None (replicated: whole)."""
+        if self.layer_dims is not None:  # a layer's tensors by that layer's widths
+            match = _LAYER.match(name)
+            if match:
+                head_dim, kv_heads, width = self.layer_dims[int(match.group(1))]
+                return dataclasses.replace(self, head_dim=head_dim, kv_heads=kv_heads, intermediate=width,
+                                           layer_dims=None).slice_of(name)
         expert, part = moe_slice_of(self, name, Slice)
         if expert:
             return part
@@ -320,6 +340,21 @@ class LlamaShardPlan:
         if name.endswith("out_proj.weight"):
             return Slice(1, value[0] * dv, value[1] * dv)
         return None  # the gated norm (over a head's dv), a conv bias (none in these models)
+
+
+def layer_dims_of(config) -> tuple | None:
+    """Gemma 4's (gemma4_text) per-layer widths: each layer's (head_dim, KV heads, MLP width) -- its full layers' heads
+    global_head_dim wide and num_global_key_value_heads of them where set, a KV-sharing layer's MLP twice as wide where
+    use_double_wide_mlp (transformers' per_layer_config and Gemma4TextMLP) -- or None for every other family."""
+    if getattr(config, "model_type", None) != "gemma4_text":
+        return None
+    modes = config.kv_sharing_modes
+    dims = []
+    for i in range(config.num_hidden_layers):
+        layer = config.per_layer_config[i]
+        wide = 2 if config.use_double_wide_mlp and modes[i] == "reuse" else 1
+        dims.append((int(layer.head_dim), int(layer.num_key_value_heads), int(config.intermediate_size) * wide))
+    return tuple(dims)
 
 
 def _parts(part) -> tuple:

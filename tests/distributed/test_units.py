@@ -525,3 +525,25 @@ def test_olmo_with_biases_is_refused_under_tensor_parallelism():
     sharded.config, sharded.shards = model.config, {"model.layers.0.self_attn.q_proj.bias": torch.zeros(4)}
     sharded.rope_tables = {None: (None, 1.0, "default")}
     assert "projections with biases" in tp_olmo2_unsupported_reason(sharded)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gemma4_is_split_by_each_layers_widths(world, tmp_path):
+    """Gemma 4's layers differ in head width (12 sliding, 16 full) and KV heads (2, and 1 global: replicated), its
+    KV-sharing layers' MLPs are twice as wide and hold no k / v: each rank's slices, read from the checkpoint as
+    from the model, follow each layer's own widths (sharding.layer_dims_of); the per-layer inputs are whole."""
+    model = make_model("gemma4_shared")
+    model.config.tie_word_embeddings = False  # its own LM head in the checkpoint (a tied one is not saved)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    model.save_pretrained(tmp_path)
+    plan = LlamaShardPlan.for_config(model.config, world, world - 1)
+    assert plan.layer_dims == ((12, 2, 96), (16, 1, 96), (12, 2, 192), (16, 1, 192))
+    read = assert_reads_as_the_model(tmp_path, model, world, world - 1)
+    heads = 4 // world
+    assert read["model.layers.0.self_attn.q_proj.weight"].shape == (heads * 12, 48)
+    assert read["model.layers.1.self_attn.q_proj.weight"].shape == (heads * 16, 48)
+    assert read["model.layers.1.self_attn.k_proj.weight"].shape == (16, 48)  # the one global KV head, on every rank
+    assert read["model.layers.0.self_attn.k_proj.weight"].shape == ((2 // world or 1) * 12, 48)
+    assert read["model.layers.3.mlp.gate_proj.weight"].shape == (192 // world, 48)
+    assert "model.layers.3.self_attn.k_proj.weight" not in read
+    assert read["model.embed_tokens_per_layer.weight"].shape == (model.config.vocab_size_per_layer_input, 4 * 8)

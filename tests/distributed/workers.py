@@ -127,10 +127,13 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # under EXAONE 3.x's, InternLM3's and IQuest-Coder's model_types; GLM-4-0414 (interleaved half rotation reordered
     # per rank, fused gate_up_proj split, the post-branch norms after each branch's all-reduce); StarCoder2
     # (LayerNorms, biases split or added by rank 0, a plain MLP); Apertus (an ungated MLP with xIELU); Arcee AFM (an
-    # ungated ReLU² MLP); Granite 4.0's dense transformer (shared_mlp's fused input_linear split as Phi-3's gate_up_proj)
+    # ungated ReLU² MLP); Granite 4.0's dense transformer (shared_mlp's fused input_linear split as Phi-3's gate_up_proj);
+    # Gemma 4 (each layer by its own head width, per-layer inputs whole; then KV-sharing layers, a full layer's value its
+    # key over one KV head, replicated, double-wide MLPs)
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
                  "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal", "exaone", "internlm3",
-                 "iquestcoder", "glm4", "starcoder2", "apertus", "arcee", "granitemoehybrid"):
+                 "iquestcoder", "glm4", "starcoder2", "apertus", "arcee", "granitemoehybrid", "gemma4_text",
+                 "gemma4_shared"):
         tgt, drf = tiny(kind)
         if kind == "apertus":  # xIELU's parameters away from their inits (each rank reads them whole)
             with torch.no_grad():
