@@ -77,7 +77,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "minimax_m2": ("sigmoid_topk", True, False, "swiglu"),
                 # Hy3 (hy_v3: tencent/Hy3-preview): MiniMax-M2's choice on float32 logits of its float32 router, the
                 # scores over their sum (+ 1e-20) times router_scaling_factor; an ungated shared MLP added in
-                # float32 where enable_moe_fp32_combine (FP32_COMBINE)
+                # float32 where enable_moe_fp32_combine (MoE.fp32_combine)
                 "hy_v3": ("sigmoid_topk_scaled", True, False, "swiglu"),
                 # ERNIE 4.5: softmax of float32 logits, the top k by probability + correction bias, the chosen
                 # probabilities over their sum (at least moe_norm_min), cast to the model dtype; shared experts
