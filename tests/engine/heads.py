@@ -143,6 +143,23 @@ def proposals_per_iteration(drafter, decoder, ids, mask) -> list:
     return seen
 
 
+def verify_sees_uniform_rows(monkeypatch) -> None:
+    """Eagle3Drafter (every head that reads the target's states drafts through it) still draws its drafts from the
+    head's rows, but hands the verify uniform rows instead: the sampling tests' control (their tokens then no longer
+    follow the target). The engines cached before are released."""
+    import specdec_fast
+    from specdec_fast.drafters import Eagle3Drafter
+
+    propose = Eagle3Drafter.propose
+
+    def buggy(self, k):
+        drafts, logits = propose(self, k)
+        return drafts, torch.zeros_like(logits)
+
+    monkeypatch.setattr(Eagle3Drafter, "propose", buggy)
+    specdec_fast.release_engines()
+
+
 def target_weights(target) -> tuple:
     """(input embedding [V, H], lm_head weight [V, H]): what a block drafter shares with its target."""
     return target.get_input_embeddings().weight, target.get_output_embeddings().weight

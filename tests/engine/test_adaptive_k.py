@@ -20,7 +20,7 @@ from ..kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
 from .conftest import model_pair
 from .models import left_padded_prompts, make_draft, make_model
 from .test_loop_host_work import KeepUpEvent, host_work_per_iteration
-from .test_sampling_exact import PROMPT, ROWS, VOCAB, target_probs
+from .test_sampling_exact import PROMPT, ROWS, VOCAB, joint_and_third
 
 KS = (1, 2, 3, 4, 5, 6, 8)
 
@@ -203,21 +203,10 @@ def test_sampling_with_k_changing_every_iteration_follows_the_target(chaos):
     new = out[:, PROMPT.shape[1]:]
     assert set(chosen) == {1, 2, 3} and 0.2 < stats.alpha < 0.95
     settings = dict(temperature=1.0)
-    vocab = torch.arange(VOCAB)
-
-    def joint_and_third(model):
-        p1 = target_probs(model, PROMPT, settings)[0]
-        joint12 = (p1[:, None] * target_probs(model, torch.cat([PROMPT.expand(VOCAB, -1), vocab[:, None]], 1),
-                                              settings)).reshape(-1)
-        grid = torch.cartesian_prod(vocab, vocab)
-        p3 = (joint12[:, None] * target_probs(model, torch.cat([PROMPT.expand(grid.shape[0], -1), grid], 1),
-                                              settings)).sum(0)
-        return joint12, p3
-
-    joint12, p3 = joint_and_third(target)
+    joint12, p3 = joint_and_third(target, PROMPT, VOCAB, settings)
     assert chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], joint12) > P_VALUE_THRESHOLD
     assert chi_square_pvalue(new[:, 2], p3) > P_VALUE_THRESHOLD
-    draft_joint12, _ = joint_and_third(draft)
+    draft_joint12, _ = joint_and_third(draft, PROMPT, VOCAB, settings)
     assert chi_square_pvalue(new[:, 0] * VOCAB + new[:, 1], draft_joint12) < P_VALUE_THRESHOLD
 
 

@@ -22,11 +22,11 @@ from specdec_fast.runners.hf import UnsupportedModelError
 from specdec_fast.runners.paged_gemma4_assistant import PagedGemma4AssistantRunner
 
 from ..conftest import backend_device, on_device
-from .heads import proposals_per_iteration
+from .heads import proposals_per_iteration, verify_sees_uniform_rows
 from .models import left_padded_prompts
 from .test_paged_gemma4 import V, _config
-from .test_sampling_exact import target_probs
-from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
+from .test_sampling_exact import first_tokens_pvalues
+from tests.kernels.stats import P_VALUE_THRESHOLD
 
 LAYERS = ["sliding_attention", "full_attention"]
 
@@ -157,18 +157,10 @@ def _pvalues(target, assistant, rows: int = 3000):
     """(stats, p-value of tokens 1-2 jointly, p-value of token 3) of sampling at T = 0.9 with K = 2: tokens 2 and 3
     come from the first speculative block (accepts, residuals and bonus tokens)."""
     settings = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
-    vocab = torch.arange(SMALL_VOCAB)
     out, stats = specdec_fast.generate(target, PROMPT.expand(rows, -1), assistant_model=assistant,
                                        num_assistant_tokens=2, do_sample=True, max_new_tokens=3, seed=123,
                                        return_stats=True, temperature=0.9, top_k=0, pad_token_id=0)
-    new = out[:, PROMPT.shape[1]:]
-    p1 = target_probs(target, PROMPT, settings)[0]
-    joint12 = (p1[:, None] * target_probs(target, torch.cat([PROMPT.expand(SMALL_VOCAB, -1), vocab[:, None]], 1),
-                                          settings)).reshape(-1)
-    grid = torch.cartesian_prod(vocab, vocab)
-    p3 = (joint12[:, None] * target_probs(target, torch.cat([PROMPT.expand(grid.shape[0], -1), grid], 1),
-                                          settings)).sum(0)
-    return stats, chi_square_pvalue(new[:, 0] * SMALL_VOCAB + new[:, 1], joint12), chi_square_pvalue(new[:, 2], p3)
+    return stats, *first_tokens_pvalues(target, PROMPT, out[:, PROMPT.shape[1]:], SMALL_VOCAB, settings)
 
 
 def test_sampled_tokens_follow_the_target(small):
@@ -180,14 +172,7 @@ def test_sampled_tokens_follow_the_target(small):
 def test_control_a_verify_that_sees_another_draft_law_fails(small, monkeypatch):
     """The drafts drawn from the assistant's rows, the verify handed uniform rows instead: the tokens no longer
     follow the target, and the test above would see it."""
-    propose = Eagle3Drafter.propose
-
-    def buggy(self, k):
-        drafts, logits = propose(self, k)
-        return drafts, torch.zeros_like(logits)
-
-    monkeypatch.setattr(Eagle3Drafter, "propose", buggy)
-    specdec_fast.release_engines()
+    verify_sees_uniform_rows(monkeypatch)
     try:
         _, p12, p3 = _pvalues(*small)
     finally:

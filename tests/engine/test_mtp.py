@@ -22,12 +22,12 @@ from specdec_fast.runners.paged_mtp import PagedMlaMtpRunner, PagedMtpRunner, Pa
 from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device, on_device
-from tests.kernels.stats import P_VALUE_THRESHOLD, chi_square_pvalue
+from tests.kernels.stats import P_VALUE_THRESHOLD
 
-from .heads import proposals_per_iteration
+from .heads import proposals_per_iteration, verify_sees_uniform_rows
 from .models import VOCAB, left_padded_prompts, make_model
 from .mtp_models import LAYERS, QWEN_KINDS, glm_with_mtp, mtp_reference
-from .test_sampling_exact import target_probs
+from .test_sampling_exact import first_tokens_pvalues
 
 
 RUNNERS = {"glm4_moe": PagedMtpRunner, "deepseek_v3": PagedMlaMtpRunner, "qwen3_next": PagedQwen3NextMtpRunner}
@@ -189,18 +189,10 @@ def small(tmp_path_factory):
 def _pvalues(target, rows: int = 3000):
     """(stats, p-value of tokens 1-2 jointly, p-value of token 3) of use_mtp sampling with K = 2:
     tokens 2 and 3 come from the first speculative block (accepts, residuals and bonus tokens)."""
-    vocab = torch.arange(SMALL_VOCAB)
     out, stats = specdec_fast.generate(target, PROMPT.expand(rows, -1), use_mtp=True, num_assistant_tokens=2,
                                        do_sample=True, max_new_tokens=3, seed=123, return_stats=True,
                                        temperature=SETTINGS["temperature"], top_k=0)
-    new = out[:, PROMPT.shape[1]:]
-    p1 = target_probs(target, PROMPT, SETTINGS)[0]
-    joint12 = (p1[:, None] * target_probs(target, torch.cat([PROMPT.expand(SMALL_VOCAB, -1), vocab[:, None]], 1),
-                                          SETTINGS)).reshape(-1)
-    grid = torch.cartesian_prod(vocab, vocab)
-    p3 = (joint12[:, None] * target_probs(target, torch.cat([PROMPT.expand(grid.shape[0], -1), grid], 1),
-                                          SETTINGS)).sum(0)
-    return stats, chi_square_pvalue(new[:, 0] * SMALL_VOCAB + new[:, 1], joint12), chi_square_pvalue(new[:, 2], p3)
+    return stats, *first_tokens_pvalues(target, PROMPT, out[:, PROMPT.shape[1]:], SMALL_VOCAB, SETTINGS)
 
 
 def test_sampled_tokens_follow_the_target(small):
@@ -212,14 +204,7 @@ def test_sampled_tokens_follow_the_target(small):
 def test_control_a_verify_that_sees_another_draft_law_fails(small, monkeypatch):
     """The drafts drawn from the MTP layer's rows, the verify handed uniform rows instead: the
     tokens no longer follow the target, and the test above would see it."""
-    propose = Eagle3Drafter.propose
-
-    def buggy(self, k):
-        drafts, logits = propose(self, k)
-        return drafts, torch.zeros_like(logits)
-
-    monkeypatch.setattr(Eagle3Drafter, "propose", buggy)
-    specdec_fast.release_engines()
+    verify_sees_uniform_rows(monkeypatch)
     try:
         _, p12, p3 = _pvalues(small)
     finally:

@@ -35,6 +35,25 @@ def target_probs(model, prefixes: torch.Tensor, settings: dict) -> torch.Tensor:
     return torch.softmax(standardise(logits, params)[:, 0], -1).double()
 
 
+def joint_and_third(model, prompt: torch.Tensor, vocab: int, settings: dict) -> tuple:
+    """The laws of the first sampled tokens after ``prompt`` [1, T] over a vocabulary of ``vocab`` tokens: of tokens 1
+    and 2 jointly [vocab * vocab] (row-major: token 1 * vocab + token 2), and of token 3 [vocab]."""
+    ids = torch.arange(vocab)
+    p1 = target_probs(model, prompt, settings)[0]
+    joint12 = (p1[:, None] * target_probs(model, torch.cat([prompt.expand(vocab, -1), ids[:, None]], 1),
+                                          settings)).reshape(-1)
+    grid = torch.cartesian_prod(ids, ids)
+    p3 = (joint12[:, None] * target_probs(model, torch.cat([prompt.expand(grid.shape[0], -1), grid], 1), settings)).sum(0)
+    return joint12, p3
+
+
+def first_tokens_pvalues(model, prompt: torch.Tensor, new: torch.Tensor, vocab: int, settings: dict) -> tuple:
+    """(p-value of tokens 1-2 jointly, p-value of token 3) of sampled rows ``new`` [rows, >= 3] against
+    joint_and_third's laws."""
+    joint12, p3 = joint_and_third(model, prompt, vocab, settings)
+    return chi_square_pvalue(new[:, 0] * vocab + new[:, 1], joint12), chi_square_pvalue(new[:, 2], p3)
+
+
 SETTINGS = {
     "temperature": dict(temperature=0.7),
     "top_k": dict(temperature=1.0, top_k=4),
