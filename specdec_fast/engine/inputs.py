@@ -4,6 +4,8 @@ import weakref
 
 import torch
 
+from ..heads.gemma4_assistant import ASSISTANT_CLASSES, is_gemma4_assistant
+
 
 def device_of(model) -> torch.device:
     return next(model.parameters()).device
@@ -99,7 +101,7 @@ def _config_vocab(model) -> int | None:
 # Assistants that are no models of their own: transformers drafts with them from the target's KV states and last
 # hidden state (its Gemma4AssistantCandidateGenerator). Gemma 4's drafts here as a head (heads/gemma4_assistant.py:
 # generate(assistant_model=...) passes it as one); the unified model's is not run
-TARGET_STATE_ASSISTANTS = ("Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM")
+TARGET_STATE_ASSISTANTS = ASSISTANT_CLASSES + ("Gemma4UnifiedAssistantForCausalLM",)
 
 
 def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None) -> bool:
@@ -112,7 +114,7 @@ def check_pair(model, assistant_model, tokenizer=None, assistant_tokenizer=None)
         from ..runners.hf import UnsupportedModelError
 
         how = ("an engine takes it as draft_head= (generate(assistant_model=...) passes it so)"
-               if name == TARGET_STATE_ASSISTANTS[0] else "this package does not run it (transformers' generate does)")
+               if is_gemma4_assistant(assistant_model) else "this package does not run it (transformers' generate does)")
         raise UnsupportedModelError(f"assistant_model is a Gemma 4 assistant ({name}): it drafts from the target's own "
                                     f"KV states and last hidden state, not as a model of its own; {how}")
     target_vocab, draft_vocab = vocab_size(model), vocab_size(assistant_model)

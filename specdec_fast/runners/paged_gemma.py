@@ -127,11 +127,8 @@ class PagedGemmaRunner(PagedRunnerBase):
     unsupported_reason = staticmethod(gemma_unsupported_reason)
 
     def _bind(self, model) -> None:
-        model = text_decoder(model)  # Gemma 3's multimodal model: its text decoder
-        self.config = config = model.config
-        inner = model.model
-        self.embed = inner.embed_tokens.weight
-        self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
+        model, inner = self._bind_text_decoder(model)
+        config = self.config
         self.layers = [_GemmaLayer(layer) for layer in inner.layers]
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
@@ -145,6 +142,15 @@ class PagedGemmaRunner(PagedRunnerBase):
         # never reads (transformers 5.24 passes no softcap there): not applied.
         self.attn_softcap = config.attn_logit_softcapping if config.model_type == "gemma2" else None
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
+
+    def _bind_text_decoder(self, model) -> tuple:
+        """The text decoder's config and scaled embedding (Gemma 3's / Gemma 4's multimodal model: its text decoder)
+        -> (the text decoder, its base model)."""
+        model = text_decoder(model)
+        self.config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
+        return model, inner
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""

@@ -156,11 +156,8 @@ class PagedGemma4Runner(PagedGemmaRunner):
     unsupported_reason = staticmethod(gemma4_unsupported_reason)
 
     def _bind(self, model) -> None:
-        model = text_decoder(model)  # Gemma 4's multimodal model: its text decoder
-        self.config = config = model.config
-        inner = model.model
-        self.embed = inner.embed_tokens.weight
-        self.embed_scale = inner.embed_tokens.embed_scale  # a 0-d float32 buffer: sqrt(H)
+        model, inner = self._bind_text_decoder(model)  # Gemma 4's multimodal model: its text decoder
+        config = self.config
         self.layers = [_Layer(layer, config, self.kernels) for layer in inner.layers]
         self.final_norm = _norm(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
@@ -186,6 +183,7 @@ class PagedGemma4Runner(PagedGemmaRunner):
                 writers.append(i)
             self.kv_of.append(last[layer.kind])
         self._writers = writers
+        self.store_layers = last  # {layer type: its last KV layer} (transformers' "store" layers: its assistant reads them)
         self._shapes = [(self.layers[i].kv_heads, self.layers[i].head_dim) for i in writers]
         self.num_kv_heads, self.head_dim = self._shapes[0]
         self.scale = 1.0  # Gemma4TextAttention's scaling

@@ -36,7 +36,7 @@ def assistant_reason(head, target_runner) -> str | None:
     if head.feature_width != target_runner.config.hidden_size:
         return (f"the assistant was trained for a target {head.feature_width} wide; this one is "
                 f"{target_runner.config.hidden_size}")
-    stores = _store_layers(target_runner)
+    stores = target_runner.store_layers
     for layer in head.assistant.model.layers:
         attn = layer.self_attn
         store = stores.get(attn.layer_type)
@@ -47,14 +47,6 @@ def assistant_reason(head, target_runner) -> str | None:
             return (f"the assistant's {attn.layer_type} heads ({head.config.num_attention_heads} of {attn.head_dim}) "
                     f"do not read the target's K/V there ({heads} heads of {dim})")
     return None
-
-
-def _store_layers(target_runner) -> dict:
-    """{layer type: the target's last KV layer of that type} (the KV layers: those that write K/V, in order)."""
-    stores = {}
-    for j, i in enumerate(target_runner._writers):
-        stores[target_runner.layers[i].kind] = j
-    return stores
 
 
 class _Layer:
@@ -91,8 +83,7 @@ class PagedGemma4AssistantRunner:
         self.feature_width, self.vocab_size = head.feature_width, head.vocab_size
         inner = assistant.model
         self.layers = [_Layer(layer) for layer in inner.layers]
-        stores = _store_layers(target_runner)
-        self.kv_of = [stores[layer.kind] for layer in self.layers]
+        self.kv_of = [target_runner.store_layers[layer.kind] for layer in self.layers]
         self.final_norm = _norm(inner.norm)
         self.pre_projection, self.post_projection = linear_params(assistant.pre_projection, assistant.post_projection)
         self.lm_head = assistant.lm_head.weight

@@ -60,6 +60,7 @@ from .checkpoint_fp8 import SCALE_SUFFIX as FP8_SCALE_SUFFIX
 from .checkpoint_fp8 import read_fp8
 from .checkpoint_mxfp4 import SUFFIXES as MXFP4_SUFFIXES
 from .checkpoint_mxfp4 import read_mxfp4
+from .sharding_moe import LAYER as _LAYER
 from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 
 # Families whose q_norm / k_norm weigh the whole projection ([Hq D], [Hkv D]): split as q / k rows are, the
@@ -436,7 +437,6 @@ def shards_from_safetensors(path, plan, *, dtype=None, device="cpu", select=None
     return gather_experts(shards)
 
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 # An MTP layer's tensors that are the target's own (the embedding and LM head, which the checkpoint
 # may repeat inside the layer): not read.
 MTP_SHARED = ("embed_tokens.weight", "shared_head.head.weight")

@@ -37,7 +37,7 @@ from ._moe import EXPERTS_OF_INTERMEDIATE_SIZE, MOE_FAMILIES, SHARED_AS_WIDE, Mo
 
 # a checkpoint's per-expert projection: (layer prefix, block name, expert, projection)
 PER_EXPERT = re.compile(r"^(.*\.)(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
-PREFIX_LAYER = re.compile(r"^model\.layers\.(\d+)\.$")
+LAYER = re.compile(r"^model\.layers\.(\d+)\.")  # a decoder layer's names (and prefix): its index
 GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
 # checkpoint name -> module name: Mixtral's router; EXAONE MoE's router bias (stored beside the router)
 RENAMED = (("block_sparse_moe.gate.weight", "mlp.gate.weight"),
@@ -132,7 +132,7 @@ def layer_moe(shards: dict, prefix: str, first_rank: bool, config, kernels: str)
     params = moe_layer_params(shards, prefix, first_rank)
     if params is None:
         return None
-    index = PREFIX_LAYER.match(prefix)
+    index = LAYER.match(prefix)
     return MoE(params, config, kernels, layer=int(index.group(1)) if index else None)
 
 

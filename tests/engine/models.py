@@ -52,18 +52,17 @@ def _config(kind: str, vocab: int, layers: int):
                                          position_embedding_type="rope", shared_intermediate_size=96,
                                          embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
                                          logits_scaling=1.5, mamba_n_heads=4, **llama_like)
-    if kind == "gemma4_text":  # Gemma 4: sliding layers of 12-wide heads, full ones of 16, per-layer inputs of 8, windows
-        # of 8, a final soft-cap (its KV-sharing layers and MoE block: test_paged_gemma4.py)
-        return tf.Gemma4TextConfig(head_dim=12, global_head_dim=16, sliding_window=8, hidden_size_per_layer_input=8,
-                                   vocab_size_per_layer_input=vocab, final_logit_softcapping=30.0,
-                                   layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **llama_like)
+    # Gemma 4: sliding layers of 12-wide heads, full ones of 16, per-layer inputs of 8, windows of 8, a final soft-cap
+    gemma4_like = dict(head_dim=12, global_head_dim=16, sliding_window=8, hidden_size_per_layer_input=8,
+                       vocab_size_per_layer_input=vocab, final_logit_softcapping=30.0)
+    if kind == "gemma4_text":  # (its KV-sharing layers and MoE block: test_paged_gemma4.py, gemma4_shared)
+        return tf.Gemma4TextConfig(layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
+                                   **gemma4_like, **llama_like)
     if kind == "gemma4_shared":  # Gemma 4 of 4 layers, the last two reading the first two's K/V (their MLPs double-wide),
         # the full layers' value its key over one KV head of 16 (under TP: replicated)
-        return tf.Gemma4TextConfig(head_dim=12, global_head_dim=16, sliding_window=8, hidden_size_per_layer_input=8,
-                                   vocab_size_per_layer_input=vocab, final_logit_softcapping=30.0, num_kv_shared_layers=2,
-                                   use_double_wide_mlp=True, attention_k_eq_v=True, num_global_key_value_heads=1,
-                                   layer_types=["sliding_attention", "full_attention"] * 2,
-                                   **dict(llama_like, num_hidden_layers=4))
+        return tf.Gemma4TextConfig(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True,
+                                   num_global_key_value_heads=1, layer_types=["sliding_attention", "full_attention"] * 2,
+                                   **gemma4_like, **dict(llama_like, num_hidden_layers=4))
     if kind == "hy_v3":  # Hy3: Qwen3's attention, layer 0 dense, then 8 experts of 24 by sigmoid + the block's correction
         # bias (zero here), scaled by 2.5, an ungated shared MLP added in float32
         return tf.HYV3Config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=1,
