@@ -128,27 +128,18 @@ def _config(kind: str, vocab: int, layers: int):
                                    n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=24,
                                    qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
                                    **dict(llama_like, num_key_value_heads=4))
-    if kind == "qwen3_next":  # Gated DeltaNet layers (2 key heads of 8, 4 value heads of 12) between gated attention
-        # layers (half of each head rotated); 8 experts of 24, top 2, a gated shared expert
-        return tf.Qwen3NextConfig(head_dim=12, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
-                                  linear_num_value_heads=4, moe_intermediate_size=24, shared_expert_intermediate_size=48,
-                                  num_experts_per_tok=2, num_experts=8,
-                                  layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
-                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                   "partial_rotary_factor": 0.5}, **llama_like)
+    # Qwen3-Next / Qwen3.5: Gated DeltaNet layers (2 key heads of 8, 4 value heads of 12) between gated attention layers
+    # (half of each head rotated); the MoE ones 8 experts of 24, top 2, a gated shared expert
+    hybrid_like = dict(head_dim=12, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
+                       linear_num_value_heads=4, layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    hybrid_moe = dict(moe_intermediate_size=24, shared_expert_intermediate_size=48, num_experts_per_tok=2, num_experts=8)
+    if kind == "qwen3_next":
+        return tf.Qwen3NextConfig(**hybrid_like, **hybrid_moe, **llama_like)
     if kind == "qwen3_5_text":  # Qwen3.5's dense text decoder: Qwen3-Next's layers, the DeltaNet's projections apart
-        return tf.Qwen3_5TextConfig(head_dim=12, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
-                                    linear_num_value_heads=4,
-                                    layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
-                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                     "partial_rotary_factor": 0.5}, **llama_like)
+        return tf.Qwen3_5TextConfig(**hybrid_like, **llama_like)
     if kind == "qwen3_5_moe_text":  # Qwen3.5's MoE text decoder: qwen3_5_text's layers, Qwen3-Next's experts
-        return tf.Qwen3_5MoeTextConfig(head_dim=12, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
-                                       linear_num_value_heads=4, moe_intermediate_size=24, shared_expert_intermediate_size=48,
-                                       num_experts_per_tok=2, num_experts=8,
-                                       layer_types=(["linear_attention", "full_attention"] * layers)[:layers],
-                                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                        "partial_rotary_factor": 0.5}, **llama_like)
+        return tf.Qwen3_5MoeTextConfig(**hybrid_like, **hybrid_moe, **llama_like)
     if kind == "minimax_m2":  # q/k norms over the whole projection, half of each head rotated; 8 experts of 24, top 2,
         # sigmoid scores with the block's correction bias (zero here: the tests that need it randomise it)
         return tf.MiniMaxM2Config(num_local_experts=8, num_experts_per_tok=2, head_dim=12, rope_parameters={
