@@ -87,6 +87,8 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "deepseek_v2": ("softmax_groups", False, False, "swiglu"),
                 "deepseek_v3": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                "deepseek_v32": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # V3's MoE (its modeling code's)
+                "glm_moe_dsa": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # GLM-5: V3.2's
                 # Llama 4 (Scout 16E, Maverick 128E): the top-1 logit's sigmoid scales the expert's input
                 # (INPUT_SCALED); an ungated shared expert; experts stored [E, H, 2I] / [E, I, H]
                 "llama4_text": ("topk_sigmoid", False, True, "swiglu_t"),

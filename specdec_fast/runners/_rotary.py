@@ -74,17 +74,17 @@ def rotations(tables: dict, positions: torch.Tensor, dtype: torch.dtype) -> dict
     return {key: rope_cos_sin(positions, inv_freq, scaling, dtype) for key, (inv_freq, scaling) in tables.items()}
 
 
-def rope_tables_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+def rope_tables_reason(model, max_tokens_per_row: int | None = None, backend=None, config=None) -> str | None:
     """Why a runner that rotates with rope_tables(model) cannot run ``model``: no tables, or a
-    table that fails the Llama runner's config checks (a window reached, dynamic RoPE, a partial
-    rotation, the head_dim the backend takes); None when it can."""
+    table that fails the Llama runner's config checks on ``config`` (default model.config) (a window
+    reached, dynamic RoPE, a partial rotation, the head_dim the backend takes); None when it can."""
     from .paged_llama import llama_config_reason
 
     rope = rope_tables(model)
     if rope is None:
         return "the model has no rotary_emb with inv_freq (or {layer type}_inv_freq)"
     for inv_freq, _, rope_type in rope[0].values():
-        reason = llama_config_reason(model.config, rope_type, max_tokens_per_row, backend,
+        reason = llama_config_reason(model.config if config is None else config, rope_type, max_tokens_per_row, backend,
                                      rotary_dims=2 * inv_freq.numel())
         if reason is not None:
             return reason

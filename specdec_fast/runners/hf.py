@@ -73,6 +73,19 @@ class UnsupportedModelError(ValueError):
     patch_generate's fallback hands to transformers' own generate."""
 
 
+def hf_refusal(model) -> str | None:
+    """Why HFRunner(model) refuses ``model`` (the UnsupportedModelError it raises: hf_unsupported_reason,
+    or layers other than attention by the sliding-window rule), or None."""
+    reason = hf_unsupported_reason(model)
+    if reason is not None:
+        return reason
+    try:
+        sliding_layout(model.config, type(unwrapped(model)))
+    except UnsupportedModelError as error:
+        return str(error)
+    return None
+
+
 class HFRunner:
     """Runner (see runners/base.py) around a transformers causal LM instance (weights shared)."""
 

@@ -150,7 +150,8 @@ class PagedRunnerBase:
     """
 
     max_positions: int | None = None
-    positions_limit = "position embeddings"  # what max_positions counts, for the refusals    # Each layer's sliding window (None: full attention), from the config (runners/sliding_window.py);
+    positions_limit = "position embeddings"  # what max_positions counts, for the refusals
+    # Each layer's sliding window (None: full attention), from the config (runners/sliding_window.py);
     # empty for the heads' runners, which set no window. The kernels apply a window only where a
     # row can reach it (_allocate: self._windows), so rows inside it run as full attention.
     layer_windows: tuple = ()

@@ -28,6 +28,7 @@ here:
 import torch
 
 from .paged_base import decoder_reason
+from .sliding_window import AsFullAttention
 from .paged_llama import PagedLlamaRunner, _Layer, interleaved_order, llama_config_reason, projection_modules
 from ._moe import input_scaling_reason, moe_reason
 
@@ -72,21 +73,8 @@ def llama4_config_reason(config, rope_type, max_tokens_per_row=None, backend=Non
     chunk = config.attention_chunk_size
     if "chunked_attention" in kinds and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         return f"chunked_attention layers need an int attention_chunk_size, got {chunk!r}"
-    return llama_config_reason(_AsFullAttention(config), rope_type, max_tokens_per_row, backend,
+    return llama_config_reason(AsFullAttention(config), rope_type, max_tokens_per_row, backend,
                                rotary_dims=rotary_dims, static_window=static_window)
-
-
-class _AsFullAttention:
-    """A config read through, but for layer_types (all "full_attention") and sliding_window (None):
-    the Llama family's config checks without the chunks, which it does not know."""
-
-    def __init__(self, config):
-        self._config = config
-        self.layer_types = ["full_attention"] * len(config.layer_types)
-        self.sliding_window = None
-
-    def __getattr__(self, name):
-        return getattr(self._config, name)
 
 
 def as_llama4_layer(layer, config) -> None:

@@ -63,13 +63,14 @@ def shard_reason(model, model_types: tuple) -> str | None:
     return None
 
 
-def sharded_reason(model, model_types: tuple, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+def sharded_reason(model, model_types: tuple, max_tokens_per_row: int | None = None, backend=None,
+                   config=None) -> str | None:
     """shard_reason, then the Llama runner's config checks (static RoPE, windows, head_dim) on the
-    ShardedCausalLM's rotary frequencies."""
+    ShardedCausalLM's rotary frequencies and ``config`` (default model.config)."""
     reason = shard_reason(model, model_types)
     if reason is not None:
         return reason
-    return llama_config_reason(model.config, model.rope_type, max_tokens_per_row, backend,
+    return llama_config_reason(model.config if config is None else config, model.rope_type, max_tokens_per_row, backend,
                                rotary_dims=2 * model.inv_freq.numel())
 
 

@@ -1,7 +1,9 @@
 """PagedMlaRunner: a decoder with multi-head latent attention (MLA) -- DeepSeek-V3 / R1 and the
 checkpoints that reuse its layer (model_type deepseek_v3), GLM-4.7-Flash (glm4_moe_lite), DeepSeek-V2
-/ V2-Lite / Coder-V2 (deepseek_v2: its RoPE on complex pairs in float32, softmax routing) -- run
-layer by layer over a PagedKVCache that holds each token's latent, not its keys and values.
+/ V2-Lite / Coder-V2 (deepseek_v2: its RoPE on complex pairs in float32, softmax routing),
+DeepSeek-V3.2 (deepseek_v32) and GLM-5 (glm_moe_dsa) within their sparse attention's index_topk
+(below) -- run layer by layer over a PagedKVCache that holds each token's latent, not its keys and
+values.
 
 The math is transformers 5.24's DeepseekV3Attention (modeling_deepseek_v3.py; Glm4MoeLiteAttention
 is the same code), eval mode, per token x (Hq heads; r = kv_lora_rank, dn / dr = the non-rotated /
@@ -34,6 +36,17 @@ loaded once as keys and values for 16 (query, head) rows; r <= 512, dr <= 128; n
 GPU), else paged_base's C++ / torch attention with the plane as K and V (its output's last dr dims
 dropped). DeepSeek-V3's own MTP layer drafts on this runner too (runners/paged_mtp.py). Tensor
 parallelism: runners/paged_mla_tp.py (heads split, the latent whole on every rank).
+
+DeepSeek Sparse Attention (DSA: DeepSeek-V3.2, GLM-5; transformers 5.24's DeepseekV32Attention and
+GlmMoeDsaAttention, whose MLA is V3's with interleaved RoPE always): a layer's indexer scores every
+visible key of a query and the query attends to the top min(index_topk, T) of them only. A query at
+position p sees p + 1 keys, so while p + 1 <= index_topk (2048 in both checkpoints) every visible key
+is chosen, whatever the scores and however they tie, and the layer is V3's dense MLA: this runner
+runs rows of up to index_topk positions (dense_positions -> max_positions; the indexer's weights are
+not read) and refuses longer ones by name. transformers' own forward is what runs them then (the hf
+runner refuses the indexed layers: their key cache has no holes), so a patched generate hands those
+calls to transformers. GLM-5's layers that reuse an earlier layer's choice (indexer_types "shared")
+choose every key too.
 """
 import math
 
@@ -46,16 +59,20 @@ from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params
 from ._linear import linear
 from ._moe import SHARED, MoE, is_moe, moe_reason
 from ._rotary import rope_tables_reason
-from .paged_base import PagedRunnerBase, decoder_reason
+from .paged_base import PagedRunnerBase, _transformers_class, decoder_reason
+from .sliding_window import AsFullAttention, windows_per_layer
 
-MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+# DeepSeek Sparse Attention's families (module docstring): dense MLA for rows within index_topk
+DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite") + DSA_MODEL_TYPES
 
 
 def mla_projection_modules(layer) -> tuple:
     """An MLA decoder layer's projection modules: q_proj (or q_a_proj, q_b_proj), kv_a_proj_with_mqa,
     kv_b_proj, o_proj, and the MLP's gate / up / down (a MoE layer's shared MLP)."""
     attn, mlp = layer.self_attn, layer.mlp
-    q = (attn.q_proj,) if attn.q_proj is not None else (attn.q_a_proj, attn.q_b_proj)
+    # DeepSeek-V3.2's attention has no q_proj attribute (a query rank always)
+    q = (attn.q_proj,) if getattr(attn, "q_proj", None) is not None else (attn.q_a_proj, attn.q_b_proj)
     dense = next((getattr(mlp, name) for name in SHARED if getattr(mlp, name, None) is not None), None) \
         if is_moe(mlp) else mlp
     return (*q, attn.kv_a_proj_with_mqa, attn.kv_b_proj, attn.o_proj) + (
@@ -67,6 +84,35 @@ def _latent_dims(config) -> int:
     return int(config.kv_lora_rank) + int(config.qk_rope_head_dim)
 
 
+def dense_positions(config) -> int | None:
+    """The most positions a row of a DeepSeek Sparse Attention model (DSA_MODEL_TYPES) may take on
+    this runner: its index_topk, within which every visible key is chosen (module docstring); None
+    for the other MLA families (no such limit)."""
+    if getattr(config, "model_type", None) not in DSA_MODEL_TYPES:
+        return None
+    return int(config.index_topk)
+
+
+def attention_config(config):
+    """The config whose attention checks this runner passes (the Llama runner's, the sliding-window
+    rule): a DSA model's indexed layers read as full attention (sliding_window.AsFullAttention), which
+    they are within dense_positions; any other config as it is."""
+    if getattr(config, "model_type", None) in DSA_MODEL_TYPES:
+        return AsFullAttention(config)
+    return config
+
+
+def sparse_attention_reason(config, max_tokens_per_row: int | None) -> str | None:
+    """Why rows of up to max_tokens_per_row tokens (None: unknown) pass a DSA model's index_topk (its
+    layers would attend to a chosen subset of the keys), or None."""
+    limit = dense_positions(config)
+    if limit is not None and max_tokens_per_row is not None and max_tokens_per_row > limit:
+        return (f"DeepSeek Sparse Attention attends to index_topk={limit} chosen keys a query past {limit} positions "
+                f"and a row needs up to {max_tokens_per_row} (prompt + max_new_tokens + K + 1); the paged runner "
+                f"runs rows within them, where every key is chosen")
+    return None
+
+
 def mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedMlaRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and kernel
     ``backend`` (None: the device's, as the runner would resolve it), or None when it can."""
@@ -74,11 +120,14 @@ def mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend
     if reason is not None:
         return reason
     config = model.config
+    reason = sparse_attention_reason(config, max_tokens_per_row)
+    if reason is not None:
+        return reason
     for i, layer in enumerate(model.model.layers):
         reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
         if reason is not None:
             return f"layer {i}: {reason}"
-    reason = rope_tables_reason(model, max_tokens_per_row, backend)
+    reason = rope_tables_reason(model, max_tokens_per_row, backend, config=attention_config(config))
     if reason is not None:
         return reason
     rotated = 2 * model.model.rotary_emb.inv_freq.numel()
@@ -103,9 +152,12 @@ def latent_reason(config, kernels: str) -> str | None:
 def rope_form(config) -> str:
     """How q_rot / k_rot turn (PagedMlaRunner._rotate): DeepSeek-V2 as complex pairs in float32
     ("complex"); V3 as interleaved pairs where config.rope_interleave ("interleaved") or halves
-    ("half"), in the model dtype."""
+    ("half"), in the model dtype; DeepSeek-V3.2's and GLM-5's always interleaved (their configs have no
+    rope_interleave)."""
     if config.model_type == "deepseek_v2":
         return "complex"
+    if config.model_type in DSA_MODEL_TYPES:
+        return "interleaved"
     return "interleaved" if getattr(config, "rope_interleave", False) else "half"
 
 
@@ -140,7 +192,7 @@ class _MlaLayer:
     def __init__(self, layer, config, kernels: str):
         attn, mlp = layer.self_attn, layer.mlp
         self.ln_in, self.ln_post = norm_params(layer.input_layernorm), norm_params(layer.post_attention_layernorm)
-        if attn.q_proj is not None:
+        if getattr(attn, "q_proj", None) is not None:
             (self.q,), self.q_a = linear_params(attn.q_proj), None
         else:
             (self.q_a, self.q), self.q_a_norm = linear_params(attn.q_a_proj, attn.q_b_proj), norm_params(attn.q_a_layernorm)
@@ -192,6 +244,17 @@ class PagedMlaRunner(PagedRunnerBase):
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
         self.silu = config.hidden_act == "silu"
+        self._bind_dense_positions(config)
+
+    def _bind_dense_positions(self, config) -> None:
+        """A DSA model's rows within its index_topk (dense_positions): prefill refuses longer reservations."""
+        self.max_positions = dense_positions(config)
+        if self.max_positions is not None:
+            self.positions_limit = "positions of DeepSeek Sparse Attention's index_topk (every key chosen)"
+
+    def _layer_windows(self, model) -> tuple:
+        """Each layer's sliding window by the one rule, on attention_config (a DSA model's indexed layers: full)."""
+        return windows_per_layer(attention_config(self.config), len(self.layers), _transformers_class(model))
 
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """ids [T] (-1 pads) -> the first layer's input [T, H] (an MTP layer's mixes in its features)."""

@@ -7,7 +7,7 @@ from its own tuple, paged_llama.LLAMA_MODEL_TYPES, which its unsupported_reason 
 Nothing below this module imports it: paged_base.py knows no family, and the api, the tree
 decoder and the tests ask here.
 """
-from .hf import HFRunner
+from .hf import HFRunner, UnsupportedModelError, hf_refusal
 from .paged_base import PagedRunnerBase
 from .paged_cohere import PagedCohereRunner
 from .paged_gemma import PagedGemmaRunner
@@ -38,7 +38,7 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
-# (DeepSeek-V2 / V3, GLM-4.7-Flash) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5).
+# (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
@@ -60,7 +60,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "cohere2": PagedCohereRunner,  # Command R7B, Command A: sliding RoPE layers, full NoPE ones
     "gpt_bigcode": PagedGPTBigCodeRunner,  # StarCoder 1, SantaCoder, WizardCoder
     "gpt2": PagedGPT2Runner,
-    # multi-head latent attention, a latent cache entry per token: DeepSeek-V2 / V3 / R1, GLM-4.7-Flash
+    # multi-head latent attention, a latent cache entry per token: DeepSeek-V2 / V3 / R1, GLM-4.7-Flash; DeepSeek-V3.2
+    # and GLM-5 within their sparse attention's index_topk
     **{model_type: PagedMlaRunner for model_type in MLA_MODEL_TYPES},
     # Qwen3-Next, Qwen3.5's text decoders: Gated DeltaNet layers (recurrent states rolled back) + attention
     **{model_type: PagedQwen3NextRunner for model_type in QWEN3_NEXT_TYPES},
@@ -154,8 +155,9 @@ RUNNERS = ("paged", "hf")
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when its family's runner
     (PAGED_RUNNERS) supports it -- no sliding window reached within max_tokens_per_row, static
-    RoPE, rows within GPT-2's / OPT's / GPT-BigCode's position table, a head_dim the kernel ``backend`` takes --
-    else "hf"; runner="paged" on an unsupported model raises."""
+    RoPE, rows within GPT-2's / OPT's / GPT-BigCode's position table and DeepSeek-V3.2's / GLM-5's index_topk, a head_dim the
+    kernel ``backend`` takes -- else "hf", or UnsupportedModelError naming both runners' reasons where the hf
+    runner cannot run it either; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:
         raise ValueError(f"runner must be None, 'paged' or 'hf', got {runner!r}")
     if runner == "hf":
@@ -167,6 +169,9 @@ def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -
         return "paged"
     if runner == "paged":
         raise ValueError(f"runner='paged' cannot run {type(model).__name__}: {reason}; use runner='hf' or None")
+    hf_reason = hf_refusal(model)
+    if hf_reason is not None:  # neither runner: both reasons (DeepSeek-V3.2 past its index_topk, ...)
+        raise UnsupportedModelError(f"{hf_reason}; and the paged runner cannot run it: {reason}")
     return "hf"
 
 

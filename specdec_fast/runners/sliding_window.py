@@ -106,3 +106,19 @@ def windows_per_layer(config, num_layers: int, model_class=None) -> tuple:
             raise ValueError(f"config.layer_types lists {len(kinds)} layers, the model has {num_layers}")
         return tuple(window if kind == "sliding_attention" else None for kind in kinds[:num_layers])
     return (window,) * num_layers
+
+
+class AsFullAttention:
+    """A config read through, but for layer_types (all "full_attention") and sliding_window (None): the
+    Llama family's config checks (paged_llama.llama_config_reason) and this module's rule for a layer
+    kind they do not know but which attends to every key where a runner takes it -- Llama 4's chunked
+    layers (their chunks applied by its runner), DeepSeek Sparse Attention's indexed layers within
+    index_topk (paged_mla.py)."""
+
+    def __init__(self, config):
+        self._config = config
+        self.layer_types = ["full_attention"] * len(config.layer_types)
+        self.sliding_window = None
+
+    def __getattr__(self, name):
+        return getattr(self._config, name)

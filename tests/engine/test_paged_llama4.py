@@ -13,6 +13,7 @@ import torch
 
 import specdec_fast
 import specdec_fast.api as api
+from specdec_fast.runners.hf import UnsupportedModelError
 from specdec_fast.runners.paged_llama4 import PagedLlama4Runner, llama4_unsupported_reason
 from specdec_fast.runners.registry import choose_runner, paged_runner_class
 
@@ -196,7 +197,9 @@ def test_refusals_name_the_reason():
     model.model.rotary_emb.rope_type = "dynamic"
     assert choose_runner(model, None, 40) == "paged"  # within the positions of its first frequencies
     assert "changes its frequencies past 256" in llama4_unsupported_reason(model, 400)
-    assert choose_runner(model, None, 400) == "hf"
+    # past them neither runner (the hf runner refuses chunked layers): one error with both reasons
+    with pytest.raises(UnsupportedModelError, match=r"chunked_attention.*and the paged runner cannot run it: rope_type"):
+        choose_runner(model, None, 400)
 
 
 @pytest.mark.parametrize("head", ["eagle3", "dflash"])

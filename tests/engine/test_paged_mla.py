@@ -24,7 +24,8 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 
 VOCAB = 96
-KINDS = ("deepseek_v3", "deepseek_v3_q_proj", "glm4_moe_lite", "deepseek_v2", "deepseek_v2_groups")
+KINDS = ("deepseek_v3", "deepseek_v3_q_proj", "glm4_moe_lite", "deepseek_v2", "deepseek_v2_groups", "deepseek_v32")
+DSA_KINDS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek Sparse Attention: dense within index_topk (64 here)
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
 
@@ -46,6 +47,14 @@ def tiny_mla(kind: str, seed: int = 0, **overrides):
     elif kind == "deepseek_v3_q_proj":
         config = tf.DeepseekV3Config(num_hidden_layers=2, first_k_dense_replace=1, q_lora_rank=None, rope_interleave=False,
                                      **dict(common, **overrides))
+    elif kind in DSA_KINDS:  # V3's layer (interleaved RoPE always) with an indexer choosing index_topk keys a query;
+        # GLM-5's second layer reuses the first's choice (indexer_types "shared")
+        dsa = dict(num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=24, index_topk=64, index_head_dim=16,
+                   index_n_heads=2, rope_parameters=YARN if kind == "deepseek_v32" else None)
+        if kind == "glm_moe_dsa":
+            dsa["indexer_types"] = ["full", "shared", "full"]
+        cls = tf.DeepseekV32Config if kind == "deepseek_v32" else tf.GlmMoeDsaConfig
+        config = cls(**dict(dsa, **common, **overrides))
     elif kind == "glm4_moe_lite":
         config = tf.Glm4MoeLiteConfig(num_hidden_layers=2, q_lora_rank=24, **dict(common, **overrides))
     else:  # DeepSeek-V2: softmax routing, greedy (V2-Lite) or group-limited (V2), never renormalised; no query rank
@@ -263,3 +272,56 @@ def test_a_prefill_with_the_latents_expanded(kind, backend, monkeypatch, device)
     runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
     assert_runner_matches_forward(model, runner, VOCAB)
     assert len(taken) == len(runner.layers)  # the one prefill, every layer
+
+
+@pytest.mark.parametrize("kind", DSA_KINDS)
+def test_sparse_attention_within_index_topk_is_dense(kind):
+    """DeepSeek-V3.2 / GLM-5 run paged for rows within index_topk, where the indexer chooses every visible
+    key: the runner's logits equal the model's own forward (indexer and all), greedy equals model.generate
+    with a draft and without. The indexer's weights are not read (sharding.layout_name drops them)."""
+    from specdec_fast.runners.sharding import layout_name
+
+    model = tiny_mla(kind)
+    assert paged_runner_class(model) is PagedMlaRunner and mla_unsupported_reason(model, max_tokens_per_row=64) is None
+    assert mla_scale(model.config) == model.model.layers[0].self_attn.scaling
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.max_positions == 64 and runner.layer_windows == (None,) * 3
+    assert_runner_matches_forward(model, runner, VOCAB)
+    names = [name for name, _ in model.named_parameters() if ".indexer." in name]
+    assert names and all(layout_name(name, kind) is None for name in names)
+    target = tiny_mla(kind, seed=5)
+    ids, mask = left_padded_prompts([4, 10, 7], vocab=VOCAB, seed=3)
+    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3), {}):
+        assert torch.equal(api.generate(target, ids, mask, runner="paged", **kw, **drafting), expected), drafting
+    specdec_fast.release_engines(target)
+
+
+def test_sparse_attention_past_index_topk_is_refused_by_name():
+    """Past index_topk the indexer chooses among the keys: control -- the model's own logits there differ
+    from the same weights with every key chosen (a larger index_topk), and equal them before it. So the
+    paged runner refuses such rows by name (choose_runner, a direct prefill); the hf runner refuses the
+    indexed layers too, so a call gets UnsupportedModelError naming both (what a patched generate hands to
+    transformers), and a patched generate gives transformers' own tokens there."""
+    from specdec_fast.engine.inputs import paged_positions
+    from specdec_fast.runners.hf import UnsupportedModelError
+
+    sparse, dense = tiny_mla("deepseek_v32", index_topk=6), tiny_mla("deepseek_v32", index_topk=64)
+    tokens = [5, 9, 3, 7, 11, 4, 8, 12, 6, 10, 13, 14]
+    ours, full = hf_logits(sparse, tokens), hf_logits(dense, tokens)
+    torch.testing.assert_close(ours[:6], full[:6])
+    assert (ours[6:] - full[6:]).abs().amax(-1).min() > 1e-3  # every position past index_topk differs
+    assert choose_runner(sparse, None, 6) == "paged" and paged_positions(sparse) == 6
+    with pytest.raises(UnsupportedModelError, match=r"indexed_attention.*index_topk=6 .*needs up to 7"):
+        choose_runner(sparse, None, 7)
+    with pytest.raises(ValueError, match="runner='paged' cannot run DeepseekV32ForCausalLM: DeepSeek Sparse Attention"):
+        choose_runner(sparse, "paged", 7)
+    runner = PagedMlaRunner(sparse, max_new_tokens=4, num_draft_tokens=1)
+    with pytest.raises(ValueError, match="index_topk"):
+        runner.prefill(torch.tensor([tokens[:3]]), None)  # 3 + 4 + 2 > 6
+    ids = torch.tensor([tokens[:4]])
+    expected = sparse.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    with specdec_fast.patch_generate(sparse, prompt_lookup_num_tokens=2) as model:
+        with pytest.warns(UserWarning, match="index_topk"):
+            assert torch.equal(model.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0), expected)
