@@ -30,15 +30,12 @@ def max_positions(model) -> int | None:
 def paged_positions(model) -> int | None:
     """The most positions a row may take on the model's paged runner: its position limit, or fewer
     where its RoPE changes frequencies past a length (longrope, dynamic:
-    runners/_rotary.static_rope_limit; the hf runner serves longer rows), or where its sparse attention
-    would choose among the keys (DeepSeek-V3.2 / GLM-5 past index_topk: runners/paged_mla.dense_positions;
-    transformers' generate serves longer rows). None: no limit."""
+    runners/_rotary.static_rope_limit; the hf runner serves longer rows). None: no limit."""
     from ..runners._rotary import static_rope_limit
-    from ..runners.paged_mla import dense_positions
 
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     rope_limit = static_rope_limit(model.config, getattr(rotary, "rope_type", None)) if rotary is not None else None
-    limits = [limit for limit in (max_positions(model), rope_limit, dense_positions(model.config)) if limit is not None]
+    limits = [limit for limit in (max_positions(model), rope_limit) if limit is not None]
     return min(limits) if limits else None
 
 

@@ -365,13 +365,14 @@ class PagedRunnerBase:
         pool by before allocate()."""
         ring_layers, ring = self._ring_plan(max_tokens_per_row)
         element = torch.finfo(self.dtype).bits // 8
-        if self.kv_latent:  # one shape, an entry of two planes for two layers
-            per_entry = 2 * self.num_kv_heads * self.head_dim * element
-            return self.kv_entries(self.kv_layer_count - len(ring_layers)) * per_entry, \
-                self.kv_entries(len(ring_layers)) * per_entry * max_batch * ring * self.block_size
-        entry = [2 * heads * dim * element for heads, dim in map(self.kv_shape, range(self.kv_layer_count))]
-        return sum(e for i, e in enumerate(entry) if i not in ring_layers), \
-            sum(entry[i] for i in ring_layers) * max_batch * ring * self.block_size
+
+        def token_bytes(layers) -> int:  # the caches _allocate makes for these layers: per shape, its entries' planes
+            shapes = [self.kv_shape(i) for i in layers]
+            return sum(self.kv_entries(shapes.count(shape)) * 2 * shape[0] * shape[1] * element
+                       for shape in dict.fromkeys(shapes))
+
+        full = [i for i in range(self.kv_layer_count) if i not in ring_layers]
+        return token_bytes(full), token_bytes(ring_layers) * max_batch * ring * self.block_size
 
     def _layer_windows(self, model) -> tuple:
         """Each layer's sliding window (None: full attention), by the one rule (runners/sliding_window.py)."""

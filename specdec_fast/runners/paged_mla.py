@@ -1,9 +1,8 @@
 """PagedMlaRunner: a decoder with multi-head latent attention (MLA) -- DeepSeek-V3 / R1 and the
 checkpoints that reuse its layer (model_type deepseek_v3), GLM-4.7-Flash (glm4_moe_lite), DeepSeek-V2
 / V2-Lite / Coder-V2 (deepseek_v2: its RoPE on complex pairs in float32, softmax routing),
-DeepSeek-V3.2 (deepseek_v32) and GLM-5 (glm_moe_dsa) within their sparse attention's index_topk
-(below) -- run layer by layer over a PagedKVCache that holds each token's latent, not its keys and
-values.
+DeepSeek-V3.2 (deepseek_v32) and GLM-5 (glm_moe_dsa) with their sparse attention (below) -- run
+layer by layer over a PagedKVCache that holds each token's latent, not its keys and values.
 
 The math is transformers 5.24's DeepseekV3Attention (modeling_deepseek_v3.py; Glm4MoeLiteAttention
 is the same code), eval mode, per token x (Hq heads; r = kv_lora_rank, dn / dr = the non-rotated /
@@ -41,12 +40,12 @@ DeepSeek Sparse Attention (DSA: DeepSeek-V3.2, GLM-5; transformers 5.24's Deepse
 GlmMoeDsaAttention, whose MLA is V3's with interleaved RoPE always): a layer's indexer scores every
 visible key of a query and the query attends to the top min(index_topk, T) of them only. A query at
 position p sees p + 1 keys, so while p + 1 <= index_topk (2048 in both checkpoints) every visible key
-is chosen, whatever the scores and however they tie, and the layer is V3's dense MLA: this runner
-runs rows of up to index_topk positions (dense_positions -> max_positions; the indexer's weights are
-not read) and refuses longer ones by name. transformers' own forward is what runs them then (the hf
-runner refuses the indexed layers: their key cache has no holes), so a patched generate hands those
-calls to transformers. GLM-5's layers that reuse an earlier layer's choice (indexer_types "shared")
-choose every key too.
+is chosen, whatever the scores and however they tie, and the layer is V3's dense MLA. So a pool whose
+rows fit index_topk (dense_positions) runs this runner's dense path unchanged, and one whose rows may
+pass it runs every call sparse (runners/sparse_mla.py: the indexer keys in caches of their own, the
+top-k choice, attention over the chosen latents; one mode per pool, so captured graphs never meet the
+other). The indexer key caches are allocated for DSA models either way (Di = 128 values a token a layer
+beside the latent's 576: 22% more pool).
 """
 import math
 
@@ -61,8 +60,9 @@ from ._moe import SHARED, MoE, is_moe, moe_reason
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, _transformers_class, decoder_reason
 from .sliding_window import AsFullAttention, windows_per_layer
+from .sparse_mla import Indexer, choose, chosen_attention, indexer_key, indexer_rope, row_slots
 
-# DeepSeek Sparse Attention's families (module docstring): dense MLA for rows within index_topk
+# DeepSeek Sparse Attention's families (module docstring): dense MLA within index_topk, sparse_mla.py past it
 DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite") + DSA_MODEL_TYPES
 
@@ -85,9 +85,9 @@ def _latent_dims(config) -> int:
 
 
 def dense_positions(config) -> int | None:
-    """The most positions a row of a DeepSeek Sparse Attention model (DSA_MODEL_TYPES) may take on
-    this runner: its index_topk, within which every visible key is chosen (module docstring); None
-    for the other MLA families (no such limit)."""
+    """The most positions a row of a DeepSeek Sparse Attention model (DSA_MODEL_TYPES) may take for its
+    attention to be dense: its index_topk, within which every visible key is chosen (module docstring);
+    None for the other MLA families (always dense)."""
     if getattr(config, "model_type", None) not in DSA_MODEL_TYPES:
         return None
     return int(config.index_topk)
@@ -102,17 +102,6 @@ def attention_config(config):
     return config
 
 
-def sparse_attention_reason(config, max_tokens_per_row: int | None) -> str | None:
-    """Why rows of up to max_tokens_per_row tokens (None: unknown) pass a DSA model's index_topk (its
-    layers would attend to a chosen subset of the keys), or None."""
-    limit = dense_positions(config)
-    if limit is not None and max_tokens_per_row is not None and max_tokens_per_row > limit:
-        return (f"DeepSeek Sparse Attention attends to index_topk={limit} chosen keys a query past {limit} positions "
-                f"and a row needs up to {max_tokens_per_row} (prompt + max_new_tokens + K + 1); the paged runner "
-                f"runs rows within them, where every key is chosen")
-    return None
-
-
 def mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedMlaRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and kernel
     ``backend`` (None: the device's, as the runner would resolve it), or None when it can."""
@@ -120,9 +109,6 @@ def mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend
     if reason is not None:
         return reason
     config = model.config
-    reason = sparse_attention_reason(config, max_tokens_per_row)
-    if reason is not None:
-        return reason
     for i, layer in enumerate(model.model.layers):
         reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
         if reason is not None:
@@ -200,6 +186,7 @@ class _MlaLayer:
         heads, dn, dv = config.num_attention_heads, config.qk_nope_head_dim, config.v_head_dim
         per_head = attn.kv_b_proj.weight.view(heads, dn + dv, config.kv_lora_rank)
         self.w_uk, self.w_uv = per_head[:, :dn], per_head[:, dn:]
+        self.indexer = Indexer.of(attn)  # DeepSeek Sparse Attention's (runners/sparse_mla.py), or None
         self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
         if self.moe is None:
             self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
@@ -244,13 +231,41 @@ class PagedMlaRunner(PagedRunnerBase):
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
         self.silu = config.hidden_act == "silu"
-        self._bind_dense_positions(config)
+        self._bind_indexers(config)
 
-    def _bind_dense_positions(self, config) -> None:
-        """A DSA model's rows within its index_topk (dense_positions): prefill refuses longer reservations."""
-        self.max_positions = dense_positions(config)
-        if self.max_positions is not None:
-            self.positions_limit = "positions of DeepSeek Sparse Attention's index_topk (every key chosen)"
+    def _bind_indexers(self, config) -> None:
+        """A DSA model's indexers (module docstring): index_topk, the indexer's rotation, and which layers
+        have one: layer i's keys on KV layer _indexer_kv[i] (past the decoder's); its chosen keys reused by
+        the layers after it that have none (GLM-5's "shared")."""
+        self.index_topk = dense_positions(config)
+        self.index_rope = indexer_rope(config.model_type) if self.index_topk is not None else None
+        with_indexer = [i for i, layer in enumerate(self.layers) if getattr(layer, "indexer", None) is not None]
+        self._indexer_kv = {i: len(self.layers) + j for j, i in enumerate(with_indexer)}
+        self._sparse = False  # set per pool (_allocate)
+
+    @property
+    def kv_layer_count(self) -> int:
+        """The decoder's layers, then (a DSA model) one per indexer: its keys' cache."""
+        return len(self.layers) + len(self._indexer_kv)
+
+    def kv_shape(self, i: int) -> tuple:
+        """The latent entry (1, r + dr) of the decoder's layers; an indexer's keys (1, Di) past them."""
+        if i < len(self.layers):
+            return self.num_kv_heads, self.head_dim
+        return 1, int(self.config.index_head_dim)
+
+    def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
+        # one mode per pool (module docstring): sparse where its rows may pass index_topk
+        self._sparse = self.index_topk is not None and max_tokens_per_row > self.index_topk
+        super()._allocate(max_batch, max_tokens_per_row, num_blocks)
+
+    def score(self, tokens, num_valid=None, *, tree=None, rows=None):
+        if tree is not None and self._sparse:  # an UnsupportedModelError: patch_generate hands such a call to transformers
+            from .hf import UnsupportedModelError
+
+            raise UnsupportedModelError("token trees are not supported past DeepSeek Sparse Attention's index_topk (a "
+                                        "node's chosen keys would be its ancestors' only): use a chain (tree=None)")
+        return super().score(tokens, num_valid, tree=tree, rows=rows)
 
     def _layer_windows(self, model) -> tuple:
         """Each layer's sliding window by the one rule, on attention_config (a DSA model's indexed layers: full)."""
@@ -328,24 +343,42 @@ class PagedMlaRunner(PagedRunnerBase):
             return torch.view_as_real(pairs * rotation[0][:, None, :]).flatten(-2).type_as(x)
         return rotate_interleaved(x, *rotation) if self.rope_form == "interleaved" else rotate_half_apply(x, *rotation)
 
+    def _choose(self, i: int, indexer, h, q_resid, rotation, cu, rows, positions) -> tuple:
+        """Layer i's indexer keys appended to their cache, then its chosen keys (sparse_mla.choose)."""
+        kv = self._indexer_kv[i]
+        self._append(kv, *(indexer_key(indexer, h, rotation, self.index_rope),) * 2, cu)
+        return choose(indexer, h, q_resid, rotation, self.index_rope, self.k_caches[kv],
+                      row_slots(self._tables[kv], self.block_size), rows, positions, self.index_topk)
+
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, rank, dn = flat.shape[0], self.num_heads, self.rank, self.nope_dims
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / SwiGLU (CPU float32)
         rotation = self._rotation(positions)  # once per call
         sum_ = self._sum_partials
-        rows = self._rows(cu, total, n) if self._prefilling and n >= self.expand_prefill_min else None
+        rows = self._rows(cu, total, n) if self._prefilling and n >= self.expand_prefill_min and not self._sparse \
+            else None
+        sparse = self._row_index(cu, total, n) if self._sparse else None  # DSA past index_topk: sparse_mla.py
+        chosen = None
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, *layer.ln_in, fused)
-            q = h if layer.q_a is None else rms_norm(linear(h, *layer.q_a), *layer.q_a_norm, fused)
-            q = linear(q, *layer.q).view(total, heads, -1)  # [T, Hq, dn + dr]
+            q_resid = h if layer.q_a is None else rms_norm(linear(h, *layer.q_a), *layer.q_a_norm, fused)
+            q = linear(q_resid, *layer.q).view(total, heads, -1)  # [T, Hq, dn + dr]
             latent = linear(h, *layer.kv_a)  # [T, r + dr]: c, then k_rot
             c = rms_norm(latent[:, :rank].contiguous(), *layer.kv_a_norm, fused)
             q_rot, k_rot = self._rotate(q[..., dn:], rotation), self._rotate(latent[:, None, rank:], rotation)
             entry = torch.cat((c[:, None], k_rot), dim=-1)  # [T, 1, r + dr]: the key, and (its first r dims) the value
-            if rows is not None:  # a long prefill: the latents cached, the attention over them expanded
+            if sparse is not None:  # the chosen keys (this layer's indexer, or the last one's), attention over them
+                if layer.indexer is not None:
+                    chosen = self._choose(i, layer.indexer, h, q_resid, rotation, cu, sparse, positions)
+                self._append(i, entry, entry, cu)
+                q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)
+                o = chosen_attention(torch.cat((q_lat, q_rot), dim=-1), self.k_caches[i],
+                                     row_slots(self._tables[i], self.block_size), sparse, chosen, self.scale, rank)
+                o = torch.bmm(o.transpose(0, 1), layer.w_uv.transpose(1, 2)).transpose(0, 1)
+            elif rows is not None:  # a long prefill: the latents cached, the attention over them expanded
                 self._append(i, entry, entry, cu)
                 o = self._expanded_attention(layer, q[..., :dn], q_rot, c, k_rot, rows)  # [T, Hq, dv]
             else:

@@ -1,5 +1,5 @@
-"""TPPagedMlaRunner: a multi-head latent attention model (DeepSeek-V2 / V3 / R1, GLM-4.7-Flash;
-DeepSeek-V3.2 and GLM-5 within their index_topk, as paged_mla.py runs them: sharded_model.TP_MLA_TYPES) sharded over the ranks of a process group, on the paged KV cache
+"""TPPagedMlaRunner: a multi-head latent attention model (DeepSeek-V2 / V3 / R1, GLM-4.7-Flash,
+DeepSeek-V3.2 and GLM-5: sharded_model.TP_MLA_TYPES) sharded over the ranks of a process group, on the paged KV cache
 (docs/architecture.md §10).
 
 The layout (runners/sharding.py): each rank holds its query heads' rows of q_proj / q_b_proj and
@@ -13,15 +13,15 @@ PagedMlaRunner's over this rank's heads; the agreement at construction, the voca
 embedding and the gathered logits are TensorParallelRunner's.
 """
 from .paged_llama_tp import TensorParallelRunner, sharded_reason
-from .paged_mla import PagedMlaRunner, attention_config, latent_reason, mla_scale, rope_form, sparse_attention_reason
+from .paged_mla import PagedMlaRunner, attention_config, latent_reason, mla_scale, rope_form
 from .sharded_model import TP_MLA_TYPES, ShardedCausalLM
 from .sharding_moe import layer_moe
+from .sparse_mla import Indexer
 
 
 def tp_mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedMlaRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    reason = sharded_reason(model, TP_MLA_TYPES, max_tokens_per_row, backend, config=attention_config(model.config)) \
-        or sparse_attention_reason(model.config, max_tokens_per_row)
+    reason = sharded_reason(model, TP_MLA_TYPES, max_tokens_per_row, backend, config=attention_config(model.config))
     if reason is not None or not isinstance(model, ShardedCausalLM):
         return reason
     from ..kernels._backend import resolve_backend
@@ -55,6 +55,7 @@ class _TPMlaLayer:
         per_head = get(attn + "kv_b_proj.weight").view(plan.local_heads, plan.mla[1], config.kv_lora_rank)
         dn = config.qk_nope_head_dim
         self.w_uk, self.w_uv = per_head[:, :dn], per_head[:, dn:]
+        self.indexer = Indexer.from_shards(get, attn + "indexer.", config)  # DSA's, whole on every rank (or None)
         self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
         if self.moe is None:
             self.gate, self.up = (get("mlp.gate_proj.weight"), None), (get("mlp.up_proj.weight"), None)
@@ -79,7 +80,7 @@ class TPPagedMlaRunner(TensorParallelRunner, PagedMlaRunner):
         self.rank, self.nope_dims = int(config.kv_lora_rank), int(config.qk_nope_head_dim)
         self.scale = mla_scale(config)
         self.rope_form = rope_form(config)
-        self._bind_dense_positions(config)
+        self._bind_indexers(config)
         self.inv_freq = model.inv_freq.to(device=self.device)
         self.rope_scaling = model.rope_scaling
         self.silu = config.hidden_act == "silu"

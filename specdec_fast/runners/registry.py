@@ -61,7 +61,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "gpt_bigcode": PagedGPTBigCodeRunner,  # StarCoder 1, SantaCoder, WizardCoder
     "gpt2": PagedGPT2Runner,
     # multi-head latent attention, a latent cache entry per token: DeepSeek-V2 / V3 / R1, GLM-4.7-Flash; DeepSeek-V3.2
-    # and GLM-5 within their sparse attention's index_topk
+    # and GLM-5 (their sparse attention: runners/sparse_mla.py)
     **{model_type: PagedMlaRunner for model_type in MLA_MODEL_TYPES},
     # Qwen3-Next, Qwen3.5's text decoders: Gated DeltaNet layers (recurrent states rolled back) + attention
     **{model_type: PagedQwen3NextRunner for model_type in QWEN3_NEXT_TYPES},
@@ -155,7 +155,7 @@ RUNNERS = ("paged", "hf")
 def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -> str:
     """"paged" or "hf" for ``model``: runner=None picks "paged" when its family's runner
     (PAGED_RUNNERS) supports it -- no sliding window reached within max_tokens_per_row, static
-    RoPE, rows within GPT-2's / OPT's / GPT-BigCode's position table and DeepSeek-V3.2's / GLM-5's index_topk, a head_dim the
+    RoPE, rows within GPT-2's / OPT's / GPT-BigCode's position table, a head_dim the
     kernel ``backend`` takes -- else "hf", or UnsupportedModelError naming both runners' reasons where the hf
     runner cannot run it either; runner="paged" on an unsupported model raises."""
     if runner is not None and runner not in RUNNERS:
@@ -170,7 +170,7 @@ def choose_runner(model, runner, max_tokens_per_row: int | None, backend=None) -
     if runner == "paged":
         raise ValueError(f"runner='paged' cannot run {type(model).__name__}: {reason}; use runner='hf' or None")
     hf_reason = hf_refusal(model)
-    if hf_reason is not None:  # neither runner: both reasons (DeepSeek-V3.2 past its index_topk, ...)
+    if hf_reason is not None:  # neither runner: both reasons (Llama 4 past its RoPE's first frequencies, ...)
         raise UnsupportedModelError(f"{hf_reason}; and the paged runner cannot run it: {reason}")
     return "hf"
 

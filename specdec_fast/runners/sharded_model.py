@@ -58,7 +58,7 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
 TP_COHERE_TYPES = ("cohere", "cohere2")
 # Multi-head latent attention (runners/paged_mla_tp.py): heads split, the latent replicated; the MoE
-# experts by their width; DeepSeek-V3.2 and GLM-5 within their index_topk (their indexers not read).
+# experts by their width; DeepSeek-V3.2's and GLM-5's indexers whole on every rank.
 # (paged_mla.MLA_MODEL_TYPES: not imported here, below the runners.)
 TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa")
 # Hybrid recurrent models (runners/paged_qwen3_next_tp.py): Gated DeltaNet layers by heads (each rank its

@@ -73,9 +73,6 @@ VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the L
 NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
             # Gemma 4's
             "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
-# DeepSeek Sparse Attention's indexers (DeepSeek-V3.2, GLM-5): the paged runners run rows within index_topk, where
-# every key is chosen (paged_mla.py), so their weights are not read
-NOT_READ = (".self_attn.indexer.",)
 # ... and where its text decoder's names sit: (prefix, what it stands for)
 TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
 # A family's checkpoint names under the names this layout reads, as (pattern, replacement) regexes in order: EXAONE
@@ -118,12 +115,12 @@ def _mtp_layout_name(name: str, num_layers: int) -> str:
 
 def layout_name(name: str, model_type: str | None = None, num_layers: int | None = None) -> str | None:
     """A checkpoint or state_dict name under the names this layout reads (the shards' keys), or None for a
-    tensor that is not the text decoder's or is not read (NOT_READ: a DSA indexer's): a multimodal checkpoint's text decoder read as a causal LM's
+    tensor that is not the text decoder's: a multimodal checkpoint's text decoder read as a causal LM's
     (TEXT_PREFIXES), a family's published names as transformers renames them (CHECKPOINT_RENAMES, by
     ``model_type``), Qwen3-Next's / Qwen3.5's MTP layer (mtp.*) as the layer past the decoder's ``num_layers``
     (MTP_OWN_NAMES), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
     tensor)."""
-    if name.startswith(NOT_TEXT) or any(part in name for part in NOT_READ):
+    if name.startswith(NOT_TEXT):
         return None
     if num_layers is not None and name.startswith("mtp."):
         name = _mtp_layout_name(name, num_layers)

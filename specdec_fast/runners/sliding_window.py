@@ -111,9 +111,9 @@ def windows_per_layer(config, num_layers: int, model_class=None) -> tuple:
 class AsFullAttention:
     """A config read through, but for layer_types (all "full_attention") and sliding_window (None): the
     Llama family's config checks (paged_llama.llama_config_reason) and this module's rule for a layer
-    kind they do not know but which attends to every key where a runner takes it -- Llama 4's chunked
-    layers (their chunks applied by its runner), DeepSeek Sparse Attention's indexed layers within
-    index_topk (paged_mla.py)."""
+    kind they do not know, which slides no window and whose own restriction of the keys a runner applies
+    itself -- Llama 4's chunked layers (its runner's chunks), DeepSeek Sparse Attention's indexed layers
+    (the MLA runner's choice of keys: paged_mla.py, sparse_mla.py)."""
 
     def __init__(self, config):
         self._config = config

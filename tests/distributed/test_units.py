@@ -193,21 +193,21 @@ def test_checkpoint_read_slice_by_slice(kind, tmp_path, monkeypatch):
     assert _Recording.calls and all(kind == "get_slice" for kind, _ in _Recording.calls)
 
 
-def test_a_sparse_attention_checkpoint_reads_no_indexer(tmp_path, monkeypatch):
-    """GLM-5's (and DeepSeek-V3.2's) DeepSeek Sparse Attention indexers are not read: the paged runners run
-    rows within index_topk, where every key is chosen (paged_mla.py). Every other tensor is read as a slice
-    and gives a loaded model's shards."""
+def test_a_sparse_attention_checkpoint_reads_its_indexers_whole(tmp_path, monkeypatch):
+    """GLM-5's (and DeepSeek-V3.2's) DeepSeek Sparse Attention indexers are read whole on every rank (each rank
+    chooses the same keys for its heads: paged_mla_tp.py), every tensor as a slice, giving a loaded model's shards."""
     import safetensors
 
     model = make_model("glm_moe_dsa")
     model.save_pretrained(tmp_path)
-    indexer = {name for name in model.state_dict() if ".self_attn.indexer." in name}
+    state = model.state_dict()
+    indexer = {name for name in state if ".self_attn.indexer." in name}
     assert indexer  # layer 0's (layer 1 reuses its choice)
     real = safetensors.safe_open
     monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: _Recording(real(*a, **k)))
     _Recording.calls = []
     read = assert_reads_as_the_model(tmp_path, model, 2, 1)
-    assert not indexer & set(read) and not indexer & {name for _, name in _Recording.calls}
+    assert all(torch.equal(read[name], state[name]) for name in indexer)
     assert all(kind == "get_slice" for kind, _ in _Recording.calls)
 
 

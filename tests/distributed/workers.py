@@ -17,7 +17,8 @@ from .harness import TP_TIMEOUT
 MAX_NEW = 10
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "hunyuan_v1_moe",
              "dots1", "hy_v3")
-# latent attention: heads split, the latent replicated (paged_mla_tp.py); GLM-5 within its index_topk
+# latent attention: heads split, the latent replicated (paged_mla_tp.py); GLM-5's sparse attention (index_topk 8,
+# past which the battery's rows run) with its indexers whole on every rank
 MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa")
 HYBRID_KINDS = ("qwen3_next", "qwen3_5_text")  # recurrent layers by heads, each rank its heads' states
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)

@@ -122,11 +122,12 @@ def _config(kind: str, vocab: int, layers: int):
                                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
                                    **dict(llama_like, num_key_value_heads=4))
     if kind == "glm_moe_dsa":  # GLM-5: DeepSeek-V3's layer (interleaved RoPE) with DeepSeek Sparse Attention's indexer
-        # (index_topk 64: every key chosen in these rows), layer 1 reusing layer 0's choice; GLM-4.5's routing
+        # (index_topk 8: the battery's rows pass it, so its keys are chosen), layer 1 reusing layer 0's choice; GLM-4.5's
+        # routing
         return tf.GlmMoeDsaConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                                   topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
                                   q_lora_rank=16, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
-                                  index_topk=64, index_head_dim=8, index_n_heads=2, indexer_types=["full", "shared"],
+                                  index_topk=8, index_head_dim=8, index_n_heads=16, indexer_types=["full", "shared"],
                                   **dict(llama_like, num_key_value_heads=4))
     if kind == "deepseek_v2":  # MLA (r 24, dn 12, dr 8 on complex pairs, dv 12), a dense first layer, then softmax
         # routing limited to 1 of 2 groups of 4 experts of 24, top 2, times 1.5, a shared MLP

@@ -29,7 +29,8 @@ def _drafting(kind: str, target, draft) -> dict:
 
 
 def _pools(engine) -> list:
-    return [r.cache for r in (engine.target_runner, engine.draft_runner) if getattr(r, "cache", None) is not None]
+    """Every cache of the engine's paged runners (a family with several: Gemma 4's widths, DSA's indexer keys)."""
+    return [cache for r in (engine.target_runner, engine.draft_runner) for cache in (getattr(r, "caches", None) or ())]
 
 
 def _run(kind: str, backend: str, fill: float, calls=CALLS, device: str = "cpu", cuda_graphs="static"):

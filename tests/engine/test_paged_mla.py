@@ -11,6 +11,8 @@ generate(runner="paged") equals model.generate with a draft, prompt lookup, plai
 token tree (compact_kv moves both layers of a shared entry); the static graph twin gives the eager
 tokens. Controls: the interleaved RoPE, the YaRN scale and the shared planes are each needed; the
 runner with a K and a V plane a layer gives the same logits from twice the pool. Refusals by name."""
+import contextlib
+
 import pytest
 import torch
 
@@ -274,54 +276,117 @@ def test_a_prefill_with_the_latents_expanded(kind, backend, monkeypatch, device)
     assert len(taken) == len(runner.layers)  # the one prefill, every layer
 
 
+@contextlib.contextmanager
+def index_ties(model):
+    """While open, counts into the yielded list the queries whose own DSA indexer (``model``'s: transformers')
+    took its k-th key among keys of equal finite score: there torch.topk's order among ties decides, which
+    differs between tensor shapes (transformers' own cached and uncached forwards then choose differently
+    too), so a comparison with transformers holds only where there is none (runners/sparse_mla.py)."""
+    found, real_topk = [], torch.Tensor.topk
+
+    def counting_topk(scores, k, dim=-1, *args, **kwargs):
+        top = real_topk(scores, k, dim, *args, **kwargs)
+        if scores.shape[-1] > k:
+            kth = top.values[..., -1:]
+            found.append(int((torch.isfinite(kth[..., 0]) & ((scores == kth).sum(-1) > (top.values == kth).sum(-1))).sum()))
+        return top
+
+    def counted(forward):
+        def run(*args, **kwargs):
+            torch.Tensor.topk = counting_topk
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                torch.Tensor.topk = real_topk
+        return run
+
+    indexers = [layer.self_attn.indexer for layer in model.model.layers if getattr(layer.self_attn, "indexer", None)]
+    for indexer in indexers:
+        indexer.forward = counted(indexer.forward)
+    try:
+        yield found
+    finally:
+        for indexer in indexers:
+            del indexer.forward
+
+
 @pytest.mark.parametrize("kind", DSA_KINDS)
 def test_sparse_attention_within_index_topk_is_dense(kind):
-    """DeepSeek-V3.2 / GLM-5 run paged for rows within index_topk, where the indexer chooses every visible
-    key: the runner's logits equal the model's own forward (indexer and all), greedy equals model.generate
-    with a draft and without. The indexer's weights are not read (sharding.layout_name drops them)."""
-    from specdec_fast.runners.sharding import layout_name
-
+    """DeepSeek-V3.2 / GLM-5 in a pool whose rows fit index_topk run the dense path (the indexer chooses every
+    visible key): the runner's logits equal the model's own forward (indexer and all). The pool holds the
+    indexers' key planes beside the latents' all the same (a layer's [Di] a token: GLM-5's shared layer has none)."""
     model = tiny_mla(kind)
-    assert paged_runner_class(model) is PagedMlaRunner and mla_unsupported_reason(model, max_tokens_per_row=64) is None
+    assert paged_runner_class(model) is PagedMlaRunner and mla_unsupported_reason(model, max_tokens_per_row=4096) is None
     assert mla_scale(model.config) == model.model.layers[0].self_attn.scaling
     runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
-    assert runner.max_positions == 64 and runner.layer_windows == (None,) * 3
+    assert runner.layer_windows == (None,) * 3
     assert_runner_matches_forward(model, runner, VOCAB)
-    names = [name for name, _ in model.named_parameters() if ".indexer." in name]
-    assert names and all(layout_name(name, kind) is None for name in names)
-    target = tiny_mla(kind, seed=5)
-    ids, mask = left_padded_prompts([4, 10, 7], vocab=VOCAB, seed=3)
-    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
-    expected = target.generate(ids, attention_mask=mask, **kw)
-    for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3), {}):
-        assert torch.equal(api.generate(target, ids, mask, runner="paged", **kw, **drafting), expected), drafting
-    specdec_fast.release_engines(target)
+    assert not runner._sparse  # rows of 9 + 8 + 4 tokens at most
+    indexers = 3 if kind == "deepseek_v32" else 2
+    runner.allocate(2, 20)
+    assert [tuple(c.kv.shape) for c in runner.caches] == [(2, 2, 10, 4, 1, 40), ((indexers + 1) // 2, 2, 10, 4, 1, 16)]
+    assert runner.kv_sizes(2, 20) == ((2 * 2 * 40 + (indexers + 1) // 2 * 2 * 16) * 4, 0)
 
 
-def test_sparse_attention_past_index_topk_is_refused_by_name():
-    """Past index_topk the indexer chooses among the keys: control -- the model's own logits there differ
-    from the same weights with every key chosen (a larger index_topk), and equal them before it. So the
-    paged runner refuses such rows by name (choose_runner, a direct prefill); the hf runner refuses the
-    indexed layers too, so a call gets UnsupportedModelError naming both (what a patched generate hands to
-    transformers), and a patched generate gives transformers' own tokens there."""
-    from specdec_fast.engine.inputs import paged_positions
+@pytest.mark.parametrize("kind", DSA_KINDS)
+def test_sparse_attention_past_index_topk(kind):
+    """Past index_topk (6 here) the indexer chooses among the keys. Control: the model's own logits there
+    differ from the same weights' with every key chosen, and equal them before. A pool whose rows may pass it
+    runs every call sparse (runners/sparse_mla.py): its logits equal the model's own forward through prefill,
+    left-padded score calls and rollback; greedy generate equals model.generate with a draft and without, and
+    the static graph twin gives the eager tokens -- each where the model's own choices have no tie at the k-th
+    key (index_ties; 16 index heads make them rare in these random models). Token trees are refused there."""
     from specdec_fast.runners.hf import UnsupportedModelError
 
-    sparse, dense = tiny_mla("deepseek_v32", index_topk=6), tiny_mla("deepseek_v32", index_topk=64)
+    sparse, dense = tiny_mla(kind, index_topk=6, index_n_heads=16), tiny_mla(kind, index_topk=64, index_n_heads=16)
     tokens = [5, 9, 3, 7, 11, 4, 8, 12, 6, 10, 13, 14]
     ours, full = hf_logits(sparse, tokens), hf_logits(dense, tokens)
     torch.testing.assert_close(ours[:6], full[:6])
-    assert (ours[6:] - full[6:]).abs().amax(-1).min() > 1e-3  # every position past index_topk differs
-    assert choose_runner(sparse, None, 6) == "paged" and paged_positions(sparse) == 6
-    with pytest.raises(UnsupportedModelError, match=r"indexed_attention.*index_topk=6 .*needs up to 7"):
-        choose_runner(sparse, None, 7)
-    with pytest.raises(ValueError, match="runner='paged' cannot run DeepseekV32ForCausalLM: DeepSeek Sparse Attention"):
-        choose_runner(sparse, "paged", 7)
-    runner = PagedMlaRunner(sparse, max_new_tokens=4, num_draft_tokens=1)
-    with pytest.raises(ValueError, match="index_topk"):
-        runner.prefill(torch.tensor([tokens[:3]]), None)  # 3 + 4 + 2 > 6
-    ids = torch.tensor([tokens[:4]])
-    expected = sparse.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0)
-    with specdec_fast.patch_generate(sparse, prompt_lookup_num_tokens=2) as model:
-        with pytest.warns(UserWarning, match="index_topk"):
-            assert torch.equal(model.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0), expected)
+    assert (ours[7:] - full[7:]).abs().amax(-1).min() > 1e-3  # past index_topk + 1 (position 6 drops one key of 7)
+    assert choose_runner(sparse, None, 4096) == "paged"
+    runner = PagedMlaRunner(sparse, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    with index_ties(sparse) as ties:
+        assert_runner_matches_forward(sparse, runner, VOCAB)
+    assert runner._sparse and sum(ties) == 0
+    with pytest.raises(UnsupportedModelError, match="token trees"):
+        runner.score(torch.tensor([[5, 6]] * 3), tree=(torch.ones(2, dtype=torch.int64), torch.arange(2)))
+    target = tiny_mla(kind, seed=6, index_topk=6, index_n_heads=16)
+    ids, mask = left_padded_prompts([4, 10, 7], vocab=VOCAB, seed=3)
+    kw = dict(do_sample=False, max_new_tokens=12, pad_token_id=0)
+    with index_ties(target) as ties:
+        expected = target.generate(ids, attention_mask=mask, **kw)
+        target(expected, attention_mask=torch.cat((mask, torch.ones(3, 12, dtype=mask.dtype)), dim=1))
+    assert sum(ties) == 0
+    draft = make_draft(target, noise=0.03)
+    for drafting in (dict(assistant_model=draft, num_assistant_tokens=3), {}):
+        assert torch.equal(api.generate(target, ids, mask, runner="paged", **kw, **drafting), expected), drafting
+    static = api.generate(target, ids, mask, runner="paged", assistant_model=draft, num_assistant_tokens=3,
+                          cuda_graphs="static", backend="cpp", **kw)
+    assert torch.equal(static, expected)
+    specdec_fast.release_engines(target)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+def test_sparse_attention_reads_no_unwritten_slot(backend):
+    """Every cache of a sparse pool (latents, indexer keys) filled with NaN first: the logits still equal the
+    model's forward. (The chosen positions past a short row's query once read such slots: 0 x NaN in the
+    weighted sum gave NaN logits, now and then, from the uninitialised pool.)"""
+    model = tiny_mla("glm_moe_dsa", index_topk=6, index_n_heads=16)
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    runner.allocate(3, 9 + 8 + 4)  # the rows' reservations fill their tables: no table entry falls back to block 0
+    for cache in runner.caches:
+        cache.kv.fill_(float("nan"))
+    assert_runner_matches_forward(model, runner, VOCAB)
+    assert runner._sparse and all(cache.kv.isnan().any() for cache in runner.caches)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_sparse_attention_on_the_other_backends(backend, device):
+    """The sparse path's keys and latents appended by the torch and Triton kernels (its choice and attention are
+    torch ops on every backend): the logits equal the model's own forward, as on the C++ path above."""
+    device = backend_device(backend, device)
+    model = tiny_mla("glm_moe_dsa", index_topk=6, index_n_heads=16).to(device)
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    with index_ties(model) as ties:
+        assert_runner_matches_forward(model, runner, VOCAB)
+    assert runner._sparse and sum(ties) == 0
