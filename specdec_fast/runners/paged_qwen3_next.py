@@ -3,15 +3,9 @@
 three Gated DeltaNet layers (linear attention with a recurrent state) to each gated attention layer --
 with speculative decoding's rollback of the recurrent states.
 
-A paged KV cache rolls back a rejected draft by not advancing a length. A recurrent layer has no such
-thing: its state after the K + 1 scored tokens has absorbed them all. So this runner keeps, per
-Gated DeltaNet layer and row, the committed state (the convolution's last K - 1 inputs [C, K - 1] and
-the delta rule's matrix [Hv, Dk, Dv], float32) and a snapshot after every tentative token
-([max_tentative + 1, ...]: the last slot takes padded positions' writes); score starts each row from the
-committed state or its last snapshot, and
-commit(keep) makes snapshot keep - 1 the committed state (keep 0: unchanged) -- a gather, no host
-sync, static shapes, as SGLang and vLLM keep per-draft states for these layers. The attention layers
-use the paged cache as every family does (PagedRunnerBase.kv_layer_count: those layers only).
+The Gated DeltaNet layers' states (the convolution's last K - 1 inputs [C, K - 1] and the delta rule's
+matrix [Hv, Dk, Dv], float32), their snapshot per draft token and their rollback at commit are
+runners/paged_recurrent.py's (PagedRecurrentRunner); the attention layers use the paged cache.
 
 The math is transformers 5.24's Qwen3NextDecoderLayer (modeling_qwen3_next.py), eval mode:
     norms              Qwen3NextRMSNorm: x * rsqrt(mean x^2 + eps) * (1 + w) in float32
@@ -45,7 +39,8 @@ from ._linear import linear
 from ._moe import SHARED, MoE, is_moe, moe_reason
 from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
-from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
+from .paged_base import decoder_reason, head_dim_reason
+from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, prefill_conv
 
 # Qwen3-Next, and Qwen3.5's text decoders (AutoModelForCausalLM on a Qwen3.5 checkpoint: Qwen3_5ForCausalLM /
 # Qwen3_5MoeForCausalLM): the same layers, the Gated DeltaNet's projections apart (in_proj_qkv / z / b / a), and
@@ -176,26 +171,12 @@ class _Layer:
             self.act = mlp.act_fn
 
 
-class _States:
-    """One Gated DeltaNet layer's states for max_batch rows: committed conv [B, C, K - 1] (model dtype)
-    and delta-rule [B, Hv, Dk, Dv] (float32), and a snapshot after each of max_tentative tentative
-    tokens ([B, max_tentative + 1, ...]: the last slot takes a score call's padded positions' writes,
-    which then never land on a real token's)."""
-
-    def __init__(self, net: _DeltaNet, max_batch: int, tentative: int, dtype, device):
-        conv, rec = (net.channels, net.kernel - 1), (net.nv, net.dk, net.dv)
-        self.conv = torch.zeros(max_batch, *conv, dtype=dtype, device=device)
-        self.rec = torch.zeros(max_batch, *rec, dtype=torch.float32, device=device)
-        self.conv_tent = torch.zeros(max_batch, tentative + 1, *conv, dtype=dtype, device=device)
-        self.rec_tent = torch.zeros(max_batch, tentative + 1, *rec, dtype=torch.float32, device=device)
-
-
-class PagedQwen3NextRunner(PagedRunnerBase):
+class PagedQwen3NextRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a Qwen3NextForCausalLM instance (weights shared); the arguments are
     PagedRunnerBase's. Token trees are refused (score(tree=...))."""
 
     unsupported_reason = staticmethod(qwen3_next_unsupported_reason)
-    states = ()  # per Gated DeltaNet layer: _States (allocated with the pool)
+    family = "Qwen3-Next"
 
     def _bind(self, model) -> None:
         inner = model.model
@@ -208,13 +189,22 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         runners/paged_mtp.py)."""
         self.embed = embed
         self.layers = [_Layer(layer, kind, config, self.kernels) for layer, kind in zip(layers, config.layer_types)]
-        self._attention_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind == "full_attention")}
-        self._linear_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind != "full_attention")}
+        self._index_layers()
         self.final_norm = (norm.weight, norm.eps)
         self.lm_head = lm_head
         self._bind_heads(config)
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
+
+    def _index_layers(self) -> None:
+        """Each layer's number among the attention / Gated DeltaNet layers, and the latter's state shapes
+        (PagedRecurrentRunner's)."""
+        attention = [i for i, layer in enumerate(self.layers) if layer.kind == "full_attention"]
+        recurrent = [i for i, layer in enumerate(self.layers) if layer.kind != "full_attention"]
+        self._attention_index = {i: j for j, i in enumerate(attention)}
+        self._recurrent_index = {i: j for j, i in enumerate(recurrent)}
+        self.recurrent_shapes = [((net.channels, net.kernel - 1), (net.nv, net.dk, net.dv))
+                                 for net in (self.layers[i].mixer for i in recurrent)]
 
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
@@ -223,70 +213,6 @@ class PagedQwen3NextRunner(PagedRunnerBase):
     def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
         """A branch's output as every rank's partial summed: here the one (paged_qwen3_next_tp.py all-reduces)."""
         return partial
-
-    @property
-    def kv_layer_count(self) -> int:
-        """The attention layers (at least one: the pool's admission bookkeeping lives on its cache, so a
-        decoder cut to recurrent layers alone -- assistant_early_exit=1 -- keeps one unused layer's KV)."""
-        return max(len(self._attention_index), 1)
-
-    def _layer_windows(self, model) -> tuple:
-        """No sliding window (Qwen3-Next's attention layers are full; the rule refuses recurrent layer types)."""
-        return (None,) * self.kv_layer_count
-
-    # -- the recurrent states: allocated with the pool, selected at commit -------------------------
-    def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
-        super()._allocate(max_batch, max_tokens_per_row, num_blocks)
-        self._allocate_states(max_batch)
-
-    def _allocate_states(self, max_batch: int) -> None:
-        nets = [layer.mixer for layer in self.layers if layer.kind != "full_attention"]
-        self.states = [_States(net, max_batch, self.max_tentative, self.dtype, self.device) for net in nets]
-        self._tentative_capacity = self.max_tentative
-
-    def kv_sizes(self, max_batch: int, max_tokens_per_row: int) -> tuple:
-        """As PagedRunnerBase.kv_sizes, the recurrent states counted in the fixed part (they do not grow
-        with the pool's tokens): per Gated DeltaNet layer and row, 2 + max_tentative conv windows and
-        delta-rule matrices (the committed one, a snapshot a tentative token, the spare slot)."""
-        per_token, fixed = super().kv_sizes(max_batch, max_tokens_per_row)
-        element = torch.finfo(self.dtype).bits // 8
-        per_row = sum((net.channels * (net.kernel - 1) * element + net.nv * net.dk * net.dv * 4)
-                      for net in (layer.mixer for layer in self.layers if layer.kind != "full_attention"))
-        return per_token, fixed + max_batch * (2 + self.max_tentative) * per_row
-
-    @property
-    def kv_bytes(self) -> int:
-        """The KV pool's bytes and the recurrent states'."""
-        return super().kv_bytes + sum(t.numel() * t.element_size() for st in self.states
-                                      for t in (st.conv, st.rec, st.conv_tent, st.rec_tent))
-
-    def _admit(self, input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens):
-        num_valid = super()._admit(input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens)
-        if self.max_tentative > self._tentative_capacity:  # a call with more drafts than the pool was made for
-            self._allocate_states(self.cache.max_batch)
-        return num_valid
-
-    def score(self, tokens, num_valid=None, *, tree=None, rows=None):
-        if tree is not None:  # an UnsupportedModelError (a ValueError): patch_generate hands such a call to transformers
-            from .hf import UnsupportedModelError
-
-            raise UnsupportedModelError("token trees are not supported on Qwen3-Next's recurrent layers (each node "
-                                        "would need its own state along its branch): use a chain (tree=None)")
-        return super().score(tokens, num_valid, rows=rows)
-
-    def commit(self, keep: torch.Tensor) -> None:
-        """As PagedRunnerBase.commit, and each recurrent layer's committed state becomes its snapshot
-        after the last kept token (unchanged where none is kept)."""
-        batch = self.seq_lens.shape[0]
-        kept = torch.minimum(self.seq_lens + keep.to(torch.int32), self.caps) - self.seq_lens  # [B] as committed
-        slot = (kept.long() - 1).clamp(min=0)
-        rows = torch.arange(batch, device=self.device)
-        take = (kept > 0)
-        for st in self.states:
-            conv, rec = st.conv[:batch], st.rec[:batch]
-            conv.copy_(torch.where(take[:, None, None], st.conv_tent[rows, slot], conv))
-            rec.copy_(torch.where(take[:, None, None, None], st.rec_tent[rows, slot], rec))
-        super().commit(keep)
 
     # -- the forward ------------------------------------------------------------------------------
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
@@ -309,7 +235,7 @@ class PagedQwen3NextRunner(PagedRunnerBase):
                 o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
                 x = x + sum_(linear(o.reshape(total, -1) * torch.sigmoid(gate.reshape(total, -1)), *a.o))
             else:
-                x = x + sum_(self._delta_net(layer.mixer, self.states[self._linear_index[i]], h, rows))
+                x = x + sum_(self._delta_net(layer.mixer, self.states[self._recurrent_index[i]], h, rows))
             h = qwen_norm(x, layer.ln_post)
             if layer.moe is not None:
                 x = x + sum_(layer.moe(h, self._prefilling))
@@ -321,21 +247,7 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         self._keep(len(self.layers), out)
         return out
 
-    def _row_layout(self, cu, total: int, n: int) -> tuple:
-        """The call's tokens as rows [B, n] again (each row's real tokens last, as the call gave them):
-        (packed index [B, n] (total where padding: a spare row), real [B, n] bool, the tentative slot
-        each real token's snapshot goes to [B, n], each row's starting slot - 1 [B] (-1: the committed
-        state))."""
-        index, real = self._row_index(cu, total, n)
-        batch = real.shape[0]
-        # a real token's place among the row's tentative tokens: those already there, then its rank in the call
-        before = self.length[:batch] - self.seq_lens  # [B]; 0 in a prefill
-        rank = real.long().cumsum(1) - 1
-        slot = torch.where(real, (before[:, None] + rank).clamp(0, max(self._tentative_capacity - 1, 0)),
-                           self._tentative_capacity)  # padding: the spare slot
-        return index, real, slot, before.long() - 1
-
-    def _delta_net(self, net: _DeltaNet, st: _States, h: torch.Tensor, rows: tuple) -> torch.Tensor:
+    def _delta_net(self, net: _DeltaNet, st, h: torch.Tensor, rows: tuple) -> torch.Tensor:
         """One Gated DeltaNet layer over the call's tokens h [T, H] -> its output [T, H]: a prefill in chunks
         from zero states (the final ones committed); a score call token by token from each row's state
         (committed, or the last snapshot), a snapshot written after each token."""
@@ -373,9 +285,7 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         a snapshot after each real token -> outputs [B, n, Hv, Dv] float32."""
         batch, n = real.shape
         ids = torch.arange(batch, device=by_row.device)
-        first, fresh = start.clamp(min=0), start < 0
-        conv = torch.where(fresh[:, None, None], st.conv[:batch], st.conv_tent[ids, first])
-        rec = torch.where(fresh[:, None, None, None], st.rec[:batch], st.rec_tent[ids, first])
+        conv, rec = st.start(batch, start)
         weight, bias = net.conv, net.conv_bias
         outs = []
         for t in range(n):
@@ -404,21 +314,10 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         sum_(j <= t) e^(G_t - G_j) k_j d_j^T written in one scatter (padded positions to the spare slot)
         -> outputs [B, n, Hv, Dv] float32."""
         batch, n = real.shape
-        kernel = net.kernel
         ids = torch.arange(batch, device=by_row.device)
-        first, fresh = start.clamp(min=0), start < 0
-        conv = torch.where(fresh[:, None, None], st.conv[:batch], st.conv_tent[ids, first])  # [B, C, K - 1]
-        rec = torch.where(fresh[:, None, None, None], st.rec[:batch], st.rec_tent[ids, first])  # [B, Hv, Dk, Dv]
-        # column c of the call (c >= pad: a token) reads history [state | columns]: a token's own column, or
-        # the state's entry (K - 1) - (pad - c) for the columns before the row's first token
-        pad = (n - real.sum(1))[:, None, None]  # [B, 1, 1]
-        cols = torch.arange(n, device=by_row.device)[None, :, None] + torch.arange(1 - kernel, 1, device=by_row.device)
-        history = torch.where(cols >= pad, kernel - 1 + cols, kernel - 1 - (pad - cols)).clamp(min=0)  # [B, n, K]
-        inputs = torch.cat((conv, by_row.transpose(1, 2)), dim=-1)  # [B, C, K - 1 + n]
-        windows = inputs.gather(2, history.reshape(batch, 1, -1).expand(-1, net.channels, -1))
-        windows = windows.view(batch, net.channels, n, kernel)  # each token's K inputs, the last its own
-        y = (windows.float() * net.conv.float()[:, None, :]).sum(-1).to(net.conv.dtype)
-        y = y + (0 if net.conv_bias is None else net.conv_bias[:, None])
+        conv, rec = st.start(batch, start)  # [B, C, K - 1], [B, Hv, Dk, Dv]
+        windows = conv_windows(conv, by_row, real, net.kernel)  # [B, C, n, K]: each token's K inputs, its own last
+        y = depthwise(windows, net.conv, net.conv_bias)
         q, k, v = self._heads(net, F.silu(y).to(by_row.dtype).transpose(1, 2))  # [B, n, Hv, D]
         on = real[:, None, :, None].float()  # padding: no key, no value, no decay, no update
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, Hv, n, D]
@@ -444,11 +343,9 @@ class PagedQwen3NextRunner(PagedRunnerBase):
         chunks the state carries: the WY form of FLA's and transformers' chunked kernels), float32 ->
         outputs [B, n, Hv, Dv]; the final conv window and state committed."""
         batch, n = by_row.shape[:2]
-        kernel = net.kernel
-        x = by_row.transpose(1, 2)  # [B, C, n], each row's padding first (zeros)
-        y = F.conv1d(x.to(net.conv.dtype), net.conv[:, None, :], net.conv_bias, padding=kernel - 1, groups=net.channels)
-        q, k, v = self._heads(net, F.silu(y[..., :n]).to(by_row.dtype).transpose(1, 2))  # [B, n, Hv, D]
-        st.conv[:batch].copy_(F.pad(x, (kernel - 1, 0))[..., -(kernel - 1):])
+        y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)  # rows' padding first: zeros
+        q, k, v = self._heads(net, F.silu(y).to(by_row.dtype).transpose(1, 2))  # [B, n, Hv, D]
+        st.conv[:batch].copy_(last)
         size = PREFILL_CHUNK
         pad = -n % size
         q, k, v = (F.pad(t.transpose(1, 2), (0, 0, 0, pad)) for t in (q, k, v))  # [B, Hv, n + pad, D]

@@ -76,8 +76,7 @@ class TPPagedQwen3NextRunner(TensorParallelRunner, PagedQwen3NextRunner):
         self._bind_shard(model)
         self.layers = [_TPLayer(shards, f"model.layers.{i}.", kind, config, plan, self.first_rank, self.kernels)
                        for i, kind in enumerate(config.layer_types[:config.num_hidden_layers])]
-        self._attention_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind == "full_attention")}
-        self._linear_index = {i: j for j, i in enumerate(i for i, l in enumerate(self.layers) if l.kind != "full_attention")}
+        self._index_layers()
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
         self.lm_head = shards["lm_head.weight"]
         self.inv_freq = model.inv_freq.to(device=self.device)

@@ -1,0 +1,161 @@
+"""PagedRecurrentRunner: the part of a hybrid decoder's runner that its recurrent layers need -- Qwen3-Next's
+Gated DeltaNet layers (runners/paged_qwen3_next.py), Nemotron-H's Mamba2 layers (runners/paged_nemotron_h.py)
+-- with speculative decoding's rollback of their states.
+
+A paged KV cache rolls back a rejected draft by not advancing a length. A recurrent layer has no such thing:
+its state after the K + 1 scored tokens has absorbed them all. So the runner keeps, per recurrent layer and
+row, the committed state (the convolution's last K - 1 inputs [C, K - 1] in the model dtype, the recurrence's
+state in float32) and a snapshot after every tentative token ([max_tentative + 1, ...]: the last slot takes
+padded positions' writes); a score call starts each row from the committed state or its last snapshot
+(_row_layout says which, and where each token's snapshot goes), and commit(keep) makes snapshot keep - 1 the
+committed state (keep 0: unchanged) -- a gather, no host sync, static shapes, as SGLang and vLLM keep
+per-draft states for these layers. The attention layers use the paged cache as every family does
+(kv_layer_count: those layers only). Token trees are refused (each node would need its own state along
+its branch) with an UnsupportedModelError.
+
+A family's runner sets, in _bind: ``_attention_index`` / ``_recurrent_index`` ({layer: its number among the
+attention / recurrent layers}) and ``recurrent_shapes`` (per recurrent layer: (conv state shape (C, K - 1),
+recurrent state shape)); its _decode reads self.states[j] (RecurrentStates) for recurrent layer j.
+"""
+import torch
+import torch.nn.functional as F
+
+from .paged_base import PagedRunnerBase
+
+
+class RecurrentStates:
+    """One recurrent layer's states for max_batch rows: committed conv [B, C, K - 1] (model dtype) and state
+    [B, *rec] (float32), and a snapshot after each of max_tentative tentative tokens ([B, max_tentative + 1,
+    ...]: the last slot takes a score call's padded positions' writes, which then never land on a real
+    token's)."""
+
+    def __init__(self, conv: tuple, rec: tuple, max_batch: int, tentative: int, dtype, device):
+        self.conv = torch.zeros(max_batch, *conv, dtype=dtype, device=device)
+        self.rec = torch.zeros(max_batch, *rec, dtype=torch.float32, device=device)
+        self.conv_tent = torch.zeros(max_batch, tentative + 1, *conv, dtype=dtype, device=device)
+        self.rec_tent = torch.zeros(max_batch, tentative + 1, *rec, dtype=torch.float32, device=device)
+
+    def start(self, batch: int, start: torch.Tensor) -> tuple:
+        """Each row's state a score call starts from: (conv [B, C, K - 1], rec [B, ...]) the committed ones
+        where start < 0, else snapshot start (_row_layout's)."""
+        ids = torch.arange(batch, device=start.device)
+        first, fresh = start.clamp(min=0), start < 0
+        conv = torch.where(fresh[:, None, None], self.conv[:batch], self.conv_tent[ids, first])
+        rec = torch.where(fresh.view(-1, *(1,) * (self.rec.dim() - 1)), self.rec[:batch], self.rec_tent[ids, first])
+        return conv, rec
+
+
+class PagedRecurrentRunner(PagedRunnerBase):
+    """PagedRunnerBase with recurrent layers' states (module docstring). ``family`` names the model in the
+    token-tree refusal."""
+
+    states = ()  # per recurrent layer: RecurrentStates (allocated with the pool)
+    recurrent_shapes = ()
+    family = "this model"
+
+    @property
+    def kv_layer_count(self) -> int:
+        """The attention layers (at least one: the pool's admission bookkeeping lives on its cache, so a
+        decoder cut to recurrent layers alone -- assistant_early_exit=1 -- keeps one unused layer's KV)."""
+        return max(len(self._attention_index), 1)
+
+    def _layer_windows(self, model) -> tuple:
+        """No sliding window (the families' attention layers are full; the rule refuses recurrent layer types)."""
+        return (None,) * self.kv_layer_count
+
+    def _allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None) -> None:
+        super()._allocate(max_batch, max_tokens_per_row, num_blocks)
+        self._allocate_states(max_batch)
+
+    def _allocate_states(self, max_batch: int) -> None:
+        self.states = [RecurrentStates(conv, rec, max_batch, self.max_tentative, self.dtype, self.device)
+                       for conv, rec in self.recurrent_shapes]
+        self._tentative_capacity = self.max_tentative
+
+    def kv_sizes(self, max_batch: int, max_tokens_per_row: int) -> tuple:
+        """As PagedRunnerBase.kv_sizes, the recurrent states counted in the fixed part (they do not grow
+        with the pool's tokens): per recurrent layer and row, 2 + max_tentative conv windows and states
+        (the committed one, a snapshot a tentative token, the spare slot)."""
+        per_token, fixed = super().kv_sizes(max_batch, max_tokens_per_row)
+        element = torch.finfo(self.dtype).bits // 8
+        per_row = sum(torch.Size(conv).numel() * element + torch.Size(rec).numel() * 4
+                      for conv, rec in self.recurrent_shapes)
+        return per_token, fixed + max_batch * (2 + self.max_tentative) * per_row
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV pool's bytes and the recurrent states'."""
+        return super().kv_bytes + sum(t.numel() * t.element_size() for st in self.states
+                                      for t in (st.conv, st.rec, st.conv_tent, st.rec_tent))
+
+    def _admit(self, input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens):
+        num_valid = super()._admit(input_ids, attention_mask, budgets, max_new_tokens, num_draft_tokens)
+        if self.max_tentative > self._tentative_capacity:  # a call with more drafts than the pool was made for
+            self._allocate_states(self.cache.max_batch)
+        return num_valid
+
+    def score(self, tokens, num_valid=None, *, tree=None, rows=None):
+        if tree is not None:  # an UnsupportedModelError (a ValueError): patch_generate hands such a call to transformers
+            from .hf import UnsupportedModelError
+
+            raise UnsupportedModelError(f"token trees are not supported on {self.family}'s recurrent layers (each node "
+                                        "would need its own state along its branch): use a chain (tree=None)")
+        return super().score(tokens, num_valid, rows=rows)
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """As PagedRunnerBase.commit, and each recurrent layer's committed state becomes its snapshot
+        after the last kept token (unchanged where none is kept)."""
+        batch = self.seq_lens.shape[0]
+        kept = torch.minimum(self.seq_lens + keep.to(torch.int32), self.caps) - self.seq_lens  # [B] as committed
+        slot = (kept.long() - 1).clamp(min=0)
+        rows = torch.arange(batch, device=self.device)
+        take = kept > 0
+        for st in self.states:
+            conv, rec = st.conv[:batch], st.rec[:batch]
+            conv.copy_(torch.where(take[:, None, None], st.conv_tent[rows, slot], conv))
+            rec.copy_(torch.where(take.view(-1, *(1,) * (rec.dim() - 1)), st.rec_tent[rows, slot], rec))
+        super().commit(keep)
+
+    def _row_layout(self, cu, total: int, n: int) -> tuple:
+        """The call's tokens as rows [B, n] again (each row's real tokens last, as the call gave them):
+        (packed index [B, n] (total where padding: a spare row), real [B, n] bool, the tentative slot
+        each real token's snapshot goes to [B, n], each row's starting slot - 1 [B] (-1: the committed
+        state))."""
+        index, real = self._row_index(cu, total, n)
+        batch = real.shape[0]
+        # a real token's place among the row's tentative tokens: those already there, then its rank in the call
+        before = self.length[:batch] - self.seq_lens  # [B]; 0 in a prefill
+        rank = real.long().cumsum(1) - 1
+        slot = torch.where(real, (before[:, None] + rank).clamp(0, max(self._tentative_capacity - 1, 0)),
+                           self._tentative_capacity)  # padding: the spare slot
+        return index, real, slot, before.long() - 1
+
+
+# -- a recurrent layer's causal depthwise convolution (Gated DeltaNet's, Mamba2's) over a call's rows ------------
+def conv_windows(conv: torch.Tensor, by_row: torch.Tensor, real: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Each token's K inputs, its own last: conv [B, C, K - 1] (the rows' starting windows), by_row [B, n, C]
+    (each row's tokens last, its padding first), real [B, n] -> windows [B, C, n, K]. Column c of the call
+    (c >= pad: a token) reads history [state | columns]: a token's own column, or the state's entry
+    (K - 1) - (pad - c) for the columns before the row's first token."""
+    batch, n = real.shape
+    pad = (n - real.sum(1))[:, None, None]  # [B, 1, 1]
+    cols = torch.arange(n, device=by_row.device)[None, :, None] + torch.arange(1 - kernel, 1, device=by_row.device)
+    history = torch.where(cols >= pad, kernel - 1 + cols, kernel - 1 - (pad - cols)).clamp(min=0)  # [B, n, K]
+    inputs = torch.cat((conv, by_row.transpose(1, 2)), dim=-1)  # [B, C, K - 1 + n]
+    windows = inputs.gather(2, history.reshape(batch, 1, -1).expand(-1, conv.shape[1], -1))
+    return windows.view(batch, conv.shape[1], n, kernel)
+
+
+def depthwise(windows: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """windows [B, C, n, K] against the convolution weight [C, K] (+ bias [C]) -> [B, C, n] in the weight's dtype:
+    summed in float32, rounded once (as conv1d accumulates; bf16 products summed in bf16 drift)."""
+    y = (windows.float() * weight.float()[:, None, :]).sum(-1).to(weight.dtype)
+    return y + (0 if bias is None else bias[:, None])
+
+
+def prefill_conv(x: torch.Tensor, weight: torch.Tensor, bias, kernel: int) -> tuple:
+    """A prefill's convolution over each row at once: x [B, C, n] (each row's padding first, zeros) ->
+    (outputs [B, C, n] in the weight's dtype, the rows' last K - 1 inputs [B, C, K - 1]: the state to commit)."""
+    n = x.shape[-1]
+    y = F.conv1d(x.to(weight.dtype), weight[:, None, :], bias, padding=kernel - 1, groups=x.shape[1])[..., :n]
+    return y, F.pad(x, (kernel - 1, 0))[..., -(kernel - 1):]
