@@ -44,7 +44,8 @@ def _layer(shape: dict, device="cpu"):
     import transformers as tf
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-    from specdec_fast.runners.paged_qwen3_next import PagedQwen3NextRunner, _DeltaNet, _States
+    from specdec_fast.runners.paged_qwen3_next import PagedQwen3NextRunner, _DeltaNet
+    from specdec_fast.runners.paged_recurrent import RecurrentStates
 
     torch.manual_seed(0)
     config = tf.Qwen3NextConfig(hidden_size=256, linear_num_key_heads=shape["nk"], linear_num_value_heads=shape["nv"],
@@ -54,7 +55,8 @@ def _layer(shape: dict, device="cpu"):
     runner = PagedQwen3NextRunner.__new__(PagedQwen3NextRunner)  # only its two rules are timed: no model needed
     runner._prefilling = True
     runner.device = torch.device(device)
-    return runner, net, lambda length, rows=1: _States(net, rows, length, torch.float32, device)
+    shapes = ((net.channels, net.kernel - 1), (net.nv, net.dk, net.dv))
+    return runner, net, lambda length, rows=1: RecurrentStates(*shapes, rows, length, torch.float32, device)
 
 
 def _compare(ours, reference, reps: int, sync=lambda: None, graphs: bool = False) -> tuple:

@@ -96,14 +96,21 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # cast to the router's dtype; an ungated shared MLP as wide as an expert
                 "hunyuan_v1_moe": ("softmax_topk", True, True, "swiglu"),
                 # dots.llm1: GLM-4.5's routing (its source), the router and correction bias in float32
-                "dots1": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
+                "dots1": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                # Nemotron-H's MoE blocks (Nemotron 3 Nano): GLM-4.5's routing (op for op), ungated experts
+                # down(act(up x)) (act: mlp_hidden_act, relu^2) and shared MLP, an optional latent projection
+                # around the experts (fc1_latent_proj / fc2_latent_proj)
+                "nemotron_h": ("sigmoid_groups", "norm_topk_prob", False, "ungated")}
+# The config field naming the experts' activation where it is not hidden_act
+ACT_FIELD = {"nemotron_h": "mlp_hidden_act"}
 # The families whose chosen expert reads its token times the routing weight (and whose output is not
 # weighed): transformers' Llama4TextMoe. With one expert per token that is the token's input scaled
 # once, then the experts at weight 1; more than one would need an input per pair (refused: moe_reason).
 INPUT_SCALED = ("llama4_text",)
 SOFTMAX_GROUP_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
 BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "sigmoid_topk_scaled", "softmax_biased")  # the routings that choose with a correction bias
-SHARED = ("shared_expert", "shared_experts", "shared_mlp")  # Qwen2-MoE's (gated), GLM-4.5's, HunYuan's (ungated)
+SHARED = ("shared_expert", "shared_experts", "shared_mlp")
+LATENT = ("fc1_latent_proj", "fc2_latent_proj")  # Nemotron-H's: into the experts' width and back  # Qwen2-MoE's (gated), GLM-4.5's, HunYuan's (ungated)
 # The families whose one shared MLP is as wide as a routed expert (their configs give no width of its own)
 SHARED_AS_WIDE = ("llama4_text", "hunyuan_v1_moe")
 # The families whose experts are intermediate_size wide whatever moe_intermediate_size says (transformers' HunYuan)
@@ -111,9 +118,11 @@ EXPERTS_OF_INTERMEDIATE_SIZE = ("hunyuan_v1_moe",)
 
 
 def is_moe(mlp) -> bool:
-    """Whether a decoder layer's mlp is a sparse MoE block (a router and 3-D `experts`)."""
+    """Whether a decoder layer's mlp is a sparse MoE block (a router and 3-D `experts`: gated gate_up_proj, or
+    Nemotron-H's ungated up_proj)."""
     experts = getattr(mlp, "experts", None)
-    return experts is not None and isinstance(getattr(experts, "gate_up_proj", None), torch.nn.Parameter)
+    return experts is not None and any(isinstance(getattr(experts, name, None), torch.nn.Parameter)
+                                       for name in ("gate_up_proj", "up_proj"))
 
 
 def _router(mlp):
@@ -166,7 +175,7 @@ def moe_reason(mlp, config) -> str | None:
     weight = getattr(router, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return f"the MoE router {type(router).__name__} has no [experts, hidden] weight"
-    for name in ("gate_up_proj", "down_proj"):
+    for name in ("up_proj" if family[3] == "ungated" else "gate_up_proj", "down_proj"):
         tensor = getattr(experts, name, None)
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 3 or not tensor.is_floating_point():
             return f"the MoE experts' {name} is not a float [experts, out, in] tensor"
@@ -196,13 +205,18 @@ def module_params(mlp) -> dict:
     router = _router(mlp)
     params = {f"{name}.weight": router.weight, f"{name}.bias": getattr(router, "bias", None),
               f"{name}.e_score_correction_bias": _correction(mlp)}
-    for tensor in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
+    for tensor in ("gate_up_proj", "up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
         params[f"experts.{tensor}"] = getattr(mlp.experts, tensor, None)
     for prefix in SHARED:
         shared = getattr(mlp, prefix, None)
         for proj in ("gate_proj", "up_proj", "down_proj") if shared is not None else ():
-            module = getattr(shared, proj)
-            params[f"{prefix}.{proj}.weight"], params[f"{prefix}.{proj}.bias"] = module.weight, module.bias
+            module = getattr(shared, proj, None)  # an ungated shared MLP (Nemotron-H's) has no gate_proj
+            if module is not None:
+                params[f"{prefix}.{proj}.weight"], params[f"{prefix}.{proj}.bias"] = module.weight, module.bias
+    for latent in LATENT:  # Nemotron-H's latent projection around the experts (an nn.Identity where none)
+        module = getattr(mlp, latent, None)
+        if isinstance(module, torch.nn.Linear):
+            params[f"{latent}.weight"], params[f"{latent}.bias"] = module.weight, module.bias
     gate = getattr(mlp, "shared_expert_gate", None)
     params["shared_expert_gate.weight"] = None if gate is None else gate.weight
     return {name: tensor for name, tensor in params.items() if tensor is not None}
@@ -241,29 +255,34 @@ class MoE:
             self.group_limited = config.topk_method == "group_limited_greedy"
             self.groups, self.top_groups = (int(config.n_group), int(config.topk_group)) if self.group_limited else (1, 1)
             self.routed_scale = float(config.routed_scaling_factor)
-        gate_up, down = params["experts.gate_up_proj"], params["experts.down_proj"]
+        gate_up, down = params.get("experts.gate_up_proj", params.get("experts.up_proj")), params["experts.down_proj"]
+        act = ACT2FN[getattr(config, ACT_FIELD.get(config.model_type, "hidden_act"))]
         self.gate_up_bias, self.down_bias = params.get("experts.gate_up_proj_bias"), params.get("experts.down_proj_bias")
         if self.layout == "gpt_oss":  # [E, H, 2I] / [E, I, H] as the [E, out, in] views the products read
             self.gate_up, self.down = gate_up.transpose(1, 2), down.transpose(1, 2)
             self.alpha, self.limit = float(config.swiglu_alpha), float(config.swiglu_limit)
             self.act = None
         elif self.layout == "swiglu_t":  # Llama 4: the same storage, gate / up in halves (SwiGLU's)
-            self.gate_up, self.down, self.act = gate_up.transpose(1, 2), down.transpose(1, 2), ACT2FN[config.hidden_act]
-        else:
-            self.gate_up, self.down, self.act = gate_up, down, ACT2FN[config.hidden_act]
-        # kernels/moe's activation for these experts; None: one it does not fuse (the torch path)
-        self._bind_experts("gpt_oss" if self.layout == "gpt_oss" else "silu" if config.hidden_act == "silu" else None,
-                           kernels)
-        prefix = next((p for p in SHARED if f"{p}.gate_proj.weight" in params), None)
+            self.gate_up, self.down, self.act = gate_up.transpose(1, 2), down.transpose(1, 2), act
+        else:  # "swiglu": gate_up [E, 2I, H]; "ungated": up [E, I, H] under the same name
+            self.gate_up, self.down, self.act = gate_up, down, act
+        # kernels/moe's activation for these experts; None: one it does not fuse (the torch path: ungated experts too)
+        fused = None if self.layout == "ungated" else "gpt_oss" if self.layout == "gpt_oss" else \
+            "silu" if config.hidden_act == "silu" else None
+        self._bind_experts(fused, kernels)
+        prefix = next((p for p in SHARED if f"{p}.up_proj.weight" in params), None)
         projections = ("gate_proj", "up_proj", "down_proj")
-        self.shared = None if prefix is None else (  # (gate, up, down), act, the gate's weight or None
-            [(params[f"{prefix}.{p}.weight"], params.get(f"{prefix}.{p}.bias")) for p in projections],
-            ACT2FN[config.hidden_act], params.get("shared_expert_gate.weight"))
+        self.shared = None if prefix is None else (  # (gate or None (ungated), up, down), act, the gate's weight or None
+            [(params[f"{prefix}.{p}.weight"], params.get(f"{prefix}.{p}.bias")) if f"{prefix}.{p}.weight" in params
+             else None for p in projections], act, params.get("shared_expert_gate.weight"))
+        self.latent = tuple((params[f"{name}.weight"], params.get(f"{name}.bias")) for name in LATENT) \
+            if f"{LATENT[0]}.weight" in params else None  # ((in), (out)) (weight, bias) or None
 
     def _bind_experts(self, kernel_act: str | None, kernels: str) -> None:
         """The experts' sizes, kernels/moe's activation for them (None: one it does not fuse) and backend (the
         runner's kernels where they take the activation, else None: the torch products)."""
-        self.num_experts, self.inter = self.gate_up.shape[0], self.gate_up.shape[1] // 2
+        self.num_experts = self.gate_up.shape[0]
+        self.inter = self.gate_up.shape[1] // (1 if self.layout == "ungated" else 2)
         self.kernel_act = kernel_act
         compiled = kernels == "triton" or (kernels == "cpp" and cpp_op_available("moe_experts"))
         self.kernels = kernels if compiled and kernel_act is not None else None
@@ -276,7 +295,7 @@ class MoE:
         gate rows, then its up rows), down [E, H, I]; act the activation module, hidden_act its config name
         ("silu": through kernels/moe)."""
         moe = cls.__new__(cls)
-        moe.routing_kind, moe.layout, moe.scale_input, moe.shared = None, "swiglu", False, None
+        moe.routing_kind, moe.layout, moe.scale_input, moe.shared, moe.latent = None, "swiglu", False, None, None
         moe.gate_up, moe.down, moe.act, moe.gate_up_bias, moe.down_bias = gate_up, down, act, None, None
         moe.top_k = int(top_k)
         moe._bind_experts("silu" if hidden_act == "silu" else None, kernels)
@@ -370,6 +389,8 @@ class MoE:
         """[.., 2I] (biases added) -> the experts' activation [.., I]."""
         if self.layout == "gpt_oss":
             return activate(gate_up, "gpt_oss", self.alpha, self.limit)
+        if self.layout == "ungated":  # Nemotron-H's: act(up x)
+            return self.act(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act(gate) * up
 
@@ -385,10 +406,15 @@ class MoE:
         x = h
         if self.scale_input:  # Llama 4: expert_e(h * w) (one expert a token), its output weighed by 1
             x, weights = h * weights, torch.ones_like(weights)
+        if self.latent is not None:  # Nemotron-H: the experts in a latent width, the router on h
+            x = linear(x, *self.latent[0])
         out = self.mix(x, weights, chosen, prefill)
+        if self.latent is not None:
+            out = linear(out, *self.latent[1])
         if self.shared is not None:
             (gate, up, down), act, gate_w = self.shared
-            shared = linear(act(linear(h, *gate)) * linear(h, *up), *down)
+            inner = act(linear(h, *up)) if gate is None else act(linear(h, *gate)) * linear(h, *up)
+            shared = linear(inner, *down)
             shared = shared if gate_w is None else torch.sigmoid(F.linear(h, gate_w)) * shared
             out = (out.float() + shared.float()).to(h.dtype) if self.fp32_combine else out + shared
         return out

@@ -24,6 +24,7 @@ from .paged_cohere_tp import TPPagedCohereRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paged_mla_tp import TPPagedMlaRunner
+from .paged_nemotron_h import NEMOTRON_H_TYPES, PagedNemotronHRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_olmo2_tp import TPPagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
@@ -38,7 +39,7 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
-# (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5).
+# (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
@@ -65,6 +66,9 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedMlaRunner for model_type in MLA_MODEL_TYPES},
     # Qwen3-Next, Qwen3.5's text decoders: Gated DeltaNet layers (recurrent states rolled back) + attention
     **{model_type: PagedQwen3NextRunner for model_type in QWEN3_NEXT_TYPES},
+    # Nemotron-H (8B / 47B / 56B, Nano 9B / 12B v2, Nemotron 3 Nano): Mamba2 layers (states rolled back) + attention,
+    # MLP and MoE blocks
+    **{model_type: PagedNemotronHRunner for model_type in NEMOTRON_H_TYPES},
 }
 
 # Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.

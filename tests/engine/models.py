@@ -129,6 +129,13 @@ def _config(kind: str, vocab: int, layers: int):
                                   q_lora_rank=16, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
                                   index_topk=8, index_head_dim=8, index_n_heads=16, indexer_types=["full", "shared"],
                                   **dict(llama_like, num_key_value_heads=4))
+    if kind == "nemotron_h":  # Nemotron-H: blocks M * - M ... (Mamba2: 6 heads of 8, 2 groups of state 8, kernel 4;
+        # attention without positions: 4 heads over 2 KV heads of 12; relu^2 MLPs), 2 blocks a layer asked for
+        blocks = ["linear_attention", "full_attention", "mlp", "linear_attention"] * layers
+        return tf.NemotronHConfig(hidden_size=48, layers_block_type=blocks[:2 * layers],
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=12, intermediate_size=96,
+                                  mamba_num_heads=6, mamba_head_dim=8, n_groups=2, ssm_state_size=8, conv_kernel=4,
+                                  max_position_embeddings=256, **common)
     if kind == "deepseek_v2":  # MLA (r 24, dn 12, dr 8 on complex pairs, dv 12), a dense first layer, then softmax
         # routing limited to 1 of 2 groups of 4 experts of 24, top 2, times 1.5, a shared MLP
         return tf.DeepseekV2Config(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,

@@ -71,3 +71,28 @@ def steps_without_sync(decoder, steps: int) -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def assert_rollback_controls_fail(monkeypatch, runner_class, model, vocab: int, **runner_kw) -> None:
+    """The recurrent runners' controls (runners/paged_recurrent.py), each spoiling one thing that
+    assert_runner_matches_forward must then catch: (1) commit leaves the committed states as they were (no
+    rollback to the kept tokens' snapshot); (2) every score call starts from the committed state (ignoring
+    an uncommitted call before it)."""
+    import pytest
+
+    from specdec_fast.runners.paged_base import PagedRunnerBase
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner_class, "commit", PagedRunnerBase.commit)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner_class(model, **runner_kw), vocab)
+    real = runner_class._row_layout
+
+    def from_committed(self, cu, total, n):
+        index, real_, slot, start = real(self, cu, total, n)
+        return index, real_, slot, torch.full_like(start, -1)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runner_class, "_row_layout", from_committed)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner_class(model, **runner_kw), vocab)

@@ -21,7 +21,7 @@ from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device
 from .models import left_padded_prompts, make_draft
-from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
+from .runner_checks import assert_bf16_close_to_forward, assert_rollback_controls_fail, assert_runner_matches_forward
 
 VOCAB = 96
 
@@ -143,24 +143,8 @@ def test_controls_the_rollback_and_the_chained_snapshots(monkeypatch):
     """Spoiled: (1) commit leaves the committed states as they were (no rollback to the kept tokens'
     snapshot); (2) every score call starts from the committed state (ignoring an uncommitted call before
     it). Either moves the logits off the forward's, which assert_runner_matches_forward checks."""
-    model = tiny_qwen3_next()
-    from specdec_fast.runners.paged_base import PagedRunnerBase
-
-    monkeypatch.setattr(PagedQwen3NextRunner, "commit", PagedRunnerBase.commit)
-    with pytest.raises(AssertionError):
-        assert_runner_matches_forward(model, PagedQwen3NextRunner(model, max_new_tokens=8, num_draft_tokens=3,
-                                                                  block_size=4), VOCAB)
-    monkeypatch.undo()
-    real = PagedQwen3NextRunner._row_layout
-
-    def from_committed(self, cu, total, n):
-        index, real_, slot, start = real(self, cu, total, n)
-        return index, real_, slot, torch.full_like(start, -1)
-
-    monkeypatch.setattr(PagedQwen3NextRunner, "_row_layout", from_committed)
-    with pytest.raises(AssertionError):
-        assert_runner_matches_forward(model, PagedQwen3NextRunner(model, max_new_tokens=8, num_draft_tokens=3,
-                                                                  block_size=4), VOCAB)
+    assert_rollback_controls_fail(monkeypatch, PagedQwen3NextRunner, tiny_qwen3_next(), VOCAB, max_new_tokens=8,
+                                  num_draft_tokens=3, block_size=4)
 
 
 def test_trees_are_refused():

@@ -1,0 +1,134 @@
+"""A Mamba2 mixer on the paged hybrid runners (Nemotron-H: runners/paged_nemotron_h.py), its state rolled back
+by runners/paged_recurrent.py.
+
+The math is transformers 5.24's NemotronHMamba2Mixer on its torch path (mamba2_chunk_scan: the forward over a
+sequence, what a prefill and a verify call of several tokens run), eval mode, per token (H heads of P, G groups
+of state size N, each group serving H / G heads; C = H P + 2 G N channels):
+    [z | xBC | dt] = in_proj(h)                   z [H P], xBC [C], dt [H]
+    xBC = silu(causal depthwise conv1d(xBC))      (kernel K, bias; a state of the last K - 1 inputs)
+    x, B, C = split(xBC)                          x [H, P], B / C [G, N]
+    dt = clamp(softplus(dt + dt_bias), min=time_step_min);  A = -exp(A_log)          [H]
+    S_t = exp(dt_t A) S_{t-1} + (dt_t x_t) B_t^T  S [H, P, N], float32
+    y_t = S_t C_t + D x_t                         [H, P], float32
+    out = out_proj(cast(weight * group_rms(y * silu(z))))  (RMS over groups of H P / G channels, float32)
+transformers' one-token decode step (mamba2_selective_state_update) does not clamp dt; its forward does, and
+a draft's verify runs the forward: here every call clamps (the same unless softplus falls under
+time_step_min, 0.001 in the configs).
+
+A call's n tokens run at once from each row's state (block): with a_t = dt_t A and their running sum G_t
+over the call, x~_j = dt_j x_j,
+    y_t = e^(G_t) S_0 C_t + sum_(j <= t) e^(G_t - G_j) (C_t . B_j) x~_j + D x_t
+    S_t = e^(G_t) S_0 + sum_(j <= t) e^(G_t - G_j) x~_j B_j^T
+(mamba2_chunk_scan's within-chunk form, SSD), every snapshot S_t from one einsum; a prefill runs it in chunks
+of PREFILL_CHUNK from zero states, the state carried (only the last one kept). Padded positions (a row's
+first columns) neither decay nor update the state. No Triton kernel yet (torch ops on every backend; not
+timed on a GPU).
+"""
+import torch
+import torch.nn.functional as F
+
+from ._linear import linear
+from .paged_recurrent import conv_windows, depthwise, prefill_conv
+
+PREFILL_CHUNK = 128  # tokens a chunk of the prefill's scan (transformers' chunk_size default; the math is exact either way)
+
+
+class Mamba2:
+    """A Mamba2 mixer's tensors (references) and sizes: in_proj / out_proj (weight, bias), the convolution [C, K]
+    and its bias, dt_bias / A_log / D [H], the gated norm's weight [H P] and eps, time_step_min."""
+
+    def __init__(self, mixer):
+        self.in_proj, self.out = (mixer.in_proj.weight, mixer.in_proj.bias), (mixer.out_proj.weight, mixer.out_proj.bias)
+        self.conv, self.conv_bias = mixer.conv1d.weight[:, 0], mixer.conv1d.bias
+        self.dt_bias, self.a_log, self.d = mixer.dt_bias, mixer.A_log, mixer.D
+        self.norm = (mixer.norm.weight, mixer.norm.variance_epsilon)
+        self.heads, self.head_dim, self.groups, self.state = (mixer.num_heads, mixer.head_dim, mixer.n_groups,
+                                                              mixer.ssm_state_size)
+        self.channels, self.kernel = self.conv.shape
+        self.dt_min = float(mixer.time_step_limit[0])
+
+    @property
+    def shapes(self) -> tuple:
+        """(conv state (C, K - 1), recurrent state (H, P, N)): PagedRecurrentRunner's recurrent_shapes entry."""
+        return (self.channels, self.kernel - 1), (self.heads, self.head_dim, self.state)
+
+    def project(self, h: torch.Tensor) -> tuple:
+        """h [T, H] -> z [T, H P], xBC [T, C], dt [T, H] (raw)."""
+        inner = self.heads * self.head_dim
+        return torch.split(linear(h, *self.in_proj), [inner, self.channels, self.heads], dim=-1)
+
+    def ssm_inputs(self, xbc: torch.Tensor, dt: torch.Tensor, real: torch.Tensor) -> tuple:
+        """The convolution's output xBC [B, n, C] (after silu, model dtype) and raw dt [B, n, H] of a call's rows
+        -> float32 x [B, n, H, P], x~ = dt x, B / C per head [B, n, H, N], a = dt A [B, n, H] (0 at padding: no
+        decay; x~ 0 there too: no update)."""
+        batch, n = real.shape
+        inner, width = self.heads * self.head_dim, self.groups * self.state
+        x, b, c = torch.split(xbc, [inner, width, width], dim=-1)
+        x = x.float().reshape(batch, n, self.heads, self.head_dim)
+        per = self.heads // self.groups
+        b, c = (t.float().reshape(batch, n, self.groups, self.state).repeat_interleave(per, dim=2) for t in (b, c))
+        dt = F.softplus(dt + self.dt_bias.to(dt.dtype)).clamp(min=self.dt_min).float() * real[..., None]
+        a = -self.a_log.float().exp() * dt  # [B, n, H]
+        return x, x * dt[..., None], b, c, a
+
+    def scan(self, x, xt, b, c, a, s0: torch.Tensor, snapshots: bool) -> tuple:
+        """The block form (module docstring) of n tokens from states s0 [B, H, P, N] -> (y [B, n, H, P] float32
+        (D x included), every state S_t [B, n, H, P, N] if snapshots else the last one [B, H, P, N])."""
+        n = x.shape[1]
+        cum = a.transpose(1, 2).cumsum(-1)  # [B, H, n]
+        lower = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        gap = torch.where(lower, cum[..., :, None] - cum[..., None, :], float("-inf")).exp()  # [B, H, t, j]
+        bh, ch, xh = (t.transpose(1, 2) for t in (b, c, xt))  # [B, H, n, N|P]
+        scores = gap * (ch @ bh.transpose(-1, -2))  # [B, H, t, j]
+        lead = cum.exp()[..., None]  # [B, H, n, 1]
+        y = lead * (ch @ s0.transpose(-1, -2)) + scores @ xh  # [B, H, n, P]
+        y = y.transpose(1, 2) + self.d.float()[:, None] * x
+        if snapshots:
+            states = lead[..., None] * s0[:, :, None] + torch.einsum("bhtj,bhjp,bhjn->bhtpn", gap, xh, bh)
+            return y, states.transpose(1, 2)
+        last = cum[..., -1:]  # [B, H, 1]
+        decay = (last - cum).exp()  # [B, H, n]: e^(G_n - G_j)
+        return y, last.exp()[..., None] * s0 + torch.einsum("bhj,bhjp,bhjn->bhpn", decay, xh, bh)
+
+    def output(self, y: torch.Tensor, z: torch.Tensor, dtype) -> torch.Tensor:
+        """y [T, H P] float32, z [T, H P] -> out_proj of the gated group norm (NemotronHRMSNormGated)."""
+        weight, eps = self.norm
+        gated = y * F.silu(z.float())
+        groups = gated.view(*gated.shape[:-1], self.groups, -1)
+        normed = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)).view_as(gated)
+        return linear((weight * normed).to(dtype), *self.out)
+
+
+def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
+    """One Mamba2 layer over a call's tokens h [T, H] (rows: PagedRecurrentRunner._row_layout's) -> its output
+    [T, H]: a prefill in chunks from zero states (the last ones committed); a score call from each row's state
+    (committed, or the last snapshot), a snapshot written after each token."""
+    index, real, slot, start = rows
+    batch, n = index.shape
+    total = h.shape[0]
+    z, xbc, dt = net.project(h)
+    by_row, dt = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (xbc, dt))  # [B, n, ...], padding zeros
+    if prefilling:
+        y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)
+        st.conv[:batch].copy_(last)
+        x, xt, b, c, a = net.ssm_inputs(F.silu(y).to(h.dtype).transpose(1, 2), dt, real)
+        state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
+        outs = []
+        for begin in range(0, n, PREFILL_CHUNK):
+            part = slice(begin, begin + PREFILL_CHUNK)
+            out, state = net.scan(x[:, part], xt[:, part], b[:, part], c[:, part], a[:, part], state, snapshots=False)
+            outs.append(out)
+        st.rec[:batch].copy_(state)
+        y = torch.cat(outs, dim=1)
+    else:
+        ids = torch.arange(batch, device=h.device)
+        conv, rec = st.start(batch, start)
+        windows = conv_windows(conv, by_row, real, net.kernel)  # [B, C, n, K]
+        x, xt, b, c, a = net.ssm_inputs(F.silu(depthwise(windows, net.conv, net.conv_bias)).to(h.dtype).transpose(1, 2),
+                                        dt, real)
+        y, states = net.scan(x, xt, b, c, a, rec, snapshots=True)
+        st.rec_tent[ids[:, None], slot] = states  # padded positions to the spare slot
+        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+    packed = torch.zeros(total + 1, net.heads * net.head_dim, dtype=torch.float32, device=h.device)
+    packed.index_copy_(0, index.reshape(-1), y.reshape(batch * n, -1))
+    return net.output(packed[:total], z, h.dtype)
