@@ -100,7 +100,10 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # Nemotron-H's MoE blocks (Nemotron 3 Nano): GLM-4.5's routing (op for op), ungated experts
                 # down(act(up x)) (act: mlp_hidden_act, relu^2) and shared MLP, an optional latent projection
                 # around the experts (fc1_latent_proj / fc2_latent_proj)
-                "nemotron_h": ("sigmoid_groups", "norm_topk_prob", False, "ungated")}
+                "nemotron_h": ("sigmoid_groups", "norm_topk_prob", False, "ungated"),
+                # Granite 4.0-H Tiny / Small (granitemoehybrid): softmax over the top-k float32 logits of the
+                # model-dtype router product, cast to the model dtype (GraniteMoeHybridTopKRouter)
+                "granitemoehybrid": ("topk_softmax_f32", False, True, "swiglu")}
 # The config field naming the experts' activation where it is not hidden_act
 ACT_FIELD = {"nemotron_h": "mlp_hidden_act"}
 # The families whose chosen expert reads its token times the routing weight (and whose output is not
@@ -321,6 +324,9 @@ class MoE:
         if self.routing_kind == "topk_softmax":
             top, chosen = torch.topk(logits, self.top_k, dim=-1)
             return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
+        if self.routing_kind == "topk_softmax_f32":  # Granite 4.0's GraniteMoeHybridTopKRouter, op for op
+            top, chosen = torch.topk(logits.float(), self.top_k, dim=-1)
+            return torch.softmax(top, dim=-1).type_as(h), chosen
         top, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
         if self.renorm:
             top = top / top.sum(dim=-1, keepdim=True)

@@ -181,7 +181,8 @@ def _granite4_reason(model) -> str | None:
     for i, layer in enumerate(layers):
         for name, what in (("mamba", "Mamba2 layers"), ("block_sparse_moe", "experts")):
             if getattr(layer, name, None) is not None:
-                return f"layer {i}: Granite 4.0's {what} (its dense attention-only checkpoints run here)"
+                return (f"layer {i}: Granite 4.0's {what} (its dense attention-only checkpoints run here; the hybrids "
+                        f"on runners/paged_granite_hybrid.py's runner)")
     return None
 
 

@@ -24,6 +24,7 @@ from .paged_cohere_tp import TPPagedCohereRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paged_mla_tp import TPPagedMlaRunner
+from .paged_granite_hybrid import PagedGraniteHybridRunner, granite_is_hybrid
 from .paged_nemotron_h import NEMOTRON_H_TYPES, PagedNemotronHRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_olmo2_tp import TPPagedOlmo2Runner
@@ -39,7 +40,8 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
-# (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H).
+# (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
+# Granite 4.0-H by BY_CONFIG).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
@@ -71,6 +73,11 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedNemotronHRunner for model_type in NEMOTRON_H_TYPES},
 }
 
+# The model types whose paged runner depends on the config: model_type -> (predicate(config), the runner where it
+# holds; PAGED_RUNNERS' where not). Granite 4.0 (granitemoehybrid): its hybrids (Mamba2 layers, experts) on their
+# own runner, its dense transformers on the Llama runner's fused layers.
+BY_CONFIG = {"granitemoehybrid": (granite_is_hybrid, PagedGraniteHybridRunner)}
+
 # Tensor parallelism (docs/architecture.md §10): the runner of one rank's ShardedCausalLM.
 TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunner for model_type in TP_LLAMA_TYPES},
                                                  **{model_type: TPPagedCohereRunner for model_type in TP_COHERE_TYPES},
@@ -88,10 +95,18 @@ def _model_type(model) -> str | None:
 
 
 def paged_runner_class(model) -> type[PagedRunnerBase] | None:
-    """The paged runner class of ``model``'s family (by config.model_type; a ShardedCausalLM's
+    """The paged runner class of ``model``'s family (by config.model_type, and BY_CONFIG; a ShardedCausalLM's
     tensor-parallel runner), or None."""
-    table = TP_RUNNERS if isinstance(model, ShardedCausalLM) else PAGED_RUNNERS
-    return table.get(_model_type(model))
+    if isinstance(model, ShardedCausalLM):
+        return TP_RUNNERS.get(_model_type(model))
+    return _runner_for_config(getattr(model, "config", None))
+
+
+def _runner_for_config(config) -> type[PagedRunnerBase] | None:
+    """PAGED_RUNNERS' class for the config's model_type, or BY_CONFIG's where its predicate holds."""
+    model_type = getattr(config, "model_type", None)
+    predicate, cls = BY_CONFIG.get(model_type, (None, None))
+    return cls if predicate is not None and predicate(config) else PAGED_RUNNERS.get(model_type)
 
 
 def paged_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -142,9 +157,10 @@ def paged_runner_from_pretrained(path, *, process_group=None, **kwargs) -> Paged
 
     # a multimodal checkpoint (Gemma 3 4B-27B, Llama 4) by its text decoder's type (what AutoModelForCausalLM loads:
     # Llama4ForCausalLM, or Gemma 3's whole model, whose runner takes its text decoder)
-    model_type = text_config(AutoConfig.from_pretrained(path)).model_type
+    config = text_config(AutoConfig.from_pretrained(path))
+    model_type = config.model_type
     table = PAGED_RUNNERS if process_group is None else TP_RUNNERS
-    cls = table.get(model_type)
+    cls = _runner_for_config(config) if process_group is None else table.get(model_type)
     if cls is None:
         raise ValueError(f"no {'tensor-parallel ' if process_group is not None else ''}paged runner for {path}: "
                          f"model_type {model_type!r} is not one of {tuple(table)}")

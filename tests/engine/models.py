@@ -52,6 +52,14 @@ def _config(kind: str, vocab: int, layers: int):
                                          position_embedding_type="rope", shared_intermediate_size=96,
                                          embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
                                          logits_scaling=1.5, mamba_n_heads=4, **llama_like)
+    if kind == "granite_h":  # Granite 4.0-H: Mamba2 layers (6 heads of 16, 2 groups of state 8) around an attention
+        # layer without RoPE, the shared MLP and 8 experts of 24 (top 2); Granite's four scalars
+        return tf.GraniteMoeHybridConfig(layer_types=(["mamba", "attention"] * layers)[:max(layers, 2)],
+                                         num_local_experts=8, num_experts_per_tok=2, intermediate_size=24,
+                                         shared_intermediate_size=96, mamba_n_heads=6, mamba_n_groups=2, mamba_d_state=8,
+                                         mamba_d_head=16, mamba_expand=2, embedding_multiplier=2.0,
+                                         residual_multiplier=0.5, attention_multiplier=0.15, logits_scaling=1.5,
+                                         **{k: v for k, v in llama_like.items() if k != "intermediate_size"})
     # Gemma 4: sliding layers of 12-wide heads, full ones of 16, per-layer inputs of 8, windows of 8, a final soft-cap
     gemma4_like = dict(head_dim=12, global_head_dim=16, sliding_window=8, hidden_size_per_layer_input=8,
                        vocab_size_per_layer_input=vocab, final_logit_softcapping=30.0)

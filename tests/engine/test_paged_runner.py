@@ -228,12 +228,15 @@ def test_each_granite_scalar_is_read(kind, attribute):
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
-def test_granite4_hybrids_and_experts_are_refused_by_name():
-    """Granite 4.0's hybrids (Mamba2 layers: the H models) and a granitemoehybrid with experts are refused naming
-    what (choose_runner then takes the hf runner); its MLP is read from shared_mlp's input_linear [gate | up] rows."""
+def test_granite4_hybrids_and_experts_take_their_own_runner():
+    """Granite 4.0's hybrids (Mamba2 layers: the H models) and a granitemoehybrid with experts are the Llama
+    runner's refusals by name, and the registry gives them their own runner (tests/engine/
+    test_paged_granite_hybrid.py); the dense one's MLP is read from shared_mlp's input_linear [gate | up] rows."""
     import transformers as tf
 
-    from specdec_fast.runners.registry import paged_unsupported_reason
+    from specdec_fast.runners.paged_llama import llama_unsupported_reason
+    from specdec_fast.runners.paged_granite_hybrid import PagedGraniteHybridRunner
+    from specdec_fast.runners.registry import paged_runner_class, paged_unsupported_reason
 
     model = tiny("granitemoehybrid")
     layer = PagedLlamaRunner(model, max_new_tokens=4, num_draft_tokens=0).layers[0]
@@ -243,10 +246,12 @@ def test_granite4_hybrids_and_experts_are_refused_by_name():
                   num_key_value_heads=2, position_embedding_type="rope", shared_intermediate_size=96, mamba_n_heads=4)
     hybrid = tf.AutoModelForCausalLM.from_config(tf.GraniteMoeHybridConfig(
         layer_types=["mamba", "attention"], num_local_experts=0, **common))
-    assert "Granite 4.0's Mamba2 layers" in paged_unsupported_reason(hybrid)
+    assert "Granite 4.0's Mamba2 layers" in llama_unsupported_reason(hybrid)
     experts = tf.AutoModelForCausalLM.from_config(tf.GraniteMoeHybridConfig(
         layer_types=["attention", "attention"], num_local_experts=4, **common))
-    assert "Granite 4.0's experts" in paged_unsupported_reason(experts)
+    assert "Granite 4.0's experts" in llama_unsupported_reason(experts)
+    for model in (hybrid, experts):
+        assert paged_runner_class(model) is PagedGraniteHybridRunner and paged_unsupported_reason(model) is None
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
