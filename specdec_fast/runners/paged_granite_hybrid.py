@@ -97,11 +97,7 @@ class PagedGraniteHybridRunner(PagedRecurrentRunner):
         self.layers = [_Layer(layer, config, self.kernels) for layer in inner.layers]
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
-        attention = [i for i, layer in enumerate(self.layers) if layer.kind == "full_attention"]
-        recurrent = [i for i, layer in enumerate(self.layers) if layer.kind == "linear_attention"]
-        self._attention_index = {i: j for j, i in enumerate(attention)}
-        self._recurrent_index = {i: j for j, i in enumerate(recurrent)}
-        self.recurrent_shapes = [self.layers[i].mixer.shapes for i in recurrent]
+        self._index_layers()
         self._bind_heads(config)
         self.scale = float(config.attention_multiplier)
         self.embedding_multiplier, self.residual_multiplier = config.embedding_multiplier, config.residual_multiplier

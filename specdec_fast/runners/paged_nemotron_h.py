@@ -106,11 +106,7 @@ class PagedNemotronHRunner(PagedRecurrentRunner):
         self.layers = [_Block(layer, config, self.kernels) for layer in inner.layers]
         self.final_norm = (inner.norm_f.weight, inner.norm_f.variance_epsilon)
         self.lm_head = model.get_output_embeddings().weight
-        attention = [i for i, b in enumerate(self.layers) if b.kind == "full_attention"]
-        recurrent = [i for i, b in enumerate(self.layers) if b.kind == "linear_attention"]
-        self._attention_index = {i: j for j, i in enumerate(attention)}
-        self._recurrent_index = {i: j for j, i in enumerate(recurrent)}
-        self.recurrent_shapes = [self.layers[i].mixer.shapes for i in recurrent]
+        self._index_layers()
         self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
                                                             config.head_dim)
         self.scale = self.head_dim ** -0.5

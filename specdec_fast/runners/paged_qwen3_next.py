@@ -129,6 +129,11 @@ class _DeltaNet:
         self.nk, self.nv, self.dk, self.dv = nk, nv, dk, dv
         self.channels, self.kernel = conv.shape
 
+    @property
+    def shapes(self) -> tuple:
+        """(conv state (C, K - 1), delta-rule state (Hv, Dk, Dv)): PagedRecurrentRunner's recurrent_shapes entry."""
+        return (self.channels, self.kernel - 1), (self.nv, self.dk, self.dv)
+
     @classmethod
     def of(cls, mixer) -> "_DeltaNet":
         """The module's own tensors (references; the convolution a view [C, K])."""
@@ -195,16 +200,6 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         self._bind_heads(config)
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
-
-    def _index_layers(self) -> None:
-        """Each layer's number among the attention / Gated DeltaNet layers, and the latter's state shapes
-        (PagedRecurrentRunner's)."""
-        attention = [i for i, layer in enumerate(self.layers) if layer.kind == "full_attention"]
-        recurrent = [i for i, layer in enumerate(self.layers) if layer.kind != "full_attention"]
-        self._attention_index = {i: j for j, i in enumerate(attention)}
-        self._recurrent_index = {i: j for j, i in enumerate(recurrent)}
-        self.recurrent_shapes = [((net.channels, net.kernel - 1), (net.nv, net.dk, net.dv))
-                                 for net in (self.layers[i].mixer for i in recurrent)]
 
     def _embed(self, flat: torch.Tensor) -> torch.Tensor:
         """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""

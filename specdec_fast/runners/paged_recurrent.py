@@ -13,9 +13,10 @@ per-draft states for these layers. The attention layers use the paged cache as e
 (kv_layer_count: those layers only). Token trees are refused (each node would need its own state along
 its branch) with an UnsupportedModelError.
 
-A family's runner sets, in _bind: ``_attention_index`` / ``_recurrent_index`` ({layer: its number among the
-attention / recurrent layers}) and ``recurrent_shapes`` (per recurrent layer: (conv state shape (C, K - 1),
-recurrent state shape)); its _decode reads self.states[j] (RecurrentStates) for recurrent layer j.
+A family's runner binds self.layers, each with a ``kind`` ("full_attention", "linear_attention": a recurrent
+layer, whose ``mixer.shapes`` are (conv state shape (C, K - 1), recurrent state shape), or another kind with
+neither), then calls _index_layers; its _decode reads self.states[self._recurrent_index[i]] (RecurrentStates) for
+recurrent layer i and attends on KV layer self._attention_index[i].
 """
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,14 @@ class PagedRecurrentRunner(PagedRunnerBase):
     states = ()  # per recurrent layer: RecurrentStates (allocated with the pool)
     recurrent_shapes = ()
     family = "this model"
+
+    def _index_layers(self) -> None:
+        """Each layer's number among the attention / recurrent layers, and the recurrent ones' state shapes."""
+        attention = [i for i, layer in enumerate(self.layers) if layer.kind == "full_attention"]
+        recurrent = [i for i, layer in enumerate(self.layers) if layer.kind == "linear_attention"]
+        self._attention_index = {i: j for j, i in enumerate(attention)}
+        self._recurrent_index = {i: j for j, i in enumerate(recurrent)}
+        self.recurrent_shapes = [self.layers[i].mixer.shapes for i in recurrent]
 
     @property
     def kv_layer_count(self) -> int:
