@@ -250,18 +250,19 @@ stage_moe() {
 }
 
 stage_mla() {
-  # Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash) and the recurrent layers (Qwen3-Next) of 2026-11-30,
+  # Multi-head latent attention (DeepSeek-V3 / V3.2, GLM-4.7-Flash) and the recurrent layers (Qwen3-Next, Mamba2) of 2026-11-30,
   # never run on a GPU: the MLA Triton kernel against SDPA on dense latents, 128 / 20 heads x B 1/8/32 x 1k-16k x
   # N 1/4, its tiles swept; the MLA prefill absorbed vs expanded at full width (decides expand_prefill_min); the
   # Gated DeltaNet's prefill chunks and score block against token steps at Qwen3-Next-80B's widths; then the MLA
   # kernel's table, DeepSeek Sparse Attention's torch-ops step against the dense kernel (DeepSeek-V3.2's widths),
-  # the MLA / Qwen3-Next runners' and the MTP tests on CUDA (<= 570 s)
+  # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H runners' and the MTP tests on CUDA (<= 570 s)
   run --cap 130 python3 bench/bench_mla.py --gpu --budget-s "$(budget 95 130)" --out "$results/mla_$dev.json"
   run --cap 100 python3 bench/bench_mla_prefill.py --gpu --budget-s "$(budget 65 100)" --out "$results/mla_prefill_$dev.json"
   run --cap 100 python3 bench/bench_delta_rule.py --gpu --budget-s "$(budget 65 100)" --out "$results/delta_rule_$dev.json"
   run --cap 90 python3 bench/bench_dsa.py --gpu --budget-s "$(budget 60 90)" --out "$results/dsa_$dev.json"
   run --cap 150 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_mla_attention.py \
-    tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py
+    tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py \
+    tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py
 }
 
 stage_gemv() {
