@@ -139,9 +139,14 @@ def paged_runner(model, *, process_group=None, **kwargs) -> PagedRunnerBase:
 def shard_model(model, process_group, *, timeout=None) -> ShardedCausalLM:
     """This rank's ShardedCausalLM of ``model`` (loaded whole here) over ``process_group``;
     ValueError naming why when its family has no tensor-parallel runner or no paged runner can run it."""
-    model_type = getattr(text_config(model.config), "model_type", None)  # a multimodal model: its text decoder's
+    config = text_config(model.config)  # a multimodal model: its text decoder's
+    model_type = getattr(config, "model_type", None)
     if model_type not in TP_RUNNERS:
         raise ValueError(f"tensor parallelism supports model_type {tuple(TP_RUNNERS)}, got {_model_type(model)!r}")
+    predicate, cls = BY_CONFIG.get(model_type, (None, None))
+    if predicate is not None and predicate(config):  # Granite 4.0-H: its dense transformers only
+        raise ValueError(f"tensor parallelism supports {model_type}'s models on the Llama runner, not this one's layers "
+                         f"({cls.__name__}: Mamba2 layers or experts)")
     reason = paged_unsupported_reason(model)
     if reason is not None:
         raise ValueError(f"tensor parallelism needs the paged runner, which cannot run this model: {reason}")

@@ -59,8 +59,8 @@ def _runner(model, **kw):
 
 def test_the_runner_is_chosen_by_the_config(tmp_path):
     """The hybrids (Mamba2 layers, or experts) on this runner, the dense transformers on the Llama runner; so does
-    paged_runner_from_pretrained, from the checkpoint's config."""
-    from specdec_fast.runners.registry import paged_runner_from_pretrained
+    paged_runner_from_pretrained, from the checkpoint's config. Tensor parallelism refuses the hybrids by name."""
+    from specdec_fast.runners.registry import paged_runner_from_pretrained, shard_model
 
     assert paged_runner_class(tiny_granite_hybrid("h_micro")) is PagedGraniteHybridRunner
     experts_only = tiny_granite_hybrid(layer_types=["full_attention"] * 4)  # attention layers, experts
@@ -71,6 +71,8 @@ def test_the_runner_is_chosen_by_the_config(tmp_path):
     hybrid.save_pretrained(tmp_path)
     runner = paged_runner_from_pretrained(tmp_path, max_new_tokens=4, num_draft_tokens=1)
     assert type(runner) is PagedGraniteHybridRunner and len(runner.recurrent_shapes) == 3
+    with pytest.raises(ValueError, match="tensor parallelism supports granitemoehybrid's models on the Llama runner"):
+        shard_model(hybrid, None)  # refused before the group is used: no tensor-parallel runner for these layers
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
