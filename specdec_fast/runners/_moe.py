@@ -112,8 +112,8 @@ ACT_FIELD = {"nemotron_h": "mlp_hidden_act"}
 INPUT_SCALED = ("llama4_text",)
 SOFTMAX_GROUP_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
 BIASED_ROUTINGS = ("sigmoid_groups", "sigmoid_topk", "sigmoid_topk_scaled", "softmax_biased")  # the routings that choose with a correction bias
-SHARED = ("shared_expert", "shared_experts", "shared_mlp")
-LATENT = ("fc1_latent_proj", "fc2_latent_proj")  # Nemotron-H's: into the experts' width and back  # Qwen2-MoE's (gated), GLM-4.5's, HunYuan's (ungated)
+SHARED = ("shared_expert", "shared_experts", "shared_mlp")  # Qwen2-MoE's (gated), GLM-4.5's, HunYuan's; Nemotron-H's ungated
+LATENT = ("fc1_latent_proj", "fc2_latent_proj")  # Nemotron-H's: into the experts' width and back
 # The families whose one shared MLP is as wide as a routed expert (their configs give no width of its own)
 SHARED_AS_WIDE = ("llama4_text", "hunyuan_v1_moe")
 # The families whose experts are intermediate_size wide whatever moe_intermediate_size says (transformers' HunYuan)

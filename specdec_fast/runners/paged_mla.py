@@ -95,8 +95,8 @@ def dense_positions(config) -> int | None:
 
 def attention_config(config):
     """The config whose attention checks this runner passes (the Llama runner's, the sliding-window
-    rule): a DSA model's indexed layers read as full attention (sliding_window.AsFullAttention), which
-    they are within dense_positions; any other config as it is."""
+    rule): a DSA model's indexed layers read as full attention (sliding_window.AsFullAttention: no window;
+    their choice of keys is this runner's, sparse_mla.py past dense_positions); any other config as it is."""
     if getattr(config, "model_type", None) in DSA_MODEL_TYPES:
         return AsFullAttention(config)
     return config

@@ -102,6 +102,16 @@ def paged_runner_class(model) -> type[PagedRunnerBase] | None:
     return _runner_for_config(getattr(model, "config", None))
 
 
+def _check_tensor_parallel_config(config) -> None:
+    """ValueError where the config's model_type has a tensor-parallel runner but not for this config's layers
+    (BY_CONFIG's: Granite 4.0's hybrids), before any shard is read."""
+    model_type = getattr(config, "model_type", None)
+    predicate, cls = BY_CONFIG.get(model_type, (None, None))
+    if predicate is not None and predicate(config):
+        raise ValueError(f"tensor parallelism supports {model_type}'s models on the Llama runner, not this one's layers "
+                         f"({cls.__name__}: Mamba2 layers or experts)")
+
+
 def _runner_for_config(config) -> type[PagedRunnerBase] | None:
     """PAGED_RUNNERS' class for the config's model_type, or BY_CONFIG's where its predicate holds."""
     model_type = getattr(config, "model_type", None)
@@ -143,10 +153,7 @@ def shard_model(model, process_group, *, timeout=None) -> ShardedCausalLM:
     model_type = getattr(config, "model_type", None)
     if model_type not in TP_RUNNERS:
         raise ValueError(f"tensor parallelism supports model_type {tuple(TP_RUNNERS)}, got {_model_type(model)!r}")
-    predicate, cls = BY_CONFIG.get(model_type, (None, None))
-    if predicate is not None and predicate(config):  # Granite 4.0-H: its dense transformers only
-        raise ValueError(f"tensor parallelism supports {model_type}'s models on the Llama runner, not this one's layers "
-                         f"({cls.__name__}: Mamba2 layers or experts)")
+    _check_tensor_parallel_config(config)
     reason = paged_unsupported_reason(model)
     if reason is not None:
         raise ValueError(f"tensor parallelism needs the paged runner, which cannot run this model: {reason}")
@@ -170,6 +177,7 @@ def paged_runner_from_pretrained(path, *, process_group=None, **kwargs) -> Paged
         raise ValueError(f"no {'tensor-parallel ' if process_group is not None else ''}paged runner for {path}: "
                          f"model_type {model_type!r} is not one of {tuple(table)}")
     if process_group is not None:
+        _check_tensor_parallel_config(config)
         return cls.from_pretrained(path, process_group=process_group, **kwargs)
     return cls.from_pretrained(path, **kwargs)
 

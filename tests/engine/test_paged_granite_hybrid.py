@@ -73,6 +73,8 @@ def test_the_runner_is_chosen_by_the_config(tmp_path):
     assert type(runner) is PagedGraniteHybridRunner and len(runner.recurrent_shapes) == 3
     with pytest.raises(ValueError, match="tensor parallelism supports granitemoehybrid's models on the Llama runner"):
         shard_model(hybrid, None)  # refused before the group is used: no tensor-parallel runner for these layers
+    with pytest.raises(ValueError, match="tensor parallelism supports granitemoehybrid's models on the Llama runner"):
+        paged_runner_from_pretrained(tmp_path, process_group=object(), max_new_tokens=4, num_draft_tokens=1)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
