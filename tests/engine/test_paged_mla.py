@@ -10,7 +10,12 @@ rollback; the absorbed products differ by rounding only); bfloat16 stays close; 
 generate(runner="paged") equals model.generate with a draft, prompt lookup, plain decoding and a
 token tree (compact_kv moves both layers of a shared entry); the static graph twin gives the eager
 tokens. Controls: the interleaved RoPE, the YaRN scale and the shared planes are each needed; the
-runner with a K and a V plane a layer gives the same logits from twice the pool. Refusals by name."""
+runner with a K and a V plane a layer gives the same logits from twice the pool. Refusals by name.
+
+DeepSeek-V3.2 (one of the kinds above) and GLM-5 (DSA_KINDS: DeepSeek Sparse Attention): within index_topk the
+dense path; past it (index_topk 6) the sparse path (runners/sparse_mla.py) equals the model's own forward and
+generate where its choice has no tie at the k-th key (index_ties), on every backend, from a NaN-filled pool too;
+control: past index_topk the model's logits differ from every-key-chosen ones."""
 import contextlib
 
 import pytest
