@@ -255,14 +255,14 @@ stage_mla() {
   # N 1/4, its tiles swept; the MLA prefill absorbed vs expanded at full width (decides expand_prefill_min); the
   # Gated DeltaNet's prefill chunks and score block against token steps at Qwen3-Next-80B's widths; then the MLA
   # kernel's table, DeepSeek Sparse Attention's torch-ops step against the dense kernel (DeepSeek-V3.2's widths),
-  # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H runners' and the MTP tests on CUDA (<= 570 s)
+  # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H / Falcon-H1 runners' and the MTP tests on CUDA (<= 570 s)
   run --cap 130 python3 bench/bench_mla.py --gpu --budget-s "$(budget 95 130)" --out "$results/mla_$dev.json"
   run --cap 100 python3 bench/bench_mla_prefill.py --gpu --budget-s "$(budget 65 100)" --out "$results/mla_prefill_$dev.json"
   run --cap 100 python3 bench/bench_delta_rule.py --gpu --budget-s "$(budget 65 100)" --out "$results/delta_rule_$dev.json"
   run --cap 90 python3 bench/bench_dsa.py --gpu --budget-s "$(budget 60 90)" --out "$results/dsa_$dev.json"
   run --cap 150 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_mla_attention.py \
     tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py \
-    tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py
+    tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py tests/engine/test_paged_falcon_h1.py
 }
 
 stage_gemv() {

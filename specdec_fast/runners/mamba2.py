@@ -35,13 +35,23 @@ PREFILL_CHUNK = 128  # tokens a chunk of the prefill's scan (transformers' chunk
 
 class Mamba2:
     """A Mamba2 mixer's tensors (references) and sizes: in_proj / out_proj (weight, bias), the convolution [C, K]
-    and its bias, dt_bias / A_log / D [H], the gated norm's weight [H P] and eps, time_step_min."""
+    and its bias, dt_bias / A_log / D [H], the gated norm's weight [H P] and eps (or None), time_step_min; and
+    Falcon-H1's variations: its input scale (ssm_in_multiplier), its per-channel scale of the projection
+    (mup_vector, float32: the projection is float32 after it), its norm optional or before the gate (norm_kind:
+    "gate_norm" silu(z) then the group norm, Nemotron-H's / Granite's; "norm_gate" the norm then silu(z); "gate"
+    silu(z) alone)."""
 
     def __init__(self, mixer):
         self.in_proj, self.out = (mixer.in_proj.weight, mixer.in_proj.bias), (mixer.out_proj.weight, mixer.out_proj.bias)
         self.conv, self.conv_bias = mixer.conv1d.weight[:, 0], mixer.conv1d.bias
         self.dt_bias, self.a_log, self.d = mixer.dt_bias, mixer.A_log, mixer.D
-        self.norm = (mixer.norm.weight, mixer.norm.variance_epsilon)
+        norm = mixer.norm
+        self.norm = None if isinstance(norm, torch.nn.Identity) else (norm.weight, norm.variance_epsilon)
+        self.norm_kind = "gate" if self.norm is None else "norm_gate" if getattr(norm, "norm_before_gate", False) \
+            else "gate_norm"
+        self.in_scale = float(getattr(mixer, "ssm_in_multiplier", 1.0))
+        mup = getattr(mixer, "mup_vector", None)
+        self.mup = None if mup is None else mup.reshape(-1)
         self.heads, self.head_dim, self.groups, self.state = (mixer.num_heads, mixer.head_dim, mixer.n_groups,
                                                               mixer.ssm_state_size)
         self.channels, self.kernel = self.conv.shape
@@ -53,9 +63,12 @@ class Mamba2:
         return (self.channels, self.kernel - 1), (self.heads, self.head_dim, self.state)
 
     def project(self, h: torch.Tensor) -> tuple:
-        """h [T, H] -> z [T, H P], xBC [T, C], dt [T, H] (raw)."""
+        """h [T, H] -> z [T, H P], xBC [T, C], dt [T, H] (raw; float32 after Falcon-H1's mup_vector)."""
         inner = self.heads * self.head_dim
-        return torch.split(linear(h, *self.in_proj), [inner, self.channels, self.heads], dim=-1)
+        projected = linear(h if self.in_scale == 1.0 else h * self.in_scale, *self.in_proj)
+        if self.mup is not None:
+            projected = projected * self.mup
+        return torch.split(projected, [inner, self.channels, self.heads], dim=-1)
 
     def ssm_inputs(self, xbc: torch.Tensor, dt: torch.Tensor, real: torch.Tensor) -> tuple:
         """The convolution's output xBC [B, n, C] (after silu, model dtype) and raw dt [B, n, H] of a call's rows
@@ -91,12 +104,17 @@ class Mamba2:
         return y, last.exp()[..., None] * s0 + torch.einsum("bhj,bhjp,bhjn->bhpn", decay, xh, bh)
 
     def output(self, y: torch.Tensor, z: torch.Tensor, dtype) -> torch.Tensor:
-        """y [T, H P] float32, z [T, H P] -> out_proj of the gated group norm (NemotronHRMSNormGated)."""
+        """y [T, H P] float32, z [T, H P] -> out_proj of the gate and group norm (norm_kind: NemotronHRMSNormGated,
+        FalconH1RMSNormGated either way, or Falcon-H1's silu(z) alone)."""
+        if self.norm_kind == "gate":
+            return linear((y * F.silu(z)).to(dtype), *self.out)
         weight, eps = self.norm
-        gated = y * F.silu(z.float())
+        gated = y * F.silu(z.float()) if self.norm_kind == "gate_norm" else y
         groups = gated.view(*gated.shape[:-1], self.groups, -1)
-        normed = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)).view_as(gated)
-        return linear((weight * normed).to(dtype), *self.out)
+        normed = (weight * (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)).view_as(gated))
+        if self.norm_kind == "norm_gate":
+            normed = normed * F.silu(z.float())
+        return linear(normed.to(dtype), *self.out)
 
 
 def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
@@ -111,7 +129,7 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
     if prefilling:
         y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)
         st.conv[:batch].copy_(last)
-        x, xt, b, c, a = net.ssm_inputs(F.silu(y).to(h.dtype).transpose(1, 2), dt, real)
+        x, xt, b, c, a = net.ssm_inputs(F.silu(y).to(xbc.dtype).transpose(1, 2), dt, real)
         state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
         outs = []
         for begin in range(0, n, PREFILL_CHUNK):
@@ -123,8 +141,8 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
     else:
         ids = torch.arange(batch, device=h.device)
         conv, rec = st.start(batch, start)
-        windows = conv_windows(conv, by_row, real, net.kernel)  # [B, C, n, K]
-        x, xt, b, c, a = net.ssm_inputs(F.silu(depthwise(windows, net.conv, net.conv_bias)).to(h.dtype).transpose(1, 2),
+        windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+        x, xt, b, c, a = net.ssm_inputs(F.silu(depthwise(windows, net.conv, net.conv_bias)).to(xbc.dtype).transpose(1, 2),
                                         dt, real)
         y, states = net.scan(x, xt, b, c, a, rec, snapshots=True)
         st.rec_tent[ids[:, None], slot] = states  # padded positions to the spare slot

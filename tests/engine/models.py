@@ -137,6 +137,14 @@ def _config(kind: str, vocab: int, layers: int):
                                   q_lora_rank=16, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
                                   index_topk=8, index_head_dim=8, index_n_heads=16, indexer_types=["full", "shared"],
                                   **dict(llama_like, num_key_value_heads=4))
+    if kind == "falcon_h1":  # Falcon-H1: a Mamba2 mixer (6 heads of 8, 2 groups of state 8, the gated norm before the
+        # gate) and attention (4 heads over 2 KV heads of 12) in every layer; μP multipliers away from 1
+        return tf.FalconH1Config(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=12, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8,
+                                 mamba_n_groups=2, mamba_d_state=8, mamba_rms_norm=True, lm_head_multiplier=0.5,
+                                 embedding_multiplier=2.0, mlp_multipliers=[0.7, 1.3], key_multiplier=0.8,
+                                 ssm_multipliers=[1.2, 0.8, 1.1, 0.9, 1.05], ssm_in_multiplier=0.75,
+                                 max_position_embeddings=256, **common)
     if kind == "nemotron_h":  # Nemotron-H: blocks M * - M ... (Mamba2: 6 heads of 8, 2 groups of state 8, kernel 4;
         # attention without positions: 4 heads over 2 KV heads of 12; relu^2 MLPs), 2 blocks a layer asked for
         blocks = ["linear_attention", "full_attention", "mlp", "linear_attention"] * layers

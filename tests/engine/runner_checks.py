@@ -96,3 +96,24 @@ def assert_rollback_controls_fail(monkeypatch, runner_class, model, vocab: int, 
         patch.setattr(runner_class, "_row_layout", from_committed)
         with pytest.raises(AssertionError):
             assert_runner_matches_forward(model, runner_class(model, **runner_kw), vocab)
+
+
+def assert_greedy_paged_equals_generate(target, vocab: int, lengths=(4, 10, 7), extra=()) -> None:
+    """Greedy generate(runner="paged") of left-padded prompts of ``lengths`` equals target.generate with a draft
+    model (rejections asserted: 0 < alpha < 1, so the rollback ran), prompt lookup, each of ``extra`` (drafting
+    kwargs) and plain decoding; the target's engines are released after."""
+    import specdec_fast
+    import specdec_fast.api as api
+
+    from .models import left_padded_prompts, make_draft
+
+    ids, mask = left_padded_prompts(list(lengths), vocab=vocab, seed=len(lengths))
+    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
+                     dict(prompt_lookup_num_tokens=2), *extra, {}):
+        out, stats = api.generate(target, ids, mask, runner="paged", return_stats=True, **kw, **drafting)
+        assert torch.equal(out, expected), drafting
+        if "assistant_model" in drafting:
+            assert 0 < stats.alpha < 1, stats.alpha
+    specdec_fast.release_engines(target)

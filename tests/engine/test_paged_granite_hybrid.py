@@ -15,15 +15,13 @@ scalars: each left out moves the logits off the forward's."""
 import pytest
 import torch
 
-import specdec_fast
-import specdec_fast.api as api
 from specdec_fast.runners.paged_granite_hybrid import PagedGraniteHybridRunner
 from specdec_fast.runners.paged_llama import PagedLlamaRunner
 from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device
-from .models import left_padded_prompts, make_draft
-from .runner_checks import assert_bf16_close_to_forward, assert_rollback_controls_fail, assert_runner_matches_forward
+from .runner_checks import (assert_bf16_close_to_forward, assert_greedy_paged_equals_generate,
+                            assert_rollback_controls_fail, assert_runner_matches_forward)
 
 VOCAB = 96
 KINDS = ("h_micro", "h_tiny", "rope")
@@ -94,14 +92,7 @@ def test_bfloat16_close_to_the_float32_forward():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_paged_equals_generate(kind):
-    target = tiny_granite_hybrid(kind, seed=5)
-    ids, mask = left_padded_prompts([4, 10, 7], vocab=VOCAB, seed=3)
-    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
-    expected = target.generate(ids, attention_mask=mask, **kw)
-    for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
-                     dict(prompt_lookup_num_tokens=2), {}):
-        assert torch.equal(api.generate(target, ids, mask, runner="paged", **kw, **drafting), expected), drafting
-    specdec_fast.release_engines(target)
+    assert_greedy_paged_equals_generate(tiny_granite_hybrid(kind, seed=5), VOCAB)
 
 
 def test_static_graph_twin_gives_the_eager_tokens():

@@ -22,8 +22,9 @@ from specdec_fast.runners.paged_nemotron_h import PagedNemotronHRunner, nemotron
 from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device
-from .models import left_padded_prompts, make_draft
-from .runner_checks import assert_bf16_close_to_forward, assert_rollback_controls_fail, assert_runner_matches_forward
+from .models import make_draft
+from .runner_checks import (assert_bf16_close_to_forward, assert_greedy_paged_equals_generate,
+                            assert_rollback_controls_fail, assert_runner_matches_forward)
 
 VOCAB = 96
 BLOCKS = ["linear_attention", "full_attention", "mlp", "linear_attention", "mlp"]
@@ -105,17 +106,8 @@ def test_bfloat16_close_to_the_float32_forward():
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_paged_equals_generate(kind, batch):
-    target = tiny_nemotron_h(seed=5, kind=kind)
-    ids, mask = left_padded_prompts([6] if batch == 1 else [4, 10, 7], vocab=VOCAB, seed=batch)
-    kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
-    expected = target.generate(ids, attention_mask=mask, **kw)
-    for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
-                     dict(prompt_lookup_num_tokens=2), dict(assistant_early_exit=2), {}):
-        out, stats = api.generate(target, ids, mask, runner="paged", return_stats=True, **kw, **drafting)
-        assert torch.equal(out, expected), drafting
-        if "assistant_model" in drafting:
-            assert 0 < stats.alpha < 1, stats.alpha  # rejections rolled back
-    specdec_fast.release_engines(target)
+    assert_greedy_paged_equals_generate(tiny_nemotron_h(seed=5, kind=kind), VOCAB, lengths=[6] if batch == 1 else (4, 10, 7),
+                                        extra=(dict(assistant_early_exit=2),))
 
 
 def test_static_graph_twin_gives_the_eager_tokens():
