@@ -1,5 +1,6 @@
-"""A Mamba2 mixer on the paged hybrid runners (Nemotron-H: runners/paged_nemotron_h.py), its state rolled back
-by runners/paged_recurrent.py.
+"""A Mamba2 mixer on the paged hybrid runners (Nemotron-H: runners/paged_nemotron_h.py; Granite 4.0-H:
+paged_granite_hybrid.py; Falcon-H1: paged_falcon_h1.py, with its variations in the Mamba2 class), its state
+rolled back by runners/paged_recurrent.py.
 
 The math is transformers 5.24's NemotronHMamba2Mixer on its torch path (mamba2_chunk_scan: the forward over a
 sequence, what a prefill and a verify call of several tokens run), eval mode, per token (H heads of P, G groups
