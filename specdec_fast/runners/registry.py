@@ -42,7 +42,7 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
 # (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
-# Falcon-H1; Granite 4.0-H by BY_CONFIG).
+# Bamba, Falcon-H1; Granite 4.0-H by BY_CONFIG).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
@@ -72,6 +72,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     # Nemotron-H (8B / 47B / 56B, Nano 9B / 12B v2, Nemotron 3 Nano): Mamba2 layers (states rolled back) + attention,
     # MLP and MoE blocks
     **{model_type: PagedNemotronHRunner for model_type in NEMOTRON_H_TYPES},
+    # Bamba (Bamba-9B): Granite 4.0-H's layer (Mamba2 / attention, a SwiGLU MLP) without its scalars
+    "bamba": PagedGraniteHybridRunner,
     # Falcon-H1 (0.5B-34B, Falcon-H1R): a Mamba2 mixer and attention side by side in every layer
     **{model_type: PagedFalconH1Runner for model_type in FALCON_H1_TYPES},
 }

@@ -3,8 +3,9 @@ whose states are rolled back at commit, attention layers on the paged cache, a s
 4.0-H Tiny / Small) experts, under Granite's four scalars. Tiny models (layers M * M M: Mamba2 of 8 heads of
 16, 2 groups of state 16, kernel 4; attention of 4 heads over 2 KV heads of 16): "h_micro" (no experts),
 "h_tiny" (8 experts of 32, top 2), "rope" (h_tiny with RoPE on its attention layer); embedding_multiplier 2,
-residual_multiplier 0.5, attention_multiplier 0.1, logits_scaling 3; dt_bias, A_log, D and the gated norm's
-weight drawn away from their initial values.
+residual_multiplier 0.5, attention_multiplier 0.1, logits_scaling 3; and "bamba" (Bamba: the same layers without
+experts or scalars, RoPE on half of each head, its MLP and norms under other names); dt_bias, A_log, D and the
+gated norm's weight drawn away from their initial values.
 
 The runner is chosen by the config (runners/registry.BY_CONFIG): the hybrids here, Granite 4.0's dense
 transformers on the Llama runner. Its logits equal the model's own forward on every backend through prefill,
@@ -24,7 +25,7 @@ from .runner_checks import (assert_bf16_close_to_forward, assert_greedy_paged_eq
                             assert_rollback_controls_fail, assert_runner_matches_forward)
 
 VOCAB = 96
-KINDS = ("h_micro", "h_tiny", "rope")
+KINDS = ("h_micro", "h_tiny", "rope", "bamba")
 
 
 def tiny_granite_hybrid(kind: str = "h_tiny", seed: int = 0, **overrides):
@@ -32,6 +33,14 @@ def tiny_granite_hybrid(kind: str = "h_tiny", seed: int = 0, **overrides):
 
     torch.manual_seed(seed)
     layers = ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+    if kind == "bamba":
+        config = tf.BambaConfig(**dict(dict(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+            mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0), **overrides))
+        return _drawn(tf.AutoModelForCausalLM.from_config(config).float().eval())
     config = tf.GraniteMoeHybridConfig(**dict(dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=32, shared_intermediate_size=48, num_hidden_layers=4,
         layer_types=layers, num_attention_heads=4, num_key_value_heads=2, num_local_experts=0 if kind == "h_micro" else 8,
@@ -39,10 +48,14 @@ def tiny_granite_hybrid(kind: str = "h_tiny", seed: int = 0, **overrides):
         mamba_expand=2, mamba_chunk_size=8, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1,
         logits_scaling=3.0, position_embedding_type="rope" if kind == "rope" else None, max_position_embeddings=256,
         initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0), **overrides))
-    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    return _drawn(tf.AutoModelForCausalLM.from_config(config).float().eval())
+
+
+def _drawn(model):
+    """The Mamba2 layers' dt_bias, A_log, D and gated norm weight drawn away from their initial values; no EOS."""
     with torch.no_grad():
         for layer in model.model.layers:
-            if layer.mamba is not None:
+            if layer.block_type == "linear_attention":
                 layer.mamba.dt_bias.normal_(0, 0.5)
                 layer.mamba.A_log.normal_(0, 0.5)
                 layer.mamba.D.normal_(1, 0.3)
@@ -61,6 +74,7 @@ def test_the_runner_is_chosen_by_the_config(tmp_path):
     from specdec_fast.runners.registry import paged_runner_from_pretrained, shard_model
 
     assert paged_runner_class(tiny_granite_hybrid("h_micro")) is PagedGraniteHybridRunner
+    assert paged_runner_class(tiny_granite_hybrid("bamba")) is PagedGraniteHybridRunner
     experts_only = tiny_granite_hybrid(layer_types=["full_attention"] * 4)  # attention layers, experts
     assert paged_runner_class(experts_only) is PagedGraniteHybridRunner
     dense = tiny_granite_hybrid("h_micro", layer_types=["full_attention"] * 4)
