@@ -31,8 +31,8 @@
 #                                      # MTP tests on CUDA (est. 6 min)
 #   * bash bench/run_gpu.sh mla        # the MLA Triton kernel vs SDPA on dense latents (DeepSeek-V3, GLM-4.7-Flash
 #                                      # shapes), the MLA prefill's two forms, the Gated DeltaNet's ways, DeepSeek
-#                                      # Sparse Attention's step, then the MLA kernel, MLA / Qwen3-Next runner
-#                                      # and MTP tests on CUDA (<= 9.5 min)
+#                                      # Sparse Attention's step, the Mamba2 layer's ways, then the MLA kernel,
+#                                      # the MLA / recurrent runners' and MTP tests on CUDA (<= 9.5 min)
 #   * bash bench/run_gpu.sh adaptive   # issue 22: the adaptive schedule vs every fixed K
 #   * bash bench/run_gpu.sh options    # what processing a tree's nodes costs a step (rep 1.05, no_repeat_ngram) vs a chain (est. 2 min)
 #   * bash bench/run_gpu.sh ncu        # issue 25: Nsight Compute on tree_verify's residual masses and the B=64 streaming pass
@@ -254,12 +254,14 @@ stage_mla() {
   # never run on a GPU: the MLA Triton kernel against SDPA on dense latents, 128 / 20 heads x B 1/8/32 x 1k-16k x
   # N 1/4, its tiles swept; the MLA prefill absorbed vs expanded at full width (decides expand_prefill_min); the
   # Gated DeltaNet's prefill chunks and score block against token steps at Qwen3-Next-80B's widths; then the MLA
-  # kernel's table, DeepSeek Sparse Attention's torch-ops step against the dense kernel (DeepSeek-V3.2's widths),
+  # kernel's table, DeepSeek Sparse Attention's torch-ops step against the dense kernel (DeepSeek-V3.2's widths), the
+  # Mamba2 layer's prefill and score block (Nemotron-H 8B's widths),
   # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H / Falcon-H1 runners' and the MTP tests on CUDA (<= 570 s)
-  run --cap 130 python3 bench/bench_mla.py --gpu --budget-s "$(budget 95 130)" --out "$results/mla_$dev.json"
-  run --cap 100 python3 bench/bench_mla_prefill.py --gpu --budget-s "$(budget 65 100)" --out "$results/mla_prefill_$dev.json"
-  run --cap 100 python3 bench/bench_delta_rule.py --gpu --budget-s "$(budget 65 100)" --out "$results/delta_rule_$dev.json"
-  run --cap 90 python3 bench/bench_dsa.py --gpu --budget-s "$(budget 60 90)" --out "$results/dsa_$dev.json"
+  run --cap 110 python3 bench/bench_mla.py --gpu --budget-s "$(budget 70 110)" --out "$results/mla_$dev.json"
+  run --cap 80 python3 bench/bench_mla_prefill.py --gpu --budget-s "$(budget 40 80)" --out "$results/mla_prefill_$dev.json"
+  run --cap 80 python3 bench/bench_delta_rule.py --gpu --budget-s "$(budget 40 80)" --out "$results/delta_rule_$dev.json"
+  run --cap 80 python3 bench/bench_dsa.py --gpu --budget-s "$(budget 40 80)" --out "$results/dsa_$dev.json"
+  run --cap 70 python3 bench/bench_mamba2.py --gpu --budget-s "$(budget 30 70)" --out "$results/mamba2_$dev.json"
   run --cap 150 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_mla_attention.py \
     tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py \
     tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py tests/engine/test_paged_falcon_h1.py
