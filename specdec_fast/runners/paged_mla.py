@@ -343,12 +343,13 @@ class PagedMlaRunner(PagedRunnerBase):
             return torch.view_as_real(pairs * rotation[0][:, None, :]).flatten(-2).type_as(x)
         return rotate_interleaved(x, *rotation) if self.rope_form == "interleaved" else rotate_half_apply(x, *rotation)
 
-    def _choose(self, i: int, indexer, h, q_resid, rotation, cu, rows, positions) -> tuple:
-        """Layer i's indexer keys appended to their cache, then its chosen keys (sparse_mla.choose)."""
+    def _choose(self, i: int, indexer, h, q_resid, rotation, cu, rows, positions, slots_of) -> tuple:
+        """Layer i's indexer keys appended to their cache, then its chosen keys (sparse_mla.choose); slots_of(KV
+        layer) -> its rows' slots [B, S] (sparse_mla.row_slots, once a cache per call)."""
         kv = self._indexer_kv[i]
         self._append(kv, *(indexer_key(indexer, h, rotation, self.index_rope),) * 2, cu)
-        return choose(indexer, h, q_resid, rotation, self.index_rope, self.k_caches[kv],
-                      row_slots(self._tables[kv], self.block_size), rows, positions, self.index_topk)
+        return choose(indexer, h, q_resid, rotation, self.index_rope, self.k_caches[kv], slots_of(kv), rows, positions,
+                      self.index_topk)
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
@@ -359,7 +360,14 @@ class PagedMlaRunner(PagedRunnerBase):
         rows = self._rows(cu, total, n) if self._prefilling and n >= self.expand_prefill_min and not self._sparse \
             else None
         sparse = self._row_index(cu, total, n) if self._sparse else None  # DSA past index_topk: sparse_mla.py
-        chosen = None
+        chosen, slots = None, {}
+
+        def slots_of(i: int) -> torch.Tensor:  # KV layer i's rows as slots [B, S]: once a cache per call (its layers
+            c = self._layer_cache[i][0]        # share one block table)
+            if c not in slots:
+                slots[c] = row_slots(self._tables[i], self.block_size)
+            return slots[c]
+
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
@@ -370,20 +378,19 @@ class PagedMlaRunner(PagedRunnerBase):
             c = rms_norm(latent[:, :rank].contiguous(), *layer.kv_a_norm, fused)
             q_rot, k_rot = self._rotate(q[..., dn:], rotation), self._rotate(latent[:, None, rank:], rotation)
             entry = torch.cat((c[:, None], k_rot), dim=-1)  # [T, 1, r + dr]: the key, and (its first r dims) the value
-            if sparse is not None:  # the chosen keys (this layer's indexer, or the last one's), attention over them
-                if layer.indexer is not None:
-                    chosen = self._choose(i, layer.indexer, h, q_resid, rotation, cu, sparse, positions)
-                self._append(i, entry, entry, cu)
-                q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)
-                o = chosen_attention(torch.cat((q_lat, q_rot), dim=-1), self.k_caches[i],
-                                     row_slots(self._tables[i], self.block_size), sparse, chosen, self.scale, rank)
-                o = torch.bmm(o.transpose(0, 1), layer.w_uv.transpose(1, 2)).transpose(0, 1)
-            elif rows is not None:  # a long prefill: the latents cached, the attention over them expanded
+            if rows is not None:  # a long prefill: the latents cached, the attention over them expanded
                 self._append(i, entry, entry, cu)
                 o = self._expanded_attention(layer, q[..., :dn], q_rot, c, k_rot, rows)  # [T, Hq, dv]
             else:
                 q_lat = torch.bmm(q[..., :dn].transpose(0, 1), layer.w_uk).transpose(0, 1)  # [T, Hq, r] = W_UK^T q_nope
-                o = self._attend(i, torch.cat((q_lat, q_rot), dim=-1), entry, entry, attn_lens, cu, n, self.scale)
+                q_abs = torch.cat((q_lat, q_rot), dim=-1)
+                if sparse is not None:  # the chosen keys (this layer's indexer, or the last one's), attention over them
+                    if layer.indexer is not None:
+                        chosen = self._choose(i, layer.indexer, h, q_resid, rotation, cu, sparse, positions, slots_of)
+                    self._append(i, entry, entry, cu)
+                    o = chosen_attention(q_abs, self.k_caches[i], slots_of(i), sparse, chosen, self.scale, rank)
+                else:
+                    o = self._attend(i, q_abs, entry, entry, attn_lens, cu, n, self.scale)
                 o = torch.bmm(o.transpose(0, 1), layer.w_uv.transpose(1, 2)).transpose(0, 1)  # [T, Hq, dv] = W_UV (p c)
             x = x + sum_(linear(o.reshape(total, -1), *layer.o))
             h = rms_norm(x, *layer.ln_post, fused)
