@@ -23,9 +23,7 @@ largest difference: a prefill's chunks, and a score call's tokens at once.
         Tiny widths and lengths: not a measurement, a check that the script runs.
 """
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -62,23 +60,10 @@ def _layer(shape: dict, device="cpu"):
 def _compare(ours, reference, reps: int, sync=lambda: None, graphs: bool = False) -> tuple:
     """(ms of ours, ms of the reference: medians of reps after a warm-up, or with graphs CUDA-graph replay times),
     max |ours - reference|."""
-    timings = []
-    with torch.no_grad():
-        for fn in (ours, reference):
-            if graphs:
-                from gpu_timing import graph_timer
+    from gpu_timing import median_ms
 
-                timings.append(graph_timer(fn, reps=50) / 1e3)
-                continue
-            fn()  # warm-up
-            times = []
-            for _ in range(reps):
-                sync()
-                begin = time.perf_counter()
-                fn()
-                sync()
-                times.append(1e3 * (time.perf_counter() - begin))
-            timings.append(statistics.median(times))
+    with torch.no_grad():
+        timings = [median_ms(fn, reps, sync, graphs) for fn in (ours, reference)]
         return timings, float((ours() - reference()).abs().max())
 
 

@@ -21,9 +21,7 @@ it, over the same inputs, with the outputs' largest difference:
         Tiny widths: not a measurement, a check that the script runs and the ways agree.
 """
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -61,30 +59,13 @@ def _mixer(shape: dict, device):
     return mixer, Mamba2(mixer)
 
 
-def _timed(fn, reps: int, sync, graphs: bool) -> float:
-    """ms of fn: the median of reps after a warm-up, or its CUDA-graph replay time."""
-    if graphs:
-        from gpu_timing import graph_timer
-
-        return graph_timer(fn, reps=50) / 1e3
-    fn()
-    times = []
-    for _ in range(reps):
-        sync()
-        begin = time.perf_counter()
-        fn()
-        sync()
-        times.append(1e3 * (time.perf_counter() - begin))
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     parser = mode_parser(__doc__, "mamba2", cpu="the widths above on this CPU", gpu="Nemotron-H 8B's widths on the GPU",
                          smoke="tiny widths; needs --out")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     check_mode(args)
-    from gpu_timing import RowBudget
+    from gpu_timing import RowBudget, median_ms
 
     from specdec_fast.runners.mamba2 import mamba2_forward
     from specdec_fast.runners.paged_recurrent import RecurrentStates
@@ -126,7 +107,7 @@ def main(argv=None) -> int:
             def theirs():
                 return mixer(h[None])[0]
 
-            ours_ms, theirs_ms = _timed(ours, shape["reps"], sync, False), _timed(theirs, shape["reps"], sync, False)
+            ours_ms, theirs_ms = median_ms(ours, shape["reps"], sync, False), median_ms(theirs, shape["reps"], sync, False)
             row = {"call": "prefill", "B": 1, "tokens": length, "ours_ms": ours_ms, "transformers_ms": theirs_ms,
                    "ours_vs_transformers": ours_ms / theirs_ms,
                    "max_abs_diff": float((ours().float() - theirs().float()).abs().max())}
@@ -150,8 +131,8 @@ def main(argv=None) -> int:
             def one_at_a_time():
                 return torch.stack([mamba2_forward(net, st, x, r, prefilling=False) for x, r in singles], dim=1)
 
-            block_ms = _timed(block, shape["reps"], sync, args.gpu)
-            steps_ms = _timed(one_at_a_time, shape["reps"], sync, args.gpu)
+            block_ms = median_ms(block, shape["reps"], sync, args.gpu)
+            steps_ms = median_ms(one_at_a_time, shape["reps"], sync, args.gpu)
             row = {"call": "score", "B": batch, "tokens": n, "block_ms": block_ms, "one_token_calls_ms": steps_ms,
                    "block_vs_calls": block_ms / steps_ms,
                    "max_abs_diff": float((block().float() - one_at_a_time().float()).abs().max())}

@@ -30,6 +30,22 @@ def graph_timer(fn, reps: int = 200) -> float:
     return statistics.median(rounds)
 
 
+def median_ms(fn, reps: int, sync=lambda: None, graphs: bool = False) -> float:
+    """ms per call of fn: the median of reps synchronised calls after a warm-up, or (graphs) its CUDA-graph
+    replay time (graph_timer)."""
+    if graphs:
+        return graph_timer(fn, reps=50) / 1e3
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        sync()
+        begin = time.perf_counter()
+        fn()
+        sync()
+        times.append(1e3 * (time.perf_counter() - begin))
+    return statistics.median(times)
+
+
 class RowBudget:
     """A benchmark's --budget-s: no new row starts once budget_s seconds have passed since this was
     made (a device call's limit then keeps the rows measured); the rows left out are named in
