@@ -103,7 +103,19 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "nemotron_h": ("sigmoid_groups", "norm_topk_prob", False, "ungated"),
                 # Granite 4.0-H Tiny / Small (granitemoehybrid): softmax over the top-k float32 logits of the
                 # model-dtype router product, cast to the model dtype (GraniteMoeHybridTopKRouter)
-                "granitemoehybrid": ("topk_softmax_f32", False, True, "swiglu")}
+                "granitemoehybrid": ("topk_softmax_f32", False, True, "swiglu"),
+                # AFMoE (Arcee Trinity): MiniMax-M2's choice (the block's expert_bias), the scores over their sum
+                # + 1e-20 times route_scale (float32); shared experts
+                "afmoe": ("sigmoid_topk", True, False, "swiglu"),
+                # Laguna: MiniMax-M2's choice on tanh-capped logits where moe_router_logit_softcapping is set, the
+                # scores over their sum cast to the model dtype; the experts' sum times moe_routed_scaling_factor;
+                # shared experts
+                "laguna": ("sigmoid_topk", True, True, "swiglu")}
+# The sigmoid_topk families' departures from MiniMax-M2's router, by config field (None: none): (a tanh soft-cap
+# on the logits (0: none), the epsilon added to the chosen scores' sum, a factor on the weights, a factor on the
+# experts' summed output, before the shared MLP's is added)
+SIGMOID_TOPK_VARIANTS = {"afmoe": (None, 1e-20, "route_scale", None),
+                         "laguna": ("moe_router_logit_softcapping", None, None, "moe_routed_scaling_factor")}
 # The config field naming the experts' activation where it is not hidden_act
 ACT_FIELD = {"nemotron_h": "mlp_hidden_act"}
 # The families whose chosen expert reads its token times the routing weight (and whose output is not
@@ -132,18 +144,21 @@ def _router(mlp):
     """The block's router module (`gate`; GPT-OSS: `router`; HunYuan's gate holds it as `wg`)."""
     router = getattr(mlp, "gate", None)
     router = router if router is not None else getattr(mlp, "router", None)
+    if isinstance(getattr(router, "gate", None), torch.nn.Linear):  # AFMoE's router module holds it as `gate`
+        return router.gate
     return getattr(router, "wg", router)
 
 
 def _correction(mlp):
     """A router's correction bias ([E], ERNIE's [1, E]): on the router (GLM-4.5's and DeepSeek-V3's gate), in
-    its moe_statics (ERNIE 4.5's), or on the block (MiniMax-M2's mlp.e_score_correction_bias); None where there
-    is none."""
+    its moe_statics (ERNIE 4.5's), or on the block (MiniMax-M2's mlp.e_score_correction_bias, AFMoE's
+    mlp.expert_bias); None where there is none."""
     router = _router(mlp)
     for owner in (router, getattr(router, "moe_statics", None), mlp):
-        bias = getattr(owner, "e_score_correction_bias", None)
-        if bias is not None:
-            return bias
+        for name in ("e_score_correction_bias", "expert_bias"):
+            bias = getattr(owner, name, None)
+            if bias is not None:
+                return bias
     return None
 
 
@@ -249,6 +264,12 @@ class MoE:
             self.norm_min = float(config.moe_norm_min)
         if self.routing_kind == "sigmoid_topk_scaled":  # Hy3
             self.routed_scale = float(config.router_scaling_factor)
+        self.logit_cap = self.sum_eps = self.weight_scale = self.output_scale = None  # SIGMOID_TOPK_VARIANTS'
+        if self.routing_kind == "sigmoid_topk" and config.model_type in SIGMOID_TOPK_VARIANTS:
+            cap, self.sum_eps, weight_scale, output_scale = SIGMOID_TOPK_VARIANTS[config.model_type]
+            self.logit_cap = (float(getattr(config, cap) or 0.0) or None) if cap else None  # 0: no cap
+            self.weight_scale = float(getattr(config, weight_scale)) if weight_scale else None
+            self.output_scale = float(getattr(config, output_scale)) if output_scale else None
         # Hy3: the routed and shared outputs summed in float32, then cast (its enable_moe_fp32_combine)
         self.fp32_combine = bool(getattr(config, "enable_moe_fp32_combine", False))
         if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
@@ -299,6 +320,7 @@ class MoE:
         ("silu": through kernels/moe)."""
         moe = cls.__new__(cls)
         moe.routing_kind, moe.layout, moe.scale_input, moe.shared, moe.latent = None, "swiglu", False, None, None
+        moe.output_scale = None
         moe.gate_up, moe.down, moe.act, moe.gate_up_bias, moe.down_bias = gate_up, down, act, None, None
         moe.top_k = int(top_k)
         moe._bind_experts("silu" if hidden_act == "silu" else None, kernels)
@@ -352,11 +374,19 @@ class MoE:
     def _sigmoid_topk(self, h: torch.Tensor):
         """MiniMax-M2's router (transformers' MiniMaxM2TopKRouter, op for op): sigmoid of the logits (the model
         dtype's product, then float32); the top k by score + correction bias; the weights are the chosen
-        scores over their sum (float32)."""
-        scores = F.linear(h, self.router).float().sigmoid()  # [T, E]
+        scores over their sum (float32). SIGMOID_TOPK_VARIANTS' (AfmoeTokenChoiceRouter, LagunaTopKRouter): the
+        logits tanh-capped first, an epsilon in the sum, the weights scaled, cast to the model dtype (cast)."""
+        logits = F.linear(h, self.router).float()  # [T, E]
+        if self.logit_cap is not None:
+            logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
+        scores = logits.sigmoid()
         chosen = torch.topk(scores + self.correction, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, chosen)
-        return weights / weights.sum(dim=-1, keepdim=True), chosen
+        total = weights.sum(dim=-1, keepdim=True)
+        weights = weights / (total if self.sum_eps is None else total + self.sum_eps)
+        if self.weight_scale is not None:
+            weights = weights * self.weight_scale
+        return (weights.to(h.dtype) if self.cast else weights), chosen
 
     def _sigmoid_topk_scaled(self, h: torch.Tensor):
         """Hy3's router (transformers' HYV3TopKRouter, op for op): sigmoid of the float32 logits of the float32
@@ -417,6 +447,8 @@ class MoE:
         out = self.mix(x, weights, chosen, prefill)
         if self.latent is not None:
             out = linear(out, *self.latent[1])
+        if self.output_scale is not None:  # Laguna: the experts' sum scaled before the shared MLP's is added
+            out = out * self.output_scale
         if self.shared is not None:
             (gate, up, down), act, gate_w = self.shared
             inner = act(linear(h, *up)) if gate is None else act(linear(h, *gate)) * linear(h, *up)

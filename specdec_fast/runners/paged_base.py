@@ -672,22 +672,23 @@ class PagedRunnerBase:
         if self._direct == "triton":
             return self._triton[1](q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale,
-                                   plan=self._plan(max_query_len, i), causal=causal, workspace=self._attn_workspace,
+                                   plan=self._plan(max_query_len, i, q.shape[1]), causal=causal, workspace=self._attn_workspace,
                                    pdl=pdl, window=window, softcap=softcap, sinks=sinks, chunk=chunk)
         return paged_attention(q, self.k_caches[i], self.v_caches[i], self._tables[i], attn_lens, cu,
                                max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, causal=causal,
                                window=window, softcap=softcap, sinks=sinks, chunk=chunk, backend=self.backend,
                                check=False)
 
-    def _plan(self, max_query_len: int, i: int = 0):
+    def _plan(self, max_query_len: int, i: int = 0, heads: int | None = None):
         """The Triton attention launch shape of a call (static per call width) over layer i's KV shape
-        (kv_shape): chosen once a shape."""
+        (kv_shape) for ``heads`` query heads (default num_heads; Laguna's layers differ): chosen once a shape."""
         table = self.block_table
         kv_heads, head_dim = self.kv_shape(i)
-        key = (table.shape[0], max_query_len, kv_heads, head_dim)
+        heads = self.num_heads if heads is None else heads
+        key = (table.shape[0], max_query_len, kv_heads, head_dim, heads)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._triton[2](
-                self.device, table.shape[0], kv_heads, self.num_heads // kv_heads, head_dim,
+                self.device, table.shape[0], kv_heads, heads // kv_heads, head_dim,
                 max_query_len, table.shape[1] * self.block_size, element_size=self.k_caches[0].element_size())
         return plan

@@ -26,6 +26,7 @@ from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paged_mla_tp import TPPagedMlaRunner
 from .paged_falcon_h1 import FALCON_H1_TYPES, PagedFalconH1Runner
 from .paged_granite_hybrid import PagedGraniteHybridRunner, granite_is_hybrid
+from .paged_gated_attention import GATED_ATTENTION_TYPES, PagedGatedAttentionRunner
 from .paged_nemotron_h import NEMOTRON_H_TYPES, PagedNemotronHRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_olmo2_tp import TPPagedOlmo2Runner
@@ -41,8 +42,8 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
-# (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5) and the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
-# Bamba, Falcon-H1; Granite 4.0-H by BY_CONFIG).
+# (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5), the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
+# Bamba, Falcon-H1; Granite 4.0-H by BY_CONFIG) and the gated-attention MoE ones (AFMoE, Laguna).
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
@@ -76,6 +77,9 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "bamba": PagedGraniteHybridRunner,
     # Falcon-H1 (0.5B-34B, Falcon-H1R): a Mamba2 mixer and attention side by side in every layer
     **{model_type: PagedFalconH1Runner for model_type in FALCON_H1_TYPES},
+    # AFMoE (Arcee Trinity Nano / Mini / Large), Laguna (poolside Laguna XS.2): a gate on the attention's output,
+    # q/k norms, sigmoid-routed experts with shared ones
+    **{model_type: PagedGatedAttentionRunner for model_type in GATED_ATTENTION_TYPES},
 }
 
 # The model types whose paged runner depends on the config: model_type -> (predicate(config), the runner where it

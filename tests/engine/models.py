@@ -76,6 +76,24 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.HYV3Config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=1,
                              router_scaling_factor=2.5, enable_moe_fp32_combine=True, head_dim=12,
                              mlp_layer_types=(["dense"] + ["sparse"] * layers)[:layers], **llama_like)
+    if kind == "afmoe":  # AFMoE (Arcee Trinity): a sliding layer (window 8: passed) that rotates, a full NoPE one; q/k
+        # norms, a sigmoid gate on the attention output, four norms a layer, the embedding times sqrt(H) (mup); layer 0
+        # dense, then 8 experts of 24 by sigmoid + the block's expert_bias (zero here), scaled by 2.5, a shared expert
+        return tf.AfmoeConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=1,
+                              num_dense_layers=1, route_scale=2.5, global_attn_every_n_layers=2, sliding_window=8,
+                              mup_enabled=True, head_dim=12, **llama_like)
+    if kind == "laguna":  # Laguna: a sliding layer (window 8: passed) of 4 query heads, a full one of 6 rotating half
+        # of each head; q/k norms, a softplus gate a head on the attention output; layer 0 dense, then 8 experts of 24
+        # by sigmoid of tanh-capped logits + the router's correction bias (zero here), their sum scaled by 1.5, a
+        # shared expert
+        rope = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        return tf.LagunaConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
+                               shared_expert_intermediate_size=24, moe_router_logit_softcapping=2.0,
+                               moe_routed_scaling_factor=1.5, sliding_window=8, head_dim=12, rope_parameters=rope,
+                               layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
+                               mlp_layer_types=(["dense"] + ["sparse"] * layers)[:layers],
+                               num_attention_heads_per_layer=([4, 6] * layers)[:layers], **llama_like)
     if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
         return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
     if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types
