@@ -22,7 +22,8 @@ AFMoE's RMSNorm multiplies its weight in float32 (OLMo's), Laguna's after the ca
 Laguna's layers may differ in query heads (num_attention_heads_per_layer) over the same KV heads.
 
 The attention and the KV append run through the kernels; the rest as torch ops (as the OLMo / Gemma runners),
-the experts through kernels/moe where the backend fuses them. No tensor-parallel runner yet. Not timed on a GPU.
+the experts through kernels/moe where the backend fuses them. Tensor parallelism for AFMoE:
+paged_gated_attention_tp.py. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
@@ -112,6 +113,15 @@ class PagedGatedAttentionRunner(PagedRunnerBase):
         self.gate_per_head = not self.afmoe and config.gating in (True, "per-head")
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A branch's product as every rank's partial summed (before its norm): here the one
+        (paged_gated_attention_tp.py all-reduces it)."""
+        return partial
+
     def _norm(self, x: torch.Tensor, norm) -> torch.Tensor:
         """The family's RMSNorm: AFMoE's (the weight multiplied in float32), Laguna's (Llama's)."""
         return olmo_rms_norm(x, norm) if self.afmoe else llama_rms_norm(x, norm)
@@ -131,7 +141,7 @@ class PagedGatedAttentionRunner(PagedRunnerBase):
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, kv_heads, dim = flat.shape[0], self.num_kv_heads, self.head_dim
         tables = rotations(self.rope_tables, positions, self.dtype)  # [T, R] cos / sin a RoPE table, in the model dtype
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         self._keep(0, x)
@@ -144,7 +154,7 @@ class PagedGatedAttentionRunner(PagedRunnerBase):
                 cos, sin = tables[self.rope_keys[i]]
                 q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            out = linear(self._gated(o, h, layer), *layer.o)
+            out = self._sum_partials(linear(self._gated(o, h, layer), *layer.o))
             x = x + (out if layer.post_attention is None else self._norm(out, layer.post_attention))
             h = self._norm(x, layer.pre_mlp)
             if layer.moe is not None:
@@ -152,6 +162,7 @@ class PagedGatedAttentionRunner(PagedRunnerBase):
             else:
                 (gate, up, down), act = layer.mlp, layer.act
                 out = linear(act(linear(h, *gate)) * linear(h, *up), *down)
+            out = self._sum_partials(out)
             x = x + (out if layer.post_mlp is None else self._norm(out, layer.post_mlp))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)

@@ -80,8 +80,11 @@ TP_STARCODER2_TYPES = ("starcoder2",)
 # Gemma 4's text decoder (runners/paged_gemma4_tp.py): each layer split by its own head width and KV heads
 # (sharding.layer_dims_of); its per-layer inputs whole on every rank
 TP_GEMMA4_TYPES = ("gemma4_text",)
+# AFMoE (runners/paged_gated_attention_tp.py): the Llama layout, its attention's output gate split as q, its experts
+# and shared experts by their width; each branch's partials summed before its norm
+TP_GATED_TYPES = ("afmoe",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
-                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES)
+                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

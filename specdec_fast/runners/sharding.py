@@ -14,6 +14,7 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     OLMoE's / MiniMax-M2's whole-projection q_norm / k_norm ([H D])   this rank's heads' part, as q / k
     Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
                                         the local q | k | v and gate | up, fused as on one process
+    AFMoE's self_attn.gate_proj (the output gate)   column-parallel: the rows of this rank's heads, as q
 Cohere / Cohere 2 (sharded_model.TP_COHERE_TYPES) take the same layout (runners/paged_cohere_tp.py).
 Heads: rank r runs query heads [r Hq/N, (r+1) Hq/N). KV heads: Hkv >= N splits them, Hkv/N per
 rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICATES them: rank r
@@ -285,6 +286,8 @@ class LlamaShardPlan:
             q_rows, kv_rows = self.heads * d, self.kv_heads * d
             return (q, Slice(0, q_rows + kv.start, q_rows + kv.stop), Slice(0, q_rows + kv_rows + kv.start,
                                                                              q_rows + kv_rows + kv.stop))
+        if name.endswith("self_attn.gate_proj.weight"):  # AFMoE's output gate: a row per query channel, as q's
+            return q
         if "mlp.gate_up_proj." in name:  # Phi-3: gate | up rows -> this rank's columns of each
             return mlp, Slice(0, self.intermediate + mlp.start, self.intermediate + mlp.stop)
         for suffix, part in (("self_attn.q_proj.", q), ("self_attn.k_proj.", kv), ("self_attn.v_proj.", kv),

@@ -14,7 +14,7 @@ one, else intermediate_size), every expert split alike:
     Llama 4's shared expert, HunYuan's shared_mlp                Llama 4's / HunYuan's an expert's width);
                                                                 Qwen's gate (one row) replicated; ERNIE 4.5's
                                                                 down bias whole, added by rank 0 only
-    GLM-4.5's router correction bias                            replicated
+    GLM-4.5's router correction bias (AFMoE's expert_bias)      replicated
 So each rank's block output is a partial sum over its slice of every chosen expert's width
 (the combine weights scale each term alike), summed by the all-reduce that ends the MLP, as a
 dense layer's down product is.
@@ -43,7 +43,9 @@ GATE, UP, DOWN = ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")
 RENAMED = (("block_sparse_moe.gate.weight", "mlp.gate.weight"),
            ("mlp.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),
            ("mlp.gate.moe_statics.e_score_correction_bias", "mlp.gate.e_score_correction_bias"),  # ERNIE 4.5's
-           ("mlp.gate.wg.weight", "mlp.gate.weight"))  # HunYuan's router, held as gate.wg
+           ("mlp.gate.wg.weight", "mlp.gate.weight"),  # HunYuan's router, held as gate.wg
+           # AFMoE's router (router.gate) and its correction bias (the block's expert_bias)
+           ("mlp.router.gate.weight", "mlp.gate.weight"), ("mlp.expert_bias", "mlp.gate.e_score_correction_bias"))
 
 
 def moe_sizes(config) -> tuple:

@@ -89,7 +89,7 @@ def test_shards_tile_every_tensor(kind, world):
 
 
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "llama4_text",
-             "hunyuan_v1_moe", "hy_v3")
+             "hunyuan_v1_moe", "hy_v3", "afmoe")
 
 
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
@@ -135,6 +135,24 @@ def test_moe_partials_sum_to_the_block(kind, world, triton):
         partials, theirs = _moe_partials(model, shards, layer, h, triton)
     torch.testing.assert_close(sum(partials), theirs, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(partials[0], theirs, atol=1e-3)
+
+
+def test_afmoe_splits_its_output_gate_as_q_and_reads_its_router_renamed():
+    """AFMoE's self_attn.gate_proj (a row per query channel) is split as q_proj is, so each rank gates its own heads;
+    its router (router.gate) and correction bias (the block's expert_bias) are whole on every rank under the names
+    runners/_moe.MoE reads."""
+    model = make_model("afmoe")
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    for i in range(2):
+        prefix = f"model.layers.{i}.self_attn."
+        assert plans[0].slice_of(prefix + "gate_proj.weight") == plans[0].slice_of(prefix + "q_proj.weight")
+        assert torch.equal(torch.cat([s[prefix + "gate_proj.weight"] for s in shards]), state[prefix + "gate_proj.weight"])
+    for s in shards:
+        assert torch.equal(s["model.layers.1.mlp.gate.weight"], state["model.layers.1.mlp.router.gate.weight"])
+        assert torch.equal(s["model.layers.1.mlp.gate.e_score_correction_bias"], state["model.layers.1.mlp.expert_bias"])
+        assert "model.layers.1.mlp.router.gate.weight" not in s and "model.layers.1.mlp.expert_bias" not in s
 
 
 def test_moe_plan_refuses_experts_that_do_not_divide():
