@@ -110,7 +110,9 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # Laguna: MiniMax-M2's choice on tanh-capped logits where moe_router_logit_softcapping is set, the
                 # scores over their sum cast to the model dtype; the experts' sum times moe_routed_scaling_factor;
                 # shared experts
-                "laguna": ("sigmoid_topk", True, True, "swiglu")}
+                "laguna": ("sigmoid_topk", True, True, "swiglu"),
+                # MiMo-V2-Flash: DeepSeek-V3's MoE without shared experts (its router in float32)
+                "mimo_v2_flash": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
 # The sigmoid_topk families' departures from MiniMax-M2's router, by config field (None: none): (a tanh soft-cap
 # on the logits (0: none), the epsilon added to the chosen scores' sum, a factor on the weights, a factor on the
 # experts' summed output, before the shared MLP's is added)

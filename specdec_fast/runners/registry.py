@@ -23,6 +23,7 @@ from .paged_llama4_tp import TPPagedLlama4Runner
 from .paged_cohere_tp import TPPagedCohereRunner
 from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
+from .paged_mimo import MIMO_TYPES, PagedMimoRunner
 from .paged_mla_tp import TPPagedMlaRunner
 from .paged_falcon_h1 import FALCON_H1_TYPES, PagedFalconH1Runner
 from .paged_granite_hybrid import PagedGraniteHybridRunner, granite_is_hybrid
@@ -45,7 +46,7 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
 # (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5), the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
-# Bamba, Falcon-H1; Granite 4.0-H by BY_CONFIG) and the gated-attention MoE ones (AFMoE, Laguna).
+# Bamba, Falcon-H1; Granite 4.0-H by BY_CONFIG), the gated-attention MoE ones (AFMoE, Laguna) and MiMo-V2-Flash.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
@@ -82,6 +83,9 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     # AFMoE (Arcee Trinity Nano / Mini / Large), Laguna (poolside Laguna XS.2): a gate on the attention's output,
     # q/k norms, sigmoid-routed experts with shared ones
     **{model_type: PagedGatedAttentionRunner for model_type in GATED_ATTENTION_TYPES},
+    # MiMo-V2-Flash: value heads narrower than the key heads (padded in the cache), sliding layers with twice the KV
+    # heads and attention sinks, DeepSeek-V3's experts
+    **{model_type: PagedMimoRunner for model_type in MIMO_TYPES},
 }
 
 # The model types whose paged runner depends on the config: model_type -> (predicate(config), the runner where it

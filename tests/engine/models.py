@@ -94,6 +94,14 @@ def _config(kind: str, vocab: int, layers: int):
                                layer_types=(["sliding_attention", "full_attention"] * layers)[:layers],
                                mlp_layer_types=(["dense"] + ["sparse"] * layers)[:layers],
                                num_attention_heads_per_layer=([4, 6] * layers)[:layers], **llama_like)
+    if kind == "mimo_v2_flash":  # MiMo-V2-Flash: a full layer (2 KV heads), then two sliding ones (window 8: passed)
+        # of 4 KV heads with attention sinks; q/k heads of 12 (a third rotated), value heads of 8 scaled by 0.707;
+        # layer 0 dense, then 8 experts of 24 by DeepSeek-V3's grouped sigmoid routing (its correction bias zero here)
+        rope = {"full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334}}
+        return tf.MiMoV2FlashConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
+                                    topk_group=1, routed_scaling_factor=1.5, head_dim=12, v_head_dim=8, sliding_window=8,
+                                    rope_parameters=rope, **llama_like)
     if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
         return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
     if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types
@@ -253,8 +261,8 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
-    if kind in ("gemma2", "gpt_oss"):
-        attn = "eager"  # transformers' Gemma 2 / GPT-OSS have no sdpa path (soft-capping, sinks)
+    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash"):
+        attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash have no sdpa path (soft-capping, sinks)
     config = _config(kind, vocab, layers)
     config.initializer_range = init_std
     config._attn_implementation = attn
