@@ -123,8 +123,10 @@ class _DeltaNet:
     gated norm (weight, eps), out (weight, bias); nk / nv key / value heads of dk / dv (this rank's under
     tensor parallelism)."""
 
-    def __init__(self, projections, grouped: bool, conv, conv_bias, a_log, dt_bias, norm, out, nk, nv, dk, dv):
+    def __init__(self, projections, grouped: bool, conv, conv_bias, a_log, dt_bias, norm, out, nk, nv, dk, dv,
+                 beta_scale: float = 1.0):
         self.projections, self.grouped, self.out, self.norm = projections, grouped, out, norm
+        self.beta_scale = beta_scale  # OLMo Hybrid's allow_neg_eigval: beta = 2 sigmoid(b) (paged_olmo_hybrid.py)
         self.conv, self.conv_bias, self.a_log, self.dt_bias = conv, conv_bias, a_log, dt_bias
         self.nk, self.nv, self.dk, self.dv = nk, nv, dk, dv
         self.channels, self.kernel = conv.shape
@@ -146,11 +148,14 @@ class _DeltaNet:
                    mixer.head_k_dim, mixer.head_v_dim)
 
     def project(self, h: torch.Tensor):
-        """h [T, H] -> [q | k | v] [T, C], z [T, nv, dv], b, a [T, nv]: Qwen3.5's four products, or Qwen3-Next's
-        two grouped by key head (split)."""
+        """h [T, H] -> [q | k | v] [T, C], z [T, nv, dv], b, a [T, nv]: Qwen3.5's four products (OLMo Hybrid's six:
+        q, k and v apart, concatenated), or Qwen3-Next's two grouped by key head (split)."""
         if self.grouped:
             return self.split(*(linear(h, *p) for p in self.projections))
-        qkv, z, b, a = (linear(h, *p) for p in self.projections)
+        outs = [linear(h, *p) for p in self.projections]
+        if len(outs) == 6:  # OLMo Hybrid: q, k, v, then its gate (z), b, a
+            outs = [torch.cat(outs[:3], dim=-1)] + outs[3:]
+        qkv, z, b, a = outs
         return qkv, z.view(h.shape[0], self.nv, self.dv), b, a
 
     def split(self, qkvz: torch.Tensor, ba: torch.Tensor):
@@ -251,6 +256,8 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         total = h.shape[0]
         mixed, z, b, a = net.project(h)
         beta = b.sigmoid()
+        if net.beta_scale != 1.0:  # OLMo Hybrid's allow_neg_eigval: beta in [0, 2]
+            beta = beta * net.beta_scale
         g = -net.a_log.float().exp() * F.softplus(a.float() + net.dt_bias)
         # each row's tokens in order, its padding (first) zeros: no input, no decay, no update
         by_row, beta, g = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (mixed, beta, g))  # [B, n, ...]

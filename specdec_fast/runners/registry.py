@@ -31,6 +31,7 @@ from .paged_gated_attention import GATED_ATTENTION_TYPES, PagedGatedAttentionRun
 from .paged_gated_attention_tp import TPPagedGatedAttentionRunner
 from .paged_nemotron_h import NEMOTRON_H_TYPES, PagedNemotronHRunner
 from .paged_olmo2 import PagedOlmo2Runner
+from .paged_olmo_hybrid import OLMO_HYBRID_TYPES, PagedOlmoHybridRunner
 from .paged_olmo2_tp import TPPagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
 from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
@@ -46,7 +47,8 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
 # (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5), the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
-# Bamba, Falcon-H1; Granite 4.0-H by BY_CONFIG), the gated-attention MoE ones (AFMoE, Laguna) and MiMo-V2-Flash.
+# Bamba, Falcon-H1, OLMo Hybrid; Granite 4.0-H by BY_CONFIG), the gated-attention MoE ones (AFMoE, Laguna) and
+# MiMo-V2-Flash.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
@@ -83,6 +85,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     # AFMoE (Arcee Trinity Nano / Mini / Large), Laguna (poolside Laguna XS.2): a gate on the attention's output,
     # q/k norms, sigmoid-routed experts with shared ones
     **{model_type: PagedGatedAttentionRunner for model_type in GATED_ATTENTION_TYPES},
+    # OLMo Hybrid (Olmo-Hybrid-7B): Qwen3.5's Gated DeltaNet layers with OLMo 3 attention layers
+    **{model_type: PagedOlmoHybridRunner for model_type in OLMO_HYBRID_TYPES},
     # MiMo-V2-Flash: value heads narrower than the key heads (padded in the cache), sliding layers with twice the KV
     # heads and attention sinks, DeepSeek-V3's experts
     **{model_type: PagedMimoRunner for model_type in MIMO_TYPES},

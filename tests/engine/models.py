@@ -102,6 +102,12 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.MiMoV2FlashConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                                     topk_group=1, routed_scaling_factor=1.5, head_dim=12, v_head_dim=8, sliding_window=8,
                                     rope_parameters=rope, **llama_like)
+    if kind == "olmo_hybrid":  # OLMo Hybrid: Gated DeltaNet layers (2 key heads of 8, 4 value heads of 12, kernel 4,
+        # beta up to 2) with an OLMo 3 attention layer (whole-projection q/k norms, RoPE, post-branch norms) every 3rd
+        return tf.OlmoHybridConfig(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                                   linear_value_head_dim=12, linear_conv_kernel_dim=4, head_dim=12,
+                                   layer_types=(["linear_attention", "linear_attention", "full_attention"] * layers)[:layers],
+                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **llama_like)
     if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
         return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
     if kind == "ministral":  # Qwen2's layer without biases, its window (8: passed) by layer_types
