@@ -18,7 +18,7 @@ value is stored zero-padded to head_dim, and the attention's output (whose padde
 v_head_dim. The V plane is then head_dim / v_head_dim (1.5x) its bytes: the KV pool 1.2x the unpadded one.
 The checkpoint's MTP layers (model.mtp.*) are not loaded by transformers, nor read here. The attention and the
 KV append run through the kernels; the rest as torch ops, the experts through kernels/moe where the backend fuses
-them. No tensor-parallel runner. Not timed on a GPU.
+them. Tensor parallelism: paged_mimo_tp.py. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
@@ -92,6 +92,14 @@ class PagedMimoRunner(PagedRunnerBase):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
+        return F.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel product as every rank's partial summed: here the one (paged_mimo_tp.py all-reduces it)."""
+        return partial
+
     def kv_shape(self, i: int) -> tuple:
         """(KV heads, head dim) of layer i: the sliding layers' twice the full ones' KV heads; the values padded to
         head_dim."""
@@ -101,7 +109,8 @@ class PagedMimoRunner(PagedRunnerBase):
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, dim, value_dim = flat.shape[0], self.num_heads, self.head_dim, self.v_head_dim
         tables = rotations(self.rope_tables, positions, self.dtype)  # [T, R] cos / sin a layer type, the model dtype
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
+        sum_ = self._sum_partials
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = llama_rms_norm(x, layer.input)
@@ -111,13 +120,13 @@ class PagedMimoRunner(PagedRunnerBase):
             cos, sin = tables[self.rope_keys[i]]
             q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
             o = self._attend(i, q, k, F.pad(v, (0, dim - value_dim)), attn_lens, cu, n, self.scale)
-            x = x + linear(o[..., :value_dim].reshape(total, heads * value_dim), *layer.o)
+            x = x + sum_(linear(o[..., :value_dim].reshape(total, heads * value_dim), *layer.o))
             h = llama_rms_norm(x, layer.post_attention)
             if layer.moe is not None:
-                x = x + layer.moe(h, self._prefilling)
+                x = x + sum_(layer.moe(h, self._prefilling))
             else:
                 (gate, up, down), act = layer.mlp, layer.act
-                x = x + linear(act(linear(h, *gate)) * linear(h, *up), *down)
+                x = x + sum_(linear(act(linear(h, *gate)) * linear(h, *up), *down))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = llama_rms_norm(x, self.final_norm)

@@ -83,8 +83,11 @@ TP_GEMMA4_TYPES = ("gemma4_text",)
 # AFMoE (runners/paged_gated_attention_tp.py): the Llama layout, its attention's output gate split as q, its experts
 # and shared experts by their width; each branch's partials summed before its norm
 TP_GATED_TYPES = ("afmoe",)
+# MiMo-V2-Flash (runners/paged_mimo_tp.py): each layer by its own KV heads (sharding.layer_dims_of), the values by
+# their own width (the plan's value_dim), the sinks by query heads, the experts by their width
+TP_MIMO_TYPES = ("mimo_v2_flash",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
-                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES)
+                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

@@ -74,6 +74,8 @@ VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the L
 NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
             # Gemma 4's
             "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+# A family's checkpoint tensors that no runner reads (MiMo-V2-Flash's MTP layers, which transformers does not load)
+NOT_READ = {"mimo_v2_flash": ("model.mtp.",)}
 # ... and where its text decoder's names sit: (prefix, what it stands for)
 TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
 # A family's checkpoint names under the names this layout reads, as (pattern, replacement) regexes in order: EXAONE
@@ -89,6 +91,8 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                       "hy_v3": ((r"\.mlp\.router\.gate\.weight$", ".mlp.gate.weight"),
                                 (r"\.mlp\.expert_bias$", ".mlp.e_score_correction_bias"),
                                 (r"\.mlp\.shared_mlp\.", ".mlp.shared_experts.")),
+                      # MiMo-V2-Flash's sinks as published (transformers' conversion_mapping.py renames them)
+                      "mimo_v2_flash": ((r"\.self_attn\.attention_sink_bias$", ".self_attn.sinks"),),
                       # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)
                       "granitemoehybrid": ((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
                                            (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."))}
@@ -121,7 +125,7 @@ def layout_name(name: str, model_type: str | None = None, num_layers: int | None
     ``model_type``), Qwen3-Next's / Qwen3.5's MTP layer (mtp.*) as the layer past the decoder's ``num_layers``
     (MTP_OWN_NAMES), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
     tensor)."""
-    if name.startswith(NOT_TEXT):
+    if name.startswith(NOT_TEXT) or name.startswith(NOT_READ.get(model_type, ())):
         return None
     if num_layers is not None and name.startswith("mtp."):
         name = _mtp_layout_name(name, num_layers)
@@ -166,6 +170,9 @@ class LlamaShardPlan:
     model_type: str | None = None  # whose checkpoint names layout_name reads (CHECKPOINT_RENAMES)
     # each layer's (head_dim, KV heads, MLP width) where they differ by layer (Gemma 4's: layer_dims_of), else None
     layer_dims: tuple | None = None
+    # the value heads' width where it is not head_dim (MiMo-V2-Flash's v_head_dim: v_proj's rows, o_proj's
+    # columns), else None
+    value_dim: int | None = None
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -193,7 +200,7 @@ class LlamaShardPlan:
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
                    getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None),
-                   layer_dims)
+                   layer_dims, value_dim_of(config) if mla is None else None)
         plan.check()
         return plan
 
@@ -280,6 +287,12 @@ class LlamaShardPlan:
         q = Slice(0, self.rank * self.local_heads * d, (self.rank + 1) * self.local_heads * d)
         kv = Slice(0, self.kv_start * d, (self.kv_start + self.local_kv_heads) * d)
         mlp = Slice(0, self.rank * i, (self.rank + 1) * i)
+        if self.value_dim is not None:  # value heads of their own width: v_proj's rows, o_proj's columns by it
+            vd = self.value_dim
+            if name.endswith("self_attn.v_proj.weight"):
+                return Slice(0, self.kv_start * vd, (self.kv_start + self.local_kv_heads) * vd)
+            if name.endswith("self_attn.o_proj.weight"):
+                return Slice(1, self.rank * self.local_heads * vd, (self.rank + 1) * self.local_heads * vd)
         if name in VOCAB:
             return Slice(0, self.vocab_start, self.vocab_start + self.vocab_part)
         if "self_attn.qkv_proj." in name:  # Phi-3: q | k | v rows in one tensor -> this rank's rows of each
@@ -346,10 +359,24 @@ class LlamaShardPlan:
         return None  # the gated norm (over a head's dv), a conv bias (none in these models)
 
 
+def value_dim_of(config) -> int | None:
+    """The value heads' width where a (non-latent) config sets one apart from head_dim (MiMo-V2-Flash's v_head_dim),
+    else None."""
+    value = getattr(config, "v_head_dim", None)
+    if not isinstance(value, int):  # (head_dim unread: Gemma 4's heterogeneous config raises on a global head_dim)
+        return None
+    head_dim = getattr(config, "head_dim", None)
+    return value if head_dim is not None and value != head_dim else None
+
+
 def layer_dims_of(config) -> tuple | None:
     """Gemma 4's (gemma4_text) per-layer widths: each layer's (head_dim, KV heads, MLP width) -- its full layers' heads
     global_head_dim wide and num_global_key_value_heads of them where set, a KV-sharing layer's MLP twice as wide where
-    use_double_wide_mlp (transformers' per_layer_config and Gemma4TextMLP) -- or None for every other family."""
+    use_double_wide_mlp (transformers' per_layer_config and Gemma4TextMLP) --; MiMo-V2-Flash's (its sliding layers'
+    KV heads twice the full ones': MiMoV2FlashAttention); None for every other family."""
+    if getattr(config, "model_type", None) == "mimo_v2_flash":
+        return tuple((int(config.head_dim), int(config.num_key_value_heads) * (2 if kind == "sliding_attention" else 1),
+                      int(config.intermediate_size)) for kind in config.layer_types)
     if getattr(config, "model_type", None) != "gemma4_text":
         return None
     modes = config.kv_sharing_modes

@@ -583,3 +583,42 @@ def test_gemma4_is_split_by_each_layers_widths(world, tmp_path):
     assert read["model.layers.3.mlp.gate_proj.weight"].shape == (192 // world, 48)
     assert "model.layers.3.self_attn.k_proj.weight" not in read
     assert read["model.embed_tokens_per_layer.weight"].shape == (model.config.vocab_size_per_layer_input, 4 * 8)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_mimo_is_split_by_each_layers_kv_heads_and_its_value_width(world, tmp_path):
+    """MiMo-V2-Flash's full layer has 2 KV heads (replicated at 4 ranks), its sliding layer 4, and its value heads
+    are 8 wide against the keys' 12: each rank's slices, read from the checkpoint as from the model, follow each
+    layer's KV heads (sharding.layer_dims_of) and the value width (v_proj's rows, o_proj's columns: the plan's
+    value_dim); the sliding layer's sinks by query heads; the checkpoint's MTP layers (model.mtp.*) not read."""
+    import safetensors.torch
+
+    model = make_model("mimo_v2_flash")
+    model.save_pretrained(tmp_path)
+    mtp = {"model.mtp.layers.0.self_attn.q_proj.weight": torch.zeros(48, 48)}  # as the published checkpoint's
+    safetensors.torch.save_file(mtp, str(tmp_path / "mtp.safetensors"))
+    index = tmp_path / "model.safetensors.index.json"
+    if index.exists():  # a sharded save: the MTP file joins the index as a published one would
+        import json
+
+        data = json.loads(index.read_text())
+        data["weight_map"].update({name: "mtp.safetensors" for name in mtp})
+        index.write_text(json.dumps(data))
+    plan = LlamaShardPlan.for_config(model.config, world, world - 1)
+    assert plan.layer_dims == ((12, 2, 96), (12, 4, 96)) and plan.value_dim == 8
+    read = assert_reads_as_the_model(tmp_path, model, world, world - 1)
+    heads = 4 // world
+    assert read["model.layers.0.self_attn.k_proj.weight"].shape == ((2 // world or 1) * 12, 48)
+    assert read["model.layers.0.self_attn.v_proj.weight"].shape == ((2 // world or 1) * 8, 48)
+    assert read["model.layers.1.self_attn.k_proj.weight"].shape == (4 // world * 12, 48)
+    assert read["model.layers.1.self_attn.v_proj.weight"].shape == (4 // world * 8, 48)
+    assert read["model.layers.1.self_attn.o_proj.weight"].shape == (48, heads * 8)
+    assert read["model.layers.1.self_attn.sinks"].shape == (heads,)
+    assert not any(name.startswith("model.mtp.") for name in read)
+    shards = [shards_from_state(model.state_dict(), LlamaShardPlan.for_config(model.config, world, r))
+              for r in range(world)]
+    for name in ("model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.q_proj.weight",
+                 "model.layers.1.self_attn.sinks"):
+        assert torch.equal(torch.cat([s[name] for s in shards]), model.state_dict()[name]), name
+    assert torch.equal(torch.cat([s["model.layers.1.self_attn.o_proj.weight"] for s in shards], 1),
+                       model.state_dict()["model.layers.1.self_attn.o_proj.weight"])
