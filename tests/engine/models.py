@@ -104,9 +104,11 @@ def _config(kind: str, vocab: int, layers: int):
                                     rope_parameters=rope, **llama_like)
     if kind == "olmo_hybrid":  # OLMo Hybrid: Gated DeltaNet layers (2 key heads of 8, 4 value heads of 12, kernel 4,
         # beta up to 2) with an OLMo 3 attention layer (whole-projection q/k norms, RoPE, post-branch norms) every 3rd
+        # and last (the config requires one of each kind)
+        kinds = (["linear_attention", "linear_attention", "full_attention"] * layers)[:layers]
+        kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
         return tf.OlmoHybridConfig(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-                                   linear_value_head_dim=12, linear_conv_kernel_dim=4, head_dim=12,
-                                   layer_types=(["linear_attention", "linear_attention", "full_attention"] * layers)[:layers],
+                                   linear_value_head_dim=12, linear_conv_kernel_dim=4, head_dim=12, layer_types=kinds,
                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **llama_like)
     if kind == "seed_oss":  # biases on q/k/v, o and the MLP (zero from the initialiser: randomise them to test them)
         return tf.SeedOssConfig(attention_bias=True, attention_out_bias=True, mlp_bias=True, **llama_like)
