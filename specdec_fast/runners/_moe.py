@@ -21,12 +21,14 @@ modeling_gpt_oss.py):
     routing, ERNIE 4.5: p = softmax(h @ router^T) in float32; the top k of p + correction bias; w = p of
              those over max(their sum, moe_norm_min), cast to the model dtype
     routing, MiniMax-M2: s = sigmoid(h @ router^T) (the product in the model dtype); the top k of s +
-             correction bias; w = s of those over their sum (float32)
+             correction bias; w = s of those over their sum (float32). AFMoE: over their sum + 1e-20, times
+             route_scale; Laguna: the logits tanh-capped first, w cast to the model dtype, the experts' sum
+             times moe_routed_scaling_factor (SIGMOID_TOPK_VARIANTS)
     routing, Llama 4: logits = h @ router^T (model dtype); w, e = top-1(logits); w = sigmoid(w) in
              float32, cast to the model dtype; the expert reads h * w and its output is not weighed
              (INPUT_SCALED: y = expert_e(h * w), not w * expert_e(h)); experts [E, H, 2I] / [E, I, H]
              (gate columns, then up columns), read as transposed views (layout "swiglu_t")
-    routing, GLM-4.5 (DeepSeek-V3's): s = sigmoid(h @ router^T) in float32; the k experts of the
+    routing, GLM-4.5 (DeepSeek-V3's; MiMo-V2-Flash's): s = sigmoid(h @ router^T) in float32; the k experts of the
              best s + correction bias among the top_groups best groups; w = s of those,
              renormalised where norm_topk_prob, times routed_scaling_factor (float32)
     out    = sum_j w_j * y_e_j;   Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) * shared_expert(h),

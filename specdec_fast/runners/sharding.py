@@ -15,6 +15,8 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
                                         the local q | k | v and gate | up, fused as on one process
     AFMoE's self_attn.gate_proj (the output gate)   column-parallel: the rows of this rank's heads, as q
+    MiMo-V2-Flash's v_proj / o_proj    by the value heads' own width (the plan's value_dim), each layer by
+                                        its own KV heads (layer_dims_of: the sliding layers' twice the full)
 Cohere / Cohere 2 (sharded_model.TP_COHERE_TYPES) take the same layout (runners/paged_cohere_tp.py).
 Heads: rank r runs query heads [r Hq/N, (r+1) Hq/N). KV heads: Hkv >= N splits them, Hkv/N per
 rank; GQA with fewer KV heads than ranks (Hkv < N, N a multiple of Hkv) REPLICATES them: rank r
