@@ -80,9 +80,10 @@ TP_STARCODER2_TYPES = ("starcoder2",)
 # Gemma 4's text decoder (runners/paged_gemma4_tp.py): each layer split by its own head width and KV heads
 # (sharding.layer_dims_of); its per-layer inputs whole on every rank
 TP_GEMMA4_TYPES = ("gemma4_text",)
-# AFMoE (runners/paged_gated_attention_tp.py): the Llama layout, its attention's output gate split as q, its experts
-# and shared experts by their width; each branch's partials summed before its norm
-TP_GATED_TYPES = ("afmoe",)
+# AFMoE and Laguna (runners/paged_gated_attention_tp.py): the Llama layout, the attention's output gate split by the
+# query heads, the experts and shared experts by their width; AFMoE's branch partials summed before its norms,
+# Laguna's layers split by their own query heads
+TP_GATED_TYPES = ("afmoe", "laguna")
 # MiMo-V2-Flash (runners/paged_mimo_tp.py): each layer by its own KV heads (sharding.layer_dims_of), the values by
 # their own width (the plan's value_dim), the sinks by query heads, the experts by their width
 TP_MIMO_TYPES = ("mimo_v2_flash",)

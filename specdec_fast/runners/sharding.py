@@ -14,7 +14,9 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     OLMoE's / MiniMax-M2's whole-projection q_norm / k_norm ([H D])   this rank's heads' part, as q / k
     Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
                                         the local q | k | v and gate | up, fused as on one process
-    AFMoE's self_attn.gate_proj (the output gate)   column-parallel: the rows of this rank's heads, as q
+    AFMoE's / Laguna's output gate     column-parallel: the rows of this rank's heads (gate_rows a head:
+    (gate_proj / g_proj)               head_dim, or Laguna's one per head); Laguna's layers by their own
+                                       query heads (layer_heads_of)
     MiMo-V2-Flash's v_proj / o_proj    by the value heads' own width (the plan's value_dim), each layer by
                                         its own KV heads (layer_dims_of: the sliding layers' twice the full)
 Cohere / Cohere 2 (sharded_model.TP_COHERE_TYPES) take the same layout (runners/paged_cohere_tp.py).
@@ -175,6 +177,11 @@ class LlamaShardPlan:
     # the value heads' width where it is not head_dim (MiMo-V2-Flash's v_head_dim: v_proj's rows, o_proj's
     # columns), else None
     value_dim: int | None = None
+    # each layer's query heads where they differ by layer (Laguna's num_attention_heads_per_layer), else None
+    layer_heads: tuple | None = None
+    # the attention output gate's rows a query head (Laguna's g_proj: 1 with a gate a head, head_dim with one an
+    # element; AFMoE's gate_proj: head_dim)
+    gate_rows: int | None = None
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -202,7 +209,8 @@ class LlamaShardPlan:
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
                    getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None),
-                   layer_dims, value_dim_of(config) if mla is None else None)
+                   layer_dims, value_dim_of(config) if mla is None else None, layer_heads_of(config),
+                   gate_rows_of(config, head_dim))
         plan.check()
         return plan
 
@@ -220,6 +228,9 @@ class LlamaShardPlan:
         if self.kv_heads % n and n % self.kv_heads:
             raise ValueError(f"tensor parallelism over {n} ranks: num_key_value_heads {self.kv_heads} neither divides "
                              f"nor is divisible by {n} (each rank's query heads must read whole KV heads)")
+        for i, heads in enumerate(self.layer_heads or ()):
+            if heads % n:
+                raise ValueError(f"tensor parallelism over {n} ranks: layer {i}'s {heads} query heads do not split over {n}")
         for i, (_, kv_heads, width) in enumerate(self.layer_dims or ()):
             if (kv_heads % n and n % kv_heads) or width % n:
                 raise ValueError(f"tensor parallelism over {n} ranks: layer {i}'s {kv_heads} KV heads or MLP width {width} "
@@ -275,6 +286,11 @@ class LlamaShardPlan:
                 head_dim, kv_heads, width = self.layer_dims[int(match.group(1))]
                 return dataclasses.replace(self, head_dim=head_dim, kv_heads=kv_heads, intermediate=width,
                                            layer_dims=None).slice_of(name)
+        if self.layer_heads is not None:  # a layer's tensors by that layer's query heads
+            match = _LAYER.match(name)
+            if match:
+                return dataclasses.replace(self, heads=self.layer_heads[int(match.group(1))],
+                                           layer_heads=None).slice_of(name)
         expert, part = moe_slice_of(self, name, Slice)
         if expert:
             return part
@@ -301,8 +317,10 @@ class LlamaShardPlan:
             q_rows, kv_rows = self.heads * d, self.kv_heads * d
             return (q, Slice(0, q_rows + kv.start, q_rows + kv.stop), Slice(0, q_rows + kv_rows + kv.start,
                                                                              q_rows + kv_rows + kv.stop))
-        if name.endswith("self_attn.gate_proj.weight"):  # AFMoE's output gate: a row per query channel, as q's
-            return q
+        if name.endswith(("self_attn.gate_proj.weight", "self_attn.g_proj.weight")):  # the output gate's rows of
+            # this rank's heads (AFMoE's and Laguna's per element: q's; Laguna's per head: a row each)
+            rows = self.gate_rows
+            return Slice(0, self.rank * self.local_heads * rows, (self.rank + 1) * self.local_heads * rows)
         if "mlp.gate_up_proj." in name:  # Phi-3: gate | up rows -> this rank's columns of each
             return mlp, Slice(0, self.intermediate + mlp.start, self.intermediate + mlp.stop)
         for suffix, part in (("self_attn.q_proj.", q), ("self_attn.k_proj.", kv), ("self_attn.v_proj.", kv),
@@ -359,6 +377,24 @@ class LlamaShardPlan:
         if name.endswith("out_proj.weight"):
             return Slice(1, value[0] * dv, value[1] * dv)
         return None  # the gated norm (over a head's dv), a conv bias (none in these models)
+
+
+def layer_heads_of(config) -> tuple | None:
+    """Each layer's query heads where a config lists them (Laguna's num_attention_heads_per_layer) and they differ
+    from num_attention_heads somewhere, else None."""
+    heads = getattr(config, "num_attention_heads_per_layer", None)
+    if not heads or all(h == config.num_attention_heads for h in heads):
+        return None
+    return tuple(int(h) for h in heads)
+
+
+def gate_rows_of(config, head_dim: int) -> int | None:
+    """The attention output gate's rows a query head: Laguna's g_proj one (gating True / "per-head") or head_dim
+    ("per-element"); AFMoE's gate_proj head_dim; None for a family without the gate."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "laguna":
+        return 1 if config.gating in (True, "per-head") else head_dim
+    return head_dim if model_type == "afmoe" else None
 
 
 def value_dim_of(config) -> int | None:

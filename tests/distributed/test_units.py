@@ -622,3 +622,28 @@ def test_mimo_is_split_by_each_layers_kv_heads_and_its_value_width(world, tmp_pa
         assert torch.equal(torch.cat([s[name] for s in shards]), model.state_dict()[name]), name
     assert torch.equal(torch.cat([s["model.layers.1.self_attn.o_proj.weight"] for s in shards], 1),
                        model.state_dict()["model.layers.1.self_attn.o_proj.weight"])
+
+
+@pytest.mark.parametrize("gating", ["per-head", "per-element"])
+def test_laguna_is_split_by_each_layers_query_heads(gating):
+    """Laguna's layers of 4 and 6 query heads over 2 KV heads: each layer's q / o and output gate split by its own
+    heads (sharding.layer_heads_of), the gate a row per head or per query channel (gate_rows_of); the slices tile
+    the tensors back; a layer whose heads do not split over the ranks is refused by name."""
+    import transformers as tf
+
+    config = make_model("laguna").config
+    config.gating = gating
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    assert plans[0].layer_heads == (4, 6) and plans[0].gate_rows == (1 if gating == "per-head" else 12)
+    shards = [shards_from_state(state, p) for p in plans]
+    for i, heads in enumerate((4, 6)):
+        prefix = f"model.layers.{i}.self_attn."
+        assert shards[1][prefix + "q_proj.weight"].shape == (heads // 2 * 12, 48)
+        assert shards[1][prefix + "o_proj.weight"].shape == (48, heads // 2 * 12)
+        assert shards[1][prefix + "g_proj.weight"].shape[0] == heads // 2 * plans[0].gate_rows
+        for name, dim in (("q_proj.weight", 0), ("g_proj.weight", 0), ("o_proj.weight", 1)):
+            assert torch.equal(torch.cat([s[prefix + name] for s in shards], dim), state[prefix + name]), name
+    with pytest.raises(ValueError, match="layer 1's 6 query heads do not split over 4"):
+        LlamaShardPlan.for_config(model.config, 4, 0)
