@@ -12,7 +12,8 @@ The math is transformers 5.24's OlmoHybridLinearAttentionDecoderLayer / OlmoHybr
         rope_theta (float32 tables, as OLMo's), no input norm, each branch's output normed before its add:
         x = x + post_attention_layernorm(o_proj attention(...));  x = x + post_feedforward_layernorm(mlp x)
     logits = lm_head(norm(x))
-Token trees are refused (each node would need its own state). No tensor-parallel runner. Not timed on a GPU.
+Token trees are refused (each node would need its own state). Tensor parallelism: paged_olmo_hybrid_tp.py. Not
+timed on a GPU.
 """
 import torch
 
@@ -104,7 +105,13 @@ class PagedOlmoHybridRunner(PagedQwen3NextRunner):
         self.rope_scaling = None if rotary is None else float(rotary.attention_scaling)
 
     def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
-        return linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+        """The SwiGLU MLP of h [T, H] -> [T, H] (every rank's partial summed under tensor parallelism)."""
+        return self._sum_partials(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
+
+    def _qk_norm(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """The q / k norm over the whole projection (olmo_rms_norm; under tensor parallelism its mean square over
+        every rank's slice: paged_olmo_hybrid_tp.py)."""
+        return olmo_rms_norm(x, norm)
 
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
@@ -115,17 +122,17 @@ class PagedOlmoHybridRunner(PagedQwen3NextRunner):
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             if layer.kind == "linear_attention":
-                x = x + self._delta_net(layer.mixer, self.states[self._recurrent_index[i]],
-                                        olmo_rms_norm(x, layer.ln_in), rows)
+                x = x + self._sum_partials(self._delta_net(layer.mixer, self.states[self._recurrent_index[i]],
+                                                           olmo_rms_norm(x, layer.ln_in), rows))
                 x = x + self._mlp(layer, olmo_rms_norm(x, layer.ln_post))
             else:
-                q = olmo_rms_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
-                k = olmo_rms_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
+                q = self._qk_norm(linear(x, *layer.q), layer.q_norm).view(total, heads, dim)
+                k = self._qk_norm(linear(x, *layer.k), layer.k_norm).view(total, kv_heads, dim)
                 v = linear(x, *layer.v).view(total, kv_heads, dim)
                 if rope is not None:  # float32 tables: rotated in float32, then the model dtype (OLMo's)
                     q, k = rotate_half_apply(q, *rope).to(q.dtype), rotate_half_apply(k, *rope).to(k.dtype)
                 o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
-                x = x + olmo_rms_norm(linear(o.reshape(total, -1), *layer.o), layer.post_attention)
+                x = x + olmo_rms_norm(self._sum_partials(linear(o.reshape(total, -1), *layer.o)), layer.post_attention)
                 x = x + olmo_rms_norm(self._mlp(layer, x), layer.post_feedforward)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)

@@ -33,6 +33,7 @@ from .paged_gated_attention_tp import TPPagedGatedAttentionRunner
 from .paged_nemotron_h import NEMOTRON_H_TYPES, PagedNemotronHRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_olmo_hybrid import OLMO_HYBRID_TYPES, PagedOlmoHybridRunner
+from .paged_olmo_hybrid_tp import TPPagedOlmoHybridRunner
 from .paged_olmo2_tp import TPPagedOlmo2Runner
 from .paged_opt import PagedOPTRunner
 from .paged_qwen3_next import QWEN3_NEXT_TYPES, PagedQwen3NextRunner
@@ -40,8 +41,8 @@ from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .paged_starcoder2_tp import TPPagedStarcoder2Runner
 from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES,
-                            TP_LLAMA4_TYPES, TP_LLAMA_TYPES, TP_MIMO_TYPES, TP_MLA_TYPES, TP_OLMO_TYPES,
-                            TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
+                            TP_LLAMA4_TYPES, TP_LLAMA_TYPES, TP_MIMO_TYPES, TP_MLA_TYPES, TP_OLMO_HYBRID_TYPES,
+                            TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
@@ -109,7 +110,8 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedStarcoder2Runner for model_type in TP_STARCODER2_TYPES},
                                                  **{model_type: TPPagedGemma4Runner for model_type in TP_GEMMA4_TYPES},
                                                  **{model_type: TPPagedGatedAttentionRunner for model_type in TP_GATED_TYPES},
-                                                 **{model_type: TPPagedMimoRunner for model_type in TP_MIMO_TYPES}}
+                                                 **{model_type: TPPagedMimoRunner for model_type in TP_MIMO_TYPES},
+                                                 **{model_type: TPPagedOlmoHybridRunner for model_type in TP_OLMO_HYBRID_TYPES}}
 
 
 def _model_type(model) -> str | None:

@@ -87,8 +87,12 @@ TP_GATED_TYPES = ("afmoe", "laguna")
 # MiMo-V2-Flash (runners/paged_mimo_tp.py): each layer by its own KV heads (sharding.layer_dims_of), the values by
 # their own width (the plan's value_dim), the sinks by query heads, the experts by their width
 TP_MIMO_TYPES = ("mimo_v2_flash",)
+# OLMo Hybrid (runners/paged_olmo_hybrid_tp.py): Qwen3.5's DeltaNet layout with its projections apart, OLMo 3's
+# attention layers (whole-projection q/k norms' statistics over every rank's slice)
+TP_OLMO_HYBRID_TYPES = ("olmo_hybrid",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
-                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES)
+                  + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES
+                  + TP_OLMO_HYBRID_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

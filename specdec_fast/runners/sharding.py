@@ -32,7 +32,8 @@ Multi-head latent attention (DeepSeek-V2 / V3, GLM-4.7-Flash: sharded_model.TP_M
     q_a_proj, kv_a_proj_with_mqa, their norms   replicated: every rank computes the same latent
                                         and caches it for its own heads (vLLM's MLA layout)
 
-Hybrid recurrent models (Qwen3-Next, Qwen3.5: sharded_model.TP_HYBRID_TYPES), by heads:
+Hybrid recurrent models (Qwen3-Next, Qwen3.5: sharded_model.TP_HYBRID_TYPES; OLMo Hybrid's q / k / v, g, b, a and
+o projections apart, split alike, its OLMo 3 attention as OLMo's), by heads:
     q_proj (each head's [q | gate] rows) this rank's heads; k_proj / v_proj as above; o_proj columns
     Gated DeltaNet: in_proj_qkvz / in_proj_ba (Qwen3-Next: rows grouped by key head) this rank's key
     heads' groups; in_proj_qkv and conv1d ([q | k | v] channels) this rank's rows of each part;
@@ -70,7 +71,10 @@ from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 
 # Families whose q_norm / k_norm weigh the whole projection ([Hq D], [Hkv D]): split as q / k rows are, the
 # statistics taken over every rank's slice (paged_llama_tp.TensorParallelRunner._projection_norm)
-WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2", "olmo2", "olmo3")
+WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2", "olmo2", "olmo3", "olmo_hybrid")
+# The hybrid families whose attention q_proj holds each head's [q | gate] rows (Qwen3-Next's gated attention; OLMo
+# Hybrid's attention is OLMo 3's, q alone)
+QUERY_GATED_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 ROW_BIASES = ("self_attn.o_proj.bias", "mlp.down_proj.bias")  # replicated; added by rank 0 only
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias")  # the LM head's bias: ERNIE 4.5's
@@ -298,7 +302,7 @@ class LlamaShardPlan:
             return self._mla_slice_of(name)
         if self.delta is not None and ".linear_attn." in name:
             return self._delta_slice_of(name)
-        if self.delta is not None and name.endswith(".self_attn.q_proj.weight"):  # each head's [q | gate] rows
+        if self.model_type in QUERY_GATED_TYPES and name.endswith(".self_attn.q_proj.weight"):  # [q | gate] rows
             rows = 2 * self.head_dim
             return Slice(0, self.rank * self.local_heads * rows, (self.rank + 1) * self.local_heads * rows)
         d, i = self.head_dim, self.intermediate // self.world
@@ -370,11 +374,14 @@ class LlamaShardPlan:
         if name.endswith("in_proj_qkv.weight") or name.endswith("conv1d.weight"):  # [q | k | v] channels
             return (Slice(0, key[0] * dk, key[1] * dk), Slice(0, nk * dk + key[0] * dk, nk * dk + key[1] * dk),
                     Slice(0, 2 * nk * dk + value[0] * dv, 2 * nk * dk + value[1] * dv))
-        if name.endswith("in_proj_z.weight"):
+        if name.endswith(("linear_attn.q_proj.weight", "linear_attn.k_proj.weight")):  # OLMo Hybrid's, apart
+            return Slice(0, key[0] * dk, key[1] * dk)
+        if name.endswith(("in_proj_z.weight", "linear_attn.v_proj.weight", "linear_attn.g_proj.weight")):
             return Slice(0, value[0] * dv, value[1] * dv)
-        if name.endswith(("in_proj_b.weight", "in_proj_a.weight", ".A_log", ".dt_bias")):
+        if name.endswith(("in_proj_b.weight", "in_proj_a.weight", "linear_attn.b_proj.weight",
+                          "linear_attn.a_proj.weight", ".A_log", ".dt_bias")):
             return Slice(0, *value)
-        if name.endswith("out_proj.weight"):
+        if name.endswith(("out_proj.weight", "linear_attn.o_proj.weight")):
             return Slice(1, value[0] * dv, value[1] * dv)
         return None  # the gated norm (over a head's dv), a conv bias (none in these models)
 

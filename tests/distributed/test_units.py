@@ -647,3 +647,23 @@ def test_laguna_is_split_by_each_layers_query_heads(gating):
             assert torch.equal(torch.cat([s[prefix + name] for s in shards], dim), state[prefix + name]), name
     with pytest.raises(ValueError, match="layer 1's 6 query heads do not split over 4"):
         LlamaShardPlan.for_config(model.config, 4, 0)
+
+
+def test_olmo_hybrid_is_split_by_heads():
+    """OLMo Hybrid at 2 ranks: the DeltaNet's q / k rows by key heads (2 of 8 each), v / g rows by value heads (4 of
+    12), b / a by value heads, o_proj's columns, the convolution's [q | k | v] channels of each part; the attention
+    layer's q_proj by heads alone (OLMo 3's, not Qwen3-Next's [q | gate] rows) with its whole-projection norm split
+    as its rows. Every slice tiles its tensor back."""
+    model = make_model("olmo_hybrid", layers=3)
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    delta, attn = "model.layers.0.linear_attn.", "model.layers.2.self_attn."
+    expected = {delta + "q_proj.weight": (8, 48), delta + "v_proj.weight": (24, 48), delta + "g_proj.weight": (24, 48),
+                delta + "b_proj.weight": (2, 48), delta + "o_proj.weight": (48, 24), delta + "conv1d.weight": (40, 1, 4),
+                attn + "q_proj.weight": (24, 48), attn + "q_norm.weight": (24,), attn + "o_proj.weight": (48, 24)}
+    for name, shape in expected.items():
+        assert shards[1][name].shape == shape, name
+        part = plans[0].slice_of(name)
+        if not isinstance(part, tuple):
+            assert torch.equal(torch.cat([s[name] for s in shards], part.dim), state[name]), name

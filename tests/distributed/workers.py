@@ -24,7 +24,9 @@ MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone
 # latent attention: heads split, the latent replicated (paged_mla_tp.py); GLM-5's sparse attention (index_topk 8,
 # past which the battery's rows run) with its indexers whole on every rank
 MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa")
-HYBRID_KINDS = ("qwen3_next", "qwen3_5_text")  # recurrent layers by heads, each rank its heads' states
+# recurrent layers by heads, each rank its heads' states (OLMo Hybrid: the DeltaNet's projections apart, OLMo 3's
+# attention with its whole-projection q/k norms)
+HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid")
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows

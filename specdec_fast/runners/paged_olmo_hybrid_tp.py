@@ -1,0 +1,82 @@
+"""TPPagedOlmoHybridRunner: OLMo Hybrid (sharded_model.TP_OLMO_HYBRID_TYPES) sharded over the ranks of a process
+group (docs/architecture.md §10).
+
+The layout (runners/sharding.py): a Gated DeltaNet layer by heads, as Qwen3.5's -- this rank's key heads of q / k
+(their projections' rows and convolution channels), its value heads of v / g / b / a, A_log and dt_bias, o_proj's
+columns -- so each rank runs the delta rule of its own heads and keeps their recurrent states and snapshots; an
+attention layer as OLMo 3's (q / k / v by heads, their whole-projection norms split as their rows with the mean
+square taken over every rank's slice, o_proj's columns); the MLPs' columns; the embedding and the LM head by
+vocabulary rows. Every branch's partials are summed by one all-reduce before its norm (the attention layer's
+post-norms) or its add. The math is PagedOlmoHybridRunner's over this rank's heads; the agreement, the
+vocabulary-parallel embedding and the gathered logits are TensorParallelRunner's.
+"""
+from ._rotary import static_rope_reason
+from .paged_base import head_dim_reason
+from .paged_llama_tp import TensorParallelRunner, shard_reason
+from .paged_olmo2_tp import TPPagedOlmo2Runner
+from .paged_olmo_hybrid import PagedOlmoHybridRunner
+from .paged_qwen3_next import LAYER_KINDS, _DeltaNet
+from .sharded_model import TP_OLMO_HYBRID_TYPES
+
+
+def tp_olmo_hybrid_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why TPPagedOlmoHybridRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
+    reason = shard_reason(model, TP_OLMO_HYBRID_TYPES)
+    if reason is not None:
+        return reason
+    config = model.config
+    if set(config.layer_types) - set(LAYER_KINDS):
+        return f"layer_types {sorted(set(config.layer_types))}: this runner takes {LAYER_KINDS}"
+    if any(name.endswith("_proj.bias") for name in model.shards):
+        return "projections with biases (attention_bias): not read by this runner"
+    return static_rope_reason(model.rope_type) or head_dim_reason(model.plan.head_dim, backend)
+
+
+class _TPLayer:
+    """One layer's shards (the attribute names of paged_olmo_hybrid._Layer)."""
+
+    def __init__(self, shards: dict, prefix: str, kind: str, config, plan):
+        from transformers.activations import ACT2FN
+
+        def get(name):
+            return shards.get(prefix + name)
+
+        eps = config.rms_norm_eps
+        self.kind = kind
+        if kind == "linear_attention":
+            nk, nv, dk, dv = plan.delta
+            projections = tuple((get(f"linear_attn.{p}_proj.weight"), None) for p in ("q", "k", "v", "g", "b", "a"))
+            self.mixer = _DeltaNet(projections, False, get("linear_attn.conv1d.weight")[:, 0],
+                                   get("linear_attn.conv1d.bias"), get("linear_attn.A_log"), get("linear_attn.dt_bias"),
+                                   (get("linear_attn.o_norm.weight"), 1e-5), (get("linear_attn.o_proj.weight"), None),
+                                   nk // plan.world, nv // plan.world, dk, dv,
+                                   beta_scale=2.0 if config.linear_allow_neg_eigval else 1.0)
+            self.ln_in, self.ln_post = (get("input_layernorm.weight"), eps), (get("post_attention_layernorm.weight"), eps)
+        else:
+            self.q, self.k, self.v, self.o = ((get(f"self_attn.{p}_proj.weight"), None) for p in "qkvo")
+            self.q_norm, self.k_norm = (get("self_attn.q_norm.weight"), eps), (get("self_attn.k_norm.weight"), eps)
+            self.post_attention = (get("post_attention_layernorm.weight"), eps)
+            self.post_feedforward = (get("post_feedforward_layernorm.weight"), eps)
+        self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
+        self.act = ACT2FN[config.hidden_act]
+
+
+class TPPagedOlmoHybridRunner(TensorParallelRunner, PagedOlmoHybridRunner):
+    """Runner (runners/base.py) for one rank's ShardedCausalLM of OLMo Hybrid: PagedOlmoHybridRunner's interface and
+    sizes; logits over the whole vocabulary, equal on every rank."""
+
+    unsupported_reason = staticmethod(tp_olmo_hybrid_unsupported_reason)
+
+    def _bind(self, model) -> None:
+        config, shards, plan = model.config, model.shards, model.plan
+        self._bind_shard(model)
+        self.layers = [_TPLayer(shards, f"model.layers.{i}.", kind, config, plan)
+                       for i, kind in enumerate(config.layer_types[:config.num_hidden_layers])]
+        self._index_layers()
+        self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
+        self.lm_head = shards["lm_head.weight"]
+        self.inv_freq = model.inv_freq.to(device=self.device)
+        self.rope_scaling = model.rope_scaling
+
+    # OLMo's whole-projection q / k norm over this rank's slice: the mean square over every rank's (one all-reduce)
+    _qk_norm = TPPagedOlmo2Runner._qk_norm
