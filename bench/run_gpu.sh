@@ -237,7 +237,7 @@ stage_moe() {
   # per pair; pairs grouped by expert) against the torch gathered path and every expert, Qwen3-30B-A3B's and
   # Mixtral's blocks, T 1-128 tokens (~1-2 min): decides where runners/_moe.py switches schedules. Then
   # its tests on CUDA (the MoE runner on every path, the kernel's table, the windows' and chunks' tables, Llama 4,
-  # Gemma 4 and its assistant, the attention's head dims up to 512)
+  # Gemma 4 and its assistant, the attention's head dims up to 512, AFMoE / Laguna and MiMo-V2-Flash's runners)
   run --cap 200 python3 bench/bench_moe.py --gpu --budget-s "$(budget 150 200)" --out "$results/moe_$dev.json"
   # The windowed layers' rings (2026-11-30, never run on a GPU): a 16k prompt's prefill at ring_chunk 1024 /
   # 2048 / 4096 against rings off, and the KV each holds (decides paged_base.ring_chunk)
@@ -246,7 +246,7 @@ stage_moe() {
     tests/engine/test_paged_moe.py tests/kernels/test_paged_attention_window.py tests/engine/test_sliding_window_models.py \
     tests/engine/test_ring_windows.py tests/engine/test_mtp.py tests/kernels/test_paged_attention_chunk.py \
     tests/engine/test_paged_llama4.py tests/engine/test_paged_gemma4.py tests/engine/test_gemma4_assistant.py \
-    tests/kernels/test_paged_attention.py
+    tests/kernels/test_paged_attention.py tests/engine/test_paged_gated_attention.py tests/engine/test_paged_mimo.py
 }
 
 stage_mla() {
@@ -256,7 +256,8 @@ stage_mla() {
   # Gated DeltaNet's prefill chunks and score block against token steps at Qwen3-Next-80B's widths; then the MLA
   # kernel's table, DeepSeek Sparse Attention's torch-ops step against the dense kernel (DeepSeek-V3.2's widths), the
   # Mamba2 layer's prefill and score block (Nemotron-H 8B's widths),
-  # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H / Falcon-H1 runners' and the MTP tests on CUDA (<= 570 s)
+  # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H / Falcon-H1 / OLMo Hybrid runners' and the MTP tests on CUDA
+  # (<= 570 s)
   run --cap 110 python3 bench/bench_mla.py --gpu --budget-s "$(budget 70 110)" --out "$results/mla_$dev.json"
   run --cap 80 python3 bench/bench_mla_prefill.py --gpu --budget-s "$(budget 40 80)" --out "$results/mla_prefill_$dev.json"
   run --cap 80 python3 bench/bench_delta_rule.py --gpu --budget-s "$(budget 40 80)" --out "$results/delta_rule_$dev.json"
@@ -264,7 +265,8 @@ stage_mla() {
   run --cap 70 python3 bench/bench_mamba2.py --gpu --budget-s "$(budget 30 70)" --out "$results/mamba2_$dev.json"
   run --cap 150 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_mla_attention.py \
     tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py \
-    tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py tests/engine/test_paged_falcon_h1.py
+    tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py tests/engine/test_paged_falcon_h1.py \
+    tests/engine/test_paged_olmo_hybrid.py
 }
 
 stage_gemv() {
