@@ -217,6 +217,16 @@ def moe_reason(mlp, config) -> str | None:
     return None
 
 
+def layers_moe_reason(layers, config) -> str | None:
+    """moe_reason of the first decoder layer (of ``layers``) whose mlp is a MoE block and not one this module runs,
+    named by its index; None when every one is."""
+    for i, layer in enumerate(layers):
+        reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
+        if reason is not None:
+            return f"layer {i}: {reason}"
+    return None
+
+
 def module_params(mlp) -> dict:
     """A transformers MoE block's tensors by their names under the block (its state_dict's: the
     names a tensor-parallel rank's shards use too): gate.weight (GPT-OSS: router.weight / .bias),

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, moe_reason
+from ._moe import MoE, is_moe, layers_moe_reason
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_olmo2 import llama_rms_norm, olmo_rms_norm
@@ -64,11 +64,7 @@ def gated_attention_unsupported_reason(model, max_tokens_per_row: int | None = N
     config = model.config
     if config.model_type == "laguna" and getattr(config, "gating", True) not in LAGUNA_GATINGS:
         return f"Laguna's gating {config.gating!r} is not one of {LAGUNA_GATINGS}"
-    for i, layer in enumerate(model.model.layers):
-        reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
-        if reason is not None:
-            return f"layer {i}: {reason}"
-    return rope_tables_reason(model, max_tokens_per_row, backend)
+    return layers_moe_reason(model.model.layers, config) or rope_tables_reason(model, max_tokens_per_row, backend)
 
 
 class _Layer:

@@ -67,8 +67,8 @@ class _TPLayer:
 
 
 class TPPagedGatedAttentionRunner(TensorParallelRunner, PagedGatedAttentionRunner):
-    """Runner (runners/base.py) for one rank's ShardedCausalLM of AFMoE: PagedGatedAttentionRunner's interface and
-    sizes; logits over the whole vocabulary, equal on every rank."""
+    """Runner (runners/base.py) for one rank's ShardedCausalLM of AFMoE or Laguna: PagedGatedAttentionRunner's
+    interface and sizes; logits over the whole vocabulary, equal on every rank."""
 
     unsupported_reason = staticmethod(tp_gated_attention_unsupported_reason)
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, moe_reason
+from ._moe import MoE, is_moe, layers_moe_reason
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_olmo2 import llama_rms_norm
@@ -51,11 +51,7 @@ def mimo_unsupported_reason(model, max_tokens_per_row: int | None = None, backen
     config = model.config
     if config.v_head_dim > config.head_dim:
         return f"v_head_dim {config.v_head_dim} wider than head_dim {config.head_dim} (the values are padded to it)"
-    for i, layer in enumerate(model.model.layers):
-        reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
-        if reason is not None:
-            return f"layer {i}: {reason}"
-    return rope_tables_reason(model, max_tokens_per_row, backend)
+    return layers_moe_reason(model.model.layers, config) or rope_tables_reason(model, max_tokens_per_row, backend)
 
 
 class _Layer:
