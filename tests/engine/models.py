@@ -102,6 +102,11 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.MiMoV2FlashConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                                     topk_group=1, routed_scaling_factor=1.5, head_dim=12, v_head_dim=8, sliding_window=8,
                                     rope_parameters=rope, **llama_like)
+    if kind == "lfm2":  # LFM2: gated short convolutions (kernel 3) with an attention layer (per-head q/k norms, RoPE)
+        # every 3rd and last (4 heads of 12 over 2 KV heads); SwiGLU MLPs of 96
+        kinds = (["conv", "conv", "full_attention"] * layers)[:layers]
+        kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
+        return tf.Lfm2Config(layer_types=kinds, norm_eps=1e-5, block_auto_adjust_ff_dim=False, **llama_like)
     if kind == "olmo_hybrid":  # OLMo Hybrid: Gated DeltaNet layers (2 key heads of 8, 4 value heads of 12, kernel 4,
         # beta up to 2) with an OLMo 3 attention layer (whole-projection q/k norms, RoPE, post-branch norms) every 3rd
         # and last (the config requires one of each kind)

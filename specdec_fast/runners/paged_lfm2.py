@@ -1,0 +1,154 @@
+"""PagedLfm2Runner: Liquid AI's LFM2 (model_type lfm2: LFM2-350M / 700M / 1.2B / 2.6B) -- gated short-convolution
+layers with a few attention layers between them -- on the paged KV cache, with speculative decoding's rollback of
+the convolutions' states (runners/paged_recurrent.py: a convolution layer is its recurrent kind, whose state is the
+convolution's last L - 1 inputs alone).
+
+The math is transformers 5.24's Lfm2DecoderLayer (modeling_lfm2.py), eval mode; every RMSNorm Llama's:
+    x = x + mixer(operator_norm x);  x = x + w2(silu(w1 h) * w3 h), h = ffn_norm x
+    "conv"            Lfm2ShortConv: B, C, x = in_proj(h) in thirds; y = C * conv(B * x); out_proj y -- conv a causal
+                      depthwise convolution of kernel conv_L_cache (3) over the row, no activation
+    "full_attention"  q / k normed per head (q_layernorm / k_layernorm), RoPE, paged attention, out_proj
+    logits = lm_head(embedding_norm x)            (the final norm's name)
+A score call's tokens read each row's window of its last L - 1 inputs (committed, or the last snapshot) and write a
+snapshot after each; a prefill runs the convolution over each row at once. Left padding: transformers zeroes a
+padded position's input, so B * x is zero there without a conv bias (the checkpoints' conv_bias False; a bias is
+refused); here padded positions do not reach the convolution at all. Token trees are refused (each node would need
+its own window). No tensor-parallel runner. Not timed on a GPU.
+"""
+import torch
+import torch.nn.functional as F
+
+from ..kernels.llama_ops.reference import rotate_half_apply
+from ._layer_math import linear_params, norm_params, rope_cos_sin
+from ._linear import linear
+from ._rotary import static_rope_reason
+from .paged_base import decoder_reason, head_dim_reason
+from .paged_olmo2 import llama_rms_norm
+from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, prefill_conv
+
+LFM2_TYPES = ("lfm2",)
+LAYER_KINDS = ("conv", "full_attention")
+
+
+def _projections(layer) -> tuple:
+    """A layer's projection modules (for plain_projections_reason)."""
+    mlp = (layer.feed_forward.w1, layer.feed_forward.w3, layer.feed_forward.w2)
+    if layer.is_attention_layer:
+        attn = layer.self_attn
+        return (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj) + mlp
+    return (layer.conv.in_proj, layer.conv.out_proj) + mlp
+
+
+def lfm2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedLfm2Runner cannot run ``model``, or None when it can."""
+    config = getattr(model, "config", None)
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if kinds - set(LAYER_KINDS):
+        return f"layer_types {sorted(kinds)}: this runner takes {LAYER_KINDS}"
+    reason = decoder_reason(model, LFM2_TYPES, "model.layers", "an Lfm2ForCausalLM", _projections)
+    if reason is not None:
+        return reason
+    if config.conv_bias:
+        return "conv_bias: a padded position's biased input would reach the convolution (transformers' left padding)"
+    head_dim = config.hidden_size // config.num_attention_heads
+    return static_rope_reason(getattr(model.model.rotary_emb, "rope_type", None)) or head_dim_reason(head_dim, backend)
+
+
+class _ShortConv:
+    """A gated short convolution's tensors (references): in_proj / out_proj (weight, bias), the convolution's weight
+    [C, L] and bias; its state shapes (the window (C, L - 1); a 1-wide recurrent slot: it has none)."""
+
+    def __init__(self, module):
+        self.in_proj, self.out_proj = linear_params(module.in_proj, module.out_proj)
+        self.weight, self.bias = module.conv.weight[:, 0], module.conv.bias
+        self.channels, self.kernel = self.weight.shape
+
+    @property
+    def shapes(self) -> tuple:
+        return (self.channels, self.kernel - 1), (1,)
+
+
+class _Layer:
+    """One layer's kind (a convolution layer is the recurrent kind, "linear_attention", for _index_layers), its
+    mixer's tensors, norms and MLP (references)."""
+
+    def __init__(self, layer):
+        self.kind = "full_attention" if layer.is_attention_layer else "linear_attention"
+        if layer.is_attention_layer:
+            attn = layer.self_attn
+            self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj)
+            self.q_norm, self.k_norm = norm_params(attn.q_layernorm), norm_params(attn.k_layernorm)
+        else:
+            self.mixer = _ShortConv(layer.conv)
+        self.operator_norm, self.ffn_norm = norm_params(layer.operator_norm), norm_params(layer.ffn_norm)
+        mlp = layer.feed_forward
+        self.w1, self.w3, self.w2 = linear_params(mlp.w1, mlp.w3, mlp.w2)
+
+
+class PagedLfm2Runner(PagedRecurrentRunner):
+    """Runner (see runners/base.py) for an Lfm2ForCausalLM instance (weights shared); the arguments are
+    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+
+    unsupported_reason = staticmethod(lfm2_unsupported_reason)
+    family = "LFM2"
+
+    def _bind(self, model) -> None:
+        config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self._index_layers()
+        self.final_norm = norm_params(inner.embedding_norm)
+        self.lm_head = model.get_output_embeddings().weight
+        self._bind_heads(config)
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
+        self.rope_scaling = float(rotary.attention_scaling)
+
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
+        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
+        rows = self._row_layout(cu, total, n)
+        x = F.embedding(flat.clamp(min=0), self.embed)
+        self._keep(0, x)
+        for i, layer in enumerate(self.layers):
+            h = llama_rms_norm(x, layer.operator_norm)
+            if layer.kind == "full_attention":
+                q = llama_rms_norm(linear(h, *layer.q).view(total, heads, dim), layer.q_norm)
+                k = llama_rms_norm(linear(h, *layer.k).view(total, kv_heads, dim), layer.k_norm)
+                v = linear(h, *layer.v).view(total, kv_heads, dim)
+                q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
+                o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
+                x = x + linear(o.reshape(total, -1), *layer.o)
+            else:
+                x = x + self._short_conv(layer.mixer, self.states[self._recurrent_index[i]], h, rows)
+            h = llama_rms_norm(x, layer.ffn_norm)
+            x = x + linear(F.silu(linear(h, *layer.w1)) * linear(h, *layer.w3), *layer.w2)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = llama_rms_norm(x, self.final_norm)
+        self._keep(len(self.layers), out)
+        return out
+
+    def _short_conv(self, conv: _ShortConv, st, h: torch.Tensor, rows: tuple) -> torch.Tensor:
+        """One gated short convolution over the call's tokens h [T, H] -> its output [T, H]: a prefill over each
+        row at once (the last L - 1 inputs committed); a score call from each row's window (committed, or the last
+        snapshot), a snapshot written after each token."""
+        index, real, slot, start = rows
+        batch, n = index.shape
+        total = h.shape[0]
+        b, c, x = linear(h, *conv.in_proj).chunk(3, dim=-1)
+        bx = b * x
+        by_row = torch.cat((bx, torch.zeros_like(bx[:1])))[index]  # [B, n, C]: each row's tokens last, padding zeros
+        if self._prefilling:
+            y, last = prefill_conv(by_row.transpose(1, 2), conv.weight, conv.bias, conv.kernel)  # [B, C, n]
+            st.conv[:batch].copy_(last)
+        else:
+            window, _ = st.start(batch, start)
+            windows = conv_windows(window, by_row, real, conv.kernel)  # [B, C, n, L]
+            y = depthwise(windows, conv.weight, conv.bias)
+            ids = torch.arange(batch, device=h.device)
+            st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+        packed = torch.zeros(total + 1, conv.channels, dtype=h.dtype, device=h.device)
+        packed.index_copy_(0, index.reshape(-1), y.to(h.dtype).transpose(1, 2).reshape(batch * n, conv.channels))
+        return linear(c * packed[:total], *conv.out_proj)

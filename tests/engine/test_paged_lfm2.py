@@ -1,0 +1,93 @@
+"""LFM2 on the paged runner (runners/paged_lfm2.py): gated short-convolution layers (kernel 3; each row's window of
+its last 2 inputs kept, snapshotted per draft token and rolled back at commit) with attention layers (per-head q/k
+norms, RoPE). Tiny models of 3 layers (conv, conv, attention; 4 heads of 12 over 2 KV heads).
+
+The runner's logits equal the model's own forward on every backend through prefill, left-padded score calls,
+rollbacks and chained calls; bfloat16 stays close; greedy generate(runner="paged") equals model.generate with a
+draft model, prompt lookup and plain decoding; the static graph twin gives the eager tokens. Controls: no rollback,
+no chaining (runner_checks.assert_rollback_controls_fail), the gate C left out."""
+import pytest
+import torch
+
+from specdec_fast.runners.paged_lfm2 import PagedLfm2Runner, lfm2_unsupported_reason
+from specdec_fast.runners.registry import paged_runner_class
+
+from ..conftest import backend_device
+from .models import VOCAB, make_model
+from .runner_checks import (assert_bf16_close_to_forward, assert_greedy_paged_equals_generate,
+                            assert_rollback_controls_fail, assert_runner_matches_forward)
+
+
+def tiny(seed: int = 0):
+    """make_model's LFM2 of 3 layers, its norms randomised (their init is ones)."""
+    model = make_model("lfm2", layers=3, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _runner(model, **kw):
+    return PagedLfm2Runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, **kw)
+
+
+def test_the_runner_and_its_pool():
+    """The runner is picked; one attention layer on the paged cache, two convolution windows of 48 channels x 2
+    (a committed one, K + 1 snapshots and a spare)."""
+    model = tiny()
+    assert paged_runner_class(model) is PagedLfm2Runner and lfm2_unsupported_reason(model) is None
+    runner = _runner(model)
+    runner.allocate(2, 20)
+    assert runner.cache.kv.shape[0] == 1 and len(runner.states) == 2
+    assert tuple(runner.states[0].conv.shape) == (2, 48, 2) and tuple(runner.states[0].conv_tent.shape) == (2, 5, 48, 2)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
+def test_logits_equal_hf_forward(backend, device):
+    device = backend_device(backend, device)
+    model = tiny().to(device)
+    assert_runner_matches_forward(model, _runner(model, backend=backend), VOCAB)
+
+
+def test_bfloat16_close_to_the_float32_forward():
+    reference = tiny()
+    model = tiny().to(torch.bfloat16)
+    assert_bf16_close_to_forward(model, PagedLfm2Runner(model, max_new_tokens=4, num_draft_tokens=1), VOCAB,
+                                 reference=reference)
+
+
+def test_greedy_paged_equals_generate():
+    assert_greedy_paged_equals_generate(tiny(seed=5), VOCAB)
+
+
+def test_static_graph_twin_gives_the_eager_tokens():
+    from .test_cuda_graphs_static import assert_static_twin_gives_eager_tokens
+
+    assert_static_twin_gives_eager_tokens(tiny(seed=3), VOCAB)
+
+
+def test_controls(monkeypatch):
+    """The rollback and the chaining (as every recurrent runner's); the gate C left out: the runner's in_proj with
+    C's rows zero and a bias of 1 on them (C = 1, y = conv(B x))."""
+    model = tiny()
+    assert_rollback_controls_fail(monkeypatch, PagedLfm2Runner, model, VOCAB, max_new_tokens=8, num_draft_tokens=3,
+                                  block_size=4)
+    runner = _runner(model)
+    for layer in runner.layers:
+        if layer.kind == "linear_attention":
+            weight = layer.mixer.in_proj[0]
+            width = weight.shape[0] // 3
+            gate_rows = torch.zeros(weight.shape[0], dtype=torch.bool)
+            gate_rows[width:2 * width] = True
+            layer.mixer.in_proj = (weight.masked_fill(gate_rows[:, None], 0.0), gate_rows.to(weight.dtype))
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_a_conv_bias_is_refused():
+    model = tiny()
+    model.config.conv_bias = True
+    assert "conv_bias" in lfm2_unsupported_reason(model)
