@@ -23,7 +23,8 @@ modeling_gpt_oss.py):
     routing, MiniMax-M2: s = sigmoid(h @ router^T) (the product in the model dtype); the top k of s +
              correction bias; w = s of those over their sum (float32). AFMoE: over their sum + 1e-20, times
              route_scale; Laguna: the logits tanh-capped first, w cast to the model dtype, the experts' sum
-             times moe_routed_scaling_factor (SIGMOID_TOPK_VARIANTS)
+             times moe_routed_scaling_factor; LFM2-MoE: in the model dtype, + 1e-6, times
+             routed_scaling_factor, its bias optional (SIGMOID_TOPK_VARIANTS)
     routing, Llama 4: logits = h @ router^T (model dtype); w, e = top-1(logits); w = sigmoid(w) in
              float32, cast to the model dtype; the expert reads h * w and its output is not weighed
              (INPUT_SCALED: y = expert_e(h * w), not w * expert_e(h)); experts [E, H, 2I] / [E, I, H]
@@ -114,14 +115,23 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # shared experts
                 "laguna": ("sigmoid_topk", True, True, "swiglu"),
                 # MiMo-V2-Flash: DeepSeek-V3's MoE without shared experts (its router in float32)
-                "mimo_v2_flash": ("sigmoid_groups", "norm_topk_prob", False, "swiglu")}
-# The sigmoid_topk families' departures from MiniMax-M2's router, by config field (None: none): (a tanh soft-cap
-# on the logits (0: none), the epsilon added to the chosen scores' sum, a factor on the weights, a factor on the
-# experts' summed output, before the shared MLP's is added)
-SIGMOID_TOPK_VARIANTS = {"afmoe": (None, 1e-20, "route_scale", None),
-                         "laguna": ("moe_router_logit_softcapping", None, None, "moe_routed_scaling_factor")}
+                "mimo_v2_flash": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                # LFM2-MoE: MiniMax-M2's choice in the model dtype (the block's expert_bias where use_expert_bias),
+                # over their sum + 1e-6 where norm_topk_prob, times routed_scaling_factor
+                "lfm2_moe": ("sigmoid_topk", "norm_topk_prob", True, "swiglu")}
+# The sigmoid_topk families' departures from MiniMax-M2's router (config fields, None: none): logit_cap a tanh
+# soft-cap on the logits (0: none); sum_eps the epsilon added to the chosen scores' sum; weight_scale a factor on
+# the weights; output_scale a factor on the experts' summed output, before the shared MLP's is added; model_dtype:
+# the scores in the model dtype (not float32); bias_field: the config flag without which there is no correction
+# bias (the top k of the scores alone)
+SIGMOID_TOPK_VARIANTS = {"afmoe": dict(sum_eps=1e-20, weight_scale="route_scale"),
+                         "laguna": dict(logit_cap="moe_router_logit_softcapping", output_scale="moe_routed_scaling_factor"),
+                         "lfm2_moe": dict(sum_eps=1e-6, weight_scale="routed_scaling_factor", model_dtype=True,
+                                          bias_field="use_expert_bias")}
 # The config field naming the experts' activation where it is not hidden_act
 ACT_FIELD = {"nemotron_h": "mlp_hidden_act"}
+# The families whose experts' activation is fixed by their code (their configs name none): LFM2-MoE's F.silu
+FIXED_ACT = {"lfm2_moe": "silu"}
 # The families whose chosen expert reads its token times the routing weight (and whose output is not
 # weighed): transformers' Llama4TextMoe. With one expert per token that is the token's input scaled
 # once, then the experts at weight 1; more than one would need an input per pair (refused: moe_reason).
@@ -210,18 +220,20 @@ def moe_reason(mlp, config) -> str | None:
     if (getattr(mlp, "shared_expert", None) is not None and config.model_type not in INPUT_SCALED
             and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear)):
         return "a shared expert without a shared_expert_gate"
-    if family[0] in BIASED_ROUTINGS and not isinstance(_correction(mlp), torch.Tensor):
+    bias_field = SIGMOID_TOPK_VARIANTS.get(config.model_type, {}).get("bias_field")
+    if (family[0] in BIASED_ROUTINGS and not isinstance(_correction(mlp), torch.Tensor)
+            and (bias_field is None or getattr(config, bias_field))):
         return f"a {family[0]} router without its e_score_correction_bias"
     if family[0] == "softmax_groups" and getattr(config, "topk_method", None) not in SOFTMAX_GROUP_METHODS:
         return f"topk_method {getattr(config, 'topk_method', None)!r} is not one of {SOFTMAX_GROUP_METHODS}"
     return None
 
 
-def layers_moe_reason(layers, config) -> str | None:
-    """moe_reason of the first decoder layer (of ``layers``) whose mlp is a MoE block and not one this module runs,
-    named by its index; None when every one is."""
-    for i, layer in enumerate(layers):
-        reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
+def layers_moe_reason(mlps, config) -> str | None:
+    """moe_reason of the first of the decoder layers' MLP blocks (``mlps``, in layer order) that is a MoE block and
+    not one this module runs, named by its layer; None when every one is."""
+    for i, mlp in enumerate(mlps):
+        reason = moe_reason(mlp, config) if is_moe(mlp) else None
         if reason is not None:
             return f"layer {i}: {reason}"
     return None
@@ -272,18 +284,22 @@ class MoE:
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
         self.top_k = top_k_of(config, layer)
         self.scale_input = config.model_type in INPUT_SCALED
-        if self.routing_kind in BIASED_ROUTINGS:
-            self.correction = params[f"{router}.e_score_correction_bias"].float()  # [E] (ERNIE's [1, E])
+        variant = SIGMOID_TOPK_VARIANTS.get(config.model_type, {}) if self.routing_kind == "sigmoid_topk" else {}
+        if self.routing_kind in BIASED_ROUTINGS:  # [E] (ERNIE's [1, E]); None: a family without it (bias_field)
+            correction = params.get(f"{router}.e_score_correction_bias")
+            if correction is None and not ("bias_field" in variant and not getattr(config, variant["bias_field"])):
+                raise KeyError(f"{router}.e_score_correction_bias")
+            self.correction = None if correction is None else correction.float()
         if self.routing_kind == "softmax_biased":
             self.norm_min = float(config.moe_norm_min)
         if self.routing_kind == "sigmoid_topk_scaled":  # Hy3
             self.routed_scale = float(config.router_scaling_factor)
-        self.logit_cap = self.sum_eps = self.weight_scale = self.output_scale = None  # SIGMOID_TOPK_VARIANTS'
-        if self.routing_kind == "sigmoid_topk" and config.model_type in SIGMOID_TOPK_VARIANTS:
-            cap, self.sum_eps, weight_scale, output_scale = SIGMOID_TOPK_VARIANTS[config.model_type]
-            self.logit_cap = (float(getattr(config, cap) or 0.0) or None) if cap else None  # 0: no cap
-            self.weight_scale = float(getattr(config, weight_scale)) if weight_scale else None
-            self.output_scale = float(getattr(config, output_scale)) if output_scale else None
+        # SIGMOID_TOPK_VARIANTS' departures (None: none)
+        cap, weight_scale, output_scale = (variant.get(k) for k in ("logit_cap", "weight_scale", "output_scale"))
+        self.logit_cap = (float(getattr(config, cap) or 0.0) or None) if cap else None  # 0: no cap
+        self.sum_eps, self.model_dtype = variant.get("sum_eps"), variant.get("model_dtype", False)
+        self.weight_scale = float(getattr(config, weight_scale)) if weight_scale else None
+        self.output_scale = float(getattr(config, output_scale)) if output_scale else None
         # Hy3: the routed and shared outputs summed in float32, then cast (its enable_moe_fp32_combine)
         self.fp32_combine = bool(getattr(config, "enable_moe_fp32_combine", False))
         if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
@@ -294,7 +310,8 @@ class MoE:
             self.groups, self.top_groups = (int(config.n_group), int(config.topk_group)) if self.group_limited else (1, 1)
             self.routed_scale = float(config.routed_scaling_factor)
         gate_up, down = params.get("experts.gate_up_proj", params.get("experts.up_proj")), params["experts.down_proj"]
-        act = ACT2FN[getattr(config, ACT_FIELD.get(config.model_type, "hidden_act"))]
+        act_name = FIXED_ACT.get(config.model_type) or getattr(config, ACT_FIELD.get(config.model_type, "hidden_act"))
+        act = ACT2FN[act_name]
         self.gate_up_bias, self.down_bias = params.get("experts.gate_up_proj_bias"), params.get("experts.down_proj_bias")
         if self.layout == "gpt_oss":  # [E, H, 2I] / [E, I, H] as the [E, out, in] views the products read
             self.gate_up, self.down = gate_up.transpose(1, 2), down.transpose(1, 2)
@@ -306,7 +323,7 @@ class MoE:
             self.gate_up, self.down, self.act = gate_up, down, act
         # kernels/moe's activation for these experts; None: one it does not fuse (the torch path: ungated experts too)
         fused = None if self.layout == "ungated" else "gpt_oss" if self.layout == "gpt_oss" else \
-            "silu" if config.hidden_act == "silu" else None
+            "silu" if act_name == "silu" else None
         self._bind_experts(fused, kernels)
         prefix = next((p for p in SHARED if f"{p}.up_proj.weight" in params), None)
         projections = ("gate_proj", "up_proj", "down_proj")
@@ -390,14 +407,17 @@ class MoE:
         dtype's product, then float32); the top k by score + correction bias; the weights are the chosen
         scores over their sum (float32). SIGMOID_TOPK_VARIANTS' (AfmoeTokenChoiceRouter, LagunaTopKRouter): the
         logits tanh-capped first, an epsilon in the sum, the weights scaled, cast to the model dtype (cast)."""
-        logits = F.linear(h, self.router).float()  # [T, E]
+        logits = F.linear(h, self.router)  # [T, E]
+        logits = logits if self.model_dtype else logits.float()
         if self.logit_cap is not None:
             logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
         scores = logits.sigmoid()
-        chosen = torch.topk(scores + self.correction, self.top_k, dim=-1, sorted=False)[1]
+        choice = scores if self.correction is None else scores + self.correction
+        chosen = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, chosen)
-        total = weights.sum(dim=-1, keepdim=True)
-        weights = weights / (total if self.sum_eps is None else total + self.sum_eps)
+        if self.renorm:
+            total = weights.sum(dim=-1, keepdim=True)
+            weights = weights / (total if self.sum_eps is None else total + self.sum_eps)
         if self.weight_scale is not None:
             weights = weights * self.weight_scale
         return (weights.to(h.dtype) if self.cast else weights), chosen

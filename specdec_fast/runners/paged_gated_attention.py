@@ -64,7 +64,7 @@ def gated_attention_unsupported_reason(model, max_tokens_per_row: int | None = N
     config = model.config
     if config.model_type == "laguna" and getattr(config, "gating", True) not in LAGUNA_GATINGS:
         return f"Laguna's gating {config.gating!r} is not one of {LAGUNA_GATINGS}"
-    return layers_moe_reason(model.model.layers, config) or rope_tables_reason(model, max_tokens_per_row, backend)
+    return layers_moe_reason([layer.mlp for layer in model.model.layers], config) or rope_tables_reason(model, max_tokens_per_row, backend)
 
 
 class _Layer:

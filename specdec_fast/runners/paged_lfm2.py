@@ -1,4 +1,4 @@
-"""PagedLfm2Runner: Liquid AI's LFM2 (model_type lfm2: LFM2-350M / 700M / 1.2B / 2.6B) -- gated short-convolution
+"""PagedLfm2Runner: Liquid AI's LFM2 (model_type lfm2: LFM2-350M / 700M / 1.2B / 2.6B; lfm2_moe) -- gated short-convolution
 layers with a few attention layers between them -- on the paged KV cache, with speculative decoding's rollback of
 the convolutions' states (runners/paged_recurrent.py: a convolution layer is its recurrent kind, whose state is the
 convolution's last L - 1 inputs alone).
@@ -9,6 +9,9 @@ The math is transformers 5.24's Lfm2DecoderLayer (modeling_lfm2.py), eval mode; 
                       depthwise convolution of kernel conv_L_cache (3) over the row, no activation
     "full_attention"  q / k normed per head (q_layernorm / k_layernorm), RoPE, paged attention, out_proj
     logits = lm_head(embedding_norm x)            (the final norm's name)
+LFM2-MoE (lfm2_moe: LFM2-8B-A1B) has the same layers with MoE blocks after its num_dense_layers: sigmoid scores of
+the model-dtype router product, the top k by score + the block's expert_bias (where use_expert_bias), over their
+sum + 1e-6 where norm_topk_prob, times routed_scaling_factor (runners/_moe.py SIGMOID_TOPK_VARIANTS).
 A score call's tokens read each row's window of its last L - 1 inputs (committed, or the last snapshot) and write a
 snapshot after each; a prefill runs the convolution over each row at once. Left padding: transformers zeroes a
 padded position's input, so B * x is zero there without a conv bias (the checkpoints' conv_bias False; a bias is
@@ -21,18 +24,21 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params, norm_params, rope_cos_sin
 from ._linear import linear
+from ._moe import MoE, is_moe, layers_moe_reason
 from ._rotary import static_rope_reason
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import llama_rms_norm
 from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, prefill_conv
 
-LFM2_TYPES = ("lfm2",)
+LFM2_TYPES = ("lfm2", "lfm2_moe")  # LFM2-MoE (LFM2-8B-A1B): LFM2's layers, MoE blocks after num_dense_layers
 LAYER_KINDS = ("conv", "full_attention")
 
 
 def _projections(layer) -> tuple:
-    """A layer's projection modules (for plain_projections_reason)."""
-    mlp = (layer.feed_forward.w1, layer.feed_forward.w3, layer.feed_forward.w2)
+    """A layer's projection modules (for plain_projections_reason; a MoE block's experts are 3-D tensors, its router
+    checked by moe_reason)."""
+    ff = layer.feed_forward
+    mlp = () if is_moe(ff) else (ff.w1, ff.w3, ff.w2)
     if layer.is_attention_layer:
         attn = layer.self_attn
         return (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj) + mlp
@@ -40,18 +46,28 @@ def _projections(layer) -> tuple:
 
 
 def lfm2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why PagedLfm2Runner cannot run ``model``, or None when it can."""
+    """Why PagedLfm2Runner cannot run ``model`` (an Lfm2ForCausalLM or Lfm2MoeForCausalLM), or None when it can."""
     config = getattr(model, "config", None)
     kinds = set(getattr(config, "layer_types", None) or ())
     if kinds - set(LAYER_KINDS):
         return f"layer_types {sorted(kinds)}: this runner takes {LAYER_KINDS}"
-    reason = decoder_reason(model, LFM2_TYPES, "model.layers", "an Lfm2ForCausalLM", _projections)
+    reason = decoder_reason(model, LFM2_TYPES, "model.layers", "an Lfm2ForCausalLM or Lfm2MoeForCausalLM",
+                            _projections)
     if reason is not None:
         return reason
     if config.conv_bias:
         return "conv_bias: a padded position's biased input would reach the convolution (transformers' left padding)"
+    reason = layers_moe_reason([layer.feed_forward for layer in model.model.layers], config)
+    if reason is not None:
+        return reason
     head_dim = config.hidden_size // config.num_attention_heads
-    return static_rope_reason(getattr(model.model.rotary_emb, "rope_type", None)) or head_dim_reason(head_dim, backend)
+    return static_rope_reason(getattr(_rotary(model.model), "rope_type", None)) or head_dim_reason(head_dim, backend)
+
+
+def _rotary(inner):
+    """The decoder's rotary module: LFM2's rotary_emb, LFM2-MoE's pos_emb."""
+    rotary = getattr(inner, "rotary_emb", None)
+    return rotary if rotary is not None else inner.pos_emb
 
 
 class _ShortConv:
@@ -72,7 +88,7 @@ class _Layer:
     """One layer's kind (a convolution layer is the recurrent kind, "linear_attention", for _index_layers), its
     mixer's tensors, norms and MLP (references)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, config, kernels: str):
         self.kind = "full_attention" if layer.is_attention_layer else "linear_attention"
         if layer.is_attention_layer:
             attn = layer.self_attn
@@ -82,7 +98,9 @@ class _Layer:
             self.mixer = _ShortConv(layer.conv)
         self.operator_norm, self.ffn_norm = norm_params(layer.operator_norm), norm_params(layer.ffn_norm)
         mlp = layer.feed_forward
-        self.w1, self.w3, self.w2 = linear_params(mlp.w1, mlp.w3, mlp.w2)
+        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None  # LFM2-MoE's blocks
+        if self.moe is None:
+            self.w1, self.w3, self.w2 = linear_params(mlp.w1, mlp.w3, mlp.w2)
 
 
 class PagedLfm2Runner(PagedRecurrentRunner):
@@ -95,12 +113,12 @@ class PagedLfm2Runner(PagedRecurrentRunner):
     def _bind(self, model) -> None:
         config, inner = model.config, model.model
         self.embed = inner.embed_tokens.weight
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.layers = [_Layer(layer, config, self.kernels) for layer in inner.layers]
         self._index_layers()
         self.final_norm = norm_params(inner.embedding_norm)
         self.lm_head = model.get_output_embeddings().weight
         self._bind_heads(config)
-        rotary = inner.rotary_emb
+        rotary = _rotary(inner)
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
 
@@ -123,7 +141,10 @@ class PagedLfm2Runner(PagedRecurrentRunner):
             else:
                 x = x + self._short_conv(layer.mixer, self.states[self._recurrent_index[i]], h, rows)
             h = llama_rms_norm(x, layer.ffn_norm)
-            x = x + linear(F.silu(linear(h, *layer.w1)) * linear(h, *layer.w3), *layer.w2)
+            if layer.moe is not None:
+                x = x + layer.moe(h, self._prefilling)
+            else:
+                x = x + linear(F.silu(linear(h, *layer.w1)) * linear(h, *layer.w3), *layer.w2)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = llama_rms_norm(x, self.final_norm)

@@ -51,7 +51,7 @@ def mimo_unsupported_reason(model, max_tokens_per_row: int | None = None, backen
     config = model.config
     if config.v_head_dim > config.head_dim:
         return f"v_head_dim {config.v_head_dim} wider than head_dim {config.head_dim} (the values are padded to it)"
-    return layers_moe_reason(model.model.layers, config) or rope_tables_reason(model, max_tokens_per_row, backend)
+    return layers_moe_reason([layer.mlp for layer in model.model.layers], config) or rope_tables_reason(model, max_tokens_per_row, backend)
 
 
 class _Layer:

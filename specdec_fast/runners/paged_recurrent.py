@@ -1,6 +1,8 @@
-"""PagedRecurrentRunner: the part of a hybrid decoder's runner that its recurrent layers need -- Qwen3-Next's
-Gated DeltaNet layers (runners/paged_qwen3_next.py), Nemotron-H's Mamba2 layers (runners/paged_nemotron_h.py)
--- with speculative decoding's rollback of their states.
+"""PagedRecurrentRunner: the part of a hybrid decoder's runner that its recurrent layers need -- Qwen3-Next's and
+OLMo Hybrid's Gated DeltaNet layers (runners/paged_qwen3_next.py, paged_olmo_hybrid.py), the Mamba2 layers of
+Nemotron-H, Granite 4.0-H and Falcon-H1 (runners/paged_nemotron_h.py, ...), LFM2's gated short convolutions (whose
+state is the convolution's window alone: runners/paged_lfm2.py) -- with speculative decoding's rollback of their
+states.
 
 A paged KV cache rolls back a rejected draft by not advancing a length. A recurrent layer has no such thing:
 its state after the K + 1 scored tokens has absorbed them all. So the runner keeps, per recurrent layer and

@@ -107,6 +107,12 @@ def _config(kind: str, vocab: int, layers: int):
         kinds = (["conv", "conv", "full_attention"] * layers)[:layers]
         kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
         return tf.Lfm2Config(layer_types=kinds, norm_eps=1e-5, block_auto_adjust_ff_dim=False, **llama_like)
+    if kind == "lfm2_moe":  # LFM2-MoE: LFM2's layers, layer 0's MLP dense (96), then 8 experts of 24, top 2, by sigmoid
+        # scores + the block's expert_bias (zero here), renormalised, scaled by 1.5
+        kinds = (["conv", "conv", "full_attention"] * layers)[:layers]
+        kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
+        return tf.Lfm2MoeConfig(layer_types=kinds, num_dense_layers=1, num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=24, routed_scaling_factor=1.5, **llama_like)
     if kind == "olmo_hybrid":  # OLMo Hybrid: Gated DeltaNet layers (2 key heads of 8, 4 value heads of 12, kernel 4,
         # beta up to 2) with an OLMo 3 attention layer (whole-projection q/k norms, RoPE, post-branch norms) every 3rd
         # and last (the config requires one of each kind)

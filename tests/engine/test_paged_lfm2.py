@@ -1,11 +1,14 @@
-"""LFM2 on the paged runner (runners/paged_lfm2.py): gated short-convolution layers (kernel 3; each row's window of
-its last 2 inputs kept, snapshotted per draft token and rolled back at commit) with attention layers (per-head q/k
-norms, RoPE). Tiny models of 3 layers (conv, conv, attention; 4 heads of 12 over 2 KV heads).
+"""LFM2 and LFM2-MoE on the paged runner (runners/paged_lfm2.py): gated short-convolution layers (kernel 3; each row's
+window of its last 2 inputs kept, snapshotted per draft token and rolled back at commit) with attention layers
+(per-head q/k norms, RoPE); LFM2-MoE's blocks after its dense first layer (sigmoid scores in the model dtype + the
+block's expert_bias, renormalised, scaled). Tiny models of 3 layers (conv, conv, attention; 4 heads of 12 over 2 KV
+heads).
 
 The runner's logits equal the model's own forward on every backend through prefill, left-padded score calls,
 rollbacks and chained calls; bfloat16 stays close; greedy generate(runner="paged") equals model.generate with a
 draft model, prompt lookup and plain decoding; the static graph twin gives the eager tokens. Controls: no rollback,
-no chaining (runner_checks.assert_rollback_controls_fail), the gate C left out."""
+no chaining (runner_checks.assert_rollback_controls_fail), the gate C left out; LFM2-MoE's correction bias and
+scale."""
 import pytest
 import torch
 
@@ -18,14 +21,28 @@ from .runner_checks import (assert_bf16_close_to_forward, assert_greedy_paged_eq
                             assert_rollback_controls_fail, assert_runner_matches_forward)
 
 
-def tiny(seed: int = 0):
-    """make_model's LFM2 of 3 layers, its norms randomised (their init is ones)."""
-    model = make_model("lfm2", layers=3, seed=seed)
+KINDS = ("lfm2", "lfm2_moe")
+
+
+def tiny(kind: str = "lfm2", seed: int = 0, **config):
+    """make_model's LFM2 / LFM2-MoE of 3 layers (config: fields changed before it is built), its norms and the MoE
+    blocks' expert_bias randomised (their inits are ones and zeros)."""
+    model = make_model(kind, layers=3, seed=seed)
+    if config:
+        import transformers as tf
+
+        for name, value in config.items():
+            setattr(model.config, name, value)
+        torch.manual_seed(seed)
+        model = tf.AutoModelForCausalLM.from_config(model.config).float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buffer.copy_(0.3 * torch.randn(buffer.shape, generator=gen))
     model.generation_config.eos_token_id = None
     return model
 
@@ -46,21 +63,33 @@ def test_the_runner_and_its_pool():
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
-def test_logits_equal_hf_forward(backend, device):
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_equal_hf_forward(kind, backend, device):
     device = backend_device(backend, device)
-    model = tiny().to(device)
+    model = tiny(kind).to(device)
     assert_runner_matches_forward(model, _runner(model, backend=backend), VOCAB)
 
 
-def test_bfloat16_close_to_the_float32_forward():
-    reference = tiny()
-    model = tiny().to(torch.bfloat16)
+@pytest.mark.parametrize("config", [dict(use_expert_bias=False), dict(norm_topk_prob=False)])
+def test_lfm2_moe_without_its_bias_or_renormalisation(config):
+    """LFM2-MoE's routing without the expert_bias (the top k of the scores alone) and without renormalisation."""
+    model = tiny("lfm2_moe", **config)
+    assert_runner_matches_forward(model, _runner(model), VOCAB)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bfloat16_close_to_the_forward(kind):
+    """LFM2 against the float32 forward; LFM2-MoE against transformers' own bf16 forward (its routing in bf16: both
+    ~3.5% of the logits' scale from float32 on the tiny model, 0.7% from each other)."""
+    reference = tiny(kind) if kind == "lfm2" else None
+    model = tiny(kind).to(torch.bfloat16)
     assert_bf16_close_to_forward(model, PagedLfm2Runner(model, max_new_tokens=4, num_draft_tokens=1), VOCAB,
                                  reference=reference)
 
 
-def test_greedy_paged_equals_generate():
-    assert_greedy_paged_equals_generate(tiny(seed=5), VOCAB)
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_paged_equals_generate(kind):
+    assert_greedy_paged_equals_generate(tiny(kind, seed=5), VOCAB)
 
 
 def test_static_graph_twin_gives_the_eager_tokens():
@@ -83,6 +112,19 @@ def test_controls(monkeypatch):
             gate_rows = torch.zeros(weight.shape[0], dtype=torch.bool)
             gate_rows[width:2 * width] = True
             layer.mixer.in_proj = (weight.masked_fill(gate_rows[:, None], 0.0), gate_rows.to(weight.dtype))
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
+@pytest.mark.parametrize("left_out", ["correction", "weight_scale"])
+def test_lfm2_moe_controls(left_out):
+    """LFM2-MoE's expert_bias in the choice, its routed_scaling_factor on the weights: each left out moves the logits
+    off the forward's."""
+    model = tiny("lfm2_moe")
+    runner = _runner(model)
+    for layer in runner.layers:
+        if layer.moe is not None:
+            setattr(layer.moe, left_out, None)
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
 
