@@ -102,6 +102,10 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.MiMoV2FlashConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                                     topk_group=1, routed_scaling_factor=1.5, head_dim=12, v_head_dim=8, sliding_window=8,
                                     rope_parameters=rope, **llama_like)
+    if kind == "mamba2":  # a pure Mamba2 LM: 8 heads of 12, 2 groups of state 16, kernel 4, no attention
+        return tf.Mamba2Config(vocab_size=vocab, hidden_size=48, num_hidden_layers=layers, num_heads=8, head_dim=12,
+                               expand=2, n_groups=2, state_size=16, conv_kernel=4, chunk_size=8, bos_token_id=1,
+                               eos_token_id=2, pad_token_id=0)
     if kind == "lfm2":  # LFM2: gated short convolutions (kernel 3) with an attention layer (per-head q/k norms, RoPE)
         # every 3rd and last (4 heads of 12 over 2 KV heads); SwiGLU MLPs of 96
         kinds = (["conv", "conv", "full_attention"] * layers)[:layers]
@@ -280,8 +284,9 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
-    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash"):
-        attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash have no sdpa path (soft-capping, sinks)
+    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "mamba2"):
+        attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash have no sdpa path (soft-capping, sinks);
+        # Mamba2 no attention at all
     config = _config(kind, vocab, layers)
     config.initializer_range = init_std
     config._attn_implementation = attn
