@@ -19,7 +19,7 @@ from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
-from .paged_mamba2_lm import MAMBA2_TYPES, PagedMamba2Runner
+from .paged_mamba_lm import MAMBA_LM_TYPES, PagedMambaRunner
 from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner
 from .paged_llama4_tp import TPPagedLlama4Runner
 from .paged_cohere_tp import TPPagedCohereRunner
@@ -51,7 +51,7 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
 # (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5), the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
-# Bamba, Falcon-H1, OLMo Hybrid, LFM2, pure Mamba2; Granite 4.0-H by BY_CONFIG), the gated-attention MoE ones (AFMoE, Laguna) and
+# Bamba, Falcon-H1, OLMo Hybrid, LFM2, pure Mamba / Mamba2; Granite 4.0-H by BY_CONFIG), the gated-attention MoE ones (AFMoE, Laguna) and
 # MiMo-V2-Flash.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
@@ -89,8 +89,9 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     # AFMoE (Arcee Trinity Nano / Mini / Large), Laguna (poolside Laguna XS.2): a gate on the attention's output,
     # q/k norms, sigmoid-routed experts with shared ones
     **{model_type: PagedGatedAttentionRunner for model_type in GATED_ATTENTION_TYPES},
-    # Mamba2 language models (Mamba-Codestral-7B): every layer a Mamba2 mixer (states rolled back), no attention
-    **{model_type: PagedMamba2Runner for model_type in MAMBA2_TYPES},
+    # pure Mamba language models (Mamba-Codestral-7B's Mamba2, Mamba, Falcon-Mamba): every layer a Mamba mixer (states
+    # rolled back), no attention
+    **{model_type: PagedMambaRunner for model_type in MAMBA_LM_TYPES},
     # LFM2 (350M-2.6B): gated short-convolution layers (their windows rolled back) with attention layers
     **{model_type: PagedLfm2Runner for model_type in LFM2_TYPES},
     # OLMo Hybrid (Olmo-Hybrid-7B): Qwen3.5's Gated DeltaNet layers with OLMo 3 attention layers

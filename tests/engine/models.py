@@ -106,6 +106,11 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.Mamba2Config(vocab_size=vocab, hidden_size=48, num_hidden_layers=layers, num_heads=8, head_dim=12,
                                expand=2, n_groups=2, state_size=16, conv_kernel=4, chunk_size=8, bos_token_id=1,
                                eos_token_id=2, pad_token_id=0)
+    if kind in ("mamba", "falcon_mamba"):  # a pure Mamba (Mamba1) LM: 96 channels of state 8, dt rank 6, kernel 4;
+        # Falcon-Mamba's dt / B / C RMS-normed
+        config_class = tf.FalconMambaConfig if kind == "falcon_mamba" else tf.MambaConfig
+        return config_class(vocab_size=vocab, hidden_size=48, num_hidden_layers=layers, intermediate_size=96,
+                            state_size=8, time_step_rank=6, conv_kernel=4, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if kind == "lfm2":  # LFM2: gated short convolutions (kernel 3) with an attention layer (per-head q/k norms, RoPE)
         # every 3rd and last (4 heads of 12 over 2 KV heads); SwiGLU MLPs of 96
         kinds = (["conv", "conv", "full_attention"] * layers)[:layers]
@@ -284,9 +289,9 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
-    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "mamba2"):
+    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "mamba2", "mamba", "falcon_mamba"):
         attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash have no sdpa path (soft-capping, sinks);
-        # Mamba2 no attention at all
+        # the Mamba LMs no attention at all
     config = _config(kind, vocab, layers)
     config.initializer_range = init_std
     config._attn_implementation = attn

@@ -1,0 +1,102 @@
+"""A Mamba (Mamba1) mixer on the paged runners (pure Mamba LMs and Falcon-Mamba: runners/paged_mamba_lm.py), its
+state rolled back by runners/paged_recurrent.py.
+
+The math is transformers 5.24's MambaMixer / FalconMambaMixer on their torch path (mamba_selective_scan, the
+forward over a sequence: what a prefill and a verify call of several tokens run), eval mode, per token (C channels
+of intermediate_size, state N, time-step rank R):
+    [x | z] = in_proj(h)                          x, z [C]
+    x = silu(causal depthwise conv1d(x))          (kernel K, bias; a state of the last K - 1 inputs)
+    dt, B, C' = split(x_proj(x))                  [R], [N], [N]; Falcon-Mamba: each RMS-normed (weightless)
+    dt = softplus(dt_proj.weight @ dt + dt_proj.bias)                                   [C]
+    S_t = exp(dt A) * S_{t-1} + (dt x) B^T        S [C, N] float32, A = -exp(A_log) [C, N]
+    y = S_t C' + D x;  out = out_proj(y * silu(z))
+Every call runs the tokens one by one from each row's state (transformers' scan loop; a score call's K + 1
+tokens write a snapshot after each, a prefill keeps the last state only) -- no block form, no kernel yet: a long
+prompt's prefill is a loop of its length (torch ops on every backend; not timed on a GPU). Padded positions
+(a row's first columns) neither decay nor update the state.
+"""
+import torch
+import torch.nn.functional as F
+
+from ._linear import linear
+from .paged_recurrent import conv_windows, depthwise, prefill_conv
+
+
+class Mamba1:
+    """A Mamba1 mixer's tensors (references) and sizes: in_proj / x_proj / out_proj (weight, bias), the convolution
+    [C, K] and its bias, dt_proj's weight [C, R] and bias [C], A_log [C, N], D [C]; Falcon-Mamba's weightless norms'
+    eps on dt, B and C (None: Mamba's, none)."""
+
+    def __init__(self, mixer):
+        self.in_proj, self.x_proj, self.out = ((m.weight, m.bias) for m in (mixer.in_proj, mixer.x_proj, mixer.out_proj))
+        self.conv, self.conv_bias = mixer.conv1d.weight[:, 0], mixer.conv1d.bias
+        self.dt_weight, self.dt_bias = mixer.dt_proj.weight, mixer.dt_proj.bias
+        self.a_log, self.d = mixer.A_log, mixer.D
+        self.rank, self.state = mixer.time_step_rank, mixer.ssm_state_size
+        self.channels, self.kernel = self.conv.shape
+        self.rms_eps = getattr(mixer, "rms_eps", None)  # FalconMambaMixer's mixer_rms_eps
+
+    @property
+    def shapes(self) -> tuple:
+        """(conv state (C, K - 1), recurrent state (C, N)): PagedRecurrentRunner's recurrent_shapes entry."""
+        return (self.channels, self.kernel - 1), (self.channels, self.state)
+
+    def _weightless(self, t: torch.Tensor) -> torch.Tensor:
+        """FalconMambaWeightlessRMSNorm over the last dim (float32, then t's dtype)."""
+        t32 = t.float()
+        return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + self.rms_eps)).type_as(t)
+
+    def ssm_inputs(self, x: torch.Tensor, real: torch.Tensor) -> tuple:
+        """The convolution's output x [B, n, C] (after silu, model dtype) of a call's rows -> the update
+        (dt B^T) x [B, n, C, N] float32 (in mamba_selective_scan's order), C' [B, n, N] (model dtype), the decay
+        exp(dt A) [B, n, C, N] (1 at padding: no decay; the update 0 there)."""
+        dt, b, c = torch.split(linear(x, *self.x_proj), [self.rank, self.state, self.state], dim=-1)
+        if self.rms_eps is not None:
+            dt, b, c = self._weightless(dt), self._weightless(b), self._weightless(c)
+        dt = dt @ self.dt_weight.t()  # MambaMixer: dt_proj.weight @ time_step (its bias added in the scan)
+        dt = F.softplus(dt + self.dt_bias.to(dt.dtype)) * real[..., None]
+        decay = torch.exp(-self.a_log.float().exp() * dt[..., None])  # [B, n, C, N]
+        update = dt[..., None] * b.float()[..., None, :] * x.float()[..., None]
+        return update, c, decay
+
+    def output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype) -> torch.Tensor:
+        """y [T, C] (S C'), x [T, C] the convolution's output, z [T, C] -> out_proj((y + D x) * silu(z)), D in
+        float32 (as transformers passes it)."""
+        return linear(((y + x * self.d.float()) * F.silu(z)).to(dtype), *self.out)
+
+
+def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
+    """One Mamba1 layer over a call's tokens h [T, H] (rows: PagedRecurrentRunner._row_layout's) -> its output
+    [T, H]: token by token from zero states in a prefill (the last ones committed), from each row's state (committed,
+    or the last snapshot) in a score call, a snapshot written after each token."""
+    index, real, slot, start = rows
+    batch, n = index.shape
+    total = h.shape[0]
+    x, z = linear(h, *net.in_proj).chunk(2, dim=-1)
+    by_row = torch.cat((x, torch.zeros_like(x[:1])))[index]  # [B, n, C]: each row's tokens last, padding zeros
+    ids = torch.arange(batch, device=h.device)
+    if prefilling:
+        y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)
+        st.conv[:batch].copy_(last)
+        state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
+    else:
+        conv, state = st.start(batch, start)
+        windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+        y = depthwise(windows, net.conv, net.conv_bias)
+        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+    xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
+    update, c, decay = net.ssm_inputs(xs, real)
+    outs = []
+    for t in range(n):
+        state = decay[:, t] * state + update[:, t]  # exp(dt A) * S + (dt B^T) x
+        # S C' in the model dtype, as transformers' scan multiplies them
+        outs.append((state.to(c.dtype) @ c[:, t, :, None])[..., 0])
+        if not prefilling:  # the snapshot after this token (a padded step writes the spare slot)
+            st.rec_tent[ids, slot[:, t]] = state
+    if prefilling:
+        st.rec[:batch].copy_(state)
+    packed = torch.zeros(total + 1, net.channels, dtype=c.dtype, device=h.device)
+    packed.index_copy_(0, index.reshape(-1), torch.stack(outs, dim=1).reshape(batch * n, -1))
+    xs_packed = torch.zeros_like(packed)
+    xs_packed.index_copy_(0, index.reshape(-1), xs.reshape(batch * n, -1))
+    return net.output(packed[:total], xs_packed[:total], z, h.dtype)
