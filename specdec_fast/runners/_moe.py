@@ -116,6 +116,9 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "laguna": ("sigmoid_topk", True, True, "swiglu"),
                 # MiMo-V2-Flash: DeepSeek-V3's MoE without shared experts (its router in float32)
                 "mimo_v2_flash": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                # Jamba: softmax of the model-dtype logits in float32, the top k not renormalised, cast to the model
+                # dtype (JambaTopKRouter)
+                "jamba": ("softmax_topk", False, True, "swiglu"),
                 # LFM2-MoE: MiniMax-M2's choice in the model dtype (the block's expert_bias where use_expert_bias),
                 # over their sum + 1e-6 where norm_topk_prob, times routed_scaling_factor
                 "lfm2_moe": ("sigmoid_topk", "norm_topk_prob", True, "swiglu")}

@@ -1,12 +1,13 @@
-"""A Mamba (Mamba1) mixer on the paged runners (pure Mamba LMs and Falcon-Mamba: runners/paged_mamba_lm.py), its
-state rolled back by runners/paged_recurrent.py.
+"""A Mamba (Mamba1) mixer on the paged runners (pure Mamba LMs and Falcon-Mamba: runners/paged_mamba_lm.py; Jamba:
+runners/paged_jamba.py), its state rolled back by runners/paged_recurrent.py.
 
-The math is transformers 5.24's MambaMixer / FalconMambaMixer on their torch path (mamba_selective_scan, the
-forward over a sequence: what a prefill and a verify call of several tokens run), eval mode, per token (C channels
-of intermediate_size, state N, time-step rank R):
+The math is transformers 5.24's MambaMixer / FalconMambaMixer / JambaMambaMixer on their torch path
+(mamba_selective_scan, the forward over a sequence: what a prefill and a verify call of several tokens run), eval
+mode, per token (C channels of intermediate_size, state N, time-step rank R):
     [x | z] = in_proj(h)                          x, z [C]
     x = silu(causal depthwise conv1d(x))          (kernel K, bias; a state of the last K - 1 inputs)
-    dt, B, C' = split(x_proj(x))                  [R], [N], [N]; Falcon-Mamba: each RMS-normed (weightless)
+    dt, B, C' = split(x_proj(x))                  [R], [N], [N]; Falcon-Mamba: each RMS-normed (weightless);
+                                                  Jamba: each by its RMSNorm (dt_layernorm / b_ / c_layernorm)
     dt = softplus(dt_proj.weight @ dt + dt_proj.bias)                                   [C]
     S_t = exp(dt A) * S_{t-1} + (dt x) B^T        S [C, N] float32, A = -exp(A_log) [C, N]
     y = S_t C' + D x;  out = out_proj(y * silu(z))
@@ -18,14 +19,15 @@ prompt's prefill is a loop of its length (torch ops on every backend; not timed 
 import torch
 import torch.nn.functional as F
 
+from ..kernels.llama_ops.reference import rms_norm_reference
 from ._linear import linear
 from .paged_recurrent import conv_windows, depthwise, prefill_conv
 
 
 class Mamba1:
     """A Mamba1 mixer's tensors (references) and sizes: in_proj / x_proj / out_proj (weight, bias), the convolution
-    [C, K] and its bias, dt_proj's weight [C, R] and bias [C], A_log [C, N], D [C]; Falcon-Mamba's weightless norms'
-    eps on dt, B and C (None: Mamba's, none)."""
+    [C, K] and its bias, dt_proj's weight [C, R] and bias [C], A_log [C, N], D [C]; the norms of dt, B and C: None
+    (Mamba's), Falcon-Mamba's weightless ones (their eps: rms_eps) or Jamba's ((weight, eps) each: norms)."""
 
     def __init__(self, mixer):
         self.in_proj, self.x_proj, self.out = ((m.weight, m.bias) for m in (mixer.in_proj, mixer.x_proj, mixer.out_proj))
@@ -35,6 +37,9 @@ class Mamba1:
         self.rank, self.state = mixer.time_step_rank, mixer.ssm_state_size
         self.channels, self.kernel = self.conv.shape
         self.rms_eps = getattr(mixer, "rms_eps", None)  # FalconMambaMixer's mixer_rms_eps
+        norms = [getattr(mixer, f"{name}_layernorm", None) for name in ("dt", "b", "c")]
+        self.norms = None if self.rms_eps is not None or norms[0] is None else tuple(
+            (norm.weight, norm.variance_epsilon) for norm in norms)  # JambaMambaMixer's: Llama's RMSNorm
 
     @property
     def shapes(self) -> tuple:
@@ -53,6 +58,8 @@ class Mamba1:
         dt, b, c = torch.split(linear(x, *self.x_proj), [self.rank, self.state, self.state], dim=-1)
         if self.rms_eps is not None:
             dt, b, c = self._weightless(dt), self._weightless(b), self._weightless(c)
+        elif self.norms is not None:  # Jamba's: x_normed in the input dtype, times the weight
+            dt, b, c = (rms_norm_reference(t, *norm) for t, norm in zip((dt, b, c), self.norms))
         dt = dt @ self.dt_weight.t()  # MambaMixer: dt_proj.weight @ time_step (its bias added in the scan)
         dt = F.softplus(dt + self.dt_bias.to(dt.dtype)) * real[..., None]
         decay = torch.exp(-self.a_log.float().exp() * dt[..., None])  # [B, n, C, N]

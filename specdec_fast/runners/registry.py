@@ -17,6 +17,7 @@ from .paged_gemma_tp import TPPagedGemmaRunner
 from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
+from .paged_jamba import JAMBA_TYPES, PagedJambaRunner
 from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_mamba_lm import MAMBA_LM_TYPES, PagedMambaRunner
@@ -51,7 +52,7 @@ from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP
 # (the Llama loop with chunked layers), then the families with runners of their own: OLMo 2 / 3 and EXAONE
 # 4.0, Gemma 1 / 2 / 3 / 4, StarCoder2, GPT-NeoX, OPT, Cohere 1 / 2, GPT-BigCode, GPT-2, the MLA decoders
 # (DeepSeek-V2 / V3 / V3.2, GLM-4.7-Flash, GLM-5), the hybrid recurrent ones (Qwen3-Next, Qwen3.5, Nemotron-H;
-# Bamba, Falcon-H1, OLMo Hybrid, LFM2, pure Mamba / Mamba2; Granite 4.0-H by BY_CONFIG), the gated-attention MoE ones (AFMoE, Laguna) and
+# Bamba, Falcon-H1, OLMo Hybrid, LFM2, Jamba, pure Mamba / Mamba2; Granite 4.0-H by BY_CONFIG), the gated-attention MoE ones (AFMoE, Laguna) and
 # MiMo-V2-Flash.
 PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
@@ -92,6 +93,8 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     # pure Mamba language models (Mamba-Codestral-7B's Mamba2, Mamba, Falcon-Mamba): every layer a Mamba mixer (states
     # rolled back), no attention
     **{model_type: PagedMambaRunner for model_type in MAMBA_LM_TYPES},
+    # Jamba (1.5 / 1.6 / 1.7 Mini and Large, Reasoning 3B): Mamba1 layers, attention layers without positions, experts
+    **{model_type: PagedJambaRunner for model_type in JAMBA_TYPES},
     # LFM2 (350M-2.6B): gated short-convolution layers (their windows rolled back) with attention layers
     **{model_type: PagedLfm2Runner for model_type in LFM2_TYPES},
     # OLMo Hybrid (Olmo-Hybrid-7B): Qwen3.5's Gated DeltaNet layers with OLMo 3 attention layers

@@ -111,6 +111,14 @@ def _config(kind: str, vocab: int, layers: int):
         config_class = tf.FalconMambaConfig if kind == "falcon_mamba" else tf.MambaConfig
         return config_class(vocab_size=vocab, hidden_size=48, num_hidden_layers=layers, intermediate_size=96,
                             state_size=8, time_step_rank=6, conv_kernel=4, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "jamba":  # Jamba: Mamba1 layers (96 channels of state 8, dt rank 6, kernel 4; dt / B / C normed) with an
+        # attention layer (no positions; 4 heads over 2 KV heads of 12) every 2nd from layer 1, experts (8 of 96, top 2,
+        # softmax not renormalised) every 2nd from layer 1
+        return tf.JambaConfig(vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
+                              num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                              attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                              mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=6,
+                              max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if kind == "lfm2":  # LFM2: gated short convolutions (kernel 3) with an attention layer (per-head q/k norms, RoPE)
         # every 3rd and last (4 heads of 12 over 2 KV heads); SwiGLU MLPs of 96
         kinds = (["conv", "conv", "full_attention"] * layers)[:layers]
