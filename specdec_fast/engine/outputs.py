@@ -55,6 +55,16 @@ def generation_mask(prompt_mask: torch.Tensor, new: int) -> tuple:
     return mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+# The model types whose transformers forward of several tokens over a cache restarts its recurrent scan from zero
+# (their Mamba1 mixers call mamba_selective_scan without the cached state; only a one-token step continues it):
+# step_forwards feeds them generate's way, a generated token a forward. Found by the families fuzzer (2026-11-30,
+# --seed 1573 case 11: Jamba's scores 2.25 off from step 1 on, its tokens equal).
+SCAN_RESTARTING_TYPES = ("mamba", "falcon_mamba", "jamba")
+# ... of which those whose generate feeds a step no attention mask (their prepare_inputs_for_generation drops it
+# after the first iteration; given one, their mixer would broadcast the step over the mask's width)
+MASKLESS_STEP_TYPES = ("mamba", "falcon_mamba")
+
+
 def forwards_asked(opts) -> dict:
     """What of step_forwards' outputs a call's output dict needs (step_forwards' keywords): logits for
     output_scores / output_logits, hidden_states, attentions; all False without return_dict_in_generate."""
@@ -90,6 +100,8 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     from ..runners.hf import cache_keyword, output_cache
 
     width = prompt_mask.shape[1]
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    stepwise = stepwise or model_type in SCAN_RESTARTING_TYPES
     mask, positions = generation_mask(prompt_mask, steps - 1)
     asked = dict(output_hidden_states=hidden_states, output_attentions=attentions)
     if cached and cache is None:
@@ -97,16 +109,18 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     prefix = {} if cache is None else {cache_keyword(model): cache}  # generate's prefill over a user's cache
     prompt = model(input_ids=sequences[:, cached:width], attention_mask=mask[:, :width],
                    position_ids=positions[:, cached:width], use_cache=True, logits_to_keep=1, **prefix, **asked)
-    scores, hidden, attention = [prompt.logits[:, -1:].float()], [prompt.hidden_states], [prompt.attentions]
+    # (a Mamba model's output has no attentions field: None, as generate gives it)
+    scores, hidden, attention = [prompt.logits[:, -1:].float()], [prompt.hidden_states], [getattr(prompt, "attentions", None)]
     cache = output_cache(prompt)
     if steps > 1 and stepwise:
         for t in range(width, width + steps - 1):  # generate's steps: token t over the cache, its mask so far
-            out = model(input_ids=sequences[:, t: t + 1], attention_mask=mask[:, : t + 1],
+            out = model(input_ids=sequences[:, t: t + 1],
+                        attention_mask=None if model_type in MASKLESS_STEP_TYPES else mask[:, : t + 1],
                         position_ids=positions[:, t: t + 1], use_cache=True, logits_to_keep=1,
                         **{cache_keyword(model): cache}, **asked)
             scores.append(out.logits[:, -1:].float())
             hidden.append(out.hidden_states)
-            attention.append(out.attentions)
+            attention.append(getattr(out, "attentions", None))
     elif steps > 1:
         windows, whole = _cache_windows(cache), _static_full_layers(cache)
         rest = model(input_ids=sequences[:, width: width + steps - 1], attention_mask=mask,
@@ -116,7 +130,7 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
         fed = width + steps - 1  # slots 0 .. fed - 1 went through the model
         for s in range(1, steps):
             hidden.append(None if rest.hidden_states is None else tuple(h[:, s - 1: s] for h in rest.hidden_states))
-            if rest.attentions is None:
+            if getattr(rest, "attentions", None) is None:
                 attention.append(None)
                 continue
             step = []

@@ -90,3 +90,17 @@ def test_a_mamba_projection_bias_is_refused():
     model = tiny()
     model.config.mamba_proj_bias = True
     assert "mamba_proj_bias" in jamba_unsupported_reason(model)
+
+
+def test_output_scores_equal_generate(monkeypatch):
+    """output_scores (engine/outputs.step_forwards): Jamba's forward of several tokens over a cache restarts its
+    Mamba scan, so its steps go one token at a time, as its generate does; the control (the rule left out) is
+    off by > 1e-2 (the families fuzzer found 2.25)."""
+    from specdec_fast.engine import outputs
+
+    from .test_paged_mamba_lm import _scores_distance, _spoiled_distance
+
+    model = tiny(seed=2)
+    assert _scores_distance(model) < 1e-4
+    monkeypatch.setattr(outputs, "SCAN_RESTARTING_TYPES", ())
+    assert _spoiled_distance(model) > 1e-2
