@@ -24,6 +24,11 @@ from ._linear import linear
 from .paged_recurrent import conv_windows, depthwise, prefill_conv
 
 
+# Tokens whose scan inputs (the decay and the update, [B, chunk, C, N] float32 each) exist at once: a 2k-token
+# prompt's would take 2 x 1.07 GB a row at Falcon-Mamba-7B's 8192 channels x 16 otherwise
+SCAN_CHUNK = 256
+
+
 class Mamba1:
     """A Mamba1 mixer's tensors (references) and sizes: in_proj / x_proj / out_proj (weight, bias), the convolution
     [C, K] and its bias, dt_proj's weight [C, R] and bias [C], A_log [C, N], D [C]; the norms of dt, B and C: None
@@ -92,14 +97,15 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
         y = depthwise(windows, net.conv, net.conv_bias)
         st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
     xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
-    update, c, decay = net.ssm_inputs(xs, real)
     outs = []
-    for t in range(n):
-        state = decay[:, t] * state + update[:, t]  # exp(dt A) * S + (dt B^T) x
-        # S C' in the model dtype, as transformers' scan multiplies them
-        outs.append((state.to(c.dtype) @ c[:, t, :, None])[..., 0])
-        if not prefilling:  # the snapshot after this token (a padded step writes the spare slot)
-            st.rec_tent[ids, slot[:, t]] = state
+    for begin in range(0, n, SCAN_CHUNK):  # the scan's inputs a chunk at a time: [B, chunk, C, N] each, not [B, n, C, N]
+        update, c, decay = net.ssm_inputs(xs[:, begin:begin + SCAN_CHUNK], real[:, begin:begin + SCAN_CHUNK])
+        for i in range(update.shape[1]):
+            state = decay[:, i] * state + update[:, i]  # exp(dt A) * S + (dt B^T) x
+            # S C' in the model dtype, as transformers' scan multiplies them
+            outs.append((state.to(c.dtype) @ c[:, i, :, None])[..., 0])
+            if not prefilling:  # the snapshot after this token (a padded step writes the spare slot)
+                st.rec_tent[ids, slot[:, begin + i]] = state
     if prefilling:
         st.rec[:batch].copy_(state)
     packed = torch.zeros(total + 1, net.channels, dtype=c.dtype, device=h.device)

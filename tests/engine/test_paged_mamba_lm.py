@@ -180,3 +180,13 @@ def test_the_first_layer_drafts():
     opts = dict(do_sample=False, max_new_tokens=8, pad_token_id=0)
     expected = model.generate(ids, attention_mask=mask, **opts)
     assert torch.equal(specdec_fast.generate(model, ids, mask, assistant_early_exit=1, runner="paged", **opts), expected)
+
+
+def test_the_mamba1_scan_in_chunks(monkeypatch):
+    """The Mamba1 scan's inputs a chunk at a time (mamba1.SCAN_CHUNK, 2 here: the prefill's rows of up to 9 tokens and
+    the score calls of up to 4 cross chunks): the logits are the forward's."""
+    from specdec_fast.runners import mamba1
+
+    monkeypatch.setattr(mamba1, "SCAN_CHUNK", 2)
+    model = tiny("falcon_mamba")
+    assert_runner_matches_forward(model, _runner(model), VOCAB)
