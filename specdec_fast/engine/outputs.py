@@ -95,7 +95,7 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     runs the others over it, so step 0 holds positions cached .. P - 1 (queries; the attentions' keys
     stay all P), and the forwards leave it extended in place. stepwise: the generated tokens one forward each, as generate feeds them (where the
     second forward's attentions cannot be cut into generate's steps: a static sliding layer's slots roll,
-    attentions_over). Returned cache: the one these forwards filled (that one where given), holding the KV
+    attentions_over; always for SCAN_RESTARTING_TYPES, MASKLESS_STEP_TYPES' steps without a mask). Returned cache: the one these forwards filled (that one where given), holding the KV
     of every token but the last, as generate leaves its own (user_cache.generation_cache's)."""
     from ..runners.hf import cache_keyword, output_cache
 
