@@ -12,29 +12,18 @@ branch's output before adding it, so each branch's partials are summed first (th
 added on every rank; mup's sqrt(H) scales the summed lookup. The math is PagedGatedAttentionRunner's over this
 rank's shards.
 """
-from ._rotary import static_rope_reason
-from .paged_base import head_dim_reason
 from .paged_gated_attention import LAGUNA_GATINGS, PagedGatedAttentionRunner
-from .paged_llama_tp import TensorParallelRunner, shard_reason
+from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .sharded_model import TP_GATED_TYPES
 from .sharding_moe import layer_moe
 
 
 def tp_gated_attention_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedGatedAttentionRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    reason = shard_reason(model, TP_GATED_TYPES)
-    if reason is not None:
-        return reason
     config = model.config
-    if config.model_type == "laguna" and getattr(config, "gating", True) not in LAGUNA_GATINGS:
+    if getattr(config, "model_type", None) == "laguna" and getattr(config, "gating", True) not in LAGUNA_GATINGS:
         return f"Laguna's gating {config.gating!r} is not one of {LAGUNA_GATINGS}"
-    if any(name.endswith("_proj.bias") and ".experts." not in name for name in model.shards):
-        return "projections with biases (attention_bias): not read by this runner"
-    for _, _, rope_type in model.rope_tables.values():
-        reason = static_rope_reason(rope_type)
-        if reason is not None:
-            return reason
-    return head_dim_reason(model.plan.head_dim, backend)
+    return unbiased_shard_reason(model, TP_GATED_TYPES, config.model_type, backend)
 
 
 class _TPLayer:

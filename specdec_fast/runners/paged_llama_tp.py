@@ -63,6 +63,26 @@ def shard_reason(model, model_types: tuple) -> str | None:
     return None
 
 
+def unbiased_shard_reason(model, model_types: tuple, family: str, backend=None) -> str | None:
+    """shard_reason, then what the tensor-parallel runners that read no projection bias and rotate with static
+    tables refuse (OLMo 2 / 3, AFMoE / Laguna, MiMo-V2-Flash, OLMo Hybrid): a projection bias (an expert's aside), a
+    RoPE table whose frequencies change with the length (ShardedCausalLM.rope_tables), a head_dim the backend does
+    not take; ``family`` names the model in the bias refusal."""
+    from ._rotary import static_rope_reason
+    from .paged_base import head_dim_reason
+
+    reason = shard_reason(model, model_types)
+    if reason is not None:
+        return reason
+    if any(name.endswith("_proj.bias") and ".experts." not in name for name in model.shards):
+        return f"{family} projections with biases (attention_bias): not read by this runner"
+    for _, _, rope_type in model.rope_tables.values():
+        reason = static_rope_reason(rope_type)
+        if reason is not None:
+            return reason
+    return head_dim_reason(model.plan.head_dim, backend)
+
+
 def sharded_reason(model, model_types: tuple, max_tokens_per_row: int | None = None, backend=None,
                    config=None) -> str | None:
     """shard_reason, then the Llama runner's config checks (static RoPE, windows, head_dim) on the

@@ -9,9 +9,7 @@ its width with the float32 router and its correction bias whole (runners/shardin
 LM head by vocabulary rows. The branches' partials are summed by one all-reduce each, as the Llama runner's. The
 checkpoint's MTP layers are not read (sharding.NOT_READ). The math is PagedMimoRunner's over this rank's shards.
 """
-from ._rotary import static_rope_reason
-from .paged_base import head_dim_reason
-from .paged_llama_tp import TensorParallelRunner, shard_reason
+from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .paged_mimo import PagedMimoRunner
 from .sharded_model import TP_MIMO_TYPES
 from .sharding_moe import layer_moe
@@ -19,16 +17,7 @@ from .sharding_moe import layer_moe
 
 def tp_mimo_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedMimoRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    reason = shard_reason(model, TP_MIMO_TYPES)
-    if reason is not None:
-        return reason
-    if any(name.endswith("_proj.bias") for name in model.shards):
-        return "MiMo-V2-Flash projections with biases (attention_bias): not read by this runner"
-    for _, _, rope_type in model.rope_tables.values():
-        reason = static_rope_reason(rope_type)
-        if reason is not None:
-            return reason
-    return head_dim_reason(model.plan.head_dim, backend)
+    return unbiased_shard_reason(model, TP_MIMO_TYPES, "MiMo-V2-Flash", backend)
 
 
 class _TPLayer:

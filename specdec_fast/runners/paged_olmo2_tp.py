@@ -12,26 +12,16 @@ head, no collective. The math is PagedOlmo2Runner's over this rank's shards.
 """
 import torch
 
-from ._rotary import static_rope_reason
-from .paged_base import head_dim_reason
-from .paged_llama_tp import TensorParallelRunner, shard_reason
+from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .paged_llama import rotates
 from .paged_olmo2 import LLAMA_PIECES, PagedOlmo2Runner
 from .sharded_model import TP_OLMO_TYPES
 
 
 def tp_olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
-    """Why TPPagedOlmo2Runner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    reason = shard_reason(model, TP_OLMO_TYPES)
-    if reason is not None:
-        return reason
-    if any(name.endswith("_proj.bias") for name in model.shards):  # OLMo's layers have none: the runner reads none
-        return "OLMo projections with biases (attention_bias): not read by this runner"
-    for _, _, rope_type in model.rope_tables.values():
-        reason = static_rope_reason(rope_type)
-        if reason is not None:
-            return reason
-    return head_dim_reason(model.plan.head_dim, backend)
+    """Why TPPagedOlmo2Runner cannot run ``model`` (a ShardedCausalLM), or None when it can (OLMo's layers have no
+    projection biases: the runner reads none)."""
+    return unbiased_shard_reason(model, TP_OLMO_TYPES, "OLMo", backend)
 
 
 class _TPOlmo2Layer:

@@ -10,9 +10,7 @@ vocabulary rows. Every branch's partials are summed by one all-reduce before its
 post-norms) or its add. The math is PagedOlmoHybridRunner's over this rank's heads; the agreement, the
 vocabulary-parallel embedding and the gathered logits are TensorParallelRunner's.
 """
-from ._rotary import static_rope_reason
-from .paged_base import head_dim_reason
-from .paged_llama_tp import TensorParallelRunner, shard_reason
+from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .paged_olmo2_tp import TPPagedOlmo2Runner
 from .paged_olmo_hybrid import PagedOlmoHybridRunner
 from .paged_qwen3_next import LAYER_KINDS, _DeltaNet
@@ -21,15 +19,10 @@ from .sharded_model import TP_OLMO_HYBRID_TYPES
 
 def tp_olmo_hybrid_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedOlmoHybridRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    reason = shard_reason(model, TP_OLMO_HYBRID_TYPES)
-    if reason is not None:
-        return reason
-    config = model.config
-    if set(config.layer_types) - set(LAYER_KINDS):
-        return f"layer_types {sorted(set(config.layer_types))}: this runner takes {LAYER_KINDS}"
-    if any(name.endswith("_proj.bias") for name in model.shards):
-        return "projections with biases (attention_bias): not read by this runner"
-    return static_rope_reason(model.rope_type) or head_dim_reason(model.plan.head_dim, backend)
+    layer_types = getattr(model.config, "layer_types", None) or ()
+    if set(layer_types) - set(LAYER_KINDS):
+        return f"layer_types {sorted(set(layer_types))}: this runner takes {LAYER_KINDS}"
+    return unbiased_shard_reason(model, TP_OLMO_HYBRID_TYPES, "OLMo Hybrid", backend)
 
 
 class _TPLayer:
@@ -75,7 +68,7 @@ class TPPagedOlmoHybridRunner(TensorParallelRunner, PagedOlmoHybridRunner):
         self._index_layers()
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
         self.lm_head = shards["lm_head.weight"]
-        self.inv_freq = model.inv_freq.to(device=self.device)
+        self.inv_freq = None if model.inv_freq is None else model.inv_freq.to(device=self.device)  # None: NoPE
         self.rope_scaling = model.rope_scaling
 
     # OLMo's whole-projection q / k norm over this rank's slice: the mean square over every rank's (one all-reduce)

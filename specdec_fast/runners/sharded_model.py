@@ -116,7 +116,10 @@ class _Embedding:
 
 def rotary_of(config):
     """The model family's own rotary module for ``config`` (transformers' *RotaryEmbedding: its
-    inv_freq and attention_scaling are what the model itself would use)."""
+    inv_freq and attention_scaling are what the model itself would use); None where the model builds none (an OLMo
+    Hybrid config without a rope_theta: every attention layer NoPE, as OlmoHybridModel.rotary_emb is None)."""
+    if config.model_type == "olmo_hybrid" and (getattr(config, "rope_parameters", None) or {}).get("rope_theta") is None:
+        return None
     package = MODULE_OF.get(config.model_type, config.model_type)
     module = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
     classes = sorted((getattr(module, name) for name in dir(module) if name.endswith("RotaryEmbedding")),
@@ -139,7 +142,10 @@ class ShardedCausalLM(torch.nn.Module):
         self.embed_shard = torch.nn.Parameter(embed, requires_grad=False)
         # one RoPE table (inv_freq / rope_scaling / rope_type), or one per layer type (OLMo 3's: rope_tables keyed
         # by config.layer_types, inv_freq None); both as rope_tables {key: (inv_freq, scaling, rope_type)}, rope_keys
-        if hasattr(rotary, "inv_freq"):
+        if rotary is None:  # a model without positions in its attention (rotary_of's None)
+            self.inv_freq = self.rope_scaling = self.rope_type = None
+            self.rope_tables, self.rope_keys = {}, [None] * config.num_hidden_layers
+        elif hasattr(rotary, "inv_freq"):
             self.inv_freq = rotary.inv_freq.detach().to(device=embed.device, dtype=torch.float32)
             self.rope_scaling = float(rotary.attention_scaling)
             self.rope_type = getattr(rotary, "rope_type", None)

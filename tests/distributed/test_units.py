@@ -667,3 +667,22 @@ def test_olmo_hybrid_is_split_by_heads():
         part = plans[0].slice_of(name)
         if not isinstance(part, tuple):
             assert torch.equal(torch.cat([s[name] for s in shards], part.dim), state[name]), name
+
+
+def test_a_nope_olmo_hybrid_shards_without_a_rotary_module():
+    """An OLMo Hybrid config without a rope_theta builds no rotary module (every attention layer NoPE): rotary_of
+    gives None (transformers' rotary class would raise KeyError on it) and the ShardedCausalLM holds no RoPE tables,
+    which the tensor-parallel runner reads as NoPE (2 gloo ranks gave one process's greedy and sampled tokens)."""
+    import transformers as tf
+
+    from specdec_fast.runners.paged_olmo_hybrid_tp import tp_olmo_hybrid_unsupported_reason
+    from specdec_fast.runners.sharded_model import ShardedCausalLM, rotary_of
+
+    config = make_model("olmo_hybrid", layers=3).config
+    config.rope_parameters = {"rope_type": "default"}
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    assert model.model.rotary_emb is None and rotary_of(config) is None
+    plan = LlamaShardPlan.for_config(config, 2, 0)
+    sharded = ShardedCausalLM(config, shards_from_state(model.state_dict(), plan), plan, None, None)
+    assert sharded.rope_tables == {} and sharded.inv_freq is None
+    assert tp_olmo_hybrid_unsupported_reason(sharded) is None
