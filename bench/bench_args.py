@@ -1,4 +1,4 @@
-"""The arguments the mode benchmarks share (bench_delta_rule / bench_mla / bench_mla_prefill / bench_moe /
+"""The arguments the mode benchmarks share (bench_delta_rule / bench_mamba2 / bench_mla / bench_mla_prefill / bench_moe /
 bench_ring_prefill): one run mode (--cpu / --gpu / --smoke), --out and --budget-s, the checks each mode
 needs, and the results file a device's run writes by default."""
 import argparse
@@ -30,6 +30,13 @@ def check_mode(args) -> None:
     if getattr(args, "gpu", False) and not torch.cuda.is_available():
         other = " or ".join(f"--{m}" for m in ("cpu", "smoke") if hasattr(args, m))
         sys.exit(f"--gpu needs a CUDA device (or {other} on the CPU)")
+
+
+def mode_device(args) -> tuple:
+    """The run mode's (device "cuda" / "cpu", its name for the results, its synchronize: a no-op on the CPU)."""
+    if args.gpu:
+        return "cuda", torch.cuda.get_device_name(), torch.cuda.synchronize
+    return "cpu", "cpu", lambda: None
 
 
 def results_path(out: str | None, stem: str, device_name: str) -> Path:

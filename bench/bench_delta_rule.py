@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_args import check_mode, mode_parser, results_path  # noqa: E402
+from bench_args import check_mode, mode_device, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
 CPU = dict(nk=4, nv=8, dk=128, dv=128, lengths=(64, 256, 1024), batches=(1, 8), queries=5, reps=3)
@@ -76,9 +76,7 @@ def main(argv=None) -> int:
     from gpu_timing import RowBudget
 
     shape = SMOKE if args.smoke else GPU if args.gpu else CPU
-    device = "cuda" if args.gpu else "cpu"
-    name = torch.cuda.get_device_name() if args.gpu else "cpu"
-    sync = torch.cuda.synchronize if args.gpu else (lambda: None)
+    device, name, sync = mode_device(args)
     torch.set_num_threads(args.threads)
     out = results_path(args.out, "delta_rule", name)
     runner, net, states = _layer(shape, device)

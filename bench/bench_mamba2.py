@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_args import check_mode, mode_parser, results_path  # noqa: E402
+from bench_args import check_mode, mode_device, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
 CPU = dict(hidden=1024, heads=32, head_dim=64, groups=8, state=128, lengths=(256, 1024), batches=(1, 8), queries=5,
@@ -71,9 +71,7 @@ def main(argv=None) -> int:
     from specdec_fast.runners.paged_recurrent import RecurrentStates
 
     shape = SMOKE if args.smoke else GPU if args.gpu else CPU
-    device = "cuda" if args.gpu else "cpu"
-    name = torch.cuda.get_device_name() if args.gpu else "cpu"
-    sync = torch.cuda.synchronize if args.gpu else (lambda: None)
+    device, name, sync = mode_device(args)
     torch.set_num_threads(args.threads)
     out = results_path(args.out, "mamba2", name)
     mixer, net = _mixer(shape, device)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_args import check_mode, mode_parser, results_path  # noqa: E402
+from bench_args import check_mode, mode_device, mode_parser, results_path  # noqa: E402
 from machine import versions  # noqa: E402
 
 CPU = dict(config=dict(hidden_size=2048, intermediate_size=256, num_hidden_layers=2, num_attention_heads=16,
@@ -56,9 +56,8 @@ def main(argv=None) -> int:
     from specdec_fast.runners.paged_mla import PagedMlaRunner
 
     shape = SMOKE if args.smoke else GPU if args.gpu else CPU
-    device, dtype = ("cuda", torch.bfloat16) if args.gpu else ("cpu", torch.float32)
-    name = torch.cuda.get_device_name() if args.gpu else "cpu"
-    sync = torch.cuda.synchronize if args.gpu else (lambda: None)
+    device, name, sync = mode_device(args)
+    dtype = torch.bfloat16 if args.gpu else torch.float32
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with torch.device(device):

@@ -270,6 +270,16 @@ class PagedRunnerBase:
         self._attend(i, ...) once (which writes the real tokens' K/V at self.length)."""
         raise NotImplementedError
 
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """ids [T] (-1 pads) -> embeddings [T, H]: the lookup of self.embed (a family with a scale or other input
+        overrides it; a tensor-parallel runner's is vocabulary-parallel: TensorParallelRunner)."""
+        return torch.nn.functional.embedding(flat.clamp(min=0), self.embed)
+
+    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel product's output as every rank's partial summed: here the one (a tensor-parallel runner
+        all-reduces it: TensorParallelRunner)."""
+        return partial
+
     # -- the KV pool: per call, or once for an engine -------------------------------------
     def allocate(self, max_batch: int, max_tokens_per_row: int, num_blocks: int | None = None) -> None:
         """The KV pool, allocated once (an engine's runner): max_batch slots, each able to hold

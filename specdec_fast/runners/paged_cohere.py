@@ -19,7 +19,6 @@ One path on every backend, as the GPT-2 runner: the attention and KV append thro
 the rest torch ops. Static RoPE types only. Tensor parallelism: runners/paged_cohere_tp.py.
 """
 import torch
-import torch.nn.functional as F
 
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
@@ -119,10 +118,6 @@ class PagedCohereRunner(PagedRunnerBase):
         out = cohere_layer_norm(x, self.final_norm)
         self._keep(len(self.layers), out)
         return out
-
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H] (the tensor-parallel runner: its vocabulary slice's)."""
-        return F.embedding(flat.clamp(min=0), self.embed)
 
     def _parallel_add(self, x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
         """The stream after a layer whose attention and MLP both read one norm of x (the tensor-

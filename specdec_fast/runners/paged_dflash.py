@@ -21,7 +21,6 @@ Reservation: each row's budget is the engine's (prompt + max_new_tokens + K + 1)
 """
 
 import torch
-import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin, rotate_qk
@@ -178,8 +177,6 @@ class PagedDFlashRunner(PagedRunnerBase):
 
     # Hooks of the variants (runners/paged_dflash2.py: DFlash2's in-block convolution and embedding
     # scale); here DFlash's math. Block tokens are packed whole blocks of n (rows fed nothing too).
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        return F.embedding(flat.clamp(min=0), self.embed)
 
     def _mix_in(self, i: int, sublayer: int, x: torch.Tensor, n: int):
         """Layer i's sublayer (0 attention, 1 MLP) input -> (what it reads, what _out needs)."""

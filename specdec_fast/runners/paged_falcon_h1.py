@@ -14,7 +14,6 @@ Llama's with RoPE, its keys times key_multiplier. Every layer has a KV cache and
 refused (runners/paged_recurrent.py). Not timed on a GPU.
 """
 import torch
-import torch.nn.functional as F
 
 from ._layer_math import fused_layer_math, linear_params, norm_params, rms_norm, rope_cos_sin
 from ._linear import linear
@@ -102,7 +101,7 @@ class PagedFalconH1Runner(PagedRecurrentRunner):
         rows = self._row_layout(cu, total, n)
         cos, sin = rope_cos_sin(positions, *self.rope, self.dtype)
         m = self.multipliers
-        x = F.embedding(flat.clamp(min=0), self.embed) * m["embedding"]
+        x = self._embed(flat) * m["embedding"]
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, *layer.ln_in, fused)

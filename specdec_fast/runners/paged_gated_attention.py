@@ -109,15 +109,6 @@ class PagedGatedAttentionRunner(PagedRunnerBase):
         self.gate_per_head = not self.afmoe and config.gating in (True, "per-head")
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
-        return F.embedding(flat.clamp(min=0), self.embed)
-
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A branch's product as every rank's partial summed (before its norm): here the one
-        (paged_gated_attention_tp.py all-reduces it)."""
-        return partial
-
     def _norm(self, x: torch.Tensor, norm) -> torch.Tensor:
         """The family's RMSNorm: AFMoE's (the weight multiplied in float32), Laguna's (Llama's)."""
         return olmo_rms_norm(x, norm) if self.afmoe else llama_rms_norm(x, norm)

@@ -190,11 +190,6 @@ class PagedGemmaRunner(PagedRunnerBase):
         """ids [T] (-1 pads) -> embeddings [T, H] times sqrt(H) (the embedding's embed_scale, in its dtype)."""
         return F.embedding(flat.clamp(min=0), self.embed) * self.embed_scale.to(self.embed.dtype)
 
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A branch's product as every rank's partial summed (before its norm): here the one
-        (paged_gemma_tp.py all-reduces it)."""
-        return partial
-
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head product, soft-capped as Gemma2ForCausalLM / Gemma3ForCausalLM do when
         final_logit_softcapping is set."""

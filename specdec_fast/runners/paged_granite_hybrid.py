@@ -17,7 +17,6 @@ the model dtype; gated experts through the MoE kernels). Token trees are refused
 Not timed on a GPU.
 """
 import torch
-import torch.nn.functional as F
 
 from ._layer_math import fused_layer_math, linear_params, norm_params, rms_norm, rope_cos_sin
 from ._linear import linear
@@ -26,7 +25,7 @@ from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .mamba2 import Mamba2, mamba2_forward
 from .paged_base import decoder_reason, head_dim_reason
-from .paged_recurrent import PagedRecurrentRunner
+from .paged_recurrent import PagedRecurrentRunner, layer_kinds_reason
 
 GRANITE_HYBRID_TYPES = ("granitemoehybrid", "bamba")
 LAYER_KINDS = ("linear_attention", "full_attention")
@@ -53,10 +52,8 @@ def granite_hybrid_unsupported_reason(model, max_tokens_per_row: int | None = No
     """Why PagedGraniteHybridRunner cannot run ``model``, or None when it can."""
     config = getattr(model, "config", None)
     kinds = set(getattr(config, "layer_types", None) or ())
-    if kinds - set(LAYER_KINDS):
-        return f"layer_types {sorted(kinds)}: this runner takes {LAYER_KINDS}"
-    reason = decoder_reason(model, GRANITE_HYBRID_TYPES, "model.layers", "a GraniteMoeHybridForCausalLM or BambaForCausalLM",
-                            _projections)
+    reason = layer_kinds_reason(config, LAYER_KINDS) or decoder_reason(
+        model, GRANITE_HYBRID_TYPES, "model.layers", "a GraniteMoeHybridForCausalLM or BambaForCausalLM", _projections)
     if reason is not None:
         return reason
     for i, layer in enumerate(model.model.layers):
@@ -134,7 +131,7 @@ class PagedGraniteHybridRunner(PagedRecurrentRunner):
         fused = fused_layer_math(self.dtype, self.device.type)
         rows = self._row_layout(cu, total, n)
         rotation = None if self.rope is None else rope_cos_sin(positions, *self.rope, self.dtype)
-        x = F.embedding(flat.clamp(min=0), self.embed) * self.embedding_multiplier
+        x = self._embed(flat) * self.embedding_multiplier
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, *layer.ln_in, fused)

@@ -16,7 +16,6 @@ position's input, whose biased projection would then reach the convolution. No t
 a GPU.
 """
 import torch
-import torch.nn.functional as F
 
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
@@ -24,7 +23,7 @@ from ._moe import MoE, is_moe, layers_moe_reason
 from .mamba1 import Mamba1, mamba1_forward
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import llama_rms_norm
-from .paged_recurrent import PagedRecurrentRunner
+from .paged_recurrent import PagedRecurrentRunner, padded_bias_reason
 
 JAMBA_TYPES = ("jamba",)
 
@@ -48,8 +47,9 @@ def jamba_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     config = model.config
     if config.hidden_act != "silu":
         return f"a Mamba convolution with activation {config.hidden_act!r}"
-    if config.mamba_proj_bias:
-        return "mamba_proj_bias: a padded position's biased projection would reach the convolution (transformers' left padding)"
+    reason = padded_bias_reason(config, "mamba_proj_bias")
+    if reason is not None:
+        return reason
     if getattr(config, "sliding_window", None):
         return f"sliding_window {config.sliding_window}: Jamba's attention layers here are full"
     reason = layers_moe_reason([layer.feed_forward for layer in model.model.layers], config)
@@ -95,7 +95,7 @@ class PagedJambaRunner(PagedRecurrentRunner):
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         rows = self._row_layout(cu, total, n)
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = llama_rms_norm(x, layer.input)

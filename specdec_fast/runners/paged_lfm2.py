@@ -28,7 +28,8 @@ from ._moe import MoE, is_moe, layers_moe_reason
 from ._rotary import static_rope_reason
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import llama_rms_norm
-from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, prefill_conv
+from .paged_recurrent import (PagedRecurrentRunner, conv_windows, depthwise, layer_kinds_reason, padded_bias_reason,
+                              prefill_conv)
 
 LFM2_TYPES = ("lfm2", "lfm2_moe")  # LFM2-MoE (LFM2-8B-A1B): LFM2's layers, MoE blocks after num_dense_layers
 LAYER_KINDS = ("conv", "full_attention")
@@ -48,16 +49,12 @@ def _projections(layer) -> tuple:
 def lfm2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedLfm2Runner cannot run ``model`` (an Lfm2ForCausalLM or Lfm2MoeForCausalLM), or None when it can."""
     config = getattr(model, "config", None)
-    kinds = set(getattr(config, "layer_types", None) or ())
-    if kinds - set(LAYER_KINDS):
-        return f"layer_types {sorted(kinds)}: this runner takes {LAYER_KINDS}"
-    reason = decoder_reason(model, LFM2_TYPES, "model.layers", "an Lfm2ForCausalLM or Lfm2MoeForCausalLM",
-                            _projections)
+    reason = layer_kinds_reason(config, LAYER_KINDS) or decoder_reason(
+        model, LFM2_TYPES, "model.layers", "an Lfm2ForCausalLM or Lfm2MoeForCausalLM", _projections)
     if reason is not None:
         return reason
-    if config.conv_bias:
-        return "conv_bias: a padded position's biased input would reach the convolution (transformers' left padding)"
-    reason = layers_moe_reason([layer.feed_forward for layer in model.model.layers], config)
+    reason = padded_bias_reason(config, "conv_bias") or layers_moe_reason(
+        [layer.feed_forward for layer in model.model.layers], config)
     if reason is not None:
         return reason
     head_dim = config.hidden_size // config.num_attention_heads
@@ -127,7 +124,7 @@ class PagedLfm2Runner(PagedRecurrentRunner):
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
         rows = self._row_layout(cu, total, n)
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = llama_rms_norm(x, layer.operator_norm)

@@ -516,10 +516,6 @@ class PagedLlamaRunner(PagedRunnerBase):
         x = F.embedding(flat.clamp(min=0), self.embed)
         return x if self.embedding_multiplier == 1.0 else x * self.embedding_multiplier
 
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A row-parallel projection's output: the sum of every rank's partial (here the one)."""
-        return partial
-
     _projection_norm = None  # the whole-projection q/k norm (None: rms_norm; tensor parallelism: over every rank's slice)
 
     def _branch(self, delta: torch.Tensor) -> torch.Tensor:

@@ -19,14 +19,13 @@ tensor-parallel runner. Not timed on a GPU.
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ._layer_math import norm_params
 from .mamba1 import Mamba1, mamba1_forward
 from .mamba2 import Mamba2, mamba2_forward
 from .paged_base import decoder_reason
 from .paged_olmo2 import llama_rms_norm
-from .paged_recurrent import PagedRecurrentRunner
+from .paged_recurrent import PagedRecurrentRunner, padded_bias_reason
 
 MAMBA_LM_TYPES = ("mamba2", "mamba", "falcon_mamba")
 
@@ -45,8 +44,9 @@ def mamba_lm_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
     config = model.config
     if config.hidden_act != "silu":
         return f"a Mamba convolution with activation {config.hidden_act!r}"
-    if config.use_bias:
-        return "use_bias: a padded position's biased projection would reach the convolution (transformers' left padding)"
+    reason = padded_bias_reason(config, "use_bias")
+    if reason is not None:
+        return reason
     if config.model_type == "mamba2" and not math.isinf(float(config.time_step_limit[1])):
         return f"time_step_limit {tuple(config.time_step_limit)}: dt clamped above (this runner clamps the lower end)"
     return None
@@ -85,7 +85,7 @@ class PagedMambaRunner(PagedRecurrentRunner):
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         rows = self._row_layout(cu, flat.shape[0], n)
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         for i, block in enumerate(self.layers):
             h = llama_rms_norm(x.to(block.norm[0].dtype), block.norm)

@@ -88,14 +88,6 @@ class PagedMimoRunner(PagedRunnerBase):
             self.attn_sinks = tuple(layer.sinks for layer in self.layers)
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
-        return F.embedding(flat.clamp(min=0), self.embed)
-
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A row-parallel product as every rank's partial summed: here the one (paged_mimo_tp.py all-reduces it)."""
-        return partial
-
     def kv_shape(self, i: int) -> tuple:
         """(KV heads, head dim) of layer i: the sliding layers' twice the full ones' KV heads; the values padded to
         head_dim."""

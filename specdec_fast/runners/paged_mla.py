@@ -56,7 +56,7 @@ from ..kernels._backend import resolve_backend
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin
 from ._linear import linear
-from ._moe import SHARED, MoE, is_moe, moe_reason
+from ._moe import SHARED, MoE, is_moe, layers_moe_reason
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, _transformers_class, decoder_reason
 from .sliding_window import AsFullAttention, windows_per_layer
@@ -109,11 +109,8 @@ def mla_unsupported_reason(model, max_tokens_per_row: int | None = None, backend
     if reason is not None:
         return reason
     config = model.config
-    for i, layer in enumerate(model.model.layers):
-        reason = moe_reason(layer.mlp, config) if is_moe(layer.mlp) else None
-        if reason is not None:
-            return f"layer {i}: {reason}"
-    reason = rope_tables_reason(model, max_tokens_per_row, backend, config=attention_config(config))
+    reason = layers_moe_reason([layer.mlp for layer in model.model.layers], config) or rope_tables_reason(
+        model, max_tokens_per_row, backend, config=attention_config(config))
     if reason is not None:
         return reason
     rotated = 2 * model.model.rotary_emb.inv_freq.numel()
@@ -270,15 +267,6 @@ class PagedMlaRunner(PagedRunnerBase):
     def _layer_windows(self, model) -> tuple:
         """Each layer's sliding window by the one rule, on attention_config (a DSA model's indexed layers: full)."""
         return windows_per_layer(attention_config(self.config), len(self.layers), _transformers_class(model))
-
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> the first layer's input [T, H] (an MTP layer's mixes in its features)."""
-        return F.embedding(flat.clamp(min=0), self.embed)
-
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A branch's output as every rank's partial summed: here the one (tensor parallelism:
-        runners/paged_mla_tp.py all-reduces it)."""
-        return partial
 
     def _attention(self, i: int, q, attn_lens, cu, max_query_len: int, scale: float, causal: bool = True,
                    pdl: bool = False) -> torch.Tensor:

@@ -20,14 +20,13 @@ padded positions do not touch the states at all, the same thing for a state that
 Not timed on a GPU.
 """
 import torch
-import torch.nn.functional as F
 
 from ._layer_math import linear_params
 from ._linear import linear
 from ._moe import MoE, moe_reason
 from .mamba2 import Mamba2, mamba2_forward
 from .paged_base import decoder_reason, head_dim_reason
-from .paged_recurrent import PagedRecurrentRunner
+from .paged_recurrent import PagedRecurrentRunner, layer_kinds_reason
 
 NEMOTRON_H_TYPES = ("nemotron_h",)
 BLOCK_KINDS = ("linear_attention", "full_attention", "mlp", "moe")
@@ -51,9 +50,8 @@ def nemotron_h_unsupported_reason(model, max_tokens_per_row: int | None = None, 
     """Why PagedNemotronHRunner cannot run ``model``, or None when it can."""
     config = getattr(model, "config", None)
     kinds = set(getattr(config, "layers_block_type", None) or ())
-    if kinds - set(BLOCK_KINDS):
-        return f"layers_block_type {sorted(kinds)}: this runner takes {BLOCK_KINDS}"
-    reason = decoder_reason(model, NEMOTRON_H_TYPES, "model.layers", "a NemotronHForCausalLM", _projections)
+    reason = layer_kinds_reason(config, BLOCK_KINDS, "layers_block_type") or decoder_reason(
+        model, NEMOTRON_H_TYPES, "model.layers", "a NemotronHForCausalLM", _projections)
     if reason is not None:
         return reason
     for i, layer in enumerate(model.model.layers):
@@ -115,7 +113,7 @@ class PagedNemotronHRunner(PagedRecurrentRunner):
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         rows = self._row_layout(cu, total, n)
-        x = F.embedding(flat.clamp(min=0), self.embed)
+        x = self._embed(flat)
         self._keep(0, x)
         for i, block in enumerate(self.layers):
             h = nemotron_norm(x, block.norm)

@@ -27,7 +27,6 @@ RoPE tables in the model dtype; its sliding layers rotate and slide (window 4096
 are NoPE where a window is set (paged_llama.NOPE_UNLESS_SLIDING).
 """
 import torch
-import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params, norm_params, rms_norm
@@ -93,15 +92,6 @@ class PagedOlmo2Runner(PagedRunnerBase):
         self.lm_head = model.get_output_embeddings().weight
         self._bind_heads(config)
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
-
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
-        return F.embedding(flat.clamp(min=0), self.embed)
-
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A branch's product as every rank's partial summed (before its norm): here the one
-        (paged_olmo2_tp.py all-reduces it)."""
-        return partial
 
     def _qk_norm(self, x: torch.Tensor, norm) -> torch.Tensor:
         """The q / k norm over the whole projection (olmo_rms_norm; under tensor parallelism its mean square

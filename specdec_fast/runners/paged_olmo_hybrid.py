@@ -24,6 +24,7 @@ from ._rotary import static_rope_reason
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import olmo_rms_norm
 from .paged_qwen3_next import LAYER_KINDS, PagedQwen3NextRunner, _DeltaNet
+from .paged_recurrent import layer_kinds_reason
 
 OLMO_HYBRID_TYPES = ("olmo_hybrid",)
 
@@ -41,10 +42,8 @@ def _projections(layer) -> tuple:
 def olmo_hybrid_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedOlmoHybridRunner cannot run ``model``, or None when it can."""
     config = getattr(model, "config", None)
-    kinds = set(getattr(config, "layer_types", None) or ())
-    if kinds - set(LAYER_KINDS):
-        return f"layer_types {sorted(kinds)}: this runner takes {LAYER_KINDS}"
-    reason = decoder_reason(model, OLMO_HYBRID_TYPES, "model.layers", "an OlmoHybridForCausalLM", _projections)
+    reason = layer_kinds_reason(config, LAYER_KINDS) or decoder_reason(model, OLMO_HYBRID_TYPES, "model.layers",
+                                                                       "an OlmoHybridForCausalLM", _projections)
     if reason is not None:
         return reason
     for i, layer in enumerate(model.model.layers):

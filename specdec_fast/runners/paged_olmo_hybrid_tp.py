@@ -11,47 +11,51 @@ post-norms) or its add. The math is PagedOlmoHybridRunner's over this rank's hea
 vocabulary-parallel embedding and the gathered logits are TensorParallelRunner's.
 """
 from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
-from .paged_olmo2_tp import TPPagedOlmo2Runner
+from .paged_olmo2_tp import TPPagedOlmo2Runner, _TPOlmo2Layer
 from .paged_olmo_hybrid import PagedOlmoHybridRunner
 from .paged_qwen3_next import LAYER_KINDS, _DeltaNet
+from .paged_recurrent import layer_kinds_reason
 from .sharded_model import TP_OLMO_HYBRID_TYPES
 
 
 def tp_olmo_hybrid_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why TPPagedOlmoHybridRunner cannot run ``model`` (a ShardedCausalLM), or None when it can."""
-    layer_types = getattr(model.config, "layer_types", None) or ()
-    if set(layer_types) - set(LAYER_KINDS):
-        return f"layer_types {sorted(set(layer_types))}: this runner takes {LAYER_KINDS}"
-    return unbiased_shard_reason(model, TP_OLMO_HYBRID_TYPES, "OLMo Hybrid", backend)
+    return (layer_kinds_reason(model.config, LAYER_KINDS)
+            or unbiased_shard_reason(model, TP_OLMO_HYBRID_TYPES, "OLMo Hybrid", backend))
 
 
-class _TPLayer:
-    """One layer's shards (the attribute names of paged_olmo_hybrid._Layer)."""
+class _TPDeltaNetLayer:
+    """A Gated DeltaNet layer's shards (the attribute names of paged_olmo_hybrid._Layer's)."""
 
-    def __init__(self, shards: dict, prefix: str, kind: str, config, plan):
+    def __init__(self, shards: dict, prefix: str, config, plan):
         from transformers.activations import ACT2FN
 
         def get(name):
             return shards.get(prefix + name)
 
         eps = config.rms_norm_eps
-        self.kind = kind
-        if kind == "linear_attention":
-            nk, nv, dk, dv = plan.delta
-            projections = tuple((get(f"linear_attn.{p}_proj.weight"), None) for p in ("q", "k", "v", "g", "b", "a"))
-            self.mixer = _DeltaNet(projections, False, get("linear_attn.conv1d.weight")[:, 0],
-                                   get("linear_attn.conv1d.bias"), get("linear_attn.A_log"), get("linear_attn.dt_bias"),
-                                   (get("linear_attn.o_norm.weight"), 1e-5), (get("linear_attn.o_proj.weight"), None),
-                                   nk // plan.world, nv // plan.world, dk, dv,
-                                   beta_scale=2.0 if config.linear_allow_neg_eigval else 1.0)
-            self.ln_in, self.ln_post = (get("input_layernorm.weight"), eps), (get("post_attention_layernorm.weight"), eps)
-        else:
-            self.q, self.k, self.v, self.o = ((get(f"self_attn.{p}_proj.weight"), None) for p in "qkvo")
-            self.q_norm, self.k_norm = (get("self_attn.q_norm.weight"), eps), (get("self_attn.k_norm.weight"), eps)
-            self.post_attention = (get("post_attention_layernorm.weight"), eps)
-            self.post_feedforward = (get("post_feedforward_layernorm.weight"), eps)
+        self.kind = "linear_attention"
+        nk, nv, dk, dv = plan.delta
+        projections = tuple((get(f"linear_attn.{p}_proj.weight"), None) for p in ("q", "k", "v", "g", "b", "a"))
+        self.mixer = _DeltaNet(projections, False, get("linear_attn.conv1d.weight")[:, 0],
+                               get("linear_attn.conv1d.bias"), get("linear_attn.A_log"), get("linear_attn.dt_bias"),
+                               (get("linear_attn.o_norm.weight"), 1e-5), (get("linear_attn.o_proj.weight"), None),
+                               nk // plan.world, nv // plan.world, dk, dv,
+                               beta_scale=2.0 if config.linear_allow_neg_eigval else 1.0)
+        self.ln_in, self.ln_post = (get("input_layernorm.weight"), eps), (get("post_attention_layernorm.weight"), eps)
         self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
         self.act = ACT2FN[config.hidden_act]
+
+
+def _tp_layer(shards: dict, index: int, kind: str, config, plan):
+    """Layer ``index``'s shards: a Gated DeltaNet layer's (_TPDeltaNetLayer), or an attention layer's as OLMo 3's
+    (paged_olmo2_tp._TPOlmo2Layer: the same tensors and post-branch norms), its kind set."""
+    prefix = f"model.layers.{index}."
+    if kind == "linear_attention":
+        return _TPDeltaNetLayer(shards, prefix, config, plan)
+    layer = _TPOlmo2Layer(shards, prefix, config, index)
+    layer.kind = kind
+    return layer
 
 
 class TPPagedOlmoHybridRunner(TensorParallelRunner, PagedOlmoHybridRunner):
@@ -63,7 +67,7 @@ class TPPagedOlmoHybridRunner(TensorParallelRunner, PagedOlmoHybridRunner):
     def _bind(self, model) -> None:
         config, shards, plan = model.config, model.shards, model.plan
         self._bind_shard(model)
-        self.layers = [_TPLayer(shards, f"model.layers.{i}.", kind, config, plan)
+        self.layers = [_tp_layer(shards, i, kind, config, plan)
                        for i, kind in enumerate(config.layer_types[:config.num_hidden_layers])]
         self._index_layers()
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)

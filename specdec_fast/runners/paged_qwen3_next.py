@@ -40,7 +40,7 @@ from ._moe import SHARED, MoE, is_moe, moe_reason
 from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import decoder_reason, head_dim_reason
-from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, prefill_conv
+from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, layer_kinds_reason, prefill_conv
 
 # Qwen3-Next, and Qwen3.5's text decoders (AutoModelForCausalLM on a Qwen3.5 checkpoint: Qwen3_5ForCausalLM /
 # Qwen3_5MoeForCausalLM): the same layers, the Gated DeltaNet's projections apart (in_proj_qkv / z / b / a), and
@@ -71,10 +71,8 @@ def _projections(layer) -> tuple:
 def qwen3_next_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedQwen3NextRunner cannot run ``model``, or None when it can."""
     config = getattr(model, "config", None)
-    kinds = set(getattr(config, "layer_types", None) or ())
-    if kinds - set(LAYER_KINDS):
-        return f"layer_types {sorted(kinds)}: this runner takes {LAYER_KINDS}"
-    reason = decoder_reason(model, QWEN3_NEXT_TYPES, "model.layers", "a Qwen3NextForCausalLM", _projections)
+    reason = layer_kinds_reason(config, LAYER_KINDS) or decoder_reason(model, QWEN3_NEXT_TYPES, "model.layers",
+                                                                       "a Qwen3NextForCausalLM", _projections)
     if reason is not None:
         return reason
     for i, layer in enumerate(model.model.layers):
@@ -205,14 +203,6 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         self._bind_heads(config)
         self.inv_freq = rotary.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(rotary.attention_scaling)
-
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
-        return F.embedding(flat.clamp(min=0), self.embed)
-
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A branch's output as every rank's partial summed: here the one (paged_qwen3_next_tp.py all-reduces)."""
-        return partial
 
     # -- the forward ------------------------------------------------------------------------------
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:

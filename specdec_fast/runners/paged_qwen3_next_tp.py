@@ -16,6 +16,7 @@ from ._rotary import static_rope_reason
 from .paged_base import head_dim_reason
 from .paged_llama_tp import TensorParallelRunner, shard_reason
 from .paged_qwen3_next import LAYER_KINDS, PagedQwen3NextRunner, _Attention, _DeltaNet
+from .paged_recurrent import layer_kinds_reason
 from .sharded_model import TP_HYBRID_TYPES
 from .sharding_moe import layer_moe
 
@@ -26,9 +27,7 @@ def tp_qwen3_next_unsupported_reason(model, max_tokens_per_row: int | None = Non
     if reason is not None:
         return reason
     config = model.config
-    if set(config.layer_types) - set(LAYER_KINDS):
-        return f"layer_types {sorted(set(config.layer_types))}: this runner takes {LAYER_KINDS}"
-    return static_rope_reason(model.rope_type) or head_dim_reason(config.head_dim, backend)
+    return layer_kinds_reason(config, LAYER_KINDS) or static_rope_reason(model.rope_type) or head_dim_reason(config.head_dim, backend)
 
 
 class _TPLayer:

@@ -26,6 +26,23 @@ import torch.nn.functional as F
 from .paged_base import PagedRunnerBase
 
 
+def layer_kinds_reason(config, kinds: tuple, field: str = "layer_types") -> str | None:
+    """Why config.<field> (the hybrid's list of layer kinds) names a kind outside ``kinds`` (the runner's), or None."""
+    listed = set(getattr(config, field, None) or ())
+    if listed - set(kinds):
+        return f"{field} {sorted(listed)}: this runner takes {kinds}"
+    return None
+
+
+def padded_bias_reason(config, field: str) -> str | None:
+    """Why a recurrent layer's input projection bias (config.<field> set) is refused, or None: transformers zeroes a
+    padded position's input, so that bias would reach the convolution from it, where here padded positions reach
+    nothing (the checkpoints of LFM2, Mamba and Jamba set none)."""
+    if getattr(config, field, False):
+        return f"{field}: a padded position's biased projection would reach the convolution (transformers' left padding)"
+    return None
+
+
 class RecurrentStates:
     """One recurrent layer's states for max_batch rows: committed conv [B, C, K - 1] (model dtype) and state
     [B, *rec] (float32), and a snapshot after each of max_tentative tentative tokens ([B, max_tentative + 1,

@@ -67,15 +67,6 @@ class PagedStarcoder2Runner(PagedRunnerBase):
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
 
-    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
-        """ids [T] (-1 pads) -> embeddings [T, H] (vocabulary-parallel under tensor parallelism)."""
-        return F.embedding(flat.clamp(min=0), self.embed)
-
-    def _sum_partials(self, partial: torch.Tensor) -> torch.Tensor:
-        """A row-parallel product's output: every rank's partial summed (here the one; paged_starcoder2_tp.py
-        all-reduces it, rank 0's partial carrying the bias)."""
-        return partial
-
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
