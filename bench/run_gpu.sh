@@ -16,6 +16,8 @@
 #                                      # (bench_verify_latency.py), the verify's time per kernel, the streaming variants, the step
 #                                      # at B=8, the GEMV kernel vs cuBLAS, the candidates' tests on
 #                                      # CUDA; then bench/issue25_report.py (targets met? levers to flip?)
+#     CATCHUP_TESTS=FILE bash bench/run_gpu.sh catchup  # after sessions without a GPU: the CUDA tests of FILE's test
+#                                      # files (290 s), the verify's latency rows, the tree's kernels, the report
 #     bash bench/run_gpu.sh levers     # the verify's levers' tests and timings, then `-m gpu` tests (H200: 305 s
 #                                      # before bench_stream_lanes --quick joined it; <= 560 s)
 #     bash bench/run_gpu.sh kernels    # verify, streaming loops, attention, one-step profile, logits copy ~8 min
@@ -109,12 +111,15 @@ stage_tests() {
   # share, would put all 144 on the first three workers).
   local cap=$((deadline - SECONDS)) marker=${2:-} log="$results/gpu_tests_$dev.log"
   [ -n "${1:-}" ] && cap=$(($1 < cap ? $1 : cap))
-  local select=()
+  local select=() paths=(tests)
   [ -n "$marker" ] && select=(-m "$marker") && log="$results/gpu_tests_${marker}_$dev.log"
-  echo "+ [cap ${cap} s, at ${SECONDS} s] pytest tests ${select[*]}"
+  # TEST_FILES: a file naming the test files to run, one a line (the catchup stage's); TEST_KEYWORDS: pytest's -k
+  if [ -n "${TEST_FILES:-}" ]; then mapfile -t paths < "$TEST_FILES"; log="$results/gpu_tests_catchup_$dev.log"; fi
+  [ -n "${TEST_KEYWORDS:-}" ] && select+=(-k "$TEST_KEYWORDS")
+  echo "+ [cap ${cap} s, at ${SECONDS} s] pytest ${paths[*]:0:3}$([ "${#paths[@]}" -gt 3 ] && echo " (${#paths[@]} paths)") ${select[*]}"
   if [ "$dry" = 1 ]; then SECONDS=$((SECONDS + cap)); return 0; fi
   timeout -s INT -k 30 "$cap" python3 -m pytest -v -rfE -n 14 -p no:cacheprovider --benchmark-disable \
-    --durations=40 --maxschedchunk 8 "${select[@]}" tests 2>&1 \
+    --durations=40 --maxschedchunk 8 "${select[@]}" "${paths[@]}" 2>&1 \
     | tee "$log" | grep -v " PASSED \| SKIPPED "
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
@@ -222,6 +227,20 @@ stage_session() {
   # One 15-minute device session: correctness of what runs by default first, then issue 25.
   stage_tests 330  # H200: 301 s whole at ceaec11; cut at 315 s with ~36 tests left at 5c2fdbc
   stage_limits
+}
+
+stage_catchup() {
+  # The first device call after sessions without one (nothing after 952d456 had run on a GPU until 2026-11-30):
+  # the tests that do CUDA work (those marked gpu, and the triton / cuda parameters: the others run on the CPU as CI
+  # runs them) of the files CATCHUP_TESTS names (one path a line: the test files changed since the last GPU run and
+  # those with gpu tests), cut at 290 s; then the verify's defaults and levers against the reference's tokens at
+  # V = 128256 (the Gumbel keys in ratio form, 5ed9a3c, never timed) and the tree's kernels (RESIDUAL_FUSED and
+  # stats_chunks, prepared for a GPU), and the report.
+  TEST_FILES=${CATCHUP_TESTS:?CATCHUP_TESTS names a file of test paths} TEST_KEYWORDS="gpu or triton or cuda" stage_tests 290
+  run --cap 150 python3 bench/bench_verify_latency.py --budget-s "$(budget 110 150)" --out "$results/verify_latency_$dev.json"
+  run --cap 80 python3 bench/bench_tree.py --kernels-only --quick --out "$results/tree_kernels_$dev.json"
+  echo "+ python3 bench/issue25_report.py --device $dev --out $results/issue25_$dev.json"
+  [ "$dry" = 1 ] || python3 bench/issue25_report.py --device "$dev" --out "$results/issue25_$dev.json" || status=1
 }
 
 stage_attention() {
@@ -354,12 +373,12 @@ stage_options() {
 }
 
 case "$stage" in  # a device call ends at 600 s: 560 leaves the last part's kill grace and the archive
-  session|limits|levers) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
+  session|limits|levers|catchup) [ -z "${DEADLINE_S:-}" ] && deadline=560 ;;
 esac
 case "$stage" in
-  session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|mla|heads|adaptive|options|ncu|ncu_source) "stage_$stage" ;;
+  session|tests|kernels|scale|loop|more|trees|limits|levers|catchup|attention|gemv|moe|mla|heads|adaptive|options|ncu|ncu_source) "stage_$stage" ;;
   all) for s in tests kernels scale loop more trees; do "stage_$s"; done ;;
-  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|attention|gemv|moe|mla|heads|adaptive|options|ncu|ncu_source|all"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu.sh [--dry-run] session|tests|kernels|scale|loop|more|trees|limits|levers|catchup|attention|gemv|moe|mla|heads|adaptive|options|ncu|ncu_source|all"; exit 2 ;;
 esac
 [ "${#not_run[@]}" = 0 ] || printf 'NOT RUN (deadline): %s\n' "${not_run[@]}"
 echo "stage $stage done at ${SECONDS} s, status $status"
