@@ -313,7 +313,7 @@ def make_draft(target, *, noise: float = 0.3, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * p.std().nan_to_num(0.0) * noise)
+            p.add_(torch.randn(p.shape, generator=gen).to(p.device) * p.std().nan_to_num(0.0) * noise)
     return draft
 
 

@@ -76,13 +76,15 @@ def mtp_reference(target):
             """The layer as this package reads it (transformers' MtpLayer around transformers' own decoder layer:
             SDPA, causal without a mask) with the two methods of transformers' MtpModel the tests call."""
 
+            # the target's embeddings read on the layer's device: on_device moves a copy of this module, not the
+            # target it closes over
             def forward_layer(self, index, hidden, position_ids, cache, input_ids):
-                embeds = target.get_input_embeddings()(input_ids)
+                embeds = torch.nn.functional.embedding(input_ids, target.get_input_embeddings().weight.to(hidden.device))
                 rotary = self.rotary_emb(hidden, position_ids)
                 return self.layers[index](embeds, hidden, rotary, None, position_ids, cache)
 
             def _project_to_logits(self, hidden):
-                return target.get_output_embeddings()(hidden)
+                return torch.nn.functional.linear(hidden, target.get_output_embeddings().weight.to(hidden.device))
 
         return QwenMtpReference.from_checkpoint(target, target.config.name_or_path, target.device).eval()
     from transformers.modeling_layers import MtpModel

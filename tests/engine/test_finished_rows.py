@@ -198,13 +198,14 @@ class LoudPadding:
 @pytest.mark.parametrize("backend, sampling", [  # greedy on Triton (~9 s interpreted) never handed back the sentinel
     ("triton", dict(do_sample=True, top_k=50)), ("triton", dict(do_sample=True, repetition_penalty=1.2)),
     ("cpp", dict(do_sample=True, top_k=50)), ("cpp", dict(do_sample=False))])
-def test_the_logits_of_finished_rows_cannot_reach_the_tokens(monkeypatch, backend, sampling):
+def test_the_logits_of_finished_rows_cannot_reach_the_tokens(monkeypatch, backend, sampling, device):
     """Rows that finished are fed nothing: the verify and the draft sampler run over logits that
     nobody wrote (NaN here). Their tokens are discarded, but the draft's are fed back to the draft
     model's embedding: a Triton search finding no maximum in a NaN row once handed back 2**31 - 1
     ("IndexError: index out of range in self", a flaky failure of the 2-rank Triton test).
     V = 128 (tests/engine/models.py), a whole number of blocks, as that failure's. The tokens equal
     those of the same call with the padding left as it is."""
+    from ..conftest import backend_device, on_device
     from ..kernels.backends import cpp_tested
     from .models import make_model
 
@@ -213,7 +214,8 @@ def test_the_logits_of_finished_rows_cannot_reach_the_tokens(monkeypatch, backen
     target = make_model("qwen2")
     target.generation_config.eos_token_id = None
     draft = make_draft(target, noise=0.1)
-    ids, mask = left_padded_prompts([5, 3], seed=1)
+    target, draft, ids, mask = on_device(backend_device(backend, device), target, draft,
+                                         *left_padded_prompts([5, 3], seed=1))
     kw = dict(assistant_model=draft, max_new_tokens=6, seed=2, backend=backend, pad_token_id=0, **sampling)
     quiet = api.generate(target, ids, mask, **kw)
     loud = LoudPadding(monkeypatch)

@@ -164,8 +164,8 @@ def test_static_graph_twin_gives_the_eager_tokens():
 def _next_logits(runner, tokens) -> torch.Tensor:
     """The logits after tokens[-1], scored over a cache that a prefill of tokens[:-1] wrote (a layer's
     plane read past the forward that wrote it)."""
-    runner.prefill(torch.tensor([tokens[:-1]]), None, max_new_tokens=2, num_draft_tokens=0)
-    return runner.score(torch.tensor([tokens[-1:]]))[0, -1]
+    runner.prefill(torch.tensor([tokens[:-1]], device=runner.device), None, max_new_tokens=2, num_draft_tokens=0)
+    return runner.score(torch.tensor([tokens[-1:]], device=runner.device))[0, -1]
 
 
 def test_controls_rope_layout_scale_and_planes():

@@ -255,12 +255,12 @@ def test_granite4_hybrids_and_experts_take_their_own_runner():
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
-def test_smollm3_nope_layers_are_not_rotated(backend):
+def test_smollm3_nope_layers_are_not_rotated(backend, device):
     """SmolLM3's layer 1 has no RoPE (use_rope 0), layer 0 has; the control: a runner that rotates
     every layer no longer gives the model's logits."""
     if backend == "triton":
         pytest.importorskip("triton")
-    model = tiny("smollm3")
+    model = on_device(backend_device(backend, device), tiny("smollm3"))
     assert [layer.self_attn.use_rope for layer in model.model.layers] == [1, 0]
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
     assert [layer.rope for layer in runner.layers] == [True, False]

@@ -10,6 +10,8 @@ import torch
 
 from specdec_fast.kernels.attention import mla_attention
 
+from tests.kernels.backends import kernel_backends
+
 from .attention_cases import make_case
 
 SHAPES = [([7], [1]), ([33, 5, 18], [4, 1, 3]), ([70], [5]), ([1, 40], [1, 2])]
@@ -27,7 +29,7 @@ def dense_mla(case, rank: int, scale: float, dims=None) -> torch.Tensor:
         prefix = e.shape[0] - n
         for i in range(n):
             t = cu[b] + i
-            q = case.q[t].double()  # [Hq, R + DR]
+            q = case.q[t].cpu().double()  # [Hq, R + DR]
             keys = e if dims is None else e[:, dims]
             s = scale * (q if dims is None else q[:, dims]) @ keys.T  # [Hq, L]
             j = torch.arange(e.shape[0]) - prefix
@@ -40,9 +42,9 @@ def dense_mla(case, rank: int, scale: float, dims=None) -> torch.Tensor:
     return torch.stack(outs)
 
 
-def _case(shape, hq, rank, rope, block_size, dtype, tree=False, seed=0):
+def _case(shape, hq, rank, rope, block_size, dtype, tree=False, seed=0, device="cpu"):
     seq_lens, query_lens = shape
-    return make_case(seq_lens, query_lens, hq, 1, rank + rope, block_size, dtype, tree=tree, seed=seed)
+    return make_case(seq_lens, query_lens, hq, 1, rank + rope, block_size, dtype, tree=tree, seed=seed, device=device)
 
 
 def _run(case, rank, scale, backend, **kw):
@@ -54,64 +56,64 @@ def _tolerance(dtype):
     return dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+@pytest.mark.parametrize("backend", kernel_backends())
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("hq, rank, rope, block_size", [(3, 32, 8, 4), (20, 48, 16, 1), (1, 32, 8, 16), (2, 512, 64, 4)])
 @pytest.mark.parametrize("tree", [False, True])
-def test_equals_the_dense_oracle(backend, shape, hq, rank, rope, block_size, tree):
+def test_equals_the_dense_oracle(backend, shape, hq, rank, rope, block_size, tree, device):
     if backend == "triton":
         pytest.importorskip("triton")
     if tree and max(shape[1]) == 1:
         pytest.skip("a tree of one node is the causal case")
-    case = _case(shape, hq, rank, rope, block_size, torch.float32, tree=tree, seed=hq + rank)
+    case = _case(shape, hq, rank, rope, block_size, torch.float32, tree=tree, seed=hq + rank, device=device)
     scale = (rank + rope) ** -0.5 * 1.3
     out = _run(case, rank, scale, backend)
     assert out.shape == (case.q.shape[0], hq, rank)
-    torch.testing.assert_close(out.double(), dense_mla(case, rank, scale), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(out.cpu().double(), dense_mla(case, rank, scale), atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("splits", [2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_splits_and_dtypes(splits, dtype):
+def test_triton_splits_and_dtypes(splits, dtype, device):
     """The KV sequence split over programs and merged (a split may hold no visible entry: rows of 1);
     bf16 within its rounding."""
     pytest.importorskip("triton")
     from specdec_fast.kernels.attention.triton_mla import mla_attention_triton
 
-    case = _case(([33, 1, 70], [4, 1, 2]), 20, 48, 16, 4, dtype, seed=splits)
+    case = _case(([33, 1, 70], [4, 1, 2]), 20, 48, 16, 4, dtype, seed=splits, device=device)
     scale = 64 ** -0.5
     out = mla_attention_triton(case.q, case.k_cache, case.block_table, case.seq_lens, case.cu_query_lens, rank=48,
                                max_query_len=case.max_query_len, scale=scale, num_splits=splits)
-    torch.testing.assert_close(out.double(), dense_mla(case, 48, scale), **_tolerance(dtype))
+    torch.testing.assert_close(out.cpu().double(), dense_mla(case, 48, scale), **_tolerance(dtype))
 
 
 @pytest.mark.parametrize("tile", [(32, 16, 8), (32, 32, 8), (16, 32, 4)])
-def test_triton_tiles(tile):
+def test_triton_tiles(tile, device):
     """The benchmark's wider tiles (triton_mla.TILES): 32 rows hold 32 heads of one query, or 2 queries
     of 16 heads (20 heads: padded), over a tree and a split."""
     pytest.importorskip("triton")
     from specdec_fast.kernels.attention.triton_mla import mla_attention_triton
 
     for hq in (3, 20, 40):
-        case = _case(([33, 5, 18], [4, 1, 3]), hq, 48, 16, 4, torch.float32, tree=True, seed=hq)
+        case = _case(([33, 5, 18], [4, 1, 3]), hq, 48, 16, 4, torch.float32, tree=True, seed=hq, device=device)
         out = mla_attention_triton(case.q, case.k_cache, case.block_table, case.seq_lens, case.cu_query_lens, rank=48,
                                    max_query_len=case.max_query_len, tree_mask=case.tree_mask, scale=0.15,
                                    num_splits=2, tile=tile)
-        torch.testing.assert_close(out.double(), dense_mla(case, 48, 0.15), atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(out.cpu().double(), dense_mla(case, 48, 0.15), atol=2e-5, rtol=2e-5)
 
 
-def test_controls_the_value_is_the_latent_and_the_rotated_dims_score():
+def test_controls_the_value_is_the_latent_and_the_rotated_dims_score(device):
     """The oracle would catch a kernel that averaged k_rot into the value, or scored the latent alone."""
     pytest.importorskip("triton")
-    case = _case(([20], [3]), 3, 32, 8, 4, torch.float32)
-    out = _run(case, 32, 0.2, "triton").double()
+    case = _case(([20], [3]), 3, 32, 8, 4, torch.float32, device=device)
+    out = _run(case, 32, 0.2, "triton").cpu().double()
     full = dense_mla(case, 40, 0.2)  # the value with k_rot: its first 32 dims are the same, so compare those too
     torch.testing.assert_close(out, full[..., :32], atol=2e-5, rtol=2e-5)
     latent_only = dense_mla(case, 32, 0.2, dims=slice(0, 32))
     assert (out - latent_only).abs().max() > 1e-2
 
 
-def test_refusals():
+def test_refusals(device):
     case = _case(([5], [1]), 2, 32, 8, 4, torch.float32)
     with pytest.raises(ValueError, match="rank must be"):
         _run(case, 40, 0.2, "torch")
@@ -119,6 +121,6 @@ def test_refusals():
     with pytest.raises(ValueError, match="one head"):
         _run(two_heads, 32, 0.2, "torch")
     pytest.importorskip("triton")
-    wide = _case(([5], [1]), 2, 1024, 8, 4, torch.float32)
+    wide = _case(([5], [1]), 2, 1024, 8, 4, torch.float32, device=device)
     with pytest.raises(ValueError, match="rank <= 512"):
         _run(wide, 1024, 0.2, "triton")
