@@ -5,7 +5,7 @@ SDPA over the same latents laid out densely, and the bytes it reads against the 
         DeepSeek-V3's attention (128 heads, a latent of 512 + 64) and GLM-4.7-Flash's (20 heads), bf16,
         B 1 / 8 / 32 rows of 1k / 4k / 16k entries, N 1 (decode) and 4 (a verify of K = 3): CUDA-graph
         replay us of mla_attention_triton with its automatic split count, for each tile of
-        triton_mla.TILES (rows, entries a chunk, warps: the default first), the GB/s of the latents it must read
+        triton_mla.TILES (rows, entries a chunk, warps; the row's us is plan_mla's default tile's), the GB/s of the latents it must read
         (B x L x 576 x 2 bytes) and their share of the measured HBM ceiling, and SDPA's us on the dense
         latents (q [B, H, N, 576] over one key head [B, 1, L, 576], the value its first 512 dims:
         enable_gqa) with the max abs difference between the two outputs.
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
 
     from specdec_fast.kernels._backend import triton_interpreting
     from specdec_fast.kernels.attention import mla_attention
-    from specdec_fast.kernels.attention.triton_mla import TILES, mla_attention_triton
+    from specdec_fast.kernels.attention.triton_mla import TILES, mla_attention_triton, plan_mla
 
     if args.smoke:
         shape, device, dtype, name = SMOKE, "cpu", torch.float32, "cpu (smoke)"
@@ -127,7 +127,12 @@ def main(argv=None) -> int:
                         if ceiling is not None:
                             entry["of_hbm_ceiling"] = entry["latent_GBps"] * 1e9 / ceiling["ceiling_Bps"]
                         row["tiles"]["default" if tile is None else "x".join(map(str, tile))] = entry
-                    first = next(iter(row["tiles"].values()))  # the default tile (TILES[0])
+                    first = next(iter(row["tiles"].values()))  # the default plan's tile, where the sweep timed it
+                    if backend == "triton":
+                        plan = plan_mla(q.device, batch, heads, rank, n, table.shape[1] * shape["block_size"],
+                                        dtype=dtype)
+                        row["default_tile"] = f"{plan.block_m}x{plan.block_n}x{plan.num_warps}"
+                        first = row["tiles"].get(row["default_tile"], first)
                     diffs = [t["max_abs_diff"] for t in row["tiles"].values() if t["max_abs_diff"] is not None]
                     row.update(us=first["us"], max_abs_diff=max(diffs) if diffs else None, latent_GBps=first["latent_GBps"])
                     rows.append(row)

@@ -17,10 +17,13 @@ the first). Causal among a row's new tokens, or a token tree's bits; no window, 
 sinks (no MLA model has them). The KV sequence splits over programs as in triton.py
 (choose_splits), merged by its _merge_splits with HEAD_DIM = R. No host sync: graph safe.
 
-Not timed on a GPU (no device in the session that wrote it): BLOCK_H, BLOCK_N and the warps are
-first choices, checked only to compile for sm_90a within its shared memory without spills
-(tests/kernels/aot_compile_attention.py). FlashMLA's tile is 64 heads per warpgroup; a wider tile
-here would cut the L2 reads of 128-head models 4x and waits for a GPU to be measured.
+Timed on an H200 (2026-11-30, bench/results/h200_2026-11-30/mla_nvidia_h200.json; DeepSeek-V3's 128
+heads, bf16, graph replays): the wide tile, 32 rows over chunks of 32 entries and 8 warps (WIDE_TILE), took
+63.2 / 71.6 / 243.1 us where 16 rows over 16 entries and 4 warps took 91.2 / 100.9 / 329.5 (B = 1: L = 4096
+N = 4, L = 16384 N = 1 and N = 4; B = 8 L = 1024: 34.2 against 42.6), and lost 2.0 and 1.4 us at B = 1 N = 1
+L = 1024 / 4096 (31.5 / 33.4 against 29.5 / 32.0). plan_mla takes it for 16-bit latents of 512 dims and at
+least 32 heads; fp32 at R = 512 spills 6 KB with it (ptxas), and 20 heads (GLM-4.7-Flash) were not timed.
+FlashMLA's tile is 64 heads per warpgroup; 64 rows here spill.
 """
 from typing import NamedTuple
 
@@ -40,6 +43,7 @@ MAX_ROPE = 128  # and the rotated dims (their 64)
 # (bench/bench_mla.py sweeps TILES).
 BLOCK_M = 16
 TILES = ((16, 16, 4), (32, 16, 8), (32, 32, 8))
+WIDE_TILE = (32, 32, 8)  # the default for 16-bit latents of 512 dims and >= 32 heads (the module's docstring)
 
 
 @triton.jit(do_not_specialize=["num_splits", "min_split_chunks", "num_tokens"])
@@ -162,13 +166,16 @@ class MlaPlan(NamedTuple):
 
 
 def plan_mla(device: torch.device, batch: int, num_heads: int, rank: int, max_query_len: int, capacity: int,
-             num_splits: int | None = None, tile: tuple | None = None) -> MlaPlan:
+             num_splits: int | None = None, tile: tuple | None = None, dtype: torch.dtype | None = None) -> MlaPlan:
     """Tiling and split count from static shapes (a runner caches it per call shape): BLOCK_M = 16
     rows of (query, head) -- up to 16 heads of one query, or several queries of fewer heads -- and
     chunks of 32 entries (16 at R = 512: a [16, 512] bf16 chunk double-buffered, with k_rot, in 40 KB
-    of shared memory), 4 warps. tile: (rows, entries a chunk, warps) instead (TILES: the benchmark's
-    sweep); num_splits overrides the automatic flash-decoding split (tests)."""
-    if tile is None:
+    of shared memory), 4 warps; WIDE_TILE where the latents (``dtype``) are 16-bit, 512 wide, and the
+    heads are at least 32 (an H200 timed it faster there). tile: (rows, entries a chunk, warps) instead
+    (TILES: the benchmark's sweep); num_splits overrides the automatic flash-decoding split (tests)."""
+    if tile is None and dtype in (torch.bfloat16, torch.float16) and _next_pow2(rank) >= 512 and num_heads >= 32:
+        tile = WIDE_TILE
+    elif tile is None:
         tile = (BLOCK_M, 16 if _next_pow2(rank) >= 512 else 32, 4)
     block_m, block_n, num_warps = tile
     block_h = min(block_m, _next_pow2(num_heads))
@@ -197,7 +204,8 @@ def mla_attention_triton(q, latent_cache, block_table, seq_lens, cu_query_lens, 
     if T == 0 or B == 0:
         return out
     if plan is None:
-        plan = plan_mla(q.device, B, Hq, rank, max_query_len, block_table.shape[1] * page_size, num_splits, tile)
+        plan = plan_mla(q.device, B, Hq, rank, max_query_len, block_table.shape[1] * page_size, num_splits, tile,
+                        q.dtype)
     if block_table.stride(1) != 1 and block_table.shape[1] > 1:
         block_table = block_table.contiguous()
     splits, rank_p2 = plan.num_splits, max(16, _next_pow2(rank))

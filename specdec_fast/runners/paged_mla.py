@@ -282,7 +282,7 @@ class PagedMlaRunner(PagedRunnerBase):
         plan = self._plans.get(key)
         if plan is None:  # static per call shape (graph capture), as paged_base._plan
             plan = self._plans[key] = plan_mla(self.device, table.shape[0], self.num_heads, self.rank, max_query_len,
-                                               table.shape[1] * self.block_size)
+                                               table.shape[1] * self.block_size, dtype=self.dtype)
         return mla_attention_triton(q, self.k_caches[i], table, attn_lens, cu, rank=self.rank,
                                     max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, plan=plan)
 

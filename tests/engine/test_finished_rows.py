@@ -216,7 +216,9 @@ def test_the_logits_of_finished_rows_cannot_reach_the_tokens(monkeypatch, backen
     draft = make_draft(target, noise=0.1)
     target, draft, ids, mask = on_device(backend_device(backend, device), target, draft,
                                          *left_padded_prompts([5, 3], seed=1))
-    kw = dict(assistant_model=draft, max_new_tokens=6, seed=2, backend=backend, pad_token_id=0, **sampling)
+    # eager steps: LoudPadding counts its poisoned calls on the host, which a CUDA graph's capture refuses
+    kw = dict(assistant_model=draft, max_new_tokens=6, seed=2, backend=backend, pad_token_id=0, cuda_graphs=False,
+              **sampling)
     quiet = api.generate(target, ids, mask, **kw)
     loud = LoudPadding(monkeypatch)
     ours = api.generate(target, ids, mask, **kw)

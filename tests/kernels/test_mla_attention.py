@@ -124,3 +124,19 @@ def test_refusals(device):
     wide = _case(([5], [1]), 2, 1024, 8, 4, torch.float32, device=device)
     with pytest.raises(ValueError, match="rank <= 512"):
         _run(wide, 1024, 0.2, "triton")
+
+
+def test_the_plan_takes_the_wide_tile_where_an_h200_timed_it_faster():
+    """plan_mla's default tile (triton_mla's docstring: the H200's rows of 2026-11-30): WIDE_TILE for 16-bit
+    latents of 512 dims and >= 32 heads; fp32 (the wide tile spills 6 KB there), 20 heads (not timed) and
+    narrower latents keep 16 rows."""
+    pytest.importorskip("triton")
+    from specdec_fast.kernels.attention.triton_mla import WIDE_TILE, plan_mla
+
+    def tile(heads, rank, dtype):
+        plan = plan_mla(torch.device("cpu"), 1, heads, rank, 1, 4096, num_splits=1, dtype=dtype)
+        return plan.block_m, plan.block_n, plan.num_warps
+
+    assert tile(128, 512, torch.bfloat16) == tile(64, 512, torch.float16) == WIDE_TILE == (32, 32, 8)
+    assert tile(128, 512, torch.float32) == tile(20, 512, torch.bfloat16) == tile(128, 512, None) == (16, 16, 4)
+    assert tile(128, 48, torch.bfloat16) == (16, 32, 4)
