@@ -17,7 +17,12 @@ on over the lever off"):
   "finish_gather_8192"    masses) in blocks of 4096 / 8192 values (_triton_plan.FINISH_GATHER_BLOCK_V,
                           a candidate, off) against the streaming block of 2048: twice / four times
                           the loads in flight of a program that holds an SM alone (B = 64: 570 of 576
-                          top_p = 0.9 distributions take that pass, 2230 us on the H200).
+                          top_p = 0.9 distributions take that pass, 2230 us on the H200). An H200 timed
+                          8192 0.958x at B = 64 top_p (2026-11-30): on from B = 64 (FINISH_GATHER_MIN_BATCH).
+  "emit_prob_keys"        the draft sampler's Gumbel-max keys weighted by the probability (as the verify's)
+                          instead of exp(std - m) (_triton_plan.EMIT_SAMPLER_EXP_KEYS, on since 2026-11-30,
+                          predicted, not timed): the sampler's columns alone change (the verify's plan keeps
+                          the probability either way).
 
 An H200 timed each of the three alone against the then-defaults at e4f1563 (bench/results/
 h200_2026-11-28: the figures are at each constant in kernels/verify/_triton_plan.py) and they were
@@ -70,6 +75,8 @@ LEVERS = {
                            _plan.FINISH_GATHER_BLOCK_V == 4096, (1, 64)),
     "finish_gather_8192": (dict(finish_block_v=_GATHER_OFF if _plan.FINISH_GATHER_BLOCK_V == 8192 else 8192),
                            _plan.FINISH_GATHER_BLOCK_V == 8192, (64,)),
+    # the sampler's keys (its verify column runs the same plan as "now": the verify keeps the probability)
+    "emit_prob_keys": (dict(emit_exp_keys=not _plan.EMIT_SAMPLER_EXP_KEYS), _plan.EMIT_SAMPLER_EXP_KEYS, None),
 }
 WAYS = {"now": {}, **{name: flip for name, (flip, _, _) in LEVERS.items()}}
 SMOKE_MODES = ("top_p=0.9",)  # the interpreter pays seconds a call: one mode with rungs

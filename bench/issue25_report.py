@@ -33,6 +33,9 @@ Prints one markdown table (target, measured, met?) and one of the levers:
     since an H200 timed them on 2026-11-28) and DEFAULTS_OF_2026_11_28 (the three together):
     bench_verify_latency's ways, each the defaults with the lever flipped: the lever on over off, verify
     and sampler, every batch and mode it measured, the reference's tokens ("on": keep it on);
+  - FINISH_GATHER_BLOCK_V=4096 / =8192 (8192 on from B = 64 since an H200 timed it on 2026-11-30) and
+    EMIT_SAMPLER_EXP_KEYS (on since 2026-11-30, predicted from the sampler's registers, not yet timed): the same
+    ways, the lever on over off;
   each "on" where no row is slower by more than NOISE and one is faster by more than NOISE;
   - STREAM_GREEDY_ARGMAX_ONLY (kernels/verify/_triton_plan.py): bench_stream_lanes' greedy rows, each
     loop without the streaming sums over the same loop with them, and bench_tree's greedy rows
@@ -423,6 +426,9 @@ LATENCY_LEVERS = {
                                                           "4096 over 2048"),
     "FINISH_GATHER_BLOCK_V=8192": ("finish_gather_8192", "us with the finishing launch's second pass in blocks of "
                                                           "8192 over 2048"),
+    # the verify's columns run the same plan both ways (its keys stay the probability): the sampler's decide
+    "EMIT_SAMPLER_EXP_KEYS": ("emit_prob_keys", "us with the draft sampler's keys weighted by exp(std - m) over "
+                                                "the probability (verify: the same plan)"),
 }
 
 

@@ -122,3 +122,22 @@ def test_a_gpu_machine_runs_the_gpu_tests_first(monkeypatch):
     added.clear()
     conftest.pytest_collection_modifyitems(None, items := [item("a"), item("b", "gpu"), item("c")])
     assert [i.name for i in items] == ["a", "b", "c"] and added == [("b", "needs a CUDA device")]
+
+
+def test_catchup_runs_the_named_files_cuda_tests_then_the_verify_rows(tmp_path):
+    """catchup (after sessions without a GPU): the CUDA tests (-k gpu / triton / cuda) of the files CATCHUP_TESTS
+    names, capped at 290 s, then the verify's latency rows and the tree's kernels within the 560 s deadline;
+    without CATCHUP_TESTS it stops at once, naming the variable."""
+    files = tmp_path / "files.txt"
+    files.write_text("tests/kernels/test_mla_attention.py\ntests/engine/test_mtp.py\n")
+    out = dry_run("catchup", CATCHUP_TESTS=str(files))
+    assert "[cap 290 s, at 0 s] pytest tests/kernels/test_mla_attention.py tests/engine/test_mtp.py -k gpu or triton" \
+           " or cuda" in out
+    assert "stage catchup done at 520 s" in out
+    for script, *args in python_parts(out):
+        source = parser_sources(ROOT / script)
+        for flag in (a.split("=")[0] for a in args if a.startswith("--")):
+            assert f'"{flag}"' in source, f"{script} has no {flag} (stage catchup)"
+    done = subprocess.run(["bash", str(ROOT / "bench" / "run_gpu.sh"), "--dry-run", "catchup"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0 and "CATCHUP_TESTS" in done.stderr

@@ -48,6 +48,17 @@ def noise_weight(std, prob):
 
 
 @triton.jit
+def _q_weight(std_q, q, m, EXP_KEYS: tl.constexpr):
+    """The target's noise weights [BLOCK_R, BLOCK_V]: noise_weight(std_q, q), or with EXP_KEYS
+    exp(std_q - m) (the probability times the row's sum, a positive row constant: the same argmax,
+    and no division a value; _triton_plan.EMIT_SAMPLER_EXP_KEYS). A greedy row's one finite std is 0
+    at its argmax: a weight exp(-m) >= 0 there against -inf elsewhere, so its argmax still wins."""
+    if EXP_KEYS:
+        return noise_weight(std_q, tl.exp(std_q - m))
+    return noise_weight(std_q, q)
+
+
+@triton.jit
 def _tile_rows(count, BLOCK_R: tl.constexpr):
     """This program's row indices [BLOCK_R] (clamped into range, so loads need no row mask)
     and which of them are real (for stores)."""
@@ -122,7 +133,7 @@ def _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, mi
 def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq,
                      mp, s2p, s3p, tkp, amp, seed, offset, noise_position, stream, rejected, xj, start, skips,
                      PENALTY: tl.constexpr, V: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, EXP_KEYS: tl.constexpr):
     """The emission's pass over a vocab chunk with per-lane state (module docstring: LANES) ->
     (q maxima, their indices, residual maxima, their indices, residual seen positive), each
     [BLOCK_R, BLOCK_V]; the math of each value is the block-reduction loop's (_emit)."""
@@ -137,7 +148,7 @@ def _emit_pass_lanes(target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, gr
         inside = idx < V
         std_q, q = _q_tile(target_ptr, q_row, idx, inside, pen_q, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, skips,
                            PENALTY)
-        q_top = noise_weight(std_q, q)
+        q_top = _q_weight(std_q, q, mq[:, None], EXP_KEYS)
         r_top = tl.full([BLOCK_R, BLOCK_V], NEG_INF, tl.float32)  # max(q - p, 0), -inf where 0
         if any_rejected:
             p = _p_tile(draft_ptr, p_row, idx, inside, rejected, xj, pen_p, temp, greedy, min_p, mp, s2p, s3p, tkp, amp,
@@ -204,7 +215,7 @@ def emit_kernel(
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr = False,
-    SKIP_IDENTITIES: tl.constexpr = False,
+    SKIP_IDENTITIES: tl.constexpr = False, EXP_KEYS: tl.constexpr = False,
 ):
     """grid (cdiv(B, BLOCK_R), NCHUNK): the ratio test of BLOCK_R rows, then one pass over a
     vocab chunk of each row's emitted position j: Gumbel-max candidates argmax(std_q + G) and
@@ -214,7 +225,7 @@ def emit_kernel(
           s2_ptr, s3_ptr, tkey_ptr, amax_ptr, q_val_ptr, q_idx_ptr, r_val_ptr, r_idx_ptr, r_any_ptr, ticket_ptr,
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b, (tokens_ptr,),
           False, V, K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE,
-          LANES, SKIP_IDENTITIES)
+          LANES, SKIP_IDENTITIES, EXP_KEYS)
 
 
 @triton.jit
@@ -226,7 +237,7 @@ def emit_penalised_kernel(
     V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, W: tl.constexpr, P0: tl.constexpr,
-    LANES: tl.constexpr = False, SKIP_IDENTITIES: tl.constexpr = False,
+    LANES: tl.constexpr = False, SKIP_IDENTITIES: tl.constexpr = False, EXP_KEYS: tl.constexpr = False,
 ):
     """emit_kernel with penalties (the arguments of
     _triton_select_stream.select_stream_penalised_kernel): the ratio test's q_i(x_i), p_i(x_i)
@@ -238,7 +249,7 @@ def emit_penalised_kernel(
           out_ptr, num_accepted_ptr, B, NPOS, NCHUNK, stream, st_b, st_k, sd_b, sd_k, sx_b, sx_k, so_b,
           (W, P0, counts_ptr, repetition_ptr, frequency_ptr, presence_ptr, pen_tokens_ptr, s_cb, s_pb, s_pk), True, V,
           K, CHUNK, HAS_DRAFT_LOGITS, USE_POSITIONS, BLOCK_R, BLOCK_V, BLOCK_K, BLOCK_K1, BLOCK_C, FENCE, LANES,
-          SKIP_IDENTITIES)
+          SKIP_IDENTITIES, EXP_KEYS)
 
 
 @triton.jit
@@ -249,7 +260,7 @@ def _emit(
     PENALTY: tl.constexpr, V: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr,
     USE_POSITIONS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_K1: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, LANES: tl.constexpr,
-    SKIP_IDENTITIES: tl.constexpr,
+    SKIP_IDENTITIES: tl.constexpr, EXP_KEYS: tl.constexpr,
 ):
     """The emission's program; pen_args: the penalties (kernels/penalties/triton.py) or (False,)."""
     b, live = _tile_rows(B, BLOCK_R)
@@ -335,7 +346,7 @@ def _emit(
         q_lane, q_lane_arg, r_lane, r_lane_arg, r_lane_any = _emit_pass_lanes(
             target_ptr, draft_ptr, q_row, p_row, pen_q, pen_p, temp, greedy, min_p, mq, s2q, s3q, tkq, amq, mp, s2p, s3p,
             tkp, amp, seed, offset, noise_position, stream, rejected, xj, start, skips, PENALTY, V, CHUNK,
-            HAS_DRAFT_LOGITS, BLOCK_R, BLOCK_V)
+            HAS_DRAFT_LOGITS, BLOCK_R, BLOCK_V, EXP_KEYS)
         q_best, q_arg = _lanes_reduced(q_lane, q_lane_arg, start)
         r_best, r_arg = _lanes_reduced(r_lane, r_lane_arg, start)
         r_any = tl.max(r_lane_any, axis=1)
@@ -355,7 +366,7 @@ def _emit(
             # 1 / E <= NOISE_RATIO_MAX, and the residual max(q - p, 0) <= q. Skipped tiles
             # change nothing (a later index replaces the best only when strictly larger). Greedy
             # and truncated (top-k / top-p / min-p) rows skip most of the vocab this way.
-            q_top = noise_weight(std_q, q)
+            q_top = _q_weight(std_q, q, mq[:, None], EXP_KEYS)
             could_q = tl.max(q_top, axis=1) * NOISE_RATIO_MAX >= q_best
             could_r = rejected & (tl.max(q, axis=1) * NOISE_RATIO_MAX >= r_best)
             if tl.max((could_q | could_r).to(tl.int32), axis=0) > 0:

@@ -128,7 +128,15 @@ FINISH_SEARCH_TILE = 1024
 # 4 KB in flight an SM, latency-bound. 4096: the same 213 registers, 2 loads and 9 bar.sync a step
 # (twice the bytes in flight, 36% fewer barriers a value); 8192: 255 registers (no spills), 4 loads,
 # 15 bar.sync. Predicted: the pass's time roughly halved at 4096 where latency bounds it.
-FINISH_GATHER_BLOCK_V = None
+# Timed on an H200 (2026-11-30, bench/results/h200_2026-11-30, ca9d900's kernels; CUDA graph replays, the
+# reference's tokens in every row): at B = 64, 8192 took top_p = 0.9's verify from 2257.8 to 2162.5 us
+# (0.958x; its sampler 1.004x) and left T=1 / top_k / min_p within 0.2-0.6% (1.002-1.006x on the samplers);
+# 4096 gave 2191.8 (0.971x) there and 1.00-1.03x slower B = 1 rows (its 11 chunks a row against 13). The
+# prediction missed: a 4% gain, not a halving -- the pass is not the loads' latency alone (its barriers and
+# atomics a step remain). On where it was timed, at least FINISH_GATHER_MIN_BATCH rows of drafts (B = 1 / 8
+# were not timed with 8192; their finishing chunks would change).
+FINISH_GATHER_BLOCK_V = 8192
+FINISH_GATHER_MIN_BATCH = 64
 SWEEP_BLOCK = 2048  # fallback sweeps: one program streams a whole row
 # Selection, small vocabularies (V <= CAP): whole rows in a [BLOCK_R, next_pow2(V)] tile.
 SMALL_TILE = 4096
@@ -160,6 +168,19 @@ EMIT_NUM_WARPS = 4
 # ~225), sampler 82.2 / 94.2; B = 8 T = 1 53.6 / 61.2; B = 1 T = 1 24.2 / 28.4 (more than predicted);
 # the top-k / top-p / min-p rows 0.96-0.99x (their emission is a smaller part).
 EMIT_SKIP_IDENTITIES = True
+# The draft sampler's (K = 0) Gumbel-max keys in ratio form weigh each value's noise by exp(std - m), the
+# probability before its division by the row's sum (argmax(prob / E) = argmax(exp(std - m) / E): the sum is a
+# row constant), where the verify's weigh it by the probability that its residual needs anyway. Why: an H200
+# (2026-11-30, bench/results/h200_2026-11-30, ca9d900) timed the sampler 1.03 / 1.08 / 1.13x slower at B = 1 /
+# 8 / 64 T=1 than at 952d456 (15.6 / 22.0 / 75.2 us against 15.2 / 20.3 / 66.5; top-k / top-p / min-p 1.00-1.06x)
+# while the verify got faster or stayed (B = 64 T=1 201.7 against 216.0): the ratio form (5ed9a3c) put an IEEE
+# division a value (the probability) into the sampler's keys, which the log form had left to the residual's
+# branch. Compiled for sm_90a here (tests/kernels/_compile_verify_kernels.py's constexprs), the B = 64 sampler's
+# per-lane emission holds 104 registers (4 programs of 4 warps an SM) against 96 (5) at 952d456 and 96 with
+# exp keys, its loop 1031 PTX lines against 1285 at 952d456 and 1030. Predicted: the sampler back to 952d456's
+# times or below (B = 64 ~66 us, B = 8 ~20); the verify unchanged (exp keys there: the same 168 registers and
+# 21 more PTX lines a step, so not taken). Not yet timed (bench_verify_latency's "emit_prob_keys" way flips it).
+EMIT_SAMPLER_EXP_KEYS = True
 # Programs to aim for per launch: a few per SM, so that B = 1 spreads each row over tens of
 # SMs (132 SMs on an H100: 63 programs per row for the 9 distributions of K = 4 with drafts).
 SELECT_PROGRAMS_PER_SM = 8
@@ -236,6 +257,8 @@ class LaunchPlan:
     # the finishing launch's vocab block on its second pass (FINISH_GATHER_BLOCK_V; finish_chunk is a
     # multiple); 0: select_block_v
     finish_block_v: int = 0
+    # the emission's Gumbel-max keys weigh the noise by exp(std - m), not the probability (EMIT_SAMPLER_EXP_KEYS)
+    emit_exp_keys: bool = False
 
     @property
     def select_grid(self) -> tuple:
@@ -265,22 +288,25 @@ def _split(vocab: int, row_programs: int, target_programs: int, block_v: int, nu
     return chunk, triton.cdiv(vocab, chunk)
 
 
-def _finish_block(finish_block_v: int | None, select_block_v: int, interpreting: bool) -> int:
+def _finish_block(finish_block_v: int | None, select_block_v: int, interpreting: bool, batch: int) -> int:
     """The finishing launch's block on its second pass: finish_block_v (a power of 2 >= 16), else
-    FINISH_GATHER_BLOCK_V on a GPU, else the streaming block (the interpreter's large tiles)."""
+    FINISH_GATHER_BLOCK_V on a GPU at batch >= FINISH_GATHER_MIN_BATCH, else the streaming block (the
+    interpreter's large tiles)."""
     if finish_block_v is not None:
         if isinstance(finish_block_v, bool) or not isinstance(finish_block_v, int) or finish_block_v < 16 \
                 or finish_block_v & (finish_block_v - 1):
             raise ValueError(f"finish_block_v must be a power of 2 >= 16, got {finish_block_v!r}")
         return finish_block_v
-    return FINISH_GATHER_BLOCK_V if FINISH_GATHER_BLOCK_V and not interpreting else select_block_v
+    if FINISH_GATHER_BLOCK_V and not interpreting and batch >= FINISH_GATHER_MIN_BATCH:
+        return FINISH_GATHER_BLOCK_V
+    return select_block_v
 
 
 # plan_launches' overrides of its own choices (each None: the plan's), which the launchers
 # (triton.py: chain_verify_triton / sample_triton) take as keywords: tests force small splits and
 # paths with them, the benchmarks their side-by-side ways.
 PLAN_OVERRIDES = ("block_v", "num_chunks", "cap", "stream_lanes", "stream_unroll", "selects", "emit_lanes",
-                  "rungs_launch", "rungs_sub", "emit_block_v", "finish_search_tile", "emit_skip_identities",
+                  "rungs_launch", "rungs_sub", "emit_block_v", "finish_search_tile", "emit_skip_identities", "emit_exp_keys",
                   "stream_sums", "finish_block_v")
 
 
@@ -292,7 +318,8 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                   emit_lanes: bool | None = None, rungs_launch: bool | None = None,
                   rungs_sub: int | None = None, emit_block_v: int | None = None,
                   finish_search_tile: int | None = None, emit_skip_identities: bool | None = None,
-                  stream_sums: bool | None = None, finish_block_v: int | None = None) -> LaunchPlan:
+                  stream_sums: bool | None = None, finish_block_v: int | None = None,
+                  emit_exp_keys: bool | None = None) -> LaunchPlan:
     """The launch plan for target logits [batch, k+1, vocab] (draft logits [batch, k, vocab]
     when has_draft). modes: the sampling modes rows may use (a subset of sampling_params.MODES,
     known on the host), None when unknown (every launch). emits: the caller emits tokens
@@ -320,11 +347,13 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
     8-warp program hold no value). emit_skip_identities: the emission skips the division by T and
     min-p's test where they are identities for all of a program's rows (None:
     EMIT_SKIP_IDENTITIES). finish_block_v: the finishing launch's vocab block on its second pass
-    (None: FINISH_GATHER_BLOCK_V on a GPU, else the streaming block; the finishing chunks are
+    (None: FINISH_GATHER_BLOCK_V on a GPU at batch >= FINISH_GATHER_MIN_BATCH, else the streaming block; the finishing chunks are
     multiples of it). stream_sums: the streaming pass's sum-exp (None: kept unless every row
     is greedy and STREAM_GREEDY_ARGMAX_ONLY; False is taken only where every row is greedy, whose
     tokens need the argmax alone: the chain's greedy tokens, tree_verify's greedy walk, which
-    standardises greedy rows by their argmax). stream_lanes measured on an H100 (112bf69,
+    standardises greedy rows by their argmax). emit_exp_keys: the emission's Gumbel-max keys weigh
+    the noise by exp(std - m) instead of the probability (None: EMIT_SAMPLER_EXP_KEYS for the draft
+    sampler, K = 0; the verify keeps the probability its residual needs). stream_lanes measured on an H100 (112bf69,
     bench/results/h100_2026-11-23/stream_lanes_112bf69.json, K = 4): per-lane 1.26-1.44x faster
     at B = 64 (V = 128256), 1.1x at B = 8; with one block per program (sample at B = 8: chunks of
     one block) it was 1.2-1.3x slower (not profiled; it spends a second exp per value there), at
@@ -346,7 +375,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
         s_block_v = block_v or min(triton.next_power_of_2(vocab), cfg["large_block_v"])
         s_block_r = 1
         s_chunk, s_chunks = _split(vocab, rows, select_programs, s_block_v, num_chunks)
-        f_block_v = _finish_block(finish_block_v, s_block_v, interpreting)
+        f_block_v = _finish_block(finish_block_v, s_block_v, interpreting, batch)
         f_chunk, f_chunks = _split(vocab, rows, finish_programs, f_block_v, num_chunks)
     else:
         s_block_v = triton.next_power_of_2(vocab)
@@ -398,7 +427,7 @@ def plan_launches(batch: int, k: int, vocab: int, has_draft: bool, *, num_sms: i
                       f_chunk, f_chunks, e_block_r, e_block_v, e_chunk, e_chunks, finish, greedy_tokens, stream_lanes,
                       penalties, unroll, selects, bool(emit_lanes), rungs_launch, rungs_sub, search_tile,
                       EMIT_SKIP_IDENTITIES if emit_skip_identities is None else bool(emit_skip_identities), sums,
-                      f_block_v)
+                      f_block_v, EMIT_SAMPLER_EXP_KEYS and k == 0 if emit_exp_keys is None else bool(emit_exp_keys))
 
 
 # verify_plan's mode names: sampling_params.MODES ("T=1" is accepted for "plain": any T > 0

@@ -278,7 +278,8 @@ def _launch(target, draft, draft_tokens, params: SamplingTensors, positions, str
         **pen_kw, V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft, USE_POSITIONS=use_positions,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k_plus_1), BLOCK_C=triton.next_power_of_2(nchunk),
-        FENCE=fence, LANES=plan.emit_lanes, SKIP_IDENTITIES=plan.emit_skip_identities, num_warps=EMIT_NUM_WARPS,
+        FENCE=fence, LANES=plan.emit_lanes, SKIP_IDENTITIES=plan.emit_skip_identities, EXP_KEYS=plan.emit_exp_keys,
+        num_warps=EMIT_NUM_WARPS,
     )
     return tokens, num_accepted, paths
 

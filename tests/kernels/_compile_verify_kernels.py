@@ -97,7 +97,7 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
             # CHUNK and BLOCK_C as kernels/verify/triton.py launches it (its own chunks: the streaming
             # launch's CHUNK until 2026-11-29, a kernel that never ran; same code, another trip count)
             yield select_finish_kernel, plans.FINISH_NUM_WARPS, dict(
-                V=vocab, K=k, CHUNK=plan.finish_chunk, BLOCK_V=plan.select_block_v, BLOCK_K=block_k,
+                V=vocab, K=k, CHUNK=plan.finish_chunk, BLOCK_V=plan.finish_block_v, BLOCK_K=block_k,
                 BLOCK_C=triton.next_power_of_2(max(plan.select_chunks, plan.finish_chunks)), CAP=plan.cap,
                 BLOCK_S=plan.sweep_block, FENCE=True, SEARCH_TILE=plan.finish_search_tile)
     else:
@@ -109,7 +109,7 @@ def _jobs(logits_type: str, batch: int, k: int, vocab: int, has_draft: bool, mod
         V=vocab, K=k, CHUNK=plan.emit_chunk, HAS_DRAFT_LOGITS=has_draft and k > 0, USE_POSITIONS=k == 0,
         BLOCK_R=plan.emit_block_r, BLOCK_V=plan.emit_block_v, BLOCK_K=block_k,
         BLOCK_K1=triton.next_power_of_2(k + 1), BLOCK_C=triton.next_power_of_2(plan.emit_chunks), FENCE=True,
-        LANES=plan.emit_lanes, SKIP_IDENTITIES=plan.emit_skip_identities)
+        LANES=plan.emit_lanes, SKIP_IDENTITIES=plan.emit_skip_identities, EXP_KEYS=plan.emit_exp_keys)
 
 
 # (logits dtype, B, K, V, draft logits, host modes, penalties): verify at B = 1 and 64, the draft
@@ -169,11 +169,15 @@ VARIANTS = (
       ("*fp32", 1, 0, False, False)),
      frozenset({"greedy"})),
     ("unroll1", (select_stream_kernel,), dict(UNROLL=1), (("*bf16", 64, 4, True, False),), frozenset({"greedy"})),
-    # the finishing launch's second pass in blocks of 4096 / 8192 values (_triton_plan.FINISH_GATHER_BLOCK_V, a
-    # prepared candidate: bench_verify_latency's "finish_gather_*" ways), B = 64 as its plan gives it (one chunk
-    # of 131072 values a row)
+    # the finishing launch's second pass in blocks of 2048 (the streaming block, B = 64's before an H200 timed
+    # 8192 faster there: _triton_plan.FINISH_GATHER_BLOCK_V, 2026-11-30) and 4096 values (bench_verify_latency's
+    # "finish_gather_*" ways), B = 64 as its plan gives each (one chunk a row: 129024 values in 2048-value blocks,
+    # 131072 in larger ones)
+    ("gather2048", (select_finish_kernel,), dict(BLOCK_V=2048, CHUNK=129024), (("*bf16", 64, 4, True, False),)),
     ("gather4096", (select_finish_kernel,), dict(BLOCK_V=4096, CHUNK=131072), (("*bf16", 64, 4, True, False),)),
-    ("gather8192", (select_finish_kernel,), dict(BLOCK_V=8192, CHUNK=131072), (("*bf16", 64, 4, True, False),)),
+    # the draft sampler's emission with probability-weighted keys (_triton_plan.EMIT_SAMPLER_EXP_KEYS off: the
+    # kernels before 2026-11-30), B = 1 (the block loop) and 64 (per lane)
+    ("prob_keys", (emit_kernel,), dict(EXP_KEYS=False), (("*fp32", 1, 0, False, False), ("*bf16", 64, 0, False, False))),
 )
 
 

@@ -89,8 +89,16 @@ def test_the_plan_takes_the_block_on_a_gpu_and_checks_it(monkeypatch):
         return _triton_plan.plan_launches(64, 4, 128256, True, num_sms=132, modes=frozenset({"top_p"}), **kw)
 
     default = plan(interpreting=False)
-    assert _triton_plan.FINISH_GATHER_BLOCK_V is None  # a candidate: off until a GPU times it
-    assert default.finish_block_v == default.select_block_v == 2048 and default.finish_chunks == 1
+    # on where an H200 timed it faster (B = 64 top_p: 0.958x, 2026-11-30); smaller batches keep the streaming block
+    assert _triton_plan.FINISH_GATHER_BLOCK_V == 8192 and _triton_plan.FINISH_GATHER_MIN_BATCH == 64
+    assert default.finish_block_v == 8192 and default.finish_chunks == 1
+    for batch in (1, 8, 63):
+        small = _triton_plan.plan_launches(batch, 4, 128256, True, num_sms=132, modes=frozenset({"top_p"}),
+                                           interpreting=False)
+        assert small.finish_block_v == small.select_block_v == 2048
+    monkeypatch.setattr(_triton_plan, "FINISH_GATHER_BLOCK_V", None)
+    off = plan(interpreting=False)
+    assert off.finish_block_v == off.select_block_v == 2048 and off.finish_chunks == 1
     monkeypatch.setattr(_triton_plan, "FINISH_GATHER_BLOCK_V", 4096)
     on = plan(interpreting=False)
     assert on.finish_block_v == 4096 and on.finish_chunk == 131072 and on.finish_chunk % 4096 == 0

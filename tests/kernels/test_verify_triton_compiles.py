@@ -35,8 +35,9 @@ def test_verify_kernels_compile_for_sm90():
     # fused search's 2048 tile; the emission without its identity skips (EMIT_SKIP_IDENTITIES off; B = 1 and 64);
     # the greedy streaming pass with its sums (STREAM_GREEDY_ARGMAX_ONLY off: B = 1, B = 64 plain and penalised,
     # the sampler's); the B = 64 greedy verify's stream (4 blocks a step) and that stream one block a step
-    # the finishing kernel's second pass in blocks of 4096 and 8192 (FINISH_GATHER_BLOCK_V candidates, B = 64)
-    assert done.stdout.count("compiled") == 43
+    # the finishing kernel's second pass in blocks of 2048 and 4096 (B = 64 takes 8192: FINISH_GATHER_BLOCK_V); the
+    # draft sampler's emission with probability-weighted keys (EMIT_SAMPLER_EXP_KEYS off: B = 1 and 64)
+    assert done.stdout.count("compiled") == 45
     # The penalty-free kernels' PTX instructions (debug lines aside) equal those recorded at 5fab9c4, before
     # the penalties (kernels/penalties/triton.py: the flag compiles their code out; same triton pin).
     # The greedy-mode selection kernels were re-recorded when SELECTS (no row uses top-k / top-p / min-p)
@@ -72,6 +73,10 @@ def test_verify_kernels_compile_for_sm90():
     # The four emission kernels were re-recorded when their Gumbel-max took its ratio form (keys prob / E, one
     # logarithm a value instead of three, kernels/verify/_triton_emit.py, 2026-11-29): the B = 64 per-lane loop
     # went from 1993 to 1397 PTX lines a step, its FMAs (libdevice's log polynomial) from 288 to 96.
+    # The B = 64 finishing kernel was re-recorded when an H200's timing made its second pass take blocks of 8192
+    # (FINISH_GATHER_BLOCK_V at B >= 64, 2026-11-30): the script's "+gather2048" line gives the hash before. The
+    # B = 1 sampler's emission was re-recorded when its keys began weighing the noise by exp(std - m)
+    # (EMIT_SAMPLER_EXP_KEYS, 2026-11-30): the "+prob_keys" line gives the hash before.
     if triton.__version__ != PTX_TRITON:  # another Triton writes other PTX: the compiles above are the check
         return
     hashes = dict(re.findall(r"compiled (\S+ \S+ B=\d+ K=\d+ V=\d+(?: modes=\S+)?) .*ptx=(\w+)", done.stdout))
