@@ -19,7 +19,9 @@ calls' candidate region of 128, and the 6 emission keys' from False to True; not
 more when the streaming kernel gained SUMS (the 6 streaming keys gained ('constexpr', True) at the end; nothing
 else changed), and once more when an H200's timings turned the stream without its sums on for greedy rows
 (STREAM_GREEDY_ARGMAX_ONLY, 2026-11-28: the 2 large-vocabulary greedy streaming keys' last constexpr went from
-True to False; nothing else changed);
+True to False; nothing else changed), and once more when the emission kernel gained EXP_KEYS (2026-12-01: the 8
+emission keys gained ('constexpr', True) at the end for the draft sampler's calls, False for the verify's; nothing
+else changed);
 re-recording is only right for a deliberate change of the
 penalty-free kernels. The keys are the interpreter's (the launch plan sizes tiles for the
 interpreter): the comparison runs where the test device is the CPU.
