@@ -66,6 +66,7 @@ from ._linear import linear
 # weights are renormalised: True, or the config field that says, whether they are cast to the
 # model dtype before they weigh the experts, the experts' layout: "swiglu" / "swiglu_t" / "gpt_oss")
 MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
+                "minimax": ("softmax_topk", True, False, "swiglu"),  # MiniMax-Text-01 / M1: Mixtral's routing
                 "qwen2_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "qwen3_moe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "gpt_oss": ("topk_softmax", False, True, "gpt_oss"),

@@ -18,6 +18,7 @@ from .paged_gpt2 import PagedGPT2Runner
 from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_jamba import JAMBA_TYPES, PagedJambaRunner
+from .paged_minimax import MINIMAX_TYPES, PagedMiniMaxRunner
 from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_mamba_lm import MAMBA_LM_TYPES, PagedMambaRunner
@@ -95,6 +96,9 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedMambaRunner for model_type in MAMBA_LM_TYPES},
     # Jamba (1.5 / 1.6 / 1.7 Mini and Large, Reasoning 3B): Mamba1 layers, attention layers without positions, experts
     **{model_type: PagedJambaRunner for model_type in JAMBA_TYPES},
+    # MiniMax-Text-01 / MiniMax-M1: lightning attention layers (linear, a decay per head; states rolled back) with
+    # softmax attention layers, experts in every layer, DeepNorm's residual factors
+    **{model_type: PagedMiniMaxRunner for model_type in MINIMAX_TYPES},
     # LFM2 (350M-2.6B): gated short-convolution layers (their windows rolled back) with attention layers
     **{model_type: PagedLfm2Runner for model_type in LFM2_TYPES},
     # OLMo Hybrid (Olmo-Hybrid-7B): Qwen3.5's Gated DeltaNet layers with OLMo 3 attention layers

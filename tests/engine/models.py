@@ -119,6 +119,15 @@ def _config(kind: str, vocab: int, layers: int):
                               attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
                               mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=6,
                               max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "minimax":  # MiniMax-Text-01's layer: lightning attention layers (4 heads of 12, blocks of 4 in
+        # transformers' prefill) and a GQA attention layer every 3rd (2 KV heads), 8 experts of 24, top 2; residual
+        # factors of their own (1 in the checkpoints' configs but DeepNorm's alpha)
+        kinds = (["linear_attention", "linear_attention", "full_attention"] * layers)[:layers]
+        kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
+        return tf.MiniMaxConfig(layer_types=kinds, head_dim=12, num_local_experts=8, num_experts_per_tok=2,
+                                block_size=4, full_attn_alpha_factor=1.3, full_attn_beta_factor=0.8,
+                                linear_attn_alpha_factor=1.7, linear_attn_beta_factor=0.9, mlp_alpha_factor=1.2,
+                                mlp_beta_factor=1.1, **dict(llama_like, intermediate_size=24))
     if kind == "lfm2":  # LFM2: gated short convolutions (kernel 3) with an attention layer (per-head q/k norms, RoPE)
         # every 3rd and last (4 heads of 12 over 2 KV heads); SwiGLU MLPs of 96
         kinds = (["conv", "conv", "full_attention"] * layers)[:layers]

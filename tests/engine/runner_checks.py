@@ -98,10 +98,12 @@ def assert_rollback_controls_fail(monkeypatch, runner_class, model, vocab: int, 
             assert_runner_matches_forward(model, runner_class(model, **runner_kw), vocab)
 
 
-def assert_greedy_paged_equals_generate(target, vocab: int, lengths=(4, 10, 7), extra=()) -> None:
+def assert_greedy_paged_equals_generate(target, vocab: int, lengths=(4, 10, 7), extra=(), per_row: bool = False) -> None:
     """Greedy generate(runner="paged") of left-padded prompts of ``lengths`` equals target.generate with a draft
     model (rejections asserted: 0 < alpha < 1, so the rollback ran), prompt lookup, each of ``extra`` (drafting
-    kwargs) and plain decoding; the target's engines are released after."""
+    kwargs) and plain decoding; the target's engines are released after. per_row: the expected tokens are
+    target.generate's of each row alone, unpadded (for a model whose padded batch transformers decodes wrongly;
+    no EOS, so every row runs the whole budget)."""
     import specdec_fast
     import specdec_fast.api as api
 
@@ -109,7 +111,12 @@ def assert_greedy_paged_equals_generate(target, vocab: int, lengths=(4, 10, 7), 
 
     ids, mask = left_padded_prompts(list(lengths), vocab=vocab, seed=len(lengths))
     kw = dict(do_sample=False, max_new_tokens=20, pad_token_id=0)
-    expected = target.generate(ids, attention_mask=mask, **kw)
+    if per_row:
+        new = [target.generate(ids[b:b + 1, ids.shape[1] - n:], attention_mask=mask[b:b + 1, ids.shape[1] - n:],
+                               **kw)[0, n:] for b, n in enumerate(lengths)]
+        expected = torch.cat((ids, torch.stack(new)), dim=1)
+    else:
+        expected = target.generate(ids, attention_mask=mask, **kw)
     for drafting in (dict(assistant_model=make_draft(target, noise=0.03), num_assistant_tokens=3),
                      dict(prompt_lookup_num_tokens=2), *extra, {}):
         out, stats = api.generate(target, ids, mask, runner="paged", return_stats=True, **kw, **drafting)

@@ -1,0 +1,100 @@
+"""Lightning attention (MiniMax-Text-01 / MiniMax-M1's linear attention layers) on the paged runners
+(runners/paged_minimax.py), its state rolled back by runners/paged_recurrent.py.
+
+The math is transformers 5.24's MiniMaxLightningAttention, eval mode, per head h of H (head_dim D) and token t:
+    [q | k | v] = act(qkv_proj(x)) per head                      each [D]; act the config's hidden_act
+    S_t = lambda_h S_{t-1} + k_t^T v_t                            S [D, D], lambda_h = exp(-slope_h)
+    o_t = q_t S_t
+    out = out_proj(sigmoid(output_gate(x)) * norm(o))            norm: an RMSNorm over the H D outputs
+slope_h = 2^(-8 (h + 1) / H) (1 - layer / (layers - 1 + 1e-5) + 1e-5): the module's slope_rate buffer, read.
+transformers runs a prompt in blocks (block_size, the decays of the block form) and a cached call token by
+token: the same sums. Here a call's tokens run in chunks of CHUNK columns: within a chunk
+    o_t = lambda^(r_t - p) q_t S_p + sum_{s <= t} lambda^(r_t - r_s) (q_t . k_s) v_s
+(r: a token's rank among its row's real tokens, p: the rank of the last real token before the chunk, S_p the
+state after it), in float32 with the state (transformers keeps it in the model dtype). A score call's tokens
+write the state after each as its snapshot; a prefill keeps the last. Padded positions (a row's first columns)
+have k = v = 0 and no rank of their own: they neither decay nor update the state. No kernel: torch ops on every
+backend (not timed on a GPU).
+"""
+import torch
+
+from ._linear import linear
+from .paged_olmo2 import llama_rms_norm
+
+# Columns a chunk: the intra-chunk weights are [B, H, CHUNK, CHUNK] float32 (a prefill's whole prompt at once would
+# be [B, H, n, n]: 64 heads x 4k^2 x 4 B = 4 GB a row at MiniMax-Text-01's width)
+CHUNK = 64
+
+
+class Lightning:
+    """A lightning attention layer's tensors (references) and sizes: qkv_proj, output_gate, out_proj (weight, bias),
+    the output norm (weight, eps), its activation, slope [H] float32."""
+
+    def __init__(self, module):
+        self.qkv, self.gate, self.out = ((m.weight, m.bias) for m in (module.qkv_proj, module.output_gate,
+                                                                       module.out_proj))
+        self.norm = (module.norm.weight, module.norm.variance_epsilon)
+        self.act = module.act_fn
+        self.heads, self.dim = module.num_attention_heads, module.head_dim
+        self.slope = module.slope_rate.detach().reshape(-1).float()
+
+    @property
+    def shapes(self) -> tuple:
+        """(no convolution: a 0-wide window, the recurrent state (H, D, D)): PagedRecurrentRunner's entry."""
+        return (1, 0), (self.heads, self.dim, self.dim)
+
+
+def _powers(slope: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """lambda^e = exp(-slope e) for exponents e [B, ...] (clamped at 0: a padded column's) -> [B, H, ...]."""
+    e = exponent.clamp(min=0).float()
+    return torch.exp(-slope.view(1, -1, *(1,) * (e.dim() - 1)) * e.unsqueeze(1))
+
+
+def lightning_scan(slope: torch.Tensor, q, k, v, rank, state, snapshots: bool) -> tuple:
+    """q, k, v [B, H, n, D] float32 (zero at padding), rank [B, n] (each real token's rank in its row; -1 before
+    the first), state [B, H, D, D] float32 (after the row's earlier tokens) -> (o [B, H, n, D], the state after
+    the last column, the state after each column [B, n, H, D, D] when snapshots else None)."""
+    outs, states = [], []
+    n = q.shape[2]
+    for c0 in range(0, n, CHUNK):
+        c1 = min(c0 + CHUNK, n)
+        qc, kc, vc, rc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], rank[:, c0:c1]
+        before = rank[:, c0 - 1] if c0 else torch.full_like(rank[:, 0], -1)  # p: the rank the state holds
+        causal = torch.ones(c1 - c0, c1 - c0, dtype=torch.bool, device=q.device).tril()
+        weights = torch.where(causal, _powers(slope, rc[:, :, None] - rc[:, None, :]), 0.0)  # [B, H, c, c]
+        from_state = _powers(slope, rc - before[:, None])[..., None]  # [B, H, c, 1]
+        outs.append((qc @ kc.transpose(-1, -2) * weights) @ vc + (qc * from_state) @ state)
+        if snapshots:  # S_t = lambda^(r_t - p) S_p + sum_{s <= t} lambda^(r_t - r_s) k_s^T v_s
+            update = torch.einsum("bhts,bhsd,bhse->bthde", weights, kc, vc)
+            states.append(from_state.transpose(1, 2)[..., None] * state[:, None] + update)
+            state = states[-1][:, -1]
+        else:
+            last = _powers(slope, rc[:, -1:] - rc)[..., None]  # [B, H, c, 1]: lambda^(r_end - r_s)
+            state = _powers(slope, rc[:, -1] - before)[..., None, None] * state + (kc * last).transpose(-1, -2) @ vc
+    return torch.cat(outs, dim=2), state, torch.cat(states, dim=1) if snapshots else None
+
+
+def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
+    """One lightning attention layer over a call's tokens h [T, hidden] (rows: PagedRecurrentRunner._row_layout's)
+    -> its output [T, hidden]: from zero states in a prefill (the last ones committed), from each row's state
+    (committed, or the last snapshot) in a score call, a snapshot written after each token."""
+    index, real, slot, start = rows
+    batch, n = index.shape
+    total, heads, dim = h.shape[0], net.heads, net.dim
+    qkv = net.act(linear(h, *net.qkv)).view(total, heads, 3 * dim)
+    by_row = torch.cat((qkv, torch.zeros_like(qkv[:1])))[index].float()  # [B, n, H, 3D]: padding zeros
+    q, k, v = by_row.permute(0, 2, 1, 3).split(dim, dim=-1)  # [B, H, n, D] each
+    rank = real.long().cumsum(1) - 1
+    if prefilling:
+        state = torch.zeros(batch, heads, dim, dim, dtype=torch.float32, device=h.device)
+    else:
+        state = st.start(batch, start)[1]
+    o, state, after = lightning_scan(net.slope, q, k, v, rank, state, snapshots=not prefilling)
+    if prefilling:
+        st.rec[:batch].copy_(state)
+    else:  # the snapshot after each token (a padded column writes the spare slot)
+        st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = after
+    packed = torch.zeros(total + 1, heads * dim, dtype=h.dtype, device=h.device)
+    packed.index_copy_(0, index.reshape(-1), o.transpose(1, 2).reshape(batch * n, -1).to(h.dtype))
+    gated = torch.sigmoid(linear(h, *net.gate)) * llama_rms_norm(packed[:total], net.norm)
+    return linear(gated, *net.out)
