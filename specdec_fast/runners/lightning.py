@@ -26,17 +26,31 @@ from .paged_olmo2 import llama_rms_norm
 CHUNK = 64
 
 
+# MiniMaxLightningAttention's output norm: MiniMaxRMSNorm(H D) at its default eps (not the config's rms_norm_eps)
+NORM_EPS = 1e-6
+
+
+def slope_rates(heads: int, layer: int, layers: int) -> torch.Tensor:
+    """MiniMaxLightningAttention.get_slope_rate's [H] float32, its op order (what the module's slope_rate buffer
+    holds before any cast): 2^(-8 (h + 1) / H) (1 - layer / (layers - 1 + 1e-5) + 1e-5)."""
+    base = 1 / (2 ** (8 / heads))
+    return base ** (torch.arange(heads) + 1) * (1 - layer / (layers - 1 + 1e-5) + 1e-5)
+
+
 class Lightning:
     """A lightning attention layer's tensors (references) and sizes: qkv_proj, output_gate, out_proj (weight, bias),
-    the output norm (weight, eps), its activation, slope [H] float32."""
+    the output norm (weight, eps), its activation, slope [heads] float32 (a tensor-parallel rank's: its heads')."""
 
-    def __init__(self, module):
-        self.qkv, self.gate, self.out = ((m.weight, m.bias) for m in (module.qkv_proj, module.output_gate,
-                                                                       module.out_proj))
-        self.norm = (module.norm.weight, module.norm.variance_epsilon)
-        self.act = module.act_fn
-        self.heads, self.dim = module.num_attention_heads, module.head_dim
-        self.slope = module.slope_rate.detach().reshape(-1).float()
+    def __init__(self, qkv, gate, out, norm, act, heads: int, dim: int, slope: torch.Tensor):
+        self.qkv, self.gate, self.out, self.norm, self.act = qkv, gate, out, norm, act
+        self.heads, self.dim, self.slope = heads, dim, slope
+
+    @classmethod
+    def of(cls, module) -> "Lightning":
+        """From a MiniMaxLightningAttention (its slope_rate buffer read: a bf16 model's holds it rounded)."""
+        qkv, gate, out = ((m.weight, m.bias) for m in (module.qkv_proj, module.output_gate, module.out_proj))
+        return cls(qkv, gate, out, (module.norm.weight, module.norm.variance_epsilon), module.act_fn,
+                   module.num_attention_heads, module.head_dim, module.slope_rate.detach().reshape(-1).float())
 
     @property
     def shapes(self) -> tuple:
@@ -74,10 +88,12 @@ def lightning_scan(slope: torch.Tensor, q, k, v, rank, state, snapshots: bool) -
     return torch.cat(outs, dim=2), state, torch.cat(states, dim=1) if snapshots else None
 
 
-def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
+def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilling: bool, norm=llama_rms_norm) -> torch.Tensor:
     """One lightning attention layer over a call's tokens h [T, hidden] (rows: PagedRecurrentRunner._row_layout's)
-    -> its output [T, hidden]: from zero states in a prefill (the last ones committed), from each row's state
-    (committed, or the last snapshot) in a score call, a snapshot written after each token."""
+    -> its output [T, hidden] (a tensor-parallel rank's partial: out_proj over its heads' columns): from zero states
+    in a prefill (the last ones committed), from each row's state (committed, or the last snapshot) in a score call,
+    a snapshot written after each token. norm(o [T, H D], (weight, eps)): the output norm (a tensor-parallel rank's
+    takes the mean square over every rank's heads)."""
     index, real, slot, start = rows
     batch, n = index.shape
     total, heads, dim = h.shape[0], net.heads, net.dim
@@ -96,5 +112,5 @@ def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilli
         st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = after
     packed = torch.zeros(total + 1, heads * dim, dtype=h.dtype, device=h.device)
     packed.index_copy_(0, index.reshape(-1), o.transpose(1, 2).reshape(batch * n, -1).to(h.dtype))
-    gated = torch.sigmoid(linear(h, *net.gate)) * llama_rms_norm(packed[:total], net.norm)
+    gated = torch.sigmoid(linear(h, *net.gate)) * norm(packed[:total], net.norm)
     return linear(gated, *net.out)

@@ -12,7 +12,8 @@ The math is transformers 5.24's MiniMaxDecoderLayer (modeling_minimax.py), eval 
                                              k renormalised; runners/_moe.py)
     logits = lm_head(norm x)
 A sliding window on the attention layers (config.sliding_window) is refused (the checkpoints set none), as are token
-trees (each node would need its own linear state). No tensor-parallel runner. Not timed on a GPU.
+trees (each node would need its own linear state). Tensor parallelism: runners/paged_minimax_tp.py. Not timed on a
+GPU.
 """
 import torch
 
@@ -65,7 +66,7 @@ class _Layer:
         self.kind = config.layer_types[layer.layer_idx]
         attn = layer.self_attn
         if self.kind == "linear_attention":
-            self.mixer = Lightning(attn)
+            self.mixer = Lightning.of(attn)
         else:
             self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         self.input_norm, self.post_norm = norm_params(layer.input_layernorm), norm_params(layer.post_attention_layernorm)
@@ -92,6 +93,11 @@ class PagedMiniMaxRunner(PagedRecurrentRunner):
         self.inv_freq = inner.rotary_emb.inv_freq.to(device=self.device, dtype=torch.float32)
         self.rope_scaling = float(inner.rotary_emb.attention_scaling)
 
+    def _lightning_norm(self, o: torch.Tensor, norm: tuple) -> torch.Tensor:
+        """A lightning layer's output norm over its H D outputs o [T, H D] (the tensor-parallel runner's over every
+        rank's heads)."""
+        return llama_rms_norm(o, norm)
+
     def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
@@ -109,10 +115,11 @@ class PagedMiniMaxRunner(PagedRecurrentRunner):
                 o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
                 a = linear(o.reshape(total, -1), *layer.o)
             else:
-                a = lightning_forward(layer.mixer, self.states[self._recurrent_index[i]], h, rows, self._prefilling)
-            x = h * layer.attn_alpha + a * layer.attn_beta
+                a = lightning_forward(layer.mixer, self.states[self._recurrent_index[i]], h, rows, self._prefilling,
+                                      self._lightning_norm)
+            x = h * layer.attn_alpha + self._sum_partials(a) * layer.attn_beta
             h = llama_rms_norm(x, layer.post_norm)
-            x = h * layer.mlp_alpha + layer.moe(h, self._prefilling) * layer.mlp_beta
+            x = h * layer.mlp_alpha + self._sum_partials(layer.moe(h, self._prefilling)) * layer.mlp_beta
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = llama_rms_norm(x, self.final_norm)

@@ -29,6 +29,7 @@ from .paged_llama_tp import TPPagedLlamaRunner
 from .paged_mla import MLA_MODEL_TYPES, PagedMlaRunner
 from .paged_mimo import MIMO_TYPES, PagedMimoRunner
 from .paged_mimo_tp import TPPagedMimoRunner
+from .paged_minimax_tp import TPPagedMiniMaxRunner
 from .paged_mla_tp import TPPagedMlaRunner
 from .paged_falcon_h1 import FALCON_H1_TYPES, PagedFalconH1Runner
 from .paged_granite_hybrid import PagedGraniteHybridRunner, granite_is_hybrid
@@ -45,8 +46,8 @@ from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .paged_starcoder2_tp import TPPagedStarcoder2Runner
 from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES,
-                            TP_LLAMA4_TYPES, TP_LLAMA_TYPES, TP_MIMO_TYPES, TP_MLA_TYPES, TP_OLMO_HYBRID_TYPES,
-                            TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
+                            TP_LLAMA4_TYPES, TP_LLAMA_TYPES, TP_MIMO_TYPES, TP_MINIMAX_TYPES, TP_MLA_TYPES,
+                            TP_OLMO_HYBRID_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
@@ -125,6 +126,7 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedGemma4Runner for model_type in TP_GEMMA4_TYPES},
                                                  **{model_type: TPPagedGatedAttentionRunner for model_type in TP_GATED_TYPES},
                                                  **{model_type: TPPagedMimoRunner for model_type in TP_MIMO_TYPES},
+                                                 **{model_type: TPPagedMiniMaxRunner for model_type in TP_MINIMAX_TYPES},
                                                  **{model_type: TPPagedOlmoHybridRunner for model_type in TP_OLMO_HYBRID_TYPES}}
 
 

@@ -90,9 +90,13 @@ TP_MIMO_TYPES = ("mimo_v2_flash",)
 # OLMo Hybrid (runners/paged_olmo_hybrid_tp.py): Qwen3.5's DeltaNet layout with its projections apart, OLMo 3's
 # attention layers (whole-projection q/k norms' statistics over every rank's slice)
 TP_OLMO_HYBRID_TYPES = ("olmo_hybrid",)
+# MiniMax-Text-01 / M1 (runners/paged_minimax_tp.py): lightning layers by heads (each head's [q | k | v] rows,
+# output_gate's rows, out_proj's columns, the output norm's weights; each rank its heads' states, the norm's mean
+# square over every rank's), the attention layers and experts as the Llama / Mixtral layout
+TP_MINIMAX_TYPES = ("minimax",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
                   + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES
-                  + TP_OLMO_HYBRID_TYPES)
+                  + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

@@ -14,6 +14,8 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     OLMoE's / MiniMax-M2's whole-projection q_norm / k_norm ([H D])   this rank's heads' part, as q / k
     Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
                                         the local q | k | v and gate | up, fused as on one process
+    MiniMax's lightning layers         by heads: qkv_proj's rows (each head's [q | k | v]), output_gate's rows
+                                        and the output norm's weights, out_proj's columns (runners/paged_minimax_tp.py)
     AFMoE's / Laguna's output gate     column-parallel: the rows of this rank's heads (gate_rows a head:
     (gate_proj / g_proj)               head_dim, or Laguna's one per head); Laguna's layers by their own
                                        query heads (layer_heads_of)
@@ -317,6 +319,9 @@ class LlamaShardPlan:
                 return Slice(1, self.rank * self.local_heads * vd, (self.rank + 1) * self.local_heads * vd)
         if name in VOCAB:
             return Slice(0, self.vocab_start, self.vocab_start + self.vocab_part)
+        if self.model_type == "minimax" and name.endswith(("self_attn.qkv_proj.weight", "self_attn.output_gate.weight",
+                                                          "self_attn.out_proj.weight", "self_attn.norm.weight")):
+            return self._lightning_slice_of(name)
         if "self_attn.qkv_proj." in name:  # Phi-3: q | k | v rows in one tensor -> this rank's rows of each
             q_rows, kv_rows = self.heads * d, self.kv_heads * d
             return (q, Slice(0, q_rows + kv.start, q_rows + kv.stop), Slice(0, q_rows + kv_rows + kv.start,
@@ -347,6 +352,14 @@ class LlamaShardPlan:
             return mlp
         return None
 
+
+    def _lightning_slice_of(self, name: str) -> Slice:
+        """A MiniMax lightning layer's tensor by this rank's heads: qkv_proj's rows (a head's [q | k | v], 3 D
+        rows), output_gate's rows and the output norm's weights (D a head), out_proj's columns."""
+        first, last, d = self.rank * self.local_heads, (self.rank + 1) * self.local_heads, self.head_dim
+        if name.endswith("qkv_proj.weight"):
+            return Slice(0, first * 3 * d, last * 3 * d)
+        return Slice(1 if name.endswith("out_proj.weight") else 0, first * d, last * d)
 
     def _mla_slice_of(self, name: str) -> Slice | None:
         """An MLA attention tensor's slice: this rank's heads' rows of q_proj / q_b_proj and

@@ -669,6 +669,29 @@ def test_olmo_hybrid_is_split_by_heads():
             assert torch.equal(torch.cat([s[name] for s in shards], part.dim), state[name]), name
 
 
+def test_minimax_lightning_layers_are_split_by_heads():
+    """MiniMax at 2 ranks: a lightning layer's qkv_proj rows by heads (each head's [q | k | v]: 2 of 4 heads x 36
+    rows), output_gate's rows and the output norm's weights (2 x 12), out_proj's columns; the attention layer as the
+    Llama layout's; the experts by their width. Every slice tiles its tensor back, and rank 1's lightning rows are
+    heads 2 and 3's [q | k | v] as transformers' forward splits them."""
+    model = make_model("minimax", layers=3)
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    lin, attn = "model.layers.0.self_attn.", "model.layers.2.self_attn."
+    expected = {lin + "qkv_proj.weight": (72, 48), lin + "output_gate.weight": (24, 48), lin + "norm.weight": (24,),
+                lin + "out_proj.weight": (48, 24), attn + "q_proj.weight": (24, 48), attn + "k_proj.weight": (12, 48),
+                attn + "o_proj.weight": (48, 24), "model.layers.0.mlp.experts.gate_up_proj": (8, 24, 48),
+                "model.layers.0.mlp.gate.weight": (8, 48)}
+    for name, shape in expected.items():
+        assert tuple(shards[1][name].shape) == shape, name
+        part = plans[0].slice_of(name)
+        if part is not None and not isinstance(part, tuple):
+            assert torch.equal(torch.cat([s[name] for s in shards], part.dim), state[name]), name
+    per_head = state[lin + "qkv_proj.weight"].view(4, 36, 48)  # transformers: reshape(.., heads, 3 D), then split
+    assert torch.equal(shards[1][lin + "qkv_proj.weight"].view(2, 36, 48), per_head[2:])
+
+
 def test_a_nope_olmo_hybrid_shards_without_a_rotary_module():
     """An OLMo Hybrid config without a rope_theta builds no rotary module (every attention layer NoPE): rotary_of
     gives None (transformers' rotary class would raise KeyError on it) and the ShardedCausalLM holds no RoPE tables,

@@ -26,7 +26,9 @@ MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone
 MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa")
 # recurrent layers by heads, each rank its heads' states (OLMo Hybrid: the DeltaNet's projections apart, OLMo 3's
 # attention with its whole-projection q/k norms)
-HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid")
+# MiniMax: lightning layers by heads (each rank its heads' [H, D, D] states), their output norm's statistics over both
+# ranks' heads
+HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax")
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
@@ -206,17 +208,18 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     return out
 
 
-def _local_norm_statistics(specdec_fast, ids, mask, group) -> tuple:
+def _local_norm_statistics(specdec_fast, ids, mask, group) -> dict:
     """The control of the whole-projection norms: each rank's statistics over its own slice only (not
-    all-reduced) -> (single-process tokens, such tensor-parallel tokens) of MiniMax-M2, greedy: they differ."""
+    all-reduced) -> {kind: (single-process tokens, such tensor-parallel tokens)} of MiniMax-M2's q/k norms and MiniMax's
+    lightning output norm, greedy: they differ."""
     from specdec_fast.kernels.llama_ops.reference import rms_norm_reference
     from specdec_fast.runners.paged_llama_tp import TensorParallelRunner
 
-    tgt, drf = tiny("minimax_m2")
     real = TensorParallelRunner._projection_norm
     TensorParallelRunner._projection_norm = lambda self, x, weight, eps: rms_norm_reference(x, weight, eps)
     try:
-        return _cases(specdec_fast, tgt, drf, ids, mask, {"greedy": dict(do_sample=False)}, group)["greedy"]
+        return {kind: _cases(specdec_fast, *tiny(kind), ids, mask, {"greedy": dict(do_sample=False)}, group)["greedy"]
+                for kind in ("minimax_m2", "minimax")}
     finally:
         TensorParallelRunner._projection_norm = real
 
