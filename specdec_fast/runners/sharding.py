@@ -86,6 +86,10 @@ NOT_TEXT = ("vision_model.", "vision_tower.", "multi_modal_projector.", "model.v
             "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 # A family's checkpoint tensors that no runner reads (MiMo-V2-Flash's MTP layers, which transformers does not load)
 NOT_READ = {"mimo_v2_flash": ("model.mtp.",)}
+# ... and by the end of their names: the decays transformers saves with a MiniMax model (its lightning layers'
+# buffers; the TP runner computes the slopes, and diagonal_decay alone is H x block_size^2 floats a layer: 16 MB a layer
+# at MiniMax-Text-01's 64 heads and blocks of 256, on every rank)
+NOT_READ_SUFFIXES = {"minimax": tuple(f"self_attn.{b}" for b in ("slope_rate", "query_decay", "key_decay", "diagonal_decay"))}
 # ... and where its text decoder's names sit: (prefix, what it stands for)
 TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""))
 # A family's checkpoint names under the names this layout reads, as (pattern, replacement) regexes in order: EXAONE
@@ -135,7 +139,8 @@ def layout_name(name: str, model_type: str | None = None, num_layers: int | None
     ``model_type``), Qwen3-Next's / Qwen3.5's MTP layer (mtp.*) as the layer past the decoder's ``num_layers``
     (MTP_OWN_NAMES), and Llama 4's `feed_forward` block as `mlp` (no other family has a `.feed_forward.`
     tensor)."""
-    if name.startswith(NOT_TEXT) or name.startswith(NOT_READ.get(model_type, ())):
+    if name.startswith(NOT_TEXT) or name.startswith(NOT_READ.get(model_type, ())) \
+            or name.endswith(NOT_READ_SUFFIXES.get(model_type, ())):
         return None
     if num_layers is not None and name.startswith("mtp."):
         name = _mtp_layout_name(name, num_layers)

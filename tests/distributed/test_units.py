@@ -690,6 +690,9 @@ def test_minimax_lightning_layers_are_split_by_heads():
             assert torch.equal(torch.cat([s[name] for s in shards], part.dim), state[name]), name
     per_head = state[lin + "qkv_proj.weight"].view(4, 36, 48)  # transformers: reshape(.., heads, 3 D), then split
     assert torch.equal(shards[1][lin + "qkv_proj.weight"].view(2, 36, 48), per_head[2:])
+    # the decays transformers saves with the model (its buffers) are not read: the runner computes the slopes
+    assert lin + "slope_rate" in state and not any(name.endswith("decay") or name.endswith("slope_rate")
+                                                    for name in shards[0])
 
 
 def test_a_nope_olmo_hybrid_shards_without_a_rotary_module():
