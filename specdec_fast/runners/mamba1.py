@@ -34,6 +34,9 @@ class Mamba1:
     [C, K] and its bias, dt_proj's weight [C, R] and bias [C], A_log [C, N], D [C]; the norms of dt, B and C: None
     (Mamba's), Falcon-Mamba's weightless ones (their eps: rms_eps) or Jamba's ((weight, eps) each: norms)."""
 
+    # x_proj's products summed over the ranks that hold the other channels (a tensor-parallel rank's; else as is)
+    reduce = staticmethod(lambda t: t)
+
     def __init__(self, mixer):
         self.in_proj, self.x_proj, self.out = ((m.weight, m.bias) for m in (mixer.in_proj, mixer.x_proj, mixer.out_proj))
         self.conv, self.conv_bias = mixer.conv1d.weight[:, 0], mixer.conv1d.bias
@@ -60,7 +63,7 @@ class Mamba1:
         """The convolution's output x [B, n, C] (after silu, model dtype) of a call's rows -> the update
         (dt B^T) x [B, n, C, N] float32 (in mamba_selective_scan's order), C' [B, n, N] (model dtype), the decay
         exp(dt A) [B, n, C, N] (1 at padding: no decay; the update 0 there)."""
-        dt, b, c = torch.split(linear(x, *self.x_proj), [self.rank, self.state, self.state], dim=-1)
+        dt, b, c = torch.split(self.reduce(linear(x, *self.x_proj)), [self.rank, self.state, self.state], dim=-1)
         if self.rms_eps is not None:
             dt, b, c = self._weightless(dt), self._weightless(b), self._weightless(c)
         elif self.norms is not None:  # Jamba's: x_normed in the input dtype, times the weight

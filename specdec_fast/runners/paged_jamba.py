@@ -12,8 +12,8 @@ every RMSNorm Llama's:
                    renormalised, cast to the model dtype)
     logits = lm_head(final_layernorm x)
 Token trees are refused. A Mamba projection bias (mamba_proj_bias) is refused: transformers zeroes a padded
-position's input, whose biased projection would then reach the convolution. No tensor-parallel runner. Not timed on
-a GPU.
+position's input, whose biased projection would then reach the convolution. Tensor parallelism:
+runners/paged_jamba_tp.py. Not timed on a GPU.
 """
 import torch
 
@@ -96,21 +96,23 @@ class PagedJambaRunner(PagedRecurrentRunner):
         total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         rows = self._row_layout(cu, total, n)
         x = self._embed(flat)
+        sum_ = self._sum_partials  # a tensor-parallel rank's branch partials summed (identity on one process)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = llama_rms_norm(x, layer.input)
             if layer.kind == "linear_attention":
-                x = x + mamba1_forward(layer.mixer, self.states[self._recurrent_index[i]], h, rows, self._prefilling)
+                x = x + sum_(mamba1_forward(layer.mixer, self.states[self._recurrent_index[i]], h, rows,
+                                            self._prefilling))
             else:
                 q = linear(h, *layer.q).view(total, heads, dim)
                 k, v = (linear(h, *p).view(total, kv_heads, dim) for p in (layer.k, layer.v))
                 o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
-                x = x + linear(o.reshape(total, -1), *layer.o)
+                x = x + sum_(linear(o.reshape(total, -1), *layer.o))
             h = llama_rms_norm(x, layer.pre_ff)
             if layer.moe is not None:
-                x = x + layer.moe(h, self._prefilling)
+                x = x + sum_(layer.moe(h, self._prefilling))
             else:
-                x = x + linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+                x = x + sum_(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = llama_rms_norm(x, self.final_norm)

@@ -74,7 +74,9 @@ def unbiased_shard_reason(model, model_types: tuple, family: str, backend=None) 
     reason = shard_reason(model, model_types)
     if reason is not None:
         return reason
-    if any(name.endswith("_proj.bias") and ".experts." not in name for name in model.shards):
+    # (an expert's bias aside, and a Mamba1 mixer's dt_proj bias, which the mixer reads: Jamba's)
+    if any(name.endswith("_proj.bias") and ".experts." not in name and not name.endswith("mamba.dt_proj.bias")
+           for name in model.shards):
         return f"{family} projections with biases (attention_bias): not read by this runner"
     for _, _, rope_type in model.rope_tables.values():
         reason = static_rope_reason(rope_type)

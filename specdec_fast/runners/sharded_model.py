@@ -94,9 +94,13 @@ TP_OLMO_HYBRID_TYPES = ("olmo_hybrid",)
 # output_gate's rows, out_proj's columns, the output norm's weights; each rank its heads' states, the norm's mean
 # square over every rank's), the attention layers and experts as the Llama / Mixtral layout
 TP_MINIMAX_TYPES = ("minimax",)
+# Jamba (runners/paged_jamba_tp.py): the Mamba1 layers by channels (each rank its channels' states and windows; x_proj's
+# dt / B / C summed over the ranks before their norms), the attention layers (no positions) and experts as the Llama /
+# MoE layout
+TP_JAMBA_TYPES = ("jamba",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
                   + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES
-                  + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES)
+                  + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES + TP_JAMBA_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
@@ -123,6 +127,8 @@ def rotary_of(config):
     inv_freq and attention_scaling are what the model itself would use); None where the model builds none (an OLMo
     Hybrid config without a rope_theta: every attention layer NoPE, as OlmoHybridModel.rotary_emb is None)."""
     if config.model_type == "olmo_hybrid" and (getattr(config, "rope_parameters", None) or {}).get("rope_theta") is None:
+        return None
+    if config.model_type in TP_JAMBA_TYPES:  # Jamba's attention layers have no positions (no rotary module)
         return None
     package = MODULE_OF.get(config.model_type, config.model_type)
     module = importlib.import_module(f"transformers.models.{package}.modeling_{package}")

@@ -14,6 +14,9 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     OLMoE's / MiniMax-M2's whole-projection q_norm / k_norm ([H D])   this rank's heads' part, as q / k
     Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
                                         the local q | k | v and gate | up, fused as on one process
+    Jamba's Mamba1 layers              by channels: in_proj's rows of each of [x | z], the convolution's, dt_proj's,
+                                        A_log's and D's rows, x_proj's columns (dt / B / C summed over the ranks,
+                                        then normed whole), out_proj's columns (runners/paged_jamba_tp.py)
     MiniMax's lightning layers         by heads: qkv_proj's rows (each head's [q | k | v]), output_gate's rows
                                         and the output norm's weights, out_proj's columns (runners/paged_minimax_tp.py)
     AFMoE's / Laguna's output gate     column-parallel: the rows of this rank's heads (gate_rows a head:
@@ -193,6 +196,8 @@ class LlamaShardPlan:
     # the attention output gate's rows a query head (Laguna's g_proj: 1 with a gate a head, head_dim with one an
     # element; AFMoE's gate_proj: head_dim)
     gate_rows: int | None = None
+    # a Mamba1 mixer's channels (Jamba's mamba_expand x hidden_size: mamba_channels_of), else None
+    mamba_channels: int | None = None
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -221,7 +226,7 @@ class LlamaShardPlan:
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
                    getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None),
                    layer_dims, value_dim_of(config) if mla is None else None, layer_heads_of(config),
-                   gate_rows_of(config, head_dim))
+                   gate_rows_of(config, head_dim), mamba_channels_of(config))
         plan.check()
         return plan
 
@@ -232,6 +237,9 @@ class LlamaShardPlan:
                            ("the shared MLP's width", self.shared_intermediate)):
             if size % n:
                 raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
+        if self.mamba_channels is not None and self.mamba_channels % n:
+            raise ValueError(f"tensor parallelism over {n} ranks: the Mamba layers' {self.mamba_channels} channels are "
+                             f"not divisible by {n}")
         if self.delta is not None:
             for name, size in (("linear_num_key_heads", self.delta[0]), ("linear_num_value_heads", self.delta[1])):
                 if size % n:
@@ -309,6 +317,8 @@ class LlamaShardPlan:
             return self._mla_slice_of(name)
         if self.delta is not None and ".linear_attn." in name:
             return self._delta_slice_of(name)
+        if self.mamba_channels is not None and ".mamba." in name:
+            return self._mamba_slice_of(name)
         if self.model_type in QUERY_GATED_TYPES and name.endswith(".self_attn.q_proj.weight"):  # [q | gate] rows
             rows = 2 * self.head_dim
             return Slice(0, self.rank * self.local_heads * rows, (self.rank + 1) * self.local_heads * rows)
@@ -357,6 +367,21 @@ class LlamaShardPlan:
             return mlp
         return None
 
+
+    def _mamba_slice_of(self, name: str) -> Slice | tuple | None:
+        """A Mamba1 mixer's tensor by this rank's channels: in_proj's rows of each of [x | z], the convolution's,
+        dt_proj's, A_log's and D's rows, x_proj's and out_proj's columns (their products summed over the ranks);
+        the dt / B / C norms whole."""
+        c = self.mamba_channels
+        first, last = self.rank * c // self.world, (self.rank + 1) * c // self.world
+        if name.endswith("mamba.in_proj.weight"):
+            return Slice(0, first, last), Slice(0, c + first, c + last)
+        if name.endswith(("mamba.x_proj.weight", "mamba.out_proj.weight")):
+            return Slice(1, first, last)
+        if name.endswith(("mamba.conv1d.weight", "mamba.conv1d.bias", "mamba.dt_proj.weight", "mamba.dt_proj.bias",
+                          "mamba.A_log", "mamba.D")):
+            return Slice(0, first, last)
+        return None  # Jamba's dt / B / C layernorms
 
     def _lightning_slice_of(self, name: str) -> Slice:
         """A MiniMax lightning layer's tensor by this rank's heads: qkv_proj's rows (a head's [q | k | v], 3 D
@@ -411,6 +436,13 @@ def layer_heads_of(config) -> tuple | None:
     if not heads or all(h == config.num_attention_heads for h in heads):
         return None
     return tuple(int(h) for h in heads)
+
+
+def mamba_channels_of(config) -> int | None:
+    """A Jamba config's Mamba1 channels (mamba_expand x hidden_size), else None."""
+    if getattr(config, "model_type", None) != "jamba":
+        return None
+    return int(config.mamba_expand * config.hidden_size)
 
 
 def gate_rows_of(config, head_dim: int) -> int | None:

@@ -695,6 +695,35 @@ def test_minimax_lightning_layers_are_split_by_heads():
                                                     for name in shards[0])
 
 
+def test_jamba_mamba_layers_are_split_by_channels():
+    """Jamba at 2 ranks: a Mamba1 layer's in_proj rows of each of [x | z] (48 of 96 channels each), the convolution's,
+    dt_proj's, A_log's and D's rows, x_proj's and out_proj's columns, the dt / B / C norms whole; the attention layer
+    as the Llama layout's; no rotary module (its attention has no positions). Every slice tiles its tensor back."""
+    from specdec_fast.runners.sharded_model import rotary_of
+
+    model = make_model("jamba", layers=4)
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    mamba, attn = "model.layers.0.mamba.", "model.layers.1.self_attn."
+    expected = {mamba + "in_proj.weight": (96, 48), mamba + "conv1d.weight": (48, 1, 4), mamba + "conv1d.bias": (48,),
+                mamba + "x_proj.weight": (22, 48), mamba + "dt_proj.weight": (48, 6), mamba + "dt_proj.bias": (48,),
+                mamba + "A_log": (48, 8), mamba + "D": (48,), mamba + "out_proj.weight": (48, 48),
+                mamba + "dt_layernorm.weight": (6,), attn + "q_proj.weight": (24, 48), attn + "o_proj.weight": (48, 24)}
+    for name, shape in expected.items():
+        assert tuple(shards[1][name].shape) == shape, name
+        part = plans[0].slice_of(name)
+        if part is not None and not isinstance(part, tuple):
+            assert torch.equal(torch.cat([s[name] for s in shards], part.dim), state[name]), name
+    x, z = state[mamba + "in_proj.weight"].chunk(2)
+    assert torch.equal(shards[1][mamba + "in_proj.weight"], torch.cat((x[48:], z[48:])))
+    assert rotary_of(model.config) is None
+    with pytest.raises(ValueError, match="Mamba layers' 96 channels are not divisible by 5"):
+        model.config.vocab_size, model.config.num_attention_heads, model.config.intermediate_size = 130, 5, 95
+        model.config.num_key_value_heads = 5
+        LlamaShardPlan.for_config(model.config, 5, 0)
+
+
 def test_a_nope_olmo_hybrid_shards_without_a_rotary_module():
     """An OLMo Hybrid config without a rope_theta builds no rotary module (every attention layer NoPE): rotary_of
     gives None (transformers' rotary class would raise KeyError on it) and the ShardedCausalLM holds no RoPE tables,

@@ -28,7 +28,9 @@ MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa")
 # attention with its whole-projection q/k norms)
 # MiniMax: lightning layers by heads (each rank its heads' [H, D, D] states), their output norm's statistics over both
 # ranks' heads
-HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax")
+# Jamba: Mamba1 layers by channels (each rank its channels' states and windows), x_proj's dt / B / C summed over the
+# ranks before their norms
+HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax", "jamba")
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
@@ -182,6 +184,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
     out["local norm statistics"] = _local_norm_statistics(specdec_fast, pids, pmask, group)
+    out["unsummed mamba"] = _unsummed_mamba(specdec_fast, pids, pmask, group)
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
@@ -222,6 +225,25 @@ def _local_norm_statistics(specdec_fast, ids, mask, group) -> dict:
                 for kind in ("minimax_m2", "minimax")}
     finally:
         TensorParallelRunner._projection_norm = real
+
+
+def _unsummed_mamba(specdec_fast, ids, mask, group) -> tuple:
+    """The control of Jamba's Mamba1 layers by channels: each rank's dt / B / C from its own channels' x_proj product
+    only (not summed over the ranks) -> (single-process tokens, such tensor-parallel tokens), greedy: they differ."""
+    from specdec_fast.runners import paged_jamba_tp
+
+    real = paged_jamba_tp._TPLayer.__init__
+
+    def unsummed(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        if self.kind == "linear_attention":
+            self.mixer.reduce = lambda t: t
+
+    paged_jamba_tp._TPLayer.__init__ = unsummed
+    try:
+        return _cases(specdec_fast, *tiny("jamba"), ids, mask, {"greedy": dict(do_sample=False)}, group)["greedy"]
+    finally:
+        paged_jamba_tp._TPLayer.__init__ = real
 
 
 def _rigged_choose(self, remaining=None):
