@@ -63,6 +63,10 @@ SCAN_RESTARTING_TYPES = ("mamba", "falcon_mamba", "jamba")
 # ... of which those whose generate feeds a step no attention mask (their prepare_inputs_for_generation drops it
 # after the first iteration; given one, their mixer would broadcast the step over the mask's width)
 MASKLESS_STEP_TYPES = ("mamba", "falcon_mamba")
+# ... and the types whose forward of several tokens over a cache reads the cache's length from layer 0, which holds no
+# keys: MiniMax's (a lightning layer first in its checkpoints; transformers 5.24's MiniMaxCache), whose causal mask
+# then takes those tokens for the first ones (its scores 2.3 off on a tiny model); generate feeds it a token a step
+LAYER0_LENGTH_TYPES = ("minimax",)
 
 
 def forwards_asked(opts) -> dict:
@@ -95,13 +99,13 @@ def step_forwards(model, sequences: torch.Tensor, prompt_mask: torch.Tensor, ste
     runs the others over it, so step 0 holds positions cached .. P - 1 (queries; the attentions' keys
     stay all P), and the forwards leave it extended in place. stepwise: the generated tokens one forward each, as generate feeds them (where the
     second forward's attentions cannot be cut into generate's steps: a static sliding layer's slots roll,
-    attentions_over; always for SCAN_RESTARTING_TYPES, MASKLESS_STEP_TYPES' steps without a mask). Returned cache: the one these forwards filled (that one where given), holding the KV
+    attentions_over; always for SCAN_RESTARTING_TYPES and LAYER0_LENGTH_TYPES, MASKLESS_STEP_TYPES' steps without a mask). Returned cache: the one these forwards filled (that one where given), holding the KV
     of every token but the last, as generate leaves its own (user_cache.generation_cache's)."""
     from ..runners.hf import cache_keyword, output_cache
 
     width = prompt_mask.shape[1]
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    stepwise = stepwise or model_type in SCAN_RESTARTING_TYPES
+    stepwise = stepwise or model_type in SCAN_RESTARTING_TYPES + LAYER0_LENGTH_TYPES
     mask, positions = generation_mask(prompt_mask, steps - 1)
     asked = dict(output_hidden_states=hidden_states, output_attentions=attentions)
     if cached and cache is None:

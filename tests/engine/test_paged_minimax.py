@@ -151,3 +151,28 @@ def test_refusals():
     model.config.sliding_window = None
     model.config.layer_types = ["linear_attention", "mamba", "full_attention"]
     assert "layer_types" in minimax_unsupported_reason(model)
+
+
+def _scores_distance(model) -> float:
+    """Greedy generate(runner="paged") with output_scores on two unpadded rows (transformers' padded MiniMax batch is
+    wrong: test_greedy_paged_equals_generate) against model.generate's: the largest score difference."""
+    import specdec_fast
+
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+    opts = dict(do_sample=False, max_new_tokens=6, pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+    ref = model.generate(ids, **opts)
+    ours = specdec_fast.generate(model, ids, runner="paged", prompt_lookup_num_tokens=2, **opts)
+    assert torch.equal(ours.sequences, ref.sequences)
+    return max((a - b).abs().max().item() for a, b in zip(ref.scores, ours.scores))
+
+
+def test_output_scores_equal_generate(monkeypatch):
+    """output_scores are recomputed after the loop by the model's own forwards (engine/outputs.step_forwards): a MiniMax
+    forward of several tokens over a cache reads the cache's length from its lightning layer 0 (no keys), so its causal
+    mask is wrong; its steps go one token a forward, as its generate does. Control: the rule left out (2.3 off)."""
+    from specdec_fast.engine import outputs
+
+    model = tiny(seed=5)
+    assert _scores_distance(model) < 1e-4
+    monkeypatch.setattr(outputs, "LAYER0_LENGTH_TYPES", ())
+    assert _scores_distance(model) > 1e-2
