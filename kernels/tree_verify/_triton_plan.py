@@ -62,8 +62,11 @@ RESIDUAL_SKIP_IDENTITIES = True
 # 128256, the default tree: kmax = 6) the 5 mass launches took 31.8 us and residual_rows 2.1 of the
 # tree's 69.6 us of device time (82.4 us a replay: 9 launches), each mass launch ~6.4 us whatever
 # its nodes (8, 4, 3, 2, 1): a launch's ramp and a chain of dependent loads, not bytes. Predicted
-# (not measured: no GPU since): ~3-4 us a k inside one launch, tree_verify ~82 -> ~60 us. Off
-# until a GPU times it (bench_tree.py --kernels-only: tree_verify_us_residual_fused_flipped).
+# (not measured: no GPU since): ~3-4 us a k inside one launch, tree_verify ~82 -> ~60 us. Timed on
+# an H200 (2026-11-30, bench/results/h200_2026-11-30, ca9d900; bench_tree.py --kernels-only's
+# tree_verify_us_residual_fused_flipped): 94.1 us against 86.4 with the launches, the same tokens:
+# slower, so off. The prediction missed; not profiled (the grid barriers' spins against the 5
+# launches' ramps is the next question, for `bash bench/run_gpu.sh ncu`).
 # FUSED_PROGRAMS_PER_SM programs of NUM_WARPS warps per SM are resident at once whatever the
 # kernel's registers (a thread holds at most 255: 2 x 128 threads x 255 <= 65536 registers an SM
 # on sm_70 and later), which the barrier needs; FUSED_BLOCK_V keeps each program's chunk at ~2
