@@ -230,7 +230,9 @@ def tree_plan(batch: int, n: int, vocab: int, has_draft: bool, *, modes: frozens
     RESIDUAL_SKIP_IDENTITIES); stream_sums: the statistics' streaming sums where every row is greedy
     (None: verify's STREAM_GREEDY_ARGMAX_ONLY; the walk reads a greedy row's argmax alone);
     residual_fused: the residual masses in one launch (None: RESIDUAL_FUSED); stats_chunks: the
-    statistics' vocab chunks a row (None: num_chunks, else verify's split; bench_tree.py sweeps it)."""
+    statistics' vocab chunks a row (None: num_chunks, else verify's split; bench_tree.py sweeps it: on an H200,
+    2026-11-30, B = 1 N = 64, 4 chunks took the sampled tree 80.3 us against the split's 9 chunks' 86.4 and the
+    greedy one 31.0 against its 8's 30.3 -- one shape, no rule written from it)."""
     k = n - 1
     has_draft = has_draft and k > 0
     stats = plan_launches(batch, k, vocab, has_draft, num_sms=num_sms, interpreting=interpreting, modes=modes,
