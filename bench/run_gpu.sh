@@ -275,7 +275,8 @@ stage_mla() {
   # Gated DeltaNet's prefill chunks and score block against token steps at Qwen3-Next-80B's widths; then the MLA
   # kernel's table, DeepSeek Sparse Attention's torch-ops step against the dense kernel (DeepSeek-V3.2's widths), the
   # Mamba2 layer's prefill and score block (Nemotron-H 8B's widths),
-  # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H / Falcon-H1 / OLMo Hybrid / LFM2 / Mamba / Jamba / MiniMax runners' and the MTP
+  # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H / Falcon-H1 / OLMo Hybrid / LFM2 / Mamba / Jamba / MiniMax / Kimi Linear
+  # runners' and the MTP
   # tests on CUDA
   # (<= 570 s)
   run --cap 110 python3 bench/bench_mla.py --gpu --budget-s "$(budget 70 110)" --out "$results/mla_$dev.json"
@@ -287,7 +288,7 @@ stage_mla() {
     tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py \
     tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py tests/engine/test_paged_falcon_h1.py \
     tests/engine/test_paged_olmo_hybrid.py tests/engine/test_paged_lfm2.py tests/engine/test_paged_mamba_lm.py \
-    tests/engine/test_paged_jamba.py tests/engine/test_paged_minimax.py
+    tests/engine/test_paged_jamba.py tests/engine/test_paged_minimax.py tests/engine/test_paged_kimi_linear.py
 }
 
 stage_gemv() {

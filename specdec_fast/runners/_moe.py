@@ -90,6 +90,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # DeepSeek-V2 by softmax, greedy or group-limited (topk_method), never renormalised
                 "deepseek_v2": ("softmax_groups", False, False, "swiglu"),
                 "deepseek_v3": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
+                "kimi_linear": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # Kimi Linear: DeepSeek-V3's
                 "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "deepseek_v32": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # V3's MoE (its modeling code's)
                 "glm_moe_dsa": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # GLM-5: V3.2's

@@ -19,6 +19,7 @@ from .paged_gpt_bigcode import PagedGPTBigCodeRunner
 from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_jamba import JAMBA_TYPES, PagedJambaRunner
 from .paged_jamba_tp import TPPagedJambaRunner
+from .paged_kimi_linear import KIMI_LINEAR_TYPES, PagedKimiLinearRunner
 from .paged_minimax import MINIMAX_TYPES, PagedMiniMaxRunner
 from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
@@ -101,6 +102,9 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     # MiniMax-Text-01 / MiniMax-M1: lightning attention layers (linear, a decay per head; states rolled back) with
     # softmax attention layers, experts in every layer, DeepNorm's residual factors
     **{model_type: PagedMiniMaxRunner for model_type in MINIMAX_TYPES},
+    # Kimi Linear (Kimi-Linear-48B-A3B): Kimi Delta Attention layers (a decay per key channel; states rolled back) with
+    # latent attention layers without positions (expanded on the paged cache), DeepSeek-V3's experts
+    **{model_type: PagedKimiLinearRunner for model_type in KIMI_LINEAR_TYPES},
     # LFM2 (350M-2.6B): gated short-convolution layers (their windows rolled back) with attention layers
     **{model_type: PagedLfm2Runner for model_type in LFM2_TYPES},
     # OLMo Hybrid (Olmo-Hybrid-7B): Qwen3.5's Gated DeltaNet layers with OLMo 3 attention layers

@@ -119,6 +119,17 @@ def _config(kind: str, vocab: int, layers: int):
                               attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
                               mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=6,
                               max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "kimi_linear":  # Kimi Linear's layer: KDA layers (4 heads of 12, kernel 4) with a latent attention layer
+        # every 3rd (4 heads, a latent of 16, keys 12 + 8 unrotated, values 12), a dense first MLP (96), then 8 experts
+        # of 24 in 2 groups (1 kept), top 2, a shared expert, scaled by 1.5
+        kinds = (["linear_attention", "linear_attention", "full_attention"] * layers)[:layers]
+        kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
+        return tf.KimiLinearConfig(layer_types=kinds, mlp_layer_types=["dense"] + ["sparse"] * (layers - 1),
+                                   moe_intermediate_size=24, num_local_experts=8, num_experts_per_tok=2, n_group=2,
+                                   topk_group=1, n_shared_experts=1, routed_scaling_factor=1.5, kv_lora_rank=16,
+                                   qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12, linear_head_dim=12,
+                                   linear_num_heads=4, linear_conv_kernel_dim=4,
+                                   **dict(llama_like, num_key_value_heads=4))
     if kind == "minimax":  # MiniMax-Text-01's layer: lightning attention layers (4 heads of 12, blocks of 4 in
         # transformers' prefill) and a GQA attention layer every 3rd (2 KV heads), 8 experts of 24, top 2; residual
         # factors of their own (1 in the checkpoints' configs but DeepNorm's alpha)

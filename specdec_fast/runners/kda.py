@@ -1,0 +1,146 @@
+"""Kimi Delta Attention (KDA: Kimi Linear's recurrent layers) on the paged runners (runners/paged_kimi_linear.py), its
+state rolled back by runners/paged_recurrent.py.
+
+The math is transformers 5.24's KimiLinearDeltaAttention, eval mode, per head h of H (head_dim D) and token t:
+    q, k, v = silu(causal depthwise conv1d([q_proj x | k_proj x | v_proj x]))     (kernel K, no bias)
+    q, k = l2norm(q), l2norm(k) (x / sqrt(sum x^2 + 1e-6), float32);  q = q * (1 / sqrt(D))
+    g = -exp(A_log_h) softplus(f_b(f_a x) + dt_bias)       [D]: a decay per key channel (the difference from the
+                                                           Gated DeltaNet's one per head), softplus linear past 20
+    beta = sigmoid(b_proj x)                              (one a head)
+    S = S * exp(g)[:, None];  S = S + k (beta (v - k^T S))^T;  o = q^T S            S [D, D] float32
+    out = o_proj(RMSNormGated(o, g_b(g_a x)))             (a norm over each head's D, its weight in float32, times
+                                                           sigmoid of the gate in float32)
+A score call runs its tokens one by one from each row's state (transformers' recurrent rule, op for op), writing a
+snapshot after each; a prefill runs transformers' chunk form (chunk_kimi_delta_attention's algebra) a chunk of
+CHUNK tokens at a time from a zero state, keeping the last. Padded positions (a row's first columns) have q = k = v
+= 0, g = 0 and beta = 0: no decay, no update. torch ops on every backend (no kernel; not timed on a GPU).
+"""
+import torch
+import torch.nn.functional as F
+
+from ._linear import linear
+from .paged_recurrent import conv_windows, depthwise, prefill_conv
+
+CHUNK = 64  # transformers' chunk_size; the decays of a chunk are [B, H, CHUNK, CHUNK, D] float32 at once
+
+
+class Kda:
+    """A KDA layer's tensors (references) and sizes: q / k / v / b / f_a / f_b / g_a / g_b / o projections (weight,
+    bias), the convolution [3 H D, K], A_log [H], dt_bias [H D], the gated norm (weight, eps); H heads of D (a
+    tensor-parallel rank's: its heads)."""
+
+    def __init__(self, q, k, v, conv, f_a, f_b, a_log, dt_bias, b, g_a, g_b, norm, out, heads: int, dim: int):
+        self.q, self.k, self.v, self.conv, self.f_a, self.f_b = q, k, v, conv, f_a, f_b
+        self.a_log, self.dt_bias, self.b, self.g_a, self.g_b, self.norm, self.out = a_log, dt_bias, b, g_a, g_b, norm, out
+        self.heads, self.dim = heads, dim
+        self.channels, self.kernel = conv.shape
+
+    @classmethod
+    def of(cls, module) -> "Kda":
+        """From a KimiLinearDeltaAttention (its own tensors; the convolution a view [C, K])."""
+        gate = module.forget_gate
+        return cls(*((m.weight, m.bias) for m in (module.q_proj, module.k_proj, module.v_proj)), module.conv1d.weight[:, 0],
+                   *((m.weight, m.bias) for m in (gate.f_a_proj, gate.f_b_proj)), gate.A_log.reshape(-1), gate.dt_bias,
+                   *((m.weight, m.bias) for m in (module.b_proj, module.g_a_proj, module.g_b_proj)),
+                   (module.o_norm.weight, module.o_norm.variance_epsilon), (module.o_proj.weight, module.o_proj.bias),
+                   module.num_heads, module.head_dim)
+
+    @property
+    def shapes(self) -> tuple:
+        """(conv state (3 H D, K - 1), recurrent state (H, D, D)): PagedRecurrentRunner's recurrent_shapes entry."""
+        return (self.channels, self.kernel - 1), (self.heads, self.dim, self.dim)
+
+    def gates(self, h: torch.Tensor) -> tuple:
+        """h [T, hidden] -> (g [T, H, D] float32: the log decays; beta [T, H], model dtype)."""
+        a = linear(linear(h, *self.f_a), *self.f_b).float() + self.dt_bias.float()
+        softplus = torch.where(a > 20.0, a, torch.log(1.0 + torch.exp(a)))  # transformers' (its bound, not F.softplus')
+        g = -self.a_log.float().exp()[:, None] * softplus.view(h.shape[0], self.heads, self.dim)
+        return g, torch.sigmoid(linear(h, *self.b))
+
+    def heads_of(self, y: torch.Tensor) -> tuple:
+        """The convolution's output y [..., 3 H D] (model dtype, after silu) -> q (1 / sqrt(D)), k (L2-normed), v
+        [..., H, D] float32."""
+        lead = y.shape[:-1]
+        q, k, v = (t.reshape(*lead, self.heads, self.dim).float() for t in y.split(self.heads * self.dim, dim=-1))
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)  # transformers' l2norm: sqrt and /, FLA's order
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        return q * (1 / self.dim ** 0.5), k, v  # transformers' scale, multiplied
+
+    def output(self, o: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """o [T, H, D] (the model dtype, as transformers casts the rule's output) -> o_proj(RMSNormGated(o, gate))."""
+        weight, eps = self.norm
+        gate = linear(linear(h, *self.g_a), *self.g_b).view(o.shape)
+        o32 = o.float()
+        normed = weight.float() * (o32 * torch.rsqrt(o32.pow(2).mean(-1, keepdim=True) + eps))
+        return linear((normed * torch.sigmoid(gate.float())).to(o.dtype).reshape(o.shape[0], -1), *self.out)
+
+
+def kda_chunks(q, k, v, g, beta) -> tuple:
+    """transformers' chunk_kimi_delta_attention from a zero state over rows [B, H, n, D] (q, k, v, g float32; beta
+    [B, H, n]), a chunk at a time -> (o [B, H, n, D], the state after the last column [B, H, D, D])."""
+    batch, heads, n, dim = k.shape
+    state = q.new_zeros(batch, heads, dim, dim)
+    causal = torch.triu(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device), diagonal=0)
+    strict = torch.triu(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device), diagonal=1)
+    eye = torch.eye(CHUNK, device=q.device)
+    pad = (CHUNK - n % CHUNK) % CHUNK
+    q, k, v, g = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, g))
+    beta = F.pad(beta, (0, pad))
+    outs = []
+    for c0 in range(0, n + pad, CHUNK):
+        qc, kc, vc = q[:, :, c0:c0 + CHUNK], k[:, :, c0:c0 + CHUNK], v[:, :, c0:c0 + CHUNK]
+        bc = beta[:, :, c0:c0 + CHUNK, None]
+        gc = g[:, :, c0:c0 + CHUNK].cumsum(dim=-2)
+        k_beta = kc * bc
+        decay = (gc.unsqueeze(-2) - gc.unsqueeze(-3)).masked_fill(strict[..., None], float("-inf")).exp()
+        attn = -(k_beta.unsqueeze(-2) * kc.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(causal, 0)
+        for i in range(1, CHUNK):  # the forward substitution, transformers' loop
+            row, sub = attn[..., i, :i].clone(), attn[..., :i, :i].clone()
+            attn[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+        attn = attn + eye
+        value = attn @ (vc * bc)
+        k_cumdecay = attn @ (k_beta * gc.exp())
+        intra = (qc.unsqueeze(-2) * kc.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(strict, 0)
+        v_new = value - k_cumdecay @ state
+        outs.append((qc * gc.exp()) @ state + intra @ v_new)
+        state = state * gc[:, :, -1].exp().unsqueeze(-1) + (kc * (gc[:, :, -1:] - gc).exp()).transpose(-1, -2) @ v_new
+    return torch.cat(outs, dim=2)[:, :, :n], state
+
+
+def kda_forward(net: Kda, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
+    """One KDA layer over a call's tokens h [T, hidden] (rows: PagedRecurrentRunner._row_layout's) -> its output
+    [T, hidden]: the chunk form from zero states in a prefill (the last ones committed), token by token from each
+    row's state (committed, or the last snapshot) in a score call, a snapshot written after each token."""
+    index, real, slot, start = rows
+    batch, n = index.shape
+    total = h.shape[0]
+    mixed = torch.cat([linear(h, *p) for p in (net.q, net.k, net.v)], dim=-1)
+    g, beta = net.gates(h)
+    # each row's tokens in order, its padding (first) zeros: no input, no decay, no update
+    by_row, g, beta = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (mixed, g, beta))
+    ids = torch.arange(batch, device=h.device)
+    if prefilling:
+        y, last = prefill_conv(by_row.transpose(1, 2), net.conv, None, net.kernel)  # [B, C, n]
+        st.conv[:batch].copy_(last)
+        q, k, v = net.heads_of(F.silu(y).to(by_row.dtype).transpose(1, 2))  # [B, n, H, D]
+        o, state = kda_chunks(*(t.transpose(1, 2) for t in (q, k, v, g)), beta.float().transpose(1, 2))
+        st.rec[:batch].copy_(state)
+        o = o.transpose(1, 2)  # [B, n, H, D]
+    else:
+        conv, state = st.start(batch, start)
+        windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+        q, k, v = net.heads_of(F.silu(depthwise(windows, net.conv, None)).to(by_row.dtype).transpose(1, 2))
+        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+        outs = []
+        for t in range(n):  # transformers' recurrent rule
+            on = real[:, t, None, None, None]
+            decayed = state * g[:, t].exp().unsqueeze(-1)
+            kv_mem = (decayed * k[:, t].unsqueeze(-1)).sum(dim=-2)
+            delta = (v[:, t] - kv_mem) * beta[:, t].float().unsqueeze(-1)
+            state = torch.where(on, decayed + k[:, t].unsqueeze(-1) * delta.unsqueeze(-2), state)
+            outs.append((state * q[:, t].unsqueeze(-1)).sum(dim=-2))
+            st.rec_tent[ids, slot[:, t]] = state  # a padded column writes the spare slot
+        o = torch.stack(outs, dim=1)
+    packed = torch.zeros(total + 1, net.heads, net.dim, dtype=h.dtype, device=h.device)
+    packed.index_copy_(0, index.reshape(-1), o.to(h.dtype).reshape(batch * n, net.heads, net.dim))
+    return net.output(packed[:total], h)

@@ -1,0 +1,140 @@
+"""PagedKimiLinearRunner: Moonshot's Kimi Linear (model_type kimi_linear: Kimi-Linear-48B-A3B) -- Kimi Delta Attention
+layers (runners/kda.py) with a latent attention layer every few -- on the paged KV cache, with speculative decoding's
+rollback of the KDA layers' states (runners/paged_recurrent.py).
+
+The math is transformers 5.24's KimiLinearDecoderLayer (modeling_kimi_linear.py), eval mode; every RMSNorm Llama's:
+    x = x + mixer(input_layernorm x);  x = x + mlp(post_attention_layernorm x)
+    "linear_attention"  KDA (runners/kda.py)
+    "full_attention"    DeepSeek-V2's multi-head latent attention WITHOUT positions (the rotary part of the key is
+                        still shared by the heads, and nothing is rotated): q = q_proj x (or q_b(q_a_norm(q_a x))),
+                        [c | k_r] = kv_a_proj_with_mqa x, c normed; per head [k_nope | v] = kv_b_proj c, the key
+                        [k_nope | k_r], scale (nope + rope)^-0.5. Here it runs EXPANDED: each head's key and value
+                        on the paged cache (the value zero-padded to the key's width, the output sliced back), not the
+                        latent (runners/paged_mla.py's absorbed form): 32 heads x (192 + 192) values a token where the
+                        latent is 576, on Kimi-Linear-48B's 7 attention layers of 27.
+    mlp                 dense (mlp_layer_types "dense"), or experts: DeepSeek-V3's routing (sigmoid scores, the
+                        correction bias and groups in the choice, renormalised, scaled) with shared experts
+                        (runners/_moe.py)
+    logits = lm_head(norm x)
+Token trees are refused (each node would need its own state). No tensor-parallel runner. Not timed on a GPU.
+"""
+import torch
+import torch.nn.functional as F
+
+from ._layer_math import linear_params, norm_params
+from ._linear import linear
+from ._moe import MoE, is_moe, layers_moe_reason
+from .kda import Kda, kda_forward
+from .paged_base import decoder_reason, head_dim_reason
+from .paged_olmo2 import llama_rms_norm
+from .paged_recurrent import PagedRecurrentRunner, layer_kinds_reason
+
+KIMI_LINEAR_TYPES = ("kimi_linear",)
+LAYER_KINDS = ("full_attention", "linear_attention")
+
+
+def _projections(layer) -> tuple:
+    """A layer's projection modules (for plain_projections_reason; the experts are 3-D tensors)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    dense = () if is_moe(mlp) else (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if hasattr(attn, "forget_gate"):
+        return (attn.q_proj, attn.k_proj, attn.v_proj, attn.b_proj, attn.g_a_proj, attn.g_b_proj, attn.o_proj,
+                attn.forget_gate.f_a_proj, attn.forget_gate.f_b_proj) + dense
+    queries = (attn.q_proj,) if attn.q_proj is not None else (attn.q_a_proj, attn.q_b_proj)
+    return queries + (attn.kv_a_proj_with_mqa, attn.kv_b_proj, attn.o_proj) + dense
+
+
+def kimi_linear_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
+    """Why PagedKimiLinearRunner cannot run ``model`` (a KimiLinearForCausalLM), or None when it can."""
+    config = getattr(model, "config", None)
+    reason = layer_kinds_reason(config, LAYER_KINDS) or decoder_reason(
+        model, KIMI_LINEAR_TYPES, "model.layers", "a KimiLinearForCausalLM", _projections)
+    if reason is not None:
+        return reason
+    if getattr(config, "attention_bias", False):
+        return "attention_bias: the latent attention's projection biases are not read by this runner"
+    if any(layer.self_attn.conv1d.bias is not None for layer in model.model.layers if hasattr(layer.self_attn, "conv1d")):
+        return "a KDA convolution bias (a padded position's would reach the convolution)"
+    reason = layers_moe_reason([layer.mlp for layer in model.model.layers], config)
+    return reason or head_dim_reason(config.qk_nope_head_dim + config.qk_rope_head_dim, backend)
+
+
+class _Layer:
+    """One layer's kind, its mixer's tensors (references), norms and MLP."""
+
+    def __init__(self, layer, config, kernels: str):
+        attn = layer.self_attn
+        self.kind = "linear_attention" if hasattr(attn, "forget_gate") else "full_attention"
+        if self.kind == "linear_attention":
+            self.mixer = Kda.of(attn)
+        else:
+            self.q = linear_params(attn.q_proj)[0] if attn.q_proj is not None else None
+            if self.q is None:
+                self.q_a, self.q_b = linear_params(attn.q_a_proj, attn.q_b_proj)
+                self.q_a_norm = norm_params(attn.q_a_layernorm)
+            self.kv_a, self.kv_b, self.o = linear_params(attn.kv_a_proj_with_mqa, attn.kv_b_proj, attn.o_proj)
+            self.kv_a_norm = norm_params(attn.kv_a_layernorm)
+        self.input, self.post = norm_params(layer.input_layernorm), norm_params(layer.post_attention_layernorm)
+        mlp = layer.mlp
+        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
+        if self.moe is None:
+            (self.gate, self.up, self.down), self.act = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj), mlp.act_fn
+
+
+class PagedKimiLinearRunner(PagedRecurrentRunner):
+    """Runner (see runners/base.py) for a KimiLinearForCausalLM instance (weights shared); the arguments are
+    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+
+    unsupported_reason = staticmethod(kimi_linear_unsupported_reason)
+    family = "Kimi Linear"
+
+    def _bind(self, model) -> None:
+        config, inner = model.config, model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_Layer(layer, config, self.kernels) for layer in inner.layers]
+        self._index_layers()
+        self.final_norm = norm_params(inner.norm)
+        self.lm_head = model.get_output_embeddings().weight
+        # the expanded latent attention: every query head its own key / value head, keys nope + rope wide (config.
+        # head_dim is the rope part's), the values zero-padded to that width in the cache
+        self.nope, self.rope, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        self.num_heads = self.num_kv_heads = config.num_attention_heads
+        self.head_dim = self.nope + self.rope
+        self.scale = self.head_dim ** -0.5
+
+    def _latent_attention(self, i: int, layer: _Layer, h, attn_lens, cu, n) -> torch.Tensor:
+        """A latent attention layer over h [T, hidden] -> its o_proj output [T, hidden], expanded (module doc)."""
+        total, heads = h.shape[0], self.num_heads
+        if layer.q is not None:
+            q = linear(h, *layer.q)
+        else:
+            q = linear(llama_rms_norm(linear(h, *layer.q_a), layer.q_a_norm), *layer.q_b)
+        c, k_rot = linear(h, *layer.kv_a).split([layer.kv_b[0].shape[1], self.rope], dim=-1)
+        kv = linear(llama_rms_norm(c, layer.kv_a_norm), *layer.kv_b).view(total, heads, self.nope + self.v_dim)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat((k_nope, k_rot[:, None, :].expand(total, heads, self.rope)), dim=-1)
+        o = self._attend(self._attention_index[i], q.view(total, heads, self.head_dim), k,
+                         F.pad(v, (0, self.head_dim - self.v_dim)), attn_lens, cu, n, self.scale)
+        return linear(o[..., :self.v_dim].reshape(total, heads * self.v_dim), *layer.o)
+
+    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
+        """Packed tokens [T] at positions [T] (unread: no layer has positions) -> final-norm hidden states [T, H]."""
+        rows = self._row_layout(cu, flat.shape[0], n)
+        x = self._embed(flat)
+        self._keep(0, x)
+        for i, layer in enumerate(self.layers):
+            h = llama_rms_norm(x, layer.input)
+            if layer.kind == "linear_attention":
+                x = x + kda_forward(layer.mixer, self.states[self._recurrent_index[i]], h, rows, self._prefilling)
+            else:
+                x = x + self._latent_attention(i, layer, h, attn_lens, cu, n)
+            h = llama_rms_norm(x, layer.post)
+            if layer.moe is not None:
+                x = x + layer.moe(h, self._prefilling)
+            else:
+                x = x + linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+            if i + 1 < len(self.layers):
+                self._keep(i + 1, x)
+        out = llama_rms_norm(x, self.final_norm)
+        self._keep(len(self.layers), out)
+        return out
