@@ -11,8 +11,9 @@ The math is transformers 5.24's KimiLinearDeltaAttention, eval mode, per head h 
     out = o_proj(RMSNormGated(o, g_b(g_a x)))             (a norm over each head's D, its weight in float32, times
                                                            sigmoid of the gate in float32)
 A score call runs its tokens one by one from each row's state (transformers' recurrent rule, op for op), writing a
-snapshot after each; a prefill runs transformers' chunk form (chunk_kimi_delta_attention's algebra) a chunk of
-CHUNK tokens at a time from a zero state, keeping the last. Padded positions (a row's first columns) have q = k = v
+snapshot after each; a prefill runs transformers' chunk form (chunk_kimi_delta_attention's algebra, its forward
+substitution as one triangular solve a chunk, as runners/paged_qwen3_next.py's prefill) a chunk of CHUNK tokens at a
+time from a zero state, keeping the last. Padded positions (a row's first columns) have q = k = v
 = 0, g = 0 and beta = 0: no decay, no update. torch ops on every backend (no kernel; not timed on a GPU).
 """
 import torch
@@ -93,13 +94,11 @@ def kda_chunks(q, k, v, g, beta) -> tuple:
         gc = g[:, :, c0:c0 + CHUNK].cumsum(dim=-2)
         k_beta = kc * bc
         decay = (gc.unsqueeze(-2) - gc.unsqueeze(-3)).masked_fill(strict[..., None], float("-inf")).exp()
-        attn = -(k_beta.unsqueeze(-2) * kc.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(causal, 0)
-        for i in range(1, CHUNK):  # the forward substitution, transformers' loop
-            row, sub = attn[..., i, :i].clone(), attn[..., :i, :i].clone()
-            attn[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
-        attn = attn + eye
-        value = attn @ (vc * bc)
-        k_cumdecay = attn @ (k_beta * gc.exp())
+        # (I + strictly_lower(sum_d k_beta k decay)) [value | k_cumdecay] = [v beta | k_beta exp(g)]: one unit
+        # lower-triangular solve where transformers runs its forward substitution row by row (the same inverse)
+        system = (k_beta.unsqueeze(-2) * kc.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(causal, 0) + eye
+        value = torch.linalg.solve_triangular(system, vc * bc, upper=False, unitriangular=True)
+        k_cumdecay = torch.linalg.solve_triangular(system, k_beta * gc.exp(), upper=False, unitriangular=True)
         intra = (qc.unsqueeze(-2) * kc.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(strict, 0)
         v_new = value - k_cumdecay @ state
         outs.append((qc * gc.exp()) @ state + intra @ v_new)
