@@ -190,6 +190,23 @@ class _MlaLayer:
             self.act = mlp.act_fn
 
 
+def latent_triton_attention(runner, i: int, q, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:
+    """The MLA Triton kernel (kernels/attention/triton_mla.py) of the absorbed queries q [T, Hq, R + DR] over a
+    runner's KV layer i, whose K plane holds the latents [c | k_rot] -> [T, Hq, R]; its launch plan cached per call
+    shape (static: graph capture), as paged_base._plan. runner: a paged runner with ``rank`` (R) and ``num_heads``
+    (PagedMlaRunner, PagedKimiLinearRunner)."""
+    from ..kernels.attention.triton_mla import mla_attention_triton, plan_mla
+
+    table = runner._tables[i]
+    key = ("mla", table.shape[0], max_query_len)
+    plan = runner._plans.get(key)
+    if plan is None:
+        plan = runner._plans[key] = plan_mla(runner.device, table.shape[0], runner.num_heads, runner.rank, max_query_len,
+                                             table.shape[1] * runner.block_size, dtype=runner.dtype)
+    return mla_attention_triton(q, runner.k_caches[i], table, attn_lens, cu, rank=runner.rank,
+                                max_query_len=max_query_len, tree_mask=runner._tree_mask, scale=scale, plan=plan)
+
+
 class PagedMlaRunner(PagedRunnerBase):
     """Runner (see runners/base.py) for a DeepseekV3ForCausalLM / Glm4MoeLiteForCausalLM instance
     (weights shared); the arguments are PagedRunnerBase's. The pool holds one latent entry per token
@@ -275,16 +292,7 @@ class PagedMlaRunner(PagedRunnerBase):
         dispatch with the plane as K and V, its output's first R dims (the value is the latent)."""
         if self.kernels != "triton":
             return super()._attention(i, q, attn_lens, cu, max_query_len, scale, causal, pdl)[..., :self.rank]
-        from ..kernels.attention.triton_mla import mla_attention_triton, plan_mla
-
-        table = self._tables[i]
-        key = ("mla", table.shape[0], max_query_len)
-        plan = self._plans.get(key)
-        if plan is None:  # static per call shape (graph capture), as paged_base._plan
-            plan = self._plans[key] = plan_mla(self.device, table.shape[0], self.num_heads, self.rank, max_query_len,
-                                               table.shape[1] * self.block_size, dtype=self.dtype)
-        return mla_attention_triton(q, self.k_caches[i], table, attn_lens, cu, rank=self.rank,
-                                    max_query_len=max_query_len, tree_mask=self._tree_mask, scale=scale, plan=plan)
+        return latent_triton_attention(self, i, q, attn_lens, cu, max_query_len, scale)
 
     def _rows(self, cu: torch.Tensor, total: int, n: int) -> tuple:
         """A prefill's rows [B, n] again (each row's tokens last, as the prompt gave them): (packed index

@@ -1,6 +1,6 @@
 """Kimi Linear on the paged runner (runners/paged_kimi_linear.py): Kimi Delta Attention layers (runners/kda.py: a
 decay per key channel; each row's [H, D, D] state and convolution window snapshotted per draft token and rolled back
-at commit) with a latent attention layer every 3rd (no positions; expanded on the paged cache), a dense first MLP,
+at commit) with a latent attention layer every 3rd (no positions; absorbed over a latent paged cache), a dense first MLP,
 then DeepSeek-V3-routed experts with a shared one. Tiny models of 3 layers (4 heads of 12), their norms, correction
 biases, decays and dt biases randomised.
 
@@ -9,7 +9,8 @@ model's own forward on every backend through prefill, left-padded score calls, r
 chunk form over several chunks; bfloat16 stays close; greedy generate(runner="paged") equals model.generate with a
 draft model, prompt lookup and plain decoding; the static graph twin gives the eager tokens; output_scores equal
 model.generate's. Controls: no rollback, no chaining (runner_checks.assert_rollback_controls_fail), one decay a head
-instead of a channel, the gate's sigmoid left out, the latent's shared key part left out."""
+instead of a channel, the gate's sigmoid left out, the latent's shared key part left out, the key's rows read as
+the value's."""
 import pytest
 import torch
 
@@ -72,13 +73,13 @@ def test_the_chunk_form_is_the_recurrence(monkeypatch, chunk):
 
 
 def test_the_runner_and_its_pool():
-    """The runner is picked; one attention layer on the paged cache (4 heads of 20: keys 12 + 8, values padded), two
+    """The runner is picked; one attention layer on the paged cache (one head of the latent's 16 + 8 a token), two
     KDA states of 4 heads x 12 x 12 and windows of 3 x 48 channels x 3 (a committed one, K + 1 snapshots, a spare)."""
     model = tiny()
     assert paged_runner_class(model) is PagedKimiLinearRunner and kimi_linear_unsupported_reason(model) is None
     runner = _runner(model)
     runner.allocate(2, 20)
-    assert runner.cache.kv.shape[0] == 1 and runner.kv_shape(0) == (4, 20) and len(runner.states) == 2
+    assert runner.cache.kv.shape[0] == 1 and runner.kv_shape(0) == (1, 24) and len(runner.states) == 2
     assert tuple(runner.states[0].rec.shape) == (2, 4, 12, 12) and tuple(runner.states[0].conv.shape) == (2, 144, 3)
     assert tuple(runner.states[0].rec_tent.shape) == (2, 5, 4, 12, 12)
 
@@ -158,15 +159,21 @@ def test_kda_controls(spoil):
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
-def test_the_shared_key_part_is_read():
-    """The latent attention's key is [k_nope | k_rot], k_rot shared by the heads: a runner that zeroes it differs."""
+@pytest.mark.parametrize("spoil", ["shared-key", "value-from-the-key"])
+def test_latent_controls(spoil):
+    """The latent attention's key is [k_nope | k_rot], k_rot shared by the heads: a runner that zeroes it differs; its
+    values are W_UV's, not W_UK's: a runner that reads the key's rows as the value's differs."""
     model = tiny()
     runner = _runner(model)
     for layer in runner.layers:
-        if layer.kind == "full_attention":
+        if layer.kind != "full_attention":
+            continue
+        if spoil == "shared-key":
             weight = layer.kv_a[0].clone()
             weight[-runner.rope:] = 0
             layer.kv_a = (weight, None)
+        else:
+            layer.w_uv = layer.w_uk
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
 
