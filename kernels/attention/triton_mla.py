@@ -21,8 +21,9 @@ Timed on an H200 (2026-11-30, bench/results/h200_2026-11-30/mla_nvidia_h200.json
 heads, bf16, graph replays): the wide tile, 32 rows over chunks of 32 entries and 8 warps (WIDE_TILE), took
 63.2 / 71.6 / 243.1 us where 16 rows over 16 entries and 4 warps took 91.2 / 100.9 / 329.5 (B = 1: L = 4096
 N = 4, L = 16384 N = 1 and N = 4; B = 8 L = 1024: 34.2 against 42.6), and lost 1.4-2.0 us at B = 1 L = 1024
-(N = 1 and 4) and L = 4096 N = 1 (31.5 / 32.1 / 33.4 against 29.5 / 30.4 / 32.0). plan_mla takes it for 16-bit latents of 512 dims and at
-least 32 heads; fp32 at R = 512 spills 6 KB with it (ptxas), and 20 heads (GLM-4.7-Flash) were not timed.
+(N = 1 and 4) and L = 4096 N = 1 (31.5 / 32.1 / 33.4 against 29.5 / 30.4 / 32.0). plan_mla takes it for 16-bit
+latents of 512 dims and at least 32 heads (a whole wide tile of heads; timed at 128 only, so Kimi Linear's 32 is an
+extrapolation); fp32 at R = 512 spills 6 KB with it (ptxas), and 20 heads (GLM-4.7-Flash) were not timed.
 FlashMLA's tile is 64 heads per warpgroup; 64 rows here spill.
 """
 from typing import NamedTuple
