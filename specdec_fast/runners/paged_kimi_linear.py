@@ -19,7 +19,8 @@ The math is transformers 5.24's KimiLinearDecoderLayer (modeling_kimi_linear.py)
     logits = lm_head(norm x)
 The cache holds 2 (R + DR) values a token and attention layer (K and V planes alike: PagedMlaRunner's pairing of two
 layers on one entry is not done here): 2304 bytes at Kimi-Linear-48B's 512 + 64 in bf16, where each head's key and
-value would take 24576. Token trees are refused (each node would need its own state). No tensor-parallel runner. Not timed on a GPU.
+value would take 24576. Token trees are refused (each node would need its own state). Tensor parallelism:
+runners/paged_kimi_linear_tp.py. Not timed on a GPU.
 """
 import torch
 
@@ -138,18 +139,19 @@ class PagedKimiLinearRunner(PagedRecurrentRunner):
         """Packed tokens [T] at positions [T] (unread: no layer has positions) -> final-norm hidden states [T, H]."""
         rows = self._row_layout(cu, flat.shape[0], n)
         x = self._embed(flat)
+        sum_ = self._sum_partials  # a tensor-parallel rank's branch partials summed (identity on one process)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = llama_rms_norm(x, layer.input)
             if layer.kind == "linear_attention":
-                x = x + kda_forward(layer.mixer, self.states[self._recurrent_index[i]], h, rows, self._prefilling)
+                x = x + sum_(kda_forward(layer.mixer, self.states[self._recurrent_index[i]], h, rows, self._prefilling))
             else:
-                x = x + self._latent_attention(i, layer, h, attn_lens, cu, n)
+                x = x + sum_(self._latent_attention(i, layer, h, attn_lens, cu, n))
             h = llama_rms_norm(x, layer.post)
             if layer.moe is not None:
-                x = x + layer.moe(h, self._prefilling)
+                x = x + sum_(layer.moe(h, self._prefilling))
             else:
-                x = x + linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+                x = x + sum_(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = llama_rms_norm(x, self.final_norm)

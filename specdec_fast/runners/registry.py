@@ -20,6 +20,7 @@ from .paged_gpt_neox import PagedGPTNeoXRunner
 from .paged_jamba import JAMBA_TYPES, PagedJambaRunner
 from .paged_jamba_tp import TPPagedJambaRunner
 from .paged_kimi_linear import KIMI_LINEAR_TYPES, PagedKimiLinearRunner
+from .paged_kimi_linear_tp import TPPagedKimiLinearRunner
 from .paged_minimax import MINIMAX_TYPES, PagedMiniMaxRunner
 from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
@@ -48,8 +49,9 @@ from .paged_qwen3_next_tp import TPPagedQwen3NextRunner
 from .paged_starcoder2 import PagedStarcoder2Runner
 from .paged_starcoder2_tp import TPPagedStarcoder2Runner
 from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES,
-                            TP_JAMBA_TYPES, TP_LLAMA4_TYPES, TP_LLAMA_TYPES, TP_MIMO_TYPES, TP_MINIMAX_TYPES, TP_MLA_TYPES,
-                            TP_OLMO_HYBRID_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
+                            TP_JAMBA_TYPES, TP_KIMI_LINEAR_TYPES, TP_LLAMA4_TYPES, TP_LLAMA_TYPES, TP_MIMO_TYPES,
+                            TP_MINIMAX_TYPES, TP_MLA_TYPES, TP_OLMO_HYBRID_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES,
+                            ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
@@ -133,6 +135,8 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedMimoRunner for model_type in TP_MIMO_TYPES},
                                                  **{model_type: TPPagedMiniMaxRunner for model_type in TP_MINIMAX_TYPES},
                                                  **{model_type: TPPagedJambaRunner for model_type in TP_JAMBA_TYPES},
+                                                 **{model_type: TPPagedKimiLinearRunner
+                                                    for model_type in TP_KIMI_LINEAR_TYPES},
                                                  **{model_type: TPPagedOlmoHybridRunner for model_type in TP_OLMO_HYBRID_TYPES}}
 
 

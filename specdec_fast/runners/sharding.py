@@ -14,6 +14,9 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     OLMoE's / MiniMax-M2's whole-projection q_norm / k_norm ([H D])   this rank's heads' part, as q / k
     Phi-3's qkv_proj / gate_up_proj (fused rows)   this rank's rows of each part, concatenated:
                                         the local q | k | v and gate | up, fused as on one process
+    Kimi Linear's KDA layers           by heads: q / k / v / f_b / g_b rows, dt_bias, b_proj and A_log by heads, the
+                                        convolution's rows of each [q | k | v] part, o_proj's columns; f_a / g_a and
+                                        the per-head norm whole (its latent attention as MLA's; runners/paged_kimi_linear_tp.py)
     Jamba's Mamba1 layers              by channels: in_proj's rows of each of [x | z], the convolution's, dt_proj's,
                                         A_log's and D's rows, x_proj's columns (dt / B / C summed over the ranks,
                                         then normed whole), out_proj's columns (runners/paged_jamba_tp.py)
@@ -110,6 +113,12 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                                 (r"\.mlp\.shared_mlp\.", ".mlp.shared_experts.")),
                       # MiMo-V2-Flash's sinks as published (transformers' conversion_mapping.py renames them)
                       "mimo_v2_flash": ((r"\.self_attn\.attention_sink_bias$", ".self_attn.sinks"),),
+                      # Kimi Linear's published names (and save_pretrained's): the forget gate's tensors beside the
+                      # attention's, every MLP under block_sparse_moe (the convolutions q_ / k_ / v_conv1d apart are read
+                      # as they are: _kda_slice_of)
+                      "kimi_linear": ((r"\.self_attn\.(f_a_proj|f_b_proj)\.", r".self_attn.forget_gate.\1."),
+                                      (r"\.self_attn\.(dt_bias|A_log)$", r".self_attn.forget_gate.\1"),
+                                      (r"\.block_sparse_moe\.", ".mlp.")),
                       # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)
                       "granitemoehybrid": ((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
                                            (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."))}
@@ -198,6 +207,8 @@ class LlamaShardPlan:
     gate_rows: int | None = None
     # a Mamba1 mixer's channels (Jamba's mamba_expand x hidden_size: mamba_channels_of), else None
     mamba_channels: int | None = None
+    # Kimi Delta Attention layers (Kimi Linear): (their indices, heads, head_dim) (kda_of), else None
+    kda: tuple | None = None
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -226,7 +237,7 @@ class LlamaShardPlan:
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
                    getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None),
                    layer_dims, value_dim_of(config) if mla is None else None, layer_heads_of(config),
-                   gate_rows_of(config, head_dim), mamba_channels_of(config))
+                   gate_rows_of(config, head_dim), mamba_channels_of(config), kda_of(config))
         plan.check()
         return plan
 
@@ -237,6 +248,8 @@ class LlamaShardPlan:
                            ("the shared MLP's width", self.shared_intermediate)):
             if size % n:
                 raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
+        if self.kda is not None and self.kda[1] % n:
+            raise ValueError(f"tensor parallelism over {n} ranks: linear_num_heads {self.kda[1]} is not divisible by {n}")
         if self.mamba_channels is not None and self.mamba_channels % n:
             raise ValueError(f"tensor parallelism over {n} ranks: the Mamba layers' {self.mamba_channels} channels are "
                              f"not divisible by {n}")
@@ -313,6 +326,10 @@ class LlamaShardPlan:
         expert, part = moe_slice_of(self, name, Slice)
         if expert:
             return part
+        if self.kda is not None and ".self_attn." in name:  # Kimi Linear: its KDA layers' self_attn is not the MLA's
+            match = _LAYER.match(name)
+            if match and int(match.group(1)) in self.kda[0]:
+                return self._kda_slice_of(name)
         if self.mla is not None and ".self_attn." in name:
             return self._mla_slice_of(name)
         if self.delta is not None and ".linear_attn." in name:
@@ -383,6 +400,26 @@ class LlamaShardPlan:
             return Slice(0, first, last)
         return None  # Jamba's dt / B / C layernorms
 
+    def _kda_slice_of(self, name: str) -> Slice | tuple | None:
+        """A Kimi Delta Attention tensor by this rank's heads: q / k / v / f_b / g_b rows, dt_bias and b_proj's rows,
+        A_log's heads ([1, 1, H, 1]), the convolution's rows of each of its [q | k | v] parts, o_proj's columns; f_a /
+        g_a and the per-head output norm whole."""
+        _, heads, d = self.kda
+        first, last = self.rank * heads // self.world, (self.rank + 1) * heads // self.world
+        rows = Slice(0, first * d, last * d)
+        if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "f_b_proj.weight", "g_b_proj.weight",
+                          "forget_gate.dt_bias", "q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")):
+            return rows  # (a checkpoint's convolutions apart: each by its rows)
+        if name.endswith("conv1d.weight"):
+            return tuple(Slice(0, part * heads * d + first * d, part * heads * d + last * d) for part in range(3))
+        if name.endswith("b_proj.weight"):
+            return Slice(0, first, last)
+        if name.endswith("forget_gate.A_log"):
+            return Slice(2, first, last)
+        if name.endswith("o_proj.weight"):
+            return Slice(1, first * d, last * d)
+        return None
+
     def _lightning_slice_of(self, name: str) -> Slice:
         """A MiniMax lightning layer's tensor by this rank's heads: qkv_proj's rows (a head's [q | k | v], 3 D
         rows), output_gate's rows and the output norm's weights (D a head), out_proj's columns."""
@@ -436,6 +473,14 @@ def layer_heads_of(config) -> tuple | None:
     if not heads or all(h == config.num_attention_heads for h in heads):
         return None
     return tuple(int(h) for h in heads)
+
+
+def kda_of(config) -> tuple | None:
+    """A Kimi Linear config's KDA layers: (their indices, linear_num_heads, linear_head_dim), else None."""
+    if getattr(config, "model_type", None) != "kimi_linear":
+        return None
+    layers = tuple(i for i, kind in enumerate(config.layer_types) if kind == "linear_attention")
+    return layers, int(config.linear_num_heads), int(config.linear_head_dim)
 
 
 def mamba_channels_of(config) -> int | None:

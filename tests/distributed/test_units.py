@@ -724,6 +724,41 @@ def test_jamba_mamba_layers_are_split_by_channels():
         LlamaShardPlan.for_config(model.config, 5, 0)
 
 
+def test_kimi_linear_is_split_by_heads_and_reads_its_published_names(tmp_path):
+    """Kimi Linear at 2 ranks: a KDA layer's q / k / v / f_b / g_b rows by heads (2 of 4 heads x 12), the convolution's
+    rows of each [q | k | v] part, dt_bias, b_proj and A_log ([1, 1, H, 1]) by heads, o_proj's columns, f_a / g_a and
+    the per-head norm whole; the latent attention layer as MLA's (q / kv_b rows by heads, the latent's projection
+    whole). Read from a saved checkpoint (the published names: the forget gate's tensors beside the attention's, every
+    MLP under block_sparse_moe, the experts per expert as w1 / w3 / w2, the convolutions q_ / k_ / v_conv1d apart),
+    every slice equals the loaded model's, the three convolutions' rows concatenated its convolution's."""
+    from specdec_fast.runners.sharding import shards_from_safetensors
+
+    model = make_model("kimi_linear", layers=3)
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    kda, mla = "model.layers.0.self_attn.", "model.layers.2.self_attn."
+    expected = {kda + "q_proj.weight": (24, 48), kda + "conv1d.weight": (72, 1, 4), kda + "forget_gate.f_b_proj.weight":
+                (24, 12), kda + "forget_gate.f_a_proj.weight": (12, 48), kda + "forget_gate.dt_bias": (24,),
+                kda + "forget_gate.A_log": (1, 1, 2, 1), kda + "b_proj.weight": (2, 48), kda + "g_b_proj.weight": (24, 12),
+                kda + "o_norm.weight": (12,), kda + "o_proj.weight": (48, 24), mla + "q_proj.weight": (40, 48),
+                mla + "kv_a_proj_with_mqa.weight": (24, 48), mla + "kv_b_proj.weight": (48, 16),
+                mla + "o_proj.weight": (48, 24)}
+    for name, shape in expected.items():
+        assert tuple(shards[1][name].shape) == shape, name
+    conv = state[kda + "conv1d.weight"]
+    assert torch.equal(shards[1][kda + "conv1d.weight"], torch.cat([conv[i * 48 + 24:(i + 1) * 48] for i in range(3)]))
+    model.save_pretrained(tmp_path)
+    for rank, plan in enumerate(plans):
+        read = shards_from_safetensors(str(tmp_path), plan)
+        for layer in plan.kda[0]:  # the KDA layers' convolutions, apart in the checkpoint
+            prefix = f"model.layers.{layer}.self_attn."
+            convs = [read.pop(prefix + f"{p}_conv1d.weight") for p in "qkv"]
+            assert torch.equal(torch.cat(convs), shards[rank].pop(prefix + "conv1d.weight"))
+        assert read.keys() == shards[rank].keys()
+        assert all(torch.equal(read[name], shards[rank][name]) for name in read)
+
+
 def test_a_nope_olmo_hybrid_shards_without_a_rotary_module():
     """An OLMo Hybrid config without a rope_theta builds no rotary module (every attention layer NoPE): rotary_of
     gives None (transformers' rotary class would raise KeyError on it) and the ShardedCausalLM holds no RoPE tables,
