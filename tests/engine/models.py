@@ -144,6 +144,11 @@ def _config(kind: str, vocab: int, layers: int):
         kinds = (["conv", "conv", "full_attention"] * layers)[:layers]
         kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
         return tf.Lfm2Config(layer_types=kinds, norm_eps=1e-5, block_auto_adjust_ff_dim=False, **llama_like)
+    if kind == "lfm3":  # LFM3: LFM2's convolutions (kernel 7) with a sliding layer (a window of 5) and a full one (half of
+        # each head rotated, "proportional"), each head's output gated, sandwich norms; SwiGLU MLPs of 96
+        kinds = (["conv", "sliding_attention", "full_attention"] * layers)[:layers]
+        kinds[-1] = "full_attention" if "full_attention" not in kinds else kinds[-1]
+        return tf.Lfm3Config(layer_types=kinds, sliding_window=5, head_dim=12, **llama_like)
     if kind == "lfm2_moe":  # LFM2-MoE: LFM2's layers, layer 0's MLP dense (96), then 8 experts of 24, top 2, by sigmoid
         # scores + the block's expert_bias (zero here), renormalised, scaled by 1.5
         kinds = (["conv", "conv", "full_attention"] * layers)[:layers]

@@ -1,14 +1,15 @@
-"""LFM2 and LFM2-MoE on the paged runner (runners/paged_lfm2.py): gated short-convolution layers (kernel 3; each row's
+"""LFM2, LFM2-MoE and LFM3 on the paged runner (runners/paged_lfm2.py): gated short-convolution layers (kernel 3; each row's
 window of its last 2 inputs kept, snapshotted per draft token and rolled back at commit) with attention layers
 (per-head q/k norms, RoPE); LFM2-MoE's blocks after its dense first layer (sigmoid scores in the model dtype + the
-block's expert_bias, renormalised, scaled). Tiny models of 3 layers (conv, conv, attention; 4 heads of 12 over 2 KV
-heads).
+block's expert_bias, renormalised, scaled); LFM3's sandwich norms, per-head attention gate, sliding layer (a window of
+5, reached by the tests' rows) and RoPE per layer type (half of the full layer's heads rotated). Tiny models of 3
+layers (conv, conv, attention; LFM3: conv, sliding, full; 4 heads of 12 over 2 KV heads).
 
 The runner's logits equal the model's own forward on every backend through prefill, left-padded score calls,
 rollbacks and chained calls; bfloat16 stays close; greedy generate(runner="paged") equals model.generate with a
 draft model, prompt lookup and plain decoding; the static graph twin gives the eager tokens. Controls: no rollback,
 no chaining (runner_checks.assert_rollback_controls_fail), the gate C left out; LFM2-MoE's correction bias and
-scale."""
+scale; LFM3's attention gate, sandwich norms and window each left out."""
 import pytest
 import torch
 
@@ -21,7 +22,7 @@ from .runner_checks import (assert_bf16_close_to_forward, assert_greedy_paged_eq
                             assert_rollback_controls_fail, assert_runner_matches_forward)
 
 
-KINDS = ("lfm2", "lfm2_moe")
+KINDS = ("lfm2", "lfm2_moe", "lfm3")
 
 
 def tiny(kind: str = "lfm2", seed: int = 0, **config):
@@ -92,10 +93,11 @@ def test_greedy_paged_equals_generate(kind):
     assert_greedy_paged_equals_generate(tiny(kind, seed=5), VOCAB)
 
 
-def test_static_graph_twin_gives_the_eager_tokens():
+@pytest.mark.parametrize("kind", ["lfm2", "lfm3"])
+def test_static_graph_twin_gives_the_eager_tokens(kind):
     from .test_cuda_graphs_static import assert_static_twin_gives_eager_tokens
 
-    assert_static_twin_gives_eager_tokens(tiny(seed=3), VOCAB)
+    assert_static_twin_gives_eager_tokens(tiny(kind, seed=3), VOCAB)
 
 
 def test_controls(monkeypatch):
@@ -125,6 +127,21 @@ def test_lfm2_moe_controls(left_out):
     for layer in runner.layers:
         if layer.moe is not None:
             setattr(layer.moe, left_out, None)
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
+@pytest.mark.parametrize("left_out", ["gate", "post_operator_norm", "post_ffn_norm", "window"])
+def test_lfm3_controls(left_out):
+    """LFM3's attention gate, its two sandwich norms and its sliding layer's window: each left out moves the logits off
+    the forward's."""
+    model = tiny("lfm3")
+    runner = _runner(model)
+    if left_out == "window":
+        runner.layer_windows = (None,) * len(runner.layer_windows)
+    for layer in runner.layers:
+        if left_out != "window" and hasattr(layer, left_out):
+            setattr(layer, left_out, None)
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
 
