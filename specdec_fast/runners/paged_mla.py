@@ -64,7 +64,8 @@ from .sparse_mla import Indexer, choose, chosen_attention, indexer_key, indexer_
 
 # DeepSeek Sparse Attention's families (module docstring): dense MLA within index_topk, sparse_mla.py past it
 DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
-MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite") + DSA_MODEL_TYPES
+# youtu: Youtu-LLM (2B), DeepSeek-V3's latent attention in dense Llama layers (its SwiGLU MLP, a tied embedding)
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu") + DSA_MODEL_TYPES
 
 
 def mla_projection_modules(layer) -> tuple:

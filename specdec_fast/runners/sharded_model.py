@@ -60,7 +60,7 @@ TP_COHERE_TYPES = ("cohere", "cohere2")
 # Multi-head latent attention (runners/paged_mla_tp.py): heads split, the latent replicated; the MoE
 # experts by their width; DeepSeek-V3.2's and GLM-5's indexers whole on every rank.
 # (paged_mla.MLA_MODEL_TYPES: not imported here, below the runners.)
-TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa")
+TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "youtu")
 # Hybrid recurrent models (runners/paged_qwen3_next_tp.py): Gated DeltaNet layers by heads (each rank its
 # heads' states), gated attention layers by heads. (paged_qwen3_next.QWEN3_NEXT_TYPES.)
 TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")

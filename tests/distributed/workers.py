@@ -23,7 +23,7 @@ MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone
              "dots1", "hy_v3", "afmoe", "laguna", "mimo_v2_flash")
 # latent attention: heads split, the latent replicated (paged_mla_tp.py); GLM-5's sparse attention (index_topk 8,
 # past which the battery's rows run) with its indexers whole on every rank
-MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa")
+MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa", "youtu")  # Youtu-LLM: latent attention in dense layers
 # recurrent layers by heads, each rank its heads' states (OLMo Hybrid: the DeltaNet's projections apart, OLMo 3's
 # attention with its whole-projection q/k norms)
 # MiniMax: lightning layers by heads (each rank its heads' [H, D, D] states), their output norm's statistics over both

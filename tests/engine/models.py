@@ -216,6 +216,10 @@ def _config(kind: str, vocab: int, layers: int):
                                                     "original_max_position_embeddings": 64, "mscale": 1.0,
                                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
                                    **dict(llama_like, num_key_value_heads=4))
+    if kind == "youtu":  # Youtu-LLM: DeepSeek-V3's latent attention (r 24, dn 12, dr 8, dv 12, a query rank of 16,
+        # interleaved RoPE) in a dense Llama layer (SwiGLU MLPs of 96), the embedding tied
+        return tf.YoutuConfig(q_lora_rank=16, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
+                              **dict(llama_like, num_key_value_heads=4))
     if kind == "glm_moe_dsa":  # GLM-5: DeepSeek-V3's layer (interleaved RoPE) with DeepSeek Sparse Attention's indexer
         # (index_topk 8: the battery's rows pass it, so its keys are chosen), layer 1 reusing layer 0's choice; GLM-4.5's
         # routing

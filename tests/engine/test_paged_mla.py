@@ -136,6 +136,24 @@ def test_greedy_paged_equals_generate(kind, batch):
     specdec_fast.release_engines(target)
 
 
+@pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
+def test_youtu_a_dense_latent_attention_model(backend, device):
+    """Youtu-LLM (youtu): DeepSeek-V3's latent attention in a dense Llama layer, its embedding tied: the MLA runner's
+    logits equal the forward on every backend; greedy equals model.generate (a draft, prompt lookup, plain)."""
+    from .models import make_model
+
+    device = backend_device(backend, device)
+    model = make_model("youtu", vocab=VOCAB, layers=2).to(device)
+    model.generation_config.eos_token_id = None
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert paged_runner_class(model) is PagedMlaRunner and all(layer.moe is None for layer in runner.layers)
+    assert_runner_matches_forward(model, runner, VOCAB)
+    if backend == "cpp":
+        from .runner_checks import assert_greedy_paged_equals_generate
+
+        assert_greedy_paged_equals_generate(model, VOCAB)
+
+
 def test_a_token_tree_compacts_both_layers_of_an_entry(monkeypatch):
     """Tree decoding commits the accepted path through compact_kv, which moves every entry's two
     planes: here layers 0 / 1 share entry 0 and layer 2 has entry 1 alone. The tokens are greedy's."""
