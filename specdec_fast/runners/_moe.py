@@ -109,6 +109,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # Granite 4.0-H Tiny / Small (granitemoehybrid): softmax over the top-k float32 logits of the
                 # model-dtype router product, cast to the model dtype (GraniteMoeHybridTopKRouter)
                 "granitemoehybrid": ("topk_softmax_f32", False, True, "swiglu"),
+                "granitemoe": ("topk_softmax_f32", False, True, "swiglu"),  # Granite 3 MoE's router: the same ops
                 # AFMoE (Arcee Trinity): MiniMax-M2's choice (the block's expert_bias), the scores over their sum
                 # + 1e-20 times route_scale (float32); shared experts
                 "afmoe": ("sigmoid_topk", True, False, "swiglu"),

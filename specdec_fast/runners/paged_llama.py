@@ -84,12 +84,15 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # granite-4.0-micro, the Nano 350M / 1B): Granite's scalars, the MLP as shared_mlp's fused
                      # input_linear [gate | up] and output_linear (GraniteMlp); its hybrids' Mamba2 layers are refused
                      "granitemoehybrid",
+                     # Granite 3.0 / 3.1 MoE (granitemoe: 1B-A400M, 3B-A800M): Granite's scalars, Mixtral's experts
+                     # routed as Granite 4.0-H's (softmax over the top-k float32 logits)
+                     "granitemoe",
                      # Hy3 (hy_v3: tencent/Hy3-preview): Qwen3's attention, dense first layers (mlp_layer_types), then
                      # 192 experts chosen by sigmoid + the block's correction bias and scaled (runners/_moe.py), a
                      # shared MLP
                      "hy_v3")
 # The families with Granite's four scalars (GRANITE_SCALARS)
-GRANITE_TYPES = ("granite", "granitemoehybrid")
+GRANITE_TYPES = ("granite", "granitemoehybrid", "granitemoe")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
@@ -238,11 +241,14 @@ class GraniteMlp:
 
 
 def mlp_of(layer):
-    """A decoder layer's MLP module: ``mlp``, Llama 4's ``feed_forward``, or Granite 4.0's ``shared_mlp``
-    (as GraniteMlp)."""
+    """A decoder layer's MLP module: ``mlp``, Granite 3 MoE's ``block_sparse_moe``, Llama 4's ``feed_forward``, or
+    Granite 4.0's ``shared_mlp`` (as GraniteMlp)."""
     mlp = getattr(layer, "mlp", None)
     if mlp is not None:
         return mlp
+    moe = getattr(layer, "block_sparse_moe", None)  # Granite 3's MoE (granitemoe: its decoder layer holds no mlp)
+    if moe is not None:
+        return moe
     shared = getattr(layer, "shared_mlp", None)
     return GraniteMlp(shared) if shared is not None else layer.feed_forward
 

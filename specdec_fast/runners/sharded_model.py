@@ -28,6 +28,7 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 # summed branch on every rank; OLMoE's and MiniMax-M2's q/k norms over the whole projection take their
 # statistics over every rank's slice; EXAONE 3.x, InternLM3 and IQuest-Coder are Llama's model under other names.
 TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "ministral3", "smollm3", "phi3", "granite",
+                  "granitemoe",  # Granite 3 MoE: its block_sparse_moe read as the MoE's names (CHECKPOINT_RENAMES)
                   "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
                   # q/k norms over the whole projection: its statistics over every rank's slice (one more
                   # all-reduce of [T, 1] each)

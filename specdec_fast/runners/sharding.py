@@ -119,6 +119,12 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                       "kimi_linear": ((r"\.self_attn\.(f_a_proj|f_b_proj)\.", r".self_attn.forget_gate.\1."),
                                       (r"\.self_attn\.(dt_bias|A_log)$", r".self_attn.forget_gate.\1"),
                                       (r"\.block_sparse_moe\.", ".mlp.")),
+                      # Granite 3 MoE's block (block_sparse_moe: transformers' names, and the published input_linear /
+                      # output_linear / router.layer, as its conversion_mapping.py renames them) under the MoE's
+                      "granitemoe": ((r"\.block_sparse_moe\.input_linear\.weight$", ".mlp.experts.gate_up_proj"),
+                                     (r"\.block_sparse_moe\.output_linear\.weight$", ".mlp.experts.down_proj"),
+                                     (r"\.block_sparse_moe\.router\.(layer\.)?weight$", ".mlp.gate.weight"),
+                                     (r"\.block_sparse_moe\.", ".mlp.")),
                       # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)
                       "granitemoehybrid": ((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
                                            (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."))}

@@ -89,7 +89,7 @@ def test_shards_tile_every_tensor(kind, world):
 
 
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "llama4_text",
-             "hunyuan_v1_moe", "hy_v3", "afmoe")
+             "hunyuan_v1_moe", "hy_v3", "afmoe", "granitemoe")
 
 
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
@@ -722,6 +722,29 @@ def test_jamba_mamba_layers_are_split_by_channels():
         model.config.vocab_size, model.config.num_attention_heads, model.config.intermediate_size = 130, 5, 95
         model.config.num_key_value_heads = 5
         LlamaShardPlan.for_config(model.config, 5, 0)
+
+
+def test_granite_moe_reads_its_published_names(tmp_path):
+    """Granite 3 MoE's published block names (block_sparse_moe.input_linear / output_linear / router.layer, which
+    transformers renames on loading) read as the loaded model's shards."""
+    from safetensors.torch import save_file
+
+    from specdec_fast.runners.sharding import shards_from_safetensors
+
+    model = make_model("granitemoe")
+    published = {}
+    for name, tensor in model.state_dict().items():
+        for new, old in ((".experts.gate_up_proj", ".input_linear.weight"), (".experts.down_proj", ".output_linear.weight"),
+                         (".router.weight", ".router.layer.weight")):
+            name = name.replace(".block_sparse_moe" + new, ".block_sparse_moe" + old)
+        published[name] = tensor.contiguous()
+    assert any(".input_linear." in name for name in published) and any(".router.layer." in name for name in published)
+    model.config.save_pretrained(tmp_path)
+    save_file(published, str(tmp_path / "model.safetensors"))
+    for rank in range(2):
+        plan = LlamaShardPlan.for_config(model.config, 2, rank)
+        read, expected = shards_from_safetensors(str(tmp_path), plan), shards_from_state(model.state_dict(), plan)
+        assert read.keys() == expected.keys() and all(torch.equal(read[n], expected[n]) for n in read)
 
 
 def test_kimi_linear_is_split_by_heads_and_reads_its_published_names(tmp_path):

@@ -216,6 +216,11 @@ def _config(kind: str, vocab: int, layers: int):
                                                     "original_max_position_embeddings": 64, "mscale": 1.0,
                                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
                                    **dict(llama_like, num_key_value_heads=4))
+    if kind == "granitemoe":  # Granite 3 MoE: Granite's four scalars (none 1), 8 experts of 24, top 2, by softmax over
+        # the top-k float32 logits
+        return tf.GraniteMoeConfig(num_local_experts=8, num_experts_per_tok=2, embedding_multiplier=2.0,
+                                   residual_multiplier=0.7, attention_multiplier=0.2, logits_scaling=3.0,
+                                   **dict(llama_like, intermediate_size=24))
     if kind == "youtu":  # Youtu-LLM: DeepSeek-V3's latent attention (r 24, dn 12, dr 8, dv 12, a query rank of 16,
         # interleaved RoPE) in a dense Llama layer (SwiGLU MLPs of 96), the embedding tied
         return tf.YoutuConfig(q_lora_rank=16, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,

@@ -20,7 +20,7 @@ import specdec_fast.api as api
 from specdec_fast.kernels._backend import cpp_op_available
 from specdec_fast.runners import _moe
 from specdec_fast.runners._linear import linear
-from specdec_fast.runners.paged_llama import PagedLlamaRunner
+from specdec_fast.runners.paged_llama import PagedLlamaRunner, mlp_of
 from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device
@@ -29,7 +29,7 @@ from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_f
 
 VOCAB = 96
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2",
-         "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "hy_v3")
+         "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "hy_v3", "granitemoe")
 # which of the 2 layers are MoE (else both)
 MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True],
               "dots1": [False, True], "hy_v3": [False, True]}
@@ -85,6 +85,10 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         # by sigmoid + the block's correction bias, scaled by 2.5, an ungated shared MLP added in float32
         config = tf.HYV3Config(num_experts=16, moe_intermediate_size=32, num_shared_experts=1, router_scaling_factor=2.5,
                                enable_moe_fp32_combine=True, head_dim=16, mlp_layer_types=["dense", "sparse"], **common)
+    elif kind == "granitemoe":  # Granite 3 MoE: Granite's four scalars (none 1 here), Mixtral's experts (the block named
+        # block_sparse_moe) routed by softmax over the top-k float32 logits
+        config = tf.GraniteMoeConfig(num_local_experts=16, embedding_multiplier=2.0, residual_multiplier=0.7,
+                                     attention_multiplier=0.2, logits_scaling=3.0, **dict(common, intermediate_size=32))
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
@@ -102,9 +106,10 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
                 # HunYuan's, Hy3's q / k norms: not identities
                 param.uniform_(0.5, 1.5)
         for layer in model.model.layers:  # GLM-4.5's router bias (a buffer; MiniMax-M2's on the block): it changes which experts win
-            bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
-            bias = bias if bias is not None else getattr(layer.mlp, "e_score_correction_bias", None)
-            statics = getattr(getattr(layer.mlp, "gate", None), "moe_statics", None)  # ERNIE 4.5's
+            block = mlp_of(layer)  # (Granite 3 MoE's block_sparse_moe)
+            bias = getattr(getattr(block, "gate", None), "e_score_correction_bias", None)
+            bias = bias if bias is not None else getattr(block, "e_score_correction_bias", None)
+            statics = getattr(getattr(block, "gate", None), "moe_statics", None)  # ERNIE 4.5's
             bias = bias if statics is None else statics.e_score_correction_bias
             if bias is not None:
                 bias.normal_(0, 0.5)
@@ -126,7 +131,7 @@ def test_block_equals_transformers_on_every_path(kind, tokens, kernels, monkeypa
         pytest.skip("the C++ op did not build")
     device = backend_device(kernels, device)
     model = tiny_moe(kind).to(device)
-    block = next(layer.mlp for layer in model.model.layers if _moe.is_moe(layer.mlp))
+    block = next(mlp_of(layer) for layer in model.model.layers if _moe.is_moe(mlp_of(layer)))
     moe = _moe.MoE(block, model.config, kernels)
     assert moe.kernels == (None if kernels == "torch" else kernels)
     taken = []
