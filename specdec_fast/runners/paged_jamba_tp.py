@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from .paged_jamba import JAMBA_TYPES, PagedJambaRunner
 from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .mamba1 import Mamba1
+from .paged_recurrent import padded_bias_reason
 from .sharding_moe import layer_moe
 
 
@@ -22,11 +23,9 @@ def tp_jamba_unsupported_reason(model, max_tokens_per_row: int | None = None, ba
     config = getattr(model, "config", None)
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"a Mamba convolution with activation {config.hidden_act!r}"
-    if getattr(config, "mamba_proj_bias", False):
-        return "mamba_proj_bias: a padded position's biased projection would reach the convolution"
     if getattr(config, "sliding_window", None):
         return f"sliding_window {config.sliding_window}: Jamba's attention layers here are full"
-    return unbiased_shard_reason(model, JAMBA_TYPES, "Jamba", backend)
+    return padded_bias_reason(config, "mamba_proj_bias") or unbiased_shard_reason(model, JAMBA_TYPES, "Jamba", backend)
 
 
 def _mixer(get, config) -> Mamba1:
