@@ -152,6 +152,15 @@ SHARED_AS_WIDE = ("llama4_text", "hunyuan_v1_moe")
 EXPERTS_OF_INTERMEDIATE_SIZE = ("hunyuan_v1_moe",)
 
 
+def moe_or_mlp(layer, h: torch.Tensor, prefilling: bool) -> torch.Tensor:
+    """A decoder layer's feed-forward of h [T, H] -> [T, H] (a tensor-parallel rank's partial): its MoE block
+    (layer.moe, not None) or its gated MLP down(act(gate h) * up h) (layer.gate / up / down: (weight, bias), layer.act)
+    -- the hybrid runners' layers (Qwen3-Next, Jamba, Kimi Linear)."""
+    if layer.moe is not None:
+        return layer.moe(h, prefilling)
+    return linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
+
+
 def is_moe(mlp) -> bool:
     """Whether a decoder layer's mlp is a sparse MoE block (a router and 3-D `experts`: gated gate_up_proj, or
     Nemotron-H's ungated up_proj)."""

@@ -19,7 +19,7 @@ import torch
 
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, layers_moe_reason
+from ._moe import MoE, is_moe, layers_moe_reason, moe_or_mlp
 from .mamba1 import Mamba1, mamba1_forward
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import llama_rms_norm
@@ -109,10 +109,7 @@ class PagedJambaRunner(PagedRecurrentRunner):
                 o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
                 x = x + sum_(linear(o.reshape(total, -1), *layer.o))
             h = llama_rms_norm(x, layer.pre_ff)
-            if layer.moe is not None:
-                x = x + sum_(layer.moe(h, self._prefilling))
-            else:
-                x = x + sum_(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
+            x = x + sum_(moe_or_mlp(layer, h, self._prefilling))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = llama_rms_norm(x, self.final_norm)

@@ -27,7 +27,7 @@ import torch
 from ..kernels._backend import resolve_backend
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, layers_moe_reason
+from ._moe import MoE, is_moe, layers_moe_reason, moe_or_mlp
 from .kda import Kda, kda_forward
 from .paged_base import decoder_reason
 from .paged_mla import latent_reason, latent_triton_attention
@@ -148,10 +148,7 @@ class PagedKimiLinearRunner(PagedRecurrentRunner):
             else:
                 x = x + sum_(self._latent_attention(i, layer, h, attn_lens, cu, n))
             h = llama_rms_norm(x, layer.post)
-            if layer.moe is not None:
-                x = x + sum_(layer.moe(h, self._prefilling))
-            else:
-                x = x + sum_(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
+            x = x + sum_(moe_or_mlp(layer, h, self._prefilling))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = llama_rms_norm(x, self.final_norm)

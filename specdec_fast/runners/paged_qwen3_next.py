@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ._layer_math import linear_params, rope_cos_sin
 from ._linear import linear
-from ._moe import SHARED, MoE, is_moe, moe_reason
+from ._moe import SHARED, MoE, is_moe, moe_or_mlp, moe_reason
 from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import decoder_reason, head_dim_reason
@@ -227,10 +227,7 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
             else:
                 x = x + sum_(self._delta_net(layer.mixer, self.states[self._recurrent_index[i]], h, rows))
             h = qwen_norm(x, layer.ln_post)
-            if layer.moe is not None:
-                x = x + sum_(layer.moe(h, self._prefilling))
-            else:
-                x = x + sum_(linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
+            x = x + sum_(moe_or_mlp(layer, h, self._prefilling))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = qwen_norm(x, self.final_norm)
