@@ -43,3 +43,11 @@ def results_path(out: str | None, stem: str, device_name: str) -> Path:
     """--out, or bench/results/<stem>_<device name, spaces and slashes as _>.json."""
     tag = device_name.replace(" ", "_").replace("/", "_")
     return Path(out) if out else ROOT / "bench" / "results" / f"{stem}_{tag}.json"
+
+
+def triton_runs(device) -> bool:
+    """The Triton kernels run on ``device``: CUDA, or the interpreter (TRITON_INTERPRET=1, as the test suite sets:
+    a --smoke run's Triton ways then run interpreted)."""
+    from specdec_fast.kernels._backend import triton_available, triton_interpreting
+
+    return triton_available() and (str(device).startswith("cuda") or triton_interpreting())

@@ -17,10 +17,15 @@ largest difference: a prefill's chunks, and a score call's tokens at once.
     python bench/bench_delta_rule.py --gpu [--budget-s S] [--out bench/results/delta_rule_<device>.json]
         Qwen3-Next-80B's layer widths (16 key heads, 32 value heads of 128), one layer on the GPU: prefills of
         1k / 4k / 16k tokens (synchronised ms, median of 3) and score calls of 5 tokens at B 1 / 8 / 32 (CUDA-graph
-        replay us of each way), with the outputs' largest difference. Never run yet: whether the score block's
-        fewer ops pay where launches cost, and the chunked prefill's time.
+        replay us of each way), with the outputs' largest difference; the score rows also time the Triton path's
+        _score_fused (kernels/recurrent: the rule and every snapshot in one launch, ~8 launches a call with the
+        convolution's against the block's ~25). Never run yet: whether the score block's fewer ops pay where
+        launches cost, and the chunked prefill's time. Predicted for the fused way: <= 0.5x the block at B = 1
+        (launch-bound: a third of the launches), <= 0.7x at B = 32 (the snapshots written once from registers, where
+        the block writes a [B, n, Hv, Dk, Dv] temporary and scatters it: ~2.6x fewer state bytes moved).
     python bench/bench_delta_rule.py --smoke --out F
-        Tiny widths and lengths: not a measurement, a check that the script runs.
+        Tiny widths and lengths: not a measurement, a check that the script runs (the fused way too, interpreted,
+        where TRITON_INTERPRET=1).
 """
 import json
 import sys
@@ -29,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_args import check_mode, mode_device, mode_parser, results_path  # noqa: E402
+from bench_args import check_mode, mode_device, mode_parser, results_path, triton_runs  # noqa: E402
 from machine import versions  # noqa: E402
 
 CPU = dict(nk=4, nv=8, dk=128, dv=128, lengths=(64, 256, 1024), batches=(1, 8), queries=5, reps=3)
@@ -132,6 +137,14 @@ def main(argv=None) -> int:
         timings, diff = _compare(block, steps, shape["reps"], sync, graphs=args.gpu)
         row = {"call": "score", "B": batch, "tokens": n, "block_ms": timings[0], "steps_ms": timings[1],
                "block_vs_steps": timings[0] / timings[1], "max_abs_diff": diff}
+        if args.gpu or (args.smoke and triton_runs(device)):  # the Triton path's one launch (interpreted in --smoke)
+            rows_ = (None, real, slot, start)
+
+            def fused():
+                return runner._score_fused(net, st, by_row, beta, g, rows_)
+
+            (fused_ms, _), fused_diff = _compare(fused, block, shape["reps"], sync, graphs=args.gpu)
+            row.update(fused_ms=fused_ms, fused_vs_block=fused_ms / timings[0], fused_max_abs_diff=fused_diff)
         rows.append(row)
         print(json.dumps(row), flush=True)
         write()

@@ -16,9 +16,13 @@ it, over the same inputs, with the outputs' largest difference:
         0.78x at B = 8; outputs within 2.2e-6.
     python bench/bench_mamba2.py --gpu [--budget-s S] [--out bench/results/mamba2_<device>.json]
         Nemotron-H 8B's widths (128 heads of 64, 8 groups of state 128; hidden 4096), bf16: prefills of 1k / 4k
-        tokens (synchronised ms) and score calls of 5 tokens at B 1 / 8 / 32 (CUDA-graph replay us). Never run yet.
+        tokens (synchronised ms) and score calls of 5 tokens at B 1 / 8 / 32 (CUDA-graph replay us), the score rows also
+        the Triton path's one launch (kernels/recurrent, q = C, k = B over the [P, N] state). Never run yet. Predicted
+        for the fused way: <= 0.5x the block at B = 1 (launch-bound), <= 0.7x at B = 32 (the snapshots from
+        registers, no [B, n, H, P, N] temporary).
     python bench/bench_mamba2.py --smoke --out F
-        Tiny widths: not a measurement, a check that the script runs and the ways agree.
+        Tiny widths: not a measurement, a check that the script runs and the ways agree (the fused way interpreted,
+        where TRITON_INTERPRET=1).
 """
 import json
 import sys
@@ -27,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_args import check_mode, mode_device, mode_parser, results_path  # noqa: E402
+from bench_args import check_mode, mode_device, mode_parser, results_path, triton_runs  # noqa: E402
 from machine import versions  # noqa: E402
 
 CPU = dict(hidden=1024, heads=32, head_dim=64, groups=8, state=128, lengths=(256, 1024), batches=(1, 8), queries=5,
@@ -134,6 +138,17 @@ def main(argv=None) -> int:
             row = {"call": "score", "B": batch, "tokens": n, "block_ms": block_ms, "one_token_calls_ms": steps_ms,
                    "block_vs_calls": block_ms / steps_ms,
                    "max_abs_diff": float((block().float() - one_at_a_time().float()).abs().max())}
+            if args.gpu or (args.smoke and triton_runs(device)):  # the Triton path's one launch (interpreted in --smoke)
+                fused_st = RecurrentStates(*net.shapes, batch, n, shape["dtype"], device, fused=True)
+                fused_st.rec.copy_(st.rec)
+                fused_st.conv.copy_(st.conv)
+
+                def fused():
+                    return mamba2_forward(net, fused_st, h, rows_block, prefilling=False).view(batch, n, -1)
+
+                fused_ms = median_ms(fused, shape["reps"], sync, args.gpu)
+                row.update(fused_ms=fused_ms, fused_vs_block=fused_ms / block_ms,
+                           fused_max_abs_diff=float((fused().float() - block().float()).abs().max()))
             rows.append(row)
             print(json.dumps(row), flush=True)
             write()

@@ -1,5 +1,6 @@
 """bench/bench_delta_rule.py --smoke: the CPU measurement's code at tiny widths, so that it runs: both
-rules give the same outputs (5 tokens: one chunk; 70: two, the last padded)."""
+rules give the same outputs (5 tokens: one chunk; 70: two, the last padded), and the Triton path's fused score
+call gives the block's (interpreted)."""
 import json
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ def test_smoke_rows(tmp_path):
         ("score", b) for b in smoke["batches"]]
     for row in rows:
         assert row["max_abs_diff"] < 1e-5 and row["steps_ms"] > 0
+    if bench_delta_rule.triton_runs("cpu"):  # the Triton path's one launch, interpreted: the block's outputs
+        assert all(row["fused_max_abs_diff"] < 1e-5 and row["fused_ms"] > 0 for row in rows if row["call"] == "score")
 
 
 def test_smoke_needs_an_out_path():

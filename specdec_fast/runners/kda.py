@@ -11,10 +11,11 @@ The math is transformers 5.24's KimiLinearDeltaAttention, eval mode, per head h 
     out = o_proj(RMSNormGated(o, g_b(g_a x)))             (a norm over each head's D, its weight in float32, times
                                                            sigmoid of the gate in float32)
 A score call runs its tokens one by one from each row's state (transformers' recurrent rule, op for op), writing a
-snapshot after each; a prefill runs transformers' chunk form (chunk_kimi_delta_attention's algebra, its forward
+snapshot after each (on the Triton path one launch: kernels/recurrent, the state tile in registers); a prefill runs
+transformers' chunk form (chunk_kimi_delta_attention's algebra, its forward
 substitution as one triangular solve a chunk, as runners/paged_qwen3_next.py's prefill) a chunk of CHUNK tokens at a
 time from a zero state, keeping the last. Padded positions (a row's first columns) have q = k = v
-= 0, g = 0 and beta = 0: no decay, no update. torch ops on every backend (no kernel; not timed on a GPU).
+= 0, g = 0 and beta = 0: no decay, no update. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
@@ -125,6 +126,12 @@ def kda_forward(net: Kda, st, h: torch.Tensor, rows: tuple, prefilling: bool) ->
         o, state = kda_chunks(*(t.transpose(1, 2) for t in (q, k, v, g)), beta.float().transpose(1, 2))
         st.rec[:batch].copy_(state)
         o = o.transpose(1, 2)  # [B, n, H, D]
+    elif st.fused:  # the Triton path: the rule, the L2 norms and every snapshot in one launch (kernels/recurrent)
+        windows = conv_windows(st.start_conv(batch, start).to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+        y = F.silu(depthwise(windows, net.conv, None)).to(by_row.dtype).transpose(1, 2).contiguous()  # [B, n, 3 H D]
+        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+        q, k, v = (t.view(batch, n, net.heads, net.dim) for t in y.split(net.heads * net.dim, dim=-1))
+        o = st.steps(q, k, v, g, rows, beta=beta, qk_norm=True, scale=net.dim ** -0.5)
     else:
         conv, state = st.start(batch, start)
         windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]

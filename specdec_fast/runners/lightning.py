@@ -13,8 +13,9 @@ token: the same sums. Here a call's tokens run in chunks of CHUNK columns: withi
 (r: a token's rank among its row's real tokens, p: the rank of the last real token before the chunk, S_p the
 state after it), in float32 with the state (transformers keeps it in the model dtype). A score call's tokens
 write the state after each as its snapshot; a prefill keeps the last. Padded positions (a row's first columns)
-have k = v = 0 and no rank of their own: they neither decay nor update the state. No kernel: torch ops on every
-backend (not timed on a GPU).
+have k = v = 0 and no rank of their own: they neither decay nor update the state. On the Triton path a score call
+is one launch instead (kernels/recurrent: the state tile in registers, token by token, every snapshot stored from
+it; the prefill stays torch ops). Not timed on a GPU.
 """
 import torch
 
@@ -101,14 +102,16 @@ def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilli
     by_row = torch.cat((qkv, torch.zeros_like(qkv[:1])))[index].float()  # [B, n, H, 3D]: padding zeros
     q, k, v = by_row.permute(0, 2, 1, 3).split(dim, dim=-1)  # [B, H, n, D] each
     rank = real.long().cumsum(1) - 1
-    if prefilling:
+    if not prefilling and st.fused:  # the Triton path: the scan and every snapshot in one launch (kernels/recurrent)
+        g = (-net.slope)[None, None].expand(batch, n, heads)  # the head's decay at every real token
+        q, k, v = by_row.split(dim, dim=-1)  # [B, n, H, D] each
+        o = st.steps(q, k, v, g, rows).transpose(1, 2)  # [B, H, n, D]
+    elif prefilling:
         state = torch.zeros(batch, heads, dim, dim, dtype=torch.float32, device=h.device)
-    else:
-        state = st.start(batch, start)[1]
-    o, state, after = lightning_scan(net.slope, q, k, v, rank, state, snapshots=not prefilling)
-    if prefilling:
+        o, state, _ = lightning_scan(net.slope, q, k, v, rank, state, snapshots=False)
         st.rec[:batch].copy_(state)
     else:  # the snapshot after each token (a padded column writes the spare slot)
+        o, _, after = lightning_scan(net.slope, q, k, v, rank, st.start(batch, start)[1], snapshots=True)
         st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = after
     packed = torch.zeros(total + 1, heads * dim, dtype=h.dtype, device=h.device)
     packed.index_copy_(0, index.reshape(-1), o.transpose(1, 2).reshape(batch * n, -1).to(h.dtype))

@@ -12,9 +12,10 @@ mode, per token (C channels of intermediate_size, state N, time-step rank R):
     S_t = exp(dt A) * S_{t-1} + (dt x) B^T        S [C, N] float32, A = -exp(A_log) [C, N]
     y = S_t C' + D x;  out = out_proj(y * silu(z))
 Every call runs the tokens one by one from each row's state (transformers' scan loop; a score call's K + 1
-tokens write a snapshot after each, a prefill keeps the last state only) -- no block form, no kernel yet: a long
-prompt's prefill is a loop of its length (torch ops on every backend; not timed on a GPU). Padded positions
-(a row's first columns) neither decay nor update the state.
+tokens write a snapshot after each, a prefill keeps the last state only). On the Triton path a score call's scan is
+one launch (_fused_scan: kernels/recurrent, each channel a head of [N, 1], y = S C' in float32); the prefill has no
+block form or kernel yet: a long prompt's prefill is a loop of its length in torch ops (not timed on a GPU). Padded
+positions (a row's first columns) neither decay nor update the state.
 """
 import torch
 import torch.nn.functional as F
@@ -59,25 +60,39 @@ class Mamba1:
         t32 = t.float()
         return (t32 * torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + self.rms_eps)).type_as(t)
 
-    def ssm_inputs(self, x: torch.Tensor, real: torch.Tensor) -> tuple:
-        """The convolution's output x [B, n, C] (after silu, model dtype) of a call's rows -> the update
-        (dt B^T) x [B, n, C, N] float32 (in mamba_selective_scan's order), C' [B, n, N] (model dtype), the decay
-        exp(dt A) [B, n, C, N] (1 at padding: no decay; the update 0 there)."""
+    def time_step(self, x: torch.Tensor, real: torch.Tensor) -> tuple:
+        """The convolution's output x [B, n, C] (after silu, model dtype) of a call's rows -> dt [B, n, C] (model
+        dtype, 0 at padding), B and C' [B, n, N] (model dtype)."""
         dt, b, c = torch.split(self.reduce(linear(x, *self.x_proj)), [self.rank, self.state, self.state], dim=-1)
         if self.rms_eps is not None:
             dt, b, c = self._weightless(dt), self._weightless(b), self._weightless(c)
         elif self.norms is not None:  # Jamba's: x_normed in the input dtype, times the weight
             dt, b, c = (rms_norm_reference(t, *norm) for t, norm in zip((dt, b, c), self.norms))
         dt = dt @ self.dt_weight.t()  # MambaMixer: dt_proj.weight @ time_step (its bias added in the scan)
-        dt = F.softplus(dt + self.dt_bias.to(dt.dtype)) * real[..., None]
-        decay = torch.exp(-self.a_log.float().exp() * dt[..., None])  # [B, n, C, N]
-        update = dt[..., None] * b.float()[..., None, :] * x.float()[..., None]
-        return update, c, decay
+        return F.softplus(dt + self.dt_bias.to(dt.dtype)) * real[..., None], b, c
 
-    def output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype) -> torch.Tensor:
-        """y [T, C] (S C'), x [T, C] the convolution's output, z [T, C] -> out_proj((y + D x) * silu(z)), D in
-        float32 (as transformers passes it)."""
-        return linear(((y + x * self.d.float()) * F.silu(z)).to(dtype), *self.out)
+    def log_decay(self, dt: torch.Tensor) -> torch.Tensor:
+        """dt A [B, n, C, N] float32 (A = -exp(A_log); 0 at padding)."""
+        return -self.a_log.float().exp() * dt[..., None]
+
+    def ssm_inputs(self, x: torch.Tensor, real: torch.Tensor) -> tuple:
+        """The convolution's output x [B, n, C] (after silu, model dtype) of a call's rows -> the update
+        (dt B^T) x [B, n, C, N] float32 (in mamba_selective_scan's order), C' [B, n, N] (model dtype), the decay
+        exp(dt A) [B, n, C, N] (1 at padding: no decay; the update 0 there)."""
+        dt, b, c = self.time_step(x, real)
+        update = dt[..., None] * b.float()[..., None, :] * x.float()[..., None]
+        return update, c, torch.exp(self.log_decay(dt))
+
+    def output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype, index: torch.Tensor) -> torch.Tensor:
+        """y [B, n, C] (S C'), x [B, n, C] the convolution's output (each row's tokens, padding first), z [T, C] (the
+        call's packed tokens), index [B, n] (_row_layout's) -> out_proj((y + D x) * silu(z)) [T, H], D in float32
+        (as transformers passes it)."""
+        total, rows = z.shape[0], index.reshape(-1)
+        packed = torch.zeros(total + 1, self.channels, dtype=y.dtype, device=y.device)
+        packed.index_copy_(0, rows, y.reshape(rows.shape[0], -1))
+        xs = torch.zeros(total + 1, self.channels, dtype=x.dtype, device=x.device)
+        xs.index_copy_(0, rows, x.reshape(rows.shape[0], -1))
+        return linear(((packed[:total] + xs[:total] * self.d.float()) * F.silu(z)).to(dtype), *self.out)
 
 
 def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
@@ -86,7 +101,6 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
     or the last snapshot) in a score call, a snapshot written after each token."""
     index, real, slot, start = rows
     batch, n = index.shape
-    total = h.shape[0]
     x, z = linear(h, *net.in_proj).chunk(2, dim=-1)
     by_row = torch.cat((x, torch.zeros_like(x[:1])))[index]  # [B, n, C]: each row's tokens last, padding zeros
     ids = torch.arange(batch, device=h.device)
@@ -94,12 +108,14 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
         y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)
         st.conv[:batch].copy_(last)
         state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
-    else:
-        conv, state = st.start(batch, start)
+    else:  # (the fused scan reads each row's recurrent state in its kernel)
+        conv, state = (st.start_conv(batch, start), None) if st.fused else st.start(batch, start)
         windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
         y = depthwise(windows, net.conv, net.conv_bias)
         st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
     xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
+    if not prefilling and st.fused:  # the Triton path: the scan and every snapshot in one launch (kernels/recurrent)
+        return net.output(_fused_scan(net, st, xs.contiguous(), rows), xs, z, h.dtype, index)
     outs = []
     for begin in range(0, n, SCAN_CHUNK):  # the scan's inputs a chunk at a time: [B, chunk, C, N] each, not [B, n, C, N]
         update, c, decay = net.ssm_inputs(xs[:, begin:begin + SCAN_CHUNK], real[:, begin:begin + SCAN_CHUNK])
@@ -111,8 +127,14 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
                 st.rec_tent[ids, slot[:, begin + i]] = state
     if prefilling:
         st.rec[:batch].copy_(state)
-    packed = torch.zeros(total + 1, net.channels, dtype=c.dtype, device=h.device)
-    packed.index_copy_(0, index.reshape(-1), torch.stack(outs, dim=1).reshape(batch * n, -1))
-    xs_packed = torch.zeros_like(packed)
-    xs_packed.index_copy_(0, index.reshape(-1), xs.reshape(batch * n, -1))
-    return net.output(packed[:total], xs_packed[:total], z, h.dtype)
+    return net.output(torch.stack(outs, dim=1), xs, z, h.dtype, index)
+
+
+def _fused_scan(net: Mamba1, st, xs: torch.Tensor, rows: tuple) -> torch.Tensor:
+    """A score call's scan through kernels/recurrent (RecurrentStates.steps): each channel c a head whose [N, 1] state
+    decays by exp(dt_c A[c]) per key, k = B and q = C' shared by every channel, v = dt_c x_c -> y = S C' [B, n, C]
+    float32 (transformers' slow path multiplies S C' in the model dtype: these differ by its rounding)."""
+    batch, n, channels = xs.shape
+    dt, b, c = net.time_step(xs, rows[1])
+    v = (dt.float() * xs.float())[..., None]  # [B, n, C, 1]
+    return st.steps(c[:, :, None], b[:, :, None], v, net.log_decay(dt), rows)[..., 0]

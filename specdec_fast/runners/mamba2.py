@@ -21,9 +21,10 @@ over the call, x~_j = dt_j x_j,
     y_t = e^(G_t) S_0 C_t + sum_(j <= t) e^(G_t - G_j) (C_t . B_j) x~_j + D x_t
     S_t = e^(G_t) S_0 + sum_(j <= t) e^(G_t - G_j) x~_j B_j^T
 (mamba2_chunk_scan's within-chunk form, SSD), every snapshot S_t from one einsum; a prefill runs it in chunks
-of PREFILL_CHUNK from zero states, the state carried (only the last one kept). Padded positions (a row's
-first columns) neither decay nor update the state. No Triton kernel yet (torch ops on every backend; not
-timed on a GPU).
+of PREFILL_CHUNK from zero states, the state carried (only the last one kept); on the Triton path a score call's
+scan is one launch instead (kernels/recurrent: the [P, N] state tile in registers, token by token, every snapshot
+stored from it; the prefill stays torch ops). Padded positions (a row's first columns) neither decay nor update
+the state. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
@@ -71,15 +72,15 @@ class Mamba2:
             projected = projected * self.mup
         return torch.split(projected, [inner, self.channels, self.heads], dim=-1)
 
-    def ssm_inputs(self, xbc: torch.Tensor, dt: torch.Tensor, real: torch.Tensor) -> tuple:
+    def ssm_inputs(self, xbc: torch.Tensor, dt: torch.Tensor, real: torch.Tensor, per_head: bool = True) -> tuple:
         """The convolution's output xBC [B, n, C] (after silu, model dtype) and raw dt [B, n, H] of a call's rows
-        -> float32 x [B, n, H, P], x~ = dt x, B / C per head [B, n, H, N], a = dt A [B, n, H] (0 at padding: no
-        decay; x~ 0 there too: no update)."""
+        -> float32 x [B, n, H, P], x~ = dt x, B / C per head [B, n, H, N] (per group [B, n, G, N] unless per_head),
+        a = dt A [B, n, H] (0 at padding: no decay; x~ 0 there too: no update)."""
         batch, n = real.shape
         inner, width = self.heads * self.head_dim, self.groups * self.state
         x, b, c = torch.split(xbc, [inner, width, width], dim=-1)
         x = x.float().reshape(batch, n, self.heads, self.head_dim)
-        per = self.heads // self.groups
+        per = self.heads // self.groups if per_head else 1
         b, c = (t.float().reshape(batch, n, self.groups, self.state).repeat_interleave(per, dim=2) for t in (b, c))
         dt = F.softplus(dt + self.dt_bias.to(dt.dtype)).clamp(min=self.dt_min).float() * real[..., None]
         a = -self.a_log.float().exp() * dt  # [B, n, H]
@@ -139,6 +140,13 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
             outs.append(out)
         st.rec[:batch].copy_(state)
         y = torch.cat(outs, dim=1)
+    elif st.fused:  # the Triton path: the scan and every snapshot in one launch (kernels/recurrent, q = C, k = B)
+        ids = torch.arange(batch, device=h.device)
+        windows = conv_windows(st.start_conv(batch, start).to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+        y = F.silu(depthwise(windows, net.conv, net.conv_bias)).to(xbc.dtype).transpose(1, 2).contiguous()  # [B, n, C]
+        x, xt, b, c, a = net.ssm_inputs(y, dt, real, per_head=False)
+        y = st.steps(c, b, xt, a, rows, layout="vk") + net.d.float()[:, None] * x
+        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
     else:
         ids = torch.arange(batch, device=h.device)
         conv, rec = st.start(batch, start)

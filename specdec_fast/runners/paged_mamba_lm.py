@@ -11,7 +11,7 @@ modeling_mamba.py, modeling_falcon_mamba.py), eval mode:
     logits = lm_head(norm_f(x) in the LM head's dtype)
 with every RMSNorm Llama's. Mamba2's mixer is Nemotron-H's (its gated norm over groups of intermediate / n_groups
 channels; dt clamped to time_step_limit's lower end: a finite upper end is refused); Mamba's and Falcon-Mamba's
-run token by token (runners/mamba1.py). No layer attends: the pool keeps one unused KV layer for its admission
+run token by token (runners/mamba1.py; a score call's scan one Triton launch on the Triton path). No layer attends: the pool keeps one unused KV layer for its admission
 bookkeeping (PagedRecurrentRunner.kv_layer_count). Token trees are refused. A projection bias (use_bias) is refused:
 transformers zeroes a padded position's input, whose biased projection would then reach the convolution. No
 tensor-parallel runner. Not timed on a GPU.

@@ -46,6 +46,7 @@ class _TPLayer:
             heads = plan.local_heads
             slope = slope_rates(config.num_attention_heads, index, config.num_hidden_layers)
             slope = slope[plan.rank * heads:(plan.rank + 1) * heads].to(dtype).float()  # the buffer's cast
+            slope = slope.to(get("self_attn.qkv_proj.weight").device)  # beside the weights (a CUDA rank's, not the CPU)
             self.mixer = Lightning(*((get(f"self_attn.{p}.weight"), None) for p in ("qkv_proj", "output_gate",
                                                                                       "out_proj")),
                                    (get("self_attn.norm.weight"), NORM_EPS), ACT2FN[config.hidden_act], heads,

@@ -26,8 +26,9 @@ A prefill runs the delta rule in chunks of PREFILL_CHUNK tokens (_prefill_chunks
 updates solve as one unit lower-triangular system, the state carried across chunks -- the WY form of
 FLA's and transformers' chunked kernels; the convolution over each row at once); a score call runs its
 n tokens at once from each row's state (_score_block: one n x n solve per head, every snapshot from one
-einsum; _steps, transformers' recurrent rule token by token, is its reference). Neither has a Triton
-kernel yet (torch ops on every backend; not timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees are
+einsum; _steps, transformers' recurrent rule token by token, is its reference); on the Triton path a score
+call's delta rule is one launch (_score_fused: kernels/recurrent, the state tile in registers, every snapshot
+stored from it), the prefill stays torch ops (neither timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees are
 refused (each node would need its own state along its branch) with an UnsupportedModelError. Tensor
 parallelism: runners/paged_qwen3_next_tp.py (each rank its heads' states).
 """
@@ -250,6 +251,8 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         by_row, beta, g = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (mixed, beta, g))  # [B, n, ...]
         if self._prefilling:
             core = self._prefill_chunks(net, st, by_row, beta, g)
+        elif st.fused:
+            core = self._score_fused(net, st, by_row, beta, g, rows)
         else:
             core = self._score_block(net, st, by_row, beta, g, real, slot, start)
         packed = torch.zeros(total + 1, net.nv, net.dv, dtype=h.dtype, device=h.device)
@@ -325,6 +328,21 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         st.rec_tent[ids[:, None], slot] = snaps.transpose(1, 2)  # [B, n, Hv, Dk, Dv]
         st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
         return out.transpose(1, 2)
+
+    @staticmethod
+    def _score_fused(net, st, by_row, beta, g, rows) -> torch.Tensor:
+        """A score call on the Triton path: the convolution windows as _score_block's, then the delta rule, the L2
+        norms, the key heads' repeat and every snapshot in one launch (RecurrentStates.steps) -> outputs [B, n, Hv, Dv]
+        float32."""
+        _, real, slot, start = rows
+        batch, n = real.shape
+        windows = conv_windows(st.start_conv(batch, start), by_row, real, net.kernel)  # [B, C, n, K]
+        y = F.silu(depthwise(windows, net.conv, net.conv_bias)).to(by_row.dtype).transpose(1, 2).contiguous()
+        q, k, v = torch.split(y, [net.nk * net.dk, net.nk * net.dk, net.nv * net.dv], dim=-1)
+        ids = torch.arange(batch, device=by_row.device)
+        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+        return st.steps(q.view(batch, n, net.nk, net.dk), k.view(batch, n, net.nk, net.dk),
+                        v.view(batch, n, net.nv, net.dv), g, rows, beta=beta, qk_norm=True, scale=net.dk ** -0.5)
 
     def _prefill_chunks(self, net, st, by_row, beta, g) -> torch.Tensor:
         """A prefill from zero states: the convolution over each row at once, the delta rule in chunks of

@@ -49,20 +49,39 @@ class RecurrentStates:
     ...]: the last slot takes a score call's padded positions' writes, which then never land on a real
     token's)."""
 
-    def __init__(self, conv: tuple, rec: tuple, max_batch: int, tentative: int, dtype, device):
+    def __init__(self, conv: tuple, rec: tuple, max_batch: int, tentative: int, dtype, device, fused: bool = False):
         self.conv = torch.zeros(max_batch, *conv, dtype=dtype, device=device)
         self.rec = torch.zeros(max_batch, *rec, dtype=torch.float32, device=device)
         self.conv_tent = torch.zeros(max_batch, tentative + 1, *conv, dtype=dtype, device=device)
         self.rec_tent = torch.zeros(max_batch, tentative + 1, *rec, dtype=torch.float32, device=device)
+        # a score call's recurrence through kernels/recurrent's one launch (the runner's Triton path: steps());
+        # else the layer's torch forms (the block and chunk forms batch a call's tokens into a few large ops)
+        self.fused = fused
 
     def start(self, batch: int, start: torch.Tensor) -> tuple:
         """Each row's state a score call starts from: (conv [B, C, K - 1], rec [B, ...]) the committed ones
         where start < 0, else snapshot start (_row_layout's)."""
         ids = torch.arange(batch, device=start.device)
         first, fresh = start.clamp(min=0), start < 0
-        conv = torch.where(fresh[:, None, None], self.conv[:batch], self.conv_tent[ids, first])
         rec = torch.where(fresh.view(-1, *(1,) * (self.rec.dim() - 1)), self.rec[:batch], self.rec_tent[ids, first])
-        return conv, rec
+        return self.start_conv(batch, start), rec
+
+    def start_conv(self, batch: int, start: torch.Tensor) -> torch.Tensor:
+        """start's convolution windows alone [B, C, K - 1] (steps() reads the recurrent state in its kernel)."""
+        ids = torch.arange(batch, device=start.device)
+        return torch.where((start < 0)[:, None, None], self.conv[:batch], self.conv_tent[ids, start.clamp(min=0)])
+
+    def steps(self, q, k, v, g, rows: tuple, **options) -> torch.Tensor:
+        """A score call's recurrence (kernels/recurrent.recurrent_steps, the Triton backend) from each row's starting
+        state, every token's snapshot written to its slot (rows: PagedRecurrentRunner._row_layout's) -> o [B, n, Hv,
+        Dv] float32. options: recurrent_steps' beta, qk_norm, scale, layout."""
+        from ..kernels.recurrent import recurrent_steps
+
+        _, real, slot, start = rows
+        rec, tent = self.rec, self.rec_tent
+        if rec.dim() == 3:  # Mamba1's [C, N] state: C heads of [N, 1]
+            rec, tent = rec.unsqueeze(-1), tent.unsqueeze(-1)
+        return recurrent_steps(q, k, v, g, rec, tent, start, slot, real, backend="triton", **options)
 
 
 class PagedRecurrentRunner(PagedRunnerBase):
@@ -96,8 +115,8 @@ class PagedRecurrentRunner(PagedRunnerBase):
         self._allocate_states(max_batch)
 
     def _allocate_states(self, max_batch: int) -> None:
-        self.states = [RecurrentStates(conv, rec, max_batch, self.max_tentative, self.dtype, self.device)
-                       for conv, rec in self.recurrent_shapes]
+        self.states = [RecurrentStates(conv, rec, max_batch, self.max_tentative, self.dtype, self.device,
+                                       fused=self.kernels == "triton") for conv, rec in self.recurrent_shapes]
         self._tentative_capacity = self.max_tentative
 
     def kv_sizes(self, max_batch: int, max_tokens_per_row: int) -> tuple:

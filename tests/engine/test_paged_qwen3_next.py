@@ -139,12 +139,16 @@ def test_static_graph_twin_gives_the_eager_tokens():
     assert_static_twin_gives_eager_tokens(tiny_qwen3_next(seed=3), VOCAB)
 
 
-def test_controls_the_rollback_and_the_chained_snapshots(monkeypatch):
+@pytest.mark.parametrize("backend", [None, "triton"])
+def test_controls_the_rollback_and_the_chained_snapshots(monkeypatch, backend):
     """Spoiled: (1) commit leaves the committed states as they were (no rollback to the kept tokens'
     snapshot); (2) every score call starts from the committed state (ignoring an uncommitted call before
-    it). Either moves the logits off the forward's, which assert_runner_matches_forward checks."""
+    it). Either moves the logits off the forward's, which assert_runner_matches_forward checks; on the Triton
+    path too (the fused score call reads each row's start and writes the snapshots commit selects)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
     assert_rollback_controls_fail(monkeypatch, PagedQwen3NextRunner, tiny_qwen3_next(), VOCAB, max_new_tokens=8,
-                                  num_draft_tokens=3, block_size=4)
+                                  num_draft_tokens=3, block_size=4, backend=backend)
 
 
 def test_trees_are_refused():
@@ -210,27 +214,33 @@ def test_long_prompts_prefill_in_chunks(chunk, monkeypatch):
         torch.testing.assert_close(step[b, 0], expected[-1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("way", ["_score_block", "_score_fused"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_score_block_equals_the_token_steps(seed):
-    """_score_block (a score call's tokens at once: the runner's) against _steps (transformers' recurrent rule,
-    token by token: its reference) from the same committed and snapshot states, rows with 0-3 padded
-    positions and a second call chained on the first's snapshots: the same outputs, snapshots and conv
-    windows, to float32 rounding."""
+def test_a_score_block_equals_the_token_steps(seed, way):
+    """_score_block (a score call's tokens at once: the runner's torch form) and _score_fused (the Triton path's one
+    launch, kernels/recurrent; the interpreter here) against _steps (transformers' recurrent rule, token by token:
+    their reference) from the same committed and snapshot states, rows with 0-3 padded positions and a second call
+    chained on the first's snapshots: the same outputs, snapshots and conv windows, to float32 rounding."""
+    if way == "_score_fused":
+        pytest.importorskip("triton")
     model = tiny_qwen3_next(seed=seed)
     outs = {}
-    for way in ("_score_block", "_steps"):
-        runner = PagedQwen3NextRunner(model, max_new_tokens=8, num_draft_tokens=4, block_size=4)
-        if way == "_steps":
+    for name in (way, "_steps"):
+        runner = PagedQwen3NextRunner(model, max_new_tokens=8, num_draft_tokens=4, block_size=4,
+                                      backend="triton" if name == "_score_fused" else None)
+        if name == "_steps":
             runner._score_block = runner._steps
         ids, mask = left_padded_prompts([5, 9, 2], vocab=VOCAB, seed=seed)
         runner.prefill(ids, mask)
         gen = torch.Generator().manual_seed(seed)
         first = runner.score(torch.randint(3, VOCAB, (3, 3), generator=gen), torch.tensor([3, 1, 2]))
         second = runner.score(torch.randint(3, VOCAB, (3, 2), generator=gen), torch.tensor([2, 2, 1]))
-        outs[way] = (first, second, [(s.rec_tent.clone(), s.conv_tent.clone()) for s in runner.states])
-    block, steps = outs["_score_block"], outs["_steps"]
-    for got, want in zip(block[:2], steps[:2]):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        outs[name] = (first, second, [(s.rec_tent.clone(), s.conv_tent.clone()) for s in runner.states])
+    block, steps = outs[way], outs["_steps"]
+    for got, want, valid in zip(block[:2], steps[:2], ([3, 1, 2], [2, 2, 1])):
+        n = got.shape[1]  # each row's tokens last: its padded columns' logits are no token's (backends differ there)
+        real = torch.arange(n)[None, :] >= n - torch.tensor(valid)[:, None]
+        torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
     for (rec, conv), (rec_ref, conv_ref) in zip(block[2], steps[2]):  # the spare slot (last) holds padding's writes
         torch.testing.assert_close(rec[:, :-1], rec_ref[:, :-1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(conv[:, :-1], conv_ref[:, :-1], atol=1e-5, rtol=1e-5)  # later layers: inputs differ by rounding

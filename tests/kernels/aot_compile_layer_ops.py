@@ -139,7 +139,31 @@ def main() -> None:
         info = compile_kernel(grouped._moe_grouped_kernel, ptrs, consts, floats=("alpha", "limit"), specialise=strides,
                               num_stages=grouped.NUM_STAGES)
         print("moe_grouped", dt, "BLOCK_M", rows, info)
+    compile_recurrent_steps()
     print("layer ops ok")
+
+
+def compile_recurrent_steps() -> None:
+    """kernels/recurrent's score-call kernel in the four forms the runners launch, at their models' sizes: the Gated
+    DeltaNet (Qwen3-Next: bf16 q / k / v, 128 x 128 heads), KDA (Kimi Linear: a decay a key channel), Mamba2
+    (Nemotron-H: float32 v = dt x, the [P, N] = [64, 128] layout) and lightning (MiniMax: float32, 128 x 128)."""
+    from specdec_fast.kernels.recurrent import triton as recurrent
+
+    forms = {"gated_deltanet": ("bf16", 128, 128, False, True, True), "kda": ("bf16", 128, 128, True, True, True),
+             "mamba2": ("fp32", 128, 64, False, False, False), "lightning": ("fp32", 128, 128, False, False, False)}
+    for name, (dt, dk, dv, per_key, delta, norm) in forms.items():
+        ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32", "beta_ptr": f"*{dt}",
+                "real_ptr": "*u8", "start_ptr": "*i64", "slot_ptr": "*i64", "committed_ptr": "*fp32",
+                "snap_ptr": "*fp32", "o_ptr": "*fp32"}
+        block_k = triton.next_power_of_2(dk)
+        consts = dict(DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=min(dv, recurrent.TILE_ELEMENTS // block_k),
+                      G_PER_KEY=per_key, DELTA=delta, QK_NORM=norm, EPS=1e-6)
+        kernel = compile_sm90(recurrent._recurrent_steps_kernel, consts, {"scale": "fp32", **ptrs}, num_warps=4)
+        from aot_compile_attention import ptxas_spills  # here: that module imports this one
+
+        spills = ptxas_spills(kernel)
+        print("recurrent_steps", name, "shared", kernel.metadata.shared, "spill bytes", spills)
+        assert not spills, (name, spills)  # the [Dk, BLOCK_V] state tile stays in registers
 
 
 if __name__ == "__main__":
