@@ -138,7 +138,9 @@ def main(argv=None) -> int:
         row = {"call": "score", "B": batch, "tokens": n, "block_ms": timings[0], "steps_ms": timings[1],
                "block_vs_steps": timings[0] / timings[1], "max_abs_diff": diff}
         if args.gpu or (args.smoke and triton_runs(device)):  # the Triton path's one launch (interpreted in --smoke)
-            rows_ = (None, real, slot, start)
+            from specdec_fast.runners.paged_recurrent import RowLayout
+
+            rows_ = RowLayout(None, real, slot, start)
 
             def fused():
                 return runner._score_fused(net, st, by_row, beta, g, rows_)

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     from gpu_timing import RowBudget, median_ms
 
     from specdec_fast.runners.mamba2 import mamba2_forward
-    from specdec_fast.runners.paged_recurrent import RecurrentStates
+    from specdec_fast.runners.paged_recurrent import RecurrentStates, RowLayout
 
     shape = SMOKE if args.smoke else GPU if args.gpu else CPU
     device, name, sync = mode_device(args)
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         index = torch.arange(batch * n, device=device).view(batch, n)
         real = torch.ones(batch, n, dtype=torch.bool, device=device)
         slot = (torch.arange(n, device=device) + start + 1).expand(batch, -1).contiguous()
-        return index, real, slot, torch.full((batch,), start, device=device)
+        return RowLayout(index, real, slot, torch.full((batch,), start, device=device))
 
     def write():  # after every row: a later row's failure keeps these
         out.parent.mkdir(parents=True, exist_ok=True)

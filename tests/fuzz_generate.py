@@ -27,7 +27,8 @@ transformers cache a side (generate(cache=...)), turn by turn against model.gene
 
 A refusal is a pass where both sides refuse, or where ours is an Unsupported*Error (which
 patch_generate hands to transformers); the summary counts them. Known refusals are not drawn:
-trees need paged runners (and take no guidance_scale, not drawn); the static twin needs paged runners and
+trees need paged runners (and take no guidance_scale, not drawn; in the families mode they are drawn for the
+recurrent families only: the others' trees are the trees mode's); the static twin needs paged runners and
 compiled kernels; greedy calls take no num_return_sequences > 1 (transformers refuses them).
 Exit status 1 when a case failed; each failure prints its case, enough to rerun it.
 tests/engine/test_fuzz_generate.py runs a few cases of each mode in the suite.
@@ -66,6 +67,11 @@ def _demo():
     return (AutoTokenizer.from_pretrained(target_dir, padding_side="left"),
             AutoModelForCausalLM.from_pretrained(target_dir).eval(), AutoModelForCausalLM.from_pretrained(draft_dir).eval(),
             target_dir)
+
+
+# The families whose runners keep recurrent states (runners/paged_recurrent.py): trees drawn in the families mode
+RECURRENT_KINDS = ("qwen3_next", "qwen3_next_mtp", "nemotron_h", "granite_h", "falcon_h1", "olmo_hybrid", "lfm2",
+                   "lfm2_moe", "lfm3", "mamba2", "mamba", "falcon_mamba", "jamba", "minimax", "kimi_linear")
 
 
 def _drafting(rng, draft, *, tree_ok: bool, triton: bool, adaptive: bool = True) -> dict:
@@ -336,14 +342,16 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
             opts["logits_processor"] = LogitsProcessorList([BanEvenAfterOdd()])
         if rng.random() < 0.25:
             opts.update(return_dict_in_generate=True, output_scores=True)
-        ours = _drafting(rng, draft, tree_ok=False, triton=triton)
+        # token trees on the recurrent families (their runners' tree rule; the other families' trees: the trees mode)
+        ours = _drafting(rng, draft, tree_ok=kind in RECURRENT_KINDS, triton=triton)
         if rng.random() < 0.1:  # the target's own first layer drafts (GPT-2: an UnsupportedModelError)
-            ours = {k: v for k, v in ours.items() if k not in DRAFTING_KEYS}
+            ours = {k: v for k, v in ours.items() if k not in DRAFTING_KEYS + ("tree",)}
             ours["assistant_early_exit"] = 1
         if kind in MTP_KINDS and rng.random() < 0.7:  # the target's own MTP layer drafts, K of 1-3 or its default
             ours = {k: v for k, v in ours.items() if k not in DRAFTING_KEYS + ("assistant_early_exit",)}
             ours.update(use_mtp=True, runner="paged",  # the MTP layer reads the paged target runner's states
-                        **({} if rng.random() < 0.3 else {"num_assistant_tokens": rng.randint(1, 3)}))
+                        # (a drawn tree stays: the MTP layer expands it; its shape sets the drafts)
+                        **({} if rng.random() < 0.3 or "tree" in ours else {"num_assistant_tokens": rng.randint(1, 3)}))
         expected = _call(target.generate, ids, attention_mask=mask, **as_generate_takes(opts))
         got = _call(specdec_fast.generate, target, ids, mask, **ours, **opts)
         yield it, _described(opts, ours, family=kind, lengths=mask.sum(1).tolist(), refused=isinstance(got, Exception)), \

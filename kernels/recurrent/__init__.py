@@ -1,7 +1,8 @@
 """recurrent_steps: a linear-recurrent layer's score call (the K + 1 tokens of a verify, from each row's committed
 state or last snapshot, a snapshot written after every token) -- the Gated DeltaNet (Qwen3-Next / Qwen3.5, OLMo
 Hybrid), Kimi Delta Attention (a decay per key channel), Mamba2's SSD (k = B, q = C, v = dt x) and MiniMax's
-lightning attention (no delta rule); validation + dispatch. The math: reference.py.
+lightning attention (no delta rule); a chain's tokens, or a token tree's nodes each from its parent's state;
+validation + dispatch. The math: reference.py.
 
 Backends: "triton" (triton.py: one launch, the state tile in registers; CUDA, or the interpreter), "torch"
 (reference.py, token by token: the spec; "cpp", on CPU tensors, runs it too: no C++ op of its own). backend=None: triton on CUDA,
@@ -18,7 +19,7 @@ __all__ = ["recurrent_steps", "recurrent_steps_reference", "QK_NORM_EPS", "LAYOU
 LAYOUTS = ("kv", "vk")  # the state stored [Dk, Dv] (Gated DeltaNet, KDA, lightning) or [Dv, Dk] (Mamba2's [P, N])
 
 
-def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout):
+def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent=None):
     for name, t, ndim in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("committed", committed, 4), ("snapshots", snapshots, 5),
                           ("start", start, 1), ("slot", slot, 2), ("real", real, 2)):
         if not isinstance(t, torch.Tensor) or t.dim() != ndim:
@@ -56,8 +57,12 @@ def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout):
                          f"{tuple(slot.shape)}, {tuple(real.shape)}")
     if start.dtype != torch.int64 or slot.dtype != torch.int64 or real.dtype != torch.bool:
         raise TypeError(f"start and slot are int64, real bool: got {start.dtype}, {slot.dtype}, {real.dtype}")
+    if parent is not None and (not isinstance(parent, torch.Tensor) or tuple(parent.shape) != (batch, n)
+                               or parent.dtype != torch.int64):
+        raise ValueError(f"parent must be None or an int64 [{batch}, {n}] tensor, got {getattr(parent, 'shape', parent)}")
     for name, t in (("k", k), ("v", v), ("g", g), ("committed", committed), ("snapshots", snapshots), ("start", start),
-                    ("slot", slot), ("real", real)) + ((("beta", beta),) if beta is not None else ()):
+                    ("slot", slot), ("real", real)) + ((("beta", beta),) if beta is not None else ()) + (
+                    (("parent", parent),) if parent is not None else ()):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
 
@@ -65,19 +70,23 @@ def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout):
 def recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, committed: torch.Tensor,
                     snapshots: torch.Tensor, start: torch.Tensor, slot: torch.Tensor, real: torch.Tensor, *,
                     beta: torch.Tensor | None = None, qk_norm: bool = False, scale: float = 1.0, layout: str = "kv",
-                    backend=None) -> torch.Tensor:
+                    parent: torch.Tensor | None = None, backend=None) -> torch.Tensor:
     """A score call's n tokens of B rows through a linear recurrence (reference.py's math):
     q, k [B, n, Hk, Dk] (any float dtype; value head h reads key head h // (Hv / Hk)), v [B, n, Hv, Dv],
     g [B, n, Hv] or [B, n, Hv, Dk] log-decays, beta [B, n, Hv] (the delta rule) or None (S += k v^T),
     committed [>= B, Hv, Dk, Dv] and snapshots [>= B, slots, Hv, Dk, Dv] float32 ([.., Dv, Dk] for layout "vk"),
     start [B] int64 (-1: the committed state, else that snapshot), slot [B, n] int64 (where each token's snapshot
-    goes), real [B, n] bool (False: a padded column, no change) -> o [B, n, Hv, Dv] float32 (S^T q a token);
+    goes), real [B, n] bool (False: a padded column, no change), parent [B, n] int64 or None (a token tree: each
+    token continues the state after token parent[b, t] of the call, -1 the row's start; parents precede their
+    children, as TokenTree's breadth-first order has them) -> o [B, n, Hv, Dv] float32 (S^T q a token);
     snapshots written in place. No host sync (graph safe)."""
-    _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout)
+    _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent)
     if backend == "cpp" and q.device.type != "cpu":
         raise ValueError(f"backend='cpp' runs on CPU tensors, got tensors on {q.device}")
     if resolve_backend("torch" if backend == "cpp" else backend, q.device, "recurrent_steps") == "triton":
         from .triton import recurrent_steps_triton
 
-        return recurrent_steps_triton(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout)
-    return recurrent_steps_reference(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout)
+        return recurrent_steps_triton(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout,
+                                      parent)
+    return recurrent_steps_reference(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout,
+                                     parent)

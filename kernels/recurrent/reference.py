@@ -7,6 +7,7 @@ token, in torch ops. Per row b, value head h (key head h // (Hv / Hk)) and token
     S' = D * S
     delta: S' = S' + k (beta_t (v_t - S'^T k))^T      (Gated DeltaNet, KDA)
     else:  S' = S' + k v_t^T                          (Mamba2's SSD with k = B, v = dt x; lightning attention)
+    (a token tree, parent given: S = the state after token parent[b, t] of this call, or S0 where it is -1)
     S = S' where real[b, t], else S (a padded column changes nothing)
     o_t = S^T q                    [Dv] float32
     snapshots[b, slot[b, t], h] = S
@@ -20,18 +21,23 @@ QK_NORM_EPS = 1e-6  # transformers' l2norm (Gated DeltaNet, KDA) and FLA's
 
 
 def recurrent_steps_reference(q, k, v, g, committed, snapshots, start, slot, real, beta=None, qk_norm=False,
-                              scale=1.0, layout="kv") -> torch.Tensor:
+                              scale=1.0, layout="kv", parent=None) -> torch.Tensor:
     """Shapes as recurrent_steps (kernels/recurrent/__init__.py) -> o [B, n, Hv, Dv] float32; snapshots written."""
     batch, n, hk = q.shape[:3]
     hv = v.shape[2]
     ratio = hv // hk
     ids = torch.arange(batch, device=q.device)
     fresh = (start < 0).view(-1, 1, 1, 1)
-    state = torch.where(fresh, committed[:batch], snapshots[ids, start.clamp(min=0)]).float()
+    first = torch.where(fresh, committed[:batch], snapshots[ids, start.clamp(min=0)]).float()
     if layout == "vk":
-        state = state.transpose(-1, -2)  # [B, Hv, Dk, Dv]
+        first = first.transpose(-1, -2)  # [B, Hv, Dk, Dv]
+    state = first
     outs = []
     for t in range(n):
+        if parent is not None:  # a token tree: the parent's state (its snapshot, written above), or the row's start
+            p = parent[:, t]
+            stored = snapshots[ids, slot.gather(1, p.clamp(min=0)[:, None])[:, 0]].float()
+            state = torch.where((p < 0).view(-1, 1, 1, 1), first, stored.transpose(-1, -2) if layout == "vk" else stored)
         qt, kt = (x[:, t].float().repeat_interleave(ratio, dim=1) for x in (q, k))  # [B, Hv, Dk]
         if qk_norm:
             qt, kt = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + QK_NORM_EPS) for x in (qt, kt))

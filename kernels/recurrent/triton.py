@@ -4,7 +4,9 @@ One program per (row, value head, BLOCK_V columns of the state): it loads its [D
 starting state (the committed one or a snapshot: start), then runs the call's n tokens in order with the tile in
 registers -- decay, the delta rule's correction (or the plain outer-product update), the output columns, and the
 snapshot tile stored to the token's slot. q / k are read in the model dtype and normalised in the program (qk_norm),
-so the caller's L2 norms, head repeats, masks and the state gathers are not separate launches either.
+so the caller's L2 norms, head repeats, masks and the state gathers are not separate launches either. A token tree
+(parent given): each token starts from its parent's state -- the snapshot the same program stored a few tokens
+before (a barrier after each store) -- or from the row's start where it has no parent in the call.
 
 What it replaces on CUDA (counted in the torch block forms of runners/paged_qwen3_next.py _score_block, kda.py's
 steps, mamba2.py's scan and lightning.py's scan): ~20 launches a layer and call for the Gated DeltaNet's block
@@ -32,13 +34,24 @@ TILE_ELEMENTS = 2048
 
 
 @triton.jit
-def _recurrent_steps_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, real_ptr, start_ptr, slot_ptr, committed_ptr,
-                            snap_ptr, o_ptr, n, HV, RATIO, scale,
+def _start_tile(committed_ptr, snap_ptr, start, b, h, sc_b, sc_h, sn_b, sn_s, sn_h, tile_c, tile_n, m2):
+    """The program's [BLOCK_K, BLOCK_V] tile of the row's starting state: committed (start < 0) or snapshot start."""
+    if start < 0:
+        tile = tl.load(committed_ptr + b.to(tl.int64) * sc_b + h * sc_h + tile_c, mask=m2, other=0.0)
+    else:
+        tile = tl.load(snap_ptr + b.to(tl.int64) * sn_b + start * sn_s + h * sn_h + tile_n, mask=m2, other=0.0)
+    return tile.to(tl.float32)
+
+
+@triton.jit
+def _recurrent_steps_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, real_ptr, start_ptr, slot_ptr, parent_ptr,
+                            committed_ptr, snap_ptr, o_ptr, n, HV, RATIO, scale,
                             sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_h,
-                            sb_b, sb_t, sb_h, sr_b, sr_t, sl_b, sl_t, sc_b, sc_h, sc_k, sc_v, sn_b, sn_s, sn_h, sn_k, sn_v,
-                            so_b, so_t, so_h,
+                            sb_b, sb_t, sb_h, sr_b, sr_t, sl_b, sl_t, sp_b, sp_t, sc_b, sc_h, sc_k, sc_v,
+                            sn_b, sn_s, sn_h, sn_k, sn_v, so_b, so_t, so_h,
                             DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                            G_PER_KEY: tl.constexpr, DELTA: tl.constexpr, QK_NORM: tl.constexpr, EPS: tl.constexpr):
+                            G_PER_KEY: tl.constexpr, DELTA: tl.constexpr, QK_NORM: tl.constexpr, EPS: tl.constexpr,
+                            HAS_PARENT: tl.constexpr):
     pid = tl.program_id(0)
     b = pid // HV
     h = pid % HV
@@ -51,12 +64,16 @@ def _recurrent_steps_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, real_ptr, star
     tile_c = offs_k[:, None] * sc_k + offs_v[None, :] * sc_v
     tile_n = offs_k[:, None] * sn_k + offs_v[None, :] * sn_v
     start = tl.load(start_ptr + b)
-    if start < 0:
-        state = tl.load(committed_ptr + b.to(tl.int64) * sc_b + h * sc_h + tile_c, mask=m2, other=0.0)
-    else:
-        state = tl.load(snap_ptr + b.to(tl.int64) * sn_b + start * sn_s + h * sn_h + tile_n, mask=m2, other=0.0)
-    state = state.to(tl.float32)
+    state = _start_tile(committed_ptr, snap_ptr, start, b, h, sc_b, sc_h, sn_b, sn_s, sn_h, tile_c, tile_n, m2)
     for t in range(n):
+        if HAS_PARENT:  # a token tree: continue from the parent's state (its snapshot, this program's own store)
+            p = tl.load(parent_ptr + b * sp_b + t * sp_t)
+            if p < 0:
+                state = _start_tile(committed_ptr, snap_ptr, start, b, h, sc_b, sc_h, sn_b, sn_s, sn_h, tile_c, tile_n,
+                                    m2)
+            else:
+                at_p = tl.load(slot_ptr + b * sl_b + p * sl_t)
+                state = tl.load(snap_ptr + b.to(tl.int64) * sn_b + at_p * sn_s + h * sn_h + tile_n, mask=m2, other=0.0)
         on = tl.load(real_ptr + b * sr_b + t * sr_t) != 0
         # a padded column: k = 0, no decay, beta 0 -- the state passes unchanged (exactly), no [Dk, BLOCK_V] select
         kt = tl.load(k_ptr + b * sk_b + t * sk_t + hk * sk_h + offs_k, mask=mk & on, other=0.0).to(tl.float32)
@@ -82,10 +99,12 @@ def _recurrent_steps_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, real_ptr, star
         tl.store(o_ptr + b * so_b + t * so_t + h * so_h + offs_v, out, mask=mv)
         at = tl.load(slot_ptr + b * sl_b + t * sl_t)
         tl.store(snap_ptr + b.to(tl.int64) * sn_b + at * sn_s + h * sn_h + tile_n, state, mask=m2)
+        if HAS_PARENT:  # a child's load of this snapshot sees the whole tile, whichever threads hold it then
+            tl.debug_barrier()
 
 
 def recurrent_steps_triton(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale,
-                           layout) -> torch.Tensor:
+                           layout, parent=None) -> torch.Tensor:
     """recurrent_steps (validated by __init__.py) -> o [B, n, Hv, Dv] float32."""
     batch, n, hk, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
@@ -101,14 +120,15 @@ def recurrent_steps_triton(q, k, v, g, committed, snapshots, start, slot, real, 
     nk, nv = (snapshots.stride(3), snapshots.stride(4)) if layout == "kv" else (snapshots.stride(4), snapshots.stride(3))
     beta_arg = beta if beta is not None else g
     _recurrent_steps_kernel[(batch * hv, cdiv(dv, block_v))](
-        q, k, v, g, beta_arg, real, start, slot, committed, snapshots, o, n, hv, hv // hk, float(scale),
+        q, k, v, g, beta_arg, real, start, slot, slot if parent is None else parent, committed, snapshots, o, n, hv,
+        hv // hk, float(scale),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         beta_arg.stride(0), beta_arg.stride(1), beta_arg.stride(2), real.stride(0), real.stride(1), slot.stride(0),
-        slot.stride(1),
+        slot.stride(1), *(slot if parent is None else parent).stride(),
         committed.stride(0), committed.stride(1), ck, cv,
         snapshots.stride(0), snapshots.stride(1), snapshots.stride(2), nk, nv,
         o.stride(0), o.stride(1), o.stride(2),
         DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, G_PER_KEY=g_per_key, DELTA=beta is not None,
-        QK_NORM=bool(qk_norm), EPS=QK_NORM_EPS, num_warps=max(1, min(4, block_k * block_v // 512)))
+        QK_NORM=bool(qk_norm), EPS=QK_NORM_EPS, HAS_PARENT=parent is not None, num_warps=max(1, min(4, block_k * block_v // 512)))
     return o

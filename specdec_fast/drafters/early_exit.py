@@ -84,8 +84,9 @@ def _build(model, layers: int):
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers
     for per_layer in ("layer_types", "no_rope_layers"):  # lists of one entry a layer (no_rope_layers: Llama 4's)
-        if isinstance(getattr(type(config), per_layer, None), property):  # derived from num_hidden_layers (Mamba's,
-            continue  # Jamba's config): it follows the cut; it has no setter (found by the families fuzzer)
+        stored = getattr(config, "attribute_map", {}).get(per_layer, per_layer)  # Falcon-H1's: layers_block_type
+        if isinstance(getattr(type(config), stored, None), property):  # derived from num_hidden_layers (Mamba's,
+            continue  # Jamba's, Falcon-H1's config): it follows the cut; it has no setter (found by the families fuzzer)
         if isinstance(getattr(config, per_layer, None), list):
             setattr(config, per_layer, getattr(config, per_layer)[:layers])
     with torch.device("meta"):  # a skeleton: every module is replaced by the target's below

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ._linear import linear
-from .paged_recurrent import conv_windows, depthwise, prefill_conv
+from .paged_recurrent import conv_windows, depthwise, prefill_conv, windows_of
 
 CHUNK = 64  # transformers' chunk_size; the decays of a chunk are [B, H, CHUNK, CHUNK, D] float32 at once
 
@@ -111,7 +111,7 @@ def kda_forward(net: Kda, st, h: torch.Tensor, rows: tuple, prefilling: bool) ->
     """One KDA layer over a call's tokens h [T, hidden] (rows: PagedRecurrentRunner._row_layout's) -> its output
     [T, hidden]: the chunk form from zero states in a prefill (the last ones committed), token by token from each
     row's state (committed, or the last snapshot) in a score call, a snapshot written after each token."""
-    index, real, slot, start = rows
+    index, real, slot, start, _ = rows
     batch, n = index.shape
     total = h.shape[0]
     mixed = torch.cat([linear(h, *p) for p in (net.q, net.k, net.v)], dim=-1)
@@ -126,8 +126,8 @@ def kda_forward(net: Kda, st, h: torch.Tensor, rows: tuple, prefilling: bool) ->
         o, state = kda_chunks(*(t.transpose(1, 2) for t in (q, k, v, g)), beta.float().transpose(1, 2))
         st.rec[:batch].copy_(state)
         o = o.transpose(1, 2)  # [B, n, H, D]
-    elif st.fused:  # the Triton path: the rule, the L2 norms and every snapshot in one launch (kernels/recurrent)
-        windows = conv_windows(st.start_conv(batch, start).to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+    elif st.by_steps(rows):  # the Triton path (one launch: the rule, the L2 norms, every snapshot), or a token tree
+        windows = windows_of(st.start_conv(batch, start).to(by_row.dtype), by_row, rows, net.kernel)  # [B, C, n, K]
         y = F.silu(depthwise(windows, net.conv, None)).to(by_row.dtype).transpose(1, 2).contiguous()  # [B, n, 3 H D]
         st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
         q, k, v = (t.view(batch, n, net.heads, net.dim) for t in y.split(net.heads * net.dim, dim=-1))

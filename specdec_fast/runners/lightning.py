@@ -95,14 +95,14 @@ def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilli
     in a prefill (the last ones committed), from each row's state (committed, or the last snapshot) in a score call,
     a snapshot written after each token. norm(o [T, H D], (weight, eps)): the output norm (a tensor-parallel rank's
     takes the mean square over every rank's heads)."""
-    index, real, slot, start = rows
+    index, real, slot, start, _ = rows
     batch, n = index.shape
     total, heads, dim = h.shape[0], net.heads, net.dim
     qkv = net.act(linear(h, *net.qkv)).view(total, heads, 3 * dim)
     by_row = torch.cat((qkv, torch.zeros_like(qkv[:1])))[index].float()  # [B, n, H, 3D]: padding zeros
     q, k, v = by_row.permute(0, 2, 1, 3).split(dim, dim=-1)  # [B, H, n, D] each
     rank = real.long().cumsum(1) - 1
-    if not prefilling and st.fused:  # the Triton path: the scan and every snapshot in one launch (kernels/recurrent)
+    if not prefilling and st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot), or a token tree
         g = (-net.slope)[None, None].expand(batch, n, heads)  # the head's decay at every real token
         q, k, v = by_row.split(dim, dim=-1)  # [B, n, H, D] each
         o = st.steps(q, k, v, g, rows).transpose(1, 2)  # [B, H, n, D]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rms_norm_reference
 from ._linear import linear
-from .paged_recurrent import conv_windows, depthwise, prefill_conv
+from .paged_recurrent import depthwise, prefill_conv, windows_of
 
 
 # Tokens whose scan inputs (the decay and the update, [B, chunk, C, N] float32 each) exist at once: a 2k-token
@@ -99,7 +99,7 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
     """One Mamba1 layer over a call's tokens h [T, H] (rows: PagedRecurrentRunner._row_layout's) -> its output
     [T, H]: token by token from zero states in a prefill (the last ones committed), from each row's state (committed,
     or the last snapshot) in a score call, a snapshot written after each token."""
-    index, real, slot, start = rows
+    index, real, slot, start, _ = rows
     batch, n = index.shape
     x, z = linear(h, *net.in_proj).chunk(2, dim=-1)
     by_row = torch.cat((x, torch.zeros_like(x[:1])))[index]  # [B, n, C]: each row's tokens last, padding zeros
@@ -109,12 +109,12 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
         st.conv[:batch].copy_(last)
         state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
     else:  # (the fused scan reads each row's recurrent state in its kernel)
-        conv, state = (st.start_conv(batch, start), None) if st.fused else st.start(batch, start)
-        windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+        conv, state = (st.start_conv(batch, start), None) if st.by_steps(rows) else st.start(batch, start)
+        windows = windows_of(conv.to(by_row.dtype), by_row, rows, net.kernel)  # [B, C, n, K]
         y = depthwise(windows, net.conv, net.conv_bias)
         st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
     xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
-    if not prefilling and st.fused:  # the Triton path: the scan and every snapshot in one launch (kernels/recurrent)
+    if not prefilling and st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot), or a token tree
         return net.output(_fused_scan(net, st, xs.contiguous(), rows), xs, z, h.dtype, index)
     outs = []
     for begin in range(0, n, SCAN_CHUNK):  # the scan's inputs a chunk at a time: [B, chunk, C, N] each, not [B, n, C, N]
@@ -135,6 +135,6 @@ def _fused_scan(net: Mamba1, st, xs: torch.Tensor, rows: tuple) -> torch.Tensor:
     decays by exp(dt_c A[c]) per key, k = B and q = C' shared by every channel, v = dt_c x_c -> y = S C' [B, n, C]
     float32 (transformers' slow path multiplies S C' in the model dtype: these differ by its rounding)."""
     batch, n, channels = xs.shape
-    dt, b, c = net.time_step(xs, rows[1])
+    dt, b, c = net.time_step(xs, rows.real)
     v = (dt.float() * xs.float())[..., None]  # [B, n, C, 1]
     return st.steps(c[:, :, None], b[:, :, None], v, net.log_decay(dt), rows)[..., 0]

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ._linear import linear
-from .paged_recurrent import conv_windows, depthwise, prefill_conv
+from .paged_recurrent import conv_windows, depthwise, prefill_conv, windows_of
 
 PREFILL_CHUNK = 128  # tokens a chunk of the prefill's scan (transformers' chunk_size default; the math is exact either way)
 
@@ -123,7 +123,7 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
     """One Mamba2 layer over a call's tokens h [T, H] (rows: PagedRecurrentRunner._row_layout's) -> its output
     [T, H]: a prefill in chunks from zero states (the last ones committed); a score call from each row's state
     (committed, or the last snapshot), a snapshot written after each token."""
-    index, real, slot, start = rows
+    index, real, slot, start, _ = rows
     batch, n = index.shape
     total = h.shape[0]
     z, xbc, dt = net.project(h)
@@ -140,9 +140,9 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
             outs.append(out)
         st.rec[:batch].copy_(state)
         y = torch.cat(outs, dim=1)
-    elif st.fused:  # the Triton path: the scan and every snapshot in one launch (kernels/recurrent, q = C, k = B)
+    elif st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot; q = C, k = B), or a token tree
         ids = torch.arange(batch, device=h.device)
-        windows = conv_windows(st.start_conv(batch, start).to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
+        windows = windows_of(st.start_conv(batch, start).to(by_row.dtype), by_row, rows, net.kernel)  # [B, C, n, K]
         y = F.silu(depthwise(windows, net.conv, net.conv_bias)).to(xbc.dtype).transpose(1, 2).contiguous()  # [B, n, C]
         x, xt, b, c, a = net.ssm_inputs(y, dt, real, per_head=False)
         y = st.steps(c, b, xt, a, rows, layout="vk") + net.d.float()[:, None] * x

@@ -546,10 +546,14 @@ class PagedRunnerBase:
         """After tree scoring: the tentative tokens at call positions path[b, :keep[b]] (int32 [B, P],
         -1 padded) move to the first keep[b] tentative slots (compact_kv, every layer) and are
         committed, in that order; the others are dropped."""
+        self._compact_path(path)
+        self.commit(keep)
+
+    def _compact_path(self, path: torch.Tensor) -> None:
+        """commit_path's K/V move: every cache's tentative tokens at call positions path[b] to its first slots."""
         for cache in self.caches:
             compact_kv(cache.kv, cache.block_table[:self.seq_lens.shape[0]], self.seq_lens, path, backend=self.backend,
                        check=False)
-        self.commit(keep)
 
     def compact(self, max_len_bound: int) -> None:
         """No-op: rejected tokens leave no holes (they are overwritten by the next score)."""

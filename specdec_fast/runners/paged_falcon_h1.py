@@ -63,7 +63,7 @@ class _Layer:
 
 class PagedFalconH1Runner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a FalconH1ForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node from its parent's states (runners/paged_recurrent.py)."""
 
     unsupported_reason = staticmethod(falcon_h1_unsupported_reason)
     family = "Falcon-H1"

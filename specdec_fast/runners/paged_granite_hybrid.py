@@ -13,7 +13,7 @@ with Llama's RMSNorm; attention q/k/v/o (attention_bias), RoPE only where positi
 (Granite 4.0-H: none; Bamba: always, on its partial_rotary_factor), attention_multiplier as the softmax scale
 (Bamba: head_dim^-0.5, and its scalars 1); the shared MLP's input_linear [gate | up] rows (read as views) and
 output_linear (SwiGLU; Bamba's feed_forward gate / up / down); the experts (runners/_moe.py: softmax over the top-k float32 router logits, cast to
-the model dtype; gated experts through the MoE kernels). Token trees are refused (runners/paged_recurrent.py).
+the model dtype; gated experts through the MoE kernels). Token trees: each node from its parent's states (runners/paged_recurrent.py).
 Not timed on a GPU.
 """
 import torch
@@ -98,8 +98,8 @@ class _Layer:
 
 class PagedGraniteHybridRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a GraniteMoeHybridForCausalLM with Mamba2 layers or experts, or a
-    BambaForCausalLM (weights shared); the arguments are PagedRunnerBase's. Token trees are refused
-    (score(tree=...))."""
+    BambaForCausalLM (weights shared); the arguments are PagedRunnerBase's. Token trees: each node from
+    its parent's states."""
 
     unsupported_reason = staticmethod(granite_hybrid_unsupported_reason)
     family = "Granite 4.0"

@@ -11,7 +11,7 @@ every RMSNorm Llama's:
     feed_forward   a SwiGLU MLP, or the MoE block (runners/_moe.py: softmax in float32, the top k not
                    renormalised, cast to the model dtype)
     logits = lm_head(final_layernorm x)
-Token trees are refused. A Mamba projection bias (mamba_proj_bias) is refused: transformers zeroes a padded
+Token trees: each node from its parent's states (runners/paged_recurrent.py). A Mamba projection bias (mamba_proj_bias) is refused: transformers zeroes a padded
 position's input, whose biased projection would then reach the convolution. Tensor parallelism:
 runners/paged_jamba_tp.py. Not timed on a GPU.
 """
@@ -77,7 +77,7 @@ class _Layer:
 
 class PagedJambaRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a JambaForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(jamba_unsupported_reason)
     family = "Jamba"

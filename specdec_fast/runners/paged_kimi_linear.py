@@ -19,7 +19,7 @@ The math is transformers 5.24's KimiLinearDecoderLayer (modeling_kimi_linear.py)
     logits = lm_head(norm x)
 The cache holds 2 (R + DR) values a token and attention layer (K and V planes alike: PagedMlaRunner's pairing of two
 layers on one entry is not done here): 2304 bytes at Kimi-Linear-48B's 512 + 64 in bf16, where each head's key and
-value would take 24576. Token trees are refused (each node would need its own state). Tensor parallelism:
+value would take 24576. Token trees: each node from its parent's states (runners/paged_recurrent.py). Tensor parallelism:
 runners/paged_kimi_linear_tp.py. Not timed on a GPU.
 """
 import torch
@@ -92,7 +92,7 @@ class _Layer:
 
 class PagedKimiLinearRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a KimiLinearForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(kimi_linear_unsupported_reason)
     family = "Kimi Linear"

@@ -22,8 +22,8 @@ and a convolution of kernel 7.
 A score call's tokens read each row's window of its last L - 1 inputs (committed, or the last snapshot) and write a
 snapshot after each; a prefill runs the convolution over each row at once. Left padding: transformers zeroes a
 padded position's input, so B * x is zero there without a conv bias (the checkpoints' conv_bias False; a bias is
-refused); here padded positions do not reach the convolution at all. Token trees are refused (each node would need
-its own window). No tensor-parallel runner. Not timed on a GPU.
+refused); here padded positions do not reach the convolution at all. Token trees: each node's window along its
+ancestors (runners/paged_recurrent.py tree_windows). No tensor-parallel runner. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
@@ -35,8 +35,8 @@ from ._moe import MoE, is_moe, layers_moe_reason
 from ._rotary import rope_tables, rotations, static_rope_reason
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import llama_rms_norm
-from .paged_recurrent import (PagedRecurrentRunner, conv_windows, depthwise, layer_kinds_reason, padded_bias_reason,
-                              prefill_conv)
+from .paged_recurrent import (PagedRecurrentRunner, depthwise, layer_kinds_reason, padded_bias_reason, prefill_conv,
+                              windows_of)
 
 LFM2_TYPES = ("lfm2", "lfm2_moe", "lfm3")  # LFM2-MoE (LFM2-8B-A1B): LFM2's layers, MoE blocks after num_dense_layers
 LAYER_KINDS = ("conv", "full_attention", "sliding_attention")  # sliding: LFM3's
@@ -139,7 +139,7 @@ class _Layer:
 
 class PagedLfm2Runner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for an Lfm2ForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node's window along its ancestors."""
 
     unsupported_reason = staticmethod(lfm2_unsupported_reason)
     family = "LFM2"
@@ -202,7 +202,7 @@ class PagedLfm2Runner(PagedRecurrentRunner):
         """One gated short convolution over the call's tokens h [T, H] -> its output [T, H]: a prefill over each
         row at once (the last L - 1 inputs committed); a score call from each row's window (committed, or the last
         snapshot), a snapshot written after each token."""
-        index, real, slot, start = rows
+        index, real, slot, start, _ = rows
         batch, n = index.shape
         total = h.shape[0]
         b, c, x = linear(h, *conv.in_proj).chunk(3, dim=-1)
@@ -212,8 +212,8 @@ class PagedLfm2Runner(PagedRecurrentRunner):
             y, last = prefill_conv(by_row.transpose(1, 2), conv.weight, conv.bias, conv.kernel)  # [B, C, n]
             st.conv[:batch].copy_(last)
         else:
-            window, _ = st.start(batch, start)
-            windows = conv_windows(window, by_row, real, conv.kernel)  # [B, C, n, L]
+            window = st.start_conv(batch, start)
+            windows = windows_of(window, by_row, rows, conv.kernel)  # [B, C, n, L]: along its ancestors in a tree
             y = depthwise(windows, conv.weight, conv.bias)
             ids = torch.arange(batch, device=h.device)
             st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)

@@ -12,7 +12,7 @@ modeling_mamba.py, modeling_falcon_mamba.py), eval mode:
 with every RMSNorm Llama's. Mamba2's mixer is Nemotron-H's (its gated norm over groups of intermediate / n_groups
 channels; dt clamped to time_step_limit's lower end: a finite upper end is refused); Mamba's and Falcon-Mamba's
 run token by token (runners/mamba1.py; a score call's scan one Triton launch on the Triton path). No layer attends: the pool keeps one unused KV layer for its admission
-bookkeeping (PagedRecurrentRunner.kv_layer_count). Token trees are refused. A projection bias (use_bias) is refused:
+bookkeeping (PagedRecurrentRunner.kv_layer_count). Token trees: each node from its parent's states (runners/paged_recurrent.py). A projection bias (use_bias) is refused:
 transformers zeroes a padded position's input, whose biased projection would then reach the convolution. No
 tensor-parallel runner. Not timed on a GPU.
 """
@@ -66,7 +66,7 @@ class _Block:
 
 class PagedMambaRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a Mamba2ForCausalLM, MambaForCausalLM or FalconMambaForCausalLM instance
-    (weights shared); the arguments are PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    (weights shared); the arguments are PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(mamba_lm_unsupported_reason)
     family = "Mamba"

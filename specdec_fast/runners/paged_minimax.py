@@ -77,7 +77,7 @@ class _Layer:
 
 class PagedMiniMaxRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a MiniMaxForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(minimax_unsupported_reason)
     family = "MiniMax"

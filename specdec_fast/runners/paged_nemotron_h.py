@@ -14,7 +14,7 @@ with the mixer one of config.layers_block_type's:
     "moe"                Nemotron 3 Nano's: GLM-4.5's sigmoid routing with a correction bias, ungated relu^2
                          experts (in a latent width where moe_latent_size is set) and an ungated shared MLP
                          (runners/_moe.py's "ungated" layout: torch products, the MoE kernels fuse gated experts)
-and norm_f before the LM head. Token trees are refused (runners/paged_recurrent.py). Left padding: transformers
+and norm_f before the LM head. Token trees: each node from its parent's states (runners/paged_recurrent.py). Left padding: transformers
 zeroes a padded position's input to a Mamba2 layer (its state stays zero until the row's first token); here
 padded positions do not touch the states at all, the same thing for a state that starts at zero.
 Not timed on a GPU.
@@ -93,7 +93,7 @@ def nemotron_norm(x: torch.Tensor, norm) -> torch.Tensor:
 
 class PagedNemotronHRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a NemotronHForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(nemotron_h_unsupported_reason)
     family = "Nemotron-H"

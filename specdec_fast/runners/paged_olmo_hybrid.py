@@ -12,7 +12,7 @@ The math is transformers 5.24's OlmoHybridLinearAttentionDecoderLayer / OlmoHybr
         rope_theta (float32 tables, as OLMo's), no input norm, each branch's output normed before its add:
         x = x + post_attention_layernorm(o_proj attention(...));  x = x + post_feedforward_layernorm(mlp x)
     logits = lm_head(norm(x))
-Token trees are refused (each node would need its own state). Tensor parallelism: paged_olmo_hybrid_tp.py. Not
+Token trees: each node from its parent's states (runners/paged_recurrent.py). Tensor parallelism: paged_olmo_hybrid_tp.py. Not
 timed on a GPU.
 """
 import torch
@@ -86,7 +86,7 @@ class _Layer:
 
 class PagedOlmoHybridRunner(PagedQwen3NextRunner):
     """Runner (see runners/base.py) for an OlmoHybridForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(olmo_hybrid_unsupported_reason)
     family = "OLMo Hybrid"

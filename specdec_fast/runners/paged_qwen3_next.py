@@ -28,8 +28,8 @@ FLA's and transformers' chunked kernels; the convolution over each row at once);
 n tokens at once from each row's state (_score_block: one n x n solve per head, every snapshot from one
 einsum; _steps, transformers' recurrent rule token by token, is its reference); on the Triton path a score
 call's delta rule is one launch (_score_fused: kernels/recurrent, the state tile in registers, every snapshot
-stored from it), the prefill stays torch ops (neither timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees are
-refused (each node would need its own state along its branch) with an UnsupportedModelError. Tensor
+stored from it), the prefill stays torch ops (neither timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees:
+each node continues its parent's states (runners/paged_recurrent.py; through _score_fused on every backend). Tensor
 parallelism: runners/paged_qwen3_next_tp.py (each rank its heads' states).
 """
 import torch
@@ -41,7 +41,7 @@ from ._moe import SHARED, MoE, is_moe, moe_or_mlp, moe_reason
 from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import decoder_reason, head_dim_reason
-from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, layer_kinds_reason, prefill_conv
+from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, layer_kinds_reason, prefill_conv, windows_of
 
 # Qwen3-Next, and Qwen3.5's text decoders (AutoModelForCausalLM on a Qwen3.5 checkpoint: Qwen3_5ForCausalLM /
 # Qwen3_5MoeForCausalLM): the same layers, the Gated DeltaNet's projections apart (in_proj_qkv / z / b / a), and
@@ -182,7 +182,7 @@ class _Layer:
 
 class PagedQwen3NextRunner(PagedRecurrentRunner):
     """Runner (see runners/base.py) for a Qwen3NextForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's. Token trees are refused (score(tree=...))."""
+    PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(qwen3_next_unsupported_reason)
     family = "Qwen3-Next"
@@ -239,7 +239,7 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         """One Gated DeltaNet layer over the call's tokens h [T, H] -> its output [T, H]: a prefill in chunks
         from zero states (the final ones committed); a score call token by token from each row's state
         (committed, or the last snapshot), a snapshot written after each token."""
-        index, real, slot, start = rows
+        index, real, slot, start, _ = rows
         batch, n = index.shape
         total = h.shape[0]
         mixed, z, b, a = net.project(h)
@@ -251,7 +251,7 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         by_row, beta, g = (torch.cat((t, torch.zeros_like(t[:1])))[index] for t in (mixed, beta, g))  # [B, n, ...]
         if self._prefilling:
             core = self._prefill_chunks(net, st, by_row, beta, g)
-        elif st.fused:
+        elif st.by_steps(rows):  # the Triton path, or a token tree
             core = self._score_fused(net, st, by_row, beta, g, rows)
         else:
             core = self._score_block(net, st, by_row, beta, g, real, slot, start)
@@ -334,9 +334,9 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         """A score call on the Triton path: the convolution windows as _score_block's, then the delta rule, the L2
         norms, the key heads' repeat and every snapshot in one launch (RecurrentStates.steps) -> outputs [B, n, Hv, Dv]
         float32."""
-        _, real, slot, start = rows
+        _, real, slot, start, _ = rows
         batch, n = real.shape
-        windows = conv_windows(st.start_conv(batch, start), by_row, real, net.kernel)  # [B, C, n, K]
+        windows = windows_of(st.start_conv(batch, start), by_row, rows, net.kernel)  # [B, C, n, K]
         y = F.silu(depthwise(windows, net.conv, net.conv_bias)).to(by_row.dtype).transpose(1, 2).contiguous()
         q, k, v = torch.split(y, [net.nk * net.dk, net.nk * net.dk, net.nv * net.dv], dim=-1)
         ids = torch.arange(batch, device=by_row.device)

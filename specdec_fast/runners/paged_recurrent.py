@@ -12,18 +12,32 @@ padded positions' writes); a score call starts each row from the committed state
 (_row_layout says which, and where each token's snapshot goes), and commit(keep) makes snapshot keep - 1 the
 committed state (keep 0: unchanged) -- a gather, no host sync, static shapes, as SGLang and vLLM keep
 per-draft states for these layers. The attention layers use the paged cache as every family does
-(kv_layer_count: those layers only). Token trees are refused (each node would need its own state along
-its branch) with an UnsupportedModelError.
+(kv_layer_count: those layers only). A token tree's call (score(tree=...)) runs each node from its parent's states
+(RowLayout.parent: the last ancestor in its mask; the convolution's window along its ancestors: tree_windows; the
+recurrence through RecurrentStates.steps, whose kernel reads the parent's snapshot) and keeps every node's snapshot;
+commit_path makes the accepted path's last node's the committed one.
 
 A family's runner binds self.layers, each with a ``kind`` ("full_attention", "linear_attention": a recurrent
 layer, whose ``mixer.shapes`` are (conv state shape (C, K - 1), recurrent state shape), or another kind with
 neither), then calls _index_layers; its _decode reads self.states[self._recurrent_index[i]] (RecurrentStates) for
 recurrent layer i and attends on KV layer self._attention_index[i].
 """
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from .paged_base import PagedRunnerBase
+
+
+class RowLayout(NamedTuple):
+    """A call's tokens as rows again (PagedRecurrentRunner._row_layout), each row's real tokens last."""
+
+    index: torch.Tensor  # [B, n] int64: the packed token of each column (the spare row past them where padding)
+    real: torch.Tensor  # [B, n] bool
+    slot: torch.Tensor  # [B, n] int64: the tentative slot each column's snapshot goes to (padding: the spare one)
+    start: torch.Tensor  # [B] int64: the snapshot each row starts from, -1 the committed state
+    parent: torch.Tensor | None = None  # [B, n] int64 in a token tree: each node's parent among the call's, -1 none
 
 
 def layer_kinds_reason(config, kinds: tuple, field: str = "layer_types") -> str | None:
@@ -71,17 +85,23 @@ class RecurrentStates:
         ids = torch.arange(batch, device=start.device)
         return torch.where((start < 0)[:, None, None], self.conv[:batch], self.conv_tent[ids, start.clamp(min=0)])
 
-    def steps(self, q, k, v, g, rows: tuple, **options) -> torch.Tensor:
-        """A score call's recurrence (kernels/recurrent.recurrent_steps, the Triton backend) from each row's starting
-        state, every token's snapshot written to its slot (rows: PagedRecurrentRunner._row_layout's) -> o [B, n, Hv,
+    def steps(self, q, k, v, g, rows: RowLayout, **options) -> torch.Tensor:
+        """A score call's recurrence (kernels/recurrent.recurrent_steps: its Triton kernel where the runner's path is
+        Triton, else its torch form, which a token tree's call on the CPU backends takes) from each row's starting
+        state, a token tree's nodes each from its parent's, every token's snapshot written to its slot -> o [B, n, Hv,
         Dv] float32. options: recurrent_steps' beta, qk_norm, scale, layout."""
         from ..kernels.recurrent import recurrent_steps
 
-        _, real, slot, start = rows
         rec, tent = self.rec, self.rec_tent
         if rec.dim() == 3:  # Mamba1's [C, N] state: C heads of [N, 1]
             rec, tent = rec.unsqueeze(-1), tent.unsqueeze(-1)
-        return recurrent_steps(q, k, v, g, rec, tent, start, slot, real, backend="triton", **options)
+        return recurrent_steps(q, k, v, g, rec, tent, rows.start, rows.slot, rows.real, parent=rows.parent,
+                               backend="triton" if self.fused else "torch", **options)
+
+    def by_steps(self, rows: RowLayout) -> bool:
+        """Whether a score call's recurrence goes through steps(): on the Triton path, and for every token tree (the
+        layers' block forms take chains only)."""
+        return self.fused or rows.parent is not None
 
 
 class PagedRecurrentRunner(PagedRunnerBase):
@@ -141,33 +161,39 @@ class PagedRecurrentRunner(PagedRunnerBase):
             self._allocate_states(self.cache.max_batch)
         return num_valid
 
-    def score(self, tokens, num_valid=None, *, tree=None, rows=None):
-        if tree is not None:  # an UnsupportedModelError (a ValueError): patch_generate hands such a call to transformers
-            from .hf import UnsupportedModelError
-
-            raise UnsupportedModelError(f"token trees are not supported on {self.family}'s recurrent layers (each node "
-                                        "would need its own state along its branch): use a chain (tree=None)")
-        return super().score(tokens, num_valid, rows=rows)
-
     def commit(self, keep: torch.Tensor) -> None:
         """As PagedRunnerBase.commit, and each recurrent layer's committed state becomes its snapshot
         after the last kept token (unchanged where none is kept)."""
+        self._keep_states(keep)
+        super().commit(keep)
+
+    def commit_path(self, path: torch.Tensor, keep: torch.Tensor) -> None:
+        """As PagedRunnerBase.commit_path (after a token tree's score call: call positions path[b, :keep[b]]), and each
+        recurrent layer's committed state becomes the snapshot after the path's last kept node."""
+        self._keep_states(keep, path)
+        self._compact_path(path)
+        super().commit(keep)  # PagedRunnerBase's: the states are chosen above
+
+    def _keep_states(self, keep: torch.Tensor, path: torch.Tensor | None = None) -> None:
+        """Each row's committed conv window and state <- the snapshot after its last kept token: tentative slot
+        keep - 1 of a chain, or the path's node path[b, keep - 1] of a tree (unchanged where none is kept)."""
         batch = self.seq_lens.shape[0]
-        kept = torch.minimum(self.seq_lens + keep.to(torch.int32), self.caps) - self.seq_lens  # [B] as committed
-        slot = (kept.long() - 1).clamp(min=0)
+        kept = (torch.minimum(self.seq_lens + keep.to(torch.int32), self.caps) - self.seq_lens).long()  # as committed
+        slot = (kept - 1).clamp(min=0)
+        if path is not None:
+            slot = path.long().gather(1, slot[:, None])[:, 0].clamp(min=0)
         rows = torch.arange(batch, device=self.device)
         take = kept > 0
         for st in self.states:
             conv, rec = st.conv[:batch], st.rec[:batch]
             conv.copy_(torch.where(take[:, None, None], st.conv_tent[rows, slot], conv))
             rec.copy_(torch.where(take.view(-1, *(1,) * (rec.dim() - 1)), st.rec_tent[rows, slot], rec))
-        super().commit(keep)
 
-    def _row_layout(self, cu, total: int, n: int) -> tuple:
-        """The call's tokens as rows [B, n] again (each row's real tokens last, as the call gave them):
-        (packed index [B, n] (total where padding: a spare row), real [B, n] bool, the tentative slot
-        each real token's snapshot goes to [B, n], each row's starting slot - 1 [B] (-1: the committed
-        state))."""
+    def _row_layout(self, cu, total: int, n: int) -> RowLayout:
+        """The call's tokens as rows [B, n] again (each row's real tokens last, as the call gave them): the packed
+        index [B, n] (total where padding: a spare row), real [B, n] bool, the tentative slot each real token's
+        snapshot goes to [B, n], each row's starting slot - 1 [B] (-1: the committed state); in a token tree's
+        call each node's parent (tree_parents)."""
         index, real = self._row_index(cu, total, n)
         batch = real.shape[0]
         # a real token's place among the row's tentative tokens: those already there, then its rank in the call
@@ -175,7 +201,46 @@ class PagedRecurrentRunner(PagedRunnerBase):
         rank = real.long().cumsum(1) - 1
         slot = torch.where(real, (before[:, None] + rank).clamp(0, max(self._tentative_capacity - 1, 0)),
                            self._tentative_capacity)  # padding: the spare slot
-        return index, real, slot, before.long() - 1
+        parent = None if self._tree_mask is None else tree_parents(self._tree_mask.view(batch, n))
+        return RowLayout(index, real, slot, before.long() - 1, parent)
+
+
+def tree_parents(mask: torch.Tensor) -> torch.Tensor:
+    """A token tree's masks [B, N] int64 (bit a of mask[b, i]: node a is node i's ancestor or i itself), its nodes in
+    an order where every ancestor precedes its descendants (TokenTree's breadth-first order) -> each node's parent
+    [B, N] int64: its last ancestor other than itself (the deepest: it descends from all the others), -1 where it has
+    none in the call (a root: it continues the row's starting state)."""
+    n = mask.shape[1]
+    nodes = torch.arange(n, device=mask.device)
+    bits = ((mask[:, :, None] >> nodes) & 1).bool() & (nodes[:, None] != nodes)[None]  # [B, i, a]: a above i
+    return torch.where(bits, nodes, -1).max(-1).values
+
+
+def windows_of(conv: torch.Tensor, by_row: torch.Tensor, rows: RowLayout, kernel: int) -> torch.Tensor:
+    """Each token's K convolution inputs, its own last (conv_windows), along its ancestors in a token tree
+    (tree_windows) -> [B, C, n, K]."""
+    if rows.parent is None:
+        return conv_windows(conv, by_row, rows.real, kernel)
+    return tree_windows(conv, by_row, rows.parent, kernel)
+
+
+def tree_windows(conv: torch.Tensor, by_row: torch.Tensor, parent: torch.Tensor, kernel: int) -> torch.Tensor:
+    """A token tree's convolution windows: conv [B, C, K - 1] (the rows' starting windows), by_row [B, n, C] (the
+    nodes' inputs), parent [B, n] (-1: a root) -> [B, C, n, K]: node i's inputs of its ancestors j = K - 1 .. 1 levels
+    up, then its own; past the call's roots the starting window's last entries (as a chain's first token reads it)."""
+    batch, n = parent.shape
+    cols = [kernel - 1 + torch.arange(n, device=by_row.device).expand(batch, n)]  # the node itself: [state | nodes]
+    node = torch.arange(n, device=by_row.device).expand(batch, n)
+    beyond = torch.zeros_like(node)  # levels climbed past the call's roots
+    for _ in range(kernel - 1):
+        up = torch.where(node >= 0, parent.gather(1, node.clamp(min=0)), -1)
+        beyond = beyond + (up < 0).long()
+        cols.append(torch.where(up >= 0, kernel - 1 + up, kernel - 1 - beyond).clamp(min=0))
+        node = up
+    history = torch.stack(cols[::-1], dim=-1)  # [B, n, K], oldest first
+    inputs = torch.cat((conv, by_row.transpose(1, 2)), dim=-1)  # [B, C, K - 1 + n]
+    windows = inputs.gather(2, history.reshape(batch, 1, -1).expand(-1, conv.shape[1], -1))
+    return windows.view(batch, conv.shape[1], n, kernel)
 
 
 # -- a recurrent layer's causal depthwise convolution (Gated DeltaNet's, Mamba2's) over a call's rows ------------

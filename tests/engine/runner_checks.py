@@ -89,8 +89,8 @@ def assert_rollback_controls_fail(monkeypatch, runner_class, model, vocab: int, 
     real = runner_class._row_layout
 
     def from_committed(self, cu, total, n):
-        index, real_, slot, start = real(self, cu, total, n)
-        return index, real_, slot, torch.full_like(start, -1)
+        rows = real(self, cu, total, n)
+        return rows._replace(start=torch.full_like(rows.start, -1))
 
     with monkeypatch.context() as patch:
         patch.setattr(runner_class, "_row_layout", from_committed)

@@ -22,7 +22,7 @@ from specdec_fast.runners.paged_nemotron_h import PagedNemotronHRunner, nemotron
 from specdec_fast.runners.registry import paged_runner_class
 
 from ..conftest import backend_device
-from .models import make_draft
+from .models import left_padded_prompts, make_draft
 from .runner_checks import (assert_bf16_close_to_forward, assert_greedy_paged_equals_generate,
                             assert_rollback_controls_fail, assert_runner_matches_forward)
 
@@ -150,15 +150,24 @@ def test_the_moe_block_equals_transformers(latent):
             torch.testing.assert_close(moe(h, prefill), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_refusals():
-    """Token trees by name, as an UnsupportedModelError (a bound patch hands the call to transformers); the hf
-    runner refuses the recurrent layers (runner="hf": by name too)."""
-    from specdec_fast.runners.hf import UnsupportedModelError, hf_refusal
+def test_token_trees_decode_exactly():
+    """Token trees on the Mamba2 layers (each node from its parent's state and convolution window): greedy equals
+    model.generate with a draft model."""
+    from specdec_fast.drafters.token_tree import TokenTree
 
     target = tiny_nemotron_h()
-    ids = torch.tensor([[5, 9, 3]])
-    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
-    with pytest.raises(UnsupportedModelError, match="token trees are not supported on Nemotron-H"):
-        api.generate(target, ids, runner="paged", assistant_model=make_draft(target), tree="static", **kw)
+    ids, mask = left_padded_prompts([4, 10, 7], vocab=VOCAB, seed=3)
+    kw = dict(max_new_tokens=16, do_sample=False, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    out, stats = api.generate(target, ids, mask, runner="paged", assistant_model=make_draft(target, noise=0.03),
+                              tree=TokenTree.from_branching([2, 2, 1]), return_stats=True, **kw)
+    assert torch.equal(out, expected) and stats.mean_accepted_length > 1.5
     specdec_fast.release_engines(target)
+
+
+def test_refusals():
+    """The hf runner refuses the recurrent layers (runner="hf": by name)."""
+    from specdec_fast.runners.hf import hf_refusal
+
+    target = tiny_nemotron_h()
     assert "keeps a recurrent state" in hf_refusal(target)

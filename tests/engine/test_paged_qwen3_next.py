@@ -10,7 +10,7 @@ before one commit (the second starts from the first's last snapshot); bfloat16 s
 generate(runner="paged") equals model.generate with a draft model, prompt lookup and plain decoding;
 the static graph twin draws the eager tokens. Controls: commit without selecting the states (the
 rollback), and a score call that starts from the committed state instead of the last snapshot, each
-move the logits off the forward's. Token trees are refused by name."""
+move the logits off the forward's. Token trees decode exactly (static and dynamic, a recurrent draft model)."""
 import pytest
 import torch
 
@@ -151,20 +151,23 @@ def test_controls_the_rollback_and_the_chained_snapshots(monkeypatch, backend):
                                   num_draft_tokens=3, block_size=4, backend=backend)
 
 
-def test_trees_are_refused():
-    """By name, as an UnsupportedModelError: a patch bound to tree= hands the call to transformers' generate."""
-    from specdec_fast.runners.hf import UnsupportedModelError
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_token_trees_decode_exactly(tree):
+    """Token trees on the recurrent layers (each node from its parent's states; the accepted path's last node's
+    committed), drafted by a Qwen3-Next draft model (its own tree levels re-fed from its committed states): greedy
+    equals model.generate, static and dynamic trees."""
+    from specdec_fast.drafters.token_tree import TokenTree
 
-    target = tiny_qwen3_next()
-    ids = torch.tensor([[5, 9, 3]])
-    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
-    with pytest.raises(UnsupportedModelError, match="token trees are not supported on Qwen3-Next"):
-        api.generate(target, ids, runner="paged", assistant_model=make_draft(target), tree="static", **kw)
+    target = tiny_qwen3_next(seed=5)
+    ids, mask = left_padded_prompts([4, 10, 7], vocab=VOCAB, seed=3)
+    kw = dict(do_sample=False, max_new_tokens=16, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, **kw)
+    shape = TokenTree.from_branching([2, 2, 1]) if tree == "static" else TokenTree.dynamic_tree(8, greedy=True)
+    out, stats = api.generate(target, ids, mask, runner="paged", assistant_model=make_draft(target, noise=0.03),
+                              tree=shape, return_stats=True, **kw)
+    assert torch.equal(out, expected)
+    assert stats.mean_accepted_length > 1.5, stats.mean_accepted_length  # paths accepted past the root
     specdec_fast.release_engines(target)
-    expected = target.generate(ids, **kw)
-    with specdec_fast.patch_generate(target, assistant_model=make_draft(target), tree="static") as patched:
-        with pytest.warns(UserWarning, match="token trees are not supported"):
-            assert torch.equal(patched.generate(ids, **kw), expected)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_moe_text"])

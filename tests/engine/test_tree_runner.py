@@ -1,7 +1,8 @@
 """Paged runners score a token tree in one pass: score(tokens, tree=(mask, depths)) gives each
 node the logits of its own root-to-node path (scored as a plain chain), and commit_path keeps
 exactly the accepted path's K/V (the next call continues as if only that path had been fed).
-Llama and GPT-2 runners, batch 1 and 3, ragged prompts."""
+Llama and GPT-2 runners, and the recurrent families' (each node from its parent's states; commit_path keeps the
+accepted path's last node's), batch 1 and 3, ragged prompts."""
 import pytest
 import torch
 
@@ -26,7 +27,13 @@ def _path(tree, node):
     return out[::-1]
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+# The recurrent families (runners/paged_recurrent.py): each node continues its parent's states -- the Gated DeltaNet
+# (Qwen3-Next), KDA with latent attention (Kimi Linear), lightning attention (MiniMax), Mamba2 (Nemotron-H), Mamba1 with
+# attention (Jamba), LFM2's short convolutions, a pure Mamba1 LM
+RECURRENT = ["qwen3_next", "kimi_linear", "minimax", "nemotron_h", "jamba", "lfm2", "mamba"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"] + RECURRENT)
 @pytest.mark.parametrize("lengths", [[6], [5, 9, 3]])
 def test_tree_scoring_equals_scoring_each_path(kind, lengths):
     target, _ = model_pair(kind)
@@ -74,7 +81,7 @@ def test_scoring_some_rows_gives_those_rows_and_feeds_every_token(kind):
     torch.testing.assert_close(after[0], after[1], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"] + RECURRENT)
 def test_commit_path_keeps_exactly_the_accepted_path(kind):
     """After a tree call and commit_path of a different path per row, one more token scores like
     a runner that was fed prompt + that path as a chain."""
@@ -113,7 +120,7 @@ def _random_tree_like(tree, gen) -> TokenTree:
     return TokenTree(tuple(parents))
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "qwen3_next", "nemotron_h"])
 def test_per_row_tree_masks(kind):
     """score(tree=(mask [B, N], depths [N])): each row its own tree (a dynamic tree's shapes)."""
     target, _ = model_pair(kind)
@@ -135,3 +142,20 @@ def test_per_row_tree_masks(kind):
             torch.testing.assert_close(tree_logits[b, node], chain.score(tokens[b : b + 1, path])[0, -1], rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match=r"the mask must have shape \[N\] or \[B, N\]"):
         runner.score(tokens, tree=(masks[:2], TREE.tensors("cpu")["depths"]))
+
+
+def test_controls_the_recurrent_tree_needs_its_parents_and_its_path(monkeypatch):
+    """Spoiled on Qwen3-Next: (1) every node continues the node before it (a chain's rule, not its parent's state);
+    (2) commit_path keeps the snapshot of tentative slot keep - 1 (a chain's), not the path's last node's. Each fails
+    the check above it."""
+    from specdec_fast.runners import paged_recurrent
+
+    with monkeypatch.context() as patch:
+        patch.setattr(paged_recurrent, "tree_parents", lambda mask: torch.arange(mask.shape[1]).expand_as(mask) - 1)
+        with pytest.raises(AssertionError):
+            test_tree_scoring_equals_scoring_each_path("qwen3_next", [5, 9, 3])
+    keep_states = paged_recurrent.PagedRecurrentRunner._keep_states
+    with monkeypatch.context() as patch:
+        patch.setattr(paged_recurrent.PagedRecurrentRunner, "_keep_states", lambda self, keep, path=None: keep_states(self, keep))
+        with pytest.raises(AssertionError):
+            test_commit_path_keeps_exactly_the_accepted_path("qwen3_next")

@@ -22,7 +22,7 @@ CASES = {
     # Mamba1: each channel a head of [N, 1] decaying per key (dt_c A[c]), B and C shared by every channel
     "mamba1_channels_as_heads": (1, 6, 16, 1, 4, True, False, False, "kv", torch.float32),
 }
-SLOTS = 8  # 7 tentative slots and the spare one
+SLOTS = 10  # 9 tentative slots and the spare one
 START = [-1, 0, 2]  # row 0 from the committed state, rows 1 / 2 from snapshots 0 / 2
 PAD = [2, 0, 1]  # padded (first) columns per row
 
@@ -50,8 +50,9 @@ def _inputs(case, seed, device):
     return tuple(map(to, (q, k, v, g, committed, snapshots, start, slot, real, beta)))
 
 
-def _oracle(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout):
-    """float64, one token at a time: (o [B, n, Hv, Dv], the snapshots after the call)."""
+def _oracle(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout, parent=None):
+    """float64, one token at a time (a tree's token from its parent's state): (o [B, n, Hv, Dv], the snapshots after
+    the call)."""
     q, k, v, g, committed, snapshots = (t.double().cpu() for t in (q, k, v, g, committed, snapshots))
     beta = None if beta is None else beta.double().cpu()
     start, slot, real = start.cpu(), slot.cpu(), real.cpu()
@@ -62,8 +63,11 @@ def _oracle(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, 
     for b in range(batch):
         for h in range(hv):
             s = committed[b, h] if start[b] < 0 else snapshots[b, start[b], h]
-            s = (s.t() if layout == "vk" else s).clone()
+            first = s = (s.t() if layout == "vk" else s).clone()
+            after = []
             for t in range(n):
+                if parent is not None:
+                    s = first if parent[b, t] < 0 else after[parent[b, t]]
                 qt, kt = q[b, t, h // (hv // hk)], k[b, t, h // (hv // hk)]
                 if qk_norm:
                     qt, kt = qt / (qt @ qt + QK_NORM_EPS).sqrt(), kt / (kt @ kt + QK_NORM_EPS).sqrt()
@@ -76,6 +80,7 @@ def _oracle(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, 
                         s = s + torch.outer(kt, v[b, t, h])
                 o[b, t, h] = s.t() @ (qt * scale)
                 snapshots[b, slot[b, t], h] = s.t() if layout == "vk" else s
+                after.append(s)
     return o, snapshots
 
 
@@ -100,6 +105,38 @@ def test_matches_the_float64_loop(name, backend, device):
     torch.testing.assert_close(o.cpu().double()[on], expected_o[on], atol=2e-5, rtol=2e-5)
     # every snapshot where the oracle's is (the real tokens' slots, the spare slot), every other slot as it was
     torch.testing.assert_close(snapshots.cpu().double(), expected_snaps, atol=2e-5, rtol=2e-5)
+
+
+# Each row's parents (BFS order: a parent before its children; -1: the row's start): a binary tree, a tree of two roots
+# (a draft's re-fed levels: depth-1 nodes continue the committed state), a chain
+PARENTS = [[-1, 0, 0, 1, 1, 2], [-1, -1, 0, 1, 2, 2], [-1, 0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("backend", kernel_backends())
+@pytest.mark.parametrize("name", ["gated_deltanet_grouped_bf16", "kda_decay_per_key", "mamba2_vk_groups",
+                                  "mamba1_channels_as_heads"])
+def test_a_token_tree_continues_each_parent(name, backend, device):
+    """parent given: each node from its parent's state (the snapshot this call wrote) or the row's start, every node's
+    snapshot at its slot; the float64 loop over the same tree."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    if backend == "cpp":
+        device = "cpu"
+    hk, hv, dk, dv, _, per_key, delta, qk_norm, layout, dtype = CASES[name]
+    case = (hk, hv, dk, dv, 6, per_key, delta, qk_norm, layout, dtype)
+    q, k, v, g, committed, snapshots, start, slot, _, beta = _inputs(case, 7, device)
+    real = torch.ones(len(START), 6, dtype=torch.bool, device=device)  # a tree has no padding
+    slot = (start[:, None] + 1 + torch.arange(6, device=device)).contiguous()
+    parent = torch.tensor(PARENTS, device=device)
+    expected_o, expected_snaps = _oracle(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, 0.5, layout,
+                                         parent.cpu())
+    o = recurrent_steps(q, k, v, g, committed, snapshots, start, slot, real, beta=beta, qk_norm=qk_norm, scale=0.5,
+                        layout=layout, parent=parent, backend=backend)
+    torch.testing.assert_close(o.cpu().double(), expected_o, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(snapshots.cpu().double(), expected_snaps, atol=2e-5, rtol=2e-5)
+    # the control: the same tokens as a chain (parent t - 1) differ where the tree branches
+    chain_o, _ = _oracle(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, 0.5, layout)
+    assert (chain_o[0, 2] - expected_o[0, 2]).abs().max() > 1e-3
 
 
 def test_control_a_snapshot_one_token_late_is_caught():
