@@ -68,7 +68,9 @@ def _recurrent_steps_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, real_ptr, star
     for t in range(n):
         if HAS_PARENT:  # a token tree: continue from the parent's state (its snapshot, this program's own store)
             p = tl.load(parent_ptr + b * sp_b + t * sp_t)
-            if p < 0:
+            if p == t - 1:  # the token before: its state is the tile in registers
+                state = state
+            elif p < 0:
                 state = _start_tile(committed_ptr, snap_ptr, start, b, h, sc_b, sc_h, sn_b, sn_s, sn_h, tile_c, tile_n,
                                     m2)
             else:

@@ -58,6 +58,10 @@ class Mamba2:
                                                               mixer.ssm_state_size)
         self.channels, self.kernel = self.conv.shape
         self.dt_min = float(mixer.time_step_limit[0])
+        # A tensor-parallel rank whose one group's channels other ranks share (runners/paged_nemotron_h_tp.py): the
+        # gated norm's sum of squares [T, 1, 1] summed over those ranks (None: the group is this rank's alone), and
+        # the group's whole width
+        self.group_sum, self.group_width = None, None
 
     @property
     def shapes(self) -> tuple:
@@ -113,7 +117,11 @@ class Mamba2:
         weight, eps = self.norm
         gated = y * F.silu(z.float()) if self.norm_kind == "gate_norm" else y
         groups = gated.view(*gated.shape[:-1], self.groups, -1)
-        normed = (weight * (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)).view_as(gated))
+        if self.group_sum is None:
+            square = groups.pow(2).mean(-1, keepdim=True)
+        else:  # the group's channels over several ranks: its mean square from every rank's sum
+            square = self.group_sum(groups.pow(2).sum(-1, keepdim=True)) / self.group_width
+        normed = (weight * (groups * torch.rsqrt(square + eps)).view_as(gated))
         if self.norm_kind == "norm_gate":
             normed = normed * F.silu(z.float())
         return linear(normed.to(dtype), *self.out)

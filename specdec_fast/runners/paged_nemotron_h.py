@@ -17,7 +17,7 @@ with the mixer one of config.layers_block_type's:
 and norm_f before the LM head. Token trees: each node from its parent's states (runners/paged_recurrent.py). Left padding: transformers
 zeroes a padded position's input to a Mamba2 layer (its state stays zero until the row's first token); here
 padded positions do not touch the states at all, the same thing for a state that starts at zero.
-Not timed on a GPU.
+Tensor parallelism: runners/paged_nemotron_h_tp.py (the Mamba2 layers by heads). Not timed on a GPU.
 """
 import torch
 
@@ -115,6 +115,7 @@ class PagedNemotronHRunner(PagedRecurrentRunner):
         rows = self._row_layout(cu, total, n)
         x = self._embed(flat)
         self._keep(0, x)
+        sum_ = self._sum_partials  # a tensor-parallel rank's branch partials summed (identity on one process)
         for i, block in enumerate(self.layers):
             h = nemotron_norm(x, block.norm)
             if block.kind == "linear_attention":
@@ -128,7 +129,7 @@ class PagedNemotronHRunner(PagedRecurrentRunner):
                 out = block.moe(h, self._prefilling)
             else:
                 out = linear(block.act(linear(h, *block.up)), *block.down)
-            x = x + out
+            x = x + sum_(out)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = nemotron_norm(x, self.final_norm)

@@ -25,6 +25,7 @@ from .paged_minimax import MINIMAX_TYPES, PagedMiniMaxRunner
 from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_mamba_lm import MAMBA_LM_TYPES, PagedMambaRunner
+from .paged_nemotron_h_tp import TPPagedNemotronHRunner
 from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner
 from .paged_llama4_tp import TPPagedLlama4Runner
 from .paged_cohere_tp import TPPagedCohereRunner
@@ -50,8 +51,8 @@ from .paged_starcoder2 import PagedStarcoder2Runner
 from .paged_starcoder2_tp import TPPagedStarcoder2Runner
 from .sharded_model import (TP_COHERE_TYPES, TP_GATED_TYPES, TP_GEMMA4_TYPES, TP_GEMMA_TYPES, TP_HYBRID_TYPES,
                             TP_JAMBA_TYPES, TP_KIMI_LINEAR_TYPES, TP_LLAMA4_TYPES, TP_LLAMA_TYPES, TP_MIMO_TYPES,
-                            TP_MINIMAX_TYPES, TP_MLA_TYPES, TP_OLMO_HYBRID_TYPES, TP_OLMO_TYPES, TP_STARCODER2_TYPES,
-                            ShardedCausalLM, text_config)
+                            TP_MINIMAX_TYPES, TP_MLA_TYPES, TP_NEMOTRON_H_TYPES, TP_OLMO_HYBRID_TYPES, TP_OLMO_TYPES,
+                            TP_STARCODER2_TYPES, ShardedCausalLM, text_config)
 
 # The Llama runner's model types (paged_llama.LLAMA_MODEL_TYPES: Llama, Mistral, Qwen2, Qwen3, Phi-3 /
 # Phi-4, Granite, SmolLM3, GLM-4, HunYuan, the MoE families, and Llama's layer under other names), Llama 4's
@@ -137,7 +138,8 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedJambaRunner for model_type in TP_JAMBA_TYPES},
                                                  **{model_type: TPPagedKimiLinearRunner
                                                     for model_type in TP_KIMI_LINEAR_TYPES},
-                                                 **{model_type: TPPagedOlmoHybridRunner for model_type in TP_OLMO_HYBRID_TYPES}}
+                                                 **{model_type: TPPagedOlmoHybridRunner for model_type in TP_OLMO_HYBRID_TYPES},
+                                                 **{model_type: TPPagedNemotronHRunner for model_type in TP_NEMOTRON_H_TYPES}}
 
 
 def _model_type(model) -> str | None:

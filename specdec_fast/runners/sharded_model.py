@@ -102,9 +102,13 @@ TP_JAMBA_TYPES = ("jamba",)
 # Kimi Linear (runners/paged_kimi_linear_tp.py): the KDA layers by heads (each rank its heads' states and windows), the
 # latent attention as the MLA layout (heads split, the latent whole on every rank), the experts by their width
 TP_KIMI_LINEAR_TYPES = ("kimi_linear",)
+# Nemotron-H (runners/paged_nemotron_h_tp.py): the Mamba2 layers by heads (each rank its heads' states and windows, the
+# B / C of its groups or of the one group it shares), attention without positions and relu² MLPs as Llama's; the dense
+# models (its MoE blocks refused)
+TP_NEMOTRON_H_TYPES = ("nemotron_h",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
                   + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES
-                  + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES + TP_JAMBA_TYPES + TP_KIMI_LINEAR_TYPES)
+                  + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES + TP_JAMBA_TYPES + TP_KIMI_LINEAR_TYPES + TP_NEMOTRON_H_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
@@ -132,7 +136,7 @@ def rotary_of(config):
     Hybrid config without a rope_theta: every attention layer NoPE, as OlmoHybridModel.rotary_emb is None)."""
     if config.model_type == "olmo_hybrid" and (getattr(config, "rope_parameters", None) or {}).get("rope_theta") is None:
         return None
-    if config.model_type in TP_JAMBA_TYPES + TP_KIMI_LINEAR_TYPES:  # attention without positions (no rotary module)
+    if config.model_type in TP_JAMBA_TYPES + TP_KIMI_LINEAR_TYPES + TP_NEMOTRON_H_TYPES:  # attention without positions
         return None
     package = MODULE_OF.get(config.model_type, config.model_type)
     module = importlib.import_module(f"transformers.models.{package}.modeling_{package}")

@@ -20,6 +20,10 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     Jamba's Mamba1 layers              by channels: in_proj's rows of each of [x | z], the convolution's, dt_proj's,
                                         A_log's and D's rows, x_proj's columns (dt / B / C summed over the ranks,
                                         then normed whole), out_proj's columns (runners/paged_jamba_tp.py)
+    Mamba2 layers (Nemotron-H)         by heads: in_proj's rows of z, x and dt by heads, of B and C by groups (G
+                                        groups over N ranks: G / N each, or one group shared by N / G ranks), the
+                                        convolution's [x | B | C] rows likewise, dt_bias / A_log / D and the gated
+                                        norm's weights by heads, out_proj's columns (runners/paged_nemotron_h_tp.py)
     MiniMax's lightning layers         by heads: qkv_proj's rows (each head's [q | k | v]), output_gate's rows
                                         and the output norm's weights, out_proj's columns (runners/paged_minimax_tp.py)
     AFMoE's / Laguna's output gate     column-parallel: the rows of this rank's heads (gate_rows a head:
@@ -125,6 +129,15 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                                      (r"\.block_sparse_moe\.output_linear\.weight$", ".mlp.experts.down_proj"),
                                      (r"\.block_sparse_moe\.router\.(layer\.)?weight$", ".mlp.gate.weight"),
                                      (r"\.block_sparse_moe\.", ".mlp.")),
+                      # Nemotron-H: the published backbone.* names (and transformers' model.*) under the layout's:
+                      # each block's mixer as self_attn / mlp / mamba by its tensors, its norm as input_layernorm
+                      "nemotron_h": ((r"^backbone\.", "model."), (r"^model\.embeddings\.", "model.embed_tokens."),
+                                     (r"^model\.norm_f\.", "model.norm."),
+                                     (r"(\.layers\.\d+)\.norm\.", r"\1.input_layernorm."),
+                                     (r"\.mixer\.(q_proj|k_proj|v_proj|o_proj)\.", r".self_attn.\1."),
+                                     (r"\.mixer\.(up_proj|down_proj)\.", r".mlp.\1."),
+                                     (r"\.mixer\.(in_proj|conv1d|out_proj|norm)\.", r".mamba.\1."),
+                                     (r"\.mixer\.(dt_bias|A_log|D)$", r".mamba.\1")),
                       # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)
                       "granitemoehybrid": ((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
                                            (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."))}
@@ -215,6 +228,8 @@ class LlamaShardPlan:
     mamba_channels: int | None = None
     # Kimi Delta Attention layers (Kimi Linear): (their indices, heads, head_dim) (kda_of), else None
     kda: tuple | None = None
+    # Mamba2 layers (Nemotron-H): (heads, head_dim, groups, state) (mamba2_of), else None
+    mamba2: tuple | None = None
 
     @classmethod
     def for_config(cls, config, world: int, rank: int) -> "LlamaShardPlan":
@@ -243,7 +258,7 @@ class LlamaShardPlan:
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
                    getattr(config, "model_type", None) in WHOLE_PROJECTION_NORMS, getattr(config, "model_type", None),
                    layer_dims, value_dim_of(config) if mla is None else None, layer_heads_of(config),
-                   gate_rows_of(config, head_dim), mamba_channels_of(config), kda_of(config))
+                   gate_rows_of(config, head_dim), mamba_channels_of(config), kda_of(config), mamba2_of(config))
         plan.check()
         return plan
 
@@ -256,6 +271,14 @@ class LlamaShardPlan:
                 raise ValueError(f"tensor parallelism over {n} ranks: {name} {size} is not divisible by {n}")
         if self.kda is not None and self.kda[1] % n:
             raise ValueError(f"tensor parallelism over {n} ranks: linear_num_heads {self.kda[1]} is not divisible by {n}")
+        if self.mamba2 is not None:
+            heads, _, groups, _ = self.mamba2
+            if heads % n:
+                raise ValueError(f"tensor parallelism over {n} ranks: the Mamba2 layers' {heads} heads are not divisible "
+                                 f"by {n}")
+            if groups % n and n % groups:
+                raise ValueError(f"tensor parallelism over {n} ranks: the Mamba2 layers' n_groups {groups} neither "
+                                 f"divides nor is divisible by {n}")
         if self.mamba_channels is not None and self.mamba_channels % n:
             raise ValueError(f"tensor parallelism over {n} ranks: the Mamba layers' {self.mamba_channels} channels are "
                              f"not divisible by {n}")
@@ -340,6 +363,8 @@ class LlamaShardPlan:
             return self._mla_slice_of(name)
         if self.delta is not None and ".linear_attn." in name:
             return self._delta_slice_of(name)
+        if self.mamba2 is not None and ".mamba." in name:
+            return self._mamba2_slice_of(name)
         if self.mamba_channels is not None and ".mamba." in name:
             return self._mamba_slice_of(name)
         if self.model_type in QUERY_GATED_TYPES and name.endswith(".self_attn.q_proj.weight"):  # [q | gate] rows
@@ -405,6 +430,41 @@ class LlamaShardPlan:
                           "mamba.A_log", "mamba.D")):
             return Slice(0, first, last)
         return None  # Jamba's dt / B / C layernorms
+
+    @property
+    def mamba2_groups(self) -> tuple:
+        """The Mamba2 groups [first, last) whose B / C this rank reads: G / N of its own, or (N a multiple of G) the
+        one group its heads belong to, which N / G ranks share."""
+        heads, _, groups, _ = self.mamba2
+        if groups % self.world == 0:
+            return self.rank * groups // self.world, (self.rank + 1) * groups // self.world
+        first = self.rank * groups // self.world
+        return first, first + 1
+
+    def _mamba2_slice_of(self, name: str) -> Slice | tuple | None:
+        """A Mamba2 mixer's tensor by this rank's heads: in_proj's [z | x | B | C | dt] rows (z, x, dt by heads, B
+        and C by mamba2_groups), the convolution's [x | B | C] rows, dt_bias / A_log / D and the gated norm's
+        weights by heads, out_proj's columns."""
+        heads, p, groups, n = self.mamba2
+        h0, h1 = self.rank * heads // self.world, (self.rank + 1) * heads // self.world
+        g0, g1 = self.mamba2_groups
+        inner, width = heads * p, groups * n
+
+        def rows(base, first, last, size):
+            return Slice(0, base + first * size, base + last * size)
+
+        if name.endswith("mamba.in_proj.weight"):
+            return (rows(0, h0, h1, p), rows(inner, h0, h1, p), rows(2 * inner, g0, g1, n),
+                    rows(2 * inner + width, g0, g1, n), rows(2 * inner + 2 * width, h0, h1, 1))
+        if name.endswith(("mamba.conv1d.weight", "mamba.conv1d.bias")):
+            return rows(0, h0, h1, p), rows(inner, g0, g1, n), rows(inner + width, g0, g1, n)
+        if name.endswith(("mamba.dt_bias", "mamba.A_log", "mamba.D")):
+            return rows(0, h0, h1, 1)
+        if name.endswith("mamba.norm.weight"):
+            return rows(0, h0, h1, p)
+        if name.endswith("mamba.out_proj.weight"):
+            return Slice(1, h0 * p, h1 * p)
+        return None
 
     def _kda_slice_of(self, name: str) -> Slice | tuple | None:
         """A Kimi Delta Attention tensor by this rank's heads: q / k / v / f_b / g_b rows, dt_bias and b_proj's rows,
@@ -487,6 +547,13 @@ def kda_of(config) -> tuple | None:
         return None
     layers = tuple(i for i, kind in enumerate(config.layer_types) if kind == "linear_attention")
     return layers, int(config.linear_num_heads), int(config.linear_head_dim)
+
+
+def mamba2_of(config) -> tuple | None:
+    """A Nemotron-H config's Mamba2 sizes: (mamba_num_heads, mamba_head_dim, n_groups, ssm_state_size), else None."""
+    if getattr(config, "model_type", None) != "nemotron_h":
+        return None
+    return int(config.mamba_num_heads), int(config.mamba_head_dim), int(config.n_groups), int(config.ssm_state_size)
 
 
 def mamba_channels_of(config) -> int | None:

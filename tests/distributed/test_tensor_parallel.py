@@ -85,6 +85,9 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     for rank in (0, 1):  # the control (not a tuple of lists: _same_tokens leaves it out): the tokens differ
         single, parallel = results[rank]["2 ranks"].pop("unsummed mamba")
         assert single != parallel, f"rank {rank}: Jamba's dt / B / C from each rank's channels alone gave one process's tokens"
+        single, parallel = results[rank]["2 ranks"].pop("unshared mamba2 norm")
+        assert single != parallel, f"rank {rank}: a shared Mamba2 group normed over each rank's channels alone gave one " \
+                                   "process's tokens"
         for kind, (single, parallel) in results[rank]["2 ranks"].pop("local norm statistics").items():
             assert single != parallel, f"rank {rank}: {kind}'s whole-projection norms with per-rank statistics gave one " \
                                        "process's tokens"

@@ -724,6 +724,54 @@ def test_jamba_mamba_layers_are_split_by_channels():
         LlamaShardPlan.for_config(model.config, 5, 0)
 
 
+def test_nemotron_h_mamba2_layers_are_split_by_heads_and_read_from_its_published_names(tmp_path):
+    """Nemotron-H at 2 ranks (a Mamba2 layer of 6 heads of 8, 2 groups of state 8): in_proj's rows of z / x / dt by
+    heads and of B / C by group (rank 1: heads 3-5, group 1), the convolution's [x | B | C] rows likewise, dt_bias /
+    A_log / D and the gated norm by heads, out_proj's columns; at 4 ranks of a 4-head, 1-group model every rank reads
+    the one group; the attention and relu² MLP as the Llama layout's, each block's mixer under its layout name.
+    Read from a checkpoint under the published names (backbone.*, every block's tensors under mixer.), every slice
+    equals the loaded model's. 6 heads do not split over 4 ranks, nor 2 groups over 3."""
+    from safetensors.torch import save_file
+
+    from specdec_fast.runners.sharded_model import rotary_of
+
+    model = make_model("nemotron_h")
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    mamba, attn, mlp = "model.layers.0.mamba.", "model.layers.1.self_attn.", "model.layers.2.mlp."
+    original = state["model.layers.0.mixer.in_proj.weight"]  # [z 48 | x 48 | B 16 | C 16 | dt 6] rows
+    assert torch.equal(shards[1][mamba + "in_proj.weight"], torch.cat((original[24:48], original[72:96],
+                                                                       original[104:112], original[120:128],
+                                                                       original[131:134])))
+    conv = state["model.layers.0.mixer.conv1d.weight"]  # [x 48 | B 16 | C 16] channels
+    assert torch.equal(shards[1][mamba + "conv1d.weight"], torch.cat((conv[24:48], conv[56:64], conv[72:80])))
+    expected = {mamba + "dt_bias": (3,), mamba + "A_log": (3,), mamba + "D": (3,), mamba + "norm.weight": (24,),
+                mamba + "out_proj.weight": (48, 24), attn + "q_proj.weight": (24, 48), attn + "o_proj.weight": (48, 24),
+                mlp + "up_proj.weight": (48, 48), mlp + "down_proj.weight": (48, 48),
+                "model.layers.0.input_layernorm.weight": (48,), "model.norm.weight": (48,),
+                "model.embed_tokens.weight": (64, 48)}
+    for name, shape in expected.items():
+        assert tuple(shards[1][name].shape) == shape, name
+    assert rotary_of(model.config) is None
+    published = {name.replace("model.", "backbone.", 1): tensor.contiguous() for name, tensor in state.items()}
+    model.config.save_pretrained(tmp_path)
+    save_file(published, str(tmp_path / "model.safetensors"))
+    for rank, plan in enumerate(plans):
+        read = shards_from_safetensors(str(tmp_path), plan)
+        assert read.keys() == shards[rank].keys() and all(torch.equal(read[n], shards[rank][n]) for n in read)
+    one = make_model("nemotron_h").config
+    one.mamba_num_heads, one.n_groups = 4, 1
+    assert [LlamaShardPlan.for_config(one, 4, r).mamba2_groups for r in range(4)] == [(0, 1)] * 4
+    with pytest.raises(ValueError, match="the Mamba2 layers' 6 heads are not divisible by 4"):
+        LlamaShardPlan.for_config(model.config, 4, 0)
+    model.config.mamba_num_heads = 3
+    with pytest.raises(ValueError, match="n_groups 2 neither divides nor is divisible by 3"):
+        model.config.vocab_size, model.config.num_attention_heads, model.config.intermediate_size = 129, 3, 96
+        model.config.num_key_value_heads = 3
+        LlamaShardPlan.for_config(model.config, 3, 0)
+
+
 def test_granite_moe_reads_its_published_names(tmp_path):
     """Granite 3 MoE's published block names (block_sparse_moe.input_linear / output_linear / router.layer, which
     transformers renames on loading) read as the loaded model's shards."""

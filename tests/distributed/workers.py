@@ -31,7 +31,7 @@ MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa", "youtu")  # Youtu-LLM:
 # Jamba: Mamba1 layers by channels (each rank its channels' states and windows), x_proj's dt / B / C summed over the
 # ranks before their norms
 # Kimi Linear: KDA layers by heads, its latent attention as MLA's (heads split, the latent whole)
-HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax", "jamba", "kimi_linear")
+HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax", "jamba", "kimi_linear", "nemotron_h")
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
@@ -186,6 +186,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
     out["local norm statistics"] = _local_norm_statistics(specdec_fast, pids, pmask, group)
     out["unsummed mamba"] = _unsummed_mamba(specdec_fast, pids, pmask, group)
+    out["one mamba2 group"], out["unshared mamba2 norm"] = _one_mamba2_group(specdec_fast, pids, pmask, group)
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
@@ -245,6 +246,36 @@ def _unsummed_mamba(specdec_fast, ids, mask, group) -> tuple:
         return _cases(specdec_fast, *tiny("jamba"), ids, mask, {"greedy": dict(do_sample=False)}, group)["greedy"]
     finally:
         paged_jamba_tp._TPLayer.__init__ = real
+
+
+def _one_mamba2_group(specdec_fast, ids, mask, group) -> tuple:
+    """Nemotron-H with n_groups 1 on 2 ranks: both ranks' heads read the one group's B / C, and its gated norm takes its
+    statistics over both ranks' channels -> ((single-process tokens, tensor-parallel tokens): equal; the control: each
+    rank's norm over its own channels only -> (single, such tensor-parallel tokens): they differ), greedy."""
+    import transformers as tf
+
+    from specdec_fast.runners import paged_nemotron_h_tp
+
+    config = make_model("nemotron_h").config
+    config.n_groups = 1
+    torch.manual_seed(2)
+    target = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():  # the gated norms' weights away from 1 (their initialisation)
+        for name, param in target.named_parameters():
+            if name.endswith("mixer.norm.weight"):
+                param.normal_(1.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    target.generation_config.eos_token_id = None
+    draft = make_draft(target, noise=0.1)
+    cases = {"greedy": dict(do_sample=False)}
+    shared = _cases(specdec_fast, target, draft, ids, mask, cases, group)["greedy"]
+    real = paged_nemotron_h_tp._group_sum
+    paged_nemotron_h_tp._group_sum = lambda tp, plan: None  # the control: no statistics from the other rank
+    try:
+        specdec_fast.release_engines(target)
+        unshared = _cases(specdec_fast, target, draft, ids, mask, cases, group)["greedy"]
+    finally:
+        paged_nemotron_h_tp._group_sum = real
+    return shared, unshared
 
 
 def _rigged_choose(self, remaining=None):

@@ -140,14 +140,15 @@ def test_static_graph_twin_gives_the_eager_tokens():
 
 
 @pytest.mark.parametrize("backend", [None, "triton"])
-def test_controls_the_rollback_and_the_chained_snapshots(monkeypatch, backend):
+def test_controls_the_rollback_and_the_chained_snapshots(monkeypatch, backend, device):
     """Spoiled: (1) commit leaves the committed states as they were (no rollback to the kept tokens'
     snapshot); (2) every score call starts from the committed state (ignoring an uncommitted call before
     it). Either moves the logits off the forward's, which assert_runner_matches_forward checks; on the Triton
     path too (the fused score call reads each row's start and writes the snapshots commit selects)."""
     if backend == "triton":
         pytest.importorskip("triton")
-    assert_rollback_controls_fail(monkeypatch, PagedQwen3NextRunner, tiny_qwen3_next(), VOCAB, max_new_tokens=8,
+    model = tiny_qwen3_next().to(backend_device(backend, device))
+    assert_rollback_controls_fail(monkeypatch, PagedQwen3NextRunner, model, VOCAB, max_new_tokens=8,
                                   num_draft_tokens=3, block_size=4, backend=backend)
 
 
@@ -219,7 +220,7 @@ def test_long_prompts_prefill_in_chunks(chunk, monkeypatch):
 
 @pytest.mark.parametrize("way", ["_score_block", "_score_fused"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_score_block_equals_the_token_steps(seed, way):
+def test_a_score_block_equals_the_token_steps(seed, way, device):
     """_score_block (a score call's tokens at once: the runner's torch form) and _score_fused (the Triton path's one
     launch, kernels/recurrent; the interpreter here) against _steps (transformers' recurrent rule, token by token:
     their reference) from the same committed and snapshot states, rows with 0-3 padded positions and a second call
@@ -229,16 +230,19 @@ def test_a_score_block_equals_the_token_steps(seed, way):
     model = tiny_qwen3_next(seed=seed)
     outs = {}
     for name in (way, "_steps"):
-        runner = PagedQwen3NextRunner(model, max_new_tokens=8, num_draft_tokens=4, block_size=4,
-                                      backend="triton" if name == "_score_fused" else None)
+        fused = name == "_score_fused"
+        dev = backend_device("triton" if fused else None, device)  # (the interpreter's CPU, or a GPU's CUDA)
+        runner = PagedQwen3NextRunner(model.to(dev), max_new_tokens=8, num_draft_tokens=4, block_size=4,
+                                      backend="triton" if fused else None)
         if name == "_steps":
             runner._score_block = runner._steps
         ids, mask = left_padded_prompts([5, 9, 2], vocab=VOCAB, seed=seed)
-        runner.prefill(ids, mask)
+        runner.prefill(ids.to(dev), mask.to(dev))
         gen = torch.Generator().manual_seed(seed)
-        first = runner.score(torch.randint(3, VOCAB, (3, 3), generator=gen), torch.tensor([3, 1, 2]))
-        second = runner.score(torch.randint(3, VOCAB, (3, 2), generator=gen), torch.tensor([2, 2, 1]))
-        outs[name] = (first, second, [(s.rec_tent.clone(), s.conv_tent.clone()) for s in runner.states])
+        first = runner.score(torch.randint(3, VOCAB, (3, 3), generator=gen).to(dev), torch.tensor([3, 1, 2], device=dev))
+        second = runner.score(torch.randint(3, VOCAB, (3, 2), generator=gen).to(dev), torch.tensor([2, 2, 1], device=dev))
+        outs[name] = (first.cpu(), second.cpu(), [(s.rec_tent.cpu(), s.conv_tent.cpu()) for s in runner.states])
+        model.cpu()
     block, steps = outs[way], outs["_steps"]
     for got, want, valid in zip(block[:2], steps[:2], ([3, 1, 2], [2, 2, 1])):
         n = got.shape[1]  # each row's tokens last: its padded columns' logits are no token's (backends differ there)
