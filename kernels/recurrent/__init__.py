@@ -19,7 +19,7 @@ __all__ = ["recurrent_steps", "recurrent_steps_reference", "QK_NORM_EPS", "LAYOU
 LAYOUTS = ("kv", "vk")  # the state stored [Dk, Dv] (Gated DeltaNet, KDA, lightning) or [Dv, Dk] (Mamba2's [P, N])
 
 
-def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent=None):
+def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent=None, decay_rates=None):
     for name, t, ndim in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("committed", committed, 4), ("snapshots", snapshots, 5),
                           ("start", start, 1), ("slot", slot, 2), ("real", real, 2)):
         if not isinstance(t, torch.Tensor) or t.dim() != ndim:
@@ -32,7 +32,15 @@ def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, pa
         raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
     if tuple(v.shape[:2]) != (batch, n) or hk == 0 or hv % hk:
         raise ValueError(f"v must be [B={batch}, n={n}, Hv, Dv] with Hv a multiple of q's {hk} heads, got {tuple(v.shape)}")
-    if not isinstance(g, torch.Tensor) or tuple(g.shape) not in ((batch, n, hv), (batch, n, hv, dk)):
+    if decay_rates is not None:
+        if not isinstance(decay_rates, torch.Tensor) or tuple(decay_rates.shape) != (hv, dk, dv) \
+                or not decay_rates.is_floating_point() or decay_rates.device != q.device:
+            raise ValueError(f"decay_rates must be None or a float [Hv, Dk, Dv] = {[hv, dk, dv]} tensor on q's device, "
+                             f"got {getattr(decay_rates, 'shape', decay_rates)}")
+        if not isinstance(g, torch.Tensor) or tuple(g.shape) != (batch, n, hv, dv):
+            raise ValueError(f"g must be [B, n, Hv, Dv] = {[batch, n, hv, dv]} with decay_rates (a step a value column), "
+                             f"got {getattr(g, 'shape', type(g).__name__)}")
+    elif not isinstance(g, torch.Tensor) or tuple(g.shape) not in ((batch, n, hv), (batch, n, hv, dk)):
         raise ValueError(f"g must be [B, n, Hv] = {[batch, n, hv]} or [B, n, Hv, Dk] = {[batch, n, hv, dk]}, got "
                          f"{getattr(g, 'shape', type(g).__name__)}")
     if beta is not None and (not isinstance(beta, torch.Tensor) or tuple(beta.shape) != (batch, n, hv)):
@@ -70,23 +78,25 @@ def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, pa
 def recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, committed: torch.Tensor,
                     snapshots: torch.Tensor, start: torch.Tensor, slot: torch.Tensor, real: torch.Tensor, *,
                     beta: torch.Tensor | None = None, qk_norm: bool = False, scale: float = 1.0, layout: str = "kv",
-                    parent: torch.Tensor | None = None, backend=None) -> torch.Tensor:
+                    parent: torch.Tensor | None = None, decay_rates: torch.Tensor | None = None,
+                    backend=None) -> torch.Tensor:
     """A score call's n tokens of B rows through a linear recurrence (reference.py's math):
     q, k [B, n, Hk, Dk] (any float dtype; value head h reads key head h // (Hv / Hk)), v [B, n, Hv, Dv],
-    g [B, n, Hv] or [B, n, Hv, Dk] log-decays, beta [B, n, Hv] (the delta rule) or None (S += k v^T),
+    g [B, n, Hv] or [B, n, Hv, Dk] log-decays (with decay_rates A [Hv, Dk, Dv]: g [B, n, Hv, Dv], the log-decay
+    A * g: Mamba1's), beta [B, n, Hv] (the delta rule) or None (S += k v^T),
     committed [>= B, Hv, Dk, Dv] and snapshots [>= B, slots, Hv, Dk, Dv] float32 ([.., Dv, Dk] for layout "vk"),
     start [B] int64 (-1: the committed state, else that snapshot), slot [B, n] int64 (where each token's snapshot
     goes), real [B, n] bool (False: a padded column, no change), parent [B, n] int64 or None (a token tree: each
     token continues the state after token parent[b, t] of the call, -1 the row's start; parents precede their
     children, as TokenTree's breadth-first order has them) -> o [B, n, Hv, Dv] float32 (S^T q a token);
     snapshots written in place. No host sync (graph safe)."""
-    _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent)
+    _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent, decay_rates)
     if backend == "cpp" and q.device.type != "cpu":
         raise ValueError(f"backend='cpp' runs on CPU tensors, got tensors on {q.device}")
     if resolve_backend("torch" if backend == "cpp" else backend, q.device, "recurrent_steps") == "triton":
         from .triton import recurrent_steps_triton
 
         return recurrent_steps_triton(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout,
-                                      parent)
+                                      parent, decay_rates)
     return recurrent_steps_reference(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout,
-                                     parent)
+                                     parent, decay_rates)

@@ -3,7 +3,9 @@ token, in torch ops. Per row b, value head h (key head h // (Hv / Hk)) and token
 
     S0 = committed[b, h]           where start[b] < 0, else snapshots[b, start[b], h]
     q, k = q_t, k_t (float32);     qk_norm: q, k = x * rsqrt(sum(x^2) + 1e-6) each;  q = q * scale
-    D = exp(g_t)                   g [.., Hv] one log-decay a head (broadcast over S), or [.., Hv, Dk] one a key row
+    D = exp(g_t)                   g [.., Hv] one log-decay a head (broadcast over S), or [.., Hv, Dk] one a key row;
+                                   with decay_rates A [Hv, Dk, Dv]: D = exp(A * g_t), g [.., Hv, Dv] a step a value
+                                   column (Mamba1: a channel's dt times its A row)
     S' = D * S
     delta: S' = S' + k (beta_t (v_t - S'^T k))^T      (Gated DeltaNet, KDA)
     else:  S' = S' + k v_t^T                          (Mamba2's SSD with k = B, v = dt x; lightning attention)
@@ -21,7 +23,7 @@ QK_NORM_EPS = 1e-6  # transformers' l2norm (Gated DeltaNet, KDA) and FLA's
 
 
 def recurrent_steps_reference(q, k, v, g, committed, snapshots, start, slot, real, beta=None, qk_norm=False,
-                              scale=1.0, layout="kv", parent=None) -> torch.Tensor:
+                              scale=1.0, layout="kv", parent=None, decay_rates=None) -> torch.Tensor:
     """Shapes as recurrent_steps (kernels/recurrent/__init__.py) -> o [B, n, Hv, Dv] float32; snapshots written."""
     batch, n, hk = q.shape[:3]
     hv = v.shape[2]
@@ -44,7 +46,10 @@ def recurrent_steps_reference(q, k, v, g, committed, snapshots, start, slot, rea
         qt = qt * scale
         vt = v[:, t].float()  # [B, Hv, Dv]
         gt = g[:, t].float()
-        decay = gt.exp()[..., None] if gt.dim() == 3 else gt.exp()[..., None, None]  # [B, Hv, Dk | 1, 1]
+        if decay_rates is not None:  # rates [Hv, Dk, Dv] times a step a value column [B, Hv, Dv]
+            decay = (decay_rates.float() * gt[:, :, None, :]).exp()
+        else:
+            decay = gt.exp()[..., None] if gt.dim() == 3 else gt.exp()[..., None, None]  # [B, Hv, Dk | 1, 1]
         updated = state * decay
         if beta is not None:
             delta = (vt - (updated * kt[..., None]).sum(-2)) * beta[:, t].float()[..., None]

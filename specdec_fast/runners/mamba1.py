@@ -13,7 +13,8 @@ mode, per token (C channels of intermediate_size, state N, time-step rank R):
     y = S_t C' + D x;  out = out_proj(y * silu(z))
 Every call runs the tokens one by one from each row's state (transformers' scan loop; a score call's K + 1
 tokens write a snapshot after each, a prefill keeps the last state only). On the Triton path a score call's scan is
-one launch (_fused_scan: kernels/recurrent, each channel a head of [N, 1], y = S C' in float32); the prefill has no
+one launch (_fused_scan: kernels/recurrent, the [C, N] state one head decayed by A dt, y = S C' in float32); the
+prefill has no
 block form or kernel yet: a long prompt's prefill is a loop of its length in torch ops (not timed on a GPU). Padded
 positions (a row's first columns) neither decay nor update the state.
 """
@@ -71,17 +72,13 @@ class Mamba1:
         dt = dt @ self.dt_weight.t()  # MambaMixer: dt_proj.weight @ time_step (its bias added in the scan)
         return F.softplus(dt + self.dt_bias.to(dt.dtype)) * real[..., None], b, c
 
-    def log_decay(self, dt: torch.Tensor) -> torch.Tensor:
-        """dt A [B, n, C, N] float32 (A = -exp(A_log); 0 at padding)."""
-        return -self.a_log.float().exp() * dt[..., None]
-
     def ssm_inputs(self, x: torch.Tensor, real: torch.Tensor) -> tuple:
         """The convolution's output x [B, n, C] (after silu, model dtype) of a call's rows -> the update
         (dt B^T) x [B, n, C, N] float32 (in mamba_selective_scan's order), C' [B, n, N] (model dtype), the decay
         exp(dt A) [B, n, C, N] (1 at padding: no decay; the update 0 there)."""
         dt, b, c = self.time_step(x, real)
         update = dt[..., None] * b.float()[..., None, :] * x.float()[..., None]
-        return update, c, torch.exp(self.log_decay(dt))
+        return update, c, torch.exp(-self.a_log.float().exp() * dt[..., None])
 
     def output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dtype, index: torch.Tensor) -> torch.Tensor:
         """y [B, n, C] (S C'), x [B, n, C] the convolution's output (each row's tokens, padding first), z [T, C] (the
@@ -131,10 +128,12 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
 
 
 def _fused_scan(net: Mamba1, st, xs: torch.Tensor, rows: tuple) -> torch.Tensor:
-    """A score call's scan through kernels/recurrent (RecurrentStates.steps): each channel c a head whose [N, 1] state
-    decays by exp(dt_c A[c]) per key, k = B and q = C' shared by every channel, v = dt_c x_c -> y = S C' [B, n, C]
-    float32 (transformers' slow path multiplies S C' in the model dtype: these differ by its rounding)."""
-    batch, n, channels = xs.shape
+    """A score call's scan through kernels/recurrent (RecurrentStates.steps): one head whose state [C, N] is [Dv, Dk]
+    (layout "vk"), keys B and queries C' [N], values dt x [C], decayed by exp(A[c, k] dt_c) (decay_rates: A^T, the
+    step dt a value column) -> y = S C' [B, n, C] float32 (transformers' slow path multiplies S C' in the model dtype:
+    these differ by its rounding)."""
     dt, b, c = net.time_step(xs, rows.real)
-    v = (dt.float() * xs.float())[..., None]  # [B, n, C, 1]
-    return st.steps(c[:, :, None], b[:, :, None], v, net.log_decay(dt), rows)[..., 0]
+    dt = dt.float()
+    v = (dt * xs.float())[:, :, None]  # [B, n, 1, C]
+    rates = -net.a_log.float().exp().t()[None]  # [1, N, C]
+    return st.steps(c[:, :, None], b[:, :, None], v, dt[:, :, None], rows, layout="vk", decay_rates=rates)[:, :, 0]

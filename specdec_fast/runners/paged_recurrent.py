@@ -93,8 +93,8 @@ class RecurrentStates:
         from ..kernels.recurrent import recurrent_steps
 
         rec, tent = self.rec, self.rec_tent
-        if rec.dim() == 3:  # Mamba1's [C, N] state: C heads of [N, 1]
-            rec, tent = rec.unsqueeze(-1), tent.unsqueeze(-1)
+        if rec.dim() == 3:  # Mamba1's [C, N] state: one head whose state is stored [Dv, Dk] (layout "vk")
+            rec, tent = rec.unsqueeze(-3), tent.unsqueeze(-3)
         return recurrent_steps(q, k, v, g, rec, tent, rows.start, rows.slot, rows.real, parent=rows.parent,
                                backend="triton" if self.fused else "torch", **options)
 

@@ -147,21 +147,24 @@ def compile_recurrent_steps() -> None:
     """kernels/recurrent's score-call kernel in the four forms the runners launch, at their models' sizes: the Gated
     DeltaNet (Qwen3-Next: bf16 q / k / v, 128 x 128 heads), KDA (Kimi Linear: a decay a key channel), Mamba2
     (Nemotron-H: float32 v = dt x, the [P, N] = [64, 128] layout), lightning (MiniMax: float32, 128 x 128), and the
-    token-tree form (parents: the Gated DeltaNet's, and Mamba1's channels of [16, 1] on one warp)."""
+    token-tree form (parents), and Mamba1's (Falcon-Mamba-7B: one head of [N = 16, C = 8192], its decay rates A times
+    a step a channel: [16, 128] tiles)."""
     from specdec_fast.kernels.recurrent import triton as recurrent
 
-    forms = {"gated_deltanet": ("bf16", 128, 128, False, True, True, False),
-             "gated_deltanet_tree": ("bf16", 128, 128, False, True, True, True),
-             "kda": ("bf16", 128, 128, True, True, True, False), "mamba2": ("fp32", 128, 64, False, False, False, False),
-             "lightning": ("fp32", 128, 128, False, False, False, False),
-             "mamba1_tree": ("bf16", 16, 1, True, False, False, True)}
-    for name, (dt, dk, dv, per_key, delta, norm, tree) in forms.items():
-        ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32", "beta_ptr": f"*{dt}",
-                "real_ptr": "*u8", "start_ptr": "*i64", "slot_ptr": "*i64", "parent_ptr": "*i64",
+    # (q / k / v dtype, Dk, Dv, G_MODE: 0 a decay a head, 1 a key row, 2 rates times a step a value column, the delta
+    # rule, q / k norms, parents)
+    forms = {"gated_deltanet": ("bf16", 128, 128, 0, True, True, False),
+             "gated_deltanet_tree": ("bf16", 128, 128, 0, True, True, True),
+             "kda": ("bf16", 128, 128, 1, True, True, False), "mamba2": ("fp32", 128, 64, 0, False, False, False),
+             "lightning": ("fp32", 128, 128, 0, False, False, False),
+             "mamba1": ("bf16", 16, 8192, 2, False, False, False), "mamba1_tree": ("bf16", 16, 8192, 2, False, False, True)}
+    for name, (dt, dk, dv, g_mode, delta, norm, tree) in forms.items():
+        ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32", "rates_ptr": "*fp32",
+                "beta_ptr": f"*{dt}", "real_ptr": "*u8", "start_ptr": "*i64", "slot_ptr": "*i64", "parent_ptr": "*i64",
                 "committed_ptr": "*fp32", "snap_ptr": "*fp32", "o_ptr": "*fp32"}
         block_k = triton.next_power_of_2(dk)
         consts = dict(DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=min(dv, recurrent.TILE_ELEMENTS // block_k),
-                      G_PER_KEY=per_key, DELTA=delta, QK_NORM=norm, EPS=1e-6, HAS_PARENT=tree)
+                      G_MODE=g_mode, DELTA=delta, QK_NORM=norm, EPS=1e-6, HAS_PARENT=tree)
         kernel = compile_sm90(recurrent._recurrent_steps_kernel, consts, {"scale": "fp32", **ptrs},
                               num_warps=max(1, min(4, block_k * consts["BLOCK_V"] // 512)))
         from aot_compile_attention import ptxas_spills  # here: that module imports this one

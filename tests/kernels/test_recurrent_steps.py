@@ -1,7 +1,8 @@
 """recurrent_steps (torch spec, Triton kernel) against a float64 loop, over the four recurrences it serves -- the
 Gated DeltaNet (grouped key heads, a decay a head, L2-normed q / k in bf16), KDA (a decay a key channel), Mamba2's
 SSD (the [P, N] state layout, groups of B / C, no delta rule), lightning attention (a constant decay, a stride-0
-g) and Mamba1 (channels as heads of [N, 1], one key head for all) -- at awkward sizes (Dk / Dv not powers of two, a value side wider than one tile, whole 128 x 128 tiles, one
+g), a head per channel of [N, 1], and Mamba1's (one head of [C, N] stored [Dv, Dk], decay_rates A times a step a
+channel) -- at awkward sizes (Dk / Dv not powers of two, a value side wider than one tile, whole 128 x 128 tiles, one
 token), rows starting from the committed state or a snapshot, left-padded rows whose padded columns hold garbage,
 the snapshots at their slots and every other slot untouched; bad inputs."""
 import pytest
@@ -19,8 +20,8 @@ CASES = {
     "lightning_constant_decay": (2, 2, 32, 32, 6, False, False, False, "kv", torch.float32),
     "value_side_over_one_tile": (1, 2, 64, 100, 3, False, True, True, "kv", torch.float32),
     "whole_tiles_128_one_token": (1, 1, 128, 128, 1, False, True, True, "kv", torch.bfloat16),
-    # Mamba1: each channel a head of [N, 1] decaying per key (dt_c A[c]), B and C shared by every channel
-    "mamba1_channels_as_heads": (1, 6, 16, 1, 4, True, False, False, "kv", torch.float32),
+    # a head per channel of [N, 1] decaying per key row, B and C one key head for all (a form decay_rates serves better)
+    "channels_as_heads": (1, 6, 16, 1, 4, True, False, False, "kv", torch.float32),
 }
 SLOTS = 10  # 9 tentative slots and the spare one
 START = [-1, 0, 2]  # row 0 from the committed state, rows 1 / 2 from snapshots 0 / 2
@@ -114,7 +115,7 @@ PARENTS = [[-1, 0, 0, 1, 1, 2], [-1, -1, 0, 1, 2, 2], [-1, 0, 1, 2, 3, 4]]
 
 @pytest.mark.parametrize("backend", kernel_backends())
 @pytest.mark.parametrize("name", ["gated_deltanet_grouped_bf16", "kda_decay_per_key", "mamba2_vk_groups",
-                                  "mamba1_channels_as_heads"])
+                                  "channels_as_heads"])
 def test_a_token_tree_continues_each_parent(name, backend, device):
     """parent given: each node from its parent's state (the snapshot this call wrote) or the row's start, every node's
     snapshot at its slot; the float64 loop over the same tree."""
@@ -137,6 +138,51 @@ def test_a_token_tree_continues_each_parent(name, backend, device):
     # the control: the same tokens as a chain (parent t - 1) differ where the tree branches
     chain_o, _ = _oracle(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, 0.5, layout)
     assert (chain_o[0, 2] - expected_o[0, 2]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("backend", kernel_backends())
+@pytest.mark.parametrize("tree", [False, True])
+def test_mamba1_decay_rates(tree, backend, device):
+    """decay_rates: one head whose [C = 40, N = 16] state (stored [Dv, Dk]: layout "vk", as Mamba1 keeps it) decays by
+    exp(A[c, k] dt_c), against the float64 loop of the same recurrence, as a chain with padding or a tree."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    if backend == "cpp":
+        device = "cpu"
+    gen = torch.Generator().manual_seed(11)
+    batch, n, channels, state = len(START), 5, 40, 16
+    q, k = (torch.randn(batch, n, 1, state, generator=gen) for _ in range(2))
+    v = torch.randn(batch, n, 1, channels, generator=gen)
+    dt = torch.rand(batch, n, 1, channels, generator=gen)
+    rates = -torch.rand(1, state, channels, generator=gen) * 2
+    committed = torch.randn(batch + 1, 1, channels, state, generator=gen) * 0.3
+    snapshots = torch.randn(batch + 1, SLOTS, 1, channels, state, generator=gen) * 0.3
+    start = torch.tensor(START)
+    if tree:
+        real, parent = torch.ones(batch, n, dtype=torch.bool), torch.tensor([p[:n] for p in PARENTS])
+        slot = start[:, None] + 1 + torch.arange(n)
+    else:
+        real, parent = torch.tensor([[c >= min(p, n - 1) for c in range(n)] for p in PAD]), None
+        slot = torch.where(real, start[:, None] + real.long().cumsum(1), SLOTS - 1)
+    expected = []
+    for b in range(batch):  # the recurrence in float64, per key row and value column
+        s = (committed[b, 0] if start[b] < 0 else snapshots[b, start[b], 0]).double().t()  # [N, C]
+        after, out = [], []
+        for t in range(n):
+            if parent is not None:
+                s = (committed[b, 0] if start[b] < 0 else snapshots[b, start[b], 0]).double().t() if parent[b, t] < 0 \
+                    else after[parent[b, t]]
+            if real[b, t]:
+                s = s * (rates[0].double() * dt[b, t, 0].double()).exp() + torch.outer(k[b, t, 0], v[b, t, 0]).double()
+            after.append(s)
+            out.append(s.t() @ q[b, t, 0].double())
+        expected.append(torch.stack(out))
+    to = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
+    args = to(q, k, v, dt, committed, snapshots, start, slot, real)
+    o = recurrent_steps(*args, layout="vk", decay_rates=rates.to(device), backend=backend,
+                        parent=None if parent is None else parent.to(device))
+    on = real
+    torch.testing.assert_close(o.cpu().double()[:, :, 0][on], torch.stack(expected)[on], atol=2e-5, rtol=2e-5)
 
 
 def test_control_a_snapshot_one_token_late_is_caught():
@@ -168,15 +214,19 @@ def test_untouched_rows_and_the_committed_states_stay():
     (lambda a: a.update(snapshots=a["snapshots"].double()), "the states are float32"),
     (lambda a: a.update(start=a["start"].int()), "start and slot are int64"),
     (lambda a: a.update(layout="kvv"), "layout must be one of"),
+    (lambda a: a.update(decay_rates=torch.zeros(4, 16, 24)), "g must be \\[B, n, Hv, Dv\\]"),
+    (lambda a: a.update(decay_rates=torch.zeros(4, 16, 23)), "decay_rates must be None or"),
     (lambda a: a.update(q=a["q"].transpose(2, 3).contiguous().transpose(2, 3)), "unit stride"),
 ])
 def test_bad_inputs_raise(change, message):
     case = CASES["gated_deltanet_grouped_bf16"]
     names = ("q", "k", "v", "g", "committed", "snapshots", "start", "slot", "real", "beta")
     args = dict(zip(names, _inputs(case, 0, "cpu")), layout="kv")
+    args["decay_rates"] = None
     change(args)
     with pytest.raises((ValueError, TypeError), match=message):
-        recurrent_steps(**{k: args[k] for k in names[:-1]}, beta=args["beta"], layout=args["layout"], backend="torch")
+        recurrent_steps(**{k: args[k] for k in names[:-1]}, beta=args["beta"], layout=args["layout"],
+                        decay_rates=args["decay_rates"], backend="torch")
 
 
 def test_the_triton_call_is_one_launch_and_never_syncs(device):
