@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     check_mode(args)
     from gpu_timing import RowBudget
 
+    from specdec_fast.runners.paged_recurrent import RowLayout
+
     shape = SMOKE if args.smoke else GPU if args.gpu else CPU
     device, name, sync = mode_device(args)
     torch.set_num_threads(args.threads)
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
             return runner._prefill_chunks(net, states(1), by_row, beta, g)
 
         def steps():
-            return runner._steps(net, states(length), by_row, beta, g, real, slot, start)
+            return runner._steps(net, states(length), by_row, beta, g, RowLayout(None, real, slot, start))
 
         timings, diff = _compare(chunked, steps, shape["reps"], sync)
         row = {"call": "prefill", "B": 1, "tokens": length, "chunked_ms": timings[0], "steps_ms": timings[1],
@@ -129,17 +131,15 @@ def main(argv=None) -> int:
         st.conv.copy_(torch.randn(st.conv.shape, generator=gen))
 
         def block():
-            return runner._score_block(net, st, by_row, beta, g, real, slot, start)
+            return runner._score_block(net, st, by_row, beta, g, RowLayout(None, real, slot, start))
 
         def steps():
-            return runner._steps(net, st, by_row, beta, g, real, slot, start)
+            return runner._steps(net, st, by_row, beta, g, RowLayout(None, real, slot, start))
 
         timings, diff = _compare(block, steps, shape["reps"], sync, graphs=args.gpu)
         row = {"call": "score", "B": batch, "tokens": n, "block_ms": timings[0], "steps_ms": timings[1],
                "block_vs_steps": timings[0] / timings[1], "max_abs_diff": diff}
         if args.gpu or (args.smoke and triton_runs(device)):  # the Triton path's one launch (interpreted in --smoke)
-            from specdec_fast.runners.paged_recurrent import RowLayout
-
             rows_ = RowLayout(None, real, slot, start)
 
             def fused():

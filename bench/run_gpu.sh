@@ -286,7 +286,7 @@ stage_mla() {
   run --cap 80 python3 bench/bench_dsa.py --gpu --budget-s "$(budget 40 80)" --out "$results/dsa_$dev.json"
   run --cap 70 python3 bench/bench_mamba2.py --gpu --budget-s "$(budget 30 70)" --out "$results/mamba2_$dev.json"
   run --cap 150 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_mla_attention.py \
-    tests/kernels/test_recurrent_steps.py \
+    tests/kernels/test_recurrent_steps.py tests/kernels/test_conv_steps.py \
     tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py \
     tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py tests/engine/test_paged_falcon_h1.py \
     tests/engine/test_paged_olmo_hybrid.py tests/engine/test_paged_lfm2.py tests/engine/test_paged_mamba_lm.py \

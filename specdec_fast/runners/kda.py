@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ._linear import linear
-from .paged_recurrent import conv_windows, depthwise, prefill_conv, windows_of
+from .paged_recurrent import prefill_conv
 
 CHUNK = 64  # transformers' chunk_size; the decays of a chunk are [B, H, CHUNK, CHUNK, D] float32 at once
 
@@ -127,16 +127,12 @@ def kda_forward(net: Kda, st, h: torch.Tensor, rows: tuple, prefilling: bool) ->
         st.rec[:batch].copy_(state)
         o = o.transpose(1, 2)  # [B, n, H, D]
     elif st.by_steps(rows):  # the Triton path (one launch: the rule, the L2 norms, every snapshot), or a token tree
-        windows = windows_of(st.start_conv(batch, start).to(by_row.dtype), by_row, rows, net.kernel)  # [B, C, n, K]
-        y = F.silu(depthwise(windows, net.conv, None)).to(by_row.dtype).transpose(1, 2).contiguous()  # [B, n, 3 H D]
-        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+        y = st.conv_steps(by_row, net.conv, None, rows, silu=True)  # [B, n, 3 H D]
         q, k, v = (t.view(batch, n, net.heads, net.dim) for t in y.split(net.heads * net.dim, dim=-1))
         o = st.steps(q, k, v, g, rows, beta=beta, qk_norm=True, scale=net.dim ** -0.5)
     else:
-        conv, state = st.start(batch, start)
-        windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
-        q, k, v = net.heads_of(F.silu(depthwise(windows, net.conv, None)).to(by_row.dtype).transpose(1, 2))
-        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+        state = st.start_rec(batch, start)
+        q, k, v = net.heads_of(st.conv_steps(by_row, net.conv, None, rows, silu=True))
         outs = []
         for t in range(n):  # transformers' recurrent rule
             on = real[:, t, None, None, None]

@@ -111,7 +111,7 @@ def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilli
         o, state, _ = lightning_scan(net.slope, q, k, v, rank, state, snapshots=False)
         st.rec[:batch].copy_(state)
     else:  # the snapshot after each token (a padded column writes the spare slot)
-        o, _, after = lightning_scan(net.slope, q, k, v, rank, st.start(batch, start)[1], snapshots=True)
+        o, _, after = lightning_scan(net.slope, q, k, v, rank, st.start_rec(batch, start), snapshots=True)
         st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = after
     packed = torch.zeros(total + 1, heads * dim, dtype=h.dtype, device=h.device)
     packed.index_copy_(0, index.reshape(-1), o.transpose(1, 2).reshape(batch * n, -1).to(h.dtype))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..kernels.llama_ops.reference import rms_norm_reference
 from ._linear import linear
-from .paged_recurrent import depthwise, prefill_conv, windows_of
+from .paged_recurrent import prefill_conv
 
 
 # Tokens whose scan inputs (the decay and the update, [B, chunk, C, N] float32 each) exist at once: a 2k-token
@@ -105,14 +105,12 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
         y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)
         st.conv[:batch].copy_(last)
         state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
-    else:  # (the fused scan reads each row's recurrent state in its kernel)
-        conv, state = (st.start_conv(batch, start), None) if st.by_steps(rows) else st.start(batch, start)
-        windows = windows_of(conv.to(by_row.dtype), by_row, rows, net.kernel)  # [B, C, n, K]
-        y = depthwise(windows, net.conv, net.conv_bias)
-        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
-    xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
-    if not prefilling and st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot), or a token tree
-        return net.output(_fused_scan(net, st, xs.contiguous(), rows), xs, z, h.dtype, index)
+        xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
+    else:  # each row's windows (RecurrentStates.conv_steps), the scan from its state
+        xs = st.conv_steps(by_row, net.conv, net.conv_bias, rows, silu=True).to(x.dtype)  # [B, n, C]
+        if st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot), or a token tree
+            return net.output(_fused_scan(net, st, xs, rows), xs, z, h.dtype, index)
+        state = st.start_rec(batch, start)
     outs = []
     for begin in range(0, n, SCAN_CHUNK):  # the scan's inputs a chunk at a time: [B, chunk, C, N] each, not [B, n, C, N]
         update, c, decay = net.ssm_inputs(xs[:, begin:begin + SCAN_CHUNK], real[:, begin:begin + SCAN_CHUNK])

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ._linear import linear
-from .paged_recurrent import conv_windows, depthwise, prefill_conv, windows_of
+from .paged_recurrent import prefill_conv
 
 PREFILL_CHUNK = 128  # tokens a chunk of the prefill's scan (transformers' chunk_size default; the math is exact either way)
 
@@ -148,22 +148,15 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
             outs.append(out)
         st.rec[:batch].copy_(state)
         y = torch.cat(outs, dim=1)
-    elif st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot; q = C, k = B), or a token tree
-        ids = torch.arange(batch, device=h.device)
-        windows = windows_of(st.start_conv(batch, start).to(by_row.dtype), by_row, rows, net.kernel)  # [B, C, n, K]
-        y = F.silu(depthwise(windows, net.conv, net.conv_bias)).to(xbc.dtype).transpose(1, 2).contiguous()  # [B, n, C]
-        x, xt, b, c, a = net.ssm_inputs(y, dt, real, per_head=False)
-        y = st.steps(c, b, xt, a, rows, layout="vk") + net.d.float()[:, None] * x
-        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
-    else:
-        ids = torch.arange(batch, device=h.device)
-        conv, rec = st.start(batch, start)
-        windows = conv_windows(conv.to(by_row.dtype), by_row, real, net.kernel)  # [B, C, n, K]
-        x, xt, b, c, a = net.ssm_inputs(F.silu(depthwise(windows, net.conv, net.conv_bias)).to(xbc.dtype).transpose(1, 2),
-                                        dt, real)
-        y, states = net.scan(x, xt, b, c, a, rec, snapshots=True)
-        st.rec_tent[ids[:, None], slot] = states  # padded positions to the spare slot
-        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+    else:  # a score call: the convolution's windows from each row's (RecurrentStates.conv_steps), then the scan
+        y = st.conv_steps(by_row, net.conv, net.conv_bias, rows, silu=True)  # [B, n, C]
+        if st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot; q = C, k = B), or a token tree
+            x, xt, b, c, a = net.ssm_inputs(y, dt, real, per_head=False)
+            y = st.steps(c, b, xt, a, rows, layout="vk") + net.d.float()[:, None] * x
+        else:
+            x, xt, b, c, a = net.ssm_inputs(y, dt, real)
+            y, states = net.scan(x, xt, b, c, a, st.start_rec(batch, start), snapshots=True)
+            st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = states  # padding to the spare slot
     packed = torch.zeros(total + 1, net.heads * net.head_dim, dtype=torch.float32, device=h.device)
     packed.index_copy_(0, index.reshape(-1), y.reshape(batch * n, -1))
     return net.output(packed[:total], z, h.dtype)

@@ -23,7 +23,7 @@ A score call's tokens read each row's window of its last L - 1 inputs (committed
 snapshot after each; a prefill runs the convolution over each row at once. Left padding: transformers zeroes a
 padded position's input, so B * x is zero there without a conv bias (the checkpoints' conv_bias False; a bias is
 refused); here padded positions do not reach the convolution at all. Token trees: each node's window along its
-ancestors (runners/paged_recurrent.py tree_windows). No tensor-parallel runner. Not timed on a GPU.
+ancestors (RecurrentStates.conv_steps). No tensor-parallel runner. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
@@ -35,8 +35,7 @@ from ._moe import MoE, is_moe, layers_moe_reason
 from ._rotary import rope_tables, rotations, static_rope_reason
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import llama_rms_norm
-from .paged_recurrent import (PagedRecurrentRunner, depthwise, layer_kinds_reason, padded_bias_reason, prefill_conv,
-                              windows_of)
+from .paged_recurrent import PagedRecurrentRunner, layer_kinds_reason, padded_bias_reason, prefill_conv
 
 LFM2_TYPES = ("lfm2", "lfm2_moe", "lfm3")  # LFM2-MoE (LFM2-8B-A1B): LFM2's layers, MoE blocks after num_dense_layers
 LAYER_KINDS = ("conv", "full_attention", "sliding_attention")  # sliding: LFM3's
@@ -211,12 +210,9 @@ class PagedLfm2Runner(PagedRecurrentRunner):
         if self._prefilling:
             y, last = prefill_conv(by_row.transpose(1, 2), conv.weight, conv.bias, conv.kernel)  # [B, C, n]
             st.conv[:batch].copy_(last)
-        else:
-            window = st.start_conv(batch, start)
-            windows = windows_of(window, by_row, rows, conv.kernel)  # [B, C, n, L]: along its ancestors in a tree
-            y = depthwise(windows, conv.weight, conv.bias)
-            ids = torch.arange(batch, device=h.device)
-            st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
+            y = y.transpose(1, 2)
+        else:  # each row's windows, a snapshot after each token (along its ancestors in a tree)
+            y = st.conv_steps(by_row, conv.weight, conv.bias, rows, silu=False)  # [B, n, C]
         packed = torch.zeros(total + 1, conv.channels, dtype=h.dtype, device=h.device)
-        packed.index_copy_(0, index.reshape(-1), y.to(h.dtype).transpose(1, 2).reshape(batch * n, conv.channels))
+        packed.index_copy_(0, index.reshape(-1), y.to(h.dtype).reshape(batch * n, conv.channels))
         return linear(c * packed[:total], *conv.out_proj)

@@ -41,7 +41,7 @@ from ._moe import SHARED, MoE, is_moe, moe_or_mlp, moe_reason
 from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import decoder_reason, head_dim_reason
-from .paged_recurrent import PagedRecurrentRunner, conv_windows, depthwise, layer_kinds_reason, prefill_conv, windows_of
+from .paged_recurrent import PagedRecurrentRunner, layer_kinds_reason, prefill_conv
 
 # Qwen3-Next, and Qwen3.5's text decoders (AutoModelForCausalLM on a Qwen3.5 checkpoint: Qwen3_5ForCausalLM /
 # Qwen3_5MoeForCausalLM): the same layers, the Gated DeltaNet's projections apart (in_proj_qkv / z / b / a), and
@@ -239,7 +239,7 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         """One Gated DeltaNet layer over the call's tokens h [T, H] -> its output [T, H]: a prefill in chunks
         from zero states (the final ones committed); a score call token by token from each row's state
         (committed, or the last snapshot), a snapshot written after each token."""
-        index, real, slot, start, _ = rows
+        index = rows.index
         batch, n = index.shape
         total = h.shape[0]
         mixed, z, b, a = net.project(h)
@@ -254,7 +254,7 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         elif st.by_steps(rows):  # the Triton path, or a token tree
             core = self._score_fused(net, st, by_row, beta, g, rows)
         else:
-            core = self._score_block(net, st, by_row, beta, g, real, slot, start)
+            core = self._score_block(net, st, by_row, beta, g, rows)
         packed = torch.zeros(total + 1, net.nv, net.dv, dtype=h.dtype, device=h.device)
         packed.index_copy_(0, index.reshape(-1), core.to(h.dtype).reshape(batch * n, net.nv, net.dv))
         core = gated_norm(packed[:total], z, net.norm).reshape(total, -1)
@@ -272,12 +272,14 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         return q / (net.dk ** 0.5), k, v.reshape(*lead, net.nv, net.dv).float()
 
-    def _steps(self, net, st, by_row, beta, g, real, slot, start) -> torch.Tensor:
-        """A score call: token by token from each row's state (transformers' recurrent rule, op for op),
+    def _steps(self, net, st, by_row, beta, g, rows) -> torch.Tensor:
+        """A score call's chain: token by token from each row's state (transformers' recurrent rule, op for op),
         a snapshot after each real token -> outputs [B, n, Hv, Dv] float32."""
+        _, real, slot, start, _ = rows
         batch, n = real.shape
         ids = torch.arange(batch, device=by_row.device)
-        conv, rec = st.start(batch, start)
+        conv = torch.where((start < 0)[:, None, None], st.conv[:batch], st.conv_tent[ids, start.clamp(min=0)])
+        rec = st.start_rec(batch, start)
         weight, bias = net.conv, net.conv_bias
         outs = []
         for t in range(n):
@@ -298,19 +300,18 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
             st.rec_tent[ids, slot[:, t]] = torch.where(on[:, None, None, None], rec, st.rec_tent[ids, slot[:, t]])
         return torch.stack(outs, dim=1)
 
-    def _score_block(self, net, st, by_row, beta, g, real, slot, start) -> torch.Tensor:
-        """A score call's n tokens at once (the same recurrence as _steps, its reference): ~20 batched ops
-        whatever n, where the steps take ~15 a token. Each row's convolution windows gathered from its
-        state and tokens; within the call the delta rule solves as one unit lower-triangular n x n system
-        per head (as a prefill chunk does, from the row's state); every snapshot S_t = e^(G_t) S_0 +
-        sum_(j <= t) e^(G_t - G_j) k_j d_j^T written in one scatter (padded positions to the spare slot)
-        -> outputs [B, n, Hv, Dv] float32."""
+    def _score_block(self, net, st, by_row, beta, g, rows) -> torch.Tensor:
+        """A score call's chain, its n tokens at once (the same recurrence as _steps, its reference): ~20 batched
+        ops whatever n, where the steps take ~15 a token. The convolution through RecurrentStates.conv_steps (each
+        row's windows from its state and tokens, their snapshots written); within the call the delta rule solves as
+        one unit lower-triangular n x n system per head (as a prefill chunk does, from the row's state); every
+        snapshot S_t = e^(G_t) S_0 + sum_(j <= t) e^(G_t - G_j) k_j d_j^T written in one scatter (padded positions
+        to the spare slot) -> outputs [B, n, Hv, Dv] float32."""
+        _, real, slot, start, _ = rows
         batch, n = real.shape
         ids = torch.arange(batch, device=by_row.device)
-        conv, rec = st.start(batch, start)  # [B, C, K - 1], [B, Hv, Dk, Dv]
-        windows = conv_windows(conv, by_row, real, net.kernel)  # [B, C, n, K]: each token's K inputs, its own last
-        y = depthwise(windows, net.conv, net.conv_bias)
-        q, k, v = self._heads(net, F.silu(y).to(by_row.dtype).transpose(1, 2))  # [B, n, Hv, D]
+        rec = st.start_rec(batch, start)  # [B, Hv, Dk, Dv]
+        q, k, v = self._heads(net, st.conv_steps(by_row, net.conv, net.conv_bias, rows, silu=True))  # [B, n, Hv, D]
         on = real[:, None, :, None].float()  # padding: no key, no value, no decay, no update
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, Hv, n, D]
         k, v = k * on, v * on
@@ -326,21 +327,16 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
         out = lead * (q @ rec) + (gap * (q @ k.transpose(-1, -2))) @ d
         snaps = lead[..., None] * rec[:, :, None] + torch.einsum("bhtj,bhjk,bhjv->bhtkv", gap, k, d)
         st.rec_tent[ids[:, None], slot] = snaps.transpose(1, 2)  # [B, n, Hv, Dk, Dv]
-        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
         return out.transpose(1, 2)
 
     @staticmethod
     def _score_fused(net, st, by_row, beta, g, rows) -> torch.Tensor:
-        """A score call on the Triton path: the convolution windows as _score_block's, then the delta rule, the L2
-        norms, the key heads' repeat and every snapshot in one launch (RecurrentStates.steps) -> outputs [B, n, Hv, Dv]
-        float32."""
-        _, real, slot, start, _ = rows
-        batch, n = real.shape
-        windows = windows_of(st.start_conv(batch, start), by_row, rows, net.kernel)  # [B, C, n, K]
-        y = F.silu(depthwise(windows, net.conv, net.conv_bias)).to(by_row.dtype).transpose(1, 2).contiguous()
+        """A score call on the Triton path, or a token tree's on any: the convolution (RecurrentStates.conv_steps),
+        then the delta rule, the L2 norms, the key heads' repeat and every snapshot (RecurrentStates.steps: one launch
+        each on the Triton path) -> outputs [B, n, Hv, Dv] float32."""
+        batch, n = rows.real.shape
+        y = st.conv_steps(by_row, net.conv, net.conv_bias, rows, silu=True)  # [B, n, C]
         q, k, v = torch.split(y, [net.nk * net.dk, net.nk * net.dk, net.nv * net.dv], dim=-1)
-        ids = torch.arange(batch, device=by_row.device)
-        st.conv_tent[ids[:, None], slot] = windows[..., 1:].transpose(1, 2).to(st.conv_tent.dtype)
         return st.steps(q.view(batch, n, net.nk, net.dk), k.view(batch, n, net.nk, net.dk),
                         v.view(batch, n, net.nv, net.dv), g, rows, beta=beta, qk_norm=True, scale=net.dk ** -0.5)
 

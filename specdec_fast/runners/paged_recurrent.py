@@ -13,8 +13,8 @@ padded positions' writes); a score call starts each row from the committed state
 committed state (keep 0: unchanged) -- a gather, no host sync, static shapes, as SGLang and vLLM keep
 per-draft states for these layers. The attention layers use the paged cache as every family does
 (kv_layer_count: those layers only). A token tree's call (score(tree=...)) runs each node from its parent's states
-(RowLayout.parent: the last ancestor in its mask; the convolution's window along its ancestors: tree_windows; the
-recurrence through RecurrentStates.steps, whose kernel reads the parent's snapshot) and keeps every node's snapshot;
+(RowLayout.parent: the last ancestor in its mask; the convolution's window along its ancestors and the recurrence
+through RecurrentStates.conv_steps / steps, whose kernels read the parent's snapshots) and keeps every node's snapshot;
 commit_path makes the accepted path's last node's the committed one.
 
 A family's runner binds self.layers, each with a ``kind`` ("full_attention", "linear_attention": a recurrent
@@ -72,18 +72,22 @@ class RecurrentStates:
         # else the layer's torch forms (the block and chunk forms batch a call's tokens into a few large ops)
         self.fused = fused
 
-    def start(self, batch: int, start: torch.Tensor) -> tuple:
-        """Each row's state a score call starts from: (conv [B, C, K - 1], rec [B, ...]) the committed ones
-        where start < 0, else snapshot start (_row_layout's)."""
+    def start_rec(self, batch: int, start: torch.Tensor) -> torch.Tensor:
+        """Each row's recurrent state a score call starts from [B, ...]: the committed one where start < 0, else
+        snapshot start (_row_layout's). (steps() and conv_steps() read the starting states in their kernels.)"""
         ids = torch.arange(batch, device=start.device)
-        first, fresh = start.clamp(min=0), start < 0
-        rec = torch.where(fresh.view(-1, *(1,) * (self.rec.dim() - 1)), self.rec[:batch], self.rec_tent[ids, first])
-        return self.start_conv(batch, start), rec
+        fresh = (start < 0).view(-1, *(1,) * (self.rec.dim() - 1))
+        return torch.where(fresh, self.rec[:batch], self.rec_tent[ids, start.clamp(min=0)])
 
-    def start_conv(self, batch: int, start: torch.Tensor) -> torch.Tensor:
-        """start's convolution windows alone [B, C, K - 1] (steps() reads the recurrent state in its kernel)."""
-        ids = torch.arange(batch, device=start.device)
-        return torch.where((start < 0)[:, None, None], self.conv[:batch], self.conv_tent[ids, start.clamp(min=0)])
+    def conv_steps(self, x: torch.Tensor, weight: torch.Tensor, bias, rows: "RowLayout", silu: bool) -> torch.Tensor:
+        """A score call's causal depthwise convolution (kernels/causal_conv.conv_steps: its Triton kernel where the
+        runner's path is Triton, else its torch form) over x [B, n, C] (the call's inputs as rows, each row's real
+        tokens last) from each row's starting window, a chain's or a token tree's, every token's window written to its
+        slot -> y [B, n, C] in weight's dtype (silu applied where asked)."""
+        from ..kernels.causal_conv import conv_steps
+
+        return conv_steps(x, weight, bias, self.conv, self.conv_tent, rows.start, rows.slot, rows.real,
+                          parent=rows.parent, silu=silu, backend="triton" if self.fused else "torch")
 
     def steps(self, q, k, v, g, rows: RowLayout, **options) -> torch.Tensor:
         """A score call's recurrence (kernels/recurrent.recurrent_steps: its Triton kernel where the runner's path is
@@ -216,55 +220,7 @@ def tree_parents(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(bits, nodes, -1).max(-1).values
 
 
-def windows_of(conv: torch.Tensor, by_row: torch.Tensor, rows: RowLayout, kernel: int) -> torch.Tensor:
-    """Each token's K convolution inputs, its own last (conv_windows), along its ancestors in a token tree
-    (tree_windows) -> [B, C, n, K]."""
-    if rows.parent is None:
-        return conv_windows(conv, by_row, rows.real, kernel)
-    return tree_windows(conv, by_row, rows.parent, kernel)
-
-
-def tree_windows(conv: torch.Tensor, by_row: torch.Tensor, parent: torch.Tensor, kernel: int) -> torch.Tensor:
-    """A token tree's convolution windows: conv [B, C, K - 1] (the rows' starting windows), by_row [B, n, C] (the
-    nodes' inputs), parent [B, n] (-1: a root) -> [B, C, n, K]: node i's inputs of its ancestors j = K - 1 .. 1 levels
-    up, then its own; past the call's roots the starting window's last entries (as a chain's first token reads it)."""
-    batch, n = parent.shape
-    cols = [kernel - 1 + torch.arange(n, device=by_row.device).expand(batch, n)]  # the node itself: [state | nodes]
-    node = torch.arange(n, device=by_row.device).expand(batch, n)
-    beyond = torch.zeros_like(node)  # levels climbed past the call's roots
-    for _ in range(kernel - 1):
-        up = torch.where(node >= 0, parent.gather(1, node.clamp(min=0)), -1)
-        beyond = beyond + (up < 0).long()
-        cols.append(torch.where(up >= 0, kernel - 1 + up, kernel - 1 - beyond).clamp(min=0))
-        node = up
-    history = torch.stack(cols[::-1], dim=-1)  # [B, n, K], oldest first
-    inputs = torch.cat((conv, by_row.transpose(1, 2)), dim=-1)  # [B, C, K - 1 + n]
-    windows = inputs.gather(2, history.reshape(batch, 1, -1).expand(-1, conv.shape[1], -1))
-    return windows.view(batch, conv.shape[1], n, kernel)
-
-
-# -- a recurrent layer's causal depthwise convolution (Gated DeltaNet's, Mamba2's) over a call's rows ------------
-def conv_windows(conv: torch.Tensor, by_row: torch.Tensor, real: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Each token's K inputs, its own last: conv [B, C, K - 1] (the rows' starting windows), by_row [B, n, C]
-    (each row's tokens last, its padding first), real [B, n] -> windows [B, C, n, K]. Column c of the call
-    (c >= pad: a token) reads history [state | columns]: a token's own column, or the state's entry
-    (K - 1) - (pad - c) for the columns before the row's first token."""
-    batch, n = real.shape
-    pad = (n - real.sum(1))[:, None, None]  # [B, 1, 1]
-    cols = torch.arange(n, device=by_row.device)[None, :, None] + torch.arange(1 - kernel, 1, device=by_row.device)
-    history = torch.where(cols >= pad, kernel - 1 + cols, kernel - 1 - (pad - cols)).clamp(min=0)  # [B, n, K]
-    inputs = torch.cat((conv, by_row.transpose(1, 2)), dim=-1)  # [B, C, K - 1 + n]
-    windows = inputs.gather(2, history.reshape(batch, 1, -1).expand(-1, conv.shape[1], -1))
-    return windows.view(batch, conv.shape[1], n, kernel)
-
-
-def depthwise(windows: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
-    """windows [B, C, n, K] against the convolution weight [C, K] (+ bias [C]) -> [B, C, n] in the weight's dtype:
-    summed in float32, rounded once (as conv1d accumulates; bf16 products summed in bf16 drift)."""
-    y = (windows.float() * weight.float()[:, None, :]).sum(-1).to(weight.dtype)
-    return y + (0 if bias is None else bias[:, None])
-
-
+# -- a recurrent layer's causal depthwise convolution over a prefill's rows (a score call's: RecurrentStates.conv_steps)
 def prefill_conv(x: torch.Tensor, weight: torch.Tensor, bias, kernel: int) -> tuple:
     """A prefill's convolution over each row at once: x [B, C, n] (each row's padding first, zeros) ->
     (outputs [B, C, n] in the weight's dtype, the rows' last K - 1 inputs [B, C, K - 1]: the state to commit)."""

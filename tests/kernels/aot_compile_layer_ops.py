@@ -143,7 +143,7 @@ def main() -> None:
     print("layer ops ok")
 
 
-def compile_recurrent_steps() -> None:
+def compile_recurrent_steps() -> None:  # and kernels/causal_conv's convolution
     """kernels/recurrent's score-call kernel in the four forms the runners launch, at their models' sizes: the Gated
     DeltaNet (Qwen3-Next: bf16 q / k / v, 128 x 128 heads), KDA (Kimi Linear: a decay a key channel), Mamba2
     (Nemotron-H: float32 v = dt x, the [P, N] = [64, 128] layout), lightning (MiniMax: float32, 128 x 128), and the
@@ -172,6 +172,20 @@ def compile_recurrent_steps() -> None:
         spills = ptxas_spills(kernel)
         print("recurrent_steps", name, "shared", kernel.metadata.shared, "spill bytes", spills)
         assert not spills, (name, spills)  # the [Dk, BLOCK_V] state tile stays in registers
+    # kernels/causal_conv: the Gated DeltaNet's / Mamba's convolution (bf16, kernel 4, a bias, silu), as a chain and a
+    # tree, and LFM2's (kernel 3, no activation)
+    from specdec_fast.kernels.causal_conv import triton as conv
+
+    for name, (dt, kernel, silu, tree) in {"k4_silu": ("bf16", 4, True, False), "k4_silu_tree": ("bf16", 4, True, True),
+                                           "lfm2_k3": ("bf16", 3, False, False)}.items():
+        ptrs = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "committed_ptr": f"*{dt}",
+                "snap_ptr": f"*{dt}", "start_ptr": "*i64", "slot_ptr": "*i64", "real_ptr": "*u8", "parent_ptr": "*i64",
+                "y_ptr": f"*{dt}"}
+        consts = dict(K=kernel, BLOCK_C=conv.BLOCK_C, HAS_BIAS=True, SILU=silu, HAS_PARENT=tree)
+        kernel_ = compile_sm90(conv._conv_steps_kernel, consts, ptrs, num_warps=4)
+        spills = ptxas_spills(kernel_)
+        print("conv_steps", name, "shared", kernel_.metadata.shared, "spill bytes", spills)
+        assert not spills, (name, spills)
 
 
 if __name__ == "__main__":
