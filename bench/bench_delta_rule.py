@@ -18,10 +18,10 @@ largest difference: a prefill's chunks, and a score call's tokens at once.
         Qwen3-Next-80B's layer widths (16 key heads, 32 value heads of 128), one layer on the GPU: prefills of
         1k / 4k / 16k tokens (synchronised ms, median of 3) and score calls of 5 tokens at B 1 / 8 / 32 (CUDA-graph
         replay us of each way), with the outputs' largest difference; the score rows also time the Triton path's
-        _score_fused (kernels/recurrent: the rule and every snapshot in one launch, ~8 launches a call with the
-        convolution's against the block's ~25). Never run yet: whether the score block's fewer ops pay where
-        launches cost, and the chunked prefill's time. Predicted for the fused way: <= 0.5x the block at B = 1
-        (launch-bound: a third of the launches), <= 0.7x at B = 32 (the snapshots written once from registers, where
+        _score_fused (kernels/causal_conv's and kernels/recurrent's launches: the convolution, the rule and every
+        snapshot in two, against the block's ~45 with its convolution's). Never run yet: whether the score block's fewer ops pay where
+        launches cost, and the chunked prefill's time. Predicted for the fused way: <= 0.3x the block at B = 1
+        (launch-bound: 2 launches against ~45), <= 0.7x at B = 32 (the snapshots written once from registers, where
         the block writes a [B, n, Hv, Dk, Dv] temporary and scatters it: ~2.6x fewer state bytes moved).
     python bench/bench_delta_rule.py --smoke --out F
         Tiny widths and lengths: not a measurement, a check that the script runs (the fused way too, interpreted,
