@@ -17,9 +17,9 @@ it, over the same inputs, with the outputs' largest difference:
     python bench/bench_mamba2.py --gpu [--budget-s S] [--out bench/results/mamba2_<device>.json]
         Nemotron-H 8B's widths (128 heads of 64, 8 groups of state 128; hidden 4096), bf16: prefills of 1k / 4k
         tokens (synchronised ms) and score calls of 5 tokens at B 1 / 8 / 32 (CUDA-graph replay us), the score rows also
-        the Triton path's one launch (kernels/recurrent, q = C, k = B over the [P, N] state). Never run yet. Predicted
-        for the fused way: <= 0.5x the block at B = 1 (launch-bound), <= 0.7x at B = 32 (the snapshots from
-        registers, no [B, n, H, P, N] temporary).
+        the Triton path's two launches (kernels/causal_conv, kernels/recurrent: q = C, k = B over the [P, N] state).
+        Never run yet. Predicted for the fused way: <= 0.5x the block at B = 1 (launch-bound), <= 0.7x at B = 32 (the
+        snapshots from registers, no [B, n, H, P, N] temporary).
     python bench/bench_mamba2.py --smoke --out F
         Tiny widths: not a measurement, a check that the script runs and the ways agree (the fused way interpreted,
         where TRITON_INTERPRET=1).
