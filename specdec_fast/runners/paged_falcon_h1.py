@@ -66,7 +66,6 @@ class PagedFalconH1Runner(PagedRecurrentRunner):
     PagedRunnerBase's. Token trees: each node from its parent's states (runners/paged_recurrent.py)."""
 
     unsupported_reason = staticmethod(falcon_h1_unsupported_reason)
-    family = "Falcon-H1"
 
     def _bind(self, model) -> None:
         inner, config = model.model, model.config

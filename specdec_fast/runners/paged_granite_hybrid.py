@@ -102,7 +102,6 @@ class PagedGraniteHybridRunner(PagedRecurrentRunner):
     its parent's states."""
 
     unsupported_reason = staticmethod(granite_hybrid_unsupported_reason)
-    family = "Granite 4.0"
 
     def _bind(self, model) -> None:
         inner, config = model.model, model.config

@@ -80,7 +80,6 @@ class PagedJambaRunner(PagedRecurrentRunner):
     PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(jamba_unsupported_reason)
-    family = "Jamba"
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.model

@@ -95,7 +95,6 @@ class PagedKimiLinearRunner(PagedRecurrentRunner):
     PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(kimi_linear_unsupported_reason)
-    family = "Kimi Linear"
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.model

@@ -141,7 +141,6 @@ class PagedLfm2Runner(PagedRecurrentRunner):
     PagedRunnerBase's. Token trees: each node's window along its ancestors."""
 
     unsupported_reason = staticmethod(lfm2_unsupported_reason)
-    family = "LFM2"
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.model

@@ -69,7 +69,6 @@ class PagedMambaRunner(PagedRecurrentRunner):
     (weights shared); the arguments are PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(mamba_lm_unsupported_reason)
-    family = "Mamba"
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.backbone

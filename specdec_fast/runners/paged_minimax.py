@@ -80,7 +80,6 @@ class PagedMiniMaxRunner(PagedRecurrentRunner):
     PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(minimax_unsupported_reason)
-    family = "MiniMax"
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.model

@@ -96,7 +96,6 @@ class PagedNemotronHRunner(PagedRecurrentRunner):
     PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(nemotron_h_unsupported_reason)
-    family = "Nemotron-H"
 
     def _bind(self, model) -> None:
         inner, config = model.model, model.config

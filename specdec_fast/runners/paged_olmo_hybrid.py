@@ -89,7 +89,6 @@ class PagedOlmoHybridRunner(PagedQwen3NextRunner):
     PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(olmo_hybrid_unsupported_reason)
-    family = "OLMo Hybrid"
 
     def _bind(self, model) -> None:
         config, inner = model.config, model.model

@@ -185,7 +185,6 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
     PagedRunnerBase's. Token trees: each node from its parent's states."""
 
     unsupported_reason = staticmethod(qwen3_next_unsupported_reason)
-    family = "Qwen3-Next"
 
     def _bind(self, model) -> None:
         inner = model.model

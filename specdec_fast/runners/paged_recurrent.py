@@ -68,8 +68,8 @@ class RecurrentStates:
         self.rec = torch.zeros(max_batch, *rec, dtype=torch.float32, device=device)
         self.conv_tent = torch.zeros(max_batch, tentative + 1, *conv, dtype=dtype, device=device)
         self.rec_tent = torch.zeros(max_batch, tentative + 1, *rec, dtype=torch.float32, device=device)
-        # a score call's recurrence through kernels/recurrent's one launch (the runner's Triton path: steps());
-        # else the layer's torch forms (the block and chunk forms batch a call's tokens into a few large ops)
+        # a score call's convolution and recurrence through their Triton kernels (the runner's Triton path:
+        # conv_steps(), steps()); else their torch forms and the layers' block forms (a few large ops a call)
         self.fused = fused
 
     def start_rec(self, batch: int, start: torch.Tensor) -> torch.Tensor:
@@ -109,12 +109,10 @@ class RecurrentStates:
 
 
 class PagedRecurrentRunner(PagedRunnerBase):
-    """PagedRunnerBase with recurrent layers' states (module docstring). ``family`` names the model in the
-    token-tree refusal."""
+    """PagedRunnerBase with recurrent layers' states (module docstring)."""
 
     states = ()  # per recurrent layer: RecurrentStates (allocated with the pool)
     recurrent_shapes = ()
-    family = "this model"
 
     def _index_layers(self) -> None:
         """Each layer's number among the attention / recurrent layers, and the recurrent ones' state shapes."""
