@@ -120,6 +120,10 @@ class PagedGraniteHybridRunner(PagedRecurrentRunner):
         self.rope = None if rotary is None else (rotary.inv_freq.to(device=self.device, dtype=torch.float32),
                                                  float(rotary.attention_scaling))
 
+    def _embed(self, flat: torch.Tensor) -> torch.Tensor:
+        """The embedding times Granite's embedding_multiplier (a tensor-parallel rank's: TensorParallelRunner's)."""
+        return super()._embed(flat) * self.embedding_multiplier
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The lm_head product divided by logits_scaling (transformers' op, in the model dtype)."""
         return super()._logits(hidden) / self.logits_scaling
@@ -130,7 +134,7 @@ class PagedGraniteHybridRunner(PagedRecurrentRunner):
         fused = fused_layer_math(self.dtype, self.device.type)
         rows = self._row_layout(cu, total, n)
         rotation = None if self.rope is None else rope_cos_sin(positions, *self.rope, self.dtype)
-        x = self._embed(flat) * self.embedding_multiplier
+        x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, *layer.ln_in, fused)
@@ -143,12 +147,12 @@ class PagedGraniteHybridRunner(PagedRecurrentRunner):
                     q, k = rotate_half_apply(q, *rotation), rotate_half_apply(k, *rotation)
                 o = self._attend(self._attention_index[i], q, k, v, attn_lens, cu, n, self.scale)
                 out = linear(o.reshape(total, -1), *layer.o)
-            x = x + out * self.residual_multiplier
+            x = x + self._sum_partials(out) * self.residual_multiplier  # (a tensor-parallel rank's partials summed)
             h = rms_norm(x, *layer.ln_post, fused)
             out = linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
             if layer.moe is not None:
                 out = layer.moe(h, self._prefilling) + out
-            x = x + out * self.residual_multiplier
+            x = x + self._sum_partials(out) * self.residual_multiplier
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, *self.final_norm, fused)

@@ -26,6 +26,7 @@ from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_mamba_lm import MAMBA_LM_TYPES, PagedMambaRunner
 from .paged_nemotron_h_tp import TPPagedNemotronHRunner
+from .paged_granite_hybrid_tp import TPPagedGraniteHybridRunner, granite_experts_reason
 from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner
 from .paged_llama4_tp import TPPagedLlama4Runner
 from .paged_cohere_tp import TPPagedCohereRunner
@@ -139,7 +140,10 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                  **{model_type: TPPagedKimiLinearRunner
                                                     for model_type in TP_KIMI_LINEAR_TYPES},
                                                  **{model_type: TPPagedOlmoHybridRunner for model_type in TP_OLMO_HYBRID_TYPES},
-                                                 **{model_type: TPPagedNemotronHRunner for model_type in TP_NEMOTRON_H_TYPES}}
+                                                 **{model_type: TPPagedNemotronHRunner for model_type in TP_NEMOTRON_H_TYPES},
+                                                 "bamba": TPPagedGraniteHybridRunner}
+# Granite 4.0's hybrids (Mamba2 layers) on their own tensor-parallel runner, its dense transformers on the Llama one's
+TP_BY_CONFIG = {"granitemoehybrid": (granite_is_hybrid, TPPagedGraniteHybridRunner)}
 
 
 def _model_type(model) -> str | None:
@@ -150,18 +154,22 @@ def paged_runner_class(model) -> type[PagedRunnerBase] | None:
     """The paged runner class of ``model``'s family (by config.model_type, and BY_CONFIG; a ShardedCausalLM's
     tensor-parallel runner), or None."""
     if isinstance(model, ShardedCausalLM):
-        return TP_RUNNERS.get(_model_type(model))
+        return _tp_runner_for_config(model.config)
     return _runner_for_config(getattr(model, "config", None))
+
+
+def _tp_runner_for_config(config) -> type[PagedRunnerBase] | None:
+    """TP_RUNNERS' class for the config's model_type, or TP_BY_CONFIG's where its predicate holds."""
+    model_type = getattr(config, "model_type", None)
+    predicate, cls = TP_BY_CONFIG.get(model_type, (None, None))
+    return cls if predicate is not None and predicate(config) else TP_RUNNERS.get(model_type)
 
 
 def _check_tensor_parallel_config(config) -> None:
     """ValueError where the config's model_type has a tensor-parallel runner but not for this config's layers
-    (BY_CONFIG's: Granite 4.0's hybrids), before any shard is read."""
-    model_type = getattr(config, "model_type", None)
-    predicate, cls = BY_CONFIG.get(model_type, (None, None))
-    if predicate is not None and predicate(config):
-        raise ValueError(f"tensor parallelism supports {model_type}'s models on the Llama runner, not this one's layers "
-                         f"({cls.__name__}: Mamba2 layers or experts)")
+    (Granite 4.0's experts), before any shard is read."""
+    if getattr(config, "model_type", None) == "granitemoehybrid" and (getattr(config, "num_local_experts", 0) or 0) > 0:
+        raise ValueError(granite_experts_reason(config))
 
 
 def _runner_for_config(config) -> type[PagedRunnerBase] | None:
@@ -224,7 +232,7 @@ def paged_runner_from_pretrained(path, *, process_group=None, **kwargs) -> Paged
     config = text_config(AutoConfig.from_pretrained(path))
     model_type = config.model_type
     table = PAGED_RUNNERS if process_group is None else TP_RUNNERS
-    cls = _runner_for_config(config) if process_group is None else table.get(model_type)
+    cls = _runner_for_config(config) if process_group is None else _tp_runner_for_config(config)
     if cls is None:
         raise ValueError(f"no {'tensor-parallel ' if process_group is not None else ''}paged runner for {path}: "
                          f"model_type {model_type!r} is not one of {tuple(table)}")

@@ -106,9 +106,14 @@ TP_KIMI_LINEAR_TYPES = ("kimi_linear",)
 # B / C of its groups or of the one group it shares), attention without positions and relu² MLPs as Llama's; the dense
 # models (its MoE blocks refused)
 TP_NEMOTRON_H_TYPES = ("nemotron_h",)
+# Granite 4.0-H without experts (granitemoehybrid with Mamba2 layers: registry.TP_BY_CONFIG; its dense transformers are
+# TP_LLAMA_TYPES') and Bamba (runners/paged_granite_hybrid_tp.py): the Mamba2 layers as Nemotron-H's, attention and the
+# MLP as Llama's
+TP_GRANITE_HYBRID_TYPES = ("granitemoehybrid", "bamba")
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
                   + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES
-                  + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES + TP_JAMBA_TYPES + TP_KIMI_LINEAR_TYPES + TP_NEMOTRON_H_TYPES)
+                  + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES + TP_JAMBA_TYPES + TP_KIMI_LINEAR_TYPES + TP_NEMOTRON_H_TYPES
+                  + ("bamba",))
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

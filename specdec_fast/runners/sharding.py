@@ -20,10 +20,10 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
     Jamba's Mamba1 layers              by channels: in_proj's rows of each of [x | z], the convolution's, dt_proj's,
                                         A_log's and D's rows, x_proj's columns (dt / B / C summed over the ranks,
                                         then normed whole), out_proj's columns (runners/paged_jamba_tp.py)
-    Mamba2 layers (Nemotron-H)         by heads: in_proj's rows of z, x and dt by heads, of B and C by groups (G
-                                        groups over N ranks: G / N each, or one group shared by N / G ranks), the
+    Mamba2 layers (Nemotron-H,         by heads: in_proj's rows of z, x and dt by heads, of B and C by groups (G
+    Granite 4.0-H, Bamba)               groups over N ranks: G / N each, or one group shared by N / G ranks), the
                                         convolution's [x | B | C] rows likewise, dt_bias / A_log / D and the gated
-                                        norm's weights by heads, out_proj's columns (runners/paged_nemotron_h_tp.py)
+                                        norm's weights by heads, out_proj's columns (runners/mamba2_tp.py)
     MiniMax's lightning layers         by heads: qkv_proj's rows (each head's [q | k | v]), output_gate's rows
                                         and the output norm's weights, out_proj's columns (runners/paged_minimax_tp.py)
     AFMoE's / Laguna's output gate     column-parallel: the rows of this rank's heads (gate_rows a head:
@@ -228,7 +228,7 @@ class LlamaShardPlan:
     mamba_channels: int | None = None
     # Kimi Delta Attention layers (Kimi Linear): (their indices, heads, head_dim) (kda_of), else None
     kda: tuple | None = None
-    # Mamba2 layers (Nemotron-H): (heads, head_dim, groups, state) (mamba2_of), else None
+    # Mamba2 layers (Nemotron-H, Granite 4.0-H, Bamba): (heads, head_dim, groups, state) (mamba2_of), else None
     mamba2: tuple | None = None
 
     @classmethod
@@ -251,8 +251,11 @@ class LlamaShardPlan:
         if getattr(config, "linear_num_key_heads", None):  # Qwen3-Next / Qwen3.5's recurrent layers
             delta = (config.linear_num_key_heads, config.linear_num_value_heads, config.linear_key_head_dim,
                      config.linear_value_head_dim)
-        # the dense MLPs' width (Llama 4's beside its MoE layers: intermediate_size_mlp)
-        intermediate = getattr(config, "intermediate_size_mlp", None) or config.intermediate_size
+        # the dense MLPs' width (Llama 4's beside its MoE layers: intermediate_size_mlp; Granite 4.0's shared_mlp:
+        # shared_intermediate_size, its intermediate_size being the experts')
+        intermediate = getattr(config, "intermediate_size_mlp", None) or (
+            config.shared_intermediate_size if getattr(config, "model_type", None) == "granitemoehybrid" else None) \
+            or config.intermediate_size
         plan = cls(world, rank, heads, kv_heads, head_dim, intermediate, config.vocab_size,
                    *moe_sizes(config), getattr(config, "num_hidden_layers", None),
                    bool(getattr(config, "use_qk_norm", False)) and config.model_type == "cohere", mla, delta,
@@ -550,10 +553,14 @@ def kda_of(config) -> tuple | None:
 
 
 def mamba2_of(config) -> tuple | None:
-    """A Nemotron-H config's Mamba2 sizes: (mamba_num_heads, mamba_head_dim, n_groups, ssm_state_size), else None."""
-    if getattr(config, "model_type", None) != "nemotron_h":
-        return None
-    return int(config.mamba_num_heads), int(config.mamba_head_dim), int(config.n_groups), int(config.ssm_state_size)
+    """The Mamba2 layers' sizes (heads, head_dim, groups, state) of a Nemotron-H config, or of a Granite 4.0-H / Bamba
+    one with Mamba2 layers, else None."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "nemotron_h":
+        return int(config.mamba_num_heads), int(config.mamba_head_dim), int(config.n_groups), int(config.ssm_state_size)
+    if model_type in ("granitemoehybrid", "bamba") and "linear_attention" in (getattr(config, "layer_types", None) or ()):
+        return int(config.mamba_n_heads), int(config.mamba_d_head), int(config.mamba_n_groups), int(config.mamba_d_state)
+    return None
 
 
 def mamba_channels_of(config) -> int | None:

@@ -52,8 +52,9 @@ def moe_sizes(config) -> tuple:
     """(layout "swiglu" / "swiglu_t" / "gpt_oss" or None for a dense family, experts' width I, the shared
     MLP's width or 0)."""
     family = MOE_FAMILIES.get(getattr(config, "model_type", None))
-    if family is None or (config.model_type == "nemotron_h" and "moe" not in (config.layers_block_type or ())):
-        return None, 0, 0  # (a dense Nemotron-H's config carries the MoE sizes of its family's defaults)
+    if family is None or (config.model_type == "nemotron_h" and "moe" not in (config.layers_block_type or ())) or (
+            config.model_type == "granitemoehybrid" and not getattr(config, "num_local_experts", 0)):
+        return None, 0, 0  # (a dense Nemotron-H's or Granite 4.0's config carries its family's MoE sizes)
     # HunYuan: transformers' experts are intermediate_size wide (Hunyuan-A13B's config also lists moe_intermediate_size
     # per layer, [3072] * 32, which transformers does not read)
     width = (config.intermediate_size if config.model_type in EXPERTS_OF_INTERMEDIATE_SIZE else

@@ -772,6 +772,33 @@ def test_nemotron_h_mamba2_layers_are_split_by_heads_and_read_from_its_published
         LlamaShardPlan.for_config(model.config, 3, 0)
 
 
+def test_granite_4_0_h_shards_its_shared_mlp_and_its_one_mamba2_group():
+    """Granite 4.0-H without experts at 2 ranks: the shared MLP's width is shared_intermediate_size (48), not
+    intermediate_size (32, the experts'): input_linear's [gate | up] rows 24 + 24 and output_linear's 24 columns;
+    a Mamba2 layer of 8 heads of 16 and one group of state 16: both ranks read the group's B and C rows (and the
+    convolution's), each its 4 heads' z / x / dt. Bamba's feed_forward MLP as Llama's."""
+    from ..engine.test_paged_granite_hybrid import tiny_granite_hybrid
+
+    model = tiny_granite_hybrid("h_micro", mamba_n_groups=1)
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    assert plans[1].intermediate == 48 and plans[1].moe_layout is None and plans[1].mamba2_groups == (0, 1)
+    layer = "model.layers.0."
+    assert tuple(shards[1][layer + "mlp.gate_up_proj.weight"].shape) == (48, 64)
+    gate_up = state[layer + "shared_mlp.input_linear.weight"]
+    assert torch.equal(shards[1][layer + "mlp.gate_up_proj.weight"], torch.cat((gate_up[24:48], gate_up[72:96])))
+    assert tuple(shards[1][layer + "mlp.down_proj.weight"].shape) == (64, 24)
+    in_proj = state[layer + "mamba.in_proj.weight"]  # [z 128 | x 128 | B 16 | C 16 | dt 8]
+    for rank in range(2):
+        expected = torch.cat((in_proj[rank * 64:(rank + 1) * 64], in_proj[128 + rank * 64:128 + (rank + 1) * 64],
+                              in_proj[256:288], in_proj[288 + rank * 4:288 + (rank + 1) * 4]))
+        assert torch.equal(shards[rank][layer + "mamba.in_proj.weight"], expected), rank
+    bamba = tiny_granite_hybrid("bamba")
+    shard = shards_from_state(bamba.state_dict(), LlamaShardPlan.for_config(bamba.config, 2, 1))
+    assert tuple(shard["model.layers.1.mlp.gate_proj.weight"].shape) == (48, 64)
+
+
 def test_granite_moe_reads_its_published_names(tmp_path):
     """Granite 3 MoE's published block names (block_sparse_moe.input_linear / output_linear / router.layer, which
     transformers renames on loading) read as the loaded model's shards."""

@@ -187,6 +187,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     out["local norm statistics"] = _local_norm_statistics(specdec_fast, pids, pmask, group)
     out["unsummed mamba"] = _unsummed_mamba(specdec_fast, pids, pmask, group)
     out["one mamba2 group"], out["unshared mamba2 norm"] = _one_mamba2_group(specdec_fast, pids, pmask, group)
+    out.update(_granite_hybrids(specdec_fast, group))
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
@@ -254,7 +255,7 @@ def _one_mamba2_group(specdec_fast, ids, mask, group) -> tuple:
     rank's norm over its own channels only -> (single, such tensor-parallel tokens): they differ), greedy."""
     import transformers as tf
 
-    from specdec_fast.runners import paged_nemotron_h_tp
+    from specdec_fast.runners import mamba2_tp
 
     config = make_model("nemotron_h").config
     config.n_groups = 1
@@ -268,14 +269,35 @@ def _one_mamba2_group(specdec_fast, ids, mask, group) -> tuple:
     draft = make_draft(target, noise=0.1)
     cases = {"greedy": dict(do_sample=False)}
     shared = _cases(specdec_fast, target, draft, ids, mask, cases, group)["greedy"]
-    real = paged_nemotron_h_tp._group_sum
-    paged_nemotron_h_tp._group_sum = lambda tp, plan: None  # the control: no statistics from the other rank
+    real = mamba2_tp.group_sum
+    mamba2_tp.group_sum = lambda tp, plan: None  # the control: no statistics from the other rank
     try:
         specdec_fast.release_engines(target)
         unshared = _cases(specdec_fast, target, draft, ids, mask, cases, group)["greedy"]
     finally:
-        paged_nemotron_h_tp._group_sum = real
+        mamba2_tp.group_sum = real
     return shared, unshared
+
+
+def _granite_hybrids(specdec_fast, group) -> dict:
+    """Granite 4.0-H without experts (Mamba2 layers of one group, so the two ranks share it; its shared MLP wider
+    than its intermediate_size, which is the experts') and Bamba (RoPE on half of each head), greedy and sampled, and
+    a dense Granite 4.0 of those widths, greedy: {case: (single-process tokens, tensor-parallel tokens)}."""
+    from tests.engine.test_paged_granite_hybrid import VOCAB, tiny_granite_hybrid
+
+    ids, mask = left_padded_prompts([6, 3], vocab=VOCAB, seed=5)
+    out = {}
+    for name, target in (("granite 4.0-h", tiny_granite_hybrid("h_micro", mamba_n_groups=1)),
+                         ("bamba", tiny_granite_hybrid("bamba"))):
+        out.update({f"{name} {case}": tokens for case, tokens in _cases(
+            specdec_fast, target, make_draft(target, noise=0.1), ids, mask,
+            {"greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=4)}, group).items()})
+    # Granite 4.0's dense transformer (the Llama runner) with its MLP's width apart from intermediate_size: the plan
+    # read intermediate_size for it before (other tokens then)
+    dense = tiny_granite_hybrid("rope", num_local_experts=0, layer_types=["full_attention"] * 4)
+    out["granite 4.0 dense greedy"] = _cases(specdec_fast, dense, make_draft(dense, noise=0.1), ids, mask,
+                                             {"greedy": dict(do_sample=False)}, group)["greedy"]
+    return out
 
 
 def _rigged_choose(self, remaining=None):

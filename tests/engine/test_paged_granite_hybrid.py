@@ -70,7 +70,8 @@ def _runner(model, **kw):
 
 def test_the_runner_is_chosen_by_the_config(tmp_path):
     """The hybrids (Mamba2 layers, or experts) on this runner, the dense transformers on the Llama runner; so does
-    paged_runner_from_pretrained, from the checkpoint's config. Tensor parallelism refuses the hybrids by name."""
+    paged_runner_from_pretrained, from the checkpoint's config. Tensor parallelism takes the hybrids without experts
+    on their own runner, and refuses experts by name."""
     from specdec_fast.runners.registry import paged_runner_from_pretrained, shard_model
 
     assert paged_runner_class(tiny_granite_hybrid("h_micro")) is PagedGraniteHybridRunner
@@ -83,10 +84,18 @@ def test_the_runner_is_chosen_by_the_config(tmp_path):
     hybrid.save_pretrained(tmp_path)
     runner = paged_runner_from_pretrained(tmp_path, max_new_tokens=4, num_draft_tokens=1)
     assert type(runner) is PagedGraniteHybridRunner and len(runner.recurrent_shapes) == 3
-    with pytest.raises(ValueError, match="tensor parallelism supports granitemoehybrid's models on the Llama runner"):
-        shard_model(hybrid, None)  # refused before the group is used: no tensor-parallel runner for these layers
-    with pytest.raises(ValueError, match="tensor parallelism supports granitemoehybrid's models on the Llama runner"):
-        paged_runner_from_pretrained(tmp_path, process_group=object(), max_new_tokens=4, num_draft_tokens=1)
+    from specdec_fast.runners.paged_granite_hybrid_tp import TPPagedGraniteHybridRunner
+    from specdec_fast.runners.paged_llama_tp import TPPagedLlamaRunner
+    from specdec_fast.runners.registry import _tp_runner_for_config
+
+    assert _tp_runner_for_config(hybrid.config) is TPPagedGraniteHybridRunner  # its Mamba2 layers by heads
+    assert _tp_runner_for_config(dense.config) is TPPagedLlamaRunner
+    experts = tiny_granite_hybrid("h_tiny")
+    with pytest.raises(ValueError, match="tensor parallelism over Granite 4.0's experts"):
+        shard_model(experts, None)  # refused before the group is used: no sharded layout for the experts here
+    experts.save_pretrained(tmp_path / "experts")
+    with pytest.raises(ValueError, match="tensor parallelism over Granite 4.0's experts"):
+        paged_runner_from_pretrained(tmp_path / "experts", process_group=object(), max_new_tokens=4, num_draft_tokens=1)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "torch", "triton"])
