@@ -10,8 +10,9 @@ The math is transformers 5.24's FalconH1DecoderLayer (modeling_falcon_h1.py), ev
     logits = lm_head(rms(x)) * lm_head_multiplier
 with Llama's RMSNorm; the Mamba2 mixer is runners/mamba2.py's with Falcon-H1's variations (ssm_in_multiplier on
 its input, mup_vector on its projection, its gated norm optional and before or after the gate); attention is
-Llama's with RoPE, its keys times key_multiplier. Every layer has a KV cache and a Mamba2 state. Token trees are
-refused (runners/paged_recurrent.py). Not timed on a GPU.
+Llama's with RoPE, its keys times key_multiplier. Every layer has a KV cache and a Mamba2 state. Token trees: each
+node from its parent's states (runners/paged_recurrent.py). Tensor parallelism: runners/paged_falcon_h1_tp.py. Not
+timed on a GPU.
 """
 import torch
 
@@ -111,10 +112,11 @@ class PagedFalconH1Runner(PagedRecurrentRunner):
             v = linear(a, *layer.v).view(total, kv_heads, dim)
             q, k = rotate_half_apply(q, cos, sin), rotate_half_apply(k, cos, sin)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + (ssm + linear(o.reshape(total, -1), *layer.o) * m["attention_out"])
+            # (a tensor-parallel rank's partials of both branches summed by one all-reduce, then the MLP's)
+            x = x + self._sum_partials(ssm + linear(o.reshape(total, -1), *layer.o) * m["attention_out"])
             f = rms_norm(x, *layer.ln_ff, fused)
             y = linear(f, *layer.up) * layer.act(linear(f, *layer.gate) * self.gate_multiplier)
-            x = x + linear(y, *layer.down) * self.down_multiplier
+            x = x + self._sum_partials(linear(y, *layer.down)) * self.down_multiplier
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = rms_norm(x, *self.final_norm, fused)

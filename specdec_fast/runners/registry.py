@@ -27,6 +27,7 @@ from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_mamba_lm import MAMBA_LM_TYPES, PagedMambaRunner
 from .paged_nemotron_h_tp import TPPagedNemotronHRunner
 from .paged_granite_hybrid_tp import TPPagedGraniteHybridRunner, granite_experts_reason
+from .paged_falcon_h1_tp import TPPagedFalconH1Runner
 from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner
 from .paged_llama4_tp import TPPagedLlama4Runner
 from .paged_cohere_tp import TPPagedCohereRunner
@@ -141,7 +142,7 @@ TP_RUNNERS: dict[str, type[PagedRunnerBase]] = {**{model_type: TPPagedLlamaRunne
                                                     for model_type in TP_KIMI_LINEAR_TYPES},
                                                  **{model_type: TPPagedOlmoHybridRunner for model_type in TP_OLMO_HYBRID_TYPES},
                                                  **{model_type: TPPagedNemotronHRunner for model_type in TP_NEMOTRON_H_TYPES},
-                                                 "bamba": TPPagedGraniteHybridRunner}
+                                                 "bamba": TPPagedGraniteHybridRunner, "falcon_h1": TPPagedFalconH1Runner}
 # Granite 4.0's hybrids (Mamba2 layers) on their own tensor-parallel runner, its dense transformers on the Llama one's
 TP_BY_CONFIG = {"granitemoehybrid": (granite_is_hybrid, TPPagedGraniteHybridRunner)}
 

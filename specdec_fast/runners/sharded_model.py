@@ -110,10 +110,13 @@ TP_NEMOTRON_H_TYPES = ("nemotron_h",)
 # TP_LLAMA_TYPES') and Bamba (runners/paged_granite_hybrid_tp.py): the Mamba2 layers as Nemotron-H's, attention and the
 # MLP as Llama's
 TP_GRANITE_HYBRID_TYPES = ("granitemoehybrid", "bamba")
+# Falcon-H1 (runners/paged_falcon_h1_tp.py): the Mamba2 mixer beside the attention in every layer, both by heads, their
+# partials summed by one all-reduce; the μP vector of each rank's in_proj rows from the config's multipliers
+TP_FALCON_H1_TYPES = ("falcon_h1",)
 TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TYPES + TP_GEMMA_TYPES + TP_OLMO_TYPES
                   + TP_LLAMA4_TYPES + TP_STARCODER2_TYPES + TP_GEMMA4_TYPES + TP_GATED_TYPES + TP_MIMO_TYPES
                   + TP_OLMO_HYBRID_TYPES + TP_MINIMAX_TYPES + TP_JAMBA_TYPES + TP_KIMI_LINEAR_TYPES + TP_NEMOTRON_H_TYPES
-                  + ("bamba",))
+                  + ("bamba",) + TP_FALCON_H1_TYPES)
 
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)

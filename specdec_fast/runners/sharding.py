@@ -21,7 +21,7 @@ Llama family (sharded_model.TP_LLAMA_TYPES), N ranks, rank r:
                                         A_log's and D's rows, x_proj's columns (dt / B / C summed over the ranks,
                                         then normed whole), out_proj's columns (runners/paged_jamba_tp.py)
     Mamba2 layers (Nemotron-H,         by heads: in_proj's rows of z, x and dt by heads, of B and C by groups (G
-    Granite 4.0-H, Bamba)               groups over N ranks: G / N each, or one group shared by N / G ranks), the
+    Granite 4.0-H, Bamba, Falcon-H1)    groups over N ranks: G / N each, or one group shared by N / G ranks), the
                                         convolution's [x | B | C] rows likewise, dt_bias / A_log / D and the gated
                                         norm's weights by heads, out_proj's columns (runners/mamba2_tp.py)
     MiniMax's lightning layers         by heads: qkv_proj's rows (each head's [q | k | v]), output_gate's rows
@@ -228,7 +228,7 @@ class LlamaShardPlan:
     mamba_channels: int | None = None
     # Kimi Delta Attention layers (Kimi Linear): (their indices, heads, head_dim) (kda_of), else None
     kda: tuple | None = None
-    # Mamba2 layers (Nemotron-H, Granite 4.0-H, Bamba): (heads, head_dim, groups, state) (mamba2_of), else None
+    # Mamba2 layers (Nemotron-H, Granite 4.0-H, Bamba, Falcon-H1): (heads, head_dim, groups, state) (mamba2_of)
     mamba2: tuple | None = None
 
     @classmethod
@@ -553,12 +553,13 @@ def kda_of(config) -> tuple | None:
 
 
 def mamba2_of(config) -> tuple | None:
-    """The Mamba2 layers' sizes (heads, head_dim, groups, state) of a Nemotron-H config, or of a Granite 4.0-H / Bamba
-    one with Mamba2 layers, else None."""
+    """The Mamba2 layers' sizes (heads, head_dim, groups, state) of a Nemotron-H or Falcon-H1 config, or of a Granite
+    4.0-H / Bamba one with Mamba2 layers, else None."""
     model_type = getattr(config, "model_type", None)
     if model_type == "nemotron_h":
         return int(config.mamba_num_heads), int(config.mamba_head_dim), int(config.n_groups), int(config.ssm_state_size)
-    if model_type in ("granitemoehybrid", "bamba") and "linear_attention" in (getattr(config, "layer_types", None) or ()):
+    if model_type == "falcon_h1" or (model_type in ("granitemoehybrid", "bamba")
+                                     and "linear_attention" in (getattr(config, "layer_types", None) or ())):
         return int(config.mamba_n_heads), int(config.mamba_d_head), int(config.mamba_n_groups), int(config.mamba_d_state)
     return None
 

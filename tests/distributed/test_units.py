@@ -799,6 +799,29 @@ def test_granite_4_0_h_shards_its_shared_mlp_and_its_one_mamba2_group():
     assert tuple(shard["model.layers.1.mlp.gate_proj.weight"].shape) == (48, 64)
 
 
+def test_falcon_h1_mup_vector_follows_each_rank_s_rows():
+    """Falcon-H1's μP vector (transformers' compute_mup_vector: a buffer in no checkpoint) built for each rank's in_proj
+    rows equals the whole vector's slice by the same rows, at 2 ranks with 2 groups (each rank its own) and with one
+    group (shared: both ranks read its B / C rows); the layer's other tensors as Nemotron-H's / Llama's."""
+    from transformers.models.falcon_h1.modeling_falcon_h1 import compute_mup_vector
+
+    from specdec_fast.runners.paged_falcon_h1_tp import local_mup_vector
+    from specdec_fast.runners.sharding import Slice
+
+    for groups in (2, 1):
+        config = make_model("falcon_h1").config
+        config.mamba_n_groups = groups
+        whole = compute_mup_vector(config).reshape(-1)
+        for rank in range(2):
+            plan = LlamaShardPlan.for_config(config, 2, rank)
+            parts = plan.slice_of("model.layers.0.mamba.in_proj.weight")
+            expected = torch.cat([whole[part.start:part.stop] for part in parts if isinstance(part, Slice)])
+            assert torch.equal(local_mup_vector(config, plan, "cpu"), expected), (groups, rank)
+    shard = shards_from_state(make_model("falcon_h1").state_dict(), plan)
+    assert tuple(shard["model.layers.0.mlp.gate_proj.weight"].shape) == (48, 48)
+    assert tuple(shard["model.layers.0.self_attn.q_proj.weight"].shape) == (24, 48)
+
+
 def test_granite_moe_reads_its_published_names(tmp_path):
     """Granite 3 MoE's published block names (block_sparse_moe.input_linear / output_linear / router.layer, which
     transformers renames on loading) read as the loaded model's shards."""

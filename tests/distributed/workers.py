@@ -31,7 +31,7 @@ MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa", "youtu")  # Youtu-LLM:
 # Jamba: Mamba1 layers by channels (each rank its channels' states and windows), x_proj's dt / B / C summed over the
 # ranks before their norms
 # Kimi Linear: KDA layers by heads, its latent attention as MLA's (heads split, the latent whole)
-HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax", "jamba", "kimi_linear", "nemotron_h")
+HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax", "jamba", "kimi_linear", "nemotron_h", "falcon_h1")
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
