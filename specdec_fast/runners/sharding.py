@@ -136,6 +136,8 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                                      (r"(\.layers\.\d+)\.norm\.", r"\1.input_layernorm."),
                                      (r"\.mixer\.(q_proj|k_proj|v_proj|o_proj)\.", r".self_attn.\1."),
                                      (r"\.mixer\.(up_proj|down_proj)\.", r".mlp.\1."),
+                                     (r"\.mixer\.(gate|experts|shared_experts|fc1_latent_proj|fc2_latent_proj)\.",
+                                      r".mlp.\1."),
                                      (r"\.mixer\.(in_proj|conv1d|out_proj|norm)\.", r".mamba.\1."),
                                      (r"\.mixer\.(dt_bias|A_log|D)$", r".mamba.\1")),
                       # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)

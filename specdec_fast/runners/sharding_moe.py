@@ -10,6 +10,8 @@ one, else intermediate_size), every expert split alike:
     GPT-OSS's gate_up bias (interleaved like its columns)       the matching 2 i
     GPT-OSS's down bias                                         replicated; added by rank 0 only
     Llama 4's experts ([E, H, 2I] gate | up columns, [E, I, H])  this rank's gate and up columns, down rows
+    Nemotron-H's ungated experts (up [E, I, H], down [E, H, I]) this rank's up rows, down columns; their latent
+                                                                projections (fc1 / fc2_latent_proj) replicated
     Qwen2-MoE's shared expert, GLM-4.5's shared experts,        as a dense MLP (its own width / N;
     Llama 4's shared expert, HunYuan's shared_mlp                Llama 4's / HunYuan's an expert's width);
                                                                 Qwen's gate (one row) replicated; ERNIE 4.5's
@@ -59,7 +61,9 @@ def moe_sizes(config) -> tuple:
     # per layer, [3072] * 32, which transformers does not read)
     width = (config.intermediate_size if config.model_type in EXPERTS_OF_INTERMEDIATE_SIZE else
              getattr(config, "moe_intermediate_size", None) or config.intermediate_size)
-    shared = getattr(config, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE
+    # Qwen2-MoE's; Nemotron-H's (one ungated shared MLP)
+    shared = getattr(config, "shared_expert_intermediate_size", 0) or getattr(
+        config, "moe_shared_expert_intermediate_size", 0) or 0
     count = (getattr(config, "n_shared_experts", None) or getattr(config, "num_shared_experts", None)
              or getattr(config, "moe_num_shared_experts", None))  # ERNIE 4.5's name
     if not shared and count:  # GLM-4.5, Solar Open, EXAONE MoE: n shared experts' width as one MLP
@@ -93,6 +97,8 @@ def moe_slice_of(plan, name: str, make_slice):
             return True, make_slice(2, 2 * own[0], 2 * own[1])
         inter, dim = plan.expert_intermediate, 2 if transposed else 1  # [E, 2I, H] (Llama 4: [E, H, 2I]) halves
         return True, (make_slice(dim, *own), make_slice(dim, inter + own[0], inter + own[1]))
+    if name.endswith("mlp.experts.up_proj"):  # Nemotron-H's ungated experts: up [E, I, H] rows
+        return True, make_slice(1, *own)
     if name.endswith("mlp.experts.gate_up_proj_bias"):  # GPT-OSS [E, 2I], interleaved
         return True, make_slice(1, 2 * own[0], 2 * own[1])
     if name.endswith("mlp.experts.down_proj"):  # GPT-OSS / Llama 4 [E, I, H] rows; Mixtral / Qwen [E, H, I] columns
@@ -119,9 +125,12 @@ def gather_experts(shards: dict) -> dict:
         def pick(names, projs):
             return shards.pop(next(names[p] for p in projs if p in names))
 
-        gate_up = [torch.cat([pick(experts[e], GATE), pick(experts[e], UP)]) for e in order]
-        shards[prefix + "mlp.experts.gate_up_proj"] = torch.stack(gate_up)
-        del gate_up
+        if all(not any(p in experts[e] for p in GATE) for e in order):  # ungated experts (Nemotron-H): up alone
+            shards[prefix + "mlp.experts.up_proj"] = torch.stack([pick(experts[e], UP) for e in order])
+        else:
+            gate_up = [torch.cat([pick(experts[e], GATE), pick(experts[e], UP)]) for e in order]
+            shards[prefix + "mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+            del gate_up
         shards[prefix + "mlp.experts.down_proj"] = torch.stack([pick(experts[e], DOWN) for e in order])
     for old, new in RENAMED:  # transformers' own renames on loading (conversion_mapping.py)
         for name in [n for n in shards if n.endswith(old)]:
@@ -143,7 +152,7 @@ def moe_layer_params(shards: dict, prefix: str, first_rank: bool) -> dict | None
     """A layer's MoE tensors by their names under its block (runners/_moe.MoE's), or None for a
     dense layer. GPT-OSS's down bias on rank 0 only (added once to the sum)."""
     block = prefix + "mlp."
-    if block + "experts.gate_up_proj" not in shards:
+    if block + "experts.gate_up_proj" not in shards and block + "experts.up_proj" not in shards:  # (ungated: Nemotron-H)
         return None
     params = {name[len(block):]: tensor for name, tensor in shards.items() if name.startswith(block)}
     if not first_rank:  # the biases added after a row-parallel product: once, by rank 0

@@ -772,6 +772,42 @@ def test_nemotron_h_mamba2_layers_are_split_by_heads_and_read_from_its_published
         LlamaShardPlan.for_config(model.config, 3, 0)
 
 
+def test_nemotron_3_moe_blocks_are_split_by_width_and_read_per_expert(tmp_path):
+    """Nemotron 3's MoE blocks at 2 ranks (8 ungated experts of 32 in a latent width of 24, a shared MLP of 48): every
+    expert's up rows and down columns by the width (16 each), the shared MLP's likewise (24), the router, its
+    correction bias and the latent projections whole. Read from a checkpoint under the published names (backbone.*,
+    the experts per expert: mixer.experts.{e}.up_proj / down_proj), every slice equals the loaded model's."""
+    from safetensors.torch import save_file
+
+    from ..engine.test_paged_nemotron_h import tiny_nemotron_h
+
+    model = tiny_nemotron_h(kind="moe_latent")
+    state = model.state_dict()
+    plans = [LlamaShardPlan.for_config(model.config, 2, r) for r in range(2)]
+    shards = [shards_from_state(state, p) for p in plans]
+    block = "model.layers.1.mlp."
+    expected = {"experts.up_proj": (8, 16, 24), "experts.down_proj": (8, 24, 16), "gate.weight": (8, 64),
+                "gate.e_score_correction_bias": (8,), "shared_experts.up_proj.weight": (24, 64),
+                "shared_experts.down_proj.weight": (64, 24), "fc1_latent_proj.weight": (24, 64),
+                "fc2_latent_proj.weight": (64, 24)}
+    for name, shape in expected.items():
+        assert tuple(shards[1][block + name].shape) == shape, name
+    assert torch.equal(shards[1][block + "experts.up_proj"], state["model.layers.1.mixer.experts.up_proj"][:, 16:])
+    published = {}
+    for name, tensor in state.items():
+        name = name.replace("model.", "backbone.", 1)
+        if name.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):
+            for e in range(tensor.shape[0]):
+                published[f"{name.rsplit('.', 1)[0]}.{e}.{name.rsplit('.', 1)[1]}.weight"] = tensor[e].contiguous()
+        else:
+            published[name] = tensor.contiguous()
+    model.config.save_pretrained(tmp_path)
+    save_file(published, str(tmp_path / "model.safetensors"))
+    for rank, plan in enumerate(plans):
+        read = shards_from_safetensors(str(tmp_path), plan)
+        assert read.keys() == shards[rank].keys() and all(torch.equal(read[n], shards[rank][n]) for n in read)
+
+
 def test_granite_4_0_h_shards_its_shared_mlp_and_its_one_mamba2_group():
     """Granite 4.0-H without experts at 2 ranks: the shared MLP's width is shared_intermediate_size (48), not
     intermediate_size (32, the experts'): input_linear's [gate | up] rows 24 + 24 and output_linear's 24 columns;

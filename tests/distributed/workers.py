@@ -187,7 +187,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     out["local norm statistics"] = _local_norm_statistics(specdec_fast, pids, pmask, group)
     out["unsummed mamba"] = _unsummed_mamba(specdec_fast, pids, pmask, group)
     out["one mamba2 group"], out["unshared mamba2 norm"] = _one_mamba2_group(specdec_fast, pids, pmask, group)
-    out.update(_granite_hybrids(specdec_fast, group))
+    out.update(_mamba2_hybrids(specdec_fast, group))
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
@@ -279,16 +279,18 @@ def _one_mamba2_group(specdec_fast, ids, mask, group) -> tuple:
     return shared, unshared
 
 
-def _granite_hybrids(specdec_fast, group) -> dict:
+def _mamba2_hybrids(specdec_fast, group) -> dict:
     """Granite 4.0-H without experts (Mamba2 layers of one group, so the two ranks share it; its shared MLP wider
-    than its intermediate_size, which is the experts') and Bamba (RoPE on half of each head), greedy and sampled, and
-    a dense Granite 4.0 of those widths, greedy: {case: (single-process tokens, tensor-parallel tokens)}."""
+    than its intermediate_size, which is the experts'), Bamba (RoPE on half of each head) and Nemotron 3's MoE blocks
+    (ungated experts in a latent width, a shared MLP), greedy and sampled, and a dense Granite 4.0 of those widths,
+    greedy: {case: (single-process tokens, tensor-parallel tokens)}."""
     from tests.engine.test_paged_granite_hybrid import VOCAB, tiny_granite_hybrid
+    from tests.engine.test_paged_nemotron_h import tiny_nemotron_h
 
     ids, mask = left_padded_prompts([6, 3], vocab=VOCAB, seed=5)
     out = {}
     for name, target in (("granite 4.0-h", tiny_granite_hybrid("h_micro", mamba_n_groups=1)),
-                         ("bamba", tiny_granite_hybrid("bamba"))):
+                         ("bamba", tiny_granite_hybrid("bamba")), ("nemotron 3 moe", tiny_nemotron_h(kind="moe_latent"))):
         out.update({f"{name} {case}": tokens for case, tokens in _cases(
             specdec_fast, target, make_draft(target, noise=0.1), ids, mask,
             {"greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=4)}, group).items()})
