@@ -1,18 +1,22 @@
-"""TPPagedGraniteHybridRunner: Granite 4.0-H without experts (granitemoehybrid with Mamba2 layers: Granite 4.0-H Micro)
-and Bamba (sharded_model.TP_BAMBA_TYPES) sharded over the ranks of a process group (docs/architecture.md §10).
+"""TPPagedGraniteHybridRunner: Granite 4.0's hybrids (granitemoehybrid with Mamba2 layers or experts: Granite 4.0-H
+Micro / Tiny / Small) and Bamba (sharded_model.TP_GRANITE_HYBRID_TYPES) sharded over the ranks of a process group
+(docs/architecture.md §10).
 
 The layout (runners/sharding.py): the Mamba2 layers by heads (runners/mamba2_tp.py: each rank its heads' states and
 windows, B / C of its groups or of the one group it shares, whose gated norm sums over those ranks); the attention
 layers by heads as the Llama layout's (RoPE where the config asks); Granite's shared MLP (its fused input_linear read as
-Phi-3's gate_up_proj: this rank's rows of gate and of up) and Bamba's MLP by their width; the embedding and the LM head
-by vocabulary rows. Each branch's partials are summed by one all-reduce before Granite's residual multiplier. The math
-is PagedGraniteHybridRunner's over this rank's shards. Experts (Granite 4.0-H Tiny / Small) are refused here.
+Phi-3's gate_up_proj: this rank's rows of gate and of up) and Bamba's MLP by their width; Granite's experts by their
+width with the router whole (runners/sharding_moe.py; the published block_sparse_moe names read as Granite 3 MoE's),
+their partial summed with the dense MLP's; the embedding and the LM head by vocabulary rows. Each branch's partials are
+summed by one all-reduce before Granite's residual multiplier. The math is PagedGraniteHybridRunner's over this rank's
+shards.
 """
 from .mamba2_tp import tp_mamba2
 from .paged_granite_hybrid import LAYER_KINDS, PagedGraniteHybridRunner
 from .paged_llama_tp import TensorParallelRunner, _split_fused, unbiased_shard_reason
 from .paged_recurrent import layer_kinds_reason
 from .sharded_model import TP_GRANITE_HYBRID_TYPES
+from .sharding_moe import layer_moe
 
 
 def tp_granite_hybrid_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -22,23 +26,15 @@ def tp_granite_hybrid_unsupported_reason(model, max_tokens_per_row: int | None =
         model, TP_GRANITE_HYBRID_TYPES, "Granite 4.0-H / Bamba", backend)
     if reason is not None:
         return reason
-    if (getattr(config, "num_local_experts", 0) or 0) > 0:
-        return granite_experts_reason(config)
     if config.hidden_act != "silu":
         return f"hidden_act {config.hidden_act!r}: the Mamba2 convolution here takes silu"
     return None
 
 
-def granite_experts_reason(config) -> str:
-    """Why tensor parallelism refuses a Granite 4.0 model with experts (Granite 4.0-H Tiny / Small)."""
-    return (f"tensor parallelism over Granite 4.0's experts (num_local_experts {config.num_local_experts}: Granite 4.0-H "
-            "Tiny / Small) is not supported (their shared MLP beside them has no sharded layout here)")
-
-
 class _TPLayer:
     """One layer's shards (the attribute names of paged_granite_hybrid._Layer's)."""
 
-    def __init__(self, shards: dict, index: int, config, tp, plan):
+    def __init__(self, shards: dict, index: int, config, tp, plan, first_rank: bool, kernels: str):
         from transformers.activations import ACT2FN
 
         prefix = f"model.layers.{index}."
@@ -58,7 +54,8 @@ class _TPLayer:
         _split_fused(shards, prefix, plan.local_heads * plan.head_dim)  # Granite's input_linear: [gate | up] rows
         self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
         self.act = ACT2FN[config.hidden_act]
-        self.moe = None
+        # the experts (Granite 4.0-H Tiny / Small) by their width, the router whole; the dense MLP above beside them
+        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
 
 
 class TPPagedGraniteHybridRunner(TensorParallelRunner, PagedGraniteHybridRunner):
@@ -70,7 +67,8 @@ class TPPagedGraniteHybridRunner(TensorParallelRunner, PagedGraniteHybridRunner)
     def _bind(self, model) -> None:
         config, shards, plan = model.config, model.shards, model.plan
         self._bind_shard(model)
-        self.layers = [_TPLayer(shards, i, config, self.tp, plan) for i in range(config.num_hidden_layers)]
+        self.layers = [_TPLayer(shards, i, config, self.tp, plan, self.first_rank, self.kernels)
+                       for i in range(config.num_hidden_layers)]
         self._index_layers()
         final = shards.get("model.norm.weight")  # Granite's; Bamba's final_layernorm
         self.final_norm = (final if final is not None else shards["model.final_layernorm.weight"], config.rms_norm_eps)

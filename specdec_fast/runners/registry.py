@@ -26,7 +26,7 @@ from .paged_lfm2 import LFM2_TYPES, PagedLfm2Runner
 from .paged_llama import LLAMA_MODEL_TYPES, PagedLlamaRunner
 from .paged_mamba_lm import MAMBA_LM_TYPES, PagedMambaRunner
 from .paged_nemotron_h_tp import TPPagedNemotronHRunner
-from .paged_granite_hybrid_tp import TPPagedGraniteHybridRunner, granite_experts_reason
+from .paged_granite_hybrid_tp import TPPagedGraniteHybridRunner
 from .paged_falcon_h1_tp import TPPagedFalconH1Runner
 from .paged_llama4 import LLAMA4_MODEL_TYPES, PagedLlama4Runner
 from .paged_llama4_tp import TPPagedLlama4Runner
@@ -166,13 +166,6 @@ def _tp_runner_for_config(config) -> type[PagedRunnerBase] | None:
     return cls if predicate is not None and predicate(config) else TP_RUNNERS.get(model_type)
 
 
-def _check_tensor_parallel_config(config) -> None:
-    """ValueError where the config's model_type has a tensor-parallel runner but not for this config's layers
-    (Granite 4.0's experts), before any shard is read."""
-    if getattr(config, "model_type", None) == "granitemoehybrid" and (getattr(config, "num_local_experts", 0) or 0) > 0:
-        raise ValueError(granite_experts_reason(config))
-
-
 def _runner_for_config(config) -> type[PagedRunnerBase] | None:
     """PAGED_RUNNERS' class for the config's model_type, or BY_CONFIG's where its predicate holds."""
     model_type = getattr(config, "model_type", None)
@@ -214,7 +207,6 @@ def shard_model(model, process_group, *, timeout=None) -> ShardedCausalLM:
     model_type = getattr(config, "model_type", None)
     if model_type not in TP_RUNNERS:
         raise ValueError(f"tensor parallelism supports model_type {tuple(TP_RUNNERS)}, got {_model_type(model)!r}")
-    _check_tensor_parallel_config(config)
     reason = paged_unsupported_reason(model)
     if reason is not None:
         raise ValueError(f"tensor parallelism needs the paged runner, which cannot run this model: {reason}")
@@ -238,7 +230,6 @@ def paged_runner_from_pretrained(path, *, process_group=None, **kwargs) -> Paged
         raise ValueError(f"no {'tensor-parallel ' if process_group is not None else ''}paged runner for {path}: "
                          f"model_type {model_type!r} is not one of {tuple(table)}")
     if process_group is not None:
-        _check_tensor_parallel_config(config)
         return cls.from_pretrained(path, process_group=process_group, **kwargs)
     return cls.from_pretrained(path, **kwargs)
 

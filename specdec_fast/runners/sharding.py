@@ -142,7 +142,12 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                                      (r"\.mixer\.(dt_bias|A_log|D)$", r".mamba.\1")),
                       # Granite 4.0's dense MLP (shared_mlp: fused [gate | up] rows, as Phi-3's gate_up_proj)
                       "granitemoehybrid": ((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
-                                           (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."))}
+                                           (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."),
+                                           # Granite 4.0-H Tiny / Small's experts beside it, as Granite 3 MoE's
+                                           (r"\.block_sparse_moe\.input_linear\.weight$", ".mlp.experts.gate_up_proj"),
+                                           (r"\.block_sparse_moe\.output_linear\.weight$", ".mlp.experts.down_proj"),
+                                           (r"\.block_sparse_moe\.router\.(layer\.)?weight$", ".mlp.gate.weight"),
+                                           (r"\.block_sparse_moe\.", ".mlp."))}
 
 
 # Qwen3-Next's / Qwen3.5's MTP layer (mtp.*, vLLM's qwen3_next_mtp names; transformers does not load it) under

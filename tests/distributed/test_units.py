@@ -858,14 +858,18 @@ def test_falcon_h1_mup_vector_follows_each_rank_s_rows():
     assert tuple(shard["model.layers.0.self_attn.q_proj.weight"].shape) == (24, 48)
 
 
-def test_granite_moe_reads_its_published_names(tmp_path):
-    """Granite 3 MoE's published block names (block_sparse_moe.input_linear / output_linear / router.layer, which
-    transformers renames on loading) read as the loaded model's shards."""
+@pytest.mark.parametrize("kind", ["granitemoe", "granite 4.0-h"])
+def test_granite_moe_reads_its_published_names(tmp_path, kind):
+    """Granite 3 MoE's and Granite 4.0-H's published block names (block_sparse_moe.input_linear / output_linear /
+    router.layer, which transformers renames on loading) read as the loaded model's shards (Granite 4.0-H's beside its
+    shared_mlp and Mamba2 layers)."""
     from safetensors.torch import save_file
 
     from specdec_fast.runners.sharding import shards_from_safetensors
 
-    model = make_model("granitemoe")
+    from ..engine.test_paged_granite_hybrid import tiny_granite_hybrid
+
+    model = make_model("granitemoe") if kind == "granitemoe" else tiny_granite_hybrid("h_tiny")
     published = {}
     for name, tensor in model.state_dict().items():
         for new, old in ((".experts.gate_up_proj", ".input_linear.weight"), (".experts.down_proj", ".output_linear.weight"),

@@ -280,8 +280,8 @@ def _one_mamba2_group(specdec_fast, ids, mask, group) -> tuple:
 
 
 def _mamba2_hybrids(specdec_fast, group) -> dict:
-    """Granite 4.0-H without experts (Mamba2 layers of one group, so the two ranks share it; its shared MLP wider
-    than its intermediate_size, which is the experts'), Bamba (RoPE on half of each head) and Nemotron 3's MoE blocks
+    """Granite 4.0-H Tiny's layers (Mamba2 layers of one group, so the two ranks share it; 8 experts beside its shared
+    MLP, which is wider than its intermediate_size, the experts'), Bamba (RoPE on half of each head) and Nemotron 3's MoE blocks
     (ungated experts in a latent width, a shared MLP), greedy and sampled, and a dense Granite 4.0 of those widths,
     greedy: {case: (single-process tokens, tensor-parallel tokens)}."""
     from tests.engine.test_paged_granite_hybrid import VOCAB, tiny_granite_hybrid
@@ -289,7 +289,7 @@ def _mamba2_hybrids(specdec_fast, group) -> dict:
 
     ids, mask = left_padded_prompts([6, 3], vocab=VOCAB, seed=5)
     out = {}
-    for name, target in (("granite 4.0-h", tiny_granite_hybrid("h_micro", mamba_n_groups=1)),
+    for name, target in (("granite 4.0-h", tiny_granite_hybrid("h_tiny", mamba_n_groups=1)),
                          ("bamba", tiny_granite_hybrid("bamba")), ("nemotron 3 moe", tiny_nemotron_h(kind="moe_latent"))):
         out.update({f"{name} {case}": tokens for case, tokens in _cases(
             specdec_fast, target, make_draft(target, noise=0.1), ids, mask,
