@@ -18,6 +18,8 @@ Qwen2 through generate(process_group=) and SpeculativeEngine(process_group=), a 
 slice by slice (ShardedCausalLM.from_pretrained): every rank's tokens equal the single process's
 and every other rank's; a chi-square of 2000 sampled rows against the target's distribution.
 Ranks 2 and 3: one's process ends (as a crashed rank's does): the other raises within seconds.
+The hybrid recurrent families run in a 2-rank spawn of their own (workers.hybrid_battery), so that the two spawns
+share the CI box's two pytest workers.
 """
 import pytest
 import torch
@@ -83,11 +85,6 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
     assert not errors, f"ranks failed: {errors}"
     for rank in (0, 1):  # the control (not a tuple of lists: _same_tokens leaves it out): the tokens differ
-        single, parallel = results[rank]["2 ranks"].pop("unsummed mamba")
-        assert single != parallel, f"rank {rank}: Jamba's dt / B / C from each rank's channels alone gave one process's tokens"
-        single, parallel = results[rank]["2 ranks"].pop("unshared mamba2 norm")
-        assert single != parallel, f"rank {rank}: a shared Mamba2 group normed over each rank's channels alone gave one " \
-                                   "process's tokens"
         for kind, (single, parallel) in results[rank]["2 ranks"].pop("local norm statistics").items():
             assert single != parallel, f"rank {rank}: {kind}'s whole-projection norms with per-rank statistics gave one " \
                                        "process's tokens"
@@ -200,6 +197,24 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     _check(problems, str(dead["error"]).startswith("TensorParallelError"), f"rank 2 after rank 3 ended: {dead}")
     _check(problems, dead["seconds"] < SECONDS, f"rank 2 took {dead['seconds']:.1f} s to notice that rank 3 ended")
     assert not problems, "\n".join(problems) + f"\ntimes (s): {[r['times'] for r in results]}"
+
+
+def test_the_hybrid_recurrent_families_on_two_ranks():
+    """workers.hybrid_battery: every hybrid recurrent family's greedy and sampled tokens on 2 ranks equal one process's
+    (each rank its heads' or channels' states, rolled back), and each control differs: Jamba's dt / B / C from each
+    rank's channels alone, a shared Mamba2 group normed over each rank's channels alone."""
+    results = run_ranks(workers.hybrid_battery, 2)
+    errors = {rank: r["error"] for rank, r in enumerate(results) if "error" in r}
+    assert not errors, f"ranks failed: {errors}"
+    for rank in (0, 1):
+        single, parallel = results[rank]["2 ranks"].pop("unsummed mamba")
+        assert single != parallel, f"rank {rank}: Jamba's dt / B / C from each rank's channels alone gave one process's tokens"
+        single, parallel = results[rank]["2 ranks"].pop("unshared mamba2 norm")
+        assert single != parallel, f"rank {rank}: a shared Mamba2 group normed over each rank's channels alone gave one " \
+                                   "process's tokens"
+    problems = _same_tokens(results, "2 ranks", [0, 1])
+    assert len(results[0]["2 ranks"]) >= 2 * len(workers.HYBRID_KINDS) + 7  # every family's cases, the Mamba2 hybrids'
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow  # ~35 s on the 2-core box: the Triton interpreter on two ranks

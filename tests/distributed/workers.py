@@ -173,9 +173,8 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # grouped sigmoid routing, shared MLP and partial rotary embedding; EXAONE MoE's NoPE full layer; Solar Open)
     # Latent attention (DeepSeek-V3: a query rank, interleaved RoPE, YaRN; V2: complex RoPE, softmax routing): each
     # rank its heads' rows of q_b / kv_b and columns of o_proj, the latent computed whole on both
-    # Qwen3-Next / Qwen3.5: Gated DeltaNet layers by key / value heads (each rank rolls back its heads' states), gated
-    # attention by heads; Qwen3-Next's MoE with a gated shared expert
-    for kind in MOE_KINDS + MLA_KINDS + HYBRID_KINDS + PROJECTION_NORM_KINDS + INTERLEAVED_KINDS + OLMO_KINDS + LLAMA4_KINDS:
+    # (the hybrid recurrent families: hybrid_battery, a test of its own)
+    for kind in MOE_KINDS + MLA_KINDS + PROJECTION_NORM_KINDS + INTERLEAVED_KINDS + OLMO_KINDS + LLAMA4_KINDS:
         tgt, drf = tiny(kind)
         if kind in INTERLEAVED_KINDS:  # ERNIE's biases (q/k/v split, o / down / shared down / LM head's by rank 0 or rows)
             with torch.no_grad():
@@ -185,9 +184,6 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
         out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
             "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
     out["local norm statistics"] = _local_norm_statistics(specdec_fast, pids, pmask, group)
-    out["unsummed mamba"] = _unsummed_mamba(specdec_fast, pids, pmask, group)
-    out["one mamba2 group"], out["unshared mamba2 norm"] = _one_mamba2_group(specdec_fast, pids, pmask, group)
-    out.update(_mamba2_hybrids(specdec_fast, group))
     # The checkpoints: each rank reads its slices, the ShardedCausalLM is the model (Mixtral's: per-expert tensors).
     pids, pmask = left_padded_prompts([4, 7], seed=2)
     # Phi-3: its fused rows read as this rank's rows of each part; Qwen3-Next: the DeltaNet's grouped rows and
@@ -247,6 +243,29 @@ def _unsummed_mamba(specdec_fast, ids, mask, group) -> tuple:
         return _cases(specdec_fast, *tiny("jamba"), ids, mask, {"greedy": dict(do_sample=False)}, group)["greedy"]
     finally:
         paged_jamba_tp._TPLayer.__init__ = real
+
+
+def hybrid_battery(rank: int, world: int) -> dict:
+    """The hybrid recurrent families on 2 ranks, each rank keeping and rolling back its own heads' (or channels')
+    states: {case: (single-process tokens, tensor-parallel tokens)} greedy and sampled -- Qwen3-Next / Qwen3.5 (Gated
+    DeltaNet layers by key / value heads, gated attention by heads, Qwen3-Next's MoE with a gated shared expert), OLMo
+    Hybrid, MiniMax, Jamba, Kimi Linear, Nemotron-H, Falcon-H1 and the Mamba2 hybrids of _mamba2_hybrids -- and the
+    controls (each a (single, spoiled tensor-parallel) pair that must differ): Jamba's unsummed dt / B / C, a shared
+    Mamba2 group's per-rank norm statistics."""
+    import specdec_fast
+
+    assert world == 2
+    group = dist.group.WORLD
+    pids, pmask = left_padded_prompts([6, 3], seed=4)
+    out = {}
+    for kind in HYBRID_KINDS:
+        tgt, drf = tiny(kind)
+        out.update({f"{kind} {name}": case for name, case in _cases(specdec_fast, tgt, drf, pids, pmask, {
+            "greedy": dict(do_sample=False), "sampled": dict(do_sample=True, temperature=0.9, seed=8)}, group).items()})
+    out["one mamba2 group"], out["unshared mamba2 norm"] = _one_mamba2_group(specdec_fast, pids, pmask, group)
+    out["unsummed mamba"] = _unsummed_mamba(specdec_fast, pids, pmask, group)
+    out.update(_mamba2_hybrids(specdec_fast, group))
+    return {"2 ranks": out}
 
 
 def _one_mamba2_group(specdec_fast, ids, mask, group) -> tuple:
