@@ -15,7 +15,7 @@ rank's shards.
 from .paged_gated_attention import LAGUNA_GATINGS, PagedGatedAttentionRunner
 from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .sharded_model import TP_GATED_TYPES
-from .sharding_moe import layer_moe
+from .sharding_moe import layer_mlp
 
 
 def tp_gated_attention_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -31,8 +31,6 @@ class _TPLayer:
     q's rows; Laguna's differ by layer)."""
 
     def __init__(self, shards: dict, prefix: str, config, index: int, first_rank: bool, kernels: str, head_dim: int):
-        from transformers.activations import ACT2FN
-
         def get(name):
             return shards.get(prefix + name)
 
@@ -49,10 +47,7 @@ class _TPLayer:
         else:  # Laguna: Llama's two norms, every layer rotated
             self.gate, self.rope, self.post_attention, self.post_mlp = get("self_attn.g_proj.weight"), True, None, None
             self.pre_mlp = (get("post_attention_layernorm.weight"), eps)
-        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
-        if self.moe is None:
-            self.mlp = tuple((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
-            self.act = ACT2FN[config.hidden_act]
+        self.moe, self.mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
 
 
 class TPPagedGatedAttentionRunner(TensorParallelRunner, PagedGatedAttentionRunner):

@@ -15,7 +15,7 @@ from .paged_jamba import JAMBA_TYPES, PagedJambaRunner
 from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .mamba1 import Mamba1
 from .paged_recurrent import padded_bias_reason
-from .sharding_moe import layer_moe
+from .sharding_moe import layer_mlp
 
 
 def tp_jamba_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -47,8 +47,6 @@ class _TPLayer:
     """One layer's shards (the attribute names of paged_jamba._Layer's)."""
 
     def __init__(self, shards: dict, index: int, config, tp, first_rank: bool, kernels: str):
-        from transformers.activations import ACT2FN
-
         prefix = f"model.layers.{index}."
 
         def get(name):
@@ -63,10 +61,8 @@ class _TPLayer:
             self.q, self.k, self.v, self.o = ((get(f"self_attn.{p}_proj.weight"), None) for p in "qkvo")
         eps = config.rms_norm_eps
         self.input, self.pre_ff = (get("input_layernorm.weight"), eps), (get("pre_ff_layernorm.weight"), eps)
-        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
-        if self.moe is None:
-            self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
-            self.act = ACT2FN[config.hidden_act]
+        self.moe, mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
+        self.gate, self.up, self.down = mlp or (None, None, None)
 
 
 class TPPagedJambaRunner(TensorParallelRunner, PagedJambaRunner):

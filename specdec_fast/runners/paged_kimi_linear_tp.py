@@ -18,7 +18,7 @@ from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .paged_mla import latent_reason
 from .paged_recurrent import layer_kinds_reason
 from .sharded_model import TP_KIMI_LINEAR_TYPES
-from .sharding_moe import layer_moe
+from .sharding_moe import layer_mlp
 
 
 def tp_kimi_linear_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -37,8 +37,6 @@ class _TPLayer:
     """One layer's shards (the attribute names of paged_kimi_linear._Layer's)."""
 
     def __init__(self, shards: dict, index: int, config, plan, first_rank: bool, kernels: str):
-        from transformers.activations import ACT2FN
-
         prefix = f"model.layers.{index}."
 
         def get(name):
@@ -70,10 +68,8 @@ class _TPLayer:
             self.w_uk, self.w_uv = kv_b[:, :config.qk_nope_head_dim], kv_b[:, config.qk_nope_head_dim:]
         eps = config.rms_norm_eps
         self.input, self.post = (get("input_layernorm.weight"), eps), (get("post_attention_layernorm.weight"), eps)
-        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
-        if self.moe is None:
-            self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
-            self.act = ACT2FN[config.hidden_act]
+        self.moe, mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
+        self.gate, self.up, self.down = mlp or (None, None, None)
 
 
 class TPPagedKimiLinearRunner(TensorParallelRunner, PagedKimiLinearRunner):

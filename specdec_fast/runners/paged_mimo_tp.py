@@ -12,7 +12,7 @@ checkpoint's MTP layers are not read (sharding.NOT_READ). The math is PagedMimoR
 from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .paged_mimo import PagedMimoRunner
 from .sharded_model import TP_MIMO_TYPES
-from .sharding_moe import layer_moe
+from .sharding_moe import layer_mlp
 
 
 def tp_mimo_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -25,8 +25,6 @@ class _TPLayer:
     sinks this rank's query heads' (float32)."""
 
     def __init__(self, shards: dict, prefix: str, config, first_rank: bool, kernels: str):
-        from transformers.activations import ACT2FN
-
         def get(name):
             return shards.get(prefix + name)
 
@@ -37,10 +35,7 @@ class _TPLayer:
         self.sinks = None if sinks is None else sinks.float().contiguous()
         self.v_scale = config.attention_value_scale if config.attention_value_scale is not None else 1.0
         self.input, self.post_attention = (get("input_layernorm.weight"), eps), (get("post_attention_layernorm.weight"), eps)
-        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
-        if self.moe is None:
-            self.mlp = tuple((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
-            self.act = ACT2FN[config.hidden_act]
+        self.moe, self.mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
 
 
 class TPPagedMimoRunner(TensorParallelRunner, PagedMimoRunner):

@@ -15,7 +15,7 @@ embedding and the gathered logits are TensorParallelRunner's.
 from .paged_llama_tp import TensorParallelRunner, sharded_reason
 from .paged_mla import PagedMlaRunner, attention_config, latent_reason, mla_scale, rope_form
 from .sharded_model import TP_MLA_TYPES, ShardedCausalLM
-from .sharding_moe import layer_moe
+from .sharding_moe import layer_mlp
 from .sparse_mla import Indexer
 
 
@@ -35,8 +35,6 @@ class _TPMlaLayer:
     sum), the latent's projections and norms whole; a dense MLP's columns, or every expert's."""
 
     def __init__(self, shards: dict, prefix: str, config, plan, first_rank: bool, kernels: str):
-        from transformers.activations import ACT2FN
-
         def get(name):
             return shards.get(prefix + name)
 
@@ -56,11 +54,8 @@ class _TPMlaLayer:
         dn = config.qk_nope_head_dim
         self.w_uk, self.w_uv = per_head[:, :dn], per_head[:, dn:]
         self.indexer = Indexer.from_shards(get, attn + "indexer.", config)  # DSA's, whole on every rank (or None)
-        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
-        if self.moe is None:
-            self.gate, self.up = (get("mlp.gate_proj.weight"), None), (get("mlp.up_proj.weight"), None)
-            self.down = (get("mlp.down_proj.weight"), None)
-            self.act = ACT2FN[config.hidden_act]
+        self.moe, mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
+        self.gate, self.up, self.down = mlp or (None, None, None)
 
 
 class TPPagedMlaRunner(TensorParallelRunner, PagedMlaRunner):

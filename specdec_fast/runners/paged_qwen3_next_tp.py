@@ -18,7 +18,7 @@ from .paged_llama_tp import TensorParallelRunner, shard_reason
 from .paged_qwen3_next import LAYER_KINDS, PagedQwen3NextRunner, _Attention, _DeltaNet
 from .paged_recurrent import layer_kinds_reason
 from .sharded_model import TP_HYBRID_TYPES
-from .sharding_moe import layer_moe
+from .sharding_moe import layer_mlp
 
 
 def tp_qwen3_next_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -35,8 +35,6 @@ class _TPLayer:
     no bias in these models."""
 
     def __init__(self, shards: dict, prefix: str, kind: str, config, plan, first_rank: bool, kernels: str):
-        from transformers.activations import ACT2FN
-
         def get(name):
             return shards.get(prefix + name)
 
@@ -58,10 +56,8 @@ class _TPLayer:
         else:
             self.mixer = _Attention(*(pair(f"self_attn.{p}_proj") for p in "qkvo"),
                                     (get("self_attn.q_norm.weight"), eps), (get("self_attn.k_norm.weight"), eps))
-        self.moe = layer_moe(shards, prefix, first_rank, config, kernels)
-        if self.moe is None:
-            self.gate, self.up, self.down = pair("mlp.gate_proj"), pair("mlp.up_proj"), pair("mlp.down_proj")
-            self.act = ACT2FN[config.hidden_act]
+        self.moe, mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
+        self.gate, self.up, self.down = mlp or (None, None, None)
 
 
 class TPPagedQwen3NextRunner(TensorParallelRunner, PagedQwen3NextRunner):

@@ -148,6 +148,22 @@ def layer_moe(shards: dict, prefix: str, first_rank: bool, config, kernels: str)
     return MoE(params, config, kernels, layer=int(index.group(1)) if index else None)
 
 
+def layer_mlp(shards: dict, prefix: str, first_rank: bool, config, kernels: str) -> tuple:
+    """The feed-forward of the layer at ``prefix`` from this rank's shards: (its MoE, None, None) for a MoE layer, else
+    (None, the dense MLP's gate / up / down (weight, bias) pairs -- gate / up by this rank's columns, down by its rows,
+    down's bias on rank 0 only: added once to the sum --, ACT2FN[config.hidden_act]). The runners' moe_or_mlp reads
+    either (runners/_moe.py)."""
+    moe = layer_moe(shards, prefix, first_rank, config, kernels)
+    if moe is not None:
+        return moe, None, None
+    from transformers.activations import ACT2FN
+
+    def pair(name: str, bias: bool = True):
+        return shards.get(f"{prefix}mlp.{name}_proj.weight"), shards.get(f"{prefix}mlp.{name}_proj.bias") if bias else None
+
+    return None, (pair("gate"), pair("up"), pair("down", first_rank)), ACT2FN[config.hidden_act]
+
+
 def moe_layer_params(shards: dict, prefix: str, first_rank: bool) -> dict | None:
     """A layer's MoE tensors by their names under its block (runners/_moe.MoE's), or None for a
     dense layer. GPT-OSS's down bias on rank 0 only (added once to the sum)."""
