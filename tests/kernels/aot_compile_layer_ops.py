@@ -144,7 +144,7 @@ def main() -> None:
 
 
 def compile_recurrent_steps() -> None:  # and kernels/causal_conv's convolution
-    """kernels/recurrent's score-call kernel in the four forms the runners launch, at their models' sizes: the Gated
+    """kernels/recurrent's score-call kernel in the forms the runners launch, at their models' sizes: the Gated
     DeltaNet (Qwen3-Next: bf16 q / k / v, 128 x 128 heads), KDA (Kimi Linear: a decay a key channel), Mamba2
     (Nemotron-H: float32 v = dt x, the [P, N] = [64, 128] layout), lightning (MiniMax: float32, 128 x 128), and the
     token-tree form (parents), and Mamba1's (Falcon-Mamba-7B: one head of [N = 16, C = 8192], its decay rates A times
