@@ -7,7 +7,7 @@ tensors, runs it too: no C++ op of its own). backend=None: triton on CUDA, else 
 """
 import torch
 
-from .._backend import resolve_backend
+from ..recurrent import check_rows, steps_backend
 from .reference import chain_parents, conv_steps_reference, window_sources
 
 __all__ = ["conv_steps", "conv_steps_reference", "chain_parents", "window_sources"]
@@ -28,14 +28,7 @@ def _check(x, weight, bias, committed, snapshots, start, slot, real, parent):
         raise ValueError(f"committed must be [>= {batch}, {channels}, {kernel - 1}], got {tuple(committed.shape)}")
     if tuple(snapshots.shape[2:]) != (channels, kernel - 1) or snapshots.shape[0] < batch:
         raise ValueError(f"snapshots must be [>= {batch}, slots, {channels}, {kernel - 1}], got {tuple(snapshots.shape)}")
-    if tuple(start.shape) != (batch,) or tuple(slot.shape) != (batch, n) or tuple(real.shape) != (batch, n):
-        raise ValueError(f"start must be [{batch}], slot and real [{batch}, {n}]: got {tuple(start.shape)}, "
-                         f"{tuple(slot.shape)}, {tuple(real.shape)}")
-    if start.dtype != torch.int64 or slot.dtype != torch.int64 or real.dtype != torch.bool:
-        raise TypeError(f"start and slot are int64, real bool: got {start.dtype}, {slot.dtype}, {real.dtype}")
-    if parent is not None and (not isinstance(parent, torch.Tensor) or tuple(parent.shape) != (batch, n)
-                               or parent.dtype != torch.int64):
-        raise ValueError(f"parent must be None or an int64 [{batch}, {n}] tensor, got {getattr(parent, 'shape', parent)}")
+    check_rows(batch, n, start, slot, real, parent)
     for name, t in (("x", x), ("weight", weight), ("committed", committed), ("snapshots", snapshots)):
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a float tensor, got {t.dtype}")
@@ -57,9 +50,7 @@ def conv_steps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     before their children) -> y [B, n, C] in weight's dtype (silu applied where asked); snapshots written in place.
     No host sync (graph safe)."""
     _check(x, weight, bias, committed, snapshots, start, slot, real, parent)
-    if backend == "cpp" and x.device.type != "cpu":
-        raise ValueError(f"backend='cpp' runs on CPU tensors, got tensors on {x.device}")
-    if resolve_backend("torch" if backend == "cpp" else backend, x.device, "conv_steps") == "triton":
+    if steps_backend(backend, x.device, "conv_steps") == "triton":
         from .triton import conv_steps_triton
 
         return conv_steps_triton(x, weight, bias, committed, snapshots, start, slot, real, parent, silu)

@@ -14,9 +14,30 @@ import torch
 from .._backend import resolve_backend
 from .reference import QK_NORM_EPS, recurrent_steps_reference
 
-__all__ = ["recurrent_steps", "recurrent_steps_reference", "QK_NORM_EPS", "LAYOUTS"]
+__all__ = ["recurrent_steps", "recurrent_steps_reference", "QK_NORM_EPS", "LAYOUTS", "check_rows", "steps_backend"]
 
 LAYOUTS = ("kv", "vk")  # the state stored [Dk, Dv] (Gated DeltaNet, KDA, lightning) or [Dv, Dk] (Mamba2's [P, N])
+
+
+def check_rows(batch: int, n: int, start, slot, real, parent) -> None:
+    """A score call's rows as the recurrent kernels take them (this op's and kernels/causal_conv's): start [B] and slot
+    [B, n] int64, real [B, n] bool, parent None or [B, n] int64; ValueError / TypeError naming what is off."""
+    if tuple(start.shape) != (batch,) or tuple(slot.shape) != (batch, n) or tuple(real.shape) != (batch, n):
+        raise ValueError(f"start must be [{batch}], slot and real [{batch}, {n}]: got {tuple(start.shape)}, "
+                         f"{tuple(slot.shape)}, {tuple(real.shape)}")
+    if start.dtype != torch.int64 or slot.dtype != torch.int64 or real.dtype != torch.bool:
+        raise TypeError(f"start and slot are int64, real bool: got {start.dtype}, {slot.dtype}, {real.dtype}")
+    if parent is not None and (not isinstance(parent, torch.Tensor) or tuple(parent.shape) != (batch, n)
+                               or parent.dtype != torch.int64):
+        raise ValueError(f"parent must be None or an int64 [{batch}, {n}] tensor, got {getattr(parent, 'shape', parent)}")
+
+
+def steps_backend(backend, device: torch.device, op: str) -> str:
+    """The backend a recurrent kernel runs (this op, kernels/causal_conv): "triton" (CUDA, or the interpreter), else
+    "torch" -- backend "cpp", on CPU tensors, takes the torch form (no C++ op of its own)."""
+    if backend == "cpp" and device.type != "cpu":
+        raise ValueError(f"backend='cpp' runs on CPU tensors, got tensors on {device}")
+    return "triton" if resolve_backend("torch" if backend == "cpp" else backend, device, op) == "triton" else "torch"
 
 
 def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent=None, decay_rates=None):
@@ -60,14 +81,7 @@ def _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, pa
     for name, t in (("q", q), ("k", k), ("v", v)) + ((("g", g),) if g.dim() == 4 else ()):
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} needs a unit stride along its last dim")
-    if tuple(start.shape) != (batch,) or tuple(slot.shape) != (batch, n) or tuple(real.shape) != (batch, n):
-        raise ValueError(f"start must be [{batch}], slot and real [{batch}, {n}]: got {tuple(start.shape)}, "
-                         f"{tuple(slot.shape)}, {tuple(real.shape)}")
-    if start.dtype != torch.int64 or slot.dtype != torch.int64 or real.dtype != torch.bool:
-        raise TypeError(f"start and slot are int64, real bool: got {start.dtype}, {slot.dtype}, {real.dtype}")
-    if parent is not None and (not isinstance(parent, torch.Tensor) or tuple(parent.shape) != (batch, n)
-                               or parent.dtype != torch.int64):
-        raise ValueError(f"parent must be None or an int64 [{batch}, {n}] tensor, got {getattr(parent, 'shape', parent)}")
+    check_rows(batch, n, start, slot, real, parent)
     for name, t in (("k", k), ("v", v), ("g", g), ("committed", committed), ("snapshots", snapshots), ("start", start),
                     ("slot", slot), ("real", real)) + ((("beta", beta),) if beta is not None else ()) + (
                     (("parent", parent),) if parent is not None else ()):
@@ -91,9 +105,7 @@ def recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     children, as TokenTree's breadth-first order has them) -> o [B, n, Hv, Dv] float32 (S^T q a token);
     snapshots written in place. No host sync (graph safe)."""
     _check(q, k, v, g, committed, snapshots, start, slot, real, beta, layout, parent, decay_rates)
-    if backend == "cpp" and q.device.type != "cpu":
-        raise ValueError(f"backend='cpp' runs on CPU tensors, got tensors on {q.device}")
-    if resolve_backend("torch" if backend == "cpp" else backend, q.device, "recurrent_steps") == "triton":
+    if steps_backend(backend, q.device, "recurrent_steps") == "triton":
         from .triton import recurrent_steps_triton
 
         return recurrent_steps_triton(q, k, v, g, committed, snapshots, start, slot, real, beta, qk_norm, scale, layout,
