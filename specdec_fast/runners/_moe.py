@@ -161,6 +161,17 @@ def moe_or_mlp(layer, h: torch.Tensor, prefilling: bool) -> torch.Tensor:
     return linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down)
 
 
+def moe_or_gated_mlp(mlp, config, kernels: str) -> tuple:
+    """A decoder layer's feed-forward module -> (its MoE, None, None) for a sparse MoE block, else (None, its gated
+    MLP's gate / up / down (weight, bias) pairs, its act_fn): what moe_or_mlp and the runners' loops read (a
+    tensor-parallel rank's from its shards: sharding_moe.layer_mlp)."""
+    from ._layer_math import linear_params
+
+    if is_moe(mlp):
+        return MoE(mlp, config, kernels), None, None
+    return None, linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj), mlp.act_fn
+
+
 def is_moe(mlp) -> bool:
     """Whether a decoder layer's mlp is a sparse MoE block (a router and 3-D `experts`: gated gate_up_proj, or
     Nemotron-H's ungated up_proj)."""

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, layers_moe_reason
+from ._moe import is_moe, moe_or_gated_mlp, layers_moe_reason
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_olmo2 import llama_rms_norm, olmo_rms_norm
@@ -84,9 +84,7 @@ class _Layer:
         else:  # Laguna: Llama's two (post_attention_layernorm is the MLP's input norm)
             self.rope, self.post_attention, self.post_mlp = True, None, None
             self.pre_mlp = norm_params(layer.post_attention_layernorm)
-        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
-        if self.moe is None:
-            self.mlp, self.act = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj), mlp.act_fn
+        self.moe, self.mlp, self.act = moe_or_gated_mlp(mlp, config, kernels)
 
 
 class PagedGatedAttentionRunner(PagedRunnerBase):

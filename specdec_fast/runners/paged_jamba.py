@@ -19,7 +19,7 @@ import torch
 
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, layers_moe_reason, moe_or_mlp
+from ._moe import is_moe, moe_or_gated_mlp, layers_moe_reason, moe_or_mlp
 from .mamba1 import Mamba1, mamba1_forward
 from .paged_base import decoder_reason, head_dim_reason
 from .paged_olmo2 import llama_rms_norm
@@ -70,9 +70,8 @@ class _Layer:
             self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         self.input, self.pre_ff = norm_params(layer.input_layernorm), norm_params(layer.pre_ff_layernorm)
         ff = layer.feed_forward
-        self.moe = MoE(ff, config, kernels) if is_moe(ff) else None
-        if self.moe is None:
-            (self.gate, self.up, self.down), self.act = linear_params(ff.gate_proj, ff.up_proj, ff.down_proj), ff.act_fn
+        self.moe, mlp, self.act = moe_or_gated_mlp(ff, config, kernels)
+        self.gate, self.up, self.down = mlp or (None, None, None)
 
 
 class PagedJambaRunner(PagedRecurrentRunner):

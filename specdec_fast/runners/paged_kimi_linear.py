@@ -27,7 +27,7 @@ import torch
 from ..kernels._backend import resolve_backend
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, layers_moe_reason, moe_or_mlp
+from ._moe import is_moe, moe_or_gated_mlp, layers_moe_reason, moe_or_mlp
 from .kda import Kda, kda_forward
 from .paged_base import decoder_reason
 from .paged_mla import latent_reason, latent_triton_attention
@@ -85,9 +85,8 @@ class _Layer:
             self.w_uk, self.w_uv = kv_b[:, :config.qk_nope_head_dim], kv_b[:, config.qk_nope_head_dim:]
         self.input, self.post = norm_params(layer.input_layernorm), norm_params(layer.post_attention_layernorm)
         mlp = layer.mlp
-        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
-        if self.moe is None:
-            (self.gate, self.up, self.down), self.act = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj), mlp.act_fn
+        self.moe, dense, self.act = moe_or_gated_mlp(mlp, config, kernels)
+        self.gate, self.up, self.down = dense or (None, None, None)
 
 
 class PagedKimiLinearRunner(PagedRecurrentRunner):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params, norm_params
 from ._linear import linear
-from ._moe import MoE, is_moe, layers_moe_reason
+from ._moe import is_moe, moe_or_gated_mlp, layers_moe_reason
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_olmo2 import llama_rms_norm
@@ -65,9 +65,7 @@ class _Layer:
         self.sinks = None if attn.sinks is None else attn.sinks.detach().float().contiguous()
         self.v_scale = attn.v_scale  # a Python float, as MiMoV2FlashAttention multiplies it
         self.input, self.post_attention = norm_params(layer.input_layernorm), norm_params(layer.post_attention_layernorm)
-        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
-        if self.moe is None:
-            self.mlp, self.act = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj), mlp.act_fn
+        self.moe, self.mlp, self.act = moe_or_gated_mlp(mlp, config, kernels)
 
 
 class PagedMimoRunner(PagedRunnerBase):

@@ -56,7 +56,7 @@ from ..kernels._backend import resolve_backend
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params, rms_norm, rope_cos_sin
 from ._linear import linear
-from ._moe import SHARED, MoE, is_moe, layers_moe_reason
+from ._moe import SHARED, is_moe, moe_or_gated_mlp, layers_moe_reason
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, _transformers_class, decoder_reason
 from .sliding_window import AsFullAttention, windows_per_layer
@@ -185,10 +185,8 @@ class _MlaLayer:
         per_head = attn.kv_b_proj.weight.view(heads, dn + dv, config.kv_lora_rank)
         self.w_uk, self.w_uv = per_head[:, :dn], per_head[:, dn:]
         self.indexer = Indexer.of(attn)  # DeepSeek Sparse Attention's (runners/sparse_mla.py), or None
-        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
-        if self.moe is None:
-            self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            self.act = mlp.act_fn
+        self.moe, dense, self.act = moe_or_gated_mlp(mlp, config, kernels)
+        self.gate, self.up, self.down = dense or (None, None, None)
 
 
 def latent_triton_attention(runner, i: int, q, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ._layer_math import linear_params, rope_cos_sin
 from ._linear import linear
-from ._moe import SHARED, MoE, is_moe, moe_or_mlp, moe_reason
+from ._moe import SHARED, is_moe, moe_or_gated_mlp, moe_or_mlp, moe_reason
 from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import decoder_reason, head_dim_reason
@@ -174,10 +174,8 @@ class _Layer:
         self.ln_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps)
         self.mixer = _DeltaNet.of(layer.linear_attn) if kind == "linear_attention" else _Attention.of(layer.self_attn)
         mlp = layer.mlp
-        self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
-        if self.moe is None:
-            self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            self.act = mlp.act_fn
+        self.moe, dense, self.act = moe_or_gated_mlp(mlp, config, kernels)
+        self.gate, self.up, self.down = dense or (None, None, None)
 
 
 class PagedQwen3NextRunner(PagedRecurrentRunner):
