@@ -85,7 +85,9 @@ class Mamba2:
         x, b, c = torch.split(xbc, [inner, width, width], dim=-1)
         x = x.float().reshape(batch, n, self.heads, self.head_dim)
         per = self.heads // self.groups if per_head else 1
-        b, c = (t.float().reshape(batch, n, self.groups, self.state).repeat_interleave(per, dim=2) for t in (b, c))
+        b, c = (t.float().reshape(batch, n, self.groups, self.state) for t in (b, c))
+        if per > 1:  # (the Triton path reads each head's group in its kernel: no copy there)
+            b, c = b.repeat_interleave(per, dim=2), c.repeat_interleave(per, dim=2)
         dt = F.softplus(dt + self.dt_bias.to(dt.dtype)).clamp(min=self.dt_min).float() * real[..., None]
         a = -self.a_log.float().exp() * dt  # [B, n, H]
         return x, x * dt[..., None], b, c, a
