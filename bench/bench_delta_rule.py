@@ -22,7 +22,11 @@ largest difference: a prefill's chunks, and a score call's tokens at once.
         snapshot in two, against the block's ~45 with its convolution's). Never run yet: whether the score block's fewer ops pay where
         launches cost, and the chunked prefill's time. Predicted for the fused way: <= 0.3x the block at B = 1
         (launch-bound: 2 launches against ~45), <= 0.7x at B = 32 (the snapshots written once from registers, where
-        the block writes a [B, n, Hv, Dk, Dv] temporary and scatters it: ~2.6x fewer state bytes moved).
+        the block writes a [B, n, Hv, Dk, Dv] temporary and scatters it: ~2.6x fewer state bytes moved). The prefill
+        rows also time the Triton path's (fused_*: kernels/chunk_scan's one launch carries the state over the chunks
+        where the torch loop takes ~8 a chunk; "tf32x3" products for float32 states, fused_tf32_* "tf32" for a bf16
+        model's). Predicted: fused <= 0.5x chunked at 4k and 16k tokens (~500 / ~2000 launches gone, the chunks'
+        batched terms unchanged), fused_tf32 below fused (one product a dot, not three).
     python bench/bench_delta_rule.py --smoke --out F
         Tiny widths and lengths: not a measurement, a check that the script runs (the fused way too, interpreted,
         where TRITON_INTERPRET=1).
@@ -59,7 +63,8 @@ def _layer(shape: dict, device="cpu"):
     runner._prefilling = True
     runner.device = torch.device(device)
     shapes = ((net.channels, net.kernel - 1), (net.nv, net.dk, net.dv))
-    return runner, net, lambda length, rows=1: RecurrentStates(*shapes, rows, length, torch.float32, device)
+    return runner, net, lambda length, rows=1, **kw: RecurrentStates(*shapes, rows, length, kw.get("dtype", torch.float32),
+                                                                     device, fused=kw.get("fused", False))
 
 
 def _compare(ours, reference, reps: int, sync=lambda: None, graphs: bool = False) -> tuple:
@@ -114,6 +119,16 @@ def main(argv=None) -> int:
         timings, diff = _compare(chunked, steps, shape["reps"], sync)
         row = {"call": "prefill", "B": 1, "tokens": length, "chunked_ms": timings[0], "steps_ms": timings[1],
                "chunked_vs_steps": timings[0] / timings[1], "max_abs_diff": diff}
+        if args.gpu or (args.smoke and triton_runs(device)):  # the Triton path's carry (kernels/chunk_scan): one launch
+            # float32 states: the kernel's "tf32x3" products; a bf16 model's states: "tf32" (RecurrentStates.chunk_scan)
+            for key, dtype in (("fused", torch.float32), ("fused_tf32", torch.bfloat16)):
+
+                def fused(dtype=dtype):
+                    return runner._prefill_chunks(net, states(1, fused=True, dtype=dtype), by_row, beta, g)
+
+                (fused_ms, _), fused_diff = _compare(fused, chunked, shape["reps"], sync)
+                row.update({f"{key}_ms": fused_ms, f"{key}_vs_chunked": fused_ms / timings[0],
+                            f"{key}_max_abs_diff": fused_diff})
         rows.append(row)
         print(json.dumps(row), flush=True)
         write()

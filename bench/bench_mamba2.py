@@ -17,8 +17,11 @@ it, over the same inputs, with the outputs' largest difference:
     python bench/bench_mamba2.py --gpu [--budget-s S] [--out bench/results/mamba2_<device>.json]
         Nemotron-H 8B's widths (128 heads of 64, 8 groups of state 128; hidden 4096), bf16: prefills of 1k / 4k
         tokens (synchronised ms) and score calls of 5 tokens at B 1 / 8 / 32 (CUDA-graph replay us), the score rows also
-        the Triton path's two launches (kernels/causal_conv, kernels/recurrent: q = C, k = B over the [P, N] state).
-        Never run yet. Predicted for the fused way: <= 0.5x the block at B = 1 (launch-bound), <= 0.7x at B = 32 (the
+        the Triton path's two launches (kernels/causal_conv, kernels/recurrent: q = C, k = B over the [P, N] state),
+        the prefill rows the Triton path's (fused_*: kernels/chunk_scan carries the state over the chunks in one launch,
+        where the torch loop takes ~8 a chunk of 64; tf32 products for this bf16 layer). Never run yet. Predicted for
+        the fused prefill: <= 0.5x ours at 4k tokens (64 chunks' ~500 launches gone; the chunks' batched terms stay).
+        Predicted for the fused score call: <= 0.5x the block at B = 1 (launch-bound), <= 0.7x at B = 32 (the
         snapshots from registers, no [B, n, H, P, N] temporary).
     python bench/bench_mamba2.py --smoke --out F
         Tiny widths: not a measurement, a check that the script runs and the ways agree (the fused way interpreted,
@@ -113,6 +116,15 @@ def main(argv=None) -> int:
             row = {"call": "prefill", "B": 1, "tokens": length, "ours_ms": ours_ms, "transformers_ms": theirs_ms,
                    "ours_vs_transformers": ours_ms / theirs_ms,
                    "max_abs_diff": float((ours().float() - theirs().float()).abs().max())}
+            if args.gpu or (args.smoke and triton_runs(device)):  # the Triton path: the carry in one launch
+
+                def fused():
+                    st = RecurrentStates(*net.shapes, 1, 1, shape["dtype"], device, fused=True)
+                    return mamba2_forward(net, st, h, layout(1, length, -1), prefilling=True)
+
+                fused_ms = median_ms(fused, shape["reps"], sync, False)
+                row.update(fused_ms=fused_ms, fused_vs_ours=fused_ms / ours_ms,
+                           fused_max_abs_diff=float((fused().float() - ours().float()).abs().max()))
             rows.append(row)
             print(json.dumps(row), flush=True)
             write()

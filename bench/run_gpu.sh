@@ -273,7 +273,8 @@ stage_mla() {
   # never run on a GPU: the MLA Triton kernel against SDPA on dense latents, 128 / 20 heads x B 1/8/32 x 1k-16k x
   # N 1/4, its tiles swept; the MLA prefill absorbed vs expanded at full width (decides expand_prefill_min); the
   # Gated DeltaNet's prefill chunks and score block against token steps at Qwen3-Next-80B's widths (and the Triton
-  # path's fused score call, kernels/recurrent, in the score rows of both recurrent benches); then the MLA
+  # path's fused score call, kernels/recurrent, in the score rows of both recurrent benches, and its prefill carry,
+  # kernels/chunk_scan, in their prefill rows); then the MLA
   # kernel's table, DeepSeek Sparse Attention's torch-ops step against the dense kernel (DeepSeek-V3.2's widths), the
   # Mamba2 layer's prefill and score block (Nemotron-H 8B's widths),
   # the MLA / Qwen3-Next / Nemotron-H / Granite 4.0-H / Falcon-H1 / OLMo Hybrid / LFM2 / Mamba / Jamba / MiniMax / Kimi Linear
@@ -286,7 +287,7 @@ stage_mla() {
   run --cap 80 python3 bench/bench_dsa.py --gpu --budget-s "$(budget 40 80)" --out "$results/dsa_$dev.json"
   run --cap 70 python3 bench/bench_mamba2.py --gpu --budget-s "$(budget 30 70)" --out "$results/mamba2_$dev.json"
   run --cap 150 python3 -m pytest -q -rfE -n 8 -p no:cacheprovider --benchmark-disable tests/kernels/test_mla_attention.py \
-    tests/kernels/test_recurrent_steps.py tests/kernels/test_conv_steps.py \
+    tests/kernels/test_recurrent_steps.py tests/kernels/test_conv_steps.py tests/kernels/test_chunk_scan.py \
     tests/engine/test_paged_mla.py tests/engine/test_mtp.py tests/engine/test_paged_qwen3_next.py \
     tests/engine/test_paged_nemotron_h.py tests/engine/test_paged_granite_hybrid.py tests/engine/test_paged_falcon_h1.py \
     tests/engine/test_paged_olmo_hybrid.py tests/engine/test_paged_lfm2.py tests/engine/test_paged_mamba_lm.py \

@@ -22,6 +22,9 @@ def test_smoke_rows(tmp_path):
         assert row["max_abs_diff"] < 1e-5 and row["steps_ms"] > 0
     if bench_delta_rule.triton_runs("cpu"):  # the Triton path's one launch, interpreted: the block's outputs
         assert all(row["fused_max_abs_diff"] < 1e-5 and row["fused_ms"] > 0 for row in rows if row["call"] == "score")
+        # its prefill carry (kernels/chunk_scan), both precisions: the chunked torch loop's outputs
+        assert all(row[f"{key}_max_abs_diff"] < 1e-5 and row[f"{key}_ms"] > 0 for row in rows if row["call"] == "prefill"
+                   for key in ("fused", "fused_tf32"))
 
 
 def test_smoke_needs_an_out_path():

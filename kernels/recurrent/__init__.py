@@ -100,7 +100,7 @@ def recurrent_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     A * g: Mamba1's), beta [B, n, Hv] (the delta rule) or None (S += k v^T),
     committed [>= B, Hv, Dk, Dv] and snapshots [>= B, slots, Hv, Dk, Dv] float32 ([.., Dv, Dk] for layout "vk"),
     start [B] int64 (-1: the committed state, else that snapshot), slot [B, n] int64 (where each token's snapshot
-    goes), real [B, n] bool (False: a padded column, no change), parent [B, n] int64 or None (a token tree: each
+    goes; -1 none: a prefill's tokens but the last -- a token tree's parents need theirs), real [B, n] bool (False: a padded column, no change), parent [B, n] int64 or None (a token tree: each
     token continues the state after token parent[b, t] of the call, -1 the row's start; parents precede their
     children, as TokenTree's breadth-first order has them) -> o [B, n, Hv, Dv] float32 (S^T q a token);
     snapshots written in place. No host sync (graph safe)."""

@@ -12,7 +12,7 @@ token, in torch ops. Per row b, value head h (key head h // (Hv / Hk)) and token
     (a token tree, parent given: S = the state after token parent[b, t] of this call, or S0 where it is -1)
     S = S' where real[b, t], else S (a padded column changes nothing)
     o_t = S^T q                    [Dv] float32
-    snapshots[b, slot[b, t], h] = S
+    snapshots[b, slot[b, t], h] = S  (slot -1: none kept; a prefill keeps its last token's only)
 
 (layout "vk": the state is stored [Dv, Dk], Mamba2's [P, N]; the same math.) Every real token's snapshot lands
 where runners/paged_recurrent.py's commit reads it; padded columns write the unchanged state to the slot they are
@@ -58,5 +58,7 @@ def recurrent_steps_reference(q, k, v, g, committed, snapshots, start, slot, rea
             updated = updated + kt[..., None] * vt[..., None, :]
         state = torch.where(real[:, t].view(-1, 1, 1, 1), updated, state)
         outs.append((state * qt[..., None]).sum(-2))
-        snapshots[ids, slot[:, t]] = (state.transpose(-1, -2) if layout == "vk" else state).to(snapshots.dtype)
+        at, kept = slot[:, t].clamp(min=0), (slot[:, t] >= 0).view(-1, 1, 1, 1)  # slot -1: no snapshot
+        snapshots[ids, at] = torch.where(kept, (state.transpose(-1, -2) if layout == "vk" else state).to(snapshots.dtype),
+                                         snapshots[ids, at])
     return torch.stack(outs, dim=1)

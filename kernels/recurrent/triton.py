@@ -107,8 +107,8 @@ def _recurrent_steps_kernel(q_ptr, k_ptr, v_ptr, g_ptr, rates_ptr, beta_ptr, rea
             state = state + kt[:, None] * vt[None, :]
         out = tl.sum(state * qt[:, None], axis=0)
         tl.store(o_ptr + b * so_b + t * so_t + h * so_h + offs_v, out, mask=mv)
-        at = tl.load(slot_ptr + b * sl_b + t * sl_t)
-        tl.store(snap_ptr + b.to(tl.int64) * sn_b + at * sn_s + h * sn_h + tile_n, state, mask=m2)
+        at = tl.load(slot_ptr + b * sl_b + t * sl_t)  # -1: no snapshot (a prefill keeps its last token's only)
+        tl.store(snap_ptr + b.to(tl.int64) * sn_b + at * sn_s + h * sn_h + tile_n, state, mask=m2 & (at >= 0))
         if HAS_PARENT:  # a child's load of this snapshot sees the whole tile, whichever threads hold it then
             tl.debug_barrier()
 

@@ -12,18 +12,19 @@ The math is transformers 5.24's KimiLinearDeltaAttention, eval mode, per head h 
                                                            sigmoid of the gate in float32)
 A score call runs its tokens one by one from each row's state (transformers' recurrent rule, op for op), writing a
 snapshot after each (on the Triton path one launch: kernels/recurrent, the state tile in registers); a prefill runs
-transformers' chunk form (chunk_kimi_delta_attention's algebra, its forward
-substitution as one triangular solve a chunk, as runners/paged_qwen3_next.py's prefill) a chunk of CHUNK tokens at a
-time from a zero state, keeping the last. Padded positions (a row's first columns) have q = k = v
+transformers' chunk form (chunk_kimi_delta_attention's algebra, its forward substitution as one triangular solve a
+chunk: runners/chunked_prefill.py row_decay_prefill) in chunks of CHUNK tokens from a zero state, keeping the last
+(the carry across the chunks one launch on the Triton path: kernels/chunk_scan with a decay a key row). Padded positions (a row's first columns) have q = k = v
 = 0, g = 0 and beta = 0: no decay, no update. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
 
 from ._linear import linear
+from .chunked_prefill import row_decay_prefill
 from .paged_recurrent import prefill_conv
 
-CHUNK = 64  # transformers' chunk_size; the decays of a chunk are [B, H, CHUNK, CHUNK, D] float32 at once
+CHUNK = 64  # transformers' chunk_size; a chunk's decays are [B, H, CHUNK, CHUNK, D] float32 (chunked_prefill groups them)
 
 
 class Kda:
@@ -77,36 +78,6 @@ class Kda:
         return linear((normed * torch.sigmoid(gate.float())).to(o.dtype).reshape(o.shape[0], -1), *self.out)
 
 
-def kda_chunks(q, k, v, g, beta) -> tuple:
-    """transformers' chunk_kimi_delta_attention from a zero state over rows [B, H, n, D] (q, k, v, g float32; beta
-    [B, H, n]), a chunk at a time -> (o [B, H, n, D], the state after the last column [B, H, D, D])."""
-    batch, heads, n, dim = k.shape
-    state = q.new_zeros(batch, heads, dim, dim)
-    causal = torch.triu(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device), diagonal=0)
-    strict = torch.triu(torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device), diagonal=1)
-    eye = torch.eye(CHUNK, device=q.device)
-    pad = (CHUNK - n % CHUNK) % CHUNK
-    q, k, v, g = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, g))
-    beta = F.pad(beta, (0, pad))
-    outs = []
-    for c0 in range(0, n + pad, CHUNK):
-        qc, kc, vc = q[:, :, c0:c0 + CHUNK], k[:, :, c0:c0 + CHUNK], v[:, :, c0:c0 + CHUNK]
-        bc = beta[:, :, c0:c0 + CHUNK, None]
-        gc = g[:, :, c0:c0 + CHUNK].cumsum(dim=-2)
-        k_beta = kc * bc
-        decay = (gc.unsqueeze(-2) - gc.unsqueeze(-3)).masked_fill(strict[..., None], float("-inf")).exp()
-        # (I + strictly_lower(sum_d k_beta k decay)) [value | k_cumdecay] = [v beta | k_beta exp(g)]: one unit
-        # lower-triangular solve where transformers runs its forward substitution row by row (the same inverse)
-        system = (k_beta.unsqueeze(-2) * kc.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(causal, 0) + eye
-        value = torch.linalg.solve_triangular(system, vc * bc, upper=False, unitriangular=True)
-        k_cumdecay = torch.linalg.solve_triangular(system, k_beta * gc.exp(), upper=False, unitriangular=True)
-        intra = (qc.unsqueeze(-2) * kc.unsqueeze(-3) * decay).sum(dim=-1).masked_fill(strict, 0)
-        v_new = value - k_cumdecay @ state
-        outs.append((qc * gc.exp()) @ state + intra @ v_new)
-        state = state * gc[:, :, -1].exp().unsqueeze(-1) + (kc * (gc[:, :, -1:] - gc).exp()).transpose(-1, -2) @ v_new
-    return torch.cat(outs, dim=2)[:, :, :n], state
-
-
 def kda_forward(net: Kda, st, h: torch.Tensor, rows: tuple, prefilling: bool) -> torch.Tensor:
     """One KDA layer over a call's tokens h [T, hidden] (rows: PagedRecurrentRunner._row_layout's) -> its output
     [T, hidden]: the chunk form from zero states in a prefill (the last ones committed), token by token from each
@@ -123,9 +94,8 @@ def kda_forward(net: Kda, st, h: torch.Tensor, rows: tuple, prefilling: bool) ->
         y, last = prefill_conv(by_row.transpose(1, 2), net.conv, None, net.kernel)  # [B, C, n]
         st.conv[:batch].copy_(last)
         q, k, v = net.heads_of(F.silu(y).to(by_row.dtype).transpose(1, 2))  # [B, n, H, D]
-        o, state = kda_chunks(*(t.transpose(1, 2) for t in (q, k, v, g)), beta.float().transpose(1, 2))
-        st.rec[:batch].copy_(state)
-        o = o.transpose(1, 2)  # [B, n, H, D]
+        o = row_decay_prefill(st.chunk_scan, *(t.transpose(1, 2) for t in (q, k, v, g)), beta.float().transpose(1, 2),
+                              st.rec[:batch].zero_(), CHUNK).transpose(1, 2)  # [B, n, H, D]
     elif st.by_steps(rows):  # the Triton path (one launch: the rule, the L2 norms, every snapshot), or a token tree
         y = st.conv_steps(by_row, net.conv, None, rows, silu=True)  # [B, n, 3 H D]
         q, k, v = (t.view(batch, n, net.heads, net.dim) for t in y.split(net.heads * net.dim, dim=-1))

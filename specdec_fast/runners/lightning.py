@@ -15,11 +15,13 @@ state after it), in float32 with the state (transformers keeps it in the model d
 write the state after each as its snapshot; a prefill keeps the last. Padded positions (a row's first columns)
 have k = v = 0 and no rank of their own: they neither decay nor update the state. On the Triton path a score call
 is one launch instead (kernels/recurrent: the state tile in registers, token by token, every snapshot stored from
-it; the prefill stays torch ops). Not timed on a GPU.
+it). A prefill runs the chunked form of runners/chunked_prefill.py (a decay of exp(-slope) at each real token), its
+carry across the chunks one launch on the Triton path (kernels/chunk_scan). Not timed on a GPU.
 """
 import torch
 
 from ._linear import linear
+from .chunked_prefill import scalar_decay_prefill
 from .paged_olmo2 import llama_rms_norm
 
 # Columns a chunk: the intra-chunk weights are [B, H, CHUNK, CHUNK] float32 (a prefill's whole prompt at once would
@@ -65,10 +67,11 @@ def _powers(slope: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     return torch.exp(-slope.view(1, -1, *(1,) * (e.dim() - 1)) * e.unsqueeze(1))
 
 
-def lightning_scan(slope: torch.Tensor, q, k, v, rank, state, snapshots: bool) -> tuple:
-    """q, k, v [B, H, n, D] float32 (zero at padding), rank [B, n] (each real token's rank in its row; -1 before
-    the first), state [B, H, D, D] float32 (after the row's earlier tokens) -> (o [B, H, n, D], the state after
-    the last column, the state after each column [B, n, H, D, D] when snapshots else None)."""
+def lightning_scan(slope: torch.Tensor, q, k, v, rank, state) -> tuple:
+    """A score call's chunks: q, k, v [B, H, n, D] float32 (zero at padding), rank [B, n] (each real token's rank in
+    its row; -1 before the first), state [B, H, D, D] float32 (after the row's earlier tokens) -> (o [B, H, n, D], the
+    state after the last column, the state after each column [B, n, H, D, D]). (A prefill, which keeps the last state
+    only: runners/chunked_prefill.py.)"""
     outs, states = [], []
     n = q.shape[2]
     for c0 in range(0, n, CHUNK):
@@ -79,14 +82,11 @@ def lightning_scan(slope: torch.Tensor, q, k, v, rank, state, snapshots: bool) -
         weights = torch.where(causal, _powers(slope, rc[:, :, None] - rc[:, None, :]), 0.0)  # [B, H, c, c]
         from_state = _powers(slope, rc - before[:, None])[..., None]  # [B, H, c, 1]
         outs.append((qc @ kc.transpose(-1, -2) * weights) @ vc + (qc * from_state) @ state)
-        if snapshots:  # S_t = lambda^(r_t - p) S_p + sum_{s <= t} lambda^(r_t - r_s) k_s^T v_s
-            update = torch.einsum("bhts,bhsd,bhse->bthde", weights, kc, vc)
-            states.append(from_state.transpose(1, 2)[..., None] * state[:, None] + update)
-            state = states[-1][:, -1]
-        else:
-            last = _powers(slope, rc[:, -1:] - rc)[..., None]  # [B, H, c, 1]: lambda^(r_end - r_s)
-            state = _powers(slope, rc[:, -1] - before)[..., None, None] * state + (kc * last).transpose(-1, -2) @ vc
-    return torch.cat(outs, dim=2), state, torch.cat(states, dim=1) if snapshots else None
+        # S_t = lambda^(r_t - p) S_p + sum_{s <= t} lambda^(r_t - r_s) k_s^T v_s
+        update = torch.einsum("bhts,bhsd,bhse->bthde", weights, kc, vc)
+        states.append(from_state.transpose(1, 2)[..., None] * state[:, None] + update)
+        state = states[-1][:, -1]
+    return torch.cat(outs, dim=2), state, torch.cat(states, dim=1)
 
 
 def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilling: bool, norm=llama_rms_norm) -> torch.Tensor:
@@ -106,12 +106,11 @@ def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilli
         g = (-net.slope)[None, None].expand(batch, n, heads)  # the head's decay at every real token
         q, k, v = by_row.split(dim, dim=-1)  # [B, n, H, D] each
         o = st.steps(q, k, v, g, rows).transpose(1, 2)  # [B, H, n, D]
-    elif prefilling:
-        state = torch.zeros(batch, heads, dim, dim, dtype=torch.float32, device=h.device)
-        o, state, _ = lightning_scan(net.slope, q, k, v, rank, state, snapshots=False)
-        st.rec[:batch].copy_(state)
+    elif prefilling:  # chunks (runners/chunked_prefill.py), a real token decaying its head's state by exp(-slope)
+        g = -net.slope.to(h.device)[None, :, None] * real[:, None, :]  # [B, H, n]: padding no decay
+        o = scalar_decay_prefill(st.chunk_scan, q, k, v, g, st.rec[:batch].zero_(), CHUNK)
     else:  # the snapshot after each token (a padded column writes the spare slot)
-        o, _, after = lightning_scan(net.slope, q, k, v, rank, st.start_rec(batch, start), snapshots=True)
+        o, _, after = lightning_scan(net.slope, q, k, v, rank, st.start_rec(batch, start))
         st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = after
     packed = torch.zeros(total + 1, heads * dim, dtype=h.dtype, device=h.device)
     packed.index_copy_(0, index.reshape(-1), o.transpose(1, 2).reshape(batch * n, -1).to(h.dtype))

@@ -12,11 +12,11 @@ mode, per token (C channels of intermediate_size, state N, time-step rank R):
     S_t = exp(dt A) * S_{t-1} + (dt x) B^T        S [C, N] float32, A = -exp(A_log) [C, N]
     y = S_t C' + D x;  out = out_proj(y * silu(z))
 Every call runs the tokens one by one from each row's state (transformers' scan loop; a score call's K + 1
-tokens write a snapshot after each, a prefill keeps the last state only). On the Triton path a score call's scan is
-one launch (_fused_scan: kernels/recurrent, the [C, N] state one head decayed by A dt, y = S C' in float32); the
-prefill has no
-block form or kernel yet: a long prompt's prefill is a loop of its length in torch ops (not timed on a GPU). Padded
-positions (a row's first columns) neither decay nor update the state.
+tokens write a snapshot after each, a prefill keeps the last state only). On the Triton path a call's scan is one
+launch, a score call's and a prefill's (_fused_scan: kernels/recurrent, the [C, N] state one head decayed by A dt,
+y = S C' in float32; a prefill's tokens keep no snapshot but the last, which is committed); on the CPU backends a
+long prompt's prefill is a loop of its length in torch ops. Not timed on a GPU. Padded positions (a row's first
+columns) neither decay nor update the state.
 """
 import torch
 import torch.nn.functional as F
@@ -106,6 +106,13 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
         st.conv[:batch].copy_(last)
         state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
         xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
+        if st.fused:  # the Triton path: the prompt's scan in one launch (kernels/recurrent), its last state kept
+            st.rec[:batch].zero_()
+            keep_last = torch.full_like(slot, -1)
+            keep_last[:, -1] = 0  # (every row's last column is a real token: each row's padding comes first)
+            out = _fused_scan(net, st, xs, rows._replace(slot=keep_last))
+            st.rec[:batch].copy_(st.rec_tent[:batch, 0])
+            return net.output(out, xs, z, h.dtype, index)
     else:  # each row's windows (RecurrentStates.conv_steps), the scan from its state
         xs = st.conv_steps(by_row, net.conv, net.conv_bias, rows, silu=True).to(x.dtype)  # [B, n, C]
         if st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot), or a token tree

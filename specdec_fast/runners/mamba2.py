@@ -21,18 +21,23 @@ over the call, x~_j = dt_j x_j,
     y_t = e^(G_t) S_0 C_t + sum_(j <= t) e^(G_t - G_j) (C_t . B_j) x~_j + D x_t
     S_t = e^(G_t) S_0 + sum_(j <= t) e^(G_t - G_j) x~_j B_j^T
 (mamba2_chunk_scan's within-chunk form, SSD), every snapshot S_t from one einsum; a prefill runs it in chunks
-of PREFILL_CHUNK from zero states, the state carried (only the last one kept); on the Triton path a score call's
-scan is one launch instead (kernels/recurrent: the [P, N] state tile in registers, token by token, every snapshot
-stored from it; the prefill stays torch ops). Padded positions (a row's first columns) neither decay nor update
+of PREFILL_CHUNK from zero states (runners/chunked_prefill.py: q = C, k = B, v = x~ over the state's [N, P] view),
+the state carried (only the last one kept); on the Triton path a score call's scan is one launch instead
+(kernels/recurrent: the [P, N] state tile in registers, token by token, every snapshot stored from it), and so is a
+prefill's carry across its chunks (kernels/chunk_scan). Padded positions (a row's first columns) neither decay nor update
 the state. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F
 
 from ._linear import linear
+from .chunked_prefill import scalar_decay_prefill
 from .paged_recurrent import prefill_conv
 
-PREFILL_CHUNK = 128  # tokens a chunk of the prefill's scan (transformers' chunk_size default; the math is exact either way)
+# tokens a chunk of the prefill's scan (the math is exact at any size; transformers' chunk_size is 128): 64, as the other
+# recurrent prefills, because the Triton carry's chunks of 128 need 147 KB of shared memory (sm_90a, Dk = 128), over
+# the 99 KB of an RTX 30xx / 40xx; chunks of 64, 61 KB (tests/kernels/aot_compile_layer_ops.compile_chunk_scan)
+PREFILL_CHUNK = 64
 
 
 class Mamba2:
@@ -92,9 +97,9 @@ class Mamba2:
         a = -self.a_log.float().exp() * dt  # [B, n, H]
         return x, x * dt[..., None], b, c, a
 
-    def scan(self, x, xt, b, c, a, s0: torch.Tensor, snapshots: bool) -> tuple:
-        """The block form (module docstring) of n tokens from states s0 [B, H, P, N] -> (y [B, n, H, P] float32
-        (D x included), every state S_t [B, n, H, P, N] if snapshots else the last one [B, H, P, N])."""
+    def scan(self, x, xt, b, c, a, s0: torch.Tensor) -> tuple:
+        """A score call's block form (module docstring) of n tokens from states s0 [B, H, P, N] -> (y [B, n, H, P]
+        float32 (D x included), every state S_t [B, n, H, P, N]). (A prefill's chunks: runners/chunked_prefill.py.)"""
         n = x.shape[1]
         cum = a.transpose(1, 2).cumsum(-1)  # [B, H, n]
         lower = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
@@ -104,12 +109,8 @@ class Mamba2:
         lead = cum.exp()[..., None]  # [B, H, n, 1]
         y = lead * (ch @ s0.transpose(-1, -2)) + scores @ xh  # [B, H, n, P]
         y = y.transpose(1, 2) + self.d.float()[:, None] * x
-        if snapshots:
-            states = lead[..., None] * s0[:, :, None] + torch.einsum("bhtj,bhjp,bhjn->bhtpn", gap, xh, bh)
-            return y, states.transpose(1, 2)
-        last = cum[..., -1:]  # [B, H, 1]
-        decay = (last - cum).exp()  # [B, H, n]: e^(G_n - G_j)
-        return y, last.exp()[..., None] * s0 + torch.einsum("bhj,bhjp,bhjn->bhpn", decay, xh, bh)
+        states = lead[..., None] * s0[:, :, None] + torch.einsum("bhtj,bhjp,bhjn->bhtpn", gap, xh, bh)
+        return y, states.transpose(1, 2)
 
     def output(self, y: torch.Tensor, z: torch.Tensor, dtype) -> torch.Tensor:
         """y [T, H P] float32, z [T, H P] -> out_proj of the gate and group norm (norm_kind: NemotronHRMSNormGated,
@@ -142,14 +143,11 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
         y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)
         st.conv[:batch].copy_(last)
         x, xt, b, c, a = net.ssm_inputs(F.silu(y).to(xbc.dtype).transpose(1, 2), dt, real)
-        state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
-        outs = []
-        for begin in range(0, n, PREFILL_CHUNK):
-            part = slice(begin, begin + PREFILL_CHUNK)
-            out, state = net.scan(x[:, part], xt[:, part], b[:, part], c[:, part], a[:, part], state, snapshots=False)
-            outs.append(out)
-        st.rec[:batch].copy_(state)
-        y = torch.cat(outs, dim=1)
+        # q = C, k = B, v = x~ over the state's [N, P] view (stored [P, N]), a log-decay dt A a head and token
+        state = st.rec[:batch].zero_()
+        o = scalar_decay_prefill(st.chunk_scan, *(t.transpose(1, 2) for t in (c, b, xt, a)), state.transpose(-1, -2),
+                                 PREFILL_CHUNK)
+        y = o.transpose(1, 2) + net.d.float()[:, None] * x
     else:  # a score call: the convolution's windows from each row's (RecurrentStates.conv_steps), then the scan
         y = st.conv_steps(by_row, net.conv, net.conv_bias, rows, silu=True)  # [B, n, C]
         if st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot; q = C, k = B), or a token tree
@@ -157,7 +155,7 @@ def mamba2_forward(net: Mamba2, st, h: torch.Tensor, rows: tuple, prefilling: bo
             y = st.steps(c, b, xt, a, rows, layout="vk") + net.d.float()[:, None] * x
         else:
             x, xt, b, c, a = net.ssm_inputs(y, dt, real)
-            y, states = net.scan(x, xt, b, c, a, st.start_rec(batch, start), snapshots=True)
+            y, states = net.scan(x, xt, b, c, a, st.start_rec(batch, start))
             st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = states  # padding to the spare slot
     packed = torch.zeros(total + 1, net.heads * net.head_dim, dtype=torch.float32, device=h.device)
     packed.index_copy_(0, index.reshape(-1), y.reshape(batch * n, -1))

@@ -22,13 +22,14 @@ Left padding: transformers zeroes a padded position's input to a recurrent layer
 zero until the row's first token); here padded positions do not touch the states at all, the same
 thing for a state that starts at zero.
 
-A prefill runs the delta rule in chunks of PREFILL_CHUNK tokens (_prefill_chunks: within a chunk the
-updates solve as one unit lower-triangular system, the state carried across chunks -- the WY form of
+A prefill runs the delta rule in chunks of PREFILL_CHUNK tokens (_prefill_chunks, runners/chunked_prefill.py: within a
+chunk the updates solve as one unit lower-triangular system, the state carried across chunks -- the WY form of
 FLA's and transformers' chunked kernels; the convolution over each row at once); a score call runs its
 n tokens at once from each row's state (_score_block: one n x n solve per head, every snapshot from one
 einsum; _steps, transformers' recurrent rule token by token, is its reference); on the Triton path a score
 call's delta rule is one launch (_score_fused: kernels/recurrent, the state tile in registers, every snapshot
-stored from it), the prefill stays torch ops (neither timed on a GPU; CPU: bench/bench_delta_rule.py). Token trees:
+stored from it), and a prefill's carry across its chunks is one launch too (kernels/chunk_scan) (neither timed on a
+GPU; CPU: bench/bench_delta_rule.py). Token trees:
 each node continues its parent's states (runners/paged_recurrent.py; through _score_fused on every backend). Tensor
 parallelism: runners/paged_qwen3_next_tp.py (each rank its heads' states).
 """
@@ -41,6 +42,7 @@ from ._moe import SHARED, is_moe, moe_or_gated_mlp, moe_or_mlp, moe_reason
 from ._rotary import static_rope_reason
 from ..kernels.llama_ops.reference import rotate_half_apply
 from .paged_base import decoder_reason, head_dim_reason
+from .chunked_prefill import scalar_decay_prefill
 from .paged_recurrent import PagedRecurrentRunner, layer_kinds_reason, prefill_conv
 
 # Qwen3-Next, and Qwen3.5's text decoders (AutoModelForCausalLM on a Qwen3.5 checkpoint: Qwen3_5ForCausalLM /
@@ -339,37 +341,14 @@ class PagedQwen3NextRunner(PagedRecurrentRunner):
 
     def _prefill_chunks(self, net, st, by_row, beta, g) -> torch.Tensor:
         """A prefill from zero states: the convolution over each row at once, the delta rule in chunks of
-        PREFILL_CHUNK tokens (within a chunk the updates solve as one unit lower-triangular system, across
-        chunks the state carries: the WY form of FLA's and transformers' chunked kernels), float32 ->
-        outputs [B, n, Hv, Dv]; the final conv window and state committed."""
-        batch, n = by_row.shape[:2]
+        PREFILL_CHUNK tokens (runners/chunked_prefill.py: within a chunk the updates solve as one unit lower-triangular
+        system, across chunks the state carries -- the WY form of FLA's and transformers' chunked kernels; the carry
+        one launch on the Triton path), float32 -> outputs [B, n, Hv, Dv]; the final conv window and state committed."""
+        batch = by_row.shape[0]
         y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)  # rows' padding first: zeros
         q, k, v = self._heads(net, F.silu(y).to(by_row.dtype).transpose(1, 2))  # [B, n, Hv, D]
         st.conv[:batch].copy_(last)
-        size = PREFILL_CHUNK
-        pad = -n % size
-        q, k, v = (F.pad(t.transpose(1, 2), (0, 0, 0, pad)) for t in (q, k, v))  # [B, Hv, n + pad, D]
-        beta, g = (F.pad(t.float().transpose(1, 2), (0, pad)) for t in (beta, g))  # [B, Hv, n + pad]
-        chunks = (n + pad) // size
-        q, k, v = (t.reshape(batch, net.nv, chunks, size, -1) for t in (q, k, v))
-        beta, g = (t.reshape(batch, net.nv, chunks, size) for t in (beta, g))
-        decay = g.cumsum(-1)  # log of the decay from the chunk's start through each token
-        lower = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-        gap = torch.where(lower, decay[..., :, None] - decay[..., None, :], float("-inf")).exp()  # [.., i, j]: j <= i
-        k_beta, v_beta = k * beta[..., None], v * beta[..., None]
-        # (I + strictly_lower(k_beta k^T . gap)) u = v_beta: each token's correction given the earlier ones'
-        system = (k_beta @ k.transpose(-1, -2) * gap).masked_fill(lower.logical_not().logical_or(
-            torch.eye(size, dtype=torch.bool, device=q.device)), 0.0) + torch.eye(size, device=q.device)
-        u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
-        w = torch.linalg.solve_triangular(system, k_beta * decay[..., None].exp(), upper=False, unitriangular=True)
-        state = torch.zeros(batch, net.nv, net.dk, net.dv, dtype=torch.float32, device=q.device)
-        outs = []
-        for c in range(chunks):
-            qc, kc, dc = q[:, :, c], k[:, :, c], decay[:, :, c]
-            fresh = u[:, :, c] - w[:, :, c] @ state  # the chunk's updates after the carried state's share
-            within = (qc @ kc.transpose(-1, -2)) * gap[:, :, c]
-            outs.append((qc * dc[..., None].exp()) @ state + within @ fresh)
-            last = dc[..., -1:]
-            state = state * last[..., None].exp() + (kc * (last - dc)[..., None].exp()).transpose(-1, -2) @ fresh
-        st.rec[:batch].copy_(state)
-        return torch.cat(outs, dim=2)[:, :, :n].transpose(1, 2)  # [B, n, Hv, Dv]
+        state = st.rec[:batch].zero_()
+        o = scalar_decay_prefill(st.chunk_scan, *(t.transpose(1, 2) for t in (q, k, v)), g.float().transpose(1, 2), state,
+                                 PREFILL_CHUNK, beta=beta.float().transpose(1, 2))
+        return o.transpose(1, 2)  # [B, n, Hv, Dv]

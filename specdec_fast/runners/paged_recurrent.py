@@ -102,6 +102,17 @@ class RecurrentStates:
         return recurrent_steps(q, k, v, g, rec, tent, rows.start, rows.slot, rows.real, parent=rows.parent,
                                backend="triton" if self.fused else "torch", **options)
 
+    def chunk_scan(self, qd, kd, a, u, decay, state, w=None) -> torch.Tensor:
+        """A prefill's state carried across its chunks (kernels/chunk_scan.chunk_scan: its Triton kernel where the
+        runner's path is Triton, else its torch loop; runners/chunked_prefill.py makes the operands) -> o [B, H, C, L,
+        Dv] float32; state written in place. The kernel's products in tf32 for a bf16 / fp16 model (finer than its
+        own rounding), float32's precision for a float32 one."""
+        from ..kernels.chunk_scan import chunk_scan
+
+        precision = "tf32x3" if self.conv.dtype == torch.float32 else "tf32"
+        return chunk_scan(qd, kd, a, u, decay, state, w=w, precision=precision,
+                          backend="triton" if self.fused else "torch")
+
     def by_steps(self, rows: RowLayout) -> bool:
         """Whether a score call's recurrence goes through steps(): on the Triton path, and for every token tree (the
         layers' block forms take chains only)."""

@@ -11,10 +11,14 @@ draft model, prompt lookup and plain decoding; the static graph twin gives the e
 model.generate's. Controls: no rollback, no chaining (runner_checks.assert_rollback_controls_fail), one decay a head
 instead of a channel, the gate's sigmoid left out, the latent's shared key part left out, the key's rows read as
 the value's."""
+from functools import partial
+
 import pytest
 import torch
 
+from specdec_fast.kernels.chunk_scan import chunk_scan
 from specdec_fast.runners import kda
+from specdec_fast.runners.chunked_prefill import row_decay_prefill
 from specdec_fast.runners.paged_kimi_linear import PagedKimiLinearRunner, kimi_linear_unsupported_reason
 from specdec_fast.runners.registry import paged_runner_class
 
@@ -58,15 +62,17 @@ def _recurrence(q, k, v, g, beta):
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 4, 64])
-def test_the_chunk_form_is_the_recurrence(monkeypatch, chunk):
-    monkeypatch.setattr(kda, "CHUNK", chunk)
+def test_the_chunk_form_is_the_recurrence(chunk):
+    """The prefill's chunk form (runners/chunked_prefill.py row_decay_prefill, its carry the torch loop) against the
+    recurrence in float64, from a zero state: every output and the last state."""
     gen = torch.Generator().manual_seed(chunk)
     batch, heads, n, dim = 2, 3, 10, 5
     q, k = (torch.nn.functional.normalize(torch.randn(batch, heads, n, dim, generator=gen), dim=-1) for _ in range(2))
     v = torch.randn(batch, heads, n, dim, generator=gen)
     g = -torch.rand(batch, heads, n, dim, generator=gen)
     beta = torch.rand(batch, heads, n, generator=gen)
-    o, state = kda.kda_chunks(q, k, v, g, beta)
+    state = torch.zeros(batch, heads, dim, dim)
+    o = row_decay_prefill(partial(chunk_scan, backend="torch"), q, k, v, g, beta, state, chunk)
     ref_o, ref_state = _recurrence(q, k, v, g, beta)
     torch.testing.assert_close(o.double(), ref_o, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state.double(), ref_state, atol=1e-5, rtol=1e-5)

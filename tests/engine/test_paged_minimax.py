@@ -10,10 +10,14 @@ scan in chunks of 2; bfloat16 stays close; greedy generate(runner="paged") equal
 prompt lookup and plain decoding; the static graph twin gives the eager tokens. Controls: no rollback, no chaining
 (runner_checks.assert_rollback_controls_fail), no decay, each kind's residual factors swapped. The norms are
 randomised, so a residual of the raw input instead of the normed one would not pass either."""
+from functools import partial
+
 import pytest
 import torch
 
+from specdec_fast.kernels.chunk_scan import chunk_scan
 from specdec_fast.runners import lightning
+from specdec_fast.runners.chunked_prefill import scalar_decay_prefill
 from specdec_fast.runners.paged_minimax import PagedMiniMaxRunner, minimax_unsupported_reason
 from specdec_fast.runners.registry import paged_runner_class
 
@@ -54,7 +58,8 @@ def _token_by_token(slope, q, k, v, real, state):
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 64])
 def test_the_scan_is_the_recurrence(monkeypatch, chunk):
-    """Rows of 7, 4 and 1 real tokens (left padding zero) from random states, every output and every snapshot."""
+    """Rows of 7, 4 and 1 real tokens (left padding zero) from random states, every output and every snapshot; the
+    prefill's chunk form (its outputs, the last state) too."""
     monkeypatch.setattr(lightning, "CHUNK", chunk)
     gen = torch.Generator().manual_seed(chunk)
     batch, heads, n, dim = 3, 2, 7, 5
@@ -63,15 +68,18 @@ def test_the_scan_is_the_recurrence(monkeypatch, chunk):
     state = torch.randn(batch, heads, dim, dim, generator=gen)
     slope = torch.tensor([0.3, 0.05])
     rank = real.long().cumsum(1) - 1
-    o, last, after = lightning.lightning_scan(slope, q, k, v, rank, state, snapshots=True)
+    o, last, after = lightning.lightning_scan(slope, q, k, v, rank, state)
     ref_o, ref_last, ref_after = _token_by_token(slope, q, k, v, real, state)
     tol = dict(atol=1e-5, rtol=1e-5)  # float32 against float64
     torch.testing.assert_close((o * real[:, None, :, None]).double(), ref_o * real[:, None, :, None], **tol)
     torch.testing.assert_close(last.double(), ref_last, **tol)
     torch.testing.assert_close(after.double(), ref_after, **tol)
-    _, prefill_last, none = lightning.lightning_scan(slope, q, k, v, rank, state, snapshots=False)
-    assert none is None
-    torch.testing.assert_close(prefill_last.double(), ref_last, **tol)
+    # a prefill's form (runners/chunked_prefill.py, chunks of the same size; its carry the torch loop)
+    g = -slope[None, :, None] * real[:, None, :]
+    carried = state.clone()
+    o = scalar_decay_prefill(partial(chunk_scan, backend="torch"), q, k, v, g, carried, chunk)
+    torch.testing.assert_close((o * real[:, None, :, None]).double(), ref_o * real[:, None, :, None], **tol)
+    torch.testing.assert_close(carried.double(), ref_last, **tol)
 
 
 def test_the_runner_and_its_pool():

@@ -256,7 +256,9 @@ def test_a_score_block_equals_the_token_steps(seed, way, device):
     for got, want, valid in zip(block[:2], steps[:2], ([3, 1, 2], [2, 2, 1])):
         n = got.shape[1]  # each row's tokens last: its padded columns' logits are no token's (backends differ there)
         real = torch.arange(n)[None, :] >= n - torch.tensor(valid)[:, None]
-        torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+        # logits of up to ~4: float32's rounding over the layers reached 1.8e-5 at seed 2 on an AVX-512 CPU (2026-12-01;
+        # under 1e-5 on the CPUs before); a lost rollback or chaining moves them by tenths
+        torch.testing.assert_close(got[real], want[real], atol=5e-5, rtol=1e-5)
     for (rec, conv), (rec_ref, conv_ref) in zip(block[2], steps[2]):  # the spare slot (last) holds padding's writes
         torch.testing.assert_close(rec[:, :-1], rec_ref[:, :-1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(conv[:, :-1], conv_ref[:, :-1], atol=1e-5, rtol=1e-5)  # later layers: inputs differ by rounding

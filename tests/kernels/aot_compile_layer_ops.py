@@ -140,6 +140,7 @@ def main() -> None:
                               num_stages=grouped.NUM_STAGES)
         print("moe_grouped", dt, "BLOCK_M", rows, info)
     compile_recurrent_steps()
+    compile_chunk_scan()
     print("layer ops ok")
 
 
@@ -186,6 +187,33 @@ def compile_recurrent_steps() -> None:  # and kernels/causal_conv's convolution
         spills = ptxas_spills(kernel_)
         print("conv_steps", name, "shared", kernel_.metadata.shared, "spill bytes", spills)
         assert not spills, (name, spills)
+
+
+
+def compile_chunk_scan() -> None:
+    """kernels/chunk_scan's prefill carry in the forms the runners launch, at their models' sizes, as the launcher sets
+    them (BLOCK_V, warps, one stage): the Gated DeltaNet (Qwen3-Next: the delta rule, a decay a head, 128 x 128 states,
+    chunks of 64), KDA (a decay a key row), Mamba2 (Nemotron-H: no delta rule, the [N, P] = [128, 64] view),
+    lightning (128 x 128) -- bf16 models' "tf32" dots, no spills -- and a float32 model's Gated
+    DeltaNet ("tf32x3": it compiles and fits; ptxas spilled 376 bytes a thread when this was written)."""
+    from aot_compile_attention import ptxas_spills  # here: that module imports this one
+    from specdec_fast.kernels.chunk_scan import triton as chunk
+
+    # (L, Dk, Dv, the delta rule, a decay a key row, the dots' precision)
+    forms = {"gated_deltanet": (64, 128, 128, True, False, "tf32"), "kda": (64, 128, 128, True, True, "tf32"),
+             "mamba2": (64, 128, 64, False, False, "tf32"), "lightning": (64, 128, 128, False, False, "tf32"),
+             "gated_deltanet_fp32": (64, 128, 128, True, False, "tf32x3")}
+    for name, (size, dk, dv, delta, rows, precision) in forms.items():
+        ptrs = {arg: "*fp32" for arg in ("qd_ptr", "kd_ptr", "a_ptr", "u_ptr", "w_ptr", "decay_ptr", "state_ptr",
+                                         "o_ptr")}
+        block_k = triton.next_power_of_2(dk)
+        consts = dict(DK=dk, DV=dv, L=size, BLOCK_L=size, BLOCK_K=block_k, BLOCK_V=chunk.BLOCK_V, DELTA=delta,
+                      ROW_DECAY=rows, PRECISION=precision)
+        kernel = compile_sm90(chunk._chunk_scan_kernel, consts, ptrs, num_warps=4 if size * block_k <= 8192 else 8,
+                              num_stages=1)
+        spills = ptxas_spills(kernel)
+        print("chunk_scan", name, "shared", kernel.metadata.shared, "spill bytes", spills)
+        assert precision == "tf32x3" or not spills, (name, spills)  # the state tile and operands stay in registers
 
 
 if __name__ == "__main__":

@@ -243,3 +243,30 @@ def test_the_triton_call_is_one_launch_and_never_syncs(device):
     assert not [op for op in ops.ours if op.startswith(SYNC_OPS)], ops.ours
     # the output's allocation; real read as bytes (a view: view.dtype and its detach)
     assert all(op.startswith(("aten.empty", "aten.view", "aten.detach")) for op in ops.ours), ops.ours
+
+
+@pytest.mark.parametrize("backend", kernel_backends())
+def test_a_slot_of_minus_one_keeps_no_snapshot(backend, device):
+    """A prefill's form (runners/mamba1.py on the Triton path): every token's slot -1 but the last's -- the same
+    outputs as with every snapshot kept, the last token's snapshot at its slot, every other slot untouched."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    if backend == "cpp":
+        device = "cpu"
+    case = CASES["mamba2_vk_groups"]
+    q, k, v, g, committed, snapshots, start, slot, real, beta = _inputs(case, 5, device)
+    layout = case[8]
+    kept_all = snapshots.clone()
+    expected = recurrent_steps(q, k, v, g, committed, kept_all, start, slot, real, beta=beta, layout=layout,
+                               backend=backend)
+    last_only = torch.full_like(slot, -1)
+    last_only[:, -1] = slot[:, -1]
+    before = snapshots.clone()
+    o = recurrent_steps(q, k, v, g, committed, snapshots, start, last_only, real, beta=beta, layout=layout,
+                        backend=backend)
+    torch.testing.assert_close(o, expected)
+    rows = torch.arange(len(START), device=device)
+    written = torch.zeros(snapshots.shape[:2], dtype=torch.bool, device=device)
+    written[rows, slot[:, -1]] = True
+    torch.testing.assert_close(snapshots[written], kept_all[written])
+    assert torch.equal(snapshots[~written], before[~written])
