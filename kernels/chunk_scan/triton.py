@@ -6,7 +6,8 @@ decay and its kd^T F update, three or four tl.dot products a chunk over [L, Dk] 
 last state over the first. The dots run on tensor cores in tf32 (precision "tf32": 10-bit mantissas, finer than the
 bf16 / fp16 models' own rounding, and than FLA's chunked kernels, which multiply in the model dtype) or in three tf32
 products a dot ("tf32x3": float32's precision, for float32 models; RecurrentStates.chunk_scan picks by the model dtype).
-Operands go through block pointers: tensors of [L, Dk] addresses and masks held ~200 registers through the loop.
+Operands are read through block pointers (with [L, Dk] tensors of addresses and masks the tf32x3 form spilled 796 bytes
+a thread, 676 this way: ptxas -v, sm_90a, BLOCK_V 32).
 
 What it replaces on CUDA: the chunk loop of runners/paged_qwen3_next.py's prefill (~10 launches a chunk), of Mamba2's
 (mamba2.py scan: ~12) and lightning's (~10): a 4096-token prompt in chunks of 64 made ~640 launches a Gated DeltaNet
@@ -45,8 +46,7 @@ def _chunk_scan_kernel(qd_ptr, kd_ptr, a_ptr, u_ptr, w_ptr, decay_ptr, state_ptr
     first = pid.to(tl.int64) * C  # this (row, head)'s first chunk: the operands are [B, H, C, ...] contiguous
     for c in range(C):
         chunk = first + c
-        # block pointers, not [L, Dk] tensors of addresses and masks: those held ~200 registers live through the loop
-        # (ptxas -v: 255 registers and spills with them; aot_compile_layer_ops.compile_chunk_scan)
+        # block pointers, not [L, Dk] tensors of addresses and masks (fewer registers live through the loop: above)
         fresh = tl.load(tl.make_block_ptr(u_ptr + chunk * (L * DV), (L, DV), (DV, 1), (0, v0), (BLOCK_L, BLOCK_V), (1, 0)),
                         boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         if DELTA:  # the chunk's updates after the carried state's share

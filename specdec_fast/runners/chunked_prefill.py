@@ -18,8 +18,8 @@ carried between groups by the same op).
 """
 import torch
 
-# The bytes a group of chunks' terms may take at once (their few largest temporaries counted): a 4k-token prompt of
-# Qwen3-Next (32 value heads, chunks of 64) is one group a row; Nemotron-H 8B's 128 heads in chunks of 128, ~1.3k tokens.
+# The bytes a group of chunks' terms may take at once (their few largest temporaries counted), a count: a row of
+# Qwen3-Next (32 value heads of 128, chunks of 64) makes 2176 tokens a group; of Nemotron-H 8B (128 heads), 576.
 PREFILL_BYTES = 256 << 20
 
 
@@ -38,7 +38,7 @@ def _as_chunks(t: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _solved(system: torch.Tensor, rhs: tuple) -> tuple:
-    """Each of rhs [.., L, D] through the unit lower-triangular system [.., L, L] (its diagonal ones not stored)."""
+    """Each of rhs [.., L, D] through the unit lower-triangular system [.., L, L] (its stored diagonal not read)."""
     return tuple(torch.linalg.solve_triangular(system, r, upper=False, unitriangular=True) for r in rhs)
 
 
