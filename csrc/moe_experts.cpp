@@ -2,9 +2,10 @@
 // expert's weight, then the experts' activation, for the MoE MLPs of runners/_moe.py.
 //
 //   moe_experts(x [T, K], experts [P] int64, weight [E, R, K], pairs_per_token, scale [P]?, act,
-//               bias [E, R]?, alpha, limit) -> [P, R] (act 0) or [P, R / 2]
+//               bias [E, R]?, alpha, limit) -> [P, R] (act 0, 3) or [P, R / 2]
 //   act 0: none; 1: SwiGLU (gate rows, then up rows): silu(gate) * up; 2: GPT-OSS (gate / up
-//   interleaved): g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(alpha g)
+//   interleaved): g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(alpha g);
+//   3: relu2 (ungated, Nemotron-H's experts): max(y, 0)^2
 //
 // The pairs are grouped by expert here, on the host (CPU tensors: reading them is no device
 // sync, and one op is what the engine's static graph twin sees), and each chosen expert's weight
@@ -24,7 +25,7 @@ namespace specdec {
 namespace moe {
 namespace {
 
-constexpr int64_t kNone = 0, kSwiglu = 1, kGptOss = 2;
+constexpr int64_t kNone = 0, kSwiglu = 1, kGptOss = 2, kRelu2 = 3;
 
 void check(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weight, int64_t pairs_per_token,
            const c10::optional<at::Tensor>& scale, int64_t act, const c10::optional<at::Tensor>& bias) {
@@ -36,8 +37,8 @@ void check(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& wei
   TORCH_CHECK(weight.size(2) == x.size(1), "weight's K must be x's width");
   TORCH_CHECK(pairs_per_token >= 1 && experts.size(0) == x.size(0) * pairs_per_token,
               "experts must hold tokens x pairs_per_token entries");
-  TORCH_CHECK(act >= kNone && act <= kGptOss, "act must be 0 (none), 1 (SwiGLU) or 2 (GPT-OSS)");
-  TORCH_CHECK(act == kNone || weight.size(1) % 2 == 0, "a gated weight has an even row count");
+  TORCH_CHECK(act >= kNone && act <= kRelu2, "act must be 0 (none), 1 (SwiGLU), 2 (GPT-OSS) or 3 (relu2)");
+  TORCH_CHECK(act == kNone || act == kRelu2 || weight.size(1) % 2 == 0, "a gated weight has an even row count");
   if (scale.has_value()) {
     TORCH_CHECK(scale->dim() == 1 && scale->size(0) == experts.size(0) && scale->device().is_cpu(), "scale must be [P]");
   }
@@ -65,6 +66,9 @@ void finish(const float* y, int64_t n, int64_t rows, const int64_t* pairs, const
       } else if (act == kGptOss) {
         const float g = std::min(yi[2 * j], lim), u = std::min(std::max(yi[2 * j + 1], -lim), lim);
         v = (u + 1.0f) * (g / (1.0f + std::exp(-a * g)));
+      } else if (act == kRelu2) {
+        const float r = std::max(yi[j], 0.0f);
+        v = r * r;
       } else {
         v = yi[j];
       }
@@ -78,7 +82,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
                        double alpha, double limit) {
   check(x, experts, weight, pairs_per_token, scale, act, bias);
   const int64_t P = experts.size(0), E = weight.size(0), R = weight.size(1);
-  const int64_t width = act == kNone ? R : R / 2;
+  const int64_t width = act == kNone || act == kRelu2 ? R : R / 2;
   at::Tensor out = at::empty({P, width}, x.options());
   if (P == 0 || width == 0) return out;
   const at::Tensor ids = experts.contiguous();

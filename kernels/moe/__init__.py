@@ -17,7 +17,7 @@ saves no bytes and its sort costs launches), "expert" otherwise. Neither has bee
 import torch
 
 from .._backend import resolve_backend
-from .reference import ACT_CODES, ACTIVATIONS, activate, moe_pairs_reference
+from .reference import ACT_CODES, ACTIVATIONS, GATED, activate, moe_pairs_reference
 
 __all__ = ["moe_pairs", "moe_pairs_reference", "group_pairs", "activate", "ACTIVATIONS", "SCHEDULES"]
 
@@ -66,7 +66,7 @@ def _check(x, experts, weight, pairs_per_token, scale, act, bias, schedule, grou
                          f"got {experts.shape[0]}")
     if act not in ACTIVATIONS:
         raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
-    if act is not None and weight.shape[1] % 2:
+    if act in GATED and weight.shape[1] % 2:
         raise ValueError(f"a gated ({act}) weight stacks gate and up rows: an even row count, got {weight.shape[1]}")
     if scale is not None and (not isinstance(scale, torch.Tensor) or tuple(scale.shape) != (experts.shape[0],)
                               or not scale.is_floating_point()):
@@ -95,10 +95,10 @@ def moe_pairs(x: torch.Tensor, experts: torch.Tensor, weight: torch.Tensor, *, p
     """x [T, K] (unit stride along K); experts [P = T * pairs_per_token] int64 (pair p: token
     p // pairs_per_token, expert experts[p]; ids are not range-checked: no host sync); weight
     [E, R, K] (any strides: GPT-OSS's experts are transposed views); bias [E, R] or None; act
-    None / "silu" / "gpt_oss" (reference.py; alpha, limit: GPT-OSS's); scale [P] multiplies each
+    None / "silu" / "gpt_oss" / "relu2" (reference.py; alpha, limit: GPT-OSS's); scale [P] multiplies each
     pair's output. schedule: the Triton schedule (None: by 3 P <= E); groups: group_pairs(experts,
     E), to share one sort between the calls of a layer (the "expert" schedule). -> out [P, R]
-    (act None) or [P, R / 2], in x's dtype (float32 sums, rounded once)."""
+    (act None, relu2) or [P, R / 2] (the gated ones), in x's dtype (float32 sums, rounded once)."""
     _check(x, experts, weight, pairs_per_token, scale, act, bias, schedule, groups)
     name = resolve_backend(backend, x.device, "moe_experts")
     if name == "cpp":

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import ACT_CODES
+from .reference import ACT_CODES, GATED
 
 
 @triton.jit
@@ -64,6 +64,9 @@ def _finish(acc, up, b_ptr, rows, rows_ok, N, s_ptr, pairs, pairs_ok, alpha, lim
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
         acc = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
+    if ACT == 3:  # relu2 (ungated)
+        acc = tl.maximum(acc, 0.0)
+        acc = acc * acc
     if HAS_SCALE:
         acc = acc * tl.load(s_ptr + pairs, mask=pairs_ok, other=0.0).to(tl.float32)
     return acc
@@ -108,7 +111,7 @@ def tile_rows(act, block_n: int) -> int:
 
 def output_width(weight, act) -> int:
     """The outputs per pair: the weight's rows, half of them under a gated activation."""
-    return weight.shape[1] // 2 if act is not None else weight.shape[1]
+    return weight.shape[1] // 2 if act in GATED else weight.shape[1]
 
 
 def bias_args(bias, placeholder) -> tuple:

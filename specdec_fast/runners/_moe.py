@@ -347,9 +347,12 @@ class MoE:
             self.gate_up, self.down, self.act = gate_up.transpose(1, 2), down.transpose(1, 2), act
         else:  # "swiglu": gate_up [E, 2I, H]; "ungated": up [E, I, H] under the same name
             self.gate_up, self.down, self.act = gate_up, down, act
-        # kernels/moe's activation for these experts; None: one it does not fuse (the torch path: ungated experts too)
-        fused = None if self.layout == "ungated" else "gpt_oss" if self.layout == "gpt_oss" else \
-            "silu" if act_name == "silu" else None
+        # kernels/moe's activation for these experts; None: one it does not fuse (the torch products then): SwiGLU,
+        # GPT-OSS's, and Nemotron-H's ungated relu^2 (relu2; an ungated expert of another activation stays torch)
+        if self.layout == "ungated":
+            fused = "relu2" if act_name == "relu2" else None
+        else:
+            fused = "gpt_oss" if self.layout == "gpt_oss" else "silu" if act_name == "silu" else None
         self._bind_experts(fused, kernels)
         prefix = next((p for p in SHARED if f"{p}.up_proj.weight" in params), None)
         projections = ("gate_proj", "up_proj", "down_proj")

@@ -150,6 +150,27 @@ def test_the_moe_block_equals_transformers(latent):
             torch.testing.assert_close(moe(h, prefill), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernels", ["cpp", "triton"])
+@pytest.mark.parametrize("latent", [None, 24])
+def test_the_moe_experts_run_in_the_moe_kernels(kernels, latent):
+    """The ungated relu^2 experts through kernels/moe (act "relu2": the C++ op, the Triton schedules interpreted)
+    equal transformers' NemotronHMoE, decode-sized and prefill-sized calls."""
+    from specdec_fast.kernels._backend import cpp_op_available
+    from specdec_fast.runners._moe import MoE
+
+    if kernels == "triton":
+        pytest.importorskip("triton")
+    elif not cpp_op_available("moe_experts"):
+        pytest.skip("the C++ op did not build")
+    model = tiny_nemotron_h(kind="moe_latent" if latent else "moe")
+    block = model.model.layers[1].mixer
+    moe = MoE(block, model.config, kernels)
+    assert moe.kernels == kernels and moe.kernel_act == "relu2"
+    for tokens in (1, 9):
+        h = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens))
+        torch.testing.assert_close(moe(h, True), block(h[None])[0], atol=1e-5, rtol=1e-5)
+
+
 def test_token_trees_decode_exactly():
     """Token trees on the Mamba2 layers (each node from its parent's state and convolution window): greedy equals
     model.generate with a draft model."""

@@ -128,6 +128,15 @@ def main() -> None:
                     assert ptx.count("ld.global.v4") + ptx.count("cp.async.cg.shared.global") >= 4, (name, form)
                     # scalar 2-byte loads: the pairs GEMV's token value a step, the epilogue's bias (once a tile)
                     assert biased or ptx.count("ld.global.b16") <= 1, (name, form)
+    # Nemotron-H's ungated relu^2 experts' up product (bf16, whole tiles: its epilogue is the only difference)
+    for name, fn, tiles in (("moe_pairs", moe._moe_pairs_kernel, dict(BLOCK_N=moe.BLOCK_N, BLOCK_K=moe.BLOCK_K)),
+                            ("moe_grouped", grouped._moe_grouped_kernel, dict(
+                                DOT_F32=False, BLOCK_M=16, BLOCK_N=grouped.BLOCK_N, BLOCK_K=grouped.BLOCK_K))):
+        consts = dict(ACT=moe.ACT_CODES["relu2"], HAS_BIAS=False, HAS_SCALE=False, EVEN_N=True, EVEN_K=True, s_wk=1,
+                      PAIRS_PER_TOKEN=6, TILE_ROWS=tiles["BLOCK_N"], **tiles)
+        ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "e_ptr": "*i64",
+                "order_ptr": "*i64", "offsets_ptr": "*i64", "s_ptr": "*fp32"}
+        print(name, "bf16 relu2_up even", compile_kernel(fn, ptrs, consts, floats=("alpha", "limit"), specialise=strides))
     # the wider tiles of prefills, SwiGLU gate_up (two weight tiles: the most registers; fp32 at 64 rows: the
     # most shared memory, 98 KB of an RTX 30xx's 99 KB at 3 stages, the launcher's num_stages)
     for dt, rows in (("bf16", 32), ("bf16", grouped.MAX_BLOCK_M), ("fp32", grouped.MAX_BLOCK_M)):

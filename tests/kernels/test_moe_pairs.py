@@ -28,6 +28,9 @@ CASES = {
     "whole_tiles_gpt_oss_transposed_bf16": (4, 2, 5, 128, 128, "gpt_oss", True, True, True, torch.bfloat16),
     "whole_tiles_down": (9, 1, 3, 64, 256, None, True, False, False, torch.float32),
     "whole_rows_ragged_k": (3, 2, 4, 128, 100, "silu", True, False, False, torch.float32),
+    # Nemotron-H's ungated experts (relu2: R = I outputs, an odd count too), a decode's and a wide batch's
+    "relu2_ungated_odd_rows": (3, 4, 6, 45, 40, "relu2", False, False, False, torch.float32),
+    "relu2_wide_batch_bf16": (40, 2, 5, 64, 96, "relu2", True, False, False, torch.bfloat16),
 }
 LIMIT, ALPHA = 0.7, 1.702
 
@@ -59,6 +62,8 @@ def _oracle(x, chosen, weight, r, scale, act, bias=None):
         elif act == "gpt_oss":
             gate, up = y[0::2].clamp(max=LIMIT), y[1::2].clamp(-LIMIT, LIMIT)
             y = (up + 1) * gate * torch.sigmoid(ALPHA * gate)
+        elif act == "relu2":
+            y = y.clamp(min=0) ** 2
         rows.append(y * (1.0 if scale is None else float(scale[p])))
     return torch.stack(rows)
 
@@ -79,7 +84,7 @@ def test_matches_the_pairs_loop(name, schedule, device):
                                              len(name), device, hot="hot" in name)
     out = moe_pairs(x, chosen, weight, pairs_per_token=r, scale=scale, act=act, bias=bias, alpha=ALPHA,
                     limit=LIMIT, backend=backend, schedule=schedule if backend == "triton" else None)
-    assert out.dtype == dtype and out.shape == (tokens * r, rows // 2 if act else rows)
+    assert out.dtype == dtype and out.shape == (tokens * r, rows // 2 if act in ("silu", "gpt_oss") else rows)
     torch.testing.assert_close(out.cpu().double(), _oracle(x, chosen, weight, r, scale, act, bias),
                                atol=TOL[dtype], rtol=TOL[dtype])
 
@@ -129,6 +134,14 @@ def test_control_the_gpt_oss_activation_differs_from_swiglu():
     out = moe_pairs(x, chosen, weight, pairs_per_token=2, act="gpt_oss", bias=bias, alpha=ALPHA, limit=LIMIT)
     assert not torch.allclose(out.double(), _oracle(x, chosen, weight, 2, None, "silu", bias), atol=1e-3)
     assert not torch.allclose(out.double(), _oracle(x, chosen, weight, 2, None, "gpt_oss"), atol=1e-3)
+
+
+def test_control_relu2_is_applied():
+    """The table's relu2 rows would fail without their activation (the products alone) or with relu alone."""
+    x, chosen, weight, _, _ = _inputs(3, 4, 6, 45, 40, False, False, False, torch.float32, 2, "cpu")
+    out = moe_pairs(x, chosen, weight, pairs_per_token=4, act="relu2")
+    assert not torch.allclose(out.double(), _oracle(x, chosen, weight, 4, None, None), atol=1e-3)
+    assert not torch.allclose(out.double(), _oracle(x, chosen, weight, 4, None, None).clamp(min=0), atol=1e-3)
 
 
 BAD = {
