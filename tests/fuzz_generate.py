@@ -5,6 +5,8 @@ and graph modes, each call checked against an oracle that must give the same tok
     python -m tests.fuzz_generate --mode sampled --seed 1 --iterations 100   # the paths agree
     python -m tests.fuzz_generate --mode families --seed 1 --iterations 300  # tiny models, processors
     python -m tests.fuzz_generate --mode chat --seed 1 --iterations 100      # a chat loop over a cache
+    python -m tests.fuzz_generate --mode families --recurrent --small-chunks  # the recurrent families alone,
+                                                                             # their prefills in chunks of 4
 
 greedy: the demo pair (trained, byte-level tokenizer: stop strings end rows) through
 specdec_fast.generate or a bound patch_generate (a harness's keywords: use_cache, max_length),
@@ -35,6 +37,7 @@ tests/engine/test_fuzz_generate.py runs a few cases of each mode in the suite.
 """
 import argparse
 import copy
+import itertools
 import json
 import random
 import tempfile
@@ -402,13 +405,50 @@ def was_refused(description: str) -> bool:
 MODES = {"greedy": greedy_cases, "sampled": sampled_cases, "families": family_cases, "chat": chat_cases}
 
 
+def _recurrent_only() -> None:
+    """--recurrent: the families mode draws its recurrent families alone (RECURRENT_KINDS in turn, where it would draw
+    among every family); a drawn backend is the Triton one two times in three where --triton offers it. For the
+    command line only: it patches random.Random.choice for the process."""
+    kinds = itertools.cycle(RECURRENT_KINDS)
+    draw = random.Random.choice
+
+    def choice(rng, seq):
+        if isinstance(seq, list) and "granitemoe" in seq:  # the families list
+            return next(kinds)
+        if isinstance(seq, list) and "triton" in seq and rng.random() < 2 / 3:
+            return "triton"
+        return draw(rng, seq)
+
+    random.Random.choice = choice
+
+
+def _small_chunks() -> None:
+    """--small-chunks: the recurrent layers' prefills in chunks of 4 tokens and groups of two chunks
+    (runners/chunked_prefill.py), so the fuzzer's short prompts cross chunks and groups: the carry between them. For
+    the command line only: it patches those modules' constants for the process."""
+    from specdec_fast.runners import chunked_prefill, kda, lightning, mamba2, paged_qwen3_next
+
+    paged_qwen3_next.PREFILL_CHUNK = mamba2.PREFILL_CHUNK = lightning.CHUNK = kda.CHUNK = 4
+    real = chunked_prefill._group_tokens
+    chunked_prefill._group_tokens = lambda size, per_chunk_bytes: min(real(size, per_chunk_bytes), 2 * size)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="greedy")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--triton", action="store_true", help="draw the Triton backend too (interpreted on a CPU: slow)")
+    parser.add_argument("--recurrent", action="store_true", help="families mode: the recurrent families alone")
+    parser.add_argument("--small-chunks", action="store_true",
+                        help="the recurrent prefills in chunks of 4 and groups of 2 chunks (short prompts cross them)")
     args = parser.parse_args(argv)
+    if args.recurrent:
+        if args.mode != "families":
+            parser.error("--recurrent draws among the families mode's models")
+        _recurrent_only()
+    if args.small_chunks:
+        _small_chunks()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     failed = refused = 0
