@@ -14,8 +14,8 @@ A score call runs its tokens one by one from each row's state (transformers' rec
 snapshot after each (on the Triton path one launch: kernels/recurrent, the state tile in registers); a prefill runs
 transformers' chunk form (chunk_kimi_delta_attention's algebra, its forward substitution as one triangular solve a
 chunk: runners/chunked_prefill.py row_decay_prefill) in chunks of CHUNK tokens from a zero state, keeping the last
-(the carry across the chunks one launch on the Triton path: kernels/chunk_scan with a decay a key row). Padded positions (a row's first columns) have q = k = v
-= 0, g = 0 and beta = 0: no decay, no update. Not timed on a GPU.
+(the carry across the chunks one launch on the Triton path: kernels/chunk_scan with a decay a key row). Padded
+positions (a row's first columns) have q = k = v = 0, g = 0 and beta = 0: no decay, no update. Not timed on a GPU.
 """
 import torch
 import torch.nn.functional as F

@@ -101,7 +101,6 @@ def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilli
     qkv = net.act(linear(h, *net.qkv)).view(total, heads, 3 * dim)
     by_row = torch.cat((qkv, torch.zeros_like(qkv[:1])))[index].float()  # [B, n, H, 3D]: padding zeros
     q, k, v = by_row.permute(0, 2, 1, 3).split(dim, dim=-1)  # [B, H, n, D] each
-    rank = real.long().cumsum(1) - 1
     if not prefilling and st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot), or a token tree
         g = (-net.slope)[None, None].expand(batch, n, heads)  # the head's decay at every real token
         q, k, v = by_row.split(dim, dim=-1)  # [B, n, H, D] each
@@ -110,6 +109,7 @@ def lightning_forward(net: Lightning, st, h: torch.Tensor, rows: tuple, prefilli
         g = -net.slope.to(h.device)[None, :, None] * real[:, None, :]  # [B, H, n]: padding no decay
         o = scalar_decay_prefill(st.chunk_scan, q, k, v, g, st.rec[:batch].zero_(), CHUNK)
     else:  # the snapshot after each token (a padded column writes the spare slot)
+        rank = real.long().cumsum(1) - 1
         o, _, after = lightning_scan(net.slope, q, k, v, rank, st.start_rec(batch, start))
         st.rec_tent[torch.arange(batch, device=h.device)[:, None], slot] = after
     packed = torch.zeros(total + 1, heads * dim, dtype=h.dtype, device=h.device)
