@@ -104,7 +104,6 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
     if prefilling:
         y, last = prefill_conv(by_row.transpose(1, 2), net.conv, net.conv_bias, net.kernel)
         st.conv[:batch].copy_(last)
-        state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
         xs = F.silu(y).to(x.dtype).transpose(1, 2)  # [B, n, C]
         if st.fused:  # the Triton path: the prompt's scan in one launch (kernels/recurrent), its last state kept
             st.rec[:batch].zero_()
@@ -113,6 +112,7 @@ def mamba1_forward(net: Mamba1, st, h: torch.Tensor, rows: tuple, prefilling: bo
             out = _fused_scan(net, st, xs, rows._replace(slot=keep_last))
             st.rec[:batch].copy_(st.rec_tent[:batch, 0])
             return net.output(out, xs, z, h.dtype, index)
+        state = torch.zeros(batch, *net.shapes[1], dtype=torch.float32, device=h.device)
     else:  # each row's windows (RecurrentStates.conv_steps), the scan from its state
         xs = st.conv_steps(by_row, net.conv, net.conv_bias, rows, silu=True).to(x.dtype)  # [B, n, C]
         if st.by_steps(rows):  # the Triton path (one launch: the scan, every snapshot), or a token tree
