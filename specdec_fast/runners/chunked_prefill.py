@@ -50,26 +50,25 @@ def scalar_decay_prefill(scan, q, k, v, g, state: torch.Tensor, size: int, beta=
     batch, heads, n, dk = k.shape
     per_chunk = batch * heads * size * (3 * size + 4 * dk + 2 * v.shape[-1]) * 4
     step = _group_tokens(size, per_chunk)
+    lower = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+    strict, eye = lower.tril(-1), torch.eye(size, device=q.device)
     outs = []
     for begin in range(0, n, step):
         part = slice(begin, begin + step)
         qc, kc, vc = (_as_chunks(t[:, :, part], size) for t in (q, k, v))  # [B, H, C, L, D]
         total = g[:, :, part].shape[-1]
         cum = _as_chunks(g[:, :, part], size).cumsum(-1)  # [B, H, C, L]: the log-decay from the chunk's start
-        lower = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
         gap = torch.where(lower, cum[..., :, None] - cum[..., None, :], float("-inf")).exp()  # [.., i, j]: j <= i
-        last = cum[..., -1:]
+        lead, last = cum[..., None].exp(), cum[..., -1:]  # e^G from the chunk's start; G at its end
         w = None
         if beta is not None:
             bc = _as_chunks(beta[:, :, part], size)[..., None]
             k_beta = kc * bc
             # (I + strictly_lower(k_beta k^T . gap)) f = ...: each token's correction given the earlier ones'
-            system = (k_beta @ kc.transpose(-1, -2) * gap).masked_fill(lower.logical_not().logical_or(
-                torch.eye(size, dtype=torch.bool, device=q.device)), 0.0) + torch.eye(size, device=q.device)
-            vc, w = _solved(system, (vc * bc, k_beta * cum[..., None].exp()))
+            system = (k_beta @ kc.transpose(-1, -2) * gap).masked_fill(~strict, 0.0) + eye
+            vc, w = _solved(system, (vc * bc, k_beta * lead))
         a = (qc @ kc.transpose(-1, -2)) * gap
-        o = scan(qc * cum[..., None].exp(), kc * (last - cum)[..., None].exp(), a, vc, last[..., 0].exp(),
-                          state, w=w)
+        o = scan(qc * lead, kc * (last - cum)[..., None].exp(), a, vc, last[..., 0].exp(), state, w=w)
         outs.append(o.flatten(2, 3)[:, :, :total])
     return torch.cat(outs, dim=2)
 
