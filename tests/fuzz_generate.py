@@ -317,7 +317,8 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
                           "llama4_text", "glm4", "exaone4", "hunyuan_v1_moe", "dots1", "apertus", "arcee",
                           "granitemoehybrid", "gemma4_text", "hy_v3", "glm_moe_dsa", "nemotron_h", "granite_h", "falcon_h1", "afmoe",
                           "laguna", "mimo_v2_flash", "olmo_hybrid", "lfm2", "lfm2_moe",
-                          "mamba2", "mamba", "falcon_mamba", "jamba", "minimax", "kimi_linear", "lfm3", "youtu", "granitemoe"])
+                          "mamba2", "mamba", "falcon_mamba", "jamba", "minimax", "kimi_linear", "lfm3", "youtu", "granite_swa",
+                          "granitemoe"])
         if kind not in pairs:  # MTP_KINDS: loaded from a checkpoint with its MTP layer (use_mtp below)
             model = glm_with_mtp(tempfile.mkdtemp(prefix=f"fuzz_{kind}_"), kind=MTP_KINDS[kind]) if kind in MTP_KINDS \
                 else make_model(kind, layers=2, seed=3)
@@ -405,11 +406,11 @@ def was_refused(description: str) -> bool:
 MODES = {"greedy": greedy_cases, "sampled": sampled_cases, "families": family_cases, "chat": chat_cases}
 
 
-def _recurrent_only() -> None:
-    """--recurrent: the families mode draws its recurrent families alone (RECURRENT_KINDS in turn, where it would draw
-    among every family); a drawn backend is the Triton one two times in three where --triton offers it. For the
-    command line only: it patches random.Random.choice for the process."""
-    kinds = itertools.cycle(RECURRENT_KINDS)
+def _families_only(kinds) -> None:
+    """--recurrent / --kinds: the families mode draws ``kinds`` alone (in turn, where it would draw among every
+    family); a drawn backend is the Triton one two times in three where --triton offers it. For the command line
+    only: it patches random.Random.choice for the process."""
+    kinds = itertools.cycle(kinds)
     draw = random.Random.choice
 
     def choice(rng, seq):
@@ -440,13 +441,14 @@ def main(argv=None) -> int:
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--triton", action="store_true", help="draw the Triton backend too (interpreted on a CPU: slow)")
     parser.add_argument("--recurrent", action="store_true", help="families mode: the recurrent families alone")
+    parser.add_argument("--kinds", help="families mode: these families alone (comma-separated), e.g. a new one's")
     parser.add_argument("--small-chunks", action="store_true",
                         help="the recurrent prefills in chunks of 4 and groups of 2 chunks (short prompts cross them)")
     args = parser.parse_args(argv)
-    if args.recurrent:
+    if args.recurrent or args.kinds:
         if args.mode != "families":
-            parser.error("--recurrent draws among the families mode's models")
-        _recurrent_only()
+            parser.error("--recurrent and --kinds draw among the families mode's models")
+        _families_only(RECURRENT_KINDS if args.recurrent else args.kinds.split(","))
     if args.small_chunks:
         _small_chunks()
     warnings.simplefilter("ignore")

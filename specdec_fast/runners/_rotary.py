@@ -42,6 +42,22 @@ def static_rope_reason(rope_type) -> str | None:
     return None
 
 
+def layer_theta_tables(model) -> tuple[list, list] | None:
+    """A RoPE base a layer (Granite SWA: config.layer_rope_theta, 0 = NoPE) read from the rotary module
+    transformers builds for each distinct base (model.model.rotary_embs, ordered by base): ([(inv_freq,
+    attention_scaling, rope_type)] a base, each layer's 1-based index into that list or 0 for NoPE), or None
+    when the model has no such modules or one is missing for a base."""
+    thetas, modules = getattr(model.config, "layer_rope_theta", None), getattr(model.model, "rotary_embs", None)
+    if thetas is None or modules is None:
+        return None
+    by_base = {module.config.rope_parameters["rope_theta"]: module for module in modules}
+    bases = sorted(by_base)
+    if any(theta and theta not in by_base for theta in thetas) or not all(hasattr(m, "inv_freq") for m in modules):
+        return None
+    tables = [(by_base[b].inv_freq, by_base[b].attention_scaling, getattr(by_base[b], "rope_type", None)) for b in bases]
+    return tables, [bases.index(theta) + 1 if theta else 0 for theta in thetas[:len(model.model.layers)]]
+
+
 def rope_tables(model) -> tuple[dict, list] | None:
     """{layer type: (inv_freq, attention_scaling, rope_type)} of the model's rotary module, and
     each layer's key into it (config.layer_types for a per-type RoPE, else one table under None)

@@ -36,7 +36,7 @@ from ._layer_math import fused_layer_math, gated_act, linear_params, norm_params
 from ._linear import layer_linears
 from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
 from ._moe import SHARED, MoE, is_moe, moe_reason
-from ._rotary import rotary_dims, static_rope_limit
+from ._rotary import layer_theta_tables, rotary_dims, static_rope_limit, static_rope_reason
 from .sliding_window import windows_per_layer
 
 LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3",
@@ -90,9 +90,13 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # Hy3 (hy_v3: tencent/Hy3-preview): Qwen3's attention, dense first layers (mlp_layer_types), then
                      # 192 experts chosen by sigmoid + the block's correction bias and scaled (runners/_moe.py), a
                      # shared MLP
-                     "hy_v3")
+                     "hy_v3",
+                     # Granite SWA (granite_swa: ibm-granite/granite-swash-2b): Granite's scalars, sliding layers by
+                     # layer_types, attention sinks (sigmoid(logsumexp - sink) times the output: GPT-OSS's sink
+                     # logit), a RoPE base a layer (LAYER_ROPE_THETA: 0 is NoPE)
+                     "granite_swa")
 # The families with Granite's four scalars (GRANITE_SCALARS)
-GRANITE_TYPES = ("granite", "granitemoehybrid", "granitemoe")
+GRANITE_TYPES = ("granite", "granitemoehybrid", "granitemoe", "granite_swa")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
@@ -110,14 +114,19 @@ POST_BRANCH_NORMS = ("post_self_attn_layernorm", "post_mlp_layernorm")
 NOPE_UNLESS_SLIDING = ("exaone_moe", "exaone4")  # (EXAONE 4.0's Exaone4Attention reads the same rule)
 # Families whose config lists each layer's RoPE (no_rope_layers: 1 RoPE, 0 NoPE)
 NO_ROPE_LAYERS = ("smollm3", "llama4_text")
+# Families whose config lists each layer's RoPE base (layer_rope_theta: 0 NoPE), a rotary module a distinct
+# base in model.model.rotary_embs (_rotary.layer_theta_tables)
+LAYER_ROPE_THETA = ("granite_swa",)
 
 
 def rotates(config, index: int) -> bool:
     """Whether layer ``index`` applies RoPE by the config: NOPE_UNLESS_SLIDING; SmolLM3's and Llama 4's
     no_rope_layers (1: RoPE, 0: NoPE, transformers' *Attention.use_rope, which the single-process
-    runner also reads from the module)."""
+    runner also reads from the module); Granite SWA's layer_rope_theta (0: NoPE)."""
     if config.model_type in NOPE_UNLESS_SLIDING and getattr(config, "sliding_window", None) is not None:
         return config.layer_types[index] == "sliding_attention"
+    if config.model_type in LAYER_ROPE_THETA:
+        return bool(config.layer_rope_theta[index])
     no_rope = getattr(config, "no_rope_layers", None)
     return bool(no_rope[index]) if config.model_type in NO_ROPE_LAYERS and no_rope is not None else True
 # Ministral 3's query temperature (transformers' get_llama_4_attn_scale): after RoPE the query is
@@ -171,6 +180,13 @@ def llama_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
         return "the model has no rotary_emb with inv_freq"
     if static_rope_limit(config, getattr(rotary, "rope_type", None)) is not None and not hasattr(rotary, "original_inv_freq"):
         return f"its rotary_emb ({getattr(rotary, 'rope_type', None)}) keeps no original_inv_freq"
+    if config.model_type in LAYER_ROPE_THETA:  # a table a base: static frequencies only
+        tables = layer_theta_tables(model)
+        if tables is None:
+            return "layer_rope_theta without a rotary module for each base (model.rotary_embs)"
+        reason = next(filter(None, (static_rope_reason(rope_type) for _, _, rope_type in tables[0])), None)
+        if reason is not None:
+            return reason
     return llama_config_reason(config, getattr(rotary, "rope_type", None), max_tokens_per_row, backend,
                                rotary_dims=2 * rotary.inv_freq.numel(), static_window=True)
 
@@ -431,6 +447,9 @@ class PagedLlamaRunner(PagedRunnerBase):
     # Granite's scalars (GRANITE_SCALARS; the softmax scale is self.scale); the other families' identities
     embedding_multiplier = residual_multiplier = logits_scaling = 1.0
     post_branch_norms = False  # whether some layer norms a branch's output before its add (POST_BRANCH_NORMS)
+    # [(inv_freq, attention_scaling)] a RoPE base where the layers take several (LAYER_ROPE_THETA), each
+    # layer's `rope` then its 1-based index into them (0: NoPE); None: the one table (inv_freq, rope_scaling)
+    layer_rope_freqs = None
     query_temperature = None  # Ministral 3's (beta, original_max_position_embeddings): QUERY_TEMPERATURE
     layer_class = _Layer  # one decoder layer's parameters (Llama 4's: runners/paged_llama4.py)
 
@@ -439,6 +458,16 @@ class PagedLlamaRunner(PagedRunnerBase):
         self._bind_parts(model.config, inner.embed_tokens.weight, inner.layers, inner.norm,
                          model.get_output_embeddings().weight, inner.rotary_emb)
         self.lm_head_bias = model.get_output_embeddings().bias  # ERNIE 4.5's use_bias; None elsewhere
+        if model.config.model_type in LAYER_ROPE_THETA:
+            tables, indices = layer_theta_tables(model)
+            self.layer_rope_freqs = [(inv_freq.to(device=self.device, dtype=torch.float32), float(scaling))
+                                     for inv_freq, scaling, _ in tables]
+            for layer, index in zip(self.layers, indices):
+                layer.rope = index
+
+    def _rope_freqs(self) -> list:
+        """[(inv_freq, attention_scaling)] of each RoPE table, indexed by layer.rope - 1."""
+        return self.layer_rope_freqs or [(self.inv_freq, self.rope_scaling)]
 
     def _bind_parts(self, config, embed: torch.Tensor, layers, norm, lm_head: torch.Tensor, rotary) -> None:
         """The decoder's parts: embedding [V, H], decoder layer modules, final norm module, LM head
@@ -536,7 +565,9 @@ class PagedLlamaRunner(PagedRunnerBase):
             return self._decode_triton(flat, positions, cu, attn_lens, n)
         total = flat.shape[0]
         fused = fused_layer_math(self.dtype, self.device.type)  # C++ RMSNorm / RoPE / SwiGLU (CPU float32)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype, fused)  # [T, D], once per call
+        # [None (NoPE), (cos, sin) [T, D] a RoPE table], indexed by layer.rope: once per call
+        tables = [None] + [rope_cos_sin(positions, inv_freq, scaling, self.dtype, fused)
+                           for inv_freq, scaling in self._rope_freqs()]
         q_scales = self._query_scales(positions)
         x = self._embed(flat)
         self._keep(0, x)
@@ -554,7 +585,7 @@ class PagedLlamaRunner(PagedRunnerBase):
             if layer.qk_norm is not None and not layer.qk_norm_after_rope:
                 q, k = _norm_qk(q, k, layer.qk_norm, fused)
             if layer.rope:
-                q, k = rotate_qk(q, k, cos, sin, fused)
+                q, k = rotate_qk(q, k, *tables[layer.rope], fused)
             if layer.qk_norm is not None and layer.qk_norm_after_rope:
                 q, k = _norm_qk(q, k, layer.qk_norm, fused)
             if q_scales is not None and layer.scaled_query:
@@ -618,12 +649,13 @@ class PagedLlamaRunner(PagedRunnerBase):
         return self._attention(i, q, attn_lens, cu, n, self.scale, pdl=pdl).view(total, heads * dim)
 
     def _rotations(self, positions: torch.Tensor) -> list:
-        """[(cos, sin) of the NoPE layers, (cos, sin) of RoPE's], indexed by layer.rope, for one
-        forward's positions [T] (rope_append_kv's tables): RoPE's [T, D] in the model dtype, and
+        """[(cos, sin) of the NoPE layers, (cos, sin) of each RoPE table], indexed by layer.rope, for
+        one forward's positions [T] (rope_append_kv's tables): RoPE's [T, D] in the model dtype, and
         where some layer is NoPE (SmolLM3) ones / zeros like them, the identity rotation."""
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)
+        tables = [rope_cos_sin(positions, inv_freq, scaling, self.dtype) for inv_freq, scaling in self._rope_freqs()]
+        cos, sin = tables[0]
         nope = None if all(layer.rope for layer in self.layers) else (torch.ones_like(cos), torch.zeros_like(sin))
-        return [nope, (cos, sin)]
+        return [nope, *tables]
 
     def _decode_triton(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
         """The Triton path (see the class doc): 9 launches per layer. The residual stream x stays
@@ -646,7 +678,7 @@ class PagedLlamaRunner(PagedRunnerBase):
                 total = q.shape[0]
                 q, k = q.reshape(total, self.num_heads, self.head_dim), k.reshape(total, self.num_kv_heads, self.head_dim)
                 if layer.rope:
-                    q, k = rotate_qk(q, k, *rotations[1], False)
+                    q, k = rotate_qk(q, k, *rotations[layer.rope], False)
                 q, k = _norm_qk(q, k, layer.qk_norm, False)
                 o = self._attend(i, q, k, v.reshape(total, self.num_kv_heads, self.head_dim), attn_lens, cu, n,
                                  self.scale).view(total, -1)

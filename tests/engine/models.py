@@ -46,6 +46,12 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "granite":  # four scalars that are not identities
         return tf.GraniteConfig(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
                                 logits_scaling=1.5, **llama_like)
+    if kind == "granite_swa":  # Granite SWA: Granite's scalars, a NoPE full layer and a sliding one (window 8: passed),
+        # attention sinks (zeros at init, as transformers makes them)
+        return tf.GraniteSWAConfig(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
+                                   logits_scaling=1.5, sliding_window=8,
+                                   layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
+                                   layer_rope_theta=([0.0, 10000.0] * layers)[:layers], **llama_like)
     if kind == "granitemoehybrid":  # Granite 4.0's dense transformer (granite-4.0-micro): attention layers only, no
         # experts, RoPE; Granite's four scalars; the MLP as shared_mlp's fused input_linear / output_linear
         return tf.GraniteMoeHybridConfig(layer_types=["attention"] * layers, num_local_experts=0,
@@ -331,8 +337,8 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
-    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "mamba2", "mamba", "falcon_mamba"):
-        attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash have no sdpa path (soft-capping, sinks);
+    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "granite_swa", "mamba2", "mamba", "falcon_mamba"):
+        attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash / Granite SWA have no sdpa path (soft-capping, sinks);
         # the Mamba LMs no attention at all
     config = _config(kind, vocab, layers)
     config.initializer_range = init_std

@@ -69,9 +69,17 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                                            attention_multiplier=0.1, logits_scaling=2.5, num_local_experts=0,
                                            layer_types=["attention"] * layers, position_embedding_type="rope",
                                            shared_intermediate_size=common["intermediate_size"], mamba_n_heads=4, **common)
+    elif kind == "granite_swa":  # Granite SWA: Granite's scalars, a NoPE full layer, sliding layers (a window of 4 the
+        # tests' rows pass) on two RoPE bases, attention sinks (randomised below: zeros at init)
+        config = tf.GraniteSWAConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
+                                     attention_multiplier=0.1, logits_scaling=2.5, sliding_window=4,
+                                     layer_types=(["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"])[:layers],
+                                     layer_rope_theta=[0.0, 500.0, 900.0, 500.0][:layers], **common)
     else:
         raise ValueError(kind)
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    # transformers' Granite SWA has no sdpa path (its sinks)
+    attn = "eager" if kind == "granite_swa" else "sdpa"
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
     if kind in ("qwen2", "seed_oss", "ernie4_5"):  # random (non-zero) biases, so they are really tested
         with torch.no_grad():
             for layer in model.model.layers:
@@ -81,6 +89,10 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                         proj.bias.normal_(0, 0.3)
         if kind == "seed_oss":
             assert model.model.layers[0].self_attn.o_proj.bias is not None and model.model.layers[0].mlp.down_proj.bias is not None
+    if kind == "granite_swa":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0, 1.0)
     if kind == "apertus":  # xIELU's alpha_p / alpha_n away from their inits
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -99,9 +111,9 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
                                   "cwm", "ministral3", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee",
-                                  "granitemoehybrid"])
+                                  "granitemoehybrid", "granite_swa"])
 def test_logits_equal_hf_forward(kind):
-    model = tiny(kind)
+    model = tiny(kind, layers=4 if kind == "granite_swa" else 2)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     contexts = assert_runner_matches_forward(model, runner, VOCAB)
     k_cache, _ = runner.cache.gather(0, 1)
@@ -215,7 +227,7 @@ def test_a_length_dependent_rope_runs_paged_within_its_first_frequencies(kind):
     release_engines(model)
 
 
-@pytest.mark.parametrize("kind", ["granite", "granitemoehybrid"])
+@pytest.mark.parametrize("kind", ["granite", "granitemoehybrid", "granite_swa"])
 @pytest.mark.parametrize("attribute", ["embedding_multiplier", "residual_multiplier", "scale", "logits_scaling"])
 def test_each_granite_scalar_is_read(kind, attribute):
     """The control of the granite rows above (Granite 4.0's too): a runner that leaves out any one of Granite's
@@ -312,7 +324,7 @@ PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
                                   "ministral3", "ernie4_5", "glm4", "hunyuan_v1_dense", "apertus", "arcee",
-                                  "granitemoehybrid"])
+                                  "granitemoehybrid", "granite_swa"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
@@ -513,16 +525,34 @@ def test_controls_ernie_reads_its_pairs_as_halves():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("kind", ["glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee"])
+@pytest.mark.parametrize("kind", ["glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee", "granite_swa"])
 def test_glm_hunyuan_on_the_other_backends(kind, backend, device):
     """GLM-4 / GLM-4-0414 on the torch reference and the Triton path (the post-branch norms through the
     Triton RMSNorm launch, the half rotation in rope_append_kv), HunYuan there too (its norms after the
     rotation: torch's rotation and norms, then the append and attention kernels), Apertus' and Arcee's ungated
-    MLPs on both: the forward's logits."""
+    MLPs on both, Granite SWA's RoPE tables (a NoPE layer, two bases), sinks and windows: the forward's logits."""
     device = backend_device(backend, device)
-    model = tiny(kind).to(device)
+    model = tiny(kind, layers=4 if kind == "granite_swa" else 2).to(device)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
     assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_controls_granite_swa_rope_bases_and_sinks():
+    """Granite SWA's layer 0 is NoPE, layers 1 and 3 rotate with base 500 and layer 2 with 900 (each layer's index
+    into the runner's tables); one table for every rotated layer, or no sinks, and the logits are not the model's."""
+    model = tiny("granite_swa", layers=4)
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert [layer.rope for layer in runner.layers] == [0, 1, 2, 1]
+    assert [inv_freq[1].item() for inv_freq, _ in runner.layer_rope_freqs] == pytest.approx(
+        [500.0 ** (-2 / 16), 900.0 ** (-2 / 16)])
+    runner.layer_rope_freqs = runner.layer_rope_freqs[:1] * 2
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+    runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert len(runner.attn_sinks) == 4
+    runner.attn_sinks = ()
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
 
 
 def test_controls_glm_half_rotation_and_post_branch_norms():
