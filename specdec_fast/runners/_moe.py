@@ -94,6 +94,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "glm4_moe_lite": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "deepseek_v32": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # V3's MoE (its modeling code's)
                 "glm_moe_dsa": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # GLM-5: V3.2's
+                "axk1": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),  # A.X-K1: V3's (its block's output normed)
                 # Llama 4 (Scout 16E, Maverick 128E): the top-1 logit's sigmoid scales the expert's input
                 # (INPUT_SCALED); an ungated shared expert; experts stored [E, H, 2I] / [E, I, H]
                 "llama4_text": ("topk_sigmoid", False, True, "swiglu_t"),

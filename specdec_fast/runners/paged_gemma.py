@@ -75,7 +75,7 @@ class _TextDecoder:
 def text_decoder(model):
     """``model`` itself, or Gemma 3's / Gemma 4's multimodal model as its text decoder (_TextDecoder)."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) in ("gemma3", "gemma4") and hasattr(getattr(model, "model", None),
+    if getattr(config, "model_type", None) in ("gemma3", "gemma4", "gemma4_unified") and hasattr(getattr(model, "model", None),
                                                                                "language_model"):
         return _TextDecoder(model)
     return model

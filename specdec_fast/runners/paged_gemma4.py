@@ -1,6 +1,7 @@
 """PagedGemma4Runner: Gemma 4's text decoder (model_type gemma4_text: Gemma4ForCausalLM; gemma4:
 Gemma4ForConditionalGeneration, what AutoModelForCausalLM loads from a Gemma 4 checkpoint, whose text
-decoder runs a prompt of text tokens) layer by layer over paged KV caches with the project's append_kv /
+decoder runs a prompt of text tokens; and the unified models' -- gemma4_unified_text / gemma4_unified: the
+same layers without per-layer inputs or the MoE block) layer by layer over paged KV caches with the project's append_kv /
 paged_attention kernels (the machinery: runners/paged_base.py), the rest torch ops.
 
 The math is transformers 5.24's Gemma4TextModel / Gemma4TextDecoderLayer (modeling_gemma4.py), eval mode:
@@ -28,7 +29,7 @@ The math is transformers 5.24's Gemma4TextModel / Gemma4TextDecoderLayer (modeli
                    x + post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(x)) * u_i))
     x              x * layer_scalar
     logits         lm_head(norm(x)), soft-capped by final_logit_softcapping when it is set
-Refused: bidirectional attention; a RoPE whose frequencies change with the length. Tensor parallelism:
+Refused: bidirectional attention over the whole prompt ("all"; "vision" is causal over text tokens); a RoPE whose frequencies change with the length. Tensor parallelism:
 runners/paged_gemma4_tp.py. The published full layers' 512-wide heads take the Triton attention's 16-row tiles (kernels/attention/triton.py
 choose_tiling; untimed on a GPU). Its assistant (Gemma4AssistantForCausalLM) drafts over these caches:
 runners/paged_gemma4_assistant.py.
@@ -45,7 +46,10 @@ from .paged_base import decoder_reason, head_dim_reason
 from .paged_gemma import PagedGemmaRunner, text_decoder
 from .sliding_window import windows_per_layer
 
-GEMMA4_MODEL_TYPES = ("gemma4_text", "gemma4")
+# Gemma 4 and its unified successor (gemma4_unified: Gemma 4's text decoder without per-layer inputs or the MoE
+# block); each multimodal type -> its text decoder's type
+GEMMA4_MODEL_TYPES = ("gemma4_text", "gemma4", "gemma4_unified_text", "gemma4_unified")
+GEMMA4_TEXT_OF = {"gemma4": "gemma4_text", "gemma4_unified": "gemma4_unified_text"}
 
 
 def gemma4_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
@@ -61,31 +65,53 @@ def _norm(module) -> tuple:
     return (module.weight if module.with_scale else None), module.eps
 
 
+def _has_ple(layer) -> bool:
+    """Whether a decoder layer takes per-layer inputs (Gemma 4's E2B / E4B; the unified decoder's layers have none)."""
+    return bool(getattr(layer, "hidden_size_per_layer_input", 0))
+
+
+def _has_moe(layer) -> bool:
+    """Whether a decoder layer has the MoE block beside its MLP (Gemma 4's 26B-A4B; none in the unified decoder)."""
+    return bool(getattr(layer, "enable_moe_block", False))
+
+
 def _projections(layer) -> tuple:
     """A Gemma 4 decoder layer's projection modules (for plain_projections_reason)."""
     attn, mlp = layer.self_attn, layer.mlp
     mixing = tuple(m for m in (attn.q_proj, getattr(attn, "k_proj", None), getattr(attn, "v_proj", None), attn.o_proj)
                    if m is not None)
-    ple = (layer.per_layer_input_gate, layer.per_layer_projection) if layer.hidden_size_per_layer_input else ()
-    router = (layer.router.proj,) if layer.enable_moe_block else ()
+    ple = (layer.per_layer_input_gate, layer.per_layer_projection) if _has_ple(layer) else ()
+    router = (layer.router.proj,) if _has_moe(layer) else ()
     return mixing + (mlp.gate_proj, mlp.up_proj, mlp.down_proj) + ple + router
+
+
+def bidirectional_reason(config) -> str | None:
+    """Why a Gemma 4 config is not a causal decoder: use_bidirectional_attention "all" (every token sees the whole
+    prompt); "vision" (the larger checkpoints, the unified decoder's default) is bidirectional over image tokens
+    only, given by mm_token_type_ids, which a text prompt has none of: causal, as transformers' masks then are."""
+    mode = getattr(config, "use_bidirectional_attention", None)
+    if mode not in (None, "vision"):
+        return f"use_bidirectional_attention {mode!r} is not a causal decoder"
+    return None
 
 
 def gemma4_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedGemma4Runner cannot run ``model`` with kernel ``backend``, or None when it can."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) == "gemma4":
+    multimodal = getattr(config, "model_type", None)
+    if multimodal in GEMMA4_TEXT_OF:
         if not hasattr(getattr(model, "model", None), "language_model"):
-            return "a gemma4 model without its language_model (expected Gemma4ForConditionalGeneration)"
+            return f"a {multimodal} model without its language_model (expected its *ForConditionalGeneration)"
         model = text_decoder(model)
-        if model.config.model_type != "gemma4_text":
-            return f"gemma4's text_config is {model.config.model_type!r}, not 'gemma4_text'"
+        if model.config.model_type != GEMMA4_TEXT_OF[multimodal]:
+            return f"{multimodal}'s text_config is {model.config.model_type!r}, not {GEMMA4_TEXT_OF[multimodal]!r}"
     reason = decoder_reason(model, GEMMA4_MODEL_TYPES, "model.layers", "a Gemma4ForCausalLM", _projections)
     if reason is not None:
         return reason
     config = model.config
-    if getattr(config, "use_bidirectional_attention", None) is not None:
-        return f"use_bidirectional_attention {config.use_bidirectional_attention!r} is not a causal decoder"
+    reason = bidirectional_reason(config)
+    if reason is not None:
+        return reason
     kinds = set(config.layer_types)
     if kinds - {"full_attention", "sliding_attention"}:
         return f"layer_types {sorted(kinds)}: this runner takes full and sliding attention layers"
@@ -123,7 +149,7 @@ class _Layer:
         self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         self.act = mlp.act_fn
         self.moe = None
-        if layer.enable_moe_block:
+        if _has_moe(layer):
             router, experts = layer.router, layer.experts
             self.moe = dict(router_eps=router.norm.eps, router_scale=router.scale, root=router.scalar_root_size,
                             router=router.proj.weight, expert_scale=router.per_expert_scale,
@@ -133,7 +159,7 @@ class _Layer:
                             experts=MoE.experts_only(experts.gate_up_proj, experts.down_proj, config.top_k_experts,
                                                      experts.act_fn, config.hidden_activation, kernels))
         self.ple = None
-        if layer.hidden_size_per_layer_input:
+        if _has_ple(layer):
             (gate,), (proj,) = linear_params(layer.per_layer_input_gate), linear_params(layer.per_layer_projection)
             self.ple = (gate, proj, _norm(layer.post_per_layer_input_norm), layer.act_fn)
         self.scalar = layer.layer_scalar

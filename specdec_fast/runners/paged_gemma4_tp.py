@@ -15,7 +15,7 @@ import torch
 
 from ._rotary import static_rope_reason
 from .paged_base import head_dim_reason
-from .paged_gemma4 import PagedGemma4Runner
+from .paged_gemma4 import PagedGemma4Runner, bidirectional_reason
 from .paged_llama_tp import TensorParallelRunner, shard_reason
 from .sharded_model import TP_GEMMA4_TYPES
 
@@ -26,9 +26,10 @@ def tp_gemma4_unsupported_reason(model, max_tokens_per_row: int | None = None, b
     if reason is not None:
         return reason
     config = model.config
-    if getattr(config, "use_bidirectional_attention", None) is not None:
-        return f"use_bidirectional_attention {config.use_bidirectional_attention!r} is not a causal decoder"
-    if config.enable_moe_block:
+    reason = bidirectional_reason(config)
+    if reason is not None:
+        return reason
+    if getattr(config, "enable_moe_block", False):
         return "Gemma 4's MoE block under tensor parallelism (its experts are not split yet: one process runs it)"
     for _, _, rope_type in model.rope_tables.values():
         reason = static_rope_reason(rope_type)
@@ -70,7 +71,7 @@ class _TPLayer:
         self.act = ACT2FN[config.hidden_activation]
         self.moe = None
         self.ple = None
-        if config.hidden_size_per_layer_input:
+        if getattr(config, "hidden_size_per_layer_input", 0):
             self.ple = ((get("per_layer_input_gate.weight"), None), (get("per_layer_projection.weight"), None),
                         (get("post_per_layer_input_norm.weight"), eps), self.act)
         self.scalar = get("layer_scalar")
@@ -94,7 +95,7 @@ class TPPagedGemma4Runner(TensorParallelRunner, PagedGemma4Runner):
         # Gemma4TextScaledWordEmbedding's buffer: sqrt(H) in float32 (cast to the embedding's dtype when applied)
         self.embed_scale = torch.tensor(config.hidden_size ** 0.5, dtype=torch.float32, device=self.device)
         self.ple = None
-        width = config.hidden_size_per_layer_input
+        width = getattr(config, "hidden_size_per_layer_input", 0)  # (the unified decoder has no per-layer inputs)
         if width:
             self.ple = dict(embed=shards["model.embed_tokens_per_layer.weight"],
                             embed_scale=torch.tensor(width ** 0.5, dtype=torch.float32, device=self.device),

@@ -64,8 +64,9 @@ from .sparse_mla import Indexer, choose, chosen_attention, indexer_key, indexer_
 
 # DeepSeek Sparse Attention's families (module docstring): dense MLA within index_topk, sparse_mla.py past it
 DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
-# youtu: Youtu-LLM (2B), DeepSeek-V3's latent attention in dense Llama layers (its SwiGLU MLP, a tied embedding)
-MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu") + DSA_MODEL_TYPES
+# youtu: Youtu-LLM (2B), DeepSeek-V3's latent attention in dense Llama layers (its SwiGLU MLP, a tied embedding);
+# axk1: A.X-K1 (SK Telecom), DeepSeek-V3's layer with its MoE block's output normed (post_mlp_layernorm)
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "youtu", "axk1") + DSA_MODEL_TYPES
 
 
 def mla_projection_modules(layer) -> tuple:
@@ -187,6 +188,8 @@ class _MlaLayer:
         self.indexer = Indexer.of(attn)  # DeepSeek Sparse Attention's (runners/sparse_mla.py), or None
         self.moe, dense, self.act = moe_or_gated_mlp(mlp, config, kernels)
         self.gate, self.up, self.down = dense or (None, None, None)
+        # A.X-K1: an RMSNorm of its MoE block's output (routed + shared experts), (weight, eps); None elsewhere
+        self.moe_out_norm = norm_params(getattr(mlp, "post_mlp_layernorm", None)) if self.moe is not None else None
 
 
 def latent_triton_attention(runner, i: int, q, attn_lens, cu, max_query_len: int, scale: float) -> torch.Tensor:
@@ -390,7 +393,8 @@ class PagedMlaRunner(PagedRunnerBase):
             x = x + sum_(linear(o.reshape(total, -1), *layer.o))
             h = rms_norm(x, *layer.ln_post, fused)
             if layer.moe is not None:
-                x = x + sum_(layer.moe(h, self._prefilling))
+                delta = sum_(layer.moe(h, self._prefilling))  # (the norm after the ranks' partials are summed)
+                x = x + (delta if layer.moe_out_norm is None else rms_norm(delta, *layer.moe_out_norm, fused))
             else:
                 x = x + sum_(linear(gated_act(linear(h, *layer.gate), linear(h, *layer.up), layer.act, self.silu, fused),
                                     *layer.down))

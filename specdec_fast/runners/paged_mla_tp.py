@@ -56,6 +56,8 @@ class _TPMlaLayer:
         self.indexer = Indexer.from_shards(get, attn + "indexer.", config)  # DSA's, whole on every rank (or None)
         self.moe, mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
         self.gate, self.up, self.down = mlp or (None, None, None)
+        out_norm = get("mlp.post_mlp_layernorm.weight")  # A.X-K1's norm of its MoE block's output (whole)
+        self.moe_out_norm = (out_norm, eps) if self.moe is not None and out_norm is not None else None
 
 
 class TPPagedMlaRunner(TensorParallelRunner, PagedMlaRunner):

@@ -61,7 +61,7 @@ TP_COHERE_TYPES = ("cohere", "cohere2")
 # Multi-head latent attention (runners/paged_mla_tp.py): heads split, the latent replicated; the MoE
 # experts by their width; DeepSeek-V3.2's and GLM-5's indexers whole on every rank.
 # (paged_mla.MLA_MODEL_TYPES: not imported here, below the runners.)
-TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "youtu")
+TP_MLA_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "youtu", "axk1")
 # Hybrid recurrent models (runners/paged_qwen3_next_tp.py): Gated DeltaNet layers by heads (each rank its
 # heads' states), gated attention layers by heads. (paged_qwen3_next.QWEN3_NEXT_TYPES.)
 TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
@@ -80,7 +80,7 @@ TP_LLAMA4_TYPES = ("llama4_text",)
 TP_STARCODER2_TYPES = ("starcoder2",)
 # Gemma 4's text decoder (runners/paged_gemma4_tp.py): each layer split by its own head width and KV heads
 # (sharding.layer_dims_of); its per-layer inputs whole on every rank
-TP_GEMMA4_TYPES = ("gemma4_text",)
+TP_GEMMA4_TYPES = ("gemma4_text", "gemma4_unified_text")
 # AFMoE and Laguna (runners/paged_gated_attention_tp.py): the Llama layout, the attention's output gate split by the
 # query heads, the experts and shared experts by their width; AFMoE's branch partials summed before its norms,
 # Laguna's layers split by their own query heads
@@ -121,11 +121,11 @@ TP_MODEL_TYPES = (TP_LLAMA_TYPES + TP_COHERE_TYPES + TP_MLA_TYPES + TP_HYBRID_TY
 
 # model_types whose modeling module is another's (a multimodal family's text decoder)
 MODULE_OF = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "llama4_text": "llama4", "gemma3_text": "gemma3",
-             "gemma4_text": "gemma4",
+             "gemma4_text": "gemma4", "gemma4_unified_text": "gemma4_unified",
              # transformers' LlamaForCausalLM under another model_type: Llama's rotary module
              "exaone": "llama", "internlm3": "llama", "iquestcoder": "llama"}
 # multimodal checkpoints read as their text decoder (config.text_config; sharding.layout_name: its tensors)
-TEXT_DECODER_OF = ("llama4", "gemma3", "gemma4")
+TEXT_DECODER_OF = ("llama4", "gemma3", "gemma4", "gemma4_unified")
 
 
 def text_config(config):

@@ -115,6 +115,9 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                       "hy_v3": ((r"\.mlp\.router\.gate\.weight$", ".mlp.gate.weight"),
                                 (r"\.mlp\.expert_bias$", ".mlp.e_score_correction_bias"),
                                 (r"\.mlp\.shared_mlp\.", ".mlp.shared_experts.")),
+                      # A.X-K1's norm of the MoE block's output, published beside the layer's norms (every layer's:
+                      # transformers reads the sparse layers' under the block, as its conversion_mapping.py renames it)
+                      "axk1": ((r"(\.layers\.\d+)\.post_mlp_layernorm\.", r"\1.mlp.post_mlp_layernorm."),),
                       # MiMo-V2-Flash's sinks as published (transformers' conversion_mapping.py renames them)
                       "mimo_v2_flash": ((r"\.self_attn\.attention_sink_bias$", ".self_attn.sinks"),),
                       # Kimi Linear's published names (and save_pretrained's): the forget gate's tensors beside the
@@ -598,14 +601,14 @@ def value_dim_of(config) -> int | None:
 
 
 def layer_dims_of(config) -> tuple | None:
-    """Gemma 4's (gemma4_text) per-layer widths: each layer's (head_dim, KV heads, MLP width) -- its full layers' heads
+    """Gemma 4's (gemma4_text, gemma4_unified_text) per-layer widths: each layer's (head_dim, KV heads, MLP width) -- its full layers' heads
     global_head_dim wide and num_global_key_value_heads of them where set, a KV-sharing layer's MLP twice as wide where
     use_double_wide_mlp (transformers' per_layer_config and Gemma4TextMLP) --; MiMo-V2-Flash's (its sliding layers'
     KV heads twice the full ones': MiMoV2FlashAttention); None for every other family."""
     if getattr(config, "model_type", None) == "mimo_v2_flash":
         return tuple((int(config.head_dim), int(config.num_key_value_heads) * (2 if kind == "sliding_attention" else 1),
                       int(config.intermediate_size)) for kind in config.layer_types)
-    if getattr(config, "model_type", None) != "gemma4_text":
+    if getattr(config, "model_type", None) not in ("gemma4_text", "gemma4_unified_text"):
         return None
     modes = config.kv_sharing_modes
     dims = []

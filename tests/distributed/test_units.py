@@ -885,6 +885,31 @@ def test_granite_moe_reads_its_published_names(tmp_path, kind):
         assert read.keys() == expected.keys() and all(torch.equal(read[n], expected[n]) for n in read)
 
 
+def test_axk1_reads_its_published_output_norms(tmp_path):
+    """A.X-K1 publishes the norm of a sparse layer's MoE output beside the layer's norms (post_mlp_layernorm, on every
+    layer), which transformers reads under the block (mlp.post_mlp_layernorm) and only where the layer is sparse: each
+    rank reads it whole under that name, equal to the loaded model's; the dense layer's is renamed but read by nothing
+    (runners/paged_mla_tp.py takes it only where the layer has experts)."""
+    from safetensors.torch import save_file
+
+    from specdec_fast.runners.sharding import shards_from_safetensors
+
+    model = make_model("axk1")
+    published = {name.replace(".mlp.post_mlp_layernorm.", ".post_mlp_layernorm."): tensor.contiguous()
+                 for name, tensor in model.state_dict().items()}
+    published["model.layers.0.post_mlp_layernorm.weight"] = torch.full((48,), 7.0)  # the dense layer's, unread
+    assert "model.layers.1.post_mlp_layernorm.weight" in published
+    model.config.save_pretrained(tmp_path)
+    save_file(published, str(tmp_path / "model.safetensors"))
+    for rank in range(2):
+        plan = LlamaShardPlan.for_config(model.config, 2, rank)
+        read, expected = shards_from_safetensors(str(tmp_path), plan), shards_from_state(model.state_dict(), plan)
+        assert read.keys() - expected.keys() == {"model.layers.0.mlp.post_mlp_layernorm.weight"}
+        assert all(torch.equal(read[n], expected[n]) for n in expected)
+        assert torch.equal(read["model.layers.1.mlp.post_mlp_layernorm.weight"],
+                           model.model.layers[1].mlp.post_mlp_layernorm.weight)
+
+
 def test_kimi_linear_is_split_by_heads_and_reads_its_published_names(tmp_path):
     """Kimi Linear at 2 ranks: a KDA layer's q / k / v / f_b / g_b rows by heads (2 of 4 heads x 12), the convolution's
     rows of each [q | k | v] part, dt_bias, b_proj and A_log ([1, 1, H, 1]) by heads, o_proj's columns, f_a / g_a and

@@ -23,7 +23,8 @@ MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone
              "dots1", "hy_v3", "afmoe", "laguna", "mimo_v2_flash", "granitemoe")
 # latent attention: heads split, the latent replicated (paged_mla_tp.py); GLM-5's sparse attention (index_topk 8,
 # past which the battery's rows run) with its indexers whole on every rank
-MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa", "youtu")  # Youtu-LLM: latent attention in dense layers
+MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa", "youtu",  # Youtu-LLM: latent attention in dense layers
+             "axk1")  # A.X-K1: V3's layer, the MoE block's output normed after the ranks' partials are summed
 # recurrent layers by heads, each rank its heads' states (OLMo Hybrid: the DeltaNet's projections apart, OLMo 3's
 # attention with its whole-projection q/k norms)
 # MiniMax: lightning layers by heads (each rank its heads' [H, D, D] states), their output norm's statistics over both
@@ -142,11 +143,11 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     # (LayerNorms, biases split or added by rank 0, a plain MLP); Apertus (an ungated MLP with xIELU); Arcee AFM (an
     # ungated ReLU² MLP); Granite 4.0's dense transformer (shared_mlp's fused input_linear split as Phi-3's gate_up_proj);
     # Gemma 4 (each layer by its own head width, per-layer inputs whole; then KV-sharing layers, a full layer's value its
-    # key over one KV head, replicated, double-wide MLPs)
+    # key over one KV head, replicated, double-wide MLPs; the unified decoder of that layout without per-layer inputs)
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
                  "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal", "exaone", "internlm3",
                  "iquestcoder", "glm4", "starcoder2", "apertus", "arcee", "granitemoehybrid", "gemma4_text",
-                 "gemma4_shared"):
+                 "gemma4_shared", "gemma4_unified_text"):
         tgt, drf = tiny(kind)
         if kind == "apertus":  # xIELU's parameters away from their inits (each rank reads them whole)
             with torch.no_grad():

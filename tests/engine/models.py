@@ -77,6 +77,12 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.Gemma4TextConfig(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True,
                                    num_global_key_value_heads=1, layer_types=["sliding_attention", "full_attention"] * 2,
                                    **gemma4_like, **dict(llama_like, num_hidden_layers=4))
+    if kind == "gemma4_unified_text":  # the unified Gemma 4 decoder: gemma4_shared's layout without per-layer inputs,
+        # use_bidirectional_attention "vision" (its default: causal over text)
+        return tf.Gemma4UnifiedTextConfig(num_kv_shared_layers=2, use_double_wide_mlp=True, attention_k_eq_v=True,
+                                          num_global_key_value_heads=1, layer_types=["sliding_attention", "full_attention"] * 2,
+                                          head_dim=12, global_head_dim=16, sliding_window=8, final_logit_softcapping=30.0,
+                                          **dict(llama_like, num_hidden_layers=4))
     if kind == "hy_v3":  # Hy3: Qwen3's attention, layer 0 dense, then 8 experts of 24 by sigmoid + the block's correction
         # bias (zero here), scaled by 2.5, an ungated shared MLP added in float32
         return tf.HYV3Config(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, num_shared_experts=1,
@@ -222,6 +228,14 @@ def _config(kind: str, vocab: int, layers: int):
                                                     "original_max_position_embeddings": 64, "mscale": 1.0,
                                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
                                    **dict(llama_like, num_key_value_heads=4))
+    if kind == "axk1":  # A.X-K1: deepseek_v3's layer above (its routing, MLA, YaRN), the MoE block's output normed
+        return tf.AXK1Config(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
+                             topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
+                             q_lora_rank=16, kv_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=12,
+                             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                              "original_max_position_embeddings": 64, "mscale": 1.0,
+                                              "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
+                             **dict(llama_like, num_key_value_heads=4))
     if kind == "granitemoe":  # Granite 3 MoE: Granite's four scalars (none 1), 8 experts of 24, top 2, by softmax over
         # the top-k float32 logits
         return tf.GraniteMoeConfig(num_local_experts=8, num_experts_per_tok=2, embedding_multiplier=2.0,

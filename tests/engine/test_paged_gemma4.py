@@ -91,6 +91,69 @@ def test_the_multimodal_model_runs_its_text_decoder():
     assert_runner_matches_forward(model, runner, V)
 
 
+def unified(multimodal: bool = False):
+    """A tiny Gemma4UnifiedForCausalLM (the unified decoder: Gemma 4's layers without per-layer inputs or the MoE block,
+    use_bidirectional_attention "vision" as its config defaults), the last two layers reading the first two's K/V with
+    double-wide MLPs, the full layers' value its key; its norms, scales and layer scalars away from their inits. With
+    multimodal: Gemma4UnifiedForConditionalGeneration (what AutoModelForCausalLM loads from such a checkpoint) holding
+    that text decoder."""
+    if "unified" not in _MODELS:
+        torch.manual_seed(0)
+        config = tf.Gemma4UnifiedTextConfig(
+            vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=12, global_head_dim=16, sliding_window=4, num_kv_shared_layers=2,
+            use_double_wide_mlp=True, attention_k_eq_v=True, num_global_key_value_heads=1, max_position_embeddings=256,
+            layer_types=["sliding_attention", "full_attention"] * 2, initializer_range=0.1, pad_token_id=0,
+            bos_token_id=1, eos_token_id=None, final_logit_softcapping=30.0)
+        model = tf.Gemma4UnifiedForCausalLM(config).float().eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name or "scale" in name:
+                    param.normal_(1.0, 0.2)
+            for layer in model.model.layers:
+                layer.layer_scalar.fill_(0.9)
+        model.generation_config.eos_token_id = None
+        _MODELS["unified"] = model
+    text = _MODELS["unified"]
+    assert text.config.use_bidirectional_attention == "vision"
+    if not multimodal:
+        return text
+    config = tf.Gemma4UnifiedConfig(text_config=text.config.to_dict(), vision_config=None, audio_config=None)
+    model = tf.AutoModelForCausalLM.from_config(config).float().eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.weight = model.model.language_model.embed_tokens.weight
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+def test_the_unified_decoder_logits_equal_the_forward(backend, device):
+    """gemma4_unified_text on Gemma 4's runner: KV-sharing layers, a full layer's value its key over one KV head,
+    double-wide MLPs, two head widths; "vision" bidirectionality is causal over a text prompt."""
+    device = backend_device(backend, device)
+    model = on_device(device, unified())
+    runner = paged_runner_class(model)(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend=backend)
+    assert type(runner) is PagedGemma4Runner and runner.ple is None
+    assert runner.kv_of == [0, 1, 0, 1] and {runner.kv_shape(i) for i in range(2)} == {(2, 12), (1, 16)}
+    assert_runner_matches_forward(model, runner, V)
+
+
+def test_the_unified_multimodal_model_runs_its_text_decoder():
+    """Gemma4UnifiedForConditionalGeneration: its text decoder's runner gives the whole model's logits, and greedy
+    decoding (a draft model, past the window) equals the model's generate."""
+    model = unified(multimodal=True)
+    assert type(model).__name__ == "Gemma4UnifiedForConditionalGeneration"
+    runner = paged_runner_class(model)(model, max_new_tokens=8, num_draft_tokens=3, block_size=4, backend="cpp")
+    assert type(runner) is PagedGemma4Runner
+    assert_runner_matches_forward(model, runner, V)
+    ids, mask = left_padded_prompts([6, 11, 2], vocab=V, seed=21)
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    expected = model.generate(ids, attention_mask=mask, **kw)
+    out, stats = specdec_fast.generate(model, ids, mask, assistant_model=make_draft(unified(), noise=0.1),
+                                       num_assistant_tokens=3, return_stats=True, runner="paged", **kw)
+    assert torch.equal(out, expected) and stats.alpha > 0
+
+
 @pytest.mark.parametrize("backend", ["torch", "cpp"])
 @pytest.mark.parametrize("variant", ["ple_shared", "moe"])
 def test_greedy_equals_generate(variant, backend):
@@ -158,15 +221,18 @@ def test_the_published_head_widths(backend, device):
 
 
 def test_refusals_name_their_reason():
-    """Bidirectional attention; the Triton kernel's head dims past 512."""
+    """Bidirectional attention over the whole prompt ("all"; "vision", over image tokens only, is causal over text:
+    the unified decoder's test above runs it); the Triton kernel's head dims past 512."""
     model = gemma4("plain")
     assert paged_unsupported_reason(model) is None
     wide = tf.Gemma4ForCausalLM(_config("plain", global_head_dim=1024)).eval()
     assert "head_dim <= 512, got 1024" in paged_unsupported_reason(wide, backend="triton")
     assert paged_unsupported_reason(wide, backend="cpp") is None
-    model.config.use_bidirectional_attention = "vision"
+    model.config.use_bidirectional_attention = "all"
     try:
-        assert "use_bidirectional_attention 'vision'" in paged_unsupported_reason(model)
+        assert "use_bidirectional_attention 'all'" in paged_unsupported_reason(model)
+        model.config.use_bidirectional_attention = "vision"
+        assert paged_unsupported_reason(model) is None
     finally:
         model.config.use_bidirectional_attention = None
 

@@ -31,7 +31,8 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward, hf_logits
 
 VOCAB = 96
-KINDS = ("deepseek_v3", "deepseek_v3_q_proj", "glm4_moe_lite", "deepseek_v2", "deepseek_v2_groups", "deepseek_v32")
+KINDS = ("deepseek_v3", "deepseek_v3_q_proj", "glm4_moe_lite", "deepseek_v2", "deepseek_v2_groups", "deepseek_v32",
+         "axk1")
 DSA_KINDS = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek Sparse Attention: dense within index_topk (64 here)
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
@@ -64,6 +65,9 @@ def tiny_mla(kind: str, seed: int = 0, **overrides):
         config = cls(**dict(dsa, **common, **overrides))
     elif kind == "glm4_moe_lite":
         config = tf.Glm4MoeLiteConfig(num_hidden_layers=2, q_lora_rank=24, **dict(common, **overrides))
+    elif kind == "axk1":  # A.X-K1: V3's layer, the MoE block's output normed (post_mlp_layernorm: randomised below)
+        config = tf.AXK1Config(num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=24, rope_parameters=YARN,
+                               **dict(common, **overrides))
     else:  # DeepSeek-V2: softmax routing, greedy (V2-Lite) or group-limited (V2), never renormalised; no query rank
         # (V2-Lite's) or one (V2's); RoPE on complex pairs
         groups = kind == "deepseek_v2_groups"
@@ -79,6 +83,9 @@ def tiny_mla(kind: str, seed: int = 0, **overrides):
             bias = getattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias", None)
             if bias is not None:
                 bias.normal_(0, 0.5)
+            out_norm = getattr(layer.mlp, "post_mlp_layernorm", None)  # A.X-K1's (ones at init)
+            if out_norm is not None:
+                out_norm.weight.normal_(1.0, 0.3)
     model.generation_config.eos_token_id = None
     return model
 
@@ -254,6 +261,18 @@ def test_refusals():
     from .test_paged_moe import tiny_moe
 
     assert "is not one of" in mla_unsupported_reason(tiny_moe("glm4_moe"))
+
+
+def test_control_axk1_norms_its_moe_blocks_output():
+    """A.X-K1's sparse layers norm their MoE block's output (routed + shared experts): the runner reads that norm
+    there alone (layer 0 is dense), and without it the logits are not the model's."""
+    model = tiny_mla("axk1")
+    runner = PagedMlaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert [layer.moe_out_norm is not None for layer in runner.layers] == [False, True, True]
+    for layer in runner.layers:
+        layer.moe_out_norm = None
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
 
 
 @pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v2_groups", "deepseek_v3"])
