@@ -125,16 +125,27 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "jamba": ("softmax_topk", False, True, "swiglu"),
                 # LFM2-MoE: MiniMax-M2's choice in the model dtype (the block's expert_bias where use_expert_bias),
                 # over their sum + 1e-6 where norm_topk_prob, times routed_scaling_factor
-                "lfm2_moe": ("sigmoid_topk", "norm_topk_prob", True, "swiglu")}
+                "lfm2_moe": ("sigmoid_topk", "norm_topk_prob", True, "swiglu"),
+                # Kolibri-1: the top k by float32 logit + the block's correction bias (not by score), the chosen
+                # logits' sigmoids over their sum where norm_topk_prob (float32); ungated-sum shared experts
+                "kolibri1": ("sigmoid_topk", "norm_topk_prob", False, "swiglu"),
+                # Flint: the top k of the float32 logits' sigmoids with no correction bias, over their sum where
+                # norm_topk_prob (float32); a shared expert added without a gate (SHARED_WITHOUT_GATE)
+                "flint": ("sigmoid_topk", "norm_topk_prob", False, "swiglu")}
 # The sigmoid_topk families' departures from MiniMax-M2's router (config fields, None: none): logit_cap a tanh
 # soft-cap on the logits (0: none); sum_eps the epsilon added to the chosen scores' sum; weight_scale a factor on
 # the weights; output_scale a factor on the experts' summed output, before the shared MLP's is added; model_dtype:
 # the scores in the model dtype (not float32); bias_field: the config flag without which there is no correction
-# bias (the top k of the scores alone)
+# bias (the top k of the scores alone); unbiased: never one; fp32_logits: the logits the float32 product of h and the
+# router (a float32 router under a bf16 model: Flint's); choose_on_logits: the top k by logit + bias, not by score
 SIGMOID_TOPK_VARIANTS = {"afmoe": dict(sum_eps=1e-20, weight_scale="route_scale"),
                          "laguna": dict(logit_cap="moe_router_logit_softcapping", output_scale="moe_routed_scaling_factor"),
                          "lfm2_moe": dict(sum_eps=1e-6, weight_scale="routed_scaling_factor", model_dtype=True,
-                                          bias_field="use_expert_bias")}
+                                          bias_field="use_expert_bias"),
+                         "kolibri1": dict(fp32_logits=True, choose_on_logits=True),
+                         "flint": dict(fp32_logits=True, unbiased=True)}
+# The families whose shared_expert is added in full, without Qwen2-MoE's shared_expert_gate
+SHARED_WITHOUT_GATE = ("flint",)
 # The config field naming the experts' activation where it is not hidden_act
 ACT_FIELD = {"nemotron_h": "mlp_hidden_act"}
 # The families whose experts' activation is fixed by their code (their configs name none): LFM2-MoE's F.silu
@@ -244,11 +255,12 @@ def moe_reason(mlp, config) -> str | None:
     reason = input_scaling_reason(config)
     if reason is not None:
         return reason
-    if (getattr(mlp, "shared_expert", None) is not None and config.model_type not in INPUT_SCALED
+    if (getattr(mlp, "shared_expert", None) is not None and config.model_type not in INPUT_SCALED + SHARED_WITHOUT_GATE
             and not isinstance(getattr(mlp, "shared_expert_gate", None), torch.nn.Linear)):
         return "a shared expert without a shared_expert_gate"
-    bias_field = SIGMOID_TOPK_VARIANTS.get(config.model_type, {}).get("bias_field")
-    if (family[0] in BIASED_ROUTINGS and not isinstance(_correction(mlp), torch.Tensor)
+    variant = SIGMOID_TOPK_VARIANTS.get(config.model_type, {})
+    bias_field = variant.get("bias_field")
+    if (family[0] in BIASED_ROUTINGS and not variant.get("unbiased") and not isinstance(_correction(mlp), torch.Tensor)
             and (bias_field is None or getattr(config, bias_field))):
         return f"a {family[0]} router without its e_score_correction_bias"
     if family[0] == "softmax_groups" and getattr(config, "topk_method", None) not in SOFTMAX_GROUP_METHODS:
@@ -312,9 +324,10 @@ class MoE:
         self.top_k = top_k_of(config, layer)
         self.scale_input = config.model_type in INPUT_SCALED
         variant = SIGMOID_TOPK_VARIANTS.get(config.model_type, {}) if self.routing_kind == "sigmoid_topk" else {}
-        if self.routing_kind in BIASED_ROUTINGS:  # [E] (ERNIE's [1, E]); None: a family without it (bias_field)
-            correction = params.get(f"{router}.e_score_correction_bias")
-            if correction is None and not ("bias_field" in variant and not getattr(config, variant["bias_field"])):
+        if self.routing_kind in BIASED_ROUTINGS:  # [E] (ERNIE's [1, E]); None: a family without it (bias_field, unbiased)
+            correction = None if variant.get("unbiased") else params.get(f"{router}.e_score_correction_bias")
+            if correction is None and not variant.get("unbiased") and not (
+                    "bias_field" in variant and not getattr(config, variant["bias_field"])):
                 raise KeyError(f"{router}.e_score_correction_bias")
             self.correction = None if correction is None else correction.float()
         if self.routing_kind == "softmax_biased":
@@ -325,6 +338,7 @@ class MoE:
         cap, weight_scale, output_scale = (variant.get(k) for k in ("logit_cap", "weight_scale", "output_scale"))
         self.logit_cap = (float(getattr(config, cap) or 0.0) or None) if cap else None  # 0: no cap
         self.sum_eps, self.model_dtype = variant.get("sum_eps"), variant.get("model_dtype", False)
+        self.fp32_logits, self.choose_on_logits = variant.get("fp32_logits", False), variant.get("choose_on_logits", False)
         self.weight_scale = float(getattr(config, weight_scale)) if weight_scale else None
         self.output_scale = float(getattr(config, output_scale)) if output_scale else None
         # Hy3: the routed and shared outputs summed in float32, then cast (its enable_moe_fp32_combine)
@@ -436,13 +450,18 @@ class MoE:
         """MiniMax-M2's router (transformers' MiniMaxM2TopKRouter, op for op): sigmoid of the logits (the model
         dtype's product, then float32); the top k by score + correction bias; the weights are the chosen
         scores over their sum (float32). SIGMOID_TOPK_VARIANTS' (AfmoeTokenChoiceRouter, LagunaTopKRouter): the
-        logits tanh-capped first, an epsilon in the sum, the weights scaled, cast to the model dtype (cast)."""
-        logits = F.linear(h, self.router)  # [T, E]
-        logits = logits if self.model_dtype else logits.float()
+        logits tanh-capped first, an epsilon in the sum, the weights scaled, cast to the model dtype (cast); Kolibri-1's
+        and Flint's float32 product (fp32_logits), Kolibri-1's choice by logit + bias (choose_on_logits)."""
+        if self.fp32_logits:
+            logits = F.linear(h.float(), self.router.float())  # [T, E]
+        else:
+            logits = F.linear(h, self.router)
+            logits = logits if self.model_dtype else logits.float()
         if self.logit_cap is not None:
             logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
         scores = logits.sigmoid()
-        choice = scores if self.correction is None else scores + self.correction
+        ranked = logits if self.choose_on_logits else scores
+        choice = ranked if self.correction is None else ranked + self.correction
         chosen = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, chosen)
         if self.renorm:

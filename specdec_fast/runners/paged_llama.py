@@ -94,7 +94,13 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # Granite SWA (granite_swa: ibm-granite/granite-swash-2b): Granite's scalars, sliding layers by
                      # layer_types, attention sinks (sigmoid(logsumexp - sink) times the output: GPT-OSS's sink
                      # logit), a RoPE base a layer (LAYER_ROPE_THETA: 0 is NoPE)
-                     "granite_swa")
+                     "granite_swa",
+                     # Kolibri-1 (Aleph Alpha): EXAONE 4.0's attention (per-head q/k norms, NoPE full layers:
+                     # NOPE_UNLESS_SLIDING), GLM-4-0414's norms of each branch's output, every layer's MoE chosen by
+                     # logit + correction bias with shared experts (runners/_moe.py); Flint: Qwen3-MoE's attention
+                     # with GPT-OSS's sinks, RoPE on the sliding layers alone, dense first layers, sigmoid top-k routing
+                     # without a bias and a shared expert without a gate
+                     "kolibri1", "flint")
 # The families with Granite's four scalars (GRANITE_SCALARS)
 GRANITE_TYPES = ("granite", "granitemoehybrid", "granitemoe", "granite_swa")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
@@ -111,7 +117,9 @@ QK_NORM_AFTER_ROPE = ("hunyuan_v1_dense", "hunyuan_v1_moe")
 POST_BRANCH_NORMS = ("post_self_attn_layernorm", "post_mlp_layernorm")
 # Families that rotate only their sliding layers where the config sets a window (full layers are
 # NoPE): transformers' ExaoneMoeAttention, `if self.sliding_window is None or self.is_sliding`
-NOPE_UNLESS_SLIDING = ("exaone_moe", "exaone4")  # (EXAONE 4.0's Exaone4Attention reads the same rule)
+# (EXAONE 4.0's Exaone4Attention and Kolibri-1's read the same rule; Flint rotates its sliding layers alone, and its
+# config always sets a window)
+NOPE_UNLESS_SLIDING = ("exaone_moe", "exaone4", "kolibri1", "flint")
 # Families whose config lists each layer's RoPE (no_rope_layers: 1 RoPE, 0 NoPE)
 NO_ROPE_LAYERS = ("smollm3", "llama4_text")
 # Families whose config lists each layer's RoPE base (layer_rope_theta: 0 NoPE), a rotary module a distinct

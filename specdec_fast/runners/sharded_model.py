@@ -30,6 +30,9 @@ from .sharding import LlamaShardPlan, shards_from_safetensors, shards_from_state
 TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "ministral3", "smollm3", "phi3", "granite",
                   "granitemoe",  # Granite 3 MoE: its block_sparse_moe read as the MoE's names (CHECKPOINT_RENAMES)
                   "seed_oss", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open",
+                  # Kolibri-1 (its published router bias and post-branch norms read as transformers renames them), Flint
+                  # (its published sinks likewise; a shared expert without a gate)
+                  "kolibri1", "flint",
                   # q/k norms over the whole projection: its statistics over every rank's slice (one more
                   # all-reduce of [T, 1] each)
                   "olmoe", "minimax_m2",

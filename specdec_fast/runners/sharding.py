@@ -120,6 +120,11 @@ CHECKPOINT_RENAMES = {"exaone": ((r"^transformer\.wte\.", "model.embed_tokens.")
                       "axk1": ((r"(\.layers\.\d+)\.post_mlp_layernorm\.", r"\1.mlp.post_mlp_layernorm."),),
                       # MiMo-V2-Flash's sinks as published (transformers' conversion_mapping.py renames them)
                       "mimo_v2_flash": ((r"\.self_attn\.attention_sink_bias$", ".self_attn.sinks"),),
+                      # Kolibri-1's and Flint's published names, as transformers' conversion_mapping.py renames them
+                      "kolibri1": ((r"\.moe\.router\.expert_bias$", ".mlp.gate.e_score_correction_bias"),
+                                   (r"\.post_attn_norm\.", ".post_self_attn_layernorm."),
+                                   (r"\.post_ffn_norm\.", ".post_mlp_layernorm.")),
+                      "flint": ((r"\.self_attn\.softmax_offset$", ".self_attn.sinks"),),
                       # Kimi Linear's published names (and save_pretrained's): the forget gate's tensors beside the
                       # attention's, every MLP under block_sparse_moe (the convolutions q_ / k_ / v_conv1d apart are read
                       # as they are: _kda_slice_of)

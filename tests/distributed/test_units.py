@@ -89,7 +89,7 @@ def test_shards_tile_every_tensor(kind, world):
 
 
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "llama4_text",
-             "hunyuan_v1_moe", "hy_v3", "afmoe", "granitemoe")
+             "hunyuan_v1_moe", "hy_v3", "afmoe", "granitemoe", "kolibri1", "flint")
 
 
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):
@@ -908,6 +908,32 @@ def test_axk1_reads_its_published_output_norms(tmp_path):
         assert all(torch.equal(read[n], expected[n]) for n in expected)
         assert torch.equal(read["model.layers.1.mlp.post_mlp_layernorm.weight"],
                            model.model.layers[1].mlp.post_mlp_layernorm.weight)
+
+
+@pytest.mark.parametrize("kind, published_names", [
+    ("kolibri1", ((".mlp.gate.e_score_correction_bias", ".moe.router.expert_bias"),
+                  (".post_self_attn_layernorm.", ".post_attn_norm."), (".post_mlp_layernorm.", ".post_ffn_norm."))),
+    ("flint", ((".self_attn.sinks", ".self_attn.softmax_offset"),))])
+def test_kolibri1_and_flint_read_their_published_names(kind, published_names, tmp_path):
+    """Kolibri-1's router bias and post-branch norms, Flint's sinks, under their published names (which transformers'
+    conversion_mapping.py renames on loading): every rank's slices equal the loaded model's shards."""
+    from safetensors.torch import save_file
+
+    from specdec_fast.runners.sharding import shards_from_safetensors
+
+    model = make_model(kind)
+    published = {}
+    for name, tensor in model.state_dict().items():
+        for ours, theirs in published_names:
+            name = name.replace(ours, theirs)
+        published[name] = tensor.contiguous()
+    assert all(any(theirs in name for name in published) for _, theirs in published_names)
+    model.config.save_pretrained(tmp_path)
+    save_file(published, str(tmp_path / "model.safetensors"))
+    for rank in range(2):
+        plan = LlamaShardPlan.for_config(model.config, 2, rank)
+        read, expected = shards_from_safetensors(str(tmp_path), plan), shards_from_state(model.state_dict(), plan)
+        assert read.keys() == expected.keys() and all(torch.equal(read[n], expected[n]) for n in read)
 
 
 def test_kimi_linear_is_split_by_heads_and_reads_its_published_names(tmp_path):

@@ -228,6 +228,16 @@ def _config(kind: str, vocab: int, layers: int):
                                                     "original_max_position_embeddings": 64, "mscale": 1.0,
                                                     "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1},
                                    **dict(llama_like, num_key_value_heads=4))
+    if kind == "kolibri1":  # Kolibri-1: q/k norms, a sliding RoPE layer (window 8: passed) and a full NoPE one, the
+        # post-branch norms, 8 experts of 24 chosen by logit + the correction bias (zero here), a shared expert
+        return tf.Kolibri1Config(num_experts=8, moe_intermediate_size=24, shared_expert_intermediate_size=48,
+                                 norm_topk_prob=True, head_dim=12, sliding_window=8,
+                                 layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **llama_like)
+    if kind == "flint":  # Flint: q/k norms, sinks, a sliding RoPE layer (window 8: passed), a full NoPE one; layer 0
+        # dense, then 8 experts of 24 by the top sigmoids, a shared expert without a gate
+        return tf.FlintConfig(num_experts=8, moe_intermediate_size=24, shared_expert_intermediate_size=48,
+                              norm_topk_prob=True, head_dim=12, sliding_window=8, mlp_only_layers=[0],
+                              layer_types=(["sliding_attention", "full_attention"] * layers)[:layers], **llama_like)
     if kind == "axk1":  # A.X-K1: deepseek_v3's layer above (its routing, MLA, YaRN), the MoE block's output normed
         return tf.AXK1Config(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, n_group=2,
                              topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, first_k_dense_replace=1,
@@ -351,8 +361,8 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
-    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "granite_swa", "mamba2", "mamba", "falcon_mamba"):
-        attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash / Granite SWA have no sdpa path (soft-capping, sinks);
+    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "granite_swa", "flint", "mamba2", "mamba", "falcon_mamba"):
+        attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash / Granite SWA / Flint have no sdpa path (soft-capping, sinks);
         # the Mamba LMs no attention at all
     config = _config(kind, vocab, layers)
     config.initializer_range = init_std

@@ -29,10 +29,11 @@ from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_f
 
 VOCAB = 96
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2",
-         "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "hy_v3", "granitemoe")
+         "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "hy_v3", "granitemoe", "kolibri1", "flint")
 # which of the 2 layers are MoE (else both)
 MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True],
-              "dots1": [False, True], "hy_v3": [False, True]}
+              "dots1": [False, True], "hy_v3": [False, True], "flint": [False, True]}
+EAGER = ("gpt_oss", "flint")  # transformers' attention with sinks has no sdpa path
 
 
 def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
@@ -89,21 +90,33 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         # block_sparse_moe) routed by softmax over the top-k float32 logits
         config = tf.GraniteMoeConfig(num_local_experts=16, embedding_multiplier=2.0, residual_multiplier=0.7,
                                      attention_multiplier=0.2, logits_scaling=3.0, **dict(common, intermediate_size=32))
+    elif kind == "kolibri1":  # Kolibri-1: EXAONE 4.0's attention (q/k norms, a sliding RoPE layer, a full NoPE one),
+        # GLM-4-0414's norms of each branch's output (randomised below), 16 experts of 32 chosen by logit + the
+        # correction bias, renormalised sigmoids, a shared expert of 48
+        config = tf.Kolibri1Config(num_experts=16, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                   norm_topk_prob=True, head_dim=16, sliding_window=6,
+                                   layer_types=["sliding_attention", "full_attention"], **common)
+    elif kind == "flint":  # Flint: q/k norms, sinks, a sliding RoPE layer (window 6), a full NoPE one; layer 0 dense,
+        # then 16 experts of 32 by the top sigmoids (no bias), renormalised, and a shared expert without a gate
+        config = tf.FlintConfig(num_experts=16, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                norm_topk_prob=True, head_dim=16, sliding_window=6, mlp_only_layers=[0],
+                                layer_types=["sliding_attention", "full_attention"], **common)
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
         config = tf.GptOssConfig(num_local_experts=16, head_dim=16, sliding_window=6, swiglu_limit=1.0,
                                  rope_parameters={"rope_type": "default", "rope_theta": 700.0},
                                  **dict(common, intermediate_size=32))
-    # eager: GPT-OSS's sinks have no sdpa path in transformers
-    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager" if kind == "gpt_oss" else "sdpa")
+    # eager: GPT-OSS's and Flint's sinks have no sdpa path in transformers
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager" if kind in EAGER else "sdpa")
     model = model.float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias") or name.endswith("sinks"):
                 param.normal_(0, 0.5 if kind == "gpt_oss" else 0.3)
-            elif "query_layernorm" in name or "key_layernorm" in name or "_norm" in name and kind == "hy_v3":
-                # HunYuan's, Hy3's q / k norms: not identities
+            elif ("query_layernorm" in name or "key_layernorm" in name
+                  or ("_norm" in name or "post_" in name) and kind in ("hy_v3", "kolibri1", "flint")):
+                # HunYuan's, Hy3's, Kolibri-1's and Flint's q / k norms, Kolibri-1's post-branch norms: not identities
                 param.uniform_(0.5, 1.5)
         for layer in model.model.layers:  # GLM-4.5's router bias (a buffer; MiniMax-M2's on the block): it changes which experts win
             block = mlp_of(layer)  # (Granite 3 MoE's block_sparse_moe)
@@ -242,7 +255,13 @@ def test_controls_routing_and_the_shared_expert():
                          or setattr(moe, "routed_scale", 1.0)),
                         # Hy3: its scaling factor, its block's correction bias
                         ("hy_v3", lambda moe: setattr(moe, "routed_scale", 1.0)),
-                        ("hy_v3", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction)))):
+                        ("hy_v3", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
+                        # Kolibri-1: the choice by logit + bias (not by score + bias), the bias itself
+                        ("kolibri1", lambda moe: setattr(moe, "choose_on_logits", False)),
+                        ("kolibri1", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
+                        # Flint: its ungated shared expert, the renormalisation
+                        ("flint", lambda moe: setattr(moe, "shared", None)),
+                        ("flint", lambda moe: setattr(moe, "renorm", False))):
         model = tiny_moe(kind)
         runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
         for layer in runner.layers:
@@ -252,10 +271,11 @@ def test_controls_routing_and_the_shared_expert():
             assert_runner_matches_forward(model, runner, VOCAB)
 
 
-def test_control_exaone_moe_leaves_its_full_layers_unrotated():
-    """EXAONE MoE rotates only its sliding layers (a window set): rotating the full one too (as
-    Llama does) no longer gives the model's logits."""
-    model = tiny_moe("exaone_moe")
+@pytest.mark.parametrize("kind", ["exaone_moe", "kolibri1", "flint"])
+def test_control_exaone_moe_leaves_its_full_layers_unrotated(kind):
+    """EXAONE MoE rotates only its sliding layers (a window set), and so do Kolibri-1 and Flint: rotating the full
+    one too (as Llama does) no longer gives the model's logits."""
+    model = tiny_moe(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     assert [layer.rope for layer in runner.layers] == [True, False] and runner.layer_windows == (6, None)
     assert_runner_matches_forward(model, runner, VOCAB)
@@ -265,8 +285,9 @@ def test_control_exaone_moe_leaves_its_full_layers_unrotated():
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
-def test_control_gpt_oss_needs_its_attention_sinks():
-    model = tiny_moe("gpt_oss")
+@pytest.mark.parametrize("kind", ["gpt_oss", "flint"])
+def test_control_gpt_oss_needs_its_attention_sinks(kind):
+    model = tiny_moe(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     assert runner.attn_sinks and runner.layer_windows == (6, None)
     runner.attn_sinks = ()
