@@ -74,6 +74,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "exaone_moe": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
+                "flex_olmo": ("softmax_topk", "norm_topk_prob", True, "swiglu"),  # FlexOlmo: OLMoE's router
                 "qwen3_next": ("softmax_topk", "norm_topk_prob", True, "swiglu"),  # Qwen2-MoE's gated shared expert
                 "qwen3_5_moe_text": ("softmax_topk", True, True, "swiglu"),  # Qwen3.5's: always renormalised
                 # MiniMax-M2: sigmoid scores of the model-dtype logits, the top k by score + correction bias (the
@@ -111,6 +112,8 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # model-dtype router product, cast to the model dtype (GraniteMoeHybridTopKRouter)
                 "granitemoehybrid": ("topk_softmax_f32", False, True, "swiglu"),
                 "granitemoe": ("topk_softmax_f32", False, True, "swiglu"),  # Granite 3 MoE's router: the same ops
+                "granitemoeshared": ("topk_softmax_f32", False, True, "swiglu"),  # the same (its shared MLP: paged_llama)
+                "granitemoe_swa": ("topk_softmax_f32", False, True, "swiglu"),
                 # AFMoE (Arcee Trinity): MiniMax-M2's choice (the block's expert_bias), the scores over their sum
                 # + 1e-20 times route_scale (float32); shared experts
                 "afmoe": ("sigmoid_topk", True, False, "swiglu"),

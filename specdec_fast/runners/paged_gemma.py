@@ -52,7 +52,9 @@ def _normed(x: torch.Tensor, norm) -> torch.Tensor:
     return x if norm is None else gemma_rms_norm(x, norm)
 
 
-GEMMA_MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3")
+# vaultgemma: VaultGemma 1B, Gemma 2's layer without the norms of each branch's output
+GEMMA_MODEL_TYPES = ("gemma", "gemma2", "gemma3_text", "gemma3", "vaultgemma")
+ATTN_SOFTCAP_TYPES = ("gemma2", "vaultgemma")  # the families whose attention reads attn_logit_softcapping
 
 
 class _TextDecoder:
@@ -110,9 +112,10 @@ class _GemmaLayer:
                                     else (None, None))
         self.input = norm_params(layer.input_layernorm)
         if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3: four norms, each branch's output normed
-            self.post_attention = norm_params(layer.post_attention_layernorm)
+            # (VaultGemma: the branches' outputs not normed, None)
+            self.post_attention = norm_params(getattr(layer, "post_attention_layernorm", None))
             self.pre_feedforward = norm_params(layer.pre_feedforward_layernorm)
-            self.post_feedforward = norm_params(layer.post_feedforward_layernorm)
+            self.post_feedforward = norm_params(getattr(layer, "post_feedforward_layernorm", None))
         else:  # Gemma 1: Llama's two (post_attention_layernorm is the MLP's input norm)
             self.post_attention, self.post_feedforward = None, None
             self.pre_feedforward = norm_params(layer.post_attention_layernorm)
@@ -138,9 +141,9 @@ class PagedGemmaRunner(PagedRunnerBase):
         self.head_dim = config.head_dim
         # Gemma2Attention's / Gemma3Attention's scaling; GemmaAttention's head_dim^-0.5
         self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim)**-0.5
-        # Gemma 2's attention soft-cap (50). Gemma 3's config keeps the field, which its attention
+        # Gemma 2's attention soft-cap (50; VaultGemma's too). Gemma 3's config keeps the field, which its attention
         # never reads (transformers 5.24 passes no softcap there): not applied.
-        self.attn_softcap = config.attn_logit_softcapping if config.model_type == "gemma2" else None
+        self.attn_softcap = config.attn_logit_softcapping if config.model_type in ATTN_SOFTCAP_TYPES else None
         self.rope_tables, self.rope_keys = device_rope_tables(model, self.device)
 
     def _bind_text_decoder(self, model) -> tuple:

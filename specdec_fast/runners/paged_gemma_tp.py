@@ -14,7 +14,7 @@ vocabulary-parallel lookup and the gathered logits are TensorParallelRunner's.
 """
 import torch
 
-from .paged_gemma import PagedGemmaRunner
+from .paged_gemma import ATTN_SOFTCAP_TYPES, PagedGemmaRunner
 from .paged_llama import llama_config_reason
 from .paged_llama_tp import TensorParallelRunner, shard_reason
 from .sharded_model import TP_GEMMA_TYPES
@@ -52,10 +52,11 @@ class _TPGemmaLayer:
         q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")  # Gemma 3's, per head: whole
         self.q_norm, self.k_norm = (None, None) if q_norm is None else ((q_norm, eps), (k_norm, eps))
         self.input = (get("input_layernorm.weight"), eps)
-        if get("pre_feedforward_layernorm.weight") is not None:  # Gemma 2: each branch's output normed
-            self.post_attention = (get("post_attention_layernorm.weight"), eps)
+        if get("pre_feedforward_layernorm.weight") is not None:  # Gemma 2: each branch's output normed (VaultGemma: not)
+            self.post_attention, self.post_feedforward = (
+                None if get(f"{name}.weight") is None else (get(f"{name}.weight"), eps)
+                for name in ("post_attention_layernorm", "post_feedforward_layernorm"))
             self.pre_feedforward = (get("pre_feedforward_layernorm.weight"), eps)
-            self.post_feedforward = (get("post_feedforward_layernorm.weight"), eps)
         else:  # Gemma 1: post_attention_layernorm is the MLP's input norm
             self.post_attention = self.post_feedforward = None
             self.pre_feedforward = (get("post_attention_layernorm.weight"), eps)
@@ -81,7 +82,7 @@ class TPPagedGemmaRunner(TensorParallelRunner, PagedGemmaRunner):
         self.lm_head = shards["lm_head.weight"]
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim) ** -0.5
-        self.attn_softcap = config.attn_logit_softcapping if config.model_type == "gemma2" else None
+        self.attn_softcap = config.attn_logit_softcapping if config.model_type in ATTN_SOFTCAP_TYPES else None
         # GemmaTextScaledWordEmbedding's buffer: sqrt(H) in float32 (cast to the embedding's dtype when applied)
         self.embed_scale = torch.tensor(config.hidden_size ** 0.5, dtype=torch.float32, device=self.device)
         self.rope_tables = {key: (inv_freq.to(device=self.device), scaling)

@@ -100,14 +100,21 @@ LLAMA_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "s
                      # logit + correction bias with shared experts (runners/_moe.py); Flint: Qwen3-MoE's attention
                      # with GPT-OSS's sinks, RoPE on the sliding layers alone, dense first layers, sigmoid top-k routing
                      # without a bias and a shared expert without a gate
-                     "kolibri1", "flint")
+                     "kolibri1", "flint",
+                     # Granite MoE with a shared MLP (granitemoeshared: Granite 3 MoE's layer with the layer's
+                     # shared_mlp added to the experts' sum), and its Granite SWA attention (granitemoe_swa)
+                     "granitemoeshared", "granitemoe_swa",
+                     # Helium (kyutai/helium-1-2b): Llama's layer with RoPE on interleaved pairs (INTERLEAVED_ROPE),
+                     # optional q/k/v and MLP biases; its RMSNorms weigh in float32 before the cast (OLMo 2's order:
+                     # exact in float32, within the bf16 bound otherwise)
+                     "helium")
 # The families with Granite's four scalars (GRANITE_SCALARS)
-GRANITE_TYPES = ("granite", "granitemoehybrid", "granitemoe", "granite_swa")
+GRANITE_TYPES = ("granite", "granitemoehybrid", "granitemoe", "granite_swa", "granitemoeshared", "granitemoe_swa")
 # Families that rotate interleaved pairs (x_2i, x_2i+1) by frequency i: the same rotation as rotate-half's
 # on the head's dims reordered evens first, odds last, applied to q and k alike (their products, hence the
 # scores, unchanged): each layer reads its q / k projections' columns in that order (_Layer.rope_order)
 # and every RoPE path stays the rotate-half one
-INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe", "glm", "glm4")
+INTERLEAVED_ROPE = ("ernie4_5", "ernie4_5_moe", "glm", "glm4", "helium")
 # Families whose per-head q / k norms (query_layernorm / key_layernorm) run after the rotation, not before
 # (Qwen3's): the norm's weights make the two orders differ. rope_append_kv norms before it rotates, so those
 # layers rotate and norm in torch ops, then append and attend through the kernels (_attend)
@@ -124,7 +131,7 @@ NOPE_UNLESS_SLIDING = ("exaone_moe", "exaone4", "kolibri1", "flint")
 NO_ROPE_LAYERS = ("smollm3", "llama4_text")
 # Families whose config lists each layer's RoPE base (layer_rope_theta: 0 NoPE), a rotary module a distinct
 # base in model.model.rotary_embs (_rotary.layer_theta_tables)
-LAYER_ROPE_THETA = ("granite_swa",)
+LAYER_ROPE_THETA = ("granite_swa", "granitemoe_swa")
 
 
 def rotates(config, index: int) -> bool:
@@ -287,8 +294,9 @@ def projection_modules(layer) -> tuple:
     if is_moe(mlp):
         shared = next((getattr(mlp, name) for name in SHARED if getattr(mlp, name, None) is not None), None)
         gate = getattr(mlp, "shared_expert_gate", None)
+        beside = getattr(layer, "shared_mlp", None)  # Granite MoE's shared MLP on the layer (granitemoeshared)
         return (*qkv, attn.o_proj) + (() if shared is None else (shared.gate_proj, shared.up_proj, shared.down_proj)) + (
-            () if gate is None else (gate,))
+            () if gate is None else (gate,)) + (() if beside is None else (beside.input_linear, beside.output_linear))
     gate_up = (mlp.gate_up_proj,) if hasattr(mlp, "gate_up_proj") else \
         (mlp.up_proj,) if getattr(mlp, "gate_proj", None) is None else (mlp.gate_proj, mlp.up_proj)  # Apertus: up only
     return (*qkv, attn.o_proj, *gate_up, mlp.down_proj)
@@ -354,6 +362,11 @@ class _Layer:
                                                   or layer.feedforward_layernorm)
         self.w_qkv = self.b_qkv = self.w_gate_up = self.b_gate_up = None
         self.moe = MoE(mlp, config, kernels) if is_moe(mlp) else None
+        beside = getattr(layer, "shared_mlp", None)
+        if self.moe is not None and beside is not None:  # granitemoeshared: the layer's shared MLP joins the experts'
+            width = beside.input_linear.weight.shape[0] // 2  # sum ([gate | up] rows of input_linear, as it chunks)
+            self.moe.shared = ([*_row_views(beside.input_linear, [width, width]), *linear_params(beside.output_linear)],
+                               beside.activation, None)
         if fuse:  # before the references below are taken: they then point into the fused tensors
             q, k, v, gate, up = _projections(layer, config)
             self.w_qkv, self.b_qkv = _fuse((q, k, v))

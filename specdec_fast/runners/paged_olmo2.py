@@ -31,6 +31,7 @@ import torch
 from ..kernels.llama_ops.reference import rotate_half_apply
 from ._layer_math import linear_params, norm_params, rms_norm
 from ._linear import linear
+from ._moe import layers_moe_reason, moe_or_gated_mlp, moe_or_mlp
 from ._rotary import device_rope_tables, rope_tables_reason, rotations
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import projection_modules, rotates
@@ -49,7 +50,8 @@ def llama_rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     return rms_norm(x, norm[0], norm[1], False)
 
 
-OLMO_MODEL_TYPES = ("olmo2", "olmo3", "exaone4")
+# flex_olmo: FlexOlmo, OLMo 2's layer with OLMoE's experts as its MLP (runners/_moe.py)
+OLMO_MODEL_TYPES = ("olmo2", "olmo3", "exaone4", "flex_olmo")
 # The families of this layer with Llama's pieces: per-head q / k norms, Llama's RMSNorm, model-dtype RoPE tables
 LLAMA_PIECES = ("exaone4",)
 
@@ -58,20 +60,22 @@ def olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backe
     """Why PagedOlmo2Runner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
     return (decoder_reason(model, OLMO_MODEL_TYPES, "model.layers", "an Olmo2ForCausalLM", projection_modules)
+            or layers_moe_reason([layer.mlp for layer in model.model.layers], model.config)
             or rope_tables_reason(model, max_tokens_per_row, backend))
 
 
 class _Olmo2Layer:
     """One Olmo2DecoderLayer's parameters (references to the model's tensors, not copies)."""
 
-    def __init__(self, layer, config):
+    def __init__(self, layer, config, kernels: str):
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = linear_params(attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         self.q_norm, self.k_norm = norm_params(attn.q_norm), norm_params(attn.k_norm)
         self.post_attention = norm_params(layer.post_attention_layernorm)
         self.post_feedforward = norm_params(layer.post_feedforward_layernorm)
-        self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        self.act = mlp.act_fn
+        # FlexOlmo's MoE block, or the gated MLP's (weight, bias) pairs and act_fn
+        self.moe, dense, self.act = moe_or_gated_mlp(mlp, config, kernels)
+        self.gate, self.up, self.down = dense or (None, None, None)
         self.rope = rotates(config, attn.layer_idx)  # EXAONE 4's full layers: NoPE
 
 
@@ -87,7 +91,7 @@ class PagedOlmo2Runner(PagedRunnerBase):
         config, inner = model.config, model.model
         self.llama_pieces = config.model_type in LLAMA_PIECES
         self.embed = inner.embed_tokens.weight
-        self.layers = [_Olmo2Layer(layer, config) for layer in inner.layers]
+        self.layers = [_Olmo2Layer(layer, config, self.kernels) for layer in inner.layers]
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self._bind_heads(config)
@@ -126,8 +130,7 @@ class PagedOlmo2Runner(PagedRunnerBase):
                 q, k = rotate_half_apply(q, cos, sin).to(q.dtype), rotate_half_apply(k, cos, sin).to(k.dtype)
             o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
             x = x + self._norm(sum_(linear(o.reshape(total, heads * dim), *layer.o)), layer.post_attention)
-            act = layer.act(linear(x, *layer.gate)) * linear(x, *layer.up)
-            x = x + self._norm(sum_(linear(act, *layer.down)), layer.post_feedforward)
+            x = x + self._norm(sum_(moe_or_mlp(layer, x, self._prefilling)), layer.post_feedforward)
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
         out = self._norm(x, self.final_norm)

@@ -28,6 +28,8 @@ class _TPOlmo2Layer:
     """One layer's shards (the attribute names of paged_olmo2._Olmo2Layer): q_norm / k_norm this rank's slice of
     the whole-projection weights (EXAONE 4's per-head ones: whole)."""
 
+    moe = None  # (FlexOlmo's experts: no TP runner yet, refused by name)
+
     def __init__(self, shards: dict, prefix: str, config, index: int):
         from transformers.activations import ACT2FN
 

@@ -70,8 +70,10 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     "olmo2": PagedOlmo2Runner,
     "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type
     "exaone4": PagedOlmo2Runner,  # EXAONE 4.0: OLMo 2's layer with Llama's norms, per-head q/k norms, NoPE full layers
+    "flex_olmo": PagedOlmo2Runner,  # FlexOlmo: OLMo 2's layer with OLMoE's experts as its MLP
     "gemma": PagedGemmaRunner,  # Gemma 1, CodeGemma: Llama's layer with Gemma's norms and embedding scale
     "gemma2": PagedGemmaRunner,  # Gemma 2 (attention soft-capping and sliding layers in the kernels)
+    "vaultgemma": PagedGemmaRunner,  # VaultGemma: Gemma 2's layer without the norms of each branch's output
     "gemma3_text": PagedGemmaRunner,  # Gemma 3's text decoder (270M, 1B)
     "gemma3": PagedGemmaRunner,  # Gemma 3 4B / 12B / 27B (multimodal): its text decoder runs text prompts
     # Gemma 4 (its text decoder; gemma4: the multimodal model AutoModelForCausalLM loads): heads of two widths,

@@ -37,7 +37,7 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   # all-reduce of [T, 1] each)
                   "olmoe", "minimax_m2",
                   # RoPE on interleaved pairs: each rank reorders its heads' q / k columns (paged_llama.INTERLEAVED_ROPE)
-                  "ernie4_5", "ernie4_5_moe",
+                  "ernie4_5", "ernie4_5_moe", "helium",
                   # transformers' LlamaForCausalLM under their own model_type (EXAONE 3.x's published checkpoints under
                   # their original names: sharding.CHECKPOINT_RENAMES)
                   "exaone", "internlm3", "iquestcoder",
@@ -71,7 +71,7 @@ TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # Gemma 1 / 2 / 3 (runners/paged_gemma_tp.py): the Llama layout, each branch's partials summed before its norm;
 # Gemma 3's per-head q/k norms whole on every rank, a RoPE per layer type (and its multimodal checkpoints' text
 # decoder: TEXT_DECODER_OF)
-TP_GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text")
+TP_GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text", "vaultgemma")
 # OLMo 2 / 3 (runners/paged_olmo2_tp.py): q/k norms over the whole projection (statistics over every rank's
 # slice), each branch's partials summed before its norm; OLMo 3's RoPE per layer type
 TP_OLMO_TYPES = ("olmo2", "olmo3", "exaone4")  # EXAONE 4.0: OLMo 2's layer with per-head q/k norms (whole on each rank)

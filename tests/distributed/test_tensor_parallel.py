@@ -93,7 +93,7 @@ def test_tensor_parallel_on_2_and_4_cpu_ranks(tmp_path):
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
                  "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal", "exaone", "internlm3",
                  "iquestcoder", "glm4", "starcoder2", "apertus", "arcee", "granitemoehybrid", "gemma4_text", "gemma4_shared",
-                 "gemma4_unified_text"):
+                 "gemma4_unified_text", "vaultgemma"):
         _check(problems, "tensor parallel over 2 ranks" in two[f"{kind} engine note"], two[f"{kind} engine note"])
     # rank 1's slices. qwen2: 4 heads of 12, 2 KV heads, intermediate 96; mixtral: 8 experts of 96, gathered from
     # the checkpoint's per-expert w1 / w3 / w2 into the 3-D tensors, the router whole

@@ -35,7 +35,7 @@ MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa", "youtu",  # Youtu-LLM:
 HYBRID_KINDS = ("qwen3_next", "qwen3_5_text", "olmo_hybrid", "minimax", "jamba", "kimi_linear", "nemotron_h", "falcon_h1")
 # q/k norms over the whole projection: their statistics over both ranks' slices (one more all-reduce each)
 PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
-INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
+INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe", "helium")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
 # OLMo 2 / 3: whole-projection q/k norms (OLMo's op order), each branch's partials summed before its norm; OLMo 3's
 # RoPE per layer type
 OLMO_KINDS = ("olmo2", "olmo3", "exaone4")  # EXAONE 4.0: OLMo 2's layer, per-head q/k norms whole on each rank
@@ -147,7 +147,7 @@ def _two_ranks(specdec_fast, target, draft, ids, group, checkpoint) -> dict:
     for kind in ("llama", "qwen2", "mistral", "cwm", "ministral3", "ministral", "smollm3", "phi3", "granite", "seed_oss",
                  "cohere_qk", "cohere2", "gemma", "gemma2", "gemma3", "gemma3_multimodal", "exaone", "internlm3",
                  "iquestcoder", "glm4", "starcoder2", "apertus", "arcee", "granitemoehybrid", "gemma4_text",
-                 "gemma4_shared", "gemma4_unified_text"):
+                 "gemma4_shared", "gemma4_unified_text", "vaultgemma"):
         tgt, drf = tiny(kind)
         if kind == "apertus":  # xIELU's parameters away from their inits (each rank reads them whole)
             with torch.no_grad():

@@ -30,11 +30,13 @@ def _build(config, norm_range=None, attn="sdpa"):
 def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     """A random fp32 model of ``kind``:
     olmo2       q / k norms over the whole projection, norms after each branch
+    flex_olmo   FlexOlmo: olmo2's layer with OLMoE's experts as its MLP (8 of 24, top 2, renormalised)
     olmo3       the same, layers alternating sliding (window 200: the tests' rows stay inside) and
                 full attention, each with its RoPE (default, theta 500 / linear x2, theta 900)
     gemma3      Gemma 3's text decoder, layers alternating as olmo3's (local theta 300, global 900 x2),
                 query_pre_attn_scalar 20, final-logit soft-capping 5 (the cap bites), norm weights around 0
     gemma       Gemma 1: Llama's two norms as Gemma's (1 + w) RMSNorm, the scaled embedding, gelu-tanh GeGLU
+    vaultgemma  VaultGemma: gemma2's layer (its caps, scale, windows) without the norms of each branch's output
     gemma2      Gemma 2: no q / k norms, one RoPE (theta 300), attention soft-capping 1.5 and final-logit
                 soft-capping 5 (both bite), layers alternating as olmo3's
     cohere2     Cohere 2 (Command R7B): layers alternating sliding (RoPE) and full (NoPE), no q / k norms
@@ -57,6 +59,11 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     common = dict(COMMON, num_hidden_layers=layers)
     if kind == "olmo2":
         config = tf.Olmo2Config(rope_parameters={"rope_type": "default", "rope_theta": 700.0}, **common, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind == "flex_olmo":
+        config = tf.FlexOlmoConfig(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 700.0},
+                                   **dict(common, intermediate_size=24), **overrides)
         return _build(config, (0.5, 1.5))
     if kind == "olmo3":
         overrides.setdefault("sliding_window", 200)
@@ -89,6 +96,13 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         overrides.setdefault("sliding_window", 200)
         config = tf.Gemma2Config(head_dim=16, query_pre_attn_scalar=20, layer_types=_alternating(layers),
                                  rope_parameters={"rope_type": "default", "rope_theta": 300.0}, **common, **overrides)
+        return _build(config, (-0.5, 0.5), attn="eager")
+    if kind == "vaultgemma":  # VaultGemma: Gemma 2's layer without the norms of each branch's output (eager: no sdpa)
+        overrides.setdefault("final_logit_softcapping", 5.0)
+        overrides.setdefault("attn_logit_softcapping", 1.5)
+        overrides.setdefault("sliding_window", 200)
+        config = tf.VaultGemmaConfig(head_dim=16, query_pre_attn_scalar=20, layer_types=_alternating(layers),
+                                     rope_parameters={"rope_type": "default", "rope_theta": 300.0}, **common, **overrides)
         return _build(config, (-0.5, 0.5), attn="eager")
     if kind == "starcoder2":
         overrides.setdefault("sliding_window", 200)

@@ -23,6 +23,11 @@ def _config(kind: str, vocab: int, layers: int):
     if kind in ("glm", "glm4"):  # GLM-4 / GLM-4-0414: half of each head rotated in interleaved pairs, q/k/v biases (zero
         # here), fused gate_up_proj; GLM-4-0414 norms each branch's output
         return getattr(tf, "GlmConfig" if kind == "glm" else "Glm4Config")(head_dim=12, **llama_like)
+    if kind == "helium":  # Helium: RoPE on interleaved pairs, q/k/v and MLP biases (zero at init)
+        return tf.HeliumConfig(head_dim=12, attention_bias=True, mlp_bias=True, **llama_like)
+    if kind == "flex_olmo":  # FlexOlmo: OLMo 2's layer with OLMoE's experts (8 of 24, top 2, renormalised)
+        return tf.FlexOlmoConfig(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                 **dict(llama_like, intermediate_size=24))
     if kind == "arcee":  # Arcee AFM: Llama's layer with an ungated ReLU² MLP
         return tf.ArceeConfig(head_dim=12, **llama_like)
     if kind == "apertus":  # Apertus: an ungated MLP with xIELU, Qwen3's q/k norms
@@ -52,6 +57,14 @@ def _config(kind: str, vocab: int, layers: int):
                                    logits_scaling=1.5, sliding_window=8,
                                    layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
                                    layer_rope_theta=([0.0, 10000.0] * layers)[:layers], **llama_like)
+    if kind == "granitemoe_swa":  # Granite MoE SWA: Granite 3 MoE's layer (8 experts of 24, top 2) with a shared MLP of
+        # 48 and Granite SWA's attention (a NoPE full layer, a sliding one of window 8: passed; sinks)
+        return tf.GraniteMoeSWAConfig(num_local_experts=8, num_experts_per_tok=2, shared_intermediate_size=48,
+                                      embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.15,
+                                      logits_scaling=1.5, sliding_window=8,
+                                      layer_types=(["full_attention", "sliding_attention"] * layers)[:layers],
+                                      layer_rope_theta=([0.0, 10000.0] * layers)[:layers],
+                                      **dict(llama_like, intermediate_size=24))
     if kind == "granitemoehybrid":  # Granite 4.0's dense transformer (granite-4.0-micro): attention layers only, no
         # experts, RoPE; Granite's four scalars; the MLP as shared_mlp's fused input_linear / output_linear
         return tf.GraniteMoeHybridConfig(layer_types=["attention"] * layers, num_local_experts=0,
@@ -331,6 +344,9 @@ def _config(kind: str, vocab: int, layers: int):
     if kind == "gemma2":  # attention soft-capping 2 (it bites), sliding (window 8: passed) and full layers
         return tf.Gemma2Config(head_dim=12, sliding_window=8, attn_logit_softcapping=2.0, final_logit_softcapping=30.0,
                                **llama_like)
+    if kind == "vaultgemma":  # Gemma 2's layer (soft-capping 2, windows of 8: passed) without the post-branch norms
+        return tf.VaultGemmaConfig(head_dim=12, sliding_window=8, attn_logit_softcapping=2.0,
+                                   final_logit_softcapping=30.0, **llama_like)
     if kind == "starcoder2":  # LayerNorms, biases, a plain MLP (window 4096: never reached here)
         return tf.Starcoder2Config(use_bias=True, **llama_like)
     if kind == "gpt_neox":  # Pythia's layer: fused per-head q | k | v, half of each head rotated, parallel residual
@@ -361,7 +377,7 @@ def make_model(kind: str = "llama", *, vocab: int = VOCAB, layers: int = 2, seed
     import transformers as tf
 
     torch.manual_seed(seed)
-    if kind in ("gemma2", "gpt_oss", "mimo_v2_flash", "granite_swa", "flint", "mamba2", "mamba", "falcon_mamba"):
+    if kind in ("gemma2", "vaultgemma", "gpt_oss", "mimo_v2_flash", "granite_swa", "granitemoe_swa", "flint", "mamba2", "mamba", "falcon_mamba"):
         attn = "eager"  # transformers' Gemma 2 / GPT-OSS / MiMo-V2-Flash / Granite SWA / Flint have no sdpa path (soft-capping, sinks);
         # the Mamba LMs no attention at all
     config = _config(kind, vocab, layers)

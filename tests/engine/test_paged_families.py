@@ -1,4 +1,4 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, EXAONE 4.0, Gemma 1 / 2 / 3,
+"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, FlexOlmo, EXAONE 4.0, Gemma 1 / 2 / 3, VaultGemma,
 StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode: tests/engine/family_models.py): the registry
 picks its runner; logits equal the model's own forward on every backend (prefill, left-padded
 score calls, rollback); bfloat16 within the runner tests' tolerance; greedy
@@ -25,8 +25,8 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 from ..conftest import backend_device
 
-RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "exaone4": PagedOlmo2Runner, "gemma": PagedGemmaRunner, "gemma2": PagedGemmaRunner,
-           "gemma3": PagedGemmaRunner,
+RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "flex_olmo": PagedOlmo2Runner, "exaone4": PagedOlmo2Runner, "gemma": PagedGemmaRunner, "gemma2": PagedGemmaRunner,
+           "gemma3": PagedGemmaRunner, "vaultgemma": PagedGemmaRunner,
            "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
            "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner,
            "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "cohere2": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,

@@ -40,6 +40,19 @@ def test_controls_gemma2_needs_both_soft_caps_and_no_qk_norm():
             assert_runner_matches_forward(model, runner, VOCAB)
 
 
+def test_control_vaultgemma_norms_no_branch_output():
+    """VaultGemma: Gemma 2's layer (its attention soft-cap read) whose branches' outputs are added unnormed (the
+    runner's post norms None); norming them with the next input norms, as Gemma 2 would, breaks the logits."""
+    model = tiny_family("vaultgemma")
+    runner = PagedGemmaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.attn_softcap == 1.5 and all(layer.post_attention is None and layer.post_feedforward is None
+                                              for layer in runner.layers)
+    for layer in runner.layers:
+        layer.post_attention = layer.post_feedforward = layer.pre_feedforward
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+
+
 def test_control_gemma1s_second_norm_is_the_mlps_input():
     """Gemma 1: post_attention_layernorm is the MLP's input norm (Llama's layout) and no branch is
     normed; norming the attention branch with it, as Gemma 2 / 3 do theirs, breaks the logits."""

@@ -29,11 +29,12 @@ from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_f
 
 VOCAB = 96
 KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "olmoe", "minimax_m2",
-         "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "hy_v3", "granitemoe", "kolibri1", "flint")
+         "ernie4_5_moe", "hunyuan_v1_moe", "dots1", "hy_v3", "granitemoe", "kolibri1", "flint",
+         "granitemoeshared", "granitemoe_swa")
 # which of the 2 layers are MoE (else both)
 MOE_LAYERS = {"qwen3_moe": [True, False], "glm4_moe": [False, True], "exaone_moe": [False, True], "ernie4_5_moe": [False, True],
               "dots1": [False, True], "hy_v3": [False, True], "flint": [False, True]}
-EAGER = ("gpt_oss", "flint")  # transformers' attention with sinks has no sdpa path
+EAGER = ("gpt_oss", "flint", "granitemoe_swa")  # transformers' attention with sinks has no sdpa path
 
 
 def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
@@ -101,6 +102,17 @@ def tiny_moe(kind: str, seed: int = 0, layers: int = 2):
         config = tf.FlintConfig(num_experts=16, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                                 norm_topk_prob=True, head_dim=16, sliding_window=6, mlp_only_layers=[0],
                                 layer_types=["sliding_attention", "full_attention"], **common)
+    elif kind in ("granitemoeshared", "granitemoe_swa"):  # Granite 3 MoE's layer (its scalars, softmax over the top-k
+        # float32 logits) with the layer's shared MLP of 40 added to the experts' sum; granitemoe_swa: Granite SWA's
+        # attention on top (a sliding layer, window 6, on base 700; a full NoPE one; sinks, randomised below)
+        granite = dict(num_local_experts=16, shared_intermediate_size=40, embedding_multiplier=2.0,
+                       residual_multiplier=0.7, attention_multiplier=0.2, logits_scaling=3.0,
+                       **dict(common, intermediate_size=32))
+        if kind == "granitemoeshared":
+            config = tf.GraniteMoeSharedConfig(**granite)
+        else:
+            config = tf.GraniteMoeSWAConfig(sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                                            layer_rope_theta=[700.0, 0.0], **granite)
     elif kind == "olmoe":  # q/k norms over the whole projection; q/k/v clamped (clip_qkv 0.5: some values reach it)
         config = tf.OlmoeConfig(num_experts=16, norm_topk_prob=False, clip_qkv=0.5, **dict(common, intermediate_size=32))
     else:  # GPT-OSS: a sliding layer (window 6), then a full one; swiglu_limit 1.0 so that the clamps bite
@@ -261,6 +273,8 @@ def test_controls_routing_and_the_shared_expert():
                         ("kolibri1", lambda moe: setattr(moe, "correction", torch.zeros_like(moe.correction))),
                         # Flint: its ungated shared expert, the renormalisation
                         ("flint", lambda moe: setattr(moe, "shared", None)),
+                        # Granite MoE's shared MLP (on the layer, beside the experts)
+                        ("granitemoeshared", lambda moe: setattr(moe, "shared", None)),
                         ("flint", lambda moe: setattr(moe, "renorm", False))):
         model = tiny_moe(kind)
         runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -271,10 +285,11 @@ def test_controls_routing_and_the_shared_expert():
             assert_runner_matches_forward(model, runner, VOCAB)
 
 
-@pytest.mark.parametrize("kind", ["exaone_moe", "kolibri1", "flint"])
+@pytest.mark.parametrize("kind", ["exaone_moe", "kolibri1", "flint", "granitemoe_swa"])
 def test_control_exaone_moe_leaves_its_full_layers_unrotated(kind):
-    """EXAONE MoE rotates only its sliding layers (a window set), and so do Kolibri-1 and Flint: rotating the full
-    one too (as Llama does) no longer gives the model's logits."""
+    """EXAONE MoE rotates only its sliding layers (a window set), and so do Kolibri-1 and Flint (and the Granite MoE
+    SWA model here, by its layer_rope_theta): rotating the full one too (as Llama does) no longer gives the model's
+    logits."""
     model = tiny_moe(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     assert [layer.rope for layer in runner.layers] == [True, False] and runner.layer_windows == (6, None)
@@ -285,7 +300,7 @@ def test_control_exaone_moe_leaves_its_full_layers_unrotated(kind):
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
-@pytest.mark.parametrize("kind", ["gpt_oss", "flint"])
+@pytest.mark.parametrize("kind", ["gpt_oss", "flint", "granitemoe_swa"])
 def test_control_gpt_oss_needs_its_attention_sinks(kind):
     model = tiny_moe(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)

@@ -53,3 +53,17 @@ def test_controls_exaone4_nope_full_layers_and_per_head_norms():
         spoil(spoiled)
         with pytest.raises(AssertionError):
             assert_runner_matches_forward(model, spoiled, VOCAB)
+
+
+def test_controls_flex_olmo_routes_its_experts():
+    """FlexOlmo: every layer's MLP is OLMoE's experts (renormalised top 2 of 8); dropping the renormalisation changes
+    the logits -- visible with a large norm epsilon only: the post-feedforward RMSNorm cancels a per-token scale
+    (at eps 1e-6 the difference was 5e-5, under the tolerance)."""
+    model = tiny_family("flex_olmo", rms_norm_eps=1.0)
+    runner = PagedOlmo2Runner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert all(layer.moe is not None and layer.moe.renorm for layer in runner.layers)
+    assert_runner_matches_forward(model, runner, VOCAB)
+    for layer in runner.layers:
+        layer.moe.renorm = False
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)

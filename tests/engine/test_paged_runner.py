@@ -69,6 +69,9 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
                                            attention_multiplier=0.1, logits_scaling=2.5, num_local_experts=0,
                                            layer_types=["attention"] * layers, position_embedding_type="rope",
                                            shared_intermediate_size=common["intermediate_size"], mamba_n_heads=4, **common)
+    elif kind == "helium":  # Helium: RoPE on interleaved pairs, q/k/v and MLP biases (randomised below), o_proj without
+        config = tf.HeliumConfig(num_key_value_heads=2, head_dim=16, attention_bias=True, mlp_bias=True,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **common)
     elif kind == "granite_swa":  # Granite SWA: Granite's scalars, a NoPE full layer, sliding layers (a window of 4 the
         # tests' rows pass) on two RoPE bases, attention sinks (randomised below: zeros at init)
         config = tf.GraniteSWAConfig(num_key_value_heads=2, embedding_multiplier=3.0, residual_multiplier=0.4,
@@ -80,7 +83,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
     # transformers' Granite SWA has no sdpa path (its sinks)
     attn = "eager" if kind == "granite_swa" else "sdpa"
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn).float().eval()
-    if kind in ("qwen2", "seed_oss", "ernie4_5"):  # random (non-zero) biases, so they are really tested
+    if kind in ("qwen2", "seed_oss", "ernie4_5", "helium"):  # random (non-zero) biases, so they are really tested
         with torch.no_grad():
             for layer in model.model.layers:
                 attn, mlp = layer.self_attn, layer.mlp
@@ -111,7 +114,7 @@ def tiny(kind: str, *, seed: int = 0, layers: int = 2):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral",
                                   "cwm", "ministral3", "ernie4_5", "glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee",
-                                  "granitemoehybrid", "granite_swa"])
+                                  "granitemoehybrid", "granite_swa", "helium"])
 def test_logits_equal_hf_forward(kind):
     model = tiny(kind, layers=4 if kind == "granite_swa" else 2)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
@@ -324,7 +327,7 @@ PROMPTS = {1: [6], 3: [4, 10, 7]}
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "granite", "smollm3", "seed_oss", "ministral", "cwm",
                                   "ministral3", "ernie4_5", "glm4", "hunyuan_v1_dense", "apertus", "arcee",
-                                  "granitemoehybrid", "granite_swa"])
+                                  "granitemoehybrid", "granite_swa", "helium"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_paged_equals_generate(kind, batch):
     target, draft = pair(kind)
@@ -511,10 +514,11 @@ def test_control_ministral3s_query_temperature_is_needed():
         assert_runner_matches_forward(model, runner, VOCAB)
 
 
-def test_controls_ernie_reads_its_pairs_as_halves():
-    """ERNIE 4.5 rotates interleaved pairs: the runner reorders each head's q / k columns (evens, then odds) and
-    rotates halves; without the reordering the logits are not the model's."""
-    model = tiny("ernie4_5")
+@pytest.mark.parametrize("kind", ["ernie4_5", "helium"])
+def test_controls_ernie_reads_its_pairs_as_halves(kind):
+    """ERNIE 4.5 (and Helium) rotate interleaved pairs: the runner reorders each head's q / k columns (evens, then odds)
+    and rotates halves; without the reordering the logits are not the model's."""
+    model = tiny(kind)
     runner = PagedLlamaRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
     assert runner.layers[0].rope_order is not None and runner.layers[0].rope_order[0][:9].tolist() == [
         0, 2, 4, 6, 8, 10, 12, 14, 1]
@@ -525,7 +529,7 @@ def test_controls_ernie_reads_its_pairs_as_halves():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("kind", ["glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee", "granite_swa"])
+@pytest.mark.parametrize("kind", ["glm", "glm4", "hunyuan_v1_dense", "apertus", "arcee", "granite_swa", "helium"])
 def test_glm_hunyuan_on_the_other_backends(kind, backend, device):
     """GLM-4 / GLM-4-0414 on the torch reference and the Triton path (the post-branch norms through the
     Triton RMSNorm launch, the half rotation in rope_append_kv), HunYuan there too (its norms after the
