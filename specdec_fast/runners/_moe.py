@@ -75,6 +75,10 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 "solar_open": ("sigmoid_groups", "norm_topk_prob", False, "swiglu"),
                 "olmoe": ("softmax_topk", "norm_topk_prob", True, "swiglu"),
                 "flex_olmo": ("softmax_topk", "norm_topk_prob", True, "swiglu"),  # FlexOlmo: OLMoE's router
+                # Cohere 2 MoE: the top k of the model-dtype logits, then softmax in float32 or (expert_selection_fn
+                # "sigmoid": ROUTING_BY_FIELD) their sigmoids over their sum where norm_topk_prob, cast to the model
+                # dtype; shared experts summed with the routed output or averaged (shared_expert_combination_strategy)
+                "cohere2_moe": ("topk_softmax_f32", "norm_topk_prob", True, "swiglu"),
                 "qwen3_next": ("softmax_topk", "norm_topk_prob", True, "swiglu"),  # Qwen2-MoE's gated shared expert
                 "qwen3_5_moe_text": ("softmax_topk", True, True, "swiglu"),  # Qwen3.5's: always renormalised
                 # MiniMax-M2: sigmoid scores of the model-dtype logits, the top k by score + correction bias (the
@@ -149,6 +153,8 @@ SIGMOID_TOPK_VARIANTS = {"afmoe": dict(sum_eps=1e-20, weight_scale="route_scale"
                          "flint": dict(fp32_logits=True, unbiased=True)}
 # The families whose shared_expert is added in full, without Qwen2-MoE's shared_expert_gate
 SHARED_WITHOUT_GATE = ("flint",)
+# The families whose config field chooses their routing: model_type -> (field, {value: routing kind})
+ROUTING_BY_FIELD = {"cohere2_moe": ("expert_selection_fn", {"softmax": "topk_softmax_f32", "sigmoid": "topk_sigmoid_sum"})}
 # The config field naming the experts' activation where it is not hidden_act
 ACT_FIELD = {"nemotron_h": "mlp_hidden_act"}
 # The families whose experts' activation is fixed by their code (their configs name none): LFM2-MoE's F.silu
@@ -266,6 +272,10 @@ def moe_reason(mlp, config) -> str | None:
     if (family[0] in BIASED_ROUTINGS and not variant.get("unbiased") and not isinstance(_correction(mlp), torch.Tensor)
             and (bias_field is None or getattr(config, bias_field))):
         return f"a {family[0]} router without its e_score_correction_bias"
+    if config.model_type in ROUTING_BY_FIELD:
+        field, kinds = ROUTING_BY_FIELD[config.model_type]
+        if getattr(config, field, None) not in kinds:
+            return f"{field} {getattr(config, field, None)!r} is not one of {tuple(kinds)}"
     if family[0] == "softmax_groups" and getattr(config, "topk_method", None) not in SOFTMAX_GROUP_METHODS:
         return f"topk_method {getattr(config, 'topk_method', None)!r} is not one of {SOFTMAX_GROUP_METHODS}"
     return None
@@ -321,6 +331,9 @@ class MoE:
         if layer is None and not isinstance(block, dict):  # HunYuan's gate knows its layer (moe_topk per layer)
             layer = getattr(getattr(block, "gate", None), "layer_idx", None)
         self.routing_kind, renorm, self.cast, self.layout = MOE_FAMILIES[config.model_type]
+        if config.model_type in ROUTING_BY_FIELD:
+            field, kinds = ROUTING_BY_FIELD[config.model_type]
+            self.routing_kind = kinds[getattr(config, field)]
         self.renorm = bool(getattr(config, renorm)) if isinstance(renorm, str) else renorm
         router = "gate" if "gate.weight" in params else "router"
         self.router, self.router_bias = params[f"{router}.weight"], params.get(f"{router}.bias")  # [E, H], [E] or None
@@ -346,6 +359,8 @@ class MoE:
         self.output_scale = float(getattr(config, output_scale)) if output_scale else None
         # Hy3: the routed and shared outputs summed in float32, then cast (its enable_moe_fp32_combine)
         self.fp32_combine = bool(getattr(config, "enable_moe_fp32_combine", False))
+        # Cohere 2 MoE's "average": (routed + shared) / 2
+        self.shared_average = getattr(config, "shared_expert_combination_strategy", "sum") == "average"
         if self.routing_kind == "sigmoid_groups":  # GLM-4.5 (DeepSeek-V3's routing): float32 throughout
             self.groups, self.top_groups = int(config.n_group), int(config.topk_group)
             self.routed_scale = float(config.routed_scaling_factor)
@@ -427,6 +442,11 @@ class MoE:
         if self.routing_kind == "topk_softmax_f32":  # Granite 4.0's GraniteMoeHybridTopKRouter, op for op
             top, chosen = torch.topk(logits.float(), self.top_k, dim=-1)
             return torch.softmax(top, dim=-1).type_as(h), chosen
+        if self.routing_kind == "topk_sigmoid_sum":  # Cohere 2 MoE's sigmoid router: the model dtype throughout
+            top, chosen = torch.topk(logits, self.top_k, dim=-1)
+            weights = torch.sigmoid(top)
+            weights = weights / weights.sum(dim=-1, keepdim=True) if self.renorm else weights
+            return weights.to(h.dtype), chosen
         top, chosen = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
         if self.renorm:
             top = top / top.sum(dim=-1, keepdim=True)
@@ -541,6 +561,7 @@ class MoE:
             shared = linear(inner, *down)
             shared = shared if gate_w is None else torch.sigmoid(F.linear(h, gate_w)) * shared
             out = (out.float() + shared.float()).to(h.dtype) if self.fp32_combine else out + shared
+            out = out / 2 if self.shared_average else out
         return out
 
     def mix(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, prefill: bool = False) -> torch.Tensor:

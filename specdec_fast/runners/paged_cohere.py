@@ -15,16 +15,24 @@ then model.norm and lm_head (tied). The math is transformers 5.24's CohereDecode
     logits = lm_head(norm(x)) * logit_scale
 Cohere 2 (modeling_cohere2.py) is that layer without q / k norms, with sliding_attention layers
 (their window, 4096, in the kernels) that rotate and full_attention layers that do not (NoPE).
+Cohere 2 MoE (cohere2_moe, 2026-12-01; not under TP) is Cohere 2's layer with a MoE block as the MLP (its dense
+prefix layers, full attention, rotated where prefix_dense_sliding_window_pattern is 1: force_rope), routed by
+softmax or sigmoid over the top-k logits (expert_selection_fn), its shared experts summed or averaged with the
+routed output (shared_expert_combination_strategy), and Llama's RMSNorm where the config sets rms_norm_eps.
 One path on every backend, as the GPT-2 runner: the attention and KV append through the kernels,
 the rest torch ops. Static RoPE types only. Tensor parallelism: runners/paged_cohere_tp.py.
 """
 import torch
 
-from ._layer_math import linear_params, norm_params
+from ._layer_math import linear_params, norm_params, rms_norm
 from ._linear import linear
+from ._moe import layers_moe_reason, moe_or_gated_mlp, moe_or_mlp
 from ._rotary import rope_tables_reason
 from .paged_base import PagedRunnerBase, decoder_reason
 from .paged_llama import projection_modules
+
+
+COHERE_TYPES = ("cohere", "cohere2", "cohere2_moe")
 
 
 def cohere_layer_norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -47,8 +55,9 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 def cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
     """Why PagedCohereRunner cannot run ``model`` with rows of up to max_tokens_per_row tokens and
     kernel ``backend``, or None when it can."""
-    return (decoder_reason(model, ("cohere", "cohere2"), "model.layers", "a CohereForCausalLM or Cohere2ForCausalLM",
+    return (decoder_reason(model, COHERE_TYPES, "model.layers", "a CohereForCausalLM or Cohere2ForCausalLM",
                            projection_modules)
+            or layers_moe_reason([layer.mlp for layer in model.model.layers], model.config)
             or rope_tables_reason(model, max_tokens_per_row, backend))
 
 
@@ -56,7 +65,7 @@ class _CohereLayer:
     """One CohereDecoderLayer's or Cohere2DecoderLayer's parameters (references to the model's
     tensors, not copies); rope: whether the layer rotates (Cohere 2's full-attention layers do not)."""
 
-    def __init__(self, layer, rope: bool):
+    def __init__(self, layer, rope: bool, config, kernels: str):
         attn, mlp = layer.self_attn, layer.mlp
         self.rope = rope
         self.norm = norm_params(layer.input_layernorm)
@@ -64,8 +73,9 @@ class _CohereLayer:
         qk_norm = getattr(attn, "use_qk_norm", False)  # Cohere 2 has none
         self.q_norm = norm_params(getattr(attn, "q_norm", None)) if qk_norm else None
         self.k_norm = norm_params(getattr(attn, "k_norm", None)) if qk_norm else None
-        self.gate, self.up, self.down = linear_params(mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        self.act = mlp.act_fn
+        # Cohere 2 MoE's MoE block, or the gated MLP's (weight, bias) pairs and act_fn
+        self.moe, dense, self.act = moe_or_gated_mlp(mlp, config, kernels)
+        self.gate, self.up, self.down = dense or (None, None, None)
 
 
 class PagedCohereRunner(PagedRunnerBase):
@@ -74,14 +84,19 @@ class PagedCohereRunner(PagedRunnerBase):
 
     unsupported_reason = staticmethod(cohere_unsupported_reason)
 
+    rms = False  # whether the norms are Llama's RMSNorm (Cohere 2 MoE where rms_norm_eps is set), not Cohere's LayerNorm
+
     def _bind(self, model) -> None:
         config, inner = model.config, model.model
         self.embed = inner.embed_tokens.weight
-        if config.model_type == "cohere2":  # Cohere2Attention rotates only where it slides (5.24: `if self.sliding_window`)
-            rotates = [kind == "sliding_attention" for kind in config.layer_types]
+        if config.model_type != "cohere":  # Cohere2Attention rotates only where it slides (5.24: `if self.sliding_window`);
+            # Cohere 2 MoE's also where force_rope (its dense prefix layers with prefix_dense_sliding_window_pattern 1)
+            rotates = [kind == "sliding_attention" or bool(getattr(layer.self_attn, "force_rope", False))
+                       for kind, layer in zip(config.layer_types, inner.layers)]
         else:
             rotates = [True] * len(inner.layers)
-        self.layers = [_CohereLayer(layer, rope) for layer, rope in zip(inner.layers, rotates)]
+        self.rms = config.model_type == "cohere2_moe" and getattr(config, "rms_norm_eps", None) is not None
+        self.layers = [_CohereLayer(layer, rope, config, self.kernels) for layer, rope in zip(inner.layers, rotates)]
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.logit_scale = config.logit_scale
@@ -104,7 +119,7 @@ class PagedCohereRunner(PagedRunnerBase):
         x = self._embed(flat)
         self._keep(0, x)
         for i, layer in enumerate(self.layers):
-            h = cohere_layer_norm(x, layer.norm)
+            h = self._norm(x, layer.norm)
             q, k = linear(h, *layer.q).view(total, heads, dim), linear(h, *layer.k).view(total, kv_heads, dim)
             if layer.q_norm is not None:
                 q, k = cohere_layer_norm(q, layer.q_norm), cohere_layer_norm(k, layer.k_norm)
@@ -112,12 +127,16 @@ class PagedCohereRunner(PagedRunnerBase):
                 q, k = rotate_interleaved(q, cos, sin), rotate_interleaved(k, cos, sin)
             o = self._attend(i, q, k, linear(h, *layer.v).view(total, kv_heads, dim), attn_lens, cu, n, self.scale)
             x = self._parallel_add(x, linear(o.reshape(total, heads * dim), *layer.o),
-                                   linear(layer.act(linear(h, *layer.gate)) * linear(h, *layer.up), *layer.down))
+                                   moe_or_mlp(layer, h, self._prefilling))
             if i + 1 < len(self.layers):
                 self._keep(i + 1, x)
-        out = cohere_layer_norm(x, self.final_norm)
+        out = self._norm(x, self.final_norm)
         self._keep(len(self.layers), out)
         return out
+
+    def _norm(self, x: torch.Tensor, norm) -> torch.Tensor:
+        """The family's norm of x: Cohere's LayerNorm, or Llama's RMSNorm (rms)."""
+        return rms_norm(x, *norm, False) if self.rms else cohere_layer_norm(x, norm)
 
     def _parallel_add(self, x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor) -> torch.Tensor:
         """The stream after a layer whose attention and MLP both read one norm of x (the tensor-

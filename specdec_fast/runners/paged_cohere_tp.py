@@ -24,6 +24,8 @@ class _TPCohereLayer:
     """One layer's shards (the attribute names of paged_cohere._CohereLayer); o and down carry
     their bias on rank 0 only (added once to the sum)."""
 
+    moe = None  # (Cohere 2 MoE's experts: no TP runner yet, refused by name)
+
     def __init__(self, shards: dict, prefix: str, config, first_rank: bool, rope: bool):
         from transformers.activations import ACT2FN
 

@@ -22,6 +22,8 @@ class _TPStarcoder2Layer:
     """One layer's shards (the attribute names of paged_starcoder2._Starcoder2Layer); o_proj's and c_proj's
     biases on rank 0 only."""
 
+    gate = q_norm = k_norm = None  # StarCoder2's MLP is ungated, its heads unnormed (Nemotron / StableLM: no TP yet)
+
     def __init__(self, shards: dict, prefix: str, config, first_rank: bool):
         from transformers.activations import ACT2FN
 

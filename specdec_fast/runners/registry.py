@@ -80,10 +80,13 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     # KV-sharing layers, per-layer inputs, a MoE block beside the MLP
     **{model_type: PagedGemma4Runner for model_type in GEMMA4_MODEL_TYPES},
     "starcoder2": PagedStarcoder2Runner,
+    "nemotron": PagedStarcoder2Runner,  # Nemotron-4 / Minitron: LayerNorm1P, an ungated relu^2 MLP, a partial RoPE
+    "stablelm": PagedStarcoder2Runner,  # StableLM 2: a gated MLP, per-head q / k LayerNorms, a parallel residual option
     "gpt_neox": PagedGPTNeoXRunner,  # Pythia, GPT-NeoX-20B, RedPajama-INCITE, ...
     "opt": PagedOPTRunner,
     "cohere": PagedCohereRunner,  # Command R / R+, Aya 23, Aya Expanse
     "cohere2": PagedCohereRunner,  # Command R7B, Command A: sliding RoPE layers, full NoPE ones
+    "cohere2_moe": PagedCohereRunner,  # Cohere 2 MoE: Cohere 2's layer with experts, force_rope on the dense prefix
     "gpt_bigcode": PagedGPTBigCodeRunner,  # StarCoder 1, SantaCoder, WizardCoder
     "gpt2": PagedGPT2Runner,
     # multi-head latent attention, a latent cache entry per token: DeepSeek-V2 / V3 / R1, GLM-4.7-Flash; DeepSeek-V3.2

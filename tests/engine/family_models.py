@@ -44,11 +44,16 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
                 sliding (RoPE) and full (NoPE)
     (olmo3, exaone4, gemma2, gemma3, starcoder2 and cohere2 take sliding_window=W: rows past a small one slide)
     starcoder2  LayerNorms with biases, biases on every projection, a plain gelu MLP, window 200
+    nemotron    Nemotron-4: LayerNorm1P (w + 1), biases, an ungated relu^2 MLP, half of each head rotated
+    stablelm    StableLM 2: per-head q / k LayerNorms, q/k/v biases, a SwiGLU MLP, a quarter of each head rotated, the
+                parallel residual from one norm; stablelm_sequential: the sequential one
     gpt_neox    Pythia's layer: one query_key_value (each head's q | k | v), half of each head
                 rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
                 the sequential residual
     opt         learned positions (offset 2), pre-LN, biases everywhere; opt_post_norm: OPT-350M's
                 post-LN layers with project_in / project_out (48 wide embeddings)
+    cohere2_moe Cohere 2 MoE: a dense prefix layer rotated (force_rope), then experts on a sliding and a full layer;
+                softmax routing, the shared expert averaged; cohere2_moe_sigmoid: sigmoid routing, summed, RMSNorm
     cohere      mean-centred LayerNorms, interleaved RoPE, parallel branches from one norm,
                 logit_scale 0.3; cohere_qk_norm: Command R+'s per-head q / k LayerNorms
     gpt_bigcode StarCoder 1's blocks: multi-query attention from one c_attn, learned positions;
@@ -108,6 +113,17 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         overrides.setdefault("sliding_window", 200)
         config = tf.Starcoder2Config(use_bias=True, rope_theta=600.0, **common, **overrides)
         return _build(config, (0.5, 1.5))
+    if kind == "nemotron":  # LayerNorm1P (weights around 0 and biases randomised: the + 1 is tested), biases on every
+        # projection, an ungated relu^2 MLP, half of each head rotated
+        config = tf.NemotronConfig(head_dim=16, attention_bias=True, mlp_bias=True, rope_parameters={
+            "rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}, **common, **overrides)
+        return _build(config, (-0.5, 0.5))
+    if kind in ("stablelm", "stablelm_sequential"):  # per-head q / k LayerNorms (weights randomised), q/k/v biases, a
+        # quarter of each head rotated; the parallel residual (stablelm) or the sequential one with its second norm
+        config = tf.StableLmConfig(use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=kind == "stablelm",
+                                   rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                    "partial_rotary_factor": 0.25}, **common, **overrides)
+        return _build(config, (0.5, 1.5))
     if kind in ("gpt_neox", "gpt_neox_sequential"):
         neox = {k: v for k, v in common.items() if k not in ("num_key_value_heads", "intermediate_size")}
         config = tf.GPTNeoXConfig(intermediate_size=128, use_parallel_residual=kind == "gpt_neox",
@@ -124,6 +140,19 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         overrides.setdefault("sliding_window", 200)
         config = tf.Cohere2Config(logit_scale=0.3, layer_types=_alternating(layers), rope_theta=500.0, **common,
                                   **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind in ("cohere2_moe", "cohere2_moe_sigmoid"):  # Cohere 2 MoE of 3 layers: a dense prefix layer (MLP of 80,
+        # full attention rotated: force_rope), then sparse ones (8 experts of 24, top 2, a shared expert of 24) on a
+        # sliding layer and a full NoPE one; softmax routing with the shared output averaged (cohere2_moe), or sigmoid
+        # routing renormalised, summed, and Llama's RMSNorm (cohere2_moe_sigmoid)
+        sigmoid = kind == "cohere2_moe_sigmoid"
+        overrides.setdefault("sliding_window", 200)
+        config = tf.Cohere2MoeConfig(logit_scale=0.3, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+                                     prefix_dense_intermediate_size=80, first_k_dense_replace=1, sliding_window_pattern=2,
+                                     expert_selection_fn="sigmoid" if sigmoid else "softmax",
+                                     shared_expert_combination_strategy="sum" if sigmoid else "average",
+                                     rms_norm_eps=1e-5 if sigmoid else None, rope_theta=500.0,
+                                     **dict(common, num_hidden_layers=3, intermediate_size=24), **overrides)
         return _build(config, (0.5, 1.5))
     if kind in ("cohere", "cohere_qk_norm"):
         config = tf.CohereConfig(logit_scale=0.3, use_qk_norm=kind == "cohere_qk_norm", rope_theta=500.0, **common,

@@ -349,6 +349,14 @@ def _config(kind: str, vocab: int, layers: int):
                                    final_logit_softcapping=30.0, **llama_like)
     if kind == "starcoder2":  # LayerNorms, biases, a plain MLP (window 4096: never reached here)
         return tf.Starcoder2Config(use_bias=True, **llama_like)
+    if kind == "nemotron":  # Nemotron-4: LayerNorm1P, an ungated relu^2 MLP, half of each head rotated, biases (zero)
+        return tf.NemotronConfig(head_dim=12, attention_bias=True, mlp_bias=True, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, **llama_like)
+    if kind == "stablelm":  # StableLM 2: per-head q / k LayerNorms, the parallel residual, a quarter of each head rotated
+        # (head_dim 12: 3 dims would be odd; 16 with 3 heads of the 48)
+        return tf.StableLmConfig(use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=True,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+                                 **dict(llama_like, num_attention_heads=3, num_key_value_heads=3))
     if kind == "gpt_neox":  # Pythia's layer: fused per-head q | k | v, half of each head rotated, parallel residual
         rope = {"rope_type": "default", "rope_theta": 400.0, "partial_rotary_factor": 0.5}
         return tf.GPTNeoXConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
@@ -366,6 +374,13 @@ def _config(kind: str, vocab: int, layers: int):
         return tf.CohereConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                                num_key_value_heads=2, max_position_embeddings=256, logit_scale=0.5,
                                use_qk_norm=kind == "cohere_qk", **common)
+    if kind == "cohere2_moe":  # Cohere 2 MoE: a dense prefix layer (full, rotated), then 8 experts of 24 (top 2, softmax)
+        # with a shared expert averaged in, on a sliding layer (window 8: passed) and a full NoPE one
+        return tf.Cohere2MoeConfig(hidden_size=48, intermediate_size=24, num_hidden_layers=max(layers, 3),
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   logit_scale=0.5, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+                                   prefix_dense_intermediate_size=96, first_k_dense_replace=1, sliding_window_pattern=2,
+                                   sliding_window=8, **common)
     if kind == "gpt_bigcode":  # StarCoder 1's blocks: multi-query attention, learned positions
         return tf.GPTBigCodeConfig(n_embd=48, n_layer=layers, n_head=4, n_positions=256, multi_query=True, **common)
     raise ValueError(kind)

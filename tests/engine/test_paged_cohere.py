@@ -32,3 +32,27 @@ def test_control_cohere2s_full_layers_do_not_rotate():
         layer.rope = True
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_controls_cohere2_moe():
+    """Cohere 2 MoE: its dense prefix layer rotates (force_rope) though full, its sparse full layer does not; the
+    averaged shared expert, the sigmoid routing's renormalisation and the RMSNorm are each needed."""
+    model = tiny_family("cohere2_moe")
+    runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert [layer.rope for layer in runner.layers] == [True, True, False]
+    assert [layer.moe is not None for layer in runner.layers] == [False, True, True] and not runner.rms
+    for spoil in (lambda r: setattr(r.layers[0], "rope", False),
+                  lambda r: [setattr(layer.moe, "shared_average", False) for layer in r.layers[1:]]):
+        runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+        spoil(runner)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner, VOCAB)
+    model = tiny_family("cohere2_moe_sigmoid")
+    runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    assert runner.rms and runner.layers[1].moe.routing_kind == "topk_sigmoid_sum"
+    for spoil in (lambda r: setattr(r, "rms", False),
+                  lambda r: [setattr(layer.moe, "renorm", False) for layer in r.layers[1:]]):
+        runner = paged_cohere.PagedCohereRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+        spoil(runner)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner, VOCAB)

@@ -1,5 +1,5 @@
 """The checks every family with a paged runner of its own passes (OLMo 2 / 3, FlexOlmo, EXAONE 4.0, Gemma 1 / 2 / 3, VaultGemma,
-StarCoder2, GPT-NeoX, OPT, Cohere, GPT-BigCode: tests/engine/family_models.py): the registry
+StarCoder2, Nemotron, StableLM, GPT-NeoX, OPT, Cohere 1 / 2 / 2 MoE, GPT-BigCode: tests/engine/family_models.py): the registry
 picks its runner; logits equal the model's own forward on every backend (prefill, left-padded
 score calls, rollback); bfloat16 within the runner tests' tolerance; greedy
 generate(runner="paged") equals model.generate token for token with a draft model, prompt lookup
@@ -27,9 +27,11 @@ from ..conftest import backend_device
 
 RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "flex_olmo": PagedOlmo2Runner, "exaone4": PagedOlmo2Runner, "gemma": PagedGemmaRunner, "gemma2": PagedGemmaRunner,
            "gemma3": PagedGemmaRunner, "vaultgemma": PagedGemmaRunner,
-           "starcoder2": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
+           "starcoder2": PagedStarcoder2Runner, "nemotron": PagedStarcoder2Runner, "stablelm": PagedStarcoder2Runner,
+           "stablelm_sequential": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,
            "gpt_neox_sequential": PagedGPTNeoXRunner, "opt": PagedOPTRunner, "opt_post_norm": PagedOPTRunner,
-           "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "cohere2": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,
+           "cohere": PagedCohereRunner, "cohere_qk_norm": PagedCohereRunner, "cohere2": PagedCohereRunner,
+           "cohere2_moe": PagedCohereRunner, "cohere2_moe_sigmoid": PagedCohereRunner, "gpt_bigcode": PagedGPTBigCodeRunner,
            "gpt_bigcode_mha": PagedGPTBigCodeRunner}
 WINDOWED = ("olmo3", "exaone4", "gemma2", "gemma3", "starcoder2", "cohere2")  # sliding layers (family_models: sliding_window=W)
 SMALL_WINDOW = 4  # the rows of assert_runner_matches_forward reach 17 tokens, generate's 36
