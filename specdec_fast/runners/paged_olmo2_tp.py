@@ -1,4 +1,4 @@
-"""TPPagedOlmo2Runner: an OLMo 2, OLMo 3 or EXAONE 4.0 model (sharded_model.TP_OLMO_TYPES) sharded over the
+"""TPPagedOlmo2Runner: an OLMo 2, OLMo 3, EXAONE 4.0 or FlexOlmo model (sharded_model.TP_OLMO_TYPES) sharded over the
 ranks of a process group (docs/architecture.md §10).
 
 The layout is the Llama families' (runners/sharding.py): q / k / v and gate / up by this rank's heads and
@@ -8,7 +8,8 @@ rank's slice (one all-reduce of [T, 1] float32 sums per norm), then olmo_rms_nor
 multiplied in float32 before the cast). Each branch's output is normed before it is added, so its partials
 are summed first (the all-reduce), then normed, then added on every rank. OLMo 3's RoPE per layer type
 comes from ShardedCausalLM.rope_tables. EXAONE 4's q/k norms weigh each head ([D]): whole on every rank, per
-head, no collective. The math is PagedOlmo2Runner's over this rank's shards.
+head, no collective. FlexOlmo's experts are each split by their width, the router whole on every rank
+(runners/sharding_moe.py). The math is PagedOlmo2Runner's over this rank's shards.
 """
 import torch
 
@@ -16,6 +17,7 @@ from .paged_llama_tp import TensorParallelRunner, unbiased_shard_reason
 from .paged_llama import rotates
 from .paged_olmo2 import LLAMA_PIECES, PagedOlmo2Runner
 from .sharded_model import TP_OLMO_TYPES
+from .sharding_moe import layer_mlp
 
 
 def tp_olmo2_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -28,11 +30,7 @@ class _TPOlmo2Layer:
     """One layer's shards (the attribute names of paged_olmo2._Olmo2Layer): q_norm / k_norm this rank's slice of
     the whole-projection weights (EXAONE 4's per-head ones: whole)."""
 
-    moe = None  # (FlexOlmo's experts: no TP runner yet, refused by name)
-
-    def __init__(self, shards: dict, prefix: str, config, index: int):
-        from transformers.activations import ACT2FN
-
+    def __init__(self, shards: dict, prefix: str, config, index: int, first_rank: bool, kernels: str):
         def get(name):
             return shards.get(prefix + name)
 
@@ -41,8 +39,9 @@ class _TPOlmo2Layer:
         self.q_norm, self.k_norm = (get("self_attn.q_norm.weight"), eps), (get("self_attn.k_norm.weight"), eps)
         self.post_attention = (get("post_attention_layernorm.weight"), eps)
         self.post_feedforward = (get("post_feedforward_layernorm.weight"), eps)
-        self.gate, self.up, self.down = ((get(f"mlp.{p}_proj.weight"), None) for p in ("gate", "up", "down"))
-        self.act = ACT2FN[config.hidden_act]
+        # FlexOlmo's experts (each split by its width, the router whole), or the dense MLP's columns / rows
+        self.moe, mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
+        self.gate, self.up, self.down = mlp or (None, None, None)
         self.rope = rotates(config, index)  # EXAONE 4's full layers: NoPE
 
 
@@ -56,7 +55,8 @@ class TPPagedOlmo2Runner(TensorParallelRunner, PagedOlmo2Runner):
         config, shards = model.config, model.shards
         self._bind_shard(model)
         self.llama_pieces = config.model_type in LLAMA_PIECES  # EXAONE 4's per-head q/k norms: whole on every rank
-        self.layers = [_TPOlmo2Layer(shards, f"model.layers.{i}.", config, i) for i in range(config.num_hidden_layers)]
+        self.layers = [_TPOlmo2Layer(shards, f"model.layers.{i}.", config, i, self.first_rank, self.kernels)
+                       for i in range(config.num_hidden_layers)]
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
         self.lm_head = shards["lm_head.weight"]
         self.rope_tables = {key: (inv_freq.to(device=self.device), scaling)

@@ -74,7 +74,7 @@ TP_HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 TP_GEMMA_TYPES = ("gemma", "gemma2", "gemma3_text", "vaultgemma")
 # OLMo 2 / 3 (runners/paged_olmo2_tp.py): q/k norms over the whole projection (statistics over every rank's
 # slice), each branch's partials summed before its norm; OLMo 3's RoPE per layer type
-TP_OLMO_TYPES = ("olmo2", "olmo3", "exaone4")  # EXAONE 4.0: OLMo 2's layer with per-head q/k norms (whole on each rank)
+TP_OLMO_TYPES = ("olmo2", "olmo3", "exaone4", "flex_olmo")  # EXAONE 4.0: OLMo 2's layer with per-head q/k norms (whole on each rank)
 # Llama 4 (runners/paged_llama4_tp.py): the Llama layout under its own names (sharding.layout_name), every
 # expert and the shared one by their width; a multimodal checkpoint's text decoder (TEXT_DECODER_OF)
 TP_LLAMA4_TYPES = ("llama4_text",)

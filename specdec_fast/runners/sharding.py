@@ -83,7 +83,7 @@ from .sharding_moe import gather_experts, moe_sizes, moe_slice_of
 
 # Families whose q_norm / k_norm weigh the whole projection ([Hq D], [Hkv D]): split as q / k rows are, the
 # statistics taken over every rank's slice (paged_llama_tp.TensorParallelRunner._projection_norm)
-WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2", "olmo2", "olmo3", "olmo_hybrid")
+WHOLE_PROJECTION_NORMS = ("olmoe", "minimax_m2", "olmo2", "olmo3", "olmo_hybrid", "flex_olmo")
 # The hybrid families whose attention q_proj holds each head's [q | gate] rows (Qwen3-Next's gated attention; OLMo
 # Hybrid's attention is OLMo 3's, q alone)
 QUERY_GATED_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")

@@ -89,7 +89,7 @@ def test_shards_tile_every_tensor(kind, world):
 
 
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "llama4_text",
-             "hunyuan_v1_moe", "hy_v3", "afmoe", "granitemoe", "kolibri1", "flint")
+             "hunyuan_v1_moe", "hy_v3", "afmoe", "granitemoe", "kolibri1", "flint", "flex_olmo")
 
 
 def _moe_partials(model, shards_per_rank, layer: int, h, triton=False):

@@ -38,7 +38,8 @@ PROJECTION_NORM_KINDS = ("olmoe", "minimax_m2")
 INTERLEAVED_KINDS = ("ernie4_5", "ernie4_5_moe", "helium")  # each rank reorders its heads' q / k columns; the LM head's bias by rows
 # OLMo 2 / 3: whole-projection q/k norms (OLMo's op order), each branch's partials summed before its norm; OLMo 3's
 # RoPE per layer type
-OLMO_KINDS = ("olmo2", "olmo3", "exaone4")  # EXAONE 4.0: OLMo 2's layer, per-head q/k norms whole on each rank
+# EXAONE 4.0: OLMo 2's layer, per-head q/k norms whole on each rank; FlexOlmo: OLMo 2's layer with OLMoE's experts
+OLMO_KINDS = ("olmo2", "olmo3", "exaone4", "flex_olmo")
 # Llama 4: chunked RoPE layers (chunks of 6, crossed), the weightless q/k norm on each rank's heads, interleaved pairs
 # reordered per rank, top-1 experts whose input the router scales (every rank's slice alike) and a shared expert
 LLAMA4_KINDS = ("llama4_text",)
