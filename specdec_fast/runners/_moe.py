@@ -134,7 +134,7 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # over their sum + 1e-6 where norm_topk_prob, times routed_scaling_factor
                 "lfm2_moe": ("sigmoid_topk", "norm_topk_prob", True, "swiglu"),
                 # Kolibri-1: the top k by float32 logit + the block's correction bias (not by score), the chosen
-                # logits' sigmoids over their sum where norm_topk_prob (float32); ungated-sum shared experts
+                # logits' sigmoids over their sum where norm_topk_prob (float32); shared experts added in full
                 "kolibri1": ("sigmoid_topk", "norm_topk_prob", False, "swiglu"),
                 # Flint: the top k of the float32 logits' sigmoids with no correction bias, over their sum where
                 # norm_topk_prob (float32); a shared expert added without a gate (SHARED_WITHOUT_GATE)

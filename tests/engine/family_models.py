@@ -30,6 +30,7 @@ def _build(config, norm_range=None, attn="sdpa"):
 def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     """A random fp32 model of ``kind``:
     olmo2       q / k norms over the whole projection, norms after each branch
+    olmo        OLMo 1: weightless float32 LayerNorms, q/k/v biases, q / k / v clamped (clip_qkv 1.5)
     flex_olmo   FlexOlmo: olmo2's layer with OLMoE's experts as its MLP (8 of 24, top 2, renormalised)
     olmo3       the same, layers alternating sliding (window 200: the tests' rows stay inside) and
                 full attention, each with its RoPE (default, theta 500 / linear x2, theta 900)
@@ -65,6 +66,11 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     if kind == "olmo2":
         config = tf.Olmo2Config(rope_parameters={"rope_type": "default", "rope_theta": 700.0}, **common, **overrides)
         return _build(config, (0.5, 1.5))
+    if kind == "olmo":  # OLMo 1: weightless LayerNorms, q/k/v biases (randomised), q / k / v clamped to 1.5 (some reach it)
+        overrides.setdefault("clip_qkv", 1.5)
+        config = tf.OlmoConfig(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 700.0},
+                               **common, **overrides)
+        return _build(config, None)
     if kind == "flex_olmo":
         config = tf.FlexOlmoConfig(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
                                    rope_parameters={"rope_type": "default", "rope_theta": 700.0},

@@ -25,6 +25,8 @@ def _config(kind: str, vocab: int, layers: int):
         return getattr(tf, "GlmConfig" if kind == "glm" else "Glm4Config")(head_dim=12, **llama_like)
     if kind == "helium":  # Helium: RoPE on interleaved pairs, q/k/v and MLP biases (zero at init)
         return tf.HeliumConfig(head_dim=12, attention_bias=True, mlp_bias=True, **llama_like)
+    if kind == "olmo":  # OLMo 1: weightless LayerNorms, q / k / v clamped to 2 (some values reach it)
+        return tf.OlmoConfig(clip_qkv=2.0, **llama_like)
     if kind == "flex_olmo":  # FlexOlmo: OLMo 2's layer with OLMoE's experts (8 of 24, top 2, renormalised)
         return tf.FlexOlmoConfig(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
                                  **dict(llama_like, intermediate_size=24))

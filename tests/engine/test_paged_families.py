@@ -1,4 +1,4 @@
-"""The checks every family with a paged runner of its own passes (OLMo 2 / 3, FlexOlmo, EXAONE 4.0, Gemma 1 / 2 / 3, VaultGemma,
+"""The checks every family with a paged runner of its own passes (OLMo 1 / 2 / 3, FlexOlmo, EXAONE 4.0, Gemma 1 / 2 / 3, VaultGemma,
 StarCoder2, Nemotron, StableLM, GPT-NeoX, OPT, Cohere 1 / 2 / 2 MoE, GPT-BigCode: tests/engine/family_models.py): the registry
 picks its runner; logits equal the model's own forward on every backend (prefill, left-padded
 score calls, rollback); bfloat16 within the runner tests' tolerance; greedy
@@ -15,6 +15,7 @@ from specdec_fast.runners.paged_cohere import PagedCohereRunner
 from specdec_fast.runners.paged_gemma import PagedGemmaRunner
 from specdec_fast.runners.paged_gpt_bigcode import PagedGPTBigCodeRunner
 from specdec_fast.runners.paged_gpt_neox import PagedGPTNeoXRunner
+from specdec_fast.runners.paged_olmo import PagedOlmoRunner
 from specdec_fast.runners.paged_olmo2 import PagedOlmo2Runner
 from specdec_fast.runners.paged_opt import PagedOPTRunner
 from specdec_fast.runners.paged_starcoder2 import PagedStarcoder2Runner
@@ -25,7 +26,7 @@ from .models import left_padded_prompts, make_draft
 from .runner_checks import assert_bf16_close_to_forward, assert_runner_matches_forward
 from ..conftest import backend_device
 
-RUNNERS = {"olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "flex_olmo": PagedOlmo2Runner, "exaone4": PagedOlmo2Runner, "gemma": PagedGemmaRunner, "gemma2": PagedGemmaRunner,
+RUNNERS = {"olmo": PagedOlmoRunner, "olmo2": PagedOlmo2Runner, "olmo3": PagedOlmo2Runner, "flex_olmo": PagedOlmo2Runner, "exaone4": PagedOlmo2Runner, "gemma": PagedGemmaRunner, "gemma2": PagedGemmaRunner,
            "gemma3": PagedGemmaRunner, "vaultgemma": PagedGemmaRunner,
            "starcoder2": PagedStarcoder2Runner, "nemotron": PagedStarcoder2Runner, "stablelm": PagedStarcoder2Runner,
            "stablelm_sequential": PagedStarcoder2Runner, "gpt_neox": PagedGPTNeoXRunner,

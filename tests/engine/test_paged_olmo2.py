@@ -67,3 +67,25 @@ def test_controls_flex_olmo_routes_its_experts():
         layer.moe.renorm = False
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_controls_olmo1_clamps_its_projections_and_norms_without_weights():
+    """OLMo 1 (paged_olmo.py): q / k / v clamped to clip_qkv (1.5 here: some values reach it) before RoPE, and
+    weightless float32 LayerNorms; without the clamp, or with Llama's RMSNorm for its LayerNorm, the logits are not
+    the model's."""
+    from specdec_fast.runners import paged_olmo
+    from specdec_fast.runners._layer_math import rms_norm_reference
+
+    model = tiny_family("olmo")
+    runner = paged_olmo.PagedOlmoRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+    h = paged_olmo.olmo_layer_norm(model.model.embed_tokens.weight[:40])
+    q = torch.nn.functional.linear(h, *runner.layers[0].q)
+    assert runner.clip == 1.5 and 0 < (q.abs() > 1.5).float().mean() < 0.5
+    runner.clip = None
+    with pytest.raises(AssertionError):
+        assert_runner_matches_forward(model, runner, VOCAB)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(paged_olmo, "olmo_layer_norm", lambda x: rms_norm_reference(x, torch.ones_like(x[0]), 1e-5))
+        runner = paged_olmo.PagedOlmoRunner(model, max_new_tokens=8, num_draft_tokens=3, block_size=4)
+        with pytest.raises(AssertionError):
+            assert_runner_matches_forward(model, runner, VOCAB)
