@@ -61,6 +61,23 @@ def cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, back
             or rope_tables_reason(model, max_tokens_per_row, backend))
 
 
+def cohere_rotates(config) -> list:
+    """Whether each layer rotates: every Cohere 1 layer; Cohere 2's sliding layers (5.24: `if self.sliding_window`),
+    and Cohere 2 MoE's dense prefix layers where prefix_dense_sliding_window_pattern is 1 (its attention's
+    force_rope)."""
+    if config.model_type == "cohere":
+        return [True] * config.num_hidden_layers
+    dense = getattr(config, "mlp_layer_types", None) or ["sparse"] * config.num_hidden_layers
+    forced = [kind == "dense" and getattr(config, "prefix_dense_sliding_window_pattern", None) == 1 for kind in dense]
+    return [kind == "sliding_attention" or force for kind, force in zip(config.layer_types, forced)]
+
+
+def cohere_rms(config) -> bool:
+    """Whether the norms are Llama's RMSNorm (Cohere 2 MoE where the config sets rms_norm_eps), not Cohere's
+    LayerNorm; the eps is then rms_norm_eps, else layer_norm_eps."""
+    return config.model_type == "cohere2_moe" and getattr(config, "rms_norm_eps", None) is not None
+
+
 class _CohereLayer:
     """One CohereDecoderLayer's or Cohere2DecoderLayer's parameters (references to the model's
     tensors, not copies); rope: whether the layer rotates (Cohere 2's full-attention layers do not)."""
@@ -89,14 +106,9 @@ class PagedCohereRunner(PagedRunnerBase):
     def _bind(self, model) -> None:
         config, inner = model.config, model.model
         self.embed = inner.embed_tokens.weight
-        if config.model_type != "cohere":  # Cohere2Attention rotates only where it slides (5.24: `if self.sliding_window`);
-            # Cohere 2 MoE's also where force_rope (its dense prefix layers with prefix_dense_sliding_window_pattern 1)
-            rotates = [kind == "sliding_attention" or bool(getattr(layer.self_attn, "force_rope", False))
-                       for kind, layer in zip(config.layer_types, inner.layers)]
-        else:
-            rotates = [True] * len(inner.layers)
-        self.rms = config.model_type == "cohere2_moe" and getattr(config, "rms_norm_eps", None) is not None
-        self.layers = [_CohereLayer(layer, rope, config, self.kernels) for layer, rope in zip(inner.layers, rotates)]
+        self.rms = cohere_rms(config)
+        self.layers = [_CohereLayer(layer, rope, config, self.kernels)
+                       for layer, rope in zip(inner.layers, cohere_rotates(config))]
         self.final_norm = norm_params(inner.norm)
         self.lm_head = model.get_output_embeddings().weight
         self.logit_scale = config.logit_scale

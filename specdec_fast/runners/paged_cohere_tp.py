@@ -8,11 +8,14 @@ rows, the norms whole, Command R+'s per-head q / k norms by heads. The math is P
 construction, the vocabulary-parallel embedding, the gathered logits) is TensorParallelRunner's.
 A Cohere layer's attention and MLP both read one norm of x, so its two row-parallel partials
 are summed in ONE all-reduce a layer (rank 0's carrying the residual): L + 1 all-reduces of
-T x H values and one all-gather of the logits per forward, against the Llama runner's 2L + 1.
+T x H values and one all-gather of the logits per forward, against the Llama runner's 2L + 1. Cohere 2 MoE's
+experts are each split by their width, the router whole on every rank (runners/sharding_moe.py), its dense prefix
+layers' MLP by their own width (sharding.layer_dims_of).
 """
-from .paged_cohere import PagedCohereRunner
+from .paged_cohere import PagedCohereRunner, cohere_rms, cohere_rotates
 from .paged_llama_tp import TensorParallelRunner, sharded_reason
 from .sharded_model import TP_COHERE_TYPES
+from .sharding_moe import layer_mlp
 
 
 def tp_cohere_unsupported_reason(model, max_tokens_per_row: int | None = None, backend=None) -> str | None:
@@ -24,15 +27,11 @@ class _TPCohereLayer:
     """One layer's shards (the attribute names of paged_cohere._CohereLayer); o and down carry
     their bias on rank 0 only (added once to the sum)."""
 
-    moe = None  # (Cohere 2 MoE's experts: no TP runner yet, refused by name)
-
-    def __init__(self, shards: dict, prefix: str, config, first_rank: bool, rope: bool):
-        from transformers.activations import ACT2FN
-
+    def __init__(self, shards: dict, prefix: str, config, first_rank: bool, rope: bool, kernels: str):
         def get(name):
             return shards.get(prefix + name)
 
-        eps = config.layer_norm_eps
+        eps = config.rms_norm_eps if cohere_rms(config) else config.layer_norm_eps
         self.rope = rope
         self.norm = (get("input_layernorm.weight"), eps)
         self.q, self.k, self.v = ((get(f"self_attn.{p}_proj.weight"), get(f"self_attn.{p}_proj.bias")) for p in "qkv")
@@ -40,10 +39,10 @@ class _TPCohereLayer:
         q_norm, k_norm = get("self_attn.q_norm.weight"), get("self_attn.k_norm.weight")
         self.q_norm = None if q_norm is None else (q_norm, eps)  # this rank's heads' rows [Hq/N, D]
         self.k_norm = None if k_norm is None else (k_norm, eps)
-        self.gate = (get("mlp.gate_proj.weight"), get("mlp.gate_proj.bias"))
-        self.up = (get("mlp.up_proj.weight"), get("mlp.up_proj.bias"))
-        self.down = (get("mlp.down_proj.weight"), get("mlp.down_proj.bias") if first_rank else None)
-        self.act = ACT2FN[config.hidden_act]
+        # Cohere 2 MoE's experts (each split by its width, the router whole), or the dense MLP's columns / rows (down's
+        # bias on rank 0 only)
+        self.moe, mlp, self.act = layer_mlp(shards, prefix, first_rank, config, kernels)
+        self.gate, self.up, self.down = mlp or (None, None, None)
 
 
 class TPPagedCohereRunner(TensorParallelRunner, PagedCohereRunner):
@@ -55,13 +54,10 @@ class TPPagedCohereRunner(TensorParallelRunner, PagedCohereRunner):
     def _bind(self, model) -> None:
         config, shards = model.config, model.shards
         self._bind_shard(model)
-        if config.model_type == "cohere2":  # as PagedCohereRunner: only the sliding layers rotate
-            rotates = [kind == "sliding_attention" for kind in config.layer_types]
-        else:
-            rotates = [True] * config.num_hidden_layers
-        self.layers = [_TPCohereLayer(shards, f"model.layers.{i}.", config, self.first_rank, rope)
-                       for i, rope in enumerate(rotates)]
-        self.final_norm = (shards["model.norm.weight"], config.layer_norm_eps)
+        self.rms = cohere_rms(config)
+        self.layers = [_TPCohereLayer(shards, f"model.layers.{i}.", config, self.first_rank, rope, self.kernels)
+                       for i, rope in enumerate(cohere_rotates(config))]
+        self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps if self.rms else config.layer_norm_eps)
         self.lm_head = shards["lm_head.weight"]
         self.logit_scale = config.logit_scale
         self.inv_freq = model.inv_freq.to(device=self.device)

@@ -60,7 +60,7 @@ TP_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "cwm", "ministral", "min
                   "hy_v3")
 # Cohere (Command R / R+, Aya) and Cohere 2 (Command R7B, Command A): the same layout, their own
 # runner (runners/paged_cohere_tp.py); Command R+'s per-head q/k norms split by heads.
-TP_COHERE_TYPES = ("cohere", "cohere2")
+TP_COHERE_TYPES = ("cohere", "cohere2", "cohere2_moe")
 # Multi-head latent attention (runners/paged_mla_tp.py): heads split, the latent replicated; the MoE
 # experts by their width; DeepSeek-V3.2's and GLM-5's indexers whole on every rank.
 # (paged_mla.MLA_MODEL_TYPES: not imported here, below the runners.)

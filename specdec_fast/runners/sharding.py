@@ -609,7 +609,13 @@ def layer_dims_of(config) -> tuple | None:
     """Gemma 4's (gemma4_text, gemma4_unified_text) per-layer widths: each layer's (head_dim, KV heads, MLP width) -- its full layers' heads
     global_head_dim wide and num_global_key_value_heads of them where set, a KV-sharing layer's MLP twice as wide where
     use_double_wide_mlp (transformers' per_layer_config and Gemma4TextMLP) --; MiMo-V2-Flash's (its sliding layers'
-    KV heads twice the full ones': MiMoV2FlashAttention); None for every other family."""
+    KV heads twice the full ones': MiMoV2FlashAttention); Cohere 2 MoE's (its dense prefix layers'
+    prefix_dense_intermediate_size); None for every other family."""
+    if getattr(config, "model_type", None) == "cohere2_moe":  # its dense prefix layers' MLP width (None: intermediate)
+        dense = config.prefix_dense_intermediate_size or config.intermediate_size
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return tuple((int(head_dim), int(config.num_key_value_heads),
+                      int(dense if kind == "dense" else config.intermediate_size)) for kind in config.mlp_layer_types)
     if getattr(config, "model_type", None) == "mimo_v2_flash":
         return tuple((int(config.head_dim), int(config.num_key_value_heads) * (2 if kind == "sliding_attention" else 1),
                       int(config.intermediate_size)) for kind in config.layer_types)

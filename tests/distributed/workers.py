@@ -20,7 +20,8 @@ MAX_NEW = 10
 # row a head; MiMo-V2-Flash: each layer by its own KV heads, values narrower than keys split by their width, the
 # sliding layer's sinks by heads)
 MOE_KINDS = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "exaone_moe", "solar_open", "hunyuan_v1_moe",
-             "dots1", "hy_v3", "afmoe", "laguna", "mimo_v2_flash", "granitemoe", "kolibri1", "flint")
+             "dots1", "hy_v3", "afmoe", "laguna", "mimo_v2_flash", "granitemoe", "kolibri1", "flint",
+             "cohere2_moe")
 # latent attention: heads split, the latent replicated (paged_mla_tp.py); GLM-5's sparse attention (index_topk 8,
 # past which the battery's rows run) with its indexers whole on every rank
 MLA_KINDS = ("deepseek_v3", "deepseek_v2", "glm_moe_dsa", "youtu",  # Youtu-LLM: latent attention in dense layers
