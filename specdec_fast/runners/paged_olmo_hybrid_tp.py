@@ -47,13 +47,13 @@ class _TPDeltaNetLayer:
         self.act = ACT2FN[config.hidden_act]
 
 
-def _tp_layer(shards: dict, index: int, kind: str, config, plan):
+def _tp_layer(shards: dict, index: int, kind: str, config, plan, first_rank: bool, kernels: str):
     """Layer ``index``'s shards: a Gated DeltaNet layer's (_TPDeltaNetLayer), or an attention layer's as OLMo 3's
     (paged_olmo2_tp._TPOlmo2Layer: the same tensors and post-branch norms), its kind set."""
     prefix = f"model.layers.{index}."
     if kind == "linear_attention":
         return _TPDeltaNetLayer(shards, prefix, config, plan)
-    layer = _TPOlmo2Layer(shards, prefix, config, index)
+    layer = _TPOlmo2Layer(shards, prefix, config, index, first_rank, kernels)
     layer.kind = kind
     return layer
 
@@ -67,7 +67,7 @@ class TPPagedOlmoHybridRunner(TensorParallelRunner, PagedOlmoHybridRunner):
     def _bind(self, model) -> None:
         config, shards, plan = model.config, model.shards, model.plan
         self._bind_shard(model)
-        self.layers = [_tp_layer(shards, i, kind, config, plan)
+        self.layers = [_tp_layer(shards, i, kind, config, plan, self.first_rank, self.kernels)
                        for i, kind in enumerate(config.layer_types[:config.num_hidden_layers])]
         self._index_layers()
         self.final_norm = (shards["model.norm.weight"], config.rms_norm_eps)
