@@ -317,7 +317,7 @@ def family_cases(seed: int, iterations: int, triton: bool = False):
                           "llama4_text", "glm4", "exaone4", "hunyuan_v1_moe", "dots1", "apertus", "arcee",
                           "granitemoehybrid", "gemma4_text", "hy_v3", "glm_moe_dsa", "nemotron_h", "granite_h", "falcon_h1", "afmoe",
                           "laguna", "mimo_v2_flash", "olmo_hybrid", "lfm2", "lfm2_moe",
-                          "mamba2", "mamba", "falcon_mamba", "jamba", "minimax", "kimi_linear", "lfm3", "youtu", "granite_swa", "gemma4_unified_text", "axk1", "kolibri1", "flint", "vaultgemma", "granitemoe_swa", "helium", "olmo", "flex_olmo", "nemotron", "stablelm", "cohere2_moe",
+                          "mamba2", "mamba", "falcon_mamba", "jamba", "minimax", "kimi_linear", "lfm3", "youtu", "granite_swa", "gemma4_unified_text", "axk1", "kolibri1", "flint", "vaultgemma", "granitemoe_swa", "helium", "olmo", "flex_olmo", "nemotron", "stablelm", "cohere2_moe", "phimoe",
                           "granitemoe"])
         if kind not in pairs:  # MTP_KINDS: loaded from a checkpoint with its MTP layer (use_mtp below)
             model = glm_with_mtp(tempfile.mkdtemp(prefix=f"fuzz_{kind}_"), kind=MTP_KINDS[kind]) if kind in MTP_KINDS \

@@ -79,6 +79,10 @@ MOE_FAMILIES = {"mixtral": ("softmax_topk", True, False, "swiglu"),
                 # "sigmoid": ROUTING_BY_FIELD) their sigmoids over their sum where norm_topk_prob, cast to the model
                 # dtype; shared experts summed with the routed output or averaged (shared_expert_combination_strategy)
                 "cohere2_moe": ("topk_softmax_f32", "norm_topk_prob", True, "swiglu"),
+                # Phi-3.5-MoE: sparsemixer's eval path -- two experts, each the max of the model-dtype logits left
+                # after masking those more than 2 router_jitter_noise (relative) below it, weighed by its softmax
+                # over the survivors, the second with the first masked out (MoE._sparsemixer)
+                "phimoe": ("sparsemixer", False, True, "swiglu"),
                 "qwen3_next": ("softmax_topk", "norm_topk_prob", True, "swiglu"),  # Qwen2-MoE's gated shared expert
                 "qwen3_5_moe_text": ("softmax_topk", True, True, "swiglu"),  # Qwen3.5's: always renormalised
                 # MiniMax-M2: sigmoid scores of the model-dtype logits, the top k by score + correction bias (the
@@ -276,6 +280,8 @@ def moe_reason(mlp, config) -> str | None:
         field, kinds = ROUTING_BY_FIELD[config.model_type]
         if getattr(config, field, None) not in kinds:
             return f"{field} {getattr(config, field, None)!r} is not one of {tuple(kinds)}"
+    if family[0] == "sparsemixer" and getattr(config, "num_experts_per_tok", None) != 2:
+        return f"sparsemixer routing takes 2 experts a token (its code's), the config asks {config.num_experts_per_tok}"
     if family[0] == "softmax_groups" and getattr(config, "topk_method", None) not in SOFTMAX_GROUP_METHODS:
         return f"topk_method {getattr(config, 'topk_method', None)!r} is not one of {SOFTMAX_GROUP_METHODS}"
     return None
@@ -348,6 +354,8 @@ class MoE:
             self.correction = None if correction is None else correction.float()
         if self.routing_kind == "softmax_biased":
             self.norm_min = float(config.moe_norm_min)
+        if self.routing_kind == "sparsemixer":  # Phi-3.5-MoE
+            self.jitter_eps = float(config.router_jitter_noise)
         if self.routing_kind == "sigmoid_topk_scaled":  # Hy3
             self.routed_scale = float(config.router_scaling_factor)
         # SIGMOID_TOPK_VARIANTS' departures (None: none)
@@ -431,6 +439,8 @@ class MoE:
             return self._sigmoid_topk_scaled(h)
         if self.routing_kind == "softmax_biased":
             return self._softmax_biased(h)
+        if self.routing_kind == "sparsemixer":
+            return self._sparsemixer(h)
         # the router's dtype (HunYuan's may stay float32 under a bf16 model: transformers casts h to it)
         logits = F.linear(h if h.dtype == self.router.dtype else h.to(self.router.dtype), self.router, self.router_bias)
         if self.routing_kind == "topk_sigmoid":  # Llama 4's Llama4Router, op for op
@@ -502,6 +512,23 @@ class MoE:
         chosen = torch.topk(scores + self.correction, self.top_k, dim=-1, sorted=False)[1]
         weights = scores.gather(1, chosen)
         return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.routed_scale, chosen
+
+    def _sparsemixer(self, h: torch.Tensor):
+        """Phi-3.5-MoE's router (transformers' sparsemixer in eval mode, op for op): on the model-dtype logits s, the
+        first expert is argmax s, weighed by the softmax of s with every logit j masked out where (max s - s_j) /
+        max(|s_j|, max s) > 2 eps; the second is the argmax of s with the first masked, weighed the same way over
+        those remaining (the relative gaps still measured against the unmasked |s_j|). -> ([T, 2], [T, 2])."""
+        scores = F.linear(h, self.router)  # [T, E], the model dtype
+
+        def pick(candidates):
+            top, chosen = candidates.max(dim=-1, keepdim=True)
+            masked = candidates.masked_fill((top - scores) / scores.abs().clamp(min=top) > 2 * self.jitter_eps,
+                                            float("-inf"))
+            return torch.softmax(masked, dim=-1).gather(-1, chosen), chosen
+
+        first_weight, first = pick(scores)
+        second_weight, second = pick(torch.scatter(scores, -1, first, float("-inf")))
+        return torch.cat((first_weight, second_weight), dim=-1), torch.cat((first, second), dim=-1)
 
     def _softmax_biased(self, h: torch.Tensor):
         """ERNIE 4.5's router (transformers' Ernie4_5_MoeTopKRouter, op for op): softmax of float32 logits; the top k

@@ -43,6 +43,7 @@ from .paged_gated_attention import GATED_ATTENTION_TYPES, PagedGatedAttentionRun
 from .paged_gated_attention_tp import TPPagedGatedAttentionRunner
 from .paged_nemotron_h import NEMOTRON_H_TYPES, PagedNemotronHRunner
 from .paged_olmo import OLMO1_TYPES, PagedOlmoRunner
+from .paged_phimoe import PHIMOE_TYPES, PagedPhimoeRunner
 from .paged_olmo2 import PagedOlmo2Runner
 from .paged_olmo_hybrid import OLMO_HYBRID_TYPES, PagedOlmoHybridRunner
 from .paged_olmo_hybrid_tp import TPPagedOlmoHybridRunner
@@ -68,6 +69,7 @@ PAGED_RUNNERS: dict[str, type[PagedRunnerBase]] = {
     **{model_type: PagedLlamaRunner for model_type in LLAMA_MODEL_TYPES},
     # Llama 4 Scout / Maverick: the Llama loop with chunked attention layers, NoPE layers' temperature, top-1 MoE
     **{model_type: PagedLlama4Runner for model_type in LLAMA4_MODEL_TYPES},
+    **{model_type: PagedPhimoeRunner for model_type in PHIMOE_TYPES},  # Phi-3.5-MoE: LayerNorms, sparsemixer routing
     **{model_type: PagedOlmoRunner for model_type in OLMO1_TYPES},  # OLMo 1: weightless LayerNorms, clip_qkv
     "olmo2": PagedOlmo2Runner,
     "olmo3": PagedOlmo2Runner,  # OLMo 2's layer, sliding layers, a RoPE per layer type

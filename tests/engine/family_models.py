@@ -48,6 +48,8 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
     nemotron    Nemotron-4: LayerNorm1P (w + 1), biases, an ungated relu^2 MLP, half of each head rotated
     stablelm    StableLM 2: per-head q / k LayerNorms, q/k/v biases, a SwiGLU MLP, a quarter of each head rotated, the
                 parallel residual from one norm; stablelm_sequential: the sequential one
+    phimoe      Phi-3.5-MoE: LayerNorms with biases, biases on q/k/v/o and the LM head, sparsemixer's two experts of
+                8; phimoe_longrope: its longrope scales (short 1.3, long 1.5 past 64 positions)
     gpt_neox    Pythia's layer: one query_key_value (each head's q | k | v), half of each head
                 rotated (partial_rotary_factor 0.5), the parallel residual; gpt_neox_sequential:
                 the sequential residual
@@ -129,6 +131,19 @@ def tiny_family(kind: str, seed: int = 0, layers: int = 2, **overrides):
         config = tf.StableLmConfig(use_qkv_bias=True, qk_layernorm=True, use_parallel_residual=kind == "stablelm",
                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                     "partial_rotary_factor": 0.25}, **common, **overrides)
+        return _build(config, (0.5, 1.5))
+    if kind in ("phimoe", "phimoe_longrope"):  # Phi-3.5-MoE: LayerNorms (randomised) with biases, q/k/v/o and LM-head
+        # biases, 8 experts of 24 routed by sparsemixer (router_jitter_noise 0.3: its masks keep some experts out, not
+        # all), a window of 200; phimoe_longrope: longrope with short_mscale 1.3 != long_mscale 1.5 (its limit: 64)
+        rope = {"rope_type": "default", "rope_theta": 500.0}
+        if kind == "phimoe_longrope":
+            rope = {"rope_type": "longrope", "rope_theta": 500.0, "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 1.1, 1.3, 3.0],
+                    "long_factor": [2.0] * 8, "short_mscale": 1.3, "long_mscale": 1.5,
+                    "original_max_position_embeddings": 64}
+        overrides.setdefault("sliding_window", 200)
+        config = tf.PhimoeConfig(num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.3, attention_bias=True,
+                                 lm_head_bias=True, rope_parameters=rope, **dict(common, intermediate_size=24),
+                                 **overrides)
         return _build(config, (0.5, 1.5))
     if kind in ("gpt_neox", "gpt_neox_sequential"):
         neox = {k: v for k, v in common.items() if k not in ("num_key_value_heads", "intermediate_size")}

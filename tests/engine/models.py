@@ -383,6 +383,9 @@ def _config(kind: str, vocab: int, layers: int):
                                    logit_scale=0.5, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
                                    prefix_dense_intermediate_size=96, first_k_dense_replace=1, sliding_window_pattern=2,
                                    sliding_window=8, **common)
+    if kind == "phimoe":  # Phi-3.5-MoE: LayerNorms, biases, 8 experts of 24 by sparsemixer (jitter 0.3: its masks bite)
+        return tf.PhimoeConfig(num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.3, attention_bias=True,
+                               lm_head_bias=True, **dict(llama_like, intermediate_size=24))
     if kind == "gpt_bigcode":  # StarCoder 1's blocks: multi-query attention, learned positions
         return tf.GPTBigCodeConfig(n_embd=48, n_layer=layers, n_head=4, n_positions=256, multi_query=True, **common)
     raise ValueError(kind)

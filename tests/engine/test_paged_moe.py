@@ -368,3 +368,38 @@ def test_hunyuan_top_k_per_layer(backend):
     runner.layers[1].moe.top_k = 3  # control: one count for every layer is not the model
     with pytest.raises(AssertionError):
         assert_runner_matches_forward(model, runner, VOCAB)
+
+
+def test_sparsemixer_equals_phimoes_router_and_its_masks_bite():
+    """Phi-3.5-MoE's sparsemixer (eval path): the same two experts and weights as transformers' router over 300
+    tokens, in float32 and bf16; the masks bite at router_jitter_noise 0.3 (some weights exactly 1, some not) and a
+    control without them (eps large: plain softmax over all) differs."""
+    from .family_models import tiny_family
+
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_family("phimoe").to(dtype)
+        block = model.model.layers[1].mlp
+        moe = _moe.MoE(block, model.config, "torch")
+        h = (torch.randn(300, 64, generator=torch.Generator().manual_seed(4)) * 2).to(dtype)
+        with torch.no_grad():
+            _, weights, experts = block.router(h)
+            ours, chosen = moe.routing(h)
+            assert torch.equal(chosen, experts) and torch.equal(ours, weights)
+            assert 0.05 < (weights == 1).float().mean() < 0.95
+            moe.jitter_eps = 1e9
+            assert not torch.equal(moe.routing(h)[0], weights)
+
+
+def test_phimoe_longrope_rows_stay_within_its_short_scale():
+    """Phi-3.5-MoE's longrope scales cos / sin by short_mscale up to original_max_position_embeddings and by
+    long_mscale past it (per forward, so transformers' output past it depends on how positions are grouped): rows
+    past it are refused by name (the hf runner takes them) unless the two scales agree, as the published config's do."""
+    from specdec_fast.runners.registry import paged_unsupported_reason
+
+    from .family_models import tiny_family
+
+    model = tiny_family("phimoe_longrope")
+    assert paged_unsupported_reason(model, 64) is None
+    assert "changes its scale past 64 positions" in paged_unsupported_reason(model, 65)
+    model.config.rope_parameters["long_mscale"] = model.config.rope_parameters["short_mscale"]
+    assert paged_unsupported_reason(model, 1000) is None
