@@ -14,19 +14,17 @@ lm_head (+ bias: lm_head_bias). The math is transformers 5.24's PhimoeDecoderLay
     x = x + moe(post_attention_layernorm(x)) sparsemixer's two experts (runners/_moe.py), Mixtral's SwiGLU experts
     logits = lm_head(norm(x))
 The inverse frequencies are what PhimoeRotaryEmbedding.forward recomputes at every call (rope_init_fn(config), no
-length given: longrope's short factors), not its inv_freq buffer, which a long forward rewrites. One path on every
-backend: the attention and KV append through the kernels, the experts through kernels/moe where the backend fuses
+length given: longrope's short factors), not its inv_freq buffer, which a long forward rewrites. The layer loop is the StarCoder2 runner's (runners/paged_starcoder2.py).
+One path on every backend: the attention and KV append through the kernels, the experts through kernels/moe where the backend fuses
 them, the rest torch ops. No tensor-parallel runner yet (refused by name).
 """
 import torch
-import torch.nn.functional as F
 
-from ..kernels.llama_ops.reference import rotate_half_apply
-from ._layer_math import layer_norm_params, linear_params, rope_cos_sin
-from ._linear import linear
+from ._layer_math import layer_norm_params, linear_params
 from ._moe import MoE, layers_moe_reason
-from .paged_base import PagedRunnerBase, decoder_reason, head_dim_reason
+from .paged_base import decoder_reason, head_dim_reason
 from .paged_llama import projection_modules
+from .paged_starcoder2 import PagedStarcoder2Runner
 
 PHIMOE_TYPES = ("phimoe",)
 
@@ -61,7 +59,10 @@ def phimoe_unsupported_reason(model, max_tokens_per_row: int | None = None, back
 
 
 class _PhimoeLayer:
-    """One PhimoeDecoderLayer's parameters (references to the model's tensors, not copies)."""
+    """One PhimoeDecoderLayer's parameters (references to the model's tensors, not copies), under the StarCoder2
+    runner's layer names (its loop runs them: no per-head norms)."""
+
+    q_norm = k_norm = None
 
     def __init__(self, layer, config, kernels: str):
         attn = layer.self_attn
@@ -70,9 +71,9 @@ class _PhimoeLayer:
         self.moe = MoE(layer.mlp, config, kernels)
 
 
-class PagedPhimoeRunner(PagedRunnerBase):
+class PagedPhimoeRunner(PagedStarcoder2Runner):
     """Runner (see runners/base.py) for a PhimoeForCausalLM instance (weights shared); the arguments are
-    PagedRunnerBase's."""
+    PagedRunnerBase's. The pre-LayerNorm loop is the StarCoder2 runner's; the MLP is the layer's MoE block."""
 
     unsupported_reason = staticmethod(phimoe_unsupported_reason)
     positions_limit = "positions of its short RoPE scale"
@@ -89,24 +90,6 @@ class PagedPhimoeRunner(PagedRunnerBase):
         inv_freq, self.rope_scaling, self.max_positions = rope_frequencies(inner.rotary_emb)
         self.inv_freq = inv_freq.to(device=self.device, dtype=torch.float32)
 
-    def _decode(self, flat, positions, cu, attn_lens, n) -> torch.Tensor:
-        """Packed tokens [T] at positions [T] -> final-norm hidden states [T, H]."""
-        total, heads, kv_heads, dim = flat.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        width = (self.hidden,)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scaling, self.dtype)  # [T, D], once per call
-        x = self._embed(flat)
-        sum_ = self._sum_partials
-        self._keep(0, x)
-        for i, layer in enumerate(self.layers):
-            h = F.layer_norm(x, width, *layer.ln_in)
-            q = rotate_half_apply(linear(h, *layer.q).view(total, heads, dim), cos, sin)
-            k = rotate_half_apply(linear(h, *layer.k).view(total, kv_heads, dim), cos, sin)
-            v = linear(h, *layer.v).view(total, kv_heads, dim)
-            o = self._attend(i, q, k, v, attn_lens, cu, n, self.scale)
-            x = x + sum_(linear(o.reshape(total, heads * dim), *layer.o))
-            x = x + sum_(layer.moe(F.layer_norm(x, width, *layer.ln_post), self._prefilling))
-            if i + 1 < len(self.layers):
-                self._keep(i + 1, x)
-        out = F.layer_norm(x, width, *self.final_norm)
-        self._keep(len(self.layers), out)
-        return out
+    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
+        """The layer's MoE block of h [T, H] (the post-attention LayerNorm's output)."""
+        return layer.moe(h, self._prefilling)

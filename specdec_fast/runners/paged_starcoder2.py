@@ -140,8 +140,7 @@ class PagedStarcoder2Runner(PagedRunnerBase):
         self._keep(len(self.layers), out)
         return out
 
-    @staticmethod
-    def _mlp(layer, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
         """The layer's MLP of h [T, H]: plain or ungated proj(act(fc h)), or gated proj(act(gate h) * fc h)."""
         inner = linear(h, *layer.fc)
         inner = layer.act(inner) if layer.gate is None else layer.act(linear(h, *layer.gate)) * inner

@@ -43,6 +43,17 @@ def _config(variant: str, **over):
         bos_token_id=1, eos_token_id=None, final_logit_softcapping=30.0), **VARIANTS[variant], **over})
 
 
+def _away_from_inits(model) -> None:
+    """A tiny Gemma 4 decoder's norms and scales around 1 (not their inits), its layer scalars 0.9, no EOS."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or "scale" in name:
+                param.normal_(1.0, 0.2)
+        for layer in model.model.layers:
+            layer.layer_scalar.fill_(0.9)
+    model.generation_config.eos_token_id = None
+
+
 def gemma4(variant: str = "ple_shared", **over):
     """A tiny Gemma4ForCausalLM of _config(variant, **over), its norms, scales and layer scalars away from their
     inits (cached by variant where over is empty)."""
@@ -50,13 +61,7 @@ def gemma4(variant: str = "ple_shared", **over):
     if key not in _MODELS or key is None:
         torch.manual_seed(0)
         model = tf.Gemma4ForCausalLM(_config(variant, **over)).float().eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "norm" in name or "scale" in name:
-                    param.normal_(1.0, 0.2)
-            for layer in model.model.layers:
-                layer.layer_scalar.fill_(0.9)
-        model.generation_config.eos_token_id = None
+        _away_from_inits(model)
         if key is None:
             return model
         _MODELS[key] = model
@@ -106,13 +111,7 @@ def unified(multimodal: bool = False):
             layer_types=["sliding_attention", "full_attention"] * 2, initializer_range=0.1, pad_token_id=0,
             bos_token_id=1, eos_token_id=None, final_logit_softcapping=30.0)
         model = tf.Gemma4UnifiedForCausalLM(config).float().eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "norm" in name or "scale" in name:
-                    param.normal_(1.0, 0.2)
-            for layer in model.model.layers:
-                layer.layer_scalar.fill_(0.9)
-        model.generation_config.eos_token_id = None
+        _away_from_inits(model)
         _MODELS["unified"] = model
     text = _MODELS["unified"]
     assert text.config.use_bidirectional_attention == "vision"
